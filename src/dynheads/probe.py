@@ -1,0 +1,316 @@
+"""The attention probe: one attention function, registered with transformers, that measures and edits heads.
+
+At every forward pass it computes, for the *last query position* only, the exact eager attention row
+of every query head (fp32 softmax) and reduces it on the spot:
+
+- ``argmax_pos [L, H]``: absolute position of the most-attended key (Eq. 1 needs it),
+- ``max_prob [L, H]``: the attention weight on that key,
+- ``needle_mass [L, H]``: attention mass on the needle positions,
+- ``excluded_mass [L, H]``: mass on sink/local positions that are not needle positions (Eq. 2 denominator),
+- full rows for requested heads only.
+
+Memory per step is O(heads x context). The outputs of all other query positions (prefill) come from
+torch's fused SDPA kernel, so no attention matrix is ever materialised. The probe can also remove heads
+(``zero``: drop the head's output, i.e. its slice of the o_proj input; ``uniform``: uniform attention over
+the visible keys) and hide key positions from every head (used by in-context RAG).
+
+Key indices are mapped to absolute positions with ``offset = last_position - (kv_len - 1)``: the keys a
+layer receives always end at the current token, and sliding-window caches keep only a suffix of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from dynheads.errors import DynheadsError
+from dynheads.heads import Head, check_heads  # (layer, query head), zero-based
+
+ATTN_NAME = "dynheads_probe"  # neutral name: transformers tests implementation names by substring
+AblationMode = Literal["zero", "uniform"]
+
+_active: AttentionProbe | None = None
+
+
+@dataclass
+class StepStats:
+    """What the probe measured at one forward pass, for its last query position. Tensors are ``[L, H]``."""
+
+    argmax_pos: torch.Tensor  # int64, absolute key position
+    max_prob: torch.Tensor  # float32
+    needle_mass: torch.Tensor  # float32
+    excluded_mass: torch.Tensor  # float32, mass on (sink U local) \ needle
+    total_mass: torch.Tensor  # float32, sum of the row (1 up to rounding)
+    rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [kv] rows of requested heads
+
+    def reasoning_scores(self) -> torch.Tensor:
+        """Eq. 2: needle mass over the mass outside sink and local window (needle positions never excluded)."""
+        denominator = self.total_mass - self.excluded_mass
+        return torch.where(denominator > 0, self.needle_mass / denominator.clamp_min(1e-30), 0.0)
+
+
+class AttentionProbe:
+    """Measurement and intervention settings shared by the decoding loop and the attention function.
+
+    Positions are absolute token indices of the sequence being decoded (batch size 1).
+    """
+
+    def __init__(self, num_layers: int, num_heads: int, device: torch.device | str = "cpu"):
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.device = torch.device(device)
+        self.record = True
+        self.sink_size = 4
+        self.local_window = 32
+        self.last_position = 0
+        self.rows_for: set[Head] = set()
+        self.ablation_mode: AblationMode = "zero"
+        self.ablate_all_rows = False  # remove heads at every query position, not only the last one
+        self._removed: dict[int, torch.Tensor] = {}
+        self._needle = torch.zeros(0, dtype=torch.long)
+        self._hidden: torch.Tensor | None = None  # bool over absolute positions
+        self._index_cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._new_stats()
+
+    # ---- settings -------------------------------------------------------------------------------
+    def set_needle(self, positions: Iterable[int]) -> None:
+        self._needle = torch.as_tensor(sorted(set(int(p) for p in positions)), dtype=torch.long)
+        self._index_cache.clear()
+
+    def set_removed_heads(self, heads: Iterable[Head], mode: AblationMode = "zero") -> None:
+        """Heads to remove from the next forward passes (empty to restore the model)."""
+        if mode not in ("zero", "uniform"):
+            raise DynheadsError(f"unknown ablation mode {mode!r}: use 'zero' or 'uniform'")
+        by_layer: dict[int, list[int]] = {}
+        for layer, head in heads:
+            self._check_head(layer, head)
+            by_layer.setdefault(layer, []).append(head)
+        self._removed = {
+            layer: torch.tensor(sorted(set(hs)), dtype=torch.long, device=self.device)
+            for layer, hs in by_layer.items()
+        }
+        self.ablation_mode = mode
+
+    def set_hidden_keys(self, positions: Iterable[int] | None, length: int = 0) -> None:
+        """Key positions that no head may attend to (None to show everything)."""
+        if positions is None:
+            self._hidden = None
+            return
+        positions = torch.as_tensor(list(positions), dtype=torch.long)
+        size = max(length, int(positions.max()) + 1 if positions.numel() else 0)
+        hidden = torch.zeros(size, dtype=torch.bool)
+        hidden[positions] = True
+        self._hidden = hidden.to(self.device)
+
+    def _check_head(self, layer: int, head: int) -> None:
+        check_heads([(layer, head)], self.num_layers, self.num_heads, source="the ablation")
+
+    # ---- per-forward bookkeeping ------------------------------------------------------------------
+    def _new_stats(self) -> None:
+        shape, dev = (self.num_layers, self.num_heads), self.device
+        self.stats = StepStats(
+            argmax_pos=torch.zeros(shape, dtype=torch.long, device=dev),
+            max_prob=torch.zeros(shape, dtype=torch.float32, device=dev),
+            needle_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
+            excluded_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
+            total_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
+        )
+
+    def begin_forward(self, last_position: int) -> StepStats:
+        """Call before each forward pass with the absolute position of its last input token."""
+        self.last_position = last_position
+        self._index_cache.clear()
+        self._new_stats()
+        return self.stats
+
+    def _indices(self, kv_len: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Key indices (within this layer's keys) of the needle and of the excluded sink/local positions."""
+        key = (kv_len, offset)
+        if key not in self._index_cache:
+            needle = self._needle[(self._needle >= offset) & (self._needle < offset + kv_len)] - offset
+            first_local = self.last_position - self.local_window + 1
+            excluded = set(range(min(self.sink_size, self.last_position + 1)))
+            excluded |= set(range(max(first_local, 0), self.last_position + 1))
+            excluded -= set(self._needle.tolist())
+            excluded_idx = torch.tensor(
+                sorted(p - offset for p in excluded if offset <= p < offset + kv_len), dtype=torch.long
+            )
+            self._index_cache[key] = (needle.to(self.device), excluded_idx.to(self.device))
+        return self._index_cache[key]
+
+    def _hidden_keys(self, kv_len: int, offset: int) -> torch.Tensor | None:
+        if self._hidden is None:
+            return None
+        window = self._hidden[offset : offset + kv_len]
+        if window.numel() < kv_len:
+            window = torch.cat([window, window.new_zeros(kv_len - window.numel())])
+        return window
+
+
+def probe_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, H, q, D], after RoPE
+    key: torch.Tensor,  # [B, H_kv, kv, D], cache included, not repeated for GQA
+    value: torch.Tensor,  # [B, H_kv, kv, D]
+    attention_mask: torch.Tensor | None,  # bool [B, 1, q, kv] (True = attend) or None for plain causal
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Attention function registered under ``ATTN_NAME``; returns ``[B, q, H, D]`` like every interface function."""
+    probe = _active
+    if probe is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    batch, num_heads, q_len, head_dim = query.shape
+    if batch != 1:
+        raise DynheadsError("the attention probe traces one sequence at a time (batch size 1)")
+    num_kv, kv_len = key.shape[1], key.shape[2]
+    groups = num_heads // num_kv
+    scaling = head_dim**-0.5 if scaling is None else scaling
+    softcap = kwargs.get("softcap")
+    layer = module.layer_idx
+    offset = probe.last_position - (kv_len - 1)
+    hidden = probe._hidden_keys(kv_len, offset)
+
+    # Last query row, exactly as eager attention computes it: matmul in the model dtype, fp32 softmax.
+    q_last = query[:, :, -1, :].reshape(batch, num_kv, groups, head_dim)
+    logits = torch.matmul(q_last, key.transpose(-1, -2)) * scaling  # [B, H_kv, G, kv]
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    visible = _last_row_visibility(attention_mask, hidden)
+    if visible is not None:
+        logits = logits.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [B, H_kv, G, kv]
+
+    if q_len == 1:
+        output = torch.matmul(probs.to(value.dtype), value).reshape(batch, num_heads, 1, head_dim)
+    else:
+        output = _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs)
+
+    removed = probe._removed.get(layer)
+    if removed is not None:
+        rows = slice(None) if probe.ablate_all_rows else slice(q_len - 1, q_len)
+        if probe.ablation_mode == "zero":
+            output[:, removed, rows] = 0.0
+        else:
+            output[:, removed, rows] = _uniform_output(value, groups, removed, q_len, hidden, kwargs)[:, :, rows]
+
+    if probe.record:
+        _record(probe, layer, probs.reshape(num_heads, kv_len), kv_len, offset)
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _last_row_visibility(mask: torch.Tensor | None, hidden: torch.Tensor | None) -> torch.Tensor | None:
+    """Bool ``[kv]`` of keys the last query may see, or None when it sees every key."""
+    visible = None
+    if mask is not None:
+        row = mask[0, 0, -1]
+        visible = row if row.dtype == torch.bool else row > torch.finfo(row.dtype).min / 2
+    if hidden is not None:
+        visible = ~hidden if visible is None else visible & ~hidden
+    return visible
+
+
+def _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs):
+    """Outputs of every query row (prefill), through SDPA; chunked eager when logits are soft-capped."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    mask = attention_mask
+    if hidden is not None:
+        if mask is None:
+            mask = _causal_mask(q_len, kv_len, kwargs.get("sliding_window"), query.device)
+        mask = mask & ~hidden
+    if softcap is None:
+        extra = {k: v for k, v in kwargs.items() if k not in ("sliding_window", "softcap")}
+        out, _ = sdpa_attention_forward(module, query, key, value, mask, 0.0, scaling, **extra)
+        return out.transpose(1, 2)  # back to [B, H, q, D]
+    # Soft-capped logits (Gemma 2) have no fused kernel: eager in row chunks keeps memory O(chunk x kv).
+    groups = query.shape[1] // key.shape[1]
+    key_r, value_r = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    chunks = []
+    for start in range(0, q_len, 256):
+        stop = min(start + 256, q_len)
+        logits = torch.matmul(query[:, :, start:stop], key_r.transpose(-1, -2)) * scaling
+        logits = torch.tanh(logits / softcap) * softcap
+        chunk_mask = mask[:, :, start:stop] if mask is not None else _causal_mask(
+            q_len, kv_len, kwargs.get("sliding_window"), query.device
+        )[:, :, start:stop]
+        logits = logits.masked_fill(~chunk_mask, float("-inf"))
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32).to(value.dtype)
+        chunks.append(torch.matmul(probs, value_r))
+    return torch.cat(chunks, dim=2)
+
+
+def _causal_mask(q_len: int, kv_len: int, window: int | None, device) -> torch.Tensor:
+    """Bool ``[1, 1, q, kv]``: query row r sits at key index kv - q + r."""
+    rows = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    cols = torch.arange(kv_len, device=device)[None, :]
+    mask = cols <= rows
+    if window:
+        mask &= cols > rows - window
+    return mask[None, None]
+
+
+def _uniform_output(value, groups, heads, q_len, hidden, kwargs) -> torch.Tensor:
+    """``[B, len(heads), q, D]``: each query row's mean of the values it may see (causal, window, hidden)."""
+    kv_heads = heads // groups
+    values = value[:, kv_heads].float()  # [B, n, kv, D]
+    kv_len = values.shape[2]
+    weight = torch.ones(kv_len, device=values.device) if hidden is None else (~hidden).float()
+    sums = torch.cumsum(values * weight[:, None], dim=2)
+    counts = torch.cumsum(weight, dim=0)
+    ends = torch.arange(kv_len - q_len, kv_len, device=values.device)
+    window = kwargs.get("sliding_window")
+    total, count = sums[:, :, ends], counts[ends]
+    if window:
+        starts = ends - window  # last index *outside* the window
+        inside = starts >= 0
+        starts = starts.clamp_min(0)
+        total = total - sums[:, :, starts] * inside[None, None, :, None]
+        count = count - counts[starts] * inside
+    return (total / count.clamp_min(1)[None, None, :, None]).to(value.dtype)
+
+
+def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int, offset: int) -> None:
+    """Reduce the ``[H, kv]`` fp32 rows of one layer into the step statistics."""
+    stats = probe.stats
+    needle_idx, excluded_idx = probe._indices(kv_len, offset)
+    max_prob, argmax = probs.max(dim=-1)
+    stats.argmax_pos[layer] = argmax + offset
+    stats.max_prob[layer] = max_prob
+    stats.needle_mass[layer] = probs[:, needle_idx].sum(-1)
+    stats.excluded_mass[layer] = probs[:, excluded_idx].sum(-1)
+    stats.total_mass[layer] = probs.sum(-1)
+    for lyr, head in probe.rows_for:
+        if lyr == layer:
+            row = torch.zeros(probe.last_position + 1, dtype=torch.float32, device=probs.device)
+            row[max(offset, 0) :] = probs[head, max(-offset, 0) :]
+            stats.rows[(lyr, head)] = row
+
+
+def _register() -> None:
+    AttentionInterface.register(ATTN_NAME, probe_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+
+
+_register()
+
+
+@contextmanager
+def attached(model: PreTrainedModel, probe: AttentionProbe) -> Iterator[AttentionProbe]:
+    """Route the model's attention through the probe for the duration of the block."""
+    global _active
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(ATTN_NAME)
+    _active = probe
+    try:
+        yield probe
+    finally:
+        _active = None
+        model.set_attn_implementation(previous)

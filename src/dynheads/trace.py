@@ -1,0 +1,126 @@
+"""The ``Trace`` of one generation, and its columnar file format.
+
+File format (documented in docs/formats.md): one Parquet file per sample, one row per generated token.
+
+| column | type | meaning |
+|---|---|---|
+| ``step`` | int32 | 0-based generation step |
+| ``token_id`` / ``token`` | int64 / str | the emitted token and its text |
+| ``argmax_pos`` | list<int32>[L*H] | absolute position of each head's most-attended key |
+| ``copy_score`` | list<bool>[L*H] | Eq. 1 |
+| ``needle_mass`` | list<float32>[L*H] | attention mass on the needle positions |
+| ``reasoning_score`` | list<float32>[L*H] | Eq. 2 |
+| ``max_prob`` | list<float32>[L*H] | attention weight on the argmax key |
+| ``hidden`` | list<float32>[D] | final-layer hidden state of the last input position |
+
+Head vectors are layer-major: element ``l * H + h`` is head ``L{l}-H{h}``. The file's schema metadata holds
+``num_layers``, ``num_heads``, ``prompt_length``, ``stop_reason`` and the generated ``text``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dynheads.io import atomic_path
+
+HEAD_FIELDS = ("argmax_pos", "copy_score", "needle_mass", "reasoning_score", "max_prob")
+_DTYPES = {"argmax_pos": np.int32, "copy_score": np.bool_, "needle_mass": np.float32,
+           "reasoning_score": np.float32, "max_prob": np.float32}
+
+
+@dataclass
+class Trace:
+    """Per-step measurements of one greedy generation. T = generated tokens (stop token excluded)."""
+
+    tokens: np.ndarray  # [T] int64
+    token_texts: list[str]  # [T]
+    text: str
+    argmax_pos: np.ndarray  # [T, L, H] int32, absolute key position
+    copy_scores: np.ndarray  # [T, L, H] bool, Eq. 1
+    needle_mass: np.ndarray  # [T, L, H] float32
+    reasoning_scores: np.ndarray  # [T, L, H] float32, Eq. 2
+    max_prob: np.ndarray  # [T, L, H] float32, attention weight on argmax_pos
+    hidden: np.ndarray  # [T, D] float32
+    prompt_length: int
+    stop_reason: str  # "eos" | "max_new_tokens"
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(layers, heads)."""
+        return int(self.copy_scores.shape[1]), int(self.copy_scores.shape[2])
+
+    def dynamic_heads(self, step: int) -> list[tuple[int, int]]:
+        """D_t of Eq. 1: heads whose copy score is 1 at ``step``."""
+        return [(int(layer), int(head)) for layer, head in np.argwhere(self.copy_scores[step])]
+
+    def save(self, path: str | Path) -> None:
+        """Write the trace as Parquet, atomically (a crash never leaves a half-written file)."""
+        steps, layers, heads = self.copy_scores.shape
+        columns = {
+            "step": pa.array(np.arange(steps, dtype=np.int32)),
+            "token_id": pa.array(self.tokens.astype(np.int64)),
+            "token": pa.array(self.token_texts, type=pa.string()),
+        }
+        for name in HEAD_FIELDS:
+            values = getattr(self, _attr(name)).reshape(steps, layers * heads).astype(_DTYPES[name])
+            columns[name] = _list_column(values)
+        columns["hidden"] = _list_column(self.hidden.astype(np.float32))
+        meta = {"num_layers": layers, "num_heads": heads, "prompt_length": self.prompt_length,
+                "stop_reason": self.stop_reason, "text": self.text}
+        table = pa.table(columns).replace_schema_metadata({"dynheads": json.dumps(meta)})
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        table = pq.read_table(path)
+        meta = json.loads(table.schema.metadata[b"dynheads"])
+        layers, heads = meta["num_layers"], meta["num_heads"]
+        steps = table.num_rows
+
+        def head_array(name: str) -> np.ndarray:
+            flat = _flatten(table.column(name), _DTYPES[name])
+            return flat.reshape(steps, layers, heads)
+
+        hidden = _flatten(table.column("hidden"), np.float32)
+        return cls(
+            tokens=table.column("token_id").to_numpy().astype(np.int64),
+            token_texts=table.column("token").to_pylist(),
+            text=meta["text"],
+            argmax_pos=head_array("argmax_pos"),
+            copy_scores=head_array("copy_score"),
+            needle_mass=head_array("needle_mass"),
+            reasoning_scores=head_array("reasoning_score"),
+            max_prob=head_array("max_prob"),
+            hidden=hidden.reshape(steps, -1) if steps else np.zeros((0, 0), np.float32),
+            prompt_length=meta["prompt_length"],
+            stop_reason=meta["stop_reason"],
+        )
+
+
+def _attr(column: str) -> str:
+    return {"copy_score": "copy_scores", "reasoning_score": "reasoning_scores"}.get(column, column)
+
+
+def _list_column(values: np.ndarray) -> pa.Array:
+    """``[rows, width]`` numpy array to a fixed-width list column."""
+    rows, width = values.shape
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width) if rows else pa.array(
+        [], type=pa.list_(pa.from_numpy_dtype(values.dtype), width)
+    )
+
+
+def _flatten(column: pa.ChunkedArray, dtype) -> np.ndarray:
+    if column.num_chunks == 0 or len(column) == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.concatenate([chunk.flatten().to_numpy(zero_copy_only=False) for chunk in column.chunks]).astype(dtype)
