@@ -163,7 +163,12 @@ def load_model(
 def _load_pretrained(source: str, dtype, **extra) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", **extra)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", **extra)
+        except ValueError as error:  # e.g. Gemma 2 has no SDPA path; tracing uses the probe either way
+            if "scaled_dot_product_attention" not in str(error):
+                raise
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager", **extra)
     except OSError as error:
         raise DynheadsError(
             f"cannot load model '{source}': not a local folder and not in the local Hugging Face cache "
@@ -190,6 +195,10 @@ def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     """Write to a temporary sibling folder and rename, so a crash never leaves a half-written cache entry."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    # The weights are already de-quantised to plain tensors; only the GGUF bookkeeping blocks saving.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)

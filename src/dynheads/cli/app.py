@@ -1,0 +1,32 @@
+"""The ``dynheads`` Typer application; command modules register themselves on ``app``."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from dynheads.errors import DynheadsError
+
+app = typer.Typer(
+    name="dynheads",
+    help="Per-step retrieval heads: trace, ablate, probe and use them for in-context RAG.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+plot_app = typer.Typer(help="Figures from run directories.", no_args_is_help=True)
+probe_app = typer.Typer(help="MLP probes from hidden state to head scores.", no_args_is_help=True)
+app.add_typer(plot_app, name="plot")
+app.add_typer(probe_app, name="probe")
+
+
+def main() -> None:
+    """Console entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
+    from dynheads.cli import commands  # noqa: F401  (registers the commands)
+
+    try:
+        app()
+    except DynheadsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

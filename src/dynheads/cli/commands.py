@@ -1,0 +1,43 @@
+"""CLI commands. Each one parses options into a config and calls the Python API; nothing else happens here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dynheads.cli.app import app
+from dynheads.config import build_config, parse_list
+
+Opt = typer.Option
+ConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with settings; flags override it")]
+Model = Annotated[str | None, Opt("--model", help="hub id, local folder or .gguf file (default: embedded SmolLM2)")]
+
+
+@app.command()
+def niah(
+    out: Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")],
+    model: Model = None,
+    lengths: Annotated[str | None, Opt(help="haystack lengths in tokens, e.g. 500,1000,2000")] = None,
+    depths: Annotated[str | None, Opt(help="needle depths in [0, 1], e.g. 0,0.25,0.5,0.75,1")] = None,
+    runs: Annotated[int | None, Opt(help="samples per (length, depth) cell")] = None,
+    seed: Annotated[int | None, Opt(help="master seed")] = None,
+    max_new_tokens: Annotated[int | None, Opt(help="generation budget per sample")] = None,
+    haystack: Annotated[str | None, Opt(help="folder of .txt files (default: Paul Graham essays)")] = None,
+    device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    config: ConfigFile = None,
+) -> None:
+    """Trace greedy generation on a Needle-in-a-Haystack grid, scoring every head at every step."""
+    from dynheads.experiments.niah import NiahConfig, run_niah
+
+    cfg = build_config(
+        NiahConfig, config, model=model, lengths=parse_list(lengths, int), depths=parse_list(depths, float),
+        runs=runs, seed=seed, max_new_tokens=max_new_tokens, haystack=haystack, device=device,
+    )
+    run = run_niah(cfg, out)
+    frame = run.write_results()
+    typer.echo(
+        f"{len(frame)} samples in {out}: accuracy {frame['metrics.accuracy'].mean():.3f}, "
+        f"ROUGE-L {frame['metrics.rouge_l'].mean():.3f}"
+    )

