@@ -6,13 +6,29 @@ Public API (the CLI is a thin layer over it)::
     sample = dynheads.niah.make_sample(lm.tokenizer, context_tokens=1000, depth=0.5, seed=0)
     trace = dynheads.trace(lm, sample, max_new_tokens=48)
     trace.copy_scores    # [step, layer, head] bool, Eq. 1
+
+Names are imported on first use, so ``import dynheads.analysis...`` does not pay for torch and transformers.
 """
 
-from dynheads.decoding import trace
-from dynheads.errors import DynheadsError
-from dynheads.models import LoadedModel, load_model
-from dynheads.tasks import niah
-from dynheads.trace import Trace
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["DynheadsError", "LoadedModel", "Trace", "load_model", "niah", "trace"]
+
+_EXPORTS = {
+    "DynheadsError": "dynheads.errors",
+    "LoadedModel": "dynheads.models",
+    "load_model": "dynheads.models",
+    "Trace": "dynheads.trace",
+    "trace": "dynheads.decoding",
+    "niah": "dynheads.tasks.niah",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dynheads' has no attribute {name!r}")
+    module = importlib.import_module(_EXPORTS[name])
+    return module if module.__name__.endswith(name) else getattr(module, name)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from dynheads.decoding import trace
+from dynheads.decoding import check_fits, trace
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir, derive_seed
@@ -64,6 +64,8 @@ def run_niah(
     samples = niah_samples(config, lm.tokenizer)
     run = RunDir(out)
     run.start("niah", config, lm, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template})
+    for sample in samples:  # fail before any work, not halfway through the grid
+        check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     todo = [s for s in samples if not run.is_done(s.sample_id)]
     bar = tqdm(total=len(samples), initial=len(samples) - len(todo), desc="niah", unit="sample", disable=not progress)
     for sample in todo:

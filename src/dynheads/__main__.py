@@ -1,0 +1,5 @@
+"""``python -m dynheads`` is the ``dynheads`` command."""
+
+from dynheads.cli import main
+
+main()

@@ -1,0 +1,109 @@
+"""Run directories through the CLI: manifest, resume after a crash, determinism, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from dynheads.experiments.niah import NiahConfig, run_niah
+from dynheads.models import load_model
+from dynheads.trace import Trace
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dynheads", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+def small_config(model_dir, **overrides) -> NiahConfig:
+    values = dict(model=str(model_dir), lengths=(200,), depths=(0.0, 1.0), runs=1, max_new_tokens=6, seed=5)
+    return NiahConfig(**{**values, **overrides})
+
+
+def test_run_directory_contents(tiny_model_dir, tiny_lm, tmp_path):
+    run = run_niah(small_config(tiny_model_dir), tmp_path / "run", lm=tiny_lm, progress=False)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["kind"] == "niah"
+    assert manifest["config"]["lengths"] == [200] and manifest["seed"] == 5
+    assert manifest["model"]["num_layers"] == 3 and manifest["versions"]["transformers"]
+    assert "magic word" in manifest["prompt"]["needle"] and manifest["prompt_template"] == "chat"
+    records = run.records()
+    assert [r["sample_id"] for r in records] == ["analysis-len200-depth0-run0", "analysis-len200-depth1-run0"]
+    assert set(records[0]["metrics"]) == {"accuracy", "rouge_l", "rouge1_recall"}
+    # The trace format is plain Parquet that pandas reads; one row per generated token.
+    frame = pd.read_parquet(tmp_path / "run" / "traces" / "analysis-len200-depth0-run0.parquet")
+    assert len(frame) == records[0]["steps"] and len(frame["copy_score"][0]) == 3 * 4
+    assert len(pd.read_csv(tmp_path / "run" / "results.csv")) == 2
+
+
+def test_resume_skips_finished_samples_and_matches_a_clean_run(tiny_model_dir, tiny_lm, tmp_path):
+    config = small_config(tiny_model_dir)
+    clean = run_niah(config, tmp_path / "clean", lm=tiny_lm, progress=False)
+    # Simulate a crash after the first sample: the second sample's record never got written.
+    crashed = run_niah(config, tmp_path / "crashed", lm=tiny_lm, progress=False)
+    crashed.record_path("analysis-len200-depth1-run0").unlink()
+    traced = []
+    run_niah(config, tmp_path / "crashed", lm=tiny_lm, progress=False, on_sample=traced.append)
+    assert [r["sample_id"] for r in traced] == ["analysis-len200-depth1-run0"]
+    assert clean.records() == crashed.records()
+    for record in clean.records():
+        a, b = clean.load_trace(record["sample_id"]), crashed.load_trace(record["sample_id"])
+        assert (a.copy_scores == b.copy_scores).all() and (a.hidden == b.hidden).all()
+    assert not list((tmp_path / "crashed").rglob("*.tmp"))  # no half-written files
+
+
+def test_a_different_config_in_the_same_folder_is_refused(tiny_model_dir, tiny_lm, tmp_path):
+    from dynheads.errors import DynheadsError
+
+    run_niah(small_config(tiny_model_dir), tmp_path / "run", lm=tiny_lm, progress=False)
+    with pytest.raises(DynheadsError, match="different run"):
+        run_niah(small_config(tiny_model_dir, seed=6), tmp_path / "run", lm=tiny_lm, progress=False)
+
+
+def test_trace_round_trip(tiny_model_dir, tiny_lm, tmp_path):
+    run = run_niah(small_config(tiny_model_dir), tmp_path / "run", lm=tiny_lm, progress=False)
+    trace = run.load_trace("analysis-len200-depth0-run0")
+    trace.save(tmp_path / "copy.parquet")
+    again = Trace.load(tmp_path / "copy.parquet")
+    for name in ("tokens", "argmax_pos", "copy_scores", "needle_mass", "reasoning_scores", "max_prob", "hidden"):
+        assert (getattr(trace, name) == getattr(again, name)).all(), name
+    assert again.text == trace.text and again.token_texts == trace.token_texts
+
+
+def test_cli_end_to_end(tiny_model_dir, tmp_path):
+    out = tmp_path / "cli"
+    result = run_cli("niah", "--model", str(tiny_model_dir), "--lengths", "200", "--depths", "0.5", "--runs", "2",
+                     "--max-new-tokens", "4", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "2 samples" in result.stdout
+    assert len(list((out / "traces").glob("*.parquet"))) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "/no/such/model"], "model path not found"),
+        (["--model", "no-such-org/no-such-model"], "cannot load model"),
+        (["--depths", "1.5"], "depth must be between 0 and 1"),
+        (["--lengths", "9000"], "exceeds the model's context window"),
+        (["--haystack", "/no/such/folder"], "haystack folder not found"),
+        (["--lengths", "abc"], "comma-separated list"),
+    ],
+)
+def test_bad_input_gets_one_line(tiny_model_dir, tmp_path, args, message):
+    base = ["niah", "--out", str(tmp_path / "bad"), "--max-new-tokens", "2", "--runs", "1", "--lengths", "200"]
+    if "--model" not in args:
+        base += ["--model", str(tiny_model_dir)]
+    result = run_cli(*base, *args)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
