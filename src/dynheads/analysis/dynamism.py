@@ -1,0 +1,183 @@
+"""Claim 1 statistics (the paper's Table 1 and Table 5) over all steps of all samples.
+
+Input: one boolean array ``[step, layer, head]`` per sample, the dynamic sets D_t (Eq. 1 copy scores, or Eq. 2
+scores through ``binarize``), and the static ranking (best first). Steps of all samples are pooled:
+
+- Mean ± Std of |D_t| (population std, ddof=0).
+- Unique / Total: |∪_t D_t| and L·H.
+- Jaccard w/ Static: mean over steps of J(D_t, S_k), S_k = static top-k (Table 1: k=20; Table 5: 20, 50, 100).
+- Adj. Jaccard: mean over consecutive steps of one sample of J(D_t, D_{t+1}); a pair of two empty sets has
+  no Jaccard index and is skipped (and counted). One empty set against a non-empty one scores 0.
+- Entropy: S = -Σ_h p_h ln p_h, p_h = number of steps with h ∈ D_t, normalised to sum 1 (baseline ln 20).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.stats import entropy
+
+from dynheads.errors import DynheadsError
+from dynheads.heads import Head, check_heads, flat_index
+
+DEFAULT_KS = (20, 50, 100)
+ENTROPY_BASELINE = math.log(20)  # uniform use of exactly the top-20 static heads (paper, Appendix A.3)
+
+# The paper's Table 1 (k = 20 Jaccard) and Table 5 (k = 50, 100), keyed like ``DynamismStats.to_dict()``.
+PAPER_DYNAMISM: dict[str, dict[str, float]] = {
+    "llama3.1-8b": {"mean_size": 12.97, "std_size": 7.69, "unique_heads": 238, "total_heads": 1024,
+                    "jaccard_static_k20": 0.3512, "jaccard_static_k50": 0.2106, "jaccard_static_k100": 0.1236,
+                    "adjacent_jaccard": 0.2793, "entropy": 3.8154},
+    "llama3.2-3b": {"mean_size": 9.69, "std_size": 6.18, "unique_heads": 149, "total_heads": 672,
+                    "jaccard_static_k20": 0.3126, "jaccard_static_k50": 0.1755, "jaccard_static_k100": 0.0964,
+                    "adjacent_jaccard": 0.3188, "entropy": 3.0083},
+    "qwen3-8b": {"mean_size": 20.18, "std_size": 10.43, "unique_heads": 415, "total_heads": 1152,
+                 "jaccard_static_k20": 0.4611, "jaccard_static_k50": 0.3011, "jaccard_static_k100": 0.1799,
+                 "adjacent_jaccard": 0.3668, "entropy": 4.1038},
+    "llama2-13b": {"mean_size": 6.20, "std_size": 5.49, "unique_heads": 172, "total_heads": 1600,
+                   "jaccard_static_k20": 0.2077, "jaccard_static_k50": 0.1116, "jaccard_static_k100": 0.0612,
+                   "adjacent_jaccard": 0.4979, "entropy": 4.8973},
+    "phi4-mini": {"mean_size": 6.13, "std_size": 7.09, "unique_heads": 176, "total_heads": 768,
+                  "jaccard_static_k20": 0.1845, "jaccard_static_k50": 0.1087, "jaccard_static_k100": 0.0606,
+                  "adjacent_jaccard": 0.5056, "entropy": 3.5532},
+}
+
+
+@dataclass(frozen=True)
+class DynamismStats:
+    """Table 1 / Table 5 numbers for one model. NaN marks a statistic with nothing to average."""
+
+    num_samples: int
+    num_steps: int
+    total_heads: int  # L * H
+    mean_size: float  # mean of |D_t| over all steps
+    std_size: float  # population standard deviation (ddof=0) of |D_t|
+    unique_heads: int  # |∪_t D_t|
+    jaccard_static: dict[int, float]  # k -> mean_t J(D_t, S_k); NaN if the static list has fewer than k heads
+    adjacent_jaccard: float  # mean J(D_t, D_{t+1}) over the pairs not skipped; NaN if all were skipped
+    adjacent_pairs: int  # pairs averaged
+    adjacent_skipped: int  # pairs of two empty sets
+    entropy: float  # nats; NaN if no head was ever in a dynamic set
+    empty_steps: int  # steps with D_t = ∅
+
+    def to_dict(self) -> dict[str, float | int]:
+        """Flat, JSON-ready; Jaccard w/ static appears as ``jaccard_static_k{k}``."""
+        return {
+            "num_samples": self.num_samples,
+            "num_steps": self.num_steps,
+            "mean_size": self.mean_size,
+            "std_size": self.std_size,
+            "unique_heads": self.unique_heads,
+            "total_heads": self.total_heads,
+            **{f"jaccard_static_k{k}": value for k, value in self.jaccard_static.items()},
+            "adjacent_jaccard": self.adjacent_jaccard,
+            "adjacent_pairs": self.adjacent_pairs,
+            "adjacent_skipped": self.adjacent_skipped,
+            "entropy": self.entropy,
+            "entropy_baseline": ENTROPY_BASELINE,
+            "empty_steps": self.empty_steps,
+        }
+
+
+def binarize(scores: np.ndarray, threshold: float = 0.1) -> np.ndarray:
+    """Continuous ``[step, layer, head]`` scores (Eq. 2) to dynamic sets: True where score > threshold."""
+    return np.asarray(scores) > threshold
+
+
+def dynamism_stats(
+    dynamic_sets: Sequence[np.ndarray], static_ranking: Sequence[Head], *, ks: Sequence[int] = DEFAULT_KS
+) -> DynamismStats:
+    """Pool the steps of all samples (each a bool ``[step, layer, head]`` array) and compute Table 1 / 5."""
+    layers, heads = _check_sets(dynamic_sets)
+    check_heads(list(static_ranking), layers, heads, source="static head list")
+    flat = [sample.reshape(sample.shape[0], layers * heads) for sample in dynamic_sets]  # [step, L*H] each
+    steps = np.concatenate(flat)
+    if steps.shape[0] == 0:
+        raise DynheadsError(f"the {len(dynamic_sets)} sample(s) have no generated steps: nothing to measure")
+    sizes = steps.sum(axis=1)
+    inter, union = _adjacent_overlaps(flat)
+    kept = union > 0
+    return DynamismStats(
+        num_samples=len(dynamic_sets),
+        num_steps=int(steps.shape[0]),
+        total_heads=layers * heads,
+        mean_size=float(sizes.mean()),
+        std_size=float(sizes.std()),
+        unique_heads=int(steps.any(axis=0).sum()),
+        jaccard_static={k: _jaccard_with_static(steps, static_ranking, k, heads) for k in ks},
+        adjacent_jaccard=float((inter[kept] / union[kept]).mean()) if kept.any() else math.nan,
+        adjacent_pairs=int(kept.sum()),
+        adjacent_skipped=int((~kept).sum()),
+        entropy=float(entropy(steps.sum(axis=0))),  # scipy normalises the counts; NaN if they are all 0
+        empty_steps=int((sizes == 0).sum()),
+    )
+
+
+def table1_markdown(rows: Mapping[str, Mapping[str, float]]) -> str:
+    """Markdown table in Table 1's columns; ``rows`` maps a model name to ``to_dict()`` (or a paper row)."""
+    lines = ["| Model | Mean ± Std | Unique / Total | Jaccard w/ Static | Adj. Jaccard | Entropy |",
+             "|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        cells = [f"{_fmt(row, 'mean_size', '.2f')} ± {_fmt(row, 'std_size', '.2f')}",
+                 f"{_fmt(row, 'unique_heads', '.0f')} / {_fmt(row, 'total_heads', '.0f')}",
+                 _fmt(row, "jaccard_static_k20", ".4f"), _fmt(row, "adjacent_jaccard", ".4f"),
+                 _fmt(row, "entropy", ".4f")]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def table5_markdown(rows: Mapping[str, Mapping[str, float]], ks: Sequence[int] = DEFAULT_KS) -> str:
+    """Markdown table in Table 5's columns: Jaccard with the static top-k for each k."""
+    lines = ["| Model | " + " | ".join(f"Jaccard (k={k})" for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | " + " | ".join(_fmt(row, f"jaccard_static_k{k}", ".4f") for k in ks) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def dynamism_csv(rows: Mapping[str, Mapping[str, float]]) -> str:
+    """One CSV line per model with every key of the rows (empty where a row lacks it)."""
+    return pd.DataFrame.from_dict(dict(rows), orient="index").to_csv(index_label="model")
+
+
+def _check_sets(dynamic_sets: Sequence[np.ndarray]) -> tuple[int, int]:
+    """Every sample must be a bool ``[step, layer, head]`` array of one model; returns (layers, heads)."""
+    if not dynamic_sets:
+        raise DynheadsError("no samples given: dynamism needs at least one traced sample")
+    shapes = {sample.shape[1:] for sample in dynamic_sets if sample.ndim == 3}
+    if len(shapes) != 1 or any(sample.ndim != 3 for sample in dynamic_sets):
+        raise DynheadsError(f"dynamic sets must be [step, layer, head] arrays of one model; got (layer, head) "
+                            f"shapes {sorted(shapes)}")
+    if any(sample.dtype != np.bool_ for sample in dynamic_sets):
+        raise DynheadsError("dynamic sets must be boolean; turn continuous scores into sets with binarize()")
+    layers, heads = shapes.pop()
+    return int(layers), int(heads)
+
+
+def _adjacent_overlaps(flat: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """|D_t ∩ D_{t+1}| and |D_t ∪ D_{t+1}| for every consecutive pair within each sample, concatenated."""
+    pairs = [(sample[:-1], sample[1:]) for sample in flat if sample.shape[0] > 1]
+    if not pairs:
+        return np.zeros(0, int), np.zeros(0, int)
+    inter = np.concatenate([(a & b).sum(axis=1) for a, b in pairs])
+    union = np.concatenate([(a | b).sum(axis=1) for a, b in pairs])
+    return inter, union
+
+
+def _jaccard_with_static(steps: np.ndarray, ranking: Sequence[Head], k: int, num_heads: int) -> float:
+    """Mean over ``[step, L*H]`` sets of J(D_t, S_k); the union is never empty since |S_k| = k > 0."""
+    if k <= 0:
+        raise ValueError(f"k must be positive, got {k}")
+    if len(ranking) < k:
+        return math.nan
+    static = np.zeros(steps.shape[1], dtype=bool)
+    static[[flat_index(head, num_heads) for head in ranking[:k]]] = True
+    return float(((steps & static).sum(axis=1) / (steps | static).sum(axis=1)).mean())
+
+
+def _fmt(row: Mapping[str, float], key: str, spec: str) -> str:
+    value = row.get(key, math.nan)
+    return "n/a" if math.isnan(value) else format(value, spec)

@@ -1,0 +1,115 @@
+"""Static retrieval heads, scored as Wu et al.'s reference code (``retrieval_head_detection.py``) scores them.
+
+Per NIAH test, a head's score is the number of generation steps at which it copy-pastes (Eq. 1 copy score 1)
+divided by the number of answer tokens. A test counts only if the generation passes the success filter:
+ROUGE-1 recall of the answer against the generated text above a threshold (reference: ``> 50`` on a 0-100
+scale, with the Porter stemmer). The static score of a head is its mean over the counted tests; the ranking
+sorts heads by that mean, best first, ties broken by (layer, head) ascending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from rouge_score import rouge_scorer
+
+from dynheads.analysis.headlists import rank_by_score
+from dynheads.errors import DynheadsError
+from dynheads.heads import Head
+from dynheads.trace import Trace
+
+# The reference filter: RougeScorer(['rouge1', 'rougeL'], use_stemmer=True), recall of the needle answer.
+_SCORER = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=True)
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: arrays inside have no single truth value
+class NiahTest:
+    """One traced NIAH test: what static scoring needs from it.
+
+    ``answer`` is the needle's answer string (the UUID), ``answer_tokens`` the number of model tokens it
+    spans in the prompt (the reference's normaliser). ``generated`` is the decoded answer the success filter
+    reads; ``None`` means ``trace.text``.
+    """
+
+    trace: Trace
+    answer: str
+    answer_tokens: int
+    generated: str | None = None
+
+    @property
+    def response(self) -> str:
+        return self.trace.text if self.generated is None else self.generated
+
+
+@dataclass(frozen=True, eq=False)
+class StaticHeads:
+    """Static retrieval-head scores over a set of NIAH tests."""
+
+    test_scores: np.ndarray  # [counted_test, layer, head] float64, one score per head per counted test
+    recalls: tuple[float, ...]  # ROUGE-1 recall of every input test, counted or not
+    success_threshold: float
+    ranking: tuple[Head, ...]  # all L*H heads, best mean score first
+
+    @property
+    def num_tests(self) -> int:
+        return len(self.recalls)
+
+    @property
+    def num_counted(self) -> int:
+        return int(self.test_scores.shape[0])
+
+    @property
+    def pass_rate(self) -> float:
+        """Fraction of tests that passed the success filter (counted / total)."""
+        return self.num_counted / self.num_tests
+
+    @property
+    def mean_scores(self) -> np.ndarray:
+        """``[layer, head]`` static score: mean over counted tests."""
+        return self.test_scores.mean(axis=0)
+
+    def top(self, k: int) -> list[Head]:
+        """The ``k`` best heads (fewer if the model has fewer)."""
+        return list(self.ranking[:k])
+
+    def per_head(self) -> dict[Head, list[float]]:
+        """Scores per counted test for every head, layer-major: the content of the published JSON lists."""
+        _, layers, heads = self.test_scores.shape
+        return {(layer, head): self.test_scores[:, layer, head].tolist()
+                for layer in range(layers) for head in range(heads)}
+
+
+def rouge1_recall(answer: str, generated: str) -> float:
+    """ROUGE-1 recall of ``answer`` (the reference) against ``generated``, with the Porter stemmer."""
+    return _SCORER.score(answer, generated)["rouge1"].recall
+
+
+def static_heads(tests: Sequence[NiahTest], *, success_threshold: float = 0.5) -> StaticHeads:
+    """Score every head on ``tests`` as Wu et al. do and rank them (see the module docstring)."""
+    if not tests:
+        raise DynheadsError("no NIAH tests given: static heads need at least one traced test")
+    shape = tests[0].trace.shape
+    recalls, counted = [], []
+    for index, test in enumerate(tests):
+        if test.trace.shape != shape:
+            raise DynheadsError(f"test {index} has {test.trace.shape} (layers, heads), test 0 has {shape}")
+        if test.answer_tokens <= 0:
+            raise DynheadsError(f"test {index} has answer_tokens={test.answer_tokens}; it must be positive")
+        recall = rouge1_recall(test.answer, test.response)
+        recalls.append(recall)
+        if recall > success_threshold:
+            counted.append(test.trace.copy_scores.sum(axis=0) / test.answer_tokens)
+    if not counted:
+        raise DynheadsError(
+            f"pass rate 0/{len(tests)}: no test's ROUGE-1 recall of the answer exceeded {success_threshold}, so "
+            "no head can be scored; use more samples or a larger --max-new-tokens, and check the generations"
+        )
+    scores = np.stack(counted).astype(np.float64)
+    return StaticHeads(
+        test_scores=scores,
+        recalls=tuple(recalls),
+        success_threshold=success_threshold,
+        ranking=rank_by_score({head: float(mean) for head, mean in np.ndenumerate(scores.mean(axis=0))}),
+    )

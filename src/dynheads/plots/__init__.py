@@ -1,0 +1,1 @@
+"""Figures: matplotlib with the Agg canvas only (no display needed), written atomically as PNG."""

@@ -1,0 +1,94 @@
+"""Head-list files: Wu et al.'s score lists (byte-exact) and ranked lists such as QRHead's."""
+
+import json
+
+import pytest
+
+from dynheads.analysis.headlists import load_head_list, rank_by_score, save_head_scores
+from dynheads.errors import DynheadsError
+
+# Written the way Wu et al.'s code writes it: json.dump on one line, zeros as the integer 0, no newline.
+PUBLISHED = '{"0-0": [0, 0.034482758620689655], "0-1": [0.05, 0], "1-0": [0, 0], "1-1": [0.1, 0.05]}'
+
+
+def write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_write_read_write_is_byte_identical(tmp_path):
+    scores = {(0, 0): [0.0, 0.0], (0, 1): [1 / 3, 0.75], (1, 0): [0.1, 1.0], (1, 1): [2 / 7, 0.0]}
+    save_head_scores(tmp_path / "a.json", scores)
+    loaded = load_head_list(tmp_path / "a.json")
+    save_head_scores(tmp_path / "b.json", loaded.test_scores)
+    first = (tmp_path / "a.json").read_bytes()
+    assert first == (tmp_path / "b.json").read_bytes()
+    assert first.startswith(b'{"0-0": [0, 0], "0-1": [0.3333333333333333, 0.75], "1-0": [0.1, 1.0]')
+
+
+def test_published_file_is_read_ranked_and_rewritten_unchanged(tmp_path):
+    path = write(tmp_path / "wu.json", PUBLISHED)
+    loaded = load_head_list(path, num_layers=2, num_heads=2)
+    assert loaded.format == "wu"
+    # Means: 0-0 = .01724, 0-1 = .025, 1-0 = 0, 1-1 = .075.
+    assert loaded.heads == ((1, 1), (0, 1), (0, 0), (1, 0))
+    assert loaded.scores == pytest.approx((0.075, 0.025, 0.034482758620689655 / 2, 0.0))
+    assert loaded.top(2) == [(1, 1), (0, 1)]
+    save_head_scores(tmp_path / "again.json", loaded.test_scores)
+    assert (tmp_path / "again.json").read_text(encoding="utf-8") == PUBLISHED
+
+
+def test_ties_are_ranked_by_layer_then_head_not_file_order(tmp_path):
+    path = write(tmp_path / "tie.json", json.dumps({"1-0": [0.5], "0-1": [0.25, 0.75], "0-0": [0.5, 0.5]}))
+    assert load_head_list(path).heads == ((0, 0), (0, 1), (1, 0))
+    assert rank_by_score({(2, 0): 1.0, (1, 5): 1.0, (1, 2): 3.0}) == ((1, 2), (1, 5), (2, 0))
+
+
+def test_ranked_lists_keep_file_order_in_every_entry_form(tmp_path):
+    strings = load_head_list(write(tmp_path / "s.json", '["14-22", "L13-H16", "0-3"]'))
+    pairs = load_head_list(write(tmp_path / "p.json", "[[14, 22], [13, 16], [0, 3]]"))
+    qrhead = load_head_list(write(tmp_path / "q.json", '[["14-22", 0.9], ["13-16", 0.5], ["0-3", 0.7]]'))
+    assert strings.heads == pairs.heads == qrhead.heads == ((14, 22), (13, 16), (0, 3))
+    assert strings.format == "ranked" and strings.scores is None and strings.test_scores is None
+    assert qrhead.scores == (0.9, 0.5, 0.7)  # the file's order wins even where its scores disagree
+
+
+def test_heads_missing_from_the_model_are_refused_naming_file_and_heads(tmp_path):
+    path = write(tmp_path / "big.json", '["1-1", "5-0", "0-9"]')
+    with pytest.raises(DynheadsError) as error:
+        load_head_list(path, num_layers=2, num_heads=4)
+    message = str(error.value)
+    assert "big.json" in message and "L5-H0" in message and "L0-H9" in message and "L1-H1" not in message
+    assert load_head_list(path, num_layers=6, num_heads=10).heads[1] == (5, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"0-0": [0.1, ', "not valid JSON"),
+        ("{}", "no heads"),
+        ("[]", "no heads"),
+        ("3", "found int"),
+        ('{"0-0": []}', "non-empty list"),
+        ('{"0-0": [0.1, "x"]}', "non-empty list"),
+        ('{"zero-one": [0.1]}', "cannot read head 'zero-one'"),
+        ("[[1.5, 2]]", "cannot read list entry"),
+        ('["0-1", [0, 1]]', "more than once: 0-1"),
+        ('[["0-1", 0.3], "0-2"]', "some entries have a score"),
+    ],
+)
+def test_malformed_files_get_one_line_errors_naming_the_file(tmp_path, text, message):
+    path = write(tmp_path / "bad.json", text)
+    with pytest.raises(DynheadsError, match=message) as error:
+        load_head_list(path)
+    assert "bad.json" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(DynheadsError, match="cannot read head list .*nowhere.json"):
+        load_head_list(tmp_path / "nowhere.json")
+
+
+def test_model_size_needs_both_numbers(tmp_path):
+    with pytest.raises(ValueError, match="both"):
+        load_head_list(write(tmp_path / "x.json", '["0-0"]'), num_layers=2)

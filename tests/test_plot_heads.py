@@ -1,0 +1,88 @@
+"""Figure 1 heat map: head selection, token labels, and the PNG it writes."""
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from dynheads.errors import DynheadsError
+from dynheads.plots.heads import head_dynamics_figure, most_varying_heads, plot_head_dynamics, token_label
+
+# [step=4, layer=2, head=2]. Variance over steps: (0,0) constant -> 0; (0,1) 1,0,1,0 -> .25;
+# (1,0) 1,1,0,0 -> .25 (tied with (0,1)); (1,1) 1,0,0,0 -> .1875.
+SCORES = np.zeros((4, 2, 2), dtype=bool)
+SCORES[[0, 2], 0, 1] = True
+SCORES[[0, 1], 1, 0] = True
+SCORES[0, 1, 1] = True
+TOKENS = ["The", " magic", "\n", "$"]
+
+
+def test_most_varying_heads_breaks_ties_by_layer_then_head():
+    assert most_varying_heads(SCORES, 2) == [(0, 1), (1, 0)]
+    assert most_varying_heads(SCORES, 3) == [(0, 1), (1, 0), (1, 1)]
+    assert most_varying_heads(SCORES, 99) == [(0, 1), (1, 0), (1, 1), (0, 0)]  # capped at L*H
+
+
+def test_token_labels_make_whitespace_visible():
+    assert token_label(" the") == "␣the"
+    assert token_label("\n\n") == "\\n\\n"
+    assert token_label("") == "∅"
+    assert token_label("$5") == r"\$5"  # a bare "$" would switch matplotlib to mathtext
+    long = token_label("x" * 30)
+    assert len(long) == 12 and long.endswith("…")
+
+
+def test_binary_scores_get_a_legend_and_rows_in_layer_order():
+    figure, heads = head_dynamics_figure(SCORES, TOKENS, top=3)
+    axes = figure.axes
+    assert len(axes) == 1 and axes[0].get_legend() is not None  # no colour bar
+    assert heads == [(0, 1), (1, 0), (1, 1)]
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["L0-H1", "L1-H0", "L1-H1"]
+    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["The", "␣magic", "\\n", r"\$"]
+    np.testing.assert_array_equal(axes[0].images[0].get_array(), [[1, 0, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]])
+
+
+def test_continuous_scores_get_a_colour_bar():
+    scores = SCORES * 0.5 + 0.1  # Eq. 2-like values, not 0/1
+    figure, _ = head_dynamics_figure(scores, TOKENS, top=2, title="sample 7")
+    assert len(figure.axes) == 2 and figure.axes[0].get_legend() is None
+    assert figure.axes[0].get_title() == "sample 7"
+    # 0/1 floats count as binary unless told otherwise.
+    assert len(head_dynamics_figure(SCORES.astype(float), TOKENS)[0].axes) == 1
+    assert len(head_dynamics_figure(SCORES.astype(float), TOKENS, binary=False)[0].axes) == 2
+
+
+def test_figure_widens_with_steps_and_thins_labels_past_the_cap():
+    short = head_dynamics_figure(SCORES, TOKENS)[0].get_size_inches()[0]
+    many = np.tile(SCORES, (15, 1, 1))  # 60 steps: every one still labelled
+    figure60 = head_dynamics_figure(many, [f"t{i}" for i in range(60)])[0]
+    assert figure60.get_size_inches()[0] > short
+    assert len(figure60.axes[0].get_xticklabels()) == 60
+    huge = np.tile(SCORES, (100, 1, 1))  # 400 steps: width capped, every n-th step labelled
+    figure400 = head_dynamics_figure(huge, [f"t{i}" for i in range(400)])[0]
+    assert figure400.get_size_inches()[0] == 40.0
+    assert 100 < len(figure400.axes[0].get_xticklabels()) < 400
+
+
+def test_png_is_written_atomically(tmp_path):
+    path = tmp_path / "plots" / "heads.png"
+    heads = plot_head_dynamics(SCORES, TOKENS, path, top=2)
+    assert heads == [(0, 1), (1, 0)]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width, _ = imread(path).shape
+    assert width > height > 100
+    assert [p.name for p in path.parent.iterdir()] == ["heads.png"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    ("scores", "labels", "top", "message"),
+    [
+        (SCORES, TOKENS[:3], 10, "3 token labels for 4 steps"),
+        (np.zeros((0, 2, 2)), [], 10, "at least one step"),
+        (SCORES[0], TOKENS, 10, "at least one step"),
+        (SCORES, TOKENS, 0, "top must be at least 1"),
+    ],
+)
+def test_bad_input_is_refused(tmp_path, scores, labels, top, message):
+    with pytest.raises(DynheadsError, match=message):
+        plot_head_dynamics(scores, labels, tmp_path / "x.png", top=top)
+    assert not (tmp_path / "x.png").exists()
