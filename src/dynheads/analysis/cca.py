@@ -1,0 +1,270 @@
+"""Temporal-offset CCA between final hidden states and head scores (paper Sec. 3.3 and App. A.4, Claim 3).
+
+Input: one ``(hidden [step, dim], scores [step, layer*head])`` pair per sample (Eq. 1 copy scores for NIAH,
+Eq. 2 reasoning scores for HotpotQA). For offset k, a sample contributes the pairs ``(hidden[n], scores[n+k])``
+with ``n + k < T``; pairs never cross samples. One fit = min-max scale the scores per head (constant heads -> 0),
+PCA to 95 % (hidden) / 99 % (scores) of the variance, then closed-form CCA with up to 50 components.
+
+Three measurements per offset (``method`` column):
+
+- ``in_sample``: fit and measure on all pairs. The paper's number; inflated when pairs are few and PCA keeps
+  many dimensions (with ``dims >= pairs`` it reaches 1 on pure noise).
+- ``held_out``: fit on a seeded split of the *samples*, measure the correlation of each canonical pair on the
+  projected pairs of the other samples. Components keep the order of the fit; they are never re-sorted by
+  their held-out value (that would re-inflate).
+- ``shuffled``: ``held_out`` after pairing every sample's hidden states with another sample's scores (a seeded
+  derangement of the samples; the longer of the two is truncated). It keeps what all answers share at a given
+  step (e.g. the position inside the answer) and breaks what is specific to a sample: the floor for ``held_out``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from sklearn.decomposition import PCA
+
+from dynheads.errors import DynheadsError
+from dynheads.io import write_json, write_text
+from dynheads.trace import Trace
+
+Sample = tuple[np.ndarray, np.ndarray]  # (hidden [step, dim], scores [step, layer*head])
+ScoreKind = Literal["copy", "reasoning"]
+Method = Literal["in_sample", "held_out", "shuffled"]
+METHODS: tuple[Method, ...] = ("in_sample", "held_out", "shuffled")
+
+# First canonical correlation (in-sample) per offset, read from the paper's text (Sec. 3.3, NIAH).
+PAPER_TOP1: dict[str, dict[int, float]] = {"llama3.1-8b": {0: 0.966, 1: 0.931, 2: 0.915}}
+
+_MIN_PAIRS = 3  # fewer pairs give no usable PCA or correlation
+
+
+@dataclass(frozen=True)
+class CCAConfig:
+    """Settings of one temporal-offset CCA analysis (defaults: paper App. A.4 and notes/algorithms.md)."""
+
+    hidden_variance: float = field(
+        default=0.95, metadata={"help": "PCA on the hidden states keeps this fraction of their variance."})
+    score_variance: float = field(
+        default=0.99, metadata={"help": "PCA on the min-max scaled scores keeps this fraction of their variance."})
+    n_components: int = field(
+        default=50, metadata={"help": "Canonical components (fewer when PCA keeps fewer dimensions)."})
+    ridge: float = field(
+        default=1e-6,
+        metadata={"help": "Added to each covariance diagonal, relative to its mean variance, before whitening "
+                          "(ours: keeps near-zero PCA directions from blowing up). 0 = plain CCA."})
+    test_fraction: float = field(
+        default=0.3, metadata={"help": "Share of the samples held out for the held_out and shuffled measures."})
+    seed: int = field(default=0, metadata={"help": "Seed of the sample split and of the shuffled pairing."})
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_variance", "score_variance", "test_fraction"):
+            if not 0 < getattr(self, name) < 1:
+                raise DynheadsError(f"CCA {name} must lie strictly between 0 and 1, got {getattr(self, name)}")
+        if self.n_components < 1 or self.ridge < 0:
+            raise DynheadsError("CCA n_components must be >= 1 and ridge >= 0")
+
+
+def samples_from_traces(traces: Iterable[Trace], score: ScoreKind = "copy") -> list[Sample]:
+    """``(hidden [T, D], scores [T, L*H])`` per trace; ``copy`` = Eq. 1 (NIAH), ``reasoning`` = Eq. 2 (HotpotQA)."""
+    attr = "copy_scores" if score == "copy" else "reasoning_scores"
+    return [(t.hidden, getattr(t, attr).reshape(t.num_steps, -1)) for t in traces]
+
+
+def check_samples(samples: Sequence[Sample]) -> tuple[int, int]:
+    """Refuse ragged or empty input; return ``(hidden dim, score width)``."""
+    if not samples:
+        raise DynheadsError("no samples given")
+    dims = set()
+    for i, (hidden, scores) in enumerate(samples):
+        if hidden.ndim != 2 or scores.ndim != 2 or hidden.shape[0] != scores.shape[0]:
+            raise DynheadsError(f"sample {i}: expected hidden [T, D] and scores [T, L*H] with the same T, "
+                                f"got {hidden.shape} and {scores.shape}")
+        dims.add((hidden.shape[1], scores.shape[1]))
+    if len(dims) > 1:
+        raise DynheadsError(f"samples disagree on (hidden dim, score width): {sorted(dims)}")
+    return dims.pop()
+
+
+def offset_pairs(samples: Sequence[Sample], offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stack ``hidden[n]`` with ``scores[n + offset]`` within each sample: ``([N, D], [N, W])``."""
+    if offset < 0:
+        raise DynheadsError(f"offsets must be >= 0, got {offset}")
+    hidden = [h[: max(len(h) - offset, 0)] for h, _ in samples]
+    scores = [s[offset:] for _, s in samples]
+    return np.concatenate(hidden), np.concatenate(scores)
+
+
+def shuffled_pairing(samples: Sequence[Sample], seed: int) -> list[Sample]:
+    """Sample i's hidden states with sample ``perm[i]``'s scores, ``perm`` a seeded derangement (no fixed point)."""
+    if len(samples) < 2:
+        raise DynheadsError("the shuffled-pairing control needs at least 2 samples")
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(samples))
+    while np.any(perm == np.arange(len(samples))):  # rejection sampling: about e draws on average
+        perm = rng.permutation(len(samples))
+    pairs = []
+    for (hidden, _), j in zip(samples, perm, strict=True):
+        scores = samples[j][1]
+        steps = min(len(hidden), len(scores))
+        pairs.append((hidden[:steps], scores[:steps]))
+    return pairs
+
+
+def split_samples(num_samples: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of sample indices into (fit, test); both non-empty."""
+    if num_samples < 2:
+        raise DynheadsError(f"held-out CCA needs at least 2 samples to split, got {num_samples}")
+    num_test = min(max(round(test_fraction * num_samples), 1), num_samples - 1)
+    perm = np.random.default_rng(seed).permutation(num_samples)
+    return np.sort(perm[num_test:]), np.sort(perm[:num_test])
+
+
+@dataclass(frozen=True)
+class CCAFit:
+    """Closed-form CCA of centred views ``x [N, p]`` and ``y [N, q]``."""
+
+    x_mean: np.ndarray  # [p]
+    y_mean: np.ndarray  # [q]
+    x_weights: np.ndarray  # [p, r]
+    y_weights: np.ndarray  # [q, r]
+    correlations: np.ndarray  # [r], descending, as fitted (shrunk slightly by the ridge)
+
+    def transform(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Canonical variates ``([N, r], [N, r])``."""
+        return (x - self.x_mean) @ self.x_weights, (y - self.y_mean) @ self.y_weights
+
+
+def fit_cca(x: np.ndarray, y: np.ndarray, n_components: int, ridge: float = 1e-6) -> CCAFit:
+    """CCA by whitening and SVD: ``svd(Cxx^-1/2 Cxy Cyy^-1/2) = U S V'``, weights ``Cxx^-1/2 U``, ``Cyy^-1/2 V``."""
+    x_mean, y_mean = x.mean(0), y.mean(0)
+    xc, yc = x - x_mean, y - y_mean
+    n = len(x) - 1
+    white_x = _inverse_sqrt(xc.T @ xc / n, ridge)
+    white_y = _inverse_sqrt(yc.T @ yc / n, ridge)
+    u, s, vt = np.linalg.svd(white_x @ (xc.T @ yc / n) @ white_y, full_matrices=False)
+    r = min(n_components, len(s))
+    return CCAFit(x_mean, y_mean, white_x @ u[:, :r], white_y @ vt[:r].T, np.clip(s[:r], 0.0, 1.0))
+
+
+def _inverse_sqrt(cov: np.ndarray, ridge: float) -> np.ndarray:
+    cov = cov + ridge * max(np.trace(cov) / len(cov), np.finfo(float).tiny) * np.eye(len(cov))
+    values, vectors = np.linalg.eigh(cov)
+    return (vectors / np.sqrt(np.maximum(values, np.finfo(float).eps * values.max()))) @ vectors.T
+
+
+@dataclass(frozen=True)
+class _Pipeline:
+    """Scaler + two PCAs + CCA, fitted on one set of pairs and applied to any other."""
+
+    score_min: np.ndarray  # [W]
+    score_span: np.ndarray  # [W], 0 for heads constant in the fit pairs
+    hidden_pca: PCA
+    score_pca: PCA
+    cca: CCAFit
+
+    def variates(self, hidden: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        span = np.where(self.score_span > 0, self.score_span, 1.0)
+        scaled = np.where(self.score_span > 0, (scores - self.score_min) / span, 0.0)
+        return self.cca.transform(self.hidden_pca.transform(hidden), self.score_pca.transform(scaled))
+
+
+def _fit_pipeline(hidden: np.ndarray, scores: np.ndarray, config: CCAConfig) -> _Pipeline:
+    scores = scores.astype(np.float64)
+    low, span = scores.min(0), np.ptp(scores, axis=0)
+    if not span.any():
+        raise DynheadsError("every head's score is constant over the pairs: nothing to correlate")
+    if not np.ptp(hidden, axis=0).any():
+        raise DynheadsError("the hidden states are constant over the pairs: nothing to correlate")
+    scaled = np.where(span > 0, (scores - low) / np.where(span > 0, span, 1.0), 0.0)
+    hidden_pca = PCA(n_components=config.hidden_variance).fit(hidden)
+    score_pca = PCA(n_components=config.score_variance).fit(scaled)
+    cca = fit_cca(hidden_pca.transform(hidden).astype(np.float64), score_pca.transform(scaled),
+                  config.n_components, config.ridge)
+    return _Pipeline(low, span, hidden_pca, score_pca, cca)
+
+
+def column_correlations(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Pearson correlation of each column pair of ``u [N, r]`` and ``v [N, r]``; 0 where a column is constant."""
+    uc, vc = u - u.mean(0), v - v.mean(0)
+    denom = np.sqrt((uc**2).sum(0) * (vc**2).sum(0))
+    return np.where(denom > 0, (uc * vc).sum(0) / np.where(denom > 0, denom, 1.0), 0.0)
+
+
+def canonical_correlations(fit_pairs: tuple[np.ndarray, np.ndarray],
+                           eval_pairs: tuple[np.ndarray, np.ndarray] | None = None,
+                           config: CCAConfig | None = None) -> tuple[np.ndarray, dict[str, int]]:
+    """Fit on ``fit_pairs`` (hidden [N, D], scores [N, W]); correlations ``[r]`` measured on ``eval_pairs``.
+
+    ``eval_pairs=None`` measures on the fit pairs (in-sample). Also returns the kept dimensions.
+    """
+    config = config or CCAConfig()
+    for name, pairs in (("fit", fit_pairs), ("evaluation", eval_pairs or fit_pairs)):
+        if len(pairs[0]) < _MIN_PAIRS:
+            raise DynheadsError(f"CCA needs at least {_MIN_PAIRS} {name} pairs, got {len(pairs[0])}")
+    pipeline = _fit_pipeline(*fit_pairs, config)
+    correlations = column_correlations(*pipeline.variates(*(eval_pairs or fit_pairs)))
+    dims = {"n_components": len(correlations), "hidden_dims": int(pipeline.hidden_pca.n_components_),
+            "score_dims": int(pipeline.score_pca.n_components_)}
+    return correlations, dims
+
+
+def summarize(correlations: np.ndarray) -> dict[str, float]:
+    """First correlation and the means of the first 10 and 50 (of fewer, when fewer components exist)."""
+    return {"top1": float(correlations[0]), "top10_mean": float(correlations[:10].mean()),
+            "top50_mean": float(correlations[:50].mean())}
+
+
+def cca_offsets(samples: Sequence[Sample], offsets: Iterable[int] = range(11),
+                config: CCAConfig | None = None) -> pd.DataFrame:
+    """One row per (offset, method): top1, top10_mean, top50_mean, kept dimensions and pair counts."""
+    config = config or CCAConfig()
+    check_samples(samples)
+    fit_idx, test_idx = split_samples(len(samples), config.test_fraction, config.seed)
+    views = {"held_out": samples, "shuffled": shuffled_pairing(samples, config.seed)}
+    rows = []
+    for offset in offsets:
+        runs = {"in_sample": (offset_pairs(samples, offset), None)}
+        for method, pairs in views.items():  # split by the sample that owns the hidden states
+            runs[method] = (offset_pairs([pairs[i] for i in fit_idx], offset),
+                            offset_pairs([pairs[i] for i in test_idx], offset))
+        for method, (fit, test) in runs.items():
+            try:
+                correlations, dims = canonical_correlations(fit, test, config)
+            except DynheadsError as error:
+                raise DynheadsError(f"offset {offset}, {method}: {error}") from None
+            rows.append({"offset": offset, "method": method, **summarize(correlations), **dims,
+                         "fit_pairs": len(fit[0]), "eval_pairs": len((test or fit)[0])})
+    return pd.DataFrame(rows)
+
+
+def cca_markdown(table: pd.DataFrame, paper: Mapping[int, float] | None = None) -> str:
+    """Markdown table of ``cca_offsets`` output; ``paper`` (offset -> top-1) adds a column beside in-sample."""
+    header = ["offset", "method", "top-1", "top-10 mean", "top-50 mean", "components", "dims (hidden/scores)",
+              "pairs (fit/eval)"] + (["paper top-1"] if paper else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in table.itertuples(index=False):
+        cells = [str(row.offset), row.method, f"{row.top1:.3f}", f"{row.top10_mean:.3f}", f"{row.top50_mean:.3f}",
+                 str(row.n_components), f"{row.hidden_dims}/{row.score_dims}", f"{row.fit_pairs}/{row.eval_pairs}"]
+        if paper:
+            known = row.method == "in_sample" and row.offset in paper
+            cells.append(f"{paper[row.offset]:.3f}" if known else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_cca(table: pd.DataFrame, out_dir: str | Path, *, config: CCAConfig | None = None,
+              model: str | None = None) -> dict[str, Path]:
+    """Write ``cca.csv``, ``cca.json`` and ``cca.md`` atomically; ``model`` picks the paper's reference numbers."""
+    out_dir = Path(out_dir)
+    paper = PAPER_TOP1.get(model or "")
+    paths = {"csv": out_dir / "cca.csv", "json": out_dir / "cca.json", "md": out_dir / "cca.md"}
+    write_text(paths["csv"], table.to_csv(index=False))
+    write_json(paths["json"], {"config": asdict(config) if config else None, "model": model,
+                               "paper_top1": paper, "rows": table.to_dict(orient="records")})
+    write_text(paths["md"], cca_markdown(table, paper))
+    return paths

@@ -1,0 +1,371 @@
+"""MLP probe from the final hidden state to every head's score at the same step (paper Sec. 3.3, App. A.5).
+
+Binary targets (Eq. 1, NIAH) train with the Asymmetric Loss and report F1 / precision / recall at the threshold
+that maximises F1 on the validation PR curve, plus AUPRC, on the test split. Continuous targets (Eq. 2,
+HotpotQA) train with MSE and report MSE, MAE and R². Metrics are micro: flattened over heads and steps (R² is
+also given per head, averaged). Beside each probe, a frequency baseline that ignores the hidden state: every
+head's training-set activation rate (binary) or mean score (continuous), evaluated the same way.
+
+Samples are split 70/20/10 by sample, never by step: steps of one answer are strongly correlated.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from sklearn.metrics import (
+    average_precision_score,
+    f1_score,
+    mean_absolute_error,
+    mean_squared_error,
+    precision_recall_curve,
+    precision_score,
+    r2_score,
+    recall_score,
+)
+from torch import nn
+from tqdm.auto import tqdm
+
+from dynheads.analysis.cca import Sample, check_samples
+from dynheads.errors import DynheadsError
+from dynheads.heads import Head
+from dynheads.io import atomic_path, read_json, write_json
+
+Task = Literal["binary", "continuous"]
+_FORMAT = "dynheads-probe/1"
+_ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """MLP probe settings. Defaults: paper App. A.5; fields marked "ours" are choices the paper does not state."""
+
+    hidden_sizes: tuple[int, ...] = field(
+        default=(8192, 4096, 4096), metadata={"help": "Widths of the hidden layers."})
+    dropout: float = field(default=0.1, metadata={"help": "Dropout after each hidden layer."})
+    activation: Literal["relu", "gelu"] = field(
+        default="relu", metadata={"help": "Nonlinearity after each hidden layer (ours)."})
+    standardize: bool = field(
+        default=True,
+        metadata={"help": "Z-score the inputs with the training split's per-dimension mean/std, stored with the "
+                          "weights (ours: LLM hidden states have a few huge outlier dimensions)."})
+    lr: float = field(default=3e-4, metadata={"help": "Adam learning rate."})
+    plateau_patience: int = field(
+        default=3, metadata={"help": "ReduceLROnPlateau: epochs without validation-loss improvement before a cut."})
+    plateau_factor: float = field(
+        default=0.1, metadata={"help": "ReduceLROnPlateau: factor of each learning-rate cut (ours: torch's default)."})
+    epochs: int = field(default=100, metadata={"help": "Training epochs."})
+    batch_size: int = field(default=128, metadata={"help": "Pairs (steps) per batch."})
+    grad_clip: float = field(default=1.0, metadata={"help": "Maximum gradient norm."})
+    gamma_neg: float = field(default=4.0, metadata={"help": "Asymmetric Loss focusing exponent for negatives."})
+    gamma_pos: float = field(default=1.0, metadata={"help": "Asymmetric Loss focusing exponent for positives."})
+    asl_clip: float = field(
+        default=0.05, metadata={"help": "Asymmetric Loss probability margin m: negatives with p < m cost nothing."})
+    asl_reduction: Literal["sum", "mean"] = field(
+        default="sum",
+        metadata={"help": "Asymmetric Loss batch reduction (ours): 'sum' as in Ridnik et al.'s code, 'mean' over "
+                          "heads and steps. Validation loss is always the mean."})
+    split: tuple[float, float, float] = field(
+        default=(0.7, 0.2, 0.1), metadata={"help": "Train/validation/test fractions of the samples (by sample)."})
+    seed: int = field(default=0, metadata={"help": "Seed of the split, initialisation, dropout and batch order."})
+    early_stopping: int | None = field(
+        default=None, metadata={"help": "Stop after this many epochs without validation improvement (None: off)."})
+
+    def __post_init__(self) -> None:
+        if len(self.split) != 3 or min(self.split) <= 0 or abs(sum(self.split) - 1) > 1e-6:
+            raise DynheadsError(f"probe split must be three positive fractions summing to 1, got {self.split}")
+        if self.epochs < 1 or self.batch_size < 1 or not 0 <= self.dropout < 1:
+            raise DynheadsError("probe epochs and batch_size must be >= 1 and dropout in [0, 1)")
+        if self.activation not in _ACTIVATIONS:
+            raise DynheadsError(f"unknown probe activation {self.activation!r}: use one of {sorted(_ACTIVATIONS)}")
+
+
+class ProbeNet(nn.Module):
+    """``hidden [N, D] -> [N, L*H]``: one logit (binary) or value (continuous) per head, layer-major."""
+
+    def __init__(self, input_dim: int, output_dim: int, config: ProbeConfig) -> None:
+        super().__init__()
+        # Input standardisation lives in buffers so that the state_dict alone reproduces predictions.
+        self.register_buffer("mean", torch.zeros(input_dim))
+        self.register_buffer("scale", torch.ones(input_dim))
+        layers: list[nn.Module] = []
+        width = input_dim
+        for size in config.hidden_sizes:
+            layers += [nn.Linear(width, size), _ACTIVATIONS[config.activation](), nn.Dropout(config.dropout)]
+            width = size
+        layers.append(nn.Linear(width, output_dim))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.layers((hidden - self.mean) / self.scale)
+
+
+def asymmetric_loss(logits: torch.Tensor, targets: torch.Tensor, *, gamma_neg: float = 4.0, gamma_pos: float = 1.0,
+                    clip: float = 0.05, eps: float = 1e-8) -> torch.Tensor:
+    """Element-wise Asymmetric Loss (Ridnik et al. 2021, Eq. 4 with the shifted probability of Eq. 6).
+
+    With ``p = sigmoid(logit)`` and ``p_m = max(p - clip, 0)``:
+    positives ``-(1 - p)^gamma_pos * log(p)``, negatives ``-p_m^gamma_neg * log(1 - p_m)``. ``eps`` guards the
+    logs as in the authors' code. Gradients flow through the focusing weights (the published formula).
+    Shapes: ``logits``, ``targets`` and the result are ``[N, W]``.
+    """
+    p = torch.sigmoid(logits)
+    p_m = (p - clip).clamp(min=0) if clip > 0 else p
+    positive = (1 - p) ** gamma_pos * torch.log(p.clamp(min=eps))
+    negative = p_m**gamma_neg * torch.log((1 - p_m).clamp(min=eps))
+    return -(targets * positive + (1 - targets) * negative)
+
+
+@dataclass
+class TrainedProbe:
+    """A trained probe, ready to score hidden states (in eval mode, on its own device)."""
+
+    network: ProbeNet
+    task: Task
+    threshold: float | None  # binary: decision threshold on probabilities; continuous: None
+    num_layers: int
+    num_heads: int
+
+    def predict(self, hidden: np.ndarray | torch.Tensor) -> np.ndarray:
+        """``hidden [N, D] -> [N, L*H]`` float32: probabilities (binary) or predicted scores (continuous)."""
+        device = self.network.mean.device
+        x = torch.as_tensor(hidden)
+        if x.ndim != 2 or x.shape[1] != self.network.mean.shape[0]:
+            raise DynheadsError(f"probe expects hidden states [N, {self.network.mean.shape[0]}], got {tuple(x.shape)}")
+        self.network.eval()
+        with torch.no_grad():
+            out = torch.cat([self.network(chunk.to(device, torch.float32)) for chunk in x.split(4096)])
+        return (torch.sigmoid(out) if self.task == "binary" else out).cpu().numpy()
+
+    def top_heads(self, hidden: np.ndarray | torch.Tensor, k: int) -> list[Head]:
+        """The ``k`` heads with the highest predicted score for one hidden state ``[D]``, best first."""
+        total = self.num_layers * self.num_heads
+        if not 1 <= k <= total:
+            raise DynheadsError(f"top_heads k must lie in 1..{total}, got {k}")
+        if hidden.ndim != 1:
+            raise DynheadsError(f"top_heads takes one hidden state [D], got shape {tuple(hidden.shape)}")
+        scores = self.predict(hidden[None])[0]
+        order = np.argsort(-scores, kind="stable")[:k]  # stable: ties stay in layer-major order
+        return [(int(i // self.num_heads), int(i % self.num_heads)) for i in order]
+
+
+@dataclass
+class ProbeResult:
+    """A trained probe with the metrics of its test split and its training history."""
+
+    probe: TrainedProbe
+    config: ProbeConfig
+    metrics: dict[str, Any]  # "probe" and "baseline" test metrics, thresholds, split sizes, best epoch
+    history: list[dict[str, float]]  # per epoch: train_loss, val_loss (both per element), lr
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write ``weights.pt`` (a ``state_dict``, loadable with ``weights_only=True``) and ``probe.json``."""
+        out_dir = Path(out_dir)
+        state = {name: tensor.detach().cpu() for name, tensor in self.probe.network.state_dict().items()}
+        with atomic_path(out_dir / "weights.pt") as tmp:
+            torch.save(state, tmp)
+        write_json(out_dir / "probe.json", {
+            "format": _FORMAT, "task": self.probe.task, "threshold": self.probe.threshold,
+            "num_layers": self.probe.num_layers, "num_heads": self.probe.num_heads,
+            "input_dim": int(self.probe.network.mean.shape[0]), "config": asdict(self.config),
+            "metrics": self.metrics, "history": self.history,
+        })
+        return out_dir
+
+
+def load_probe(probe_dir: str | Path, device: str | torch.device = "cpu") -> TrainedProbe:
+    """Read a probe written by ``ProbeResult.save``."""
+    probe_dir = Path(probe_dir)
+    if not (probe_dir / "probe.json").is_file() or not (probe_dir / "weights.pt").is_file():
+        raise DynheadsError(f"no probe in {probe_dir}: expected probe.json and weights.pt")
+    meta = read_json(probe_dir / "probe.json")
+    if meta.get("format") != _FORMAT:
+        raise DynheadsError(f"{probe_dir / 'probe.json'} is not a {_FORMAT} file")
+    try:
+        config = ProbeConfig(**{name: _from_json(value) for name, value in meta["config"].items()})
+    except TypeError as error:
+        raise DynheadsError(f"{probe_dir / 'probe.json'} has an unreadable probe config: {error}") from None
+    network = ProbeNet(meta["input_dim"], meta["num_layers"] * meta["num_heads"], config)
+    network.load_state_dict(torch.load(probe_dir / "weights.pt", map_location="cpu", weights_only=True))
+    return TrainedProbe(network.to(device).eval(), meta["task"], meta["threshold"], meta["num_layers"],
+                        meta["num_heads"])
+
+
+def _from_json(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value  # JSON arrays back to the config's tuples
+
+
+def split_by_sample(num_samples: int, fractions: tuple[float, float, float],
+                    seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded (train, validation, test) sample indices; validation and test get at least one sample each."""
+    num_val = max(round(fractions[1] * num_samples), 1)
+    num_test = max(round(fractions[2] * num_samples), 1)
+    if num_samples - num_val - num_test < 1:
+        raise DynheadsError(f"the probe needs at least 3 samples for its train/validation/test split, "
+                            f"got {num_samples}")
+    perm = np.random.default_rng(seed).permutation(num_samples)
+    return np.sort(perm[num_val + num_test:]), np.sort(perm[:num_val]), np.sort(perm[num_val:num_val + num_test])
+
+
+def train_probe(samples: list[Sample], config: ProbeConfig | None = None, *, task: Task, shape: tuple[int, int],
+                progress: bool = True, device: str | torch.device = "cpu") -> ProbeResult:
+    """Train a probe on ``(hidden [T, D], scores [T, L*H])`` samples; ``shape`` = (layers, heads) of the model.
+
+    Keeps the weights of the epoch with the lowest validation loss. Deterministic for ``config.seed`` on CPU;
+    torch's RNG is seeded inside a fork, so the caller's CPU RNG is untouched.
+    """
+    config = config or ProbeConfig()
+    input_dim, width = check_samples(samples)
+    if shape[0] * shape[1] != width:
+        raise DynheadsError(f"scores have {width} columns but shape {shape} has {shape[0] * shape[1]} heads")
+    splits = {name: _stack(samples, idx) for name, idx in
+              zip(("train", "val", "test"), split_by_sample(len(samples), config.split, config.seed), strict=True)}
+    _check_targets(splits, task)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        network = ProbeNet(input_dim, width, config)
+        if config.standardize:
+            x = splits["train"][0]
+            std = x.std(0)
+            network.mean.copy_(x.mean(0))
+            network.scale.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))  # constant dims pass through
+        history, best_epoch = _fit(network.to(device), splits, config, task, progress)
+    probe = TrainedProbe(network.eval(), task, None, *shape)
+    metrics = _evaluate(probe, splits)
+    probe.threshold = metrics.get("threshold")
+    metrics.update(best_epoch=best_epoch, split_pairs={name: len(x) for name, (x, _) in splits.items()})
+    return ProbeResult(probe, config, metrics, history)
+
+
+def _stack(samples: list[Sample], idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairs of the chosen samples: ``(hidden [N, D], scores [N, W])`` float32."""
+    hidden = np.concatenate([samples[i][0] for i in idx]).astype(np.float32)
+    scores = np.concatenate([samples[i][1] for i in idx]).astype(np.float32)
+    return torch.from_numpy(hidden), torch.from_numpy(scores)
+
+
+def _check_targets(splits: dict[str, tuple[torch.Tensor, torch.Tensor]], task: Task) -> None:
+    if task not in ("binary", "continuous"):
+        raise DynheadsError(f"probe task must be 'binary' or 'continuous', got {task!r}")
+    for name, (x, y) in splits.items():
+        if len(x) == 0:
+            raise DynheadsError(f"the probe's {name} split has no steps: give samples with generated tokens")
+        if not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+            raise DynheadsError(f"the probe's {name} split has non-finite hidden states or scores")
+        if task == "binary" and not ((y == 0) | (y == 1)).all():
+            raise DynheadsError("binary probe targets must be 0/1 (Eq. 1 copy scores); use task='continuous'")
+        if task == "binary" and not y.any():
+            raise DynheadsError(f"the probe's {name} split has no positive targets: use more samples")
+
+
+def _fit(network: ProbeNet, splits: dict[str, tuple[torch.Tensor, torch.Tensor]], config: ProbeConfig,
+         task: Task, progress: bool) -> tuple[list[dict[str, float]], int]:
+    """Train in place; load the best-validation weights at the end. Returns (history, best epoch)."""
+    device = network.mean.device
+    x, y = splits["train"]
+    optimizer = torch.optim.Adam(network.parameters(), lr=config.lr)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=config.plateau_factor,
+                                                           patience=config.plateau_patience)
+    generator = torch.Generator().manual_seed(config.seed)  # batch order independent of the model's RNG use
+    history: list[dict[str, float]] = []
+    best_loss, best_epoch, best_state = float("inf"), -1, None
+    bar = tqdm(range(config.epochs), desc="probe", unit="epoch", disable=not progress)
+    for epoch in bar:
+        network.train()
+        total = 0.0
+        for batch in torch.randperm(len(x), generator=generator).split(config.batch_size):
+            elementwise = _elementwise_loss(network(x[batch].to(device)), y[batch].to(device), task, config)
+            loss = elementwise.sum() if task == "binary" and config.asl_reduction == "sum" else elementwise.mean()
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip)
+            optimizer.step()
+            total += elementwise.detach().sum().item()
+        val_loss = _validation_loss(network, splits["val"], task, config)
+        scheduler.step(val_loss)
+        history.append({"epoch": epoch, "train_loss": total / y.numel(), "val_loss": val_loss,
+                        "lr": optimizer.param_groups[0]["lr"]})
+        bar.set_postfix(val_loss=f"{val_loss:.4g}")
+        if val_loss < best_loss:
+            best_loss, best_epoch, best_state = val_loss, epoch, copy.deepcopy(network.state_dict())
+        elif config.early_stopping is not None and epoch - best_epoch >= config.early_stopping:
+            break
+    if best_state is None:
+        raise DynheadsError("the probe's validation loss was never finite: lower lr or check the inputs")
+    network.load_state_dict(best_state)
+    return history, best_epoch
+
+
+def _elementwise_loss(out: torch.Tensor, target: torch.Tensor, task: Task, config: ProbeConfig) -> torch.Tensor:
+    if task == "binary":
+        return asymmetric_loss(out, target, gamma_neg=config.gamma_neg, gamma_pos=config.gamma_pos,
+                               clip=config.asl_clip)
+    return (out - target) ** 2
+
+
+def _validation_loss(network: ProbeNet, split: tuple[torch.Tensor, torch.Tensor], task: Task,
+                     config: ProbeConfig) -> float:
+    network.eval()
+    device = network.mean.device
+    total = 0.0
+    with torch.no_grad():
+        for x, y in zip(split[0].split(4096), split[1].split(4096), strict=True):
+            total += _elementwise_loss(network(x.to(device)), y.to(device), task, config).sum().item()
+    return total / split[1].numel()
+
+
+def _evaluate(probe: TrainedProbe, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+    """Test metrics of the probe and of the frequency baseline (binary: with both validation thresholds)."""
+    y_train, y_val, y_test = (splits[name][1].numpy() for name in ("train", "val", "test"))
+    prior = y_train.mean(0)  # [W]: per-head activation rate (binary) or mean score (continuous)
+    val_pred, test_pred = probe.predict(splits["val"][0]), probe.predict(splits["test"][0])
+    if probe.task == "continuous":
+        baseline = np.broadcast_to(prior, y_test.shape)
+        return {"probe": _regression_metrics(y_test, test_pred), "baseline": _regression_metrics(y_test, baseline)}
+    threshold = best_f1_threshold(y_val, val_pred)
+    baseline_threshold = best_f1_threshold(y_val, np.broadcast_to(prior, y_val.shape))
+    return {
+        "probe": _binary_metrics(y_test, test_pred, threshold),
+        "baseline": _binary_metrics(y_test, np.broadcast_to(prior, y_test.shape), baseline_threshold),
+        "threshold": threshold,
+        "baseline_threshold": baseline_threshold,
+    }
+
+
+def best_f1_threshold(targets: np.ndarray, probs: np.ndarray) -> float:
+    """Threshold maximising F1 on the PR curve of ``targets``/``probs`` ``[N, W]``, flattened over heads."""
+    precision, recall, thresholds = precision_recall_curve(targets.ravel(), probs.ravel())
+    f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
+    return float(thresholds[np.argmax(f1[:-1])])  # the curve's last point (recall 0) has no threshold
+
+
+def _binary_metrics(targets: np.ndarray, probs: np.ndarray, threshold: float) -> dict[str, float]:
+    y, predicted = targets.ravel().astype(bool), probs.ravel() >= threshold
+    return {
+        "f1": float(f1_score(y, predicted, zero_division=0)),
+        "precision": float(precision_score(y, predicted, zero_division=0)),
+        "recall": float(recall_score(y, predicted, zero_division=0)),
+        "auprc": float(average_precision_score(y, probs.ravel())),
+        "positive_rate": float(y.mean()),
+    }
+
+
+def _regression_metrics(targets: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
+    """MSE, MAE flattened; ``r2`` = uniform mean over heads that vary in the test split, ``r2_flat`` flattened.
+
+    ``r2_flat`` credits the probe for the differences between head means (a per-head mean already scores
+    well on it); ``r2`` does not, which is why it is the headline number.
+    """
+    varying = targets.std(0) > 0
+    return {
+        "mse": float(mean_squared_error(targets.ravel(), predicted.ravel())),
+        "mae": float(mean_absolute_error(targets.ravel(), predicted.ravel())),
+        "r2": float(r2_score(targets[:, varying], predicted[:, varying])) if varying.any() else float("nan"),
+        "r2_flat": float(r2_score(targets.ravel(), predicted.ravel())),
+        "heads_scored_r2": int(varying.sum()),
+    }

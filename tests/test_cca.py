@@ -1,0 +1,140 @@
+"""Temporal-offset CCA: planted correlations, pairing by offset, and the held-out / shuffled controls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.cross_decomposition import CCA
+
+from dynheads.analysis.cca import (
+    PAPER_TOP1,
+    CCAConfig,
+    canonical_correlations,
+    cca_offsets,
+    fit_cca,
+    offset_pairs,
+    shuffled_pairing,
+    split_samples,
+    write_cca,
+)
+from dynheads.errors import DynheadsError
+from dynheads.plots.cca import plot_cca
+
+RHOS = (0.9, 0.6, 0.3)
+
+
+def planted(num_samples: int, steps: int, seed: int = 0, dim_x: int = 8, dim_y: int = 6) -> list:
+    """Samples whose views share latents z with correlations RHOS at the same step, rotated and padded with noise.
+
+    Every direction has unit variance, so PCA at 95 % / 99 % keeps all of them and CCA must find RHOS.
+    """
+    rng = np.random.default_rng(seed)
+    rot_x = np.linalg.qr(rng.normal(size=(dim_x, dim_x)))[0]
+    rot_y = np.linalg.qr(rng.normal(size=(dim_y, dim_y)))[0]
+    rhos = np.array(RHOS)
+    samples = []
+    for _ in range(num_samples):
+        z = rng.normal(size=(steps, len(rhos)))
+        x = np.hstack([z, rng.normal(size=(steps, dim_x - len(rhos)))])
+        y_signal = rhos * z + np.sqrt(1 - rhos**2) * rng.normal(size=z.shape)
+        y = np.hstack([y_signal, rng.normal(size=(steps, dim_y - len(rhos)))])
+        samples.append(((x @ rot_x).astype(np.float32), y @ rot_y))
+    return samples
+
+
+def noise(num_samples: int, steps: int, dim_x: int, dim_y: int, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(steps, dim_x)).astype(np.float32), rng.normal(size=(steps, dim_y)))
+            for _ in range(num_samples)]
+
+
+def test_recovers_planted_correlations():
+    correlations, dims = canonical_correlations(offset_pairs(planted(200, 100), 0))
+    assert dims == {"n_components": 6, "hidden_dims": 8, "score_dims": 6}
+    np.testing.assert_allclose(correlations[:3], RHOS, atol=0.02)
+    assert np.all(np.abs(correlations[3:]) < 0.05)
+
+
+def test_closed_form_matches_sklearn():
+    x, y = offset_pairs(planted(10, 50, seed=1), 0)
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    ours = fit_cca(x, y, n_components=2, ridge=0.0).correlations
+    u, v = CCA(n_components=2, scale=False, max_iter=2000, tol=1e-10).fit(x, y).transform(x, y)
+    theirs = [np.corrcoef(u[:, i], v[:, i])[0, 1] for i in range(2)]
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+def test_offsets_held_out_and_shuffled_on_planted_signal():
+    table = cca_offsets(planted(100, 60), offsets=[0, 1]).set_index(["offset", "method"])
+    assert table.loc[(0, "in_sample"), "top1"] == pytest.approx(0.9, abs=0.02)
+    assert table.loc[(0, "held_out"), "top1"] == pytest.approx(0.9, abs=0.02)
+    assert abs(table.loc[(0, "shuffled"), "top1"]) < 0.1  # the pairing carries all of the signal
+    assert table.loc[(1, "held_out"), "top1"] < 0.15  # the latents are independent across steps
+    assert table.loc[(0, "held_out"), "eval_pairs"] == 30 * 60
+    assert table.loc[(1, "in_sample"), "fit_pairs"] == 100 * 59
+
+
+def test_offset_pairs_drop_pairs_past_the_end():
+    def sample(steps: int, base: int):  # row n holds base + n in both views
+        rows = (base + np.arange(steps, dtype=np.float32))[:, None]
+        return rows, rows.astype(np.float64)
+
+    hidden, scores = offset_pairs([sample(5, 0), sample(2, 100), sample(4, 200)], 2)
+    np.testing.assert_array_equal(hidden[:, 0], [0, 1, 2, 200, 201])
+    np.testing.assert_array_equal(scores[:, 0], [2, 3, 4, 202, 203])
+    with pytest.raises(DynheadsError, match="offsets must be >= 0"):
+        offset_pairs([sample(3, 0)], -1)
+
+
+def test_shuffled_pairing_is_a_seeded_derangement_and_truncates():
+    samples = [(np.full((steps, 1), i, np.float32), np.full((steps + 1, 1), i, np.float64)[:steps])
+               for i, steps in enumerate([3, 5, 4, 6, 2])]
+    shuffled = shuffled_pairing(samples, seed=3)
+    for i, (hidden, scores) in enumerate(shuffled):
+        assert np.all(hidden == i) and scores[0, 0] != i
+        assert len(hidden) == min(len(samples[i][0]), len(samples[int(scores[0, 0])][1]))
+    again = shuffled_pairing(samples, seed=3)
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(shuffled, again, strict=True))
+
+
+def test_split_is_by_sample_disjoint_and_seeded():
+    fit, test = split_samples(10, 0.3, seed=0)
+    assert len(test) == 3 and set(fit).isdisjoint(test) and set(fit) | set(test) == set(range(10))
+    np.testing.assert_array_equal(test, split_samples(10, 0.3, seed=0)[1])
+
+
+def test_in_sample_is_inflated_on_noise_held_out_is_not():
+    table = cca_offsets(noise(20, 10, 40, 20), offsets=[0]).set_index("method")
+    assert table.loc["in_sample", "top1"] > 0.6 and table.loc["in_sample", "top10_mean"] > 0.45
+    assert table.loc["held_out", "top1"] < 0.3
+    assert abs(table.loc["held_out", "top10_mean"]) < 0.1 and abs(table.loc["held_out", "top50_mean"]) < 0.1
+
+
+def test_more_dimensions_than_pairs_gives_perfect_in_sample_correlation():
+    correlations, _ = canonical_correlations(offset_pairs(noise(5, 6, 64, 20), 0))
+    assert correlations[0] > 0.99
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(DynheadsError, match="at least 2 samples"):
+        cca_offsets(noise(1, 10, 4, 3))
+    with pytest.raises(DynheadsError, match="same T"):
+        cca_offsets([(np.zeros((3, 4), np.float32), np.zeros((2, 3)))] * 2)
+    constant = [(h, np.ones_like(s)) for h, s in noise(4, 10, 4, 3)]
+    with pytest.raises(DynheadsError, match="constant"):
+        cca_offsets(constant, offsets=[0])
+    with pytest.raises(DynheadsError, match="offset 9"):
+        cca_offsets(noise(4, 10, 4, 3), offsets=[9])
+    with pytest.raises(DynheadsError, match="between 0 and 1"):
+        CCAConfig(hidden_variance=1.0)
+
+
+def test_reports_and_plot_are_written(tmp_path):
+    table = cca_offsets(planted(20, 20), offsets=range(3))
+    paths = write_cca(table, tmp_path, config=CCAConfig(), model="llama3.1-8b")
+    markdown = paths["md"].read_text()
+    assert "paper top-1" in markdown and "0.966" in markdown
+    assert len(markdown.strip().splitlines()) == 2 + 9
+    png = plot_cca(table, tmp_path / "cca.png", title="planted", paper=PAPER_TOP1["llama3.1-8b"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cca.csv", "cca.json", "cca.md", "cca.png"]

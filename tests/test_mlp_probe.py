@@ -1,0 +1,158 @@
+"""MLP probe: Asymmetric Loss by hand, learnable targets, determinism, save/load, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dynheads.analysis.mlp_probe import (
+    ProbeConfig,
+    asymmetric_loss,
+    best_f1_threshold,
+    load_probe,
+    split_by_sample,
+    train_probe,
+)
+from dynheads.errors import DynheadsError
+
+SHAPE = (2, 3)  # 2 layers x 3 heads = 6 outputs
+SMALL = ProbeConfig(hidden_sizes=(32,), epochs=30, batch_size=64, lr=3e-3)
+WEIGHTS = np.random.default_rng(42).normal(size=(8, 6))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny MLPs gain nothing from threads; on a busy shared CPU, thread sync made each test 30x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def binary_samples(num_samples: int = 40, steps: int = 20, seed: int = 0) -> list:
+    """Head j fires when the j-th linear read-out of the hidden state exceeds 1.5 (about 25 % positives)."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(num_samples):
+        hidden = rng.normal(size=(steps, 8)).astype(np.float32)
+        samples.append((hidden, hidden @ WEIGHTS > 1.5))
+    return samples
+
+
+def continuous_samples(num_samples: int = 40, steps: int = 20, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(num_samples):
+        hidden = rng.normal(size=(steps, 8)).astype(np.float32)
+        samples.append((hidden, 0.1 * hidden @ WEIGHTS + 0.05 * rng.normal(size=(steps, 6))))
+    return samples
+
+
+def test_asymmetric_loss_matches_hand_computed_values():
+    # logit 0 -> p = 0.5.  Positive: -(1 - 0.5)^1 * ln(0.5).  Negative: p_m = 0.45, -(0.45)^4 * ln(0.55).
+    # logit ln(0.03/0.97) -> p = 0.03 < clip: p_m = 0, the negative costs nothing.
+    # logit 2 -> p = 0.880797: positive -(0.119203)^1 * ln(0.880797); negative p_m = 0.830797,
+    # -(0.830797)^4 * ln(0.169203).
+    p2 = 1 / (1 + math.exp(-2))
+    logits = torch.tensor([[0.0, 0.0, math.log(0.03 / 0.97), 2.0, 2.0]])
+    targets = torch.tensor([[1.0, 0.0, 0.0, 1.0, 0.0]])
+    expected = [0.5 * math.log(2), -(0.45**4) * math.log(0.55), 0.0,
+                -(1 - p2) * math.log(p2), -((p2 - 0.05) ** 4) * math.log(1 - (p2 - 0.05))]
+    assert expected[0] == pytest.approx(0.346574, abs=1e-6) and expected[1] == pytest.approx(0.024515, abs=1e-6)
+    loss = asymmetric_loss(logits.double(), targets.double())
+    np.testing.assert_allclose(loss[0].numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_asymmetric_loss_without_focusing_is_binary_cross_entropy():
+    logits, targets = torch.randn(4, 5, dtype=torch.float64), (torch.rand(4, 5) > 0.5).double()
+    plain = asymmetric_loss(logits, targets, gamma_neg=0, gamma_pos=0, clip=0)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    torch.testing.assert_close(plain, bce)
+
+
+def test_binary_probe_learns_a_known_function_and_beats_the_baseline():
+    result = train_probe(binary_samples(), SMALL, task="binary", shape=SHAPE, progress=False)
+    probe, baseline = result.metrics["probe"], result.metrics["baseline"]
+    assert probe["f1"] > 0.9 and probe["auprc"] > 0.95
+    assert baseline["auprc"] < 0.4 and baseline["f1"] < 0.5
+    assert 0 < result.probe.threshold < 1
+    assert result.metrics["split_pairs"] == {"train": 28 * 20, "val": 8 * 20, "test": 4 * 20}
+    assert len(result.history) == SMALL.epochs
+
+
+def test_training_is_deterministic_for_a_seed():
+    samples = binary_samples(20, 10)
+    config = ProbeConfig(hidden_sizes=(16,), epochs=5, batch_size=32, lr=3e-3)
+    first, second = (train_probe(samples, config, task="binary", shape=SHAPE, progress=False) for _ in range(2))
+    assert first.metrics == second.metrics and first.history == second.history
+    for name, tensor in first.probe.network.state_dict().items():
+        assert torch.equal(tensor, second.probe.network.state_dict()[name])
+    other = train_probe(samples, ProbeConfig(hidden_sizes=(16,), epochs=5, batch_size=32, lr=3e-3, seed=1),
+                        task="binary", shape=SHAPE, progress=False)
+    assert other.history != first.history
+
+
+def test_regressor_fits_a_linear_target():
+    result = train_probe(continuous_samples(), SMALL, task="continuous", shape=SHAPE, progress=False)
+    probe, baseline = result.metrics["probe"], result.metrics["baseline"]
+    assert probe["r2"] > 0.85 and probe["mse"] < baseline["mse"] / 5
+    assert abs(baseline["r2"]) < 0.1  # the per-head training mean explains nothing of the per-step variation
+    assert result.probe.threshold is None
+
+
+def test_early_stopping_and_best_weights():
+    config = ProbeConfig(hidden_sizes=(16,), epochs=200, batch_size=64, lr=3e-2, early_stopping=2)
+    result = train_probe(binary_samples(20, 10), config, task="binary", shape=SHAPE, progress=False)
+    best = result.metrics["best_epoch"]
+    assert len(result.history) == best + 3 < 200
+    assert result.history[best]["val_loss"] == min(h["val_loss"] for h in result.history)
+
+
+def test_save_load_round_trip(tmp_path):
+    samples = binary_samples(20, 10)
+    result = train_probe(samples, ProbeConfig(hidden_sizes=(16, 8), epochs=3), task="binary", shape=SHAPE,
+                         progress=False)
+    result.save(tmp_path / "probe")
+    loaded = load_probe(tmp_path / "probe")
+    hidden = np.concatenate([h for h, _ in samples])
+    np.testing.assert_array_equal(loaded.predict(hidden), result.probe.predict(hidden))
+    assert loaded.threshold == result.probe.threshold and (loaded.num_layers, loaded.num_heads) == SHAPE
+    torch.load(tmp_path / "probe" / "weights.pt", weights_only=True)  # plain tensors only
+
+
+def test_top_heads_ranks_layer_major():
+    result = train_probe(binary_samples(20, 10), ProbeConfig(hidden_sizes=(16,), epochs=3), task="binary",
+                         shape=SHAPE, progress=False)
+    hidden = binary_samples(1, 1, seed=9)[0][0][0]
+    scores = result.probe.predict(hidden[None])[0]
+    heads = result.probe.top_heads(hidden, 4)
+    assert [scores[layer * 3 + head] for layer, head in heads] == sorted(scores, reverse=True)[:4]
+    with pytest.raises(DynheadsError, match="1..6"):
+        result.probe.top_heads(hidden, 7)
+
+
+def test_best_f1_threshold():
+    targets = np.array([[0, 0, 1, 1]])
+    probs = np.array([[0.1, 0.4, 0.35, 0.8]])
+    assert best_f1_threshold(targets, probs) == pytest.approx(0.35)  # F1 0.8 beats 0.667 at 0.8
+
+
+def test_bad_input_is_refused(tmp_path):
+    samples = binary_samples(10, 5)
+    with pytest.raises(DynheadsError, match="at least 3 samples"):
+        split_by_sample(2, (0.7, 0.2, 0.1), seed=0)
+    with pytest.raises(DynheadsError, match="no positive targets"):
+        train_probe([(h, np.zeros_like(y)) for h, y in samples], SMALL, task="binary", shape=SHAPE, progress=False)
+    with pytest.raises(DynheadsError, match="0/1"):
+        train_probe(continuous_samples(10, 5), SMALL, task="binary", shape=SHAPE, progress=False)
+    with pytest.raises(DynheadsError, match="shape"):
+        train_probe(samples, SMALL, task="binary", shape=(2, 2), progress=False)
+    with pytest.raises(DynheadsError, match="same T"):
+        train_probe([(h[:3], y) for h, y in samples], SMALL, task="binary", shape=SHAPE, progress=False)
+    with pytest.raises(DynheadsError, match="summing to 1"):
+        ProbeConfig(split=(0.5, 0.2, 0.1))
+    with pytest.raises(DynheadsError, match="no probe"):
+        load_probe(tmp_path)
