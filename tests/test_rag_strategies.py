@@ -1,0 +1,82 @@
+"""Head-selection strategies: seeded draws, fixed vs. per-retrieval randomness, static top-k, the probe callable."""
+
+import numpy as np
+import pytest
+
+from dynheads.errors import DynheadsError
+from dynheads.rag.strategies import STRATEGIES, HeadSelector, random_heads
+
+SHAPE = {"num_layers": 32, "num_heads": 32}
+
+
+def test_random_heads_are_distinct_valid_and_seeded():
+    heads = random_heads(20, 4, 8, np.random.default_rng(3))
+    assert len(set(heads)) == 20 and heads == sorted(heads)
+    assert all(0 <= layer < 4 and 0 <= head < 8 for layer, head in heads)
+    assert heads == random_heads(20, 4, 8, np.random.default_rng(3))
+    assert random_heads(32, 4, 8, np.random.default_rng(0)) == [(a, b) for a in range(4) for b in range(8)]
+
+
+def test_dynamic_random_is_reproducible_and_changes_each_retrieval():
+    draws = [HeadSelector("dynamic-random", k=5, rng=7, **SHAPE) for _ in range(2)]
+    first = [draws[0].select() for _ in range(5)]
+    assert first == [draws[1].select() for _ in range(5)]
+    assert len({tuple(h) for h in first}) == 5
+
+
+def test_fixed_random_stays_fixed_for_the_answer():
+    selector = HeadSelector("fixed-random", k=5, rng=7, **SHAPE)
+    heads = selector.select()
+    assert all(selector.select() == heads for _ in range(5))
+    assert HeadSelector("fixed-random", k=5, rng=7, **SHAPE).select() == heads
+    assert HeadSelector("fixed-random", k=5, rng=8, **SHAPE).select() != heads
+
+
+def test_static_takes_the_top_k_of_the_ranking():
+    ranking = [(3, 1), (0, 0), (7, 2), (1, 5), (2, 2)]
+    selector = HeadSelector("static", k=3, static_ranking=ranking, **SHAPE)
+    assert selector.select() == [(3, 1), (0, 0), (7, 2)]
+    with pytest.raises(DynheadsError):
+        HeadSelector("static", k=6, static_ranking=ranking, **SHAPE)
+    with pytest.raises(DynheadsError):
+        HeadSelector("static", k=1, static_ranking=[(40, 0)], **SHAPE)
+
+
+def test_dynamic_asks_the_predictor_with_the_hidden_state():
+    calls = []
+
+    def predict_top(hidden, k):
+        calls.append((hidden, k))
+        return [(int(hidden), h) for h in range(k)]
+
+    selector = HeadSelector("dynamic", k=3, predict_top=predict_top, **SHAPE)
+    assert selector.select(hidden=4) == [(4, 0), (4, 1), (4, 2)]
+    assert selector.select(hidden=9) == [(9, 0), (9, 1), (9, 2)]
+    assert calls == [(4, 3), (9, 3)]
+    with pytest.raises(DynheadsError):
+        selector.select()  # no hidden state
+    with pytest.raises(DynheadsError):
+        HeadSelector("dynamic", k=3, **SHAPE)  # no predictor
+
+
+@pytest.mark.parametrize("bad", [[(0, 0), (0, 0), (0, 1)], [(0, 0), (0, 1)], [(0, 0), (0, 1), (99, 0)]])
+def test_dynamic_refuses_bad_predictions(bad):
+    selector = HeadSelector("dynamic", k=3, predict_top=lambda hidden, k: bad, **SHAPE)
+    with pytest.raises(DynheadsError):
+        selector.select(hidden=0)
+
+
+def test_context_strategies_use_no_heads():
+    assert set(STRATEGIES) == {"dynamic", "static", "dynamic-random", "fixed-random", "none", "full-context"}
+    for name in ("none", "full-context"):
+        selector = HeadSelector(name, k=5, **SHAPE)
+        assert not selector.needs_heads
+        with pytest.raises(DynheadsError):
+            selector.select()
+    assert HeadSelector("dynamic-random", k=5, **SHAPE).needs_heads
+
+
+@pytest.mark.parametrize(("strategy", "k"), [("oracle", 5), ("dynamic-random", 0), ("dynamic-random", 32 * 32 + 1)])
+def test_bad_arguments_are_refused(strategy, k):
+    with pytest.raises(DynheadsError):
+        HeadSelector(strategy, k=k, **SHAPE)
