@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
@@ -21,9 +22,18 @@ app.add_typer(plot_app, name="plot")
 app.add_typer(probe_app, name="probe")
 
 
+COMMAND_MODULES = ("commands",)
+
+
+def register_commands() -> None:
+    """Import the command modules; each registers its commands on ``app``."""
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"dynheads.cli.{name}")
+
+
 def main() -> None:
     """Console entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
-    from dynheads.cli import commands  # noqa: F401  (registers the commands)
+    register_commands()
 
     try:
         app()
