@@ -11,7 +11,7 @@ import pytest
 
 from dynheads.experiments.niah import NiahConfig, run_niah
 from dynheads.models import load_model
-from dynheads.trace import Trace
+from dynheads.traces import Trace
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ import pytest
 from dynheads.analysis.headlists import load_head_list, save_head_scores
 from dynheads.analysis.static import NiahTest, rouge1_recall, static_heads
 from dynheads.errors import DynheadsError
-from dynheads.trace import Trace
+from dynheads.traces import Trace
 
 UUID = "3f2a9c1e-7b4d-4e8a-9c1f-2d3e4f5a6b7c"  # ROUGE tokenises it into its 5 hyphen-separated parts
 PASS = f"The magic word is {UUID}."

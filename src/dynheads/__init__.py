@@ -20,7 +20,7 @@ _EXPORTS = {
     "DynheadsError": "dynheads.errors",
     "LoadedModel": "dynheads.models",
     "load_model": "dynheads.models",
-    "Trace": "dynheads.trace",
+    "Trace": "dynheads.traces",
     "trace": "dynheads.decoding",
     "niah": "dynheads.tasks.niah",
 }

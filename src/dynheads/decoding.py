@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 from dynheads.probe import AblationMode, AttentionProbe, Head, StepStats, attached
-from dynheads.trace import Trace
+from dynheads.traces import Trace
 
 
 class Sample(Protocol):
@@ -178,11 +178,13 @@ def trace(
     local_window: int = 32,
     removed_heads: Iterable[Head] = (),
     ablation_mode: AblationMode = "zero",
+    stop_at_eos: bool = True,
 ) -> Trace:
     """Greedy-decode ``sample`` and score every head at every step (Eq. 1 and Eq. 2) plus the hidden state.
 
     ``removed_heads`` removes a fixed head set from every generation step (the query of each step);
-    the prompt itself is encoded by the intact model.
+    the prompt itself is encoded by the intact model. ``stop_at_eos=False`` always generates
+    ``max_new_tokens`` tokens (benchmarks).
     """
     if max_new_tokens < 1:
         raise DynheadsError("max_new_tokens must be at least 1")
@@ -191,7 +193,7 @@ def trace(
         max_new_tokens=max_new_tokens, sink_size=sink_size, local_window=local_window,
     )
     session.probe.set_removed_heads(removed_heads, ablation_mode)
-    stop_ids = lm.stop_token_ids()
+    stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     recorder = TraceRecorder()
     result = session.forward(session.prompt_length)
     stop_reason = "max_new_tokens"

@@ -5,7 +5,7 @@ Layout (docs/formats.md)::
     RUN_DIR/
       manifest.json            resolved config, model id/revision, library versions, seed, prompt template
       samples/<sample_id>.json one record per finished sample (settings, generated text, metrics)
-      traces/<sample_id>.parquet   per-step head scores and hidden states (see dynheads.trace)
+      traces/<sample_id>.parquet   per-step head scores and hidden states (see dynheads.traces)
       results.csv              all records in one table, rewritten when the run finishes
 
 A sample is finished when its record exists. The trace is written first and the record last, each
@@ -28,7 +28,7 @@ import pandas as pd
 from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path, read_json, write_json
 from dynheads.models import LoadedModel, library_versions
-from dynheads.trace import Trace
+from dynheads.traces import Trace
 
 
 class RunDir:

@@ -30,7 +30,7 @@ from sklearn.decomposition import PCA
 
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
-from dynheads.trace import Trace
+from dynheads.traces import Trace
 
 Sample = tuple[np.ndarray, np.ndarray]  # (hidden [step, dim], scores [step, layer*head])
 ScoreKind = Literal["copy", "reasoning"]

@@ -18,7 +18,7 @@ from rouge_score import rouge_scorer
 from dynheads.analysis.headlists import rank_by_score
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
-from dynheads.trace import Trace
+from dynheads.traces import Trace
 
 # The reference filter: RougeScorer(['rouge1', 'rougeL'], use_stemmer=True), recall of the needle answer.
 _SCORER = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=True)
