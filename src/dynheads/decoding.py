@@ -71,7 +71,7 @@ class DecodingSession:
         """Run the next ``num_tokens`` tokens of ``self.ids`` (after the cached ones) through the model."""
         start, stop = self.length, self.length + num_tokens
         stats = self.probe.begin_forward(stop - 1)
-        saved = _cache_state(self.cache) if not commit else None
+        saved = self.checkpoint() if not commit else None
         model = self.lm.model
         hook = model.base_model.register_forward_hook(self._capture_hidden)
         try:
@@ -84,11 +84,22 @@ class DecodingSession:
                 )
         finally:
             hook.remove()
+        self.length = stop
         if saved is not None:
-            _restore_cache(self.cache, saved)
-        else:
-            self.length = stop
+            self.rollback(saved)
         return StepResult(logits=out.logits[0, -1].float(), stats=stats, hidden=self._hidden)
+
+    def checkpoint(self) -> tuple[int, list[dict]]:
+        """The cache state now; cheap, because cache updates replace tensors instead of writing into them."""
+        return self.length, [dict(vars(layer)) for layer in self.cache.layers]
+
+    def rollback(self, checkpoint: tuple[int, list[dict]]) -> None:
+        """Forget every token fed since ``checkpoint``."""
+        self.length, layers = checkpoint
+        del self.cache.layers[len(layers) :]
+        for layer, saved in zip(self.cache.layers, layers, strict=True):
+            layer.__dict__.clear()
+            layer.__dict__.update(saved)
 
     def _capture_hidden(self, module, args, output) -> None:
         last_hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
@@ -110,17 +121,6 @@ def check_fits(lm: LoadedModel, prompt_length: int, max_new_tokens: int) -> None
             f"prompt of {prompt_length} tokens + {max_new_tokens} new tokens exceeds the model's "
             f"context window of {window} tokens"
         )
-
-
-def _cache_state(cache: DynamicCache) -> list[dict]:
-    return [dict(vars(layer)) for layer in cache.layers]
-
-
-def _restore_cache(cache: DynamicCache, state: list[dict]) -> None:
-    del cache.layers[len(state) :]
-    for layer, saved in zip(cache.layers, state, strict=True):
-        layer.__dict__.clear()
-        layer.__dict__.update(saved)
 
 
 class TraceRecorder:

@@ -72,7 +72,8 @@ class AttentionProbe:
         self.last_position = 0
         self.rows_for: set[Head] = set()
         self.ablation_mode: AblationMode = "zero"
-        self.ablate_all_rows = False  # remove heads at every query position, not only the last one
+        # Remove heads from query positions >= this absolute position (None: only the last position).
+        self.ablate_from: int | None = None
         self._removed: dict[int, torch.Tensor] = {}
         self._needle = torch.zeros(0, dtype=torch.long)
         self._hidden: torch.Tensor | None = None  # bool over absolute positions
@@ -196,7 +197,9 @@ def probe_attention(
 
     removed = probe._removed.get(layer)
     if removed is not None:
-        rows = slice(None) if probe.ablate_all_rows else slice(q_len - 1, q_len)
+        first_position = probe.last_position - q_len + 1
+        start = q_len - 1 if probe.ablate_from is None else max(probe.ablate_from - first_position, 0)
+        rows = slice(start, q_len)
         if probe.ablation_mode == "zero":
             output[:, removed, rows] = 0.0
         else:

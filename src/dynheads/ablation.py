@@ -1,0 +1,144 @@
+"""Per-step head ablation (paper Section 3.2): a clean pass finds the step's dynamic heads, a second pass
+recomputes the same step with heads removed, and that token is emitted.
+
+Only the last position is ever recomputed: the prompt minus its last token is prefilled once, and each step
+feeds exactly one token. The clean pass leaves the cache untouched when a masked pass follows (its state is
+saved and restored); the masked pass writes the cache, so later steps see the ablated history, as in the
+paper. When a step masks nothing, the clean pass is kept and no second pass runs.
+
+Strategies: ``dynamic`` (mask D_t, or its first k heads ordered by attention on the copied position),
+``static`` (top heads of a static list), ``random`` (a seeded draw at each step), ``fixed`` (one given head set
+at every step), ``none`` (plain greedy decoding). For ``static`` and ``random`` the count per step is the
+average |D_t| of the dynamic run on the same sample, rounded (the paper's matching rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+from dynheads.decoding import DecodingSession, Sample, StepResult
+from dynheads.errors import DynheadsError
+from dynheads.heads import Head, check_heads
+from dynheads.models import LoadedModel
+from dynheads.probe import AblationMode
+
+Strategy = Literal["none", "dynamic", "static", "random", "fixed"]
+ScoreKind = Literal["copy", "reasoning"]
+STRATEGIES: tuple[str, ...] = ("none", "dynamic", "static", "random", "fixed")
+
+
+@dataclass(frozen=True)
+class AblationSettings:
+    strategy: Strategy = "dynamic"
+    mode: AblationMode = "zero"
+    score: ScoreKind = "copy"  # how D_t is found: Eq. 1, or Eq. 2 above ``threshold``
+    threshold: float = 0.1
+    count: int | None = None  # heads per step for static/random (the dynamic run's mean |D_t|)
+    max_dynamic: int | None = None  # progressive ablation: mask only the first k dynamic heads
+    static_ranking: tuple[Head, ...] = ()
+    fixed_heads: tuple[Head, ...] = ()
+    seed: int = 0
+    sink_size: int = 4
+    local_window: int = 32
+
+
+@dataclass
+class AblationResult:
+    tokens: list[int]
+    text: str
+    stop_reason: str
+    dynamic_counts: list[int] = field(default_factory=list)  # |D_t| of the clean pass, per step
+    masked: list[list[Head]] = field(default_factory=list)  # heads removed at each step
+    compensated: list[list[Head]] = field(default_factory=list)  # E_t = H'_t - D_t, per step
+
+    @property
+    def mean_dynamic(self) -> float:
+        return float(np.mean(self.dynamic_counts)) if self.dynamic_counts else 0.0
+
+
+def ablated_generate(
+    lm: LoadedModel, sample: Sample, settings: AblationSettings, max_new_tokens: int = 48
+) -> AblationResult:
+    """Greedy decoding where every step is computed twice: clean (to find D_t), then with heads removed."""
+    _validate(lm, settings)
+    prompt_length = len(sample.input_ids)
+    session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens,
+                              sink_size=settings.sink_size, local_window=settings.local_window)
+    rng = np.random.default_rng(settings.seed)
+    stop_ids = lm.stop_token_ids()
+    if prompt_length > 1:
+        session.forward(prompt_length - 1)
+    result = AblationResult(tokens=[], text="", stop_reason="max_new_tokens")
+    for _ in range(max_new_tokens):
+        saved = session.checkpoint()
+        session.probe.set_removed_heads(())
+        clean = session.forward(1)
+        predicted = int(clean.logits.argmax())
+        dynamic = _dynamic_heads(session, clean, predicted, settings)
+        heads = _heads_to_mask(dynamic, clean, settings, lm, rng)
+        token, compensated = predicted, []
+        if heads:
+            session.rollback(saved)
+            session.probe.set_removed_heads(heads, settings.mode)
+            masked = session.forward(1)
+            token = int(masked.logits.argmax())
+            compensated = sorted(set(_dynamic_heads(session, masked, token, settings)) - set(dynamic))
+        result.dynamic_counts.append(len(dynamic))
+        result.masked.append(heads)
+        result.compensated.append(compensated)
+        if token in stop_ids:
+            result.stop_reason = "eos"
+            break
+        result.tokens.append(token)
+        session.append(token)
+    result.text = lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    return result
+
+
+def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
+    if settings.strategy not in STRATEGIES:
+        raise DynheadsError(f"unknown ablation strategy {settings.strategy!r}: use one of {', '.join(STRATEGIES)}")
+    if settings.strategy in ("static", "random") and settings.count is None:
+        raise DynheadsError(f"the {settings.strategy} strategy needs a head count (the dynamic run's mean |D_t|)")
+    if settings.strategy == "static" and not settings.static_ranking:
+        raise DynheadsError("the static strategy needs a static head list (--static FILE)")
+    check_heads(list(settings.static_ranking) + list(settings.fixed_heads), lm.num_layers, lm.num_heads)
+
+
+def _dynamic_heads(session: DecodingSession, step: StepResult, predicted: int, settings: AblationSettings
+                   ) -> list[Head]:
+    """D_t ordered by attention on the attended key (highest first), as ``(layer, head)`` pairs."""
+    if settings.score == "copy":
+        active = session.copy_scores(step.stats, predicted)
+    else:
+        active = step.stats.reasoning_scores() > settings.threshold
+    heads = torch.nonzero(active).tolist()
+    weights = step.stats.max_prob[active].tolist()
+    order = sorted(range(len(heads)), key=lambda i: (-weights[i], heads[i]))
+    return [(heads[i][0], heads[i][1]) for i in order]
+
+
+def _heads_to_mask(dynamic: list[Head], clean: StepResult, settings: AblationSettings, lm: LoadedModel,
+                   rng: np.random.Generator) -> list[Head]:
+    strategy = settings.strategy
+    if strategy == "none":
+        return []
+    if strategy == "dynamic":
+        return dynamic if settings.max_dynamic is None else dynamic[: settings.max_dynamic]
+    if strategy == "fixed":
+        return list(settings.fixed_heads)
+    count = min(int(settings.count), lm.num_layers * lm.num_heads)
+    if strategy == "static":
+        return list(settings.static_ranking[:count])
+    flat = rng.choice(lm.num_layers * lm.num_heads, size=count, replace=False)
+    return [(int(i) // lm.num_heads, int(i) % lm.num_heads) for i in sorted(flat)]
+
+
+def matched_count(dynamic_counts: Sequence[int]) -> int:
+    """The paper's matching rule: mask as many heads as the dynamic run's average |D_t| (rounded)."""
+    return int(round(float(np.mean(dynamic_counts)))) if len(dynamic_counts) else 0
