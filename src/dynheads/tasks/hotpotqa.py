@@ -1,0 +1,544 @@
+"""HotpotQA (Yang et al. 2018) for the paper's Section 4: records, loaders, prompts, and the official metrics.
+
+Records follow the official schema (``_id``, question, answer, supporting_facts ``[[title, sent_idx]]``,
+context ``[[title, [sentences]]]``, type, level). ``load_hotpotqa`` reads the official JSON, the Hugging
+Face ``hotpot_qa`` layout (JSON/JSONL exports, or a ``save_to_disk`` folder when ``datasets`` is installed)
+and JSONL of either layout; every layout gives identical records.
+
+SYNTHETIC DATA: ``synthetic_hotpotqa`` invents records in exactly this schema, because the machines this
+project runs on cannot download the real dataset. Its entities (companies, people, towns, rivers) are seeded
+syllable combinations, not real ones, and its questions are far easier than HotpotQA's. Results on it test
+the pipeline; they are not HotpotQA results.
+
+Samples: the gold (supporting) paragraphs, kept together in the order of their first supporting fact, are
+placed at ``depth`` among distractor paragraphs. Length convention: ``context_tokens`` counts the context
+block (all paragraphs, rendered as below) in the model's tokens; distractors are added whole, in seeded
+order, until the next one would exceed it, so the context is at most ``context_tokens`` (up to a token per
+paragraph boundary of tokenisation drift; the realised count is in ``meta``). Chat markup, question and
+instruction come on top. ``needle_positions`` are the tokens of every supporting sentence (titles excluded):
+the I_needle of the paper's Eq. 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import random
+import re
+import string
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from dynheads.errors import DynheadsError
+from dynheads.runs import derive_seed
+from dynheads.tasks.prompting import check_span_keeps, locate, render_chat, token_span
+
+SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Answer with a short phrase."
+USER_TEMPLATE = (
+    "Context:\n{context}\n\nQuestion:\n{question}\n\n"
+    "Instruction:\nAnswer the question with a short phrase from the document."
+)
+PARAGRAPH_TEMPLATE = "{title}: {text}"  # text = the sentences joined as the dataset stores them
+PARAGRAPH_SEPARATOR = "\n\n"
+
+Paragraph = tuple[str, tuple[str, ...]]  # (title, sentences), one entry of the official "context" field
+Layout = Literal["official", "hf"]
+
+
+@dataclass(frozen=True)
+class HotpotRecord:
+    """One question in the official schema (``id`` is the official ``_id``)."""
+
+    id: str
+    question: str
+    answer: str
+    supporting_facts: tuple[tuple[str, int], ...]  # (paragraph title, sentence index)
+    context: tuple[Paragraph, ...]
+    type: str | None = None  # "bridge" or "comparison"
+    level: str | None = None  # "easy", "medium" or "hard"
+
+    @property
+    def gold_titles(self) -> list[str]:
+        """Titles of the supporting paragraphs, in the order of their first supporting fact."""
+        return list(dict.fromkeys(title for title, _ in self.supporting_facts))
+
+    def sentence(self, title: str, index: int) -> str:
+        return dict(self.context)[title][index]
+
+    def to_dict(self, layout: Layout = "official") -> dict:
+        """The record as JSON-ready data in the official or the Hugging Face layout."""
+        extra = {key: value for key, value in (("type", self.type), ("level", self.level)) if value is not None}
+        if layout == "official":
+            return {
+                "_id": self.id, "question": self.question, "answer": self.answer,
+                "supporting_facts": [[t, i] for t, i in self.supporting_facts],
+                "context": [[t, list(s)] for t, s in self.context], **extra,
+            }
+        return {
+            "id": self.id, "question": self.question, "answer": self.answer,
+            "supporting_facts": {"title": [t for t, _ in self.supporting_facts],
+                                 "sent_id": [i for _, i in self.supporting_facts]},
+            "context": {"title": [t for t, _ in self.context], "sentences": [list(s) for _, s in self.context]},
+            **extra,
+        }
+
+
+# ---- loading -----------------------------------------------------------------------------------------
+
+
+def load_hotpotqa(path: str | Path) -> list[HotpotRecord]:
+    """Read a JSON list or JSONL file (official or HF layout, per record) or a ``save_to_disk`` folder."""
+    path = Path(path)
+    if path.is_dir():
+        raws = _read_saved_dataset(path)
+    elif path.is_file():
+        raws = _read_json_records(path)
+    else:
+        raise DynheadsError(f"HotpotQA file not found: {path}")
+    records = [parse_record(raw, index, source=path.name) for index, raw in enumerate(raws)]
+    seen: dict[str, int] = {}
+    for index, record in enumerate(records):
+        if record.id in seen:
+            raise DynheadsError(f"record {index} (id {record.id!r}) in {path.name}: field 'id' repeats record "
+                                f"{seen[record.id]}")
+        seen[record.id] = index
+    return records
+
+
+def _read_json_records(path: Path) -> list[Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DynheadsError(f"cannot read {path}: {error}") from None
+    if text.lstrip().startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise DynheadsError(f"{path} is not valid JSON: {error}") from None
+    raws = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            raws.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise DynheadsError(f"line {number} of {path} is not valid JSON ({error}); a HotpotQA file is "
+                                "a JSON list of records or one JSON record per line") from None
+    if not raws:
+        raise DynheadsError(f"{path} holds no records")
+    return raws
+
+
+def _read_saved_dataset(folder: Path) -> list[Any]:
+    """Rows of a folder written by ``datasets.Dataset.save_to_disk`` (HF layout)."""
+    if (folder / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in folder.iterdir() if p.is_dir())
+        raise DynheadsError(f"{folder} holds several splits {splits}: pass one of them, e.g. {folder / splits[0]}"
+                            if splits else f"{folder} holds a DatasetDict without splits")
+    if not (folder / "state.json").is_file():
+        raise DynheadsError(f"{folder} is not a folder saved by datasets' save_to_disk (no state.json)")
+    if importlib.util.find_spec("datasets") is None:
+        raise DynheadsError(f"reading the save_to_disk folder {folder} needs the 'datasets' package; install "
+                            "it, or export the split with Dataset.to_json(...) and pass that file")
+    try:
+        return list(importlib.import_module("datasets").load_from_disk(str(folder)))
+    except Exception as error:  # datasets raises many types for a damaged folder; report them in one line
+        raise DynheadsError(f"datasets cannot read {folder}: {str(error).splitlines()[0]}") from None
+
+
+def parse_record(raw: Any, index: int, source: str = "input") -> HotpotRecord:
+    """Validate one raw record (official or HF layout) and convert it; errors name the record and field."""
+    record_id = raw.get("_id", raw.get("id")) if isinstance(raw, dict) else None
+    label = f"record {index}" + (f" (id {record_id!r})" if record_id is not None else "") + f" in {source}"
+
+    def bad(name: str, problem: str) -> DynheadsError:
+        return DynheadsError(f"{label}: field {name!r} {problem}")
+
+    if not isinstance(raw, dict):
+        raise DynheadsError(f"{label} is not a JSON object")
+    if record_id is None:
+        raise bad("_id", "is missing (neither '_id' nor 'id')")
+    if not isinstance(record_id, str):
+        raise bad("_id", f"must be a str, got {type(record_id).__name__}")
+    values = {name: _field(raw, name, str, bad) for name in ("question", "answer")}
+    optional = {name: _field(raw, name, str, bad) if raw.get(name) is not None else None for name in ("type", "level")}
+
+    context: list[Paragraph] = []
+    for i, (title, sentences) in enumerate(_pairs(raw, "context", "sentences", bad)):
+        if not isinstance(title, str) or not isinstance(sentences, list | tuple) or not all(
+            isinstance(s, str) for s in sentences
+        ):
+            raise bad("context", f"item {i} must be [title, [sentence, ...]] with strings")
+        context.append((title, tuple(sentences)))
+    sentences_of = dict(context)
+    if len(sentences_of) < len(context):
+        raise bad("context", "repeats a paragraph title")
+
+    facts: list[tuple[str, int]] = []
+    for i, (title, sent) in enumerate(_pairs(raw, "supporting_facts", "sent_id", bad)):
+        if not isinstance(title, str) or not isinstance(sent, int) or isinstance(sent, bool):
+            raise bad("supporting_facts", f"item {i} must be [title, sentence index]")
+        if title not in sentences_of:
+            raise bad("supporting_facts", f"item {i} names paragraph {title!r}, which is not in the context")
+        if not 0 <= sent < len(sentences_of[title]) or not sentences_of[title][sent].strip():
+            raise bad("supporting_facts", f"item {i} points to sentence {sent} of {title!r}, which has "
+                                          f"{len(sentences_of[title])} sentences (or that one is blank)")
+        facts.append((title, sent))
+    return HotpotRecord(record_id, values["question"], values["answer"], tuple(facts), tuple(context), **optional)
+
+
+def _field(raw: dict, name: str, kind: type, bad: Callable[[str, str], DynheadsError]) -> Any:
+    if name not in raw:
+        raise bad(name, "is missing")
+    if not isinstance(raw[name], kind):
+        raise bad(name, f"must be a {kind.__name__}, got {type(raw[name]).__name__}")
+    return raw[name]
+
+
+def _pairs(raw: dict, name: str, second: str, bad: Callable[[str, str], DynheadsError]) -> list[tuple[Any, Any]]:
+    """Official ``[[title, x], ...]`` or HF ``{"title": [...], second: [...]}`` as a list of (title, x)."""
+    value = raw.get(name)
+    if name not in raw:
+        raise bad(name, "is missing")
+    if isinstance(value, dict):
+        titles, seconds = value.get("title"), value.get(second)
+        if not isinstance(titles, list) or not isinstance(seconds, list) or len(titles) != len(seconds):
+            raise bad(name, f"must hold lists 'title' and {second!r} of equal length")
+        return list(zip(titles, seconds, strict=True))
+    if isinstance(value, list) and all(isinstance(p, list | tuple) and len(p) == 2 for p in value):
+        return [(p[0], p[1]) for p in value]
+    raise bad(name, f"must be a list of [title, ...] pairs or a mapping {{'title': [...], {second!r}: [...]}}")
+
+
+def paragraph_pool(records: Iterable[HotpotRecord]) -> list[Paragraph]:
+    """Every paragraph of ``records``: a distractor pool for ``make_sample`` (it skips titles already used)."""
+    return [paragraph for record in records for paragraph in record.context]
+
+
+# ---- synthetic data ----------------------------------------------------------------------------------
+
+_SYLLABLES = (
+    "ba", "dor", "el", "fen", "gar", "hal", "ith", "jo", "kal", "lim", "mar", "nor", "ost", "pel", "quin",
+    "ras", "sel", "tor", "ul", "ven", "wyn", "zan", "yor", "zel", "bri", "cas", "dun", "fal", "gil", "mor",
+    "ner", "pra", "sto", "tem", "vir", "lo", "ka", "ri", "sa", "thu",
+)
+_KINDS = ("software", "shipping", "mining", "publishing", "textile", "brewing", "railway", "timber")
+_PROFESSIONS = ("painter", "chemist", "poet", "sculptor", "composer", "botanist", "surveyor", "novelist")
+_PRODUCTS = ("sturdy boots", "river ferries", "pocket atlases", "copper kettles", "wool blankets", "field radios")
+_FEATURES = ("old stone bridges", "summer market", "glass workshops", "clock tower", "salt marshes", "orchards")
+_ORG_SUFFIXES = ("Group", "Works", "Holdings", "Company", "Industries")
+_DISTRACTORS_PER_RECORD = 8  # with 2 gold paragraphs: 10, as in HotpotQA's distractor setting
+
+
+def synthetic_hotpotqa(n: int, seed: int) -> list[HotpotRecord]:
+    """``n`` invented HotpotQA records (bridge and comparison questions, in turn); the same seed, the same data.
+
+    Entity names are unique across the whole set, so another record's paragraphs never contradict a question.
+    """
+    if n < 0:
+        raise DynheadsError(f"the number of synthetic records must be >= 0, got {n}")
+    world = _World(random.Random(seed))
+    questions = (world.bridge_founder, world.bridge_river, world.comparison_first, world.comparison_both)
+    records = []
+    for i in range(n):
+        kind, question, answer, gold, facts = questions[i % len(questions)]()
+        context = gold + [world.paragraph() for _ in range(_DISTRACTORS_PER_RECORD)]
+        world.rng.shuffle(context)
+        records.append(HotpotRecord(f"synthetic-{seed}-{i:05d}", question, answer, tuple(facts), tuple(context),
+                                    type=kind, level="easy"))
+    return records
+
+
+class _World:
+    """Seeded invented entities and the paragraphs (title + 3 short sentences) that describe them."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.used: set[str] = set()
+
+    def name(self) -> str:
+        for _ in range(1000):
+            word = "".join(self.rng.choice(_SYLLABLES) for _ in range(self.rng.choice((2, 3)))).capitalize()
+            if word not in self.used:
+                self.used.add(word)
+                return word
+        raise DynheadsError("the synthetic name space is exhausted: ask for fewer records (at most ~1000)")
+
+    def org(self, kind: str | None = None, year: int | None = None, founder: str | None = None) -> Paragraph:
+        title = f"{self.name()} {self.rng.choice(_ORG_SUFFIXES)}"
+        kind = kind or self.rng.choice(_KINDS)
+        return title, (
+            f"{title} is a {kind} company based in {self.name()}.",
+            f" {title} was founded in {year or self.rng.randint(1850, 2005)} by {founder or self.person_name()}.",
+            f" The company is known for its {self.rng.choice(_PRODUCTS)}.",
+        )
+
+    def person_name(self) -> str:
+        first = "".join(self.rng.choice(_SYLLABLES) for _ in range(2)).capitalize()  # may repeat; surnames don't
+        return f"{first} {self.name()}"
+
+    def person(self, name: str | None = None, city: str | None = None) -> Paragraph:
+        title = name or self.person_name()
+        return title, (
+            f"{title} is a {self.rng.choice(_PROFESSIONS)}.",
+            f" {title} was born in the city of {city or self.name()}.",
+            f" {title.split()[-1]} later studied at the University of {self.name()}.",
+        )
+
+    def town(self, river: str) -> Paragraph:
+        title = self.name()
+        return title, (
+            f"{title} is a town in the province of {self.name()}.",
+            f" The {river} River flows through {title}.",
+            f" {title} is known for its {self.rng.choice(_FEATURES)}.",
+        )
+
+    def paragraph(self) -> Paragraph:
+        return self.rng.choice((self.org, self.person, lambda: self.town(self.name())))()
+
+    def bridge_founder(self) -> tuple[str, str, str, list[Paragraph], list[tuple[str, int]]]:
+        city, founder = self.name(), self.person_name()
+        org, person = self.org(founder=founder), self.person(founder, city)
+        question = f"In which city was the founder of {org[0]} born?"
+        return "bridge", question, city, [org, person], [(org[0], 1), (person[0], 1)]
+
+    def bridge_river(self) -> tuple[str, str, str, list[Paragraph], list[tuple[str, int]]]:
+        river = self.name()
+        town = self.town(river)
+        person = self.person(city=town[0])
+        question = f"Which river flows through the city where {person[0]} was born?"
+        return "bridge", question, f"{river} River", [person, town], [(person[0], 1), (town[0], 1)]
+
+    def comparison_first(self) -> tuple[str, str, str, list[Paragraph], list[tuple[str, int]]]:
+        years = self.rng.sample(range(1850, 2006), 2)
+        first, second = self.org(year=years[0]), self.org(year=years[1])
+        question = f"Which company was founded first, {first[0]} or {second[0]}?"
+        answer = first[0] if years[0] < years[1] else second[0]
+        return "comparison", question, answer, [first, second], [(first[0], 1), (second[0], 1)]
+
+    def comparison_both(self) -> tuple[str, str, str, list[Paragraph], list[tuple[str, int]]]:
+        kind, other = self.rng.sample(_KINDS, 2)
+        same = self.rng.random() < 0.5
+        first, second = self.org(kind=kind), self.org(kind=kind if same else other)
+        question = f"Are {first[0]} and {second[0]} both {kind} companies?"
+        return "comparison", question, "yes" if same else "no", [first, second], [(first[0], 0), (second[0], 0)]
+
+
+# ---- samples -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HotpotSample:
+    """One HotpotQA prompt. Token indices point into ``input_ids``."""
+
+    sample_id: str
+    input_ids: list[int]
+    needle_positions: list[int]  # sorted union of all supporting-fact tokens (Eq. 2's I_needle)
+    answer: str
+    question: str
+    type: str | None
+    record_id: str
+    supporting_facts: list[tuple[str, int]]
+    supporting_spans: list[tuple[int, int]]  # [start, stop) token range of each supporting fact, same order
+    context_tokens: int
+    depth: float
+    seed: int
+    prompt_template: str  # "chat" or "plain"
+    meta: dict = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        """What a per-sample record stores (no token ids)."""
+        record = asdict(self)
+        del record["input_ids"]
+        record["prompt_tokens"] = len(self.input_ids)
+        return record
+
+
+def render_paragraph(paragraph: Paragraph) -> str:
+    title, sentences = paragraph
+    return PARAGRAPH_TEMPLATE.format(title=title, text="".join(sentences).strip())
+
+
+def make_sample(
+    tokenizer: PreTrainedTokenizerBase,
+    record: HotpotRecord,
+    *,
+    context_tokens: int,
+    depth: float,
+    seed: int,
+    distractors: Sequence[tuple[str, Sequence[str]]] | None = None,
+    sample_id: str | None = None,
+) -> HotpotSample:
+    """Build one seeded sample: gold paragraphs at ``depth`` (0..1) in a context of about ``context_tokens``.
+
+    Distractors: the record's own non-gold paragraphs first, then ``distractors`` (a pool such as
+    ``paragraph_pool(records)``; titles already present are skipped), each group in seeded order.
+    """
+    if not 0.0 <= depth <= 1.0:
+        raise DynheadsError(f"depth must be between 0 and 1, got {depth}")
+    if not record.supporting_facts:
+        raise DynheadsError(f"record {record.id!r} has no supporting facts: nothing to place or trace")
+    rng = random.Random(derive_seed("hotpotqa", record.id, seed))
+    gold_titles = record.gold_titles
+    gold = [(title, dict(record.context)[title]) for title in gold_titles]
+    own = [p for p in record.context if p[0] not in gold_titles]
+    rng.shuffle(own)
+    pool = _checked_pool(distractors or [], {title for title, _ in record.context})
+    rng.shuffle(pool)
+
+    def count(paragraph: Paragraph) -> int:  # with its separator: the tokens it adds to the context
+        return len(tokenizer(PARAGRAPH_SEPARATOR + render_paragraph(paragraph), add_special_tokens=False)["input_ids"])
+
+    total = sum(count(p) for p in gold)
+    if total > context_tokens:
+        raise DynheadsError(f"context_tokens={context_tokens} is too small for the gold paragraphs of record "
+                            f"{record.id!r} ({total} tokens)")
+    chosen: list[tuple[Paragraph, int]] = []
+    for paragraph in own + pool:
+        size = count(paragraph)
+        if total + size > context_tokens:
+            break
+        chosen.append((paragraph, size))
+        total += size
+    else:
+        raise DynheadsError(f"record {record.id!r}: its paragraphs and the distractor pool give only {total} of "
+                            f"context_tokens={context_tokens}; pass more distractors")
+    rng.shuffle(chosen)  # own distractors spread over the context, not bunched at its start
+    at = _gold_index([size for _, size in chosen], depth)
+    paragraphs = [p for p, _ in chosen[:at]] + gold + [p for p, _ in chosen[at:]]
+    return _build(tokenizer, record, paragraphs, at, context_tokens=context_tokens, depth=depth, seed=seed,
+                  sample_id=sample_id or f"{record.id}-len{context_tokens}-depth{depth:g}-seed{seed}",
+                  from_pool=sum(p not in own for p, _ in chosen))
+
+
+def _checked_pool(distractors: Sequence[tuple[str, Sequence[str]]], used: set[str]) -> list[Paragraph]:
+    pool = []
+    for i, item in enumerate(distractors):
+        if not (isinstance(item, list | tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], list | tuple) and all(isinstance(s, str) for s in item[1])):
+            raise DynheadsError(f"distractor paragraph {i} must be (title, [sentence, ...]) with strings")
+        if item[0] not in used:
+            used.add(item[0])
+            pool.append((item[0], tuple(item[1])))
+    return pool
+
+
+def _gold_index(sizes: list[int], depth: float) -> int:
+    """Paragraph boundary whose share of the distractor tokens before it is nearest ``depth`` (ties: earlier)."""
+    cumulative = [0]
+    for size in sizes:
+        cumulative.append(cumulative[-1] + size)
+    target = depth * cumulative[-1]
+    return min(range(len(cumulative)), key=lambda k: abs(cumulative[k] - target))
+
+
+def _build(
+    tokenizer: PreTrainedTokenizerBase, record: HotpotRecord, paragraphs: list[Paragraph], gold_at: int, *,
+    context_tokens: int, depth: float, seed: int, sample_id: str, from_pool: int,
+) -> HotpotSample:
+    """Render the prompt once and find each supporting sentence from its known offset in its own paragraph."""
+    rendered = [render_paragraph(p) for p in paragraphs]
+    context = PARAGRAPH_SEPARATOR.join(rendered)
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=record.question))
+    base, _ = locate(prompt, context, what="context")
+    starts = {}  # paragraph title -> character offset of its rendered text in the prompt
+    for (title, _), text in zip(paragraphs, rendered, strict=True):
+        starts[title] = base
+        base += len(text) + len(PARAGRAPH_SEPARATOR)
+
+    spans, positions = [], set()
+    for title, index in record.supporting_facts:
+        start, stop = _sentence_offsets(title, record.context, index)  # within the paragraph
+        span = token_span(prompt, starts[title] + start, starts[title] + stop)
+        check_span_keeps(tokenizer, prompt.input_ids, span, record.sentence(title, index).strip(),
+                         f"supporting fact ({title!r}, {index})")
+        spans.append((span[0], span[-1] + 1))
+        positions.update(span)
+    return HotpotSample(
+        sample_id=sample_id,
+        input_ids=prompt.input_ids,
+        needle_positions=sorted(positions),
+        answer=record.answer,
+        question=record.question,
+        type=record.type,
+        record_id=record.id,
+        supporting_facts=list(record.supporting_facts),
+        supporting_spans=spans,
+        context_tokens=context_tokens,
+        depth=depth,
+        seed=seed,
+        prompt_template=prompt.template,
+        meta={
+            "context_tokens_actual": len(tokenizer(context, add_special_tokens=False)["input_ids"]),
+            "paragraph_titles": [title for title, _ in paragraphs],
+            "gold_paragraph_index": gold_at,
+            "distractors_from_pool": from_pool,
+        },
+    )
+
+
+def _sentence_offsets(title: str, context: tuple[Paragraph, ...], index: int) -> tuple[int, int]:
+    """Character span of sentence ``index`` (without its surrounding spaces) inside ``render_paragraph``."""
+    sentences = dict(context)[title]
+    joined = "".join(sentences)
+    shift = len(joined) - len(joined.lstrip())  # render_paragraph strips the joined text
+    start = len(title) + 2 + sum(len(s) for s in sentences[:index]) - shift  # "Title: " = title + ": "
+    sentence = sentences[index]
+    start += len(sentence) - len(sentence.lstrip())
+    return start, start + len(sentence.strip())
+
+
+# ---- metrics (the official hotpot_evaluate_v1.py, answer part) ----------------------------------------
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+_YES_NO = re.compile(r"(yes|no)\b[,.!;:]", re.IGNORECASE)
+_PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as in the official script
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace (official)."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, ground_truth: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(ground_truth))
+
+
+def f1(prediction: str, ground_truth: str) -> dict[str, float]:
+    """Token F1 on normalised answers; 0 when either side is yes/no/noanswer and they differ (official)."""
+    pred, truth = normalize_answer(prediction), normalize_answer(ground_truth)
+    zero = {"f1": 0.0, "precision": 0.0, "recall": 0.0}
+    if (pred in ("yes", "no", "noanswer") or truth in ("yes", "no", "noanswer")) and pred != truth:
+        return zero
+    pred_tokens, truth_tokens = pred.split(), truth.split()
+    same = sum((Counter(pred_tokens) & Counter(truth_tokens)).values())
+    if same == 0:  # also when both are empty: the official script gives F1 0 there (and EM 1)
+        return zero
+    precision, recall = same / len(pred_tokens), same / len(truth_tokens)
+    return {"f1": 2 * precision * recall / (precision + recall), "precision": precision, "recall": recall}
+
+
+def extract_answer(generation: str) -> str:
+    """The generation's first non-empty line up to its first sentence end (". ", "! ", "? ").
+
+    A leading "Yes," / "No." keeps only that word: otherwise the yes/no rule of ``f1`` zeroes a right answer
+    followed by an explanation.
+    """
+    lines = [line.strip() for line in generation.splitlines() if line.strip()]
+    first = _SENTENCE_END.split(lines[0], maxsplit=1)[0] if lines else ""
+    yes_no = _YES_NO.match(first)
+    return yes_no.group(1) if yes_no else first
+
+
+def score(answer: str, generated: str, *, extract: bool = True) -> dict[str, float]:
+    """EM, F1, precision and recall of the generation (its first sentence unless ``extract=False``)."""
+    prediction = extract_answer(generated) if extract else generated
+    return {"em": exact_match(prediction, answer), **f1(prediction, answer)}
