@@ -107,3 +107,18 @@ def test_bad_input_gets_one_line(tiny_model_dir, tmp_path, args, message):
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_hotpotqa_run_traces_reasoning_scores(tiny_model_dir, tmp_path):
+    out = tmp_path / "hotpot"
+    result = run_cli("hotpotqa", "--model", str(tiny_model_dir), "--questions", "2", "--lengths", "300",
+                     "--depths", "0.5", "--max-new-tokens", "3", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    from dynheads.runs import RunDir
+
+    run = RunDir(out)
+    assert run.manifest()["kind"] == "hotpotqa" and "synthetic" in run.manifest()["prompt"]["data"]
+    for record, trace in run.iter_traces():
+        assert set(record["metrics"]) >= {"em", "f1"}
+        assert record["needle_positions"] and trace.reasoning_scores.shape[1:] == (3, 4)
+        assert ((trace.reasoning_scores >= 0) & (trace.reasoning_scores <= 1 + 1e-6)).all()

@@ -41,3 +41,28 @@ def niah(
         f"{len(frame)} samples in {out}: accuracy {frame['metrics.accuracy'].mean():.3f}, "
         f"ROUGE-L {frame['metrics.rouge_l'].mean():.3f}"
     )
+
+
+@app.command()
+def hotpotqa(
+    out: Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")],
+    model: Model = None,
+    data: Annotated[str | None, Opt(help="HotpotQA JSON/JSONL file or saved dataset (default: synthetic)")] = None,
+    questions: Annotated[int | None, Opt(help="number of questions")] = None,
+    lengths: Annotated[str | None, Opt(help="context lengths in tokens, e.g. 250,500,1000")] = None,
+    depths: Annotated[str | None, Opt(help="gold-paragraph depths in [0, 1], e.g. 0.05,0.5,0.95")] = None,
+    seed: Annotated[int | None, Opt(help="master seed")] = None,
+    max_new_tokens: Annotated[int | None, Opt(help="generation budget per question")] = None,
+    device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    config: ConfigFile = None,
+) -> None:
+    """Trace multi-hop QA (HotpotQA or its synthetic stand-in), scoring every head at every step with Eq. 2."""
+    from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
+
+    cfg = build_config(
+        HotpotConfig, config, model=model, data=data, questions=questions, lengths=parse_list(lengths, int),
+        depths=parse_list(depths, float), seed=seed, max_new_tokens=max_new_tokens, device=device,
+    )
+    frame = run_hotpotqa(cfg, out).write_results()
+    em, f1 = frame["metrics.em"].mean(), frame["metrics.f1"].mean()
+    typer.echo(f"{len(frame)} questions in {out}: EM {em:.3f}, F1 {f1:.3f}")

@@ -6,10 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
-from dynheads.decoding import check_fits, trace
 from dynheads.errors import DynheadsError
+from dynheads.experiments.tracing import trace_samples
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir, derive_seed
 from dynheads.tasks import niah
@@ -64,19 +62,6 @@ def run_niah(
     samples = niah_samples(config, lm.tokenizer)
     run = RunDir(out)
     run.start("niah", config, lm, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template})
-    for sample in samples:  # fail before any work, not halfway through the grid
-        check_fits(lm, len(sample.input_ids), config.max_new_tokens)
-    todo = [s for s in samples if not run.is_done(s.sample_id)]
-    bar = tqdm(total=len(samples), initial=len(samples) - len(todo), desc="niah", unit="sample", disable=not progress)
-    for sample in todo:
-        result = trace(lm, sample, config.max_new_tokens, sink_size=config.sink_size,
-                       local_window=config.local_window)
-        record = {**sample.describe(), "generated": result.text, "stop_reason": result.stop_reason,
-                  "steps": result.num_steps, "metrics": niah.score(sample.answer, result.text)}
-        run.save_sample(record, result)
-        if on_sample:
-            on_sample(record)
-        bar.update()
-    bar.close()
-    run.write_results()
-    return run
+    return trace_samples(run, lm, samples, lambda sample, text: niah.score(sample.answer, text),
+                         max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
+                         local_window=config.local_window, desc="niah", progress=progress, on_sample=on_sample)
