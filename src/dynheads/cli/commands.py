@@ -66,3 +66,31 @@ def hotpotqa(
     frame = run_hotpotqa(cfg, out).write_results()
     em, f1 = frame["metrics.em"].mean(), frame["metrics.f1"].mean()
     typer.echo(f"{len(frame)} questions in {out}: EM {em:.3f}, F1 {f1:.3f}")
+
+
+@app.command()
+def rag(
+    out: Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")],
+    model: Model = None,
+    probe: Annotated[str | None, Opt(help="trained probe folder, for the 'dynamic' strategy")] = None,
+    static: Annotated[str | None, Opt(help="static head list JSON, for the 'static' strategy")] = None,
+    strategies: Annotated[str | None, Opt(help="dynamic,static,dynamic-random,fixed-random,none,full-context")] = None,
+    k: Annotated[str | None, Opt("--k", help="heads per retrieval, e.g. 5,10,20")] = None,
+    data: Annotated[str | None, Opt(help="HotpotQA file (default: synthetic questions)")] = None,
+    questions: Annotated[int | None, Opt(help="number of questions")] = None,
+    lengths: Annotated[str | None, Opt(help="context lengths in tokens")] = None,
+    depths: Annotated[str | None, Opt(help="gold-paragraph depths in [0, 1]")] = None,
+    seed: Annotated[int | None, Opt(help="master seed")] = None,
+    threshold: Annotated[float | None, Opt(help="RIND threshold θ")] = None,
+    device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    config: ConfigFile = None,
+) -> None:
+    """Dynamic RAG with head-based in-context retrieval: EM/F1 and retrieval recall per strategy and k."""
+    from dynheads.experiments.rag import RagConfig, rag_markdown, rag_table, run_rag
+
+    cfg = build_config(
+        RagConfig, config, model=model, probe=probe, static=static, strategies=parse_list(strategies, str),
+        ks=parse_list(k, int), data=data, questions=questions, lengths=parse_list(lengths, int),
+        depths=parse_list(depths, float), seed=seed, threshold=threshold, device=device,
+    )
+    typer.echo(rag_markdown(rag_table(run_rag(cfg, out))))

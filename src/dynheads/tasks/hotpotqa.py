@@ -346,6 +346,7 @@ class HotpotSample:
     record_id: str
     supporting_facts: list[tuple[str, int]]
     supporting_spans: list[tuple[int, int]]  # [start, stop) token range of each supporting fact, same order
+    context_span: tuple[int, int]  # [start, stop) token range of the paragraphs (what in-context RAG hides)
     context_tokens: int
     depth: float
     seed: int
@@ -446,7 +447,8 @@ def _build(
     rendered = [render_paragraph(p) for p in paragraphs]
     context = PARAGRAPH_SEPARATOR.join(rendered)
     prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=record.question))
-    base, _ = locate(prompt, context, what="context")
+    base, context_stop = locate(prompt, context, what="context")
+    context_positions = token_span(prompt, base, context_stop)
     starts = {}  # paragraph title -> character offset of its rendered text in the prompt
     for (title, _), text in zip(paragraphs, rendered, strict=True):
         starts[title] = base
@@ -470,6 +472,7 @@ def _build(
         record_id=record.id,
         supporting_facts=list(record.supporting_facts),
         supporting_spans=spans,
+        context_span=(context_positions[0], context_positions[-1] + 1),
         context_tokens=context_tokens,
         depth=depth,
         seed=seed,

@@ -1,0 +1,173 @@
+"""Dynamic RAG evaluation (paper Section 6, Tables 4 and 6) over HotpotQA samples, resumable.
+
+One record per (question, strategy, k); ``none`` and ``full-context`` use no heads and run once per question.
+Besides EM/F1 we report what the paper does not: retrieval recall (share of supporting-fact tokens that some
+retrieval made visible), retrievals per question, and visible context tokens per retrieval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from dynheads.errors import DynheadsError
+from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
+from dynheads.io import write_text
+from dynheads.models import LoadedModel, load_model
+from dynheads.rag.loop import RagSettings, answer_question
+from dynheads.rag.strategies import HEAD_STRATEGIES, STRATEGIES, HeadSelector
+from dynheads.rag.trigger import TriggerConfig
+from dynheads.rag.windows import RetrievalConfig
+from dynheads.runs import RunDir, derive_seed
+from dynheads.tasks import hotpotqa
+
+# Paper Table 4 (k = 5, five models) and Table 6 (llama3.1-8b, k = 5/10/20): EM, F1.
+PAPER_TABLE4 = {
+    "llama3.1-8b": {"dynamic": (0.456, 0.5586), "static": (0.398, 0.5098), "dynamic-random": (0.272, 0.3670),
+                    "fixed-random": (0.272, 0.3763), "none": (0.252, 0.3257)},
+    "llama3.2-3b": {"dynamic": (0.384, 0.4993), "static": (0.428, 0.5386), "dynamic-random": (0.224, 0.3143),
+                    "fixed-random": (0.226, 0.3051), "none": (0.184, 0.2439)},
+    "qwen3-8b": {"dynamic": (0.286, 0.3580), "static": (0.278, 0.3429), "dynamic-random": (0.210, 0.2804),
+                 "fixed-random": (0.210, 0.2804), "none": (0.220, 0.2961)},
+    "llama2-13b": {"dynamic": (0.284, 0.3838), "static": (0.278, 0.3789), "dynamic-random": (0.276, 0.3762),
+                   "fixed-random": (0.272, 0.3751), "none": (0.192, 0.2750)},
+    "phi4-mini": {"dynamic": (0.202, 0.2690), "static": (0.186, 0.2505), "dynamic-random": (0.082, 0.1090),
+                  "fixed-random": (0.086, 0.1111), "none": (0.172, 0.2331)},
+}
+
+
+@dataclass(frozen=True)
+class RagConfig:
+    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
+    probe: str | None = field(default=None, metadata={"help": "trained probe folder (needed by 'dynamic')"})
+    static: str | None = field(default=None, metadata={"help": "static head list (needed by 'static')"})
+    strategies: tuple[str, ...] = field(default=STRATEGIES, metadata={"help": "strategies to compare"})
+    ks: tuple[int, ...] = field(default=(5,), metadata={"help": "heads per retrieval (paper: 5, 10, 20)"})
+    data: str | None = field(default=None, metadata={"help": "HotpotQA file; None = synthetic questions"})
+    questions: int = field(default=50, metadata={"help": "number of questions"})
+    lengths: tuple[int, ...] = field(default=(500,), metadata={"help": "context tokens"})
+    depths: tuple[float, ...] = field(default=(0.5,), metadata={"help": "gold paragraphs' depth"})
+    seed: int = field(default=0, metadata={"help": "master seed (data, random head draws)"})
+    max_new_tokens: int = field(default=32, metadata={"help": "answer budget in tokens"})
+    draft_tokens: int = field(default=16, metadata={"help": "tokens drafted before RIND checks them"})
+    max_retrievals: int = field(default=3, metadata={"help": "retrievals per answer at most"})
+    threshold: float = field(default=TriggerConfig.threshold, metadata={"help": "RIND threshold θ"})
+    trigger_form: str = field(default="paper", metadata={"help": "'paper' (stop words) or 'dragin' (POS)"})
+    top_n: int = field(default=RetrievalConfig.top_n, metadata={"help": "top attended positions clustered"})
+    window: int = field(default=RetrievalConfig.window, metadata={"help": "window tokens per cluster"})
+    gap: int = field(default=RetrievalConfig.gap, metadata={"help": "cluster gap in tokens"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda"})
+
+    def settings(self) -> RagSettings:
+        return RagSettings(
+            max_new_tokens=self.max_new_tokens, draft_tokens=self.draft_tokens, max_retrievals=self.max_retrievals,
+            trigger=TriggerConfig(threshold=self.threshold, form=self.trigger_form),
+            retrieval=RetrievalConfig(top_n=self.top_n, window=self.window, gap=self.gap),
+        )
+
+
+def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
+    unknown = sorted(set(config.strategies) - set(STRATEGIES))
+    if unknown:
+        raise DynheadsError(f"unknown RAG strategy {', '.join(unknown)}: use {', '.join(STRATEGIES)}")
+    jobs = []
+    for strategy in config.strategies:
+        jobs += [(strategy, k) for k in config.ks] if strategy in HEAD_STRATEGIES else [(strategy, None)]
+    return jobs
+
+
+def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True) -> RunDir:
+    """Answer every question under every (strategy, k) into ``out``; finished ones are skipped."""
+    jobs = _jobs(config)
+    lm = lm or load_model(config.model, device=config.device)
+    predict_top = _probe_predictor(config) if "dynamic" in config.strategies else None
+    ranking = _static_ranking(config, lm) if "static" in config.strategies else None
+    hotpot = HotpotConfig(data=config.data, questions=config.questions, lengths=config.lengths,
+                          depths=config.depths, seed=config.seed)
+    samples = hotpot_samples(hotpot, lm.tokenizer)
+    run = RunDir(out)
+    run.start("rag", config, lm, {"data": config.data or "synthetic", "prompt": hotpotqa.USER_TEMPLATE})
+    settings = config.settings()
+    todo = [(s, strategy, k) for s in samples for strategy, k in jobs
+            if not run.is_done(_record_id(s.sample_id, strategy, k))]
+    total = len(samples) * len(jobs)
+    bar = tqdm(total=total, initial=total - len(todo), desc="rag", unit="answer", disable=not progress)
+    for sample, strategy, k in todo:
+        selector = HeadSelector(strategy, k=k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
+                                rng=derive_seed(config.seed, sample.sample_id, strategy, k),
+                                static_ranking=ranking, predict_top=predict_top)
+        answer = answer_question(lm, sample, selector, settings)
+        run.save_sample({
+            "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
+            "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
+            "type": sample.type, "generated": answer.text, "metrics": hotpotqa.score(sample.answer, answer.text),
+            "retrievals": answer.retrievals, "visible_tokens": answer.visible_tokens,
+            "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
+            "context_tokens": sample.context_span[1] - sample.context_span[0],
+        })
+        bar.update()
+    bar.close()
+    run.write_results()
+    write_text(run.path / "rag.md", rag_markdown(rag_table(run)))
+    return run
+
+
+def _record_id(sample_id: str, strategy: str, k: int | None) -> str:
+    return f"{sample_id}-{strategy}" + (f"-k{k}" if k is not None else "")
+
+
+def _probe_predictor(config: RagConfig):
+    if not config.probe:
+        raise DynheadsError("strategy 'dynamic' needs a trained probe: --probe DIR (from 'dynheads probe train')")
+    from dynheads.analysis.mlp_probe import load_probe
+
+    probe = load_probe(config.probe)
+    return lambda hidden, k: probe.top_heads(np.asarray(hidden, dtype=np.float32), k)
+
+
+def _static_ranking(config: RagConfig, lm: LoadedModel):
+    if not config.static:
+        raise DynheadsError("strategy 'static' needs a static head list: --static FILE")
+    from dynheads.analysis.headlists import load_head_list
+
+    return list(load_head_list(config.static, lm.num_layers, lm.num_heads).heads)
+
+
+def rag_table(run: RunDir) -> pd.DataFrame:
+    """Mean EM, F1, retrieval recall, retrievals and visible tokens per (strategy, k)."""
+    records = run.records()
+    if not records:
+        raise DynheadsError(f"{run.path} has no finished RAG answers")
+    frame = pd.DataFrame([{
+        "strategy": r["strategy"], "k": r["k"] if r["k"] is not None else "-", "em": r["metrics"]["em"],
+        "f1": r["metrics"]["f1"], "retrieval_recall": r["retrieval_recall"], "retrievals": r["retrievals"],
+        "visible_tokens": float(np.mean(r["visible_tokens"])) if r["visible_tokens"] else np.nan,
+        "context_tokens": r["context_tokens"],
+    } for r in records])
+    order = {name: i for i, name in enumerate(STRATEGIES)}
+    table = frame.groupby(["strategy", "k"], sort=False).agg(
+        questions=("em", "size"), em=("em", "mean"), f1=("f1", "mean"),
+        retrieval_recall=("retrieval_recall", "mean"), retrievals=("retrievals", "mean"),
+        visible_tokens=("visible_tokens", "mean"), context_tokens=("context_tokens", "mean")).reset_index()
+    return table.sort_values(["strategy", "k"], key=lambda c: c.map(order) if c.name == "strategy" else c.astype(str))
+
+
+def rag_markdown(table: pd.DataFrame) -> str:
+    lines = ["| strategy | k | questions | EM | F1 | retrieval recall | retrievals / question | "
+             "visible tokens / retrieval | context tokens | paper llama3.1-8b EM / F1 (k=5) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in table.itertuples():
+        paper = PAPER_TABLE4["llama3.1-8b"].get(row.strategy)
+        paper_text = f"{paper[0]:.3f} / {paper[1]:.4f}" if paper and row.k in (5, "-") else ""
+        lines.append(f"| {row.strategy} | {row.k} | {row.questions} | {row.em:.3f} | {row.f1:.3f} | "
+                     f"{_fmt(row.retrieval_recall)} | {row.retrievals:.2f} | {_fmt(row.visible_tokens, 0)} | "
+                     f"{row.context_tokens:.0f} | {paper_text} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float, digits: int = 3) -> str:
+    return "n/a" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"

@@ -1,0 +1,176 @@
+"""Dynamic RAG with head-based in-context retrieval: the paper's Algorithm 1, with Algorithm 2 as ``_retrieve``.
+
+The prompt is ``[chat prefix, context, question]``; the model's view of the context is controlled by the
+attention probe's hidden-key mask, so positions never shift. The prefix and the context are encoded once
+(nothing hidden: the context's own states are those of the plain prompt) and cached. Every round then
+rolls back to that cache and re-reads the question and the answer so far under the current visibility:
+
+1. draft up to ``draft_tokens`` tokens with the context hidden (or with the last retrieved windows visible);
+2. RIND on the draft; no trigger: keep the draft, hide the context again;
+3. trigger: cut the draft back to the start of the triggering sentence, read the question and kept answer
+   once with the context visible, average the chosen heads' attention rows over the context, turn the top
+   positions into windows (``rag.windows``), make only those visible and regenerate one sentence.
+
+``none`` never shows the context and never retrieves (w/o RAG); ``full-context`` always shows all of it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dynheads.decoding import DecodingSession
+from dynheads.errors import DynheadsError
+from dynheads.heads import Head
+from dynheads.models import LoadedModel
+from dynheads.rag.strategies import HeadSelector
+from dynheads.rag.trigger import TriggerConfig, rind
+from dynheads.rag.windows import RetrievalConfig, retrieval_recall, select_windows
+
+_SENTENCE_END = re.compile(r"[.!?]\s*$|\n")
+
+
+@dataclass(frozen=True)
+class RagSettings:
+    max_new_tokens: int = field(default=48, metadata={"help": "answer budget in tokens"})
+    draft_tokens: int = field(default=24, metadata={"help": "tokens drafted before RIND checks them"})
+    max_retrievals: int = field(default=3, metadata={"help": "retrievals per answer at most"})
+    trigger: TriggerConfig = field(default_factory=TriggerConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+
+
+@dataclass
+class RagAnswer:
+    text: str
+    tokens: list[int]
+    retrievals: int
+    windows: list[tuple[int, int]]  # every window made visible, absolute positions
+    visible_tokens: list[int]  # context tokens visible after each retrieval
+    heads: list[list[Head]]  # heads used at each retrieval
+    retrieval_recall: float | None  # share of supporting-fact tokens any retrieval made visible
+
+
+class _Answerer:
+    """State of one answer: the session, the cached context, the answer so far, what is visible."""
+
+    def __init__(self, lm: LoadedModel, input_ids: list[int], context: tuple[int, int], settings: RagSettings):
+        self.lm, self.settings = lm, settings
+        self.question = list(input_ids[context[1] :])  # question turn and generation prompt
+        self.context = context
+        self.answer: list[int] = []
+        self.session = DecodingSession(lm, input_ids[: context[1]], max_new_tokens=len(self.question)
+                                       + settings.max_new_tokens + settings.draft_tokens + 1)
+        self.session.forward(context[1])  # prefix + context, nothing hidden
+        self.cached = self.session.checkpoint()
+        self.stop_ids = lm.stop_token_ids()
+        self.finished = False
+
+    def read(self, visible: np.ndarray | None, rows_for: set[Head] = frozenset()):
+        """Roll back to the cached context, show ``visible`` context positions (None: all), read question+answer."""
+        self.session.rollback(self.cached)
+        start, stop = self.context
+        hidden = None if visible is None else [start + i for i in np.flatnonzero(~visible)]
+        self.session.probe.set_hidden_keys(hidden, length=stop)
+        self.session.probe.rows_for = set(rows_for)
+        tail = self.question + self.answer
+        self.session.ids[stop : stop + len(tail)] = torch.tensor(tail, dtype=torch.long)
+        return self.session.forward(len(tail))
+
+    def generate(self, visible: np.ndarray | None, limit: int, *, sentence: bool) -> tuple[list[int], list, list]:
+        """Greedy tokens after the answer so far; returns tokens, entropies and last-layer rows per token."""
+        last_layer = self.lm.num_layers - 1
+        rows_for = {(last_layer, h) for h in range(self.lm.num_heads)}
+        step = self.read(visible, rows_for)
+        tokens, entropies, rows = [], [], []
+        for _ in range(limit):
+            token = int(step.logits.argmax())
+            if token in self.stop_ids:
+                self.finished = True
+                break
+            log_probs = torch.log_softmax(step.logits, dim=-1)
+            entropies.append(float(-(log_probs.exp() * log_probs).sum()))
+            rows.append(torch.stack([step.stats.rows[(last_layer, h)] for h in range(self.lm.num_heads)]))
+            tokens.append(token)
+            if sentence and _SENTENCE_END.search(self.lm.tokenizer.decode(tokens)):
+                break
+            self.session.append(token)
+            step = self.session.forward(1)
+        return tokens, entropies, rows
+
+    def received_attention(self, rows: list[torch.Tensor], first: int) -> np.ndarray:
+        """``[H, T]``: for each drafted token, the largest last-layer attention a later drafted token gives it."""
+        count = len(rows)
+        received = np.zeros((self.lm.num_heads, count), dtype=np.float64)
+        for j in range(1, count):
+            received[:, :j] = np.maximum(received[:, :j], rows[j][:, first : first + j].cpu().numpy())
+        return received
+
+
+def answer_question(
+    lm: LoadedModel,
+    sample,
+    selector: HeadSelector,
+    settings: RagSettings = RagSettings(),
+) -> RagAnswer:
+    """Answer one HotpotQA sample with in-context Dynamic RAG under ``selector``'s strategy."""
+    context = tuple(sample.context_span)
+    if not 0 < context[0] < context[1] <= len(sample.input_ids):
+        raise DynheadsError(f"sample {sample.sample_id!r} has no usable context span {context}")
+    state = _Answerer(lm, list(sample.input_ids), context, settings)
+    width = context[1] - context[0]
+    none_visible = np.zeros(width, dtype=bool)
+    visible: np.ndarray | None = None if selector.strategy == "full-context" else none_visible
+    windows: list[tuple[int, int]] = []
+    visible_counts, used_heads = [], []
+    while not state.finished and len(state.answer) < settings.max_new_tokens:
+        budget = min(settings.draft_tokens, settings.max_new_tokens - len(state.answer))
+        first = context[1] + len(state.question) + len(state.answer)  # position of the first drafted token
+        draft, entropies, rows = state.generate(visible, budget, sentence=False)
+        if not draft:
+            break
+        can_retrieve = selector.needs_heads and len(used_heads) < settings.max_retrievals
+        texts = [lm.tokenizer.decode([t]) for t in draft]
+        result = rind(texts, np.array(entropies), state.received_attention(rows, first), settings.trigger) \
+            if can_retrieve else None
+        if result is None or not result.triggered:
+            state.answer += draft
+            visible = visible if selector.strategy == "full-context" else none_visible
+            continue
+        state.answer += draft[: result.sentence_token_start]
+        state.finished = False
+        heads, scores = _retrieve(state, selector)
+        retrieved = select_windows(scores, settings.retrieval, offset=context[0])
+        windows += list(retrieved.windows)
+        visible = retrieved.mask
+        visible_counts.append(int(visible.sum()))
+        used_heads.append(heads)
+        rewritten, _, _ = state.generate(visible, settings.max_new_tokens - len(state.answer), sentence=True)
+        state.answer += rewritten
+    supporting = getattr(sample, "needle_positions", None)
+    return RagAnswer(
+        text=lm.tokenizer.decode(state.answer, skip_special_tokens=True),
+        tokens=state.answer,
+        retrievals=len(used_heads),
+        windows=windows,
+        visible_tokens=visible_counts,
+        heads=used_heads,
+        retrieval_recall=retrieval_recall(windows, supporting) if supporting and used_heads else None,
+    )
+
+
+def _retrieve(state: _Answerer, selector: HeadSelector) -> tuple[list[Head], np.ndarray]:
+    """Algorithm 2 up to AverageAttention: unmask, pick heads, average their rows over the context."""
+    lm = state.lm
+    every_head = {(layer, head) for layer in range(lm.num_layers) for head in range(lm.num_heads)}
+    step = state.read(None, rows_for=every_head)  # one pass: the hidden state picks heads, rows are kept
+    heads = selector.select(step.hidden.cpu().numpy())
+    start, stop = state.context
+    rows = torch.stack([step.stats.rows[head][start:stop] for head in heads])
+    scores = rows.mean(0).cpu().numpy()
+    if not math.isfinite(float(scores.sum())):
+        raise DynheadsError("retrieval attention is not finite")
+    return heads, scores
