@@ -167,3 +167,20 @@ def test_hidden_keys_get_zero_attention_in_every_head():
     for row in probe.stats.rows.values():
         assert row[hidden].abs().max() == 0.0
         assert abs(float(row.sum()) - 1.0) < 1e-5
+
+
+def test_embedded_model_rows_equal_eager_rows(embedded):
+    """The same oracle on the real SmolLM2 (30 layers x 9 heads, GQA 3), prefill and three cached steps."""
+    ids = embedded.tokenizer("The magic word is 1f3c. Remember it: the magic word is", return_tensors="pt")
+    prompt = ids["input_ids"][0].tolist()
+    session = DecodingSession(embedded, prompt, range(0, 8), max_new_tokens=3)
+    session.probe.rows_for = {(layer, head) for layer in (0, 14, 29) for head in range(9)}
+    result = session.forward(len(prompt))
+    for _ in range(3):
+        rows, _ = eager_last_rows(embedded.model, session.ids[: session.length][None])
+        for (layer, head), row in result.stats.rows.items():
+            assert (row - rows[layer][head]).abs().max() <= TOL
+        for layer in range(30):
+            assert torch.equal(result.stats.argmax_pos[layer], rows[layer].argmax(-1))
+        session.append(int(result.logits.argmax()))
+        result = session.forward(1)
