@@ -3,7 +3,8 @@
 For each context length, each mode runs in its own fresh subprocess (so memory peaks do not mix):
 ``plain``  = ``model.generate`` with SDPA attention, greedy, exactly N new tokens;
 ``traced`` = ``dynheads.trace`` (probe on every layer, every step), exactly N new tokens;
-``eager``  = ``model.generate`` with eager attention and ``output_attentions=True`` (what the probe replaces).
+``eager``  = ``model.generate`` with eager attention and ``output_attentions=True`` (what the probe replaces);
+``ablated`` = ``ablated_generate`` with the ``dynamic`` strategy (clean pass + masked pass at every step).
 Time = median of ``--repeats`` timed runs after one warm-up. Memory = peak resident set size of the process
 (VmHWM) during the timed runs, and the same peak minus the resident size just before them ("increment").
 
@@ -33,6 +34,7 @@ def measure(mode: str, length: int, new_tokens: int, repeats: int) -> dict:
     import torch
 
     import dynheads
+    from dynheads.ablation import AblationSettings, ablated_generate
     from dynheads.tasks import niah
 
     lm = dynheads.load_model()
@@ -42,6 +44,11 @@ def measure(mode: str, length: int, new_tokens: int, repeats: int) -> dict:
     def run_once() -> None:
         if mode == "traced":
             dynheads.trace(lm, sample, max_new_tokens=new_tokens, stop_at_eos=False)
+            return
+        if mode == "ablated":
+            result = ablated_generate(lm, sample, AblationSettings(strategy="dynamic"), new_tokens)
+            if len(result.tokens) != new_tokens:
+                raise RuntimeError(f"ablated decoding stopped early ({len(result.tokens)} tokens)")
             return
         lm.model.set_attn_implementation("eager" if mode == "eager" else "sdpa")
         with torch.inference_mode():
@@ -69,6 +76,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eager-lengths", default="1000,2000,4000", help="lengths at which to run eager too")
+    parser.add_argument("--ablated-lengths", default="2000", help="lengths at which to run ablated decoding too")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--child", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -78,9 +86,11 @@ def main() -> None:
 
     lengths = [int(x) for x in args.lengths.split(",")]
     eager = {int(x) for x in args.eager_lengths.split(",") if x}
+    ablated = {int(x) for x in args.ablated_lengths.split(",") if x}
     rows = []
     for length in lengths:
-        for mode in ["plain", "traced"] + (["eager"] if length in eager else []):
+        extra = (["ablated"] if length in ablated else []) + (["eager"] if length in eager else [])
+        for mode in ["plain", "traced", *extra]:
             command = [sys.executable, __file__, "--child", mode, str(length), "--new-tokens", str(args.new_tokens),
                        "--repeats", str(args.repeats)]
             done = subprocess.run(command, capture_output=True, text=True)
@@ -95,15 +105,16 @@ def main() -> None:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown table of ratios against plain generate at the same length."""
-    plain = {r["context_tokens"]: r for r in rows if r["mode"] == "plain"}
-    lines = ["| context | mode | time (s) | time / plain | peak RSS (MB) | peak / plain | increment (MB) |",
-             "|---|---|---|---|---|---|---|"]
+    """Markdown table of ratios against plain generate (and, for ablated decoding, traced) at the same length."""
+    by = {(r["context_tokens"], r["mode"]): r for r in rows}
+    lines = ["| context | mode | time (s) | time / plain | time / traced | peak RSS (MB) | peak / plain | "
+             "increment (MB) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        base = plain.get(r["context_tokens"])
-        time_ratio = f"{r['seconds'] / base['seconds']:.2f}x" if base else "n/a"
-        mem_ratio = f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x" if base else "n/a"
-        lines.append(f"| {r['context_tokens']} | {r['mode']} | {r['seconds']:.2f} | {time_ratio} | "
+        plain, traced = by.get((r["context_tokens"], "plain")), by.get((r["context_tokens"], "traced"))
+        time_ratio = f"{r['seconds'] / plain['seconds']:.2f}x" if plain else "n/a"
+        traced_ratio = f"{r['seconds'] / traced['seconds']:.2f}x" if traced and r["mode"] == "ablated" else ""
+        mem_ratio = f"{r['peak_rss_mb'] / plain['peak_rss_mb']:.2f}x" if plain else "n/a"
+        lines.append(f"| {r['context_tokens']} | {r['mode']} | {r['seconds']:.2f} | {time_ratio} | {traced_ratio} | "
                      f"{r['peak_rss_mb']:.0f} | {mem_ratio} | {r['increment_mb']:.0f} |")
     return "\n".join(lines)
 
