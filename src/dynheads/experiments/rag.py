@@ -84,7 +84,7 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     """Answer every question under every (strategy, k) into ``out``; finished ones are skipped."""
     jobs = _jobs(config)
     lm = lm or load_model(config.model, device=config.device)
-    predict_top = _probe_predictor(config) if "dynamic" in config.strategies else None
+    predict_top = _probe_predictor(config, lm) if "dynamic" in config.strategies else None
     ranking = _static_ranking(config, lm) if "static" in config.strategies else None
     hotpot = HotpotConfig(data=config.data, questions=config.questions, lengths=config.lengths,
                           depths=config.depths, seed=config.seed)
@@ -120,12 +120,15 @@ def _record_id(sample_id: str, strategy: str, k: int | None) -> str:
     return f"{sample_id}-{strategy}" + (f"-k{k}" if k is not None else "")
 
 
-def _probe_predictor(config: RagConfig):
+def _probe_predictor(config: RagConfig, lm: LoadedModel):
     if not config.probe:
         raise DynheadsError("strategy 'dynamic' needs a trained probe: --probe DIR (from 'dynheads probe train')")
     from dynheads.analysis.mlp_probe import load_probe
 
     probe = load_probe(config.probe)
+    if (probe.num_layers, probe.num_heads) != (lm.num_layers, lm.num_heads):
+        raise DynheadsError(f"the probe in {config.probe} predicts {probe.num_layers} x {probe.num_heads} heads, "
+                            f"but this model has {lm.num_layers} x {lm.num_heads}: train it on this model's run")
     return lambda hidden, k: probe.top_heads(np.asarray(hidden, dtype=np.float32), k)
 
 
