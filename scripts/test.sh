@@ -3,5 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+# The HTML report is tested in a real headless browser: Debian's Chromium (Playwright drives it; no browser
+# download). Installed when missing and we may (root with apt-get).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 exec "${PYTHON:-python3}" -m pytest -q

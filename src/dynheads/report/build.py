@@ -1,0 +1,449 @@
+"""The report of ``dynheads reproduce``: ``DIR/report.md`` and a self-contained ``DIR/report.html``.
+
+Sections follow the paper. Each shows the settings of its stage folders (their manifests and JSON files), every
+markdown table (``*.md``) and figure (``*.png``) found in them, what the paper reports, and for the three claims
+and the RAG comparison a verdict by the rules of ``dynheads.report.claims``. A stage folder that is missing says
+"stage not run"; one that cannot be read says why; neither stops the report. The HTML embeds the figures as
+base64 PNG data URIs and the per-step view's data as JSON, so it opens offline (docs/report.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import itertools
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dynheads.analysis.cca import PAPER_TOP1
+from dynheads.analysis.dynamism import ENTROPY_BASELINE, PAPER_DYNAMISM
+from dynheads.errors import DynheadsError
+from dynheads.experiments.ablation import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
+from dynheads.experiments.probing import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
+from dynheads.experiments.rag import PAPER_TABLE4, rag_table
+from dynheads.io import read_json, write_text
+from dynheads.report import claims
+from dynheads.report.claims import Verdict
+from dynheads.report.stepview import REASONING_THRESHOLD, step_view
+from dynheads.runs import RunDir
+
+STAGE_NOT_RUN = "stage not run"
+MAX_FIGURES = 8  # per stage folder: Figure 1 alone can have one heat map per sample
+READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, DynheadsError)
+ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one cells.csv has decides Claim 2
+SETTING_KEYS = ("kind", "score", "task", "threshold", "ks", "static_file", "epochs_run", "train_seconds", "seed")
+RAG_STRATEGIES = {"dynamic": "Dynamic", "static": "Static", "dynamic-random": "Dynamic Random",
+                  "fixed-random": "Fixed Random", "none": "w/o RAG"}
+# Paper Table 6 (llama3.1-8b, HotpotQA EM / F1) at k = 10 and 20; its k = 5 row is Table 4's.
+PAPER_TABLE6 = {10: {"dynamic": (0.286, 0.3877), "static": (0.280, 0.3767), "dynamic-random": (0.280, 0.3807),
+                     "fixed-random": (0.276, 0.3711)},
+                20: {"dynamic": (0.292, 0.3967), "static": (0.282, 0.3810), "dynamic-random": (0.274, 0.3713),
+                     "fixed-random": (0.276, 0.3751)}}
+
+
+@dataclass(frozen=True)
+class Figure:
+    path: Path
+    caption: str
+
+
+Part = str | Figure | Verdict  # markdown text, an embedded image, a claim's verdict
+
+
+@dataclass(frozen=True)
+class Section:
+    anchor: str
+    title: str
+    parts: list[Part]
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return [part for part in self.parts if isinstance(part, Verdict)]
+
+
+def write_report(out_dir: str | Path) -> tuple[Path, Path]:
+    """Read the stage folders of a ``dynheads reproduce`` folder; write and return report.md and report.html."""
+    root = Path(out_dir)
+    body = build_sections(root)
+    manifest = _json(root / "manifest.json") or {}
+    title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
+    summary = _summary([verdict for section in body for verdict in section.verdicts])
+    sections = [Section("run", "Run", _overview(manifest)), summary, *body]
+    md_path, html_path = root / "report.md", root / "report.html"
+    write_text(md_path, _markdown(title, sections, root))
+    write_text(html_path, _html(title, sections, _step_data(root)))
+    return md_path, html_path
+
+
+def build_sections(root: Path) -> list[Section]:
+    """The paper's sections in order; any error while reading a stage becomes text in its section."""
+    niah, hotpot = "NIAH", "HotpotQA"
+    specs: list[tuple[str, str, Callable[[], list[Part]]]] = [
+        ("static", "Static retrieval heads (Wu et al. 2024)", lambda: _static(root)),
+        ("niah", "NIAH setup (Section 3.1)", lambda: _task_run(root, "niah")),
+        ("claim1-niah", "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)",
+         lambda: _dynamism(root, "dynamism", niah, "Figure 1", _table1_note())),
+        ("claim2-niah", "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)",
+         lambda: _ablation(root, "", niah, f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.")),
+        ("claim3-niah", "Claim 3, correlation, on NIAH (Figure 4, Table 2)",
+         lambda: _correlation(root, "", niah, _cca_note(),
+                              _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")))),
+        ("hotpotqa", "HotpotQA setup (Section 5)", lambda: _task_run(root, "hotpotqa")),
+        ("claim1-hotpotqa", "Claim 1, dynamism, on HotpotQA (Figure 5)",
+         lambda: _dynamism(root, "hotpotqa-dynamism", hotpot, "Figure 5",
+                           "Figure 5 (llama3.1-8b): the Eq. 2 scores of ten heads change over one answer; the paper "
+                           "gives no Table 1 numbers for HotpotQA.")),
+        ("claim2-hotpotqa", "Claim 2, irreplaceability, on HotpotQA (Figures 6 and 7)",
+         lambda: _ablation(root, "hotpotqa-", hotpot,
+                           "Figure 6 (llama3.1-8b): masking the dynamic heads (Eq. 2) lowers F1 far more than "
+                           "masking as many static or random heads.",
+                           "Figure 7 (llama3.1-8b): HotpotQA degrades as more dynamic heads are masked per step.")),
+        ("claim3-hotpotqa", "Claim 3, correlation, on HotpotQA (Figure 8, Table 3)",
+         lambda: _correlation(root, "hotpotqa-", hotpot,
+                              "Figure 8: the correlation persists on HotpotQA (the paper states no numbers).",
+                              _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)))),
+        ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root)),
+    ]
+    sections = []
+    for anchor, title, build in specs:
+        try:
+            parts = build()
+        except READ_ERRORS as error:
+            parts = [f"*Could not read this stage: {error}*"]
+        sections.append(Section(anchor, title, parts))
+    return sections
+
+
+# ---- sections ---------------------------------------------------------------------------------------------------
+def _stage(root: Path, name: str, figure: str, notes: Iterable[str] = ()) -> list[Part]:
+    """Settings, every ``*.md`` and ``*.png`` under ``root/name``, then the paper notes its markdown lacks.
+
+    A note is left out when the folder's markdown already contains its text after the first ": ".
+    """
+    folder = root / name
+    if not folder.is_dir():
+        return [f"### Stage `{name}/`", f"*`{name}/`: {STAGE_NOT_RUN}.*"]
+    texts = [(path, path.read_text(encoding="utf-8")) for path in sorted(folder.rglob("*.md"))]
+    figures = sorted(folder.rglob("*.png"))
+    parts: list[Part] = [f"### Stage `{name}/`", _settings(folder, root)]
+    for path, text in texts:
+        parts += [f"From `{path.relative_to(root).as_posix()}`:", _demote(text)]
+    parts += [Figure(path, f"{figure}: {path.relative_to(root).as_posix()}") for path in figures[:MAX_FIGURES]]
+    if len(figures) > MAX_FIGURES:
+        parts.append(f"{len(figures) - MAX_FIGURES} more figures in `{name}/` are not shown.")
+    return parts + [f"Paper: {note}" for note in notes
+                    if not any(note.split(": ", 1)[-1] in text for _, text in texts)]
+
+
+def _static(root: Path) -> list[Part]:
+    parts = _stage(root, "static", "Static heads", ["heads scored as Wu et al. (copy steps / answer tokens, over "
+                                                    "tests whose ROUGE-1 recall > 0.5); dynamic sets are compared "
+                                                    "with the static top-20 (and top-50, top-100 in Table 5)."])
+    summary = _json(root / "static" / "static_summary.json")
+    if summary:
+        parts.insert(2, f"Pass rate {summary['pass_rate']:.2f} ({summary['num_counted']} of {summary['num_tests']} "
+                        f"tests counted); top-20: {', '.join(summary['top20'])}.")
+    return parts
+
+
+def _task_run(root: Path, stage: str) -> list[Part]:
+    parts = _stage(root, stage, "Figure")
+    records = RunDir(root / stage).records() if (root / stage).is_dir() else []
+    if records:
+        frame = pd.json_normalize(records)
+        if "context_tokens" not in frame:
+            frame["context_tokens"] = "all"
+        columns = [c for c in frame.columns if c.startswith("metrics.")]
+        grouped = frame.groupby("context_tokens")
+        means, counts = grouped[columns].mean(), grouped.size()
+        rows = [[str(i), str(counts[i]), *(f"{value:.3f}" for value in means.loc[i])] for i in means.index]
+        steps = f"; {frame['steps'].mean():.1f} generated tokens per sample" if "steps" in frame else ""
+        parts.insert(2, f"{len(records)} samples{steps}. Mean metrics by context length:\n\n"
+                     + _table(["context tokens", "samples", *(c.removeprefix("metrics.") for c in columns)], rows))
+    return parts
+
+
+def _dynamism(root: Path, stage: str, task: str, figure: str, note: str) -> list[Part]:
+    data = _json(root / stage / "dynamism.json")
+    verdict = _guard(lambda: claims.dynamism_verdict(data["stats"] if data else None, task), claims.CLAIM1, task)
+    return [verdict, *_stage(root, stage, figure, [note])]
+
+
+def _ablation(root: Path, prefix: str, task: str, grid_note: str, progressive_note: str) -> list[Part]:
+    """Claim 2: ``{prefix}ablation`` (Figure 2 / 6) and ``{prefix}progressive`` (Figure 3 / 7)."""
+    figures = ("Figure 2", "Figure 3") if not prefix else ("Figure 6", "Figure 7")
+
+    def verdict() -> Verdict:
+        path = root / f"{prefix}ablation" / "cells.csv"
+        metric, means = _strategy_means(pd.read_csv(path)) if path.is_file() else (ABLATION_METRICS[0], None)
+        return claims.irreplaceability_verdict(means, metric, task)
+
+    return [_guard(verdict, claims.CLAIM2, task), *_stage(root, f"{prefix}ablation", figures[0], [grid_note]),
+            *_stage(root, f"{prefix}progressive", figures[1], [progressive_note])]
+
+
+def _strategy_means(cells: pd.DataFrame) -> tuple[str, dict[str, float] | None]:
+    """The decisive metric and its mean per strategy over all cells, weighted by the cells' sample counts."""
+    metric = next((m for m in ABLATION_METRICS if m in cells.columns), ABLATION_METRICS[0])
+    if metric not in cells.columns or "strategy" not in cells.columns:
+        return metric, None
+    valid = cells[cells[metric].notna()]
+    weights = valid["samples"] if "samples" in valid.columns else pd.Series(1.0, index=valid.index)
+    sums = (valid[metric] * weights).groupby(valid["strategy"]).sum()
+    return metric, (sums / weights.groupby(valid["strategy"]).sum()).to_dict()
+
+
+def _correlation(root: Path, prefix: str, task: str, cca_note: str, probe_note: str) -> list[Part]:
+    """Claim 3: ``{prefix}cca`` (Figure 4 / 8) and ``{prefix}probe`` (Table 2 / 3)."""
+    figure = "Figure 4" if not prefix else "Figure 8"
+
+    def verdict() -> Verdict:
+        held_out = shuffled = None
+        path = root / f"{prefix}cca" / "cca.csv"
+        if path.is_file():
+            table = pd.read_csv(path)
+            top1 = table[table["offset"] == claims.CCA_OFFSET].set_index("method")["top1"]
+            held_out, shuffled = top1.get("held_out"), top1.get("shuffled")
+        metrics = _probe_metrics(root / f"{prefix}probe")
+        kind = (metrics or {}).get("task", "continuous" if prefix else "binary")  # HotpotQA: Eq. 2 regressor
+        metric = "auprc" if kind == "binary" else "r2"
+        probe, baseline = ((metrics["probe"].get(metric), metrics["baseline"].get(metric)) if metrics
+                           else (None, None))
+        return claims.correlation_verdict(held_out, shuffled, probe, baseline, metric, task)
+
+    return [_guard(verdict, claims.CLAIM3, task), *_stage(root, f"{prefix}cca", figure, [cca_note]),
+            *_stage(root, f"{prefix}probe", "Probe", [probe_note])]
+
+
+def _probe_metrics(folder: Path) -> dict | None:
+    """The probe's metrics JSON: the first ``*.json`` in the folder holding both ``probe`` and ``baseline``."""
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        data = _json(path)
+        if isinstance(data, dict) and {"probe", "baseline"} <= data.keys():
+            return data
+    return None
+
+
+def _rag(root: Path) -> list[Part]:
+    def verdict() -> Verdict:
+        run = RunDir(root / "rag")
+        table = rag_table(run) if run.path.is_dir() and run.records() else pd.DataFrame(columns=["k"])
+        return claims.rag_verdict({(row.strategy, row.k): row.f1 for row in table.itertuples() if row.k != "-"})
+
+    header = ["model", *RAG_STRATEGIES.values()]
+    table4 = [[model, *(_em_f1(row.get(s)) for s in RAG_STRATEGIES)] for model, row in PAPER_TABLE4.items()]
+    table6 = [[f"k={k}", *(_em_f1(row[s]) for s in RAG_STRATEGIES if s != "none")]
+              for k, row in {5: PAPER_TABLE4["llama3.1-8b"], **PAPER_TABLE6}.items()]
+    return [_guard(verdict, claims.RAG, "HotpotQA"), *_stage(root, "rag", "RAG"),
+            "Paper, Table 4 (HotpotQA EM / F1, k = 5):\n\n" + _table(header, table4),
+            "Paper, Table 6 (llama3.1-8b, EM / F1 by k):\n\n" + _table(["k", *header[1:-1]], table6)]
+
+
+def _em_f1(value: tuple[float, float] | None) -> str:
+    return f"{value[0]:.3f} / {value[1]:.4f}" if value else ""
+
+
+def _guard(compute: Callable[[], Verdict], claim: str, task: str) -> Verdict:
+    try:
+        return compute()
+    except READ_ERRORS as error:
+        return Verdict(claim, task, "inconclusive", f"could not read the stage files: {error}")
+
+
+# ---- paper notes -------------------------------------------------------------------------------------------------
+def _table1_note() -> str:
+    rows = PAPER_DYNAMISM.values()
+
+    def span(key: str, spec: str) -> str:
+        values = [row[key] for row in rows]
+        return f"{format(min(values), spec)}-{format(max(values), spec)}"
+
+    return (f"Table 1 (five models): Jaccard w/ static top-20 {span('jaccard_static_k20', '.4f')}, unique heads "
+            f"{span('unique_heads', '.0f')}, entropy {span('entropy', '.4f')} (baseline ln 20 = "
+            f"{ENTROPY_BASELINE:.4f}); Figure 1 shows the 10 most varying heads of one llama3.1-8b answer switching "
+            "on and off.")
+
+
+def _cca_note() -> str:
+    return "; ".join(f"Figure 4 ({model}, in-sample top-1): " + ", ".join(f"k={k} {v:.3f}" for k, v in values.items())
+                     for model, values in PAPER_TOP1.items()) + "."
+
+
+def _range_note(table: str, paper: Mapping[str, Mapping[str, float]], keys: tuple[str, ...]) -> str:
+    ranges = ", ".join(f"{key} {min(r[key] for r in paper.values()):.4f}-{max(r[key] for r in paper.values()):.4f}"
+                       for key in keys)
+    return f"{table} (probe on the test split, {len(paper)} models): {ranges}."
+
+
+# ---- overview, summary, settings --------------------------------------------------------------------------------
+def _overview(manifest: dict) -> list[Part]:
+    if not manifest:
+        return [f"*`manifest.json`: {STAGE_NOT_RUN} (no top-level manifest).*"]
+    rows = [[f"model {key}", _value(value)] for key, value in (manifest.get("model") or {}).items()]
+    rows += [[key, _value(value)] for key, value in manifest.items() if key not in ("model", "config", "versions")]
+    rows.append(["versions", ", ".join(f"{k} {v}" for k, v in (manifest.get("versions") or {}).items())])
+    config = [[key, _value(value)] for key, value in (manifest.get("config") or {}).items()]
+    return [_table(["field", "value"], rows)] + (["Configuration:\n\n" + _table(["option", "value"], config)]
+                                                 if config else [])
+
+
+def _summary(verdicts: list[Verdict]) -> Section:
+    rows = [[v.claim, v.task, v.status, v.reason] for v in verdicts]
+    return Section("verdicts", "Verdicts", [
+        f"Whether this model's numbers support each claim of the paper, by the rules of docs/report.md "
+        f"({claims.RULES}).", _table(["claim", "task", "verdict", "numbers used"], rows)])
+
+
+def _settings(folder: Path, root: Path) -> str:
+    """One line per JSON file of the folder: its ``config`` and the known setting keys."""
+    lines = []
+    for path in sorted(folder.glob("*.json")):
+        data = _json(path)
+        if not isinstance(data, dict):
+            continue
+        values = {**(data.get("config") if isinstance(data.get("config"), dict) else {}),
+                  **{key: data[key] for key in SETTING_KEYS if key in data}}
+        model = data.get("model")
+        values |= {"model": model.get("name") if isinstance(model, dict) else model} if model else {}
+        shown = [f"`{key}={_value(value)}`" for key, value in values.items() if _short(value)]
+        if shown:
+            lines.append(f"- `{path.relative_to(root).as_posix()}`: " + ", ".join(shown))
+    return "Settings:\n\n" + "\n".join(lines) if lines else "No settings recorded."
+
+
+def _short(value: Any) -> bool:
+    scalar = (str, int, float, bool, type(None))
+    return isinstance(value, scalar) or (isinstance(value, list | tuple) and len(value) <= 12
+                                         and all(isinstance(item, scalar) for item in value))
+
+
+def _value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return read_json(path) if path.is_file() else None
+    except ValueError:
+        return None
+
+
+# ---- step view data ---------------------------------------------------------------------------------------------
+def _step_data(root: Path) -> dict[str, Any]:
+    """Per-step view of the NIAH and HotpotQA runs that exist (with the HotpotQA dynamism threshold, if recorded)."""
+    threshold = (_json(root / "hotpotqa-dynamism" / "dynamism.json") or {}).get("threshold") or REASONING_THRESHOLD
+    runs = []
+    for stage, label, score in (("niah", "NIAH", "copy"), ("hotpotqa", "HotpotQA", "reasoning")):
+        try:
+            if (root / stage / "manifest.json").is_file():
+                runs.append(step_view(root / stage, label, score, threshold=threshold))
+        except READ_ERRORS:
+            continue  # its section already says what is wrong with the stage
+    return {"runs": runs}
+
+
+# ---- rendering ----------------------------------------------------------------------------------------------------
+def _markdown(title: str, sections: list[Section], root: Path) -> str:
+    def part(item: Part) -> str:
+        if isinstance(item, Figure):
+            return f"![{item.caption}]({item.path.relative_to(root).as_posix()})"
+        return f"**Verdict:** {item.sentence()}" if isinstance(item, Verdict) else item
+
+    body = "".join(f"## {s.title}\n\n" + "".join(part(p) + "\n\n" for p in s.parts) for s in sections)
+    return f"# {title}\n\n{body}## Per-step view\n\nInteractive: open report.html next to this file.\n"
+
+
+def _html(title: str, sections: list[Section], step_data: dict[str, Any]) -> str:
+    def part(item: Part) -> str:
+        if isinstance(item, Figure):
+            data = base64.b64encode(item.path.read_bytes()).decode("ascii")
+            caption = html.escape(item.caption)
+            return (f'<figure><img src="data:image/png;base64,{data}" alt="{caption}">'
+                    f"<figcaption>{caption}</figcaption></figure>")
+        if isinstance(item, Verdict):
+            return (f'<p class="verdict {item.status.replace(" ", "-")}"><strong>Verdict:</strong> '
+                    f"{html.escape(item.sentence())}</p>")
+        return markdown_html(item)
+
+    nav = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
+    nav += '<li><a href="#per-step-view">Per-step view</a></li>'
+    body = f"<h1>{html.escape(title)}</h1>\n<nav><ul>{nav}</ul></nav>"
+    body += "".join(f'\n<section id="{s.anchor}">\n<h2>{html.escape(s.title)}</h2>\n' + "\n".join(map(part, s.parts))
+                    + "\n</section>" for s in sections)
+    data = json.dumps(step_data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    page = _resource("template.html")
+    for marker, value in (("TITLE", html.escape(title)), ("STYLE", _resource("stepview.css")), ("DATA", data),
+                          ("SCRIPT", _resource("stepview.js")), ("BODY", body)):  # BODY last: it holds any text
+        page = page.replace(f"<!--{marker}-->", value, 1)
+    return page
+
+
+def _resource(name: str) -> str:
+    return files("dynheads.report").joinpath(name).read_text(encoding="utf-8")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+    return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)])
+
+
+def _demote(text: str, by: int = 3) -> str:
+    """Shift the markdown headings of an included file below the report's own (``#`` becomes ``####``)."""
+    return re.sub(r"^(#{1,6}) ", lambda m: "#" * min(len(m.group(1)) + by, 6) + " ", text, flags=re.M).strip()
+
+
+def markdown_html(text: str) -> str:
+    """The markdown the stages write (headings, pipe tables, lists, paragraphs, **bold**, *italic*, `code`)."""
+    out = []
+    for kind, group in itertools.groupby(text.splitlines(), key=_line_kind):
+        lines = list(group)
+        if kind == "heading":
+            matches = [re.match(r"(#+) (.*)", line.strip()) for line in lines]
+            out += [f"<h{len(m[1])}>{_inline(m[2])}</h{len(m[1])}>" for m in matches if m]
+        elif kind == "table":
+            out.append(_table_html([_cells(line) for line in lines]))
+        elif kind == "list":
+            out.append("<ul>" + "".join(f"<li>{_inline(line.lstrip()[2:])}</li>" for line in lines) + "</ul>")
+        elif kind == "text":
+            out.append(f"<p>{_inline(' '.join(lines))}</p>")
+    return "\n".join(out)
+
+
+def _line_kind(line: str) -> str:
+    stripped = line.strip()
+    if not stripped:
+        return "blank"
+    if re.match(r"#{1,6} ", stripped):
+        return "heading"
+    return "table" if stripped.startswith("|") else "list" if stripped.startswith(("- ", "* ")) else "text"
+
+
+def _cells(line: str) -> list[str]:
+    row = line.strip().removeprefix("|")
+    row = row[:-1] if row.endswith("|") and not row.endswith("\\|") else row
+    return [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", row)]
+
+
+def _table_html(rows: list[list[str]]) -> str:
+    has_header = len(rows) > 1 and all(re.fullmatch(r":?-+:?", cell) for cell in rows[1])
+    head = "<tr>" + "".join(f"<th>{_inline(c)}</th>" for c in rows[0]) + "</tr>" if has_header else ""
+    body = rows[2:] if has_header else rows
+    return "<table>" + head + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>"
+                                      for row in body) + "</table>"
+
+
+def _inline(text: str) -> str:
+    text = html.escape(text, quote=False)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
+    return re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<em>\1</em>", text)

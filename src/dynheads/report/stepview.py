@@ -1,0 +1,85 @@
+"""Data of the report's interactive per-step view: which heads retrieved at each generated token, and from where.
+
+For up to ``max_samples`` samples of a traced run (spread evenly over its records), one JSON-ready dict each:
+
+- ``id``, ``metrics``, ``answer``, ``generated``, ``prompt_length``, ``layers``, ``heads``;
+- ``spans``: ``[start, stop)`` prompt-token ranges of the needle (NIAH) or supporting facts (HotpotQA);
+- ``steps``: one entry per generated token (the first ``max_steps``): ``tok`` (its text), ``n`` (heads active at
+  that step) and ``h``: ``[layer, head, argmax_pos, score]`` for at most ``max_heads`` of them, best score first.
+
+Active heads: NIAH (``copy``) = Eq. 1 copy score 1, score = attention weight on the copied position
+(``max_prob``); HotpotQA (``reasoning``) = Eq. 2 score above ``threshold``, score = the Eq. 2 score.
+``argmax_pos`` is the absolute key position the head attended most (a prompt token, or a generated one when it
+is at least ``prompt_length``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from dynheads.runs import RunDir
+from dynheads.traces import Trace
+
+ScoreKind = Literal["copy", "reasoning"]
+REASONING_THRESHOLD = 0.1  # Eq. 2 score above which a head retrieves (the dynamism default)
+
+
+def step_view(run_dir: str | Path, label: str, score: ScoreKind, *, threshold: float = REASONING_THRESHOLD,
+              max_samples: int = 40, max_steps: int = 64, max_heads: int = 24) -> dict[str, Any]:
+    """The per-step view of one traced run: ``{"label", "score", "threshold", "total_samples", "samples"}``."""
+    run = RunDir(run_dir)
+    records = [r for r in run.records() if run.trace_path(r["sample_id"]).is_file()]
+    chosen = _spread(records, max_samples)
+    samples = [_sample(record, run.load_trace(record["sample_id"]), score, threshold, max_steps, max_heads)
+               for record in chosen]
+    return {"label": label, "score": score, "threshold": threshold if score == "reasoning" else None,
+            "total_samples": len(records), "samples": samples}
+
+
+def _spread(records: Sequence[dict], count: int) -> list[dict]:
+    """At most ``count`` records, evenly spaced (the grid's lengths and depths stay represented)."""
+    if len(records) <= count:
+        return list(records)
+    return [records[i] for i in np.unique(np.linspace(0, len(records) - 1, count).round().astype(int))]
+
+
+def _sample(record: dict, trace: Trace, score: ScoreKind, threshold: float, max_steps: int,
+            max_heads: int) -> dict[str, Any]:
+    layers, heads = trace.shape
+    if score == "copy":
+        active, values = trace.copy_scores, np.nan_to_num(trace.max_prob)
+    else:  # NaN scores (an empty Eq. 2 denominator) are never active
+        active, values = trace.reasoning_scores > threshold, np.nan_to_num(trace.reasoning_scores)
+    steps = []
+    for step in range(min(trace.num_steps, max_steps)):
+        found = np.argwhere(active[step])  # [n, 2] (layer, head)
+        ranked = found[np.argsort(-values[step][active[step]], kind="stable")][:max_heads]
+        steps.append({"tok": trace.token_texts[step], "n": len(found),
+                      "h": [[int(layer), int(head), int(trace.argmax_pos[step, layer, head]),
+                             round(float(values[step, layer, head]), 3)] for layer, head in ranked]})
+    metrics = {name: _finite(value) for name, value in record.get("metrics", {}).items()}
+    return {"id": record["sample_id"], "metrics": metrics, "answer": record.get("answer", ""),
+            "generated": record.get("generated", trace.text), "prompt_length": trace.prompt_length,
+            "spans": spans(record.get("needle_positions", [])), "layers": layers, "heads": heads,
+            "total_steps": trace.num_steps, "steps": steps}
+
+
+def _finite(value: Any) -> float | None:
+    """A metric as JSON allows it: a finite number, else None."""
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def spans(positions: Sequence[int]) -> list[list[int]]:
+    """Sorted token positions as ``[start, stop)`` runs of consecutive positions."""
+    runs: list[list[int]] = []
+    for position in sorted(set(positions)):
+        if runs and position == runs[-1][1]:
+            runs[-1][1] += 1
+        else:
+            runs.append([position, position + 1])
+    return runs

@@ -1,0 +1,261 @@
+"""The reproduce report: a fake reproduce folder from small hand-made artifacts (written with the real writers where
+cheap), the sections and verdicts of report.md, the per-step data of report.html, and the verdict rules."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dynheads.analysis.cca import write_cca
+from dynheads.analysis.headlists import save_head_scores
+from dynheads.experiments.analyses import dynamism_report, plot_heads
+from dynheads.experiments.probing import PAPER_PROBE_BINARY, metrics_markdown
+from dynheads.experiments.rag import rag_markdown, rag_table
+from dynheads.io import write_json, write_text
+from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
+from dynheads.plots.cca import plot_cca
+from dynheads.report import claims, write_report
+from dynheads.report.build import markdown_html
+from dynheads.report.stepview import spans, step_view
+from dynheads.runs import RunDir
+from dynheads.traces import Trace
+
+LAYERS, HEADS, DIM, PROMPT = 8, 8, 16, 300
+NEEDLE = list(range(150, 170))
+MODEL = {"name": "tiny-test-model", "revision": "abc123", "architecture": "LlamaForCausalLM", "num_layers": LAYERS,
+         "num_heads": HEADS, "num_kv_heads": 2, "hidden_size": DIM}
+SECTION_HEADINGS = (
+    "## Run", "## Verdicts", "## Static retrieval heads", "## NIAH setup (Section 3.1)",
+    "## Claim 1, dynamism, on NIAH", "## Claim 2, irreplaceability, on NIAH", "## Claim 3, correlation, on NIAH",
+    "## HotpotQA setup (Section 5)", "## Claim 1, dynamism, on HotpotQA", "## Claim 2, irreplaceability, on HotpotQA",
+    "## Claim 3, correlation, on HotpotQA", "## Dynamic RAG (Section 6, Tables 4 and 6)", "## Per-step view",
+)
+
+
+def _trace(rng: np.random.Generator, steps: int, needle: list[int]) -> Trace:
+    copy = rng.random((steps, LAYERS, HEADS)) < 0.3
+    argmax = rng.integers(0, PROMPT, (steps, LAYERS, HEADS)).astype(np.int32)
+    argmax[copy] = rng.choice(needle, int(copy.sum()))
+    return Trace(
+        tokens=rng.integers(0, 100, steps), token_texts=[f" t{i}" for i in range(steps)], text="generated",
+        argmax_pos=argmax, copy_scores=copy, needle_mass=rng.random((steps, LAYERS, HEADS)).astype(np.float32),
+        reasoning_scores=rng.random((steps, LAYERS, HEADS)).astype(np.float32) ** 3,
+        max_prob=rng.random((steps, LAYERS, HEADS)).astype(np.float32),
+        hidden=rng.normal(size=(steps, DIM)).astype(np.float32), prompt_length=PROMPT, stop_reason="eos")
+
+
+def _traced_run(path: Path, kind: str, rng: np.random.Generator, samples: int, needle: list[int],
+                metrics: dict[str, float], steps: int = 12) -> RunDir:
+    run = RunDir(path)
+    run.start(kind, {"lengths": [500, 1000], "seed": 0, "max_new_tokens": steps}, None)
+    for i in range(samples):
+        record = {"sample_id": f"s{i:02d}", "context_tokens": 500 * (1 + i % 2), "depth": 0.5, "answer": "uuid-1234",
+                  "generated": "uuid-1234", "needle_positions": needle, "metrics": metrics, "steps": steps}
+        run.save_sample(record, _trace(rng, steps, needle))
+    run.write_results()
+    return run
+
+
+def _png(path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(2, 1))
+    figure.add_subplot().plot([0, 1], [1, 0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", dpi=50)
+
+
+def make_reproduce_dir(root: Path) -> Path:
+    """NIAH stages all present; HotpotQA traced but not analysed; RAG present."""
+    rng = np.random.default_rng(0)
+    write_json(root / "manifest.json", {"kind": "reproduce", "preset": "quick", "config": {"samples": 6},
+                                        "model": MODEL, "versions": {"torch": "2.x", "dynheads": "0.1.0"},
+                                        "python": "3.11.7", "seed": 0, "wall_seconds": 12.5})
+    niah = _traced_run(root / "niah", "niah", rng, 6, NEEDLE, {"accuracy": 1.0, "rouge_l": 0.9, "rouge1_recall": 1.0})
+    hotpot = _traced_run(root / "hotpotqa", "hotpotqa", rng, 3, list(range(40, 60)) + list(range(200, 215)),
+                         {"em": 0.0, "f1": 0.5, "recall": math.nan})
+    broken = hotpot.load_trace("s01")
+    broken.reasoning_scores[0, 0, 0] = np.nan  # an empty Eq. 2 denominator: must not break the embedded JSON
+    broken.save(hotpot.trace_path("s01"))
+
+    static = root / "static" / "static_heads.json"
+    ranking = [(layer, head) for layer in range(LAYERS) for head in range(HEADS)]
+    save_head_scores(static, {head: [1.0 - i / 64, 0.9 - i / 64] for i, head in enumerate(ranking)})
+    write_json(root / "static" / "static_summary.json", {"pass_rate": 0.8, "num_counted": 8, "num_tests": 10,
+                                                         "top20": [f"L{lh[0]}-H{lh[1]}" for lh in ranking[:20]]})
+    dynamism_report(niah.path, static, ks=(20, 50), out_dir=root / "dynamism")
+    plot_heads(niah.path, ["s00"], out_dir=root / "dynamism")
+
+    cells = pd.DataFrame([{"strategy": s, "length": length, "depth": 0.5, "accuracy": acc, "rouge_l": acc, "samples": 2}
+                          for s, acc in (("none", 1.0), ("dynamic", 0.1), ("static", 0.8), ("random", 0.9))
+                          for length in (500, 1000)])
+    (root / "ablation").mkdir()
+    cells.to_csv(root / "ablation" / "cells.csv", index=False)
+    write_text(root / "ablation" / "summary.md", "# Per-step ablation\n\n| strategy | accuracy |\n|---|---|\n"
+                                                 "| dynamic | 0.100 |\n| static | 0.800 |\n")
+    plot_ablation_cells(cells, root / "ablation" / "plots", title="test")
+    progressive = pd.DataFrame({"k": [0, 5], "samples": [2, 2], "static_overlap": [0.0, 3.0], "accuracy": [1.0, 0.2],
+                                "rouge_l": [1.0, 0.4]})
+    (root / "progressive").mkdir()
+    progressive.to_csv(root / "progressive" / "progressive.csv", index=False)
+    write_text(root / "progressive" / "summary.md", "# Progressive\n\n| k | accuracy |\n|---|---|\n| 0 | 1 |\n")
+    plot_progressive(progressive, root / "progressive" / "plots" / "progressive.png")
+
+    table = pd.DataFrame([{"offset": k, "method": m, "top1": v - 0.1 * k, "top10_mean": 0.3, "top50_mean": 0.2,
+                           "n_components": 5, "hidden_dims": 5, "score_dims": 5, "fit_pairs": 40, "eval_pairs": 20}
+                          for k in range(3) for m, v in (("in_sample", 0.95), ("held_out", 0.7), ("shuffled", 0.3))])
+    write_cca(table, root / "cca", model=MODEL["name"])
+    plot_cca(table, root / "cca" / "cca.png")
+    probe = {"probe": {"f1": 0.6, "precision": 0.6, "recall": 0.6, "auprc": 0.7, "positive_rate": 0.3},
+             "baseline": {"f1": 0.4, "precision": 0.4, "recall": 0.4, "auprc": 0.35, "positive_rate": 0.3}}
+    write_json(root / "probe" / "metrics.json", {"task": "binary", "score": "copy", **probe, "paper": {}})
+    write_text(root / "probe" / "metrics.md", metrics_markdown({"ours": probe["probe"], **PAPER_PROBE_BINARY},
+                                                               "binary"))
+    _png(root / "probe" / "history.png")
+
+    rag = RunDir(root / "rag")
+    rag.start("rag", {"ks": [5]}, None)
+    for q in range(2):
+        for strategy, k, f1 in (("dynamic", 5, 0.6), ("static", 5, 0.4), ("none", None, 0.2)):
+            rag.save_sample({"sample_id": f"q{q}-{strategy}", "strategy": strategy, "k": k,
+                             "metrics": {"em": f1 / 2, "f1": f1}, "retrieval_recall": 0.5, "retrievals": 1,
+                             "visible_tokens": [40], "context_tokens": 500})
+    rag.write_results()
+    write_text(rag.path / "rag.md", rag_markdown(rag_table(rag)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[Path, str, str]:
+    root = make_reproduce_dir(tmp_path_factory.mktemp("reproduce"))
+    md_path, html_path = write_report(root)
+    return root, md_path.read_text(encoding="utf-8"), html_path.read_text(encoding="utf-8")
+
+
+def test_every_section_and_verdict_is_in_the_markdown(report):
+    _, md, _ = report
+    for heading in SECTION_HEADINGS:
+        assert f"\n{heading}" in md, heading
+    assert "**Verdict:** Claim 1 (dynamism), NIAH: supported." in md
+    assert "**Verdict:** Claim 2 (irreplaceability), NIAH: supported. accuracy un-ablated 1.000" in md
+    assert "**Verdict:** Claim 3 (correlation), NIAH: supported. CCA top-1 at k=1: held-out 0.600" in md
+    assert "**Verdict:** Dynamic RAG (dynamic beats static), HotpotQA: supported. k=5: F1 dynamic 0.6000" in md
+    assert "Claim 1 (dynamism), HotpotQA: inconclusive (no dynamism statistics)" in md
+    assert "*`hotpotqa-dynamism/`: stage not run.*" in md and "*`hotpotqa-cca/`: stage not run.*" in md
+
+
+def test_markdown_shows_manifest_settings_tables_figures_and_paper_values(report):
+    root, md, _ = report
+    assert "| model name | tiny-test-model |" in md and "| wall_seconds | 12.5 |" in md and "torch 2.x" in md
+    assert "From `dynamism/dynamism.md`:" in md and "llama3.1-8b (paper)" in md  # the stage's Table 1 with paper rows
+    assert "Paper: Table 1 (five models): Jaccard w/ static top-20 0.1845-0.4611" in md
+    assert "Paper: Figure 4 (llama3.1-8b, in-sample top-1): k=0 0.966, k=1 0.931, k=2 0.915." in md
+    assert "Paper, Table 4 (HotpotQA EM / F1, k = 5):" in md and "| k=20 | 0.292 / 0.3967 |" in md
+    assert "`niah/manifest.json`: `lengths=[500, 1000]`" in md
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert {"dynamism/heads-s00.png", "ablation/plots/ablation-accuracy.png", "progressive/plots/progressive.png",
+            "cca/cca.png", "probe/history.png"} <= set(images)
+    assert all((root / image).is_file() for image in images)
+
+
+def test_html_embeds_every_figure_and_the_step_data(report):
+    _, md, page = report
+    sources = re.findall(r'<img src="data:image/png;base64,([^"]+)"', page)
+    assert len(sources) == md.count("![")
+    assert all(base64.b64decode(source).startswith(b"\x89PNG") for source in sources)
+    assert "http://" not in page and "https://" not in page
+    data = json.loads(re.search(r'id="stepview-data">(.*?)</script>', page, re.S).group(1))
+    assert [run["label"] for run in data["runs"]] == ["NIAH", "HotpotQA"]
+    assert len(data["runs"][0]["samples"]) == 6 and data["runs"][0]["samples"][0]["spans"] == [[150, 170]]
+    assert data["runs"][1]["samples"][0]["spans"] == [[40, 60], [200, 215]]
+    assert '<p class="verdict supported">' in page and "<!--" not in page.split("</head>")[1]
+
+
+def test_an_empty_folder_gives_a_report_that_says_so(tmp_path):
+    md_path, html_path = write_report(tmp_path)
+    md = md_path.read_text()
+    for heading in SECTION_HEADINGS:
+        assert f"\n{heading}" in md
+    assert md.count("stage not run") == 15  # manifest + 14 stage folders
+    assert md.count(": inconclusive (") == 7
+    assert '"runs":[]' in html_path.read_text()
+
+
+def test_an_unreadable_stage_is_reported_not_raised(tmp_path):
+    (tmp_path / "ablation").mkdir()
+    write_text(tmp_path / "ablation" / "cells.csv", "strategy,length\ndynamic,500\n")  # no metric column
+    write_text(tmp_path / "dynamism" / "dynamism.json", "{not json")
+    md = write_report(tmp_path)[0].read_text()
+    assert "Claim 2 (irreplaceability), NIAH: inconclusive (no ablation results)" in md
+    assert "Claim 1 (dynamism), NIAH: inconclusive (" in md
+
+
+# ---- verdict rules ----------------------------------------------------------------------------------------------
+def test_dynamism_rule():
+    good = {"jaccard_static_k20": 0.3, "unique_heads": 40, "entropy": 3.5}
+    assert claims.dynamism_verdict(good, "NIAH").status == "supported"
+    assert claims.dynamism_verdict({**good, "jaccard_static_k20": 0.5}, "NIAH").status == "not supported"
+    assert claims.dynamism_verdict({**good, "unique_heads": 20}, "NIAH").status == "not supported"
+    low = claims.dynamism_verdict({**good, "entropy": math.log(20)}, "NIAH")
+    assert low.status == "not supported" and "entropy 2.9957 <= ln 20" in low.reason
+    missing = claims.dynamism_verdict({**good, "jaccard_static_k20": math.nan}, "NIAH")
+    assert missing.status == "inconclusive" and "jaccard_static_k20 not available" in missing.sentence()
+
+
+def test_irreplaceability_rule():
+    means = {"none": 1.0, "dynamic": 0.2, "static": 0.3, "random": 0.9}
+    assert claims.irreplaceability_verdict(means, "accuracy", "NIAH").status == "supported"
+    close = claims.irreplaceability_verdict({**means, "static": 0.25}, "accuracy", "NIAH")
+    assert close.status == "not supported" and "static 0.250 - dynamic 0.200 = 0.050 < 0.1" in close.reason
+    assert claims.irreplaceability_verdict({**means, "none": 0.05}, "accuracy", "NIAH").status == "inconclusive"
+    assert claims.irreplaceability_verdict({"none": 1.0, "dynamic": 0.0}, "em", "x").status == "inconclusive"
+    assert claims.irreplaceability_verdict(None, "em", "x").reason == "no ablation results"
+
+
+def test_correlation_rule():
+    assert claims.correlation_verdict(0.6, 0.4, 0.8, 0.3, "auprc", "NIAH").status == "supported"
+    assert claims.correlation_verdict(0.45, 0.4, 0.8, 0.3, "auprc", "NIAH").status == "not supported"
+    assert claims.correlation_verdict(0.6, 0.4, 0.3, 0.3, "auprc", "NIAH").status == "not supported"
+    assert claims.correlation_verdict(0.45, 0.4, None, None, "r2", "x").status == "not supported"
+    partial = claims.correlation_verdict(0.6, 0.4, None, None, "r2", "HotpotQA")
+    assert partial.status == "inconclusive" and "no probe metrics" in partial.sentence()
+
+
+def test_rag_rule():
+    assert claims.rag_verdict({("dynamic", 5): 0.5, ("static", 5): 0.4}).status == "supported"
+    assert claims.rag_verdict({("dynamic", 5): 0.4, ("static", 5): 0.4}).status == "not supported"
+    mixed = claims.rag_verdict({("dynamic", 5): 0.5, ("static", 5): 0.4, ("dynamic", 10): 0.3, ("static", 10): 0.4})
+    assert mixed.status == "inconclusive" and mixed.reason.startswith("mixed")
+    assert claims.rag_verdict({("dynamic", 5): 0.5}).status == "inconclusive"
+
+
+# ---- per-step data and markdown conversion ------------------------------------------------------------------------
+def test_step_view_caps_and_orders_heads(report):
+    root, _, _ = report
+    view = step_view(root / "niah", "NIAH", "copy", max_samples=4, max_steps=5, max_heads=3)
+    assert view["total_samples"] == 6 and [s["id"] for s in view["samples"]] == ["s00", "s02", "s03", "s05"]
+    trace = RunDir(root / "niah").load_trace("s00")
+    for t, step in enumerate(view["samples"][0]["steps"]):
+        assert step["n"] == int(trace.copy_scores[t].sum()) and len(step["h"]) == min(3, step["n"])
+        scores = [h[3] for h in step["h"]]
+        assert scores == sorted(scores, reverse=True)
+        assert all(trace.copy_scores[t, layer, head] and pos == trace.argmax_pos[t, layer, head]
+                   for layer, head, pos, _ in step["h"])
+    reasoning = step_view(root / "hotpotqa", "HotpotQA", "reasoning", threshold=0.5, max_heads=100)
+    trace = RunDir(root / "hotpotqa").load_trace("s00")
+    assert [s["n"] for s in reasoning["samples"][0]["steps"]] == list((trace.reasoning_scores > 0.5).sum((1, 2)))
+
+
+def test_spans_and_markdown_html():
+    assert spans([5, 3, 4, 9, 10, 4]) == [[3, 6], [9, 11]] and spans([]) == []
+    page = markdown_html("# Title <x>\n\nSome **bold** and `code` *here*.\n\n| a | b \\| c |\n|---|---|\n| 1 | 2 |\n"
+                         "\n- item")
+    assert "<h1>Title &lt;x&gt;</h1>" in page and "<strong>bold</strong>" in page and "<em>here</em>" in page
+    assert "<th>b | c</th>" in page and "<td>2</td>" in page and "<ul><li>item</li></ul>" in page
