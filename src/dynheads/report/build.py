@@ -75,7 +75,7 @@ def write_report(out_dir: str | Path) -> tuple[Path, Path]:
     manifest = _json(root / "manifest.json") or {}
     title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
     summary = _summary([verdict for section in body for verdict in section.verdicts])
-    sections = [Section("run", "Run", _overview(manifest)), summary, *body]
+    sections = [Section("run", "Run", _overview(manifest, _json(root / "stages.json") or {})), summary, *body]
     md_path, html_path = root / "report.md", root / "report.html"
     write_text(md_path, _markdown(title, sections, root))
     write_text(html_path, _html(title, sections, _step_data(root)))
@@ -283,15 +283,20 @@ def _range_note(table: str, paper: Mapping[str, Mapping[str, float]], keys: tupl
 
 
 # ---- overview, summary, settings --------------------------------------------------------------------------------
-def _overview(manifest: dict) -> list[Part]:
+def _overview(manifest: dict, stages: dict) -> list[Part]:
+    """The run's manifest, and each stage's wall time from ``stages.json`` (the attempt that finished it)."""
     if not manifest:
         return [f"*`manifest.json`: {STAGE_NOT_RUN} (no top-level manifest).*"]
     rows = [[f"model {key}", _value(value)] for key, value in (manifest.get("model") or {}).items()]
     rows += [[key, _value(value)] for key, value in manifest.items() if key not in ("model", "config", "versions")]
     rows.append(["versions", ", ".join(f"{k} {v}" for k, v in (manifest.get("versions") or {}).items())])
     config = [[key, _value(value)] for key, value in (manifest.get("config") or {}).items()]
-    return [_table(["field", "value"], rows)] + (["Configuration:\n\n" + _table(["option", "value"], config)]
-                                                 if config else [])
+    times = [[name, f"{entry.get('seconds', 0):.0f}"] for name, entry in stages.items() if isinstance(entry, dict)]
+    if times:
+        times.append(["total", f"{sum(float(row[1]) for row in times):.0f}"])
+    return ([_table(["field", "value"], rows)]
+            + (["Configuration:\n\n" + _table(["option", "value"], config)] if config else [])
+            + (["Wall time per stage (seconds):\n\n" + _table(["stage", "seconds"], times)] if times else []))
 
 
 def _summary(verdicts: list[Verdict]) -> Section:
