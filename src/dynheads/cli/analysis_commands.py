@@ -1,0 +1,118 @@
+"""CLI for static heads and the analyses of a run: ``static``, ``dynamism``, ``plot heads``, ``cca``, ``probe train``.
+
+Each command parses its options, calls the Python API (``dynheads.experiments``) and prints a short summary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dynheads.cli.app import app, plot_app, probe_app
+from dynheads.cli.commands import ConfigFile, Model, Opt
+from dynheads.config import build_config, parse_list, parse_range
+
+RunArg = Annotated[Path, typer.Argument(help="run directory written by e.g. 'dynheads niah'")]
+Score = Annotated[str, Opt(help="head score: copy (Eq. 1, NIAH) or reasoning (Eq. 2, HotpotQA)")]
+OutDir = Annotated[Path | None, Opt("--out", help="folder for the outputs (default: inside the run directory)")]
+
+
+@app.command()
+def static(
+    out: Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")],
+    model: Model = None,
+    samples: Annotated[int | None, Opt(help="NIAH tests, rounded up to whole passes of the grid")] = None,
+    lengths: Annotated[str | None, Opt(help="haystack lengths in tokens, e.g. 500,1000,2000")] = None,
+    depths: Annotated[str | None, Opt(help="needle depths in [0, 1], e.g. 0,0.25,0.5,0.75,1")] = None,
+    seed: Annotated[int | None, Opt(help="master seed")] = None,
+    max_new_tokens: Annotated[int | None, Opt(help="generation budget per sample")] = None,
+    success_threshold: Annotated[float | None, Opt(help="a test counts if ROUGE-1 recall > this")] = None,
+    haystack: Annotated[str | None, Opt(help="folder of .txt files (default: Paul Graham essays)")] = None,
+    device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    config: ConfigFile = None,
+) -> None:
+    """Find the static retrieval heads of a model (Wu et al.'s scoring) on NIAH samples disjoint from analysis runs."""
+    from dynheads.experiments.static import StaticConfig, run_static
+    from dynheads.heads import head_label
+
+    cfg = build_config(
+        StaticConfig, config, model=model, samples=samples, lengths=parse_list(lengths, int),
+        depths=parse_list(depths, float), seed=seed, max_new_tokens=max_new_tokens,
+        success_threshold=success_threshold, haystack=haystack, device=device,
+    )
+    heads = run_static(cfg, out)
+    typer.echo(f"pass rate {heads.num_counted}/{heads.num_tests} ({heads.pass_rate:.0%}) at ROUGE-1 recall > "
+               f"{cfg.success_threshold}; wrote {out}/static_heads.json, static_ranking.csv, static_summary.json")
+    typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
+
+
+@app.command()
+def dynamism(
+    run_dir: RunArg,
+    static_file: Annotated[Path, Opt("--static", help="static head list (Wu et al. JSON or a ranked list)")],
+    score: Score = "copy",
+    threshold: Annotated[float, Opt(help="reasoning score above which a head is active (Eq. 2 only)")] = 0.1,
+    out: OutDir = None,
+) -> None:
+    """Table 1 / Table 5 statistics of a run's dynamic heads beside the paper's; writes dynamism.md/.csv/.json."""
+    from dynheads.experiments.analyses import dynamism_report
+
+    dynamism_report(run_dir, static_file, score=score, threshold=threshold, out_dir=out)
+    typer.echo((out or run_dir).joinpath("dynamism.md").read_text(encoding="utf-8"), nl=False)
+
+
+@plot_app.command("heads")
+def plot_heads(
+    run_dir: RunArg,
+    sample: Annotated[list[str] | None, Opt(help="sample id (repeatable; default: every sample)")] = None,
+    score: Score = "copy",
+    top: Annotated[int, Opt(help="heads shown: the ones whose score varies most")] = 10,
+    out: Annotated[Path | None, Opt("--out", help="folder for the PNGs (default: RUN_DIR/plots)")] = None,
+) -> None:
+    """Figure 1: per-step scores of the most varying heads, one PNG per sample (heads-<sample_id>.png)."""
+    from dynheads.experiments.analyses import plot_heads as plot
+
+    for path in plot(run_dir, sample, score=score, top=top, out_dir=out):
+        typer.echo(str(path))
+
+
+@app.command()
+def cca(
+    run_dir: RunArg,
+    offsets: Annotated[str, Opt(help="temporal offsets k, e.g. 0-10 or 0,1,5")] = "0-10",
+    score: Score = "copy",
+    out: OutDir = None,
+    config: Annotated[Path | None, Opt("--config", help="TOML file with CCAConfig settings")] = None,
+) -> None:
+    """Temporal-offset CCA of hidden states against head scores (in-sample, held-out, shuffled); cca.* and cca.png."""
+    from dynheads.analysis.cca import CCAConfig, cca_markdown
+    from dynheads.experiments.analyses import cca_report
+
+    table = cca_report(run_dir, parse_range(offsets), build_config(CCAConfig, config), score=score, out_dir=out)
+    typer.echo(cca_markdown(table), nl=False)
+
+
+@probe_app.command("train")
+def probe_train(
+    run_dir: RunArg,
+    score: Score = "copy",
+    hidden_sizes: Annotated[str | None, Opt(help="hidden layer widths, e.g. 8192,4096,4096")] = None,
+    epochs: Annotated[int | None, Opt(help="training epochs")] = None,
+    batch_size: Annotated[int | None, Opt(help="steps per batch")] = None,
+    lr: Annotated[float | None, Opt(help="Adam learning rate")] = None,
+    early_stopping: Annotated[int | None, Opt(help="stop after N epochs without validation improvement")] = None,
+    seed: Annotated[int | None, Opt(help="seed of split, initialisation and batch order")] = None,
+    device: Annotated[str, Opt(help="cpu or cuda")] = "cpu",
+    out: Annotated[Path | None, Opt("--out", help="probe folder (default: RUN_DIR/probe)")] = None,
+    config: Annotated[Path | None, Opt("--config", help="TOML file with ProbeConfig settings")] = None,
+) -> None:
+    """MLP probe from the hidden state to every head's score (offset 0); saves it with metrics.md/.json."""
+    from dynheads.analysis.mlp_probe import ProbeConfig
+    from dynheads.experiments.probing import train_probe_on_run
+
+    cfg = build_config(ProbeConfig, config, hidden_sizes=parse_list(hidden_sizes, int), epochs=epochs,
+                       batch_size=batch_size, lr=lr, early_stopping=early_stopping, seed=seed)
+    train_probe_on_run(run_dir, cfg, score=score, out_dir=out, device=device)
+    typer.echo((out or run_dir / "probe").joinpath("metrics.md").read_text(encoding="utf-8"), nl=False)

@@ -1,0 +1,137 @@
+"""Analyses of a finished run directory: dynamism (Claim 1), Figure 1, temporal-offset CCA and the MLP probe (Claim 3).
+
+Every function reads the traces of ``run_dir`` and writes its files into ``out_dir`` (default: the run directory,
+``RUN_DIR/plots`` for figures, ``RUN_DIR/probe`` for the probe). ``score`` picks the head scores: ``"copy"``
+(Eq. 1, binary; NIAH) or ``"reasoning"`` (Eq. 2, continuous; HotpotQA), which dynamism turns into sets with
+``score > threshold``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import cast, get_args
+
+import numpy as np
+import pandas as pd
+
+from dynheads.analysis.cca import PAPER_TOP1, CCAConfig, ScoreKind, cca_offsets, samples_from_traces, write_cca
+from dynheads.analysis.dynamism import (
+    DEFAULT_KS,
+    ENTROPY_BASELINE,
+    PAPER_DYNAMISM,
+    DynamismStats,
+    binarize,
+    dynamism_csv,
+    dynamism_stats,
+    table1_markdown,
+    table5_markdown,
+)
+from dynheads.analysis.headlists import load_head_list
+from dynheads.errors import DynheadsError
+from dynheads.io import write_json, write_text
+from dynheads.plots.cca import plot_cca
+from dynheads.plots.heads import plot_head_dynamics
+from dynheads.runs import RunDir
+from dynheads.traces import Trace
+
+PAPER_CCA_MODEL = "llama3.1-8b"  # the only model whose CCA numbers the paper states
+
+
+def load_run(run_dir: str | Path) -> tuple[RunDir, list[Trace]]:
+    """The run and the traces of its finished samples; refuses a folder that is not a run or has no trace."""
+    run = RunDir(run_dir)
+    run.manifest()  # raises if this is not a run directory
+    traces = [trace for _, trace in run.iter_traces()]
+    if not traces:
+        raise DynheadsError(f"{run.path} has no traced samples yet: run (or resume) the command that fills it")
+    return run, traces
+
+
+def model_name(run: RunDir) -> str:
+    """The model's name from the manifest, or the run folder's name when the manifest records no model."""
+    model = run.manifest().get("model")
+    return model["name"] if model else run.path.name
+
+
+def check_score(score: str) -> ScoreKind:
+    if score not in get_args(ScoreKind):
+        raise DynheadsError(f"score must be one of {', '.join(get_args(ScoreKind))}, got {score!r}")
+    return cast(ScoreKind, score)
+
+
+def score_array(trace: Trace, score: ScoreKind) -> np.ndarray:
+    """``[step, layer, head]``: bool copy scores (Eq. 1) or float reasoning scores (Eq. 2)."""
+    return trace.copy_scores if check_score(score) == "copy" else trace.reasoning_scores
+
+
+def dynamic_sets(trace: Trace, score: ScoreKind, threshold: float) -> np.ndarray:
+    """D_t for every step, bool ``[step, layer, head]``: copy score 1, or reasoning score above ``threshold``."""
+    scores = score_array(trace, score)
+    return scores if score == "copy" else binarize(scores, threshold)
+
+
+# ---- Claim 1: dynamism (Table 1, Table 5) ---------------------------------------------------------------------
+def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: ScoreKind = "copy",
+                    threshold: float = 0.1, ks: Sequence[int] = DEFAULT_KS,
+                    out_dir: str | Path | None = None) -> DynamismStats:
+    """Table 1 / Table 5 statistics of the run against the static list; writes dynamism.md, .csv and .json.
+
+    The run's row sits beside the paper's five rows. ``threshold`` only applies to ``score="reasoning"``.
+    """
+    run, traces = load_run(run_dir)
+    ranking = load_head_list(static_file, *traces[0].shape).heads
+    stats = dynamism_stats([dynamic_sets(trace, score, threshold) for trace in traces], ranking, ks=ks)
+    rows = {f"{model_name(run)} (ours)": stats.to_dict(), **{f"{k} (paper)": v for k, v in PAPER_DYNAMISM.items()}}
+    out = Path(out_dir) if out_dir else run.path
+    setting = "Eq. 1 copy score" if score == "copy" else f"Eq. 2 reasoning score > {threshold}"
+    write_text(out / "dynamism.md", (
+        f"# Dynamism of {run.path}\n\nDynamic sets: {setting}; static list: {static_file}.\n"
+        f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
+        f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
+        f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}.\n\n"
+        f"## Table 1\n\n{table1_markdown(rows)}\n## Table 5\n\n{table5_markdown(rows, ks)}"))
+    write_text(out / "dynamism.csv", dynamism_csv(rows))
+    write_json(out / "dynamism.json", {"run": str(run.path), "static_file": str(static_file), "score": score,
+                                       "threshold": threshold if score == "reasoning" else None, "ks": list(ks),
+                                       "stats": stats.to_dict(), "paper": PAPER_DYNAMISM})
+    return stats
+
+
+# ---- Figure 1 ----------------------------------------------------------------------------------------------------
+def plot_heads(run_dir: str | Path, sample_ids: Sequence[str] | None = None, *, score: ScoreKind = "copy",
+               top: int = 10, out_dir: str | Path | None = None) -> list[Path]:
+    """Figure 1 for each sample (all samples with generated tokens when ``sample_ids`` is None).
+
+    Writes ``heads-<sample_id>.png`` per sample and returns the paths.
+    """
+    run = RunDir(run_dir)
+    run.manifest()  # raises if this is not a run directory
+    if sample_ids:
+        chosen = [(sample_id, run.load_trace(sample_id)) for sample_id in sample_ids]
+    else:
+        chosen = [(record["sample_id"], trace) for record, trace in run.iter_traces() if trace.num_steps]
+    if not chosen:
+        raise DynheadsError(f"{run.path} has no traced sample with generated tokens: nothing to plot")
+    out, name = Path(out_dir) if out_dir else run.path / "plots", model_name(run)
+    paths = []
+    for sample_id, trace in chosen:
+        path = out / f"heads-{sample_id}.png"
+        plot_head_dynamics(score_array(trace, score), trace.token_texts, path, top=top,
+                           title=f"{name}: {sample_id} ({score} score, top-{top} most varying heads)")
+        paths.append(path)
+    return paths
+
+
+# ---- Claim 3: temporal-offset CCA --------------------------------------------------------------------------------
+def cca_report(run_dir: str | Path, offsets: Sequence[int] = tuple(range(11)), config: CCAConfig | None = None, *,
+               score: ScoreKind = "copy", out_dir: str | Path | None = None) -> pd.DataFrame:
+    """CCA between hidden states and the head scores ``k`` steps later; writes cca.csv/.json/.md and cca.png."""
+    run, traces = load_run(run_dir)
+    config = config or CCAConfig()
+    table = cca_offsets(samples_from_traces(traces, check_score(score)), offsets, config)
+    out, name = Path(out_dir) if out_dir else run.path, model_name(run)
+    write_cca(table, out, config=config, model=name)
+    plot_cca(table, out / "cca.png", title=f"{name}: {len(traces)} samples, {score} score",
+             paper=PAPER_TOP1[PAPER_CCA_MODEL], paper_label=f"paper top-1 ({PAPER_CCA_MODEL})")
+    return table

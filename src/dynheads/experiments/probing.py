@@ -1,0 +1,77 @@
+"""Train the MLP probe (Claim 3, offset 0) on a run directory and report it beside the paper's Table 2 / Table 3.
+
+Writes into ``out_dir`` (default ``RUN_DIR/probe``): ``weights.pt`` and ``probe.json`` (``ProbeResult.save``,
+loadable with ``load_probe``), and ``metrics.md`` / ``metrics.json``: test metrics of the probe, of the frequency
+baseline, and the paper's values for its five models. Copy scores (Eq. 1) train a classifier, reasoning scores
+(Eq. 2) a regressor.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from dynheads.analysis.cca import ScoreKind, samples_from_traces
+from dynheads.analysis.mlp_probe import ProbeConfig, ProbeResult, train_probe
+from dynheads.experiments.analyses import check_score, load_run, model_name
+from dynheads.io import write_json, write_text
+
+# Paper Table 2 (NIAH, binary copy scores) and Table 3 (HotpotQA, continuous reasoning scores), test split.
+PAPER_PROBE_BINARY: dict[str, dict[str, float]] = {
+    "llama3.1-8b": {"f1": 0.8349, "precision": 0.8344, "recall": 0.8353, "auprc": 0.9173},
+    "llama3.2-3b": {"f1": 0.8456, "precision": 0.8564, "recall": 0.8351, "auprc": 0.9289},
+    "qwen3-8b": {"f1": 0.8566, "precision": 0.8780, "recall": 0.8362, "auprc": 0.9339},
+    "llama2-13b": {"f1": 0.8336, "precision": 0.8455, "recall": 0.8220, "auprc": 0.9183},
+    "phi4-mini": {"f1": 0.8038, "precision": 0.8219, "recall": 0.7865, "auprc": 0.8862},
+}
+PAPER_PROBE_CONTINUOUS: dict[str, dict[str, float]] = {
+    "llama3.1-8b": {"mse": 0.0023, "mae": 0.0177, "r2": 0.8120},
+    "llama3.2-3b": {"mse": 0.0036, "mae": 0.0247, "r2": 0.8015},
+    "qwen3-8b": {"mse": 0.0050, "mae": 0.0255, "r2": 0.7200},
+    "llama2-13b": {"mse": 0.0009, "mae": 0.0121, "r2": 0.7669},
+    "phi4-mini": {"mse": 0.0014, "mae": 0.0109, "r2": 0.7333},
+}
+_COLUMNS = {  # task -> (metric key, column title)
+    "binary": (("f1", "F1"), ("precision", "Precision"), ("recall", "Recall"), ("auprc", "AUPRC"),
+               ("positive_rate", "positive rate")),
+    "continuous": (("mse", "MSE"), ("mae", "MAE"), ("r2", "R² (mean per head)"), ("r2_flat", "R² (flattened)")),
+}
+
+
+def train_probe_on_run(run_dir: str | Path, config: ProbeConfig | None = None, *, score: ScoreKind = "copy",
+                       out_dir: str | Path | None = None, device: str = "cpu", progress: bool = True) -> ProbeResult:
+    """Train a probe from the run's hidden states to its ``score`` of every head; save it and its metrics."""
+    run, traces = load_run(run_dir)
+    config = config or ProbeConfig()
+    task = "binary" if check_score(score) == "copy" else "continuous"
+    start = time.perf_counter()
+    result = train_probe(samples_from_traces(traces, score), config, task=task, shape=traces[0].shape,
+                         progress=progress, device=device)
+    seconds = time.perf_counter() - start
+    out = Path(out_dir) if out_dir else run.path / "probe"
+    result.save(out)
+    paper = PAPER_PROBE_BINARY if task == "binary" else PAPER_PROBE_CONTINUOUS
+    rows = {f"{model_name(run)}: MLP probe (ours)": result.metrics["probe"],
+            f"{model_name(run)}: frequency baseline (ours)": result.metrics["baseline"],
+            **{f"{name} (paper, {'Table 2' if task == 'binary' else 'Table 3'})": row for name, row in paper.items()}}
+    epochs = len(result.history)
+    summary = (f"# MLP probe on {run.path}\n\n{score} scores ({task}); {len(traces)} samples split by sample into "
+               f"{result.metrics['split_pairs']} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
+               f"{config.epochs} epochs (best {result.metrics['best_epoch']}), trained in {seconds:.0f} s on {device}."
+               + (f" Decision threshold {result.metrics['threshold']:.4f} (probe), "
+                  f"{result.metrics['baseline_threshold']:.4f} (baseline)." if task == "binary" else ""))
+    write_text(out / "metrics.md", f"{summary}\n\n{metrics_markdown(rows, task)}")
+    write_json(out / "metrics.json", {"run": str(run.path), "score": score, "task": task, "epochs_run": epochs,
+                                      "train_seconds": seconds, **result.metrics, "paper": paper})
+    return result
+
+
+def metrics_markdown(rows: Mapping[str, Mapping[str, float]], task: str) -> str:
+    """One row per predictor, the task's metric columns; blank where a row lacks a metric."""
+    columns = _COLUMNS[task]
+    lines = ["| predictor | " + " | ".join(title for _, title in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, row in rows.items():
+        cells = [f"{row[key]:.4f}" if key in row else "" for key, _ in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,96 @@
+"""Find a model's static retrieval heads: trace a NIAH grid on the ``static`` split, score it as Wu et al. do.
+
+The samples come from the ``static`` seed stream, so they are disjoint from the ``analysis`` samples that
+``dynheads niah`` traces and ``dynheads dynamism`` measures. ``samples`` is spread evenly over the
+lengths x depths grid and rounded up to whole passes of it: runs per cell = ceil(samples / cells), so every
+cell gets the same number of tests (20 samples on a 3 x 5 grid trace 30).
+
+Files written into the run directory besides the traces (see ``write_static``):
+
+- ``static_heads.json``: per-head scores of every counted test, Wu et al.'s published format,
+- ``static_ranking.csv``: rank, head, layer, head index and mean score of all L*H heads, best first,
+- ``static_summary.json``: settings, pass rate, counts, the top-20 heads and the disjointness note.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from dynheads.analysis.headlists import save_head_scores
+from dynheads.analysis.static import NiahTest, StaticHeads, static_heads
+from dynheads.errors import DynheadsError
+from dynheads.experiments.niah import NiahConfig, run_niah
+from dynheads.heads import head_label
+from dynheads.io import atomic_path, write_json
+from dynheads.models import LoadedModel
+from dynheads.runs import RunDir
+
+SPLIT = "static"
+DISJOINT_NOTE = ("static heads are scored on the 'static' seed stream, disjoint from the 'analysis' samples that "
+                 "'dynheads niah' traces and 'dynheads dynamism' measures")
+
+
+@dataclass(frozen=True)
+class StaticConfig:
+    """Settings of a static-head run; ``niah_config()`` is the NIAH grid it traces."""
+
+    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
+    samples: int = field(default=20, metadata={"help": "NIAH tests, rounded up to whole passes of the grid"})
+    lengths: tuple[int, ...] = field(default=(500, 1000, 2000), metadata={"help": "haystack tokens"})
+    depths: tuple[float, ...] = field(default=(0.0, 0.25, 0.5, 0.75, 1.0), metadata={"help": "needle depth, 0..1"})
+    seed: int = field(default=0, metadata={"help": "master seed; each sample's seed derives from it"})
+    max_new_tokens: int = field(default=48, metadata={"help": "generation budget (a UUID is ~35 tokens)"})
+    success_threshold: float = field(
+        default=0.5, metadata={"help": "a test counts if the ROUGE-1 recall of the answer exceeds this"})
+    haystack: str | None = field(default=None, metadata={"help": "folder of .txt files; None = Paul Graham essays"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
+
+    def niah_config(self) -> NiahConfig:
+        """The NIAH grid this config traces (``runs`` = ceil(samples / cells))."""
+        cells = len(self.lengths) * len(self.depths)
+        if self.samples < 1 or cells == 0:
+            raise DynheadsError("static heads need --samples >= 1 and at least one length and one depth")
+        return NiahConfig(model=self.model, lengths=self.lengths, depths=self.depths,
+                          runs=math.ceil(self.samples / cells), seed=self.seed, max_new_tokens=self.max_new_tokens,
+                          haystack=self.haystack, split=SPLIT, device=self.device)
+
+
+def run_static(config: StaticConfig, out: str | Path, *, lm: LoadedModel | None = None,
+               progress: bool = True) -> StaticHeads:
+    """Trace the static grid into ``out`` (resumable), then score and write the static heads."""
+    run = run_niah(config.niah_config(), out, lm=lm, progress=progress)
+    return write_static(run, config)
+
+
+def write_static(run: RunDir, config: StaticConfig) -> StaticHeads:
+    """Score the traced tests of ``run`` and write the three files of the module docstring."""
+    tests = [NiahTest(trace, record["answer"], record["answer_token_count"], record.get("generated"))
+             for record, trace in run.iter_traces()]
+    if not tests:
+        raise DynheadsError(f"{run.path} has no traced samples: nothing to score")
+    heads = static_heads(tests, success_threshold=config.success_threshold)
+    save_head_scores(run.path / "static_heads.json", heads.per_head())
+    _write_ranking(run.path / "static_ranking.csv", heads)
+    write_json(run.path / "static_summary.json", {
+        "config": asdict(config),
+        "split": SPLIT,
+        "note": DISJOINT_NOTE,
+        "num_tests": heads.num_tests,
+        "num_counted": heads.num_counted,
+        "pass_rate": heads.pass_rate,
+        "top20": [head_label(head) for head in heads.top(20)],
+        "heads_scoring_above_0.1": int((heads.mean_scores > 0.1).sum()),
+    })
+    return heads
+
+
+def _write_ranking(path: Path, heads: StaticHeads) -> None:
+    means = heads.mean_scores
+    frame = pd.DataFrame([{"rank": rank, "head": head_label(head), "layer": head[0], "head_index": head[1],
+                           "mean_score": float(means[head])} for rank, head in enumerate(heads.ranking, start=1)])
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
