@@ -44,6 +44,9 @@ def parse_list(text: str | None, kind: type = float) -> tuple | None:
 def parse_range(text: str) -> tuple[int, ...]:
     """'0-10' -> (0, ..., 10); '0,2,5' -> (0, 2, 5)."""
     if "-" in text and "," not in text:
-        low, high = (int(part) for part in text.split("-"))
+        try:
+            low, high = (int(part) for part in text.split("-"))
+        except ValueError:
+            raise DynheadsError(f"cannot read {text!r} as a range such as 0-10") from None
         return tuple(range(low, high + 1))
     return parse_list(text, int) or ()

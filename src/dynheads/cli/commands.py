@@ -94,3 +94,20 @@ def rag(
         depths=parse_list(depths, float), seed=seed, threshold=threshold, device=device,
     )
     typer.echo(rag_markdown(rag_table(run_rag(cfg, out))))
+
+
+@app.command()
+def reproduce(
+    out: Annotated[Path, Opt("--out", help="output folder (re-running continues where it stopped)")],
+    model: Model = None,
+    preset: Annotated[str, Opt(help="quick: 2-core CPU, minutes; paper: the paper's sizes (GPU); smoke")] = "quick",
+    hotpotqa: Annotated[str | None, Opt("--hotpotqa", help="real HotpotQA file (default: synthetic)")] = None,
+    seed: Annotated[int, Opt(help="master seed of every stage")] = 0,
+    device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+) -> None:
+    """Run the whole study (every table and figure of the paper) and write report.md and report.html."""
+    from dynheads.experiments.reproduce import ReproduceConfig
+    from dynheads.experiments.reproduce import reproduce as run_all
+
+    html = run_all(ReproduceConfig(model=model, preset=preset, hotpotqa=hotpotqa, seed=seed, device=device), out)
+    typer.echo(f"report: {html} and {html.with_suffix('.md')}")

@@ -291,12 +291,14 @@ def _overview(manifest: dict, stages: dict) -> list[Part]:
     rows += [[key, _value(value)] for key, value in manifest.items() if key not in ("model", "config", "versions")]
     rows.append(["versions", ", ".join(f"{k} {v}" for k, v in (manifest.get("versions") or {}).items())])
     config = [[key, _value(value)] for key, value in (manifest.get("config") or {}).items()]
-    times = [[name, f"{entry.get('seconds', 0):.0f}"] for name, entry in stages.items() if isinstance(entry, dict)]
+    times = [[name, f"{entry.get('seconds', 0):.0f}", entry.get("error", "")]
+             for name, entry in stages.items() if isinstance(entry, dict)]
     if times:
-        times.append(["total", f"{sum(float(row[1]) for row in times):.0f}"])
+        times.append(["total", f"{sum(float(row[1]) for row in times):.0f}", ""])
     return ([_table(["field", "value"], rows)]
             + (["Configuration:\n\n" + _table(["option", "value"], config)] if config else [])
-            + (["Wall time per stage (seconds):\n\n" + _table(["stage", "seconds"], times)] if times else []))
+            + (["Stages (wall time of the attempt that finished each; a stage this model could not support says "
+                "why):\n\n" + _table(["stage", "seconds", "failed because"], times)] if times else []))
 
 
 def _summary(verdicts: list[Verdict]) -> Section:

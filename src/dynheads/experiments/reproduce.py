@@ -1,0 +1,193 @@
+"""``dynheads reproduce``: every stage of the paper in order, into sub-folders of one directory, then the report.
+
+Each stage is resumable on its own (run directories skip finished samples; analysis stages are skipped when
+their output exists), so an interrupted ``reproduce`` continues where it stopped and ends with the same
+report. Stage wall times are recorded in ``stages.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from dynheads.analysis.cca import CCAConfig
+from dynheads.analysis.mlp_probe import ProbeConfig
+from dynheads.errors import DynheadsError
+from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
+from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads
+from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
+from dynheads.experiments.niah import NiahConfig, run_niah
+from dynheads.experiments.probing import train_probe_on_run
+from dynheads.experiments.rag import RagConfig, run_rag
+from dynheads.experiments.static import StaticConfig, run_static
+from dynheads.io import read_json, write_json
+from dynheads.models import LoadedModel, load_model
+from dynheads.runs import RunDir
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes of every stage. ``quick`` fits a 2-core CPU in minutes; ``paper`` uses the paper's settings."""
+
+    niah_lengths: tuple[int, ...]
+    niah_depths: tuple[float, ...]
+    niah_runs: int
+    static_samples: int
+    static_success_threshold: float  # Wu et al.'s ROUGE-1 filter; below 0 every test counts
+    max_new_tokens: int
+    ablation_lengths: tuple[int, ...]
+    ablation_depths: tuple[float, ...]
+    ablation_runs: int
+    progressive_ks: tuple[int, ...]
+    progressive_length: int
+    progressive_runs: int
+    cca_offsets: tuple[int, ...]
+    probe: ProbeConfig
+    hotpot_questions: int
+    hotpot_lengths: tuple[int, ...]
+    hotpot_depths: tuple[float, ...]
+    hotpot_max_new_tokens: int
+    hotpot_ablation_lengths: tuple[int, ...]
+    hotpot_ablation_depths: tuple[float, ...]
+    rag_questions: int
+    rag_ks: tuple[int, ...]
+    rag_length: int
+
+
+PRESETS = {
+    # Seconds, on any model: checks an installation end to end (the test suite uses it on a tiny model).
+    "smoke": Preset(
+        niah_lengths=(200,), niah_depths=(0.0, 1.0), niah_runs=2, static_samples=2, max_new_tokens=4,
+        static_success_threshold=-1.0,  # a random model never retrieves: let every test count
+        ablation_lengths=(200,), ablation_depths=(0.5,), ablation_runs=1, progressive_ks=(0, 2), progressive_length=200,
+        progressive_runs=1, cca_offsets=(0, 1), probe=ProbeConfig(hidden_sizes=(16,), epochs=2),
+        hotpot_questions=4, hotpot_lengths=(300,), hotpot_depths=(0.5,), hotpot_max_new_tokens=3,
+        hotpot_ablation_lengths=(300,), hotpot_ablation_depths=(0.5,), rag_questions=1, rag_ks=(2,), rag_length=300,
+    ),
+    "quick": Preset(
+        niah_lengths=(500, 1000, 1500), niah_depths=(0.0, 0.25, 0.5, 0.75, 1.0), niah_runs=2, static_samples=15,
+        static_success_threshold=0.5,
+        max_new_tokens=44, ablation_lengths=(500, 1000), ablation_depths=(0.0, 0.5, 1.0), ablation_runs=1,
+        progressive_ks=(0, 2, 5, 10), progressive_length=1000, progressive_runs=2, cca_offsets=tuple(range(11)),
+        probe=ProbeConfig(hidden_sizes=(512, 256), epochs=60, early_stopping=8),
+        hotpot_questions=18, hotpot_lengths=(250, 500, 1000), hotpot_depths=(0.05, 0.5, 0.95),
+        hotpot_max_new_tokens=16, hotpot_ablation_lengths=(250, 500), hotpot_ablation_depths=(0.05, 0.95),
+        rag_questions=8, rag_ks=(5,), rag_length=500,
+    ),
+    "paper": Preset(
+        niah_lengths=(1000, 2000, 4000, 8000), niah_depths=(0.0, 0.25, 0.5, 0.75, 1.0), niah_runs=5,
+        static_samples=100, static_success_threshold=0.5, max_new_tokens=64, ablation_lengths=(1000, 2000, 4000, 8000),
+        ablation_depths=(0.0, 0.25, 0.5, 0.75, 1.0), ablation_runs=5, progressive_ks=(0, 5, 10, 15, 20),
+        progressive_length=5000, progressive_runs=20, cca_offsets=tuple(range(11)), probe=ProbeConfig(),
+        hotpot_questions=500, hotpot_lengths=(250, 1000, 2000, 3750), hotpot_depths=(0.05, 0.25, 0.5, 0.75, 0.95),
+        hotpot_max_new_tokens=32, hotpot_ablation_lengths=(250, 1000, 2000, 3750),
+        hotpot_ablation_depths=(0.05, 0.25, 0.5, 0.75, 0.95), rag_questions=500, rag_ks=(5, 10, 20), rag_length=2000,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ReproduceConfig:
+    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
+    preset: str = field(default="quick", metadata={"help": "smoke (seconds), quick (CPU, minutes), paper (GPU)"})
+    hotpotqa: str | None = field(default=None, metadata={"help": "real HotpotQA file; None = synthetic"})
+    seed: int = field(default=0, metadata={"help": "master seed of every stage"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
+
+
+class _Stages:
+    """Runs named stages once each. A stage is logged in ``stages.json`` (with the wall time of the attempt that
+    finished it) only after it completes, so a re-run skips finished stages and resumes the interrupted one."""
+
+    def __init__(self, out: Path):
+        self.log_path = out / "stages.json"
+        self.log: dict = read_json(self.log_path) if self.log_path.is_file() else {}
+
+    def run(self, name: str, fn: Callable[[], object]) -> None:
+        """Run ``fn`` unless logged; a stage this model cannot support (a ``DynheadsError``, e.g. constant head
+        scores for CCA) is logged with its reason, which the report shows, and the study goes on."""
+        if name in self.log:
+            return
+        print(f"[reproduce] {name}", flush=True)
+        start = time.perf_counter()
+        try:
+            fn()
+            entry: dict = {"seconds": round(time.perf_counter() - start, 1)}
+        except DynheadsError as error:
+            print(f"[reproduce] {name} failed: {error}", flush=True)
+            entry = {"seconds": round(time.perf_counter() - start, 1), "error": str(error)}
+        self.log[name] = entry
+        write_json(self.log_path, self.log)
+
+
+def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | None = None,
+              progress: bool = True) -> Path:
+    """Run the whole study into ``out`` and write ``report.md`` / ``report.html``; returns the HTML path."""
+    if config.preset not in PRESETS:
+        raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
+    preset, out = PRESETS[config.preset], Path(out)
+    lm = lm or load_model(config.model, device=config.device)
+    RunDir(out).start("reproduce", config, lm, {"preset_settings": _jsonable(preset)})
+    stages = _Stages(out)
+    common = dict(model=config.model, seed=config.seed, device=config.device)
+    static_file = out / "static" / "static_heads.json"
+
+    niah = NiahConfig(lengths=preset.niah_lengths, depths=preset.niah_depths, runs=preset.niah_runs,
+                      max_new_tokens=preset.max_new_tokens, **common)
+    stages.run("niah", lambda: run_niah(niah, out / "niah", lm=lm, progress=progress))
+    static = StaticConfig(samples=preset.static_samples, lengths=preset.niah_lengths, depths=preset.niah_depths,
+                          max_new_tokens=preset.max_new_tokens, success_threshold=preset.static_success_threshold,
+                          **common)
+    stages.run("static", lambda: run_static(static, out / "static", lm=lm, progress=progress))
+    stages.run("dynamism", lambda: (
+        dynamism_report(out / "niah", static_file, out_dir=out / "dynamism"),
+        plot_heads(out / "niah", _best_samples(out / "niah", 2), out_dir=out / "dynamism")))
+    ablation = AblationConfig(lengths=preset.ablation_lengths, depths=preset.ablation_depths,
+                              runs=preset.ablation_runs, max_new_tokens=preset.max_new_tokens,
+                              static=str(static_file), **common)
+    stages.run("ablation", lambda: run_ablation(ablation, out / "ablation", lm=lm, progress=progress))
+    progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=(preset.progressive_length,), depths=(0.5,),
+                                    runs=preset.progressive_runs, max_new_tokens=preset.max_new_tokens,
+                                    static=str(static_file), **common)
+    stages.run("progressive", lambda: run_progressive(progressive, out / "progressive", lm=lm,
+                                                            progress=progress))
+    cca = CCAConfig(seed=config.seed)
+    stages.run("cca", lambda: cca_report(out / "niah", preset.cca_offsets, cca, out_dir=out / "cca"))
+    probe_config = replace(preset.probe, seed=config.seed)
+    stages.run("probe", lambda: train_probe_on_run(
+        out / "niah", probe_config, out_dir=out / "probe", device=str(lm.device), progress=progress))
+
+    hotpot = HotpotConfig(data=config.hotpotqa, questions=preset.hotpot_questions, lengths=preset.hotpot_lengths,
+                          depths=preset.hotpot_depths, max_new_tokens=preset.hotpot_max_new_tokens, **common)
+    stages.run("hotpotqa", lambda: run_hotpotqa(hotpot, out / "hotpotqa", lm=lm, progress=progress))
+    stages.run("hotpotqa-dynamism", lambda: (
+        dynamism_report(out / "hotpotqa", static_file, score="reasoning", out_dir=out / "hotpotqa-dynamism"),
+        plot_heads(out / "hotpotqa", _best_samples(out / "hotpotqa", 1, metric="f1"), score="reasoning",
+                   out_dir=out / "hotpotqa-dynamism")))
+    stages.run("hotpotqa-cca", lambda: cca_report(
+        out / "hotpotqa", preset.cca_offsets, cca, score="reasoning", out_dir=out / "hotpotqa-cca"))
+    stages.run("hotpotqa-probe", lambda: train_probe_on_run(
+        out / "hotpotqa", probe_config, score="reasoning", out_dir=out / "hotpotqa-probe", device=str(lm.device),
+        progress=progress))
+    rag = RagConfig(probe=str(out / "hotpotqa-probe"), static=str(static_file), ks=preset.rag_ks,
+                    data=config.hotpotqa, questions=preset.rag_questions, lengths=(preset.rag_length,), **common)
+    stages.run("rag", lambda: run_rag(rag, out / "rag", lm=lm, progress=progress))
+
+    from dynheads.report import write_report
+
+    _, html = write_report(out)
+    return html
+
+
+def _best_samples(run_dir: Path, count: int, metric: str = "accuracy") -> list[str]:
+    """Samples worth a heat map: the longest generations among those that got the answer (if any did)."""
+    records = RunDir(run_dir).records()
+    ranked = sorted(records, key=lambda r: (-r["metrics"].get(metric, 0), -r["steps"], r["sample_id"]))
+    return [r["sample_id"] for r in ranked[:count]]
+
+
+def _jsonable(value) -> dict:
+    return json.loads(json.dumps(asdict(value), default=str))

@@ -1,0 +1,56 @@
+"""``dynheads reproduce`` end to end on a tiny model (the 'smoke' preset), interrupted and resumed."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynheads.experiments import reproduce as reproduce_module
+from dynheads.experiments.reproduce import ReproduceConfig, reproduce
+from dynheads.io import read_json
+from dynheads.models import load_model
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    config = ReproduceConfig(model=str(tiny_model_dir), preset="smoke")
+    out = tmp_path / "study"
+
+    # Interrupt the study in the middle: the CCA stage fails once, as a kill would stop it.
+    real_cca = reproduce_module.cca_report
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce_module, "cca_report", crash)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce(config, out, lm=tiny_lm, progress=False)
+    done_before = set(read_json(out / "stages.json"))
+    assert {"niah", "static", "dynamism"} <= done_before and "cca" not in done_before
+
+    monkeypatch.setattr(reproduce_module, "cca_report", real_cca)
+    html = reproduce(config, out, lm=tiny_lm, progress=False)
+    stages = read_json(out / "stages.json")
+    assert set(stages) >= done_before | {"cca", "probe", "hotpotqa", "rag"}
+    assert {name: stages[name] for name in done_before} == {n: s for n, s in stages.items() if n in done_before}
+    first_report = (out / "report.md").read_text()
+    # Every stage ran; one a random model cannot support (CCA of constant head scores) says why in the report.
+    for stage in ("niah", "static", "ablation", "progressive", "cca", "probe", "hotpotqa", "rag"):
+        assert (out / stage).is_dir() or stages[stage].get("error"), stage
+        if stages[stage].get("error"):
+            assert stages[stage]["error"] in first_report
+    assert html.is_file() and "Verdicts" in first_report
+
+    # A third run has nothing left to do and writes the same report.
+    reproduce(config, out, lm=tiny_lm, progress=False)
+    assert (out / "report.md").read_text() == first_report
+
+
+def test_unknown_preset_is_refused(tiny_lm, tmp_path):
+    from dynheads.errors import DynheadsError
+
+    with pytest.raises(DynheadsError, match="unknown preset"):
+        reproduce(ReproduceConfig(preset="huge"), tmp_path, lm=tiny_lm)
