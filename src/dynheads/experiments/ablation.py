@@ -1,0 +1,303 @@
+"""Claim 2 on a NIAH grid: per-step head ablation (Figure 2) and progressive ablation with compensation (Figure 3).
+
+``run_ablation`` decodes every sample of a lengths x depths x runs grid once per strategy with
+``dynheads.ablation.ablated_generate`` and writes, besides the run directory's records:
+
+- ``cells.csv``: mean accuracy and ROUGE-L per strategy x length x depth, with the number of samples,
+- ``summary.md``: the means per strategy, beside what the paper reports,
+- ``plots/ablation-accuracy.png``, ``plots/ablation-rouge_l.png``: Figure 2's heat maps.
+
+The un-ablated baseline ``none`` always runs too. ``static`` and ``random`` mask, at every step, as many heads as
+the dynamic run of the same sample masked on average (rounded), so ``dynamic`` runs whenever they do, before
+them; on resume the count is read back from the saved dynamic record.
+
+``run_progressive`` masks the first k dynamic heads of every step (ordered by their attention on the copied
+position; k = 0 is the un-ablated run) and reports per k the mean over samples of
+m_s = max_t |E_t ∩ static top-20| (E_t: the heads that copy only after masking) and the task metrics, in
+``progressive.csv``, ``summary.md`` and ``plots/progressive.png``.
+
+Each (sample, strategy) or (sample, k) is one record, written atomically: an interrupted run resumes where it
+stopped and reproduces the records it had not finished identically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pandas.api.types import is_float_dtype
+from tqdm.auto import tqdm
+
+from dynheads.ablation import STRATEGIES, AblationResult, AblationSettings, ablated_generate, matched_count
+from dynheads.analysis.headlists import load_head_list
+from dynheads.decoding import check_fits
+from dynheads.errors import DynheadsError
+from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
+from dynheads.heads import Head, check_heads, head_key, parse_head
+from dynheads.io import atomic_path, read_json, write_text
+from dynheads.models import LoadedModel, load_model
+from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
+from dynheads.probe import AblationMode
+from dynheads.runs import RunDir, derive_seed
+from dynheads.tasks import niah
+from dynheads.tasks.niah import NiahSample
+
+MODES = ("zero", "uniform")
+PAPER_MODEL = "llama3.1-8b"
+PAPER_GRID = ("dynamic masking drives accuracy to about 0 in almost every cell, while masking as many static or "
+              "random heads leaves most cells intact (Figure 2; 5 runs per cell)")
+PAPER_PROGRESSIVE = ("accuracy falls from 1.0 to 0.0 as k reaches 20, while the overlap of the compensating heads "
+                     "with the static top-20 rises to 4.5-7 for k >= 5 (Figure 3; 5000-token haystack, 20 runs)")
+
+
+@dataclass(frozen=True)
+class _GridConfig:
+    """Settings shared by both experiments: the NIAH grid, the model and the masking mode."""
+
+    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
+    lengths: tuple[int, ...] = field(default=(500, 1000, 2000), metadata={"help": "haystack tokens"})
+    depths: tuple[float, ...] = field(default=(0.0, 0.25, 0.5, 0.75, 1.0), metadata={"help": "needle depth, 0..1"})
+    runs: int = field(default=2, metadata={"help": "samples (different needle and seed) per grid cell"})
+    seed: int = field(default=0, metadata={"help": "master seed; samples and random heads derive from it"})
+    max_new_tokens: int = field(default=48, metadata={"help": "generation budget (a UUID is ~35 tokens)"})
+    static: str | None = field(default=None, metadata={"help": "static head list (Wu et al. JSON or ranked list)"})
+    mode: AblationMode = field(default="zero", metadata={"help": "zero = remove head output; uniform = flat attention"})
+    haystack: str | None = field(default=None, metadata={"help": "folder of .txt files; None = Paul Graham essays"})
+    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
+
+    def niah_config(self) -> NiahConfig:
+        """The NIAH grid whose samples are ablated (the ``analysis`` seed stream, as ``dynheads niah``)."""
+        return NiahConfig(model=self.model, lengths=self.lengths, depths=self.depths, runs=self.runs,
+                          seed=self.seed, max_new_tokens=self.max_new_tokens, haystack=self.haystack,
+                          dtype=self.dtype, device=self.device)
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(MODES)}")
+
+
+@dataclass(frozen=True)
+class AblationConfig(_GridConfig):
+    strategies: tuple[str, ...] = field(
+        default=("dynamic", "static", "random"),
+        metadata={"help": "dynamic, static, random, fixed; none (no masking) always runs too"})
+    heads: tuple[str, ...] = field(default=(), metadata={"help": "heads masked by 'fixed', e.g. ('12-3', '4-1')"})
+
+    def run_strategies(self) -> tuple[str, ...]:
+        """The strategies to decode, in run order: none, dynamic (needed by static and random), the rest."""
+        choices = ", ".join(s for s in STRATEGIES if s != "none")
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown:
+            raise DynheadsError(f"unknown ablation strategy {', '.join(map(repr, unknown))}: use some of {choices}")
+        if not self.strategies:
+            raise DynheadsError(f"give at least one ablation strategy: {choices}")
+        wanted = {"none", *self.strategies} | ({"dynamic"} if {"static", "random"} & set(self.strategies) else set())
+        return tuple(s for s in STRATEGIES if s in wanted)
+
+    def check(self) -> None:
+        super().check()
+        strategies = self.run_strategies()
+        if "static" in strategies and not self.static:
+            raise DynheadsError("the static strategy needs a static head list: pass --static FILE")
+        if ("fixed" in strategies) != bool(self.heads):
+            raise DynheadsError("the fixed strategy and --heads go together: give both or neither")
+
+
+@dataclass(frozen=True)
+class ProgressiveConfig(_GridConfig):
+    ks: tuple[int, ...] = field(default=(0, 5, 10, 15, 20), metadata={"help": "dynamic heads masked per step"})
+    lengths: tuple[int, ...] = field(default=(1000,), metadata={"help": "haystack tokens (paper: 5000)"})
+    depths: tuple[float, ...] = field(default=(0.5,), metadata={"help": "needle depth, 0..1"})
+    runs: int = field(default=5, metadata={"help": "samples per (length, depth) cell (paper: 20)"})
+    top_static: int = field(default=20, metadata={"help": "size of the static set E_t is compared with"})
+
+    def check(self) -> None:
+        super().check()
+        if not self.ks or min(self.ks) < 0:
+            raise DynheadsError(f"give one or more k >= 0 (--ks), got {list(self.ks)}")
+        if not self.static:
+            raise DynheadsError("progressive ablation compares with the static top heads: pass --static FILE")
+        if self.top_static < 1:
+            raise DynheadsError(f"top_static must be at least 1, got {self.top_static}")
+
+
+# ---- the grid (Figure 2) -------------------------------------------------------------------------------------------
+def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | None = None,
+                 progress: bool = True, on_record: Callable[[dict], None] | None = None) -> RunDir:
+    """Decode every grid sample with every strategy into ``out`` (resumable); write cells.csv, summary.md, plots."""
+    config.check()
+    strategies = config.run_strategies()
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    static = _static_ranking(config.static, lm) if config.static else ()
+    fixed = tuple(parse_head(text) for text in config.heads)
+    check_heads(list(fixed), lm.num_layers, lm.num_heads, source="--heads")
+    run, samples = _start(config, "ablation", lm, out,
+                          {"strategies_run": list(strategies), "static_top": [head_key(h) for h in static[:20]]})
+    jobs = _Jobs(run, len(samples) * len(strategies), "ablate", progress, on_record)
+    for sample in samples:
+        count = None  # heads per step for static / random, from this sample's dynamic run
+        for strategy in strategies:
+            settings = AblationSettings(strategy=strategy, mode=config.mode, static_ranking=static, fixed_heads=fixed,
+                                        count=count if strategy in ("static", "random") else None,
+                                        seed=derive_seed(config.seed, "random-heads", sample.seed))
+            record = jobs.get(f"{sample.sample_id}-{strategy}",
+                              partial(_ablation_record, lm, sample, settings, config.max_new_tokens))
+            if strategy == "dynamic":
+                count = record["matched_count"]
+    jobs.close()
+    write_cells(run)
+    return run
+
+
+def _ablation_record(lm: LoadedModel, sample: NiahSample, settings: AblationSettings, max_new_tokens: int) -> dict:
+    result = ablated_generate(lm, sample, settings, max_new_tokens)
+    count = matched_count(result.dynamic_counts) if settings.strategy == "dynamic" else settings.count
+    return {**_result_record(sample, result), "strategy": settings.strategy, "matched_count": count}
+
+
+def write_cells(run: RunDir) -> pd.DataFrame:
+    """cells.csv, summary.md and the heat maps of a grid run, from its records."""
+    frame = run.write_results()
+    frame["strategy"] = frame["strategy"].astype(pd.CategoricalDtype(STRATEGIES, ordered=True))  # run order
+    keys = ["strategy", "context_tokens", "depth"]
+    cells = (frame.groupby(keys, observed=True)
+             .agg(accuracy=("metrics.accuracy", "mean"), rouge_l=("metrics.rouge_l", "mean"),
+                  samples=("sample_id", "size"))
+             .reset_index().rename(columns={"context_tokens": "length"}))
+    with atomic_path(run.path / "cells.csv") as tmp:
+        cells.to_csv(tmp, index=False)
+    summary = (frame.groupby("strategy", observed=True)
+               .agg(records=("sample_id", "size"), accuracy=("metrics.accuracy", "mean"),
+                    rouge_l=("metrics.rouge_l", "mean"), mean_dynamic=("mean_dynamic", "mean"),
+                    masked_per_step=("mean_masked", "mean"))
+               .reset_index())
+    model = run.manifest()["model"]["name"]
+    write_text(run.path / "summary.md", (
+        f"# Per-step ablation: {model}\n\n"
+        "Means over all records of each strategy. mean |D_t| = dynamic heads of the clean pass per step; "
+        "masked = heads removed per step (static and random: the dynamic run's mean |D_t|, rounded).\n\n"
+        + _markdown(summary, {"strategy": "strategy", "records": "records", "accuracy": "accuracy",
+                              "rouge_l": "ROUGE-L", "mean_dynamic": r"mean \|D_t\|", "masked_per_step": "masked"})
+        + f"\nPaper ({PAPER_MODEL}): {PAPER_GRID}.\n"))
+    plot_ablation_cells(cells, run.path / "plots", title=f"{model}: per-step ablation")
+    return cells
+
+
+# ---- progressive ablation (Figure 3) -------------------------------------------------------------------------------
+def run_progressive(config: ProgressiveConfig, out: str | Path, *, lm: LoadedModel | None = None,
+                    progress: bool = True, on_record: Callable[[dict], None] | None = None) -> RunDir:
+    """Mask the first k dynamic heads of every step, for every k and sample; write progressive.csv and the plot."""
+    config.check()
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    top = tuple(_static_ranking(config.static, lm)[: config.top_static])
+    ks = tuple(sorted(set(config.ks)))
+    run, samples = _start(config, "ablation-progressive", lm, out, {"static_top": [head_key(h) for h in top]})
+    jobs = _Jobs(run, len(samples) * len(ks), "progressive", progress, on_record)
+    for sample in samples:
+        for k in ks:
+            settings = AblationSettings(strategy="dynamic", mode=config.mode, max_dynamic=k)
+            jobs.get(f"{sample.sample_id}-k{k}",
+                     partial(_progressive_record, lm, sample, settings, top, config.max_new_tokens))
+    jobs.close()
+    write_progressive(run)
+    return run
+
+
+def _progressive_record(lm: LoadedModel, sample: NiahSample, settings: AblationSettings, top: tuple[Head, ...],
+                        max_new_tokens: int) -> dict:
+    result = ablated_generate(lm, sample, settings, max_new_tokens)
+    counts = [len(compensated) for compensated in result.compensated]
+    overlap = [len(set(compensated) & set(top)) for compensated in result.compensated]
+    return {**_result_record(sample, result), "k": settings.max_dynamic, "compensated_counts": counts,
+            "max_compensated": max(counts, default=0), "static_overlap": overlap,
+            "max_static_overlap": max(overlap, default=0)}
+
+
+def write_progressive(run: RunDir) -> pd.DataFrame:
+    """progressive.csv (per k: samples, mean m_s, mean max_t |E_t|, metrics), summary.md and plots/progressive.png."""
+    frame = run.write_results()
+    table = (frame.groupby("k")
+             .agg(samples=("sample_id", "size"), static_overlap=("max_static_overlap", "mean"),
+                  compensated=("max_compensated", "mean"), accuracy=("metrics.accuracy", "mean"),
+                  rouge_l=("metrics.rouge_l", "mean"), masked_per_step=("mean_masked", "mean"))
+             .reset_index())
+    with atomic_path(run.path / "progressive.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    manifest = run.manifest()
+    model, top = manifest["model"]["name"], len(manifest["static_top"])
+    write_text(run.path / "summary.md", (
+        f"# Progressive ablation: {model}\n\n"
+        f"Per k: the first k dynamic heads of every step masked; overlap = mean over samples of "
+        f"max_t |E_t ∩ static top-{top}|; compensated = the same with all of E_t; masked = heads removed per step "
+        "(fewer than k when D_t is smaller).\n\n"
+        + _markdown(table, {"k": "k", "samples": "samples", "static_overlap": "overlap",
+                            "compensated": "compensated", "accuracy": "accuracy",
+                            "rouge_l": "ROUGE-L", "masked_per_step": "masked"})
+        + f"\nPaper ({PAPER_MODEL}): {PAPER_PROGRESSIVE}.\n"))
+    plot_progressive(table, run.path / "plots" / "progressive.png", top_static=top,
+                     title=f"{model}: progressive ablation")
+    return table
+
+
+# ---- shared ----------------------------------------------------------------------------------------------------------
+class _Jobs:
+    """Records of one run: read back when finished earlier, otherwise computed, saved and counted on the bar."""
+
+    def __init__(self, run: RunDir, total: int, desc: str, progress: bool,
+                 on_record: Callable[[dict], None] | None) -> None:
+        self.run, self.on_record = run, on_record
+        done = len(run.records())
+        self.bar = tqdm(total=total, initial=done, desc=desc, unit="record", disable=not progress)
+
+    def get(self, record_id: str, compute: Callable[[], dict]) -> dict:
+        if self.run.is_done(record_id):
+            return read_json(self.run.record_path(record_id))
+        record = compute()
+        record["sample_id"] = record_id  # one record per (sample, strategy or k); niah_sample_id names the sample
+        self.run.save_sample(record)
+        if self.on_record:
+            self.on_record(record)
+        self.bar.update()
+        return record
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path,
+           extra: dict) -> tuple[RunDir, list[NiahSample]]:
+    """The grid's samples, checked to fit the model, and the started (or resumed) run directory."""
+    samples = niah_samples(config.niah_config(), lm.tokenizer)
+    for sample in samples:  # fail before any work, not halfway through the grid
+        check_fits(lm, len(sample.input_ids), config.max_new_tokens)
+    run = RunDir(out)
+    run.start(kind, config, lm, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template,
+                                 **extra})
+    return run, samples
+
+
+def _static_ranking(path: str, lm: LoadedModel) -> tuple[Head, ...]:
+    return load_head_list(path, lm.num_layers, lm.num_heads).heads
+
+
+def _result_record(sample: NiahSample, result: AblationResult) -> dict:
+    """What every record holds: the sample's settings, the generation, its metrics and the per-step counts."""
+    masked = [len(heads) for heads in result.masked]
+    return {**sample.describe(), "niah_sample_id": sample.sample_id, "generated": result.text,
+            "stop_reason": result.stop_reason, "steps": len(result.masked),
+            "metrics": niah.score(sample.answer, result.text), "dynamic_counts": result.dynamic_counts,
+            "mean_dynamic": result.mean_dynamic, "masked_counts": masked,
+            "mean_masked": float(np.mean(masked)) if masked else 0.0}
+
+
+def _markdown(frame: pd.DataFrame, columns: dict[str, str]) -> str:
+    """A markdown table of ``frame``'s ``columns`` (name -> title); floats with 3 decimals."""
+    text = {c: frame[c].map("{:.3f}".format) if is_float_dtype(frame[c]) else frame[c].astype(str) for c in columns}
+    lines = ["| " + " | ".join(columns.values()) + " |", "|---" * len(columns) + "|"]
+    lines += ["| " + " | ".join(text[c].iloc[i] for c in columns) + " |" for i in range(len(frame))]
+    return "\n".join(lines) + "\n"

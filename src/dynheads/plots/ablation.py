@@ -1,0 +1,129 @@
+"""Figure 2 (heat maps of a metric per ablation strategy) and Figure 3 (progressive ablation, two y-axes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from dynheads.errors import DynheadsError
+from dynheads.io import atomic_path
+
+PANEL_TITLES = {  # strategy -> panel title, in panel order (the un-ablated baseline last)
+    "dynamic": "dynamic heads masked",
+    "static": "static heads masked",
+    "random": "random heads masked",
+    "fixed": "fixed heads masked",
+    "none": "no masking (baseline)",
+}
+METRIC_LABELS = {"accuracy": "accuracy", "rouge_l": "ROUGE-L"}
+_CMAP = matplotlib.colormaps["RdYlGn"].with_extremes(bad="white")  # red = fails, green = retrieves
+
+
+def heatmap_figure(panels: Mapping[str, pd.DataFrame], *, label: str, counts: Mapping[str, pd.DataFrame] | None = None,
+                   title: str | None = None) -> Figure:
+    """Heat maps side by side on one colour scale, 0..1: x = context length, y = depth, each cell annotated.
+
+    ``panels`` maps a panel title to a table of values (index = depth in 0..1, columns = context length).
+    ``counts`` (same titles and shape) gives the valid samples of each cell: a cell's opacity is its count over
+    the largest count, and cells with none stay blank. NaN values are blank too.
+    """
+    if not panels:
+        raise DynheadsError("nothing to plot: no heat-map panels given")
+    first = next(iter(panels.values()))
+    depths, lengths = list(first.index), list(first.columns)
+    largest = max(float(np.nanmax(c.to_numpy(dtype=float))) for c in counts.values()) if counts else 1.0
+    figure = Figure(figsize=(1.0 + (0.8 + 0.8 * len(lengths)) * len(panels), 1.6 + 0.5 * len(depths)),
+                    layout="constrained")
+    axes = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (name, table) in zip(axes, panels.items(), strict=True):
+        values = table.reindex(index=depths, columns=lengths).to_numpy(dtype=float)
+        alpha = np.ones_like(values)
+        if counts:
+            alpha = np.nan_to_num(counts[name].reindex(index=depths, columns=lengths).to_numpy(dtype=float)) / largest
+            values = np.where(alpha > 0, values, np.nan)
+        image = ax.imshow(values, cmap=_CMAP, vmin=0.0, vmax=1.0, alpha=alpha, aspect="auto",
+                          interpolation="nearest")
+        for (row, column), value in np.ndenumerate(values):
+            if not np.isnan(value):
+                ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=10,
+                        color=_text_colour(value, alpha[row, column]))
+        ax.set_title(name, fontsize=11)
+        ax.set_xticks(range(len(lengths)), [str(length) for length in lengths], fontsize=9)
+        ax.set_yticks(range(len(depths)), [f"{depth:.0%}" for depth in depths], fontsize=9)
+        ax.set_xlabel("context length (tokens)", fontsize=10)
+    axes[0].set_ylabel("needle depth", fontsize=10)
+    figure.colorbar(image, ax=list(axes), label=label, fraction=0.03, pad=0.02)
+    if title:
+        figure.suptitle(title, fontsize=12)
+    return figure
+
+
+def plot_heatmaps(panels: Mapping[str, pd.DataFrame], path: str | Path, *, label: str,
+                  counts: Mapping[str, pd.DataFrame] | None = None, title: str | None = None) -> Path:
+    """Write ``heatmap_figure`` as a PNG at ``path`` (atomically)."""
+    return _save(heatmap_figure(panels, label=label, counts=counts, title=title), path)
+
+
+def plot_ablation_cells(cells: pd.DataFrame, out_dir: str | Path, *, title: str | None = None) -> list[Path]:
+    """Figure 2 from ``cells.csv`` (strategy, length, depth, accuracy, rouge_l): ``ablation-<metric>.png`` each."""
+    strategies = [s for s in PANEL_TITLES if s in set(cells["strategy"])]
+    paths = []
+    for metric, label in METRIC_LABELS.items():
+        panels = {PANEL_TITLES[s]: cells[cells["strategy"] == s].pivot(index="depth", columns="length", values=metric)
+                  for s in strategies}
+        paths.append(plot_heatmaps(panels, Path(out_dir) / f"ablation-{metric}.png", label=label,
+                                   title=f"{title} ({label})" if title else None))
+    return paths
+
+
+def progressive_figure(table: pd.DataFrame, *, top_static: int = 20, title: str | None = None) -> Figure:
+    """Figure 3: overlap of the compensating heads with the static top heads (left axis, blue) and the task
+    metrics (right axis, red) against k, from ``progressive.csv`` (k, static_overlap, accuracy, rouge_l)."""
+    if table.empty:
+        raise DynheadsError("nothing to plot: the progressive table has no rows")
+    figure = Figure(figsize=(6.0, 4.0), layout="constrained")
+    left = figure.add_subplot()
+    right = left.twinx()
+    left.plot(table["k"], table["static_overlap"], color="#1d3f8f", marker="o", markersize=7,
+              label=f"overlap with static top-{top_static} (mean $m_s$)")
+    right.plot(table["k"], table["accuracy"], color="#c0392b", marker="s", label="accuracy")
+    right.plot(table["k"], table["rouge_l"], color="#c0392b", marker="^", linestyle="--", label="ROUGE-L")
+    left.set_xlabel("k (dynamic heads masked per step)")
+    left.set_ylabel(f"compensating heads in static top-{top_static}", color="#1d3f8f")
+    right.set_ylabel("accuracy / ROUGE-L", color="#c0392b")
+    left.set_xticks(list(table["k"]))
+    left.set_ylim(0, max(1.0, 1.2 * float(table["static_overlap"].max())))
+    right.set_ylim(0, 1.05)
+    left.grid(alpha=0.3)
+    left.set_zorder(right.get_zorder() + 1)  # the overlap line stays visible where the lines meet (e.g. at 0)
+    left.patch.set_visible(False)
+    handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    left.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=3, frameon=False,
+                fontsize=8)
+    if title:
+        left.set_title(title, fontsize=11)
+    return figure
+
+
+def plot_progressive(table: pd.DataFrame, path: str | Path, *, top_static: int = 20, title: str | None = None) -> Path:
+    """Write ``progressive_figure`` as a PNG at ``path`` (atomically)."""
+    return _save(progressive_figure(table, top_static=top_static, title=title), path)
+
+
+def _text_colour(value: float, alpha: float) -> str:
+    """Black or white, whichever reads better on the cell's colour blended with the white background."""
+    red, green, blue, _ = _CMAP(value)
+    blend = [alpha * channel + (1.0 - alpha) for channel in (red, green, blue)]
+    return "white" if 0.299 * blend[0] + 0.587 * blend[1] + 0.114 * blend[2] < 0.5 else "black"
+
+
+def _save(figure: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=150)
+    return path

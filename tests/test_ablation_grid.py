@@ -1,0 +1,154 @@
+"""The ablation grid and progressive ablation: records, resume, matched counts, files, plots, one-line errors.
+
+A tiny random model rarely copies from the needle, so its dynamic sets would be empty and every count 0. The
+``fake_dynamic_sets`` fixture replaces Eq. 1 inside the decoder by a deterministic rule that picks 0-3 heads from
+the predicted token: these tests check the experiment's plumbing; tests/test_ablation.py checks the decoder.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dynheads import ablation
+from dynheads.errors import DynheadsError
+from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
+from dynheads.models import load_model
+from dynheads.plots.ablation import heatmap_figure, plot_heatmaps, plot_progressive
+
+SAMPLES = ["analysis-len200-depth0-run0", "analysis-len200-depth1-run0"]
+STRATEGIES = ["none", "dynamic", "static", "random"]
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture
+def fake_dynamic_sets(monkeypatch):
+    heads = [(2, 1), (0, 3), (1, 0)]
+    monkeypatch.setattr(ablation, "_dynamic_heads", lambda session, step, predicted, settings: heads[: predicted % 4])
+
+
+def ranked_file(tmp_path, layers: int, heads: int):
+    """A ranked head list naming every head of the model, last layer first."""
+    path = tmp_path / "static.json"
+    path.write_text(json.dumps([f"{layer}-{head}" for layer in reversed(range(layers)) for head in range(heads)]))
+    return str(path)
+
+
+def grid_config(model_dir, static, **overrides) -> AblationConfig:
+    values = dict(model=str(model_dir), lengths=(200,), depths=(0.0, 1.0), runs=1, max_new_tokens=3, seed=3,
+                  static=static)
+    return AblationConfig(**{**values, **overrides})
+
+
+def test_grid_records_matched_counts_cells_and_resume(tiny_model_dir, tiny_lm, tmp_path, fake_dynamic_sets):
+    config = grid_config(tiny_model_dir, ranked_file(tmp_path, 3, 4))
+    run = run_ablation(config, tmp_path / "grid", lm=tiny_lm, progress=False)
+    records = {r["sample_id"]: r for r in run.records()}
+    assert set(records) == {f"{sample}-{strategy}" for sample in SAMPLES for strategy in STRATEGIES}
+    for sample in SAMPLES:
+        dynamic = records[f"{sample}-dynamic"]
+        assert dynamic["niah_sample_id"] == sample and dynamic["context_tokens"] == 200
+        assert set(dynamic["metrics"]) >= {"accuracy", "rouge_l"}
+        assert dynamic["masked_counts"] == dynamic["dynamic_counts"] and len(dynamic["masked_counts"]) == 3
+        assert dynamic["mean_dynamic"] == pytest.approx(np.mean(dynamic["dynamic_counts"]))
+        count = round(np.mean(dynamic["dynamic_counts"]))
+        assert dynamic["matched_count"] == count
+        for strategy in ("static", "random"):
+            assert records[f"{sample}-{strategy}"]["matched_count"] == count
+            assert records[f"{sample}-{strategy}"]["masked_counts"] == [count] * 3
+        assert records[f"{sample}-none"]["masked_counts"] == [0, 0, 0]
+    assert any(records[f"{sample}-dynamic"]["matched_count"] for sample in SAMPLES)  # the check above is not 0 == 0
+
+    cells = pd.read_csv(tmp_path / "grid" / "cells.csv")
+    assert len(cells) == len(STRATEGIES) * 2 and (cells["samples"] == 1).all()
+    assert set(cells["strategy"]) == set(STRATEGIES) and set(cells["depth"]) == {0.0, 1.0}
+    assert "| dynamic |" in (tmp_path / "grid" / "summary.md").read_text()
+    for metric in ("accuracy", "rouge_l"):
+        assert (tmp_path / "grid" / "plots" / f"ablation-{metric}.png").read_bytes()[:4] == b"\x89PNG"
+    manifest = json.loads((tmp_path / "grid" / "manifest.json").read_text())
+    assert manifest["kind"] == "ablation" and manifest["strategies_run"] == STRATEGIES
+
+    # Crash simulation: the static record never got written. Only it is recomputed, identically, with the
+    # count read back from the saved dynamic record.
+    run.record_path(f"{SAMPLES[1]}-static").unlink()
+    redone = []
+    run_ablation(config, tmp_path / "grid", lm=tiny_lm, progress=False, on_record=redone.append)
+    assert [r["sample_id"] for r in redone] == [f"{SAMPLES[1]}-static"]
+    assert redone[0] == records[f"{SAMPLES[1]}-static"]
+    assert not list((tmp_path / "grid").rglob("*.tmp"))
+
+
+def test_bad_settings_are_refused_before_any_work(tiny_model_dir, tiny_lm, tmp_path):
+    missing = tmp_path / "static.json"
+    missing.write_text('["5-0", "0-1"]')  # the tiny model has 3 layers
+    with pytest.raises(DynheadsError, match="does not have: L5-H0"):
+        run_ablation(grid_config(tiny_model_dir, str(missing)), tmp_path / "a", lm=tiny_lm, progress=False)
+    cases = [(dict(strategies=("static",)), "needs a static head list"),
+             (dict(strategies=("fixed",)), "fixed strategy and --heads go together"),
+             (dict(strategies=("fixed",), heads=("3-0",)), "does not have: L3-H0"),
+             (dict(mode="half"), "unknown masking mode 'half'")]
+    for overrides, message in cases:
+        with pytest.raises(DynheadsError, match=message):
+            run_ablation(grid_config(tiny_model_dir, None, **overrides), tmp_path / "b", lm=tiny_lm, progress=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_fixed_strategy_masks_its_heads_at_every_step(tiny_model_dir, tiny_lm, tmp_path):
+    config = grid_config(tiny_model_dir, None, depths=(0.5,), strategies=("fixed",), heads=("2-3", "0-1"))
+    records = {r["strategy"]: r for r in run_ablation(config, tmp_path / "fixed", lm=tiny_lm, progress=False).records()}
+    assert set(records) == {"none", "fixed"}
+    assert set(records["fixed"]["masked_counts"]) == {2}
+
+
+def test_progressive_summary_has_one_row_per_k(tiny_model_dir, tiny_lm, tmp_path, fake_dynamic_sets):
+    config = ProgressiveConfig(model=str(tiny_model_dir), ks=(2, 0, 1), lengths=(200,), depths=(0.5,), runs=1,
+                               max_new_tokens=3, static=ranked_file(tmp_path, 3, 4), top_static=5)
+    run = run_progressive(config, tmp_path / "prog", lm=tiny_lm, progress=False)
+    assert len(run.records()) == 3
+    table = pd.read_csv(tmp_path / "prog" / "progressive.csv")
+    assert list(table["k"]) == [0, 1, 2] and (table["samples"] == 1).all()
+    assert set(table.columns) >= {"static_overlap", "compensated", "accuracy", "rouge_l"}
+    for record in run.records():
+        assert [min(n, record["k"]) for n in record["dynamic_counts"]] == record["masked_counts"]
+        assert record["max_compensated"] == max(record["compensated_counts"], default=0)
+        assert record["max_static_overlap"] == max(record["static_overlap"], default=0)
+    assert len(json.loads((tmp_path / "prog" / "manifest.json").read_text())["static_top"]) == 5
+    assert (tmp_path / "prog" / "plots" / "progressive.png").is_file()
+
+
+def test_heat_maps_share_one_colour_scale_and_fade_by_count(tmp_path):
+    index, columns = pd.Index([0.0, 0.5, 1.0], name="depth"), pd.Index([500, 1000], name="length")
+    panels = {"dynamic": pd.DataFrame([[0.0, 0.1], [0.2, 0.0], [0.0, 0.3]], index, columns),
+              "static": pd.DataFrame([[1.0, 0.9], [0.8, 1.0], [1.0, 0.7]], index, columns)}
+    figure = heatmap_figure(panels, label="accuracy")
+    images = [image for ax in figure.axes for image in ax.get_images()]
+    assert len(images) == 2 and all(image.get_clim() == (0.0, 1.0) for image in images)
+    assert len(figure.axes[0].texts) == 6  # every cell annotated
+
+    counts = {name: pd.DataFrame([[2, 1], [0, 2], [2, 2]], index, columns) for name in panels}
+    figure = heatmap_figure(panels, label="F1", counts=counts)
+    image = figure.axes[0].get_images()[0]
+    assert np.ma.getmaskarray(image.get_array())[1, 0] and image.get_alpha()[0, 1] == 0.5
+    assert len(figure.axes[0].texts) == 5  # the empty cell stays blank
+
+    assert plot_heatmaps(panels, tmp_path / "h.png", label="accuracy").read_bytes()[:4] == b"\x89PNG"
+    table = pd.DataFrame({"k": [0, 5], "static_overlap": [0.0, 2.5], "accuracy": [1.0, 0.4], "rouge_l": [1.0, 0.6]})
+    assert plot_progressive(table, tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_bad_strategy_gets_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "dynheads", "ablate", "--strategies", "dynamic,bogus",
+                             "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "unknown ablation strategy 'bogus'" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
