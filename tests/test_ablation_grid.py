@@ -56,7 +56,7 @@ def test_grid_records_matched_counts_cells_and_resume(tiny_model_dir, tiny_lm, t
     assert set(records) == {f"{sample}-{strategy}" for sample in SAMPLES for strategy in STRATEGIES}
     for sample in SAMPLES:
         dynamic = records[f"{sample}-dynamic"]
-        assert dynamic["niah_sample_id"] == sample and dynamic["context_tokens"] == 200
+        assert dynamic["grid_sample_id"] == sample and dynamic["context_tokens"] == 200
         assert set(dynamic["metrics"]) >= {"accuracy", "rouge_l"}
         assert dynamic["masked_counts"] == dynamic["dynamic_counts"] and len(dynamic["masked_counts"]) == 3
         assert dynamic["mean_dynamic"] == pytest.approx(np.mean(dynamic["dynamic_counts"]))
@@ -152,3 +152,20 @@ def test_cli_bad_strategy_gets_one_line(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "unknown ablation strategy 'bogus'" in lines[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_hotpotqa_grid_uses_eq2_sets_and_em_f1(tiny_model_dir, tmp_path):
+    from dynheads.experiments.ablation import AblationConfig, run_ablation
+    from dynheads.models import load_model
+
+    config = AblationConfig(model=str(tiny_model_dir), task="hotpotqa", questions=2, lengths=(300,), depths=(0.5,),
+                            runs=1, max_new_tokens=3, strategies=("dynamic", "random"), threshold=0.05)
+    run = run_ablation(config, tmp_path / "hq", lm=load_model(tiny_model_dir), progress=False)
+    records = run.records()
+    assert len(records) == 2 * 3  # none, dynamic, random per question
+    assert all(set(r["metrics"]) >= {"em", "f1"} for r in records)
+    cells = (tmp_path / "hq" / "cells.csv").read_text()
+    assert cells.splitlines()[0].startswith("strategy,length,depth,em,f1,samples")
+    assert (tmp_path / "hq" / "plots" / "ablation-f1.png").is_file()
+    # Eq. 2 with a low threshold makes some heads dynamic even on a random model.
+    assert any(sum(r["dynamic_counts"]) > 0 for r in records if r["strategy"] == "dynamic")

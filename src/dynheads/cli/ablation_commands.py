@@ -24,6 +24,10 @@ Seed = Annotated[int | None, Opt(help="master seed")]
 MaxNewTokens = Annotated[int | None, Opt(help="generation budget per sample")]
 Haystack = Annotated[str | None, Opt(help="folder of .txt files (default: Paul Graham essays)")]
 Device = Annotated[str | None, Opt(help="cpu or cuda")]
+Task = Annotated[str | None, Opt(help="niah (Eq. 1) or hotpotqa (Eq. 2 above --threshold)")]
+Threshold = Annotated[float | None, Opt(help="hotpotqa: Eq. 2 score above which a head is dynamic")]
+Questions = Annotated[int | None, Opt(help="hotpotqa: questions spread over the grid")]
+Data = Annotated[str | None, Opt(help="hotpotqa: data file (default: synthetic questions)")]
 
 
 @app.command()
@@ -40,20 +44,25 @@ def ablate(
     seed: Seed = None,
     max_new_tokens: MaxNewTokens = None,
     haystack: Haystack = None,
+    task: Task = None,
+    threshold: Threshold = None,
+    questions: Questions = None,
+    data: Data = None,
     device: Device = None,
     config: ConfigFile = None,
 ) -> None:
-    """Per-step head ablation on a NIAH grid: accuracy and ROUGE-L heat maps per strategy (paper Figure 2)."""
+    """Per-step head ablation on a NIAH (or HotpotQA) grid: metric heat maps per strategy (paper Figures 2, 6)."""
     from dynheads.experiments.ablation import AblationConfig, run_ablation
 
     cfg = build_config(
         AblationConfig, config, model=model, strategies=parse_list(strategies, str.strip),
         heads=parse_list(heads, str.strip), lengths=parse_list(lengths, int), depths=parse_list(depths, float),
         runs=runs, static=static, mode=mode, seed=seed, max_new_tokens=max_new_tokens, haystack=haystack, device=device,
+        task=task, threshold=threshold, questions=questions, data=data,
     )
     run = run_ablation(cfg, out)
     typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)
-    typer.echo(f"wrote {out}/cells.csv and {out}/plots/ablation-accuracy.png, ablation-rouge_l.png")
+    typer.echo(f"wrote {out}/cells.csv and the heat maps in {out}/plots/")
 
 
 @app.command("ablate-progressive")
@@ -70,6 +79,10 @@ def ablate_progressive(
     seed: Seed = None,
     max_new_tokens: MaxNewTokens = None,
     haystack: Haystack = None,
+    task: Task = None,
+    threshold: Threshold = None,
+    questions: Questions = None,
+    data: Data = None,
     device: Device = None,
     config: ConfigFile = None,
 ) -> None:
@@ -79,7 +92,8 @@ def ablate_progressive(
     cfg = build_config(
         ProgressiveConfig, config, model=model, ks=parse_list(ks, int), lengths=parse_list(lengths, int),
         depths=parse_list(depths, float), runs=runs, static=static, top_static=top_static, mode=mode, seed=seed,
-        max_new_tokens=max_new_tokens, haystack=haystack, device=device,
+        max_new_tokens=max_new_tokens, haystack=haystack, device=device, task=task, threshold=threshold,
+        questions=questions, data=data,
     )
     run = run_progressive(cfg, out)
     typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)

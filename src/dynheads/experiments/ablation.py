@@ -36,6 +36,7 @@ from dynheads.ablation import STRATEGIES, AblationResult, AblationSettings, abla
 from dynheads.analysis.headlists import load_head_list
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
+from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
 from dynheads.heads import Head, check_heads, head_key, parse_head
 from dynheads.io import atomic_path, read_json, write_text
@@ -43,22 +44,30 @@ from dynheads.models import LoadedModel, load_model
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.probe import AblationMode
 from dynheads.runs import RunDir, derive_seed
-from dynheads.tasks import niah
-from dynheads.tasks.niah import NiahSample
+from dynheads.tasks import hotpotqa, niah
 
 MODES = ("zero", "uniform")
+TASK_METRICS = {"niah": {"accuracy": "accuracy", "rouge_l": "ROUGE-L"}, "hotpotqa": {"em": "EM", "f1": "F1"}}
 PAPER_MODEL = "llama3.1-8b"
-PAPER_GRID = ("dynamic masking drives accuracy to about 0 in almost every cell, while masking as many static or "
-              "random heads leaves most cells intact (Figure 2; 5 runs per cell)")
+PAPER_GRID = {
+    "niah": ("dynamic masking drives accuracy to about 0 in almost every cell, while masking as many static or "
+             "random heads leaves most cells intact (Figure 2; 5 runs per cell)"),
+    "hotpotqa": ("masking the dynamic reasoning heads degrades F1 far more than masking as many static or random "
+                 "heads (Figure 6)"),
+}
 PAPER_PROGRESSIVE = ("accuracy falls from 1.0 to 0.0 as k reaches 20, while the overlap of the compensating heads "
                      "with the static top-20 rises to 4.5-7 for k >= 5 (Figure 3; 5000-token haystack, 20 runs)")
 
 
 @dataclass(frozen=True)
 class _GridConfig:
-    """Settings shared by both experiments: the NIAH grid, the model and the masking mode."""
+    """Settings shared by both experiments: the task's grid, the model and the masking mode."""
 
     model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
+    task: str = field(default="niah", metadata={"help": "niah (D_t by Eq. 1) or hotpotqa (Eq. 2 > threshold)"})
+    threshold: float = field(default=0.1, metadata={"help": "hotpotqa: Eq. 2 score above which a head is dynamic"})
+    questions: int = field(default=45, metadata={"help": "hotpotqa: questions, spread over the grid cells"})
+    data: str | None = field(default=None, metadata={"help": "hotpotqa: data file; None = synthetic questions"})
     lengths: tuple[int, ...] = field(default=(500, 1000, 2000), metadata={"help": "haystack tokens"})
     depths: tuple[float, ...] = field(default=(0.0, 0.25, 0.5, 0.75, 1.0), metadata={"help": "needle depth, 0..1"})
     runs: int = field(default=2, metadata={"help": "samples (different needle and seed) per grid cell"})
@@ -76,9 +85,17 @@ class _GridConfig:
                           seed=self.seed, max_new_tokens=self.max_new_tokens, haystack=self.haystack,
                           dtype=self.dtype, device=self.device)
 
+    def hotpot_config(self) -> HotpotConfig:
+        """The HotpotQA grid whose questions are ablated (as ``dynheads hotpotqa``)."""
+        return HotpotConfig(model=self.model, data=self.data, questions=self.questions, lengths=self.lengths,
+                            depths=self.depths, seed=self.seed, max_new_tokens=self.max_new_tokens,
+                            dtype=self.dtype, device=self.device)
+
     def check(self) -> None:
         if self.mode not in MODES:
             raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(MODES)}")
+        if self.task not in TASK_METRICS:
+            raise DynheadsError(f"unknown task {self.task!r}: use one of {', '.join(TASK_METRICS)}")
 
 
 @dataclass(frozen=True)
@@ -144,9 +161,10 @@ def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | N
         for strategy in strategies:
             settings = AblationSettings(strategy=strategy, mode=config.mode, static_ranking=static, fixed_heads=fixed,
                                         count=count if strategy in ("static", "random") else None,
-                                        seed=derive_seed(config.seed, "random-heads", sample.seed))
+                                        seed=derive_seed(config.seed, "random-heads", sample.seed),
+                                        score=_score_kind(config), threshold=config.threshold)
             record = jobs.get(f"{sample.sample_id}-{strategy}",
-                              partial(_ablation_record, lm, sample, settings, config.max_new_tokens))
+                              partial(_ablation_record, lm, sample, settings, config))
             if strategy == "dynamic":
                 count = record["matched_count"]
     jobs.close()
@@ -154,26 +172,27 @@ def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | N
     return run
 
 
-def _ablation_record(lm: LoadedModel, sample: NiahSample, settings: AblationSettings, max_new_tokens: int) -> dict:
-    result = ablated_generate(lm, sample, settings, max_new_tokens)
+def _ablation_record(lm: LoadedModel, sample, settings: AblationSettings, config: _GridConfig) -> dict:
+    result = ablated_generate(lm, sample, settings, config.max_new_tokens)
     count = matched_count(result.dynamic_counts) if settings.strategy == "dynamic" else settings.count
-    return {**_result_record(sample, result), "strategy": settings.strategy, "matched_count": count}
+    return {**_result_record(sample, result, config.task), "strategy": settings.strategy, "matched_count": count}
 
 
 def write_cells(run: RunDir) -> pd.DataFrame:
     """cells.csv, summary.md and the heat maps of a grid run, from its records."""
     frame = run.write_results()
+    task = run.manifest()["config"].get("task", "niah")
+    metrics = TASK_METRICS[task]
+    means = {name: (f"metrics.{name}", "mean") for name in metrics}
     frame["strategy"] = frame["strategy"].astype(pd.CategoricalDtype(STRATEGIES, ordered=True))  # run order
     keys = ["strategy", "context_tokens", "depth"]
     cells = (frame.groupby(keys, observed=True)
-             .agg(accuracy=("metrics.accuracy", "mean"), rouge_l=("metrics.rouge_l", "mean"),
-                  samples=("sample_id", "size"))
+             .agg(**means, samples=("sample_id", "size"))
              .reset_index().rename(columns={"context_tokens": "length"}))
     with atomic_path(run.path / "cells.csv") as tmp:
         cells.to_csv(tmp, index=False)
     summary = (frame.groupby("strategy", observed=True)
-               .agg(records=("sample_id", "size"), accuracy=("metrics.accuracy", "mean"),
-                    rouge_l=("metrics.rouge_l", "mean"), mean_dynamic=("mean_dynamic", "mean"),
+               .agg(records=("sample_id", "size"), **means, mean_dynamic=("mean_dynamic", "mean"),
                     masked_per_step=("mean_masked", "mean"))
                .reset_index())
     model = run.manifest()["model"]["name"]
@@ -181,10 +200,11 @@ def write_cells(run: RunDir) -> pd.DataFrame:
         f"# Per-step ablation: {model}\n\n"
         "Means over all records of each strategy. mean |D_t| = dynamic heads of the clean pass per step; "
         "masked = heads removed per step (static and random: the dynamic run's mean |D_t|, rounded).\n\n"
-        + _markdown(summary, {"strategy": "strategy", "records": "records", "accuracy": "accuracy",
-                              "rouge_l": "ROUGE-L", "mean_dynamic": r"mean \|D_t\|", "masked_per_step": "masked"})
-        + f"\nPaper ({PAPER_MODEL}): {PAPER_GRID}.\n"))
-    plot_ablation_cells(cells, run.path / "plots", title=f"{model}: per-step ablation")
+        + _markdown(summary, {"strategy": "strategy", "records": "records", **metrics,
+                              "mean_dynamic": r"mean \|D_t\|", "masked_per_step": "masked"})
+        + f"\nPaper ({PAPER_MODEL}): {PAPER_GRID[task]}.\n"))
+    plot_ablation_cells(cells, run.path / "plots", title=f"{model}: per-step ablation ({task})", metrics=metrics,
+                        opacity=task == "hotpotqa")
     return cells
 
 
@@ -200,20 +220,21 @@ def run_progressive(config: ProgressiveConfig, out: str | Path, *, lm: LoadedMod
     jobs = _Jobs(run, len(samples) * len(ks), "progressive", progress, on_record)
     for sample in samples:
         for k in ks:
-            settings = AblationSettings(strategy="dynamic", mode=config.mode, max_dynamic=k)
+            settings = AblationSettings(strategy="dynamic", mode=config.mode, max_dynamic=k,
+                                        score=_score_kind(config), threshold=config.threshold)
             jobs.get(f"{sample.sample_id}-k{k}",
-                     partial(_progressive_record, lm, sample, settings, top, config.max_new_tokens))
+                     partial(_progressive_record, lm, sample, settings, top, config))
     jobs.close()
     write_progressive(run)
     return run
 
 
-def _progressive_record(lm: LoadedModel, sample: NiahSample, settings: AblationSettings, top: tuple[Head, ...],
-                        max_new_tokens: int) -> dict:
-    result = ablated_generate(lm, sample, settings, max_new_tokens)
+def _progressive_record(lm: LoadedModel, sample, settings: AblationSettings, top: tuple[Head, ...],
+                        config: _GridConfig) -> dict:
+    result = ablated_generate(lm, sample, settings, config.max_new_tokens)
     counts = [len(compensated) for compensated in result.compensated]
     overlap = [len(set(compensated) & set(top)) for compensated in result.compensated]
-    return {**_result_record(sample, result), "k": settings.max_dynamic, "compensated_counts": counts,
+    return {**_result_record(sample, result, config.task), "k": settings.max_dynamic, "compensated_counts": counts,
             "max_compensated": max(counts, default=0), "static_overlap": overlap,
             "max_static_overlap": max(overlap, default=0)}
 
@@ -221,10 +242,11 @@ def _progressive_record(lm: LoadedModel, sample: NiahSample, settings: AblationS
 def write_progressive(run: RunDir) -> pd.DataFrame:
     """progressive.csv (per k: samples, mean m_s, mean max_t |E_t|, metrics), summary.md and plots/progressive.png."""
     frame = run.write_results()
+    metrics = TASK_METRICS[run.manifest()["config"].get("task", "niah")]
     table = (frame.groupby("k")
              .agg(samples=("sample_id", "size"), static_overlap=("max_static_overlap", "mean"),
-                  compensated=("max_compensated", "mean"), accuracy=("metrics.accuracy", "mean"),
-                  rouge_l=("metrics.rouge_l", "mean"), masked_per_step=("mean_masked", "mean"))
+                  compensated=("max_compensated", "mean"), **{m: (f"metrics.{m}", "mean") for m in metrics},
+                  masked_per_step=("mean_masked", "mean"))
              .reset_index())
     with atomic_path(run.path / "progressive.csv") as tmp:
         table.to_csv(tmp, index=False)
@@ -236,11 +258,10 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
         f"max_t |E_t ∩ static top-{top}|; compensated = the same with all of E_t; masked = heads removed per step "
         "(fewer than k when D_t is smaller).\n\n"
         + _markdown(table, {"k": "k", "samples": "samples", "static_overlap": "overlap",
-                            "compensated": "compensated", "accuracy": "accuracy",
-                            "rouge_l": "ROUGE-L", "masked_per_step": "masked"})
+                            "compensated": "compensated", **metrics, "masked_per_step": "masked"})
         + f"\nPaper ({PAPER_MODEL}): {PAPER_PROGRESSIVE}.\n"))
     plot_progressive(table, run.path / "plots" / "progressive.png", top_static=top,
-                     title=f"{model}: progressive ablation")
+                     title=f"{model}: progressive ablation", metrics=metrics)
     return table
 
 
@@ -258,7 +279,7 @@ class _Jobs:
         if self.run.is_done(record_id):
             return read_json(self.run.record_path(record_id))
         record = compute()
-        record["sample_id"] = record_id  # one record per (sample, strategy or k); niah_sample_id names the sample
+        record["sample_id"] = record_id  # one record per (sample, strategy or k); grid_sample_id names the sample
         self.run.save_sample(record)
         if self.on_record:
             self.on_record(record)
@@ -269,28 +290,36 @@ class _Jobs:
         self.bar.close()
 
 
-def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path,
-           extra: dict) -> tuple[RunDir, list[NiahSample]]:
+def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, extra: dict) -> tuple[RunDir, list]:
     """The grid's samples, checked to fit the model, and the started (or resumed) run directory."""
-    samples = niah_samples(config.niah_config(), lm.tokenizer)
+    if config.task == "niah":
+        samples, prompt = niah_samples(config.niah_config(), lm.tokenizer), prompt_manifest()
+    else:
+        samples = hotpot_samples(config.hotpot_config(), lm.tokenizer)
+        prompt = {"system": hotpotqa.SYSTEM_PROMPT, "user": hotpotqa.USER_TEMPLATE, "data": config.data or "synthetic"}
     for sample in samples:  # fail before any work, not halfway through the grid
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     run = RunDir(out)
-    run.start(kind, config, lm, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template,
-                                 **extra})
+    run.start(kind, config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template, **extra})
     return run, samples
+
+
+def _score_kind(config: _GridConfig) -> str:
+    """How D_t is found: Eq. 1 copies on NIAH, Eq. 2 above ``threshold`` on HotpotQA."""
+    return "copy" if config.task == "niah" else "reasoning"
 
 
 def _static_ranking(path: str, lm: LoadedModel) -> tuple[Head, ...]:
     return load_head_list(path, lm.num_layers, lm.num_heads).heads
 
 
-def _result_record(sample: NiahSample, result: AblationResult) -> dict:
+def _result_record(sample, result: AblationResult, task: str) -> dict:
     """What every record holds: the sample's settings, the generation, its metrics and the per-step counts."""
     masked = [len(heads) for heads in result.masked]
-    return {**sample.describe(), "niah_sample_id": sample.sample_id, "generated": result.text,
+    score = niah.score if task == "niah" else hotpotqa.score
+    return {**sample.describe(), "grid_sample_id": sample.sample_id, "generated": result.text,
             "stop_reason": result.stop_reason, "steps": len(result.masked),
-            "metrics": niah.score(sample.answer, result.text), "dynamic_counts": result.dynamic_counts,
+            "metrics": score(sample.answer, result.text), "dynamic_counts": result.dynamic_counts,
             "mean_dynamic": result.mean_dynamic, "masked_counts": masked,
             "mean_masked": float(np.mean(masked)) if masked else 0.0}
 

@@ -52,6 +52,7 @@ class Preset:
     hotpot_max_new_tokens: int
     hotpot_ablation_lengths: tuple[int, ...]
     hotpot_ablation_depths: tuple[float, ...]
+    hotpot_ablation_questions: int
     rag_questions: int
     rag_ks: tuple[int, ...]
     rag_length: int
@@ -65,7 +66,8 @@ PRESETS = {
         ablation_lengths=(200,), ablation_depths=(0.5,), ablation_runs=1, progressive_ks=(0, 2), progressive_length=200,
         progressive_runs=1, cca_offsets=(0, 1), probe=ProbeConfig(hidden_sizes=(16,), epochs=2),
         hotpot_questions=4, hotpot_lengths=(300,), hotpot_depths=(0.5,), hotpot_max_new_tokens=3,
-        hotpot_ablation_lengths=(300,), hotpot_ablation_depths=(0.5,), rag_questions=1, rag_ks=(2,), rag_length=300,
+        hotpot_ablation_lengths=(300,), hotpot_ablation_depths=(0.5,), hotpot_ablation_questions=1,
+        rag_questions=1, rag_ks=(2,), rag_length=300,
     ),
     "quick": Preset(
         niah_lengths=(500, 1000, 1500), niah_depths=(0.0, 0.25, 0.5, 0.75, 1.0), niah_runs=2, static_samples=15,
@@ -75,6 +77,7 @@ PRESETS = {
         probe=ProbeConfig(hidden_sizes=(512, 256), epochs=60, early_stopping=8),
         hotpot_questions=18, hotpot_lengths=(250, 500, 1000), hotpot_depths=(0.05, 0.5, 0.95),
         hotpot_max_new_tokens=16, hotpot_ablation_lengths=(250, 500), hotpot_ablation_depths=(0.05, 0.95),
+        hotpot_ablation_questions=8,
         rag_questions=8, rag_ks=(5,), rag_length=500,
     ),
     "paper": Preset(
@@ -84,7 +87,8 @@ PRESETS = {
         progressive_length=5000, progressive_runs=20, cca_offsets=tuple(range(11)), probe=ProbeConfig(),
         hotpot_questions=500, hotpot_lengths=(250, 1000, 2000, 3750), hotpot_depths=(0.05, 0.25, 0.5, 0.75, 0.95),
         hotpot_max_new_tokens=32, hotpot_ablation_lengths=(250, 1000, 2000, 3750),
-        hotpot_ablation_depths=(0.05, 0.25, 0.5, 0.75, 0.95), rag_questions=500, rag_ks=(5, 10, 20), rag_length=2000,
+        hotpot_ablation_depths=(0.05, 0.25, 0.5, 0.75, 0.95), hotpot_ablation_questions=500,
+        rag_questions=500, rag_ks=(5, 10, 20), rag_length=2000,
     ),
 }
 
@@ -172,6 +176,16 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     stages.run("hotpotqa-probe", lambda: train_probe_on_run(
         out / "hotpotqa", probe_config, score="reasoning", out_dir=out / "hotpotqa-probe", device=str(lm.device),
         progress=progress))
+    hotpot_grid = dict(task="hotpotqa", data=config.hotpotqa, max_new_tokens=preset.hotpot_max_new_tokens,
+                       static=str(static_file), **common)
+    hotpot_ablation = AblationConfig(lengths=preset.hotpot_ablation_lengths, depths=preset.hotpot_ablation_depths,
+                                     questions=preset.hotpot_ablation_questions, **hotpot_grid)
+    stages.run("hotpotqa-ablation", lambda: run_ablation(hotpot_ablation, out / "hotpotqa-ablation", lm=lm,
+                                                         progress=progress))
+    hotpot_progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=preset.hotpot_ablation_lengths[:1],
+                                           depths=(0.5,), questions=preset.progressive_runs, **hotpot_grid)
+    stages.run("hotpotqa-progressive", lambda: run_progressive(hotpot_progressive, out / "hotpotqa-progressive",
+                                                               lm=lm, progress=progress))
     rag = RagConfig(probe=str(out / "hotpotqa-probe"), static=str(static_file), ks=preset.rag_ks,
                     data=config.hotpotqa, questions=preset.rag_questions, lengths=(preset.rag_length,), **common)
     stages.run("rag", lambda: run_rag(rag, out / "rag", lm=lm, progress=progress))

@@ -69,19 +69,26 @@ def plot_heatmaps(panels: Mapping[str, pd.DataFrame], path: str | Path, *, label
     return _save(heatmap_figure(panels, label=label, counts=counts, title=title), path)
 
 
-def plot_ablation_cells(cells: pd.DataFrame, out_dir: str | Path, *, title: str | None = None) -> list[Path]:
-    """Figure 2 from ``cells.csv`` (strategy, length, depth, accuracy, rouge_l): ``ablation-<metric>.png`` each."""
+def plot_ablation_cells(cells: pd.DataFrame, out_dir: str | Path, *, title: str | None = None,
+                        metrics: Mapping[str, str] = METRIC_LABELS, opacity: bool = False) -> list[Path]:
+    """Figure 2 from ``cells.csv`` (strategy, length, depth, samples and the ``metrics`` columns): one
+    ``ablation-<metric>.png`` per metric. ``opacity``: cells fade with fewer samples (the HotpotQA figures)."""
     strategies = [s for s in PANEL_TITLES if s in set(cells["strategy"])]
+
+    def pivot(strategy: str, column: str) -> pd.DataFrame:
+        return cells[cells["strategy"] == strategy].pivot(index="depth", columns="length", values=column)
+
+    counts = {PANEL_TITLES[s]: pivot(s, "samples") for s in strategies} if opacity else None
     paths = []
-    for metric, label in METRIC_LABELS.items():
-        panels = {PANEL_TITLES[s]: cells[cells["strategy"] == s].pivot(index="depth", columns="length", values=metric)
-                  for s in strategies}
-        paths.append(plot_heatmaps(panels, Path(out_dir) / f"ablation-{metric}.png", label=label,
+    for metric, label in metrics.items():
+        panels = {PANEL_TITLES[s]: pivot(s, metric) for s in strategies}
+        paths.append(plot_heatmaps(panels, Path(out_dir) / f"ablation-{metric}.png", label=label, counts=counts,
                                    title=f"{title} ({label})" if title else None))
     return paths
 
 
-def progressive_figure(table: pd.DataFrame, *, top_static: int = 20, title: str | None = None) -> Figure:
+def progressive_figure(table: pd.DataFrame, *, top_static: int = 20, title: str | None = None,
+                       metrics: Mapping[str, str] = METRIC_LABELS) -> Figure:
     """Figure 3: overlap of the compensating heads with the static top heads (left axis, blue) and the task
     metrics (right axis, red) against k, from ``progressive.csv`` (k, static_overlap, accuracy, rouge_l)."""
     if table.empty:
@@ -91,11 +98,11 @@ def progressive_figure(table: pd.DataFrame, *, top_static: int = 20, title: str 
     right = left.twinx()
     left.plot(table["k"], table["static_overlap"], color="#1d3f8f", marker="o", markersize=7,
               label=f"overlap with static top-{top_static} (mean $m_s$)")
-    right.plot(table["k"], table["accuracy"], color="#c0392b", marker="s", label="accuracy")
-    right.plot(table["k"], table["rouge_l"], color="#c0392b", marker="^", linestyle="--", label="ROUGE-L")
+    for (metric, label), marker, style in zip(metrics.items(), "s^", ("-", "--"), strict=False):
+        right.plot(table["k"], table[metric], color="#c0392b", marker=marker, linestyle=style, label=label)
     left.set_xlabel("k (dynamic heads masked per step)")
     left.set_ylabel(f"compensating heads in static top-{top_static}", color="#1d3f8f")
-    right.set_ylabel("accuracy / ROUGE-L", color="#c0392b")
+    right.set_ylabel(" / ".join(metrics.values()), color="#c0392b")
     left.set_xticks(list(table["k"]))
     left.set_ylim(0, max(1.0, 1.2 * float(table["static_overlap"].max())))
     right.set_ylim(0, 1.05)
@@ -110,9 +117,10 @@ def progressive_figure(table: pd.DataFrame, *, top_static: int = 20, title: str 
     return figure
 
 
-def plot_progressive(table: pd.DataFrame, path: str | Path, *, top_static: int = 20, title: str | None = None) -> Path:
+def plot_progressive(table: pd.DataFrame, path: str | Path, *, top_static: int = 20, title: str | None = None,
+                     metrics: Mapping[str, str] = METRIC_LABELS) -> Path:
     """Write ``progressive_figure`` as a PNG at ``path`` (atomically)."""
-    return _save(progressive_figure(table, top_static=top_static, title=title), path)
+    return _save(progressive_figure(table, top_static=top_static, title=title, metrics=metrics), path)
 
 
 def _text_colour(value: float, alpha: float) -> str:
