@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zoo import tiny_model
+from zoo import NoTokenizer, tiny_model
 
 from dynheads.ablation import AblationSettings, ablated_generate, matched_count
 from dynheads.decoding import DecodingSession, trace
@@ -13,23 +13,13 @@ from dynheads.models import LoadedModel
 from dynheads.probe import AttentionProbe, attached
 
 
-class _Tok:
-    eos_token_id = None
-
-    def get_vocab(self):
-        return {}
-
-    def decode(self, ids, **kwargs):
-        return " ".join(map(str, ids))
-
-
 class _Sample:
     def __init__(self, ids, needle):
         self.input_ids, self.needle_positions = ids, needle
 
 
 def _lm(family="llama"):
-    return LoadedModel(model=tiny_model(family), tokenizer=_Tok(), name=family, revision="random")
+    return LoadedModel(model=tiny_model(family), tokenizer=NoTokenizer(), name=family, revision="random")
 
 
 def _sample(seed=0, length=24):

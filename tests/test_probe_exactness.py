@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zoo import FAMILIES, tiny_model
+from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.decoding import DecodingSession
 from dynheads.models import LoadedModel
@@ -17,16 +17,6 @@ from dynheads.probe import AttentionProbe, attached
 
 TOL = 1e-5
 PROMPT_LEN, STEPS = 20, 4  # 24 tokens > sliding window 8: the window slides during decoding
-
-
-class _NoTokenizer:
-    eos_token_id = None
-
-    def get_vocab(self):
-        return {}
-
-    def decode(self, ids, **kwargs):
-        return " ".join(map(str, ids))
 
 
 def eager_last_rows(model, ids: torch.Tensor) -> list[torch.Tensor]:
@@ -44,7 +34,7 @@ def eager_last_rows(model, ids: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_probe_rows_equal_eager_rows_at_every_step(family):
     model = tiny_model(family)
-    lm = LoadedModel(model=model, tokenizer=_NoTokenizer(), name=family, revision="random")
+    lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
     layers, heads = lm.num_layers, lm.num_heads
     torch.manual_seed(1)
     prompt = torch.randint(3, 128, (PROMPT_LEN,)).tolist()
@@ -79,7 +69,7 @@ def test_tokens_identical_with_probe_on_and_off(family):
     from dynheads.decoding import trace
 
     model = tiny_model(family)
-    lm = LoadedModel(model=model, tokenizer=_NoTokenizer(), name=family, revision="random")
+    lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
     torch.manual_seed(2)
     prompt = torch.randint(3, 128, (1, 16))
     with torch.no_grad():

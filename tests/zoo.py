@@ -37,3 +37,15 @@ def tiny_model(family: str, vocab_size: int = 128, seed: int = 0) -> tf.PreTrain
             if "q_proj" in name and param.dim() == 2 or "qkv_proj" in name:
                 param.mul_(4.0)
     return model
+
+
+class NoTokenizer:
+    """Stands in for a tokenizer where tests feed token ids directly: no vocabulary, ids decode to numbers."""
+
+    eos_token_id = None
+
+    def get_vocab(self) -> dict:
+        return {}
+
+    def decode(self, ids, **kwargs) -> str:
+        return " ".join(map(str, ids))

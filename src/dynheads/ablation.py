@@ -62,15 +62,16 @@ class AblationResult:
 
 
 def ablated_generate(
-    lm: LoadedModel, sample: Sample, settings: AblationSettings, max_new_tokens: int = 48
+    lm: LoadedModel, sample: Sample, settings: AblationSettings, max_new_tokens: int = 48, *, stop_at_eos: bool = True
 ) -> AblationResult:
-    """Greedy decoding where every step is computed twice: clean (to find D_t), then with heads removed."""
+    """Greedy decoding where every step is computed twice: clean (to find D_t), then with heads removed.
+    ``stop_at_eos=False`` always decodes ``max_new_tokens`` tokens (benchmarks)."""
     _validate(lm, settings)
     prompt_length = len(sample.input_ids)
     session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens,
                               sink_size=settings.sink_size, local_window=settings.local_window)
     rng = np.random.default_rng(settings.seed)
-    stop_ids = lm.stop_token_ids()
+    stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     if prompt_length > 1:
         session.forward(prompt_length - 1)
     result = AblationResult(tokens=[], text="", stop_reason="max_new_tokens")

@@ -29,7 +29,7 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
 from dynheads.runs import derive_seed
-from dynheads.tasks.prompting import check_span_keeps, locate, render_chat, token_span
+from dynheads.tasks.prompting import SampleRecord, check_span_keeps, locate, render_chat, token_span
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Answer with a short phrase."
 USER_TEMPLATE = (
@@ -334,7 +334,7 @@ class _World:
 
 
 @dataclass(frozen=True)
-class HotpotSample:
+class HotpotSample(SampleRecord):
     """One HotpotQA prompt. Token indices point into ``input_ids``."""
 
     sample_id: str
@@ -352,13 +352,6 @@ class HotpotSample:
     seed: int
     prompt_template: str  # "chat" or "plain"
     meta: dict = field(default_factory=dict)
-
-    def describe(self) -> dict:
-        """What a per-sample record stores (no token ids)."""
-        record = asdict(self)
-        del record["input_ids"]
-        record["prompt_tokens"] = len(self.input_ids)
-        return record
 
 
 def render_paragraph(paragraph: Paragraph) -> str:

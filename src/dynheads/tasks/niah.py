@@ -14,7 +14,7 @@ import importlib.util
 import random
 import re
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from rouge_score import rouge_scorer
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
-from dynheads.tasks.prompting import check_span_keeps, locate, render_chat, token_span
+from dynheads.tasks.prompting import SampleRecord, check_span_keeps, locate, render_chat, token_span
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
 QUESTION = "What is the magic word?"
@@ -35,7 +35,7 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
 
 
 @dataclass(frozen=True)
-class NiahSample:
+class NiahSample(SampleRecord):
     """One NIAH prompt. ``needle_positions`` are token indices into ``input_ids``."""
 
     sample_id: str
@@ -48,13 +48,6 @@ class NiahSample:
     seed: int
     prompt_template: str  # "chat" or "plain"
     meta: dict = field(default_factory=dict)
-
-    def describe(self) -> dict:
-        """What a per-sample record stores (no token ids)."""
-        record = asdict(self)
-        del record["input_ids"]
-        record["prompt_tokens"] = len(self.input_ids)
-        return record
 
 
 def default_haystack_dir() -> Path:

@@ -8,7 +8,7 @@ the model sees.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from transformers import PreTrainedTokenizerBase
 
@@ -65,3 +65,13 @@ def check_span_keeps(
             f"the {what} does not survive tokenisation: its tokens decode to {decoded[:80]!r}, "
             f"which does not contain {must_contain!r} (unknown characters for this tokenizer?)"
         )
+
+
+class SampleRecord:
+    """Mixin for task sample dataclasses: ``describe()`` is what a per-sample record stores (no token ids)."""
+
+    def describe(self) -> dict:
+        record = asdict(self)
+        del record["input_ids"]
+        record["prompt_tokens"] = len(self.input_ids)
+        return record
