@@ -82,6 +82,9 @@ def rag(
     depths: Annotated[str | None, Opt(help="gold-paragraph depths in [0, 1]")] = None,
     seed: Annotated[int | None, Opt(help="master seed")] = None,
     threshold: Annotated[float | None, Opt(help="RIND threshold θ")] = None,
+    top_n: Annotated[int | None, Opt(help="top attended context positions that are clustered")] = None,
+    window: Annotated[int | None, Opt(help="tokens shown around each cluster")] = None,
+    max_new_tokens: Annotated[int | None, Opt(help="answer budget in tokens")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
     config: ConfigFile = None,
 ) -> None:
@@ -91,7 +94,8 @@ def rag(
     cfg = build_config(
         RagConfig, config, model=model, probe=probe, static=static, strategies=parse_list(strategies, str),
         ks=parse_list(k, int), data=data, questions=questions, lengths=parse_list(lengths, int),
-        depths=parse_list(depths, float), seed=seed, threshold=threshold, device=device,
+        depths=parse_list(depths, float), seed=seed, threshold=threshold, top_n=top_n, window=window,
+        max_new_tokens=max_new_tokens, device=device,
     )
     typer.echo(rag_markdown(rag_table(run_rag(cfg, out))))
 
