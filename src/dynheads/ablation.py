@@ -26,9 +26,9 @@ from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 from dynheads.models import LoadedModel
 from dynheads.probe import AblationMode
+from dynheads.traces import ScoreKind
 
 Strategy = Literal["none", "dynamic", "static", "random", "fixed"]
-ScoreKind = Literal["copy", "reasoning"]
 STRATEGIES: tuple[str, ...] = ("none", "dynamic", "static", "random", "fixed")
 
 

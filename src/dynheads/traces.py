@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +30,7 @@ import pyarrow.parquet as pq
 
 from dynheads.io import atomic_path
 
+ScoreKind = Literal["copy", "reasoning"]  # Eq. 1 (binary, NIAH) or Eq. 2 (continuous, HotpotQA)
 HEAD_FIELDS = ("argmax_pos", "copy_score", "needle_mass", "reasoning_score", "max_prob")
 _DTYPES = {"argmax_pos": np.int32, "copy_score": np.bool_, "needle_mass": np.float32,
            "reasoning_score": np.float32, "max_prob": np.float32}

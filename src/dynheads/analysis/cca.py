@@ -30,10 +30,9 @@ from sklearn.decomposition import PCA
 
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
-from dynheads.traces import Trace
+from dynheads.traces import ScoreKind, Trace
 
 Sample = tuple[np.ndarray, np.ndarray]  # (hidden [step, dim], scores [step, layer*head])
-ScoreKind = Literal["copy", "reasoning"]
 Method = Literal["in_sample", "held_out", "shuffled"]
 METHODS: tuple[Method, ...] = ("in_sample", "held_out", "shuffled")
 

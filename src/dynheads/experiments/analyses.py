@@ -15,7 +15,7 @@ from typing import cast, get_args
 import numpy as np
 import pandas as pd
 
-from dynheads.analysis.cca import PAPER_TOP1, CCAConfig, ScoreKind, cca_offsets, samples_from_traces, write_cca
+from dynheads.analysis.cca import PAPER_TOP1, CCAConfig, cca_offsets, samples_from_traces, write_cca
 from dynheads.analysis.dynamism import (
     DEFAULT_KS,
     ENTROPY_BASELINE,
@@ -33,7 +33,7 @@ from dynheads.io import write_json, write_text
 from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
 from dynheads.runs import RunDir
-from dynheads.traces import Trace
+from dynheads.traces import ScoreKind, Trace
 
 PAPER_CCA_MODEL = "llama3.1-8b"  # the only model whose CCA numbers the paper states
 

@@ -12,10 +12,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from dynheads.analysis.cca import ScoreKind, samples_from_traces
+from dynheads.analysis.cca import samples_from_traces
 from dynheads.analysis.mlp_probe import ProbeConfig, ProbeResult, train_probe
 from dynheads.experiments.analyses import check_score, load_run, model_name
 from dynheads.io import write_json, write_text
+from dynheads.traces import ScoreKind
 
 # Paper Table 2 (NIAH, binary copy scores) and Table 3 (HotpotQA, continuous reasoning scores), test split.
 PAPER_PROBE_BINARY: dict[str, dict[str, float]] = {

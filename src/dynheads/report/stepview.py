@@ -18,14 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from dynheads.runs import RunDir
-from dynheads.traces import Trace
+from dynheads.traces import ScoreKind, Trace
 
-ScoreKind = Literal["copy", "reasoning"]
 REASONING_THRESHOLD = 0.1  # Eq. 2 score above which a head retrieves (the dynamism default)
 
 
