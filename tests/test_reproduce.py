@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from dynheads.experiments import reproduce as reproduce_module
@@ -43,6 +45,18 @@ def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, ti
         if stages[stage].get("error"):
             assert stages[stage]["error"] in first_report
     assert html.is_file() and "Verdicts" in first_report
+
+    # Every HotpotQA consumer took its own questions: the recorded ids never overlap, and the static reasoning
+    # heads (not the NIAH copy list) serve the HotpotQA ablation, progressive ablation and RAG.
+    hotpot_stages = ("hotpotqa-static", "hotpotqa", "hotpotqa-ablation", "hotpotqa-progressive", "rag")
+    ids = {stage: set(read_json(out / stage / "manifest.json")["questions"]["ids"]) for stage in hotpot_stages}
+    for first, second in itertools.combinations(hotpot_stages, 2):
+        assert not ids[first] & ids[second], (first, second)
+    reasoning_list = str(out / "hotpotqa-static" / "static_heads.json")
+    for stage in ("hotpotqa-ablation", "hotpotqa-progressive", "rag"):
+        assert read_json(out / stage / "manifest.json")["config"]["static"] == reasoning_list
+    probe_ids = read_json(out / "hotpotqa-probe" / "questions.json")
+    assert set(probe_ids["train"]) | set(probe_ids["validation"]) <= ids["hotpotqa"]
 
     # A third run has nothing left to do and writes the same report.
     reproduce(config, out, lm=tiny_lm, progress=False)
