@@ -68,3 +68,13 @@ def test_unknown_preset_is_refused(tiny_lm, tmp_path):
 
     with pytest.raises(DynheadsError, match="unknown preset"):
         reproduce(ReproduceConfig(preset="huge"), tmp_path, lm=tiny_lm)
+
+
+def test_the_paper_preset_says_where_every_value_comes_from():
+    import dataclasses
+
+    from dynheads.experiments.reproduce import PAPER_PRESET_SOURCES, Preset
+
+    assert set(PAPER_PRESET_SOURCES) == {f.name for f in dataclasses.fields(Preset)}
+    assert all(text.split(":")[0] in ("paper", "inferred") or text.startswith(("Wu et al.", "paper range"))
+               for text in PAPER_PRESET_SOURCES.values())
