@@ -96,7 +96,8 @@ def build_sections(root: Path) -> list[Section]:
          lambda: _correlation(root, "", niah, _cca_note(),
                               _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")))),
         ("hotpotqa", "HotpotQA setup (Section 5)",
-         lambda: _task_run(root, "hotpotqa") + _stage(root, "hotpotqa-static", "Static reasoning heads")),
+         lambda: _task_run(root, "hotpotqa") + (_stage(root, "hotpotqa-static", "Static reasoning heads")
+                                                  if (root / "hotpotqa-static").is_dir() else [])),
         ("claim1-hotpotqa", "Claim 1, dynamism, on HotpotQA (Figure 5)",
          lambda: _dynamism(root, "hotpotqa-dynamism", hotpot, "Figure 5",
                            "Figure 5 (llama3.1-8b): the Eq. 2 scores of ten heads change over one answer; the paper "
