@@ -81,6 +81,8 @@ def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir,
     probe = train_probe(list(zip(hidden, targets, strict=True)), ProbeConfig(hidden_sizes=(8,), epochs=1),
                         task="binary", shape=(3, 4), progress=False)
     probe.save(tmp_path / "probe")
+    # a probe folder records its training questions (dynheads probe train writes it); these are not RAG's questions
+    (tmp_path / "probe" / "questions.json").write_text(json.dumps({"train": ["other-1"], "validation": ["other-2"]}))
     config = RagConfig(model=str(tiny_model_dir), probe=str(tmp_path / "probe"), static=str(static), ks=(2, 3),
                        questions=2, lengths=(300,), max_new_tokens=4, draft_tokens=2)
     run = run_rag(config, tmp_path / "rag", lm=tiny_lm, progress=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from dynheads.experiments import reproduce as reproduce_module
@@ -44,6 +46,18 @@ def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, ti
             assert stages[stage]["error"] in first_report
     assert html.is_file() and "Verdicts" in first_report
 
+    # Every HotpotQA consumer took its own questions: the recorded ids never overlap, and the static reasoning
+    # heads (not the NIAH copy list) serve the HotpotQA ablation, progressive ablation and RAG.
+    hotpot_stages = ("hotpotqa-static", "hotpotqa", "hotpotqa-ablation", "hotpotqa-progressive", "rag")
+    ids = {stage: set(read_json(out / stage / "manifest.json")["questions"]["ids"]) for stage in hotpot_stages}
+    for first, second in itertools.combinations(hotpot_stages, 2):
+        assert not ids[first] & ids[second], (first, second)
+    reasoning_list = str(out / "hotpotqa-static" / "static_heads.json")
+    for stage in ("hotpotqa-ablation", "hotpotqa-progressive", "rag"):
+        assert read_json(out / stage / "manifest.json")["config"]["static"] == reasoning_list
+    probe_ids = read_json(out / "hotpotqa-probe" / "questions.json")
+    assert set(probe_ids["train"]) | set(probe_ids["validation"]) <= ids["hotpotqa"]
+
     # A third run has nothing left to do and writes the same report.
     reproduce(config, out, lm=tiny_lm, progress=False)
     assert (out / "report.md").read_text() == first_report
@@ -54,3 +68,13 @@ def test_unknown_preset_is_refused(tiny_lm, tmp_path):
 
     with pytest.raises(DynheadsError, match="unknown preset"):
         reproduce(ReproduceConfig(preset="huge"), tmp_path, lm=tiny_lm)
+
+
+def test_the_paper_preset_says_where_every_value_comes_from():
+    import dataclasses
+
+    from dynheads.experiments.reproduce import PAPER_PRESET_SOURCES, Preset
+
+    assert set(PAPER_PRESET_SOURCES) == {f.name for f in dataclasses.fields(Preset)}
+    assert all(text.split(":")[0] in ("paper", "inferred") or text.startswith(("Wu et al.", "paper range"))
+               for text in PAPER_PRESET_SOURCES.values())

@@ -46,6 +46,14 @@ class RankedHeads:
         return list(self.heads[:k])
 
 
+def scored_heads(ranked: RankedHeads) -> tuple[Head, ...]:
+    """The ranking without its zero-score tail: heads whose score is positive (every head of a list that gives
+    only the order). A zero-score head is not a static head; consumers must never use it as filler."""
+    if ranked.scores is None:
+        return ranked.heads
+    return tuple(head for head, score in zip(ranked.heads, ranked.scores, strict=True) if score > 0)
+
+
 def rank_by_score(scores: Mapping[Head, float]) -> tuple[Head, ...]:
     """Heads by score, highest first; ties broken by (layer, head) ascending so the order is deterministic."""
     return tuple(sorted(scores, key=lambda head: (-scores[head], head)))

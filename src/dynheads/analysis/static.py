@@ -113,3 +113,45 @@ def static_heads(tests: Sequence[NiahTest], *, success_threshold: float = 0.5) -
         success_threshold=success_threshold,
         ranking=rank_by_score({head: float(mean) for head, mean in np.ndenumerate(scores.mean(axis=0))}),
     )
+
+
+# ---- static reasoning heads (HotpotQA, Eq. 2) -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class ReasoningTest:
+    """One traced HotpotQA question: its Eq. 2 scores and the F1 of its answer (the success filter reads it)."""
+
+    trace: Trace
+    f1: float
+
+
+def static_reasoning_heads(tests: Sequence[ReasoningTest], *,
+                           success_threshold: float = -1.0) -> tuple[StaticHeads, int]:
+    """Static reasoning heads, aggregated as Wu et al. aggregate copy scores: per test, a head's score is its mean
+    Eq. 2 score over the generation steps; the static score is the mean over counted tests (F1 above
+    ``success_threshold``; the default -1 counts every test). Returns the heads (``recalls`` holds each test's
+    F1) and the number of tests skipped because they generated no token (no step to average)."""
+    if not tests:
+        raise DynheadsError("no HotpotQA tests given: static reasoning heads need at least one traced question")
+    shape = tests[0].trace.shape
+    f1s, counted, empty = [], [], 0
+    for index, test in enumerate(tests):
+        if test.trace.shape != shape:
+            raise DynheadsError(f"test {index} has {test.trace.shape} (layers, heads), test 0 has {shape}")
+        if test.trace.num_steps == 0:
+            empty += 1
+            continue
+        f1s.append(test.f1)
+        if test.f1 > success_threshold:
+            counted.append(test.trace.reasoning_scores.astype(np.float64).mean(axis=0))
+    if not counted:
+        raise DynheadsError(f"none of the {len(tests)} questions counts ({empty} generated nothing, the rest had F1 "
+                            f"<= {success_threshold}): no head can be scored")
+    scores = np.stack(counted)
+    return StaticHeads(
+        test_scores=scores,
+        recalls=tuple(f1s),
+        success_threshold=success_threshold,
+        ranking=rank_by_score({head: float(mean) for head, mean in np.ndenumerate(scores.mean(axis=0))}),
+    ), empty

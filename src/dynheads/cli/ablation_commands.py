@@ -27,6 +27,7 @@ Device = Annotated[str | None, Opt(help="cpu or cuda")]
 Task = Annotated[str | None, Opt(help="niah (Eq. 1) or hotpotqa (Eq. 2 above --threshold)")]
 Threshold = Annotated[float | None, Opt(help="hotpotqa: Eq. 2 score above which a head is dynamic")]
 Questions = Annotated[int | None, Opt(help="hotpotqa: questions spread over the grid")]
+First = Annotated[int | None, Opt(help="hotpotqa: index of the first question in the data")]
 Data = Annotated[str | None, Opt(help="hotpotqa: data file (default: synthetic questions)")]
 
 
@@ -47,6 +48,7 @@ def ablate(
     task: Task = None,
     threshold: Threshold = None,
     questions: Questions = None,
+    first: First = None,
     data: Data = None,
     device: Device = None,
     config: ConfigFile = None,
@@ -58,7 +60,7 @@ def ablate(
         AblationConfig, config, model=model, strategies=parse_list(strategies, str.strip),
         heads=parse_list(heads, str.strip), lengths=parse_list(lengths, int), depths=parse_list(depths, float),
         runs=runs, static=static, mode=mode, seed=seed, max_new_tokens=max_new_tokens, haystack=haystack, device=device,
-        task=task, threshold=threshold, questions=questions, data=data,
+        task=task, threshold=threshold, questions=questions, first=first, data=data,
     )
     run = run_ablation(cfg, out)
     typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)
@@ -82,6 +84,7 @@ def ablate_progressive(
     task: Task = None,
     threshold: Threshold = None,
     questions: Questions = None,
+    first: First = None,
     data: Data = None,
     device: Device = None,
     config: ConfigFile = None,
@@ -93,7 +96,7 @@ def ablate_progressive(
         ProgressiveConfig, config, model=model, ks=parse_list(ks, int), lengths=parse_list(lengths, int),
         depths=parse_list(depths, float), runs=runs, static=static, top_static=top_static, mode=mode, seed=seed,
         max_new_tokens=max_new_tokens, haystack=haystack, device=device, task=task, threshold=threshold,
-        questions=questions, data=data,
+        questions=questions, first=first, data=data,
     )
     run = run_progressive(cfg, out)
     typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)

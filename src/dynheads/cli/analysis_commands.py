@@ -48,6 +48,36 @@ def static(
     typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
 
 
+@app.command("static-reasoning")
+def static_reasoning(
+    out: Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")],
+    model: Model = None,
+    data: Annotated[str | None, Opt(help="HotpotQA JSON/JSONL file or saved dataset (default: synthetic)")] = None,
+    questions: Annotated[int | None, Opt(help="questions of the static stream")] = None,
+    first: Annotated[int | None, Opt(help="index of the stream's first question in the data")] = None,
+    lengths: Annotated[str | None, Opt(help="context lengths in tokens, e.g. 250,500,1000")] = None,
+    depths: Annotated[str | None, Opt(help="gold-paragraph depths in [0, 1]")] = None,
+    seed: Annotated[int | None, Opt(help="master seed")] = None,
+    max_new_tokens: Annotated[int | None, Opt(help="generation budget per question")] = None,
+    success_f1: Annotated[float | None, Opt(help="a question counts if its F1 exceeds this (-1: all)")] = None,
+    device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    config: ConfigFile = None,
+) -> None:
+    """Static reasoning heads for HotpotQA: mean Eq. 2 score per head over a question stream of their own."""
+    from dynheads.experiments.static import StaticReasoningConfig, run_static_reasoning
+    from dynheads.heads import head_label
+
+    cfg = build_config(
+        StaticReasoningConfig, config, model=model, data=data, questions=questions, first=first,
+        lengths=parse_list(lengths, int), depths=parse_list(depths, float), seed=seed,
+        max_new_tokens=max_new_tokens, success_f1=success_f1, device=device,
+    )
+    heads = run_static_reasoning(cfg, out)
+    typer.echo(f"{heads.num_counted}/{heads.num_tests} questions counted; wrote {out}/static_heads.json, "
+               "static_ranking.csv, static_summary.json")
+    typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
+
+
 @app.command()
 def dynamism(
     run_dir: RunArg,

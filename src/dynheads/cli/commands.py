@@ -12,6 +12,7 @@ from dynheads.config import build_config, parse_list
 
 Opt = typer.Option
 ConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with settings; flags override it")]
+First = Annotated[int | None, Opt(help="index of the first question in the data (question streams must not overlap)")]
 Model = Annotated[str | None, Opt("--model", help="hub id, local folder or .gguf file (default: embedded SmolLM2)")]
 
 
@@ -49,6 +50,7 @@ def hotpotqa(
     model: Model = None,
     data: Annotated[str | None, Opt(help="HotpotQA JSON/JSONL file or saved dataset (default: synthetic)")] = None,
     questions: Annotated[int | None, Opt(help="number of questions")] = None,
+    first: First = None,
     lengths: Annotated[str | None, Opt(help="context lengths in tokens, e.g. 250,500,1000")] = None,
     depths: Annotated[str | None, Opt(help="gold-paragraph depths in [0, 1], e.g. 0.05,0.5,0.95")] = None,
     seed: Annotated[int | None, Opt(help="master seed")] = None,
@@ -60,12 +62,17 @@ def hotpotqa(
     from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
 
     cfg = build_config(
-        HotpotConfig, config, model=model, data=data, questions=questions, lengths=parse_list(lengths, int),
+        HotpotConfig, config, model=model, data=data, questions=questions, first=first,
+        lengths=parse_list(lengths, int),
         depths=parse_list(depths, float), seed=seed, max_new_tokens=max_new_tokens, device=device,
     )
-    frame = run_hotpotqa(cfg, out).write_results()
+    run = run_hotpotqa(cfg, out)
+    frame = run.write_results()
     em, f1 = frame["metrics.em"].mean(), frame["metrics.f1"].mean()
-    typer.echo(f"{len(frame)} questions in {out}: EM {em:.3f}, F1 {f1:.3f}")
+    skipped = run.manifest().get("skipped", {})
+    reasons = "; ".join(f"{n} {why}" for why, n in skipped.get("by_reason", {}).items())
+    typer.echo(f"{len(frame)} questions in {out}: EM {em:.3f}, F1 {f1:.3f}; "
+               f"{skipped.get('count', 0)} (question, cell) pairs skipped" + (f" ({reasons})" if reasons else ""))
 
 
 @app.command()
@@ -78,6 +85,7 @@ def rag(
     k: Annotated[str | None, Opt("--k", help="heads per retrieval, e.g. 5,10,20")] = None,
     data: Annotated[str | None, Opt(help="HotpotQA file (default: synthetic questions)")] = None,
     questions: Annotated[int | None, Opt(help="number of questions")] = None,
+    first: First = None,
     lengths: Annotated[str | None, Opt(help="context lengths in tokens")] = None,
     depths: Annotated[str | None, Opt(help="gold-paragraph depths in [0, 1]")] = None,
     seed: Annotated[int | None, Opt(help="master seed")] = None,
@@ -89,15 +97,16 @@ def rag(
     config: ConfigFile = None,
 ) -> None:
     """Dynamic RAG with head-based in-context retrieval: EM/F1 and retrieval recall per strategy and k."""
-    from dynheads.experiments.rag import RagConfig, rag_markdown, rag_table, run_rag
+    from dynheads.experiments.rag import RagConfig, run_rag
 
     cfg = build_config(
         RagConfig, config, model=model, probe=probe, static=static, strategies=parse_list(strategies, str),
-        ks=parse_list(k, int), data=data, questions=questions, lengths=parse_list(lengths, int),
+        ks=parse_list(k, int), data=data, questions=questions, first=first, lengths=parse_list(lengths, int),
         depths=parse_list(depths, float), seed=seed, threshold=threshold, top_n=top_n, window=window,
         max_new_tokens=max_new_tokens, device=device,
     )
-    typer.echo(rag_markdown(rag_table(run_rag(cfg, out))))
+    run = run_rag(cfg, out)
+    typer.echo((run.path / "rag.md").read_text(encoding="utf-8"), nl=False)  # the table and its notes (skips)
 
 
 @app.command()

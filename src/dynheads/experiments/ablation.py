@@ -33,10 +33,10 @@ from pandas.api.types import is_float_dtype
 from tqdm.auto import tqdm
 
 from dynheads.ablation import STRATEGIES, AblationResult, AblationSettings, ablated_generate, matched_count
-from dynheads.analysis.headlists import load_head_list
+from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
+from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, refuse_static_overlap
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
 from dynheads.heads import Head, check_heads, head_key, parse_head
 from dynheads.io import atomic_path, read_json, write_text
@@ -67,6 +67,8 @@ class _GridConfig:
     task: str = field(default="niah", metadata={"help": "niah (D_t by Eq. 1) or hotpotqa (Eq. 2 > threshold)"})
     threshold: float = field(default=0.1, metadata={"help": "hotpotqa: Eq. 2 score above which a head is dynamic"})
     questions: int = field(default=45, metadata={"help": "hotpotqa: questions, spread over the grid cells"})
+    first: int = field(default=0, metadata={"help": "hotpotqa: index of the first question in the data"})
+    split: str = field(default="ablation", metadata={"help": "hotpotqa: name of the question stream (recorded)"})
     data: str | None = field(default=None, metadata={"help": "hotpotqa: data file; None = synthetic questions"})
     lengths: tuple[int, ...] = field(default=(500, 1000, 2000), metadata={"help": "haystack tokens"})
     depths: tuple[float, ...] = field(default=(0.0, 0.25, 0.5, 0.75, 1.0), metadata={"help": "needle depth, 0..1"})
@@ -87,7 +89,8 @@ class _GridConfig:
 
     def hotpot_config(self) -> HotpotConfig:
         """The HotpotQA grid whose questions are ablated (as ``dynheads hotpotqa``)."""
-        return HotpotConfig(model=self.model, data=self.data, questions=self.questions, lengths=self.lengths,
+        return HotpotConfig(model=self.model, data=self.data, questions=self.questions, first=self.first,
+                            split=self.split, lengths=self.lengths,
                             depths=self.depths, seed=self.seed, max_new_tokens=self.max_new_tokens,
                             dtype=self.dtype, device=self.device)
 
@@ -189,6 +192,7 @@ def write_cells(run: RunDir) -> pd.DataFrame:
     cells = (frame.groupby(keys, observed=True)
              .agg(**means, samples=("sample_id", "size"))
              .reset_index().rename(columns={"context_tokens": "length"}))
+    cells = _with_skipped_cells(cells, run.manifest())
     with atomic_path(run.path / "cells.csv") as tmp:
         cells.to_csv(tmp, index=False)
     summary = (frame.groupby("strategy", observed=True)
@@ -202,10 +206,33 @@ def write_cells(run: RunDir) -> pd.DataFrame:
         "masked = heads removed per step (static and random: the dynamic run's mean |D_t|, rounded).\n\n"
         + _markdown(summary, {"strategy": "strategy", "records": "records", **metrics,
                               "mean_dynamic": r"mean \|D_t\|", "masked_per_step": "masked"})
-        + f"\nPaper ({PAPER_MODEL}): {PAPER_GRID[task]}.\n"))
+        + f"\nPaper ({PAPER_MODEL}): {PAPER_GRID[task]}.\n" + _skip_line(run.manifest())))
     plot_ablation_cells(cells, run.path / "plots", title=f"{model}: per-step ablation ({task})", metrics=metrics,
                         opacity=task == "hotpotqa")
     return cells
+
+
+def _with_skipped_cells(cells: pd.DataFrame, manifest: dict) -> pd.DataFrame:
+    """Every cell of the configured grid, for every strategy: cells whose questions were all skipped get
+    samples 0 (blank in the heat maps: no valid sample), and ``skipped`` counts the skipped pairs per cell."""
+    config = manifest["config"]
+    skipped = manifest.get("skipped", {}).get("by_cell", {})
+    grid = pd.MultiIndex.from_product([cells["strategy"].unique(), config["lengths"], config["depths"]],
+                                      names=["strategy", "length", "depth"])
+    full = cells.set_index(["strategy", "length", "depth"]).reindex(grid).reset_index()
+    full["samples"] = full["samples"].fillna(0).astype(int)
+    full["skipped"] = [skipped.get(f"{length}/{depth:g}", 0) for length, depth in zip(full["length"], full["depth"],
+                                                                                      strict=True)]
+    return full
+
+
+def _skip_line(manifest: dict) -> str:
+    skipped = manifest.get("skipped", {})
+    if not skipped.get("count"):
+        return ""
+    reasons = "; ".join(f"{count} {reason}" for reason, count in skipped["by_reason"].items())
+    return (f"\nSkipped (question, cell) pairs: {skipped['count']} ({reasons}); cells without a valid sample are "
+            "blank in the heat maps, and cells.csv counts them in 'skipped'.\n")
 
 
 # ---- progressive ablation (Figure 3) -------------------------------------------------------------------------------
@@ -259,7 +286,7 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
         "(fewer than k when D_t is smaller).\n\n"
         + _markdown(table, {"k": "k", "samples": "samples", "static_overlap": "overlap",
                             "compensated": "compensated", **metrics, "masked_per_step": "masked"})
-        + f"\nPaper ({PAPER_MODEL}): {PAPER_PROGRESSIVE}.\n"))
+        + f"\nPaper ({PAPER_MODEL}): {PAPER_PROGRESSIVE}.\n" + _skip_line(manifest)))
     plot_progressive(table, run.path / "plots" / "progressive.png", top_static=top,
                      title=f"{model}: progressive ablation", metrics=metrics)
     return table
@@ -295,8 +322,12 @@ def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, ext
     if config.task == "niah":
         samples, prompt = niah_samples(config.niah_config(), lm.tokenizer), prompt_manifest()
     else:
-        samples = hotpot_samples(config.hotpot_config(), lm.tokenizer)
+        grid = hotpot_grid(config.hotpot_config(), lm.tokenizer)
+        samples = grid.samples
         prompt = {"system": hotpotqa.SYSTEM_PROMPT, "user": hotpotqa.USER_TEMPLATE, "data": config.data or "synthetic"}
+        extra = {**extra, **grid.manifest()}
+        if config.static:
+            refuse_static_overlap(config.static, sorted({s.record_id for s in samples}), f"this {kind} run")
     for sample in samples:  # fail before any work, not halfway through the grid
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     run = RunDir(out)
@@ -310,7 +341,7 @@ def _score_kind(config: _GridConfig) -> str:
 
 
 def _static_ranking(path: str, lm: LoadedModel) -> tuple[Head, ...]:
-    return load_head_list(path, lm.num_layers, lm.num_heads).heads
+    return scored_heads(load_head_list(path, lm.num_layers, lm.num_heads))  # never zero-score filler
 
 
 def _result_record(sample, result: AblationResult, task: str) -> dict:

@@ -1,7 +1,14 @@
-"""Trace HotpotQA questions (real data from a file, or the seeded synthetic set) over a length x depth grid."""
+"""Trace HotpotQA questions (real data from a file, or the seeded synthetic set) over a length x depth grid.
+
+The questions are one named stream of the source (``split``, ``first``, ``questions``; see
+``dynheads.tasks.questions``): the manifest records the stream and its question ids, so runs that fit
+something (static reasoning heads, probes) can be checked against runs that evaluate it. (question, cell)
+pairs whose gold paragraphs exceed the cell's length are skipped and counted in the manifest.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import product
@@ -9,16 +16,20 @@ from pathlib import Path
 
 from dynheads.errors import DynheadsError
 from dynheads.experiments.tracing import trace_samples
+from dynheads.io import read_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir, derive_seed
 from dynheads.tasks import hotpotqa
+from dynheads.tasks.questions import QuestionStream, refuse_overlap
 
 
 @dataclass(frozen=True)
 class HotpotConfig:
     model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
     data: str | None = field(default=None, metadata={"help": "HotpotQA file/folder; None = synthetic questions"})
-    questions: int = field(default=45, metadata={"help": "questions used (the first N of the data)"})
+    questions: int = field(default=45, metadata={"help": "questions used: the stream's size"})
+    first: int = field(default=0, metadata={"help": "index of the stream's first question in the data"})
+    split: str = field(default="analysis", metadata={"help": "name of the question stream (recorded)"})
     lengths: tuple[int, ...] = field(default=(250, 500, 1000), metadata={"help": "context tokens"})
     depths: tuple[float, ...] = field(default=(0.05, 0.5, 0.95), metadata={"help": "gold paragraphs' depth, 0..1"})
     seed: int = field(default=0, metadata={"help": "master seed (synthetic data, distractor order)"})
@@ -28,30 +39,85 @@ class HotpotConfig:
     dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
 
+    def stream(self) -> QuestionStream:
+        """Questions ``first .. first + questions - 1`` of the data, named ``split``."""
+        return QuestionStream(self.split, self.first, self.questions)
+
 
 def load_records(config: HotpotConfig) -> list[hotpotqa.HotpotRecord]:
-    records = hotpotqa.load_hotpotqa(config.data) if config.data else hotpotqa.synthetic_hotpotqa(
-        config.questions, config.seed)
-    if len(records) < config.questions:
-        raise DynheadsError(f"{config.data} holds {len(records)} questions, fewer than questions={config.questions}")
-    return records
+    """The whole question source (the synthetic set is generated up to the end of this config's stream)."""
+    stream = config.stream()
+    if config.data:
+        return hotpotqa.load_hotpotqa(config.data)
+    return hotpotqa.synthetic_hotpotqa(stream.stop, config.seed)
+
+
+@dataclass(frozen=True)
+class HotpotGrid:
+    """The samples of a grid run, the questions of its stream, and the (question, cell) pairs it skipped."""
+
+    samples: list[hotpotqa.HotpotSample]
+    stream: QuestionStream
+    question_ids: list[str]  # record ids of the stream, in source order (also those skipped in every cell)
+    skipped: list[dict]  # {"record_id", "length", "depth", "reason"} per skipped (question, cell) pair
+
+    def skip_counts(self) -> dict:
+        """Skipped pairs in total, by reason and by cell ("length/depth"): what outputs report."""
+        return {"count": len(self.skipped),
+                "by_reason": dict(Counter(item["reason"] for item in self.skipped)),
+                "by_cell": dict(Counter(f"{item['length']}/{item['depth']:g}" for item in self.skipped))}
+
+    def manifest(self) -> dict:
+        """The manifest entries every HotpotQA consumer writes: its questions (split, range, ids) and skips."""
+        return {"questions": self.stream.describe(self.question_ids),
+                "skipped": {**self.skip_counts(), "pairs": self.skipped}}
+
+    def skip_note(self) -> str:
+        """One line for markdown and CLI output ('' when nothing was skipped)."""
+        if not self.skipped:
+            return ""
+        reasons = "; ".join(f"{count} {reason}" for reason, count in self.skip_counts()["by_reason"].items())
+        return f"{len(self.skipped)} (question, cell) pairs skipped ({reasons}); their cells count no sample"
+
+
+def hotpot_grid(config: HotpotConfig, tokenizer) -> HotpotGrid:
+    """Question i of the stream goes to grid cell i mod (lengths x depths), so every cell gets questions of every
+    type. A question whose gold paragraphs exceed its cell's length is skipped and counted, never fatal."""
+    cells = list(product(config.lengths, config.depths))
+    if not cells:
+        raise DynheadsError("the HotpotQA grid is empty: give at least one length and one depth")
+    stream = config.stream()
+    records = load_records(config)
+    chosen = stream.take(records, config.data or "the synthetic set")
+    pool = hotpotqa.paragraph_pool(records)
+    samples, skipped = [], []
+    for index, record in enumerate(chosen, start=stream.first):
+        length, depth = cells[index % len(cells)]
+        try:
+            samples.append(hotpotqa.make_sample(
+                tokenizer, record, context_tokens=length, depth=depth,
+                seed=derive_seed(config.seed, record.id, length, depth), distractors=pool,
+                sample_id=f"q{index:04d}-len{length}-depth{depth:g}"))
+        except hotpotqa.GoldTooLong as error:
+            skipped.append({"record_id": record.id, "length": length, "depth": depth, "reason": error.reason})
+    if not samples:
+        raise DynheadsError(f"all {len(chosen)} (question, cell) pairs were skipped ({skipped[0]['reason']}): "
+                            "use longer --lengths or other questions")
+    return HotpotGrid(samples, stream, [record.id for record in chosen], skipped)
+
+
+def refuse_static_overlap(static: str | Path, evaluated: list[str], evaluator: str) -> None:
+    """Refuse a static head list scored on a run (its folder's manifest records the questions) that shares
+    questions with ``evaluated``; a list from elsewhere (a file with no run manifest beside it) passes."""
+    manifest = Path(static).parent / "manifest.json"
+    questions = read_json(manifest).get("questions") if manifest.is_file() else None
+    if questions:
+        refuse_overlap(questions["ids"], f"the static head list {static}", evaluated, evaluator)
 
 
 def hotpot_samples(config: HotpotConfig, tokenizer) -> list[hotpotqa.HotpotSample]:
-    """Question i goes to grid cell i mod (lengths x depths), so every cell gets questions of every type."""
-    cells = list(product(config.lengths, config.depths))
-    if not cells or config.questions < 1:
-        raise DynheadsError("the HotpotQA grid is empty: give at least one length, one depth and questions >= 1")
-    records = load_records(config)
-    pool = hotpotqa.paragraph_pool(records)
-    samples = []
-    for index, record in enumerate(records[: config.questions]):
-        length, depth = cells[index % len(cells)]
-        samples.append(hotpotqa.make_sample(
-            tokenizer, record, context_tokens=length, depth=depth,
-            seed=derive_seed(config.seed, record.id, length, depth), distractors=pool,
-            sample_id=f"q{index:04d}-len{length}-depth{depth:g}"))
-    return samples
+    """The samples of ``hotpot_grid`` (skipped pairs left out)."""
+    return hotpot_grid(config, tokenizer).samples
 
 
 def run_hotpotqa(
@@ -64,12 +130,14 @@ def run_hotpotqa(
 ) -> RunDir:
     """Trace every question into ``out`` (Eq. 2 scores per head and step); resumable."""
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
-    samples = hotpot_samples(config, lm.tokenizer)
+    grid = hotpot_grid(config, lm.tokenizer)
+    samples = grid.samples
     prompt = {"system": hotpotqa.SYSTEM_PROMPT, "user": hotpotqa.USER_TEMPLATE,
               "paragraph": hotpotqa.PARAGRAPH_TEMPLATE,
               "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
     run = RunDir(out)
-    run.start("hotpotqa", config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template})
+    run.start("hotpotqa", config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template,
+                                      **grid.manifest()})
     return trace_samples(run, lm, samples, lambda sample, text: hotpotqa.score(sample.answer, text),
                          max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
                          local_window=config.local_window, desc="hotpotqa", progress=progress, on_sample=on_sample)

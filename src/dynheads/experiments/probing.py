@@ -4,6 +4,10 @@ Writes into ``out_dir`` (default ``RUN_DIR/probe``): ``weights.pt`` and ``probe.
 loadable with ``load_probe``), and ``metrics.md`` / ``metrics.json``: test metrics of the probe, of the frequency
 baseline, and the paper's values for its five models. Copy scores (Eq. 1) train a classifier, reasoning scores
 (Eq. 2) a regressor.
+
+``questions.json`` records the questions behind each split of the probe (train, validation, test: source
+record ids, or sample ids for tasks without records) and the run's question stream, so that ``dynheads rag``
+can refuse to evaluate the probe on questions it was trained or validated on (``probe_fit_questions``).
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dynheads.analysis.cca import samples_from_traces
-from dynheads.analysis.mlp_probe import ProbeConfig, ProbeResult, train_probe
+from dynheads.analysis.mlp_probe import ProbeConfig, ProbeResult, split_by_sample, train_probe
+from dynheads.errors import DynheadsError
 from dynheads.experiments.analyses import check_score, load_run, model_name
-from dynheads.io import write_json, write_text
+from dynheads.io import read_json, write_json, write_text
+from dynheads.runs import RunDir
 from dynheads.traces import ScoreKind
 
 # Paper Table 2 (NIAH, binary copy scores) and Table 3 (HotpotQA, continuous reasoning scores), test split.
@@ -52,6 +58,7 @@ def train_probe_on_run(run_dir: str | Path, config: ProbeConfig | None = None, *
     seconds = time.perf_counter() - start
     out = Path(out_dir) if out_dir else run.path / "probe"
     result.save(out)
+    write_probe_questions(out, run, config, result.metrics["split_pairs"])
     paper = PAPER_PROBE_BINARY if task == "binary" else PAPER_PROBE_CONTINUOUS
     rows = {f"{model_name(run)}: MLP probe (ours)": result.metrics["probe"],
             f"{model_name(run)}: frequency baseline (ours)": result.metrics["baseline"],
@@ -76,3 +83,40 @@ def metrics_markdown(rows: Mapping[str, Mapping[str, float]], task: str) -> str:
         cells = [f"{row[key]:.4f}" if key in row else "" for key, _ in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+QUESTIONS_FILE = "questions.json"
+
+
+def write_probe_questions(out: Path, run: RunDir, config: ProbeConfig, split_pairs: Mapping[str, int]) -> dict:
+    """Write ``questions.json``: the question ids of each probe split, recomputed with the probe's own seeded
+    split and checked against its step counts; if they cannot be matched, every question of the run counts as
+    train and validation (never an under-report)."""
+    records = [r for r in run.records() if run.trace_path(r["sample_id"]).is_file()]  # = load_run's traces
+    ids = [r.get("record_id") or r["sample_id"] for r in records]
+    steps = [int(r.get("steps", -1)) for r in records]
+    candidates = [list(range(len(records))), [i for i, n in enumerate(steps) if n > 0]]  # empty traces may drop
+    splits, exact = {"train": sorted(set(ids)), "validation": sorted(set(ids)), "test": []}, False
+    for kept in candidates:
+        if len(kept) < 3:
+            continue
+        parts = split_by_sample(len(kept), config.split, config.seed)
+        if all(sum(steps[kept[i]] for i in idx) == split_pairs[name] for name, idx in
+               zip(("train", "val", "test"), parts, strict=True)):
+            splits = {name: sorted({ids[kept[i]] for i in idx}) for name, idx in
+                      zip(("train", "validation", "test"), parts, strict=True)}
+            exact = True
+            break
+    data = {"run": str(run.path), "run_questions": run.manifest().get("questions"), "split_exact": exact, **splits}
+    write_json(out / QUESTIONS_FILE, data)
+    return data
+
+
+def probe_fit_questions(probe_dir: str | Path) -> list[str]:
+    """Question ids the probe in ``probe_dir`` was trained or validated on; refuses a probe that records none."""
+    path = Path(probe_dir) / QUESTIONS_FILE
+    if not path.is_file():
+        raise DynheadsError(f"the probe in {probe_dir} records no training questions ({QUESTIONS_FILE}), so it "
+                            "cannot be shown disjoint from the evaluation: retrain it with 'dynheads probe train'")
+    data = read_json(path)
+    return sorted(set(data.get("train", [])) | set(data.get("validation", [])))

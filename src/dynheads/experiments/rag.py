@@ -15,7 +15,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
+from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, refuse_static_overlap
 from dynheads.io import write_text
 from dynheads.models import LoadedModel, load_model
 from dynheads.rag.loop import RagSettings, answer_question
@@ -24,6 +24,7 @@ from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.runs import RunDir, derive_seed
 from dynheads.tasks import hotpotqa
+from dynheads.tasks.questions import refuse_overlap
 
 # Paper Table 4 (k = 5, five models) and Table 6 (llama3.1-8b, k = 5/10/20): EM, F1.
 PAPER_TABLE4 = {
@@ -49,6 +50,9 @@ class RagConfig:
     ks: tuple[int, ...] = field(default=(5,), metadata={"help": "heads per retrieval (paper: 5, 10, 20)"})
     data: str | None = field(default=None, metadata={"help": "HotpotQA file; None = synthetic questions"})
     questions: int = field(default=50, metadata={"help": "number of questions"})
+    first: int = field(default=0, metadata={"help": "index of the first question in the data (disjoint from the "
+                                                     "probe's and the static heads' questions)"})
+    split: str = field(default="rag", metadata={"help": "name of the question stream (recorded)"})
     lengths: tuple[int, ...] = field(default=(500,), metadata={"help": "context tokens"})
     depths: tuple[float, ...] = field(default=(0.5,), metadata={"help": "gold paragraphs' depth"})
     seed: int = field(default=0, metadata={"help": "master seed (data, random head draws)"})
@@ -84,20 +88,25 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     """Answer every question under every (strategy, k) into ``out``; finished ones are skipped."""
     jobs = _jobs(config)
     lm = lm or load_model(config.model, device=config.device)
-    predict_top = _probe_predictor(config, lm) if "dynamic" in config.strategies else None
-    ranking = _static_ranking(config, lm) if "static" in config.strategies else None
-    hotpot = HotpotConfig(data=config.data, questions=config.questions, lengths=config.lengths,
-                          depths=config.depths, seed=config.seed)
-    samples = hotpot_samples(hotpot, lm.tokenizer)
+    hotpot = HotpotConfig(data=config.data, questions=config.questions, first=config.first, split=config.split,
+                          lengths=config.lengths, depths=config.depths, seed=config.seed)
+    grid = hotpot_grid(hotpot, lm.tokenizer)
+    samples = grid.samples
+    evaluated = sorted({sample.record_id for sample in samples})
+    predict_top = _probe_predictor(config, lm, evaluated) if "dynamic" in config.strategies else None
+    ranking = _static_ranking(config, lm, evaluated) if "static" in config.strategies else None
     run = RunDir(out)
-    run.start("rag", config, lm, {"data": config.data or "synthetic", "prompt": hotpotqa.USER_TEMPLATE})
+    run.start("rag", config, lm, {"data": config.data or "synthetic", "prompt": hotpotqa.USER_TEMPLATE,
+                                  **grid.manifest(), "static_scored_heads": len(ranking) if ranking else None,
+                                  "probe_questions_checked": "dynamic" in config.strategies})
     settings = config.settings()
     todo = [(s, strategy, k) for s in samples for strategy, k in jobs
             if not run.is_done(_record_id(s.sample_id, strategy, k))]
     total = len(samples) * len(jobs)
     bar = tqdm(total=total, initial=total - len(todo), desc="rag", unit="answer", disable=not progress)
     for sample, strategy, k in todo:
-        selector = HeadSelector(strategy, k=k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
+        used_k = min(k, len(ranking)) if strategy == "static" and k else k  # only scored static heads, never filler
+        selector = HeadSelector(strategy, k=used_k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
                                 rng=derive_seed(config.seed, sample.sample_id, strategy, k),
                                 static_ranking=ranking, predict_top=predict_top)
         answer = answer_question(lm, sample, selector, settings)
@@ -107,12 +116,17 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
             "type": sample.type, "generated": answer.text, "metrics": hotpotqa.score(sample.answer, answer.text),
             "retrievals": answer.retrievals, "visible_tokens": answer.visible_tokens,
             "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
-            "context_tokens": sample.context_span[1] - sample.context_span[0],
+            "context_tokens": sample.context_span[1] - sample.context_span[0], "record_id": sample.record_id,
+            "heads_used": used_k,
         })
         bar.update()
     bar.close()
     run.write_results()
-    write_text(run.path / "rag.md", rag_markdown(rag_table(run)))
+    notes = [grid.skip_note()]
+    if ranking is not None and max(config.ks) > len(ranking):
+        notes.append(f"static: only {len(ranking)} heads of {config.static} have a non-zero score, so 'static' used "
+                     f"{len(ranking)} heads wherever k > {len(ranking)} (never zero-score filler)")
+    write_text(run.path / "rag.md", rag_markdown(rag_table(run)) + "".join(f"\n{n}.\n" for n in notes if n))
     return run
 
 
@@ -120,11 +134,13 @@ def _record_id(sample_id: str, strategy: str, k: int | None) -> str:
     return f"{sample_id}-{strategy}" + (f"-k{k}" if k is not None else "")
 
 
-def _probe_predictor(config: RagConfig, lm: LoadedModel):
+def _probe_predictor(config: RagConfig, lm: LoadedModel, evaluated: list[str]):
     if not config.probe:
         raise DynheadsError("strategy 'dynamic' needs a trained probe: --probe DIR (from 'dynheads probe train')")
     from dynheads.analysis.mlp_probe import load_probe
+    from dynheads.experiments.probing import probe_fit_questions
 
+    refuse_overlap(probe_fit_questions(config.probe), f"the probe in {config.probe}", evaluated, "this RAG run")
     probe = load_probe(config.probe)
     if (probe.num_layers, probe.num_heads) != (lm.num_layers, lm.num_heads):
         raise DynheadsError(f"the probe in {config.probe} predicts {probe.num_layers} x {probe.num_heads} heads, "
@@ -132,12 +148,18 @@ def _probe_predictor(config: RagConfig, lm: LoadedModel):
     return lambda hidden, k: probe.top_heads(np.asarray(hidden, dtype=np.float32), k)
 
 
-def _static_ranking(config: RagConfig, lm: LoadedModel):
+def _static_ranking(config: RagConfig, lm: LoadedModel, evaluated: list[str]) -> list:
+    """The static list's scored heads; refused when the run it was scored on (if it records its questions)
+    shares questions with this evaluation."""
     if not config.static:
         raise DynheadsError("strategy 'static' needs a static head list: --static FILE")
-    from dynheads.analysis.headlists import load_head_list
+    from dynheads.analysis.headlists import load_head_list, scored_heads
 
-    return list(load_head_list(config.static, lm.num_layers, lm.num_heads).heads)
+    refuse_static_overlap(config.static, evaluated, "this RAG run")
+    ranking = list(scored_heads(load_head_list(config.static, lm.num_layers, lm.num_heads)))
+    if not ranking:
+        raise DynheadsError(f"{config.static} gives every head a zero score: it names no static head")
+    return ranking
 
 
 def rag_table(run: RunDir) -> pd.DataFrame:

@@ -22,15 +22,17 @@ from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
 from dynheads.experiments.niah import NiahConfig, run_niah
 from dynheads.experiments.probing import train_probe_on_run
 from dynheads.experiments.rag import RagConfig, run_rag
-from dynheads.experiments.static import StaticConfig, run_static
+from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run_static, run_static_reasoning
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir
+from dynheads.tasks.questions import QuestionStream, disjoint_streams
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Sizes of every stage. ``quick`` fits a 2-core CPU in minutes; ``paper`` uses the paper's settings."""
+    """Sizes of every stage. ``quick`` fits a 2-core CPU in minutes; ``paper`` uses the paper's settings where it
+    states them and our choices where it does not (``PAPER_PRESET_SOURCES`` says which is which)."""
 
     niah_lengths: tuple[int, ...]
     niah_depths: tuple[float, ...]
@@ -56,6 +58,7 @@ class Preset:
     rag_questions: int
     rag_ks: tuple[int, ...]
     rag_length: int
+    hotpot_static_questions: int  # the stream static reasoning heads are scored on
 
 
 PRESETS = {
@@ -67,7 +70,7 @@ PRESETS = {
         progressive_runs=1, cca_offsets=(0, 1), probe=ProbeConfig(hidden_sizes=(16,), epochs=2),
         hotpot_questions=4, hotpot_lengths=(300,), hotpot_depths=(0.5,), hotpot_max_new_tokens=3,
         hotpot_ablation_lengths=(300,), hotpot_ablation_depths=(0.5,), hotpot_ablation_questions=1,
-        rag_questions=1, rag_ks=(2,), rag_length=300,
+        rag_questions=1, rag_ks=(2,), rag_length=300, hotpot_static_questions=2,
     ),
     "quick": Preset(
         niah_lengths=(500, 1000), niah_depths=(0.0, 0.25, 0.5, 0.75, 1.0), niah_runs=2, static_samples=10,
@@ -77,7 +80,7 @@ PRESETS = {
         probe=ProbeConfig(hidden_sizes=(512, 256), epochs=60, early_stopping=8),
         hotpot_questions=18, hotpot_lengths=(250, 500, 1000), hotpot_depths=(0.05, 0.5, 0.95),
         hotpot_max_new_tokens=16, hotpot_ablation_lengths=(250, 500), hotpot_ablation_depths=(0.05, 0.95),
-        hotpot_ablation_questions=6, rag_questions=6, rag_ks=(5,), rag_length=500,
+        hotpot_ablation_questions=6, rag_questions=6, rag_ks=(5,), rag_length=500, hotpot_static_questions=9,
     ),
     "paper": Preset(
         niah_lengths=(1000, 2000, 4000, 8000), niah_depths=(0.0, 0.25, 0.5, 0.75, 1.0), niah_runs=5,
@@ -87,8 +90,41 @@ PRESETS = {
         hotpot_questions=500, hotpot_lengths=(250, 1000, 2000, 3750), hotpot_depths=(0.05, 0.25, 0.5, 0.75, 0.95),
         hotpot_max_new_tokens=32, hotpot_ablation_lengths=(250, 1000, 2000, 3750),
         hotpot_ablation_depths=(0.05, 0.25, 0.5, 0.75, 0.95), hotpot_ablation_questions=500,
-        rag_questions=500, rag_ks=(5, 10, 20), rag_length=2000,
+        rag_questions=500, rag_ks=(5, 10, 20), rag_length=2000, hotpot_static_questions=100,
     ),
+}
+
+
+# Where each value of the ``paper`` preset comes from: "paper" = stated in the paper (section / appendix named),
+# "inferred" = the paper is silent and this is our choice (why given). Recorded in the manifest of a paper run.
+PAPER_PRESET_SOURCES = {
+    "niah_lengths": "inferred: the text gives no haystack lengths for the NIAH grid; 1k-8k chosen",
+    "niah_depths": "inferred: depths 0-100 % in quarters (Wu et al.'s grid style)",
+    "niah_runs": "inferred: 5 per cell, as the paper states for the ablation grid",
+    "static_samples": "inferred: the paper does not say how many NIAH tests found its static heads",
+    "static_success_threshold": "Wu et al.'s reference filter (ROUGE-1 recall > 0.5), not stated by the paper",
+    "max_new_tokens": "inferred: enough for a UUID answer (~35 tokens) with room",
+    "ablation_lengths": "inferred: same as niah_lengths",
+    "ablation_depths": "inferred: same as niah_depths",
+    "ablation_runs": "paper: 5 independent runs per grid cell (appendix, Figure 2)",
+    "progressive_ks": "paper: k at intervals of 5 up to 20 (Section 4.2.2, appendix)",
+    "progressive_length": "paper: haystack fixed at 5000 tokens (appendix, Figure 3)",
+    "progressive_runs": "paper: 20 independent runs (appendix, Figure 3)",
+    "cca_offsets": "paper: temporal offset k from 0 to 10 (appendix)",
+    "probe": "paper: [8192, 4096, 4096], dropout 0.1, Adam 3e-4, plateau patience 3, 100 epochs, batch 128, "
+             "clip 1.0, asymmetric loss, 70/20/10 split (appendix)",
+    "hotpot_questions": "inferred: 500, as for RAG",
+    "hotpot_lengths": "paper: range 250-3750 tokens (Figure 6); the points 1000 and 2000 between are ours",
+    "hotpot_depths": "paper: range 5-95 % (Figure 6); the points 25, 50, 75 % between are ours",
+    "hotpot_max_new_tokens": "inferred: short answers",
+    "hotpot_ablation_lengths": "paper range as hotpot_lengths; points ours",
+    "hotpot_ablation_depths": "paper range as hotpot_depths; points ours",
+    "hotpot_ablation_questions": "inferred: 500",
+    "rag_questions": "inferred: 500 (every EM in Table 4 is a multiple of 0.002)",
+    "rag_ks": "paper: k = 5 (Table 4) and 5, 10, 20 (Table 6)",
+    "rag_length": "inferred: the paper does not state the RAG context length",
+    "hotpot_static_questions": "inferred: the paper does not say how static reasoning heads were found; 100 "
+                               "questions on their own stream",
 }
 
 
@@ -133,7 +169,8 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
     preset, out = PRESETS[config.preset], Path(out)
     lm = lm or load_model(config.model, device=config.device)
-    RunDir(out).start("reproduce", config, lm, {"preset_settings": _jsonable(preset)})
+    RunDir(out).start("reproduce", config, lm, {"preset_settings": _jsonable(preset), **(
+        {"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {})})
     stages = _Stages(out)
     common = dict(model=config.model, seed=config.seed, device=config.device)
     static_file = out / "static" / "static_heads.json"
@@ -163,8 +200,16 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     stages.run("probe", lambda: train_probe_on_run(
         out / "niah", probe_config, out_dir=out / "probe", device=str(lm.device), progress=progress))
 
-    hotpot = HotpotConfig(data=config.hotpotqa, questions=preset.hotpot_questions, lengths=preset.hotpot_lengths,
-                          depths=preset.hotpot_depths, max_new_tokens=preset.hotpot_max_new_tokens, **common)
+    streams = hotpot_streams(preset)  # disjoint question ranges: nothing is fitted and evaluated on one question
+    hotpot_grid = dict(lengths=preset.hotpot_lengths, depths=preset.hotpot_depths,
+                       max_new_tokens=preset.hotpot_max_new_tokens, **common)
+    reasoning = StaticReasoningConfig(data=config.hotpotqa, questions=streams["static"].count,
+                                      first=streams["static"].first, **hotpot_grid)
+    stages.run("hotpotqa-static", lambda: run_static_reasoning(reasoning, out / "hotpotqa-static", lm=lm,
+                                                               progress=progress))
+    reasoning_file = out / "hotpotqa-static" / "static_heads.json"
+    hotpot = HotpotConfig(data=config.hotpotqa, questions=streams["analysis"].count, first=streams["analysis"].first,
+                          split="analysis", **hotpot_grid)
     stages.run("hotpotqa", lambda: run_hotpotqa(hotpot, out / "hotpotqa", lm=lm, progress=progress))
     stages.run("hotpotqa-dynamism", lambda: (
         dynamism_report(out / "hotpotqa", static_file, score="reasoning", out_dir=out / "hotpotqa-dynamism"),
@@ -175,24 +220,35 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     stages.run("hotpotqa-probe", lambda: train_probe_on_run(
         out / "hotpotqa", probe_config, score="reasoning", out_dir=out / "hotpotqa-probe", device=str(lm.device),
         progress=progress))
-    hotpot_grid = dict(task="hotpotqa", data=config.hotpotqa, max_new_tokens=preset.hotpot_max_new_tokens,
-                       static=str(static_file), **common)
+    hotpot_task = dict(task="hotpotqa", data=config.hotpotqa, max_new_tokens=preset.hotpot_max_new_tokens,
+                       static=str(reasoning_file), **common)
     hotpot_ablation = AblationConfig(lengths=preset.hotpot_ablation_lengths, depths=preset.hotpot_ablation_depths,
-                                     questions=preset.hotpot_ablation_questions, **hotpot_grid)
+                                     questions=streams["ablation"].count, first=streams["ablation"].first,
+                                     split="ablation", **hotpot_task)
     stages.run("hotpotqa-ablation", lambda: run_ablation(hotpot_ablation, out / "hotpotqa-ablation", lm=lm,
                                                          progress=progress))
     hotpot_progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=preset.hotpot_ablation_lengths[:1],
-                                           depths=(0.5,), questions=preset.progressive_runs, **hotpot_grid)
+                                           depths=(0.5,), questions=streams["progressive"].count,
+                                           first=streams["progressive"].first, split="progressive", **hotpot_task)
     stages.run("hotpotqa-progressive", lambda: run_progressive(hotpot_progressive, out / "hotpotqa-progressive",
                                                                lm=lm, progress=progress))
-    rag = RagConfig(probe=str(out / "hotpotqa-probe"), static=str(static_file), ks=preset.rag_ks,
-                    data=config.hotpotqa, questions=preset.rag_questions, lengths=(preset.rag_length,), **common)
+    rag = RagConfig(probe=str(out / "hotpotqa-probe"), static=str(reasoning_file), ks=preset.rag_ks,
+                    data=config.hotpotqa, questions=streams["rag"].count, first=streams["rag"].first,
+                    lengths=(preset.rag_length,), **common)
     stages.run("rag", lambda: run_rag(rag, out / "rag", lm=lm, progress=progress))
 
     from dynheads.report import write_report
 
     _, html = write_report(out)
     return html
+
+
+def hotpot_streams(preset: Preset) -> dict[str, QuestionStream]:
+    """The HotpotQA question streams of a study, end to end in this order: static reasoning heads, the traced
+    analysis run (dynamism, CCA, probe), ablation, progressive ablation, RAG."""
+    return disjoint_streams([("static", preset.hotpot_static_questions), ("analysis", preset.hotpot_questions),
+                             ("ablation", preset.hotpot_ablation_questions),
+                             ("progressive", preset.progressive_runs), ("rag", preset.rag_questions)])
 
 
 def _best_samples(run_dir: Path, count: int, metric: str = "accuracy") -> list[str]:

@@ -10,6 +10,10 @@ Files written into the run directory besides the traces (see ``write_static``):
 - ``static_heads.json``: per-head scores of every counted test, Wu et al.'s published format,
 - ``static_ranking.csv``: rank, head, layer, head index and mean score of all L*H heads, best first,
 - ``static_summary.json``: settings, pass rate, counts, the top-20 heads and the disjointness note.
+
+``run_static_reasoning`` does the same for HotpotQA: static *reasoning* heads, the mean Eq. 2 score per head
+over the questions of the ``static`` question stream (disjoint from the questions ablation and RAG evaluate),
+written in the same three files.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from pathlib import Path
 import pandas as pd
 
 from dynheads.analysis.headlists import save_head_scores
-from dynheads.analysis.static import NiahTest, StaticHeads, static_heads
+from dynheads.analysis.static import NiahTest, ReasoningTest, StaticHeads, static_heads, static_reasoning_heads
 from dynheads.errors import DynheadsError
+from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
 from dynheads.experiments.niah import NiahConfig, run_niah
 from dynheads.heads import head_label
 from dynheads.io import atomic_path, write_json
@@ -94,3 +99,64 @@ def _write_ranking(path: Path, heads: StaticHeads) -> None:
                            "mean_score": float(means[head])} for rank, head in enumerate(heads.ranking, start=1)])
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False)
+
+
+# ---- static reasoning heads (HotpotQA, Eq. 2) ----------------------------------------------------------------------
+REASONING_NOTE = ("static reasoning heads are scored on their own HotpotQA question stream (recorded with its ids in "
+                  "manifest.json); 'dynheads ablation --task hotpotqa' and 'dynheads rag' refuse a list whose "
+                  "questions overlap theirs")
+
+
+@dataclass(frozen=True)
+class StaticReasoningConfig:
+    """Settings of a static reasoning-head run: a HotpotQA stream traced with Eq. 2, averaged per head."""
+
+    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
+    data: str | None = field(default=None, metadata={"help": "HotpotQA file/folder; None = synthetic questions"})
+    questions: int = field(default=45, metadata={"help": "questions of the stream"})
+    first: int = field(default=0, metadata={"help": "index of the stream's first question in the data"})
+    lengths: tuple[int, ...] = field(default=(250, 500, 1000), metadata={"help": "context tokens"})
+    depths: tuple[float, ...] = field(default=(0.05, 0.5, 0.95), metadata={"help": "gold paragraphs' depth, 0..1"})
+    seed: int = field(default=0, metadata={"help": "master seed (synthetic data, distractor order)"})
+    max_new_tokens: int = field(default=24, metadata={"help": "generation budget per question"})
+    success_f1: float = field(default=-1.0, metadata={"help": "a question counts if its F1 exceeds this; -1 = all"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
+
+    def hotpot_config(self) -> HotpotConfig:
+        """The HotpotQA stream this config traces (named ``static``)."""
+        return HotpotConfig(model=self.model, data=self.data, questions=self.questions, first=self.first,
+                            split=SPLIT, lengths=self.lengths, depths=self.depths, seed=self.seed,
+                            max_new_tokens=self.max_new_tokens, device=self.device)
+
+
+def run_static_reasoning(config: StaticReasoningConfig, out: str | Path, *, lm: LoadedModel | None = None,
+                         progress: bool = True) -> StaticHeads:
+    """Trace the static HotpotQA stream into ``out`` (resumable), then write the static reasoning heads there."""
+    run = run_hotpotqa(config.hotpot_config(), out, lm=lm, progress=progress)
+    return write_static_reasoning(run, config)
+
+
+def write_static_reasoning(run: RunDir, config: StaticReasoningConfig) -> StaticHeads:
+    """static_heads.json (Wu et al.'s format: per head, its mean Eq. 2 score of every counted question),
+    static_ranking.csv and static_summary.json, as ``write_static`` writes them for copy heads."""
+    tests = [ReasoningTest(trace, record["metrics"]["f1"]) for record, trace in run.iter_traces()]
+    if not tests:
+        raise DynheadsError(f"{run.path} has no traced questions: nothing to score")
+    heads, empty = static_reasoning_heads(tests, success_threshold=config.success_f1)
+    save_head_scores(run.path / "static_heads.json", heads.per_head())
+    _write_ranking(run.path / "static_ranking.csv", heads)
+    manifest = run.manifest()
+    write_json(run.path / "static_summary.json", {
+        "config": asdict(config),
+        "score": "reasoning (Eq. 2, mean over steps, then over questions)",
+        "split": SPLIT,
+        "note": REASONING_NOTE,
+        "questions": manifest.get("questions"),
+        "skipped": {key: value for key, value in manifest.get("skipped", {}).items() if key != "pairs"},
+        "num_tests": heads.num_tests,
+        "num_counted": heads.num_counted,
+        "empty_traces_skipped": empty,
+        "top20": [head_label(head) for head in heads.top(20)],
+        "heads_with_nonzero_score": int((heads.mean_scores > 0).sum()),
+    })
+    return heads

@@ -95,7 +95,9 @@ def build_sections(root: Path) -> list[Section]:
         ("claim3-niah", "Claim 3, correlation, on NIAH (Figure 4, Table 2)",
          lambda: _correlation(root, "", niah, _cca_note(),
                               _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")))),
-        ("hotpotqa", "HotpotQA setup (Section 5)", lambda: _task_run(root, "hotpotqa")),
+        ("hotpotqa", "HotpotQA setup (Section 5)",
+         lambda: _task_run(root, "hotpotqa") + (_stage(root, "hotpotqa-static", "Static reasoning heads")
+                                                  if (root / "hotpotqa-static").is_dir() else [])),
         ("claim1-hotpotqa", "Claim 1, dynamism, on HotpotQA (Figure 5)",
          lambda: _dynamism(root, "hotpotqa-dynamism", hotpot, "Figure 5",
                            "Figure 5 (llama3.1-8b): the Eq. 2 scores of ten heads change over one answer; the paper "
@@ -167,6 +169,10 @@ def _task_run(root: Path, stage: str) -> list[Part]:
         steps = f"; {frame['steps'].mean():.1f} generated tokens per sample" if "steps" in frame else ""
         parts.insert(2, f"{len(records)} samples{steps}. Mean metrics by context length:\n\n"
                      + _table(["context tokens", "samples", *(c.removeprefix("metrics.") for c in columns)], rows))
+    skipped = (_json(root / stage / "manifest.json") or {}).get("skipped", {})
+    if skipped.get("count"):  # (question, cell) pairs with no valid sample, e.g. gold paragraphs too long
+        parts.insert(3, f"Skipped (question, cell) pairs: {skipped['count']} ("
+                     + "; ".join(f"{n} {why}" for why, n in skipped["by_reason"].items()) + ").")
     return parts
 
 

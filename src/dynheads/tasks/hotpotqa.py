@@ -354,6 +354,13 @@ class HotpotSample(SampleRecord):
     meta: dict = field(default_factory=dict)
 
 
+class GoldTooLong(DynheadsError):
+    """A record's gold paragraphs exceed the cell's context length: that (question, cell) pair has no valid
+    sample. Grid runs skip and count such pairs (the paper leaves those cells blank); one sample is refused."""
+
+    reason = "gold paragraphs longer than the context"
+
+
 def render_paragraph(paragraph: Paragraph) -> str:
     title, sentences = paragraph
     return PARAGRAPH_TEMPLATE.format(title=title, text="".join(sentences).strip())
@@ -391,8 +398,8 @@ def make_sample(
 
     total = sum(count(p) for p in gold)
     if total > context_tokens:
-        raise DynheadsError(f"context_tokens={context_tokens} is too small for the gold paragraphs of record "
-                            f"{record.id!r} ({total} tokens)")
+        raise GoldTooLong(f"context_tokens={context_tokens} is too small for the gold paragraphs of record "
+                          f"{record.id!r} ({total} tokens)")
     chosen: list[tuple[Paragraph, int]] = []
     for paragraph in own + pool:
         size = count(paragraph)
