@@ -50,7 +50,7 @@ def grid_config(model_dir, static, **overrides) -> AblationConfig:
 
 
 def test_grid_records_matched_counts_cells_and_resume(tiny_model_dir, tiny_lm, tmp_path, fake_dynamic_sets):
-    config = grid_config(tiny_model_dir, ranked_file(tmp_path, 3, 4))
+    config = grid_config(tiny_model_dir, ranked_file(tmp_path, 3, 4), matching="mean")
     run = run_ablation(config, tmp_path / "grid", lm=tiny_lm, progress=False)
     records = {r["sample_id"]: r for r in run.records()}
     assert set(records) == {f"{sample}-{strategy}" for sample in SAMPLES for strategy in STRATEGIES}
