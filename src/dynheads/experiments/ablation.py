@@ -213,7 +213,7 @@ def write_cells(run: RunDir) -> pd.DataFrame:
              .agg(**means, samples=("sample_id", "size"), mean_masked=("mean_masked", "mean"),
                   zero_masked=("zero_masked", "sum"))
              .reset_index().rename(columns={"context_tokens": "length"}))
-    cells.insert(0, "matching", matching)
+    cells["matching"] = matching
     with atomic_path(run.path / "cells.csv") as tmp:
         cells.to_csv(tmp, index=False)
     summary = (frame.groupby("strategy", observed=True)
