@@ -58,7 +58,8 @@ def ablate(
 
     cfg = build_config(
         AblationConfig, config, model=model, strategies=parse_list(strategies, str.strip),
-        heads=parse_list(heads, str.strip), matching=matching, lengths=parse_list(lengths, int), depths=parse_list(depths, float),
+        heads=parse_list(heads, str.strip), matching=matching, lengths=parse_list(lengths, int),
+        depths=parse_list(depths, float),
         runs=runs, static=static, mode=mode, seed=seed, max_new_tokens=max_new_tokens, haystack=haystack, device=device,
         task=task, threshold=threshold, questions=questions, data=data,
     )

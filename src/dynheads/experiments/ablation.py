@@ -15,9 +15,9 @@ count is read back from the saved dynamic record. Either way cells.csv counts, p
 no head at all (``zero_masked``) and the heads masked per step (``mean_masked``).
 
 ``run_progressive`` masks the first k dynamic heads of every step (ordered by their attention on the copied
-position for Eq. 1, by their Eq. 2 score for ``reasoning``; k = 0 is the un-ablated run) and reports per k the mean over samples of
-m_s = max_t |E_t ∩ static top-20| (E_t: the heads that copy only after masking) and the task metrics, in
-``progressive.csv``, ``summary.md`` and ``plots/progressive.png``.
+position for Eq. 1, by their Eq. 2 score for ``reasoning``; k = 0 is the un-ablated run) and reports per k the
+mean over samples of m_s = max_t |E_t ∩ static top-20| (E_t: the heads that copy only after masking) and the
+task metrics, in ``progressive.csv``, ``summary.md`` and ``plots/progressive.png``.
 
 Each (sample, strategy) or (sample, k) is one record, written atomically: an interrupted run resumes where it
 stopped and reproduces the records it had not finished identically.
@@ -35,8 +35,7 @@ import pandas as pd
 from pandas.api.types import is_float_dtype
 from tqdm.auto import tqdm
 
-from dynheads.ablation import (MATCHINGS, STRATEGIES, AblationResult, AblationSettings, ablated_generate,
-                               matched_count)
+from dynheads.ablation import MATCHINGS, STRATEGIES, AblationResult, AblationSettings, ablated_generate, matched_count
 from dynheads.analysis.headlists import load_head_list
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
@@ -231,7 +230,8 @@ def write_cells(run: RunDir) -> pd.DataFrame:
                               "mean_dynamic": r"mean \|D_t\|", "masked_per_step": "masked",
                               "zero_masked": "no head"})
         + f"\nPaper ({PAPER_MODEL}): {PAPER_GRID[task]}.\n"))
-    plot_ablation_cells(cells, run.path / "plots", title=f"{model}: per-step ablation ({task}, {matching} matching)", metrics=metrics,
+    plot_ablation_cells(cells, run.path / "plots", title=f"{model}: per-step ablation ({task}, {matching} matching)",
+                        metrics=metrics,
                         opacity=task == "hotpotqa")
     return cells
 
