@@ -6,6 +6,7 @@ import pytest
 import torch
 from zoo import NoTokenizer, tiny_model
 
+from dynheads import ablation
 from dynheads.ablation import AblationSettings, ablated_generate, matched_count
 from dynheads.decoding import DecodingSession, trace
 from dynheads.errors import DynheadsError
@@ -91,13 +92,14 @@ def test_dynamic_ablation_masks_the_copy_heads_and_reports_counts():
     assert all(len(m) <= 1 for m in limited.masked)
 
 
-def test_static_and_random_mask_the_matched_count():
+def test_static_and_random_mask_the_matched_count():  # the mean-count reading (matching="mean")
     lm, sample = _lm(), _sample(4)
     ranking = tuple((layer, head) for layer in range(3) for head in range(4))
-    static = ablated_generate(lm, sample, AblationSettings(strategy="static", count=3, static_ranking=ranking), 4)
+    static = ablated_generate(lm, sample, AblationSettings(strategy="static", matching="mean", count=3,
+                                                           static_ranking=ranking), 4)
     assert all(m == list(ranking[:3]) for m in static.masked)
-    random_a = ablated_generate(lm, sample, AblationSettings(strategy="random", count=3, seed=7), 4)
-    random_b = ablated_generate(lm, sample, AblationSettings(strategy="random", count=3, seed=7), 4)
+    random_a = ablated_generate(lm, sample, AblationSettings(strategy="random", matching="mean", count=3, seed=7), 4)
+    random_b = ablated_generate(lm, sample, AblationSettings(strategy="random", matching="mean", count=3, seed=7), 4)
     assert random_a.masked == random_b.masked and all(len(m) == 3 for m in random_a.masked)
     assert len({tuple(m) for m in random_a.masked}) > 1  # a new draw at each step
     assert matched_count([2, 3, 4, 3]) == 3
@@ -106,10 +108,68 @@ def test_static_and_random_mask_the_matched_count():
 def test_bad_settings_are_refused():
     lm, sample = _lm(), _sample()
     with pytest.raises(DynheadsError, match="needs a head count"):
-        ablated_generate(lm, sample, AblationSettings(strategy="random"), 2)
+        ablated_generate(lm, sample, AblationSettings(strategy="random", matching="mean"), 2)
     with pytest.raises(DynheadsError, match="static head list"):
-        ablated_generate(lm, sample, AblationSettings(strategy="static", count=2), 2)
+        ablated_generate(lm, sample, AblationSettings(strategy="static", matching="mean", count=2), 2)
     with pytest.raises(DynheadsError, match="does not have"):
         ablated_generate(lm, sample, AblationSettings(strategy="fixed", fixed_heads=((9, 9),)), 2)
     with pytest.raises(DynheadsError, match="unknown ablation strategy"):
         ablated_generate(lm, sample, AblationSettings(strategy="bogus"), 2)
+
+
+def test_per_step_matching_masks_each_steps_own_dynamic_count(monkeypatch):
+    """Default matching: at step t static / random mask exactly |D_t| heads, D_t from the control run's own
+    clean pass at that step (here a stub rule, so that the counts vary from step to step)."""
+    stub_sets = [(2, 1), (0, 3), (1, 0)]
+    monkeypatch.setattr(ablation, "_dynamic_heads", lambda session, step, predicted, settings:
+                        stub_sets[: predicted % 4])
+    lm, sample = _lm(), _sample(5)
+    ranking = tuple((layer, head) for layer in reversed(range(3)) for head in range(4))
+    static = ablated_generate(lm, sample, AblationSettings(strategy="static", static_ranking=ranking), 8)
+    random = ablated_generate(lm, sample, AblationSettings(strategy="random", seed=3), 8)
+    for result in (static, random):
+        assert [len(m) for m in result.masked] == result.dynamic_counts
+        assert len(set(result.dynamic_counts)) > 1  # not one constant count in disguise
+    assert static.masked == [list(ranking[:count]) for count in static.dynamic_counts]
+
+
+def test_per_step_matching_reads_the_real_clean_pass():
+    """Until the first step that masks something, the control run is the traced run, so its first non-empty
+    D_t (real Eq. 1, no stub) is the traced step's, and exactly that many static heads are masked there."""
+    lm, sample = _lm(), _sample(6)
+    sample.needle_positions = list(range(len(sample.input_ids)))  # the whole prompt: this random model copies at t=1
+    traced = trace(lm, sample, max_new_tokens=6, stop_at_eos=False)
+    counts = [int(scores.sum()) for scores in traced.copy_scores]
+    first = next(t for t, count in enumerate(counts) if count > 0)  # StopIteration = the prompt copies nothing
+    ranking = tuple((layer, head) for layer in range(3) for head in range(4))
+    static = ablated_generate(lm, sample, AblationSettings(strategy="static", static_ranking=ranking), first + 1)
+    assert static.dynamic_counts == counts[: first + 1]
+    assert [len(m) for m in static.masked] == counts[: first + 1]
+
+
+def test_matching_settings_are_checked():
+    lm, sample = _lm(), _sample()
+    with pytest.raises(DynheadsError, match="unknown matching 'median'"):
+        ablated_generate(lm, sample, AblationSettings(strategy="random", matching="median"), 2)
+    with pytest.raises(DynheadsError, match="head count goes with matching='mean'"):
+        ablated_generate(lm, sample, AblationSettings(strategy="random", count=2), 2)
+
+
+def test_reasoning_heads_are_ordered_by_their_eq2_score():
+    """Progressive ablation under Eq. 2 removes the highest-scoring reasoning heads first (not the heads with
+    the highest attention peak anywhere, usually the sink)."""
+    lm, sample = _lm(), _sample(6, length=120)  # keys 4..87 scored: outside the sink and the local window
+    session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=1)
+    session.forward(len(sample.input_ids) - 1)
+    step = session.forward(1)
+    settings = AblationSettings(strategy="dynamic", score="reasoning", threshold=0.0)
+    heads = ablation._dynamic_heads(session, step, int(step.logits.argmax()), settings)
+    scores = step.stats.reasoning_scores()
+    assert len(heads) == int((scores > 0.0).sum()) > 2
+    assert float(scores.max()) < 0.9  # scores spread out (not all ~1), so the order below is not float noise
+    assert [float(scores[h]) for h in heads] == sorted((float(scores[h]) for h in heads), reverse=True)
+    by_peak = sorted(heads, key=lambda h: (-float(step.stats.max_prob[h]), h))
+    assert by_peak != heads  # the two orders differ on this step, so the check above decides something
+    limited = ablated_generate(lm, sample, AblationSettings(strategy="dynamic", score="reasoning", threshold=0.0,
+                                                            max_dynamic=2), 1)
+    assert limited.masked[0] == heads[:2]

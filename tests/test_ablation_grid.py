@@ -20,6 +20,7 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
 from dynheads.models import load_model
 from dynheads.plots.ablation import heatmap_figure, plot_heatmaps, plot_progressive
+from dynheads.report import claims
 
 SAMPLES = ["analysis-len200-depth0-run0", "analysis-len200-depth1-run0"]
 STRATEGIES = ["none", "dynamic", "static", "random"]
@@ -50,7 +51,7 @@ def grid_config(model_dir, static, **overrides) -> AblationConfig:
 
 
 def test_grid_records_matched_counts_cells_and_resume(tiny_model_dir, tiny_lm, tmp_path, fake_dynamic_sets):
-    config = grid_config(tiny_model_dir, ranked_file(tmp_path, 3, 4))
+    config = grid_config(tiny_model_dir, ranked_file(tmp_path, 3, 4), matching="mean")
     run = run_ablation(config, tmp_path / "grid", lm=tiny_lm, progress=False)
     records = {r["sample_id"]: r for r in run.records()}
     assert set(records) == {f"{sample}-{strategy}" for sample in SAMPLES for strategy in STRATEGIES}
@@ -169,3 +170,52 @@ def test_hotpotqa_grid_uses_eq2_sets_and_em_f1(tiny_model_dir, tmp_path):
     assert (tmp_path / "hq" / "plots" / "ablation-f1.png").is_file()
     # Eq. 2 with a low threshold makes some heads dynamic even on a random model.
     assert any(sum(r["dynamic_counts"]) > 0 for r in records if r["strategy"] == "dynamic")
+
+
+def test_grid_default_matches_each_controls_own_dynamic_count(tiny_model_dir, tiny_lm, tmp_path, fake_dynamic_sets):
+    """Default (per-step) matching: each static / random record masks, at every step, as many heads as its own
+    clean pass found dynamic; cells.csv counts the heads masked and the samples that masked none."""
+    config = grid_config(tiny_model_dir, ranked_file(tmp_path, 3, 4), max_new_tokens=5)
+    assert config.matching == "per_step"
+    run = run_ablation(config, tmp_path / "grid", lm=tiny_lm, progress=False)
+    records = {r["sample_id"]: r for r in run.records()}
+    for sample in SAMPLES:
+        for strategy in ("dynamic", "static", "random"):
+            record = records[f"{sample}-{strategy}"]
+            assert record["masked_counts"] == record["dynamic_counts"] and record["matching"] == "per_step"
+    assert any(len(set(records[f"{s}-static"]["masked_counts"])) > 1 for s in SAMPLES)  # varies per step
+    manifest = json.loads((tmp_path / "grid" / "manifest.json").read_text())
+    assert manifest["config"]["matching"] == "per_step"
+    cells = pd.read_csv(tmp_path / "grid" / "cells.csv")
+    assert set(cells["matching"]) == {"per_step"}
+    for row in cells.itertuples():
+        record = records[f"analysis-len200-depth{row.depth:g}-run0-{row.strategy}"]
+        assert row.mean_masked == pytest.approx(np.mean(record["masked_counts"]))
+        assert row.zero_masked == int(sum(record["masked_counts"]) == 0)
+    masking = claims.masking_from_cells(cells)
+    verdict = claims.irreplaceability_verdict({"none": 1.0, "dynamic": 0.0, "static": 0.9, "random": 0.9},
+                                              "accuracy", "NIAH", masking)
+    assert verdict.status == "supported" and "Compared: per_step matching; dynamic" in verdict.reason
+    assert "samples masked none" in verdict.reason and "zero-masked ones counted" in verdict.reason
+
+
+def test_mean_matching_with_zero_count_controls_is_inconclusive():
+    """Controls that masked no head on samples where dynamic masked some are not 'unharmed controls'."""
+    cells = pd.DataFrame({"matching": "mean", "strategy": ["none", "dynamic", "static", "random"],
+                          "length": 500, "depth": 0.5, "accuracy": [0.8, 0.0, 0.7, 0.8], "samples": 10,
+                          "mean_masked": [0.0, 0.9, 0.6, 0.6], "zero_masked": [10, 0, 4, 4]})
+    masking = claims.masking_from_cells(cells)
+    assert masking.masked["static"] == pytest.approx(0.6) and masking.zero_masked["random"] == 4
+    verdict = claims.irreplaceability_verdict({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8},
+                                              "accuracy", "NIAH", masking)
+    assert verdict.status == "inconclusive" and "static on 4, random on 4, dynamic on 0" in verdict.reason
+    assert "mean matching" in verdict.reason
+    matched = claims.masking_from_cells(cells.assign(zero_masked=[10, 1, 1, 1], matching="per_step"))
+    assert claims.irreplaceability_verdict({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8},
+                                           "accuracy", "NIAH", matched).status == "supported"
+
+
+def test_unknown_matching_is_refused(tiny_model_dir, tiny_lm, tmp_path):
+    with pytest.raises(DynheadsError, match="unknown matching 'median'"):
+        run_ablation(grid_config(tiny_model_dir, None, matching="median"), tmp_path / "m", lm=tiny_lm, progress=False)
+    assert not (tmp_path / "m").exists()

@@ -8,8 +8,16 @@ paper. When a step masks nothing, the clean pass is kept and no second pass runs
 
 Strategies: ``dynamic`` (mask D_t, or its first k heads ordered by attention on the copied position),
 ``static`` (top heads of a static list), ``random`` (a seeded draw at each step), ``fixed`` (one given head set
-at every step), ``none`` (plain greedy decoding). For ``static`` and ``random`` the count per step is the
-average |D_t| of the dynamic run on the same sample, rounded (the paper's matching rule).
+at every step), ``none`` (plain greedy decoding).
+
+How many heads ``static`` and ``random`` mask (``matching``):
+
+- ``per_step`` (default): at step t exactly |D_t| heads, where D_t is read off that step's clean pass of the
+  control run itself. The question at step t is "how many heads would be dynamic now?", so the count follows
+  the control run: when it derails the count follows its own clean passes, not the dynamic run's.
+- ``mean``: at every step ``count`` heads, the dynamic run's average |D_t| rounded (the paper's sentence "as
+  many heads as the average number of dynamic heads"). The dynamic run's D_t empties once masking derails it,
+  so this count is often 0 or 1 while the dynamic run masked several heads at the copying steps.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from dynheads.traces import ScoreKind
 
 Strategy = Literal["none", "dynamic", "static", "random", "fixed"]
 STRATEGIES: tuple[str, ...] = ("none", "dynamic", "static", "random", "fixed")
+Matching = Literal["per_step", "mean"]
+MATCHINGS: tuple[str, ...] = ("per_step", "mean")
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,8 @@ class AblationSettings:
     mode: AblationMode = "zero"
     score: ScoreKind = "copy"  # how D_t is found: Eq. 1, or Eq. 2 above ``threshold``
     threshold: float = 0.1
-    count: int | None = None  # heads per step for static/random (the dynamic run's mean |D_t|)
+    matching: Matching = "per_step"  # static/random: |D_t| of each step's clean pass, or a fixed ``count``
+    count: int | None = None  # matching="mean": heads per step for static/random (the dynamic run's mean |D_t|)
     max_dynamic: int | None = None  # progressive ablation: mask only the first k dynamic heads
     static_ranking: tuple[Head, ...] = ()
     fixed_heads: tuple[Head, ...] = ()
@@ -104,8 +115,12 @@ def ablated_generate(
 def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
     if settings.strategy not in STRATEGIES:
         raise DynheadsError(f"unknown ablation strategy {settings.strategy!r}: use one of {', '.join(STRATEGIES)}")
-    if settings.strategy in ("static", "random") and settings.count is None:
+    if settings.matching not in MATCHINGS:
+        raise DynheadsError(f"unknown matching {settings.matching!r}: use one of {', '.join(MATCHINGS)}")
+    if settings.strategy in ("static", "random") and settings.matching == "mean" and settings.count is None:
         raise DynheadsError(f"the {settings.strategy} strategy needs a head count (the dynamic run's mean |D_t|)")
+    if settings.matching == "per_step" and settings.count is not None:
+        raise DynheadsError("a head count goes with matching='mean'; per-step matching masks |D_t| heads per step")
     if settings.strategy == "static" and not settings.static_ranking:
         raise DynheadsError("the static strategy needs a static head list (--static FILE)")
     check_heads(list(settings.static_ranking) + list(settings.fixed_heads), lm.num_layers, lm.num_heads)
@@ -113,13 +128,18 @@ def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
 
 def _dynamic_heads(session: DecodingSession, step: StepResult, predicted: int, settings: AblationSettings
                    ) -> list[Head]:
-    """D_t ordered by attention on the attended key (highest first), as ``(layer, head)`` pairs."""
+    """D_t as ``(layer, head)`` pairs, in the order progressive ablation removes them (highest first, ties by
+    index): ``copy`` by the attention weight on the copied position (a copying head's argmax key is that
+    position, so its max_prob is that weight); ``reasoning`` by the step's Eq. 2 score (its max_prob is usually
+    the attention sink's weight, not attention on the supporting facts)."""
     if settings.score == "copy":
         active = session.copy_scores(step.stats, predicted)
+        weights = step.stats.max_prob[active].tolist()
     else:
-        active = step.stats.reasoning_scores() > settings.threshold
+        scores = step.stats.reasoning_scores()
+        active = scores > settings.threshold
+        weights = scores[active].tolist()
     heads = torch.nonzero(active).tolist()
-    weights = step.stats.max_prob[active].tolist()
     order = sorted(range(len(heads)), key=lambda i: (-weights[i], heads[i]))
     return [(heads[i][0], heads[i][1]) for i in order]
 
@@ -133,7 +153,11 @@ def _heads_to_mask(dynamic: list[Head], clean: StepResult, settings: AblationSet
         return dynamic if settings.max_dynamic is None else dynamic[: settings.max_dynamic]
     if strategy == "fixed":
         return list(settings.fixed_heads)
-    count = min(int(settings.count), lm.num_layers * lm.num_heads)
+    # per-step matching: as many heads as this step's clean pass found dynamic (this control run's own D_t)
+    count = len(dynamic) if settings.matching == "per_step" else int(settings.count)
+    count = min(count, lm.num_layers * lm.num_heads)
+    if count == 0:
+        return []
     if strategy == "static":
         return list(settings.static_ranking[:count])
     flat = rng.choice(lm.num_layers * lm.num_heads, size=count, replace=False)

@@ -37,6 +37,8 @@ def ablate(
     model: Model = None,
     strategies: Annotated[str | None, Opt(help="dynamic,static,random,fixed (none always runs too)")] = None,
     heads: Annotated[str | None, Opt(help="heads the fixed strategy masks at every step, e.g. 12-3,4-1")] = None,
+    matching: Annotated[str | None, Opt(help="static/random head count: per_step (|D_t| of each step's clean pass, "
+                                             "default) or mean (the dynamic run's mean |D_t|, the paper's)")] = None,
     lengths: Lengths = None,
     depths: Depths = None,
     runs: Runs = None,
@@ -58,7 +60,8 @@ def ablate(
 
     cfg = build_config(
         AblationConfig, config, model=model, strategies=parse_list(strategies, str.strip),
-        heads=parse_list(heads, str.strip), lengths=parse_list(lengths, int), depths=parse_list(depths, float),
+        heads=parse_list(heads, str.strip), matching=matching, lengths=parse_list(lengths, int),
+        depths=parse_list(depths, float),
         runs=runs, static=static, mode=mode, seed=seed, max_new_tokens=max_new_tokens, haystack=haystack, device=device,
         task=task, threshold=threshold, questions=questions, first=first, data=data,
     )

@@ -7,14 +7,17 @@
 - ``summary.md``: the means per strategy, beside what the paper reports,
 - ``plots/ablation-accuracy.png``, ``plots/ablation-rouge_l.png``: Figure 2's heat maps.
 
-The un-ablated baseline ``none`` always runs too. ``static`` and ``random`` mask, at every step, as many heads as
-the dynamic run of the same sample masked on average (rounded), so ``dynamic`` runs whenever they do, before
-them; on resume the count is read back from the saved dynamic record.
+The un-ablated baseline ``none`` always runs too. How many heads ``static`` and ``random`` mask is the config's
+``matching``: ``per_step`` (default) masks at step t exactly |D_t| heads, D_t from that step's clean pass of the
+control run itself; ``mean`` (the paper's sentence) masks at every step as many heads as the dynamic run of the
+same sample masked on average (rounded), so ``dynamic`` runs whenever they do, before them, and on resume the
+count is read back from the saved dynamic record. Either way cells.csv counts, per cell, the samples that masked
+no head at all (``zero_masked``) and the heads masked per step (``mean_masked``).
 
 ``run_progressive`` masks the first k dynamic heads of every step (ordered by their attention on the copied
-position; k = 0 is the un-ablated run) and reports per k the mean over samples of
-m_s = max_t |E_t ∩ static top-20| (E_t: the heads that copy only after masking) and the task metrics, in
-``progressive.csv``, ``summary.md`` and ``plots/progressive.png``.
+position for Eq. 1, by their Eq. 2 score for ``reasoning``; k = 0 is the un-ablated run) and reports per k the
+mean over samples of m_s = max_t |E_t ∩ static top-20| (E_t: the heads that copy only after masking) and the
+task metrics, in ``progressive.csv``, ``summary.md`` and ``plots/progressive.png``.
 
 Each (sample, strategy) or (sample, k) is one record, written atomically: an interrupted run resumes where it
 stopped and reproduces the records it had not finished identically.
@@ -32,7 +35,7 @@ import pandas as pd
 from pandas.api.types import is_float_dtype
 from tqdm.auto import tqdm
 
-from dynheads.ablation import STRATEGIES, AblationResult, AblationSettings, ablated_generate, matched_count
+from dynheads.ablation import MATCHINGS, STRATEGIES, AblationResult, AblationSettings, ablated_generate, matched_count
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
@@ -55,6 +58,8 @@ PAPER_GRID = {
     "hotpotqa": ("masking the dynamic reasoning heads degrades F1 far more than masking as many static or random "
                  "heads (Figure 6)"),
 }
+MATCHING_RULES = {"per_step": "|D_t| of each step's clean pass of the control run",
+                  "mean": "the dynamic run's mean |D_t|, rounded"}
 PAPER_PROGRESSIVE = ("accuracy falls from 1.0 to 0.0 as k reaches 20, while the overlap of the compensating heads "
                      "with the static top-20 rises to 4.5-7 for k >= 5 (Figure 3; 5000-token haystack, 20 runs)")
 
@@ -107,6 +112,10 @@ class AblationConfig(_GridConfig):
         default=("dynamic", "static", "random"),
         metadata={"help": "dynamic, static, random, fixed; none (no masking) always runs too"})
     heads: tuple[str, ...] = field(default=(), metadata={"help": "heads masked by 'fixed', e.g. ('12-3', '4-1')"})
+    matching: str = field(
+        default="per_step",
+        metadata={"help": "static/random head count: per_step = |D_t| of each step's clean pass of the control run; "
+                          "mean = the dynamic run's mean |D_t|, rounded (the paper's sentence)"})
 
     def run_strategies(self) -> tuple[str, ...]:
         """The strategies to decode, in run order: none, dynamic (needed by static and random), the rest."""
@@ -116,11 +125,14 @@ class AblationConfig(_GridConfig):
             raise DynheadsError(f"unknown ablation strategy {', '.join(map(repr, unknown))}: use some of {choices}")
         if not self.strategies:
             raise DynheadsError(f"give at least one ablation strategy: {choices}")
-        wanted = {"none", *self.strategies} | ({"dynamic"} if {"static", "random"} & set(self.strategies) else set())
+        controls = {"static", "random"} & set(self.strategies)
+        wanted = {"none", *self.strategies} | ({"dynamic"} if controls and self.matching == "mean" else set())
         return tuple(s for s in STRATEGIES if s in wanted)
 
     def check(self) -> None:
         super().check()
+        if self.matching not in MATCHINGS:
+            raise DynheadsError(f"unknown matching {self.matching!r}: use one of {', '.join(MATCHINGS)}")
         strategies = self.run_strategies()
         if "static" in strategies and not self.static:
             raise DynheadsError("the static strategy needs a static head list: pass --static FILE")
@@ -160,10 +172,11 @@ def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | N
                           {"strategies_run": list(strategies), "static_top": [head_key(h) for h in static[:20]]})
     jobs = _Jobs(run, len(samples) * len(strategies), "ablate", progress, on_record)
     for sample in samples:
-        count = None  # heads per step for static / random, from this sample's dynamic run
+        count = None  # matching="mean": heads per step for static / random, from this sample's dynamic run
         for strategy in strategies:
+            mean_count = config.matching == "mean" and strategy in ("static", "random")
             settings = AblationSettings(strategy=strategy, mode=config.mode, static_ranking=static, fixed_heads=fixed,
-                                        count=count if strategy in ("static", "random") else None,
+                                        matching=config.matching, count=count if mean_count else None,
                                         seed=derive_seed(config.seed, "random-heads", sample.seed),
                                         score=_score_kind(config), threshold=config.threshold)
             record = jobs.get(f"{sample.sample_id}-{strategy}",
@@ -176,38 +189,53 @@ def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | N
 
 
 def _ablation_record(lm: LoadedModel, sample, settings: AblationSettings, config: _GridConfig) -> dict:
+    """One (sample, strategy) record. ``matched_count``: under mean matching the static/random count (in the
+    dynamic record: the value its siblings use); None under per-step matching, where ``masked_counts`` says it."""
     result = ablated_generate(lm, sample, settings, config.max_new_tokens)
-    count = matched_count(result.dynamic_counts) if settings.strategy == "dynamic" else settings.count
-    return {**_result_record(sample, result, config.task), "strategy": settings.strategy, "matched_count": count}
+    count = None
+    if settings.matching == "mean":
+        count = matched_count(result.dynamic_counts) if settings.strategy == "dynamic" else settings.count
+    return {**_result_record(sample, result, config.task), "strategy": settings.strategy,
+            "matching": settings.matching, "matched_count": count}
 
 
 def write_cells(run: RunDir) -> pd.DataFrame:
     """cells.csv, summary.md and the heat maps of a grid run, from its records."""
     frame = run.write_results()
-    task = run.manifest()["config"].get("task", "niah")
+    config = run.manifest()["config"]
+    task = config.get("task", "niah")
+    matching = config.get("matching", "mean")  # runs made before the option existed used the mean count
     metrics = TASK_METRICS[task]
     means = {name: (f"metrics.{name}", "mean") for name in metrics}
     frame["strategy"] = frame["strategy"].astype(pd.CategoricalDtype(STRATEGIES, ordered=True))  # run order
+    # a sample that masked no head at any step is the un-ablated run: counted apart, never read as "unharmed"
+    frame["zero_masked"] = frame["masked_counts"].map(lambda counts: int(sum(counts) == 0))
     keys = ["strategy", "context_tokens", "depth"]
     cells = (frame.groupby(keys, observed=True)
-             .agg(**means, samples=("sample_id", "size"))
+             .agg(**means, samples=("sample_id", "size"), mean_masked=("mean_masked", "mean"),
+                  zero_masked=("zero_masked", "sum"))
              .reset_index().rename(columns={"context_tokens": "length"}))
     cells = _with_skipped_cells(cells, run.manifest())
+    cells["matching"] = matching
     with atomic_path(run.path / "cells.csv") as tmp:
         cells.to_csv(tmp, index=False)
     summary = (frame.groupby("strategy", observed=True)
                .agg(records=("sample_id", "size"), **means, mean_dynamic=("mean_dynamic", "mean"),
-                    masked_per_step=("mean_masked", "mean"))
+                    masked_per_step=("mean_masked", "mean"), zero_masked=("zero_masked", "sum"))
                .reset_index())
     model = run.manifest()["model"]["name"]
+    rule = MATCHING_RULES[matching]
     write_text(run.path / "summary.md", (
         f"# Per-step ablation: {model}\n\n"
         "Means over all records of each strategy. mean |D_t| = dynamic heads of the clean pass per step; "
-        "masked = heads removed per step (static and random: the dynamic run's mean |D_t|, rounded).\n\n"
+        f"masked = heads removed per step (static and random, matching `{matching}`: {rule}); no head = samples "
+        "that masked no head at any step (their run is the un-ablated one).\n\n"
         + _markdown(summary, {"strategy": "strategy", "records": "records", **metrics,
-                              "mean_dynamic": r"mean \|D_t\|", "masked_per_step": "masked"})
+                              "mean_dynamic": r"mean \|D_t\|", "masked_per_step": "masked",
+                              "zero_masked": "no head"})
         + f"\nPaper ({PAPER_MODEL}): {PAPER_GRID[task]}.\n" + _skip_line(run.manifest())))
-    plot_ablation_cells(cells, run.path / "plots", title=f"{model}: per-step ablation ({task})", metrics=metrics,
+    plot_ablation_cells(cells, run.path / "plots", title=f"{model}: per-step ablation ({task}, {matching} matching)",
+                        metrics=metrics,
                         opacity=task == "hotpotqa")
     return cells
 

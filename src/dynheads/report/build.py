@@ -188,8 +188,10 @@ def _ablation(root: Path, prefix: str, task: str, grid_note: str, progressive_no
 
     def verdict() -> Verdict:
         path = root / f"{prefix}ablation" / "cells.csv"
-        metric, means = _strategy_means(pd.read_csv(path)) if path.is_file() else (ABLATION_METRICS[0], None)
-        return claims.irreplaceability_verdict(means, metric, task)
+        cells = pd.read_csv(path) if path.is_file() else None
+        metric, means = _strategy_means(cells) if cells is not None else (ABLATION_METRICS[0], None)
+        masking = claims.masking_from_cells(cells) if cells is not None else None
+        return claims.irreplaceability_verdict(means, metric, task, masking)
 
     return [_guard(verdict, claims.CLAIM2, task), *_stage(root, f"{prefix}ablation", figures[0], [grid_note]),
             *_stage(root, f"{prefix}progressive", figures[1], [progressive_note])]

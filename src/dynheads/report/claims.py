@@ -8,7 +8,13 @@ always with the numbers it used.
   entropy > ln 20 (the entropy of uniform use of 20 heads).
 - Claim 2 (irreplaceability): supported iff masking the dynamic heads lowers the task metric more than
   masking as many static heads and as many random heads, each by at least 0.1. Inconclusive when the
-  un-ablated model scores below 0.1 (no masking can then cost 0.1).
+  un-ablated model scores below 0.1 (no masking can then cost 0.1), and when a control (static or random)
+  masked no head at all on more samples than the dynamic run did: those samples are the un-ablated run, so
+  their score says nothing about the control (this happens with the ``mean`` matching count; with ``per_step``
+  matching a control masks nothing on exactly the samples where the dynamic run masks nothing, because both
+  runs equal the un-ablated one until the first non-empty D_t). Means are over all samples (zero-masked ones
+  counted, the same samples for every strategy); the verdict states the matching mode, the heads masked per
+  step and the zero-masked samples of each strategy.
 - Claim 3 (correlation): supported iff the held-out CCA top-1 correlation at offset k=1 exceeds the
   shuffled-pairing control by at least 0.1 and the MLP probe beats the frequency baseline (AUPRC for binary
   copy scores, R² for continuous reasoning scores). Not supported as soon as one available test fails;
@@ -23,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+import pandas as pd
+
 from dynheads.analysis.dynamism import ENTROPY_BASELINE
 
 Status = Literal["supported", "not supported", "inconclusive"]
@@ -36,7 +44,8 @@ CLAIM1, CLAIM2, CLAIM3 = "Claim 1 (dynamism)", "Claim 2 (irreplaceability)", "Cl
 RAG = "Dynamic RAG (dynamic beats static)"
 RULES = (f"Claim 1: Jaccard w/ static top-20 < {JACCARD_MAX}, unique heads > {UNIQUE_MIN} and entropy > ln 20; "
          f"Claim 2: masking the dynamic heads costs at least {ABLATION_MARGIN} more than masking as many static "
-         f"heads, and as many random heads; Claim 3: held-out CCA top-1 at k={CCA_OFFSET} at least {CCA_MARGIN} "
+         f"heads, and as many random heads (inconclusive when a control masked no head on more samples than "
+         "dynamic); Claim 3: held-out CCA top-1 at k={CCA_OFFSET} at least {CCA_MARGIN} "
          "above the shuffled control, and the probe beats the frequency baseline; RAG: Dynamic F1 above Static at "
          "every k")
 
@@ -88,8 +97,39 @@ def dynamism_verdict(stats: Mapping[str, float] | None, task: str) -> Verdict:
     return Verdict(claim, task, status, "; ".join(text for _, text in checks) + ".", numbers)
 
 
-def irreplaceability_verdict(means: Mapping[str, float] | None, metric: str, task: str) -> Verdict:
-    """Claim 2 from the mean task metric per ablation strategy (``none``, ``dynamic``, ``static``, ``random``)."""
+@dataclass(frozen=True)
+class AblationMasking:
+    """What the ablation grid masked: the matching mode, and per strategy the heads masked per step (mean over
+    samples) and the samples that masked no head at any step."""
+
+    matching: str
+    masked: dict[str, float]
+    zero_masked: dict[str, int]
+    samples: dict[str, int]
+
+    def describe(self) -> str:
+        parts = [f"{name} {self.masked[name]:.2f} heads/step, {self.zero_masked[name]}/{self.samples[name]} "
+                 "samples masked none" for name in ("dynamic", "static", "random") if name in self.masked]
+        return f"{self.matching} matching; " + "; ".join(parts)
+
+
+def masking_from_cells(cells: pd.DataFrame) -> AblationMasking | None:
+    """``AblationMasking`` from an ablation grid's cells.csv; None for a cells.csv written before it had the
+    ``matching``, ``mean_masked`` and ``zero_masked`` columns."""
+    if not {"matching", "mean_masked", "zero_masked", "samples", "strategy"} <= set(cells.columns):
+        return None
+    groups = cells.assign(masked_sum=cells["mean_masked"] * cells["samples"]).groupby("strategy")
+    samples = groups["samples"].sum()
+    return AblationMasking(matching=str(cells["matching"].iloc[0]),
+                           masked=(groups["masked_sum"].sum() / samples).astype(float).to_dict(),
+                           zero_masked=groups["zero_masked"].sum().astype(int).to_dict(),
+                           samples=samples.astype(int).to_dict())
+
+
+def irreplaceability_verdict(means: Mapping[str, float] | None, metric: str, task: str,
+                             masking: AblationMasking | None = None) -> Verdict:
+    """Claim 2 from the mean task metric per ablation strategy (``none``, ``dynamic``, ``static``, ``random``).
+    ``masking`` (from ``masking_from_cells``) says what was compared; without it the verdict says it is unknown."""
     claim = CLAIM2
     if means is None:
         return Verdict(claim, task, "inconclusive", "no ablation results")
@@ -108,7 +148,21 @@ def irreplaceability_verdict(means: Mapping[str, float] | None, metric: str, tas
     text = "; ".join(f"{name} {numbers[name]:.3f} - dynamic {dynamic:.3f} = {gap:.3f} "
                      f"{'>=' if passed[name] else '<'} {ABLATION_MARGIN}" for name, gap in gaps.items())
     prefix = f"{metric} un-ablated {baseline:.3f}; " if baseline is not None else f"{metric}: "
-    return Verdict(claim, task, status, prefix + text + ".", {**numbers, **{f"gap_{k}": v for k, v in gaps.items()}})
+    numbers = {**numbers, **{f"gap_{k}": v for k, v in gaps.items()}}
+    if masking is None:
+        return Verdict(claim, task, status, prefix + text + "; matching mode and heads masked per strategy "
+                       "unknown (cells.csv without the masked-head columns).", numbers)
+    numbers.update({f"masked_{name}": float(value) for name, value in masking.masked.items()})
+    numbers.update({f"zero_masked_{name}": float(value) for name, value in masking.zero_masked.items()})
+    compared = f" Compared: {masking.describe()}; means over all samples, zero-masked ones counted."
+    unmatched = [name for name in ("static", "random")
+                 if masking.zero_masked.get(name, 0) > masking.zero_masked.get("dynamic", 0)]
+    if unmatched:
+        detail = ", ".join(f"{name} on {masking.zero_masked[name]}" for name in unmatched)
+        return Verdict(claim, task, "inconclusive", f"the control masked no head on more samples than dynamic "
+                       f"({detail}, dynamic on {masking.zero_masked.get('dynamic', 0)}): those samples are the "
+                       f"un-ablated run, not a matched control; {prefix}{text}.{compared}", numbers)
+    return Verdict(claim, task, status, prefix + text + "." + compared, numbers)
 
 
 def correlation_verdict(held_out: float | None, shuffled: float | None, probe: float | None,
