@@ -158,3 +158,21 @@ def test_detect_refuses_runs_without_both_classes(tmp_path):
         run.save_sample({"sample_id": f"s{index}", "answer": "ab12-cd"}, _trace([" ab12-cd"], np.array([3]), rng))
     with pytest.raises(DynheadsError, match="only faithful"):
         run_detect(run.path, DetectConfig(bootstrap=10), tmp_path / "out")
+
+
+def test_niah_distractor_shares_the_prefix_and_is_not_part_of_the_needle(embedded):
+    from dynheads import niah
+
+    tok = embedded.tokenizer
+    for prefix in (0, 8, 13):  # 8 and 13 end right before a hyphen: the value differs at the next free character
+        sample = niah.make_sample(tok, context_tokens=600, depth=0.5, seed=5, distractor_depth=0.8,
+                                  distractor_prefix=prefix)
+        value = sample.meta["distractor"]
+        shared = next(i for i, (a, b) in enumerate(zip(value, sample.answer, strict=True)) if a != b)
+        assert shared >= prefix and value[:prefix] == sample.answer[:prefix]
+        decoded = tok.decode([sample.input_ids[i] for i in sample.meta["distractor_positions"]])
+        assert decoded.strip() == f"The secret word is {value}."
+        assert not set(sample.meta["distractor_positions"]) & set(sample.needle_positions)
+        assert sample.meta["distractor_positions"][0] > sample.needle_positions[-1]  # depth 0.8 after 0.5
+    with pytest.raises(DynheadsError):
+        niah.make_sample(tok, context_tokens=600, depth=0.5, seed=5, distractor_depth=1.5)

@@ -160,3 +160,39 @@ def _similar_value(answer: str, prefix: int, rng: random.Random) -> str:
         value = answer[:prefix] + other[prefix:]
         if value[first_free] != answer[first_free]:
             return value
+
+
+def _haystack_of_length(tokenizer: PreTrainedTokenizerBase, source: str, num_tokens: int) -> str:
+    """Repeat ``source`` until it has ``num_tokens`` tokens and cut it there (at a token boundary)."""
+    piece_tokens = max(len(tokenizer(source[:20000], add_special_tokens=False)["input_ids"]), 1)
+    ratio = min(len(source), 20000) / piece_tokens  # characters per token, to repeat just enough
+    repeats = int(num_tokens * ratio * 1.3 / len(source)) + 1
+    text = "\n\n".join([source] * repeats)
+    encoded = tokenizer(text[: int(num_tokens * ratio * 1.3) + 100], add_special_tokens=False,
+                        return_offsets_mapping=True)
+    offsets = encoded["offset_mapping"]
+    if len(offsets) < num_tokens:  # unusually long tokens: fall back to the whole repeated text
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = encoded["offset_mapping"]
+    return text[: offsets[num_tokens - 1][1]]
+
+
+def _sentence_end_before(text: str, index: int) -> int:
+    """Character index just after the last sentence end at or before ``index`` (0 if there is none)."""
+    if index >= len(text):
+        return len(text)
+    ends = [m.end() for m in _SENTENCE_END.finditer(text, 0, index + 1)]
+    return ends[-1] if ends else 0
+
+
+_scorer = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=False)
+
+
+def score(answer: str, generated: str) -> dict[str, float]:
+    """Accuracy (the UUID appears verbatim), ROUGE-L F1 and ROUGE-1 recall of the answer in the generation."""
+    scores = _scorer.score(answer, generated)
+    return {
+        "accuracy": float(answer in generated),
+        "rouge_l": scores["rougeL"].fmeasure,
+        "rouge1_recall": scores["rouge1"].recall,
+    }
