@@ -176,3 +176,30 @@ def test_niah_distractor_shares_the_prefix_and_is_not_part_of_the_needle(embedde
         assert sample.meta["distractor_positions"][0] > sample.needle_positions[-1]  # depth 0.8 after 0.5
     with pytest.raises(DynheadsError):
         niah.make_sample(tok, context_tokens=600, depth=0.5, seed=5, distractor_depth=1.5)
+
+
+def test_probe_features_use_the_predicted_heads_and_their_silence():
+    rng = np.random.default_rng(0)
+    trace = _trace(["a", "b"], np.array([0, 12]), rng)  # step 1: every head copies
+    predicted = np.full((2, 12), 0.5)
+    features = hl.token_features(trace, np.array([0, 1]), hl.FeatureSpec(((0, 0),), 1), predicted)["probe"]
+    np.testing.assert_allclose(features, [[6.0, 0.5, 6.0], [6.0, 0.5, 0.0]])
+
+
+def test_cli_detect_and_apply(tmp_path):
+    import subprocess
+    import sys
+
+    run = _synthetic_run(tmp_path / "run", samples=12)
+    cli = [sys.executable, "-m", "dynheads"]
+    done = subprocess.run([*cli, "detect", str(run.path), "--feature-sets", "copy_heads,entropy", "--bootstrap", "20"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "| copy_heads | 1 |" in done.stdout
+    trace_file = run.trace_path(run.records()[0]["sample_id"])
+    done = subprocess.run([*cli, "detect-apply", str(run.path / "detect" / "detector.json"), str(trace_file),
+                           "--out", str(tmp_path / "scores.csv")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "p_hallucinated.copy_heads" in (tmp_path / "scores.csv").read_text()
+    done = subprocess.run([*cli, "detect", str(tmp_path / "nothing")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and done.stderr.startswith("error: ")
