@@ -33,9 +33,9 @@ from dynheads.traces import Trace
 _FORMAT = "dynheads-detector/1"
 # Published numbers of other detectors, on other tasks (docs/hallucination.md says how they differ).
 PUBLISHED = (
-    ("Lookback Lens, annotated spans (CNN/DM summarisation / NQ QA)", "85.3 / 82.0 AUROC"),
-    ("Lookback Lens, 8-token sliding windows (summarisation / QA)", "66.1 / 66.0 AUROC"),
-    ("ReDeEP (token-level, RAGTruth)", "0.75 AUC"),
+    ("Lookback Lens, annotated spans (summarisation / QA)", "AUROC 85.3 / 82.0"),
+    ("Lookback Lens, 8-token sliding windows (summarisation / QA)", "AUROC 66.1 / 66.0"),
+    ("ReDeEP (RAGTruth)", "AUC 0.75"),
 )
 
 
@@ -236,4 +236,6 @@ def results_markdown(table: pd.DataFrame, counts: dict, skipped: list[str]) -> s
                      "hallucinated tokens")
     if skipped:
         lines.append(f"\nskipped (not in every trace, or no probe given): {', '.join(skipped)}")
+    lines.append("\npublished detectors, on other tasks and models (not comparable one to one):")
+    lines += [f"- {name}: {value}" for name, value in PUBLISHED]
     return "\n".join(lines) + "\n"
