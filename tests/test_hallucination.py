@@ -134,8 +134,11 @@ def test_traces_without_the_new_columns_still_load_and_skip_their_feature_sets(t
     np.testing.assert_array_equal(again.context_mass, new.context_mass)
     np.testing.assert_array_equal(again.token_entropy, new.token_entropy)
     spec = hl.FeatureSpec(((0, 0), (1, 1)), static_k=2)
-    assert set(hl.token_features(loaded, np.array([0, 1]), spec)) == {"copy_heads", "retrieval"}
+    assert set(hl.token_features(loaded, np.array([0, 1]), spec)) == {"copy_heads", "retrieval", "retrieval_no_needle"}
     assert hl.token_features(again, np.array([0, 1]), spec)["retrieval"].shape == (2, 2 + 3 * 2)
+    again.argmax_pos[:] = [[[0, 50, 99, 100]] * 3, [[4, 4, 4, 4]] * 3]  # sink, prompt, prompt, generated
+    blind = hl.token_features(again, np.array([0, 1]), spec)["retrieval_no_needle"]
+    np.testing.assert_array_equal(blind[:, :3], [[6, 0, 1], [12, 1, 1]])
     with pytest.raises(DynheadsError, match="context_mass"):
         hl.lookback_ratios(loaded)
 
@@ -203,3 +206,9 @@ def test_cli_detect_and_apply(tmp_path):
     assert "p_hallucinated.copy_heads" in (tmp_path / "scores.csv").read_text()
     done = subprocess.run([*cli, "detect", str(tmp_path / "nothing")], capture_output=True, text=True, timeout=600)
     assert done.returncode == 2 and done.stderr.startswith("error: ")
+
+
+def test_detect_never_overwrites_another_run(tmp_path):
+    run = _synthetic_run(tmp_path / "run", samples=4)
+    with pytest.raises(DynheadsError, match="choose another --out"):
+        run_detect(run.path, DetectConfig(bootstrap=10), run.path)

@@ -14,6 +14,9 @@ Features per labelled token (the trace's step that emitted it); each feature set
 - ``copy_heads``: number of heads with Eq. 1 = 1 (active copy heads);
 - ``retrieval``: that count, Eq. 2 max over heads, and needle mass, max attention and Eq. 2 of the static
   top-k heads (``3k + 2`` columns);
+- ``retrieval_no_needle``: the same heads without knowing where the needle is (deployable where the source
+  of the answer is unknown): number of heads whose most-attended key is a prompt position past the attention
+  sink, and for the static top-k heads that indicator and their max attention (``2k + 1`` columns);
 - ``probe``: the MLP head predictor's output on the step's hidden state: the sum and max of its per-head
   probabilities, and its "silence" (predicted mass on heads that did not copy);
 - ``lookback``: Lookback-Lens ratio per head, ``c / (c + g)`` with ``c`` = mean attention on the context
@@ -38,7 +41,7 @@ from dynheads.traces import Trace
 FAITHFUL, HALLUCINATED, UNLABELLED = 0, 1, -1
 # A UUID-shaped value: alphanumeric groups joined by hyphens (a wrong UUID still matches), else a long hex run.
 UUID_LIKE = re.compile(r"[0-9A-Za-z]+(?:-[0-9A-Za-z]*)+|[0-9a-fA-F]{8,}")
-FEATURE_SETS = ("copy_heads", "retrieval", "probe", "lookback", "entropy", "max_softmax")
+FEATURE_SETS = ("copy_heads", "retrieval", "retrieval_no_needle", "probe", "lookback", "entropy", "max_softmax")
 
 
 def find_value(text: str, pattern: re.Pattern = UUID_LIKE) -> tuple[int, int] | None:
@@ -91,6 +94,7 @@ class FeatureSpec:
 
     static_heads: tuple[Head, ...]
     static_k: int = 10
+    sink_size: int = 4  # keys before this position are the attention sink, not retrieval
 
 
 def token_features(trace: Trace, steps: np.ndarray, spec: FeatureSpec,
@@ -110,10 +114,13 @@ def token_features(trace: Trace, steps: np.ndarray, spec: FeatureSpec,
         return array[steps].reshape(len(steps), -1)[:, flat].astype(np.float64)
 
     reasoning = trace.reasoning_scores[steps].reshape(len(steps), -1)
+    in_context = ((trace.argmax_pos >= spec.sink_size) & (trace.argmax_pos < trace.prompt_length)).astype(np.float64)
     features = {
         "copy_heads": n_active,
         "retrieval": np.hstack([n_active, reasoning.max(1, keepdims=True), of_static(trace.needle_mass),
                                 of_static(trace.max_prob), of_static(trace.reasoning_scores)]),
+        "retrieval_no_needle": np.hstack([in_context[steps].reshape(len(steps), -1).sum(1, keepdims=True),
+                                          of_static(in_context), of_static(trace.max_prob)]),
     }
     if probe_output is not None:
         predicted = probe_output[steps].astype(np.float64)

@@ -151,6 +151,8 @@ def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None
     source = RunDir(run_dir)
     source.manifest()  # refuses a folder that is not a run
     out_run = RunDir(out if out is not None else source.path / "detect")
+    if out_run.exists() and out_run.manifest().get("kind") != "detect":
+        raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
     unknown = sorted(set(config.feature_sets) - set(hl.FEATURE_SETS))
     if unknown:
         raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(hl.FEATURE_SETS)}")
@@ -199,6 +201,8 @@ def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None
     table = pd.DataFrame(rows)
     counts = {split: {"samples": len(group), "faithful": int((y == 0).sum()), "hallucinated": int((y == 1).sum())}
               for split, group, y in (("train", train, train_y), ("test", test, test_y))}
+    if out_run.exists():  # detect recomputes everything: a rerun replaces its own outputs
+        out_run.manifest_path.unlink()
     out_run.start("detect", config, None, {
         "source_run": str(source.path), "source_kind": source.manifest().get("kind"),
         "split": {"unit": "sample", "train": train_ids, "test": test_ids},
