@@ -13,6 +13,7 @@ samples (split by sample, never by token; both lists are in the manifest). Write
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,13 +62,24 @@ class LabelledSample:
     labels: np.ndarray  # [N] 0 faithful / 1 hallucinated
 
 
-def labelled_samples(run: RunDir) -> tuple[list[LabelledSample], int]:
-    """Label every finished sample that has a trace and an ``answer``; also return how many had no value."""
+SpanFinder = Callable[[str, dict], "tuple[int, int] | None"]  # (generated text, record) -> value span
+
+
+def uuid_span(text: str, record: dict) -> tuple[int, int] | None:
+    """NIAH: the first UUID-shaped string of the generated text."""
+    return hl.find_value(text)
+
+
+def labelled_samples(run: RunDir, span_finder: SpanFinder = uuid_span) -> tuple[list[LabelledSample], int]:
+    """Label every finished sample that has a trace and an ``answer``; also return how many had no value.
+
+    ``span_finder`` locates the answer value in the generated text (other tasks, e.g. multi-hop QA, pass theirs).
+    """
     samples, no_value = [], 0
     for record, trace in run.iter_traces():
         if "answer" not in record:
             raise DynheadsError(f"sample {record.get('sample_id')!r} of {run.path} has no 'answer' to label against")
-        span = hl.find_value("".join(trace.token_texts))
+        span = span_finder("".join(trace.token_texts), record)
         labels = hl.label_tokens(trace.token_texts, str(record["answer"]), span)
         steps = np.flatnonzero(labels != hl.UNLABELLED)
         if steps.size == 0:
@@ -146,7 +158,7 @@ def apply_detector(detector: Detector | str | Path, trace: Trace | str | Path,
 
 
 def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None = None,
-               progress: bool = True) -> pd.DataFrame:
+               span_finder: SpanFinder = uuid_span) -> pd.DataFrame:
     """Label, featurise, fit on the training samples, evaluate on the test samples; write everything to ``out``."""
     source = RunDir(run_dir)
     source.manifest()  # refuses a folder that is not a run
@@ -156,7 +168,7 @@ def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None
     unknown = sorted(set(config.feature_sets) - set(hl.FEATURE_SETS))
     if unknown:
         raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(hl.FEATURE_SETS)}")
-    samples, no_value = labelled_samples(source)
+    samples, no_value = labelled_samples(source, span_finder)
     train_ids, test_ids = hl.split_samples([s.sample_id for s in samples], config.test_fraction, config.seed)
     train = [s for s in samples if s.sample_id in set(train_ids)]
     test = [s for s in samples if s.sample_id in set(test_ids)]
