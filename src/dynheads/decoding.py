@@ -57,6 +57,7 @@ class DecodingSession:
         self.probe = AttentionProbe(lm.num_layers, lm.num_heads, device)
         self.probe.set_needle(needle_positions)
         self.probe.sink_size, self.probe.local_window = sink_size, local_window
+        self.probe.context_end = self.prompt_length
         capacity = self.prompt_length + max_new_tokens + 1
         self.ids = torch.zeros(capacity, dtype=torch.long, device=device)
         self.ids[: self.prompt_length] = torch.as_tensor(list(input_ids), dtype=torch.long)
@@ -140,7 +141,9 @@ class TraceRecorder:
             "needle_mass": stats.needle_mass,
             "reasoning_scores": stats.reasoning_scores(),
             "max_prob": stats.max_prob,
+            "context_mass": stats.context_mass,
             "hidden": result.hidden,
+            **_logit_stats(result.logits),
         })
         self.tokens.append(token)
 
@@ -166,7 +169,16 @@ class TraceRecorder:
             hidden=stacked("hidden", np.float32, (0, lm.hidden_size)),
             prompt_length=session.prompt_length,
             stop_reason=stop_reason,
+            context_mass=stacked("context_mass", np.float32),
+            token_entropy=stacked("token_entropy", np.float32, (0,)),
+            token_max_prob=stacked("token_max_prob", np.float32, (0,)),
         )
+
+
+def _logit_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Entropy (nats) and largest probability of the next-token distribution ``softmax(logits [V])``."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return {"token_entropy": -(log_probs.exp() * log_probs).sum(), "token_max_prob": log_probs.max().exp()}
 
 
 def trace(

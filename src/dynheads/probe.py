@@ -7,6 +7,7 @@ of every query head (fp32 softmax) and reduces it on the spot:
 - ``max_prob [L, H]``: the attention weight on that key,
 - ``needle_mass [L, H]``: attention mass on the needle positions,
 - ``excluded_mass [L, H]``: mass on sink/local positions that are not needle positions (Eq. 2 denominator),
+- ``context_mass [L, H]``: mass on positions before ``context_end`` (the prompt; Lookback-Lens ratios),
 - full rows for requested heads only.
 
 Memory per step is O(heads x context). The outputs of all other query positions (prefill) come from
@@ -48,6 +49,7 @@ class StepStats:
     needle_mass: torch.Tensor  # float32
     excluded_mass: torch.Tensor  # float32, mass on (sink U local) \ needle
     total_mass: torch.Tensor  # float32, sum of the row (1 up to rounding)
+    context_mass: torch.Tensor | None = None  # float32, mass on positions < probe.context_end (the prompt)
     rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [kv] rows of requested heads
 
     def reasoning_scores(self) -> torch.Tensor:
@@ -70,6 +72,7 @@ class AttentionProbe:
         self.sink_size = 4
         self.local_window = 32
         self.last_position = 0
+        self.context_end = 0  # positions < context_end are the context (prompt); 0 = none
         self.rows_for: set[Head] = set()
         self.ablation_mode: AblationMode = "zero"
         # Remove heads from query positions >= this absolute position (None: only the last position).
@@ -122,6 +125,7 @@ class AttentionProbe:
             needle_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
             excluded_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
             total_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
+            context_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
         )
 
     def begin_forward(self, last_position: int) -> StepStats:
@@ -290,6 +294,8 @@ def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int,
     stats.needle_mass[layer] = probs[:, needle_idx].sum(-1)
     stats.excluded_mass[layer] = probs[:, excluded_idx].sum(-1)
     stats.total_mass[layer] = probs.sum(-1)
+    context_keys = min(max(probe.context_end - offset, 0), kv_len)  # sliding windows: the context's suffix
+    stats.context_mass[layer] = probs[:, :context_keys].sum(-1)
     for lyr, head in probe.rows_for:
         if lyr == layer:
             row = torch.zeros(probe.last_position + 1, dtype=torch.float32, device=probs.device)

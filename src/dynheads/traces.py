@@ -12,6 +12,8 @@ File format (documented in docs/formats.md): one Parquet file per sample, one ro
 | ``reasoning_score`` | list<float32>[L*H] | Eq. 2 |
 | ``max_prob`` | list<float32>[L*H] | attention weight on the argmax key |
 | ``hidden`` | list<float32>[D] | final-layer hidden state of the last input position |
+| ``context_mass`` | list<float32>[L*H] | attention mass on the prompt positions (optional: newer traces) |
+| ``token_entropy`` / ``token_max_prob`` | float32 | entropy (nats) / top probability of the step's softmax (optional) |
 
 Head vectors are layer-major: element ``l * H + h`` is head ``L{l}-H{h}``. The file's schema metadata holds
 ``num_layers``, ``num_heads``, ``prompt_length``, ``stop_reason`` and the generated ``text``.
@@ -32,8 +34,10 @@ from dynheads.io import atomic_path
 
 ScoreKind = Literal["copy", "reasoning"]  # Eq. 1 (binary, NIAH) or Eq. 2 (continuous, HotpotQA)
 HEAD_FIELDS = ("argmax_pos", "copy_score", "needle_mass", "reasoning_score", "max_prob")
+OPTIONAL_HEAD_FIELDS = ("context_mass",)  # absent from traces written before they existed: loaded as None
+OPTIONAL_STEP_FIELDS = ("token_entropy", "token_max_prob")
 _DTYPES = {"argmax_pos": np.int32, "copy_score": np.bool_, "needle_mass": np.float32,
-           "reasoning_score": np.float32, "max_prob": np.float32}
+           "reasoning_score": np.float32, "max_prob": np.float32, "context_mass": np.float32}
 
 
 @dataclass
@@ -51,6 +55,9 @@ class Trace:
     hidden: np.ndarray  # [T, D] float32
     prompt_length: int
     stop_reason: str  # "eos" | "max_new_tokens"
+    context_mass: np.ndarray | None = None  # [T, L, H] float32, attention mass on the prompt positions
+    token_entropy: np.ndarray | None = None  # [T] float32, entropy (nats) of the step's next-token softmax
+    token_max_prob: np.ndarray | None = None  # [T] float32, largest probability of that softmax
 
     @property
     def num_steps(self) -> int:
@@ -76,6 +83,12 @@ class Trace:
         for name in HEAD_FIELDS:
             values = getattr(self, _attr(name)).reshape(steps, layers * heads).astype(_DTYPES[name])
             columns[name] = _list_column(values)
+        for name in OPTIONAL_HEAD_FIELDS:
+            if getattr(self, name) is not None:
+                columns[name] = _list_column(getattr(self, name).reshape(steps, layers * heads).astype(np.float32))
+        for name in OPTIONAL_STEP_FIELDS:
+            if getattr(self, name) is not None:
+                columns[name] = pa.array(np.asarray(getattr(self, name), dtype=np.float32).reshape(steps))
         columns["hidden"] = _list_column(self.hidden.astype(np.float32))
         meta = {"num_layers": layers, "num_heads": heads, "prompt_length": self.prompt_length,
                 "stop_reason": self.stop_reason, "text": self.text}
@@ -95,6 +108,10 @@ class Trace:
             return flat.reshape(steps, layers, heads)
 
         hidden = _flatten(table.column("hidden"), np.float32)
+        names = set(table.column_names)
+        optional = {name: head_array(name) if name in names else None for name in OPTIONAL_HEAD_FIELDS}
+        optional |= {name: table.column(name).to_numpy().astype(np.float32) if name in names else None
+                     for name in OPTIONAL_STEP_FIELDS}
         return cls(
             tokens=table.column("token_id").to_numpy().astype(np.int64),
             token_texts=table.column("token").to_pylist(),
@@ -107,6 +124,7 @@ class Trace:
             hidden=hidden.reshape(steps, -1) if steps else np.zeros((0, 0), np.float32),
             prompt_length=meta["prompt_length"],
             stop_reason=meta["stop_reason"],
+            **optional,
         )
 
 

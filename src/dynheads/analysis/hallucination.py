@@ -1,0 +1,189 @@
+"""Token-level hallucination labels, per-token features from a trace, and the detector's metrics.
+
+Labels (exact, from decode-level alignment). The generated text is the concatenation of the tokens decoded
+one by one (``Trace.token_texts``). The *value span* is the character span of the answer value in it (for
+NIAH: the first UUID-shaped string, ``find_value``; any task can pass its own span). Tokens that do not
+overlap the value span (e.g. "The magic word is", the final ".") get no label. A token overlapping the span is
+**faithful** (0) when the generated value up to the token's last character inside the span equals the true
+value's prefix of the same length, i.e. it continues the true value; otherwise it is **hallucinated** (1),
+and so is every later token of the span (after a wrong character the value can no longer be continued).
+Any sample with a true value and a value span can be labelled this way (the multi-hop task plugs in so).
+
+Features per labelled token (the trace's step that emitted it); each feature set is one detector:
+
+- ``copy_heads``: number of heads with Eq. 1 = 1 (active copy heads);
+- ``retrieval``: that count, Eq. 2 max over heads, and needle mass, max attention and Eq. 2 of the static
+  top-k heads (``3k + 2`` columns);
+- ``retrieval_no_needle``: the same heads without knowing where the needle is (deployable where the source
+  of the answer is unknown): number of heads whose most-attended key is a prompt position past the attention
+  sink, and for the static top-k heads that indicator and their max attention (``2k + 1`` columns);
+- ``probe``: the MLP head predictor's output on the step's hidden state: the sum and max of its per-head
+  probabilities, and its "silence" (predicted mass on heads that did not copy);
+- ``lookback``: Lookback-Lens ratio per head, ``c / (c + g)`` with ``c`` = mean attention on the context
+  (prompt) positions and ``g`` = mean attention on the generated tokens seen so far (``L*H`` columns; 1 at the
+  first step, where no generated token is visible yet);
+- ``entropy`` and ``max_softmax``: the next-token distribution's entropy and top probability (baselines).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+
+from dynheads.errors import DynheadsError
+from dynheads.heads import Head
+from dynheads.traces import Trace
+
+FAITHFUL, HALLUCINATED, UNLABELLED = 0, 1, -1
+# A UUID-shaped value: alphanumeric groups joined by hyphens (a wrong UUID still matches), else a long hex run.
+UUID_LIKE = re.compile(r"[0-9A-Za-z]+(?:-[0-9A-Za-z]*)+|[0-9a-fA-F]{8,}")
+FEATURE_SETS = ("copy_heads", "retrieval", "retrieval_no_needle", "probe", "lookback", "entropy", "max_softmax")
+
+
+def find_value(text: str, pattern: re.Pattern = UUID_LIKE) -> tuple[int, int] | None:
+    """Character span of the first match of ``pattern`` in ``text`` (None when the answer holds no value)."""
+    match = pattern.search(text)
+    return (match.start(), match.end()) if match else None
+
+
+def label_tokens(token_texts: Sequence[str], true_value: str, span: tuple[int, int] | None) -> np.ndarray:
+    """``[T]`` int8 labels: FAITHFUL / HALLUCINATED for tokens overlapping ``span``, UNLABELLED elsewhere.
+
+    ``span`` is a character span of ``"".join(token_texts)`` (see the module docstring for the rule).
+    """
+    labels = np.full(len(token_texts), UNLABELLED, dtype=np.int8)
+    if span is None:
+        return labels
+    text = "".join(token_texts)
+    start, stop = span
+    if not 0 <= start <= stop <= len(text):
+        raise DynheadsError(f"value span {span} lies outside the generated text of {len(text)} characters")
+    value = text[start:stop]
+    agree = 0  # length of the common prefix of the generated and the true value
+    while agree < min(len(value), len(true_value)) and value[agree] == true_value[agree]:
+        agree += 1
+    end = 0
+    for index, piece in enumerate(token_texts):
+        begin, end = end, end + len(piece)
+        if begin >= stop or end <= start or begin == end:
+            continue
+        last = min(end, stop) - start  # characters of the value up to this token's last one inside it
+        labels[index] = FAITHFUL if last <= agree and last <= len(true_value) else HALLUCINATED
+    return labels
+
+
+def lookback_ratios(trace: Trace) -> np.ndarray:
+    """``[T, L, H]`` Lookback-Lens ratio at every step (needs a trace with ``context_mass``)."""
+    if trace.context_mass is None:
+        raise DynheadsError("this trace has no context_mass column (written before it existed): re-trace it")
+    context_mean = trace.context_mass / max(trace.prompt_length, 1)
+    generated_seen = np.arange(trace.num_steps, dtype=np.float32)[:, None, None]  # step t sees t generated keys
+    generated_mass = np.clip(1.0 - trace.context_mass, 0.0, None)  # rows sum to 1: the rest is generated
+    generated_mean = np.where(generated_seen > 0, generated_mass / np.maximum(generated_seen, 1), 0.0)
+    denominator = context_mean + generated_mean
+    return np.where(denominator > 0, context_mean / np.maximum(denominator, 1e-30), 0.5).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """What the features need beyond the trace: static heads (best first) and optional probe outputs."""
+
+    static_heads: tuple[Head, ...]
+    static_k: int = 10
+    sink_size: int = 4  # keys before this position are the attention sink, not retrieval
+
+
+def token_features(trace: Trace, steps: np.ndarray, spec: FeatureSpec,
+                   probe_output: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Feature sets at ``steps [N]``: name -> ``[N, F]`` float64. Sets the trace cannot give are left out.
+
+    ``probe_output [T, L*H]`` is the head predictor's output for every step of the trace (None: no probe).
+    """
+    layers, heads = trace.shape
+    steps = np.asarray(steps, dtype=np.int64)
+    copy = trace.copy_scores[steps].reshape(len(steps), -1)
+    n_active = copy.sum(1, keepdims=True).astype(np.float64)
+    static = spec.static_heads[: spec.static_k]
+    flat = [layer * heads + head for layer, head in static]
+
+    def of_static(array: np.ndarray) -> np.ndarray:
+        return array[steps].reshape(len(steps), -1)[:, flat].astype(np.float64)
+
+    reasoning = trace.reasoning_scores[steps].reshape(len(steps), -1)
+    in_context = ((trace.argmax_pos >= spec.sink_size) & (trace.argmax_pos < trace.prompt_length)).astype(np.float64)
+    features = {
+        "copy_heads": n_active,
+        "retrieval": np.hstack([n_active, reasoning.max(1, keepdims=True), of_static(trace.needle_mass),
+                                of_static(trace.max_prob), of_static(trace.reasoning_scores)]),
+        "retrieval_no_needle": np.hstack([in_context[steps].reshape(len(steps), -1).sum(1, keepdims=True),
+                                          of_static(in_context), of_static(trace.max_prob)]),
+    }
+    if probe_output is not None:
+        predicted = probe_output[steps].astype(np.float64)
+        silence = (predicted * (1 - copy)).sum(1, keepdims=True)
+        features["probe"] = np.hstack([predicted.sum(1, keepdims=True), predicted.max(1, keepdims=True), silence])
+    if trace.context_mass is not None:
+        features["lookback"] = lookback_ratios(trace)[steps].reshape(len(steps), -1).astype(np.float64)
+    if trace.token_entropy is not None:
+        features["entropy"] = trace.token_entropy[steps, None].astype(np.float64)
+        features["max_softmax"] = trace.token_max_prob[steps, None].astype(np.float64)
+    return features
+
+
+def rank_heads_by_copy(traces: Sequence[Trace]) -> tuple[Head, ...]:
+    """Heads by how often Eq. 1 fires over all steps of ``traces`` (a stand-in for a static head list)."""
+    if not traces:
+        raise DynheadsError("no traces to rank heads on")
+    layers, heads = traces[0].shape
+    counts = sum(t.copy_scores.reshape(t.num_steps, -1).sum(0) for t in traces)
+    order = np.lexsort((np.arange(layers * heads), -np.asarray(counts)))
+    return tuple((int(i // heads), int(i % heads)) for i in order)
+
+
+def split_samples(sample_ids: Sequence[str], test_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Disjoint (train, test) sample ids, seeded; both non-empty."""
+    ids = sorted(set(sample_ids))
+    if len(ids) < 2:
+        raise DynheadsError(f"need at least 2 labelled samples to split train/test, found {len(ids)}")
+    if not 0 < test_fraction < 1:
+        raise DynheadsError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction}")
+    order = np.random.default_rng(seed).permutation(len(ids))
+    n_test = min(max(round(len(ids) * test_fraction), 1), len(ids) - 1)
+    test = sorted(ids[i] for i in order[:n_test])
+    return sorted(set(ids) - set(test)), test
+
+
+def auroc_auprc(labels: np.ndarray, scores: np.ndarray) -> tuple[float, float]:
+    """AUROC and AUPRC (average precision) of ``scores`` for label 1; NaN when one class is missing."""
+    if len(np.unique(labels)) < 2:
+        return float("nan"), float("nan")
+    return float(roc_auc_score(labels, scores)), float(average_precision_score(labels, scores))
+
+
+def bootstrap_ci(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, *, resamples: int = 1000,
+                 seed: int = 0, level: float = 0.95) -> dict[str, tuple[float, float]]:
+    """Percentile CIs of AUROC and AUPRC, resampling whole samples (``groups``): tokens of one answer correlate."""
+    unique = np.unique(groups)
+    members = [np.flatnonzero(groups == g) for g in unique]
+    rng = np.random.default_rng(seed)
+    values: list[tuple[float, float]] = []
+    for _ in range(resamples):
+        idx = np.concatenate([members[i] for i in rng.integers(0, len(unique), len(unique))])
+        if len(np.unique(labels[idx])) == 2:
+            values.append(auroc_auprc(labels[idx], scores[idx]))
+    if not values:
+        return {"auroc": (float("nan"),) * 2, "auprc": (float("nan"),) * 2}
+    array = np.asarray(values)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(array, [tail, 100 - tail], axis=0)
+    return {"auroc": (float(low[0]), float(high[0])), "auprc": (float(low[1]), float(high[1]))}
+
+
+def roc_points(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(false positive rate, true positive rate) of the ROC curve."""
+    fpr, tpr, _ = roc_curve(labels, scores)
+    return fpr, tpr

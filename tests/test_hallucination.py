@@ -1,0 +1,214 @@
+"""Hallucination labels, features and the detector: exact labels, the probe's context mass against eager
+attention, traces with and without the new columns, and end-to-end detection on synthetic traces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_probe_exactness import eager_last_rows
+from zoo import FAMILIES, NoTokenizer, tiny_model
+
+from dynheads.analysis import hallucination as hl
+from dynheads.decoding import DecodingSession
+from dynheads.errors import DynheadsError
+from dynheads.experiments.detect import DetectConfig, Detector, apply_detector, run_detect
+from dynheads.models import LoadedModel
+from dynheads.runs import RunDir
+from dynheads.traces import Trace
+
+TRUE = "0bf99a6a-75b9-4c1e"
+
+
+def test_labels_follow_the_true_value_prefix_and_skip_tokens_outside_the_value():
+    tokens = ["The", " magic", " word", " is", " 0b", "f9", "9a", "6a", "-", "75", "c9", "-", "4c", "1e", "."]
+    labels = hl.label_tokens(tokens, TRUE, hl.find_value("".join(tokens)))
+    assert labels[:4].tolist() == [hl.UNLABELLED] * 4  # "The magic word is": not part of the value
+    assert labels[-1] == hl.UNLABELLED  # the final period
+    # " 0b" .. "75" continue the true value; "c9" is the first wrong token; everything after it is wrong too,
+    # even "-" and "4c", "1e" that happen to equal the true characters at the same offset.
+    assert labels[4:14].tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_labels_a_token_straddling_the_value_end_and_a_too_long_value():
+    tokens = [" 0b", "f99a6a-75b9-4c1e", "ff", "."]
+    labels = hl.label_tokens(tokens, TRUE, hl.find_value("".join(tokens)))
+    assert labels.tolist() == [0, 0, 1, hl.UNLABELLED]  # characters beyond the true value are hallucinated
+    tokens = ["The", " word", " is", " unknown", "."]
+    assert (hl.label_tokens(tokens, TRUE, hl.find_value("".join(tokens))) == hl.UNLABELLED).all()
+    with pytest.raises(DynheadsError):
+        hl.label_tokens(["ab"], TRUE, (0, 5))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_context_mass_equals_eager_attention_on_the_prompt(family):
+    model = tiny_model(family)
+    lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
+    prompt_len = 20
+    torch.manual_seed(1)
+    prompt = torch.randint(3, 128, (prompt_len,)).tolist()
+    session = DecodingSession(lm, prompt, [5, 6], max_new_tokens=4)
+    result = session.forward(prompt_len)
+    for step in range(4):  # 24 tokens > sliding window 8: windowed layers see only part of the prompt
+        rows, _ = eager_last_rows(model, session.ids[: session.length][None])
+        for layer in range(lm.num_layers):
+            expected = rows[layer][:, :prompt_len].sum(-1)
+            assert (result.stats.context_mass[layer] - expected).abs().max() <= 1e-5, (family, step, layer)
+        session.append(int(result.logits.argmax()))
+        result = session.forward(1)
+
+
+def _trace(token_texts: list[str], copy_counts: np.ndarray, rng: np.random.Generator, *, layers=3, heads=4,
+           optional=True) -> Trace:
+    steps = len(token_texts)
+    copy = np.zeros((steps, layers * heads), dtype=bool)
+    for step, count in enumerate(copy_counts):
+        copy[step, rng.permutation(layers * heads)[:count]] = True
+    head = lambda: rng.random((steps, layers, heads)).astype(np.float32)  # noqa: E731
+    return Trace(tokens=np.arange(steps), token_texts=token_texts, text="".join(token_texts),
+                 argmax_pos=np.zeros((steps, layers, heads), np.int32), copy_scores=copy.reshape(steps, layers, heads),
+                 needle_mass=head(), reasoning_scores=head(), max_prob=head(), hidden=rng.random((steps, 8)),
+                 prompt_length=100, stop_reason="eos", context_mass=head() if optional else None,
+                 token_entropy=rng.random(steps).astype(np.float32) if optional else None,
+                 token_max_prob=rng.random(steps).astype(np.float32) if optional else None)
+
+
+def _synthetic_run(path, *, samples=40, shuffle=False, seed=0) -> RunDir:
+    """Answers whose first ``k`` value tokens are right; copy-head count = 6 on faithful tokens, 1 otherwise."""
+    rng = np.random.default_rng(seed)
+    run = RunDir(path)
+    run.start("niah", {"synthetic": True}, None)
+    for index in range(samples):
+        answer = "-".join("".join(rng.choice(list("0123456789abcdef"), 4)) for _ in range(4))
+        pieces = [answer[i: i + 2] for i in range(0, len(answer), 2)]
+        correct = int(rng.integers(1, len(pieces)))
+        wrong = ["zz" if p != "zz" else "yy" for p in pieces[correct:]]
+        generated = ["The", " word", " is", " "] + pieces[:correct] + wrong + ["."]
+        labels = hl.label_tokens(generated, answer, hl.find_value("".join(generated)))
+        counts = np.where(labels == hl.HALLUCINATED, 1, 6)
+        if shuffle:
+            counts = rng.integers(0, 8, len(generated))
+        trace = _trace(generated, counts, rng)
+        run.save_sample({"sample_id": f"s{index:02d}", "answer": answer}, trace)
+    return run
+
+
+def test_detector_reaches_auroc_one_when_the_label_is_a_function_of_one_feature(tmp_path):
+    run = _synthetic_run(tmp_path / "run")
+    config = DetectConfig(feature_sets=("copy_heads", "lookback", "entropy"), bootstrap=200)
+    table = run_detect(run.path, config, tmp_path / "out").set_index("feature_set")
+    assert table.loc["copy_heads", "auroc"] == 1.0
+    assert table.loc["copy_heads", "auroc_low"] == 1.0
+    manifest = RunDir(tmp_path / "out").manifest()
+    assert not set(manifest["split"]["train"]) & set(manifest["split"]["test"])
+    assert manifest["class_counts"]["test"]["hallucinated"] > 0
+    assert (tmp_path / "out" / "roc.png").stat().st_size > 0
+    # The saved detector scores a trace it has never seen the same way.
+    detector = Detector.load(tmp_path / "out" / "detector.json")
+    record = run.records()[0]
+    frame = apply_detector(detector, run.trace_path(record["sample_id"]), record["answer"])
+    labelled = frame[frame["label"] >= 0]
+    hallucinated = labelled[labelled["label"] == 1]["p_hallucinated.copy_heads"]
+    faithful = labelled[labelled["label"] == 0]["p_hallucinated.copy_heads"]
+    assert hallucinated.min() > faithful.max()
+
+
+def test_detector_is_at_chance_when_the_feature_is_shuffled(tmp_path):
+    run = _synthetic_run(tmp_path / "run", samples=60, shuffle=True)
+    table = run_detect(run.path, DetectConfig(feature_sets=("copy_heads",), bootstrap=200), tmp_path / "out")
+    auroc = table.set_index("feature_set").loc["copy_heads", "auroc"]
+    assert abs(auroc - 0.5) < 0.1
+    row = table.iloc[0]
+    assert row["auroc_low"] < 0.5 < row["auroc_high"]
+
+
+def test_traces_without_the_new_columns_still_load_and_skip_their_feature_sets(tmp_path):
+    rng = np.random.default_rng(0)
+    old = _trace(["a", "b"], np.array([1, 2]), rng, optional=False)
+    old.save(tmp_path / "old.parquet")
+    loaded = Trace.load(tmp_path / "old.parquet")
+    assert loaded.context_mass is None and loaded.token_entropy is None
+    new = _trace(["a", "b"], np.array([1, 2]), rng)
+    new.save(tmp_path / "new.parquet")
+    again = Trace.load(tmp_path / "new.parquet")
+    np.testing.assert_array_equal(again.context_mass, new.context_mass)
+    np.testing.assert_array_equal(again.token_entropy, new.token_entropy)
+    spec = hl.FeatureSpec(((0, 0), (1, 1)), static_k=2)
+    assert set(hl.token_features(loaded, np.array([0, 1]), spec)) == {"copy_heads", "retrieval", "retrieval_no_needle"}
+    assert hl.token_features(again, np.array([0, 1]), spec)["retrieval"].shape == (2, 2 + 3 * 2)
+    again.argmax_pos[:] = [[[0, 50, 99, 100]] * 3, [[4, 4, 4, 4]] * 3]  # sink, prompt, prompt, generated
+    blind = hl.token_features(again, np.array([0, 1]), spec)["retrieval_no_needle"]
+    np.testing.assert_array_equal(blind[:, :3], [[6, 0, 1], [12, 1, 1]])
+    with pytest.raises(DynheadsError, match="context_mass"):
+        hl.lookback_ratios(loaded)
+
+
+def test_lookback_ratio_is_one_at_the_first_step_and_follows_the_means():
+    rng = np.random.default_rng(0)
+    trace = _trace(["a", "b", "c"], np.array([0, 0, 0]), rng, layers=1, heads=1)
+    trace.context_mass[:] = 0.5
+    ratios = hl.lookback_ratios(trace)[:, 0, 0]
+    assert ratios[0] == 1.0
+    context_mean = 0.5 / trace.prompt_length
+    assert ratios[2] == pytest.approx(context_mean / (context_mean + 0.5 / 2))
+
+
+def test_detect_refuses_runs_without_both_classes(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.start("niah", {"synthetic": True}, None)
+    rng = np.random.default_rng(0)
+    for index in range(4):
+        run.save_sample({"sample_id": f"s{index}", "answer": "ab12-cd"}, _trace([" ab12-cd"], np.array([3]), rng))
+    with pytest.raises(DynheadsError, match="only faithful"):
+        run_detect(run.path, DetectConfig(bootstrap=10), tmp_path / "out")
+
+
+def test_niah_distractor_shares_the_prefix_and_is_not_part_of_the_needle(embedded):
+    from dynheads import niah
+
+    tok = embedded.tokenizer
+    for prefix in (0, 8, 13):  # 8 and 13 end right before a hyphen: the value differs at the next free character
+        sample = niah.make_sample(tok, context_tokens=600, depth=0.5, seed=5, distractor_depth=0.8,
+                                  distractor_prefix=prefix)
+        value = sample.meta["distractor"]
+        shared = next(i for i, (a, b) in enumerate(zip(value, sample.answer, strict=True)) if a != b)
+        assert shared >= prefix and value[:prefix] == sample.answer[:prefix]
+        decoded = tok.decode([sample.input_ids[i] for i in sample.meta["distractor_positions"]])
+        assert decoded.strip() == f"The secret word is {value}."
+        assert not set(sample.meta["distractor_positions"]) & set(sample.needle_positions)
+        assert sample.meta["distractor_positions"][0] > sample.needle_positions[-1]  # depth 0.8 after 0.5
+    with pytest.raises(DynheadsError):
+        niah.make_sample(tok, context_tokens=600, depth=0.5, seed=5, distractor_depth=1.5)
+
+
+def test_probe_features_use_the_predicted_heads_and_their_silence():
+    rng = np.random.default_rng(0)
+    trace = _trace(["a", "b"], np.array([0, 12]), rng)  # step 1: every head copies
+    predicted = np.full((2, 12), 0.5)
+    features = hl.token_features(trace, np.array([0, 1]), hl.FeatureSpec(((0, 0),), 1), predicted)["probe"]
+    np.testing.assert_allclose(features, [[6.0, 0.5, 6.0], [6.0, 0.5, 0.0]])
+
+
+def test_cli_detect_and_apply(tmp_path):
+    import subprocess
+    import sys
+
+    run = _synthetic_run(tmp_path / "run", samples=12)
+    cli = [sys.executable, "-m", "dynheads"]
+    done = subprocess.run([*cli, "detect", str(run.path), "--feature-sets", "copy_heads,entropy", "--bootstrap", "20"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "| copy_heads | 1 |" in done.stdout
+    trace_file = run.trace_path(run.records()[0]["sample_id"])
+    done = subprocess.run([*cli, "detect-apply", str(run.path / "detect" / "detector.json"), str(trace_file),
+                           "--out", str(tmp_path / "scores.csv")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "p_hallucinated.copy_heads" in (tmp_path / "scores.csv").read_text()
+    done = subprocess.run([*cli, "detect", str(tmp_path / "nothing")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and done.stderr.startswith("error: ")
+
+
+def test_detect_never_overwrites_another_run(tmp_path):
+    run = _synthetic_run(tmp_path / "run", samples=4)
+    with pytest.raises(DynheadsError, match="choose another --out"):
+        run_detect(run.path, DetectConfig(bootstrap=10), run.path)
