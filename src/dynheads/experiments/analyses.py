@@ -15,7 +15,7 @@ from typing import cast, get_args
 import numpy as np
 import pandas as pd
 
-from dynheads.analysis.cca import PAPER_TOP1, CCAConfig, cca_offsets, samples_from_traces, write_cca
+from dynheads.analysis.cca import PAPER_TOP1, CCAConfig, cca_offsets, empty_note, samples_from_traces, write_cca
 from dynheads.analysis.dynamism import (
     DEFAULT_KS,
     ENTROPY_BASELINE,
@@ -85,8 +85,10 @@ def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: Scor
     rows = {f"{model_name(run)} (ours)": stats.to_dict(), **{f"{k} (paper)": v for k, v in PAPER_DYNAMISM.items()}}
     out = Path(out_dir) if out_dir else run.path
     setting = "Eq. 1 copy score" if score == "copy" else f"Eq. 2 reasoning score > {threshold}"
+    skipped = {"empty_samples_skipped": stats.empty_samples}
     write_text(out / "dynamism.md", (
         f"# Dynamism of {run.path}\n\nDynamic sets: {setting}; static list: {static_file}.\n"
+        + (f"{empty_note(skipped)}\n" if stats.empty_samples else "") +
         f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
         f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
         f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}.\n\n"
@@ -94,6 +96,7 @@ def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: Scor
     write_text(out / "dynamism.csv", dynamism_csv(rows))
     write_json(out / "dynamism.json", {"run": str(run.path), "static_file": str(static_file), "score": score,
                                        "threshold": threshold if score == "reasoning" else None, "ks": list(ks),
+                                       **skipped,
                                        "stats": stats.to_dict(), "paper": PAPER_DYNAMISM})
     return stats
 
@@ -109,6 +112,9 @@ def plot_heads(run_dir: str | Path, sample_ids: Sequence[str] | None = None, *, 
     run.manifest()  # raises if this is not a run directory
     if sample_ids:
         chosen = [(sample_id, run.load_trace(sample_id)) for sample_id in sample_ids]
+        empty = [sample_id for sample_id, trace in chosen if not trace.num_steps]
+        if empty:
+            raise DynheadsError(f"sample(s) {', '.join(empty)} generated no token (EOS first): nothing to plot")
     else:
         chosen = [(record["sample_id"], trace) for record, trace in run.iter_traces() if trace.num_steps]
     if not chosen:
@@ -129,9 +135,11 @@ def cca_report(run_dir: str | Path, offsets: Sequence[int] = tuple(range(11)), c
     """CCA between hidden states and the head scores ``k`` steps later; writes cca.csv/.json/.md and cca.png."""
     run, traces = load_run(run_dir)
     config = config or CCAConfig()
-    table = cca_offsets(samples_from_traces(traces, check_score(score)), offsets, config)
+    samples = samples_from_traces(traces, check_score(score))  # leaves out traces with no generated token
+    table = cca_offsets(samples, offsets, config)
     out, name = Path(out_dir) if out_dir else run.path, model_name(run)
-    write_cca(table, out, config=config, model=name)
-    plot_cca(table, out / "cca.png", title=f"{name}: {len(traces)} samples, {score} score",
+    write_cca(table, out, config=config, model=name,
+              counts={"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)})
+    plot_cca(table, out / "cca.png", title=f"{name}: {len(samples)} samples, {score} score",
              paper=PAPER_TOP1[PAPER_CCA_MODEL], paper_label=f"paper top-1 ({PAPER_CCA_MODEL})")
     return table
