@@ -129,6 +129,7 @@ class TraceRecorder:
     def __init__(self) -> None:
         self.steps: list[dict[str, torch.Tensor]] = []
         self.tokens: list[int] = []
+        self.chance: list[float] = []  # Eq. 2 score of a uniform head at each step
 
     def add(self, session: DecodingSession, result: StepResult, token: int, predicted: int | None = None) -> None:
         """Record a step that emitted ``token``; ``predicted`` (ŷ of Eq. 1) defaults to that token."""
@@ -143,6 +144,7 @@ class TraceRecorder:
             "hidden": result.hidden,
         })
         self.tokens.append(token)
+        self.chance.append(session.probe.chance_share())
 
     def finish(self, session: DecodingSession, stop_reason: str) -> Trace:
         lm = session.lm
@@ -166,6 +168,7 @@ class TraceRecorder:
             hidden=stacked("hidden", np.float32, (0, lm.hidden_size)),
             prompt_length=session.prompt_length,
             stop_reason=stop_reason,
+            chance=np.asarray(self.chance, dtype=np.float32),
         )
 
 

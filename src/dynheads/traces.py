@@ -12,6 +12,7 @@ File format (documented in docs/formats.md): one Parquet file per sample, one ro
 | ``reasoning_score`` | list<float32>[L*H] | Eq. 2 |
 | ``max_prob`` | list<float32>[L*H] | attention weight on the argmax key |
 | ``hidden`` | list<float32>[D] | final-layer hidden state of the last input position |
+| ``chance`` | float32 | Eq. 2 score of a uniform head: needle keys / keys outside sink and local (optional) |
 
 Head vectors are layer-major: element ``l * H + h`` is head ``L{l}-H{h}``. The file's schema metadata holds
 ``num_layers``, ``num_heads``, ``prompt_length``, ``stop_reason`` and the generated ``text``.
@@ -51,6 +52,7 @@ class Trace:
     hidden: np.ndarray  # [T, D] float32
     prompt_length: int
     stop_reason: str  # "eos" | "max_new_tokens"
+    chance: np.ndarray | None = None  # [T] float32, Eq. 2 chance share; None in files written before it existed
 
     @property
     def num_steps(self) -> int:
@@ -77,6 +79,8 @@ class Trace:
             values = getattr(self, _attr(name)).reshape(steps, layers * heads).astype(_DTYPES[name])
             columns[name] = _list_column(values)
         columns["hidden"] = _list_column(self.hidden.astype(np.float32))
+        if self.chance is not None:
+            columns["chance"] = pa.array(np.asarray(self.chance, dtype=np.float32))
         meta = {"num_layers": layers, "num_heads": heads, "prompt_length": self.prompt_length,
                 "stop_reason": self.stop_reason, "text": self.text}
         table = pa.table(columns).replace_schema_metadata({"dynheads": json.dumps(meta)})
@@ -107,6 +111,7 @@ class Trace:
             hidden=hidden.reshape(steps, -1) if steps else np.zeros((0, 0), np.float32),
             prompt_length=meta["prompt_length"],
             stop_reason=meta["stop_reason"],
+            chance=table.column("chance").to_numpy().astype(np.float32) if "chance" in table.column_names else None,
         )
 
 
