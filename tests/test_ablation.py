@@ -113,3 +113,17 @@ def test_bad_settings_are_refused():
         ablated_generate(lm, sample, AblationSettings(strategy="fixed", fixed_heads=((9, 9),)), 2)
     with pytest.raises(DynheadsError, match="unknown ablation strategy"):
         ablated_generate(lm, sample, AblationSettings(strategy="bogus"), 2)
+
+
+@pytest.mark.parametrize("threshold", ["0.2", "relative:0.5"])
+def test_eq2_dynamic_sets_follow_the_threshold_mode(threshold):
+    # Step 0 of the ablated decoder sees the same clean pass as the tracer: its Eq. 2 set must be the traced
+    # scores above the threshold, a multiple of the traced chance share in relative mode.
+    from dynheads.thresholds import ReasoningThreshold
+
+    lm, sample = _lm(), _sample(seed=4, length=60)
+    traced = trace(lm, sample, max_new_tokens=3, stop_at_eos=False, local_window=8)
+    settings = AblationSettings(strategy="dynamic", score="reasoning", threshold=threshold, local_window=8)
+    result = ablated_generate(lm, sample, settings, 3)
+    expected = ReasoningThreshold.parse(threshold).active(traced.reasoning_scores, traced.chance)[0]
+    assert result.dynamic_counts[0] == int(expected.sum()) > 0

@@ -26,6 +26,7 @@ from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 from dynheads.models import LoadedModel
 from dynheads.probe import AblationMode
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
 from dynheads.traces import ScoreKind
 
 Strategy = Literal["none", "dynamic", "static", "random", "fixed"]
@@ -37,7 +38,7 @@ class AblationSettings:
     strategy: Strategy = "dynamic"
     mode: AblationMode = "zero"
     score: ScoreKind = "copy"  # how D_t is found: Eq. 1, or Eq. 2 above ``threshold``
-    threshold: float = 0.1
+    threshold: str | float = DEFAULT_REASONING_THRESHOLD  # dynheads.thresholds: "0.1" or "relative:3"
     count: int | None = None  # heads per step for static/random (the dynamic run's mean |D_t|)
     max_dynamic: int | None = None  # progressive ablation: mask only the first k dynamic heads
     static_ranking: tuple[Head, ...] = ()
@@ -117,7 +118,8 @@ def _dynamic_heads(session: DecodingSession, step: StepResult, predicted: int, s
     if settings.score == "copy":
         active = session.copy_scores(step.stats, predicted)
     else:
-        active = step.stats.reasoning_scores() > settings.threshold
+        cutoff = ReasoningThreshold.parse(settings.threshold).cutoff(session.probe.chance_share())
+        active = step.stats.reasoning_scores() > cutoff
     heads = torch.nonzero(active).tolist()
     weights = step.stats.max_prob[active].tolist()
     order = sorted(range(len(heads)), key=lambda i: (-weights[i], heads[i]))

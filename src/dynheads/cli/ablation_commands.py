@@ -25,7 +25,8 @@ MaxNewTokens = Annotated[int | None, Opt(help="generation budget per sample")]
 Haystack = Annotated[str | None, Opt(help="folder of .txt files (default: Paul Graham essays)")]
 Device = Annotated[str | None, Opt(help="cpu or cuda")]
 Task = Annotated[str | None, Opt(help="niah (Eq. 1) or hotpotqa (Eq. 2 above --threshold)")]
-Threshold = Annotated[float | None, Opt(help="hotpotqa: Eq. 2 score above which a head is dynamic")]
+Threshold = Annotated[str | None, Opt(help="hotpotqa: a head is dynamic above this Eq. 2 score (0.1) or multiple "
+                                          "of chance (relative:3)")]
 Questions = Annotated[int | None, Opt(help="hotpotqa: questions spread over the grid")]
 Data = Annotated[str | None, Opt(help="hotpotqa: data file (default: synthetic questions)")]
 

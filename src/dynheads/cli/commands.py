@@ -13,6 +13,10 @@ from dynheads.config import build_config, parse_list
 Opt = typer.Option
 ConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with settings; flags override it")]
 Model = Annotated[str | None, Opt("--model", help="hub id, local folder or .gguf file (default: embedded SmolLM2)")]
+ChatTemplateKwargs = Annotated[str | None, Opt(
+    "--chat-template-kwargs",
+    help='JSON object of chat-template variables over the pinned ones (enable_thinking false, date_string '
+         '"26 Jul 2024"), e.g. \'{"enable_thinking": true}\'')]
 
 
 @app.command()
@@ -26,6 +30,7 @@ def niah(
     max_new_tokens: Annotated[int | None, Opt(help="generation budget per sample")] = None,
     haystack: Annotated[str | None, Opt(help="folder of .txt files (default: Paul Graham essays)")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
     config: ConfigFile = None,
 ) -> None:
     """Trace greedy generation on a Needle-in-a-Haystack grid, scoring every head at every step."""
@@ -34,6 +39,7 @@ def niah(
     cfg = build_config(
         NiahConfig, config, model=model, lengths=parse_list(lengths, int), depths=parse_list(depths, float),
         runs=runs, seed=seed, max_new_tokens=max_new_tokens, haystack=haystack, device=device,
+        chat_template_kwargs=chat_template_kwargs,
     )
     run = run_niah(cfg, out)
     frame = run.write_results()
@@ -54,6 +60,7 @@ def hotpotqa(
     seed: Annotated[int | None, Opt(help="master seed")] = None,
     max_new_tokens: Annotated[int | None, Opt(help="generation budget per question")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
     config: ConfigFile = None,
 ) -> None:
     """Trace multi-hop QA (HotpotQA or its synthetic stand-in), scoring every head at every step with Eq. 2."""
@@ -62,6 +69,7 @@ def hotpotqa(
     cfg = build_config(
         HotpotConfig, config, model=model, data=data, questions=questions, lengths=parse_list(lengths, int),
         depths=parse_list(depths, float), seed=seed, max_new_tokens=max_new_tokens, device=device,
+        chat_template_kwargs=chat_template_kwargs,
     )
     frame = run_hotpotqa(cfg, out).write_results()
     em, f1 = frame["metrics.em"].mean(), frame["metrics.f1"].mean()

@@ -14,6 +14,7 @@ import importlib.util
 import random
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -48,6 +49,7 @@ class NiahSample(SampleRecord):
     seed: int
     prompt_template: str  # "chat" or "plain"
     meta: dict = field(default_factory=dict)
+    chat_template_kwargs: dict = field(default_factory=dict)  # template variables the prompt was rendered with
 
 
 def default_haystack_dir() -> Path:
@@ -87,6 +89,7 @@ def make_sample(
     seed: int,
     haystack: str | Path | None = None,
     sample_id: str | None = None,
+    chat_template_kwargs: Mapping[str, object] | None = None,
 ) -> NiahSample:
     """Build one seeded NIAH sample of ``context_tokens`` haystack tokens with the needle at ``depth`` (0..1)."""
     if not 0.0 <= depth <= 1.0:
@@ -103,7 +106,8 @@ def make_sample(
     cut = _sentence_end_before(text, round(depth * len(text)))
     haystack_text = (text[:cut] + " " + needle + " " + text[cut:].lstrip()).strip()
 
-    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(haystack=haystack_text, question=QUESTION))
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(haystack=haystack_text, question=QUESTION),
+                         chat_template_kwargs)
     start, stop = locate(prompt, needle)
     positions = token_span(prompt, start, stop)
     check_span_keeps(tokenizer, prompt.input_ids, positions, answer, "needle")
@@ -119,6 +123,7 @@ def make_sample(
         depth=depth,
         seed=seed,
         prompt_template=prompt.template,
+        chat_template_kwargs=prompt.template_kwargs,
     )
 
 
