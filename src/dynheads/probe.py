@@ -140,13 +140,14 @@ class AttentionProbe:
         return self.stats
 
     def chance_share(self) -> float:
-        """Eq. 2 score of a head attending uniformly: needle keys / keys outside (sink U local) \ needle.
+        """Eq. 2 score of a head attending uniformly: needle keys / keys outside (sink U local) minus needle.
 
         Counted over every position up to the current one (full attention; hidden keys are not discounted).
         """
         last = self.last_position
         needle = set(p for p in self._needle.tolist() if p <= last)
-        excluded = set(range(min(self.sink_size, last + 1))) | set(range(max(last - self.local_window + 1, 0), last + 1))
+        excluded = set(range(min(self.sink_size, last + 1)))
+        excluded |= set(range(max(last - self.local_window + 1, 0), last + 1))
         scored = last + 1 - len(excluded - needle)
         return len(needle) / scored if scored > 0 else 0.0
 

@@ -89,7 +89,7 @@ def empty_note(counts: Mapping[str, int] | None) -> str:
 
 
 def check_samples(samples: Sequence[Sample]) -> tuple[int, int]:
-    """Refuse ragged or empty input (samples with no step must be dropped first); return ``(hidden dim, score width)``."""
+    """Refuse ragged or empty input (drop samples with no step first); return ``(hidden dim, score width)``."""
     if not samples:
         raise DynheadsError("no samples with generated tokens given")
     dims = set()

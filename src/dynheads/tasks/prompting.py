@@ -32,7 +32,8 @@ def chat_template_kwargs(overrides: str | Mapping[str, object] | None = None) ->
         try:
             overrides = json.loads(overrides) if overrides.strip() else {}
         except json.JSONDecodeError as error:
-            raise DynheadsError(f"chat template kwargs must be a JSON object, cannot read {overrides!r}: {error}") from None
+            raise DynheadsError(f"chat template kwargs must be a JSON object; cannot read {overrides!r}: {error}"
+                                ) from None
     if overrides is not None and not isinstance(overrides, Mapping):
         raise DynheadsError(f"chat template kwargs must be a JSON object such as "
                             f"'{{\"enable_thinking\": true}}', got {overrides!r}")
