@@ -143,7 +143,8 @@ def test_dynamism_api_with_small_k_and_reasoning_scores(known_run, tmp_path):
     copy = dynamism_report(known_run.path, tmp_path / "static.json", ks=(1, 2))
     assert copy.jaccard_static[1] == 0.5 and copy.jaccard_static[2] == pytest.approx((2 / 3 + 1 / 2) / 4)
     # The reasoning scores of this run are 0.5 where the copy score is 1: above 0.1 they give the same sets.
-    assert dynamism_report(known_run.path, tmp_path / "static.json", score="reasoning", ks=(1, 2)) == copy
+    assert dynamism_report(known_run.path, tmp_path / "static.json", score="reasoning", threshold=0.1,
+                           ks=(1, 2)) == copy
     assert dynamism_report(known_run.path, tmp_path / "static.json", score="reasoning", threshold=0.6,
                            ks=(1,)).mean_size == 0
     assert (known_run.path / "dynamism.md").is_file()

@@ -78,3 +78,20 @@ def test_dynamism_records_the_threshold_and_its_mode(tmp_path):
     assert "x chance" in (tmp_path / "dynamism.md").read_text()
     stats = dynamism_report(run.path, tmp_path / "static.json", score="reasoning", threshold="0.1", out_dir=tmp_path)
     assert stats.mean_size == 2.0 and json.loads((tmp_path / "dynamism.json").read_text())["threshold"] == "0.1"
+
+
+def test_run_directories_recompute_chance_for_old_trace_files(tmp_path):
+    from dynheads.thresholds import chance_per_step
+
+    run = RunDir(tmp_path / "run")
+    run.start("hotpotqa", {"seed": 0, "sink_size": 4, "local_window": 8}, None)
+    needle = list(range(20, 30))
+    old = trace_with(np.full((2, 1, 2), 0.4), None)
+    old.prompt_length = 100
+    run.save_sample({"sample_id": "a", "needle_positions": needle}, old)
+    assert "chance" not in pq.read_table(run.trace_path("a")).column_names
+    loaded = run.load_trace("a")
+    # Queries at 99 and 100; the manifest's local window (8, not the default 32) decides the scored keys.
+    np.testing.assert_allclose(loaded.chance, [10 / (100 - 12), 10 / (101 - 12)], rtol=1e-6)
+    np.testing.assert_allclose(chance_per_step(needle, 100, 2, 4, 8), loaded.chance, rtol=1e-6)
+    assert dynamic_sets(loaded, "reasoning", "relative:3").sum() == 4  # 0.4 > 3 x 0.114

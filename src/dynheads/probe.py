@@ -34,6 +34,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads  # (layer, query head), zero-based
+from dynheads.thresholds import chance_share
 
 ATTN_NAME = "dynheads_probe"  # neutral name: transformers tests implementation names by substring
 AblationMode = Literal["zero", "uniform"]
@@ -144,12 +145,7 @@ class AttentionProbe:
 
         Counted over every position up to the current one (full attention; hidden keys are not discounted).
         """
-        last = self.last_position
-        needle = set(p for p in self._needle.tolist() if p <= last)
-        excluded = set(range(min(self.sink_size, last + 1)))
-        excluded |= set(range(max(last - self.local_window + 1, 0), last + 1))
-        scored = last + 1 - len(excluded - needle)
-        return len(needle) / scored if scored > 0 else 0.0
+        return chance_share(self._needle.tolist(), self.last_position, self.sink_size, self.local_window)
 
     def _indices(self, kv_len: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Key indices (within this layer's keys) of the needle and of the excluded sink/local positions."""

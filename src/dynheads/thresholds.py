@@ -12,6 +12,7 @@ One option with a mode, written as text everywhere (CLI, configs, manifests):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,6 +23,24 @@ from dynheads.errors import DynheadsError
 ThresholdMode = Literal["absolute", "relative"]
 # Chosen on the embedded model, 18 synthetic HotpotQA questions (docs/hotpotqa.md, "Eq. 2 threshold").
 DEFAULT_REASONING_THRESHOLD = "relative:3"
+
+
+def chance_share(needle: Iterable[int], last_position: int, sink_size: int = 4, local_window: int = 32) -> float:
+    """Eq. 2 score of a head attending uniformly over keys ``0..last_position``: needle keys / scored keys,
+    where scored = every key but the sink and local positions that are not needle positions."""
+    needle = {int(p) for p in needle if p <= last_position}
+    excluded = set(range(min(sink_size, last_position + 1)))
+    excluded |= set(range(max(last_position - local_window + 1, 0), last_position + 1))
+    scored = last_position + 1 - len(excluded - needle)
+    return len(needle) / scored if scored > 0 else 0.0
+
+
+def chance_per_step(needle: Iterable[int], prompt_length: int, steps: int, sink_size: int = 4,
+                    local_window: int = 32) -> np.ndarray:
+    """``[steps]`` float32 chance shares of a trace: step t's query sits at position ``prompt_length - 1 + t``."""
+    needle = list(needle)
+    return np.array([chance_share(needle, prompt_length - 1 + t, sink_size, local_window) for t in range(steps)],
+                    dtype=np.float32)
 
 
 @dataclass(frozen=True)
