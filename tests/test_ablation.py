@@ -173,3 +173,15 @@ def test_reasoning_heads_are_ordered_by_their_eq2_score():
     limited = ablated_generate(lm, sample, AblationSettings(strategy="dynamic", score="reasoning", threshold=0.0,
                                                             max_dynamic=2), 1)
     assert limited.masked[0] == heads[:2]
+@pytest.mark.parametrize("threshold", ["0.2", "relative:0.5"])
+def test_eq2_dynamic_sets_follow_the_threshold_mode(threshold):
+    # Step 0 of the ablated decoder sees the same clean pass as the tracer: its Eq. 2 set must be the traced
+    # scores above the threshold, a multiple of the traced chance share in relative mode.
+    from dynheads.thresholds import ReasoningThreshold
+
+    lm, sample = _lm(), _sample(seed=4, length=60)
+    traced = trace(lm, sample, max_new_tokens=3, stop_at_eos=False, local_window=8)
+    settings = AblationSettings(strategy="dynamic", score="reasoning", threshold=threshold, local_window=8)
+    result = ablated_generate(lm, sample, settings, 3)
+    expected = ReasoningThreshold.parse(threshold).active(traced.reasoning_scores, traced.chance)[0]
+    assert result.dynamic_counts[0] == int(expected.sum()) > 0

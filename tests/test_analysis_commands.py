@@ -143,7 +143,8 @@ def test_dynamism_api_with_small_k_and_reasoning_scores(known_run, tmp_path):
     copy = dynamism_report(known_run.path, tmp_path / "static.json", ks=(1, 2))
     assert copy.jaccard_static[1] == 0.5 and copy.jaccard_static[2] == pytest.approx((2 / 3 + 1 / 2) / 4)
     # The reasoning scores of this run are 0.5 where the copy score is 1: above 0.1 they give the same sets.
-    assert dynamism_report(known_run.path, tmp_path / "static.json", score="reasoning", ks=(1, 2)) == copy
+    assert dynamism_report(known_run.path, tmp_path / "static.json", score="reasoning", threshold=0.1,
+                           ks=(1, 2)) == copy
     assert dynamism_report(known_run.path, tmp_path / "static.json", score="reasoning", threshold=0.6,
                            ks=(1,)).mean_size == 0
     assert (known_run.path / "dynamism.md").is_file()
@@ -214,3 +215,70 @@ def test_probe_train(random_run, tmp_path, capsys, score, expected):
     assert set(metrics["probe"]) == set(metrics["baseline"]) and "llama2-13b" in metrics["paper"]
     probe = load_probe(tmp_path)
     assert probe.predict(np.zeros((1, 8), np.float32)).shape == (1, 6)
+
+
+# ---- empty traces (EOS as the first token) ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run_with_empty_trace(tmp_path_factory) -> RunDir:
+    """6 samples of 10 random steps plus one that generated nothing (EOS first), written and read back."""
+    rng = np.random.default_rng(1)
+    run = new_run(tmp_path_factory.mktemp("empty") / "run")
+    for i in range(6):
+        trace = make_trace(rng.random((10, *SHAPE)) < 0.3, rng.normal(size=(10, 8)).astype(np.float32),
+                           rng.random((10, *SHAPE)).astype(np.float32))
+        run.save_sample({"sample_id": f"r{i}"}, trace)
+    empty = make_trace(np.zeros((0, *SHAPE), bool), np.zeros((0, 8), np.float32))
+    run.save_sample({"sample_id": "r9-empty"}, empty)
+    assert run.load_trace("r9-empty").num_steps == 0
+    return run
+
+
+def test_empty_traces_are_skipped_and_counted_by_cca(run_with_empty_trace, tmp_path, capsys):
+    code, stdout, stderr = cli(capsys, "cca", run_with_empty_trace.path, "--offsets", "0-1", "--out", tmp_path)
+    assert code == 0, stderr
+    saved = json.loads((tmp_path / "cca.json").read_text())
+    assert saved["samples"] == 6 and saved["empty_samples_skipped"] == 1
+    assert "1 sample(s) with no generated token skipped" in (tmp_path / "cca.md").read_text()
+
+
+@pytest.mark.parametrize("score", ["copy", "reasoning"])
+def test_empty_traces_are_skipped_and_counted_by_the_probe(run_with_empty_trace, tmp_path, capsys, score):
+    code, _, stderr = cli(capsys, "probe", "train", run_with_empty_trace.path, "--score", score,
+                          "--hidden-sizes", "8", "--epochs", "2", "--out", tmp_path)
+    assert code == 0, stderr
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["samples"] == 6 and metrics["empty_samples_skipped"] == 1
+    assert "1 sample(s) with no generated token skipped" in (tmp_path / "metrics.md").read_text()
+
+
+def test_empty_traces_are_counted_by_dynamism(run_with_empty_trace, tmp_path):
+    write_json(tmp_path / "static.json", ["0-1", "1-0"])
+    stats = dynamism_report(run_with_empty_trace.path, tmp_path / "static.json", out_dir=tmp_path)
+    assert stats.num_samples == 6 and stats.num_steps == 60
+    saved = json.loads((tmp_path / "dynamism.json").read_text())
+    assert saved["empty_samples_skipped"] == 1
+    assert "1 sample(s) with no generated token skipped" in (tmp_path / "dynamism.md").read_text()
+
+
+def test_analysis_functions_skip_empty_samples_directly():
+    from dynheads.analysis.cca import CCAConfig, cca_offsets
+    from dynheads.analysis.mlp_probe import ProbeConfig, train_probe
+
+    rng = np.random.default_rng(2)
+    samples = [(rng.normal(size=(8, 5)), rng.random((8, 6))) for _ in range(5)]
+    samples.append((np.zeros((0, 5)), np.zeros((0, 6))))
+    samples.append((np.zeros((0, 0)), np.zeros((0, 6))))  # as an empty trace loads: hidden [0, 0]
+    table = cca_offsets(samples, (0,), CCAConfig())
+    assert len(table) == 3
+    result = train_probe(samples, ProbeConfig(hidden_sizes=(4,), epochs=1), task="continuous", shape=SHAPE,
+                         progress=False)
+    assert result.metrics["probe"]["mse"] >= 0
+    stats = dynamism_stats([sets({0}, {1}), np.zeros((0, *SHAPE), bool)], [(0, 1)], ks=(1,))
+    assert stats.num_samples == 1 and stats.num_steps == 2
+
+
+def test_plot_heads_refuses_a_named_empty_trace_in_one_line(run_with_empty_trace, tmp_path, capsys):
+    code, _, stderr = cli(capsys, "plot", "heads", run_with_empty_trace.path, "--sample", "r9-empty",
+                          "--out", tmp_path)
+    assert code == 2 and "r9-empty generated no token" in stderr and "Traceback" not in stderr
+    assert len(plot_heads(run_with_empty_trace.path, out_dir=tmp_path)) == 6  # the empty one is skipped

@@ -174,3 +174,41 @@ def test_embedded_model_rows_equal_eager_rows(embedded):
             assert torch.equal(result.stats.argmax_pos[layer], rows[layer].argmax(-1))
         session.append(int(result.logits.argmax()))
         result = session.forward(1)
+
+
+def test_eq2_denominator_is_summed_from_the_kept_keys_not_by_subtraction():
+    # A sink-dominated row at 4k keys: the sink holds all but ~3e-8 of the mass, the rest is spread thinly.
+    # In fp32 ``total - excluded`` is a multiple of the spacing of floats near 1 (6e-8): it snaps to 0 or to
+    # twice the true value. The direct sum over the kept keys is exact to fp32 precision.
+    from dynheads.probe import _record
+
+    kv = 4096
+    probe = AttentionProbe(num_layers=1, num_heads=1)
+    probe.sink_size, probe.local_window = 4, 32
+    needle = list(range(1000, 1200))
+    probe.set_needle(needle)
+    probe.begin_forward(kv - 1)
+    excluded = set(range(4)) | set(range(kv - 32, kv))
+    kept = [p for p in range(kv) if p not in excluded]
+    row = torch.zeros(kv, dtype=torch.float32)
+    row[0] = 1.0 - 1e-7
+    spread = torch.linspace(1.0, 3.0, len(kept), dtype=torch.float64)
+    row[kept] = (spread * 3e-8 / spread.sum()).float()
+    probs = row[None]  # [H=1, kv]
+    _record(probe, 0, probs, kv, 0)
+    exact = float(probs.double()[0, needle].sum() / probs.double()[0, kept].sum())
+    score = float(probe.stats.reasoning_scores()[0, 0])
+    assert abs(score - exact) <= 1e-5 * exact
+    difference = float(probe.stats.total_mass[0, 0] - probe.stats.excluded_mass[0, 0])
+    subtracted = float(probe.stats.needle_mass[0, 0]) / difference if difference > 0 else 0.0
+    assert abs(subtracted - exact) > 0.1 * exact  # the old denominator is wrong here
+
+
+def test_chance_share_counts_needle_keys_over_scored_keys():
+    probe = AttentionProbe(num_layers=1, num_heads=1)
+    probe.sink_size, probe.local_window = 4, 32
+    probe.set_needle(range(100, 120))
+    probe.begin_forward(999)  # keys 0..999; excluded: 0-3 and 968-999 -> 964 scored keys
+    assert probe.chance_share() == pytest.approx(20 / 964)
+    probe.set_needle([0, 1, 990])  # needle keys are never excluded
+    assert probe.chance_share() == pytest.approx(3 / (1000 - (4 + 32 - 3)))

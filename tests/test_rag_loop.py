@@ -95,3 +95,22 @@ def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir,
     run.record_path(first["sample_id"]).unlink()
     again = run_rag(config, tmp_path / "rag", lm=tiny_lm, progress=False)
     assert again.records() == records  # the deleted answer is recomputed identically
+
+
+def test_the_last_drafted_token_receives_its_own_query_attention(tiny_lm, sample):
+    # RIND's attention term: every drafted token, the last one included, receives attention from the drafted
+    # queries up to and including the last drafted position (the last token used to get 0 and never trigger).
+    state = _Answerer(tiny_lm, list(sample.input_ids), sample.context_span, RagSettings())
+    first = sample.context_span[1] + len(state.question)
+    draft, _, rows = state.generate(None, 4, sentence=False)
+    assert len(draft) == 4  # the seeded tiny model drafts 4 tokens here
+    received = state.received_attention(rows, first, len(draft))
+    assert received.shape == (tiny_lm.num_heads, 4)
+    assert (received[:, -1] > 0).all()
+    # Independent check: read question + full draft once; the last query's row over the drafted keys.
+    last_layer = tiny_lm.num_layers - 1
+    state.answer = list(draft)
+    step = state.read(None, rows_for={(last_layer, h) for h in range(tiny_lm.num_heads)})
+    last_row = np.stack([step.stats.rows[(last_layer, h)][first : first + 4].numpy() for h in range(tiny_lm.num_heads)])
+    np.testing.assert_allclose(received[:, -1], last_row[:, -1], rtol=1e-5, atol=1e-7)
+    assert (received >= last_row - 1e-7).all()  # a max over queries that include the last one

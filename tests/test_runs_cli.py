@@ -35,6 +35,7 @@ def test_run_directory_contents(tiny_model_dir, tiny_lm, tmp_path):
     assert manifest["config"]["lengths"] == [200] and manifest["seed"] == 5
     assert manifest["model"]["num_layers"] == 3 and manifest["versions"]["transformers"]
     assert "magic word" in manifest["prompt"]["needle"] and manifest["prompt_template"] == "chat"
+    assert manifest["chat_template_kwargs"] == {"enable_thinking": False, "date_string": "26 Jul 2024"}
     records = run.records()
     assert [r["sample_id"] for r in records] == ["analysis-len200-depth0-run0", "analysis-len200-depth1-run0"]
     assert set(records[0]["metrics"]) == {"accuracy", "rouge_l", "rouge1_recall"}

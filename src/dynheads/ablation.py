@@ -34,6 +34,7 @@ from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 from dynheads.models import LoadedModel
 from dynheads.probe import AblationMode
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
 from dynheads.traces import ScoreKind
 
 Strategy = Literal["none", "dynamic", "static", "random", "fixed"]
@@ -47,7 +48,7 @@ class AblationSettings:
     strategy: Strategy = "dynamic"
     mode: AblationMode = "zero"
     score: ScoreKind = "copy"  # how D_t is found: Eq. 1, or Eq. 2 above ``threshold``
-    threshold: float = 0.1
+    threshold: str | float = DEFAULT_REASONING_THRESHOLD  # dynheads.thresholds: "0.1" or "relative:3"
     matching: Matching = "per_step"  # static/random: |D_t| of each step's clean pass, or a fixed ``count``
     count: int | None = None  # matching="mean": heads per step for static/random (the dynamic run's mean |D_t|)
     max_dynamic: int | None = None  # progressive ablation: mask only the first k dynamic heads
@@ -137,7 +138,8 @@ def _dynamic_heads(session: DecodingSession, step: StepResult, predicted: int, s
         weights = step.stats.max_prob[active].tolist()
     else:
         scores = step.stats.reasoning_scores()
-        active = scores > settings.threshold
+        cutoff = ReasoningThreshold.parse(settings.threshold).cutoff(session.probe.chance_share())
+        active = scores > cutoff
         weights = scores[active].tolist()
     heads = torch.nonzero(active).tolist()
     order = sorted(range(len(heads)), key=lambda i: (-weights[i], heads[i]))

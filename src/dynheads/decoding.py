@@ -130,6 +130,7 @@ class TraceRecorder:
     def __init__(self) -> None:
         self.steps: list[dict[str, torch.Tensor]] = []
         self.tokens: list[int] = []
+        self.chance: list[float] = []  # Eq. 2 score of a uniform head at each step
 
     def add(self, session: DecodingSession, result: StepResult, token: int, predicted: int | None = None) -> None:
         """Record a step that emitted ``token``; ``predicted`` (ŷ of Eq. 1) defaults to that token."""
@@ -146,6 +147,7 @@ class TraceRecorder:
             **_logit_stats(result.logits),
         })
         self.tokens.append(token)
+        self.chance.append(session.probe.chance_share())
 
     def finish(self, session: DecodingSession, stop_reason: str) -> Trace:
         lm = session.lm
@@ -172,6 +174,7 @@ class TraceRecorder:
             context_mass=stacked("context_mass", np.float32),
             token_entropy=stacked("token_entropy", np.float32, (0,)),
             token_max_prob=stacked("token_max_prob", np.float32, (0,)),
+            chance=np.asarray(self.chance, dtype=np.float32),
         )
 
 

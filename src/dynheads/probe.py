@@ -8,6 +8,9 @@ of every query head (fp32 softmax) and reduces it on the spot:
 - ``needle_mass [L, H]``: attention mass on the needle positions,
 - ``excluded_mass [L, H]``: mass on sink/local positions that are not needle positions (Eq. 2 denominator),
 - ``context_mass [L, H]``: mass on positions before ``context_end`` (the prompt; Lookback-Lens ratios),
+- ``excluded_mass [L, H]``: mass on sink/local positions that are not needle positions,
+- ``kept_mass [L, H]``: mass on every other key, summed directly (Eq. 2 denominator; ``total - excluded`` loses
+  the digits of a sink-dominated row),
 - full rows for requested heads only.
 
 Memory per step is O(heads x context). The outputs of all other query positions (prefill) come from
@@ -33,6 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads  # (layer, query head), zero-based
+from dynheads.thresholds import chance_share
 
 ATTN_NAME = "dynheads_probe"  # neutral name: transformers tests implementation names by substring
 AblationMode = Literal["zero", "uniform"]
@@ -49,12 +53,17 @@ class StepStats:
     needle_mass: torch.Tensor  # float32
     excluded_mass: torch.Tensor  # float32, mass on (sink U local) \ needle
     total_mass: torch.Tensor  # float32, sum of the row (1 up to rounding)
+    kept_mass: torch.Tensor  # float32, mass outside (sink U local) \ needle, summed from the row itself
     context_mass: torch.Tensor | None = None  # float32, mass on positions < probe.context_end (the prompt)
     rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [kv] rows of requested heads
 
     def reasoning_scores(self) -> torch.Tensor:
-        """Eq. 2: needle mass over the mass outside sink and local window (needle positions never excluded)."""
-        denominator = self.total_mass - self.excluded_mass
+        """Eq. 2: needle mass over the mass outside sink and local window (needle positions never excluded).
+
+        The denominator is summed from the kept keys, never ``total - excluded``: with 99.9 % of the mass on
+        the sink that difference keeps only a few fp32 digits (or snaps to 0).
+        """
+        denominator = self.kept_mass
         return torch.where(denominator > 0, self.needle_mass / denominator.clamp_min(1e-30), 0.0)
 
 
@@ -126,6 +135,7 @@ class AttentionProbe:
             excluded_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
             total_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
             context_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
+            kept_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
         )
 
     def begin_forward(self, last_position: int) -> StepStats:
@@ -134,6 +144,13 @@ class AttentionProbe:
         self._index_cache.clear()
         self._new_stats()
         return self.stats
+
+    def chance_share(self) -> float:
+        """Eq. 2 score of a head attending uniformly: needle keys / keys outside (sink U local) minus needle.
+
+        Counted over every position up to the current one (full attention; hidden keys are not discounted).
+        """
+        return chance_share(self._needle.tolist(), self.last_position, self.sink_size, self.local_window)
 
     def _indices(self, kv_len: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Key indices (within this layer's keys) of the needle and of the excluded sink/local positions."""
@@ -296,6 +313,9 @@ def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int,
     stats.total_mass[layer] = probs.sum(-1)
     context_keys = min(max(probe.context_end - offset, 0), kv_len)  # sliding windows: the context's suffix
     stats.context_mass[layer] = probs[:, :context_keys].sum(-1)
+    kept = torch.ones(kv_len, dtype=torch.bool, device=probs.device)
+    kept[excluded_idx] = False
+    stats.kept_mass[layer] = probs[:, kept].sum(-1)
     for lyr, head in probe.rows_for:
         if lyr == layer:
             row = torch.zeros(probe.last_position + 1, dtype=torch.float32, device=probs.device)

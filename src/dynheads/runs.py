@@ -28,6 +28,7 @@ import pandas as pd
 from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path, read_json, write_json
 from dynheads.models import LoadedModel, library_versions
+from dynheads.thresholds import chance_per_step
 from dynheads.traces import Trace
 
 
@@ -92,10 +93,19 @@ class RunDir:
         return [read_json(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
 
     def load_trace(self, sample_id: str) -> Trace:
+        """The sample's trace; a file written before the ``chance`` column existed gets it recomputed from the
+        record's needle positions and the manifest's sink/local settings (the probe's own rule)."""
         path = self.trace_path(sample_id)
         if not path.is_file():
             raise DynheadsError(f"no trace for sample {sample_id!r} in {self.path}")
-        return Trace.load(path)
+        trace = Trace.load(path)
+        if trace.chance is None and self.record_path(sample_id).is_file():
+            needle = read_json(self.record_path(sample_id)).get("needle_positions")
+            if needle is not None:
+                config = self.manifest().get("config") or {}
+                trace.chance = chance_per_step(needle, trace.prompt_length, trace.num_steps,
+                                               config.get("sink_size", 4), config.get("local_window", 32))
+        return trace
 
     def iter_traces(self) -> Iterator[tuple[dict, Trace]]:
         """(record, trace) for every finished sample that has a trace."""

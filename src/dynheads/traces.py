@@ -14,6 +14,7 @@ File format (documented in docs/formats.md): one Parquet file per sample, one ro
 | ``hidden`` | list<float32>[D] | final-layer hidden state of the last input position |
 | ``context_mass`` | list<float32>[L*H] | attention mass on the prompt positions (optional: newer traces) |
 | ``token_entropy`` / ``token_max_prob`` | float32 | entropy (nats) / top probability of the step's softmax (optional) |
+| ``chance`` | float32 | Eq. 2 score of a uniform head: needle keys / keys outside sink and local (optional) |
 
 Head vectors are layer-major: element ``l * H + h`` is head ``L{l}-H{h}``. The file's schema metadata holds
 ``num_layers``, ``num_heads``, ``prompt_length``, ``stop_reason`` and the generated ``text``.
@@ -35,7 +36,7 @@ from dynheads.io import atomic_path
 ScoreKind = Literal["copy", "reasoning"]  # Eq. 1 (binary, NIAH) or Eq. 2 (continuous, HotpotQA)
 HEAD_FIELDS = ("argmax_pos", "copy_score", "needle_mass", "reasoning_score", "max_prob")
 OPTIONAL_HEAD_FIELDS = ("context_mass",)  # absent from traces written before they existed: loaded as None
-OPTIONAL_STEP_FIELDS = ("token_entropy", "token_max_prob")
+OPTIONAL_STEP_FIELDS = ("token_entropy", "token_max_prob", "chance")
 _DTYPES = {"argmax_pos": np.int32, "copy_score": np.bool_, "needle_mass": np.float32,
            "reasoning_score": np.float32, "max_prob": np.float32, "context_mass": np.float32}
 
@@ -58,6 +59,7 @@ class Trace:
     context_mass: np.ndarray | None = None  # [T, L, H] float32, attention mass on the prompt positions
     token_entropy: np.ndarray | None = None  # [T] float32, entropy (nats) of the step's next-token softmax
     token_max_prob: np.ndarray | None = None  # [T] float32, largest probability of that softmax
+    chance: np.ndarray | None = None  # [T] float32, Eq. 2 chance share; None in files written before it existed
 
     @property
     def num_steps(self) -> int:

@@ -69,15 +69,29 @@ class CCAConfig:
 
 
 def samples_from_traces(traces: Iterable[Trace], score: ScoreKind = "copy") -> list[Sample]:
-    """``(hidden [T, D], scores [T, L*H])`` per trace; ``copy`` = Eq. 1 (NIAH), ``reasoning`` = Eq. 2 (HotpotQA)."""
+    """``(hidden [T, D], scores [T, L*H])`` per trace with T >= 1; ``copy`` = Eq. 1 (NIAH), ``reasoning`` = Eq. 2.
+
+    Traces with no generated token (EOS first) hold no pair and are left out; callers count them.
+    """
     attr = "copy_scores" if score == "copy" else "reasoning_scores"
-    return [(t.hidden, getattr(t, attr).reshape(t.num_steps, -1)) for t in traces]
+    return [(t.hidden, getattr(t, attr).reshape(t.num_steps, t.shape[0] * t.shape[1])) for t in traces if t.num_steps]
+
+
+def nonempty_samples(samples: Sequence[Sample]) -> list[Sample]:
+    """The samples with at least one step: an empty one (EOS first) holds no pair and, loaded, no hidden width."""
+    return [sample for sample in samples if sample[0].shape[0] > 0]
+
+
+def empty_note(counts: Mapping[str, int] | None) -> str:
+    """The line every analysis output carries about skipped empty traces."""
+    skipped = (counts or {}).get("empty_samples_skipped", 0)
+    return f"{skipped} sample(s) with no generated token skipped (EOS as the first token)." if skipped else ""
 
 
 def check_samples(samples: Sequence[Sample]) -> tuple[int, int]:
-    """Refuse ragged or empty input; return ``(hidden dim, score width)``."""
+    """Refuse ragged or empty input (drop samples with no step first); return ``(hidden dim, score width)``."""
     if not samples:
-        raise DynheadsError("no samples given")
+        raise DynheadsError("no samples with generated tokens given")
     dims = set()
     for i, (hidden, scores) in enumerate(samples):
         if hidden.ndim != 2 or scores.ndim != 2 or hidden.shape[0] != scores.shape[0]:
@@ -220,8 +234,12 @@ def summarize(correlations: np.ndarray) -> dict[str, float]:
 
 def cca_offsets(samples: Sequence[Sample], offsets: Iterable[int] = range(11),
                 config: CCAConfig | None = None) -> pd.DataFrame:
-    """One row per (offset, method): top1, top10_mean, top50_mean, kept dimensions and pair counts."""
+    """One row per (offset, method): top1, top10_mean, top50_mean, kept dimensions and pair counts.
+
+    Samples with no step are dropped first (they hold no pair).
+    """
     config = config or CCAConfig()
+    samples = nonempty_samples(samples)
     check_samples(samples)
     fit_idx, test_idx = split_samples(len(samples), config.test_fraction, config.seed)
     views = {"held_out": samples, "shuffled": shuffled_pairing(samples, config.seed)}
@@ -257,13 +275,17 @@ def cca_markdown(table: pd.DataFrame, paper: Mapping[int, float] | None = None) 
 
 
 def write_cca(table: pd.DataFrame, out_dir: str | Path, *, config: CCAConfig | None = None,
-              model: str | None = None) -> dict[str, Path]:
-    """Write ``cca.csv``, ``cca.json`` and ``cca.md`` atomically; ``model`` picks the paper's reference numbers."""
+              model: str | None = None, counts: Mapping[str, int] | None = None) -> dict[str, Path]:
+    """Write ``cca.csv``, ``cca.json`` and ``cca.md`` atomically; ``model`` picks the paper's reference numbers.
+
+    ``counts`` (e.g. ``samples``, ``empty_samples_skipped``) go into cca.json and a line of cca.md.
+    """
     out_dir = Path(out_dir)
     paper = PAPER_TOP1.get(model or "")
     paths = {"csv": out_dir / "cca.csv", "json": out_dir / "cca.json", "md": out_dir / "cca.md"}
     write_text(paths["csv"], table.to_csv(index=False))
     write_json(paths["json"], {"config": asdict(config) if config else None, "model": model,
-                               "paper_top1": paper, "rows": table.to_dict(orient="records")})
-    write_text(paths["md"], cca_markdown(table, paper))
+                               **dict(counts or {}), "paper_top1": paper, "rows": table.to_dict(orient="records")})
+    header = f"{empty_note(counts)}\n\n" if counts and counts.get("empty_samples_skipped") else ""
+    write_text(paths["md"], header + cca_markdown(table, paper))
     return paths

@@ -63,6 +63,7 @@ class DynamismStats:
     adjacent_skipped: int  # pairs of two empty sets
     entropy: float  # nats; NaN if no head was ever in a dynamic set
     empty_steps: int  # steps with D_t = ∅
+    empty_samples: int = 0  # samples with no generated step (EOS first), left out of every statistic
 
     def to_dict(self) -> dict[str, float | int]:
         """Flat, JSON-ready; Jaccard w/ static appears as ``jaccard_static_k{k}``."""
@@ -80,6 +81,7 @@ class DynamismStats:
             "entropy": self.entropy,
             "entropy_baseline": ENTROPY_BASELINE,
             "empty_steps": self.empty_steps,
+            "empty_samples": self.empty_samples,
         }
 
 
@@ -91,18 +93,21 @@ def binarize(scores: np.ndarray, threshold: float = 0.1) -> np.ndarray:
 def dynamism_stats(
     dynamic_sets: Sequence[np.ndarray], static_ranking: Sequence[Head], *, ks: Sequence[int] = DEFAULT_KS
 ) -> DynamismStats:
-    """Pool the steps of all samples (each a bool ``[step, layer, head]`` array) and compute Table 1 / 5."""
+    """Pool the steps of all samples (each a bool ``[step, layer, head]`` array) and compute Table 1 / 5.
+
+    Samples with no step (EOS first) are left out and counted in ``empty_samples``.
+    """
     layers, heads = _check_sets(dynamic_sets)
     check_heads(list(static_ranking), layers, heads, source="static head list")
-    flat = [sample.reshape(sample.shape[0], layers * heads) for sample in dynamic_sets]  # [step, L*H] each
-    steps = np.concatenate(flat)
-    if steps.shape[0] == 0:
+    flat = [sample.reshape(sample.shape[0], layers * heads) for sample in dynamic_sets if sample.shape[0]]
+    if not flat:
         raise DynheadsError(f"the {len(dynamic_sets)} sample(s) have no generated steps: nothing to measure")
+    steps = np.concatenate(flat)  # [step, L*H] over all samples
     sizes = steps.sum(axis=1)
     inter, union = _adjacent_overlaps(flat)
     kept = union > 0
     return DynamismStats(
-        num_samples=len(dynamic_sets),
+        num_samples=len(flat),
         num_steps=int(steps.shape[0]),
         total_heads=layers * heads,
         mean_size=float(sizes.mean()),
@@ -114,6 +119,7 @@ def dynamism_stats(
         adjacent_skipped=int((~kept).sum()),
         entropy=float(entropy(steps.sum(axis=0))),  # scipy normalises the counts; NaN if they are all 0
         empty_steps=int((sizes == 0).sum()),
+        empty_samples=len(dynamic_sets) - len(flat),
     )
 
 

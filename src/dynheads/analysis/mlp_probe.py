@@ -31,7 +31,7 @@ from sklearn.metrics import (
 from torch import nn
 from tqdm.auto import tqdm
 
-from dynheads.analysis.cca import Sample, check_samples
+from dynheads.analysis.cca import Sample, check_samples, nonempty_samples
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.io import atomic_path, read_json, write_json
@@ -220,6 +220,7 @@ def train_probe(samples: list[Sample], config: ProbeConfig | None = None, *, tas
     torch's RNG is seeded inside a fork, so the caller's CPU RNG is untouched.
     """
     config = config or ProbeConfig()
+    samples = nonempty_samples(samples)  # an empty trace (EOS first) holds no pair
     input_dim, width = check_samples(samples)
     if shape[0] * shape[1] != width:
         raise DynheadsError(f"scores have {width} columns but shape {shape} has {shape[0] * shape[1]} heads")

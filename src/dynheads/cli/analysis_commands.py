@@ -13,6 +13,7 @@ import typer
 from dynheads.cli.app import app, plot_app, probe_app
 from dynheads.cli.commands import ConfigFile, Model, Opt
 from dynheads.config import build_config, parse_list, parse_range
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD
 
 RunArg = Annotated[Path, typer.Argument(help="run directory written by e.g. 'dynheads niah'")]
 Score = Annotated[str, Opt(help="head score: copy (Eq. 1, NIAH) or reasoning (Eq. 2, HotpotQA)")]
@@ -83,7 +84,8 @@ def dynamism(
     run_dir: RunArg,
     static_file: Annotated[Path, Opt("--static", help="static head list (Wu et al. JSON or a ranked list)")],
     score: Score = "copy",
-    threshold: Annotated[float, Opt(help="reasoning score above which a head is active (Eq. 2 only)")] = 0.1,
+    threshold: Annotated[str, Opt(help="Eq. 2 only: a head is active above this score (0.1) or multiple of "
+                                  "chance (relative:3)")] = DEFAULT_REASONING_THRESHOLD,
     out: OutDir = None,
 ) -> None:
     """Table 1 / Table 5 statistics of a run's dynamic heads beside the paper's; writes dynamism.md/.csv/.json."""

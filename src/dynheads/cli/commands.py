@@ -14,6 +14,10 @@ Opt = typer.Option
 ConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with settings; flags override it")]
 First = Annotated[int | None, Opt(help="index of the first question in the data (question streams must not overlap)")]
 Model = Annotated[str | None, Opt("--model", help="hub id, local folder or .gguf file (default: embedded SmolLM2)")]
+ChatTemplateKwargs = Annotated[str | None, Opt(
+    "--chat-template-kwargs",
+    help='JSON object of chat-template variables over the pinned ones (enable_thinking false, date_string '
+         '"26 Jul 2024"), e.g. \'{"enable_thinking": true}\'')]
 
 
 @app.command()
@@ -29,6 +33,7 @@ def niah(
     distractor_depth: Annotated[float | None, Opt(help="add a similar 'secret word' distractor at this depth")] = None,
     distractor_prefix: Annotated[int | None, Opt(help="characters the distractor UUID shares with the needle")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
     config: ConfigFile = None,
 ) -> None:
     """Trace greedy generation on a Needle-in-a-Haystack grid, scoring every head at every step."""
@@ -38,6 +43,7 @@ def niah(
         NiahConfig, config, model=model, lengths=parse_list(lengths, int), depths=parse_list(depths, float),
         runs=runs, seed=seed, max_new_tokens=max_new_tokens, haystack=haystack, device=device,
         distractor_depth=distractor_depth, distractor_prefix=distractor_prefix,
+        chat_template_kwargs=chat_template_kwargs,
     )
     run = run_niah(cfg, out)
     frame = run.write_results()
@@ -59,6 +65,7 @@ def hotpotqa(
     seed: Annotated[int | None, Opt(help="master seed")] = None,
     max_new_tokens: Annotated[int | None, Opt(help="generation budget per question")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
     config: ConfigFile = None,
 ) -> None:
     """Trace multi-hop QA (HotpotQA or its synthetic stand-in), scoring every head at every step with Eq. 2."""
@@ -68,6 +75,7 @@ def hotpotqa(
         HotpotConfig, config, model=model, data=data, questions=questions, first=first,
         lengths=parse_list(lengths, int),
         depths=parse_list(depths, float), seed=seed, max_new_tokens=max_new_tokens, device=device,
+        chat_template_kwargs=chat_template_kwargs,
     )
     run = run_hotpotqa(cfg, out)
     frame = run.write_results()

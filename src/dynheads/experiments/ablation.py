@@ -48,6 +48,7 @@ from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.probe import AblationMode
 from dynheads.runs import RunDir, derive_seed
 from dynheads.tasks import hotpotqa, niah
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
 
 MODES = ("zero", "uniform")
 TASK_METRICS = {"niah": {"accuracy": "accuracy", "rouge_l": "ROUGE-L"}, "hotpotqa": {"em": "EM", "f1": "F1"}}
@@ -70,7 +71,8 @@ class _GridConfig:
 
     model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
     task: str = field(default="niah", metadata={"help": "niah (D_t by Eq. 1) or hotpotqa (Eq. 2 > threshold)"})
-    threshold: float = field(default=0.1, metadata={"help": "hotpotqa: Eq. 2 score above which a head is dynamic"})
+    threshold: str = field(default=DEFAULT_REASONING_THRESHOLD, metadata={
+        "help": "hotpotqa: a head is dynamic above this Eq. 2 score ('0.1') or multiple of chance ('relative:3')"})
     questions: int = field(default=45, metadata={"help": "hotpotqa: questions, spread over the grid cells"})
     first: int = field(default=0, metadata={"help": "hotpotqa: index of the first question in the data"})
     split: str = field(default="ablation", metadata={"help": "hotpotqa: name of the question stream (recorded)"})
@@ -104,6 +106,7 @@ class _GridConfig:
             raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(MODES)}")
         if self.task not in TASK_METRICS:
             raise DynheadsError(f"unknown task {self.task!r}: use one of {', '.join(TASK_METRICS)}")
+        ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
 
 
 @dataclass(frozen=True)
@@ -359,7 +362,8 @@ def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, ext
     for sample in samples:  # fail before any work, not halfway through the grid
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     run = RunDir(out)
-    run.start(kind, config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template, **extra})
+    run.start(kind, config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template,
+                                 "chat_template_kwargs": samples[0].chat_template_kwargs, **extra})
     return run, samples
 
 

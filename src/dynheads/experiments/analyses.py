@@ -15,13 +15,12 @@ from typing import cast, get_args
 import numpy as np
 import pandas as pd
 
-from dynheads.analysis.cca import PAPER_TOP1, CCAConfig, cca_offsets, samples_from_traces, write_cca
+from dynheads.analysis.cca import PAPER_TOP1, CCAConfig, cca_offsets, empty_note, samples_from_traces, write_cca
 from dynheads.analysis.dynamism import (
     DEFAULT_KS,
     ENTROPY_BASELINE,
     PAPER_DYNAMISM,
     DynamismStats,
-    binarize,
     dynamism_csv,
     dynamism_stats,
     table1_markdown,
@@ -33,6 +32,7 @@ from dynheads.io import write_json, write_text
 from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
 from dynheads.runs import RunDir
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
 from dynheads.traces import ScoreKind, Trace
 
 PAPER_CCA_MODEL = "llama3.1-8b"  # the only model whose CCA numbers the paper states
@@ -65,35 +65,40 @@ def score_array(trace: Trace, score: ScoreKind) -> np.ndarray:
     return trace.copy_scores if check_score(score) == "copy" else trace.reasoning_scores
 
 
-def dynamic_sets(trace: Trace, score: ScoreKind, threshold: float) -> np.ndarray:
-    """D_t for every step, bool ``[step, layer, head]``: copy score 1, or reasoning score above ``threshold``."""
+def dynamic_sets(trace: Trace, score: ScoreKind, threshold: str | float | ReasoningThreshold) -> np.ndarray:
+    """D_t for every step, bool ``[step, layer, head]``: copy score 1, or reasoning score above ``threshold``
+    (absolute, or a multiple of the step's chance share: ``dynheads.thresholds``)."""
     scores = score_array(trace, score)
-    return scores if score == "copy" else binarize(scores, threshold)
+    return scores if score == "copy" else ReasoningThreshold.parse(threshold).active(scores, trace.chance)
 
 
 # ---- Claim 1: dynamism (Table 1, Table 5) ---------------------------------------------------------------------
 def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: ScoreKind = "copy",
-                    threshold: float = 0.1, ks: Sequence[int] = DEFAULT_KS,
+                    threshold: str | float = DEFAULT_REASONING_THRESHOLD, ks: Sequence[int] = DEFAULT_KS,
                     out_dir: str | Path | None = None) -> DynamismStats:
     """Table 1 / Table 5 statistics of the run against the static list; writes dynamism.md, .csv and .json.
 
     The run's row sits beside the paper's five rows. ``threshold`` only applies to ``score="reasoning"``.
     """
     run, traces = load_run(run_dir)
+    rule = ReasoningThreshold.parse(threshold)
     ranking = load_head_list(static_file, *traces[0].shape).heads
-    stats = dynamism_stats([dynamic_sets(trace, score, threshold) for trace in traces], ranking, ks=ks)
+    stats = dynamism_stats([dynamic_sets(trace, score, rule) for trace in traces], ranking, ks=ks)
     rows = {f"{model_name(run)} (ours)": stats.to_dict(), **{f"{k} (paper)": v for k, v in PAPER_DYNAMISM.items()}}
     out = Path(out_dir) if out_dir else run.path
-    setting = "Eq. 1 copy score" if score == "copy" else f"Eq. 2 reasoning score > {threshold}"
+    setting = "Eq. 1 copy score" if score == "copy" else rule.describe()
+    skipped = {"empty_samples_skipped": stats.empty_samples}
     write_text(out / "dynamism.md", (
         f"# Dynamism of {run.path}\n\nDynamic sets: {setting}; static list: {static_file}.\n"
+        + (f"{empty_note(skipped)}\n" if stats.empty_samples else "") +
         f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
         f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
         f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}.\n\n"
         f"## Table 1\n\n{table1_markdown(rows)}\n## Table 5\n\n{table5_markdown(rows, ks)}"))
     write_text(out / "dynamism.csv", dynamism_csv(rows))
     write_json(out / "dynamism.json", {"run": str(run.path), "static_file": str(static_file), "score": score,
-                                       "threshold": threshold if score == "reasoning" else None, "ks": list(ks),
+                                       "threshold": str(rule) if score == "reasoning" else None, "ks": list(ks),
+                                       **skipped,
                                        "stats": stats.to_dict(), "paper": PAPER_DYNAMISM})
     return stats
 
@@ -109,6 +114,9 @@ def plot_heads(run_dir: str | Path, sample_ids: Sequence[str] | None = None, *, 
     run.manifest()  # raises if this is not a run directory
     if sample_ids:
         chosen = [(sample_id, run.load_trace(sample_id)) for sample_id in sample_ids]
+        empty = [sample_id for sample_id, trace in chosen if not trace.num_steps]
+        if empty:
+            raise DynheadsError(f"sample(s) {', '.join(empty)} generated no token (EOS first): nothing to plot")
     else:
         chosen = [(record["sample_id"], trace) for record, trace in run.iter_traces() if trace.num_steps]
     if not chosen:
@@ -129,9 +137,11 @@ def cca_report(run_dir: str | Path, offsets: Sequence[int] = tuple(range(11)), c
     """CCA between hidden states and the head scores ``k`` steps later; writes cca.csv/.json/.md and cca.png."""
     run, traces = load_run(run_dir)
     config = config or CCAConfig()
-    table = cca_offsets(samples_from_traces(traces, check_score(score)), offsets, config)
+    samples = samples_from_traces(traces, check_score(score))  # leaves out traces with no generated token
+    table = cca_offsets(samples, offsets, config)
     out, name = Path(out_dir) if out_dir else run.path, model_name(run)
-    write_cca(table, out, config=config, model=name)
-    plot_cca(table, out / "cca.png", title=f"{name}: {len(traces)} samples, {score} score",
+    write_cca(table, out, config=config, model=name,
+              counts={"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)})
+    plot_cca(table, out / "cca.png", title=f"{name}: {len(samples)} samples, {score} score",
              paper=PAPER_TOP1[PAPER_CCA_MODEL], paper_label=f"paper top-1 ({PAPER_CCA_MODEL})")
     return table

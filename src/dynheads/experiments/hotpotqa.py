@@ -20,6 +20,7 @@ from dynheads.io import read_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir, derive_seed
 from dynheads.tasks import hotpotqa
+from dynheads.tasks.prompting import chat_template_kwargs
 from dynheads.tasks.questions import QuestionStream, refuse_overlap
 
 
@@ -34,6 +35,9 @@ class HotpotConfig:
     depths: tuple[float, ...] = field(default=(0.05, 0.5, 0.95), metadata={"help": "gold paragraphs' depth, 0..1"})
     seed: int = field(default=0, metadata={"help": "master seed (synthetic data, distractor order)"})
     max_new_tokens: int = field(default=24, metadata={"help": "generation budget per question"})
+    chat_template_kwargs: str = field(default="", metadata={
+        "help": "JSON object of chat-template variables over the pinned ones (enable_thinking=false, "
+                "date_string='26 Jul 2024'), e.g. {\"enable_thinking\": true}"})
     sink_size: int = field(default=4, metadata={"help": "Eq. 2: first tokens excluded as attention sink"})
     local_window: int = field(default=32, metadata={"help": "Eq. 2: last tokens excluded as local attention"})
     dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
@@ -90,6 +94,7 @@ def hotpot_grid(config: HotpotConfig, tokenizer) -> HotpotGrid:
     records = load_records(config)
     chosen = stream.take(records, config.data or "the synthetic set")
     pool = hotpotqa.paragraph_pool(records)
+    template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
     samples, skipped = [], []
     for index, record in enumerate(chosen, start=stream.first):
         length, depth = cells[index % len(cells)]
@@ -97,7 +102,7 @@ def hotpot_grid(config: HotpotConfig, tokenizer) -> HotpotGrid:
             samples.append(hotpotqa.make_sample(
                 tokenizer, record, context_tokens=length, depth=depth,
                 seed=derive_seed(config.seed, record.id, length, depth), distractors=pool,
-                sample_id=f"q{index:04d}-len{length}-depth{depth:g}"))
+                sample_id=f"q{index:04d}-len{length}-depth{depth:g}", chat_template_kwargs=template_kwargs))
         except hotpotqa.GoldTooLong as error:
             skipped.append({"record_id": record.id, "length": length, "depth": depth, "reason": error.reason})
     if not samples:
@@ -137,7 +142,7 @@ def run_hotpotqa(
               "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
     run = RunDir(out)
     run.start("hotpotqa", config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template,
-                                      **grid.manifest()})
+                                       **grid.manifest(), "chat_template_kwargs": samples[0].chat_template_kwargs})
     return trace_samples(run, lm, samples, lambda sample, text: hotpotqa.score(sample.answer, text),
                          max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
                          local_window=config.local_window, desc="hotpotqa", progress=progress, on_sample=on_sample)

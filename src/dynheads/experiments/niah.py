@@ -11,6 +11,7 @@ from dynheads.experiments.tracing import trace_samples
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir, derive_seed
 from dynheads.tasks import niah
+from dynheads.tasks.prompting import chat_template_kwargs
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class NiahConfig:
         default=None, metadata={"help": "depth of a 'The secret word is <similar UUID>' distractor; None = none"})
     distractor_prefix: int = field(default=8, metadata={"help": "characters the distractor shares with the needle"})
     split: str = field(default="analysis", metadata={"help": "seed stream; 'static' samples are disjoint"})
+    chat_template_kwargs: str = field(default="", metadata={
+        "help": "JSON object of chat-template variables over the pinned ones (enable_thinking=false, "
+                "date_string='26 Jul 2024'), e.g. {\"enable_thinking\": true}"})
     dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
 
@@ -36,6 +40,7 @@ def niah_samples(config: NiahConfig, tokenizer) -> list[niah.NiahSample]:
     """The grid's samples, seeded per (split, length, depth, run) so any subset is reproducible."""
     if not config.lengths or not config.depths or config.runs < 1:
         raise DynheadsError("the NIAH grid is empty: give at least one length, one depth and runs >= 1")
+    template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
     samples = []
     for length in config.lengths:
         for depth in config.depths:
@@ -45,7 +50,8 @@ def niah_samples(config: NiahConfig, tokenizer) -> list[niah.NiahSample]:
                 samples.append(niah.make_sample(tokenizer, context_tokens=length, depth=depth, seed=seed,
                                                 haystack=config.haystack, sample_id=sample_id,
                                                 distractor_depth=config.distractor_depth,
-                                                distractor_prefix=config.distractor_prefix))
+                                                distractor_prefix=config.distractor_prefix,
+                                                chat_template_kwargs=template_kwargs))
     return samples
 
 
@@ -67,7 +73,8 @@ def run_niah(
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     samples = niah_samples(config, lm.tokenizer)
     run = RunDir(out)
-    run.start("niah", config, lm, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template})
+    run.start("niah", config, lm, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template,
+                                  "chat_template_kwargs": samples[0].chat_template_kwargs})
     return trace_samples(run, lm, samples, lambda sample, text: niah.score(sample.answer, text),
                          max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
                          local_window=config.local_window, desc="niah", progress=progress, on_sample=on_sample)

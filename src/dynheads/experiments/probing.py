@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from dynheads.analysis.cca import samples_from_traces
+from dynheads.analysis.cca import empty_note, samples_from_traces
 from dynheads.analysis.mlp_probe import ProbeConfig, ProbeResult, split_by_sample, train_probe
 from dynheads.errors import DynheadsError
 from dynheads.experiments.analyses import check_score, load_run, model_name
@@ -53,8 +53,9 @@ def train_probe_on_run(run_dir: str | Path, config: ProbeConfig | None = None, *
     config = config or ProbeConfig()
     task = "binary" if check_score(score) == "copy" else "continuous"
     start = time.perf_counter()
-    result = train_probe(samples_from_traces(traces, score), config, task=task, shape=traces[0].shape,
-                         progress=progress, device=device)
+    samples = samples_from_traces(traces, score)  # leaves out traces with no generated token
+    counts = {"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)}
+    result = train_probe(samples, config, task=task, shape=traces[0].shape, progress=progress, device=device)
     seconds = time.perf_counter() - start
     out = Path(out_dir) if out_dir else run.path / "probe"
     result.save(out)
@@ -64,13 +65,16 @@ def train_probe_on_run(run_dir: str | Path, config: ProbeConfig | None = None, *
             f"{model_name(run)}: frequency baseline (ours)": result.metrics["baseline"],
             **{f"{name} (paper, {'Table 2' if task == 'binary' else 'Table 3'})": row for name, row in paper.items()}}
     epochs = len(result.history)
-    summary = (f"# MLP probe on {run.path}\n\n{score} scores ({task}); {len(traces)} samples split by sample into "
+    summary = (f"# MLP probe on {run.path}\n\n"
+               + (f"{empty_note(counts)}\n" if counts["empty_samples_skipped"] else "") +
+               f"{score} scores ({task}); {len(samples)} samples split by sample into "
                f"{result.metrics['split_pairs']} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
                f"{config.epochs} epochs (best {result.metrics['best_epoch']}), trained in {seconds:.0f} s on {device}."
                + (f" Decision threshold {result.metrics['threshold']:.4f} (probe), "
                   f"{result.metrics['baseline_threshold']:.4f} (baseline)." if task == "binary" else ""))
     write_text(out / "metrics.md", f"{summary}\n\n{metrics_markdown(rows, task)}")
     write_json(out / "metrics.json", {"run": str(run.path), "score": score, "task": task, "epochs_run": epochs,
+                                      **counts,
                                       "train_seconds": seconds, **result.metrics, "paper": paper})
     return result
 

@@ -253,7 +253,7 @@ def hotpot_streams(preset: Preset) -> dict[str, QuestionStream]:
 
 def _best_samples(run_dir: Path, count: int, metric: str = "accuracy") -> list[str]:
     """Samples worth a heat map: the longest generations among those that got the answer (if any did)."""
-    records = RunDir(run_dir).records()
+    records = [r for r in RunDir(run_dir).records() if r["steps"]]  # an empty trace (EOS first) has no map
     ranked = sorted(records, key=lambda r: (-r["metrics"].get(metric, 0), -r["steps"], r["sample_id"]))
     return [r["sample_id"] for r in ranked[:count]]
 

@@ -81,9 +81,18 @@ class _Answerer:
         return self.session.forward(len(tail))
 
     def generate(self, visible: np.ndarray | None, limit: int, *, sentence: bool) -> tuple[list[int], list, list]:
-        """Greedy tokens after the answer so far; returns tokens, entropies and last-layer rows per token."""
+        """Greedy tokens after the answer so far; returns tokens, entropies and last-layer rows.
+
+        ``rows[j]`` (``[H, positions]``) is the row of the query that predicted token ``j``, i.e. of the
+        position before it; when the loop ran the last token through the model (budget or EOS reached, not
+        a sentence end) one more row follows: the last token's own query, so it too receives attention.
+        """
         last_layer = self.lm.num_layers - 1
         rows_for = {(last_layer, h) for h in range(self.lm.num_heads)}
+
+        def last_layer_rows(step) -> torch.Tensor:
+            return torch.stack([step.stats.rows[(last_layer, h)] for h in range(self.lm.num_heads)])
+
         step = self.read(visible, rows_for)
         tokens, entropies, rows = [], [], []
         for _ in range(limit):
@@ -93,20 +102,26 @@ class _Answerer:
                 break
             log_probs = torch.log_softmax(step.logits, dim=-1)
             entropies.append(float(-(log_probs.exp() * log_probs).sum()))
-            rows.append(torch.stack([step.stats.rows[(last_layer, h)] for h in range(self.lm.num_heads)]))
+            rows.append(last_layer_rows(step))
             tokens.append(token)
             if sentence and _SENTENCE_END.search(self.lm.tokenizer.decode(tokens)):
-                break
+                return tokens, entropies, rows
             self.session.append(token)
             step = self.session.forward(1)
+        if tokens:  # ``step`` read the last token: its query row is the last one the draft gives
+            rows.append(last_layer_rows(step))
         return tokens, entropies, rows
 
-    def received_attention(self, rows: list[torch.Tensor], first: int) -> np.ndarray:
-        """``[H, T]``: for each drafted token, the largest last-layer attention a later drafted token gives it."""
-        count = len(rows)
+    def received_attention(self, rows: list[torch.Tensor], first: int, count: int) -> np.ndarray:
+        """``[H, T]``: for each drafted token, the largest last-layer attention it receives from a drafted query.
+
+        The queries are the drafted tokens themselves (``rows[1:]``: row ``j`` is the query at drafted token
+        ``j - 1``), up to and including the last one, each seeing the drafted keys up to its own position.
+        """
         received = np.zeros((self.lm.num_heads, count), dtype=np.float64)
-        for j in range(1, count):
-            received[:, :j] = np.maximum(received[:, :j], rows[j][:, first : first + j].cpu().numpy())
+        for j in range(1, len(rows)):
+            seen = min(j, count)
+            received[:, :seen] = np.maximum(received[:, :seen], rows[j][:, first : first + seen].cpu().numpy())
         return received
 
 
@@ -134,7 +149,7 @@ def answer_question(
             break
         can_retrieve = selector.needs_heads and len(used_heads) < settings.max_retrievals
         texts = [lm.tokenizer.decode([t]) for t in draft]
-        result = rind(texts, np.array(entropies), state.received_attention(rows, first), settings.trigger) \
+        result = rind(texts, np.array(entropies), state.received_attention(rows, first, len(draft)), settings.trigger) \
             if can_retrieve else None
         if result is None or not result.triggered:
             state.answer += draft

@@ -47,8 +47,9 @@ class TriggerConfig:
     threshold: float = field(
         default=1.4,
         metadata={
-            "help": "θ: retrieve when a content word's score exceeds it. 1.4 is DRAGIN's value in its "
-            "HotpotQA configs (Llama2-7b/13b-chat, Vicuna-13b); the paper does not state its θ."
+            "help": "θ: retrieve when a content word's score exceeds it. 1.4 is the HotpotQA value in DRAGIN's "
+            "paper (Su et al. 2024, Table 9, for its Llama2/Vicuna models); the paper we reproduce does not "
+            "state its θ. Uncalibrated here: our attention source (last-layer rows of this model) differs."
         },
     )
     form: TriggerForm = field(

@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 
 from dynheads.runs import RunDir
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
 from dynheads.traces import ScoreKind, Trace
 
-REASONING_THRESHOLD = 0.1  # Eq. 2 score above which a head retrieves (the dynamism default)
+REASONING_THRESHOLD = DEFAULT_REASONING_THRESHOLD  # Eq. 2 threshold of a retrieving head (the dynamism default)
 
 
-def step_view(run_dir: str | Path, label: str, score: ScoreKind, *, threshold: float = REASONING_THRESHOLD,
+def step_view(run_dir: str | Path, label: str, score: ScoreKind, *, threshold: str | float = REASONING_THRESHOLD,
               max_samples: int = 40, max_steps: int = 64, max_heads: int = 24) -> dict[str, Any]:
     """The per-step view of one traced run: ``{"label", "score", "threshold", "total_samples", "samples"}``."""
     run = RunDir(run_dir)
@@ -36,7 +37,7 @@ def step_view(run_dir: str | Path, label: str, score: ScoreKind, *, threshold: f
     chosen = _spread(records, max_samples)
     samples = [_sample(record, run.load_trace(record["sample_id"]), score, threshold, max_steps, max_heads)
                for record in chosen]
-    return {"label": label, "score": score, "threshold": threshold if score == "reasoning" else None,
+    return {"label": label, "score": score, "threshold": str(threshold) if score == "reasoning" else None,
             "total_samples": len(records), "samples": samples}
 
 
@@ -47,13 +48,14 @@ def _spread(records: Sequence[dict], count: int) -> list[dict]:
     return [records[i] for i in np.unique(np.linspace(0, len(records) - 1, count).round().astype(int))]
 
 
-def _sample(record: dict, trace: Trace, score: ScoreKind, threshold: float, max_steps: int,
+def _sample(record: dict, trace: Trace, score: ScoreKind, threshold: str | float, max_steps: int,
             max_heads: int) -> dict[str, Any]:
     layers, heads = trace.shape
     if score == "copy":
         active, values = trace.copy_scores, np.nan_to_num(trace.max_prob)
     else:  # NaN scores (an empty Eq. 2 denominator) are never active
-        active, values = trace.reasoning_scores > threshold, np.nan_to_num(trace.reasoning_scores)
+        active = ReasoningThreshold.parse(threshold).active(trace.reasoning_scores, trace.chance)
+        values = np.nan_to_num(trace.reasoning_scores)
     steps = []
     for step in range(min(trace.num_steps, max_steps)):
         found = np.argwhere(active[step])  # [n, 2] (layer, head)

@@ -28,7 +28,7 @@ import random
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -352,6 +352,7 @@ class HotpotSample(SampleRecord):
     seed: int
     prompt_template: str  # "chat" or "plain"
     meta: dict = field(default_factory=dict)
+    chat_template_kwargs: dict = field(default_factory=dict)  # template variables the prompt was rendered with
 
 
 class GoldTooLong(DynheadsError):
@@ -375,6 +376,7 @@ def make_sample(
     seed: int,
     distractors: Sequence[tuple[str, Sequence[str]]] | None = None,
     sample_id: str | None = None,
+    chat_template_kwargs: Mapping[str, object] | None = None,
 ) -> HotpotSample:
     """Build one seeded sample: gold paragraphs at ``depth`` (0..1) in a context of about ``context_tokens``.
 
@@ -415,7 +417,7 @@ def make_sample(
     paragraphs = [p for p, _ in chosen[:at]] + gold + [p for p, _ in chosen[at:]]
     return _build(tokenizer, record, paragraphs, at, context_tokens=context_tokens, depth=depth, seed=seed,
                   sample_id=sample_id or f"{record.id}-len{context_tokens}-depth{depth:g}-seed{seed}",
-                  from_pool=sum(p not in own for p, _ in chosen))
+                  from_pool=sum(p not in own for p, _ in chosen), chat_template_kwargs=chat_template_kwargs)
 
 
 def _checked_pool(distractors: Sequence[tuple[str, Sequence[str]]], used: set[str]) -> list[Paragraph]:
@@ -442,11 +444,13 @@ def _gold_index(sizes: list[int], depth: float) -> int:
 def _build(
     tokenizer: PreTrainedTokenizerBase, record: HotpotRecord, paragraphs: list[Paragraph], gold_at: int, *,
     context_tokens: int, depth: float, seed: int, sample_id: str, from_pool: int,
+    chat_template_kwargs: Mapping[str, object] | None = None,
 ) -> HotpotSample:
     """Render the prompt once and find each supporting sentence from its known offset in its own paragraph."""
     rendered = [render_paragraph(p) for p in paragraphs]
     context = PARAGRAPH_SEPARATOR.join(rendered)
-    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=record.question))
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=record.question),
+                         chat_template_kwargs)
     base, context_stop = locate(prompt, context, what="context")
     context_positions = token_span(prompt, base, context_stop)
     starts = {}  # paragraph title -> character offset of its rendered text in the prompt
@@ -477,6 +481,7 @@ def _build(
         depth=depth,
         seed=seed,
         prompt_template=prompt.template,
+        chat_template_kwargs=prompt.template_kwargs,
         meta={
             "context_tokens_actual": len(tokenizer(context, add_special_tokens=False)["input_ids"]),
             "paragraph_titles": [title for title, _ in paragraphs],

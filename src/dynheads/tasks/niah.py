@@ -18,6 +18,7 @@ import importlib.util
 import random
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -54,6 +55,7 @@ class NiahSample(SampleRecord):
     seed: int
     prompt_template: str  # "chat" or "plain"
     meta: dict = field(default_factory=dict)
+    chat_template_kwargs: dict = field(default_factory=dict)  # template variables the prompt was rendered with
 
 
 def default_haystack_dir() -> Path:
@@ -95,6 +97,7 @@ def make_sample(
     sample_id: str | None = None,
     distractor_depth: float | None = None,
     distractor_prefix: int = 8,
+    chat_template_kwargs: Mapping[str, object] | None = None,
 ) -> NiahSample:
     """Build one seeded NIAH sample of ``context_tokens`` haystack tokens with the needle at ``depth`` (0..1).
 
@@ -125,7 +128,8 @@ def make_sample(
         text = text[:cut] + " " + sentence + " " + text[cut:].lstrip()
     haystack_text = text.strip()
 
-    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(haystack=haystack_text, question=QUESTION))
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(haystack=haystack_text, question=QUESTION),
+                         chat_template_kwargs)
     start, stop = locate(prompt, needle)
     positions = token_span(prompt, start, stop)
     check_span_keeps(tokenizer, prompt.input_ids, positions, answer, "needle")
@@ -145,6 +149,7 @@ def make_sample(
         seed=seed,
         prompt_template=prompt.template,
         meta=meta,
+        chat_template_kwargs=prompt.template_kwargs,
     )
 
 

@@ -3,16 +3,41 @@
 Spans are found from character offsets of the fully rendered prompt (the tokenizer's offset mapping), never
 by matching token sets, and the prompt is tokenised exactly once: the token indices we report are the ones
 the model sees.
+
+Chat templates read variables besides the messages; the ones that change the prompt are pinned
+(``PINNED_TEMPLATE_VARIABLES``) so a run never depends on the template's defaults or on the day it runs:
+Qwen3 templates think by default (answers start with ``<think>``), Llama 3.x templates stamp today's date.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
+
+# Template variables passed to every chat template (templates ignore the ones they do not use):
+# - enable_thinking=False: Qwen3 templates otherwise open a <think> block (EM/F1 silently 0, budget spent thinking);
+# - date_string: Llama 3.x templates otherwise stamp today's date, so a run resumed another day mixes prompts.
+#   "26 Jul 2024" is the date Llama 3.1's own template falls back to, so its prompts stay the published ones.
+PINNED_TEMPLATE_VARIABLES: dict[str, object] = {"enable_thinking": False, "date_string": "26 Jul 2024"}
+
+
+def chat_template_kwargs(overrides: str | Mapping[str, object] | None = None) -> dict[str, object]:
+    """The pinned template variables updated with ``overrides`` (a JSON object as text, or a mapping)."""
+    if isinstance(overrides, str):
+        try:
+            overrides = json.loads(overrides) if overrides.strip() else {}
+        except json.JSONDecodeError as error:
+            raise DynheadsError(f"chat template kwargs must be a JSON object; cannot read {overrides!r}: {error}"
+                                ) from None
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise DynheadsError(f"chat template kwargs must be a JSON object such as "
+                            f"'{{\"enable_thinking\": true}}', got {overrides!r}")
+    return {**PINNED_TEMPLATE_VARIABLES, **dict(overrides or {})}
 
 
 @dataclass(frozen=True)
@@ -21,24 +46,31 @@ class RenderedPrompt:
     input_ids: list[int]
     offsets: list[tuple[int, int]]  # character span of each token in ``text``
     template: str  # "chat" when the tokenizer's chat template was used, else "plain"
+    template_kwargs: dict = field(default_factory=dict)  # variables given to the chat template ({} for plain)
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, system: str, user: str) -> RenderedPrompt:
-    """Render system + user turns with the chat template (plain text when the model has none) and tokenise."""
+def render_chat(tokenizer: PreTrainedTokenizerBase, system: str, user: str,
+                template_kwargs: Mapping[str, object] | None = None) -> RenderedPrompt:
+    """Render system + user turns with the chat template (plain text when the model has none) and tokenise.
+
+    ``template_kwargs``: template variables (None = ``PINNED_TEMPLATE_VARIABLES``).
+    """
+    variables = chat_template_kwargs(template_kwargs)
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **variables)
         except Exception:  # some templates (Gemma 2) refuse a system turn: fold it into the user turn
             messages = [{"role": "user", "content": f"{system}\n\n{user}"}]
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **variables)
         template, special = "chat", False  # the template already holds BOS and turn markers
     else:
-        text, template, special = f"{system}\n\n{user}\n\nAnswer:", "plain", True
+        text, template, special, variables = f"{system}\n\n{user}\n\nAnswer:", "plain", True, {}
     if not getattr(tokenizer, "is_fast", False):
         raise DynheadsError("exact needle spans need a fast tokenizer (with offset mapping); this model has a slow one")
     encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
-    return RenderedPrompt(text, list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]], template)
+    return RenderedPrompt(text, list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]], template,
+                          variables)
 
 
 def token_span(prompt: RenderedPrompt, start: int, stop: int) -> list[int]:

@@ -1,0 +1,92 @@
+"""The Eq. 2 threshold that turns continuous reasoning scores into dynamic sets D_t.
+
+One option with a mode, written as text everywhere (CLI, configs, manifests):
+
+- ``"0.1"`` or ``"absolute:0.1"``: a head is active when its Eq. 2 score exceeds 0.1 (the paper's reading).
+- ``"relative:3"``: active when the score exceeds 3x *chance*, the score of a head that attends uniformly:
+  ``|needle| / |keys outside sink and local window|`` at that step (``Trace.chance``,
+  ``AttentionProbe.chance_share``). Supporting facts are 10-20 % of a 250-1000-token context, so an absolute
+  0.1 lets heads that attend uniformly count as reasoning heads; a multiple of chance does not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from dynheads.errors import DynheadsError
+
+ThresholdMode = Literal["absolute", "relative"]
+# Chosen on the embedded model, 18 synthetic HotpotQA questions (docs/hotpotqa.md, "Eq. 2 threshold").
+DEFAULT_REASONING_THRESHOLD = "relative:3"
+
+
+def chance_share(needle: Iterable[int], last_position: int, sink_size: int = 4, local_window: int = 32) -> float:
+    """Eq. 2 score of a head attending uniformly over keys ``0..last_position``: needle keys / scored keys,
+    where scored = every key but the sink and local positions that are not needle positions."""
+    needle = {int(p) for p in needle if p <= last_position}
+    excluded = set(range(min(sink_size, last_position + 1)))
+    excluded |= set(range(max(last_position - local_window + 1, 0), last_position + 1))
+    scored = last_position + 1 - len(excluded - needle)
+    return len(needle) / scored if scored > 0 else 0.0
+
+
+def chance_per_step(needle: Iterable[int], prompt_length: int, steps: int, sink_size: int = 4,
+                    local_window: int = 32) -> np.ndarray:
+    """``[steps]`` float32 chance shares of a trace: step t's query sits at position ``prompt_length - 1 + t``."""
+    needle = list(needle)
+    return np.array([chance_share(needle, prompt_length - 1 + t, sink_size, local_window) for t in range(steps)],
+                    dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class ReasoningThreshold:
+    mode: ThresholdMode
+    value: float
+
+    @classmethod
+    def parse(cls, spec: str | float | ReasoningThreshold) -> ReasoningThreshold:
+        """``0.1``, ``"0.1"``, ``"absolute:0.1"`` or ``"relative:3"``; refuses anything else in one line."""
+        if isinstance(spec, ReasoningThreshold):
+            return spec
+        text = str(spec).strip()
+        mode, sep, number = text.partition(":")
+        if not sep:
+            mode, number = "absolute", text
+        try:
+            value = float(number)
+        except ValueError:
+            value = math.nan
+        if mode not in ("absolute", "relative") or not math.isfinite(value) or value < 0:
+            raise DynheadsError(f"cannot read Eq. 2 threshold {text!r}: use a score such as 0.1 or a multiple "
+                                "of chance such as relative:3")
+        return cls(mode, value)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return f"{self.value:g}" if self.mode == "absolute" else f"relative:{self.value:g}"
+
+    def describe(self) -> str:
+        """For reports: what 'active' means under this threshold."""
+        if self.mode == "absolute":
+            return f"Eq. 2 reasoning score > {self.value:g}"
+        return f"Eq. 2 reasoning score > {self.value:g} x chance (|needle| / keys outside sink and local)"
+
+    def cutoff(self, chance: float | np.ndarray | None) -> float | np.ndarray:
+        """The score to exceed: the value itself, or value x chance (per step; ``chance [T]`` -> ``[T, 1, 1]``)."""
+        if self.mode == "absolute":
+            return self.value
+        if chance is None:
+            raise DynheadsError(f"the threshold {self} needs the per-step chance share, which this trace lacks "
+                                "(written before it was recorded): re-trace, or use an absolute threshold such as 0.1")
+        chance = np.asarray(chance, dtype=np.float64)
+        if chance.ndim == 0:  # one step (the live ablation): a plain float compares with torch tensors too
+            return self.value * float(chance)
+        return self.value * (chance[:, None, None] if chance.ndim == 1 else chance)
+
+    def active(self, scores: np.ndarray, chance: float | np.ndarray | None) -> np.ndarray:
+        """Bool D_t: ``scores [T, L, H]`` with ``chance [T]``, or one step's ``[L, H]`` with a float chance."""
+        return np.asarray(scores) > self.cutoff(chance)

@@ -1,0 +1,97 @@
+"""The Eq. 2 threshold option (absolute or relative to chance) and the per-step chance column of traces."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from dynheads.errors import DynheadsError
+from dynheads.experiments.analyses import dynamic_sets, dynamism_report
+from dynheads.io import write_json
+from dynheads.runs import RunDir
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
+from dynheads.traces import Trace
+
+
+def trace_with(scores: np.ndarray, chance: np.ndarray | None) -> Trace:
+    steps = scores.shape[0]
+    zeros = np.zeros(scores.shape, np.float32)
+    return Trace(tokens=np.arange(steps, dtype=np.int64), token_texts=["t"] * steps, text="",
+                 argmax_pos=zeros.astype(np.int32), copy_scores=zeros.astype(bool), needle_mass=zeros,
+                 reasoning_scores=scores.astype(np.float32), max_prob=zeros, hidden=np.zeros((steps, 4), np.float32),
+                 prompt_length=10, stop_reason="eos", chance=chance)
+
+
+@pytest.mark.parametrize(("text", "mode", "value", "shown"), [
+    ("0.1", "absolute", 0.1, "0.1"), (0.25, "absolute", 0.25, "0.25"), ("absolute:0.3", "absolute", 0.3, "0.3"),
+    ("relative:3", "relative", 3.0, "relative:3"), (" relative:2.5 ", "relative", 2.5, "relative:2.5")])
+def test_parse_and_print(text, mode, value, shown):
+    rule = ReasoningThreshold.parse(text)
+    assert (rule.mode, rule.value, str(rule)) == (mode, value, shown)
+    assert ReasoningThreshold.parse(str(rule)) == rule
+
+
+@pytest.mark.parametrize("text", ["relative", "rel:3", "abc", "-1", "relative:-2", "nan"])
+def test_bad_thresholds_are_refused_in_one_line(text):
+    with pytest.raises(DynheadsError, match="cannot read Eq. 2 threshold"):
+        ReasoningThreshold.parse(text)
+
+
+def test_relative_threshold_scales_with_each_steps_chance():
+    # Two steps, three heads; chance 0.15 then 0.03. A uniform head scores exactly chance.
+    scores = np.array([[[0.15, 0.2, 0.5]], [[0.03, 0.08, 0.12]]])
+    chance = np.array([0.15, 0.03])
+    absolute = ReasoningThreshold.parse("0.1").active(scores, chance)
+    relative = ReasoningThreshold.parse("relative:3").active(scores, chance)
+    assert absolute.tolist() == [[[True, True, True]], [[False, False, True]]]  # the uniform head passes at step 0
+    assert relative.tolist() == [[[False, False, True]], [[False, False, True]]]
+    assert ReasoningThreshold.parse("relative:3").active(scores[0], 0.15).tolist() == [[False, False, True]]
+
+
+def test_traces_keep_the_chance_column_and_old_files_still_load(tmp_path):
+    trace = trace_with(np.full((2, 1, 3), 0.2), np.array([0.1, 0.05], np.float32))
+    trace.save(tmp_path / "new.parquet")
+    np.testing.assert_allclose(Trace.load(tmp_path / "new.parquet").chance, [0.1, 0.05])
+    # A file written before the column existed: drop it, keep the metadata.
+    table = pq.read_table(tmp_path / "new.parquet")
+    pq.write_table(table.drop(["chance"]), tmp_path / "old.parquet")
+    old = Trace.load(tmp_path / "old.parquet")
+    assert old.chance is None and old.num_steps == 2
+    assert dynamic_sets(old, "reasoning", "0.1").sum() == 6  # absolute thresholds need no chance
+    with pytest.raises(DynheadsError, match="lacks"):
+        dynamic_sets(old, "reasoning", "relative:3")
+
+
+def test_dynamism_records_the_threshold_and_its_mode(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.start("hotpotqa", {"seed": 0}, None)
+    run.save_sample({"sample_id": "a"}, trace_with(np.array([[[0.15, 0.2, 0.5]], [[0.03, 0.08, 0.12]]]),
+                                                    np.array([0.15, 0.03], np.float32)))
+    write_json(tmp_path / "static.json", ["0-2"])
+    stats = dynamism_report(run.path, tmp_path / "static.json", score="reasoning", out_dir=tmp_path)
+    saved = json.loads((tmp_path / "dynamism.json").read_text())
+    assert saved["threshold"] == DEFAULT_REASONING_THRESHOLD == "relative:3"
+    assert stats.mean_size == 1.0
+    assert "x chance" in (tmp_path / "dynamism.md").read_text()
+    stats = dynamism_report(run.path, tmp_path / "static.json", score="reasoning", threshold="0.1", out_dir=tmp_path)
+    assert stats.mean_size == 2.0 and json.loads((tmp_path / "dynamism.json").read_text())["threshold"] == "0.1"
+
+
+def test_run_directories_recompute_chance_for_old_trace_files(tmp_path):
+    from dynheads.thresholds import chance_per_step
+
+    run = RunDir(tmp_path / "run")
+    run.start("hotpotqa", {"seed": 0, "sink_size": 4, "local_window": 8}, None)
+    needle = list(range(20, 30))
+    old = trace_with(np.full((2, 1, 2), 0.4), None)
+    old.prompt_length = 100
+    run.save_sample({"sample_id": "a", "needle_positions": needle}, old)
+    assert "chance" not in pq.read_table(run.trace_path("a")).column_names
+    loaded = run.load_trace("a")
+    # Queries at 99 and 100; the manifest's local window (8, not the default 32) decides the scored keys.
+    np.testing.assert_allclose(loaded.chance, [10 / (100 - 12), 10 / (101 - 12)], rtol=1e-6)
+    np.testing.assert_allclose(chance_per_step(needle, 100, 2, 4, 8), loaded.chance, rtol=1e-6)
+    assert dynamic_sets(loaded, "reasoning", "relative:3").sum() == 4  # 0.4 > 3 x 0.114
