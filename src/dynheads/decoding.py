@@ -70,7 +70,8 @@ class DecodingSession:
     def forward(self, num_tokens: int, *, commit: bool = True) -> StepResult:
         """Run the next ``num_tokens`` tokens of ``self.ids`` (after the cached ones) through the model."""
         start, stop = self.length, self.length + num_tokens
-        stats = self.probe.begin_forward(stop - 1)
+        self.probe.begin_forward(stop - 1)
+        stats = self.probe.sequence_stats(0)
         saved = self.checkpoint() if not commit else None
         model = self.lm.model
         hook = model.base_model.register_forward_hook(self._capture_hidden)
