@@ -88,7 +88,7 @@ class AttentionProbe:
         self._removed: dict[int, torch.Tensor] = {}
         self._needle = torch.zeros(1, 1, dtype=torch.bool, device=self.device)  # [B, positions]
         self._hidden: torch.Tensor | None = None  # bool over absolute positions (batch size 1)
-        self._key_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per kv_len, this step only
+        self._key_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per (kv_len, device), this step
         self._last_t = torch.zeros(1, dtype=torch.long, device=self.device)
         self._rows: list[dict[Head, torch.Tensor]] = [{}]
         self._new_stats()
@@ -172,21 +172,24 @@ class AttentionProbe:
         return StepStats(argmax_pos=s.argmax_pos[b], max_prob=s.max_prob[b], needle_mass=s.needle_mass[b],
                          excluded_mass=s.excluded_mass[b], total_mass=s.total_mass[b], rows=self._rows[b])
 
-    def _key_weights(self, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _key_weights(self, kv_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Offsets ``[B]`` and ``[B, kv, 2]`` float masks (needle, excluded sink/local) over this layer's keys.
 
-        Built with tensor ops once per key length and step: layers of one kind share them.
+        Built with tensor ops once per key length, device (``device_map`` spreads layers) and step: layers
+        of one kind share them. Pad keys map to negative positions: never needle, never excluded.
         """
-        if kv_len not in self._key_cache:
-            offsets = self._last_t - (kv_len - 1)  # [B]
-            positions = offsets[:, None] + torch.arange(kv_len, device=self.device)  # [B, kv] absolute
-            real = positions >= 0  # left pads of sliding layers map below 0 or are masked (probability 0)
+        key = (kv_len, device)
+        if key not in self._key_cache:
+            last = self._last_t.to(device)
+            offsets = last - (kv_len - 1)  # [B]
+            positions = offsets[:, None] + torch.arange(kv_len, device=device)  # [B, kv] absolute
+            real = positions >= 0
             size = self._needle.shape[1]
-            needle = self._needle.gather(1, positions.clamp(0, size - 1)) & real & (positions < size)
-            first_local = (self._last_t - self.local_window + 1)[:, None]
+            needle = self._needle.to(device).gather(1, positions.clamp(0, size - 1)) & real & (positions < size)
+            first_local = (last - self.local_window + 1)[:, None]
             excluded = real & ((positions < self.sink_size) | (positions >= first_local)) & ~needle
-            self._key_cache[kv_len] = (offsets, torch.stack([needle, excluded], dim=-1).float())
-        return self._key_cache[kv_len]
+            self._key_cache[key] = (offsets, torch.stack([needle, excluded], dim=-1).float())
+        return self._key_cache[key]
 
     def _hidden_keys(self, kv_len: int, offset: int) -> torch.Tensor | None:
         if self._hidden is None:
@@ -239,6 +242,7 @@ def probe_attention(
 
     removed = probe._removed.get(layer)
     if removed is not None:
+        removed = removed.to(output.device)
         if probe.ablate_from is not None and batch != 1:
             raise DynheadsError("ablating earlier query positions (ablate_from) needs batch size 1")
         first_position = probe.last_positions[0] - q_len + 1
@@ -332,7 +336,7 @@ def _uniform_output(value, groups, heads, q_len, key_weight, kwargs) -> torch.Te
 def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int) -> None:
     """Reduce the ``[B, H, kv]`` fp32 rows of one layer into the step statistics (pad keys have probability 0)."""
     stats = probe.stats
-    offsets, weights = probe._key_weights(kv_len)
+    offsets, weights = probe._key_weights(kv_len, probs.device)
     max_prob, argmax = probs.max(dim=-1)
     stats.argmax_pos[:, layer] = argmax + offsets[:, None]
     stats.max_prob[:, layer] = max_prob

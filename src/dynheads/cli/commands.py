@@ -9,10 +9,13 @@ import typer
 
 from dynheads.cli.app import app
 from dynheads.config import build_config, parse_list
+from dynheads.distributed import is_main
 
 Opt = typer.Option
 ConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with settings; flags override it")]
 Model = Annotated[str | None, Opt("--model", help="hub id, local folder or .gguf file (default: embedded SmolLM2)")]
+BatchSize = Annotated[int, Opt("--batch-size", help="samples decoded together (1 = reference path; same results)")]
+DeviceMap = Annotated[str | None, Opt("--device-map", help="spread a large model over GPUs, e.g. auto")]
 
 
 @app.command()
@@ -26,6 +29,8 @@ def niah(
     max_new_tokens: Annotated[int | None, Opt(help="generation budget per sample")] = None,
     haystack: Annotated[str | None, Opt(help="folder of .txt files (default: Paul Graham essays)")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    batch_size: BatchSize = 1,
+    device_map: DeviceMap = None,
     config: ConfigFile = None,
 ) -> None:
     """Trace greedy generation on a Needle-in-a-Haystack grid, scoring every head at every step."""
@@ -35,7 +40,9 @@ def niah(
         NiahConfig, config, model=model, lengths=parse_list(lengths, int), depths=parse_list(depths, float),
         runs=runs, seed=seed, max_new_tokens=max_new_tokens, haystack=haystack, device=device,
     )
-    run = run_niah(cfg, out)
+    run = run_niah(cfg, out, batch_size=batch_size, device_map=device_map)
+    if not is_main():  # under torchrun / accelerate launch, rank 0 summarises
+        return
     frame = run.write_results()
     typer.echo(
         f"{len(frame)} samples in {out}: accuracy {frame['metrics.accuracy'].mean():.3f}, "
@@ -54,6 +61,8 @@ def hotpotqa(
     seed: Annotated[int | None, Opt(help="master seed")] = None,
     max_new_tokens: Annotated[int | None, Opt(help="generation budget per question")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    batch_size: BatchSize = 1,
+    device_map: DeviceMap = None,
     config: ConfigFile = None,
 ) -> None:
     """Trace multi-hop QA (HotpotQA or its synthetic stand-in), scoring every head at every step with Eq. 2."""
@@ -63,7 +72,10 @@ def hotpotqa(
         HotpotConfig, config, model=model, data=data, questions=questions, lengths=parse_list(lengths, int),
         depths=parse_list(depths, float), seed=seed, max_new_tokens=max_new_tokens, device=device,
     )
-    frame = run_hotpotqa(cfg, out).write_results()
+    run = run_hotpotqa(cfg, out, batch_size=batch_size, device_map=device_map)
+    if not is_main():
+        return
+    frame = run.write_results()
     em, f1 = frame["metrics.em"].mean(), frame["metrics.f1"].mean()
     typer.echo(f"{len(frame)} questions in {out}: EM {em:.3f}, F1 {f1:.3f}")
 
