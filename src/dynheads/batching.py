@@ -104,7 +104,10 @@ class BatchedDecoder:
 
 
 def merge_caches(lm: LoadedModel, caches: Sequence[DynamicCache], padded: int) -> DynamicCache:
-    """One left-padded ``[B, H_kv, kv, D]`` cache from batch-1 caches; ``padded``: the longest sequence."""
+    """One left-padded ``[B, H_kv, kv, D]`` cache from batch-1 caches; ``padded``: the longest sequence.
+
+    The single caches are emptied layer by layer while they are copied (they are not usable afterwards).
+    """
     merged = DynamicCache(config=lm.model.config)
     if len(merged.layers) != len(caches[0].layers):
         raise DynheadsError("this model's cache layout cannot be batched; use batch size 1")
@@ -113,6 +116,8 @@ def merge_caches(lm: LoadedModel, caches: Sequence[DynamicCache], padded: int) -
         length = max(s.keys.shape[-2] for s in singles)
         keys = torch.cat([F.pad(s.keys, (0, 0, length - s.keys.shape[-2], 0)) for s in singles])
         values = torch.cat([F.pad(s.values, (0, 0, length - s.values.shape[-2], 0)) for s in singles])
+        for single in singles:  # free as we go: peak = the B single caches + one merged layer
+            single.keys = single.values = None
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values
         if hasattr(layer, "cumulative_length"):  # sliding-window layer: tokens seen, in padded indices
