@@ -95,11 +95,11 @@ def main() -> None:
         generator = torch.Generator().manual_seed(length)
         prompts = [torch.randint(vocab, (length,), generator=generator).tolist()
                    for _ in range(max(int(b) for b in args.batch_sizes.split(",")))]
-        samples = [type("Sample", (), {"input_ids": p, "needle_positions": list(range(length // 2, length // 2 + 16))})()
-                   for p in prompts]
+        needle = list(range(length // 2, length // 2 + 16))
+        samples = [type("Sample", (), {"input_ids": p, "needle_positions": needle})() for p in prompts]
         ids = torch.tensor([prompts[0]], device=args.device)
 
-        def plain() -> None:
+        def plain(ids=ids) -> None:
             with torch.inference_mode():
                 lm.model.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                                   do_sample=False, pad_token_id=0)
@@ -108,8 +108,8 @@ def main() -> None:
             results = [measure("plain", args.device, plain)]
             for size in [int(b) for b in args.batch_sizes.split(",")]:
                 results.append(measure(f"traced_b{size}", args.device,
-                                       lambda size=size: trace_batch(lm, samples[:size], args.new_tokens,
-                                                                     stop_at_eos=False)))
+                                       lambda size=size, samples=samples: trace_batch(
+                                           lm, samples[:size], args.new_tokens, stop_at_eos=False)))
                 results[-1]["tokens_per_s"] = size * args.new_tokens / results[-1]["seconds"]
             for entry in results:
                 entry.update(context_tokens=length, round=round_, new_tokens=args.new_tokens)

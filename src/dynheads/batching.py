@@ -183,4 +183,5 @@ def trace_batch(
         active = [active[row] for row in still]
         results = decoder.step()
         tokens = torch.stack([r.logits for r in results]).argmax(-1).tolist()  # one sync per step
-    return [recorder.finish(session, reason) for recorder, session, reason in zip(recorders, sessions, stop_reasons)]
+    return [recorder.finish(session, reason)
+            for recorder, session, reason in zip(recorders, sessions, stop_reasons, strict=True)]
