@@ -97,10 +97,11 @@ def compare(length: int, size: int, singles, batched) -> dict:
     def max_diff(name: str) -> float:
         return float(max(np.abs(getattr(a, name) - getattr(b, name)).max(initial=0) for a, b in zip(singles, batched, strict=True)))
 
+    pairs = list(zip(singles, batched, strict=True))
     return {"context_tokens": length, "batch_size": size,
-            "tokens_equal": all(a.tokens.tolist() == b.tokens.tolist() for a, b in zip(singles, batched, strict=True)),
-            "argmax_equal": all(np.array_equal(a.argmax_pos, b.argmax_pos) for a, b in zip(singles, batched, strict=True)),
-            "copy_scores_equal": all(np.array_equal(a.copy_scores, b.copy_scores) for a, b in zip(singles, batched, strict=True)),
+            "tokens_equal": all(a.tokens.tolist() == b.tokens.tolist() for a, b in pairs),
+            "argmax_equal": all(np.array_equal(a.argmax_pos, b.argmax_pos) for a, b in pairs),
+            "copy_scores_equal": all(np.array_equal(a.copy_scores, b.copy_scores) for a, b in pairs),
             "needle_mass_max_diff": max_diff("needle_mass"), "max_prob_max_diff": max_diff("max_prob"),
             "hidden_max_diff": max_diff("hidden")}
 
