@@ -94,10 +94,11 @@ def main() -> None:
 
 def compare(length: int, size: int, singles, batched) -> dict:
     """Batch traces against batch-1 traces of the same samples."""
-    def max_diff(name: str) -> float:
-        return float(max(np.abs(getattr(a, name) - getattr(b, name)).max(initial=0) for a, b in zip(singles, batched, strict=True)))
-
     pairs = list(zip(singles, batched, strict=True))
+
+    def max_diff(name: str) -> float:
+        return float(max(np.abs(getattr(a, name) - getattr(b, name)).max(initial=0) for a, b in pairs))
+
     return {"context_tokens": length, "batch_size": size,
             "tokens_equal": all(a.tokens.tolist() == b.tokens.tolist() for a, b in pairs),
             "argmax_equal": all(np.array_equal(a.argmax_pos, b.argmax_pos) for a, b in pairs),
