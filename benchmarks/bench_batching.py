@@ -8,7 +8,9 @@ by a few tokens and the batch is really padded), every sample decodes exactly ``
 
 - ``tokens_per_s``: B x new tokens / wall time of ``trace_batch`` (prefill included: end to end),
 - ``decode_tokens_per_s``: B x (new tokens - 1) / time after the last prefill (the batched decode phase),
-- ``speedup`` of each relative to B=1 in the same round,
+- the same per second of process CPU time (``tokens_per_cpu_s``...): with ``OMP_NUM_THREADS=1`` this is
+  compute, robust to other jobs on a shared machine, where wall time is not,
+- ``speedup_per_*`` of each relative to B=1 (medians over rounds),
 - exactness: the batch's traces against batch-1 traces of the same samples (first round only): tokens
   equal, argmax / Eq. 1 equal, max abs difference of needle mass, max prob and hidden states.
 
@@ -45,13 +47,13 @@ def main() -> None:
     from dynheads.batching import trace_batch
     from dynheads.tasks import niah
 
-    prefill_done = [0.0]
+    prefill_done = [0.0, 0.0]  # wall clock, process CPU time
     forward = decoding.DecodingSession.forward
 
     def timed_forward(self, num_tokens, **kwargs):  # the batch-1 sessions run only the prefills
         result = forward(self, num_tokens, **kwargs)
         if num_tokens > 1:
-            prefill_done[0] = time.perf_counter()
+            prefill_done[:] = [time.perf_counter(), time.process_time()]
         return result
 
     decoding.DecodingSession.forward = timed_forward
@@ -64,15 +66,19 @@ def main() -> None:
         singles = None
         for round_ in range(args.rounds):
             for size in sizes:
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 traces = trace_batch(lm, samples[:size], args.new_tokens, stop_at_eos=False)
-                end = time.perf_counter()
+                end, cpu_end = time.perf_counter(), time.process_time()
                 total, decode = end - start, end - prefill_done[0]
+                cpu_total, cpu_decode = cpu_end - cpu_start, cpu_end - prefill_done[1]
                 rows.append({"context_tokens": length, "batch_size": size, "round": round_,
                              "prompt_tokens": [len(s.input_ids) for s in samples[:size]],
                              "new_tokens": args.new_tokens, "seconds": total, "decode_seconds": decode,
                              "tokens_per_s": size * args.new_tokens / total,
-                             "decode_tokens_per_s": size * (args.new_tokens - 1) / decode})
+                             "decode_tokens_per_s": size * (args.new_tokens - 1) / decode,
+                             "cpu_seconds": cpu_total, "decode_cpu_seconds": cpu_decode,
+                             "tokens_per_cpu_s": size * args.new_tokens / cpu_total,
+                             "decode_tokens_per_cpu_s": size * (args.new_tokens - 1) / cpu_decode})
                 print(json.dumps(rows[-1]), flush=True)
                 if size == 1:
                     singles = singles or traces
@@ -107,20 +113,23 @@ def compare(length: int, size: int, singles, batched) -> dict:
             "hidden_max_diff": max_diff("hidden")}
 
 
+KEYS = ("tokens_per_s", "decode_tokens_per_s", "tokens_per_cpu_s", "decode_tokens_per_cpu_s")
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     """Median over rounds per (context, B), with speed-ups against B=1 of the same context."""
     out = []
     for length in sorted({r["context_tokens"] for r in rows}):
         at = [r for r in rows if r["context_tokens"] == length]
         base = {k: statistics.median(r[k] for r in at if r["batch_size"] == 1)
-                for k in ("tokens_per_s", "decode_tokens_per_s")} if any(r["batch_size"] == 1 for r in at) else None
+                for k in KEYS} if any(r["batch_size"] == 1 for r in at) else None
         for size in sorted({r["batch_size"] for r in at}):
             mine = [r for r in at if r["batch_size"] == size]
             entry = {"context_tokens": length, "batch_size": size, "rounds": len(mine)}
-            for key in ("tokens_per_s", "decode_tokens_per_s"):
+            for key in KEYS:
                 entry[key] = statistics.median(r[key] for r in mine)
                 if base:
-                    entry[key.replace("tokens_per_s", "speedup")] = entry[key] / base[key]
+                    entry[key.replace("tokens_per", "speedup_per")] = entry[key] / base[key]
             out.append(entry)
     return out
 
