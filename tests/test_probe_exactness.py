@@ -195,12 +195,13 @@ def test_eq2_denominator_is_summed_from_the_kept_keys_not_by_subtraction():
     spread = torch.linspace(1.0, 3.0, len(kept), dtype=torch.float64)
     row[kept] = (spread * 3e-8 / spread.sum()).float()
     probs = row[None]  # [H=1, kv]
-    _record(probe, 0, probs, kv, 0)
+    _record(probe, 0, probs[None], kv)  # the probe reduces a batch: [B=1, H, kv]
+    stats = probe.sequence_stats(0)
     exact = float(probs.double()[0, needle].sum() / probs.double()[0, kept].sum())
-    score = float(probe.stats.reasoning_scores()[0, 0])
+    score = float(stats.reasoning_scores()[0, 0])
     assert abs(score - exact) <= 1e-5 * exact
-    difference = float(probe.stats.total_mass[0, 0] - probe.stats.excluded_mass[0, 0])
-    subtracted = float(probe.stats.needle_mass[0, 0]) / difference if difference > 0 else 0.0
+    difference = float(stats.total_mass[0, 0] - stats.excluded_mass[0, 0])
+    subtracted = float(stats.needle_mass[0, 0]) / difference if difference > 0 else 0.0
     assert abs(subtracted - exact) > 0.1 * exact  # the old denominator is wrong here
 
 

@@ -71,7 +71,8 @@ class DecodingSession:
     def forward(self, num_tokens: int, *, commit: bool = True) -> StepResult:
         """Run the next ``num_tokens`` tokens of ``self.ids`` (after the cached ones) through the model."""
         start, stop = self.length, self.length + num_tokens
-        stats = self.probe.begin_forward(stop - 1)
+        self.probe.begin_forward(stop - 1)
+        stats = self.probe.sequence_stats(0)
         saved = self.checkpoint() if not commit else None
         model = self.lm.model
         hook = model.base_model.register_forward_hook(self._capture_hidden)
@@ -108,6 +109,10 @@ class DecodingSession:
 
     def append(self, token: int) -> None:
         self.ids[self.length] = token
+
+    def chance_share(self) -> float:
+        """Eq. 2 chance share at the last position fed (also right after batched steps, which bypass the probe)."""
+        return self.probe.chance_share(last_position=self.length - 1)
 
     def copy_scores(self, stats: StepStats, predicted: int) -> torch.Tensor:
         """Eq. 1 ``[L, H]``: the argmax key is a needle token and carries the predicted token."""
@@ -147,7 +152,7 @@ class TraceRecorder:
             **_logit_stats(result.logits),
         })
         self.tokens.append(token)
-        self.chance.append(session.probe.chance_share())
+        self.chance.append(session.chance_share())
 
     def finish(self, session: DecodingSession, stop_reason: str) -> Trace:
         lm = session.lm

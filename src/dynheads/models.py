@@ -90,6 +90,8 @@ class LoadedModel:
             "max_context": self.max_context,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.device),
+            **({"device_map": {k: str(v) for k, v in self.model.hf_device_map.items()}}
+               if getattr(self.model, "hf_device_map", None) else {}),
         }
 
 
@@ -124,20 +126,23 @@ def load_model(
     *,
     dtype: torch.dtype | str = "auto",
     device: str | torch.device | None = None,
+    device_map: str | dict | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for tracing.
 
     ``name_or_path``: None for the embedded SmolLM2-135M-Instruct GGUF; a ``.gguf`` file; a local model
     folder; or a Hugging Face hub id (needs the weights in the local hub cache when offline).
     ``dtype``: "auto" keeps the checkpoint's dtype (GGUF files de-quantise to float32).
-    ``device``: defaults to CUDA when available, else CPU.
+    ``device``: defaults to CUDA when available (``cuda:$LOCAL_RANK`` under torchrun / accelerate launch),
+    else CPU. ``device_map``: spread the layers over several GPUs (e.g. "auto", through accelerate) for
+    models larger than one GPU; it replaces ``device`` and is recorded in ``describe()``.
     """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
     if name_or_path is None:
         path = embedded_gguf_path()
-        model, tokenizer, revision = _load_gguf(path, dtype)
+        model, tokenizer, revision = _load_gguf(path, dtype, device_map)
         name = EMBEDDED_NAME
     else:
         name = str(name_or_path)
@@ -145,24 +150,28 @@ def load_model(
         if path.suffix == ".gguf":
             if not path.is_file():
                 raise DynheadsError(f"GGUF file not found: {path}")
-            model, tokenizer, revision = _load_gguf(path, dtype)
+            model, tokenizer, revision = _load_gguf(path, dtype, device_map)
         elif path.exists():
             if not path.is_dir():
                 raise DynheadsError(f"{path} is neither a model folder nor a .gguf file")
-            model, tokenizer = _load_pretrained(str(path), dtype)
+            model, tokenizer = _load_pretrained(str(path), dtype, device_map)
             revision = "local"
         elif name.startswith((".", "/", "~")) or os.sep in name and name.count("/") > 1:
             raise DynheadsError(f"model path not found: {name}")
         else:
-            model, tokenizer = _load_pretrained(name, dtype)
+            model, tokenizer = _load_pretrained(name, dtype, device_map)
             revision = getattr(model.config, "_commit_hash", None) or "unknown"
-    model.to(device).eval()
+    if device_map is None:
+        model.to(device)
+    model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision)
 
 
-def _load_pretrained(source: str, dtype, **extra) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_pretrained(source: str, dtype, device_map=None, **extra) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+        if device_map is not None:
+            extra["device_map"] = device_map
         try:
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", **extra)
         except ValueError as error:  # e.g. Gemma 2 has no SDPA path; tracing uses the probe either way
@@ -179,15 +188,16 @@ def _load_pretrained(source: str, dtype, **extra) -> tuple[PreTrainedModel, PreT
     return model, tokenizer
 
 
-def _load_gguf(path: Path, dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+def _load_gguf(path: Path, dtype, device_map=None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """Load a GGUF through transformers, de-quantising once and caching the result as safetensors."""
     digest = file_sha256(path)
     cached = cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}"
     if not (cached / "config.json").is_file():
         model, tokenizer = _load_pretrained(str(path.parent), dtype, gguf_file=path.name)
         _save_atomically(model, tokenizer, cached)
-    else:
-        model, tokenizer = _load_pretrained(str(cached), dtype)
+        if device_map is None or not (cached / "config.json").is_file():
+            return model, tokenizer, f"sha256:{digest}"
+    model, tokenizer = _load_pretrained(str(cached), dtype, device_map)
     return model, tokenizer, f"sha256:{digest}"
 
 

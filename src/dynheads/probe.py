@@ -1,16 +1,15 @@
 """The attention probe: one attention function, registered with transformers, that measures and edits heads.
 
 At every forward pass it computes, for the *last query position* only, the exact eager attention row
-of every query head (fp32 softmax) and reduces it on the spot:
+of every query head (fp32 softmax) and reduces it on the spot, for each sequence of the batch:
 
 - ``argmax_pos [L, H]``: absolute position of the most-attended key (Eq. 1 needs it),
 - ``max_prob [L, H]``: the attention weight on that key,
 - ``needle_mass [L, H]``: attention mass on the needle positions,
-- ``excluded_mass [L, H]``: mass on sink/local positions that are not needle positions (Eq. 2 denominator),
-- ``context_mass [L, H]``: mass on positions before ``context_end`` (the prompt; Lookback-Lens ratios),
 - ``excluded_mass [L, H]``: mass on sink/local positions that are not needle positions,
 - ``kept_mass [L, H]``: mass on every other key, summed directly (Eq. 2 denominator; ``total - excluded`` loses
   the digits of a sink-dominated row),
+- ``context_mass [L, H]``: mass on positions before ``context_end`` (the prompt; Lookback-Lens ratios),
 - full rows for requested heads only.
 
 Memory per step is O(heads x context). The outputs of all other query positions (prefill) come from
@@ -20,11 +19,18 @@ the visible keys) and hide key positions from every head (used by in-context RAG
 
 Key indices are mapped to absolute positions with ``offset = last_position - (kv_len - 1)``: the keys a
 layer receives always end at the current token, and sliding-window caches keep only a suffix of them.
+
+Batches: sequence ``b`` has its own ``last_position`` and needle positions. Shorter sequences are
+left-padded in the KV cache; the model's attention mask hides the pad keys (probability exactly 0), and
+they map to positions that are negative or outside the window, so no statistic counts them. The needle
+and sink/local key masks of a step are built once per key length with tensor ops (no host-device sync
+inside the layers). ``StepStats`` tensors are ``[B, L, H]``; ``sequence_stats(b)`` gives the ``[L, H]``
+views of one sequence, which is what batch-1 callers use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -46,7 +52,11 @@ _active: AttentionProbe | None = None
 
 @dataclass
 class StepStats:
-    """What the probe measured at one forward pass, for its last query position. Tensors are ``[L, H]``."""
+    """What the probe measured at one forward pass, for its last query position.
+
+    Tensors are ``[L, H]`` for one sequence (``AttentionProbe.sequence_stats``) and ``[B, L, H]`` for the
+    batch (``AttentionProbe.stats``).
+    """
 
     argmax_pos: torch.Tensor  # int64, absolute key position
     max_prob: torch.Tensor  # float32
@@ -54,8 +64,8 @@ class StepStats:
     excluded_mass: torch.Tensor  # float32, mass on (sink U local) \ needle
     total_mass: torch.Tensor  # float32, sum of the row (1 up to rounding)
     kept_mass: torch.Tensor  # float32, mass outside (sink U local) \ needle, summed from the row itself
-    context_mass: torch.Tensor | None = None  # float32, mass on positions < probe.context_end (the prompt)
-    rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [kv] rows of requested heads
+    context_mass: torch.Tensor | None = None  # float32, mass on positions < the sequence's context end (prompt)
+    rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [last_position + 1] rows of requested heads
 
     def reasoning_scores(self) -> torch.Tensor:
         """Eq. 2: needle mass over the mass outside sink and local window (needle positions never excluded).
@@ -70,7 +80,7 @@ class StepStats:
 class AttentionProbe:
     """Measurement and intervention settings shared by the decoding loop and the attention function.
 
-    Positions are absolute token indices of the sequence being decoded (batch size 1).
+    Positions are absolute token indices of each sequence being decoded (batch row b = sequence b).
     """
 
     def __init__(self, num_layers: int, num_heads: int, device: torch.device | str = "cpu"):
@@ -80,22 +90,58 @@ class AttentionProbe:
         self.record = True
         self.sink_size = 4
         self.local_window = 32
-        self.last_position = 0
-        self.context_end = 0  # positions < context_end are the context (prompt); 0 = none
+        self.last_positions: list[int] = [0]  # per sequence, known on the host: no device sync needed
+        self.context_ends: list[int] = [0]  # per sequence: positions < context end are the context (prompt)
         self.rows_for: set[Head] = set()
         self.ablation_mode: AblationMode = "zero"
         # Remove heads from query positions >= this absolute position (None: only the last position).
         self.ablate_from: int | None = None
         self._removed: dict[int, torch.Tensor] = {}
-        self._needle = torch.zeros(0, dtype=torch.long)
-        self._hidden: torch.Tensor | None = None  # bool over absolute positions
-        self._index_cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._needle = torch.zeros(1, 1, dtype=torch.bool, device=self.device)  # [B, positions]
+        self._hidden: torch.Tensor | None = None  # bool over absolute positions (batch size 1)
+        self._key_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per (kv_len, device), this step
+        self._last_t = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._rows: list[dict[Head, torch.Tensor]] = [{}]
         self._new_stats()
 
     # ---- settings -------------------------------------------------------------------------------
+    @property
+    def last_position(self) -> int:
+        """The last input position of a batch-1 forward pass."""
+        return self.last_positions[0]
+
+    @property
+    def context_end(self) -> int:
+        """Batch 1: positions before it are the context (the prompt); 0 = none."""
+        return self.context_ends[0]
+
+    @context_end.setter
+    def context_end(self, position: int) -> None:
+        self.context_ends = [int(position)]
+        self._key_cache.clear()
+
+    def chance_share(self, b: int = 0, last_position: int | None = None) -> float:
+        """Eq. 2 score of a head attending uniformly: needle keys / keys outside (sink U local) minus needle.
+
+        Counted over every position up to ``last_position`` (default: sequence ``b``'s current one; full
+        attention, hidden keys are not discounted).
+        """
+        needle = self._needle[b].nonzero().flatten().tolist()
+        last = self.last_positions[b] if last_position is None else last_position
+        return chance_share(needle, last, self.sink_size, self.local_window)
+
     def set_needle(self, positions: Iterable[int]) -> None:
-        self._needle = torch.as_tensor(sorted(set(int(p) for p in positions)), dtype=torch.long)
-        self._index_cache.clear()
+        self.set_needles([positions])
+
+    def set_needles(self, per_sequence: Sequence[Iterable[int]]) -> None:
+        """Needle positions of each sequence of the batch (absolute positions of that sequence)."""
+        lists = [sorted(set(int(p) for p in positions)) for positions in per_sequence]
+        size = max([p + 1 for positions in lists for p in positions], default=1)
+        needle = torch.zeros(len(lists), size, dtype=torch.bool)
+        for b, positions in enumerate(lists):
+            needle[b, [p for p in positions if p >= 0]] = True
+        self._needle = needle.to(self.device)
+        self._key_cache.clear()
 
     def set_removed_heads(self, heads: Iterable[Head], mode: AblationMode = "zero") -> None:
         """Heads to remove from the next forward passes (empty to restore the model)."""
@@ -127,49 +173,76 @@ class AttentionProbe:
 
     # ---- per-forward bookkeeping ------------------------------------------------------------------
     def _new_stats(self) -> None:
-        shape, dev = (self.num_layers, self.num_heads), self.device
+        shape, dev = (len(self.last_positions), self.num_layers, self.num_heads), self.device
         self.stats = StepStats(
             argmax_pos=torch.zeros(shape, dtype=torch.long, device=dev),
             max_prob=torch.zeros(shape, dtype=torch.float32, device=dev),
             needle_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
             excluded_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
             total_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
-            context_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
             kept_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
+            context_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
         )
 
-    def begin_forward(self, last_position: int) -> StepStats:
-        """Call before each forward pass with the absolute position of its last input token."""
-        self.last_position = last_position
-        self._index_cache.clear()
+    def begin_forward(self, last_position: int | Sequence[int]) -> StepStats:
+        """Call before each forward pass with the absolute position of its last input token, per sequence.
+
+        Returns the batch's ``[B, L, H]`` statistics, filled during the pass.
+        """
+        positions = [last_position] if isinstance(last_position, int) else [int(p) for p in last_position]
+        if len(positions) != self._needle.shape[0]:
+            raise DynheadsError(f"{len(positions)} sequences in the batch but needles set for {self._needle.shape[0]}")
+        self.last_positions = positions
+        self._last_t = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
+        self._key_cache.clear()
+        self._rows = [{} for _ in positions]
         self._new_stats()
         return self.stats
 
-    def chance_share(self) -> float:
-        """Eq. 2 score of a head attending uniformly: needle keys / keys outside (sink U local) minus needle.
+    def sequence_stats(self, b: int = 0) -> StepStats:
+        """Sequence ``b``'s ``[L, H]`` statistics of the current pass (views of the batch tensors)."""
+        s = self.stats
+        return StepStats(argmax_pos=s.argmax_pos[b], max_prob=s.max_prob[b], needle_mass=s.needle_mass[b],
+                         excluded_mass=s.excluded_mass[b], total_mass=s.total_mass[b], kept_mass=s.kept_mass[b],
+                         context_mass=s.context_mass[b], rows=self._rows[b])
 
-        Counted over every position up to the current one (full attention; hidden keys are not discounted).
+    def _key_weights(self, kv_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Offsets ``[B]`` and ``[B, kv, 4]`` float masks over this layer's keys: needle, excluded (sink/local
+        minus needle), kept (every other real key: the Eq. 2 denominator) and context (before the context end).
+
+        Built with tensor ops once per key length, device (``device_map`` spreads layers) and step: layers
+        of one kind share them. Pad keys map to negative positions: never needle, never excluded.
         """
-        return chance_share(self._needle.tolist(), self.last_position, self.sink_size, self.local_window)
+        key = (kv_len, device)
+        if key not in self._key_cache:
+            last = self._last_t.to(device)
+            offsets = last - (kv_len - 1)  # [B]
+            positions = offsets[:, None] + torch.arange(kv_len, device=device)  # [B, kv] absolute
+            real = positions >= 0
+            size = self._needle.shape[1]
+            needle = self._needle.to(device).gather(1, positions.clamp(0, size - 1)) & real & (positions < size)
+            first_local = (last - self.local_window + 1)[:, None]
+            excluded = real & ((positions < self.sink_size) | (positions >= first_local)) & ~needle
+            ends = self._context_ends_t(device)[:, None]
+            context = real & (positions < ends)
+            masks = torch.stack([needle, excluded, real & ~excluded, context], dim=-1)
+            self._key_cache[key] = (offsets, masks.float())
+        return self._key_cache[key]
 
-    def _indices(self, kv_len: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Key indices (within this layer's keys) of the needle and of the excluded sink/local positions."""
-        key = (kv_len, offset)
-        if key not in self._index_cache:
-            needle = self._needle[(self._needle >= offset) & (self._needle < offset + kv_len)] - offset
-            first_local = self.last_position - self.local_window + 1
-            excluded = set(range(min(self.sink_size, self.last_position + 1)))
-            excluded |= set(range(max(first_local, 0), self.last_position + 1))
-            excluded -= set(self._needle.tolist())
-            excluded_idx = torch.tensor(
-                sorted(p - offset for p in excluded if offset <= p < offset + kv_len), dtype=torch.long
-            )
-            self._index_cache[key] = (needle.to(self.device), excluded_idx.to(self.device))
-        return self._index_cache[key]
+    def _context_ends_t(self, device: torch.device) -> torch.Tensor:
+        """``[B]`` context ends; one value set for a batch (e.g. the default 0) applies to every sequence."""
+        ends = self.context_ends
+        if len(ends) != len(self.last_positions):
+            if len(ends) != 1:
+                raise DynheadsError(f"{len(ends)} context ends for a batch of {len(self.last_positions)} sequences")
+            ends = ends * len(self.last_positions)
+        return torch.tensor(ends, dtype=torch.long, device=device)
 
     def _hidden_keys(self, kv_len: int, offset: int) -> torch.Tensor | None:
         if self._hidden is None:
             return None
+        if len(self.last_positions) != 1:
+            raise DynheadsError("hidden key positions need batch size 1")
         window = self._hidden[offset : offset + kv_len]
         if window.numel() < kv_len:
             window = torch.cat([window, window.new_zeros(kv_len - window.numel())])
@@ -191,14 +264,12 @@ def probe_attention(
     if probe is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     batch, num_heads, q_len, head_dim = query.shape
-    if batch != 1:
-        raise DynheadsError("the attention probe traces one sequence at a time (batch size 1)")
     num_kv, kv_len = key.shape[1], key.shape[2]
     groups = num_heads // num_kv
     scaling = head_dim**-0.5 if scaling is None else scaling
     softcap = kwargs.get("softcap")
     layer = module.layer_idx
-    offset = probe.last_position - (kv_len - 1)
+    offset = probe.last_positions[0] - (kv_len - 1)  # batch 1 (hidden keys, ablation rows)
     hidden = probe._hidden_keys(kv_len, offset)
 
     # Last query row, exactly as eager attention computes it: matmul in the model dtype, fp32 softmax.
@@ -208,7 +279,7 @@ def probe_attention(
         logits = torch.tanh(logits / softcap) * softcap
     visible = _last_row_visibility(attention_mask, hidden)
     if visible is not None:
-        logits = logits.masked_fill(~visible, float("-inf"))
+        logits = logits.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [B, H_kv, G, kv]
 
     if q_len == 1:
@@ -218,27 +289,32 @@ def probe_attention(
 
     removed = probe._removed.get(layer)
     if removed is not None:
-        first_position = probe.last_position - q_len + 1
+        removed = removed.to(output.device)
+        if probe.ablate_from is not None and batch != 1:
+            raise DynheadsError("ablating earlier query positions (ablate_from) needs batch size 1")
+        first_position = probe.last_positions[0] - q_len + 1
         start = q_len - 1 if probe.ablate_from is None else max(probe.ablate_from - first_position, 0)
         rows = slice(start, q_len)
         if probe.ablation_mode == "zero":
             output[:, removed, rows] = 0.0
         else:
-            output[:, removed, rows] = _uniform_output(value, groups, removed, q_len, hidden, kwargs)[:, :, rows]
+            key_weight = visible.float() if q_len == 1 and visible is not None else (
+                None if hidden is None else (~hidden).float()[None])
+            output[:, removed, rows] = _uniform_output(value, groups, removed, q_len, key_weight, kwargs)[:, :, rows]
 
     if probe.record:
-        _record(probe, layer, probs.reshape(num_heads, kv_len), kv_len, offset)
+        _record(probe, layer, probs.reshape(batch, num_heads, kv_len), kv_len)
     return output.transpose(1, 2).contiguous(), None
 
 
 def _last_row_visibility(mask: torch.Tensor | None, hidden: torch.Tensor | None) -> torch.Tensor | None:
-    """Bool ``[kv]`` of keys the last query may see, or None when it sees every key."""
+    """Bool ``[B or 1, kv]`` of keys the last query may see, or None when it sees every key."""
     visible = None
     if mask is not None:
-        row = mask[0, 0, -1]
+        row = mask[:, 0, -1]
         visible = row if row.dtype == torch.bool else row > torch.finfo(row.dtype).min / 2
     if hidden is not None:
-        visible = ~hidden if visible is None else visible & ~hidden
+        visible = ~hidden[None] if visible is None else visible & ~hidden
     return visible
 
 
@@ -281,46 +357,49 @@ def _causal_mask(q_len: int, kv_len: int, window: int | None, device) -> torch.T
     return mask[None, None]
 
 
-def _uniform_output(value, groups, heads, q_len, hidden, kwargs) -> torch.Tensor:
-    """``[B, len(heads), q, D]``: each query row's mean of the values it may see (causal, window, hidden)."""
+def _uniform_output(value, groups, heads, q_len, key_weight, kwargs) -> torch.Tensor:
+    """``[B, len(heads), q, D]``: each query row's mean of the values it may see (causal, window, hidden).
+
+    ``key_weight``: float ``[B or 1, kv]``, 1 for keys that may be seen (hidden keys, pads), or None for all.
+    """
     kv_heads = heads // groups
     values = value[:, kv_heads].float()  # [B, n, kv, D]
     kv_len = values.shape[2]
-    weight = torch.ones(kv_len, device=values.device) if hidden is None else (~hidden).float()
-    sums = torch.cumsum(values * weight[:, None], dim=2)
-    counts = torch.cumsum(weight, dim=0)
+    weight = torch.ones(1, kv_len, device=values.device) if key_weight is None else key_weight
+    sums = torch.cumsum(values * weight[:, None, :, None], dim=2)
+    counts = torch.cumsum(weight, dim=-1)  # [B or 1, kv]
     ends = torch.arange(kv_len - q_len, kv_len, device=values.device)
     window = kwargs.get("sliding_window")
-    total, count = sums[:, :, ends], counts[ends]
+    total, count = sums[:, :, ends], counts[:, ends]
     if window:
         starts = ends - window  # last index *outside* the window
         inside = starts >= 0
         starts = starts.clamp_min(0)
         total = total - sums[:, :, starts] * inside[None, None, :, None]
-        count = count - counts[starts] * inside
-    return (total / count.clamp_min(1)[None, None, :, None]).to(value.dtype)
+        count = count - counts[:, starts] * inside
+    return (total / count.clamp_min(1)[:, None, :, None]).to(value.dtype)
 
 
-def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int, offset: int) -> None:
-    """Reduce the ``[H, kv]`` fp32 rows of one layer into the step statistics."""
+def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int) -> None:
+    """Reduce the ``[B, H, kv]`` fp32 rows of one layer into the step statistics (pad keys have probability 0)."""
     stats = probe.stats
-    needle_idx, excluded_idx = probe._indices(kv_len, offset)
+    offsets, weights = probe._key_weights(kv_len, probs.device)
     max_prob, argmax = probs.max(dim=-1)
-    stats.argmax_pos[layer] = argmax + offset
-    stats.max_prob[layer] = max_prob
-    stats.needle_mass[layer] = probs[:, needle_idx].sum(-1)
-    stats.excluded_mass[layer] = probs[:, excluded_idx].sum(-1)
-    stats.total_mass[layer] = probs.sum(-1)
-    context_keys = min(max(probe.context_end - offset, 0), kv_len)  # sliding windows: the context's suffix
-    stats.context_mass[layer] = probs[:, :context_keys].sum(-1)
-    kept = torch.ones(kv_len, dtype=torch.bool, device=probs.device)
-    kept[excluded_idx] = False
-    stats.kept_mass[layer] = probs[:, kept].sum(-1)
+    stats.argmax_pos[:, layer] = argmax + offsets[:, None]
+    stats.max_prob[:, layer] = max_prob
+    masses = torch.bmm(probs, weights)  # [B, H, 4]: needle, excluded, kept, context
+    stats.needle_mass[:, layer] = masses[..., 0]
+    stats.excluded_mass[:, layer] = masses[..., 1]
+    stats.kept_mass[:, layer] = masses[..., 2]
+    stats.context_mass[:, layer] = masses[..., 3]
+    stats.total_mass[:, layer] = probs.sum(-1)
     for lyr, head in probe.rows_for:
         if lyr == layer:
-            row = torch.zeros(probe.last_position + 1, dtype=torch.float32, device=probs.device)
-            row[max(offset, 0) :] = probs[head, max(-offset, 0) :]
-            stats.rows[(lyr, head)] = row
+            for b, last in enumerate(probe.last_positions):
+                offset = last - (kv_len - 1)
+                row = torch.zeros(last + 1, dtype=torch.float32, device=probs.device)
+                row[max(offset, 0) :] = probs[b, head, max(-offset, 0) :]
+                probe._rows[b][(lyr, head)] = row
 
 
 def _register() -> None:

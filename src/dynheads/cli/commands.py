@@ -9,6 +9,7 @@ import typer
 
 from dynheads.cli.app import app
 from dynheads.config import build_config, parse_list
+from dynheads.distributed import is_main
 
 Opt = typer.Option
 ConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with settings; flags override it")]
@@ -18,6 +19,8 @@ ChatTemplateKwargs = Annotated[str | None, Opt(
     "--chat-template-kwargs",
     help='JSON object of chat-template variables over the pinned ones (enable_thinking false, date_string '
          '"26 Jul 2024"), e.g. \'{"enable_thinking": true}\'')]
+BatchSize = Annotated[int, Opt("--batch-size", help="samples decoded together (1 = reference path; same results)")]
+DeviceMap = Annotated[str | None, Opt("--device-map", help="spread a large model over GPUs, e.g. auto")]
 
 
 @app.command()
@@ -34,6 +37,8 @@ def niah(
     distractor_prefix: Annotated[int | None, Opt(help="characters the distractor UUID shares with the needle")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
     chat_template_kwargs: ChatTemplateKwargs = None,
+    batch_size: BatchSize = 1,
+    device_map: DeviceMap = None,
     config: ConfigFile = None,
 ) -> None:
     """Trace greedy generation on a Needle-in-a-Haystack grid, scoring every head at every step."""
@@ -45,7 +50,9 @@ def niah(
         distractor_depth=distractor_depth, distractor_prefix=distractor_prefix,
         chat_template_kwargs=chat_template_kwargs,
     )
-    run = run_niah(cfg, out)
+    run = run_niah(cfg, out, batch_size=batch_size, device_map=device_map)
+    if not is_main():  # under torchrun / accelerate launch, rank 0 summarises
+        return
     frame = run.write_results()
     typer.echo(
         f"{len(frame)} samples in {out}: accuracy {frame['metrics.accuracy'].mean():.3f}, "
@@ -66,6 +73,8 @@ def hotpotqa(
     max_new_tokens: Annotated[int | None, Opt(help="generation budget per question")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
     chat_template_kwargs: ChatTemplateKwargs = None,
+    batch_size: BatchSize = 1,
+    device_map: DeviceMap = None,
     config: ConfigFile = None,
 ) -> None:
     """Trace multi-hop QA (HotpotQA or its synthetic stand-in), scoring every head at every step with Eq. 2."""
@@ -77,7 +86,9 @@ def hotpotqa(
         depths=parse_list(depths, float), seed=seed, max_new_tokens=max_new_tokens, device=device,
         chat_template_kwargs=chat_template_kwargs,
     )
-    run = run_hotpotqa(cfg, out)
+    run = run_hotpotqa(cfg, out, batch_size=batch_size, device_map=device_map)
+    if not is_main():
+        return
     frame = run.write_results()
     em, f1 = frame["metrics.em"].mean(), frame["metrics.f1"].mean()
     skipped = run.manifest().get("skipped", {})

@@ -15,7 +15,7 @@ from itertools import product
 from pathlib import Path
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.tracing import trace_samples
+from dynheads.experiments.tracing import start_run, trace_samples
 from dynheads.io import read_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir, derive_seed
@@ -132,17 +132,20 @@ def run_hotpotqa(
     lm: LoadedModel | None = None,
     progress: bool = True,
     on_sample: Callable[[dict], None] | None = None,
+    batch_size: int = 1,
+    device_map: str | None = None,
 ) -> RunDir:
     """Trace every question into ``out`` (Eq. 2 scores per head and step); resumable."""
-    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device, device_map=device_map)
     grid = hotpot_grid(config, lm.tokenizer)
     samples = grid.samples
     prompt = {"system": hotpotqa.SYSTEM_PROMPT, "user": hotpotqa.USER_TEMPLATE,
               "paragraph": hotpotqa.PARAGRAPH_TEMPLATE,
               "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
     run = RunDir(out)
-    run.start("hotpotqa", config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template,
-                                       **grid.manifest(), "chat_template_kwargs": samples[0].chat_template_kwargs})
+    start_run(run, "hotpotqa", config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template,
+                                            **grid.manifest(), "chat_template_kwargs": samples[0].chat_template_kwargs})
     return trace_samples(run, lm, samples, lambda sample, text: hotpotqa.score(sample.answer, text),
                          max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
-                         local_window=config.local_window, desc="hotpotqa", progress=progress, on_sample=on_sample)
+                         local_window=config.local_window, desc="hotpotqa", progress=progress, on_sample=on_sample,
+                         batch_size=batch_size)

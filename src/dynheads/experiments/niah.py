@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.tracing import trace_samples
+from dynheads.experiments.tracing import start_run, trace_samples
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir, derive_seed
 from dynheads.tasks import niah
@@ -68,13 +68,16 @@ def run_niah(
     lm: LoadedModel | None = None,
     progress: bool = True,
     on_sample: Callable[[dict], None] | None = None,
+    batch_size: int = 1,
+    device_map: str | None = None,
 ) -> RunDir:
     """Trace every sample of the grid into ``out``; finished samples of an earlier attempt are skipped."""
-    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device, device_map=device_map)
     samples = niah_samples(config, lm.tokenizer)
     run = RunDir(out)
-    run.start("niah", config, lm, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template,
-                                  "chat_template_kwargs": samples[0].chat_template_kwargs})
+    start_run(run, "niah", config, lm, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template,
+                                        "chat_template_kwargs": samples[0].chat_template_kwargs})
     return trace_samples(run, lm, samples, lambda sample, text: niah.score(sample.answer, text),
                          max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
-                         local_window=config.local_window, desc="niah", progress=progress, on_sample=on_sample)
+                         local_window=config.local_window, desc="niah", progress=progress, on_sample=on_sample,
+                         batch_size=batch_size)

@@ -1,0 +1,64 @@
+"""Sharding a run over processes: ``torchrun`` with two CPU ranks (gloo) writes the same run as one process.
+
+Also the share arithmetic itself (disjoint, covering, deterministic) without a launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dynheads import distributed
+from dynheads.runs import RunDir
+
+
+def test_shares_are_disjoint_and_cover_the_samples(monkeypatch):
+    items = list(range(11))
+    shares = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        shares.append(distributed.shard(items))
+    assert sorted(sum(shares, [])) == items and shares[1] == [1, 4, 7, 10]
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(distributed.DynheadsError):
+        distributed.shard(items)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert distributed.shard(items) == items and distributed.is_main()
+
+
+def niah_args(model_dir, out) -> list[str]:
+    return ["-m", "dynheads", "niah", "--model", str(model_dir), "--lengths", "120", "--depths", "0,0.5,1",
+            "--runs", "1", "--max-new-tokens", "5", "--seed", "3", "--device", "cpu", "--out", str(out)]
+
+
+@pytest.mark.slow
+def test_two_process_torchrun_run_equals_one_process_run(tiny_model_dir, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    one = subprocess.run([sys.executable, *niah_args(tiny_model_dir, tmp_path / "one")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    two = subprocess.run([*launcher, *niah_args(tiny_model_dir, tmp_path / "two")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.count("samples in") == 1  # only rank 0 summarises
+    single, sharded = RunDir(tmp_path / "one"), RunDir(tmp_path / "two")
+    assert sharded.manifest()["processes"] == 2 and single.manifest()["processes"] == 1
+    assert sharded.manifest()["config"] == single.manifest()["config"]
+    assert [r["sample_id"] for r in sharded.records()] == [r["sample_id"] for r in single.records()]
+    assert sharded.records() == single.records() and len(single.records()) == 3
+    for record in single.records():
+        a, b = single.load_trace(record["sample_id"]), sharded.load_trace(record["sample_id"])
+        for name in ("tokens", "argmax_pos", "copy_scores", "needle_mass", "reasoning_scores", "hidden"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / "results.csv"),
+                                  pd.read_csv(tmp_path / "two" / "results.csv"))
+    assert not list((tmp_path / "two").rglob("*.tmp"))
