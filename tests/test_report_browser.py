@@ -1,5 +1,6 @@
 """report.html in real headless Chromium: no network request, no console error, every figure rendered, the first
-screen shows every verdict with its figure, and the per-step view answers a click on a token. Needs ``pip install playwright`` and Debian's ``chromium`` package."""
+screen shows every verdict with its figure, and the per-step view answers a click on a token.
+Needs ``pip install playwright`` and Debian's ``chromium`` package."""
 
 from __future__ import annotations
 

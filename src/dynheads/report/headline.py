@@ -1,8 +1,8 @@
 """The report's first screen: one card per verdict with its figure and the few numbers behind it, beside the paper.
 
 A card shows the verdict (claim, task, status), the one figure that shows the claim (the stage's own PNG; for RAG
-a bar chart of F1 per strategy drawn here into ``DIR/report-figures/``), and two to four rows "what | ours | paper". The full sentence with
-every number and the rule stays in the claim's section below the cards.
+a bar chart of F1 per strategy drawn here into ``DIR/report-figures/``), and two to four rows "what | ours |
+paper". The full sentence with every number and the rule stays in the claim's section below the cards.
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ def headline(anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy"
         rows = _correlation_rows(numbers, verdict.task)
     else:
         rows = _rag_rows(numbers)
-    figure = _rag_figure(numbers, root / "report-figures" / "rag-f1.png") if verdict.claim == claims.RAG else _stage_figure(root, anchor)
+    if verdict.claim == claims.RAG:
+        figure = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
+    else:
+        figure = _stage_figure(root, anchor)
     return Headline(anchor, verdict, figure, rows)
 
 
