@@ -83,14 +83,21 @@ def write_report(out_dir: str | Path) -> tuple[Path, Path]:
     body = build_sections(root)
     manifest = _json(root / "manifest.json") or {}
     title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
-    headlines = [headline(section.anchor, verdict, root, _ablation_metric(root, section.anchor))
-                 for section in body for verdict in section.verdicts]
+    headlines = [_headline(section.anchor, verdict, root) for section in body for verdict in section.verdicts]
     run = Section("run", "Run", _overview(manifest, _json(root / "stages.json") or {}))
     sections = [_summary(headlines, manifest), *body]  # the answer first, the run's metadata last
     md_path, html_path = root / "report.md", root / "report.html"
     write_text(md_path, _markdown(title, sections, run, root))
     write_text(html_path, _html(title, sections, run, _step_data(root)))
     return md_path, html_path
+
+
+def _headline(anchor: str, verdict: Verdict, root: Path) -> Headline:
+    """The verdict's card; a figure that cannot be read or drawn leaves the card without one, saying why."""
+    try:
+        return headline(anchor, verdict, root, _ablation_metric(root, anchor))
+    except READ_ERRORS as error:
+        return Headline(anchor, verdict, None, [], f"no figure: {error}")
 
 
 def _ablation_metric(root: Path, anchor: str) -> str:
@@ -408,7 +415,7 @@ def _card_html(card: Headline) -> str:
     verdict = card.verdict
     status = verdict.status.replace(" ", "-")
     if card.figure is None:
-        figure = '<div class="card-nofig">no figure: stage not run</div>'
+        figure = f'<div class="card-nofig">{html.escape(card.missing)}</div>'
     else:
         png = card.figure.read_bytes()
         alt = html.escape(f"{verdict.claim}, {verdict.task}")

@@ -35,12 +35,13 @@ PAPER_ABLATION = {"NIAH": {"dynamic": "≈ 0", "static": "mostly intact", "rando
 
 @dataclass(frozen=True)
 class Headline:
-    """One card: ``figure`` is a PNG file (None: the stage has none); ``rows`` are (what, ours, paper)."""
+    """One card: ``figure`` is a PNG file (None: ``missing`` says why); ``rows`` are (what, ours, paper)."""
 
     anchor: str
     verdict: Verdict
     figure: Path | None
     rows: list[tuple[str, str, str]]
+    missing: str = ""
 
 
 def headline(anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy") -> Headline:
@@ -56,17 +57,12 @@ def headline(anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy"
         rows = _rag_rows(numbers)
     if verdict.claim == claims.RAG:
         figure = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
-    else:
-        figure = _stage_figure(root, anchor)
-    return Headline(anchor, verdict, figure, rows)
-
-
-def _stage_figure(root: Path, anchor: str) -> Path | None:
-    if anchor not in FIGURES:
-        return None
-    stage, pattern = FIGURES[anchor]
-    found = sorted((root / stage).glob(pattern)) if (root / stage).is_dir() else []
-    return found[0] if found else None
+        return Headline(anchor, verdict, figure, rows, "" if figure else "no figure: no RAG results")
+    stage, pattern = FIGURES.get(anchor, ("", ""))
+    if not stage or not (root / stage).is_dir():
+        return Headline(anchor, verdict, None, rows, f"no figure: stage {stage or anchor} not run")
+    found = sorted((root / stage).glob(pattern))
+    return Headline(anchor, verdict, found[0] if found else None, rows, "" if found else f"no {pattern} in {stage}/")
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:
