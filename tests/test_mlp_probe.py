@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -109,6 +110,18 @@ def test_early_stopping_and_best_weights():
     best = result.metrics["best_epoch"]
     assert len(result.history) == best + 3 < 200
     assert result.history[best]["val_loss"] == min(h["val_loss"] for h in result.history)
+
+
+def test_early_stopping_is_on_by_default_and_0_turns_it_off():
+    assert ProbeConfig().early_stopping == 10
+    config = ProbeConfig(hidden_sizes=(16,), epochs=60, batch_size=64, lr=3e-2)
+    stopped = train_probe(binary_samples(20, 10), config, task="binary", shape=SHAPE, progress=False)
+    assert len(stopped.history) == stopped.metrics["best_epoch"] + 11 < 60
+    full = train_probe(binary_samples(20, 10), replace(config, early_stopping=0), task="binary", shape=SHAPE,
+                       progress=False)
+    assert len(full.history) == 60
+    with pytest.raises(DynheadsError, match="early_stopping must be >= 0"):
+        ProbeConfig(early_stopping=-1)
 
 
 def test_save_load_round_trip(tmp_path):

@@ -27,6 +27,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 from sklearn.decomposition import PCA
+from tqdm.auto import tqdm
 
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
@@ -244,7 +245,7 @@ def cca_offsets(samples: Sequence[Sample], offsets: Iterable[int] = range(11),
     fit_idx, test_idx = split_samples(len(samples), config.test_fraction, config.seed)
     views = {"held_out": samples, "shuffled": shuffled_pairing(samples, config.seed)}
     rows = []
-    for offset in offsets:
+    for offset in tqdm(list(offsets), desc="cca", unit="offset", leave=False):
         runs = {"in_sample": (offset_pairs(samples, offset), None)}
         for method, pairs in views.items():  # split by the sample that owns the hidden states
             runs[method] = (offset_pairs([pairs[i] for i in fit_idx], offset),

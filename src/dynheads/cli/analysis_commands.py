@@ -134,7 +134,8 @@ def probe_train(
     epochs: Annotated[int | None, Opt(help="training epochs")] = None,
     batch_size: Annotated[int | None, Opt(help="steps per batch")] = None,
     lr: Annotated[float | None, Opt(help="Adam learning rate")] = None,
-    early_stopping: Annotated[int | None, Opt(help="stop after N epochs without validation improvement")] = None,
+    early_stopping: Annotated[int | None, Opt(help="stop after N epochs without validation improvement "
+                                                   "(default 10; 0: train all epochs)")] = None,
     seed: Annotated[int | None, Opt(help="seed of split, initialisation and batch order")] = None,
     device: Annotated[str, Opt(help="cpu or cuda")] = "cpu",
     out: Annotated[Path | None, Opt("--out", help="probe folder (default: RUN_DIR/probe)")] = None,

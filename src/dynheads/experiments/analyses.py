@@ -14,6 +14,7 @@ from typing import cast, get_args
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from dynheads.analysis.cca import PAPER_TOP1, CCAConfig, cca_offsets, empty_note, samples_from_traces, write_cca
 from dynheads.analysis.dynamism import (
@@ -42,7 +43,8 @@ def load_run(run_dir: str | Path) -> tuple[RunDir, list[Trace]]:
     """The run and the traces of its finished samples; refuses a folder that is not a run or has no trace."""
     run = RunDir(run_dir)
     run.manifest()  # raises if this is not a run directory
-    traces = [trace for _, trace in run.iter_traces()]
+    traces = [trace for _, trace in tqdm(run.iter_traces(), total=len(run.records()), desc="load traces",
+                                         unit="sample", leave=False)]
     if not traces:
         raise DynheadsError(f"{run.path} has no traced samples yet: run (or resume) the command that fills it")
     return run, traces
@@ -123,7 +125,7 @@ def plot_heads(run_dir: str | Path, sample_ids: Sequence[str] | None = None, *, 
         raise DynheadsError(f"{run.path} has no traced sample with generated tokens: nothing to plot")
     out, name = Path(out_dir) if out_dir else run.path / "plots", model_name(run)
     paths = []
-    for sample_id, trace in chosen:
+    for sample_id, trace in tqdm(chosen, desc="plot heads", unit="figure", leave=False):
         path = out / f"heads-{sample_id}.png"
         plot_head_dynamics(score_array(trace, score), trace.token_texts, path, top=top,
                            title=f"{name}: {sample_id} ({score} score, top-{top} most varying heads)")

