@@ -27,7 +27,8 @@ Device = Annotated[str | None, Opt(help="cpu or cuda")]
 Task = Annotated[str | None, Opt(help="niah (Eq. 1) or hotpotqa (Eq. 2 above --threshold)")]
 Threshold = Annotated[float | None, Opt(help="hotpotqa: Eq. 2 score above which a head is dynamic")]
 Questions = Annotated[int | None, Opt(help="hotpotqa: questions spread over the grid")]
-Data = Annotated[str | None, Opt(help="hotpotqa: data file (default: synthetic questions)")]
+Data = Annotated[str | None, Opt(
+    help="hotpotqa: data file (default: synthetic questions); multihop[:hops=2,...]: the multihop task")]
 
 
 @app.command()

@@ -1,9 +1,14 @@
-"""Trace HotpotQA questions (real data from a file, or the seeded synthetic set) over a length x depth grid."""
+"""Trace HotpotQA questions (real data from a file, or the seeded synthetic set) over a length x depth grid.
+
+``hotpot_samples`` is the one place that turns a ``data`` value into QA questions: a HotpotQA file/folder,
+None (synthetic HotpotQA), or ``multihop[:options]`` (the synthetic multi-hop key-value task,
+``dynheads.tasks.multihop``). Every HotpotQA-side runner (tracing, ablation, RAG) reads its questions here.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import product
 from pathlib import Path
 
@@ -11,13 +16,14 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.tracing import trace_samples
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir, derive_seed
-from dynheads.tasks import hotpotqa
+from dynheads.tasks import hotpotqa, multihop
 
 
 @dataclass(frozen=True)
 class HotpotConfig:
     model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    data: str | None = field(default=None, metadata={"help": "HotpotQA file/folder; None = synthetic questions"})
+    data: str | None = field(default=None, metadata={
+        "help": "HotpotQA file/folder; None = synthetic questions; multihop[:options] = the multihop task"})
     questions: int = field(default=45, metadata={"help": "questions used (the first N of the data)"})
     lengths: tuple[int, ...] = field(default=(250, 500, 1000), metadata={"help": "context tokens"})
     depths: tuple[float, ...] = field(default=(0.05, 0.5, 0.95), metadata={"help": "gold paragraphs' depth, 0..1"})
@@ -39,6 +45,9 @@ def load_records(config: HotpotConfig) -> list[hotpotqa.HotpotRecord]:
 
 def hotpot_samples(config: HotpotConfig, tokenizer) -> list[hotpotqa.HotpotSample]:
     """Question i goes to grid cell i mod (lengths x depths), so every cell gets questions of every type."""
+    if multihop.is_source(config.data):
+        return multihop.grid_samples(tokenizer, questions=config.questions, lengths=config.lengths,
+                                     depths=config.depths, seed=config.seed, form=multihop.parse_source(config.data))
     cells = list(product(config.lengths, config.depths))
     if not cells or config.questions < 1:
         raise DynheadsError("the HotpotQA grid is empty: give at least one length, one depth and questions >= 1")
@@ -68,8 +77,13 @@ def run_hotpotqa(
     prompt = {"system": hotpotqa.SYSTEM_PROMPT, "user": hotpotqa.USER_TEMPLATE,
               "paragraph": hotpotqa.PARAGRAPH_TEMPLATE,
               "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
+    task_score = hotpotqa.score
+    if multihop.is_source(config.data):
+        prompt = {"system": multihop.SYSTEM_PROMPT, "user": multihop.USER_TEMPLATE, "data": config.data,
+                  "form": asdict(multihop.parse_source(config.data))}
+        task_score = multihop.score
     run = RunDir(out)
     run.start("hotpotqa", config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template})
-    return trace_samples(run, lm, samples, lambda sample, text: hotpotqa.score(sample.answer, text),
+    return trace_samples(run, lm, samples, lambda sample, text: task_score(sample.answer, text),
                          max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
                          local_window=config.local_window, desc="hotpotqa", progress=progress, on_sample=on_sample)
