@@ -1,8 +1,8 @@
 """Calibrate the multihop task on a model: full-context vs context-hidden EM / accuracy per question form.
 
-"hidden" is the RAG ``none`` strategy: the same prompt, with every context token masked out of attention
-(``rag.loop.answer_question``); "full" is its ``full-context`` strategy. One JSON line per form is appended
-to ``--out``; the markdown table is printed at the end.
+"full": greedy decoding (``model.generate``) of the task prompt. "hidden": the same prompt with the context
+left out (the question alone, closed book). Generations are scored by ``multihop.score``. One JSON line per
+form is appended to ``--out``; the markdown table is printed at the end.
 
     OMP_NUM_THREADS=1 python benchmarks/calibrate_multihop.py --questions 50 --length 1000 \
         --form hops=2,distractors=6,value=number --form hops=1,distractors=6,value=number --out calib.jsonl
@@ -15,11 +15,18 @@ import json
 import time
 
 import numpy as np
+import torch
 
 from dynheads.models import load_model
-from dynheads.rag.loop import RagSettings, answer_question
-from dynheads.rag.strategies import HeadSelector
 from dynheads.tasks import multihop
+from dynheads.tasks.prompting import render_chat
+
+
+def greedy(lm, input_ids: list[int], max_new_tokens: int) -> str:
+    with torch.no_grad():
+        out = lm.model.generate(torch.tensor([input_ids], device=lm.device), max_new_tokens=max_new_tokens,
+                                do_sample=False)
+    return lm.tokenizer.decode(out[0, len(input_ids):], skip_special_tokens=True)
 
 
 def calibrate(lm, spec: str, questions: int, length: int, depths: tuple[float, ...], seed: int,
@@ -27,14 +34,15 @@ def calibrate(lm, spec: str, questions: int, length: int, depths: tuple[float, .
     form = multihop.parse_source(f"{multihop.SOURCE}:{spec}")
     samples = multihop.grid_samples(lm.tokenizer, questions=questions, lengths=(length,), depths=depths,
                                     seed=seed, form=form)
-    settings = RagSettings(max_new_tokens=max_new_tokens, draft_tokens=max_new_tokens)
     row: dict = {"form": spec, "n": len(samples), "context_tokens": length,
                  "prompt_tokens": float(np.mean([len(s.input_ids) for s in samples]))}
     start = time.perf_counter()
-    for strategy in ("full-context", "none"):
-        selector = HeadSelector(strategy, k=1, num_layers=lm.num_layers, num_heads=lm.num_heads)
-        scores = [multihop.score(s.answer, answer_question(lm, s, selector, settings).text) for s in samples]
-        name = "full" if strategy == "full-context" else "hidden"
+    closed = {s.sample_id: render_chat(lm.tokenizer, multihop.SYSTEM_PROMPT, multihop.USER_TEMPLATE.format(
+        context="", question=s.question)).input_ids for s in samples}
+    for name in ("full", "hidden"):
+        texts = [greedy(lm, s.input_ids if name == "full" else closed[s.sample_id], max_new_tokens) for s in samples]
+        scores = [multihop.score(s.answer, text) for s, text in zip(samples, texts, strict=True)]
+        row[f"{name}_examples"] = texts[:3]
         row[f"{name}_em"] = float(np.mean([s["em"] for s in scores]))
         row[f"{name}_acc"] = float(np.mean([s["accuracy"] for s in scores]))
         row[f"{name}_f1"] = float(np.mean([s["f1"] for s in scores]))
@@ -49,7 +57,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=1000)
     parser.add_argument("--depths", default="0.1,0.5,0.9")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     lm = load_model()

@@ -12,7 +12,7 @@ from dynheads import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.tasks import hotpotqa, multihop
 
-FACT = re.compile(r"The (?:code of \w+|magic word for \w+) is \w+\.")
+FACT = re.compile(r"The (?:code of the \w+ is the \w+|magic word for the \w+ is \w+)\.")
 
 
 @pytest.mark.parametrize("hops", [1, 2])
@@ -37,10 +37,10 @@ def test_supporting_spans_decode_to_exactly_the_facts(embedded, hops, value):
 def test_two_hop_chain_links_key_bridge_and_value(embedded):
     sample = multihop.make_sample(embedded.tokenizer, context_tokens=600, depth=0.2, seed=9)
     (hop1, first), (hop2, second) = sample.supporting_facts
-    key, bridge = re.fullmatch(r"The code of (\w+) is (\w+)\.", hop1).groups()
+    key, bridge = re.fullmatch(r"The code of the (\w+) is the (\w+)\.", hop1).groups()
     assert (first, second) == (1, 2)
-    assert hop2 == f"The magic word for {bridge} is {sample.answer}."
-    assert sample.question == f"What is the magic word for the code of {key}?"
+    assert hop2 == f"The magic word for the {bridge} is {sample.answer}."
+    assert sample.question == f"What is the magic word for the code of the {key}?"
     assert bridge not in sample.question and sample.type == "two-hop"
 
 
@@ -84,8 +84,11 @@ def test_grid_and_runner_dispatch(embedded):
 
 def test_score_is_official_em_f1_plus_containment():
     assert multihop.score("482913", "482913.")["em"] == 1.0
-    wordy = multihop.score("482913", "The magic word is 482913.")
+    assert multihop.score("482913", "The magic word for the code of the tiger is 482913.")["em"] == 1.0
+    assert multihop.score("482913", "The magic word for the lamp is \"482913\".")["em"] == 1.0
+    wordy = multihop.score("482913", "I think it is 482913.")
     assert wordy["em"] == 0.0 and wordy["accuracy"] == 1.0 and 0 < wordy["f1"] < 1
+    assert multihop.score("482913", "The magic word for the lamp is 129724.")["em"] == 0.0
     assert multihop.score("482913", "48291")["accuracy"] == 0.0
 
 
@@ -105,7 +108,7 @@ def test_bad_forms_are_refused(data, message):
 def test_bad_input_is_refused(embedded):
     tok = embedded.tokenizer
     with pytest.raises(DynheadsError, match="too short for"):
-        multihop.make_sample(tok, context_tokens=120, depth=0.5, seed=0)
+        multihop.make_sample(tok, context_tokens=80, depth=0.5, seed=0)
     with pytest.raises(DynheadsError, match="depth must be between"):
         multihop.make_sample(tok, context_tokens=600, depth=1.5, seed=0)
     with pytest.raises(DynheadsError, match="grid is empty"):
@@ -116,10 +119,36 @@ def test_bad_input_is_refused(embedded):
 
 def test_a_fact_lost_in_tokenisation_is_refused(tmp_path):
     # A word-level tokenizer that knows the haystack and template words but not the invented names: [UNK].
-    words = "The code of magic word for is . the cat sat".split()
+    words = "The code of magic word for is . the cat sat".split()  # no keys, no values
     backend = Tokenizer(models.WordLevel({"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
     (tmp_path / "a.txt").write_text("the cat sat . " * 200)
     with pytest.raises(DynheadsError, match="does not survive tokenisation"):
         multihop.make_sample(tok, context_tokens=300, depth=0.5, seed=0, haystack=str(tmp_path))
+
+
+def test_hotpotqa_side_runners_take_multihop_questions(tiny_model_dir, tmp_path):
+    # Plumbing on a tiny random model: tracing (Eq. 2), the ablation grid and RAG read data="multihop" unchanged.
+    from dynheads.experiments.ablation import AblationConfig, run_ablation
+    from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
+    from dynheads.experiments.rag import RagConfig, run_rag
+    from dynheads.models import load_model
+
+    lm = load_model(tiny_model_dir)
+    data = "multihop:distractors=2"
+    run = run_hotpotqa(HotpotConfig(data=data, questions=2, lengths=(300,), depths=(0.5,), max_new_tokens=2),
+                       tmp_path / "trace", lm=lm, progress=False)
+    records = run.records()
+    assert [r["type"] for r in records] == ["two-hop", "two-hop"]
+    assert {"em", "f1", "accuracy"} <= set(records[0]["metrics"]) and records[0]["needle_positions"]
+    assert run.manifest()["prompt"]["data"] == data
+    grid = AblationConfig(task="hotpotqa", data=data, questions=1, lengths=(300,), depths=(0.5,), max_new_tokens=2,
+                          strategies=("random",), model=str(tiny_model_dir))
+    ablated = run_ablation(grid, tmp_path / "ablation", lm=lm, progress=False).records()
+    assert {r["strategy"] for r in ablated} == {"none", "dynamic", "random"} and all("accuracy" in r["metrics"] for r in ablated)
+    rag = RagConfig(data=data, questions=1, lengths=(300,), strategies=("none", "full-context", "fixed-random"),
+                    ks=(2,), max_new_tokens=2, draft_tokens=2)
+    answers = run_rag(rag, tmp_path / "rag", lm=lm, progress=False).records()
+    assert sorted(r["strategy"] for r in answers) == ["fixed-random", "full-context", "none"]
+    assert all(r["type"] == "two-hop" and "accuracy" in r["metrics"] for r in answers)

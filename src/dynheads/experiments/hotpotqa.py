@@ -63,6 +63,13 @@ def hotpot_samples(config: HotpotConfig, tokenizer) -> list[hotpotqa.HotpotSampl
     return samples
 
 
+def qa_score(sample, generated: str) -> dict[str, float]:
+    """The metrics of one answer: multihop's (EM/F1 + accuracy) for its samples, HotpotQA's official EM/F1 else."""
+    if isinstance(sample, multihop.MultihopSample):
+        return multihop.score(sample.answer, generated)
+    return hotpotqa.score(sample.answer, generated)
+
+
 def run_hotpotqa(
     config: HotpotConfig,
     out: str | Path,
@@ -77,13 +84,11 @@ def run_hotpotqa(
     prompt = {"system": hotpotqa.SYSTEM_PROMPT, "user": hotpotqa.USER_TEMPLATE,
               "paragraph": hotpotqa.PARAGRAPH_TEMPLATE,
               "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
-    task_score = hotpotqa.score
     if multihop.is_source(config.data):
         prompt = {"system": multihop.SYSTEM_PROMPT, "user": multihop.USER_TEMPLATE, "data": config.data,
                   "form": asdict(multihop.parse_source(config.data))}
-        task_score = multihop.score
     run = RunDir(out)
     run.start("hotpotqa", config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template})
-    return trace_samples(run, lm, samples, lambda sample, text: task_score(sample.answer, text),
+    return trace_samples(run, lm, samples, qa_score,
                          max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
                          local_window=config.local_window, desc="hotpotqa", progress=progress, on_sample=on_sample)

@@ -15,7 +15,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
+from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples, qa_score
 from dynheads.io import write_text
 from dynheads.models import LoadedModel, load_model
 from dynheads.rag.loop import RagSettings, answer_question
@@ -104,7 +104,7 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
         run.save_sample({
             "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
             "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
-            "type": sample.type, "generated": answer.text, "metrics": hotpotqa.score(sample.answer, answer.text),
+            "type": sample.type, "generated": answer.text, "metrics": qa_score(sample, answer.text),
             "retrievals": answer.retrievals, "visible_tokens": answer.visible_tokens,
             "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
             "context_tokens": sample.context_span[1] - sample.context_span[0],

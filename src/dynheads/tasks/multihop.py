@@ -2,15 +2,16 @@
 
 Short facts are scattered through the NIAH haystack (``niah.load_haystack``)::
 
-    hop 1   "The code of Velmor is Tashkin."
-    hop 2   "The magic word for Tashkin is 482913."
-    question (two hops)  "What is the magic word for the code of Velmor?"
-    question (one hop)   "What is the magic word for Tashkin?"
+    hop 1   "The code of the tiger is the lamp."
+    hop 2   "The magic word for the lamp is 482913."
+    question (two hops)  "What is the magic word for the code of the tiger?"
+    question (one hop)   "What is the magic word for the lamp?"
 
 Distractor facts have exactly the same two forms, with other invented names and values (chains of their own),
-so a fact can only be told from a distractor by its key. Names are seeded syllable words that do not occur in
-the haystack; values are random (a 6-digit number, an invented word or 8 hex digits), so nothing can be
-guessed without the context.
+so a fact can only be told from a distractor by its key. Keys are seeded common nouns (distinct within a
+sample: a small model matches whole familiar words far better than invented names); values are random (a
+6-digit number, an invented word or 8 hex digits) that do not occur in the haystack, so nothing can be guessed
+without the context.
 
 Placement: the supporting facts sit inside a window of ``spread`` (a share of the haystack) whose position is
 ``depth`` (0: the window starts the context, 1: it ends it), in seeded order; distractors sit at seeded uniform
@@ -23,6 +24,7 @@ tokens. Samples carry every field the HotpotQA-side runners read (``HotpotSample
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Literal
@@ -41,13 +43,27 @@ USER_TEMPLATE = (
     "Context:\n{context}\n\nQuestion:\n{question}\n\n"
     "Instruction:\nAnswer with the magic word only, exactly as it is written in the document."
 )
-HOP1_TEMPLATE = "The code of {key} is {bridge}."
-HOP2_TEMPLATE = "The magic word for {bridge} is {value}."
-QUESTION_TWO_HOPS = "What is the magic word for the code of {key}?"
-QUESTION_ONE_HOP = "What is the magic word for {bridge}?"
+HOP1_TEMPLATE = "The code of the {key} is the {bridge}."
+HOP2_TEMPLATE = "The magic word for the {bridge} is {value}."
+QUESTION_TWO_HOPS = "What is the magic word for the code of the {key}?"
+QUESTION_ONE_HOP = "What is the magic word for the {bridge}?"
 
+_ECHO = re.compile(r"^(?:the\s+)?magic\s+word(?:\s+for\s+(?:the\s+)?(?:code\s+of\s+(?:the\s+)?)?[\w-]+)?"
+                   r"\s*(?:is\b|:|=)\s*", re.IGNORECASE)
 ValueFormat = Literal["number", "word", "hex"]
 VALUE_FORMATS = ("number", "word", "hex")
+# Keys and bridges: common concrete nouns (one or two tokens each), drawn without replacement within a sample.
+_NOUNS = (
+    "tiger", "lamp", "river", "violin", "carrot", "hammer", "castle", "dolphin", "pencil", "mirror", "garden",
+    "rocket", "blanket", "candle", "ladder", "pepper", "helmet", "wallet", "kettle", "saddle", "tunnel", "lemon",
+    "parrot", "compass", "anchor", "basket", "bucket", "camel", "cherry", "donkey", "eagle", "feather", "forest",
+    "giraffe", "guitar", "harbor", "island", "jacket", "kitten", "lantern", "magnet", "meadow", "needle", "onion",
+    "orange", "panda", "pillow", "pirate", "rabbit", "saucer", "shovel", "spider", "statue", "teapot", "tomato",
+    "trumpet", "turtle", "umbrella", "valley", "walrus", "whistle", "zebra", "acorn", "badger", "barrel", "beetle",
+    "button", "cactus", "canoe", "cobra", "cookie", "crayon", "falcon", "ferret", "fountain", "glacier", "goose",
+    "hippo", "iceberg", "jaguar", "koala", "lizard", "lobster", "mango", "monkey", "mustard", "octopus", "otter",
+    "peacock", "pelican", "penguin", "pumpkin", "raccoon", "salmon", "scooter", "squirrel", "tractor", "walnut",
+)
 _SYLLABLES = (
     "ba", "dor", "el", "fen", "gar", "hal", "ith", "jo", "kal", "lim", "mar", "nor", "ost", "pel", "quin",
     "ras", "sel", "tor", "ul", "ven", "wyn", "zan", "yor", "zel", "bri", "cas", "dun", "fal", "gil", "mor",
@@ -134,7 +150,7 @@ class _Chain:
 
 
 class _Names:
-    """Seeded invented words, unique within a sample and absent from the haystack."""
+    """Seeded keys (nouns) and values, unique within a sample; values (and invented words) absent from the haystack."""
 
     def __init__(self, rng: random.Random, haystack: str):
         self.rng, self.haystack, self.used = rng, haystack.lower(), set()
@@ -157,8 +173,16 @@ class _Names:
                 return value
         raise DynheadsError("cannot draw a value absent from the haystack")
 
+    def noun(self) -> str:
+        free = [noun for noun in _NOUNS if noun not in self.used]
+        if not free:
+            raise DynheadsError(f"the multihop key space ({len(_NOUNS)} nouns) is exhausted: use fewer distractors")
+        noun = self.rng.choice(free)
+        self.used.add(noun)
+        return noun
+
     def chain(self, kind: str) -> _Chain:
-        return _Chain(self.word().capitalize(), self.word().capitalize(), self.value(kind))
+        return _Chain(self.noun(), self.noun(), self.value(kind))
 
 
 def make_sample(
@@ -278,6 +302,16 @@ def grid_samples(
     return samples
 
 
+def extract_answer(generated: str) -> str:
+    """HotpotQA's extraction (first sentence), less a restated question ("The magic word for X is ...") and quotes.
+
+    Small chat models answer "The magic word for Tashkin is 482913." however they are told; the official EM
+    would call that wrong, so the restatement (never the value) is dropped before EM/F1.
+    """
+    first = hotpotqa.extract_answer(generated)
+    return _ECHO.sub("", first).strip().strip("\"'`*").strip()
+
+
 def score(answer: str, generated: str) -> dict[str, float]:
-    """HotpotQA's official EM/F1 (first sentence of the generation) plus accuracy: the value appears verbatim."""
-    return {**hotpotqa.score(answer, generated), "accuracy": float(answer in generated)}
+    """Official EM/F1 (``hotpotqa``'s normalisation) of ``extract_answer``, and accuracy: the value appears verbatim."""
+    return {**hotpotqa.score(answer, extract_answer(generated), extract=False), "accuracy": float(answer in generated)}
