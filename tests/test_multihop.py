@@ -146,7 +146,8 @@ def test_hotpotqa_side_runners_take_multihop_questions(tiny_model_dir, tmp_path)
     grid = AblationConfig(task="hotpotqa", data=data, questions=1, lengths=(300,), depths=(0.5,), max_new_tokens=2,
                           strategies=("random",), model=str(tiny_model_dir))
     ablated = run_ablation(grid, tmp_path / "ablation", lm=lm, progress=False).records()
-    assert {r["strategy"] for r in ablated} == {"none", "dynamic", "random"} and all("accuracy" in r["metrics"] for r in ablated)
+    assert {r["strategy"] for r in ablated} == {"none", "dynamic", "random"}
+    assert all("accuracy" in r["metrics"] for r in ablated)
     rag = RagConfig(data=data, questions=1, lengths=(300,), strategies=("none", "full-context", "fixed-random"),
                     ks=(2,), max_new_tokens=2, draft_tokens=2)
     answers = run_rag(rag, tmp_path / "rag", lm=lm, progress=False).records()

@@ -48,7 +48,8 @@ def hotpotqa(
     out: Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")],
     model: Model = None,
     data: Annotated[str | None, Opt(
-        help="HotpotQA JSON/JSONL file or saved dataset (default: synthetic); multihop[:hops=2,...]: multihop task")] = None,
+        help="HotpotQA JSON/JSONL file or saved dataset (default: synthetic); multihop[:hops=2,...]: multihop task"),
+    ] = None,
     questions: Annotated[int | None, Opt(help="number of questions")] = None,
     lengths: Annotated[str | None, Opt(help="context lengths in tokens, e.g. 250,500,1000")] = None,
     depths: Annotated[str | None, Opt(help="gold-paragraph depths in [0, 1], e.g. 0.05,0.5,0.95")] = None,
