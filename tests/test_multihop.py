@@ -153,3 +153,16 @@ def test_hotpotqa_side_runners_take_multihop_questions(tiny_model_dir, tmp_path)
     answers = run_rag(rag, tmp_path / "rag", lm=lm, progress=False).records()
     assert sorted(r["strategy"] for r in answers) == ["fixed-random", "full-context", "none"]
     assert all(r["type"] == "two-hop" and "accuracy" in r["metrics"] for r in answers)
+
+
+@pytest.mark.slow
+def test_embedded_model_answers_with_the_full_context(embedded):
+    # docs/multihop.md calibration: the default form is answered reliably at 1000 tokens.
+    from dynheads import trace
+
+    samples = multihop.grid_samples(embedded.tokenizer, questions=3, lengths=(1000,), depths=(0.1, 0.5, 0.9),
+                                    seed=0)
+    results = [trace(embedded, sample, max_new_tokens=24) for sample in samples]
+    scores = [multihop.score(s.answer, r.text) for s, r in zip(samples, results, strict=True)]
+    assert sum(score["em"] for score in scores) >= 2, [r.text for r in results]
+    assert all(r.reasoning_scores.shape == (r.num_steps, 30, 9) for r in results)
