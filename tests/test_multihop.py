@@ -35,7 +35,8 @@ def test_supporting_spans_decode_to_exactly_the_facts(embedded, hops, value):
 
 
 def test_two_hop_chain_links_key_bridge_and_value(embedded):
-    sample = multihop.make_sample(embedded.tokenizer, context_tokens=600, depth=0.2, seed=9)
+    form = multihop.MultihopForm(hops=2)
+    sample = multihop.make_sample(embedded.tokenizer, context_tokens=600, depth=0.2, seed=9, form=form)
     (hop1, first), (hop2, second) = sample.supporting_facts
     key, bridge = re.fullmatch(r"The code of the (\w+) is the (\w+)\.", hop1).groups()
     assert (first, second) == (1, 2)
@@ -108,7 +109,7 @@ def test_bad_forms_are_refused(data, message):
 def test_bad_input_is_refused(embedded):
     tok = embedded.tokenizer
     with pytest.raises(DynheadsError, match="too short for"):
-        multihop.make_sample(tok, context_tokens=80, depth=0.5, seed=0)
+        multihop.make_sample(tok, context_tokens=40, depth=0.5, seed=0)
     with pytest.raises(DynheadsError, match="depth must be between"):
         multihop.make_sample(tok, context_tokens=600, depth=1.5, seed=0)
     with pytest.raises(DynheadsError, match="grid is empty"):
@@ -136,7 +137,7 @@ def test_hotpotqa_side_runners_take_multihop_questions(tiny_model_dir, tmp_path)
     from dynheads.models import load_model
 
     lm = load_model(tiny_model_dir)
-    data = "multihop:distractors=2"
+    data = "multihop:hops=2,distractors=2"
     run = run_hotpotqa(HotpotConfig(data=data, questions=2, lengths=(300,), depths=(0.5,), max_new_tokens=2),
                        tmp_path / "trace", lm=lm, progress=False)
     records = run.records()
