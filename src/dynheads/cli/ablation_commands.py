@@ -29,7 +29,8 @@ Threshold = Annotated[str | None, Opt(help="hotpotqa: a head is dynamic above th
                                           "of chance (relative:3)")]
 Questions = Annotated[int | None, Opt(help="hotpotqa: questions spread over the grid")]
 First = Annotated[int | None, Opt(help="hotpotqa: index of the first question in the data")]
-Data = Annotated[str | None, Opt(help="hotpotqa: data file (default: synthetic questions)")]
+Data = Annotated[str | None, Opt(
+    help="hotpotqa: data file (default: synthetic questions); multihop[:hops=2,...]: the multihop task")]
 
 
 @app.command()

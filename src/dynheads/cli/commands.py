@@ -64,7 +64,9 @@ def niah(
 def hotpotqa(
     out: Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")],
     model: Model = None,
-    data: Annotated[str | None, Opt(help="HotpotQA JSON/JSONL file or saved dataset (default: synthetic)")] = None,
+    data: Annotated[str | None, Opt(
+        help="HotpotQA JSON/JSONL file or saved dataset (default: synthetic); multihop[:hops=2,...]: multihop task"),
+    ] = None,
     questions: Annotated[int | None, Opt(help="number of questions")] = None,
     first: First = None,
     lengths: Annotated[str | None, Opt(help="context lengths in tokens, e.g. 250,500,1000")] = None,
@@ -105,7 +107,8 @@ def rag(
     static: Annotated[str | None, Opt(help="static head list JSON, for the 'static' strategy")] = None,
     strategies: Annotated[str | None, Opt(help="dynamic,static,dynamic-random,fixed-random,none,full-context")] = None,
     k: Annotated[str | None, Opt("--k", help="heads per retrieval, e.g. 5,10,20")] = None,
-    data: Annotated[str | None, Opt(help="HotpotQA file (default: synthetic questions)")] = None,
+    data: Annotated[str | None, Opt(
+        help="HotpotQA file (default: synthetic questions); multihop[:hops=2,...]: the multihop task")] = None,
     questions: Annotated[int | None, Opt(help="number of questions")] = None,
     first: First = None,
     lengths: Annotated[str | None, Opt(help="context lengths in tokens")] = None,

@@ -39,7 +39,7 @@ from dynheads.ablation import MATCHINGS, STRATEGIES, AblationResult, AblationSet
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, refuse_static_overlap
+from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, qa_score, refuse_static_overlap
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
 from dynheads.heads import Head, check_heads, head_key, parse_head
 from dynheads.io import atomic_path, read_json, write_text
@@ -379,10 +379,10 @@ def _static_ranking(path: str, lm: LoadedModel) -> tuple[Head, ...]:
 def _result_record(sample, result: AblationResult, task: str) -> dict:
     """What every record holds: the sample's settings, the generation, its metrics and the per-step counts."""
     masked = [len(heads) for heads in result.masked]
-    score = niah.score if task == "niah" else hotpotqa.score
+    metrics = niah.score(sample.answer, result.text) if task == "niah" else qa_score(sample, result.text)
     return {**sample.describe(), "grid_sample_id": sample.sample_id, "generated": result.text,
             "stop_reason": result.stop_reason, "steps": len(result.masked),
-            "metrics": score(sample.answer, result.text), "dynamic_counts": result.dynamic_counts,
+            "metrics": metrics, "dynamic_counts": result.dynamic_counts,
             "mean_dynamic": result.mean_dynamic, "masked_counts": masked,
             "mean_masked": float(np.mean(masked)) if masked else 0.0}
 

@@ -4,13 +4,16 @@ The questions are one named stream of the source (``split``, ``first``, ``questi
 ``dynheads.tasks.questions``): the manifest records the stream and its question ids, so runs that fit
 something (static reasoning heads, probes) can be checked against runs that evaluate it. (question, cell)
 pairs whose gold paragraphs exceed the cell's length are skipped and counted in the manifest.
+``hotpot_samples`` is the one place that turns a ``data`` value into QA questions: a HotpotQA file/folder,
+None (synthetic HotpotQA), or ``multihop[:options]`` (the synthetic multi-hop key-value task,
+``dynheads.tasks.multihop``). Every HotpotQA-side runner (tracing, ablation, RAG) reads its questions here.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import product
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from dynheads.experiments.tracing import start_run, trace_samples
 from dynheads.io import read_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir, derive_seed
-from dynheads.tasks import hotpotqa
+from dynheads.tasks import hotpotqa, multihop
 from dynheads.tasks.prompting import chat_template_kwargs
 from dynheads.tasks.questions import QuestionStream, refuse_overlap
 
@@ -27,7 +30,8 @@ from dynheads.tasks.questions import QuestionStream, refuse_overlap
 @dataclass(frozen=True)
 class HotpotConfig:
     model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    data: str | None = field(default=None, metadata={"help": "HotpotQA file/folder; None = synthetic questions"})
+    data: str | None = field(default=None, metadata={
+        "help": "HotpotQA file/folder; None = synthetic questions; multihop[:options] = the multihop task"})
     questions: int = field(default=45, metadata={"help": "questions used: the stream's size"})
     first: int = field(default=0, metadata={"help": "index of the stream's first question in the data"})
     split: str = field(default="analysis", metadata={"help": "name of the question stream (recorded)"})
@@ -91,10 +95,16 @@ def hotpot_grid(config: HotpotConfig, tokenizer) -> HotpotGrid:
     if not cells:
         raise DynheadsError("the HotpotQA grid is empty: give at least one length and one depth")
     stream = config.stream()
+    template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
+    if multihop.is_source(config.data):  # generated questions: question i of the stream is seeded by i
+        samples = multihop.grid_samples(tokenizer, questions=stream.count, first=stream.first,
+                                        lengths=config.lengths, depths=config.depths, seed=config.seed,
+                                        form=multihop.parse_source(config.data),
+                                        chat_template_kwargs=template_kwargs)
+        return HotpotGrid(samples, stream, [sample.record_id for sample in samples], [])
     records = load_records(config)
     chosen = stream.take(records, config.data or "the synthetic set")
     pool = hotpotqa.paragraph_pool(records)
-    template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
     samples, skipped = [], []
     for index, record in enumerate(chosen, start=stream.first):
         length, depth = cells[index % len(cells)]
@@ -125,6 +135,13 @@ def hotpot_samples(config: HotpotConfig, tokenizer) -> list[hotpotqa.HotpotSampl
     return hotpot_grid(config, tokenizer).samples
 
 
+def qa_score(sample, generated: str) -> dict[str, float]:
+    """The metrics of one answer: multihop's (EM/F1 + accuracy) for its samples, HotpotQA's official EM/F1 else."""
+    if isinstance(sample, multihop.MultihopSample):
+        return multihop.score(sample.answer, generated)
+    return hotpotqa.score(sample.answer, generated)
+
+
 def run_hotpotqa(
     config: HotpotConfig,
     out: str | Path,
@@ -142,10 +159,13 @@ def run_hotpotqa(
     prompt = {"system": hotpotqa.SYSTEM_PROMPT, "user": hotpotqa.USER_TEMPLATE,
               "paragraph": hotpotqa.PARAGRAPH_TEMPLATE,
               "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
+    if multihop.is_source(config.data):
+        prompt = {"system": multihop.SYSTEM_PROMPT, "user": multihop.USER_TEMPLATE, "data": config.data,
+                  "form": asdict(multihop.parse_source(config.data))}
     run = RunDir(out)
     start_run(run, "hotpotqa", config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template,
                                             **grid.manifest(), "chat_template_kwargs": samples[0].chat_template_kwargs})
-    return trace_samples(run, lm, samples, lambda sample, text: hotpotqa.score(sample.answer, text),
+    return trace_samples(run, lm, samples, qa_score,
                          max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
                          local_window=config.local_window, desc="hotpotqa", progress=progress, on_sample=on_sample,
                          batch_size=batch_size)

@@ -15,7 +15,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, refuse_static_overlap
+from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, qa_score, refuse_static_overlap
 from dynheads.io import write_text
 from dynheads.models import LoadedModel, load_model
 from dynheads.rag.loop import RagSettings, answer_question
@@ -113,7 +113,7 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
         run.save_sample({
             "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
             "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
-            "type": sample.type, "generated": answer.text, "metrics": hotpotqa.score(sample.answer, answer.text),
+            "type": sample.type, "generated": answer.text, "metrics": qa_score(sample, answer.text),
             "retrievals": answer.retrievals, "visible_tokens": answer.visible_tokens,
             "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
             "context_tokens": sample.context_span[1] - sample.context_span[0], "record_id": sample.record_id,

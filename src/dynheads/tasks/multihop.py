@@ -1,0 +1,328 @@
+"""Multi-hop key-value retrieval (RULER-style multi-key / variable tracking), solvable by small models.
+
+Short facts are scattered through the NIAH haystack (``niah.load_haystack``)::
+
+    hop 1   "The code of the tiger is the lamp."
+    hop 2   "The magic word for the lamp is 482913."
+    question (two hops)  "What is the magic word for the code of the tiger?"
+    question (one hop)   "What is the magic word for the lamp?"
+
+Distractor facts have exactly the same two forms, with other invented names and values (chains of their own),
+so a fact can only be told from a distractor by its key. Keys are seeded common nouns (distinct within a
+sample: a small model matches whole familiar words far better than invented names); values are random (a
+6-digit number, an invented word or 8 hex digits) that do not occur in the haystack, so nothing can be guessed
+without the context.
+
+Placement: the supporting facts sit inside a window of ``spread`` (a share of the haystack) whose position is
+``depth`` (0: the window starts the context, 1: it ends it), in seeded order; distractors sit at seeded uniform
+depths. Every fact is moved back to the nearest sentence end, as the NIAH needle is. Length convention as NIAH:
+``context_tokens`` counts the haystack *with* every fact, in the model's tokens (the realised count is in
+``meta``). Supporting-fact token spans come from character offsets of the rendered prompt, never from matching
+tokens. Samples carry every field the HotpotQA-side runners read (``HotpotSample``'s).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from dynheads.errors import DynheadsError
+from dynheads.runs import derive_seed
+from dynheads.tasks import hotpotqa
+from dynheads.tasks.niah import _haystack_of_length, _sentence_end_before, load_haystack
+from dynheads.tasks.prompting import SampleRecord, check_span_keeps, locate, render_chat, token_span
+
+SOURCE = "multihop"  # the ``data`` value that selects this task wherever HotpotQA questions are read
+SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
+USER_TEMPLATE = (
+    "Context:\n{context}\n\nQuestion:\n{question}\n\n"
+    "Instruction:\nAnswer with the magic word only, exactly as it is written in the document."
+)
+HOP1_TEMPLATE = "The code of the {key} is the {bridge}."
+HOP2_TEMPLATE = "The magic word for the {bridge} is {value}."
+QUESTION_TWO_HOPS = "What is the magic word for the code of the {key}?"
+QUESTION_ONE_HOP = "What is the magic word for the {bridge}?"
+
+_ECHO = re.compile(r"^(?:the\s+)?magic\s+word(?:\s+for\s+(?:the\s+)?(?:code\s+of\s+(?:the\s+)?)?[\w-]+)?"
+                   r"\s*(?:is\b|:|=)\s*", re.IGNORECASE)
+ValueFormat = Literal["number", "word", "hex"]
+VALUE_FORMATS = ("number", "word", "hex")
+# Keys and bridges: common concrete nouns (one or two tokens each), drawn without replacement within a sample.
+_NOUNS = (
+    "tiger", "lamp", "river", "violin", "carrot", "hammer", "castle", "dolphin", "pencil", "mirror", "garden",
+    "rocket", "blanket", "candle", "ladder", "pepper", "helmet", "wallet", "kettle", "saddle", "tunnel", "lemon",
+    "parrot", "compass", "anchor", "basket", "bucket", "camel", "cherry", "donkey", "eagle", "feather", "forest",
+    "giraffe", "guitar", "harbor", "island", "jacket", "kitten", "lantern", "magnet", "meadow", "needle", "onion",
+    "orange", "panda", "pillow", "pirate", "rabbit", "saucer", "shovel", "spider", "statue", "teapot", "tomato",
+    "trumpet", "turtle", "umbrella", "valley", "walrus", "whistle", "zebra", "acorn", "badger", "barrel", "beetle",
+    "button", "cactus", "canoe", "cobra", "cookie", "crayon", "falcon", "ferret", "fountain", "glacier", "goose",
+    "hippo", "iceberg", "jaguar", "koala", "lizard", "lobster", "mango", "monkey", "mustard", "octopus", "otter",
+    "peacock", "pelican", "penguin", "pumpkin", "raccoon", "salmon", "scooter", "squirrel", "tractor", "walnut",
+)
+_SYLLABLES = (
+    "ba", "dor", "el", "fen", "gar", "hal", "ith", "jo", "kal", "lim", "mar", "nor", "ost", "pel", "quin",
+    "ras", "sel", "tor", "ul", "ven", "wyn", "zan", "yor", "zel", "bri", "cas", "dun", "fal", "gil", "mor",
+)
+
+
+@dataclass(frozen=True)
+class MultihopForm:
+    """What a question looks like; ``multihop:hops=2,distractors=6,value=word`` spells one in a ``data`` field."""
+
+    # Defaults: the form the embedded SmolLM2-135M answers (full-context EM 0.70, hidden 0.00, docs/multihop.md);
+    # two hops (EM 0.26 there) is for larger models: multihop:hops=2.
+    hops: int = field(default=1, metadata={"help": "1: the value fact alone; 2: code fact then value fact"})
+    distractors: int = field(default=2, metadata={"help": "distractor facts (same two forms, other names)"})
+    value: str = field(default="number", metadata={"help": "answer format: number (6 digits), word, hex (8)"})
+    spread: float = field(default=0.25, metadata={"help": "share of the haystack the supporting facts span"})
+
+    def __post_init__(self) -> None:
+        if self.hops not in (1, 2):
+            raise DynheadsError(f"multihop hops must be 1 or 2, got {self.hops}")
+        if self.distractors < 0:
+            raise DynheadsError(f"multihop distractors must be >= 0, got {self.distractors}")
+        if self.value not in VALUE_FORMATS:
+            raise DynheadsError(f"multihop value must be one of {', '.join(VALUE_FORMATS)}, got {self.value!r}")
+        if not 0.0 <= self.spread <= 1.0:
+            raise DynheadsError(f"multihop spread must be between 0 and 1, got {self.spread}")
+
+    @property
+    def type(self) -> str:
+        return "two-hop" if self.hops == 2 else "one-hop"
+
+
+def is_source(data: str | None) -> bool:
+    """Whether a ``data`` value names this task (``multihop`` or ``multihop:key=value,...``)."""
+    return data is not None and (data == SOURCE or data.startswith(SOURCE + ":"))
+
+
+def parse_source(data: str) -> MultihopForm:
+    """``multihop[:hops=1,distractors=2,value=number,spread=0.25]`` -> the form (defaults for what is left out)."""
+    if not is_source(data):
+        raise DynheadsError(f"{data!r} does not name the multihop task (use {SOURCE} or {SOURCE}:hops=2,...)")
+    spec = data[len(SOURCE) + 1:]
+    values: dict = {}
+    kinds = {"hops": int, "distractors": int, "value": str, "spread": float}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, text = item.partition("=")
+        if name not in kinds or not text:
+            raise DynheadsError(f"bad multihop option {item!r}: use {', '.join(f'{k}=...' for k in kinds)}")
+        try:
+            values[name] = kinds[name](text)
+        except ValueError:
+            raise DynheadsError(f"multihop option {name} needs a {kinds[name].__name__}, got {text!r}") from None
+    return MultihopForm(**values)
+
+
+@dataclass(frozen=True)
+class MultihopSample(SampleRecord):
+    """One multi-hop prompt; the same fields as ``hotpotqa.HotpotSample``. Token indices point into ``input_ids``."""
+
+    sample_id: str
+    input_ids: list[int]
+    needle_positions: list[int]  # sorted union of the supporting facts' tokens (Eq. 2's I_needle)
+    answer: str
+    question: str
+    type: str  # "one-hop" or "two-hop"
+    record_id: str
+    supporting_facts: list[tuple[str, int]]  # (fact sentence, hop number), in hop order
+    supporting_spans: list[tuple[int, int]]  # [start, stop) token range of each supporting fact, same order
+    context_span: tuple[int, int]  # [start, stop) token range of the haystack (what in-context RAG hides)
+    context_tokens: int
+    depth: float
+    seed: int
+    prompt_template: str  # "chat" or "plain"
+    chat_template_kwargs: dict = field(default_factory=dict)  # template variables the prompt was rendered with
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Chain:
+    key: str
+    bridge: str
+    value: str
+
+    def facts(self) -> list[str]:
+        return [HOP1_TEMPLATE.format(key=self.key, bridge=self.bridge),
+                HOP2_TEMPLATE.format(bridge=self.bridge, value=self.value)]
+
+
+class _Names:
+    """Seeded keys (nouns) and values, unique within a sample; values (and invented words) absent from the haystack."""
+
+    def __init__(self, rng: random.Random, haystack: str):
+        self.rng, self.haystack, self.used = rng, haystack.lower(), set()
+
+    def word(self, syllables: tuple[int, ...] = (2, 3)) -> str:
+        for _ in range(1000):
+            word = "".join(self.rng.choice(_SYLLABLES) for _ in range(self.rng.choice(syllables)))
+            if word not in self.used and word not in self.haystack:
+                self.used.add(word)
+                return word
+        raise DynheadsError("the multihop name space is exhausted: use fewer distractors")
+
+    def value(self, kind: str) -> str:
+        if kind == "word":
+            return self.word((3, 4))
+        for _ in range(1000):
+            value = str(self.rng.randint(100000, 999999)) if kind == "number" else f"{self.rng.getrandbits(32):08x}"
+            if value not in self.used and value not in self.haystack:
+                self.used.add(value)
+                return value
+        raise DynheadsError("cannot draw a value absent from the haystack")
+
+    def noun(self) -> str:
+        free = [noun for noun in _NOUNS if noun not in self.used]
+        if not free:
+            raise DynheadsError(f"the multihop key space ({len(_NOUNS)} nouns) is exhausted: use fewer distractors")
+        noun = self.rng.choice(free)
+        self.used.add(noun)
+        return noun
+
+    def chain(self, kind: str) -> _Chain:
+        return _Chain(self.noun(), self.noun(), self.value(kind))
+
+
+def make_sample(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    context_tokens: int,
+    depth: float,
+    seed: int,
+    form: MultihopForm = MultihopForm(),
+    haystack: str | None = None,
+    sample_id: str | None = None,
+    chat_template_kwargs: Mapping[str, object] | None = None,
+) -> MultihopSample:
+    """One seeded question with ``context_tokens`` haystack tokens (facts included), supporting facts at ``depth``."""
+    if not 0.0 <= depth <= 1.0:
+        raise DynheadsError(f"depth must be between 0 and 1, got {depth}")
+    source = load_haystack(haystack)
+    rng = random.Random(seed)
+    names = _Names(rng, source)
+    gold = names.chain(form.value)
+    supporting = gold.facts()[2 - form.hops:]  # one hop: the value fact alone
+    chains = [names.chain(form.value) for _ in range((form.distractors + 1) // 2)]
+    distractors = [fact for chain in chains for fact in chain.facts()][: form.distractors]
+    if form.hops == 2:
+        question = QUESTION_TWO_HOPS.format(key=gold.key)
+    else:
+        question = QUESTION_ONE_HOP.format(bridge=gold.bridge)
+
+    facts = supporting + distractors
+    fact_tokens = sum(len(tokenizer(" " + f, add_special_tokens=False)["input_ids"]) for f in facts)
+    budget = context_tokens - fact_tokens
+    if budget < 16:
+        raise DynheadsError(f"context_tokens={context_tokens} is too short for {len(facts)} facts "
+                            f"({fact_tokens} tokens): use a longer context or fewer distractors")
+    text = _haystack_of_length(tokenizer, source, budget)
+
+    order = list(range(len(supporting)))
+    rng.shuffle(order)  # the hops appear in either order in the text
+    start = depth * (1.0 - form.spread)
+    step = form.spread / max(len(supporting) - 1, 1)
+    depths = {supporting[i]: start + rank * step for rank, i in enumerate(order)}
+    depths.update({fact: rng.random() for fact in distractors})
+    placed = sorted(facts, key=lambda f: (_sentence_end_before(text, round(depths[f] * len(text))), depths[f]))
+    context, offsets = _insert(text, [(_sentence_end_before(text, round(depths[f] * len(text))), f) for f in placed])
+
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=question),
+                         chat_template_kwargs)
+    base, context_stop = locate(prompt, context, what="context")
+    context_positions = token_span(prompt, base, context_stop)
+    spans, positions = [], set()
+    for fact in supporting:
+        begin = base + offsets[fact]
+        span = token_span(prompt, begin, begin + len(fact))
+        check_span_keeps(tokenizer, prompt.input_ids, span, fact, f"supporting fact {fact!r}")
+        spans.append((span[0], span[-1] + 1))
+        positions.update(span)
+    record_id = f"multihop-{seed}"
+    return MultihopSample(
+        sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
+        input_ids=prompt.input_ids,
+        needle_positions=sorted(positions),
+        answer=gold.value,
+        question=question,
+        type=form.type,
+        record_id=record_id,
+        supporting_facts=[(fact, hop) for hop, fact in enumerate(supporting, 3 - form.hops)],
+        supporting_spans=spans,
+        context_span=(context_positions[0], context_positions[-1] + 1),
+        context_tokens=context_tokens,
+        depth=depth,
+        seed=seed,
+        prompt_template=prompt.template,
+        chat_template_kwargs=prompt.template_kwargs,
+        meta={
+            "context_tokens_actual": len(tokenizer(context, add_special_tokens=False)["input_ids"]),
+            "form": {"hops": form.hops, "distractors": form.distractors, "value": form.value,
+                     "spread": form.spread},
+            "distractor_facts": distractors,
+            "fact_order": [placed.index(fact) for fact in supporting],  # rank of each supporting fact in the text
+        },
+    )
+
+
+def _insert(text: str, items: list[tuple[int, str]]) -> tuple[str, dict[str, int]]:
+    """Insert each fact at its character cut (cuts ascending), space-separated; the facts' offsets in the result."""
+    pieces, offsets, previous, length = [], {}, 0, 0
+    for cut, fact in items + [(len(text), "")]:
+        for piece, is_fact in ((text[previous:cut].strip(), False), (fact, True)):
+            if not piece:
+                continue
+            length += 1 if pieces else 0  # the joining space
+            if is_fact:
+                offsets[piece] = length
+            pieces.append(piece)
+            length += len(piece)
+        previous = cut
+    return " ".join(pieces), offsets
+
+
+def grid_samples(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    questions: int,
+    lengths: tuple[int, ...],
+    depths: tuple[float, ...],
+    seed: int,
+    form: MultihopForm = MultihopForm(),
+    haystack: str | None = None,
+    first: int = 0,
+    chat_template_kwargs: Mapping[str, object] | None = None,
+) -> list[MultihopSample]:
+    """Questions ``first .. first + questions - 1``; question i goes to grid cell i mod (lengths x depths), as
+    HotpotQA's grid, and is seeded by i alone (so disjoint index ranges are disjoint questions)."""
+    cells = list(product(lengths, depths))
+    if not cells or questions < 1:
+        raise DynheadsError("the multihop grid is empty: give at least one length, one depth and questions >= 1")
+    samples = []
+    for index in range(first, first + questions):
+        length, depth = cells[index % len(cells)]
+        samples.append(make_sample(tokenizer, context_tokens=length, depth=depth, form=form, haystack=haystack,
+                                   seed=derive_seed(SOURCE, seed, index),
+                                   sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
+                                   chat_template_kwargs=chat_template_kwargs))
+    return samples
+
+
+def extract_answer(generated: str) -> str:
+    """HotpotQA's extraction (first sentence), less a restated question ("The magic word for X is ...") and quotes.
+
+    Small chat models answer "The magic word for Tashkin is 482913." however they are told; the official EM
+    would call that wrong, so the restatement (never the value) is dropped before EM/F1.
+    """
+    first = hotpotqa.extract_answer(generated)
+    return _ECHO.sub("", first).strip().strip("\"'`*").strip()
+
+
+def score(answer: str, generated: str) -> dict[str, float]:
+    """Official EM/F1 (``hotpotqa``'s normalisation) of ``extract_answer``, and accuracy: the value appears verbatim."""
+    return {**hotpotqa.score(answer, extract_answer(generated), extract=False), "accuracy": float(answer in generated)}
