@@ -13,7 +13,7 @@ from dynheads.decoding import trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.kv import KVConfig, _fit_samples, probe_precision_recall
 from dynheads.io import read_json
-from dynheads.kv import KVSettings, head_count, kv_generate, kv_memory
+from dynheads.kv import KVSettings, head_count, kv_generate, kv_memory, prefill
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 
@@ -47,6 +47,11 @@ def test_streaming_heads_with_a_window_over_everything_change_nothing(lm):
     assert wide.tokens == plain
     assert narrow.tokens != plain  # hiding most keys from every head changes the generation
     assert narrow.kept_kv[0] == 3 * 2 * 3  # 3 layers x 2 KV heads x (sink 1 + recent 2) tokens
+    shared = prefill(lm, sample, 6)  # one prefill, reused by several policies, gives the same generations
+    for settings, tokens in ((KVSettings(policy="none", sink=1, recent=2), narrow.tokens),
+                             (KVSettings(policy="full"), plain), (KVSettings(policy="none", sink=1, recent=2),
+                                                                   narrow.tokens)):
+        assert kv_generate(lm, sample, settings, max_new_tokens=6, prefilled=shared).tokens == tokens
 
 
 def test_static_and_random_keep_k_heads_and_count_kv_per_kv_head(lm):

@@ -88,20 +88,39 @@ def num_kv_heads(lm: LoadedModel) -> int:
     return int(getattr(lm.model.config, "num_key_value_heads", None) or lm.num_heads)
 
 
+@dataclass
+class Prefill:
+    """A session holding the full-attention prefill of a prompt minus its last token, reusable by every policy."""
+
+    session: DecodingSession
+    checkpoint: tuple[int, list[dict]]
+    last: StepResult | None  # the prefill's last position (its hidden state feeds the probe at the first step)
+
+
+def prefill(lm: LoadedModel, sample: Sample, max_new_tokens: int) -> Prefill:
+    session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens)
+    last = session.forward(len(sample.input_ids) - 1) if len(sample.input_ids) > 1 else None
+    return Prefill(session, session.checkpoint(), last)
+
+
 def kv_generate(lm: LoadedModel, sample: Sample, settings: KVSettings, max_new_tokens: int = 48, *,
-                probe: TrainedProbe | None = None, record_probe: bool = False, stop_at_eos: bool = True) -> KVResult:
+                probe: TrainedProbe | None = None, record_probe: bool = False, stop_at_eos: bool = True,
+                prefilled: Prefill | None = None) -> KVResult:
     """Greedy decoding of ``sample`` with the full-KV head set of every step chosen by ``settings.policy``.
 
     ``probe`` drives the ``probe`` policy; with ``record_probe`` its scores for the hidden state of every step
-    are kept too (to measure how well it predicts the next step's heads).
+    are kept too (to measure how well it predicts the next step's heads). ``prefilled`` (from ``prefill`` on the
+    same sample and budget of new tokens) saves the prefill when several policies decode one sample.
     """
     _validate(lm, settings, probe, record_probe)
-    session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens)
+    prefilled = prefilled or prefill(lm, sample, max_new_tokens)
+    session = prefilled.session
+    session.rollback(prefilled.checkpoint)
+    previous = prefilled.last
     rng = np.random.default_rng(settings.seed)
     k = head_count(settings.budget, lm.num_layers, lm.num_heads)
     every = [(layer, head) for layer in range(lm.num_layers) for head in range(lm.num_heads)]
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
-    previous = session.forward(len(sample.input_ids) - 1) if len(sample.input_ids) > 1 else None
     previous_dynamic: list[Head] = []
     result = KVResult(tokens=[], text="", stop_reason="max_new_tokens")
     for _ in range(max_new_tokens):

@@ -34,7 +34,7 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
 from dynheads.heads import flat_index, head_key
 from dynheads.io import atomic_path, read_json, write_json, write_text
-from dynheads.kv import BUDGET_FREE, POLICIES, KVSettings, head_count, kv_generate, num_kv_heads
+from dynheads.kv import BUDGET_FREE, POLICIES, KVSettings, Prefill, head_count, kv_generate, num_kv_heads, prefill
 from dynheads.models import LoadedModel, load_model
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
 from dynheads.runs import RunDir, derive_seed
@@ -108,14 +108,17 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
     bar = tqdm(total=len(samples) * len(jobs), initial=len(run.records()), desc="kv", unit="record",
                disable=not progress)
     for sample in samples:
+        prefilled = None  # the full-attention prefill is shared by every policy of the sample
         for policy, budget in jobs:
             record_id = f"{sample.sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}")
             if run.is_done(record_id):
                 continue
+            prefilled = prefilled or prefill(lm, sample, config.max_new_tokens)
             settings = KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
                                   static_ranking=static, probe_select=config.probe_select,
                                   seed=derive_seed(config.seed, "kv-random", sample.seed))
-            record = _record(lm, sample, settings, config, probe, record_probe=policy == "full" and probe is not None)
+            record = _record(lm, sample, settings, config, probe, prefilled,
+                             record_probe=policy == "full" and probe is not None)
             record.update(sample_id=record_id, grid_sample_id=sample.sample_id, budget=budget)
             run.save_sample(record)
             if on_record:
@@ -152,8 +155,9 @@ def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
 
 
 def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, config: KVConfig,
-            probe: TrainedProbe | None, record_probe: bool) -> dict:
-    result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe)
+            probe: TrainedProbe | None, prefilled: Prefill, record_probe: bool) -> dict:
+    result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe,
+                         prefilled=prefilled)
     full_counts = [len(heads) for heads in result.full_heads]
     record = {**sample.describe(), "policy": settings.policy, "generated": result.text,
               "stop_reason": result.stop_reason, "steps": len(result.full_heads),
