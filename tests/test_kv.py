@@ -126,3 +126,30 @@ def test_kv_head_matrix_and_duo_attention_files(tmp_path):
     assert (tmp_path / "full_attention_heads.tsv").read_text() == "0\t0.9\n0.5\t0\n"
     config = read_json(tmp_path / "config.json")
     assert (config["sink_size"], config["recent_size"], config["aggregation"]) == (4, 64, "max")
+
+
+@pytest.mark.slow
+def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded):
+    from dynheads.experiments.kv import run_kv
+
+    static_run = RunDir(tmp_path / "static")  # a static list fitted on one (fake) sample of another stream
+    static_run.start("static", {"seed": 0}, None)
+    static_run.save_sample({"sample_id": "static-x", "seed": 1, "answer": "not-an-evaluation-uuid"})
+    (tmp_path / "static" / "list.json").write_text('["18-6", "17-3", "17-4"]')
+    config = KVConfig(policies=("full", "none", "static"), budgets=(0.01,), lengths=(200,), depths=(0.5,), runs=2,
+                      max_new_tokens=6, static=str(tmp_path / "static" / "list.json"))
+    for shard in ((1, 2), (0, 2)):  # two shards fill one run directory
+        run = run_kv(config, tmp_path / "kv", lm=embedded, progress=False, shard=shard)
+    table = read_json(run.manifest_path)
+    assert table["fit_samples"]["static"]["samples"][0]["sample_id"] == "static-x"
+    assert [e["sample_id"] for e in table["evaluation_samples"]] == ["analysis-len200-depth0.5-run0",
+                                                                    "analysis-len200-depth0.5-run1"]
+    assert len(run.records()) == 2 * 3
+    import pandas as pd
+
+    frame = pd.read_csv(run.path / "table.csv")
+    assert set(frame["policy"]) == {"full", "none", "static"} and (frame["samples"] == 2).all()
+    static_row = frame[frame["policy"] == "static"].iloc[0]
+    assert static_row["full_heads"] == 3 and 0 < static_row["kv_fraction"] < 1
+    assert frame[frame["policy"] == "full"].iloc[0]["kv_fraction"] == 1.0
+    assert (run.path / "plots" / "kv-accuracy.png").is_file()

@@ -14,6 +14,7 @@ import typer
 from dynheads.cli.app import app
 from dynheads.cli.commands import ConfigFile, Model, Opt
 from dynheads.config import build_config, parse_list
+from dynheads.errors import DynheadsError
 
 
 @app.command()
@@ -35,6 +36,7 @@ def kv(
     max_new_tokens: Annotated[int | None, Opt(help="generation budget per sample")] = None,
     haystack: Annotated[str | None, Opt(help="folder of .txt files (default: Paul Graham essays)")] = None,
     device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
+    shard: Annotated[str, Opt(help="i/n: decode every n-th sample from the i-th (n processes fill one run)")] = "0/1",
     config: ConfigFile = None,
 ) -> None:
     """Dynamic vs static head-level KV retention on NIAH: accuracy and KV kept per policy and budget."""
@@ -46,7 +48,11 @@ def kv(
         lengths=parse_list(lengths, int), depths=parse_list(depths, float), runs=runs, seed=seed, split=split,
         max_new_tokens=max_new_tokens, haystack=haystack, device=device,
     )
-    run = run_kv(cfg, out)
+    try:
+        index, count = (int(part) for part in shard.split("/"))
+    except ValueError:
+        raise DynheadsError(f"--shard takes i/n such as 0/2, got {shard!r}") from None
+    run = run_kv(cfg, out, shard=(index, count))
     typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)
     typer.echo(f"wrote {out}/table.csv, cells.csv and {out}/plots/")
 

@@ -85,9 +85,16 @@ class KVConfig:
 
 
 def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
-           on_record: Callable[[dict], None] | None = None) -> RunDir:
-    """Decode every grid sample under every (policy, budget) into ``out`` (resumable); write tables and plots."""
+           on_record: Callable[[dict], None] | None = None, shard: tuple[int, int] = (0, 1)) -> RunDir:
+    """Decode every grid sample under every (policy, budget) into ``out`` (resumable); write tables and plots.
+
+    Samples are visited run by run (every cell's first sample, then every cell's second, ...), so a run stopped
+    early still covers the grid. ``shard = (i, n)`` decodes every n-th of them from the i-th: n processes with
+    the same config can fill one run directory together (each writes the tables from all records when it ends).
+    """
     jobs = config.jobs()
+    if not 0 <= shard[0] < shard[1]:
+        raise DynheadsError(f"a shard is i/n with 0 <= i < n, got {shard[0]}/{shard[1]}")
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     samples = niah_samples(config.niah_config(), lm.tokenizer)
     for sample in samples:
@@ -105,9 +112,11 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
         "heads_per_budget": {str(b): head_count(b, lm.num_layers, lm.num_heads) for b in config.budgets},
         "probe_threshold": probe.threshold if probe else None,
     })
-    bar = tqdm(total=len(samples) * len(jobs), initial=len(run.records()), desc="kv", unit="record",
+    bar = tqdm(total=len(samples) * len(jobs) // shard[1], desc="kv", unit="record",
                disable=not progress)
-    for sample in samples:
+    order = sorted(range(len(samples)), key=lambda i: (i % config.runs, i))  # niah_samples: runs vary fastest
+    mine = [samples[i] for i in order[shard[0]::shard[1]]]
+    for sample in mine:
         prefilled = None  # the full-attention prefill is shared by every policy of the sample
         for policy, budget in jobs:
             record_id = f"{sample.sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}")
