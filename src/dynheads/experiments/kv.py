@@ -3,7 +3,8 @@
 ``run_kv`` decodes every sample of a lengths x depths x runs grid with ``dynheads.kv.kv_generate`` once per
 (policy, budget) (``full`` and ``none`` once per sample) and writes, besides the run directory's records:
 
-- ``table.csv`` / ``summary.md``: per policy and budget, samples, accuracy, ROUGE-L, full-KV query heads per
+- ``table.csv`` / ``summary.md`` (over the samples finished under every policy and budget; an unfinished
+  run's tables leave out the samples in flight): per policy and budget, samples, accuracy, ROUGE-L, full-KV query heads per
   step, and the KV kept (tokens x KV heads, mean over steps, and as a fraction of the unmodified model's),
 - ``cells.csv``: accuracy per policy x budget x length x depth (the grid),
 - ``probe_pr.json`` / ``probe_pr.md`` (when a probe is given): how well the probe applied to the hidden state of
@@ -189,6 +190,11 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
     with atomic_path(run.path / "results.csv") as tmp:
         frame.to_csv(tmp, index=False)
     frame["budget"] = frame["budget"].fillna(1.0).where(frame["policy"] != "none", 0.0)
+    # Compare policies on the same samples: keep those finished under every (policy, budget) seen in the run.
+    jobs = frame.groupby("grid_sample_id")[["policy", "budget"]].apply(lambda g: len(g.drop_duplicates()))
+    complete = set(jobs[jobs == frame[["policy", "budget"]].drop_duplicates().shape[0]].index)
+    frame = frame[frame["grid_sample_id"].isin(complete)]
+    records = [r for r in records if r["grid_sample_id"] in complete]
     table = (frame.groupby(["policy", "budget"])
              .agg(samples=("grid_sample_id", "size"), accuracy=("metrics.accuracy", "mean"),
                   rouge_l=("metrics.rouge_l", "mean"), full_heads=("mean_full_heads", "mean"),
