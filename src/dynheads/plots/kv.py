@@ -9,7 +9,9 @@ from matplotlib.figure import Figure
 
 from dynheads.plots.ablation import _save, plot_heatmaps
 
-_STYLE = {"probe": "C0", "static": "C1", "random": "C2", "oracle": "C3", "true": "C4"}
+# Distinct markers and dashes: policies with equal accuracy draw on top of each other.
+_STYLE = {"probe": ("C0", "o", "-"), "static": ("C1", "s", "--"), "random": ("C2", "^", ":"),
+          "oracle": ("C3", "v", "-."), "true": ("C4", "D", (0, (1, 3)))}
 
 
 def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
@@ -17,11 +19,13 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
     Right: the KV actually kept (fraction of the unmodified model's) vs budget. ``table``: table.csv's columns."""
     figure = Figure(figsize=(10, 4), layout="constrained")
     accuracy_ax, kv_ax = figure.subplots(1, 2)
-    for policy, colour in _STYLE.items():
+    budgets = sorted(set(table["budget"]) - {0.0, 1.0})
+    for policy, (colour, marker, dashes) in _STYLE.items():
         rows = table[table["policy"] == policy].sort_values("budget")
-        if len(rows):
-            accuracy_ax.plot(rows["budget"], rows["accuracy"], "o-", color=colour, label=policy)
-            kv_ax.plot(rows["budget"], rows["kv_fraction"], "o-", color=colour, label=policy)
+        for ax, column in ((accuracy_ax, "accuracy"), (kv_ax, "kv_fraction")):
+            if len(rows):
+                ax.plot(rows["budget"], rows[column], marker=marker, linestyle=dashes, color=colour, label=policy,
+                        markerfacecolor="none", markersize=8)
     for policy, style in (("full", "k--"), ("none", "k:")):
         rows = table[table["policy"] == policy]
         if len(rows):
@@ -31,6 +35,9 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
                     ylim=(-0.03, 1.03))
     kv_ax.set(xscale="log", xlabel="budget (fraction of query heads with full KV)",
               ylabel="KV kept (fraction of full, per KV head)", ylim=(0, 1.03))
+    for ax in (accuracy_ax, kv_ax):
+        ax.set_xticks(budgets, [f"{b:.0%}" for b in budgets])
+        ax.minorticks_off()
     accuracy_ax.legend(fontsize=8)
     if title:
         figure.suptitle(title)
