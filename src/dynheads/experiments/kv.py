@@ -5,7 +5,8 @@
 
 - ``table.csv`` / ``summary.md`` (over the samples finished under every policy and budget; an unfinished
   run's tables leave out the samples in flight): per policy and budget, samples, accuracy, ROUGE-L, full-KV
-  query heads per step, and the KV kept (tokens x KV heads, mean over steps, and as a fraction of the unmodified model's),
+  query heads per step, and the KV kept (tokens x KV heads, mean over steps, and as a fraction of the
+  unmodified model's),
 - ``cells.csv``: accuracy per policy x budget x length x depth (the grid),
 - ``probe_pr.json`` / ``probe_pr.md`` (when a probe is given): how well the probe applied to the hidden state of
   step t predicts the heads active (Eq. 1) at step t+1, measured on the ``full`` policy's decoding (the model's
