@@ -17,6 +17,12 @@ torch's fused SDPA kernel, so no attention matrix is ever materialised. The prob
 (``zero``: drop the head's output, i.e. its slice of the o_proj input; ``uniform``: uniform attention over
 the visible keys) and hide key positions from every head (used by in-context RAG).
 
+Per-head KV retention (``set_kv_heads``, used by ``dynheads.kv``): at decode steps (one query position) every
+query head not in the full-KV set becomes a DuoAttention "streaming" head that sees only the first ``sink``
+and the last ``recent`` key positions (the current token included); full-KV heads see every key, exactly as
+the unmodified model. The step statistics are then those of the attention actually applied. Passes of
+several tokens (prefill) always attend in full.
+
 Key indices are mapped to absolute positions with ``offset = last_position - (kv_len - 1)``: the keys a
 layer receives always end at the current token, and sliding-window caches keep only a suffix of them.
 
@@ -102,6 +108,9 @@ class AttentionProbe:
         self._key_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per (kv_len, device), this step
         self._last_t = torch.zeros(1, dtype=torch.long, device=self.device)
         self._rows: list[dict[Head, torch.Tensor]] = [{}]
+        self._kv_full: torch.Tensor | None = None  # bool [L, H]: full-KV heads at decode steps (None: all)
+        self._kv_all_full: list[bool] = []  # per layer, on the host: no device sync in the hot path
+        self.kv_sink, self.kv_recent = 4, 64
         self._new_stats()
 
     # ---- settings -------------------------------------------------------------------------------
@@ -167,6 +176,31 @@ class AttentionProbe:
         hidden = torch.zeros(size, dtype=torch.bool)
         hidden[positions] = True
         self._hidden = hidden.to(self.device)
+
+    def set_kv_heads(self, full_heads: Iterable[Head] | None, sink: int = 4, recent: int = 64) -> None:
+        """Query heads that keep the full KV cache at decode steps; every other head streams (None: all full)."""
+        if full_heads is None:
+            self._kv_full, self._kv_all_full = None, []
+            return
+        if sink < 0 or recent < 1:
+            raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1 tokens, got {sink} and {recent}")
+        full = torch.zeros(self.num_layers, self.num_heads, dtype=torch.bool)
+        for layer, head in full_heads:
+            self._check_head(layer, head)
+            full[layer, head] = True
+        self._kv_all_full = full.all(dim=1).tolist()
+        self._kv_full, self.kv_sink, self.kv_recent = full.to(self.device), sink, recent
+
+    def _streaming_visibility(self, layer: int, kv_len: int, offset: int) -> torch.Tensor | None:
+        """Bool ``[H, kv]``: keys each query head may see at a decode step, or None when every head sees all."""
+        if self._kv_full is None or self._kv_all_full[layer]:
+            return None
+        if len(self.last_positions) != 1:
+            raise DynheadsError("per-head KV retention needs batch size 1")
+        full = self._kv_full[layer]
+        positions = torch.arange(kv_len, device=full.device) + offset
+        kept = (positions < self.kv_sink) | (positions > self.last_position - self.kv_recent)  # [kv]
+        return full[:, None] | kept[None, :]
 
     def _check_head(self, layer: int, head: int) -> None:
         check_heads([(layer, head)], self.num_layers, self.num_heads, source="the ablation")
@@ -280,6 +314,9 @@ def probe_attention(
     visible = _last_row_visibility(attention_mask, hidden)
     if visible is not None:
         logits = logits.masked_fill(~visible[:, None, None, :], float("-inf"))
+    per_head = probe._streaming_visibility(layer, kv_len, offset) if q_len == 1 else None
+    if per_head is not None:  # DuoAttention streaming heads: sink + recent keys only
+        logits = logits.masked_fill(~per_head.view(1, num_kv, groups, kv_len), float("-inf"))
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [B, H_kv, G, kv]
 
     if q_len == 1:

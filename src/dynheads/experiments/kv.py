@@ -1,0 +1,284 @@
+"""Dynamic vs static head-level KV retention on a NIAH grid: accuracy against the KV budget, per policy.
+
+``run_kv`` decodes every sample of a lengths x depths x runs grid with ``dynheads.kv.kv_generate`` once per
+(policy, budget) (``full`` and ``none`` once per sample) and writes, besides the run directory's records:
+
+- ``table.csv`` / ``summary.md`` (over the samples finished under every policy and budget; an unfinished
+  run's tables leave out the samples in flight): per policy and budget, samples, accuracy, ROUGE-L, full-KV
+  query heads per step, and the KV kept (tokens x KV heads, mean over steps, and as a fraction of the
+  unmodified model's),
+- ``cells.csv``: accuracy per policy x budget x length x depth (the grid),
+- ``probe_pr.json`` / ``probe_pr.md`` (when a probe is given): how well the probe applied to the hidden state of
+  step t predicts the heads active (Eq. 1) at step t+1, measured on the ``full`` policy's decoding (the model's
+  own steps), beside the same-step score and the "previous D_t" predictor,
+- ``plots/kv-accuracy.png`` and, for a grid of more than one cell, ``plots/kv-grid.png``.
+
+The evaluation samples come from the ``split`` seed stream (default ``analysis``). The probe and the static list
+are fitted elsewhere: their training run directories are read back and any shared sample (same seed or the same
+needle) is refused; both sample sets are written into the manifest. Resumable: one record per
+(sample, policy, budget), written atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from dynheads.analysis.headlists import load_head_list
+from dynheads.analysis.mlp_probe import TrainedProbe, load_probe
+from dynheads.decoding import check_fits
+from dynheads.errors import DynheadsError
+from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
+from dynheads.heads import flat_index, head_key
+from dynheads.io import atomic_path, read_json, write_json, write_text
+from dynheads.kv import BUDGET_FREE, POLICIES, KVSettings, Prefill, head_count, kv_generate, num_kv_heads, prefill
+from dynheads.models import LoadedModel, load_model
+from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
+from dynheads.runs import RunDir, derive_seed
+from dynheads.tasks import niah
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
+    policies: tuple[str, ...] = field(default=("full", "none", "static", "probe", "random", "oracle", "true"),
+                                      metadata={"help": "full, none, static, probe, random, oracle, true"})
+    budgets: tuple[float, ...] = field(default=(0.05, 0.1, 0.25, 0.5),
+                                       metadata={"help": "fractions of query heads kept in full"})
+    sink: int = field(default=4, metadata={"help": "sink tokens of streaming heads (DuoAttention: 4)"})
+    recent: int = field(default=64, metadata={"help": "recent window of streaming heads, current token included"})
+    static: str | None = field(default=None, metadata={"help": "static head list (Wu et al. JSON or ranked list)"})
+    probe: str | None = field(default=None, metadata={"help": "trained probe folder ('dynheads probe train')"})
+    probe_select: str = field(default="top", metadata={"help": "probe policy: top-k heads or those above threshold"})
+    lengths: tuple[int, ...] = field(default=(1000,), metadata={"help": "haystack tokens"})
+    depths: tuple[float, ...] = field(default=(0.0, 0.25, 0.5, 0.75, 1.0), metadata={"help": "needle depth, 0..1"})
+    runs: int = field(default=2, metadata={"help": "samples per (length, depth) cell"})
+    seed: int = field(default=0, metadata={"help": "master seed; samples and random heads derive from it"})
+    split: str = field(default="analysis", metadata={"help": "seed stream of the evaluation samples"})
+    max_new_tokens: int = field(default=40, metadata={"help": "generation budget ('The magic word is <UUID>.' ~36)"})
+    haystack: str | None = field(default=None, metadata={"help": "folder of .txt files; None = Paul Graham essays"})
+    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
+
+    def niah_config(self) -> NiahConfig:
+        return NiahConfig(model=self.model, lengths=self.lengths, depths=self.depths, runs=self.runs, seed=self.seed,
+                          max_new_tokens=self.max_new_tokens, haystack=self.haystack, split=self.split,
+                          dtype=self.dtype, device=self.device)
+
+    def jobs(self) -> list[tuple[str, float | None]]:
+        """(policy, budget) pairs in run order; budget None for the budget-free policies."""
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if unknown or not self.policies:
+            raise DynheadsError(f"unknown or no KV policies {unknown}: use some of {', '.join(POLICIES)}")
+        if not self.budgets or not all(0 < b <= 1 for b in self.budgets):
+            raise DynheadsError(f"KV budgets are fractions of heads in (0, 1], got {list(self.budgets)}")
+        if "static" in self.policies and not self.static:
+            raise DynheadsError("the static KV policy needs a static head list: pass --static FILE")
+        if "probe" in self.policies and not self.probe:
+            raise DynheadsError("the probe KV policy needs a trained probe: pass --probe DIR")
+        ordered = [p for p in POLICIES if p in self.policies]
+        return [(p, None) if p in BUDGET_FREE else (p, b) for p in ordered
+                for b in ((None,) if p in BUDGET_FREE else sorted(self.budgets))]
+
+
+def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
+           on_record: Callable[[dict], None] | None = None, shard: tuple[int, int] = (0, 1)) -> RunDir:
+    """Decode every grid sample under every (policy, budget) into ``out`` (resumable); write tables and plots.
+
+    Samples are visited run by run (every cell's first sample, then every cell's second, ...), so a run stopped
+    early still covers the grid. ``shard = (i, n)`` decodes every n-th of them from the i-th: n processes with
+    the same config can fill one run directory together (each writes the tables from all records when it ends).
+    """
+    jobs = config.jobs()
+    if not 0 <= shard[0] < shard[1]:
+        raise DynheadsError(f"a shard is i/n with 0 <= i < n, got {shard[0]}/{shard[1]}")
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    samples = niah_samples(config.niah_config(), lm.tokenizer)
+    for sample in samples:
+        check_fits(lm, len(sample.input_ids), config.max_new_tokens)
+    evaluation = [_identity(s.sample_id, s.seed, s.answer) for s in samples]
+    static = load_head_list(config.static, lm.num_layers, lm.num_heads).heads if config.static else ()
+    probe = load_probe(config.probe) if config.probe else None
+    fitted = {"static": _fit_samples(config.static, "static head list", evaluation) if config.static else None,
+              "probe": _fit_samples(config.probe, "probe", evaluation) if config.probe else None}
+    run = RunDir(out)
+    run.start("kv", config, lm, {
+        "prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template, "evaluation_samples": evaluation,
+        "fit_samples": fitted, "num_kv_heads": num_kv_heads(lm), "static_top": [head_key(h) for h in static[:20]],
+        "gqa_rule": "a KV head is kept in full when any of its query heads keeps full KV",
+        "heads_per_budget": {str(b): head_count(b, lm.num_layers, lm.num_heads) for b in config.budgets},
+        "probe_threshold": probe.threshold if probe else None,
+    })
+    bar = tqdm(total=len(samples) * len(jobs) // shard[1], desc="kv", unit="record",
+               disable=not progress)
+    order = sorted(range(len(samples)), key=lambda i: (i % config.runs, i))  # niah_samples: runs vary fastest
+    mine = [samples[i] for i in order[shard[0]::shard[1]]]
+    for sample in mine:
+        prefilled = None  # the full-attention prefill is shared by every policy of the sample
+        for policy, budget in jobs:
+            record_id = f"{sample.sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}")
+            if run.is_done(record_id):
+                continue
+            prefilled = prefilled or prefill(lm, sample, config.max_new_tokens)
+            settings = KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
+                                  static_ranking=static, probe_select=config.probe_select,
+                                  seed=derive_seed(config.seed, "kv-random", sample.seed))
+            record = _record(lm, sample, settings, config, probe, prefilled,
+                             record_probe=policy == "full" and probe is not None)
+            record.update(sample_id=record_id, grid_sample_id=sample.sample_id, budget=budget)
+            run.save_sample(record)
+            if on_record:
+                on_record(record)
+            bar.update()
+    bar.close()
+    write_kv_tables(run)
+    return run
+
+
+def _identity(sample_id: str, seed: int, answer: str) -> dict:
+    return {"sample_id": sample_id, "seed": int(seed), "answer": answer}
+
+
+def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
+    """The samples a probe / static list was fitted on (from its run directory); refuse any overlap."""
+    source = Path(path)
+    folder = source if source.is_dir() else source.parent
+    metrics = folder / "metrics.json"
+    run_path = Path(read_json(metrics)["run"]) if metrics.is_file() else folder
+    if not (run_path / "manifest.json").is_file():
+        run_path = folder.parent
+    run = RunDir(run_path)
+    if not run.exists():
+        raise DynheadsError(f"cannot tell which samples the {what} {path} was fitted on (no run directory beside "
+                            "it), so its disjointness from the evaluation cannot be checked")
+    fitted = [_identity(r["sample_id"], r["seed"], r["answer"]) for r in run.records()]
+    seeds, answers = {f["seed"] for f in fitted}, {f["answer"] for f in fitted}
+    shared = [e["sample_id"] for e in evaluation if e["seed"] in seeds or e["answer"] in answers]
+    if shared:
+        raise DynheadsError(f"the {what} {path} was fitted on {len(shared)} of the evaluation samples "
+                            f"(e.g. {shared[0]}): evaluate on another seed stream (--split / --seed)")
+    return {"path": str(path), "run": str(run.path), "samples": fitted}
+
+
+def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, config: KVConfig,
+            probe: TrainedProbe | None, prefilled: Prefill, record_probe: bool) -> dict:
+    result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe,
+                         prefilled=prefilled)
+    full_counts = [len(heads) for heads in result.full_heads]
+    record = {**sample.describe(), "policy": settings.policy, "generated": result.text,
+              "stop_reason": result.stop_reason, "steps": len(result.full_heads),
+              "metrics": niah.score(sample.answer, result.text), "mean_full_heads": float(np.mean(full_counts)),
+              "kv_fraction": result.kv_fraction, "mean_kept_kv": float(np.mean(result.kept_kv)),
+              "mean_total_kv": float(np.mean(result.total_kv)),
+              "dynamic": [[flat_index(h, lm.num_heads) for h in heads] for heads in result.dynamic]}
+    if record_probe:
+        record["probe_scores"] = result.probe_scores
+    return record
+
+
+def write_kv_tables(run: RunDir) -> pd.DataFrame:
+    """table.csv, cells.csv, summary.md, probe_pr.* and the plots of a KV run, from its records."""
+    records = run.records()
+    if not records:
+        raise DynheadsError(f"{run.path} has no finished samples yet")
+    frame = pd.json_normalize([{k: v for k, v in r.items() if k not in ("dynamic", "probe_scores")}
+                               for r in records], sep=".")
+    with atomic_path(run.path / "results.csv") as tmp:
+        frame.to_csv(tmp, index=False)
+    frame["budget"] = frame["budget"].fillna(1.0).where(frame["policy"] != "none", 0.0)
+    # Compare policies on the same samples: keep those finished under every (policy, budget) seen in the run.
+    jobs = frame.groupby("grid_sample_id")[["policy", "budget"]].apply(lambda g: len(g.drop_duplicates()))
+    complete = set(jobs[jobs == frame[["policy", "budget"]].drop_duplicates().shape[0]].index)
+    frame = frame[frame["grid_sample_id"].isin(complete)]
+    records = [r for r in records if r["grid_sample_id"] in complete]
+    table = (frame.groupby(["policy", "budget"])
+             .agg(samples=("grid_sample_id", "size"), accuracy=("metrics.accuracy", "mean"),
+                  rouge_l=("metrics.rouge_l", "mean"), full_heads=("mean_full_heads", "mean"),
+                  kv_fraction=("kv_fraction", "mean"), kept_kv=("mean_kept_kv", "mean"))
+             .reset_index())
+    table["order"] = table["policy"].map(POLICIES.index)
+    table = table.sort_values(["budget", "order"]).drop(columns="order").reset_index(drop=True)
+    with atomic_path(run.path / "table.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    cells = (frame.groupby(["policy", "budget", "context_tokens", "depth"])
+             .agg(accuracy=("metrics.accuracy", "mean"), samples=("grid_sample_id", "size")).reset_index())
+    with atomic_path(run.path / "cells.csv") as tmp:
+        cells.to_csv(tmp, index=False)
+    manifest = run.manifest()
+    model, config = manifest["model"]["name"], manifest["config"]
+    summary = (f"# KV retention: {model}\n\nsink {config['sink']}, recent {config['recent']}; budget = fraction of "
+               f"query heads with full KV (full: 1, none: 0); full heads = query heads per step; KV kept = resident "
+               f"KV (tokens x KV heads; {manifest['gqa_rule']}) as a fraction of the unmodified model's, mean over "
+               f"steps.\n\n{table_markdown(table)}")
+    pr = probe_precision_recall(records, manifest)
+    if pr is not None:
+        write_json(run.path / "probe_pr.json", pr)
+        write_text(run.path / "probe_pr.md", pr_markdown(pr))
+        summary += "\n" + pr_markdown(pr)
+    write_text(run.path / "summary.md", summary)
+    plot_kv_accuracy(table, run.path / "plots" / "kv-accuracy.png", title=f"{model}: NIAH accuracy vs KV budget")
+    if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
+        plot_kv_grid(cells, run.path / "plots" / "kv-grid.png", title=f"{model}: NIAH accuracy per cell")
+    return table
+
+
+def table_markdown(table: pd.DataFrame) -> str:
+    lines = ["| budget | policy | samples | accuracy | ROUGE-L | full heads | KV kept |", "|---" * 7 + "|"]
+    for row in table.itertuples():
+        lines.append(f"| {row.budget:g} | {row.policy} | {row.samples} | {row.accuracy:.3f} | {row.rouge_l:.3f} | "
+                     f"{row.full_heads:.1f} | {row.kv_fraction:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def probe_precision_recall(records: list[dict], manifest: dict) -> dict | None:
+    """Micro precision / recall over heads and steps of predictors of "head in D_{t+1}" on the ``full`` records.
+
+    Predictors: the probe on h_t above its threshold, the probe's top-k at each budget, the probe on h_t for the
+    same step's D_t (what it was trained on), and the previous step's D_t (WakeKV's kind of predictor).
+    """
+    full = [r for r in records if r["policy"] == "full" and "probe_scores" in r]
+    if not full:
+        return None
+    threshold = manifest["probe_threshold"]
+    width = len(full[0]["probe_scores"][0])
+
+    def targets(steps: list[list[int]]) -> np.ndarray:
+        out = np.zeros((len(steps), width), dtype=bool)
+        for i, heads in enumerate(steps):
+            out[i, heads] = True
+        return out
+
+    scores = np.concatenate([np.asarray(r["probe_scores"][:-1]) for r in full if len(r["dynamic"]) > 1])
+    now = np.concatenate([targets(r["dynamic"][:-1]) for r in full if len(r["dynamic"]) > 1])
+    following = np.concatenate([targets(r["dynamic"][1:]) for r in full if len(r["dynamic"]) > 1])
+    predictors = {f"probe(h_t) > {threshold:.3f}": scores > threshold, "previous D_t (D_t itself)": now}
+    for budget, k in manifest["heads_per_budget"].items():
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        chosen = np.zeros_like(now)
+        np.put_along_axis(chosen, top, True, axis=1)
+        predictors[f"probe(h_t) top-{k} (budget {float(budget):g})"] = chosen
+    rows = {name: _pr(pred, following) for name, pred in predictors.items()}
+    rows[f"same step: probe(h_t) > {threshold:.3f} vs D_t"] = _pr(scores > threshold, now)
+    return {"samples": len(full), "step_pairs": int(len(scores)), "positive_rate": float(following.mean()),
+            "predictors": rows}
+
+
+def _pr(predicted: np.ndarray, actual: np.ndarray) -> dict:
+    hits = float((predicted & actual).sum())
+    return {"precision": hits / max(float(predicted.sum()), 1.0), "recall": hits / max(float(actual.sum()), 1.0),
+            "predicted_per_step": float(predicted.sum(1).mean())}
+
+
+def pr_markdown(pr: dict) -> str:
+    lines = [f"Predicting the heads active (Eq. 1) at step t+1 from step t, on the full-KV decoding of "
+             f"{pr['samples']} samples ({pr['step_pairs']} step pairs; {pr['positive_rate']:.4f} of head-steps "
+             "positive), micro over heads and steps:\n",
+             "| predictor | precision | recall | heads per step |", "|---|---|---|---|"]
+    for name, row in pr["predictors"].items():
+        lines.append(f"| {name} | {row['precision']:.3f} | {row['recall']:.3f} | {row['predicted_per_step']:.1f} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,155 @@
+"""The KV-retention policy loop, its memory count, the disjointness guard and the DuoAttention export."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from zoo import NoTokenizer, tiny_model
+
+from dynheads.analysis.headlists import RankedHeads
+from dynheads.analysis.kvheads import kv_head_matrix, query_head_scores, write_duo_attention
+from dynheads.decoding import trace
+from dynheads.errors import DynheadsError
+from dynheads.experiments.kv import KVConfig, _fit_samples, probe_precision_recall
+from dynheads.io import read_json
+from dynheads.kv import KVSettings, head_count, kv_generate, kv_memory, prefill
+from dynheads.models import LoadedModel
+from dynheads.runs import RunDir
+
+
+class _Sample:
+    def __init__(self, ids, needle=()):
+        self.input_ids, self.needle_positions = ids, list(needle)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
+
+
+def _prompt(seed=0, length=40):
+    return torch.randint(3, 128, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_full_policy_is_plain_greedy_decoding(lm):
+    sample = _Sample(_prompt(), needle=range(5, 10))
+    result = kv_generate(lm, sample, KVSettings(policy="full"), max_new_tokens=8)
+    assert result.tokens == trace(lm, sample, max_new_tokens=8).tokens.tolist()
+    assert result.kept_kv == result.total_kv and result.kv_fraction == 1.0
+
+
+def test_streaming_heads_with_a_window_over_everything_change_nothing(lm):
+    sample = _Sample(_prompt(1))
+    plain = kv_generate(lm, sample, KVSettings(policy="full"), max_new_tokens=6).tokens
+    wide = kv_generate(lm, sample, KVSettings(policy="none", sink=0, recent=100), max_new_tokens=6)
+    narrow = kv_generate(lm, sample, KVSettings(policy="none", sink=1, recent=2), max_new_tokens=6)
+    assert wide.tokens == plain
+    assert narrow.tokens != plain  # hiding most keys from every head changes the generation
+    assert narrow.kept_kv[0] == 3 * 2 * 3  # 3 layers x 2 KV heads x (sink 1 + recent 2) tokens
+    shared = prefill(lm, sample, 6)  # one prefill, reused by several policies, gives the same generations
+    for settings, tokens in ((KVSettings(policy="none", sink=1, recent=2), narrow.tokens),
+                             (KVSettings(policy="full"), plain), (KVSettings(policy="none", sink=1, recent=2),
+                                                                   narrow.tokens)):
+        assert kv_generate(lm, sample, settings, max_new_tokens=6, prefilled=shared).tokens == tokens
+
+
+def test_static_and_random_keep_k_heads_and_count_kv_per_kv_head(lm):
+    ranking = ((0, 0), (0, 1), (2, 3), (1, 2))
+    k = head_count(0.25, lm.num_layers, lm.num_heads)  # 12 heads -> 3
+    static = kv_generate(lm, _Sample(_prompt(2)), KVSettings(policy="static", budget=0.25, static_ranking=ranking),
+                         max_new_tokens=4)
+    assert k == 3 and all(heads == list(ranking[:3]) for heads in static.full_heads)
+    # (0,0) and (0,1) share KV head 0 of layer 0 (4 query heads, 2 KV heads): 2 full KV heads, 4 streaming.
+    length = 40
+    assert kv_memory(list(ranking[:3]), lm, length, 4, 8) == 2 * length + 4 * 12
+    random = kv_generate(lm, _Sample(_prompt(2)), KVSettings(policy="random", budget=0.25, seed=3), max_new_tokens=4)
+    assert all(len(heads) == 3 for heads in random.full_heads) and len({tuple(h) for h in random.full_heads}) > 1
+
+
+def test_true_policy_leaves_the_cache_as_a_single_pass_would(lm):
+    sample = _Sample(_prompt(3), needle=range(2, 30))
+    result = kv_generate(lm, sample, KVSettings(policy="true", budget=1.0, sink=1, recent=2), max_new_tokens=5)
+    assert all(len(heads) <= lm.num_layers * lm.num_heads for heads in result.full_heads)
+    assert len(result.full_heads) == len(result.dynamic) == 5
+
+
+def test_bad_settings_are_refused(lm):
+    with pytest.raises(DynheadsError, match="unknown KV policy"):
+        kv_generate(lm, _Sample(_prompt()), KVSettings(policy="sometimes"), max_new_tokens=2)
+    with pytest.raises(DynheadsError, match="static head list"):
+        kv_generate(lm, _Sample(_prompt()), KVSettings(policy="static"), max_new_tokens=2)
+    with pytest.raises(DynheadsError, match="trained head predictor"):
+        kv_generate(lm, _Sample(_prompt()), KVSettings(policy="probe"), max_new_tokens=2)
+    with pytest.raises(DynheadsError, match="fraction of heads"):
+        kv_generate(lm, _Sample(_prompt()), KVSettings(policy="random", budget=0.0), max_new_tokens=2)
+    with pytest.raises(DynheadsError, match="needs a trained probe"):
+        KVConfig(policies=("probe",)).jobs()
+
+
+def test_probe_fitted_on_evaluation_samples_is_refused(tmp_path):
+    run = RunDir(tmp_path / "train")
+    run.start("niah", {"seed": 1}, None)
+    run.save_sample({"sample_id": "kvprobe-a", "seed": 11, "answer": "uuid-a"})
+    (tmp_path / "train" / "probe").mkdir()
+    evaluation = [{"sample_id": "analysis-b", "seed": 12, "answer": "uuid-b"}]
+    fitted = _fit_samples(str(tmp_path / "train" / "probe"), "probe", evaluation)
+    assert fitted["samples"] == [{"sample_id": "kvprobe-a", "seed": 11, "answer": "uuid-a"}]
+    with pytest.raises(DynheadsError, match="fitted on 1 of the evaluation samples"):
+        _fit_samples(str(tmp_path / "train" / "probe"), "probe", evaluation + [
+            {"sample_id": "analysis-c", "seed": 11, "answer": "uuid-c"}])
+    with pytest.raises(DynheadsError, match="cannot tell which samples"):
+        _fit_samples(str(tmp_path / "elsewhere" / "probe"), "probe", evaluation)
+
+
+def test_precision_recall_pairs_step_t_predictions_with_step_t_plus_1():
+    records = [{"policy": "full", "dynamic": [[0], [1], [1]],
+                "probe_scores": [[0.1, 0.9, 0.0], [0.2, 0.8, 0.0], [0.9, 0.0, 0.0]]}]
+    pr = probe_precision_recall(records, {"probe_threshold": 0.5, "heads_per_budget": {"0.34": 1}})
+    rows = pr["predictors"]
+    assert pr["step_pairs"] == 2
+    assert rows["probe(h_t) > 0.500"] == {"precision": 1.0, "recall": 1.0, "predicted_per_step": 1.0}
+    assert rows["previous D_t (D_t itself)"]["precision"] == 0.5
+
+
+def test_kv_head_matrix_and_duo_attention_files(tmp_path):
+    heads = RankedHeads(heads=((0, 3), (1, 0), (0, 2)), scores=(0.9, 0.5, 0.1), test_scores=None, format="wu",
+                        source="x")
+    scores = query_head_scores(heads, 2, 4)
+    assert scores[0, 3] == 0.9 and scores[1, 1] == 0.0
+    np.testing.assert_allclose(kv_head_matrix(scores, 2, "max"), [[0.0, 0.9], [0.5, 0.0]])
+    np.testing.assert_allclose(kv_head_matrix(scores, 2, "mean"), [[0.0, 0.5], [0.25, 0.0]])
+    with pytest.raises(DynheadsError, match="cannot be grouped"):
+        kv_head_matrix(scores, 3)
+    write_duo_attention(tmp_path, kv_head_matrix(scores, 2), sink=4, recent=64, aggregation="max", source="x",
+                        num_heads=4)
+    assert (tmp_path / "full_attention_heads.tsv").read_text() == "0\t0.9\n0.5\t0\n"
+    config = read_json(tmp_path / "config.json")
+    assert (config["sink_size"], config["recent_size"], config["aggregation"]) == (4, 64, "max")
+
+
+@pytest.mark.slow
+def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded):
+    from dynheads.experiments.kv import run_kv
+
+    static_run = RunDir(tmp_path / "static")  # a static list fitted on one (fake) sample of another stream
+    static_run.start("static", {"seed": 0}, None)
+    static_run.save_sample({"sample_id": "static-x", "seed": 1, "answer": "not-an-evaluation-uuid"})
+    (tmp_path / "static" / "list.json").write_text('["18-6", "17-3", "17-4"]')
+    config = KVConfig(policies=("full", "none", "static"), budgets=(0.01,), lengths=(200,), depths=(0.5,), runs=2,
+                      max_new_tokens=6, static=str(tmp_path / "static" / "list.json"))
+    for shard in ((1, 2), (0, 2)):  # two shards fill one run directory
+        run = run_kv(config, tmp_path / "kv", lm=embedded, progress=False, shard=shard)
+    table = read_json(run.manifest_path)
+    assert table["fit_samples"]["static"]["samples"][0]["sample_id"] == "static-x"
+    assert [e["sample_id"] for e in table["evaluation_samples"]] == ["analysis-len200-depth0.5-run0",
+                                                                    "analysis-len200-depth0.5-run1"]
+    assert len(run.records()) == 2 * 3
+    import pandas as pd
+
+    frame = pd.read_csv(run.path / "table.csv")
+    assert set(frame["policy"]) == {"full", "none", "static"} and (frame["samples"] == 2).all()
+    static_row = frame[frame["policy"] == "static"].iloc[0]
+    assert static_row["full_heads"] == 3 and 0 < static_row["kv_fraction"] < 1
+    assert frame[frame["policy"] == "full"].iloc[0]["kv_fraction"] == 1.0
+    assert (run.path / "plots" / "kv-accuracy.png").is_file()
