@@ -1,8 +1,10 @@
-"""``dynheads reproduce``: every stage of the paper in order, into sub-folders of one directory, then the report.
+"""``dynheads reproduce``: every stage of the paper in order, into sub-folders of one directory.
 
 Each stage is resumable on its own (run directories skip finished samples; analysis stages are skipped when
 their output exists), so an interrupted ``reproduce`` continues where it stopped and ends with the same
-report. Stage wall times are recorded in ``stages.json``.
+stage outputs. Stage wall times are recorded in ``stages.json``. The report (``dynheads.report.write_report``)
+is written from the finished folder by the caller (the CLI's ``reproduce`` command): experiments never import
+the report.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ class _Stages:
 
 def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | None = None,
               progress: bool = True) -> Path:
-    """Run the whole study into ``out`` and write ``report.md`` / ``report.html``; returns the HTML path."""
+    """Run the whole study into ``out`` (one sub-folder per stage); returns ``out``, ready for ``write_report``."""
     if config.preset not in PRESETS:
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
     preset, out = PRESETS[config.preset], Path(out)
@@ -241,11 +243,7 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
                     data=qa_data, questions=streams["rag"].count, first=streams["rag"].first,
                     lengths=(preset.rag_length,), **common)
     stages.run("rag", lambda: run_rag(rag, out / "rag", lm=lm, progress=progress))
-
-    from dynheads.report import write_report
-
-    _, html = write_report(out)
-    return html
+    return out
 
 
 def hotpot_streams(preset: Preset) -> dict[str, QuestionStream]:

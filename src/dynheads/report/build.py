@@ -22,13 +22,25 @@ from typing import Any
 
 import pandas as pd
 
-from dynheads.analysis.cca import PAPER_TOP1
-from dynheads.analysis.dynamism import ENTROPY_BASELINE, PAPER_DYNAMISM
 from dynheads.errors import DynheadsError
-from dynheads.experiments.ablation import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
-from dynheads.experiments.probing import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
-from dynheads.experiments.rag import PAPER_TABLE4, rag_table
 from dynheads.io import read_json, write_text
+from dynheads.paper import (
+    ENTROPY_BASELINE,
+    PAPER_DYNAMISM,
+    PAPER_FIGURE5,
+    PAPER_FIGURE6,
+    PAPER_FIGURE7,
+    PAPER_FIGURE8,
+    PAPER_GRID,
+    PAPER_MODEL,
+    PAPER_PROBE_BINARY,
+    PAPER_PROBE_CONTINUOUS,
+    PAPER_PROGRESSIVE,
+    PAPER_TABLE4,
+    PAPER_TABLE6,
+    PAPER_TOP1,
+)
+from dynheads.rag.results import rag_table
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
@@ -43,12 +55,6 @@ ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one cells.cs
 SETTING_KEYS = ("kind", "score", "task", "threshold", "ks", "static_file", "epochs_run", "train_seconds", "seed")
 RAG_STRATEGIES = {"dynamic": "Dynamic", "static": "Static", "dynamic-random": "Dynamic Random",
                   "fixed-random": "Fixed Random", "none": "w/o RAG"}
-# Paper Table 6 (llama3.1-8b, HotpotQA EM / F1) at k = 10 and 20; its k = 5 row is Table 4's.
-PAPER_TABLE6 = {10: {"dynamic": (0.286, 0.3877), "static": (0.280, 0.3767), "dynamic-random": (0.280, 0.3807),
-                     "fixed-random": (0.276, 0.3711)},
-                20: {"dynamic": (0.292, 0.3967), "static": (0.282, 0.3810), "dynamic-random": (0.274, 0.3713),
-                     "fixed-random": (0.276, 0.3751)}}
-
 
 @dataclass(frozen=True)
 class Figure:
@@ -127,17 +133,11 @@ def build_sections(root: Path) -> list[Section]:
          lambda: _task_run(root, "hotpotqa") + (_stage(root, "hotpotqa-static", "Static reasoning heads")
                                                   if (root / "hotpotqa-static").is_dir() else [])),
         ("claim1-hotpotqa", "Claim 1, dynamism, on HotpotQA (Figure 5)",
-         lambda: _dynamism(root, "hotpotqa-dynamism", hotpot, "Figure 5",
-                           "Figure 5 (llama3.1-8b): the Eq. 2 scores of ten heads change over one answer; the paper "
-                           "gives no Table 1 numbers for HotpotQA.")),
+         lambda: _dynamism(root, "hotpotqa-dynamism", hotpot, "Figure 5", PAPER_FIGURE5)),
         ("claim2-hotpotqa", "Claim 2, irreplaceability, on HotpotQA (Figures 6 and 7)",
-         lambda: _ablation(root, "hotpotqa-", hotpot,
-                           "Figure 6 (llama3.1-8b): masking the dynamic heads (Eq. 2) lowers F1 far more than "
-                           "masking as many static or random heads.",
-                           "Figure 7 (llama3.1-8b): HotpotQA degrades as more dynamic heads are masked per step.")),
+         lambda: _ablation(root, "hotpotqa-", hotpot, PAPER_FIGURE6, PAPER_FIGURE7)),
         ("claim3-hotpotqa", "Claim 3, correlation, on HotpotQA (Figure 8, Table 3)",
-         lambda: _correlation(root, "hotpotqa-", hotpot,
-                              "Figure 8: the correlation persists on HotpotQA (the paper states no numbers).",
+         lambda: _correlation(root, "hotpotqa-", hotpot, PAPER_FIGURE8,
                               _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)))),
         ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root)),
     ]
@@ -276,7 +276,7 @@ def _rag(root: Path) -> list[Part]:
     header = ["model", *RAG_STRATEGIES.values()]
     table4 = [[model, *(_em_f1(row.get(s)) for s in RAG_STRATEGIES)] for model, row in PAPER_TABLE4.items()]
     table6 = [[f"k={k}", *(_em_f1(row[s]) for s in RAG_STRATEGIES if s != "none")]
-              for k, row in {5: PAPER_TABLE4["llama3.1-8b"], **PAPER_TABLE6}.items()]
+              for k, row in {5: PAPER_TABLE4[PAPER_MODEL], **PAPER_TABLE6}.items()]
     return [_guard(verdict, claims.RAG, "HotpotQA"), *_stage(root, "rag", "RAG"),
             "Paper, Table 4 (HotpotQA EM / F1, k = 5):\n\n" + _table(header, table4),
             "Paper, Table 6 (llama3.1-8b, EM / F1 by k):\n\n" + _table(["k", *header[1:-1]], table6)]
