@@ -46,6 +46,23 @@ from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
 from dynheads.runs import RunDir
+from dynheads.stages import (
+    ABLATION,
+    CCA,
+    DYNAMISM,
+    HOTPOTQA,
+    HOTPOTQA_ABLATION,
+    HOTPOTQA_CCA,
+    HOTPOTQA_DYNAMISM,
+    HOTPOTQA_PROBE,
+    HOTPOTQA_PROGRESSIVE,
+    HOTPOTQA_STATIC,
+    NIAH,
+    PROBE,
+    PROGRESSIVE,
+    RAG,
+    STATIC,
+)
 
 STAGE_NOT_RUN = "stage not run"
 COLLAPSE_ROWS = 8  # HTML: a longer table (CCA per offset x method, say) opens on a click
@@ -108,7 +125,7 @@ def _headline(anchor: str, verdict: Verdict, root: Path) -> Headline:
 
 def _ablation_metric(root: Path, anchor: str) -> str:
     """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its cells.csv has)."""
-    path = root / f"{'hotpotqa-' if anchor.endswith('hotpotqa') else ''}ablation" / "cells.csv"
+    path = root / (HOTPOTQA_ABLATION if anchor.endswith("hotpotqa") else ABLATION) / "cells.csv"
     try:
         columns = pd.read_csv(path, nrows=0).columns if path.is_file() else []
     except (OSError, ValueError):
@@ -121,23 +138,25 @@ def build_sections(root: Path) -> list[Section]:
     niah, hotpot = "NIAH", "HotpotQA"
     specs: list[tuple[str, str, Callable[[], list[Part]]]] = [
         ("static", "Static retrieval heads (Wu et al. 2024)", lambda: _static(root)),
-        ("niah", "NIAH setup (Section 3.1)", lambda: _task_run(root, "niah")),
+        ("niah", "NIAH setup (Section 3.1)", lambda: _task_run(root, NIAH)),
         ("claim1-niah", "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)",
-         lambda: _dynamism(root, "dynamism", niah, "Figure 1", _table1_note())),
+         lambda: _dynamism(root, DYNAMISM, niah, "Figure 1", _table1_note())),
         ("claim2-niah", "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)",
-         lambda: _ablation(root, "", niah, f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.")),
+         lambda: _ablation(root, (ABLATION, PROGRESSIVE), ("Figure 2", "Figure 3"), niah,
+                           f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.")),
         ("claim3-niah", "Claim 3, correlation, on NIAH (Figure 4, Table 2)",
-         lambda: _correlation(root, "", niah, _cca_note(),
+         lambda: _correlation(root, (CCA, PROBE), "Figure 4", "binary", niah, _cca_note(),
                               _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")))),
         ("hotpotqa", "HotpotQA setup (Section 5)",
-         lambda: _task_run(root, "hotpotqa") + (_stage(root, "hotpotqa-static", "Static reasoning heads")
-                                                  if (root / "hotpotqa-static").is_dir() else [])),
+         lambda: _task_run(root, HOTPOTQA) + (_stage(root, HOTPOTQA_STATIC, "Static reasoning heads")
+                                                if (root / HOTPOTQA_STATIC).is_dir() else [])),
         ("claim1-hotpotqa", "Claim 1, dynamism, on HotpotQA (Figure 5)",
-         lambda: _dynamism(root, "hotpotqa-dynamism", hotpot, "Figure 5", PAPER_FIGURE5)),
+         lambda: _dynamism(root, HOTPOTQA_DYNAMISM, hotpot, "Figure 5", PAPER_FIGURE5)),
         ("claim2-hotpotqa", "Claim 2, irreplaceability, on HotpotQA (Figures 6 and 7)",
-         lambda: _ablation(root, "hotpotqa-", hotpot, PAPER_FIGURE6, PAPER_FIGURE7)),
-        ("claim3-hotpotqa", "Claim 3, correlation, on HotpotQA (Figure 8, Table 3)",
-         lambda: _correlation(root, "hotpotqa-", hotpot, PAPER_FIGURE8,
+         lambda: _ablation(root, (HOTPOTQA_ABLATION, HOTPOTQA_PROGRESSIVE), ("Figure 6", "Figure 7"), hotpot,
+                           PAPER_FIGURE6, PAPER_FIGURE7)),
+        ("claim3-hotpotqa", "Claim 3, correlation, on HotpotQA (Figure 8, Table 3)",  # Eq. 2 scores: a regressor
+         lambda: _correlation(root, (HOTPOTQA_CCA, HOTPOTQA_PROBE), "Figure 8", "continuous", hotpot, PAPER_FIGURE8,
                               _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)))),
         ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root)),
     ]
@@ -173,10 +192,10 @@ def _stage(root: Path, name: str, figure: str, notes: Iterable[str] = ()) -> lis
 
 
 def _static(root: Path) -> list[Part]:
-    parts = _stage(root, "static", "Static heads", ["heads scored as Wu et al. (copy steps / answer tokens, over "
+    parts = _stage(root, STATIC, "Static heads", ["heads scored as Wu et al. (copy steps / answer tokens, over "
                                                     "tests whose ROUGE-1 recall > 0.5); dynamic sets are compared "
                                                     "with the static top-20 (and top-50, top-100 in Table 5)."])
-    summary = _json(root / "static" / "static_summary.json")
+    summary = _json(root / STATIC / "static_summary.json")
     if summary:
         parts.insert(2, f"Pass rate {summary['pass_rate']:.2f} ({summary['num_counted']} of {summary['num_tests']} "
                         f"tests counted); top-20: {', '.join(summary['top20'])}.")
@@ -210,19 +229,20 @@ def _dynamism(root: Path, stage: str, task: str, figure: str, note: str) -> list
     return [verdict, *_stage(root, stage, figure, [note])]
 
 
-def _ablation(root: Path, prefix: str, task: str, grid_note: str, progressive_note: str) -> list[Part]:
-    """Claim 2: ``{prefix}ablation`` (Figure 2 / 6) and ``{prefix}progressive`` (Figure 3 / 7)."""
-    figures = ("Figure 2", "Figure 3") if not prefix else ("Figure 6", "Figure 7")
+def _ablation(root: Path, stages: tuple[str, str], figures: tuple[str, str], task: str, grid_note: str,
+              progressive_note: str) -> list[Part]:
+    """Claim 2: the stages (ablation grid, progressive ablation) of one task and their figures (2, 3 or 6, 7)."""
+    grid, progressive = stages
 
     def verdict() -> Verdict:
-        path = root / f"{prefix}ablation" / "cells.csv"
+        path = root / grid / "cells.csv"
         cells = pd.read_csv(path) if path.is_file() else None
         metric, means = _strategy_means(cells) if cells is not None else (ABLATION_METRICS[0], None)
         masking = claims.masking_from_cells(cells) if cells is not None else None
         return claims.irreplaceability_verdict(means, metric, task, masking)
 
-    return [_guard(verdict, claims.CLAIM2, task), *_stage(root, f"{prefix}ablation", figures[0], [grid_note]),
-            *_stage(root, f"{prefix}progressive", figures[1], [progressive_note])]
+    return [_guard(verdict, claims.CLAIM2, task), *_stage(root, grid, figures[0], [grid_note]),
+            *_stage(root, progressive, figures[1], [progressive_note])]
 
 
 def _strategy_means(cells: pd.DataFrame) -> tuple[str, dict[str, float] | None]:
@@ -236,26 +256,28 @@ def _strategy_means(cells: pd.DataFrame) -> tuple[str, dict[str, float] | None]:
     return metric, (sums / weights.groupby(valid["strategy"]).sum()).to_dict()
 
 
-def _correlation(root: Path, prefix: str, task: str, cca_note: str, probe_note: str) -> list[Part]:
-    """Claim 3: ``{prefix}cca`` (Figure 4 / 8) and ``{prefix}probe`` (Table 2 / 3)."""
-    figure = "Figure 4" if not prefix else "Figure 8"
+def _correlation(root: Path, stages: tuple[str, str], figure: str, probe_kind: str, task: str, cca_note: str,
+                 probe_note: str) -> list[Part]:
+    """Claim 3: the stages (CCA, MLP probe) of one task; ``figure`` is the CCA's (4 or 8), ``probe_kind`` the
+    probe's task when its metrics do not say (binary copy scores, or continuous Eq. 2 scores)."""
+    cca, probe_stage = stages
 
     def verdict() -> Verdict:
         held_out = shuffled = None
-        path = root / f"{prefix}cca" / "cca.csv"
+        path = root / cca / "cca.csv"
         if path.is_file():
             table = pd.read_csv(path)
             top1 = table[table["offset"] == claims.CCA_OFFSET].set_index("method")["top1"]
             held_out, shuffled = top1.get("held_out"), top1.get("shuffled")
-        metrics = _probe_metrics(root / f"{prefix}probe")
-        kind = (metrics or {}).get("task", "continuous" if prefix else "binary")  # HotpotQA: Eq. 2 regressor
+        metrics = _probe_metrics(root / probe_stage)
+        kind = (metrics or {}).get("task", probe_kind)
         metric = "auprc" if kind == "binary" else "r2"
         probe, baseline = ((metrics["probe"].get(metric), metrics["baseline"].get(metric)) if metrics
                            else (None, None))
         return claims.correlation_verdict(held_out, shuffled, probe, baseline, metric, task)
 
-    return [_guard(verdict, claims.CLAIM3, task), *_stage(root, f"{prefix}cca", figure, [cca_note]),
-            *_stage(root, f"{prefix}probe", "Probe", [probe_note])]
+    return [_guard(verdict, claims.CLAIM3, task), *_stage(root, cca, figure, [cca_note]),
+            *_stage(root, probe_stage, "Probe", [probe_note])]
 
 
 def _probe_metrics(folder: Path) -> dict | None:
@@ -269,7 +291,7 @@ def _probe_metrics(folder: Path) -> dict | None:
 
 def _rag(root: Path) -> list[Part]:
     def verdict() -> Verdict:
-        run = RunDir(root / "rag")
+        run = RunDir(root / RAG)
         table = rag_table(run) if run.path.is_dir() and run.records() else pd.DataFrame(columns=["k"])
         return claims.rag_verdict({(row.strategy, row.k): row.f1 for row in table.itertuples() if row.k != "-"})
 
@@ -277,7 +299,7 @@ def _rag(root: Path) -> list[Part]:
     table4 = [[model, *(_em_f1(row.get(s)) for s in RAG_STRATEGIES)] for model, row in PAPER_TABLE4.items()]
     table6 = [[f"k={k}", *(_em_f1(row[s]) for s in RAG_STRATEGIES if s != "none")]
               for k, row in {5: PAPER_TABLE4[PAPER_MODEL], **PAPER_TABLE6}.items()]
-    return [_guard(verdict, claims.RAG, "HotpotQA"), *_stage(root, "rag", "RAG"),
+    return [_guard(verdict, claims.RAG, "HotpotQA"), *_stage(root, RAG, "RAG"),
             "Paper, Table 4 (HotpotQA EM / F1, k = 5):\n\n" + _table(header, table4),
             "Paper, Table 6 (llama3.1-8b, EM / F1 by k):\n\n" + _table(["k", *header[1:-1]], table6)]
 
@@ -385,9 +407,9 @@ def _json(path: Path) -> dict | None:
 # ---- step view data ---------------------------------------------------------------------------------------------
 def _step_data(root: Path) -> dict[str, Any]:
     """Per-step view of the NIAH and HotpotQA runs that exist (with the HotpotQA dynamism threshold, if recorded)."""
-    threshold = (_json(root / "hotpotqa-dynamism" / "dynamism.json") or {}).get("threshold") or REASONING_THRESHOLD
+    threshold = (_json(root / HOTPOTQA_DYNAMISM / "dynamism.json") or {}).get("threshold") or REASONING_THRESHOLD
     runs = []
-    for stage, label, score in (("niah", "NIAH", "copy"), ("hotpotqa", "HotpotQA", "reasoning")):
+    for stage, label, score in ((NIAH, "NIAH", "copy"), (HOTPOTQA, "HotpotQA", "reasoning")):
         try:
             if (root / stage / "manifest.json").is_file():
                 runs.append(step_view(root / stage, label, score, threshold=threshold))

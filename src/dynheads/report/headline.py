@@ -24,13 +24,14 @@ from dynheads.paper import (
 )
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
+from dynheads.stages import ABLATION, CCA, DYNAMISM, HOTPOTQA_ABLATION, HOTPOTQA_CCA, HOTPOTQA_DYNAMISM
 
 NOT_STATED = "not stated"
 # anchor of the claim's section -> the stage folder and file pattern of its one figure (first match, name order)
 FIGURES = {
-    "claim1-niah": ("dynamism", "heads-*.png"), "claim2-niah": ("ablation", "plots/ablation-*.png"),
-    "claim3-niah": ("cca", "cca.png"), "claim1-hotpotqa": ("hotpotqa-dynamism", "heads-*.png"),
-    "claim2-hotpotqa": ("hotpotqa-ablation", "plots/ablation-*.png"), "claim3-hotpotqa": ("hotpotqa-cca", "cca.png"),
+    "claim1-niah": (DYNAMISM, "heads-*.png"), "claim2-niah": (ABLATION, "plots/ablation-*.png"),
+    "claim3-niah": (CCA, "cca.png"), "claim1-hotpotqa": (HOTPOTQA_DYNAMISM, "heads-*.png"),
+    "claim2-hotpotqa": (HOTPOTQA_ABLATION, "plots/ablation-*.png"), "claim3-hotpotqa": (HOTPOTQA_CCA, "cca.png"),
 }
 
 
