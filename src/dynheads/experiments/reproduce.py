@@ -215,8 +215,7 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=(preset.progressive_length,), depths=(0.5,),
                                     runs=preset.progressive_runs, max_new_tokens=preset.max_new_tokens,
                                     static=str(static_file), **common)
-    stages.run(PROGRESSIVE, lambda: run_progressive(progressive, out / PROGRESSIVE, lm=lm,
-                                                            progress=progress))
+    stages.run(PROGRESSIVE, lambda: run_progressive(progressive, out / PROGRESSIVE, lm=lm, progress=progress))
     cca = CCAConfig(seed=config.seed)
     stages.run(CCA, lambda: cca_report(out / NIAH, preset.cca_offsets, cca, out_dir=out / CCA))
     probe_config = replace(preset.probe, seed=config.seed)
@@ -230,7 +229,7 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     reasoning = StaticReasoningConfig(data=qa_data, questions=streams["static"].count,
                                       first=streams["static"].first, **hotpot_grid)
     stages.run(HOTPOTQA_STATIC, lambda: run_static_reasoning(reasoning, out / HOTPOTQA_STATIC, lm=lm,
-                                                               progress=progress))
+                                                             progress=progress))
     reasoning_file = out / HOTPOTQA_STATIC / "static_heads.json"
     hotpot = HotpotConfig(data=qa_data, questions=streams["analysis"].count, first=streams["analysis"].first,
                           split="analysis", **hotpot_grid)
@@ -250,12 +249,12 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
                                      questions=streams["ablation"].count, first=streams["ablation"].first,
                                      split="ablation", **hotpot_task)
     stages.run(HOTPOTQA_ABLATION, lambda: run_ablation(hotpot_ablation, out / HOTPOTQA_ABLATION, lm=lm,
-                                                         progress=progress))
+                                                       progress=progress))
     hotpot_progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=preset.hotpot_ablation_lengths[:1],
                                            depths=(0.5,), questions=streams["progressive"].count,
                                            first=streams["progressive"].first, split="progressive", **hotpot_task)
     stages.run(HOTPOTQA_PROGRESSIVE, lambda: run_progressive(hotpot_progressive, out / HOTPOTQA_PROGRESSIVE,
-                                                               lm=lm, progress=progress))
+                                                             lm=lm, progress=progress))
     rag = RagConfig(probe=str(out / HOTPOTQA_PROBE), static=str(reasoning_file), ks=preset.rag_ks,
                     data=qa_data, questions=streams["rag"].count, first=streams["rag"].first,
                     lengths=(preset.rag_length,), **common)

@@ -193,8 +193,8 @@ def _stage(root: Path, name: str, figure: str, notes: Iterable[str] = ()) -> lis
 
 def _static(root: Path) -> list[Part]:
     parts = _stage(root, STATIC, "Static heads", ["heads scored as Wu et al. (copy steps / answer tokens, over "
-                                                    "tests whose ROUGE-1 recall > 0.5); dynamic sets are compared "
-                                                    "with the static top-20 (and top-50, top-100 in Table 5)."])
+                                                  "tests whose ROUGE-1 recall > 0.5); dynamic sets are compared "
+                                                  "with the static top-20 (and top-50, top-100 in Table 5)."])
     summary = _json(root / STATIC / "static_summary.json")
     if summary:
         parts.insert(2, f"Pass rate {summary['pass_rate']:.2f} ({summary['num_counted']} of {summary['num_tests']} "
