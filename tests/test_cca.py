@@ -7,7 +7,6 @@ import pytest
 from sklearn.cross_decomposition import CCA
 
 from dynheads.analysis.cca import (
-    PAPER_TOP1,
     CCAConfig,
     canonical_correlations,
     cca_offsets,
@@ -18,6 +17,7 @@ from dynheads.analysis.cca import (
     write_cca,
 )
 from dynheads.errors import DynheadsError
+from dynheads.paper import PAPER_TOP1
 from dynheads.plots.cca import plot_cca
 
 RHOS = (0.9, 0.6, 0.3)

@@ -11,8 +11,6 @@ import pandas as pd
 import pytest
 
 from dynheads.analysis.dynamism import (
-    ENTROPY_BASELINE,
-    PAPER_DYNAMISM,
     binarize,
     dynamism_csv,
     dynamism_stats,
@@ -20,6 +18,7 @@ from dynheads.analysis.dynamism import (
     table5_markdown,
 )
 from dynheads.errors import DynheadsError
+from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM
 
 SHAPE = (2, 3)
 HEADS = [(layer, head) for layer in range(2) for head in range(3)]

@@ -9,9 +9,10 @@ import pytest
 
 from dynheads.analysis.mlp_probe import ProbeConfig, train_probe
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
-from dynheads.experiments.rag import RagConfig, rag_table, run_rag
+from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.models import load_model
 from dynheads.rag.loop import RagSettings, _Answerer, answer_question
+from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import HeadSelector
 from dynheads.rag.trigger import TriggerConfig
 

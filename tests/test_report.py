@@ -16,11 +16,13 @@ import pytest
 from dynheads.analysis.cca import write_cca
 from dynheads.analysis.headlists import save_head_scores
 from dynheads.experiments.analyses import dynamism_report, plot_heads
-from dynheads.experiments.probing import PAPER_PROBE_BINARY, metrics_markdown
-from dynheads.experiments.rag import rag_markdown, rag_table
+from dynheads.experiments.probing import metrics_markdown
+from dynheads.experiments.rag import rag_markdown
 from dynheads.io import write_json, write_text
+from dynheads.paper import PAPER_PROBE_BINARY
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.plots.cca import plot_cca
+from dynheads.rag.results import rag_table
 from dynheads.report import claims, write_report
 from dynheads.report.build import markdown_html
 from dynheads.report.stepview import spans, step_view

@@ -10,6 +10,7 @@ from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
 from dynheads.io import read_json
 from dynheads.models import load_model
+from dynheads.report import write_report
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, ti
     assert {"niah", "static", "dynamism"} <= done_before and "cca" not in done_before
 
     monkeypatch.setattr(reproduce_module, "cca_report", real_cca)
-    html = reproduce(config, out, lm=tiny_lm, progress=False)
+    _, html = write_report(reproduce(config, out, lm=tiny_lm, progress=False))  # as the CLI's reproduce does
     stages = read_json(out / "stages.json")
     assert set(stages) >= done_before | {"cca", "probe", "hotpotqa", "rag"}
     assert {name: stages[name] for name in done_before} == {n: s for n, s in stages.items() if n in done_before}
@@ -59,7 +60,7 @@ def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, ti
     assert set(probe_ids["train"]) | set(probe_ids["validation"]) <= ids["hotpotqa"]
 
     # A third run has nothing left to do and writes the same report.
-    reproduce(config, out, lm=tiny_lm, progress=False)
+    write_report(reproduce(config, out, lm=tiny_lm, progress=False))
     assert (out / "report.md").read_text() == first_report
 
 

@@ -16,7 +16,6 @@ Re-running the same command skips finished samples; a different config in the sa
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import platform
 from collections.abc import Iterator
@@ -122,12 +121,6 @@ class RunDir:
         with atomic_path(self.path / "results.csv") as tmp:
             frame.to_csv(tmp, index=False)
         return frame
-
-
-def derive_seed(*parts: Any) -> int:
-    """A stable 31-bit seed from any values: the same sample gets the same seed in any order or process."""
-    digest = hashlib.sha256("|".join(repr(p) for p in parts).encode()).hexdigest()
-    return int(digest[:8], 16) & 0x7FFFFFFF
 
 
 def _jsonable(value: Any) -> Any:

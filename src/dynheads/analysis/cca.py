@@ -31,14 +31,12 @@ from tqdm.auto import tqdm
 
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
+from dynheads.paper import PAPER_TOP1
 from dynheads.traces import ScoreKind, Trace
 
 Sample = tuple[np.ndarray, np.ndarray]  # (hidden [step, dim], scores [step, layer*head])
 Method = Literal["in_sample", "held_out", "shuffled"]
 METHODS: tuple[Method, ...] = ("in_sample", "held_out", "shuffled")
-
-# First canonical correlation (in-sample) per offset, read from the paper's text (Sec. 3.3, NIAH).
-PAPER_TOP1: dict[str, dict[int, float]] = {"llama3.1-8b": {0: 0.966, 1: 0.931, 2: 0.915}}
 
 _MIN_PAIRS = 3  # fewer pairs give no usable PCA or correlation
 

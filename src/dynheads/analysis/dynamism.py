@@ -23,28 +23,9 @@ from scipy.stats import entropy
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads, flat_index
+from dynheads.paper import ENTROPY_BASELINE
 
 DEFAULT_KS = (20, 50, 100)
-ENTROPY_BASELINE = math.log(20)  # uniform use of exactly the top-20 static heads (paper, Appendix A.3)
-
-# The paper's Table 1 (k = 20 Jaccard) and Table 5 (k = 50, 100), keyed like ``DynamismStats.to_dict()``.
-PAPER_DYNAMISM: dict[str, dict[str, float]] = {
-    "llama3.1-8b": {"mean_size": 12.97, "std_size": 7.69, "unique_heads": 238, "total_heads": 1024,
-                    "jaccard_static_k20": 0.3512, "jaccard_static_k50": 0.2106, "jaccard_static_k100": 0.1236,
-                    "adjacent_jaccard": 0.2793, "entropy": 3.8154},
-    "llama3.2-3b": {"mean_size": 9.69, "std_size": 6.18, "unique_heads": 149, "total_heads": 672,
-                    "jaccard_static_k20": 0.3126, "jaccard_static_k50": 0.1755, "jaccard_static_k100": 0.0964,
-                    "adjacent_jaccard": 0.3188, "entropy": 3.0083},
-    "qwen3-8b": {"mean_size": 20.18, "std_size": 10.43, "unique_heads": 415, "total_heads": 1152,
-                 "jaccard_static_k20": 0.4611, "jaccard_static_k50": 0.3011, "jaccard_static_k100": 0.1799,
-                 "adjacent_jaccard": 0.3668, "entropy": 4.1038},
-    "llama2-13b": {"mean_size": 6.20, "std_size": 5.49, "unique_heads": 172, "total_heads": 1600,
-                   "jaccard_static_k20": 0.2077, "jaccard_static_k50": 0.1116, "jaccard_static_k100": 0.0612,
-                   "adjacent_jaccard": 0.4979, "entropy": 4.8973},
-    "phi4-mini": {"mean_size": 6.13, "std_size": 7.09, "unique_heads": 176, "total_heads": 768,
-                  "jaccard_static_k20": 0.1845, "jaccard_static_k50": 0.1087, "jaccard_static_k100": 0.0606,
-                  "adjacent_jaccard": 0.5056, "entropy": 3.5532},
-}
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,8 @@ def reproduce(
     """Run the whole study (every table and figure of the paper) and write report.md and report.html."""
     from dynheads.experiments.reproduce import ReproduceConfig
     from dynheads.experiments.reproduce import reproduce as run_all
+    from dynheads.report import write_report
 
-    html = run_all(ReproduceConfig(model=model, preset=preset, hotpotqa=hotpotqa, seed=seed, device=device), out)
+    folder = run_all(ReproduceConfig(model=model, preset=preset, hotpotqa=hotpotqa, seed=seed, device=device), out)
+    _, html = write_report(folder)
     typer.echo(f"report: {html} and {html.with_suffix('.md')}")

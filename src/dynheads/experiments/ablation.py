@@ -44,25 +44,18 @@ from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
 from dynheads.heads import Head, check_heads, head_key, parse_head
 from dynheads.io import atomic_path, read_json, write_text
 from dynheads.models import LoadedModel, load_model
+from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.probe import AblationMode
-from dynheads.runs import RunDir, derive_seed
+from dynheads.runs import RunDir
+from dynheads.seeding import derive_seed
 from dynheads.tasks import hotpotqa, niah
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
 
 MODES = ("zero", "uniform")
 TASK_METRICS = {"niah": {"accuracy": "accuracy", "rouge_l": "ROUGE-L"}, "hotpotqa": {"em": "EM", "f1": "F1"}}
-PAPER_MODEL = "llama3.1-8b"
-PAPER_GRID = {
-    "niah": ("dynamic masking drives accuracy to about 0 in almost every cell, while masking as many static or "
-             "random heads leaves most cells intact (Figure 2; 5 runs per cell)"),
-    "hotpotqa": ("masking the dynamic reasoning heads degrades F1 far more than masking as many static or random "
-                 "heads (Figure 6)"),
-}
 MATCHING_RULES = {"per_step": "|D_t| of each step's clean pass of the control run",
                   "mean": "the dynamic run's mean |D_t|, rounded"}
-PAPER_PROGRESSIVE = ("accuracy falls from 1.0 to 0.0 as k reaches 20, while the overlap of the compensating heads "
-                     "with the static top-20 rises to 4.5-7 for k >= 5 (Figure 3; 5000-token haystack, 20 runs)")
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,9 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from dynheads.analysis.cca import PAPER_TOP1, CCAConfig, cca_offsets, empty_note, samples_from_traces, write_cca
+from dynheads.analysis.cca import CCAConfig, cca_offsets, empty_note, samples_from_traces, write_cca
 from dynheads.analysis.dynamism import (
     DEFAULT_KS,
-    ENTROPY_BASELINE,
-    PAPER_DYNAMISM,
     DynamismStats,
     dynamism_csv,
     dynamism_stats,
@@ -30,13 +28,12 @@ from dynheads.analysis.dynamism import (
 from dynheads.analysis.headlists import load_head_list
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
+from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_TOP1
 from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
 from dynheads.runs import RunDir
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
 from dynheads.traces import ScoreKind, Trace
-
-PAPER_CCA_MODEL = "llama3.1-8b"  # the only model whose CCA numbers the paper states
 
 
 def load_run(run_dir: str | Path) -> tuple[RunDir, list[Trace]]:
@@ -145,5 +142,5 @@ def cca_report(run_dir: str | Path, offsets: Sequence[int] = tuple(range(11)), c
     write_cca(table, out, config=config, model=name,
               counts={"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)})
     plot_cca(table, out / "cca.png", title=f"{name}: {len(samples)} samples, {score} score",
-             paper=PAPER_TOP1[PAPER_CCA_MODEL], paper_label=f"paper top-1 ({PAPER_CCA_MODEL})")
+             paper=PAPER_TOP1[PAPER_MODEL], paper_label=f"paper top-1 ({PAPER_MODEL})")
     return table

@@ -21,7 +21,8 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.tracing import start_run, trace_samples
 from dynheads.io import read_json
 from dynheads.models import LoadedModel, load_model
-from dynheads.runs import RunDir, derive_seed
+from dynheads.runs import RunDir
+from dynheads.seeding import derive_seed
 from dynheads.tasks import hotpotqa, multihop
 from dynheads.tasks.prompting import chat_template_kwargs
 from dynheads.tasks.questions import QuestionStream, refuse_overlap

@@ -39,7 +39,8 @@ from dynheads.io import atomic_path, read_json, write_json, write_text
 from dynheads.kv import BUDGET_FREE, POLICIES, KVSettings, Prefill, head_count, kv_generate, num_kv_heads, prefill
 from dynheads.models import LoadedModel, load_model
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
-from dynheads.runs import RunDir, derive_seed
+from dynheads.runs import RunDir
+from dynheads.seeding import derive_seed
 from dynheads.tasks import niah
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from dynheads.errors import DynheadsError
 from dynheads.experiments.tracing import start_run, trace_samples
 from dynheads.models import LoadedModel, load_model
-from dynheads.runs import RunDir, derive_seed
+from dynheads.runs import RunDir
+from dynheads.seeding import derive_seed
 from dynheads.tasks import niah
 from dynheads.tasks.prompting import chat_template_kwargs
 

@@ -21,24 +21,10 @@ from dynheads.analysis.mlp_probe import ProbeConfig, ProbeResult, split_by_sampl
 from dynheads.errors import DynheadsError
 from dynheads.experiments.analyses import check_score, load_run, model_name
 from dynheads.io import read_json, write_json, write_text
+from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
 from dynheads.runs import RunDir
 from dynheads.traces import ScoreKind
 
-# Paper Table 2 (NIAH, binary copy scores) and Table 3 (HotpotQA, continuous reasoning scores), test split.
-PAPER_PROBE_BINARY: dict[str, dict[str, float]] = {
-    "llama3.1-8b": {"f1": 0.8349, "precision": 0.8344, "recall": 0.8353, "auprc": 0.9173},
-    "llama3.2-3b": {"f1": 0.8456, "precision": 0.8564, "recall": 0.8351, "auprc": 0.9289},
-    "qwen3-8b": {"f1": 0.8566, "precision": 0.8780, "recall": 0.8362, "auprc": 0.9339},
-    "llama2-13b": {"f1": 0.8336, "precision": 0.8455, "recall": 0.8220, "auprc": 0.9183},
-    "phi4-mini": {"f1": 0.8038, "precision": 0.8219, "recall": 0.7865, "auprc": 0.8862},
-}
-PAPER_PROBE_CONTINUOUS: dict[str, dict[str, float]] = {
-    "llama3.1-8b": {"mse": 0.0023, "mae": 0.0177, "r2": 0.8120},
-    "llama3.2-3b": {"mse": 0.0036, "mae": 0.0247, "r2": 0.8015},
-    "qwen3-8b": {"mse": 0.0050, "mae": 0.0255, "r2": 0.7200},
-    "llama2-13b": {"mse": 0.0009, "mae": 0.0121, "r2": 0.7669},
-    "phi4-mini": {"mse": 0.0014, "mae": 0.0109, "r2": 0.7333},
-}
 _COLUMNS = {  # task -> (metric key, column title)
     "binary": (("f1", "F1"), ("precision", "Precision"), ("recall", "Recall"), ("auprc", "AUPRC"),
                ("positive_rate", "positive rate")),

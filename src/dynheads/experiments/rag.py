@@ -18,27 +18,16 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, qa_score, refuse_static_overlap
 from dynheads.io import write_text
 from dynheads.models import LoadedModel, load_model
+from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
 from dynheads.rag.loop import RagSettings, answer_question
+from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import HEAD_STRATEGIES, STRATEGIES, HeadSelector
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
-from dynheads.runs import RunDir, derive_seed
+from dynheads.runs import RunDir
+from dynheads.seeding import derive_seed
 from dynheads.tasks import hotpotqa
 from dynheads.tasks.questions import refuse_overlap
-
-# Paper Table 4 (k = 5, five models) and Table 6 (llama3.1-8b, k = 5/10/20): EM, F1.
-PAPER_TABLE4 = {
-    "llama3.1-8b": {"dynamic": (0.456, 0.5586), "static": (0.398, 0.5098), "dynamic-random": (0.272, 0.3670),
-                    "fixed-random": (0.272, 0.3763), "none": (0.252, 0.3257)},
-    "llama3.2-3b": {"dynamic": (0.384, 0.4993), "static": (0.428, 0.5386), "dynamic-random": (0.224, 0.3143),
-                    "fixed-random": (0.226, 0.3051), "none": (0.184, 0.2439)},
-    "qwen3-8b": {"dynamic": (0.286, 0.3580), "static": (0.278, 0.3429), "dynamic-random": (0.210, 0.2804),
-                 "fixed-random": (0.210, 0.2804), "none": (0.220, 0.2961)},
-    "llama2-13b": {"dynamic": (0.284, 0.3838), "static": (0.278, 0.3789), "dynamic-random": (0.276, 0.3762),
-                   "fixed-random": (0.272, 0.3751), "none": (0.192, 0.2750)},
-    "phi4-mini": {"dynamic": (0.202, 0.2690), "static": (0.186, 0.2505), "dynamic-random": (0.082, 0.1090),
-                  "fixed-random": (0.086, 0.1111), "none": (0.172, 0.2331)},
-}
 
 
 @dataclass(frozen=True)
@@ -162,31 +151,12 @@ def _static_ranking(config: RagConfig, lm: LoadedModel, evaluated: list[str]) ->
     return ranking
 
 
-def rag_table(run: RunDir) -> pd.DataFrame:
-    """Mean EM, F1, retrieval recall, retrievals and visible tokens per (strategy, k)."""
-    records = run.records()
-    if not records:
-        raise DynheadsError(f"{run.path} has no finished RAG answers")
-    frame = pd.DataFrame([{
-        "strategy": r["strategy"], "k": r["k"] if r["k"] is not None else "-", "em": r["metrics"]["em"],
-        "f1": r["metrics"]["f1"], "retrieval_recall": r["retrieval_recall"], "retrievals": r["retrievals"],
-        "visible_tokens": float(np.mean(r["visible_tokens"])) if r["visible_tokens"] else np.nan,
-        "context_tokens": r["context_tokens"],
-    } for r in records])
-    order = {name: i for i, name in enumerate(STRATEGIES)}
-    table = frame.groupby(["strategy", "k"], sort=False).agg(
-        questions=("em", "size"), em=("em", "mean"), f1=("f1", "mean"),
-        retrieval_recall=("retrieval_recall", "mean"), retrievals=("retrievals", "mean"),
-        visible_tokens=("visible_tokens", "mean"), context_tokens=("context_tokens", "mean")).reset_index()
-    return table.sort_values(["strategy", "k"], key=lambda c: c.map(order) if c.name == "strategy" else c.astype(str))
-
-
 def rag_markdown(table: pd.DataFrame) -> str:
     lines = ["| strategy | k | questions | EM | F1 | retrieval recall | retrievals / question | "
              "visible tokens / retrieval | context tokens | paper llama3.1-8b EM / F1 (k=5) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in table.itertuples():
-        paper = PAPER_TABLE4["llama3.1-8b"].get(row.strategy)
+        paper = PAPER_TABLE4[PAPER_MODEL].get(row.strategy)
         paper_text = f"{paper[0]:.3f} / {paper[1]:.4f}" if paper and row.k in (5, "-") else ""
         lines.append(f"| {row.strategy} | {row.k} | {row.questions} | {row.em:.3f} | {row.f1:.3f} | "
                      f"{_fmt(row.retrieval_recall)} | {row.retrievals:.2f} | {_fmt(row.visible_tokens, 0)} | "

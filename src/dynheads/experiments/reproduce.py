@@ -1,8 +1,10 @@
-"""``dynheads reproduce``: every stage of the paper in order, into sub-folders of one directory, then the report.
+"""``dynheads reproduce``: every stage of the paper in order, into sub-folders of one directory.
 
 Each stage is resumable on its own (run directories skip finished samples; analysis stages are skipped when
 their output exists), so an interrupted ``reproduce`` continues where it stopped and ends with the same
-report. Stage wall times are recorded in ``stages.json``.
+stage outputs. Stage wall times are recorded in ``stages.json``. The report (``dynheads.report.write_report``)
+is written from the finished folder by the caller (the CLI's ``reproduce`` command): experiments never import
+the report.
 """
 
 from __future__ import annotations
@@ -26,6 +28,23 @@ from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir
+from dynheads.stages import (
+    ABLATION,
+    CCA,
+    DYNAMISM,
+    HOTPOTQA,
+    HOTPOTQA_ABLATION,
+    HOTPOTQA_CCA,
+    HOTPOTQA_DYNAMISM,
+    HOTPOTQA_PROBE,
+    HOTPOTQA_PROGRESSIVE,
+    HOTPOTQA_STATIC,
+    NIAH,
+    PROBE,
+    PROGRESSIVE,
+    RAG,
+    STATIC,
+)
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
 
 
@@ -168,7 +187,7 @@ class _Stages:
 
 def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | None = None,
               progress: bool = True) -> Path:
-    """Run the whole study into ``out`` and write ``report.md`` / ``report.html``; returns the HTML path."""
+    """Run the whole study into ``out`` (one sub-folder per stage); returns ``out``, ready for ``write_report``."""
     if config.preset not in PRESETS:
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
     preset, out = PRESETS[config.preset], Path(out)
@@ -177,32 +196,31 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
         {"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {})})
     stages = _Stages(out)
     common = dict(model=config.model, seed=config.seed, device=config.device)
-    static_file = out / "static" / "static_heads.json"
+    static_file = out / STATIC / "static_heads.json"
 
     niah = NiahConfig(lengths=preset.niah_lengths, depths=preset.niah_depths, runs=preset.niah_runs,
                       max_new_tokens=preset.max_new_tokens, **common)
-    stages.run("niah", lambda: run_niah(niah, out / "niah", lm=lm, progress=progress))
+    stages.run(NIAH, lambda: run_niah(niah, out / NIAH, lm=lm, progress=progress))
     static = StaticConfig(samples=preset.static_samples, lengths=preset.niah_lengths, depths=preset.niah_depths,
                           max_new_tokens=preset.max_new_tokens, success_threshold=preset.static_success_threshold,
                           **common)
-    stages.run("static", lambda: run_static(static, out / "static", lm=lm, progress=progress))
-    stages.run("dynamism", lambda: (
-        dynamism_report(out / "niah", static_file, out_dir=out / "dynamism"),
-        plot_heads(out / "niah", _best_samples(out / "niah", 2), out_dir=out / "dynamism")))
+    stages.run(STATIC, lambda: run_static(static, out / STATIC, lm=lm, progress=progress))
+    stages.run(DYNAMISM, lambda: (
+        dynamism_report(out / NIAH, static_file, out_dir=out / DYNAMISM),
+        plot_heads(out / NIAH, _best_samples(out / NIAH, 2), out_dir=out / DYNAMISM)))
     ablation = AblationConfig(lengths=preset.ablation_lengths, depths=preset.ablation_depths,
                               runs=preset.ablation_runs, max_new_tokens=preset.max_new_tokens,
                               static=str(static_file), **common)
-    stages.run("ablation", lambda: run_ablation(ablation, out / "ablation", lm=lm, progress=progress))
+    stages.run(ABLATION, lambda: run_ablation(ablation, out / ABLATION, lm=lm, progress=progress))
     progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=(preset.progressive_length,), depths=(0.5,),
                                     runs=preset.progressive_runs, max_new_tokens=preset.max_new_tokens,
                                     static=str(static_file), **common)
-    stages.run("progressive", lambda: run_progressive(progressive, out / "progressive", lm=lm,
-                                                            progress=progress))
+    stages.run(PROGRESSIVE, lambda: run_progressive(progressive, out / PROGRESSIVE, lm=lm, progress=progress))
     cca = CCAConfig(seed=config.seed)
-    stages.run("cca", lambda: cca_report(out / "niah", preset.cca_offsets, cca, out_dir=out / "cca"))
+    stages.run(CCA, lambda: cca_report(out / NIAH, preset.cca_offsets, cca, out_dir=out / CCA))
     probe_config = replace(preset.probe, seed=config.seed)
-    stages.run("probe", lambda: train_probe_on_run(
-        out / "niah", probe_config, out_dir=out / "probe", device=str(lm.device), progress=progress))
+    stages.run(PROBE, lambda: train_probe_on_run(
+        out / NIAH, probe_config, out_dir=out / PROBE, device=str(lm.device), progress=progress))
 
     qa_data = config.hotpotqa or preset.qa_source  # a HotpotQA file, when given, always wins
     streams = hotpot_streams(preset)  # disjoint question ranges: nothing is fitted and evaluated on one question
@@ -210,42 +228,38 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
                        max_new_tokens=preset.hotpot_max_new_tokens, **common)
     reasoning = StaticReasoningConfig(data=qa_data, questions=streams["static"].count,
                                       first=streams["static"].first, **hotpot_grid)
-    stages.run("hotpotqa-static", lambda: run_static_reasoning(reasoning, out / "hotpotqa-static", lm=lm,
-                                                               progress=progress))
-    reasoning_file = out / "hotpotqa-static" / "static_heads.json"
+    stages.run(HOTPOTQA_STATIC, lambda: run_static_reasoning(reasoning, out / HOTPOTQA_STATIC, lm=lm,
+                                                             progress=progress))
+    reasoning_file = out / HOTPOTQA_STATIC / "static_heads.json"
     hotpot = HotpotConfig(data=qa_data, questions=streams["analysis"].count, first=streams["analysis"].first,
                           split="analysis", **hotpot_grid)
-    stages.run("hotpotqa", lambda: run_hotpotqa(hotpot, out / "hotpotqa", lm=lm, progress=progress))
-    stages.run("hotpotqa-dynamism", lambda: (
-        dynamism_report(out / "hotpotqa", static_file, score="reasoning", out_dir=out / "hotpotqa-dynamism"),
-        plot_heads(out / "hotpotqa", _best_samples(out / "hotpotqa", 1, metric="f1"), score="reasoning",
-                   out_dir=out / "hotpotqa-dynamism")))
-    stages.run("hotpotqa-cca", lambda: cca_report(
-        out / "hotpotqa", preset.cca_offsets, cca, score="reasoning", out_dir=out / "hotpotqa-cca"))
-    stages.run("hotpotqa-probe", lambda: train_probe_on_run(
-        out / "hotpotqa", probe_config, score="reasoning", out_dir=out / "hotpotqa-probe", device=str(lm.device),
+    stages.run(HOTPOTQA, lambda: run_hotpotqa(hotpot, out / HOTPOTQA, lm=lm, progress=progress))
+    stages.run(HOTPOTQA_DYNAMISM, lambda: (
+        dynamism_report(out / HOTPOTQA, static_file, score="reasoning", out_dir=out / HOTPOTQA_DYNAMISM),
+        plot_heads(out / HOTPOTQA, _best_samples(out / HOTPOTQA, 1, metric="f1"), score="reasoning",
+                   out_dir=out / HOTPOTQA_DYNAMISM)))
+    stages.run(HOTPOTQA_CCA, lambda: cca_report(
+        out / HOTPOTQA, preset.cca_offsets, cca, score="reasoning", out_dir=out / HOTPOTQA_CCA))
+    stages.run(HOTPOTQA_PROBE, lambda: train_probe_on_run(
+        out / HOTPOTQA, probe_config, score="reasoning", out_dir=out / HOTPOTQA_PROBE, device=str(lm.device),
         progress=progress))
     hotpot_task = dict(task="hotpotqa", data=qa_data, max_new_tokens=preset.hotpot_max_new_tokens,
                        static=str(reasoning_file), **common)
     hotpot_ablation = AblationConfig(lengths=preset.hotpot_ablation_lengths, depths=preset.hotpot_ablation_depths,
                                      questions=streams["ablation"].count, first=streams["ablation"].first,
                                      split="ablation", **hotpot_task)
-    stages.run("hotpotqa-ablation", lambda: run_ablation(hotpot_ablation, out / "hotpotqa-ablation", lm=lm,
-                                                         progress=progress))
+    stages.run(HOTPOTQA_ABLATION, lambda: run_ablation(hotpot_ablation, out / HOTPOTQA_ABLATION, lm=lm,
+                                                       progress=progress))
     hotpot_progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=preset.hotpot_ablation_lengths[:1],
                                            depths=(0.5,), questions=streams["progressive"].count,
                                            first=streams["progressive"].first, split="progressive", **hotpot_task)
-    stages.run("hotpotqa-progressive", lambda: run_progressive(hotpot_progressive, out / "hotpotqa-progressive",
-                                                               lm=lm, progress=progress))
-    rag = RagConfig(probe=str(out / "hotpotqa-probe"), static=str(reasoning_file), ks=preset.rag_ks,
+    stages.run(HOTPOTQA_PROGRESSIVE, lambda: run_progressive(hotpot_progressive, out / HOTPOTQA_PROGRESSIVE,
+                                                             lm=lm, progress=progress))
+    rag = RagConfig(probe=str(out / HOTPOTQA_PROBE), static=str(reasoning_file), ks=preset.rag_ks,
                     data=qa_data, questions=streams["rag"].count, first=streams["rag"].first,
                     lengths=(preset.rag_length,), **common)
-    stages.run("rag", lambda: run_rag(rag, out / "rag", lm=lm, progress=progress))
-
-    from dynheads.report import write_report
-
-    _, html = write_report(out)
-    return html
+    stages.run(RAG, lambda: run_rag(rag, out / RAG, lm=lm, progress=progress))
+    return out
 
 
 def hotpot_streams(preset: Preset) -> dict[str, QuestionStream]:

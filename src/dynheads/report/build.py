@@ -22,18 +22,47 @@ from typing import Any
 
 import pandas as pd
 
-from dynheads.analysis.cca import PAPER_TOP1
-from dynheads.analysis.dynamism import ENTROPY_BASELINE, PAPER_DYNAMISM
 from dynheads.errors import DynheadsError
-from dynheads.experiments.ablation import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
-from dynheads.experiments.probing import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
-from dynheads.experiments.rag import PAPER_TABLE4, rag_table
 from dynheads.io import read_json, write_text
+from dynheads.paper import (
+    ENTROPY_BASELINE,
+    PAPER_DYNAMISM,
+    PAPER_FIGURE5,
+    PAPER_FIGURE6,
+    PAPER_FIGURE7,
+    PAPER_FIGURE8,
+    PAPER_GRID,
+    PAPER_MODEL,
+    PAPER_PROBE_BINARY,
+    PAPER_PROBE_CONTINUOUS,
+    PAPER_PROGRESSIVE,
+    PAPER_TABLE4,
+    PAPER_TABLE6,
+    PAPER_TOP1,
+)
+from dynheads.rag.results import rag_table
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
 from dynheads.runs import RunDir
+from dynheads.stages import (
+    ABLATION,
+    CCA,
+    DYNAMISM,
+    HOTPOTQA,
+    HOTPOTQA_ABLATION,
+    HOTPOTQA_CCA,
+    HOTPOTQA_DYNAMISM,
+    HOTPOTQA_PROBE,
+    HOTPOTQA_PROGRESSIVE,
+    HOTPOTQA_STATIC,
+    NIAH,
+    PROBE,
+    PROGRESSIVE,
+    RAG,
+    STATIC,
+)
 
 STAGE_NOT_RUN = "stage not run"
 COLLAPSE_ROWS = 8  # HTML: a longer table (CCA per offset x method, say) opens on a click
@@ -43,12 +72,6 @@ ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one cells.cs
 SETTING_KEYS = ("kind", "score", "task", "threshold", "ks", "static_file", "epochs_run", "train_seconds", "seed")
 RAG_STRATEGIES = {"dynamic": "Dynamic", "static": "Static", "dynamic-random": "Dynamic Random",
                   "fixed-random": "Fixed Random", "none": "w/o RAG"}
-# Paper Table 6 (llama3.1-8b, HotpotQA EM / F1) at k = 10 and 20; its k = 5 row is Table 4's.
-PAPER_TABLE6 = {10: {"dynamic": (0.286, 0.3877), "static": (0.280, 0.3767), "dynamic-random": (0.280, 0.3807),
-                     "fixed-random": (0.276, 0.3711)},
-                20: {"dynamic": (0.292, 0.3967), "static": (0.282, 0.3810), "dynamic-random": (0.274, 0.3713),
-                     "fixed-random": (0.276, 0.3751)}}
-
 
 @dataclass(frozen=True)
 class Figure:
@@ -102,7 +125,7 @@ def _headline(anchor: str, verdict: Verdict, root: Path) -> Headline:
 
 def _ablation_metric(root: Path, anchor: str) -> str:
     """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its cells.csv has)."""
-    path = root / f"{'hotpotqa-' if anchor.endswith('hotpotqa') else ''}ablation" / "cells.csv"
+    path = root / (HOTPOTQA_ABLATION if anchor.endswith("hotpotqa") else ABLATION) / "cells.csv"
     try:
         columns = pd.read_csv(path, nrows=0).columns if path.is_file() else []
     except (OSError, ValueError):
@@ -115,29 +138,25 @@ def build_sections(root: Path) -> list[Section]:
     niah, hotpot = "NIAH", "HotpotQA"
     specs: list[tuple[str, str, Callable[[], list[Part]]]] = [
         ("static", "Static retrieval heads (Wu et al. 2024)", lambda: _static(root)),
-        ("niah", "NIAH setup (Section 3.1)", lambda: _task_run(root, "niah")),
+        ("niah", "NIAH setup (Section 3.1)", lambda: _task_run(root, NIAH)),
         ("claim1-niah", "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)",
-         lambda: _dynamism(root, "dynamism", niah, "Figure 1", _table1_note())),
+         lambda: _dynamism(root, DYNAMISM, niah, "Figure 1", _table1_note())),
         ("claim2-niah", "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)",
-         lambda: _ablation(root, "", niah, f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.")),
+         lambda: _ablation(root, (ABLATION, PROGRESSIVE), ("Figure 2", "Figure 3"), niah,
+                           f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.")),
         ("claim3-niah", "Claim 3, correlation, on NIAH (Figure 4, Table 2)",
-         lambda: _correlation(root, "", niah, _cca_note(),
+         lambda: _correlation(root, (CCA, PROBE), "Figure 4", "binary", niah, _cca_note(),
                               _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")))),
         ("hotpotqa", "HotpotQA setup (Section 5)",
-         lambda: _task_run(root, "hotpotqa") + (_stage(root, "hotpotqa-static", "Static reasoning heads")
-                                                  if (root / "hotpotqa-static").is_dir() else [])),
+         lambda: _task_run(root, HOTPOTQA) + (_stage(root, HOTPOTQA_STATIC, "Static reasoning heads")
+                                                if (root / HOTPOTQA_STATIC).is_dir() else [])),
         ("claim1-hotpotqa", "Claim 1, dynamism, on HotpotQA (Figure 5)",
-         lambda: _dynamism(root, "hotpotqa-dynamism", hotpot, "Figure 5",
-                           "Figure 5 (llama3.1-8b): the Eq. 2 scores of ten heads change over one answer; the paper "
-                           "gives no Table 1 numbers for HotpotQA.")),
+         lambda: _dynamism(root, HOTPOTQA_DYNAMISM, hotpot, "Figure 5", PAPER_FIGURE5)),
         ("claim2-hotpotqa", "Claim 2, irreplaceability, on HotpotQA (Figures 6 and 7)",
-         lambda: _ablation(root, "hotpotqa-", hotpot,
-                           "Figure 6 (llama3.1-8b): masking the dynamic heads (Eq. 2) lowers F1 far more than "
-                           "masking as many static or random heads.",
-                           "Figure 7 (llama3.1-8b): HotpotQA degrades as more dynamic heads are masked per step.")),
-        ("claim3-hotpotqa", "Claim 3, correlation, on HotpotQA (Figure 8, Table 3)",
-         lambda: _correlation(root, "hotpotqa-", hotpot,
-                              "Figure 8: the correlation persists on HotpotQA (the paper states no numbers).",
+         lambda: _ablation(root, (HOTPOTQA_ABLATION, HOTPOTQA_PROGRESSIVE), ("Figure 6", "Figure 7"), hotpot,
+                           PAPER_FIGURE6, PAPER_FIGURE7)),
+        ("claim3-hotpotqa", "Claim 3, correlation, on HotpotQA (Figure 8, Table 3)",  # Eq. 2 scores: a regressor
+         lambda: _correlation(root, (HOTPOTQA_CCA, HOTPOTQA_PROBE), "Figure 8", "continuous", hotpot, PAPER_FIGURE8,
                               _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)))),
         ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root)),
     ]
@@ -173,10 +192,10 @@ def _stage(root: Path, name: str, figure: str, notes: Iterable[str] = ()) -> lis
 
 
 def _static(root: Path) -> list[Part]:
-    parts = _stage(root, "static", "Static heads", ["heads scored as Wu et al. (copy steps / answer tokens, over "
-                                                    "tests whose ROUGE-1 recall > 0.5); dynamic sets are compared "
-                                                    "with the static top-20 (and top-50, top-100 in Table 5)."])
-    summary = _json(root / "static" / "static_summary.json")
+    parts = _stage(root, STATIC, "Static heads", ["heads scored as Wu et al. (copy steps / answer tokens, over "
+                                                  "tests whose ROUGE-1 recall > 0.5); dynamic sets are compared "
+                                                  "with the static top-20 (and top-50, top-100 in Table 5)."])
+    summary = _json(root / STATIC / "static_summary.json")
     if summary:
         parts.insert(2, f"Pass rate {summary['pass_rate']:.2f} ({summary['num_counted']} of {summary['num_tests']} "
                         f"tests counted); top-20: {', '.join(summary['top20'])}.")
@@ -210,19 +229,20 @@ def _dynamism(root: Path, stage: str, task: str, figure: str, note: str) -> list
     return [verdict, *_stage(root, stage, figure, [note])]
 
 
-def _ablation(root: Path, prefix: str, task: str, grid_note: str, progressive_note: str) -> list[Part]:
-    """Claim 2: ``{prefix}ablation`` (Figure 2 / 6) and ``{prefix}progressive`` (Figure 3 / 7)."""
-    figures = ("Figure 2", "Figure 3") if not prefix else ("Figure 6", "Figure 7")
+def _ablation(root: Path, stages: tuple[str, str], figures: tuple[str, str], task: str, grid_note: str,
+              progressive_note: str) -> list[Part]:
+    """Claim 2: the stages (ablation grid, progressive ablation) of one task and their figures (2, 3 or 6, 7)."""
+    grid, progressive = stages
 
     def verdict() -> Verdict:
-        path = root / f"{prefix}ablation" / "cells.csv"
+        path = root / grid / "cells.csv"
         cells = pd.read_csv(path) if path.is_file() else None
         metric, means = _strategy_means(cells) if cells is not None else (ABLATION_METRICS[0], None)
         masking = claims.masking_from_cells(cells) if cells is not None else None
         return claims.irreplaceability_verdict(means, metric, task, masking)
 
-    return [_guard(verdict, claims.CLAIM2, task), *_stage(root, f"{prefix}ablation", figures[0], [grid_note]),
-            *_stage(root, f"{prefix}progressive", figures[1], [progressive_note])]
+    return [_guard(verdict, claims.CLAIM2, task), *_stage(root, grid, figures[0], [grid_note]),
+            *_stage(root, progressive, figures[1], [progressive_note])]
 
 
 def _strategy_means(cells: pd.DataFrame) -> tuple[str, dict[str, float] | None]:
@@ -236,26 +256,28 @@ def _strategy_means(cells: pd.DataFrame) -> tuple[str, dict[str, float] | None]:
     return metric, (sums / weights.groupby(valid["strategy"]).sum()).to_dict()
 
 
-def _correlation(root: Path, prefix: str, task: str, cca_note: str, probe_note: str) -> list[Part]:
-    """Claim 3: ``{prefix}cca`` (Figure 4 / 8) and ``{prefix}probe`` (Table 2 / 3)."""
-    figure = "Figure 4" if not prefix else "Figure 8"
+def _correlation(root: Path, stages: tuple[str, str], figure: str, probe_kind: str, task: str, cca_note: str,
+                 probe_note: str) -> list[Part]:
+    """Claim 3: the stages (CCA, MLP probe) of one task; ``figure`` is the CCA's (4 or 8), ``probe_kind`` the
+    probe's task when its metrics do not say (binary copy scores, or continuous Eq. 2 scores)."""
+    cca, probe_stage = stages
 
     def verdict() -> Verdict:
         held_out = shuffled = None
-        path = root / f"{prefix}cca" / "cca.csv"
+        path = root / cca / "cca.csv"
         if path.is_file():
             table = pd.read_csv(path)
             top1 = table[table["offset"] == claims.CCA_OFFSET].set_index("method")["top1"]
             held_out, shuffled = top1.get("held_out"), top1.get("shuffled")
-        metrics = _probe_metrics(root / f"{prefix}probe")
-        kind = (metrics or {}).get("task", "continuous" if prefix else "binary")  # HotpotQA: Eq. 2 regressor
+        metrics = _probe_metrics(root / probe_stage)
+        kind = (metrics or {}).get("task", probe_kind)
         metric = "auprc" if kind == "binary" else "r2"
         probe, baseline = ((metrics["probe"].get(metric), metrics["baseline"].get(metric)) if metrics
                            else (None, None))
         return claims.correlation_verdict(held_out, shuffled, probe, baseline, metric, task)
 
-    return [_guard(verdict, claims.CLAIM3, task), *_stage(root, f"{prefix}cca", figure, [cca_note]),
-            *_stage(root, f"{prefix}probe", "Probe", [probe_note])]
+    return [_guard(verdict, claims.CLAIM3, task), *_stage(root, cca, figure, [cca_note]),
+            *_stage(root, probe_stage, "Probe", [probe_note])]
 
 
 def _probe_metrics(folder: Path) -> dict | None:
@@ -269,15 +291,15 @@ def _probe_metrics(folder: Path) -> dict | None:
 
 def _rag(root: Path) -> list[Part]:
     def verdict() -> Verdict:
-        run = RunDir(root / "rag")
+        run = RunDir(root / RAG)
         table = rag_table(run) if run.path.is_dir() and run.records() else pd.DataFrame(columns=["k"])
         return claims.rag_verdict({(row.strategy, row.k): row.f1 for row in table.itertuples() if row.k != "-"})
 
     header = ["model", *RAG_STRATEGIES.values()]
     table4 = [[model, *(_em_f1(row.get(s)) for s in RAG_STRATEGIES)] for model, row in PAPER_TABLE4.items()]
     table6 = [[f"k={k}", *(_em_f1(row[s]) for s in RAG_STRATEGIES if s != "none")]
-              for k, row in {5: PAPER_TABLE4["llama3.1-8b"], **PAPER_TABLE6}.items()]
-    return [_guard(verdict, claims.RAG, "HotpotQA"), *_stage(root, "rag", "RAG"),
+              for k, row in {5: PAPER_TABLE4[PAPER_MODEL], **PAPER_TABLE6}.items()]
+    return [_guard(verdict, claims.RAG, "HotpotQA"), *_stage(root, RAG, "RAG"),
             "Paper, Table 4 (HotpotQA EM / F1, k = 5):\n\n" + _table(header, table4),
             "Paper, Table 6 (llama3.1-8b, EM / F1 by k):\n\n" + _table(["k", *header[1:-1]], table6)]
 
@@ -385,9 +407,9 @@ def _json(path: Path) -> dict | None:
 # ---- step view data ---------------------------------------------------------------------------------------------
 def _step_data(root: Path) -> dict[str, Any]:
     """Per-step view of the NIAH and HotpotQA runs that exist (with the HotpotQA dynamism threshold, if recorded)."""
-    threshold = (_json(root / "hotpotqa-dynamism" / "dynamism.json") or {}).get("threshold") or REASONING_THRESHOLD
+    threshold = (_json(root / HOTPOTQA_DYNAMISM / "dynamism.json") or {}).get("threshold") or REASONING_THRESHOLD
     runs = []
-    for stage, label, score in (("niah", "NIAH", "copy"), ("hotpotqa", "HotpotQA", "reasoning")):
+    for stage, label, score in ((NIAH, "NIAH", "copy"), (HOTPOTQA, "HotpotQA", "reasoning")):
         try:
             if (root / stage / "manifest.json").is_file():
                 runs.append(step_view(root / stage, label, score, threshold=threshold))

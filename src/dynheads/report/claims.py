@@ -31,7 +31,7 @@ from typing import Literal
 
 import pandas as pd
 
-from dynheads.analysis.dynamism import ENTROPY_BASELINE
+from dynheads.paper import ENTROPY_BASELINE
 
 Status = Literal["supported", "not supported", "inconclusive"]
 

@@ -12,25 +12,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynheads.analysis.cca import PAPER_TOP1
-from dynheads.analysis.dynamism import PAPER_DYNAMISM
-from dynheads.experiments.ablation import PAPER_MODEL
-from dynheads.experiments.probing import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
-from dynheads.experiments.rag import PAPER_TABLE4
 from dynheads.io import atomic_path
+from dynheads.paper import (
+    PAPER_ABLATION,
+    PAPER_DYNAMISM,
+    PAPER_MODEL,
+    PAPER_PROBE_BINARY,
+    PAPER_PROBE_CONTINUOUS,
+    PAPER_TABLE4,
+    PAPER_TOP1,
+)
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
+from dynheads.stages import ABLATION, CCA, DYNAMISM, HOTPOTQA_ABLATION, HOTPOTQA_CCA, HOTPOTQA_DYNAMISM
 
 NOT_STATED = "not stated"
 # anchor of the claim's section -> the stage folder and file pattern of its one figure (first match, name order)
 FIGURES = {
-    "claim1-niah": ("dynamism", "heads-*.png"), "claim2-niah": ("ablation", "plots/ablation-*.png"),
-    "claim3-niah": ("cca", "cca.png"), "claim1-hotpotqa": ("hotpotqa-dynamism", "heads-*.png"),
-    "claim2-hotpotqa": ("hotpotqa-ablation", "plots/ablation-*.png"), "claim3-hotpotqa": ("hotpotqa-cca", "cca.png"),
+    "claim1-niah": (DYNAMISM, "heads-*.png"), "claim2-niah": (ABLATION, "plots/ablation-*.png"),
+    "claim3-niah": (CCA, "cca.png"), "claim1-hotpotqa": (HOTPOTQA_DYNAMISM, "heads-*.png"),
+    "claim2-hotpotqa": (HOTPOTQA_ABLATION, "plots/ablation-*.png"), "claim3-hotpotqa": (HOTPOTQA_CCA, "cca.png"),
 }
-# Paper's Figures 2 and 6 in words: they give no numbers per strategy, only how the masked heatmaps look.
-PAPER_ABLATION = {"NIAH": {"dynamic": "≈ 0", "static": "mostly intact", "random": "mostly intact"},
-                  "HotpotQA": {"dynamic": "far lower", "static": "near un-ablated", "random": "near un-ablated"}}
 
 
 @dataclass(frozen=True)

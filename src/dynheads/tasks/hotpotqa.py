@@ -36,7 +36,7 @@ from typing import Any, Literal
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
-from dynheads.runs import derive_seed
+from dynheads.seeding import derive_seed
 from dynheads.tasks.prompting import SampleRecord, check_span_keeps, locate, render_chat, token_span
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Answer with a short phrase."

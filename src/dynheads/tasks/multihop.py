@@ -33,7 +33,7 @@ from typing import Literal
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
-from dynheads.runs import derive_seed
+from dynheads.seeding import derive_seed
 from dynheads.tasks import hotpotqa
 from dynheads.tasks.niah import _haystack_of_length, _sentence_end_before, load_haystack
 from dynheads.tasks.prompting import SampleRecord, check_span_keeps, locate, render_chat, token_span

@@ -1,0 +1,115 @@
+"""Imports run one way: a module of dynheads imports only modules of its own room or of a floor below.
+
+Every import statement of every module under src/dynheads is read with ``ast`` (the ones inside functions too,
+since a lazy import is still an arrow), so the test needs no model and imports nothing it checks. A new module
+must be given a room here; the reason for each floor is written beside it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import dynheads
+
+PACKAGE = Path(dynheads.__file__).parent
+
+# Lowest floor first; each floor holds rooms (tuples of module prefixes). A module imports its own room and any
+# floor below, never another room of its floor (the report and experiments sit side by side and neither imports
+# the other). A module's room is that of the longest prefix listed (``dynheads.tasks`` covers ``...tasks.niah``).
+FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
+    # Plain helpers any code may need: errors, files, head names, config parsing, score thresholds, seeds, the
+    # worker layout, the stage names, and the paper's published numbers (data, no code of ours).
+    ("foundation", [("dynheads.errors", "dynheads.io", "dynheads.heads", "dynheads.config", "dynheads.thresholds",
+                     "dynheads.distributed", "dynheads.seeding", "dynheads.stages", "dynheads.paper")]),
+    # Loading a model and the trace file format: what everything that runs or reads a generation shares.
+    ("model and trace formats", [("dynheads.models",), ("dynheads.traces",)]),
+    # Data and numbers without a forward pass: prompts and samples of each task (a tokenizer at most), and the
+    # analyses of finished traces (dynamism, CCA, the MLP head predictor, head lists). Neither may depend on how a
+    # generation is run or stored, so tasks never import runs and analyses never import the decoding loop.
+    ("tasks and analyses", [("dynheads.tasks",), ("dynheads.analysis",)]),
+    # The attention probe: Eq. 1 / Eq. 2 inside the attention function, and masking heads.
+    ("attention probe", [("dynheads.probe",)]),
+    # The greedy decoding loop that drives the probe (and its batched form); run folders (manifests, records).
+    ("decoding and runs", [("dynheads.decoding", "dynheads.batching"), ("dynheads.runs",)]),
+    # Mechanisms built on the decoding loop: per-step ablation, KV retention, head-based RAG (and its results).
+    ("mechanisms", [("dynheads.ablation",), ("dynheads.kv",), ("dynheads.rag",)]),
+    # Figures from tables and arrays; experiments call them, nothing below draws.
+    ("plots", [("dynheads.plots",)]),
+    # Runners that compose the floors below into the stages of the study (and ``reproduce``, all stages), beside
+    # the report, which reads finished stage folders: it never runs a stage, and no stage writes the report.
+    ("results", [("dynheads.experiments",), ("dynheads.report",)]),
+    # Entry points: the CLI (which writes the report after ``reproduce``), the doctor, and the package's lazy
+    # public facade (``dynheads.__init__`` loads names on first use, so importing it pulls in nothing below).
+    ("entry points", [("dynheads.cli", "dynheads.doctor", "dynheads.__main__", "dynheads")]),
+]
+
+
+def room_of(module: str) -> tuple[int, int]:
+    """(floor, room) of ``module``."""
+    matches = [(len(prefix), floor, room) for floor, (_, rooms) in enumerate(FLOORS)
+               for room, prefixes in enumerate(rooms) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    if not matches:
+        raise AssertionError(f"{module} has no floor: add it to FLOORS in tests/test_import_floors.py")
+    return max(matches)[1:]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, package: Path = PACKAGE) -> list[tuple[int, str]]:
+    """(line, module) of every dynheads import in ``source``; ``from dynheads.x import y`` names ``dynheads.x.y``
+    when ``y`` is a module of the package, else ``dynheads.x``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "dynheads"]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "dynheads":
+            assert node.level == 0, "dynheads uses absolute imports only"
+            for alias in node.names:
+                sub = package.parent.joinpath(*node.module.split("."), alias.name)
+                is_module = sub.with_suffix(".py").is_file() or (sub / "__init__.py").is_file()
+                found.append((node.lineno, f"{node.module}.{alias.name}" if is_module else node.module))
+    return found
+
+
+def upward_imports(module: str, source: str) -> list[str]:
+    """Each import of ``source`` (the text of ``module``) that reaches a higher floor or another room of its
+    floor, as a readable line."""
+    floor, room = room_of(module)
+    problems = []
+    for line, target in dict.fromkeys(imported_modules(source)):  # one line per module, not per name
+        target_floor, target_room = room_of(target)
+        if target_floor > floor or (target_floor == floor and target_room != room):
+            where = "above" if target_floor > floor else "beside"
+            problems.append(f"{module}:{line} imports {target} ({FLOORS[target_floor][0]}, {where} {module})")
+    return problems
+
+
+def test_no_import_runs_up_a_floor():
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert len(paths) > 40  # the whole package, not an empty glob
+    problems = [problem for path in paths
+                for problem in upward_imports(module_name(path), path.read_text(encoding="utf-8"))]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(("module", "source", "expected"), [
+    ("dynheads.tasks.hotpotqa", "from dynheads.runs import derive_seed", ["dynheads.runs"]),
+    ("dynheads.report.build", "def f():\n    from dynheads.experiments.rag import rag_table\n",
+     ["dynheads.experiments.rag"]),
+    ("dynheads.analysis.cca", "import dynheads.decoding", ["dynheads.decoding"]),
+    ("dynheads.experiments.tracing", "from dynheads import distributed, batching", []),
+    ("dynheads.experiments.reproduce", "from dynheads.report import write_report", ["dynheads.report"]),
+    ("dynheads.analysis.static", "from dynheads.tasks import niah", ["dynheads.tasks.niah"]),
+    ("dynheads.cli.commands", "from dynheads.report import write_report\nimport dynheads.experiments.rag", []),
+    ("dynheads.report.build", "from dynheads.rag.results import rag_table\nfrom dynheads.paper import PAPER_MODEL",
+     []),
+])
+def test_the_check_sees_upward_imports_lazy_ones_included(module, source, expected):
+    assert [problem.split(" imports ")[1].split(" (")[0] for problem in upward_imports(module, source)] == expected
