@@ -39,3 +39,31 @@ def test_import_does_not_load_torch():
     code = "import sys, dynheads, dynheads.experiments; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _doc_imports() -> list[tuple[str, str, str]]:
+    """(doc, module, names) of every ``from dynheads... import`` / ``import dynheads...`` line in a code block."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for doc in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.S)
+        for block in blocks:
+            for match in re.finditer(r"^\s*from (dynheads[\w.]*) import (\([^)]*\)|.*)$|^\s*import (dynheads[\w.]*)",
+                                     block, flags=re.M):
+                module = match.group(1) or match.group(3)
+                found.append((doc.name, module, (match.group(2) or "").strip("()")))
+    return found
+
+
+def test_docs_import_only_the_declared_api():
+    imports = _doc_imports()
+    assert imports, "no import found in the docs' code blocks"
+    packages = {"dynheads": dynheads, "dynheads.experiments": dynheads.experiments}
+    for doc, module, names in imports:
+        assert module in packages, f"{doc} imports the deep module {module}"
+        for name in (part.split(" as ")[0].strip() for part in names.replace("\n", ",").split(",")):
+            if name and not name.startswith("#"):
+                assert name in packages[module].__all__, f"{doc}: {name} is not exported by {module}"
