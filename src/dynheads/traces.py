@@ -95,8 +95,8 @@ class Trace:
             if getattr(self, name) is not None:
                 columns[name] = pa.array(np.asarray(getattr(self, name), dtype=np.float32).reshape(steps))
         columns["hidden"] = _list_column(self.hidden.astype(np.float32))
-        meta = {"format_version": TRACE_FORMAT_VERSION, "num_layers": layers, "num_heads": heads, "prompt_length": self.prompt_length,
-                "stop_reason": self.stop_reason, "text": self.text}
+        meta = {"format_version": TRACE_FORMAT_VERSION, "num_layers": layers, "num_heads": heads,
+                "prompt_length": self.prompt_length, "stop_reason": self.stop_reason, "text": self.text}
         table = pa.table(columns).replace_schema_metadata({"dynheads": json.dumps(meta)})
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp)
