@@ -13,7 +13,7 @@ Names are imported on first use, so ``import dynheads`` does not pay for torch a
 
 from __future__ import annotations
 
-import importlib
+from dynheads.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -73,16 +73,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dynheads' has no attribute {name!r}")
-    module_name, _, attribute = _EXPORTS[name].partition(":")
-    module = importlib.import_module(module_name)
-    value = getattr(module, attribute) if attribute else module
-    globals()[name] = value  # later look-ups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports("dynheads", globals(), _EXPORTS)

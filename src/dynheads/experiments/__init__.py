@@ -9,7 +9,7 @@ Every name in ``__all__`` is part of the declared API. The whole study is ``run_
 
 from __future__ import annotations
 
-import importlib
+from dynheads.lazy import lazy_exports
 
 # public name -> "module:attribute"
 _EXPORTS = {
@@ -42,15 +42,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dynheads.experiments' has no attribute {name!r}")
-    module_name, _, attribute = _EXPORTS[name].partition(":")
-    value = getattr(importlib.import_module(module_name), attribute)
-    globals()[name] = value  # later look-ups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports("dynheads.experiments", globals(), _EXPORTS)
