@@ -13,64 +13,42 @@ Names are imported on first use, so ``import dynheads`` does not pay for torch a
 
 from __future__ import annotations
 
-from dynheads.lazy import lazy_exports
+from dynheads.lazy import exports_by_name, lazy_exports
 
 __version__ = "0.1.0"
 
-# public name -> "module" (the module itself) or "module:attribute"
-_EXPORTS = {
+# module -> the public names it provides ("public=attribute" where the public name differs); a module listed under
+# its package is exported itself
+_EXPORTS = exports_by_name({
     # models, tracing, traces, run directories
-    "DynheadsError": "dynheads.errors:DynheadsError",
-    "LoadedModel": "dynheads.models:LoadedModel",
-    "load_model": "dynheads.models:load_model",
-    "trace": "dynheads.decoding:trace",
-    "trace_batch": "dynheads.batching:trace_batch",
-    "Trace": "dynheads.traces:Trace",
-    "RunDir": "dynheads.runs:RunDir",
-    # tasks: make_sample, score, ... per task
-    "niah": "dynheads.tasks.niah",
-    "hotpotqa": "dynheads.tasks.hotpotqa",
-    "multihop": "dynheads.tasks.multihop",
-    # static heads and head lists
-    "NiahTest": "dynheads.analysis.static:NiahTest",
-    "ReasoningTest": "dynheads.analysis.static:ReasoningTest",
-    "StaticHeads": "dynheads.analysis.static:StaticHeads",
-    "static_heads": "dynheads.analysis.static:static_heads",
-    "static_reasoning_heads": "dynheads.analysis.static:static_reasoning_heads",
-    "load_head_list": "dynheads.analysis.headlists:load_head_list",
-    "save_head_scores": "dynheads.analysis.headlists:save_head_scores",
-    # dynamism statistics (Tables 1 and 5)
-    "DynamismStats": "dynheads.analysis.dynamism:DynamismStats",
-    "binarize": "dynheads.analysis.dynamism:binarize",
-    "dynamism_stats": "dynheads.analysis.dynamism:dynamism_stats",
-    "table1_markdown": "dynheads.analysis.dynamism:table1_markdown",
-    "table5_markdown": "dynheads.analysis.dynamism:table5_markdown",
-    # CCA and the head predictor (MLP from hidden state to head scores)
-    "CCAConfig": "dynheads.analysis.cca:CCAConfig",
-    "samples_from_traces": "dynheads.analysis.cca:samples_from_traces",
-    "cca_offsets": "dynheads.analysis.cca:cca_offsets",
-    "cca_markdown": "dynheads.analysis.cca:cca_markdown",
-    "write_cca": "dynheads.analysis.cca:write_cca",
-    "HeadPredictorConfig": "dynheads.analysis.mlp_probe:ProbeConfig",
-    "train_head_predictor": "dynheads.analysis.mlp_probe:train_probe",
-    "load_head_predictor": "dynheads.analysis.mlp_probe:load_probe",
+    "dynheads.errors": ("DynheadsError",),
+    "dynheads.models": ("LoadedModel", "load_model"),
+    "dynheads.decoding": ("trace",),
+    "dynheads.batching": ("trace_batch",),
+    "dynheads.traces": ("Trace",),
+    "dynheads.runs": ("RunDir",),
+    # the tasks: make_sample, score, ... per task
+    "dynheads.tasks": ("niah", "hotpotqa", "multihop"),
+    # static heads, head lists, dynamism statistics (Tables 1 and 5)
+    "dynheads.analysis.static": ("NiahTest", "ReasoningTest", "StaticHeads", "static_heads", "static_reasoning_heads"),
+    "dynheads.analysis.headlists": ("load_head_list", "save_head_scores"),
+    "dynheads.analysis.dynamism": ("DynamismStats", "binarize", "dynamism_stats", "table1_markdown", "table5_markdown"),
+    # CCA and the head predictor (the MLP from hidden state to head scores)
+    "dynheads.analysis.cca": ("CCAConfig", "samples_from_traces", "cca_offsets", "cca_markdown", "write_cca"),
+    "dynheads.analysis.mlp_probe": ("HeadPredictorConfig=ProbeConfig", "train_head_predictor=train_probe",
+                                    "load_head_predictor=load_probe"),
     # ablation, KV retention, hallucination detection
-    "AblationSettings": "dynheads.ablation:AblationSettings",
-    "ablated_generate": "dynheads.ablation:ablated_generate",
-    "KVSettings": "dynheads.kv:KVSettings",
-    "kv_generate": "dynheads.kv:kv_generate",
-    "kv_head_matrix": "dynheads.analysis.kvheads:kv_head_matrix",
-    "query_head_scores": "dynheads.analysis.kvheads:query_head_scores",
-    "write_duo_attention": "dynheads.analysis.kvheads:write_duo_attention",
-    "token_features": "dynheads.analysis.hallucination:token_features",
-    "Detector": "dynheads.experiments.detect:Detector",
-    "apply_detector": "dynheads.experiments.detect:apply_detector",
+    "dynheads.ablation": ("AblationSettings", "ablated_generate"),
+    "dynheads.kv": ("KVSettings", "kv_generate"),
+    "dynheads.analysis.kvheads": ("kv_head_matrix", "query_head_scores", "write_duo_attention"),
+    "dynheads.analysis.hallucination": ("token_features",),
+    "dynheads.experiments.detect": ("Detector", "apply_detector"),
     # figures and the report
-    "plot_head_dynamics": "dynheads.plots.heads:plot_head_dynamics",
-    "plot_heatmaps": "dynheads.plots.ablation:plot_heatmaps",
-    "plot_cca": "dynheads.plots.cca:plot_cca",
-    "write_report": "dynheads.report:write_report",
-}
+    "dynheads.plots.heads": ("plot_head_dynamics",),
+    "dynheads.plots.ablation": ("plot_heatmaps",),
+    "dynheads.plots.cca": ("plot_cca",),
+    "dynheads.report": ("write_report",),
+})
 __all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports("dynheads", globals(), _EXPORTS)
