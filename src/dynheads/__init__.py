@@ -1,34 +1,54 @@
 """dynheads: which attention heads retrieve from the context at each generated token, and what that means.
 
-Public API (the CLI is a thin layer over it)::
+Public API (the CLI is a thin layer over it; the runners of whole experiments are in ``dynheads.experiments``)::
 
     lm = dynheads.load_model()                      # embedded SmolLM2-135M-Instruct GGUF, or any HF model
     sample = dynheads.niah.make_sample(lm.tokenizer, context_tokens=1000, depth=0.5, seed=0)
     trace = dynheads.trace(lm, sample, max_new_tokens=48)
     trace.copy_scores    # [step, layer, head] bool, Eq. 1
 
-Names are imported on first use, so ``import dynheads.analysis...`` does not pay for torch and transformers.
+Every name in ``__all__`` is part of the declared API; anything reached through a deeper module path may change.
+Names are imported on first use, so ``import dynheads`` does not pay for torch and transformers.
 """
 
 from __future__ import annotations
 
-import importlib
+from dynheads.lazy import exports_by_name, lazy_exports
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "DynheadsError": "dynheads.errors",
-    "LoadedModel": "dynheads.models",
-    "load_model": "dynheads.models",
-    "Trace": "dynheads.traces",
-    "trace": "dynheads.decoding",
-    "niah": "dynheads.tasks.niah",
-}
+# module -> the public names it provides ("public=attribute" where the public name differs); a module listed under
+# its package is exported itself
+_EXPORTS = exports_by_name({
+    # models, tracing, traces, run directories
+    "dynheads.errors": ("DynheadsError",),
+    "dynheads.models": ("LoadedModel", "load_model"),
+    "dynheads.decoding": ("trace",),
+    "dynheads.batching": ("trace_batch",),
+    "dynheads.traces": ("Trace",),
+    "dynheads.runs": ("RunDir",),
+    # the tasks: make_sample, score, ... per task
+    "dynheads.tasks": ("niah", "hotpotqa", "multihop"),
+    # static heads, head lists, dynamism statistics (Tables 1 and 5)
+    "dynheads.analysis.static": ("NiahTest", "ReasoningTest", "StaticHeads", "static_heads", "static_reasoning_heads"),
+    "dynheads.analysis.headlists": ("load_head_list", "save_head_scores"),
+    "dynheads.analysis.dynamism": ("DynamismStats", "binarize", "dynamism_stats", "table1_markdown", "table5_markdown"),
+    # CCA and the head predictor (the MLP from hidden state to head scores)
+    "dynheads.analysis.cca": ("CCAConfig", "samples_from_traces", "cca_offsets", "cca_markdown", "write_cca"),
+    "dynheads.analysis.mlp_probe": ("HeadPredictorConfig=ProbeConfig", "train_head_predictor=train_probe",
+                                    "load_head_predictor=load_probe"),
+    # ablation, KV retention, hallucination detection
+    "dynheads.ablation": ("AblationSettings", "ablated_generate"),
+    "dynheads.kv": ("KVSettings", "kv_generate"),
+    "dynheads.analysis.kvheads": ("kv_head_matrix", "query_head_scores", "write_duo_attention"),
+    "dynheads.analysis.hallucination": ("token_features",),
+    "dynheads.experiments.detect": ("Detector", "apply_detector"),
+    # figures and the report
+    "dynheads.plots.heads": ("plot_head_dynamics",),
+    "dynheads.plots.ablation": ("plot_heatmaps",),
+    "dynheads.plots.cca": ("plot_cca",),
+    "dynheads.report": ("write_report",),
+})
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dynheads' has no attribute {name!r}")
-    module = importlib.import_module(_EXPORTS[name])
-    return module if module.__name__.endswith(name) else getattr(module, name)
+__getattr__, __dir__ = lazy_exports("dynheads", globals(), _EXPORTS)

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dynheads.errors import DynheadsError
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -50,3 +52,13 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def format_version(found: Any, known: int, what: str, path: str | Path) -> int:
+    """The format version a file declares (``None``: written before versions existed, read as 1); a version newer
+    than ``known`` is refused, since its columns or keys may mean something this code does not know."""
+    version = 1 if found is None else int(found)
+    if version > known:
+        raise DynheadsError(f"{path} is a version {version} {what}; this dynheads reads versions 1 to {known}: "
+                            "upgrade dynheads to read it")
+    return version

@@ -25,10 +25,13 @@ from typing import Any
 import pandas as pd
 
 from dynheads.errors import DynheadsError
-from dynheads.io import atomic_path, read_json, write_json
+from dynheads.io import atomic_path, format_version, read_json, write_json
 from dynheads.models import LoadedModel, library_versions
 from dynheads.thresholds import chance_per_step
 from dynheads.traces import Trace
+
+# 1: no format_version key (manifests before it existed); 2: the key is written
+MANIFEST_FORMAT_VERSION = 2
 
 
 class RunDir:
@@ -45,7 +48,9 @@ class RunDir:
     def manifest(self) -> dict:
         if not self.exists():
             raise DynheadsError(f"{self.path} is not a dynheads run directory (no manifest.json)")
-        return read_json(self.manifest_path)
+        manifest = read_json(self.manifest_path)
+        format_version(manifest.get("format_version"), MANIFEST_FORMAT_VERSION, "run manifest", self.manifest_path)
+        return manifest
 
     def start(self, kind: str, config: Any, lm: LoadedModel | None, extra: dict | None = None) -> dict:
         """Write the manifest of a new run, or check that an existing one has the same config (resume)."""
@@ -59,6 +64,7 @@ class RunDir:
                 )
             return previous
         manifest = {
+            "format_version": MANIFEST_FORMAT_VERSION,
             "kind": kind,
             "config": config_dict,
             "model": lm.describe() if lm is not None else None,
@@ -68,7 +74,7 @@ class RunDir:
             **(extra or {}),
         }
         write_json(self.manifest_path, manifest)
-        return read_json(self.manifest_path)
+        return self.manifest()
 
     # ---- samples ----------------------------------------------------------------------------------
     def record_path(self, sample_id: str) -> Path:

@@ -17,7 +17,8 @@ File format (documented in docs/formats.md): one Parquet file per sample, one ro
 | ``chance`` | float32 | Eq. 2 score of a uniform head: needle keys / keys outside sink and local (optional) |
 
 Head vectors are layer-major: element ``l * H + h`` is head ``L{l}-H{h}``. The file's schema metadata holds
-``num_layers``, ``num_heads``, ``prompt_length``, ``stop_reason`` and the generated ``text``.
+``format_version`` (``TRACE_FORMAT_VERSION``; absent = 1), ``num_layers``, ``num_heads``, ``prompt_length``,
+``stop_reason`` and the generated ``text``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dynheads.io import atomic_path
+from dynheads.io import atomic_path, format_version
 
+# 1: no format_version key, no optional columns (files before they existed); 2: the optional columns may be present
+TRACE_FORMAT_VERSION = 2
 ScoreKind = Literal["copy", "reasoning"]  # Eq. 1 (binary, NIAH) or Eq. 2 (continuous, HotpotQA)
 HEAD_FIELDS = ("argmax_pos", "copy_score", "needle_mass", "reasoning_score", "max_prob")
 OPTIONAL_HEAD_FIELDS = ("context_mass",)  # absent from traces written before they existed: loaded as None
@@ -92,8 +95,8 @@ class Trace:
             if getattr(self, name) is not None:
                 columns[name] = pa.array(np.asarray(getattr(self, name), dtype=np.float32).reshape(steps))
         columns["hidden"] = _list_column(self.hidden.astype(np.float32))
-        meta = {"num_layers": layers, "num_heads": heads, "prompt_length": self.prompt_length,
-                "stop_reason": self.stop_reason, "text": self.text}
+        meta = {"format_version": TRACE_FORMAT_VERSION, "num_layers": layers, "num_heads": heads,
+                "prompt_length": self.prompt_length, "stop_reason": self.stop_reason, "text": self.text}
         table = pa.table(columns).replace_schema_metadata({"dynheads": json.dumps(meta)})
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp)
@@ -102,6 +105,7 @@ class Trace:
     def load(cls, path: str | Path) -> Trace:
         table = pq.read_table(path)
         meta = json.loads(table.schema.metadata[b"dynheads"])
+        format_version(meta.get("format_version"), TRACE_FORMAT_VERSION, "trace file", path)
         layers, heads = meta["num_layers"], meta["num_heads"]
         steps = table.num_rows
 

@@ -11,38 +11,34 @@ from typing import Annotated
 import typer
 
 from dynheads.cli.app import app, plot_app, probe_app
-from dynheads.cli.commands import ConfigFile, Model, Opt
+from dynheads.cli.options import (
+    MODEL,
+    NIAH_GRID,
+    QA_GRID,
+    STATIC_HELP,
+    ConfigFile,
+    Opt,
+    RunArg,
+    RunOut,
+    option,
+    with_options,
+)
 from dynheads.config import build_config, parse_list, parse_range
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD
 
-RunArg = Annotated[Path, typer.Argument(help="run directory written by e.g. 'dynheads niah'")]
 Score = Annotated[str, Opt(help="head score: copy (Eq. 1, NIAH) or reasoning (Eq. 2, HotpotQA)")]
 OutDir = Annotated[Path | None, Opt("--out", help="folder for the outputs (default: inside the run directory)")]
 
 
 @app.command()
-def static(
-    out: Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")],
-    model: Model = None,
-    samples: Annotated[int | None, Opt(help="NIAH tests, rounded up to whole passes of the grid")] = None,
-    lengths: Annotated[str | None, Opt(help="haystack lengths in tokens, e.g. 500,1000,2000")] = None,
-    depths: Annotated[str | None, Opt(help="needle depths in [0, 1], e.g. 0,0.25,0.5,0.75,1")] = None,
-    seed: Annotated[int | None, Opt(help="master seed")] = None,
-    max_new_tokens: Annotated[int | None, Opt(help="generation budget per sample")] = None,
-    success_threshold: Annotated[float | None, Opt(help="a test counts if ROUGE-1 recall > this")] = None,
-    haystack: Annotated[str | None, Opt(help="folder of .txt files (default: Paul Graham essays)")] = None,
-    device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
-    config: ConfigFile = None,
-) -> None:
+@with_options(MODEL, NIAH_GRID, samples=option("NIAH tests, rounded up to whole passes of the grid", kind=int | None),
+              success_threshold=option("a test counts if ROUGE-1 recall > this", kind=float | None), runs=None)
+def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
     """Find the static retrieval heads of a model (Wu et al.'s scoring) on NIAH samples disjoint from analysis runs."""
     from dynheads.experiments.static import StaticConfig, run_static
     from dynheads.heads import head_label
 
-    cfg = build_config(
-        StaticConfig, config, model=model, samples=samples, lengths=parse_list(lengths, int),
-        depths=parse_list(depths, float), seed=seed, max_new_tokens=max_new_tokens,
-        success_threshold=success_threshold, haystack=haystack, device=device,
-    )
+    cfg = build_config(StaticConfig, config, **settings)
     heads = run_static(cfg, out)
     typer.echo(f"pass rate {heads.num_counted}/{heads.num_tests} ({heads.pass_rate:.0%}) at ROUGE-1 recall > "
                f"{cfg.success_threshold}; wrote {out}/static_heads.json, static_ranking.csv, static_summary.json")
@@ -50,30 +46,20 @@ def static(
 
 
 @app.command("static-reasoning")
-def static_reasoning(
-    out: Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")],
-    model: Model = None,
-    data: Annotated[str | None, Opt(help="HotpotQA JSON/JSONL file or saved dataset (default: synthetic)")] = None,
-    questions: Annotated[int | None, Opt(help="questions of the static stream")] = None,
-    first: Annotated[int | None, Opt(help="index of the stream's first question in the data")] = None,
-    lengths: Annotated[str | None, Opt(help="context lengths in tokens, e.g. 250,500,1000")] = None,
-    depths: Annotated[str | None, Opt(help="gold-paragraph depths in [0, 1]")] = None,
-    seed: Annotated[int | None, Opt(help="master seed")] = None,
-    max_new_tokens: Annotated[int | None, Opt(help="generation budget per question")] = None,
-    success_f1: Annotated[float | None, Opt(help="a question counts if its F1 exceeds this (-1: all)")] = None,
-    device: Annotated[str | None, Opt(help="cpu or cuda")] = None,
-    config: ConfigFile = None,
-) -> None:
+@with_options(
+    MODEL, QA_GRID,
+    data=option("HotpotQA JSON/JSONL file or saved dataset (default: synthetic)"),
+    questions=option("questions of the static stream", kind=int | None),
+    first=option("index of the stream's first question in the data", kind=int | None),
+    depths=option("gold-paragraph depths in [0, 1]", items=float),
+    success_f1=option("a question counts if its F1 exceeds this (-1: all)", kind=float | None),
+)
+def static_reasoning(out: RunOut, config: ConfigFile = None, **settings) -> None:
     """Static reasoning heads for HotpotQA: mean Eq. 2 score per head over a question stream of their own."""
     from dynheads.experiments.static import StaticReasoningConfig, run_static_reasoning
     from dynheads.heads import head_label
 
-    cfg = build_config(
-        StaticReasoningConfig, config, model=model, data=data, questions=questions, first=first,
-        lengths=parse_list(lengths, int), depths=parse_list(depths, float), seed=seed,
-        max_new_tokens=max_new_tokens, success_f1=success_f1, device=device,
-    )
-    heads = run_static_reasoning(cfg, out)
+    heads = run_static_reasoning(build_config(StaticReasoningConfig, config, **settings), out)
     typer.echo(f"{heads.num_counted}/{heads.num_tests} questions counted; wrote {out}/static_heads.json, "
                "static_ranking.csv, static_summary.json")
     typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
@@ -82,7 +68,7 @@ def static_reasoning(
 @app.command()
 def dynamism(
     run_dir: RunArg,
-    static_file: Annotated[Path, Opt("--static", help="static head list (Wu et al. JSON or a ranked list)")],
+    static_file: Annotated[Path, Opt("--static", help=STATIC_HELP)],
     score: Score = "copy",
     threshold: Annotated[str, Opt(help="Eq. 2 only: a head is active above this score (0.1) or multiple of "
                                   "chance (relative:3)")] = DEFAULT_REASONING_THRESHOLD,

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from dynheads.cli.app import app
-from dynheads.cli.commands import Opt
+from dynheads.cli.options import Opt
 from dynheads.config import build_config, parse_list
 
 

@@ -18,9 +18,9 @@ from itertools import product
 from pathlib import Path
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.tracing import start_run, trace_samples
+from dynheads.experiments.tracing import run_traced
 from dynheads.io import read_json
-from dynheads.models import LoadedModel, load_model
+from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
 from dynheads.tasks import hotpotqa, multihop
@@ -143,30 +143,22 @@ def qa_score(sample, generated: str) -> dict[str, float]:
     return hotpotqa.score(sample.answer, generated)
 
 
-def run_hotpotqa(
-    config: HotpotConfig,
-    out: str | Path,
-    *,
-    lm: LoadedModel | None = None,
-    progress: bool = True,
-    on_sample: Callable[[dict], None] | None = None,
-    batch_size: int = 1,
-    device_map: str | None = None,
-) -> RunDir:
+def run_hotpotqa(config: HotpotConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
+                 on_sample: Callable[[dict], None] | None = None, batch_size: int = 1,
+                 device_map: str | None = None) -> RunDir:
     """Trace every question into ``out`` (Eq. 2 scores per head and step); resumable."""
-    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device, device_map=device_map)
-    grid = hotpot_grid(config, lm.tokenizer)
-    samples = grid.samples
-    prompt = {"system": hotpotqa.SYSTEM_PROMPT, "user": hotpotqa.USER_TEMPLATE,
-              "paragraph": hotpotqa.PARAGRAPH_TEMPLATE,
-              "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
-    if multihop.is_source(config.data):
-        prompt = {"system": multihop.SYSTEM_PROMPT, "user": multihop.USER_TEMPLATE, "data": config.data,
-                  "form": asdict(multihop.parse_source(config.data))}
-    run = RunDir(out)
-    start_run(run, "hotpotqa", config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template,
-                                            **grid.manifest(), "chat_template_kwargs": samples[0].chat_template_kwargs})
-    return trace_samples(run, lm, samples, qa_score,
-                         max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
-                         local_window=config.local_window, desc="hotpotqa", progress=progress, on_sample=on_sample,
-                         batch_size=batch_size)
+
+    def prepare(tokenizer) -> tuple[list, dict]:
+        grid = hotpot_grid(config, tokenizer)
+        samples = grid.samples
+        prompt = {"system": hotpotqa.SYSTEM_PROMPT, "user": hotpotqa.USER_TEMPLATE,
+                  "paragraph": hotpotqa.PARAGRAPH_TEMPLATE,
+                  "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
+        if multihop.is_source(config.data):
+            prompt = {"system": multihop.SYSTEM_PROMPT, "user": multihop.USER_TEMPLATE, "data": config.data,
+                      "form": asdict(multihop.parse_source(config.data))}
+        return samples, {"prompt": prompt, "prompt_template": samples[0].prompt_template, **grid.manifest(),
+                         "chat_template_kwargs": samples[0].chat_template_kwargs}
+
+    return run_traced("hotpotqa", config, out, prepare, qa_score, lm=lm, device_map=device_map, progress=progress,
+                      on_sample=on_sample, batch_size=batch_size)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.tracing import start_run, trace_samples
-from dynheads.models import LoadedModel, load_model
+from dynheads.experiments.tracing import run_traced
+from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
 from dynheads.tasks import niah
@@ -62,23 +62,15 @@ def prompt_manifest() -> dict:
             "distractor": niah.DISTRACTOR_TEMPLATE}
 
 
-def run_niah(
-    config: NiahConfig,
-    out: str | Path,
-    *,
-    lm: LoadedModel | None = None,
-    progress: bool = True,
-    on_sample: Callable[[dict], None] | None = None,
-    batch_size: int = 1,
-    device_map: str | None = None,
-) -> RunDir:
+def run_niah(config: NiahConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
+             on_sample: Callable[[dict], None] | None = None, batch_size: int = 1,
+             device_map: str | None = None) -> RunDir:
     """Trace every sample of the grid into ``out``; finished samples of an earlier attempt are skipped."""
-    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device, device_map=device_map)
-    samples = niah_samples(config, lm.tokenizer)
-    run = RunDir(out)
-    start_run(run, "niah", config, lm, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template,
-                                        "chat_template_kwargs": samples[0].chat_template_kwargs})
-    return trace_samples(run, lm, samples, lambda sample, text: niah.score(sample.answer, text),
-                         max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
-                         local_window=config.local_window, desc="niah", progress=progress, on_sample=on_sample,
-                         batch_size=batch_size)
+
+    def prepare(tokenizer) -> tuple[list[niah.NiahSample], dict]:
+        samples = niah_samples(config, tokenizer)
+        return samples, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template,
+                         "chat_template_kwargs": samples[0].chat_template_kwargs}
+
+    return run_traced("niah", config, out, prepare, lambda sample, text: niah.score(sample.answer, text), lm=lm,
+                      device_map=device_map, progress=progress, on_sample=on_sample, batch_size=batch_size)

@@ -53,6 +53,7 @@ class RagConfig:
     top_n: int = field(default=RetrievalConfig.top_n, metadata={"help": "top attended positions clustered"})
     window: int = field(default=RetrievalConfig.window, metadata={"help": "window tokens per cluster"})
     gap: int = field(default=RetrievalConfig.gap, metadata={"help": "cluster gap in tokens"})
+    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda"})
 
     def settings(self) -> RagSettings:
@@ -76,7 +77,7 @@ def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
 def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True) -> RunDir:
     """Answer every question under every (strategy, k) into ``out``; finished ones are skipped."""
     jobs = _jobs(config)
-    lm = lm or load_model(config.model, device=config.device)
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     hotpot = HotpotConfig(data=config.data, questions=config.questions, first=config.first, split=config.split,
                           lengths=config.lengths, depths=config.depths, seed=config.seed)
     grid = hotpot_grid(hotpot, lm.tokenizer)

@@ -52,6 +52,7 @@ class StaticConfig:
     success_threshold: float = field(
         default=0.5, metadata={"help": "a test counts if the ROUGE-1 recall of the answer exceeds this"})
     haystack: str | None = field(default=None, metadata={"help": "folder of .txt files; None = Paul Graham essays"})
+    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
 
     def niah_config(self) -> NiahConfig:
@@ -61,7 +62,8 @@ class StaticConfig:
             raise DynheadsError("static heads need --samples >= 1 and at least one length and one depth")
         return NiahConfig(model=self.model, lengths=self.lengths, depths=self.depths,
                           runs=math.ceil(self.samples / cells), seed=self.seed, max_new_tokens=self.max_new_tokens,
-                          haystack=self.haystack, split=SPLIT, device=self.device)
+                          haystack=self.haystack, split=SPLIT, dtype=self.dtype,
+                          device=self.device)
 
 
 def run_static(config: StaticConfig, out: str | Path, *, lm: LoadedModel | None = None,
@@ -120,13 +122,14 @@ class StaticReasoningConfig:
     seed: int = field(default=0, metadata={"help": "master seed (synthetic data, distractor order)"})
     max_new_tokens: int = field(default=24, metadata={"help": "generation budget per question"})
     success_f1: float = field(default=-1.0, metadata={"help": "a question counts if its F1 exceeds this; -1 = all"})
+    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
 
     def hotpot_config(self) -> HotpotConfig:
         """The HotpotQA stream this config traces (named ``static``)."""
         return HotpotConfig(model=self.model, data=self.data, questions=self.questions, first=self.first,
                             split=SPLIT, lengths=self.lengths, depths=self.depths, seed=self.seed,
-                            max_new_tokens=self.max_new_tokens, device=self.device)
+                            max_new_tokens=self.max_new_tokens, dtype=self.dtype, device=self.device)
 
 
 def run_static_reasoning(config: StaticReasoningConfig, out: str | Path, *, lm: LoadedModel | None = None,

@@ -7,6 +7,7 @@ Samples are traced ``batch_size`` at a time (``dynheads.batching``; 1 = the refe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -14,7 +15,7 @@ from dynheads import distributed
 from dynheads.batching import trace_batch
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.models import LoadedModel
+from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir
 
 
@@ -25,6 +26,28 @@ def start_run(run: RunDir, kind: str, config, lm: LoadedModel, extra: dict | Non
     manifest = run.start(kind, config, lm, extra) if distributed.is_main() else None
     distributed.barrier()
     return manifest if manifest is not None else run.start(kind, config, lm, extra)
+
+
+def run_traced(
+    kind: str,
+    config,
+    out: str | Path,
+    prepare: Callable[[object], tuple[Sequence, dict]],
+    score: Callable[[object, str], dict],
+    *,
+    lm: LoadedModel | None,
+    device_map: str | None,
+    **tracing,
+) -> RunDir:
+    """What every tracing runner does: load ``config``'s model (unless ``lm`` is given), ``prepare(tokenizer)`` the
+    samples and the manifest's extra keys, start (or resume) the run in ``out`` and trace it (``trace_samples``
+    keyword arguments in ``tracing``; the scores' settings come from ``config``)."""
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device, device_map=device_map)
+    samples, extra = prepare(lm.tokenizer)
+    run = RunDir(out)
+    start_run(run, kind, config, lm, extra)
+    return trace_samples(run, lm, samples, score, max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
+                         local_window=config.local_window, desc=kind, **tracing)
 
 
 def trace_samples(

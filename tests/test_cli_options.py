@@ -1,0 +1,48 @@
+"""The generated CLI options: every model-loading command takes --dtype, and flags reach the config parsed."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from dynheads.cli.app import app, register_commands
+
+register_commands()
+MODEL_COMMANDS = ["niah", "hotpotqa", "rag", "static", "static-reasoning", "ablate", "ablate-progressive", "kv",
+                  "kv-export"]
+
+
+def _params(name: str) -> set[str]:
+    import typer.main
+
+    command = typer.main.get_command(app).commands[name]
+    return {opt for param in command.params for opt in param.opts}
+
+
+@pytest.mark.parametrize("name", MODEL_COMMANDS)
+def test_every_model_loading_command_takes_model_dtype_device(name):
+    assert {"--model", "--dtype", "--device"} <= _params(name)
+
+
+def test_flags_reach_the_config_parsed_and_renamed(monkeypatch, tmp_path):
+    import dynheads.experiments.rag as rag
+
+    seen = {}
+
+    def fake_run_rag(config, out):
+        seen["config"] = config
+        (tmp_path / "rag.md").write_text("table\n")
+        return type("Run", (), {"path": tmp_path})()
+
+    monkeypatch.setattr(rag, "run_rag", fake_run_rag)
+    result = CliRunner().invoke(app, ["rag", "--out", str(tmp_path), "--k", "5,10", "--lengths", "250",
+                                      "--depths", "0.5", "--dtype", "float32", "--strategies", "none,static"])
+    assert result.exit_code == 0, result.output
+    config = seen["config"]
+    assert config.ks == (5, 10) and config.lengths == (250,) and config.depths == (0.5,)
+    assert config.dtype == "float32" and config.strategies == ("none", "static")
+    assert config.questions == rag.RagConfig().questions  # flags not given keep the config's value
+
+
+def test_static_takes_no_runs_option():
+    assert "--runs" not in _params("static") and "--samples" in _params("static")

@@ -1,0 +1,78 @@
+"""Format versions of trace files and run manifests: old files still load, newer ones are refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from zoo import NoTokenizer, tiny_model
+
+import dynheads
+from dynheads.errors import DynheadsError
+from dynheads.io import read_json, write_json
+from dynheads.models import LoadedModel
+from dynheads.runs import MANIFEST_FORMAT_VERSION, RunDir
+from dynheads.traces import TRACE_FORMAT_VERSION, Trace
+
+V1_TRACE = Path(__file__).parent / "fixtures" / "trace-v1.parquet"  # written by tests/fixtures/make_v1_trace.py
+
+
+class PlainSample:
+    def __init__(self, input_ids, needle_positions):
+        self.input_ids, self.needle_positions = input_ids, needle_positions
+
+
+def _fixture_trace_now() -> Trace:
+    """The generation the fixture was written from, traced by today's code."""
+    lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
+    torch.manual_seed(0)
+    prompt = torch.randint(3, 128, (24,)).tolist()
+    return dynheads.trace(lm, PlainSample(prompt, [10, 11, 12]), max_new_tokens=4, stop_at_eos=False)
+
+
+def test_version_1_trace_still_loads_with_the_same_contents():
+    assert "format_version" not in json.loads(pq.read_schema(V1_TRACE).metadata[b"dynheads"])
+    old = Trace.load(V1_TRACE)
+    assert old.context_mass is None and old.token_entropy is None and old.token_max_prob is None
+    assert old.chance is None
+    now = _fixture_trace_now()
+    assert old.text == now.text and old.token_texts == now.token_texts and old.stop_reason == now.stop_reason
+    assert old.prompt_length == now.prompt_length == 24
+    for name in ("tokens", "argmax_pos", "copy_scores", "needle_mass", "reasoning_scores", "max_prob", "hidden"):
+        np.testing.assert_allclose(getattr(old, name), getattr(now, name), atol=1e-5, err_msg=name)
+
+
+def test_trace_is_written_with_its_format_version(tmp_path):
+    Trace.load(V1_TRACE).save(tmp_path / "t.parquet")
+    meta = json.loads(pq.read_schema(tmp_path / "t.parquet").metadata[b"dynheads"])
+    assert meta["format_version"] == TRACE_FORMAT_VERSION == 2
+    assert Trace.load(tmp_path / "t.parquet").text == Trace.load(V1_TRACE).text
+
+
+def test_newer_trace_version_is_refused_in_one_line(tmp_path):
+    table = pq.read_table(V1_TRACE)
+    meta = json.loads(table.schema.metadata[b"dynheads"]) | {"format_version": TRACE_FORMAT_VERSION + 1}
+    pq.write_table(table.replace_schema_metadata({"dynheads": json.dumps(meta)}), tmp_path / "new.parquet")
+    with pytest.raises(DynheadsError, match="version 3 trace file") as error:
+        Trace.load(tmp_path / "new.parquet")
+    assert "\n" not in str(error.value)
+
+
+def test_manifest_versions(tmp_path):
+    run = RunDir(tmp_path / "run")
+    manifest = run.start("niah", {"seed": 0}, None)
+    assert manifest["format_version"] == MANIFEST_FORMAT_VERSION == 2
+    assert run.start("niah", {"seed": 0}, None) == manifest  # resuming accepts it
+
+    old = {key: value for key, value in read_json(run.manifest_path).items() if key != "format_version"}
+    write_json(run.manifest_path, old)  # a manifest written before versions existed: version 1
+    assert run.manifest() == old and run.start("niah", {"seed": 0}, None) == old
+
+    write_json(run.manifest_path, old | {"format_version": MANIFEST_FORMAT_VERSION + 1})
+    with pytest.raises(DynheadsError, match="version 3 run manifest") as error:
+        run.manifest()
+    assert "\n" not in str(error.value)
