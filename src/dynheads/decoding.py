@@ -166,10 +166,11 @@ class GreedySteps:
     """Greedy decoding over a ``DecodingSession``: iterate to get one ``DecodeStep`` per new token.
 
     Step 0 feeds every written token not yet in the cache (the prompt, what is left of it, or what ``write``
-    put after the cache), later steps the token emitted before. After the consumer's loop body, a stop token ends the loop (``stop_reason = "eos"``, the
-    token is not emitted); otherwise the token is emitted (``tokens``) and appended. No pass runs after the
-    last step. ``rerunnable`` keeps a checkpoint of the cache before each pass, so that ``DecodeStep.rerun``
-    can replace it (the old keys live until the step ends).
+    put after the cache), later steps the token emitted before. After the consumer's loop body, a stop token
+    ends the loop (``stop_reason = "eos"``, the token is not emitted); otherwise the token is emitted
+    (``tokens``) and appended. No pass runs after the last step. ``rerunnable`` keeps a checkpoint of the cache
+    before each pass, so that ``DecodeStep.rerun`` can replace it (the old keys then live until the step ends,
+    which is why it is not the default).
     """
 
     def __init__(self, session: DecodingSession, max_new_tokens: int, stop_ids: Collection[int] = (),
