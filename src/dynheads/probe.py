@@ -134,41 +134,15 @@ class AttentionProbe:
     def _update(self, **changes) -> None:
         self.settings = replace(self.settings, **changes)
 
-    @property
-    def sink_size(self) -> int:
-        return self.settings.sink_size
-
-    @sink_size.setter
-    def sink_size(self, size: int) -> None:
-        self._update(sink_size=int(size))
-
-    @property
-    def local_window(self) -> int:
-        return self.settings.local_window
-
-    @local_window.setter
-    def local_window(self, size: int) -> None:
-        self._update(local_window=int(size))
-
-    @property
-    def rows_for(self) -> frozenset[Head]:
-        return self.settings.rows_for
-
-    @rows_for.setter
-    def rows_for(self, heads: Iterable[Head]) -> None:
-        self._update(rows_for=frozenset(heads))
-
-    @property
-    def ablation_mode(self) -> AblationMode:
-        return self.settings.ablation_mode
-
-    @property
-    def removed_from(self) -> int | None:
-        return self.settings.removed_from
-
-    @removed_from.setter
-    def removed_from(self, position: int | None) -> None:
-        self._update(removed_from=position)
+    # Views of single settings (the setters replace the frozen settings; set_* methods validate the rest).
+    sink_size = property(lambda self: self.settings.sink_size, lambda self, size: self._update(sink_size=int(size)))
+    local_window = property(lambda self: self.settings.local_window,
+                            lambda self, size: self._update(local_window=int(size)))
+    rows_for = property(lambda self: self.settings.rows_for,
+                        lambda self, heads: self._update(rows_for=frozenset(heads)))
+    removed_from = property(lambda self: self.settings.removed_from,
+                            lambda self, position: self._update(removed_from=position))
+    ablation_mode = property(lambda self: self.settings.ablation_mode)
 
     @property
     def last_position(self) -> int:
