@@ -51,13 +51,13 @@ def test_masked_step_equals_from_scratch_removal(family):
     n = len(sample.input_ids)
     probe = AttentionProbe(lm.num_layers, lm.num_heads)
     probe.set_removed_heads(heads)
-    probe.ablate_from = n - 1
+    probe.removed_from = n - 1
     logits = []
     for t in range(steps):
         ids = torch.tensor([sample.input_ids + result.tokens[:t]])
         probe.begin_forward(ids.shape[1] - 1)
-        with attached(lm.model, probe), torch.no_grad():
-            logits.append(lm.model(ids).logits[0, -1])
+        with attached(lm.model, probe) as probe_kwargs, torch.no_grad():
+            logits.append(lm.model(ids, **probe_kwargs).logits[0, -1])
     assert [int(x.argmax()) for x in logits] == result.tokens
     # Numerically too: the decoder's masked pass (cached prefix + one recomputed position) at step 0.
     session = DecodingSession(lm, sample.input_ids, [], max_new_tokens=1)

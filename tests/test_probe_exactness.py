@@ -111,8 +111,8 @@ def test_removing_a_head_equals_zeroing_its_o_proj_input(family):
     probe = AttentionProbe(layers, heads)
     probe.set_removed_heads(removed, "zero")
     probe.begin_forward(ids.shape[1] - 1)
-    with attached(model, probe), torch.no_grad():
-        ablated = model(ids).logits[0, -1]
+    with attached(model, probe) as probe_kwargs, torch.no_grad():
+        ablated = model(ids, **probe_kwargs).logits[0, -1]
     with torch.no_grad():
         intact = model(ids).logits[0, -1]
     assert (ablated - reference).abs().max() <= 1e-5
@@ -134,8 +134,8 @@ def test_uniform_ablation_gives_the_mean_of_visible_values():
     probe.set_removed_heads([(0, 1)], "uniform")
     probe.begin_forward(19)
     attn.o_proj.register_forward_pre_hook(lambda m, a: captured.__setitem__("o_in", a[0]))
-    with attached(model, probe), torch.no_grad():
-        model(ids)
+    with attached(model, probe) as probe_kwargs, torch.no_grad():
+        model(ids, **probe_kwargs)
     values = captured["v"][0].view(20, -1, attn.head_dim)  # [kv, H_kv, D]
     kv_head = 1 // (heads // values.shape[1])
     expected = values[-8:, kv_head].mean(0)  # the last query sees the last 8 keys
@@ -152,8 +152,8 @@ def test_hidden_keys_get_zero_attention_in_every_head():
     hidden = [2, 3, 4, 13]
     probe.set_hidden_keys(hidden, length=16)
     probe.begin_forward(15)
-    with attached(model, probe), torch.no_grad():
-        model(ids)
+    with attached(model, probe) as probe_kwargs, torch.no_grad():
+        model(ids, **probe_kwargs)
     for row in probe.stats.rows.values():
         assert row[hidden].abs().max() == 0.0
         assert abs(float(row.sum()) - 1.0) < 1e-5

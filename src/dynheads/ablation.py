@@ -83,32 +83,24 @@ def ablated_generate(
     session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens,
                               sink_size=settings.sink_size, local_window=settings.local_window)
     rng = np.random.default_rng(settings.seed)
-    stop_ids = lm.stop_token_ids() if stop_at_eos else set()
-    if prompt_length > 1:
+    if prompt_length > 1:  # the loop's first pass then feeds only the last prompt token
         session.forward(prompt_length - 1)
     result = AblationResult(tokens=[], text="", stop_reason="max_new_tokens")
-    for _ in range(max_new_tokens):
-        saved = session.checkpoint()
-        session.probe.set_removed_heads(())
-        clean = session.forward(1)
-        predicted = int(clean.logits.argmax())
-        dynamic = _dynamic_heads(session, clean, predicted, settings)
+    steps = session.steps(max_new_tokens, lm.stop_token_ids() if stop_at_eos else (), rerunnable=True)
+    for step in steps:  # step.result: the clean pass (no head removed)
+        clean = step.result
+        dynamic = _dynamic_heads(session, clean, step.predicted, settings)
         heads = _heads_to_mask(dynamic, clean, settings, lm, rng)
-        token, compensated = predicted, []
+        compensated = []
         if heads:
-            session.rollback(saved)
             session.probe.set_removed_heads(heads, settings.mode)
-            masked = session.forward(1)
-            token = int(masked.logits.argmax())
-            compensated = sorted(set(_dynamic_heads(session, masked, token, settings)) - set(dynamic))
+            masked = step.rerun()
+            session.probe.set_removed_heads(())
+            compensated = sorted(set(_dynamic_heads(session, masked, step.token, settings)) - set(dynamic))
         result.dynamic_counts.append(len(dynamic))
         result.masked.append(heads)
         result.compensated.append(compensated)
-        if token in stop_ids:
-            result.stop_reason = "eos"
-            break
-        result.tokens.append(token)
-        session.append(token)
+    result.tokens, result.stop_reason = steps.tokens, steps.stop_reason
     result.text = lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
     return result
 

@@ -34,12 +34,12 @@ from dynheads.traces import Trace
 class BatchedDecoder:
     """Decode steps for several prefilled ``DecodingSession``s at once (their caches are merged and freed).
 
-    The sessions keep their own token buffers, needle masks and lengths (used for Eq. 1 and the traces);
-    the decoder owns the batched cache, the padding mask and a probe over the batch.
+    The sessions keep their own token buffers, needle positions (in their probes) and lengths (used for Eq. 1
+    and the traces); the decoder owns the batched cache, the padding mask and a probe over the batch, whose
+    settings and needles it takes from the sessions' probes.
     """
 
-    def __init__(self, lm: LoadedModel, sessions: Sequence[DecodingSession], needles: Sequence[Iterable[int]],
-                 *, max_new_tokens: int):
+    def __init__(self, lm: LoadedModel, sessions: Sequence[DecodingSession], *, max_new_tokens: int):
         self.lm = lm
         self.sessions = list(sessions)
         padded = max(s.length for s in self.sessions)
@@ -51,13 +51,9 @@ class BatchedDecoder:
         for b, session in enumerate(self.sessions):
             self.mask[b, padded - session.length : padded] = 1
         self.width = padded
-        first = self.sessions[0].probe
         self.probe = AttentionProbe(lm.num_layers, lm.num_heads, lm.device)
-        self.probe.sink_size, self.probe.local_window = first.sink_size, first.local_window
-        self.probe._removed, self.probe.ablation_mode = first._removed, first.ablation_mode
-        self.needles = [list(n) for n in needles]
-        self.probe.set_needles(self.needles)
-        self.probe.context_ends = [s.prompt_length for s in self.sessions]
+        self.probe.settings = self.sessions[0].probe.settings  # frozen: sink/local sizes, removed heads, ...
+        self._sync_sequences()
         self._hidden: torch.Tensor | None = None
 
     def keep(self, rows: Sequence[int]) -> None:
@@ -68,8 +64,11 @@ class BatchedDecoder:
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
         self.sessions = [self.sessions[r] for r in rows]
-        self.needles = [self.needles[r] for r in rows]
-        self.probe.set_needles(self.needles)
+        self._sync_sequences()
+
+    def _sync_sequences(self) -> None:
+        """The batch probe's needles and context ends: those of the sessions in the batch, row by row."""
+        self.probe.set_needles([s.probe.needle_positions() for s in self.sessions])
         self.probe.context_ends = [s.prompt_length for s in self.sessions]
 
     def step(self) -> list[StepResult]:
@@ -83,7 +82,7 @@ class BatchedDecoder:
         model = self.lm.model
         hook = model.base_model.register_forward_hook(self._capture_hidden)
         try:
-            with attached(model, self.probe), torch.inference_mode():
+            with attached(model, self.probe) as probe_kwargs, torch.inference_mode():
                 out = model(
                     input_ids=tokens,
                     attention_mask=self.mask[:, : self.width],
@@ -91,6 +90,7 @@ class BatchedDecoder:
                     past_key_values=self.cache,
                     use_cache=True,
                     logits_to_keep=1,
+                    **probe_kwargs,
                 )
         finally:
             hook.remove()
@@ -179,8 +179,7 @@ def trace_batch(
         if step + 1 == max_new_tokens or not still:
             break
         if decoder is None:
-            decoder = BatchedDecoder(lm, sessions, [s.needle_positions for s in samples],
-                                     max_new_tokens=max_new_tokens)
+            decoder = BatchedDecoder(lm, sessions, max_new_tokens=max_new_tokens)
         decoder.keep(still)
         active = [active[row] for row in still]
         results = decoder.step()

@@ -1,15 +1,21 @@
 """Greedy decoding with the KV cache and the attention probe attached: ``trace()`` and its building block.
 
-``DecodingSession`` owns one sequence: its cache, the probe, the token buffer and the needle mask. Each
-``forward`` feeds tokens after what is cached and returns the next-token logits, the probe's statistics
-for the last input position and the final-layer hidden state there. ``commit=False`` runs a pass that
-leaves the cache exactly as it was (the ablation's clean pass), for every cache layer type including
-sliding windows, by restoring each layer's tensors afterwards (updates never modify them in place).
+``DecodingSession`` owns one sequence: its cache, the probe (which holds the needle positions) and the token
+buffer. Each ``forward`` feeds tokens after what is cached and returns the next-token logits, the probe's
+statistics for the last input position and the final-layer hidden state there. ``commit=False`` runs a pass
+that leaves the cache exactly as it was (the KV-retention loop's clean full-KV pass), for every cache layer
+type including sliding windows, by restoring each layer's tensors afterwards (updates never modify them in
+place); ``checkpoint`` / ``rollback`` do the same around any number of passes.
+
+``DecodingSession.steps`` is the one greedy loop (``trace``, the two-pass ablation and the RAG answerer
+consume it): each ``DecodeStep`` holds the pass that predicts the step's token; the consumer may recompute
+that pass under other probe settings (``rerun``) or emit another token (``step.token = ...``) before the
+loop appends it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,16 +61,14 @@ class DecodingSession:
         check_fits(lm, self.prompt_length, max_new_tokens)
         device = lm.device
         self.probe = AttentionProbe(lm.num_layers, lm.num_heads, device)
-        self.probe.set_needle(needle_positions)
+        self.probe.set_needle(needle_positions)  # the one record of the needle (Eq. 1 and Eq. 2 read it)
         self.probe.sink_size, self.probe.local_window = sink_size, local_window
         self.probe.context_end = self.prompt_length
         capacity = self.prompt_length + max_new_tokens + 1
         self.ids = torch.zeros(capacity, dtype=torch.long, device=device)
         self.ids[: self.prompt_length] = torch.as_tensor(list(input_ids), dtype=torch.long)
-        self.is_needle = torch.zeros(capacity, dtype=torch.bool, device=device)
-        needle = [p for p in needle_positions if 0 <= p < self.prompt_length]
-        self.is_needle[needle] = True
         self.length = 0  # tokens already in the cache
+        self.written = self.prompt_length  # tokens in ``ids``: those after ``length`` are fed next
         self.cache = DynamicCache(config=lm.model.config)
         self._hidden: torch.Tensor | None = None
 
@@ -77,16 +81,17 @@ class DecodingSession:
         model = self.lm.model
         hook = model.base_model.register_forward_hook(self._capture_hidden)
         try:
-            with attached(model, self.probe), torch.inference_mode():
+            with attached(model, self.probe) as probe_kwargs, torch.inference_mode():
                 out = model(
                     input_ids=self.ids[start:stop][None],
                     past_key_values=self.cache,
                     use_cache=True,
                     logits_to_keep=1,
+                    **probe_kwargs,
                 )
         finally:
             hook.remove()
-        self.length = stop
+        self.length, self.written = stop, max(self.written, stop)
         if saved is not None:
             self.rollback(saved)
         return StepResult(logits=out.logits[0, -1].float(), stats=stats, hidden=self._hidden)
@@ -108,7 +113,18 @@ class DecodingSession:
         self._hidden = last_hidden[0, -1].float()
 
     def append(self, token: int) -> None:
+        """Write ``token`` after the cached tokens (the next ``forward`` feeds it)."""
         self.ids[self.length] = token
+        self.written = self.length + 1
+
+    def write(self, tokens: Sequence[int]) -> None:
+        """Write ``tokens`` after the cached tokens (the next ``forward(len(tokens))`` feeds them)."""
+        self.ids[self.length : self.length + len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.long)
+        self.written = self.length + len(tokens)
+
+    def steps(self, max_new_tokens: int, stop_ids: Collection[int] = (), *, rerunnable: bool = False) -> GreedySteps:
+        """The greedy loop: see ``GreedySteps``."""
+        return GreedySteps(self, max_new_tokens, stop_ids, rerunnable=rerunnable)
 
     def chance_share(self) -> float:
         """Eq. 2 chance share at the last position fed (also right after batched steps, which bypass the probe)."""
@@ -117,7 +133,67 @@ class DecodingSession:
     def copy_scores(self, stats: StepStats, predicted: int) -> torch.Tensor:
         """Eq. 1 ``[L, H]``: the argmax key is a needle token and carries the predicted token."""
         pos = stats.argmax_pos
-        return self.is_needle[pos] & (self.ids[pos] == predicted)
+        return self.probe.is_needle(pos) & (pos < self.prompt_length) & (self.ids[pos] == predicted)
+
+
+class DecodeStep:
+    """One step of the greedy loop: the pass that predicts the step's token, and the token to emit."""
+
+    def __init__(self, session: DecodingSession, index: int, result: StepResult, fed: int,
+                 checkpoint: tuple[int, list[dict]] | None, stop_ids: Collection[int]):
+        self.session, self.index, self.result = session, index, result
+        self.predicted = int(result.logits.argmax())  # greedy token of ``result``
+        self.token = self.predicted  # the token the loop emits; assign to emit another one
+        self._fed, self._checkpoint, self._stop_ids = fed, checkpoint, stop_ids
+
+    @property
+    def stops(self) -> bool:
+        """The token to emit is a stop token: the loop ends without emitting it."""
+        return self.token in self._stop_ids
+
+    def rerun(self) -> StepResult:
+        """Recompute this step's pass (e.g. under other probe settings) in place of the first one; the greedy
+        token of the new pass becomes the token to emit. Needs ``steps(..., rerunnable=True)``."""
+        if self._checkpoint is None:
+            raise DynheadsError("this decoding loop was not started with rerunnable=True")
+        self.session.rollback(self._checkpoint)
+        self.result = self.session.forward(self._fed)
+        self.token = int(self.result.logits.argmax())
+        return self.result
+
+
+class GreedySteps:
+    """Greedy decoding over a ``DecodingSession``: iterate to get one ``DecodeStep`` per new token.
+
+    Step 0 feeds every written token not yet in the cache (the prompt, what is left of it, or what ``write``
+    put after the cache), later steps the token emitted before. After the consumer's loop body, a stop token
+    ends the loop (``stop_reason = "eos"``, the token is not emitted); otherwise the token is emitted
+    (``tokens``) and appended. No pass runs after the last step. ``rerunnable`` keeps a checkpoint of the cache
+    before each pass, so that ``DecodeStep.rerun`` can replace it (the old keys then live until the step ends,
+    which is why it is not the default).
+    """
+
+    def __init__(self, session: DecodingSession, max_new_tokens: int, stop_ids: Collection[int] = (),
+                 *, rerunnable: bool = False):
+        self.session, self.max_new_tokens, self.stop_ids = session, max_new_tokens, stop_ids
+        self.rerunnable = rerunnable
+        self.tokens: list[int] = []
+        self.stop_reason = "max_new_tokens"
+
+    def __iter__(self) -> Iterator[DecodeStep]:
+        session = self.session
+        for index in range(self.max_new_tokens):
+            fed = session.written - session.length if index == 0 else 1
+            if fed < 1:
+                raise DynheadsError("nothing to decode from: every written token is already in the cache")
+            checkpoint = session.checkpoint() if self.rerunnable else None
+            step = DecodeStep(session, index, session.forward(fed), fed, checkpoint, self.stop_ids)
+            yield step
+            if step.stops:
+                self.stop_reason = "eos"
+                return
+            self.tokens.append(step.token)
+            session.append(step.token)
 
 
 def check_fits(lm: LoadedModel, prompt_length: int, max_new_tokens: int) -> None:
@@ -213,17 +289,9 @@ def trace(
         max_new_tokens=max_new_tokens, sink_size=sink_size, local_window=local_window,
     )
     session.probe.set_removed_heads(removed_heads, ablation_mode)
-    stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     recorder = TraceRecorder()
-    result = session.forward(session.prompt_length)
-    stop_reason = "max_new_tokens"
-    for step in range(max_new_tokens):
-        token = int(result.logits.argmax())
-        if token in stop_ids:
-            stop_reason = "eos"
-            break
-        recorder.add(session, result, token)
-        session.append(token)
-        if step + 1 < max_new_tokens:
-            result = session.forward(1)
-    return recorder.finish(session, stop_reason)
+    steps = session.steps(max_new_tokens, lm.stop_token_ids() if stop_at_eos else ())
+    for step in steps:
+        if not step.stops:
+            recorder.add(session, step.result, step.token)
+    return recorder.finish(session, steps.stop_reason)

@@ -32,13 +32,20 @@ they map to positions that are negative or outside the window, so no statistic c
 and sink/local key masks of a step are built once per key length with tensor ops (no host-device sync
 inside the layers). ``StepStats`` tensors are ``[B, L, H]``; ``sequence_stats(b)`` gives the ``[L, H]``
 views of one sequence, which is what batch-1 callers use.
+
+No global state: the probe reaches the attention function as the forward keyword argument ``PROBE_KWARG``
+(transformers passes the extra keyword arguments of ``model(...)`` down to the registered attention function);
+``attached`` switches the model's attention implementation for a block and gives those keyword arguments. A
+forward without them runs plain SDPA. The probe holds three kinds of data: ``ProbeSettings`` (frozen; the
+setters replace them), the sequences' needle positions and context ends, and the state of the current pass
+(``StepStats`` and the key masks of this step), renewed by ``begin_forward``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -53,7 +60,7 @@ from dynheads.thresholds import chance_share
 ATTN_NAME = "dynheads_probe"  # neutral name: transformers tests implementation names by substring
 AblationMode = Literal["zero", "uniform"]
 
-_active: AttentionProbe | None = None
+PROBE_KWARG = "dynheads_probe"  # the forward keyword argument that carries the probe to the attention function
 
 
 @dataclass
@@ -83,6 +90,25 @@ class StepStats:
         return torch.where(denominator > 0, self.needle_mass / denominator.clamp_min(1e-30), 0.0)
 
 
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What the probe measures and changes; fixed during a pass (``AttentionProbe``'s setters replace it)."""
+
+    sink_size: int = 4  # Eq. 2: first keys excluded from the denominator
+    local_window: int = 32  # Eq. 2: last keys excluded from the denominator (current token included)
+    rows_for: frozenset[Head] = frozenset()  # heads whose full last row is kept
+    removed: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> query heads removed (long tensor)
+    ablation_mode: AblationMode = "zero"
+    # Remove heads from every query position >= this absolute position (None: only the last one): a whole
+    # sequence in one forward then equals the per-step decoder that recomputes each step with heads removed.
+    removed_from: int | None = None
+    hidden: torch.Tensor | None = None  # bool over absolute positions: keys no head may see (batch size 1)
+    kv_full: torch.Tensor | None = None  # bool [L, H]: full-KV heads at decode steps (None: all)
+    kv_all_full: tuple[bool, ...] = ()  # per layer, on the host: no device sync in the hot path
+    kv_sink: int = 4
+    kv_recent: int = 64
+
+
 class AttentionProbe:
     """Measurement and intervention settings shared by the decoding loop and the attention function.
 
@@ -93,27 +119,31 @@ class AttentionProbe:
         self.num_layers = num_layers
         self.num_heads = num_heads
         self.device = torch.device(device)
-        self.record = True
-        self.sink_size = 4
-        self.local_window = 32
-        self.last_positions: list[int] = [0]  # per sequence, known on the host: no device sync needed
-        self.context_ends: list[int] = [0]  # per sequence: positions < context end are the context (prompt)
-        self.rows_for: set[Head] = set()
-        self.ablation_mode: AblationMode = "zero"
-        # Remove heads from query positions >= this absolute position (None: only the last position).
-        self.ablate_from: int | None = None
-        self._removed: dict[int, torch.Tensor] = {}
+        self.settings = ProbeSettings()
+        # The sequences: needle positions and context ends (positions < context end are the prompt).
         self._needle = torch.zeros(1, 1, dtype=torch.bool, device=self.device)  # [B, positions]
-        self._hidden: torch.Tensor | None = None  # bool over absolute positions (batch size 1)
-        self._key_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per (kv_len, device), this step
+        self.context_ends: list[int] = [0]
+        # The current pass (begin_forward renews it).
+        self.last_positions: list[int] = [0]  # per sequence, known on the host: no device sync needed
         self._last_t = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._key_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per (kv_len, device)
         self._rows: list[dict[Head, torch.Tensor]] = [{}]
-        self._kv_full: torch.Tensor | None = None  # bool [L, H]: full-KV heads at decode steps (None: all)
-        self._kv_all_full: list[bool] = []  # per layer, on the host: no device sync in the hot path
-        self.kv_sink, self.kv_recent = 4, 64
         self._new_stats()
 
     # ---- settings -------------------------------------------------------------------------------
+    def _update(self, **changes) -> None:
+        self.settings = replace(self.settings, **changes)
+
+    # Views of single settings (the setters replace the frozen settings; set_* methods validate the rest).
+    sink_size = property(lambda self: self.settings.sink_size, lambda self, size: self._update(sink_size=int(size)))
+    local_window = property(lambda self: self.settings.local_window,
+                            lambda self, size: self._update(local_window=int(size)))
+    rows_for = property(lambda self: self.settings.rows_for,
+                        lambda self, heads: self._update(rows_for=frozenset(heads)))
+    removed_from = property(lambda self: self.settings.removed_from,
+                            lambda self, position: self._update(removed_from=position))
+    ablation_mode = property(lambda self: self.settings.ablation_mode)
+
     @property
     def last_position(self) -> int:
         """The last input position of a batch-1 forward pass."""
@@ -135,7 +165,7 @@ class AttentionProbe:
         Counted over every position up to ``last_position`` (default: sequence ``b``'s current one; full
         attention, hidden keys are not discounted).
         """
-        needle = self._needle[b].nonzero().flatten().tolist()
+        needle = self.needle_positions(b)
         last = self.last_positions[b] if last_position is None else last_position
         return chance_share(needle, last, self.sink_size, self.local_window)
 
@@ -152,6 +182,16 @@ class AttentionProbe:
         self._needle = needle.to(self.device)
         self._key_cache.clear()
 
+    def needle_positions(self, b: int = 0) -> list[int]:
+        """Sequence ``b``'s needle positions, sorted."""
+        return self._needle[b].nonzero().flatten().tolist()
+
+    def is_needle(self, positions: torch.Tensor, b: int = 0) -> torch.Tensor:
+        """Bool, shaped like ``positions``: which absolute positions of sequence ``b`` are needle positions."""
+        needle = self._needle[b]
+        size = needle.shape[0]
+        return needle[positions.clamp(0, size - 1)] & (positions >= 0) & (positions < size)
+
     def set_removed_heads(self, heads: Iterable[Head], mode: AblationMode = "zero") -> None:
         """Heads to remove from the next forward passes (empty to restore the model)."""
         if mode not in ("zero", "uniform"):
@@ -160,27 +200,25 @@ class AttentionProbe:
         for layer, head in heads:
             self._check_head(layer, head)
             by_layer.setdefault(layer, []).append(head)
-        self._removed = {
-            layer: torch.tensor(sorted(set(hs)), dtype=torch.long, device=self.device)
-            for layer, hs in by_layer.items()
-        }
-        self.ablation_mode = mode
+        removed = {layer: torch.tensor(sorted(set(hs)), dtype=torch.long, device=self.device)
+                   for layer, hs in by_layer.items()}
+        self._update(removed=removed, ablation_mode=mode)
 
     def set_hidden_keys(self, positions: Iterable[int] | None, length: int = 0) -> None:
         """Key positions that no head may attend to (None to show everything)."""
         if positions is None:
-            self._hidden = None
+            self._update(hidden=None)
             return
         positions = torch.as_tensor(list(positions), dtype=torch.long)
         size = max(length, int(positions.max()) + 1 if positions.numel() else 0)
         hidden = torch.zeros(size, dtype=torch.bool)
         hidden[positions] = True
-        self._hidden = hidden.to(self.device)
+        self._update(hidden=hidden.to(self.device))
 
     def set_kv_heads(self, full_heads: Iterable[Head] | None, sink: int = 4, recent: int = 64) -> None:
         """Query heads that keep the full KV cache at decode steps; every other head streams (None: all full)."""
         if full_heads is None:
-            self._kv_full, self._kv_all_full = None, []
+            self._update(kv_full=None, kv_all_full=())
             return
         if sink < 0 or recent < 1:
             raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1 tokens, got {sink} and {recent}")
@@ -188,18 +226,19 @@ class AttentionProbe:
         for layer, head in full_heads:
             self._check_head(layer, head)
             full[layer, head] = True
-        self._kv_all_full = full.all(dim=1).tolist()
-        self._kv_full, self.kv_sink, self.kv_recent = full.to(self.device), sink, recent
+        self._update(kv_full=full.to(self.device), kv_all_full=tuple(full.all(dim=1).tolist()), kv_sink=sink,
+                     kv_recent=recent)
 
     def _streaming_visibility(self, layer: int, kv_len: int, offset: int) -> torch.Tensor | None:
         """Bool ``[H, kv]``: keys each query head may see at a decode step, or None when every head sees all."""
-        if self._kv_full is None or self._kv_all_full[layer]:
+        settings = self.settings
+        if settings.kv_full is None or settings.kv_all_full[layer]:
             return None
         if len(self.last_positions) != 1:
             raise DynheadsError("per-head KV retention needs batch size 1")
-        full = self._kv_full[layer]
+        full = settings.kv_full[layer]
         positions = torch.arange(kv_len, device=full.device) + offset
-        kept = (positions < self.kv_sink) | (positions > self.last_position - self.kv_recent)  # [kv]
+        kept = (positions < settings.kv_sink) | (positions > self.last_position - settings.kv_recent)  # [kv]
         return full[:, None] | kept[None, :]
 
     def _check_head(self, layer: int, head: int) -> None:
@@ -273,11 +312,12 @@ class AttentionProbe:
         return torch.tensor(ends, dtype=torch.long, device=device)
 
     def _hidden_keys(self, kv_len: int, offset: int) -> torch.Tensor | None:
-        if self._hidden is None:
+        hidden = self.settings.hidden
+        if hidden is None:
             return None
         if len(self.last_positions) != 1:
             raise DynheadsError("hidden key positions need batch size 1")
-        window = self._hidden[offset : offset + kv_len]
+        window = hidden[offset : offset + kv_len]
         if window.numel() < kv_len:
             window = torch.cat([window, window.new_zeros(kv_len - window.numel())])
         return window
@@ -293,8 +333,11 @@ def probe_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """Attention function registered under ``ATTN_NAME``; returns ``[B, q, H, D]`` like every interface function."""
-    probe = _active
+    """Attention function registered under ``ATTN_NAME``; returns ``[B, q, H, D]`` like every interface function.
+
+    The probe comes in ``kwargs[PROBE_KWARG]``; without it this is plain SDPA.
+    """
+    probe: AttentionProbe | None = kwargs.pop(PROBE_KWARG, None)
     if probe is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     batch, num_heads, q_len, head_dim = query.shape
@@ -324,23 +367,23 @@ def probe_attention(
     else:
         output = _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs)
 
-    removed = probe._removed.get(layer)
+    settings = probe.settings
+    removed = settings.removed.get(layer)
     if removed is not None:
         removed = removed.to(output.device)
-        if probe.ablate_from is not None and batch != 1:
-            raise DynheadsError("ablating earlier query positions (ablate_from) needs batch size 1")
+        if settings.removed_from is not None and batch != 1:
+            raise DynheadsError("removing heads from earlier query positions (removed_from) needs batch size 1")
         first_position = probe.last_positions[0] - q_len + 1
-        start = q_len - 1 if probe.ablate_from is None else max(probe.ablate_from - first_position, 0)
+        start = q_len - 1 if settings.removed_from is None else max(settings.removed_from - first_position, 0)
         rows = slice(start, q_len)
-        if probe.ablation_mode == "zero":
+        if settings.ablation_mode == "zero":
             output[:, removed, rows] = 0.0
         else:
             key_weight = visible.float() if q_len == 1 and visible is not None else (
                 None if hidden is None else (~hidden).float()[None])
             output[:, removed, rows] = _uniform_output(value, groups, removed, q_len, key_weight, kwargs)[:, :, rows]
 
-    if probe.record:
-        _record(probe, layer, probs.reshape(batch, num_heads, kv_len), kv_len)
+    _record(probe, layer, probs.reshape(batch, num_heads, kv_len), kv_len)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -430,7 +473,7 @@ def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int)
     stats.kept_mass[:, layer] = masses[..., 2]
     stats.context_mass[:, layer] = masses[..., 3]
     stats.total_mass[:, layer] = probs.sum(-1)
-    for lyr, head in probe.rows_for:
+    for lyr, head in probe.settings.rows_for:
         if lyr == layer:
             for b, last in enumerate(probe.last_positions):
                 offset = last - (kv_len - 1)
@@ -448,14 +491,12 @@ _register()
 
 
 @contextmanager
-def attached(model: PreTrainedModel, probe: AttentionProbe) -> Iterator[AttentionProbe]:
-    """Route the model's attention through the probe for the duration of the block."""
-    global _active
+def attached(model: PreTrainedModel, probe: AttentionProbe) -> Iterator[dict[str, AttentionProbe]]:
+    """Route the model's attention through the probe function for the block; gives the forward keyword arguments
+    that carry ``probe`` to it: ``with attached(model, probe) as probe_kwargs: model(ids, **probe_kwargs)``."""
     previous = model.config._attn_implementation
     model.set_attn_implementation(ATTN_NAME)
-    _active = probe
     try:
-        yield probe
+        yield {PROBE_KWARG: probe}
     finally:
-        _active = None
         model.set_attn_implementation(previous)

@@ -69,16 +69,20 @@ class _Answerer:
         self.stop_ids = lm.stop_token_ids()
         self.finished = False
 
-    def read(self, visible: np.ndarray | None, rows_for: set[Head] = frozenset()):
-        """Roll back to the cached context, show ``visible`` context positions (None: all), read question+answer."""
+    def show(self, visible: np.ndarray | None, rows_for: set[Head] = frozenset()) -> None:
+        """Roll back to the cached context, show ``visible`` context positions (None: all) and write the question
+        and the answer so far after it (the next pass reads them)."""
         self.session.rollback(self.cached)
         start, stop = self.context
         hidden = None if visible is None else [start + i for i in np.flatnonzero(~visible)]
         self.session.probe.set_hidden_keys(hidden, length=stop)
         self.session.probe.rows_for = set(rows_for)
-        tail = self.question + self.answer
-        self.session.ids[stop : stop + len(tail)] = torch.tensor(tail, dtype=torch.long)
-        return self.session.forward(len(tail))
+        self.session.write(self.question + self.answer)
+
+    def read(self, visible: np.ndarray | None, rows_for: set[Head] = frozenset()):
+        """``show``, then one pass over the question and the answer so far."""
+        self.show(visible, rows_for)
+        return self.session.forward(len(self.question) + len(self.answer))
 
     def generate(self, visible: np.ndarray | None, limit: int, *, sentence: bool) -> tuple[list[int], list, list]:
         """Greedy tokens after the answer so far; returns tokens, entropies and last-layer rows.
@@ -90,26 +94,23 @@ class _Answerer:
         last_layer = self.lm.num_layers - 1
         rows_for = {(last_layer, h) for h in range(self.lm.num_heads)}
 
-        def last_layer_rows(step) -> torch.Tensor:
-            return torch.stack([step.stats.rows[(last_layer, h)] for h in range(self.lm.num_heads)])
+        def last_layer_rows(result) -> torch.Tensor:
+            return torch.stack([result.stats.rows[(last_layer, h)] for h in range(self.lm.num_heads)])
 
-        step = self.read(visible, rows_for)
+        self.show(visible, rows_for)
         tokens, entropies, rows = [], [], []
-        for _ in range(limit):
-            token = int(step.logits.argmax())
-            if token in self.stop_ids:
-                self.finished = True
+        for step in self.session.steps(limit + 1, self.stop_ids):  # step ``limit``: the pass that read the last token
+            if step.index == limit or step.stops:
+                self.finished = self.finished or step.index < limit  # a stop token within the budget
+                if tokens:  # this pass read the last token: its query row is the last one the draft gives
+                    rows.append(last_layer_rows(step.result))
                 break
-            log_probs = torch.log_softmax(step.logits, dim=-1)
+            log_probs = torch.log_softmax(step.result.logits, dim=-1)
             entropies.append(float(-(log_probs.exp() * log_probs).sum()))
-            rows.append(last_layer_rows(step))
-            tokens.append(token)
+            rows.append(last_layer_rows(step.result))
+            tokens.append(step.token)
             if sentence and _SENTENCE_END.search(self.lm.tokenizer.decode(tokens)):
-                return tokens, entropies, rows
-            self.session.append(token)
-            step = self.session.forward(1)
-        if tokens:  # ``step`` read the last token: its query row is the last one the draft gives
-            rows.append(last_layer_rows(step))
+                break
         return tokens, entropies, rows
 
     def received_attention(self, rows: list[torch.Tensor], first: int, count: int) -> np.ndarray:
