@@ -261,3 +261,11 @@ def test_spans_and_markdown_html():
                          "\n- item")
     assert "<h1>Title &lt;x&gt;</h1>" in page and "<strong>bold</strong>" in page and "<em>here</em>" in page
     assert "<th>b | c</th>" in page and "<td>2</td>" in page and "<ul><li>item</li></ul>" in page
+
+
+def test_the_verdict_rules_line_has_its_numbers_filled_in():
+    # The rules line once printed "k={CCA_OFFSET} at least {CCA_MARGIN}" (a string that was not an f-string).
+    from dynheads.report import claims
+
+    assert "{" not in claims.RULES and "}" not in claims.RULES
+    assert f"k={claims.CCA_OFFSET} at least {claims.CCA_MARGIN}" in claims.RULES

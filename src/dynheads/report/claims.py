@@ -45,7 +45,7 @@ RAG = "Dynamic RAG (dynamic beats static)"
 RULES = (f"Claim 1: Jaccard w/ static top-20 < {JACCARD_MAX}, unique heads > {UNIQUE_MIN} and entropy > ln 20; "
          f"Claim 2: masking the dynamic heads costs at least {ABLATION_MARGIN} more than masking as many static "
          f"heads, and as many random heads (inconclusive when a control masked no head on more samples than "
-         "dynamic); Claim 3: held-out CCA top-1 at k={CCA_OFFSET} at least {CCA_MARGIN} "
+         f"dynamic); Claim 3: held-out CCA top-1 at k={CCA_OFFSET} at least {CCA_MARGIN} "
          "above the shuffled control, and the probe beats the frequency baseline; RAG: Dynamic F1 above Static at "
          "every k")
 
