@@ -115,3 +115,18 @@ def test_the_last_drafted_token_receives_its_own_query_attention(tiny_lm, sample
     last_row = np.stack([step.stats.rows[(last_layer, h)][first : first + 4].numpy() for h in range(tiny_lm.num_heads)])
     np.testing.assert_allclose(received[:, -1], last_row[:, -1], rtol=1e-5, atol=1e-7)
     assert (received >= last_row - 1e-7).all()  # a max over queries that include the last one
+
+
+def test_the_rag_table_orders_k_as_numbers():
+    class Run:  # the two things rag_table reads from a run directory
+        path = "run"
+
+        @staticmethod
+        def records():
+            return [{"strategy": strategy, "k": k, "metrics": {"em": 0.0, "f1": 0.0}, "retrieval_recall": 0.0,
+                     "retrievals": 1, "visible_tokens": [10], "context_tokens": 100}
+                    for strategy, k in [("static", 20), ("static", 5), ("static", 10), ("none", None)]]
+
+    table = rag_table(Run())
+    assert list(zip(table["strategy"], table["k"], strict=True)) == [
+        ("static", 5), ("static", 10), ("static", 20), ("none", "-")]

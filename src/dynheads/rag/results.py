@@ -29,4 +29,6 @@ def rag_table(run: RunDir) -> pd.DataFrame:
         questions=("em", "size"), em=("em", "mean"), f1=("f1", "mean"),
         retrieval_recall=("retrieval_recall", "mean"), retrievals=("retrievals", "mean"),
         visible_tokens=("visible_tokens", "mean"), context_tokens=("context_tokens", "mean")).reset_index()
-    return table.sort_values(["strategy", "k"], key=lambda c: c.map(order) if c.name == "strategy" else c.astype(str))
+    # k is an int, or "-" for strategies without heads: sort numerically (as text, 10 and 20 came before 5)
+    return table.sort_values(["strategy", "k"], key=lambda c: c.map(order) if c.name == "strategy"
+                             else c.map(lambda k: -1 if k == "-" else int(k)))
