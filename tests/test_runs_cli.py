@@ -97,6 +97,7 @@ def test_cli_end_to_end(tiny_model_dir, tmp_path):
         (["--lengths", "9000"], "exceeds the model's context window"),
         (["--haystack", "/no/such/folder"], "haystack folder not found"),
         (["--lengths", "abc"], "comma-separated list"),
+        (["--dtype", "float9"], "unknown dtype 'float9'"),
     ],
 )
 def test_bad_input_gets_one_line(tiny_model_dir, tmp_path, args, message):

@@ -139,7 +139,7 @@ def load_model(
     """
     device = torch.device(device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str) and dtype != "auto":
-        dtype = getattr(torch, dtype)
+        dtype = _parse_dtype(dtype)
     if name_or_path is None:
         path = embedded_gguf_path()
         model, tokenizer, revision = _load_gguf(path, dtype, device_map)
@@ -165,6 +165,16 @@ def load_model(
         model.to(device)
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision)
+
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def _parse_dtype(name: str) -> torch.dtype:
+    """A model dtype by name; anything else is a one-line error, never ``getattr(torch, ...)``'s traceback."""
+    if name not in FLOAT_DTYPES:
+        raise DynheadsError(f"unknown dtype {name!r}: use auto, {', '.join(FLOAT_DTYPES)}")
+    return getattr(torch, name)
 
 
 def _load_pretrained(source: str, dtype, device_map=None, **extra) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
