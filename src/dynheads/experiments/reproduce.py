@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from dynheads import stages
 from dynheads.analysis.cca import CCAConfig
 from dynheads.analysis.mlp_probe import ProbeConfig
 from dynheads.errors import DynheadsError
@@ -28,23 +29,6 @@ from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir
-from dynheads.stages import (
-    ABLATION,
-    CCA,
-    DYNAMISM,
-    HOTPOTQA,
-    HOTPOTQA_ABLATION,
-    HOTPOTQA_CCA,
-    HOTPOTQA_DYNAMISM,
-    HOTPOTQA_PROBE,
-    HOTPOTQA_PROGRESSIVE,
-    HOTPOTQA_STATIC,
-    NIAH,
-    PROBE,
-    PROGRESSIVE,
-    RAG,
-    STATIC,
-)
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
 
 
@@ -194,33 +178,34 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     lm = lm or load_model(config.model, device=config.device)
     RunDir(out).start("reproduce", config, lm, {"preset_settings": _jsonable(preset), **(
         {"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {})})
-    stages = _Stages(out)
+    study = _Stages(out)
     common = dict(model=config.model, seed=config.seed, device=config.device)
-    static_file = out / STATIC / "static_heads.json"
+    static_file = out / stages.STATIC / "static_heads.json"
 
     niah = NiahConfig(lengths=preset.niah_lengths, depths=preset.niah_depths, runs=preset.niah_runs,
                       max_new_tokens=preset.max_new_tokens, **common)
-    stages.run(NIAH, lambda: run_niah(niah, out / NIAH, lm=lm, progress=progress))
+    study.run(stages.NIAH, lambda: run_niah(niah, out / stages.NIAH, lm=lm, progress=progress))
     static = StaticConfig(samples=preset.static_samples, lengths=preset.niah_lengths, depths=preset.niah_depths,
                           max_new_tokens=preset.max_new_tokens, success_threshold=preset.static_success_threshold,
                           **common)
-    stages.run(STATIC, lambda: run_static(static, out / STATIC, lm=lm, progress=progress))
-    stages.run(DYNAMISM, lambda: (
-        dynamism_report(out / NIAH, static_file, out_dir=out / DYNAMISM),
-        plot_heads(out / NIAH, _best_samples(out / NIAH, 2), out_dir=out / DYNAMISM)))
+    study.run(stages.STATIC, lambda: run_static(static, out / stages.STATIC, lm=lm, progress=progress))
+    study.run(stages.DYNAMISM, lambda: (
+        dynamism_report(out / stages.NIAH, static_file, out_dir=out / stages.DYNAMISM),
+        plot_heads(out / stages.NIAH, _best_samples(out / stages.NIAH, 2), out_dir=out / stages.DYNAMISM)))
     ablation = AblationConfig(lengths=preset.ablation_lengths, depths=preset.ablation_depths,
                               runs=preset.ablation_runs, max_new_tokens=preset.max_new_tokens,
                               static=str(static_file), **common)
-    stages.run(ABLATION, lambda: run_ablation(ablation, out / ABLATION, lm=lm, progress=progress))
+    study.run(stages.ABLATION, lambda: run_ablation(ablation, out / stages.ABLATION, lm=lm, progress=progress))
     progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=(preset.progressive_length,), depths=(0.5,),
                                     runs=preset.progressive_runs, max_new_tokens=preset.max_new_tokens,
                                     static=str(static_file), **common)
-    stages.run(PROGRESSIVE, lambda: run_progressive(progressive, out / PROGRESSIVE, lm=lm, progress=progress))
+    study.run(stages.PROGRESSIVE, lambda: run_progressive(progressive, out / stages.PROGRESSIVE, lm=lm,
+                                                          progress=progress))
     cca = CCAConfig(seed=config.seed)
-    stages.run(CCA, lambda: cca_report(out / NIAH, preset.cca_offsets, cca, out_dir=out / CCA))
+    study.run(stages.CCA, lambda: cca_report(out / stages.NIAH, preset.cca_offsets, cca, out_dir=out / stages.CCA))
     probe_config = replace(preset.probe, seed=config.seed)
-    stages.run(PROBE, lambda: train_probe_on_run(
-        out / NIAH, probe_config, out_dir=out / PROBE, device=str(lm.device), progress=progress))
+    study.run(stages.PROBE, lambda: train_probe_on_run(
+        out / stages.NIAH, probe_config, out_dir=out / stages.PROBE, device=str(lm.device), progress=progress))
 
     qa_data = config.hotpotqa or preset.qa_source  # a HotpotQA file, when given, always wins
     streams = hotpot_streams(preset)  # disjoint question ranges: nothing is fitted and evaluated on one question
@@ -228,37 +213,37 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
                        max_new_tokens=preset.hotpot_max_new_tokens, **common)
     reasoning = StaticReasoningConfig(data=qa_data, questions=streams["static"].count,
                                       first=streams["static"].first, **hotpot_grid)
-    stages.run(HOTPOTQA_STATIC, lambda: run_static_reasoning(reasoning, out / HOTPOTQA_STATIC, lm=lm,
+    study.run(stages.HOTPOTQA_STATIC, lambda: run_static_reasoning(reasoning, out / stages.HOTPOTQA_STATIC, lm=lm,
                                                              progress=progress))
-    reasoning_file = out / HOTPOTQA_STATIC / "static_heads.json"
+    reasoning_file = out / stages.HOTPOTQA_STATIC / "static_heads.json"
     hotpot = HotpotConfig(data=qa_data, questions=streams["analysis"].count, first=streams["analysis"].first,
                           split="analysis", **hotpot_grid)
-    stages.run(HOTPOTQA, lambda: run_hotpotqa(hotpot, out / HOTPOTQA, lm=lm, progress=progress))
-    stages.run(HOTPOTQA_DYNAMISM, lambda: (
-        dynamism_report(out / HOTPOTQA, static_file, score="reasoning", out_dir=out / HOTPOTQA_DYNAMISM),
-        plot_heads(out / HOTPOTQA, _best_samples(out / HOTPOTQA, 1, metric="f1"), score="reasoning",
-                   out_dir=out / HOTPOTQA_DYNAMISM)))
-    stages.run(HOTPOTQA_CCA, lambda: cca_report(
-        out / HOTPOTQA, preset.cca_offsets, cca, score="reasoning", out_dir=out / HOTPOTQA_CCA))
-    stages.run(HOTPOTQA_PROBE, lambda: train_probe_on_run(
-        out / HOTPOTQA, probe_config, score="reasoning", out_dir=out / HOTPOTQA_PROBE, device=str(lm.device),
-        progress=progress))
+    study.run(stages.HOTPOTQA, lambda: run_hotpotqa(hotpot, out / stages.HOTPOTQA, lm=lm, progress=progress))
+    study.run(stages.HOTPOTQA_DYNAMISM, lambda: (
+        dynamism_report(out / stages.HOTPOTQA, static_file, score="reasoning", out_dir=out / stages.HOTPOTQA_DYNAMISM),
+        plot_heads(out / stages.HOTPOTQA, _best_samples(out / stages.HOTPOTQA, 1, metric="f1"), score="reasoning",
+                   out_dir=out / stages.HOTPOTQA_DYNAMISM)))
+    study.run(stages.HOTPOTQA_CCA, lambda: cca_report(
+        out / stages.HOTPOTQA, preset.cca_offsets, cca, score="reasoning", out_dir=out / stages.HOTPOTQA_CCA))
+    study.run(stages.HOTPOTQA_PROBE, lambda: train_probe_on_run(
+        out / stages.HOTPOTQA, probe_config, score="reasoning", out_dir=out / stages.HOTPOTQA_PROBE,
+        device=str(lm.device), progress=progress))
     hotpot_task = dict(task="hotpotqa", data=qa_data, max_new_tokens=preset.hotpot_max_new_tokens,
                        static=str(reasoning_file), **common)
     hotpot_ablation = AblationConfig(lengths=preset.hotpot_ablation_lengths, depths=preset.hotpot_ablation_depths,
                                      questions=streams["ablation"].count, first=streams["ablation"].first,
                                      split="ablation", **hotpot_task)
-    stages.run(HOTPOTQA_ABLATION, lambda: run_ablation(hotpot_ablation, out / HOTPOTQA_ABLATION, lm=lm,
+    study.run(stages.HOTPOTQA_ABLATION, lambda: run_ablation(hotpot_ablation, out / stages.HOTPOTQA_ABLATION, lm=lm,
                                                        progress=progress))
     hotpot_progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=preset.hotpot_ablation_lengths[:1],
                                            depths=(0.5,), questions=streams["progressive"].count,
                                            first=streams["progressive"].first, split="progressive", **hotpot_task)
-    stages.run(HOTPOTQA_PROGRESSIVE, lambda: run_progressive(hotpot_progressive, out / HOTPOTQA_PROGRESSIVE,
-                                                             lm=lm, progress=progress))
-    rag = RagConfig(probe=str(out / HOTPOTQA_PROBE), static=str(reasoning_file), ks=preset.rag_ks,
+    study.run(stages.HOTPOTQA_PROGRESSIVE, lambda: run_progressive(
+        hotpot_progressive, out / stages.HOTPOTQA_PROGRESSIVE, lm=lm, progress=progress))
+    rag = RagConfig(probe=str(out / stages.HOTPOTQA_PROBE), static=str(reasoning_file), ks=preset.rag_ks,
                     data=qa_data, questions=streams["rag"].count, first=streams["rag"].first,
                     lengths=(preset.rag_length,), **common)
-    stages.run(RAG, lambda: run_rag(rag, out / RAG, lm=lm, progress=progress))
+    study.run(stages.RAG, lambda: run_rag(rag, out / stages.RAG, lm=lm, progress=progress))
     return out
 
 

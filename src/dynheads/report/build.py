@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from dynheads import stages
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json, write_text
 from dynheads.paper import (
@@ -46,23 +47,6 @@ from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
 from dynheads.runs import RunDir
-from dynheads.stages import (
-    ABLATION,
-    CCA,
-    DYNAMISM,
-    HOTPOTQA,
-    HOTPOTQA_ABLATION,
-    HOTPOTQA_CCA,
-    HOTPOTQA_DYNAMISM,
-    HOTPOTQA_PROBE,
-    HOTPOTQA_PROGRESSIVE,
-    HOTPOTQA_STATIC,
-    NIAH,
-    PROBE,
-    PROGRESSIVE,
-    RAG,
-    STATIC,
-)
 
 STAGE_NOT_RUN = "stage not run"
 COLLAPSE_ROWS = 8  # HTML: a longer table (CCA per offset x method, say) opens on a click
@@ -125,7 +109,7 @@ def _headline(anchor: str, verdict: Verdict, root: Path) -> Headline:
 
 def _ablation_metric(root: Path, anchor: str) -> str:
     """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its cells.csv has)."""
-    path = root / (HOTPOTQA_ABLATION if anchor.endswith("hotpotqa") else ABLATION) / "cells.csv"
+    path = root / (stages.HOTPOTQA_ABLATION if anchor.endswith("hotpotqa") else stages.ABLATION) / "cells.csv"
     try:
         columns = pd.read_csv(path, nrows=0).columns if path.is_file() else []
     except (OSError, ValueError):
@@ -138,25 +122,26 @@ def build_sections(root: Path) -> list[Section]:
     niah, hotpot = "NIAH", "HotpotQA"
     specs: list[tuple[str, str, Callable[[], list[Part]]]] = [
         ("static", "Static retrieval heads (Wu et al. 2024)", lambda: _static(root)),
-        ("niah", "NIAH setup (Section 3.1)", lambda: _task_run(root, NIAH)),
+        ("niah", "NIAH setup (Section 3.1)", lambda: _task_run(root, stages.NIAH)),
         ("claim1-niah", "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)",
-         lambda: _dynamism(root, DYNAMISM, niah, "Figure 1", _table1_note())),
+         lambda: _dynamism(root, stages.DYNAMISM, niah, "Figure 1", _table1_note())),
         ("claim2-niah", "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)",
-         lambda: _ablation(root, (ABLATION, PROGRESSIVE), ("Figure 2", "Figure 3"), niah,
+         lambda: _ablation(root, (stages.ABLATION, stages.PROGRESSIVE), ("Figure 2", "Figure 3"), niah,
                            f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.")),
         ("claim3-niah", "Claim 3, correlation, on NIAH (Figure 4, Table 2)",
-         lambda: _correlation(root, (CCA, PROBE), "Figure 4", "binary", niah, _cca_note(),
+         lambda: _correlation(root, (stages.CCA, stages.PROBE), "Figure 4", "binary", niah, _cca_note(),
                               _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")))),
         ("hotpotqa", "HotpotQA setup (Section 5)",
-         lambda: _task_run(root, HOTPOTQA) + (_stage(root, HOTPOTQA_STATIC, "Static reasoning heads")
-                                                if (root / HOTPOTQA_STATIC).is_dir() else [])),
+         lambda: _task_run(root, stages.HOTPOTQA) + (_stage(root, stages.HOTPOTQA_STATIC, "Static reasoning heads")
+                                                if (root / stages.HOTPOTQA_STATIC).is_dir() else [])),
         ("claim1-hotpotqa", "Claim 1, dynamism, on HotpotQA (Figure 5)",
-         lambda: _dynamism(root, HOTPOTQA_DYNAMISM, hotpot, "Figure 5", PAPER_FIGURE5)),
+         lambda: _dynamism(root, stages.HOTPOTQA_DYNAMISM, hotpot, "Figure 5", PAPER_FIGURE5)),
         ("claim2-hotpotqa", "Claim 2, irreplaceability, on HotpotQA (Figures 6 and 7)",
-         lambda: _ablation(root, (HOTPOTQA_ABLATION, HOTPOTQA_PROGRESSIVE), ("Figure 6", "Figure 7"), hotpot,
-                           PAPER_FIGURE6, PAPER_FIGURE7)),
+         lambda: _ablation(root, (stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE), ("Figure 6", "Figure 7"),
+                           hotpot, PAPER_FIGURE6, PAPER_FIGURE7)),
         ("claim3-hotpotqa", "Claim 3, correlation, on HotpotQA (Figure 8, Table 3)",  # Eq. 2 scores: a regressor
-         lambda: _correlation(root, (HOTPOTQA_CCA, HOTPOTQA_PROBE), "Figure 8", "continuous", hotpot, PAPER_FIGURE8,
+         lambda: _correlation(root, (stages.HOTPOTQA_CCA, stages.HOTPOTQA_PROBE), "Figure 8", "continuous", hotpot,
+                              PAPER_FIGURE8,
                               _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)))),
         ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root)),
     ]
@@ -192,10 +177,10 @@ def _stage(root: Path, name: str, figure: str, notes: Iterable[str] = ()) -> lis
 
 
 def _static(root: Path) -> list[Part]:
-    parts = _stage(root, STATIC, "Static heads", ["heads scored as Wu et al. (copy steps / answer tokens, over "
+    parts = _stage(root, stages.STATIC, "Static heads", ["heads scored as Wu et al. (copy steps / answer tokens, over "
                                                   "tests whose ROUGE-1 recall > 0.5); dynamic sets are compared "
                                                   "with the static top-20 (and top-50, top-100 in Table 5)."])
-    summary = _json(root / STATIC / "static_summary.json")
+    summary = _json(root / stages.STATIC / "static_summary.json")
     if summary:
         parts.insert(2, f"Pass rate {summary['pass_rate']:.2f} ({summary['num_counted']} of {summary['num_tests']} "
                         f"tests counted); top-20: {', '.join(summary['top20'])}.")
@@ -229,10 +214,10 @@ def _dynamism(root: Path, stage: str, task: str, figure: str, note: str) -> list
     return [verdict, *_stage(root, stage, figure, [note])]
 
 
-def _ablation(root: Path, stages: tuple[str, str], figures: tuple[str, str], task: str, grid_note: str,
+def _ablation(root: Path, folders: tuple[str, str], figures: tuple[str, str], task: str, grid_note: str,
               progressive_note: str) -> list[Part]:
     """Claim 2: the stages (ablation grid, progressive ablation) of one task and their figures (2, 3 or 6, 7)."""
-    grid, progressive = stages
+    grid, progressive = folders
 
     def verdict() -> Verdict:
         path = root / grid / "cells.csv"
@@ -256,11 +241,11 @@ def _strategy_means(cells: pd.DataFrame) -> tuple[str, dict[str, float] | None]:
     return metric, (sums / weights.groupby(valid["strategy"]).sum()).to_dict()
 
 
-def _correlation(root: Path, stages: tuple[str, str], figure: str, probe_kind: str, task: str, cca_note: str,
+def _correlation(root: Path, folders: tuple[str, str], figure: str, probe_kind: str, task: str, cca_note: str,
                  probe_note: str) -> list[Part]:
     """Claim 3: the stages (CCA, MLP probe) of one task; ``figure`` is the CCA's (4 or 8), ``probe_kind`` the
     probe's task when its metrics do not say (binary copy scores, or continuous Eq. 2 scores)."""
-    cca, probe_stage = stages
+    cca, probe_stage = folders
 
     def verdict() -> Verdict:
         held_out = shuffled = None
@@ -291,7 +276,7 @@ def _probe_metrics(folder: Path) -> dict | None:
 
 def _rag(root: Path) -> list[Part]:
     def verdict() -> Verdict:
-        run = RunDir(root / RAG)
+        run = RunDir(root / stages.RAG)
         table = rag_table(run) if run.path.is_dir() and run.records() else pd.DataFrame(columns=["k"])
         return claims.rag_verdict({(row.strategy, row.k): row.f1 for row in table.itertuples() if row.k != "-"})
 
@@ -299,7 +284,7 @@ def _rag(root: Path) -> list[Part]:
     table4 = [[model, *(_em_f1(row.get(s)) for s in RAG_STRATEGIES)] for model, row in PAPER_TABLE4.items()]
     table6 = [[f"k={k}", *(_em_f1(row[s]) for s in RAG_STRATEGIES if s != "none")]
               for k, row in {5: PAPER_TABLE4[PAPER_MODEL], **PAPER_TABLE6}.items()]
-    return [_guard(verdict, claims.RAG, "HotpotQA"), *_stage(root, RAG, "RAG"),
+    return [_guard(verdict, claims.RAG, "HotpotQA"), *_stage(root, stages.RAG, "RAG"),
             "Paper, Table 4 (HotpotQA EM / F1, k = 5):\n\n" + _table(header, table4),
             "Paper, Table 6 (llama3.1-8b, EM / F1 by k):\n\n" + _table(["k", *header[1:-1]], table6)]
 
@@ -341,7 +326,7 @@ def _range_note(table: str, paper: Mapping[str, Mapping[str, float]], keys: tupl
 
 
 # ---- overview, summary, settings --------------------------------------------------------------------------------
-def _overview(manifest: dict, stages: dict) -> list[Part]:
+def _overview(manifest: dict, timings: dict) -> list[Part]:
     """The run's manifest, and each stage's wall time from ``stages.json`` (the attempt that finished it)."""
     if not manifest:
         return [f"*`manifest.json`: {STAGE_NOT_RUN} (no top-level manifest).*"]
@@ -350,7 +335,7 @@ def _overview(manifest: dict, stages: dict) -> list[Part]:
     rows.append(["versions", ", ".join(f"{k} {v}" for k, v in (manifest.get("versions") or {}).items())])
     config = [[key, _value(value)] for key, value in (manifest.get("config") or {}).items()]
     times = [[name, f"{entry.get('seconds', 0):.0f}", entry.get("error", "")]
-             for name, entry in stages.items() if isinstance(entry, dict)]
+             for name, entry in timings.items() if isinstance(entry, dict)]
     if times:
         times.append(["total", f"{sum(float(row[1]) for row in times):.0f}", ""])
     return ([_table(["field", "value"], rows)]
@@ -407,9 +392,9 @@ def _json(path: Path) -> dict | None:
 # ---- step view data ---------------------------------------------------------------------------------------------
 def _step_data(root: Path) -> dict[str, Any]:
     """Per-step view of the NIAH and HotpotQA runs that exist (with the HotpotQA dynamism threshold, if recorded)."""
-    threshold = (_json(root / HOTPOTQA_DYNAMISM / "dynamism.json") or {}).get("threshold") or REASONING_THRESHOLD
+    threshold = (_json(root / stages.HOTPOTQA_DYNAMISM / "dynamism.json") or {}).get("threshold") or REASONING_THRESHOLD
     runs = []
-    for stage, label, score in ((NIAH, "NIAH", "copy"), (HOTPOTQA, "HotpotQA", "reasoning")):
+    for stage, label, score in ((stages.NIAH, "NIAH", "copy"), (stages.HOTPOTQA, "HotpotQA", "reasoning")):
         try:
             if (root / stage / "manifest.json").is_file():
                 runs.append(step_view(root / stage, label, score, threshold=threshold))
