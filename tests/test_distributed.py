@@ -1,4 +1,5 @@
-"""Sharding a run over processes: ``torchrun`` with two CPU ranks (gloo) writes the same run as one process.
+"""Sharding a run over processes: ``torchrun`` and ``accelerate launch`` with two CPU ranks (gloo) write the same
+run as one process.
 
 Also the share arithmetic itself (disjoint, covering, deterministic) without a launcher.
 """
@@ -38,15 +39,26 @@ def niah_args(model_dir, out) -> list[str]:
             "--runs", "1", "--max-new-tokens", "5", "--seed", "3", "--device", "cpu", "--out", str(out)]
 
 
+LAUNCHERS = {
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+    # accelerate's multi-process launcher runs torch.distributed.run itself; without GPUs the ranks use CPU + gloo
+    "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "dynheads"],
+}
+
+
 @pytest.mark.slow
-def test_two_process_torchrun_run_equals_one_process_run(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_two_process_run_equals_one_process_run(tiny_model_dir, tmp_path, launcher):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
     one = subprocess.run([sys.executable, *niah_args(tiny_model_dir, tmp_path / "one")], env=env,
                          capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-2000:]
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    two = subprocess.run([*launcher, *niah_args(tiny_model_dir, tmp_path / "two")], env=env,
+    args = niah_args(tiny_model_dir, tmp_path / "two")
+    if launcher == "accelerate":  # it takes the module after its own -m
+        args = args[2:]
+    two = subprocess.run([*LAUNCHERS[launcher], *args], env=env,
                          capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-2000:]
     assert two.stdout.count("samples in") == 1  # only rank 0 summarises
