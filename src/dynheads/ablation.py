@@ -29,6 +29,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from dynheads.batching import BatchedDecoder
 from dynheads.decoding import DecodingSession, Sample, StepResult
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
@@ -105,6 +106,81 @@ def ablated_generate(
     return result
 
 
+def ablated_generate_batch(
+    lm: LoadedModel, samples: Sequence[Sample], settings: Sequence[AblationSettings], max_new_tokens: int = 48, *,
+    stop_at_eos: bool = True,
+) -> list[AblationResult]:
+    """``ablated_generate`` for several samples at once (``settings[i]`` for ``samples[i]``; they may differ in
+    strategy, heads and seed, not in masking mode or Eq. 2 windows). ``result[i]`` equals
+    ``ablated_generate(lm, samples[i], settings[i], ...)`` up to fp32 rounding (tests/test_ablation_batch.py).
+
+    Each prompt minus its last token is prefilled alone (the reference path), then every step runs as one
+    batch twice: the clean pass, then, when some row masks heads, the same step again with each row's own heads
+    removed (rows that mask nothing recompute their clean pass exactly and keep it).
+    """
+    if len(samples) != len(settings):
+        raise DynheadsError(f"{len(samples)} samples but {len(settings)} ablation settings")
+    if len(samples) <= 1 or min(len(s.input_ids) for s in samples) < 2:
+        return [ablated_generate(lm, sample, setting, max_new_tokens, stop_at_eos=stop_at_eos)
+                for sample, setting in zip(samples, settings, strict=True)]
+    shared = {(s.mode, s.sink_size, s.local_window) for s in settings}
+    if len(shared) > 1:
+        raise DynheadsError("a batch of ablations shares one masking mode and one Eq. 2 sink/local window")
+    for setting in settings:
+        _validate(lm, setting)
+    mode = settings[0].mode
+    sessions = []
+    for sample in samples:
+        session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens,
+                                  sink_size=settings[0].sink_size, local_window=settings[0].local_window)
+        session.forward(len(sample.input_ids) - 1)  # the first step feeds the last prompt token
+        sessions.append(session)
+    decoder = BatchedDecoder(lm, sessions, max_new_tokens=max_new_tokens)
+    rngs = [np.random.default_rng(s.seed) for s in settings]
+    results = [AblationResult(tokens=[], text="", stop_reason="max_new_tokens") for _ in samples]
+    stop_ids = lm.stop_token_ids() if stop_at_eos else set()
+    active = list(range(len(samples)))  # sample index of each batch row
+    for step in range(max_new_tokens):
+        saved = decoder.checkpoint()
+        clean = decoder.step()
+        dynamic, heads = [], []
+        for row, index in enumerate(active):
+            dynamic.append(_dynamic_heads(sessions[index], clean[row], int(clean[row].logits.argmax()),
+                                          settings[index]))
+            heads.append(_heads_to_mask(dynamic[row], clean[row], settings[index], lm, rngs[index]))
+        tokens = [int(result.logits.argmax()) for result in clean]
+        compensated: list[list[Head]] = [[] for _ in active]
+        if any(heads):
+            decoder.rollback(saved)
+            decoder.probe.set_removed_heads_per_sequence(heads, mode)
+            masked = decoder.step()
+            decoder.probe.set_removed_heads_per_sequence([() for _ in active])
+            for row, index in enumerate(active):
+                if heads[row]:
+                    tokens[row] = int(masked[row].logits.argmax())
+                    compensated[row] = sorted(set(_dynamic_heads(sessions[index], masked[row], tokens[row],
+                                                                 settings[index])) - set(dynamic[row]))
+        still = []
+        for row, index in enumerate(active):
+            result = results[index]
+            result.dynamic_counts.append(len(dynamic[row]))
+            result.masked.append(heads[row])
+            result.compensated.append(compensated[row])
+            if tokens[row] in stop_ids:
+                result.stop_reason = "eos"
+                continue
+            result.tokens.append(tokens[row])
+            sessions[index].append(tokens[row])
+            still.append(row)
+        if step + 1 == max_new_tokens or not still:
+            break
+        decoder.keep(still)
+        active = [active[row] for row in still]
+    for result in results:
+        result.text = lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    return results
+
+
 def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
     if settings.strategy not in STRATEGIES:
         raise DynheadsError(f"unknown ablation strategy {settings.strategy!r}: use one of {', '.join(STRATEGIES)}")
@@ -130,7 +206,7 @@ def _dynamic_heads(session: DecodingSession, step: StepResult, predicted: int, s
         weights = step.stats.max_prob[active].tolist()
     else:
         scores = step.stats.reasoning_scores()
-        cutoff = ReasoningThreshold.parse(settings.threshold).cutoff(session.probe.chance_share())
+        cutoff = ReasoningThreshold.parse(settings.threshold).cutoff(session.chance_share())
         active = scores > cutoff
         weights = scores[active].tolist()
     heads = torch.nonzero(active).tolist()

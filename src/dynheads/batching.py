@@ -72,6 +72,19 @@ class BatchedDecoder:
         self.sessions = [self.sessions[r] for r in rows]
         self._sync_sequences()
 
+    def checkpoint(self) -> tuple[int, list[int], list[dict]]:
+        """The batch's state before a step: ``rollback`` to it recomputes that step (the two-pass ablation)."""
+        return self.width, [s.length for s in self.sessions], [dict(vars(layer)) for layer in self.cache.layers]
+
+    def rollback(self, checkpoint: tuple[int, list[int], list[dict]]) -> None:
+        """Forget the steps fed since ``checkpoint`` (no row may have left the batch since)."""
+        self.width, lengths, layers = checkpoint
+        for session, length in zip(self.sessions, lengths, strict=True):
+            session.length = length
+        for layer, saved in zip(self.cache.layers, layers, strict=True):
+            layer.__dict__.clear()
+            layer.__dict__.update(saved)  # growing layers: the old view; the next step overwrites the slot
+
     def _sync_sequences(self) -> None:
         """The batch probe's needles and context ends: those of the sessions in the batch, row by row."""
         self.probe.set_needles([s.probe.needle_positions() for s in self.sessions])

@@ -102,6 +102,10 @@ class ProbeSettings:
     # Remove heads from every query position >= this absolute position (None: only the last one): a whole
     # sequence in one forward then equals the per-step decoder that recomputes each step with heads removed.
     removed_from: int | None = None
+    # Per-sequence removal at the last query position (the batched two-pass ablation): bool [B, L, H], and on the
+    # host the layers where some sequence removes a head (no device sync in the hot path).
+    removed_rows: torch.Tensor | None = None
+    removed_rows_layers: frozenset[int] = frozenset()
     hidden: torch.Tensor | None = None  # bool over absolute positions: keys no head may see (batch size 1)
     kv_full: torch.Tensor | None = None  # bool [L, H]: full-KV heads at decode steps (None: all)
     kv_all_full: tuple[bool, ...] = ()  # per layer, on the host: no device sync in the hot path
@@ -203,6 +207,21 @@ class AttentionProbe:
         removed = {layer: torch.tensor(sorted(set(hs)), dtype=torch.long, device=self.device)
                    for layer, hs in by_layer.items()}
         self._update(removed=removed, ablation_mode=mode)
+
+    def set_removed_heads_per_sequence(self, per_sequence: Sequence[Iterable[Head]], mode: AblationMode = "zero"
+                                       ) -> None:
+        """Heads each sequence of the batch removes at the last query position of the next passes (row b of the
+        batch = ``per_sequence[b]``); empty lists everywhere restore the model."""
+        if mode not in ("zero", "uniform"):
+            raise DynheadsError(f"unknown ablation mode {mode!r}: use 'zero' or 'uniform'")
+        rows = torch.zeros(len(per_sequence), self.num_layers, self.num_heads, dtype=torch.bool)
+        for b, heads in enumerate(per_sequence):
+            for layer, head in heads:
+                self._check_head(layer, head)
+                rows[b, layer, head] = True
+        layers = frozenset(rows.any(dim=2).any(dim=0).nonzero().flatten().tolist())
+        self._update(removed_rows=rows.to(self.device) if layers else None, removed_rows_layers=layers,
+                     ablation_mode=mode)
 
     def set_hidden_keys(self, positions: Iterable[int] | None, length: int = 0) -> None:
         """Key positions that no head may attend to (None to show everything)."""
@@ -383,8 +402,25 @@ def probe_attention(
                 None if hidden is None else (~hidden).float()[None])
             output[:, removed, rows] = _uniform_output(value, groups, removed, q_len, key_weight, kwargs)[:, :, rows]
 
+    if layer in settings.removed_rows_layers:
+        output = _remove_per_sequence(output, settings, layer, value, groups, visible, kwargs)
+
     _record(probe, layer, probs.reshape(batch, num_heads, kv_len), kv_len)
     return output.transpose(1, 2).contiguous(), None
+
+
+def _remove_per_sequence(output, settings: ProbeSettings, layer: int, value, groups: int, visible, kwargs):
+    """``output [B, H, 1, D]`` with each sequence's removed heads replaced (zero, or uniform attention over the
+    keys that sequence may see): the same values as the batch-1 removal of those heads."""
+    num_heads, q_len = output.shape[1], output.shape[2]
+    if q_len != 1:
+        raise DynheadsError("per-sequence head removal works on decode steps (one query position)")
+    removed = settings.removed_rows[:, layer].to(output.device)[:, :, None, None]  # [B, H, 1, 1]
+    if settings.ablation_mode == "zero":
+        return output.masked_fill(removed, 0.0)
+    heads = torch.arange(num_heads, device=output.device)
+    key_weight = visible.float() if visible is not None else None
+    return torch.where(removed, _uniform_output(value, groups, heads, 1, key_weight, kwargs), output)
 
 
 def _last_row_visibility(mask: torch.Tensor | None, hidden: torch.Tensor | None) -> torch.Tensor | None:
