@@ -16,6 +16,10 @@ by a few tokens and the batch is really padded), every sample decodes exactly ``
 
     python benchmarks/bench_batching.py --lengths 1000,4000 --batch-sizes 1,4,8,16 --new-tokens 32 \
         --rounds 2 --out benchmarks/results/batching.json
+
+``--what ablation`` times the per-step two-pass ablation instead (``ablated_generate_batch``, every row the
+``dynamic`` strategy; B = 1 is ``ablated_generate``); its exactness check compares tokens and the heads masked
+at every step with batch-1 runs.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--check-samples", type=int, default=None,
                         help="samples of each batch compared with batch-1 traces (default: all)")
+    parser.add_argument("--what", choices=("trace", "ablation"), default="trace")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/batching.json"))
     args = parser.parse_args()
 
@@ -44,8 +49,15 @@ def main() -> None:
 
     import dynheads
     from dynheads import decoding
+    from dynheads.ablation import AblationSettings, ablated_generate_batch
     from dynheads.batching import trace_batch
     from dynheads.tasks import niah
+
+    def run_batch(batch):
+        if args.what == "trace":
+            return trace_batch(lm, batch, args.new_tokens, stop_at_eos=False)
+        dynamic = [AblationSettings(strategy="dynamic")] * len(batch)
+        return ablated_generate_batch(lm, batch, dynamic, args.new_tokens, stop_at_eos=False)
 
     prefill_done = [0.0, 0.0]  # wall clock, process CPU time
     forward = decoding.DecodingSession.forward
@@ -67,11 +79,11 @@ def main() -> None:
         for round_ in range(args.rounds):
             for size in sizes:
                 start, cpu_start = time.perf_counter(), time.process_time()
-                traces = trace_batch(lm, samples[:size], args.new_tokens, stop_at_eos=False)
+                traces = run_batch(samples[:size])
                 end, cpu_end = time.perf_counter(), time.process_time()
                 total, decode = end - start, end - prefill_done[0]
                 cpu_total, cpu_decode = cpu_end - cpu_start, cpu_end - prefill_done[1]
-                rows.append({"context_tokens": length, "batch_size": size, "round": round_,
+                rows.append({"what": args.what, "context_tokens": length, "batch_size": size, "round": round_,
                              "prompt_tokens": [len(s.input_ids) for s in samples[:size]],
                              "new_tokens": args.new_tokens, "seconds": total, "decode_seconds": decode,
                              "tokens_per_s": size * args.new_tokens / total,
@@ -86,13 +98,13 @@ def main() -> None:
                 if round_ == 0:
                     check = min(size, args.check_samples or size)
                     while len(singles or []) < check:
-                        singles = (singles or []) + trace_batch(lm, [samples[len(singles or [])]], args.new_tokens,
-                                                                stop_at_eos=False)
-                    exactness.append(compare(length, size, singles[:check], traces[:check]))
+                        singles = (singles or []) + run_batch([samples[len(singles or [])]])
+                    compared = compare if args.what == "trace" else compare_ablations
+                    exactness.append(compared(length, size, singles[:check], traces[:check]))
                     print(json.dumps(exactness[-1]), flush=True)
     summary = summarise(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__,
+    args.out.write_text(json.dumps({"what": args.what, "threads": torch.get_num_threads(), "torch": torch.__version__,
                                     "summary": summary, "exactness": exactness, "runs": rows}, indent=2) + "\n")
     for line in summary:
         print(line)
@@ -111,6 +123,15 @@ def compare(length: int, size: int, singles, batched) -> dict:
             "copy_scores_equal": all(np.array_equal(a.copy_scores, b.copy_scores) for a, b in pairs),
             "needle_mass_max_diff": max_diff("needle_mass"), "max_prob_max_diff": max_diff("max_prob"),
             "hidden_max_diff": max_diff("hidden")}
+
+
+def compare_ablations(length: int, size: int, singles, batched) -> dict:
+    """Batched ablations against batch-1 ablations of the same samples."""
+    pairs = list(zip(singles, batched, strict=True))
+    return {"context_tokens": length, "batch_size": size,
+            "tokens_equal": all(a.tokens == b.tokens for a, b in pairs),
+            "masked_equal": all(a.masked == b.masked for a, b in pairs),
+            "heads_masked": sum(len(m) for a in singles for m in a.masked)}
 
 
 KEYS = ("tokens_per_s", "decode_tokens_per_s", "tokens_per_cpu_s", "decode_tokens_per_cpu_s")
