@@ -55,6 +55,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads  # (layer, query head), zero-based
+from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
 from dynheads.thresholds import chance_share
 
 ATTN_NAME = "dynheads_probe"  # neutral name: transformers tests implementation names by substring
@@ -94,8 +95,8 @@ class StepStats:
 class ProbeSettings:
     """What the probe measures and changes; fixed during a pass (``AttentionProbe``'s setters replace it)."""
 
-    sink_size: int = 4  # Eq. 2: first keys excluded from the denominator
-    local_window: int = 32  # Eq. 2: last keys excluded from the denominator (current token included)
+    sink_size: int = SINK_SIZE  # Eq. 2: first keys excluded from the denominator
+    local_window: int = LOCAL_WINDOW  # Eq. 2: last keys excluded from the denominator (current token included)
     rows_for: frozenset[Head] = frozenset()  # heads whose full last row is kept
     removed: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> query heads removed (long tensor)
     ablation_mode: AblationMode = "zero"
