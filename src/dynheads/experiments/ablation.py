@@ -50,7 +50,7 @@ from dynheads.probe import AblationMode
 from dynheads.runs import RunDir
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD
 from dynheads.seeding import derive_seed
-from dynheads.tasks.registry import Task, task_of
+from dynheads.tasks.registry import NIAH, Task, task_of
 from dynheads.thresholds import ReasoningThreshold
 
 MODES = ("zero", "uniform")
@@ -63,7 +63,7 @@ class _GridConfig:
     """Settings shared by both experiments: the task's grid, the model and the masking mode."""
 
     model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    task: str = field(default="niah", metadata={
+    task: str = field(default=NIAH.name, metadata={
         "help": "niah (D_t by Eq. 1) or hotpotqa (Eq. 2 > threshold; multihop[...] data: the multi-hop task)"})
     threshold: str = field(default=DEFAULT_REASONING_THRESHOLD, metadata={
         "help": "hotpotqa: a head is dynamic above this Eq. 2 score ('0.1') or multiple of chance ('relative:3')"})
@@ -367,7 +367,7 @@ def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, ext
 def _run_task(run: RunDir) -> Task:
     """The task of a finished ablation run (runs written before the option existed ablated NIAH)."""
     config = run.manifest()["config"]
-    return task_of(config.get("task", "niah"), config.get("data"))
+    return task_of(config.get("task", NIAH.name), config.get("data"))
 
 
 def _paper_line(task: Task) -> str:

@@ -22,7 +22,7 @@ from dynheads.runs import RunDir
 from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
 from dynheads.tasks.grid import TaskGrid, question_stream
 from dynheads.tasks.questions import QuestionStream, refuse_overlap
-from dynheads.tasks.registry import Task, task_of
+from dynheads.tasks.registry import HOTPOTQA, Task, task_of
 from dynheads.tasks.sample import Sample
 
 
@@ -53,7 +53,7 @@ class HotpotConfig:
 
 def qa_task(config: HotpotConfig) -> Task:
     """The registered task of the config's ``data``: HotpotQA (a file, or None = synthetic) or multi-hop."""
-    return task_of("hotpotqa", config.data)
+    return task_of(HOTPOTQA.name, config.data)
 
 
 def hotpot_grid(config: HotpotConfig, tokenizer) -> TaskGrid:
