@@ -127,6 +127,26 @@ def test_unknown_task_is_one_line_naming_the_registered_ones():
         register(get_task("niah"))
 
 
+def test_a_task_module_registers_itself_on_first_lookup(tmp_path, monkeypatch):
+    import sys
+
+    import dynheads.tasks
+
+    (tmp_path / "toyfile.py").write_text(
+        "from dynheads.tasks.registry import Task, register\n"
+        "TASK = register(Task(name='toyfile', label='Toy file', score_kind='reasoning', static_kind='reasoning',\n"
+        "                     metrics={'hit': 'hit'}, score=None, grid=None, prompt=None))\n")
+    monkeypatch.setattr(dynheads.tasks, "__path__", [*dynheads.tasks.__path__, str(tmp_path)])
+    try:
+        assert "toyfile" not in task_names()
+        assert get_task("toyfile").label == "Toy file" and "toyfile" in task_names()
+        assert task_of_manifest({"kind": "toyfile", "config": {}}).name == "toyfile"
+        assert task_of_manifest({"kind": "rag", "config": {}}) is None
+    finally:
+        unregister("toyfile")
+        sys.modules.pop("dynheads.tasks.toyfile", None)
+
+
 def test_multihop_data_selects_the_multihop_task_and_its_label(tmp_path):
     assert task_of("hotpotqa", None).label == "HotpotQA"
     multi = task_of("hotpotqa", "multihop:hops=2")

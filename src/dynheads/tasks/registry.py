@@ -1,15 +1,18 @@
 """The task registry: everything the runners, the report and the plots need to know about a task, in one entry.
 
 A task is registered once (``register``) and looked up by name (``get_task``) or by a run's config
-(``task_of``). Adding a task means: a task module that builds ``Sample``s and scores answers, one ``Task``
-entry (here, or ``register`` from anywhere), a config/preset entry, and a report section (docs/tracing.md,
-"Adding a task"). Registered here: ``niah`` (Eq. 1, Section 3), ``hotpotqa`` (Eq. 2, Section 4) and
-``multihop`` (the synthetic multi-hop key-value task, which stands for HotpotQA on small models). The multi-hop
-task keeps its historical spelling: ``task="hotpotqa"`` with ``data="multihop[:options]"`` selects it.
+(``task_of``). A task named X that is not registered yet is looked for in the module ``dynheads.tasks.X``,
+which registers itself when imported: adding a task is that one module (samples, grid, score, its ``Task``
+entry), a config/preset entry and a report section (docs/tasks.md, "Adding a task"). Registered here: ``niah``
+(Eq. 1, Section 3), ``hotpotqa`` (Eq. 2, Section 4) and ``multihop`` (the synthetic multi-hop key-value task,
+which stands for HotpotQA on small models). The multi-hop task keeps its historical spelling:
+``task="hotpotqa"`` with ``data="multihop[:options]"`` selects it.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -75,7 +78,10 @@ def task_names() -> list[str]:
 
 
 def get_task(name: str) -> Task:
-    """The task registered as ``name``; an unknown name is a one-line error listing the registered ones."""
+    """The task registered as ``name`` (importing ``dynheads.tasks.<name>`` first when that module exists and the
+    name is not registered yet); an unknown name is a one-line error listing the registered ones."""
+    if name not in _TASKS and name.isidentifier() and importlib.util.find_spec(f"{__package__}.{name}"):
+        importlib.import_module(f"{__package__}.{name}")  # a task module registers itself on import
     task = _TASKS.get(name)
     if task is None:
         raise DynheadsError(f"unknown task {name!r}: use one of {', '.join(_TASKS)}")
@@ -94,9 +100,10 @@ def task_of_manifest(manifest: Mapping) -> Task | None:
     """The task of a run from its manifest (``config.task`` or the run's ``kind``; ``config.data``), or None."""
     config = manifest.get("config") or {}
     name = config.get("task") or manifest.get("kind")
-    if name not in _TASKS:
+    try:
+        return task_of(name, config.get("data")) if isinstance(name, str) else None
+    except DynheadsError:  # a run of no task (ablation runs name theirs in config.task; rag, static, ...)
         return None
-    return task_of(name, config.get("data"))
 
 
 # ---- the registered tasks ---------------------------------------------------------------------------------------
