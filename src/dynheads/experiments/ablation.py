@@ -64,7 +64,7 @@ class _GridConfig:
 
     model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
     task: str = field(default=NIAH.name, metadata={
-        "help": "niah (D_t by Eq. 1) or hotpotqa (Eq. 2 > threshold; multihop[...] data: the multi-hop task)"})
+        "help": "a registered task (docs/tasks.md): niah (D_t by Eq. 1), hotpotqa or multihop (Eq. 2 > threshold)"})
     threshold: str = field(default=DEFAULT_REASONING_THRESHOLD, metadata={
         "help": "hotpotqa: a head is dynamic above this Eq. 2 score ('0.1') or multiple of chance ('relative:3')"})
     questions: int = field(default=45, metadata={"help": "hotpotqa: questions, spread over the grid cells"})
