@@ -55,7 +55,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads  # (layer, query head), zero-based
-from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
+from dynheads.scores import LOCAL_WINDOW, SINK_SIZE, reasoning_scores
 from dynheads.thresholds import chance_share
 
 ATTN_NAME = "dynheads_probe"  # neutral name: transformers tests implementation names by substring
@@ -82,13 +82,8 @@ class StepStats:
     rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [last_position + 1] rows of requested heads
 
     def reasoning_scores(self) -> torch.Tensor:
-        """Eq. 2: needle mass over the mass outside sink and local window (needle positions never excluded).
-
-        The denominator is summed from the kept keys, never ``total - excluded``: with 99.9 % of the mass on
-        the sink that difference keeps only a few fp32 digits (or snaps to 0).
-        """
-        denominator = self.kept_mass
-        return torch.where(denominator > 0, self.needle_mass / denominator.clamp_min(1e-30), 0.0)
+        """Eq. 2 of these statistics (``dynheads.scores.reasoning_scores``)."""
+        return reasoning_scores(self.needle_mass, self.kept_mass)
 
 
 @dataclass(frozen=True)

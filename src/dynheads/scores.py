@@ -30,7 +30,7 @@ SINK_SIZE = 4  # Eq. 2: first keys excluded from the denominator as the attentio
 LOCAL_WINDOW = 32  # Eq. 2: last keys excluded from the denominator as local attention (current token included)
 
 __all__ = ["DEFAULT_REASONING_THRESHOLD", "LOCAL_WINDOW", "SCORE_KINDS", "SINK_SIZE", "ScoreKind", "ScoreSpec",
-           "active_heads", "check_kind", "copy_scores", "ranked_heads"]
+           "active_heads", "check_kind", "copy_scores", "ranked_heads", "reasoning_scores"]
 
 
 def check_kind(kind: str) -> ScoreKind:
@@ -83,6 +83,16 @@ def copy_scores(argmax_pos: torch.Tensor, is_needle: torch.Tensor, prompt_length
     """Eq. 1, bool ``[L, H]``: the head's argmax key (``argmax_pos [L, H]``, absolute positions) is a needle token
     (``is_needle [L, H]``) of the prompt and carries the predicted token (``ids``: the sequence's token buffer)."""
     return is_needle & (argmax_pos < prompt_length) & (ids[argmax_pos] == predicted)
+
+
+def reasoning_scores(needle_mass: torch.Tensor, kept_mass: torch.Tensor) -> torch.Tensor:
+    """Eq. 2, ``[..., L, H]``: needle mass over the mass outside sink and local window (needle keys never
+    excluded); 0 where that mass is 0.
+
+    ``kept_mass`` is summed from the kept keys by the probe, never ``total - excluded``: with 99.9 % of the mass
+    on the sink that difference keeps only a few fp32 digits (or snaps to 0).
+    """
+    return torch.where(kept_mass > 0, needle_mass / kept_mass.clamp_min(1e-30), 0.0)
 
 
 def ranked_heads(active: torch.Tensor, weights: torch.Tensor) -> list[Head]:
