@@ -27,8 +27,11 @@ _EXPORTS = exports_by_name({
     "dynheads.batching": ("trace_batch",),
     "dynheads.traces": ("Trace",),
     "dynheads.runs": ("RunDir",),
-    # the tasks: make_sample, score, ... per task
+    # the tasks: make_sample, score, ... per task; the one sample type, the task registry, the score vocabulary
     "dynheads.tasks": ("niah", "hotpotqa", "multihop"),
+    "dynheads.tasks.sample": ("Sample",),
+    "dynheads.tasks.registry": ("Task", "get_task", "register_task=register"),
+    "dynheads.scores": ("ScoreSpec",),
     # static heads, head lists, dynamism statistics (Tables 1 and 5)
     "dynheads.analysis.static": ("NiahTest", "ReasoningTest", "StaticHeads", "static_heads", "static_reasoning_heads"),
     "dynheads.analysis.headlists": ("load_head_list", "save_head_scores"),

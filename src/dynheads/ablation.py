@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import torch
 
 from dynheads.batching import BatchedDecoder
 from dynheads.decoding import DecodingSession, Sample, StepResult
@@ -35,8 +34,7 @@ from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 from dynheads.models import LoadedModel
 from dynheads.probe import AblationMode
-from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
-from dynheads.traces import ScoreKind
+from dynheads.scores import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ScoreKind, ScoreSpec
 
 Strategy = Literal["none", "dynamic", "static", "random", "fixed"]
 STRATEGIES: tuple[str, ...] = ("none", "dynamic", "static", "random", "fixed")
@@ -56,8 +54,11 @@ class AblationSettings:
     static_ranking: tuple[Head, ...] = ()
     fixed_heads: tuple[Head, ...] = ()
     seed: int = 0
-    sink_size: int = 4
-    local_window: int = 32
+    sink_size: int = SINK_SIZE
+    local_window: int = LOCAL_WINDOW
+
+    def score_spec(self) -> ScoreSpec:
+        return ScoreSpec(self.score, str(self.threshold), self.sink_size, self.local_window)
 
 
 @dataclass
@@ -201,17 +202,11 @@ def _dynamic_heads(session: DecodingSession, step: StepResult, predicted: int, s
     index): ``copy`` by the attention weight on the copied position (a copying head's argmax key is that
     position, so its max_prob is that weight); ``reasoning`` by the step's Eq. 2 score (its max_prob is usually
     the attention sink's weight, not attention on the supporting facts)."""
-    if settings.score == "copy":
-        active = session.copy_scores(step.stats, predicted)
-        weights = step.stats.max_prob[active].tolist()
-    else:
-        scores = step.stats.reasoning_scores()
-        cutoff = ReasoningThreshold.parse(settings.threshold).cutoff(session.chance_share())
-        active = scores > cutoff
-        weights = scores[active].tolist()
-    heads = torch.nonzero(active).tolist()
-    order = sorted(range(len(heads)), key=lambda i: (-weights[i], heads[i]))
-    return [(heads[i][0], heads[i][1]) for i in order]
+    spec = settings.score_spec()
+    copy = session.copy_scores(step.stats, predicted) if spec.kind == "copy" else None
+    reasoning = step.stats.reasoning_scores() if spec.kind == "reasoning" else None
+    chance = session.chance_share() if spec.kind == "reasoning" else 0.0
+    return spec.step_heads(copy, step.stats.max_prob, reasoning, chance)
 
 
 def _heads_to_mask(dynamic: list[Head], clean: StepResult, settings: AblationSettings, lm: LoadedModel,

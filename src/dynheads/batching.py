@@ -34,6 +34,7 @@ from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.models import LoadedModel
 from dynheads.probe import AblationMode, AttentionProbe, attached
+from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
 from dynheads.traces import Trace
 
 
@@ -192,8 +193,8 @@ def trace_batch(
     samples: Sequence[Sample],
     max_new_tokens: int = 32,
     *,
-    sink_size: int = 4,
-    local_window: int = 32,
+    sink_size: int = SINK_SIZE,
+    local_window: int = LOCAL_WINDOW,
     removed_heads: Iterable[Head] = (),
     ablation_mode: AblationMode = "zero",
     stop_at_eos: bool = True,

@@ -26,6 +26,7 @@ from transformers import DynamicCache
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 from dynheads.probe import AblationMode, AttentionProbe, Head, StepStats, attached
+from dynheads.scores import LOCAL_WINDOW, SINK_SIZE, copy_scores
 from dynheads.traces import Trace
 
 
@@ -53,8 +54,8 @@ class DecodingSession:
         needle_positions: Iterable[int] = (),
         *,
         max_new_tokens: int,
-        sink_size: int = 4,
-        local_window: int = 32,
+        sink_size: int = SINK_SIZE,
+        local_window: int = LOCAL_WINDOW,
     ):
         self.lm = lm
         self.prompt_length = len(input_ids)
@@ -132,8 +133,8 @@ class DecodingSession:
 
     def copy_scores(self, stats: StepStats, predicted: int) -> torch.Tensor:
         """Eq. 1 ``[L, H]``: the argmax key is a needle token and carries the predicted token."""
-        pos = stats.argmax_pos
-        return self.probe.is_needle(pos) & (pos < self.prompt_length) & (self.ids[pos] == predicted)
+        return copy_scores(stats.argmax_pos, self.probe.is_needle(stats.argmax_pos), self.prompt_length, self.ids,
+                           predicted)
 
 
 class DecodeStep:
@@ -270,8 +271,8 @@ def trace(
     sample: Sample,
     max_new_tokens: int = 32,
     *,
-    sink_size: int = 4,
-    local_window: int = 32,
+    sink_size: int = SINK_SIZE,
+    local_window: int = LOCAL_WINDOW,
     removed_heads: Iterable[Head] = (),
     ablation_mode: AblationMode = "zero",
     stop_at_eos: bool = True,

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import torch
 
 from dynheads.analysis.mlp_probe import TrainedProbe
 from dynheads.decoding import DecodingSession, Sample, StepResult
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 from dynheads.models import LoadedModel
+from dynheads.scores import ranked_heads
 
 Policy = Literal["full", "none", "static", "probe", "oracle", "true", "random"]
 POLICIES: tuple[str, ...] = ("full", "none", "static", "probe", "oracle", "true", "random")
@@ -153,11 +153,7 @@ def kv_generate(lm: LoadedModel, sample: Sample, settings: KVSettings, max_new_t
 
 def dynamic_heads(session: DecodingSession, step: StepResult, predicted: int) -> list[Head]:
     """D_t: heads whose argmax key is a needle token carrying ``predicted``, by attention weight (highest first)."""
-    active = session.copy_scores(step.stats, predicted)
-    heads = torch.nonzero(active).tolist()
-    weights = step.stats.max_prob[active].tolist()
-    order = sorted(range(len(heads)), key=lambda i: (-weights[i], heads[i]))
-    return [(heads[i][0], heads[i][1]) for i in order]
+    return ranked_heads(session.copy_scores(step.stats, predicted), step.stats.max_prob)
 
 
 def _choose(settings: KVSettings, k: int, every: list[Head], probe: TrainedProbe | None,

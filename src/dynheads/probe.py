@@ -55,6 +55,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads  # (layer, query head), zero-based
+from dynheads.scores import LOCAL_WINDOW, SINK_SIZE, reasoning_scores
 from dynheads.thresholds import chance_share
 
 ATTN_NAME = "dynheads_probe"  # neutral name: transformers tests implementation names by substring
@@ -81,21 +82,16 @@ class StepStats:
     rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [last_position + 1] rows of requested heads
 
     def reasoning_scores(self) -> torch.Tensor:
-        """Eq. 2: needle mass over the mass outside sink and local window (needle positions never excluded).
-
-        The denominator is summed from the kept keys, never ``total - excluded``: with 99.9 % of the mass on
-        the sink that difference keeps only a few fp32 digits (or snaps to 0).
-        """
-        denominator = self.kept_mass
-        return torch.where(denominator > 0, self.needle_mass / denominator.clamp_min(1e-30), 0.0)
+        """Eq. 2 of these statistics (``dynheads.scores.reasoning_scores``)."""
+        return reasoning_scores(self.needle_mass, self.kept_mass)
 
 
 @dataclass(frozen=True)
 class ProbeSettings:
     """What the probe measures and changes; fixed during a pass (``AttentionProbe``'s setters replace it)."""
 
-    sink_size: int = 4  # Eq. 2: first keys excluded from the denominator
-    local_window: int = 32  # Eq. 2: last keys excluded from the denominator (current token included)
+    sink_size: int = SINK_SIZE  # Eq. 2: first keys excluded from the denominator
+    local_window: int = LOCAL_WINDOW  # Eq. 2: last keys excluded from the denominator (current token included)
     rows_for: frozenset[Head] = frozenset()  # heads whose full last row is kept
     removed: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> query heads removed (long tensor)
     ablation_mode: AblationMode = "zero"

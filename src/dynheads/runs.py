@@ -27,6 +27,7 @@ import pandas as pd
 from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path, format_version, read_json, write_json
 from dynheads.models import LoadedModel, library_versions
+from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
 from dynheads.thresholds import chance_per_step
 from dynheads.traces import Trace
 
@@ -109,7 +110,8 @@ class RunDir:
             if needle is not None:
                 config = self.manifest().get("config") or {}
                 trace.chance = chance_per_step(needle, trace.prompt_length, trace.num_steps,
-                                               config.get("sink_size", 4), config.get("local_window", 32))
+                                               config.get("sink_size", SINK_SIZE),
+                                               config.get("local_window", LOCAL_WINDOW))
         return trace
 
     def iter_traces(self) -> Iterator[tuple[dict, Trace]]:

@@ -21,11 +21,12 @@ import numpy as np
 from dynheads.errors import DynheadsError
 
 ThresholdMode = Literal["absolute", "relative"]
+# The one default of the threshold (``dynheads.scores.ScoreSpec`` reads it).
 # Chosen on the embedded model, 18 synthetic HotpotQA questions (docs/hotpotqa.md, "Eq. 2 threshold").
 DEFAULT_REASONING_THRESHOLD = "relative:3"
 
 
-def chance_share(needle: Iterable[int], last_position: int, sink_size: int = 4, local_window: int = 32) -> float:
+def chance_share(needle: Iterable[int], last_position: int, sink_size: int, local_window: int) -> float:
     """Eq. 2 score of a head attending uniformly over keys ``0..last_position``: needle keys / scored keys,
     where scored = every key but the sink and local positions that are not needle positions."""
     needle = {int(p) for p in needle if p <= last_position}
@@ -35,8 +36,8 @@ def chance_share(needle: Iterable[int], last_position: int, sink_size: int = 4, 
     return len(needle) / scored if scored > 0 else 0.0
 
 
-def chance_per_step(needle: Iterable[int], prompt_length: int, steps: int, sink_size: int = 4,
-                    local_window: int = 32) -> np.ndarray:
+def chance_per_step(needle: Iterable[int], prompt_length: int, steps: int, sink_size: int,
+                    local_window: int) -> np.ndarray:
     """``[steps]`` float32 chance shares of a trace: step t's query sits at position ``prompt_length - 1 + t``."""
     needle = list(needle)
     return np.array([chance_share(needle, prompt_length - 1 + t, sink_size, local_window) for t in range(steps)],

@@ -26,17 +26,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dynheads.io import atomic_path, format_version
+from dynheads.scores import active_heads
 
 # 1: no format_version key, no optional columns (files before they existed); 2: the optional columns may be present
 TRACE_FORMAT_VERSION = 2
-ScoreKind = Literal["copy", "reasoning"]  # Eq. 1 (binary, NIAH) or Eq. 2 (continuous, HotpotQA)
 HEAD_FIELDS = ("argmax_pos", "copy_score", "needle_mass", "reasoning_score", "max_prob")
 OPTIONAL_HEAD_FIELDS = ("context_mass",)  # absent from traces written before they existed: loaded as None
 OPTIONAL_STEP_FIELDS = ("token_entropy", "token_max_prob", "chance")
@@ -75,7 +74,7 @@ class Trace:
 
     def dynamic_heads(self, step: int) -> list[tuple[int, int]]:
         """D_t of Eq. 1: heads whose copy score is 1 at ``step``."""
-        return [(int(layer), int(head)) for layer, head in np.argwhere(self.copy_scores[step])]
+        return active_heads(self.copy_scores[step])
 
     def save(self, path: str | Path) -> None:
         """Write the trace as Parquet, atomically (a crash never leaves a half-written file)."""

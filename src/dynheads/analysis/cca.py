@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_TOP1
-from dynheads.traces import ScoreKind, Trace
+from dynheads.scores import ScoreKind
+from dynheads.traces import Trace
 
 Sample = tuple[np.ndarray, np.ndarray]  # (hidden [step, dim], scores [step, layer*head])
 Method = Literal["in_sample", "held_out", "shuffled"]

@@ -36,6 +36,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
+from dynheads.scores import SINK_SIZE
 from dynheads.traces import Trace
 
 FAITHFUL, HALLUCINATED, UNLABELLED = 0, 1, -1
@@ -94,7 +95,7 @@ class FeatureSpec:
 
     static_heads: tuple[Head, ...]
     static_k: int = 10
-    sink_size: int = 4  # keys before this position are the attention sink, not retrieval
+    sink_size: int = SINK_SIZE  # keys before this position are the attention sink, not retrieval
 
 
 def token_features(trace: Trace, steps: np.ndarray, spec: FeatureSpec,

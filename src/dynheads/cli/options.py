@@ -70,7 +70,7 @@ QA_GRID = {
 }
 # the ablation commands run on NIAH by default; these choose and shape the HotpotQA variant
 ABLATION_TASK = {
-    "task": option("niah (Eq. 1) or hotpotqa (Eq. 2 above --threshold)"),
+    "task": option("a registered task: niah (Eq. 1), hotpotqa or multihop (Eq. 2 above --threshold); docs/tasks.md"),
     "threshold": option("hotpotqa: a head is dynamic above this Eq. 2 score (0.1) or multiple of chance (relative:3)"),
     "questions": option("hotpotqa: questions spread over the grid", kind=int | None),
     "first": option("hotpotqa: index of the first question in the data", kind=int | None),

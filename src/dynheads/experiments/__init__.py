@@ -15,6 +15,7 @@ from dynheads.lazy import exports_by_name, lazy_exports
 _EXPORTS = exports_by_name({
     "dynheads.experiments.niah": ("NiahConfig", "run_niah"),
     "dynheads.experiments.hotpotqa": ("HotpotConfig", "run_hotpotqa"),
+    "dynheads.experiments.tracing": ("run_task",),
     "dynheads.experiments.static": ("StaticConfig", "run_static", "StaticReasoningConfig", "run_static_reasoning"),
     "dynheads.experiments.analyses": ("dynamism_report", "plot_heads", "cca_report"),
     "dynheads.experiments.probing": ("train_probe_on_run",),

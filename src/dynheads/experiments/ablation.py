@@ -39,8 +39,8 @@ from dynheads.ablation import MATCHINGS, STRATEGIES, AblationResult, AblationSet
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, qa_score, refuse_static_overlap
-from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
+from dynheads.experiments.hotpotqa import HotpotConfig, refuse_static_overlap
+from dynheads.experiments.niah import NiahConfig
 from dynheads.heads import Head, check_heads, head_key, parse_head
 from dynheads.io import atomic_path, read_json, write_text
 from dynheads.models import LoadedModel, load_model
@@ -48,12 +48,12 @@ from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.probe import AblationMode
 from dynheads.runs import RunDir
+from dynheads.scores import DEFAULT_REASONING_THRESHOLD
 from dynheads.seeding import derive_seed
-from dynheads.tasks import hotpotqa, niah
-from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
+from dynheads.tasks.registry import NIAH, Task, task_of
+from dynheads.thresholds import ReasoningThreshold
 
 MODES = ("zero", "uniform")
-TASK_METRICS = {"niah": {"accuracy": "accuracy", "rouge_l": "ROUGE-L"}, "hotpotqa": {"em": "EM", "f1": "F1"}}
 MATCHING_RULES = {"per_step": "|D_t| of each step's clean pass of the control run",
                   "mean": "the dynamic run's mean |D_t|, rounded"}
 
@@ -63,7 +63,8 @@ class _GridConfig:
     """Settings shared by both experiments: the task's grid, the model and the masking mode."""
 
     model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    task: str = field(default="niah", metadata={"help": "niah (D_t by Eq. 1) or hotpotqa (Eq. 2 > threshold)"})
+    task: str = field(default=NIAH.name, metadata={
+        "help": "a registered task (docs/tasks.md): niah (D_t by Eq. 1), hotpotqa or multihop (Eq. 2 > threshold)"})
     threshold: str = field(default=DEFAULT_REASONING_THRESHOLD, metadata={
         "help": "hotpotqa: a head is dynamic above this Eq. 2 score ('0.1') or multiple of chance ('relative:3')"})
     questions: int = field(default=45, metadata={"help": "hotpotqa: questions, spread over the grid cells"})
@@ -97,9 +98,16 @@ class _GridConfig:
     def check(self) -> None:
         if self.mode not in MODES:
             raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(MODES)}")
-        if self.task not in TASK_METRICS:
-            raise DynheadsError(f"unknown task {self.task!r}: use one of {', '.join(TASK_METRICS)}")
+        self.task_entry()  # an unknown task fails before any work
         ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
+
+    def task_entry(self) -> Task:
+        """The registered task of ``task`` (and ``data``: HotpotQA with multihop data is the multi-hop task)."""
+        return task_of(self.task, self.data)
+
+    def task_config(self) -> NiahConfig | HotpotConfig:
+        """The config of the grid whose samples are ablated: a question stream's, or runs per cell."""
+        return self.hotpot_config() if self.task_entry().questions else self.niah_config()
 
 
 @dataclass(frozen=True)
@@ -174,7 +182,7 @@ def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | N
             settings = AblationSettings(strategy=strategy, mode=config.mode, static_ranking=static, fixed_heads=fixed,
                                         matching=config.matching, count=count if mean_count else None,
                                         seed=derive_seed(config.seed, "random-heads", sample.seed),
-                                        score=_score_kind(config), threshold=config.threshold)
+                                        score=config.task_entry().score_kind, threshold=config.threshold)
             record = jobs.get(f"{sample.sample_id}-{strategy}",
                               partial(_ablation_record, lm, sample, settings, config))
             if strategy == "dynamic":
@@ -191,7 +199,7 @@ def _ablation_record(lm: LoadedModel, sample, settings: AblationSettings, config
     count = None
     if settings.matching == "mean":
         count = matched_count(result.dynamic_counts) if settings.strategy == "dynamic" else settings.count
-    return {**_result_record(sample, result, config.task), "strategy": settings.strategy,
+    return {**_result_record(sample, result, config.task_entry()), "strategy": settings.strategy,
             "matching": settings.matching, "matched_count": count}
 
 
@@ -199,9 +207,9 @@ def write_cells(run: RunDir) -> pd.DataFrame:
     """cells.csv, summary.md and the heat maps of a grid run, from its records."""
     frame = run.write_results()
     config = run.manifest()["config"]
-    task = config.get("task", "niah")
+    task = _run_task(run)
     matching = config.get("matching", "mean")  # runs made before the option existed used the mean count
-    metrics = TASK_METRICS[task]
+    metrics = task.metrics
     means = {name: (f"metrics.{name}", "mean") for name in metrics}
     frame["strategy"] = frame["strategy"].astype(pd.CategoricalDtype(STRATEGIES, ordered=True))  # run order
     # a sample that masked no head at any step is the un-ablated run: counted apart, never read as "unharmed"
@@ -229,10 +237,10 @@ def write_cells(run: RunDir) -> pd.DataFrame:
         + _markdown(summary, {"strategy": "strategy", "records": "records", **metrics,
                               "mean_dynamic": r"mean \|D_t\|", "masked_per_step": "masked",
                               "zero_masked": "no head"})
-        + f"\nPaper ({PAPER_MODEL}): {PAPER_GRID[task]}.\n" + _skip_line(run.manifest())))
-    plot_ablation_cells(cells, run.path / "plots", title=f"{model}: per-step ablation ({task}, {matching} matching)",
-                        metrics=metrics,
-                        opacity=task == "hotpotqa")
+        + _paper_line(task) + _skip_line(run.manifest())))
+    plot_ablation_cells(cells, run.path / "plots",
+                        title=f"{model}: per-step ablation ({task.label}, {matching} matching)", metrics=metrics,
+                        opacity=task.fade_sparse_cells)
     return cells
 
 
@@ -272,7 +280,7 @@ def run_progressive(config: ProgressiveConfig, out: str | Path, *, lm: LoadedMod
     for sample in samples:
         for k in ks:
             settings = AblationSettings(strategy="dynamic", mode=config.mode, max_dynamic=k,
-                                        score=_score_kind(config), threshold=config.threshold)
+                                        score=config.task_entry().score_kind, threshold=config.threshold)
             jobs.get(f"{sample.sample_id}-k{k}",
                      partial(_progressive_record, lm, sample, settings, top, config))
     jobs.close()
@@ -285,15 +293,15 @@ def _progressive_record(lm: LoadedModel, sample, settings: AblationSettings, top
     result = ablated_generate(lm, sample, settings, config.max_new_tokens)
     counts = [len(compensated) for compensated in result.compensated]
     overlap = [len(set(compensated) & set(top)) for compensated in result.compensated]
-    return {**_result_record(sample, result, config.task), "k": settings.max_dynamic, "compensated_counts": counts,
-            "max_compensated": max(counts, default=0), "static_overlap": overlap,
+    return {**_result_record(sample, result, config.task_entry()), "k": settings.max_dynamic,
+            "compensated_counts": counts, "max_compensated": max(counts, default=0), "static_overlap": overlap,
             "max_static_overlap": max(overlap, default=0)}
 
 
 def write_progressive(run: RunDir) -> pd.DataFrame:
     """progressive.csv (per k: samples, mean m_s, mean max_t |E_t|, metrics), summary.md and plots/progressive.png."""
     frame = run.write_results()
-    metrics = TASK_METRICS[run.manifest()["config"].get("task", "niah")]
+    metrics = _run_task(run).metrics
     table = (frame.groupby("k")
              .agg(samples=("sample_id", "size"), static_overlap=("max_static_overlap", "mean"),
                   compensated=("max_compensated", "mean"), **{m: (f"metrics.{m}", "mean") for m in metrics},
@@ -343,15 +351,11 @@ class _Jobs:
 
 def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, extra: dict) -> tuple[RunDir, list]:
     """The grid's samples, checked to fit the model, and the started (or resumed) run directory."""
-    if config.task == "niah":
-        samples, prompt = niah_samples(config.niah_config(), lm.tokenizer), prompt_manifest()
-    else:
-        grid = hotpot_grid(config.hotpot_config(), lm.tokenizer)
-        samples = grid.samples
-        prompt = {"system": hotpotqa.SYSTEM_PROMPT, "user": hotpotqa.USER_TEMPLATE, "data": config.data or "synthetic"}
-        extra = {**extra, **grid.manifest()}
-        if config.static:
-            refuse_static_overlap(config.static, sorted({s.record_id for s in samples}), f"this {kind} run")
+    task, task_config = config.task_entry(), config.task_config()
+    grid = task.grid(task_config, lm.tokenizer)
+    samples, prompt, extra = grid.samples, task.prompt(task_config), {**extra, **grid.manifest()}
+    if task.questions and config.static:
+        refuse_static_overlap(config.static, sorted({s.record_id for s in samples}), f"this {kind} run")
     for sample in samples:  # fail before any work, not halfway through the grid
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     run = RunDir(out)
@@ -360,19 +364,26 @@ def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, ext
     return run, samples
 
 
-def _score_kind(config: _GridConfig) -> str:
-    """How D_t is found: Eq. 1 copies on NIAH, Eq. 2 above ``threshold`` on HotpotQA."""
-    return "copy" if config.task == "niah" else "reasoning"
+def _run_task(run: RunDir) -> Task:
+    """The task of a finished ablation run (runs written before the option existed ablated NIAH)."""
+    config = run.manifest()["config"]
+    return task_of(config.get("task", NIAH.name), config.get("data"))
+
+
+def _paper_line(task: Task) -> str:
+    """What the paper reports for this grid (its Figure 2 or 6), or nothing for a task the paper does not have."""
+    paper = PAPER_GRID.get(task.paper_name)
+    return f"\nPaper ({PAPER_MODEL}): {paper}.\n" if paper else "\n"
 
 
 def _static_ranking(path: str, lm: LoadedModel) -> tuple[Head, ...]:
     return scored_heads(load_head_list(path, lm.num_layers, lm.num_heads))  # never zero-score filler
 
 
-def _result_record(sample, result: AblationResult, task: str) -> dict:
+def _result_record(sample, result: AblationResult, task: Task) -> dict:
     """What every record holds: the sample's settings, the generation, its metrics and the per-step counts."""
     masked = [len(heads) for heads in result.masked]
-    metrics = niah.score(sample.answer, result.text) if task == "niah" else qa_score(sample, result.text)
+    metrics = task.score(sample, result.text)
     return {**sample.describe(), "grid_sample_id": sample.sample_id, "generated": result.text,
             "stop_reason": result.stop_reason, "steps": len(result.masked),
             "metrics": metrics, "dynamic_counts": result.dynamic_counts,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast, get_args
 
 import numpy as np
 import pandas as pd
@@ -32,8 +31,9 @@ from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_
 from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
 from dynheads.runs import RunDir
-from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
-from dynheads.traces import ScoreKind, Trace
+from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, check_kind
+from dynheads.thresholds import ReasoningThreshold
+from dynheads.traces import Trace
 
 
 def load_run(run_dir: str | Path) -> tuple[RunDir, list[Trace]]:
@@ -54,21 +54,18 @@ def model_name(run: RunDir) -> str:
 
 
 def check_score(score: str) -> ScoreKind:
-    if score not in get_args(ScoreKind):
-        raise DynheadsError(f"score must be one of {', '.join(get_args(ScoreKind))}, got {score!r}")
-    return cast(ScoreKind, score)
+    return check_kind(score)
 
 
 def score_array(trace: Trace, score: ScoreKind) -> np.ndarray:
     """``[step, layer, head]``: bool copy scores (Eq. 1) or float reasoning scores (Eq. 2)."""
-    return trace.copy_scores if check_score(score) == "copy" else trace.reasoning_scores
+    return ScoreSpec(check_score(score)).trace_scores(trace.copy_scores, trace.reasoning_scores)
 
 
 def dynamic_sets(trace: Trace, score: ScoreKind, threshold: str | float | ReasoningThreshold) -> np.ndarray:
     """D_t for every step, bool ``[step, layer, head]``: copy score 1, or reasoning score above ``threshold``
     (absolute, or a multiple of the step's chance share: ``dynheads.thresholds``)."""
-    scores = score_array(trace, score)
-    return scores if score == "copy" else ReasoningThreshold.parse(threshold).active(scores, trace.chance)
+    return ScoreSpec(check_score(score), str(threshold)).active(trace.copy_scores, trace.reasoning_scores, trace.chance)
 
 
 # ---- Claim 1: dynamism (Table 1, Table 5) ---------------------------------------------------------------------

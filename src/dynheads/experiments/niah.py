@@ -6,13 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dynheads.errors import DynheadsError
-from dynheads.experiments.tracing import run_traced
+from dynheads.experiments.tracing import run_task
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
-from dynheads.seeding import derive_seed
-from dynheads.tasks import niah
-from dynheads.tasks.prompting import chat_template_kwargs
+from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
+from dynheads.tasks.registry import NIAH
+from dynheads.tasks.sample import Sample
 
 
 @dataclass(frozen=True)
@@ -24,8 +23,8 @@ class NiahConfig:
     seed: int = field(default=0, metadata={"help": "master seed; each sample's seed derives from it"})
     max_new_tokens: int = field(default=48, metadata={"help": "generation budget (a UUID is ~35 tokens)"})
     haystack: str | None = field(default=None, metadata={"help": "folder of .txt files; None = Paul Graham essays"})
-    sink_size: int = field(default=4, metadata={"help": "Eq. 2: first tokens excluded as attention sink"})
-    local_window: int = field(default=32, metadata={"help": "Eq. 2: last tokens excluded as local attention"})
+    sink_size: int = field(default=SINK_SIZE, metadata={"help": "Eq. 2: first tokens excluded as attention sink"})
+    local_window: int = field(default=LOCAL_WINDOW, metadata={"help": "Eq. 2: last tokens excluded as local attention"})
     distractor_depth: float | None = field(
         default=None, metadata={"help": "depth of a 'The secret word is <similar UUID>' distractor; None = none"})
     distractor_prefix: int = field(default=8, metadata={"help": "characters the distractor shares with the needle"})
@@ -37,40 +36,18 @@ class NiahConfig:
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
 
 
-def niah_samples(config: NiahConfig, tokenizer) -> list[niah.NiahSample]:
+def niah_samples(config: NiahConfig, tokenizer) -> list[Sample]:
     """The grid's samples, seeded per (split, length, depth, run) so any subset is reproducible."""
-    if not config.lengths or not config.depths or config.runs < 1:
-        raise DynheadsError("the NIAH grid is empty: give at least one length, one depth and runs >= 1")
-    template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
-    samples = []
-    for length in config.lengths:
-        for depth in config.depths:
-            for run in range(config.runs):
-                seed = derive_seed(config.seed, config.split, length, depth, run)
-                sample_id = f"{config.split}-len{length}-depth{depth:g}-run{run}"
-                samples.append(niah.make_sample(tokenizer, context_tokens=length, depth=depth, seed=seed,
-                                                haystack=config.haystack, sample_id=sample_id,
-                                                distractor_depth=config.distractor_depth,
-                                                distractor_prefix=config.distractor_prefix,
-                                                chat_template_kwargs=template_kwargs))
-    return samples
+    return NIAH.grid(config, tokenizer).samples
 
 
 def prompt_manifest() -> dict:
-    return {"system": niah.SYSTEM_PROMPT, "user": niah.USER_TEMPLATE, "needle": niah.NEEDLE_TEMPLATE,
-            "question": niah.QUESTION,
-            "distractor": niah.DISTRACTOR_TEMPLATE}
+    return NIAH.prompt(None)
 
 
 def run_niah(config: NiahConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
              on_sample: Callable[[dict], None] | None = None, batch_size: int = 1,
              device_map: str | None = None) -> RunDir:
     """Trace every sample of the grid into ``out``; finished samples of an earlier attempt are skipped."""
-
-    def prepare(tokenizer) -> tuple[list[niah.NiahSample], dict]:
-        samples = niah_samples(config, tokenizer)
-        return samples, {"prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template,
-                         "chat_template_kwargs": samples[0].chat_template_kwargs}
-
-    return run_traced("niah", config, out, prepare, lambda sample, text: niah.score(sample.answer, text), lm=lm,
-                      device_map=device_map, progress=progress, on_sample=on_sample, batch_size=batch_size)
+    return run_task(NIAH, config, out, lm=lm, device_map=device_map, progress=progress, on_sample=on_sample,
+                    batch_size=batch_size)

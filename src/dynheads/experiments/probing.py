@@ -23,7 +23,7 @@ from dynheads.experiments.analyses import check_score, load_run, model_name
 from dynheads.io import read_json, write_json, write_text
 from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
 from dynheads.runs import RunDir
-from dynheads.traces import ScoreKind
+from dynheads.scores import ScoreKind
 
 _COLUMNS = {  # task -> (metric key, column title)
     "binary": (("f1", "F1"), ("precision", "Precision"), ("recall", "Recall"), ("auprc", "AUPRC"),

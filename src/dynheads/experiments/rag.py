@@ -15,7 +15,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, qa_score, refuse_static_overlap
+from dynheads.experiments.hotpotqa import HotpotConfig, qa_task, refuse_static_overlap
 from dynheads.io import write_text
 from dynheads.models import LoadedModel, load_model
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
@@ -26,7 +26,6 @@ from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
-from dynheads.tasks import hotpotqa
 from dynheads.tasks.questions import refuse_overlap
 
 
@@ -80,13 +79,14 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     hotpot = HotpotConfig(data=config.data, questions=config.questions, first=config.first, split=config.split,
                           lengths=config.lengths, depths=config.depths, seed=config.seed)
-    grid = hotpot_grid(hotpot, lm.tokenizer)
+    task = qa_task(hotpot)
+    grid = task.grid(hotpot, lm.tokenizer)
     samples = grid.samples
     evaluated = sorted({sample.record_id for sample in samples})
     predict_top = _probe_predictor(config, lm, evaluated) if "dynamic" in config.strategies else None
     ranking = _static_ranking(config, lm, evaluated) if "static" in config.strategies else None
     run = RunDir(out)
-    run.start("rag", config, lm, {"data": config.data or "synthetic", "prompt": hotpotqa.USER_TEMPLATE,
+    run.start("rag", config, lm, {"data": config.data or "synthetic", "prompt": task.prompt(hotpot)["user"],
                                   **grid.manifest(), "static_scored_heads": len(ranking) if ranking else None,
                                   "probe_questions_checked": "dynamic" in config.strategies})
     settings = config.settings()
@@ -103,7 +103,7 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
         run.save_sample({
             "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
             "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
-            "type": sample.type, "generated": answer.text, "metrics": qa_score(sample, answer.text),
+            "type": sample.type, "generated": answer.text, "metrics": task.score(sample, answer.text),
             "retrievals": answer.retrievals, "visible_tokens": answer.visible_tokens,
             "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
             "context_tokens": sample.context_span[1] - sample.context_span[0], "record_id": sample.record_id,

@@ -30,6 +30,7 @@ from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
+from dynheads.tasks.registry import HOTPOTQA, task_of
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,7 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
         out / stages.NIAH, probe_config, out_dir=out / stages.PROBE, device=str(lm.device), progress=progress))
 
     qa_data = config.hotpotqa or preset.qa_source  # a HotpotQA file, when given, always wins
+    qa = task_of(HOTPOTQA.name, qa_data)  # HotpotQA, or the multi-hop task standing for it
     streams = hotpot_streams(preset)  # disjoint question ranges: nothing is fitted and evaluated on one question
     hotpot_grid = dict(lengths=preset.hotpot_lengths, depths=preset.hotpot_depths,
                        max_new_tokens=preset.hotpot_max_new_tokens, **common)
@@ -220,15 +222,16 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
                           split="analysis", **hotpot_grid)
     study.run(stages.HOTPOTQA, lambda: run_hotpotqa(hotpot, out / stages.HOTPOTQA, lm=lm, progress=progress))
     study.run(stages.HOTPOTQA_DYNAMISM, lambda: (
-        dynamism_report(out / stages.HOTPOTQA, static_file, score="reasoning", out_dir=out / stages.HOTPOTQA_DYNAMISM),
-        plot_heads(out / stages.HOTPOTQA, _best_samples(out / stages.HOTPOTQA, 1, metric="f1"), score="reasoning",
+        dynamism_report(out / stages.HOTPOTQA, static_file, score=qa.score_kind,
+                        out_dir=out / stages.HOTPOTQA_DYNAMISM),
+        plot_heads(out / stages.HOTPOTQA, _best_samples(out / stages.HOTPOTQA, 1, metric="f1"), score=qa.score_kind,
                    out_dir=out / stages.HOTPOTQA_DYNAMISM)))
     study.run(stages.HOTPOTQA_CCA, lambda: cca_report(
-        out / stages.HOTPOTQA, preset.cca_offsets, cca, score="reasoning", out_dir=out / stages.HOTPOTQA_CCA))
+        out / stages.HOTPOTQA, preset.cca_offsets, cca, score=qa.score_kind, out_dir=out / stages.HOTPOTQA_CCA))
     study.run(stages.HOTPOTQA_PROBE, lambda: train_probe_on_run(
-        out / stages.HOTPOTQA, probe_config, score="reasoning", out_dir=out / stages.HOTPOTQA_PROBE,
+        out / stages.HOTPOTQA, probe_config, score=qa.score_kind, out_dir=out / stages.HOTPOTQA_PROBE,
         device=str(lm.device), progress=progress))
-    hotpot_task = dict(task="hotpotqa", data=qa_data, max_new_tokens=preset.hotpot_max_new_tokens,
+    hotpot_task = dict(task=qa.name, data=qa_data, max_new_tokens=preset.hotpot_max_new_tokens,
                        static=str(reasoning_file), **common)
     hotpot_ablation = AblationConfig(lengths=preset.hotpot_ablation_lengths, depths=preset.hotpot_ablation_depths,
                                      questions=streams["ablation"].count, first=streams["ablation"].first,

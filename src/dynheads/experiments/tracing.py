@@ -17,6 +17,7 @@ from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir
+from dynheads.tasks.registry import Task, get_task
 
 
 def start_run(run: RunDir, kind: str, config, lm: LoadedModel, extra: dict | None = None) -> dict:
@@ -48,6 +49,22 @@ def run_traced(
     start_run(run, kind, config, lm, extra)
     return trace_samples(run, lm, samples, score, max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
                          local_window=config.local_window, desc=kind, **tracing)
+
+
+def run_task(task: Task | str, config, out: str | Path, *, lm: LoadedModel | None = None,
+             device_map: str | None = None, **tracing) -> RunDir:
+    """Trace the grid of a registered task into ``out`` (resumable): ``task.grid(config, tokenizer)`` makes the
+    samples, ``task.score`` scores each answer, the manifest records ``task.prompt(config)`` and the run's
+    ``kind`` is the task's name. ``tracing``: ``trace_samples`` keyword arguments (progress, batch_size, ...)."""
+    task = get_task(task) if isinstance(task, str) else task
+
+    def prepare(tokenizer) -> tuple[list, dict]:
+        grid = task.grid(config, tokenizer)
+        samples = grid.samples
+        return samples, {"prompt": task.prompt(config), "prompt_template": samples[0].prompt_template,
+                         **grid.manifest(), "chat_template_kwargs": samples[0].chat_template_kwargs}
+
+    return run_traced(task.name, config, out, prepare, task.score, lm=lm, device_map=device_map, **tracing)
 
 
 def trace_samples(

@@ -47,6 +47,7 @@ from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
 from dynheads.runs import RunDir
+from dynheads.tasks.registry import HOTPOTQA, NIAH, Task, task_of_manifest
 
 STAGE_NOT_RUN = "stage not run"
 COLLAPSE_ROWS = 8  # HTML: a longer table (CCA per offset x method, say) opens on a click
@@ -78,6 +79,7 @@ class Section:
     anchor: str
     title: str
     parts: list[Part]
+    task: Task | None = None  # the task whose stages the section shows (its verdict cards set the paper beside it)
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -90,7 +92,7 @@ def write_report(out_dir: str | Path) -> tuple[Path, Path]:
     body = build_sections(root)
     manifest = _json(root / "manifest.json") or {}
     title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
-    headlines = [_headline(section.anchor, verdict, root) for section in body for verdict in section.verdicts]
+    headlines = [_headline(section, verdict, root) for section in body for verdict in section.verdicts]
     run = Section("run", "Run", _overview(manifest, _json(root / "stages.json") or {}))
     sections = [_summary(headlines, manifest), *body]  # the answer first, the run's metadata last
     md_path, html_path = root / "report.md", root / "report.html"
@@ -99,17 +101,19 @@ def write_report(out_dir: str | Path) -> tuple[Path, Path]:
     return md_path, html_path
 
 
-def _headline(anchor: str, verdict: Verdict, root: Path) -> Headline:
+def _headline(section: Section, verdict: Verdict, root: Path) -> Headline:
     """The verdict's card; a figure that cannot be read or drawn leaves the card without one, saying why."""
+    anchor = section.anchor
+    paper = section.task.paper_label if section.task is not None else None
     try:
-        return headline(anchor, verdict, root, _ablation_metric(root, anchor))
+        return headline(anchor, verdict, root, _ablation_metric(root, anchor), paper_task=paper)
     except READ_ERRORS as error:
         return Headline(anchor, verdict, None, [], f"no figure: {error}")
 
 
 def _ablation_metric(root: Path, anchor: str) -> str:
     """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its cells.csv has)."""
-    path = root / (stages.HOTPOTQA_ABLATION if anchor.endswith("hotpotqa") else stages.ABLATION) / "cells.csv"
+    path = root / (stages.HOTPOTQA_ABLATION if anchor.endswith(stages.HOTPOTQA) else stages.ABLATION) / "cells.csv"
     try:
         columns = pd.read_csv(path, nrows=0).columns if path.is_file() else []
     except (OSError, ValueError):
@@ -117,12 +121,23 @@ def _ablation_metric(root: Path, anchor: str) -> str:
     return next((metric for metric in ABLATION_METRICS if metric in columns), ABLATION_METRICS[0])
 
 
+def qa_task(root: Path) -> Task:
+    """The task the study's HotpotQA stages ran (HotpotQA, or the multi-hop task standing for it), from their
+    manifests; HotpotQA when none says."""
+    for stage in (stages.HOTPOTQA, stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE, stages.HOTPOTQA_STATIC):
+        task = task_of_manifest(_json(root / stage / "manifest.json") or {})
+        if task is not None:
+            return task
+    return HOTPOTQA
+
+
 def build_sections(root: Path) -> list[Section]:
     """The paper's sections in order; any error while reading a stage becomes text in its section."""
-    niah, hotpot = "NIAH", "HotpotQA"
+    qa = qa_task(root)
+    niah, hotpot = NIAH.label, qa.label
     specs: list[tuple[str, str, Callable[[], list[Part]]]] = [
         ("static", "Static retrieval heads (Wu et al. 2024)", lambda: _static(root)),
-        ("niah", "NIAH setup (Section 3.1)", lambda: _task_run(root, stages.NIAH)),
+        (stages.NIAH, f"{niah} setup (Section 3.1)", lambda: _task_run(root, stages.NIAH)),
         ("claim1-niah", "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)",
          lambda: _dynamism(root, stages.DYNAMISM, niah, "Figure 1", _table1_note())),
         ("claim2-niah", "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)",
@@ -131,19 +146,19 @@ def build_sections(root: Path) -> list[Section]:
         ("claim3-niah", "Claim 3, correlation, on NIAH (Figure 4, Table 2)",
          lambda: _correlation(root, (stages.CCA, stages.PROBE), "Figure 4", "binary", niah, _cca_note(),
                               _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")))),
-        ("hotpotqa", "HotpotQA setup (Section 5)",
+        (stages.HOTPOTQA, f"{hotpot} setup (Section 5)",
          lambda: _task_run(root, stages.HOTPOTQA) + (_stage(root, stages.HOTPOTQA_STATIC, "Static reasoning heads")
                                                 if (root / stages.HOTPOTQA_STATIC).is_dir() else [])),
-        ("claim1-hotpotqa", "Claim 1, dynamism, on HotpotQA (Figure 5)",
+        ("claim1-hotpotqa", f"Claim 1, dynamism, on {hotpot} (Figure 5)",
          lambda: _dynamism(root, stages.HOTPOTQA_DYNAMISM, hotpot, "Figure 5", PAPER_FIGURE5)),
-        ("claim2-hotpotqa", "Claim 2, irreplaceability, on HotpotQA (Figures 6 and 7)",
+        ("claim2-hotpotqa", f"Claim 2, irreplaceability, on {hotpot} (Figures 6 and 7)",
          lambda: _ablation(root, (stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE), ("Figure 6", "Figure 7"),
                            hotpot, PAPER_FIGURE6, PAPER_FIGURE7)),
-        ("claim3-hotpotqa", "Claim 3, correlation, on HotpotQA (Figure 8, Table 3)",  # Eq. 2 scores: a regressor
+        ("claim3-hotpotqa", f"Claim 3, correlation, on {hotpot} (Figure 8, Table 3)",  # Eq. 2 scores: a regressor
          lambda: _correlation(root, (stages.HOTPOTQA_CCA, stages.HOTPOTQA_PROBE), "Figure 8", "continuous", hotpot,
                               PAPER_FIGURE8,
                               _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)))),
-        ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root)),
+        ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root, hotpot)),
     ]
     sections = []
     for anchor, title, build in specs:
@@ -151,7 +166,8 @@ def build_sections(root: Path) -> list[Section]:
             parts = build()
         except READ_ERRORS as error:
             parts = [f"*Could not read this stage: {error}*"]
-        sections.append(Section(anchor, title, parts))
+        task = NIAH if anchor.endswith(stages.NIAH) else qa if anchor.endswith((stages.HOTPOTQA, stages.RAG)) else None
+        sections.append(Section(anchor, title, parts, task))
     return sections
 
 
@@ -274,17 +290,17 @@ def _probe_metrics(folder: Path) -> dict | None:
     return None
 
 
-def _rag(root: Path) -> list[Part]:
+def _rag(root: Path, task: str) -> list[Part]:
     def verdict() -> Verdict:
         run = RunDir(root / stages.RAG)
         table = rag_table(run) if run.path.is_dir() and run.records() else pd.DataFrame(columns=["k"])
-        return claims.rag_verdict({(row.strategy, row.k): row.f1 for row in table.itertuples() if row.k != "-"})
+        return claims.rag_verdict({(row.strategy, row.k): row.f1 for row in table.itertuples() if row.k != "-"}, task)
 
     header = ["model", *RAG_STRATEGIES.values()]
     table4 = [[model, *(_em_f1(row.get(s)) for s in RAG_STRATEGIES)] for model, row in PAPER_TABLE4.items()]
     table6 = [[f"k={k}", *(_em_f1(row[s]) for s in RAG_STRATEGIES if s != "none")]
               for k, row in {5: PAPER_TABLE4[PAPER_MODEL], **PAPER_TABLE6}.items()]
-    return [_guard(verdict, claims.RAG, "HotpotQA"), *_stage(root, stages.RAG, "RAG"),
+    return [_guard(verdict, claims.RAG, task), *_stage(root, stages.RAG, "RAG"),
             "Paper, Table 4 (HotpotQA EM / F1, k = 5):\n\n" + _table(header, table4),
             "Paper, Table 6 (llama3.1-8b, EM / F1 by k):\n\n" + _table(["k", *header[1:-1]], table6)]
 
@@ -391,13 +407,14 @@ def _json(path: Path) -> dict | None:
 
 # ---- step view data ---------------------------------------------------------------------------------------------
 def _step_data(root: Path) -> dict[str, Any]:
-    """Per-step view of the NIAH and HotpotQA runs that exist (with the HotpotQA dynamism threshold, if recorded)."""
+    """Per-step view of the NIAH and HotpotQA (or multi-hop) runs that exist (with the dynamism threshold of the
+    second, if recorded)."""
     threshold = (_json(root / stages.HOTPOTQA_DYNAMISM / "dynamism.json") or {}).get("threshold") or REASONING_THRESHOLD
     runs = []
-    for stage, label, score in ((stages.NIAH, "NIAH", "copy"), (stages.HOTPOTQA, "HotpotQA", "reasoning")):
+    for stage, task in ((stages.NIAH, NIAH), (stages.HOTPOTQA, qa_task(root))):
         try:
             if (root / stage / "manifest.json").is_file():
-                runs.append(step_view(root / stage, label, score, threshold=threshold))
+                runs.append(step_view(root / stage, task.label, task.score_kind, threshold=threshold))
         except READ_ERRORS:
             continue  # its section already says what is wrong with the stage
     return {"runs": runs}

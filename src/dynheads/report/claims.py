@@ -32,6 +32,7 @@ from typing import Literal
 import pandas as pd
 
 from dynheads.paper import ENTROPY_BASELINE
+from dynheads.tasks.registry import HOTPOTQA
 
 Status = Literal["supported", "not supported", "inconclusive"]
 
@@ -193,7 +194,7 @@ def correlation_verdict(held_out: float | None, shuffled: float | None, probe: f
     return Verdict(claim, task, "supported", text + ".", numbers)
 
 
-def rag_verdict(f1: Mapping[tuple[str, int], float], task: str = "HotpotQA") -> Verdict:
+def rag_verdict(f1: Mapping[tuple[str, int], float], task: str = HOTPOTQA.label) -> Verdict:
     """Does Dynamic beat Static? ``f1`` maps (strategy, k) to mean F1; compared at every k both strategies ran."""
     claim = RAG
     ks = sorted(k for strategy, k in f1 if strategy == "dynamic" and ("static", k) in f1)

@@ -25,6 +25,7 @@ from dynheads.paper import (
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
 from dynheads.stages import ABLATION, CCA, DYNAMISM, HOTPOTQA_ABLATION, HOTPOTQA_CCA, HOTPOTQA_DYNAMISM
+from dynheads.tasks.registry import NIAH
 
 NOT_STATED = "not stated"
 # anchor of the claim's section -> the stage folder and file pattern of its one figure (first match, name order)
@@ -46,15 +47,18 @@ class Headline:
     missing: str = ""
 
 
-def headline(anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy") -> Headline:
-    """The card of the verdict found in section ``anchor``; ``metric`` is Claim 2's decisive metric."""
+def headline(anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy", *,
+             paper_task: str | None = None) -> Headline:
+    """The card of the verdict found in section ``anchor``; ``metric`` is Claim 2's decisive metric;
+    ``paper_task``: the label of the paper's task whose numbers the card shows (default: the verdict's task)."""
     numbers = verdict.numbers
+    paper = paper_task or verdict.task
     if verdict.claim == claims.CLAIM1:
-        rows = _dynamism_rows(numbers, verdict.task)
+        rows = _dynamism_rows(numbers, paper)
     elif verdict.claim == claims.CLAIM2:
-        rows = _ablation_rows(numbers, metric, verdict.task)
+        rows = _ablation_rows(numbers, metric, paper)
     elif verdict.claim == claims.CLAIM3:
-        rows = _correlation_rows(numbers, verdict.task)
+        rows = _correlation_rows(numbers, paper)
     else:
         rows = _rag_rows(numbers)
     if verdict.claim == claims.RAG:
@@ -77,7 +81,7 @@ def _span(values: list[float], spec: str) -> str:
 
 def _dynamism_rows(numbers: Mapping[str, float | None], task: str) -> list[tuple[str, str, str]]:
     def paper(key: str, spec: str) -> str:
-        return _span([row[key] for row in PAPER_DYNAMISM.values()], spec) if task == "NIAH" else NOT_STATED
+        return _span([row[key] for row in PAPER_DYNAMISM.values()], spec) if task == NIAH.label else NOT_STATED
 
     return [(f"Jaccard w/ static top-20 (< {claims.JACCARD_MAX})", _fmt(numbers.get("jaccard_static_k20"), ".2f"),
              paper("jaccard_static_k20", ".2f")),
@@ -99,7 +103,7 @@ def _correlation_rows(numbers: Mapping[str, float | None], task: str) -> list[tu
     in_sample = PAPER_TOP1.get(PAPER_MODEL, {}).get(claims.CCA_OFFSET)
     k = claims.CCA_OFFSET
     return [(f"CCA top-1 at k={k}, held-out", _fmt(numbers.get(f"cca_held_out_k{k}")),
-             f"{in_sample:.3f} (in-sample)" if in_sample is not None and task == "NIAH" else NOT_STATED),
+             f"{in_sample:.3f} (in-sample)" if in_sample is not None and task == NIAH.label else NOT_STATED),
             (f"CCA top-1 at k={k}, shuffled pairs", _fmt(numbers.get(f"cca_shuffled_k{k}")), NOT_STATED),
             (f"probe {metric.upper()} / frequency baseline",
              f"{_fmt(numbers.get(f'probe_{metric}'))} / {_fmt(numbers.get(f'baseline_{metric}'))}",

