@@ -95,3 +95,21 @@ if __name__ == "__main__":  # writes the pinned settings of the code as it is
             setattr(module, attr, value)
         saved.clear()
     PINNED.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def test_a_run_written_before_a_setting_existed_resumes_while_the_setting_is_at_its_default(tmp_path):
+    """``reproduce`` gained ``dtype``: a study started without it resumes at dtype auto, not at another dtype."""
+    from dynheads.errors import DynheadsError
+    from dynheads.io import read_json, write_json
+    from dynheads.runs import RunDir
+
+    run = RunDir(tmp_path / "study")
+    run.start("reproduce", ReproduceConfig(preset="smoke"), None)
+    manifest = read_json(run.manifest_path)
+    del manifest["config"]["dtype"]  # as written before the field existed
+    write_json(run.manifest_path, manifest)
+    run.start("reproduce", ReproduceConfig(preset="smoke"), None)
+    with pytest.raises(DynheadsError, match="different run"):
+        run.start("reproduce", ReproduceConfig(preset="smoke", dtype="float32"), None)
+    with pytest.raises(DynheadsError, match="different run"):
+        run.start("reproduce", ReproduceConfig(preset="quick"), None)
