@@ -87,7 +87,9 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
     preset, out = PRESETS[config.preset], Path(out)
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
-    RunDir(out).start("reproduce", config, lm, {"preset_settings": _jsonable(preset)})
+    stage_tables = {key: value for key, value in preset.items() if key != "sources"}
+    RunDir(out).start("reproduce", config, lm, {"preset_settings": _jsonable(stage_tables), **(
+        {"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {})})
     study = _Stages(out)
     common = dict(model=config.model, seed=config.seed, dtype=config.dtype, device=config.device)
 
