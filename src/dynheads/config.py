@@ -27,6 +27,11 @@ def redefault(piece: type, name: str, default: Any) -> Any:
     return dataclasses.field(default=default, metadata=piece.__dataclass_fields__[name].metadata)
 
 
+def pieces_of(config: Any, *pieces: type) -> dict[str, Any]:
+    """``config``'s values of the fields of ``pieces``: another config that shares them is built from these."""
+    return {field.name: getattr(config, field.name) for piece in pieces for field in dataclasses.fields(piece)}
+
+
 def build_config(cls: type[C], file: str | Path | None = None, **overrides: Any) -> C:
     """``cls`` from its defaults, then the TOML ``file`` (if any), then ``overrides`` that are not None."""
     values: dict[str, Any] = {}

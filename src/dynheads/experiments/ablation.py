@@ -37,11 +37,19 @@ from tqdm.auto import tqdm
 
 from dynheads.ablation import MATCHINGS, STRATEGIES, AblationResult, AblationSettings, ablated_generate, matched_count
 from dynheads.analysis.headlists import load_head_list, scored_heads
+from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, qa_score, refuse_static_overlap
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
-from dynheads.experiments.settings import AblationFields, AblationGrid, ProgressiveFields
+from dynheads.experiments.settings import (
+    AblationFields,
+    AblationGrid,
+    ModelSettings,
+    NiahGrid,
+    ProgressiveFields,
+    QaGrid,
+)
 from dynheads.heads import Head, check_heads, head_key, parse_head
 from dynheads.io import atomic_path, read_json, write_text
 from dynheads.models import LoadedModel, load_model
@@ -63,16 +71,11 @@ class _GridConfig(AblationGrid):
 
     def niah_config(self) -> NiahConfig:
         """The NIAH grid whose samples are ablated (the ``analysis`` seed stream, as ``dynheads niah``)."""
-        return NiahConfig(model=self.model, lengths=self.lengths, depths=self.depths, runs=self.runs,
-                          seed=self.seed, max_new_tokens=self.max_new_tokens, haystack=self.haystack,
-                          dtype=self.dtype, device=self.device)
+        return NiahConfig(**pieces_of(self, NiahGrid, ModelSettings))
 
     def hotpot_config(self) -> HotpotConfig:
         """The HotpotQA grid whose questions are ablated (as ``dynheads hotpotqa``)."""
-        return HotpotConfig(model=self.model, data=self.data, questions=self.questions, first=self.first,
-                            split=self.split, lengths=self.lengths,
-                            depths=self.depths, seed=self.seed, max_new_tokens=self.max_new_tokens,
-                            dtype=self.dtype, device=self.device)
+        return HotpotConfig(**pieces_of(self, QaGrid, ModelSettings), split=self.split)
 
     def check(self) -> None:
         if self.mode not in MODES:

@@ -31,10 +31,11 @@ from tqdm.auto import tqdm
 
 from dynheads.analysis.headlists import load_head_list
 from dynheads.analysis.mlp_probe import TrainedProbe, load_probe
+from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
-from dynheads.experiments.settings import KVFields
+from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import flat_index, head_key
 from dynheads.io import atomic_path, read_json, write_json, write_text
 from dynheads.kv import BUDGET_FREE, POLICIES, KVSettings, Prefill, head_count, kv_generate, num_kv_heads, prefill
@@ -48,9 +49,7 @@ from dynheads.tasks import niah
 @dataclass(frozen=True)
 class KVConfig(KVFields):
     def niah_config(self) -> NiahConfig:
-        return NiahConfig(model=self.model, lengths=self.lengths, depths=self.depths, runs=self.runs, seed=self.seed,
-                          max_new_tokens=self.max_new_tokens, haystack=self.haystack, split=self.split,
-                          dtype=self.dtype, device=self.device)
+        return NiahConfig(**pieces_of(self, NiahGrid, ModelSettings), split=self.split)
 
     def jobs(self) -> list[tuple[str, float | None]]:
         """(policy, budget) pairs in run order; budget None for the budget-free policies."""

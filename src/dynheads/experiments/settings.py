@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dynheads.config import redefault, setting
+from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
 from dynheads.rag.strategies import STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
@@ -103,9 +103,8 @@ class StaticConfig(NiahCells, ModelSettings):
         cells = len(self.lengths) * len(self.depths)
         if self.samples < 1 or cells == 0:
             raise DynheadsError("static heads need --samples >= 1 and at least one length and one depth")
-        return NiahConfig(model=self.model, lengths=self.lengths, depths=self.depths,
-                          runs=math.ceil(self.samples / cells), seed=self.seed, max_new_tokens=self.max_new_tokens,
-                          haystack=self.haystack, split=STATIC_SPLIT, dtype=self.dtype, device=self.device)
+        return NiahConfig(**pieces_of(self, NiahCells, ModelSettings), runs=math.ceil(self.samples / cells),
+                          split=STATIC_SPLIT)
 
 
 @dataclass(frozen=True)
@@ -116,9 +115,7 @@ class StaticReasoningConfig(QaGrid, ModelSettings):
 
     def hotpot_config(self) -> HotpotConfig:
         """The HotpotQA stream this config traces (named ``static``)."""
-        return HotpotConfig(model=self.model, data=self.data, questions=self.questions, first=self.first,
-                            split=STATIC_SPLIT, lengths=self.lengths, depths=self.depths, seed=self.seed,
-                            max_new_tokens=self.max_new_tokens, dtype=self.dtype, device=self.device)
+        return HotpotConfig(**pieces_of(self, QaGrid, ModelSettings), split=STATIC_SPLIT)
 
 
 # ---- ablation: ablate, ablate-progressive --------------------------------------------------------------------------
