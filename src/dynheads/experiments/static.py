@@ -37,6 +37,9 @@ from dynheads.runs import RunDir
 SPLIT = STATIC_SPLIT
 DISJOINT_NOTE = ("static heads are scored on the 'static' seed stream, disjoint from the 'analysis' samples that "
                  "'dynheads niah' traces and 'dynheads dynamism' measures")
+REASONING_NOTE = ("static reasoning heads are scored on their own HotpotQA question stream (recorded with its ids in "
+                  "manifest.json); 'dynheads ablation --task hotpotqa' and 'dynheads rag' refuse a list whose "
+                  "questions overlap theirs")
 
 
 def run_static(config: StaticConfig, out: str | Path, *, lm: LoadedModel | None = None,
@@ -77,11 +80,6 @@ def _write_ranking(path: Path, heads: StaticHeads) -> None:
 
 
 # ---- static reasoning heads (HotpotQA, Eq. 2) ----------------------------------------------------------------------
-REASONING_NOTE = ("static reasoning heads are scored on their own HotpotQA question stream (recorded with its ids in "
-                  "manifest.json); 'dynheads ablation --task hotpotqa' and 'dynheads rag' refuse a list whose "
-                  "questions overlap theirs")
-
-
 def run_static_reasoning(config: StaticReasoningConfig, out: str | Path, *, lm: LoadedModel | None = None,
                          progress: bool = True) -> StaticHeads:
     """Trace the static HotpotQA stream into ``out`` (resumable), then write the static reasoning heads there."""
