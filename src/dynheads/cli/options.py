@@ -87,14 +87,13 @@ def _given(context: typer.Context | None, name: str, value: Any, option: Option)
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def with_options(*groups: Mapping[str, Option], **extra: Option | None) -> Callable[[Callable], Callable]:
-    """Add the options of ``groups`` and ``extra`` (an ``extra`` of the same name replaces a group's, in place; None
-    drops it) to a command. Its own parameters without a default come first, the generated ones next, its other
-    ones last; the command receives the generated ones, parsed, through ``**settings``."""
+def with_options(*groups: Mapping[str, Option]) -> Callable[[Callable], Callable]:
+    """Add the options of ``groups`` (e.g. ``config_options(NiahConfig)``) to a command. Its own parameters without
+    a default come first, the generated ones next, its other ones last; the command receives the generated ones,
+    parsed, through ``**settings``."""
     options: dict[str, Option] = {}
-    for group in (*groups, extra):
+    for group in groups:
         options.update(group)
-    options = {name: o for name, o in options.items() if o is not None}
 
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command, eval_str=True)
