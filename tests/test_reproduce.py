@@ -72,10 +72,13 @@ def test_unknown_preset_is_refused(tiny_lm, tmp_path):
 
 
 def test_the_paper_preset_says_where_every_value_comes_from():
-    import dataclasses
+    from dynheads.experiments.reproduce import PAPER_PRESET_SOURCES, PRESETS
 
-    from dynheads.experiments.reproduce import PAPER_PRESET_SOURCES, Preset
-
-    assert set(PAPER_PRESET_SOURCES) == {f.name for f in dataclasses.fields(Preset)}
+    paper = PRESETS["paper"]
+    stage_tables = {key: table for key, table in paper.items() if key != "sources"}
+    assert set(PAPER_PRESET_SOURCES) == {*stage_tables, "qa_source"}
+    for stage, table in stage_tables.items():  # every value has a source, and every source a value
+        assert set(PAPER_PRESET_SOURCES[stage]) == (set(table) or {"defaults"}), stage
+    texts = [PAPER_PRESET_SOURCES["qa_source"], *(t for s in stage_tables for t in PAPER_PRESET_SOURCES[s].values())]
     assert all(text.split(":")[0] in ("paper", "inferred") or text.startswith(("Wu et al.", "paper range"))
-               for text in PAPER_PRESET_SOURCES.values())
+               for text in texts)

@@ -1,4 +1,9 @@
-"""Frozen dataclass configs, buildable from the CLI and from a TOML file (CLI flags win)."""
+"""Frozen dataclass configs, buildable from the CLI and from a TOML file (CLI flags win).
+
+A config field is declared once, with its help: ``setting(default, help)``. A config that shares a piece
+(``dynheads.experiments.settings``) but wants another default redeclares just that: ``redefault(Piece, name, v)``
+keeps the piece's help. The CLI generates its options from these fields (``dynheads.cli.options``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,21 @@ from typing import Any, TypeVar
 from dynheads.errors import DynheadsError
 
 C = TypeVar("C")
+
+
+def setting(default: Any, help: str) -> Any:
+    """A config field with its default and the help text the CLI shows."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def redefault(piece: type, name: str, default: Any) -> Any:
+    """Field ``name`` of the config piece ``piece`` with another default (same help)."""
+    return dataclasses.field(default=default, metadata=piece.__dataclass_fields__[name].metadata)
+
+
+def pieces_of(config: Any, *pieces: type) -> dict[str, Any]:
+    """``config``'s values of the fields of ``pieces``: another config that shares them is built from these."""
+    return {field.name: getattr(config, field.name) for piece in pieces for field in dataclasses.fields(piece)}
 
 
 def build_config(cls: type[C], file: str | Path | None = None, **overrides: Any) -> C:

@@ -58,7 +58,7 @@ class RunDir:
         config_dict = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
         if self.exists():
             previous = self.manifest()
-            if previous.get("kind") != kind or previous.get("config") != _jsonable(config_dict):
+            if previous.get("kind") != kind or previous.get("config") != _resumable(config, previous.get("config")):
                 raise DynheadsError(
                     f"{self.path} already holds a different run ({previous.get('kind')}); "
                     "resume it with the same settings or choose another --out"
@@ -129,6 +129,18 @@ class RunDir:
         with atomic_path(self.path / "results.csv") as tmp:
             frame.to_csv(tmp, index=False)
         return frame
+
+
+def _resumable(config: Any, previous: dict | None) -> dict:
+    """``config`` as a manifest compares it, less the settings added since ``previous`` was written that are at
+    their default (e.g. ``reproduce``'s ``dtype``): an older run resumes under the same settings it had."""
+    config_dict = _jsonable(dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config))
+    if not dataclasses.is_dataclass(config) or previous is None:
+        return config_dict
+    fields = dataclasses.fields(config)
+    defaults = {f.name: _jsonable(f.default) for f in fields if f.default is not dataclasses.MISSING}
+    return {name: value for name, value in config_dict.items()
+            if name in previous or name not in defaults or value != defaults[name]}
 
 
 def _jsonable(value: Any) -> Any:

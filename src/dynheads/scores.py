@@ -22,12 +22,10 @@ import torch
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
-from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ReasoningThreshold
 
 ScoreKind = Literal["copy", "reasoning"]  # Eq. 1 (binary, NIAH) or Eq. 2 (continuous, HotpotQA)
 SCORE_KINDS: tuple[str, ...] = get_args(ScoreKind)
-SINK_SIZE = 4  # Eq. 2: first keys excluded from the denominator as the attention sink
-LOCAL_WINDOW = 32  # Eq. 2: last keys excluded from the denominator as local attention (current token included)
 
 __all__ = ["DEFAULT_REASONING_THRESHOLD", "LOCAL_WINDOW", "SCORE_KINDS", "SINK_SIZE", "ScoreKind", "ScoreSpec",
            "active_heads", "check_kind", "copy_scores", "ranked_heads", "reasoning_scores"]

@@ -23,6 +23,10 @@ from dynheads.errors import DynheadsError
 ThresholdMode = Literal["absolute", "relative"]
 # The one default of the threshold (``dynheads.scores.ScoreSpec`` reads it).
 # Chosen on the embedded model, 18 synthetic HotpotQA questions (docs/hotpotqa.md, "Eq. 2 threshold").
+# Eq. 2's windows (dynheads.scores re-exports them; declared here, in a module without torch, so that configs can
+# read them without importing torch).
+SINK_SIZE = 4  # first keys excluded from the denominator as the attention sink
+LOCAL_WINDOW = 32  # last keys excluded from the denominator as local attention (current token included)
 DEFAULT_REASONING_THRESHOLD = "relative:3"
 
 

@@ -11,19 +11,9 @@ from typing import Annotated
 import typer
 
 from dynheads.cli.app import app, plot_app, probe_app
-from dynheads.cli.options import (
-    MODEL,
-    NIAH_GRID,
-    QA_GRID,
-    STATIC_HELP,
-    ConfigFile,
-    Opt,
-    RunArg,
-    RunOut,
-    option,
-    with_options,
-)
+from dynheads.cli.options import STATIC_HELP, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
 from dynheads.config import build_config, parse_list, parse_range
+from dynheads.experiments.settings import StaticConfig, StaticReasoningConfig
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD
 
 Score = Annotated[str, Opt(help="head score: copy (Eq. 1, NIAH) or reasoning (Eq. 2, HotpotQA)")]
@@ -31,11 +21,10 @@ OutDir = Annotated[Path | None, Opt("--out", help="folder for the outputs (defau
 
 
 @app.command()
-@with_options(MODEL, NIAH_GRID, samples=option("NIAH tests, rounded up to whole passes of the grid", kind=int | None),
-              success_threshold=option("a test counts if ROUGE-1 recall > this", kind=float | None), runs=None)
+@with_options(config_options(StaticConfig))
 def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
     """Find the static retrieval heads of a model (Wu et al.'s scoring) on NIAH samples disjoint from analysis runs."""
-    from dynheads.experiments.static import StaticConfig, run_static
+    from dynheads.experiments.static import run_static
     from dynheads.heads import head_label
 
     cfg = build_config(StaticConfig, config, **settings)
@@ -46,17 +35,10 @@ def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
 
 
 @app.command("static-reasoning")
-@with_options(
-    MODEL, QA_GRID,
-    data=option("HotpotQA JSON/JSONL file or saved dataset (default: synthetic)"),
-    questions=option("questions of the static stream", kind=int | None),
-    first=option("index of the stream's first question in the data", kind=int | None),
-    depths=option("gold-paragraph depths in [0, 1]", items=float),
-    success_f1=option("a question counts if its F1 exceeds this (-1: all)", kind=float | None),
-)
+@with_options(config_options(StaticReasoningConfig))
 def static_reasoning(out: RunOut, config: ConfigFile = None, **settings) -> None:
     """Static reasoning heads for HotpotQA: mean Eq. 2 score per head over a question stream of their own."""
-    from dynheads.experiments.static import StaticReasoningConfig, run_static_reasoning
+    from dynheads.experiments.static import run_static_reasoning
     from dynheads.heads import head_label
 
     heads = run_static_reasoning(build_config(StaticReasoningConfig, config, **settings), out)

@@ -1,14 +1,18 @@
-"""The CLI's options, declared once: shared option types, the groups commands compose, and ``with_options``.
+"""The CLI's options, generated from the config fields: ``config_options`` and ``with_options``.
 
-A command lists the groups it takes (``MODEL``, ``NIAH_GRID``, ...) plus its own options; ``with_options`` adds them
-to the command's signature (Typer reads it) and hands them to the command as config-ready keyword arguments:
-comma-separated lists parsed, renamed to their config field. ``None`` means "not given": the config's value stays.
+A command takes the options of its config (``config_options(NiahConfig)``: one flag per field, its help from the
+field's ``metadata["help"]``, its real default shown) plus its own; ``with_options`` adds them to the command's
+signature (Typer reads it) and hands them to the command as config-ready keyword arguments: comma-separated lists
+parsed, renamed to their config field. An option the user did not give arrives as ``None`` (its shown default is
+the config's), so the config's TOML file still applies: flags override the file, the file overrides defaults.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,61 +35,65 @@ class Option:
     field: str | None = None  # config field, where it differs from the option's name
 
 
-def option(help: str, *decls: str, kind: Any = str | None, default: Any = None,
-           items: Callable[[str], Any] | None = None, field: str | None = None) -> Option:
-    return Option(Annotated[kind, Opt(*decls, help=help)], default, items, field)
-
-
-# ---- option types shared by several commands ----------------------------------------------------------------------
+# ---- option types of the commands' own parameters -----------------------------------------------------------------
 ConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with settings; flags override it")]
 RunOut = Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")]
 RunArg = Annotated[Path, typer.Argument(help="run directory written by e.g. 'dynheads niah'")]
-Model = Annotated[str | None, Opt("--model", help="hub id, local folder or .gguf file (default: embedded SmolLM2)")]
-Dtype = Annotated[str | None, Opt(help="model dtype: auto (the checkpoint's), float32, bfloat16, float16")]
-Device = Annotated[str | None, Opt(help="cpu or cuda")]
 BatchSize = Annotated[int, Opt("--batch-size", help="samples decoded together (1 = reference path; same results)")]
 DeviceMap = Annotated[str | None, Opt("--device-map", help="spread a large model over GPUs, e.g. auto")]
-CHAT_TEMPLATE_HELP = ('JSON object of chat-template variables over the pinned ones (enable_thinking false, date_string '
-                      '"26 Jul 2024"), e.g. \'{"enable_thinking": true}\'')
 STATIC_HELP = "static head list (Wu et al. JSON or a ranked list)"
-
-# ---- groups: the pieces a command's config is composed of -----------------------------------------------------------
-MODEL = {"model": Option(Model), "dtype": Option(Dtype), "device": Option(Device)}
-SEED = {"seed": option("master seed", kind=int | None)}
-NIAH_GRID = {
-    "lengths": option("haystack lengths in tokens, e.g. 500,1000,2000", items=int),
-    "depths": option("needle depths in [0, 1], e.g. 0,0.25,0.5,0.75,1", items=float),
-    "runs": option("samples per (length, depth) cell", kind=int | None),
-    **SEED,
-    "max_new_tokens": option("generation budget per sample", kind=int | None),
-    "haystack": option("folder of .txt files (default: Paul Graham essays)"),
-}
-QA_GRID = {
-    "questions": option("number of questions", kind=int | None),
-    "first": option("index of the first question in the data (question streams must not overlap)", kind=int | None),
-    "lengths": option("context lengths in tokens, e.g. 250,500,1000", items=int),
-    "depths": option("gold-paragraph depths in [0, 1], e.g. 0.05,0.5,0.95", items=float),
-    **SEED,
-    "max_new_tokens": option("generation budget per question", kind=int | None),
-}
-# the ablation commands run on NIAH by default; these choose and shape the HotpotQA variant
-ABLATION_TASK = {
-    "task": option("a registered task: niah (Eq. 1), hotpotqa or multihop (Eq. 2 above --threshold); docs/tasks.md"),
-    "threshold": option("hotpotqa: a head is dynamic above this Eq. 2 score (0.1) or multiple of chance (relative:3)"),
-    "questions": option("hotpotqa: questions spread over the grid", kind=int | None),
-    "first": option("hotpotqa: index of the first question in the data", kind=int | None),
-    "data": option("hotpotqa: data file (default: synthetic questions); multihop[:hops=2,...]: the multihop task"),
-}
+CONTEXT = "typer_context"  # the click context Typer passes a generated command: which options the user gave
 
 
-def with_options(*groups: Mapping[str, Option], **extra: Option | None) -> Callable[[Callable], Callable]:
-    """Add the options of ``groups`` and ``extra`` (an ``extra`` of the same name replaces a group's, in place; None
-    drops it) to a command. Its own parameters without a default come first, the generated ones next, its other
-    ones last; the command receives the generated ones, parsed, through ``**settings``."""
+def config_options(config: type, *, skip: tuple[str, ...] = (), flags: Mapping[str, str] | None = None
+                   ) -> dict[str, Option]:
+    """One option per field of the dataclass ``config`` (but ``skip``): ``--field-name``, or ``--<flags[field]>``
+    where the flag differs; tuples take comma-separated lists; the help is the field's, with its default."""
+    hints = typing.get_type_hints(config)
+    options = {}
+    for field in dataclasses.fields(config):
+        if field.name in skip:
+            continue
+        name = (flags or {}).get(field.name, field.name)
+        kind, items = _option_kind(hints[field.name])
+        declaration = Opt(f"--{name.replace('_', '-')}", help=field.metadata.get("help", ""))
+        options[name] = Option(Annotated[kind, declaration], _shown_default(field.default), items,
+                               field.name if name != field.name else None)
+    return options
+
+
+def _option_kind(hint: Any) -> tuple[Any, Callable[[str], Any] | None]:
+    """(option type, list item parser): a tuple field is a comma-separated string; None always means 'not given'."""
+    if typing.get_origin(hint) is tuple:
+        item = typing.get_args(hint)[0]
+        return str | None, (str.strip if item is str else item)
+    scalar = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
+    kind = scalar[0] if scalar[0] in (int, float, str) else str  # Literal modes are strings on the command line
+    return kind | None, None
+
+
+def _shown_default(value: Any) -> Any:
+    """The default as ``--help`` shows it (lists comma-separated); None where the help says what None means."""
+    if isinstance(value, tuple):
+        return ",".join(f"{item:g}" if isinstance(item, float) else str(item) for item in value) or None
+    return None if value == "" else value
+
+
+def _given(context: typer.Context | None, name: str, value: Any, option: Option) -> bool:
+    """Whether the user gave ``--name`` (on the command line or in the environment), not Typer its default."""
+    if context is None:  # called as a plain function
+        return value != option.default
+    source = context.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def with_options(*groups: Mapping[str, Option]) -> Callable[[Callable], Callable]:
+    """Add the options of ``groups`` (e.g. ``config_options(NiahConfig)``) to a command. Its own parameters without
+    a default come first, the generated ones next, its other ones last; the command receives the generated ones,
+    parsed, through ``**settings``."""
     options: dict[str, Option] = {}
-    for group in (*groups, extra):
+    for group in groups:
         options.update(group)
-    options = {name: o for name, o in options.items() if o is not None}
 
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command, eval_str=True)
@@ -95,15 +103,18 @@ def with_options(*groups: Mapping[str, Option], **extra: Option | None) -> Calla
 
         @functools.wraps(command)
         def run(**values: Any) -> Any:
-            settings = {}
+            context, settings = values.pop(CONTEXT, None), {}
             for name, o in options.items():
                 value = values.pop(name)
+                if not _given(context, name, value, o):
+                    value = None  # the config (or its TOML file) keeps its value
                 settings[o.field or name] = parse_list(value, o.items) if o.items is not None else value
             return command(**values, **settings)
 
         required = [p for p in own if p.default is p.empty]
+        context = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
         run.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=[*required, *generated, *(p for p in own if p.default is not p.empty)])
+            parameters=[*required, *generated, *(p for p in own if p.default is not p.empty), context])
         return run
 
     return decorate

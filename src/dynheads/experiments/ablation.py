@@ -26,7 +26,7 @@ stopped and reproduces the records it had not finished identically.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -37,18 +37,25 @@ from tqdm.auto import tqdm
 
 from dynheads.ablation import MATCHINGS, STRATEGIES, AblationResult, AblationSettings, ablated_generate, matched_count
 from dynheads.analysis.headlists import load_head_list, scored_heads
+from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, refuse_static_overlap
 from dynheads.experiments.niah import NiahConfig
+from dynheads.experiments.settings import (
+    AblationFields,
+    AblationGrid,
+    ModelSettings,
+    NiahGrid,
+    ProgressiveFields,
+    QaGrid,
+)
 from dynheads.heads import Head, check_heads, head_key, parse_head
 from dynheads.io import atomic_path, read_json, write_text
 from dynheads.models import LoadedModel, load_model
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
-from dynheads.probe import AblationMode
 from dynheads.runs import RunDir
-from dynheads.scores import DEFAULT_REASONING_THRESHOLD
 from dynheads.seeding import derive_seed
 from dynheads.tasks.registry import NIAH, Task, task_of
 from dynheads.thresholds import ReasoningThreshold
@@ -58,42 +65,16 @@ MATCHING_RULES = {"per_step": "|D_t| of each step's clean pass of the control ru
                   "mean": "the dynamic run's mean |D_t|, rounded"}
 
 
-@dataclass(frozen=True)
-class _GridConfig:
-    """Settings shared by both experiments: the task's grid, the model and the masking mode."""
-
-    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    task: str = field(default=NIAH.name, metadata={
-        "help": "a registered task (docs/tasks.md): niah (D_t by Eq. 1), hotpotqa or multihop (Eq. 2 > threshold)"})
-    threshold: str = field(default=DEFAULT_REASONING_THRESHOLD, metadata={
-        "help": "hotpotqa: a head is dynamic above this Eq. 2 score ('0.1') or multiple of chance ('relative:3')"})
-    questions: int = field(default=45, metadata={"help": "hotpotqa: questions, spread over the grid cells"})
-    first: int = field(default=0, metadata={"help": "hotpotqa: index of the first question in the data"})
-    split: str = field(default="ablation", metadata={"help": "hotpotqa: name of the question stream (recorded)"})
-    data: str | None = field(default=None, metadata={"help": "hotpotqa: data file; None = synthetic questions"})
-    lengths: tuple[int, ...] = field(default=(500, 1000, 2000), metadata={"help": "haystack tokens"})
-    depths: tuple[float, ...] = field(default=(0.0, 0.25, 0.5, 0.75, 1.0), metadata={"help": "needle depth, 0..1"})
-    runs: int = field(default=2, metadata={"help": "samples (different needle and seed) per grid cell"})
-    seed: int = field(default=0, metadata={"help": "master seed; samples and random heads derive from it"})
-    max_new_tokens: int = field(default=48, metadata={"help": "generation budget (a UUID is ~35 tokens)"})
-    static: str | None = field(default=None, metadata={"help": "static head list (Wu et al. JSON or ranked list)"})
-    mode: AblationMode = field(default="zero", metadata={"help": "zero = remove head output; uniform = flat attention"})
-    haystack: str | None = field(default=None, metadata={"help": "folder of .txt files; None = Paul Graham essays"})
-    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
-    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
+class _GridConfig(AblationGrid):
+    """Settings shared by both experiments (``settings.AblationGrid``) and what they derive from them."""
 
     def niah_config(self) -> NiahConfig:
         """The NIAH grid whose samples are ablated (the ``analysis`` seed stream, as ``dynheads niah``)."""
-        return NiahConfig(model=self.model, lengths=self.lengths, depths=self.depths, runs=self.runs,
-                          seed=self.seed, max_new_tokens=self.max_new_tokens, haystack=self.haystack,
-                          dtype=self.dtype, device=self.device)
+        return NiahConfig(**pieces_of(self, NiahGrid, ModelSettings))
 
     def hotpot_config(self) -> HotpotConfig:
         """The HotpotQA grid whose questions are ablated (as ``dynheads hotpotqa``)."""
-        return HotpotConfig(model=self.model, data=self.data, questions=self.questions, first=self.first,
-                            split=self.split, lengths=self.lengths,
-                            depths=self.depths, seed=self.seed, max_new_tokens=self.max_new_tokens,
-                            dtype=self.dtype, device=self.device)
+        return HotpotConfig(**pieces_of(self, QaGrid, ModelSettings), split=self.split)
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -111,16 +92,7 @@ class _GridConfig:
 
 
 @dataclass(frozen=True)
-class AblationConfig(_GridConfig):
-    strategies: tuple[str, ...] = field(
-        default=("dynamic", "static", "random"),
-        metadata={"help": "dynamic, static, random, fixed; none (no masking) always runs too"})
-    heads: tuple[str, ...] = field(default=(), metadata={"help": "heads masked by 'fixed', e.g. ('12-3', '4-1')"})
-    matching: str = field(
-        default="per_step",
-        metadata={"help": "static/random head count: per_step = |D_t| of each step's clean pass of the control run; "
-                          "mean = the dynamic run's mean |D_t|, rounded (the paper's sentence)"})
-
+class AblationConfig(AblationFields, _GridConfig):
     def run_strategies(self) -> tuple[str, ...]:
         """The strategies to decode, in run order: none, dynamic (needed by static and random), the rest."""
         choices = ", ".join(s for s in STRATEGIES if s != "none")
@@ -145,13 +117,7 @@ class AblationConfig(_GridConfig):
 
 
 @dataclass(frozen=True)
-class ProgressiveConfig(_GridConfig):
-    ks: tuple[int, ...] = field(default=(0, 5, 10, 15, 20), metadata={"help": "dynamic heads masked per step"})
-    lengths: tuple[int, ...] = field(default=(1000,), metadata={"help": "haystack tokens (paper: 5000)"})
-    depths: tuple[float, ...] = field(default=(0.5,), metadata={"help": "needle depth, 0..1"})
-    runs: int = field(default=5, metadata={"help": "samples per (length, depth) cell (paper: 20)"})
-    top_static: int = field(default=20, metadata={"help": "size of the static set E_t is compared with"})
-
+class ProgressiveConfig(ProgressiveFields, _GridConfig):
     def check(self) -> None:
         super().check()
         if not self.ks or min(self.ks) < 0:

@@ -12,43 +12,17 @@ None (synthetic HotpotQA) is ``hotpotqa``, ``multihop[:options]`` the synthetic 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from dynheads.experiments.settings import HotpotConfig
 from dynheads.experiments.tracing import run_task
 from dynheads.io import read_json
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
-from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
-from dynheads.tasks.grid import TaskGrid, question_stream
-from dynheads.tasks.questions import QuestionStream, refuse_overlap
+from dynheads.tasks.grid import TaskGrid
+from dynheads.tasks.questions import refuse_overlap
 from dynheads.tasks.registry import HOTPOTQA, Task, task_of
 from dynheads.tasks.sample import Sample
-
-
-@dataclass(frozen=True)
-class HotpotConfig:
-    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    data: str | None = field(default=None, metadata={
-        "help": "HotpotQA file/folder; None = synthetic questions; multihop[:options] = the multihop task"})
-    questions: int = field(default=45, metadata={"help": "questions used: the stream's size"})
-    first: int = field(default=0, metadata={"help": "index of the stream's first question in the data"})
-    split: str = field(default="analysis", metadata={"help": "name of the question stream (recorded)"})
-    lengths: tuple[int, ...] = field(default=(250, 500, 1000), metadata={"help": "context tokens"})
-    depths: tuple[float, ...] = field(default=(0.05, 0.5, 0.95), metadata={"help": "gold paragraphs' depth, 0..1"})
-    seed: int = field(default=0, metadata={"help": "master seed (synthetic data, distractor order)"})
-    max_new_tokens: int = field(default=24, metadata={"help": "generation budget per question"})
-    chat_template_kwargs: str = field(default="", metadata={
-        "help": "JSON object of chat-template variables over the pinned ones (enable_thinking=false, "
-                "date_string='26 Jul 2024'), e.g. {\"enable_thinking\": true}"})
-    sink_size: int = field(default=SINK_SIZE, metadata={"help": "Eq. 2: first tokens excluded as attention sink"})
-    local_window: int = field(default=LOCAL_WINDOW, metadata={"help": "Eq. 2: last tokens excluded as local attention"})
-    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
-    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
-
-    def stream(self) -> QuestionStream:
-        """Questions ``first .. first + questions - 1`` of the data, named ``split``."""
-        return question_stream(self)
 
 
 def qa_task(config: HotpotConfig) -> Task:

@@ -22,7 +22,7 @@ needle) is refused; both sample sets are written into the manifest. Resumable: o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +31,11 @@ from tqdm.auto import tqdm
 
 from dynheads.analysis.headlists import load_head_list
 from dynheads.analysis.mlp_probe import TrainedProbe, load_probe
+from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
+from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import flat_index, head_key
 from dynheads.io import atomic_path, read_json, write_json, write_text
 from dynheads.kv import BUDGET_FREE, POLICIES, KVSettings, Prefill, head_count, kv_generate, num_kv_heads, prefill
@@ -45,31 +47,9 @@ from dynheads.tasks import niah
 
 
 @dataclass(frozen=True)
-class KVConfig:
-    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    policies: tuple[str, ...] = field(default=("full", "none", "static", "probe", "random", "oracle", "true"),
-                                      metadata={"help": "full, none, static, probe, random, oracle, true"})
-    budgets: tuple[float, ...] = field(default=(0.05, 0.1, 0.25, 0.5),
-                                       metadata={"help": "fractions of query heads kept in full"})
-    sink: int = field(default=4, metadata={"help": "sink tokens of streaming heads (DuoAttention: 4)"})
-    recent: int = field(default=64, metadata={"help": "recent window of streaming heads, current token included"})
-    static: str | None = field(default=None, metadata={"help": "static head list (Wu et al. JSON or ranked list)"})
-    probe: str | None = field(default=None, metadata={"help": "trained probe folder ('dynheads probe train')"})
-    probe_select: str = field(default="top", metadata={"help": "probe policy: top-k heads or those above threshold"})
-    lengths: tuple[int, ...] = field(default=(1000,), metadata={"help": "haystack tokens"})
-    depths: tuple[float, ...] = field(default=(0.0, 0.25, 0.5, 0.75, 1.0), metadata={"help": "needle depth, 0..1"})
-    runs: int = field(default=2, metadata={"help": "samples per (length, depth) cell"})
-    seed: int = field(default=0, metadata={"help": "master seed; samples and random heads derive from it"})
-    split: str = field(default="analysis", metadata={"help": "seed stream of the evaluation samples"})
-    max_new_tokens: int = field(default=40, metadata={"help": "generation budget ('The magic word is <UUID>.' ~36)"})
-    haystack: str | None = field(default=None, metadata={"help": "folder of .txt files; None = Paul Graham essays"})
-    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
-    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
-
+class KVConfig(KVFields):
     def niah_config(self) -> NiahConfig:
-        return NiahConfig(model=self.model, lengths=self.lengths, depths=self.depths, runs=self.runs, seed=self.seed,
-                          max_new_tokens=self.max_new_tokens, haystack=self.haystack, split=self.split,
-                          dtype=self.dtype, device=self.device)
+        return NiahConfig(**pieces_of(self, NiahGrid, ModelSettings), split=self.split)
 
     def jobs(self) -> list[tuple[str, float | None]]:
         """(policy, budget) pairs in run order; budget None for the budget-free policies."""

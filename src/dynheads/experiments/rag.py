@@ -7,7 +7,7 @@ retrieval made visible), retrievals per question, and visible context tokens per
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, qa_task, refuse_static_overlap
+from dynheads.experiments.settings import RagFields
 from dynheads.io import write_text
 from dynheads.models import LoadedModel, load_model
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
@@ -30,31 +31,7 @@ from dynheads.tasks.questions import refuse_overlap
 
 
 @dataclass(frozen=True)
-class RagConfig:
-    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    probe: str | None = field(default=None, metadata={"help": "trained probe folder (needed by 'dynamic')"})
-    static: str | None = field(default=None, metadata={"help": "static head list (needed by 'static')"})
-    strategies: tuple[str, ...] = field(default=STRATEGIES, metadata={"help": "strategies to compare"})
-    ks: tuple[int, ...] = field(default=(5,), metadata={"help": "heads per retrieval (paper: 5, 10, 20)"})
-    data: str | None = field(default=None, metadata={"help": "HotpotQA file; None = synthetic questions"})
-    questions: int = field(default=50, metadata={"help": "number of questions"})
-    first: int = field(default=0, metadata={"help": "index of the first question in the data (disjoint from the "
-                                                     "probe's and the static heads' questions)"})
-    split: str = field(default="rag", metadata={"help": "name of the question stream (recorded)"})
-    lengths: tuple[int, ...] = field(default=(500,), metadata={"help": "context tokens"})
-    depths: tuple[float, ...] = field(default=(0.5,), metadata={"help": "gold paragraphs' depth"})
-    seed: int = field(default=0, metadata={"help": "master seed (data, random head draws)"})
-    max_new_tokens: int = field(default=32, metadata={"help": "answer budget in tokens"})
-    draft_tokens: int = field(default=16, metadata={"help": "tokens drafted before RIND checks them"})
-    max_retrievals: int = field(default=3, metadata={"help": "retrievals per answer at most"})
-    threshold: float = field(default=TriggerConfig.threshold, metadata={"help": "RIND threshold θ"})
-    trigger_form: str = field(default="paper", metadata={"help": "'paper' (stop words) or 'dragin' (POS)"})
-    top_n: int = field(default=RetrievalConfig.top_n, metadata={"help": "top attended positions clustered"})
-    window: int = field(default=RetrievalConfig.window, metadata={"help": "window tokens per cluster"})
-    gap: int = field(default=RetrievalConfig.gap, metadata={"help": "cluster gap in tokens"})
-    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
-    device: str | None = field(default=None, metadata={"help": "cpu / cuda"})
-
+class RagConfig(RagFields):
     def settings(self) -> RagSettings:
         return RagSettings(
             max_new_tokens=self.max_new_tokens, draft_tokens=self.draft_tokens, max_retrievals=self.max_retrievals,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import time
+import tomllib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from dynheads import stages
@@ -25,6 +25,7 @@ from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
 from dynheads.experiments.niah import NiahConfig, run_niah
 from dynheads.experiments.probing import train_probe_on_run
 from dynheads.experiments.rag import RagConfig, run_rag
+from dynheads.experiments.settings import ReproduceConfig
 from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run_static, run_static_reasoning
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
@@ -32,117 +33,27 @@ from dynheads.runs import RunDir
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
 from dynheads.tasks.registry import HOTPOTQA, task_of
 
-
-@dataclass(frozen=True)
-class Preset:
-    """Sizes of every stage. ``quick`` fits a 2-core CPU in minutes; ``paper`` uses the paper's settings where it
-    states them and our choices where it does not (``PAPER_PRESET_SOURCES`` says which is which)."""
-
-    niah_lengths: tuple[int, ...]
-    niah_depths: tuple[float, ...]
-    niah_runs: int
-    static_samples: int
-    static_success_threshold: float  # Wu et al.'s ROUGE-1 filter; below 0 every test counts
-    max_new_tokens: int
-    ablation_lengths: tuple[int, ...]
-    ablation_depths: tuple[float, ...]
-    ablation_runs: int
-    progressive_ks: tuple[int, ...]
-    progressive_length: int
-    progressive_runs: int
-    cca_offsets: tuple[int, ...]
-    probe: ProbeConfig
-    hotpot_questions: int
-    hotpot_lengths: tuple[int, ...]
-    hotpot_depths: tuple[float, ...]
-    hotpot_max_new_tokens: int
-    hotpot_ablation_lengths: tuple[int, ...]
-    hotpot_ablation_depths: tuple[float, ...]
-    hotpot_ablation_questions: int
-    rag_questions: int
-    rag_ks: tuple[int, ...]
-    rag_length: int
-    hotpot_static_questions: int  # the stream static reasoning heads are scored on
-    qa_source: str | None = None  # questions of the multi-hop and RAG stages when no HotpotQA file is given
+PRESET_FOLDER = Path(__file__).resolve().parent.parent / "presets"
+SHARED_TABLES = {stages.HOTPOTQA_CCA: stages.CCA, stages.HOTPOTQA_PROBE: stages.PROBE}  # read the same table
 
 
-PRESETS = {
-    # Seconds, on any model: checks an installation end to end (the test suite uses it on a tiny model).
-    "smoke": Preset(
-        niah_lengths=(200,), niah_depths=(0.0, 1.0), niah_runs=2, static_samples=2, max_new_tokens=4,
-        static_success_threshold=-1.0,  # a random model never retrieves: let every test count
-        ablation_lengths=(200,), ablation_depths=(0.5,), ablation_runs=1, progressive_ks=(0, 2), progressive_length=200,
-        progressive_runs=1, cca_offsets=(0, 1), probe=ProbeConfig(hidden_sizes=(16,), epochs=2),
-        hotpot_questions=4, hotpot_lengths=(300,), hotpot_depths=(0.5,), hotpot_max_new_tokens=3,
-        hotpot_ablation_lengths=(300,), hotpot_ablation_depths=(0.5,), hotpot_ablation_questions=1,
-        rag_questions=1, rag_ks=(2,), rag_length=300, hotpot_static_questions=2,
-    ),
-    "quick": Preset(
-        niah_lengths=(500, 1000), niah_depths=(0.0, 0.25, 0.5, 0.75, 1.0), niah_runs=2, static_samples=10,
-        static_success_threshold=0.5, max_new_tokens=44, ablation_lengths=(500, 1000),
-        ablation_depths=(0.0, 0.5, 1.0), ablation_runs=1, progressive_ks=(0, 2, 5), progressive_length=1000,
-        progressive_runs=2, cca_offsets=tuple(range(11)),
-        probe=ProbeConfig(hidden_sizes=(512, 256), epochs=60, early_stopping=8),
-        hotpot_questions=18, hotpot_lengths=(250, 500, 1000), hotpot_depths=(0.05, 0.5, 0.95),
-        hotpot_max_new_tokens=16, hotpot_ablation_lengths=(250, 500), hotpot_ablation_depths=(0.05, 0.95),
-        hotpot_ablation_questions=6, rag_questions=6, rag_ks=(5,), rag_length=500, hotpot_static_questions=9,
-        qa_source="multihop",  # the embedded model solves it; synthetic HotpotQA is noise on it (docs/multihop.md)
-    ),
-    "paper": Preset(
-        niah_lengths=(1000, 2000, 4000, 8000), niah_depths=(0.0, 0.25, 0.5, 0.75, 1.0), niah_runs=5,
-        static_samples=100, static_success_threshold=0.5, max_new_tokens=64, ablation_lengths=(1000, 2000, 4000, 8000),
-        ablation_depths=(0.0, 0.25, 0.5, 0.75, 1.0), ablation_runs=5, progressive_ks=(0, 5, 10, 15, 20),
-        progressive_length=5000, progressive_runs=20, cca_offsets=tuple(range(11)), probe=ProbeConfig(),
-        hotpot_questions=500, hotpot_lengths=(250, 1000, 2000, 3750), hotpot_depths=(0.05, 0.25, 0.5, 0.75, 0.95),
-        hotpot_max_new_tokens=32, hotpot_ablation_lengths=(250, 1000, 2000, 3750),
-        hotpot_ablation_depths=(0.05, 0.25, 0.5, 0.75, 0.95), hotpot_ablation_questions=500,
-        rag_questions=500, rag_ks=(5, 10, 20), rag_length=2000, hotpot_static_questions=100,
-    ),
-}
+def load_preset(name: str) -> dict:
+    """``presets/<name>.toml``: one table of settings per stage (keyed like the stage's config), plus
+    ``qa_source`` (questions when no HotpotQA file is given) and, for ``paper``, ``sources``."""
+    with (PRESET_FOLDER / f"{name}.toml").open("rb") as file:
+        return tomllib.load(file)
 
 
-# Where each value of the ``paper`` preset comes from: "paper" = stated in the paper (section / appendix named),
-# "inferred" = the paper is silent and this is our choice (why given). Recorded in the manifest of a paper run.
-PAPER_PRESET_SOURCES = {
-    "niah_lengths": "inferred: the text gives no haystack lengths for the NIAH grid; 1k-8k chosen",
-    "niah_depths": "inferred: depths 0-100 % in quarters (Wu et al.'s grid style)",
-    "niah_runs": "inferred: 5 per cell, as the paper states for the ablation grid",
-    "static_samples": "inferred: the paper does not say how many NIAH tests found its static heads",
-    "static_success_threshold": "Wu et al.'s reference filter (ROUGE-1 recall > 0.5), not stated by the paper",
-    "max_new_tokens": "inferred: enough for a UUID answer (~35 tokens) with room",
-    "ablation_lengths": "inferred: same as niah_lengths",
-    "ablation_depths": "inferred: same as niah_depths",
-    "ablation_runs": "paper: 5 independent runs per grid cell (appendix, Figure 2)",
-    "progressive_ks": "paper: k at intervals of 5 up to 20 (Section 4.2.2, appendix)",
-    "progressive_length": "paper: haystack fixed at 5000 tokens (appendix, Figure 3)",
-    "progressive_runs": "paper: 20 independent runs (appendix, Figure 3)",
-    "cca_offsets": "paper: temporal offset k from 0 to 10 (appendix)",
-    "probe": "paper: [8192, 4096, 4096], dropout 0.1, Adam 3e-4, plateau patience 3, 100 epochs, batch 128, "
-             "clip 1.0, asymmetric loss, 70/20/10 split (appendix)",
-    "hotpot_questions": "inferred: 500, as for RAG",
-    "hotpot_lengths": "paper: range 250-3750 tokens (Figure 6); the points 1000 and 2000 between are ours",
-    "hotpot_depths": "paper: range 5-95 % (Figure 6); the points 25, 50, 75 % between are ours",
-    "hotpot_max_new_tokens": "inferred: short answers",
-    "hotpot_ablation_lengths": "paper range as hotpot_lengths; points ours",
-    "hotpot_ablation_depths": "paper range as hotpot_depths; points ours",
-    "hotpot_ablation_questions": "inferred: 500",
-    "rag_questions": "inferred: 500 (every EM in Table 4 is a multiple of 0.002)",
-    "rag_ks": "paper: k = 5 (Table 4) and 5, 10, 20 (Table 6)",
-    "rag_length": "inferred: the paper does not state the RAG context length",
-    "hotpot_static_questions": "inferred: the paper does not say how static reasoning heads were found; 100 "
-                               "questions on their own stream",
-    "qa_source": "inferred: None = synthetic HotpotQA questions; the paper uses the real HotpotQA files (--hotpotqa)",
-}
+# smoke: seconds, any model (the test suite's); quick: a 2-core CPU in minutes; paper: the paper's sizes (GPU)
+PRESETS = {name: load_preset(name) for name in ("smoke", "quick", "paper")}
+# Where each value of the ``paper`` preset comes from, per stage (recorded in the manifest of a paper run).
+PAPER_PRESET_SOURCES = PRESETS["paper"]["sources"]
 
 
-@dataclass(frozen=True)
-class ReproduceConfig:
-    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    preset: str = field(default="quick", metadata={"help": "smoke (seconds), quick (CPU, minutes), paper (GPU)"})
-    hotpotqa: str | None = field(default=None, metadata={
-        "help": "real HotpotQA file; None = the preset's question source (quick: multihop; else synthetic)"})
-    seed: int = field(default=0, metadata={"help": "master seed of every stage"})
-    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
+def stage_settings(preset: dict, stage: str) -> dict:
+    """The preset's table for ``stage``, its lists as tuples (configs hold tuples)."""
+    table = preset.get(SHARED_TABLES.get(stage, stage), {})
+    return {key: tuple(value) if isinstance(value, list) else value for key, value in table.items()}
 
 
 class _Stages:
@@ -176,50 +87,45 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     if config.preset not in PRESETS:
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
     preset, out = PRESETS[config.preset], Path(out)
-    lm = lm or load_model(config.model, device=config.device)
-    RunDir(out).start("reproduce", config, lm, {"preset_settings": _jsonable(preset), **(
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    stage_tables = {key: value for key, value in preset.items() if key != "sources"}
+    RunDir(out).start("reproduce", config, lm, {"preset_settings": _jsonable(stage_tables), **(
         {"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {})})
     study = _Stages(out)
-    common = dict(model=config.model, seed=config.seed, device=config.device)
-    static_file = out / stages.STATIC / "static_heads.json"
+    common = dict(model=config.model, seed=config.seed, dtype=config.dtype, device=config.device)
 
-    niah = NiahConfig(lengths=preset.niah_lengths, depths=preset.niah_depths, runs=preset.niah_runs,
-                      max_new_tokens=preset.max_new_tokens, **common)
+    def settings(stage: str, **extra) -> dict:  # what a stage's config is built from
+        return {**stage_settings(preset, stage), **common, **extra}
+
+    static_file = out / stages.STATIC / "static_heads.json"
+    niah = NiahConfig(**settings(stages.NIAH))
     study.run(stages.NIAH, lambda: run_niah(niah, out / stages.NIAH, lm=lm, progress=progress))
-    static = StaticConfig(samples=preset.static_samples, lengths=preset.niah_lengths, depths=preset.niah_depths,
-                          max_new_tokens=preset.max_new_tokens, success_threshold=preset.static_success_threshold,
-                          **common)
+    static = StaticConfig(**settings(stages.STATIC))
     study.run(stages.STATIC, lambda: run_static(static, out / stages.STATIC, lm=lm, progress=progress))
     study.run(stages.DYNAMISM, lambda: (
         dynamism_report(out / stages.NIAH, static_file, out_dir=out / stages.DYNAMISM),
         plot_heads(out / stages.NIAH, _best_samples(out / stages.NIAH, 2), out_dir=out / stages.DYNAMISM)))
-    ablation = AblationConfig(lengths=preset.ablation_lengths, depths=preset.ablation_depths,
-                              runs=preset.ablation_runs, max_new_tokens=preset.max_new_tokens,
-                              static=str(static_file), **common)
+    ablation = AblationConfig(**settings(stages.ABLATION, static=str(static_file)))
     study.run(stages.ABLATION, lambda: run_ablation(ablation, out / stages.ABLATION, lm=lm, progress=progress))
-    progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=(preset.progressive_length,), depths=(0.5,),
-                                    runs=preset.progressive_runs, max_new_tokens=preset.max_new_tokens,
-                                    static=str(static_file), **common)
+    progressive = ProgressiveConfig(**settings(stages.PROGRESSIVE, static=str(static_file)))
     study.run(stages.PROGRESSIVE, lambda: run_progressive(progressive, out / stages.PROGRESSIVE, lm=lm,
                                                           progress=progress))
     cca = CCAConfig(seed=config.seed)
-    study.run(stages.CCA, lambda: cca_report(out / stages.NIAH, preset.cca_offsets, cca, out_dir=out / stages.CCA))
-    probe_config = replace(preset.probe, seed=config.seed)
+    offsets = stage_settings(preset, stages.CCA)["offsets"]
+    study.run(stages.CCA, lambda: cca_report(out / stages.NIAH, offsets, cca, out_dir=out / stages.CCA))
+    probe_config = ProbeConfig(**stage_settings(preset, stages.PROBE), seed=config.seed)
     study.run(stages.PROBE, lambda: train_probe_on_run(
         out / stages.NIAH, probe_config, out_dir=out / stages.PROBE, device=str(lm.device), progress=progress))
 
-    qa_data = config.hotpotqa or preset.qa_source  # a HotpotQA file, when given, always wins
+    qa_data = config.hotpotqa or preset.get("qa_source")  # a HotpotQA file, when given, always wins
     qa = task_of(HOTPOTQA.name, qa_data)  # HotpotQA, or the multi-hop task standing for it
     streams = hotpot_streams(preset)  # disjoint question ranges: nothing is fitted and evaluated on one question
-    hotpot_grid = dict(lengths=preset.hotpot_lengths, depths=preset.hotpot_depths,
-                       max_new_tokens=preset.hotpot_max_new_tokens, **common)
-    reasoning = StaticReasoningConfig(data=qa_data, questions=streams["static"].count,
-                                      first=streams["static"].first, **hotpot_grid)
+    reasoning = StaticReasoningConfig(**settings(stages.HOTPOTQA_STATIC, data=qa_data, first=streams["static"].first))
     study.run(stages.HOTPOTQA_STATIC, lambda: run_static_reasoning(reasoning, out / stages.HOTPOTQA_STATIC, lm=lm,
                                                              progress=progress))
     reasoning_file = out / stages.HOTPOTQA_STATIC / "static_heads.json"
-    hotpot = HotpotConfig(data=qa_data, questions=streams["analysis"].count, first=streams["analysis"].first,
-                          split="analysis", **hotpot_grid)
+    hotpot = HotpotConfig(**settings(stages.HOTPOTQA, data=qa_data, first=streams["analysis"].first,
+                                     split="analysis"))
     study.run(stages.HOTPOTQA, lambda: run_hotpotqa(hotpot, out / stages.HOTPOTQA, lm=lm, progress=progress))
     study.run(stages.HOTPOTQA_DYNAMISM, lambda: (
         dynamism_report(out / stages.HOTPOTQA, static_file, score=qa.score_kind,
@@ -227,35 +133,31 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
         plot_heads(out / stages.HOTPOTQA, _best_samples(out / stages.HOTPOTQA, 1, metric="f1"), score=qa.score_kind,
                    out_dir=out / stages.HOTPOTQA_DYNAMISM)))
     study.run(stages.HOTPOTQA_CCA, lambda: cca_report(
-        out / stages.HOTPOTQA, preset.cca_offsets, cca, score=qa.score_kind, out_dir=out / stages.HOTPOTQA_CCA))
+        out / stages.HOTPOTQA, offsets, cca, score=qa.score_kind, out_dir=out / stages.HOTPOTQA_CCA))
     study.run(stages.HOTPOTQA_PROBE, lambda: train_probe_on_run(
         out / stages.HOTPOTQA, probe_config, score=qa.score_kind, out_dir=out / stages.HOTPOTQA_PROBE,
         device=str(lm.device), progress=progress))
-    hotpot_task = dict(task=qa.name, data=qa_data, max_new_tokens=preset.hotpot_max_new_tokens,
-                       static=str(reasoning_file), **common)
-    hotpot_ablation = AblationConfig(lengths=preset.hotpot_ablation_lengths, depths=preset.hotpot_ablation_depths,
-                                     questions=streams["ablation"].count, first=streams["ablation"].first,
-                                     split="ablation", **hotpot_task)
+    hotpot_task = dict(task=qa.name, data=qa_data, static=str(reasoning_file))
+    hotpot_ablation = AblationConfig(**settings(stages.HOTPOTQA_ABLATION, first=streams["ablation"].first,
+                                                split="ablation", **hotpot_task))
     study.run(stages.HOTPOTQA_ABLATION, lambda: run_ablation(hotpot_ablation, out / stages.HOTPOTQA_ABLATION, lm=lm,
                                                        progress=progress))
-    hotpot_progressive = ProgressiveConfig(ks=preset.progressive_ks, lengths=preset.hotpot_ablation_lengths[:1],
-                                           depths=(0.5,), questions=streams["progressive"].count,
-                                           first=streams["progressive"].first, split="progressive", **hotpot_task)
+    hotpot_progressive = ProgressiveConfig(**settings(stages.HOTPOTQA_PROGRESSIVE, first=streams["progressive"].first,
+                                                      split="progressive", **hotpot_task))
     study.run(stages.HOTPOTQA_PROGRESSIVE, lambda: run_progressive(
         hotpot_progressive, out / stages.HOTPOTQA_PROGRESSIVE, lm=lm, progress=progress))
-    rag = RagConfig(probe=str(out / stages.HOTPOTQA_PROBE), static=str(reasoning_file), ks=preset.rag_ks,
-                    data=qa_data, questions=streams["rag"].count, first=streams["rag"].first,
-                    lengths=(preset.rag_length,), **common)
+    rag = RagConfig(**settings(stages.RAG, probe=str(out / stages.HOTPOTQA_PROBE), static=str(reasoning_file),
+                               data=qa_data, first=streams["rag"].first))
     study.run(stages.RAG, lambda: run_rag(rag, out / stages.RAG, lm=lm, progress=progress))
     return out
 
 
-def hotpot_streams(preset: Preset) -> dict[str, QuestionStream]:
+def hotpot_streams(preset: dict) -> dict[str, QuestionStream]:
     """The HotpotQA question streams of a study, end to end in this order: static reasoning heads, the traced
     analysis run (dynamism, CCA, probe), ablation, progressive ablation, RAG."""
-    return disjoint_streams([("static", preset.hotpot_static_questions), ("analysis", preset.hotpot_questions),
-                             ("ablation", preset.hotpot_ablation_questions),
-                             ("progressive", preset.progressive_runs), ("rag", preset.rag_questions)])
+    order = [("static", stages.HOTPOTQA_STATIC), ("analysis", stages.HOTPOTQA), ("ablation", stages.HOTPOTQA_ABLATION),
+             ("progressive", stages.HOTPOTQA_PROGRESSIVE), ("rag", stages.RAG)]
+    return disjoint_streams([(name, preset[stage]["questions"]) for name, stage in order])
 
 
 def _best_samples(run_dir: Path, count: int, metric: str = "accuracy") -> list[str]:
@@ -265,5 +167,5 @@ def _best_samples(run_dir: Path, count: int, metric: str = "accuracy") -> list[s
     return [r["sample_id"] for r in ranked[:count]]
 
 
-def _jsonable(value) -> dict:
-    return json.loads(json.dumps(asdict(value), default=str))
+def _jsonable(value: dict) -> dict:
+    return json.loads(json.dumps(value, default=str))

@@ -18,8 +18,7 @@ written in the same three files.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -27,43 +26,20 @@ import pandas as pd
 from dynheads.analysis.headlists import save_head_scores
 from dynheads.analysis.static import NiahTest, ReasoningTest, StaticHeads, static_heads, static_reasoning_heads
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
-from dynheads.experiments.niah import NiahConfig, run_niah
+from dynheads.experiments.hotpotqa import run_hotpotqa
+from dynheads.experiments.niah import run_niah
+from dynheads.experiments.settings import STATIC_SPLIT, StaticConfig, StaticReasoningConfig
 from dynheads.heads import head_label
 from dynheads.io import atomic_path, write_json
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 
-SPLIT = "static"
+SPLIT = STATIC_SPLIT
 DISJOINT_NOTE = ("static heads are scored on the 'static' seed stream, disjoint from the 'analysis' samples that "
                  "'dynheads niah' traces and 'dynheads dynamism' measures")
-
-
-@dataclass(frozen=True)
-class StaticConfig:
-    """Settings of a static-head run; ``niah_config()`` is the NIAH grid it traces."""
-
-    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    samples: int = field(default=20, metadata={"help": "NIAH tests, rounded up to whole passes of the grid"})
-    lengths: tuple[int, ...] = field(default=(500, 1000, 2000), metadata={"help": "haystack tokens"})
-    depths: tuple[float, ...] = field(default=(0.0, 0.25, 0.5, 0.75, 1.0), metadata={"help": "needle depth, 0..1"})
-    seed: int = field(default=0, metadata={"help": "master seed; each sample's seed derives from it"})
-    max_new_tokens: int = field(default=48, metadata={"help": "generation budget (a UUID is ~35 tokens)"})
-    success_threshold: float = field(
-        default=0.5, metadata={"help": "a test counts if the ROUGE-1 recall of the answer exceeds this"})
-    haystack: str | None = field(default=None, metadata={"help": "folder of .txt files; None = Paul Graham essays"})
-    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
-    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
-
-    def niah_config(self) -> NiahConfig:
-        """The NIAH grid this config traces (``runs`` = ceil(samples / cells))."""
-        cells = len(self.lengths) * len(self.depths)
-        if self.samples < 1 or cells == 0:
-            raise DynheadsError("static heads need --samples >= 1 and at least one length and one depth")
-        return NiahConfig(model=self.model, lengths=self.lengths, depths=self.depths,
-                          runs=math.ceil(self.samples / cells), seed=self.seed, max_new_tokens=self.max_new_tokens,
-                          haystack=self.haystack, split=SPLIT, dtype=self.dtype,
-                          device=self.device)
+REASONING_NOTE = ("static reasoning heads are scored on their own HotpotQA question stream (recorded with its ids in "
+                  "manifest.json); 'dynheads ablation --task hotpotqa' and 'dynheads rag' refuse a list whose "
+                  "questions overlap theirs")
 
 
 def run_static(config: StaticConfig, out: str | Path, *, lm: LoadedModel | None = None,
@@ -104,34 +80,6 @@ def _write_ranking(path: Path, heads: StaticHeads) -> None:
 
 
 # ---- static reasoning heads (HotpotQA, Eq. 2) ----------------------------------------------------------------------
-REASONING_NOTE = ("static reasoning heads are scored on their own HotpotQA question stream (recorded with its ids in "
-                  "manifest.json); 'dynheads ablation --task hotpotqa' and 'dynheads rag' refuse a list whose "
-                  "questions overlap theirs")
-
-
-@dataclass(frozen=True)
-class StaticReasoningConfig:
-    """Settings of a static reasoning-head run: a HotpotQA stream traced with Eq. 2, averaged per head."""
-
-    model: str | None = field(default=None, metadata={"help": "hub id, folder or .gguf; None = embedded SmolLM2"})
-    data: str | None = field(default=None, metadata={"help": "HotpotQA file/folder; None = synthetic questions"})
-    questions: int = field(default=45, metadata={"help": "questions of the stream"})
-    first: int = field(default=0, metadata={"help": "index of the stream's first question in the data"})
-    lengths: tuple[int, ...] = field(default=(250, 500, 1000), metadata={"help": "context tokens"})
-    depths: tuple[float, ...] = field(default=(0.05, 0.5, 0.95), metadata={"help": "gold paragraphs' depth, 0..1"})
-    seed: int = field(default=0, metadata={"help": "master seed (synthetic data, distractor order)"})
-    max_new_tokens: int = field(default=24, metadata={"help": "generation budget per question"})
-    success_f1: float = field(default=-1.0, metadata={"help": "a question counts if its F1 exceeds this; -1 = all"})
-    dtype: str = field(default="auto", metadata={"help": "model dtype (auto keeps the checkpoint's)"})
-    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None picks cuda when available"})
-
-    def hotpot_config(self) -> HotpotConfig:
-        """The HotpotQA stream this config traces (named ``static``)."""
-        return HotpotConfig(model=self.model, data=self.data, questions=self.questions, first=self.first,
-                            split=SPLIT, lengths=self.lengths, depths=self.depths, seed=self.seed,
-                            max_new_tokens=self.max_new_tokens, dtype=self.dtype, device=self.device)
-
-
 def run_static_reasoning(config: StaticReasoningConfig, out: str | Path, *, lm: LoadedModel | None = None,
                          progress: bool = True) -> StaticHeads:
     """Trace the static HotpotQA stream into ``out`` (resumable), then write the static reasoning heads there."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import math
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
 from typing import Literal
@@ -34,6 +34,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from dynheads.config import setting
 from dynheads.errors import DynheadsError
 
 TriggerForm = Literal["paper", "dragin"]
@@ -44,25 +45,14 @@ SPACE_MARKERS = ("\u2581", "\u0120")  # '▁', 'Ġ'
 
 @dataclass(frozen=True)
 class TriggerConfig:
-    threshold: float = field(
-        default=1.4,
-        metadata={
-            "help": "θ: retrieve when a content word's score exceeds it. 1.4 is the HotpotQA value in DRAGIN's "
-            "paper (Su et al. 2024, Table 9, for its Llama2/Vicuna models); the paper we reproduce does not "
-            "state its θ. Uncalibrated here: our attention source (last-layer rows of this model) differs."
-        },
-    )
-    form: TriggerForm = field(
-        default="paper",
-        metadata={
-            "help": "'paper': content word = not a spaCy English stop word (no model needed); "
-            "'dragin': content word = POS in NOUN/ADJ/VERB/PROPN/NUM, tagged by `spacy_model`."
-        },
-    )
-    spacy_model: str = field(
-        default="en_core_web_sm",
-        metadata={"help": "spaCy pipeline used by form='dragin' for part-of-speech tags."},
-    )
+    threshold: float = setting(1.4, "θ: retrieve when a content word's score exceeds it. 1.4 is the HotpotQA value "
+                                    "in DRAGIN's paper (Su et al. 2024, Table 9, for its Llama2/Vicuna models); the "
+                                    "paper we reproduce does not state its θ. Uncalibrated here: our attention "
+                                    "source (last-layer rows of this model) differs.")
+    form: TriggerForm = setting("paper", "'paper': content word = not a spaCy English stop word (no model "
+                                         "needed); 'dragin': content word = POS in NOUN/ADJ/VERB/PROPN/NUM, tagged "
+                                         "by `spacy_model`.")
+    spacy_model: str = setting("en_core_web_sm", "spaCy pipeline used by form='dragin' for part-of-speech tags.")
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.threshold) and self.threshold >= 0):

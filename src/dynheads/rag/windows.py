@@ -17,12 +17,13 @@ Windows are ``(start, stop)`` half-open intervals of absolute positions.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from dynheads.config import setting
 from dynheads.errors import DynheadsError
 
 ClusterMethod = Literal["gap", "dbscan"]
@@ -32,38 +33,19 @@ Window = tuple[int, int]
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    top_n: int = field(
-        default=10,
-        metadata={
-            "help": "How many top-attended context positions to cluster (the paper's TopKIndices; it gives "
-            "no value, 10 is our choice: about one position per supporting sentence and a few spares)."
-        },
-    )
-    cluster: ClusterMethod = field(
-        default="gap",
-        metadata={
-            "help": "'gap': split sorted positions where neighbours are more than `gap` apart; 'dbscan': "
-            "scikit-learn DBSCAN with eps=gap, min_samples=1 (same clusters in 1-D)."
-        },
-    )
-    gap: int = field(
-        default=8,
-        metadata={"help": "Largest distance in tokens between neighbouring positions of one cluster (our choice)."},
-    )
-    representative: Representative = field(
-        default="max",
-        metadata={
-            "help": "Position a window is centred on: the cluster's highest-scoring position ('max') or its "
-            "lower median position ('median')."
-        },
-    )
-    window: int = field(
-        default=64,
-        metadata={
-            "help": "Window size in tokens around each representative, half before and half after (our "
-            "choice: a HotpotQA supporting sentence is about 30 tokens, whichever of its tokens is the peak)."
-        },
-    )
+    top_n: int = setting(10, "How many top-attended context positions to cluster (the paper's TopKIndices; it "
+                             "gives no value, 10 is our choice: about one position per supporting sentence and a "
+                             "few spares).")
+    cluster: ClusterMethod = setting("gap", "'gap': split sorted positions where neighbours are more than `gap` "
+                                            "apart; 'dbscan': scikit-learn DBSCAN with eps=gap, min_samples=1 "
+                                            "(same clusters in 1-D).")
+    gap: int = setting(8, "Largest distance in tokens between neighbouring positions of one cluster (our choice).")
+    representative: Representative = setting("max", "Position a window is centred on: the cluster's "
+                                                     "highest-scoring position ('max') or its lower median "
+                                                     "position ('median').")
+    window: int = setting(64, "Window size in tokens around each representative, half before and half after (our "
+                              "choice: a HotpotQA supporting sentence is about 30 tokens, whichever of its tokens "
+                              "is the peak).")
 
     def __post_init__(self) -> None:
         if self.top_n < 1 or self.window < 1 or self.gap < 0:

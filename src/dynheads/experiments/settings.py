@@ -1,0 +1,200 @@
+"""The settings of every model-loading command, composed from small frozen pieces declared once.
+
+Pieces: ``ModelSettings`` (model, dtype, device), ``Seeded`` (seed), ``NiahCells`` / ``NiahGrid`` (the NIAH
+lengths x depths (x runs) grid), ``QaGrid`` (a question stream over a context-length x depth grid) and
+``TracingSettings`` (chat template, Eq. 2 windows). A command's config inherits the pieces it takes and declares
+its own fields; a piece's field with another default is ``redefault(Piece, name, value)`` (same help).
+
+This module imports nothing heavy (no torch): the CLI builds its options from these fields at start-up.
+Configs whose runners need more than their fields (``AblationConfig``, ``ProgressiveConfig``, ``KVConfig``,
+``RagConfig``) subclass the ``*Fields`` classes here in their experiment module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dynheads.config import pieces_of, redefault, setting
+from dynheads.errors import DynheadsError
+from dynheads.rag.strategies import STRATEGIES
+from dynheads.rag.trigger import TriggerConfig
+from dynheads.rag.windows import RetrievalConfig
+from dynheads.tasks.questions import QuestionStream
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE
+
+STATIC_SPLIT = "static"  # the seed / question stream static heads are scored on
+
+
+# ---- pieces ----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelSettings:
+    model: str | None = setting(None, "hub id, local folder or .gguf file; None = the embedded SmolLM2")
+    dtype: str = setting("auto", "model dtype: auto (the checkpoint's), float32, bfloat16, float16")
+    device: str | None = setting(None, "cpu or cuda; None picks cuda when available")
+
+
+@dataclass(frozen=True)
+class Seeded:
+    seed: int = setting(0, "master seed; every sample (and random head draw) derives its seed from it")
+
+
+@dataclass(frozen=True)
+class NiahCells(Seeded):
+    lengths: tuple[int, ...] = setting((500, 1000, 2000), "haystack lengths in tokens, e.g. 500,1000,2000")
+    depths: tuple[float, ...] = setting((0.0, 0.25, 0.5, 0.75, 1.0), "needle depths in [0, 1], e.g. 0,0.5,1")
+    max_new_tokens: int = setting(48, "generation budget per sample (a UUID is ~35 tokens)")
+    haystack: str | None = setting(None, "folder of .txt files; None = Paul Graham essays")
+
+
+@dataclass(frozen=True)
+class NiahGrid(NiahCells):
+    runs: int = setting(1, "samples (different needle and seed) per (length, depth) cell")
+
+
+@dataclass(frozen=True)
+class QaGrid(Seeded):
+    data: str | None = setting(None, "HotpotQA JSON/JSONL file or saved dataset; None = synthetic questions; "
+                                     "multihop[:hops=2,...] = the multihop task")
+    questions: int = setting(45, "questions of the stream, spread over the grid cells")
+    first: int = setting(0, "index of the stream's first question in the data (streams must not overlap)")
+    lengths: tuple[int, ...] = setting((250, 500, 1000), "context lengths in tokens, e.g. 250,500,1000")
+    depths: tuple[float, ...] = setting((0.05, 0.5, 0.95), "gold paragraphs' depths in [0, 1], e.g. 0.05,0.5,0.95")
+    max_new_tokens: int = setting(24, "generation budget per question")
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    chat_template_kwargs: str = setting("", "JSON object of chat-template variables over the pinned ones "
+                                            "(enable_thinking false, date_string \"26 Jul 2024\"), "
+                                            "e.g. '{\"enable_thinking\": true}'")
+    sink_size: int = setting(SINK_SIZE, "Eq. 2: first tokens excluded as attention sink")
+    local_window: int = setting(LOCAL_WINDOW, "Eq. 2: last tokens excluded as local attention")
+
+
+# ---- tracing: niah, hotpotqa -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NiahConfig(TracingSettings, NiahGrid, ModelSettings):
+    distractor_depth: float | None = setting(None, "depth of a 'The secret word is <similar UUID>' distractor; "
+                                                   "None = none")
+    distractor_prefix: int = setting(8, "characters the distractor UUID shares with the needle")
+    split: str = setting("analysis", "seed stream; 'static' samples are disjoint")
+
+
+@dataclass(frozen=True)
+class HotpotConfig(TracingSettings, QaGrid, ModelSettings):
+    split: str = setting("analysis", "name of the question stream (recorded)")
+
+    def stream(self) -> QuestionStream:
+        """Questions ``first .. first + questions - 1`` of the data, named ``split``."""
+        return QuestionStream(self.split, self.first, self.questions)
+
+
+# ---- static heads: static, static-reasoning ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StaticConfig(NiahCells, ModelSettings):
+    """Settings of a static-head run; ``niah_config()`` is the NIAH grid it traces."""
+
+    samples: int = setting(20, "NIAH tests, rounded up to whole passes of the grid")
+    success_threshold: float = setting(0.5, "a test counts if the ROUGE-1 recall of the answer exceeds this")
+
+    def niah_config(self) -> NiahConfig:
+        """The NIAH grid this config traces (``runs`` = ceil(samples / cells))."""
+        cells = len(self.lengths) * len(self.depths)
+        if self.samples < 1 or cells == 0:
+            raise DynheadsError("static heads need --samples >= 1 and at least one length and one depth")
+        return NiahConfig(**pieces_of(self, NiahCells, ModelSettings), runs=math.ceil(self.samples / cells),
+                          split=STATIC_SPLIT)
+
+
+@dataclass(frozen=True)
+class StaticReasoningConfig(QaGrid, ModelSettings):
+    """Settings of a static reasoning-head run: a HotpotQA stream traced with Eq. 2, averaged per head."""
+
+    success_f1: float = setting(-1.0, "a question counts if its F1 exceeds this; -1 = all")
+
+    def hotpot_config(self) -> HotpotConfig:
+        """The HotpotQA stream this config traces (named ``static``)."""
+        return HotpotConfig(**pieces_of(self, QaGrid, ModelSettings), split=STATIC_SPLIT)
+
+
+# ---- ablation: ablate, ablate-progressive --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AblationGrid(NiahGrid, QaGrid, ModelSettings):
+    """Settings shared by both ablations: the task's grid (NIAH's lengths and depths by default; the question
+    stream for HotpotQA), the model, the static list and the masking mode."""
+
+    task: str = setting("niah", "a registered task (docs/tasks.md): niah (D_t by Eq. 1), hotpotqa or multihop "
+                                "(Eq. 2 above --threshold)")
+    threshold: str = setting(DEFAULT_REASONING_THRESHOLD, "hotpotqa: a head is dynamic above this Eq. 2 score "
+                                                          "('0.1') or multiple of chance ('relative:3')")
+    split: str = setting("ablation", "hotpotqa: name of the question stream (recorded)")
+    runs: int = redefault(NiahGrid, "runs", 2)
+    static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
+    mode: str = setting("zero", "zero (remove the head's output) or uniform (flat attention)")
+
+
+@dataclass(frozen=True)
+class AblationFields(AblationGrid):
+    strategies: tuple[str, ...] = setting(("dynamic", "static", "random"),
+                                          "dynamic,static,random,fixed; none (no masking) always runs too")
+    heads: tuple[str, ...] = setting((), "heads the fixed strategy masks at every step, e.g. 12-3,4-1")
+    matching: str = setting("per_step", "static/random head count: per_step = |D_t| of each step's clean pass of "
+                                        "the control run; mean = the dynamic run's mean |D_t|, rounded (the paper's)")
+
+
+@dataclass(frozen=True)
+class ProgressiveFields(AblationGrid):
+    ks: tuple[int, ...] = setting((0, 5, 10, 15, 20), "dynamic heads masked per step, e.g. 0,5,10,15,20")
+    lengths: tuple[int, ...] = redefault(NiahCells, "lengths", (1000,))
+    depths: tuple[float, ...] = redefault(NiahCells, "depths", (0.5,))
+    runs: int = redefault(NiahGrid, "runs", 5)
+    top_static: int = setting(20, "size of the static top set the compensation is compared with")
+
+
+# ---- kv --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KVFields(NiahGrid, ModelSettings):
+    policies: tuple[str, ...] = setting(("full", "none", "static", "probe", "random", "oracle", "true"),
+                                        "some of full,none,static,probe,random,oracle,true")
+    budgets: tuple[float, ...] = setting((0.05, 0.1, 0.25, 0.5), "fractions of query heads with full KV, "
+                                                                 "e.g. 0.05,0.1,0.25,0.5")
+    sink: int = setting(4, "sink tokens of streaming heads (DuoAttention: 4)")
+    recent: int = setting(64, "recent window of streaming heads, current token included")
+    static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
+    probe: str | None = setting(None, "trained probe folder ('dynheads probe train'), for the probe policy")
+    probe_select: str = setting("top", "probe policy: top (k heads) or threshold")
+    lengths: tuple[int, ...] = redefault(NiahCells, "lengths", (1000,))
+    runs: int = redefault(NiahGrid, "runs", 2)
+    split: str = setting("analysis", "seed stream of the evaluation samples")
+    max_new_tokens: int = redefault(NiahCells, "max_new_tokens", 40)
+
+
+# ---- rag -----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RagFields(QaGrid, ModelSettings):
+    probe: str | None = setting(None, "trained probe folder, for the 'dynamic' strategy")
+    static: str | None = setting(None, "static head list JSON, for the 'static' strategy")
+    strategies: tuple[str, ...] = setting(STRATEGIES, ",".join(STRATEGIES))
+    ks: tuple[int, ...] = setting((5,), "heads per retrieval, e.g. 5,10,20 (paper: 5, 10, 20)")
+    questions: int = redefault(QaGrid, "questions", 50)
+    split: str = setting("rag", "name of the question stream (recorded)")
+    lengths: tuple[int, ...] = redefault(QaGrid, "lengths", (500,))
+    depths: tuple[float, ...] = redefault(QaGrid, "depths", (0.5,))
+    max_new_tokens: int = redefault(QaGrid, "max_new_tokens", 32)
+    draft_tokens: int = setting(16, "tokens drafted before RIND checks them")
+    max_retrievals: int = setting(3, "retrievals per answer at most")
+    threshold: float = setting(TriggerConfig.threshold, "RIND threshold θ")
+    trigger_form: str = setting("paper", "'paper' (stop words) or 'dragin' (POS)")
+    top_n: int = setting(RetrievalConfig.top_n, "top attended context positions that are clustered")
+    window: int = setting(RetrievalConfig.window, "tokens shown around each cluster")
+    gap: int = setting(RetrievalConfig.gap, "cluster gap in tokens")
+
+
+# ---- reproduce -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReproduceConfig(Seeded, ModelSettings):
+    preset: str = setting("quick", "smoke (seconds, any model), quick (2-core CPU, minutes), paper (the paper's "
+                                   "sizes, GPU)")
+    hotpotqa: str | None = setting(None, "real HotpotQA file; None = the preset's question source (quick: "
+                                         "multihop; else synthetic)")

@@ -1,0 +1,80 @@
+"""``--help`` of every model-loading command: generated from its config, so it lists --model/--dtype/--device and
+shows the config's real defaults (not None), comma-separated for lists."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from dynheads.cli.app import app, register_commands
+from dynheads.experiments import settings
+
+register_commands()
+# command -> the config its options are generated from
+COMMAND_CONFIGS = {"niah": settings.NiahConfig, "hotpotqa": settings.HotpotConfig, "rag": settings.RagFields,
+                   "static": settings.StaticConfig, "static-reasoning": settings.StaticReasoningConfig,
+                   "ablate": settings.AblationFields, "ablate-progressive": settings.ProgressiveFields,
+                   "kv": settings.KVFields, "kv-export": settings.ModelSettings, "reproduce": settings.ReproduceConfig}
+FLAGS = {("rag", "ks"): "--k"}  # rag's flag for its ks field, as before
+
+
+def _help(name: str) -> str:
+    result = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.parametrize("name", sorted(COMMAND_CONFIGS))
+def test_help_lists_model_dtype_device_with_the_dtype_default(name):
+    text = _help(name)
+    for flag in ("--model", "--dtype", "--device"):
+        assert flag in text, flag
+    dtype_line = next(line for line in text.splitlines() if "--dtype" in line)
+    assert "[default: auto]" in dtype_line
+
+
+@pytest.mark.parametrize("name", sorted(COMMAND_CONFIGS))
+def test_help_shows_each_fields_real_default(name):
+    config = COMMAND_CONFIGS[name]
+    params = {opt: param for param in typer.main.get_command(app).commands[name].params for opt in param.opts}
+    lines = _help(name).splitlines()
+    for field in dataclasses.fields(config):
+        flag = FLAGS.get((name, field.name), "--" + field.name.replace("_", "-"))
+        assert flag in params, flag
+        assert params[flag].help == field.metadata["help"]  # the help is the field's, written once
+        if field.default in (None, "", ()):
+            continue  # the help says what None means
+        shown = (",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in field.default)
+                 if isinstance(field.default, tuple) else str(field.default))
+        line = next(line for line in lines if f"{flag} " in line)
+        assert f"[default: {shown}]" in line, (flag, line)
+
+
+def test_the_progressive_lengths_default_is_its_own_not_the_grid_piece_s():
+    line = next(line for line in _help("ablate-progressive").splitlines() if "--lengths " in line)
+    assert "[default: 1000]" in line
+
+
+def test_a_default_shown_in_help_does_not_override_the_config_file(monkeypatch, tmp_path):
+    """Options the user did not give keep the TOML file's values; given ones override them."""
+    import dynheads.experiments.rag as rag
+
+    seen = []
+
+    def fake_run_rag(config, out):
+        seen.append(config)
+        (tmp_path / "rag.md").write_text("table\n")
+        return type("Run", (), {"path": tmp_path})()
+
+    monkeypatch.setattr(rag, "run_rag", fake_run_rag)
+    toml = tmp_path / "rag.toml"
+    toml.write_text('questions = 7\nlengths = [300]\ndtype = "float32"\n')
+    for extra in ([], ["--questions", "9", "--dtype", "auto"]):
+        result = CliRunner().invoke(app, ["rag", "--out", str(tmp_path), "--config", str(toml), *extra])
+        assert result.exit_code == 0, result.output
+    from_file, overridden = seen
+    assert (from_file.questions, from_file.lengths, from_file.dtype) == (7, (300,), "float32")
+    assert (overridden.questions, overridden.lengths, overridden.dtype) == (9, (300,), "auto")
