@@ -219,3 +219,17 @@ def test_unknown_matching_is_refused(tiny_model_dir, tiny_lm, tmp_path):
     with pytest.raises(DynheadsError, match="unknown matching 'median'"):
         run_ablation(grid_config(tiny_model_dir, None, matching="median"), tmp_path / "m", lm=tiny_lm, progress=False)
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("matching", ["per_step", "mean"])
+def test_batched_grid_writes_the_records_of_batch_one(tiny_model_dir, tiny_lm, tmp_path, fake_dynamic_sets, matching):
+    """--batch-size decodes (sample, strategy) records together; the records are those of the reference path."""
+    config = grid_config(tiny_model_dir, ranked_file(tmp_path, 3, 4), matching=matching, depths=(0.0, 0.5, 1.0))
+    one = run_ablation(config, tmp_path / "one", lm=tiny_lm, progress=False)
+    three = run_ablation(config, tmp_path / "three", lm=tiny_lm, progress=False, batch_size=3)
+    assert len(one.records()) == 3 * len(STRATEGIES) and one.records() == three.records()
+    assert any(sum(r["masked_counts"]) for r in one.records())
+    progressive = ProgressiveConfig(model=str(tiny_model_dir), ks=(0, 1, 2), lengths=(200,), depths=(0.5,), runs=2,
+                                    max_new_tokens=3, static=ranked_file(tmp_path, 3, 4), top_static=5)
+    assert (run_progressive(progressive, tmp_path / "p1", lm=tiny_lm, progress=False).records()
+            == run_progressive(progressive, tmp_path / "p4", lm=tiny_lm, progress=False, batch_size=4).records())

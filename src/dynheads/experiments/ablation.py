@@ -35,7 +35,14 @@ import pandas as pd
 from pandas.api.types import is_float_dtype
 from tqdm.auto import tqdm
 
-from dynheads.ablation import MATCHINGS, STRATEGIES, AblationResult, AblationSettings, ablated_generate, matched_count
+from dynheads.ablation import (
+    MATCHINGS,
+    STRATEGIES,
+    AblationResult,
+    AblationSettings,
+    ablated_generate_batch,
+    matched_count,
+)
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
@@ -130,8 +137,13 @@ class ProgressiveConfig(ProgressiveFields, _GridConfig):
 
 # ---- the grid (Figure 2) -------------------------------------------------------------------------------------------
 def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | None = None,
-                 progress: bool = True, on_record: Callable[[dict], None] | None = None) -> RunDir:
-    """Decode every grid sample with every strategy into ``out`` (resumable); write cells.csv, summary.md, plots."""
+                 progress: bool = True, on_record: Callable[[dict], None] | None = None,
+                 batch_size: int = 1) -> RunDir:
+    """Decode every grid sample with every strategy into ``out`` (resumable); write cells.csv, summary.md, plots.
+
+    ``batch_size`` (sample, strategy) records are decoded together (``ablated_generate_batch``; 1 = the
+    reference path, results equal up to fp32 rounding).
+    """
     config.check()
     strategies = config.run_strategies()
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
@@ -140,32 +152,31 @@ def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | N
     check_heads(list(fixed), lm.num_layers, lm.num_heads, source="--heads")
     run, samples = _start(config, "ablation", lm, out,
                           {"strategies_run": list(strategies), "static_top": [head_key(h) for h in static[:20]]})
-    jobs = _Jobs(run, len(samples) * len(strategies), "ablate", progress, on_record)
-    for sample in samples:
-        count = None  # matching="mean": heads per step for static / random, from this sample's dynamic run
-        for strategy in strategies:
-            mean_count = config.matching == "mean" and strategy in ("static", "random")
-            settings = AblationSettings(strategy=strategy, mode=config.mode, static_ranking=static, fixed_heads=fixed,
-                                        matching=config.matching, count=count if mean_count else None,
-                                        seed=derive_seed(config.seed, "random-heads", sample.seed),
-                                        score=config.task_entry().score_kind, threshold=config.threshold)
-            record = jobs.get(f"{sample.sample_id}-{strategy}",
-                              partial(_ablation_record, lm, sample, settings, config))
-            if strategy == "dynamic":
-                count = record["matched_count"]
+    jobs = _Jobs(run, lm, config, len(samples) * len(strategies), "ablate", progress, on_record, batch_size)
+    counts: dict[str, int | None] = {}  # matching="mean": per sample, heads per step from its dynamic run
+    for strategy in strategies:  # dynamic runs before static and random, which may need its count
+        mean_count = config.matching == "mean" and strategy in ("static", "random")
+        records = jobs.records_of([(f"{sample.sample_id}-{strategy}", sample, AblationSettings(
+            strategy=strategy, mode=config.mode, static_ranking=static, fixed_heads=fixed, matching=config.matching,
+            count=counts[sample.sample_id] if mean_count else None,
+            seed=derive_seed(config.seed, "random-heads", sample.seed),
+            score=config.task_entry().score_kind, threshold=config.threshold)) for sample in samples],
+            _ablation_record)
+        if strategy == "dynamic":
+            counts = {sample.sample_id: record["matched_count"] for sample, record in zip(samples, records,
+                                                                                          strict=True)}
     jobs.close()
     write_cells(run)
     return run
 
 
-def _ablation_record(lm: LoadedModel, sample, settings: AblationSettings, config: _GridConfig) -> dict:
+def _ablation_record(sample, settings: AblationSettings, result: AblationResult, task: Task) -> dict:
     """One (sample, strategy) record. ``matched_count``: under mean matching the static/random count (in the
     dynamic record: the value its siblings use); None under per-step matching, where ``masked_counts`` says it."""
-    result = ablated_generate(lm, sample, settings, config.max_new_tokens)
     count = None
     if settings.matching == "mean":
         count = matched_count(result.dynamic_counts) if settings.strategy == "dynamic" else settings.count
-    return {**_result_record(sample, result, config.task_entry()), "strategy": settings.strategy,
+    return {**_result_record(sample, result, task), "strategy": settings.strategy,
             "matching": settings.matching, "matched_count": count}
 
 
@@ -235,31 +246,31 @@ def _skip_line(manifest: dict) -> str:
 
 # ---- progressive ablation (Figure 3) -------------------------------------------------------------------------------
 def run_progressive(config: ProgressiveConfig, out: str | Path, *, lm: LoadedModel | None = None,
-                    progress: bool = True, on_record: Callable[[dict], None] | None = None) -> RunDir:
-    """Mask the first k dynamic heads of every step, for every k and sample; write progressive.csv and the plot."""
+                    progress: bool = True, on_record: Callable[[dict], None] | None = None,
+                    batch_size: int = 1) -> RunDir:
+    """Mask the first k dynamic heads of every step, for every k and sample; write progressive.csv and the plot.
+    ``batch_size``: (sample, k) records decoded together, as in ``run_ablation``."""
     config.check()
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     top = tuple(_static_ranking(config.static, lm)[: config.top_static])
     ks = tuple(sorted(set(config.ks)))
     run, samples = _start(config, "ablation-progressive", lm, out, {"static_top": [head_key(h) for h in top]})
-    jobs = _Jobs(run, len(samples) * len(ks), "progressive", progress, on_record)
-    for sample in samples:
-        for k in ks:
-            settings = AblationSettings(strategy="dynamic", mode=config.mode, max_dynamic=k,
-                                        score=config.task_entry().score_kind, threshold=config.threshold)
-            jobs.get(f"{sample.sample_id}-k{k}",
-                     partial(_progressive_record, lm, sample, settings, top, config))
+    jobs = _Jobs(run, lm, config, len(samples) * len(ks), "progressive", progress, on_record, batch_size)
+    jobs.records_of([(f"{sample.sample_id}-k{k}", sample,
+               AblationSettings(strategy="dynamic", mode=config.mode, max_dynamic=k,
+                                score=config.task_entry().score_kind, threshold=config.threshold))
+              for sample in samples for k in ks],
+             partial(_progressive_record, top=top))
     jobs.close()
     write_progressive(run)
     return run
 
 
-def _progressive_record(lm: LoadedModel, sample, settings: AblationSettings, top: tuple[Head, ...],
-                        config: _GridConfig) -> dict:
-    result = ablated_generate(lm, sample, settings, config.max_new_tokens)
+def _progressive_record(sample, settings: AblationSettings, result: AblationResult, task: Task, *,
+                        top: tuple[Head, ...]) -> dict:
     counts = [len(compensated) for compensated in result.compensated]
     overlap = [len(set(compensated) & set(top)) for compensated in result.compensated]
-    return {**_result_record(sample, result, config.task_entry()), "k": settings.max_dynamic,
+    return {**_result_record(sample, result, task), "k": settings.max_dynamic,
             "compensated_counts": counts, "max_compensated": max(counts, default=0), "static_overlap": overlap,
             "max_static_overlap": max(overlap, default=0)}
 
@@ -292,24 +303,37 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
 
 # ---- shared ----------------------------------------------------------------------------------------------------------
 class _Jobs:
-    """Records of one run: read back when finished earlier, otherwise computed, saved and counted on the bar."""
+    """Records of one run: read back when finished earlier, otherwise decoded ``batch_size`` at a time, saved and
+    counted on the bar."""
 
-    def __init__(self, run: RunDir, total: int, desc: str, progress: bool,
-                 on_record: Callable[[dict], None] | None) -> None:
-        self.run, self.on_record = run, on_record
+    def __init__(self, run: RunDir, lm: LoadedModel, config: _GridConfig, total: int, desc: str, progress: bool,
+                 on_record: Callable[[dict], None] | None, batch_size: int) -> None:
+        if batch_size < 1:
+            raise DynheadsError("batch size must be at least 1")
+        self.run, self.lm, self.config, self.on_record, self.batch_size = run, lm, config, on_record, batch_size
         done = len(run.records())
         self.bar = tqdm(total=total, initial=done, desc=desc, unit="record", disable=not progress)
 
-    def get(self, record_id: str, compute: Callable[[], dict]) -> dict:
-        if self.run.is_done(record_id):
-            return read_json(self.run.record_path(record_id))
-        record = compute()
-        record["sample_id"] = record_id  # one record per (sample, strategy or k); grid_sample_id names the sample
-        self.run.save_sample(record)
-        if self.on_record:
-            self.on_record(record)
-        self.bar.update()
-        return record
+    def records_of(self, jobs: list[tuple[str, object, AblationSettings]],
+                   to_record: Callable[[object, AblationSettings, AblationResult, Task], dict]) -> list[dict]:
+        """The records of ``jobs`` (record id, sample, settings), in their order; the unfinished ones are decoded
+        and saved as ``to_record(sample, settings, result, task)``."""
+        records = {rid: read_json(self.run.record_path(rid)) for rid, _, _ in jobs if self.run.is_done(rid)}
+        todo = [job for job in jobs if job[0] not in records]
+        task = self.config.task_entry()
+        for start in range(0, len(todo), self.batch_size):
+            batch = todo[start : start + self.batch_size]
+            results = ablated_generate_batch(self.lm, [sample for _, sample, _ in batch],
+                                             [settings for _, _, settings in batch], self.config.max_new_tokens)
+            for (record_id, sample, settings), result in zip(batch, results, strict=True):
+                record = to_record(sample, settings, result, task)
+                record["sample_id"] = record_id  # one record per (sample, strategy or k); grid_sample_id: the sample
+                self.run.save_sample(record)
+                if self.on_record:
+                    self.on_record(record)
+                self.bar.update()
+                records[record_id] = record
+        return [records[record_id] for record_id, _, _ in jobs]
 
     def close(self) -> None:
         self.bar.close()
