@@ -21,11 +21,12 @@ PACKAGE = Path(dynheads.__file__).parent
 # the other). A module's room is that of the longest prefix listed (``dynheads.tasks`` covers ``...tasks.niah``).
 FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     # Plain helpers any code may need: errors, files, head names, config parsing, score thresholds, seeds, the
-    # worker layout, the stage names, the paper's published numbers (data, no code of ours), and the lazy
-    # re-export helper of the public packages (it imports nothing of ours until a name is used).
+    # worker layout, the stage names, the paper's published numbers (data, no code of ours), the lazy
+    # re-export helper of the public packages (it imports nothing of ours until a name is used), and the tables
+    # and stage summaries as data with their one renderer (analyses and stages write them, the report reads them).
     ("foundation", [("dynheads.errors", "dynheads.io", "dynheads.heads", "dynheads.config", "dynheads.thresholds",
                      "dynheads.distributed", "dynheads.seeding", "dynheads.stages", "dynheads.paper",
-                     "dynheads.lazy")]),
+                     "dynheads.lazy", "dynheads.tables")]),
     # Loading a model and the trace file format: what everything that runs or reads a generation shares.
     ("model and trace formats", [("dynheads.models",), ("dynheads.traces",)]),
     # Data and numbers without a forward pass: prompts and samples of each task (a tokenizer at most), and the
