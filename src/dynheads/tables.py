@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,13 +52,13 @@ class Table:
 
     def text(self, column: int, cell: Cell) -> str:
         """The cell as shown: formatted, before any escaping."""
-        if cell is None or (isinstance(cell, float) and math.isnan(cell)):
+        if cell is None or (isinstance(cell, numbers.Real) and math.isnan(cell)):
             return self.missing
         if isinstance(cell, str | bool):
             return str(cell)
         spec = self.formats.get(self.columns[column])
-        if spec is None:
-            spec = self.float_format if isinstance(cell, float) else ""
+        if spec is None:  # numpy scalars count as the ints and floats they hold
+            spec = "" if isinstance(cell, numbers.Integral) else self.float_format
         return format(cell, spec)
 
     def cells(self) -> list[list[str]]:
