@@ -104,9 +104,9 @@ def to_markdown(table: Table) -> str:
 
 
 def to_html(table: Table) -> str:
-    """An HTML ``<table>`` with a header row; every cell escaped."""
+    """An HTML ``<table>`` with a header row; every cell escaped (as element text: quotes stay as they are)."""
     def row(cells: Sequence[str], tag: str) -> str:
-        return "<tr>" + "".join(f"<{tag}>{html.escape(cell)}</{tag}>" for cell in cells) + "</tr>"
+        return "<tr>" + "".join(f"<{tag}>{html.escape(cell, quote=False)}</{tag}>" for cell in cells) + "</tr>"
 
     return "<table>" + row(table.columns, "th") + "".join(row(cells, "td") for cells in table.cells()) + "</table>"
 
