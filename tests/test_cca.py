@@ -19,6 +19,7 @@ from dynheads.analysis.cca import (
 from dynheads.errors import DynheadsError
 from dynheads.paper import PAPER_TOP1
 from dynheads.plots.cca import plot_cca
+from dynheads.tables import read_summaries
 
 RHOS = (0.9, 0.6, 0.3)
 
@@ -137,4 +138,5 @@ def test_reports_and_plot_are_written(tmp_path):
     assert len(markdown.strip().splitlines()) == 2 + 9
     png = plot_cca(table, tmp_path / "cca.png", title="planted", paper=PAPER_TOP1["llama3.1-8b"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cca.csv", "cca.json", "cca.md", "cca.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cca.csv", "cca.json", "cca.md", "cca.png", "summary.json"]
+    assert read_summaries(tmp_path)["cca.md"].to_markdown() == markdown  # the same results, as data

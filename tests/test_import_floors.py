@@ -22,11 +22,13 @@ PACKAGE = Path(dynheads.__file__).parent
 FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     # Plain helpers any code may need: errors, files, head names, config parsing, score thresholds, seeds, the
     # worker layout, the stage names, the paper's published numbers (data, no code of ours), the lazy
-    # re-export helper of the public packages (it imports nothing of ours until a name is used), and the score
-    # vocabulary (Eq. 1, Eq. 2, D_t and their defaults: arithmetic on arrays, read by every floor above).
+    # re-export helper of the public packages (it imports nothing of ours until a name is used), the score
+    # vocabulary (Eq. 1, Eq. 2, D_t and their defaults: arithmetic on arrays, read by every floor above), and the
+    # tables and stage summaries as data with their one renderer (analyses and stages write them, the report reads
+    # them).
     ("foundation", [("dynheads.errors", "dynheads.io", "dynheads.heads", "dynheads.config", "dynheads.thresholds",
                      "dynheads.distributed", "dynheads.seeding", "dynheads.stages", "dynheads.paper",
-                     "dynheads.lazy", "dynheads.scores")]),
+                     "dynheads.lazy", "dynheads.scores", "dynheads.tables")]),
     # Loading a model and the trace file format: what everything that runs or reads a generation shares.
     ("model and trace formats", [("dynheads.models",), ("dynheads.traces",)]),
     # Data and numbers without a forward pass: prompts and samples of each task (a tokenizer at most), and the

@@ -16,8 +16,8 @@ import pytest
 from dynheads.analysis.cca import write_cca
 from dynheads.analysis.headlists import save_head_scores
 from dynheads.experiments.analyses import dynamism_report, plot_heads
-from dynheads.experiments.probing import metrics_markdown
-from dynheads.experiments.rag import rag_markdown
+from dynheads.experiments.probing import metrics_table
+from dynheads.experiments.rag import rag_summary_table
 from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_PROBE_BINARY
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
@@ -27,6 +27,7 @@ from dynheads.report import claims, write_report
 from dynheads.report.build import markdown_html
 from dynheads.report.stepview import spans, step_view
 from dynheads.runs import RunDir
+from dynheads.tables import Summary, Table, write_summary
 from dynheads.traces import Trace
 
 LAYERS, HEADS, DIM, PROMPT = 8, 8, 16, 300
@@ -100,14 +101,15 @@ def make_reproduce_dir(root: Path) -> Path:
                           for length in (500, 1000)])
     (root / "ablation").mkdir()
     cells.to_csv(root / "ablation" / "cells.csv", index=False)
-    write_text(root / "ablation" / "summary.md", "# Per-step ablation\n\n| strategy | accuracy |\n|---|---|\n"
-                                                 "| dynamic | 0.100 |\n| static | 0.800 |\n")
+    write_summary(root / "ablation", "summary.md", Summary(
+        [Table(["strategy", "accuracy"], [["dynamic", 0.1], ["static", 0.8]])], title="Per-step ablation"))
     plot_ablation_cells(cells, root / "ablation" / "plots", title="test")
     progressive = pd.DataFrame({"k": [0, 5], "samples": [2, 2], "static_overlap": [0.0, 3.0], "accuracy": [1.0, 0.2],
                                 "rouge_l": [1.0, 0.4]})
     (root / "progressive").mkdir()
     progressive.to_csv(root / "progressive" / "progressive.csv", index=False)
-    write_text(root / "progressive" / "summary.md", "# Progressive\n\n| k | accuracy |\n|---|---|\n| 0 | 1 |\n")
+    write_summary(root / "progressive", "summary.md",
+                  Summary([Table(["k", "accuracy"], [[0, 1]])], title="Progressive"))
     plot_progressive(progressive, root / "progressive" / "plots" / "progressive.png")
 
     table = pd.DataFrame([{"offset": k, "method": m, "top1": v - 0.1 * k, "top10_mean": 0.3, "top50_mean": 0.2,
@@ -118,8 +120,8 @@ def make_reproduce_dir(root: Path) -> Path:
     probe = {"probe": {"f1": 0.6, "precision": 0.6, "recall": 0.6, "auprc": 0.7, "positive_rate": 0.3},
              "baseline": {"f1": 0.4, "precision": 0.4, "recall": 0.4, "auprc": 0.35, "positive_rate": 0.3}}
     write_json(root / "probe" / "metrics.json", {"task": "binary", "score": "copy", **probe, "paper": {}})
-    write_text(root / "probe" / "metrics.md", metrics_markdown({"ours": probe["probe"], **PAPER_PROBE_BINARY},
-                                                               "binary"))
+    write_summary(root / "probe", "metrics.md", Summary([metrics_table({"ours": probe["probe"], **PAPER_PROBE_BINARY},
+                                                                       "binary")]))
     _png(root / "probe" / "history.png")
 
     rag = RunDir(root / "rag")
@@ -130,7 +132,7 @@ def make_reproduce_dir(root: Path) -> Path:
                              "metrics": {"em": f1 / 2, "f1": f1}, "retrieval_recall": 0.5, "retrievals": 1,
                              "visible_tokens": [40], "context_tokens": 500})
     rag.write_results()
-    write_text(rag.path / "rag.md", rag_markdown(rag_table(rag)))
+    write_summary(rag.path, "rag.md", Summary([rag_summary_table(rag_table(rag))]))
     return root
 
 

@@ -51,6 +51,8 @@ _EXPORTS = exports_by_name({
     "dynheads.plots.ablation": ("plot_heatmaps",),
     "dynheads.plots.cca": ("plot_cca",),
     "dynheads.report": ("write_report",),
+    # stage results as data (summary.json) and the one table renderer (markdown and HTML)
+    "dynheads.tables": ("Summary", "Table", "read_summaries", "write_summary"),
 })
 __all__ = sorted(_EXPORTS)
 

@@ -33,6 +33,7 @@ from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_TOP1
 from dynheads.scores import ScoreKind
+from dynheads.tables import Summary, Table, to_markdown, write_summary
 from dynheads.traces import Trace
 
 Sample = tuple[np.ndarray, np.ndarray]  # (hidden [step, dim], scores [step, layer*head])
@@ -259,19 +260,24 @@ def cca_offsets(samples: Sequence[Sample], offsets: Iterable[int] = range(11),
     return pd.DataFrame(rows)
 
 
-def cca_markdown(table: pd.DataFrame, paper: Mapping[int, float] | None = None) -> str:
-    """Markdown table of ``cca_offsets`` output; ``paper`` (offset -> top-1) adds a column beside in-sample."""
+def cca_table(table: pd.DataFrame, paper: Mapping[int, float] | None = None) -> Table:
+    """``cca_offsets`` output as a table; ``paper`` (offset -> top-1) adds a column beside in-sample."""
     header = ["offset", "method", "top-1", "top-10 mean", "top-50 mean", "components", "dims (hidden/scores)",
               "pairs (fit/eval)"] + (["paper top-1"] if paper else [])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows: list[list] = []
     for row in table.itertuples(index=False):
-        cells = [str(row.offset), row.method, f"{row.top1:.3f}", f"{row.top10_mean:.3f}", f"{row.top50_mean:.3f}",
+        cells = [int(row.offset), row.method, float(row.top1), float(row.top10_mean), float(row.top50_mean),
                  str(row.n_components), f"{row.hidden_dims}/{row.score_dims}", f"{row.fit_pairs}/{row.eval_pairs}"]
         if paper:
             known = row.method == "in_sample" and row.offset in paper
             cells.append(f"{paper[row.offset]:.3f}" if known else "")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return Table(header, rows, missing="nan")
+
+
+def cca_markdown(table: pd.DataFrame, paper: Mapping[int, float] | None = None) -> str:
+    """Markdown table of ``cca_offsets`` output; ``paper`` (offset -> top-1) adds a column beside in-sample."""
+    return to_markdown(cca_table(table, paper)) + "\n"
 
 
 def write_cca(table: pd.DataFrame, out_dir: str | Path, *, config: CCAConfig | None = None,
@@ -286,6 +292,6 @@ def write_cca(table: pd.DataFrame, out_dir: str | Path, *, config: CCAConfig | N
     write_text(paths["csv"], table.to_csv(index=False))
     write_json(paths["json"], {"config": asdict(config) if config else None, "model": model,
                                **dict(counts or {}), "paper_top1": paper, "rows": table.to_dict(orient="records")})
-    header = f"{empty_note(counts)}\n\n" if counts and counts.get("empty_samples_skipped") else ""
-    write_text(paths["md"], header + cca_markdown(table, paper))
+    note = [empty_note(counts)] if counts and counts.get("empty_samples_skipped") else []
+    write_summary(out_dir, paths["md"].name, Summary([*note, cca_table(table, paper)], dict(counts or {})))
     return paths

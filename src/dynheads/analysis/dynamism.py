@@ -24,6 +24,7 @@ from scipy.stats import entropy
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads, flat_index
 from dynheads.paper import ENTROPY_BASELINE
+from dynheads.tables import Table, to_markdown
 
 DEFAULT_KS = (20, 50, 100)
 
@@ -104,25 +105,29 @@ def dynamism_stats(
     )
 
 
+def table1(rows: Mapping[str, Mapping[str, float]]) -> Table:
+    """Table 1's columns; ``rows`` maps a model name to ``to_dict()`` (or a paper row)."""
+    lines = [[name, f"{_fmt(row, 'mean_size', '.2f')} ± {_fmt(row, 'std_size', '.2f')}",
+              f"{_fmt(row, 'unique_heads', '.0f')} / {_fmt(row, 'total_heads', '.0f')}",
+              _fmt(row, "jaccard_static_k20", ".4f"), _fmt(row, "adjacent_jaccard", ".4f"), _fmt(row, "entropy", ".4f")]
+             for name, row in rows.items()]
+    return Table(["Model", "Mean ± Std", "Unique / Total", "Jaccard w/ Static", "Adj. Jaccard", "Entropy"], lines)
+
+
+def table5(rows: Mapping[str, Mapping[str, float]], ks: Sequence[int] = DEFAULT_KS) -> Table:
+    """Table 5's columns: Jaccard with the static top-k for each k."""
+    return Table(["Model", *(f"Jaccard (k={k})" for k in ks)],
+                 [[name, *(_fmt(row, f"jaccard_static_k{k}", ".4f") for k in ks)] for name, row in rows.items()])
+
+
 def table1_markdown(rows: Mapping[str, Mapping[str, float]]) -> str:
     """Markdown table in Table 1's columns; ``rows`` maps a model name to ``to_dict()`` (or a paper row)."""
-    lines = ["| Model | Mean ± Std | Unique / Total | Jaccard w/ Static | Adj. Jaccard | Entropy |",
-             "|---|---|---|---|---|---|"]
-    for name, row in rows.items():
-        cells = [f"{_fmt(row, 'mean_size', '.2f')} ± {_fmt(row, 'std_size', '.2f')}",
-                 f"{_fmt(row, 'unique_heads', '.0f')} / {_fmt(row, 'total_heads', '.0f')}",
-                 _fmt(row, "jaccard_static_k20", ".4f"), _fmt(row, "adjacent_jaccard", ".4f"),
-                 _fmt(row, "entropy", ".4f")]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return to_markdown(table1(rows)) + "\n"
 
 
 def table5_markdown(rows: Mapping[str, Mapping[str, float]], ks: Sequence[int] = DEFAULT_KS) -> str:
     """Markdown table in Table 5's columns: Jaccard with the static top-k for each k."""
-    lines = ["| Model | " + " | ".join(f"Jaccard (k={k})" for k in ks) + " |", "|---" * (len(ks) + 1) + "|"]
-    for name, row in rows.items():
-        lines.append(f"| {name} | " + " | ".join(_fmt(row, f"jaccard_static_k{k}", ".4f") for k in ks) + " |")
-    return "\n".join(lines) + "\n"
+    return to_markdown(table5(rows, ks)) + "\n"
 
 
 def dynamism_csv(rows: Mapping[str, Mapping[str, float]]) -> str:

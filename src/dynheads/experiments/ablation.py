@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from pandas.api.types import is_float_dtype
 from tqdm.auto import tqdm
 
 from dynheads.ablation import (
@@ -58,12 +57,13 @@ from dynheads.experiments.settings import (
     QaGrid,
 )
 from dynheads.heads import Head, check_heads, head_key, parse_head
-from dynheads.io import atomic_path, read_json, write_text
+from dynheads.io import atomic_path, read_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
+from dynheads.tables import Summary, frame_table, write_summary
 from dynheads.tasks.registry import NIAH, Task, task_of
 from dynheads.thresholds import ReasoningThreshold
 
@@ -206,15 +206,14 @@ def write_cells(run: RunDir) -> pd.DataFrame:
                .reset_index())
     model = run.manifest()["model"]["name"]
     rule = MATCHING_RULES[matching]
-    write_text(run.path / "summary.md", (
-        f"# Per-step ablation: {model}\n\n"
-        "Means over all records of each strategy. mean |D_t| = dynamic heads of the clean pass per step; "
-        f"masked = heads removed per step (static and random, matching `{matching}`: {rule}); no head = samples "
-        "that masked no head at any step (their run is the un-ablated one).\n\n"
-        + _markdown(summary, {"strategy": "strategy", "records": "records", **metrics,
-                              "mean_dynamic": r"mean \|D_t\|", "masked_per_step": "masked",
-                              "zero_masked": "no head"})
-        + _paper_line(task) + _skip_line(run.manifest())))
+    write_summary(run.path, "summary.md", Summary(
+        ["Means over all records of each strategy. mean |D_t| = dynamic heads of the clean pass per step; "
+         f"masked = heads removed per step (static and random, matching `{matching}`: {rule}); no head = samples "
+         "that masked no head at any step (their run is the un-ablated one).",
+         frame_table(summary, {"strategy": "strategy", "records": "records", **metrics,
+                               "mean_dynamic": "mean |D_t|", "masked_per_step": "masked", "zero_masked": "no head"}),
+         *_paper_line(task), *_skip_line(run.manifest())],
+        {"matching": matching, "records": int(summary["records"].sum())}, f"Per-step ablation: {model}"))
     plot_ablation_cells(cells, run.path / "plots",
                         title=f"{model}: per-step ablation ({task.label}, {matching} matching)", metrics=metrics,
                         opacity=task.fade_sparse_cells)
@@ -235,13 +234,14 @@ def _with_skipped_cells(cells: pd.DataFrame, manifest: dict) -> pd.DataFrame:
     return full
 
 
-def _skip_line(manifest: dict) -> str:
+def _skip_line(manifest: dict) -> list[str]:
+    """The summary's line on skipped (question, cell) pairs; none when nothing was skipped."""
     skipped = manifest.get("skipped", {})
     if not skipped.get("count"):
-        return ""
+        return []
     reasons = "; ".join(f"{count} {reason}" for reason, count in skipped["by_reason"].items())
-    return (f"\nSkipped (question, cell) pairs: {skipped['count']} ({reasons}); cells without a valid sample are "
-            "blank in the heat maps, and cells.csv counts them in 'skipped'.\n")
+    return [f"Skipped (question, cell) pairs: {skipped['count']} ({reasons}); cells without a valid sample are "
+            "blank in the heat maps, and cells.csv counts them in 'skipped'."]
 
 
 # ---- progressive ablation (Figure 3) -------------------------------------------------------------------------------
@@ -288,14 +288,14 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
         table.to_csv(tmp, index=False)
     manifest = run.manifest()
     model, top = manifest["model"]["name"], len(manifest["static_top"])
-    write_text(run.path / "summary.md", (
-        f"# Progressive ablation: {model}\n\n"
-        f"Per k: the first k dynamic heads of every step masked; overlap = mean over samples of "
-        f"max_t |E_t ∩ static top-{top}|; compensated = the same with all of E_t; masked = heads removed per step "
-        "(fewer than k when D_t is smaller).\n\n"
-        + _markdown(table, {"k": "k", "samples": "samples", "static_overlap": "overlap",
-                            "compensated": "compensated", **metrics, "masked_per_step": "masked"})
-        + f"\nPaper ({PAPER_MODEL}): {PAPER_PROGRESSIVE}.\n" + _skip_line(manifest)))
+    write_summary(run.path, "summary.md", Summary(
+        [f"Per k: the first k dynamic heads of every step masked; overlap = mean over samples of "
+         f"max_t |E_t ∩ static top-{top}|; compensated = the same with all of E_t; masked = heads removed per step "
+         "(fewer than k when D_t is smaller).",
+         frame_table(table, {"k": "k", "samples": "samples", "static_overlap": "overlap",
+                             "compensated": "compensated", **metrics, "masked_per_step": "masked"}),
+         f"Paper ({PAPER_MODEL}): {PAPER_PROGRESSIVE}.", *_skip_line(manifest)],
+        {"static_top": top}, f"Progressive ablation: {model}"))
     plot_progressive(table, run.path / "plots" / "progressive.png", top_static=top,
                      title=f"{model}: progressive ablation", metrics=metrics)
     return table
@@ -360,10 +360,10 @@ def _run_task(run: RunDir) -> Task:
     return task_of(config.get("task", NIAH.name), config.get("data"))
 
 
-def _paper_line(task: Task) -> str:
+def _paper_line(task: Task) -> list[str]:
     """What the paper reports for this grid (its Figure 2 or 6), or nothing for a task the paper does not have."""
     paper = PAPER_GRID.get(task.paper_name)
-    return f"\nPaper ({PAPER_MODEL}): {paper}.\n" if paper else "\n"
+    return [f"Paper ({PAPER_MODEL}): {paper}."] if paper else []
 
 
 def _static_ranking(path: str, lm: LoadedModel) -> tuple[Head, ...]:
@@ -379,11 +379,3 @@ def _result_record(sample, result: AblationResult, task: Task) -> dict:
             "metrics": metrics, "dynamic_counts": result.dynamic_counts,
             "mean_dynamic": result.mean_dynamic, "masked_counts": masked,
             "mean_masked": float(np.mean(masked)) if masked else 0.0}
-
-
-def _markdown(frame: pd.DataFrame, columns: dict[str, str]) -> str:
-    """A markdown table of ``frame``'s ``columns`` (name -> title); floats with 3 decimals."""
-    text = {c: frame[c].map("{:.3f}".format) if is_float_dtype(frame[c]) else frame[c].astype(str) for c in columns}
-    lines = ["| " + " | ".join(columns.values()) + " |", "|---" * len(columns) + "|"]
-    lines += ["| " + " | ".join(text[c].iloc[i] for c in columns) + " |" for i in range(len(frame))]
-    return "\n".join(lines) + "\n"

@@ -21,8 +21,8 @@ from dynheads.analysis.dynamism import (
     DynamismStats,
     dynamism_csv,
     dynamism_stats,
-    table1_markdown,
-    table5_markdown,
+    table1,
+    table5,
 )
 from dynheads.analysis.headlists import load_head_list
 from dynheads.errors import DynheadsError
@@ -32,6 +32,7 @@ from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
 from dynheads.runs import RunDir
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, check_kind
+from dynheads.tables import Summary, write_summary
 from dynheads.thresholds import ReasoningThreshold
 from dynheads.traces import Trace
 
@@ -84,13 +85,14 @@ def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: Scor
     out = Path(out_dir) if out_dir else run.path
     setting = "Eq. 1 copy score" if score == "copy" else rule.describe()
     skipped = {"empty_samples_skipped": stats.empty_samples}
-    write_text(out / "dynamism.md", (
-        f"# Dynamism of {run.path}\n\nDynamic sets: {setting}; static list: {static_file}.\n"
-        + (f"{empty_note(skipped)}\n" if stats.empty_samples else "") +
-        f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
-        f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
-        f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}.\n\n"
-        f"## Table 1\n\n{table1_markdown(rows)}\n## Table 5\n\n{table5_markdown(rows, ks)}"))
+    write_summary(out, "dynamism.md", Summary(
+        [f"Dynamic sets: {setting}; static list: {static_file}.\n"
+         + (f"{empty_note(skipped)}\n" if stats.empty_samples else "") +
+         f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
+         f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
+         f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}.",
+         "## Table 1", table1(rows), "## Table 5", table5(rows, ks)],
+        {"stats": stats.to_dict(), **skipped}, f"Dynamism of {run.path}"))
     write_text(out / "dynamism.csv", dynamism_csv(rows))
     write_json(out / "dynamism.json", {"run": str(run.path), "static_file": str(static_file), "score": score,
                                        "threshold": str(rule) if score == "reasoning" else None, "ks": list(ks),

@@ -20,10 +20,11 @@ from dynheads.analysis.cca import empty_note, samples_from_traces
 from dynheads.analysis.mlp_probe import ProbeConfig, ProbeResult, split_by_sample, train_probe
 from dynheads.errors import DynheadsError
 from dynheads.experiments.analyses import check_score, load_run, model_name
-from dynheads.io import read_json, write_json, write_text
+from dynheads.io import read_json, write_json
 from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
 from dynheads.runs import RunDir
 from dynheads.scores import ScoreKind
+from dynheads.tables import Summary, Table, to_markdown, write_summary
 
 _COLUMNS = {  # task -> (metric key, column title)
     "binary": (("f1", "F1"), ("precision", "Precision"), ("recall", "Recall"), ("auprc", "AUPRC"),
@@ -51,28 +52,33 @@ def train_probe_on_run(run_dir: str | Path, config: ProbeConfig | None = None, *
             f"{model_name(run)}: frequency baseline (ours)": result.metrics["baseline"],
             **{f"{name} (paper, {'Table 2' if task == 'binary' else 'Table 3'})": row for name, row in paper.items()}}
     epochs = len(result.history)
-    summary = (f"# MLP probe on {run.path}\n\n"
-               + (f"{empty_note(counts)}\n" if counts["empty_samples_skipped"] else "") +
+    summary = ((f"{empty_note(counts)}\n" if counts["empty_samples_skipped"] else "") +
                f"{score} scores ({task}); {len(samples)} samples split by sample into "
                f"{result.metrics['split_pairs']} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
                f"{config.epochs} epochs (best {result.metrics['best_epoch']}), trained in {seconds:.0f} s on {device}."
                + (f" Decision threshold {result.metrics['threshold']:.4f} (probe), "
                   f"{result.metrics['baseline_threshold']:.4f} (baseline)." if task == "binary" else ""))
-    write_text(out / "metrics.md", f"{summary}\n\n{metrics_markdown(rows, task)}")
+    write_summary(out, "metrics.md", Summary(
+        [summary, metrics_table(rows, task)],
+        {"task": task, "probe": result.metrics["probe"], "baseline": result.metrics["baseline"]},
+        f"MLP probe on {run.path}"))
     write_json(out / "metrics.json", {"run": str(run.path), "score": score, "task": task, "epochs_run": epochs,
                                       **counts,
                                       "train_seconds": seconds, **result.metrics, "paper": paper})
     return result
 
 
-def metrics_markdown(rows: Mapping[str, Mapping[str, float]], task: str) -> str:
+def metrics_table(rows: Mapping[str, Mapping[str, float]], task: str) -> Table:
     """One row per predictor, the task's metric columns; blank where a row lacks a metric."""
     columns = _COLUMNS[task]
-    lines = ["| predictor | " + " | ".join(title for _, title in columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for name, row in rows.items():
-        cells = [f"{row[key]:.4f}" if key in row else "" for key, _ in columns]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return Table(["predictor", *(title for _, title in columns)],
+                 [[name, *(float(row[key]) if key in row else "" for key, _ in columns)] for name, row in rows.items()],
+                 float_format=".4f", missing="nan")
+
+
+def metrics_markdown(rows: Mapping[str, Mapping[str, float]], task: str) -> str:
+    """``metrics_table`` as markdown."""
+    return to_markdown(metrics_table(rows, task)) + "\n"
 
 
 QUESTIONS_FILE = "questions.json"

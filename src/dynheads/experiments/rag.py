@@ -17,7 +17,6 @@ from tqdm.auto import tqdm
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, qa_task, refuse_static_overlap
 from dynheads.experiments.settings import RagFields
-from dynheads.io import write_text
 from dynheads.models import LoadedModel, load_model
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
 from dynheads.rag.loop import RagSettings, answer_question
@@ -27,6 +26,7 @@ from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
+from dynheads.tables import Summary, Table, to_markdown, write_summary
 from dynheads.tasks.questions import refuse_overlap
 
 
@@ -93,7 +93,7 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     if ranking is not None and max(config.ks) > len(ranking):
         notes.append(f"static: only {len(ranking)} heads of {config.static} have a non-zero score, so 'static' used "
                      f"{len(ranking)} heads wherever k > {len(ranking)} (never zero-score filler)")
-    write_text(run.path / "rag.md", rag_markdown(rag_table(run)) + "".join(f"\n{n}.\n" for n in notes if n))
+    write_summary(run.path, "rag.md", Summary([rag_summary_table(rag_table(run)), *(f"{n}." for n in notes if n)]))
     return run
 
 
@@ -129,18 +129,25 @@ def _static_ranking(config: RagConfig, lm: LoadedModel, evaluated: list[str]) ->
     return ranking
 
 
-def rag_markdown(table: pd.DataFrame) -> str:
-    lines = ["| strategy | k | questions | EM | F1 | retrieval recall | retrievals / question | "
-             "visible tokens / retrieval | context tokens | paper llama3.1-8b EM / F1 (k=5) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+def rag_summary_table(table: pd.DataFrame) -> Table:
+    """``rag_table``'s rows beside the paper's llama3.1-8b EM / F1 at k = 5; "n/a" where a mean is undefined."""
+    rows = []
     for row in table.itertuples():
         paper = PAPER_TABLE4[PAPER_MODEL].get(row.strategy)
         paper_text = f"{paper[0]:.3f} / {paper[1]:.4f}" if paper and row.k in (5, "-") else ""
-        lines.append(f"| {row.strategy} | {row.k} | {row.questions} | {row.em:.3f} | {row.f1:.3f} | "
-                     f"{_fmt(row.retrieval_recall)} | {row.retrievals:.2f} | {_fmt(row.visible_tokens, 0)} | "
-                     f"{row.context_tokens:.0f} | {paper_text} |")
-    return "\n".join(lines) + "\n"
+        rows.append([row.strategy, row.k if isinstance(row.k, str) else int(row.k), int(row.questions),
+                     float(row.em), float(row.f1), _number(row.retrieval_recall), float(row.retrievals),
+                     _number(row.visible_tokens), float(row.context_tokens), paper_text])
+    return Table(["strategy", "k", "questions", "EM", "F1", "retrieval recall", "retrievals / question",
+                  "visible tokens / retrieval", "context tokens", "paper llama3.1-8b EM / F1 (k=5)"], rows,
+                 {"retrievals / question": ".2f", "visible tokens / retrieval": ".0f", "context tokens": ".0f"},
+                 missing="n/a")
 
 
-def _fmt(value: float, digits: int = 3) -> str:
-    return "n/a" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+def rag_markdown(table: pd.DataFrame) -> str:
+    """``rag_summary_table`` as markdown."""
+    return to_markdown(rag_summary_table(table)) + "\n"
+
+
+def _number(value: float | None) -> float | None:
+    return None if value is None else float(value)

@@ -1,10 +1,12 @@
 """The report of ``dynheads reproduce``: ``DIR/report.md`` and a self-contained ``DIR/report.html``.
 
-Sections follow the paper. Each shows the settings of its stage folders (their manifests and JSON files), every
-markdown table (``*.md``) and figure (``*.png``) found in them, what the paper reports, and for the three claims
-and the RAG comparison a verdict by the rules of ``dynheads.report.claims``. A stage folder that is missing says
-"stage not run"; one that cannot be read says why; neither stops the report. The HTML embeds the figures as
-base64 PNG data URIs and the per-step view's data as JSON, so it opens offline (docs/report.md).
+Sections follow the paper. Each shows the settings of its stage folders (their manifests and JSON files), the
+results each stage wrote as data (its ``summary.json``: text and tables, rendered by ``dynheads.tables``), every
+figure (``*.png``), what the paper reports, and for the three claims and the RAG comparison a verdict by the rules
+of ``dynheads.report.claims``. A stage folder that is missing says "stage not run"; one that cannot be read says
+why; neither stops the report. A study written before stages recorded summary.json is refused in one line.
+The HTML embeds the figures as base64 PNG data URIs and the per-step view's data as JSON, so it opens offline
+(docs/report.md).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
 from dynheads.runs import RunDir
+from dynheads.tables import SUMMARY_FILE, Summary, Table, read_summaries, to_html, to_markdown
 from dynheads.tasks.registry import HOTPOTQA, NIAH, Task, task_of_manifest
 
 STAGE_NOT_RUN = "stage not run"
@@ -71,7 +74,7 @@ class Cards:
     headlines: list[Headline]
 
 
-Part = str | Figure | Verdict | Cards  # markdown text, an embedded image, a claim's verdict, the verdict cards
+Part = str | Table | Figure | Verdict | Cards  # markdown text, a table, an image, a claim's verdict, the cards
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class Section:
 def write_report(out_dir: str | Path) -> tuple[Path, Path]:
     """Read the stage folders of a ``dynheads reproduce`` folder; write and return report.md and report.html."""
     root = Path(out_dir)
+    _refuse_old_study(root)
     body = build_sections(root)
     manifest = _json(root / "manifest.json") or {}
     title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
@@ -99,6 +103,15 @@ def write_report(out_dir: str | Path) -> tuple[Path, Path]:
     write_text(md_path, _markdown(title, sections, run, root))
     write_text(html_path, _html(title, sections, run, _step_data(root)))
     return md_path, html_path
+
+
+def _refuse_old_study(root: Path) -> None:
+    """A study written before stages recorded ``summary.json`` has only their markdown: say so in one line."""
+    old = [folder.name for folder in sorted(root.iterdir()) if folder.is_dir()
+           and not (folder / SUMMARY_FILE).is_file() and any(folder.rglob("*.md"))] if root.is_dir() else []
+    if old:
+        raise DynheadsError(f"{root} was written by an older dynheads: its stage folder(s) {', '.join(old)} have "
+                            f"markdown results but no {SUMMARY_FILE}; re-run those stages to rebuild the report")
 
 
 def _headline(section: Section, verdict: Verdict, root: Path) -> Headline:
@@ -173,23 +186,24 @@ def build_sections(root: Path) -> list[Section]:
 
 # ---- sections ---------------------------------------------------------------------------------------------------
 def _stage(root: Path, name: str, figure: str, notes: Iterable[str] = ()) -> list[Part]:
-    """Settings, every ``*.md`` and ``*.png`` under ``root/name``, then the paper notes its markdown lacks.
+    """Settings, the results of ``root/name/summary.json`` and every ``*.png`` under it, then the paper notes
+    its results lack.
 
-    A note is left out when the folder's markdown already contains its text after the first ": ".
+    A note is left out when the stage's results already contain its text after the first ": ".
     """
     folder = root / name
     if not folder.is_dir():
         return [f"### Stage `{name}/`", f"*`{name}/`: {STAGE_NOT_RUN}.*"]
-    texts = [(path, path.read_text(encoding="utf-8")) for path in sorted(folder.rglob("*.md"))]
+    documents = read_summaries(folder)
     figures = sorted(folder.rglob("*.png"))
     parts: list[Part] = [f"### Stage `{name}/`", _settings(folder, root)]
-    for path, text in texts:
-        parts += [f"From `{path.relative_to(root).as_posix()}`:", _demote(text)]
+    for markdown_name, summary in documents.items():
+        parts += [f"From `{(folder / markdown_name).relative_to(root).as_posix()}`:", *_demoted(summary)]
     parts += [Figure(path, f"{figure}: {path.relative_to(root).as_posix()}") for path in figures[:MAX_FIGURES]]
     if len(figures) > MAX_FIGURES:
         parts.append(f"{len(figures) - MAX_FIGURES} more figures in `{name}/` are not shown.")
-    return parts + [f"Paper: {note}" for note in notes
-                    if not any(note.split(": ", 1)[-1] in text for _, text in texts)]
+    texts = [summary.to_markdown() for summary in documents.values()]
+    return parts + [f"Paper: {note}" for note in notes if not any(note.split(": ", 1)[-1] in text for text in texts)]
 
 
 def _static(root: Path) -> list[Part]:
@@ -213,13 +227,14 @@ def _task_run(root: Path, stage: str) -> list[Part]:
         columns = [c for c in frame.columns if c.startswith("metrics.")]
         grouped = frame.groupby("context_tokens")
         means, counts = grouped[columns].mean(), grouped.size()
-        rows = [[str(i), str(counts[i]), *(f"{value:.3f}" for value in means.loc[i])] for i in means.index]
+        rows = [[str(i), int(counts[i]), *(float(value) for value in means.loc[i])] for i in means.index]
         steps = f"; {frame['steps'].mean():.1f} generated tokens per sample" if "steps" in frame else ""
-        parts.insert(2, f"{len(records)} samples{steps}. Mean metrics by context length:\n\n"
-                     + _table(["context tokens", "samples", *(c.removeprefix("metrics.") for c in columns)], rows))
+        parts[2:2] = [f"{len(records)} samples{steps}. Mean metrics by context length:",
+                      Table(["context tokens", "samples", *(c.removeprefix("metrics.") for c in columns)], rows,
+                            missing="nan")]
     skipped = (_json(root / stage / "manifest.json") or {}).get("skipped", {})
     if skipped.get("count"):  # (question, cell) pairs with no valid sample, e.g. gold paragraphs too long
-        parts.insert(3, f"Skipped (question, cell) pairs: {skipped['count']} ("
+        parts.insert(4 if records else 3, f"Skipped (question, cell) pairs: {skipped['count']} ("
                      + "; ".join(f"{n} {why}" for why, n in skipped["by_reason"].items()) + ").")
     return parts
 
@@ -301,8 +316,8 @@ def _rag(root: Path, task: str) -> list[Part]:
     table6 = [[f"k={k}", *(_em_f1(row[s]) for s in RAG_STRATEGIES if s != "none")]
               for k, row in {5: PAPER_TABLE4[PAPER_MODEL], **PAPER_TABLE6}.items()]
     return [_guard(verdict, claims.RAG, task), *_stage(root, stages.RAG, "RAG"),
-            "Paper, Table 4 (HotpotQA EM / F1, k = 5):\n\n" + _table(header, table4),
-            "Paper, Table 6 (llama3.1-8b, EM / F1 by k):\n\n" + _table(["k", *header[1:-1]], table6)]
+            "Paper, Table 4 (HotpotQA EM / F1, k = 5):", Table(header, table4),
+            "Paper, Table 6 (llama3.1-8b, EM / F1 by k):", Table(["k", *header[1:-1]], table6)]
 
 
 def _em_f1(value: tuple[float, float] | None) -> str:
@@ -354,10 +369,10 @@ def _overview(manifest: dict, timings: dict) -> list[Part]:
              for name, entry in timings.items() if isinstance(entry, dict)]
     if times:
         times.append(["total", f"{sum(float(row[1]) for row in times):.0f}", ""])
-    return ([_table(["field", "value"], rows)]
-            + (["Configuration:\n\n" + _table(["option", "value"], config)] if config else [])
+    return ([Table(["field", "value"], rows)]
+            + (["Configuration:", Table(["option", "value"], config)] if config else [])
             + (["Stages (wall time of the attempt that finished each; a stage this model could not support says "
-                "why):\n\n" + _table(["stage", "seconds", "failed because"], times)] if times else []))
+                "why):", Table(["stage", "seconds", "failed because"], times)] if times else []))
 
 
 def _summary(headlines: list[Headline], manifest: dict) -> Section:
@@ -374,7 +389,7 @@ def _settings(folder: Path, root: Path) -> str:
     """One line per JSON file of the folder: its ``config`` and the known setting keys."""
     lines = []
     for path in sorted(folder.glob("*.json")):
-        data = _json(path)
+        data = _json(path) if path.name != SUMMARY_FILE else None  # results, shown as such
         if not isinstance(data, dict):
             continue
         values = {**(data.get("config") if isinstance(data.get("config"), dict) else {}),
@@ -427,6 +442,8 @@ def _markdown(title: str, sections: list[Section], run: Section, root: Path) -> 
             return f"![{item.caption}]({item.path.relative_to(root).as_posix()})"
         if isinstance(item, Cards):
             return "\n\n".join(_card_markdown(card, root) for card in item.headlines)
+        if isinstance(item, Table):
+            return to_markdown(item)
         return f"**Verdict:** {item.sentence()}" if isinstance(item, Verdict) else item
 
     def section(s: Section) -> str:
@@ -439,7 +456,7 @@ def _markdown(title: str, sections: list[Section], run: Section, root: Path) -> 
 def _card_markdown(card: Headline, root: Path) -> str:
     figure = (f"![{card.verdict.claim}, {card.verdict.task}]({card.figure.relative_to(root).as_posix()})\n\n"
               if card.figure is not None else "")
-    rows = _table(["", "ours", "paper"], [list(row) for row in card.rows])
+    rows = to_markdown(_card_table(card))
     return f"### {card.verdict.claim}, {card.verdict.task}: {card.verdict.status}\n\n{figure}{rows}"
 
 
@@ -453,12 +470,14 @@ def _card_html(card: Headline) -> str:
         alt = html.escape(f"{verdict.claim}, {verdict.task}")
         figure = (f'<a href="#{card.anchor}"><img src="data:image/png;base64,{base64.b64encode(png).decode()}" '
                   f'alt="{alt}"></a>')
-    rows = "".join(f"<tr><td>{html.escape(what)}</td><td>{html.escape(ours)}</td><td>{html.escape(paper)}</td></tr>"
-                   for what, ours, paper in card.rows)
     return (f'<div class="card {status}" title="{html.escape(verdict.sentence())}">'
             f'<div class="card-head"><span class="badge">{html.escape(verdict.status)}</span> '
             f'<a href="#{card.anchor}">{html.escape(verdict.claim)}, {html.escape(verdict.task)}</a></div>'
-            f'{figure}<table><tr><th></th><th>ours</th><th>paper</th></tr>{rows}</table></div>')
+            f"{figure}{to_html(_card_table(card))}</div>")
+
+
+def _card_table(card: Headline) -> Table:
+    return Table(["", "ours", "paper"], [list(row) for row in card.rows])
 
 
 def _html(title: str, sections: list[Section], run: Section, step_data: dict[str, Any]) -> str:
@@ -470,6 +489,8 @@ def _html(title: str, sections: list[Section], run: Section, step_data: dict[str
                     f"<figcaption>{caption}</figcaption></figure>")
         if isinstance(item, Cards):
             return '<div class="cards">' + "".join(map(_card_html, item.headlines)) + "</div>"
+        if isinstance(item, Table):
+            return _table_html(item)
         if isinstance(item, Verdict):
             return (f'<p class="verdict {item.status.replace(" ", "-")}"><strong>Verdict:</strong> '
                     f"{html.escape(item.sentence())}</p>")
@@ -496,11 +517,16 @@ def _resource(name: str) -> str:
     return files("dynheads.report").joinpath(name).read_text(encoding="utf-8")
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+def _table_html(table: Table) -> str:
+    """A table longer than COLLAPSE_ROWS opens on a click."""
+    if len(table.rows) <= COLLAPSE_ROWS:
+        return to_html(table)
+    return f"<details><summary>Table of {len(table.rows)} rows (click to show)</summary>{to_html(table)}</details>"
 
-    return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)])
+
+def _demoted(summary: Summary) -> list[Part]:
+    """A stage's results as report parts, its headings below the report's own."""
+    return [_demote(block) if isinstance(block, str) else block for block in summary.parts()]
 
 
 def _demote(text: str, by: int = 3) -> str:
@@ -517,10 +543,9 @@ def markdown_html(text: str) -> str:
             matches = [re.match(r"(#+) (.*)", line.strip()) for line in lines]
             out += [f"<h{len(m[1])}>{_inline(m[2])}</h{len(m[1])}>" for m in matches if m]
         elif kind == "table":
-            table = _table_html([_cells(line) for line in lines])
-            rows = len(lines) - 2
-            out.append(table if rows <= COLLAPSE_ROWS else
-                       f"<details><summary>Table of {rows} rows (click to show)</summary>{table}</details>")
+            rows = [_cells(line) for line in lines]
+            has_header = len(rows) > 1 and all(re.fullmatch(r":?-+:?", cell) for cell in rows[1])
+            out.append(_table_html(Table(rows[0], rows[2:] if has_header else rows[1:])))
         elif kind == "list":
             out.append("<ul>" + "".join(f"<li>{_inline(line.lstrip()[2:])}</li>" for line in lines) + "</ul>")
         elif kind == "text":
@@ -541,14 +566,6 @@ def _cells(line: str) -> list[str]:
     row = line.strip().removeprefix("|")
     row = row[:-1] if row.endswith("|") and not row.endswith("\\|") else row
     return [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", row)]
-
-
-def _table_html(rows: list[list[str]]) -> str:
-    has_header = len(rows) > 1 and all(re.fullmatch(r":?-+:?", cell) for cell in rows[1])
-    head = "<tr>" + "".join(f"<th>{_inline(c)}</th>" for c in rows[0]) + "</tr>" if has_header else ""
-    body = rows[2:] if has_header else rows
-    return "<table>" + head + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>"
-                                      for row in body) + "</table>"
 
 
 def _inline(text: str) -> str:
