@@ -22,7 +22,8 @@ in batched matrix products and over the zero-probability pad keys: scores agree 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import inspect
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -31,10 +32,8 @@ from transformers.cache_utils import DynamicLayer
 
 from dynheads.decoding import DecodingSession, Sample, StepResult, TraceRecorder, check_fits, trace
 from dynheads.errors import DynheadsError
-from dynheads.heads import Head
 from dynheads.models import LoadedModel
-from dynheads.probe import AblationMode, AttentionProbe, attached
-from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
+from dynheads.probe import AttentionProbe, attached
 from dynheads.traces import Trace
 
 
@@ -188,32 +187,26 @@ def merge_caches(lm: LoadedModel, caches: Sequence[DynamicCache], padded: int, m
     return merged
 
 
-def trace_batch(
-    lm: LoadedModel,
-    samples: Sequence[Sample],
-    max_new_tokens: int = 32,
-    *,
-    sink_size: int = SINK_SIZE,
-    local_window: int = LOCAL_WINDOW,
-    removed_heads: Iterable[Head] = (),
-    ablation_mode: AblationMode = "zero",
-    stop_at_eos: bool = True,
-) -> list[Trace]:
-    """``trace`` for several samples at once; ``result[i]`` equals ``trace(lm, samples[i], ...)``.
+def trace_batch(lm: LoadedModel, samples: Sequence[Sample], max_new_tokens: int = 32, **settings) -> list[Trace]:
+    """``trace`` for several samples at once, with ``trace``'s keyword arguments (``sink_size``, ``local_window``,
+    ``removed_heads``, ``ablation_mode``, ``stop_at_eos``); ``result[i]`` equals ``trace(lm, samples[i], ...)``.
 
     One sample runs the batch-1 reference path unchanged.
     """
-    settings = dict(sink_size=sink_size, local_window=local_window, removed_heads=removed_heads,
-                    ablation_mode=ablation_mode, stop_at_eos=stop_at_eos)
     if len(samples) == 1:
         return [trace(lm, samples[0], max_new_tokens, **settings)]
     if max_new_tokens < 1:
         raise DynheadsError("max_new_tokens must be at least 1")
     if not samples:
         return []
+    bound = inspect.signature(trace).bind(lm, samples[0], max_new_tokens, **settings)  # trace's names and defaults
+    bound.apply_defaults()
+    sink_size, local_window, ablation_mode = (bound.arguments[name] for name in
+                                              ("sink_size", "local_window", "ablation_mode"))
+    stop_at_eos = bound.arguments["stop_at_eos"]
     for sample in samples:
         check_fits(lm, len(sample.input_ids), max_new_tokens)
-    removed_heads = list(removed_heads)
+    removed_heads = list(bound.arguments["removed_heads"])
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     sessions, results = [], []
     for sample in samples:  # prefill alone: the reference path, no pads in the prompt
