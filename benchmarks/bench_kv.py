@@ -35,8 +35,8 @@ def main() -> None:
     import torch
 
     import dynheads
+    from dynheads.analysis.head_predictor import load_head_predictor
     from dynheads.analysis.headlists import load_head_list
-    from dynheads.analysis.mlp_probe import load_probe
     from dynheads.decoding import TraceRecorder
     from dynheads.kv import KVSettings, kv_generate, prefill
     from dynheads.tasks import niah
@@ -44,7 +44,7 @@ def main() -> None:
     lm = dynheads.load_model()
     sample = niah.make_sample(lm.tokenizer, context_tokens=args.length, depth=0.5, seed=0)
     static = load_head_list(args.static, lm.num_layers, lm.num_heads).heads
-    probe = load_probe(args.probe)
+    probe = load_head_predictor(args.probe)
     shared = prefill(lm, sample, args.new_tokens)
 
     def traced() -> None:  # trace()'s decode loop, from the shared prefill

@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from dynheads.analysis.dynamism import dynamism_stats
+from dynheads.analysis.head_predictor import load_head_predictor
 from dynheads.analysis.headlists import load_head_list
-from dynheads.analysis.mlp_probe import load_probe
 from dynheads.cli.app import main
 from dynheads.experiments.analyses import dynamism_report, plot_heads
 from dynheads.experiments.static import StaticConfig, write_static
@@ -213,7 +213,7 @@ def test_probe_train(random_run, tmp_path, capsys, score, expected):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["task"] == ("binary" if score == "copy" else "continuous") and metrics["epochs_run"] == 2
     assert set(metrics["probe"]) == set(metrics["baseline"]) and "llama2-13b" in metrics["paper"]
-    probe = load_probe(tmp_path)
+    probe = load_head_predictor(tmp_path)
     assert probe.predict(np.zeros((1, 8), np.float32)).shape == (1, 6)
 
 
@@ -262,7 +262,7 @@ def test_empty_traces_are_counted_by_dynamism(run_with_empty_trace, tmp_path):
 
 def test_analysis_functions_skip_empty_samples_directly():
     from dynheads.analysis.cca import CCAConfig, cca_offsets
-    from dynheads.analysis.mlp_probe import ProbeConfig, train_probe
+    from dynheads.analysis.head_predictor import HeadPredictorConfig, train_head_predictor
 
     rng = np.random.default_rng(2)
     samples = [(rng.normal(size=(8, 5)), rng.random((8, 6))) for _ in range(5)]
@@ -270,8 +270,8 @@ def test_analysis_functions_skip_empty_samples_directly():
     samples.append((np.zeros((0, 0)), np.zeros((0, 6))))  # as an empty trace loads: hidden [0, 0]
     table = cca_offsets(samples, (0,), CCAConfig())
     assert len(table) == 3
-    result = train_probe(samples, ProbeConfig(hidden_sizes=(4,), epochs=1), task="continuous", shape=SHAPE,
-                         progress=False)
+    result = train_head_predictor(samples, HeadPredictorConfig(hidden_sizes=(4,), epochs=1), task="continuous",
+                                  shape=SHAPE, progress=False)
     assert result.metrics["probe"]["mse"] >= 0
     stats = dynamism_stats([sets({0}, {1}), np.zeros((0, *SHAPE), bool)], [(0, 1)], ks=(1,))
     assert stats.num_samples == 1 and stats.num_steps == 2

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dynheads.analysis.head_predictor import HeadPredictorConfig
 from dynheads.analysis.headlists import load_head_list, scored_heads
-from dynheads.analysis.mlp_probe import ProbeConfig
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, run_ablation
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, run_hotpotqa
@@ -77,7 +77,7 @@ def probe_dir(tiny_lm, tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("probe-run")
     config = HotpotConfig(model=str(tiny_model_dir), questions=6, lengths=(300,), depths=(0.5,), max_new_tokens=3)
     run_hotpotqa(config, root / "run", lm=tiny_lm, progress=False)
-    train_probe_on_run(root / "run", ProbeConfig(hidden_sizes=(8,), epochs=1), score="reasoning",
+    train_probe_on_run(root / "run", HeadPredictorConfig(hidden_sizes=(8,), epochs=1), score="reasoning",
                        out_dir=root / "probe", progress=False)
     return root
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from dynheads.analysis.mlp_probe import ProbeConfig, train_probe
+from dynheads.analysis.head_predictor import HeadPredictorConfig, train_head_predictor
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.models import load_model
@@ -79,8 +79,9 @@ def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir,
     static.write_text(json.dumps([[layer, head] for layer in range(3) for head in range(4)]))
     hidden = [np.random.default_rng(i).normal(size=(5, 64)).astype(np.float32) for i in range(10)]
     targets = [(h[:, :12] > 0.5).astype(np.float32) for h in hidden]
-    probe = train_probe(list(zip(hidden, targets, strict=True)), ProbeConfig(hidden_sizes=(8,), epochs=1),
-                        task="binary", shape=(3, 4), progress=False)
+    probe = train_head_predictor(list(zip(hidden, targets, strict=True)),
+                                 HeadPredictorConfig(hidden_sizes=(8,), epochs=1), task="binary", shape=(3, 4),
+                                 progress=False)
     probe.save(tmp_path / "probe")
     # a probe folder records its training questions (dynheads probe train writes it); these are not RAG's questions
     (tmp_path / "probe" / "questions.json").write_text(json.dumps({"train": ["other-1"], "validation": ["other-2"]}))

@@ -38,10 +38,9 @@ _EXPORTS = exports_by_name({
     "dynheads.analysis.dynamism": ("DynamismStats", "binarize", "dynamism_stats", "table1_markdown", "table5_markdown"),
     # CCA and the head predictor (the MLP from hidden state to head scores)
     "dynheads.analysis.cca": ("CCAConfig", "samples_from_traces", "cca_offsets", "cca_markdown", "write_cca"),
-    "dynheads.analysis.mlp_probe": ("HeadPredictorConfig=ProbeConfig", "train_head_predictor=train_probe",
-                                    "load_head_predictor=load_probe"),
+    "dynheads.analysis.head_predictor": ("HeadPredictorConfig", "train_head_predictor", "load_head_predictor"),
     # ablation, KV retention, hallucination detection
-    "dynheads.ablation": ("AblationSettings", "ablated_generate"),
+    "dynheads.ablation": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),
     "dynheads.kv": ("KVSettings", "kv_generate"),
     "dynheads.analysis.kvheads": ("kv_head_matrix", "query_head_scores", "write_duo_attention"),
     "dynheads.analysis.hallucination": ("token_features",),

@@ -9,7 +9,7 @@ Policies (budget ``b`` = a fraction of the L*H query heads, ``k = round(b * L * 
 
 - ``full``: every head keeps its KV (the unmodified model, the ceiling); ``none``: every head streams,
 - ``static``: the top-k heads of a static list, the same at every step (DuoAttention / RazorAttention / HeadKV),
-- ``probe``: the top-k heads predicted by a trained head predictor (``analysis.mlp_probe``) from the final hidden
+- ``probe``: the top-k heads predicted by a trained head predictor (``analysis.head_predictor``) from the final hidden
   state of the previous step (the last one the decoder has when step t starts); or, with ``probe_select=
   "threshold"``, the heads above its decision threshold (a variable count),
 - ``oracle``: the previous step's D_t (Eq. 1 copy heads) from a clean full-KV pass, at most k of them ordered by
@@ -30,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 
-from dynheads.analysis.mlp_probe import TrainedProbe
+from dynheads.analysis.head_predictor import TrainedHeadPredictor
 from dynheads.decoding import DecodingSession, Sample, StepResult
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
@@ -104,7 +104,7 @@ def prefill(lm: LoadedModel, sample: Sample, max_new_tokens: int) -> Prefill:
 
 
 def kv_generate(lm: LoadedModel, sample: Sample, settings: KVSettings, max_new_tokens: int = 48, *,
-                probe: TrainedProbe | None = None, record_probe: bool = False, stop_at_eos: bool = True,
+                probe: TrainedHeadPredictor | None = None, record_probe: bool = False, stop_at_eos: bool = True,
                 prefilled: Prefill | None = None) -> KVResult:
     """Greedy decoding of ``sample`` with the full-KV head set of every step chosen by ``settings.policy``.
 
@@ -156,7 +156,7 @@ def dynamic_heads(session: DecodingSession, step: StepResult, predicted: int) ->
     return ranked_heads(session.copy_scores(step.stats, predicted), step.stats.max_prob)
 
 
-def _choose(settings: KVSettings, k: int, every: list[Head], probe: TrainedProbe | None,
+def _choose(settings: KVSettings, k: int, every: list[Head], probe: TrainedHeadPredictor | None,
             previous: StepResult | None, previous_dynamic: list[Head], clean_dynamic: list[Head] | None,
             rng: np.random.Generator) -> list[Head]:
     policy = settings.policy
@@ -180,7 +180,7 @@ def _choose(settings: KVSettings, k: int, every: list[Head], probe: TrainedProbe
     return [every[int(i)] for i in np.flatnonzero(scores > probe.threshold)]
 
 
-def _validate(lm: LoadedModel, settings: KVSettings, probe: TrainedProbe | None, record_probe: bool) -> None:
+def _validate(lm: LoadedModel, settings: KVSettings, probe: TrainedHeadPredictor | None, record_probe: bool) -> None:
     if settings.policy not in POLICIES:
         raise DynheadsError(f"unknown KV policy {settings.policy!r}: use one of {', '.join(POLICIES)}")
     if not 0 < settings.budget <= 1:

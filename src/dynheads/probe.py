@@ -102,7 +102,7 @@ class ProbeSettings:
     # host the layers where some sequence removes a head (no device sync in the hot path).
     removed_rows: torch.Tensor | None = None
     removed_rows_layers: frozenset[int] = frozenset()
-    hidden: torch.Tensor | None = None  # bool over absolute positions: keys no head may see (batch size 1)
+    hidden_keys: torch.Tensor | None = None  # bool over absolute positions: keys no head may see (batch 1; RAG)
     kv_full: torch.Tensor | None = None  # bool [L, H]: full-KV heads at decode steps (None: all)
     kv_all_full: tuple[bool, ...] = ()  # per layer, on the host: no device sync in the hot path
     kv_sink: int = 4
@@ -222,13 +222,13 @@ class AttentionProbe:
     def set_hidden_keys(self, positions: Iterable[int] | None, length: int = 0) -> None:
         """Key positions that no head may attend to (None to show everything)."""
         if positions is None:
-            self._update(hidden=None)
+            self._update(hidden_keys=None)
             return
         positions = torch.as_tensor(list(positions), dtype=torch.long)
         size = max(length, int(positions.max()) + 1 if positions.numel() else 0)
         hidden = torch.zeros(size, dtype=torch.bool)
         hidden[positions] = True
-        self._update(hidden=hidden.to(self.device))
+        self._update(hidden_keys=hidden.to(self.device))
 
     def set_kv_heads(self, full_heads: Iterable[Head] | None, sink: int = 4, recent: int = 64) -> None:
         """Query heads that keep the full KV cache at decode steps; every other head streams (None: all full)."""
@@ -327,7 +327,7 @@ class AttentionProbe:
         return torch.tensor(ends, dtype=torch.long, device=device)
 
     def _hidden_keys(self, kv_len: int, offset: int) -> torch.Tensor | None:
-        hidden = self.settings.hidden
+        hidden = self.settings.hidden_keys
         if hidden is None:
             return None
         if len(self.last_positions) != 1:

@@ -107,13 +107,13 @@ def probe_train(
     seed: Annotated[int | None, Opt(help="seed of split, initialisation and batch order")] = None,
     device: Annotated[str, Opt(help="cpu or cuda")] = "cpu",
     out: Annotated[Path | None, Opt("--out", help="probe folder (default: RUN_DIR/probe)")] = None,
-    config: Annotated[Path | None, Opt("--config", help="TOML file with ProbeConfig settings")] = None,
+    config: Annotated[Path | None, Opt("--config", help="TOML file with HeadPredictorConfig settings")] = None,
 ) -> None:
     """MLP probe from the hidden state to every head's score (offset 0); saves it with metrics.md/.json."""
-    from dynheads.analysis.mlp_probe import ProbeConfig
+    from dynheads.analysis.head_predictor import HeadPredictorConfig
     from dynheads.experiments.probing import train_probe_on_run
 
-    cfg = build_config(ProbeConfig, config, hidden_sizes=parse_list(hidden_sizes, int), epochs=epochs,
+    cfg = build_config(HeadPredictorConfig, config, hidden_sizes=parse_list(hidden_sizes, int), epochs=epochs,
                        batch_size=batch_size, lr=lr, early_stopping=early_stopping, seed=seed)
     train_probe_on_run(run_dir, cfg, score=score, out_dir=out, device=device)
     typer.echo((out or run_dir / "probe").joinpath("metrics.md").read_text(encoding="utf-8"), nl=False)

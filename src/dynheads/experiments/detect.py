@@ -23,8 +23,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from dynheads.analysis import hallucination as hl
+from dynheads.analysis.head_predictor import load_head_predictor
 from dynheads.analysis.headlists import load_head_list
-from dynheads.analysis.mlp_probe import load_probe
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json, write_json, write_text
 from dynheads.plots.roc import plot_roc
@@ -119,7 +119,7 @@ class Detector:
     def features(self, trace: Trace, steps: np.ndarray) -> dict[str, np.ndarray]:
         probe_output = None
         if self.probe_dir is not None:
-            self._probe = self._probe or load_probe(self.probe_dir)
+            self._probe = self._probe or load_head_predictor(self.probe_dir)
             probe_output = self._probe.predict(trace.hidden)
         return hl.token_features(trace, steps, self.spec, probe_output)
 

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
 from dynheads.analysis.headlists import load_head_list
-from dynheads.analysis.mlp_probe import TrainedProbe, load_probe
 from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
@@ -84,7 +84,7 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     evaluation = [_identity(s.sample_id, s.seed, s.answer) for s in samples]
     static = load_head_list(config.static, lm.num_layers, lm.num_heads).heads if config.static else ()
-    probe = load_probe(config.probe) if config.probe else None
+    probe = load_head_predictor(config.probe) if config.probe else None
     fitted = {"static": _fit_samples(config.static, "static head list", evaluation) if config.static else None,
               "probe": _fit_samples(config.probe, "probe", evaluation) if config.probe else None}
     run = RunDir(out)
@@ -147,7 +147,7 @@ def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
 
 
 def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, config: KVConfig,
-            probe: TrainedProbe | None, prefilled: Prefill, record_probe: bool) -> dict:
+            probe: TrainedHeadPredictor | None, prefilled: Prefill, record_probe: bool) -> dict:
     result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe,
                          prefilled=prefilled)
     full_counts = [len(heads) for heads in result.full_heads]

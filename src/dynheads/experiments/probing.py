@@ -1,9 +1,10 @@
-"""Train the MLP probe (Claim 3, offset 0) on a run directory and report it beside the paper's Table 2 / Table 3.
+"""Train the head predictor (the paper's MLP probe; Claim 3, offset 0) on a run directory and report it beside the
+paper's Table 2 / Table 3.
 
-Writes into ``out_dir`` (default ``RUN_DIR/probe``): ``weights.pt`` and ``probe.json`` (``ProbeResult.save``,
-loadable with ``load_probe``), and ``metrics.md`` / ``metrics.json``: test metrics of the probe, of the frequency
-baseline, and the paper's values for its five models. Copy scores (Eq. 1) train a classifier, reasoning scores
-(Eq. 2) a regressor.
+Writes into ``out_dir`` (default ``RUN_DIR/probe``): ``weights.pt`` and ``probe.json``
+(``HeadPredictorResult.save``, loadable with ``load_head_predictor``), and ``metrics.md`` / ``metrics.json``: test
+metrics of the probe, of the frequency baseline, and the paper's values for its five models. Copy scores (Eq. 1)
+train a classifier, reasoning scores (Eq. 2) a regressor.
 
 ``questions.json`` records the questions behind each split of the probe (train, validation, test: source
 record ids, or sample ids for tasks without records) and the run's question stream, so that ``dynheads rag``
@@ -17,7 +18,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dynheads.analysis.cca import empty_note, samples_from_traces
-from dynheads.analysis.mlp_probe import ProbeConfig, ProbeResult, split_by_sample, train_probe
+from dynheads.analysis.head_predictor import (
+    HeadPredictorConfig,
+    HeadPredictorResult,
+    split_by_sample,
+    train_head_predictor,
+)
 from dynheads.errors import DynheadsError
 from dynheads.experiments.analyses import check_score, load_run, model_name
 from dynheads.io import read_json, write_json
@@ -33,16 +39,17 @@ _COLUMNS = {  # task -> (metric key, column title)
 }
 
 
-def train_probe_on_run(run_dir: str | Path, config: ProbeConfig | None = None, *, score: ScoreKind = "copy",
-                       out_dir: str | Path | None = None, device: str = "cpu", progress: bool = True) -> ProbeResult:
+def train_probe_on_run(run_dir: str | Path, config: HeadPredictorConfig | None = None, *, score: ScoreKind = "copy",
+                       out_dir: str | Path | None = None, device: str = "cpu", progress: bool = True
+                       ) -> HeadPredictorResult:
     """Train a probe from the run's hidden states to its ``score`` of every head; save it and its metrics."""
     run, traces = load_run(run_dir)
-    config = config or ProbeConfig()
+    config = config or HeadPredictorConfig()
     task = "binary" if check_score(score) == "copy" else "continuous"
     start = time.perf_counter()
     samples = samples_from_traces(traces, score)  # leaves out traces with no generated token
     counts = {"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)}
-    result = train_probe(samples, config, task=task, shape=traces[0].shape, progress=progress, device=device)
+    result = train_head_predictor(samples, config, task=task, shape=traces[0].shape, progress=progress, device=device)
     seconds = time.perf_counter() - start
     out = Path(out_dir) if out_dir else run.path / "probe"
     result.save(out)
@@ -84,7 +91,7 @@ def metrics_markdown(rows: Mapping[str, Mapping[str, float]], task: str) -> str:
 QUESTIONS_FILE = "questions.json"
 
 
-def write_probe_questions(out: Path, run: RunDir, config: ProbeConfig, split_pairs: Mapping[str, int]) -> dict:
+def write_probe_questions(out: Path, run: RunDir, config: HeadPredictorConfig, split_pairs: Mapping[str, int]) -> dict:
     """Write ``questions.json``: the question ids of each probe split, recomputed with the probe's own seeded
     split and checked against its step counts; if they cannot be matched, every question of the run counts as
     train and validation (never an under-report)."""

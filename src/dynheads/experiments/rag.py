@@ -104,11 +104,11 @@ def _record_id(sample_id: str, strategy: str, k: int | None) -> str:
 def _probe_predictor(config: RagConfig, lm: LoadedModel, evaluated: list[str]):
     if not config.probe:
         raise DynheadsError("strategy 'dynamic' needs a trained probe: --probe DIR (from 'dynheads probe train')")
-    from dynheads.analysis.mlp_probe import load_probe
+    from dynheads.analysis.head_predictor import load_head_predictor
     from dynheads.experiments.probing import probe_fit_questions
 
     refuse_overlap(probe_fit_questions(config.probe), f"the probe in {config.probe}", evaluated, "this RAG run")
-    probe = load_probe(config.probe)
+    probe = load_head_predictor(config.probe)
     if (probe.num_layers, probe.num_heads) != (lm.num_layers, lm.num_heads):
         raise DynheadsError(f"the probe in {config.probe} predicts {probe.num_layers} x {probe.num_heads} heads, "
                             f"but this model has {lm.num_layers} x {lm.num_heads}: train it on this model's run")

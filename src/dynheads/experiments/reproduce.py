@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dynheads import stages
 from dynheads.analysis.cca import CCAConfig
-from dynheads.analysis.mlp_probe import ProbeConfig
+from dynheads.analysis.head_predictor import HeadPredictorConfig
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
 from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads
@@ -113,7 +113,7 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     cca = CCAConfig(seed=config.seed)
     offsets = stage_settings(preset, stages.CCA)["offsets"]
     study.run(stages.CCA, lambda: cca_report(out / stages.NIAH, offsets, cca, out_dir=out / stages.CCA))
-    probe_config = ProbeConfig(**stage_settings(preset, stages.PROBE), seed=config.seed)
+    probe_config = HeadPredictorConfig(**stage_settings(preset, stages.PROBE), seed=config.seed)
     study.run(stages.PROBE, lambda: train_probe_on_run(
         out / stages.NIAH, probe_config, out_dir=out / stages.PROBE, device=str(lm.device), progress=progress))
 

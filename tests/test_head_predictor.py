@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from dynheads.analysis.mlp_probe import (
-    ProbeConfig,
+from dynheads.analysis.head_predictor import (
+    HeadPredictorConfig,
     asymmetric_loss,
     best_f1_threshold,
-    load_probe,
+    load_head_predictor,
     split_by_sample,
-    train_probe,
+    train_head_predictor,
 )
 from dynheads.errors import DynheadsError
 
 SHAPE = (2, 3)  # 2 layers x 3 heads = 6 outputs
-SMALL = ProbeConfig(hidden_sizes=(32,), epochs=30, batch_size=64, lr=3e-3)
+SMALL = HeadPredictorConfig(hidden_sizes=(32,), epochs=30, batch_size=64, lr=3e-3)
 WEIGHTS = np.random.default_rng(42).normal(size=(8, 6))
 
 
@@ -75,7 +75,7 @@ def test_asymmetric_loss_without_focusing_is_binary_cross_entropy():
 
 
 def test_binary_probe_learns_a_known_function_and_beats_the_baseline():
-    result = train_probe(binary_samples(), SMALL, task="binary", shape=SHAPE, progress=False)
+    result = train_head_predictor(binary_samples(), SMALL, task="binary", shape=SHAPE, progress=False)
     probe, baseline = result.metrics["probe"], result.metrics["baseline"]
     assert probe["f1"] > 0.9 and probe["auprc"] > 0.95
     assert baseline["auprc"] < 0.4 and baseline["f1"] < 0.5
@@ -86,18 +86,20 @@ def test_binary_probe_learns_a_known_function_and_beats_the_baseline():
 
 def test_training_is_deterministic_for_a_seed():
     samples = binary_samples(20, 10)
-    config = ProbeConfig(hidden_sizes=(16,), epochs=5, batch_size=32, lr=3e-3)
-    first, second = (train_probe(samples, config, task="binary", shape=SHAPE, progress=False) for _ in range(2))
+    config = HeadPredictorConfig(hidden_sizes=(16,), epochs=5, batch_size=32, lr=3e-3)
+    first, second = (train_head_predictor(samples, config, task="binary", shape=SHAPE, progress=False)
+                     for _ in range(2))
     assert first.metrics == second.metrics and first.history == second.history
     for name, tensor in first.probe.network.state_dict().items():
         assert torch.equal(tensor, second.probe.network.state_dict()[name])
-    other = train_probe(samples, ProbeConfig(hidden_sizes=(16,), epochs=5, batch_size=32, lr=3e-3, seed=1),
-                        task="binary", shape=SHAPE, progress=False)
+    other = train_head_predictor(samples,
+                                 HeadPredictorConfig(hidden_sizes=(16,), epochs=5, batch_size=32, lr=3e-3, seed=1),
+                                 task="binary", shape=SHAPE, progress=False)
     assert other.history != first.history
 
 
 def test_regressor_fits_a_linear_target():
-    result = train_probe(continuous_samples(), SMALL, task="continuous", shape=SHAPE, progress=False)
+    result = train_head_predictor(continuous_samples(), SMALL, task="continuous", shape=SHAPE, progress=False)
     probe, baseline = result.metrics["probe"], result.metrics["baseline"]
     assert probe["r2"] > 0.85 and probe["mse"] < baseline["mse"] / 5
     assert abs(baseline["r2"]) < 0.1  # the per-head training mean explains nothing of the per-step variation
@@ -105,31 +107,31 @@ def test_regressor_fits_a_linear_target():
 
 
 def test_early_stopping_and_best_weights():
-    config = ProbeConfig(hidden_sizes=(16,), epochs=200, batch_size=64, lr=3e-2, early_stopping=2)
-    result = train_probe(binary_samples(20, 10), config, task="binary", shape=SHAPE, progress=False)
+    config = HeadPredictorConfig(hidden_sizes=(16,), epochs=200, batch_size=64, lr=3e-2, early_stopping=2)
+    result = train_head_predictor(binary_samples(20, 10), config, task="binary", shape=SHAPE, progress=False)
     best = result.metrics["best_epoch"]
     assert len(result.history) == best + 3 < 200
     assert result.history[best]["val_loss"] == min(h["val_loss"] for h in result.history)
 
 
 def test_early_stopping_is_on_by_default_and_0_turns_it_off():
-    assert ProbeConfig().early_stopping == 10
-    config = ProbeConfig(hidden_sizes=(16,), epochs=60, batch_size=64, lr=3e-2)
-    stopped = train_probe(binary_samples(20, 10), config, task="binary", shape=SHAPE, progress=False)
+    assert HeadPredictorConfig().early_stopping == 10
+    config = HeadPredictorConfig(hidden_sizes=(16,), epochs=60, batch_size=64, lr=3e-2)
+    stopped = train_head_predictor(binary_samples(20, 10), config, task="binary", shape=SHAPE, progress=False)
     assert len(stopped.history) == stopped.metrics["best_epoch"] + 11 < 60
-    full = train_probe(binary_samples(20, 10), replace(config, early_stopping=0), task="binary", shape=SHAPE,
-                       progress=False)
+    full = train_head_predictor(binary_samples(20, 10), replace(config, early_stopping=0), task="binary", shape=SHAPE,
+                                progress=False)
     assert len(full.history) == 60
     with pytest.raises(DynheadsError, match="early_stopping must be >= 0"):
-        ProbeConfig(early_stopping=-1)
+        HeadPredictorConfig(early_stopping=-1)
 
 
 def test_save_load_round_trip(tmp_path):
     samples = binary_samples(20, 10)
-    result = train_probe(samples, ProbeConfig(hidden_sizes=(16, 8), epochs=3), task="binary", shape=SHAPE,
-                         progress=False)
+    result = train_head_predictor(samples, HeadPredictorConfig(hidden_sizes=(16, 8), epochs=3), task="binary",
+                                  shape=SHAPE, progress=False)
     result.save(tmp_path / "probe")
-    loaded = load_probe(tmp_path / "probe")
+    loaded = load_head_predictor(tmp_path / "probe")
     hidden = np.concatenate([h for h, _ in samples])
     np.testing.assert_array_equal(loaded.predict(hidden), result.probe.predict(hidden))
     assert loaded.threshold == result.probe.threshold and (loaded.num_layers, loaded.num_heads) == SHAPE
@@ -137,8 +139,8 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_top_heads_ranks_layer_major():
-    result = train_probe(binary_samples(20, 10), ProbeConfig(hidden_sizes=(16,), epochs=3), task="binary",
-                         shape=SHAPE, progress=False)
+    result = train_head_predictor(binary_samples(20, 10), HeadPredictorConfig(hidden_sizes=(16,), epochs=3),
+                                  task="binary", shape=SHAPE, progress=False)
     hidden = binary_samples(1, 1, seed=9)[0][0][0]
     scores = result.probe.predict(hidden[None])[0]
     heads = result.probe.top_heads(hidden, 4)
@@ -158,14 +160,15 @@ def test_bad_input_is_refused(tmp_path):
     with pytest.raises(DynheadsError, match="at least 3 samples"):
         split_by_sample(2, (0.7, 0.2, 0.1), seed=0)
     with pytest.raises(DynheadsError, match="no positive targets"):
-        train_probe([(h, np.zeros_like(y)) for h, y in samples], SMALL, task="binary", shape=SHAPE, progress=False)
+        train_head_predictor([(h, np.zeros_like(y)) for h, y in samples], SMALL, task="binary", shape=SHAPE,
+                             progress=False)
     with pytest.raises(DynheadsError, match="0/1"):
-        train_probe(continuous_samples(10, 5), SMALL, task="binary", shape=SHAPE, progress=False)
+        train_head_predictor(continuous_samples(10, 5), SMALL, task="binary", shape=SHAPE, progress=False)
     with pytest.raises(DynheadsError, match="shape"):
-        train_probe(samples, SMALL, task="binary", shape=(2, 2), progress=False)
+        train_head_predictor(samples, SMALL, task="binary", shape=(2, 2), progress=False)
     with pytest.raises(DynheadsError, match="same T"):
-        train_probe([(h[:3], y) for h, y in samples], SMALL, task="binary", shape=SHAPE, progress=False)
+        train_head_predictor([(h[:3], y) for h, y in samples], SMALL, task="binary", shape=SHAPE, progress=False)
     with pytest.raises(DynheadsError, match="summing to 1"):
-        ProbeConfig(split=(0.5, 0.2, 0.1))
+        HeadPredictorConfig(split=(0.5, 0.2, 0.1))
     with pytest.raises(DynheadsError, match="no probe"):
-        load_probe(tmp_path)
+        load_head_predictor(tmp_path)

@@ -1,4 +1,6 @@
-"""MLP probe from the final hidden state to every head's score at the same step (paper Sec. 3.3, App. A.5).
+"""The head predictor (the paper's "MLP probe"): an MLP from the final hidden state to every head's score at the
+same step (paper Sec. 3.3, App. A.5). It is a different thing from the attention probe (``dynheads.probe``),
+which measures the scores; files and metric names keep the paper's word "probe".
 
 Binary targets (Eq. 1, NIAH) train with the Asymmetric Loss and report F1 / precision / recall at the threshold
 that maximises F1 on the validation PR curve, plus AUPRC, on the test split. Continuous targets (Eq. 2,
@@ -45,7 +47,7 @@ EARLY_STOPPING_PATIENCE = 10
 
 
 @dataclass(frozen=True)
-class ProbeConfig:
+class HeadPredictorConfig:
     """MLP probe settings. Defaults: paper App. A.5; fields marked "ours" are choices the paper does not state."""
 
     hidden_sizes: tuple[int, ...] = field(
@@ -93,10 +95,10 @@ class ProbeConfig:
             raise DynheadsError(f"unknown probe activation {self.activation!r}: use one of {sorted(_ACTIVATIONS)}")
 
 
-class ProbeNet(nn.Module):
+class HeadPredictorNet(nn.Module):
     """``hidden [N, D] -> [N, L*H]``: one logit (binary) or value (continuous) per head, layer-major."""
 
-    def __init__(self, input_dim: int, output_dim: int, config: ProbeConfig) -> None:
+    def __init__(self, input_dim: int, output_dim: int, config: HeadPredictorConfig) -> None:
         super().__init__()
         # Input standardisation lives in buffers so that the state_dict alone reproduces predictions.
         self.register_buffer("mean", torch.zeros(input_dim))
@@ -130,10 +132,10 @@ def asymmetric_loss(logits: torch.Tensor, targets: torch.Tensor, *, gamma_neg: f
 
 
 @dataclass
-class TrainedProbe:
+class TrainedHeadPredictor:
     """A trained probe, ready to score hidden states (in eval mode, on its own device)."""
 
-    network: ProbeNet
+    network: HeadPredictorNet
     task: Task
     threshold: float | None  # binary: decision threshold on probabilities; continuous: None
     num_layers: int
@@ -163,11 +165,11 @@ class TrainedProbe:
 
 
 @dataclass
-class ProbeResult:
+class HeadPredictorResult:
     """A trained probe with the metrics of its test split and its training history."""
 
-    probe: TrainedProbe
-    config: ProbeConfig
+    probe: TrainedHeadPredictor
+    config: HeadPredictorConfig
     metrics: dict[str, Any]  # "probe" and "baseline" test metrics, thresholds, split sizes, best epoch
     history: list[dict[str, float]]  # per epoch: train_loss, val_loss (both per element), lr
 
@@ -186,8 +188,8 @@ class ProbeResult:
         return out_dir
 
 
-def load_probe(probe_dir: str | Path, device: str | torch.device = "cpu") -> TrainedProbe:
-    """Read a probe written by ``ProbeResult.save``."""
+def load_head_predictor(probe_dir: str | Path, device: str | torch.device = "cpu") -> TrainedHeadPredictor:
+    """Read a probe written by ``HeadPredictorResult.save``."""
     probe_dir = Path(probe_dir)
     if not (probe_dir / "probe.json").is_file() or not (probe_dir / "weights.pt").is_file():
         raise DynheadsError(f"no probe in {probe_dir}: expected probe.json and weights.pt")
@@ -195,13 +197,13 @@ def load_probe(probe_dir: str | Path, device: str | torch.device = "cpu") -> Tra
     if meta.get("format") != _FORMAT:
         raise DynheadsError(f"{probe_dir / 'probe.json'} is not a {_FORMAT} file")
     try:
-        config = ProbeConfig(**{name: _from_json(value) for name, value in meta["config"].items()})
+        config = HeadPredictorConfig(**{name: _from_json(value) for name, value in meta["config"].items()})
     except TypeError as error:
         raise DynheadsError(f"{probe_dir / 'probe.json'} has an unreadable probe config: {error}") from None
-    network = ProbeNet(meta["input_dim"], meta["num_layers"] * meta["num_heads"], config)
+    network = HeadPredictorNet(meta["input_dim"], meta["num_layers"] * meta["num_heads"], config)
     network.load_state_dict(torch.load(probe_dir / "weights.pt", map_location="cpu", weights_only=True))
-    return TrainedProbe(network.to(device).eval(), meta["task"], meta["threshold"], meta["num_layers"],
-                        meta["num_heads"])
+    return TrainedHeadPredictor(network.to(device).eval(), meta["task"], meta["threshold"], meta["num_layers"],
+                                meta["num_heads"])
 
 
 def _from_json(value: Any) -> Any:
@@ -220,14 +222,15 @@ def split_by_sample(num_samples: int, fractions: tuple[float, float, float],
     return np.sort(perm[num_val + num_test:]), np.sort(perm[:num_val]), np.sort(perm[num_val:num_val + num_test])
 
 
-def train_probe(samples: list[Sample], config: ProbeConfig | None = None, *, task: Task, shape: tuple[int, int],
-                progress: bool = True, device: str | torch.device = "cpu") -> ProbeResult:
+def train_head_predictor(samples: list[Sample], config: HeadPredictorConfig | None = None, *, task: Task,
+                         shape: tuple[int, int], progress: bool = True, device: str | torch.device = "cpu"
+                         ) -> HeadPredictorResult:
     """Train a probe on ``(hidden [T, D], scores [T, L*H])`` samples; ``shape`` = (layers, heads) of the model.
 
     Keeps the weights of the epoch with the lowest validation loss. Deterministic for ``config.seed`` on CPU;
     torch's RNG is seeded inside a fork, so the caller's CPU RNG is untouched.
     """
-    config = config or ProbeConfig()
+    config = config or HeadPredictorConfig()
     samples = nonempty_samples(samples)  # an empty trace (EOS first) holds no pair
     input_dim, width = check_samples(samples)
     if shape[0] * shape[1] != width:
@@ -237,18 +240,18 @@ def train_probe(samples: list[Sample], config: ProbeConfig | None = None, *, tas
     _check_targets(splits, task)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        network = ProbeNet(input_dim, width, config)
+        network = HeadPredictorNet(input_dim, width, config)
         if config.standardize:
             x = splits["train"][0]
             std = x.std(0)
             network.mean.copy_(x.mean(0))
             network.scale.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))  # constant dims pass through
         history, best_epoch = _fit(network.to(device), splits, config, task, progress)
-    probe = TrainedProbe(network.eval(), task, None, *shape)
+    probe = TrainedHeadPredictor(network.eval(), task, None, *shape)
     metrics = _evaluate(probe, splits)
     probe.threshold = metrics.get("threshold")
     metrics.update(best_epoch=best_epoch, split_pairs={name: len(x) for name, (x, _) in splits.items()})
-    return ProbeResult(probe, config, metrics, history)
+    return HeadPredictorResult(probe, config, metrics, history)
 
 
 def _stack(samples: list[Sample], idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,7 +275,7 @@ def _check_targets(splits: dict[str, tuple[torch.Tensor, torch.Tensor]], task: T
             raise DynheadsError(f"the probe's {name} split has no positive targets: use more samples")
 
 
-def _fit(network: ProbeNet, splits: dict[str, tuple[torch.Tensor, torch.Tensor]], config: ProbeConfig,
+def _fit(network: HeadPredictorNet, splits: dict[str, tuple[torch.Tensor, torch.Tensor]], config: HeadPredictorConfig,
          task: Task, progress: bool) -> tuple[list[dict[str, float]], int]:
     """Train in place; load the best-validation weights at the end. Returns (history, best epoch)."""
     device = network.mean.device
@@ -310,15 +313,15 @@ def _fit(network: ProbeNet, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
     return history, best_epoch
 
 
-def _elementwise_loss(out: torch.Tensor, target: torch.Tensor, task: Task, config: ProbeConfig) -> torch.Tensor:
+def _elementwise_loss(out: torch.Tensor, target: torch.Tensor, task: Task, config: HeadPredictorConfig) -> torch.Tensor:
     if task == "binary":
         return asymmetric_loss(out, target, gamma_neg=config.gamma_neg, gamma_pos=config.gamma_pos,
                                clip=config.asl_clip)
     return (out - target) ** 2
 
 
-def _validation_loss(network: ProbeNet, split: tuple[torch.Tensor, torch.Tensor], task: Task,
-                     config: ProbeConfig) -> float:
+def _validation_loss(network: HeadPredictorNet, split: tuple[torch.Tensor, torch.Tensor], task: Task,
+                     config: HeadPredictorConfig) -> float:
     network.eval()
     device = network.mean.device
     total = 0.0
@@ -328,7 +331,7 @@ def _validation_loss(network: ProbeNet, split: tuple[torch.Tensor, torch.Tensor]
     return total / split[1].numel()
 
 
-def _evaluate(probe: TrainedProbe, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+def _evaluate(probe: TrainedHeadPredictor, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
     """Test metrics of the probe and of the frequency baseline (binary: with both validation thresholds)."""
     y_train, y_val, y_test = (splits[name][1].numpy() for name in ("train", "val", "test"))
     prior = y_train.mean(0)  # [W]: per-head activation rate (binary) or mean score (continuous)
