@@ -7,6 +7,8 @@ import base64
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -271,3 +273,14 @@ def test_the_verdict_rules_line_has_its_numbers_filled_in():
 
     assert "{" not in claims.RULES and "}" not in claims.RULES
     assert f"k={claims.CCA_OFFSET} at least {claims.CCA_MARGIN}" in claims.RULES
+
+
+def test_report_command_rewrites_the_report_and_refuses_other_folders(tmp_path):
+    root = make_reproduce_dir(tmp_path / "study")
+    done = subprocess.run([sys.executable, "-m", "dynheads", "report", str(root)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (root / "report.md").read_text(encoding="utf-8").startswith("#") and (root / "report.html").is_file()
+    other = subprocess.run([sys.executable, "-m", "dynheads", "report", str(tmp_path)], capture_output=True,
+                           text=True, timeout=300)
+    assert other.returncode == 2 and "not a study folder" in other.stderr and "Traceback" not in other.stderr

@@ -11,7 +11,9 @@ from dynheads.cli.app import app
 from dynheads.cli.options import BatchSize, ConfigFile, DeviceMap, Opt, RunOut, config_options, with_options
 from dynheads.config import build_config
 from dynheads.distributed import is_main
+from dynheads.errors import DynheadsError
 from dynheads.experiments.settings import HotpotConfig, NiahConfig, RagFields, ReproduceConfig
+from dynheads.io import read_json
 
 
 @app.command()
@@ -73,4 +75,17 @@ def reproduce(
 
     folder = run_all(build_config(ReproduceConfig, config, **settings), out)
     _, html = write_report(folder)
+    typer.echo(f"report: {html} and {html.with_suffix('.md')}")
+
+
+@app.command()
+def report(study: Annotated[Path, typer.Argument(help="study folder written by 'dynheads reproduce'")]) -> None:
+    """Write report.md and report.html again from a study folder's stage results (no model is loaded)."""
+    from dynheads.report import write_report
+
+    manifest = study / "manifest.json"
+    if not manifest.is_file() or read_json(manifest).get("kind") != "reproduce":
+        raise DynheadsError(f"{study} is not a study folder written by 'dynheads reproduce' (its manifest.json "
+                            "does not say kind=reproduce)")
+    _, html = write_report(study)
     typer.echo(f"report: {html} and {html.with_suffix('.md')}")
