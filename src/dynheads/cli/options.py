@@ -39,7 +39,8 @@ class Option:
 ConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with settings; flags override it")]
 RunOut = Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")]
 RunArg = Annotated[Path, typer.Argument(help="run directory written by e.g. 'dynheads niah'")]
-BatchSize = Annotated[int, Opt("--batch-size", help="samples decoded together (1 = reference path; same results)")]
+BatchSize = Annotated[int, Opt("--batch-size", help="samples (ablation: records) decoded together; 1 = the reference "
+                                                 "path, larger batches give its results up to fp32 rounding")]
 DeviceMap = Annotated[str | None, Opt("--device-map", help="spread a large model over GPUs, e.g. auto")]
 STATIC_HELP = "static head list (Wu et al. JSON or a ranked list)"
 CONTEXT = "typer_context"  # the click context Typer passes a generated command: which options the user gave
