@@ -22,18 +22,17 @@ def _prompt(seed=0, length=16):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_probe_reaches_the_attention_only_through_the_forward_call(family):
-    """No global state: under ``attached`` a forward without the probe's keyword argument is plain SDPA and
-    leaves the probe untouched (as before the probe existed, SDPA refuses soft-capped logits: not tried on Gemma 2);
-    with it, every layer of every family reports its statistics."""
+    """No global state: under ``attached`` a forward without the probe's keyword argument is plain attention (SDPA;
+    chunked eager for Gemma 2's soft-capped logits, which SDPA cannot take) and leaves the probe untouched; with it,
+    every layer of every family reports its statistics."""
     model = tiny_model(family)
-    softcapped = getattr(model.config, "attn_logit_softcapping", None) is not None
     ids = torch.tensor([_prompt(1)])
     probe = AttentionProbe(model.config.num_hidden_layers, model.config.num_attention_heads)
     probe.begin_forward(ids.shape[1] - 1)
     with torch.no_grad():
         plain = model(ids).logits[0, -1]
         with attached(model, probe) as probe_kwargs:
-            without = plain if softcapped else model(ids).logits[0, -1]
+            without = model(ids).logits[0, -1]
             assert float(probe.stats.total_mass.abs().sum()) == 0.0
             traced = model(ids, **probe_kwargs).logits[0, -1]
     assert (without - plain).abs().max() <= 1e-4  # eager-default families: SDPA vs eager rounding

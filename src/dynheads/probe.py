@@ -353,8 +353,12 @@ def probe_attention(
     The probe comes in ``kwargs[PROBE_KWARG]``; without it this is plain SDPA.
     """
     probe: AttentionProbe | None = kwargs.pop(PROBE_KWARG, None)
-    if probe is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if probe is None:  # plain attention: SDPA, or chunked eager for soft-capped logits (SDPA has no softcap)
+        if kwargs.get("softcap") is None:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        output = _all_rows_output(module, query, key, value, attention_mask, None, scale, kwargs["softcap"], kwargs)
+        return output.transpose(1, 2).contiguous(), None
     batch, num_heads, q_len, head_dim = query.shape
     num_kv, kv_len = key.shape[1], key.shape[2]
     groups = num_heads // num_kv
