@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import torch
 
 from dynheads.batching import BatchedDecoder
 from dynheads.decoding import DecodingSession, Sample, StepResult
@@ -144,21 +145,21 @@ def ablated_generate_batch(
     for step in range(max_new_tokens):
         saved = decoder.checkpoint()
         clean = decoder.step()
+        tokens = torch.stack([result.logits for result in clean]).argmax(-1).tolist()  # one sync per pass
         dynamic, heads = [], []
         for row, index in enumerate(active):
-            dynamic.append(_dynamic_heads(sessions[index], clean[row], int(clean[row].logits.argmax()),
-                                          settings[index]))
+            dynamic.append(_dynamic_heads(sessions[index], clean[row], tokens[row], settings[index]))
             heads.append(_heads_to_mask(dynamic[row], clean[row], settings[index], lm, rngs[index]))
-        tokens = [int(result.logits.argmax()) for result in clean]
         compensated: list[list[Head]] = [[] for _ in active]
         if any(heads):
             decoder.rollback(saved)
             decoder.probe.set_removed_heads_per_sequence(heads, mode)
             masked = decoder.step()
             decoder.probe.set_removed_heads_per_sequence([() for _ in active])
+            masked_tokens = torch.stack([result.logits for result in masked]).argmax(-1).tolist()
             for row, index in enumerate(active):
                 if heads[row]:
-                    tokens[row] = int(masked[row].logits.argmax())
+                    tokens[row] = masked_tokens[row]
                     compensated[row] = sorted(set(_dynamic_heads(sessions[index], masked[row], tokens[row],
                                                                  settings[index])) - set(dynamic[row]))
         still = []

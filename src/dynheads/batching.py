@@ -26,7 +26,6 @@ import inspect
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -131,14 +130,11 @@ class GrowingLayer(DynamicLayer):
     buffers, so every reader of a ``DynamicLayer`` sees what it would see; ``update`` costs the new keys only.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int):
+    def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, length: int):
         super().__init__()
-        self.lazy_initialization(keys, values)
-        self._key_buffer = keys.new_zeros(*keys.shape[:-2], capacity, keys.shape[-1])
-        self._value_buffer = values.new_zeros(*values.shape[:-2], capacity, values.shape[-1])
-        self._set_length(keys.shape[-2])
-        self.keys.copy_(keys)
-        self.values.copy_(values)
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer  # the first ``length`` slots are filled
+        self.lazy_initialization(key_buffer, value_buffer)
+        self._set_length(length)
 
     def _set_length(self, length: int) -> None:
         if length > self._key_buffer.shape[-2]:
@@ -173,18 +169,29 @@ def merge_caches(lm: LoadedModel, caches: Sequence[DynamicCache], padded: int, m
     for index, layer in enumerate(merged.layers):
         singles = [c.layers[index] for c in caches]
         length = max(s.keys.shape[-2] for s in singles)
-        keys = torch.cat([F.pad(s.keys, (0, 0, length - s.keys.shape[-2], 0)) for s in singles])
-        values = torch.cat([F.pad(s.values, (0, 0, length - s.values.shape[-2], 0)) for s in singles])
+        growing = type(layer) is DynamicLayer
+        capacity = length + max_new_tokens if growing else length
+        keys = _left_padded([s.keys for s in singles], length, capacity)
+        values = _left_padded([s.values for s in singles], length, capacity)
         for single in singles:  # free as we go: peak = the B single caches + one merged layer
             single.keys = single.values = None
-        if type(layer) is DynamicLayer:
-            merged.layers[index] = GrowingLayer(keys, values, length + max_new_tokens)
+        if growing:
+            merged.layers[index] = GrowingLayer(keys, values, length)
             continue
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values
         if hasattr(layer, "cumulative_length"):  # sliding-window layer: tokens seen, in padded indices
             layer.cumulative_length = padded
     return merged
+
+
+def _left_padded(singles: Sequence[torch.Tensor], length: int, capacity: int) -> torch.Tensor:
+    """``[B, H_kv, capacity, D]`` zeros with single ``b`` (``[1, H_kv, n_b, D]``) ending at slot ``length``."""
+    first = singles[0]
+    out = first.new_zeros(len(singles), *first.shape[1:-2], capacity, first.shape[-1])
+    for b, single in enumerate(singles):
+        out[b, ..., length - single.shape[-2] : length, :] = single[0]
+    return out
 
 
 def trace_batch(lm: LoadedModel, samples: Sequence[Sample], max_new_tokens: int = 32, **settings) -> list[Trace]:
