@@ -36,9 +36,10 @@ views of one sequence, which is what batch-1 callers use.
 No global state: the probe reaches the attention function as the forward keyword argument ``PROBE_KWARG``
 (transformers passes the extra keyword arguments of ``model(...)`` down to the registered attention function);
 ``attached`` switches the model's attention implementation for a block and gives those keyword arguments. A
-forward without them runs plain SDPA. The probe holds three kinds of data: ``ProbeSettings`` (frozen; the
-setters replace them), the sequences' needle positions and context ends, and the state of the current pass
-(``StepStats`` and the key masks of this step), renewed by ``begin_forward``.
+forward without them runs plain attention (SDPA; chunked eager for soft-capped logits). The probe holds three
+kinds of data: ``ProbeSettings`` (frozen; the setters replace them), the sequences' needle positions and context
+ends, and the state of the current pass (``StepStats`` and the key masks of this step), renewed by
+``begin_forward``.
 """
 
 from __future__ import annotations
