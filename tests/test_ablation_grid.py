@@ -193,9 +193,9 @@ def test_grid_default_matches_each_controls_own_dynamic_count(tiny_model_dir, ti
         assert row.mean_masked == pytest.approx(np.mean(record["masked_counts"]))
         assert row.zero_masked == int(sum(record["masked_counts"]) == 0)
     masking = claims.masking_from_cells(cells)
-    verdict = claims.irreplaceability_verdict({"none": 1.0, "dynamic": 0.0, "static": 0.9, "random": 0.9},
+    verdict = claims.irreplaceability_verdict(_per_sample({"none": 1.0, "dynamic": 0.0, "static": 0.9, "random": 0.9}),
                                               "accuracy", "NIAH", masking)
-    assert verdict.status == "supported" and "Compared: per_step matching; dynamic" in verdict.reason
+    assert verdict.status == "supported" and "compared: per_step matching; dynamic" in verdict.reason
     assert "samples masked none" in verdict.reason and "zero-masked ones counted" in verdict.reason
 
 
@@ -206,13 +206,18 @@ def test_mean_matching_with_zero_count_controls_is_inconclusive():
                           "mean_masked": [0.0, 0.9, 0.6, 0.6], "zero_masked": [10, 0, 4, 4]})
     masking = claims.masking_from_cells(cells)
     assert masking.masked["static"] == pytest.approx(0.6) and masking.zero_masked["random"] == 4
-    verdict = claims.irreplaceability_verdict({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8},
+    verdict = claims.irreplaceability_verdict(_per_sample({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8}),
                                               "accuracy", "NIAH", masking)
     assert verdict.status == "inconclusive" and "static on 4, random on 4, dynamic on 0" in verdict.reason
     assert "mean matching" in verdict.reason
     matched = claims.masking_from_cells(cells.assign(zero_masked=[10, 1, 1, 1], matching="per_step"))
-    assert claims.irreplaceability_verdict({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8},
+    assert claims.irreplaceability_verdict(_per_sample({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8}),
                                            "accuracy", "NIAH", matched).status == "supported"
+
+
+def _per_sample(means: dict[str, float], samples: int = 40) -> dict[str, np.ndarray]:
+    """Per-sample 0/1 accuracies with exactly these means (the first round(mean * samples) samples succeed)."""
+    return {name: (np.arange(samples) < round(mean * samples)).astype(float) for name, mean in means.items()}
 
 
 def test_unknown_matching_is_refused(tiny_model_dir, tiny_lm, tmp_path):

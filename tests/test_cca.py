@@ -9,6 +9,7 @@ from sklearn.cross_decomposition import CCA
 from dynheads.analysis.cca import (
     CCAConfig,
     canonical_correlations,
+    cca_notes,
     cca_offsets,
     fit_cca,
     offset_pairs,
@@ -140,3 +141,23 @@ def test_reports_and_plot_are_written(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cca.csv", "cca.json", "cca.md", "cca.png", "summary.json"]
     assert read_summaries(tmp_path)["cca.md"].to_markdown() == markdown  # the same results, as data
+
+
+def test_held_out_rows_carry_the_gap_to_the_shuffled_control_with_an_interval():
+    table = cca_offsets(planted(40, 20), offsets=[0, 1]).set_index(["offset", "method"])
+    row = table.loc[(0, "held_out")]
+    shuffled = table.loc[(0, "shuffled"), "top1"]
+    assert row["gap"] == pytest.approx(row["top1"] - shuffled, abs=1e-9)
+    assert row["gap_low"] <= row["gap"] <= row["gap_high"] and row["gap_low"] > 0.3  # planted: far above the control
+    assert row["test_samples"] == 12  # 30 % of 40 samples
+    assert np.isnan(table.loc[(0, "in_sample"), "gap"])
+
+
+def test_an_offset_that_cannot_be_measured_is_noted_and_the_others_kept():
+    samples = noise(10, 4, 4, 3) + noise(2, 12, 4, 3, seed=1)  # only two samples reach offset 6
+    table = cca_offsets(samples, offsets=[1, 6])
+    measured = table[table["offset"] == 1]
+    assert measured["top1"].notna().all()
+    failed = table[(table["offset"] == 6) & table["note"].notna()]
+    assert len(failed) >= 1 and failed["note"].str.contains("offset 6").all()
+    assert cca_notes(table) == list(failed["note"])

@@ -14,6 +14,7 @@ from dynheads.analysis.dynamism import (
     binarize,
     dynamism_csv,
     dynamism_stats,
+    per_sample_dynamism,
     table1_markdown,
     table5_markdown,
 )
@@ -129,3 +130,25 @@ def test_paper_values_match_the_models_head_counts():
     for row in PAPER_DYNAMISM.values():
         assert row["unique_heads"] < row["total_heads"]
         assert row["jaccard_static_k20"] > row["jaccard_static_k50"] > row["jaccard_static_k100"]
+
+
+def test_containment_and_size_matched_jaccard_worked_out_by_hand():
+    # static order STATIC: flat 1, 3, 0, 5, 2, 4; S_2 = {1, 3}
+    stats = dynamism_stats([SAMPLE_A, SAMPLE_B, SAMPLE_C], STATIC, ks=(2,))
+    # containment in S_k, k = min(20, 6 scored heads) = all six: every head is static, so 1 at every step
+    assert stats.containment_k20 == 1.0
+    # size-matched: A {0,1} vs {1,3}: 1/3; A {1,2} vs {1,3}: 1/3; B {0,1,3} vs {1,3,0}: 1; C {5} vs {1}: 0 (twice)
+    assert stats.matched_jaccard == pytest.approx((1 / 3 + 1 / 3 + 1 + 0 + 0) / 5)
+    assert stats.jaccard_ceiling_k20 == pytest.approx(np.mean([2 / 20, 2 / 20, 0, 0, 3 / 20, 1 / 20, 1 / 20]))
+    per_sample = per_sample_dynamism([SAMPLE_A, SAMPLE_B, SAMPLE_C], STATIC)
+    assert per_sample["matched_jaccard"] == pytest.approx([1 / 3, 1.0, 0.0])
+    assert per_sample["head_counts"][0] == [1, 2, 1, 0, 0, 0]
+    short = per_sample_dynamism([SAMPLE_A, SAMPLE_C], STATIC[:2])  # a static list of two scored heads
+    assert short["containment_k20"] == pytest.approx([(1 / 2 + 1 / 2) / 2, 0.0])
+
+
+def test_table5_shows_no_zero_score_filler():
+    """k beyond the scored heads is n/a, never a Jaccard against zero-score filler heads."""
+    stats = dynamism_stats([SAMPLE_A, SAMPLE_B], STATIC[:3], ks=(2, 5))
+    assert not math.isnan(stats.jaccard_static[2]) and math.isnan(stats.jaccard_static[5])
+    assert "n/a" in table5_markdown({"ours": stats.to_dict()}, ks=(2, 5))

@@ -172,3 +172,22 @@ def test_bad_input_is_refused(tmp_path):
         HeadPredictorConfig(split=(0.5, 0.2, 0.1))
     with pytest.raises(DynheadsError, match="no probe"):
         load_head_predictor(tmp_path)
+
+
+def test_r2_on_near_constant_targets_is_undefined_not_huge():
+    """A target that varies by 1e-9 gave R² of -1e16 on a real run: no varying head means R² is undefined."""
+    rng = np.random.default_rng(0)
+    samples = [(rng.normal(size=(12, 8)).astype(np.float32),
+                0.2 + 1e-9 * rng.normal(size=(12, SHAPE[0] * SHAPE[1]))) for _ in range(20)]
+    result = train_head_predictor(samples, SMALL, task="continuous", shape=SHAPE, progress=False)
+    assert math.isnan(result.metrics["probe"]["r2"]) and math.isnan(result.metrics["baseline"]["r2"])
+    assert result.metrics["probe"]["heads_scored_r2"] == 0 and math.isnan(result.metrics["gap"]["effect"])
+
+
+def test_the_probe_gap_has_an_interval_over_test_samples():
+    result = train_head_predictor(continuous_samples(), SMALL, task="continuous", shape=SHAPE, progress=False)
+    gap = result.metrics["gap"]
+    probe, baseline = result.metrics["probe"]["r2"], result.metrics["baseline"]["r2"]
+    assert gap["metric"] == "r2" and gap["effect"] == pytest.approx(probe - baseline)
+    assert gap["low"] <= gap["effect"] <= gap["high"] and gap["low"] > 0.5
+    assert gap["n"] == len(split_by_sample(len(continuous_samples()), SMALL.split, SMALL.seed)[2])

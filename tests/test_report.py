@@ -16,6 +16,8 @@ import pandas as pd
 import pytest
 
 from dynheads.analysis.cca import write_cca
+from dynheads.analysis.dynamism import dynamism_stats, per_sample_dynamism
+from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.analysis.headlists import save_head_scores
 from dynheads.experiments.analyses import dynamism_report, plot_heads
 from dynheads.experiments.probing import metrics_table
@@ -80,7 +82,8 @@ def _png(path: Path) -> None:
 def make_reproduce_dir(root: Path) -> Path:
     """NIAH stages all present; HotpotQA traced but not analysed; RAG present."""
     rng = np.random.default_rng(0)
-    write_json(root / "manifest.json", {"kind": "reproduce", "preset": "quick", "config": {"samples": 6},
+    # floor 5: the verdicts of this 6-sample study are decided (test_the_default_floor_... checks the default)
+    write_json(root / "manifest.json", {"kind": "reproduce", "preset": "quick", "config": {"samples": 6, "floor": 5},
                                         "model": MODEL, "versions": {"torch": "2.x", "dynheads": "0.1.0"},
                                         "python": "3.11.7", "seed": 0, "wall_seconds": 12.5})
     niah = _traced_run(root / "niah", "niah", rng, 6, NEEDLE, {"accuracy": 1.0, "rouge_l": 0.9, "rouge1_recall": 1.0})
@@ -103,6 +106,12 @@ def make_reproduce_dir(root: Path) -> Path:
                           for length in (500, 1000)])
     (root / "ablation").mkdir()
     cells.to_csv(root / "ablation" / "cells.csv", index=False)
+    grid = RunDir(root / "ablation")  # the per-sample records Claim 2's interval resamples
+    grid.start("ablation", {"task": "niah"}, None)
+    for i in range(6):
+        for strategy, accuracy in (("none", 1.0), ("dynamic", 0.0), ("static", float(i > 0)), ("random", 1.0)):
+            grid.save_sample({"sample_id": f"s{i}-{strategy}", "grid_sample_id": f"s{i}", "strategy": strategy,
+                              "metrics": {"accuracy": accuracy, "rouge_l": accuracy}})
     write_summary(root / "ablation", "summary.md", Summary(
         [Table(["strategy", "accuracy"], [["dynamic", 0.1], ["static", 0.8]])], title="Per-step ablation"))
     plot_ablation_cells(cells, root / "ablation" / "plots", title="test")
@@ -115,12 +124,15 @@ def make_reproduce_dir(root: Path) -> Path:
     plot_progressive(progressive, root / "progressive" / "plots" / "progressive.png")
 
     table = pd.DataFrame([{"offset": k, "method": m, "top1": v - 0.1 * k, "top10_mean": 0.3, "top50_mean": 0.2,
-                           "n_components": 5, "hidden_dims": 5, "score_dims": 5, "fit_pairs": 40, "eval_pairs": 20}
+                           "n_components": 5, "hidden_dims": 5, "score_dims": 5, "fit_pairs": 40, "eval_pairs": 20,
+                           **({"gap": 0.4, "gap_low": 0.25, "gap_high": 0.55, "test_samples": 6} if m == "held_out"
+                              else {})}
                           for k in range(3) for m, v in (("in_sample", 0.95), ("held_out", 0.7), ("shuffled", 0.3))])
     write_cca(table, root / "cca", model=MODEL["name"])
     plot_cca(table, root / "cca" / "cca.png")
     probe = {"probe": {"f1": 0.6, "precision": 0.6, "recall": 0.6, "auprc": 0.7, "positive_rate": 0.3},
-             "baseline": {"f1": 0.4, "precision": 0.4, "recall": 0.4, "auprc": 0.35, "positive_rate": 0.3}}
+             "baseline": {"f1": 0.4, "precision": 0.4, "recall": 0.4, "auprc": 0.35, "positive_rate": 0.3},
+             "gap": {"metric": "auprc", "effect": 0.35, "low": 0.2, "high": 0.5, "n": 6}}
     write_json(root / "probe" / "metrics.json", {"task": "binary", "score": "copy", **probe, "paper": {}})
     write_summary(root / "probe", "metrics.md", Summary([metrics_table({"ours": probe["probe"], **PAPER_PROBE_BINARY},
                                                                        "binary")]))
@@ -128,9 +140,9 @@ def make_reproduce_dir(root: Path) -> Path:
 
     rag = RunDir(root / "rag")
     rag.start("rag", {"ks": [5]}, None)
-    for q in range(2):
+    for q in range(6):
         for strategy, k, f1 in (("dynamic", 5, 0.6), ("static", 5, 0.4), ("none", None, 0.2)):
-            rag.save_sample({"sample_id": f"q{q}-{strategy}", "strategy": strategy, "k": k,
+            rag.save_sample({"sample_id": f"q{q}-{strategy}", "question_id": f"q{q}", "strategy": strategy, "k": k,
                              "metrics": {"em": f1 / 2, "f1": f1}, "retrieval_recall": 0.5, "retrievals": 1,
                              "visible_tokens": [40], "context_tokens": 500})
     rag.write_results()
@@ -150,9 +162,15 @@ def test_every_section_and_verdict_is_in_the_markdown(report):
     for heading in SECTION_HEADINGS:
         assert f"\n{heading}" in md, heading
     assert "**Verdict:** Claim 1 (dynamism), NIAH: supported." in md
-    assert "**Verdict:** Claim 2 (irreplaceability), NIAH: supported. accuracy un-ablated 1.000" in md
-    assert "**Verdict:** Claim 3 (correlation), NIAH: supported. CCA top-1 at k=1: held-out 0.600" in md
-    assert "**Verdict:** Dynamic RAG (dynamic beats static), HotpotQA: supported. k=5: F1 dynamic 0.6000" in md
+    assert re.search(r"share of a step's dynamic heads in the static retrieval list's top-20 0\.\d+ \[0\.\d+, "
+                     r"0\.\d+\] \(n=6\), rule < 0\.8", md)
+    assert "**Verdict:** Claim 2 (irreplaceability), NIAH: supported." in md
+    assert "static - dynamic accuracy 0.833 [" in md and "random - dynamic accuracy 1.000 [1.000, 1.000] (n=6)" in md
+    assert "**Verdict:** Claim 3 (correlation), NIAH: supported." in md
+    assert "held-out - shuffled CCA top-1 at k=1 0.400 [0.250, 0.550] (n=6), rule > 0.1" in md
+    assert "head predictor - frequency baseline AUPRC 0.350 [0.200, 0.500] (n=6), rule > 0" in md
+    assert "**Verdict:** Dynamic RAG (dynamic beats static), HotpotQA: supported." in md
+    assert "Dynamic - Static F1 at k=5 0.200 [0.200, 0.200] (n=6), rule > 0" in md
     assert "Claim 1 (dynamism), HotpotQA: inconclusive (no dynamism statistics)" in md
     assert "*`hotpotqa-dynamism/`: stage not run.*" in md and "*`hotpotqa-cca/`: stage not run.*" in md
 
@@ -204,42 +222,141 @@ def test_an_unreadable_stage_is_reported_not_raised(tmp_path):
 
 
 # ---- verdict rules ----------------------------------------------------------------------------------------------
-def test_dynamism_rule():
-    good = {"jaccard_static_k20": 0.3, "unique_heads": 40, "entropy": 3.5}
-    assert claims.dynamism_verdict(good, "NIAH").status == "supported"
-    assert claims.dynamism_verdict({**good, "jaccard_static_k20": 0.5}, "NIAH").status == "not supported"
-    assert claims.dynamism_verdict({**good, "unique_heads": 20}, "NIAH").status == "not supported"
-    low = claims.dynamism_verdict({**good, "entropy": math.log(20)}, "NIAH")
-    assert low.status == "not supported" and "entropy 2.9957 <= ln 20" in low.reason
-    missing = claims.dynamism_verdict({**good, "jaccard_static_k20": math.nan}, "NIAH")
-    assert missing.status == "inconclusive" and "jaccard_static_k20 not available" in missing.sentence()
+EVIDENCE = EvidenceSettings()  # floor 30, 2000 resamples, seed 0
 
 
-def test_irreplaceability_rule():
-    means = {"none": 1.0, "dynamic": 0.2, "static": 0.3, "random": 0.9}
-    assert claims.irreplaceability_verdict(means, "accuracy", "NIAH").status == "supported"
-    close = claims.irreplaceability_verdict({**means, "static": 0.25}, "accuracy", "NIAH")
-    assert close.status == "not supported" and "static 0.250 - dynamic 0.200 = 0.050 < 0.1" in close.reason
-    assert claims.irreplaceability_verdict({**means, "none": 0.05}, "accuracy", "NIAH").status == "inconclusive"
-    assert claims.irreplaceability_verdict({"none": 1.0, "dynamic": 0.0}, "em", "x").status == "inconclusive"
+def _dynamism_data(sets: list[np.ndarray], ranking: list[tuple[int, int]]) -> dict:
+    """What dynamism.json holds for these dynamic sets (the verdict's input)."""
+    return {"stats": dynamism_stats(sets, ranking).to_dict(), "per_sample": per_sample_dynamism(sets, ranking),
+            "static_kind": "copy"}
+
+
+def _random_sets(rng, samples: int, pool: list[tuple[int, int]], per_step: int, steps: int = 10) -> list[np.ndarray]:
+    sets = []
+    for _ in range(samples):
+        sample = np.zeros((steps, LAYERS, HEADS), bool)
+        for t in range(steps):
+            for i in rng.choice(len(pool), per_step, replace=False):
+                sample[(t, *pool[i])] = True
+        sets.append(sample)
+    return sets
+
+
+ALL_HEADS = [(layer, head) for layer in range(LAYERS) for head in range(HEADS)]
+
+
+def test_claim1_is_not_supported_when_dynamic_sets_stay_inside_the_static_top20():
+    """Sets that rotate inside the static top-20: the top-20 Jaccard is low (0.2 = its ceiling) and entropy is
+    ln 20 or more, yet the sets never leave the static list: the containment effect decides against the claim."""
+    sets = _random_sets(np.random.default_rng(0), 40, ALL_HEADS[:20], per_step=4)
+    data = _dynamism_data(sets, ALL_HEADS)
+    assert data["stats"]["jaccard_static_k20"] == pytest.approx(0.2)  # what the old rule read as "little overlap"
+    verdict = claims.dynamism_verdict(data, "NIAH", EVIDENCE)
+    assert verdict.status == "not supported"
+    containment = verdict.effects[0]
+    assert containment.interval.effect == 1.0 and containment.interval.n == 40
+    assert "top-20 1.000 [1.000, 1.000] (n=40), rule < 0.8" in verdict.sentence()
+
+
+def test_claim1_is_supported_when_dynamic_sets_change_and_leave_the_static_list():
+    sets = _random_sets(np.random.default_rng(1), 40, ALL_HEADS[20:], per_step=4)
+    verdict = claims.dynamism_verdict(_dynamism_data(sets, ALL_HEADS), "NIAH", EVIDENCE)
+    assert verdict.status == "supported", verdict.sentence()
+    assert [e.interval.n for e in verdict.effects] == [40, 40, 40]
+    assert verdict.effects[0].interval.high < 0.8 and verdict.effects[1].interval.high < 0.5
+    assert verdict.effects[2].interval.low > math.log(20)
+
+
+def test_claim1_below_the_floor_or_without_per_sample_data_is_inconclusive():
+    sets = _random_sets(np.random.default_rng(1), 6, ALL_HEADS[20:], per_step=4)
+    small = claims.dynamism_verdict(_dynamism_data(sets, ALL_HEADS), "NIAH", EVIDENCE)
+    assert small.status == "inconclusive" and "n=6 is below the floor of 30 samples" in small.reason
+    assert claims.DECIDE_COMMAND in small.reason
+    old = claims.dynamism_verdict({"stats": {"jaccard_static_k20": 0.3}}, "NIAH", EVIDENCE)
+    assert old.status == "inconclusive" and "no per-sample statistics" in old.reason
+    assert claims.dynamism_verdict(None, "NIAH").reason == "no dynamism statistics"
+
+
+def _arms(rng, n: int, means: dict[str, float]) -> dict[str, np.ndarray]:
+    return {name: (rng.random(n) < mean).astype(float) for name, mean in means.items()}
+
+
+def test_claim2_decides_by_the_interval_of_paired_differences():
+    rng = np.random.default_rng(0)
+    large = claims.irreplaceability_verdict(_arms(rng, 40, {"none": 1.0, "dynamic": 0.05, "static": 0.9,
+                                                            "random": 0.95}), "accuracy", "NIAH", evidence=EVIDENCE)
+    assert large.status == "supported" and all(e.interval.low > 0.1 for e in large.effects)
+    same = {"none": np.ones(40), "dynamic": np.zeros(40), "static": np.zeros(40), "random": np.ones(40)}
+    tie = claims.irreplaceability_verdict(same, "accuracy", "NIAH", evidence=EVIDENCE)
+    assert tie.status == "not supported" and "static - dynamic accuracy 0.000 [0.000, 0.000] (n=40)" in tie.sentence()
+    few = claims.irreplaceability_verdict({k: v[:6] for k, v in same.items()}, "accuracy", "NIAH", evidence=EVIDENCE)
+    assert few.status == "inconclusive" and "n=6 is below the floor of 30 samples" in few.reason
+
+
+def test_claim2_inconclusive_cases():
+    dynamic = np.array([0.0] * 9 + [1.0] * 6 + [0.0] * 15)
+    control = np.array([1.0] * 9 + [0.0] * 6 + [0.0] * 15)  # differences average exactly the margin, with spread
+    noisy = {"none": np.ones(30), "dynamic": dynamic, "static": control, "random": control}
+    verdict = claims.irreplaceability_verdict(noisy, "accuracy", "NIAH", evidence=EVIDENCE)
+    assert verdict.status == "inconclusive" and "contains 0.1" in verdict.reason
+    low = claims.irreplaceability_verdict({**noisy, "none": np.full(30, 0.05)}, "accuracy", "NIAH")
+    assert low.status == "inconclusive" and "un-ablated" in low.reason
+    assert claims.irreplaceability_verdict({"none": np.ones(3), "dynamic": np.zeros(3)}, "em", "x").status == \
+        "inconclusive"
     assert claims.irreplaceability_verdict(None, "em", "x").reason == "no ablation results"
 
 
-def test_correlation_rule():
-    assert claims.correlation_verdict(0.6, 0.4, 0.8, 0.3, "auprc", "NIAH").status == "supported"
-    assert claims.correlation_verdict(0.45, 0.4, 0.8, 0.3, "auprc", "NIAH").status == "not supported"
-    assert claims.correlation_verdict(0.6, 0.4, 0.3, 0.3, "auprc", "NIAH").status == "not supported"
-    assert claims.correlation_verdict(0.45, 0.4, None, None, "r2", "x").status == "not supported"
-    partial = claims.correlation_verdict(0.6, 0.4, None, None, "r2", "HotpotQA")
-    assert partial.status == "inconclusive" and "no probe metrics" in partial.sentence()
+def test_claim3_rules():
+    good_cca = {"top1": 0.6, "shuffled_top1": 0.3, "gap": 0.3, "gap_low": 0.2, "gap_high": 0.4, "test_samples": 30}
+    good_probe = {"probe": {"auprc": 0.8}, "baseline": {"auprc": 0.3},
+                  "gap": {"effect": 0.5, "low": 0.4, "high": 0.6, "n": 30}}
+    assert claims.correlation_verdict(good_cca, good_probe, "auprc", "NIAH").status == "supported"
+    small_gap = {**good_cca, "gap": 0.05, "gap_low": 0.01, "gap_high": 0.08}
+    assert claims.correlation_verdict(small_gap, good_probe, "auprc", "NIAH").status == "not supported"
+    broken = {**good_cca, "top1": 0.256, "shuffled_top1": 0.695, "gap": -0.44, "gap_low": -0.6, "gap_high": -0.3}
+    verdict = claims.correlation_verdict(broken, good_probe, "auprc", "NIAH")
+    assert verdict.status == "inconclusive" and "shuffled-pairing control (0.695) lies above" in verdict.reason
+    failed_offset = {"note": "offset 1, held_out: CCA needs at least 3 fit pairs, got 0", "top1": math.nan}
+    verdict = claims.correlation_verdict(failed_offset, good_probe, "auprc", "NIAH")
+    assert verdict.status == "inconclusive" and "CCA needs at least 3 fit pairs" in verdict.reason
+    undefined_r2 = {"probe": {"r2": math.nan}, "baseline": {"r2": math.nan},
+                    "gap": {"effect": math.nan, "low": math.nan, "high": math.nan, "n": 30}}
+    verdict = claims.correlation_verdict(good_cca, undefined_r2, "r2", "Multi-hop")
+    assert verdict.status == "inconclusive" and "R² is undefined" in verdict.reason
+    partial = claims.correlation_verdict(good_cca, None, "r2", "HotpotQA")
+    assert partial.status == "inconclusive" and "no head predictor metrics" in partial.sentence()
 
 
-def test_rag_rule():
-    assert claims.rag_verdict({("dynamic", 5): 0.5, ("static", 5): 0.4}).status == "supported"
-    assert claims.rag_verdict({("dynamic", 5): 0.4, ("static", 5): 0.4}).status == "not supported"
-    mixed = claims.rag_verdict({("dynamic", 5): 0.5, ("static", 5): 0.4, ("dynamic", 10): 0.3, ("static", 10): 0.4})
-    assert mixed.status == "inconclusive" and mixed.reason.startswith("mixed")
-    assert claims.rag_verdict({("dynamic", 5): 0.5}).status == "inconclusive"
+def test_rag_rule_identical_arms_are_inconclusive_and_a_large_effect_is_supported():
+    rng = np.random.default_rng(0)
+    same = rng.random(40)
+    noise = rng.random(40)
+    identical = claims.rag_verdict({5: (same, noise)}, evidence=EVIDENCE)  # two draws of one distribution
+    assert identical.status == "inconclusive"
+    effect = identical.effects[0].interval
+    assert effect.low < 0 < effect.high and "contains 0" in identical.reason
+    tie = claims.rag_verdict({5: (same, same.copy())}, evidence=EVIDENCE)
+    assert tie.status == "inconclusive"  # a tie (zero-width interval at the margin) decides nothing
+    large = claims.rag_verdict({5: (same + 0.3, same)}, evidence=EVIDENCE)
+    assert large.status == "supported"
+    worse = claims.rag_verdict({5: (same - 0.3, same), 10: (same + 0.3, same)}, evidence=EVIDENCE)
+    assert worse.status == "not supported"
+    assert claims.rag_verdict({}).status == "inconclusive"
+
+
+def test_a_failed_stage_makes_its_verdict_inconclusive(tmp_path):
+    root = make_reproduce_dir(tmp_path / "study")
+    write_json(root / "stages.json", {"cca": {"seconds": 1.0, "error": "CCA needs at least 3 fit pairs, got 0"}})
+    md = write_report(root)[0].read_text()
+    assert ("Claim 3 (correlation), NIAH: inconclusive (stage cca failed: CCA needs at least 3 fit pairs, got 0)"
+            in md)
+
+
+def test_the_default_floor_makes_a_six_sample_study_inconclusive(tmp_path):
+    root = make_reproduce_dir(tmp_path / "study")
+    md = write_report(root, EvidenceSettings())[0].read_text()
+    assert "Claim 2 (irreplaceability), NIAH: inconclusive (" in md and "n=6 is below the floor of 30" in md
+    assert claims.DECIDE_COMMAND in md
 
 
 # ---- per-step data and markdown conversion ------------------------------------------------------------------------
@@ -272,7 +389,7 @@ def test_the_verdict_rules_line_has_its_numbers_filled_in():
     from dynheads.report import claims
 
     assert "{" not in claims.RULES and "}" not in claims.RULES
-    assert f"k={claims.CCA_OFFSET} at least {claims.CCA_MARGIN}" in claims.RULES
+    assert f"CCA top-1 at k={claims.CCA_OFFSET} > {claims.CCA_MARGIN}" in claims.RULES
 
 
 def test_report_command_rewrites_the_report_and_refuses_other_folders(tmp_path):

@@ -19,6 +19,7 @@ Three measurements per offset (``method`` column):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ import pandas as pd
 from sklearn.decomposition import PCA
 from tqdm.auto import tqdm
 
+from dynheads.analysis.evidence import EvidenceSettings, Interval, interval
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_TOP1
@@ -59,7 +61,9 @@ class CCAConfig:
                           "(ours: keeps near-zero PCA directions from blowing up). 0 = plain CCA."})
     test_fraction: float = field(
         default=0.3, metadata={"help": "Share of the samples held out for the held_out and shuffled measures."})
-    seed: int = field(default=0, metadata={"help": "Seed of the sample split and of the shuffled pairing."})
+    seed: int = field(default=0, metadata={"help": "Seed of the sample split, the shuffled pairing and the bootstrap."})
+    resamples: int = field(
+        default=2000, metadata={"help": "Bootstrap resamples (of test samples) for the held-out minus shuffled gap."})
 
     def __post_init__(self) -> None:
         for name in ("hidden_variance", "score_variance", "test_fraction"):
@@ -237,6 +241,10 @@ def cca_offsets(samples: Sequence[Sample], offsets: Iterable[int] = range(11),
                 config: CCAConfig | None = None) -> pd.DataFrame:
     """One row per (offset, method): top1, top10_mean, top50_mean, kept dimensions and pair counts.
 
+    Held-out rows also carry ``gap``, ``gap_low``, ``gap_high``: held-out minus shuffled top-1 with its bootstrap
+    interval over the test samples (both measured on the same resampled samples: row j of either view holds sample
+    j's hidden states), and ``test_samples``. An offset/method that cannot be measured (too few pairs, constant
+    scores) gets a row of NaN with the reason in ``note``; with no held-out measure at any offset it is an error.
     Samples with no step are dropped first (they hold no pair).
     """
     config = config or CCAConfig()
@@ -244,35 +252,101 @@ def cca_offsets(samples: Sequence[Sample], offsets: Iterable[int] = range(11),
     check_samples(samples)
     fit_idx, test_idx = split_samples(len(samples), config.test_fraction, config.seed)
     views = {"held_out": samples, "shuffled": shuffled_pairing(samples, config.seed)}
+    evidence = EvidenceSettings(resamples=config.resamples, seed=config.seed)
     rows = []
     for offset in tqdm(list(offsets), desc="cca", unit="offset", leave=False):
-        runs = {"in_sample": (offset_pairs(samples, offset), None)}
-        for method, pairs in views.items():  # split by the sample that owns the hidden states
-            runs[method] = (offset_pairs([pairs[i] for i in fit_idx], offset),
-                            offset_pairs([pairs[i] for i in test_idx], offset))
-        for method, (fit, test) in runs.items():
+        if offset < 0:
+            raise DynheadsError(f"offsets must be >= 0, got {offset}")
+        firsts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for method in METHODS:
+            base = {"offset": offset, "method": method}
             try:
-                correlations, dims = canonical_correlations(fit, test, config)
+                if method == "in_sample":
+                    fit = offset_pairs(samples, offset)
+                    correlations, dims = canonical_correlations(fit, None, config)
+                    counts = {"fit_pairs": len(fit[0]), "eval_pairs": len(fit[0])}
+                else:  # split by the sample that owns the hidden states
+                    pairs = views[method]
+                    correlations, dims, firsts[method], counts = _held_out(
+                        [pairs[i] for i in fit_idx], [pairs[i] for i in test_idx], offset, config)
             except DynheadsError as error:
-                raise DynheadsError(f"offset {offset}, {method}: {error}") from None
-            rows.append({"offset": offset, "method": method, **summarize(correlations), **dims,
-                         "fit_pairs": len(fit[0]), "eval_pairs": len((test or fit)[0])})
-    return pd.DataFrame(rows)
+                rows.append({**base, "note": f"offset {offset}, {method}: {error}"})
+                continue
+            rows.append({**base, **summarize(correlations), **dims, **counts})
+        if len(firsts) == 2:
+            gap = _gap_interval(firsts["held_out"], firsts["shuffled"], evidence)
+            rows[-2].update(gap=gap.effect, gap_low=gap.low, gap_high=gap.high, test_samples=gap.n)
+    failed = [row["note"] for row in rows if "note" in row]
+    if not any(row["method"] == "held_out" and "note" not in row for row in rows):
+        raise DynheadsError(failed[0])  # no held-out measure at any offset: nothing a verdict could read
+    columns = ["offset", "method", "top1", "top10_mean", "top50_mean", "n_components", "hidden_dims", "score_dims",
+               "fit_pairs", "eval_pairs", "gap", "gap_low", "gap_high", "test_samples", "note"]
+    return pd.DataFrame(rows).reindex(columns=columns)
+
+
+def _held_out(fit_samples: Sequence[Sample], test_samples: Sequence[Sample], offset: int, config: CCAConfig
+              ) -> tuple[np.ndarray, dict[str, int], list[tuple[np.ndarray, np.ndarray]], dict[str, int]]:
+    """Fit on the fit samples' pairs; the correlations on the test pairs, and each test sample's first canonical
+    variates (empty arrays for a sample too short for the offset)."""
+    fit = offset_pairs(fit_samples, offset)
+    test = offset_pairs(test_samples, offset)
+    for name, pairs in (("fit", fit), ("evaluation", test)):
+        if len(pairs[0]) < _MIN_PAIRS:
+            raise DynheadsError(f"CCA needs at least {_MIN_PAIRS} {name} pairs, got {len(pairs[0])}")
+    pipeline = _fit_pipeline(*fit, config)
+    u, v = pipeline.variates(*test)
+    correlations = column_correlations(u, v)
+    sizes = [max(len(hidden) - offset, 0) for hidden, _ in test_samples]
+    bounds = np.cumsum([0, *sizes])
+    firsts = [(u[a:b, 0], v[a:b, 0]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    dims = {"n_components": len(correlations), "hidden_dims": int(pipeline.hidden_pca.n_components_),
+            "score_dims": int(pipeline.score_pca.n_components_)}
+    return correlations, dims, firsts, {"fit_pairs": len(fit[0]), "eval_pairs": len(test[0])}
+
+
+def _gap_interval(held_out: list[tuple[np.ndarray, np.ndarray]], shuffled: list[tuple[np.ndarray, np.ndarray]],
+                  settings: EvidenceSettings) -> Interval:
+    """Held-out minus shuffled first canonical correlation, over resampled test samples (paired by sample)."""
+
+    def top1(firsts: list[tuple[np.ndarray, np.ndarray]], idx: np.ndarray) -> float:
+        u = np.concatenate([firsts[i][0] for i in idx])
+        v = np.concatenate([firsts[i][1] for i in idx])
+        return float(column_correlations(u[:, None], v[:, None])[0]) if len(u) >= _MIN_PAIRS else math.nan
+
+    return interval(len(held_out), lambda idx: top1(held_out, idx) - top1(shuffled, idx), settings)
 
 
 def cca_table(table: pd.DataFrame, paper: Mapping[int, float] | None = None) -> Table:
-    """``cca_offsets`` output as a table; ``paper`` (offset -> top-1) adds a column beside in-sample."""
+    """``cca_offsets`` output as a table; ``paper`` (offset -> top-1) adds a column beside in-sample. Held-out rows
+    show their gap to the shuffled control with its 95 % interval; an offset that could not be measured shows
+    "–" (its reason is in ``cca_notes``)."""
     header = ["offset", "method", "top-1", "top-10 mean", "top-50 mean", "components", "dims (hidden/scores)",
-              "pairs (fit/eval)"] + (["paper top-1"] if paper else [])
+              "pairs (fit/eval)", "held-out - shuffled [95% CI] (test samples)"] + (["paper top-1"] if paper else [])
     rows: list[list] = []
     for row in table.itertuples(index=False):
         cells = [int(row.offset), row.method, float(row.top1), float(row.top10_mean), float(row.top50_mean),
-                 str(row.n_components), f"{row.hidden_dims}/{row.score_dims}", f"{row.fit_pairs}/{row.eval_pairs}"]
+                 _count(row.n_components), f"{_count(row.hidden_dims)}/{_count(row.score_dims)}",
+                 f"{_count(row.fit_pairs)}/{_count(row.eval_pairs)}", _gap_text(row)]
         if paper:
             known = row.method == "in_sample" and row.offset in paper
             cells.append(f"{paper[row.offset]:.3f}" if known else "")
         rows.append(cells)
     return Table(header, rows, missing="nan")
+
+
+def cca_notes(table: pd.DataFrame) -> list[str]:
+    """One line per offset/method that could not be measured."""
+    return [str(note) for note in table.get("note", pd.Series(dtype=object)).dropna()]
+
+
+def _count(value: float) -> str:
+    return "–" if pd.isna(value) else str(int(value))
+
+
+def _gap_text(row) -> str:
+    if getattr(row, "method", "") != "held_out" or pd.isna(getattr(row, "gap", math.nan)):
+        return ""
+    return f"{row.gap:.3f} [{row.gap_low:.3f}, {row.gap_high:.3f}] ({_count(row.test_samples)})"
 
 
 def cca_markdown(table: pd.DataFrame, paper: Mapping[int, float] | None = None) -> str:
@@ -293,5 +367,6 @@ def write_cca(table: pd.DataFrame, out_dir: str | Path, *, config: CCAConfig | N
     write_json(paths["json"], {"config": asdict(config) if config else None, "model": model,
                                **dict(counts or {}), "paper_top1": paper, "rows": table.to_dict(orient="records")})
     note = [empty_note(counts)] if counts and counts.get("empty_samples_skipped") else []
-    write_summary(out_dir, paths["md"].name, Summary([*note, cca_table(table, paper)], dict(counts or {})))
+    failed = [f"Not measured: {line}." for line in cca_notes(table)]
+    write_summary(out_dir, paths["md"].name, Summary([*note, cca_table(table, paper), *failed], dict(counts or {})))
     return paths

@@ -9,6 +9,18 @@ scores through ``binarize``), and the static ranking (best first). Steps of all 
 - Adj. Jaccard: mean over consecutive steps of one sample of J(D_t, D_{t+1}); a pair of two empty sets has
   no Jaccard index and is skipped (and counted). One empty set against a non-empty one scores 0.
 - Entropy: S = -Σ_h p_h ln p_h, p_h = number of steps with h ∈ D_t, normalised to sum 1 (baseline ln 20).
+
+Jaccard with the static top-20 is at most |D_t| / 20 when |D_t| <= 20, so with a few dynamic heads per step a low
+value says nothing about dynamism. Beside it, over the steps with a non-empty D_t (``per_sample_dynamism`` gives
+them per sample, for intervals over samples):
+
+- Containment: |D_t ∩ S_k| / |D_t|, the share of a step's dynamic heads that are static top-k heads (1 when the
+  dynamic sets never leave the static list).
+- Size-matched Jaccard: J(D_t, S_|D_t|), against the static list cut to the step's own size (ceiling 1).
+- Jaccard ceiling: the mean of min(|D_t|, k) / max(|D_t|, k), the largest Jaccard with S_k the sizes allow.
+
+The static ranking holds scored heads only (``headlists.scored_heads``): k beyond them is NaN (Table 5 shows
+"n/a"), never zero-score filler.
 """
 
 from __future__ import annotations
@@ -46,6 +58,10 @@ class DynamismStats:
     entropy: float  # nats; NaN if no head was ever in a dynamic set
     empty_steps: int  # steps with D_t = ∅
     empty_samples: int = 0  # samples with no generated step (EOS first), left out of every statistic
+    containment_k20: float = math.nan  # mean over non-empty steps of |D_t ∩ S_20| / |D_t|
+    matched_jaccard: float = math.nan  # mean over non-empty steps of J(D_t, S_|D_t|)
+    jaccard_ceiling_k20: float = math.nan  # mean over steps of min(|D_t|, 20) / max(|D_t|, 20)
+    static_heads: int = 0  # scored heads in the static ranking
 
     def to_dict(self) -> dict[str, float | int]:
         """Flat, JSON-ready; Jaccard w/ static appears as ``jaccard_static_k{k}``."""
@@ -64,6 +80,10 @@ class DynamismStats:
             "entropy_baseline": ENTROPY_BASELINE,
             "empty_steps": self.empty_steps,
             "empty_samples": self.empty_samples,
+            "containment_k20": self.containment_k20,
+            "matched_jaccard": self.matched_jaccard,
+            "jaccard_ceiling_k20": self.jaccard_ceiling_k20,
+            "static_heads": self.static_heads,
         }
 
 
@@ -88,6 +108,8 @@ def dynamism_stats(
     sizes = steps.sum(axis=1)
     inter, union = _adjacent_overlaps(flat)
     kept = union > 0
+    overlap = _static_overlap(steps, static_ranking, heads)
+    nonempty = sizes > 0
     return DynamismStats(
         num_samples=len(flat),
         num_steps=int(steps.shape[0]),
@@ -102,7 +124,50 @@ def dynamism_stats(
         entropy=float(entropy(steps.sum(axis=0))),  # scipy normalises the counts; NaN if they are all 0
         empty_steps=int((sizes == 0).sum()),
         empty_samples=len(dynamic_sets) - len(flat),
+        containment_k20=_nan_mean(overlap["containment_k20"][nonempty]),
+        matched_jaccard=_nan_mean(overlap["matched_jaccard"][nonempty]),
+        jaccard_ceiling_k20=float((np.minimum(sizes, 20) / np.maximum(sizes, 20)).mean()),
+        static_heads=len(static_ranking),
     )
+
+
+def per_sample_dynamism(dynamic_sets: Sequence[np.ndarray], static_ranking: Sequence[Head]) -> dict[str, list]:
+    """Per sample (samples with no step left out): the mean containment in S_20 and size-matched Jaccard over its
+    non-empty steps (None when every step is empty), and ``head_counts`` [L*H], the steps each head was in D_t.
+    The unit that intervals resample: Claim 1's verdict reads these from dynamism.json."""
+    layers, heads = _check_sets(dynamic_sets)
+    rows: dict[str, list] = {"containment_k20": [], "matched_jaccard": [], "head_counts": []}
+    for sample in dynamic_sets:
+        if not sample.shape[0]:
+            continue
+        steps = sample.reshape(sample.shape[0], layers * heads)
+        overlap = _static_overlap(steps, static_ranking, heads)
+        nonempty = steps.any(axis=1)
+        for key in ("containment_k20", "matched_jaccard"):
+            value = _nan_mean(overlap[key][nonempty])
+            rows[key].append(None if math.isnan(value) else value)
+        rows["head_counts"].append(steps.sum(axis=0).astype(int).tolist())
+    return rows
+
+
+def _static_overlap(steps: np.ndarray, ranking: Sequence[Head], num_heads: int) -> dict[str, np.ndarray]:
+    """Per step of ``[step, L*H]``: containment |D_t ∩ S_k| / |D_t| with k = min(20, scored heads), and
+    J(D_t, S_|D_t|) (the static list cut to the step's size, or all of it when shorter); NaN for empty steps."""
+    order = np.full(steps.shape[1], np.iinfo(np.int64).max)  # rank of each head in the static list
+    order[[flat_index(head, num_heads) for head in ranking]] = np.arange(len(ranking))
+    sizes = steps.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        containment = (steps & (order < min(20, len(ranking)))).sum(axis=1) / sizes
+        matched = np.minimum(sizes, len(ranking))  # |S_|D_t||
+        inter = (steps & (order[None, :] < matched[:, None])).sum(axis=1)
+        jaccard = inter / (sizes + matched - inter)
+    return {"containment_k20": np.where(sizes > 0, containment, np.nan),
+            "matched_jaccard": np.where(sizes > 0, jaccard, np.nan)}
+
+
+def _nan_mean(values: np.ndarray) -> float:
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if len(values) else math.nan
 
 
 def table1(rows: Mapping[str, Mapping[str, float]]) -> Table:

@@ -14,6 +14,7 @@ Samples are split 70/20/10 by sample, never by step: steps of one answer are str
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +35,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from dynheads.analysis.cca import Sample, check_samples, nonempty_samples
+from dynheads.analysis.evidence import EvidenceSettings, interval
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.io import atomic_path, read_json, write_json
@@ -44,6 +46,9 @@ _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 # The paper's probe on 53 questions / 2 CPU cores: best epoch 11 of 100, 590 s for all 100 epochs. After 10 epochs
 # without improvement ReduceLROnPlateau (patience 3, factor 0.1) has cut the learning rate 100-1000x: little is left.
 EARLY_STOPPING_PATIENCE = 10
+
+
+VARYING_STD = 1e-3  # a head whose test scores vary less has no usable R² (Eq. 2 scores are shares in [0, 1])
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,10 @@ class HeadPredictorConfig:
                           "heads and steps. Validation loss is always the mean."})
     split: tuple[float, float, float] = field(
         default=(0.7, 0.2, 0.1), metadata={"help": "Train/validation/test fractions of the samples (by sample)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the split, initialisation, dropout and batch order."})
+    seed: int = field(default=0, metadata={"help": "Seed of the split, initialisation, dropout, batch order and the "
+                                                   "bootstrap."})
+    resamples: int = field(default=1000, metadata={
+        "help": "Bootstrap resamples (of test samples) for the interval of probe minus baseline."})
     early_stopping: int | None = field(
         default=EARLY_STOPPING_PATIENCE,
         metadata={"help": f"Stop after this many epochs without validation improvement (ours: default "
@@ -248,7 +256,8 @@ def train_head_predictor(samples: list[Sample], config: HeadPredictorConfig | No
             network.scale.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))  # constant dims pass through
         history, best_epoch = _fit(network.to(device), splits, config, task, progress)
     probe = TrainedHeadPredictor(network.eval(), task, None, *shape)
-    metrics = _evaluate(probe, splits)
+    test_steps = [len(samples[i][0]) for i in split_by_sample(len(samples), config.split, config.seed)[2]]
+    metrics = _evaluate(probe, splits, test_steps, EvidenceSettings(resamples=config.resamples, seed=config.seed))
     probe.threshold = metrics.get("threshold")
     metrics.update(best_epoch=best_epoch, split_pairs={name: len(x) for name, (x, _) in splits.items()})
     return HeadPredictorResult(probe, config, metrics, history)
@@ -331,21 +340,35 @@ def _validation_loss(network: HeadPredictorNet, split: tuple[torch.Tensor, torch
     return total / split[1].numel()
 
 
-def _evaluate(probe: TrainedHeadPredictor, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
-    """Test metrics of the probe and of the frequency baseline (binary: with both validation thresholds)."""
+def _evaluate(probe: TrainedHeadPredictor, splits: dict[str, tuple[torch.Tensor, torch.Tensor]],
+              test_steps: list[int], evidence: EvidenceSettings) -> dict[str, Any]:
+    """Test metrics of the probe and of the frequency baseline (binary: with both validation thresholds), and
+    ``gap``: probe minus baseline on the headline metric (AUPRC, or R²) with its bootstrap interval over the test
+    *samples* (``test_steps``: the steps of each, in split order)."""
     y_train, y_val, y_test = (splits[name][1].numpy() for name in ("train", "val", "test"))
     prior = y_train.mean(0)  # [W]: per-head activation rate (binary) or mean score (continuous)
     val_pred, test_pred = probe.predict(splits["val"][0]), probe.predict(splits["test"][0])
+    baseline = np.broadcast_to(prior, y_test.shape)
+    bounds = np.cumsum([0, *test_steps])
+    rows = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def gap(metric: Callable[[np.ndarray, np.ndarray], float]) -> dict[str, float | int]:
+        def statistic(idx: np.ndarray) -> float:
+            chosen = np.concatenate([rows[i] for i in idx])
+            return metric(y_test[chosen], test_pred[chosen]) - metric(y_test[chosen], baseline[chosen])
+        return interval(len(rows), statistic, evidence).to_dict()
+
     if probe.task == "continuous":
-        baseline = np.broadcast_to(prior, y_test.shape)
-        return {"probe": _regression_metrics(y_test, test_pred), "baseline": _regression_metrics(y_test, baseline)}
+        return {"probe": _regression_metrics(y_test, test_pred), "baseline": _regression_metrics(y_test, baseline),
+                "gap": {"metric": "r2", **gap(_r2)}}
     threshold = best_f1_threshold(y_val, val_pred)
     baseline_threshold = best_f1_threshold(y_val, np.broadcast_to(prior, y_val.shape))
     return {
         "probe": _binary_metrics(y_test, test_pred, threshold),
-        "baseline": _binary_metrics(y_test, np.broadcast_to(prior, y_test.shape), baseline_threshold),
+        "baseline": _binary_metrics(y_test, baseline, baseline_threshold),
         "threshold": threshold,
         "baseline_threshold": baseline_threshold,
+        "gap": {"metric": "auprc", **gap(_auprc)},
     }
 
 
@@ -371,13 +394,27 @@ def _regression_metrics(targets: np.ndarray, predicted: np.ndarray) -> dict[str,
     """MSE, MAE flattened; ``r2`` = uniform mean over heads that vary in the test split, ``r2_flat`` flattened.
 
     ``r2_flat`` credits the probe for the differences between head means (a per-head mean already scores
-    well on it); ``r2`` does not, which is why it is the headline number.
+    well on it); ``r2`` does not, which is why it is the headline number. A head "varies" when its test standard
+    deviation exceeds ``VARYING_STD``: R² on a near-constant target divides by almost nothing (it read -1e16 on a
+    real run), so with no varying head ``r2`` is undefined (NaN), never a huge negative number.
     """
-    varying = targets.std(0) > 0
+    varying = targets.std(0) > VARYING_STD
     return {
         "mse": float(mean_squared_error(targets.ravel(), predicted.ravel())),
         "mae": float(mean_absolute_error(targets.ravel(), predicted.ravel())),
-        "r2": float(r2_score(targets[:, varying], predicted[:, varying])) if varying.any() else float("nan"),
+        "r2": _r2(targets, predicted),
         "r2_flat": float(r2_score(targets.ravel(), predicted.ravel())),
         "heads_scored_r2": int(varying.sum()),
     }
+
+
+def _r2(targets: np.ndarray, predicted: np.ndarray) -> float:
+    """Uniform mean R² over the heads that vary (NaN when none does)."""
+    varying = targets.std(0) > VARYING_STD
+    return float(r2_score(targets[:, varying], predicted[:, varying])) if varying.any() else float("nan")
+
+
+def _auprc(targets: np.ndarray, probs: np.ndarray) -> float:
+    """AUPRC flattened over heads; NaN when the targets hold no positive."""
+    y = targets.ravel().astype(bool)
+    return float(average_precision_score(y, probs.ravel())) if y.any() else float("nan")

@@ -21,10 +21,11 @@ from dynheads.analysis.dynamism import (
     DynamismStats,
     dynamism_csv,
     dynamism_stats,
+    per_sample_dynamism,
     table1,
     table5,
 )
-from dynheads.analysis.headlists import load_head_list
+from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_TOP1
@@ -72,32 +73,42 @@ def dynamic_sets(trace: Trace, score: ScoreKind, threshold: str | float | Reason
 # ---- Claim 1: dynamism (Table 1, Table 5) ---------------------------------------------------------------------
 def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: ScoreKind = "copy",
                     threshold: str | float = DEFAULT_REASONING_THRESHOLD, ks: Sequence[int] = DEFAULT_KS,
-                    out_dir: str | Path | None = None) -> DynamismStats:
+                    out_dir: str | Path | None = None, static_kind: ScoreKind | None = None) -> DynamismStats:
     """Table 1 / Table 5 statistics of the run against the static list; writes dynamism.md, .csv and .json.
 
     The run's row sits beside the paper's five rows. ``threshold`` only applies to ``score="reasoning"``.
+    ``static_kind``: which static list ``static_file`` is (``copy``: Wu et al.'s retrieval heads; ``reasoning``:
+    mean Eq. 2), recorded for the verdict's card; default: the same kind as ``score``.
     """
     run, traces = load_run(run_dir)
     rule = ReasoningThreshold.parse(threshold)
-    ranking = load_head_list(static_file, *traces[0].shape).heads
-    stats = dynamism_stats([dynamic_sets(trace, score, rule) for trace in traces], ranking, ks=ks)
+    ranking = scored_heads(load_head_list(static_file, *traces[0].shape))  # never zero-score filler
+    if not ranking:
+        raise DynheadsError(f"{static_file} scores no head above 0: no static list to compare with")
+    sets = [dynamic_sets(trace, score, rule) for trace in traces]
+    stats = dynamism_stats(sets, ranking, ks=ks)
     rows = {f"{model_name(run)} (ours)": stats.to_dict(), **{f"{k} (paper)": v for k, v in PAPER_DYNAMISM.items()}}
     out = Path(out_dir) if out_dir else run.path
     setting = "Eq. 1 copy score" if score == "copy" else rule.describe()
     skipped = {"empty_samples_skipped": stats.empty_samples}
     write_summary(out, "dynamism.md", Summary(
-        [f"Dynamic sets: {setting}; static list: {static_file}.\n"
+        [f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"
          + (f"{empty_note(skipped)}\n" if stats.empty_samples else "") +
          f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
          f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
-         f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}.",
+         f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}. Static list: {len(ranking)} scored heads"
+         + (f" (Table 5 shows n/a for k > {len(ranking)}: no zero-score filler)" if len(ranking) < max(ks) else "")
+         + f". Jaccard w/ static top-20 is at most |D_t|/20: its ceiling here is {stats.jaccard_ceiling_k20:.4f}; "
+         f"containment |D_t ∩ S_20|/|D_t| = {stats.containment_k20:.4f}, size-matched Jaccard J(D_t, S_|D_t|) = "
+         f"{stats.matched_jaccard:.4f}.",
          "## Table 1", table1(rows), "## Table 5", table5(rows, ks)],
         {"stats": stats.to_dict(), **skipped}, f"Dynamism of {run.path}"))
     write_text(out / "dynamism.csv", dynamism_csv(rows))
     write_json(out / "dynamism.json", {"run": str(run.path), "static_file": str(static_file), "score": score,
                                        "threshold": str(rule) if score == "reasoning" else None, "ks": list(ks),
-                                       **skipped,
-                                       "stats": stats.to_dict(), "paper": PAPER_DYNAMISM})
+                                       **skipped, "static_kind": static_kind or score,
+                                       "stats": stats.to_dict(), "per_sample": per_sample_dynamism(sets, ranking),
+                                       "paper": PAPER_DYNAMISM})
     return stats
 
 

@@ -103,7 +103,7 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     static = StaticConfig(**settings(stages.STATIC))
     study.run(stages.STATIC, lambda: run_static(static, out / stages.STATIC, lm=lm, progress=progress))
     study.run(stages.DYNAMISM, lambda: (
-        dynamism_report(out / stages.NIAH, static_file, out_dir=out / stages.DYNAMISM),
+        dynamism_report(out / stages.NIAH, static_file, static_kind="copy", out_dir=out / stages.DYNAMISM),
         plot_heads(out / stages.NIAH, _best_samples(out / stages.NIAH, 2), out_dir=out / stages.DYNAMISM)))
     ablation = AblationConfig(**settings(stages.ABLATION, static=str(static_file)))
     study.run(stages.ABLATION, lambda: run_ablation(ablation, out / stages.ABLATION, lm=lm, progress=progress))
@@ -127,8 +127,10 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     hotpot = HotpotConfig(**settings(stages.HOTPOTQA, data=qa_data, first=streams["analysis"].first,
                                      split="analysis"))
     study.run(stages.HOTPOTQA, lambda: run_hotpotqa(hotpot, out / stages.HOTPOTQA, lm=lm, progress=progress))
+    # Claim 1 compares with the task's own static list (the reasoning list for Eq. 2 tasks), issue 21 item 4
+    qa_static = {"copy": static_file, "reasoning": reasoning_file}[qa.static_kind]
     study.run(stages.HOTPOTQA_DYNAMISM, lambda: (
-        dynamism_report(out / stages.HOTPOTQA, static_file, score=qa.score_kind,
+        dynamism_report(out / stages.HOTPOTQA, qa_static, score=qa.score_kind, static_kind=qa.static_kind,
                         out_dir=out / stages.HOTPOTQA_DYNAMISM),
         plot_heads(out / stages.HOTPOTQA, _best_samples(out / stages.HOTPOTQA, 1, metric="f1"), score=qa.score_kind,
                    out_dir=out / stages.HOTPOTQA_DYNAMISM)))

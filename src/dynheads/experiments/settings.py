@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
 from dynheads.rag.strategies import STRATEGIES
@@ -198,3 +199,7 @@ class ReproduceConfig(Seeded, ModelSettings):
                                    "sizes, GPU)")
     hotpotqa: str | None = setting(None, "real HotpotQA file; None = the preset's question source (quick: "
                                          "multihop; else synthetic)")
+    floor: int = setting(DEFAULT_FLOOR, "fewest samples (per compared arm) a verdict is decided on; below it the "
+                                        "verdict is inconclusive")
+    resamples: int = setting(DEFAULT_RESAMPLES, "bootstrap resamples for every verdict's 95 % interval (seeded by "
+                                                "--seed)")

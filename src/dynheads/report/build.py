@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from dynheads import stages
+from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json, write_text
 from dynheads.paper import (
@@ -43,7 +44,6 @@ from dynheads.paper import (
     PAPER_TABLE6,
     PAPER_TOP1,
 )
-from dynheads.rag.results import rag_table
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
@@ -89,12 +89,16 @@ class Section:
         return [part for part in self.parts if isinstance(part, Verdict)]
 
 
-def write_report(out_dir: str | Path) -> tuple[Path, Path]:
-    """Read the stage folders of a ``dynheads reproduce`` folder; write and return report.md and report.html."""
+def write_report(out_dir: str | Path, evidence: EvidenceSettings | None = None) -> tuple[Path, Path]:
+    """Read the stage folders of a ``dynheads reproduce`` folder; write and return report.md and report.html.
+
+    ``evidence`` decides the verdicts (floor, bootstrap resamples and seed); default: the study's own settings
+    from its manifest (``floor``, ``resamples``, ``seed``)."""
     root = Path(out_dir)
     _refuse_old_study(root)
-    body = build_sections(root)
     manifest = _json(root / "manifest.json") or {}
+    evidence = evidence or evidence_of(manifest)
+    body = build_sections(root, evidence)
     title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
     headlines = [_headline(section, verdict, root) for section in body for verdict in section.verdicts]
     run = Section("run", "Run", _overview(manifest, _json(root / "stages.json") or {}))
@@ -103,6 +107,15 @@ def write_report(out_dir: str | Path) -> tuple[Path, Path]:
     write_text(md_path, _markdown(title, sections, run, root))
     write_text(html_path, _html(title, sections, run, _step_data(root)))
     return md_path, html_path
+
+
+def evidence_of(manifest: Mapping) -> EvidenceSettings:
+    """The verdict settings a study recorded (the defaults for what it does not record)."""
+    config = manifest.get("config") or {}
+    defaults = EvidenceSettings()
+    return EvidenceSettings(floor=int(config.get("floor", defaults.floor)),
+                            resamples=int(config.get("resamples", defaults.resamples)),
+                            seed=int(config.get("seed", defaults.seed)))
 
 
 def _refuse_old_study(root: Path) -> None:
@@ -131,7 +144,7 @@ def _ablation_metric(root: Path, anchor: str) -> str:
         columns = pd.read_csv(path, nrows=0).columns if path.is_file() else []
     except (OSError, ValueError):
         columns = []
-    return next((metric for metric in ABLATION_METRICS if metric in columns), ABLATION_METRICS[0])
+    return _decisive_metric(columns)
 
 
 def qa_task(root: Path) -> Task:
@@ -144,34 +157,35 @@ def qa_task(root: Path) -> Task:
     return HOTPOTQA
 
 
-def build_sections(root: Path) -> list[Section]:
+def build_sections(root: Path, evidence: EvidenceSettings | None = None) -> list[Section]:
     """The paper's sections in order; any error while reading a stage becomes text in its section."""
+    evidence = evidence or EvidenceSettings()
     qa = qa_task(root)
     niah, hotpot = NIAH.label, qa.label
     specs: list[tuple[str, str, Callable[[], list[Part]]]] = [
         ("static", "Static retrieval heads (Wu et al. 2024)", lambda: _static(root)),
         (stages.NIAH, f"{niah} setup (Section 3.1)", lambda: _task_run(root, stages.NIAH)),
         ("claim1-niah", "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)",
-         lambda: _dynamism(root, stages.DYNAMISM, niah, "Figure 1", _table1_note())),
+         lambda: _dynamism(root, stages.DYNAMISM, niah, "Figure 1", _table1_note(), evidence)),
         ("claim2-niah", "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)",
          lambda: _ablation(root, (stages.ABLATION, stages.PROGRESSIVE), ("Figure 2", "Figure 3"), niah,
-                           f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.")),
+                           f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.", evidence)),
         ("claim3-niah", "Claim 3, correlation, on NIAH (Figure 4, Table 2)",
          lambda: _correlation(root, (stages.CCA, stages.PROBE), "Figure 4", "binary", niah, _cca_note(),
-                              _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")))),
+                              _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")), evidence)),
         (stages.HOTPOTQA, f"{hotpot} setup (Section 5)",
          lambda: _task_run(root, stages.HOTPOTQA) + (_stage(root, stages.HOTPOTQA_STATIC, "Static reasoning heads")
                                                 if (root / stages.HOTPOTQA_STATIC).is_dir() else [])),
         ("claim1-hotpotqa", f"Claim 1, dynamism, on {hotpot} (Figure 5)",
-         lambda: _dynamism(root, stages.HOTPOTQA_DYNAMISM, hotpot, "Figure 5", PAPER_FIGURE5)),
+         lambda: _dynamism(root, stages.HOTPOTQA_DYNAMISM, hotpot, "Figure 5", PAPER_FIGURE5, evidence)),
         ("claim2-hotpotqa", f"Claim 2, irreplaceability, on {hotpot} (Figures 6 and 7)",
          lambda: _ablation(root, (stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE), ("Figure 6", "Figure 7"),
-                           hotpot, PAPER_FIGURE6, PAPER_FIGURE7)),
+                           hotpot, PAPER_FIGURE6, PAPER_FIGURE7, evidence)),
         ("claim3-hotpotqa", f"Claim 3, correlation, on {hotpot} (Figure 8, Table 3)",  # Eq. 2 scores: a regressor
          lambda: _correlation(root, (stages.HOTPOTQA_CCA, stages.HOTPOTQA_PROBE), "Figure 8", "continuous", hotpot,
                               PAPER_FIGURE8,
-                              _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)))),
-        ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root, hotpot)),
+                              _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)), evidence)),
+        ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root, hotpot, evidence)),
     ]
     sections = []
     for anchor, title, build in specs:
@@ -239,61 +253,66 @@ def _task_run(root: Path, stage: str) -> list[Part]:
     return parts
 
 
-def _dynamism(root: Path, stage: str, task: str, figure: str, note: str) -> list[Part]:
+def _dynamism(root: Path, stage: str, task: str, figure: str, note: str, evidence: EvidenceSettings) -> list[Part]:
     data = _json(root / stage / "dynamism.json")
-    verdict = _guard(lambda: claims.dynamism_verdict(data["stats"] if data else None, task), claims.CLAIM1, task)
+    verdict = _guard(lambda: _stage_failed(root, (stage,), claims.CLAIM1, task)
+                     or claims.dynamism_verdict(data, task, evidence), claims.CLAIM1, task)
     return [verdict, *_stage(root, stage, figure, [note])]
 
 
+def _stage_failed(root: Path, needed: Iterable[str], claim: str, task: str) -> Verdict | None:
+    """An inconclusive verdict naming the first stage it needs that failed (stages.json records why), or None."""
+    log = _json(root / "stages.json") or {}
+    for stage in needed:
+        error = (log.get(stage) or {}).get("error") if isinstance(log.get(stage), dict) else None
+        if error:
+            return claims.failed(claim, task, f"stage {stage} failed: {error}")
+    return None
+
+
 def _ablation(root: Path, folders: tuple[str, str], figures: tuple[str, str], task: str, grid_note: str,
-              progressive_note: str) -> list[Part]:
+              progressive_note: str, evidence: EvidenceSettings) -> list[Part]:
     """Claim 2: the stages (ablation grid, progressive ablation) of one task and their figures (2, 3 or 6, 7)."""
     grid, progressive = folders
 
     def verdict() -> Verdict:
         path = root / grid / "cells.csv"
         cells = pd.read_csv(path) if path.is_file() else None
-        metric, means = _strategy_means(cells) if cells is not None else (ABLATION_METRICS[0], None)
+        metric = _decisive_metric(cells.columns) if cells is not None else ABLATION_METRICS[0]
+        values = claims.per_sample_metric(RunDir(root / grid).records(), metric) if cells is not None else None
         masking = claims.masking_from_cells(cells) if cells is not None else None
-        return claims.irreplaceability_verdict(means, metric, task, masking)
+        return claims.irreplaceability_verdict(values, metric, task, masking, evidence)
 
-    return [_guard(verdict, claims.CLAIM2, task), *_stage(root, grid, figures[0], [grid_note]),
-            *_stage(root, progressive, figures[1], [progressive_note])]
+    return [_guard(lambda: _stage_failed(root, (grid,), claims.CLAIM2, task) or verdict(), claims.CLAIM2, task),
+            *_stage(root, grid, figures[0], [grid_note]), *_stage(root, progressive, figures[1], [progressive_note])]
 
 
-def _strategy_means(cells: pd.DataFrame) -> tuple[str, dict[str, float] | None]:
-    """The decisive metric and its mean per strategy over all cells, weighted by the cells' sample counts."""
-    metric = next((m for m in ABLATION_METRICS if m in cells.columns), ABLATION_METRICS[0])
-    if metric not in cells.columns or "strategy" not in cells.columns:
-        return metric, None
-    valid = cells[cells[metric].notna()]
-    weights = valid["samples"] if "samples" in valid.columns else pd.Series(1.0, index=valid.index)
-    sums = (valid[metric] * weights).groupby(valid["strategy"]).sum()
-    return metric, (sums / weights.groupby(valid["strategy"]).sum()).to_dict()
+def _decisive_metric(columns: Iterable[str]) -> str:
+    """Claim 2's metric: the first of ABLATION_METRICS that a cells.csv has."""
+    return next((metric for metric in ABLATION_METRICS if metric in set(columns)), ABLATION_METRICS[0])
 
 
 def _correlation(root: Path, folders: tuple[str, str], figure: str, probe_kind: str, task: str, cca_note: str,
-                 probe_note: str) -> list[Part]:
+                 probe_note: str, evidence: EvidenceSettings) -> list[Part]:
     """Claim 3: the stages (CCA, MLP probe) of one task; ``figure`` is the CCA's (4 or 8), ``probe_kind`` the
     probe's task when its metrics do not say (binary copy scores, or continuous Eq. 2 scores)."""
     cca, probe_stage = folders
 
     def verdict() -> Verdict:
-        held_out = shuffled = None
+        row = None
         path = root / cca / "cca.csv"
         if path.is_file():
             table = pd.read_csv(path)
-            top1 = table[table["offset"] == claims.CCA_OFFSET].set_index("method")["top1"]
-            held_out, shuffled = top1.get("held_out"), top1.get("shuffled")
+            at_k = table[table["offset"] == claims.CCA_OFFSET].set_index("method")
+            if "held_out" in at_k.index:
+                row = at_k.loc["held_out"].to_dict()
+                row["shuffled_top1"] = at_k["top1"].get("shuffled")
         metrics = _probe_metrics(root / probe_stage)
         kind = (metrics or {}).get("task", probe_kind)
-        metric = "auprc" if kind == "binary" else "r2"
-        probe, baseline = ((metrics["probe"].get(metric), metrics["baseline"].get(metric)) if metrics
-                           else (None, None))
-        return claims.correlation_verdict(held_out, shuffled, probe, baseline, metric, task)
+        return claims.correlation_verdict(row, metrics, "auprc" if kind == "binary" else "r2", task, evidence)
 
-    return [_guard(verdict, claims.CLAIM3, task), *_stage(root, cca, figure, [cca_note]),
-            *_stage(root, probe_stage, "Probe", [probe_note])]
+    return [_guard(lambda: _stage_failed(root, folders, claims.CLAIM3, task) or verdict(), claims.CLAIM3, task),
+            *_stage(root, cca, figure, [cca_note]), *_stage(root, probe_stage, "Probe", [probe_note])]
 
 
 def _probe_metrics(folder: Path) -> dict | None:
@@ -305,17 +324,18 @@ def _probe_metrics(folder: Path) -> dict | None:
     return None
 
 
-def _rag(root: Path, task: str) -> list[Part]:
+def _rag(root: Path, task: str, evidence: EvidenceSettings) -> list[Part]:
     def verdict() -> Verdict:
         run = RunDir(root / stages.RAG)
-        table = rag_table(run) if run.path.is_dir() and run.records() else pd.DataFrame(columns=["k"])
-        return claims.rag_verdict({(row.strategy, row.k): row.f1 for row in table.itertuples() if row.k != "-"}, task)
+        records = run.records() if run.path.is_dir() else []
+        return claims.rag_verdict(claims.per_question_f1(records), task, evidence)
 
     header = ["model", *RAG_STRATEGIES.values()]
     table4 = [[model, *(_em_f1(row.get(s)) for s in RAG_STRATEGIES)] for model, row in PAPER_TABLE4.items()]
     table6 = [[f"k={k}", *(_em_f1(row[s]) for s in RAG_STRATEGIES if s != "none")]
               for k, row in {5: PAPER_TABLE4[PAPER_MODEL], **PAPER_TABLE6}.items()]
-    return [_guard(verdict, claims.RAG, task), *_stage(root, stages.RAG, "RAG"),
+    return [_guard(lambda: _stage_failed(root, (stages.RAG,), claims.RAG, task) or verdict(), claims.RAG, task),
+            *_stage(root, stages.RAG, "RAG"),
             "Paper, Table 4 (HotpotQA EM / F1, k = 5):", Table(header, table4),
             "Paper, Table 6 (llama3.1-8b, EM / F1 by k):", Table(["k", *header[1:-1]], table6)]
 

@@ -1,103 +1,152 @@
-"""Verdicts on the paper's three claims (and the RAG comparison) from one model's numbers, by explicit rules.
+"""Verdicts on the paper's three claims (and the RAG comparison), decided by intervals over samples.
 
-Every rule is a threshold on numbers the pipeline writes; docs/report.md lists them. A verdict is
-``supported``, ``not supported`` or ``inconclusive`` (when a number it needs is missing or cannot decide),
-always with the numbers it used.
+Each rule tests one or more effects measured over whole samples (NIAH samples, questions), each with a 95 %
+paired bootstrap interval and a margin (``dynheads.analysis.evidence``). A claim is ``supported`` when every
+effect's interval lies beyond its margin, ``not supported`` when one lies wholly on the other side, and
+``inconclusive`` otherwise, with the reason: an interval that contains the margin, fewer samples than the floor
+(default 30), an undefined number (a failed stage, too few pairs, a near-constant target) or a control that
+beats its own test. docs/report.md states the rules with the paper's words behind them.
 
-- Claim 1 (dynamism): supported iff Jaccard(D_t, static top-20) < 0.5, unique heads > 20 and
-  entropy > ln 20 (the entropy of uniform use of 20 heads).
-- Claim 2 (irreplaceability): supported iff masking the dynamic heads lowers the task metric more than
-  masking as many static heads and as many random heads, each by at least 0.1. Inconclusive when the
-  un-ablated model scores below 0.1 (no masking can then cost 0.1), and when a control (static or random)
-  masked no head at all on more samples than the dynamic run did: those samples are the un-ablated run, so
-  their score says nothing about the control (this happens with the ``mean`` matching count; with ``per_step``
-  matching a control masks nothing on exactly the samples where the dynamic run masks nothing, because both
-  runs equal the un-ablated one until the first non-empty D_t). Means are over all samples (zero-masked ones
-  counted, the same samples for every strategy); the verdict states the matching mode, the heads masked per
-  step and the zero-masked samples of each strategy.
-- Claim 3 (correlation): supported iff the held-out CCA top-1 correlation at offset k=1 exceeds the
-  shuffled-pairing control by at least 0.1 and the MLP probe beats the frequency baseline (AUPRC for binary
-  copy scores, R² for continuous reasoning scores). Not supported as soon as one available test fails;
-  inconclusive when all available tests pass but one is missing.
-- RAG: supported iff the Dynamic strategy's F1 is above the Static strategy's at every k run.
+- Claim 1 (dynamism; "dynamic retrieval heads at a particular timestep do not always align with the static
+  retrieval heads", "distributed across a wider set of heads rather than being confined to a small, fixed static
+  subset"): (a) containment, the share of a step's dynamic heads that are static top-20 heads, below 0.8; (b) the
+  Jaccard of D_t with the size-matched static list (top-|D_t|) below 0.5; (c) the entropy of head use above ln 20.
+  Jaccard with the top-20 is shown beside its ceiling |D_t|/20 and decides nothing: it cannot exceed the ceiling.
+- Claim 2 (irreplaceability): static minus dynamic and random minus dynamic (per-sample task metric, same
+  samples) each above 0.1. Inconclusive when the un-ablated model scores below 0.1, or when a control masked no
+  head on more samples than the dynamic run did (those samples are the un-ablated run, not a control).
+- Claim 3 (correlation): held-out minus shuffled CCA top-1 at offset 1 above 0.1 (interval over test samples), and
+  the head predictor minus the frequency baseline (AUPRC for copy scores, R² for Eq. 2 scores) above 0. A
+  shuffled control wholly above its held-out value is a broken measurement: inconclusive.
+- RAG: Dynamic minus Static F1 (per question) above 0 at every k run.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
+import numpy as np
 import pandas as pd
 
+from dynheads.analysis.evidence import (
+    UNDEFINED,
+    Effect,
+    EvidenceSettings,
+    Interval,
+    Status,
+    combine,
+    interval,
+    paired_difference,
+)
 from dynheads.paper import ENTROPY_BASELINE
 from dynheads.tasks.registry import HOTPOTQA
 
-Status = Literal["supported", "not supported", "inconclusive"]
-
-JACCARD_MAX = 0.5
-UNIQUE_MIN = 20
+CONTAINMENT_MAX = 0.8
+MATCHED_JACCARD_MAX = 0.5
 ABLATION_MARGIN = 0.1
 CCA_MARGIN = 0.1
+PROBE_MARGIN = 0.0
+RAG_MARGIN = 0.0
 CCA_OFFSET = 1
 CLAIM1, CLAIM2, CLAIM3 = "Claim 1 (dynamism)", "Claim 2 (irreplaceability)", "Claim 3 (correlation)"
 RAG = "Dynamic RAG (dynamic beats static)"
-RULES = (f"Claim 1: Jaccard w/ static top-20 < {JACCARD_MAX}, unique heads > {UNIQUE_MIN} and entropy > ln 20; "
-         f"Claim 2: masking the dynamic heads costs at least {ABLATION_MARGIN} more than masking as many static "
-         f"heads, and as many random heads (inconclusive when a control masked no head on more samples than "
-         f"dynamic); Claim 3: held-out CCA top-1 at k={CCA_OFFSET} at least {CCA_MARGIN} "
-         "above the shuffled control, and the probe beats the frequency baseline; RAG: Dynamic F1 above Static at "
-         "every k")
+DECIDE_COMMAND = "dynheads reproduce --preset standard"
+RULES = (f"every effect with a 95 % paired bootstrap interval over samples; supported when every interval lies "
+         f"beyond its margin, not supported when one lies on the other side, else inconclusive (also below the "
+         f"sample floor). Claim 1: share of a step's dynamic heads in the static top-20 < {CONTAINMENT_MAX}, "
+         f"Jaccard with the size-matched static list < {MATCHED_JACCARD_MAX}, entropy of head use > ln 20; "
+         f"Claim 2: static - dynamic > {ABLATION_MARGIN} and random - dynamic > {ABLATION_MARGIN} (task metric); "
+         f"Claim 3: held-out - shuffled CCA top-1 at k={CCA_OFFSET} > {CCA_MARGIN} and head predictor - "
+         f"frequency baseline > {PROBE_MARGIN:g}; RAG: Dynamic - Static F1 > {RAG_MARGIN:g} at every k")
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One claim's verdict on one task, with the numbers that decided it."""
+    """One claim's verdict on one task: the tested effects with their intervals, and the numbers behind them."""
 
     claim: str  # e.g. "Claim 1 (dynamism)"
     task: str  # e.g. "NIAH"
     status: Status
     reason: str
     numbers: dict[str, float | None] = field(default_factory=dict)
+    effects: tuple[Effect, ...] = ()
 
     def sentence(self) -> str:
         status = self.status if self.status != "inconclusive" else f"inconclusive ({self.reason})"
-        detail = f" {self.reason}" if self.status != "inconclusive" else ""
-        return f"{self.claim}, {self.task}: {status}.{detail}"
+        detail = f" {self.reason}." if self.status != "inconclusive" and self.reason else ""
+        tested = " Effects: " + "; ".join(effect.line() for effect in self.effects) + "." if self.effects else ""
+        return f"{self.claim}, {self.task}: {status}.{detail}{tested}"
 
 
-def _at_least(value: float, margin: float) -> bool:
-    """``value >= margin``, forgiving float rounding (0.3 - 0.2 counts as 0.1)."""
-    return value >= margin - 1e-9
+def _decided(claim: str, task: str, effects: Sequence[Effect], evidence: EvidenceSettings,
+             numbers: dict[str, float | None], note: str = "") -> Verdict:
+    status, reason = combine(list(effects), evidence.floor)
+    if status == "inconclusive" and any(0 < e.interval.n < evidence.floor for e in effects):
+        reason += f" (more samples decide it: {DECIDE_COMMAND})"
+    return Verdict(claim, task, status, reason + (f"; {note}" if note else ""), numbers, tuple(effects))
+
+
+def failed(claim: str, task: str, why: str) -> Verdict:
+    """A verdict whose inputs are missing or whose stage failed: inconclusive, saying why."""
+    return Verdict(claim, task, "inconclusive", why)
 
 
 def _missing(value: float | None) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def dynamism_verdict(stats: Mapping[str, float] | None, task: str) -> Verdict:
-    """Claim 1 from ``DynamismStats.to_dict()`` (keys jaccard_static_k20, unique_heads, entropy)."""
-    claim = CLAIM1
-    keys = ("jaccard_static_k20", "unique_heads", "entropy")
-    if stats is None:
-        return Verdict(claim, task, "inconclusive", "no dynamism statistics")
+# ---- Claim 1 ----------------------------------------------------------------------------------------------------
+def dynamism_verdict(data: Mapping | None, task: str, evidence: EvidenceSettings | None = None) -> Verdict:
+    """Claim 1 from a dynamism.json (``stats`` and ``per_sample``, see ``analysis.dynamism``)."""
+    evidence = evidence or EvidenceSettings()
+    if not data or "stats" not in data:
+        return failed(CLAIM1, task, "no dynamism statistics")
+    stats = data["stats"]
+    keys = ("jaccard_static_k20", "jaccard_ceiling_k20", "containment_k20", "matched_jaccard", "unique_heads",
+            "entropy", "static_heads")
     numbers = {key: stats.get(key) for key in keys}
-    absent = [key for key, value in numbers.items() if _missing(value)]
-    if absent:
-        return Verdict(claim, task, "inconclusive", f"{', '.join(absent)} not available", numbers)
-    jaccard, unique, entropy = (float(numbers[key]) for key in keys)
-    checks = [
-        (jaccard < JACCARD_MAX, f"Jaccard w/ static top-20 {jaccard:.4f} {'<' if jaccard < JACCARD_MAX else '>='} "
-                                f"{JACCARD_MAX}"),
-        (unique > UNIQUE_MIN, f"unique heads {unique:.0f} {'>' if unique > UNIQUE_MIN else '<='} {UNIQUE_MIN}"),
-        (entropy > ENTROPY_BASELINE, f"entropy {entropy:.4f} {'>' if entropy > ENTROPY_BASELINE else '<='} "
-                                     f"ln 20 = {ENTROPY_BASELINE:.4f}"),
+    per_sample = data.get("per_sample")
+    if not per_sample:
+        return failed(CLAIM1, task, "dynamism.json has no per-sample statistics (written by an older dynheads): "
+                                    "re-run the dynamism stage")
+    counts = np.asarray(per_sample["head_counts"], dtype=float)  # [sample, L*H]
+    static_kind = data.get("static_kind") or "copy"
+    listed = f"the static {'retrieval' if static_kind == 'copy' else 'reasoning'} list"
+    short = stats.get("static_heads", 20) < 20
+    effects = [
+        Effect(f"share of a step's dynamic heads in {listed}'s top-20" + (" (all of its scored heads)" if short
+                                                                          else ""),
+               _per_sample_mean(per_sample["containment_k20"], evidence), CONTAINMENT_MAX, "below",
+               "no step had a dynamic head"),
+        Effect("Jaccard with the size-matched static list", _per_sample_mean(per_sample["matched_jaccard"], evidence),
+               MATCHED_JACCARD_MAX, "below", "no step had a dynamic head"),
+        Effect("entropy of head use (nats)", interval(len(counts), lambda idx: _entropy(counts[idx].sum(0)),
+                                                      evidence) if len(counts) else UNDEFINED,
+               round(ENTROPY_BASELINE, 4), "above", "no head was ever in a dynamic set"),
     ]
-    status: Status = "supported" if all(ok for ok, _ in checks) else "not supported"
-    return Verdict(claim, task, status, "; ".join(text for _, text in checks) + ".", numbers)
+    ceiling = stats.get("jaccard_ceiling_k20")
+    note = (f"Jaccard w/ static top-20 {stats.get('jaccard_static_k20', math.nan):.4f} against its ceiling "
+            f"{ceiling:.4f} (|D_t|/20) decides nothing" if not _missing(ceiling) else "")
+    return _decided(CLAIM1, task, effects, evidence, numbers, note)
 
 
+def _per_sample_mean(values: Sequence[float | None], evidence: EvidenceSettings) -> Interval:
+    array = np.array([math.nan if value is None else value for value in values], dtype=float)
+    array = array[~np.isnan(array)]
+    return interval(len(array), lambda idx: float(array[idx].mean()), evidence) if len(array) else UNDEFINED
+
+
+def _entropy(counts: np.ndarray) -> float:
+    total = counts.sum()
+    if total <= 0:
+        return math.nan
+    p = counts[counts > 0] / total
+    return float(-(p * np.log(p)).sum())
+
+
+# ---- Claim 2 ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AblationMasking:
     """What the ablation grid masked: the matching mode, and per strategy the heads masked per step (mean over
@@ -127,85 +176,132 @@ def masking_from_cells(cells: pd.DataFrame) -> AblationMasking | None:
                            samples=samples.astype(int).to_dict())
 
 
-def irreplaceability_verdict(means: Mapping[str, float] | None, metric: str, task: str,
-                             masking: AblationMasking | None = None) -> Verdict:
-    """Claim 2 from the mean task metric per ablation strategy (``none``, ``dynamic``, ``static``, ``random``).
-    ``masking`` (from ``masking_from_cells``) says what was compared; without it the verdict says it is unknown."""
-    claim = CLAIM2
-    if means is None:
-        return Verdict(claim, task, "inconclusive", "no ablation results")
-    numbers = {name: float(means[name]) for name in ("none", "dynamic", "static", "random") if name in means}
-    absent = [name for name in ("dynamic", "static", "random") if _missing(numbers.get(name))]
+def per_sample_metric(records: Sequence[Mapping], metric: str) -> dict[str, np.ndarray]:
+    """Ablation records to ``{strategy: [sample]}`` over the samples every strategy has, in one sample order."""
+    frame = pd.DataFrame([{"sample": record.get("grid_sample_id", record["sample_id"]),
+                           "strategy": record["strategy"], "value": record["metrics"].get(metric, math.nan)}
+                          for record in records])
+    if frame.empty:
+        return {}
+    table = frame.pivot_table(index="sample", columns="strategy", values="value", aggfunc="mean").dropna()
+    return {str(strategy): table[strategy].to_numpy(float) for strategy in table.columns}
+
+
+def irreplaceability_verdict(values: Mapping[str, np.ndarray] | None, metric: str, task: str,
+                             masking: AblationMasking | None = None,
+                             evidence: EvidenceSettings | None = None) -> Verdict:
+    """Claim 2 from the per-sample task metric of each ablation strategy (``none``, ``dynamic``, ``static``,
+    ``random``; arrays over the same samples). ``masking`` (from ``masking_from_cells``) says what was compared."""
+    evidence = evidence or EvidenceSettings()
+    if not values:
+        return failed(CLAIM2, task, "no ablation results")
+    numbers: dict[str, float | None] = {name: float(np.mean(values[name]))
+                                        for name in ("none", "dynamic", "static", "random") if name in values}
+    absent = [name for name in ("dynamic", "static", "random") if name not in values]
     if absent:
-        return Verdict(claim, task, "inconclusive", f"no {metric} for strategy {', '.join(absent)}", numbers)
+        return Verdict(CLAIM2, task, "inconclusive", f"no {metric} for strategy {', '.join(absent)}", numbers)
     baseline = numbers.get("none")
     if baseline is not None and baseline < ABLATION_MARGIN:
-        return Verdict(claim, task, "inconclusive", f"the un-ablated model's {metric} is {baseline:.3f}, so no "
+        return Verdict(CLAIM2, task, "inconclusive", f"the un-ablated model's {metric} is {baseline:.3f}, so no "
                        f"masking can lower it by {ABLATION_MARGIN}", numbers)
-    dynamic = numbers["dynamic"]
-    gaps = {name: numbers[name] - dynamic for name in ("static", "random")}
-    passed = {name: _at_least(gap, ABLATION_MARGIN) for name, gap in gaps.items()}
-    status: Status = "supported" if all(passed.values()) else "not supported"
-    text = "; ".join(f"{name} {numbers[name]:.3f} - dynamic {dynamic:.3f} = {gap:.3f} "
-                     f"{'>=' if passed[name] else '<'} {ABLATION_MARGIN}" for name, gap in gaps.items())
-    prefix = f"{metric} un-ablated {baseline:.3f}; " if baseline is not None else f"{metric}: "
-    numbers = {**numbers, **{f"gap_{k}": v for k, v in gaps.items()}}
+    effects = [Effect(f"{name} - dynamic {metric}", paired_difference(values[name], values["dynamic"], evidence),
+                      ABLATION_MARGIN) for name in ("static", "random")]
+    numbers.update({f"gap_{name}": effect.interval.effect for name, effect in zip(("static", "random"), effects,
+                                                                                   strict=True)})
     if masking is None:
-        return Verdict(claim, task, status, prefix + text + "; matching mode and heads masked per strategy "
-                       "unknown (cells.csv without the masked-head columns).", numbers)
+        return _decided(CLAIM2, task, effects, evidence, numbers, "matching mode and heads masked per strategy "
+                        "unknown (cells.csv without the masked-head columns)")
     numbers.update({f"masked_{name}": float(value) for name, value in masking.masked.items()})
     numbers.update({f"zero_masked_{name}": float(value) for name, value in masking.zero_masked.items()})
-    compared = f" Compared: {masking.describe()}; means over all samples, zero-masked ones counted."
+    compared = f"compared: {masking.describe()}; means over all samples, zero-masked ones counted"
     unmatched = [name for name in ("static", "random")
                  if masking.zero_masked.get(name, 0) > masking.zero_masked.get("dynamic", 0)]
     if unmatched:
         detail = ", ".join(f"{name} on {masking.zero_masked[name]}" for name in unmatched)
-        return Verdict(claim, task, "inconclusive", f"the control masked no head on more samples than dynamic "
+        return Verdict(CLAIM2, task, "inconclusive", f"the control masked no head on more samples than dynamic "
                        f"({detail}, dynamic on {masking.zero_masked.get('dynamic', 0)}): those samples are the "
-                       f"un-ablated run, not a matched control; {prefix}{text}.{compared}", numbers)
-    return Verdict(claim, task, status, prefix + text + "." + compared, numbers)
+                       f"un-ablated run, not a matched control; {compared}", numbers, tuple(effects))
+    return _decided(CLAIM2, task, effects, evidence, numbers, compared)
 
 
-def correlation_verdict(held_out: float | None, shuffled: float | None, probe: float | None,
-                        baseline: float | None, probe_metric: str, task: str) -> Verdict:
-    """Claim 3 from the CCA top-1 at offset 1 (held-out and shuffled) and a probe metric vs its baseline."""
-    claim = CLAIM3
-    numbers = {"cca_held_out_k1": held_out, "cca_shuffled_k1": shuffled, f"probe_{probe_metric}": probe,
-               f"baseline_{probe_metric}": baseline}
-    tests: list[tuple[bool | None, str]] = []
-    if _missing(held_out) or _missing(shuffled):
-        tests.append((None, f"no held-out/shuffled CCA at k={CCA_OFFSET}"))
+# ---- Claim 3 ----------------------------------------------------------------------------------------------------
+def correlation_verdict(cca: Mapping | None, probe: Mapping | None, probe_metric: str, task: str,
+                        evidence: EvidenceSettings | None = None) -> Verdict:
+    """Claim 3 from the held-out CCA row at offset 1 (``top1``, ``shuffled_top1``, ``gap``, ``gap_low``,
+    ``gap_high``, ``test_samples``, or ``note`` when it could not be measured) and the head predictor's metrics
+    (``probe``, ``baseline`` and ``gap``: probe minus baseline with its interval over test samples)."""
+    evidence = evidence or EvidenceSettings()
+    numbers: dict[str, float | None] = {"cca_held_out_k1": None, "cca_shuffled_k1": None,
+                                        f"probe_{probe_metric}": None, f"baseline_{probe_metric}": None}
+    if cca is None:
+        cca_gap, cca_why = UNDEFINED, f"no held-out CCA at k={CCA_OFFSET}"
     else:
-        gap = held_out - shuffled
-        ok = _at_least(gap, CCA_MARGIN)
-        tests.append((ok, f"CCA top-1 at k={CCA_OFFSET}: held-out {held_out:.3f} - shuffled {shuffled:.3f} = "
-                          f"{gap:.3f} {'>=' if ok else '<'} {CCA_MARGIN}"))
-    if _missing(probe) or _missing(baseline):
-        tests.append((None, "no probe metrics"))
+        numbers.update(cca_held_out_k1=_number(cca.get("top1")), cca_shuffled_k1=_number(cca.get("shuffled_top1")))
+        cca_gap, cca_why = _interval_of(cca, "gap", "gap_low", "gap_high", "test_samples"), str(
+            cca.get("note") or "not measured")
+    if probe is None:
+        probe_gap, probe_why = UNDEFINED, "no head predictor metrics"
     else:
-        tests.append((probe > baseline, f"probe {probe_metric} {probe:.4f} {'>' if probe > baseline else '<='} "
-                                        f"frequency baseline {baseline:.4f}"))
-    text = "; ".join(message for _, message in tests)
-    results = [ok for ok, _ in tests]
-    if False in results:
-        return Verdict(claim, task, "not supported", text + ".", numbers)
-    if None in results:
-        return Verdict(claim, task, "inconclusive", text, numbers)
-    return Verdict(claim, task, "supported", text + ".", numbers)
+        numbers[f"probe_{probe_metric}"] = _number(probe.get("probe", {}).get(probe_metric))
+        numbers[f"baseline_{probe_metric}"] = _number(probe.get("baseline", {}).get(probe_metric))
+        probe_gap = _interval_of(probe.get("gap") or {}, "effect", "low", "high", "n")
+        probe_why = ("R² is undefined: no head's target varies in the test split" if probe_metric == "r2"
+                     else "no positive target in the test split")
+        if not probe.get("gap"):
+            probe_why = "the head predictor's metrics have no interval (trained by an older dynheads): re-train it"
+    effects = [Effect(f"held-out - shuffled CCA top-1 at k={CCA_OFFSET}", cca_gap, CCA_MARGIN,
+                      undefined_reason=cca_why),
+               Effect(f"head predictor - frequency baseline {probe_metric.upper()}", probe_gap, PROBE_MARGIN,
+                      undefined_reason=probe_why)]
+    if cca_gap.defined and cca_gap.high < 0:
+        return Verdict(CLAIM3, task, "inconclusive", f"the shuffled-pairing control "
+                       f"({_fmt(numbers['cca_shuffled_k1'])}) lies above the held-out correlation "
+                       f"({_fmt(numbers['cca_held_out_k1'])}) over the whole interval: the held-out CCA does not "
+                       "measure what is specific to a sample", numbers, tuple(effects))
+    return _decided(CLAIM3, task, effects, evidence, numbers)
 
 
-def rag_verdict(f1: Mapping[tuple[str, int], float], task: str = HOTPOTQA.label) -> Verdict:
-    """Does Dynamic beat Static? ``f1`` maps (strategy, k) to mean F1; compared at every k both strategies ran."""
-    claim = RAG
-    ks = sorted(k for strategy, k in f1 if strategy == "dynamic" and ("static", k) in f1)
-    numbers = {f"{strategy}_k{k}": value for (strategy, k), value in f1.items() if strategy in ("dynamic", "static")}
-    if not ks:
-        return Verdict(claim, task, "inconclusive", "Dynamic and Static were not both run at one k", numbers)
-    wins = {k: f1[("dynamic", k)] > f1[("static", k)] for k in ks}
-    text = "; ".join(f"k={k}: F1 dynamic {f1[('dynamic', k)]:.4f} {'>' if wins[k] else '<='} static "
-                     f"{f1[('static', k)]:.4f}" for k in ks)
-    if all(wins.values()):
-        return Verdict(claim, task, "supported", text + ".", numbers)
-    if not any(wins.values()):
-        return Verdict(claim, task, "not supported", text + ".", numbers)
-    return Verdict(claim, task, "inconclusive", f"mixed: {text}", numbers)
+def _interval_of(data: Mapping, effect: str, low: str, high: str, n: str) -> Interval:
+    values = [_number(data.get(key)) for key in (effect, low, high)]
+    if any(value is None for value in values):
+        return Interval(math.nan, math.nan, math.nan, int(_number(data.get(n)) or 0))
+    return Interval(*values, int(_number(data.get(n)) or 0))  # type: ignore[arg-type]
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+# ---- RAG --------------------------------------------------------------------------------------------------------
+def per_question_f1(records: Sequence[Mapping]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """RAG records to ``{k: (dynamic F1, static F1)}`` over the questions both strategies answered at that k."""
+    frame = pd.DataFrame([{"question": r["question_id"], "strategy": r["strategy"], "k": r["k"],
+                           "f1": r["metrics"]["f1"]} for r in records if r["strategy"] in ("dynamic", "static")])
+    pairs = {}
+    for k, group in frame.groupby("k") if not frame.empty else ():
+        table = group.pivot_table(index="question", columns="strategy", values="f1", aggfunc="mean").dropna()
+        if {"dynamic", "static"} <= set(table.columns):
+            pairs[int(k)] = (table["dynamic"].to_numpy(float), table["static"].to_numpy(float))
+    return pairs
+
+
+def rag_verdict(pairs: Mapping[int, tuple[np.ndarray, np.ndarray]], task: str = HOTPOTQA.label,
+                evidence: EvidenceSettings | None = None) -> Verdict:
+    """Does Dynamic beat Static? ``pairs`` maps k to per-question F1 arrays (dynamic, static), same questions."""
+    evidence = evidence or EvidenceSettings()
+    numbers: dict[str, float | None] = {}
+    for k, (dynamic, static) in pairs.items():
+        numbers[f"dynamic_k{k}"], numbers[f"static_k{k}"] = float(np.mean(dynamic)), float(np.mean(static))
+    if not pairs:
+        return Verdict(RAG, task, "inconclusive", "Dynamic and Static were not both run at one k", numbers)
+    effects = [Effect(f"Dynamic - Static F1 at k={k}", paired_difference(dynamic, static, evidence), RAG_MARGIN)
+               for k, (dynamic, static) in sorted(pairs.items())]
+    return _decided(RAG, task, effects, evidence, numbers)

@@ -1,0 +1,149 @@
+"""Intervals and three-way decisions for the study's verdicts.
+
+Every verdict tests an effect (a difference of means, a share, a correlation gap) measured over whole samples
+(NIAH samples, questions). Its 95 % interval comes from a bootstrap over those samples: the same resampled samples
+for every arm of a comparison (paired), so what two strategies share per sample cancels. The statistic sees the
+resampled *sample indices*, so one function covers per-sample means and pooled statistics alike (the entropy of
+head use pooled over the resampled samples). ``scipy.stats.bootstrap`` draws the resamples; the interval is its
+percentile interval (BCa is undefined when every resample gives one value, as identical arms do).
+
+Decision against a margin m, for an effect that supports the claim when it is large (``above``; ``below`` mirrors):
+supported when the whole interval lies beyond m (low > m), not supported when it lies wholly on the other side
+(high < m), inconclusive otherwise: an interval that contains m, too few samples (the floor), an undefined effect.
+An effect exactly at the margin with a zero-width interval (a tie) is inconclusive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+from scipy.stats import bootstrap
+
+Status = Literal["supported", "not supported", "inconclusive"]
+Direction = Literal["above", "below"]
+
+DEFAULT_FLOOR = 30
+DEFAULT_RESAMPLES = 2000
+DEFAULT_CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class EvidenceSettings:
+    """How every verdict is decided; recorded with the report."""
+
+    floor: int = DEFAULT_FLOOR  # fewest samples (per arm) a verdict is decided on
+    resamples: int = DEFAULT_RESAMPLES
+    confidence: float = DEFAULT_CONFIDENCE
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An effect over ``n`` samples with its bootstrap interval; NaN bounds when it is undefined."""
+
+    effect: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def defined(self) -> bool:
+        return not any(math.isnan(value) for value in (self.effect, self.low, self.high))
+
+    def text(self, spec: str = ".3f") -> str:
+        if not self.defined:
+            return f"undefined (n={self.n})"
+        return f"{format(self.effect, spec)} [{format(self.low, spec)}, {format(self.high, spec)}] (n={self.n})"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+UNDEFINED = Interval(math.nan, math.nan, math.nan, 0)
+
+
+def interval(n: int, statistic: Callable[[np.ndarray], float], settings: EvidenceSettings) -> Interval:
+    """``statistic(indices)`` on all ``n`` samples and its percentile bootstrap interval over resampled indices.
+
+    ``statistic`` takes an int array of sample indices (with repeats) and returns a float. An effect that is NaN
+    on all samples is undefined; one sample has an effect but no interval.
+    """
+    if n < 1:
+        return UNDEFINED
+    effect = float(statistic(np.arange(n)))
+    if math.isnan(effect) or n == 1:
+        return Interval(effect, math.nan, math.nan, n)
+    result = bootstrap((np.arange(n),), lambda idx: float(statistic(idx.astype(int))), vectorized=False,
+                       n_resamples=settings.resamples, confidence_level=settings.confidence, method="percentile",
+                       rng=np.random.default_rng(settings.seed))
+    return Interval(effect, float(result.confidence_interval.low), float(result.confidence_interval.high), n)
+
+
+def mean_interval(values: np.ndarray, settings: EvidenceSettings) -> Interval:
+    """The mean of per-sample values (NaN values, samples where the quantity is undefined, left out first)."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    return interval(len(values), lambda idx: values[idx].mean(), settings)
+
+
+def paired_difference(treated: np.ndarray, control: np.ndarray, settings: EvidenceSettings) -> Interval:
+    """mean(treated - control) over the same samples (position i is one sample in both), with its interval."""
+    differences = np.asarray(treated, dtype=float) - np.asarray(control, dtype=float)
+    return interval(len(differences), lambda idx: float(differences[idx].mean()), settings)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One tested effect of a verdict: what it is, its interval, the margin and which side supports the claim."""
+
+    name: str  # e.g. "static - dynamic accuracy"
+    interval: Interval
+    margin: float
+    direction: Direction = "above"
+    undefined_reason: str = ""  # why the effect is undefined, when it is
+
+    @property
+    def rule(self) -> str:
+        return f"{'>' if self.direction == 'above' else '<'} {self.margin:g}"
+
+    def decide(self, floor: int) -> tuple[Status, str]:
+        """(status, reason) of this effect alone."""
+        if not self.interval.defined:
+            return "inconclusive", f"{self.name} is undefined" + (f": {self.undefined_reason}"
+                                                                  if self.undefined_reason else "")
+        if self.interval.n < floor:
+            return "inconclusive", f"{self.name}: n={self.interval.n} is below the floor of {floor} samples"
+        low, high = self.interval.low, self.interval.high
+        beyond = low > self.margin if self.direction == "above" else high < self.margin
+        short = high < self.margin if self.direction == "above" else low > self.margin
+        if beyond:
+            return "supported", f"{self.name}: the interval lies {self.direction} {self.margin:g}"
+        if short:
+            return "not supported", f"{self.name}: the interval lies on the other side of {self.margin:g}"
+        return "inconclusive", f"{self.name}: the interval contains {self.margin:g}"
+
+    def line(self) -> str:
+        """One line a reader can check: the effect, its interval and n, and the rule."""
+        return f"{self.name} {self.interval.text()}, rule {self.rule}"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **self.interval.to_dict(), "margin": self.margin, "direction": self.direction}
+
+
+def combine(effects: list[Effect], floor: int) -> tuple[Status, str]:
+    """All effects must be supported for the claim; one that is not supported decides against it; otherwise the
+    verdict is inconclusive with the reasons of the effects that did not decide."""
+    decisions = [effect.decide(floor) for effect in effects]
+    statuses = [status for status, _ in decisions]
+    if "not supported" in statuses:
+        return "not supported", "; ".join(reason for status, reason in decisions if status == "not supported")
+    if all(status == "supported" for status in statuses) and statuses:
+        return "supported", "every effect lies beyond its margin"
+    return "inconclusive", "; ".join(reason for status, reason in decisions if status == "inconclusive")
