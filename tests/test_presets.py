@@ -72,7 +72,7 @@ def resolved_settings(preset: str, patch) -> dict:
     return calls
 
 
-@pytest.mark.parametrize("preset", ["smoke", "quick", "paper"])
+@pytest.mark.parametrize("preset", ["smoke", "quick", "standard", "paper"])
 def test_each_preset_resolves_to_the_pinned_stage_settings(preset, monkeypatch):
     pinned = json.loads(PINNED.read_text(encoding="utf-8"))[preset]
     resolved = resolved_settings(preset, monkeypatch.setattr)
@@ -89,7 +89,7 @@ if __name__ == "__main__":  # writes the pinned settings of the code as it is
         setattr(module, name, value)
 
     result = {}
-    for name in ("smoke", "quick", "paper"):
+    for name in ("smoke", "quick", "standard", "paper"):
         result[name] = resolved_settings(name, patch)
         for module, attr, value in reversed(saved):
             setattr(module, attr, value)

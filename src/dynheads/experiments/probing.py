@@ -13,6 +13,7 @@ can refuse to evaluate the probe on questions it was trained or validated on (``
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -64,7 +65,9 @@ def train_probe_on_run(run_dir: str | Path, config: HeadPredictorConfig | None =
                f"{result.metrics['split_pairs']} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
                f"{config.epochs} epochs (best {result.metrics['best_epoch']}), trained in {seconds:.0f} s on {device}."
                + (f" Decision threshold {result.metrics['threshold']:.4f} (probe), "
-                  f"{result.metrics['baseline_threshold']:.4f} (baseline)." if task == "binary" else ""))
+                  f"{result.metrics['baseline_threshold']:.4f} (baseline)." if task == "binary" else "")
+               + f" Probe minus baseline {_gap_text(result.metrics['gap'])} (95 % bootstrap interval over the test "
+               "samples).")
     write_summary(out, "metrics.md", Summary(
         [summary, metrics_table(rows, task)],
         {"task": task, "probe": result.metrics["probe"], "baseline": result.metrics["baseline"]},
@@ -73,6 +76,13 @@ def train_probe_on_run(run_dir: str | Path, config: HeadPredictorConfig | None =
                                       **counts,
                                       "train_seconds": seconds, **result.metrics, "paper": paper})
     return result
+
+
+def _gap_text(gap: Mapping) -> str:
+    metric = "R²" if gap["metric"] == "r2" else gap["metric"].upper()
+    if any(isinstance(gap[key], float) and math.isnan(gap[key]) for key in ("effect", "low", "high")):
+        return f"{metric}: undefined (n={gap['n']} test samples)"
+    return f"{metric}: {gap['effect']:.4f} [{gap['low']:.4f}, {gap['high']:.4f}] (n={gap['n']} test samples)"
 
 
 def metrics_table(rows: Mapping[str, Mapping[str, float]], task: str) -> Table:
