@@ -45,7 +45,7 @@ def load_preset(name: str) -> dict:
 
 
 # smoke: seconds, any model (the test suite's); quick: a 2-core CPU in minutes; standard: every verdict at the
-# evidence floor (30 samples per arm) within an hour on a 2-core CPU; paper: the paper's sizes (GPU)
+# evidence floor (30 samples per arm); paper: the paper's sizes (GPU)
 PRESETS = {name: load_preset(name) for name in ("smoke", "quick", "standard", "paper")}
 # Where each value of the ``paper`` preset comes from, per stage (recorded in the manifest of a paper run).
 PAPER_PRESET_SOURCES = PRESETS["paper"]["sources"]

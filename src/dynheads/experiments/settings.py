@@ -196,8 +196,8 @@ class RagFields(QaGrid, ModelSettings):
 @dataclass(frozen=True)
 class ReproduceConfig(Seeded, ModelSettings):
     preset: str = setting("quick", "smoke (seconds, any model), quick (2-core CPU, minutes; verdicts may be below the "
-                                   "sample floor), standard (every verdict at the floor, under an hour on a 2-core "
-                                   "CPU), paper (the paper's sizes, GPU)")
+                                   "sample floor), standard (every verdict at the sample floor; docs/results), paper "
+                                   "(the paper's sizes, GPU)")
     hotpotqa: str | None = setting(None, "real HotpotQA file; None = the preset's question source (quick: "
                                          "multihop; else synthetic)")
     floor: int = setting(DEFAULT_FLOOR, "fewest samples (per compared arm) a verdict is decided on; below it the "
