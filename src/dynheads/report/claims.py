@@ -113,14 +113,13 @@ def dynamism_verdict(data: Mapping | None, task: str, evidence: EvidenceSettings
                                     "re-run the dynamism stage")
     counts = np.asarray(per_sample["head_counts"], dtype=float)  # [sample, L*H]
     static_kind = data.get("static_kind") or "copy"
-    listed = f"the static {'retrieval' if static_kind == 'copy' else 'reasoning'} list"
+    listed = f"static {'retrieval' if static_kind == 'copy' else 'reasoning'}"
     short = stats.get("static_heads", 20) < 20
     effects = [
-        Effect(f"share of a step's dynamic heads in {listed}'s top-20" + (" (all of its scored heads)" if short
-                                                                          else ""),
+        Effect(f"containment in the {listed} top-20" + (" (all its scored heads)" if short else ""),
                _per_sample_mean(per_sample["containment_k20"], evidence), CONTAINMENT_MAX, "below",
                "no step had a dynamic head"),
-        Effect("Jaccard with the size-matched static list", _per_sample_mean(per_sample["matched_jaccard"], evidence),
+        Effect("size-matched Jaccard", _per_sample_mean(per_sample["matched_jaccard"], evidence),
                MATCHED_JACCARD_MAX, "below", "no step had a dynamic head"),
         Effect("entropy of head use (nats)", interval(len(counts), lambda idx: _entropy(counts[idx].sum(0)),
                                                       evidence) if len(counts) else UNDEFINED,

@@ -28,6 +28,7 @@ from dynheads.stages import ABLATION, CCA, DYNAMISM, HOTPOTQA_ABLATION, HOTPOTQA
 from dynheads.tasks.registry import NIAH
 
 NOT_STATED = "not stated"
+MAX_ROWS = 4  # rows of a card (more when a verdict tests more effects)
 # anchor of the claim's section -> the stage folder and file pattern of its one figure (first match, name order)
 FIGURES = {
     "claim1-niah": (DYNAMISM, "heads-*.png"), "claim2-niah": (ABLATION, "plots/ablation-*.png"),
@@ -61,8 +62,11 @@ def headline(anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy"
         rows = _correlation_rows(numbers, paper)
     else:
         rows = _rag_rows(numbers)
-    # the tested effects first: each with n, its 95 % interval and the rule it is held to
-    rows = [(f"{effect.name} ({effect.rule})", effect.interval.text(), NOT_STATED) for effect in verdict.effects] + rows
+    # the tested effects first, each with n, its 95 % interval and the rule it is held to; then the numbers behind
+    # them, up to four rows in all so that every card fits the first screen (the section below has them all)
+    effects = [(f"{effect.name} ({effect.rule})", effect.interval.text(), _effect_paper(effect.name, paper))
+               for effect in verdict.effects]
+    rows = effects + rows[:max(MAX_ROWS - len(effects), 1)]
     if verdict.claim == claims.RAG:
         figure = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
         return Headline(anchor, verdict, figure, rows, "" if figure else "no figure: no RAG results")
@@ -81,15 +85,21 @@ def _span(values: list[float], spec: str) -> str:
     return f"{format(min(values), spec)}–{format(max(values), spec)}"
 
 
-def _dynamism_rows(numbers: Mapping[str, float | None], task: str) -> list[tuple[str, str, str]]:
-    def paper(key: str, spec: str) -> str:
-        return _span([row[key] for row in PAPER_DYNAMISM.values()], spec) if task == NIAH.label else NOT_STATED
+def _paper_dynamism(key: str, spec: str, task: str) -> str:
+    return _span([row[key] for row in PAPER_DYNAMISM.values()], spec) if task == NIAH.label else NOT_STATED
 
+
+def _effect_paper(name: str, task: str) -> str:
+    """The paper's value beside a tested effect, where it states one (Table 1's entropy)."""
+    return _paper_dynamism("entropy", ".2f", task) if name.startswith("entropy") else NOT_STATED
+
+
+def _dynamism_rows(numbers: Mapping[str, float | None], task: str) -> list[tuple[str, str, str]]:
+    """Beside the tested effects (entropy is one of them): Table 1's top-20 Jaccard with its ceiling, unique heads."""
     ceiling = numbers.get("jaccard_ceiling_k20")
     return [(f"Jaccard w/ static top-20 (ceiling |D_t|/20 = {_fmt(ceiling, '.2f')}; decides nothing)",
-             _fmt(numbers.get("jaccard_static_k20"), ".2f"), paper("jaccard_static_k20", ".2f")),
-            ("unique heads", _fmt(numbers.get("unique_heads"), ".0f"), paper("unique_heads", ".0f")),
-            ("entropy (ln 20 = 3.00)", _fmt(numbers.get("entropy"), ".2f"), paper("entropy", ".2f"))]
+             _fmt(numbers.get("jaccard_static_k20"), ".2f"), _paper_dynamism("jaccard_static_k20", ".2f", task)),
+            ("unique heads", _fmt(numbers.get("unique_heads"), ".0f"), _paper_dynamism("unique_heads", ".0f", task))]
 
 
 def _ablation_rows(numbers: Mapping[str, float | None], metric: str, task: str) -> list[tuple[str, str, str]]:
