@@ -29,7 +29,8 @@ STATIC_SPLIT = "static"  # the seed / question stream static heads are scored on
 # ---- pieces ----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelSettings:
-    model: str | None = setting(None, "hub id, local folder or .gguf file; None = the embedded SmolLM2")
+    model: str | None = setting(None, "hub id, local folder, .gguf file or qwen2.5-coder-0.5b (packaged); "
+                                        "None = the embedded SmolLM2")
     dtype: str = setting("auto", "model dtype: auto (the checkpoint's), float32, bfloat16, float16")
     device: str | None = setting(None, "cpu or cuda; None picks cuda when available")
 
@@ -54,7 +55,8 @@ class NiahGrid(NiahCells):
 
 @dataclass(frozen=True)
 class QaGrid(Seeded):
-    data: str | None = setting(None, "HotpotQA JSON/JSONL file or saved dataset; None = synthetic questions; "
+    data: str | None = setting(None, "HotpotQA JSON/JSONL file or saved dataset; hotpotqa-dev = the official dev set "
+                                     "(packaged); None = synthetic questions; "
                                      "multihop[:hops=2,...] = the multihop task")
     questions: int = setting(45, "questions of the stream, spread over the grid cells")
     first: int = setting(0, "index of the stream's first question in the data (streams must not overlap)")
@@ -196,5 +198,5 @@ class RagFields(QaGrid, ModelSettings):
 class ReproduceConfig(Seeded, ModelSettings):
     preset: str = setting("quick", "smoke (seconds, any model), quick (2-core CPU, minutes), paper (the paper's "
                                    "sizes, GPU)")
-    hotpotqa: str | None = setting(None, "real HotpotQA file; None = the preset's question source (quick: "
-                                         "multihop; else synthetic)")
+    hotpotqa: str | None = setting(None, "real HotpotQA file or hotpotqa-dev; None = the preset's question "
+                                         "source (quick: multihop; paper: hotpotqa-dev; smoke: synthetic)")
