@@ -92,3 +92,32 @@ def test_a_gguf_file_is_named_by_its_stem():
     lm = load_model(embedded_gguf_path())
     assert lm.name == "SmolLM2-135M-Instruct.Q4_1"
     assert lm.describe()["revision"].startswith("sha256:") and "packaged" not in lm.describe()
+
+
+def test_every_runner_that_takes_data_reads_hotpotqa_dev(tiny_model_dir, dev_file, tmp_path):
+    """static-reasoning fits on one stream, ablation and RAG evaluate others: each records the official ids, its
+    source and, per record, the question's ``record_id``; the static list's questions are refused for the others."""
+    from dynheads.experiments.ablation import AblationConfig, run_ablation
+    from dynheads.experiments.rag import RagConfig, run_rag
+    from dynheads.experiments.settings import StaticReasoningConfig
+    from dynheads.experiments.static import run_static_reasoning
+    from dynheads.runs import RunDir
+
+    lm = load_model(tiny_model_dir)
+    ids = [raw["_id"] for raw in json.loads(dev_file.read_text(encoding="utf-8"))[:3]]
+    grid = dict(model=str(tiny_model_dir), data="hotpotqa-dev", questions=1, lengths=(1000,), depths=(0.5,),
+                max_new_tokens=2)
+    run_static_reasoning(StaticReasoningConfig(**grid, first=0), tmp_path / "static", lm=lm, progress=False)
+    static = str(tmp_path / "static" / "static_heads.json")
+    run_ablation(AblationConfig(**grid, first=1, task="hotpotqa", strategies=("static",), static=static),
+                 tmp_path / "ablation", lm=lm, progress=False)
+    run_rag(RagConfig(**grid, first=2, strategies=("none",)), tmp_path / "rag", lm=lm, progress=False)
+    for folder, record_id in zip(("static", "ablation", "rag"), ids, strict=True):
+        run = RunDir(tmp_path / folder)
+        manifest = run.manifest()
+        assert manifest["questions"]["ids"] == [record_id], folder
+        assert manifest["source"]["packaged"]["sha256"] == packaged.PACKAGED["hotpotqa-dev"].sha256, folder
+        assert {record["record_id"] for record in run.records()} == {record_id}, folder
+    with pytest.raises(DynheadsError, match=ids[0]):  # the refusal names the shared official id
+        run_ablation(AblationConfig(**grid, first=0, task="hotpotqa", strategies=("static",), static=static),
+                     tmp_path / "overlap", lm=lm, progress=False)
