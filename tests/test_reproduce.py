@@ -75,7 +75,7 @@ def test_the_paper_preset_says_where_every_value_comes_from():
     from dynheads.experiments.reproduce import PAPER_PRESET_SOURCES, PRESETS
 
     paper = PRESETS["paper"]
-    stage_tables = {key: table for key, table in paper.items() if key != "sources"}
+    stage_tables = {key: table for key, table in paper.items() if key not in ("sources", "qa_source")}
     assert set(PAPER_PRESET_SOURCES) == {*stage_tables, "qa_source"}
     for stage, table in stage_tables.items():  # every value has a source, and every source a value
         assert set(PAPER_PRESET_SOURCES[stage]) == (set(table) or {"defaults"}), stage

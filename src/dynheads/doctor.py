@@ -27,7 +27,8 @@ class Check:
 
 
 def run_checks() -> list[Check]:
-    checks: list[Callable[[], Check]] = [_torch, _device, _embedded_model, _haystack, _cache, _spacy_model, _chromium]
+    checks: list[Callable[[], Check]] = [_torch, _device, _embedded_model, _packaged, _haystack, _cache, _spacy_model,
+                                         _chromium]
     results = []
     for check in checks:
         try:
@@ -68,6 +69,18 @@ def _embedded_model() -> Check:
     cached = list((cache_root() / "gguf").glob(f"*-transformers{transformers.__version__}/config.json"))
     note = "de-quantised copy cached" if cached else "de-quantised on first use (about a minute), then cached"
     return Check("embedded model", True, f"{path} ({path.stat().st_size / 1e6:.0f} MB); {note}")
+
+
+def _packaged() -> Check:
+    """Real data sets and models read from pinned wheels (--data hotpotqa-dev, --model qwen2.5-coder-0.5b): optional,
+    each fetched on first use, so this only says which are in the cache already."""
+    from dynheads.packaged import PACKAGED, cache_root
+
+    cached = [name for name, entry in PACKAGED.items()
+              if (cache_root() / "packaged" / name / entry.filename).is_file()]
+    later = [name for name in PACKAGED if name not in cached]
+    return Check("packaged files", True, f"cached: {', '.join(cached) or 'none'}"
+                 + (f"; fetched from PyPI on first use: {', '.join(later)}" if later else ""))
 
 
 def _haystack() -> Check:

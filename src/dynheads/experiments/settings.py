@@ -30,7 +30,8 @@ STATIC_SPLIT = "static"  # the seed / question stream static heads are scored on
 # ---- pieces ----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelSettings:
-    model: str | None = setting(None, "hub id, local folder or .gguf file; None = the embedded SmolLM2")
+    model: str | None = setting(None, "hub id, local folder, .gguf file or qwen2.5-coder-0.5b (packaged); "
+                                        "None = the embedded SmolLM2")
     dtype: str = setting("auto", "model dtype: auto (the checkpoint's), float32, bfloat16, float16")
     device: str | None = setting(None, "cpu or cuda; None picks cuda when available")
 
@@ -55,7 +56,8 @@ class NiahGrid(NiahCells):
 
 @dataclass(frozen=True)
 class QaGrid(Seeded):
-    data: str | None = setting(None, "HotpotQA JSON/JSONL file or saved dataset; None = synthetic questions; "
+    data: str | None = setting(None, "HotpotQA JSON/JSONL file or saved dataset; hotpotqa-dev = the official dev set "
+                                     "(packaged); None = synthetic questions; "
                                      "multihop[:hops=2,...] = the multihop task")
     questions: int = setting(45, "questions of the stream, spread over the grid cells")
     first: int = setting(0, "index of the stream's first question in the data (streams must not overlap)")
@@ -198,8 +200,8 @@ class ReproduceConfig(Seeded, ModelSettings):
     preset: str = setting("quick", "smoke (seconds, any model), quick (2-core CPU, minutes; verdicts may be below the "
                                    "sample floor), standard (every verdict at the sample floor; docs/results), paper "
                                    "(the paper's sizes, GPU)")
-    hotpotqa: str | None = setting(None, "real HotpotQA file; None = the preset's question source (quick: "
-                                         "multihop; else synthetic)")
+    hotpotqa: str | None = setting(None, "real HotpotQA file or hotpotqa-dev; None = the preset's question "
+                                         "source (quick, standard: multihop; paper: hotpotqa-dev; smoke: synthetic)")
     floor: int = setting(DEFAULT_FLOOR, "fewest samples (per compared arm) a verdict is decided on; below it the "
                                         "verdict is inconclusive")
     resamples: int = setting(DEFAULT_RESAMPLES, "bootstrap resamples for every verdict's 95 % interval (seeded by "

@@ -30,6 +30,7 @@ class TaskGrid:
     stream: QuestionStream | None = None  # None: the task has no question stream (NIAH)
     question_ids: list[str] = field(default_factory=list)  # record ids of the stream, in source order
     skipped: list[dict] = field(default_factory=list)  # {"record_id", "length", "depth", "reason"} per pair
+    source: dict = field(default_factory=dict)  # where the questions come from (a packaged set: wheels, sha256)
 
     def skip_counts(self) -> dict:
         """Skipped pairs in total, by reason and by cell ("length/depth"): what outputs report."""
@@ -42,7 +43,8 @@ class TaskGrid:
         if self.stream is None:
             return {}
         return {"questions": self.stream.describe(self.question_ids),
-                "skipped": {**self.skip_counts(), "pairs": self.skipped}}
+                "skipped": {**self.skip_counts(), "pairs": self.skipped},
+                **({"source": self.source} if self.source else {})}
 
     def skip_note(self) -> str:
         """One line for markdown and CLI output ('' when nothing was skipped)."""
@@ -110,7 +112,7 @@ def hotpotqa_grid(config: Any, tokenizer) -> TaskGrid:
     if not samples:
         raise DynheadsError(f"all {len(chosen)} (question, cell) pairs were skipped ({skipped[0]['reason']}): "
                             "use longer --lengths or other questions")
-    return TaskGrid(samples, stream, [record.id for record in chosen], skipped)
+    return TaskGrid(samples, stream, [record.id for record in chosen], skipped, hotpotqa.describe_source(config.data))
 
 
 def multihop_grid(config: Any, tokenizer) -> TaskGrid:

