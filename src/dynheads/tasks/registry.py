@@ -19,8 +19,8 @@ from typing import Any
 
 from dynheads.errors import DynheadsError
 from dynheads.scores import ScoreKind, check_kind
-from dynheads.tasks import hotpotqa, multihop, niah
-from dynheads.tasks.grid import TaskGrid, hotpotqa_grid, multihop_grid, niah_grid
+from dynheads.tasks import hotpotqa, multihop, niah, ruler
+from dynheads.tasks.grid import TaskGrid, hotpotqa_grid, multihop_grid, niah_grid, ruler_grid
 from dynheads.tasks.sample import Sample
 
 
@@ -90,9 +90,12 @@ def get_task(name: str) -> Task:
 
 def task_of(name: str, data: str | None = None) -> Task:
     """The task a config selects: ``name``, except that HotpotQA with ``multihop[:options]`` data is the multi-hop
-    task (the spelling commands and TOML files have always used)."""
+    task (the spelling commands and TOML files have always used), and with ``variable_tracking[:options]`` or
+    ``multikey_niah[:options]`` data that RULER task."""
     if name == "hotpotqa" and multihop.is_source(data):
         return get_task("multihop")
+    if name == "hotpotqa" and ruler.source_of(data):
+        return get_task(ruler.source_of(data))
     return get_task(name)
 
 
@@ -136,3 +139,24 @@ MULTIHOP = register(Task(
     name="multihop", label="Multi-hop", score_kind="reasoning", static_kind="reasoning", metrics=QA_METRICS,
     score=lambda sample, text: multihop.score(sample.answer, text), grid=multihop_grid, prompt=_multihop_prompt,
     paper_task="hotpotqa", questions=True, fade_sparse_cells=True))
+
+
+def _ruler_prompt(name: str) -> Callable[[Any], dict]:
+    def prompt(config: Any) -> dict:
+        data = config.data or name
+        user = ruler.NIAH_USER if name == ruler.MK_SOURCE else (
+            ruler.VT_ALL if ruler.parse_source(data).query == "all" else ruler.VT_VALUE)
+        return {"system": ruler.SYSTEM_PROMPT, "user": user, "data": data, "form": ruler.describe_form(data),
+                "haystack": ruler.NOISE, "metric": "RULER string match (share of the reference values in the output)"}
+    return prompt
+
+
+RULER_METRICS = {"string_match": "string match", "em": "EM", "f1": "F1"}
+VARIABLE_TRACKING = register(Task(
+    name=ruler.VT_SOURCE, label="Variable tracking", score_kind="reasoning", static_kind="reasoning",
+    metrics=RULER_METRICS, score=ruler.score, grid=ruler_grid(ruler.VT_SOURCE), prompt=_ruler_prompt(ruler.VT_SOURCE),
+    paper_task="hotpotqa", questions=True, fade_sparse_cells=True))
+MULTIKEY_NIAH = register(Task(
+    name=ruler.MK_SOURCE, label="Multi-key NIAH", score_kind="reasoning", static_kind="reasoning",
+    metrics=RULER_METRICS, score=ruler.score, grid=ruler_grid(ruler.MK_SOURCE), prompt=_ruler_prompt(ruler.MK_SOURCE),
+    questions=True, fade_sparse_cells=True))
