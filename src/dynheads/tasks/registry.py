@@ -90,10 +90,13 @@ def get_task(name: str) -> Task:
 
 def task_of(name: str, data: str | None = None) -> Task:
     """The task a config selects: ``name``, except that HotpotQA with ``multihop[:options]`` data is the multi-hop
-    task (the spelling commands and TOML files have always used), and with ``variable_tracking[:options]`` or
+    task (the spelling commands and TOML files have always used; its one-hop form, the default, is the
+    key-value lookup: one retrieval is not multi-hop, and runs written as ``multihop`` read so too), and with ``variable_tracking[:options]`` or
     ``multikey_niah[:options]`` data that RULER task."""
-    if name == "hotpotqa" and multihop.is_source(data):
-        return get_task("multihop")
+    if name in (MULTIHOP_NAME, KV_LOOKUP_NAME) and data is None:
+        data = multihop.SOURCE  # the form its grid builds
+    if name in ("hotpotqa", MULTIHOP_NAME, KV_LOOKUP_NAME) and multihop.is_source(data):
+        return get_task(MULTIHOP_NAME if multihop.parse_source(data).hops == 2 else KV_LOOKUP_NAME)
     if name == "hotpotqa" and ruler.source_of(data):
         return get_task(ruler.source_of(data))
     return get_task(name)
@@ -122,8 +125,9 @@ def _hotpotqa_prompt(config: Any) -> dict:
 
 def _multihop_prompt(config: Any) -> dict:
     data = config.data or multihop.SOURCE
-    return {"system": multihop.SYSTEM_PROMPT, "user": multihop.USER_TEMPLATE, "data": data,
-            "form": asdict(multihop.parse_source(data))}
+    form = multihop.parse_source(data)
+    return {"system": multihop.SYSTEM_PROMPT, "user": multihop.USER_TEMPLATE, "data": data, "form": asdict(form),
+            "label": form.label}
 
 
 QA_METRICS = {"em": "EM", "f1": "F1"}
@@ -135,9 +139,20 @@ HOTPOTQA = register(Task(
     name="hotpotqa", label="HotpotQA", score_kind="reasoning", static_kind="reasoning", metrics=QA_METRICS,
     score=lambda sample, text: hotpotqa.score(sample.answer, text), grid=hotpotqa_grid, prompt=_hotpotqa_prompt,
     questions=True, fade_sparse_cells=True))
+MULTIHOP_NAME, KV_LOOKUP_NAME = "multihop", "kv_lookup"
+
+
+def _multihop_score(sample: Sample, text: str) -> dict[str, float]:
+    return multihop.score(sample.answer, text, sample.meta.get("candidates"))
+
+
 MULTIHOP = register(Task(
-    name="multihop", label="Multi-hop", score_kind="reasoning", static_kind="reasoning", metrics=QA_METRICS,
-    score=lambda sample, text: multihop.score(sample.answer, text), grid=multihop_grid, prompt=_multihop_prompt,
+    name=MULTIHOP_NAME, label="Multi-hop", score_kind="reasoning", static_kind="reasoning", metrics=QA_METRICS,
+    score=_multihop_score, grid=multihop_grid, prompt=_multihop_prompt,
+    paper_task="hotpotqa", questions=True, fade_sparse_cells=True))
+KV_LOOKUP = register(Task(  # the multihop task's one-hop form (multihop:hops=1, its default)
+    name=KV_LOOKUP_NAME, label="Key-value lookup", score_kind="reasoning", static_kind="reasoning",
+    metrics=QA_METRICS, score=_multihop_score, grid=multihop_grid, prompt=_multihop_prompt,
     paper_task="hotpotqa", questions=True, fade_sparse_cells=True))
 
 
