@@ -91,8 +91,8 @@ def get_task(name: str) -> Task:
 def task_of(name: str, data: str | None = None) -> Task:
     """The task a config selects: ``name``, except that HotpotQA with ``multihop[:options]`` data is the multi-hop
     task (the spelling commands and TOML files have always used; its one-hop form, the default, is the
-    key-value lookup: one retrieval is not multi-hop, and runs written as ``multihop`` read so too), and with ``variable_tracking[:options]`` or
-    ``multikey_niah[:options]`` data that RULER task."""
+    key-value lookup: one retrieval is not multi-hop, and runs written as ``multihop`` read so too), and with
+    ``variable_tracking[:options]`` or ``multikey_niah[:options]`` data that RULER task."""
     if name in (MULTIHOP_NAME, KV_LOOKUP_NAME) and data is None:
         data = multihop.SOURCE  # the form its grid builds
     if name in ("hotpotqa", MULTIHOP_NAME, KV_LOOKUP_NAME) and multihop.is_source(data):
