@@ -197,3 +197,22 @@ def test_cli_traces_variable_tracking_at_each_hop_count(tiny_model_dir, tmp_path
                for r in rows)
     summary = (out / "summary.md").read_text()
     assert "chance" in summary and "first candidate" in summary and "gold rank" in summary
+
+
+def test_ablation_grid_runs_variable_tracking_and_labels_realised_depths(tiny_model_dir, tmp_path):
+    import pandas as pd
+
+    from dynheads.experiments.ablation import AblationConfig, run_ablation
+    from dynheads.models import load_model
+
+    lm = load_model(tiny_model_dir)
+    config = AblationConfig(task="variable_tracking", data="variable_tracking:hops=1,chains=3", questions=2,
+                            lengths=(250,), depths=(0.0, 1.0), max_new_tokens=2, strategies=("random",),
+                            model=str(tiny_model_dir))
+    run = run_ablation(config, tmp_path / "ablation", lm=lm, progress=False)
+    assert {r["strategy"] for r in run.records()} == {"none", "random"}
+    cells = pd.read_csv(tmp_path / "ablation" / "cells.csv")
+    # the heat map's depth axis carries where the gold chains landed beside the depth asked for
+    realised = cells.groupby("depth")["depth_realised"].mean()
+    assert realised[0.0] < realised[1.0] and realised.between(0, 1).all()
+    assert (tmp_path / "ablation" / "plots" / "ablation-string_match.png").is_file()
