@@ -71,7 +71,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--form", action="append", required=True, help="a data spelling, e.g. variable_tracking:hops=2")
     parser.add_argument("--questions", type=int, default=24)
-    parser.add_argument("--lengths", default="500")
+    parser.add_argument("--lengths", default="500", help="context lengths in tokens, e.g. 500,1000")
+    parser.add_argument("--length", type=int, help="one context length (the old spelling of --lengths)")
     parser.add_argument("--depths", default="0.1,0.5,0.9")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--first", type=int, default=0)
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     lm = load_model()
-    lengths = tuple(int(n) for n in args.lengths.split(","))
+    lengths = (args.length,) if args.length else tuple(int(n) for n in args.lengths.split(","))
     depths = tuple(float(d) for d in args.depths.split(","))
     rows = []
     for spec in args.form:

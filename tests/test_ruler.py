@@ -216,3 +216,17 @@ def test_ablation_grid_runs_variable_tracking_and_labels_realised_depths(tiny_mo
     realised = cells.groupby("depth")["depth_realised"].mean()
     assert realised[0.0] < realised[1.0] and realised.between(0, 1).all()
     assert (tmp_path / "ablation" / "plots" / "ablation-string_match.png").is_file()
+
+
+def test_rag_table_shows_chance_and_distractor_share(tiny_model_dir, tmp_path):
+    from dynheads.experiments.rag import RagConfig, run_rag
+    from dynheads.models import load_model
+
+    lm = load_model(tiny_model_dir)
+    rag = RagConfig(data="variable_tracking:hops=1,chains=3", questions=3, lengths=(250,),
+                    strategies=("none", "full-context"), ks=(2,), max_new_tokens=2, draft_tokens=2)
+    answers = run_rag(rag, tmp_path / "rag", lm=lm, progress=False).records()
+    assert {r["strategy"] for r in answers} == {"none", "full-context"}
+    assert all(len(r["meta"]["candidates"]) == 3 for r in answers)
+    text = (tmp_path / "rag" / "rag.md").read_text()
+    assert "a random same-form candidate 0.333 EM" in text and "wrong = a distractor's value" in text
