@@ -143,6 +143,14 @@ def test_chance_heuristics_and_distractor_share_on_constructed_samples():
     assert candidates.is_distractor("The  Lamp", "x", ["lamp"], lambda t: " ".join(t.lower().split()[-1:])) == 1.0
 
 
+def test_one_statement_form_is_named_a_key_value_lookup():
+    for data in ("variable_tracking:hops=0", "variable_tracking:hops=0,chains=4"):
+        assert task_of("hotpotqa", data).label == "Key-value lookup (VAR statements)"
+        assert task_of("variable_tracking", data).name == "vt_lookup"
+    assert task_of("hotpotqa", "variable_tracking:hops=1").label == "Variable tracking"
+    assert task_of("variable_tracking").label == "Variable tracking"  # its default form has 2 hops
+
+
 @pytest.mark.parametrize(("data", "message"), [
     ("variable_tracking:hops=-1", "hops must be between"),
     ("variable_tracking:chains=0", "chains must be >= 1"),

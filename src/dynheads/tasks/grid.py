@@ -125,14 +125,14 @@ def multihop_grid(config: Any, tokenizer) -> TaskGrid:
 
 
 
-def ruler_grid(name: str):
+def ruler_grid(name: str, default: str | None = None):
     """The grid builder of RULER task ``name`` (``variable_tracking`` or ``multikey_niah``): its questions over the
-    same cells as HotpotQA's grid; ``config.data`` spells the form (None: the defaults). Question i of the stream
-    is seeded by i and its fact order cycles (``ruler.gold_rank_of``)."""
+    same cells as HotpotQA's grid; ``config.data`` spells the form (None: ``default``, else the task's defaults).
+    Question i of the stream is seeded by i and its fact order cycles (``ruler.gold_rank_of``)."""
 
     def grid(config: Any, tokenizer) -> TaskGrid:
         _cells(config)
-        data = config.data or name
+        data = config.data or default or name
         if ruler.source_of(data) != name:
             raise DynheadsError(f"the {name} task reads {name}[:options] data, got {data!r}")
         stream = question_stream(config)

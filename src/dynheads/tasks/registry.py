@@ -97,6 +97,8 @@ def task_of(name: str, data: str | None = None) -> Task:
         data = multihop.SOURCE  # the form its grid builds
     if name in ("hotpotqa", MULTIHOP_NAME, KV_LOOKUP_NAME) and multihop.is_source(data):
         return get_task(MULTIHOP_NAME if multihop.parse_source(data).hops == 2 else KV_LOOKUP_NAME)
+    if name in ("hotpotqa", ruler.VT_SOURCE, VT_LOOKUP_NAME) and ruler.source_of(data) == ruler.VT_SOURCE:
+        return get_task(VT_LOOKUP_NAME if ruler.parse_source(data).hops == 0 else ruler.VT_SOURCE)
     if name == "hotpotqa" and ruler.source_of(data):
         return get_task(ruler.source_of(data))
     return get_task(name)
@@ -156,9 +158,9 @@ KV_LOOKUP = register(Task(  # the multihop task's one-hop form (multihop:hops=1,
     paper_task="hotpotqa", questions=True, fade_sparse_cells=True))
 
 
-def _ruler_prompt(name: str) -> Callable[[Any], dict]:
+def _ruler_prompt(name: str, default: str | None = None) -> Callable[[Any], dict]:
     def prompt(config: Any) -> dict:
-        data = config.data or name
+        data = config.data or default or name
         user = ruler.NIAH_USER if name == ruler.MK_SOURCE else (
             ruler.VT_ALL if ruler.parse_source(data).query == "all" else ruler.VT_VALUE)
         return {"system": ruler.SYSTEM_PROMPT, "user": user, "data": data, "form": ruler.describe_form(data),
@@ -171,6 +173,12 @@ VARIABLE_TRACKING = register(Task(
     name=ruler.VT_SOURCE, label="Variable tracking", score_kind="reasoning", static_kind="reasoning",
     metrics=RULER_METRICS, score=ruler.score, grid=ruler_grid(ruler.VT_SOURCE), prompt=_ruler_prompt(ruler.VT_SOURCE),
     paper_task="hotpotqa", questions=True, fade_sparse_cells=True))
+VT_LOOKUP_NAME, VT_LOOKUP_DATA = "vt_lookup", "variable_tracking:hops=0"
+VT_LOOKUP = register(Task(  # variable tracking with no links: one VAR statement to find, not multi-hop
+    name=VT_LOOKUP_NAME, label="Key-value lookup (VAR statements)", score_kind="reasoning", static_kind="reasoning",
+    metrics=RULER_METRICS, score=ruler.score, grid=ruler_grid(ruler.VT_SOURCE, VT_LOOKUP_DATA),
+    prompt=_ruler_prompt(ruler.VT_SOURCE, VT_LOOKUP_DATA), paper_task="hotpotqa", questions=True,
+    fade_sparse_cells=True))
 MULTIKEY_NIAH = register(Task(
     name=ruler.MK_SOURCE, label="Multi-key NIAH", score_kind="reasoning", static_kind="reasoning",
     metrics=RULER_METRICS, score=ruler.score, grid=ruler_grid(ruler.MK_SOURCE), prompt=_ruler_prompt(ruler.MK_SOURCE),
