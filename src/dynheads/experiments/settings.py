@@ -197,4 +197,4 @@ class ReproduceConfig(Seeded, ModelSettings):
     preset: str = setting("quick", "smoke (seconds, any model), quick (2-core CPU, minutes), paper (the paper's "
                                    "sizes, GPU)")
     hotpotqa: str | None = setting(None, "real HotpotQA file; None = the preset's question source (quick: "
-                                         "multihop; else synthetic)")
+                                         "a variable-tracking key-value lookup; else synthetic)")
