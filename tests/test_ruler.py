@@ -138,6 +138,13 @@ def test_chance_heuristics_and_distractor_share_on_constructed_samples():
     assert empty["n"] == 0 and empty["chance"] != empty["chance"]  # NaN: no candidates, no chance level
     all_right = candidates.summarise(records([("1", ["1", "2"], 1.0, 0.0)]))
     assert all_right["wrong"] == 0 and all_right["distractor_share"] != all_right["distractor_share"]
+    # the interval of a mean over samples: a point when every sample agrees, NaN below two samples, else around it
+    assert candidates.interval([0.5] * 5) == (0.5, 0.5)
+    assert all(v != v for v in candidates.interval([1.0]))
+    low, high = candidates.interval([0.0, 1.0] * 20)
+    assert 0.3 < low < 0.5 < high < 0.7
+    gaps = candidates.gaps(rows)
+    assert list(gaps["first"]) == [0.0, 0.0, 0.0, 0.0] and list(gaps["last"]) == [1.0, 0.0, -1.0, -1.0]
     assert candidates.is_distractor("2", "1", ["1", "2"]) == 1.0
     assert candidates.is_distractor("1", "1", ["1", "2"]) == 0.0 and candidates.is_distractor("9", "1", ["1"]) == 0.0
     assert candidates.is_distractor("The  Lamp", "x", ["lamp"], lambda t: " ".join(t.lower().split()[-1:])) == 1.0
