@@ -56,8 +56,9 @@ def hotpot_samples(config: HotpotConfig, tokenizer) -> list[Sample]:
 def run_hotpotqa(config: HotpotConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
                  on_sample: Callable[[dict], None] | None = None, batch_size: int = 1,
                  device_map: str | None = None) -> RunDir:
-    """Trace every question into ``out`` (Eq. 2 scores per head and step); resumable. The run's ``kind`` is the
-    task's name: ``hotpotqa``, or ``multihop`` for ``multihop[:options]`` data."""
+    """Trace every question into ``out`` (Eq. 2 scores per head and step); resumable; ``summary.md`` holds the
+    answers' table (``qa_summary``). The run's ``kind`` is the task's name: ``hotpotqa``; ``multihop`` or
+    ``kv_lookup`` for ``multihop[:options]`` data; ``variable_tracking``, ``vt_lookup`` or ``multikey_niah``."""
     task = qa_task(config)
     run = run_task(task, config, out, lm=lm, device_map=device_map, progress=progress, on_sample=on_sample,
                    batch_size=batch_size)
