@@ -80,6 +80,16 @@ def test_fact_order_is_balanced_over_the_stream_and_within_cells(embedded):
     assert len({s.seed for s in samples}) == 18  # every question has its own seed
 
 
+@pytest.mark.parametrize(("cells", "count"), [(1, 3), (2, 3), (3, 4), (6, 3), (5, 5), (4, 2)])
+def test_gold_rank_balances_the_stream_and_each_cell(cells, count):
+    ranks = [ruler.gold_rank_of(i, cells, count) for i in range(cells * count * 2)]
+    assert Counter(ranks) == {r: cells * 2 for r in range(count)}
+    for cell in range(cells):  # consecutive rounds of one cell go through every rank
+        assert sorted(ranks[cell::cells][:count]) == list(range(count))
+    window = ranks[:count]  # any `count` consecutive questions of a stream start cover every order when cells >= count
+    assert sorted(window) == list(range(count)) or cells < count
+
+
 def test_multikey_niah_needles_and_needle_haystack(embedded):
     tok = embedded.tokenizer
     sample = ruler.make_sample(tok, data="multikey_niah:keys=4", context_tokens=400, depth=1.0, seed=2, gold_rank=3)

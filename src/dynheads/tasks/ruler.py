@@ -21,8 +21,7 @@ niah_multikey_2/3 haystack).
 
 Fact order and positions: the gold chain (needle) sits in a window of ``spread`` of the context at ``depth``; the
 distractor chains (needles) take value lines before or after it so that the gold value's rank among the
-candidate values cycles over the stream (``gold_rank``, recorded per sample, balanced: question i has rank
-(i + i // cells) mod candidates). Each sample records its candidates in context order (``meta.candidates``,
+candidate values cycles over the stream (``gold_rank``, recorded per sample, balanced: ``gold_rank_of``). Each sample records its candidates in context order (``meta.candidates``,
 read by ``dynheads.tasks.candidates``), the realised depth of each gold statement (``meta.fact_depths``, token
 position over the context span) and their mean (``meta.depth_realised``). Eq. 2's needle (``needle_positions``)
 is every token of the gold statements: the whole gold chain, or the gold needle.
@@ -322,9 +321,11 @@ def make_sample(tokenizer: PreTrainedTokenizerBase, *, data: str, context_tokens
 
 
 def gold_rank_of(index: int, cells: int, candidates: int) -> int:
-    """Question ``index``'s gold rank: cycles over 0..candidates-1 within every round of the cells and, across
-    rounds, within every cell (so neither the stream nor a cell leans to one fact order)."""
-    return (index + index // max(cells, 1)) % candidates
+    """Question ``index``'s gold rank: (cell + round) mod candidates, where question i sits in cell i mod cells
+    of round i div cells. Within a round consecutive cells take consecutive ranks, and each cell steps through
+    every rank over consecutive rounds, so neither the stream nor a cell leans to one fact order."""
+    cells = max(cells, 1)
+    return (index % cells + index // cells) % candidates
 
 
 def grid_samples(tokenizer: PreTrainedTokenizerBase, *, data: str, questions: int, lengths: tuple[int, ...],
