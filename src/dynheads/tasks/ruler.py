@@ -21,8 +21,9 @@ niah_multikey_2/3 haystack).
 
 Fact order and positions: the gold chain (needle) sits in a window of ``spread`` of the context at ``depth``; the
 distractor chains (needles) take value lines before or after it so that the gold value's rank among the
-candidate values cycles over the stream (``gold_rank``, recorded per sample, balanced: ``gold_rank_of``). Each sample records its candidates in context order (``meta.candidates``,
-read by ``dynheads.tasks.candidates``), the realised depth of each gold statement (``meta.fact_depths``, token
+candidate values cycles over the stream (``gold_rank``, recorded per sample, balanced: ``gold_rank_of``).
+Each sample records its candidates in context order (``meta.candidates``, read by ``dynheads.tasks.candidates``),
+the realised depth of each gold statement (``meta.fact_depths``, token
 position over the context span) and their mean (``meta.depth_realised``). Eq. 2's needle (``needle_positions``)
 is every token of the gold statements: the whole gold chain, or the gold needle.
 """
