@@ -1,11 +1,16 @@
-"""Calibrate the multihop task on a model: full-context vs context-hidden EM / accuracy per question form.
+"""Calibrate a question task on a model: full-context accuracy beside chance, position heuristics and fact order.
 
-"full": greedy decoding (``model.generate``) of the task prompt. "hidden": the same prompt with the context
-left out (the question alone, closed book). Generations are scored by ``multihop.score``. One JSON line per
-form is appended to ``--out``; the markdown table is printed at the end.
+``--form`` is a ``data`` spelling of any question task (``variable_tracking:hops=2,chains=3``,
+``multikey_niah:keys=4``, ``multihop:hops=1,distractors=2``; a bare ``hops=..`` is the multihop task, the old
+spelling). Samples come from the task's own grid (``registry.task_of("hotpotqa", data)``), answers from greedy
+decoding (``model.generate``) of the task prompt, scores from the task's ``score``. Beside the model's EM: the
+expected EM of a random same-form candidate from the context (chance), of "answer the first / last candidate"
+(position heuristics), EM by the gold fact's rank among the candidates (fact order) and the share of wrong
+answers that are a distractor's value (``dynheads.tasks.candidates``). ``--hidden`` adds the context-hidden
+baseline of the multihop task. One JSON line per form is appended to ``--out``; a markdown table is printed.
 
-    OMP_NUM_THREADS=1 python benchmarks/calibrate_multihop.py --questions 50 --length 1000 \
-        --form hops=2,distractors=6,value=number --form hops=1,distractors=6,value=number --out calib.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/calibrate_multihop.py --questions 24 --length 500 \
+        --form variable_tracking:hops=2,chains=3 --form multihop:hops=1,distractors=2 --out calib.jsonl
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import time
 import numpy as np
 import torch
 
+from dynheads.experiments.settings import HotpotConfig
 from dynheads.models import load_model
-from dynheads.tasks import multihop
+from dynheads.tasks import candidates, multihop
 from dynheads.tasks.prompting import render_chat
+from dynheads.tasks.registry import task_of
 
 
 def greedy(lm, input_ids: list[int], max_new_tokens: int) -> str:
@@ -29,51 +36,67 @@ def greedy(lm, input_ids: list[int], max_new_tokens: int) -> str:
     return lm.tokenizer.decode(out[0, len(input_ids):], skip_special_tokens=True)
 
 
-def calibrate(lm, spec: str, questions: int, length: int, depths: tuple[float, ...], seed: int,
-              max_new_tokens: int) -> dict:
-    form = multihop.parse_source(f"{multihop.SOURCE}:{spec}")
-    samples = multihop.grid_samples(lm.tokenizer, questions=questions, lengths=(length,), depths=depths,
-                                    seed=seed, form=form)
-    row: dict = {"form": spec, "n": len(samples), "context_tokens": length,
+def calibrate(lm, spec: str, questions: int, lengths: tuple[int, ...], depths: tuple[float, ...], seed: int,
+              first: int, max_new_tokens: int, hidden: bool) -> dict:
+    data = spec if ":" in spec or "=" not in spec else f"{multihop.SOURCE}:{spec}"
+    task = task_of("hotpotqa", data)
+    config = HotpotConfig(data=data, questions=questions, first=first, lengths=lengths, depths=depths, seed=seed,
+                          split="calibration")
+    samples = task.grid(config, lm.tokenizer).samples
+    row: dict = {"form": data, "task": task.name, "n": len(samples), "lengths": list(lengths),
+                 "depths": list(depths), "first": first, "seed": seed,
                  "prompt_tokens": float(np.mean([len(s.input_ids) for s in samples]))}
     start = time.perf_counter()
-    closed = {s.sample_id: render_chat(lm.tokenizer, multihop.SYSTEM_PROMPT, multihop.USER_TEMPLATE.format(
-        context="", question=s.question)).input_ids for s in samples}
-    for name in ("full", "hidden"):
-        texts = [greedy(lm, s.input_ids if name == "full" else closed[s.sample_id], max_new_tokens) for s in samples]
-        scores = [multihop.score(s.answer, text) for s, text in zip(samples, texts, strict=True)]
-        row[f"{name}_examples"] = texts[:3]
-        row[f"{name}_em"] = float(np.mean([s["em"] for s in scores]))
-        row[f"{name}_acc"] = float(np.mean([s["accuracy"] for s in scores]))
-        row[f"{name}_f1"] = float(np.mean([s["f1"] for s in scores]))
+    texts = [greedy(lm, s.input_ids, max_new_tokens) for s in samples]
+    records = [{"answer": s.answer, "meta": s.meta, "metrics": task.score(s, text), "context_tokens": s.context_tokens,
+                "depth": s.depth} for s, text in zip(samples, texts, strict=True)]
+    row["examples"] = texts[:3]
+    for metric in task.metrics:
+        row[f"full_{metric}"] = float(np.mean([r["metrics"][metric] for r in records]))
+    row.update({f"cand_{k}": v for k, v in candidates.summarise(records).items()})
+    row["by_rank"] = {str(k): v for k, v in candidates.by_gold_rank(records).items()}
+    row["by_length"] = {str(length): float(np.mean([r["metrics"]["em"] for r in records
+                                                    if r["context_tokens"] == length])) for length in lengths}
+    row["per_sample_em"] = [r["metrics"]["em"] for r in records]
+    if hidden:
+        closed = [render_chat(lm.tokenizer, multihop.SYSTEM_PROMPT, multihop.USER_TEMPLATE.format(
+            context="", question=s.question)).input_ids for s in samples]
+        row["hidden_em"] = float(np.mean([task.score(s, greedy(lm, ids, max_new_tokens))["em"]
+                                          for s, ids in zip(samples, closed, strict=True)]))
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--form", action="append", required=True, help="hops=..,distractors=..,value=..")
-    parser.add_argument("--questions", type=int, default=50)
-    parser.add_argument("--length", type=int, default=1000)
+    parser.add_argument("--form", action="append", required=True, help="a data spelling, e.g. variable_tracking:hops=2")
+    parser.add_argument("--questions", type=int, default=24)
+    parser.add_argument("--lengths", default="500", help="context lengths in tokens, e.g. 500,1000")
+    parser.add_argument("--length", type=int, help="one context length (the old spelling of --lengths)")
     parser.add_argument("--depths", default="0.1,0.5,0.9")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--hidden", action="store_true", help="also the context-hidden baseline (multihop forms)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     lm = load_model()
+    lengths = (args.length,) if args.length else tuple(int(n) for n in args.lengths.split(","))
     depths = tuple(float(d) for d in args.depths.split(","))
     rows = []
     for spec in args.form:
-        row = calibrate(lm, spec, args.questions, args.length, depths, args.seed, args.max_new_tokens)
+        row = calibrate(lm, spec, args.questions, lengths, depths, args.seed, args.first, args.max_new_tokens,
+                        args.hidden)
         rows.append(row)
         with open(args.out, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
-        print(json.dumps(row), flush=True)
-    print("| form | n | context tokens | full EM | full acc | hidden EM | hidden acc |")
-    print("|---|---|---|---|---|---|---|")
+        print(json.dumps({k: v for k, v in row.items() if k != "per_sample_em"}), flush=True)
+    print("| form | n | EM | chance | first | last | EM by gold rank (n) | wrong = distractor |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['form']} | {r['n']} | {r['context_tokens']} | {r['full_em']:.2f} | {r['full_acc']:.2f} | "
-              f"{r['hidden_em']:.2f} | {r['hidden_acc']:.2f} |")
+        ranks = ", ".join(f"{k}: {m:.2f} ({n})" for k, (n, m) in r["by_rank"].items())
+        print(f"| {r['form']} | {r['n']} | {r['full_em']:.2f} | {r['cand_chance']:.2f} | {r['cand_first']:.2f} | "
+              f"{r['cand_last']:.2f} | {ranks} | {r['cand_distractor_share']:.2f} of {r['cand_wrong']} |")
 
 
 if __name__ == "__main__":

@@ -168,3 +168,17 @@ def test_embedded_model_answers_with_the_full_context(embedded):
     scores = [multihop.score(s.answer, r.text) for s, r in zip(samples, results, strict=True)]
     assert sum(score["em"] for score in scores) >= 2, [r.text for r in results]
     assert all(r.reasoning_scores.shape == (r.num_steps, 30, 9) for r in results)
+
+
+def test_candidates_fact_order_and_realised_depths_are_recorded(embedded):
+    tok = embedded.tokenizer
+    sample = multihop.make_sample(tok, context_tokens=700, depth=0.5, seed=3, form=multihop.MultihopForm(distractors=4))
+    context = tok.decode(sample.input_ids[slice(*sample.context_span)])
+    values = re.findall(r"The magic word for the \w+ is (\w+)\.", context)
+    # every value fact's value, in context order: the gold one and two distractors of the same form
+    assert sample.meta["candidates"] == values and len(values) == 3
+    assert values[sample.meta["gold_rank"]] == sample.answer
+    assert 0 <= sample.meta["depth_realised"] <= 1 and len(sample.meta["fact_depths"]) == 1
+    other = next(v for v in values if v != sample.answer)
+    assert multihop.score(sample.answer, f"The magic word for the x is {other}.", values)["distractor"] == 1.0
+    assert multihop.score(sample.answer, f"{sample.answer}", values)["distractor"] == 0.0

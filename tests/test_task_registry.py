@@ -154,11 +154,22 @@ def test_multihop_data_selects_the_multihop_task_and_its_label(tmp_path):
                                                                               "reasoning")
     assert task_of("niah").metrics == {"accuracy": "accuracy", "rouge_l": "ROUGE-L"}
     # a multi-hop study written before runs were named by their task still reads as multi-hop
-    write_json(tmp_path / "hotpotqa" / "manifest.json", {"kind": "hotpotqa", "config": {"data": "multihop"}})
+    write_json(tmp_path / "hotpotqa" / "manifest.json", {"kind": "hotpotqa", "config": {"data": "multihop:hops=2"}})
     titles = [section.title for section in build_sections(tmp_path)]
     assert "Multi-hop setup (Section 5)" in titles and "Claim 2, irreplaceability, on Multi-hop (Figures 6 and 7)" \
         in titles
     assert not any("HotpotQA" in title for title in titles)
+    # the one-hop form (multihop's default) is one retrieval: a key-value lookup, however the run was named
+    for manifest in ({"kind": "hotpotqa", "config": {"data": "multihop"}},
+                     {"kind": "multihop", "config": {"data": "multihop:hops=1"}}):
+        write_json(tmp_path / "hotpotqa" / "manifest.json", manifest)
+        titles = [section.title for section in build_sections(tmp_path)]
+        assert "Key-value lookup setup (Section 5)" in titles and not any("Multi-hop" in t for t in titles)
+    assert task_of("multihop", None).name == "kv_lookup"
+    # RULER's tasks are reached by their data spelling, and by name
+    assert task_of("hotpotqa", "variable_tracking:hops=2").label == "Variable tracking"
+    assert task_of("hotpotqa", "multikey_niah").label == "Multi-key NIAH"
+    assert get_task("variable_tracking").metrics["string_match"] == "string match"
     write_json(tmp_path / "hotpotqa" / "manifest.json", {"kind": "hotpotqa", "config": {"data": None}})
     assert "HotpotQA setup (Section 5)" in [section.title for section in build_sections(tmp_path)]
 

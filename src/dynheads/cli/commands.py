@@ -48,8 +48,12 @@ def hotpotqa(out: RunOut, batch_size: BatchSize = 1, device_map: DeviceMap = Non
     em, f1 = frame["metrics.em"].mean(), frame["metrics.f1"].mean()
     skipped = run.manifest().get("skipped", {})
     reasons = "; ".join(f"{n} {why}" for why, n in skipped.get("by_reason", {}).items())
+    chance = (run.path / "summary.json").is_file() and read_json(run.path / "summary.json")["documents"][
+        "summary.md"]["numbers"].get("candidates")
     typer.echo(f"{len(frame)} questions in {out}: EM {em:.3f}, F1 {f1:.3f}; "
-               f"{skipped.get('count', 0)} (question, cell) pairs skipped" + (f" ({reasons})" if reasons else ""))
+               f"{skipped.get('count', 0)} (question, cell) pairs skipped" + (f" ({reasons})" if reasons else "")
+               + (f"; chance (random candidate) EM {chance['chance']:.3f}, first / last candidate "
+                  f"{chance['first']:.3f} / {chance['last']:.3f} (summary.md)" if chance else ""))
 
 
 @app.command()

@@ -192,9 +192,12 @@ def write_cells(run: RunDir) -> pd.DataFrame:
     # a sample that masked no head at any step is the un-ablated run: counted apart, never read as "unharmed"
     frame["zero_masked"] = frame["masked_counts"].map(lambda counts: int(sum(counts) == 0))
     keys = ["strategy", "context_tokens", "depth"]
+    # where a task records where its gold facts landed (meta.depth_realised), the cells keep their mean: the
+    # heat maps label each asked depth with it
+    realised = {"depth_realised": ("meta.depth_realised", "mean")} if "meta.depth_realised" in frame else {}
     cells = (frame.groupby(keys, observed=True)
              .agg(**means, samples=("sample_id", "size"), mean_masked=("mean_masked", "mean"),
-                  zero_masked=("zero_masked", "sum"))
+                  zero_masked=("zero_masked", "sum"), **realised)
              .reset_index().rename(columns={"context_tokens": "length"}))
     cells = _with_skipped_cells(cells, run.manifest())
     cells["matching"] = matching

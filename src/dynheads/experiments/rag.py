@@ -27,6 +27,7 @@ from dynheads.rag.windows import RetrievalConfig
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, Table, to_markdown, write_summary
+from dynheads.tasks import candidates
 from dynheads.tasks.questions import refuse_overlap
 
 
@@ -85,6 +86,8 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
             "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
             "context_tokens": sample.context_span[1] - sample.context_span[0], "record_id": sample.record_id,
             "heads_used": used_k,
+            "meta": {key: sample.meta[key] for key in (candidates.CANDIDATES, candidates.GOLD_RANK)
+                     if key in sample.meta},
         })
         bar.update()
     bar.close()
@@ -93,8 +96,27 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     if ranking is not None and max(config.ks) > len(ranking):
         notes.append(f"static: only {len(ranking)} heads of {config.static} have a non-zero score, so 'static' used "
                      f"{len(ranking)} heads wherever k > {len(ranking)} (never zero-score filler)")
-    write_summary(run.path, "rag.md", Summary([rag_summary_table(rag_table(run)), *(f"{n}." for n in notes if n)]))
+    write_summary(run.path, "rag.md", Summary([rag_summary_table(rag_table(run)), *chance_blocks(run.records()),
+                                               *(f"{n}." for n in notes if n)]))
     return run
+
+
+def chance_blocks(records: list[dict]) -> list:
+    """For questions with same-form candidates in the context: the chance level and position heuristics (once,
+    over the questions) and, per (strategy, k), the wrong answers and the share that are a distractor's value."""
+    if not any((r.get("meta") or {}).get(candidates.CANDIDATES) for r in records):
+        return []
+    questions = list({r["question_id"]: r for r in records}.values())
+    base = candidates.summarise([{**r, "metrics": {"em": 0.0}} for r in questions])
+    rows = []
+    for (strategy, k), group in pd.DataFrame(records).groupby(["strategy", "k"], sort=False, dropna=False):
+        summary = candidates.summarise(group.to_dict("records"))
+        rows.append([strategy, "-" if pd.isna(k) else int(k), summary["n"], summary["model"], summary["wrong"],
+                     summary["distractor_share"]])
+    return [f"Chance with the context visible over these {base['n']} questions: a random same-form candidate "
+            f"{base['chance']:.3f} EM; always the first candidate {base['first']:.3f}, always the last "
+            f"{base['last']:.3f} (dynheads.tasks.candidates).",
+            Table(["strategy", "k", "questions", "EM", "wrong", "wrong = a distractor's value"], rows, missing="n/a")]
 
 
 def _record_id(sample_id: str, strategy: str, k: int | None) -> str:

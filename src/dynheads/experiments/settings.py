@@ -201,7 +201,8 @@ class ReproduceConfig(Seeded, ModelSettings):
                                    "sample floor), standard (every verdict at the sample floor; docs/results), paper "
                                    "(the paper's sizes, GPU)")
     hotpotqa: str | None = setting(None, "real HotpotQA file or hotpotqa-dev; None = the preset's question "
-                                         "source (quick, standard: multihop; paper: hotpotqa-dev; smoke: synthetic)")
+                                         "source (quick, standard: a variable-tracking key-value lookup; paper: "
+                                         "hotpotqa-dev; smoke: synthetic)")
     floor: int = setting(DEFAULT_FLOOR, "fewest samples (per compared arm) a verdict is decided on; below it the "
                                         "verdict is inconclusive")
     resamples: int = setting(DEFAULT_RESAMPLES, "bootstrap resamples for every verdict's 95 % interval (seeded by "

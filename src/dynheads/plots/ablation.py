@@ -25,12 +25,13 @@ _CMAP = matplotlib.colormaps["RdYlGn"].with_extremes(bad="white")  # red = fails
 
 
 def heatmap_figure(panels: Mapping[str, pd.DataFrame], *, label: str, counts: Mapping[str, pd.DataFrame] | None = None,
-                   title: str | None = None) -> Figure:
+                   title: str | None = None, realised: Mapping[float, float] | None = None) -> Figure:
     """Heat maps side by side on one colour scale, 0..1: x = context length, y = depth, each cell annotated.
 
     ``panels`` maps a panel title to a table of values (index = depth in 0..1, columns = context length).
     ``counts`` (same titles and shape) gives the valid samples of each cell: a cell's opacity is its count over
-    the largest count, and cells with none stay blank. NaN values are blank too.
+    the largest count, and cells with none stay blank. NaN values are blank too. ``realised``: asked depth ->
+    mean depth where the gold facts landed; the depth axis then shows both.
     """
     if not panels:
         raise DynheadsError("nothing to plot: no heat-map panels given")
@@ -54,9 +55,11 @@ def heatmap_figure(panels: Mapping[str, pd.DataFrame], *, label: str, counts: Ma
                         color=_text_colour(value, alpha[row, column]))
         ax.set_title(name, fontsize=11)
         ax.set_xticks(range(len(lengths)), [str(length) for length in lengths], fontsize=9)
-        ax.set_yticks(range(len(depths)), [f"{depth:.0%}" for depth in depths], fontsize=9)
+        ax.set_yticks(range(len(depths)), [f"{depth:.0%}" + (f" (at {realised[depth]:.0%})" if realised and
+                                                             depth in realised else "") for depth in depths],
+                      fontsize=9)
         ax.set_xlabel("context length (tokens)", fontsize=10)
-    axes[0].set_ylabel("needle depth", fontsize=10)
+    axes[0].set_ylabel("needle depth (asked, at = realised mean)" if realised else "needle depth", fontsize=10)
     figure.colorbar(image, ax=list(axes), label=label, fraction=0.03, pad=0.02)
     if title:
         figure.suptitle(title, fontsize=12)
@@ -64,9 +67,10 @@ def heatmap_figure(panels: Mapping[str, pd.DataFrame], *, label: str, counts: Ma
 
 
 def plot_heatmaps(panels: Mapping[str, pd.DataFrame], path: str | Path, *, label: str,
-                  counts: Mapping[str, pd.DataFrame] | None = None, title: str | None = None) -> Path:
+                  counts: Mapping[str, pd.DataFrame] | None = None, title: str | None = None,
+                  realised: Mapping[float, float] | None = None) -> Path:
     """Write ``heatmap_figure`` as a PNG at ``path`` (atomically)."""
-    return _save(heatmap_figure(panels, label=label, counts=counts, title=title), path)
+    return _save(heatmap_figure(panels, label=label, counts=counts, title=title, realised=realised), path)
 
 
 def plot_ablation_cells(cells: pd.DataFrame, out_dir: str | Path, *, title: str | None = None,
@@ -79,11 +83,13 @@ def plot_ablation_cells(cells: pd.DataFrame, out_dir: str | Path, *, title: str 
         return cells[cells["strategy"] == strategy].pivot(index="depth", columns="length", values=column)
 
     counts = {PANEL_TITLES[s]: pivot(s, "samples") for s in strategies} if opacity else None
+    realised = (cells.dropna(subset=["depth_realised"]).groupby("depth")["depth_realised"].mean().to_dict()
+                if "depth_realised" in cells else None)
     paths = []
     for metric, label in metrics.items():
         panels = {PANEL_TITLES[s]: pivot(s, metric) for s in strategies}
         paths.append(plot_heatmaps(panels, Path(out_dir) / f"ablation-{metric}.png", label=label, counts=counts,
-                                   title=f"{title} ({label})" if title else None))
+                                   title=f"{title} ({label})" if title else None, realised=realised))
     return paths
 
 

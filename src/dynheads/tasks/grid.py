@@ -16,7 +16,7 @@ from typing import Any
 
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
-from dynheads.tasks import hotpotqa, multihop, niah
+from dynheads.tasks import hotpotqa, multihop, niah, ruler
 from dynheads.tasks.prompting import chat_template_kwargs
 from dynheads.tasks.questions import QuestionStream
 from dynheads.tasks.sample import Sample
@@ -124,3 +124,23 @@ def multihop_grid(config: Any, tokenizer) -> TaskGrid:
                                     depths=config.depths, seed=config.seed, form=form,
                                     chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs))
     return TaskGrid(samples, stream, [sample.record_id for sample in samples])
+
+
+
+def ruler_grid(name: str, default: str | None = None):
+    """The grid builder of RULER task ``name`` (``variable_tracking`` or ``multikey_niah``): its questions over the
+    same cells as HotpotQA's grid; ``config.data`` spells the form (None: ``default``, else the task's defaults).
+    Question i of the stream is seeded by i and its fact order cycles (``ruler.gold_rank_of``)."""
+
+    def grid(config: Any, tokenizer) -> TaskGrid:
+        _cells(config)
+        data = config.data or default or name
+        if ruler.source_of(data) != name:
+            raise DynheadsError(f"the {name} task reads {name}[:options] data, got {data!r}")
+        stream = question_stream(config)
+        samples = ruler.grid_samples(tokenizer, data=data, questions=stream.count, first=stream.first,
+                                     lengths=config.lengths, depths=config.depths, seed=config.seed,
+                                     chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs))
+        return TaskGrid(samples, stream, [sample.record_id for sample in samples])
+
+    return grid

@@ -34,7 +34,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
-from dynheads.tasks import hotpotqa
+from dynheads.tasks import candidates, hotpotqa
 from dynheads.tasks.niah import _haystack_of_length, _sentence_end_before, load_haystack
 from dynheads.tasks.prompting import locate, marked_spans, render_chat, token_span
 from dynheads.tasks.sample import Sample
@@ -96,6 +96,11 @@ class MultihopForm:
     @property
     def type(self) -> str:
         return "two-hop" if self.hops == 2 else "one-hop"
+
+    @property
+    def label(self) -> str:
+        """How cards, manifests and pages name the form: one hop is a key-value lookup, not multi-hop."""
+        return "Multi-hop" if self.hops == 2 else "Key-value lookup"
 
 
 def is_source(data: str | None) -> bool:
@@ -222,6 +227,10 @@ def make_sample(
         (base + offsets[fact], base + offsets[fact] + len(fact), fact, f"supporting fact {fact!r}")
         for fact in supporting])
     record_id = f"multihop-{seed}"
+    values = {HOP2_TEMPLATE.format(bridge=c.bridge, value=c.value): c.value for c in [gold, *chains]}
+    in_order = [values[fact] for fact in placed if fact in values]
+    first, last = context_positions[0], context_positions[-1] + 1
+    fact_depths = [round((start - first) / max(last - first, 1), 4) for start, _ in spans]
     return hotpotqa.qa_sample(
         tokenizer, prompt, context, sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
         needle_positions=positions, answer=gold.value, context_tokens=context_tokens, depth=depth, seed=seed,
@@ -232,7 +241,10 @@ def make_sample(
         meta={"form": {"hops": form.hops, "distractors": form.distractors, "value": form.value,
                        "spread": form.spread},
               "distractor_facts": distractors,
-              "fact_order": [placed.index(fact) for fact in supporting]})  # rank of each supporting fact in the text
+              "fact_order": [placed.index(fact) for fact in supporting],  # rank of each supporting fact in the text
+              # same-form candidates: the values of every value fact, in context order (chance, heuristics)
+              candidates.CANDIDATES: in_order, candidates.GOLD_RANK: in_order.index(gold.value),
+              "fact_depths": fact_depths, "depth_realised": round(sum(fact_depths) / len(fact_depths), 4)})
 
 
 def _insert(text: str, items: list[tuple[int, str]]) -> tuple[str, dict[str, int]]:
@@ -288,6 +300,12 @@ def extract_answer(generated: str) -> str:
     return _ECHO.sub("", first).strip().strip("\"'`*").strip()
 
 
-def score(answer: str, generated: str) -> dict[str, float]:
-    """Official EM/F1 (``hotpotqa``'s normalisation) of ``extract_answer``, and accuracy: the value appears verbatim."""
-    return {**hotpotqa.score(answer, extract_answer(generated), extract=False), "accuracy": float(answer in generated)}
+def score(answer: str, generated: str, candidates_in_context: list[str] | None = None) -> dict[str, float]:
+    """Official EM/F1 (``hotpotqa``'s normalisation) of ``extract_answer``, and accuracy: the value appears verbatim;
+    with the sample's candidates, ``distractor``: the answer is another value fact's value."""
+    prediction = extract_answer(generated)
+    scores = {**hotpotqa.score(answer, prediction, extract=False), "accuracy": float(answer in generated)}
+    if candidates_in_context:
+        scores["distractor"] = candidates.is_distractor(prediction, answer, candidates_in_context,
+                                                        hotpotqa.normalize_answer)
+    return scores

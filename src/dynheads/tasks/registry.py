@@ -19,8 +19,8 @@ from typing import Any
 
 from dynheads.errors import DynheadsError
 from dynheads.scores import ScoreKind, check_kind
-from dynheads.tasks import hotpotqa, multihop, niah
-from dynheads.tasks.grid import TaskGrid, hotpotqa_grid, multihop_grid, niah_grid
+from dynheads.tasks import hotpotqa, multihop, niah, ruler
+from dynheads.tasks.grid import TaskGrid, hotpotqa_grid, multihop_grid, niah_grid, ruler_grid
 from dynheads.tasks.sample import Sample
 
 
@@ -90,9 +90,17 @@ def get_task(name: str) -> Task:
 
 def task_of(name: str, data: str | None = None) -> Task:
     """The task a config selects: ``name``, except that HotpotQA with ``multihop[:options]`` data is the multi-hop
-    task (the spelling commands and TOML files have always used)."""
-    if name == "hotpotqa" and multihop.is_source(data):
-        return get_task("multihop")
+    task (the spelling commands and TOML files have always used; its one-hop form, the default, is the
+    key-value lookup: one retrieval is not multi-hop, and runs written as ``multihop`` read so too), and with
+    ``variable_tracking[:options]`` or ``multikey_niah[:options]`` data that RULER task."""
+    if name in (MULTIHOP_NAME, KV_LOOKUP_NAME) and data is None:
+        data = multihop.SOURCE  # the form its grid builds
+    if name in ("hotpotqa", MULTIHOP_NAME, KV_LOOKUP_NAME) and multihop.is_source(data):
+        return get_task(MULTIHOP_NAME if multihop.parse_source(data).hops == 2 else KV_LOOKUP_NAME)
+    if name in ("hotpotqa", ruler.VT_SOURCE, VT_LOOKUP_NAME) and ruler.source_of(data) == ruler.VT_SOURCE:
+        return get_task(VT_LOOKUP_NAME if ruler.parse_source(data).hops == 0 else ruler.VT_SOURCE)
+    if name == "hotpotqa" and ruler.source_of(data):
+        return get_task(ruler.source_of(data))
     return get_task(name)
 
 
@@ -119,8 +127,9 @@ def _hotpotqa_prompt(config: Any) -> dict:
 
 def _multihop_prompt(config: Any) -> dict:
     data = config.data or multihop.SOURCE
-    return {"system": multihop.SYSTEM_PROMPT, "user": multihop.USER_TEMPLATE, "data": data,
-            "form": asdict(multihop.parse_source(data))}
+    form = multihop.parse_source(data)
+    return {"system": multihop.SYSTEM_PROMPT, "user": multihop.USER_TEMPLATE, "data": data, "form": asdict(form),
+            "label": form.label}
 
 
 QA_METRICS = {"em": "EM", "f1": "F1"}
@@ -132,7 +141,45 @@ HOTPOTQA = register(Task(
     name="hotpotqa", label="HotpotQA", score_kind="reasoning", static_kind="reasoning", metrics=QA_METRICS,
     score=lambda sample, text: hotpotqa.score(sample.answer, text), grid=hotpotqa_grid, prompt=_hotpotqa_prompt,
     questions=True, fade_sparse_cells=True))
+MULTIHOP_NAME, KV_LOOKUP_NAME = "multihop", "kv_lookup"
+
+
+def _multihop_score(sample: Sample, text: str) -> dict[str, float]:
+    return multihop.score(sample.answer, text, sample.meta.get("candidates"))
+
+
 MULTIHOP = register(Task(
-    name="multihop", label="Multi-hop", score_kind="reasoning", static_kind="reasoning", metrics=QA_METRICS,
-    score=lambda sample, text: multihop.score(sample.answer, text), grid=multihop_grid, prompt=_multihop_prompt,
+    name=MULTIHOP_NAME, label="Multi-hop", score_kind="reasoning", static_kind="reasoning", metrics=QA_METRICS,
+    score=_multihop_score, grid=multihop_grid, prompt=_multihop_prompt,
     paper_task="hotpotqa", questions=True, fade_sparse_cells=True))
+KV_LOOKUP = register(Task(  # the multihop task's one-hop form (multihop:hops=1, its default)
+    name=KV_LOOKUP_NAME, label="Key-value lookup", score_kind="reasoning", static_kind="reasoning",
+    metrics=QA_METRICS, score=_multihop_score, grid=multihop_grid, prompt=_multihop_prompt,
+    paper_task="hotpotqa", questions=True, fade_sparse_cells=True))
+
+
+def _ruler_prompt(name: str, default: str | None = None) -> Callable[[Any], dict]:
+    def prompt(config: Any) -> dict:
+        data = config.data or default or name
+        user = ruler.NIAH_USER if name == ruler.MK_SOURCE else (
+            ruler.VT_ALL if ruler.parse_source(data).query == "all" else ruler.VT_VALUE)
+        return {"system": ruler.SYSTEM_PROMPT, "user": user, "data": data, "form": ruler.describe_form(data),
+                "haystack": ruler.NOISE, "metric": "RULER string match (share of the reference values in the output)"}
+    return prompt
+
+
+RULER_METRICS = {"string_match": "string match", "em": "EM", "f1": "F1"}
+VARIABLE_TRACKING = register(Task(
+    name=ruler.VT_SOURCE, label="Variable tracking", score_kind="reasoning", static_kind="reasoning",
+    metrics=RULER_METRICS, score=ruler.score, grid=ruler_grid(ruler.VT_SOURCE), prompt=_ruler_prompt(ruler.VT_SOURCE),
+    paper_task="hotpotqa", questions=True, fade_sparse_cells=True))
+VT_LOOKUP_NAME, VT_LOOKUP_DATA = "vt_lookup", "variable_tracking:hops=0"
+VT_LOOKUP = register(Task(  # variable tracking with no links: one VAR statement to find, not multi-hop
+    name=VT_LOOKUP_NAME, label="Key-value lookup (VAR statements)", score_kind="reasoning", static_kind="reasoning",
+    metrics=RULER_METRICS, score=ruler.score, grid=ruler_grid(ruler.VT_SOURCE, VT_LOOKUP_DATA),
+    prompt=_ruler_prompt(ruler.VT_SOURCE, VT_LOOKUP_DATA), paper_task="hotpotqa", questions=True,
+    fade_sparse_cells=True))
+MULTIKEY_NIAH = register(Task(
+    name=ruler.MK_SOURCE, label="Multi-key NIAH", score_kind="reasoning", static_kind="reasoning",
+    metrics=RULER_METRICS, score=ruler.score, grid=ruler_grid(ruler.MK_SOURCE), prompt=_ruler_prompt(ruler.MK_SOURCE),
+    questions=True, fade_sparse_cells=True))

@@ -1,0 +1,381 @@
+"""RULER's variable tracking and multi-key NIAH (Hsieh et al. 2024), built to the definitions of its generators.
+
+Both are question tasks (a stream of seeded questions spread over a lengths x depths grid, as HotpotQA's) whose
+samples carry HotpotQA's ``QAExtras``, so every HotpotQA-side runner (tracing, ablation, RAG) runs them. Their
+context is RULER's noise haystack, which needs no data: the line ``NOISE`` repeated, one unit per line, with the
+task's statements inserted between lines.
+
+**Variable tracking** (``variable_tracking[:hops=2,chains=3,query=value]``): each chain is a value statement
+``VAR ABCDE = 12345`` followed by ``hops`` links ``VAR FGHIJ = VAR ABCDE`` (RULER's ``num_hops``), each link at a
+later line than the one before; ``chains`` chains, one gold. Two questions:
+
+- ``query=all`` (RULER's): "Find all variables that are assigned the value 12345": the answer is the gold
+  chain's ``hops + 1`` variable names, scored by RULER's string match (share of the names in the output).
+- ``query=value``: "What is the value of VAR <the chain's last variable>?": the answer is the gold chain's
+  number, reached only by following all ``hops + 1`` statements back (hops = 0 is a one-fact key-value lookup).
+
+**Multi-key NIAH** (``multikey_niah[:keys=4,haystack=noise]``): ``keys`` needles "One of the special magic numbers
+for <key> is: <7 digits>." with distinct keys (RULER's adjective-noun words), the question names one key.
+``haystack=needle`` fills the context with more needles of the same form instead of noise (RULER's
+niah_multikey_2/3 haystack).
+
+Fact order and positions: the gold chain (needle) sits in a window of ``spread`` of the context at ``depth``; the
+distractor chains (needles) take value lines before or after it so that the gold value's rank among the
+candidate values cycles over the stream (``gold_rank``, recorded per sample, balanced: ``gold_rank_of``).
+Each sample records its candidates in context order (``meta.candidates``, read by ``dynheads.tasks.candidates``),
+the realised depth of each gold statement (``meta.fact_depths``, token
+position over the context span) and their mean (``meta.depth_realised``). Eq. 2's needle (``needle_positions``)
+is every token of the gold statements: the whole gold chain, or the gold needle.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from itertools import product
+
+from transformers import PreTrainedTokenizerBase
+
+from dynheads.errors import DynheadsError
+from dynheads.seeding import derive_seed
+from dynheads.tasks import candidates as cand
+from dynheads.tasks import hotpotqa
+from dynheads.tasks.multihop import _NOUNS
+from dynheads.tasks.prompting import locate, marked_spans, render_chat, token_span
+from dynheads.tasks.sample import Sample
+
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."  # RULER's
+SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
+VT_INTRO = "Memorize and track the chain(s) of variable assignment hidden in the following text."
+VT_ALL = ("{intro}\n\n{context}\nQuestion: Find all variables that are assigned the value {query} in the text above. "
+          "Answer with the {count} variable names only.")
+VT_VALUE = ("{intro}\n\n{context}\nQuestion: What is the value of VAR {query}? Follow the assignments back to a "
+            "number and answer with the number only.")
+VALUE_STATEMENT = "VAR {var} = {value}"
+LINK_STATEMENT = "VAR {var} = VAR {previous}"
+NIAH_NEEDLE = "One of the special magic numbers for {key} is: {value}."
+NIAH_USER = ("A special magic number is hidden within the following text. Make sure to memorize it. I will quiz you "
+             "about the number afterwards.\n{context}\nWhat is the special magic number for {query} mentioned in the "
+             "provided text?")
+_ADJECTIVES = (
+    "able", "bitter", "brave", "calm", "clever", "crisp", "damp", "eager", "fancy", "gentle", "glad", "grumpy",
+    "happy", "hollow", "humble", "jolly", "kind", "lively", "lucky", "mellow", "misty", "noisy", "odd", "polite",
+    "proud", "quick", "quiet", "rapid", "rough", "rusty", "shiny", "silent", "silly", "sleepy", "smooth", "sour",
+    "spicy", "steady", "sticky", "sunny", "swift", "tame", "tender", "tidy", "tiny", "vast", "warm", "wild",
+)
+_NUMBER = re.compile(r"\d+")
+_VARIABLE = re.compile(r"\b[A-Z]{5}\b")
+QUERIES = ("all", "value")
+HAYSTACKS = ("noise", "needle")
+
+
+# ---- forms: what a ``data`` value spells ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VTForm:
+    """``variable_tracking:hops=2,chains=3,query=value,spread=0.5``."""
+
+    hops: int = field(default=2, metadata={"help": "VAR-to-VAR links per chain (RULER's num_hops); facts = hops + 1"})
+    chains: int = field(default=3, metadata={"help": "chains in the context, one gold (RULER's num_chains)"})
+    query: str = field(default="value", metadata={"help": "value (the last variable's number) or all (RULER's)"})
+    spread: float = field(default=0.5, metadata={"help": "share of the context a chain spans"})
+
+    def __post_init__(self) -> None:
+        if self.hops < 0 or self.hops > 10:
+            raise DynheadsError(f"variable_tracking hops must be between 0 and 10, got {self.hops}")
+        if self.chains < 1:
+            raise DynheadsError(f"variable_tracking chains must be >= 1, got {self.chains}")
+        if self.query not in QUERIES:
+            raise DynheadsError(f"variable_tracking query must be one of {', '.join(QUERIES)}, got {self.query!r}")
+        if self.query == "all" and self.hops < 1:
+            raise DynheadsError("variable_tracking query=all needs hops >= 1 (RULER's chains have links)")
+        if not 0.0 < self.spread <= 1.0:
+            raise DynheadsError(f"variable_tracking spread must be in (0, 1], got {self.spread}")
+
+    @property
+    def candidates(self) -> int:
+        return self.chains
+
+    @property
+    def type(self) -> str:
+        if self.query == "value" and self.hops == 0:
+            return "key-value lookup"
+        return f"{self.hops + 1}-fact chain" if self.query == "value" else f"{self.hops}-hop chain, all variables"
+
+
+@dataclass(frozen=True)
+class MKForm:
+    """``multikey_niah:keys=4,haystack=noise``."""
+
+    keys: int = field(default=4, metadata={"help": "needles with distinct keys, one asked for (RULER's num_needle_k)"})
+    haystack: str = field(default="noise", metadata={"help": "noise (RULER's repeat) or needle (more needles)"})
+
+    def __post_init__(self) -> None:
+        if self.keys < 1:
+            raise DynheadsError(f"multikey_niah keys must be >= 1, got {self.keys}")
+        if self.haystack not in HAYSTACKS:
+            raise DynheadsError(f"multikey_niah haystack must be one of {', '.join(HAYSTACKS)}, got "
+                                f"{self.haystack!r}")
+
+    @property
+    def candidates(self) -> int:
+        return self.keys
+
+    @property
+    def type(self) -> str:
+        return f"{self.keys}-key NIAH ({self.haystack} haystack)"
+
+
+VT_SOURCE, MK_SOURCE = "variable_tracking", "multikey_niah"
+_FORMS = {VT_SOURCE: VTForm, MK_SOURCE: MKForm}
+
+
+def source_of(data: str | None) -> str | None:
+    """The task a ``data`` value names (``variable_tracking[:...]`` or ``multikey_niah[:...]``), else None."""
+    if data is None:
+        return None
+    name = data.split(":", 1)[0]
+    return name if name in _FORMS and (data == name or data.startswith(name + ":")) else None
+
+
+def parse_source(data: str) -> VTForm | MKForm:
+    """``variable_tracking:hops=2,chains=3`` -> its form (defaults for what is left out)."""
+    name = source_of(data)
+    if name is None:
+        raise DynheadsError(f"{data!r} names no RULER task (use {VT_SOURCE}[:hops=2,...] or {MK_SOURCE}[:keys=4,...])")
+    form = _FORMS[name]
+    kinds = {f.name: f.type for f in fields(form)}
+    casts = {"int": int, "float": float, "str": str}
+    values: dict = {}
+    for item in filter(None, (part.strip() for part in data[len(name) + 1:].split(","))):
+        key, _, text = item.partition("=")
+        if key not in kinds or not text:
+            raise DynheadsError(f"bad {name} option {item!r}: use {', '.join(f'{k}=...' for k in kinds)}")
+        try:
+            values[key] = casts[kinds[key]](text)
+        except ValueError:
+            raise DynheadsError(f"{name} option {key} needs a {kinds[key]}, got {text!r}") from None
+    return form(**values)
+
+
+def describe_form(data: str) -> dict:
+    return asdict(parse_source(data))
+
+
+# ---- placement -----------------------------------------------------------------------------------------------------
+def _slots(rng: random.Random, lines: int, count: int, depth: float, spread: float, rank: int, links: int
+           ) -> list[list[int]]:
+    """Line slots (0..lines: before line i) of each group's statements; group 0 is gold. The gold group starts at
+    ``depth`` and spans ``spread``; the first ``rank`` other groups start before the gold one, the rest after it.
+    Within a group, slots ascend (a link comes after what it names)."""
+    width = max(1, round(spread * lines))
+    start = round(depth * (lines - width)) if lines > width else 0
+
+    def group(first: int) -> list[int]:
+        return [first] + sorted(rng.randint(first, min(lines, first + width)) for _ in range(links))
+
+    groups = [group(start)]
+    for k in range(count - 1):
+        groups.append(group(rng.randint(0, start) if k < rank else rng.randint(start, lines)))
+    return groups
+
+
+def _assemble(lines: list[str], groups: list[list[int]], statements: list[list[str]], rank: int
+              ) -> tuple[str, dict[tuple[int, int], int], list[int]]:
+    """Insert each group's statements before their slot's line; ties keep: groups placed before the gold one, the
+    gold one, groups after it (first statements), then links in chain order. Returns the context, each
+    statement's character offset and the groups in the order their first statements appear."""
+    keyed = []
+    for g, (slots, texts) in enumerate(zip(groups, statements, strict=True)):
+        side = 1 if g == 0 else 0 if g - 1 < rank else 2
+        for j, (slot, text) in enumerate(zip(slots, texts, strict=True)):
+            keyed.append(((slot, side if j == 0 else 3, j, g), g, j, text))
+    keyed.sort(key=lambda item: item[0])
+    pieces, offsets, length, at = [], {}, 0, 0
+    for slot in range(len(lines) + 1):
+        while at < len(keyed) and keyed[at][0][0] == slot:
+            _, g, j, text = keyed[at]
+            offsets[(g, j)] = length
+            pieces.append(text)
+            length += len(text) + 1
+            at += 1
+        if slot < len(lines):
+            pieces.append(lines[slot])
+            length += len(lines[slot]) + 1
+    order = [g for _, g, j, _ in keyed if j == 0]
+    return "\n".join(pieces), offsets, order
+
+
+def _noise_lines(tokenizer: PreTrainedTokenizerBase, budget: int) -> int:
+    per_line = len(tokenizer("\n" + NOISE, add_special_tokens=False)["input_ids"])
+    return max(budget // per_line, 1)
+
+
+class _Names:
+    """Seeded names unique within a sample: RULER's 5-letter variables, 5- or 7-digit values, adjective-noun keys."""
+
+    def __init__(self, rng: random.Random):
+        self.rng, self.used = rng, set()
+
+    def _fresh(self, draw) -> str:
+        for _ in range(10000):
+            name = draw()
+            if name not in self.used:
+                self.used.add(name)
+                return name
+        raise DynheadsError("the RULER name space is exhausted: use fewer chains or keys")
+
+    def variable(self) -> str:
+        return self._fresh(lambda: "".join(self.rng.choices(string.ascii_uppercase, k=5)))
+
+    def number(self, digits: int) -> str:
+        return self._fresh(lambda: str(self.rng.randint(10 ** (digits - 1), 10 ** digits - 1)))
+
+    def key(self) -> str:
+        return self._fresh(lambda: f"{self.rng.choice(_ADJECTIVES)}-{self.rng.choice(_NOUNS)}")
+
+
+# ---- samples -------------------------------------------------------------------------------------------------------
+def make_sample(tokenizer: PreTrainedTokenizerBase, *, data: str, context_tokens: int, depth: float, seed: int,
+                gold_rank: int = 0, sample_id: str | None = None,
+                chat_template_kwargs: Mapping[str, object] | None = None) -> Sample:
+    """One seeded question of the task ``data`` names, ``context_tokens`` context tokens (statements included),
+    the gold chain (needle) at ``depth`` and ``gold_rank`` candidate values before the gold one."""
+    form = parse_source(data)
+    if not 0.0 <= depth <= 1.0:
+        raise DynheadsError(f"depth must be between 0 and 1, got {depth}")
+    if not 0 <= gold_rank < form.candidates:
+        raise DynheadsError(f"gold rank must be in 0..{form.candidates - 1}, got {gold_rank}")
+    rng = random.Random(seed)
+    names = _Names(rng)
+    if isinstance(form, VTForm):
+        chains = []
+        for _ in range(form.chains):
+            variables = [names.variable() for _ in range(form.hops + 1)]
+            chains.append((variables, names.number(5)))
+        statements = [[VALUE_STATEMENT.format(var=v[0], value=n)]
+                      + [LINK_STATEMENT.format(var=v[j + 1], previous=v[j]) for j in range(form.hops)]
+                      for v, n in chains]
+        gold_vars, gold_value = chains[0]
+        if form.query == "value":
+            answer, query = gold_value, gold_vars[-1]
+            values = [n for _, n in chains]
+            user = VT_VALUE
+        else:
+            answer, query = " ".join(gold_vars), gold_value
+            values = [" ".join(v) for v, _ in chains]
+            user = VT_ALL
+        spread, links, filler = form.spread, form.hops, None
+    else:
+        keys = [names.key() for _ in range(form.keys)]
+        values = [names.number(7) for _ in keys]
+        statements = [[NIAH_NEEDLE.format(key=k, value=v)] for k, v in zip(keys, values, strict=True)]
+        answer, query, user = values[0], keys[0], NIAH_USER
+        spread, links = 0.0, 0
+        filler = names if form.haystack == "needle" else None
+    flat = [s for group in statements for s in group]
+    fact_tokens = sum(len(tokenizer("\n" + s, add_special_tokens=False)["input_ids"]) for s in flat)
+    budget = context_tokens - fact_tokens
+    if budget < 16:
+        raise DynheadsError(f"context_tokens={context_tokens} is too short for {len(flat)} statements "
+                            f"({fact_tokens} tokens): use a longer context or fewer chains/keys")
+    count = _noise_lines(tokenizer, budget)
+    if filler is None:
+        lines = [NOISE] * count
+    else:  # RULER's needle haystack: every filler line is a needle of the same form with a fresh key
+        one = len(tokenizer("\n" + NIAH_NEEDLE.format(key="quiet-walrus", value="1234567"),
+                            add_special_tokens=False)["input_ids"])
+        lines = [NIAH_NEEDLE.format(key=filler.key(), value=filler.number(7)) for _ in range(max(budget // one, 1))]
+    groups = _slots(rng, len(lines), len(statements), depth, spread, gold_rank, links)
+    context, offsets, order = _assemble(lines, groups, statements, gold_rank)
+    if order.index(0) != gold_rank:  # placement guarantees it; a broken guarantee must not pass silently
+        raise DynheadsError(f"internal: gold group at rank {order.index(0)}, wanted {gold_rank}")
+    in_order = [values[g] for g in order]
+    if filler is not None:  # every needle's value is a same-form candidate
+        in_order = [m.group(1) for m in re.finditer(r"is: (\d{7})\.", context)]
+
+    question = user.format(intro=VT_INTRO, context="", query=query, count=len(answer.split())).split("\n")[-1]
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT,
+                         user.format(intro=VT_INTRO, context=context, query=query, count=len(answer.split())),
+                         chat_template_kwargs)
+    base, context_stop = locate(prompt, context, what="context")
+    context_positions = token_span(prompt, base, context_stop)
+    gold = statements[0]
+    spans, positions = marked_spans(tokenizer, prompt, [
+        (base + offsets[(0, j)], base + offsets[(0, j)] + len(text), text.split()[-1], f"gold statement {text!r}")
+        for j, text in enumerate(gold)])
+    first, last = context_positions[0], context_positions[-1] + 1
+    fact_depths = [round((start - first) / max(last - first, 1), 4) for start, _ in spans]
+    name = source_of(data)
+    record_id = f"{name}-{seed}"
+    return hotpotqa.qa_sample(
+        tokenizer, prompt, context, sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
+        needle_positions=positions, answer=answer, context_tokens=context_tokens, depth=depth, seed=seed,
+        extras=hotpotqa.QAExtras(question=question, type=form.type, record_id=record_id,
+                                 supporting_facts=[(text, j) for j, text in enumerate(gold)],
+                                 supporting_spans=spans, context_span=(first, last)),
+        meta={"form": asdict(form), cand.CANDIDATES: in_order, cand.GOLD_RANK: in_order.index(answer),
+              "fact_depths": fact_depths, "depth_realised": round(sum(fact_depths) / len(fact_depths), 4),
+              "distractor_statements": [s for group in statements[1:] for s in group]})
+
+
+def gold_rank_of(index: int, cells: int, candidates: int) -> int:
+    """Question ``index``'s gold rank: (cell + round) mod candidates, where question i sits in cell i mod cells
+    of round i div cells. Within a round consecutive cells take consecutive ranks, and each cell steps through
+    every rank over consecutive rounds, so neither the stream nor a cell leans to one fact order."""
+    cells = max(cells, 1)
+    return (index % cells + index // cells) % candidates
+
+
+def grid_samples(tokenizer: PreTrainedTokenizerBase, *, data: str, questions: int, lengths: tuple[int, ...],
+                 depths: tuple[float, ...], seed: int, first: int = 0,
+                 chat_template_kwargs: Mapping[str, object] | None = None) -> list[Sample]:
+    """Questions ``first .. first + questions - 1``: question i goes to cell i mod (lengths x depths), is seeded by
+    i alone and has gold rank ``gold_rank_of(i, ...)``."""
+    form = parse_source(data)
+    cells = list(product(lengths, depths))
+    if not cells or questions < 1:
+        raise DynheadsError(f"the {source_of(data)} grid is empty: give a length, a depth and questions >= 1")
+    samples = []
+    for index in range(first, first + questions):
+        length, depth = cells[index % len(cells)]
+        samples.append(make_sample(tokenizer, data=data, context_tokens=length, depth=depth,
+                                   seed=derive_seed(source_of(data), seed, index),
+                                   gold_rank=gold_rank_of(index, len(cells), form.candidates),
+                                   sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
+                                   chat_template_kwargs=chat_template_kwargs))
+    return samples
+
+
+# ---- scoring: RULER's string match, EM on the extracted answer, the distractor failure mode -------------------------
+def string_match(references: list[str], generated: str) -> float:
+    """RULER's string match (``string_match_all``): the share of references contained in the output, case-blind."""
+    if not references:
+        raise DynheadsError("string match needs at least one reference")
+    text = generated.lower()
+    return sum(ref.lower() in text for ref in references) / len(references)
+
+
+def extract_answer(sample: Sample, generated: str) -> str:
+    """The answer the output gives: its first number (value answers), or the set of 5-capital-letter variable
+    names it names, sorted (``query=all``). Numbers: a small model restates the question ("The value of VAR X
+    is 12345"); the first number is the value it commits to."""
+    if sample.meta.get("form", {}).get("query") == "all":
+        return " ".join(sorted(set(_VARIABLE.findall(generated))))
+    match = _NUMBER.search(generated)
+    return match.group(0) if match else hotpotqa.extract_answer(generated)
+
+
+def score(sample: Sample, generated: str) -> dict[str, float]:
+    """String match (RULER's, the first metric), EM / F1 of the extracted answer, and whether a wrong answer is a
+    distractor's value."""
+    is_set = sample.meta.get("form", {}).get("query") == "all"
+    gold = " ".join(sorted(sample.answer.split())) if is_set else sample.answer
+    prediction = extract_answer(sample, generated)
+    pool = [" ".join(sorted(c.split())) for c in sample.meta[cand.CANDIDATES]] if is_set else \
+        sample.meta[cand.CANDIDATES]
+    return {"string_match": string_match(sample.answer.split(), generated),
+            **hotpotqa.score(gold, prediction, extract=False),
+            "distractor": cand.is_distractor(prediction, gold, pool)}
