@@ -191,6 +191,26 @@ class RagFields(QaGrid, ModelSettings):
     gap: int = setting(RetrievalConfig.gap, "cluster gap in tokens")
 
 
+# ---- rerank --------------------------------------------------------------------------------------------------------
+RERANK_STRATEGIES = ("icr", "icr-uncalibrated", "qrhead", "static", "predictor", "random", "bm25")
+
+
+@dataclass(frozen=True)
+class RerankFields(Seeded, ModelSettings):
+    data: str = setting("hotpotqa-dev", "HotpotQA JSON/JSONL file (10 candidates per question in the distractor "
+                                        "setting) or hotpotqa-dev, the official dev-distractor set")
+    first: int = setting(100, "index of the evaluation stream's first question")
+    questions: int = setting(200, "questions of the evaluation stream")
+    fit_first: int = setting(0, "index of the fitting stream's first question (QRHead's head choice)")
+    fit_questions: int = setting(50, "questions of the fitting stream; must not overlap the evaluation stream")
+    strategies: tuple[str, ...] = setting(RERANK_STRATEGIES, ",".join(RERANK_STRATEGIES) + " (static needs "
+                                          "--static, predictor --probe; without them they are skipped and noted)")
+    k: int = setting(16, "heads of each head-subset strategy (qrhead, static, predictor, random)")
+    static: str | None = setting(None, "Wu et al. static head list (a 'static' run's file), for 'static'")
+    probe: str | None = setting(None, "trained head predictor folder ('dynheads probe train'), for 'predictor'")
+    bootstrap: int = setting(2000, "bootstrap resamples (of questions) for the intervals")
+
+
 # ---- reproduce -----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ReproduceConfig(Seeded, ModelSettings):

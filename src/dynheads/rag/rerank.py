@@ -112,13 +112,19 @@ def span_scores(lm: LoadedModel, prompt: RerankPrompt) -> SpanScores:
     return SpanScores(real, null, hidden, prefill, calibration)
 
 
-def bm25_scores(paragraphs: Sequence[str], question: str) -> tuple[np.ndarray, float]:
-    """BM25 scores of the candidates for the question (index over the candidates, English stop words removed) and
-    the seconds it took (indexing included)."""
+def require_bm25():
+    """The ``bm25s`` module, or a one-line error naming the extra that installs it."""
     try:
         import bm25s
     except ImportError:
         raise DynheadsError("the bm25 strategy needs the bm25s package: pip install 'dynheads[rerank]'") from None
+    return bm25s
+
+
+def bm25_scores(paragraphs: Sequence[str], question: str) -> tuple[np.ndarray, float]:
+    """BM25 scores of the candidates for the question (index over the candidates, English stop words removed) and
+    the seconds it took (indexing included)."""
+    bm25s = require_bm25()
     began = time.perf_counter()
     corpus = bm25s.tokenize(list(paragraphs), stopwords="en", show_progress=False)
     retriever = bm25s.BM25()
