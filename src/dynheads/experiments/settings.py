@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
-from dynheads.rag.strategies import STRATEGIES
+from dynheads.rag.strategies import PAPER_STRATEGIES, STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.tasks.questions import QuestionStream
@@ -175,7 +175,9 @@ class KVFields(NiahGrid, ModelSettings):
 class RagFields(QaGrid, ModelSettings):
     probe: str | None = setting(None, "trained probe folder, for the 'dynamic' strategy")
     static: str | None = setting(None, "static head list JSON, for the 'static' strategy")
-    strategies: tuple[str, ...] = setting(STRATEGIES, ",".join(STRATEGIES))
+    strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, "some of " + ",".join(STRATEGIES))
+    rerank_top: int = setting(2, "rerank: paragraphs shown (the top of ICR's ranking over every head); the rest "
+                                 "stay hidden for the whole answer")
     ks: tuple[int, ...] = setting((5,), "heads per retrieval, e.g. 5,10,20 (paper: 5, 10, 20)")
     questions: int = redefault(QaGrid, "questions", 50)
     split: str = setting("rag", "name of the question stream (recorded)")

@@ -26,7 +26,7 @@ from dynheads.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 from dynheads.scores import SpanScore
-from dynheads.tasks.prompting import locate, render_chat, token_span
+from dynheads.tasks.prompting import RenderedPrompt, locate, render_chat, token_span
 
 SYSTEM_PROMPT = "You are a helpful AI bot that finds the paragraphs relevant to a query."
 USER_TEMPLATE = ("Here are some paragraphs:\n\n{paragraphs}\n\n"
@@ -54,26 +54,72 @@ def build_prompt(tokenizer, paragraphs: Sequence[str], question: str,
     if not paragraphs:
         raise DynheadsError("re-ranking needs at least one candidate paragraph")
     block = SEPARATOR.join(paragraphs)
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(paragraphs=block, query=question),
+                         template_kwargs)
+    at, _ = locate(prompt, block, what="paragraph block")
+    chars = []
+    for text in paragraphs:
+        chars.append((at, at + len(text)))
+        at += len(text) + len(SEPARATOR)
+    query_at = prompt.text.rindex("Query: " + question) + len("Query: ")
+    return twin_prompts(tokenizer, prompt.text, chars, (query_at, query_at + len(question)),
+                        special=prompt.template == "plain")
+
+
+def twin_prompts(tokenizer, text: str, paragraph_chars: Sequence[tuple[int, int]], query_chars: tuple[int, int], *,
+                 special: bool) -> RerankPrompt:
+    """Tokenise ``text`` and its twin with the content-free query in place of ``text[query_chars]``; the
+    paragraphs' character spans (all before the query) become token spans of both."""
+    start, stop = query_chars
+    null_text = text[:start] + CONTENT_FREE_QUERY + text[stop:]
     rendered = []
-    for query in (question, CONTENT_FREE_QUERY):
-        prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(paragraphs=block, query=query),
-                             template_kwargs)
-        start, _ = locate(prompt, block, what="paragraph block")
-        spans, at = [], start
-        for text in paragraphs:
-            tokens = token_span(prompt, at, at + len(text))
+    for prompt_text, query in ((text, query_chars), (null_text, (start, start + len(CONTENT_FREE_QUERY)))):
+        encoded = tokenizer(prompt_text, add_special_tokens=special, return_offsets_mapping=True)
+        prompt = RenderedPrompt(prompt_text, list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]],
+                                "plain" if special else "chat")
+        spans = []
+        for a, b in (*paragraph_chars, query):
+            tokens = token_span(prompt, a, b)
+            if not tokens:
+                raise DynheadsError(f"no token covers characters {a}..{b} of the re-ranking prompt")
             spans.append((tokens[0], tokens[-1] + 1))
-            at += len(text) + len(SEPARATOR)
-        query_at = prompt.text.rindex("Query: " + query) + len("Query: ")
-        tokens = token_span(prompt, query_at, query_at + len(query))
-        rendered.append((prompt.input_ids, (tokens[0], tokens[-1] + 1), tuple(spans)))
+        rendered.append((prompt.input_ids, spans[-1], tuple(spans[:-1])))
     (ids, query_span, spans), (null_ids, null_span, null_spans) = rendered
-    shared = next((i for i, (a, b) in enumerate(zip(ids, null_ids, strict=False)) if a != b), min(len(ids),
-                                                                                                  len(null_ids)))
+    shared = next((i for i, (a, b) in enumerate(zip(ids, null_ids, strict=False)) if a != b),
+                  min(len(ids), len(null_ids)))
     if spans != null_spans or shared < spans[-1][1] or shared > min(query_span[0], null_span[0]):
         raise DynheadsError("the content-free prompt does not share the paragraphs' tokens with the real one "
                             "(tokenisation merged the query into the text before it)")
     return RerankPrompt(ids, query_span, null_ids, null_span, spans, shared)
+
+
+def sample_prompt(tokenizer, sample) -> RerankPrompt:
+    """The re-ranking prompt of a HotpotQA ``Sample`` as it stands (its context, then its question): its paragraphs
+    are found from ``meta["paragraph_titles"]`` in the decoded prompt, which must tokenise back to the same ids."""
+    special = sample.prompt_template == "plain"
+    text = tokenizer.decode(list(sample.input_ids), skip_special_tokens=False)
+    encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    if list(encoded["input_ids"]) != list(sample.input_ids):
+        raise DynheadsError(f"sample {sample.sample_id!r}: its prompt does not tokenise back to its own ids, so its "
+                            "paragraphs cannot be located for re-ranking")
+    offsets = encoded["offset_mapping"]
+    context_start, context_stop = offsets[sample.context_span[0]][0], offsets[sample.context_span[1] - 1][1]
+    titles = sample.meta.get("paragraph_titles") or []
+    starts, at = [], context_start
+    for title in titles:
+        found = text.find(f"{title}: ", at, context_stop)
+        if found < 0:
+            raise DynheadsError(f"sample {sample.sample_id!r}: paragraph {title!r} is not in its context")
+        starts.append(found)
+        at = found + len(title)
+    if not starts:
+        raise DynheadsError(f"sample {sample.sample_id!r} records no paragraph titles: nothing to re-rank")
+    ends = [next_start - len(SEPARATOR) for next_start in starts[1:]] + [context_stop]
+    query_at = text.find(sample.question, context_stop)
+    if query_at < 0:
+        raise DynheadsError(f"sample {sample.sample_id!r}: its question is not after its context")
+    return twin_prompts(tokenizer, text, list(zip(starts, ends, strict=True)),
+                        (query_at, query_at + len(sample.question)), special=special)
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,6 +178,12 @@ def bm25_scores(paragraphs: Sequence[str], question: str) -> tuple[np.ndarray, f
     query = bm25s.tokenize(question, stopwords="en", show_progress=False, return_ids=False)[0]
     scores = retriever.get_scores(query) if query else np.zeros(len(paragraphs))
     return np.asarray(scores, dtype=np.float64), time.perf_counter() - began
+
+
+def icr_ranking(lm: LoadedModel, prompt: RerankPrompt) -> tuple[list[int], float]:
+    """ICR's ranking of the prompt's candidates (every head, calibrated) and the seconds its passes took."""
+    scores = span_scores(lm, prompt)
+    return ranking(scores.calibrated.sum(axis=(0, 1))), scores.prefill_seconds + scores.calibration_seconds
 
 
 def ranking(scores: np.ndarray) -> list[int]:
