@@ -14,13 +14,18 @@ strategy is ranked from the same passes:
   question (seeded);
 - ``bm25``: ``bm25s`` over the candidates' text.
 
-Outputs: ``rankings.csv`` (one row per question and strategy), ``qrhead_heads.json`` (the fitted ranking, a
-ranked head list), ``rerank.md`` / ``summary.json`` (metrics with paired bootstrap intervals, differences vs BM25 and
-vs ICR, cost per question, and where gold and top-1 candidates sit in the prompt).
+The manifest records the scoring settings (streams, seed, model, data); the ranking settings (strategies, k, the
+static list, the head predictor, bootstrap resamples) may change when a scored run is summarised again, and each
+summary records its own.
+
+Outputs: ``rankings.csv`` (one row per question and strategy), ``qrhead_heads.json`` (the fitted ranking, a ranked
+head list), ``rerank.md`` / ``summary.json`` (metrics with paired bootstrap intervals, differences vs BM25 and vs
+ICR, cost per question, and where gold and top-1 candidates sit in the prompt).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +52,8 @@ from dynheads.tasks.hotpotqa import HotpotRecord, load_hotpotqa, render_paragrap
 from dynheads.tasks.questions import QuestionStream, refuse_overlap
 
 FIT, EVAL = "fit", "eval"
-HEAD_SUBSETS = ("qrhead", "static", "predictor", "random")
+# Settings that only change how the stored scores are ranked: a scored run may be summarised again with others.
+RANKING_FIELDS = ("strategies", "k", "static", "probe", "bootstrap")
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,10 @@ class RerankConfig(RerankFields):
             raise DynheadsError(f"the fitting stream (questions {fit.first}..{fit.stop - 1}) overlaps the evaluation "
                                 f"stream ({evaluation.first}..{evaluation.stop - 1}): move --first or --fit-first")
         return fit, evaluation
+
+    def scoring(self) -> dict:
+        """The settings the stored scores depend on: what the manifest records and a resumed run must repeat."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if name not in RANKING_FIELDS}
 
     def check(self) -> None:
         """Every setting that can be refused before the model loads."""
@@ -81,17 +91,15 @@ def run_rerank(config: RerankConfig, out: str | Path, *, lm: LoadedModel | None 
     fit_records, eval_records = fit.take(records, config.data), evaluation.take(records, config.data)
     eval_ids = [r.id for r in eval_records]
     refuse_overlap([r.id for r in fit_records], "QRHead's fitting stream", eval_ids, "this rerank run")
-    if "bm25" in config.strategies:
-        rerank.require_bm25()  # a missing bm25s fails here, before any model work
+    rerank.require_bm25()  # a missing bm25s fails here, before any model work
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     heads = _head_sources(config, lm, eval_ids)
     run = RunDir(out)
-    run.start("rerank", config, lm, {
+    run.start("rerank", config.scoring(), lm, {
         "data": config.data, "prompt": {"system": rerank.SYSTEM_PROMPT, "user": rerank.USER_TEMPLATE,
                                         "content_free_query": rerank.CONTENT_FREE_QUERY},
         "questions": evaluation.describe(eval_ids), "fit_questions": fit.describe([r.id for r in fit_records]),
-        "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs",
-        "skipped_strategies": heads.skipped})
+        "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs"})
     todo = [(stream, r) for stream, rs in ((FIT, fit_records), (EVAL, eval_records)) for r in rs
             if not run.is_done(sample_id(stream, r.id))]
     total = len(fit_records) + len(eval_records)
@@ -118,8 +126,7 @@ def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: R
     gold = [position for position, i in enumerate(order) if record.context[i][0] in gold_titles]
     prompt = rerank.build_prompt(lm.tokenizer, paragraphs, record.question)
     scores = rerank.span_scores(lm, prompt)
-    bm25, bm25_seconds = (rerank.bm25_scores(paragraphs, record.question) if "bm25" in config.strategies
-                          else (None, None))
+    bm25, bm25_seconds = rerank.bm25_scores(paragraphs, record.question)
     name = sample_id(stream, record.id)
     with atomic_path(run.path / "scores" / f"{name}.npz") as tmp, open(tmp, "wb") as handle:
         np.savez(handle, real=scores.real, content_free=scores.content_free, hidden=scores.hidden)
@@ -129,7 +136,7 @@ def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: R
         "titles": [record.context[i][0] for i in order], "gold": gold,
         "prompt_tokens": len(prompt.input_ids), "paragraph_tokens": [b - a for a, b in prompt.spans],
         "prefill_seconds": scores.prefill_seconds, "calibration_seconds": scores.calibration_seconds,
-        "bm25": None if bm25 is None else bm25.tolist(), "bm25_seconds": bm25_seconds,
+        "bm25": bm25.tolist(), "bm25_seconds": bm25_seconds,
     })
 
 
@@ -178,9 +185,10 @@ def _arrays(run: RunDir, record: dict) -> dict[str, np.ndarray]:
         return {key: data[key] for key in data.files}
 
 
-def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources) -> tuple[pd.DataFrame, list[Head]]:
-    """One row per (evaluation question, strategy): ranking, gold, metrics, seconds; and QRHead's heads (fitted on
-    the fitting stream's records, written to ``qrhead_heads.json``)."""
+def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources
+                   ) -> tuple[pd.DataFrame, list[Head], list[dict]]:
+    """One row per (evaluation question, strategy): ranking, gold, metrics, seconds; QRHead's heads (fitted on the
+    fitting stream's records, written to ``qrhead_heads.json``) and those records."""
     records = run.records()
     fit = [r for r in records if r["stream"] == FIT]
     evaluation = [r for r in records if r["stream"] == EVAL]
@@ -230,7 +238,7 @@ def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources) -> tup
     frame = pd.DataFrame(rows)
     with atomic_path(run.path / "rankings.csv") as tmp:
         frame.to_csv(tmp, index=False)
-    return frame, qr_heads
+    return frame, qr_heads, fit
 
 
 def _calibrated(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -244,7 +252,7 @@ def _interval_text(values, config: RerankConfig, name: str) -> str:
 
 def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     """Rank every evaluation question and write ``rerank.md`` and its ``summary.json``."""
-    frame, qr_heads = rank_questions(run, config, heads)
+    frame, qr_heads, fit = rank_questions(run, config, heads)
     strategies = list(dict.fromkeys(frame["strategy"]))
     per = {s: frame[frame["strategy"] == s].set_index("question_id") for s in strategies}
     n = len(per[strategies[0]])
@@ -252,11 +260,10 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
         [s, _heads_text(per[s]["heads"].iloc[0]), len(per[s]),
          *(_interval_text(per[s][m].to_numpy(), config, f"{s}-{m}") for m in METRICS),
          float(per[s]["seconds"].mean())] for s in strategies], {"seconds / question": ".3f"})
-    fit_last = config.fit_first + config.fit_questions - 1
-    fit_last = config.fit_first + config.fit_questions - 1
-    blocks: list = [f"{n} evaluation questions ({config.data}, questions {config.first}..{config.first + n - 1}); "
-                    f"QRHead's heads fitted on questions {config.fit_first}..{fit_last}. Means with 95 % percentile "
-                    f"bootstrap intervals over questions ({config.bootstrap} resamples).", metrics_table]
+    blocks: list = [f"{n} of the {config.questions} evaluation questions scored ({config.data}, stream from question "
+                    f"{config.first}); QRHead's heads fitted on {len(fit)} of the {config.fit_questions} fitting "
+                    f"questions (stream from question {config.fit_first}). Means with 95 % percentile bootstrap "
+                    f"intervals over questions ({config.bootstrap} resamples).", metrics_table]
     for baseline in ("bm25", "icr"):
         if baseline in per:
             others = [s for s in strategies if s != baseline]
@@ -275,7 +282,11 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
                  "the candidates.")
     blocks += [f"- {note}" for note in notes]
     numbers = {s: {m: float(per[s][m].mean()) for m in METRICS} for s in strategies}
-    summary = Summary(blocks, {"questions": n, "metrics": numbers}, title="Heads as a re-ranker")
+    ranking_settings = {name: getattr(config, name) for name in RANKING_FIELDS}
+    blocks.append(f"Ranking settings: `{json.dumps(ranking_settings)}` (the scoring settings are in manifest.json).")
+    summary = Summary(blocks, {"questions": n, "fit_questions": len(fit), "metrics": numbers,
+                               "ranking": ranking_settings, "skipped": heads.skipped},
+                      title="Heads as a re-ranker")
     write_summary(run.path, "rerank.md", summary)
     return summary
 
