@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from zoo import COMMON, FAMILIES, NoTokenizer, tiny_model
 from dynheads.analysis.ranking import mean_interval, qrhead_scores, ranking_metrics, top_heads
 from dynheads.decoding import DecodingSession
 from dynheads.errors import DynheadsError
-from dynheads.experiments.rerank import RerankConfig, run_rerank
+from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
 from dynheads.models import LoadedModel, load_model
 from dynheads.rag.rerank import RerankPrompt, bm25_scores, build_prompt, ranking, sample_prompt, span_scores
 from dynheads.scores import SpanScore, span_ranking
@@ -194,9 +195,14 @@ def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):
     first = {r["sample_id"]: r["order"] for r in run.records()}
     again = run_rerank(config, tmp_path / "run", lm=tiny_lm, progress=False)  # resumes: nothing rescored
     assert {r["sample_id"]: r["order"] for r in again.records()} == first
-    for record in run.records():  # the shuffle is recorded and the gold positions follow it
-        titles = [t for t in record["titles"]]
-        assert sorted(record["order"]) == list(range(len(titles)))
+    for record in run.records():  # the shuffle is recorded: a permutation of the record's paragraphs
+        assert sorted(record["order"]) == list(range(len(record["titles"])))
+    # Other ranking settings summarise the same scores again, loading no model; other scoring settings are refused.
+    summarise_scored(dataclasses.replace(config, k=2, strategies=("qrhead", "bm25")), run.path)
+    rows = __import__("pandas").read_csv(run.path / "rankings.csv")
+    assert set(rows["strategy"]) == {"qrhead", "bm25"} and (rows.loc[rows["strategy"] == "qrhead", "heads"] == 2).all()
+    with pytest.raises(DynheadsError, match="not a rerank run scored with these settings"):
+        summarise_scored(dataclasses.replace(config, seed=1), run.path)
 
 
 def test_a_static_list_fitted_on_evaluated_questions_is_refused(tiny_lm, tmp_path):

@@ -93,9 +93,13 @@ def report(study: Annotated[Path, typer.Argument(help="study folder written by '
 
 @app.command()
 @with_options(config_options(RerankFields))
-def rerank(out: RunOut, config: ConfigFile = None, **settings) -> None:
+def rerank(out: RunOut, config: ConfigFile = None,
+           summary_only: Annotated[bool, Opt("--summary-only", help="rank and summarise the questions already scored "
+                                                                    "in --out; score none, load no model")] = False,
+           **settings) -> None:
     """Heads as a re-ranker (ICR, QRHead, static, predicted, random heads) beside BM25 on HotpotQA's candidates."""
-    from dynheads.experiments.rerank import RerankConfig, run_rerank
+    from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
 
-    run = run_rerank(build_config(RerankConfig, config, **settings), out)
+    cfg = build_config(RerankConfig, config, **settings)
+    run = summarise_scored(cfg, out) if summary_only else run_rerank(cfg, out)
     typer.echo((run.path / "rerank.md").read_text(encoding="utf-8"), nl=False)

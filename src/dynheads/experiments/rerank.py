@@ -86,6 +86,7 @@ def run_rerank(config: RerankConfig, out: str | Path, *, lm: LoadedModel | None 
                progress: bool = True) -> RunDir:
     """Score both streams into ``out`` (finished questions are skipped), then rank, measure and summarise."""
     config.check()
+    run = RunDir(out)
     fit, evaluation = config.streams()
     records = load_hotpotqa(config.data)
     fit_records, eval_records = fit.take(records, config.data), evaluation.take(records, config.data)
@@ -93,8 +94,7 @@ def run_rerank(config: RerankConfig, out: str | Path, *, lm: LoadedModel | None 
     refuse_overlap([r.id for r in fit_records], "QRHead's fitting stream", eval_ids, "this rerank run")
     rerank.require_bm25()  # a missing bm25s fails here, before any model work
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
-    heads = _head_sources(config, lm, eval_ids)
-    run = RunDir(out)
+    heads = _head_sources(config, lm.num_layers, lm.num_heads, eval_ids)
     run.start("rerank", config.scoring(), lm, {
         "data": config.data, "prompt": {"system": rerank.SYSTEM_PROMPT, "user": rerank.USER_TEMPLATE,
                                         "content_free_query": rerank.CONTENT_FREE_QUERY},
@@ -110,6 +110,21 @@ def run_rerank(config: RerankConfig, out: str | Path, *, lm: LoadedModel | None 
         bar.update()
     bar.close()
     summarise(run, config, heads)
+    return run
+
+
+def summarise_scored(config: RerankConfig, out: str | Path) -> RunDir:
+    """Rank and summarise the questions ``out`` has scored so far, scoring none and loading no model (the ranking
+    settings of ``config`` may differ from the run's; its scoring settings must be the run's)."""
+    config.check()
+    run = RunDir(out)
+    manifest = run.manifest()
+    if manifest.get("kind") != "rerank" or manifest.get("config") != json.loads(json.dumps(config.scoring())):
+        raise DynheadsError(f"{run.path} is not a rerank run scored with these settings (data, streams, seed, "
+                            "model): give the settings it was run with")
+    model = manifest["model"]
+    summarise(run, config, _head_sources(config, model["num_layers"], model["num_heads"],
+                                         manifest["questions"]["ids"]))
     return run
 
 
@@ -149,14 +164,14 @@ class HeadSources:
     skipped: dict[str, str]
 
 
-def _head_sources(config: RerankConfig, lm: LoadedModel, eval_ids: list[str]) -> HeadSources:
+def _head_sources(config: RerankConfig, num_layers: int, num_heads: int, eval_ids: list[str]) -> HeadSources:
     skipped, static, predict_top = {}, None, None
     if "static" in config.strategies:
         if config.static:
             from dynheads.analysis.headlists import load_head_list, scored_heads
 
             refuse_static_overlap(config.static, eval_ids, "this rerank run")
-            static = list(scored_heads(load_head_list(config.static, lm.num_layers, lm.num_heads)))
+            static = list(scored_heads(load_head_list(config.static, num_layers, num_heads)))
             if not static:
                 raise DynheadsError(f"{config.static} gives every head a zero score: it names no static head")
         else:
@@ -169,10 +184,9 @@ def _head_sources(config: RerankConfig, lm: LoadedModel, eval_ids: list[str]) ->
             refuse_overlap(probe_fit_questions(config.probe), f"the head predictor in {config.probe}", eval_ids,
                            "this rerank run")
             predictor = load_head_predictor(config.probe)
-            if (predictor.num_layers, predictor.num_heads) != (lm.num_layers, lm.num_heads):
+            if (predictor.num_layers, predictor.num_heads) != (num_layers, num_heads):
                 raise DynheadsError(f"the head predictor in {config.probe} predicts {predictor.num_layers} x "
-                                    f"{predictor.num_heads} heads, but this model has {lm.num_layers} x "
-                                    f"{lm.num_heads}")
+                                    f"{predictor.num_heads} heads, but this model has {num_layers} x {num_heads}")
             predict_top = predictor.top_heads
         else:
             skipped["predictor"] = "no --probe (trained head predictor) given"
