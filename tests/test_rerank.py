@@ -186,7 +186,8 @@ def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):
     manifest = run.manifest()
     assert manifest["questions"]["first"] == 3 and manifest["fit_questions"]["count"] == 3
     assert not set(manifest["questions"]["ids"]) & set(manifest["fit_questions"]["ids"])
-    assert set(manifest["skipped_strategies"]) == {"static", "predictor"}
+    skipped = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]["skipped"]
+    assert set(skipped) == {"static", "predictor"}  # no --static, no --probe: left out and said so
     rows = __import__("pandas").read_csv(run.path / "rankings.csv")
     assert set(rows["strategy"]) == {"icr", "icr-uncalibrated", "qrhead", "random", "bm25"} and len(rows) == 10
     assert (rows.loc[rows["strategy"] == "qrhead", "heads"] == 4).all()
