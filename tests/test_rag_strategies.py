@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dynheads.errors import DynheadsError
-from dynheads.rag.strategies import STRATEGIES, HeadSelector, random_heads
+from dynheads.rag.strategies import PAPER_STRATEGIES, STRATEGIES, HeadSelector, random_heads
 
 SHAPE = {"num_layers": 32, "num_heads": 32}
 
@@ -67,8 +67,10 @@ def test_dynamic_refuses_bad_predictions(bad):
 
 
 def test_context_strategies_use_no_heads():
-    assert set(STRATEGIES) == {"dynamic", "static", "dynamic-random", "fixed-random", "none", "full-context"}
-    for name in ("none", "full-context"):
+    assert set(STRATEGIES) == {"dynamic", "static", "dynamic-random", "fixed-random", "none", "full-context",
+                               "rerank"}
+    assert set(PAPER_STRATEGIES) == set(STRATEGIES) - {"rerank"}  # what a RAG run compares by default
+    for name in ("none", "full-context", "rerank"):
         selector = HeadSelector(name, k=5, **SHAPE)
         assert not selector.needs_heads
         with pytest.raises(DynheadsError):

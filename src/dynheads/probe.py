@@ -10,7 +10,11 @@ of every query head (fp32 softmax) and reduces it on the spot, for each sequence
 - ``kept_mass [L, H]``: mass on every other key, summed directly (Eq. 2 denominator; ``total - excluded`` loses
   the digits of a sink-dominated row),
 - ``context_mass [L, H]``: mass on positions before ``context_end`` (the prompt; Lookback-Lens ratios),
-- full rows for requested heads only.
+- full rows for requested heads only,
+- ``span_mass [L, H, S]`` (when a span score is set, batch 1): the attention that a range of query positions
+  (a question) puts on each of S key spans (candidate paragraphs), summed over those query rows and the span's
+  keys (``dynheads.scores.SpanScore``; ICR / QRHead). Only those query rows are computed, in chunks, and reduced
+  at once: O(query x context) per chunk, never the whole attention matrix.
 
 Memory per step is O(heads x context). The outputs of all other query positions (prefill) come from
 torch's fused SDPA kernel, so no attention matrix is ever materialised. The probe can also remove heads
@@ -56,7 +60,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads  # (layer, query head), zero-based
-from dynheads.scores import LOCAL_WINDOW, SINK_SIZE, reasoning_scores
+from dynheads.scores import LOCAL_WINDOW, SINK_SIZE, SpanScore, reasoning_scores
 from dynheads.thresholds import chance_share
 
 ATTN_NAME = "dynheads_probe"  # neutral name: transformers tests implementation names by substring
@@ -81,6 +85,7 @@ class StepStats:
     kept_mass: torch.Tensor  # float32, mass outside (sink U local) \ needle, summed from the row itself
     context_mass: torch.Tensor | None = None  # float32, mass on positions < the sequence's context end (prompt)
     rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [last_position + 1] rows of requested heads
+    span_mass: torch.Tensor | None = None  # float32 [.., L, H, S]: query rows' mass on key spans (SpanScore)
 
     def reasoning_scores(self) -> torch.Tensor:
         """Eq. 2 of these statistics (``dynheads.scores.reasoning_scores``)."""
@@ -108,6 +113,7 @@ class ProbeSettings:
     kv_all_full: tuple[bool, ...] = ()  # per layer, on the host: no device sync in the hot path
     kv_sink: int = 4
     kv_recent: int = 64
+    span_score: SpanScore | None = None  # query rows x key spans reduced in the pass (batch 1; re-ranking)
 
 
 class AttentionProbe:
@@ -129,6 +135,7 @@ class AttentionProbe:
         self._last_t = torch.zeros(1, dtype=torch.long, device=self.device)
         self._key_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per (kv_len, device)
         self._rows: list[dict[Head, torch.Tensor]] = [{}]
+        self._span_weights: torch.Tensor | None = None  # float [positions, S] of the span score
         self._new_stats()
 
     # ---- settings -------------------------------------------------------------------------------
@@ -245,6 +252,12 @@ class AttentionProbe:
         self._update(kv_full=full.to(self.device), kv_all_full=tuple(full.all(dim=1).tolist()), kv_sink=sink,
                      kv_recent=recent)
 
+    def set_span_score(self, score: SpanScore | None) -> None:
+        """Reduce the attention of ``score.query`` rows over ``score.spans`` in the next passes (None: stop)."""
+        if score is not None:
+            self._span_weights = score.key_weights().to(self.device)  # [positions, S]
+        self._update(span_score=score)
+
     def _streaming_visibility(self, layer: int, kv_len: int, offset: int) -> torch.Tensor | None:
         """Bool ``[H, kv]``: keys each query head may see at a decode step, or None when every head sees all."""
         settings = self.settings
@@ -272,6 +285,9 @@ class AttentionProbe:
             kept_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
             context_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
         )
+        score = self.settings.span_score
+        if score is not None:
+            self.stats.span_mass = torch.zeros(*shape, len(score.spans), dtype=torch.float32, device=dev)
 
     def begin_forward(self, last_position: int | Sequence[int]) -> StepStats:
         """Call before each forward pass with the absolute position of its last input token, per sequence.
@@ -293,7 +309,8 @@ class AttentionProbe:
         s = self.stats
         return StepStats(argmax_pos=s.argmax_pos[b], max_prob=s.max_prob[b], needle_mass=s.needle_mass[b],
                          excluded_mass=s.excluded_mass[b], total_mass=s.total_mass[b], kept_mass=s.kept_mass[b],
-                         context_mass=s.context_mass[b], rows=self._rows[b])
+                         context_mass=s.context_mass[b], rows=self._rows[b],
+                         span_mass=None if s.span_mass is None else s.span_mass[b])
 
     def _key_weights(self, kv_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Offsets ``[B]`` and ``[B, kv, 4]`` float masks over this layer's keys: needle, excluded (sink/local
@@ -407,7 +424,51 @@ def probe_attention(
         output = _remove_per_sequence(output, settings, layer, value, groups, visible, kwargs)
 
     _record(probe, layer, probs.reshape(batch, num_heads, kv_len), kv_len)
+    if settings.span_score is not None:
+        _record_spans(probe, layer, query, key, attention_mask, hidden, scaling, softcap, kwargs)
     return output.transpose(1, 2).contiguous(), None
+
+
+SPAN_CHUNK = 64  # query rows whose attention rows exist at once while a span score is reduced
+
+
+def _record_spans(probe: AttentionProbe, layer: int, query, key, attention_mask, hidden, scaling, softcap,
+                  kwargs) -> None:
+    """``span_mass[:, layer]``: the exact eager attention rows (model-dtype matmul, fp32 softmax) of the span
+    score's query positions, summed over those rows and over each key span. Rows come ``SPAN_CHUNK`` at a time."""
+    score, weights = probe.settings.span_score, probe._span_weights
+    batch, num_heads, q_len, head_dim = query.shape
+    num_kv, kv_len = key.shape[1], key.shape[2]
+    if batch != 1:
+        raise DynheadsError("span scores (re-ranking) need batch size 1")
+    first = probe.last_positions[0] - q_len + 1  # absolute position of this pass's first query row
+    start, stop = score.query[0] - first, score.query[1] - first
+    if start < 0 or stop > q_len:
+        raise DynheadsError(f"the span score's query positions {score.query[0]}..{score.query[1] - 1} are not all "
+                            f"in this pass (positions {first}..{first + q_len - 1})")
+    offset = probe.last_positions[0] - (kv_len - 1)
+    key_positions = torch.arange(kv_len, device=key.device) + offset
+    inside = (key_positions >= 0) & (key_positions < weights.shape[0])
+    span_weights = torch.where(inside[:, None], weights.to(key.device)[key_positions.clamp(0, weights.shape[0] - 1)],
+                               0.0)  # [kv, S]
+    mask = attention_mask if attention_mask is not None else _causal_mask(q_len, kv_len, kwargs.get("sliding_window"),
+                                                                          query.device)
+    groups = num_heads // num_kv
+    total = torch.zeros(num_heads, weights.shape[1], dtype=torch.float32, device=query.device)
+    for chunk in range(start, stop, SPAN_CHUNK):
+        end = min(chunk + SPAN_CHUNK, stop)
+        rows = query[0, :, chunk:end].reshape(num_kv, groups * (end - chunk), head_dim)
+        logits = torch.matmul(rows, key[0].transpose(-1, -2)) * scaling  # [H_kv, G * rows, kv]
+        logits = logits.view(num_heads, end - chunk, kv_len)
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        visible = mask[0, 0, chunk:end]
+        visible = visible if visible.dtype == torch.bool else visible > torch.finfo(visible.dtype).min / 2
+        if hidden is not None:
+            visible = visible & ~hidden[None]
+        probs = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1, dtype=torch.float32)
+        total += torch.matmul(probs.sum(dim=1), span_weights)  # [H, S]
+    probe.stats.span_mass[0, layer] = total
 
 
 def _remove_per_sequence(output, settings: ProbeSettings, layer: int, value, groups: int, visible, kwargs):

@@ -5,6 +5,10 @@
 - ``reasoning`` (Eq. 2, continuous): the head's attention mass on the needle over its mass outside the
   attention sink (first ``sink_size`` keys) and the local window (last ``local_window`` keys); needle keys are
   never excluded. The probe (``dynheads.probe``) sums the masses; the ratio is ``StepStats.reasoning_scores``.
+- ``SpanScore`` (continuous, over spans; in-context re-ranking): a head's score of key span s is the attention that
+  the query rows (a question's tokens) put on the span's keys, summed over those rows and keys (ICR, Chen et al.
+  2025; QRHead, Zhang et al. 2025). The probe reduces it in its pass; ``calibrated_span_scores`` subtracts the same
+  pass with a content-free query (ICR's calibration) and ``span_ranking`` sums chosen heads into one score per span.
 - D_t, the dynamic (active) heads of a step: copy score 1, or reasoning score above ``threshold``
   (``dynheads.thresholds``: an absolute score or a multiple of the step's chance share).
 
@@ -28,7 +32,8 @@ ScoreKind = Literal["copy", "reasoning"]  # Eq. 1 (binary, NIAH) or Eq. 2 (conti
 SCORE_KINDS: tuple[str, ...] = get_args(ScoreKind)
 
 __all__ = ["DEFAULT_REASONING_THRESHOLD", "LOCAL_WINDOW", "SCORE_KINDS", "SINK_SIZE", "ScoreKind", "ScoreSpec",
-           "active_heads", "check_kind", "copy_scores", "ranked_heads", "reasoning_scores"]
+           "SpanScore", "active_heads", "calibrated_span_scores", "check_kind", "copy_scores", "ranked_heads",
+           "reasoning_scores", "span_ranking"]
 
 
 def check_kind(kind: str) -> ScoreKind:
@@ -105,3 +110,48 @@ def ranked_heads(active: torch.Tensor, weights: torch.Tensor) -> list[Head]:
 def active_heads(active: np.ndarray) -> list[Head]:
     """The ``(layer, head)`` pairs of one step's bool ``[L, H]`` active set, in index order."""
     return [(int(layer), int(head)) for layer, head in np.argwhere(active)]
+
+
+@dataclass(frozen=True)
+class SpanScore:
+    """The span score of one pass: query rows ``query = (start, stop)`` and key ``spans``, all ``[start, stop)``
+    absolute token positions; the query positions must all be fed in the pass that measures it."""
+
+    query: tuple[int, int]
+    spans: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        start, stop = self.query
+        if not 0 <= start < stop:
+            raise DynheadsError(f"a span score needs query positions start < stop, got {self.query}")
+        if not self.spans or any(not 0 <= a < b for a, b in self.spans):
+            raise DynheadsError(f"a span score needs non-empty key spans [start, stop), got {self.spans}")
+        ordered = sorted(self.spans)
+        if any(b > c for (_, b), (c, _) in zip(ordered, ordered[1:], strict=False)):
+            raise DynheadsError("the key spans of a span score overlap")
+
+    def key_weights(self) -> torch.Tensor:
+        """Float ``[positions, S]``: 1 where key position p lies in span s (what the probe multiplies rows by)."""
+        size = max(stop for _, stop in self.spans)
+        weights = torch.zeros(size, len(self.spans), dtype=torch.float32)
+        for index, (start, stop) in enumerate(self.spans):
+            weights[start:stop, index] = 1.0
+        return weights
+
+
+def calibrated_span_scores(real: np.ndarray, content_free: np.ndarray) -> np.ndarray:
+    """ICR's calibration, ``[..., L, H, S]``: the span mass under the real query minus that under a content-free
+    query in the same position (the share a span draws whatever is asked: position, length, sink-like tokens)."""
+    if real.shape != content_free.shape:
+        raise DynheadsError(f"calibration needs equal shapes, got {real.shape} and {content_free.shape}")
+    return np.asarray(real, dtype=np.float64) - np.asarray(content_free, dtype=np.float64)
+
+
+def span_ranking(scores: np.ndarray, heads: list[Head] | None = None) -> np.ndarray:
+    """``[S]`` from one question's ``scores [L, H, S]``: the sum over ``heads`` (None: every head, as ICR)."""
+    if heads is None:
+        return scores.sum(axis=(0, 1))
+    if not heads:
+        raise DynheadsError("a head-based ranking needs at least one head")
+    layers, indices = zip(*heads, strict=True)
+    return scores[list(layers), list(indices)].sum(axis=0)

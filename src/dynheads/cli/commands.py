@@ -12,7 +12,7 @@ from dynheads.cli.options import BatchSize, ConfigFile, DeviceMap, Opt, RunOut, 
 from dynheads.config import build_config
 from dynheads.distributed import is_main
 from dynheads.errors import DynheadsError
-from dynheads.experiments.settings import HotpotConfig, NiahConfig, RagFields, ReproduceConfig
+from dynheads.experiments.settings import HotpotConfig, NiahConfig, RagFields, ReproduceConfig, RerankFields
 from dynheads.io import read_json
 
 
@@ -93,3 +93,17 @@ def report(study: Annotated[Path, typer.Argument(help="study folder written by '
                             "does not say kind=reproduce)")
     _, html = write_report(study)
     typer.echo(f"report: {html} and {html.with_suffix('.md')}")
+
+
+@app.command()
+@with_options(config_options(RerankFields))
+def rerank(out: RunOut, config: ConfigFile = None,
+           summary_only: Annotated[bool, Opt("--summary-only", help="rank and summarise the questions already scored "
+                                                                    "in --out; score none, load no model")] = False,
+           **settings) -> None:
+    """Heads as a re-ranker (ICR, QRHead, static, predicted, random heads) beside BM25 on HotpotQA's candidates."""
+    from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
+
+    cfg = build_config(RerankConfig, config, **settings)
+    run = summarise_scored(cfg, out) if summary_only else run_rerank(cfg, out)
+    typer.echo((run.path / "rerank.md").read_text(encoding="utf-8"), nl=False)

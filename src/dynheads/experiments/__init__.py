@@ -22,6 +22,7 @@ _EXPORTS = exports_by_name({
     "dynheads.experiments.ablation": ("AblationConfig", "run_ablation", "ProgressiveConfig", "run_progressive"),
     "dynheads.experiments.rag": ("RagConfig", "run_rag", "rag_table"),
     "dynheads.experiments.kv": ("KVConfig", "run_kv"),
+    "dynheads.experiments.rerank": ("RerankConfig", "run_rerank", "summarise_scored"),
     "dynheads.experiments.detect": ("DetectConfig", "run_detect", "apply_detector"),
     "dynheads.experiments.reproduce": ("ReproduceConfig", "run_reproduce=reproduce"),
 })

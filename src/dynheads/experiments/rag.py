@@ -77,8 +77,9 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
         selector = HeadSelector(strategy, k=used_k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
                                 rng=derive_seed(config.seed, sample.sample_id, strategy, k),
                                 static_ranking=ranking, predict_top=predict_top)
-        answer = answer_question(lm, sample, selector, settings)
-        run.save_sample({
+        reranked = _rerank(lm, sample, config.rerank_top) if strategy == "rerank" else {}
+        answer = answer_question(lm, sample, selector, settings, shown=reranked.get("shown", ()))
+        run.save_sample({**reranked,
             "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
             "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
             "type": sample.type, "generated": answer.text, "metrics": task.score(sample, answer.text),
@@ -117,6 +118,22 @@ def chance_blocks(records: list[dict]) -> list:
             f"{base['chance']:.3f} EM; always the first candidate {base['first']:.3f}, always the last "
             f"{base['last']:.3f} (dynheads.tasks.candidates).",
             Table(["strategy", "k", "questions", "EM", "wrong", "wrong = a distractor's value"], rows, missing="n/a")]
+
+
+def _rerank(lm: LoadedModel, sample, top: int) -> dict:
+    """Re-rank then answer: ICR's ranking of the sample's paragraphs (every head, calibrated) and the token
+    windows of the ``top`` first, which the answer is shown; what the record keeps about them."""
+    from dynheads.rag.rerank import icr_ranking, sample_prompt
+
+    if top < 1:
+        raise DynheadsError(f"--rerank-top must be >= 1, got {top}")
+    prompt = sample_prompt(lm.tokenizer, sample)
+    order, seconds = icr_ranking(lm, prompt)
+    titles = sample.meta["paragraph_titles"]
+    gold = {title for title, _ in sample.supporting_facts}
+    chosen = order[:top]
+    return {"shown": [prompt.spans[i] for i in chosen], "ranking": [titles[i] for i in order],
+            "gold_shown": len(gold & {titles[i] for i in chosen}) / len(gold), "rerank_seconds": seconds}
 
 
 def _record_id(sample_id: str, strategy: str, k: int | None) -> str:

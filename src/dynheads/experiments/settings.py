@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
-from dynheads.rag.strategies import STRATEGIES
+from dynheads.rag.strategies import PAPER_STRATEGIES, STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.tasks.questions import QuestionStream
@@ -178,7 +178,9 @@ class KVFields(NiahGrid, ModelSettings):
 class RagFields(QaGrid, ModelSettings):
     probe: str | None = setting(None, "trained probe folder, for the 'dynamic' strategy")
     static: str | None = setting(None, "static head list JSON, for the 'static' strategy")
-    strategies: tuple[str, ...] = setting(STRATEGIES, ",".join(STRATEGIES))
+    strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, "some of " + ",".join(STRATEGIES))
+    rerank_top: int = setting(2, "rerank: paragraphs shown (the top of ICR's ranking over every head); the rest "
+                                 "stay hidden for the whole answer")
     ks: tuple[int, ...] = setting((5,), "heads per retrieval, e.g. 5,10,20 (paper: 5, 10, 20)")
     questions: int = redefault(QaGrid, "questions", 50)
     split: str = setting("rag", "name of the question stream (recorded)")
@@ -192,6 +194,26 @@ class RagFields(QaGrid, ModelSettings):
     top_n: int = setting(RetrievalConfig.top_n, "top attended context positions that are clustered")
     window: int = setting(RetrievalConfig.window, "tokens shown around each cluster")
     gap: int = setting(RetrievalConfig.gap, "cluster gap in tokens")
+
+
+# ---- rerank --------------------------------------------------------------------------------------------------------
+RERANK_STRATEGIES = ("icr", "icr-uncalibrated", "qrhead", "static", "predictor", "random", "bm25")
+
+
+@dataclass(frozen=True)
+class RerankFields(Seeded, ModelSettings):
+    data: str = setting("hotpotqa-dev", "HotpotQA JSON/JSONL file (10 candidates per question in the distractor "
+                                        "setting) or hotpotqa-dev, the official dev-distractor set")
+    first: int = setting(100, "index of the evaluation stream's first question")
+    questions: int = setting(200, "questions of the evaluation stream")
+    fit_first: int = setting(0, "index of the fitting stream's first question (QRHead's head choice)")
+    fit_questions: int = setting(50, "questions of the fitting stream; must not overlap the evaluation stream")
+    strategies: tuple[str, ...] = setting(RERANK_STRATEGIES, ",".join(RERANK_STRATEGIES) + " (static needs "
+                                          "--static, predictor --probe; without them they are skipped and noted)")
+    k: int = setting(16, "heads of each head-subset strategy (qrhead, static, predictor, random)")
+    static: str | None = setting(None, "Wu et al. static head list (a 'static' run's file), for 'static'")
+    probe: str | None = setting(None, "trained head predictor folder ('dynheads probe train'), for 'predictor'")
+    bootstrap: int = setting(2000, "bootstrap resamples (of questions) for the intervals")
 
 
 # ---- reproduce -----------------------------------------------------------------------------------------------------

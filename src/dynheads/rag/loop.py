@@ -11,13 +11,16 @@ rolls back to that cache and re-reads the question and the answer so far under t
    once with the context visible, average the chosen heads' attention rows over the context, turn the top
    positions into windows (``rag.windows``), make only those visible and regenerate one sentence.
 
-``none`` never shows the context and never retrieves (w/o RAG); ``full-context`` always shows all of it.
+``none`` never shows the context and never retrieves (w/o RAG); ``full-context`` always shows all of it;
+``rerank`` always shows the context positions it is given (``shown``: the top re-ranked paragraphs) and never
+retrieves.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,16 +134,28 @@ def answer_question(
     sample,
     selector: HeadSelector,
     settings: RagSettings = RagSettings(),
+    shown: Sequence[tuple[int, int]] = (),
 ) -> RagAnswer:
-    """Answer one HotpotQA sample with in-context Dynamic RAG under ``selector``'s strategy."""
+    """Answer one HotpotQA sample with in-context Dynamic RAG under ``selector``'s strategy; ``rerank`` shows the
+    absolute ``[start, stop)`` windows ``shown`` (inside the context) for the whole answer."""
     context = tuple(sample.context_span)
     if not 0 < context[0] < context[1] <= len(sample.input_ids):
         raise DynheadsError(f"sample {sample.sample_id!r} has no usable context span {context}")
+    if (selector.strategy == "rerank") != bool(shown):
+        raise DynheadsError("the rerank strategy, and only it, answers with given context windows shown")
     state = _Answerer(lm, list(sample.input_ids), context, settings)
     width = context[1] - context[0]
     none_visible = np.zeros(width, dtype=bool)
-    visible: np.ndarray | None = None if selector.strategy == "full-context" else none_visible
-    windows: list[tuple[int, int]] = []
+    fixed: np.ndarray | None = None  # what full-context (None: all) and rerank show throughout
+    if shown:
+        fixed = none_visible.copy()
+        for start, stop in shown:
+            if not context[0] <= start < stop <= context[1]:
+                raise DynheadsError(f"shown window {start}..{stop} lies outside the context {context}")
+            fixed[start - context[0] : stop - context[0]] = True
+    always = selector.strategy in ("full-context", "rerank")
+    visible: np.ndarray | None = fixed if always else none_visible
+    windows: list[tuple[int, int]] = list(shown)
     visible_counts, used_heads = [], []
     while not state.finished and len(state.answer) < settings.max_new_tokens:
         budget = min(settings.draft_tokens, settings.max_new_tokens - len(state.answer))
@@ -154,7 +169,7 @@ def answer_question(
             if can_retrieve else None
         if result is None or not result.triggered:
             state.answer += draft
-            visible = visible if selector.strategy == "full-context" else none_visible
+            visible = fixed if always else none_visible
             continue
         state.answer += draft[: result.sentence_token_start]
         state.finished = False
@@ -174,7 +189,7 @@ def answer_question(
         windows=windows,
         visible_tokens=visible_counts,
         heads=used_heads,
-        retrieval_recall=retrieval_recall(windows, supporting) if supporting and used_heads else None,
+        retrieval_recall=retrieval_recall(windows, supporting) if supporting and (used_heads or shown) else None,
     )
 
 

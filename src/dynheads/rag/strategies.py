@@ -4,7 +4,9 @@
 - ``static``: the top k of a fixed ranking (e.g. the static retrieval heads);
 - ``dynamic-random``: k heads drawn anew at every retrieval;
 - ``fixed-random``: k heads drawn once and used for the whole answer;
-- ``none`` (w/o RAG: the context stays hidden) and ``full-context`` (the context is always visible) use no heads.
+- ``none`` (w/o RAG: the context stays hidden) and ``full-context`` (the context is always visible) use no heads;
+- ``rerank`` (re-rank, then answer): the context's paragraphs are ranked once by in-context re-ranking
+  (``dynheads.rag.rerank``, every head) and only the top ones stay visible for the whole answer; no retrieval step.
 
 Make one :class:`HeadSelector` per answer: random draws come from its seeded generator, so an answer's heads
 are reproducible from its seed.
@@ -20,8 +22,9 @@ import numpy as np
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 
-Strategy = Literal["dynamic", "static", "dynamic-random", "fixed-random", "none", "full-context"]
+Strategy = Literal["dynamic", "static", "dynamic-random", "fixed-random", "none", "full-context", "rerank"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
+PAPER_STRATEGIES = STRATEGIES[:-1]  # the paper's Table 4 (what a RAG run compares unless told otherwise)
 HEAD_STRATEGIES = frozenset({"dynamic", "static", "dynamic-random", "fixed-random"})
 # predict_top(hidden [d_model], k) -> the k heads with the highest predicted retrieval score, best first.
 HeadPredictor = Callable[[Any, int], Sequence[Head]]

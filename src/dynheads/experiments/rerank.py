@@ -1,0 +1,324 @@
+"""Heads as a re-ranker on HotpotQA's distractor setting (10 candidates, 2 gold), beside BM25; resumable.
+
+Two disjoint question streams of the data: the fitting stream (QRHead's head choice) and the evaluation stream.
+Per question the candidates are shuffled with a seed derived from the master seed and the question id, rendered
+before the question (``dynheads.rag.rerank``), and scored once: the ``[L, H, S]`` span scores under the real and
+the content-free query and the final hidden state go to ``scores/<sample_id>.npz``, BM25's scores and every
+timing to the record. Rankings and metrics are computed from those files when the run is summarised, so every
+strategy is ranked from the same passes:
+
+- ``icr``: all heads, calibrated; ``icr-uncalibrated``: all heads, raw (what the calibration buys);
+- ``qrhead``: the k heads with the highest mean calibrated score on the gold candidates of the fitting stream;
+- ``static``: the k best heads of a Wu et al. list (``--static``); ``predictor``: the k heads the head predictor
+  (``--probe``) scores highest from the hidden state at the prompt's last token; ``random``: k heads drawn per
+  question (seeded);
+- ``bm25``: ``bm25s`` over the candidates' text.
+
+The manifest records the scoring settings (streams, seed, model, data); the ranking settings (strategies, k, the
+static list, the head predictor, bootstrap resamples) may change when a scored run is summarised again, and each
+summary records its own.
+
+Outputs: ``rankings.csv`` (one row per question and strategy), ``qrhead_heads.json`` (the fitted ranking, a ranked
+head list), ``rerank.md`` / ``summary.json`` (metrics with paired bootstrap intervals, differences vs BM25 and vs
+ICR, cost per question, and where gold and top-1 candidates sit in the prompt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from dynheads.analysis.ranking import METRICS, mean_interval, qrhead_scores, ranking_metrics, top_heads
+from dynheads.errors import DynheadsError
+from dynheads.experiments.hotpotqa import refuse_static_overlap
+from dynheads.experiments.settings import RERANK_STRATEGIES, RerankFields
+from dynheads.heads import Head, head_key
+from dynheads.io import atomic_path, write_json
+from dynheads.models import LoadedModel, load_model
+from dynheads.rag import rerank
+from dynheads.rag.strategies import random_heads
+from dynheads.runs import RunDir
+from dynheads.scores import span_ranking
+from dynheads.seeding import derive_seed
+from dynheads.tables import Summary, Table, write_summary
+from dynheads.tasks.hotpotqa import HotpotRecord, load_hotpotqa, render_paragraph
+from dynheads.tasks.questions import QuestionStream, refuse_overlap
+
+FIT, EVAL = "fit", "eval"
+# Settings that only change how the stored scores are ranked: a scored run may be summarised again with others.
+RANKING_FIELDS = ("strategies", "k", "static", "probe", "bootstrap")
+
+
+@dataclass(frozen=True)
+class RerankConfig(RerankFields):
+    def streams(self) -> tuple[QuestionStream, QuestionStream]:
+        """(fitting, evaluation) streams; refused when their index ranges overlap."""
+        fit = QuestionStream("rerank-fit", self.fit_first, self.fit_questions)
+        evaluation = QuestionStream("rerank", self.first, self.questions)
+        if fit.first < evaluation.stop and evaluation.first < fit.stop:
+            raise DynheadsError(f"the fitting stream (questions {fit.first}..{fit.stop - 1}) overlaps the evaluation "
+                                f"stream ({evaluation.first}..{evaluation.stop - 1}): move --first or --fit-first")
+        return fit, evaluation
+
+    def scoring(self) -> dict:
+        """The settings the stored scores depend on: what the manifest records and a resumed run must repeat."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if name not in RANKING_FIELDS}
+
+    def check(self) -> None:
+        """Every setting that can be refused before the model loads."""
+        self.streams()
+        unknown = sorted(set(self.strategies) - set(RERANK_STRATEGIES))
+        if unknown or not self.strategies:
+            raise DynheadsError(f"unknown rerank strategy {', '.join(unknown) or '(none given)'}: use "
+                                f"{', '.join(RERANK_STRATEGIES)}")
+        if self.k < 1 or self.bootstrap < 1:
+            raise DynheadsError(f"--k and --bootstrap must be >= 1, got {self.k} and {self.bootstrap}")
+
+
+def run_rerank(config: RerankConfig, out: str | Path, *, lm: LoadedModel | None = None,
+               progress: bool = True) -> RunDir:
+    """Score both streams into ``out`` (finished questions are skipped), then rank, measure and summarise."""
+    config.check()
+    run = RunDir(out)
+    fit, evaluation = config.streams()
+    records = load_hotpotqa(config.data)
+    fit_records, eval_records = fit.take(records, config.data), evaluation.take(records, config.data)
+    eval_ids = [r.id for r in eval_records]
+    refuse_overlap([r.id for r in fit_records], "QRHead's fitting stream", eval_ids, "this rerank run")
+    rerank.require_bm25()  # a missing bm25s fails here, before any model work
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    heads = _head_sources(config, lm.num_layers, lm.num_heads, eval_ids)
+    run.start("rerank", config.scoring(), lm, {
+        "data": config.data, "prompt": {"system": rerank.SYSTEM_PROMPT, "user": rerank.USER_TEMPLATE,
+                                        "content_free_query": rerank.CONTENT_FREE_QUERY},
+        "questions": evaluation.describe(eval_ids), "fit_questions": fit.describe([r.id for r in fit_records]),
+        "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs"})
+    todo = [(stream, r) for stream, rs in ((FIT, fit_records), (EVAL, eval_records)) for r in rs
+            if not run.is_done(sample_id(stream, r.id))]
+    total = len(fit_records) + len(eval_records)
+    bar = tqdm(total=total, initial=total - len(todo), desc="rerank", unit="question", disable=not progress)
+    for stream, record in todo:
+        if not run.is_done(sample_id(stream, record.id)):  # another process may share the folder
+            score_question(lm, record, stream, config, run)
+        bar.update()
+    bar.close()
+    summarise(run, config, heads)
+    return run
+
+
+def summarise_scored(config: RerankConfig, out: str | Path) -> RunDir:
+    """Rank and summarise the questions ``out`` has scored so far, scoring none and loading no model (the ranking
+    settings of ``config`` may differ from the run's; its scoring settings must be the run's)."""
+    config.check()
+    run = RunDir(out)
+    manifest = run.manifest()
+    if manifest.get("kind") != "rerank" or manifest.get("config") != json.loads(json.dumps(config.scoring())):
+        raise DynheadsError(f"{run.path} is not a rerank run scored with these settings (data, streams, seed, "
+                            "model): give the settings it was run with")
+    model = manifest["model"]
+    summarise(run, config, _head_sources(config, model["num_layers"], model["num_heads"],
+                                         manifest["questions"]["ids"]))
+    return run
+
+
+def sample_id(stream: str, question_id: str) -> str:
+    return f"{stream}-{question_id}"
+
+
+def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: RerankConfig, run: RunDir) -> None:
+    """Shuffle, render and score one question; its arrays first, its record last (the record marks it done)."""
+    order_seed = derive_seed(config.seed, record.id, "order")
+    order = [int(i) for i in np.random.default_rng(order_seed).permutation(len(record.context))]
+    paragraphs = [render_paragraph(record.context[i]) for i in order]
+    gold_titles = set(record.gold_titles)
+    gold = [position for position, i in enumerate(order) if record.context[i][0] in gold_titles]
+    prompt = rerank.build_prompt(lm.tokenizer, paragraphs, record.question)
+    scores = rerank.span_scores(lm, prompt)
+    bm25, bm25_seconds = rerank.bm25_scores(paragraphs, record.question)
+    name = sample_id(stream, record.id)
+    with atomic_path(run.path / "scores" / f"{name}.npz") as tmp, open(tmp, "wb") as handle:
+        np.savez(handle, real=scores.real, content_free=scores.content_free, hidden=scores.hidden)
+    run.save_sample({
+        "sample_id": name, "question_id": record.id, "stream": stream, "question": record.question,
+        "type": record.type, "order_seed": order_seed, "order": order,
+        "titles": [record.context[i][0] for i in order], "gold": gold,
+        "prompt_tokens": len(prompt.input_ids), "paragraph_tokens": [b - a for a, b in prompt.spans],
+        "prefill_seconds": scores.prefill_seconds, "calibration_seconds": scores.calibration_seconds,
+        "bm25": bm25.tolist(), "bm25_seconds": bm25_seconds,
+    })
+
+
+@dataclass(frozen=True)
+class HeadSources:
+    """What the head-subset strategies read: the static list, the predictor, and strategies left out (why)."""
+
+    static: list[Head] | None
+    predict_top: Callable[[np.ndarray, int], list[Head]] | None
+    skipped: dict[str, str]
+
+
+def _head_sources(config: RerankConfig, num_layers: int, num_heads: int, eval_ids: list[str]) -> HeadSources:
+    skipped, static, predict_top = {}, None, None
+    if "static" in config.strategies:
+        if config.static:
+            from dynheads.analysis.headlists import load_head_list, scored_heads
+
+            refuse_static_overlap(config.static, eval_ids, "this rerank run")
+            static = list(scored_heads(load_head_list(config.static, num_layers, num_heads)))
+            if not static:
+                raise DynheadsError(f"{config.static} gives every head a zero score: it names no static head")
+        else:
+            skipped["static"] = "no --static head list given"
+    if "predictor" in config.strategies:
+        if config.probe:
+            from dynheads.analysis.head_predictor import load_head_predictor
+            from dynheads.experiments.probing import probe_fit_questions
+
+            refuse_overlap(probe_fit_questions(config.probe), f"the head predictor in {config.probe}", eval_ids,
+                           "this rerank run")
+            predictor = load_head_predictor(config.probe)
+            if (predictor.num_layers, predictor.num_heads) != (num_layers, num_heads):
+                raise DynheadsError(f"the head predictor in {config.probe} predicts {predictor.num_layers} x "
+                                    f"{predictor.num_heads} heads, but this model has {num_layers} x {num_heads}")
+            predict_top = predictor.top_heads
+        else:
+            skipped["predictor"] = "no --probe (trained head predictor) given"
+    return HeadSources(static, predict_top, skipped)
+
+
+# ---- ranking and metrics -------------------------------------------------------------------------------------------
+def _arrays(run: RunDir, record: dict) -> dict[str, np.ndarray]:
+    with np.load(run.path / "scores" / f"{record['sample_id']}.npz") as data:
+        return {key: data[key] for key in data.files}
+
+
+def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources
+                   ) -> tuple[pd.DataFrame, list[Head], list[dict]]:
+    """One row per (evaluation question, strategy): ranking, gold, metrics, seconds; QRHead's heads (fitted on the
+    fitting stream's records, written to ``qrhead_heads.json``) and those records."""
+    records = run.records()
+    fit = [r for r in records if r["stream"] == FIT]
+    evaluation = [r for r in records if r["stream"] == EVAL]
+    if not evaluation:
+        raise DynheadsError(f"{run.path} has no scored evaluation questions yet")
+    strategies = [s for s in config.strategies if s not in heads.skipped]
+    qr_heads: list[Head] = []
+    if "qrhead" in strategies:
+        if not fit:
+            raise DynheadsError(f"{run.path} has no scored fitting questions: QRHead's heads cannot be chosen")
+        fit_scores = [_calibrated(_arrays(run, r)) for r in fit]
+        qr = qrhead_scores(fit_scores, [r["gold"] for r in fit])
+        order = top_heads(qr, qr.size)
+        write_json(run.path / "qrhead_heads.json", [[head_key(h), float(qr[h])] for h in order])
+        qr_heads = order[: config.k]
+    rows = []
+    for record in evaluation:
+        arrays = _arrays(run, record)
+        calibrated = _calibrated(arrays)
+        layers, num_heads = calibrated.shape[:2]
+        icr_seconds = record["prefill_seconds"] + record["calibration_seconds"]
+        for strategy in strategies:
+            chosen: list[Head] | None = None
+            seconds = icr_seconds
+            if strategy == "icr-uncalibrated":
+                scores, seconds = span_ranking(arrays["real"].astype(np.float64)), record["prefill_seconds"]
+            elif strategy == "bm25":
+                scores, seconds = np.asarray(record["bm25"]), record["bm25_seconds"]
+            else:
+                if strategy == "qrhead":
+                    chosen = qr_heads
+                elif strategy == "static":
+                    chosen = heads.static[: config.k]
+                elif strategy == "predictor":
+                    chosen = heads.predict_top(arrays["hidden"], config.k)
+                elif strategy == "random":
+                    rng = np.random.default_rng(derive_seed(config.seed, record["question_id"], "random"))
+                    chosen = random_heads(config.k, layers, num_heads, rng)
+                scores = span_ranking(calibrated, chosen)
+            ranked = rerank.ranking(scores)
+            rows.append({"question_id": record["question_id"], "strategy": strategy,
+                         "heads": len(chosen) if chosen is not None else (None if strategy == "bm25"
+                                                                           else layers * num_heads),
+                         "ranking": json.dumps(ranked), "gold": json.dumps(record["gold"]),
+                         "top1_position": ranked[0], "seconds": seconds,
+                         **ranking_metrics(ranked, record["gold"])})
+    frame = pd.DataFrame(rows)
+    with atomic_path(run.path / "rankings.csv") as tmp:
+        frame.to_csv(tmp, index=False)
+    return frame, qr_heads, fit
+
+
+def _calibrated(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    return arrays["real"].astype(np.float64) - arrays["content_free"].astype(np.float64)
+
+
+def _interval_text(values, config: RerankConfig, name: str) -> str:
+    mean, low, high = mean_interval(values, resamples=config.bootstrap, seed=derive_seed(config.seed, name))
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
+    """Rank every evaluation question and write ``rerank.md`` and its ``summary.json``."""
+    frame, qr_heads, fit = rank_questions(run, config, heads)
+    strategies = list(dict.fromkeys(frame["strategy"]))
+    per = {s: frame[frame["strategy"] == s].set_index("question_id") for s in strategies}
+    n = len(per[strategies[0]])
+    metrics_table = Table(["strategy", "heads", "questions", *METRICS, "seconds / question"], [
+        [s, _heads_text(per[s]["heads"].iloc[0]), len(per[s]),
+         *(_interval_text(per[s][m].to_numpy(), config, f"{s}-{m}") for m in METRICS),
+         float(per[s]["seconds"].mean())] for s in strategies], {"seconds / question": ".3f"})
+    blocks: list = [f"{n} of the {config.questions} evaluation questions scored ({config.data}, stream from question "
+                    f"{config.first}); QRHead's heads fitted on {len(fit)} of the {config.fit_questions} fitting "
+                    f"questions (stream from question {config.fit_first}). Means with 95 % percentile bootstrap "
+                    f"intervals over questions ({config.bootstrap} resamples).", metrics_table]
+    for baseline in ("bm25", "icr"):
+        if baseline in per:
+            others = [s for s in strategies if s != baseline]
+            blocks += [f"Paired differences vs {baseline} (strategy minus {baseline}, per question; interval of the "
+                       "mean difference):",
+                       Table(["strategy", *(f"Δ {m}" for m in METRICS)], [
+                           [s, *(_interval_text((per[s][m] - per[baseline][m]).to_numpy(), config,
+                                                f"{s}-{baseline}-{m}") for m in METRICS)] for s in others])]
+    blocks += _position_blocks(per, strategies)
+    notes = [f"{s}: skipped ({why})" for s, why in heads.skipped.items()]
+    if qr_heads:
+        notes.append(f"QRHead's {len(qr_heads)} heads: {', '.join(head_key(h) for h in qr_heads)} "
+                     "(all heads ranked in qrhead_heads.json)")
+    notes.append("Seconds: ICR and the head subsets = one prefill of the prompt plus the content-free query's "
+                 "pass on the cached paragraphs; icr-uncalibrated = the prefill alone; bm25 = indexing and scoring "
+                 "the candidates.")
+    blocks += [f"- {note}" for note in notes]
+    numbers = {s: {m: float(per[s][m].mean()) for m in METRICS} for s in strategies}
+    ranking_settings = {name: getattr(config, name) for name in RANKING_FIELDS}
+    blocks.append(f"Ranking settings: `{json.dumps(ranking_settings)}` (the scoring settings are in manifest.json).")
+    summary = Summary(blocks, {"questions": n, "fit_questions": len(fit), "metrics": numbers,
+                               "ranking": ranking_settings, "skipped": heads.skipped},
+                      title="Heads as a re-ranker")
+    write_summary(run.path, "rerank.md", summary)
+    return summary
+
+
+def _heads_text(value) -> str:
+    return "-" if value is None or (isinstance(value, float) and np.isnan(value)) else str(int(value))
+
+
+def _position_blocks(per: dict[str, pd.DataFrame], strategies: list[str]) -> list:
+    """Where the gold candidates sit in the (shuffled) prompt, and where each strategy's top candidate sits: a
+    strategy that favours a position shows it here whatever the gold distribution."""
+    first = per[strategies[0]]
+    size = max(len(json.loads(r)) for r in first["ranking"])
+    gold = np.zeros(size, dtype=int)
+    for text in first["gold"]:
+        for position in json.loads(text):
+            gold[position] += 1
+    top1 = {s: np.bincount(per[s]["top1_position"].to_numpy(dtype=int), minlength=size) for s in strategies}
+    rows = [[position, int(gold[position]), *(int(top1[s][position]) for s in strategies)] for position in range(size)]
+    return ["Prompt positions (0 = first candidate): how many gold candidates sit there, and how often each strategy "
+            "ranks the candidate there first:", Table(["position", "gold", *(f"top-1 {s}" for s in strategies)], rows)]

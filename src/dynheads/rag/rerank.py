@@ -1,0 +1,192 @@
+"""Heads as a re-ranker: candidate paragraphs in the prompt, the query after them, one score per paragraph per head.
+
+In-context re-ranking (ICR, Chen et al., ICLR 2025) scores a candidate by the attention that the query's tokens put
+on its tokens, summed over every head, minus the same attention under a content-free query ("N/A") in the same
+place. Query-focused retrieval heads (QRHead, Zhang et al., EMNLP 2025) sum only chosen heads. Both read the
+``[L, H, S]`` span score (``dynheads.scores.SpanScore``) that the probe reduces in its pass:
+
+1. the shared prefix (instruction and paragraphs) is fed once and cached;
+2. the real query and the end of the prompt are fed with the span score set (one prefill in all);
+3. the cache rolls back and the content-free query is fed the same way (the calibration pass).
+
+The paragraphs' own states are those of one prefill; only the query part is computed twice. BM25 (``bm25s``,
+optional extra ``rerank``) ranks the same candidates from their text. What we leave out of ICR: its token-level
+outlier masking (tokens whose calibrated score is below mean - 2 std), since the probe reduces whole spans.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dynheads.decoding import DecodingSession
+from dynheads.errors import DynheadsError
+from dynheads.models import LoadedModel
+from dynheads.scores import SpanScore
+from dynheads.tasks.prompting import RenderedPrompt, locate, render_chat, token_span
+
+SYSTEM_PROMPT = "You are a helpful AI bot that finds the paragraphs relevant to a query."
+USER_TEMPLATE = ("Here are some paragraphs:\n\n{paragraphs}\n\n"
+                 "Please find information that is relevant to the following query in the paragraphs above.\n\n"
+                 "Query: {query}")
+SEPARATOR = "\n\n"
+CONTENT_FREE_QUERY = "N/A"  # ICR's calibration query
+
+
+@dataclass(frozen=True)
+class RerankPrompt:
+    """The real prompt and its content-free twin, sharing their first ``shared`` tokens (the paragraphs)."""
+
+    input_ids: list[int]
+    query: tuple[int, int]  # [start, stop) tokens of the question
+    null_ids: list[int]
+    null_query: tuple[int, int]  # [start, stop) tokens of the content-free query
+    spans: tuple[tuple[int, int], ...]  # [start, stop) tokens of each candidate, in prompt order
+    shared: int
+
+
+def build_prompt(tokenizer, paragraphs: Sequence[str], question: str,
+                 template_kwargs: Mapping[str, object] | None = None) -> RerankPrompt:
+    """Render the candidates (texts, in prompt order) and the question after them, and find every span."""
+    if not paragraphs:
+        raise DynheadsError("re-ranking needs at least one candidate paragraph")
+    block = SEPARATOR.join(paragraphs)
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(paragraphs=block, query=question),
+                         template_kwargs)
+    at, _ = locate(prompt, block, what="paragraph block")
+    chars = []
+    for text in paragraphs:
+        chars.append((at, at + len(text)))
+        at += len(text) + len(SEPARATOR)
+    query_at = prompt.text.rindex("Query: " + question) + len("Query: ")
+    return twin_prompts(tokenizer, prompt.text, chars, (query_at, query_at + len(question)),
+                        special=prompt.template == "plain")
+
+
+def twin_prompts(tokenizer, text: str, paragraph_chars: Sequence[tuple[int, int]], query_chars: tuple[int, int], *,
+                 special: bool) -> RerankPrompt:
+    """Tokenise ``text`` and its twin with the content-free query in place of ``text[query_chars]``; the
+    paragraphs' character spans (all before the query) become token spans of both."""
+    start, stop = query_chars
+    null_text = text[:start] + CONTENT_FREE_QUERY + text[stop:]
+    rendered = []
+    for prompt_text, query in ((text, query_chars), (null_text, (start, start + len(CONTENT_FREE_QUERY)))):
+        encoded = tokenizer(prompt_text, add_special_tokens=special, return_offsets_mapping=True)
+        prompt = RenderedPrompt(prompt_text, list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]],
+                                "plain" if special else "chat")
+        spans = []
+        for a, b in (*paragraph_chars, query):
+            tokens = token_span(prompt, a, b)
+            if not tokens:
+                raise DynheadsError(f"no token covers characters {a}..{b} of the re-ranking prompt")
+            spans.append((tokens[0], tokens[-1] + 1))
+        rendered.append((prompt.input_ids, spans[-1], tuple(spans[:-1])))
+    (ids, query_span, spans), (null_ids, null_span, null_spans) = rendered
+    shared = next((i for i, (a, b) in enumerate(zip(ids, null_ids, strict=False)) if a != b),
+                  min(len(ids), len(null_ids)))
+    if spans != null_spans or shared < spans[-1][1] or shared > min(query_span[0], null_span[0]):
+        raise DynheadsError("the content-free prompt does not share the paragraphs' tokens with the real one "
+                            "(tokenisation merged the query into the text before it)")
+    return RerankPrompt(ids, query_span, null_ids, null_span, spans, shared)
+
+
+def sample_prompt(tokenizer, sample) -> RerankPrompt:
+    """The re-ranking prompt of a HotpotQA ``Sample`` as it stands (its context, then its question): its paragraphs
+    are found from ``meta["paragraph_titles"]`` in the decoded prompt, which must tokenise back to the same ids."""
+    special = sample.prompt_template == "plain"
+    text = tokenizer.decode(list(sample.input_ids), skip_special_tokens=False)
+    encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    if list(encoded["input_ids"]) != list(sample.input_ids):
+        raise DynheadsError(f"sample {sample.sample_id!r}: its prompt does not tokenise back to its own ids, so its "
+                            "paragraphs cannot be located for re-ranking")
+    offsets = encoded["offset_mapping"]
+    context_start, context_stop = offsets[sample.context_span[0]][0], offsets[sample.context_span[1] - 1][1]
+    titles = sample.meta.get("paragraph_titles") or []
+    starts, at = [], context_start
+    for title in titles:
+        found = text.find(f"{title}: ", at, context_stop)
+        if found < 0:
+            raise DynheadsError(f"sample {sample.sample_id!r}: paragraph {title!r} is not in its context")
+        starts.append(found)
+        at = found + len(title)
+    if not starts:
+        raise DynheadsError(f"sample {sample.sample_id!r} records no paragraph titles: nothing to re-rank")
+    ends = [next_start - len(SEPARATOR) for next_start in starts[1:]] + [context_stop]
+    query_at = text.find(sample.question, context_stop)
+    if query_at < 0:
+        raise DynheadsError(f"sample {sample.sample_id!r}: its question is not after its context")
+    return twin_prompts(tokenizer, text, list(zip(starts, ends, strict=True)),
+                        (query_at, query_at + len(sample.question)), special=special)
+
+
+@dataclass(frozen=True, eq=False)
+class SpanScores:
+    """One question's head scores: ``[L, H, S]`` span masses under the real and the content-free query."""
+
+    real: np.ndarray
+    content_free: np.ndarray
+    hidden: np.ndarray  # [D] final hidden state at the real prompt's last token (the head predictor reads it)
+    prefill_seconds: float  # prefix + real query: what one ICR ranking costs
+    calibration_seconds: float  # the content-free query pass on the cached prefix
+
+    @property
+    def calibrated(self) -> np.ndarray:
+        return self.real.astype(np.float64) - self.content_free.astype(np.float64)
+
+
+def span_scores(lm: LoadedModel, prompt: RerankPrompt) -> SpanScores:
+    """The three passes of the module docstring."""
+    real_tail, null_tail = len(prompt.input_ids) - prompt.shared, len(prompt.null_ids) - prompt.shared
+    session = DecodingSession(lm, prompt.input_ids, max_new_tokens=max(null_tail - real_tail, 0) + 1)
+    began = time.perf_counter()
+    session.forward(prompt.shared)
+    cached = session.checkpoint()
+    session.probe.set_span_score(SpanScore(prompt.query, prompt.spans))
+    result = session.forward(real_tail)
+    real, hidden = result.stats.span_mass.cpu().numpy().copy(), result.hidden.cpu().numpy().copy()
+    prefill = time.perf_counter() - began
+    began = time.perf_counter()
+    session.rollback(cached)
+    session.write(prompt.null_ids[prompt.shared:])
+    session.probe.set_span_score(SpanScore(prompt.null_query, prompt.spans))
+    null = session.forward(null_tail).stats.span_mass.cpu().numpy().copy()
+    calibration = time.perf_counter() - began
+    session.probe.set_span_score(None)
+    return SpanScores(real, null, hidden, prefill, calibration)
+
+
+def require_bm25():
+    """The ``bm25s`` module, or a one-line error naming the extra that installs it."""
+    try:
+        import bm25s
+    except ImportError:
+        raise DynheadsError("the bm25 strategy needs the bm25s package: pip install 'dynheads[rerank]'") from None
+    return bm25s
+
+
+def bm25_scores(paragraphs: Sequence[str], question: str) -> tuple[np.ndarray, float]:
+    """BM25 scores of the candidates for the question (index over the candidates, English stop words removed) and
+    the seconds it took (indexing included)."""
+    bm25s = require_bm25()
+    began = time.perf_counter()
+    corpus = bm25s.tokenize(list(paragraphs), stopwords="en", show_progress=False)
+    retriever = bm25s.BM25()
+    retriever.index(corpus, show_progress=False)
+    query = bm25s.tokenize(question, stopwords="en", show_progress=False, return_ids=False)[0]
+    scores = retriever.get_scores(query) if query else np.zeros(len(paragraphs))
+    return np.asarray(scores, dtype=np.float64), time.perf_counter() - began
+
+
+def icr_ranking(lm: LoadedModel, prompt: RerankPrompt) -> tuple[list[int], float]:
+    """ICR's ranking of the prompt's candidates (every head, calibrated) and the seconds its passes took."""
+    scores = span_scores(lm, prompt)
+    return ranking(scores.calibrated.sum(axis=(0, 1))), scores.prefill_seconds + scores.calibration_seconds
+
+
+def ranking(scores: np.ndarray) -> list[int]:
+    """Candidate indices, highest score first; ties keep prompt order (the order is shuffled per question, so a
+    tie is broken at random with respect to which candidate is gold)."""
+    return [int(i) for i in np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")]

@@ -1,0 +1,282 @@
+"""Heads as a re-ranker: the span score against eager attention, constructed cases, metrics, stream refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from zoo import COMMON, FAMILIES, NoTokenizer, tiny_model
+
+from dynheads.analysis.ranking import mean_interval, qrhead_scores, ranking_metrics, top_heads
+from dynheads.decoding import DecodingSession
+from dynheads.errors import DynheadsError
+from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
+from dynheads.models import LoadedModel, load_model
+from dynheads.rag.rerank import RerankPrompt, bm25_scores, build_prompt, ranking, sample_prompt, span_scores
+from dynheads.scores import SpanScore, span_ranking
+from dynheads.tasks.hotpotqa import synthetic_hotpotqa
+
+TOL = 1e-5
+
+
+def eager_attentions(model, ids: list[int]) -> list[torch.Tensor]:
+    """``[H, q, kv]`` attention of every layer from transformers' own eager path."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([ids]), output_attentions=True)
+    finally:
+        model.set_attn_implementation(previous)
+    return [a[0].float() for a in out.attentions]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("split", [0, 14])  # one pass, or a cached prefix then the query part (as re-ranking runs)
+def test_span_mass_equals_eager_attention_summed(family, split):
+    model = tiny_model(family)
+    lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
+    torch.manual_seed(3)
+    ids = torch.randint(3, 128, (30,)).tolist()
+    score = SpanScore(query=(22, 27), spans=((1, 6), (6, 13), (15, 20)))
+    session = DecodingSession(lm, ids, max_new_tokens=1)
+    if split:
+        session.forward(split)
+    session.probe.set_span_score(score)
+    mass = session.forward(len(ids) - split).stats.span_mass  # [L, H, S]
+    for layer, attention in enumerate(eager_attentions(model, ids)):
+        rows = attention[:, 22:27]  # [H, query rows, kv]
+        expected = torch.stack([rows[:, :, a:b].sum(dim=(1, 2)) for a, b in score.spans], dim=-1)
+        assert (mass[layer] - expected).abs().max() <= TOL, (family, layer)
+
+
+def test_span_score_refuses_query_outside_the_pass():
+    model = tiny_model("llama")
+    lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name="llama", revision="random")
+    session = DecodingSession(lm, list(range(3, 33)), max_new_tokens=1)
+    session.forward(25)
+    session.probe.set_span_score(SpanScore(query=(20, 27), spans=((1, 6),)))
+    with pytest.raises(DynheadsError, match="not all in this pass"):
+        session.forward(5)
+
+
+# ---- a constructed case: one paragraph built to draw the query's attention ---------------------------------------
+QUERY_TOKEN, NULL_TOKEN = 120, 5
+
+
+def content_model(rope: bool = False) -> LoadedModel:
+    """A tiny Llama whose keys are its queries (k_proj = q_proj): a query token attends most to keys of its own
+    token. Without RoPE (inverse frequencies 0) attention depends on content alone, not on positions."""
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=128, **{**COMMON, "num_key_value_heads": 4})).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4.0)
+            layer.self_attn.k_proj.weight.copy_(layer.self_attn.q_proj.weight)
+        if not rope:
+            model.model.rotary_emb.inv_freq.zero_()
+    return LoadedModel(model=model, tokenizer=NoTokenizer(), name="content", revision="random")
+
+
+def id_prompt(paragraphs: list[list[int]], query: list[int]) -> RerankPrompt:
+    """[prefix, paragraphs, query, tail] as token ids; the content-free twin has one null token as its query."""
+    ids, spans = [1, 2], []
+    for paragraph in paragraphs:
+        spans.append((len(ids), len(ids) + len(paragraph)))
+        ids += paragraph + [3]
+    shared, tail = len(ids), [4, 6]
+    return RerankPrompt(ids + query + tail, (shared, shared + len(query)), ids + [NULL_TOKEN] + tail,
+                        (shared, shared + 1), tuple(spans), shared)
+
+
+def candidates(seed: int, count: int = 5, size: int = 8) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(10, 100, (count, size), generator=generator).tolist()  # never the query token
+
+
+def test_the_paragraph_built_to_draw_the_query_ranks_first():
+    lm = content_model()
+    query = [QUERY_TOKEN] * 3
+    control = span_scores(lm, id_prompt(candidates(1), query)).calibrated.sum(axis=(0, 1))
+    places = [p for p in range(5) if p != ranking(control)[0]]  # each place whose paragraph was not first
+    for magnet_at in places:
+        paragraphs = candidates(1)
+        paragraphs[magnet_at][2:5] = [QUERY_TOKEN] * 3  # the magnet: the query's own tokens
+        scores = span_scores(lm, id_prompt(paragraphs, query)).calibrated.sum(axis=(0, 1))
+        assert ranking(scores)[0] == magnet_at, magnet_at  # a span mapped to the wrong tokens would fail here
+        assert scores[magnet_at] > control[magnet_at] + 1.0
+
+
+def test_shuffling_moves_layer0_scores_with_their_paragraphs_and_only_positions_change_the_rest():
+    paragraphs, query = candidates(2), [QUERY_TOKEN, 77, 78]
+    paragraphs[1][0] = QUERY_TOKEN
+    permutation = [3, 0, 4, 1, 2]
+    shuffled = [paragraphs[i] for i in permutation]
+    for rope in (False, True):
+        lm = content_model(rope=rope)
+        before = span_scores(lm, id_prompt(paragraphs, query)).calibrated
+        after = span_scores(lm, id_prompt(shuffled, query)).calibrated
+        moved = before[:, :, permutation]  # each paragraph's scores, in the shuffled order
+        layer0 = np.abs(after[0] - moved[0]).max()
+        if not rope:  # content-only attention: layer 0's keys depend on their token alone, so the scores move
+            assert layer0 < 1e-5  # with their paragraphs exactly
+        else:  # RoPE: the same keys at other positions score differently (a position effect, measured on the page)
+            assert layer0 > 1e-4
+    # BM25 reads text only: its scores move with their paragraphs exactly.
+    texts = ["The cat sat on the mat.", "Dogs bark at night.", "A mat of woven grass.", "Cats chase mice."]
+    question = "Where did the cat sit?"
+    forward, _ = bm25_scores(texts, question)
+    backward, _ = bm25_scores(texts[::-1], question)
+    assert np.array_equal(forward, backward[::-1]) and forward.max() > 0
+
+
+# ---- metrics --------------------------------------------------------------------------------------------------------
+def test_metrics_of_a_hand_made_ranking():
+    ranking_ = [4, 0, 7, 2, 9, 1, 3, 5, 6, 8]  # gold 0 at rank 2, gold 9 at rank 5
+    metrics = ranking_metrics(ranking_, [9, 0])
+    assert metrics["recall@2"] == 0.5 and metrics["recall@5"] == 1.0 and metrics["mrr"] == 0.5
+    ideal = 1 + 1 / np.log2(3)
+    assert metrics["ndcg@10"] == pytest.approx((1 / np.log2(3) + 1 / np.log2(6)) / ideal)
+    assert ranking_metrics([1, 0, 2], [1, 0]) == {"recall@2": 1.0, "recall@5": 1.0, "mrr": 1.0, "ndcg@10": 1.0}
+    with pytest.raises(DynheadsError):
+        ranking_metrics([0, 1, 1], [0])
+
+
+def test_paired_interval_and_qrhead_choice():
+    assert mean_interval([0.5] * 10) == (0.5, 0.5, 0.5)
+    mean, low, high = mean_interval(np.r_[np.zeros(50), np.ones(50)], resamples=500)
+    assert mean == 0.5 and 0.35 < low < 0.5 < high < 0.65
+    scores = np.zeros((2, 3, 4))
+    scores[1, 2, [0, 3]] = 1.0  # head (1, 2) attends to candidates 0 and 3
+    scores[0, 1, 1] = 5.0  # head (0, 1) attends hard to candidate 1, never gold
+    qr = qrhead_scores([scores, scores], [[0, 3], [3]])
+    assert top_heads(qr, 1) == [(1, 2)] and qr[1, 2] == pytest.approx(1.5) and qr[0, 1] == 0
+    assert list(span_ranking(scores, [(1, 2)])) == [1, 0, 0, 1]
+
+
+# ---- streams and the run ------------------------------------------------------------------------------------------
+def test_overlapping_streams_are_refused_before_any_work(tmp_path):
+    with pytest.raises(DynheadsError, match="overlaps the evaluation stream"):
+        RerankConfig(first=10, questions=5, fit_first=12, fit_questions=5).check()
+    RerankConfig(first=10, questions=5, fit_first=15, fit_questions=5).check()  # adjacent is fine
+    result = subprocess.run([sys.executable, "-m", "dynheads", "rerank", "--first", "0", "--questions", "3",
+                             "--fit-first", "2", "--fit-questions", "4", "--out", str(tmp_path / "r")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")][0].count("overlaps") == 1
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):
+    data = tmp_path / "hotpot.json"
+    data.write_text(json.dumps([r.to_dict() for r in synthetic_hotpotqa(5, seed=0)]))
+    config = RerankConfig(data=str(data), first=3, questions=2, fit_first=0, fit_questions=3, k=4, bootstrap=50)
+    run = run_rerank(config, tmp_path / "run", lm=tiny_lm, progress=False)
+    manifest = run.manifest()
+    assert manifest["questions"]["first"] == 3 and manifest["fit_questions"]["count"] == 3
+    assert not set(manifest["questions"]["ids"]) & set(manifest["fit_questions"]["ids"])
+    skipped = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]["skipped"]
+    assert set(skipped) == {"static", "predictor"}  # no --static, no --probe: left out and said so
+    rows = __import__("pandas").read_csv(run.path / "rankings.csv")
+    assert set(rows["strategy"]) == {"icr", "icr-uncalibrated", "qrhead", "random", "bm25"} and len(rows) == 10
+    assert (rows.loc[rows["strategy"] == "qrhead", "heads"] == 4).all()
+    markdown = (run.path / "rerank.md").read_text()
+    assert "Paired differences vs bm25" in markdown and "top-1 icr" in markdown
+    first = {r["sample_id"]: r["order"] for r in run.records()}
+    again = run_rerank(config, tmp_path / "run", lm=tiny_lm, progress=False)  # resumes: nothing rescored
+    assert {r["sample_id"]: r["order"] for r in again.records()} == first
+    for record in run.records():  # the shuffle is recorded: a permutation of the record's paragraphs
+        assert sorted(record["order"]) == list(range(len(record["titles"])))
+    # Other ranking settings summarise the same scores again, loading no model; other scoring settings are refused.
+    summarise_scored(dataclasses.replace(config, k=2, strategies=("qrhead", "bm25")), run.path)
+    rows = __import__("pandas").read_csv(run.path / "rankings.csv")
+    assert set(rows["strategy"]) == {"qrhead", "bm25"} and (rows.loc[rows["strategy"] == "qrhead", "heads"] == 2).all()
+    with pytest.raises(DynheadsError, match="not a rerank run scored with these settings"):
+        summarise_scored(dataclasses.replace(config, seed=1), run.path)
+
+
+def test_a_static_list_fitted_on_evaluated_questions_is_refused(tiny_lm, tmp_path):
+    data = tmp_path / "hotpot.json"
+    records = synthetic_hotpotqa(4, seed=0)
+    data.write_text(json.dumps([r.to_dict() for r in records]))
+    static = tmp_path / "static" / "heads.json"
+    static.parent.mkdir()
+    static.write_text(json.dumps(["0-1", "1-2"]))
+    (static.parent / "manifest.json").write_text(json.dumps({"questions": {"ids": [records[3].id]}}))
+    config = RerankConfig(data=str(data), first=2, questions=2, fit_first=0, fit_questions=2, static=str(static))
+    with pytest.raises(DynheadsError, match="fitted on 1 of the questions"):
+        run_rerank(config, tmp_path / "run", lm=tiny_lm, progress=False)
+
+
+def test_prompt_spans_hold_their_paragraphs(tiny_lm):
+    tokenizer = tiny_lm.tokenizer
+    paragraphs = ["Alpha: The first one.", "Beta: The second one.", "Gamma: The third one."]
+    prompt = build_prompt(tokenizer, paragraphs, "Which one is second?")
+    for (start, stop), text in zip(prompt.spans, paragraphs, strict=True):
+        assert tokenizer.decode(prompt.input_ids[start:stop]).strip() == text
+    assert tokenizer.decode(prompt.input_ids[slice(*prompt.query)]).strip() == "Which one is second?"
+    assert tokenizer.decode(prompt.null_ids[slice(*prompt.null_query)]).strip() == "N/A"
+    assert prompt.input_ids[: prompt.shared] == prompt.null_ids[: prompt.shared]
+
+
+# ---- re-rank then answer in dynheads rag -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rag_sample(tiny_lm):
+    from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
+
+    return hotpot_samples(HotpotConfig(questions=1, lengths=(300,), depths=(0.5,)), tiny_lm.tokenizer)[0]
+
+
+def test_a_rag_samples_paragraphs_are_found_in_its_own_prompt(tiny_lm, rag_sample):
+    decode = tiny_lm.tokenizer.decode
+    prompt = sample_prompt(tiny_lm.tokenizer, rag_sample)
+    assert prompt.input_ids == list(rag_sample.input_ids)
+    titles = rag_sample.meta["paragraph_titles"]
+    assert len(prompt.spans) == len(titles) > 1
+    assert (prompt.spans[0][0], prompt.spans[-1][1]) == tuple(rag_sample.context_span)
+    texts = [decode(prompt.input_ids[start:stop]).strip() for start, stop in prompt.spans]
+    assert all(text.startswith(f"{title}: ") for text, title in zip(texts, titles, strict=True))
+    assert "\n\n".join(texts) == decode(prompt.input_ids[slice(*rag_sample.context_span)]).strip()  # nothing lost
+    assert tiny_lm.tokenizer.decode(prompt.input_ids[slice(*prompt.query)]).strip() == rag_sample.question
+
+
+def test_rerank_then_answer_shows_only_the_given_windows(tiny_lm, rag_sample):
+    from dynheads.rag.loop import RagSettings, answer_question
+    from dynheads.rag.strategies import HeadSelector
+
+    settings = RagSettings(max_new_tokens=5, draft_tokens=3)
+    shape = {"k": 1, "num_layers": tiny_lm.num_layers, "num_heads": tiny_lm.num_heads}
+    full = answer_question(tiny_lm, rag_sample, HeadSelector("full-context", **shape), settings)
+    everything = answer_question(tiny_lm, rag_sample, HeadSelector("rerank", **shape), settings,
+                                 shown=[tuple(rag_sample.context_span)])
+    assert everything.tokens == full.tokens and everything.retrievals == 0  # all shown = full context
+    with pytest.raises(DynheadsError, match="outside the context"):
+        answer_question(tiny_lm, rag_sample, HeadSelector("rerank", **shape), settings, shown=[(0, 5)])
+    with pytest.raises(DynheadsError, match="only it"):
+        answer_question(tiny_lm, rag_sample, HeadSelector("rerank", **shape), settings)
+
+
+def test_rag_run_with_the_rerank_strategy(tiny_model_dir, tiny_lm, tmp_path):
+    from dynheads.experiments.rag import RagConfig, run_rag
+
+    config = RagConfig(model=str(tiny_model_dir), questions=2, lengths=(300,), strategies=("rerank", "full-context"),
+                       max_new_tokens=3, rerank_top=2)
+    run = run_rag(config, tmp_path / "rag", lm=tiny_lm, progress=False)
+    reranked = [r for r in run.records() if r["strategy"] == "rerank"]
+    assert len(reranked) == 2
+    for record in reranked:
+        assert len(record["shown"]) == 2 and record["windows"] == record["shown"] and record["retrievals"] == 0
+        assert sorted(record["ranking"]) == sorted(set(record["ranking"])) and 0 <= record["gold_shown"] <= 1
+        assert record["retrieval_recall"] is not None
+    assert "rerank" in (run.path / "rag.md").read_text()
