@@ -14,7 +14,7 @@ from typing import Literal
 
 import numpy as np
 
-from dynheads.analysis.headlists import RankedHeads
+from dynheads.analysis.headlists import RankedHeads, scored_heads
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 
@@ -22,14 +22,28 @@ Aggregation = Literal["max", "mean"]
 FORMAT = "dynheads-kvheads/1"
 
 
+KVHead = tuple[int, int]  # (layer, KV head), zero-based
+
+
 def query_head_scores(heads: RankedHeads, num_layers: int, num_heads: int) -> np.ndarray:
     """``[L, H]`` scores of a head list: its scores (Wu et al.'s mean), or for a ranked list ``1 - rank / N``.
-    Heads the list does not name score 0."""
+    Heads the list does not name, or names with a score <= 0, score 0."""
     scores = np.zeros((num_layers, num_heads), dtype=np.float64)
     total = len(heads.heads)
     for rank, (layer, head) in enumerate(heads.heads):
-        scores[layer, head] = heads.scores[rank] if heads.scores is not None else 1.0 - rank / total
+        scores[layer, head] = max(heads.scores[rank], 0.0) if heads.scores is not None else 1.0 - rank / total
     return scores
+
+
+def kv_head_ranking(heads: RankedHeads, num_layers: int, num_heads: int, num_kv_heads: int,
+                    aggregation: Aggregation = "max") -> tuple[KVHead, ...]:
+    """KV heads ranked by their aggregated score, best first, **scored ones only**: a KV head none of whose query
+    heads has a positive score is not in the ranking (never filler). Ties: (layer, KV head) ascending."""
+    scored = set(scored_heads(heads))
+    matrix = kv_head_matrix(query_head_scores(heads, num_layers, num_heads), num_kv_heads, aggregation)
+    groups = num_heads // num_kv_heads
+    kept = {(layer, head // groups) for layer, head in scored}
+    return tuple(sorted(kept, key=lambda kv: (-matrix[kv], kv)))
 
 
 def kv_head_matrix(scores: np.ndarray, num_kv_heads: int, aggregation: Aggregation = "max") -> np.ndarray:
