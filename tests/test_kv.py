@@ -149,9 +149,46 @@ def test_kv_head_matrix_and_duo_attention_files(tmp_path):
         kv_head_matrix(scores, 3)
     write_duo_attention(tmp_path, kv_head_matrix(scores, 2), sink=4, recent=64, aggregation="max", source="x",
                         num_heads=4)
-    assert (tmp_path / "full_attention_heads.tsv").read_text() == "0\t0.9\n0.5\t0\n"
+    assert (tmp_path / "full_attention_heads.tsv").read_text() == "0\t1\n0.555556\t0\n"  # / max: in [0, 1]
     config = read_json(tmp_path / "config.json")
     assert (config["sink_size"], config["recent_size"], config["aggregation"]) == (4, 64, "max")
+    assert config["raw_max"] == 0.9 and "normalised to [0, 1]" in config["values"]
+    write_duo_attention(tmp_path / "default", kv_head_matrix(scores, 2), aggregation="max", source="x", num_heads=4)
+    assert read_json(tmp_path / "default" / "config.json")["sink_size"] == 128  # DuoAttention's windows
+    assert read_json(tmp_path / "default" / "config.json")["recent_size"] == 256
+
+
+def _duo_attention_sparsify(heads: np.ndarray, sparsity: float, seed: int) -> np.ndarray:
+    """What DuoAttention's loader does with a pattern and a sparsity: tiny noise, then the sparsity quantile."""
+    noisy = heads + np.random.default_rng(seed).uniform(0, 1e-6, heads.shape)
+    return (noisy >= np.quantile(noisy, sparsity)).astype(float)
+
+
+@pytest.mark.parametrize("full_heads", [1, 2, 3, 5])
+def test_thresholded_export_never_lists_a_zero_score_head_as_full(tmp_path, full_heads):
+    matrix = np.zeros((4, 3))  # 12 KV heads, 3 with a positive score
+    matrix[0, 2], matrix[2, 1], matrix[3, 0] = 0.9, 0.4, 0.4
+    write_duo_attention(tmp_path, matrix, aggregation="max", source="x", num_heads=6, full_heads=full_heads)
+    pattern = np.loadtxt(tmp_path / "full_attention_heads.tsv", delimiter="\t")
+    config = read_json(tmp_path / "config.json")
+    assert set(np.unique(pattern)) <= {0.0, 1.0} and not (pattern[matrix == 0]).any()
+    assert pattern.sum() == config["full_kv_heads"] == min(full_heads, 3)
+    assert config["shortfall"] == max(0, full_heads - 3)
+    if full_heads <= 3:  # ties (2, 1) / (3, 0) at 0.4 go to the lower (layer, KV head)
+        assert pattern[0, 2] == 1 and (full_heads < 2 or pattern[2, 1] == 1)
+    for seed in range(5):  # DuoAttention's own sparsity mode selects exactly the exported heads
+        np.testing.assert_array_equal(_duo_attention_sparsify(pattern, config["duo_attention_sparsity"], seed),
+                                      pattern)
+
+
+def test_kv_export_help_keeps_its_brackets():
+    from typer.testing import CliRunner
+
+    from dynheads.cli.app import app, register_commands
+
+    register_commands()
+    result = CliRunner().invoke(app, ["kv-export", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    assert result.exit_code == 0 and "[layers x kv_heads]" in result.output
 
 
 @pytest.mark.slow
