@@ -56,6 +56,7 @@ from dynheads.kv import (
 )
 from dynheads.models import LoadedModel, load_model
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
+from dynheads.presses import PRESSES, check_press, is_press, press_generate
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
 from dynheads.tasks import niah
@@ -68,16 +69,22 @@ class KVConfig(KVFields):
 
     def jobs(self) -> list[tuple[str, float | None]]:
         """(policy, budget) pairs in run order; budget None for the budget-free policies."""
-        unknown = [p for p in self.policies if p not in POLICIES]
+        unknown = [p for p in self.policies if p not in POLICIES and not is_press(p)]
         if unknown or not self.policies:
-            raise DynheadsError(f"unknown or no KV policies {unknown}: use some of {', '.join(POLICIES)}")
+            raise DynheadsError(f"unknown or no KV policies {unknown}: use some of {', '.join(POLICIES)} or "
+                                f"kvpress:<press> ({', '.join(PRESSES)})")
+        presses = [p for p in self.policies if is_press(p)]
+        for press in presses:
+            check_press(press)
         if not self.budgets or not all(0 < b <= 1 for b in self.budgets):
             raise DynheadsError(f"KV budgets are fractions of KV heads in (0, 1], got {list(self.budgets)}")
         if "static" in self.policies and not self.static:
             raise DynheadsError("the static KV policy needs a static head list: pass --static FILE")
+        if "kvpress:duo_attention" in self.policies and not self.static:
+            raise DynheadsError("kvpress:duo_attention keeps a dynheads head list whole: pass --static FILE")
         if "probe" in self.policies and not self.probe:
             raise DynheadsError("the probe KV policy needs a trained probe: pass --probe DIR")
-        ordered = [p for p in POLICIES if p in self.policies]
+        ordered = [p for p in POLICIES if p in self.policies] + list(dict.fromkeys(presses))
         return [(p, None) if p in BUDGET_FREE else (p, b) for p in ordered
                 for b in ((None,) if p in BUDGET_FREE else sorted(self.budgets))]
 
@@ -128,7 +135,8 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
             record_id = f"{sample.sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}")
             if run.is_done(record_id):
                 continue
-            prefilled = prefilled or prefill(lm, sample, config.max_new_tokens)
+            if not is_press(policy):
+                prefilled = prefilled or prefill(lm, sample, config.max_new_tokens)
             settings = KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
                                   static_ranking=static, probe_select=config.probe_select,
                                   seed=derive_seed(config.seed, "kv-random", sample.seed))
@@ -171,8 +179,11 @@ def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
 
 def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, config: KVConfig,
             probe: TrainedHeadPredictor | None, prefilled: Prefill, record_probe: bool) -> dict:
-    result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe,
-                         prefilled=prefilled)
+    if is_press(settings.policy):  # kvpress compresses its own prefill (plain attention, no probe)
+        result = press_generate(lm, sample.input_ids, check_press(settings.policy), settings, config.max_new_tokens)
+    else:
+        result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe,
+                             prefilled=prefilled)
     token_bytes = kv_token_bytes(lm)
     dynamic = settings.policy in DYNAMIC
     steps = len(result.kv_heads)
@@ -181,7 +192,10 @@ def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, conf
     record = {**sample.describe(), "policy": settings.policy, "generated": result.text,
               "stop_reason": result.stop_reason, "steps": steps,
               "metrics": niah.score(sample.answer, result.text),
-              "mean_kv_heads": float(np.mean([len(heads) for heads in result.kv_heads])),
+              # token-level presses keep no whole head: their KV-head count is undefined, not 0
+              "mean_kv_heads": (float(np.mean([len(heads) for heads in result.kv_heads]))
+                                if not is_press(settings.policy) or settings.policy == "kvpress:duo_attention"
+                                else float("nan")),
               "budget_kv_heads": result.budget_heads, "shortfall": result.shortfall,
               "kv_fraction": result.kv_fraction, "mean_kept_kv": float(np.mean(result.kept_kv)),
               "mean_total_kv": float(np.mean(result.total_kv)),
@@ -274,7 +288,8 @@ def table_markdown(table: pd.DataFrame) -> str:
     for row in table.itertuples():
         moved = (f"{row.moved_mb_per_step:.3f} ({row.moved_new_mb_per_step:.3f})" if row.offloaded_mb else "0")
         lines.append(f"| {row.budget:g} | {row.policy} | {row.samples} | {row.accuracy:.3f} "
-                     f"[{row.accuracy_low:.2f}, {row.accuracy_high:.2f}] | {row.rouge_l:.3f} | {row.kv_heads:.1f} | "
+                     f"[{row.accuracy_low:.2f}, {row.accuracy_high:.2f}] | {row.rouge_l:.3f} | "
+                     f"{'–' if np.isnan(row.kv_heads) else f'{row.kv_heads:.1f}'} | "
                      f"{row.shortfall:.1f} | {row.kv_fraction:.3f} | {row.kv_mb:.2f} | {row.offloaded_mb:.2f} | "
                      f"{moved} |")
     return "\n".join(lines) + "\n"

@@ -26,11 +26,12 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
         colour, marker, dashes = _STYLE.get(policy, (f"C{5 + index % 5}", "P", "-"))
         if policy in ("full", "none"):
             colour, marker, dashes = "k", "*" if policy == "full" else "X", "none"
-        errors = [rows["accuracy"] - rows["accuracy_low"], rows["accuracy_high"] - rows["accuracy"]]
-        accuracy_ax.errorbar(rows["kv_fraction"], rows["accuracy"], yerr=errors, marker=marker, linestyle=dashes,
+        x, accuracy = rows["kv_fraction"].to_numpy(), rows["accuracy"].to_numpy()
+        errors = [accuracy - rows["accuracy_low"].to_numpy(), rows["accuracy_high"].to_numpy() - accuracy]
+        accuracy_ax.errorbar(x, accuracy, yerr=errors, marker=marker, linestyle=dashes,
                              color=colour, label=policy, markerfacecolor="none", markersize=8, capsize=3)
         if rows["offloaded_mb"].gt(0).any():
-            moved_ax.plot(rows["kv_fraction"], rows["moved_mb_per_step"], marker=marker, linestyle=dashes,
+            moved_ax.plot(x, rows["moved_mb_per_step"].to_numpy(), marker=marker, linestyle=dashes,
                           color=colour, label=policy, markerfacecolor="none", markersize=8)
     accuracy_ax.set(xlabel="resident KV (fraction of the unmodified model's)", ylabel="NIAH accuracy",
                     ylim=(-0.03, 1.03), xlim=(0, 1.03))
