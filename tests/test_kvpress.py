@@ -65,6 +65,25 @@ def test_token_presses_start_at_the_static_policys_memory(lm, press):
 
 
 @needs_kvpress
+def test_decoded_tokens_keep_their_true_positions_after_pruning(lm):
+    """kvpress prunes the prefill, so the cache is shorter than the text: every decoded token must still get its
+    position in the text (RoPE), not the pruned cache's length."""
+    from dynheads.presses import press_generate
+
+    ids, seen = _prompt(10), []
+    hook = lm.model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["position_ids"].tolist()) if kwargs.get("input_ids")
+        is not None and kwargs["input_ids"].shape[1] == 1 else None, with_kwargs=True)
+    try:
+        settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),))
+        pressed = press_generate(lm, ids, "streaming_llm", settings, 3, stop_at_eos=False)
+    finally:
+        hook.remove()
+    assert pressed.kept_kv[0] < pressed.total_kv[0] // 2  # pruned
+    assert seen == [[[99]], [[100]], [[101]]]
+
+
+@needs_kvpress
 def test_a_head_list_press_keeps_exactly_its_heads_whole(lm):
     from transformers import DynamicCache
 

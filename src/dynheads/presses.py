@@ -167,7 +167,9 @@ def press_generate(lm: LoadedModel, input_ids: Sequence[int], name: str, setting
                 model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
             fed = ids[:, -1:]
             for step in range(max_new_tokens):
-                out = model(input_ids=fed, past_key_values=cache, use_cache=True)
+                # a pruned cache is shorter than the text: each token gets its true position (as kvpress's pipeline)
+                position = torch.tensor([[len(input_ids) - 1 + step]], dtype=torch.long, device=device)
+                out = model(input_ids=fed, past_key_values=cache, use_cache=True, position_ids=position)
                 token = int(out.logits[0, -1].argmax())
                 result.kv_heads.append(whole)
                 result.kept_kv.append(_resident(cache, attention))
