@@ -37,7 +37,8 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
                     ylim=(-0.03, 1.03), xlim=(0, 1.03))
     moved_ax.set(xlabel="resident KV (fraction of the unmodified model's)",
                  ylabel="MB moved per step (second tier)", xlim=(0, 1.03))
-    moved_ax.set_ylim(bottom=0)
+    moved = table.loc[table["offloaded_mb"] > 0, "moved_mb_per_step"]
+    moved_ax.set_ylim(0, 1.15 * float(moved.max()) if len(moved) and moved.max() > 0 else 1.0)
     accuracy_ax.legend(fontsize=8)
     if moved_ax.lines:
         moved_ax.legend(fontsize=8)
