@@ -56,6 +56,9 @@ def test_every_head_whole_is_the_unmodified_model_and_no_head_whole_frees_the_re
     simulated = kv_generate(lm, _Sample(ids), KVSettings(policy="none", sink=1, recent=2), max_new_tokens=6,
                             stop_at_eos=False)
     assert none.tokens == simulated.tokens
+    short = [5, 9]  # a one-token prefill
+    assert headwise_generate(lm, short, [(0, 1)], sink=1, recent=2, max_new_tokens=4, stop_at_eos=False).tokens == \
+        _simulated(lm, short, [(0, 1)], 1, 2, 4).tokens
 
 
 def test_bad_uses_are_refused():

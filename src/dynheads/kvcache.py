@@ -69,6 +69,8 @@ class HeadwiseLayer(CacheLayerMixin):
             self.sink_keys = stream_k[..., : self.sink, :].clone()
             self.sink_values = stream_v[..., : self.sink, :].clone()
             self.recent_keys, self.recent_values = stream_k[..., self.sink :, :], stream_v[..., self.sink :, :]
+            if q_len == 1:  # a one-token prefill is a decode step: its window is that token
+                self.window_keys, self.window_values = stream_k, stream_v
         elif q_len > 1:
             raise DynheadsError("the per-head KV cache prefills in one pass: feed later tokens one at a time")
         else:
