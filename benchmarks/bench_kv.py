@@ -37,13 +37,15 @@ def main() -> None:
     import dynheads
     from dynheads.analysis.head_predictor import load_head_predictor
     from dynheads.analysis.headlists import load_head_list
+    from dynheads.analysis.kvheads import kv_head_ranking
     from dynheads.decoding import TraceRecorder
-    from dynheads.kv import KVSettings, kv_generate, prefill
+    from dynheads.kv import KVSettings, kv_generate, num_kv_heads, prefill
     from dynheads.tasks import niah
 
     lm = dynheads.load_model()
     sample = niah.make_sample(lm.tokenizer, context_tokens=args.length, depth=0.5, seed=0)
-    static = load_head_list(args.static, lm.num_layers, lm.num_heads).heads
+    static = kv_head_ranking(load_head_list(args.static, lm.num_layers, lm.num_heads), lm.num_layers, lm.num_heads,
+                             num_kv_heads(lm))
     probe = load_head_predictor(args.probe)
     shared = prefill(lm, sample, args.new_tokens)
 

@@ -8,12 +8,12 @@ import torch
 from zoo import NoTokenizer, tiny_model
 
 from dynheads.analysis.headlists import RankedHeads
-from dynheads.analysis.kvheads import kv_head_matrix, query_head_scores, write_duo_attention
+from dynheads.analysis.kvheads import kv_head_matrix, kv_head_ranking, query_head_scores, write_duo_attention
 from dynheads.decoding import trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.kv import KVConfig, _fit_samples, probe_precision_recall
 from dynheads.io import read_json
-from dynheads.kv import KVSettings, head_count, kv_generate, kv_memory, prefill
+from dynheads.kv import KVSettings, kv_generate, kv_head_count, kv_memory, kv_token_bytes, prefill, query_heads
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 
@@ -54,24 +54,50 @@ def test_streaming_heads_with_a_window_over_everything_change_nothing(lm):
         assert kv_generate(lm, sample, settings, max_new_tokens=6, prefilled=shared).tokens == tokens
 
 
-def test_static_and_random_keep_k_heads_and_count_kv_per_kv_head(lm):
-    ranking = ((0, 0), (0, 1), (2, 3), (1, 2))
-    k = head_count(0.25, lm.num_layers, lm.num_heads)  # 12 heads -> 3
+def test_static_and_random_keep_k_whole_kv_heads_and_count_kv_per_kv_head(lm):
+    ranking = ((0, 0), (2, 1), (1, 1))  # KV heads (layer, KV head): 3 layers x 2 KV heads, G = 2
+    k = kv_head_count(0.25, lm.num_layers, 2)  # 6 KV heads -> 2 (round half up)
     static = kv_generate(lm, _Sample(_prompt(2)), KVSettings(policy="static", budget=0.25, static_ranking=ranking),
                          max_new_tokens=4)
-    assert k == 3 and all(heads == list(ranking[:3]) for heads in static.full_heads)
-    # (0,0) and (0,1) share KV head 0 of layer 0 (4 query heads, 2 KV heads): 2 full KV heads, 4 streaming.
+    assert k == 2 and all(heads == list(ranking[:2]) for heads in static.kv_heads) and static.shortfall == 0
+    assert query_heads(ranking[:2], 2) == [(0, 0), (0, 1), (2, 2), (2, 3)]  # every query head of a kept KV head
     length = 40
-    assert kv_memory(list(ranking[:3]), lm, length, 4, 8) == 2 * length + 4 * 12
-    random = kv_generate(lm, _Sample(_prompt(2)), KVSettings(policy="random", budget=0.25, seed=3), max_new_tokens=4)
-    assert all(len(heads) == 3 for heads in random.full_heads) and len({tuple(h) for h in random.full_heads}) > 1
+    assert kv_memory(list(ranking[:2]), lm, length, 4, 8) == 2 * length + 4 * 12
+    assert static.fetched_kv == [0] * 4  # a static policy drops what it evicts: nothing to fetch
+    random = kv_generate(lm, _Sample(_prompt(2)), KVSettings(policy="random", budget=0.25, seed=3, sink=1, recent=4),
+                         max_new_tokens=4)
+    assert all(len(heads) == 2 for heads in random.kv_heads) and len({tuple(h) for h in random.kv_heads}) > 1
+    # second tier: each step fetches the picked KV heads' keys beyond their resident window (sink 1 + recent 4)
+    assert random.fetched_kv == [2 * (40 + step - 5) for step in range(4)]
+    assert all(new <= every for new, every in zip(random.fetched_new_kv, random.fetched_kv, strict=True))
+
+
+def test_every_kv_head_kept_whole_is_the_unmodified_model(lm):
+    sample = _Sample(_prompt(4))
+    every = tuple((layer, kv) for layer in range(3) for kv in range(2))
+    whole = kv_generate(lm, sample, KVSettings(policy="static", budget=1.0, static_ranking=every, sink=1, recent=2),
+                        max_new_tokens=6)
+    assert whole.tokens == kv_generate(lm, sample, KVSettings(policy="full"), max_new_tokens=6).tokens
+    assert whole.kv_fraction == 1.0
+    assert kv_token_bytes(lm) == 2 * 16 * 4  # key + value, head_dim 16, float32
+
+
+def test_static_ranking_never_promotes_a_zero_score_head(lm):
+    heads = RankedHeads(heads=((0, 3), (1, 0), (2, 1), (0, 0), (1, 3)), scores=(0.9, 0.5, 0.2, 0.0, 0.0),
+                        test_scores=None, format="wu", source="x")
+    ranking = kv_head_ranking(heads, 3, 4, 2)
+    assert ranking == ((0, 1), (1, 0), (2, 0))  # (0, 0) and (1, 3) score 0: their KV heads are not ranked
+    result = kv_generate(lm, _Sample(_prompt(5)), KVSettings(policy="static", budget=1.0, static_ranking=ranking),
+                         max_new_tokens=3)
+    assert all(kept == list(ranking) for kept in result.kv_heads)
+    assert result.budget_heads == 6 and result.shortfall == 3  # the budget beyond the scored heads is recorded
 
 
 def test_true_policy_leaves_the_cache_as_a_single_pass_would(lm):
     sample = _Sample(_prompt(3), needle=range(2, 30))
     result = kv_generate(lm, sample, KVSettings(policy="true", budget=1.0, sink=1, recent=2), max_new_tokens=5)
-    assert all(len(heads) <= lm.num_layers * lm.num_heads for heads in result.full_heads)
-    assert len(result.full_heads) == len(result.dynamic) == 5
+    assert all(len(heads) <= lm.num_layers * 2 for heads in result.kv_heads)
+    assert len(result.kv_heads) == len(result.dynamic) == 5
 
 
 def test_bad_settings_are_refused(lm):
@@ -81,7 +107,7 @@ def test_bad_settings_are_refused(lm):
         kv_generate(lm, _Sample(_prompt()), KVSettings(policy="static"), max_new_tokens=2)
     with pytest.raises(DynheadsError, match="trained head predictor"):
         kv_generate(lm, _Sample(_prompt()), KVSettings(policy="probe"), max_new_tokens=2)
-    with pytest.raises(DynheadsError, match="fraction of heads"):
+    with pytest.raises(DynheadsError, match="fraction of KV heads"):
         kv_generate(lm, _Sample(_prompt()), KVSettings(policy="random", budget=0.0), max_new_tokens=2)
     with pytest.raises(DynheadsError, match="needs a trained probe"):
         KVConfig(policies=("probe",)).jobs()
@@ -123,9 +149,46 @@ def test_kv_head_matrix_and_duo_attention_files(tmp_path):
         kv_head_matrix(scores, 3)
     write_duo_attention(tmp_path, kv_head_matrix(scores, 2), sink=4, recent=64, aggregation="max", source="x",
                         num_heads=4)
-    assert (tmp_path / "full_attention_heads.tsv").read_text() == "0\t0.9\n0.5\t0\n"
+    assert (tmp_path / "full_attention_heads.tsv").read_text() == "0\t1\n0.555556\t0\n"  # / max: in [0, 1]
     config = read_json(tmp_path / "config.json")
     assert (config["sink_size"], config["recent_size"], config["aggregation"]) == (4, 64, "max")
+    assert config["raw_max"] == 0.9 and "normalised to [0, 1]" in config["values"]
+    write_duo_attention(tmp_path / "default", kv_head_matrix(scores, 2), aggregation="max", source="x", num_heads=4)
+    assert read_json(tmp_path / "default" / "config.json")["sink_size"] == 128  # DuoAttention's windows
+    assert read_json(tmp_path / "default" / "config.json")["recent_size"] == 256
+
+
+def _duo_attention_sparsify(heads: np.ndarray, sparsity: float, seed: int) -> np.ndarray:
+    """What DuoAttention's loader does with a pattern and a sparsity: tiny noise, then the sparsity quantile."""
+    noisy = heads + np.random.default_rng(seed).uniform(0, 1e-6, heads.shape)
+    return (noisy >= np.quantile(noisy, sparsity)).astype(float)
+
+
+@pytest.mark.parametrize("full_heads", [1, 2, 3, 5])
+def test_thresholded_export_never_lists_a_zero_score_head_as_full(tmp_path, full_heads):
+    matrix = np.zeros((4, 3))  # 12 KV heads, 3 with a positive score
+    matrix[0, 2], matrix[2, 1], matrix[3, 0] = 0.9, 0.4, 0.4
+    write_duo_attention(tmp_path, matrix, aggregation="max", source="x", num_heads=6, full_heads=full_heads)
+    pattern = np.loadtxt(tmp_path / "full_attention_heads.tsv", delimiter="\t")
+    config = read_json(tmp_path / "config.json")
+    assert set(np.unique(pattern)) <= {0.0, 1.0} and not (pattern[matrix == 0]).any()
+    assert pattern.sum() == config["full_kv_heads"] == min(full_heads, 3)
+    assert config["shortfall"] == max(0, full_heads - 3)
+    if full_heads <= 3:  # ties (2, 1) / (3, 0) at 0.4 go to the lower (layer, KV head)
+        assert pattern[0, 2] == 1 and (full_heads < 2 or pattern[2, 1] == 1)
+    for seed in range(5):  # DuoAttention's own sparsity mode selects exactly the exported heads
+        np.testing.assert_array_equal(_duo_attention_sparsify(pattern, config["duo_attention_sparsity"], seed),
+                                      pattern)
+
+
+def test_kv_export_help_keeps_its_brackets():
+    from typer.testing import CliRunner
+
+    from dynheads.cli.app import app, register_commands
+
+    register_commands()
+    result = CliRunner().invoke(app, ["kv-export", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    assert result.exit_code == 0 and "[layers x kv_heads]" in result.output
 
 
 @pytest.mark.slow
@@ -150,6 +213,7 @@ def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded):
     frame = pd.read_csv(run.path / "table.csv")
     assert set(frame["policy"]) == {"full", "none", "static"} and (frame["samples"] == 2).all()
     static_row = frame[frame["policy"] == "static"].iloc[0]
-    assert static_row["full_heads"] == 3 and 0 < static_row["kv_fraction"] < 1
+    assert static_row["kv_heads"] == 1 and 0 < static_row["kv_fraction"] < 1  # 1 % of 90 KV heads -> 1
+    assert static_row["accuracy_low"] <= static_row["accuracy"] <= static_row["accuracy_high"]
     assert frame[frame["policy"] == "full"].iloc[0]["kv_fraction"] == 1.0
     assert (run.path / "plots" / "kv-accuracy.png").is_file()

@@ -1,25 +1,36 @@
 """Probe-driven dynamic KV retention, simulated exactly: greedy decoding where, at every step, a policy picks the
-query heads that keep the full KV cache and every other head is a DuoAttention "streaming" head (attention sinks
-+ recent window only; ``AttentionProbe.set_kv_heads``).
+KV heads whose cache stays whole and every other KV head is a DuoAttention "streaming" head (attention sinks +
+recent window only; ``AttentionProbe.set_kv_heads``).
+
+Memory is held per KV head, so that is the unit of every budget: a policy keeps whole KV heads (under GQA query
+head h reads KV head ``h // G``, ``G = H / H_kv``), every query head of a kept KV head sees all keys, and every
+query head of a streaming KV head sees the first ``sink`` and the last ``recent`` keys. A budget ``b`` is a
+fraction of the ``L * H_kv`` KV heads, ``k = round(b * L * H_kv)``, so two policies at one budget hold the same
+bytes (unless one of them keeps fewer than k: its shortfall is recorded).
 
 The prompt minus its last token is prefilled in full; the last prompt token and every generated token are decode
 steps under the policy, so every emitted token is computed with the policy's head set.
 
-Policies (budget ``b`` = a fraction of the L*H query heads, ``k = round(b * L * H)`` heads):
+Policies:
 
 - ``full``: every head keeps its KV (the unmodified model, the ceiling); ``none``: every head streams,
-- ``static``: the top-k heads of a static list, the same at every step (DuoAttention / RazorAttention / HeadKV),
-- ``probe``: the top-k heads predicted by a trained head predictor (``analysis.head_predictor``) from the final hidden
-  state of the previous step (the last one the decoder has when step t starts); or, with ``probe_select=
-  "threshold"``, the heads above its decision threshold (a variable count),
-- ``oracle``: the previous step's D_t (Eq. 1 copy heads) from a clean full-KV pass, at most k of them ordered by
-  attention weight; ``true``: the current step's D_t from a clean pass at the same step (an offline upper bound,
-  as in the ablation's two-pass scheme; the clean pass leaves the cache untouched),
-- ``random``: k heads drawn per step from a seeded generator.
+- ``static``: the top-k KV heads of a static list (DuoAttention / RazorAttention / HeadKV), the same at every step;
+  a KV head is ranked by its best query head's score and only KV heads with a positive score are ever kept (a
+  budget beyond them keeps them all and records the shortfall: no zero-score filler),
+- ``probe``: the top-k KV heads by a trained head predictor (``analysis.head_predictor``) applied to the final
+  hidden state of the previous step (the last one the decoder has when step t starts), a KV head scoring as its
+  best query head; or, with ``probe_select="threshold"``, the KV heads with a query head above the probe's
+  decision threshold (a variable count),
+- ``oracle``: the KV heads of the previous step's D_t (Eq. 1 copy heads) from a clean full-KV pass, at most k, in
+  the order of their best head's attention weight; ``true``: the same for the current step's D_t from a clean
+  pass at the same step (an offline upper bound, as in the ablation's two-pass scheme; the clean pass leaves the
+  cache untouched),
+- ``random``: k KV heads drawn per step from a seeded generator.
 
-Dynamic policies presume that the evicted KV of a head can be brought back (e.g. offloaded); the memory counted
-is what each step keeps resident. Memory is counted per KV head: under GQA a KV head is kept in full when ANY of
-its query heads is a full-KV head (the ``any`` rule), else it keeps ``min(n, sink + recent)`` of the n tokens.
+Dynamic policies (probe, oracle, true, random) may pick any head later, so its keys must be kept somewhere: they
+are costed with a second tier (``Tier``): the full KV of every head lives offloaded (host memory), every head's
+window stays resident, and each step fetches the picked heads' keys beyond the window and writes the new token's
+KV of every head to the tier. Static policies drop what they evict: nothing is offloaded or moved.
 """
 
 from __future__ import annotations
@@ -31,25 +42,27 @@ from typing import Literal
 import numpy as np
 
 from dynheads.analysis.head_predictor import TrainedHeadPredictor
+from dynheads.analysis.kvheads import KVHead
 from dynheads.decoding import DecodingSession, Sample, StepResult
 from dynheads.errors import DynheadsError
-from dynheads.heads import Head, check_heads
+from dynheads.heads import Head
 from dynheads.models import LoadedModel
 from dynheads.scores import ranked_heads
 
 Policy = Literal["full", "none", "static", "probe", "oracle", "true", "random"]
 POLICIES: tuple[str, ...] = ("full", "none", "static", "probe", "oracle", "true", "random")
 BUDGET_FREE = ("full", "none")  # policies whose head set does not depend on the budget
+DYNAMIC = ("probe", "oracle", "true", "random")  # head sets that change per step: costed with a second tier
 ProbeSelect = Literal["top", "threshold"]
 
 
 @dataclass(frozen=True)
 class KVSettings:
     policy: Policy = "static"
-    budget: float = 0.1  # fraction of query heads kept in full (ignored by full / none)
-    sink: int = 4  # DuoAttention default
+    budget: float = 0.1  # fraction of the L * H_kv KV heads kept whole (ignored by full / none)
+    sink: int = 4  # DuoAttention's code default (its published patterns use 128 / 256 on 32k-token models)
     recent: int = 64  # recent window of streaming heads, current token included
-    static_ranking: tuple[Head, ...] = ()
+    static_ranking: tuple[KVHead, ...] = ()  # scored KV heads, best first (``analysis.kvheads.kv_head_ranking``)
     probe_select: ProbeSelect = "top"
     seed: int = 0
 
@@ -59,9 +72,12 @@ class KVResult:
     tokens: list[int]
     text: str
     stop_reason: str
-    full_heads: list[list[Head]] = field(default_factory=list)  # full-KV query heads per step
+    budget_heads: int = 0  # k: KV heads the budget allows (0 for full / none)
+    kv_heads: list[list[KVHead]] = field(default_factory=list)  # whole KV heads per step
     kept_kv: list[int] = field(default_factory=list)  # KV tokens x KV heads resident per step
     total_kv: list[int] = field(default_factory=list)  # the same for the unmodified model
+    fetched_kv: list[int] = field(default_factory=list)  # tokens x KV heads fetched from the second tier per step
+    fetched_new_kv: list[int] = field(default_factory=list)  # the same, re-using the previous step's picks
     dynamic: list[list[Head]] = field(default_factory=list)  # D_t of the applied pass (Eq. 1 copy heads)
     probe_scores: list[list[float]] = field(default_factory=list)  # probe(h_t) per step, when asked to record
 
@@ -70,22 +86,50 @@ class KVResult:
         """Mean over steps of the resident KV over the unmodified model's KV."""
         return float(np.mean(np.asarray(self.kept_kv) / np.asarray(self.total_kv))) if self.kept_kv else 1.0
 
+    @property
+    def shortfall(self) -> float:
+        """Mean over steps of the KV heads the budget allowed and the policy did not keep."""
+        if not self.kv_heads or not self.budget_heads:
+            return 0.0
+        return float(np.mean([self.budget_heads - len(heads) for heads in self.kv_heads]))
 
-def head_count(budget: float, num_layers: int, num_heads: int) -> int:
-    """Query heads kept in full at budget ``budget`` (round half up; at least 1)."""
-    return max(1, int(budget * num_layers * num_heads + 0.5))
 
-
-def kv_memory(full: Sequence[Head], lm: LoadedModel, length: int, sink: int, recent: int) -> int:
-    """Resident KV (tokens x KV heads, summed over layers) with ``full`` as full-KV query heads (the ``any`` rule)."""
-    num_kv = num_kv_heads(lm)
-    full_kv = {(layer, head // (lm.num_heads // num_kv)) for layer, head in full}
-    streaming = lm.num_layers * num_kv - len(full_kv)
-    return len(full_kv) * length + streaming * min(length, sink + recent)
+def kv_head_count(budget: float, num_layers: int, num_kv: int) -> int:
+    """KV heads kept whole at budget ``budget`` (round half up; at least 1)."""
+    return max(1, int(budget * num_layers * num_kv + 0.5))
 
 
 def num_kv_heads(lm: LoadedModel) -> int:
     return int(getattr(lm.model.config, "num_key_value_heads", None) or lm.num_heads)
+
+
+def group_size(lm: LoadedModel) -> int:
+    """G: query heads per KV head."""
+    return lm.num_heads // num_kv_heads(lm)
+
+
+def kv_token_bytes(lm: LoadedModel) -> int:
+    """Bytes one token costs in one KV head of the cache: key + value, ``head_dim`` values each, model dtype."""
+    config = lm.model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * int(head_dim) * lm.model.dtype.itemsize
+
+
+def query_heads(kv_heads: Sequence[KVHead], groups: int) -> list[Head]:
+    """Every query head reading the given KV heads (query head h reads KV head h // G)."""
+    return [(layer, kv * groups + g) for layer, kv in kv_heads for g in range(groups)]
+
+
+def kv_heads_of(heads: Sequence[Head], groups: int) -> list[KVHead]:
+    """The KV heads the query heads read, in the order of their first query head."""
+    return list(dict.fromkeys((layer, head // groups) for layer, head in heads))
+
+
+def kv_memory(kv_heads: Sequence[KVHead], lm: LoadedModel, length: int, sink: int, recent: int) -> int:
+    """Resident KV (tokens x KV heads, summed over layers) with ``kv_heads`` whole and every other KV head
+    streaming (``min(length, sink + recent)`` tokens)."""
+    streaming = lm.num_layers * num_kv_heads(lm) - len(set(kv_heads))
+    return len(set(kv_heads)) * length + streaming * min(length, sink + recent)
 
 
 @dataclass
@@ -106,7 +150,7 @@ def prefill(lm: LoadedModel, sample: Sample, max_new_tokens: int) -> Prefill:
 def kv_generate(lm: LoadedModel, sample: Sample, settings: KVSettings, max_new_tokens: int = 48, *,
                 probe: TrainedHeadPredictor | None = None, record_probe: bool = False, stop_at_eos: bool = True,
                 prefilled: Prefill | None = None) -> KVResult:
-    """Greedy decoding of ``sample`` with the full-KV head set of every step chosen by ``settings.policy``.
+    """Greedy decoding of ``sample`` with the whole KV heads of every step chosen by ``settings.policy``.
 
     ``probe`` drives the ``probe`` policy; with ``record_probe`` its scores for the hidden state of every step
     are kept too (to measure how well it predicts the next step's heads). ``prefilled`` (from ``prefill`` on the
@@ -118,26 +162,36 @@ def kv_generate(lm: LoadedModel, sample: Sample, settings: KVSettings, max_new_t
     session.rollback(prefilled.checkpoint)
     previous = prefilled.last
     rng = np.random.default_rng(settings.seed)
-    k = head_count(settings.budget, lm.num_layers, lm.num_heads)
-    every = [(layer, head) for layer in range(lm.num_layers) for head in range(lm.num_heads)]
+    num_kv, groups = num_kv_heads(lm), group_size(lm)
+    k = kv_head_count(settings.budget, lm.num_layers, num_kv)
+    every = [(layer, kv) for layer in range(lm.num_layers) for kv in range(num_kv)]
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     previous_dynamic: list[Head] = []
-    result = KVResult(tokens=[], text="", stop_reason="max_new_tokens")
+    picked_before: set[KVHead] = set()
+    window = settings.sink + settings.recent
+    result = KVResult(tokens=[], text="", stop_reason="max_new_tokens",
+                      budget_heads=0 if settings.policy in BUDGET_FREE else k)
     for _ in range(max_new_tokens):
         clean_dynamic = None
         if settings.policy in ("oracle", "true"):
             session.probe.set_kv_heads(None)
             clean = session.forward(1, commit=False)
             clean_dynamic = dynamic_heads(session, clean, int(clean.logits.argmax()))
-        full = _choose(settings, k, every, probe, previous, previous_dynamic, clean_dynamic, rng)
-        session.probe.set_kv_heads(full, settings.sink, settings.recent)
+        kept = _choose(settings, k, groups, every, probe, previous, previous_dynamic, clean_dynamic, rng)
+        session.probe.set_kv_heads(query_heads(kept, groups), settings.sink, settings.recent)
         step = session.forward(1)
         token = int(step.logits.argmax())
         if clean_dynamic is not None:
             previous_dynamic = clean_dynamic
-        result.full_heads.append(full)
-        result.kept_kv.append(kv_memory(full, lm, session.length, settings.sink, settings.recent))
-        result.total_kv.append(lm.num_layers * num_kv_heads(lm) * session.length)
+        length = session.length
+        beyond = max(0, length - window)  # tokens of a whole head outside its resident window
+        dynamic_policy = settings.policy in DYNAMIC
+        result.kv_heads.append(kept)
+        result.kept_kv.append(kv_memory(kept, lm, length, settings.sink, settings.recent))
+        result.total_kv.append(lm.num_layers * num_kv * length)
+        result.fetched_kv.append(len(kept) * beyond if dynamic_policy else 0)
+        result.fetched_new_kv.append(len(set(kept) - picked_before) * beyond if dynamic_policy else 0)
+        picked_before = set(kept)
         result.dynamic.append(dynamic_heads(session, step, token))
         if record_probe:
             result.probe_scores.append(np.round(probe.predict(step.hidden[None])[0], 4).tolist())
@@ -156,9 +210,9 @@ def dynamic_heads(session: DecodingSession, step: StepResult, predicted: int) ->
     return ranked_heads(session.copy_scores(step.stats, predicted), step.stats.max_prob)
 
 
-def _choose(settings: KVSettings, k: int, every: list[Head], probe: TrainedHeadPredictor | None,
+def _choose(settings: KVSettings, k: int, groups: int, every: list[KVHead], probe: TrainedHeadPredictor | None,
             previous: StepResult | None, previous_dynamic: list[Head], clean_dynamic: list[Head] | None,
-            rng: np.random.Generator) -> list[Head]:
+            rng: np.random.Generator) -> list[KVHead]:
     policy = settings.policy
     if policy == "full":
         return every
@@ -167,28 +221,28 @@ def _choose(settings: KVSettings, k: int, every: list[Head], probe: TrainedHeadP
     if policy == "static":
         return list(settings.static_ranking[:k])
     if policy == "oracle":
-        return previous_dynamic[:k]
+        return kv_heads_of(previous_dynamic, groups)[:k]
     if policy == "true":
-        return clean_dynamic[:k]
+        return kv_heads_of(clean_dynamic, groups)[:k]
     if policy == "random":
         return [every[int(i)] for i in sorted(rng.choice(len(every), size=k, replace=False))]
     if previous is None:  # a one-token prompt: no hidden state yet
         return []
-    if settings.probe_select == "top":
-        return probe.top_heads(previous.hidden.cpu(), k)
-    scores = probe.predict(previous.hidden.cpu()[None])[0]
-    return [every[int(i)] for i in np.flatnonzero(scores > probe.threshold)]
+    scores = probe.predict(previous.hidden.cpu()[None])[0].reshape(len(every), groups)
+    if settings.probe_select == "top":  # a KV head scores as its best query head; ties by (layer, KV head)
+        return [every[int(i)] for i in np.argsort(-scores.max(1), kind="stable")[:k]]
+    return [every[int(i)] for i in np.flatnonzero((scores > probe.threshold).any(1))]
 
 
 def _validate(lm: LoadedModel, settings: KVSettings, probe: TrainedHeadPredictor | None, record_probe: bool) -> None:
     if settings.policy not in POLICIES:
         raise DynheadsError(f"unknown KV policy {settings.policy!r}: use one of {', '.join(POLICIES)}")
     if not 0 < settings.budget <= 1:
-        raise DynheadsError(f"the KV budget is a fraction of heads in (0, 1], got {settings.budget}")
+        raise DynheadsError(f"the KV budget is a fraction of KV heads in (0, 1], got {settings.budget}")
     if settings.sink < 0 or settings.recent < 1:
         raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1, got {settings.sink}, {settings.recent}")
     if settings.policy == "static" and not settings.static_ranking:
-        raise DynheadsError("the static KV policy needs a static head list (--static FILE)")
+        raise DynheadsError("the static KV policy needs a static head list with positive scores (--static FILE)")
     if settings.probe_select not in ("top", "threshold"):
         raise DynheadsError(f"unknown probe selection {settings.probe_select!r}: use 'top' or 'threshold'")
     if (settings.policy == "probe" or record_probe) and probe is None:
@@ -198,4 +252,8 @@ def _validate(lm: LoadedModel, settings: KVSettings, probe: TrainedHeadPredictor
             raise DynheadsError(f"the probe predicts {probe.num_layers} x {probe.num_heads} {probe.task} head scores; "
                                 f"the KV policy needs binary copy-head predictions for {lm.num_layers} x "
                                 f"{lm.num_heads} heads")
-    check_heads(list(settings.static_ranking), lm.num_layers, lm.num_heads, source="the static head list")
+    num_kv = num_kv_heads(lm)
+    bad = [kv for kv in settings.static_ranking if not (0 <= kv[0] < lm.num_layers and 0 <= kv[1] < num_kv)]
+    if bad:
+        raise DynheadsError(f"the static KV-head ranking names {bad[0]}, outside {lm.num_layers} layers x {num_kv} "
+                            "KV heads")

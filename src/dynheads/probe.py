@@ -362,8 +362,8 @@ def probe_attention(
     key: torch.Tensor,  # [B, H_kv, kv, D], cache included, not repeated for GQA
     value: torch.Tensor,  # [B, H_kv, kv, D]
     attention_mask: torch.Tensor | None,  # bool [B, 1, q, kv] (True = attend) or None for plain causal
+    dropout: float = 0.0,  # transformers' order (sdpa_attention_forward's): wrappers such as kvpress's pass it 6th
     scaling: float | None = None,
-    dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Attention function registered under ``ATTN_NAME``; returns ``[B, q, H, D]`` like every interface function.

@@ -45,13 +45,17 @@ def kv_export(
     static: Annotated[Path, Opt("--static", help="head list with per-head scores (Wu et al. JSON or ranked list)")],
     out: Annotated[Path, Opt("--out", help="folder for full_attention_heads.tsv and config.json")],
     aggregation: Annotated[str, Opt(help="query heads -> KV head: max or mean")] = "max",
-    sink: Annotated[int, Opt(help="sink tokens of streaming heads")] = 4,
-    recent: Annotated[int, Opt(help="recent window of streaming heads")] = 64,
+    sink: Annotated[int, Opt(help="sink tokens of streaming heads (DuoAttention's patterns and kvpress: 128)")] = 128,
+    recent: Annotated[int, Opt(help="recent window of streaming heads (DuoAttention and kvpress: 256)")] = 256,
+    full_heads: Annotated[int | None, Opt(help="write a 0/1 pattern of this many KV heads kept whole (positive-"
+                                               "score heads only; a shortfall is recorded)")] = None,
     **settings,
 ) -> None:
-    """Write a head list as a [layers x kv_heads] matrix in DuoAttention's layout (TSV + config.json)."""
+    """Write a head list as a \\[layers x kv_heads] matrix in DuoAttention's layout (TSV + config.json): scores
+    normalised to [0, 1], or a 0/1 pattern with --full-heads; zero-score heads are never listed as full."""
     from dynheads.analysis.headlists import load_head_list
     from dynheads.analysis.kvheads import kv_head_matrix, query_head_scores, write_duo_attention
+    from dynheads.io import read_json
     from dynheads.kv import num_kv_heads
     from dynheads.models import load_model
 
@@ -60,5 +64,8 @@ def kv_export(
     heads = load_head_list(static, lm.num_layers, lm.num_heads)
     matrix = kv_head_matrix(query_head_scores(heads, lm.num_layers, lm.num_heads), num_kv_heads(lm), aggregation)
     write_duo_attention(out, matrix, sink=sink, recent=recent, aggregation=aggregation, source=str(static),
-                        num_heads=lm.num_heads)
-    typer.echo(f"wrote {out}/full_attention_heads.tsv ({matrix.shape[0]} x {matrix.shape[1]}) and config.json")
+                        num_heads=lm.num_heads, full_heads=full_heads)
+    config = read_json(Path(out) / "config.json")
+    shortfall = f"; {config['shortfall']} short of {full_heads}" if config.get("shortfall") else ""
+    typer.echo(f"wrote {out}/full_attention_heads.tsv ({matrix.shape[0]} x {matrix.shape[1]}, "
+               f"{config['scored_kv_heads']} KV heads with a positive score{shortfall}) and config.json")

@@ -4,9 +4,10 @@
 (policy, budget) (``full`` and ``none`` once per sample) and writes, besides the run directory's records:
 
 - ``table.csv`` / ``summary.md`` (over the samples finished under every policy and budget; an unfinished
-  run's tables leave out the samples in flight): per policy and budget, samples, accuracy, ROUGE-L, full-KV
-  query heads per step, and the KV kept (tokens x KV heads, mean over steps, and as a fraction of the
-  unmodified model's),
+  run's tables leave out the samples in flight): per policy and budget (a fraction of the KV heads), samples,
+  accuracy with its 95 % bootstrap interval over samples, ROUGE-L, whole KV heads per step and the shortfall of
+  a policy that kept fewer than the budget allows, the resident KV (fraction of the unmodified model's and MB,
+  mean over steps) and, for dynamic policies, the second tier: MB offloaded and MB moved per step,
 - ``cells.csv``: accuracy per policy x budget x length x depth (the grid),
 - ``probe_pr.json`` / ``probe_pr.md`` (when a probe is given): how well the probe applied to the hidden state of
   step t predicts the heads active (Eq. 1) at step t+1, measured on the ``full`` policy's decoding (the model's
@@ -27,10 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import bootstrap
 from tqdm.auto import tqdm
 
 from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
 from dynheads.analysis.headlists import load_head_list
+from dynheads.analysis.kvheads import kv_head_ranking
 from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
@@ -38,9 +41,22 @@ from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import flat_index, head_key
 from dynheads.io import atomic_path, read_json, write_json, write_text
-from dynheads.kv import BUDGET_FREE, POLICIES, KVSettings, Prefill, head_count, kv_generate, num_kv_heads, prefill
+from dynheads.kv import (
+    BUDGET_FREE,
+    DYNAMIC,
+    POLICIES,
+    KVSettings,
+    Prefill,
+    group_size,
+    kv_generate,
+    kv_head_count,
+    kv_token_bytes,
+    num_kv_heads,
+    prefill,
+)
 from dynheads.models import LoadedModel, load_model
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
+from dynheads.presses import PRESSES, check_press, is_press, press_generate
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
 from dynheads.tasks import niah
@@ -53,16 +69,22 @@ class KVConfig(KVFields):
 
     def jobs(self) -> list[tuple[str, float | None]]:
         """(policy, budget) pairs in run order; budget None for the budget-free policies."""
-        unknown = [p for p in self.policies if p not in POLICIES]
+        unknown = [p for p in self.policies if p not in POLICIES and not is_press(p)]
         if unknown or not self.policies:
-            raise DynheadsError(f"unknown or no KV policies {unknown}: use some of {', '.join(POLICIES)}")
+            raise DynheadsError(f"unknown or no KV policies {unknown}: use some of {', '.join(POLICIES)} or "
+                                f"kvpress:<press> ({', '.join(PRESSES)})")
+        presses = [p for p in self.policies if is_press(p)]
+        for press in presses:
+            check_press(press)
         if not self.budgets or not all(0 < b <= 1 for b in self.budgets):
-            raise DynheadsError(f"KV budgets are fractions of heads in (0, 1], got {list(self.budgets)}")
+            raise DynheadsError(f"KV budgets are fractions of KV heads in (0, 1], got {list(self.budgets)}")
         if "static" in self.policies and not self.static:
             raise DynheadsError("the static KV policy needs a static head list: pass --static FILE")
+        if "kvpress:duo_attention" in self.policies and not self.static:
+            raise DynheadsError("kvpress:duo_attention keeps a dynheads head list whole: pass --static FILE")
         if "probe" in self.policies and not self.probe:
             raise DynheadsError("the probe KV policy needs a trained probe: pass --probe DIR")
-        ordered = [p for p in POLICIES if p in self.policies]
+        ordered = [p for p in POLICIES if p in self.policies] + list(dict.fromkeys(presses))
         return [(p, None) if p in BUDGET_FREE else (p, b) for p in ordered
                 for b in ((None,) if p in BUDGET_FREE else sorted(self.budgets))]
 
@@ -83,16 +105,24 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
     for sample in samples:
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     evaluation = [_identity(s.sample_id, s.seed, s.answer) for s in samples]
-    static = load_head_list(config.static, lm.num_layers, lm.num_heads).heads if config.static else ()
+    num_kv = num_kv_heads(lm)
+    static = kv_head_ranking(load_head_list(config.static, lm.num_layers, lm.num_heads), lm.num_layers,
+                             lm.num_heads, num_kv) if config.static else ()
+    if config.static and not static:
+        raise DynheadsError(f"the static head list {config.static} has no head with a positive score")
     probe = load_head_predictor(config.probe) if config.probe else None
     fitted = {"static": _fit_samples(config.static, "static head list", evaluation) if config.static else None,
               "probe": _fit_samples(config.probe, "probe", evaluation) if config.probe else None}
     run = RunDir(out)
     run.start("kv", config, lm, {
         "prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template, "evaluation_samples": evaluation,
-        "fit_samples": fitted, "num_kv_heads": num_kv_heads(lm), "static_top": [head_key(h) for h in static[:20]],
-        "gqa_rule": "a KV head is kept in full when any of its query heads keeps full KV",
-        "heads_per_budget": {str(b): head_count(b, lm.num_layers, lm.num_heads) for b in config.budgets},
+        "fit_samples": fitted, "num_kv_heads": num_kv, "static_top": [head_key(h) for h in static[:20]],
+        "static_scored_kv_heads": len(static) if config.static else None,
+        "gqa_rule": "budgets count whole KV heads; every query head of a kept KV head sees all keys",
+        "kv_heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) for b in config.budgets},
+        "heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) * group_size(lm)
+                             for b in config.budgets},
+        "kv_token_bytes": kv_token_bytes(lm),
         "probe_threshold": probe.threshold if probe else None,
     })
     bar = tqdm(total=len(samples) * len(jobs) // shard[1], desc="kv", unit="record",
@@ -105,7 +135,8 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
             record_id = f"{sample.sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}")
             if run.is_done(record_id):
                 continue
-            prefilled = prefilled or prefill(lm, sample, config.max_new_tokens)
+            if not is_press(policy):
+                prefilled = prefilled or prefill(lm, sample, config.max_new_tokens)
             settings = KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
                                   static_ranking=static, probe_select=config.probe_select,
                                   seed=derive_seed(config.seed, "kv-random", sample.seed))
@@ -148,14 +179,30 @@ def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
 
 def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, config: KVConfig,
             probe: TrainedHeadPredictor | None, prefilled: Prefill, record_probe: bool) -> dict:
-    result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe,
-                         prefilled=prefilled)
-    full_counts = [len(heads) for heads in result.full_heads]
+    if is_press(settings.policy):  # kvpress compresses its own prefill (plain attention, no probe)
+        result = press_generate(lm, sample.input_ids, check_press(settings.policy), settings, config.max_new_tokens)
+    else:
+        result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe,
+                             prefilled=prefilled)
+    token_bytes = kv_token_bytes(lm)
+    dynamic = settings.policy in DYNAMIC
+    steps = len(result.kv_heads)
+    # Dynamic policies write each step's new token of every KV head to the second tier (any head may be fetched).
+    written = lm.num_layers * num_kv_heads(lm) * token_bytes if dynamic else 0
     record = {**sample.describe(), "policy": settings.policy, "generated": result.text,
-              "stop_reason": result.stop_reason, "steps": len(result.full_heads),
-              "metrics": niah.score(sample.answer, result.text), "mean_full_heads": float(np.mean(full_counts)),
+              "stop_reason": result.stop_reason, "steps": steps,
+              "metrics": niah.score(sample.answer, result.text),
+              # token-level presses keep no whole head: their KV-head count is undefined, not 0
+              "mean_kv_heads": (float(np.mean([len(heads) for heads in result.kv_heads]))
+                                if not is_press(settings.policy) or settings.policy == "kvpress:duo_attention"
+                                else float("nan")),
+              "budget_kv_heads": result.budget_heads, "shortfall": result.shortfall,
               "kv_fraction": result.kv_fraction, "mean_kept_kv": float(np.mean(result.kept_kv)),
               "mean_total_kv": float(np.mean(result.total_kv)),
+              "kv_bytes": float(np.mean(result.kept_kv)) * token_bytes,
+              "offloaded_bytes": float(np.mean(result.total_kv)) * token_bytes if dynamic else 0.0,
+              "moved_bytes_per_step": float(np.mean(result.fetched_kv)) * token_bytes + written,
+              "moved_new_bytes_per_step": float(np.mean(result.fetched_new_kv)) * token_bytes + written,
               "dynamic": [[flat_index(h, lm.num_heads) for h in heads] for heads in result.dynamic]}
     if record_probe:
         record["probe_scores"] = result.probe_scores
@@ -177,12 +224,21 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
     complete = set(jobs[jobs == frame[["policy", "budget"]].drop_duplicates().shape[0]].index)
     frame = frame[frame["grid_sample_id"].isin(complete)]
     records = [r for r in records if r["grid_sample_id"] in complete]
+    mb = 1e6
     table = (frame.groupby(["policy", "budget"])
              .agg(samples=("grid_sample_id", "size"), accuracy=("metrics.accuracy", "mean"),
-                  rouge_l=("metrics.rouge_l", "mean"), full_heads=("mean_full_heads", "mean"),
-                  kv_fraction=("kv_fraction", "mean"), kept_kv=("mean_kept_kv", "mean"))
+                  rouge_l=("metrics.rouge_l", "mean"), kv_heads=("mean_kv_heads", "mean"),
+                  shortfall=("shortfall", "mean"), kv_fraction=("kv_fraction", "mean"),
+                  kv_mb=("kv_bytes", lambda b: b.mean() / mb),
+                  offloaded_mb=("offloaded_bytes", lambda b: b.mean() / mb),
+                  moved_mb_per_step=("moved_bytes_per_step", lambda b: b.mean() / mb),
+                  moved_new_mb_per_step=("moved_new_bytes_per_step", lambda b: b.mean() / mb))
              .reset_index())
-    table["order"] = table["policy"].map(POLICIES.index)
+    intervals = {key: accuracy_interval(rows["metrics.accuracy"].to_numpy())
+                 for key, rows in frame.groupby(["policy", "budget"])}
+    table["accuracy_low"] = [intervals[(p, b)][0] for p, b in zip(table["policy"], table["budget"], strict=True)]
+    table["accuracy_high"] = [intervals[(p, b)][1] for p, b in zip(table["policy"], table["budget"], strict=True)]
+    table["order"] = table["policy"].map(_policy_order)
     table = table.sort_values(["budget", "order"]).drop(columns="order").reset_index(drop=True)
     with atomic_path(run.path / "table.csv") as tmp:
         table.to_csv(tmp, index=False)
@@ -193,26 +249,49 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
     manifest = run.manifest()
     model, config = manifest["model"]["name"], manifest["config"]
     summary = (f"# KV retention: {model}\n\nsink {config['sink']}, recent {config['recent']}; budget = fraction of "
-               f"query heads with full KV (full: 1, none: 0); full heads = query heads per step; KV kept = resident "
-               f"KV (tokens x KV heads; {manifest['gqa_rule']}) as a fraction of the unmodified model's, mean over "
-               f"steps.\n\n{table_markdown(table)}")
+               f"the KV heads kept whole (full: 1, none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per "
+               f"step, shortfall = KV heads the budget allows that the policy did not keep (static: no head with a "
+               f"positive score left); accuracy with its 95 % bootstrap interval over samples; resident = KV held "
+               f"on the device as a fraction of the unmodified model's and in MB, mean over steps; dynamic "
+               f"policies hold the full KV offloaded (second tier) and move, per step, the picked heads' keys "
+               f"beyond the window plus the new token of every head (re-used: heads picked at the previous step "
+               f"stay resident).\n\n{table_markdown(table)}")
     pr = probe_precision_recall(records, manifest)
     if pr is not None:
         write_json(run.path / "probe_pr.json", pr)
         write_text(run.path / "probe_pr.md", pr_markdown(pr))
         summary += "\n" + pr_markdown(pr)
     write_text(run.path / "summary.md", summary)
-    plot_kv_accuracy(table, run.path / "plots" / "kv-accuracy.png", title=f"{model}: NIAH accuracy vs KV budget")
+    plot_kv_accuracy(table, run.path / "plots" / "kv-accuracy.png", title=f"{model}: NIAH accuracy vs resident KV")
     if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
         plot_kv_grid(cells, run.path / "plots" / "kv-grid.png", title=f"{model}: NIAH accuracy per cell")
     return table
 
 
+def _policy_order(policy: str) -> int:
+    return POLICIES.index(policy) if policy in POLICIES else len(POLICIES)
+
+
+def accuracy_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of the mean over whole samples (a constant column is its own interval)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2 or np.all(values == values[0]):
+        return float(values.mean()), float(values.mean())
+    result = bootstrap((values,), np.mean, n_resamples=2000, method="percentile",
+                       rng=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
 def table_markdown(table: pd.DataFrame) -> str:
-    lines = ["| budget | policy | samples | accuracy | ROUGE-L | full heads | KV kept |", "|---" * 7 + "|"]
+    lines = ["| budget | policy | samples | accuracy [95 % CI] | ROUGE-L | KV heads | shortfall | resident | "
+             "resident MB | offloaded MB | moved MB/step (re-used) |", "|---" * 11 + "|"]
     for row in table.itertuples():
-        lines.append(f"| {row.budget:g} | {row.policy} | {row.samples} | {row.accuracy:.3f} | {row.rouge_l:.3f} | "
-                     f"{row.full_heads:.1f} | {row.kv_fraction:.3f} |")
+        moved = (f"{row.moved_mb_per_step:.3f} ({row.moved_new_mb_per_step:.3f})" if row.offloaded_mb else "0")
+        lines.append(f"| {row.budget:g} | {row.policy} | {row.samples} | {row.accuracy:.3f} "
+                     f"[{row.accuracy_low:.2f}, {row.accuracy_high:.2f}] | {row.rouge_l:.3f} | "
+                     f"{'–' if np.isnan(row.kv_heads) else f'{row.kv_heads:.1f}'} | "
+                     f"{row.shortfall:.1f} | {row.kv_fraction:.3f} | {row.kv_mb:.2f} | {row.offloaded_mb:.2f} | "
+                     f"{moved} |")
     return "\n".join(lines) + "\n"
 
 

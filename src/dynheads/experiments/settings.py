@@ -160,9 +160,9 @@ class ProgressiveFields(AblationGrid):
 class KVFields(NiahGrid, ModelSettings):
     policies: tuple[str, ...] = setting(("full", "none", "static", "probe", "random", "oracle", "true"),
                                         "some of full,none,static,probe,random,oracle,true")
-    budgets: tuple[float, ...] = setting((0.05, 0.1, 0.25, 0.5), "fractions of query heads with full KV, "
+    budgets: tuple[float, ...] = setting((0.05, 0.1, 0.25, 0.5), "fractions of the KV heads kept whole, "
                                                                  "e.g. 0.05,0.1,0.25,0.5")
-    sink: int = setting(4, "sink tokens of streaming heads (DuoAttention: 4)")
+    sink: int = setting(4, "sink tokens of streaming heads (DuoAttention's code default 4; its patterns 128)")
     recent: int = setting(64, "recent window of streaming heads, current token included")
     static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
     probe: str | None = setting(None, "trained probe folder ('dynheads probe train'), for the probe policy")

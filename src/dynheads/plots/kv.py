@@ -1,4 +1,4 @@
-"""KV-retention figures: accuracy against the KV budget per policy, and the length x depth grid at one budget."""
+"""KV-retention figures: accuracy against the resident KV per policy, and the length x depth grid at one budget."""
 
 from __future__ import annotations
 
@@ -15,30 +15,33 @@ _STYLE = {"probe": ("C0", "o", "-"), "static": ("C1", "s", "--"), "random": ("C2
 
 
 def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
-    """Left: accuracy vs budget (fraction of full-KV query heads) per policy, ``full`` and ``none`` as lines.
-    Right: the KV actually kept (fraction of the unmodified model's) vs budget. ``table``: table.csv's columns."""
+    """Left: accuracy (95 % interval bars) against the resident KV (fraction of the unmodified model's) per
+    policy, one point per budget, ``full`` and ``none`` as points too: a policy is judged by where it sits on
+    that curve. Right: MB moved per decode step from the second tier against the same axis (dynamic policies; a
+    static policy moves nothing). ``table``: table.csv's columns."""
     figure = Figure(figsize=(10, 4), layout="constrained")
-    accuracy_ax, kv_ax = figure.subplots(1, 2)
-    budgets = sorted(set(table["budget"]) - {0.0, 1.0})
-    for policy, (colour, marker, dashes) in _STYLE.items():
-        rows = table[table["policy"] == policy].sort_values("budget")
-        for ax, column in ((accuracy_ax, "accuracy"), (kv_ax, "kv_fraction")):
-            if len(rows):
-                ax.plot(rows["budget"], rows[column], marker=marker, linestyle=dashes, color=colour, label=policy,
-                        markerfacecolor="none", markersize=8)
-    for policy, style in (("full", "k--"), ("none", "k:")):
-        rows = table[table["policy"] == policy]
-        if len(rows):
-            accuracy_ax.axhline(float(rows["accuracy"].iloc[0]), linestyle=style[1:], color="k",
-                                label=f"{policy} (KV kept {float(rows['kv_fraction'].iloc[0]):.2f})")
-    accuracy_ax.set(xscale="log", xlabel="budget (fraction of query heads with full KV)", ylabel="NIAH accuracy",
-                    ylim=(-0.03, 1.03))
-    kv_ax.set(xscale="log", xlabel="budget (fraction of query heads with full KV)",
-              ylabel="KV kept (fraction of full, per KV head)", ylim=(0, 1.03))
-    for ax in (accuracy_ax, kv_ax):
-        ax.set_xticks(budgets, [f"{b:.0%}" for b in budgets])
-        ax.minorticks_off()
+    accuracy_ax, moved_ax = figure.subplots(1, 2)
+    for index, policy in enumerate(dict.fromkeys(table["policy"])):
+        rows = table[table["policy"] == policy].sort_values("kv_fraction")
+        colour, marker, dashes = _STYLE.get(policy, (f"C{5 + index % 5}", "P", "-"))
+        if policy in ("full", "none"):
+            colour, marker, dashes = "k", "*" if policy == "full" else "X", "none"
+        x, accuracy = rows["kv_fraction"].to_numpy(), rows["accuracy"].to_numpy()
+        errors = [accuracy - rows["accuracy_low"].to_numpy(), rows["accuracy_high"].to_numpy() - accuracy]
+        accuracy_ax.errorbar(x, accuracy, yerr=errors, marker=marker, linestyle=dashes,
+                             color=colour, label=policy, markerfacecolor="none", markersize=8, capsize=3)
+        if rows["offloaded_mb"].gt(0).any():
+            moved_ax.plot(x, rows["moved_mb_per_step"].to_numpy(), marker=marker, linestyle=dashes,
+                          color=colour, label=policy, markerfacecolor="none", markersize=8)
+    accuracy_ax.set(xlabel="resident KV (fraction of the unmodified model's)", ylabel="NIAH accuracy",
+                    ylim=(-0.03, 1.03), xlim=(0, 1.03))
+    moved_ax.set(xlabel="resident KV (fraction of the unmodified model's)",
+                 ylabel="MB moved per step (second tier)", xlim=(0, 1.03))
+    moved = table.loc[table["offloaded_mb"] > 0, "moved_mb_per_step"]
+    moved_ax.set_ylim(0, 1.15 * float(moved.max()) if len(moved) and moved.max() > 0 else 1.0)
     accuracy_ax.legend(fontsize=8)
+    if moved_ax.lines:
+        moved_ax.legend(fontsize=8)
     if title:
         figure.suptitle(title)
     return _save(figure, path)

@@ -1,0 +1,198 @@
+"""kvpress side by side: the field's KV-cache presses as ``kvpress:<press>`` policies of ``dynheads kv``, and a
+dynheads head list as a kvpress press.
+
+kvpress (NVIDIA; the optional extra ``pip install 'dynheads[kvpress]'``, which pins kvpress 0.5.5 and with it
+transformers < 5.3) compresses the cache once, at the prefill; decoding then appends every new token in full. A
+``kvpress:<press>`` policy at budget ``b`` is matched in memory to the static dynheads policy at the same budget:
+its compression ratio is ``1 - f`` with ``f`` the KV fraction that ``k = round(b * L * H_kv)`` whole KV heads
+plus ``sink + recent``-token windows hold at the prompt's length, so both start decoding with the same bytes.
+
+- ``streaming_llm`` (``StreamingLLMPress``, ``n_sink = sink``), ``snapkv`` (``SnapKVPress``), ``expected_attention``
+  (``ExpectedAttentionPress``) and ``knorm`` (``KnormPress``): token-level presses at that ratio,
+- ``duo_attention``: ``DuoAttentionPress`` driven by a dynheads head list (``head_list_press``): the static policy's
+  k best positive-score KV heads keep every token and the others only ``sink`` + ``recent`` (kvpress masks the
+  evicted keys of those heads instead of freeing them; the bytes counted are the keys it leaves visible).
+
+The resident KV of a press row is read from the cache at every decode step (its tokens x KV heads, less the
+masked keys), so the table shows what each press actually held.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dynheads.analysis.kvheads import KVHead
+from dynheads.errors import DynheadsError
+from dynheads.io import read_json
+from dynheads.kv import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
+from dynheads.models import LoadedModel
+
+PREFIX = "kvpress:"
+PRESSES = ("streaming_llm", "snapkv", "expected_attention", "knorm", "duo_attention")
+EXTRA = "pip install 'dynheads[kvpress]' (kvpress 0.5.5, which needs transformers<5.3)"
+
+
+def is_press(policy: str) -> bool:
+    return policy.startswith(PREFIX)
+
+
+def check_press(policy: str) -> str:
+    """The press name of a ``kvpress:<press>`` policy; a one-line error when unknown or kvpress is missing."""
+    name = policy.removeprefix(PREFIX)
+    if name not in PRESSES:
+        raise DynheadsError(f"unknown kvpress policy {policy!r}: use kvpress:<press> with a press of "
+                            f"{', '.join(PRESSES)}")
+    require_kvpress()
+    return name
+
+
+def require_kvpress():
+    """The kvpress module, or a one-line error naming the extra."""
+    if importlib.util.find_spec("kvpress") is None:
+        raise DynheadsError(f"kvpress policies need the optional kvpress extra: {EXTRA}")
+    try:
+        import kvpress
+    except ImportError as error:  # e.g. a transformers release kvpress does not support
+        raise DynheadsError(f"kvpress is installed but does not import ({error}); {EXTRA}") from None
+    return kvpress
+
+
+@functools.cache
+def _press_class():
+    kvpress = require_kvpress()
+
+    @dataclass
+    class DynheadsHeadPress(kvpress.DuoAttentionPress):
+        """DuoAttention with a dynheads head list: the KV heads ``kv_heads`` ((layer, KV head) pairs) keep every
+        token, every other KV head keeps ``sink`` + ``recent`` (no pattern download, no zero-score filler)."""
+
+        kv_heads: tuple[tuple[int, int], ...] = ()
+        sink: int = 128
+        recent: int = 256
+        head_compression_ratio: float = field(init=False, default=0.0)
+
+        def post_init_from_model(self, model):
+            config = model.config.get_text_config()
+            layers = config.num_hidden_layers
+            num_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            streaming = torch.ones(layers, num_kv, dtype=torch.bool)
+            for layer, kv in self.kv_heads:
+                if not (0 <= layer < layers and 0 <= kv < num_kv):
+                    raise DynheadsError(f"KV head {(layer, kv)} is outside {layers} layers x {num_kv} KV heads")
+                streaming[layer, kv] = False
+            self.sink_size, self.recent_size = self.sink, self.recent
+            self.streaming_mask = streaming.to(model.device)
+            self.head_compression_ratio = float(streaming.float().mean())
+
+    return DynheadsHeadPress
+
+
+def head_list_press(kv_heads: Sequence[KVHead], *, sink: int = 128, recent: int = 256):
+    """A kvpress press (a ``DuoAttentionPress``) that keeps the given KV heads whole and streams the others:
+    ``with head_list_press(heads)(model): model(prompt_ids, past_key_values=cache)`` as any kvpress press."""
+    if sink < 0 or recent < 1:
+        raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1, got {sink}, {recent}")
+    return _press_class()(kv_heads=tuple((int(layer), int(kv)) for layer, kv in kv_heads), sink=sink, recent=recent)
+
+
+def press_from_export(folder: str | Path, full_heads: int | None = None):
+    """``head_list_press`` from a ``dynheads kv-export`` folder: the 1s of a thresholded export, or the
+    ``full_heads`` best positive-score KV heads of a scored one; windows from its config.json."""
+    folder = Path(folder)
+    config = read_json(folder / "config.json")
+    values = np.loadtxt(folder / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
+    if "full_kv_heads" in config:
+        whole = [tuple(map(int, kv)) for kv in zip(*np.nonzero(values >= 0.5), strict=True)]
+    elif full_heads is None:
+        raise DynheadsError(f"{folder} holds scores, not a 0/1 pattern: say how many KV heads to keep whole")
+    else:
+        order = sorted(zip(*np.nonzero(values > 0), strict=True), key=lambda kv: (-values[kv], kv))
+        whole = [tuple(map(int, kv)) for kv in order[:full_heads]]
+    return head_list_press(whole, sink=int(config["sink_size"]), recent=int(config["recent_size"]))
+
+
+def matched_ratio(lm: LoadedModel, settings: KVSettings, length: int) -> float:
+    """Compression ratio holding, at ``length`` cached tokens, the static policy's bytes at the same budget."""
+    num_kv = num_kv_heads(lm)
+    k = kv_head_count(settings.budget, lm.num_layers, num_kv)
+    kept = kv_memory([(i // num_kv, i % num_kv) for i in range(k)], lm, length, settings.sink, settings.recent)
+    return 1.0 - kept / (lm.num_layers * num_kv * length)
+
+
+def make_press(name: str, lm: LoadedModel, settings: KVSettings, length: int):
+    kvpress = require_kvpress()
+    if name == "duo_attention":
+        k = kv_head_count(settings.budget, lm.num_layers, num_kv_heads(lm))
+        return head_list_press(settings.static_ranking[:k], sink=settings.sink, recent=settings.recent)
+    ratio = matched_ratio(lm, settings, length)
+    if name == "streaming_llm":
+        return kvpress.StreamingLLMPress(compression_ratio=ratio, n_sink=settings.sink)
+    if name == "snapkv":
+        return kvpress.SnapKVPress(compression_ratio=ratio)
+    if name == "expected_attention":
+        return kvpress.ExpectedAttentionPress(compression_ratio=ratio)
+    return kvpress.KnormPress(compression_ratio=ratio)
+
+
+def press_generate(lm: LoadedModel, input_ids: Sequence[int], name: str, settings: KVSettings,
+                   max_new_tokens: int, *, stop_at_eos: bool = True) -> KVResult:
+    """Greedy decoding with kvpress's press ``name`` applied to the prefill of the prompt minus its last token
+    (as ``dynheads.kv`` prefills), the resident KV read from the cache at every decode step."""
+    from transformers import DynamicCache
+
+    if name == "duo_attention" and not settings.static_ranking:
+        raise DynheadsError("kvpress:duo_attention keeps a dynheads head list whole: pass --static FILE")
+    if len(input_ids) < 2:
+        raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
+    press = make_press(name, lm, settings, len(input_ids) - 1)
+    model, device = lm.model, lm.device
+    attention = [module for module in model.modules() if hasattr(module, "layer_idx") and hasattr(module, "o_proj")]
+    cache = DynamicCache(config=model.config)
+    ids = torch.as_tensor(list(input_ids), dtype=torch.long, device=device)[None]
+    num_kv = num_kv_heads(lm)
+    whole = list(settings.static_ranking[:kv_head_count(settings.budget, lm.num_layers, num_kv)]) \
+        if name == "duo_attention" else []
+    result = KVResult(tokens=[], text="", stop_reason="max_new_tokens", budget_heads=len(whole))
+    stop_ids = lm.stop_token_ids() if stop_at_eos else set()
+    try:
+        with torch.inference_mode():
+            with press(model):
+                model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            fed = ids[:, -1:]
+            for step in range(max_new_tokens):
+                # a pruned cache is shorter than the text: each token gets its true position (as kvpress's pipeline)
+                position = torch.tensor([[len(input_ids) - 1 + step]], dtype=torch.long, device=device)
+                out = model(input_ids=fed, past_key_values=cache, use_cache=True, position_ids=position)
+                token = int(out.logits[0, -1].argmax())
+                result.kv_heads.append(whole)
+                result.kept_kv.append(_resident(cache, attention))
+                # a pruned cache holds fewer tokens than were fed; the unmodified model holds them all
+                result.total_kv.append(lm.num_layers * num_kv * (len(input_ids) + step))
+                result.fetched_kv.append(0)
+                result.fetched_new_kv.append(0)
+                result.dynamic.append([])
+                if token in stop_ids:
+                    result.stop_reason = "eos"
+                    break
+                result.tokens.append(token)
+                fed = torch.tensor([[token]], dtype=torch.long, device=device)
+    finally:
+        for module in attention:  # kvpress leaves its head masks on the modules: the next sample must not see them
+            module.masked_key_indices = None
+    result.text = lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    return result
+
+
+def _resident(cache, attention) -> int:
+    """Tokens x KV heads the cache holds, less the keys kvpress masks (head-level presses do not free them)."""
+    held = sum(int(layer.keys.shape[1] * layer.keys.shape[2]) for layer in cache.layers)
+    masked = sum(len(m.masked_key_indices[0]) for m in attention if getattr(m, "masked_key_indices", None))
+    return held - masked
+

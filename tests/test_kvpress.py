@@ -1,0 +1,156 @@
+"""kvpress side by side: ``kvpress:<press>`` policies at the static policy's memory, a dynheads head list as a kvpress
+press, and the one-line error without the extra.
+
+kvpress 0.5.5 pins transformers < 5.3, so these tests run where the extra is installed: ``scripts/test.sh`` builds
+that environment (``scripts/kvpress-env.sh``) and runs this file there; elsewhere the kvpress tests skip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from zoo import NoTokenizer, tiny_model
+
+from dynheads.errors import DynheadsError
+from dynheads.kv import KVSettings, kv_generate
+from dynheads.models import LoadedModel
+from dynheads.presses import check_press
+
+needs_kvpress = pytest.mark.skipif(importlib.util.find_spec("kvpress") is None,
+                                   reason="kvpress extra not installed (scripts/kvpress-env.sh makes an environment)")
+
+
+class _Sample:
+    def __init__(self, ids):
+        self.input_ids, self.needle_positions = ids, []
+
+
+@pytest.fixture(scope="module")
+def lm():
+    model = tiny_model("llama")
+    model.set_attn_implementation("sdpa")
+    return LoadedModel(model=model, tokenizer=NoTokenizer(), name="llama", revision="random")
+
+
+def _prompt(seed=0, length=100):
+    return torch.randint(3, 128, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_without_the_extra_a_one_line_error_names_it(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    with pytest.raises(DynheadsError, match=r"dynheads\[kvpress\]") as error:
+        check_press("kvpress:streaming_llm")
+    assert "\n" not in str(error.value)
+    with pytest.raises(DynheadsError, match="unknown kvpress policy"):
+        check_press("kvpress:nonsense")
+
+
+@needs_kvpress
+@pytest.mark.parametrize("press", ["streaming_llm", "snapkv", "expected_attention", "knorm"])
+def test_token_presses_start_at_the_static_policys_memory(lm, press):
+    from dynheads.presses import press_generate
+
+    ids = _prompt(1)
+    ranking = ((0, 0), (1, 1), (2, 0))
+    settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=ranking)
+    static = kv_generate(lm, _Sample(ids), settings, max_new_tokens=4, stop_at_eos=False)
+    pressed = press_generate(lm, ids, press, settings, 4, stop_at_eos=False)
+    assert len(pressed.tokens) == 4 and pressed.total_kv == static.total_kv
+    # the same bytes at the first decode step, up to kvpress's rounding (one token per KV head)
+    assert abs(pressed.kept_kv[0] - static.kept_kv[0]) <= 6
+    assert pressed.kept_kv[-1] - pressed.kept_kv[0] == 3 * 6  # decoding appends every token in full
+
+
+@needs_kvpress
+def test_decoded_tokens_keep_their_true_positions_after_pruning(lm):
+    """kvpress prunes the prefill, so the cache is shorter than the text: every decoded token must still get its
+    position in the text (RoPE), not the pruned cache's length."""
+    from dynheads.presses import press_generate
+
+    ids, seen = _prompt(10), []
+    hook = lm.model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["position_ids"].tolist()) if kwargs.get("input_ids")
+        is not None and kwargs["input_ids"].shape[1] == 1 else None, with_kwargs=True)
+    try:
+        settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),))
+        pressed = press_generate(lm, ids, "streaming_llm", settings, 3, stop_at_eos=False)
+    finally:
+        hook.remove()
+    assert pressed.kept_kv[0] < pressed.total_kv[0] // 2  # pruned
+    assert seen == [[[99]], [[100]], [[101]]]
+
+
+@needs_kvpress
+def test_a_head_list_press_keeps_exactly_its_heads_whole(lm):
+    from transformers import DynamicCache
+
+    from dynheads.presses import head_list_press
+
+    press = head_list_press([(0, 1), (2, 0)], sink=2, recent=8)
+    cache = DynamicCache(config=lm.model.config)
+    ids = torch.tensor([_prompt(2)])
+    with torch.inference_mode(), press(lm.model):
+        lm.model(input_ids=ids, past_key_values=cache, use_cache=True)
+    assert press.streaming_mask.tolist() == [[True, False], [True, True], [False, True]]
+    for layer, module in enumerate(lm.model.model.layers):
+        masked = module.self_attn.masked_key_indices
+        heads = set(masked[1].tolist())
+        assert heads == {kv for kv in range(2) if press.streaming_mask[layer, kv]}
+        assert len(masked[2]) == len(heads) * (100 - 2 - 8)  # every key between the sinks and the window
+        module.self_attn.masked_key_indices = None
+
+
+@needs_kvpress
+def test_every_head_whole_is_the_unmodified_model(lm):
+    from dynheads.presses import press_generate
+
+    ids = _prompt(3)
+    every = tuple((layer, kv) for layer in range(3) for kv in range(2))
+    settings = KVSettings(policy="static", budget=1.0, sink=2, recent=8, static_ranking=every)
+    pressed = press_generate(lm, ids, "duo_attention", settings, 6, stop_at_eos=False)
+    full = kv_generate(lm, _Sample(ids), KVSettings(policy="full"), max_new_tokens=6, stop_at_eos=False)
+    assert pressed.tokens == full.tokens and pressed.kept_kv == pressed.total_kv
+
+
+@needs_kvpress
+def test_press_from_a_thresholded_export(tmp_path, lm):
+    from dynheads.analysis.kvheads import write_duo_attention
+    from dynheads.presses import press_from_export
+
+    matrix = np.zeros((3, 2))
+    matrix[1, 0], matrix[2, 1] = 0.8, 0.3
+    write_duo_attention(tmp_path, matrix, sink=2, recent=8, aggregation="max", source="x", num_heads=4, full_heads=4)
+    press = press_from_export(tmp_path)
+    press.post_init_from_model(lm.model)
+    assert (~press.streaming_mask).nonzero().tolist() == [[1, 0], [2, 1]]  # the 2 scored heads; 2 short of 4
+    assert (press.sink_size, press.recent_size) == (2, 8)
+    write_duo_attention(tmp_path / "scores", matrix, aggregation="max", source="x", num_heads=4)
+    with pytest.raises(DynheadsError, match="say how many"):
+        press_from_export(tmp_path / "scores")
+
+
+@needs_kvpress
+@pytest.mark.slow
+def test_dynheads_kv_runs_a_kvpress_row_at_matched_bytes(tmp_path, embedded):
+    import pandas as pd
+
+    from dynheads.experiments.kv import KVConfig, run_kv
+    from dynheads.runs import RunDir
+
+    static_run = RunDir(tmp_path / "static")
+    static_run.start("static", {"seed": 0}, None)
+    static_run.save_sample({"sample_id": "static-x", "seed": 1, "answer": "not-an-evaluation-uuid"})
+    (tmp_path / "static" / "list.json").write_text('["18-6", "17-3", "17-4", "16-0", "20-2", "14-8"]')
+    config = KVConfig(policies=("full", "static", "kvpress:streaming_llm", "kvpress:duo_attention"), budgets=(0.05,),
+                      lengths=(200,), depths=(0.5,), runs=1, max_new_tokens=6,
+                      static=str(tmp_path / "static" / "list.json"))
+    run = run_kv(config, tmp_path / "kv", lm=embedded, progress=False)
+    table = pd.read_csv(run.path / "table.csv").set_index("policy")
+    assert set(table.index) == {"full", "static", "kvpress:streaming_llm", "kvpress:duo_attention"}
+    static, streaming = table.loc["static"], table.loc["kvpress:streaming_llm"]
+    # matched at the prefill: within one decoded token per KV head of the static policy's resident fraction
+    assert abs(streaming["kv_fraction"] - static["kv_fraction"]) < 6 / 200
+    assert table.loc["kvpress:duo_attention", "kv_heads"] == static["kv_heads"] == 5  # 5 % of 90 KV heads -> 5
