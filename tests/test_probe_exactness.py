@@ -161,17 +161,27 @@ def test_hidden_keys_get_zero_attention_in_every_head():
 
 def test_embedded_model_rows_equal_eager_rows(embedded):
     """The same oracle on the real SmolLM2 (30 layers x 9 heads, GQA 3), prefill and three cached steps."""
-    ids = embedded.tokenizer("The magic word is 1f3c. Remember it: the magic word is", return_tensors="pt")
+    assert_cached_steps_equal_eager(embedded, range(0, 8), layers=(0, 14, 29), tol=TOL)
+
+
+def assert_cached_steps_equal_eager(lm, needle: range, layers: tuple[int, ...], tol: float,
+                                    logits_tol: float | None = None) -> None:
+    """Prefill a short prompt and decode three cached steps; at each, the probe's rows of every head of ``layers``
+    equal eager attention's within ``tol``, every layer's argmax positions equal eager's exactly, and (if given)
+    the logits agree within ``logits_tol``."""
+    ids = lm.tokenizer("The magic word is 1f3c. Remember it: the magic word is", return_tensors="pt")
     prompt = ids["input_ids"][0].tolist()
-    session = DecodingSession(embedded, prompt, range(0, 8), max_new_tokens=3)
-    session.probe.rows_for = {(layer, head) for layer in (0, 14, 29) for head in range(9)}
+    session = DecodingSession(lm, prompt, needle, max_new_tokens=3)
+    session.probe.rows_for = {(layer, head) for layer in layers for head in range(lm.num_heads)}
     result = session.forward(len(prompt))
     for _ in range(3):
-        rows, _ = eager_last_rows(embedded.model, session.ids[: session.length][None])
+        rows, eager_logits = eager_last_rows(lm.model, session.ids[: session.length][None])
         for (layer, head), row in result.stats.rows.items():
-            assert (row - rows[layer][head]).abs().max() <= TOL
-        for layer in range(30):
-            assert torch.equal(result.stats.argmax_pos[layer], rows[layer].argmax(-1))
+            assert (row - rows[layer][head]).abs().max() <= tol, (layer, head)
+        for layer in range(lm.num_layers):
+            assert torch.equal(result.stats.argmax_pos[layer], rows[layer].argmax(-1)), layer
+        if logits_tol is not None:
+            assert (result.logits - eager_logits).abs().max() <= logits_tol
         session.append(int(result.logits.argmax()))
         result = session.forward(1)
 
@@ -196,20 +206,7 @@ def test_packaged_qwen_rows_equal_eager_rows(qwen):
     this prompt), so fp32 rounding that differs between eager's all-rows matmul and the probe's last-row matmul
     moves a probability of ~0.17 by ~1e-5 (measured 1.08e-5); argmax positions must still agree exactly."""
     assert (qwen.num_layers, qwen.num_heads, qwen.describe()["num_kv_heads"]) == (24, 14, 2)
-    ids = qwen.tokenizer("The magic word is 1f3c. Remember it: the magic word is", return_tensors="pt")
-    prompt = ids["input_ids"][0].tolist()
-    session = DecodingSession(qwen, prompt, range(2, 9), max_new_tokens=3)
-    session.probe.rows_for = {(layer, head) for layer in (0, 11, 23) for head in range(14)}
-    result = session.forward(len(prompt))
-    for _ in range(3):
-        rows, eager_logits = eager_last_rows(qwen.model, session.ids[: session.length][None])
-        for (layer, head), row in result.stats.rows.items():
-            assert (row - rows[layer][head]).abs().max() <= 5 * TOL, (layer, head)
-        for layer in range(24):
-            assert torch.equal(result.stats.argmax_pos[layer], rows[layer].argmax(-1)), layer
-        assert (result.logits - eager_logits).abs().max() <= 1e-3
-        session.append(int(result.logits.argmax()))
-        result = session.forward(1)
+    assert_cached_steps_equal_eager(qwen, range(2, 9), layers=(0, 11, 23), tol=5 * TOL, logits_tol=1e-3)
 
 
 @pytest.mark.slow
