@@ -402,8 +402,8 @@ def test_cli_detect_on_halueval_writes_the_lookback_and_a_needle_free_retrieval_
     import sys
 
     done = subprocess.run([sys.executable, "-m", "dynheads", "detect", "--data", "halueval:dialogue", "--questions",
-                           "4", "--folds", "2", "--repeats", "1", "--bootstrap", "20", "--context-boundary", "lookback-lens",
-                           "--out", str(tmp_path / "d")],
+                           "4", "--folds", "2", "--repeats", "1", "--bootstrap", "20",
+                           "--context-boundary", "lookback-lens", "--out", str(tmp_path / "d")],
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr
     headline = done.stdout.split("### Upper bound")[0]

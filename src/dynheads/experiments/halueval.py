@@ -96,11 +96,13 @@ def trace_halueval(config: HaluevalConfig, out: str | Path, *, lm: LoadedModel |
 
 
 def source_of(detect_dir: str | Path) -> RunDir:
-    """The traced HaluEval run behind a ``dynheads detect --data`` output folder (its ``trace/``)."""
-    run = RunDir(Path(detect_dir) / "trace")
-    if not run.exists() or run.manifest().get("kind") != "halueval":
-        raise DynheadsError(f"{detect_dir} is not the output of 'dynheads detect --data halueval:...' "
-                            "(no trace/ run of teacher-forced HaluEval responses in it)")
+    """The traced HaluEval run a ``dynheads detect`` output folder was measured on (its manifest's source run)."""
+    detect = RunDir(detect_dir)
+    manifest = detect.manifest() if detect.exists() else {}
+    run = RunDir(manifest.get("source_run", Path(detect_dir) / "trace"))
+    if manifest.get("kind") != "detect" or not run.exists() or run.manifest().get("kind") != "halueval":
+        raise DynheadsError(f"{detect_dir} is not the output of 'dynheads detect' on teacher-forced HaluEval "
+                            "responses (e.g. 'dynheads detect --data halueval:qa --out DIR')")
     return run
 
 
