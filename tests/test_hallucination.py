@@ -392,6 +392,9 @@ def test_halueval_samples_put_the_knowledge_in_the_prompt_and_pair_the_answers(e
     assert knowledge.strip().startswith("Knowledge:") or len(knowledge) > 20
     header = tok.decode(right.input_ids[right.context_end:])
     assert "assistant" in header and right.response.split()[0] not in header
+    repeated = make_samples(tok, "dialogue", QuestionStream("detect", 67, 1))[0]  # its passage recurs in the dialogue
+    passage = tok.decode([repeated.input_ids[i] for i in repeated.needle_positions]).strip()
+    assert passage == "Anita Diamant wrote The Red Tent" and repeated.needle_positions[0] < repeated.context_end
     with pytest.raises(DynheadsError, match="unknown detection data"):
         __import__("dynheads.tasks.halueval", fromlist=["x"]).parse_data("halueval:summary")
 

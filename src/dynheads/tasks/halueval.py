@@ -26,9 +26,10 @@ from dynheads.tasks.questions import QuestionStream
 
 TASKS = {"qa": "halueval-qa", "dialogue": "halueval-dialogue"}  # data option -> packaged file
 SYSTEM_PROMPT = "Answer from the knowledge given. Be brief."
+KNOWLEDGE = "Knowledge: "  # every user turn opens with it and the passage
 USER_TEMPLATES = {
-    "qa": "Knowledge: {knowledge}\n\nQuestion: {question}",
-    "dialogue": "Knowledge: {knowledge}\n\nDialogue: {dialogue_history}\n\nWrite the Assistant's next reply.",
+    "qa": KNOWLEDGE + "{knowledge}\n\nQuestion: {question}",
+    "dialogue": KNOWLEDGE + "{knowledge}\n\nDialogue: {dialogue_history}\n\nWrite the Assistant's next reply.",
 }
 _FIELDS = {"qa": ("question", "right_answer", "hallucinated_answer"),
            "dialogue": ("dialogue_history", "right_response", "hallucinated_response")}
@@ -78,9 +79,9 @@ def make_samples(tokenizer: PreTrainedTokenizerBase, task: str, stream: Question
         question_id = f"halueval-{task}-{index:05d}"
         user = USER_TEMPLATES[task].format(knowledge=record["knowledge"], **{context_field: record[context_field]})
         prompt = render_chat(tokenizer, SYSTEM_PROMPT, user)
-        start, stop = locate(prompt, record["knowledge"], what=f"knowledge of {question_id}")
-        knowledge = token_span(prompt, start, stop)
         user_start, user_stop = locate(prompt, user, what=f"user turn of {question_id}")
+        start = user_start + len(KNOWLEDGE)  # the passage opens the user turn (a dialogue may repeat it)
+        knowledge = token_span(prompt, start, start + len(record["knowledge"]))
         context_end = token_span(prompt, user_start, user_stop)[-1] + 1
         for label, (kind, field) in enumerate(zip(RESPONSES, answers, strict=True)):
             response = str(record[field]).strip()
