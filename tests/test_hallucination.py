@@ -313,6 +313,8 @@ def test_detect_on_responses_keeps_questions_whole_and_sets_the_upper_bound_apar
     text = (tmp_path / "out" / "results.md").read_text()
     headline, upper = text.split("### Upper bound")[0], text.split("### Upper bound")[1].split("## Tokens")[0]
     assert "| lookback |" in headline and "| copy_heads |" not in headline and "| copy_heads |" in upper
+    assert "(reference)" in headline  # the lookback ratio's row; the others carry a paired difference to it
+    assert response.loc["entropy", "delta_lookback_low"] <= response.loc["entropy", "delta_lookback_high"]
     # length control: the answers of a question cut to the shorter one's tokens; length then carries nothing
     matched = run_detect(run.path, DetectConfig(feature_sets=("length",), bootstrap=20, folds=4, match_length=True),
                          tmp_path / "matched")
@@ -416,3 +418,14 @@ def test_cli_detect_on_halueval_writes_the_lookback_and_a_needle_free_retrieval_
     assert manifest["packaged"]["name"] == "halueval-dialogue"
     assert manifest["response_prefix"] > 0  # the end-of-turn marker and assistant header count as generated
     assert RunDir(tmp_path / "d").manifest()["response_prefix"] == manifest["response_prefix"]
+
+
+def test_paired_auroc_difference_resamples_both_detectors_together():
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(40), 2)
+    labels = np.tile([0, 1], 40)
+    perfect = labels + rng.random(80) * 0.5
+    noise = rng.random(80)
+    assert hl.paired_auroc_difference(labels, noise, noise, groups, resamples=100) == (0.0, 0.0, 0.0)
+    delta, low, high = hl.paired_auroc_difference(labels, perfect, noise, groups, resamples=200)
+    assert delta == pytest.approx(1.0 - hl.auroc_auprc(labels, noise)[0]) and 0 < low <= delta <= high

@@ -250,6 +250,26 @@ def bootstrap_ci(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, *, 
     return {"auroc": (float(low[0]), float(high[0])), "auprc": (float(low[1]), float(high[1]))}
 
 
+def paired_auroc_difference(labels: np.ndarray, scores: np.ndarray, reference: np.ndarray, groups: np.ndarray, *,
+                            resamples: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """AUROC of ``scores`` minus AUROC of ``reference`` on the same units, with a percentile interval from
+    resampling whole groups (both detectors see the same resample: a paired bootstrap)."""
+    unique = np.unique(groups)
+    members = [np.flatnonzero(groups == g) for g in unique]
+    rng = np.random.default_rng(seed)
+    differences = []
+    for _ in range(resamples):
+        idx = np.concatenate([members[i] for i in rng.integers(0, len(unique), len(unique))])
+        if len(np.unique(labels[idx])) == 2:
+            differences.append(roc_auc_score(labels[idx], scores[idx]) - roc_auc_score(labels[idx], reference[idx]))
+    observed = auroc_auprc(labels, scores)[0] - auroc_auprc(labels, reference)[0]
+    if not differences:
+        return observed, float("nan"), float("nan")
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(differences, [tail, 100 - tail])
+    return float(observed), float(low), float(high)
+
+
 def roc_points(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(false positive rate, true positive rate) of the ROC curve."""
     fpr, tpr, _ = roc_curve(labels, scores)

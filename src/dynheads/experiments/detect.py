@@ -48,6 +48,7 @@ PUBLISHED = (
     ("Lookback Lens, 8-token sliding windows (summarisation / QA)", "AUROC 66.1 / 66.0"),
     ("ReDeEP (RAGTruth)", "AUC 0.75"),
 )
+REFERENCE = "lookback"  # every other set's AUROC is also given as a paired difference to this one
 HEADLINE_TITLE = "No answer key (deployable)"
 UPPER_TITLE = "Upper bound: uses the needle positions (on NIAH the gold answer; never a headline number)"
 
@@ -290,6 +291,10 @@ def cross_validate(samples: Sequence[LabelledSample], config: DetectConfig, leve
     rows, curves = [], {}
     for n, name in enumerate(names):
         scores = out_of_fold[0, n]
+        # paired against the lookback ratio (the deployable reference): the same bootstrap resamples of groups
+        delta = (hl.paired_auroc_difference(y, scores, out_of_fold[0, names.index(REFERENCE)], row_groups,
+                                            resamples=config.bootstrap, seed=config.seed)
+                 if REFERENCE in names and name != REFERENCE else (math.nan,) * 3)
         auroc, auprc = hl.auroc_auprc(y, scores)
         ci = hl.bootstrap_ci(y, scores, row_groups, resamples=config.bootstrap, seed=config.seed)
         per_repeat = [hl.auroc_auprc(y, out_of_fold[r, n])[0] for r in range(config.repeats)]
@@ -301,6 +306,7 @@ def cross_validate(samples: Sequence[LabelledSample], config: DetectConfig, leve
                      "fold_auroc_mean": float(np.nanmean(per_fold)), "fold_auroc_sd": float(np.nanstd(per_fold)),
                      "repeat_auroc_min": float(np.nanmin(per_repeat)), "repeat_auroc_max": float(np.nanmax(per_repeat)),
                      "auprc": auprc, "auprc_low": ci["auprc"][0], "auprc_high": ci["auprc"][1],
+                     "delta_lookback": delta[0], "delta_lookback_low": delta[1], "delta_lookback_high": delta[2],
                      "positive_rate": float(y.mean()), "units": int(len(y)), "groups": int(len(set(row_groups)))})
         fpr, tpr = hl.roc_points(y, scores)
         curves[name] = (fpr, tpr, auroc)
@@ -410,13 +416,16 @@ def _interval(value: float, low: float, high: float) -> str:
 
 
 def results_table(table: pd.DataFrame) -> Table:
-    """One row per feature set: AUROC [CI], fold mean ± s.d., repeat range, AUPRC [CI]."""
+    """One row per feature set: AUROC [CI], fold mean ± s.d., repeat range, paired difference to the lookback
+    ratio [CI], AUPRC [CI]."""
     rows = [[row["feature_set"], int(row["features"]), _interval(row["auroc"], row["auroc_low"], row["auroc_high"]),
              f"{row['fold_auroc_mean']:.3f} ± {row['fold_auroc_sd']:.3f}",
              f"{row['repeat_auroc_min']:.3f} to {row['repeat_auroc_max']:.3f}",
+             "(reference)" if row["feature_set"] == REFERENCE else _interval(
+                 row["delta_lookback"], row["delta_lookback_low"], row["delta_lookback_high"]),
              _interval(row["auprc"], row["auprc_low"], row["auprc_high"])] for row in table.to_dict("records")]
     return Table(["feature set", "features", "AUROC [95% CI]", "fold AUROC mean ± s.d.", "AUROC over repeats",
-                  "AUPRC [95% CI]"], rows)
+                  "Δ AUROC vs lookback [95% CI]", "AUPRC [95% CI]"], rows)
 
 
 def results_markdown(table: pd.DataFrame, counts: dict, skipped: dict, config: DetectConfig) -> str:
@@ -440,7 +449,8 @@ def results_markdown(table: pd.DataFrame, counts: dict, skipped: dict, config: D
     lines.append(f"AUROC: out-of-fold scores of the first of {config.repeats} repeats of {config.folds}-fold "
                  f"cross-validation grouped by {unit[:-1]}, 95% bootstrap interval over {unit} "
                  f"({config.bootstrap} resamples); fold mean ± s.d. over all {config.folds * config.repeats} folds; "
-                 "range of the out-of-fold AUROC over the repeats.")
+                 "range of the out-of-fold AUROC over the repeats; Δ: AUROC minus the lookback ratio's on the same "
+                 "out-of-fold units, paired bootstrap over the same groups.")
     lines.append("\npublished detectors, on other tasks and models (not comparable one to one):")
     lines += [f"- {name}: {value}" for name, value in PUBLISHED]
     return "\n".join(lines) + "\n"
