@@ -130,7 +130,7 @@ def _synthetic_run(path, *, samples=40, shuffle=False, seed=0) -> RunDir:
         if shuffle:
             counts = rng.integers(0, 8, len(generated))
         trace = _trace(generated, counts, rng)
-        run.save_sample({"sample_id": f"s{index:02d}", "answer": answer}, trace)
+        run.save_sample({"sample_id": f"s{index:02d}", "answer": answer, "seed": seed * 1000 + index}, trace)
     return run
 
 
@@ -340,6 +340,23 @@ def test_detect_refuses_a_probe_fitted_on_its_questions(tmp_path):
     probe.mkdir()
     (probe / "questions.json").write_text('{"train": ["q03"], "validation": []}')
     with pytest.raises(DynheadsError, match="fitted on 1 of the questions"):
+        run_detect(run.path, DetectConfig(probe=str(probe), folds=3, bootstrap=10), tmp_path / "out")
+
+
+def test_detect_refuses_a_probe_fitted_on_its_niah_seeds_not_on_shared_sample_names(tmp_path):
+    run = _synthetic_run(tmp_path / "run", samples=10)
+    fitted = RunDir(tmp_path / "probe-run")
+    fitted.start("niah", {"synthetic": True}, None)
+    probe = tmp_path / "probe-run" / "probe"
+    probe.mkdir()
+    (probe / "metrics.json").write_text(__import__("json").dumps({"run": str(fitted.path)}))
+    (probe / "questions.json").write_text('{"train": ["s01"], "validation": []}')  # same name, other seed
+    fitted.save_sample({"sample_id": "s01", "seed": 777, "answer": "other"})
+    checked = __import__("dynheads.experiments.detect", fromlist=["x"]).refuse_probe_overlap(
+        str(probe), run.records(), [r["sample_id"] for r in run.records()])
+    assert checked["checked"] == "seeds and needle values"
+    fitted.save_sample({"sample_id": "s99", "seed": 3, "answer": "other"})  # seed 3 is evaluation sample s03's
+    with pytest.raises(DynheadsError, match="fitted on 1 of the evaluation samples"):
         run_detect(run.path, DetectConfig(probe=str(probe), folds=3, bootstrap=10), tmp_path / "out")
 
 

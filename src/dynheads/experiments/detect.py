@@ -321,12 +321,13 @@ def refuse_probe_overlap(probe: str, records: Sequence[dict], groups: Sequence[s
     from dynheads.experiments.probing import probe_fit_questions
     from dynheads.tasks.questions import refuse_overlap
 
-    refuse_overlap(probe_fit_questions(probe), f"the probe in {probe}", groups, "this detection")
-    checked = {"path": probe, "questions_checked": True}
     if records and all("seed" in r and "answer" in r for r in records):
+        # NIAH: sample ids repeat across seed streams (split-length-depth-run); seeds and needle values do not
         evaluation = [{"sample_id": r["sample_id"], "seed": r["seed"], "answer": r["answer"]} for r in records]
-        checked["fitted_run"] = _fit_samples(probe, "probe", evaluation)["run"]
-    return checked
+        return {"path": probe, "checked": "seeds and needle values", "fitted_run": _fit_samples(
+            probe, "probe", evaluation)["run"]}
+    refuse_overlap(probe_fit_questions(probe), f"the probe in {probe}", groups, "this detection")
+    return {"path": probe, "checked": "question ids"}
 
 
 def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None = None,
