@@ -10,7 +10,7 @@ from test_probe_exactness import eager_last_rows
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.analysis import hallucination as hl
-from dynheads.decoding import DecodingSession
+from dynheads.decoding import DecodingSession, trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.detect import DetectConfig, Detector, apply_detector, run_detect
 from dynheads.models import LoadedModel
@@ -54,8 +54,47 @@ def test_context_mass_equals_eager_attention_on_the_prompt(family):
         for layer in range(lm.num_layers):
             expected = rows[layer][:, :prompt_len].sum(-1)
             assert (result.stats.context_mass[layer] - expected).abs().max() <= 1e-5, (family, step, layer)
+            context = rows[layer][:, :prompt_len] / expected[:, None]  # the row renormalised over the prompt
+            entropy = -(context * context.clamp_min(1e-30).log()).sum(-1)
+            assert (result.stats.context_entropy[layer] - entropy).abs().max() <= 1e-4, (family, step, layer)
         session.append(int(result.logits.argmax()))
         result = session.forward(1)
+
+
+class _Prompt:
+    def __init__(self, input_ids, needle_positions):
+        self.input_ids, self.needle_positions = input_ids, needle_positions
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "qwen2"])
+def test_forcing_the_greedy_tokens_gives_the_greedy_trace(family):
+    lm = LoadedModel(model=tiny_model(family), tokenizer=NoTokenizer(), name=family, revision="random")
+    torch.manual_seed(2)
+    sample = _Prompt(torch.randint(3, 128, (18,)).tolist(), [6, 7, 8])
+    greedy = trace(lm, sample, max_new_tokens=7, stop_at_eos=False)
+    forced = trace(lm, sample, forced_tokens=greedy.tokens)
+    assert forced.stop_reason == "forced" and forced.tokens.tolist() == greedy.tokens.tolist()
+    for name in ("argmax_pos", "copy_scores", "needle_mass", "reasoning_scores", "max_prob", "context_mass",
+                 "context_entropy", "hidden", "token_entropy", "token_max_prob", "token_prob", "chance"):
+        np.testing.assert_array_equal(getattr(forced, name), getattr(greedy, name), err_msg=name)
+    np.testing.assert_array_equal(greedy.token_prob, greedy.token_max_prob)  # greedy emits the top token
+
+
+def test_forcing_other_tokens_emits_them_and_scores_their_probability():
+    lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
+    torch.manual_seed(3)
+    sample = _Prompt(torch.randint(3, 128, (16,)).tolist(), [4, 5])
+    greedy = trace(lm, sample, max_new_tokens=4, stop_at_eos=False)
+    other = [(int(t) + 1) % 128 for t in greedy.tokens]
+    forced = trace(lm, sample, forced_tokens=other, context_end=10)
+    assert forced.tokens.tolist() == other
+    np.testing.assert_array_equal(forced.token_max_prob[0], greedy.token_max_prob[0])  # same first pass
+    assert (forced.token_prob < forced.token_max_prob).all()
+    assert not np.array_equal(forced.context_mass, greedy.context_mass)  # the context now ends at 10
+    with pytest.raises(DynheadsError, match="empty"):
+        trace(lm, sample, forced_tokens=[])
+    with pytest.raises(DynheadsError, match="context_end"):
+        trace(lm, sample, forced_tokens=other, context_end=17)
 
 
 def _trace(token_texts: list[str], copy_counts: np.ndarray, rng: np.random.Generator, *, layers=3, heads=4,
@@ -70,7 +109,9 @@ def _trace(token_texts: list[str], copy_counts: np.ndarray, rng: np.random.Gener
                  needle_mass=head(), reasoning_scores=head(), max_prob=head(), hidden=rng.random((steps, 8)),
                  prompt_length=100, stop_reason="eos", context_mass=head() if optional else None,
                  token_entropy=rng.random(steps).astype(np.float32) if optional else None,
-                 token_max_prob=rng.random(steps).astype(np.float32) if optional else None)
+                 token_max_prob=rng.random(steps).astype(np.float32) if optional else None,
+                 context_entropy=head() if optional else None,
+                 token_prob=rng.random(steps).astype(np.float32) if optional else None)
 
 
 def _synthetic_run(path, *, samples=40, shuffle=False, seed=0) -> RunDir:
@@ -89,7 +130,7 @@ def _synthetic_run(path, *, samples=40, shuffle=False, seed=0) -> RunDir:
         if shuffle:
             counts = rng.integers(0, 8, len(generated))
         trace = _trace(generated, counts, rng)
-        run.save_sample({"sample_id": f"s{index:02d}", "answer": answer}, trace)
+        run.save_sample({"sample_id": f"s{index:02d}", "answer": answer, "seed": seed * 1000 + index}, trace)
     return run
 
 
@@ -100,8 +141,13 @@ def test_detector_reaches_auroc_one_when_the_label_is_a_function_of_one_feature(
     assert table.loc["copy_heads", "auroc"] == 1.0
     assert table.loc["copy_heads", "auroc_low"] == 1.0
     manifest = RunDir(tmp_path / "out").manifest()
-    assert not set(manifest["split"]["train"]) & set(manifest["split"]["test"])
-    assert manifest["class_counts"]["test"]["hallucinated"] > 0
+    labelled = sorted(set(__import__("pandas").read_csv(tmp_path / "out" / "labels.csv")["sample_id"]))
+    assert len(labelled) + manifest["samples_without_value"] == len(run.records())
+    for repeat in manifest["cross_validation"]["repeats"]:  # every sample is tested once per repeat, in one fold
+        tested = [group for fold in repeat["test_groups"] for group in fold]
+        assert sorted(tested) == labelled
+    assert manifest["cross_validation"]["unit"] == "sample"
+    assert manifest["class_counts"]["hallucinated_tokens"] > 0
     assert (tmp_path / "out" / "roc.png").stat().st_size > 0
     # The saved detector scores a trace it has never seen the same way.
     detector = Detector.load(tmp_path / "out" / "detector.json")
@@ -184,9 +230,15 @@ def test_niah_distractor_shares_the_prefix_and_is_not_part_of_the_needle(embedde
 def test_probe_features_use_the_predicted_heads_and_their_silence():
     rng = np.random.default_rng(0)
     trace = _trace(["a", "b"], np.array([0, 12]), rng)  # step 1: every head copies
+    trace.argmax_pos[:] = 50  # every head looks into the prompt past the sink (copying only at step 1) ...
+    trace.argmax_pos[1, 0] = 2  # ... except the 4 heads of layer 0 at step 1, which look at the sink
     predicted = np.full((2, 12), 0.5)
-    features = hl.token_features(trace, np.array([0, 1]), hl.FeatureSpec(((0, 0),), 1), predicted)["probe"]
-    np.testing.assert_allclose(features, [[6.0, 0.5, 6.0], [6.0, 0.5, 0.0]])
+    features = hl.token_features(trace, np.array([0, 1]), hl.FeatureSpec(((0, 0),), 1), predicted)
+    # needle-free silence: predicted mass on heads not looking into the prompt (none at step 0, layer 0 at step 1)
+    np.testing.assert_allclose(features["probe"], [[6.0, 0.5, 0.0], [6.0, 0.5, 2.0]])
+    # the upper-bound silence reads Eq. 1: predicted mass on heads that did not copy
+    np.testing.assert_allclose(features["probe_copy_silence"], [[6.0], [0.0]])
+    assert "probe_copy_silence" in hl.ANSWER_KEY and "probe" in hl.DEPLOYABLE
 
 
 def test_cli_detect_and_apply(tmp_path):
@@ -212,3 +264,185 @@ def test_detect_never_overwrites_another_run(tmp_path):
     run = _synthetic_run(tmp_path / "run", samples=4)
     with pytest.raises(DynheadsError, match="choose another --out"):
         run_detect(run.path, DetectConfig(bootstrap=10), run.path)
+
+
+def _response_run(path, *, questions=12, signal=True, seed=0) -> RunDir:
+    """Teacher-forced pairs: question q has a right (label 0) and a hallucinated (label 1) response; with ``signal``
+    the hallucinated one has few active copy heads, else the count is noise."""
+    rng = np.random.default_rng(seed)
+    run = RunDir(path)
+    run.start("halueval", {"synthetic": True}, None, {"data": "halueval:qa", "response_prefix": 0})
+    for q in range(questions):
+        for label in (0, 1):
+            steps = int(rng.integers(2, 6))
+            counts = (np.where(label, 1, 6) if signal else rng.integers(0, 8)) * np.ones(steps, int)
+            trace = _trace([f"t{i}" for i in range(steps)], counts, rng)
+            run.save_sample({"sample_id": f"q{q:02d}-{label}", "question_id": f"q{q:02d}", "response_label": label},
+                            trace)
+    return run
+
+
+def test_grouped_folds_never_split_a_question():
+    groups = np.repeat([f"q{i}" for i in range(13)], 2)  # both answers of each question
+    labels = np.tile([0, 1], 13)
+    for seed in range(5):
+        folds = hl.grouped_folds(groups, labels, 5, seed)
+        tested = np.concatenate([test for _, test in folds])
+        assert sorted(tested) == list(range(len(groups)))  # every answer is tested exactly once
+        for train, test in folds:
+            assert not set(groups[train]) & set(groups[test])
+    with pytest.raises(DynheadsError, match="at least 5 questions"):
+        hl.grouped_folds(groups[:8], labels[:8], 5, 0)
+
+
+def test_detect_on_responses_keeps_questions_whole_and_sets_the_upper_bound_apart(tmp_path):
+    run = _response_run(tmp_path / "run")
+    config = DetectConfig(feature_sets=("copy_heads", "lookback", "entropy", "length"), bootstrap=50, folds=4)
+    table = run_detect(run.path, config, tmp_path / "out")
+    manifest = RunDir(tmp_path / "out").manifest()
+    assert manifest["cross_validation"]["unit"] == "question" and manifest["levels"] == ["response", "token"]
+    for repeat in manifest["cross_validation"]["repeats"]:
+        tested = [group for fold in repeat["test_groups"] for group in fold]
+        assert sorted(tested) == [f"q{q:02d}" for q in range(12)]  # each question in exactly one test fold
+    labels = __import__("pandas").read_csv(tmp_path / "out" / "labels.csv")
+    assert (labels.groupby("group")["fold"].nunique() == 1).all()  # both answers of a question: one fold
+    response = table[table["level"] == "response"].set_index("feature_set")
+    assert response.loc["copy_heads", "auroc"] == 1.0 and response.loc["copy_heads", "section"] == "upper_bound"
+    assert response.loc["lookback", "section"] == "deployable"
+    assert "length" not in set(table[table["level"] == "token"]["feature_set"])
+    text = (tmp_path / "out" / "results.md").read_text()
+    headline, upper = text.split("### Upper bound")[0], text.split("### Upper bound")[1].split("## Tokens")[0]
+    assert "| lookback |" in headline and "| copy_heads |" not in headline and "| copy_heads |" in upper
+    assert "(reference)" in headline  # the lookback ratio's row; the others carry a paired difference to it
+    assert response.loc["entropy", "delta_lookback_low"] <= response.loc["entropy", "delta_lookback_high"]
+    # length control: the answers of a question cut to the shorter one's tokens; length then carries nothing
+    matched = run_detect(run.path, DetectConfig(feature_sets=("length",), bootstrap=20, folds=4, match_length=True),
+                         tmp_path / "matched")
+    assert matched.set_index("level").loc["response", "auroc"] == 0.5
+
+
+def test_span_features_average_the_response_and_drop_the_constant_first_lookback():
+    rng = np.random.default_rng(1)
+    trace = _trace(["a", "b", "c"], np.array([0, 1, 2]), rng, layers=1, heads=2)
+    spec = hl.FeatureSpec(((0, 0),), 1)
+    span = hl.span_features(trace, spec)
+    np.testing.assert_allclose(span["copy_heads"], [[1.0]])
+    np.testing.assert_allclose(span["lookback"], hl.lookback_ratios(trace)[1:].reshape(2, -1).mean(0, keepdims=True))
+    assert span["length"].item() == 3
+    prefixed = hl.span_features(trace, hl.FeatureSpec(((0, 0),), 1, response_prefix=5))
+    np.testing.assert_allclose(prefixed["lookback"], hl.lookback_ratios(trace, 5).reshape(3, -1).mean(0, keepdims=True))
+    assert (hl.lookback_ratios(trace, 5)[0] < 1).all()  # the prefix is visible at step 0
+
+
+def test_detect_refuses_a_probe_fitted_on_its_questions(tmp_path):
+    run = _response_run(tmp_path / "run", questions=6)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "questions.json").write_text('{"train": ["q03"], "validation": []}')
+    with pytest.raises(DynheadsError, match="fitted on 1 of the questions"):
+        run_detect(run.path, DetectConfig(probe=str(probe), folds=3, bootstrap=10), tmp_path / "out")
+
+
+def test_detect_refuses_a_probe_fitted_on_its_niah_seeds_not_on_shared_sample_names(tmp_path):
+    run = _synthetic_run(tmp_path / "run", samples=10)
+    fitted = RunDir(tmp_path / "probe-run")
+    fitted.start("niah", {"synthetic": True}, None)
+    probe = tmp_path / "probe-run" / "probe"
+    probe.mkdir()
+    (probe / "metrics.json").write_text(__import__("json").dumps({"run": str(fitted.path)}))
+    (probe / "questions.json").write_text('{"train": ["s01"], "validation": []}')  # same name, other seed
+    fitted.save_sample({"sample_id": "s01", "seed": 777, "answer": "other"})
+    checked = __import__("dynheads.experiments.detect", fromlist=["x"]).refuse_probe_overlap(
+        str(probe), run.records(), [r["sample_id"] for r in run.records()])
+    assert checked["checked"] == "seeds and needle values"
+    fitted.save_sample({"sample_id": "s99", "seed": 3, "answer": "other"})  # seed 3 is evaluation sample s03's
+    with pytest.raises(DynheadsError, match="fitted on 1 of the evaluation samples"):
+        run_detect(run.path, DetectConfig(probe=str(probe), folds=3, bootstrap=10), tmp_path / "out")
+
+
+def test_transfer_table_between_the_two_tasks(tmp_path):
+    from dynheads.experiments.halueval import run_transfer
+
+    for task, seed in (("qa", 0), ("dialogue", 1)):
+        run = _response_run(tmp_path / task / "trace", seed=seed)
+        manifest = run.manifest() | {"kind": "halueval", "data": f"halueval:{task}"}
+        run.manifest_path.write_text(__import__("json").dumps(manifest))
+        run_detect(run.path, DetectConfig(feature_sets=("copy_heads", "entropy"), folds=3, bootstrap=20),
+                   tmp_path / task)
+    flat = run_transfer(tmp_path / "qa", tmp_path / "dialogue",
+                        DetectConfig(feature_sets=("copy_heads", "entropy"), folds=3, bootstrap=20), tmp_path / "t")
+    row = flat[(flat["level"] == "response") & (flat["feature_set"] == "copy_heads")].iloc[0]
+    assert row["QA -> dialogue auroc"] == 1.0 and row["dialogue -> QA auroc"] == 1.0
+    assert not np.isnan(row["QA in-task auroc"])  # the in-task numbers come from the detect runs
+    text = (tmp_path / "t" / "transfer.md").read_text()
+    assert "QA → dialogue" in text and "### Upper bound" in text
+    with pytest.raises(DynheadsError, match="transfer needs the two tasks"):
+        run_transfer(tmp_path / "qa", tmp_path / "qa", DetectConfig(), tmp_path / "t2")
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"format": "dynheads-detector/2"}',
+                                     '{"format": "dynheads-detector/1", "models": {}}'])
+def test_detect_apply_refuses_an_invalid_detector_file_in_one_line(tmp_path, content):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "detector.json"
+    bad.write_text(content)
+    with pytest.raises(DynheadsError, match="detector"):
+        Detector.load(bad)
+    trace_file = tmp_path / "t.parquet"
+    _trace(["a"], np.array([1]), np.random.default_rng(0)).save(trace_file)
+    done = subprocess.run([sys.executable, "-m", "dynheads", "detect-apply", str(bad), str(trace_file)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_halueval_samples_put_the_knowledge_in_the_prompt_and_pair_the_answers(embedded):
+    from dynheads.tasks.halueval import make_samples
+    from dynheads.tasks.questions import QuestionStream
+
+    tok = embedded.tokenizer
+    samples = make_samples(tok, "qa", QuestionStream("detect", 3, 2))
+    assert [s.question_id for s in samples] == ["halueval-qa-00003"] * 2 + ["halueval-qa-00004"] * 2
+    assert [s.response_label for s in samples] == [0, 1, 0, 1]
+    right, wrong = samples[:2]
+    assert right.input_ids == wrong.input_ids and right.response_ids != wrong.response_ids
+    knowledge = tok.decode([right.input_ids[i] for i in right.needle_positions])
+    assert knowledge.strip().startswith("Knowledge:") or len(knowledge) > 20
+    header = tok.decode(right.input_ids[right.context_end:])
+    assert "assistant" in header and right.response.split()[0] not in header
+    repeated = make_samples(tok, "dialogue", QuestionStream("detect", 67, 1))[0]  # its passage recurs in the dialogue
+    passage = tok.decode([repeated.input_ids[i] for i in repeated.needle_positions]).strip()
+    assert passage == "Anita Diamant wrote The Red Tent" and repeated.needle_positions[0] < repeated.context_end
+    with pytest.raises(DynheadsError, match="unknown detection data"):
+        __import__("dynheads.tasks.halueval", fromlist=["x"]).parse_data("halueval:summary")
+
+
+@pytest.mark.slow
+def test_cli_detect_on_halueval_writes_the_lookback_and_a_needle_free_retrieval_set(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "dynheads", "detect", "--data", "halueval:dialogue", "--questions",
+                           "4", "--folds", "2", "--repeats", "1", "--bootstrap", "20",
+                           "--context-boundary", "lookback-lens", "--out", str(tmp_path / "d")],
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr
+    headline = done.stdout.split("### Upper bound")[0]
+    assert "| lookback |" in headline and "| retrieval_no_needle |" in headline
+    manifest = RunDir(tmp_path / "d" / "trace").manifest()
+    assert manifest["questions"]["first"] == 0 and manifest["questions"]["count"] == 4
+    assert manifest["packaged"]["name"] == "halueval-dialogue"
+    assert manifest["response_prefix"] > 0  # the end-of-turn marker and assistant header count as generated
+    assert RunDir(tmp_path / "d").manifest()["response_prefix"] == manifest["response_prefix"]
+
+
+def test_paired_auroc_difference_resamples_both_detectors_together():
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(40), 2)
+    labels = np.tile([0, 1], 40)
+    perfect = labels + rng.random(80) * 0.5
+    noise = rng.random(80)
+    assert hl.paired_auroc_difference(labels, noise, noise, groups, resamples=100) == (0.0, 0.0, 0.0)
+    delta, low, high = hl.paired_auroc_difference(labels, perfect, noise, groups, resamples=200)
+    assert delta == pytest.approx(1.0 - hl.auroc_auprc(labels, noise)[0]) and 0 < low <= delta <= high

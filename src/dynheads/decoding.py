@@ -225,8 +225,9 @@ class TraceRecorder:
             "reasoning_scores": stats.reasoning_scores(),
             "max_prob": stats.max_prob,
             "context_mass": stats.context_mass,
+            "context_entropy": stats.context_entropy,
             "hidden": result.hidden,
-            **_logit_stats(result.logits),
+            **_logit_stats(result.logits, token),
         })
         self.tokens.append(token)
         self.chance.append(session.chance_share())
@@ -257,13 +258,16 @@ class TraceRecorder:
             token_entropy=stacked("token_entropy", np.float32, (0,)),
             token_max_prob=stacked("token_max_prob", np.float32, (0,)),
             chance=np.asarray(self.chance, dtype=np.float32),
+            context_entropy=stacked("context_entropy", np.float32),
+            token_prob=stacked("token_prob", np.float32, (0,)),
         )
 
 
-def _logit_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Entropy (nats) and largest probability of the next-token distribution ``softmax(logits [V])``."""
+def _logit_stats(logits: torch.Tensor, token: int) -> dict[str, torch.Tensor]:
+    """Entropy (nats), largest probability and the emitted ``token``'s probability of ``softmax(logits [V])``."""
     log_probs = torch.log_softmax(logits.float(), dim=-1)
-    return {"token_entropy": -(log_probs.exp() * log_probs).sum(), "token_max_prob": log_probs.max().exp()}
+    return {"token_entropy": -(log_probs.exp() * log_probs).sum(), "token_max_prob": log_probs.max().exp(),
+            "token_prob": log_probs[token].exp()}
 
 
 def trace(
@@ -276,13 +280,25 @@ def trace(
     removed_heads: Iterable[Head] = (),
     ablation_mode: AblationMode = "zero",
     stop_at_eos: bool = True,
+    forced_tokens: Sequence[int] | None = None,
+    context_end: int | None = None,
 ) -> Trace:
     """Greedy-decode ``sample`` and score every head at every step (Eq. 1 and Eq. 2) plus the hidden state.
 
     ``removed_heads`` removes a fixed head set from every generation step (the query of each step);
     the prompt itself is encoded by the intact model. ``stop_at_eos=False`` always generates
     ``max_new_tokens`` tokens (benchmarks).
+
+    ``forced_tokens`` teacher-forces a response: step t emits ``forced_tokens[t]`` whatever the model predicts,
+    for exactly that many steps (no stop token ends it; ``stop_reason = "forced"``); every statistic of step t
+    is that of the pass that predicts it, and Eq. 1's ŷ is the forced token. ``context_end`` moves the end of
+    the context the probe's ``context_mass`` / ``context_entropy`` measure (default: the prompt's end).
     """
+    if forced_tokens is not None:
+        forced = [int(t) for t in forced_tokens]
+        if not forced:
+            raise DynheadsError("forced_tokens is empty: nothing to teacher-force")
+        max_new_tokens, stop_at_eos = len(forced), False
     if max_new_tokens < 1:
         raise DynheadsError("max_new_tokens must be at least 1")
     session = DecodingSession(
@@ -290,9 +306,15 @@ def trace(
         max_new_tokens=max_new_tokens, sink_size=sink_size, local_window=local_window,
     )
     session.probe.set_removed_heads(removed_heads, ablation_mode)
+    if context_end is not None:
+        if not 0 < context_end <= session.prompt_length:
+            raise DynheadsError(f"context_end {context_end} must lie in 1..{session.prompt_length} (the prompt)")
+        session.probe.context_end = context_end
     recorder = TraceRecorder()
     steps = session.steps(max_new_tokens, lm.stop_token_ids() if stop_at_eos else ())
     for step in steps:
+        if forced_tokens is not None:
+            step.token = forced[step.index]
         if not step.stops:
             recorder.add(session, step.result, step.token)
-    return recorder.finish(session, steps.stop_reason)
+    return recorder.finish(session, "forced" if forced_tokens is not None else steps.stop_reason)

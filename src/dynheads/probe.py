@@ -10,6 +10,8 @@ of every query head (fp32 softmax) and reduces it on the spot, for each sequence
 - ``kept_mass [L, H]``: mass on every other key, summed directly (Eq. 2 denominator; ``total - excluded`` loses
   the digits of a sink-dominated row),
 - ``context_mass [L, H]``: mass on positions before ``context_end`` (the prompt; Lookback-Lens ratios),
+- ``context_entropy [L, H]``: entropy (nats) of the row restricted to those positions and renormalised (how
+  sharply a head looks into the context; 0 where it puts no mass there),
 - full rows for requested heads only,
 - ``span_mass [L, H, S]`` (when a span score is set, batch 1): the attention that a range of query positions
   (a question) puts on each of S key spans (candidate paragraphs), summed over those query rows and the span's
@@ -84,6 +86,7 @@ class StepStats:
     total_mass: torch.Tensor  # float32, sum of the row (1 up to rounding)
     kept_mass: torch.Tensor  # float32, mass outside (sink U local) \ needle, summed from the row itself
     context_mass: torch.Tensor | None = None  # float32, mass on positions < the sequence's context end (prompt)
+    context_entropy: torch.Tensor | None = None  # float32, entropy of the row renormalised over those positions
     rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [last_position + 1] rows of requested heads
     span_mass: torch.Tensor | None = None  # float32 [.., L, H, S]: query rows' mass on key spans (SpanScore)
 
@@ -284,6 +287,7 @@ class AttentionProbe:
             total_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
             kept_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
             context_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
+            context_entropy=torch.zeros(shape, dtype=torch.float32, device=dev),
         )
         score = self.settings.span_score
         if score is not None:
@@ -309,7 +313,7 @@ class AttentionProbe:
         s = self.stats
         return StepStats(argmax_pos=s.argmax_pos[b], max_prob=s.max_prob[b], needle_mass=s.needle_mass[b],
                          excluded_mass=s.excluded_mass[b], total_mass=s.total_mass[b], kept_mass=s.kept_mass[b],
-                         context_mass=s.context_mass[b], rows=self._rows[b],
+                         context_mass=s.context_mass[b], context_entropy=s.context_entropy[b], rows=self._rows[b],
                          span_mass=None if s.span_mass is None else s.span_mass[b])
 
     def _key_weights(self, kv_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -570,6 +574,11 @@ def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int)
     stats.excluded_mass[:, layer] = masses[..., 1]
     stats.kept_mass[:, layer] = masses[..., 2]
     stats.context_mass[:, layer] = masses[..., 3]
+    # H(p restricted to the context, renormalised) = log c - sum_ctx p log p / c, with c the context mass
+    plogp = torch.bmm(probs * torch.log(probs.clamp_min(1e-30)), weights[..., 3:4])[..., 0]
+    context = masses[..., 3]
+    stats.context_entropy[:, layer] = torch.where(
+        context > 0, torch.log(context.clamp_min(1e-30)) - plogp / context.clamp_min(1e-30), 0.0)
     stats.total_mass[:, layer] = probs.sum(-1)
     for lyr, head in probe.settings.rows_for:
         if lyr == layer:

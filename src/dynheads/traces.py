@@ -13,7 +13,9 @@ File format (documented in docs/formats.md): one Parquet file per sample, one ro
 | ``max_prob`` | list<float32>[L*H] | attention weight on the argmax key |
 | ``hidden`` | list<float32>[D] | final-layer hidden state of the last input position |
 | ``context_mass`` | list<float32>[L*H] | attention mass on the prompt positions (optional: newer traces) |
+| ``context_entropy`` | list<float32>[L*H] | entropy (nats) of the attention renormalised over the prompt (optional) |
 | ``token_entropy`` / ``token_max_prob`` | float32 | entropy (nats) / top probability of the step's softmax (optional) |
+| ``token_prob`` | float32 | probability the step's softmax gives the emitted token (optional; < max under forcing) |
 | ``chance`` | float32 | Eq. 2 score of a uniform head: needle keys / keys outside sink and local (optional) |
 
 Head vectors are layer-major: element ``l * H + h`` is head ``L{l}-H{h}``. The file's schema metadata holds
@@ -37,10 +39,11 @@ from dynheads.scores import active_heads
 # 1: no format_version key, no optional columns (files before they existed); 2: the optional columns may be present
 TRACE_FORMAT_VERSION = 2
 HEAD_FIELDS = ("argmax_pos", "copy_score", "needle_mass", "reasoning_score", "max_prob")
-OPTIONAL_HEAD_FIELDS = ("context_mass",)  # absent from traces written before they existed: loaded as None
-OPTIONAL_STEP_FIELDS = ("token_entropy", "token_max_prob", "chance")
+OPTIONAL_HEAD_FIELDS = ("context_mass", "context_entropy")  # absent from older traces: loaded as None
+OPTIONAL_STEP_FIELDS = ("token_entropy", "token_max_prob", "chance", "token_prob")
 _DTYPES = {"argmax_pos": np.int32, "copy_score": np.bool_, "needle_mass": np.float32,
-           "reasoning_score": np.float32, "max_prob": np.float32, "context_mass": np.float32}
+           "reasoning_score": np.float32, "max_prob": np.float32, "context_mass": np.float32,
+           "context_entropy": np.float32}
 
 
 @dataclass
@@ -57,11 +60,13 @@ class Trace:
     max_prob: np.ndarray  # [T, L, H] float32, attention weight on argmax_pos
     hidden: np.ndarray  # [T, D] float32
     prompt_length: int
-    stop_reason: str  # "eos" | "max_new_tokens"
+    stop_reason: str  # "eos" | "max_new_tokens" | "forced" (teacher-forced response)
     context_mass: np.ndarray | None = None  # [T, L, H] float32, attention mass on the prompt positions
     token_entropy: np.ndarray | None = None  # [T] float32, entropy (nats) of the step's next-token softmax
     token_max_prob: np.ndarray | None = None  # [T] float32, largest probability of that softmax
     chance: np.ndarray | None = None  # [T] float32, Eq. 2 chance share; None in files written before it existed
+    context_entropy: np.ndarray | None = None  # [T, L, H] float32, entropy of the attention over the prompt
+    token_prob: np.ndarray | None = None  # [T] float32, probability of the emitted token (teacher forcing: < max)
 
     @property
     def num_steps(self) -> int:

@@ -9,20 +9,37 @@ value's prefix of the same length, i.e. it continues the true value; otherwise i
 and so is every later token of the span (after a wrong character the value can no longer be continued).
 Any sample with a true value and a value span can be labelled this way (the multi-hop task plugs in so).
 
-Features per labelled token (the trace's step that emitted it); each feature set is one detector:
+Teacher-forced responses (HaluEval) are labelled whole: every step of a response carries its ``response_label``.
+
+Features per labelled token (the trace's step that emitted it); each feature set is one detector. The sets a
+deployed detector can compute (``DEPLOYABLE``: no answer key, no needle position at test time):
+
+- ``retrieval_no_needle``: number of heads whose most-attended key is a prompt position past the attention
+  sink, and for the static top-k heads that indicator and their max attention (``2k + 1`` columns);
+- ``context_attention``: how much and how sharply heads look into the context: mean context mass over heads,
+  that count of heads looking into the prompt, and every head's attention entropy over the context (``L*H + 2``);
+- ``probe``: the MLP head predictor's output on the step's hidden state: the sum and max of its per-head
+  probabilities, and its needle-free "silence" (predicted mass on heads whose most-attended key is not in the
+  prompt past the sink: heads that should retrieve and do not look into the context);
+- ``lookback``: Lookback-Lens ratio per head, ``c / (c + g)`` with ``c`` = mean attention on the context
+  positions and ``g`` = mean attention on the generated tokens seen so far (``L*H`` columns; see
+  ``lookback_ratios`` for the context boundary and step 0);
+- ``entropy``, ``max_softmax`` and ``token_prob``: the next-token distribution's entropy, top probability and
+  the emitted token's probability (logit baselines; ``token_prob`` differs from ``max_softmax`` only when the
+  response is forced);
+- ``length`` (responses only): the response's token count, a confound check (HaluEval's right QA answers are
+  much shorter than its hallucinated ones).
+
+The sets that read the needle positions (``ANSWER_KEY``; on NIAH the needle is the gold value, so they are an
+upper bound that a deployed detector cannot reach; on HaluEval the needle is the whole knowledge passage):
 
 - ``copy_heads``: number of heads with Eq. 1 = 1 (active copy heads);
 - ``retrieval``: that count, Eq. 2 max over heads, and needle mass, max attention and Eq. 2 of the static
   top-k heads (``3k + 2`` columns);
-- ``retrieval_no_needle``: the same heads without knowing where the needle is (deployable where the source
-  of the answer is unknown): number of heads whose most-attended key is a prompt position past the attention
-  sink, and for the static top-k heads that indicator and their max attention (``2k + 1`` columns);
-- ``probe``: the MLP head predictor's output on the step's hidden state: the sum and max of its per-head
-  probabilities, and its "silence" (predicted mass on heads that did not copy);
-- ``lookback``: Lookback-Lens ratio per head, ``c / (c + g)`` with ``c`` = mean attention on the context
-  (prompt) positions and ``g`` = mean attention on the generated tokens seen so far (``L*H`` columns; 1 at the
-  first step, where no generated token is visible yet);
-- ``entropy`` and ``max_softmax``: the next-token distribution's entropy and top probability (baselines).
+- ``probe_copy_silence``: the head predictor's predicted mass on heads that did not copy (Eq. 1 = 0).
+
+Evaluation (``grouped_folds``): grouped K-fold cross-validation whose groups are questions (HaluEval: both
+answers of a question) or samples (NIAH), repeated over seeds; intervals by bootstrap over the same groups.
 """
 
 from __future__ import annotations
@@ -33,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+from sklearn.model_selection import StratifiedGroupKFold
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
@@ -42,7 +60,11 @@ from dynheads.traces import Trace
 FAITHFUL, HALLUCINATED, UNLABELLED = 0, 1, -1
 # A UUID-shaped value: alphanumeric groups joined by hyphens (a wrong UUID still matches), else a long hex run.
 UUID_LIKE = re.compile(r"[0-9A-Za-z]+(?:-[0-9A-Za-z]*)+|[0-9a-fA-F]{8,}")
-FEATURE_SETS = ("copy_heads", "retrieval", "retrieval_no_needle", "probe", "lookback", "entropy", "max_softmax")
+DEPLOYABLE = ("retrieval_no_needle", "context_attention", "probe", "lookback", "entropy", "max_softmax",
+              "token_prob", "length")
+ANSWER_KEY = ("copy_heads", "retrieval", "probe_copy_silence")
+FEATURE_SETS = DEPLOYABLE + ANSWER_KEY
+RESPONSE_ONLY = ("length",)  # a token has no length of its own
 
 
 def find_value(text: str, pattern: re.Pattern = UUID_LIKE) -> tuple[int, int] | None:
@@ -77,12 +99,21 @@ def label_tokens(token_texts: Sequence[str], true_value: str, span: tuple[int, i
     return labels
 
 
-def lookback_ratios(trace: Trace) -> np.ndarray:
-    """``[T, L, H]`` Lookback-Lens ratio at every step (needs a trace with ``context_mass``)."""
+def lookback_ratios(trace: Trace, response_prefix: int = 0) -> np.ndarray:
+    """``[T, L, H]`` Lookback-Lens ratio at every step (needs a trace with ``context_mass``).
+
+    ``response_prefix``: the last prompt tokens counted as generated, not as context (Lookback Lens's boundary:
+    the end-of-turn marker and the assistant header); the trace must have been traced with its context ending
+    there (``trace(..., context_end=prompt_length - response_prefix)``). With 0, step 0 sees no generated key
+    and its ratio is the constant 1; with a prefix every step sees at least the prefix.
+    """
     if trace.context_mass is None:
         raise DynheadsError("this trace has no context_mass column (written before it existed): re-trace it")
-    context_mean = trace.context_mass / max(trace.prompt_length, 1)
-    generated_seen = np.arange(trace.num_steps, dtype=np.float32)[:, None, None]  # step t sees t generated keys
+    if not 0 <= response_prefix < trace.prompt_length:
+        raise DynheadsError(f"response prefix {response_prefix} must lie in 0..{trace.prompt_length - 1}")
+    context_mean = trace.context_mass / max(trace.prompt_length - response_prefix, 1)
+    # step t sees t generated keys, plus the prefix
+    generated_seen = np.arange(trace.num_steps, dtype=np.float32)[:, None, None] + response_prefix
     generated_mass = np.clip(1.0 - trace.context_mass, 0.0, None)  # rows sum to 1: the rest is generated
     generated_mean = np.where(generated_seen > 0, generated_mass / np.maximum(generated_seen, 1), 0.0)
     denominator = context_mean + generated_mean
@@ -96,6 +127,7 @@ class FeatureSpec:
     static_heads: tuple[Head, ...]
     static_k: int = 10
     sink_size: int = SINK_SIZE  # keys before this position are the attention sink, not retrieval
+    response_prefix: int = 0  # prompt tokens the lookback ratio counts as generated (``lookback_ratios``)
 
 
 def token_features(trace: Trace, steps: np.ndarray, spec: FeatureSpec,
@@ -114,25 +146,54 @@ def token_features(trace: Trace, steps: np.ndarray, spec: FeatureSpec,
     def of_static(array: np.ndarray) -> np.ndarray:
         return array[steps].reshape(len(steps), -1)[:, flat].astype(np.float64)
 
-    reasoning = trace.reasoning_scores[steps].reshape(len(steps), -1)
+    reasoning = trace.reasoning_scores[steps]
     in_context = ((trace.argmax_pos >= spec.sink_size) & (trace.argmax_pos < trace.prompt_length)).astype(np.float64)
+    looking = in_context[steps].reshape(len(steps), -1)
     features = {
         "copy_heads": n_active,
-        "retrieval": np.hstack([n_active, reasoning.max(1, keepdims=True), of_static(trace.needle_mass),
-                                of_static(trace.max_prob), of_static(trace.reasoning_scores)]),
-        "retrieval_no_needle": np.hstack([in_context[steps].reshape(len(steps), -1).sum(1, keepdims=True),
-                                          of_static(in_context), of_static(trace.max_prob)]),
+        "retrieval": np.hstack([n_active, reasoning.reshape(len(steps), -1).max(1, keepdims=True),
+                                of_static(trace.needle_mass), of_static(trace.max_prob),
+                                of_static(trace.reasoning_scores)]),
+        "retrieval_no_needle": np.hstack([looking.sum(1, keepdims=True), of_static(in_context),
+                                          of_static(trace.max_prob)]),
     }
+    if trace.context_mass is not None and trace.context_entropy is not None:
+        mass = trace.context_mass[steps].reshape(len(steps), -1)
+        features["context_attention"] = np.hstack([
+            mass.mean(1, keepdims=True), looking.sum(1, keepdims=True),
+            trace.context_entropy[steps].reshape(len(steps), -1)]).astype(np.float64)
     if probe_output is not None:
         predicted = probe_output[steps].astype(np.float64)
-        silence = (predicted * (1 - copy)).sum(1, keepdims=True)
-        features["probe"] = np.hstack([predicted.sum(1, keepdims=True), predicted.max(1, keepdims=True), silence])
+        features["probe"] = np.hstack([predicted.sum(1, keepdims=True), predicted.max(1, keepdims=True),
+                                       (predicted * (1 - looking)).sum(1, keepdims=True)])
+        features["probe_copy_silence"] = (predicted * (1 - copy)).sum(1, keepdims=True)
     if trace.context_mass is not None:
-        features["lookback"] = lookback_ratios(trace)[steps].reshape(len(steps), -1).astype(np.float64)
+        ratios = lookback_ratios(trace, spec.response_prefix)
+        features["lookback"] = ratios[steps].reshape(len(steps), -1).astype(np.float64)
     if trace.token_entropy is not None:
         features["entropy"] = trace.token_entropy[steps, None].astype(np.float64)
         features["max_softmax"] = trace.token_max_prob[steps, None].astype(np.float64)
+    if trace.token_prob is not None:
+        features["token_prob"] = trace.token_prob[steps, None].astype(np.float64)
     return features
+
+
+def span_features(trace: Trace, spec: FeatureSpec, probe_output: np.ndarray | None = None,
+                  steps: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Response-level features ``name -> [1, F]``: the token features averaged over ``steps`` (default: every step
+    of the response; Lookback Lens's span average), plus ``length`` (the number of steps). With no response
+    prefix the lookback ratio of step 0 is the constant 1, so it is left out of the lookback average (a constant
+    term would make the mean a function of the response length); a span of step 0 alone keeps it."""
+    steps = np.arange(trace.num_steps) if steps is None else np.asarray(steps, dtype=np.int64)
+    if steps.size == 0:
+        raise DynheadsError("a response with no token has no span features")
+    features = {name: x.mean(0, keepdims=True) for name, x in token_features(trace, steps, spec, probe_output).items()}
+    looked = steps[steps > 0] if spec.response_prefix == 0 else steps
+    if "lookback" in features and looked.size:
+        ratios = lookback_ratios(trace, spec.response_prefix)[looked]
+        features["lookback"] = ratios.reshape(len(looked), -1).mean(0, keepdims=True)
+    features["length"] = np.array([[float(steps.size)]])
+    return {name: x.astype(np.float64) for name, x in features.items()}
 
 
 def rank_heads_by_copy(traces: Sequence[Trace]) -> tuple[Head, ...]:
@@ -145,17 +206,22 @@ def rank_heads_by_copy(traces: Sequence[Trace]) -> tuple[Head, ...]:
     return tuple((int(i // heads), int(i % heads)) for i in order)
 
 
-def split_samples(sample_ids: Sequence[str], test_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """Disjoint (train, test) sample ids, seeded; both non-empty."""
-    ids = sorted(set(sample_ids))
-    if len(ids) < 2:
-        raise DynheadsError(f"need at least 2 labelled samples to split train/test, found {len(ids)}")
-    if not 0 < test_fraction < 1:
-        raise DynheadsError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction}")
-    order = np.random.default_rng(seed).permutation(len(ids))
-    n_test = min(max(round(len(ids) * test_fraction), 1), len(ids) - 1)
-    test = sorted(ids[i] for i in order[:n_test])
-    return sorted(set(ids) - set(test)), test
+def grouped_folds(groups: Sequence[str], labels: Sequence[int], folds: int, seed: int
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``folds`` (train, test) index pairs over units whose ``groups`` (questions) never straddle a split.
+
+    Stratified by ``labels`` as far as whole groups allow (sklearn's ``StratifiedGroupKFold``), shuffled by
+    ``seed``; every unit is tested exactly once.
+    """
+    groups = np.asarray(groups)
+    distinct = len(np.unique(groups))
+    if folds < 2:
+        raise DynheadsError(f"cross-validation needs at least 2 folds, got {folds}")
+    if distinct < folds:
+        raise DynheadsError(f"{folds} folds need at least {folds} questions (or samples), found {distinct}: "
+                            "use more questions or fewer --folds")
+    splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
+    return [(train, test) for train, test in splitter.split(np.zeros(len(groups)), np.asarray(labels), groups)]
 
 
 def auroc_auprc(labels: np.ndarray, scores: np.ndarray) -> tuple[float, float]:
@@ -182,6 +248,26 @@ def bootstrap_ci(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, *, 
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(array, [tail, 100 - tail], axis=0)
     return {"auroc": (float(low[0]), float(high[0])), "auprc": (float(low[1]), float(high[1]))}
+
+
+def paired_auroc_difference(labels: np.ndarray, scores: np.ndarray, reference: np.ndarray, groups: np.ndarray, *,
+                            resamples: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """AUROC of ``scores`` minus AUROC of ``reference`` on the same units, with a percentile interval from
+    resampling whole groups (both detectors see the same resample: a paired bootstrap)."""
+    unique = np.unique(groups)
+    members = [np.flatnonzero(groups == g) for g in unique]
+    rng = np.random.default_rng(seed)
+    differences = []
+    for _ in range(resamples):
+        idx = np.concatenate([members[i] for i in rng.integers(0, len(unique), len(unique))])
+        if len(np.unique(labels[idx])) == 2:
+            differences.append(roc_auc_score(labels[idx], scores[idx]) - roc_auc_score(labels[idx], reference[idx]))
+    observed = auroc_auprc(labels, scores)[0] - auroc_auprc(labels, reference)[0]
+    if not differences:
+        return observed, float("nan"), float("nan")
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(differences, [tail, 100 - tail])
+    return float(observed), float(low), float(high)
 
 
 def roc_points(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""CLI for token-level hallucination detection: ``detect`` (train and evaluate) and ``detect-apply``."""
+"""CLI for hallucination detection: ``detect`` (train and evaluate), ``detect-transfer`` and ``detect-apply``."""
 
 from __future__ import annotations
 
@@ -10,29 +10,84 @@ import typer
 from dynheads.cli.app import app
 from dynheads.cli.options import Opt
 from dynheads.config import build_config, parse_list
+from dynheads.errors import DynheadsError
+
+
+def _detect_config(config, **values):
+    from dynheads.experiments.detect import DetectConfig
+
+    values["feature_sets"] = parse_list(values.get("feature_sets"), str)
+    return build_config(DetectConfig, config, **values)
 
 
 @app.command()
 def detect(
-    run_dir: Annotated[Path, typer.Argument(help="traced run directory (e.g. 'dynheads niah --distractor-depth')")],
-    static: Annotated[str | None, Opt("--static", help="static head list (default: Eq. 1 ranking on train)")] = None,
+    run_dir: Annotated[Path | None, typer.Argument(
+        help="traced run directory (e.g. 'dynheads niah --distractor-depth'); leave out with --data")] = None,
+    data: Annotated[str | None, Opt(help="halueval:qa or halueval:dialogue: teacher-force HaluEval's right and "
+                                         "hallucinated answers and detect on them (traces into OUT/trace)")] = None,
+    questions: Annotated[int | None, Opt(help="with --data: questions of the stream (two responses each)")] = None,
+    first: Annotated[int | None, Opt(help="with --data: index of the stream's first question")] = None,
+    context_boundary: Annotated[str | None, Opt(
+        help="with --data: 'prompt' or 'lookback-lens' (assistant header counted as generated)")] = None,
+    model: Annotated[str | None, Opt(help="with --data: model (default: the embedded SmolLM2)")] = None,
+    static: Annotated[str | None, Opt("--static", help="static head list (default: Eq. 1 ranking per fold)")] = None,
     static_k: Annotated[int | None, Opt(help="static top-k heads in the retrieval features")] = None,
-    probe: Annotated[str | None, Opt(help="trained MLP probe folder (adds the 'probe' feature set)")] = None,
-    feature_sets: Annotated[str | None, Opt(help="e.g. copy_heads,retrieval,lookback,entropy")] = None,
-    test_fraction: Annotated[float | None, Opt(help="share of samples held out for evaluation")] = None,
-    seed: Annotated[int | None, Opt(help="seed of the split and the bootstrap")] = None,
+    probe: Annotated[str | None, Opt(help="trained MLP probe folder (adds the probe feature sets)")] = None,
+    feature_sets: Annotated[str | None, Opt(help="e.g. retrieval_no_needle,lookback,entropy")] = None,
+    folds: Annotated[int | None, Opt(help="folds of the cross-validation grouped by question / sample")] = None,
+    repeats: Annotated[int | None, Opt(help="cross-validation repeats (seeds seed, seed+1, ...)")] = None,
+    seed: Annotated[int | None, Opt(help="seed of the first repeat's folds and of the bootstrap")] = None,
     bootstrap: Annotated[int | None, Opt(help="bootstrap resamples for the confidence intervals")] = None,
+    match_length: Annotated[bool | None, Opt("--match-length/--full-length", help="compare the answers of a "
+                                              "question on their common first tokens only (length control)")] = None,
     out: Annotated[Path | None, Opt("--out", help="output folder (default: RUN_DIR/detect)")] = None,
     config: Annotated[Path | None, Opt("--config", help="TOML file with DetectConfig settings")] = None,
 ) -> None:
-    """Token-level hallucination detectors (logistic regression per feature set), split by sample; AUROC/AUPRC."""
-    from dynheads.experiments.detect import DetectConfig, run_detect
+    """Hallucination detectors (logistic regression per feature set), grouped cross-validation; AUROC/AUPRC."""
+    from dynheads.experiments.detect import run_detect
 
-    cfg = build_config(DetectConfig, config, static=static, static_k=static_k, probe=probe,
-                       feature_sets=parse_list(feature_sets, str), test_fraction=test_fraction, seed=seed,
-                       bootstrap=bootstrap)
-    run_detect(run_dir, cfg, out)
+    cfg = _detect_config(config, static=static, static_k=static_k, probe=probe, feature_sets=feature_sets,
+                         folds=folds, repeats=repeats, seed=seed, bootstrap=bootstrap, match_length=match_length)
+    tracing = {"questions": questions, "first": first, "context_boundary": context_boundary, "model": model}
+    if data is not None:
+        from dynheads.experiments.halueval import HaluevalConfig, trace_halueval
+
+        if run_dir is not None or out is None:
+            raise DynheadsError("--data traces its own run: give --out DIR and no RUN_DIR")
+        source = trace_halueval(build_config(HaluevalConfig, None, data=data, **tracing), out / "trace").path
+    elif run_dir is None:
+        raise DynheadsError("give a traced RUN_DIR or --data halueval:qa / halueval:dialogue")
+    elif any(value is not None for value in tracing.values()):
+        raise DynheadsError(f"--{next(k for k, v in tracing.items() if v is not None).replace('_', '-')} "
+                            "applies only with --data")
+    else:
+        source = run_dir
+    run_detect(source, cfg, out)
     typer.echo((out or run_dir / "detect").joinpath("results.md").read_text(encoding="utf-8"), nl=False)
+
+
+@app.command("detect-transfer")
+def detect_transfer(
+    first: Annotated[Path, typer.Argument(help="output folder of 'dynheads detect --data halueval:qa'")],
+    second: Annotated[Path, typer.Argument(help="output folder of 'dynheads detect --data halueval:dialogue'")],
+    out: Annotated[Path, Opt("--out", help="output folder of the transfer table")],
+    static_k: Annotated[int | None, Opt(help="static top-k heads in the retrieval features")] = None,
+    probe: Annotated[str | None, Opt(help="trained MLP probe folder (adds the probe feature sets)")] = None,
+    feature_sets: Annotated[str | None, Opt(help="e.g. retrieval_no_needle,lookback,entropy")] = None,
+    seed: Annotated[int | None, Opt(help="seed of the bootstrap")] = None,
+    bootstrap: Annotated[int | None, Opt(help="bootstrap resamples for the confidence intervals")] = None,
+    match_length: Annotated[bool | None, Opt("--match-length/--full-length", help="compare the answers of a "
+                                              "question on their common first tokens only (length control)")] = None,
+    config: Annotated[Path | None, Opt("--config", help="TOML file with DetectConfig settings")] = None,
+) -> None:
+    """Train on one HaluEval task, test on the other (both ways), beside the in-task numbers."""
+    from dynheads.experiments.halueval import run_transfer
+
+    cfg = _detect_config(config, static_k=static_k, probe=probe, feature_sets=feature_sets, seed=seed,
+                         bootstrap=bootstrap, match_length=match_length)
+    run_transfer(first, second, cfg, out)
+    typer.echo((out / "transfer.md").read_text(encoding="utf-8"), nl=False)
 
 
 @app.command("detect-apply")

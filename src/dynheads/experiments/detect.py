@@ -1,21 +1,29 @@
-"""``dynheads detect``: token-level hallucination detection from a traced run, and the saved detector.
+"""``dynheads detect``: hallucination detection from a traced run, evaluated by grouped cross-validation.
 
 For every feature set (``dynheads.analysis.hallucination``) a logistic regression (standardised inputs) is
-trained on the labelled tokens of the *training* samples and evaluated on the tokens of the disjoint *test*
-samples (split by sample, never by token; both lists are in the manifest). Writes into ``out``:
+fitted and evaluated by K-fold cross-validation whose groups are questions (a teacher-forced HaluEval run: both
+answers of a question sit on one side of every split) or samples (NIAH: tokens of one answer never straddle a
+split), repeated over ``repeats`` seeds. Static heads (when not given) are ranked on each training fold only.
+Two levels: **token** (every labelled token) and, for runs of teacher-forced responses, **response** (the
+features averaged over the response, Lookback Lens's span protocol). Writes into ``out``:
 
-- ``manifest.json``: config, source run, train/test sample ids, static heads and where they came from, counts;
-- ``labels.csv``: every labelled token (sample, step, token, label, split);
-- ``results.md`` / ``results.csv`` / ``results.json``: AUROC and AUPRC with sample-bootstrap CIs per feature set;
-- ``roc.png``; ``detector.json``: the fitted detectors (plain numbers, no pickle), for ``apply_detector``.
+- ``manifest.json``: config, source run, the folds of every repeat (test groups), static heads, counts;
+- ``labels.csv``: every labelled token (sample, group, step, token, label, fold of the first repeat);
+- ``results.md`` / ``results.csv`` / ``results.json``: per level and feature set the out-of-fold AUROC and AUPRC
+  of the first repeat with 95 % bootstrap intervals over groups, the mean and s.d. of the per-fold AUROC over
+  every fold and repeat, and the range of the out-of-fold AUROC over repeats; feature sets that read the needle
+  positions apart from the rest (``hl.ANSWER_KEY``: an upper bound on NIAH, where the needle is the answer);
+- ``roc.png``; ``detector.json``: detectors fitted on every sample (plain numbers, no pickle), for
+  ``apply_detector``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -29,29 +37,38 @@ from dynheads.errors import DynheadsError
 from dynheads.io import read_json, write_json, write_text
 from dynheads.plots.roc import plot_roc
 from dynheads.runs import RunDir
+from dynheads.tables import Table, to_markdown
 from dynheads.traces import Trace
 
-_FORMAT = "dynheads-detector/1"
+_FORMAT = "dynheads-detector/2"  # 2: needle-free probe silence, context attention, response-level detectors
+Level = Literal["token", "response"]
 # Published numbers of other detectors, on other tasks (docs/hallucination.md says how they differ).
 PUBLISHED = (
     ("Lookback Lens, annotated spans (summarisation / QA)", "AUROC 85.3 / 82.0"),
     ("Lookback Lens, 8-token sliding windows (summarisation / QA)", "AUROC 66.1 / 66.0"),
     ("ReDeEP (RAGTruth)", "AUC 0.75"),
 )
+REFERENCE = "lookback"  # every other set's AUROC is also given as a paired difference to this one
+HEADLINE_TITLE = "No answer key (deployable)"
+UPPER_TITLE = "Upper bound: uses the needle positions (on NIAH the gold answer; never a headline number)"
 
 
 @dataclass(frozen=True)
 class DetectConfig:
     static: str | None = field(default=None, metadata={
         "help": "static head list (Wu et al. JSON or ranked list); None = heads ranked by Eq. 1 frequency on "
-                "the training samples only"})
+                "each training fold only"})
     static_k: int = field(default=10, metadata={"help": "static top-k heads used by the retrieval features"})
-    probe: str | None = field(default=None, metadata={"help": "trained MLP probe folder (probe feature set)"})
+    probe: str | None = field(default=None, metadata={"help": "trained MLP probe folder (probe feature sets)"})
     feature_sets: tuple[str, ...] = field(default=hl.FEATURE_SETS, metadata={"help": "detectors to train"})
-    test_fraction: float = field(default=0.5, metadata={"help": "share of samples held out for evaluation"})
-    seed: int = field(default=0, metadata={"help": "seed of the sample split and the bootstrap"})
-    bootstrap: int = field(default=1000, metadata={"help": "bootstrap resamples (of test samples) for the CIs"})
+    folds: int = field(default=5, metadata={"help": "folds of the grouped cross-validation"})
+    repeats: int = field(default=3, metadata={"help": "cross-validation repeats, seeds seed .. seed + repeats - 1"})
+    seed: int = field(default=0, metadata={"help": "seed of the first repeat's folds and of the bootstrap"})
+    bootstrap: int = field(default=1000, metadata={"help": "bootstrap resamples (of groups) for the CIs"})
     regularisation: float = field(default=1.0, metadata={"help": "inverse L2 strength C of the regression"})
+    match_length: bool = field(default=False, metadata={
+        "help": "teacher-forced runs: use only the first m tokens of every answer of a question, m = its shortest "
+                "answer's length (a control for answers whose lengths differ by label, as in HaluEval QA)"})
 
 
 @dataclass
@@ -60,6 +77,11 @@ class LabelledSample:
     trace: Trace
     steps: np.ndarray  # [N] labelled steps
     labels: np.ndarray  # [N] 0 faithful / 1 hallucinated
+    group: str = ""  # the question (both answers of a HaluEval question share it); the sample id otherwise
+    response_label: int | None = None  # a teacher-forced response's label (every step carries it)
+
+    def __post_init__(self) -> None:
+        self.group = self.group or self.sample_id
 
 
 SpanFinder = Callable[[str, dict], "tuple[int, int] | None"]  # (generated text, record) -> value span
@@ -71,12 +93,20 @@ def uuid_span(text: str, record: dict) -> tuple[int, int] | None:
 
 
 def labelled_samples(run: RunDir, span_finder: SpanFinder = uuid_span) -> tuple[list[LabelledSample], int]:
-    """Label every finished sample that has a trace and an ``answer``; also return how many had no value.
+    """Label every finished sample that has a trace; also return how many had no value.
 
-    ``span_finder`` locates the answer value in the generated text (other tasks, e.g. multi-hop QA, pass theirs).
+    A record with ``response_label`` (a teacher-forced response) labels all its steps with it; otherwise the
+    record's ``answer`` labels the value span that ``span_finder`` locates in the generated text (NIAH: a UUID).
     """
     samples, no_value = [], 0
     for record, trace in run.iter_traces():
+        group = str(record.get("question_id") or record["sample_id"])
+        if "response_label" in record:
+            label = int(record["response_label"])
+            if trace.num_steps:
+                samples.append(LabelledSample(record["sample_id"], trace, np.arange(trace.num_steps),
+                                              np.full(trace.num_steps, label, np.int64), group, label))
+            continue
         if "answer" not in record:
             raise DynheadsError(f"sample {record.get('sample_id')!r} of {run.path} has no 'answer' to label against")
         span = span_finder("".join(trace.token_texts), record)
@@ -85,61 +115,98 @@ def labelled_samples(run: RunDir, span_finder: SpanFinder = uuid_span) -> tuple[
         if steps.size == 0:
             no_value += 1
             continue
-        samples.append(LabelledSample(record["sample_id"], trace, steps, labels[steps].astype(np.int64)))
+        samples.append(LabelledSample(record["sample_id"], trace, steps, labels[steps].astype(np.int64), group))
     if not samples:
         raise DynheadsError(f"{run.path} has no sample with a labelled answer value")
     return samples, no_value
 
 
-class Detector:
-    """Fitted logistic regressions, one per feature set, plus what the features need (static heads, probe)."""
+def match_lengths(samples: Sequence[LabelledSample]) -> list[LabelledSample]:
+    """Every teacher-forced response cut to the first m steps, m = the shortest response of its question."""
+    if any(s.response_label is None for s in samples):
+        raise DynheadsError("--match-length applies to runs of teacher-forced responses (e.g. --data halueval:qa)")
+    shortest: dict[str, int] = {}
+    for s in samples:
+        shortest[s.group] = min(shortest.get(s.group, len(s.steps)), len(s.steps))
+    return [LabelledSample(s.sample_id, s.trace, s.steps[: shortest[s.group]], s.labels[: shortest[s.group]],
+                           s.group, s.response_label) for s in samples]
 
-    def __init__(self, spec: hl.FeatureSpec, probe_dir: str | None, models: dict[str, dict]):
+
+def _fit_models(features: dict[str, np.ndarray], labels: np.ndarray, regularisation: float) -> dict[str, dict]:
+    models = {}
+    for name, x in features.items():
+        scaler = StandardScaler().fit(x)
+        regression = LogisticRegression(C=regularisation, class_weight="balanced", max_iter=2000)
+        regression.fit(scaler.transform(x), labels)
+        models[name] = {"mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist(),
+                        "coef": regression.coef_[0].tolist(), "intercept": float(regression.intercept_[0])}
+    return models
+
+
+def _score(model: dict, x: np.ndarray) -> np.ndarray:
+    z = (x - np.asarray(model["mean"])) / np.asarray(model["scale"])
+    return 1.0 / (1.0 + np.exp(-(z @ np.asarray(model["coef"]) + model["intercept"])))
+
+
+class Detector:
+    """Fitted logistic regressions per level and feature set, plus what the features need (static heads, probe)."""
+
+    def __init__(self, spec: hl.FeatureSpec, probe_dir: str | None, models: dict[str, dict],
+                 response_models: dict[str, dict] | None = None):
         self.spec, self.probe_dir, self.models = spec, probe_dir, models
+        self.response_models = response_models or {}
         self._probe = None
 
     @classmethod
     def fit(cls, spec: hl.FeatureSpec, probe_dir: str | None, features: dict[str, np.ndarray],
             labels: np.ndarray, regularisation: float) -> Detector:
-        models = {}
-        for name, x in features.items():
-            scaler = StandardScaler().fit(x)
-            regression = LogisticRegression(C=regularisation, class_weight="balanced", max_iter=2000)
-            regression.fit(scaler.transform(x), labels)
-            models[name] = {"mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist(),
-                            "coef": regression.coef_[0].tolist(), "intercept": float(regression.intercept_[0])}
-        return cls(spec, probe_dir, models)
+        """Token-level detectors of ``features`` (name -> ``[N, F]``)."""
+        return cls(spec, probe_dir, _fit_models(features, labels, regularisation))
 
-    def score(self, name: str, x: np.ndarray) -> np.ndarray:
-        """``[N, F] -> [N]`` probability that each token is hallucinated."""
-        model = self.models[name]
-        z = (x - np.asarray(model["mean"])) / np.asarray(model["scale"])
-        return 1.0 / (1.0 + np.exp(-(z @ np.asarray(model["coef"]) + model["intercept"])))
+    def score(self, name: str, x: np.ndarray, level: Level = "token") -> np.ndarray:
+        """``[N, F] -> [N]`` probability that each token (response) is hallucinated."""
+        return _score((self.models if level == "token" else self.response_models)[name], x)
+
+    def probe_output(self, trace: Trace) -> np.ndarray | None:
+        if self.probe_dir is None:
+            return None
+        self._probe = self._probe or load_head_predictor(self.probe_dir)
+        return self._probe.predict(trace.hidden)
 
     def features(self, trace: Trace, steps: np.ndarray) -> dict[str, np.ndarray]:
-        probe_output = None
-        if self.probe_dir is not None:
-            self._probe = self._probe or load_head_predictor(self.probe_dir)
-            probe_output = self._probe.predict(trace.hidden)
-        return hl.token_features(trace, steps, self.spec, probe_output)
+        return hl.token_features(trace, steps, self.spec, self.probe_output(trace))
 
     def save(self, path: str | Path) -> None:
         write_json(path, {"format": _FORMAT, "static_heads": [list(h) for h in self.spec.static_heads],
-                          "static_k": self.spec.static_k, "probe": self.probe_dir, "models": self.models})
+                          "static_k": self.spec.static_k, "response_prefix": self.spec.response_prefix,
+                          "probe": self.probe_dir, "models": self.models, "response_models": self.response_models})
 
     @classmethod
     def load(cls, path: str | Path) -> Detector:
         path = Path(path)
-        data = read_json(path) if path.is_file() else None
-        if not data or data.get("format") != _FORMAT:
-            raise DynheadsError(f"{path} is not a dynheads detector file (written by 'dynheads detect')")
-        spec = hl.FeatureSpec(tuple(tuple(h) for h in data["static_heads"]), data["static_k"])
-        return cls(spec, data["probe"], data["models"])
+        if not path.is_file():
+            raise DynheadsError(f"detector file not found: {path}")
+        try:
+            data = read_json(path)
+            if data.get("format") != _FORMAT:
+                raise DynheadsError(f"{path} is a detector of format {data.get('format')!r}, not {_FORMAT!r}: "
+                                    "re-run 'dynheads detect' to write one")
+            spec = hl.FeatureSpec(tuple((int(a), int(b)) for a, b in data["static_heads"]), int(data["static_k"]),
+                                  response_prefix=int(data["response_prefix"]))
+            return cls(spec, data["probe"], dict(data["models"]), dict(data["response_models"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise DynheadsError(f"{path} is not a valid dynheads detector file (written by 'dynheads detect'): "
+                                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                                ) from None
 
 
 def apply_detector(detector: Detector | str | Path, trace: Trace | str | Path,
                    answer: str | None = None) -> pd.DataFrame:
-    """Score every generated token of a trace with every saved detector; label it when ``answer`` is given."""
+    """Score every generated token of a trace with every saved detector; label it when ``answer`` is given.
+
+    Response-level detectors (saved by a run of teacher-forced responses) add one constant column each, the
+    probability that the whole response is hallucinated.
+    """
     detector = detector if isinstance(detector, Detector) else Detector.load(detector)
     if not isinstance(trace, Trace):
         if not Path(trace).is_file():
@@ -150,108 +217,241 @@ def apply_detector(detector: Detector | str | Path, trace: Trace | str | Path,
     if answer is not None:
         span = hl.find_value("".join(trace.token_texts))
         frame["label"] = hl.label_tokens(trace.token_texts, answer, span)
-    features = detector.features(trace, steps)
+    probe_output = detector.probe_output(trace)
+    features = hl.token_features(trace, steps, detector.spec, probe_output)
     for name in detector.models:
         if name in features:
             frame[f"p_hallucinated.{name}"] = detector.score(name, features[name])
+    if detector.response_models and trace.num_steps:
+        span = hl.span_features(trace, detector.spec, probe_output)  # the whole response
+        for name in detector.response_models:
+            if name in span:
+                frame[f"p_hallucinated_response.{name}"] = float(detector.score(name, span[name], "response")[0])
     return frame
+
+
+# ---- evaluation ------------------------------------------------------------------------------------------------------
+class _Featuriser:
+    """Features of every sample under a feature spec; probe outputs computed once per sample."""
+
+    def __init__(self, samples: Sequence[LabelledSample], probe_dir: str | None):
+        self.samples = samples
+        probe = load_head_predictor(probe_dir) if probe_dir else None
+        self.probe_outputs = [probe.predict(s.trace.hidden) if probe else None for s in samples]
+
+    def __call__(self, index: int, spec: hl.FeatureSpec, level: Level) -> dict[str, np.ndarray]:
+        sample, output = self.samples[index], self.probe_outputs[index]
+        if level == "response":
+            return hl.span_features(sample.trace, spec, output, sample.steps)
+        return hl.token_features(sample.trace, sample.steps, spec, output)
+
+
+def _static_spec(config: DetectConfig, train: Sequence[LabelledSample], response_prefix: int) -> hl.FeatureSpec:
+    if config.static:
+        layers, heads = train[0].trace.shape
+        static = tuple(load_head_list(config.static, layers, heads).heads)
+    else:
+        static = hl.rank_heads_by_copy([s.trace for s in train])  # the training fold only: no test leak
+    return hl.FeatureSpec(static, config.static_k, response_prefix=response_prefix)
+
+
+def cross_validate(samples: Sequence[LabelledSample], config: DetectConfig, level: Level, names: Sequence[str],
+                   featurise: _Featuriser, response_prefix: int = 0) -> tuple[list[dict], dict, list[dict]]:
+    """Grouped K-fold cross-validation of every feature set at ``level``, repeated ``config.repeats`` times.
+
+    Returns the result rows, the ROC curves of the first repeat and the folds (test groups per repeat).
+    """
+    unit_labels = [s.labels for s in samples] if level == "token" else [np.array([s.response_label]) for s in samples]
+    sizes = np.array([len(y) for y in unit_labels])
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    y = np.concatenate(unit_labels)
+    row_groups = np.repeat([s.group for s in samples], sizes)
+    sample_labels = [int(labels.max()) for labels in unit_labels]  # stratify by "holds a hallucinated token"
+    out_of_fold = np.full((config.repeats, len(names), len(y)), np.nan)
+    fold_auroc: dict[str, list[float]] = {name: [] for name in names}
+    folds = []
+    for repeat in range(config.repeats):
+        splits = hl.grouped_folds([s.group for s in samples], sample_labels, config.folds, config.seed + repeat)
+        folds.append({"seed": config.seed + repeat,
+                      "test_groups": [sorted({samples[i].group for i in test}) for _, test in splits]})
+        for train, test in splits:
+            spec = _static_spec(config, [samples[i] for i in train], response_prefix)
+            features = {i: featurise(i, spec, level) for i in np.concatenate([train, test])}
+            train_rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in train])
+            test_rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in test])
+            if len(np.unique(y[train_rows])) < 2:
+                raise DynheadsError("a training fold holds only one class: use more samples or fewer --folds")
+            for n, name in enumerate(names):
+                model = _fit_models({name: np.vstack([features[i][name] for i in train])}, y[train_rows],
+                                    config.regularisation)[name]
+                scores = _score(model, np.vstack([features[i][name] for i in test]))
+                out_of_fold[repeat, n, test_rows] = scores
+                fold_auroc[name].append(hl.auroc_auprc(y[test_rows], scores)[0])
+    widths = featurise(0, _static_spec(config, samples, response_prefix), level)
+    rows, curves = [], {}
+    for n, name in enumerate(names):
+        scores = out_of_fold[0, n]
+        # paired against the lookback ratio (the deployable reference): the same bootstrap resamples of groups
+        delta = (hl.paired_auroc_difference(y, scores, out_of_fold[0, names.index(REFERENCE)], row_groups,
+                                            resamples=config.bootstrap, seed=config.seed)
+                 if REFERENCE in names and name != REFERENCE else (math.nan,) * 3)
+        auroc, auprc = hl.auroc_auprc(y, scores)
+        ci = hl.bootstrap_ci(y, scores, row_groups, resamples=config.bootstrap, seed=config.seed)
+        per_repeat = [hl.auroc_auprc(y, out_of_fold[r, n])[0] for r in range(config.repeats)]
+        per_fold = np.asarray(fold_auroc[name], dtype=float)
+        rows.append({"level": level, "feature_set": name,
+                     "section": "upper_bound" if name in hl.ANSWER_KEY else "deployable",
+                     "features": int(widths[name].shape[1]),
+                     "auroc": auroc, "auroc_low": ci["auroc"][0], "auroc_high": ci["auroc"][1],
+                     "fold_auroc_mean": float(np.nanmean(per_fold)), "fold_auroc_sd": float(np.nanstd(per_fold)),
+                     "repeat_auroc_min": float(np.nanmin(per_repeat)), "repeat_auroc_max": float(np.nanmax(per_repeat)),
+                     "auprc": auprc, "auprc_low": ci["auprc"][0], "auprc_high": ci["auprc"][1],
+                     "delta_lookback": delta[0], "delta_lookback_low": delta[1], "delta_lookback_high": delta[2],
+                     "positive_rate": float(y.mean()), "units": int(len(y)), "groups": int(len(set(row_groups)))})
+        fpr, tpr = hl.roc_points(y, scores)
+        curves[name] = (fpr, tpr, auroc)
+    return rows, curves, folds
+
+
+def refuse_probe_overlap(probe: str, records: Sequence[dict], groups: Sequence[str]) -> dict:
+    """Refuse a head predictor fitted on any question (or, for NIAH-like records, any seed or needle value) that
+    this detection evaluates; the checks of ``dynheads rag`` (question ids) and ``dynheads kv`` (seeds and needle
+    values). Returns what the manifest records."""
+    from dynheads.experiments.kv import _fit_samples
+    from dynheads.experiments.probing import probe_fit_questions
+    from dynheads.tasks.questions import refuse_overlap
+
+    if records and all("seed" in r and "answer" in r for r in records):
+        # NIAH: sample ids repeat across seed streams (split-length-depth-run); seeds and needle values do not
+        evaluation = [{"sample_id": r["sample_id"], "seed": r["seed"], "answer": r["answer"]} for r in records]
+        return {"path": probe, "checked": "seeds and needle values", "fitted_run": _fit_samples(
+            probe, "probe", evaluation)["run"]}
+    refuse_overlap(probe_fit_questions(probe), f"the probe in {probe}", groups, "this detection")
+    return {"path": probe, "checked": "question ids"}
 
 
 def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None = None,
                span_finder: SpanFinder = uuid_span) -> pd.DataFrame:
-    """Label, featurise, fit on the training samples, evaluate on the test samples; write everything to ``out``."""
+    """Label, featurise, cross-validate every feature set by group; fit the saved detector on every sample."""
     source = RunDir(run_dir)
-    source.manifest()  # refuses a folder that is not a run
+    source_manifest = source.manifest()  # refuses a folder that is not a run
     out_run = RunDir(out if out is not None else source.path / "detect")
     if out_run.exists() and out_run.manifest().get("kind") != "detect":
         raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
     unknown = sorted(set(config.feature_sets) - set(hl.FEATURE_SETS))
     if unknown:
         raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(hl.FEATURE_SETS)}")
+    if config.repeats < 1:
+        raise DynheadsError(f"repeats must be at least 1, got {config.repeats}")
     samples, no_value = labelled_samples(source, span_finder)
-    train_ids, test_ids = hl.split_samples([s.sample_id for s in samples], config.test_fraction, config.seed)
-    train = [s for s in samples if s.sample_id in set(train_ids)]
-    test = [s for s in samples if s.sample_id in set(test_ids)]
-    layers, heads = samples[0].trace.shape
-    if config.static:
-        static = load_head_list(config.static, layers, heads).heads
-        static_source = config.static
-    else:
-        static = hl.rank_heads_by_copy([s.trace for s in train])  # training samples only: no test leak
-        static_source = "Eq. 1 frequency on the training samples"
-    detector = Detector(hl.FeatureSpec(tuple(static), config.static_k), config.probe, {})
-
-    def stack(group: list[LabelledSample]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        per_sample = [detector.features(s.trace, s.steps) for s in group]
-        names = [n for n in config.feature_sets if all(n in f for f in per_sample)]
-        features = {n: np.vstack([f[n] for f in per_sample]) for n in names}
-        labels = np.concatenate([s.labels for s in group])
-        groups = np.concatenate([np.full(len(s.steps), i) for i, s in enumerate(group)])
-        return features, labels, groups
-
-    train_x, train_y, _ = stack(train)
-    test_x, test_y, test_groups = stack(test)
-    for split, y in (("training", train_y), ("test", test_y)):
-        if len(np.unique(y)) < 2:
-            raise DynheadsError(f"the {split} samples hold only {'hallucinated' if y[0] else 'faithful'} tokens: "
-                                "use a harder setting (e.g. --distractor-depth) or more samples")
-    names = [n for n in train_x if n in test_x]
-    skipped = sorted(set(config.feature_sets) - set(names))
-    fitted = Detector.fit(detector.spec, config.probe, {n: train_x[n] for n in names}, train_y,
-                          config.regularisation)
-    rows, curves = [], {}
-    for name in names:
-        scores = fitted.score(name, test_x[name])
-        auroc, auprc = hl.auroc_auprc(test_y, scores)
-        ci = hl.bootstrap_ci(test_y, scores, test_groups, resamples=config.bootstrap, seed=config.seed)
-        rows.append({"feature_set": name, "features": test_x[name].shape[1], "auroc": auroc,
-                     "auroc_low": ci["auroc"][0], "auroc_high": ci["auroc"][1], "auprc": auprc,
-                     "auprc_low": ci["auprc"][0], "auprc_high": ci["auprc"][1],
-                     "test_positive_rate": float(test_y.mean())})
-        fpr, tpr = hl.roc_points(test_y, scores)
-        curves[name] = (fpr, tpr, auroc)
+    if config.match_length:
+        samples = match_lengths(samples)
+    all_labels = np.concatenate([s.labels for s in samples])
+    if len(np.unique(all_labels)) < 2:
+        raise DynheadsError(f"the samples hold only {'hallucinated' if all_labels[0] else 'faithful'} tokens: "
+                            "use a harder setting (e.g. --distractor-depth) or more samples")
+    groups = sorted({s.group for s in samples})
+    records = [r for r in source.records() if r["sample_id"] in {s.sample_id for s in samples}]
+    probe_check = refuse_probe_overlap(config.probe, records, groups) if config.probe else None
+    response_prefix = int(source_manifest.get("response_prefix", 0))
+    featurise = _Featuriser(samples, config.probe)
+    levels: list[Level] = ["token"]
+    if all(s.response_label is not None for s in samples):
+        levels.insert(0, "response")
+    full_spec = _static_spec(config, samples, response_prefix)
+    rows, curves, folds, skipped, detector_models = [], {}, None, {}, {}
+    for level in levels:
+        available = [featurise(i, full_spec, level) for i in range(len(samples))]
+        names = [n for n in config.feature_sets if all(n in f for f in available)]
+        skipped[level] = sorted(set(config.feature_sets) - set(names))
+        level_rows, level_curves, level_folds = cross_validate(samples, config, level, names, featurise,
+                                                               response_prefix)
+        rows += level_rows
+        folds = folds or level_folds  # the folds depend on the groups and seeds only: one record for both levels
+        if level == levels[0]:
+            curves = level_curves
+        labels = np.concatenate([s.labels if level == "token" else [s.response_label] for s in samples])
+        detector_models[level] = _fit_models({n: np.vstack([f[n] for f in available]) for n in names}, labels,
+                                             config.regularisation)
+    fitted = Detector(full_spec, config.probe, detector_models["token"], detector_models.get("response"))
     table = pd.DataFrame(rows)
-    counts = {split: {"samples": len(group), "faithful": int((y == 0).sum()), "hallucinated": int((y == 1).sum())}
-              for split, group, y in (("train", train, train_y), ("test", test, test_y))}
+    counts = {"samples": len(samples), "groups": len(groups), "faithful_tokens": int((all_labels == 0).sum()),
+              "hallucinated_tokens": int((all_labels == 1).sum())}
+    if "response" in levels:
+        counts["hallucinated_responses"] = sum(s.response_label == 1 for s in samples)
+        counts["faithful_responses"] = sum(s.response_label == 0 for s in samples)
     if out_run.exists():  # detect recomputes everything: a rerun replaces its own outputs
         out_run.manifest_path.unlink()
     out_run.start("detect", config, None, {
-        "source_run": str(source.path), "source_kind": source.manifest().get("kind"),
-        "split": {"unit": "sample", "train": train_ids, "test": test_ids},
-        "static_heads": {"source": static_source, "top": [list(h) for h in static[: config.static_k]]},
+        "source_run": str(source.path), "source_kind": source_manifest.get("kind"),
+        "data": source_manifest.get("data"), "question_stream": source_manifest.get("questions"),
+        "response_prefix": response_prefix,
+        "cross_validation": {"unit": "question" if any(s.group != s.sample_id for s in samples) else "sample",
+                             "folds": config.folds, "repeats": folds},
+        "static_heads": {"source": config.static or "Eq. 1 frequency on each training fold (saved detector: on all "
+                                                    "samples)", "top": [list(h) for h in full_spec.static_heads[
+                                                        : config.static_k]]},
+        "probe_overlap_check": probe_check, "levels": levels,
         "class_counts": counts, "samples_without_value": no_value, "skipped_feature_sets": skipped,
     })
-    _write_labels(out_run.path / "labels.csv", train, test)
+    _write_labels(out_run.path / "labels.csv", samples, folds[0]["test_groups"])
     fitted.save(out_run.path / "detector.json")
-    plot_roc(curves, out_run.path / "roc.png", title=f"held-out tokens of {len(test)} samples")
+    plot_roc({(f"{n} (upper bound)" if n in hl.ANSWER_KEY else n): c for n, c in curves.items()},
+             out_run.path / "roc.png", title=f"out-of-fold {levels[0]}s, {len(groups)} groups, {config.folds} folds")
     table.to_csv(out_run.path / "results.csv", index=False)
     write_json(out_run.path / "results.json", {"class_counts": counts, "results": rows, "skipped": skipped})
-    write_text(out_run.path / "results.md", results_markdown(table, counts, skipped))
+    write_text(out_run.path / "results.md", results_markdown(table, counts, skipped, config))
     return table
 
 
-def _write_labels(path: Path, train: list[LabelledSample], test: list[LabelledSample]) -> None:
-    rows = [{"sample_id": s.sample_id, "split": split, "step": int(step), "token": s.trace.token_texts[step],
-             "label": int(label)}
-            for split, group in (("train", train), ("test", test)) for s in group
-            for step, label in zip(s.steps, s.labels, strict=True)]
+def _write_labels(path: Path, samples: Sequence[LabelledSample], test_groups: list[list[str]]) -> None:
+    fold_of = {group: fold for fold, members in enumerate(test_groups) for group in members}
+    rows = [{"sample_id": s.sample_id, "group": s.group, "fold": fold_of[s.group], "step": int(step),
+             "token": s.trace.token_texts[step], "label": int(label)}
+            for s in samples for step, label in zip(s.steps, s.labels, strict=True)]
     pd.DataFrame(rows).to_csv(path, index=False)
 
 
-def results_markdown(table: pd.DataFrame, counts: dict, skipped: list[str]) -> str:
-    def ci(row, metric: str) -> str:
-        value, low, high = row[metric], row[f"{metric}_low"], row[f"{metric}_high"]
-        return "n/a" if math.isnan(value) else f"{value:.3f} [{low:.3f}, {high:.3f}]"
+def _interval(value: float, low: float, high: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.3f} [{low:.3f}, {high:.3f}]"
 
-    lines = ["| feature set | features | AUROC [95% CI] | AUPRC [95% CI] |", "|---|---|---|---|"]
-    lines += [f"| {row['feature_set']} | {row['features']} | {ci(row, 'auroc')} | {ci(row, 'auprc')} |"
-              for row in table.to_dict("records")]
-    for split in ("train", "test"):
-        c = counts[split]
-        lines.append(f"\n{split}: {c['samples']} samples, {c['faithful']} faithful / {c['hallucinated']} "
-                     "hallucinated tokens")
-    if skipped:
-        lines.append(f"\nskipped (not in every trace, or no probe given): {', '.join(skipped)}")
+
+def results_table(table: pd.DataFrame) -> Table:
+    """One row per feature set: AUROC [CI], fold mean ± s.d., repeat range, paired difference to the lookback
+    ratio [CI], AUPRC [CI]."""
+    rows = [[row["feature_set"], int(row["features"]), _interval(row["auroc"], row["auroc_low"], row["auroc_high"]),
+             f"{row['fold_auroc_mean']:.3f} ± {row['fold_auroc_sd']:.3f}",
+             f"{row['repeat_auroc_min']:.3f} to {row['repeat_auroc_max']:.3f}",
+             "(reference)" if row["feature_set"] == REFERENCE else _interval(
+                 row["delta_lookback"], row["delta_lookback_low"], row["delta_lookback_high"]),
+             _interval(row["auprc"], row["auprc_low"], row["auprc_high"])] for row in table.to_dict("records")]
+    return Table(["feature set", "features", "AUROC [95% CI]", "fold AUROC mean ± s.d.", "AUROC over repeats",
+                  "Δ AUROC vs lookback [95% CI]", "AUPRC [95% CI]"], rows)
+
+
+def results_markdown(table: pd.DataFrame, counts: dict, skipped: dict, config: DetectConfig) -> str:
+    lines = []
+    for level in dict.fromkeys(table["level"]):
+        part = table[table["level"] == level]
+        heading = ("Responses (features averaged over the response, Lookback Lens's span protocol)"
+                   if level == "response" else "Tokens (every labelled token)")
+        lines.append(f"## {heading}\n")
+        for title, section in ((HEADLINE_TITLE, "deployable"), (UPPER_TITLE, "upper_bound")):
+            rows = part[part["section"] == section]
+            if len(rows):
+                lines += [f"### {title}\n", to_markdown(results_table(rows)), ""]
+        if skipped.get(level):
+            lines.append(f"skipped (not in every trace, or no probe given): {', '.join(skipped[level])}\n")
+    unit = "questions" if counts["groups"] < counts["samples"] else "samples"
+    lines.append(f"{counts['samples']} samples in {counts['groups']} {unit}; {counts['faithful_tokens']} faithful / "
+                 f"{counts['hallucinated_tokens']} hallucinated tokens"
+                 + (f"; {counts['faithful_responses']} faithful / {counts['hallucinated_responses']} hallucinated "
+                    "responses" if "faithful_responses" in counts else "") + ".")
+    lines.append(f"AUROC: out-of-fold scores of the first of {config.repeats} repeats of {config.folds}-fold "
+                 f"cross-validation grouped by {unit[:-1]}, 95% bootstrap interval over {unit} "
+                 f"({config.bootstrap} resamples); fold mean ± s.d. over all {config.folds * config.repeats} folds; "
+                 "range of the out-of-fold AUROC over the repeats; Δ: AUROC minus the lookback ratio's on the same "
+                 "out-of-fold units, paired bootstrap over the same groups.")
     lines.append("\npublished detectors, on other tasks and models (not comparable one to one):")
     lines += [f"- {name}: {value}" for name, value in PUBLISHED]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,215 @@
+"""HaluEval responses teacher-forced through the traced model (the source run of ``dynheads detect --data``), and
+the transfer of detectors between the two HaluEval tasks (``dynheads detect-transfer``).
+
+``trace_halueval`` traces questions ``first .. first + questions - 1`` of HaluEval QA or dialogue
+(``dynheads.tasks.halueval``): both answers of each question are forced through the model after the same prompt,
+one trace each, into a resumable run whose manifest records the question stream and the pinned data file.
+
+The context boundary (``context_boundary``): ``prompt`` counts the whole prompt, assistant header included, as
+context (the lookback ratio of step 0 is then the constant 1 and is left out of span averages); ``lookback-lens``
+ends the context with the user turn's content and counts the end-of-turn marker and the assistant header as
+generated, as Lookback Lens does (``context_mass`` / ``context_entropy`` are then measured up to there).
+
+``run_transfer`` fits every feature set on all responses of one task and scores all responses of the other,
+beside the in-task cross-validated numbers of both detect runs (Lookback Lens, Table 3's shape).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from dynheads.analysis import hallucination as hl
+from dynheads.config import setting
+from dynheads.decoding import trace
+from dynheads.errors import DynheadsError
+from dynheads.experiments.detect import (
+    HEADLINE_TITLE,
+    UPPER_TITLE,
+    DetectConfig,
+    _Featuriser,
+    _fit_models,
+    _score,
+    _static_spec,
+    labelled_samples,
+    match_lengths,
+    refuse_probe_overlap,
+)
+from dynheads.experiments.settings import ModelSettings
+from dynheads.io import read_json, write_json, write_text
+from dynheads.models import LoadedModel, load_model
+from dynheads.packaged import describe
+from dynheads.runs import RunDir
+from dynheads.tables import Table, to_markdown
+from dynheads.tasks import halueval
+from dynheads.tasks.questions import QuestionStream
+
+BOUNDARIES = ("prompt", "lookback-lens")
+
+
+@dataclass(frozen=True)
+class HaluevalConfig(ModelSettings):
+    data: str = setting("halueval:qa", "halueval:qa or halueval:dialogue (knowledge in the prompt, both answers "
+                                       "teacher-forced)")
+    questions: int = setting(24, "questions of the stream (two responses each)")
+    first: int = setting(0, "index of the stream's first question in the HaluEval file (streams must not overlap)")
+    context_boundary: str = setting("prompt", "where the context ends for the lookback ratio: 'prompt' (the whole "
+                                              "prompt) or 'lookback-lens' (the assistant header counts as generated)")
+
+
+def trace_halueval(config: HaluevalConfig, out: str | Path, *, lm: LoadedModel | None = None,
+                   progress: bool = True) -> RunDir:
+    """Teacher-force both answers of every question of the stream into ``out`` (resumable)."""
+    task = halueval.parse_data(config.data)
+    if config.context_boundary not in BOUNDARIES:
+        raise DynheadsError(f"unknown context boundary {config.context_boundary!r}: use {' or '.join(BOUNDARIES)}")
+    stream = QuestionStream("detect", config.first, config.questions)
+    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    samples = halueval.make_samples(lm.tokenizer, task, stream)
+    lookback_lens = config.context_boundary == "lookback-lens"
+    prefixes = {len(s.input_ids) - s.context_end for s in samples}
+    if lookback_lens and len(prefixes) != 1:
+        raise DynheadsError(f"the assistant header has {sorted(prefixes)} tokens across prompts: the lookback-lens "
+                            "boundary needs one length")
+    run = RunDir(out)
+    run.start("halueval", config, lm, {
+        "data": config.data, "packaged": describe(halueval.TASKS[task]),
+        "questions": stream.describe(sorted({s.question_id for s in samples})),
+        "prompt": {"system": halueval.SYSTEM_PROMPT, "user": halueval.USER_TEMPLATES[task]},
+        "context_boundary": config.context_boundary, "response_prefix": prefixes.pop() if lookback_lens else 0,
+    })
+    todo = [s for s in samples if not run.is_done(s.sample_id)]
+    bar = tqdm(total=len(samples), initial=len(samples) - len(todo), desc=f"halueval-{task}", unit="response",
+               disable=not progress)
+    for sample in todo:
+        traced = trace(lm, sample, forced_tokens=sample.response_ids,
+                       context_end=sample.context_end if lookback_lens else None)
+        run.save_sample({**sample.describe(), "generated": traced.text, "steps": traced.num_steps}, traced)
+        bar.update()
+    bar.close()
+    return run
+
+
+def source_of(detect_dir: str | Path) -> RunDir:
+    """The traced HaluEval run a ``dynheads detect`` output folder was measured on (its manifest's source run)."""
+    detect = RunDir(detect_dir)
+    manifest = detect.manifest() if detect.exists() else {}
+    run = RunDir(manifest.get("source_run", Path(detect_dir) / "trace"))
+    if manifest.get("kind") != "detect" or not run.exists() or run.manifest().get("kind") != "halueval":
+        raise DynheadsError(f"{detect_dir} is not the output of 'dynheads detect' on teacher-forced HaluEval "
+                            "responses (e.g. 'dynheads detect --data halueval:qa --out DIR')")
+    return run
+
+
+def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, out: str | Path) -> pd.DataFrame:
+    """Train on all responses of each detect run's task, test on all of the other's; beside the in-task numbers."""
+    runs = [source_of(first), source_of(second)]
+    manifests = [run.manifest() for run in runs]
+    tasks = [halueval.parse_data(m["data"]).replace("qa", "QA") for m in manifests]
+    if tasks[0] == tasks[1]:
+        raise DynheadsError(f"both runs trace HaluEval {tasks[0]}: transfer needs the two tasks")
+    for key in ("model", "response_prefix"):
+        if manifests[0].get(key) != manifests[1].get(key):
+            raise DynheadsError(f"the two runs differ in {key}: trace them with the same settings")
+    unknown = sorted(set(config.feature_sets) - set(hl.FEATURE_SETS))
+    if unknown:
+        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(hl.FEATURE_SETS)}")
+    samples = [labelled_samples(run)[0] for run in runs]
+    if config.match_length:
+        samples = [match_lengths(group) for group in samples]
+    probe_checks = [refuse_probe_overlap(config.probe, [], sorted({s.group for s in group}))
+                    for group in samples] if config.probe else None
+    featurisers = [_Featuriser(group, config.probe) for group in samples]
+    prefix = int(manifests[0].get("response_prefix", 0))
+    in_task = [_in_task(Path(folder), config.match_length) for folder in (first, second)]
+    rows = []
+    for level in ("response", "token"):
+        results = {}
+        for source, target in ((0, 1), (1, 0)):
+            spec = _static_spec(config, samples[source], prefix)  # static heads from the training task only
+            train = [featurisers[source](i, spec, level) for i in range(len(samples[source]))]
+            test = [featurisers[target](i, spec, level) for i in range(len(samples[target]))]
+            names = [n for n in config.feature_sets if all(n in f for f in train + test)]
+            y_train, y_test, groups = (_labels(samples[source], level), _labels(samples[target], level),
+                                       _groups(samples[target], level))
+            models = _fit_models({n: np.vstack([f[n] for f in train]) for n in names}, y_train, config.regularisation)
+            for name in names:
+                scores = _score(models[name], np.vstack([f[name] for f in test]))
+                auroc = hl.auroc_auprc(y_test, scores)[0]
+                ci = hl.bootstrap_ci(y_test, scores, groups, resamples=config.bootstrap, seed=config.seed)["auroc"]
+                results[(source, name)] = (auroc, *ci)
+        for name in config.feature_sets:
+            if (0, name) not in results and (1, name) not in results:
+                continue
+            row = {"level": level, "feature_set": name,
+                   "section": "upper_bound" if name in hl.ANSWER_KEY else "deployable"}
+            for index, task in enumerate(tasks):
+                row[f"{task} in-task"] = in_task[index].get((level, name), (math.nan,) * 3)
+            for source, target in ((0, 1), (1, 0)):
+                row[f"{tasks[source]} -> {tasks[target]}"] = results.get((source, name), (math.nan,) * 3)
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    out_run = RunDir(out)
+    if out_run.exists():
+        if out_run.manifest().get("kind") != "detect-transfer":
+            raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
+        out_run.manifest_path.unlink()  # recomputed from the two runs: a rerun replaces its own outputs
+    out_run.start("detect-transfer", config, None, {
+        "runs": [str(run.path) for run in runs], "tasks": tasks,
+        "questions": [m.get("questions") for m in manifests], "probe_overlap_check": probe_checks,
+        "protocol": "fit on every response of one task (static heads ranked on it), score every response of the "
+                    "other; 95% bootstrap interval over the target task's questions"})
+    flat = table.copy()
+    for column in [c for c in table.columns if "->" in c or "in-task" in c]:
+        flat[[f"{column} auroc", f"{column} low", f"{column} high"]] = pd.DataFrame(table[column].tolist())
+        flat = flat.drop(columns=column)
+    flat.to_csv(out_run.path / "transfer.csv", index=False)
+    write_json(out_run.path / "transfer.json", {"tasks": tasks, "rows": flat.to_dict("records")})
+    write_text(out_run.path / "transfer.md", transfer_markdown(table, tasks, config))
+    return flat
+
+
+def _labels(samples, level: str) -> np.ndarray:
+    return np.concatenate([s.labels if level == "token" else [s.response_label] for s in samples])
+
+
+def _groups(samples, level: str) -> np.ndarray:
+    return np.concatenate([[s.group] * (len(s.steps) if level == "token" else 1) for s in samples])
+
+
+def _in_task(detect_dir: Path, match_length: bool) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(level, feature set) -> cross-validated AUROC and interval from a detect run's results.json ({} if none)."""
+    path = detect_dir / "results.json"
+    if not path.is_file() or read_json(detect_dir / "manifest.json")["config"].get("match_length") != match_length:
+        return {}  # none, or measured under the other length setting
+    return {(r["level"], r["feature_set"]): (r["auroc"], r["auroc_low"], r["auroc_high"])
+            for r in read_json(path)["results"]}
+
+
+def transfer_markdown(table: pd.DataFrame, tasks: list[str], config: DetectConfig) -> str:
+    columns = [f"{tasks[0]} in-task", f"{tasks[1]} in-task", f"{tasks[0]} -> {tasks[1]}",
+               f"{tasks[1]} -> {tasks[0]}"]
+
+    def cell(value: tuple[float, float, float]) -> str:
+        auroc, low, high = value
+        return "n/a" if math.isnan(auroc) else f"{auroc:.3f} [{low:.3f}, {high:.3f}]"
+
+    lines = []
+    for level in ("response", "token"):
+        part = table[table["level"] == level]
+        lines.append(f"## {'Responses (span-averaged features)' if level == 'response' else 'Tokens'}\n")
+        for title, section in ((HEADLINE_TITLE, "deployable"), (UPPER_TITLE, "upper_bound")):
+            rows = part[part["section"] == section]
+            if len(rows):
+                body = Table(["feature set", *[c.replace("->", "→") for c in columns]],
+                             [[r["feature_set"], *[cell(r[c]) for c in columns]] for r in rows.to_dict("records")])
+                lines += [f"### {title}\n", to_markdown(body), ""]
+    lines.append(f"AUROC [95% CI]. In-task: {config.folds}-fold cross-validation grouped by question (from each detect "
+                 "run's results.json). A → B: fitted on every response of A, scored on every response of B, "
+                 f"interval by bootstrap over B's questions ({config.bootstrap} resamples).")
+    return "\n".join(lines) + "\n"
