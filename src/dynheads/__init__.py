@@ -42,6 +42,8 @@ _EXPORTS = exports_by_name({
     # ablation, KV retention, hallucination detection
     "dynheads.ablation": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),
     "dynheads.kv": ("KVSettings", "kv_generate"),
+    "dynheads.kvcache": ("HeadwiseCache", "headwise_generate"),
+    "dynheads.presses": ("head_list_press", "press_from_export"),
     "dynheads.analysis.kvheads": ("kv_head_matrix", "query_head_scores", "write_duo_attention"),
     "dynheads.analysis.hallucination": ("token_features",),
     "dynheads.experiments.detect": ("Detector", "apply_detector"),
