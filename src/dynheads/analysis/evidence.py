@@ -40,9 +40,6 @@ class EvidenceSettings:
     confidence: float = DEFAULT_CONFIDENCE
     seed: int = 0
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Interval:
@@ -132,9 +129,6 @@ class Effect:
     def line(self) -> str:
         """One line a reader can check: the effect, its interval and n, and the rule."""
         return f"{self.name} {self.interval.text()}, rule {self.rule}"
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, **self.interval.to_dict(), "margin": self.margin, "direction": self.direction}
 
 
 def combine(effects: list[Effect], floor: int) -> tuple[Status, str]:

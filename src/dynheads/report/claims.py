@@ -38,6 +38,7 @@ from dynheads.analysis.evidence import (
     Status,
     combine,
     interval,
+    mean_interval,
     paired_difference,
 )
 from dynheads.paper import ENTROPY_BASELINE
@@ -132,9 +133,8 @@ def dynamism_verdict(data: Mapping | None, task: str, evidence: EvidenceSettings
 
 
 def _per_sample_mean(values: Sequence[float | None], evidence: EvidenceSettings) -> Interval:
-    array = np.array([math.nan if value is None else value for value in values], dtype=float)
-    array = array[~np.isnan(array)]
-    return interval(len(array), lambda idx: float(array[idx].mean()), evidence) if len(array) else UNDEFINED
+    """Per-sample values with None where undefined (JSON) to their mean's interval."""
+    return mean_interval(np.array([math.nan if value is None else value for value in values], dtype=float), evidence)
 
 
 def _entropy(counts: np.ndarray) -> float:
