@@ -14,7 +14,7 @@ import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads import niah
-from dynheads.batching import trace_batch
+from dynheads.decoding import trace_batch
 from dynheads.decoding import trace
 from dynheads.models import LoadedModel
 

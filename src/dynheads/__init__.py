@@ -23,8 +23,7 @@ _EXPORTS = exports_by_name({
     # models, tracing, traces, run directories
     "dynheads.errors": ("DynheadsError",),
     "dynheads.models": ("LoadedModel", "load_model"),
-    "dynheads.decoding": ("trace",),
-    "dynheads.batching": ("trace_batch",),
+    "dynheads.decoding": ("trace", "trace_batch"),
     "dynheads.traces": ("Trace",),
     "dynheads.runs": ("RunDir",),
     # the tasks: make_sample, score, ... per task; the one sample type, the task registry, the score vocabulary
@@ -41,7 +40,7 @@ _EXPORTS = exports_by_name({
     "dynheads.analysis.head_predictor": ("HeadPredictorConfig", "train_head_predictor", "load_head_predictor"),
     # ablation, KV retention, hallucination detection
     "dynheads.ablation": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),
-    "dynheads.kv": ("KVSettings", "kv_generate"),
+    "dynheads.kv": ("KVSettings", "kv_generate", "kv_generate_batch"),
     "dynheads.kvcache": ("HeadwiseCache", "headwise_generate"),
     "dynheads.presses": ("head_list_press", "press_from_export"),
     "dynheads.analysis.kvheads": ("kv_head_matrix", "query_head_scores", "write_duo_attention"),

@@ -12,7 +12,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from dynheads import distributed
-from dynheads.batching import trace_batch
+from dynheads.decoding import trace_batch
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, load_model
