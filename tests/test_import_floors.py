@@ -25,10 +25,12 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     # re-export helper of the public packages (it imports nothing of ours until a name is used), the score
     # vocabulary (Eq. 1, Eq. 2, D_t and their defaults: arithmetic on arrays, read by every floor above), and the
     # tables and stage summaries as data with their one renderer (analyses and stages write them, the report reads
-    # them), and the pinned wheels that real data sets and models are read from (files, no torch).
+    # them), the pinned wheels that real data sets and models are read from (files, no torch), and the generic
+    # registry of named variants (tasks, KV policies, strategies and stages each hold one).
     ("foundation", [("dynheads.errors", "dynheads.io", "dynheads.heads", "dynheads.config", "dynheads.thresholds",
                      "dynheads.distributed", "dynheads.seeding", "dynheads.stages", "dynheads.paper",
-                     "dynheads.lazy", "dynheads.scores", "dynheads.tables", "dynheads.packaged")]),
+                     "dynheads.lazy", "dynheads.scores", "dynheads.tables", "dynheads.packaged",
+                     "dynheads.registry")]),
     # Loading a model and the trace file format: what everything that runs or reads a generation shares.
     ("model and trace formats", [("dynheads.models",), ("dynheads.traces",)]),
     # Data and numbers without a forward pass: prompts and samples of each task (a tokenizer at most), and the
