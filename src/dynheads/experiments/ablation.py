@@ -64,7 +64,8 @@ from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
-from dynheads.tasks.registry import NIAH, Task, task_of
+from dynheads.tasks.niah import NIAH
+from dynheads.tasks.registry import Task, task_of
 from dynheads.thresholds import ReasoningThreshold
 
 MODES = ("zero", "uniform")

@@ -30,8 +30,9 @@ from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir
+from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
-from dynheads.tasks.registry import HOTPOTQA, task_of
+from dynheads.tasks.registry import task_of
 
 PRESET_FOLDER = Path(__file__).resolve().parent.parent / "presets"
 SHARED_TABLES = {stages.HOTPOTQA_CCA: stages.CCA, stages.HOTPOTQA_PROBE: stages.PROBE}  # read the same table

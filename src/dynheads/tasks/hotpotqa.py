@@ -40,7 +40,16 @@ from transformers import PreTrainedTokenizerBase
 from dynheads.errors import DynheadsError
 from dynheads.packaged import describe, packaged_file
 from dynheads.seeding import derive_seed
-from dynheads.tasks.prompting import RenderedPrompt, locate, marked_spans, render_chat, token_span
+from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
+from dynheads.tasks.prompting import (
+    RenderedPrompt,
+    chat_template_kwargs,
+    locate,
+    marked_spans,
+    render_chat,
+    token_span,
+)
+from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample, build_sample
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Answer with a short phrase."
@@ -561,3 +570,48 @@ def score(answer: str, generated: str, *, extract: bool = True) -> dict[str, flo
     """EM, F1, precision and recall of the generation (its first sentence unless ``extract=False``)."""
     prediction = extract_answer(generated) if extract else generated
     return {"em": exact_match(prediction, answer), **f1(prediction, answer)}
+
+
+def load_records(config: Any) -> list[HotpotRecord]:
+    """The whole HotpotQA source (the synthetic set is generated up to the end of the config's stream)."""
+    if config.data:
+        return load_hotpotqa(config.data)
+    return synthetic_hotpotqa(question_stream(config).stop, config.seed)
+
+
+def hotpotqa_grid(config: Any, tokenizer) -> TaskGrid:
+    """Question i of the stream goes to grid cell i mod (lengths x depths), so every cell gets questions of every
+    type. A question whose gold paragraphs exceed its cell's length is skipped and counted, never fatal."""
+    cells = grid_cells(config)
+    stream = question_stream(config)
+    template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
+    records = load_records(config)
+    chosen = stream.take(records, config.data or "the synthetic set")
+    pool = paragraph_pool(records)
+    samples, skipped = [], []
+    for index, record in enumerate(chosen, start=stream.first):
+        length, depth = cells[index % len(cells)]
+        try:
+            samples.append(make_sample(
+                tokenizer, record, context_tokens=length, depth=depth,
+                seed=derive_seed(config.seed, record.id, length, depth), distractors=pool,
+                sample_id=f"q{index:04d}-len{length}-depth{depth:g}", chat_template_kwargs=template_kwargs))
+        except GoldTooLong as error:
+            skipped.append({"record_id": record.id, "length": length, "depth": depth, "reason": error.reason})
+    if not samples:
+        raise DynheadsError(f"all {len(chosen)} (question, cell) pairs were skipped ({skipped[0]['reason']}): "
+                            "use longer --lengths or other questions")
+    return TaskGrid(samples, stream, [record.id for record in chosen], skipped, describe_source(config.data))
+
+
+def prompt_manifest(config: Any) -> dict:
+    return {"system": SYSTEM_PROMPT, "user": USER_TEMPLATE, "paragraph": PARAGRAPH_TEMPLATE,
+            "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
+
+
+QA_METRICS = {"em": "EM", "f1": "F1"}  # the metric labels of every QA task
+HOTPOTQA = register(Task(
+    name="hotpotqa", label="HotpotQA", score_kind="reasoning", static_kind="reasoning", metrics=QA_METRICS,
+    score=lambda sample, text: score(sample.answer, text), grid=hotpotqa_grid, prompt=prompt_manifest,
+    questions=True, fade_sparse_cells=True,
+    help="HotpotQA questions over gold and distractor paragraphs (Eq. 2, Section 4)"))
