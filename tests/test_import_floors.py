@@ -43,7 +43,7 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     ("decoding and runs", [("dynheads.decoding", "dynheads.batching"), ("dynheads.runs",)]),
     # Mechanisms built on the decoding loop: per-step ablation, KV retention (simulated, the real per-head cache and
     # kvpress's presses beside them), head-based RAG (and its results).
-    ("mechanisms", [("dynheads.ablation",), ("dynheads.kv", "dynheads.kvcache", "dynheads.presses"),
+    ("mechanisms", [("dynheads.ablation",), ("dynheads.kv", "dynheads.kv_policies", "dynheads.kvcache", "dynheads.presses"),
                     ("dynheads.rag",)]),
     # Figures from tables and arrays; experiments call them, nothing below draws.
     ("plots", [("dynheads.plots",)]),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
+from dynheads.kv_policies import KV_POLICIES
 from dynheads.rag.strategies import PAPER_STRATEGIES, STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
@@ -159,7 +160,7 @@ class ProgressiveFields(AblationGrid):
 @dataclass(frozen=True)
 class KVFields(NiahGrid, ModelSettings):
     policies: tuple[str, ...] = setting(("full", "none", "static", "probe", "random", "oracle", "true"),
-                                        "some of full,none,static,probe,random,oracle,true")
+                                        f"some of {KV_POLICIES.choices(',')} or kvpress:<press>")
     budgets: tuple[float, ...] = setting((0.05, 0.1, 0.25, 0.5), "fractions of the KV heads kept whole, "
                                                                  "e.g. 0.05,0.1,0.25,0.5")
     sink: int = setting(4, "sink tokens of streaming heads (DuoAttention's code default 4; its patterns 128)")
