@@ -41,9 +41,10 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     ("attention probe", [("dynheads.probe",)]),
     # The greedy decoding loop that drives the probe (and its batched form); run folders (manifests, records).
     ("decoding and runs", [("dynheads.decoding", "dynheads.batching"), ("dynheads.runs",)]),
-    # Mechanisms built on the decoding loop: per-step ablation, KV retention (simulated, the real per-head cache and
-    # kvpress's presses beside them), head-based RAG (and its results).
-    ("mechanisms", [("dynheads.ablation",), ("dynheads.kv", "dynheads.kv_policies", "dynheads.kvcache", "dynheads.presses"),
+    # Mechanisms built on the decoding loop: per-step ablation (and its strategies), KV retention (its policies;
+    # simulated, the real per-head cache and kvpress's presses beside them), head-based RAG (and its results).
+    ("mechanisms", [("dynheads.ablation", "dynheads.ablation_strategies"),
+                    ("dynheads.kv", "dynheads.kv_policies", "dynheads.kvcache", "dynheads.presses"),
                     ("dynheads.rag",)]),
     # Figures from tables and arrays; experiments call them, nothing below draws.
     ("plots", [("dynheads.plots",)]),

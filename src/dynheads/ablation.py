@@ -6,11 +6,12 @@ feeds exactly one token. The clean pass leaves the cache untouched when a masked
 saved and restored); the masked pass writes the cache, so later steps see the ablated history, as in the
 paper. When a step masks nothing, the clean pass is kept and no second pass runs.
 
-Strategies: ``dynamic`` (mask D_t, or its first k heads ordered by attention on the copied position),
-``static`` (top heads of a static list), ``random`` (a seeded draw at each step), ``fixed`` (one given head set
-at every step), ``none`` (plain greedy decoding).
+Strategies (``dynheads.ablation_strategies``, a registry): ``dynamic`` (mask D_t, or its first k heads ordered
+by attention on the copied position), ``static`` (top heads of a static list), ``random`` (a seeded draw at each
+step), ``fixed`` (one given head set at every step), ``none`` (plain greedy decoding), and any strategy registered
+there.
 
-How many heads ``static`` and ``random`` mask (``matching``):
+How many heads the matched controls ``static`` and ``random`` mask (``matching``):
 
 - ``per_step`` (default): at step t exactly |D_t| heads, where D_t is read off that step's clean pass of the
   control run itself. The question at step t is "how many heads would be dynamic now?", so the count follows
@@ -29,6 +30,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from dynheads.ablation_strategies import ABLATION_STRATEGIES, MaskInputs
 from dynheads.batching import BatchedDecoder
 from dynheads.decoding import DecodingSession, Sample, StepResult
 from dynheads.errors import DynheadsError
@@ -37,15 +39,13 @@ from dynheads.models import LoadedModel
 from dynheads.probe import AblationMode
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ScoreKind, ScoreSpec
 
-Strategy = Literal["none", "dynamic", "static", "random", "fixed"]
-STRATEGIES: tuple[str, ...] = ("none", "dynamic", "static", "random", "fixed")
 Matching = Literal["per_step", "mean"]
 MATCHINGS: tuple[str, ...] = ("per_step", "mean")
 
 
 @dataclass(frozen=True)
 class AblationSettings:
-    strategy: Strategy = "dynamic"
+    strategy: str = "dynamic"  # a name in ``ablation_strategies.ABLATION_STRATEGIES``
     mode: AblationMode = "zero"
     score: ScoreKind = "copy"  # how D_t is found: Eq. 1, or Eq. 2 above ``threshold``
     threshold: str | float = DEFAULT_REASONING_THRESHOLD  # dynheads.thresholds: "0.1" or "relative:3"
@@ -184,16 +184,15 @@ def ablated_generate_batch(
 
 
 def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
-    if settings.strategy not in STRATEGIES:
-        raise DynheadsError(f"unknown ablation strategy {settings.strategy!r}: use one of {', '.join(STRATEGIES)}")
+    strategy = ABLATION_STRATEGIES.get(settings.strategy)  # an unknown name is the registry's one-line error
     if settings.matching not in MATCHINGS:
         raise DynheadsError(f"unknown matching {settings.matching!r}: use one of {', '.join(MATCHINGS)}")
-    if settings.strategy in ("static", "random") and settings.matching == "mean" and settings.count is None:
+    if strategy.matched and settings.matching == "mean" and settings.count is None:
         raise DynheadsError(f"the {settings.strategy} strategy needs a head count (the dynamic run's mean |D_t|)")
     if settings.matching == "per_step" and settings.count is not None:
         raise DynheadsError("a head count goes with matching='mean'; per-step matching masks |D_t| heads per step")
-    if settings.strategy == "static" and not settings.static_ranking:
-        raise DynheadsError("the static strategy needs a static head list (--static FILE)")
+    if strategy.needs_static and not settings.static_ranking:
+        raise DynheadsError(f"the {settings.strategy} strategy needs a static head list (--static FILE)")
     check_heads(list(settings.static_ranking) + list(settings.fixed_heads), lm.num_layers, lm.num_heads)
 
 
@@ -212,22 +211,13 @@ def _dynamic_heads(session: DecodingSession, step: StepResult, predicted: int, s
 
 def _heads_to_mask(dynamic: list[Head], clean: StepResult, settings: AblationSettings, lm: LoadedModel,
                    rng: np.random.Generator) -> list[Head]:
-    strategy = settings.strategy
-    if strategy == "none":
-        return []
-    if strategy == "dynamic":
-        return dynamic if settings.max_dynamic is None else dynamic[: settings.max_dynamic]
-    if strategy == "fixed":
-        return list(settings.fixed_heads)
-    # per-step matching: as many heads as this step's clean pass found dynamic (this control run's own D_t)
-    count = len(dynamic) if settings.matching == "per_step" else int(settings.count)
-    count = min(count, lm.num_layers * lm.num_heads)
-    if count == 0:
-        return []
-    if strategy == "static":
-        return list(settings.static_ranking[:count])
-    flat = rng.choice(lm.num_layers * lm.num_heads, size=count, replace=False)
-    return [(int(i) // lm.num_heads, int(i) % lm.num_heads) for i in sorted(flat)]
+    strategy = ABLATION_STRATEGIES.get(settings.strategy)
+    count = 0
+    if strategy.matched:  # per-step matching: as many heads as this step's clean pass found dynamic
+        count = len(dynamic) if settings.matching == "per_step" else int(settings.count)
+        count = min(count, lm.num_layers * lm.num_heads)
+    return strategy.choose(MaskInputs(dynamic, count, settings.max_dynamic, settings.static_ranking,
+                                      settings.fixed_heads, lm.num_layers, lm.num_heads, rng))
 
 
 def matched_count(dynamic_counts: Sequence[int]) -> int:
