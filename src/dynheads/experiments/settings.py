@@ -20,7 +20,7 @@ from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
 from dynheads.kv_policies import KV_POLICIES
-from dynheads.rag.strategies import PAPER_STRATEGIES, STRATEGIES
+from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.tasks.questions import QuestionStream
@@ -181,7 +181,7 @@ class KVFields(NiahGrid, ModelSettings):
 class RagFields(QaGrid, ModelSettings):
     probe: str | None = setting(None, "trained probe folder, for the 'dynamic' strategy")
     static: str | None = setting(None, "static head list JSON, for the 'static' strategy")
-    strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, "some of " + ",".join(STRATEGIES))
+    strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, f"some of {RAG_STRATEGIES.choices(',')}")
     rerank_top: int = setting(2, "rerank: paragraphs shown (the top of ICR's ranking over every head); the rest "
                                  "stay hidden for the whole answer")
     ks: tuple[int, ...] = setting((5,), "heads per retrieval, e.g. 5,10,20 (paper: 5, 10, 20)")
