@@ -34,7 +34,7 @@ from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
-from dynheads.tasks import candidates, hotpotqa
+from dynheads.tasks import candidates, hotpotqa, qa_metrics
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.niah import _haystack_of_length, _sentence_end_before, load_haystack
 from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
@@ -298,18 +298,18 @@ def extract_answer(generated: str) -> str:
     Small chat models answer "The magic word for Tashkin is 482913." however they are told; the official EM
     would call that wrong, so the restatement (never the value) is dropped before EM/F1.
     """
-    first = hotpotqa.extract_answer(generated)
+    first = qa_metrics.extract_answer(generated)
     return _ECHO.sub("", first).strip().strip("\"'`*").strip()
 
 
 def score(answer: str, generated: str, candidates_in_context: list[str] | None = None) -> dict[str, float]:
-    """Official EM/F1 (``hotpotqa``'s normalisation) of ``extract_answer``, and accuracy: the value appears verbatim;
+    """Official EM/F1 (``qa_metrics``' normalisation) of ``extract_answer``, and accuracy: the value appears verbatim;
     with the sample's candidates, ``distractor``: the answer is another value fact's value."""
     prediction = extract_answer(generated)
-    scores = {**hotpotqa.score(answer, prediction, extract=False), "accuracy": float(answer in generated)}
+    scores = {**qa_metrics.score(answer, prediction, extract=False), "accuracy": float(answer in generated)}
     if candidates_in_context:
         scores["distractor"] = candidates.is_distractor(prediction, answer, candidates_in_context,
-                                                        hotpotqa.normalize_answer)
+                                                        qa_metrics.normalize_answer)
     return scores
 
 
@@ -337,10 +337,10 @@ def _score(sample: Sample, text: str) -> dict[str, float]:
 MULTIHOP_NAME, KV_LOOKUP_NAME = "multihop", "kv_lookup"
 MULTIHOP = register(Task(
     name=MULTIHOP_NAME, label="Multi-hop", score_kind="reasoning", static_kind="reasoning",
-    metrics=hotpotqa.QA_METRICS, score=_score, grid=multihop_grid, prompt=prompt_manifest, paper_task="hotpotqa",
+    metrics=qa_metrics.QA_METRICS, score=_score, grid=multihop_grid, prompt=prompt_manifest, paper_task="hotpotqa",
     questions=True, fade_sparse_cells=True,
     help="synthetic two-hop key-value chains (multihop:hops=2), standing for HotpotQA on small models"))
 KV_LOOKUP = register(Task(  # the multihop task's one-hop form (multihop:hops=1, its default)
     name=KV_LOOKUP_NAME, label="Key-value lookup", score_kind="reasoning", static_kind="reasoning",
-    metrics=hotpotqa.QA_METRICS, score=_score, grid=multihop_grid, prompt=prompt_manifest, paper_task="hotpotqa",
+    metrics=qa_metrics.QA_METRICS, score=_score, grid=multihop_grid, prompt=prompt_manifest, paper_task="hotpotqa",
     questions=True, fade_sparse_cells=True, help="the multihop task's one-hop form: one key-value retrieval"))

@@ -43,7 +43,7 @@ from transformers import PreTrainedTokenizerBase
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates as cand
-from dynheads.tasks import hotpotqa
+from dynheads.tasks import hotpotqa, qa_metrics
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.multihop import _NOUNS
 from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
@@ -368,7 +368,7 @@ def extract_answer(sample: Sample, generated: str) -> str:
     if sample.meta.get("form", {}).get("query") == "all":
         return " ".join(sorted(set(_VARIABLE.findall(generated))))
     match = _NUMBER.search(generated)
-    return match.group(0) if match else hotpotqa.extract_answer(generated)
+    return match.group(0) if match else qa_metrics.extract_answer(generated)
 
 
 def score(sample: Sample, generated: str) -> dict[str, float]:
@@ -380,7 +380,7 @@ def score(sample: Sample, generated: str) -> dict[str, float]:
     pool = [" ".join(sorted(c.split())) for c in sample.meta[cand.CANDIDATES]] if is_set else \
         sample.meta[cand.CANDIDATES]
     return {"string_match": string_match(sample.answer.split(), generated),
-            **hotpotqa.score(gold, prediction, extract=False),
+            **qa_metrics.score(gold, prediction, extract=False),
             "distractor": cand.is_distractor(prediction, gold, pool)}
 
 
