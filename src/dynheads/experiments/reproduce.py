@@ -42,7 +42,13 @@ def load_preset(name: str) -> dict:
     """``presets/<name>.toml``: one table of settings per stage (keyed like the stage's config), plus
     ``qa_source`` (questions when no HotpotQA file is given) and, for ``paper``, ``sources``."""
     with (PRESET_FOLDER / f"{name}.toml").open("rb") as file:
-        return tomllib.load(file)
+        preset = tomllib.load(file)
+    # every table names a registered stage (``stages.STAGES``): a misspelt one would silently set nothing
+    def tables(mapping: dict) -> list[str]:
+        return [key for key, value in mapping.items() if isinstance(value, dict)]
+
+    stages.STAGES.check([key for key in tables(preset) if key != "sources"] + tables(preset.get("sources", {})))
+    return preset
 
 
 # smoke: seconds, any model (the test suite's); quick: a 2-core CPU in minutes; standard: every verdict at the
@@ -69,6 +75,7 @@ class _Stages:
     def run(self, name: str, fn: Callable[[], object]) -> None:
         """Run ``fn`` unless logged; a stage this model cannot support (a ``DynheadsError``, e.g. constant head
         scores for CCA) is logged with its reason, which the report shows, and the study goes on."""
+        stages.STAGES.check([name])  # a stage the report could not find is refused before it runs
         if name in self.log:
             return
         print(f"[reproduce] {name}", flush=True)
