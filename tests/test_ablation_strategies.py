@@ -59,3 +59,13 @@ def test_a_registered_strategy_is_offered_run_in_order_and_drawn(last_layer, tmp
     ablation_plots.plot_ablation_cells(cells, tmp_path)
     assert list(drawn) == ["dynamic heads masked", "last-layer heads masked", "no masking (baseline)",
                            "retired heads masked"]  # no strategy of the cells is left out
+
+
+def test_matchings_are_a_registry_read_by_the_settings_and_the_grid():
+    from dynheads.ablation_strategies import MATCHINGS
+
+    assert MATCHINGS.names() == ["per_step", "mean"]
+    assert MATCHINGS.get("per_step").count([(0, 1), (2, 3)], None) == 2 and MATCHINGS.get("mean").count([], 3) == 3
+    with pytest.raises(DynheadsError, match="unknown matching 'median': use one of per_step, mean"):
+        AblationConfig(matching="median").check()
+    assert AblationConfig(strategies=("random",), matching="per_step").run_strategies() == ("none", "random")

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import torch
 
-from dynheads.ablation_strategies import ABLATION_STRATEGIES, MaskInputs
+from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS, MaskInputs
 from dynheads.batching import BatchedDecoder
 from dynheads.decoding import DecodingSession, Sample, StepResult
 from dynheads.errors import DynheadsError
@@ -39,9 +38,6 @@ from dynheads.models import LoadedModel
 from dynheads.probe import AblationMode
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ScoreKind, ScoreSpec
 
-Matching = Literal["per_step", "mean"]
-MATCHINGS: tuple[str, ...] = ("per_step", "mean")
-
 
 @dataclass(frozen=True)
 class AblationSettings:
@@ -49,7 +45,7 @@ class AblationSettings:
     mode: AblationMode = "zero"
     score: ScoreKind = "copy"  # how D_t is found: Eq. 1, or Eq. 2 above ``threshold``
     threshold: str | float = DEFAULT_REASONING_THRESHOLD  # dynheads.thresholds: "0.1" or "relative:3"
-    matching: Matching = "per_step"  # static/random: |D_t| of each step's clean pass, or a fixed ``count``
+    matching: str = "per_step"  # MATCHINGS: static/random mask |D_t| of each step's clean pass, or a fixed ``count``
     count: int | None = None  # matching="mean": heads per step for static/random (the dynamic run's mean |D_t|)
     max_dynamic: int | None = None  # progressive ablation: mask only the first k dynamic heads
     static_ranking: tuple[Head, ...] = ()
@@ -185,11 +181,10 @@ def ablated_generate_batch(
 
 def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
     strategy = ABLATION_STRATEGIES.get(settings.strategy)  # an unknown name is the registry's one-line error
-    if settings.matching not in MATCHINGS:
-        raise DynheadsError(f"unknown matching {settings.matching!r}: use one of {', '.join(MATCHINGS)}")
-    if strategy.matched and settings.matching == "mean" and settings.count is None:
+    matching = MATCHINGS.get(settings.matching)  # an unknown name is the registry's one-line error
+    if strategy.matched and matching.given_count and settings.count is None:
         raise DynheadsError(f"the {settings.strategy} strategy needs a head count (the dynamic run's mean |D_t|)")
-    if settings.matching == "per_step" and settings.count is not None:
+    if not matching.given_count and settings.count is not None:
         raise DynheadsError("a head count goes with matching='mean'; per-step matching masks |D_t| heads per step")
     if strategy.needs_static and not settings.static_ranking:
         raise DynheadsError(f"the {settings.strategy} strategy needs a static head list (--static FILE)")
@@ -214,8 +209,7 @@ def _heads_to_mask(dynamic: list[Head], clean: StepResult, settings: AblationSet
     strategy = ABLATION_STRATEGIES.get(settings.strategy)
     count = 0
     if strategy.matched:  # per-step matching: as many heads as this step's clean pass found dynamic
-        count = len(dynamic) if settings.matching == "per_step" else int(settings.count)
-        count = min(count, lm.num_layers * lm.num_heads)
+        count = min(MATCHINGS.get(settings.matching).count(dynamic, settings.count), lm.num_layers * lm.num_heads)
     return strategy.choose(MaskInputs(dynamic, count, settings.max_dynamic, settings.static_ranking,
                                       settings.fixed_heads, lm.num_layers, lm.num_heads, rng))
 

@@ -3,9 +3,9 @@
 Each strategy is an ``AblationStrategy`` in the registry ``ABLATION_STRATEGIES``: a ``choose(inputs)`` returning the
 heads to remove, what it needs (a static head list, ``--heads``), whether it is a matched control (it removes as
 many heads as the step's D_t, or the dynamic run's mean |D_t|: ``matching``) or the un-ablated baseline, and the
-title of its heat-map panel. The decoding loop, the grid's checks and run order, ``--strategies``' help and the
-figure read the entries. Registration order is run order (``none``, then ``dynamic``, which the mean-matched
-controls read their count from, then the rest).
+title of its heat-map panel; ``MATCHINGS`` holds the rules for that count. The decoding loop, the grid's checks
+and run order, ``--strategies``' help and the figure read the entries. Registration order is run order
+(``none``, then ``dynamic``, which the mean-matched controls read their count from, then the rest).
 
 - ``none``: plain greedy decoding (the baseline); ``dynamic``: D_t, or its first ``max_dynamic`` heads ordered by
   attention on the copied position (progressive ablation);
@@ -57,6 +57,21 @@ def ablation_strategy(title: str, **traits: object) -> Callable[[Callable[[MaskI
                                                                  AblationStrategy]:
     """Decorator: a ``choose`` function as an ``AblationStrategy`` titled ``title``, with ``traits``."""
     return lambda choose: AblationStrategy(choose, title, **traits)
+
+
+@dataclass(frozen=True)
+class Matching:
+    """How many heads a matched control removes at one step."""
+
+    count: Callable[[Sequence[Head], int | None], int]  # (the step's D_t, the given count) -> heads to remove
+    given_count: bool  # reads a count fixed per sample (the dynamic run's mean |D_t|): that run goes first
+
+
+MATCHINGS = Registry[Matching]("matching")
+MATCHINGS.register("per_step", Matching(lambda dynamic, given: len(dynamic), given_count=False),
+                   help="|D_t| of each step's clean pass of the control run")
+MATCHINGS.register("mean", Matching(lambda dynamic, given: int(given), given_count=True),
+                   help="the dynamic run's mean |D_t|, rounded")
 
 
 def panel_order() -> list[str]:

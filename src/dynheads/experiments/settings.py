@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dynheads.ablation_strategies import ABLATION_STRATEGIES
+from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
@@ -145,8 +145,8 @@ class AblationFields(AblationGrid):
                                           f"some of {ABLATION_STRATEGIES.choices(',')} (none, no masking, always "
                                           "runs too)")
     heads: tuple[str, ...] = setting((), "heads the fixed strategy masks at every step, e.g. 12-3,4-1")
-    matching: str = setting("per_step", "static/random head count: per_step = |D_t| of each step's clean pass of "
-                                        "the control run; mean = the dynamic run's mean |D_t|, rounded (the paper's)")
+    matching: str = setting("per_step", "static/random head count: " + "; ".join(
+        f"{entry.name} = {entry.help}" for entry in MATCHINGS) + " (mean: the paper's)")
 
 
 @dataclass(frozen=True)
