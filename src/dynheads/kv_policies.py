@@ -89,10 +89,6 @@ def retention_policy(**traits: object) -> Callable[[Callable[[PolicyInputs], lis
     return lambda choose: RetentionPolicy(choose, **traits)
 
 
-def policy_names() -> list[str]:
-    return KV_POLICIES.names()
-
-
 def is_budget_free(name: str) -> bool:
     """True for a registered policy whose head set ignores the budget (a kvpress press is not one)."""
     return name in KV_POLICIES and KV_POLICIES.get(name).budget_free

@@ -521,6 +521,7 @@ def _sentence_offsets(title: str, context: tuple[Paragraph, ...], index: int) ->
     return start, start + len(sentence.strip())
 
 
+# ---- the task: its grid and its registry entry -------------------------------------------------------------------
 def load_records(config: Any) -> list[HotpotRecord]:
     """The whole HotpotQA source (the synthetic set is generated up to the end of the config's stream)."""
     if config.data:

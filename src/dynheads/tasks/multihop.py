@@ -313,14 +313,15 @@ def score(answer: str, generated: str, candidates_in_context: list[str] | None =
     return scores
 
 
+# ---- the task: its grid and its registry entry -------------------------------------------------------------------
 def multihop_grid(config: Any, tokenizer) -> TaskGrid:
     """Generated questions over the same cells as HotpotQA's grid; question i of the stream is seeded by i."""
     grid_cells(config)
     stream = question_stream(config)
     form = parse_source(config.data or SOURCE)
     samples = grid_samples(tokenizer, questions=stream.count, first=stream.first, lengths=config.lengths,
-                                    depths=config.depths, seed=config.seed, form=form,
-                                    chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs))
+                           depths=config.depths, seed=config.seed, form=form,
+                           chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs))
     return TaskGrid(samples, stream, [sample.record_id for sample in samples])
 
 

@@ -233,6 +233,7 @@ def score(answer: str, generated: str) -> dict[str, float]:
     }
 
 
+# ---- the task: its grid and its registry entry -------------------------------------------------------------------
 def niah_grid(config: Any, tokenizer) -> TaskGrid:
     """The NIAH grid, seeded per (split, length, depth, run) so any subset is reproducible (runs vary fastest)."""
     if not config.lengths or not config.depths or config.runs < 1:
@@ -242,11 +243,10 @@ def niah_grid(config: Any, tokenizer) -> TaskGrid:
     for length, depth, run in product(config.lengths, config.depths, range(config.runs)):
         seed = derive_seed(config.seed, config.split, length, depth, run)
         samples.append(make_sample(tokenizer, context_tokens=length, depth=depth, seed=seed,
-                                        haystack=config.haystack,
-                                        sample_id=f"{config.split}-len{length}-depth{depth:g}-run{run}",
-                                        distractor_depth=config.distractor_depth,
-                                        distractor_prefix=config.distractor_prefix,
-                                        chat_template_kwargs=template_kwargs))
+                                   haystack=config.haystack,
+                                   sample_id=f"{config.split}-len{length}-depth{depth:g}-run{run}",
+                                   distractor_depth=config.distractor_depth, distractor_prefix=config.distractor_prefix,
+                                   chat_template_kwargs=template_kwargs))
     return TaskGrid(samples)
 
 

@@ -384,6 +384,7 @@ def score(sample: Sample, generated: str) -> dict[str, float]:
             "distractor": cand.is_distractor(prediction, gold, pool)}
 
 
+# ---- the task: its grid and its registry entry -------------------------------------------------------------------
 def ruler_grid(name: str, default: str | None = None):
     """The grid builder of RULER task ``name`` (``variable_tracking`` or ``multikey_niah``): its questions over the
     same cells as HotpotQA's grid; ``config.data`` spells the form (None: ``default``, else the task's defaults).
@@ -396,8 +397,8 @@ def ruler_grid(name: str, default: str | None = None):
             raise DynheadsError(f"the {name} task reads {name}[:options] data, got {data!r}")
         stream = question_stream(config)
         samples = grid_samples(tokenizer, data=data, questions=stream.count, first=stream.first,
-                                     lengths=config.lengths, depths=config.depths, seed=config.seed,
-                                     chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs))
+                               lengths=config.lengths, depths=config.depths, seed=config.seed,
+                               chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs))
         return TaskGrid(samples, stream, [sample.record_id for sample in samples])
 
     return grid
