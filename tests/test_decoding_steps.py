@@ -1,4 +1,4 @@
-"""The one decode loop (``decoding.decode`` and its step policies) and the probe passed as a forward keyword argument."""
+"""The one decode loop (``decoding.decode`` and its step policies) and the probe as a forward keyword argument."""
 
 from __future__ import annotations
 

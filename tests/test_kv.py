@@ -13,8 +13,16 @@ from dynheads.decoding import trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.kv import KVConfig, _fit_samples, probe_precision_recall
 from dynheads.io import read_json
-from dynheads.kv import (KVSettings, kv_generate, kv_generate_batch, kv_head_count, kv_memory, kv_token_bytes, prefill,
-                         query_heads)
+from dynheads.kv import (
+    KVSettings,
+    kv_generate,
+    kv_generate_batch,
+    kv_head_count,
+    kv_memory,
+    kv_token_bytes,
+    prefill,
+    query_heads,
+)
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 

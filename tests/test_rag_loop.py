@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from dynheads.analysis.head_predictor import HeadPredictorConfig, train_head_predictor
+from dynheads.decoding import decode
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.models import load_model
-from dynheads.decoding import decode
 from dynheads.rag.loop import RagSettings, _Answerer, answer_question, answer_questions
 from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import HeadSelector

@@ -38,6 +38,12 @@ _EXPORTS = exports_by_name({
     # CCA and the head predictor (the MLP from hidden state to head scores)
     "dynheads.analysis.cca": ("CCAConfig", "samples_from_traces", "cca_offsets", "cca_markdown", "write_cca"),
     "dynheads.analysis.head_predictor": ("HeadPredictorConfig", "train_head_predictor", "load_head_predictor"),
+    # the registries of named variants (register one to add a KV policy, an ablation or RAG strategy, a stage)
+    "dynheads.registry": ("Registry",),
+    "dynheads.kv_policies": ("KV_POLICIES", "retention_policy"),
+    "dynheads.ablation_strategies": ("ABLATION_STRATEGIES", "ablation_strategy"),
+    "dynheads.rag.strategies": ("RAG_STRATEGIES", "RagStrategy"),
+    "dynheads.stages": ("STAGES",),
     # ablation, KV retention, hallucination detection
     "dynheads.ablation": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),
     "dynheads.kv": ("KVSettings", "kv_generate", "kv_generate_batch"),

@@ -6,11 +6,12 @@ feeds exactly one token. The clean pass leaves the cache untouched when a masked
 saved and restored); the masked pass writes the cache, so later steps see the ablated history, as in the
 paper. When a step masks nothing, the clean pass is kept and no second pass runs.
 
-Strategies: ``dynamic`` (mask D_t, or its first k heads ordered by attention on the copied position),
-``static`` (top heads of a static list), ``random`` (a seeded draw at each step), ``fixed`` (one given head set
-at every step), ``none`` (plain greedy decoding).
+Strategies (``dynheads.ablation_strategies``, a registry): ``dynamic`` (mask D_t, or its first k heads ordered
+by attention on the copied position), ``static`` (top heads of a static list), ``random`` (a seeded draw at each
+step), ``fixed`` (one given head set at every step), ``none`` (plain greedy decoding), and any strategy registered
+there.
 
-How many heads ``static`` and ``random`` mask (``matching``):
+How many heads the matched controls ``static`` and ``random`` mask (``matching``):
 
 - ``per_step`` (default): at step t exactly |D_t| heads, where D_t is read off that step's clean pass of the
   control run itself. The question at step t is "how many heads would be dynamic now?", so the count follows
@@ -24,31 +25,25 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
-from dynheads.decoding import (Action, DecodeInput, DecodingSession, Rerun, Row, StepPolicy, StepResult, decode,
-                               greedy)
+from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS, MaskInputs
+from dynheads.decoding import Action, DecodeInput, DecodingSession, Rerun, Row, StepPolicy, StepResult, decode, greedy
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 from dynheads.models import LoadedModel
 from dynheads.probe import AblationMode, RowEdit
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ScoreKind, ScoreSpec
 
-Strategy = Literal["none", "dynamic", "static", "random", "fixed"]
-STRATEGIES: tuple[str, ...] = ("none", "dynamic", "static", "random", "fixed")
-Matching = Literal["per_step", "mean"]
-MATCHINGS: tuple[str, ...] = ("per_step", "mean")
-
 
 @dataclass(frozen=True)
 class AblationSettings:
-    strategy: Strategy = "dynamic"
+    strategy: str = "dynamic"  # a name in ``ablation_strategies.ABLATION_STRATEGIES``
     mode: AblationMode = "zero"
     score: ScoreKind = "copy"  # how D_t is found: Eq. 1, or Eq. 2 above ``threshold``
     threshold: str | float = DEFAULT_REASONING_THRESHOLD  # dynheads.thresholds: "0.1" or "relative:3"
-    matching: Matching = "per_step"  # static/random: |D_t| of each step's clean pass, or a fixed ``count``
+    matching: str = "per_step"  # MATCHINGS: static/random mask |D_t| of each step's clean pass, or a fixed ``count``
     count: int | None = None  # matching="mean": heads per step for static/random (the dynamic run's mean |D_t|)
     max_dynamic: int | None = None  # progressive ablation: mask only the first k dynamic heads
     static_ranking: tuple[Head, ...] = ()
@@ -145,16 +140,14 @@ def ablated_generate_batch(
 
 
 def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
-    if settings.strategy not in STRATEGIES:
-        raise DynheadsError(f"unknown ablation strategy {settings.strategy!r}: use one of {', '.join(STRATEGIES)}")
-    if settings.matching not in MATCHINGS:
-        raise DynheadsError(f"unknown matching {settings.matching!r}: use one of {', '.join(MATCHINGS)}")
-    if settings.strategy in ("static", "random") and settings.matching == "mean" and settings.count is None:
+    strategy = ABLATION_STRATEGIES.get(settings.strategy)  # an unknown name is the registry's one-line error
+    matching = MATCHINGS.get(settings.matching)  # an unknown name is the registry's one-line error
+    if strategy.matched and matching.given_count and settings.count is None:
         raise DynheadsError(f"the {settings.strategy} strategy needs a head count (the dynamic run's mean |D_t|)")
-    if settings.matching == "per_step" and settings.count is not None:
+    if not matching.given_count and settings.count is not None:
         raise DynheadsError("a head count goes with matching='mean'; per-step matching masks |D_t| heads per step")
-    if settings.strategy == "static" and not settings.static_ranking:
-        raise DynheadsError("the static strategy needs a static head list (--static FILE)")
+    if strategy.needs_static and not settings.static_ranking:
+        raise DynheadsError(f"the {settings.strategy} strategy needs a static head list (--static FILE)")
     check_heads(list(settings.static_ranking) + list(settings.fixed_heads), lm.num_layers, lm.num_heads)
 
 
@@ -172,22 +165,12 @@ def _dynamic_heads(row: Row, step: StepResult, predicted: int, settings: Ablatio
 
 def _heads_to_mask(dynamic: list[Head], settings: AblationSettings, lm: LoadedModel, rng: np.random.Generator
                    ) -> list[Head]:
-    strategy = settings.strategy
-    if strategy == "none":
-        return []
-    if strategy == "dynamic":
-        return dynamic if settings.max_dynamic is None else dynamic[: settings.max_dynamic]
-    if strategy == "fixed":
-        return list(settings.fixed_heads)
-    # per-step matching: as many heads as this step's clean pass found dynamic (this control run's own D_t)
-    count = len(dynamic) if settings.matching == "per_step" else int(settings.count)
-    count = min(count, lm.num_layers * lm.num_heads)
-    if count == 0:
-        return []
-    if strategy == "static":
-        return list(settings.static_ranking[:count])
-    flat = rng.choice(lm.num_layers * lm.num_heads, size=count, replace=False)
-    return [(int(i) // lm.num_heads, int(i) % lm.num_heads) for i in sorted(flat)]
+    strategy = ABLATION_STRATEGIES.get(settings.strategy)
+    count = 0
+    if strategy.matched:  # per-step matching: as many heads as this step's clean pass found dynamic
+        count = min(MATCHINGS.get(settings.matching).count(dynamic, settings.count), lm.num_layers * lm.num_heads)
+    return strategy.choose(MaskInputs(dynamic, count, settings.max_dynamic, settings.static_ranking,
+                                      settings.fixed_heads, lm.num_layers, lm.num_heads, rng))
 
 
 def matched_count(dynamic_counts: Sequence[int]) -> int:

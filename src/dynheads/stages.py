@@ -1,25 +1,36 @@
-"""The stages of ``dynheads reproduce``. A stage's name is its sub-folder of the study and its key in
-``stages.json``: ``reproduce`` writes under these names and the report reads them, so both import them from here.
+"""The stages of ``dynheads reproduce``, as the registry ``STAGES`` (name -> the stage's sub-folder, with a
+one-line help). A stage's name is its sub-folder of the study, its key in ``stages.json`` and its table in a
+preset: ``reproduce`` writes under these names (and refuses a preset table or a stage that is not registered),
+and the report reads them, so both import them from here.
 """
 
 from __future__ import annotations
 
-# NIAH (Section 3): the traced grid, static copy heads, then Claims 1-3.
-NIAH = "niah"
-STATIC = "static"
-DYNAMISM = "dynamism"
-ABLATION = "ablation"
-PROGRESSIVE = "progressive"
-CCA = "cca"
-PROBE = "probe"
-# HotpotQA (Section 4): static reasoning heads, the traced grid, then Claims 1-3 on Eq. 2 scores.
-HOTPOTQA_STATIC = "hotpotqa-static"
-HOTPOTQA = "hotpotqa"
-HOTPOTQA_DYNAMISM = "hotpotqa-dynamism"
-HOTPOTQA_CCA = "hotpotqa-cca"
-HOTPOTQA_PROBE = "hotpotqa-probe"
-HOTPOTQA_ABLATION = "hotpotqa-ablation"
-HOTPOTQA_PROGRESSIVE = "hotpotqa-progressive"
-# Dynamic RAG (Section 5).
-RAG = "rag"
+from dynheads.registry import Registry
 
+STAGES = Registry[str]("stage")
+
+
+def _stage(name: str, help: str) -> str:
+    STAGES.register(name, name, help=help)
+    return name
+
+
+# NIAH (Section 3): the traced grid, static copy heads, then Claims 1-3.
+NIAH = _stage("niah", "the traced NIAH grid: Eq. 1 copy heads of every step (Section 3.1)")
+STATIC = _stage("static", "static retrieval (copy) heads scored as Wu et al.")
+DYNAMISM = _stage("dynamism", "Claim 1 on NIAH: dynamic heads against the static ones (Table 1, Figure 1)")
+ABLATION = _stage("ablation", "Claim 2 on NIAH: per-step ablation grid of dynamic, static and random heads (Figure 2)")
+PROGRESSIVE = _stage("progressive", "Claim 2 on NIAH: progressive ablation of the top-k dynamic heads (Figure 3)")
+CCA = _stage("cca", "Claim 3 on NIAH: CCA between hidden states and head scores (Figure 4)")
+PROBE = _stage("probe", "Claim 3 on NIAH: the MLP head predictor from hidden states")
+# HotpotQA (Section 4): static reasoning heads, the traced grid, then Claims 1-3 on Eq. 2 scores.
+HOTPOTQA_STATIC = _stage("hotpotqa-static", "static reasoning heads on HotpotQA (Eq. 2)")
+HOTPOTQA = _stage("hotpotqa", "the traced HotpotQA grid: Eq. 2 scores of every step (Section 4)")
+HOTPOTQA_DYNAMISM = _stage("hotpotqa-dynamism", "Claim 1 on HotpotQA (Figure 5)")
+HOTPOTQA_CCA = _stage("hotpotqa-cca", "Claim 3 on HotpotQA: CCA (Figure 8)")
+HOTPOTQA_PROBE = _stage("hotpotqa-probe", "Claim 3 on HotpotQA: the MLP head predictor")
+HOTPOTQA_ABLATION = _stage("hotpotqa-ablation", "Claim 2 on HotpotQA: the ablation grid (Figure 6)")
+HOTPOTQA_PROGRESSIVE = _stage("hotpotqa-progressive", "Claim 2 on HotpotQA: progressive ablation (Figure 7)")
+# Dynamic RAG (Section 5).
+RAG = _stage("rag", "Dynamic RAG with head-based in-context retrieval (Table 4)")

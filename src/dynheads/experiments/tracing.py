@@ -12,8 +12,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from dynheads import distributed
-from dynheads.decoding import trace_batch
-from dynheads.decoding import check_fits
+from dynheads.decoding import check_fits, trace_batch
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir

@@ -50,7 +50,9 @@ from dynheads.report.headline import Headline, headline
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
 from dynheads.runs import RunDir
 from dynheads.tables import SUMMARY_FILE, Summary, Table, read_summaries, to_html, to_markdown
-from dynheads.tasks.registry import HOTPOTQA, NIAH, Task, task_of_manifest
+from dynheads.tasks.hotpotqa import HOTPOTQA
+from dynheads.tasks.niah import NIAH
+from dynheads.tasks.registry import Task, task_of_manifest
 
 STAGE_NOT_RUN = "stage not run"
 COLLAPSE_ROWS = 8  # HTML: a longer table (CCA per offset x method, say) opens on a click
