@@ -78,8 +78,9 @@ def test_a_trigger_retrieves_windows_inside_the_context(tiny_lm, sample, strateg
 def test_a_batch_of_answers_equals_answering_one_by_one(tiny_lm):
     """Drafts and rewrites of several questions decode as one batch (each with its own visibility, retrievals
     and stop); every answer equals the one answered alone."""
-    config = HotpotConfig(questions=3, lengths=(200, 300), depths=(0.5,))
-    samples = hotpot_samples(config, tiny_lm.tokenizer)[:4]
+    config = HotpotConfig(questions=4, lengths=(300,), depths=(0.5,))
+    samples = hotpot_samples(config, tiny_lm.tokenizer)
+    assert len(samples) == 4
     settings = RagSettings(max_new_tokens=8, draft_tokens=3, max_retrievals=2, trigger=TriggerConfig(threshold=0.0))
     strategies = ["static", "none", "full-context", "fixed-random"]
     alone = [answer_question(tiny_lm, sample, _selector(strategy, tiny_lm), settings)
