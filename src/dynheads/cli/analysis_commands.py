@@ -14,7 +14,7 @@ from dynheads.cli.app import app, plot_app, probe_app
 from dynheads.cli.options import STATIC_HELP, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
 from dynheads.config import build_config, parse_list, parse_range
 from dynheads.experiments.settings import StaticConfig, StaticReasoningConfig
-from dynheads.scores import DEFAULT_REASONING_THRESHOLD
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD
 
 Score = Annotated[str, Opt(help="head score: copy (Eq. 1, NIAH) or reasoning (Eq. 2, HotpotQA)")]
 OutDir = Annotated[Path | None, Opt("--out", help="folder for the outputs (default: inside the run directory)")]

@@ -22,8 +22,8 @@ app.add_typer(plot_app, name="plot")
 app.add_typer(probe_app, name="probe")
 
 
-COMMAND_MODULES = ("commands", "analysis_commands", "ablation_commands", "detect_commands", "doctor_commands",
-                   "kv_commands")
+COMMAND_MODULES = ("trace_commands", "commands", "analysis_commands", "ablation_commands", "detect_commands",
+                   "doctor_commands", "kv_commands")
 
 
 def register_commands() -> None:

@@ -56,11 +56,37 @@ def config_options(config: type, *, skip: tuple[str, ...] = (), flags: Mapping[s
         if field.name in skip:
             continue
         name = (flags or {}).get(field.name, field.name)
-        kind, items = _option_kind(hints[field.name])
-        declaration = Opt(f"--{name.replace('_', '-')}", help=field.metadata.get("help", ""))
-        options[name] = Option(Annotated[kind, declaration], _shown_default(field.default), items,
-                               field.name if name != field.name else None)
+        options[name] = _option(name, hints[field.name], field.metadata.get("help", ""),
+                                _shown_default(field.default), field.name if name != field.name else None)
     return options
+
+
+def shared_options(configs: Mapping[str, type]) -> dict[str, Option]:
+    """The options of a command that builds one of several configs (``trace``: the NIAH-shaped or the
+    question-shaped one, by task), each config under a label: every field once; a field whose defaults differ
+    shows none and its help names each (``default: niah 48, question tasks 24``); a field of some configs only
+    says which (``niah only``)."""
+    declared: dict[str, list[tuple[str, dataclasses.Field, Any]]] = {}
+    for label, config in configs.items():
+        hints = typing.get_type_hints(config)
+        for field in dataclasses.fields(config):
+            declared.setdefault(field.name, []).append((label, field, hints[field.name]))
+    options = {}
+    for name, entries in declared.items():
+        _, field, hint = entries[0]
+        shown = {label: _shown_default(f.default) for label, f, _ in entries}
+        help, default = field.metadata.get("help", ""), shown[entries[0][0]]
+        if len(set(map(repr, shown.values()))) > 1:
+            help, default = help + " (default: " + ", ".join(f"{k} {v}" for k, v in shown.items()) + ")", None
+        elif len(entries) < len(configs):
+            help += f" ({', '.join(shown)} only)"
+        options[name] = _option(name, hint, help, default, None)
+    return options
+
+
+def _option(name: str, hint: Any, help: str, default: Any, field: str | None) -> Option:
+    kind, items = _option_kind(hint)
+    return Option(Annotated[kind, Opt(f"--{name.replace('_', '-')}", help=help)], default, items, field)
 
 
 def _option_kind(hint: Any) -> tuple[Any, Callable[[str], Any] | None]:
