@@ -10,9 +10,10 @@ from typing import Annotated
 
 import typer
 
+from dynheads.cli import checks
 from dynheads.cli.app import app, plot_app, probe_app
 from dynheads.cli.options import STATIC_HELP, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
-from dynheads.config import build_config, parse_list, parse_range
+from dynheads.config import parse_list, parse_range
 from dynheads.experiments.settings import StaticConfig, StaticReasoningConfig
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD
 
@@ -27,7 +28,8 @@ def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
     from dynheads.experiments.static import run_static
     from dynheads.heads import head_label
 
-    cfg = build_config(StaticConfig, config, **settings)
+    cfg = checks.checked_config(StaticConfig, config, **settings)
+    checks.out_dir(out, "niah")  # the static grid is a NIAH run
     heads = run_static(cfg, out)
     typer.echo(f"pass rate {heads.num_counted}/{heads.num_tests} ({heads.pass_rate:.0%}) at ROUGE-1 recall > "
                f"{cfg.success_threshold}; wrote {out}/static_heads.json, static_ranking.csv, static_summary.json")
@@ -41,7 +43,7 @@ def static_reasoning(out: RunOut, config: ConfigFile = None, **settings) -> None
     from dynheads.experiments.static import run_static_reasoning
     from dynheads.heads import head_label
 
-    heads = run_static_reasoning(build_config(StaticReasoningConfig, config, **settings), out)
+    heads = run_static_reasoning(checks.checked_config(StaticReasoningConfig, config, **settings), out)
     typer.echo(f"{heads.num_counted}/{heads.num_tests} questions counted; wrote {out}/static_heads.json, "
                "static_ranking.csv, static_summary.json")
     typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
@@ -59,6 +61,8 @@ def dynamism(
     """Table 1 / Table 5 statistics of a run's dynamic heads beside the paper's; writes dynamism.md/.csv/.json."""
     from dynheads.experiments.analyses import dynamism_report
 
+    checks.traced_run(run_dir)
+    checks.head_list(static_file)
     dynamism_report(run_dir, static_file, score=score, threshold=threshold, out_dir=out)
     typer.echo((out or run_dir).joinpath("dynamism.md").read_text(encoding="utf-8"), nl=False)
 
@@ -74,6 +78,8 @@ def plot_heads(
     """Figure 1: per-step scores of the most varying heads, one PNG per sample (heads-<sample_id>.png)."""
     from dynheads.experiments.analyses import plot_heads as plot
 
+    checks.traced_run(run_dir)
+    checks.value("--top", "top", checks.at_least(1), top)
     for path in plot(run_dir, sample, score=score, top=top, out_dir=out):
         typer.echo(str(path))
 
@@ -90,7 +96,10 @@ def cca(
     from dynheads.analysis.cca import CCAConfig, cca_markdown
     from dynheads.experiments.analyses import cca_report
 
-    table = cca_report(run_dir, parse_range(offsets), build_config(CCAConfig, config), score=score, out_dir=out)
+    cca_config, steps = checks.checked_config(CCAConfig, config), parse_range(offsets)
+    checks.value("--offsets", "offset", checks.at_least(0), steps)
+    checks.traced_run(run_dir)
+    table = cca_report(run_dir, steps, cca_config, score=score, out_dir=out)
     typer.echo(cca_markdown(table), nl=False)
 
 
@@ -113,7 +122,8 @@ def probe_train(
     from dynheads.analysis.head_predictor import HeadPredictorConfig
     from dynheads.experiments.probing import train_probe_on_run
 
-    cfg = build_config(HeadPredictorConfig, config, hidden_sizes=parse_list(hidden_sizes, int), epochs=epochs,
-                       batch_size=batch_size, lr=lr, early_stopping=early_stopping, seed=seed)
+    checks.traced_run(run_dir)
+    cfg = checks.checked_config(HeadPredictorConfig, config, hidden_sizes=parse_list(hidden_sizes, int), epochs=epochs,
+                                 batch_size=batch_size, lr=lr, early_stopping=early_stopping, seed=seed)
     train_probe_on_run(run_dir, cfg, score=score, out_dir=out, device=device)
     typer.echo((out or run_dir / "probe").joinpath("metrics.md").read_text(encoding="utf-8"), nl=False)

@@ -134,25 +134,30 @@ def data_file(data: str) -> None:
 Rule = tuple[Callable[[Any], bool], str]  # (value is fine, what it must be)
 
 
-def _at_least(low: int) -> Rule:
+def at_least(low: int) -> Rule:
     return (lambda value: value >= low), f"at least {low}"
 
 
-_FRACTION: Rule = (lambda value: 0 <= value <= 1), "between 0 and 1"
-_BUDGET: Rule = (lambda value: 0 < value <= 1), "in (0, 1]"
+FRACTION: Rule = (lambda value: 0 <= value <= 1), "between 0 and 1"
+BUDGET: Rule = (lambda value: 0 < value <= 1), "in (0, 1]"
+POSITIVE: Rule = (lambda value: value > 0), "above 0"
 
 # Config field -> (rule, what one value is called). Tuple fields are checked item by item; None is never checked
 # (it means "not given" or "none"). A field of any command's config gets its rule here, once.
 RULES: dict[str, tuple[Rule, str]] = {
-    "runs": (_at_least(1), "runs"), "samples": (_at_least(1), "samples"), "questions": (_at_least(1), "questions"),
-    "fit_questions": (_at_least(1), "fit questions"), "first": (_at_least(0), "first"),
-    "fit_first": (_at_least(0), "fit first"), "max_new_tokens": (_at_least(1), "max_new_tokens"),
-    "lengths": (_at_least(1), "length"), "depths": (_FRACTION, "depth"), "distractor_depth": (_FRACTION, "depth"),
-    "budgets": (_BUDGET, "budget"), "success_threshold": (_FRACTION, "success threshold"),
-    "sink_size": (_at_least(0), "sink size"), "local_window": (_at_least(0), "local window"),
-    "sink": (_at_least(0), "sink"), "recent": (_at_least(1), "recent window"), "k": (_at_least(1), "k"),
-    "ks": (_at_least(0), "k"), "top_static": (_at_least(1), "top static"), "rerank_top": (_at_least(1), "rerank top"),
-    "draft_tokens": (_at_least(1), "draft tokens"), "top_n": (_at_least(1), "top n"),
+    "runs": (at_least(1), "runs"), "samples": (at_least(1), "samples"), "questions": (at_least(1), "questions"),
+    "fit_questions": (at_least(1), "fit questions"), "first": (at_least(0), "first"),
+    "fit_first": (at_least(0), "fit first"), "max_new_tokens": (at_least(1), "max_new_tokens"),
+    "lengths": (at_least(1), "length"), "depths": (FRACTION, "depth"), "distractor_depth": (FRACTION, "depth"),
+    "budgets": (BUDGET, "budget"), "success_threshold": (FRACTION, "success threshold"),
+    "sink_size": (at_least(0), "sink size"), "local_window": (at_least(0), "local window"),
+    "sink": (at_least(0), "sink"), "recent": (at_least(1), "recent window"), "k": (at_least(1), "k"),
+    "ks": (at_least(0), "k"), "top_static": (at_least(1), "top static"), "rerank_top": (at_least(1), "rerank top"),
+    "draft_tokens": (at_least(1), "draft tokens"), "top_n": (at_least(1), "top n"),
+    "static_k": (at_least(1), "static k"), "folds": (at_least(2), "folds"), "repeats": (at_least(1), "repeats"),
+    "regularisation": (POSITIVE, "regularisation"), "epochs": (at_least(1), "epochs"),
+    "batch_size": (at_least(1), "batch size"), "lr": (POSITIVE, "learning rate"),
+    "hidden_sizes": (at_least(1), "hidden size"), "early_stopping": (at_least(0), "early stopping"),
 }
 PATHS: dict[str, Callable[[Any], None]] = {"static": head_list, "probe": probe_dir, "data": data_file,
                                            "haystack": haystack_dir}
@@ -165,6 +170,11 @@ def value(flag: str, what: str, rule: Rule, given: Any) -> None:
     for item in given if isinstance(given, tuple) else (given,):
         if isinstance(item, int | float) and not (math.isfinite(item) and fine(item)):
             raise DynheadsError(f"{flag}: {what} must be {must}, got {item:g}")
+
+
+def choice(flag: str, given: str, choices: tuple[str, ...]) -> None:
+    if given not in choices:
+        raise DynheadsError(f"{flag} takes one of {', '.join(choices)}, got {given!r}")
 
 
 def config_values(config: Any, flags: Mapping[str, str] | None = None) -> None:
@@ -191,5 +201,5 @@ def checked_config(cls: type[C], file: str | Path | None = None, *, flags: Mappi
 
 
 def batch_size(given: int) -> int:
-    value("--batch-size", "batch size", _at_least(1), given)
+    value("--batch-size", "batch size", at_least(1), given)
     return given

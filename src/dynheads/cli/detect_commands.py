@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
+from dynheads.cli import checks
 from dynheads.cli.app import app
 from dynheads.cli.options import Opt
-from dynheads.config import build_config, parse_list
+from dynheads.config import parse_list
 from dynheads.errors import DynheadsError
 
 
@@ -17,7 +18,7 @@ def _detect_config(config, **values):
     from dynheads.experiments.detect import DetectConfig
 
     values["feature_sets"] = parse_list(values.get("feature_sets"), str)
-    return build_config(DetectConfig, config, **values)
+    return checks.checked_config(DetectConfig, config, **values)
 
 
 @app.command()
@@ -55,13 +56,14 @@ def detect(
 
         if run_dir is not None or out is None:
             raise DynheadsError("--data traces its own run: give --out DIR and no RUN_DIR")
-        source = trace_halueval(build_config(HaluevalConfig, None, data=data, **tracing), out / "trace").path
+        source = trace_halueval(checks.checked_config(HaluevalConfig, None, data=data, **tracing), out / "trace").path
     elif run_dir is None:
         raise DynheadsError("give a traced RUN_DIR or --data halueval:qa / halueval:dialogue")
     elif any(value is not None for value in tracing.values()):
         raise DynheadsError(f"--{next(k for k, v in tracing.items() if v is not None).replace('_', '-')} "
                             "applies only with --data")
     else:
+        checks.traced_run(run_dir)
         source = run_dir
     run_detect(source, cfg, out)
     typer.echo((out or run_dir / "detect").joinpath("results.md").read_text(encoding="utf-8"), nl=False)
@@ -86,6 +88,8 @@ def detect_transfer(
 
     cfg = _detect_config(config, static_k=static_k, probe=probe, feature_sets=feature_sets, seed=seed,
                          bootstrap=bootstrap, match_length=match_length)
+    for folder in (first, second):
+        checks.run_manifest(folder)
     run_transfer(first, second, cfg, out)
     typer.echo((out / "transfer.md").read_text(encoding="utf-8"), nl=False)
 
@@ -100,6 +104,8 @@ def detect_apply(
     """Score every token of a trace with a saved detector: probability that it is hallucinated."""
     from dynheads.experiments.detect import apply_detector
 
+    checks.json_file(detector, "detector")
+    checks.parquet_file(trace)
     frame = apply_detector(detector, trace, answer)
     if out is None:
         typer.echo(frame.to_string(index=False))
