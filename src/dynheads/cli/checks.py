@@ -67,8 +67,8 @@ def traced_run(path: str | Path) -> dict:
     manifest = run_manifest(path)
     traces = sorted((Path(path) / "traces").glob("*.parquet"))
     if not traces:
-        raise DynheadsError(f"{path} is a '{manifest.get('kind')}' run with no traces/*.parquet: give a traced run "
-                            "('dynheads trace')")
+        raise DynheadsError(f"{path} has no traced samples yet (a '{manifest.get('kind')}' run with no "
+                            "traces/*.parquet): give a traced run ('dynheads trace')")
     for trace in traces:
         parquet_file(trace)
     return manifest

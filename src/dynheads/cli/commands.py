@@ -50,7 +50,9 @@ def report(study: Annotated[Path, typer.Argument(help="study folder written by '
     """Write report.md and report.html again from a study folder's stage results (no model is loaded)."""
     from dynheads.report import write_report
 
-    if checks.run_manifest(study).get("kind") != "reproduce":
+    manifest = study / "manifest.json"
+    found = checks.json_file(manifest, "study manifest") if manifest.is_file() else None
+    if not isinstance(found, dict) or found.get("kind") != "reproduce":
         raise DynheadsError(f"{study} is not a study folder written by 'dynheads reproduce' (its manifest.json "
                             "does not say kind=reproduce)")
     _, html = write_report(study)
