@@ -1,4 +1,5 @@
-"""CLI for static heads and the analyses of a run: ``static``, ``dynamism``, ``plot heads``, ``cca``, ``probe train``.
+"""CLI for static heads and the analyses of a run: ``static``, ``dynamism``, ``plot heads``, ``cca``,
+``predictor train`` (the MLP head predictor; ``probe train`` is its older name).
 
 Each command parses its options, calls the Python API (``dynheads.experiments``) and prints a short summary.
 """
@@ -11,7 +12,7 @@ from typing import Annotated
 import typer
 
 from dynheads.cli import checks
-from dynheads.cli.app import app, plot_app, probe_app
+from dynheads.cli.app import app, plot_app, predictor_app
 from dynheads.cli.options import STATIC_HELP, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
 from dynheads.config import parse_list, parse_range
 from dynheads.experiments.settings import StaticConfig, StaticReasoningConfig
@@ -103,8 +104,8 @@ def cca(
     typer.echo(cca_markdown(table), nl=False)
 
 
-@probe_app.command("train")
-def probe_train(
+@predictor_app.command("train")
+def predictor_train(
     run_dir: RunArg,
     score: Score = "copy",
     hidden_sizes: Annotated[str | None, Opt(help="hidden layer widths, e.g. 8192,4096,4096")] = None,
@@ -118,7 +119,9 @@ def probe_train(
     out: Annotated[Path | None, Opt("--out", help="probe folder (default: RUN_DIR/probe)")] = None,
     config: Annotated[Path | None, Opt("--config", help="TOML file with HeadPredictorConfig settings")] = None,
 ) -> None:
-    """MLP probe from the hidden state to every head's score (offset 0); saves it with metrics.md/.json."""
+    """Train the MLP head predictor from the hidden state to every head's score (offset 0).
+
+    Saves it with metrics.md/.json into OUT (default RUN_DIR/probe); 'dynheads probe train' is its older name."""
     from dynheads.analysis.head_predictor import HeadPredictorConfig
     from dynheads.experiments.probing import train_probe_on_run
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,10 @@ from dynheads.cli.app import app
 from dynheads.cli.options import Opt
 from dynheads.config import parse_list
 from dynheads.errors import DynheadsError
+
+# detect's --help groups: tracing HaluEval (with --data) and the detectors
+Traced = functools.partial(Opt, rich_help_panel="Tracing HaluEval (with --data)")
+Fit = functools.partial(Opt, rich_help_panel="Detectors")
 
 
 def _detect_config(config, **values):
@@ -25,22 +30,22 @@ def _detect_config(config, **values):
 def detect(
     run_dir: Annotated[Path | None, typer.Argument(
         help="traced run directory (e.g. 'dynheads niah --distractor-depth'); leave out with --data")] = None,
-    data: Annotated[str | None, Opt(help="halueval:qa or halueval:dialogue: teacher-force HaluEval's right and "
+    data: Annotated[str | None, Traced(help="halueval:qa or halueval:dialogue: teacher-force HaluEval's right and "
                                          "hallucinated answers and detect on them (traces into OUT/trace)")] = None,
-    questions: Annotated[int | None, Opt(help="with --data: questions of the stream (two responses each)")] = None,
-    first: Annotated[int | None, Opt(help="with --data: index of the stream's first question")] = None,
-    context_boundary: Annotated[str | None, Opt(
+    questions: Annotated[int | None, Traced(help="with --data: questions of the stream (two responses each)")] = None,
+    first: Annotated[int | None, Traced(help="with --data: index of the stream's first question")] = None,
+    context_boundary: Annotated[str | None, Traced(
         help="with --data: 'prompt' or 'lookback-lens' (assistant header counted as generated)")] = None,
-    model: Annotated[str | None, Opt(help="with --data: model (default: the embedded SmolLM2)")] = None,
-    static: Annotated[str | None, Opt("--static", help="static head list (default: Eq. 1 ranking per fold)")] = None,
-    static_k: Annotated[int | None, Opt(help="static top-k heads in the retrieval features")] = None,
-    probe: Annotated[str | None, Opt(help="trained MLP probe folder (adds the probe feature sets)")] = None,
-    feature_sets: Annotated[str | None, Opt(help="e.g. retrieval_no_needle,lookback,entropy")] = None,
-    folds: Annotated[int | None, Opt(help="folds of the cross-validation grouped by question / sample")] = None,
-    repeats: Annotated[int | None, Opt(help="cross-validation repeats (seeds seed, seed+1, ...)")] = None,
-    seed: Annotated[int | None, Opt(help="seed of the first repeat's folds and of the bootstrap")] = None,
-    bootstrap: Annotated[int | None, Opt(help="bootstrap resamples for the confidence intervals")] = None,
-    match_length: Annotated[bool | None, Opt("--match-length/--full-length", help="compare the answers of a "
+    model: Annotated[str | None, Traced(help="with --data: model (default: the embedded SmolLM2)")] = None,
+    static: Annotated[str | None, Fit("--static", help="static head list (default: Eq. 1 ranking per fold)")] = None,
+    static_k: Annotated[int | None, Fit(help="static top-k heads in the retrieval features")] = None,
+    probe: Annotated[str | None, Fit(help="trained MLP probe folder (adds the probe feature sets)")] = None,
+    feature_sets: Annotated[str | None, Fit(help="e.g. retrieval_no_needle,lookback,entropy")] = None,
+    folds: Annotated[int | None, Fit(help="folds of the cross-validation grouped by question / sample")] = None,
+    repeats: Annotated[int | None, Fit(help="cross-validation repeats (seeds seed, seed+1, ...)")] = None,
+    seed: Annotated[int | None, Fit(help="seed of the first repeat's folds and of the bootstrap")] = None,
+    bootstrap: Annotated[int | None, Fit(help="bootstrap resamples for the confidence intervals")] = None,
+    match_length: Annotated[bool | None, Fit("--match-length/--full-length", help="compare the answers of a "
                                               "question on their common first tokens only (length control)")] = None,
     out: Annotated[Path | None, Opt("--out", help="output folder (default: RUN_DIR/detect)")] = None,
     config: Annotated[Path | None, Opt("--config", help="TOML file with DetectConfig settings")] = None,

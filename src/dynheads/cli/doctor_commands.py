@@ -37,8 +37,10 @@ def main_options(
 
 @app.command()
 def doctor() -> None:
-    """Check this machine: torch build, device, embedded model, packaged data and models, haystack, cache, spaCy model,
-    Chromium (exit 0)."""
+    """Check this machine: what dynheads uses, how to fix what is missing, and whether it is busy (exit 0).
+
+    Torch build, device and threads, machine load, embedded model, packaged data and models, haystack, cache, spaCy
+    model, Chromium."""
     from dynheads import __version__
     from dynheads.doctor import installed_path, render, run_checks
 

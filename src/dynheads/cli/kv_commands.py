@@ -53,8 +53,9 @@ def kv_export(
                                                "score heads only; a shortfall is recorded)")] = None,
     **settings,
 ) -> None:
-    """Write a head list as a \\[layers x kv_heads] matrix in DuoAttention's layout (TSV + config.json): scores
-    normalised to [0, 1], or a 0/1 pattern with --full-heads; zero-score heads are never listed as full."""
+    """Write a head list as a \\[layers x kv_heads] matrix in DuoAttention's layout (TSV + config.json).
+
+    Scores normalised to [0, 1], or a 0/1 pattern with --full-heads; zero-score heads are never listed as full."""
     from dynheads.analysis.headlists import load_head_list
     from dynheads.analysis.kvheads import Aggregation, kv_head_matrix, query_head_scores, write_duo_attention
     from dynheads.io import read_json

@@ -43,6 +43,10 @@ BatchSize = Annotated[int, Opt("--batch-size", help="samples (ablation: records)
                                                  "path, larger batches give its results up to fp32 rounding")]
 DeviceMap = Annotated[str | None, Opt("--device-map", help="spread a large model over GPUs, e.g. auto")]
 STATIC_HELP = "static head list (Wu et al. JSON or a ranked list)"
+# --help groups a generated option under the config piece that declares its field (experiments.settings); the
+# command's own fields and options stay under typer's "Options".
+PANELS = {"ModelSettings": "Model", "Seeded": "Grid", "NiahCells": "Grid", "NiahGrid": "Grid",
+          "QaGrid": "Questions and grid", "TracingSettings": "Scores and chat template"}
 CONTEXT = "typer_context"  # the click context Typer passes a generated command: which options the user gave
 
 
@@ -57,7 +61,8 @@ def config_options(config: type, *, skip: tuple[str, ...] = (), flags: Mapping[s
             continue
         name = (flags or {}).get(field.name, field.name)
         options[name] = _option(name, hints[field.name], field.metadata.get("help", ""),
-                                _shown_default(field.default), field.name if name != field.name else None)
+                                _shown_default(field.default), field.name if name != field.name else None,
+                                _panel(config, field.name))
     return options
 
 
@@ -80,13 +85,21 @@ def shared_options(configs: Mapping[str, type]) -> dict[str, Option]:
             help, default = help + " (default: " + ", ".join(f"{k} {v}" for k, v in shown.items()) + ")", None
         elif len(entries) < len(configs):
             help += f" ({', '.join(shown)} only)"
-        options[name] = _option(name, hint, help, default, None)
+        options[name] = _option(name, hint, help, default, None, _panel(configs[entries[0][0]], name))
     return options
 
 
-def _option(name: str, hint: Any, help: str, default: Any, field: str | None) -> Option:
+def _option(name: str, hint: Any, help: str, default: Any, field: str | None, panel: str | None) -> Option:
     kind, items = _option_kind(hint)
-    return Option(Annotated[kind, Opt(f"--{name.replace('_', '-')}", help=help)], default, items, field)
+    declaration = Opt(f"--{name.replace('_', '-')}", help=help, rich_help_panel=panel)
+    return Option(Annotated[kind, declaration], default, items, field)
+
+
+def _panel(config: type, name: str) -> str | None:
+    """The ``--help`` group of field ``name``: that of the first piece of ``config`` that declares it (None: the
+    command's own field, under "Options")."""
+    return next((PANELS[cls.__name__] for cls in config.__mro__
+                 if cls.__name__ in PANELS and name in cls.__dict__.get("__annotations__", {})), None)
 
 
 def _option_kind(hint: Any) -> tuple[Any, Callable[[str], Any] | None]:

@@ -36,8 +36,9 @@ SHAPES = {"niah": NiahConfig, "question tasks": HotpotConfig}  # trace's option 
 @with_options(shared_options(SHAPES))
 def trace(out: RunOut, task: TaskName = "niah", batch_size: BatchSize = 1, device_map: DeviceMap = None,
           config: ConfigFile = None, **settings) -> None:
-    """Trace greedy generation on a registered task's grid, scoring every head at every step (Eq. 1 or Eq. 2, as
-    the task says)."""
+    """Trace greedy generation on any registered task's grid, scoring every head at every step.
+
+    The task decides the score (Eq. 1 or Eq. 2) and which options apply: 'dynheads tasks' lists them."""
     _trace(task, out, config, settings, batch_size=batch_size, device_map=device_map)
 
 
@@ -45,8 +46,9 @@ def trace(out: RunOut, task: TaskName = "niah", batch_size: BatchSize = 1, devic
 @with_options(config_options(NiahConfig))
 def niah(out: RunOut, batch_size: BatchSize = 1, device_map: DeviceMap = None, config: ConfigFile = None,
          **settings) -> None:
-    """Trace greedy generation on a Needle-in-a-Haystack grid, scoring every head at every step (= trace --task
-    niah)."""
+    """Trace greedy generation on a Needle-in-a-Haystack grid, scoring every head at every step.
+
+    The same as 'dynheads trace --task niah', with NIAH's options only."""
     _trace("niah", out, config, settings, batch_size=batch_size, device_map=device_map)
 
 
@@ -54,8 +56,10 @@ def niah(out: RunOut, batch_size: BatchSize = 1, device_map: DeviceMap = None, c
 @with_options(config_options(HotpotConfig))
 def hotpotqa(out: RunOut, batch_size: BatchSize = 1, device_map: DeviceMap = None, config: ConfigFile = None,
              **settings) -> None:
-    """Trace multi-hop QA (HotpotQA or its synthetic stand-in), scoring every head at every step with Eq. 2 (= trace
-    --task hotpotqa; --data multihop:... / variable_tracking / multikey_niah trace those tasks)."""
+    """Trace multi-hop QA (HotpotQA or its synthetic stand-in), scoring every head at every step with Eq. 2.
+
+    The same as 'dynheads trace --task hotpotqa'; --data multihop:..., variable_tracking or multikey_niah traces
+    that task."""
     _trace("hotpotqa", out, config, settings, batch_size=batch_size, device_map=device_map)
 
 
