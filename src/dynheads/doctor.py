@@ -54,10 +54,10 @@ def default_threads() -> int:
 
 
 def apply_threads(threads: int) -> None:
-    """Use ``threads`` CPU threads in torch and the BLAS libraries: through the environment for those not imported
-    yet (they read it when they load), ``torch.set_num_threads`` where torch is loaded already."""
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[name] = str(threads)
+    """Use ``threads`` CPU threads in torch before any model work: ``torch.set_num_threads`` where torch is loaded,
+    else ``OMP_NUM_THREADS``, from which torch sets its thread count as it loads (capped at the core count), so
+    that a command's ``--help`` still loads no torch."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
 

@@ -24,7 +24,7 @@ def main_options(
                                           help="print the version and exit")] = False,
     threads: Annotated[int | None, typer.Option(
         "--threads", envvar="DYNHEADS_THREADS", show_default=False,
-        help="CPU threads of torch and BLAS for the command that follows (dynheads --threads 2 niah ...). "
+        help="CPU threads of torch for the command that follows (dynheads --threads 2 niah ...). "
              "Default: OMP_NUM_THREADS if set, else 1 while the machine is busy (1-minute load average >= usable "
              "cores; 'dynheads doctor' says), else one per usable core up to 4")] = None,
 ) -> None:
