@@ -65,6 +65,9 @@ CASES = [  # (command line, what the error names, what it says)
     (["kv-export", *NO_MODEL, "--static", "{t}/missing.json", "--out", "{t}/out"], "{t}/missing.json",
      "static head list not found"),
     (["detect", "--data", "halueval:qa", "--out", "{t}/out", "--folds", "1"], "--folds", "must be at least 2"),
+    (["rag", *NO_MODEL, "--trigger-form", "pos", "--out", "{t}/out"], "--trigger-form", "takes one of paper, dragin"),
+    (["niah", *NO_MODEL, "--chat-template-kwargs", "{{bad", "--out", "{t}/out"], "'{{bad'",
+     "chat template kwargs must be a JSON object"),
 ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -159,8 +160,24 @@ RULES: dict[str, tuple[Rule, str]] = {
     "batch_size": (at_least(1), "batch size"), "lr": (POSITIVE, "learning rate"),
     "hidden_sizes": (at_least(1), "hidden size"), "early_stopping": (at_least(0), "early stopping"),
 }
-PATHS: dict[str, Callable[[Any], None]] = {"static": head_list, "probe": probe_dir, "data": data_file,
-                                           "haystack": haystack_dir}
+
+
+def _template_kwargs(text: str) -> None:
+    from dynheads.tasks.prompting import chat_template_kwargs
+
+    chat_template_kwargs(text)  # a JSON object, or a one-line error
+
+
+def _trigger_form(form: str) -> None:
+    from dynheads.rag.trigger import TriggerForm
+
+    choice("--trigger-form", form, typing.get_args(TriggerForm))
+
+
+# Config field -> its check: the files and folders a field names, and text settings read only after the model loads.
+FIELD_CHECKS: dict[str, Callable[[Any], None]] = {
+    "static": head_list, "probe": probe_dir, "data": data_file, "haystack": haystack_dir,
+    "chat_template_kwargs": _template_kwargs, "trigger_form": _trigger_form}
 
 
 def value(flag: str, what: str, rule: Rule, given: Any) -> None:
@@ -178,7 +195,7 @@ def choice(flag: str, given: str, choices: tuple[str, ...]) -> None:
 
 
 def config_values(config: Any, flags: Mapping[str, str] | None = None) -> None:
-    """Check every field of ``config`` that has a rule or names a file or folder (``PATHS``); errors
+    """Check every field of ``config`` that has a rule (``RULES``) or a check (``FIELD_CHECKS``); errors
     name the field by its flag (``flags[field]`` where it differs from ``--field-name``)."""
     for field in dataclasses.fields(config):
         given = getattr(config, field.name)
@@ -188,8 +205,8 @@ def config_values(config: Any, flags: Mapping[str, str] | None = None) -> None:
         if field.name in RULES:
             rule, what = RULES[field.name]
             value(flag, what, rule, given)
-        if field.name in PATHS and isinstance(given, str):
-            PATHS[field.name](given)
+        if field.name in FIELD_CHECKS and isinstance(given, str):
+            FIELD_CHECKS[field.name](given)
 
 
 def checked_config(cls: type[C], file: str | Path | None = None, *, flags: Mapping[str, str] | None = None,
