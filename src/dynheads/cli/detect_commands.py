@@ -10,23 +10,38 @@ import typer
 
 from dynheads.cli import checks
 from dynheads.cli.app import app
-from dynheads.cli.options import Opt
-from dynheads.config import parse_list
+from dynheads.cli.options import Opt, Option, with_options
 from dynheads.errors import DynheadsError
 
 # detect's --help groups: tracing HaluEval (with --data) and the detectors
 Traced = functools.partial(Opt, rich_help_panel="Tracing HaluEval (with --data)")
 Fit = functools.partial(Opt, rich_help_panel="Detectors")
+DetectConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with DetectConfig settings")]
+
+
+# The DetectConfig settings both detect and detect-transfer take (declared here, not generated from DetectConfig:
+# importing it loads torch, and --help must not).
+DETECTOR_OPTIONS = {
+    "static_k": Option(Annotated[int | None, Fit(help="static top-k heads in the retrieval features")]),
+    "probe": Option(Annotated[str | None, Fit(help="trained MLP probe folder (adds the probe feature sets)")]),
+    "feature_sets": Option(Annotated[str | None, Fit(help="e.g. retrieval_no_needle,lookback,entropy")],
+                           items=str.strip),
+    "seed": Option(Annotated[int | None, Fit(help="seed of the cross-validation folds and of the bootstrap")]),
+    "bootstrap": Option(Annotated[int | None, Fit(help="bootstrap resamples for the confidence intervals")]),
+    "match_length": Option(Annotated[bool | None, Fit("--match-length/--full-length", help="compare the answers "
+                                                      "of a question on their common first tokens only (length "
+                                                      "control)")]),
+}
 
 
 def _detect_config(config, **values):
     from dynheads.experiments.detect import DetectConfig
 
-    values["feature_sets"] = parse_list(values.get("feature_sets"), str)
     return checks.checked_config(DetectConfig, config, **values)
 
 
 @app.command()
+@with_options(DETECTOR_OPTIONS)
 def detect(
     run_dir: Annotated[Path | None, typer.Argument(
         help="traced run directory (e.g. 'dynheads niah --distractor-depth'); leave out with --data")] = None,
@@ -38,23 +53,16 @@ def detect(
         help="with --data: 'prompt' or 'lookback-lens' (assistant header counted as generated)")] = None,
     model: Annotated[str | None, Traced(help="with --data: model (default: the embedded SmolLM2)")] = None,
     static: Annotated[str | None, Fit("--static", help="static head list (default: Eq. 1 ranking per fold)")] = None,
-    static_k: Annotated[int | None, Fit(help="static top-k heads in the retrieval features")] = None,
-    probe: Annotated[str | None, Fit(help="trained MLP probe folder (adds the probe feature sets)")] = None,
-    feature_sets: Annotated[str | None, Fit(help="e.g. retrieval_no_needle,lookback,entropy")] = None,
     folds: Annotated[int | None, Fit(help="folds of the cross-validation grouped by question / sample")] = None,
     repeats: Annotated[int | None, Fit(help="cross-validation repeats (seeds seed, seed+1, ...)")] = None,
-    seed: Annotated[int | None, Fit(help="seed of the first repeat's folds and of the bootstrap")] = None,
-    bootstrap: Annotated[int | None, Fit(help="bootstrap resamples for the confidence intervals")] = None,
-    match_length: Annotated[bool | None, Fit("--match-length/--full-length", help="compare the answers of a "
-                                              "question on their common first tokens only (length control)")] = None,
     out: Annotated[Path | None, Opt("--out", help="output folder (default: RUN_DIR/detect)")] = None,
-    config: Annotated[Path | None, Opt("--config", help="TOML file with DetectConfig settings")] = None,
+    config: DetectConfigFile = None,
+    **settings,
 ) -> None:
     """Hallucination detectors (logistic regression per feature set), grouped cross-validation; AUROC/AUPRC."""
     from dynheads.experiments.detect import run_detect
 
-    cfg = _detect_config(config, static=static, static_k=static_k, probe=probe, feature_sets=feature_sets,
-                         folds=folds, repeats=repeats, seed=seed, bootstrap=bootstrap, match_length=match_length)
+    cfg = _detect_config(config, static=static, folds=folds, repeats=repeats, **settings)
     tracing = {"questions": questions, "first": first, "context_boundary": context_boundary, "model": model}
     if data is not None:
         from dynheads.experiments.halueval import HaluevalConfig, trace_halueval
@@ -75,24 +83,18 @@ def detect(
 
 
 @app.command("detect-transfer")
+@with_options(DETECTOR_OPTIONS)
 def detect_transfer(
     first: Annotated[Path, typer.Argument(help="output folder of 'dynheads detect --data halueval:qa'")],
     second: Annotated[Path, typer.Argument(help="output folder of 'dynheads detect --data halueval:dialogue'")],
     out: Annotated[Path, Opt("--out", help="output folder of the transfer table")],
-    static_k: Annotated[int | None, Opt(help="static top-k heads in the retrieval features")] = None,
-    probe: Annotated[str | None, Opt(help="trained MLP probe folder (adds the probe feature sets)")] = None,
-    feature_sets: Annotated[str | None, Opt(help="e.g. retrieval_no_needle,lookback,entropy")] = None,
-    seed: Annotated[int | None, Opt(help="seed of the bootstrap")] = None,
-    bootstrap: Annotated[int | None, Opt(help="bootstrap resamples for the confidence intervals")] = None,
-    match_length: Annotated[bool | None, Opt("--match-length/--full-length", help="compare the answers of a "
-                                              "question on their common first tokens only (length control)")] = None,
-    config: Annotated[Path | None, Opt("--config", help="TOML file with DetectConfig settings")] = None,
+    config: DetectConfigFile = None,
+    **settings,
 ) -> None:
     """Train on one HaluEval task, test on the other (both ways), beside the in-task numbers."""
     from dynheads.experiments.halueval import run_transfer
 
-    cfg = _detect_config(config, static_k=static_k, probe=probe, feature_sets=feature_sets, seed=seed,
-                         bootstrap=bootstrap, match_length=match_length)
+    cfg = _detect_config(config, **settings)
     for folder in (first, second):
         checks.run_manifest(folder)
     run_transfer(first, second, cfg, out)
