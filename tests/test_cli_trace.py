@@ -51,6 +51,16 @@ def test_trace_a_question_task_reads_its_own_data_spelling(tiny_model_dir, tmp_p
     assert (out / "summary.md").is_file()  # the question tasks' answer table, as 'hotpotqa --data multihop:...'
 
 
+@pytest.mark.parametrize("name", [name for name in task_names() if get_task(name).questions])
+def test_every_question_task_s_default_data_selects_it(name):
+    """What 'trace --task NAME' without --data reads, and what the HotpotQA-shaped runner makes of it, agree."""
+    from dynheads.cli.trace_commands import default_data
+    from dynheads.experiments.hotpotqa import qa_task
+    from dynheads.experiments.settings import HotpotConfig
+
+    assert qa_task(HotpotConfig(data=default_data(name))) is get_task(name)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--task", "no_such_task"], "unknown task 'no_such_task'"),
     (["--task", "niah", "--questions", "3"], "--questions does not apply to task 'niah'"),
