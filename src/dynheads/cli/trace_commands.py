@@ -86,10 +86,10 @@ def default_data(name: str) -> str | None:
     """The ``data`` value that selects question task ``name`` when none is given (``task_of``'s spelling; None:
     HotpotQA's synthetic questions, or a task that reads no ``data``)."""
     from dynheads.tasks import multihop, ruler
-    from dynheads.tasks.registry import KV_LOOKUP_NAME, MULTIHOP_NAME, VT_LOOKUP_DATA, VT_LOOKUP_NAME
 
-    spellings = {MULTIHOP_NAME: f"{multihop.SOURCE}:hops=2", KV_LOOKUP_NAME: multihop.SOURCE,
-                 VT_LOOKUP_NAME: VT_LOOKUP_DATA, ruler.VT_SOURCE: ruler.VT_SOURCE, ruler.MK_SOURCE: ruler.MK_SOURCE}
+    spellings = {multihop.MULTIHOP_NAME: f"{multihop.SOURCE}:hops=2", multihop.KV_LOOKUP_NAME: multihop.SOURCE,
+                 ruler.VT_LOOKUP_NAME: ruler.VT_LOOKUP_DATA, ruler.VT_SOURCE: ruler.VT_SOURCE,
+                 ruler.MK_SOURCE: ruler.MK_SOURCE}
     return spellings.get(name)
 
 
