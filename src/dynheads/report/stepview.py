@@ -52,8 +52,9 @@ def _sample(record: dict, trace: Trace, score: ScoreKind, threshold: str | float
             max_heads: int) -> dict[str, Any]:
     layers, heads = trace.shape
     # NaN scores (an empty Eq. 2 denominator) are never active
-    active = ScoreSpec(score, str(threshold)).active(trace.copy_scores, trace.reasoning_scores, trace.chance)
-    values = np.nan_to_num(trace.max_prob if score == "copy" else trace.reasoning_scores)
+    spec = ScoreSpec(score, str(threshold))
+    active = spec.active(trace.scores, trace.chance)
+    values = np.nan_to_num(trace.max_prob if spec.score.binary else spec.trace_scores(trace.scores))
     steps = []
     for step in range(min(trace.num_steps, max_steps)):
         found = np.argwhere(active[step])  # [n, 2] (layer, head)
