@@ -19,6 +19,7 @@ from zoo import NoTokenizer, tiny_model
 import dynheads
 from dynheads.analysis.cca import samples_from_traces
 from dynheads.analysis.dynamism import dynamism_stats
+from dynheads.analysis.static import ReasoningTest, static_reasoning_heads
 from dynheads.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.experiments.analyses import dynamic_sets, dynamism_report
@@ -142,6 +143,11 @@ def test_analyses_take_a_registered_score_by_name(lm, new_scores, tmp_path):
     samples = samples_from_traces(traces, "context_share")
     assert all(np.array_equal(scores, t.scores["context_share"].reshape(STEPS, 12))
                for (_, scores), t in zip(samples, traces, strict=True))
+
+    heads, empty = static_reasoning_heads([ReasoningTest(t, 1.0) for t in traces], score="context_share")
+    expected = np.mean([t.scores["context_share"].astype(np.float64).mean(axis=0) for t in traces], axis=0)
+    np.testing.assert_allclose(heads.mean_scores, expected)
+    assert empty == 0 and heads.ranking[0] == np.unravel_index(expected.argmax(), expected.shape)
 
 
 def test_the_live_step_ranks_a_registered_binary_score_by_attention(lm, new_scores):

@@ -37,7 +37,7 @@ def step_view(run_dir: str | Path, label: str, score: ScoreKind, *, threshold: s
     chosen = _spread(records, max_samples)
     samples = [_sample(record, run.load_trace(record["sample_id"]), score, threshold, max_steps, max_heads)
                for record in chosen]
-    return {"label": label, "score": score, "threshold": str(threshold) if score == "reasoning" else None,
+    return {"label": label, "score": score, "threshold": None if ScoreSpec(score).score.binary else str(threshold),
             "total_samples": len(records), "samples": samples}
 
 
