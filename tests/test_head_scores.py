@@ -173,3 +173,15 @@ def test_a_trace_without_a_score_says_so(lm, new_scores):
     assert list(old.scores) == ["copy", "reasoning"]  # files before the scores key hold the first two
     with pytest.raises(DynheadsError, match="holds no 'sink_argmax' score"):
         dynamic_sets(old, "sink_argmax", "0.1")
+
+
+def test_a_score_declaration_is_checked(new_scores):
+    assert HEAD_SCORES.names()[:2] == ["copy", "reasoning"] and "sink_argmax" in HEAD_SCORES
+    assert HEAD_SCORES.help("sink_argmax") == "the head's most-attended key is one of the first sink keys"
+    with pytest.raises(DynheadsError, match="already registered"):
+        register_score("sink_argmax", sink_argmax, binary=True, label="again", help="again")
+    with pytest.raises(DynheadsError, match="one word"):
+        register_score("sink argmax", sink_argmax, binary=True, label="x", help="x")  # it names a file column
+    with pytest.raises(DynheadsError, match="one-line help"):
+        register_score("sink2", sink_argmax, binary=True, label="x", help="two\nlines")
+    assert "sink2" not in HEAD_SCORES

@@ -396,7 +396,8 @@ class TraceRecorder:
 
     def __init__(self) -> None:
         self.steps: list[dict[str, torch.Tensor]] = []
-        self.head_scores = list(HEAD_SCORES)  # (name, HeadScore): the scores registered when the trace began
+        # (name, HeadScore) of the scores registered when the trace began
+        self.head_scores = [(name, HEAD_SCORES.get(name)) for name in HEAD_SCORES.names()]
         self.scores: dict[str, list[torch.Tensor]] = {name: [] for name, _ in self.head_scores}  # [L, H] per step
         self.tokens: list[int] = []
         self.chance: list[float] = []  # Eq. 2 score of a uniform head at each step

@@ -26,7 +26,7 @@ everything that scores heads reads them from here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,22 +80,19 @@ class HeadScore:
     reduce: Callable[[StepMeasures, ScoredRow, int], torch.Tensor]
     binary: bool
     label: str  # how reports name it ("Eq. 1 copy score")
-    help: str  # one line
 
 
 class ScoreRegistry:
-    """The head scores by name, in registration order; an unknown name is a one-line error naming the known ones."""
+    """The head scores by name with a one-line help each, in registration order; an unknown name is a one-line
+    error naming the known ones. (The subset of a generic name registry that head scores use.)"""
 
     def __init__(self) -> None:
-        self._scores: dict[str, HeadScore] = {}
+        self._scores: dict[str, tuple[HeadScore, str]] = {}
 
-    def register(self, name: str, score: HeadScore, *, replace: bool = False) -> HeadScore:
-        if not name.isidentifier():
-            raise DynheadsError(f"a head score's name is one word (letters, digits, _), got {name!r}")
+    def register(self, name: str, value: HeadScore, *, help: str, replace: bool = False) -> None:
         if name in self._scores and not replace:
             raise DynheadsError(f"head score {name!r} is already registered")
-        self._scores[name] = score
-        return score
+        self._scores[name] = (value, help)
 
     def unregister(self, name: str) -> None:
         self._scores.pop(name, None)
@@ -103,7 +100,11 @@ class ScoreRegistry:
     def get(self, name: str) -> HeadScore:
         if name not in self._scores:
             raise DynheadsError(f"score must be one of {', '.join(self._scores)}, got {name!r}")
-        return self._scores[name]
+        return self._scores[name][0]
+
+    def help(self, name: str) -> str:
+        self.get(name)
+        return self._scores[name][1]
 
     def names(self) -> list[str]:
         return list(self._scores)
@@ -111,17 +112,21 @@ class ScoreRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._scores
 
-    def __iter__(self) -> Iterator[tuple[str, HeadScore]]:
-        return iter(list(self._scores.items()))
-
 
 HEAD_SCORES = ScoreRegistry()
 
 
 def register_score(name: str, reduce: Callable[[StepMeasures, ScoredRow, int], torch.Tensor], *, binary: bool,
                    label: str, help: str, replace: bool = False) -> HeadScore:
-    """Declare a head score: traces record it by ``name`` from then on, and analyses accept the name."""
-    return HEAD_SCORES.register(name, HeadScore(reduce, binary, label, help), replace=replace)
+    """Declare a head score: traces record it by ``name`` (their column ``<name>_score``) from then on, and
+    analyses accept the name. ``help``: one line."""
+    if not name.isidentifier():
+        raise DynheadsError(f"a head score's name is one word (letters, digits, _), got {name!r}")
+    if not help.strip() or "\n" in help:
+        raise DynheadsError(f"head score {name!r} needs a one-line help text")
+    score = HeadScore(reduce, binary, label)
+    HEAD_SCORES.register(name, score, help=help, replace=replace)
+    return score
 
 
 def check_kind(kind: str) -> ScoreKind:
