@@ -30,7 +30,7 @@ _EXPORTS = exports_by_name({
     "dynheads.tasks": ("niah", "hotpotqa", "multihop"),
     "dynheads.tasks.sample": ("Sample",),
     "dynheads.tasks.registry": ("Task", "get_task", "register_task=register"),
-    "dynheads.scores": ("ScoreSpec",),
+    "dynheads.scores": ("ScoreSpec", "HeadScore", "HEAD_SCORES", "register_score"),
     # static heads, head lists, dynamism statistics (Tables 1 and 5)
     "dynheads.analysis.static": ("NiahTest", "ReasoningTest", "StaticHeads", "static_heads", "static_reasoning_heads"),
     "dynheads.analysis.headlists": ("load_head_list", "save_head_scores"),

@@ -41,7 +41,7 @@ from dynheads.scores import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE
 class AblationSettings:
     strategy: str = "dynamic"  # a name in ``ablation_strategies.ABLATION_STRATEGIES``
     mode: AblationMode = "zero"
-    score: ScoreKind = "copy"  # how D_t is found: Eq. 1, or Eq. 2 above ``threshold``
+    score: ScoreKind = "copy"  # how D_t is found: a registered head score (Eq. 1, or Eq. 2 above ``threshold``)
     threshold: str | float = DEFAULT_REASONING_THRESHOLD  # dynheads.thresholds: "0.1" or "relative:3"
     matching: str = "per_step"  # MATCHINGS: static/random mask |D_t| of each step's clean pass, or a fixed ``count``
     count: int | None = None  # matching="mean": heads per step for static/random (the dynamic run's mean |D_t|)
@@ -153,14 +153,8 @@ def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
 
 def _dynamic_heads(row: Row, step: StepResult, predicted: int, settings: AblationSettings) -> list[Head]:
     """D_t as ``(layer, head)`` pairs, in the order progressive ablation removes them (highest first, ties by
-    index): ``copy`` by the attention weight on the copied position (a copying head's argmax key is that
-    position, so its max_prob is that weight); ``reasoning`` by the step's Eq. 2 score (its max_prob is usually
-    the attention sink's weight, not attention on the supporting facts)."""
-    spec = settings.score_spec()
-    copy = row.copy_scores(step.stats, predicted) if spec.kind == "copy" else None
-    reasoning = step.stats.reasoning_scores() if spec.kind == "reasoning" else None
-    chance = row.chance_share() if spec.kind == "reasoning" else 0.0
-    return spec.step_heads(copy, step.stats.max_prob, reasoning, chance)
+    index; ``ScoreSpec.step_heads``)."""
+    return settings.score_spec().step_heads(step.stats, row, predicted)
 
 
 def _heads_to_mask(dynamic: list[Head], settings: AblationSettings, lm: LoadedModel, rng: np.random.Generator

@@ -36,7 +36,7 @@ from dynheads.batching import merge_caches
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 from dynheads.probe import NO_EDIT, AblationMode, AttentionProbe, Head, RowEdit, StepStats, attached
-from dynheads.scores import LOCAL_WINDOW, SINK_SIZE, copy_scores
+from dynheads.scores import HEAD_SCORES, LOCAL_WINDOW, SINK_SIZE, copy_scores
 from dynheads.thresholds import chance_share
 from dynheads.traces import Trace
 
@@ -90,8 +90,7 @@ class Row:
 
     def copy_scores(self, stats: StepStats, predicted: int) -> torch.Tensor:
         """Eq. 1 ``[L, H]``: the argmax key is a needle token and carries the predicted token."""
-        return copy_scores(stats.argmax_pos, self.is_needle(stats.argmax_pos), self.prompt_length, self.ids,
-                           predicted)
+        return copy_scores(stats, self, predicted)
 
     def chance_share(self) -> float:
         """Eq. 2 score of a head attending uniformly, at the last position fed."""
@@ -393,10 +392,13 @@ def check_fits(lm: LoadedModel, prompt_length: int, max_new_tokens: int) -> None
 
 
 class TraceRecorder:
-    """Collects per-step results into a ``Trace``."""
+    """Collects per-step results into a ``Trace``, with every registered head score (``HEAD_SCORES``) by name."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, torch.Tensor]] = []
+        # (name, HeadScore) of the scores registered when the trace began
+        self.head_scores = [(name, HEAD_SCORES.get(name)) for name in HEAD_SCORES.names()]
+        self.scores: dict[str, list[torch.Tensor]] = {name: [] for name, _ in self.head_scores}  # [L, H] per step
         self.tokens: list[int] = []
         self.chance: list[float] = []  # Eq. 2 score of a uniform head at each step
 
@@ -404,11 +406,11 @@ class TraceRecorder:
         """Record a step that emitted ``token``; ``predicted`` (ŷ of Eq. 1) defaults to that token."""
         stats = result.stats
         predicted = token if predicted is None else predicted
+        for name, score in self.head_scores:
+            self.scores[name].append(score.reduce(stats, row, predicted))
         self.steps.append({
             "argmax_pos": stats.argmax_pos,
-            "copy_scores": row.copy_scores(stats, predicted),
             "needle_mass": stats.needle_mass,
-            "reasoning_scores": stats.reasoning_scores(),
             "max_prob": stats.max_prob,
             "context_mass": stats.context_mass,
             "context_entropy": stats.context_entropy,
@@ -421,10 +423,11 @@ class TraceRecorder:
     def finish(self, lm: LoadedModel, row: Row, stop_reason: str) -> Trace:
         shape = (len(self.steps), lm.num_layers, lm.num_heads)
 
+        def stack(values: list[torch.Tensor], dtype, empty_shape=shape) -> np.ndarray:
+            return torch.stack(values).cpu().numpy().astype(dtype) if values else np.zeros(empty_shape, dtype=dtype)
+
         def stacked(name: str, dtype, empty_shape=shape) -> np.ndarray:
-            if not self.steps:
-                return np.zeros(empty_shape, dtype=dtype)
-            return torch.stack([s[name] for s in self.steps]).cpu().numpy().astype(dtype)
+            return stack([s[name] for s in self.steps], dtype, empty_shape)
 
         tokenizer = lm.tokenizer
         return Trace(
@@ -432,9 +435,9 @@ class TraceRecorder:
             token_texts=[tokenizer.decode([t]) for t in self.tokens],
             text=tokenizer.decode(self.tokens, skip_special_tokens=True),
             argmax_pos=stacked("argmax_pos", np.int32),
-            copy_scores=stacked("copy_scores", np.bool_),
+            scores={name: stack(self.scores[name], np.bool_ if score.binary else np.float32)
+                    for name, score in self.head_scores},
             needle_mass=stacked("needle_mass", np.float32),
-            reasoning_scores=stacked("reasoning_scores", np.float32),
             max_prob=stacked("max_prob", np.float32),
             hidden=stacked("hidden", np.float32, (0, lm.hidden_size)),
             prompt_length=row.prompt_length,
