@@ -35,6 +35,7 @@ import torch
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
+from dynheads.registry import Registry
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ReasoningThreshold
 
 __all__ = ["DEFAULT_REASONING_THRESHOLD", "HEAD_SCORES", "LOCAL_WINDOW", "SINK_SIZE", "HeadScore", "ScoreKind",
@@ -82,38 +83,7 @@ class HeadScore:
     label: str  # how reports name it ("Eq. 1 copy score")
 
 
-class ScoreRegistry:
-    """The head scores by name with a one-line help each, in registration order; an unknown name is a one-line
-    error naming the known ones. (The subset of a generic name registry that head scores use.)"""
-
-    def __init__(self) -> None:
-        self._scores: dict[str, tuple[HeadScore, str]] = {}
-
-    def register(self, name: str, value: HeadScore, *, help: str, replace: bool = False) -> None:
-        if name in self._scores and not replace:
-            raise DynheadsError(f"head score {name!r} is already registered")
-        self._scores[name] = (value, help)
-
-    def unregister(self, name: str) -> None:
-        self._scores.pop(name, None)
-
-    def get(self, name: str) -> HeadScore:
-        if name not in self._scores:
-            raise DynheadsError(f"score must be one of {', '.join(self._scores)}, got {name!r}")
-        return self._scores[name][0]
-
-    def help(self, name: str) -> str:
-        self.get(name)
-        return self._scores[name][1]
-
-    def names(self) -> list[str]:
-        return list(self._scores)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._scores
-
-
-HEAD_SCORES = ScoreRegistry()
+HEAD_SCORES = Registry[HeadScore]("head score")
 
 
 def register_score(name: str, reduce: Callable[[StepMeasures, ScoredRow, int], torch.Tensor], *, binary: bool,
@@ -131,7 +101,8 @@ def register_score(name: str, reduce: Callable[[StepMeasures, ScoredRow, int], t
 
 def check_kind(kind: str) -> ScoreKind:
     """``kind`` when it names a registered head score, else a one-line error."""
-    HEAD_SCORES.get(kind)
+    if kind not in HEAD_SCORES:
+        raise DynheadsError(f"score must be one of {HEAD_SCORES.choices()}, got {kind!r}")
     return kind
 
 
