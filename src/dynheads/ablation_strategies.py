@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ class AblationStrategy:
 ABLATION_STRATEGIES = Registry[AblationStrategy]("ablation strategy")
 
 
-def ablation_strategy(title: str, **traits: object) -> Callable[[Callable[[MaskInputs], list[Head]]],
+def ablation_strategy(title: str, **traits: Any) -> Callable[[Callable[[MaskInputs], list[Head]]],
                                                                  AblationStrategy]:
     """Decorator: a ``choose`` function as an ``AblationStrategy`` titled ``title``, with ``traits``."""
     return lambda choose: AblationStrategy(choose, title, **traits)
@@ -67,10 +68,16 @@ class Matching:
     given_count: bool  # reads a count fixed per sample (the dynamic run's mean |D_t|): that run goes first
 
 
+def _given_count(dynamic: Sequence[Head], given: int | None) -> int:
+    if given is None:
+        raise ValueError("the 'mean' matching needs the dynamic run's count (that run goes first)")
+    return int(given)
+
+
 MATCHINGS = Registry[Matching]("matching")
 MATCHINGS.register("per_step", Matching(lambda dynamic, given: len(dynamic), given_count=False),
                    help="|D_t| of each step's clean pass of the control run")
-MATCHINGS.register("mean", Matching(lambda dynamic, given: int(given), given_count=True),
+MATCHINGS.register("mean", Matching(_given_count, given_count=True),
                    help="the dynamic run's mean |D_t|, rounded")
 
 

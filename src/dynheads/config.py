@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dynheads.errors import DynheadsError
 
-C = TypeVar("C")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+C = TypeVar("C", bound="DataclassInstance")
 
 
 def setting(default: Any, help: str) -> Any:
@@ -22,14 +26,21 @@ def setting(default: Any, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
 
-def redefault(piece: type, name: str, default: Any) -> Any:
+def redefault(piece: type[DataclassInstance], name: str, default: Any) -> Any:
     """Field ``name`` of the config piece ``piece`` with another default (same help)."""
     return dataclasses.field(default=default, metadata=piece.__dataclass_fields__[name].metadata)
 
 
-def pieces_of(config: Any, *pieces: type) -> dict[str, Any]:
+def pieces_of(config: Any, *pieces: type[DataclassInstance]) -> dict[str, Any]:
     """``config``'s values of the fields of ``pieces``: another config that shares them is built from these."""
     return {field.name: getattr(config, field.name) for piece in pieces for field in dataclasses.fields(piece)}
+
+
+def settings_of(config: Any) -> dict[str, Any]:
+    """A dataclass config's fields (recursively) or a mapping's items, as a dict."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    return dict(config)
 
 
 def build_config(cls: type[C], file: str | Path | None = None, **overrides: Any) -> C:
@@ -51,7 +62,7 @@ def build_config(cls: type[C], file: str | Path | None = None, **overrides: Any)
     return cls(**values)
 
 
-def parse_list(text: str | None, kind: type = float) -> tuple | None:
+def parse_list(text: str | None, kind: Callable[[str], Any] = float) -> tuple | None:
     """'500,1000,2000' -> (500, 1000, 2000); None stays None (use the config's value)."""
     if text is None:
         return None

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class RetentionPolicy:
 KV_POLICIES = Registry[RetentionPolicy]("KV policy")
 
 
-def retention_policy(**traits: object) -> Callable[[Callable[[PolicyInputs], list[KVHead]]], RetentionPolicy]:
+def retention_policy(**traits: Any) -> Callable[[Callable[[PolicyInputs], list[KVHead]]], RetentionPolicy]:
     """Decorator: a ``choose`` function as a ``RetentionPolicy`` with ``traits`` (the fields after ``choose``)."""
     return lambda choose: RetentionPolicy(choose, **traits)
 

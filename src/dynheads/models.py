@@ -85,6 +85,7 @@ class LoadedModel:
     def describe(self) -> dict:
         """What a run manifest records about the model."""
         config = self.model.config.get_text_config()
+        device_map = getattr(self.model, "hf_device_map", None)  # set by accelerate when it placed the model
         return {
             "name": self.name,
             "revision": self.revision,
@@ -97,8 +98,7 @@ class LoadedModel:
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.device),
             **({"packaged": self.packaged} if self.packaged else {}),
-            **({"device_map": {k: str(v) for k, v in self.model.hf_device_map.items()}}
-               if getattr(self.model, "hf_device_map", None) else {}),
+            **({"device_map": {k: str(v) for k, v in device_map.items()}} if device_map else {}),
         }
 
 
@@ -164,7 +164,7 @@ def load_model(
             model, tokenizer = _load_pretrained(name, dtype, device_map)
             revision = getattr(model.config, "_commit_hash", None) or "unknown"
     if device_map is None:
-        model.to(device)
+        model.to(device)  # type: ignore[arg-type]  # transformers' wrapped to() is typed as unbound
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision, packaged=packaged)
 
@@ -220,7 +220,7 @@ def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     # The weights are already de-quantised to plain tensors; only the GGUF bookkeeping blocks saving.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's __setattr__ types it Tensor | Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     try:

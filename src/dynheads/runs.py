@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from dynheads.config import settings_of
 from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path, format_version, read_json, write_json
 from dynheads.models import LoadedModel, library_versions
@@ -55,7 +56,7 @@ class RunDir:
 
     def start(self, kind: str, config: Any, lm: LoadedModel | None, extra: dict | None = None) -> dict:
         """Write the manifest of a new run, or check that an existing one has the same config (resume)."""
-        config_dict = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+        config_dict = settings_of(config)
         if self.exists():
             previous = self.manifest()
             if previous.get("kind") != kind or previous.get("config") != _resumable(config, previous.get("config")):
@@ -134,7 +135,7 @@ class RunDir:
 def _resumable(config: Any, previous: dict | None) -> dict:
     """``config`` as a manifest compares it, less the settings added since ``previous`` was written that are at
     their default (e.g. ``reproduce``'s ``dtype``): an older run resumes under the same settings it had."""
-    config_dict = _jsonable(dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config))
+    config_dict = _jsonable(settings_of(config))
     if not dataclasses.is_dataclass(config) or previous is None:
         return config_dict
     fields = dataclasses.fields(config)

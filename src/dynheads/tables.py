@@ -45,7 +45,7 @@ class Table:
     ``float_format``). ``None`` and NaN cells show ``missing``."""
 
     columns: list[str]
-    rows: list[list[Cell]]
+    rows: Sequence[Sequence[Cell]]
     formats: dict[str, str] = field(default_factory=dict)
     float_format: str = ".3f"
     missing: str = ""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 
@@ -79,6 +79,11 @@ class ReasoningThreshold:
         if self.mode == "absolute":
             return f"{score} > {self.value:g}"
         return f"{score} > {self.value:g} x chance (|needle| / keys outside sink and local)"
+
+    @overload
+    def cutoff(self, chance: float | None) -> float: ...
+    @overload
+    def cutoff(self, chance: np.ndarray | None) -> float | np.ndarray: ...
 
     def cutoff(self, chance: float | np.ndarray | None) -> float | np.ndarray:
         """The score to exceed: the value itself, or value x chance (per step; ``chance [T]`` -> ``[T, 1, 1]``)."""

@@ -170,7 +170,7 @@ def token_features(trace: Trace, steps: np.ndarray, spec: FeatureSpec,
     if trace.context_mass is not None:
         ratios = lookback_ratios(trace, spec.response_prefix)
         features["lookback"] = ratios[steps].reshape(len(steps), -1).astype(np.float64)
-    if trace.token_entropy is not None:
+    if trace.token_entropy is not None and trace.token_max_prob is not None:  # written together
         features["entropy"] = trace.token_entropy[steps, None].astype(np.float64)
         features["max_softmax"] = trace.token_max_prob[steps, None].astype(np.float64)
     if trace.token_prob is not None:
@@ -213,15 +213,15 @@ def grouped_folds(groups: Sequence[str], labels: Sequence[int], folds: int, seed
     Stratified by ``labels`` as far as whole groups allow (sklearn's ``StratifiedGroupKFold``), shuffled by
     ``seed``; every unit is tested exactly once.
     """
-    groups = np.asarray(groups)
-    distinct = len(np.unique(groups))
+    group_of = np.asarray(groups)
+    distinct = len(np.unique(group_of))
     if folds < 2:
         raise DynheadsError(f"cross-validation needs at least 2 folds, got {folds}")
     if distinct < folds:
         raise DynheadsError(f"{folds} folds need at least {folds} questions (or samples), found {distinct}: "
                             "use more questions or fewer --folds")
     splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
-    return [(train, test) for train, test in splitter.split(np.zeros(len(groups)), np.asarray(labels), groups)]
+    return [(train, test) for train, test in splitter.split(np.zeros(len(group_of)), np.asarray(labels), group_of)]
 
 
 def auroc_auprc(labels: np.ndarray, scores: np.ndarray) -> tuple[float, float]:

@@ -124,10 +124,10 @@ def _from_ranked_list(data: list[Any], source: str) -> RankedHeads:
     duplicates = sorted(head for head, count in Counter(heads).items() if count > 1)
     if duplicates:
         raise DynheadsError(f"{source}: heads listed more than once: {', '.join(map(head_key, duplicates))}")
-    has_scores = [s is not None for s in scores]
-    if any(has_scores) and not all(has_scores):
+    given = [s for s in scores if s is not None]
+    if given and len(given) < len(scores):
         raise DynheadsError(f"{source}: some entries have a score and some do not")
-    return RankedHeads(heads=tuple(heads), scores=tuple(scores) if all(has_scores) else None, test_scores=None,
+    return RankedHeads(heads=tuple(heads), scores=tuple(given) if len(given) == len(scores) else None, test_scores=None,
                        format="ranked", source=source)
 
 

@@ -18,7 +18,7 @@ beyond the scored heads keeps only those and records the shortfall: a zero-score
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -76,7 +76,7 @@ def duo_attention_pattern(matrix: np.ndarray, full_heads: int | None = None) -> 
         raise DynheadsError("KV-head scores must be finite and non-negative")
     top = float(matrix.max()) if matrix.size else 0.0
     scored = int((matrix > 0).sum())
-    meta = {"scored_kv_heads": scored, "raw_max": top}
+    meta: dict[str, Any] = {"scored_kv_heads": scored, "raw_max": top}
     if full_heads is None:
         meta["values"] = "scores normalised to [0, 1]: aggregated score / raw_max (0 = no positive score)"
         return (matrix / top if top > 0 else matrix), meta

@@ -43,7 +43,7 @@ def random_heads(k: int, num_layers: int, num_heads: int, rng: np.random.Generat
 @dataclass(frozen=True)
 class RagStrategy:
     select: Callable[[HeadSelector, Any], list[Head]] | None  # (selector, hidden) -> k heads; None: never retrieves
-    start: Callable[[HeadSelector], None] | None = None  # once per answer: checks, draws kept for the whole answer
+    start: Callable[[HeadSelector], object] | None = None  # once per answer: checks, draws kept for the whole answer
     needs_static: bool = False  # reads the static ranking (--static FILE)
     needs_probe: bool = False  # reads the probe's predict_top (--probe DIR)
     paper: bool = True  # compared in the paper's Table 4 (what a RAG run compares unless told otherwise)
@@ -102,15 +102,16 @@ class HeadSelector:
 
 
 # ---- the built-in strategies ----------------------------------------------------------------------------------------
-def _need_predictor(selector: HeadSelector) -> None:
+def _need_predictor(selector: HeadSelector) -> HeadPredictor:
     if selector.predict_top is None:
         raise DynheadsError(f"strategy {selector.strategy!r} needs predict_top(hidden, k), e.g. the trained MLP probe")
+    return selector.predict_top
 
 
 def _predicted(selector: HeadSelector, hidden: Any) -> list[Head]:
     if hidden is None:
         raise DynheadsError(f"strategy {selector.strategy!r} needs the step's hidden state to predict its heads")
-    return selector.checked(selector.predict_top(hidden, selector.k), "predict_top")
+    return selector.checked(_need_predictor(selector)(hidden, selector.k), "predict_top")
 
 
 def _top_of_ranking(selector: HeadSelector) -> None:
@@ -125,6 +126,7 @@ def _draw_once(selector: HeadSelector) -> None:
 
 
 def _chosen(selector: HeadSelector, hidden: Any) -> list[Head]:
+    assert selector.heads is not None  # chosen by the strategy's start
     return list(selector.heads)
 
 
