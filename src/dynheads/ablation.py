@@ -32,7 +32,7 @@ from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS, MaskInp
 from dynheads.decoding import Action, DecodeInput, DecodingSession, Rerun, Row, StepPolicy, StepResult, decode, greedy
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
-from dynheads.models import LoadedModel
+from dynheads.models import LoadedModel, decode_text
 from dynheads.probe import AblationMode, RowEdit
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ScoreKind, ScoreSpec
 
@@ -135,7 +135,7 @@ def ablated_generate_batch(
         policies.append(AblationPolicy(lm, setting, stop_ids))
     for policy, decoded in zip(policies, decode(sessions, policies, max_new_tokens), strict=True):
         policy.result.tokens, policy.result.stop_reason = decoded.tokens, decoded.stop_reason
-        policy.result.text = lm.tokenizer.decode(decoded.tokens, skip_special_tokens=True)
+        policy.result.text = decode_text(lm.tokenizer, decoded.tokens, skip_special_tokens=True)
     return [policy.result for policy in policies]
 
 

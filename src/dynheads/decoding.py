@@ -34,7 +34,7 @@ from transformers import DynamicCache
 
 from dynheads.batching import merge_caches
 from dynheads.errors import DynheadsError
-from dynheads.models import LoadedModel
+from dynheads.models import LoadedModel, decode_text
 from dynheads.probe import NO_EDIT, AblationMode, AttentionProbe, Head, RowEdit, StepStats, attached
 from dynheads.scores import HEAD_SCORES, LOCAL_WINDOW, SINK_SIZE, copy_scores
 from dynheads.thresholds import chance_share
@@ -343,14 +343,14 @@ def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, 
     results = _as_list(run())
     actions = [policy.after(index, row, result, False)
                for policy, row, result in zip(policies, session.rows, results, strict=True)]
-    reruns = [r for r, action in enumerate(actions) if isinstance(action, Rerun)]
+    reruns = {r: action for r, action in enumerate(actions) if isinstance(action, Rerun)}
     if not reruns:
         return actions
     if checkpoint is None:
         raise DynheadsError("a step policy asked to rerun a pass but is not rerunnable")
     session.rollback(checkpoint)
-    for r in reruns:
-        edits[r] = actions[r].edit
+    for r, rerun in reruns.items():
+        edits[r] = rerun.edit
     session.probe.set_edits(_compact(edits))
     results = _as_list(run())  # rows that did not ask recompute their pass exactly: their action stands
     for r in reruns:
@@ -374,6 +374,7 @@ def _apply(action: Action, row: Row, decoded: Decoded, index: int, max_new_token
     if isinstance(action, Stop):
         decoded.stop_reason = action.reason
         return False
+    assert isinstance(action, Emit)  # _step resolved every Rerun
     decoded.tokens.append(action.token)
     row.append(action.token)
     if action.stop_reason is not None:
@@ -432,8 +433,8 @@ class TraceRecorder:
         tokenizer = lm.tokenizer
         return Trace(
             tokens=np.asarray(self.tokens, dtype=np.int64),
-            token_texts=[tokenizer.decode([t]) for t in self.tokens],
-            text=tokenizer.decode(self.tokens, skip_special_tokens=True),
+            token_texts=[decode_text(tokenizer, [t]) for t in self.tokens],
+            text=decode_text(tokenizer, self.tokens, skip_special_tokens=True),
             argmax_pos=stacked("argmax_pos", np.int32),
             scores={name: stack(self.scores[name], np.bool_ if score.binary else np.float32)
                     for name, score in self.head_scores},

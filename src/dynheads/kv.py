@@ -46,7 +46,7 @@ from dynheads.decoding import (
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.kv_policies import KV_POLICIES, PolicyInputs
-from dynheads.models import LoadedModel
+from dynheads.models import LoadedModel, decode_text
 from dynheads.probe import NO_EDIT, RowEdit
 from dynheads.scores import ranked_heads
 
@@ -225,7 +225,7 @@ def kv_generate_batch(lm: LoadedModel, prefilled: Sequence[Prefill], settings: K
     decoded = decode([shared.session for shared in prefilled], policies, max_new_tokens)
     for policy, result in zip(policies, decoded, strict=True):
         policy.result.tokens, policy.result.stop_reason = result.tokens, result.stop_reason
-        policy.result.text = lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        policy.result.text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
     return [policy.result for policy in policies]
 
 

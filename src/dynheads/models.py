@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import transformers
@@ -100,6 +101,11 @@ class LoadedModel:
             **({"packaged": self.packaged} if self.packaged else {}),
             **({"device_map": {k: str(v) for k, v in device_map.items()}} if device_map else {}),
         }
+
+
+def decode_text(tokenizer: PreTrainedTokenizerBase, ids: list[int], skip_special_tokens: bool = False) -> str:
+    """The text of the token ids ``ids`` (one sequence, so one string: transformers types decode's batch form too)."""
+    return cast(str, tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
 
 def embedded_gguf_path() -> Path:

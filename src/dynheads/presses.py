@@ -32,7 +32,7 @@ from dynheads.analysis.kvheads import KVHead
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json
 from dynheads.kv import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
-from dynheads.models import LoadedModel
+from dynheads.models import LoadedModel, decode_text
 
 PREFIX = "kvpress:"
 PRESSES = ("streaming_llm", "snapkv", "expected_attention", "knorm", "duo_attention")
@@ -186,7 +186,7 @@ def press_generate(lm: LoadedModel, input_ids: Sequence[int], name: str, setting
     finally:
         for module in attention:  # kvpress leaves its head masks on the modules: the next sample must not see them
             module.masked_key_indices = None
-    result.text = lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    result.text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
     return result
 
 

@@ -50,10 +50,10 @@ ends, and the state of the current pass (``StepStats`` and the key masks of this
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -85,8 +85,8 @@ class StepStats:
     excluded_mass: torch.Tensor  # float32, mass on (sink U local) \ needle
     total_mass: torch.Tensor  # float32, sum of the row (1 up to rounding)
     kept_mass: torch.Tensor  # float32, mass outside (sink U local) \ needle, summed from the row itself
-    context_mass: torch.Tensor | None = None  # float32, mass on positions < the sequence's context end (prompt)
-    context_entropy: torch.Tensor | None = None  # float32, entropy of the row renormalised over those positions
+    context_mass: torch.Tensor  # float32, mass on positions < the sequence's context end (prompt)
+    context_entropy: torch.Tensor  # float32, entropy of the row renormalised over those positions
     rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [last_position + 1] rows of requested heads
     span_mass: torch.Tensor | None = None  # float32 [.., L, H, S]: query rows' mass on key spans (SpanScore)
 
@@ -360,9 +360,9 @@ class KeyMasks:
         self.needle = probe.needle
         self.context_ends = probe.context_ends
         self.last = last  # [B] last input position of each row
-        self._built: dict[tuple, torch.Tensor | None] = {}
+        self._built: dict[tuple, torch.Tensor] = {}
 
-    def _cached(self, name: str, kv_len: int, device: torch.device, build) -> torch.Tensor | None:
+    def _cached(self, name: str, kv_len: int, device: torch.device, build: Callable[[], torch.Tensor]) -> torch.Tensor:
         key = (name, kv_len, device)
         if key not in self._built:
             self._built[key] = build()
@@ -406,6 +406,7 @@ class KeyMasks:
         if layer not in self.settings.streaming_layers:
             return None
         window = self._cached("window", kv_len, device, lambda: self._window(kv_len, device))
+        assert self.settings.kv_full is not None  # set with streaming_layers
         full = self.settings.kv_full[:, layer].to(device)  # [R, H]
         return full[:, :, None] | window[:, None, :]
 
@@ -442,7 +443,7 @@ def probe_attention(
     groups = num_heads // num_kv
     scaling = head_dim**-0.5 if scaling is None else scaling
     softcap = kwargs.get("softcap")
-    layer = module.layer_idx
+    layer = cast(int, module.layer_idx)  # transformers numbers every attention module
     hidden = probe.keys.hidden(kv_len, query.device)
 
     # Last query row, exactly as eager attention computes it: matmul in the model dtype, fp32 softmax.
@@ -478,7 +479,8 @@ def _record_spans(probe: AttentionProbe, layer: int, query, key, attention_mask,
                   kwargs) -> None:
     """``span_mass[:, layer]``: the exact eager attention rows (model-dtype matmul, fp32 softmax) of the span
     score's query positions, summed over those rows and over each key span. Rows come ``SPAN_CHUNK`` at a time."""
-    score, weights = probe.settings.span_score, probe.settings.span_weights
+    score, weights, span_mass = probe.settings.span_score, probe.settings.span_weights, probe.stats.span_mass
+    assert score is not None and weights is not None and span_mass is not None  # set with the span score
     batch, num_heads, q_len, head_dim = query.shape
     num_kv, kv_len = key.shape[1], key.shape[2]
     if batch != 1:
@@ -510,13 +512,14 @@ def _record_spans(probe: AttentionProbe, layer: int, query, key, attention_mask,
             visible = visible & ~hidden[0][None]
         probs = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1, dtype=torch.float32)
         total += torch.matmul(probs.sum(dim=1), span_weights)  # [H, S]
-    probe.stats.span_mass[0, layer] = total
+    span_mass[0, layer] = total
 
 
 def _remove_heads(output, settings: ProbeSettings, layer: int, value, groups: int, visible, kwargs) -> None:
     """Replace, in place, the last query row of the heads each row removes at ``layer`` (``output [B, H, q, D]``):
     zero, or uniform attention over the keys the row may see (``visible``: its last query row's keys)."""
     heads = settings.removed_heads[layer].to(output.device)  # heads some row removes
+    assert settings.removed is not None  # set with removed_heads
     removed = settings.removed[:, layer].to(output.device)[:, heads, None]  # [R, n, 1]
     last = output[:, heads, -1]  # [B, n, D]
     if settings.ablation_mode == "zero":

@@ -54,8 +54,8 @@ class StepMeasures(Protocol):
     excluded_mass: torch.Tensor  # mass on (sink U local window) \ needle
     total_mass: torch.Tensor  # sum of the row
     kept_mass: torch.Tensor  # mass outside (sink U local window) \ needle
-    context_mass: torch.Tensor | None  # mass on the context (prompt) positions
-    context_entropy: torch.Tensor | None  # entropy of the row renormalised over the context
+    context_mass: torch.Tensor  # mass on the context (prompt) positions
+    context_entropy: torch.Tensor  # entropy of the row renormalised over the context
 
 
 class ScoredRow(Protocol):

@@ -29,7 +29,7 @@ import torch
 from dynheads.decoding import Action, DecodingSession, Emit, Row, StepPolicy, StepResult, Stop, decode, greedy
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
-from dynheads.models import LoadedModel
+from dynheads.models import LoadedModel, decode_text
 from dynheads.probe import RowEdit
 from dynheads.rag.strategies import HeadSelector
 from dynheads.rag.trigger import TriggerConfig, rind
@@ -146,7 +146,7 @@ class _DraftPolicy(StepPolicy):
         self.entropies.append(float(-(log_probs.exp() * log_probs).sum()))
         self.rows.append(rows)
         self.tokens.append(action.token)
-        if self.sentence and _SENTENCE_END.search(lm.tokenizer.decode(self.tokens)):
+        if self.sentence and _SENTENCE_END.search(decode_text(lm.tokenizer, self.tokens)):
             return Emit(action.token, stop_reason="sentence")
         return action
 
@@ -224,7 +224,7 @@ def _answer(lm: LoadedModel, sample, selector: HeadSelector, settings: RagSettin
         if not draft.tokens:
             break
         can_retrieve = selector.needs_heads and len(used_heads) < settings.max_retrievals
-        texts = [lm.tokenizer.decode([t]) for t in draft.tokens]
+        texts = [decode_text(lm.tokenizer, [t]) for t in draft.tokens]
         result = rind(texts, np.array(draft.entropies), state.received_attention(draft.rows, first, len(draft.tokens)),
                       settings.trigger) if can_retrieve else None
         if result is None or not result.triggered:
@@ -243,7 +243,7 @@ def _answer(lm: LoadedModel, sample, selector: HeadSelector, settings: RagSettin
         state.answer += rewrite.tokens
     supporting = getattr(sample, "needle_positions", None)
     return RagAnswer(
-        text=lm.tokenizer.decode(state.answer, skip_special_tokens=True),
+        text=decode_text(lm.tokenizer, state.answer, skip_special_tokens=True),
         tokens=state.answer,
         retrievals=len(used_heads),
         windows=windows,

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
+from dynheads.models import decode_text
 
 # Template variables passed to every chat template (templates ignore the ones they do not use):
 # - enable_thinking=False: Qwen3 templates otherwise open a <think> block (EM/F1 silently 0, budget spent thinking);
@@ -26,7 +28,7 @@ from dynheads.errors import DynheadsError
 PINNED_TEMPLATE_VARIABLES: dict[str, object] = {"enable_thinking": False, "date_string": "26 Jul 2024"}
 
 
-def chat_template_kwargs(overrides: str | Mapping[str, object] | None = None) -> dict[str, object]:
+def chat_template_kwargs(overrides: str | Mapping[str, object] | None = None) -> dict[str, Any]:
     """The pinned template variables updated with ``overrides`` (a JSON object as text, or a mapping)."""
     if isinstance(overrides, str):
         try:
@@ -59,10 +61,10 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, system: str, user: str,
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **variables)
+            text = _templated(tokenizer, messages, variables)
         except Exception:  # some templates (Gemma 2) refuse a system turn: fold it into the user turn
             messages = [{"role": "user", "content": f"{system}\n\n{user}"}]
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **variables)
+            text = _templated(tokenizer, messages, variables)
         template, special = "chat", False  # the template already holds BOS and turn markers
     else:
         text, template, special, variables = f"{system}\n\n{user}\n\nAnswer:", "plain", True, {}
@@ -71,6 +73,11 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, system: str, user: str,
     encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
     return RenderedPrompt(text, list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]], template,
                           variables)
+
+
+def _templated(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], variables: dict[str, Any]) -> str:
+    # untokenised, the template's output is one string (transformers types every return form)
+    return cast(str, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **variables))
 
 
 def token_span(prompt: RenderedPrompt, start: int, stop: int) -> list[int]:
@@ -91,7 +98,7 @@ def check_span_keeps(
     tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], positions: Sequence[int], must_contain: str, what: str
 ) -> None:
     """Refuse a span whose tokens do not decode back to text containing ``must_contain`` (lost in tokenisation)."""
-    decoded = tokenizer.decode([ids[i] for i in positions]) if positions else ""
+    decoded = decode_text(tokenizer, [ids[i] for i in positions]) if positions else ""
     if must_contain not in decoded.replace(" ", "") and must_contain not in decoded:
         raise DynheadsError(
             f"the {what} does not survive tokenisation: its tokens decode to {decoded[:80]!r}, "
