@@ -39,6 +39,9 @@ class GrowingLayer(DynamicLayer):
     buffers, so every reader of a ``DynamicLayer`` sees what it would see; ``update`` costs the new keys only.
     """
 
+    keys: torch.Tensor  # never None: filled on construction
+    values: torch.Tensor
+
     def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, length: int):
         super().__init__()
         self._key_buffer, self._value_buffer = key_buffer, value_buffer  # the first ``length`` slots are filled
@@ -76,12 +79,12 @@ def merge_caches(lm: LoadedModel, caches: Sequence[DynamicCache], padded: int, m
     if len(merged.layers) != len(caches[0].layers):
         raise DynheadsError("this model's cache layout cannot be batched; use batch size 1")
     for index, layer in enumerate(merged.layers):
-        singles = [c.layers[index] for c in caches]
-        length = max(s.keys.shape[-2] for s in singles)
+        layer, singles = _dynamic(layer), [_dynamic(c.layers[index]) for c in caches]
+        length = max(_filled(s.keys).shape[-2] for s in singles)
         growing = type(layer) is DynamicLayer
         capacity = length + max_new_tokens if growing else length
-        keys = _left_padded([s.keys for s in singles], length, capacity)
-        values = _left_padded([s.values for s in singles], length, capacity)
+        keys = _left_padded([_filled(s.keys) for s in singles], length, capacity)
+        values = _left_padded([_filled(s.values) for s in singles], length, capacity)
         for single in singles:  # free as we go: peak = the B single caches + one merged layer
             single.keys = single.values = None
         if growing:
@@ -92,6 +95,18 @@ def merge_caches(lm: LoadedModel, caches: Sequence[DynamicCache], padded: int, m
         if hasattr(layer, "cumulative_length"):  # sliding-window layer: tokens seen, in padded indices
             layer.cumulative_length = padded
     return merged
+
+
+def _dynamic(layer: object) -> DynamicLayer:
+    if not isinstance(layer, DynamicLayer):
+        raise DynheadsError(f"this model's cache layout cannot be batched ({type(layer).__name__}); use batch size 1")
+    return layer
+
+
+def _filled(states: torch.Tensor | None) -> torch.Tensor:
+    if states is None:
+        raise DynheadsError("an empty cache cannot be batched: prefill each prompt first")
+    return states
 
 
 def _left_padded(singles: Sequence[torch.Tensor], length: int, capacity: int) -> torch.Tensor:

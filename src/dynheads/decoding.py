@@ -42,10 +42,12 @@ from dynheads.traces import Trace
 
 
 class DecodeInput(Protocol):
-    """What decoding needs from a task sample (every task's samples provide it)."""
+    """What decoding needs from a task sample (every task's samples provide it; read only)."""
 
-    input_ids: Sequence[int]
-    needle_positions: Sequence[int]
+    @property
+    def input_ids(self) -> Sequence[int]: ...
+    @property
+    def needle_positions(self) -> Sequence[int]: ...
 
 
 @dataclass

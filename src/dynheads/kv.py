@@ -190,8 +190,8 @@ class KVPolicy(StepPolicy):
         out.fetched_new_kv.append(len(set(kept) - self.picked_before) * beyond if moves else 0)
         self.picked_before = set(kept)
         out.dynamic.append(dynamic_heads(row, result, int(result.logits.argmax())))
-        if self.record_probe:
-            out.probe_scores.append(np.round(self.probe.predict(result.hidden[None])[0], 4).tolist())
+        if self.record_probe and self.probe is not None:  # _validate refuses record_probe without a probe
+            out.probe_scores.append(self.probe.predict(result.hidden[None])[0].round(4).tolist())
         self.previous = result
         return greedy(result, self.stop_ids)
 
@@ -240,7 +240,8 @@ def _choose(settings: KVSettings, k: int, groups: int, every: list[KVHead], prob
     """The KV heads ``settings.policy`` keeps whole at this step (the probe is run only for policies that read it)."""
     policy = KV_POLICIES.get(settings.policy)
     scores = None
-    if policy.needs_probe and previous is not None:  # a one-token prompt has no hidden state yet
+    # a one-token prompt has no hidden state yet; _validate refuses a policy that needs the probe without one
+    if policy.needs_probe and probe is not None and previous is not None:
         scores = probe.predict(previous.hidden.cpu()[None])[0].reshape(len(every), groups)
     return policy.choose(PolicyInputs(
         k=k, every=every, groups=groups, static_ranking=settings.static_ranking, previous_dynamic=previous_dynamic,

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from transformers import AttentionInterface
@@ -37,6 +38,8 @@ class HeadwiseLayer(CacheLayerMixin):
     """One layer's cache: the whole KV heads ``whole`` keep every token, the others ``sink`` + ``recent - 1``."""
 
     is_sliding = False
+    keys: torch.Tensor  # the whole heads' keys and values (set by the first update)
+    values: torch.Tensor
 
     def __init__(self, whole: Sequence[int], num_kv: int, sink: int, recent: int):
         super().__init__()
@@ -44,7 +47,11 @@ class HeadwiseLayer(CacheLayerMixin):
         self.streaming = [h for h in range(num_kv) if h not in set(self.whole)]
         self.sink, self.recent = sink, recent
         self.seen = 0  # tokens fed so far
-        self.pass_keys = self.pass_values = None  # the prefill pass's full keys, for its own attention only
+        # the prefill pass's full keys, for its own attention only; a decode step's window of the streaming heads
+        self.pass_keys: torch.Tensor | None = None
+        self.pass_values: torch.Tensor | None = None
+        self.window_keys: torch.Tensor | None = None
+        self.window_values: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -90,11 +97,15 @@ class HeadwiseLayer(CacheLayerMixin):
 
     def take_pass(self) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.pass_keys, self.pass_values
+        if keys is None or values is None:
+            raise DynheadsError("the per-head KV cache's prefill keys were already read")
         self.pass_keys = self.pass_values = None  # freed once the prefill's attention has read them
         return keys, values
 
     def take_window(self) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.window_keys, self.window_values
+        if keys is None or values is None:
+            raise DynheadsError("the per-head KV cache's window was already read: feed one token per step")
         self.window_keys = self.window_values = None
         return keys, values
 
@@ -126,7 +137,7 @@ class HeadwiseCache(Cache):
 
     def nbytes(self) -> int:
         """Bytes the cache holds (keys and values of every layer)."""
-        return sum(layer.nbytes() for layer in self.layers)
+        return sum(layer.nbytes() for layer in cast(list[HeadwiseLayer], self.layers))  # built in __init__
 
 
 def headwise_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):

@@ -65,11 +65,11 @@ def require_kvpress():
 
 
 @functools.cache
-def _press_class():
+def _press_class() -> type:
     kvpress = require_kvpress()
 
     @dataclass
-    class DynheadsHeadPress(kvpress.DuoAttentionPress):
+    class DynheadsHeadPress(kvpress.DuoAttentionPress):  # type: ignore[name-defined]  # a base found at run time
         """DuoAttention with a dynheads head list: the KV heads ``kv_heads`` ((layer, KV head) pairs) keep every
         token, every other KV head keeps ``sink`` + ``recent`` (no pattern download, no zero-score filler)."""
 
@@ -109,12 +109,12 @@ def press_from_export(folder: str | Path, full_heads: int | None = None):
     config = read_json(folder / "config.json")
     values = np.loadtxt(folder / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
     if "full_kv_heads" in config:
-        whole = [tuple(map(int, kv)) for kv in zip(*np.nonzero(values >= 0.5), strict=True)]
+        whole = [(int(layer), int(head)) for layer, head in zip(*np.nonzero(values >= 0.5), strict=True)]
     elif full_heads is None:
         raise DynheadsError(f"{folder} holds scores, not a 0/1 pattern: say how many KV heads to keep whole")
     else:
         order = sorted(zip(*np.nonzero(values > 0), strict=True), key=lambda kv: (-values[kv], kv))
-        whole = [tuple(map(int, kv)) for kv in order[:full_heads]]
+        whole = [(int(layer), int(head)) for layer, head in order[:full_heads]]
     return head_list_press(whole, sink=int(config["sink_size"]), recent=int(config["recent_size"]))
 
 
@@ -185,7 +185,7 @@ def press_generate(lm: LoadedModel, input_ids: Sequence[int], name: str, setting
                 fed = torch.tensor([[token]], dtype=torch.long, device=device)
     finally:
         for module in attention:  # kvpress leaves its head masks on the modules: the next sample must not see them
-            module.masked_key_indices = None
+            module.masked_key_indices = None  # type: ignore[assignment]  # kvpress's attribute, not nn.Module's
     result.text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
     return result
 

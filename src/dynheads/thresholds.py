@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Literal, cast, overload
 
 import numpy as np
 
@@ -69,7 +69,7 @@ class ReasoningThreshold:
         if mode not in ("absolute", "relative") or not math.isfinite(value) or value < 0:
             raise DynheadsError(f"cannot read Eq. 2 threshold {text!r}: use a score such as 0.1 or a multiple "
                                 "of chance such as relative:3")
-        return cls(mode, value)  # type: ignore[arg-type]
+        return cls(cast(ThresholdMode, mode), value)  # one of the modes, checked above
 
     def __str__(self) -> str:
         return f"{self.value:g}" if self.mode == "absolute" else f"relative:{self.value:g}"

@@ -106,6 +106,9 @@ class HeadPredictorConfig:
 class HeadPredictorNet(nn.Module):
     """``hidden [N, D] -> [N, L*H]``: one logit (binary) or value (continuous) per head, layer-major."""
 
+    mean: torch.Tensor  # buffers (registered in __init__)
+    scale: torch.Tensor
+
     def __init__(self, input_dim: int, output_dim: int, config: HeadPredictorConfig) -> None:
         super().__init__()
         # Input standardisation lives in buffers so that the state_dict alone reproduces predictions.

@@ -13,13 +13,11 @@ import math
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from dynheads.config import build_config
+from dynheads.config import C, build_config
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json
-
-C = TypeVar("C")
 
 
 # ---- files and folders --------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -63,7 +63,8 @@ def detect(
     from dynheads.experiments.detect import run_detect
 
     cfg = _detect_config(config, static=static, folds=folds, repeats=repeats, **settings)
-    tracing = {"questions": questions, "first": first, "context_boundary": context_boundary, "model": model}
+    tracing: dict[str, Any] = {"questions": questions, "first": first, "context_boundary": context_boundary,
+                               "model": model}
     if data is not None:
         from dynheads.experiments.halueval import HaluevalConfig, trace_halueval
 
@@ -78,8 +79,8 @@ def detect(
     else:
         checks.traced_run(run_dir)
         source = run_dir
-    run_detect(source, cfg, out)
-    typer.echo((out or run_dir / "detect").joinpath("results.md").read_text(encoding="utf-8"), nl=False)
+    run_detect(source, cfg, out)  # without --out, source is RUN_DIR
+    typer.echo((out or source / "detect").joinpath("results.md").read_text(encoding="utf-8"), nl=False)
 
 
 @app.command("detect-transfer")

@@ -68,10 +68,11 @@ def kv_export(
     checks.value("--recent", "recent window", checks.at_least(1), recent)
     checks.value("--full-heads", "full heads", checks.at_least(1), full_heads)
     checks.choice("--aggregation", aggregation, typing.get_args(Aggregation))
+    combine = typing.cast(Aggregation, aggregation)  # one of them, checked above
     lm = load_model(model.model, dtype=model.dtype, device=model.device)
     heads = load_head_list(static, lm.num_layers, lm.num_heads)
-    matrix = kv_head_matrix(query_head_scores(heads, lm.num_layers, lm.num_heads), num_kv_heads(lm), aggregation)
-    write_duo_attention(out, matrix, sink=sink, recent=recent, aggregation=aggregation, source=str(static),
+    matrix = kv_head_matrix(query_head_scores(heads, lm.num_layers, lm.num_heads), num_kv_heads(lm), combine)
+    write_duo_attention(out, matrix, sink=sink, recent=recent, aggregation=combine, source=str(static),
                         num_heads=lm.num_heads, full_heads=full_heads)
     config = read_json(Path(out) / "config.json")
     shortfall = f"; {config['shortfall']} short of {full_heads}" if config.get("shortfall") else ""

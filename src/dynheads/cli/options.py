@@ -153,7 +153,7 @@ def with_options(*groups: Mapping[str, Option]) -> Callable[[Callable], Callable
 
         required = [p for p in own if p.default is p.empty]
         context = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-        run.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        run.__signature__ = signature.replace(  # type: ignore[attr-defined]  # what typer reads
             parameters=[*required, *generated, *(p for p in own if p.default is not p.empty), context])
         return run
 

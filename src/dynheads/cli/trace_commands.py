@@ -103,20 +103,21 @@ def _trace(name: str, out: Path, config_file: Path | None, settings: dict, *, ba
     from dynheads.experiments.tracing import run_task
     from dynheads.tasks.registry import get_task, task_of
 
-    shape = HotpotConfig if get_task(name).questions else NiahConfig
+    shape: type[HotpotConfig] | type[NiahConfig] = HotpotConfig if get_task(name).questions else NiahConfig
     fields = {field.name for field in dataclasses.fields(shape)}
     foreign = [key for key, value in settings.items() if value is not None and key not in fields]
     if foreign:
         raise DynheadsError(f"--{foreign[0].replace('_', '-')} does not apply to task {name!r} (its settings are "
                             f"{'HotpotConfig' if shape is HotpotConfig else 'NiahConfig'}'s)")
-    cfg = checks.checked_config(shape, config_file, **{key: settings.get(key) for key in fields})
+    cfg: HotpotConfig | NiahConfig = checks.checked_config(shape, config_file,
+                                                           **{key: settings.get(key) for key in fields})
     given_data = getattr(cfg, "data", None)
-    if shape is HotpotConfig and given_data is None and default_data(name):
+    if isinstance(cfg, HotpotConfig) and given_data is None and default_data(name):
         cfg = dataclasses.replace(cfg, data=default_data(name))
     entry = task_of(name, getattr(cfg, "data", None))
     checks.batch_size(batch_size)
     checks.out_dir(out, entry.name)
-    if shape is NiahConfig:
+    if isinstance(cfg, NiahConfig):
         run = run_task(entry, cfg, out, device_map=device_map, batch_size=batch_size)
     elif qa_task(cfg) is entry:  # HotpotQA and the tasks a data value selects: the answers' table in summary.md
         run = run_hotpotqa(cfg, out, batch_size=batch_size, device_map=device_map)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -43,7 +44,7 @@ from dynheads.ablation import (
 from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.config import pieces_of
-from dynheads.decoding import check_fits
+from dynheads.decoding import DecodeInput, check_fits
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, refuse_static_overlap
 from dynheads.experiments.niah import NiahConfig
@@ -60,6 +61,7 @@ from dynheads.io import atomic_path, read_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
+from dynheads.probe import AblationMode
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
@@ -80,6 +82,10 @@ class _GridConfig(AblationGrid):
     def hotpot_config(self) -> HotpotConfig:
         """The HotpotQA grid whose questions are ablated (as ``dynheads hotpotqa``)."""
         return HotpotConfig(**pieces_of(self, QaGrid, ModelSettings), split=self.split)
+
+    def ablation_mode(self) -> AblationMode:
+        """``mode``, which ``check`` accepts only from ``MODES``."""
+        return cast(AblationMode, self.mode)
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -160,8 +166,8 @@ def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | N
     for strategy in strategies:  # dynamic runs before static and random, which may need its count
         mean_count = MATCHINGS.get(config.matching).given_count and ABLATION_STRATEGIES.get(strategy).matched
         records = jobs.records_of([(f"{sample.sample_id}-{strategy}", sample, AblationSettings(
-            strategy=strategy, mode=config.mode, static_ranking=static, fixed_heads=fixed, matching=config.matching,
-            count=counts[sample.sample_id] if mean_count else None,
+            strategy=strategy, mode=config.ablation_mode(), static_ranking=static, fixed_heads=fixed,
+            matching=config.matching, count=counts[sample.sample_id] if mean_count else None,
             seed=derive_seed(config.seed, "random-heads", sample.seed),
             score=config.task_entry().score_kind, threshold=config.threshold)) for sample in samples],
             _ablation_record)
@@ -258,12 +264,13 @@ def run_progressive(config: ProgressiveConfig, out: str | Path, *, lm: LoadedMod
     ``batch_size``: (sample, k) records decoded together, as in ``run_ablation``."""
     config.check()
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    assert config.static is not None  # check() refuses a run without it
     top = tuple(_static_ranking(config.static, lm)[: config.top_static])
     ks = tuple(sorted(set(config.ks)))
     run, samples = _start(config, "ablation-progressive", lm, out, {"static_top": [head_key(h) for h in top]})
     jobs = _Jobs(run, lm, config, len(samples) * len(ks), "progressive", progress, on_record, batch_size)
     jobs.records_of([(f"{sample.sample_id}-k{k}", sample,
-               AblationSettings(strategy="dynamic", mode=config.mode, max_dynamic=k,
+               AblationSettings(strategy="dynamic", mode=config.ablation_mode(), max_dynamic=k,
                                 score=config.task_entry().score_kind, threshold=config.threshold))
               for sample in samples for k in ks],
              partial(_progressive_record, top=top))
@@ -320,7 +327,7 @@ class _Jobs:
         done = len(run.records())
         self.bar = tqdm(total=total, initial=done, desc=desc, unit="record", disable=not progress)
 
-    def records_of(self, jobs: list[tuple[str, object, AblationSettings]],
+    def records_of(self, jobs: list[tuple[str, DecodeInput, AblationSettings]],
                    to_record: Callable[[object, AblationSettings, AblationResult, Task], dict]) -> list[dict]:
         """The records of ``jobs`` (record id, sample, settings), in their order; the unfinished ones are decoded
         and saved as ``to_record(sample, settings, result, task)``."""

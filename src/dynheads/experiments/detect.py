@@ -31,7 +31,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from dynheads.analysis import hallucination as hl
-from dynheads.analysis.head_predictor import load_head_predictor
+from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
 from dynheads.analysis.headlists import load_head_list
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json, write_json, write_text
@@ -155,7 +155,7 @@ class Detector:
                  response_models: dict[str, dict] | None = None):
         self.spec, self.probe_dir, self.models = spec, probe_dir, models
         self.response_models = response_models or {}
-        self._probe = None
+        self._probe: TrainedHeadPredictor | None = None
 
     @classmethod
     def fit(cls, spec: hl.FeatureSpec, probe_dir: str | None, features: dict[str, np.ndarray],
@@ -223,10 +223,10 @@ def apply_detector(detector: Detector | str | Path, trace: Trace | str | Path,
         if name in features:
             frame[f"p_hallucinated.{name}"] = detector.score(name, features[name])
     if detector.response_models and trace.num_steps:
-        span = hl.span_features(trace, detector.spec, probe_output)  # the whole response
+        response = hl.span_features(trace, detector.spec, probe_output)  # the whole response
         for name in detector.response_models:
-            if name in span:
-                frame[f"p_hallucinated_response.{name}"] = float(detector.score(name, span[name], "response")[0])
+            if name in response:
+                frame[f"p_hallucinated_response.{name}"] = float(detector.score(name, response[name], "response")[0])
     return frame
 
 
@@ -359,7 +359,8 @@ def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None
     if all(s.response_label is not None for s in samples):
         levels.insert(0, "response")
     full_spec = _static_spec(config, samples, response_prefix)
-    rows, curves, folds, skipped, detector_models = [], {}, None, {}, {}
+    rows, curves, skipped, detector_models = [], {}, {}, {}
+    folds: list[dict] = []
     for level in levels:
         available = [featurise(i, full_spec, level) for i in range(len(samples))]
         names = [n for n in config.feature_sets if all(n in f for f in available)]

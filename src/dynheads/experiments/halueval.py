@@ -146,7 +146,7 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
         for name in config.feature_sets:
             if (0, name) not in results and (1, name) not in results:
                 continue
-            row = {"level": level, "feature_set": name,
+            row: dict[str, object] = {"level": level, "feature_set": name,
                    "section": "upper_bound" if name in hl.ANSWER_KEY else "deployable"}
             for index, task in enumerate(tasks):
                 row[f"{task} in-task"] = in_task[index].get((level, name), (math.nan,) * 3)

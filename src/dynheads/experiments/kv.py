@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -44,6 +45,7 @@ from dynheads.io import atomic_path, read_json, write_json, write_text
 from dynheads.kv import (
     KVSettings,
     Prefill,
+    ProbeSelect,
     group_size,
     kv_generate,
     kv_head_count,
@@ -138,8 +140,9 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
                 continue
             if not is_press(policy):
                 prefilled = prefilled or prefill(lm, sample, config.max_new_tokens)
+            # probe_select: kv_generate refuses a value that is no ProbeSelect
             settings = KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
-                                  static_ranking=static, probe_select=config.probe_select,
+                                  static_ranking=static, probe_select=cast(ProbeSelect, config.probe_select),
                                   seed=derive_seed(config.seed, "kv-random", sample.seed))
             record = _record(lm, sample, settings, config, probe, prefilled,
                              record_probe=policy == "full" and probe is not None)
@@ -179,7 +182,7 @@ def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
 
 
 def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, config: KVConfig,
-            probe: TrainedHeadPredictor | None, prefilled: Prefill, record_probe: bool) -> dict:
+            probe: TrainedHeadPredictor | None, prefilled: Prefill | None, record_probe: bool) -> dict:
     if is_press(settings.policy):  # kvpress compresses its own prefill (plain attention, no probe)
         result = press_generate(lm, sample.input_ids, check_press(settings.policy), settings, config.max_new_tokens)
     else:

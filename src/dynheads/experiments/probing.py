@@ -22,6 +22,7 @@ from dynheads.analysis.cca import empty_note, samples_from_traces
 from dynheads.analysis.head_predictor import (
     HeadPredictorConfig,
     HeadPredictorResult,
+    Task,
     split_by_sample,
     train_head_predictor,
 )
@@ -46,7 +47,7 @@ def train_probe_on_run(run_dir: str | Path, config: HeadPredictorConfig | None =
     """Train a probe from the run's hidden states to its ``score`` of every head; save it and its metrics."""
     run, traces = load_run(run_dir)
     config = config or HeadPredictorConfig()
-    task = "binary" if ScoreSpec(check_score(score)).score.binary else "continuous"
+    task: Task = "binary" if ScoreSpec(check_score(score)).score.binary else "continuous"
     start = time.perf_counter()
     samples = samples_from_traces(traces, score)  # leaves out traces with no generated token
     counts = {"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -22,7 +23,7 @@ from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
 from dynheads.rag.loop import RagSettings, answer_question
 from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import RAG_STRATEGIES, HeadSelector
-from dynheads.rag.trigger import TriggerConfig
+from dynheads.rag.trigger import TriggerConfig, TriggerForm
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.runs import RunDir
 from dynheads.seeding import derive_seed
@@ -36,14 +37,14 @@ class RagConfig(RagFields):
     def settings(self) -> RagSettings:
         return RagSettings(
             max_new_tokens=self.max_new_tokens, draft_tokens=self.draft_tokens, max_retrievals=self.max_retrievals,
-            trigger=TriggerConfig(threshold=self.threshold, form=self.trigger_form),
+            trigger=TriggerConfig(threshold=self.threshold, form=cast(TriggerForm, self.trigger_form)),  # checks it
             retrieval=RetrievalConfig(top_n=self.top_n, window=self.window, gap=self.gap),
         )
 
 
 def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
     RAG_STRATEGIES.check(config.strategies)  # an unknown name is one line listing the registered ones
-    jobs = []
+    jobs: list[tuple[str, int | None]] = []
     for strategy in config.strategies:
         uses_heads = RAG_STRATEGIES.get(strategy).uses_heads
         jobs += [(strategy, k) for k in config.ks] if uses_heads else [(strategy, None)]
@@ -75,7 +76,7 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     bar = tqdm(total=total, initial=total - len(todo), desc="rag", unit="answer", disable=not progress)
     for sample, strategy, k in todo:
         # only scored static heads, never filler
-        used_k = min(k, len(ranking)) if RAG_STRATEGIES.get(strategy).needs_static and k else k
+        used_k = min(k, len(ranking)) if ranking is not None and RAG_STRATEGIES.get(strategy).needs_static and k else k
         selector = HeadSelector(strategy, k=used_k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
                                 rng=derive_seed(config.seed, sample.sample_id, strategy, k),
                                 static_ranking=ranking, predict_top=predict_top)

@@ -235,8 +235,10 @@ def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources
                 if strategy == "qrhead":
                     chosen = qr_heads
                 elif strategy == "static":
+                    assert heads.static is not None  # the strategy is skipped without a static list
                     chosen = heads.static[: config.k]
                 elif strategy == "predictor":
+                    assert heads.predict_top is not None  # the strategy is skipped without a predictor
                     chosen = heads.predict_top(arrays["hidden"], config.k)
                 elif strategy == "random":
                     rng = np.random.default_rng(derive_seed(config.seed, record["question_id"], "random"))

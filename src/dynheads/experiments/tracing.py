@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -32,8 +33,8 @@ def run_traced(
     kind: str,
     config,
     out: str | Path,
-    prepare: Callable[[object], tuple[Sequence, dict]],
-    score: Callable[[object, str], dict],
+    prepare: Callable[[Any], tuple[Sequence, dict]],
+    score: Callable[[Any, str], dict],  # (one of prepare's samples, its answer) -> metrics
     *,
     lm: LoadedModel | None,
     device_map: str | None,

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Generator, Sequence
+from collections.abc import Collection, Generator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -73,7 +74,7 @@ class _Answerer:
         self.stop_ids = lm.stop_token_ids()
         self.finished = False
 
-    def show(self, visible: np.ndarray | None, rows_for: set[Head] = frozenset()) -> None:
+    def show(self, visible: np.ndarray | None, rows_for: Collection[Head] = frozenset()) -> None:
         """Roll back to the cached context, show ``visible`` context positions (None: all) and write the question
         and the answer so far after it (the next pass reads them)."""
         self.session.rollback(self.cached)
@@ -86,7 +87,7 @@ class _Answerer:
         """Absolute positions of the context that ``visible`` hides."""
         return [] if visible is None else [self.context[0] + int(i) for i in np.flatnonzero(~visible)]
 
-    def read(self, visible: np.ndarray | None, rows_for: set[Head] = frozenset()):
+    def read(self, visible: np.ndarray | None, rows_for: Collection[Head] = frozenset()):
         """``show``, then one pass over the question and the answer so far."""
         self.show(visible, rows_for)
         return self.session.forward()
@@ -192,7 +193,7 @@ def answer_questions(lm: LoadedModel, samples: Sequence, selectors: Sequence[Hea
                max(draft.steps for _, draft in batch))
         for i, draft in batch:
             advance(i, draft)
-    return answers
+    return cast(list[RagAnswer], answers)  # every run has finished: each slot holds its answer
 
 
 def _answer(lm: LoadedModel, sample, selector: HeadSelector, settings: RagSettings,
@@ -216,7 +217,8 @@ def _answer(lm: LoadedModel, sample, selector: HeadSelector, settings: RagSettin
     always = selector.strategy in ("full-context", "rerank")
     visible: np.ndarray | None = fixed if always else none_visible
     windows: list[tuple[int, int]] = list(shown)
-    visible_counts, used_heads = [], []
+    visible_counts: list[int] = []
+    used_heads: list[list[Head]] = []
     while not state.finished and len(state.answer) < settings.max_new_tokens:
         budget = min(settings.draft_tokens, settings.max_new_tokens - len(state.answer))
         first = context[1] + len(state.question) + len(state.answer)  # position of the first drafted token

@@ -84,13 +84,13 @@ def twin_prompts(tokenizer, text: str, paragraph_chars: Sequence[tuple[int, int]
                 raise DynheadsError(f"no token covers characters {a}..{b} of the re-ranking prompt")
             spans.append((tokens[0], tokens[-1] + 1))
         rendered.append((prompt.input_ids, spans[-1], tuple(spans[:-1])))
-    (ids, query_span, spans), (null_ids, null_span, null_spans) = rendered
+    (ids, query_span, paragraph_spans), (null_ids, null_span, null_spans) = rendered
     shared = next((i for i, (a, b) in enumerate(zip(ids, null_ids, strict=False)) if a != b),
                   min(len(ids), len(null_ids)))
-    if spans != null_spans or shared < spans[-1][1] or shared > min(query_span[0], null_span[0]):
+    if paragraph_spans != null_spans or shared < paragraph_spans[-1][1] or shared > min(query_span[0], null_span[0]):
         raise DynheadsError("the content-free prompt does not share the paragraphs' tokens with the real one "
                             "(tokenisation merged the query into the text before it)")
-    return RerankPrompt(ids, query_span, null_ids, null_span, spans, shared)
+    return RerankPrompt(ids, query_span, null_ids, null_span, paragraph_spans, shared)
 
 
 def sample_prompt(tokenizer, sample) -> RerankPrompt:
@@ -146,13 +146,16 @@ def span_scores(lm: LoadedModel, prompt: RerankPrompt) -> SpanScores:
     cached = session.checkpoint()
     session.probe.set_span_score(SpanScore(prompt.query, prompt.spans))
     result = session.forward(real_tail)
+    assert result.stats.span_mass is not None  # measured under the span score set above
     real, hidden = result.stats.span_mass.cpu().numpy().copy(), result.hidden.cpu().numpy().copy()
     prefill = time.perf_counter() - began
     began = time.perf_counter()
     session.rollback(cached)
     session.write(prompt.null_ids[prompt.shared:])
     session.probe.set_span_score(SpanScore(prompt.null_query, prompt.spans))
-    null = session.forward(null_tail).stats.span_mass.cpu().numpy().copy()
+    null_mass = session.forward(null_tail).stats.span_mass
+    assert null_mass is not None
+    null = null_mass.cpu().numpy().copy()
     calibration = time.perf_counter() - began
     session.probe.set_span_score(None)
     return SpanScores(real, null, hidden, prefill, calibration)

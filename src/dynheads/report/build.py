@@ -49,7 +49,7 @@ from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
 from dynheads.runs import RunDir
-from dynheads.tables import SUMMARY_FILE, Summary, Table, read_summaries, to_html, to_markdown
+from dynheads.tables import SUMMARY_FILE, Cell, Summary, Table, read_summaries, to_html, to_markdown
 from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.niah import NIAH
 from dynheads.tasks.registry import Task, task_of_manifest
@@ -243,7 +243,8 @@ def _task_run(root: Path, stage: str) -> list[Part]:
         columns = [c for c in frame.columns if c.startswith("metrics.")]
         grouped = frame.groupby("context_tokens")
         means, counts = grouped[columns].mean(), grouped.size()
-        rows = [[str(i), int(counts[i]), *(float(value) for value in means.loc[i])] for i in means.index]
+        rows: list[list[Cell]] = [[str(i), int(counts[i]), *(float(value) for value in means.loc[i])]
+                                  for i in means.index]
         steps = f"; {frame['steps'].mean():.1f} generated tokens per sample" if "steps" in frame else ""
         parts[2:2] = [f"{len(records)} samples{steps}. Mean metrics by context length:",
                       Table(["context tokens", "samples", *(c.removeprefix("metrics.") for c in columns)], rows,
@@ -391,7 +392,8 @@ def _overview(manifest: dict, timings: dict) -> list[Part]:
              for name, entry in timings.items() if isinstance(entry, dict)]
     if times:
         times.append(["total", f"{sum(float(row[1]) for row in times):.0f}", ""])
-    return ([Table(["field", "value"], rows)]
+    parts: list[Part] = [Table(["field", "value"], rows)]
+    return (parts
             + (["Configuration:", Table(["option", "value"], config)] if config else [])
             + (["Stages (wall time of the attempt that finished each; a stage this model could not support says "
                 "why):", Table(["stage", "seconds", "failed because"], times)] if times else []))
@@ -414,7 +416,8 @@ def _settings(folder: Path, root: Path) -> str:
         data = _json(path) if path.name != SUMMARY_FILE else None  # results, shown as such
         if not isinstance(data, dict):
             continue
-        values = {**(data.get("config") if isinstance(data.get("config"), dict) else {}),
+        config = data.get("config")
+        values = {**(config if isinstance(config, dict) else {}),
                   **{key: data[key] for key in SETTING_KEYS if key in data}}
         model = data.get("model")
         values |= {"model": model.get("name") if isinstance(model, dict) else model} if model else {}

@@ -261,10 +261,11 @@ def correlation_verdict(cca: Mapping | None, probe: Mapping | None, probe_metric
 
 
 def _interval_of(data: Mapping, effect: str, low: str, high: str, n: str) -> Interval:
-    values = [_number(data.get(key)) for key in (effect, low, high)]
-    if any(value is None for value in values):
-        return Interval(math.nan, math.nan, math.nan, int(_number(data.get(n)) or 0))
-    return Interval(*values, int(_number(data.get(n)) or 0))  # type: ignore[arg-type]
+    middle, lower, upper = (_number(data.get(key)) for key in (effect, low, high))
+    count = int(_number(data.get(n)) or 0)
+    if middle is None or lower is None or upper is None:
+        return Interval(math.nan, math.nan, math.nan, count)
+    return Interval(middle, lower, upper, count)
 
 
 def _number(value) -> float | None:

@@ -88,7 +88,7 @@ def gaps(records: Sequence[Mapping], metric: str = "em") -> dict[str, np.ndarray
             "last": model - np.array([float(c[-1] == r["answer"]) for r, c in zip(rows, cands, strict=True)])}
 
 
-def interval(values: Sequence[float], seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
+def interval(values: Sequence[float] | np.ndarray, seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
     """95 % percentile bootstrap interval of the mean over whole samples (``scipy.stats.bootstrap``, seeded);
     NaNs below two samples; the value itself when every sample has the same value (nothing to resample)."""
     from scipy.stats import bootstrap

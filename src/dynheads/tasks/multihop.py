@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import product
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from transformers import PreTrainedTokenizerBase
 
@@ -105,7 +105,7 @@ class MultihopForm:
         return "Multi-hop" if self.hops == 2 else "Key-value lookup"
 
 
-def is_source(data: str | None) -> bool:
+def is_source(data: str | None) -> TypeGuard[str]:
     """Whether a ``data`` value names this task (``multihop`` or ``multihop:key=value,...``)."""
     return data is not None and (data == SOURCE or data.startswith(SOURCE + ":"))
 
@@ -146,7 +146,7 @@ class _Names:
     """Seeded keys (nouns) and values, unique within a sample; values (and invented words) absent from the haystack."""
 
     def __init__(self, rng: random.Random, haystack: str):
-        self.rng, self.haystack, self.used = rng, haystack.lower(), set()
+        self.rng, self.haystack, self.used = rng, haystack.lower(), set[str]()
 
     def word(self, syllables: tuple[int, ...] = (2, 3)) -> str:
         for _ in range(1000):
@@ -251,7 +251,8 @@ def make_sample(
 
 def _insert(text: str, items: list[tuple[int, str]]) -> tuple[str, dict[str, int]]:
     """Insert each fact at its character cut (cuts ascending), space-separated; the facts' offsets in the result."""
-    pieces, offsets, previous, length = [], {}, 0, 0
+    pieces: list[str] = []
+    offsets, previous, length = {}, 0, 0
     for cut, fact in items + [(len(text), "")]:
         for piece, is_fact in ((text[previous:cut].strip(), False), (fact, True)):
             if not piece:

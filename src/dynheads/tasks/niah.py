@@ -143,13 +143,13 @@ def make_sample(
 
     ``distractor_depth`` (0..1) adds the distractor sentence there (see the module docstring).
     """
-    for name, value in (("depth", depth), ("distractor_depth", distractor_depth)):
-        if value is not None and not 0.0 <= value <= 1.0:
-            raise DynheadsError(f"{name} must be between 0 and 1, got {value}")
+    for name, share in (("depth", depth), ("distractor_depth", distractor_depth)):
+        if share is not None and not 0.0 <= share <= 1.0:
+            raise DynheadsError(f"{name} must be between 0 and 1, got {share}")
     rng = random.Random(seed)
     answer = str(uuid.UUID(int=rng.getrandbits(128), version=4))
     needle = NEEDLE_TEMPLATE.format(answer=answer)
-    inserts = [(depth, 0, needle)]
+    inserts: list[tuple[float, int, str]] = [(depth, 0, needle)]
     meta: dict = {}
     if distractor_depth is not None:
         if not 0 <= distractor_prefix < len(answer):

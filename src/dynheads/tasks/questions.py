@@ -13,17 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from dynheads.errors import DynheadsError
 
-
-class HasId(Protocol):
-    @property
-    def id(self) -> str: ...
-
-
-Record = TypeVar("Record", bound=HasId)
+Record = TypeVar("Record")  # a source's record (HaluEval's are plain dicts): ``take`` reads none of its fields
 
 
 @dataclass(frozen=True)

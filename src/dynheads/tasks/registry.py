@@ -109,10 +109,11 @@ def task_of(name: str, data: str | None = None) -> Task:
     if name in ("hotpotqa", multihop.MULTIHOP_NAME, multihop.KV_LOOKUP_NAME) and multihop.is_source(data):
         hops = multihop.parse_source(data).hops
         return get_task(multihop.MULTIHOP_NAME if hops == 2 else multihop.KV_LOOKUP_NAME)
-    if name in ("hotpotqa", ruler.VT_SOURCE, ruler.VT_LOOKUP_NAME) and ruler.source_of(data) == ruler.VT_SOURCE:
-        return get_task(ruler.VT_LOOKUP_NAME if ruler.parse_source(data).hops == 0 else ruler.VT_SOURCE)
-    if name == "hotpotqa" and ruler.source_of(data):
-        return get_task(ruler.source_of(data))
+    source = ruler.source_of(data)
+    if data is not None and name in ("hotpotqa", ruler.VT_SOURCE, ruler.VT_LOOKUP_NAME) and source == ruler.VT_SOURCE:
+        return get_task(ruler.VT_LOOKUP_NAME if ruler.parse_vt(data).hops == 0 else ruler.VT_SOURCE)
+    if name == "hotpotqa" and source:
+        return get_task(source)
     return get_task(name)
 
 

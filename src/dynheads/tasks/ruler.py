@@ -149,7 +149,7 @@ def parse_source(data: str) -> VTForm | MKForm:
     if name is None:
         raise DynheadsError(f"{data!r} names no RULER task (use {VT_SOURCE}[:hops=2,...] or {MK_SOURCE}[:keys=4,...])")
     form = _FORMS[name]
-    kinds = {f.name: f.type for f in fields(form)}
+    kinds = {f.name: str(f.type) for f in fields(form)}  # annotations are strings (postponed evaluation)
     casts = {"int": int, "float": float, "str": str}
     values: dict = {}
     for item in filter(None, (part.strip() for part in data[len(name) + 1:].split(","))):
@@ -161,6 +161,14 @@ def parse_source(data: str) -> VTForm | MKForm:
         except ValueError:
             raise DynheadsError(f"{name} option {key} needs a {kinds[key]}, got {text!r}") from None
     return form(**values)
+
+
+def parse_vt(data: str) -> VTForm:
+    """``parse_source`` of a ``variable_tracking[:...]`` value."""
+    form = parse_source(data)
+    if not isinstance(form, VTForm):
+        raise DynheadsError(f"{data!r} is not a {VT_SOURCE} task")
+    return form
 
 
 def describe_form(data: str) -> dict:
@@ -220,7 +228,7 @@ class _Names:
     """Seeded names unique within a sample: RULER's 5-letter variables, 5- or 7-digit values, adjective-noun keys."""
 
     def __init__(self, rng: random.Random):
-        self.rng, self.used = rng, set()
+        self.rng, self.used = rng, set[str]()
 
     def _fresh(self, draw) -> str:
         for _ in range(10000):
@@ -407,7 +415,7 @@ def ruler_grid(name: str, default: str | None = None):
 def _prompt(name: str, default: str | None = None) -> Callable[[Any], dict]:
     def prompt(config: Any) -> dict:
         data = config.data or default or name
-        user = NIAH_USER if name == MK_SOURCE else (VT_ALL if parse_source(data).query == "all" else VT_VALUE)
+        user = NIAH_USER if name == MK_SOURCE else (VT_ALL if parse_vt(data).query == "all" else VT_VALUE)
         return {"system": SYSTEM_PROMPT, "user": user, "data": data, "form": describe_form(data), "haystack": NOISE,
                 "metric": "RULER string match (share of the reference values in the output)"}
     return prompt
