@@ -9,6 +9,8 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
+# Types first (seconds, so a type error fails fast): mypy over src/dynheads, configured in pyproject.toml.
+"${PYTHON:-python3}" -m mypy
 "${PYTHON:-python3}" -m pytest -q
 # kvpress pins transformers<5.3: its tests (skipped above when the main environment lacks it) run again in a venv
 # with the extra (about 30 s to build, once).
