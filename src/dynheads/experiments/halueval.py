@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from dynheads.analysis import hallucination as hl
 from dynheads.config import setting
@@ -44,7 +43,7 @@ from dynheads.experiments.settings import ModelSettings
 from dynheads.io import read_json, write_json, write_text
 from dynheads.models import LoadedModel, load_model
 from dynheads.packaged import describe
-from dynheads.runs import RunDir
+from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.tables import Table, to_markdown
 from dynheads.tasks import halueval
 from dynheads.tasks.questions import QuestionStream
@@ -77,21 +76,21 @@ def trace_halueval(config: HaluevalConfig, out: str | Path, *, lm: LoadedModel |
         raise DynheadsError(f"the assistant header has {sorted(prefixes)} tokens across prompts: the lookback-lens "
                             "boundary needs one length")
     run = RunDir(out)
-    run.start("halueval", config, lm, {
+    start_run(run, "halueval", config, lm, {
         "data": config.data, "packaged": describe(halueval.TASKS[task]),
         "questions": stream.describe(sorted({s.question_id for s in samples})),
         "prompt": {"system": halueval.SYSTEM_PROMPT, "user": halueval.USER_TEMPLATES[task]},
         "context_boundary": config.context_boundary, "response_prefix": prefixes.pop() if lookback_lens else 0,
     })
-    todo = [s for s in samples if not run.is_done(s.sample_id)]
-    bar = tqdm(total=len(samples), initial=len(samples) - len(todo), desc=f"halueval-{task}", unit="response",
-               disable=not progress)
-    for sample in todo:
+
+    def teacher_force(sample) -> Finished:
         traced = trace(lm, sample, forced_tokens=sample.response_ids,
                        context_end=sample.context_end if lookback_lens else None)
-        run.save_sample({**sample.describe(), "generated": traced.text, "steps": traced.num_steps}, traced)
-        bar.update()
-    bar.close()
+        return Finished({**sample.describe(), "generated": traced.text, "steps": traced.num_steps}, traced)
+
+    run_jobs(run, [Job(sample.sample_id, sample) for sample in samples],
+             lambda batch: [teacher_force(sample) for sample in batch], desc=f"halueval-{task}",
+             progress=progress)
     return run
 
 

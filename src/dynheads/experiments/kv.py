@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
-from tqdm.auto import tqdm
 
+from dynheads import distributed
 from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
 from dynheads.analysis.headlists import load_head_list
 from dynheads.analysis.kvheads import kv_head_ranking
@@ -57,7 +57,7 @@ from dynheads.kv import (
 from dynheads.models import LoadedModel, load_model
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
 from dynheads.presses import PRESSES, check_press, is_press, press_generate
-from dynheads.runs import RunDir
+from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tasks import niah
 
@@ -90,16 +90,15 @@ class KVConfig(KVFields):
 
 
 def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
-           on_record: Callable[[dict], None] | None = None, shard: tuple[int, int] = (0, 1)) -> RunDir:
+           on_record: Callable[[dict], None] | None = None, batch_size: int = 1) -> RunDir:
     """Decode every grid sample under every (policy, budget) into ``out`` (resumable); write tables and plots.
 
     Samples are visited run by run (every cell's first sample, then every cell's second, ...), so a run stopped
-    early still covers the grid. ``shard = (i, n)`` decodes every n-th of them from the i-th: n processes with
-    the same config can fill one run directory together (each writes the tables from all records when it ends).
+    early still covers the grid. Under ``torchrun`` / ``accelerate launch`` each process decodes every policy of
+    its share of the samples (``runs.run_jobs``), and rank 0 writes the tables from all records. ``batch_size``
+    records are handed to the decoder together (it decodes them one after the other for now).
     """
     jobs = config.jobs()
-    if not 0 <= shard[0] < shard[1]:
-        raise DynheadsError(f"a shard is i/n with 0 <= i < n, got {shard[0]}/{shard[1]}")
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     samples = niah_samples(config.niah_config(), lm.tokenizer)
     for sample in samples:
@@ -114,7 +113,7 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
     fitted = {"static": _fit_samples(config.static, "static head list", evaluation) if config.static else None,
               "probe": _fit_samples(config.probe, "probe", evaluation) if config.probe else None}
     run = RunDir(out)
-    run.start("kv", config, lm, {
+    start_run(run, "kv", config, lm, {
         "prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template, "evaluation_samples": evaluation,
         "fit_samples": fitted, "num_kv_heads": num_kv, "static_top": [head_key(h) for h in static[:20]],
         "static_scored_kv_heads": len(static) if config.static else None,
@@ -125,30 +124,30 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
         "kv_token_bytes": kv_token_bytes(lm),
         "probe_threshold": probe.threshold if probe else None,
     })
-    bar = tqdm(total=len(samples) * len(jobs) // shard[1], desc="kv", unit="record",
-               disable=not progress)
     order = sorted(range(len(samples)), key=lambda i: (i % config.runs, i))  # niah_samples: runs vary fastest
-    mine = [samples[i] for i in order[shard[0]::shard[1]]]
-    for sample in mine:
-        prefilled = None  # the full-attention prefill is shared by every policy of the sample
-        for policy, budget in jobs:
-            record_id = f"{sample.sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}")
-            if run.is_done(record_id):
-                continue
-            if not is_press(policy):
-                prefilled = prefilled or prefill(lm, sample, config.max_new_tokens)
+    prefilled: dict[str, Prefill] = {}  # the full-attention prefill of the last sample, shared by its policies
+
+    def work(batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
+        finished = []
+        for sample, policy, budget in batch:
+            if not is_press(policy) and sample.sample_id not in prefilled:
+                prefilled.clear()
+                prefilled[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
             settings = KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
                                   static_ranking=static, probe_select=config.probe_select,
                                   seed=derive_seed(config.seed, "kv-random", sample.seed))
-            record = _record(lm, sample, settings, config, probe, prefilled,
+            record = _record(lm, sample, settings, config, probe, prefilled.get(sample.sample_id),
                              record_probe=policy == "full" and probe is not None)
-            record.update(sample_id=record_id, grid_sample_id=sample.sample_id, budget=budget)
-            run.save_sample(record)
-            if on_record:
-                on_record(record)
-            bar.update()
-    bar.close()
-    write_kv_tables(run)
+            record.update(grid_sample_id=sample.sample_id, budget=budget)
+            finished.append(Finished(record))
+        return finished
+
+    run_jobs(run, [Job(f"{samples[i].sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}"),
+                       (samples[i], policy, budget), group=samples[i].sample_id)
+                   for i in order for policy, budget in jobs],
+             work, batch_size=batch_size, desc="kv", progress=progress, on_record=on_record)
+    if distributed.is_main():
+        write_kv_tables(run)
     return run
 
 
@@ -178,7 +177,7 @@ def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
 
 
 def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, config: KVConfig,
-            probe: TrainedHeadPredictor | None, prefilled: Prefill, record_probe: bool) -> dict:
+            probe: TrainedHeadPredictor | None, prefilled: Prefill | None, record_probe: bool) -> dict:
     if is_press(settings.policy):  # kvpress compresses its own prefill (plain attention, no probe)
         result = press_generate(lm, sample.input_ids, check_press(settings.policy), settings, config.max_new_tokens)
     else:

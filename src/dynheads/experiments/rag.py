@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
+from dynheads import distributed
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, qa_task, refuse_static_overlap
 from dynheads.experiments.settings import RagFields
@@ -24,7 +24,7 @@ from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import HEAD_STRATEGIES, STRATEGIES, HeadSelector
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
-from dynheads.runs import RunDir
+from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, Table, to_markdown, write_summary
 from dynheads.tasks import candidates
@@ -51,8 +51,10 @@ def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
     return jobs
 
 
-def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True) -> RunDir:
-    """Answer every question under every (strategy, k) into ``out``; finished ones are skipped."""
+def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
+            batch_size: int = 1) -> RunDir:
+    """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. ``batch_size``
+    answers are handed to the answerer together (it answers them one after the other for now)."""
     jobs = _jobs(config)
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     hotpot = HotpotConfig(data=config.data, questions=config.questions, first=config.first, split=config.split,
@@ -64,22 +66,19 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     predict_top = _probe_predictor(config, lm, evaluated) if "dynamic" in config.strategies else None
     ranking = _static_ranking(config, lm, evaluated) if "static" in config.strategies else None
     run = RunDir(out)
-    run.start("rag", config, lm, {"data": config.data or "synthetic", "prompt": task.prompt(hotpot)["user"],
-                                  **grid.manifest(), "static_scored_heads": len(ranking) if ranking else None,
-                                  "probe_questions_checked": "dynamic" in config.strategies})
+    start_run(run, "rag", config, lm, {"data": config.data or "synthetic", "prompt": task.prompt(hotpot)["user"],
+                                       **grid.manifest(), "static_scored_heads": len(ranking) if ranking else None,
+                                       "probe_questions_checked": "dynamic" in config.strategies})
     settings = config.settings()
-    todo = [(s, strategy, k) for s in samples for strategy, k in jobs
-            if not run.is_done(_record_id(s.sample_id, strategy, k))]
-    total = len(samples) * len(jobs)
-    bar = tqdm(total=total, initial=total - len(todo), desc="rag", unit="answer", disable=not progress)
-    for sample, strategy, k in todo:
+
+    def record(sample, strategy: str, k: int | None) -> dict:
         used_k = min(k, len(ranking)) if strategy == "static" and k else k  # only scored static heads, never filler
         selector = HeadSelector(strategy, k=used_k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
                                 rng=derive_seed(config.seed, sample.sample_id, strategy, k),
                                 static_ranking=ranking, predict_top=predict_top)
         reranked = _rerank(lm, sample, config.rerank_top) if strategy == "rerank" else {}
         answer = answer_question(lm, sample, selector, settings, shown=reranked.get("shown", ()))
-        run.save_sample({**reranked,
+        return {**reranked,
             "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
             "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
             "type": sample.type, "generated": answer.text, "metrics": task.score(sample, answer.text),
@@ -89,9 +88,15 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
             "heads_used": used_k,
             "meta": {key: sample.meta[key] for key in (candidates.CANDIDATES, candidates.GOLD_RANK)
                      if key in sample.meta},
-        })
-        bar.update()
-    bar.close()
+        }
+
+    # one question at a time for now: the batch function is where a batched answerer plugs in
+    run_jobs(run, [Job(_record_id(s.sample_id, strategy, k), (s, strategy, k))
+                   for s in samples for strategy, k in jobs],
+             lambda batch: [Finished(record(*item)) for item in batch], batch_size=batch_size, desc="rag",
+             progress=progress)
+    if not distributed.is_main():  # rank 0 writes the tables once every process has finished
+        return run
     run.write_results()
     notes = [grid.skip_note()]
     if ranking is not None and max(config.ks) > len(ranking):
