@@ -25,6 +25,7 @@ stopped and reproduces the records it had not finished identically.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -218,11 +219,37 @@ def write_cells(run: RunDir) -> pd.DataFrame:
          frame_table(summary, {"strategy": "strategy", "records": "records", **metrics,
                                "mean_dynamic": "mean |D_t|", "masked_per_step": "masked", "zero_masked": "no head"}),
          *_paper_line(task), *_skip_line(run.manifest())],
-        {"matching": matching, "records": int(summary["records"].sum())}, f"Per-step ablation: {model}"))
+        {"matching": matching, "records": int(summary["records"].sum()),
+         "per_sample": {metric: per_sample_metric(run.records(), metric) for metric in metrics},
+         "masking": masking_numbers(cells)}, f"Per-step ablation: {model}"))
     plot_ablation_cells(cells, run.path / "plots",
                         title=f"{model}: per-step ablation ({task.label}, {matching} matching)", metrics=metrics,
                         opacity=task.fade_sparse_cells)
     return cells
+
+
+def per_sample_metric(records: list[dict], metric: str) -> dict[str, list[float]]:
+    """Claim 2's input: ``{strategy: [value per sample]}`` of ``metric`` over the samples every strategy has, in
+    one sample order (a sample's value under each strategy sits at the same index)."""
+    frame = pd.DataFrame([{"sample": record.get("grid_sample_id", record["sample_id"]),
+                           "strategy": record["strategy"], "value": record["metrics"].get(metric, math.nan)}
+                          for record in records])
+    if frame.empty:
+        return {}
+    table = frame.pivot_table(index="sample", columns="strategy", values="value", aggfunc="mean").dropna()
+    return {str(strategy): [float(value) for value in table[strategy]] for strategy in table.columns}
+
+
+def masking_numbers(cells: pd.DataFrame) -> dict:
+    """What the grid masked, from its cells: the matching mode and, per strategy, the heads masked per step (mean
+    over samples), the samples that masked no head at any step and the samples (Claim 2 reads them)."""
+    cells = cells.assign(strategy=cells["strategy"].astype(str), masked_sum=cells["mean_masked"] * cells["samples"])
+    groups = cells.groupby("strategy")
+    samples = groups["samples"].sum()
+    return {"matching": str(cells["matching"].iloc[0]),
+            "masked": (groups["masked_sum"].sum() / samples).astype(float).to_dict(),
+            "zero_masked": groups["zero_masked"].sum().astype(int).to_dict(),
+            "samples": samples.astype(int).to_dict()}
 
 
 def _with_skipped_cells(cells: pd.DataFrame, manifest: dict) -> pd.DataFrame:

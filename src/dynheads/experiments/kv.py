@@ -40,7 +40,7 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import flat_index, head_key
-from dynheads.io import atomic_path, read_json, write_json, write_text
+from dynheads.io import atomic_path, read_json, write_json
 from dynheads.kv import (
     BUDGET_FREE,
     DYNAMIC,
@@ -59,6 +59,7 @@ from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
 from dynheads.presses import PRESSES, check_press, is_press, press_generate
 from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.seeding import derive_seed
+from dynheads.tables import Block, Summary, Table, write_summary
 from dynheads.tasks import niah
 
 
@@ -247,20 +248,22 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         cells.to_csv(tmp, index=False)
     manifest = run.manifest()
     model, config = manifest["model"]["name"], manifest["config"]
-    summary = (f"# KV retention: {model}\n\nsink {config['sink']}, recent {config['recent']}; budget = fraction of "
-               f"the KV heads kept whole (full: 1, none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per "
-               f"step, shortfall = KV heads the budget allows that the policy did not keep (static: no head with a "
-               f"positive score left); accuracy with its 95 % bootstrap interval over samples; resident = KV held "
-               f"on the device as a fraction of the unmodified model's and in MB, mean over steps; dynamic "
-               f"policies hold the full KV offloaded (second tier) and move, per step, the picked heads' keys "
-               f"beyond the window plus the new token of every head (re-used: heads picked at the previous step "
-               f"stay resident).\n\n{table_markdown(table)}")
+    blocks: list[Block] = [
+        f"sink {config['sink']}, recent {config['recent']}; budget = fraction of the KV heads kept whole (full: 1, "
+        f"none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per step, shortfall = KV heads the budget "
+        "allows that the policy did not keep (static: no head with a positive score left); accuracy with its 95 % "
+        "bootstrap interval over samples; resident = KV held on the device as a fraction of the unmodified model's "
+        "and in MB, mean over steps; dynamic policies hold the full KV offloaded (second tier) and move, per step, "
+        "the picked heads' keys beyond the window plus the new token of every head (re-used: heads picked at the "
+        "previous step stay resident).", kv_table(table)]
     pr = probe_precision_recall(records, manifest)
     if pr is not None:
         write_json(run.path / "probe_pr.json", pr)
-        write_text(run.path / "probe_pr.md", pr_markdown(pr))
-        summary += "\n" + pr_markdown(pr)
-    write_text(run.path / "summary.md", summary)
+        write_summary(run.path, "probe_pr.md", Summary(pr_blocks(pr), pr))
+        blocks += pr_blocks(pr)
+    numbers = {"accuracy": {f"{row.policy}@{row.budget:g}": [row.accuracy, row.accuracy_low, row.accuracy_high]
+                            for row in table.itertuples()}}
+    write_summary(run.path, "summary.md", Summary(blocks, numbers, f"KV retention: {model}"))
     plot_kv_accuracy(table, run.path / "plots" / "kv-accuracy.png", title=f"{model}: NIAH accuracy vs resident KV")
     if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
         plot_kv_grid(cells, run.path / "plots" / "kv-grid.png", title=f"{model}: NIAH accuracy per cell")
@@ -281,17 +284,17 @@ def accuracy_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def table_markdown(table: pd.DataFrame) -> str:
-    lines = ["| budget | policy | samples | accuracy [95 % CI] | ROUGE-L | KV heads | shortfall | resident | "
-             "resident MB | offloaded MB | moved MB/step (re-used) |", "|---" * 11 + "|"]
+def kv_table(table: pd.DataFrame) -> Table:
+    """One row per (budget, policy) of ``table.csv``, as summary.md shows it."""
+    rows = []
     for row in table.itertuples():
         moved = (f"{row.moved_mb_per_step:.3f} ({row.moved_new_mb_per_step:.3f})" if row.offloaded_mb else "0")
-        lines.append(f"| {row.budget:g} | {row.policy} | {row.samples} | {row.accuracy:.3f} "
-                     f"[{row.accuracy_low:.2f}, {row.accuracy_high:.2f}] | {row.rouge_l:.3f} | "
-                     f"{'–' if np.isnan(row.kv_heads) else f'{row.kv_heads:.1f}'} | "
-                     f"{row.shortfall:.1f} | {row.kv_fraction:.3f} | {row.kv_mb:.2f} | {row.offloaded_mb:.2f} | "
-                     f"{moved} |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"{row.budget:g}", row.policy, int(row.samples),
+                     f"{row.accuracy:.3f} [{row.accuracy_low:.2f}, {row.accuracy_high:.2f}]", f"{row.rouge_l:.3f}",
+                     "–" if np.isnan(row.kv_heads) else f"{row.kv_heads:.1f}", f"{row.shortfall:.1f}",
+                     f"{row.kv_fraction:.3f}", f"{row.kv_mb:.2f}", f"{row.offloaded_mb:.2f}", moved])
+    return Table(["budget", "policy", "samples", "accuracy [95 % CI]", "ROUGE-L", "KV heads", "shortfall", "resident",
+                  "resident MB", "offloaded MB", "moved MB/step (re-used)"], rows)
 
 
 def probe_precision_recall(records: list[dict], manifest: dict) -> dict | None:
@@ -333,11 +336,11 @@ def _pr(predicted: np.ndarray, actual: np.ndarray) -> dict:
             "predicted_per_step": float(predicted.sum(1).mean())}
 
 
-def pr_markdown(pr: dict) -> str:
-    lines = [f"Predicting the heads active (Eq. 1) at step t+1 from step t, on the full-KV decoding of "
-             f"{pr['samples']} samples ({pr['step_pairs']} step pairs; {pr['positive_rate']:.4f} of head-steps "
-             "positive), micro over heads and steps:\n",
-             "| predictor | precision | recall | heads per step |", "|---|---|---|---|"]
-    for name, row in pr["predictors"].items():
-        lines.append(f"| {name} | {row['precision']:.3f} | {row['recall']:.3f} | {row['predicted_per_step']:.1f} |")
-    return "\n".join(lines) + "\n"
+def pr_blocks(pr: dict) -> list[Block]:
+    """``probe_precision_recall``'s result as a sentence and a table (probe_pr.md, and the end of summary.md)."""
+    rows = [[name, f"{row['precision']:.3f}", f"{row['recall']:.3f}", f"{row['predicted_per_step']:.1f}"]
+            for name, row in pr["predictors"].items()]
+    return [f"Predicting the heads active (Eq. 1) at step t+1 from step t, on the full-KV decoding of "
+            f"{pr['samples']} samples ({pr['step_pairs']} step pairs; {pr['positive_rate']:.4f} of head-steps "
+            "positive), micro over heads and steps:",
+            Table(["predictor", "precision", "recall", "heads per step"], rows)]

@@ -70,7 +70,8 @@ def train_probe_on_run(run_dir: str | Path, config: HeadPredictorConfig | None =
                "samples).")
     write_summary(out, "metrics.md", Summary(
         [summary, metrics_table(rows, task)],
-        {"task": task, "probe": result.metrics["probe"], "baseline": result.metrics["baseline"]},
+        {"task": task, "probe": result.metrics["probe"], "baseline": result.metrics["baseline"],
+         "gap": result.metrics["gap"]},
         f"MLP probe on {run.path}"))
     write_json(out / "metrics.json", {"run": str(run.path), "score": score, "task": task, "epochs_run": epochs,
                                       **counts,

@@ -102,9 +102,23 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     if ranking is not None and max(config.ks) > len(ranking):
         notes.append(f"static: only {len(ranking)} heads of {config.static} have a non-zero score, so 'static' used "
                      f"{len(ranking)} heads wherever k > {len(ranking)} (never zero-score filler)")
-    write_summary(run.path, "rag.md", Summary([rag_summary_table(rag_table(run)), *chance_blocks(run.records()),
-                                               *(f"{n}." for n in notes if n)]))
+    records = run.records()
+    write_summary(run.path, "rag.md", Summary([rag_summary_table(rag_table(run)), *chance_blocks(records),
+                                               *(f"{n}." for n in notes if n)], {"f1_pairs": per_question_f1(records)}))
     return run
+
+
+def per_question_f1(records: list[dict]) -> dict[str, dict[str, list[float]]]:
+    """The RAG verdict's input: per k (as text), Dynamic's and Static's F1 per question over the questions both
+    answered at that k, in one question order."""
+    frame = pd.DataFrame([{"question": r["question_id"], "strategy": r["strategy"], "k": r["k"],
+                           "f1": r["metrics"]["f1"]} for r in records if r["strategy"] in ("dynamic", "static")])
+    pairs = {}
+    for k, group in frame.groupby("k") if not frame.empty else ():
+        table = group.pivot_table(index="question", columns="strategy", values="f1", aggfunc="mean").dropna()
+        if {"dynamic", "static"} <= set(table.columns):
+            pairs[str(int(k))] = {name: [float(value) for value in table[name]] for name in ("dynamic", "static")}
+    return pairs
 
 
 def chance_blocks(records: list[dict]) -> list:

@@ -22,6 +22,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from dynheads import stages
@@ -138,13 +139,13 @@ def _headline(section: Section, verdict: Verdict, root: Path) -> Headline:
 
 
 def _ablation_metric(root: Path, anchor: str) -> str:
-    """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its cells.csv has)."""
-    path = root / (stages.HOTPOTQA_ABLATION if anchor.endswith(stages.HOTPOTQA) else stages.ABLATION) / "cells.csv"
+    """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its ablation stage measured)."""
+    stage = stages.HOTPOTQA_ABLATION if anchor.endswith(stages.HOTPOTQA) else stages.ABLATION
     try:
-        columns = pd.read_csv(path, nrows=0).columns if path.is_file() else []
-    except (OSError, ValueError):
-        columns = []
-    return _decisive_metric(columns)
+        measured = (_evidence(root, stage) or {}).get("per_sample") or {}
+    except READ_ERRORS:
+        measured = {}
+    return _decisive_metric(measured)
 
 
 def qa_task(root: Path) -> Task:
@@ -254,7 +255,7 @@ def _task_run(root: Path, stage: str) -> list[Part]:
 
 
 def _dynamism(root: Path, stage: str, task: str, figure: str, note: str, evidence: EvidenceSettings) -> list[Part]:
-    data = _json(root / stage / "dynamism.json")
+    data = _evidence(root, stage)
     verdict = _guard(lambda: _stage_failed(root, (stage,), claims.CLAIM1, task)
                      or claims.dynamism_verdict(data, task, evidence), claims.CLAIM1, task)
     return [verdict, *_stage(root, stage, figure, [note])]
@@ -276,20 +277,21 @@ def _ablation(root: Path, folders: tuple[str, str], figures: tuple[str, str], ta
     grid, progressive = folders
 
     def verdict() -> Verdict:
-        path = root / grid / "cells.csv"
-        cells = pd.read_csv(path) if path.is_file() else None
-        metric = _decisive_metric(cells.columns) if cells is not None else ABLATION_METRICS[0]
-        values = claims.per_sample_metric(RunDir(root / grid).records(), metric) if cells is not None else None
-        masking = claims.masking_from_cells(cells) if cells is not None else None
+        numbers = _evidence(root, grid) or {}
+        per_sample = numbers.get("per_sample") or {}
+        metric = _decisive_metric(per_sample)
+        values = ({strategy: np.asarray(arm, dtype=float) for strategy, arm in per_sample[metric].items()}
+                  if metric in per_sample else None)
+        masking = claims.AblationMasking(**numbers["masking"]) if "masking" in numbers else None
         return claims.irreplaceability_verdict(values, metric, task, masking, evidence)
 
     return [_guard(lambda: _stage_failed(root, (grid,), claims.CLAIM2, task) or verdict(), claims.CLAIM2, task),
             *_stage(root, grid, figures[0], [grid_note]), *_stage(root, progressive, figures[1], [progressive_note])]
 
 
-def _decisive_metric(columns: Iterable[str]) -> str:
-    """Claim 2's metric: the first of ABLATION_METRICS that a cells.csv has."""
-    return next((metric for metric in ABLATION_METRICS if metric in set(columns)), ABLATION_METRICS[0])
+def _decisive_metric(metrics: Iterable[str]) -> str:
+    """Claim 2's metric: the first of ABLATION_METRICS that the ablation stage measured."""
+    return next((metric for metric in ABLATION_METRICS if metric in set(metrics)), ABLATION_METRICS[0])
 
 
 def _correlation(root: Path, folders: tuple[str, str], figure: str, probe_kind: str, task: str, cca_note: str,
@@ -299,15 +301,8 @@ def _correlation(root: Path, folders: tuple[str, str], figure: str, probe_kind: 
     cca, probe_stage = folders
 
     def verdict() -> Verdict:
-        row = None
-        path = root / cca / "cca.csv"
-        if path.is_file():
-            table = pd.read_csv(path)
-            at_k = table[table["offset"] == claims.CCA_OFFSET].set_index("method")
-            if "held_out" in at_k.index:
-                row = at_k.loc["held_out"].to_dict()
-                row["shuffled_top1"] = at_k["top1"].get("shuffled")
-        metrics = _probe_metrics(root / probe_stage)
+        row = ((_evidence(root, cca) or {}).get("held_out") or {}).get(str(claims.CCA_OFFSET))
+        metrics = _evidence(root, probe_stage)
         kind = (metrics or {}).get("task", probe_kind)
         return claims.correlation_verdict(row, metrics, "auprc" if kind == "binary" else "r2", task, evidence)
 
@@ -315,20 +310,20 @@ def _correlation(root: Path, folders: tuple[str, str], figure: str, probe_kind: 
             *_stage(root, cca, figure, [cca_note]), *_stage(root, probe_stage, "Probe", [probe_note])]
 
 
-def _probe_metrics(folder: Path) -> dict | None:
-    """The probe's metrics JSON: the first ``*.json`` in the folder holding both ``probe`` and ``baseline``."""
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        data = _json(path)
-        if isinstance(data, dict) and {"probe", "baseline"} <= data.keys():
-            return data
-    return None
+def _evidence(root: Path, stage: str) -> dict | None:
+    """The numbers stage ``stage`` published for its verdict (its evidence document in ``summary.json``, see
+    ``dynheads.stages``); None when the stage has not written them."""
+    folder = root / stage
+    summary = read_summaries(folder).get(stages.evidence_of(stage)) if folder.is_dir() else None
+    return summary.numbers if summary is not None else None
 
 
 def _rag(root: Path, task: str, evidence: EvidenceSettings) -> list[Part]:
     def verdict() -> Verdict:
-        run = RunDir(root / stages.RAG)
-        records = run.records() if run.path.is_dir() else []
-        return claims.rag_verdict(claims.per_question_f1(records), task, evidence)
+        pairs = (_evidence(root, stages.RAG) or {}).get("f1_pairs") or {}
+        return claims.rag_verdict({int(k): (np.asarray(arms["dynamic"], dtype=float),
+                                            np.asarray(arms["static"], dtype=float)) for k, arms in pairs.items()},
+                                  task, evidence)
 
     header = ["model", *RAG_STRATEGIES.values()]
     table4 = [[model, *(_em_f1(row.get(s)) for s in RAG_STRATEGIES)] for model, row in PAPER_TABLE4.items()]
@@ -444,7 +439,11 @@ def _json(path: Path) -> dict | None:
 def _step_data(root: Path) -> dict[str, Any]:
     """Per-step view of the NIAH and HotpotQA (or multi-hop) runs that exist (with the dynamism threshold of the
     second, if recorded)."""
-    threshold = (_json(root / stages.HOTPOTQA_DYNAMISM / "dynamism.json") or {}).get("threshold") or REASONING_THRESHOLD
+    try:
+        published = _evidence(root, stages.HOTPOTQA_DYNAMISM) or {}
+    except READ_ERRORS:
+        published = {}  # its section already says what is wrong with the stage
+    threshold = published.get("threshold") or REASONING_THRESHOLD
     runs = []
     for stage, task in ((stages.NIAH, NIAH), (stages.HOTPOTQA, qa_task(root))):
         try:
