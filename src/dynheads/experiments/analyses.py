@@ -33,7 +33,7 @@ from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
 from dynheads.runs import RunDir
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, check_kind
-from dynheads.tables import Summary, write_summary
+from dynheads.tables import Heading, Summary, write_summary
 from dynheads.thresholds import ReasoningThreshold
 from dynheads.traces import Trace
 
@@ -104,7 +104,7 @@ def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: Scor
          + f". Jaccard w/ static top-20 is at most |D_t|/20: its ceiling here is {stats.jaccard_ceiling_k20:.4f}; "
          f"containment |D_t ∩ S_20|/|D_t| = {stats.containment_k20:.4f}, size-matched Jaccard J(D_t, S_|D_t|) = "
          f"{stats.matched_jaccard:.4f}.",
-         "## Table 1", table1(rows), "## Table 5", table5(rows, ks)],
+         Heading("Table 1"), table1(rows), Heading("Table 5"), table5(rows, ks)],
         {"stats": stats.to_dict(), **skipped, **evidence}, f"Dynamism of {run.path}"))
     write_text(out / "dynamism.csv", dynamism_csv(rows))
     write_json(out / "dynamism.json", {"run": str(run.path), "static_file": str(static_file), "score": score,

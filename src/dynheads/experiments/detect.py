@@ -37,7 +37,7 @@ from dynheads.errors import DynheadsError
 from dynheads.io import read_json, write_json
 from dynheads.plots.roc import plot_roc
 from dynheads.runs import RunDir
-from dynheads.tables import Block, Summary, Table, write_summary
+from dynheads.tables import Block, Heading, Items, Summary, Table, write_summary
 from dynheads.traces import Trace
 
 _FORMAT = "dynheads-detector/2"  # 2: needle-free probe silence, context attention, response-level detectors
@@ -435,12 +435,12 @@ def results_summary(table: pd.DataFrame, counts: dict, skipped: dict, config: De
     blocks: list[Block] = []
     for level in dict.fromkeys(table["level"]):
         part = table[table["level"] == level]
-        blocks.append("## " + ("Responses (features averaged over the response, Lookback Lens's span protocol)"
-                               if level == "response" else "Tokens (every labelled token)"))
+        blocks.append(Heading("Responses (features averaged over the response, Lookback Lens's span protocol)"
+                              if level == "response" else "Tokens (every labelled token)"))
         for title, section in ((HEADLINE_TITLE, "deployable"), (UPPER_TITLE, "upper_bound")):
             rows = part[part["section"] == section]
             if len(rows):
-                blocks += [f"### {title}", results_table(rows)]
+                blocks += [Heading(title, 3), results_table(rows)]
         if skipped.get(level):
             blocks.append(f"skipped (not in every trace, or no probe given): {', '.join(skipped[level])}")
     unit = "questions" if counts["groups"] < counts["samples"] else "samples"
@@ -453,8 +453,8 @@ def results_summary(table: pd.DataFrame, counts: dict, skipped: dict, config: De
                   f"({config.bootstrap} resamples); fold mean ± s.d. over all {config.folds * config.repeats} folds; "
                   "range of the out-of-fold AUROC over the repeats; Δ: AUROC minus the lookback ratio's on the same "
                   "out-of-fold units, paired bootstrap over the same groups.")
-    blocks.append("published detectors, on other tasks and models (not comparable one to one):\n"
-                  + "\n".join(f"- {name}: {value}" for name, value in PUBLISHED))
+    blocks += ["published detectors, on other tasks and models (not comparable one to one):",
+               Items([f"{name}: {value}" for name, value in PUBLISHED])]
     auroc = {f"{row['level']}/{row['feature_set']}": [row["auroc"], row["auroc_low"], row["auroc_high"]]
              for row in table.to_dict("records")}
     return Summary(blocks, {"class_counts": counts, "auroc": auroc})

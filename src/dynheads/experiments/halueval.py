@@ -44,7 +44,7 @@ from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.packaged import describe
 from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
-from dynheads.tables import Block, Summary, Table, write_summary
+from dynheads.tables import Block, Heading, Summary, Table, write_summary
 from dynheads.tasks import halueval
 from dynheads.tasks.questions import QuestionStream
 
@@ -202,11 +202,11 @@ def transfer_summary(table: pd.DataFrame, tasks: list[str], config: DetectConfig
     blocks: list[Block] = []
     for level in ("response", "token"):
         part = table[table["level"] == level]
-        blocks.append(f"## {'Responses (span-averaged features)' if level == 'response' else 'Tokens'}")
+        blocks.append(Heading("Responses (span-averaged features)" if level == "response" else "Tokens"))
         for title, section in ((HEADLINE_TITLE, "deployable"), (UPPER_TITLE, "upper_bound")):
             rows = part[part["section"] == section]
             if len(rows):
-                blocks += [f"### {title}", Table(["feature set", *[c.replace("->", "→") for c in columns]],
+                blocks += [Heading(title, 3), Table(["feature set", *[c.replace("->", "→") for c in columns]],
                                                  [[r["feature_set"], *[cell(r[c]) for c in columns]]
                                                   for r in rows.to_dict("records")])]
     blocks.append(f"AUROC [95% CI]. In-task: {config.folds}-fold cross-validation grouped by question (from each "

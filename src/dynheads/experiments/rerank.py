@@ -47,7 +47,7 @@ from dynheads.rag.strategies import random_heads
 from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.scores import span_ranking
 from dynheads.seeding import derive_seed
-from dynheads.tables import Summary, Table, write_summary
+from dynheads.tables import Items, Summary, Table, write_summary
 from dynheads.tasks.hotpotqa import HotpotRecord, load_hotpotqa, render_paragraph
 from dynheads.tasks.questions import QuestionStream, refuse_overlap
 
@@ -292,7 +292,7 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     notes.append("Seconds: ICR and the head subsets = one prefill of the prompt plus the content-free query's "
                  "pass on the cached paragraphs; icr-uncalibrated = the prefill alone; bm25 = indexing and scoring "
                  "the candidates.")
-    blocks += [f"- {note}" for note in notes]
+    blocks.append(Items(notes))
     numbers = {s: {m: float(per[s][m].mean()) for m in METRICS} for s in strategies}
     ranking_settings = {name: getattr(config, name) for name in RANKING_FIELDS}
     blocks.append(f"Ranking settings: `{json.dumps(ranking_settings)}` (the scoring settings are in manifest.json).")

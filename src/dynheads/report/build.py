@@ -1,9 +1,10 @@
 """The report of ``dynheads reproduce``: ``DIR/report.md`` and a self-contained ``DIR/report.html``.
 
 Sections follow the paper. Each shows the settings of its stage folders (their manifests and JSON files), the
-results each stage wrote as data (its ``summary.json``: text and tables, rendered by ``dynheads.tables``), every
-figure (``*.png``), what the paper reports, and for the three claims and the RAG comparison a verdict by the rules
-of ``dynheads.report.claims``. A stage folder that is missing says "stage not run"; one that cannot be read says
+results each stage wrote as data (its ``summary.json``: paragraphs, headings, lists and tables, each rendered as the
+block it is, never parsed as markdown), every figure (``*.png``), what the paper reports, and for the three claims
+and the RAG comparison a verdict by the rules of ``dynheads.report.claims``, decided from the numbers the stages
+published (``dynheads.stages``). A stage folder that is missing says "stage not run"; one that cannot be read says
 why; neither stops the report. A study written before stages recorded summary.json is refused in one line.
 The HTML embeds the figures as base64 PNG data URIs and the per-step view's data as JSON, so it opens offline
 (docs/report.md).
@@ -50,7 +51,18 @@ from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
 from dynheads.runs import RunDir
-from dynheads.tables import SUMMARY_FILE, Summary, Table, read_summaries, to_html, to_markdown
+from dynheads.tables import (
+    SUMMARY_FILE,
+    Block,
+    Heading,
+    Items,
+    Summary,
+    Table,
+    block_markdown,
+    read_summaries,
+    to_html,
+    to_markdown,
+)
 from dynheads.tasks.registry import HOTPOTQA, NIAH, Task, task_of_manifest
 
 STAGE_NOT_RUN = "stage not run"
@@ -75,7 +87,16 @@ class Cards:
     headlines: list[Headline]
 
 
-Part = str | Table | Figure | Verdict | Cards  # markdown text, a table, an image, a claim's verdict, the cards
+@dataclass(frozen=True)
+class Plain:
+    """A paragraph of a stage's text: shown as it is (escaped in HTML), never read as markdown."""
+
+    text: str
+
+
+# the report's own markdown text, a stage's blocks (paragraph, heading, list, table), an image, a claim's verdict,
+# the cards
+Part = str | Plain | Heading | Items | Table | Figure | Verdict | Cards
 
 
 @dataclass(frozen=True)
@@ -461,8 +482,10 @@ def _markdown(title: str, sections: list[Section], run: Section, root: Path) -> 
             return f"![{item.caption}]({item.path.relative_to(root).as_posix()})"
         if isinstance(item, Cards):
             return "\n\n".join(_card_markdown(card, root) for card in item.headlines)
-        if isinstance(item, Table):
-            return to_markdown(item)
+        if isinstance(item, Table | Heading | Items):
+            return block_markdown(item)
+        if isinstance(item, Plain):
+            return item.text
         return f"**Verdict:** {item.sentence()}" if isinstance(item, Verdict) else item
 
     def section(s: Section) -> str:
@@ -513,7 +536,7 @@ def _html(title: str, sections: list[Section], run: Section, step_data: dict[str
         if isinstance(item, Verdict):
             return (f'<p class="verdict {item.status.replace(" ", "-")}"><strong>Verdict:</strong> '
                     f"{html.escape(item.sentence())}</p>")
-        return markdown_html(item)
+        return _block_html(item) if isinstance(item, Plain | Heading | Items) else markdown_html(item)
 
     def section(s: Section) -> str:
         return (f'\n<section id="{s.anchor}">\n<h2>{html.escape(s.title)}</h2>\n' + "\n".join(map(part, s.parts))
@@ -543,18 +566,28 @@ def _table_html(table: Table) -> str:
     return f"<details><summary>Table of {len(table.rows)} rows (click to show)</summary>{to_html(table)}</details>"
 
 
-def _demoted(summary: Summary) -> list[Part]:
-    """A stage's results as report parts, its headings below the report's own."""
-    return [_demote(block) if isinstance(block, str) else block for block in summary.parts()]
+def _demoted(summary: Summary, by: int = 3) -> list[Part]:
+    """A stage's results as report parts, its headings below the report's own (its title, level 1, at level 4)."""
+    def part(block: Block) -> Part:
+        if isinstance(block, Heading):
+            return Heading(block.text, min(block.level + by, 6))
+        return Plain(block.strip()) if isinstance(block, str) else block
+
+    return [part(block) for block in summary.parts()]
 
 
-def _demote(text: str, by: int = 3) -> str:
-    """Shift the markdown headings of an included file below the report's own (``#`` becomes ``####``)."""
-    return re.sub(r"^(#{1,6}) ", lambda m: "#" * min(len(m.group(1)) + by, 6) + " ", text, flags=re.M).strip()
+def _block_html(block: Plain | Heading | Items) -> str:
+    """A stage's paragraph, heading or list as HTML: its text escaped, nothing in it read as markup."""
+    if isinstance(block, Heading):
+        return f"<h{block.level}>{html.escape(block.text, quote=False)}</h{block.level}>"
+    if isinstance(block, Items):
+        return "<ul>" + "".join(f"<li>{html.escape(item, quote=False)}</li>" for item in block.items) + "</ul>"
+    return f"<p>{html.escape(' '.join(block.text.splitlines()), quote=False)}</p>"
 
 
 def markdown_html(text: str) -> str:
-    """The markdown the stages write (headings, pipe tables, lists, paragraphs, **bold**, *italic*, `code`)."""
+    """The report's own markdown text as HTML (headings, pipe tables, lists, paragraphs, **bold**, *italic*, `code`):
+    its section lines, settings and notes. A stage's text never comes here: its blocks are rendered as they are."""
     out = []
     for kind, group in itertools.groupby(text.splitlines(), key=_line_kind):
         lines = list(group)
