@@ -26,7 +26,7 @@ from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.seeding import derive_seed
-from dynheads.tables import Summary, Table, to_markdown, write_summary
+from dynheads.tables import Summary, Table, write_summary
 from dynheads.tasks import candidates
 from dynheads.tasks.questions import refuse_overlap
 
@@ -200,11 +200,6 @@ def rag_summary_table(table: pd.DataFrame) -> Table:
                   "visible tokens / retrieval", "context tokens", "paper llama3.1-8b EM / F1 (k=5)"], rows,
                  {"retrievals / question": ".2f", "visible tokens / retrieval": ".0f", "context tokens": ".0f"},
                  missing="n/a")
-
-
-def rag_markdown(table: pd.DataFrame) -> str:
-    """``rag_summary_table`` as markdown."""
-    return to_markdown(rag_summary_table(table)) + "\n"
 
 
 def _number(value: float | None) -> float | None:
