@@ -173,8 +173,9 @@ def run_jobs(run: RunDir, jobs: Sequence[Job[Item]], work: Callable[[list[Item]]
     """Make the records of ``jobs`` not yet finished in ``run``: ``work(items)`` gets up to ``batch_size`` items
     at a time and returns one ``Finished`` per item, in order; each is saved (its ``sample_id`` set to the job's
     id) before the next batch starts. Returns, once every process has finished its share, the records of this
-    process's share in job order (those finished earlier read back): the same groups in every call with the same
-    groups, so a later call can build on an earlier one's records."""
+    process's share in job order (those finished earlier read back). Calls with the same groups deal the same
+    groups to this process, so a later call can build on an earlier one's records (ablation's static and random
+    runs use their sample's dynamic record)."""
     if batch_size < 1:
         raise DynheadsError("batch size must be at least 1")
     mine = _my_share(jobs)
@@ -192,8 +193,9 @@ def run_jobs(run: RunDir, jobs: Sequence[Job[Item]], work: Callable[[list[Item]]
             made[job.record_id] = record
             bar.update()
     bar.close()
-    distributed.barrier()  # every process's records are on disk before anyone reads them back
-    return [made.get(job.record_id) or read_json(run.record_path(job.record_id)) for job in mine]
+    distributed.barrier()  # every process's records are on disk before rank 0 writes the run's tables
+    return [made[job.record_id] if job.record_id in made else read_json(run.record_path(job.record_id))
+            for job in mine]
 
 
 def _my_share(jobs: Sequence[Job]) -> list[Job]:
