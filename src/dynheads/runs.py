@@ -157,7 +157,7 @@ class Job(Generic[Item]):
 
     record_id: str
     item: Item
-    group: Hashable = None
+    group: Hashable | None = None
 
 
 class Finished(NamedTuple):
