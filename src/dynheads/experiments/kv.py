@@ -129,6 +129,7 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
     prefilled: dict[str, Prefill] = {}  # the full-attention prefill of the last sample, shared by its policies
 
     def work(batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
+        # one record after the other for now: a batched KV decoder plugs in here, one Finished per item
         finished = []
         for sample, policy, budget in batch:
             if not is_press(policy) and sample.sample_id not in prefilled:
