@@ -50,7 +50,7 @@ def main() -> None:
     import dynheads
     from dynheads import decoding
     from dynheads.ablation import AblationSettings, ablated_generate_batch
-    from dynheads.batching import trace_batch
+    from dynheads.decoding import trace_batch
     from dynheads.tasks import niah
 
     def run_batch(batch):

@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu.json"))
     args = parser.parse_args()
 
-    from dynheads.batching import trace_batch
+    from dynheads.decoding import trace_batch
 
     lm = build(args.tiny, args.device, getattr(torch, args.dtype))
     vocab = lm.model.config.vocab_size

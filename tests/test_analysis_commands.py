@@ -33,8 +33,8 @@ def make_trace(copy: np.ndarray, hidden: np.ndarray | None = None, reasoning: np
     steps = copy.shape[0]
     zeros = np.zeros(copy.shape, np.float32)
     return Trace(tokens=np.arange(steps, dtype=np.int64), token_texts=[f"t{i}" for i in range(steps)], text="",
-                 argmax_pos=zeros.astype(np.int32), copy_scores=copy, needle_mass=zeros,
-                 reasoning_scores=copy.astype(np.float32) * 0.5 if reasoning is None else reasoning,
+                 argmax_pos=zeros.astype(np.int32), needle_mass=zeros,
+                 scores={"copy": copy, "reasoning": copy.astype(np.float32) * 0.5 if reasoning is None else reasoning},
                  max_prob=zeros, hidden=np.zeros((steps, 4), np.float32) if hidden is None else hidden,
                  prompt_length=10, stop_reason="eos")
 

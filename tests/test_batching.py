@@ -14,8 +14,7 @@ import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads import niah
-from dynheads.batching import trace_batch
-from dynheads.decoding import trace
+from dynheads.decoding import trace, trace_batch
 from dynheads.models import LoadedModel
 
 SCORE_TOL, HIDDEN_TOL = 1e-5, 1e-5

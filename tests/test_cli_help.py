@@ -78,3 +78,30 @@ def test_a_default_shown_in_help_does_not_override_the_config_file(monkeypatch, 
     from_file, overridden = seen
     assert (from_file.questions, from_file.lengths, from_file.dtype) == (7, (300,), "float32")
     assert (overridden.questions, overridden.lengths, overridden.dtype) == (9, (300,), "auto")
+
+
+def test_help_groups_the_generated_options_by_their_config_piece():
+    text = _help("kv")
+    panels = [line.split("─")[1].strip() for line in text.splitlines() if line.startswith("╭─")]
+    assert panels == ["Options", "Model", "Grid"]
+    model_box = text[text.index("╭─ Model"):text.index("╭─ Grid")]
+    assert "--dtype" in model_box and "--budgets" not in model_box  # kv's own fields stay under Options
+    assert "--lengths" in text[text.index("╭─ Grid"):]
+    assert {"Tracing HaluEval (with --data)", "Detectors"} <= {line.split("─")[1].strip()
+                                                               for line in _help("detect").splitlines()
+                                                               if line.startswith("╭─")}
+
+
+def test_trace_shows_each_task_shape_s_default_where_they_differ():
+    lines = _help("trace").splitlines()
+    line = next(line for line in lines if "--max-new-tokens " in line)
+    assert "(default: niah 48, question tasks 24)" in line and "[default:" not in line
+    assert "(question tasks only) [default: 45]" in next(line for line in lines if "--questions " in line)
+
+
+def test_the_head_predictor_keeps_probe_as_a_hidden_alias():
+    top = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "400"}).output
+    assert "│ predictor " in top and "│ probe " not in top
+    for group in ("predictor", "probe"):
+        result = CliRunner().invoke(app, [group, "train", "--help"], env={"COLUMNS": "400"})
+        assert result.exit_code == 0 and "Train the MLP head predictor" in result.output

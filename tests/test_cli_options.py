@@ -46,3 +46,26 @@ def test_flags_reach_the_config_parsed_and_renamed(monkeypatch, tmp_path):
 
 def test_static_takes_no_runs_option():
     assert "--runs" not in _params("static") and "--samples" in _params("static")
+
+
+def test_detect_transfer_hands_the_shared_detector_options_to_its_config(monkeypatch, tmp_path):
+    import dynheads.experiments.halueval as halueval
+
+    seen = {}
+
+    def fake_run_transfer(first, second, config, out):
+        seen["config"] = config
+        out.mkdir()
+        (out / "transfer.md").write_text("table\n")
+
+    monkeypatch.setattr(halueval, "run_transfer", fake_run_transfer)
+    for name in ("qa", "dialogue"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text('{"kind": "detect"}')
+    result = CliRunner().invoke(app, ["detect-transfer", str(tmp_path / "qa"), str(tmp_path / "dialogue"), "--out",
+                                      str(tmp_path / "out"), "--feature-sets", "lookback, entropy", "--match-length",
+                                      "--bootstrap", "50"])
+    assert result.exit_code == 0, result.output
+    config = seen["config"]
+    assert config.feature_sets == ("lookback", "entropy") and config.match_length and config.bootstrap == 50
+    assert config.seed == type(config)().seed  # not given: the config's

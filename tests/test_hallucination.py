@@ -105,8 +105,9 @@ def _trace(token_texts: list[str], copy_counts: np.ndarray, rng: np.random.Gener
         copy[step, rng.permutation(layers * heads)[:count]] = True
     head = lambda: rng.random((steps, layers, heads)).astype(np.float32)  # noqa: E731
     return Trace(tokens=np.arange(steps), token_texts=token_texts, text="".join(token_texts),
-                 argmax_pos=np.zeros((steps, layers, heads), np.int32), copy_scores=copy.reshape(steps, layers, heads),
-                 needle_mass=head(), reasoning_scores=head(), max_prob=head(), hidden=rng.random((steps, 8)),
+                 argmax_pos=np.zeros((steps, layers, heads), np.int32), needle_mass=head(),
+                 scores={"copy": copy.reshape(steps, layers, heads), "reasoning": head()}, max_prob=head(),
+                 hidden=rng.random((steps, 8)),
                  prompt_length=100, stop_reason="eos", context_mass=head() if optional else None,
                  token_entropy=rng.random(steps).astype(np.float32) if optional else None,
                  token_max_prob=rng.random(steps).astype(np.float32) if optional else None,

@@ -1,4 +1,5 @@
-"""HotpotQA: official metrics, loaders (every layout gives the same records), synthetic data, and samples."""
+"""HotpotQA: the official metrics (``dynheads.tasks.qa_metrics``), loaders (every layout gives the same records),
+synthetic data, and samples."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from transformers import AutoTokenizer
 
 from dynheads import DynheadsError, models
 from dynheads.tasks import hotpotqa as hq
+from dynheads.tasks import qa_metrics
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +56,15 @@ METRIC_CASES = [
 
 @pytest.mark.parametrize(("prediction", "truth", "em", "f1", "precision", "recall"), METRIC_CASES)
 def test_official_metrics(prediction, truth, em, f1, precision, recall):
-    assert hq.exact_match(prediction, truth) == em
-    assert hq.f1(prediction, truth) == pytest.approx({"f1": f1, "precision": precision, "recall": recall})
-    assert hq.score(truth, prediction, extract=False) == pytest.approx(
+    assert qa_metrics.exact_match(prediction, truth) == em
+    assert qa_metrics.f1(prediction, truth) == pytest.approx({"f1": f1, "precision": precision, "recall": recall})
+    assert qa_metrics.score(truth, prediction, extract=False) == pytest.approx(
         {"em": em, "f1": f1, "precision": precision, "recall": recall}
     )
 
 
 def test_normalize_answer():
-    assert hq.normalize_answer("  The  Quick, brown FOX's an-swer.  ") == "quick brown foxs answer"
+    assert qa_metrics.normalize_answer("  The  Quick, brown FOX's an-swer.  ") == "quick brown foxs answer"
 
 
 @pytest.mark.parametrize(
@@ -78,15 +80,15 @@ def test_normalize_answer():
     ],
 )
 def test_extract_answer(generation, extracted):
-    assert hq.extract_answer(generation) == extracted
+    assert qa_metrics.extract_answer(generation) == extracted
 
 
 def test_score_uses_the_first_sentence_unless_told_otherwise():
     generated = "Velmora.\nThe founder of Kaltor Group was born in Velmora."
-    assert hq.score("Velmora", generated) == {"em": 1.0, "f1": 1.0, "precision": 1.0, "recall": 1.0}
-    raw = hq.score("Velmora", generated, extract=False)
+    assert qa_metrics.score("Velmora", generated) == {"em": 1.0, "f1": 1.0, "precision": 1.0, "recall": 1.0}
+    raw = qa_metrics.score("Velmora", generated, extract=False)
     assert raw["em"] == 0.0 and raw["recall"] == 1.0 and raw["precision"] < 0.2
-    assert hq.score("no", "No, they are not.")["em"] == 1.0
+    assert qa_metrics.score("no", "No, they are not.")["em"] == 1.0
 
 
 # ---- loaders -------------------------------------------------------------------------------------------

@@ -25,10 +25,12 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     # re-export helper of the public packages (it imports nothing of ours until a name is used), the score
     # vocabulary (Eq. 1, Eq. 2, D_t and their defaults: arithmetic on arrays, read by every floor above), and the
     # tables and stage summaries as data with their one renderer (analyses and stages write them, the report reads
-    # them), and the pinned wheels that real data sets and models are read from (files, no torch).
+    # them), the pinned wheels that real data sets and models are read from (files, no torch), and the generic
+    # registry of named variants (tasks, KV policies, strategies and stages each hold one).
     ("foundation", [("dynheads.errors", "dynheads.io", "dynheads.heads", "dynheads.config", "dynheads.thresholds",
                      "dynheads.distributed", "dynheads.seeding", "dynheads.stages", "dynheads.paper",
-                     "dynheads.lazy", "dynheads.scores", "dynheads.tables", "dynheads.packaged")]),
+                     "dynheads.lazy", "dynheads.scores", "dynheads.tables", "dynheads.packaged",
+                     "dynheads.registry")]),
     # Loading a model and the trace file format: what everything that runs or reads a generation shares.
     ("model and trace formats", [("dynheads.models",), ("dynheads.traces",)]),
     # Data and numbers without a forward pass: prompts and samples of each task (a tokenizer at most), and the
@@ -40,9 +42,10 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     # The greedy decoding loop that drives the probe (and its batched form); run folders (manifests, records) and
     # the one resumable job loop that fills them.
     ("decoding and runs", [("dynheads.decoding", "dynheads.batching"), ("dynheads.runs",)]),
-    # Mechanisms built on the decoding loop: per-step ablation, KV retention (simulated, the real per-head cache and
-    # kvpress's presses beside them), head-based RAG (and its results).
-    ("mechanisms", [("dynheads.ablation",), ("dynheads.kv", "dynheads.kvcache", "dynheads.presses"),
+    # Mechanisms built on the decoding loop: per-step ablation (and its strategies), KV retention (its policies;
+    # simulated, the real per-head cache and kvpress's presses beside them), head-based RAG (and its results).
+    ("mechanisms", [("dynheads.ablation", "dynheads.ablation_strategies"),
+                    ("dynheads.kv", "dynheads.kv_policies", "dynheads.kvcache", "dynheads.presses"),
                     ("dynheads.rag",)]),
     # Figures from tables and arrays; experiments call them, nothing below draws.
     ("plots", [("dynheads.plots",)]),

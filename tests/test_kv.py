@@ -13,7 +13,16 @@ from dynheads.decoding import trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.kv import KVConfig, _fit_samples, probe_precision_recall
 from dynheads.io import read_json
-from dynheads.kv import KVSettings, kv_generate, kv_head_count, kv_memory, kv_token_bytes, prefill, query_heads
+from dynheads.kv import (
+    KVSettings,
+    kv_generate,
+    kv_generate_batch,
+    kv_head_count,
+    kv_memory,
+    kv_token_bytes,
+    prefill,
+    query_heads,
+)
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 
@@ -98,6 +107,25 @@ def test_true_policy_leaves_the_cache_as_a_single_pass_would(lm):
     result = kv_generate(lm, sample, KVSettings(policy="true", budget=1.0, sink=1, recent=2), max_new_tokens=5)
     assert all(len(heads) <= lm.num_layers * 2 for heads in result.kv_heads)
     assert len(result.kv_heads) == len(result.dynamic) == 5
+
+
+@pytest.mark.parametrize("policy", ["full", "none", "static", "random", "oracle", "true"])
+def test_a_batch_of_four_equals_batch_one(lm, policy):
+    """Four prompts of different lengths decoded as one batch under a policy (per-row streaming masks, the oracle
+    policies' reruns, rows ending at their own step) give each prompt's batch-1 result; one prefill per prompt
+    serves both."""
+    samples = [_Sample(_prompt(seed, length), needle=range(2, length - 8))
+               for seed, length in ((11, 40), (12, 52), (13, 33), (14, 47))]
+    ranking = tuple((layer, kv) for layer in range(lm.num_layers) for kv in range(2))[::-1]
+    settings = KVSettings(policy=policy, budget=0.5, sink=1, recent=4, static_ranking=ranking, seed=5)
+    shared = [prefill(lm, sample, 6) for sample in samples]
+    alone = [kv_generate(lm, sample, settings, max_new_tokens=6, prefilled=one)
+             for sample, one in zip(samples, shared, strict=True)]
+    together = kv_generate_batch(lm, shared, settings, max_new_tokens=6)
+    for one, batched in zip(alone, together, strict=True):
+        assert batched.tokens == one.tokens and batched.stop_reason == one.stop_reason
+        assert batched.kv_heads == one.kv_heads and batched.kept_kv == one.kept_kv
+        assert batched.fetched_kv == one.fetched_kv and batched.dynamic == one.dynamic
 
 
 def test_bad_settings_are_refused(lm):

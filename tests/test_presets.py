@@ -113,3 +113,17 @@ def test_a_run_written_before_a_setting_existed_resumes_while_the_setting_is_at_
         run.start("reproduce", ReproduceConfig(preset="smoke", dtype="float32"), None)
     with pytest.raises(DynheadsError, match="different run"):
         run.start("reproduce", ReproduceConfig(preset="quick"), None)
+
+
+def test_a_preset_table_must_name_a_registered_stage(tmp_path, monkeypatch):
+    from dynheads.errors import DynheadsError
+    from dynheads.stages import STAGES
+
+    assert all(entry.value == entry.name and entry.help for entry in STAGES)  # a stage's folder is its name
+    (tmp_path / "typo.toml").write_text('qa_source = "multihop"\n[niah]\nruns = 1\n[sources.niah]\nruns = "x"\n'
+                                        '[ablaton]\nruns = 1\n')
+    (tmp_path / "fine.toml").write_text('qa_source = "multihop"\n[niah]\nruns = 1\n[sources.rag]\nks = "x"\n')
+    monkeypatch.setattr(reproduce_module, "PRESET_FOLDER", tmp_path)
+    assert reproduce_module.load_preset("fine")["niah"] == {"runs": 1}
+    with pytest.raises(DynheadsError, match="unknown stage 'ablaton': use one of niah, static, dynamism, ablation"):
+        reproduce_module.load_preset("typo")

@@ -150,11 +150,13 @@ def test_hidden_keys_get_zero_attention_in_every_head():
     probe = AttentionProbe(layers, heads)
     probe.rows_for = {(layer, head) for layer in range(layers) for head in range(heads)}
     hidden = [2, 3, 4, 13]
-    probe.set_hidden_keys(hidden, length=16)
+    probe.set_hidden_keys(hidden)
     probe.begin_forward(15)
     with attached(model, probe) as probe_kwargs, torch.no_grad():
         model(ids, **probe_kwargs)
-    for row in probe.stats.rows.values():
+    rows = probe.sequence_stats(0).rows
+    assert len(rows) == layers * heads
+    for row in rows.values():
         assert row[hidden].abs().max() == 0.0
         assert abs(float(row.sum()) - 1.0) < 1e-5
 

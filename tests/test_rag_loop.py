@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from dynheads.analysis.head_predictor import HeadPredictorConfig, train_head_predictor
+from dynheads.decoding import decode
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.models import load_model
-from dynheads.rag.loop import RagSettings, _Answerer, answer_question
+from dynheads.rag.loop import RagSettings, _Answerer, answer_question, answer_questions
 from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import HeadSelector
 from dynheads.rag.trigger import TriggerConfig
@@ -74,6 +75,23 @@ def test_a_trigger_retrieves_windows_inside_the_context(tiny_lm, sample, strateg
     assert answer.retrievals <= 2 and len(answer.tokens) <= 8
 
 
+def test_a_batch_of_answers_equals_answering_one_by_one(tiny_lm):
+    """Drafts and rewrites of several questions decode as one batch (each with its own visibility, retrievals
+    and stop); every answer equals the one answered alone."""
+    config = HotpotConfig(questions=4, lengths=(300,), depths=(0.5,))
+    samples = hotpot_samples(config, tiny_lm.tokenizer)
+    assert len(samples) == 4
+    settings = RagSettings(max_new_tokens=8, draft_tokens=3, max_retrievals=2, trigger=TriggerConfig(threshold=0.0))
+    strategies = ["static", "none", "full-context", "fixed-random"]
+    alone = [answer_question(tiny_lm, sample, _selector(strategy, tiny_lm), settings)
+             for sample, strategy in zip(samples, strategies, strict=True)]
+    together = answer_questions(tiny_lm, samples, [_selector(s, tiny_lm) for s in strategies], settings)
+    assert sum(answer.retrievals for answer in alone) >= 1  # the batch mixes retrieving and plain answers
+    for one, batched in zip(alone, together, strict=True):
+        assert (batched.tokens, batched.windows, batched.heads, batched.visible_tokens) == (
+            one.tokens, one.windows, one.heads, one.visible_tokens)
+
+
 def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir, tmp_path):
     static = tmp_path / "static.json"
     static.write_text(json.dumps([[layer, head] for layer in range(3) for head in range(4)]))
@@ -104,7 +122,9 @@ def test_the_last_drafted_token_receives_its_own_query_attention(tiny_lm, sample
     # queries up to and including the last drafted position (the last token used to get 0 and never trigger).
     state = _Answerer(tiny_lm, list(sample.input_ids), sample.context_span, RagSettings())
     first = sample.context_span[1] + len(state.question)
-    draft, _, rows = state.generate(None, 4, sentence=False)
+    policy = state.draft(None, 4, sentence=False)
+    decode([state.session], [policy], policy.steps)
+    draft, rows = policy.tokens, policy.rows
     assert len(draft) == 4  # the seeded tiny model drafts 4 tokens here
     received = state.received_attention(rows, first, len(draft))
     assert received.shape == (tiny_lm.num_heads, 4)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dynheads.errors import DynheadsError
-from dynheads.rag.strategies import PAPER_STRATEGIES, STRATEGIES, HeadSelector, random_heads
+from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES, HeadSelector, RagStrategy, random_heads
 
 SHAPE = {"num_layers": 32, "num_heads": 32}
 
@@ -67,9 +67,9 @@ def test_dynamic_refuses_bad_predictions(bad):
 
 
 def test_context_strategies_use_no_heads():
-    assert set(STRATEGIES) == {"dynamic", "static", "dynamic-random", "fixed-random", "none", "full-context",
-                               "rerank"}
-    assert set(PAPER_STRATEGIES) == set(STRATEGIES) - {"rerank"}  # what a RAG run compares by default
+    assert RAG_STRATEGIES.names() == ["dynamic", "static", "dynamic-random", "fixed-random", "none", "full-context",
+                                      "rerank"]
+    assert set(PAPER_STRATEGIES) == set(RAG_STRATEGIES.names()) - {"rerank"}  # what a RAG run compares by default
     for name in ("none", "full-context", "rerank"):
         selector = HeadSelector(name, k=5, **SHAPE)
         assert not selector.needs_heads
@@ -82,3 +82,24 @@ def test_context_strategies_use_no_heads():
 def test_bad_arguments_are_refused(strategy, k):
     with pytest.raises(DynheadsError):
         HeadSelector(strategy, k=k, **SHAPE)
+
+
+def test_a_strategy_registered_here_selects_and_is_planned_like_the_built_in_ones():
+    from dynheads.experiments.rag import RagConfig, _jobs
+
+    def first_heads(selector, hidden):
+        return selector.checked([(0, head) for head in range(selector.k)], "first heads")
+
+    RAG_STRATEGIES.register("first-heads", RagStrategy(first_heads, paper=False), help="heads 0..k-1 of layer 0")
+    try:
+        selector = HeadSelector("first-heads", k=3, **SHAPE)
+        assert selector.needs_heads and selector.select() == [(0, 0), (0, 1), (0, 2)]
+        with pytest.raises(DynheadsError, match="k=0 heads asked"):
+            HeadSelector("first-heads", k=0, **SHAPE)
+        assert _jobs(RagConfig(strategies=("none", "first-heads"), ks=(5, 10))) == [
+            ("none", None), ("first-heads", 5), ("first-heads", 10)]
+        assert "first-heads" not in PAPER_STRATEGIES  # the paper's default set stays the paper's
+    finally:
+        RAG_STRATEGIES.unregister("first-heads")
+    with pytest.raises(DynheadsError, match="unknown RAG strategy 'first-heads': use one of dynamic, static"):
+        _jobs(RagConfig(strategies=("first-heads",)))

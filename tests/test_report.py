@@ -53,8 +53,8 @@ def _trace(rng: np.random.Generator, steps: int, needle: list[int]) -> Trace:
     argmax[copy] = rng.choice(needle, int(copy.sum()))
     return Trace(
         tokens=rng.integers(0, 100, steps), token_texts=[f" t{i}" for i in range(steps)], text="generated",
-        argmax_pos=argmax, copy_scores=copy, needle_mass=rng.random((steps, LAYERS, HEADS)).astype(np.float32),
-        reasoning_scores=rng.random((steps, LAYERS, HEADS)).astype(np.float32) ** 3,
+        argmax_pos=argmax, needle_mass=rng.random((steps, LAYERS, HEADS)).astype(np.float32),
+        scores={"copy": copy, "reasoning": rng.random((steps, LAYERS, HEADS)).astype(np.float32) ** 3},
         max_prob=rng.random((steps, LAYERS, HEADS)).astype(np.float32),
         hidden=rng.normal(size=(steps, DIM)).astype(np.float32), prompt_length=PROMPT, stop_reason="eos")
 

@@ -21,8 +21,8 @@ def make_trace(active: list[list[tuple[int, int]]], shape: tuple[int, int] = (2,
             copy[step, layer, head] = True
     zeros = np.zeros(copy.shape, dtype=np.float32)
     return Trace(tokens=np.arange(len(active), dtype=np.int64), token_texts=[f"t{i}" for i in range(len(active))],
-                 text=text, argmax_pos=zeros.astype(np.int32), copy_scores=copy, needle_mass=zeros,
-                 reasoning_scores=zeros, max_prob=zeros, hidden=np.zeros((len(active), 4), np.float32),
+                 text=text, argmax_pos=zeros.astype(np.int32), needle_mass=zeros, max_prob=zeros,
+                 scores={"copy": copy, "reasoning": zeros}, hidden=np.zeros((len(active), 4), np.float32),
                  prompt_length=10, stop_reason="eos")
 
 

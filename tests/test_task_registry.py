@@ -182,3 +182,23 @@ def test_one_sample_type_keeps_the_record_columns(tiny_lm):
                                        "chat_template_kwargs", "prompt_tokens"]
     with pytest.raises(AttributeError):
         sample.context_span  # noqa: B018 - a NIAH sample has no QA extras
+
+
+def test_each_built_in_task_is_registered_by_its_own_module():
+    import ast
+    from pathlib import Path
+
+    from dynheads.tasks import hotpotqa, multihop, ruler
+    from dynheads.tasks import registry as task_registry
+
+    owners = {"niah": niah.NIAH, "hotpotqa": hotpotqa.HOTPOTQA, "multihop": multihop.MULTIHOP,
+              "kv_lookup": multihop.KV_LOOKUP, "variable_tracking": ruler.VARIABLE_TRACKING,
+              "vt_lookup": ruler.VT_LOOKUP, "multikey_niah": ruler.MULTIKEY_NIAH}
+    assert set(owners) <= set(task_names())
+    for name, task in owners.items():
+        assert get_task(name) is task and task_registry.TASKS.help(name) == task.help != ""
+    # the registry module names no task module at import time (each module registers itself)
+    tree = ast.parse(Path(task_registry.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)}
+    assert "dynheads.tasks" not in imported and not {f"dynheads.tasks.{name}" for name in
+                                                     task_registry.BUILTIN_MODULES} & imported

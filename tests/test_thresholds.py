@@ -20,8 +20,9 @@ def trace_with(scores: np.ndarray, chance: np.ndarray | None) -> Trace:
     steps = scores.shape[0]
     zeros = np.zeros(scores.shape, np.float32)
     return Trace(tokens=np.arange(steps, dtype=np.int64), token_texts=["t"] * steps, text="",
-                 argmax_pos=zeros.astype(np.int32), copy_scores=zeros.astype(bool), needle_mass=zeros,
-                 reasoning_scores=scores.astype(np.float32), max_prob=zeros, hidden=np.zeros((steps, 4), np.float32),
+                 argmax_pos=zeros.astype(np.int32), needle_mass=zeros, max_prob=zeros,
+                 scores={"copy": zeros.astype(bool), "reasoning": scores.astype(np.float32)},
+                 hidden=np.zeros((steps, 4), np.float32),
                  prompt_length=10, stop_reason="eos", chance=chance)
 
 

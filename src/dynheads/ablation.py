@@ -6,11 +6,12 @@ feeds exactly one token. The clean pass leaves the cache untouched when a masked
 saved and restored); the masked pass writes the cache, so later steps see the ablated history, as in the
 paper. When a step masks nothing, the clean pass is kept and no second pass runs.
 
-Strategies: ``dynamic`` (mask D_t, or its first k heads ordered by attention on the copied position),
-``static`` (top heads of a static list), ``random`` (a seeded draw at each step), ``fixed`` (one given head set
-at every step), ``none`` (plain greedy decoding).
+Strategies (``dynheads.ablation_strategies``, a registry): ``dynamic`` (mask D_t, or its first k heads ordered
+by attention on the copied position), ``static`` (top heads of a static list), ``random`` (a seeded draw at each
+step), ``fixed`` (one given head set at every step), ``none`` (plain greedy decoding), and any strategy registered
+there.
 
-How many heads ``static`` and ``random`` mask (``matching``):
+How many heads the matched controls ``static`` and ``random`` mask (``matching``):
 
 - ``per_step`` (default): at step t exactly |D_t| heads, where D_t is read off that step's clean pass of the
   control run itself. The question at step t is "how many heads would be dynamic now?", so the count follows
@@ -22,34 +23,27 @@ How many heads ``static`` and ``random`` mask (``matching``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
-import torch
 
-from dynheads.batching import BatchedDecoder
-from dynheads.decoding import DecodingSession, Sample, StepResult
+from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS, MaskInputs
+from dynheads.decoding import Action, DecodeInput, DecodingSession, Rerun, Row, StepPolicy, StepResult, decode, greedy
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 from dynheads.models import LoadedModel
-from dynheads.probe import AblationMode
+from dynheads.probe import AblationMode, RowEdit
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ScoreKind, ScoreSpec
-
-Strategy = Literal["none", "dynamic", "static", "random", "fixed"]
-STRATEGIES: tuple[str, ...] = ("none", "dynamic", "static", "random", "fixed")
-Matching = Literal["per_step", "mean"]
-MATCHINGS: tuple[str, ...] = ("per_step", "mean")
 
 
 @dataclass(frozen=True)
 class AblationSettings:
-    strategy: Strategy = "dynamic"
+    strategy: str = "dynamic"  # a name in ``ablation_strategies.ABLATION_STRATEGIES``
     mode: AblationMode = "zero"
-    score: ScoreKind = "copy"  # how D_t is found: Eq. 1, or Eq. 2 above ``threshold``
+    score: ScoreKind = "copy"  # how D_t is found: a registered head score (Eq. 1, or Eq. 2 above ``threshold``)
     threshold: str | float = DEFAULT_REASONING_THRESHOLD  # dynheads.thresholds: "0.1" or "relative:3"
-    matching: Matching = "per_step"  # static/random: |D_t| of each step's clean pass, or a fixed ``count``
+    matching: str = "per_step"  # MATCHINGS: static/random mask |D_t| of each step's clean pass, or a fixed ``count``
     count: int | None = None  # matching="mean": heads per step for static/random (the dynamic run's mean |D_t|)
     max_dynamic: int | None = None  # progressive ablation: mask only the first k dynamic heads
     static_ranking: tuple[Head, ...] = ()
@@ -76,158 +70,101 @@ class AblationResult:
         return float(np.mean(self.dynamic_counts)) if self.dynamic_counts else 0.0
 
 
+class AblationPolicy(StepPolicy):
+    """The two passes of one ablated row: the clean pass finds D_t, a rerun removes the step's heads."""
+
+    rerunnable = True
+
+    def __init__(self, lm: LoadedModel, settings: AblationSettings, stop_ids: Collection[int]):
+        self.lm, self.settings, self.stop_ids = lm, settings, stop_ids
+        self.rng = np.random.default_rng(settings.seed)
+        self.result = AblationResult(tokens=[], text="", stop_reason="max_new_tokens")
+        self._dynamic: list[Head] = []
+
+    def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
+        action = greedy(result, self.stop_ids)
+        if rerun:  # the masked pass: its token is emitted
+            token = int(result.logits.argmax())
+            compensated = sorted(set(_dynamic_heads(row, result, token, self.settings)) - set(self._dynamic))
+            self.result.compensated.append(compensated)
+            return action
+        self._dynamic = _dynamic_heads(row, result, int(result.logits.argmax()), self.settings)
+        heads = _heads_to_mask(self._dynamic, self.settings, self.lm, self.rng)
+        self.result.dynamic_counts.append(len(self._dynamic))
+        self.result.masked.append(heads)
+        if heads:
+            return Rerun(RowEdit(removed=frozenset(heads), mode=self.settings.mode))
+        self.result.compensated.append([])
+        return action
+
+
 def ablated_generate(
-    lm: LoadedModel, sample: Sample, settings: AblationSettings, max_new_tokens: int = 48, *, stop_at_eos: bool = True
+    lm: LoadedModel, sample: DecodeInput, settings: AblationSettings, max_new_tokens: int = 48, *,
+    stop_at_eos: bool = True,
 ) -> AblationResult:
     """Greedy decoding where every step is computed twice: clean (to find D_t), then with heads removed.
     ``stop_at_eos=False`` always decodes ``max_new_tokens`` tokens (benchmarks)."""
-    _validate(lm, settings)
-    prompt_length = len(sample.input_ids)
-    session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens,
-                              sink_size=settings.sink_size, local_window=settings.local_window)
-    rng = np.random.default_rng(settings.seed)
-    if prompt_length > 1:  # the loop's first pass then feeds only the last prompt token
-        session.forward(prompt_length - 1)
-    result = AblationResult(tokens=[], text="", stop_reason="max_new_tokens")
-    steps = session.steps(max_new_tokens, lm.stop_token_ids() if stop_at_eos else (), rerunnable=True)
-    for step in steps:  # step.result: the clean pass (no head removed)
-        clean = step.result
-        dynamic = _dynamic_heads(session, clean, step.predicted, settings)
-        heads = _heads_to_mask(dynamic, clean, settings, lm, rng)
-        compensated = []
-        if heads:
-            session.probe.set_removed_heads(heads, settings.mode)
-            masked = step.rerun()
-            session.probe.set_removed_heads(())
-            compensated = sorted(set(_dynamic_heads(session, masked, step.token, settings)) - set(dynamic))
-        result.dynamic_counts.append(len(dynamic))
-        result.masked.append(heads)
-        result.compensated.append(compensated)
-    result.tokens, result.stop_reason = steps.tokens, steps.stop_reason
-    result.text = lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
-    return result
+    return ablated_generate_batch(lm, [sample], [settings], max_new_tokens, stop_at_eos=stop_at_eos)[0]
 
 
 def ablated_generate_batch(
-    lm: LoadedModel, samples: Sequence[Sample], settings: Sequence[AblationSettings], max_new_tokens: int = 48, *,
-    stop_at_eos: bool = True,
+    lm: LoadedModel, samples: Sequence[DecodeInput], settings: Sequence[AblationSettings], max_new_tokens: int = 48,
+    *, stop_at_eos: bool = True,
 ) -> list[AblationResult]:
-    """``ablated_generate`` for several samples at once (``settings[i]`` for ``samples[i]``; they may differ in
-    strategy, heads and seed, not in masking mode or Eq. 2 windows). ``result[i]`` equals
+    """``ablated_generate`` for several samples decoded as one batch (``settings[i]`` for ``samples[i]``; they may
+    differ in strategy, heads and seed, not in masking mode or Eq. 2 windows). ``result[i]`` equals
     ``ablated_generate(lm, samples[i], settings[i], ...)`` up to fp32 rounding (tests/test_ablation_batch.py).
 
-    Each prompt minus its last token is prefilled alone (the reference path), then every step runs as one
-    batch twice: the clean pass, then, when some row masks heads, the same step again with each row's own heads
-    removed (rows that mask nothing recompute their clean pass exactly and keep it).
+    Each prompt minus its last token is prefilled alone; every step then runs the clean pass and, for the rows
+    that mask heads, the same step again with each row's own heads removed.
     """
     if len(samples) != len(settings):
         raise DynheadsError(f"{len(samples)} samples but {len(settings)} ablation settings")
-    if len(samples) <= 1 or min(len(s.input_ids) for s in samples) < 2:
-        return [ablated_generate(lm, sample, setting, max_new_tokens, stop_at_eos=stop_at_eos)
-                for sample, setting in zip(samples, settings, strict=True)]
-    shared = {(s.mode, s.sink_size, s.local_window) for s in settings}
-    if len(shared) > 1:
+    if len({(s.mode, s.sink_size, s.local_window) for s in settings}) > 1:
         raise DynheadsError("a batch of ablations shares one masking mode and one Eq. 2 sink/local window")
     for setting in settings:
         _validate(lm, setting)
-    mode = settings[0].mode
-    sessions = []
-    for sample in samples:
-        session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens,
-                                  sink_size=settings[0].sink_size, local_window=settings[0].local_window)
-        session.forward(len(sample.input_ids) - 1)  # the first step feeds the last prompt token
-        sessions.append(session)
-    decoder = BatchedDecoder(lm, sessions, max_new_tokens=max_new_tokens)
-    rngs = [np.random.default_rng(s.seed) for s in settings]
-    results = [AblationResult(tokens=[], text="", stop_reason="max_new_tokens") for _ in samples]
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
-    active = list(range(len(samples)))  # sample index of each batch row
-    for step in range(max_new_tokens):
-        saved = decoder.checkpoint()
-        clean = decoder.step()
-        tokens = torch.stack([result.logits for result in clean]).argmax(-1).tolist()  # one sync per pass
-        dynamic, heads = [], []
-        for row, index in enumerate(active):
-            dynamic.append(_dynamic_heads(sessions[index], clean[row], tokens[row], settings[index]))
-            heads.append(_heads_to_mask(dynamic[row], clean[row], settings[index], lm, rngs[index]))
-        compensated: list[list[Head]] = [[] for _ in active]
-        if any(heads):
-            decoder.rollback(saved)
-            decoder.probe.set_removed_heads_per_sequence(heads, mode)
-            masked = decoder.step()
-            decoder.probe.set_removed_heads_per_sequence([() for _ in active])
-            masked_tokens = torch.stack([result.logits for result in masked]).argmax(-1).tolist()
-            for row, index in enumerate(active):
-                if heads[row]:
-                    tokens[row] = masked_tokens[row]
-                    compensated[row] = sorted(set(_dynamic_heads(sessions[index], masked[row], tokens[row],
-                                                                 settings[index])) - set(dynamic[row]))
-        still = []
-        for row, index in enumerate(active):
-            result = results[index]
-            result.dynamic_counts.append(len(dynamic[row]))
-            result.masked.append(heads[row])
-            result.compensated.append(compensated[row])
-            if tokens[row] in stop_ids:
-                result.stop_reason = "eos"
-                continue
-            result.tokens.append(tokens[row])
-            sessions[index].append(tokens[row])
-            still.append(row)
-        if step + 1 == max_new_tokens or not still:
-            break
-        decoder.keep(still)
-        active = [active[row] for row in still]
-    for result in results:
-        result.text = lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
-    return results
+    sessions, policies = [], []
+    for sample, setting in zip(samples, settings, strict=True):
+        session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens,
+                                  sink_size=setting.sink_size, local_window=setting.local_window)
+        if len(sample.input_ids) > 1:  # the loop's first pass then feeds only the last prompt token
+            session.forward(len(sample.input_ids) - 1)
+        sessions.append(session)
+        policies.append(AblationPolicy(lm, setting, stop_ids))
+    for policy, decoded in zip(policies, decode(sessions, policies, max_new_tokens), strict=True):
+        policy.result.tokens, policy.result.stop_reason = decoded.tokens, decoded.stop_reason
+        policy.result.text = lm.tokenizer.decode(decoded.tokens, skip_special_tokens=True)
+    return [policy.result for policy in policies]
 
 
 def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
-    if settings.strategy not in STRATEGIES:
-        raise DynheadsError(f"unknown ablation strategy {settings.strategy!r}: use one of {', '.join(STRATEGIES)}")
-    if settings.matching not in MATCHINGS:
-        raise DynheadsError(f"unknown matching {settings.matching!r}: use one of {', '.join(MATCHINGS)}")
-    if settings.strategy in ("static", "random") and settings.matching == "mean" and settings.count is None:
+    strategy = ABLATION_STRATEGIES.get(settings.strategy)  # an unknown name is the registry's one-line error
+    matching = MATCHINGS.get(settings.matching)  # an unknown name is the registry's one-line error
+    if strategy.matched and matching.given_count and settings.count is None:
         raise DynheadsError(f"the {settings.strategy} strategy needs a head count (the dynamic run's mean |D_t|)")
-    if settings.matching == "per_step" and settings.count is not None:
+    if not matching.given_count and settings.count is not None:
         raise DynheadsError("a head count goes with matching='mean'; per-step matching masks |D_t| heads per step")
-    if settings.strategy == "static" and not settings.static_ranking:
-        raise DynheadsError("the static strategy needs a static head list (--static FILE)")
+    if strategy.needs_static and not settings.static_ranking:
+        raise DynheadsError(f"the {settings.strategy} strategy needs a static head list (--static FILE)")
     check_heads(list(settings.static_ranking) + list(settings.fixed_heads), lm.num_layers, lm.num_heads)
 
 
-def _dynamic_heads(session: DecodingSession, step: StepResult, predicted: int, settings: AblationSettings
-                   ) -> list[Head]:
+def _dynamic_heads(row: Row, step: StepResult, predicted: int, settings: AblationSettings) -> list[Head]:
     """D_t as ``(layer, head)`` pairs, in the order progressive ablation removes them (highest first, ties by
-    index): ``copy`` by the attention weight on the copied position (a copying head's argmax key is that
-    position, so its max_prob is that weight); ``reasoning`` by the step's Eq. 2 score (its max_prob is usually
-    the attention sink's weight, not attention on the supporting facts)."""
-    spec = settings.score_spec()
-    copy = session.copy_scores(step.stats, predicted) if spec.kind == "copy" else None
-    reasoning = step.stats.reasoning_scores() if spec.kind == "reasoning" else None
-    chance = session.chance_share() if spec.kind == "reasoning" else 0.0
-    return spec.step_heads(copy, step.stats.max_prob, reasoning, chance)
+    index; ``ScoreSpec.step_heads``)."""
+    return settings.score_spec().step_heads(step.stats, row, predicted)
 
 
-def _heads_to_mask(dynamic: list[Head], clean: StepResult, settings: AblationSettings, lm: LoadedModel,
-                   rng: np.random.Generator) -> list[Head]:
-    strategy = settings.strategy
-    if strategy == "none":
-        return []
-    if strategy == "dynamic":
-        return dynamic if settings.max_dynamic is None else dynamic[: settings.max_dynamic]
-    if strategy == "fixed":
-        return list(settings.fixed_heads)
-    # per-step matching: as many heads as this step's clean pass found dynamic (this control run's own D_t)
-    count = len(dynamic) if settings.matching == "per_step" else int(settings.count)
-    count = min(count, lm.num_layers * lm.num_heads)
-    if count == 0:
-        return []
-    if strategy == "static":
-        return list(settings.static_ranking[:count])
-    flat = rng.choice(lm.num_layers * lm.num_heads, size=count, replace=False)
-    return [(int(i) // lm.num_heads, int(i) % lm.num_heads) for i in sorted(flat)]
+def _heads_to_mask(dynamic: list[Head], settings: AblationSettings, lm: LoadedModel, rng: np.random.Generator
+                   ) -> list[Head]:
+    strategy = ABLATION_STRATEGIES.get(settings.strategy)
+    count = 0
+    if strategy.matched:  # per-step matching: as many heads as this step's clean pass found dynamic
+        count = min(MATCHINGS.get(settings.matching).count(dynamic, settings.count), lm.num_layers * lm.num_heads)
+    return strategy.choose(MaskInputs(dynamic, count, settings.max_dynamic, settings.static_ranking,
+                                      settings.fixed_heads, lm.num_layers, lm.num_heads, rng))
 
 
 def matched_count(dynamic_counts: Sequence[int]) -> int:

@@ -1,37 +1,48 @@
-"""Greedy decoding with the KV cache and the attention probe attached: ``trace()`` and its building block.
+"""The one greedy decoding loop: ``decode`` runs B >= 1 rows, each under a ``StepPolicy``; ``trace()`` is its
+simplest policy.
 
-``DecodingSession`` owns one sequence: its cache, the probe (which holds the needle positions) and the token
-buffer. Each ``forward`` feeds tokens after what is cached and returns the next-token logits, the probe's
-statistics for the last input position and the final-layer hidden state there. ``commit=False`` runs a pass
-that leaves the cache exactly as it was (the KV-retention loop's clean full-KV pass), for every cache layer
-type including sliding windows, by restoring each layer's tensors afterwards (updates never modify them in
-place); ``checkpoint`` / ``rollback`` do the same around any number of passes.
+``DecodingSession`` holds the rows being decoded (``Row``: token buffer, cached length, needle, context end),
+their KV cache and the attention probe. A new session has one row; ``forward(n)`` feeds that row's next ``n``
+tokens. ``DecodingSession.merge`` joins prefilled one-row sessions into one batch (``dynheads.batching``: their
+caches are left-padded into one) whose ``forward_rows`` feeds one token per row. ``checkpoint`` / ``rollback``
+forget passes, for every cache layer type including sliding windows (updates replace tensors, never write into
+them, except the batch's growing layers, whose next write overwrites what was forgotten).
 
-``DecodingSession.steps`` is the one greedy loop (``trace``, the two-pass ablation and the RAG answerer
-consume it): each ``DecodeStep`` holds the pass that predicts the step's token; the consumer may recompute
-that pass under other probe settings (``rerun``) or emit another token (``step.token = ...``) before the
-loop appends it.
+``decode(sessions, policies, max_new_tokens)``: per row and per step, the policy gives the pass's ``RowEdit``
+(heads to remove, keys to hide, heads that stream; ``dynheads.probe``) and, after the pass, an action: ``Emit``
+a token, ``Rerun`` the same step under another edit (the two-pass ablation, the oracle KV policies), or ``Stop``.
+Step 0 of every session runs alone (the batch-1 reference path: the prompt never sees a pad); the sessions still
+running are then merged and decoded as one batch, rows leaving it at their own end. With one session the loop
+never merges, so batch 1 is exactly the one-row path. Tracing (``TracePolicy``), the per-step ablation
+(``dynheads.ablation``), KV retention (``dynheads.kv``) and the RAG answerer (``dynheads.rag.loop``) are
+policies of this loop.
+
+Batched rows equal their batch-1 runs up to fp32 summation order (batched matrix products, zero-probability pad
+keys); the tests compare them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+import inspect
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
+from dynheads.batching import merge_caches
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
-from dynheads.probe import AblationMode, AttentionProbe, Head, StepStats, attached
-from dynheads.scores import LOCAL_WINDOW, SINK_SIZE, copy_scores
+from dynheads.probe import NO_EDIT, AblationMode, AttentionProbe, Head, RowEdit, StepStats, attached
+from dynheads.scores import HEAD_SCORES, LOCAL_WINDOW, SINK_SIZE, copy_scores
+from dynheads.thresholds import chance_share
 from dynheads.traces import Trace
 
 
-class Sample(Protocol):
-    """What tracing needs from a task sample (NIAH and HotpotQA samples both provide it)."""
+class DecodeInput(Protocol):
+    """What decoding needs from a task sample (every task's samples provide it)."""
 
     input_ids: Sequence[int]
     needle_positions: Sequence[int]
@@ -39,82 +50,32 @@ class Sample(Protocol):
 
 @dataclass
 class StepResult:
-    """One forward pass, reduced to what the analyses keep (all on CPU)."""
+    """One forward pass of one row, reduced to what the analyses keep."""
 
     logits: torch.Tensor  # [V] float32
     stats: StepStats
-    hidden: torch.Tensor  # [D] float32
+    hidden: torch.Tensor  # [D] float32, final hidden state at the row's last input position
 
 
-class DecodingSession:
-    def __init__(
-        self,
-        lm: LoadedModel,
-        input_ids: Sequence[int],
-        needle_positions: Iterable[int] = (),
-        *,
-        max_new_tokens: int,
-        sink_size: int = SINK_SIZE,
-        local_window: int = LOCAL_WINDOW,
-    ):
-        self.lm = lm
+class Row:
+    """One sequence being decoded: its tokens, how many are cached, its needle and where its context ends."""
+
+    def __init__(self, input_ids: Sequence[int], needle_positions: Iterable[int], capacity: int, device,
+                 *, sink_size: int, local_window: int):
         self.prompt_length = len(input_ids)
-        check_fits(lm, self.prompt_length, max_new_tokens)
-        device = lm.device
-        self.probe = AttentionProbe(lm.num_layers, lm.num_heads, device)
-        self.probe.set_needle(needle_positions)  # the one record of the needle (Eq. 1 and Eq. 2 read it)
-        self.probe.sink_size, self.probe.local_window = sink_size, local_window
-        self.probe.context_end = self.prompt_length
-        capacity = self.prompt_length + max_new_tokens + 1
         self.ids = torch.zeros(capacity, dtype=torch.long, device=device)
         self.ids[: self.prompt_length] = torch.as_tensor(list(input_ids), dtype=torch.long)
         self.length = 0  # tokens already in the cache
         self.written = self.prompt_length  # tokens in ``ids``: those after ``length`` are fed next
-        self.cache = DynamicCache(config=lm.model.config)
-        self._hidden: torch.Tensor | None = None
-
-    def forward(self, num_tokens: int, *, commit: bool = True) -> StepResult:
-        """Run the next ``num_tokens`` tokens of ``self.ids`` (after the cached ones) through the model."""
-        start, stop = self.length, self.length + num_tokens
-        self.probe.begin_forward(stop - 1)
-        stats = self.probe.sequence_stats(0)
-        saved = self.checkpoint() if not commit else None
-        model = self.lm.model
-        hook = model.base_model.register_forward_hook(self._capture_hidden)
-        try:
-            with attached(model, self.probe) as probe_kwargs, torch.inference_mode():
-                out = model(
-                    input_ids=self.ids[start:stop][None],
-                    past_key_values=self.cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    **probe_kwargs,
-                )
-        finally:
-            hook.remove()
-        self.length, self.written = stop, max(self.written, stop)
-        if saved is not None:
-            self.rollback(saved)
-        return StepResult(logits=out.logits[0, -1].float(), stats=stats, hidden=self._hidden)
-
-    def checkpoint(self) -> tuple[int, list[dict]]:
-        """The cache state now; cheap, because cache updates replace tensors instead of writing into them."""
-        return self.length, [dict(vars(layer)) for layer in self.cache.layers]
-
-    def rollback(self, checkpoint: tuple[int, list[dict]]) -> None:
-        """Forget every token fed since ``checkpoint``."""
-        self.length, layers = checkpoint
-        del self.cache.layers[len(layers) :]
-        for layer, saved in zip(self.cache.layers, layers, strict=True):
-            layer.__dict__.clear()
-            layer.__dict__.update(saved)
-
-    def _capture_hidden(self, module, args, output) -> None:
-        last_hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
-        self._hidden = last_hidden[0, -1].float()
+        self.needle = sorted({int(p) for p in needle_positions})
+        self.context_end = self.prompt_length  # positions before it are the context (the probe's context mass)
+        self.sink_size, self.local_window = sink_size, local_window
+        size = max(self.needle, default=-1) + 1
+        self._needle_mask = torch.zeros(max(size, 1), dtype=torch.bool, device=device)
+        self._needle_mask[self.needle] = True
 
     def append(self, token: int) -> None:
-        """Write ``token`` after the cached tokens (the next ``forward`` feeds it)."""
+        """Write ``token`` after the cached tokens (the next pass feeds it)."""
         self.ids[self.length] = token
         self.written = self.length + 1
 
@@ -123,78 +84,302 @@ class DecodingSession:
         self.ids[self.length : self.length + len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.long)
         self.written = self.length + len(tokens)
 
-    def steps(self, max_new_tokens: int, stop_ids: Collection[int] = (), *, rerunnable: bool = False) -> GreedySteps:
-        """The greedy loop: see ``GreedySteps``."""
-        return GreedySteps(self, max_new_tokens, stop_ids, rerunnable=rerunnable)
-
-    def chance_share(self) -> float:
-        """Eq. 2 chance share at the last position fed (also right after batched steps, which bypass the probe)."""
-        return self.probe.chance_share(last_position=self.length - 1)
+    def is_needle(self, positions: torch.Tensor) -> torch.Tensor:
+        size = self._needle_mask.shape[0]
+        return self._needle_mask[positions.clamp(0, size - 1)] & (positions >= 0) & (positions < size)
 
     def copy_scores(self, stats: StepStats, predicted: int) -> torch.Tensor:
         """Eq. 1 ``[L, H]``: the argmax key is a needle token and carries the predicted token."""
-        return copy_scores(stats.argmax_pos, self.probe.is_needle(stats.argmax_pos), self.prompt_length, self.ids,
-                           predicted)
+        return copy_scores(stats, self, predicted)
+
+    def chance_share(self) -> float:
+        """Eq. 2 score of a head attending uniformly, at the last position fed."""
+        return chance_share(self.needle, self.length - 1, self.sink_size, self.local_window)
 
 
-class DecodeStep:
-    """One step of the greedy loop: the pass that predicts the step's token, and the token to emit."""
+Checkpoint = tuple[list[tuple[int, int]], int, list[dict]]  # (length, written) per row, batch width, cache layers
 
-    def __init__(self, session: DecodingSession, index: int, result: StepResult, fed: int,
-                 checkpoint: tuple[int, list[dict]] | None, stop_ids: Collection[int]):
-        self.session, self.index, self.result = session, index, result
-        self.predicted = int(result.logits.argmax())  # greedy token of ``result``
-        self.token = self.predicted  # the token the loop emits; assign to emit another one
-        self._fed, self._checkpoint, self._stop_ids = fed, checkpoint, stop_ids
 
+class DecodingSession:
+    """Rows decoded together: their cache, the probe over them and, once merged, the padding mask."""
+
+    def __init__(self, lm: LoadedModel, input_ids: Sequence[int], needle_positions: Iterable[int] = (), *,
+                 max_new_tokens: int, sink_size: int = SINK_SIZE, local_window: int = LOCAL_WINDOW,
+                 context_end: int | None = None):
+        check_fits(lm, len(input_ids), max_new_tokens)
+        self.lm = lm
+        row = Row(input_ids, needle_positions, len(input_ids) + max_new_tokens + 1, lm.device,
+                  sink_size=sink_size, local_window=local_window)
+        if context_end is not None:
+            if not 0 < context_end <= row.prompt_length:
+                raise DynheadsError(f"context_end {context_end} must lie in 1..{row.prompt_length} (the prompt)")
+            row.context_end = context_end
+        self.cache: DynamicCache = DynamicCache(config=lm.model.config)
+        self.mask: torch.Tensor | None = None  # batches: [B, capacity] 1 for real keys (pads are 0)
+        self.width = 0  # batches: padded key slots in use
+        self.probe = AttentionProbe(lm.num_layers, lm.num_heads, lm.device)
+        self.probe.sink_size, self.probe.local_window = sink_size, local_window
+        self._set_rows([row])
+
+    @classmethod
+    def merge(cls, sessions: Sequence[DecodingSession], max_new_tokens: int) -> DecodingSession:
+        """One batch of the rows of prefilled one-row sessions, with room for ``max_new_tokens`` more tokens.
+
+        The sessions' caches are copied into the batch and emptied; ``rollback`` to a checkpoint taken before
+        the merge makes a session usable again (its rows are shared with the batch).
+        """
+        if any(len(s.rows) != 1 or s.mask is not None for s in sessions):
+            raise DynheadsError("only one-row sessions merge into a batch")
+        first = sessions[0]
+        if any(s.probe.settings.rows_for != first.probe.settings.rows_for for s in sessions) or any(
+                s.probe.settings.span_score is not None for s in sessions):
+            raise DynheadsError("sessions merge into a batch when they keep the same attention rows and no span score")
+        batch = cls.__new__(cls)
+        batch.lm = first.lm
+        padded = max(s.row.length for s in sessions)
+        batch.cache = merge_caches(first.lm, [s.cache for s in sessions], padded, max_new_tokens)
+        batch.mask = torch.zeros(len(sessions), padded + max_new_tokens, dtype=torch.long, device=first.lm.device)
+        for b, session in enumerate(sessions):  # row b's first (padded - length_b) keys are pads
+            batch.mask[b, padded - session.row.length : padded] = 1
+        batch.width = padded
+        batch.probe = AttentionProbe(first.lm.num_layers, first.lm.num_heads, first.lm.device)
+        batch.probe.sink_size, batch.probe.local_window = first.probe.sink_size, first.probe.local_window
+        batch.probe.rows_for = first.probe.rows_for
+        batch._set_rows([s.row for s in sessions])
+        return batch
+
+    def _set_rows(self, rows: list[Row]) -> None:
+        self.rows = rows
+        self.probe.set_needles([row.needle for row in rows])
+        self.probe.context_ends = [row.context_end for row in rows]
+
+    # ---- the one row of an unmerged session (what batch-1 callers use) --------------------------------
     @property
-    def stops(self) -> bool:
-        """The token to emit is a stop token: the loop ends without emitting it."""
-        return self.token in self._stop_ids
+    def row(self) -> Row:
+        if len(self.rows) != 1:
+            raise DynheadsError(f"this session decodes {len(self.rows)} rows, not one")
+        return self.rows[0]
 
-    def rerun(self) -> StepResult:
-        """Recompute this step's pass (e.g. under other probe settings) in place of the first one; the greedy
-        token of the new pass becomes the token to emit. Needs ``steps(..., rerunnable=True)``."""
-        if self._checkpoint is None:
-            raise DynheadsError("this decoding loop was not started with rerunnable=True")
-        self.session.rollback(self._checkpoint)
-        self.result = self.session.forward(self._fed)
-        self.token = int(self.result.logits.argmax())
-        return self.result
+    ids = property(lambda self: self.row.ids)
+    length = property(lambda self: self.row.length)
+    written = property(lambda self: self.row.written)
+    prompt_length = property(lambda self: self.row.prompt_length)
+
+    def append(self, token: int) -> None:
+        self.row.append(token)
+
+    def write(self, tokens: Sequence[int]) -> None:
+        self.row.write(tokens)
+
+    def copy_scores(self, stats: StepStats, predicted: int) -> torch.Tensor:
+        return self.row.copy_scores(stats, predicted)
+
+    def chance_share(self) -> float:
+        return self.row.chance_share()
+
+    # ---- passes ---------------------------------------------------------------------------------------
+    def forward(self, num_tokens: int | None = None) -> StepResult:
+        """Feed the one row's next ``num_tokens`` written tokens (default: all not yet cached)."""
+        row = self.row
+        if self.mask is not None:
+            return self.forward_rows()[0]
+        start = row.length
+        stop = row.written if num_tokens is None else start + num_tokens
+        if stop <= start:
+            raise DynheadsError("nothing to decode from: every written token is already in the cache")
+        self.probe.begin_forward(stop - 1)
+        logits, hidden = self._run(row.ids[start:stop][None])
+        row.length, row.written = stop, max(row.written, stop)
+        return StepResult(logits=logits[0], stats=self.probe.sequence_stats(0), hidden=hidden[0])
+
+    def forward_rows(self) -> list[StepResult]:
+        """Feed one written token per row; one ``StepResult`` per row."""
+        if self.mask is None:
+            return [self.forward(1)]
+        positions = [row.length for row in self.rows]
+        tokens = torch.stack([row.ids[row.length] for row in self.rows])[:, None]  # [B, 1]
+        self.mask[:, self.width] = 1
+        self.width += 1
+        self.probe.begin_forward(positions)
+        logits, hidden = self._run(tokens, attention_mask=self.mask[:, : self.width],
+                                   position_ids=torch.tensor(positions, device=self.lm.device)[:, None])
+        for row in self.rows:
+            row.length += 1
+            row.written = max(row.written, row.length)
+        return [StepResult(logits=logits[b], stats=self.probe.sequence_stats(b), hidden=hidden[b])
+                for b in range(len(self.rows))]
+
+    def _run(self, input_ids: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass through the model with the probe attached: last-position logits and final hidden states."""
+        captured = {}
+
+        def capture(module, args, output) -> None:
+            last_hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
+            captured["hidden"] = last_hidden[:, -1].float()
+
+        model = self.lm.model
+        hook = model.base_model.register_forward_hook(capture)
+        try:
+            with attached(model, self.probe) as probe_kwargs, torch.inference_mode():
+                out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+                            **inputs, **probe_kwargs)
+        finally:
+            hook.remove()
+        return out.logits[:, -1].float(), captured["hidden"]
+
+    def checkpoint(self) -> Checkpoint:
+        """The state now; cheap, because cache updates replace tensors instead of writing into them."""
+        return ([(row.length, row.written) for row in self.rows], self.width,
+                [dict(vars(layer)) for layer in self.cache.layers])
+
+    def rollback(self, checkpoint: Checkpoint) -> None:
+        """Forget every token fed since ``checkpoint`` (no row may have left the batch since)."""
+        lengths, self.width, layers = checkpoint
+        for row, (length, written) in zip(self.rows, lengths, strict=True):
+            row.length, row.written = length, written
+        if self.mask is not None:
+            self.mask[:, self.width :] = 0
+        del self.cache.layers[len(layers) :]
+        for layer, saved in zip(self.cache.layers, layers, strict=True):
+            layer.__dict__.clear()
+            layer.__dict__.update(saved)  # growing layers: the old view; the next pass overwrites the slot
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only these rows of the batch (the others finished)."""
+        if list(rows) == list(range(len(self.rows))):
+            return
+        if self.mask is None:
+            raise DynheadsError("a one-row session has no rows to drop")
+        index = torch.as_tensor(list(rows), dtype=torch.long, device=self.lm.device)
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+        self._set_rows([self.rows[r] for r in rows])
 
 
-class GreedySteps:
-    """Greedy decoding over a ``DecodingSession``: iterate to get one ``DecodeStep`` per new token.
+@dataclass(frozen=True)
+class Emit:
+    """Emit ``token``; with ``stop_reason`` the row then ends (no pass reads the token)."""
 
-    Step 0 feeds every written token not yet in the cache (the prompt, what is left of it, or what ``write``
-    put after the cache), later steps the token emitted before. After the consumer's loop body, a stop token
-    ends the loop (``stop_reason = "eos"``, the token is not emitted); otherwise the token is emitted
-    (``tokens``) and appended. No pass runs after the last step. ``rerunnable`` keeps a checkpoint of the cache
-    before each pass, so that ``DecodeStep.rerun`` can replace it (the old keys then live until the step ends,
-    which is why it is not the default).
-    """
+    token: int
+    stop_reason: str | None = None
 
-    def __init__(self, session: DecodingSession, max_new_tokens: int, stop_ids: Collection[int] = (),
-                 *, rerunnable: bool = False):
-        self.session, self.max_new_tokens, self.stop_ids = session, max_new_tokens, stop_ids
-        self.rerunnable = rerunnable
-        self.tokens: list[int] = []
-        self.stop_reason = "max_new_tokens"
 
-    def __iter__(self) -> Iterator[DecodeStep]:
-        session = self.session
-        for index in range(self.max_new_tokens):
-            fed = session.written - session.length if index == 0 else 1
-            if fed < 1:
-                raise DynheadsError("nothing to decode from: every written token is already in the cache")
-            checkpoint = session.checkpoint() if self.rerunnable else None
-            step = DecodeStep(session, index, session.forward(fed), fed, checkpoint, self.stop_ids)
-            yield step
-            if step.stops:
-                self.stop_reason = "eos"
-                return
-            self.tokens.append(step.token)
-            session.append(step.token)
+@dataclass(frozen=True)
+class Rerun:
+    """Recompute this step's pass under ``edit`` (the policy must be ``rerunnable``)."""
+
+    edit: RowEdit
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the row without emitting a token."""
+
+    reason: str
+
+
+Action = Emit | Rerun | Stop
+
+
+class StepPolicy:
+    """What one row does at each step: the edit of its pass, and the action after it. The default: greedy."""
+
+    rerunnable = False  # keeps a checkpoint before each pass so that ``after`` may answer ``Rerun``
+
+    def edit(self, index: int) -> RowEdit:
+        return NO_EDIT
+
+    def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
+        """The action after step ``index``'s pass (``rerun``: the pass a ``Rerun`` asked for)."""
+        return Emit(int(result.logits.argmax()))
+
+
+def greedy(result: StepResult, stop_ids: Collection[int]) -> Emit | Stop:
+    """The greedy token of ``result``, or the end of the row at a stop token."""
+    token = int(result.logits.argmax())
+    return Stop("eos") if token in stop_ids else Emit(token)
+
+
+@dataclass
+class Decoded:
+    tokens: list[int] = field(default_factory=list)
+    stop_reason: str = "max_new_tokens"
+
+
+def decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy], max_new_tokens: int
+           ) -> list[Decoded]:
+    """Decode one-row ``sessions`` (each fed, at step 0, every written token not yet cached) under their
+    ``policies``, up to ``max_new_tokens`` steps each; ``result[i]`` is session i's."""
+    if len(sessions) != len(policies):
+        raise DynheadsError(f"{len(sessions)} sessions but {len(policies)} policies")
+    if max_new_tokens < 1:
+        raise DynheadsError("max_new_tokens must be at least 1")
+    decoded = [Decoded() for _ in sessions]
+    running = []
+    for i, (session, policy) in enumerate(zip(sessions, policies, strict=True)):  # step 0 alone
+        (action,) = _step(session, [policy], 0, session.forward)
+        if _apply(action, session.row, decoded[i], 0, max_new_tokens):
+            running.append(i)
+    if not running:
+        return decoded
+    batch = sessions[running[0]] if len(running) == 1 else DecodingSession.merge(
+        [sessions[i] for i in running], max_new_tokens)
+    for index in range(1, max_new_tokens):
+        actions = _step(batch, [policies[i] for i in running], index, batch.forward_rows)
+        still = [r for r, action in enumerate(actions)
+                 if _apply(action, batch.rows[r], decoded[running[r]], index, max_new_tokens)]
+        if not still:
+            break
+        batch.keep(still)
+        running = [running[r] for r in still]
+    return decoded
+
+
+def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, run) -> list[Action]:
+    """One pass of every row under its policy's edit, and again for the rows whose policy asks to rerun."""
+    edits = [policy.edit(index) for policy in policies]
+    session.probe.set_edits(_compact(edits))
+    checkpoint = session.checkpoint() if any(p.rerunnable for p in policies) else None
+    results = _as_list(run())
+    actions = [policy.after(index, row, result, False)
+               for policy, row, result in zip(policies, session.rows, results, strict=True)]
+    reruns = [r for r, action in enumerate(actions) if isinstance(action, Rerun)]
+    if not reruns:
+        return actions
+    if checkpoint is None:
+        raise DynheadsError("a step policy asked to rerun a pass but is not rerunnable")
+    session.rollback(checkpoint)
+    for r in reruns:
+        edits[r] = actions[r].edit
+    session.probe.set_edits(_compact(edits))
+    results = _as_list(run())  # rows that did not ask recompute their pass exactly: their action stands
+    for r in reruns:
+        actions[r] = policies[r].after(index, session.rows[r], results[r], True)
+        if isinstance(actions[r], Rerun):
+            raise DynheadsError("a step policy asked to rerun a pass twice")
+    return actions
+
+
+def _as_list(results: StepResult | list[StepResult]) -> list[StepResult]:
+    return results if isinstance(results, list) else [results]
+
+
+def _compact(edits: list[RowEdit]) -> list[RowEdit]:
+    """One edit when every row has the same (the probe then builds one mask for all)."""
+    return edits[:1] if all(edit == edits[0] for edit in edits[1:]) else edits
+
+
+def _apply(action: Action, row: Row, decoded: Decoded, index: int, max_new_tokens: int) -> bool:
+    """Record the action of step ``index``; whether the row decodes another step."""
+    if isinstance(action, Stop):
+        decoded.stop_reason = action.reason
+        return False
+    decoded.tokens.append(action.token)
+    row.append(action.token)
+    if action.stop_reason is not None:
+        decoded.stop_reason = action.stop_reason
+        return False
+    return index + 1 < max_new_tokens
 
 
 def check_fits(lm: LoadedModel, prompt_length: int, max_new_tokens: int) -> None:
@@ -207,22 +392,25 @@ def check_fits(lm: LoadedModel, prompt_length: int, max_new_tokens: int) -> None
 
 
 class TraceRecorder:
-    """Collects per-step results into a ``Trace``."""
+    """Collects per-step results into a ``Trace``, with every registered head score (``HEAD_SCORES``) by name."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, torch.Tensor]] = []
+        # (name, HeadScore) of the scores registered when the trace began
+        self.head_scores = [(name, HEAD_SCORES.get(name)) for name in HEAD_SCORES.names()]
+        self.scores: dict[str, list[torch.Tensor]] = {name: [] for name, _ in self.head_scores}  # [L, H] per step
         self.tokens: list[int] = []
         self.chance: list[float] = []  # Eq. 2 score of a uniform head at each step
 
-    def add(self, session: DecodingSession, result: StepResult, token: int, predicted: int | None = None) -> None:
+    def add(self, row: Row, result: StepResult, token: int, predicted: int | None = None) -> None:
         """Record a step that emitted ``token``; ``predicted`` (ŷ of Eq. 1) defaults to that token."""
         stats = result.stats
         predicted = token if predicted is None else predicted
+        for name, score in self.head_scores:
+            self.scores[name].append(score.reduce(stats, row, predicted))
         self.steps.append({
             "argmax_pos": stats.argmax_pos,
-            "copy_scores": session.copy_scores(stats, predicted),
             "needle_mass": stats.needle_mass,
-            "reasoning_scores": stats.reasoning_scores(),
             "max_prob": stats.max_prob,
             "context_mass": stats.context_mass,
             "context_entropy": stats.context_entropy,
@@ -230,16 +418,16 @@ class TraceRecorder:
             **_logit_stats(result.logits, token),
         })
         self.tokens.append(token)
-        self.chance.append(session.chance_share())
+        self.chance.append(row.chance_share())
 
-    def finish(self, session: DecodingSession, stop_reason: str) -> Trace:
-        lm = session.lm
+    def finish(self, lm: LoadedModel, row: Row, stop_reason: str) -> Trace:
         shape = (len(self.steps), lm.num_layers, lm.num_heads)
 
+        def stack(values: list[torch.Tensor], dtype, empty_shape=shape) -> np.ndarray:
+            return torch.stack(values).cpu().numpy().astype(dtype) if values else np.zeros(empty_shape, dtype=dtype)
+
         def stacked(name: str, dtype, empty_shape=shape) -> np.ndarray:
-            if not self.steps:
-                return np.zeros(empty_shape, dtype=dtype)
-            return torch.stack([s[name] for s in self.steps]).cpu().numpy().astype(dtype)
+            return stack([s[name] for s in self.steps], dtype, empty_shape)
 
         tokenizer = lm.tokenizer
         return Trace(
@@ -247,12 +435,12 @@ class TraceRecorder:
             token_texts=[tokenizer.decode([t]) for t in self.tokens],
             text=tokenizer.decode(self.tokens, skip_special_tokens=True),
             argmax_pos=stacked("argmax_pos", np.int32),
-            copy_scores=stacked("copy_scores", np.bool_),
+            scores={name: stack(self.scores[name], np.bool_ if score.binary else np.float32)
+                    for name, score in self.head_scores},
             needle_mass=stacked("needle_mass", np.float32),
-            reasoning_scores=stacked("reasoning_scores", np.float32),
             max_prob=stacked("max_prob", np.float32),
             hidden=stacked("hidden", np.float32, (0, lm.hidden_size)),
-            prompt_length=session.prompt_length,
+            prompt_length=row.prompt_length,
             stop_reason=stop_reason,
             context_mass=stacked("context_mass", np.float32),
             token_entropy=stacked("token_entropy", np.float32, (0,)),
@@ -270,9 +458,26 @@ def _logit_stats(logits: torch.Tensor, token: int) -> dict[str, torch.Tensor]:
             "token_prob": log_probs[token].exp()}
 
 
+class TracePolicy(StepPolicy):
+    """Greedy decoding (or a teacher-forced response) under one fixed edit, recording every emitted step."""
+
+    def __init__(self, edit: RowEdit, stop_ids: Collection[int], forced: Sequence[int] | None = None):
+        self._edit, self.stop_ids, self.forced = edit, stop_ids, forced
+        self.recorder = TraceRecorder()
+
+    def edit(self, index: int) -> RowEdit:
+        return self._edit
+
+    def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
+        action = greedy(result, self.stop_ids) if self.forced is None else Emit(self.forced[index])
+        if isinstance(action, Emit):
+            self.recorder.add(row, result, action.token)
+        return action
+
+
 def trace(
     lm: LoadedModel,
-    sample: Sample,
+    sample: DecodeInput,
     max_new_tokens: int = 32,
     *,
     sink_size: int = SINK_SIZE,
@@ -294,27 +499,33 @@ def trace(
     is that of the pass that predicts it, and Eq. 1's ŷ is the forced token. ``context_end`` moves the end of
     the context the probe's ``context_mass`` / ``context_entropy`` measure (default: the prompt's end).
     """
-    if forced_tokens is not None:
-        forced = [int(t) for t in forced_tokens]
+    return trace_batch(lm, [sample], max_new_tokens, sink_size=sink_size, local_window=local_window,
+                       removed_heads=removed_heads, ablation_mode=ablation_mode, stop_at_eos=stop_at_eos,
+                       forced_tokens=forced_tokens, context_end=context_end)[0]
+
+
+def trace_batch(lm: LoadedModel, samples: Sequence[DecodeInput], max_new_tokens: int = 32, **settings
+                ) -> list[Trace]:
+    """``trace`` for several samples decoded as one batch, with ``trace``'s keyword arguments; ``result[i]``
+    equals ``trace(lm, samples[i], ...)`` up to fp32 rounding (one sample runs the batch-1 path itself)."""
+    bound = inspect.signature(trace).bind(lm, None, max_new_tokens, **settings)  # trace's names and defaults
+    bound.apply_defaults()
+    options = bound.arguments
+    forced = options["forced_tokens"]
+    if forced is not None:
+        forced = [int(t) for t in forced]
         if not forced:
             raise DynheadsError("forced_tokens is empty: nothing to teacher-force")
-        max_new_tokens, stop_at_eos = len(forced), False
+        max_new_tokens = len(forced)
     if max_new_tokens < 1:
         raise DynheadsError("max_new_tokens must be at least 1")
-    session = DecodingSession(
-        lm, sample.input_ids, sample.needle_positions,
-        max_new_tokens=max_new_tokens, sink_size=sink_size, local_window=local_window,
-    )
-    session.probe.set_removed_heads(removed_heads, ablation_mode)
-    if context_end is not None:
-        if not 0 < context_end <= session.prompt_length:
-            raise DynheadsError(f"context_end {context_end} must lie in 1..{session.prompt_length} (the prompt)")
-        session.probe.context_end = context_end
-    recorder = TraceRecorder()
-    steps = session.steps(max_new_tokens, lm.stop_token_ids() if stop_at_eos else ())
-    for step in steps:
-        if forced_tokens is not None:
-            step.token = forced[step.index]
-        if not step.stops:
-            recorder.add(session, step.result, step.token)
-    return recorder.finish(session, "forced" if forced_tokens is not None else steps.stop_reason)
+    stop_ids = lm.stop_token_ids() if options["stop_at_eos"] and forced is None else ()
+    edit = RowEdit(removed=frozenset((int(layer), int(head)) for layer, head in options["removed_heads"]),
+                   mode=options["ablation_mode"])
+    sessions = [DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens,
+                                sink_size=options["sink_size"], local_window=options["local_window"],
+                                context_end=options["context_end"]) for sample in samples]
+    policies = [TracePolicy(edit, stop_ids, forced) for _ in samples]
+    results = decode(sessions, policies, max_new_tokens)
+    return [policy.recorder.finish(lm, session.rows[0], "forced" if forced is not None else result.stop_reason)
+            for policy, session, result in zip(policies, sessions, results, strict=True)]

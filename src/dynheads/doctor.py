@@ -1,6 +1,7 @@
 """``dynheads doctor``: what this machine has that dynheads uses, and how to fix what is missing.
 
 Every check returns a ``Check`` (never raises): the doctor reports, it does not stop at the first problem.
+The thread default of every command (``dynheads --threads``) is decided here too, from the machine's cores and load.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,9 @@ from dynheads.errors import DynheadsError
 
 SPACY_MODEL = "en_core_web_sm"  # RIND form 'dragin' (dynheads.rag.trigger); the default form 'paper' needs none
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# More threads than this rarely speed up decoding (small per-step matrix products at batch 1) and slow every other
+# job on a shared machine; torch's own default is one thread per core.
+MAX_DEFAULT_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -24,11 +29,42 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""  # how to fix it, when not ok
+    warning: bool = False  # not ok, but nothing is missing (a busy machine)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or taskset's limit), else all."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def machine_busy(load: float, cores: int) -> bool:
+    """Whether other jobs already keep every core busy: the 1-minute load average is at least the core count."""
+    return load >= cores
+
+
+def default_threads() -> int:
+    """Threads of a command without ``--threads``: ``OMP_NUM_THREADS`` where the user set it; else 1 while the
+    machine is busy (more threads would only wait for cores: a NIAH sample took 90 s at torch's default and 9 s at
+    one thread on a shared machine), else one per usable core up to ``MAX_DEFAULT_THREADS``."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    cores = usable_cores()
+    return 1 if machine_busy(os.getloadavg()[0], cores) else min(MAX_DEFAULT_THREADS, cores)
+
+
+def apply_threads(threads: int) -> None:
+    """Use ``threads`` CPU threads in torch before any model work: ``torch.set_num_threads`` where torch is loaded,
+    else ``OMP_NUM_THREADS``, from which torch sets its thread count as it loads (capped at the core count), so
+    that a command's ``--help`` still loads no torch."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def run_checks() -> list[Check]:
-    checks: list[Callable[[], Check]] = [_torch, _device, _embedded_model, _packaged, _haystack, _cache, _spacy_model,
-                                         _chromium]
+    checks: list[Callable[[], Check]] = [_torch, _device, _load, _embedded_model, _packaged, _haystack, _cache,
+                                         _spacy_model, _chromium]
     results = []
     for check in checks:
         try:
@@ -54,6 +90,16 @@ def _device() -> Check:
     fix = ("this torch build cannot use the GPU: reinstall torch with CUDA (pip install torch)"
            if shutil.which("nvidia-smi") and not torch.version.cuda else "")
     return Check("device", not fix, f"cpu (no usable CUDA GPU); {threads}", fix)
+
+
+def _load() -> Check:
+    load, cores = os.getloadavg()[0], usable_cores()
+    detail = f"1-minute load average {load:.1f} on {cores} usable cores"
+    if machine_busy(load, cores):
+        return Check("machine load", False, f"{detail}: busy (other jobs hold every core)",
+                     "commands default to 1 thread while it stays busy; more (--threads N) would wait for cores and "
+                     "slow every job", warning=True)
+    return Check("machine load", True, f"{detail}; commands default to {default_threads()} threads (--threads N)")
 
 
 def _embedded_model() -> Check:
@@ -125,11 +171,12 @@ def _chromium() -> Check:
 
 
 def render(checks: list[Check]) -> str:
-    """One line per check, ``ok`` or ``missing``, each missing one followed by its fix."""
+    """One line per check, ``ok``, ``warning`` or ``missing``, each not ok followed by its fix."""
     width = max(len(check.name) for check in checks)
     lines = []
     for check in checks:
-        lines.append(f"{'ok' if check.ok else 'missing':8}{check.name:{width}}  {check.detail}")
+        status = "ok" if check.ok else "warning" if check.warning else "missing"
+        lines.append(f"{status:8}{check.name:{width}}  {check.detail}")
         if not check.ok and check.fix:
             lines.append(f"{'':8}{'':{width}}  fix: {check.fix}")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Probe-driven dynamic KV retention, simulated exactly: greedy decoding where, at every step, a policy picks the
 KV heads whose cache stays whole and every other KV head is a DuoAttention "streaming" head (attention sinks +
-recent window only; ``AttentionProbe.set_kv_heads``).
+recent window only; ``probe.RowEdit.full_kv``).
 
 Memory is held per KV head, so that is the unit of every budget: a policy keeps whole KV heads (under GQA query
 head h reads KV head ``h // G``, ``G = H / H_kv``), every query head of a kept KV head sees all keys, and every
@@ -11,31 +11,19 @@ bytes (unless one of them keeps fewer than k: its shortfall is recorded).
 The prompt minus its last token is prefilled in full; the last prompt token and every generated token are decode
 steps under the policy, so every emitted token is computed with the policy's head set.
 
-Policies:
+Policies (``dynheads.kv_policies``, a registry: ``full``, ``none``, ``static``, ``probe``, ``oracle``, ``true``,
+``random`` and any policy registered there) pick the KV heads kept whole at each step; this loop runs them.
 
-- ``full``: every head keeps its KV (the unmodified model, the ceiling); ``none``: every head streams,
-- ``static``: the top-k KV heads of a static list (DuoAttention / RazorAttention / HeadKV), the same at every step;
-  a KV head is ranked by its best query head's score and only KV heads with a positive score are ever kept (a
-  budget beyond them keeps them all and records the shortfall: no zero-score filler),
-- ``probe``: the top-k KV heads by a trained head predictor (``analysis.head_predictor``) applied to the final
-  hidden state of the previous step (the last one the decoder has when step t starts), a KV head scoring as its
-  best query head; or, with ``probe_select="threshold"``, the KV heads with a query head above the probe's
-  decision threshold (a variable count),
-- ``oracle``: the KV heads of the previous step's D_t (Eq. 1 copy heads) from a clean full-KV pass, at most k, in
-  the order of their best head's attention weight; ``true``: the same for the current step's D_t from a clean
-  pass at the same step (an offline upper bound, as in the ablation's two-pass scheme; the clean pass leaves the
-  cache untouched),
-- ``random``: k KV heads drawn per step from a seeded generator.
-
-Dynamic policies (probe, oracle, true, random) may pick any head later, so its keys must be kept somewhere: they
-are costed with a second tier (``Tier``): the full KV of every head lives offloaded (host memory), every head's
-window stays resident, and each step fetches the picked heads' keys beyond the window and writes the new token's
-KV of every head to the tier. Static policies drop what they evict: nothing is offloaded or moved.
+Dynamic policies (probe, oracle, true, random: ``RetentionPolicy.dynamic``) may pick any head later, so its keys
+must be kept somewhere: they are costed with a second tier (``Tier``): the full KV of every head lives offloaded
+(host memory), every head's window stays resident, and each step fetches the picked heads' keys beyond the window
+and writes the new token's KV of every head to the tier. Static policies drop what they evict: nothing is
+offloaded or moved.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -43,22 +31,31 @@ import numpy as np
 
 from dynheads.analysis.head_predictor import TrainedHeadPredictor
 from dynheads.analysis.kvheads import KVHead
-from dynheads.decoding import DecodingSession, Sample, StepResult
+from dynheads.decoding import (
+    Action,
+    Checkpoint,
+    DecodeInput,
+    DecodingSession,
+    Rerun,
+    Row,
+    StepPolicy,
+    StepResult,
+    decode,
+    greedy,
+)
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
+from dynheads.kv_policies import KV_POLICIES, PolicyInputs
 from dynheads.models import LoadedModel
+from dynheads.probe import NO_EDIT, RowEdit
 from dynheads.scores import ranked_heads
 
-Policy = Literal["full", "none", "static", "probe", "oracle", "true", "random"]
-POLICIES: tuple[str, ...] = ("full", "none", "static", "probe", "oracle", "true", "random")
-BUDGET_FREE = ("full", "none")  # policies whose head set does not depend on the budget
-DYNAMIC = ("probe", "oracle", "true", "random")  # head sets that change per step: costed with a second tier
 ProbeSelect = Literal["top", "threshold"]
 
 
 @dataclass(frozen=True)
 class KVSettings:
-    policy: Policy = "static"
+    policy: str = "static"  # a name in ``kv_policies.KV_POLICIES``
     budget: float = 0.1  # fraction of the L * H_kv KV heads kept whole (ignored by full / none)
     sink: int = 4  # DuoAttention's code default (its published patterns use 128 / 256 on 32k-token models)
     recent: int = 64  # recent window of streaming heads, current token included
@@ -120,11 +117,6 @@ def query_heads(kv_heads: Sequence[KVHead], groups: int) -> list[Head]:
     return [(layer, kv * groups + g) for layer, kv in kv_heads for g in range(groups)]
 
 
-def kv_heads_of(heads: Sequence[Head], groups: int) -> list[KVHead]:
-    """The KV heads the query heads read, in the order of their first query head."""
-    return list(dict.fromkeys((layer, head // groups) for layer, head in heads))
-
-
 def kv_memory(kv_heads: Sequence[KVHead], lm: LoadedModel, length: int, sink: int, recent: int) -> int:
     """Resident KV (tokens x KV heads, summed over layers) with ``kv_heads`` whole and every other KV head
     streaming (``min(length, sink + recent)`` tokens)."""
@@ -137,17 +129,74 @@ class Prefill:
     """A session holding the full-attention prefill of a prompt minus its last token, reusable by every policy."""
 
     session: DecodingSession
-    checkpoint: tuple[int, list[dict]]
+    checkpoint: Checkpoint
     last: StepResult | None  # the prefill's last position (its hidden state feeds the probe at the first step)
 
 
-def prefill(lm: LoadedModel, sample: Sample, max_new_tokens: int) -> Prefill:
+def prefill(lm: LoadedModel, sample: DecodeInput, max_new_tokens: int) -> Prefill:
     session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens)
     last = session.forward(len(sample.input_ids) - 1) if len(sample.input_ids) > 1 else None
     return Prefill(session, session.checkpoint(), last)
 
 
-def kv_generate(lm: LoadedModel, sample: Sample, settings: KVSettings, max_new_tokens: int = 48, *,
+class KVPolicy(StepPolicy):
+    """One row under a KV policy: before each pass the whole KV heads of the step (streaming every other one);
+    ``oracle`` / ``true`` first run a clean full-KV pass and rerun the step under the heads it gives."""
+
+    def __init__(self, lm: LoadedModel, settings: KVSettings, previous: StepResult | None, stop_ids: Collection[int],
+                 probe: TrainedHeadPredictor | None, record_probe: bool):
+        self.lm, self.settings, self.stop_ids = lm, settings, stop_ids
+        self.probe, self.record_probe = probe, record_probe
+        self.retention = KV_POLICIES.get(settings.policy)
+        self.rerunnable = self.retention.clean_pass  # a clean full-KV pass first, then the step under its heads
+        self.rng = np.random.default_rng(settings.seed)
+        self.groups = group_size(lm)
+        self.every = [(layer, kv) for layer in range(lm.num_layers) for kv in range(num_kv_heads(lm))]
+        self.k = kv_head_count(settings.budget, lm.num_layers, num_kv_heads(lm))
+        self.previous = previous  # the last pass the decoder has when a step starts (the probe reads its hidden)
+        self.previous_dynamic: list[Head] = []  # oracle: the previous step's clean D_t
+        self.picked_before: set[KVHead] = set()
+        self.result = KVResult(tokens=[], text="", stop_reason="max_new_tokens",
+                               budget_heads=0 if self.retention.budget_free else self.k)
+
+    def _streaming(self, kept: list[KVHead]) -> RowEdit:
+        self.kept = kept
+        return RowEdit(full_kv=frozenset(query_heads(kept, self.groups)), kv_sink=self.settings.sink,
+                       kv_recent=self.settings.recent)
+
+    def edit(self, index: int) -> RowEdit:
+        if self.rerunnable:
+            return NO_EDIT  # the clean full-KV pass; ``after`` reruns the step under the heads it gives
+        return self._streaming(self._choose([], None))
+
+    def _choose(self, previous_dynamic: list[Head], clean_dynamic: list[Head] | None) -> list[KVHead]:
+        return _choose(self.settings, self.k, self.groups, self.every, self.probe, self.previous, previous_dynamic,
+                       clean_dynamic, self.rng)
+
+    def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
+        if self.rerunnable and not rerun:
+            clean = dynamic_heads(row, result, int(result.logits.argmax()))
+            kept = self._choose(self.previous_dynamic, clean)
+            self.previous_dynamic = clean
+            return Rerun(self._streaming(kept))
+        lm, settings, kept, out = self.lm, self.settings, self.kept, self.result
+        length = row.length
+        beyond = max(0, length - (settings.sink + settings.recent))  # tokens of a whole head beyond its window
+        moves = self.retention.dynamic
+        out.kv_heads.append(kept)
+        out.kept_kv.append(kv_memory(kept, lm, length, settings.sink, settings.recent))
+        out.total_kv.append(len(self.every) * length)
+        out.fetched_kv.append(len(kept) * beyond if moves else 0)
+        out.fetched_new_kv.append(len(set(kept) - self.picked_before) * beyond if moves else 0)
+        self.picked_before = set(kept)
+        out.dynamic.append(dynamic_heads(row, result, int(result.logits.argmax())))
+        if self.record_probe:
+            out.probe_scores.append(np.round(self.probe.predict(result.hidden[None])[0], 4).tolist())
+        self.previous = result
+        return greedy(result, self.stop_ids)
+
+
+def kv_generate(lm: LoadedModel, sample: DecodeInput, settings: KVSettings, max_new_tokens: int = 48, *,
                 probe: TrainedHeadPredictor | None = None, record_probe: bool = False, stop_at_eos: bool = True,
                 prefilled: Prefill | None = None) -> KVResult:
     """Greedy decoding of ``sample`` with the whole KV heads of every step chosen by ``settings.policy``.
@@ -156,97 +205,62 @@ def kv_generate(lm: LoadedModel, sample: Sample, settings: KVSettings, max_new_t
     are kept too (to measure how well it predicts the next step's heads). ``prefilled`` (from ``prefill`` on the
     same sample and budget of new tokens) saves the prefill when several policies decode one sample.
     """
-    _validate(lm, settings, probe, record_probe)
     prefilled = prefilled or prefill(lm, sample, max_new_tokens)
-    session = prefilled.session
-    session.rollback(prefilled.checkpoint)
-    previous = prefilled.last
-    rng = np.random.default_rng(settings.seed)
-    num_kv, groups = num_kv_heads(lm), group_size(lm)
-    k = kv_head_count(settings.budget, lm.num_layers, num_kv)
-    every = [(layer, kv) for layer in range(lm.num_layers) for kv in range(num_kv)]
+    return kv_generate_batch(lm, [prefilled], settings, max_new_tokens, probe=probe, record_probe=record_probe,
+                             stop_at_eos=stop_at_eos)[0]
+
+
+def kv_generate_batch(lm: LoadedModel, prefilled: Sequence[Prefill], settings: KVSettings, max_new_tokens: int = 48,
+                      *, probe: TrainedHeadPredictor | None = None, record_probe: bool = False,
+                      stop_at_eos: bool = True) -> list[KVResult]:
+    """``kv_generate`` for several prefilled samples decoded as one batch under one policy; ``result[i]`` equals
+    ``kv_generate`` of sample i up to fp32 rounding. Each ``Prefill`` is rolled back first, so one prefill serves
+    every policy."""
+    _validate(lm, settings, probe, record_probe)
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
-    previous_dynamic: list[Head] = []
-    picked_before: set[KVHead] = set()
-    window = settings.sink + settings.recent
-    result = KVResult(tokens=[], text="", stop_reason="max_new_tokens",
-                      budget_heads=0 if settings.policy in BUDGET_FREE else k)
-    for _ in range(max_new_tokens):
-        clean_dynamic = None
-        if settings.policy in ("oracle", "true"):
-            session.probe.set_kv_heads(None)
-            clean = session.forward(1, commit=False)
-            clean_dynamic = dynamic_heads(session, clean, int(clean.logits.argmax()))
-        kept = _choose(settings, k, groups, every, probe, previous, previous_dynamic, clean_dynamic, rng)
-        session.probe.set_kv_heads(query_heads(kept, groups), settings.sink, settings.recent)
-        step = session.forward(1)
-        token = int(step.logits.argmax())
-        if clean_dynamic is not None:
-            previous_dynamic = clean_dynamic
-        length = session.length
-        beyond = max(0, length - window)  # tokens of a whole head outside its resident window
-        dynamic_policy = settings.policy in DYNAMIC
-        result.kv_heads.append(kept)
-        result.kept_kv.append(kv_memory(kept, lm, length, settings.sink, settings.recent))
-        result.total_kv.append(lm.num_layers * num_kv * length)
-        result.fetched_kv.append(len(kept) * beyond if dynamic_policy else 0)
-        result.fetched_new_kv.append(len(set(kept) - picked_before) * beyond if dynamic_policy else 0)
-        picked_before = set(kept)
-        result.dynamic.append(dynamic_heads(session, step, token))
-        if record_probe:
-            result.probe_scores.append(np.round(probe.predict(step.hidden[None])[0], 4).tolist())
-        previous = step
-        if token in stop_ids:
-            result.stop_reason = "eos"
-            break
-        result.tokens.append(token)
-        session.append(token)
-    result.text = lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
-    return result
+    policies = []
+    for shared in prefilled:
+        shared.session.rollback(shared.checkpoint)
+        policies.append(KVPolicy(lm, settings, shared.last, stop_ids, probe, record_probe))
+    decoded = decode([shared.session for shared in prefilled], policies, max_new_tokens)
+    for policy, result in zip(policies, decoded, strict=True):
+        policy.result.tokens, policy.result.stop_reason = result.tokens, result.stop_reason
+        policy.result.text = lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    return [policy.result for policy in policies]
 
 
-def dynamic_heads(session: DecodingSession, step: StepResult, predicted: int) -> list[Head]:
+def dynamic_heads(row: Row, step: StepResult, predicted: int) -> list[Head]:
     """D_t: heads whose argmax key is a needle token carrying ``predicted``, by attention weight (highest first)."""
-    return ranked_heads(session.copy_scores(step.stats, predicted), step.stats.max_prob)
+    return ranked_heads(row.copy_scores(step.stats, predicted), step.stats.max_prob)
 
 
 def _choose(settings: KVSettings, k: int, groups: int, every: list[KVHead], probe: TrainedHeadPredictor | None,
             previous: StepResult | None, previous_dynamic: list[Head], clean_dynamic: list[Head] | None,
             rng: np.random.Generator) -> list[KVHead]:
-    policy = settings.policy
-    if policy == "full":
-        return every
-    if policy == "none":
-        return []
-    if policy == "static":
-        return list(settings.static_ranking[:k])
-    if policy == "oracle":
-        return kv_heads_of(previous_dynamic, groups)[:k]
-    if policy == "true":
-        return kv_heads_of(clean_dynamic, groups)[:k]
-    if policy == "random":
-        return [every[int(i)] for i in sorted(rng.choice(len(every), size=k, replace=False))]
-    if previous is None:  # a one-token prompt: no hidden state yet
-        return []
-    scores = probe.predict(previous.hidden.cpu()[None])[0].reshape(len(every), groups)
-    if settings.probe_select == "top":  # a KV head scores as its best query head; ties by (layer, KV head)
-        return [every[int(i)] for i in np.argsort(-scores.max(1), kind="stable")[:k]]
-    return [every[int(i)] for i in np.flatnonzero((scores > probe.threshold).any(1))]
+    """The KV heads ``settings.policy`` keeps whole at this step (the probe is run only for policies that read it)."""
+    policy = KV_POLICIES.get(settings.policy)
+    scores = None
+    if policy.needs_probe and previous is not None:  # a one-token prompt has no hidden state yet
+        scores = probe.predict(previous.hidden.cpu()[None])[0].reshape(len(every), groups)
+    return policy.choose(PolicyInputs(
+        k=k, every=every, groups=groups, static_ranking=settings.static_ranking, previous_dynamic=previous_dynamic,
+        clean_dynamic=clean_dynamic, probe_scores=scores, probe_threshold=probe.threshold if probe else None,
+        probe_select=settings.probe_select, rng=rng))
 
 
 def _validate(lm: LoadedModel, settings: KVSettings, probe: TrainedHeadPredictor | None, record_probe: bool) -> None:
-    if settings.policy not in POLICIES:
-        raise DynheadsError(f"unknown KV policy {settings.policy!r}: use one of {', '.join(POLICIES)}")
+    policy = KV_POLICIES.get(settings.policy)  # an unknown name is the registry's one-line error
     if not 0 < settings.budget <= 1:
         raise DynheadsError(f"the KV budget is a fraction of KV heads in (0, 1], got {settings.budget}")
     if settings.sink < 0 or settings.recent < 1:
         raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1, got {settings.sink}, {settings.recent}")
-    if settings.policy == "static" and not settings.static_ranking:
-        raise DynheadsError("the static KV policy needs a static head list with positive scores (--static FILE)")
+    if policy.needs_static and not settings.static_ranking:
+        raise DynheadsError(f"the {settings.policy} KV policy needs a static head list with positive scores "
+                            "(--static FILE)")
     if settings.probe_select not in ("top", "threshold"):
         raise DynheadsError(f"unknown probe selection {settings.probe_select!r}: use 'top' or 'threshold'")
-    if (settings.policy == "probe" or record_probe) and probe is None:
-        raise DynheadsError("the probe KV policy needs a trained head predictor (--probe DIR)")
+    if (policy.needs_probe or record_probe) and probe is None:
+        raise DynheadsError(f"the {settings.policy} KV policy needs a trained head predictor (--probe DIR)")
     if probe is not None:
         if (probe.num_layers, probe.num_heads) != (lm.num_layers, lm.num_heads) or probe.task != "binary":
             raise DynheadsError(f"the probe predicts {probe.num_layers} x {probe.num_heads} {probe.task} head scores; "

@@ -19,15 +19,15 @@ of every query head (fp32 softmax) and reduces it on the spot, for each sequence
   at once: O(query x context) per chunk, never the whole attention matrix.
 
 Memory per step is O(heads x context). The outputs of all other query positions (prefill) come from
-torch's fused SDPA kernel, so no attention matrix is ever materialised. The probe can also remove heads
-(``zero``: drop the head's output, i.e. its slice of the o_proj input; ``uniform``: uniform attention over
-the visible keys) and hide key positions from every head (used by in-context RAG).
+torch's fused SDPA kernel, so no attention matrix is ever materialised.
 
-Per-head KV retention (``set_kv_heads``, used by ``dynheads.kv``): at decode steps (one query position) every
-query head not in the full-KV set becomes a DuoAttention "streaming" head that sees only the first ``sink``
-and the last ``recent`` key positions (the current token included); full-KV heads see every key, exactly as
-the unmodified model. The step statistics are then those of the attention actually applied. Passes of
-several tokens (prefill) always attend in full.
+Interventions are one ``RowEdit`` per batch row (``set_edits``; one edit applies to every row): heads to remove
+at the last query row (``zero``: drop the head's slice of the o_proj input; ``uniform``: uniform attention over
+the keys the row may see), key positions to hide from every head (in-context RAG), and per-head KV retention
+(``dynheads.kv``): at decode steps every query head outside ``full_kv`` becomes a DuoAttention "streaming" head
+that sees only the first ``kv_sink`` and the last ``kv_recent`` key positions (the current token included), and
+the step statistics are those of the attention actually applied. Passes of several tokens (prefill) never stream.
+``KeyMasks`` builds the masks a pass needs over its keys (needle, sink/local, context, hidden, streaming).
 
 Key indices are mapped to absolute positions with ``offset = last_position - (kv_len - 1)``: the keys a
 layer receives always end at the current token, and sliding-window caches keep only a suffix of them.
@@ -96,27 +96,50 @@ class StepStats:
 
 
 @dataclass(frozen=True)
+class RowEdit:
+    """What one batch row changes in its next passes; the default changes nothing (the plain model).
+
+    - ``removed``: query heads whose output at the last query row is replaced (``mode``: ``zero`` drops the
+      head's slice of the o_proj input; ``uniform`` attends uniformly over the keys the row may see),
+    - ``hidden_keys``: absolute key positions no head may see, at every query row of the pass (in-context RAG),
+    - ``full_kv``: at decode steps (one query row), the query heads that see every key; every other head is a
+      DuoAttention streaming head that sees the first ``kv_sink`` and the last ``kv_recent`` positions (the
+      current token included). None: every head sees every key. Passes of several tokens always attend in full.
+    """
+
+    removed: frozenset[Head] = frozenset()
+    mode: AblationMode = "zero"
+    hidden_keys: frozenset[int] = frozenset()
+    full_kv: frozenset[Head] | None = None
+    kv_sink: int = 4
+    kv_recent: int = 64
+
+
+NO_EDIT = RowEdit()
+
+
+@dataclass(frozen=True)
 class ProbeSettings:
-    """What the probe measures and changes; fixed during a pass (``AttentionProbe``'s setters replace it)."""
+    """What the probe measures and changes; fixed during a pass (``AttentionProbe``'s setters replace it).
+
+    The edit fields are ``set_edits``' compiled form of ``edits`` (one edit applies to every row): tensors whose
+    first dimension is the row (or 1), and on the host the layers that need work (no device sync in the hot path).
+    """
 
     sink_size: int = SINK_SIZE  # Eq. 2: first keys excluded from the denominator
     local_window: int = LOCAL_WINDOW  # Eq. 2: last keys excluded from the denominator (current token included)
     rows_for: frozenset[Head] = frozenset()  # heads whose full last row is kept
-    removed: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> query heads removed (long tensor)
-    ablation_mode: AblationMode = "zero"
-    # Remove heads from every query position >= this absolute position (None: only the last one): a whole
-    # sequence in one forward then equals the per-step decoder that recomputes each step with heads removed.
-    removed_from: int | None = None
-    # Per-sequence removal at the last query position (the batched two-pass ablation): bool [B, L, H], and on the
-    # host the layers where some sequence removes a head (no device sync in the hot path).
-    removed_rows: torch.Tensor | None = None
-    removed_rows_layers: frozenset[int] = frozenset()
-    hidden_keys: torch.Tensor | None = None  # bool over absolute positions: keys no head may see (batch 1; RAG)
-    kv_full: torch.Tensor | None = None  # bool [L, H]: full-KV heads at decode steps (None: all)
-    kv_all_full: tuple[bool, ...] = ()  # per layer, on the host: no device sync in the hot path
-    kv_sink: int = 4
+    edits: tuple[RowEdit, ...] = (NO_EDIT,)
+    removed: torch.Tensor | None = None  # bool [R, L, H]: heads each row removes at the last query row
+    removed_heads: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> heads some row removes
+    ablation_mode: AblationMode = "zero"  # shared by the rows that remove heads
+    hidden_keys: torch.Tensor | None = None  # bool [R, positions]: keys no head of the row may see
+    kv_full: torch.Tensor | None = None  # bool [R, L, H]: heads that see every key at decode steps
+    streaming_layers: frozenset[int] = frozenset()  # layers where some row has a streaming head
+    kv_sink: int = 4  # shared by the rows that stream
     kv_recent: int = 64
     span_score: SpanScore | None = None  # query rows x key spans reduced in the pass (batch 1; re-ranking)
+    span_weights: torch.Tensor | None = None  # float [positions, S]: the span score's key spans
 
 
 class AttentionProbe:
@@ -135,10 +158,8 @@ class AttentionProbe:
         self.context_ends: list[int] = [0]
         # The current pass (begin_forward renews it).
         self.last_positions: list[int] = [0]  # per sequence, known on the host: no device sync needed
-        self._last_t = torch.zeros(1, dtype=torch.long, device=self.device)
-        self._key_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # per (kv_len, device)
-        self._rows: list[dict[Head, torch.Tensor]] = [{}]
-        self._span_weights: torch.Tensor | None = None  # float [positions, S] of the span score
+        self.rows: list[dict[Head, torch.Tensor]] = [{}]  # per sequence: full last rows of ``rows_for`` heads
+        self.keys = KeyMasks(self, torch.zeros(1, dtype=torch.long, device=self.device))
         self._new_stats()
 
     # ---- settings -------------------------------------------------------------------------------
@@ -151,8 +172,6 @@ class AttentionProbe:
                             lambda self, size: self._update(local_window=int(size)))
     rows_for = property(lambda self: self.settings.rows_for,
                         lambda self, heads: self._update(rows_for=frozenset(heads)))
-    removed_from = property(lambda self: self.settings.removed_from,
-                            lambda self, position: self._update(removed_from=position))
     ablation_mode = property(lambda self: self.settings.ablation_mode)
 
     @property
@@ -168,7 +187,6 @@ class AttentionProbe:
     @context_end.setter
     def context_end(self, position: int) -> None:
         self.context_ends = [int(position)]
-        self._key_cache.clear()
 
     def chance_share(self, b: int = 0, last_position: int | None = None) -> float:
         """Eq. 2 score of a head attending uniformly: needle keys / keys outside (sink U local) minus needle.
@@ -191,7 +209,11 @@ class AttentionProbe:
         for b, positions in enumerate(lists):
             needle[b, [p for p in positions if p >= 0]] = True
         self._needle = needle.to(self.device)
-        self._key_cache.clear()
+
+    @property
+    def needle(self) -> torch.Tensor:
+        """Bool ``[B, positions]``: the needle positions of each sequence."""
+        return self._needle
 
     def needle_positions(self, b: int = 0) -> list[int]:
         """Sequence ``b``'s needle positions, sorted."""
@@ -203,75 +225,80 @@ class AttentionProbe:
         size = needle.shape[0]
         return needle[positions.clamp(0, size - 1)] & (positions >= 0) & (positions < size)
 
+    def set_edits(self, edits: Sequence[RowEdit]) -> None:
+        """What each row of the next passes changes (``edits[b]`` for row b, or one edit for every row).
+
+        Rows that remove heads share one mode, and rows that stream share one sink and recent window.
+        """
+        edits = tuple(edits)
+        if edits == self.settings.edits:
+            return
+        if not edits:
+            raise DynheadsError("set_edits needs one edit per batch row (or one for all)")
+        removing = [e for e in edits if e.removed]
+        modes = {e.mode for e in removing}
+        for mode in modes | {e.mode for e in edits}:
+            if mode not in ("zero", "uniform"):
+                raise DynheadsError(f"unknown ablation mode {mode!r}: use 'zero' or 'uniform'")
+        if len(modes) > 1:
+            raise DynheadsError("the rows of one batch that remove heads share one ablation mode")
+        streaming = [e for e in edits if e.full_kv is not None]
+        windows = {(e.kv_sink, e.kv_recent) for e in streaming}
+        if len(windows) > 1:
+            raise DynheadsError("the rows of one batch that stream share one sink and recent window")
+        sink, recent = windows.pop() if windows else (4, 64)
+        if sink < 0 or recent < 1:
+            raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1 tokens, got {sink} and {recent}")
+        shape = (len(edits), self.num_layers, self.num_heads)
+        removed, full = torch.zeros(shape, dtype=torch.bool), torch.ones(shape, dtype=torch.bool)
+        for b, edit in enumerate(edits):
+            for layer, head in edit.removed:
+                self._check_head(layer, head)
+                removed[b, layer, head] = True
+            if edit.full_kv is not None:
+                full[b] = False
+                for layer, head in edit.full_kv:
+                    self._check_head(layer, head)
+                    full[b, layer, head] = True
+        if any(p < 0 for e in edits for p in e.hidden_keys):
+            raise DynheadsError("hidden key positions are absolute positions (>= 0)")
+        hidden = None
+        if any(e.hidden_keys for e in edits):
+            hidden = torch.zeros(len(edits), max(max(e.hidden_keys, default=0) for e in edits) + 1, dtype=torch.bool)
+            for b, edit in enumerate(edits):
+                hidden[b, sorted(edit.hidden_keys)] = True
+        removed_heads = {layer: removed[:, layer].any(0).nonzero().flatten().to(self.device)
+                         for layer in removed.any(2).any(0).nonzero().flatten().tolist()}
+        streaming_layers = frozenset((~full).any(2).any(0).nonzero().flatten().tolist())
+        self._update(edits=edits, removed=removed.to(self.device) if removed_heads else None,
+                     removed_heads=removed_heads, ablation_mode=modes.pop() if modes else "zero",
+                     hidden_keys=None if hidden is None else hidden.to(self.device),
+                     kv_full=full.to(self.device) if streaming_layers else None, streaming_layers=streaming_layers,
+                     kv_sink=sink, kv_recent=recent)
+
+    def _edit(self, **changes) -> None:
+        """Change fields of the one edit every row shares (the batch-1 setters below)."""
+        if len(self.settings.edits) != 1:
+            raise DynheadsError("the batch has one edit per row: use set_edits")
+        self.set_edits([replace(self.settings.edits[0], **changes)])
+
     def set_removed_heads(self, heads: Iterable[Head], mode: AblationMode = "zero") -> None:
         """Heads to remove from the next forward passes (empty to restore the model)."""
-        if mode not in ("zero", "uniform"):
-            raise DynheadsError(f"unknown ablation mode {mode!r}: use 'zero' or 'uniform'")
-        by_layer: dict[int, list[int]] = {}
-        for layer, head in heads:
-            self._check_head(layer, head)
-            by_layer.setdefault(layer, []).append(head)
-        removed = {layer: torch.tensor(sorted(set(hs)), dtype=torch.long, device=self.device)
-                   for layer, hs in by_layer.items()}
-        self._update(removed=removed, ablation_mode=mode)
+        self._edit(removed=frozenset((int(layer), int(head)) for layer, head in heads), mode=mode)
 
-    def set_removed_heads_per_sequence(self, per_sequence: Sequence[Iterable[Head]], mode: AblationMode = "zero"
-                                       ) -> None:
-        """Heads each sequence of the batch removes at the last query position of the next passes (row b of the
-        batch = ``per_sequence[b]``); empty lists everywhere restore the model."""
-        if mode not in ("zero", "uniform"):
-            raise DynheadsError(f"unknown ablation mode {mode!r}: use 'zero' or 'uniform'")
-        rows = torch.zeros(len(per_sequence), self.num_layers, self.num_heads, dtype=torch.bool)
-        for b, heads in enumerate(per_sequence):
-            for layer, head in heads:
-                self._check_head(layer, head)
-                rows[b, layer, head] = True
-        layers = frozenset(rows.any(dim=2).any(dim=0).nonzero().flatten().tolist())
-        self._update(removed_rows=rows.to(self.device) if layers else None, removed_rows_layers=layers,
-                     ablation_mode=mode)
-
-    def set_hidden_keys(self, positions: Iterable[int] | None, length: int = 0) -> None:
+    def set_hidden_keys(self, positions: Iterable[int] | None) -> None:
         """Key positions that no head may attend to (None to show everything)."""
-        if positions is None:
-            self._update(hidden_keys=None)
-            return
-        positions = torch.as_tensor(list(positions), dtype=torch.long)
-        size = max(length, int(positions.max()) + 1 if positions.numel() else 0)
-        hidden = torch.zeros(size, dtype=torch.bool)
-        hidden[positions] = True
-        self._update(hidden_keys=hidden.to(self.device))
+        self._edit(hidden_keys=frozenset(int(p) for p in positions or ()))
 
     def set_kv_heads(self, full_heads: Iterable[Head] | None, sink: int = 4, recent: int = 64) -> None:
         """Query heads that keep the full KV cache at decode steps; every other head streams (None: all full)."""
-        if full_heads is None:
-            self._update(kv_full=None, kv_all_full=())
-            return
-        if sink < 0 or recent < 1:
-            raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1 tokens, got {sink} and {recent}")
-        full = torch.zeros(self.num_layers, self.num_heads, dtype=torch.bool)
-        for layer, head in full_heads:
-            self._check_head(layer, head)
-            full[layer, head] = True
-        self._update(kv_full=full.to(self.device), kv_all_full=tuple(full.all(dim=1).tolist()), kv_sink=sink,
-                     kv_recent=recent)
+        full = None if full_heads is None else frozenset((int(layer), int(head)) for layer, head in full_heads)
+        self._edit(full_kv=full, kv_sink=sink, kv_recent=recent)
 
     def set_span_score(self, score: SpanScore | None) -> None:
         """Reduce the attention of ``score.query`` rows over ``score.spans`` in the next passes (None: stop)."""
-        if score is not None:
-            self._span_weights = score.key_weights().to(self.device)  # [positions, S]
-        self._update(span_score=score)
-
-    def _streaming_visibility(self, layer: int, kv_len: int, offset: int) -> torch.Tensor | None:
-        """Bool ``[H, kv]``: keys each query head may see at a decode step, or None when every head sees all."""
-        settings = self.settings
-        if settings.kv_full is None or settings.kv_all_full[layer]:
-            return None
-        if len(self.last_positions) != 1:
-            raise DynheadsError("per-head KV retention needs batch size 1")
-        full = settings.kv_full[layer]
-        positions = torch.arange(kv_len, device=full.device) + offset
-        kept = (positions < settings.kv_sink) | (positions > self.last_position - settings.kv_recent)  # [kv]
-        return full[:, None] | kept[None, :]
+        weights = None if score is None else score.key_weights().to(self.device)  # [positions, S]
+        self._update(span_score=score, span_weights=weights)
 
     def _check_head(self, layer: int, head: int) -> None:
         check_heads([(layer, head)], self.num_layers, self.num_heads, source="the ablation")
@@ -294,17 +321,19 @@ class AttentionProbe:
             self.stats.span_mass = torch.zeros(*shape, len(score.spans), dtype=torch.float32, device=dev)
 
     def begin_forward(self, last_position: int | Sequence[int]) -> StepStats:
-        """Call before each forward pass with the absolute position of its last input token, per sequence.
-
-        Returns the batch's ``[B, L, H]`` statistics, filled during the pass.
+        """Call before each forward pass (after its edits are set) with the absolute position of its last input
+        token, per sequence. Returns the batch's ``[B, L, H]`` statistics, filled during the pass.
         """
         positions = [last_position] if isinstance(last_position, int) else [int(p) for p in last_position]
         if len(positions) != self._needle.shape[0]:
             raise DynheadsError(f"{len(positions)} sequences in the batch but needles set for {self._needle.shape[0]}")
+        if len(self.settings.edits) not in (1, len(positions)):
+            raise DynheadsError(f"{len(self.settings.edits)} row edits for a batch of {len(positions)} sequences")
+        if len(self.context_ends) not in (1, len(positions)):
+            raise DynheadsError(f"{len(self.context_ends)} context ends for a batch of {len(positions)} sequences")
         self.last_positions = positions
-        self._last_t = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
-        self._key_cache.clear()
-        self._rows = [{} for _ in positions]
+        self.keys = KeyMasks(self, torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True))
+        self.rows = [{} for _ in positions]
         self._new_stats()
         return self.stats
 
@@ -313,51 +342,78 @@ class AttentionProbe:
         s = self.stats
         return StepStats(argmax_pos=s.argmax_pos[b], max_prob=s.max_prob[b], needle_mass=s.needle_mass[b],
                          excluded_mass=s.excluded_mass[b], total_mass=s.total_mass[b], kept_mass=s.kept_mass[b],
-                         context_mass=s.context_mass[b], context_entropy=s.context_entropy[b], rows=self._rows[b],
+                         context_mass=s.context_mass[b], context_entropy=s.context_entropy[b], rows=self.rows[b],
                          span_mass=None if s.span_mass is None else s.span_mass[b])
 
-    def _key_weights(self, kv_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Offsets ``[B]`` and ``[B, kv, 4]`` float masks over this layer's keys: needle, excluded (sink/local
-        minus needle), kept (every other real key: the Eq. 2 denominator) and context (before the context end).
 
-        Built with tensor ops once per key length, device (``device_map`` spreads layers) and step: layers
-        of one kind share them. Pad keys map to negative positions: never needle, never excluded.
-        """
-        key = (kv_len, device)
-        if key not in self._key_cache:
-            last = self._last_t.to(device)
-            offsets = last - (kv_len - 1)  # [B]
-            positions = offsets[:, None] + torch.arange(kv_len, device=device)  # [B, kv] absolute
+class KeyMasks:
+    """Masks over the keys of one pass, built once per key length and device and shared by the layers of one kind
+    (``device_map`` spreads layers over devices).
+
+    A layer receives keys that end at the current token (sliding-window caches keep a suffix), so key index i of
+    row b is absolute position ``offsets[b] + i``; left pads map to negative positions: never needle, never
+    excluded, never context.
+    """
+
+    def __init__(self, probe: AttentionProbe, last: torch.Tensor):
+        self.settings = probe.settings
+        self.needle = probe.needle
+        self.context_ends = probe.context_ends
+        self.last = last  # [B] last input position of each row
+        self._built: dict[tuple, torch.Tensor | None] = {}
+
+    def _cached(self, name: str, kv_len: int, device: torch.device, build) -> torch.Tensor | None:
+        key = (name, kv_len, device)
+        if key not in self._built:
+            self._built[key] = build()
+        return self._built[key]
+
+    def positions(self, kv_len: int, device: torch.device) -> torch.Tensor:
+        """Long ``[B, kv]``: the absolute position of every key of every row."""
+        return self._cached("positions", kv_len, device, lambda: (
+            self.last.to(device) - (kv_len - 1))[:, None] + torch.arange(kv_len, device=device))
+
+    def weights(self, kv_len: int, device: torch.device) -> torch.Tensor:
+        """Float ``[B, kv, 4]``: needle, excluded (sink/local minus needle), kept (every other real key: the Eq. 2
+        denominator) and context (before the row's context end)."""
+        def build() -> torch.Tensor:
+            positions = self.positions(kv_len, device)
             real = positions >= 0
-            size = self._needle.shape[1]
-            needle = self._needle.to(device).gather(1, positions.clamp(0, size - 1)) & real & (positions < size)
-            first_local = (last - self.local_window + 1)[:, None]
-            excluded = real & ((positions < self.sink_size) | (positions >= first_local)) & ~needle
-            ends = self._context_ends_t(device)[:, None]
+            size = self.needle.shape[1]
+            needle = self.needle.to(device).gather(1, positions.clamp(0, size - 1)) & real & (positions < size)
+            first_local = (self.last.to(device) - self.settings.local_window + 1)[:, None]
+            excluded = real & ((positions < self.settings.sink_size) | (positions >= first_local)) & ~needle
+            ends = torch.tensor(self.context_ends, dtype=torch.long, device=device)[:, None]
             context = real & (positions < ends)
-            masks = torch.stack([needle, excluded, real & ~excluded, context], dim=-1)
-            self._key_cache[key] = (offsets, masks.float())
-        return self._key_cache[key]
+            return torch.stack([needle, excluded, real & ~excluded, context], dim=-1).float()
+        return self._cached("weights", kv_len, device, build)
 
-    def _context_ends_t(self, device: torch.device) -> torch.Tensor:
-        """``[B]`` context ends; one value set for a batch (e.g. the default 0) applies to every sequence."""
-        ends = self.context_ends
-        if len(ends) != len(self.last_positions):
-            if len(ends) != 1:
-                raise DynheadsError(f"{len(ends)} context ends for a batch of {len(self.last_positions)} sequences")
-            ends = ends * len(self.last_positions)
-        return torch.tensor(ends, dtype=torch.long, device=device)
-
-    def _hidden_keys(self, kv_len: int, offset: int) -> torch.Tensor | None:
+    def hidden(self, kv_len: int, device: torch.device) -> torch.Tensor | None:
+        """Bool ``[B or 1, kv]``: keys no head of the row may see, or None when every key may be seen."""
         hidden = self.settings.hidden_keys
         if hidden is None:
             return None
-        if len(self.last_positions) != 1:
-            raise DynheadsError("hidden key positions need batch size 1")
-        window = hidden[offset : offset + kv_len]
-        if window.numel() < kv_len:
-            window = torch.cat([window, window.new_zeros(kv_len - window.numel())])
-        return window
+
+        def build() -> torch.Tensor:
+            positions = self.positions(kv_len, device)  # one edit for every row: each row's own positions
+            per_row = hidden.to(device).expand(positions.shape[0], -1)
+            inside = (positions >= 0) & (positions < hidden.shape[1])
+            return per_row.gather(1, positions.clamp(0, hidden.shape[1] - 1)) & inside
+        return self._cached("hidden", kv_len, device, build)
+
+    def streaming(self, layer: int, kv_len: int, device: torch.device) -> torch.Tensor | None:
+        """Bool ``[B or 1, H, kv]``: keys each query head may see at a decode step, or None when all see all."""
+        if layer not in self.settings.streaming_layers:
+            return None
+        window = self._cached("window", kv_len, device, lambda: self._window(kv_len, device))
+        full = self.settings.kv_full[:, layer].to(device)  # [R, H]
+        return full[:, :, None] | window[:, None, :]
+
+    def _window(self, kv_len: int, device: torch.device) -> torch.Tensor:
+        """Bool ``[B, kv]``: the sink and recent keys a streaming head sees."""
+        positions = self.positions(kv_len, device)
+        recent_start = self.last.to(device)[:, None] - self.settings.kv_recent
+        return (positions < self.settings.kv_sink) | (positions > recent_start)
 
 
 def probe_attention(
@@ -387,8 +443,7 @@ def probe_attention(
     scaling = head_dim**-0.5 if scaling is None else scaling
     softcap = kwargs.get("softcap")
     layer = module.layer_idx
-    offset = probe.last_positions[0] - (kv_len - 1)  # batch 1 (hidden keys, ablation rows)
-    hidden = probe._hidden_keys(kv_len, offset)
+    hidden = probe.keys.hidden(kv_len, query.device)
 
     # Last query row, exactly as eager attention computes it: matmul in the model dtype, fp32 softmax.
     q_last = query[:, :, -1, :].reshape(batch, num_kv, groups, head_dim)
@@ -398,37 +453,20 @@ def probe_attention(
     visible = _last_row_visibility(attention_mask, hidden)
     if visible is not None:
         logits = logits.masked_fill(~visible[:, None, None, :], float("-inf"))
-    per_head = probe._streaming_visibility(layer, kv_len, offset) if q_len == 1 else None
-    if per_head is not None:  # DuoAttention streaming heads: sink + recent keys only
-        logits = logits.masked_fill(~per_head.view(1, num_kv, groups, kv_len), float("-inf"))
+    streaming = probe.keys.streaming(layer, kv_len, query.device) if q_len == 1 else None
+    if streaming is not None:  # DuoAttention streaming heads: sink + recent keys only
+        logits = logits.masked_fill(~streaming.view(-1, num_kv, groups, kv_len), float("-inf"))
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [B, H_kv, G, kv]
 
     if q_len == 1:
         output = torch.matmul(probs.to(value.dtype), value).reshape(batch, num_heads, 1, head_dim)
     else:
         output = _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs)
-
-    settings = probe.settings
-    removed = settings.removed.get(layer)
-    if removed is not None:
-        removed = removed.to(output.device)
-        if settings.removed_from is not None and batch != 1:
-            raise DynheadsError("removing heads from earlier query positions (removed_from) needs batch size 1")
-        first_position = probe.last_positions[0] - q_len + 1
-        start = q_len - 1 if settings.removed_from is None else max(settings.removed_from - first_position, 0)
-        rows = slice(start, q_len)
-        if settings.ablation_mode == "zero":
-            output[:, removed, rows] = 0.0
-        else:
-            key_weight = visible.float() if q_len == 1 and visible is not None else (
-                None if hidden is None else (~hidden).float()[None])
-            output[:, removed, rows] = _uniform_output(value, groups, removed, q_len, key_weight, kwargs)[:, :, rows]
-
-    if layer in settings.removed_rows_layers:
-        output = _remove_per_sequence(output, settings, layer, value, groups, visible, kwargs)
+    if layer in probe.settings.removed_heads:
+        _remove_heads(output, probe.settings, layer, value, groups, visible, kwargs)
 
     _record(probe, layer, probs.reshape(batch, num_heads, kv_len), kv_len)
-    if settings.span_score is not None:
+    if probe.settings.span_score is not None:
         _record_spans(probe, layer, query, key, attention_mask, hidden, scaling, softcap, kwargs)
     return output.transpose(1, 2).contiguous(), None
 
@@ -440,7 +478,7 @@ def _record_spans(probe: AttentionProbe, layer: int, query, key, attention_mask,
                   kwargs) -> None:
     """``span_mass[:, layer]``: the exact eager attention rows (model-dtype matmul, fp32 softmax) of the span
     score's query positions, summed over those rows and over each key span. Rows come ``SPAN_CHUNK`` at a time."""
-    score, weights = probe.settings.span_score, probe._span_weights
+    score, weights = probe.settings.span_score, probe.settings.span_weights
     batch, num_heads, q_len, head_dim = query.shape
     num_kv, kv_len = key.shape[1], key.shape[2]
     if batch != 1:
@@ -469,24 +507,24 @@ def _record_spans(probe: AttentionProbe, layer: int, query, key, attention_mask,
         visible = mask[0, 0, chunk:end]
         visible = visible if visible.dtype == torch.bool else visible > torch.finfo(visible.dtype).min / 2
         if hidden is not None:
-            visible = visible & ~hidden[None]
+            visible = visible & ~hidden[0][None]
         probs = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1, dtype=torch.float32)
         total += torch.matmul(probs.sum(dim=1), span_weights)  # [H, S]
     probe.stats.span_mass[0, layer] = total
 
 
-def _remove_per_sequence(output, settings: ProbeSettings, layer: int, value, groups: int, visible, kwargs):
-    """``output [B, H, 1, D]`` with each sequence's removed heads replaced (zero, or uniform attention over the
-    keys that sequence may see): the same values as the batch-1 removal of those heads."""
-    num_heads, q_len = output.shape[1], output.shape[2]
-    if q_len != 1:
-        raise DynheadsError("per-sequence head removal works on decode steps (one query position)")
-    removed = settings.removed_rows[:, layer].to(output.device)[:, :, None, None]  # [B, H, 1, 1]
+def _remove_heads(output, settings: ProbeSettings, layer: int, value, groups: int, visible, kwargs) -> None:
+    """Replace, in place, the last query row of the heads each row removes at ``layer`` (``output [B, H, q, D]``):
+    zero, or uniform attention over the keys the row may see (``visible``: its last query row's keys)."""
+    heads = settings.removed_heads[layer].to(output.device)  # heads some row removes
+    removed = settings.removed[:, layer].to(output.device)[:, heads, None]  # [R, n, 1]
+    last = output[:, heads, -1]  # [B, n, D]
     if settings.ablation_mode == "zero":
-        return output.masked_fill(removed, 0.0)
-    heads = torch.arange(num_heads, device=output.device)
-    key_weight = visible.float() if visible is not None else None
-    return torch.where(removed, _uniform_output(value, groups, heads, 1, key_weight, kwargs), output)
+        replacement = torch.zeros_like(last)
+    else:
+        key_weight = visible.float() if visible is not None else None
+        replacement = _uniform_output(value, groups, heads, 1, key_weight, kwargs)[:, :, 0]
+    output[:, heads, -1] = torch.where(removed, replacement, last)
 
 
 def _last_row_visibility(mask: torch.Tensor | None, hidden: torch.Tensor | None) -> torch.Tensor | None:
@@ -496,7 +534,7 @@ def _last_row_visibility(mask: torch.Tensor | None, hidden: torch.Tensor | None)
         row = mask[:, 0, -1]
         visible = row if row.dtype == torch.bool else row > torch.finfo(row.dtype).min / 2
     if hidden is not None:
-        visible = ~hidden[None] if visible is None else visible & ~hidden
+        visible = ~hidden if visible is None else visible & ~hidden
     return visible
 
 
@@ -507,7 +545,7 @@ def _all_rows_output(module, query, key, value, attention_mask, hidden, scaling,
     if hidden is not None:
         if mask is None:
             mask = _causal_mask(q_len, kv_len, kwargs.get("sliding_window"), query.device)
-        mask = mask & ~hidden
+        mask = mask & ~hidden[:, None, None, :]
     if softcap is None:
         extra = {k: v for k, v in kwargs.items() if k not in ("sliding_window", "softcap")}
         out, _ = sdpa_attention_forward(module, query, key, value, mask, 0.0, scaling, **extra)
@@ -565,9 +603,9 @@ def _uniform_output(value, groups, heads, q_len, key_weight, kwargs) -> torch.Te
 def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int) -> None:
     """Reduce the ``[B, H, kv]`` fp32 rows of one layer into the step statistics (pad keys have probability 0)."""
     stats = probe.stats
-    offsets, weights = probe._key_weights(kv_len, probs.device)
+    weights = probe.keys.weights(kv_len, probs.device)
     max_prob, argmax = probs.max(dim=-1)
-    stats.argmax_pos[:, layer] = argmax + offsets[:, None]
+    stats.argmax_pos[:, layer] = argmax + probe.keys.positions(kv_len, probs.device)[:, :1]
     stats.max_prob[:, layer] = max_prob
     masses = torch.bmm(probs, weights)  # [B, H, 4]: needle, excluded, kept, context
     stats.needle_mass[:, layer] = masses[..., 0]
@@ -586,7 +624,7 @@ def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int)
                 offset = last - (kv_len - 1)
                 row = torch.zeros(last + 1, dtype=torch.float32, device=probs.device)
                 row[max(offset, 0) :] = probs[b, head, max(-offset, 0) :]
-                probe._rows[b][(lyr, head)] = row
+                probe.rows[b][(lyr, head)] = row
 
 
 def _register() -> None:

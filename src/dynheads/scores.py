@@ -1,4 +1,12 @@
-"""The one vocabulary of head scores: Eq. 1 (copy), Eq. 2 (reasoning share), the active set D_t, ``ScoreSpec``.
+"""The one vocabulary of head scores: the registry of per-step head scores (Eq. 1, Eq. 2, ...), the active set D_t,
+``ScoreSpec``.
+
+A head score is data (``HeadScore``), in the manner of TransformerLens's head detector (a head kind is a pattern
+plus a reduction): it reduces one step's probe statistics of every head (``StepMeasures``: argmax key, masses on
+the needle, the kept keys and the context) with the decoded row (``ScoredRow``: needle, prompt length, token
+buffer) and the predicted token to one ``[L, H]`` tensor, binary or continuous. ``HEAD_SCORES`` holds the
+registered ones by name; every trace stores each of them by that name and every analysis takes a name, so a new
+score is one ``register_score`` call (in any module, a test file included):
 
 - ``copy`` (Eq. 1, binary): a head copies at step t when its most-attended key is a needle token of the prompt
   that holds the token the model predicts.
@@ -9,8 +17,8 @@
   the query rows (a question's tokens) put on the span's keys, summed over those rows and keys (ICR, Chen et al.
   2025; QRHead, Zhang et al. 2025). The probe reduces it in its pass; ``calibrated_span_scores`` subtracts the same
   pass with a content-free query (ICR's calibration) and ``span_ranking`` sums chosen heads into one score per span.
-- D_t, the dynamic (active) heads of a step: copy score 1, or reasoning score above ``threshold``
-  (``dynheads.thresholds``: an absolute score or a multiple of the step's chance share).
+- D_t, the dynamic (active) heads of a step: a binary score 1, or a continuous score above ``threshold``
+  (``dynheads.thresholds``: an absolute score or a multiple of the step's Eq. 2 chance share).
 
 The defaults of every score setting (sink, local window, Eq. 2 threshold) are declared here once;
 everything that scores heads reads them from here.
@@ -18,37 +26,92 @@ everything that scores heads reads them from here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
+from dynheads.registry import Registry
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ReasoningThreshold
 
-ScoreKind = Literal["copy", "reasoning"]  # Eq. 1 (binary, NIAH) or Eq. 2 (continuous, HotpotQA)
-SCORE_KINDS: tuple[str, ...] = get_args(ScoreKind)
+__all__ = ["DEFAULT_REASONING_THRESHOLD", "HEAD_SCORES", "LOCAL_WINDOW", "SINK_SIZE", "HeadScore", "ScoreKind",
+           "ScoreSpec", "ScoredRow", "SpanScore", "StepMeasures", "active_heads", "calibrated_span_scores",
+           "check_kind", "copy_scores", "ranked_heads", "reasoning_scores", "register_score", "span_ranking"]
 
-__all__ = ["DEFAULT_REASONING_THRESHOLD", "LOCAL_WINDOW", "SCORE_KINDS", "SINK_SIZE", "ScoreKind", "ScoreSpec",
-           "SpanScore", "active_heads", "calibrated_span_scores", "check_kind", "copy_scores", "ranked_heads",
-           "reasoning_scores", "span_ranking"]
+ScoreKind = str  # the name of a registered head score ("copy", "reasoning", ...)
+
+
+class StepMeasures(Protocol):
+    """What a head score reads of one step's probe statistics (``dynheads.probe.StepStats``), each ``[L, H]``."""
+
+    argmax_pos: torch.Tensor  # int64, absolute position of the most-attended key
+    max_prob: torch.Tensor  # attention weight on that key
+    needle_mass: torch.Tensor  # mass on the needle positions
+    excluded_mass: torch.Tensor  # mass on (sink U local window) \ needle
+    total_mass: torch.Tensor  # sum of the row
+    kept_mass: torch.Tensor  # mass outside (sink U local window) \ needle
+    context_mass: torch.Tensor | None  # mass on the context (prompt) positions
+    context_entropy: torch.Tensor | None  # entropy of the row renormalised over the context
+
+
+class ScoredRow(Protocol):
+    """What a head score reads of the sequence being decoded (``dynheads.decoding.Row``)."""
+
+    prompt_length: int
+    ids: torch.Tensor  # [capacity] the token buffer (absolute positions)
+    needle: list[int]  # sorted needle positions
+    sink_size: int
+    local_window: int
+
+    def is_needle(self, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def chance_share(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class HeadScore:
+    """A per-step head score: ``reduce(stats, row, predicted)`` is every head's score ``[L, H]`` at one step
+    (``predicted``: the token the step emits, ŷ of Eq. 1). A ``binary`` score is its own active set and ranks its
+    heads by the attention on their argmax key; a continuous one is active above a threshold and ranks by value."""
+
+    reduce: Callable[[StepMeasures, ScoredRow, int], torch.Tensor]
+    binary: bool
+    label: str  # how reports name it ("Eq. 1 copy score")
+
+
+HEAD_SCORES = Registry[HeadScore]("head score")
+
+
+def register_score(name: str, reduce: Callable[[StepMeasures, ScoredRow, int], torch.Tensor], *, binary: bool,
+                   label: str, help: str, replace: bool = False) -> HeadScore:
+    """Declare a head score: traces record it by ``name`` (their column ``<name>_score``) from then on, and
+    analyses accept the name. ``help``: one line."""
+    if not name.isidentifier():
+        raise DynheadsError(f"a head score's name is one word (letters, digits, _), got {name!r}")
+    if not help.strip() or "\n" in help:
+        raise DynheadsError(f"head score {name!r} needs a one-line help text")
+    score = HeadScore(reduce, binary, label)
+    HEAD_SCORES.register(name, score, help=help, replace=replace)
+    return score
 
 
 def check_kind(kind: str) -> ScoreKind:
-    """``kind`` when it names a score, else a one-line error."""
-    if kind not in SCORE_KINDS:
-        raise DynheadsError(f"score must be one of {', '.join(SCORE_KINDS)}, got {kind!r}")
-    return kind  # type: ignore[return-value]
+    """``kind`` when it names a registered head score, else a one-line error."""
+    if kind not in HEAD_SCORES:
+        raise DynheadsError(f"score must be one of {HEAD_SCORES.choices()}, got {kind!r}")
+    return kind
 
 
 @dataclass(frozen=True)
 class ScoreSpec:
-    """How a head is scored and when it counts as active: the score kind, the Eq. 2 threshold and window."""
+    """How a head is scored and when it counts as active: the score's name, the threshold and the Eq. 2 window."""
 
-    kind: ScoreKind = "copy"
-    threshold: str = DEFAULT_REASONING_THRESHOLD  # Eq. 2 only: "0.1" (absolute) or "relative:3" (x chance)
+    kind: ScoreKind = "copy"  # a registered head score
+    threshold: str = DEFAULT_REASONING_THRESHOLD  # continuous scores only: "0.1" (absolute) or "relative:3" (x chance)
     sink_size: int = SINK_SIZE
     local_window: int = LOCAL_WINDOW
 
@@ -59,33 +122,46 @@ class ScoreSpec:
             raise DynheadsError(f"sink size and local window must be >= 0, got {self.sink_size}, "
                                 f"{self.local_window}")
 
-    def trace_scores(self, copy: np.ndarray, reasoning: np.ndarray) -> np.ndarray:
-        """``[step, layer, head]``: the bool Eq. 1 array or the float Eq. 2 array of a trace, by ``kind``."""
-        return copy if self.kind == "copy" else reasoning
+    @property
+    def score(self) -> HeadScore:
+        return HEAD_SCORES.get(self.kind)
 
-    def active(self, copy: np.ndarray, reasoning: np.ndarray, chance: np.ndarray | float | None) -> np.ndarray:
-        """Bool D_t ``[step, layer, head]`` (or one step's ``[layer, head]`` with a float ``chance``)."""
-        if self.kind == "copy":
-            return np.asarray(copy, dtype=bool)
-        return ReasoningThreshold.parse(self.threshold).active(reasoning, chance)
+    def describe(self) -> str:
+        """For reports: what 'active' means ("Eq. 1 copy score", or the continuous score above its threshold)."""
+        score = self.score
+        return score.label if score.binary else ReasoningThreshold.parse(self.threshold).describe(score.label)
 
-    def step_heads(self, copy: torch.Tensor | None, max_prob: torch.Tensor, reasoning: torch.Tensor | None,
-                   chance: float) -> list[Head]:
-        """D_t of one live step (all ``[L, H]``), ranked: ``copy`` heads by their attention on the copied position
-        (a copying head's argmax key is that position, so its ``max_prob`` is that weight); ``reasoning`` heads by
-        their Eq. 2 score (their max_prob is usually the sink's weight, not attention on the supporting facts)."""
-        if self.kind == "copy":
-            assert copy is not None, "copy scores are needed for Eq. 1"
-            return ranked_heads(copy, max_prob)
-        assert reasoning is not None, "reasoning scores are needed for Eq. 2"
-        return ranked_heads(reasoning > ReasoningThreshold.parse(self.threshold).cutoff(chance), reasoning)
+    def trace_scores(self, scores: Mapping[str, np.ndarray]) -> np.ndarray:
+        """``[step, layer, head]``: this score's array among a trace's ``scores`` (by name)."""
+        if self.kind not in scores:
+            raise DynheadsError(f"this trace holds no {self.kind!r} score (it has {', '.join(scores)}): "
+                                "re-trace with the score registered")
+        return scores[self.kind]
+
+    def active(self, scores: Mapping[str, np.ndarray], chance: np.ndarray | float | None) -> np.ndarray:
+        """Bool D_t ``[step, layer, head]`` of a trace's ``scores`` (or of one step's ``[layer, head]`` arrays with
+        a float ``chance``)."""
+        values = self.trace_scores(scores)
+        if self.score.binary:
+            return np.asarray(values, dtype=bool)
+        return ReasoningThreshold.parse(self.threshold).active(values, chance)
+
+    def step_heads(self, stats: StepMeasures, row: ScoredRow, predicted: int) -> list[Head]:
+        """D_t of one live step, ranked: binary scores by the heads' attention on their argmax key (a copying
+        head's argmax key is the copied position, so its ``max_prob`` is that weight); continuous ones by their
+        value (an Eq. 2 head's max_prob is usually the sink's weight, not attention on the supporting facts)."""
+        score = self.score
+        values = score.reduce(stats, row, predicted)
+        if score.binary:
+            return ranked_heads(values, stats.max_prob)
+        return ranked_heads(values > ReasoningThreshold.parse(self.threshold).cutoff(row.chance_share()), values)
 
 
-def copy_scores(argmax_pos: torch.Tensor, is_needle: torch.Tensor, prompt_length: int, ids: torch.Tensor,
-                predicted: int) -> torch.Tensor:
-    """Eq. 1, bool ``[L, H]``: the head's argmax key (``argmax_pos [L, H]``, absolute positions) is a needle token
-    (``is_needle [L, H]``) of the prompt and carries the predicted token (``ids``: the sequence's token buffer)."""
-    return is_needle & (argmax_pos < prompt_length) & (ids[argmax_pos] == predicted)
+def copy_scores(stats: StepMeasures, row: ScoredRow, predicted: int) -> torch.Tensor:
+    """Eq. 1, bool ``[L, H]``: the head's argmax key (absolute position) is a needle token of the prompt and
+    carries the predicted token (``row.ids``: the sequence's token buffer)."""
+    argmax_pos = stats.argmax_pos
+    return row.is_needle(argmax_pos) & (argmax_pos < row.prompt_length) & (row.ids[argmax_pos] == predicted)
 
 
 def reasoning_scores(needle_mass: torch.Tensor, kept_mass: torch.Tensor) -> torch.Tensor:
@@ -96,6 +172,13 @@ def reasoning_scores(needle_mass: torch.Tensor, kept_mass: torch.Tensor) -> torc
     on the sink that difference keeps only a few fp32 digits (or snaps to 0).
     """
     return torch.where(kept_mass > 0, needle_mass / kept_mass.clamp_min(1e-30), 0.0)
+
+
+register_score("copy", copy_scores, binary=True, label="Eq. 1 copy score",
+               help="Eq. 1: the head's argmax key is a needle token of the prompt carrying the predicted token")
+register_score("reasoning", lambda stats, row, predicted: reasoning_scores(stats.needle_mass, stats.kept_mass),
+               binary=False, label="Eq. 2 reasoning score",
+               help="Eq. 2: needle mass over the mass outside the attention sink and the local window")
 
 
 def ranked_heads(active: torch.Tensor, weights: torch.Tensor) -> list[Head]:

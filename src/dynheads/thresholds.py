@@ -74,11 +74,11 @@ class ReasoningThreshold:
     def __str__(self) -> str:
         return f"{self.value:g}" if self.mode == "absolute" else f"relative:{self.value:g}"
 
-    def describe(self) -> str:
-        """For reports: what 'active' means under this threshold."""
+    def describe(self, score: str = "Eq. 2 reasoning score") -> str:
+        """For reports: what 'active' means under this threshold, for the continuous ``score`` (its label)."""
         if self.mode == "absolute":
-            return f"Eq. 2 reasoning score > {self.value:g}"
-        return f"Eq. 2 reasoning score > {self.value:g} x chance (|needle| / keys outside sink and local)"
+            return f"{score} > {self.value:g}"
+        return f"{score} > {self.value:g} x chance (|needle| / keys outside sink and local)"
 
     def cutoff(self, chance: float | np.ndarray | None) -> float | np.ndarray:
         """The score to exceed: the value itself, or value x chance (per step; ``chance [T]`` -> ``[T, 1, 1]``)."""

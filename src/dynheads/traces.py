@@ -10,6 +10,7 @@ File format (documented in docs/formats.md): one Parquet file per sample, one ro
 | ``copy_score`` | list<bool>[L*H] | Eq. 1 |
 | ``needle_mass`` | list<float32>[L*H] | attention mass on the needle positions |
 | ``reasoning_score`` | list<float32>[L*H] | Eq. 2 |
+| ``<name>_score`` | list<bool or float32>[L*H] | every other registered head score (``dynheads.scores.HEAD_SCORES``) |
 | ``max_prob`` | list<float32>[L*H] | attention weight on the argmax key |
 | ``hidden`` | list<float32>[D] | final-layer hidden state of the last input position |
 | ``context_mass`` | list<float32>[L*H] | attention mass on the prompt positions (optional: newer traces) |
@@ -20,7 +21,8 @@ File format (documented in docs/formats.md): one Parquet file per sample, one ro
 
 Head vectors are layer-major: element ``l * H + h`` is head ``L{l}-H{h}``. The file's schema metadata holds
 ``format_version`` (``TRACE_FORMAT_VERSION``; absent = 1), ``num_layers``, ``num_heads``, ``prompt_length``,
-``stop_reason`` and the generated ``text``.
+``stop_reason``, the generated ``text`` and ``scores``, the names of the head-score columns (absent: ``copy`` and
+``reasoning``, the two every trace holds). A score column is bool for a binary score, float32 otherwise.
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ from dynheads.scores import active_heads
 
 # 1: no format_version key, no optional columns (files before they existed); 2: the optional columns may be present
 TRACE_FORMAT_VERSION = 2
-HEAD_FIELDS = ("argmax_pos", "copy_score", "needle_mass", "reasoning_score", "max_prob")
+HEAD_FIELDS = ("argmax_pos", "needle_mass", "max_prob")
 OPTIONAL_HEAD_FIELDS = ("context_mass", "context_entropy")  # absent from older traces: loaded as None
 OPTIONAL_STEP_FIELDS = ("token_entropy", "token_max_prob", "chance", "token_prob")
-_DTYPES = {"argmax_pos": np.int32, "copy_score": np.bool_, "needle_mass": np.float32,
-           "reasoning_score": np.float32, "max_prob": np.float32, "context_mass": np.float32,
+_DTYPES = {"argmax_pos": np.int32, "needle_mass": np.float32, "max_prob": np.float32, "context_mass": np.float32,
            "context_entropy": np.float32}
+FIRST_SCORES = ("copy", "reasoning")  # the scores of files written before the ``scores`` key
 
 
 @dataclass
@@ -54,9 +56,8 @@ class Trace:
     token_texts: list[str]  # [T]
     text: str
     argmax_pos: np.ndarray  # [T, L, H] int32, absolute key position
-    copy_scores: np.ndarray  # [T, L, H] bool, Eq. 1
+    scores: dict[str, np.ndarray]  # head score name -> [T, L, H], bool (binary) or float32; "copy" and "reasoning"
     needle_mass: np.ndarray  # [T, L, H] float32
-    reasoning_scores: np.ndarray  # [T, L, H] float32, Eq. 2
     max_prob: np.ndarray  # [T, L, H] float32, attention weight on argmax_pos
     hidden: np.ndarray  # [T, D] float32
     prompt_length: int
@@ -75,7 +76,17 @@ class Trace:
     @property
     def shape(self) -> tuple[int, int]:
         """(layers, heads)."""
-        return int(self.copy_scores.shape[1]), int(self.copy_scores.shape[2])
+        return int(self.argmax_pos.shape[1]), int(self.argmax_pos.shape[2])
+
+    @property
+    def copy_scores(self) -> np.ndarray:
+        """``[T, L, H]`` bool, Eq. 1."""
+        return self.scores["copy"]
+
+    @property
+    def reasoning_scores(self) -> np.ndarray:
+        """``[T, L, H]`` float32, Eq. 2."""
+        return self.scores["reasoning"]
 
     def dynamic_heads(self, step: int) -> list[tuple[int, int]]:
         """D_t of Eq. 1: heads whose copy score is 1 at ``step``."""
@@ -83,15 +94,17 @@ class Trace:
 
     def save(self, path: str | Path) -> None:
         """Write the trace as Parquet, atomically (a crash never leaves a half-written file)."""
-        steps, layers, heads = self.copy_scores.shape
+        steps, layers, heads = self.argmax_pos.shape
         columns = {
             "step": pa.array(np.arange(steps, dtype=np.int32)),
             "token_id": pa.array(self.tokens.astype(np.int64)),
             "token": pa.array(self.token_texts, type=pa.string()),
         }
         for name in HEAD_FIELDS:
-            values = getattr(self, _attr(name)).reshape(steps, layers * heads).astype(_DTYPES[name])
-            columns[name] = _list_column(values)
+            columns[name] = _list_column(getattr(self, name).reshape(steps, layers * heads).astype(_DTYPES[name]))
+        for name, values in self.scores.items():
+            dtype = np.bool_ if values.dtype == np.bool_ else np.float32
+            columns[f"{name}_score"] = _list_column(values.reshape(steps, layers * heads).astype(dtype))
         for name in OPTIONAL_HEAD_FIELDS:
             if getattr(self, name) is not None:
                 columns[name] = _list_column(getattr(self, name).reshape(steps, layers * heads).astype(np.float32))
@@ -100,7 +113,8 @@ class Trace:
                 columns[name] = pa.array(np.asarray(getattr(self, name), dtype=np.float32).reshape(steps))
         columns["hidden"] = _list_column(self.hidden.astype(np.float32))
         meta = {"format_version": TRACE_FORMAT_VERSION, "num_layers": layers, "num_heads": heads,
-                "prompt_length": self.prompt_length, "stop_reason": self.stop_reason, "text": self.text}
+                "prompt_length": self.prompt_length, "stop_reason": self.stop_reason, "text": self.text,
+                "scores": list(self.scores)}
         table = pa.table(columns).replace_schema_metadata({"dynheads": json.dumps(meta)})
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp)
@@ -113,9 +127,13 @@ class Trace:
         layers, heads = meta["num_layers"], meta["num_heads"]
         steps = table.num_rows
 
-        def head_array(name: str) -> np.ndarray:
-            flat = _flatten(table.column(name), _DTYPES[name])
+        def head_array(name: str, dtype=None) -> np.ndarray:
+            flat = _flatten(table.column(name), dtype or _DTYPES[name])
             return flat.reshape(steps, layers, heads)
+
+        def score_array(name: str) -> np.ndarray:
+            binary = pa.types.is_boolean(table.schema.field(f"{name}_score").type.value_type)
+            return head_array(f"{name}_score", np.bool_ if binary else np.float32)
 
         hidden = _flatten(table.column("hidden"), np.float32)
         names = set(table.column_names)
@@ -127,19 +145,14 @@ class Trace:
             token_texts=table.column("token").to_pylist(),
             text=meta["text"],
             argmax_pos=head_array("argmax_pos"),
-            copy_scores=head_array("copy_score"),
+            scores={name: score_array(name) for name in meta.get("scores", FIRST_SCORES)},
             needle_mass=head_array("needle_mass"),
-            reasoning_scores=head_array("reasoning_score"),
             max_prob=head_array("max_prob"),
             hidden=hidden.reshape(steps, -1) if steps else np.zeros((0, 0), np.float32),
             prompt_length=meta["prompt_length"],
             stop_reason=meta["stop_reason"],
             **optional,
         )
-
-
-def _attr(column: str) -> str:
-    return {"copy_score": "copy_scores", "reasoning_score": "reasoning_scores"}.get(column, column)
 
 
 def _list_column(values: np.ndarray) -> pa.Array:

@@ -34,7 +34,7 @@ from dynheads.analysis.evidence import EvidenceSettings, Interval, interval
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_TOP1
-from dynheads.scores import ScoreKind
+from dynheads.scores import ScoreKind, ScoreSpec
 from dynheads.tables import Summary, Table, to_markdown, write_summary
 from dynheads.traces import Trace
 
@@ -74,12 +74,14 @@ class CCAConfig:
 
 
 def samples_from_traces(traces: Iterable[Trace], score: ScoreKind = "copy") -> list[Sample]:
-    """``(hidden [T, D], scores [T, L*H])`` per trace with T >= 1; ``copy`` = Eq. 1 (NIAH), ``reasoning`` = Eq. 2.
+    """``(hidden [T, D], scores [T, L*H])`` per trace with T >= 1, ``score`` by name (``copy`` = Eq. 1, NIAH;
+    ``reasoning`` = Eq. 2; or any registered head score).
 
     Traces with no generated token (EOS first) hold no pair and are left out; callers count them.
     """
-    attr = "copy_scores" if score == "copy" else "reasoning_scores"
-    return [(t.hidden, getattr(t, attr).reshape(t.num_steps, t.shape[0] * t.shape[1])) for t in traces if t.num_steps]
+    spec = ScoreSpec(score)
+    return [(t.hidden, spec.trace_scores(t.scores).reshape(t.num_steps, t.shape[0] * t.shape[1]))
+            for t in traces if t.num_steps]
 
 
 def nonempty_samples(samples: Sequence[Sample]) -> list[Sample]:

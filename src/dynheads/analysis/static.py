@@ -18,6 +18,7 @@ from rouge_score import rouge_scorer
 from dynheads.analysis.headlists import rank_by_score
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
+from dynheads.scores import ScoreKind, ScoreSpec
 from dynheads.traces import Trace
 
 # The reference filter: RougeScorer(['rouge1', 'rougeL'], use_stemmer=True), recall of the needle answer.
@@ -126,12 +127,14 @@ class ReasoningTest:
     f1: float
 
 
-def static_reasoning_heads(tests: Sequence[ReasoningTest], *,
-                           success_threshold: float = -1.0) -> tuple[StaticHeads, int]:
+def static_reasoning_heads(tests: Sequence[ReasoningTest], *, success_threshold: float = -1.0,
+                           score: ScoreKind = "reasoning") -> tuple[StaticHeads, int]:
     """Static reasoning heads, aggregated as Wu et al. aggregate copy scores: per test, a head's score is its mean
-    Eq. 2 score over the generation steps; the static score is the mean over counted tests (F1 above
-    ``success_threshold``; the default -1 counts every test). Returns the heads (``recalls`` holds each test's
-    F1) and the number of tests skipped because they generated no token (no step to average)."""
+    ``score`` (Eq. 2 by default; any registered head score, by name) over the generation steps; the static score is
+    the mean over counted tests (F1 above ``success_threshold``; the default -1 counts every test). Returns the
+    heads (``recalls`` holds each test's F1) and the number of tests skipped because they generated no token (no
+    step to average)."""
+    spec = ScoreSpec(score)
     if not tests:
         raise DynheadsError("no HotpotQA tests given: static reasoning heads need at least one traced question")
     shape = tests[0].trace.shape
@@ -144,7 +147,7 @@ def static_reasoning_heads(tests: Sequence[ReasoningTest], *,
             continue
         f1s.append(test.f1)
         if test.f1 > success_threshold:
-            counted.append(test.trace.reasoning_scores.astype(np.float64).mean(axis=0))
+            counted.append(spec.trace_scores(test.trace.scores).astype(np.float64).mean(axis=0))
     if not counted:
         raise DynheadsError(f"none of the {len(tests)} questions counts ({empty} generated nothing, the rest had F1 "
                             f"<= {success_threshold}): no head can be scored")

@@ -1,4 +1,5 @@
-"""CLI for static heads and the analyses of a run: ``static``, ``dynamism``, ``plot heads``, ``cca``, ``probe train``.
+"""CLI for static heads and the analyses of a run: ``static``, ``dynamism``, ``plot heads``, ``cca``,
+``predictor train`` (the MLP head predictor; ``probe train`` is its older name).
 
 Each command parses its options, calls the Python API (``dynheads.experiments``) and prints a short summary.
 """
@@ -10,11 +11,12 @@ from typing import Annotated
 
 import typer
 
-from dynheads.cli.app import app, plot_app, probe_app
+from dynheads.cli import checks
+from dynheads.cli.app import app, plot_app, predictor_app
 from dynheads.cli.options import STATIC_HELP, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
-from dynheads.config import build_config, parse_list, parse_range
+from dynheads.config import parse_list, parse_range
 from dynheads.experiments.settings import StaticConfig, StaticReasoningConfig
-from dynheads.scores import DEFAULT_REASONING_THRESHOLD
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD
 
 Score = Annotated[str, Opt(help="head score: copy (Eq. 1, NIAH) or reasoning (Eq. 2, HotpotQA)")]
 OutDir = Annotated[Path | None, Opt("--out", help="folder for the outputs (default: inside the run directory)")]
@@ -27,7 +29,8 @@ def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
     from dynheads.experiments.static import run_static
     from dynheads.heads import head_label
 
-    cfg = build_config(StaticConfig, config, **settings)
+    cfg = checks.checked_config(StaticConfig, config, **settings)
+    checks.out_dir(out, "niah")  # the static grid is a NIAH run
     heads = run_static(cfg, out)
     typer.echo(f"pass rate {heads.num_counted}/{heads.num_tests} ({heads.pass_rate:.0%}) at ROUGE-1 recall > "
                f"{cfg.success_threshold}; wrote {out}/static_heads.json, static_ranking.csv, static_summary.json")
@@ -41,7 +44,7 @@ def static_reasoning(out: RunOut, config: ConfigFile = None, **settings) -> None
     from dynheads.experiments.static import run_static_reasoning
     from dynheads.heads import head_label
 
-    heads = run_static_reasoning(build_config(StaticReasoningConfig, config, **settings), out)
+    heads = run_static_reasoning(checks.checked_config(StaticReasoningConfig, config, **settings), out)
     typer.echo(f"{heads.num_counted}/{heads.num_tests} questions counted; wrote {out}/static_heads.json, "
                "static_ranking.csv, static_summary.json")
     typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
@@ -59,6 +62,8 @@ def dynamism(
     """Table 1 / Table 5 statistics of a run's dynamic heads beside the paper's; writes dynamism.md/.csv/.json."""
     from dynheads.experiments.analyses import dynamism_report
 
+    checks.traced_run(run_dir)
+    checks.head_list(static_file)
     dynamism_report(run_dir, static_file, score=score, threshold=threshold, out_dir=out)
     typer.echo((out or run_dir).joinpath("dynamism.md").read_text(encoding="utf-8"), nl=False)
 
@@ -74,6 +79,8 @@ def plot_heads(
     """Figure 1: per-step scores of the most varying heads, one PNG per sample (heads-<sample_id>.png)."""
     from dynheads.experiments.analyses import plot_heads as plot
 
+    checks.traced_run(run_dir)
+    checks.value("--top", "top", checks.at_least(1), top)
     for path in plot(run_dir, sample, score=score, top=top, out_dir=out):
         typer.echo(str(path))
 
@@ -90,12 +97,15 @@ def cca(
     from dynheads.analysis.cca import CCAConfig, cca_markdown
     from dynheads.experiments.analyses import cca_report
 
-    table = cca_report(run_dir, parse_range(offsets), build_config(CCAConfig, config), score=score, out_dir=out)
+    cca_config, steps = checks.checked_config(CCAConfig, config), parse_range(offsets)
+    checks.value("--offsets", "offset", checks.at_least(0), steps)
+    checks.traced_run(run_dir)
+    table = cca_report(run_dir, steps, cca_config, score=score, out_dir=out)
     typer.echo(cca_markdown(table), nl=False)
 
 
-@probe_app.command("train")
-def probe_train(
+@predictor_app.command("train")
+def predictor_train(
     run_dir: RunArg,
     score: Score = "copy",
     hidden_sizes: Annotated[str | None, Opt(help="hidden layer widths, e.g. 8192,4096,4096")] = None,
@@ -109,11 +119,14 @@ def probe_train(
     out: Annotated[Path | None, Opt("--out", help="probe folder (default: RUN_DIR/probe)")] = None,
     config: Annotated[Path | None, Opt("--config", help="TOML file with HeadPredictorConfig settings")] = None,
 ) -> None:
-    """MLP probe from the hidden state to every head's score (offset 0); saves it with metrics.md/.json."""
+    """Train the MLP head predictor from the hidden state to every head's score (offset 0).
+
+    Saves it with metrics.md/.json into OUT (default RUN_DIR/probe); 'dynheads probe train' is its older name."""
     from dynheads.analysis.head_predictor import HeadPredictorConfig
     from dynheads.experiments.probing import train_probe_on_run
 
-    cfg = build_config(HeadPredictorConfig, config, hidden_sizes=parse_list(hidden_sizes, int), epochs=epochs,
-                       batch_size=batch_size, lr=lr, early_stopping=early_stopping, seed=seed)
+    checks.traced_run(run_dir)
+    cfg = checks.checked_config(HeadPredictorConfig, config, hidden_sizes=parse_list(hidden_sizes, int), epochs=epochs,
+                                 batch_size=batch_size, lr=lr, early_stopping=early_stopping, seed=seed)
     train_probe_on_run(run_dir, cfg, score=score, out_dir=out, device=device)
     typer.echo((out or run_dir / "probe").joinpath("metrics.md").read_text(encoding="utf-8"), nl=False)

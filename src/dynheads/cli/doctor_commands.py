@@ -1,4 +1,4 @@
-"""``dynheads doctor`` and ``dynheads --version``."""
+"""``dynheads doctor`` and the options of every command: ``--version`` and ``--threads``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from dynheads.cli import checks
 from dynheads.cli.app import app
 
 
@@ -21,20 +22,32 @@ def _print_version(value: bool) -> None:
 def main_options(
     version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                           help="print the version and exit")] = False,
+    threads: Annotated[int | None, typer.Option(
+        "--threads", envvar="DYNHEADS_THREADS", show_default=False,
+        help="CPU threads of torch for the command that follows (dynheads --threads 2 niah ...). "
+             "Default: OMP_NUM_THREADS if set, else 1 while the machine is busy (1-minute load average >= usable "
+             "cores; 'dynheads doctor' says), else one per usable core up to 4")] = None,
 ) -> None:
     """Per-step retrieval heads: trace, ablate, probe and use them for in-context RAG."""
+    from dynheads.doctor import apply_threads, default_threads
+
+    checks.value("--threads", "threads", checks.at_least(1), threads)
+    apply_threads(threads or default_threads())
 
 
 @app.command()
 def doctor() -> None:
-    """Check this machine: torch build, device, embedded model, packaged data and models, haystack, cache, spaCy model,
-    Chromium (exit 0)."""
+    """Check this machine: what dynheads uses, how to fix what is missing, and whether it is busy (exit 0).
+
+    Torch build, device and threads, machine load, embedded model, packaged data and models, haystack, cache, spaCy
+    model, Chromium."""
     from dynheads import __version__
     from dynheads.doctor import installed_path, render, run_checks
 
     typer.echo(f"dynheads {__version__} ({installed_path()})")
-    checks = run_checks()
-    typer.echo(render(checks))
-    missing = sum(not check.ok for check in checks)
-    typer.echo("all found" if not missing else f"{missing} missing: the fix is below each (dynheads runs without "
-               "them unless the line says otherwise)")
+    found = run_checks()
+    typer.echo(render(found))
+    missing = sum(not check.ok and not check.warning for check in found)
+    warnings = "".join(f"; warning: {check.name}" for check in found if check.warning)
+    typer.echo(("all found" if not missing else f"{missing} missing: the fix is below each (dynheads runs without "
+                "them unless the line says otherwise)") + warnings)

@@ -6,14 +6,15 @@ and prints a summary.
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from dynheads.cli import checks
 from dynheads.cli.app import app
 from dynheads.cli.options import ConfigFile, Opt, RunOut, config_options, with_options
-from dynheads.config import build_config
 from dynheads.distributed import is_main
 from dynheads.experiments.settings import KVFields, ModelSettings
 
@@ -28,7 +29,8 @@ def kv(
     """Dynamic vs static head-level KV retention on NIAH: accuracy and KV kept per policy and budget."""
     from dynheads.experiments.kv import KVConfig, run_kv
 
-    cfg = build_config(KVConfig, config, **settings)
+    cfg = checks.checked_config(KVConfig, config, **settings)
+    checks.out_dir(out, "kv")
     run = run_kv(cfg, out)
     if not is_main():  # under torchrun / accelerate launch, rank 0 writes and prints the tables
         return
@@ -48,15 +50,21 @@ def kv_export(
                                                "score heads only; a shortfall is recorded)")] = None,
     **settings,
 ) -> None:
-    """Write a head list as a \\[layers x kv_heads] matrix in DuoAttention's layout (TSV + config.json): scores
-    normalised to [0, 1], or a 0/1 pattern with --full-heads; zero-score heads are never listed as full."""
+    """Write a head list as a \\[layers x kv_heads] matrix in DuoAttention's layout (TSV + config.json).
+
+    Scores normalised to [0, 1], or a 0/1 pattern with --full-heads; zero-score heads are never listed as full."""
     from dynheads.analysis.headlists import load_head_list
-    from dynheads.analysis.kvheads import kv_head_matrix, query_head_scores, write_duo_attention
+    from dynheads.analysis.kvheads import Aggregation, kv_head_matrix, query_head_scores, write_duo_attention
     from dynheads.io import read_json
     from dynheads.kv import num_kv_heads
     from dynheads.models import load_model
 
-    model = build_config(ModelSettings, **settings)
+    model = checks.checked_config(ModelSettings, **settings)
+    checks.head_list(static)
+    checks.value("--sink", "sink", checks.at_least(0), sink)
+    checks.value("--recent", "recent window", checks.at_least(1), recent)
+    checks.value("--full-heads", "full heads", checks.at_least(1), full_heads)
+    checks.choice("--aggregation", aggregation, typing.get_args(Aggregation))
     lm = load_model(model.model, dtype=model.dtype, device=model.device)
     heads = load_head_list(static, lm.num_layers, lm.num_heads)
     matrix = kv_head_matrix(query_head_scores(heads, lm.num_layers, lm.num_heads), num_kv_heads(lm), aggregation)

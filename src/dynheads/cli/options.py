@@ -43,6 +43,10 @@ BatchSize = Annotated[int, Opt("--batch-size", help="samples (ablation: records)
                                                  "path, larger batches give its results up to fp32 rounding")]
 DeviceMap = Annotated[str | None, Opt("--device-map", help="spread a large model over GPUs, e.g. auto")]
 STATIC_HELP = "static head list (Wu et al. JSON or a ranked list)"
+# --help groups a generated option under the config piece that declares its field (experiments.settings); the
+# command's own fields and options stay under typer's "Options".
+PANELS = {"ModelSettings": "Model", "Seeded": "Grid", "NiahCells": "Grid", "NiahGrid": "Grid",
+          "QaGrid": "Questions and grid", "TracingSettings": "Scores and chat template"}
 CONTEXT = "typer_context"  # the click context Typer passes a generated command: which options the user gave
 
 
@@ -56,11 +60,46 @@ def config_options(config: type, *, skip: tuple[str, ...] = (), flags: Mapping[s
         if field.name in skip:
             continue
         name = (flags or {}).get(field.name, field.name)
-        kind, items = _option_kind(hints[field.name])
-        declaration = Opt(f"--{name.replace('_', '-')}", help=field.metadata.get("help", ""))
-        options[name] = Option(Annotated[kind, declaration], _shown_default(field.default), items,
-                               field.name if name != field.name else None)
+        options[name] = _option(name, hints[field.name], field.metadata.get("help", ""),
+                                _shown_default(field.default), field.name if name != field.name else None,
+                                _panel(config, field.name))
     return options
+
+
+def shared_options(configs: Mapping[str, type]) -> dict[str, Option]:
+    """The options of a command that builds one of several configs (``trace``: the NIAH-shaped or the
+    question-shaped one, by task), each config under a label: every field once; a field whose defaults differ
+    shows none and its help names each (``default: niah 48, question tasks 24``); a field of some configs only
+    says which (``niah only``)."""
+    declared: dict[str, list[tuple[str, dataclasses.Field, Any]]] = {}
+    for label, config in configs.items():
+        hints = typing.get_type_hints(config)
+        for field in dataclasses.fields(config):
+            declared.setdefault(field.name, []).append((label, field, hints[field.name]))
+    options = {}
+    for name, entries in declared.items():
+        _, field, hint = entries[0]
+        shown = {label: _shown_default(f.default) for label, f, _ in entries}
+        help, default = field.metadata.get("help", ""), shown[entries[0][0]]
+        if len(set(map(repr, shown.values()))) > 1:
+            help, default = help + " (default: " + ", ".join(f"{k} {v}" for k, v in shown.items()) + ")", None
+        elif len(entries) < len(configs):
+            help += f" ({', '.join(shown)} only)"
+        options[name] = _option(name, hint, help, default, None, _panel(configs[entries[0][0]], name))
+    return options
+
+
+def _option(name: str, hint: Any, help: str, default: Any, field: str | None, panel: str | None) -> Option:
+    kind, items = _option_kind(hint)
+    declaration = Opt(f"--{name.replace('_', '-')}", help=help, rich_help_panel=panel)
+    return Option(Annotated[kind, declaration], default, items, field)
+
+
+def _panel(config: type, name: str) -> str | None:
+    """The ``--help`` group of field ``name``: that of the first piece of ``config`` that declares it (None: the
+    command's own field, under "Options")."""
+    return next((PANELS[cls.__name__] for cls in config.__mro__
+                 if cls.__name__ in PANELS and name in cls.__dict__.get("__annotations__", {})), None)
 
 
 def _option_kind(hint: Any) -> tuple[Any, Callable[[str], Any] | None]:

@@ -36,13 +36,12 @@ import pandas as pd
 
 from dynheads import distributed
 from dynheads.ablation import (
-    MATCHINGS,
-    STRATEGIES,
     AblationResult,
     AblationSettings,
     ablated_generate_batch,
     matched_count,
 )
+from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
@@ -65,12 +64,11 @@ from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
-from dynheads.tasks.registry import NIAH, Task, task_of
+from dynheads.tasks.niah import NIAH
+from dynheads.tasks.registry import Task, task_of
 from dynheads.thresholds import ReasoningThreshold
 
 MODES = ("zero", "uniform")
-MATCHING_RULES = {"per_step": "|D_t| of each step's clean pass of the control run",
-                  "mean": "the dynamic run's mean |D_t|, rounded"}
 
 
 class _GridConfig(AblationGrid):
@@ -103,25 +101,30 @@ class _GridConfig(AblationGrid):
 class AblationConfig(AblationFields, _GridConfig):
     def run_strategies(self) -> tuple[str, ...]:
         """The strategies to decode, in run order: none, dynamic (needed by static and random), the rest."""
-        choices = ", ".join(s for s in STRATEGIES if s != "none")
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        baselines = {entry.name for entry in ABLATION_STRATEGIES if entry.value.baseline}
+        choices = ", ".join(name for name in ABLATION_STRATEGIES.names() if name not in baselines)
+        unknown = [s for s in self.strategies if s not in ABLATION_STRATEGIES]
         if unknown:
             raise DynheadsError(f"unknown ablation strategy {', '.join(map(repr, unknown))}: use some of {choices}")
         if not self.strategies:
             raise DynheadsError(f"give at least one ablation strategy: {choices}")
-        controls = {"static", "random"} & set(self.strategies)
-        wanted = {"none", *self.strategies} | ({"dynamic"} if controls and self.matching == "mean" else set())
-        return tuple(s for s in STRATEGIES if s in wanted)
+        # mean-matched controls read their head count from the dynamic run
+        controls = [s for s in self.strategies if ABLATION_STRATEGIES.get(s).matched]
+        given = MATCHINGS.get(self.matching).given_count
+        wanted = {*baselines, *self.strategies} | ({"dynamic"} if controls and given else set())
+        return tuple(s for s in ABLATION_STRATEGIES.names() if s in wanted)
 
     def check(self) -> None:
         super().check()
-        if self.matching not in MATCHINGS:
-            raise DynheadsError(f"unknown matching {self.matching!r}: use one of {', '.join(MATCHINGS)}")
-        strategies = self.run_strategies()
-        if "static" in strategies and not self.static:
-            raise DynheadsError("the static strategy needs a static head list: pass --static FILE")
-        if ("fixed" in strategies) != bool(self.heads):
-            raise DynheadsError("the fixed strategy and --heads go together: give both or neither")
+        MATCHINGS.check([self.matching])
+        strategies = [ABLATION_STRATEGIES.entry(s) for s in self.run_strategies()]
+        for entry in strategies:
+            if entry.value.needs_static and not self.static:
+                raise DynheadsError(f"the {entry.name} strategy needs a static head list: pass --static FILE")
+        given = [entry.name for entry in strategies if entry.value.needs_heads]
+        if bool(given) != bool(self.heads):
+            readers = given or [entry.name for entry in ABLATION_STRATEGIES if entry.value.needs_heads]
+            raise DynheadsError(f"the {' / '.join(readers)} strategy and --heads go together: give both or neither")
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | N
     counts: dict[str, int | None] = {}  # matching="mean": per sample, heads per step from its dynamic run
 
     def settings(sample, strategy: str) -> AblationSettings:
-        mean_count = config.matching == "mean" and strategy in ("static", "random")
+        mean_count = MATCHINGS.get(config.matching).given_count and ABLATION_STRATEGIES.get(strategy).matched
         return AblationSettings(strategy=strategy, mode=config.mode, static_ranking=static, fixed_heads=fixed,
                                 matching=config.matching, count=counts[sample.sample_id] if mean_count else None,
                                 seed=derive_seed(config.seed, "random-heads", sample.seed),
@@ -177,7 +180,7 @@ def _ablation_record(sample, settings: AblationSettings, result: AblationResult,
     """One (sample, strategy) record. ``matched_count``: under mean matching the static/random count (in the
     dynamic record: the value its siblings use); None under per-step matching, where ``masked_counts`` says it."""
     count = None
-    if settings.matching == "mean":
+    if MATCHINGS.get(settings.matching).given_count:
         count = matched_count(result.dynamic_counts) if settings.strategy == "dynamic" else settings.count
     return {**_result_record(sample, result, task), "strategy": settings.strategy,
             "matching": settings.matching, "matched_count": count}
@@ -191,7 +194,7 @@ def write_cells(run: RunDir) -> pd.DataFrame:
     matching = config.get("matching", "mean")  # runs made before the option existed used the mean count
     metrics = task.metrics
     means = {name: (f"metrics.{name}", "mean") for name in metrics}
-    frame["strategy"] = frame["strategy"].astype(pd.CategoricalDtype(STRATEGIES, ordered=True))  # run order
+    frame["strategy"] = frame["strategy"].astype(pd.CategoricalDtype(ABLATION_STRATEGIES.names(), ordered=True))
     # a sample that masked no head at any step is the un-ablated run: counted apart, never read as "unharmed"
     frame["zero_masked"] = frame["masked_counts"].map(lambda counts: int(sum(counts) == 0))
     keys = ["strategy", "context_tokens", "depth"]
@@ -211,7 +214,7 @@ def write_cells(run: RunDir) -> pd.DataFrame:
                     masked_per_step=("mean_masked", "mean"), zero_masked=("zero_masked", "sum"))
                .reset_index())
     model = run.manifest()["model"]["name"]
-    rule = MATCHING_RULES[matching]
+    rule = MATCHINGS.help(matching)
     write_summary(run.path, "summary.md", Summary(
         ["Means over all records of each strategy. mean |D_t| = dynamic heads of the clean pass per step; "
          f"masked = heads removed per step (static and random, matching `{matching}`: {rule}); no head = samples "

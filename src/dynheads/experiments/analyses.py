@@ -1,9 +1,9 @@
 """Analyses of a finished run directory: dynamism (Claim 1), Figure 1, temporal-offset CCA and the MLP probe (Claim 3).
 
 Every function reads the traces of ``run_dir`` and writes its files into ``out_dir`` (default: the run directory,
-``RUN_DIR/plots`` for figures, ``RUN_DIR/probe`` for the probe). ``score`` picks the head scores: ``"copy"``
-(Eq. 1, binary; NIAH) or ``"reasoning"`` (Eq. 2, continuous; HotpotQA), which dynamism turns into sets with
-``score > threshold``.
+``RUN_DIR/plots`` for figures, ``RUN_DIR/probe`` for the probe). ``score`` names the head score
+(``dynheads.scores.HEAD_SCORES``): ``"copy"`` (Eq. 1, binary; NIAH), ``"reasoning"`` (Eq. 2, continuous; HotpotQA)
+or any other registered one; dynamism turns a continuous score into sets with ``score > threshold``.
 """
 
 from __future__ import annotations
@@ -60,14 +60,14 @@ def check_score(score: str) -> ScoreKind:
 
 
 def score_array(trace: Trace, score: ScoreKind) -> np.ndarray:
-    """``[step, layer, head]``: bool copy scores (Eq. 1) or float reasoning scores (Eq. 2)."""
-    return ScoreSpec(check_score(score)).trace_scores(trace.copy_scores, trace.reasoning_scores)
+    """``[step, layer, head]``: the trace's ``score`` by name (bool for a binary score, float for a continuous one)."""
+    return ScoreSpec(check_score(score)).trace_scores(trace.scores)
 
 
 def dynamic_sets(trace: Trace, score: ScoreKind, threshold: str | float | ReasoningThreshold) -> np.ndarray:
-    """D_t for every step, bool ``[step, layer, head]``: copy score 1, or reasoning score above ``threshold``
+    """D_t for every step, bool ``[step, layer, head]``: a binary score 1, or a continuous score above ``threshold``
     (absolute, or a multiple of the step's chance share: ``dynheads.thresholds``)."""
-    return ScoreSpec(check_score(score), str(threshold)).active(trace.copy_scores, trace.reasoning_scores, trace.chance)
+    return ScoreSpec(check_score(score), str(threshold)).active(trace.scores, trace.chance)
 
 
 # ---- Claim 1: dynamism (Table 1, Table 5) ---------------------------------------------------------------------
@@ -76,12 +76,13 @@ def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: Scor
                     out_dir: str | Path | None = None, static_kind: ScoreKind | None = None) -> DynamismStats:
     """Table 1 / Table 5 statistics of the run against the static list; writes dynamism.md, .csv and .json.
 
-    The run's row sits beside the paper's five rows. ``threshold`` only applies to ``score="reasoning"``.
+    The run's row sits beside the paper's five rows. ``threshold`` only applies to a continuous score.
     ``static_kind``: which static list ``static_file`` is (``copy``: Wu et al.'s retrieval heads; ``reasoning``:
     mean Eq. 2), recorded for the verdict's card; default: the same kind as ``score``.
     """
     run, traces = load_run(run_dir)
     rule = ReasoningThreshold.parse(threshold)
+    spec = ScoreSpec(check_score(score), str(rule))
     ranking = scored_heads(load_head_list(static_file, *traces[0].shape))  # never zero-score filler
     if not ranking:
         raise DynheadsError(f"{static_file} scores no head above 0: no static list to compare with")
@@ -89,10 +90,10 @@ def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: Scor
     stats = dynamism_stats(sets, ranking, ks=ks)
     rows = {f"{model_name(run)} (ours)": stats.to_dict(), **{f"{k} (paper)": v for k, v in PAPER_DYNAMISM.items()}}
     out = Path(out_dir) if out_dir else run.path
-    setting = "Eq. 1 copy score" if score == "copy" else rule.describe()
+    setting = spec.describe()
     skipped = {"empty_samples_skipped": stats.empty_samples}
     # what Claim 1's verdict is decided from (the summary's numbers), and the step view's threshold
-    evidence = {"threshold": str(rule) if score == "reasoning" else None, "static_kind": static_kind or score,
+    evidence = {"threshold": None if spec.score.binary else str(rule), "static_kind": static_kind or score,
                 "per_sample": per_sample_dynamism(sets, ranking)}
     write_summary(out, "dynamism.md", Summary(
         [f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"

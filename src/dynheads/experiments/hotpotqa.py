@@ -23,8 +23,9 @@ from dynheads.runs import RunDir
 from dynheads.tables import Summary, Table, write_summary
 from dynheads.tasks import candidates
 from dynheads.tasks.grid import TaskGrid
+from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.questions import refuse_overlap
-from dynheads.tasks.registry import HOTPOTQA, Task, task_of
+from dynheads.tasks.registry import Task, task_of
 from dynheads.tasks.sample import Sample
 
 

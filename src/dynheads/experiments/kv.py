@@ -42,9 +42,6 @@ from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import flat_index, head_key
 from dynheads.io import atomic_path, read_json, write_json
 from dynheads.kv import (
-    BUDGET_FREE,
-    DYNAMIC,
-    POLICIES,
     KVSettings,
     Prefill,
     group_size,
@@ -54,6 +51,7 @@ from dynheads.kv import (
     num_kv_heads,
     prefill,
 )
+from dynheads.kv_policies import KV_POLICIES, is_budget_free, is_dynamic
 from dynheads.models import LoadedModel, load_model
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
 from dynheads.presses import PRESSES, check_press, is_press, press_generate
@@ -70,24 +68,27 @@ class KVConfig(KVFields):
 
     def jobs(self) -> list[tuple[str, float | None]]:
         """(policy, budget) pairs in run order; budget None for the budget-free policies."""
-        unknown = [p for p in self.policies if p not in POLICIES and not is_press(p)]
+        unknown = [p for p in self.policies if p not in KV_POLICIES and not is_press(p)]
         if unknown or not self.policies:
-            raise DynheadsError(f"unknown or no KV policies {unknown}: use some of {', '.join(POLICIES)} or "
+            raise DynheadsError(f"unknown or no KV policies {unknown}: use some of {KV_POLICIES.choices()} or "
                                 f"kvpress:<press> ({', '.join(PRESSES)})")
         presses = [p for p in self.policies if is_press(p)]
         for press in presses:
             check_press(press)
         if not self.budgets or not all(0 < b <= 1 for b in self.budgets):
             raise DynheadsError(f"KV budgets are fractions of KV heads in (0, 1], got {list(self.budgets)}")
-        if "static" in self.policies and not self.static:
-            raise DynheadsError("the static KV policy needs a static head list: pass --static FILE")
+        registered = [KV_POLICIES.entry(p) for p in self.policies if p in KV_POLICIES]
+        for entry in registered:
+            if entry.value.needs_static and not self.static:
+                raise DynheadsError(f"the {entry.name} KV policy needs a static head list: pass --static FILE")
         if "kvpress:duo_attention" in self.policies and not self.static:
             raise DynheadsError("kvpress:duo_attention keeps a dynheads head list whole: pass --static FILE")
-        if "probe" in self.policies and not self.probe:
-            raise DynheadsError("the probe KV policy needs a trained probe: pass --probe DIR")
-        ordered = [p for p in POLICIES if p in self.policies] + list(dict.fromkeys(presses))
-        return [(p, None) if p in BUDGET_FREE else (p, b) for p in ordered
-                for b in ((None,) if p in BUDGET_FREE else sorted(self.budgets))]
+        for entry in registered:
+            if entry.value.needs_probe and not self.probe:
+                raise DynheadsError(f"the {entry.name} KV policy needs a trained probe: pass --probe DIR")
+        ordered = [p for p in KV_POLICIES.names() if p in self.policies] + list(dict.fromkeys(presses))
+        return [(p, None) if is_budget_free(p) else (p, b) for p in ordered
+                for b in ((None,) if is_budget_free(p) else sorted(self.budgets))]
 
 
 def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
@@ -186,7 +187,7 @@ def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, conf
         result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe,
                              prefilled=prefilled)
     token_bytes = kv_token_bytes(lm)
-    dynamic = settings.policy in DYNAMIC
+    dynamic = is_dynamic(settings.policy)
     steps = len(result.kv_heads)
     # Dynamic policies write each step's new token of every KV head to the second tier (any head may be fetched).
     written = lm.num_layers * num_kv_heads(lm) * token_bytes if dynamic else 0
@@ -272,7 +273,9 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
 
 
 def _policy_order(policy: str) -> int:
-    return POLICIES.index(policy) if policy in POLICIES else len(POLICIES)
+    """Registration order; presses after every registered policy."""
+    names = KV_POLICIES.names()
+    return names.index(policy) if policy in names else len(names)
 
 
 def accuracy_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float]:

@@ -9,7 +9,7 @@ from dynheads.experiments.settings import NiahConfig
 from dynheads.experiments.tracing import run_task
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
-from dynheads.tasks.registry import NIAH
+from dynheads.tasks.niah import NIAH
 from dynheads.tasks.sample import Sample
 
 

@@ -30,7 +30,7 @@ from dynheads.experiments.analyses import check_score, load_run, model_name
 from dynheads.io import read_json, write_json
 from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
 from dynheads.runs import RunDir
-from dynheads.scores import ScoreKind
+from dynheads.scores import ScoreKind, ScoreSpec
 from dynheads.tables import Summary, Table, write_summary
 
 _COLUMNS = {  # task -> (metric key, column title)
@@ -46,7 +46,7 @@ def train_probe_on_run(run_dir: str | Path, config: HeadPredictorConfig | None =
     """Train a probe from the run's hidden states to its ``score`` of every head; save it and its metrics."""
     run, traces = load_run(run_dir)
     config = config or HeadPredictorConfig()
-    task = "binary" if check_score(score) == "copy" else "continuous"
+    task = "binary" if ScoreSpec(check_score(score)).score.binary else "continuous"
     start = time.perf_counter()
     samples = samples_from_traces(traces, score)  # leaves out traces with no generated token
     counts = {"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)}

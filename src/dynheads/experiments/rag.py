@@ -21,7 +21,7 @@ from dynheads.models import LoadedModel, load_model
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
 from dynheads.rag.loop import RagSettings, answer_question
 from dynheads.rag.results import rag_table
-from dynheads.rag.strategies import HEAD_STRATEGIES, STRATEGIES, HeadSelector
+from dynheads.rag.strategies import RAG_STRATEGIES, HeadSelector
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
@@ -42,12 +42,11 @@ class RagConfig(RagFields):
 
 
 def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
-    unknown = sorted(set(config.strategies) - set(STRATEGIES))
-    if unknown:
-        raise DynheadsError(f"unknown RAG strategy {', '.join(unknown)}: use {', '.join(STRATEGIES)}")
+    RAG_STRATEGIES.check(config.strategies)  # an unknown name is one line listing the registered ones
     jobs = []
     for strategy in config.strategies:
-        jobs += [(strategy, k) for k in config.ks] if strategy in HEAD_STRATEGIES else [(strategy, None)]
+        uses_heads = RAG_STRATEGIES.get(strategy).uses_heads
+        jobs += [(strategy, k) for k in config.ks] if uses_heads else [(strategy, None)]
     return jobs
 
 
@@ -63,16 +62,19 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     grid = task.grid(hotpot, lm.tokenizer)
     samples = grid.samples
     evaluated = sorted({sample.record_id for sample in samples})
-    predict_top = _probe_predictor(config, lm, evaluated) if "dynamic" in config.strategies else None
-    ranking = _static_ranking(config, lm, evaluated) if "static" in config.strategies else None
+    needs = [RAG_STRATEGIES.get(strategy) for strategy in config.strategies]
+    probe_read = any(entry.needs_probe for entry in needs)
+    predict_top = _probe_predictor(config, lm, evaluated) if probe_read else None
+    ranking = _static_ranking(config, lm, evaluated) if any(entry.needs_static for entry in needs) else None
     run = RunDir(out)
     start_run(run, "rag", config, lm, {"data": config.data or "synthetic", "prompt": task.prompt(hotpot)["user"],
                                        **grid.manifest(), "static_scored_heads": len(ranking) if ranking else None,
-                                       "probe_questions_checked": "dynamic" in config.strategies})
+                                       "probe_questions_checked": probe_read})
     settings = config.settings()
 
     def record(sample, strategy: str, k: int | None) -> dict:
-        used_k = min(k, len(ranking)) if strategy == "static" and k else k  # only scored static heads, never filler
+        # only scored static heads, never filler
+        used_k = min(k, len(ranking)) if RAG_STRATEGIES.get(strategy).needs_static and k else k
         selector = HeadSelector(strategy, k=used_k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
                                 rng=derive_seed(config.seed, sample.sample_id, strategy, k),
                                 static_ranking=ranking, predict_top=predict_top)

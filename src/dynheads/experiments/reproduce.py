@@ -30,8 +30,9 @@ from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir
+from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
-from dynheads.tasks.registry import HOTPOTQA, task_of
+from dynheads.tasks.registry import task_of
 
 PRESET_FOLDER = Path(__file__).resolve().parent.parent / "presets"
 SHARED_TABLES = {stages.HOTPOTQA_CCA: stages.CCA, stages.HOTPOTQA_PROBE: stages.PROBE}  # read the same table
@@ -41,7 +42,13 @@ def load_preset(name: str) -> dict:
     """``presets/<name>.toml``: one table of settings per stage (keyed like the stage's config), plus
     ``qa_source`` (questions when no HotpotQA file is given) and, for ``paper``, ``sources``."""
     with (PRESET_FOLDER / f"{name}.toml").open("rb") as file:
-        return tomllib.load(file)
+        preset = tomllib.load(file)
+    # every table names a registered stage (``stages.STAGES``): a misspelt one would silently set nothing
+    def tables(mapping: dict) -> list[str]:
+        return [key for key, value in mapping.items() if isinstance(value, dict)]
+
+    stages.STAGES.check([key for key in tables(preset) if key != "sources"] + tables(preset.get("sources", {})))
+    return preset
 
 
 # smoke: seconds, any model (the test suite's); quick: a 2-core CPU in minutes; standard: every verdict at the
@@ -68,6 +75,7 @@ class _Stages:
     def run(self, name: str, fn: Callable[[], object]) -> None:
         """Run ``fn`` unless logged; a stage this model cannot support (a ``DynheadsError``, e.g. constant head
         scores for CCA) is logged with its reason, which the report shows, and the study goes on."""
+        stages.STAGES.check([name])  # a stage the report could not find is refused before it runs
         if name in self.log:
             return
         print(f"[reproduce] {name}", flush=True)

@@ -15,10 +15,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
-from dynheads.rag.strategies import PAPER_STRATEGIES, STRATEGIES
+from dynheads.kv_policies import KV_POLICIES
+from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.tasks.questions import QuestionStream
@@ -140,10 +142,11 @@ class AblationGrid(NiahGrid, QaGrid, ModelSettings):
 @dataclass(frozen=True)
 class AblationFields(AblationGrid):
     strategies: tuple[str, ...] = setting(("dynamic", "static", "random"),
-                                          "dynamic,static,random,fixed; none (no masking) always runs too")
+                                          f"some of {ABLATION_STRATEGIES.choices(',')} (none, no masking, always "
+                                          "runs too)")
     heads: tuple[str, ...] = setting((), "heads the fixed strategy masks at every step, e.g. 12-3,4-1")
-    matching: str = setting("per_step", "static/random head count: per_step = |D_t| of each step's clean pass of "
-                                        "the control run; mean = the dynamic run's mean |D_t|, rounded (the paper's)")
+    matching: str = setting("per_step", "static/random head count: " + "; ".join(
+        f"{entry.name} = {entry.help}" for entry in MATCHINGS) + " (mean: the paper's)")
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ class ProgressiveFields(AblationGrid):
 @dataclass(frozen=True)
 class KVFields(NiahGrid, ModelSettings):
     policies: tuple[str, ...] = setting(("full", "none", "static", "probe", "random", "oracle", "true"),
-                                        "some of full,none,static,probe,random,oracle,true")
+                                        f"some of {KV_POLICIES.choices(',')} or kvpress:<press>")
     budgets: tuple[float, ...] = setting((0.05, 0.1, 0.25, 0.5), "fractions of the KV heads kept whole, "
                                                                  "e.g. 0.05,0.1,0.25,0.5")
     sink: int = setting(4, "sink tokens of streaming heads (DuoAttention's code default 4; its patterns 128)")
@@ -178,7 +181,7 @@ class KVFields(NiahGrid, ModelSettings):
 class RagFields(QaGrid, ModelSettings):
     probe: str | None = setting(None, "trained probe folder, for the 'dynamic' strategy")
     static: str | None = setting(None, "static head list JSON, for the 'static' strategy")
-    strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, "some of " + ",".join(STRATEGIES))
+    strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, f"some of {RAG_STRATEGIES.choices(',')}")
     rerank_top: int = setting(2, "rerank: paragraphs shown (the top of ICR's ranking over every head); the rest "
                                  "stay hidden for the whole answer")
     ks: tuple[int, ...] = setting((5,), "heads per retrieval, e.g. 5,10,20 (paper: 5, 10, 20)")

@@ -10,8 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dynheads import distributed
-from dynheads.batching import trace_batch
-from dynheads.decoding import check_fits
+from dynheads.decoding import check_fits, trace_batch
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.tasks.registry import Task, get_task

@@ -10,16 +10,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from dynheads.ablation_strategies import ABLATION_STRATEGIES, panel_order
 from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path
 
-PANEL_TITLES = {  # strategy -> panel title, in panel order (the un-ablated baseline last)
-    "dynamic": "dynamic heads masked",
-    "static": "static heads masked",
-    "random": "random heads masked",
-    "fixed": "fixed heads masked",
-    "none": "no masking (baseline)",
-}
 METRIC_LABELS = {"accuracy": "accuracy", "rouge_l": "ROUGE-L"}
 _CMAP = matplotlib.colormaps["RdYlGn"].with_extremes(bad="white")  # red = fails, green = retrieves
 
@@ -77,17 +71,21 @@ def plot_ablation_cells(cells: pd.DataFrame, out_dir: str | Path, *, title: str 
                         metrics: Mapping[str, str] = METRIC_LABELS, opacity: bool = False) -> list[Path]:
     """Figure 2 from ``cells.csv`` (strategy, length, depth, samples and the ``metrics`` columns): one
     ``ablation-<metric>.png`` per metric. ``opacity``: cells fade with fewer samples (the HotpotQA figures)."""
-    strategies = [s for s in PANEL_TITLES if s in set(cells["strategy"])]
+    # every strategy of the cells gets a panel, its title from its registry entry (the baseline last)
+    present = set(cells["strategy"])
+    strategies = [s for s in panel_order() if s in present] + sorted(present - set(ABLATION_STRATEGIES.names()))
+    titles = {s: ABLATION_STRATEGIES.get(s).title if s in ABLATION_STRATEGIES else f"{s} heads masked"
+              for s in strategies}
 
     def pivot(strategy: str, column: str) -> pd.DataFrame:
         return cells[cells["strategy"] == strategy].pivot(index="depth", columns="length", values=column)
 
-    counts = {PANEL_TITLES[s]: pivot(s, "samples") for s in strategies} if opacity else None
+    counts = {titles[s]: pivot(s, "samples") for s in strategies} if opacity else None
     realised = (cells.dropna(subset=["depth_realised"]).groupby("depth")["depth_realised"].mean().to_dict()
                 if "depth_realised" in cells else None)
     paths = []
     for metric, label in metrics.items():
-        panels = {PANEL_TITLES[s]: pivot(s, metric) for s in strategies}
+        panels = {titles[s]: pivot(s, metric) for s in strategies}
         paths.append(plot_heatmaps(panels, Path(out_dir) / f"ablation-{metric}.png", label=label, counts=counts,
                                    title=f"{title} ({label})" if title else None, realised=realised))
     return paths

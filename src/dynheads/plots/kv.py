@@ -7,11 +7,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from dynheads.kv_policies import is_budget_free, plot_style
 from dynheads.plots.ablation import _save, plot_heatmaps
-
-# Distinct markers and dashes: policies with equal accuracy draw on top of each other.
-_STYLE = {"probe": ("C0", "o", "-"), "static": ("C1", "s", "--"), "random": ("C2", "^", ":"),
-          "oracle": ("C3", "v", "-."), "true": ("C4", "D", (0, (1, 3)))}
 
 
 def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
@@ -23,9 +20,9 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
     accuracy_ax, moved_ax = figure.subplots(1, 2)
     for index, policy in enumerate(dict.fromkeys(table["policy"])):
         rows = table[table["policy"] == policy].sort_values("kv_fraction")
-        colour, marker, dashes = _STYLE.get(policy, (f"C{5 + index % 5}", "P", "-"))
-        if policy in ("full", "none"):
-            colour, marker, dashes = "k", "*" if policy == "full" else "X", "none"
+        # from the policy's registry entry: distinct markers and dashes, as equal accuracies draw on top of each other
+        style = plot_style(policy, index)
+        colour, marker, dashes = style.colour, style.marker, style.dashes
         x, accuracy = rows["kv_fraction"].to_numpy(), rows["accuracy"].to_numpy()
         errors = [accuracy - rows["accuracy_low"].to_numpy(), rows["accuracy_high"].to_numpy() - accuracy]
         accuracy_ax.errorbar(x, accuracy, yerr=errors, marker=marker, linestyle=dashes,
@@ -51,6 +48,6 @@ def plot_kv_grid(cells: pd.DataFrame, path: str | Path, *, title: str | None = N
     """One heat map (depth x context length) of accuracy per (policy, budget) of ``cells.csv``."""
     panels = {}
     for (policy, budget), rows in cells.groupby(["policy", "budget"], sort=False):
-        name = policy if policy in ("full", "none") else f"{policy} b={budget:g}"
+        name = policy if is_budget_free(policy) else f"{policy} b={budget:g}"
         panels[name] = rows.pivot(index="depth", columns="context_tokens", values="accuracy")
     return plot_heatmaps(panels, path, label="accuracy", title=title)

@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from dynheads.decoding import DecodingSession
+from dynheads.decoding import Action, DecodingSession, Emit, Row, StepPolicy, StepResult, Stop, decode, greedy
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.models import LoadedModel
+from dynheads.probe import RowEdit
 from dynheads.rag.strategies import HeadSelector
 from dynheads.rag.trigger import TriggerConfig, rind
 from dynheads.rag.windows import RetrievalConfig, retrieval_recall, select_windows
@@ -76,45 +77,26 @@ class _Answerer:
         """Roll back to the cached context, show ``visible`` context positions (None: all) and write the question
         and the answer so far after it (the next pass reads them)."""
         self.session.rollback(self.cached)
-        start, stop = self.context
-        hidden = None if visible is None else [start + i for i in np.flatnonzero(~visible)]
-        self.session.probe.set_hidden_keys(hidden, length=stop)
+        self.edit = RowEdit(hidden_keys=frozenset(self.hidden_positions(visible)))
+        self.session.probe.set_edits([self.edit])
         self.session.probe.rows_for = set(rows_for)
         self.session.write(self.question + self.answer)
+
+    def hidden_positions(self, visible: np.ndarray | None) -> list[int]:
+        """Absolute positions of the context that ``visible`` hides."""
+        return [] if visible is None else [self.context[0] + int(i) for i in np.flatnonzero(~visible)]
 
     def read(self, visible: np.ndarray | None, rows_for: set[Head] = frozenset()):
         """``show``, then one pass over the question and the answer so far."""
         self.show(visible, rows_for)
-        return self.session.forward(len(self.question) + len(self.answer))
+        return self.session.forward()
 
-    def generate(self, visible: np.ndarray | None, limit: int, *, sentence: bool) -> tuple[list[int], list, list]:
-        """Greedy tokens after the answer so far; returns tokens, entropies and last-layer rows.
-
-        ``rows[j]`` (``[H, positions]``) is the row of the query that predicted token ``j``, i.e. of the
-        position before it; when the loop ran the last token through the model (budget or EOS reached, not
-        a sentence end) one more row follows: the last token's own query, so it too receives attention.
-        """
+    def draft(self, visible: np.ndarray | None, limit: int, *, sentence: bool) -> _DraftPolicy:
+        """Show ``visible`` and give the policy that drafts up to ``limit`` greedy tokens after the answer so far
+        (``decode`` runs it, alone or batched with other answerers' drafts)."""
         last_layer = self.lm.num_layers - 1
-        rows_for = {(last_layer, h) for h in range(self.lm.num_heads)}
-
-        def last_layer_rows(result) -> torch.Tensor:
-            return torch.stack([result.stats.rows[(last_layer, h)] for h in range(self.lm.num_heads)])
-
-        self.show(visible, rows_for)
-        tokens, entropies, rows = [], [], []
-        for step in self.session.steps(limit + 1, self.stop_ids):  # step ``limit``: the pass that read the last token
-            if step.index == limit or step.stops:
-                self.finished = self.finished or step.index < limit  # a stop token within the budget
-                if tokens:  # this pass read the last token: its query row is the last one the draft gives
-                    rows.append(last_layer_rows(step.result))
-                break
-            log_probs = torch.log_softmax(step.result.logits, dim=-1)
-            entropies.append(float(-(log_probs.exp() * log_probs).sum()))
-            rows.append(last_layer_rows(step.result))
-            tokens.append(step.token)
-            if sentence and _SENTENCE_END.search(self.lm.tokenizer.decode(tokens)):
-                break
-        return tokens, entropies, rows
+        self.show(visible, {(last_layer, h) for h in range(self.lm.num_heads)})
+        return _DraftPolicy(self, limit, sentence)
 
     def received_attention(self, rows: list[torch.Tensor], first: int, count: int) -> np.ndarray:
         """``[H, T]``: for each drafted token, the largest last-layer attention it receives from a drafted query.
@@ -129,6 +111,46 @@ class _Answerer:
         return received
 
 
+class _DraftPolicy(StepPolicy):
+    """Greedy drafting of one answerer under its visibility: the tokens, their entropies and last-layer rows.
+
+    ``rows[j]`` (``[H, positions]``) is the row of the query that predicted token ``j``, i.e. of the position
+    before it; when the loop ran the last token through the model (budget or EOS reached, not a sentence end)
+    one more row follows: the last token's own query, so it too receives attention. Step ``limit`` is the pass
+    that reads the last token.
+    """
+
+    def __init__(self, answerer: _Answerer, limit: int, sentence: bool):
+        self.answerer, self.limit, self.sentence = answerer, limit, sentence
+        self.tokens: list[int] = []
+        self.entropies: list[float] = []
+        self.rows: list[torch.Tensor] = []
+        self.stopped_early = False  # a stop token within the budget: the answer is finished
+        self.steps = limit + 1
+
+    def edit(self, index: int) -> RowEdit:
+        return self.answerer.edit
+
+    def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
+        lm = self.answerer.lm
+        last_layer = lm.num_layers - 1
+        rows = torch.stack([result.stats.rows[(last_layer, h)] for h in range(lm.num_heads)])
+        action = greedy(result, self.answerer.stop_ids)
+        if index == self.limit or isinstance(action, Stop):
+            self.stopped_early = index < self.limit
+            self.answerer.finished = self.answerer.finished or self.stopped_early
+            if self.tokens:  # this pass read the last token: its query row is the last one the draft gives
+                self.rows.append(rows)
+            return Stop("end")
+        log_probs = torch.log_softmax(result.logits, dim=-1)
+        self.entropies.append(float(-(log_probs.exp() * log_probs).sum()))
+        self.rows.append(rows)
+        self.tokens.append(action.token)
+        if self.sentence and _SENTENCE_END.search(lm.tokenizer.decode(self.tokens)):
+            return Emit(action.token, stop_reason="sentence")
+        return action
+
+
 def answer_question(
     lm: LoadedModel,
     sample,
@@ -138,6 +160,44 @@ def answer_question(
 ) -> RagAnswer:
     """Answer one HotpotQA sample with in-context Dynamic RAG under ``selector``'s strategy; ``rerank`` shows the
     absolute ``[start, stop)`` windows ``shown`` (inside the context) for the whole answer."""
+    return answer_questions(lm, [sample], [selector], settings, [shown])[0]
+
+
+def answer_questions(lm: LoadedModel, samples: Sequence, selectors: Sequence[HeadSelector],
+                     settings: RagSettings = RagSettings(), shown: Sequence[Sequence[tuple[int, int]]] | None = None
+                     ) -> list[RagAnswer]:
+    """``answer_question`` for several samples (``selectors[i]`` and ``shown[i]`` for ``samples[i]``): their drafts
+    and rewrites decode as one batch (``decoding.decode``), each retrieval's read pass runs alone. ``result[i]``
+    equals ``answer_question`` of sample i up to fp32 rounding."""
+    shown = shown if shown is not None else [() for _ in samples]
+    if not len(samples) == len(selectors) == len(shown):
+        raise DynheadsError(f"{len(samples)} samples, {len(selectors)} head selectors, {len(shown)} shown windows")
+    answers: list[RagAnswer | None] = [None] * len(samples)
+    runs = [_answer(lm, sample, selector, settings, windows)
+            for sample, selector, windows in zip(samples, selectors, shown, strict=True)]
+    drafts: dict[int, _DraftPolicy] = {}
+
+    def advance(i: int, sent) -> None:
+        try:
+            drafts[i] = runs[i].send(sent)
+        except StopIteration as done:
+            answers[i] = done.value
+            drafts.pop(i, None)
+
+    for i in range(len(runs)):
+        advance(i, None)
+    while drafts:
+        batch = list(drafts.items())
+        decode([draft.answerer.session for _, draft in batch], [draft for _, draft in batch],
+               max(draft.steps for _, draft in batch))
+        for i, draft in batch:
+            advance(i, draft)
+    return answers
+
+
+def _answer(lm: LoadedModel, sample, selector: HeadSelector, settings: RagSettings,
+            shown: Sequence[tuple[int, int]]) -> Generator[_DraftPolicy, _DraftPolicy, RagAnswer]:
+    """One answer as a coroutine: it yields each draft to decode and receives it decoded."""
     context = tuple(sample.context_span)
     if not 0 < context[0] < context[1] <= len(sample.input_ids):
         raise DynheadsError(f"sample {sample.sample_id!r} has no usable context span {context}")
@@ -160,18 +220,18 @@ def answer_question(
     while not state.finished and len(state.answer) < settings.max_new_tokens:
         budget = min(settings.draft_tokens, settings.max_new_tokens - len(state.answer))
         first = context[1] + len(state.question) + len(state.answer)  # position of the first drafted token
-        draft, entropies, rows = state.generate(visible, budget, sentence=False)
-        if not draft:
+        draft = yield state.draft(visible, budget, sentence=False)
+        if not draft.tokens:
             break
         can_retrieve = selector.needs_heads and len(used_heads) < settings.max_retrievals
-        texts = [lm.tokenizer.decode([t]) for t in draft]
-        result = rind(texts, np.array(entropies), state.received_attention(rows, first, len(draft)), settings.trigger) \
-            if can_retrieve else None
+        texts = [lm.tokenizer.decode([t]) for t in draft.tokens]
+        result = rind(texts, np.array(draft.entropies), state.received_attention(draft.rows, first, len(draft.tokens)),
+                      settings.trigger) if can_retrieve else None
         if result is None or not result.triggered:
-            state.answer += draft
+            state.answer += draft.tokens
             visible = fixed if always else none_visible
             continue
-        state.answer += draft[: result.sentence_token_start]
+        state.answer += draft.tokens[: result.sentence_token_start]
         state.finished = False
         heads, scores = _retrieve(state, selector)
         retrieved = select_windows(scores, settings.retrieval, offset=context[0])
@@ -179,8 +239,8 @@ def answer_question(
         visible = retrieved.mask
         visible_counts.append(int(visible.sum()))
         used_heads.append(heads)
-        rewritten, _, _ = state.generate(visible, settings.max_new_tokens - len(state.answer), sentence=True)
-        state.answer += rewritten
+        rewrite = yield state.draft(visible, settings.max_new_tokens - len(state.answer), sentence=True)
+        state.answer += rewrite.tokens
     supporting = getattr(sample, "needle_positions", None)
     return RagAnswer(
         text=lm.tokenizer.decode(state.answer, skip_special_tokens=True),

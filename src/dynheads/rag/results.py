@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from dynheads.errors import DynheadsError
-from dynheads.rag.strategies import STRATEGIES
+from dynheads.rag.strategies import RAG_STRATEGIES
 from dynheads.runs import RunDir
 
 
@@ -24,7 +24,7 @@ def rag_table(run: RunDir) -> pd.DataFrame:
         "visible_tokens": float(np.mean(r["visible_tokens"])) if r["visible_tokens"] else np.nan,
         "context_tokens": r["context_tokens"],
     } for r in records])
-    order = {name: i for i, name in enumerate(STRATEGIES)}
+    order = {name: i for i, name in enumerate(RAG_STRATEGIES.names())}  # registration order
     table = frame.groupby(["strategy", "k"], sort=False).agg(
         questions=("em", "size"), em=("em", "mean"), f1=("f1", "mean"),
         retrieval_recall=("retrieval_recall", "mean"), retrievals=("retrievals", "mean"),

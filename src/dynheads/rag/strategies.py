@@ -1,4 +1,5 @@
-"""Which heads locate the context at each retrieval: the strategies compared in the paper's Table 4.
+"""Which heads locate the context at each retrieval: the strategies compared in the paper's Table 4, as the registry
+``RAG_STRATEGIES``.
 
 - ``dynamic``: the probe's top-k heads predicted from this step's final hidden state (any callable);
 - ``static``: the top k of a fixed ranking (e.g. the static retrieval heads);
@@ -8,6 +9,11 @@
 - ``rerank`` (re-rank, then answer): the context's paragraphs are ranked once by in-context re-ranking
   (``dynheads.rag.rerank``, every head) and only the top ones stay visible for the whole answer; no retrieval step.
 
+A ``RagStrategy`` entry holds ``select(selector, hidden)`` (the k heads of one retrieval; None for a strategy
+that never retrieves), ``start(selector)`` (checks and draws made once per answer), what it needs (a static
+ranking, the probe) and whether the paper compares it. ``HeadSelector``, the RAG run's jobs and checks and
+``--strategies``' help read the entries.
+
 Make one :class:`HeadSelector` per answer: random draws come from its seeded generator, so an answer's heads
 are reproducible from its seed.
 """
@@ -15,17 +21,15 @@ are reproducible from its seed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, get_args
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
+from dynheads.registry import Registry
 
-Strategy = Literal["dynamic", "static", "dynamic-random", "fixed-random", "none", "full-context", "rerank"]
-STRATEGIES: tuple[str, ...] = get_args(Strategy)
-PAPER_STRATEGIES = STRATEGIES[:-1]  # the paper's Table 4 (what a RAG run compares unless told otherwise)
-HEAD_STRATEGIES = frozenset({"dynamic", "static", "dynamic-random", "fixed-random"})
 # predict_top(hidden [d_model], k) -> the k heads with the highest predicted retrieval score, best first.
 HeadPredictor = Callable[[Any, int], Sequence[Head]]
 
@@ -36,12 +40,28 @@ def random_heads(k: int, num_layers: int, num_heads: int, rng: np.random.Generat
     return sorted((int(i) // num_heads, int(i) % num_heads) for i in flat)
 
 
+@dataclass(frozen=True)
+class RagStrategy:
+    select: Callable[[HeadSelector, Any], list[Head]] | None  # (selector, hidden) -> k heads; None: never retrieves
+    start: Callable[[HeadSelector], None] | None = None  # once per answer: checks, draws kept for the whole answer
+    needs_static: bool = False  # reads the static ranking (--static FILE)
+    needs_probe: bool = False  # reads the probe's predict_top (--probe DIR)
+    paper: bool = True  # compared in the paper's Table 4 (what a RAG run compares unless told otherwise)
+
+    @property
+    def uses_heads(self) -> bool:
+        return self.select is not None
+
+
+RAG_STRATEGIES = Registry[RagStrategy]("RAG strategy")
+
+
 class HeadSelector:
     """The heads of one answer's retrievals under one strategy."""
 
     def __init__(
         self,
-        strategy: Strategy,
+        strategy: str,
         *,
         k: int,
         num_layers: int,
@@ -50,47 +70,77 @@ class HeadSelector:
         static_ranking: Sequence[Head] | None = None,
         predict_top: HeadPredictor | None = None,
     ):
-        if strategy not in STRATEGIES:
-            raise DynheadsError(f"unknown strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
-        if strategy in HEAD_STRATEGIES and not 1 <= k <= num_layers * num_heads:
+        self.entry = RAG_STRATEGIES.get(strategy)  # an unknown name is the registry's one-line error
+        if self.entry.uses_heads and not 1 <= k <= num_layers * num_heads:
             raise DynheadsError(f"k={k} heads asked, but the model has {num_layers * num_heads} heads")
         self.strategy, self.k, self.num_layers, self.num_heads = strategy, k, num_layers, num_heads
         self.predict_top = predict_top
         self.rng = np.random.default_rng(rng)  # a Generator passed in is used as is
-        self.static: list[Head] | None = None
-        self.fixed: list[Head] | None = None
-        if strategy == "static":
-            if static_ranking is None or len(static_ranking) < k:
-                raise DynheadsError(f"strategy 'static' needs a ranking of at least k={k} heads")
-            self.static = self._checked(static_ranking[:k], "static ranking")
-        elif strategy == "dynamic" and predict_top is None:
-            raise DynheadsError("strategy 'dynamic' needs predict_top(hidden, k), e.g. the trained MLP probe")
-        elif strategy == "fixed-random":
-            self.fixed = random_heads(k, num_layers, num_heads, self.rng)
+        self.static_ranking = static_ranking
+        self.heads: list[Head] | None = None  # heads chosen once for the whole answer (static, fixed-random)
+        if self.entry.start is not None:
+            self.entry.start(self)
 
     @property
     def needs_heads(self) -> bool:
         """False for ``none`` and ``full-context``, which never retrieve."""
-        return self.strategy in HEAD_STRATEGIES
+        return self.entry.uses_heads
 
     def select(self, hidden: Any = None) -> list[Head]:
         """The k heads for this retrieval; ``hidden`` (the step's final hidden state) is used by ``dynamic`` only."""
-        match self.strategy:
-            case "dynamic":
-                if hidden is None:
-                    raise DynheadsError("strategy 'dynamic' needs the step's hidden state to predict its heads")
-                return self._checked(self.predict_top(hidden, self.k), "predict_top")
-            case "static":
-                return list(self.static)
-            case "dynamic-random":
-                return random_heads(self.k, self.num_layers, self.num_heads, self.rng)
-            case "fixed-random":
-                return list(self.fixed)
-        raise DynheadsError(f"strategy {self.strategy!r} uses no heads: it never retrieves")
+        if self.entry.select is None:
+            raise DynheadsError(f"strategy {self.strategy!r} uses no heads: it never retrieves")
+        return self.entry.select(self, hidden)
 
-    def _checked(self, heads: Sequence[Head], source: str) -> list[Head]:
+    def checked(self, heads: Sequence[Head], source: str) -> list[Head]:
+        """``heads`` as k distinct valid heads, or a one-line error naming ``source``."""
         heads = [(int(layer), int(head)) for layer, head in heads]
         if len(heads) != self.k or len(set(heads)) != self.k:
             raise DynheadsError(f"{source} must give {self.k} distinct heads, got {heads}")
         check_heads(heads, self.num_layers, self.num_heads, source)
         return heads
+
+
+# ---- the built-in strategies ----------------------------------------------------------------------------------------
+def _need_predictor(selector: HeadSelector) -> None:
+    if selector.predict_top is None:
+        raise DynheadsError(f"strategy {selector.strategy!r} needs predict_top(hidden, k), e.g. the trained MLP probe")
+
+
+def _predicted(selector: HeadSelector, hidden: Any) -> list[Head]:
+    if hidden is None:
+        raise DynheadsError(f"strategy {selector.strategy!r} needs the step's hidden state to predict its heads")
+    return selector.checked(selector.predict_top(hidden, selector.k), "predict_top")
+
+
+def _top_of_ranking(selector: HeadSelector) -> None:
+    ranking, k = selector.static_ranking, selector.k
+    if ranking is None or len(ranking) < k:
+        raise DynheadsError(f"strategy {selector.strategy!r} needs a ranking of at least k={k} heads")
+    selector.heads = selector.checked(ranking[:k], "static ranking")
+
+
+def _draw_once(selector: HeadSelector) -> None:
+    selector.heads = random_heads(selector.k, selector.num_layers, selector.num_heads, selector.rng)
+
+
+def _chosen(selector: HeadSelector, hidden: Any) -> list[Head]:
+    return list(selector.heads)
+
+
+def _drawn(selector: HeadSelector, hidden: Any) -> list[Head]:
+    return random_heads(selector.k, selector.num_layers, selector.num_heads, selector.rng)
+
+
+RAG_STRATEGIES.register("dynamic", RagStrategy(_predicted, _need_predictor, needs_probe=True),
+                        help="the probe's top-k heads, predicted from each retrieval step's hidden state")
+RAG_STRATEGIES.register("static", RagStrategy(_chosen, _top_of_ranking, needs_static=True),
+                        help="the top k heads of the static list, at every retrieval")
+RAG_STRATEGIES.register("dynamic-random", RagStrategy(_drawn), help="k heads drawn anew at every retrieval")
+RAG_STRATEGIES.register("fixed-random", RagStrategy(_chosen, _draw_once),
+                        help="k heads drawn once, for the whole answer")
+RAG_STRATEGIES.register("none", RagStrategy(None), help="w/o RAG: the context stays hidden")
+RAG_STRATEGIES.register("full-context", RagStrategy(None), help="the context is always visible")
+RAG_STRATEGIES.register("rerank", RagStrategy(None, paper=False),
+                        help="in-context re-ranking once; the top paragraphs stay visible for the whole answer")
+PAPER_STRATEGIES = tuple(entry.name for entry in RAG_STRATEGIES if entry.value.paper)  # the built-in default

@@ -63,13 +63,15 @@ from dynheads.tables import (
     to_html,
     to_markdown,
 )
-from dynheads.tasks.registry import HOTPOTQA, NIAH, Task, task_of_manifest
+from dynheads.tasks.hotpotqa import HOTPOTQA
+from dynheads.tasks.niah import NIAH
+from dynheads.tasks.registry import Task, task_of_manifest
 
 STAGE_NOT_RUN = "stage not run"
 COLLAPSE_ROWS = 8  # HTML: a longer table (CCA per offset x method, say) opens on a click
 MAX_FIGURES = 8  # per stage folder: Figure 1 alone can have one heat map per sample
 READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, DynheadsError)
-ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one cells.csv has decides Claim 2
+ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one the stage measured decides Claim 2
 SETTING_KEYS = ("kind", "score", "task", "threshold", "ks", "static_file", "epochs_run", "train_seconds", "seed")
 RAG_STRATEGIES = {"dynamic": "Dynamic", "static": "Static", "dynamic-random": "Dynamic Random",
                   "fixed-random": "Fixed Random", "none": "w/o RAG"}

@@ -41,7 +41,7 @@ from dynheads.analysis.evidence import (
     paired_difference,
 )
 from dynheads.paper import ENTROPY_BASELINE
-from dynheads.tasks.registry import HOTPOTQA
+from dynheads.tasks.hotpotqa import HOTPOTQA
 
 CONTAINMENT_MAX = 0.8
 MATCHED_JACCARD_MAX = 0.5

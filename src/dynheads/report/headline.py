@@ -25,7 +25,7 @@ from dynheads.paper import (
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
 from dynheads.stages import ABLATION, CCA, DYNAMISM, HOTPOTQA_ABLATION, HOTPOTQA_CCA, HOTPOTQA_DYNAMISM
-from dynheads.tasks.registry import NIAH
+from dynheads.tasks.niah import NIAH
 
 NOT_STATED = "not stated"
 MAX_ROWS = 4  # rows of a card (more when a verdict tests more effects)

@@ -37,7 +37,7 @@ def step_view(run_dir: str | Path, label: str, score: ScoreKind, *, threshold: s
     chosen = _spread(records, max_samples)
     samples = [_sample(record, run.load_trace(record["sample_id"]), score, threshold, max_steps, max_heads)
                for record in chosen]
-    return {"label": label, "score": score, "threshold": str(threshold) if score == "reasoning" else None,
+    return {"label": label, "score": score, "threshold": None if ScoreSpec(score).score.binary else str(threshold),
             "total_samples": len(records), "samples": samples}
 
 
@@ -52,8 +52,9 @@ def _sample(record: dict, trace: Trace, score: ScoreKind, threshold: str | float
             max_heads: int) -> dict[str, Any]:
     layers, heads = trace.shape
     # NaN scores (an empty Eq. 2 denominator) are never active
-    active = ScoreSpec(score, str(threshold)).active(trace.copy_scores, trace.reasoning_scores, trace.chance)
-    values = np.nan_to_num(trace.max_prob if score == "copy" else trace.reasoning_scores)
+    spec = ScoreSpec(score, str(threshold))
+    active = spec.active(trace.scores, trace.chance)
+    values = np.nan_to_num(trace.max_prob if spec.score.binary else spec.trace_scores(trace.scores))
     steps = []
     for step in range(min(trace.num_steps, max_steps)):
         found = np.argwhere(active[step])  # [n, 2] (layer, head)

@@ -1,4 +1,5 @@
-"""HotpotQA (Yang et al. 2018) for the paper's Section 4: records, loaders, prompts, and the official metrics.
+"""HotpotQA (Yang et al. 2018) for the paper's Section 4: records, loaders, prompts and its task entry (the official
+metrics, shared by every QA task, are in ``dynheads.tasks.qa_metrics``).
 
 Records follow the official schema (``_id``, question, answer, supporting_facts ``[[title, sent_idx]]``,
 context ``[[title, [sentences]]]``, type, level). ``load_hotpotqa`` reads the official JSON, the Hugging
@@ -27,9 +28,6 @@ import importlib
 import importlib.util
 import json
 import random
-import re
-import string
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +38,17 @@ from transformers import PreTrainedTokenizerBase
 from dynheads.errors import DynheadsError
 from dynheads.packaged import describe, packaged_file
 from dynheads.seeding import derive_seed
-from dynheads.tasks.prompting import RenderedPrompt, locate, marked_spans, render_chat, token_span
+from dynheads.tasks import qa_metrics
+from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
+from dynheads.tasks.prompting import (
+    RenderedPrompt,
+    chat_template_kwargs,
+    locate,
+    marked_spans,
+    render_chat,
+    token_span,
+)
+from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample, build_sample
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Answer with a short phrase."
@@ -513,51 +521,46 @@ def _sentence_offsets(title: str, context: tuple[Paragraph, ...], index: int) ->
     return start, start + len(sentence.strip())
 
 
-# ---- metrics (the official hotpot_evaluate_v1.py, answer part) ----------------------------------------
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
-_YES_NO = re.compile(r"(yes|no)\b[,.!;:]", re.IGNORECASE)
-_PUNCTUATION = frozenset(string.punctuation)  # ASCII only, as in the official script
-
-
-def normalize_answer(text: str) -> str:
-    """Lower case, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace (official)."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
+# ---- the task: its grid and its registry entry -------------------------------------------------------------------
+def load_records(config: Any) -> list[HotpotRecord]:
+    """The whole HotpotQA source (the synthetic set is generated up to the end of the config's stream)."""
+    if config.data:
+        return load_hotpotqa(config.data)
+    return synthetic_hotpotqa(question_stream(config).stop, config.seed)
 
 
-def exact_match(prediction: str, ground_truth: str) -> float:
-    return float(normalize_answer(prediction) == normalize_answer(ground_truth))
+def hotpotqa_grid(config: Any, tokenizer) -> TaskGrid:
+    """Question i of the stream goes to grid cell i mod (lengths x depths), so every cell gets questions of every
+    type. A question whose gold paragraphs exceed its cell's length is skipped and counted, never fatal."""
+    cells = grid_cells(config)
+    stream = question_stream(config)
+    template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
+    records = load_records(config)
+    chosen = stream.take(records, config.data or "the synthetic set")
+    pool = paragraph_pool(records)
+    samples, skipped = [], []
+    for index, record in enumerate(chosen, start=stream.first):
+        length, depth = cells[index % len(cells)]
+        try:
+            samples.append(make_sample(
+                tokenizer, record, context_tokens=length, depth=depth,
+                seed=derive_seed(config.seed, record.id, length, depth), distractors=pool,
+                sample_id=f"q{index:04d}-len{length}-depth{depth:g}", chat_template_kwargs=template_kwargs))
+        except GoldTooLong as error:
+            skipped.append({"record_id": record.id, "length": length, "depth": depth, "reason": error.reason})
+    if not samples:
+        raise DynheadsError(f"all {len(chosen)} (question, cell) pairs were skipped ({skipped[0]['reason']}): "
+                            "use longer --lengths or other questions")
+    return TaskGrid(samples, stream, [record.id for record in chosen], skipped, describe_source(config.data))
 
 
-def f1(prediction: str, ground_truth: str) -> dict[str, float]:
-    """Token F1 on normalised answers; 0 when either side is yes/no/noanswer and they differ (official)."""
-    pred, truth = normalize_answer(prediction), normalize_answer(ground_truth)
-    zero = {"f1": 0.0, "precision": 0.0, "recall": 0.0}
-    if (pred in ("yes", "no", "noanswer") or truth in ("yes", "no", "noanswer")) and pred != truth:
-        return zero
-    pred_tokens, truth_tokens = pred.split(), truth.split()
-    same = sum((Counter(pred_tokens) & Counter(truth_tokens)).values())
-    if same == 0:  # also when both are empty: the official script gives F1 0 there (and EM 1)
-        return zero
-    precision, recall = same / len(pred_tokens), same / len(truth_tokens)
-    return {"f1": 2 * precision * recall / (precision + recall), "precision": precision, "recall": recall}
+def prompt_manifest(config: Any) -> dict:
+    return {"system": SYSTEM_PROMPT, "user": USER_TEMPLATE, "paragraph": PARAGRAPH_TEMPLATE,
+            "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
 
 
-def extract_answer(generation: str) -> str:
-    """The generation's first non-empty line up to its first sentence end (". ", "! ", "? ").
-
-    A leading "Yes," / "No." keeps only that word: otherwise the yes/no rule of ``f1`` zeroes a right answer
-    followed by an explanation.
-    """
-    lines = [line.strip() for line in generation.splitlines() if line.strip()]
-    first = _SENTENCE_END.split(lines[0], maxsplit=1)[0] if lines else ""
-    yes_no = _YES_NO.match(first)
-    return yes_no.group(1) if yes_no else first
-
-
-def score(answer: str, generated: str, *, extract: bool = True) -> dict[str, float]:
-    """EM, F1, precision and recall of the generation (its first sentence unless ``extract=False``)."""
-    prediction = extract_answer(generated) if extract else generated
-    return {"em": exact_match(prediction, answer), **f1(prediction, answer)}
+HOTPOTQA = register(Task(
+    name="hotpotqa", label="HotpotQA", score_kind="reasoning", static_kind="reasoning", metrics=qa_metrics.QA_METRICS,
+    score=lambda sample, text: qa_metrics.score(sample.answer, text), grid=hotpotqa_grid, prompt=prompt_manifest,
+    questions=True, fade_sparse_cells=True,
+    help="HotpotQA questions over gold and distractor paragraphs (Eq. 2, Section 4)"))

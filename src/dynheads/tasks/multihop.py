@@ -26,17 +26,19 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import product
-from typing import Literal
+from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
-from dynheads.tasks import candidates, hotpotqa
+from dynheads.tasks import candidates, hotpotqa, qa_metrics
+from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.niah import _haystack_of_length, _sentence_end_before, load_haystack
-from dynheads.tasks.prompting import locate, marked_spans, render_chat, token_span
+from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
+from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample
 
 SOURCE = "multihop"  # the ``data`` value that selects this task wherever HotpotQA questions are read
@@ -296,16 +298,50 @@ def extract_answer(generated: str) -> str:
     Small chat models answer "The magic word for Tashkin is 482913." however they are told; the official EM
     would call that wrong, so the restatement (never the value) is dropped before EM/F1.
     """
-    first = hotpotqa.extract_answer(generated)
+    first = qa_metrics.extract_answer(generated)
     return _ECHO.sub("", first).strip().strip("\"'`*").strip()
 
 
 def score(answer: str, generated: str, candidates_in_context: list[str] | None = None) -> dict[str, float]:
-    """Official EM/F1 (``hotpotqa``'s normalisation) of ``extract_answer``, and accuracy: the value appears verbatim;
+    """Official EM/F1 (``qa_metrics``' normalisation) of ``extract_answer``, and accuracy: the value appears verbatim;
     with the sample's candidates, ``distractor``: the answer is another value fact's value."""
     prediction = extract_answer(generated)
-    scores = {**hotpotqa.score(answer, prediction, extract=False), "accuracy": float(answer in generated)}
+    scores = {**qa_metrics.score(answer, prediction, extract=False), "accuracy": float(answer in generated)}
     if candidates_in_context:
         scores["distractor"] = candidates.is_distractor(prediction, answer, candidates_in_context,
-                                                        hotpotqa.normalize_answer)
+                                                        qa_metrics.normalize_answer)
     return scores
+
+
+# ---- the task: its grid and its registry entry -------------------------------------------------------------------
+def multihop_grid(config: Any, tokenizer) -> TaskGrid:
+    """Generated questions over the same cells as HotpotQA's grid; question i of the stream is seeded by i."""
+    grid_cells(config)
+    stream = question_stream(config)
+    form = parse_source(config.data or SOURCE)
+    samples = grid_samples(tokenizer, questions=stream.count, first=stream.first, lengths=config.lengths,
+                           depths=config.depths, seed=config.seed, form=form,
+                           chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs))
+    return TaskGrid(samples, stream, [sample.record_id for sample in samples])
+
+
+def prompt_manifest(config: Any) -> dict:
+    data = config.data or SOURCE
+    form = parse_source(data)
+    return {"system": SYSTEM_PROMPT, "user": USER_TEMPLATE, "data": data, "form": asdict(form), "label": form.label}
+
+
+def _score(sample: Sample, text: str) -> dict[str, float]:
+    return score(sample.answer, text, sample.meta.get("candidates"))
+
+
+MULTIHOP_NAME, KV_LOOKUP_NAME = "multihop", "kv_lookup"
+MULTIHOP = register(Task(
+    name=MULTIHOP_NAME, label="Multi-hop", score_kind="reasoning", static_kind="reasoning",
+    metrics=qa_metrics.QA_METRICS, score=_score, grid=multihop_grid, prompt=prompt_manifest, paper_task="hotpotqa",
+    questions=True, fade_sparse_cells=True,
+    help="synthetic two-hop key-value chains (multihop:hops=2), standing for HotpotQA on small models"))
+KV_LOOKUP = register(Task(  # the multihop task's one-hop form (multihop:hops=1, its default)
+    name=KV_LOOKUP_NAME, label="Key-value lookup", score_kind="reasoning", static_kind="reasoning",
+    metrics=qa_metrics.QA_METRICS, score=_score, grid=multihop_grid, prompt=prompt_manifest, paper_task="hotpotqa",
+    questions=True, fade_sparse_cells=True, help="the multihop task's one-hop form: one key-value retrieval"))

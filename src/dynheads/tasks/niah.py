@@ -23,14 +23,19 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import product
 from pathlib import Path
+from typing import Any
 
 from rouge_score import rouge_scorer
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
 from dynheads.models import cache_root
-from dynheads.tasks.prompting import check_span_keeps, locate, render_chat, token_span
+from dynheads.seeding import derive_seed
+from dynheads.tasks.grid import TaskGrid
+from dynheads.tasks.prompting import chat_template_kwargs, check_span_keeps, locate, render_chat, token_span
+from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample, build_sample
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
@@ -226,3 +231,32 @@ def score(answer: str, generated: str) -> dict[str, float]:
         "rouge_l": scores["rougeL"].fmeasure,
         "rouge1_recall": scores["rouge1"].recall,
     }
+
+
+# ---- the task: its grid and its registry entry -------------------------------------------------------------------
+def niah_grid(config: Any, tokenizer) -> TaskGrid:
+    """The NIAH grid, seeded per (split, length, depth, run) so any subset is reproducible (runs vary fastest)."""
+    if not config.lengths or not config.depths or config.runs < 1:
+        raise DynheadsError("the NIAH grid is empty: give at least one length, one depth and runs >= 1")
+    template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
+    samples = []
+    for length, depth, run in product(config.lengths, config.depths, range(config.runs)):
+        seed = derive_seed(config.seed, config.split, length, depth, run)
+        samples.append(make_sample(tokenizer, context_tokens=length, depth=depth, seed=seed,
+                                   haystack=config.haystack,
+                                   sample_id=f"{config.split}-len{length}-depth{depth:g}-run{run}",
+                                   distractor_depth=config.distractor_depth, distractor_prefix=config.distractor_prefix,
+                                   chat_template_kwargs=template_kwargs))
+    return TaskGrid(samples)
+
+
+def prompt_manifest(config: Any) -> dict:
+    return {"system": SYSTEM_PROMPT, "user": USER_TEMPLATE, "needle": NEEDLE_TEMPLATE, "question": QUESTION,
+            "distractor": DISTRACTOR_TEMPLATE}
+
+
+NIAH = register(Task(
+    name="niah", label="NIAH", score_kind="copy", static_kind="copy",
+    metrics={"accuracy": "accuracy", "rouge_l": "ROUGE-L"},
+    score=lambda sample, text: score(sample.answer, text), grid=niah_grid, prompt=prompt_manifest,
+    help="needle in a haystack: copy a UUID from a long essay (Eq. 1, Section 3)"))

@@ -33,18 +33,21 @@ from __future__ import annotations
 import random
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from itertools import product
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates as cand
-from dynheads.tasks import hotpotqa
+from dynheads.tasks import hotpotqa, qa_metrics
+from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.multihop import _NOUNS
-from dynheads.tasks.prompting import locate, marked_spans, render_chat, token_span
+from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
+from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."  # RULER's
@@ -365,7 +368,7 @@ def extract_answer(sample: Sample, generated: str) -> str:
     if sample.meta.get("form", {}).get("query") == "all":
         return " ".join(sorted(set(_VARIABLE.findall(generated))))
     match = _NUMBER.search(generated)
-    return match.group(0) if match else hotpotqa.extract_answer(generated)
+    return match.group(0) if match else qa_metrics.extract_answer(generated)
 
 
 def score(sample: Sample, generated: str) -> dict[str, float]:
@@ -377,5 +380,52 @@ def score(sample: Sample, generated: str) -> dict[str, float]:
     pool = [" ".join(sorted(c.split())) for c in sample.meta[cand.CANDIDATES]] if is_set else \
         sample.meta[cand.CANDIDATES]
     return {"string_match": string_match(sample.answer.split(), generated),
-            **hotpotqa.score(gold, prediction, extract=False),
+            **qa_metrics.score(gold, prediction, extract=False),
             "distractor": cand.is_distractor(prediction, gold, pool)}
+
+
+# ---- the task: its grid and its registry entry -------------------------------------------------------------------
+def ruler_grid(name: str, default: str | None = None):
+    """The grid builder of RULER task ``name`` (``variable_tracking`` or ``multikey_niah``): its questions over the
+    same cells as HotpotQA's grid; ``config.data`` spells the form (None: ``default``, else the task's defaults).
+    Question i of the stream is seeded by i and its fact order cycles (``gold_rank_of``)."""
+
+    def grid(config: Any, tokenizer) -> TaskGrid:
+        grid_cells(config)
+        data = config.data or default or name
+        if source_of(data) != name:
+            raise DynheadsError(f"the {name} task reads {name}[:options] data, got {data!r}")
+        stream = question_stream(config)
+        samples = grid_samples(tokenizer, data=data, questions=stream.count, first=stream.first,
+                               lengths=config.lengths, depths=config.depths, seed=config.seed,
+                               chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs))
+        return TaskGrid(samples, stream, [sample.record_id for sample in samples])
+
+    return grid
+
+
+def _prompt(name: str, default: str | None = None) -> Callable[[Any], dict]:
+    def prompt(config: Any) -> dict:
+        data = config.data or default or name
+        user = NIAH_USER if name == MK_SOURCE else (VT_ALL if parse_source(data).query == "all" else VT_VALUE)
+        return {"system": SYSTEM_PROMPT, "user": user, "data": data, "form": describe_form(data), "haystack": NOISE,
+                "metric": "RULER string match (share of the reference values in the output)"}
+    return prompt
+
+
+RULER_METRICS = {"string_match": "string match", "em": "EM", "f1": "F1"}
+VARIABLE_TRACKING = register(Task(
+    name=VT_SOURCE, label="Variable tracking", score_kind="reasoning", static_kind="reasoning",
+    metrics=RULER_METRICS, score=score, grid=ruler_grid(VT_SOURCE), prompt=_prompt(VT_SOURCE),
+    paper_task="hotpotqa", questions=True, fade_sparse_cells=True,
+    help="RULER variable tracking: follow chains of VAR assignments"))
+VT_LOOKUP_NAME, VT_LOOKUP_DATA = "vt_lookup", "variable_tracking:hops=0"
+VT_LOOKUP = register(Task(  # variable tracking with no links: one VAR statement to find, not multi-hop
+    name=VT_LOOKUP_NAME, label="Key-value lookup (VAR statements)", score_kind="reasoning", static_kind="reasoning",
+    metrics=RULER_METRICS, score=score, grid=ruler_grid(VT_SOURCE, VT_LOOKUP_DATA),
+    prompt=_prompt(VT_SOURCE, VT_LOOKUP_DATA), paper_task="hotpotqa", questions=True, fade_sparse_cells=True,
+    help="variable tracking with no links (variable_tracking:hops=0): one VAR statement to find"))
+MULTIKEY_NIAH = register(Task(
+    name=MK_SOURCE, label="Multi-key NIAH", score_kind="reasoning", static_kind="reasoning",
+    metrics=RULER_METRICS, score=score, grid=ruler_grid(MK_SOURCE), prompt=_prompt(MK_SOURCE),
+    questions=True, fade_sparse_cells=True, help="RULER multi-key NIAH: the value of one key among similar needles"))

@@ -1,0 +1,113 @@
+"""The ablation strategies (``dynheads.ablation``): which heads one decode step removes, given its D_t.
+
+Each strategy is an ``AblationStrategy`` in the registry ``ABLATION_STRATEGIES``: a ``choose(inputs)`` returning the
+heads to remove, what it needs (a static head list, ``--heads``), whether it is a matched control (it removes as
+many heads as the step's D_t, or the dynamic run's mean |D_t|: ``matching``) or the un-ablated baseline, and the
+title of its heat-map panel; ``MATCHINGS`` holds the rules for that count. The decoding loop, the grid's checks
+and run order, ``--strategies``' help and the figure read the entries. Registration order is run order
+(``none``, then ``dynamic``, which the mean-matched controls read their count from, then the rest).
+
+- ``none``: plain greedy decoding (the baseline); ``dynamic``: D_t, or its first ``max_dynamic`` heads ordered by
+  attention on the copied position (progressive ablation);
+- ``static``: the top heads of a static list; ``random``: a seeded draw at each step (both matched controls);
+- ``fixed``: one given head set (``--heads``) at every step.
+
+This module imports no torch: the CLI reads the names and help texts at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dynheads.heads import Head
+from dynheads.registry import Registry
+
+
+@dataclass(frozen=True)
+class MaskInputs:
+    """What a strategy may read when it picks the heads one step removes."""
+
+    dynamic: Sequence[Head]  # D_t of the step's clean pass, ranked (highest first)
+    count: int  # matched controls: heads to remove at this step (|D_t|, or the dynamic run's mean), at most L x H
+    max_dynamic: int | None  # progressive ablation: remove only the first k of D_t
+    static_ranking: Sequence[Head]
+    fixed_heads: Sequence[Head]
+    num_layers: int
+    num_heads: int
+    rng: np.random.Generator  # seeded per sample
+
+
+@dataclass(frozen=True)
+class AblationStrategy:
+    choose: Callable[[MaskInputs], list[Head]]
+    title: str  # its heat-map panel's title
+    matched: bool = False  # a control removing as many heads as D_t (``matching``: per step, or the mean |D_t|)
+    baseline: bool = False  # removes nothing: always run, drawn last
+    needs_static: bool = False  # reads the static head list (--static FILE)
+    needs_heads: bool = False  # reads the given head set (--heads)
+
+
+ABLATION_STRATEGIES = Registry[AblationStrategy]("ablation strategy")
+
+
+def ablation_strategy(title: str, **traits: object) -> Callable[[Callable[[MaskInputs], list[Head]]],
+                                                                 AblationStrategy]:
+    """Decorator: a ``choose`` function as an ``AblationStrategy`` titled ``title``, with ``traits``."""
+    return lambda choose: AblationStrategy(choose, title, **traits)
+
+
+@dataclass(frozen=True)
+class Matching:
+    """How many heads a matched control removes at one step."""
+
+    count: Callable[[Sequence[Head], int | None], int]  # (the step's D_t, the given count) -> heads to remove
+    given_count: bool  # reads a count fixed per sample (the dynamic run's mean |D_t|): that run goes first
+
+
+MATCHINGS = Registry[Matching]("matching")
+MATCHINGS.register("per_step", Matching(lambda dynamic, given: len(dynamic), given_count=False),
+                   help="|D_t| of each step's clean pass of the control run")
+MATCHINGS.register("mean", Matching(lambda dynamic, given: int(given), given_count=True),
+                   help="the dynamic run's mean |D_t|, rounded")
+
+
+def panel_order() -> list[str]:
+    """Strategies in heat-map panel order: registration order, the baselines last."""
+    entries = list(ABLATION_STRATEGIES)
+    return [e.name for e in entries if not e.value.baseline] + [e.name for e in entries if e.value.baseline]
+
+
+@ABLATION_STRATEGIES.register("none", help="no masking: plain greedy decoding (always run, the baseline)")
+@ablation_strategy("no masking (baseline)", baseline=True)
+def _none(inputs: MaskInputs) -> list[Head]:
+    return []
+
+
+@ABLATION_STRATEGIES.register("dynamic", help="mask D_t, each step's dynamic heads (progressive: the first k)")
+@ablation_strategy("dynamic heads masked")
+def _dynamic(inputs: MaskInputs) -> list[Head]:
+    return list(inputs.dynamic if inputs.max_dynamic is None else inputs.dynamic[: inputs.max_dynamic])
+
+
+@ABLATION_STRATEGIES.register("static", help="mask the top heads of a static list, as many as D_t")
+@ablation_strategy("static heads masked", matched=True, needs_static=True)
+def _static(inputs: MaskInputs) -> list[Head]:
+    return list(inputs.static_ranking[: inputs.count])
+
+
+@ABLATION_STRATEGIES.register("random", help="mask heads drawn at each step, as many as D_t")
+@ablation_strategy("random heads masked", matched=True)
+def _random(inputs: MaskInputs) -> list[Head]:
+    if inputs.count == 0:  # no draw: the generator's stream stays as it was
+        return []
+    flat = inputs.rng.choice(inputs.num_layers * inputs.num_heads, size=inputs.count, replace=False)
+    return [(int(i) // inputs.num_heads, int(i) % inputs.num_heads) for i in sorted(flat)]
+
+
+@ABLATION_STRATEGIES.register("fixed", help="mask one given head set at every step (--heads)")
+@ablation_strategy("fixed heads masked", needs_heads=True)
+def _fixed(inputs: MaskInputs) -> list[Head]:
+    return list(inputs.fixed_heads)

@@ -1,0 +1,89 @@
+"""Every command checks its inputs before it loads a model: a corrupt or wrong file or folder, or a value out of
+range, is one line ``error: ...`` naming it, exit code 2, never a traceback (``dynheads.cli.checks``).
+
+``--model`` points at a folder that does not exist in every case, so a check that ran after the model load would
+fail with 'model path not found' instead of the message expected here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from cli_main import run_main
+
+NO_MODEL = ["--model", "/no/such/model"]
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Wrong inputs of every kind, by name."""
+    (tmp_path / "bad.json").write_text('{"heads": [1, 2,')
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    (tmp_path / "good.json").write_text("{}")
+    (tmp_path / "plain").mkdir()  # a folder that is no run
+    kv_run = tmp_path / "kv-run"  # a run of another stage: no traces
+    kv_run.mkdir()
+    (kv_run / "manifest.json").write_text(json.dumps({"kind": "kv", "format_version": 2}))
+    broken = tmp_path / "broken-run"
+    broken.mkdir()
+    (broken / "manifest.json").write_text("{not json")
+    (tmp_path / "untrained").mkdir()
+    return tmp_path
+
+
+CASES = [  # (command line, what the error names, what it says)
+    (["detect-apply", "{t}/bad.json", "{t}/bad.parquet"], "{t}/bad.json", "is not valid JSON"),
+    (["detect-apply", "{t}/good.json", "{t}/bad.parquet"], "{t}/bad.parquet", "is not a readable Parquet file"),
+    (["detect-apply", "{t}/good.json", "{t}/missing.parquet"], "{t}/missing.parquet", "trace not found"),
+    (["dynamism", "{t}/plain", "--static", "{t}/good.json"], "{t}/plain", "is not a dynheads run directory"),
+    (["dynamism", "{t}/kv-run", "--static", "{t}/good.json"], "{t}/kv-run", "has no traced samples yet (a 'kv' run"),
+    (["cca", "{t}/broken-run"], "{t}/broken-run/manifest.json", "is not valid JSON"),
+    (["probe", "train", "{t}/kv-run"], "{t}/kv-run", "has no traced samples yet (a 'kv' run"),
+    (["plot", "heads", "{t}/missing-run"], "{t}/missing-run", "run directory not found"),
+    (["detect", "{t}/plain"], "{t}/plain", "is not a dynheads run directory"),
+    (["detect-transfer", "{t}/broken-run", "{t}/kv-run", "--out", "{t}/out"], "{t}/broken-run", "is not valid JSON"),
+    (["report", "{t}/kv-run"], "{t}/kv-run", "is not a study folder"),
+    (["niah", *NO_MODEL, "--runs", "-1", "--out", "{t}/out"], "--runs", "runs must be at least 1, got -1"),
+    (["niah", *NO_MODEL, "--batch-size", "0", "--out", "{t}/out"], "--batch-size", "batch size must be at least 1"),
+    (["trace", "--task", "hotpotqa", *NO_MODEL, "--questions", "0", "--out", "{t}/out"], "--questions",
+     "must be at least 1"),
+    (["hotpotqa", *NO_MODEL, "--data", "{t}/missing.json", "--out", "{t}/out"], "{t}/missing.json",
+     "data file not found"),
+    (["hotpotqa", *NO_MODEL, "--data", "{t}/bad.json", "--out", "{t}/out"], "{t}/bad.json", "is not valid JSON"),
+    (["kv", *NO_MODEL, "--budgets", "0.5,1.5", "--out", "{t}/out"], "--budgets", "budget must be in (0, 1], got 1.5"),
+    (["kv", *NO_MODEL, "--out", "{t}/plain/../kv-run", "--probe", "{t}/untrained"], "{t}/untrained",
+     "is not a trained probe folder"),
+    (["rag", *NO_MODEL, "--static", "{t}/bad.json", "--out", "{t}/out"], "{t}/bad.json", "is not valid JSON"),
+    (["rag", *NO_MODEL, "--k", "-5", "--out", "{t}/out"], "--k", "must be at least 0, got -5"),
+    (["ablate", *NO_MODEL, "--out", "{t}/kv-run"], "{t}/kv-run", "already holds a 'kv' run"),
+    (["ablate", *NO_MODEL, "--out", "{t}/good.json"], "{t}/good.json", "is a file, not a folder"),
+    (["static", *NO_MODEL, "--samples", "0", "--out", "{t}/out"], "--samples", "must be at least 1"),
+    (["kv-export", *NO_MODEL, "--static", "{t}/bad.json", "--out", "{t}/out"], "{t}/bad.json", "is not valid JSON"),
+    (["kv-export", *NO_MODEL, "--static", "{t}/missing.json", "--out", "{t}/out"], "{t}/missing.json",
+     "static head list not found"),
+    (["detect", "--data", "halueval:qa", "--out", "{t}/out", "--folds", "1"], "--folds", "must be at least 2"),
+    (["rag", *NO_MODEL, "--trigger-form", "pos", "--out", "{t}/out"], "--trigger-form", "takes one of paper, dragin"),
+    (["niah", *NO_MODEL, "--chat-template-kwargs", "{{bad", "--out", "{t}/out"], "'{{bad'",
+     "chat template kwargs must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("args", "named", "says"), CASES, ids=[" ".join(case[0][:2]) for case in CASES])
+def test_a_bad_input_is_one_line_naming_it(files, capsys, monkeypatch, args, named, says):
+    result = run_main(capsys, monkeypatch, *(arg.format(t=files) for arg in args))
+    assert result.code == 2, (result.code, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert named.format(t=files) in lines[0] and says in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+    assert not (files / "out").exists()  # nothing was started
+
+
+def test_through_the_installed_entry_point_too(files):
+    result = subprocess.run([sys.executable, "-m", "dynheads", "detect-apply", str(files / "good.json"),
+                             str(files / "bad.parquet")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: trace {files / 'bad.parquet'} is not a readable Parquet file")

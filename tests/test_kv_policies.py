@@ -1,0 +1,89 @@
+"""Adding a KV policy: one registered from this test file alone runs through the decoding loop, the KV experiment
+(its jobs, checks, records and tables) and its figure, like the built-in ones."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from zoo import NoTokenizer, tiny_model
+
+from dynheads.errors import DynheadsError
+from dynheads.experiments.kv import KVConfig, run_kv
+from dynheads.experiments.settings import KVFields
+from dynheads.kv import KVSettings, kv_generate
+from dynheads.kv_policies import KV_POLICIES, PolicyInputs, plot_style, retention_policy
+from dynheads.models import LoadedModel, load_model
+from dynheads.plots import kv as kv_plots
+
+
+@pytest.fixture
+def first_layers():
+    """A static policy: the first k KV heads in layer order."""
+
+    @KV_POLICIES.register("first-layers", help="the first k KV heads in layer order")
+    @retention_policy()
+    def choose(inputs: PolicyInputs) -> list:
+        return list(inputs.every[: inputs.k])
+
+    yield "first-layers"
+    KV_POLICIES.unregister("first-layers")
+
+
+@pytest.fixture
+def needs_list():
+    KV_POLICIES.register("listed", retention_policy(needs_static=True)(lambda inputs: []), help="reads --static")
+    yield "listed"
+    KV_POLICIES.unregister("listed")
+
+
+def _prompt(seed: int = 0, length: int = 40) -> list[int]:
+    return torch.randint(3, 128, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+class _Sample:
+    def __init__(self, ids):
+        self.input_ids, self.needle_positions = ids, []
+
+
+def test_a_registered_policy_picks_the_heads_of_every_decode_step(first_layers):
+    lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
+    result = kv_generate(lm, _Sample(_prompt()), KVSettings(policy=first_layers, budget=0.5, sink=1, recent=2),
+                         max_new_tokens=4)
+    assert result.budget_heads == 3 and len(result.kv_heads) == 4  # 3 layers x 2 KV heads, half kept whole
+    assert all(heads == [(0, 0), (0, 1), (1, 0)] for heads in result.kv_heads)
+    assert result.fetched_kv == [0] * 4 and result.shortfall == 0  # not dynamic: nothing offloaded or fetched
+    assert 0 < result.kv_fraction < 1
+
+
+def test_a_registered_policy_is_offered_checked_and_styled(first_layers, needs_list):
+    config = KVConfig(policies=(first_layers, "full"), budgets=(0.5, 0.25))
+    assert config.jobs() == [("full", None), (first_layers, 0.25), (first_layers, 0.5)]  # registration order
+    assert KV_POLICIES.help(first_layers) in [entry.help for entry in KV_POLICIES]
+    assert plot_style(first_layers, 0).marker and plot_style("full", 0).colour == "k"  # nothing goes unstyled
+    with pytest.raises(DynheadsError, match="the listed KV policy needs a static head list"):
+        KVConfig(policies=(needs_list,)).jobs()
+    with pytest.raises(DynheadsError, match="the listed KV policy needs a static head list"):
+        lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
+        kv_generate(lm, _Sample(_prompt()), KVSettings(policy=needs_list), max_new_tokens=1)
+    with pytest.raises(DynheadsError, match="unknown KV policy 'sometimes': use one of full, none, static"):
+        kv_generate(lm, _Sample(_prompt()), KVSettings(policy="sometimes"), max_new_tokens=1)
+    assert "full,none,static,probe,oracle,true,random" in KVFields.__dataclass_fields__["policies"].metadata["help"]
+
+
+def test_a_registered_policy_runs_through_the_kv_experiment_and_its_figure(first_layers, tiny_model_dir, tmp_path,
+                                                                           monkeypatch):
+    drawn = []
+    save = kv_plots._save
+    monkeypatch.setattr(kv_plots, "_save", lambda figure, path: drawn.append(figure) or save(figure, path))
+    config = KVConfig(model=str(tiny_model_dir), policies=("full", first_layers), budgets=(0.5,), lengths=(120,),
+                      depths=(0.5,), runs=1, max_new_tokens=3)
+    run = run_kv(config, tmp_path / "kv", lm=load_model(tiny_model_dir), progress=False)
+    assert sorted(r["policy"] for r in run.records()) == ["first-layers", "full"]
+    table = pd.read_csv(run.path / "table.csv")
+    row = table[table["policy"] == first_layers].iloc[0]
+    assert row["budget"] == 0.5 and row["samples"] == 1 and 0 < row["kv_fraction"] < 1
+    assert row["offloaded_mb"] == 0  # a static policy drops what it evicts
+    legend = [text.get_text() for text in drawn[0].axes[0].get_legend().get_texts()]
+    assert sorted(legend) == [first_layers, "full"]  # every policy of the table is in the figure
+    assert (run.path / "plots" / "kv-accuracy.png").is_file()
