@@ -15,7 +15,6 @@ import typer
 from dynheads.cli import checks
 from dynheads.cli.app import app
 from dynheads.cli.options import ConfigFile, Opt, RunOut, config_options, with_options
-from dynheads.distributed import is_main
 from dynheads.experiments.settings import KVFields, ModelSettings
 
 
@@ -27,6 +26,7 @@ def kv(
     **settings,
 ) -> None:
     """Dynamic vs static head-level KV retention on NIAH: accuracy and KV kept per policy and budget."""
+    from dynheads.distributed import is_main
     from dynheads.experiments.kv import KVConfig, run_kv
 
     cfg = checks.checked_config(KVConfig, config, **settings)
