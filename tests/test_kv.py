@@ -251,3 +251,23 @@ def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded, monkeypatch
     assert static_row["accuracy_low"] <= static_row["accuracy"] <= static_row["accuracy_high"]
     assert frame[frame["policy"] == "full"].iloc[0]["kv_fraction"] == 1.0
     assert (run.path / "plots" / "kv-accuracy.png").is_file()
+
+
+def _comparable(records):
+    """Records without what depends on when they were made."""
+    return sorted(({k: v for k, v in r.items() if k not in ("seconds", "created", "time")} for r in records),
+                  key=lambda r: r["sample_id"])
+
+
+def test_kv_batch_size_four_equals_batch_one(tiny_model_dir, tmp_path):
+    """``dynheads kv --batch-size 4``: every policy decodes four samples as one batch; the records equal batch 1's."""
+    from dynheads.experiments.kv import run_kv
+    from dynheads.models import load_model
+
+    lm = load_model(tiny_model_dir)
+    config = KVConfig(model=str(tiny_model_dir), policies=("full", "none", "random", "true"), budgets=(0.25, 0.5),
+                      lengths=(120, 160), depths=(0.5,), runs=2, max_new_tokens=4, sink=1, recent=8)
+    one = run_kv(config, tmp_path / "b1", lm=lm, progress=False)
+    four = run_kv(config, tmp_path / "b4", lm=lm, progress=False, batch_size=4)
+    assert len(one.records()) == 4 * (2 + 2 * 2)  # 4 samples x (full, none, random and true at 2 budgets)
+    assert _comparable(four.records()) == _comparable(one.records())

@@ -14,7 +14,7 @@ import typer
 
 from dynheads.cli import checks
 from dynheads.cli.app import app
-from dynheads.cli.options import ConfigFile, Opt, RunOut, config_options, with_options
+from dynheads.cli.options import BatchSize, ConfigFile, Opt, RunOut, config_options, with_options
 from dynheads.experiments.settings import KVFields, ModelSettings
 
 
@@ -22,6 +22,7 @@ from dynheads.experiments.settings import KVFields, ModelSettings
 @with_options(config_options(KVFields))
 def kv(
     out: RunOut,
+    batch_size: BatchSize = 1,
     config: ConfigFile = None,
     **settings,
 ) -> None:
@@ -31,7 +32,8 @@ def kv(
 
     cfg = checks.checked_config(KVConfig, config, **settings)
     checks.out_dir(out, "kv")
-    run = run_kv(cfg, out)
+    checks.batch_size(batch_size)
+    run = run_kv(cfg, out, batch_size=batch_size)
     if not is_main():  # under torchrun / accelerate launch, rank 0 writes and prints the tables
         return
     typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)

@@ -31,7 +31,7 @@ import pandas as pd
 from scipy.stats import bootstrap
 
 from dynheads import distributed
-from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
+from dynheads.analysis.head_predictor import load_head_predictor
 from dynheads.analysis.headlists import load_head_list
 from dynheads.analysis.kvheads import kv_head_ranking
 from dynheads.config import pieces_of
@@ -42,10 +42,11 @@ from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import flat_index, head_key
 from dynheads.io import atomic_path, read_json, write_json
 from dynheads.kv import (
+    KVResult,
     KVSettings,
     Prefill,
     group_size,
-    kv_generate,
+    kv_generate_batch,
     kv_head_count,
     kv_token_bytes,
     num_kv_heads,
@@ -98,7 +99,7 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
     Samples are visited run by run (every cell's first sample, then every cell's second, ...), so a run stopped
     early still covers the grid. Under ``torchrun`` / ``accelerate launch`` each process decodes every policy of
     its share of the samples (``runs.run_jobs``), and rank 0 writes the tables from all records. ``batch_size``
-    records are handed to the decoder together (it decodes them one after the other for now).
+    samples decode together: each policy's rows as one batch (``kv.kv_generate_batch``; the records equal batch 1's).
     """
     jobs = config.jobs()
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
@@ -127,19 +128,36 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
         "probe_threshold": probe.threshold if probe else None,
     })
     order = sorted(range(len(samples)), key=lambda i: (i % config.runs, i))  # niah_samples: runs vary fastest
-    prefilled: dict[str, Prefill] = {}  # the full-attention prefill of the last sample, shared by its policies
+
+    def settings_of(sample: niah.NiahSample, policy: str, budget: float | None) -> KVSettings:
+        return KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
+                          static_ranking=static, probe_select=config.probe_select,
+                          seed=derive_seed(config.seed, "kv-random", sample.seed))
 
     def work(batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
-        # one record after the other for now: a batched KV decoder plugs in here, one Finished per item
+        """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
+        full-attention prefill per sample, shared by the sample's policies; kvpress presses run one by one."""
+        prefills: dict[str, Prefill] = {}
+        results: list[KVResult | None] = [None] * len(batch)
+        groups: dict[tuple[str, float | None], list[int]] = {}
+        for i, (sample, policy, budget) in enumerate(batch):
+            if is_press(policy):  # kvpress compresses its own prefill (plain attention, no probe)
+                results[i] = press_generate(lm, sample.input_ids, check_press(policy),
+                                            settings_of(sample, policy, budget), config.max_new_tokens)
+                continue
+            if sample.sample_id not in prefills:
+                prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
+            groups.setdefault((policy, budget), []).append(i)
+        for (policy, budget), rows in groups.items():
+            decoded = kv_generate_batch(lm, [prefills[batch[i][0].sample_id] for i in rows],
+                                        [settings_of(batch[i][0], policy, budget) for i in rows],
+                                        config.max_new_tokens, probe=probe,
+                                        record_probe=policy == "full" and probe is not None)
+            for i, result in zip(rows, decoded, strict=True):
+                results[i] = result
         finished = []
-        for sample, policy, budget in batch:
-            if not is_press(policy) and sample.sample_id not in prefilled:
-                prefilled.clear()
-                prefilled[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
-            settings = KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
-                                  static_ranking=static, probe_select=config.probe_select,
-                                  seed=derive_seed(config.seed, "kv-random", sample.seed))
-            record = _record(lm, sample, settings, config, probe, prefilled.get(sample.sample_id),
+        for (sample, policy, budget), result in zip(batch, results, strict=True):
+            record = _record(lm, sample, settings_of(sample, policy, budget), result,
                              record_probe=policy == "full" and probe is not None)
             record.update(grid_sample_id=sample.sample_id, budget=budget)
             finished.append(Finished(record))
@@ -148,7 +166,7 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
     run_jobs(run, [Job(f"{samples[i].sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}"),
                        (samples[i], policy, budget), group=samples[i].sample_id)
                    for i in order for policy, budget in jobs],
-             work, batch_size=batch_size, desc="kv", progress=progress, on_record=on_record)
+             work, batch_size=batch_size * len(jobs), desc="kv", progress=progress, on_record=on_record)
     if distributed.is_main():
         write_kv_tables(run)
     return run
@@ -179,13 +197,8 @@ def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
     return {"path": str(path), "run": str(run.path), "samples": fitted}
 
 
-def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, config: KVConfig,
-            probe: TrainedHeadPredictor | None, prefilled: Prefill | None, record_probe: bool) -> dict:
-    if is_press(settings.policy):  # kvpress compresses its own prefill (plain attention, no probe)
-        result = press_generate(lm, sample.input_ids, check_press(settings.policy), settings, config.max_new_tokens)
-    else:
-        result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe,
-                             prefilled=prefilled)
+def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, result: KVResult,
+            record_probe: bool) -> dict:
     token_bytes = kv_token_bytes(lm)
     dynamic = is_dynamic(settings.policy)
     steps = len(result.kv_heads)

@@ -19,7 +19,7 @@ from dynheads.experiments.hotpotqa import HotpotConfig, qa_task, refuse_static_o
 from dynheads.experiments.settings import RagFields
 from dynheads.models import LoadedModel, load_model
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
-from dynheads.rag.loop import RagSettings, answer_question
+from dynheads.rag.loop import RagAnswer, RagSettings, answer_questions
 from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import RAG_STRATEGIES, HeadSelector
 from dynheads.rag.trigger import TriggerConfig
@@ -53,7 +53,7 @@ def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
 def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
             batch_size: int = 1) -> RunDir:
     """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. ``batch_size``
-    answers are handed to the answerer together (it answers them one after the other for now)."""
+    answers decode together (``rag.loop.answer_questions``; the records equal batch 1's)."""
     jobs = _jobs(config)
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     hotpot = HotpotConfig(data=config.data, questions=config.questions, first=config.first, split=config.split,
@@ -72,31 +72,24 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
                                        "probe_questions_checked": probe_read})
     settings = config.settings()
 
-    def record(sample, strategy: str, k: int | None) -> dict:
-        # only scored static heads, never filler
-        used_k = min(k, len(ranking)) if RAG_STRATEGIES.get(strategy).needs_static and k else k
-        selector = HeadSelector(strategy, k=used_k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
-                                rng=derive_seed(config.seed, sample.sample_id, strategy, k),
-                                static_ranking=ranking, predict_top=predict_top)
-        reranked = _rerank(lm, sample, config.rerank_top) if strategy == "rerank" else {}
-        answer = answer_question(lm, sample, selector, settings, shown=reranked.get("shown", ()))
-        return {**reranked,
-            "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
-            "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
-            "type": sample.type, "generated": answer.text, "metrics": task.score(sample, answer.text),
-            "retrievals": answer.retrievals, "visible_tokens": answer.visible_tokens,
-            "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
-            "context_tokens": sample.context_span[1] - sample.context_span[0], "record_id": sample.record_id,
-            "heads_used": used_k,
-            "meta": {key: sample.meta[key] for key in (candidates.CANDIDATES, candidates.GOLD_RANK)
-                     if key in sample.meta},
-        }
+    def answer(batch: list[tuple]) -> list[Finished]:
+        """The batch's answers decoded together (``answer_questions``), one record each."""
+        selectors, shown, used = [], [], []
+        for sample, strategy, k in batch:
+            # only scored static heads, never filler
+            used_k = min(k, len(ranking)) if RAG_STRATEGIES.get(strategy).needs_static and k else k
+            selectors.append(HeadSelector(strategy, k=used_k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
+                                          rng=derive_seed(config.seed, sample.sample_id, strategy, k),
+                                          static_ranking=ranking, predict_top=predict_top))
+            used.append((used_k, _rerank(lm, sample, config.rerank_top) if strategy == "rerank" else {}))
+            shown.append(used[-1][1].get("shown", ()))
+        answers = answer_questions(lm, [item[0] for item in batch], selectors, settings, shown)
+        return [Finished(_answer_record(task, sample, strategy, k, used_k, reranked, result))
+                for (sample, strategy, k), (used_k, reranked), result in zip(batch, used, answers, strict=True)]
 
-    # one question at a time for now: the batch function is where a batched answerer plugs in
     run_jobs(run, [Job(_record_id(s.sample_id, strategy, k), (s, strategy, k))
                    for s in samples for strategy, k in jobs],
-             lambda batch: [Finished(record(*item)) for item in batch], batch_size=batch_size, desc="rag",
-             progress=progress)
+             answer, batch_size=batch_size, desc="rag", progress=progress)
     if not distributed.is_main():  # rank 0 writes the tables once every process has finished
         return run
     run.write_results()
@@ -139,6 +132,20 @@ def chance_blocks(records: list[dict]) -> list:
             f"{base['chance']:.3f} EM; always the first candidate {base['first']:.3f}, always the last "
             f"{base['last']:.3f} (dynheads.tasks.candidates).",
             Table(["strategy", "k", "questions", "EM", "wrong", "wrong = a distractor's value"], rows, missing="n/a")]
+
+
+def _answer_record(task, sample, strategy: str, k: int | None, used_k: int | None, reranked: dict,
+                   answer: RagAnswer) -> dict:
+    return {**reranked,
+            "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
+            "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
+            "type": sample.type, "generated": answer.text, "metrics": task.score(sample, answer.text),
+            "retrievals": answer.retrievals, "visible_tokens": answer.visible_tokens,
+            "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
+            "context_tokens": sample.context_span[1] - sample.context_span[0], "record_id": sample.record_id,
+            "heads_used": used_k,
+            "meta": {key: sample.meta[key] for key in (candidates.CANDIDATES, candidates.GOLD_RANK)
+                     if key in sample.meta}}
 
 
 def _rerank(lm: LoadedModel, sample, top: int) -> dict:
