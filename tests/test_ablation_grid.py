@@ -17,10 +17,17 @@ import pytest
 
 from dynheads import ablation
 from dynheads.errors import DynheadsError
-from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
+from dynheads.experiments.ablation import (
+    AblationConfig,
+    ProgressiveConfig,
+    masking_numbers,
+    run_ablation,
+    run_progressive,
+)
 from dynheads.models import load_model
 from dynheads.plots.ablation import heatmap_figure, plot_heatmaps, plot_progressive
 from dynheads.report import claims
+from dynheads.tables import read_summaries
 
 SAMPLES = ["analysis-len200-depth0-run0", "analysis-len200-depth1-run0"]
 STRATEGIES = ["none", "dynamic", "static", "random"]
@@ -192,7 +199,16 @@ def test_grid_default_matches_each_controls_own_dynamic_count(tiny_model_dir, ti
         record = records[f"analysis-len200-depth{row.depth:g}-run0-{row.strategy}"]
         assert row.mean_masked == pytest.approx(np.mean(record["masked_counts"]))
         assert row.zero_masked == int(sum(record["masked_counts"]) == 0)
-    masking = claims.masking_from_cells(cells)
+    published = read_summaries(tmp_path / "grid")["summary.md"].numbers  # what the report's verdict reads
+    from_cells = masking_numbers(cells)
+    assert published["masking"]["masked"] == pytest.approx(from_cells["masked"])
+    assert {key: value for key, value in published["masking"].items() if key != "masked"} == \
+        {key: value for key, value in from_cells.items() if key != "masked"}
+    for metric in ("accuracy", "rouge_l"):  # per sample, in one sample order, for every strategy
+        assert published["per_sample"][metric] == {strategy: [records[f"{sample}-{strategy}"]["metrics"][metric]
+                                                              for sample in sorted(SAMPLES)]
+                                                   for strategy in ("dynamic", "none", "random", "static")}
+    masking = claims.AblationMasking(**published["masking"])
     verdict = claims.irreplaceability_verdict(_per_sample({"none": 1.0, "dynamic": 0.0, "static": 0.9, "random": 0.9}),
                                               "accuracy", "NIAH", masking)
     assert verdict.status == "supported" and "compared: per_step matching; dynamic" in verdict.reason
@@ -204,13 +220,13 @@ def test_mean_matching_with_zero_count_controls_is_inconclusive():
     cells = pd.DataFrame({"matching": "mean", "strategy": ["none", "dynamic", "static", "random"],
                           "length": 500, "depth": 0.5, "accuracy": [0.8, 0.0, 0.7, 0.8], "samples": 10,
                           "mean_masked": [0.0, 0.9, 0.6, 0.6], "zero_masked": [10, 0, 4, 4]})
-    masking = claims.masking_from_cells(cells)
+    masking = claims.AblationMasking(**masking_numbers(cells))
     assert masking.masked["static"] == pytest.approx(0.6) and masking.zero_masked["random"] == 4
     verdict = claims.irreplaceability_verdict(_per_sample({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8}),
                                               "accuracy", "NIAH", masking)
     assert verdict.status == "inconclusive" and "static on 4, random on 4, dynamic on 0" in verdict.reason
     assert "mean matching" in verdict.reason
-    matched = claims.masking_from_cells(cells.assign(zero_masked=[10, 1, 1, 1], matching="per_step"))
+    matched = claims.AblationMasking(**masking_numbers(cells.assign(zero_masked=[10, 1, 1, 1], matching="per_step")))
     assert claims.irreplaceability_verdict(_per_sample({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8}),
                                            "accuracy", "NIAH", matched).status == "supported"
 

@@ -64,7 +64,7 @@ def test_a_default_shown_in_help_does_not_override_the_config_file(monkeypatch, 
 
     seen = []
 
-    def fake_run_rag(config, out):
+    def fake_run_rag(config, out, batch_size=1):
         seen.append(config)
         (tmp_path / "rag.md").write_text("table\n")
         return type("Run", (), {"path": tmp_path})()

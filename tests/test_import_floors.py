@@ -39,7 +39,8 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     ("tasks and analyses", [("dynheads.tasks",), ("dynheads.analysis",)]),
     # The attention probe: Eq. 1 / Eq. 2 inside the attention function, and masking heads.
     ("attention probe", [("dynheads.probe",)]),
-    # The greedy decoding loop that drives the probe (and its batched form); run folders (manifests, records).
+    # The greedy decoding loop that drives the probe (and its batched form); run folders (manifests, records) and
+    # the one resumable job loop that fills them.
     ("decoding and runs", [("dynheads.decoding", "dynheads.batching"), ("dynheads.runs",)]),
     # Mechanisms built on the decoding loop: per-step ablation (and its strategies), KV retention (its policies;
     # simulated, the real per-head cache and kvpress's presses beside them), head-based RAG (and its results).

@@ -220,7 +220,8 @@ def test_kv_export_help_keeps_its_brackets():
 
 
 @pytest.mark.slow
-def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded):
+def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded, monkeypatch):
+    from dynheads import distributed
     from dynheads.experiments.kv import run_kv
 
     static_run = RunDir(tmp_path / "static")  # a static list fitted on one (fake) sample of another stream
@@ -229,8 +230,13 @@ def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded):
     (tmp_path / "static" / "list.json").write_text('["18-6", "17-3", "17-4"]')
     config = KVConfig(policies=("full", "none", "static"), budgets=(0.01,), lengths=(200,), depths=(0.5,), runs=2,
                       max_new_tokens=6, static=str(tmp_path / "static" / "list.json"))
-    for shard in ((1, 2), (0, 2)):  # two shards fill one run directory
-        run = run_kv(config, tmp_path / "kv", lm=embedded, progress=False, shard=shard)
+    monkeypatch.setattr(distributed, "barrier", lambda: None)  # the two ranks run one after the other here
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (1, 0):  # two launcher ranks fill one run directory; rank 0 writes the tables from all records
+        monkeypatch.setenv("RANK", str(rank))
+        run = run_kv(config, tmp_path / "kv", lm=embedded, progress=False)
+        assert len(run.records()) == 3 * (2 - rank)  # rank 1 decodes every policy of one sample, rank 0 the other
+        assert (run.path / "table.csv").is_file() == (rank == 0)
     table = read_json(run.manifest_path)
     assert table["fit_samples"]["static"]["samples"][0]["sample_id"] == "static-x"
     assert [e["sample_id"] for e in table["evaluation_samples"]] == ["analysis-len200-depth0.5-run0",
@@ -245,3 +251,23 @@ def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded):
     assert static_row["accuracy_low"] <= static_row["accuracy"] <= static_row["accuracy_high"]
     assert frame[frame["policy"] == "full"].iloc[0]["kv_fraction"] == 1.0
     assert (run.path / "plots" / "kv-accuracy.png").is_file()
+
+
+def _comparable(records):
+    """Records without what depends on when they were made."""
+    return sorted(({k: v for k, v in r.items() if k not in ("seconds", "created", "time")} for r in records),
+                  key=lambda r: r["sample_id"])
+
+
+def test_kv_batch_size_four_equals_batch_one(tiny_model_dir, tmp_path):
+    """``dynheads kv --batch-size 4``: every policy decodes four samples as one batch; the records equal batch 1's."""
+    from dynheads.experiments.kv import run_kv
+    from dynheads.models import load_model
+
+    lm = load_model(tiny_model_dir)
+    config = KVConfig(model=str(tiny_model_dir), policies=("full", "none", "random", "true"), budgets=(0.25, 0.5),
+                      lengths=(120, 160), depths=(0.5,), runs=2, max_new_tokens=4, sink=1, recent=8)
+    one = run_kv(config, tmp_path / "b1", lm=lm, progress=False)
+    four = run_kv(config, tmp_path / "b4", lm=lm, progress=False, batch_size=4)
+    assert len(one.records()) == 4 * (2 + 2 * 2)  # 4 samples x (full, none, random and true at 2 budgets)
+    assert _comparable(four.records()) == _comparable(one.records())

@@ -117,6 +117,18 @@ def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir,
     assert again.records() == records  # the deleted answer is recomputed identically
 
 
+def test_rag_batch_size_four_equals_batch_one(tiny_lm, tiny_model_dir, tmp_path):
+    """``dynheads rag --batch-size 4``: four answers decode together; the records equal batch 1's."""
+    static = tmp_path / "static.json"
+    static.write_text(json.dumps([[layer, head] for layer in range(3) for head in range(4)]))
+    config = RagConfig(model=str(tiny_model_dir), static=str(static), strategies=("static", "none", "fixed-random"),
+                       ks=(2,), questions=3, lengths=(300,), max_new_tokens=6, draft_tokens=2, threshold=0.0)
+    one = run_rag(config, tmp_path / "b1", lm=tiny_lm, progress=False).records()
+    four = run_rag(config, tmp_path / "b4", lm=tiny_lm, progress=False, batch_size=4).records()
+    assert len(one) == 3 * 3 and any(r["retrievals"] for r in one)  # the batches mix retrieving answers
+    assert four == one
+
+
 def test_the_last_drafted_token_receives_its_own_query_attention(tiny_lm, sample):
     # RIND's attention term: every drafted token, the last one included, receives attention from the drafted
     # queries up to and including the last drafted position (the last token used to get 0 and never trigger).

@@ -19,9 +19,10 @@ from dynheads.analysis.cca import write_cca
 from dynheads.analysis.dynamism import dynamism_stats, per_sample_dynamism
 from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.analysis.headlists import save_head_scores
+from dynheads.experiments.ablation import per_sample_metric
 from dynheads.experiments.analyses import dynamism_report, plot_heads
 from dynheads.experiments.probing import metrics_table
-from dynheads.experiments.rag import rag_summary_table
+from dynheads.experiments.rag import per_question_f1, rag_summary_table
 from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_PROBE_BINARY
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
@@ -112,8 +113,10 @@ def make_reproduce_dir(root: Path) -> Path:
         for strategy, accuracy in (("none", 1.0), ("dynamic", 0.0), ("static", float(i > 0)), ("random", 1.0)):
             grid.save_sample({"sample_id": f"s{i}-{strategy}", "grid_sample_id": f"s{i}", "strategy": strategy,
                               "metrics": {"accuracy": accuracy, "rouge_l": accuracy}})
-    write_summary(root / "ablation", "summary.md", Summary(
-        [Table(["strategy", "accuracy"], [["dynamic", 0.1], ["static", 0.8]])], title="Per-step ablation"))
+    write_summary(root / "ablation", "summary.md", Summary(  # Claim 2 reads the per-sample values it publishes
+        [Table(["strategy", "accuracy"], [["dynamic", 0.1], ["static", 0.8]])],
+        {"per_sample": {metric: per_sample_metric(grid.records(), metric) for metric in ("accuracy", "rouge_l")}},
+        title="Per-step ablation"))
     plot_ablation_cells(cells, root / "ablation" / "plots", title="test")
     progressive = pd.DataFrame({"k": [0, 5], "samples": [2, 2], "static_overlap": [0.0, 3.0], "accuracy": [1.0, 0.2],
                                 "rouge_l": [1.0, 0.4]})
@@ -135,7 +138,7 @@ def make_reproduce_dir(root: Path) -> Path:
              "gap": {"metric": "auprc", "effect": 0.35, "low": 0.2, "high": 0.5, "n": 6}}
     write_json(root / "probe" / "metrics.json", {"task": "binary", "score": "copy", **probe, "paper": {}})
     write_summary(root / "probe", "metrics.md", Summary([metrics_table({"ours": probe["probe"], **PAPER_PROBE_BINARY},
-                                                                       "binary")]))
+                                                                       "binary")], {"task": "binary", **probe}))
     _png(root / "probe" / "history.png")
 
     rag = RunDir(root / "rag")
@@ -146,7 +149,8 @@ def make_reproduce_dir(root: Path) -> Path:
                              "metrics": {"em": f1 / 2, "f1": f1}, "retrieval_recall": 0.5, "retrievals": 1,
                              "visible_tokens": [40], "context_tokens": 500})
     rag.write_results()
-    write_summary(rag.path, "rag.md", Summary([rag_summary_table(rag_table(rag))]))
+    write_summary(rag.path, "rag.md", Summary([rag_summary_table(rag_table(rag))],
+                                              {"f1_pairs": per_question_f1(rag.records())}))
     return root
 
 
@@ -226,7 +230,7 @@ EVIDENCE = EvidenceSettings()  # floor 30, 2000 resamples, seed 0
 
 
 def _dynamism_data(sets: list[np.ndarray], ranking: list[tuple[int, int]]) -> dict:
-    """What dynamism.json holds for these dynamic sets (the verdict's input)."""
+    """What the dynamism stage publishes for these dynamic sets (the verdict's input)."""
     return {"stats": dynamism_stats(sets, ranking).to_dict(), "per_sample": per_sample_dynamism(sets, ranking),
             "static_kind": "copy"}
 

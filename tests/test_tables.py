@@ -13,7 +13,17 @@ import pytest
 from dynheads.errors import DynheadsError
 from dynheads.io import write_text
 from dynheads.report import write_report
-from dynheads.tables import Summary, Table, frame_table, read_summaries, to_html, to_markdown, write_summary
+from dynheads.tables import (
+    Heading,
+    Items,
+    Summary,
+    Table,
+    frame_table,
+    read_summaries,
+    to_html,
+    to_markdown,
+    write_summary,
+)
 
 TABLE = Table(["model", "F1", "count", "note"], [["ours", 0.12345, 7, "a | b"], ["paper", None, 12, "<x> & y"]],
               formats={"F1": ".4f"})
@@ -51,19 +61,32 @@ def test_frame_table_formats_floats_and_keeps_ints_and_text():
 
 
 def test_a_summary_is_written_as_markdown_and_data_and_reads_back(tmp_path):
-    summary = Summary(["Some *text*.\nSecond line.", TABLE, "## Table 5", Table(["k"], [[5]])],
-                      {"records": 4, "mean": 0.25}, "Per-step ablation: tiny")
+    summary = Summary(["Some *text*.\nSecond line.", TABLE, Heading("Table 5"), Table(["k"], [[5]]),
+                       Items(["one", "two"])], {"records": 4, "mean": 0.25}, "Per-step ablation: tiny")
     path = write_summary(tmp_path, "summary.md", summary)
     markdown = path.read_text(encoding="utf-8")
     assert markdown.startswith("# Per-step ablation: tiny\n\nSome *text*.\nSecond line.\n\n| model | F1 |")
-    assert markdown.endswith("## Table 5\n\n| k |\n|---|\n| 5 |\n")
+    assert markdown.endswith("## Table 5\n\n| k |\n|---|\n| 5 |\n\n- one\n- two\n")
     data = json.loads((tmp_path / "summary.json").read_text())
-    assert data["format"] == 1 and data["documents"]["summary.md"]["numbers"] == {"records": 4, "mean": 0.25}
+    assert data["format"] == 2 and data["documents"]["summary.md"]["numbers"] == {"records": 4, "mean": 0.25}
     assert data["documents"]["summary.md"]["blocks"][1]["table"]["rows"][1][1] is None  # JSON has no NaN
+    assert data["documents"]["summary.md"]["blocks"][2:5:2] == [{"heading": "Table 5", "level": 2},
+                                                              {"items": ["one", "two"]}]
     back = read_summaries(tmp_path)["summary.md"]
     assert back == summary and back.to_markdown() == markdown
     write_summary(tmp_path, "cca.md", Summary([Table(["offset"], [[0]])]))  # a second document of the folder
     assert list(read_summaries(tmp_path)) == ["cca.md", "summary.md"]
+
+
+def test_a_version_1_summary_reads_its_heading_texts_as_headings_and_is_rewritten_in_version_2(tmp_path):
+    write_text(tmp_path / "summary.json", json.dumps({"format": 1, "documents": {"dynamism.md": {
+        "title": "Dynamism", "numbers": {"n": 1}, "blocks": [{"text": "## Table 1"}, {"text": "# not\ntwo lines"}]}}}))
+    old = read_summaries(tmp_path)["dynamism.md"]
+    assert old.blocks == [Heading("Table 1"), "# not\ntwo lines"] and old.numbers == {"n": 1}
+    write_summary(tmp_path, "cca.md", Summary(["new"]))
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["format"] == 2 and data["documents"]["dynamism.md"]["blocks"][0] == {"heading": "Table 1", "level": 2}
+    assert read_summaries(tmp_path) == {"cca.md": Summary(["new"]), "dynamism.md": old}
 
 
 def test_nan_cells_round_trip_as_missing(tmp_path):
@@ -103,6 +126,20 @@ def test_the_report_renders_stage_tables_from_data_not_markdown(tmp_path):
     assert "| strategy | mean \\|D_t\\| |\n|---|---|\n| dynamic | 2.500 |" in md and "stale text" not in md
     assert "<h4>Per-step ablation: tiny</h4>" in page and "stale text" not in page
     assert to_html(Table(["strategy", "mean |D_t|"], [["dynamic", 2.5]])) in page
+
+
+def test_the_report_shows_stage_text_as_it_is_never_as_markdown(tmp_path):
+    """A stage's paragraph, heading and list are blocks of their own: markup-like characters in them stay text."""
+    write_summary(tmp_path / "ablation", "summary.md", Summary(
+        ["Matching `per_step` <b>, *not italic*,\n| not a table |", Heading("Table <1>", 2), Items(["**a**", "b"])],
+        title="Ablation"))
+    md_path, html_path = write_report(tmp_path)
+    md, page = md_path.read_text(), html_path.read_text()
+    assert ("#### Ablation\n\nMatching `per_step` <b>, *not italic*,\n| not a table |\n\n##### Table <1>\n\n"
+            "- **a**\n- b") in md
+    assert "<h4>Ablation</h4><p>Matching `per_step` &lt;b&gt;, *not italic*, | not a table |</p>" \
+           "<h5>Table &lt;1&gt;</h5><ul><li>**a**</li><li>b</li></ul>" in page.replace("\n", "")
+    assert "<code>per_step</code>" not in page and "<em>not italic</em>" not in page
 
 
 def test_a_long_table_is_collapsed_in_the_html(tmp_path):

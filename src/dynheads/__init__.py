@@ -25,7 +25,7 @@ _EXPORTS = exports_by_name({
     "dynheads.models": ("LoadedModel", "load_model"),
     "dynheads.decoding": ("trace", "trace_batch"),
     "dynheads.traces": ("Trace",),
-    "dynheads.runs": ("RunDir",),
+    "dynheads.runs": ("RunDir", "Job", "Finished", "run_jobs"),
     # the tasks: make_sample, score, ... per task; the one sample type, the task registry, the score vocabulary
     "dynheads.tasks": ("niah", "hotpotqa", "multihop"),
     "dynheads.tasks.sample": ("Sample",),
@@ -58,7 +58,7 @@ _EXPORTS = exports_by_name({
     "dynheads.plots.cca": ("plot_cca",),
     "dynheads.report": ("write_report",),
     # stage results as data (summary.json) and the one table renderer (markdown and HTML)
-    "dynheads.tables": ("Summary", "Table", "read_summaries", "write_summary"),
+    "dynheads.tables": ("Summary", "Table", "Heading", "Items", "read_summaries", "write_summary"),
 })
 __all__ = sorted(_EXPORTS)
 

@@ -210,18 +210,23 @@ def kv_generate(lm: LoadedModel, sample: DecodeInput, settings: KVSettings, max_
                              stop_at_eos=stop_at_eos)[0]
 
 
-def kv_generate_batch(lm: LoadedModel, prefilled: Sequence[Prefill], settings: KVSettings, max_new_tokens: int = 48,
-                      *, probe: TrainedHeadPredictor | None = None, record_probe: bool = False,
-                      stop_at_eos: bool = True) -> list[KVResult]:
-    """``kv_generate`` for several prefilled samples decoded as one batch under one policy; ``result[i]`` equals
-    ``kv_generate`` of sample i up to fp32 rounding. Each ``Prefill`` is rolled back first, so one prefill serves
-    every policy."""
-    _validate(lm, settings, probe, record_probe)
+def kv_generate_batch(lm: LoadedModel, prefilled: Sequence[Prefill], settings: KVSettings | Sequence[KVSettings],
+                      max_new_tokens: int = 48, *, probe: TrainedHeadPredictor | None = None,
+                      record_probe: bool = False, stop_at_eos: bool = True) -> list[KVResult]:
+    """``kv_generate`` for several prefilled samples decoded as one batch (``settings[i]`` for sample i, or one
+    settings for all; the rows share a sink and recent window); ``result[i]`` equals ``kv_generate`` of sample i
+    up to fp32 rounding. Each ``Prefill`` is rolled back first, so one prefill serves every policy; a batch holds
+    each prefill once."""
+    per_row = [settings] * len(prefilled) if isinstance(settings, KVSettings) else list(settings)
+    if len(per_row) != len(prefilled) or len({id(shared.session) for shared in prefilled}) != len(prefilled):
+        raise DynheadsError("a KV batch needs one settings per prefilled sample, each prefill once")
+    for row_settings in per_row:
+        _validate(lm, row_settings, probe, record_probe)
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     policies = []
-    for shared in prefilled:
+    for shared, row_settings in zip(prefilled, per_row, strict=True):
         shared.session.rollback(shared.checkpoint)
-        policies.append(KVPolicy(lm, settings, shared.last, stop_ids, probe, record_probe))
+        policies.append(KVPolicy(lm, row_settings, shared.last, stop_ids, probe, record_probe))
     decoded = decode([shared.session for shared in prefilled], policies, max_new_tokens)
     for policy, result in zip(policies, decoded, strict=True):
         policy.result.tokens, policy.result.stop_reason = result.tokens, result.stop_reason

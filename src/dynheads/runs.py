@@ -9,8 +9,12 @@ Layout (docs/formats.md)::
       results.csv              all records in one table, rewritten when the run finishes
 
 A sample is finished when its record exists. The trace is written first and the record last, each
-atomically, so a crash at any moment loses at most the sample in flight and leaves no partial file.
+atomically, so a crash at any moment loses at most the batch in flight and leaves no partial file.
 Re-running the same command skips finished samples; a different config in the same folder is refused.
+
+``run_jobs`` is the one loop every resumable command shares (tracing, ablation, RAG, KV, HaluEval): it hands the
+unfinished jobs to a batch function ``batch_size`` at a time and writes one record per job. Under ``torchrun`` /
+``accelerate launch`` each process takes its share of the jobs (``dynheads.distributed``).
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import pandas as pd
+from tqdm.auto import tqdm
 
+from dynheads import distributed
 from dynheads.config import settings_of
 from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path, format_version, read_json, write_json
@@ -130,6 +136,74 @@ class RunDir:
         with atomic_path(self.path / "results.csv") as tmp:
             frame.to_csv(tmp, index=False)
         return frame
+
+
+def start_run(run: RunDir, kind: str, config: Any, lm: LoadedModel | None, extra: dict | None = None) -> dict:
+    """``run.start`` once per launch: rank 0 writes (or checks) the manifest, then the other ranks check it; the
+    manifest records how many processes shared the run."""
+    _, world = distributed.rank_and_world()
+    extra = {**(extra or {}), "processes": world}
+    manifest = run.start(kind, config, lm, extra) if distributed.is_main() else None
+    distributed.barrier()
+    return manifest if manifest is not None else run.start(kind, config, lm, extra)
+
+
+Item = TypeVar("Item")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job(Generic[Item]):
+    """One record to produce: its id in the run (the record's ``sample_id``), what the batch function needs to
+    make it, and its ``group``: jobs of one group go to one process (KV policies share a sample's prefill)."""
+
+    record_id: str
+    item: Item
+    group: Hashable | None = None
+
+
+class Finished(NamedTuple):
+    """What a batch function returns per job: the record and, for a traced job, its trace (saved first)."""
+
+    record: dict
+    trace: Trace | None = None
+
+
+def run_jobs(run: RunDir, jobs: Sequence[Job[Item]], work: Callable[[list[Item]], list[Finished]], *,
+             batch_size: int = 1, desc: str, progress: bool = True,
+             on_record: Callable[[dict], None] | None = None) -> list[dict]:
+    """Make the records of ``jobs`` not yet finished in ``run``: ``work(items)`` gets up to ``batch_size`` items
+    at a time and returns one ``Finished`` per item, in order; each is saved (its ``sample_id`` set to the job's
+    id) before the next batch starts. Returns, once every process has finished its share, the records of this
+    process's share in job order (those finished earlier read back). Calls with the same groups deal the same
+    groups to this process, so a later call can build on an earlier one's records (ablation's static and random
+    runs use their sample's dynamic record)."""
+    if batch_size < 1:
+        raise DynheadsError("batch size must be at least 1")
+    mine = _my_share(jobs)
+    todo = [job for job in mine if not run.is_done(job.record_id)]
+    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=desc, unit="record", disable=not progress)
+    made: dict[str, dict] = {}
+    for start in range(0, len(todo), batch_size):
+        batch = todo[start : start + batch_size]
+        for job, finished in zip(batch, work([job.item for job in batch]), strict=True):
+            record = finished.record
+            record["sample_id"] = job.record_id
+            run.save_sample(record, finished.trace)
+            if on_record:
+                on_record(record)
+            made[job.record_id] = record
+            bar.update()
+    bar.close()
+    distributed.barrier()  # every process's records are on disk before rank 0 writes the run's tables
+    return [made[job.record_id] if job.record_id in made else read_json(run.record_path(job.record_id))
+            for job in mine]
+
+
+def _my_share(jobs: Sequence[Job]) -> list[Job]:
+    """This process's jobs: whole groups (a job without one is its own), dealt out in order of first appearance."""
+    groups = list(dict.fromkeys(job.record_id if job.group is None else job.group for job in jobs))
+    mine = set(distributed.shard(groups))
+    return [job for job in jobs if (job.record_id if job.group is None else job.group) in mine]
 
 
 def _resumable(config: Any, previous: dict | None) -> dict:

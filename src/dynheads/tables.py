@@ -1,17 +1,19 @@
 """Tables and stage summaries as data, and the one renderer that writes them as markdown and HTML.
 
-A stage of ``dynheads reproduce`` describes its results as a ``Summary`` (a title, key numbers, and blocks of
-markdown text and ``Table``) and writes it with ``write_summary``: the markdown file people read (``summary.md``,
-``cca.md``, ...) and the same document as data in the folder's ``summary.json``, which the report reads
-(``read_summaries``) to render its markdown and HTML with the same ``to_markdown`` / ``to_html``
+A stage of ``dynheads reproduce`` describes its results as a ``Summary`` (a title, key numbers, and structured
+blocks: paragraphs of plain text, ``Heading``, ``Items`` and ``Table``) and writes it with ``write_summary``: the
+markdown file people read (``summary.md``, ``cca.md``, ...) and the same document as data in the folder's
+``summary.json``, which the report reads (``read_summaries``) and renders block by block as markdown and HTML
+(tables with the same ``to_markdown`` / ``to_html``); no stage text is ever parsed as markdown
 (docs/formats.md, "summary.json").
 
 ``summary.json``::
 
-    {"format": 1,
+    {"format": 2,
      "documents": {"cca.md": {"title": null, "numbers": {...},
-                              "blocks": [{"text": "..."}, {"table": {"columns": [...], "rows": [[...]],
-                                                                     "formats": {"top-1": ".3f"}, "missing": ""}}]}}}
+                              "blocks": [{"text": "..."}, {"heading": "Table 1", "level": 2}, {"items": ["..."]},
+                                         {"table": {"columns": [...], "rows": [[...]],
+                                                    "formats": {"top-1": ".3f"}, "missing": ""}}]}}}
 
 One file per folder, one document per markdown file it rendered (a run folder can hold ``dynamism.md`` and
 ``cca.md`` side by side).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import html
 import math
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +37,8 @@ from dynheads.errors import DynheadsError
 from dynheads.io import format_version, read_json, write_json, write_text
 
 SUMMARY_FILE = "summary.json"
-SUMMARY_FORMAT = 1
+# 1: text blocks held markdown (headings and lists inside text); 2: headings and lists are blocks of their own
+SUMMARY_FORMAT = 2
 Cell = str | int | float | bool | None
 
 
@@ -111,7 +115,51 @@ def to_html(table: Table) -> str:
     return "<table>" + row(table.columns, "th") + "".join(row(cells, "td") for cells in table.cells()) + "</table>"
 
 
-Block = str | Table  # markdown text (a paragraph, a heading, a list) or a table
+@dataclass(frozen=True)
+class Heading:
+    """A heading of ``level`` (1 = the document's title) over the blocks after it."""
+
+    text: str
+    level: int = 2
+
+
+@dataclass(frozen=True)
+class Items:
+    """A bulleted list, one line of plain text per item."""
+
+    items: list[str]
+
+
+Block = str | Heading | Items | Table  # str: a paragraph of plain text (its line breaks are spaces)
+
+
+def block_markdown(block: Block) -> str:
+    """One block as markdown."""
+    if isinstance(block, Table):
+        return to_markdown(block)
+    if isinstance(block, Heading):
+        return f"{'#' * block.level} {block.text}"
+    return "\n".join(f"- {item}" for item in block.items) if isinstance(block, Items) else block
+
+
+def _block_dict(block: Block) -> dict[str, Any]:
+    if isinstance(block, Table):
+        return {"table": block.to_dict()}
+    if isinstance(block, Heading):
+        return {"heading": block.text, "level": block.level}
+    return {"items": list(block.items)} if isinstance(block, Items) else {"text": block}
+
+
+def _block_of(data: Mapping[str, Any], version: int) -> Block:
+    if "table" in data:
+        return Table.from_dict(data["table"])
+    if "heading" in data:
+        return Heading(str(data["heading"]), int(data.get("level", 2)))
+    if "items" in data:
+        return Items([str(item) for item in data["items"]])
+    text = str(data["text"])
+    heading = re.fullmatch(r"(#{1,6}) (.+)", text.strip()) if version == 1 else None  # a version 1 heading
+    return Heading(heading[2], len(heading[1])) if heading else text
 
 
 @dataclass(frozen=True)
@@ -124,20 +172,18 @@ class Summary:
 
     def parts(self) -> list[Block]:
         """The blocks with the title as a level-1 heading first."""
-        return ([f"# {self.title}"] if self.title else []) + list(self.blocks)
+        return ([Heading(self.title, 1)] if self.title else []) + list(self.blocks)
 
     def to_markdown(self) -> str:
         """Blocks separated by a blank line, ending with a newline."""
-        return "\n\n".join(to_markdown(b) if isinstance(b, Table) else b for b in self.parts()) + "\n"
+        return "\n\n".join(map(block_markdown, self.parts())) + "\n"
 
     def to_dict(self) -> dict[str, Any]:
-        blocks = [{"table": b.to_dict()} if isinstance(b, Table) else {"text": b} for b in self.blocks]
-        return {"title": self.title, "numbers": self.numbers, "blocks": blocks}
+        return {"title": self.title, "numbers": self.numbers, "blocks": [_block_dict(b) for b in self.blocks]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Summary:
-        blocks: list[Block] = [Table.from_dict(b["table"]) if "table" in b else str(b["text"])
-                               for b in data["blocks"]]
+    def from_dict(cls, data: Mapping[str, Any], version: int = SUMMARY_FORMAT) -> Summary:
+        blocks = [_block_of(block, version) for block in data["blocks"]]
         return cls(blocks, dict(data.get("numbers") or {}), data.get("title"))
 
 
@@ -146,7 +192,8 @@ def write_summary(folder: str | Path, markdown_name: str, summary: Summary) -> P
     markdown path. Other documents already in summary.json (other markdown files of the folder) are kept."""
     folder = Path(folder)
     path = folder / SUMMARY_FILE
-    documents = _documents(path) if path.is_file() else {}
+    # documents an older version wrote are kept, rewritten in this version's blocks
+    documents = {name: kept.to_dict() for name, kept in read_summaries(folder).items()} if path.is_file() else {}
     documents[markdown_name] = summary.to_dict()
     write_json(path, {"format": SUMMARY_FORMAT, "documents": documents})
     write_text(folder / markdown_name, summary.to_markdown())
@@ -166,20 +213,21 @@ def read_summaries(folder: str | Path) -> dict[str, Summary]:
                                 "dynheads; re-run this stage to rebuild its results")
         return {}
     try:
-        return {name: Summary.from_dict(data) for name, data in sorted(_documents(path).items())}
+        version, documents = _documents(path)
+        return {name: Summary.from_dict(data, version) for name, data in sorted(documents.items())}
     except (KeyError, TypeError, AttributeError) as error:
         raise DynheadsError(f"{path} is not a summary file ({type(error).__name__}: {error})") from None
 
 
-def _documents(path: Path) -> dict[str, Any]:
+def _documents(path: Path) -> tuple[int, dict[str, Any]]:
+    """The file's format version and its documents."""
     try:
         data = read_json(path)
     except ValueError as error:
         raise DynheadsError(f"{path} is not valid JSON: {error}") from None
     if not isinstance(data, dict) or not isinstance(data.get("documents"), dict):
         raise DynheadsError(f"{path} is not a summary file (no 'documents' object)")
-    format_version(data.get("format"), SUMMARY_FORMAT, "summary", path)
-    return data["documents"]
+    return format_version(data.get("format"), SUMMARY_FORMAT, "summary", path), data["documents"]
 
 
 def _plain(cell: Any) -> Cell:

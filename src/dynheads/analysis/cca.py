@@ -351,6 +351,20 @@ def _gap_text(row) -> str:
     return f"{row.gap:.3f} [{row.gap_low:.3f}, {row.gap_high:.3f}] ({_count(row.test_samples)})"
 
 
+def held_out_rows(table: pd.DataFrame) -> dict[str, dict]:
+    """Per offset (as text): the held-out top-1, the shuffled control's, and the held-out minus shuffled gap with
+    its interval over test samples (or the note saying why it was not measured): Claim 3's CCA input."""
+    keys = ("top1", "gap", "gap_low", "gap_high", "test_samples", "note")
+    rows = {}
+    for offset, at_k in table.groupby("offset"):
+        by_method = at_k.set_index("method")
+        if "held_out" in by_method.index:
+            row = by_method.loc["held_out"]
+            rows[str(offset)] = {**{key: row[key] for key in keys if key in row.index},
+                                 "shuffled_top1": by_method["top1"].get("shuffled")}
+    return rows
+
+
 def cca_markdown(table: pd.DataFrame, paper: Mapping[int, float] | None = None) -> str:
     """Markdown table of ``cca_offsets`` output; ``paper`` (offset -> top-1) adds a column beside in-sample."""
     return to_markdown(cca_table(table, paper)) + "\n"
@@ -370,5 +384,6 @@ def write_cca(table: pd.DataFrame, out_dir: str | Path, *, config: CCAConfig | N
                                **dict(counts or {}), "paper_top1": paper, "rows": table.to_dict(orient="records")})
     note = [empty_note(counts)] if counts and counts.get("empty_samples_skipped") else []
     failed = [f"Not measured: {line}." for line in cca_notes(table)]
-    write_summary(out_dir, paths["md"].name, Summary([*note, cca_table(table, paper), *failed], dict(counts or {})))
+    write_summary(out_dir, paths["md"].name, Summary([*note, cca_table(table, paper), *failed],
+                                                     {**(counts or {}), "held_out": held_out_rows(table)}))
     return paths

@@ -19,11 +19,7 @@ def ablate(out: RunOut, batch_size: BatchSize = 1, config: ConfigFile = None, **
     """Per-step head ablation on a NIAH (or HotpotQA) grid: metric heat maps per strategy (paper Figures 2, 6)."""
     from dynheads.experiments.ablation import AblationConfig, run_ablation
 
-    cfg = checks.checked_config(AblationConfig, config, **settings)
-    checks.batch_size(batch_size)
-    checks.out_dir(out, "ablation")
-    run = run_ablation(cfg, out, batch_size=batch_size)
-    typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)
+    _run(AblationConfig, run_ablation, "ablation", out, batch_size, config, settings)
     typer.echo(f"wrote {out}/cells.csv and the heat maps in {out}/plots/")
 
 
@@ -33,9 +29,14 @@ def ablate_progressive(out: RunOut, batch_size: BatchSize = 1, config: ConfigFil
     """Mask the first k dynamic heads of every step; compensation by static heads and accuracy per k (Figure 3)."""
     from dynheads.experiments.ablation import ProgressiveConfig, run_progressive
 
-    cfg = checks.checked_config(ProgressiveConfig, config, **settings)
-    checks.batch_size(batch_size)
-    checks.out_dir(out, "ablation-progressive")
-    run = run_progressive(cfg, out, batch_size=batch_size)
-    typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)
+    _run(ProgressiveConfig, run_progressive, "ablation-progressive", out, batch_size, config, settings)
     typer.echo(f"wrote {out}/progressive.csv and {out}/plots/progressive.png")
+
+
+def _run(config_class, runner, kind: str, out, batch_size: int, config, settings: dict) -> None:
+    """Check the config, the batch size and ``out`` (a run of ``kind``), run, print the run's summary."""
+    cfg = checks.checked_config(config_class, config, **settings)
+    checks.batch_size(batch_size)
+    checks.out_dir(out, kind)
+    run = runner(cfg, out, batch_size=batch_size)
+    typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)

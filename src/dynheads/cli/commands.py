@@ -10,20 +10,21 @@ import typer
 
 from dynheads.cli import checks
 from dynheads.cli.app import app
-from dynheads.cli.options import ConfigFile, Opt, RunOut, config_options, with_options
+from dynheads.cli.options import BatchSize, ConfigFile, Opt, RunOut, config_options, with_options
 from dynheads.errors import DynheadsError
 from dynheads.experiments.settings import RagFields, ReproduceConfig, RerankFields
 
 
 @app.command()
 @with_options(config_options(RagFields, flags={"ks": "k"}))
-def rag(out: RunOut, config: ConfigFile = None, **settings) -> None:
+def rag(out: RunOut, batch_size: BatchSize = 1, config: ConfigFile = None, **settings) -> None:
     """Dynamic RAG with head-based in-context retrieval: EM/F1 and retrieval recall per strategy and k."""
     from dynheads.experiments.rag import RagConfig, run_rag
 
     cfg = checks.checked_config(RagConfig, config, flags={"ks": "k"}, **settings)
     checks.out_dir(out, "rag")
-    run = run_rag(cfg, out)
+    checks.batch_size(batch_size)
+    run = run_rag(cfg, out, batch_size=batch_size)
     typer.echo((run.path / "rag.md").read_text(encoding="utf-8"), nl=False)  # the table and its notes (skips)
 
 

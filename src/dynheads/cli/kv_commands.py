@@ -14,8 +14,7 @@ import typer
 
 from dynheads.cli import checks
 from dynheads.cli.app import app
-from dynheads.cli.options import ConfigFile, Opt, RunOut, config_options, with_options
-from dynheads.errors import DynheadsError
+from dynheads.cli.options import BatchSize, ConfigFile, Opt, RunOut, config_options, with_options
 from dynheads.experiments.settings import KVFields, ModelSettings
 
 
@@ -23,20 +22,20 @@ from dynheads.experiments.settings import KVFields, ModelSettings
 @with_options(config_options(KVFields))
 def kv(
     out: RunOut,
-    shard: Annotated[str, Opt(help="i/n: decode every n-th sample from the i-th (n processes fill one run)")] = "0/1",
+    batch_size: BatchSize = 1,
     config: ConfigFile = None,
     **settings,
 ) -> None:
     """Dynamic vs static head-level KV retention on NIAH: accuracy and KV kept per policy and budget."""
+    from dynheads.distributed import is_main
     from dynheads.experiments.kv import KVConfig, run_kv
 
     cfg = checks.checked_config(KVConfig, config, **settings)
-    try:
-        index, count = (int(part) for part in shard.split("/"))
-    except ValueError:
-        raise DynheadsError(f"--shard takes i/n such as 0/2, got {shard!r}") from None
     checks.out_dir(out, "kv")
-    run = run_kv(cfg, out, shard=(index, count))
+    checks.batch_size(batch_size)
+    run = run_kv(cfg, out, batch_size=batch_size)
+    if not is_main():  # under torchrun / accelerate launch, rank 0 writes and prints the tables
+        return
     typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)
     typer.echo(f"wrote {out}/table.csv, cells.csv and {out}/plots/")
 

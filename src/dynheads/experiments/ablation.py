@@ -25,16 +25,17 @@ stopped and reproduces the records it had not finished identically.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
+from dynheads import distributed
 from dynheads.ablation import (
     AblationResult,
     AblationSettings,
@@ -44,7 +45,7 @@ from dynheads.ablation import (
 from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.config import pieces_of
-from dynheads.decoding import DecodeInput, check_fits
+from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, refuse_static_overlap
 from dynheads.experiments.niah import NiahConfig
@@ -57,12 +58,12 @@ from dynheads.experiments.settings import (
     QaGrid,
 )
 from dynheads.heads import Head, check_heads, head_key, parse_head
-from dynheads.io import atomic_path, read_json
+from dynheads.io import atomic_path
 from dynheads.models import LoadedModel, load_model
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.probe import AblationMode
-from dynheads.runs import RunDir
+from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
 from dynheads.tasks.niah import NIAH
@@ -161,21 +162,24 @@ def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | N
     check_heads(list(fixed), lm.num_layers, lm.num_heads, source="--heads")
     run, samples = _start(config, "ablation", lm, out,
                           {"strategies_run": list(strategies), "static_top": [head_key(h) for h in static[:20]]})
-    jobs = _Jobs(run, lm, config, len(samples) * len(strategies), "ablate", progress, on_record, batch_size)
     counts: dict[str, int | None] = {}  # matching="mean": per sample, heads per step from its dynamic run
-    for strategy in strategies:  # dynamic runs before static and random, which may need its count
+
+    def settings(sample, strategy: str) -> AblationSettings:
         mean_count = MATCHINGS.get(config.matching).given_count and ABLATION_STRATEGIES.get(strategy).matched
-        records = jobs.records_of([(f"{sample.sample_id}-{strategy}", sample, AblationSettings(
-            strategy=strategy, mode=config.ablation_mode(), static_ranking=static, fixed_heads=fixed,
-            matching=config.matching, count=counts[sample.sample_id] if mean_count else None,
-            seed=derive_seed(config.seed, "random-heads", sample.seed),
-            score=config.task_entry().score_kind, threshold=config.threshold)) for sample in samples],
-            _ablation_record)
-        if strategy == "dynamic":
-            counts = {sample.sample_id: record["matched_count"] for sample, record in zip(samples, records,
-                                                                                          strict=True)}
-    jobs.close()
-    write_cells(run)
+        return AblationSettings(strategy=strategy, mode=config.ablation_mode(), static_ranking=static,
+                                fixed_heads=fixed, matching=config.matching,
+                                count=counts[sample.sample_id] if mean_count else None,
+                                seed=derive_seed(config.seed, "random-heads", sample.seed),
+                                score=config.task_entry().score_kind, threshold=config.threshold)
+
+    for strategy in strategies:  # dynamic runs before static and random, which may need its count
+        jobs = [(f"{sample.sample_id}-{strategy}", sample, partial(settings, sample, strategy)) for sample in samples]
+        records = _decode(run, lm, config, jobs, _ablation_record, f"ablate {strategy}", progress, on_record,
+                          batch_size)
+        if strategy == "dynamic":  # this process's samples: it decodes the same ones under every strategy
+            counts = {record["grid_sample_id"]: record["matched_count"] for record in records}
+    if distributed.is_main():
+        write_cells(run)
     return run
 
 
@@ -225,11 +229,37 @@ def write_cells(run: RunDir) -> pd.DataFrame:
          frame_table(summary, {"strategy": "strategy", "records": "records", **metrics,
                                "mean_dynamic": "mean |D_t|", "masked_per_step": "masked", "zero_masked": "no head"}),
          *_paper_line(task), *_skip_line(run.manifest())],
-        {"matching": matching, "records": int(summary["records"].sum())}, f"Per-step ablation: {model}"))
+        {"matching": matching, "records": int(summary["records"].sum()),
+         "per_sample": {metric: per_sample_metric(run.records(), metric) for metric in metrics},
+         "masking": masking_numbers(cells)}, f"Per-step ablation: {model}"))
     plot_ablation_cells(cells, run.path / "plots",
                         title=f"{model}: per-step ablation ({task.label}, {matching} matching)", metrics=metrics,
                         opacity=task.fade_sparse_cells)
     return cells
+
+
+def per_sample_metric(records: list[dict], metric: str) -> dict[str, list[float]]:
+    """Claim 2's input: ``{strategy: [value per sample]}`` of ``metric`` over the samples every strategy has, in
+    one sample order (a sample's value under each strategy sits at the same index)."""
+    frame = pd.DataFrame([{"sample": record.get("grid_sample_id", record["sample_id"]),
+                           "strategy": record["strategy"], "value": record["metrics"].get(metric, math.nan)}
+                          for record in records])
+    if frame.empty:
+        return {}
+    table = frame.pivot_table(index="sample", columns="strategy", values="value", aggfunc="mean").dropna()
+    return {str(strategy): [float(value) for value in table[strategy]] for strategy in table.columns}
+
+
+def masking_numbers(cells: pd.DataFrame) -> dict:
+    """What the grid masked, from its cells: the matching mode and, per strategy, the heads masked per step (mean
+    over samples), the samples that masked no head at any step and the samples (Claim 2 reads them)."""
+    cells = cells.assign(strategy=cells["strategy"].astype(str), masked_sum=cells["mean_masked"] * cells["samples"])
+    groups = cells.groupby("strategy")
+    samples = groups["samples"].sum()
+    return {"matching": str(cells["matching"].iloc[0]),
+            "masked": (groups["masked_sum"].sum() / samples).astype(float).to_dict(),
+            "zero_masked": groups["zero_masked"].sum().astype(int).to_dict(),
+            "samples": samples.astype(int).to_dict()}
 
 
 def _with_skipped_cells(cells: pd.DataFrame, manifest: dict) -> pd.DataFrame:
@@ -268,14 +298,15 @@ def run_progressive(config: ProgressiveConfig, out: str | Path, *, lm: LoadedMod
     top = tuple(_static_ranking(config.static, lm)[: config.top_static])
     ks = tuple(sorted(set(config.ks)))
     run, samples = _start(config, "ablation-progressive", lm, out, {"static_top": [head_key(h) for h in top]})
-    jobs = _Jobs(run, lm, config, len(samples) * len(ks), "progressive", progress, on_record, batch_size)
-    jobs.records_of([(f"{sample.sample_id}-k{k}", sample,
-               AblationSettings(strategy="dynamic", mode=config.ablation_mode(), max_dynamic=k,
-                                score=config.task_entry().score_kind, threshold=config.threshold))
-              for sample in samples for k in ks],
-             partial(_progressive_record, top=top))
-    jobs.close()
-    write_progressive(run)
+    def settings(k: int) -> AblationSettings:
+        return AblationSettings(strategy="dynamic", mode=config.ablation_mode(), max_dynamic=k,
+                                score=config.task_entry().score_kind, threshold=config.threshold)
+
+    _decode(run, lm, config, [(f"{sample.sample_id}-k{k}", sample, partial(settings, k))
+                              for sample in samples for k in ks],
+            partial(_progressive_record, top=top), "progressive", progress, on_record, batch_size)
+    if distributed.is_main():
+        write_progressive(run)
     return run
 
 
@@ -315,41 +346,25 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
 
 
 # ---- shared ----------------------------------------------------------------------------------------------------------
-class _Jobs:
-    """Records of one run: read back when finished earlier, otherwise decoded ``batch_size`` at a time, saved and
-    counted on the bar."""
+def _decode(run: RunDir, lm: LoadedModel, config: _GridConfig,
+            jobs: Sequence[tuple[str, Any, Callable[[], AblationSettings]]],  # (record id, a task's sample, ...)
+            to_record: Callable[[object, AblationSettings, AblationResult, Task], dict], desc: str, progress: bool,
+            on_record: Callable[[dict], None] | None, batch_size: int) -> list[dict]:
+    """The records of this process's share of ``jobs`` (record id, sample, its settings when it is decoded), in
+    their order (``runs.run_jobs``; a sample's jobs go to one process): the unfinished ones decoded ``batch_size``
+    at a time and saved as ``to_record(sample, settings, result, task)``, one record per (sample, strategy or k);
+    its ``grid_sample_id`` names the sample."""
+    task = config.task_entry()
 
-    def __init__(self, run: RunDir, lm: LoadedModel, config: _GridConfig, total: int, desc: str, progress: bool,
-                 on_record: Callable[[dict], None] | None, batch_size: int) -> None:
-        if batch_size < 1:
-            raise DynheadsError("batch size must be at least 1")
-        self.run, self.lm, self.config, self.on_record, self.batch_size = run, lm, config, on_record, batch_size
-        done = len(run.records())
-        self.bar = tqdm(total=total, initial=done, desc=desc, unit="record", disable=not progress)
+    def work(batch: list[tuple[Any, Callable[[], AblationSettings]]]) -> list[Finished]:
+        settings = [settings_of() for _, settings_of in batch]
+        results = ablated_generate_batch(lm, [sample for sample, _ in batch], settings, config.max_new_tokens)
+        return [Finished(to_record(sample, these, result, task))
+                for (sample, _), these, result in zip(batch, settings, results, strict=True)]
 
-    def records_of(self, jobs: list[tuple[str, DecodeInput, AblationSettings]],
-                   to_record: Callable[[object, AblationSettings, AblationResult, Task], dict]) -> list[dict]:
-        """The records of ``jobs`` (record id, sample, settings), in their order; the unfinished ones are decoded
-        and saved as ``to_record(sample, settings, result, task)``."""
-        records = {rid: read_json(self.run.record_path(rid)) for rid, _, _ in jobs if self.run.is_done(rid)}
-        todo = [job for job in jobs if job[0] not in records]
-        task = self.config.task_entry()
-        for start in range(0, len(todo), self.batch_size):
-            batch = todo[start : start + self.batch_size]
-            results = ablated_generate_batch(self.lm, [sample for _, sample, _ in batch],
-                                             [settings for _, _, settings in batch], self.config.max_new_tokens)
-            for (record_id, sample, settings), result in zip(batch, results, strict=True):
-                record = to_record(sample, settings, result, task)
-                record["sample_id"] = record_id  # one record per (sample, strategy or k); grid_sample_id: the sample
-                self.run.save_sample(record)
-                if self.on_record:
-                    self.on_record(record)
-                self.bar.update()
-                records[record_id] = record
-        return [records[record_id] for record_id, _, _ in jobs]
-
-    def close(self) -> None:
-        self.bar.close()
+    return run_jobs(run, [Job(record_id, (sample, settings_of), group=sample.sample_id)
+                          for record_id, sample, settings_of in jobs],
+                    work, batch_size=batch_size, desc=desc, progress=progress, on_record=on_record)
 
 
 def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, extra: dict) -> tuple[RunDir, list]:
@@ -362,7 +377,7 @@ def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, ext
     for sample in samples:  # fail before any work, not halfway through the grid
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     run = RunDir(out)
-    run.start(kind, config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template,
+    start_run(run, kind, config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template,
                                  "chat_template_kwargs": samples[0].chat_template_kwargs, **extra})
     return run, samples
 

@@ -33,7 +33,7 @@ from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
 from dynheads.runs import RunDir
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, check_kind
-from dynheads.tables import Summary, write_summary
+from dynheads.tables import Heading, Summary, write_summary
 from dynheads.thresholds import ReasoningThreshold
 from dynheads.traces import Trace
 
@@ -92,6 +92,9 @@ def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: Scor
     out = Path(out_dir) if out_dir else run.path
     setting = spec.describe()
     skipped = {"empty_samples_skipped": stats.empty_samples}
+    # what Claim 1's verdict is decided from (the summary's numbers), and the step view's threshold
+    evidence = {"threshold": None if spec.score.binary else str(rule), "static_kind": static_kind or score,
+                "per_sample": per_sample_dynamism(sets, ranking)}
     write_summary(out, "dynamism.md", Summary(
         [f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"
          + (f"{empty_note(skipped)}\n" if stats.empty_samples else "") +
@@ -102,14 +105,13 @@ def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: Scor
          + f". Jaccard w/ static top-20 is at most |D_t|/20: its ceiling here is {stats.jaccard_ceiling_k20:.4f}; "
          f"containment |D_t ∩ S_20|/|D_t| = {stats.containment_k20:.4f}, size-matched Jaccard J(D_t, S_|D_t|) = "
          f"{stats.matched_jaccard:.4f}.",
-         "## Table 1", table1(rows), "## Table 5", table5(rows, ks)],
-        {"stats": stats.to_dict(), **skipped}, f"Dynamism of {run.path}"))
+         Heading("Table 1"), table1(rows), Heading("Table 5"), table5(rows, ks)],
+        {"stats": stats.to_dict(), **skipped, **evidence}, f"Dynamism of {run.path}"))
     write_text(out / "dynamism.csv", dynamism_csv(rows))
     write_json(out / "dynamism.json", {"run": str(run.path), "static_file": str(static_file), "score": score,
-                                       "threshold": None if spec.score.binary else str(rule), "ks": list(ks),
-                                       **skipped, "static_kind": static_kind or score,
-                                       "stats": stats.to_dict(), "per_sample": per_sample_dynamism(sets, ranking),
-                                       "paper": PAPER_DYNAMISM})
+                                       "threshold": evidence["threshold"], "ks": list(ks), **skipped,
+                                       "static_kind": evidence["static_kind"], "stats": stats.to_dict(),
+                                       "per_sample": evidence["per_sample"], "paper": PAPER_DYNAMISM})
     return stats
 
 

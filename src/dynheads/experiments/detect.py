@@ -34,10 +34,10 @@ from dynheads.analysis import hallucination as hl
 from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
 from dynheads.analysis.headlists import load_head_list
 from dynheads.errors import DynheadsError
-from dynheads.io import read_json, write_json, write_text
+from dynheads.io import read_json, write_json
 from dynheads.plots.roc import plot_roc
 from dynheads.runs import RunDir
-from dynheads.tables import Table, to_markdown
+from dynheads.tables import Block, Heading, Items, Summary, Table, write_summary
 from dynheads.traces import Trace
 
 _FORMAT = "dynheads-detector/2"  # 2: needle-free probe silence, context attention, response-level detectors
@@ -401,7 +401,7 @@ def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None
              out_run.path / "roc.png", title=f"out-of-fold {levels[0]}s, {len(groups)} groups, {config.folds} folds")
     table.to_csv(out_run.path / "results.csv", index=False)
     write_json(out_run.path / "results.json", {"class_counts": counts, "results": rows, "skipped": skipped})
-    write_text(out_run.path / "results.md", results_markdown(table, counts, skipped, config))
+    write_summary(out_run.path, "results.md", results_summary(table, counts, skipped, config))
     return table
 
 
@@ -430,29 +430,32 @@ def results_table(table: pd.DataFrame) -> Table:
                   "Δ AUROC vs lookback [95% CI]", "AUPRC [95% CI]"], rows)
 
 
-def results_markdown(table: pd.DataFrame, counts: dict, skipped: dict, config: DetectConfig) -> str:
-    lines = []
+def results_summary(table: pd.DataFrame, counts: dict, skipped: dict, config: DetectConfig) -> Summary:
+    """results.md as data: per level, the deployable and upper-bound tables, then the counts and the protocol;
+    its numbers are the class counts and, per level and feature set, the AUROC with its interval."""
+    blocks: list[Block] = []
     for level in dict.fromkeys(table["level"]):
         part = table[table["level"] == level]
-        heading = ("Responses (features averaged over the response, Lookback Lens's span protocol)"
-                   if level == "response" else "Tokens (every labelled token)")
-        lines.append(f"## {heading}\n")
+        blocks.append(Heading("Responses (features averaged over the response, Lookback Lens's span protocol)"
+                              if level == "response" else "Tokens (every labelled token)"))
         for title, section in ((HEADLINE_TITLE, "deployable"), (UPPER_TITLE, "upper_bound")):
             rows = part[part["section"] == section]
             if len(rows):
-                lines += [f"### {title}\n", to_markdown(results_table(rows)), ""]
+                blocks += [Heading(title, 3), results_table(rows)]
         if skipped.get(level):
-            lines.append(f"skipped (not in every trace, or no probe given): {', '.join(skipped[level])}\n")
+            blocks.append(f"skipped (not in every trace, or no probe given): {', '.join(skipped[level])}")
     unit = "questions" if counts["groups"] < counts["samples"] else "samples"
-    lines.append(f"{counts['samples']} samples in {counts['groups']} {unit}; {counts['faithful_tokens']} faithful / "
-                 f"{counts['hallucinated_tokens']} hallucinated tokens"
-                 + (f"; {counts['faithful_responses']} faithful / {counts['hallucinated_responses']} hallucinated "
-                    "responses" if "faithful_responses" in counts else "") + ".")
-    lines.append(f"AUROC: out-of-fold scores of the first of {config.repeats} repeats of {config.folds}-fold "
-                 f"cross-validation grouped by {unit[:-1]}, 95% bootstrap interval over {unit} "
-                 f"({config.bootstrap} resamples); fold mean ± s.d. over all {config.folds * config.repeats} folds; "
-                 "range of the out-of-fold AUROC over the repeats; Δ: AUROC minus the lookback ratio's on the same "
-                 "out-of-fold units, paired bootstrap over the same groups.")
-    lines.append("\npublished detectors, on other tasks and models (not comparable one to one):")
-    lines += [f"- {name}: {value}" for name, value in PUBLISHED]
-    return "\n".join(lines) + "\n"
+    blocks.append(f"{counts['samples']} samples in {counts['groups']} {unit}; {counts['faithful_tokens']} faithful / "
+                  f"{counts['hallucinated_tokens']} hallucinated tokens"
+                  + (f"; {counts['faithful_responses']} faithful / {counts['hallucinated_responses']} hallucinated "
+                     "responses" if "faithful_responses" in counts else "") + ".")
+    blocks.append(f"AUROC: out-of-fold scores of the first of {config.repeats} repeats of {config.folds}-fold "
+                  f"cross-validation grouped by {unit[:-1]}, 95% bootstrap interval over {unit} "
+                  f"({config.bootstrap} resamples); fold mean ± s.d. over all {config.folds * config.repeats} folds; "
+                  "range of the out-of-fold AUROC over the repeats; Δ: AUROC minus the lookback ratio's on the same "
+                  "out-of-fold units, paired bootstrap over the same groups.")
+    blocks += ["published detectors, on other tasks and models (not comparable one to one):",
+               Items([f"{name}: {value}" for name, value in PUBLISHED])]
+    auroc = {f"{row['level']}/{row['feature_set']}": [row["auroc"], row["auroc_low"], row["auroc_high"]]
+             for row in table.to_dict("records")}
+    return Summary(blocks, {"class_counts": counts, "auroc": auroc})

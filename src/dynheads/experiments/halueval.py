@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from dynheads.analysis import hallucination as hl
 from dynheads.config import setting
@@ -41,11 +40,11 @@ from dynheads.experiments.detect import (
     refuse_probe_overlap,
 )
 from dynheads.experiments.settings import ModelSettings
-from dynheads.io import read_json, write_json, write_text
+from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.packaged import describe
-from dynheads.runs import RunDir
-from dynheads.tables import Table, to_markdown
+from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
+from dynheads.tables import Block, Heading, Summary, Table, write_summary
 from dynheads.tasks import halueval
 from dynheads.tasks.questions import QuestionStream
 
@@ -77,21 +76,21 @@ def trace_halueval(config: HaluevalConfig, out: str | Path, *, lm: LoadedModel |
         raise DynheadsError(f"the assistant header has {sorted(prefixes)} tokens across prompts: the lookback-lens "
                             "boundary needs one length")
     run = RunDir(out)
-    run.start("halueval", config, lm, {
+    start_run(run, "halueval", config, lm, {
         "data": config.data, "packaged": describe(halueval.TASKS[task]),
         "questions": stream.describe(sorted({s.question_id for s in samples})),
         "prompt": {"system": halueval.SYSTEM_PROMPT, "user": halueval.USER_TEMPLATES[task]},
         "context_boundary": config.context_boundary, "response_prefix": prefixes.pop() if lookback_lens else 0,
     })
-    todo = [s for s in samples if not run.is_done(s.sample_id)]
-    bar = tqdm(total=len(samples), initial=len(samples) - len(todo), desc=f"halueval-{task}", unit="response",
-               disable=not progress)
-    for sample in todo:
+
+    def teacher_force(sample) -> Finished:
         traced = trace(lm, sample, forced_tokens=sample.response_ids,
                        context_end=sample.context_end if lookback_lens else None)
-        run.save_sample({**sample.describe(), "generated": traced.text, "steps": traced.num_steps}, traced)
-        bar.update()
-    bar.close()
+        return Finished({**sample.describe(), "generated": traced.text, "steps": traced.num_steps}, traced)
+
+    run_jobs(run, [Job(sample.sample_id, sample) for sample in samples],
+             lambda batch: [teacher_force(sample) for sample in batch], desc=f"halueval-{task}",
+             progress=progress)
     return run
 
 
@@ -170,7 +169,7 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
         flat = flat.drop(columns=column)
     flat.to_csv(out_run.path / "transfer.csv", index=False)
     write_json(out_run.path / "transfer.json", {"tasks": tasks, "rows": flat.to_dict("records")})
-    write_text(out_run.path / "transfer.md", transfer_markdown(table, tasks, config))
+    write_summary(out_run.path, "transfer.md", transfer_summary(table, tasks, config))
     return flat
 
 
@@ -191,7 +190,8 @@ def _in_task(detect_dir: Path, match_length: bool) -> dict[tuple[str, str], tupl
             for r in read_json(path)["results"]}
 
 
-def transfer_markdown(table: pd.DataFrame, tasks: list[str], config: DetectConfig) -> str:
+def transfer_summary(table: pd.DataFrame, tasks: list[str], config: DetectConfig) -> Summary:
+    """transfer.md as data: per level, the in-task and cross-task AUROC tables, then the protocol."""
     columns = [f"{tasks[0]} in-task", f"{tasks[1]} in-task", f"{tasks[0]} -> {tasks[1]}",
                f"{tasks[1]} -> {tasks[0]}"]
 
@@ -199,17 +199,17 @@ def transfer_markdown(table: pd.DataFrame, tasks: list[str], config: DetectConfi
         auroc, low, high = value
         return "n/a" if math.isnan(auroc) else f"{auroc:.3f} [{low:.3f}, {high:.3f}]"
 
-    lines = []
+    blocks: list[Block] = []
     for level in ("response", "token"):
         part = table[table["level"] == level]
-        lines.append(f"## {'Responses (span-averaged features)' if level == 'response' else 'Tokens'}\n")
+        blocks.append(Heading("Responses (span-averaged features)" if level == "response" else "Tokens"))
         for title, section in ((HEADLINE_TITLE, "deployable"), (UPPER_TITLE, "upper_bound")):
             rows = part[part["section"] == section]
             if len(rows):
-                body = Table(["feature set", *[c.replace("->", "→") for c in columns]],
-                             [[r["feature_set"], *[cell(r[c]) for c in columns]] for r in rows.to_dict("records")])
-                lines += [f"### {title}\n", to_markdown(body), ""]
-    lines.append(f"AUROC [95% CI]. In-task: {config.folds}-fold cross-validation grouped by question (from each detect "
-                 "run's results.json). A → B: fitted on every response of A, scored on every response of B, "
-                 f"interval by bootstrap over B's questions ({config.bootstrap} resamples).")
-    return "\n".join(lines) + "\n"
+                blocks += [Heading(title, 3), Table(["feature set", *[c.replace("->", "→") for c in columns]],
+                                                 [[r["feature_set"], *[cell(r[c]) for c in columns]]
+                                                  for r in rows.to_dict("records")])]
+    blocks.append(f"AUROC [95% CI]. In-task: {config.folds}-fold cross-validation grouped by question (from each "
+                  "detect run's results.json). A → B: fitted on every response of A, scored on every response of B, "
+                  f"interval by bootstrap over B's questions ({config.bootstrap} resamples).")
+    return Summary(blocks, {"tasks": tasks})

@@ -30,9 +30,9 @@ from typing import cast
 import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
-from tqdm.auto import tqdm
 
-from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
+from dynheads import distributed
+from dynheads.analysis.head_predictor import load_head_predictor
 from dynheads.analysis.headlists import load_head_list
 from dynheads.analysis.kvheads import kv_head_ranking
 from dynheads.config import pieces_of
@@ -41,13 +41,14 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import flat_index, head_key
-from dynheads.io import atomic_path, read_json, write_json, write_text
+from dynheads.io import atomic_path, read_json, write_json
 from dynheads.kv import (
+    KVResult,
     KVSettings,
     Prefill,
     ProbeSelect,
     group_size,
-    kv_generate,
+    kv_generate_batch,
     kv_head_count,
     kv_token_bytes,
     num_kv_heads,
@@ -57,8 +58,9 @@ from dynheads.kv_policies import KV_POLICIES, is_budget_free, is_dynamic
 from dynheads.models import LoadedModel, load_model
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
 from dynheads.presses import PRESSES, check_press, is_press, press_generate
-from dynheads.runs import RunDir
+from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.seeding import derive_seed
+from dynheads.tables import Block, Summary, Table, write_summary
 from dynheads.tasks import niah
 
 
@@ -93,16 +95,15 @@ class KVConfig(KVFields):
 
 
 def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
-           on_record: Callable[[dict], None] | None = None, shard: tuple[int, int] = (0, 1)) -> RunDir:
+           on_record: Callable[[dict], None] | None = None, batch_size: int = 1) -> RunDir:
     """Decode every grid sample under every (policy, budget) into ``out`` (resumable); write tables and plots.
 
     Samples are visited run by run (every cell's first sample, then every cell's second, ...), so a run stopped
-    early still covers the grid. ``shard = (i, n)`` decodes every n-th of them from the i-th: n processes with
-    the same config can fill one run directory together (each writes the tables from all records when it ends).
+    early still covers the grid. Under ``torchrun`` / ``accelerate launch`` each process decodes every policy of
+    its share of the samples (``runs.run_jobs``), and rank 0 writes the tables from all records. ``batch_size``
+    samples decode together: each policy's rows as one batch (``kv.kv_generate_batch``; the records equal batch 1's).
     """
     jobs = config.jobs()
-    if not 0 <= shard[0] < shard[1]:
-        raise DynheadsError(f"a shard is i/n with 0 <= i < n, got {shard[0]}/{shard[1]}")
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     samples = niah_samples(config.niah_config(), lm.tokenizer)
     for sample in samples:
@@ -117,7 +118,7 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
     fitted = {"static": _fit_samples(config.static, "static head list", evaluation) if config.static else None,
               "probe": _fit_samples(config.probe, "probe", evaluation) if config.probe else None}
     run = RunDir(out)
-    run.start("kv", config, lm, {
+    start_run(run, "kv", config, lm, {
         "prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template, "evaluation_samples": evaluation,
         "fit_samples": fitted, "num_kv_heads": num_kv, "static_top": [head_key(h) for h in static[:20]],
         "static_scored_kv_heads": len(static) if config.static else None,
@@ -128,31 +129,50 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
         "kv_token_bytes": kv_token_bytes(lm),
         "probe_threshold": probe.threshold if probe else None,
     })
-    bar = tqdm(total=len(samples) * len(jobs) // shard[1], desc="kv", unit="record",
-               disable=not progress)
     order = sorted(range(len(samples)), key=lambda i: (i % config.runs, i))  # niah_samples: runs vary fastest
-    mine = [samples[i] for i in order[shard[0]::shard[1]]]
-    for sample in mine:
-        prefilled = None  # the full-attention prefill is shared by every policy of the sample
-        for policy, budget in jobs:
-            record_id = f"{sample.sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}")
-            if run.is_done(record_id):
+
+    def settings_of(sample: niah.NiahSample, policy: str, budget: float | None) -> KVSettings:
+        # probe_select: kv_generate_batch refuses a value that is no ProbeSelect
+        return KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
+                          static_ranking=static, probe_select=cast(ProbeSelect, config.probe_select),
+                          seed=derive_seed(config.seed, "kv-random", sample.seed))
+
+    def work(batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
+        """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
+        full-attention prefill per sample, shared by the sample's policies; kvpress presses run one by one."""
+        prefills: dict[str, Prefill] = {}
+        results: list[KVResult | None] = [None] * len(batch)
+        groups: dict[tuple[str, float | None], list[int]] = {}
+        for i, (sample, policy, budget) in enumerate(batch):
+            if is_press(policy):  # kvpress compresses its own prefill (plain attention, no probe)
+                results[i] = press_generate(lm, sample.input_ids, check_press(policy),
+                                            settings_of(sample, policy, budget), config.max_new_tokens)
                 continue
-            if not is_press(policy):
-                prefilled = prefilled or prefill(lm, sample, config.max_new_tokens)
-            # probe_select: kv_generate refuses a value that is no ProbeSelect
-            settings = KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
-                                  static_ranking=static, probe_select=cast(ProbeSelect, config.probe_select),
-                                  seed=derive_seed(config.seed, "kv-random", sample.seed))
-            record = _record(lm, sample, settings, config, probe, prefilled,
+            if sample.sample_id not in prefills:
+                prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
+            groups.setdefault((policy, budget), []).append(i)
+        for (policy, budget), rows in groups.items():
+            decoded = kv_generate_batch(lm, [prefills[batch[i][0].sample_id] for i in rows],
+                                        [settings_of(batch[i][0], policy, budget) for i in rows],
+                                        config.max_new_tokens, probe=probe,
+                                        record_probe=policy == "full" and probe is not None)
+            for i, result in zip(rows, decoded, strict=True):
+                results[i] = result
+        finished = []
+        # every slot holds its result now
+        for (sample, policy, budget), result in zip(batch, cast(list[KVResult], results), strict=True):
+            record = _record(lm, sample, settings_of(sample, policy, budget), result,
                              record_probe=policy == "full" and probe is not None)
-            record.update(sample_id=record_id, grid_sample_id=sample.sample_id, budget=budget)
-            run.save_sample(record)
-            if on_record:
-                on_record(record)
-            bar.update()
-    bar.close()
-    write_kv_tables(run)
+            record.update(grid_sample_id=sample.sample_id, budget=budget)
+            finished.append(Finished(record))
+        return finished
+
+    run_jobs(run, [Job(f"{samples[i].sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}"),
+                       (samples[i], policy, budget), group=samples[i].sample_id)
+                   for i in order for policy, budget in jobs],
+             work, batch_size=batch_size * len(jobs), desc="kv", progress=progress, on_record=on_record)
+    if distributed.is_main():
+        write_kv_tables(run)
     return run
 
 
@@ -181,13 +201,8 @@ def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
     return {"path": str(path), "run": str(run.path), "samples": fitted}
 
 
-def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, config: KVConfig,
-            probe: TrainedHeadPredictor | None, prefilled: Prefill | None, record_probe: bool) -> dict:
-    if is_press(settings.policy):  # kvpress compresses its own prefill (plain attention, no probe)
-        result = press_generate(lm, sample.input_ids, check_press(settings.policy), settings, config.max_new_tokens)
-    else:
-        result = kv_generate(lm, sample, settings, config.max_new_tokens, probe=probe, record_probe=record_probe,
-                             prefilled=prefilled)
+def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, result: KVResult,
+            record_probe: bool) -> dict:
     token_bytes = kv_token_bytes(lm)
     dynamic = is_dynamic(settings.policy)
     steps = len(result.kv_heads)
@@ -252,20 +267,22 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         cells.to_csv(tmp, index=False)
     manifest = run.manifest()
     model, config = manifest["model"]["name"], manifest["config"]
-    summary = (f"# KV retention: {model}\n\nsink {config['sink']}, recent {config['recent']}; budget = fraction of "
-               f"the KV heads kept whole (full: 1, none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per "
-               f"step, shortfall = KV heads the budget allows that the policy did not keep (static: no head with a "
-               f"positive score left); accuracy with its 95 % bootstrap interval over samples; resident = KV held "
-               f"on the device as a fraction of the unmodified model's and in MB, mean over steps; dynamic "
-               f"policies hold the full KV offloaded (second tier) and move, per step, the picked heads' keys "
-               f"beyond the window plus the new token of every head (re-used: heads picked at the previous step "
-               f"stay resident).\n\n{table_markdown(table)}")
+    blocks: list[Block] = [
+        f"sink {config['sink']}, recent {config['recent']}; budget = fraction of the KV heads kept whole (full: 1, "
+        f"none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per step, shortfall = KV heads the budget "
+        "allows that the policy did not keep (static: no head with a positive score left); accuracy with its 95 % "
+        "bootstrap interval over samples; resident = KV held on the device as a fraction of the unmodified model's "
+        "and in MB, mean over steps; dynamic policies hold the full KV offloaded (second tier) and move, per step, "
+        "the picked heads' keys beyond the window plus the new token of every head (re-used: heads picked at the "
+        "previous step stay resident).", kv_table(table)]
     pr = probe_precision_recall(records, manifest)
     if pr is not None:
         write_json(run.path / "probe_pr.json", pr)
-        write_text(run.path / "probe_pr.md", pr_markdown(pr))
-        summary += "\n" + pr_markdown(pr)
-    write_text(run.path / "summary.md", summary)
+        write_summary(run.path, "probe_pr.md", Summary(pr_blocks(pr), pr))
+        blocks += pr_blocks(pr)
+    numbers = {"accuracy": {f"{row.policy}@{row.budget:g}": [row.accuracy, row.accuracy_low, row.accuracy_high]
+                            for row in table.itertuples()}}
+    write_summary(run.path, "summary.md", Summary(blocks, numbers, f"KV retention: {model}"))
     plot_kv_accuracy(table, run.path / "plots" / "kv-accuracy.png", title=f"{model}: NIAH accuracy vs resident KV")
     if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
         plot_kv_grid(cells, run.path / "plots" / "kv-grid.png", title=f"{model}: NIAH accuracy per cell")
@@ -288,17 +305,17 @@ def accuracy_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def table_markdown(table: pd.DataFrame) -> str:
-    lines = ["| budget | policy | samples | accuracy [95 % CI] | ROUGE-L | KV heads | shortfall | resident | "
-             "resident MB | offloaded MB | moved MB/step (re-used) |", "|---" * 11 + "|"]
+def kv_table(table: pd.DataFrame) -> Table:
+    """One row per (budget, policy) of ``table.csv``, as summary.md shows it."""
+    rows = []
     for row in table.itertuples():
         moved = (f"{row.moved_mb_per_step:.3f} ({row.moved_new_mb_per_step:.3f})" if row.offloaded_mb else "0")
-        lines.append(f"| {row.budget:g} | {row.policy} | {row.samples} | {row.accuracy:.3f} "
-                     f"[{row.accuracy_low:.2f}, {row.accuracy_high:.2f}] | {row.rouge_l:.3f} | "
-                     f"{'–' if np.isnan(row.kv_heads) else f'{row.kv_heads:.1f}'} | "
-                     f"{row.shortfall:.1f} | {row.kv_fraction:.3f} | {row.kv_mb:.2f} | {row.offloaded_mb:.2f} | "
-                     f"{moved} |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"{row.budget:g}", row.policy, int(row.samples),
+                     f"{row.accuracy:.3f} [{row.accuracy_low:.2f}, {row.accuracy_high:.2f}]", f"{row.rouge_l:.3f}",
+                     "–" if np.isnan(row.kv_heads) else f"{row.kv_heads:.1f}", f"{row.shortfall:.1f}",
+                     f"{row.kv_fraction:.3f}", f"{row.kv_mb:.2f}", f"{row.offloaded_mb:.2f}", moved])
+    return Table(["budget", "policy", "samples", "accuracy [95 % CI]", "ROUGE-L", "KV heads", "shortfall", "resident",
+                  "resident MB", "offloaded MB", "moved MB/step (re-used)"], rows)
 
 
 def probe_precision_recall(records: list[dict], manifest: dict) -> dict | None:
@@ -340,11 +357,11 @@ def _pr(predicted: np.ndarray, actual: np.ndarray) -> dict:
             "predicted_per_step": float(predicted.sum(1).mean())}
 
 
-def pr_markdown(pr: dict) -> str:
-    lines = [f"Predicting the heads active (Eq. 1) at step t+1 from step t, on the full-KV decoding of "
-             f"{pr['samples']} samples ({pr['step_pairs']} step pairs; {pr['positive_rate']:.4f} of head-steps "
-             "positive), micro over heads and steps:\n",
-             "| predictor | precision | recall | heads per step |", "|---|---|---|---|"]
-    for name, row in pr["predictors"].items():
-        lines.append(f"| {name} | {row['precision']:.3f} | {row['recall']:.3f} | {row['predicted_per_step']:.1f} |")
-    return "\n".join(lines) + "\n"
+def pr_blocks(pr: dict) -> list[Block]:
+    """``probe_precision_recall``'s result as a sentence and a table (probe_pr.md, and the end of summary.md)."""
+    rows = [[name, f"{row['precision']:.3f}", f"{row['recall']:.3f}", f"{row['predicted_per_step']:.1f}"]
+            for name, row in pr["predictors"].items()]
+    return [f"Predicting the heads active (Eq. 1) at step t+1 from step t, on the full-KV decoding of "
+            f"{pr['samples']} samples ({pr['step_pairs']} step pairs; {pr['positive_rate']:.4f} of head-steps "
+            "positive), micro over heads and steps:",
+            Table(["predictor", "precision", "recall", "heads per step"], rows)]

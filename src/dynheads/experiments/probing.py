@@ -32,7 +32,7 @@ from dynheads.io import read_json, write_json
 from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
 from dynheads.runs import RunDir
 from dynheads.scores import ScoreKind, ScoreSpec
-from dynheads.tables import Summary, Table, to_markdown, write_summary
+from dynheads.tables import Summary, Table, write_summary
 
 _COLUMNS = {  # task -> (metric key, column title)
     "binary": (("f1", "F1"), ("precision", "Precision"), ("recall", "Recall"), ("auprc", "AUPRC"),
@@ -71,7 +71,8 @@ def train_probe_on_run(run_dir: str | Path, config: HeadPredictorConfig | None =
                "samples).")
     write_summary(out, "metrics.md", Summary(
         [summary, metrics_table(rows, task)],
-        {"task": task, "probe": result.metrics["probe"], "baseline": result.metrics["baseline"]},
+        {"task": task, "probe": result.metrics["probe"], "baseline": result.metrics["baseline"],
+         "gap": result.metrics["gap"]},
         f"MLP probe on {run.path}"))
     write_json(out / "metrics.json", {"run": str(run.path), "score": score, "task": task, "epochs_run": epochs,
                                       **counts,
@@ -92,11 +93,6 @@ def metrics_table(rows: Mapping[str, Mapping[str, float]], task: str) -> Table:
     return Table(["predictor", *(title for _, title in columns)],
                  [[name, *(float(row[key]) if key in row else "" for key, _ in columns)] for name, row in rows.items()],
                  float_format=".4f", missing="nan")
-
-
-def metrics_markdown(rows: Mapping[str, Mapping[str, float]], task: str) -> str:
-    """``metrics_table`` as markdown."""
-    return to_markdown(metrics_table(rows, task)) + "\n"
 
 
 QUESTIONS_FILE = "questions.json"

@@ -13,21 +13,21 @@ from typing import cast
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
+from dynheads import distributed
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, qa_task, refuse_static_overlap
 from dynheads.experiments.settings import RagFields
 from dynheads.models import LoadedModel, load_model
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
-from dynheads.rag.loop import RagSettings, answer_question
+from dynheads.rag.loop import RagAnswer, RagSettings, answer_questions
 from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import RAG_STRATEGIES, HeadSelector
 from dynheads.rag.trigger import TriggerConfig, TriggerForm
 from dynheads.rag.windows import RetrievalConfig
-from dynheads.runs import RunDir
+from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.seeding import derive_seed
-from dynheads.tables import Summary, Table, to_markdown, write_summary
+from dynheads.tables import Summary, Table, write_summary
 from dynheads.tasks import candidates
 from dynheads.tasks.questions import refuse_overlap
 
@@ -51,8 +51,10 @@ def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
     return jobs
 
 
-def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True) -> RunDir:
-    """Answer every question under every (strategy, k) into ``out``; finished ones are skipped."""
+def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
+            batch_size: int = 1) -> RunDir:
+    """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. ``batch_size``
+    answers decode together (``rag.loop.answer_questions``; the records equal batch 1's)."""
     jobs = _jobs(config)
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     hotpot = HotpotConfig(data=config.data, questions=config.questions, first=config.first, split=config.split,
@@ -66,43 +68,54 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     predict_top = _probe_predictor(config, lm, evaluated) if probe_read else None
     ranking = _static_ranking(config, lm, evaluated) if any(entry.needs_static for entry in needs) else None
     run = RunDir(out)
-    run.start("rag", config, lm, {"data": config.data or "synthetic", "prompt": task.prompt(hotpot)["user"],
-                                  **grid.manifest(), "static_scored_heads": len(ranking) if ranking else None,
-                                  "probe_questions_checked": probe_read})
+    start_run(run, "rag", config, lm, {"data": config.data or "synthetic", "prompt": task.prompt(hotpot)["user"],
+                                       **grid.manifest(), "static_scored_heads": len(ranking) if ranking else None,
+                                       "probe_questions_checked": probe_read})
     settings = config.settings()
-    todo = [(s, strategy, k) for s in samples for strategy, k in jobs
-            if not run.is_done(_record_id(s.sample_id, strategy, k))]
-    total = len(samples) * len(jobs)
-    bar = tqdm(total=total, initial=total - len(todo), desc="rag", unit="answer", disable=not progress)
-    for sample, strategy, k in todo:
-        # only scored static heads, never filler
-        used_k = min(k, len(ranking)) if ranking is not None and RAG_STRATEGIES.get(strategy).needs_static and k else k
-        selector = HeadSelector(strategy, k=used_k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
-                                rng=derive_seed(config.seed, sample.sample_id, strategy, k),
-                                static_ranking=ranking, predict_top=predict_top)
-        reranked = _rerank(lm, sample, config.rerank_top) if strategy == "rerank" else {}
-        answer = answer_question(lm, sample, selector, settings, shown=reranked.get("shown", ()))
-        run.save_sample({**reranked,
-            "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
-            "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
-            "type": sample.type, "generated": answer.text, "metrics": task.score(sample, answer.text),
-            "retrievals": answer.retrievals, "visible_tokens": answer.visible_tokens,
-            "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
-            "context_tokens": sample.context_span[1] - sample.context_span[0], "record_id": sample.record_id,
-            "heads_used": used_k,
-            "meta": {key: sample.meta[key] for key in (candidates.CANDIDATES, candidates.GOLD_RANK)
-                     if key in sample.meta},
-        })
-        bar.update()
-    bar.close()
+
+    def answer(batch: list[tuple]) -> list[Finished]:
+        """The batch's answers decoded together (``answer_questions``), one record each."""
+        selectors, shown, used = [], [], []
+        for sample, strategy, k in batch:
+            # only scored static heads, never filler
+            needs_static = RAG_STRATEGIES.get(strategy).needs_static
+            used_k = min(k, len(ranking)) if ranking is not None and needs_static and k else k
+            selectors.append(HeadSelector(strategy, k=used_k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
+                                          rng=derive_seed(config.seed, sample.sample_id, strategy, k),
+                                          static_ranking=ranking, predict_top=predict_top))
+            used.append((used_k, _rerank(lm, sample, config.rerank_top) if strategy == "rerank" else {}))
+            shown.append(used[-1][1].get("shown", ()))
+        answers = answer_questions(lm, [item[0] for item in batch], selectors, settings, shown)
+        return [Finished(_answer_record(task, sample, strategy, k, used_k, reranked, result))
+                for (sample, strategy, k), (used_k, reranked), result in zip(batch, used, answers, strict=True)]
+
+    run_jobs(run, [Job(_record_id(s.sample_id, strategy, k), (s, strategy, k))
+                   for s in samples for strategy, k in jobs],
+             answer, batch_size=batch_size, desc="rag", progress=progress)
+    if not distributed.is_main():  # rank 0 writes the tables once every process has finished
+        return run
     run.write_results()
     notes = [grid.skip_note()]
     if ranking is not None and max(config.ks) > len(ranking):
         notes.append(f"static: only {len(ranking)} heads of {config.static} have a non-zero score, so 'static' used "
                      f"{len(ranking)} heads wherever k > {len(ranking)} (never zero-score filler)")
-    write_summary(run.path, "rag.md", Summary([rag_summary_table(rag_table(run)), *chance_blocks(run.records()),
-                                               *(f"{n}." for n in notes if n)]))
+    records = run.records()
+    write_summary(run.path, "rag.md", Summary([rag_summary_table(rag_table(run)), *chance_blocks(records),
+                                               *(f"{n}." for n in notes if n)], {"f1_pairs": per_question_f1(records)}))
     return run
+
+
+def per_question_f1(records: list[dict]) -> dict[str, dict[str, list[float]]]:
+    """The RAG verdict's input: per k (as text), Dynamic's and Static's F1 per question over the questions both
+    answered at that k, in one question order."""
+    frame = pd.DataFrame([{"question": r["question_id"], "strategy": r["strategy"], "k": r["k"],
+                           "f1": r["metrics"]["f1"]} for r in records if r["strategy"] in ("dynamic", "static")])
+    pairs = {}
+    for k, group in frame.groupby("k") if not frame.empty else ():
+        table = group.pivot_table(index="question", columns="strategy", values="f1", aggfunc="mean").dropna()
+        if {"dynamic", "static"} <= set(table.columns):
+            pairs[str(int(k))] = {name: [float(value) for value in table[name]] for name in ("dynamic", "static")}
+    return pairs
 
 
 def chance_blocks(records: list[dict]) -> list:
@@ -121,6 +134,20 @@ def chance_blocks(records: list[dict]) -> list:
             f"{base['chance']:.3f} EM; always the first candidate {base['first']:.3f}, always the last "
             f"{base['last']:.3f} (dynheads.tasks.candidates).",
             Table(["strategy", "k", "questions", "EM", "wrong", "wrong = a distractor's value"], rows, missing="n/a")]
+
+
+def _answer_record(task, sample, strategy: str, k: int | None, used_k: int | None, reranked: dict,
+                   answer: RagAnswer) -> dict:
+    return {**reranked,
+            "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
+            "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
+            "type": sample.type, "generated": answer.text, "metrics": task.score(sample, answer.text),
+            "retrievals": answer.retrievals, "visible_tokens": answer.visible_tokens,
+            "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
+            "context_tokens": sample.context_span[1] - sample.context_span[0], "record_id": sample.record_id,
+            "heads_used": used_k,
+            "meta": {key: sample.meta[key] for key in (candidates.CANDIDATES, candidates.GOLD_RANK)
+                     if key in sample.meta}}
 
 
 def _rerank(lm: LoadedModel, sample, top: int) -> dict:
@@ -184,11 +211,6 @@ def rag_summary_table(table: pd.DataFrame) -> Table:
                   "visible tokens / retrieval", "context tokens", "paper llama3.1-8b EM / F1 (k=5)"], rows,
                  {"retrievals / question": ".2f", "visible tokens / retrieval": ".0f", "context tokens": ".0f"},
                  missing="n/a")
-
-
-def rag_markdown(table: pd.DataFrame) -> str:
-    """``rag_summary_table`` as markdown."""
-    return to_markdown(rag_summary_table(table)) + "\n"
 
 
 def _number(value: float | None) -> float | None:

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
+from dynheads import distributed
 from dynheads.analysis.ranking import METRICS, mean_interval, qrhead_scores, ranking_metrics, top_heads
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import refuse_static_overlap
@@ -44,10 +44,10 @@ from dynheads.io import atomic_path, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.rag import rerank
 from dynheads.rag.strategies import random_heads
-from dynheads.runs import RunDir
+from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.scores import span_ranking
 from dynheads.seeding import derive_seed
-from dynheads.tables import Summary, Table, write_summary
+from dynheads.tables import Items, Summary, Table, write_summary
 from dynheads.tasks.hotpotqa import HotpotRecord, load_hotpotqa, render_paragraph
 from dynheads.tasks.questions import QuestionStream, refuse_overlap
 
@@ -95,20 +95,17 @@ def run_rerank(config: RerankConfig, out: str | Path, *, lm: LoadedModel | None 
     rerank.require_bm25()  # a missing bm25s fails here, before any model work
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     heads = _head_sources(config, lm.num_layers, lm.num_heads, eval_ids)
-    run.start("rerank", config.scoring(), lm, {
+    start_run(run, "rerank", config.scoring(), lm, {
         "data": config.data, "prompt": {"system": rerank.SYSTEM_PROMPT, "user": rerank.USER_TEMPLATE,
                                         "content_free_query": rerank.CONTENT_FREE_QUERY},
         "questions": evaluation.describe(eval_ids), "fit_questions": fit.describe([r.id for r in fit_records]),
         "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs"})
-    todo = [(stream, r) for stream, rs in ((FIT, fit_records), (EVAL, eval_records)) for r in rs
-            if not run.is_done(sample_id(stream, r.id))]
-    total = len(fit_records) + len(eval_records)
-    bar = tqdm(total=total, initial=total - len(todo), desc="rerank", unit="question", disable=not progress)
-    for stream, record in todo:
-        if not run.is_done(sample_id(stream, record.id)):  # another process may share the folder
-            score_question(lm, record, stream, config, run)
-        bar.update()
-    bar.close()
+    run_jobs(run, [Job(sample_id(stream, r.id), (stream, r)) for stream, rs in ((FIT, fit_records),
+                                                                                (EVAL, eval_records)) for r in rs],
+             lambda batch: [Finished(score_question(lm, record, stream, config, run)) for stream, record in batch],
+             desc="rerank", progress=progress)
+    if not distributed.is_main():  # rank 0 ranks and summarises once every process has finished
+        return run
     summarise(run, config, heads)
     return run
 
@@ -132,8 +129,9 @@ def sample_id(stream: str, question_id: str) -> str:
     return f"{stream}-{question_id}"
 
 
-def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: RerankConfig, run: RunDir) -> None:
-    """Shuffle, render and score one question; its arrays first, its record last (the record marks it done)."""
+def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: RerankConfig, run: RunDir) -> dict:
+    """Shuffle, render and score one question: its arrays are written, its record returned (saved after them, it
+    marks the question done)."""
     order_seed = derive_seed(config.seed, record.id, "order")
     order = [int(i) for i in np.random.default_rng(order_seed).permutation(len(record.context))]
     paragraphs = [render_paragraph(record.context[i]) for i in order]
@@ -145,14 +143,14 @@ def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: R
     name = sample_id(stream, record.id)
     with atomic_path(run.path / "scores" / f"{name}.npz") as tmp, open(tmp, "wb") as handle:
         np.savez(handle, real=scores.real, content_free=scores.content_free, hidden=scores.hidden)
-    run.save_sample({
+    return {
         "sample_id": name, "question_id": record.id, "stream": stream, "question": record.question,
         "type": record.type, "order_seed": order_seed, "order": order,
         "titles": [record.context[i][0] for i in order], "gold": gold,
         "prompt_tokens": len(prompt.input_ids), "paragraph_tokens": [b - a for a, b in prompt.spans],
         "prefill_seconds": scores.prefill_seconds, "calibration_seconds": scores.calibration_seconds,
         "bm25": bm25.tolist(), "bm25_seconds": bm25_seconds,
-    })
+    }
 
 
 @dataclass(frozen=True)
@@ -296,7 +294,7 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     notes.append("Seconds: ICR and the head subsets = one prefill of the prompt plus the content-free query's "
                  "pass on the cached paragraphs; icr-uncalibrated = the prefill alone; bm25 = indexing and scoring "
                  "the candidates.")
-    blocks += [f"- {note}" for note in notes]
+    blocks.append(Items(notes))
     numbers = {s: {m: float(per[s][m].mean()) for m in METRICS} for s in strategies}
     ranking_settings = {name: getattr(config, name) for name in RANKING_FIELDS}
     blocks.append(f"Ranking settings: `{json.dumps(ranking_settings)}` (the scoring settings are in manifest.json).")

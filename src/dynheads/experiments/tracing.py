@@ -1,7 +1,7 @@
 """The loop every tracing run shares: check the samples fit, trace the unfinished ones, save, summarise.
 
-Samples are traced ``batch_size`` at a time (``dynheads.batching``; 1 = the reference path). Under
-``torchrun`` / ``accelerate launch`` each rank traces its own share (``dynheads.distributed``).
+Samples are traced ``batch_size`` at a time (``dynheads.batching``; 1 = the reference path) by the shared job
+loop (``dynheads.runs.run_jobs``): under ``torchrun`` / ``accelerate launch`` each rank traces its own share.
 """
 
 from __future__ import annotations
@@ -10,23 +10,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from dynheads import distributed
 from dynheads.decoding import check_fits, trace_batch
-from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, load_model
-from dynheads.runs import RunDir
+from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.tasks.registry import Task, get_task
-
-
-def start_run(run: RunDir, kind: str, config, lm: LoadedModel, extra: dict | None = None) -> dict:
-    """``run.start`` once: rank 0 writes (or checks) the manifest, then the other ranks check it."""
-    _, world = distributed.rank_and_world()
-    extra = {**(extra or {}), "processes": world}
-    manifest = run.start(kind, config, lm, extra) if distributed.is_main() else None
-    distributed.barrier()
-    return manifest if manifest is not None else run.start(kind, config, lm, extra)
 
 
 def run_traced(
@@ -85,25 +73,17 @@ def trace_samples(
 
     Results do not depend on ``batch_size`` beyond fp32 rounding of the scores (tests/test_batching.py).
     """
-    if batch_size < 1:
-        raise DynheadsError("batch size must be at least 1")
     for sample in samples:  # fail before any work, not halfway through the grid
         check_fits(lm, len(sample.input_ids), max_new_tokens)
-    mine = distributed.shard(samples)
-    todo = [s for s in mine if not run.is_done(s.sample_id)]
-    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=desc, unit="sample", disable=not progress)
-    for start in range(0, len(todo), batch_size):
-        batch = todo[start : start + batch_size]
+
+    def work(batch: list) -> list[Finished]:
         traces = trace_batch(lm, batch, max_new_tokens, sink_size=sink_size, local_window=local_window)
-        for sample, result in zip(batch, traces, strict=True):
-            record = {**sample.describe(), "generated": result.text, "stop_reason": result.stop_reason,
-                      "steps": result.num_steps, "metrics": score(sample, result.text)}
-            run.save_sample(record, result)
-            if on_sample:
-                on_sample(record)
-            bar.update()
-    bar.close()
-    distributed.barrier()  # every rank's samples are on disk before the table is written, once
-    if distributed.is_main():
+        return [Finished({**sample.describe(), "generated": result.text, "stop_reason": result.stop_reason,
+                          "steps": result.num_steps, "metrics": score(sample, result.text)}, result)
+                for sample, result in zip(batch, traces, strict=True)]
+
+    run_jobs(run, [Job(sample.sample_id, sample) for sample in samples], work, batch_size=batch_size, desc=desc,
+             progress=progress, on_record=on_sample)
+    if distributed.is_main():  # every process's samples are on disk: the table is written once
         run.write_results()
     return run

@@ -1,9 +1,10 @@
 """The report of ``dynheads reproduce``: ``DIR/report.md`` and a self-contained ``DIR/report.html``.
 
 Sections follow the paper. Each shows the settings of its stage folders (their manifests and JSON files), the
-results each stage wrote as data (its ``summary.json``: text and tables, rendered by ``dynheads.tables``), every
-figure (``*.png``), what the paper reports, and for the three claims and the RAG comparison a verdict by the rules
-of ``dynheads.report.claims``. A stage folder that is missing says "stage not run"; one that cannot be read says
+results each stage wrote as data (its ``summary.json``: paragraphs, headings, lists and tables, each rendered as the
+block it is, never parsed as markdown), every figure (``*.png``), what the paper reports, and for the three claims
+and the RAG comparison a verdict by the rules of ``dynheads.report.claims``, decided from the numbers the stages
+published (``dynheads.stages``). A stage folder that is missing says "stage not run"; one that cannot be read says
 why; neither stops the report. A study written before stages recorded summary.json is refused in one line.
 The HTML embeds the figures as base64 PNG data URIs and the per-step view's data as JSON, so it opens offline
 (docs/report.md).
@@ -22,6 +23,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from dynheads import stages
@@ -49,7 +51,19 @@ from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
 from dynheads.runs import RunDir
-from dynheads.tables import SUMMARY_FILE, Cell, Summary, Table, read_summaries, to_html, to_markdown
+from dynheads.tables import (
+    SUMMARY_FILE,
+    Block,
+    Cell,
+    Heading,
+    Items,
+    Summary,
+    Table,
+    block_markdown,
+    read_summaries,
+    to_html,
+    to_markdown,
+)
 from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.niah import NIAH
 from dynheads.tasks.registry import Task, task_of_manifest
@@ -58,7 +72,7 @@ STAGE_NOT_RUN = "stage not run"
 COLLAPSE_ROWS = 8  # HTML: a longer table (CCA per offset x method, say) opens on a click
 MAX_FIGURES = 8  # per stage folder: Figure 1 alone can have one heat map per sample
 READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, DynheadsError)
-ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one cells.csv has decides Claim 2
+ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one the stage measured decides Claim 2
 SETTING_KEYS = ("kind", "score", "task", "threshold", "ks", "static_file", "epochs_run", "train_seconds", "seed")
 RAG_STRATEGIES = {"dynamic": "Dynamic", "static": "Static", "dynamic-random": "Dynamic Random",
                   "fixed-random": "Fixed Random", "none": "w/o RAG"}
@@ -76,7 +90,16 @@ class Cards:
     headlines: list[Headline]
 
 
-Part = str | Table | Figure | Verdict | Cards  # markdown text, a table, an image, a claim's verdict, the cards
+@dataclass(frozen=True)
+class Plain:
+    """A paragraph of a stage's text: shown as it is (escaped in HTML), never read as markdown."""
+
+    text: str
+
+
+# the report's own markdown text, a stage's blocks (paragraph, heading, list, table), an image, a claim's verdict,
+# the cards
+Part = str | Plain | Heading | Items | Table | Figure | Verdict | Cards
 
 
 @dataclass(frozen=True)
@@ -140,13 +163,13 @@ def _headline(section: Section, verdict: Verdict, root: Path) -> Headline:
 
 
 def _ablation_metric(root: Path, anchor: str) -> str:
-    """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its cells.csv has)."""
-    path = root / (stages.HOTPOTQA_ABLATION if anchor.endswith(stages.HOTPOTQA) else stages.ABLATION) / "cells.csv"
+    """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its ablation stage measured)."""
+    stage = stages.HOTPOTQA_ABLATION if anchor.endswith(stages.HOTPOTQA) else stages.ABLATION
     try:
-        columns = pd.read_csv(path, nrows=0).columns if path.is_file() else []
-    except (OSError, ValueError):
-        columns = []
-    return _decisive_metric(columns)
+        measured = (_evidence(root, stage) or {}).get("per_sample") or {}
+    except READ_ERRORS:
+        measured = {}
+    return _decisive_metric(measured)
 
 
 def qa_task(root: Path) -> Task:
@@ -257,7 +280,7 @@ def _task_run(root: Path, stage: str) -> list[Part]:
 
 
 def _dynamism(root: Path, stage: str, task: str, figure: str, note: str, evidence: EvidenceSettings) -> list[Part]:
-    data = _json(root / stage / "dynamism.json")
+    data = _evidence(root, stage)
     verdict = _guard(lambda: _stage_failed(root, (stage,), claims.CLAIM1, task)
                      or claims.dynamism_verdict(data, task, evidence), claims.CLAIM1, task)
     return [verdict, *_stage(root, stage, figure, [note])]
@@ -279,20 +302,21 @@ def _ablation(root: Path, folders: tuple[str, str], figures: tuple[str, str], ta
     grid, progressive = folders
 
     def verdict() -> Verdict:
-        path = root / grid / "cells.csv"
-        cells = pd.read_csv(path) if path.is_file() else None
-        metric = _decisive_metric(cells.columns) if cells is not None else ABLATION_METRICS[0]
-        values = claims.per_sample_metric(RunDir(root / grid).records(), metric) if cells is not None else None
-        masking = claims.masking_from_cells(cells) if cells is not None else None
+        numbers = _evidence(root, grid) or {}
+        per_sample = numbers.get("per_sample") or {}
+        metric = _decisive_metric(per_sample)
+        values = ({strategy: np.asarray(arm, dtype=float) for strategy, arm in per_sample[metric].items()}
+                  if metric in per_sample else None)
+        masking = claims.AblationMasking(**numbers["masking"]) if "masking" in numbers else None
         return claims.irreplaceability_verdict(values, metric, task, masking, evidence)
 
     return [_guard(lambda: _stage_failed(root, (grid,), claims.CLAIM2, task) or verdict(), claims.CLAIM2, task),
             *_stage(root, grid, figures[0], [grid_note]), *_stage(root, progressive, figures[1], [progressive_note])]
 
 
-def _decisive_metric(columns: Iterable[str]) -> str:
-    """Claim 2's metric: the first of ABLATION_METRICS that a cells.csv has."""
-    return next((metric for metric in ABLATION_METRICS if metric in set(columns)), ABLATION_METRICS[0])
+def _decisive_metric(metrics: Iterable[str]) -> str:
+    """Claim 2's metric: the first of ABLATION_METRICS that the ablation stage measured."""
+    return next((metric for metric in ABLATION_METRICS if metric in set(metrics)), ABLATION_METRICS[0])
 
 
 def _correlation(root: Path, folders: tuple[str, str], figure: str, probe_kind: str, task: str, cca_note: str,
@@ -302,15 +326,8 @@ def _correlation(root: Path, folders: tuple[str, str], figure: str, probe_kind: 
     cca, probe_stage = folders
 
     def verdict() -> Verdict:
-        row = None
-        path = root / cca / "cca.csv"
-        if path.is_file():
-            table = pd.read_csv(path)
-            at_k = table[table["offset"] == claims.CCA_OFFSET].set_index("method")
-            if "held_out" in at_k.index:
-                row = at_k.loc["held_out"].to_dict()
-                row["shuffled_top1"] = at_k["top1"].get("shuffled")
-        metrics = _probe_metrics(root / probe_stage)
+        row = ((_evidence(root, cca) or {}).get("held_out") or {}).get(str(claims.CCA_OFFSET))
+        metrics = _evidence(root, probe_stage)
         kind = (metrics or {}).get("task", probe_kind)
         return claims.correlation_verdict(row, metrics, "auprc" if kind == "binary" else "r2", task, evidence)
 
@@ -318,20 +335,20 @@ def _correlation(root: Path, folders: tuple[str, str], figure: str, probe_kind: 
             *_stage(root, cca, figure, [cca_note]), *_stage(root, probe_stage, "Probe", [probe_note])]
 
 
-def _probe_metrics(folder: Path) -> dict | None:
-    """The probe's metrics JSON: the first ``*.json`` in the folder holding both ``probe`` and ``baseline``."""
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        data = _json(path)
-        if isinstance(data, dict) and {"probe", "baseline"} <= data.keys():
-            return data
-    return None
+def _evidence(root: Path, stage: str) -> dict | None:
+    """The numbers stage ``stage`` published for its verdict (its evidence document in ``summary.json``, see
+    ``dynheads.stages``); None when the stage has not written them."""
+    folder = root / stage
+    summary = read_summaries(folder).get(stages.evidence_of(stage)) if folder.is_dir() else None
+    return summary.numbers if summary is not None else None
 
 
 def _rag(root: Path, task: str, evidence: EvidenceSettings) -> list[Part]:
     def verdict() -> Verdict:
-        run = RunDir(root / stages.RAG)
-        records = run.records() if run.path.is_dir() else []
-        return claims.rag_verdict(claims.per_question_f1(records), task, evidence)
+        pairs = (_evidence(root, stages.RAG) or {}).get("f1_pairs") or {}
+        return claims.rag_verdict({int(k): (np.asarray(arms["dynamic"], dtype=float),
+                                            np.asarray(arms["static"], dtype=float)) for k, arms in pairs.items()},
+                                  task, evidence)
 
     header = ["model", *RAG_STRATEGIES.values()]
     table4 = [[model, *(_em_f1(row.get(s)) for s in RAG_STRATEGIES)] for model, row in PAPER_TABLE4.items()]
@@ -449,7 +466,11 @@ def _json(path: Path) -> dict | None:
 def _step_data(root: Path) -> dict[str, Any]:
     """Per-step view of the NIAH and HotpotQA (or multi-hop) runs that exist (with the dynamism threshold of the
     second, if recorded)."""
-    threshold = (_json(root / stages.HOTPOTQA_DYNAMISM / "dynamism.json") or {}).get("threshold") or REASONING_THRESHOLD
+    try:
+        published = _evidence(root, stages.HOTPOTQA_DYNAMISM) or {}
+    except READ_ERRORS:
+        published = {}  # its section already says what is wrong with the stage
+    threshold = published.get("threshold") or REASONING_THRESHOLD
     runs = []
     for stage, task in ((stages.NIAH, NIAH), (stages.HOTPOTQA, qa_task(root))):
         try:
@@ -467,8 +488,10 @@ def _markdown(title: str, sections: list[Section], run: Section, root: Path) -> 
             return f"![{item.caption}]({item.path.relative_to(root).as_posix()})"
         if isinstance(item, Cards):
             return "\n\n".join(_card_markdown(card, root) for card in item.headlines)
-        if isinstance(item, Table):
-            return to_markdown(item)
+        if isinstance(item, Table | Heading | Items):
+            return block_markdown(item)
+        if isinstance(item, Plain):
+            return item.text
         return f"**Verdict:** {item.sentence()}" if isinstance(item, Verdict) else item
 
     def section(s: Section) -> str:
@@ -519,7 +542,7 @@ def _html(title: str, sections: list[Section], run: Section, step_data: dict[str
         if isinstance(item, Verdict):
             return (f'<p class="verdict {item.status.replace(" ", "-")}"><strong>Verdict:</strong> '
                     f"{html.escape(item.sentence())}</p>")
-        return markdown_html(item)
+        return _block_html(item) if isinstance(item, Plain | Heading | Items) else markdown_html(item)
 
     def section(s: Section) -> str:
         return (f'\n<section id="{s.anchor}">\n<h2>{html.escape(s.title)}</h2>\n' + "\n".join(map(part, s.parts))
@@ -549,18 +572,28 @@ def _table_html(table: Table) -> str:
     return f"<details><summary>Table of {len(table.rows)} rows (click to show)</summary>{to_html(table)}</details>"
 
 
-def _demoted(summary: Summary) -> list[Part]:
-    """A stage's results as report parts, its headings below the report's own."""
-    return [_demote(block) if isinstance(block, str) else block for block in summary.parts()]
+def _demoted(summary: Summary, by: int = 3) -> list[Part]:
+    """A stage's results as report parts, its headings below the report's own (its title, level 1, at level 4)."""
+    def part(block: Block) -> Part:
+        if isinstance(block, Heading):
+            return Heading(block.text, min(block.level + by, 6))
+        return Plain(block.strip()) if isinstance(block, str) else block
+
+    return [part(block) for block in summary.parts()]
 
 
-def _demote(text: str, by: int = 3) -> str:
-    """Shift the markdown headings of an included file below the report's own (``#`` becomes ``####``)."""
-    return re.sub(r"^(#{1,6}) ", lambda m: "#" * min(len(m.group(1)) + by, 6) + " ", text, flags=re.M).strip()
+def _block_html(block: Plain | Heading | Items) -> str:
+    """A stage's paragraph, heading or list as HTML: its text escaped, nothing in it read as markup."""
+    if isinstance(block, Heading):
+        return f"<h{block.level}>{html.escape(block.text, quote=False)}</h{block.level}>"
+    if isinstance(block, Items):
+        return "<ul>" + "".join(f"<li>{html.escape(item, quote=False)}</li>" for item in block.items) + "</ul>"
+    return f"<p>{html.escape(' '.join(block.text.splitlines()), quote=False)}</p>"
 
 
 def markdown_html(text: str) -> str:
-    """The markdown the stages write (headings, pipe tables, lists, paragraphs, **bold**, *italic*, `code`)."""
+    """The report's own markdown text as HTML (headings, pipe tables, lists, paragraphs, **bold**, *italic*, `code`):
+    its section lines, settings and notes. A stage's text never comes here: its blocks are rendered as they are."""
     out = []
     for kind, group in itertools.groupby(text.splitlines(), key=_line_kind):
         lines = list(group)

@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
 from dynheads.analysis.evidence import (
     UNDEFINED,
@@ -100,7 +99,8 @@ def _missing(value: float | None) -> bool:
 
 # ---- Claim 1 ----------------------------------------------------------------------------------------------------
 def dynamism_verdict(data: Mapping | None, task: str, evidence: EvidenceSettings | None = None) -> Verdict:
-    """Claim 1 from a dynamism.json (``stats`` and ``per_sample``, see ``analysis.dynamism``)."""
+    """Claim 1 from the numbers the dynamism stage published (``stats``, ``per_sample`` and ``static_kind``; see
+    ``experiments.analyses.dynamism_report``)."""
     evidence = evidence or EvidenceSettings()
     if not data or "stats" not in data:
         return failed(CLAIM1, task, "no dynamism statistics")
@@ -110,7 +110,7 @@ def dynamism_verdict(data: Mapping | None, task: str, evidence: EvidenceSettings
     numbers = {key: stats.get(key) for key in keys}
     per_sample = data.get("per_sample")
     if not per_sample:
-        return failed(CLAIM1, task, "dynamism.json has no per-sample statistics (written by an older dynheads): "
+        return failed(CLAIM1, task, "the dynamism stage published no per-sample statistics (an older dynheads): "
                                     "re-run the dynamism stage")
     counts = np.asarray(per_sample["head_counts"], dtype=float)  # [sample, L*H]
     static_kind = data.get("static_kind") or "copy"
@@ -149,7 +149,8 @@ def _entropy(counts: np.ndarray) -> float:
 @dataclass(frozen=True)
 class AblationMasking:
     """What the ablation grid masked: the matching mode, and per strategy the heads masked per step (mean over
-    samples) and the samples that masked no head at any step."""
+    samples) and the samples that masked no head at any step (the stage publishes these numbers:
+    ``experiments.ablation.masking_numbers``)."""
 
     matching: str
     masked: dict[str, float]
@@ -162,35 +163,11 @@ class AblationMasking:
         return f"{self.matching} matching; " + "; ".join(parts)
 
 
-def masking_from_cells(cells: pd.DataFrame) -> AblationMasking | None:
-    """``AblationMasking`` from an ablation grid's cells.csv; None for a cells.csv written before it had the
-    ``matching``, ``mean_masked`` and ``zero_masked`` columns."""
-    if not {"matching", "mean_masked", "zero_masked", "samples", "strategy"} <= set(cells.columns):
-        return None
-    groups = cells.assign(masked_sum=cells["mean_masked"] * cells["samples"]).groupby("strategy")
-    samples = groups["samples"].sum()
-    return AblationMasking(matching=str(cells["matching"].iloc[0]),
-                           masked=(groups["masked_sum"].sum() / samples).astype(float).to_dict(),
-                           zero_masked=groups["zero_masked"].sum().astype(int).to_dict(),
-                           samples=samples.astype(int).to_dict())
-
-
-def per_sample_metric(records: Sequence[Mapping], metric: str) -> dict[str, np.ndarray]:
-    """Ablation records to ``{strategy: [sample]}`` over the samples every strategy has, in one sample order."""
-    frame = pd.DataFrame([{"sample": record.get("grid_sample_id", record["sample_id"]),
-                           "strategy": record["strategy"], "value": record["metrics"].get(metric, math.nan)}
-                          for record in records])
-    if frame.empty:
-        return {}
-    table = frame.pivot_table(index="sample", columns="strategy", values="value", aggfunc="mean").dropna()
-    return {str(strategy): table[strategy].to_numpy(float) for strategy in table.columns}
-
-
 def irreplaceability_verdict(values: Mapping[str, np.ndarray] | None, metric: str, task: str,
                              masking: AblationMasking | None = None,
                              evidence: EvidenceSettings | None = None) -> Verdict:
     """Claim 2 from the per-sample task metric of each ablation strategy (``none``, ``dynamic``, ``static``,
-    ``random``; arrays over the same samples). ``masking`` (from ``masking_from_cells``) says what was compared."""
+    ``random``; arrays over the same samples). ``masking`` says what was compared."""
     evidence = evidence or EvidenceSettings()
     if not values:
         return failed(CLAIM2, task, "no ablation results")
@@ -281,18 +258,6 @@ def _fmt(value: float | None) -> str:
 
 
 # ---- RAG --------------------------------------------------------------------------------------------------------
-def per_question_f1(records: Sequence[Mapping]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """RAG records to ``{k: (dynamic F1, static F1)}`` over the questions both strategies answered at that k."""
-    frame = pd.DataFrame([{"question": r["question_id"], "strategy": r["strategy"], "k": r["k"],
-                           "f1": r["metrics"]["f1"]} for r in records if r["strategy"] in ("dynamic", "static")])
-    pairs = {}
-    for k, group in frame.groupby("k") if not frame.empty else ():
-        table = group.pivot_table(index="question", columns="strategy", values="f1", aggfunc="mean").dropna()
-        if {"dynamic", "static"} <= set(table.columns):
-            pairs[int(k)] = (table["dynamic"].to_numpy(float), table["static"].to_numpy(float))
-    return pairs
-
-
 def rag_verdict(pairs: Mapping[int, tuple[np.ndarray, np.ndarray]], task: str = HOTPOTQA.label,
                 evidence: EvidenceSettings | None = None) -> Verdict:
     """Does Dynamic beat Static? ``pairs`` maps k to per-question F1 arrays (dynamic, static), same questions."""
