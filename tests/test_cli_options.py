@@ -29,7 +29,7 @@ def test_flags_reach_the_config_parsed_and_renamed(monkeypatch, tmp_path):
 
     seen = {}
 
-    def fake_run_rag(config, out):
+    def fake_run_rag(config, out, batch_size=1):
         seen["config"] = config
         (tmp_path / "rag.md").write_text("table\n")
         return type("Run", (), {"path": tmp_path})()
