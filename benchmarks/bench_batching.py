@@ -39,8 +39,12 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,4,8,16")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--check-samples", type=int, default=None,
-                        help="samples of each batch compared with batch-1 traces (default: all)")
+    parser.add_argument(
+        "--check-samples",
+        type=int,
+        default=None,
+        help="samples of each batch compared with batch-1 traces (default: all)",
+    )
     parser.add_argument("--what", choices=("trace", "ablation"), default="trace")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/batching.json"))
     args = parser.parse_args()
@@ -73,8 +77,9 @@ def main() -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     rows, exactness = [], []
     for length in [int(n) for n in args.lengths.split(",")]:
-        samples = [niah.make_sample(lm.tokenizer, context_tokens=length, depth=(i % 5) / 4, seed=i)
-                   for i in range(max(sizes))]
+        samples = [
+            niah.make_sample(lm.tokenizer, context_tokens=length, depth=(i % 5) / 4, seed=i) for i in range(max(sizes))
+        ]
         singles = None
         for round_ in range(args.rounds):
             for size in sizes:
@@ -83,14 +88,24 @@ def main() -> None:
                 end, cpu_end = time.perf_counter(), time.process_time()
                 total, decode = end - start, end - prefill_done[0]
                 cpu_total, cpu_decode = cpu_end - cpu_start, cpu_end - prefill_done[1]
-                rows.append({"what": args.what, "context_tokens": length, "batch_size": size, "round": round_,
-                             "prompt_tokens": [len(s.input_ids) for s in samples[:size]],
-                             "new_tokens": args.new_tokens, "seconds": total, "decode_seconds": decode,
-                             "tokens_per_s": size * args.new_tokens / total,
-                             "decode_tokens_per_s": size * (args.new_tokens - 1) / decode,
-                             "cpu_seconds": cpu_total, "decode_cpu_seconds": cpu_decode,
-                             "tokens_per_cpu_s": size * args.new_tokens / cpu_total,
-                             "decode_tokens_per_cpu_s": size * (args.new_tokens - 1) / cpu_decode})
+                rows.append(
+                    {
+                        "what": args.what,
+                        "context_tokens": length,
+                        "batch_size": size,
+                        "round": round_,
+                        "prompt_tokens": [len(s.input_ids) for s in samples[:size]],
+                        "new_tokens": args.new_tokens,
+                        "seconds": total,
+                        "decode_seconds": decode,
+                        "tokens_per_s": size * args.new_tokens / total,
+                        "decode_tokens_per_s": size * (args.new_tokens - 1) / decode,
+                        "cpu_seconds": cpu_total,
+                        "decode_cpu_seconds": cpu_decode,
+                        "tokens_per_cpu_s": size * args.new_tokens / cpu_total,
+                        "decode_tokens_per_cpu_s": size * (args.new_tokens - 1) / cpu_decode,
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
                 if size == 1:
                     singles = singles or traces
@@ -104,8 +119,20 @@ def main() -> None:
                     print(json.dumps(exactness[-1]), flush=True)
     summary = summarise(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"what": args.what, "threads": torch.get_num_threads(), "torch": torch.__version__,
-                                    "summary": summary, "exactness": exactness, "runs": rows}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "what": args.what,
+                "threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+                "summary": summary,
+                "exactness": exactness,
+                "runs": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     for line in summary:
         print(line)
 
@@ -117,21 +144,28 @@ def compare(length: int, size: int, singles, batched) -> dict:
     def max_diff(name: str) -> float:
         return float(max(np.abs(getattr(a, name) - getattr(b, name)).max(initial=0) for a, b in pairs))
 
-    return {"context_tokens": length, "batch_size": size,
-            "tokens_equal": all(a.tokens.tolist() == b.tokens.tolist() for a, b in pairs),
-            "argmax_equal": all(np.array_equal(a.argmax_pos, b.argmax_pos) for a, b in pairs),
-            "copy_scores_equal": all(np.array_equal(a.copy_scores, b.copy_scores) for a, b in pairs),
-            "needle_mass_max_diff": max_diff("needle_mass"), "max_prob_max_diff": max_diff("max_prob"),
-            "hidden_max_diff": max_diff("hidden")}
+    return {
+        "context_tokens": length,
+        "batch_size": size,
+        "tokens_equal": all(a.tokens.tolist() == b.tokens.tolist() for a, b in pairs),
+        "argmax_equal": all(np.array_equal(a.argmax_pos, b.argmax_pos) for a, b in pairs),
+        "copy_scores_equal": all(np.array_equal(a.copy_scores, b.copy_scores) for a, b in pairs),
+        "needle_mass_max_diff": max_diff("needle_mass"),
+        "max_prob_max_diff": max_diff("max_prob"),
+        "hidden_max_diff": max_diff("hidden"),
+    }
 
 
 def compare_ablations(length: int, size: int, singles, batched) -> dict:
     """Batched ablations against batch-1 ablations of the same samples."""
     pairs = list(zip(singles, batched, strict=True))
-    return {"context_tokens": length, "batch_size": size,
-            "tokens_equal": all(a.tokens == b.tokens for a, b in pairs),
-            "masked_equal": all(a.masked == b.masked for a, b in pairs),
-            "heads_masked": sum(len(m) for a in singles for m in a.masked)}
+    return {
+        "context_tokens": length,
+        "batch_size": size,
+        "tokens_equal": all(a.tokens == b.tokens for a, b in pairs),
+        "masked_equal": all(a.masked == b.masked for a, b in pairs),
+        "heads_masked": sum(len(m) for a in singles for m in a.masked),
+    }
 
 
 KEYS = ("tokens_per_s", "decode_tokens_per_s", "tokens_per_cpu_s", "decode_tokens_per_cpu_s")
@@ -142,8 +176,11 @@ def summarise(rows: list[dict]) -> list[dict]:
     out = []
     for length in sorted({r["context_tokens"] for r in rows}):
         at = [r for r in rows if r["context_tokens"] == length]
-        base = {k: statistics.median(r[k] for r in at if r["batch_size"] == 1)
-                for k in KEYS} if any(r["batch_size"] == 1 for r in at) else None
+        base = (
+            {k: statistics.median(r[k] for r in at if r["batch_size"] == 1) for k in KEYS}
+            if any(r["batch_size"] == 1 for r in at)
+            else None
+        )
         for size in sorted({r["batch_size"] for r in at}):
             mine = [r for r in at if r["batch_size"] == size]
             entry = {"context_tokens": length, "batch_size": size, "rounds": len(mine)}

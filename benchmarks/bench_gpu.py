@@ -22,10 +22,25 @@ from pathlib import Path
 import torch
 import transformers as tf
 
-LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0)
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=256, max_position_embeddings=4096)
+LLAMA_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rope_theta=500000.0,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=4096,
+)
 
 
 class IdTokenizer:
@@ -93,23 +108,32 @@ def main() -> None:
     rows = []
     for length in [int(n) for n in args.lengths.split(",")]:
         generator = torch.Generator().manual_seed(length)
-        prompts = [torch.randint(vocab, (length,), generator=generator).tolist()
-                   for _ in range(max(int(b) for b in args.batch_sizes.split(",")))]
+        prompts = [
+            torch.randint(vocab, (length,), generator=generator).tolist()
+            for _ in range(max(int(b) for b in args.batch_sizes.split(",")))
+        ]
         needle = list(range(length // 2, length // 2 + 16))
         samples = [type("Sample", (), {"input_ids": p, "needle_positions": needle})() for p in prompts]
         ids = torch.tensor([prompts[0]], device=args.device)
 
         def plain(ids=ids) -> None:
             with torch.inference_mode():
-                lm.model.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                  do_sample=False, pad_token_id=0)
+                lm.model.generate(
+                    ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0
+                )
 
         for round_ in range(args.rounds + 1):  # round 0 warms up
             results = [measure("plain", args.device, plain)]
             for size in [int(b) for b in args.batch_sizes.split(",")]:
-                results.append(measure(f"traced_b{size}", args.device,
-                                       lambda size=size, samples=samples: trace_batch(
-                                           lm, samples[:size], args.new_tokens, stop_at_eos=False)))
+                results.append(
+                    measure(
+                        f"traced_b{size}",
+                        args.device,
+                        lambda size=size, samples=samples: trace_batch(
+                            lm, samples[:size], args.new_tokens, stop_at_eos=False
+                        ),
+                    )
+                )
                 results[-1]["tokens_per_s"] = size * args.new_tokens / results[-1]["seconds"]
             for entry in results:
                 entry.update(context_tokens=length, round=round_, new_tokens=args.new_tokens)
@@ -118,8 +142,13 @@ def main() -> None:
                 rows.extend(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
-    args.out.write_text(json.dumps({"device": device, "torch": torch.__version__, "dtype": args.dtype,
-                                    "tiny": args.tiny, "runs": rows}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {"device": device, "torch": torch.__version__, "dtype": args.dtype, "tiny": args.tiny, "runs": rows},
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,9 @@ def main() -> None:
 
     lm = dynheads.load_model()
     sample = niah.make_sample(lm.tokenizer, context_tokens=args.length, depth=0.5, seed=0)
-    static = kv_head_ranking(load_head_list(args.static, lm.num_layers, lm.num_heads), lm.num_layers, lm.num_heads,
-                             num_kv_heads(lm))
+    static = kv_head_ranking(
+        load_head_list(args.static, lm.num_layers, lm.num_heads), lm.num_layers, lm.num_heads, num_kv_heads(lm)
+    )
     probe = load_head_predictor(args.probe)
     shared = prefill(lm, sample, args.new_tokens)
 
@@ -63,8 +64,11 @@ def main() -> None:
     modes = {"traced": traced}
     for policy in ("full", "static", "probe", "random", "true"):
         settings = KVSettings(policy=policy, budget=args.budget, static_ranking=static)
-        modes[f"kv-{policy}"] = (lambda s: lambda: kv_generate(lm, sample, s, args.new_tokens, probe=probe,
-                                                               stop_at_eos=False, prefilled=shared))(settings)
+        modes[f"kv-{policy}"] = (
+            lambda s: (
+                lambda: kv_generate(lm, sample, s, args.new_tokens, probe=probe, stop_at_eos=False, prefilled=shared)
+            )
+        )(settings)
     for run in modes.values():  # warm-up
         run()
     per_step: dict[str, list[float]] = {name: [] for name in modes}
@@ -74,10 +78,24 @@ def main() -> None:
             run()
             per_step[name].append((time.perf_counter() - start) / args.new_tokens)
     base = statistics.median(per_step["traced"])
-    rows = [{"mode": name, "ms_per_step": 1000 * statistics.median(times), "vs_traced": statistics.median(times) / base,
-             "all_ms": [1000 * t for t in times]} for name, times in per_step.items()]
-    result = {"context_tokens": args.length, "prompt_tokens": len(sample.input_ids), "new_tokens": args.new_tokens,
-              "budget": args.budget, "repeats": args.repeats, "threads": torch.get_num_threads(), "rows": rows}
+    rows = [
+        {
+            "mode": name,
+            "ms_per_step": 1000 * statistics.median(times),
+            "vs_traced": statistics.median(times) / base,
+            "all_ms": [1000 * t for t in times],
+        }
+        for name, times in per_step.items()
+    ]
+    result = {
+        "context_tokens": args.length,
+        "prompt_tokens": len(sample.input_ids),
+        "new_tokens": args.new_tokens,
+        "budget": args.budget,
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kv.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print("| mode | ms / step | vs traced |\n|---|---|---|")

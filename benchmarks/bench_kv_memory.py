@@ -49,8 +49,9 @@ def child(length: int, mode: str, new_tokens: int, whole: int, static: Path) -> 
     sample = niah.make_sample(lm.tokenizer, context_tokens=length, depth=0.5, seed=0)
     ids = list(sample.input_ids)
     matrix = np.loadtxt(static / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
-    order = sorted(((layer, kv) for layer, kv in zip(*np.nonzero(matrix > 0), strict=True)),
-                   key=lambda h: (-matrix[h], h))
+    order = sorted(
+        ((layer, kv) for layer, kv in zip(*np.nonzero(matrix > 0), strict=True)), key=lambda h: (-matrix[h], h)
+    )
     kept = [(int(layer), int(kv)) for layer, kv in order[:whole]]
     with torch.inference_mode():  # touch every weight page first: the peak should measure the decoding only
         lm.model(input_ids=torch.tensor([ids[:16]]))
@@ -68,12 +69,20 @@ def child(length: int, mode: str, new_tokens: int, whole: int, static: Path) -> 
         cache_bytes = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     else:
         sink, recent = (int(x) for x in mode.removeprefix("headwise-").split("/"))
-        result = headwise_generate(lm, ids, kept, sink=sink, recent=recent, max_new_tokens=new_tokens,
-                                   stop_at_eos=False)
+        result = headwise_generate(
+            lm, ids, kept, sink=sink, recent=recent, max_new_tokens=new_tokens, stop_at_eos=False
+        )
         cache_bytes, tokens = result.cache_bytes, result.tokens
     peak = _status_kb("VmHWM")
-    return {"length": length, "prompt_tokens": len(ids), "mode": mode, "whole_kv_heads": len(kept),
-            "cache_mb": cache_bytes / 1e6, "peak_mb": (peak - before) / 1024, "tokens": tokens}
+    return {
+        "length": length,
+        "prompt_tokens": len(ids),
+        "mode": mode,
+        "whole_kv_heads": len(kept),
+        "cache_mb": cache_bytes / 1e6,
+        "peak_mb": (peak - before) / 1024,
+        "tokens": tokens,
+    }
 
 
 def main() -> None:
@@ -97,9 +106,24 @@ def main() -> None:
     rows = []
     for length in (int(x) for x in args.lengths.split(",")):
         for mode in modes:
-            done = subprocess.run([sys.executable, __file__, "--child", f"{length}:{mode}", "--new-tokens",
-                                   str(args.new_tokens), "--whole", str(args.whole), "--static", str(args.static)],
-                                  check=True, capture_output=True, text=True, env=env)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    f"{length}:{mode}",
+                    "--new-tokens",
+                    str(args.new_tokens),
+                    "--whole",
+                    str(args.whole),
+                    "--static",
+                    str(args.static),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(rows[-1], flush=True)
     for row in rows:
@@ -108,12 +132,16 @@ def main() -> None:
         row["peak_vs_full"] = row["peak_mb"] / full["peak_mb"]
         row["same_tokens_as_full"] = row["tokens"] == full["tokens"]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kv-memory.json").write_text(json.dumps({"new_tokens": args.new_tokens, "whole": args.whole,
-                                                         "rows": rows}, indent=2) + "\n", encoding="utf-8")
+    (args.out / "kv-memory.json").write_text(
+        json.dumps({"new_tokens": args.new_tokens, "whole": args.whole, "rows": rows}, indent=2) + "\n",
+        encoding="utf-8",
+    )
     print("| length | mode | cache MB | vs full | peak RSS growth MB | vs full |\n|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['prompt_tokens']} | {row['mode']} | {row['cache_mb']:.1f} | {row['cache_vs_full']:.3f} | "
-              f"{row['peak_mb']:.1f} | {row['peak_vs_full']:.3f} |")
+        print(
+            f"| {row['prompt_tokens']} | {row['mode']} | {row['cache_mb']:.1f} | {row['cache_vs_full']:.3f} | "
+            f"{row['peak_mb']:.1f} | {row['peak_vs_full']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

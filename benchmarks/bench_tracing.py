@@ -50,9 +50,15 @@ def measure(mode: str, length: int, new_tokens: int, repeats: int) -> dict:
             return
         lm.model.set_attn_implementation("eager" if mode == "eager" else "sdpa")
         with torch.inference_mode():
-            lm.model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                              output_attentions=mode == "eager", return_dict_in_generate=mode == "eager",
-                              pad_token_id=lm.tokenizer.eos_token_id)
+            lm.model.generate(
+                ids,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                output_attentions=mode == "eager",
+                return_dict_in_generate=mode == "eager",
+                pad_token_id=lm.tokenizer.eos_token_id,
+            )
 
     run_once()  # warm-up
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS counter (Linux)
@@ -63,9 +69,17 @@ def measure(mode: str, length: int, new_tokens: int, repeats: int) -> dict:
         run_once()
         times.append(time.perf_counter() - start)
     peak = _rss_kb("VmHWM:")
-    return {"mode": mode, "context_tokens": length, "prompt_tokens": len(sample.input_ids),
-            "new_tokens": new_tokens, "seconds": statistics.median(times), "all_seconds": times,
-            "peak_rss_mb": peak / 1024, "increment_mb": (peak - before) / 1024, "threads": torch.get_num_threads()}
+    return {
+        "mode": mode,
+        "context_tokens": length,
+        "prompt_tokens": len(sample.input_ids),
+        "new_tokens": new_tokens,
+        "seconds": statistics.median(times),
+        "all_seconds": times,
+        "peak_rss_mb": peak / 1024,
+        "increment_mb": (peak - before) / 1024,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def main() -> None:
@@ -89,8 +103,17 @@ def main() -> None:
     for length in lengths:
         extra = (["ablated"] if length in ablated else []) + (["eager"] if length in eager else [])
         for mode in ["plain", "traced", *extra]:
-            command = [sys.executable, __file__, "--child", mode, str(length), "--new-tokens", str(args.new_tokens),
-                       "--repeats", str(args.repeats)]
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                str(length),
+                "--new-tokens",
+                str(args.new_tokens),
+                "--repeats",
+                str(args.repeats),
+            ]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{mode} at {length}: failed ({done.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
@@ -105,15 +128,19 @@ def main() -> None:
 def table(rows: list[dict]) -> str:
     """Markdown table of ratios against plain generate (and, for ablated decoding, traced) at the same length."""
     by = {(r["context_tokens"], r["mode"]): r for r in rows}
-    lines = ["| context | mode | time (s) | time / plain | time / traced | peak RSS (MB) | peak / plain | "
-             "increment (MB) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| context | mode | time (s) | time / plain | time / traced | peak RSS (MB) | peak / plain | increment (MB) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         plain, traced = by.get((r["context_tokens"], "plain")), by.get((r["context_tokens"], "traced"))
         time_ratio = f"{r['seconds'] / plain['seconds']:.2f}x" if plain else "n/a"
         traced_ratio = f"{r['seconds'] / traced['seconds']:.2f}x" if traced and r["mode"] == "ablated" else ""
         mem_ratio = f"{r['peak_rss_mb'] / plain['peak_rss_mb']:.2f}x" if plain else "n/a"
-        lines.append(f"| {r['context_tokens']} | {r['mode']} | {r['seconds']:.2f} | {time_ratio} | {traced_ratio} | "
-                     f"{r['peak_rss_mb']:.0f} | {mem_ratio} | {r['increment_mb']:.0f} |")
+        lines.append(
+            f"| {r['context_tokens']} | {r['mode']} | {r['seconds']:.2f} | {time_ratio} | {traced_ratio} | "
+            f"{r['peak_rss_mb']:.0f} | {mem_ratio} | {r['increment_mb']:.0f} |"
+        )
     return "\n".join(lines)
 
 

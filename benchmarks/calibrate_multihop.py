@@ -31,38 +31,73 @@ from dynheads.tasks.registry import task_of
 
 def greedy(lm, input_ids: list[int], max_new_tokens: int) -> str:
     with torch.no_grad():
-        out = lm.model.generate(torch.tensor([input_ids], device=lm.device), max_new_tokens=max_new_tokens,
-                                do_sample=False)
-    return lm.tokenizer.decode(out[0, len(input_ids):], skip_special_tokens=True)
+        out = lm.model.generate(
+            torch.tensor([input_ids], device=lm.device), max_new_tokens=max_new_tokens, do_sample=False
+        )
+    return lm.tokenizer.decode(out[0, len(input_ids) :], skip_special_tokens=True)
 
 
-def calibrate(lm, spec: str, questions: int, lengths: tuple[int, ...], depths: tuple[float, ...], seed: int,
-              first: int, max_new_tokens: int, hidden: bool) -> dict:
+def calibrate(
+    lm,
+    spec: str,
+    questions: int,
+    lengths: tuple[int, ...],
+    depths: tuple[float, ...],
+    seed: int,
+    first: int,
+    max_new_tokens: int,
+    hidden: bool,
+) -> dict:
     data = spec if ":" in spec or "=" not in spec else f"{multihop.SOURCE}:{spec}"
     task = task_of("hotpotqa", data)
-    config = HotpotConfig(data=data, questions=questions, first=first, lengths=lengths, depths=depths, seed=seed,
-                          split="calibration")
+    config = HotpotConfig(
+        data=data, questions=questions, first=first, lengths=lengths, depths=depths, seed=seed, split="calibration"
+    )
     samples = task.grid(config, lm.tokenizer).samples
-    row: dict = {"form": data, "task": task.name, "n": len(samples), "lengths": list(lengths),
-                 "depths": list(depths), "first": first, "seed": seed,
-                 "prompt_tokens": float(np.mean([len(s.input_ids) for s in samples]))}
+    row: dict = {
+        "form": data,
+        "task": task.name,
+        "n": len(samples),
+        "lengths": list(lengths),
+        "depths": list(depths),
+        "first": first,
+        "seed": seed,
+        "prompt_tokens": float(np.mean([len(s.input_ids) for s in samples])),
+    }
     start = time.perf_counter()
     texts = [greedy(lm, s.input_ids, max_new_tokens) for s in samples]
-    records = [{"answer": s.answer, "meta": s.meta, "metrics": task.score(s, text), "context_tokens": s.context_tokens,
-                "depth": s.depth} for s, text in zip(samples, texts, strict=True)]
+    records = [
+        {
+            "answer": s.answer,
+            "meta": s.meta,
+            "metrics": task.score(s, text),
+            "context_tokens": s.context_tokens,
+            "depth": s.depth,
+        }
+        for s, text in zip(samples, texts, strict=True)
+    ]
     row["examples"] = texts[:3]
     for metric in task.metrics:
         row[f"full_{metric}"] = float(np.mean([r["metrics"][metric] for r in records]))
     row.update({f"cand_{k}": v for k, v in candidates.summarise(records).items()})
     row["by_rank"] = {str(k): v for k, v in candidates.by_gold_rank(records).items()}
-    row["by_length"] = {str(length): float(np.mean([r["metrics"]["em"] for r in records
-                                                    if r["context_tokens"] == length])) for length in lengths}
+    row["by_length"] = {
+        str(length): float(np.mean([r["metrics"]["em"] for r in records if r["context_tokens"] == length]))
+        for length in lengths
+    }
     row["per_sample_em"] = [r["metrics"]["em"] for r in records]
     if hidden:
-        closed = [render_chat(lm.tokenizer, multihop.SYSTEM_PROMPT, multihop.USER_TEMPLATE.format(
-            context="", question=s.question)).input_ids for s in samples]
-        row["hidden_em"] = float(np.mean([task.score(s, greedy(lm, ids, max_new_tokens))["em"]
-                                          for s, ids in zip(samples, closed, strict=True)]))
+        closed = [
+            render_chat(
+                lm.tokenizer, multihop.SYSTEM_PROMPT, multihop.USER_TEMPLATE.format(context="", question=s.question)
+            ).input_ids
+            for s in samples
+        ]
+        row["hidden_em"] = float(
+            np.mean(
+                [task.score(s, greedy(lm, ids, max_new_tokens))["em"] for s, ids in zip(samples, closed, strict=True)]
+            )
+        )
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row
 
@@ -85,8 +120,9 @@ def main() -> None:
     depths = tuple(float(d) for d in args.depths.split(","))
     rows = []
     for spec in args.form:
-        row = calibrate(lm, spec, args.questions, lengths, depths, args.seed, args.first, args.max_new_tokens,
-                        args.hidden)
+        row = calibrate(
+            lm, spec, args.questions, lengths, depths, args.seed, args.first, args.max_new_tokens, args.hidden
+        )
         rows.append(row)
         with open(args.out, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
@@ -95,8 +131,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         ranks = ", ".join(f"{k}: {m:.2f} ({n})" for k, (n, m) in r["by_rank"].items())
-        print(f"| {r['form']} | {r['n']} | {r['full_em']:.2f} | {r['cand_chance']:.2f} | {r['cand_first']:.2f} | "
-              f"{r['cand_last']:.2f} | {ranks} | {r['cand_distractor_share']:.2f} of {r['cand_wrong']} |")
+        print(
+            f"| {r['form']} | {r['n']} | {r['full_em']:.2f} | {r['cand_chance']:.2f} | {r['cand_first']:.2f} | "
+            f"{r['cand_last']:.2f} | {ranks} | {r['cand_distractor_share']:.2f} of {r['cand_wrong']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
-# Types first (seconds, so a type error fails fast): mypy over src/dynheads, configured in pyproject.toml.
+# Lint, format and types first (seconds, so they fail fast): ruff (pinned in the dev extra: its formatting moves
+# between minor releases) and mypy over src/dynheads, both configured in pyproject.toml.
+"${PYTHON:-python3}" -m ruff check src tests benchmarks
+"${PYTHON:-python3}" -m ruff format --check src tests benchmarks
 "${PYTHON:-python3}" -m mypy
 "${PYTHON:-python3}" -m pytest -q
 # kvpress pins transformers<5.3: its tests (skipped above when the main environment lacks it) run again in a venv

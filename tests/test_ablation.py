@@ -38,6 +38,7 @@ def _heads_removed_from(lm, heads, first):
             for head in layer_heads:
                 states[:, first:, head * head_dim : (head + 1) * head_dim] = 0.0
             return (states,)
+
         return hook
 
     by_layer = {}
@@ -61,10 +62,11 @@ def _sample(seed=0, length=24):
 def test_none_strategy_is_plain_generation(family):
     lm, sample = _lm(family), _sample()
     with torch.no_grad():
-        plain = lm.model.generate(torch.tensor([sample.input_ids]), max_new_tokens=10, min_new_tokens=10,
-                                  do_sample=False, pad_token_id=0)
+        plain = lm.model.generate(
+            torch.tensor([sample.input_ids]), max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0
+        )
     result = ablated_generate(lm, sample, AblationSettings(strategy="none"), max_new_tokens=10)
-    assert result.tokens == plain[0, len(sample.input_ids):].tolist()
+    assert result.tokens == plain[0, len(sample.input_ids) :].tolist()
     assert all(m == [] for m in result.masked)
 
 
@@ -108,8 +110,9 @@ def test_dynamic_ablation_masks_the_copy_heads_and_reports_counts():
 def test_static_and_random_mask_the_matched_count():  # the mean-count reading (matching="mean")
     lm, sample = _lm(), _sample(4)
     ranking = tuple((layer, head) for layer in range(3) for head in range(4))
-    static = ablated_generate(lm, sample, AblationSettings(strategy="static", matching="mean", count=3,
-                                                           static_ranking=ranking), 4)
+    static = ablated_generate(
+        lm, sample, AblationSettings(strategy="static", matching="mean", count=3, static_ranking=ranking), 4
+    )
     assert all(m == list(ranking[:3]) for m in static.masked)
     random_a = ablated_generate(lm, sample, AblationSettings(strategy="random", matching="mean", count=3, seed=7), 4)
     random_b = ablated_generate(lm, sample, AblationSettings(strategy="random", matching="mean", count=3, seed=7), 4)
@@ -134,8 +137,9 @@ def test_per_step_matching_masks_each_steps_own_dynamic_count(monkeypatch):
     """Default matching: at step t static / random mask exactly |D_t| heads, D_t from the control run's own
     clean pass at that step (here a stub rule, so that the counts vary from step to step)."""
     stub_sets = [(2, 1), (0, 3), (1, 0)]
-    monkeypatch.setattr(ablation, "_dynamic_heads", lambda session, step, predicted, settings:
-                        stub_sets[: predicted % 4])
+    monkeypatch.setattr(
+        ablation, "_dynamic_heads", lambda session, step, predicted, settings: stub_sets[: predicted % 4]
+    )
     lm, sample = _lm(), _sample(5)
     ranking = tuple((layer, head) for layer in reversed(range(3)) for head in range(4))
     static = ablated_generate(lm, sample, AblationSettings(strategy="static", static_ranking=ranking), 8)
@@ -183,9 +187,12 @@ def test_reasoning_heads_are_ordered_by_their_eq2_score():
     assert [float(scores[h]) for h in heads] == sorted((float(scores[h]) for h in heads), reverse=True)
     by_peak = sorted(heads, key=lambda h: (-float(step.stats.max_prob[h]), h))
     assert by_peak != heads  # the two orders differ on this step, so the check above decides something
-    limited = ablated_generate(lm, sample, AblationSettings(strategy="dynamic", score="reasoning", threshold=0.0,
-                                                            max_dynamic=2), 1)
+    limited = ablated_generate(
+        lm, sample, AblationSettings(strategy="dynamic", score="reasoning", threshold=0.0, max_dynamic=2), 1
+    )
     assert limited.masked[0] == heads[:2]
+
+
 @pytest.mark.parametrize("threshold", ["0.2", "relative:0.5"])
 def test_eq2_dynamic_sets_follow_the_threshold_mode(threshold):
     # Step 0 of the ablated decoder sees the same clean pass as the tracer: its Eq. 2 set must be the traced

@@ -62,12 +62,18 @@ def test_batched_ablation_refuses_mixed_masking_modes():
 def test_embedded_model_batched_niah_ablation_equals_batch_one(embedded):
     """Eq. 1 dynamic heads of a real copying model: the rows mask the heads that copy the UUID."""
     tok = embedded.tokenizer
-    samples = [niah.make_sample(tok, context_tokens=n, depth=d, seed=s)
-               for n, d, s in ((300, 0.5, 1), (180, 0.2, 2), (420, 0.9, 3))]
-    settings = [AblationSettings(strategy="dynamic"), AblationSettings(strategy="random", seed=1),
-                AblationSettings(strategy="dynamic", max_dynamic=2)]
+    samples = [
+        niah.make_sample(tok, context_tokens=n, depth=d, seed=s)
+        for n, d, s in ((300, 0.5, 1), (180, 0.2, 2), (420, 0.9, 3))
+    ]
+    settings = [
+        AblationSettings(strategy="dynamic"),
+        AblationSettings(strategy="random", seed=1),
+        AblationSettings(strategy="dynamic", max_dynamic=2),
+    ]
     reference = [ablated_generate(embedded, s, a, 12) for s, a in zip(samples, settings, strict=True)]
     assert sum(len(m) for r in reference for m in r.masked) > 0, "the embedded model should copy"
-    for index, (ref, got) in enumerate(zip(reference, ablated_generate_batch(embedded, samples, settings, 12),
-                                           strict=True)):
+    for index, (ref, got) in enumerate(
+        zip(reference, ablated_generate_batch(embedded, samples, settings, 12), strict=True)
+    ):
         assert_same_ablation(ref, got, f"embedded sample {index}")

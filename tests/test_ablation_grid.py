@@ -52,8 +52,9 @@ def ranked_file(tmp_path, layers: int, heads: int):
 
 
 def grid_config(model_dir, static, **overrides) -> AblationConfig:
-    values = dict(model=str(model_dir), lengths=(200,), depths=(0.0, 1.0), runs=1, max_new_tokens=3, seed=3,
-                  static=static)
+    values = dict(
+        model=str(model_dir), lengths=(200,), depths=(0.0, 1.0), runs=1, max_new_tokens=3, seed=3, static=static
+    )
     return AblationConfig(**{**values, **overrides})
 
 
@@ -100,10 +101,12 @@ def test_bad_settings_are_refused_before_any_work(tiny_model_dir, tiny_lm, tmp_p
     missing.write_text('["5-0", "0-1"]')  # the tiny model has 3 layers
     with pytest.raises(DynheadsError, match="does not have: L5-H0"):
         run_ablation(grid_config(tiny_model_dir, str(missing)), tmp_path / "a", lm=tiny_lm, progress=False)
-    cases = [(dict(strategies=("static",)), "needs a static head list"),
-             (dict(strategies=("fixed",)), "fixed strategy and --heads go together"),
-             (dict(strategies=("fixed",), heads=("3-0",)), "does not have: L3-H0"),
-             (dict(mode="half"), "unknown masking mode 'half'")]
+    cases = [
+        (dict(strategies=("static",)), "needs a static head list"),
+        (dict(strategies=("fixed",)), "fixed strategy and --heads go together"),
+        (dict(strategies=("fixed",), heads=("3-0",)), "does not have: L3-H0"),
+        (dict(mode="half"), "unknown masking mode 'half'"),
+    ]
     for overrides, message in cases:
         with pytest.raises(DynheadsError, match=message):
             run_ablation(grid_config(tiny_model_dir, None, **overrides), tmp_path / "b", lm=tiny_lm, progress=False)
@@ -118,8 +121,16 @@ def test_fixed_strategy_masks_its_heads_at_every_step(tiny_model_dir, tiny_lm, t
 
 
 def test_progressive_summary_has_one_row_per_k(tiny_model_dir, tiny_lm, tmp_path, fake_dynamic_sets):
-    config = ProgressiveConfig(model=str(tiny_model_dir), ks=(2, 0, 1), lengths=(200,), depths=(0.5,), runs=1,
-                               max_new_tokens=3, static=ranked_file(tmp_path, 3, 4), top_static=5)
+    config = ProgressiveConfig(
+        model=str(tiny_model_dir),
+        ks=(2, 0, 1),
+        lengths=(200,),
+        depths=(0.5,),
+        runs=1,
+        max_new_tokens=3,
+        static=ranked_file(tmp_path, 3, 4),
+        top_static=5,
+    )
     run = run_progressive(config, tmp_path / "prog", lm=tiny_lm, progress=False)
     assert len(run.records()) == 3
     table = pd.read_csv(tmp_path / "prog" / "progressive.csv")
@@ -135,8 +146,10 @@ def test_progressive_summary_has_one_row_per_k(tiny_model_dir, tiny_lm, tmp_path
 
 def test_heat_maps_share_one_colour_scale_and_fade_by_count(tmp_path):
     index, columns = pd.Index([0.0, 0.5, 1.0], name="depth"), pd.Index([500, 1000], name="length")
-    panels = {"dynamic": pd.DataFrame([[0.0, 0.1], [0.2, 0.0], [0.0, 0.3]], index, columns),
-              "static": pd.DataFrame([[1.0, 0.9], [0.8, 1.0], [1.0, 0.7]], index, columns)}
+    panels = {
+        "dynamic": pd.DataFrame([[0.0, 0.1], [0.2, 0.0], [0.0, 0.3]], index, columns),
+        "static": pd.DataFrame([[1.0, 0.9], [0.8, 1.0], [1.0, 0.7]], index, columns),
+    }
     figure = heatmap_figure(panels, label="accuracy")
     images = [image for ax in figure.axes for image in ax.get_images()]
     assert len(images) == 2 and all(image.get_clim() == (0.0, 1.0) for image in images)
@@ -154,8 +167,12 @@ def test_heat_maps_share_one_colour_scale_and_fade_by_count(tmp_path):
 
 
 def test_cli_bad_strategy_gets_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "dynheads", "ablate", "--strategies", "dynamic,bogus",
-                             "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "dynheads", "ablate", "--strategies", "dynamic,bogus", "--out", str(tmp_path / "bad")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "unknown ablation strategy 'bogus'" in lines[0], result.stderr
@@ -166,8 +183,17 @@ def test_hotpotqa_grid_uses_eq2_sets_and_em_f1(tiny_model_dir, tmp_path):
     from dynheads.experiments.ablation import AblationConfig, run_ablation
     from dynheads.models import load_model
 
-    config = AblationConfig(model=str(tiny_model_dir), task="hotpotqa", questions=2, lengths=(300,), depths=(0.5,),
-                            runs=1, max_new_tokens=3, strategies=("dynamic", "random"), threshold=0.05)
+    config = AblationConfig(
+        model=str(tiny_model_dir),
+        task="hotpotqa",
+        questions=2,
+        lengths=(300,),
+        depths=(0.5,),
+        runs=1,
+        max_new_tokens=3,
+        strategies=("dynamic", "random"),
+        threshold=0.05,
+    )
     run = run_ablation(config, tmp_path / "hq", lm=load_model(tiny_model_dir), progress=False)
     records = run.records()
     assert len(records) == 2 * 3  # none, dynamic, random per question
@@ -202,33 +228,50 @@ def test_grid_default_matches_each_controls_own_dynamic_count(tiny_model_dir, ti
     published = read_summaries(tmp_path / "grid")["summary.md"].numbers  # what the report's verdict reads
     from_cells = masking_numbers(cells)
     assert published["masking"]["masked"] == pytest.approx(from_cells["masked"])
-    assert {key: value for key, value in published["masking"].items() if key != "masked"} == \
-        {key: value for key, value in from_cells.items() if key != "masked"}
+    assert {key: value for key, value in published["masking"].items() if key != "masked"} == {
+        key: value for key, value in from_cells.items() if key != "masked"
+    }
     for metric in ("accuracy", "rouge_l"):  # per sample, in one sample order, for every strategy
-        assert published["per_sample"][metric] == {strategy: [records[f"{sample}-{strategy}"]["metrics"][metric]
-                                                              for sample in sorted(SAMPLES)]
-                                                   for strategy in ("dynamic", "none", "random", "static")}
+        assert published["per_sample"][metric] == {
+            strategy: [records[f"{sample}-{strategy}"]["metrics"][metric] for sample in sorted(SAMPLES)]
+            for strategy in ("dynamic", "none", "random", "static")
+        }
     masking = claims.AblationMasking(**published["masking"])
-    verdict = claims.irreplaceability_verdict(_per_sample({"none": 1.0, "dynamic": 0.0, "static": 0.9, "random": 0.9}),
-                                              "accuracy", "NIAH", masking)
+    verdict = claims.irreplaceability_verdict(
+        _per_sample({"none": 1.0, "dynamic": 0.0, "static": 0.9, "random": 0.9}), "accuracy", "NIAH", masking
+    )
     assert verdict.status == "supported" and "compared: per_step matching; dynamic" in verdict.reason
     assert "samples masked none" in verdict.reason and "zero-masked ones counted" in verdict.reason
 
 
 def test_mean_matching_with_zero_count_controls_is_inconclusive():
     """Controls that masked no head on samples where dynamic masked some are not 'unharmed controls'."""
-    cells = pd.DataFrame({"matching": "mean", "strategy": ["none", "dynamic", "static", "random"],
-                          "length": 500, "depth": 0.5, "accuracy": [0.8, 0.0, 0.7, 0.8], "samples": 10,
-                          "mean_masked": [0.0, 0.9, 0.6, 0.6], "zero_masked": [10, 0, 4, 4]})
+    cells = pd.DataFrame(
+        {
+            "matching": "mean",
+            "strategy": ["none", "dynamic", "static", "random"],
+            "length": 500,
+            "depth": 0.5,
+            "accuracy": [0.8, 0.0, 0.7, 0.8],
+            "samples": 10,
+            "mean_masked": [0.0, 0.9, 0.6, 0.6],
+            "zero_masked": [10, 0, 4, 4],
+        }
+    )
     masking = claims.AblationMasking(**masking_numbers(cells))
     assert masking.masked["static"] == pytest.approx(0.6) and masking.zero_masked["random"] == 4
-    verdict = claims.irreplaceability_verdict(_per_sample({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8}),
-                                              "accuracy", "NIAH", masking)
+    verdict = claims.irreplaceability_verdict(
+        _per_sample({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8}), "accuracy", "NIAH", masking
+    )
     assert verdict.status == "inconclusive" and "static on 4, random on 4, dynamic on 0" in verdict.reason
     assert "mean matching" in verdict.reason
     matched = claims.AblationMasking(**masking_numbers(cells.assign(zero_masked=[10, 1, 1, 1], matching="per_step")))
-    assert claims.irreplaceability_verdict(_per_sample({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8}),
-                                           "accuracy", "NIAH", matched).status == "supported"
+    assert (
+        claims.irreplaceability_verdict(
+            _per_sample({"none": 0.8, "dynamic": 0.0, "static": 0.7, "random": 0.8}), "accuracy", "NIAH", matched
+        ).status
+        == "supported"
+    )
 
 
 def _per_sample(means: dict[str, float], samples: int = 40) -> dict[str, np.ndarray]:
@@ -250,7 +293,17 @@ def test_batched_grid_writes_the_records_of_batch_one(tiny_model_dir, tiny_lm, t
     three = run_ablation(config, tmp_path / "three", lm=tiny_lm, progress=False, batch_size=3)
     assert len(one.records()) == 3 * len(STRATEGIES) and one.records() == three.records()
     assert any(sum(r["masked_counts"]) for r in one.records())
-    progressive = ProgressiveConfig(model=str(tiny_model_dir), ks=(0, 1, 2), lengths=(200,), depths=(0.5,), runs=2,
-                                    max_new_tokens=3, static=ranked_file(tmp_path, 3, 4), top_static=5)
-    assert (run_progressive(progressive, tmp_path / "p1", lm=tiny_lm, progress=False).records()
-            == run_progressive(progressive, tmp_path / "p4", lm=tiny_lm, progress=False, batch_size=4).records())
+    progressive = ProgressiveConfig(
+        model=str(tiny_model_dir),
+        ks=(0, 1, 2),
+        lengths=(200,),
+        depths=(0.5,),
+        runs=2,
+        max_new_tokens=3,
+        static=ranked_file(tmp_path, 3, 4),
+        top_static=5,
+    )
+    assert (
+        run_progressive(progressive, tmp_path / "p1", lm=tiny_lm, progress=False).records()
+        == run_progressive(progressive, tmp_path / "p4", lm=tiny_lm, progress=False, batch_size=4).records()
+    )

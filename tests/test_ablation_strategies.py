@@ -37,8 +37,9 @@ def last_layer():
 def test_a_registered_strategy_masks_the_heads_it_picks(last_layer):
     lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
     ids = torch.randint(3, 128, (24,), generator=torch.Generator().manual_seed(4)).tolist()
-    result = ablated_generate(lm, _Sample(ids, list(range(4, 14))),
-                              AblationSettings(strategy=last_layer, matching="mean", count=2), 4)
+    result = ablated_generate(
+        lm, _Sample(ids, list(range(4, 14))), AblationSettings(strategy=last_layer, matching="mean", count=2), 4
+    )
     assert result.masked == [[(2, 0), (2, 1)]] * len(result.masked) and len(result.masked) >= 1
     with pytest.raises(DynheadsError, match="the last-layer strategy needs a head count"):
         ablated_generate(lm, _Sample(ids, []), AblationSettings(strategy=last_layer, matching="mean"), 2)
@@ -48,17 +49,26 @@ def test_a_registered_strategy_is_offered_run_in_order_and_drawn(last_layer, tmp
     config = AblationConfig(strategies=(last_layer, "static"), matching="mean", static="list.json")
     # none (baseline) always, dynamic for the mean-matched controls' count, then the registration order
     assert config.run_strategies() == ("none", "dynamic", "static", last_layer)
-    with pytest.raises(DynheadsError, match="unknown ablation strategy 'bogus': use some of dynamic, static, random, "
-                                            "fixed, last-layer"):
+    with pytest.raises(
+        DynheadsError, match="unknown ablation strategy 'bogus': use some of dynamic, static, random, fixed, last-layer"
+    ):
         AblationConfig(strategies=("bogus",)).run_strategies()
     assert panel_order()[-2:] == [last_layer, "none"]  # the baseline's panel last
     drawn = {}
     monkeypatch.setattr(ablation_plots, "plot_heatmaps", lambda panels, path, **kwargs: drawn.update(panels) or path)
-    cells = pd.DataFrame([{"strategy": s, "length": 100, "depth": 0.5, "accuracy": 1.0, "rouge_l": 1.0,
-                           "samples": 1} for s in ("none", "dynamic", last_layer, "retired")])
+    cells = pd.DataFrame(
+        [
+            {"strategy": s, "length": 100, "depth": 0.5, "accuracy": 1.0, "rouge_l": 1.0, "samples": 1}
+            for s in ("none", "dynamic", last_layer, "retired")
+        ]
+    )
     ablation_plots.plot_ablation_cells(cells, tmp_path)
-    assert list(drawn) == ["dynamic heads masked", "last-layer heads masked", "no masking (baseline)",
-                           "retired heads masked"]  # no strategy of the cells is left out
+    assert list(drawn) == [
+        "dynamic heads masked",
+        "last-layer heads masked",
+        "no masking (baseline)",
+        "retired heads masked",
+    ]  # no strategy of the cells is left out
 
 
 def test_matchings_are_a_registry_read_by_the_settings_and_the_grid():

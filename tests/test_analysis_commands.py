@@ -32,11 +32,18 @@ UUID = "3f2a9c1e-7b4d-4e8a-9c1f-2d3e4f5a6b7c"
 def make_trace(copy: np.ndarray, hidden: np.ndarray | None = None, reasoning: np.ndarray | None = None) -> Trace:
     steps = copy.shape[0]
     zeros = np.zeros(copy.shape, np.float32)
-    return Trace(tokens=np.arange(steps, dtype=np.int64), token_texts=[f"t{i}" for i in range(steps)], text="",
-                 argmax_pos=zeros.astype(np.int32), needle_mass=zeros,
-                 scores={"copy": copy, "reasoning": copy.astype(np.float32) * 0.5 if reasoning is None else reasoning},
-                 max_prob=zeros, hidden=np.zeros((steps, 4), np.float32) if hidden is None else hidden,
-                 prompt_length=10, stop_reason="eos")
+    return Trace(
+        tokens=np.arange(steps, dtype=np.int64),
+        token_texts=[f"t{i}" for i in range(steps)],
+        text="",
+        argmax_pos=zeros.astype(np.int32),
+        needle_mass=zeros,
+        scores={"copy": copy, "reasoning": copy.astype(np.float32) * 0.5 if reasoning is None else reasoning},
+        max_prob=zeros,
+        hidden=np.zeros((steps, 4), np.float32) if hidden is None else hidden,
+        prompt_length=10,
+        stop_reason="eos",
+    )
 
 
 def sets(*steps: set[int]) -> np.ndarray:
@@ -71,8 +78,9 @@ def random_run(tmp_path_factory) -> RunDir:
     run = new_run(tmp_path_factory.mktemp("random") / "run")
     for i in range(9):
         copy = rng.random((12, *SHAPE)) < 0.3
-        trace = make_trace(copy, rng.normal(size=(12, 8)).astype(np.float32),
-                           rng.random((12, *SHAPE)).astype(np.float32))
+        trace = make_trace(
+            copy, rng.normal(size=(12, 8)).astype(np.float32), rng.random((12, *SHAPE)).astype(np.float32)
+        )
         run.save_sample({"sample_id": f"r{i}"}, trace)
     return run
 
@@ -108,13 +116,28 @@ def test_static_files_from_a_hand_made_run(known_run):
 
 def test_static_cli_on_the_tiny_model(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "static"
-    args = ("static", "--model", tiny_model_dir, "--samples", "2", "--lengths", "200", "--depths", "0,1",
-            "--max-new-tokens", "3", "--out", out)
+    args = (
+        "static",
+        "--model",
+        tiny_model_dir,
+        "--samples",
+        "2",
+        "--lengths",
+        "200",
+        "--depths",
+        "0,1",
+        "--max-new-tokens",
+        "3",
+        "--out",
+        out,
+    )
     code, _, err = cli(capsys, *args)
     # Three tokens cannot hold a UUID: no test passes, and the error says so instead of writing an empty file.
     assert code == 2 and "pass rate 0/2" in err and not (out / "static_heads.json").exists()
-    assert sorted(p.name for p in (out / "samples").iterdir()) == ["static-len200-depth0-run0.json",
-                                                                   "static-len200-depth1-run0.json"]
+    assert sorted(p.name for p in (out / "samples").iterdir()) == [
+        "static-len200-depth0-run0.json",
+        "static-len200-depth1-run0.json",
+    ]
     run = RunDir(out)
     for record in run.records():  # pretend the model answered: the real records then score and write
         write_json(run.record_path(record["sample_id"]), {**record, "generated": record["answer"]})
@@ -125,8 +148,9 @@ def test_static_cli_on_the_tiny_model(tiny_model_dir, tmp_path, capsys):
 
 # ---- dynamism -------------------------------------------------------------------------------------------------
 def test_dynamism_numbers_and_files(known_run, tmp_path, capsys):
-    code, stdout, _ = cli(capsys, "dynamism", known_run.path, "--static", tmp_path / "static.json", "--out",
-                          tmp_path / "report")
+    code, stdout, _ = cli(
+        capsys, "dynamism", known_run.path, "--static", tmp_path / "static.json", "--out", tmp_path / "report"
+    )
     assert code == 0 and "## Table 1" in stdout and "## Table 5" in stdout and "llama3.1-8b (paper)" in stdout
     stats = json.loads((tmp_path / "report" / "dynamism.json").read_text())["stats"]
     # Sizes 2, 2, 0, 1; union {0, 1, 2}; adjacent pairs 1/3 and 0; head counts 1, 3, 1.
@@ -143,10 +167,13 @@ def test_dynamism_api_with_small_k_and_reasoning_scores(known_run, tmp_path):
     copy = dynamism_report(known_run.path, tmp_path / "static.json", ks=(1, 2))
     assert copy.jaccard_static[1] == 0.5 and copy.jaccard_static[2] == pytest.approx((2 / 3 + 1 / 2) / 4)
     # The reasoning scores of this run are 0.5 where the copy score is 1: above 0.1 they give the same sets.
-    assert dynamism_report(known_run.path, tmp_path / "static.json", score="reasoning", threshold=0.1,
-                           ks=(1, 2)) == copy
-    assert dynamism_report(known_run.path, tmp_path / "static.json", score="reasoning", threshold=0.6,
-                           ks=(1,)).mean_size == 0
+    assert (
+        dynamism_report(known_run.path, tmp_path / "static.json", score="reasoning", threshold=0.1, ks=(1, 2)) == copy
+    )
+    assert (
+        dynamism_report(known_run.path, tmp_path / "static.json", score="reasoning", threshold=0.6, ks=(1,)).mean_size
+        == 0
+    )
     assert (known_run.path / "dynamism.md").is_file()
 
 
@@ -181,8 +208,9 @@ def test_dynamism_errors_are_one_line(known_run, tmp_path, capsys, setup, messag
 
 # ---- plot, cca, probe -----------------------------------------------------------------------------------------
 def test_plot_heads(random_run, tmp_path, capsys):
-    code, stdout, _ = cli(capsys, "plot", "heads", random_run.path, "--sample", "r1", "--sample", "r4", "--out",
-                          tmp_path)
+    code, stdout, _ = cli(
+        capsys, "plot", "heads", random_run.path, "--sample", "r1", "--sample", "r4", "--out", tmp_path
+    )
     assert code == 0 and stdout.split() == [str(tmp_path / "heads-r1.png"), str(tmp_path / "heads-r4.png")]
     assert (tmp_path / "heads-r4.png").read_bytes()[:4] == b"\x89PNG"
     code, _, err = cli(capsys, "plot", "heads", random_run.path, "--sample", "nope")
@@ -200,15 +228,28 @@ def test_cca(random_run, tmp_path, capsys):
     assert code == 0 and "| 1 | shuffled |" in stdout
     table = pd.read_csv(tmp_path / "cca.csv")
     assert sorted(zip(table["offset"], table["method"], strict=True)) == sorted(
-        (k, m) for k in (0, 1) for m in ("in_sample", "held_out", "shuffled"))
+        (k, m) for k in (0, 1) for m in ("in_sample", "held_out", "shuffled")
+    )
     assert (tmp_path / "cca.png").is_file() and (tmp_path / "cca.md").is_file()
     assert json.loads((tmp_path / "cca.json").read_text())["model"] == "run"
 
 
 @pytest.mark.parametrize(("score", "expected"), [("copy", "Table 2"), ("reasoning", "Table 3")])
 def test_probe_train(random_run, tmp_path, capsys, score, expected):
-    code, stdout, _ = cli(capsys, "probe", "train", random_run.path, "--score", score, "--hidden-sizes", "8",
-                          "--epochs", "2", "--out", tmp_path)
+    code, stdout, _ = cli(
+        capsys,
+        "probe",
+        "train",
+        random_run.path,
+        "--score",
+        score,
+        "--hidden-sizes",
+        "8",
+        "--epochs",
+        "2",
+        "--out",
+        tmp_path,
+    )
     assert code == 0 and f"llama3.1-8b (paper, {expected})" in stdout and "frequency baseline (ours)" in stdout
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["task"] == ("binary" if score == "copy" else "continuous") and metrics["epochs_run"] == 2
@@ -224,8 +265,11 @@ def run_with_empty_trace(tmp_path_factory) -> RunDir:
     rng = np.random.default_rng(1)
     run = new_run(tmp_path_factory.mktemp("empty") / "run")
     for i in range(6):
-        trace = make_trace(rng.random((10, *SHAPE)) < 0.3, rng.normal(size=(10, 8)).astype(np.float32),
-                           rng.random((10, *SHAPE)).astype(np.float32))
+        trace = make_trace(
+            rng.random((10, *SHAPE)) < 0.3,
+            rng.normal(size=(10, 8)).astype(np.float32),
+            rng.random((10, *SHAPE)).astype(np.float32),
+        )
         run.save_sample({"sample_id": f"r{i}"}, trace)
     empty = make_trace(np.zeros((0, *SHAPE), bool), np.zeros((0, 8), np.float32))
     run.save_sample({"sample_id": "r9-empty"}, empty)
@@ -243,8 +287,20 @@ def test_empty_traces_are_skipped_and_counted_by_cca(run_with_empty_trace, tmp_p
 
 @pytest.mark.parametrize("score", ["copy", "reasoning"])
 def test_empty_traces_are_skipped_and_counted_by_the_probe(run_with_empty_trace, tmp_path, capsys, score):
-    code, _, stderr = cli(capsys, "probe", "train", run_with_empty_trace.path, "--score", score,
-                          "--hidden-sizes", "8", "--epochs", "2", "--out", tmp_path)
+    code, _, stderr = cli(
+        capsys,
+        "probe",
+        "train",
+        run_with_empty_trace.path,
+        "--score",
+        score,
+        "--hidden-sizes",
+        "8",
+        "--epochs",
+        "2",
+        "--out",
+        tmp_path,
+    )
     assert code == 0, stderr
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["samples"] == 6 and metrics["empty_samples_skipped"] == 1
@@ -270,15 +326,15 @@ def test_analysis_functions_skip_empty_samples_directly():
     samples.append((np.zeros((0, 0)), np.zeros((0, 6))))  # as an empty trace loads: hidden [0, 0]
     table = cca_offsets(samples, (0,), CCAConfig())
     assert len(table) == 3
-    result = train_head_predictor(samples, HeadPredictorConfig(hidden_sizes=(4,), epochs=1), task="continuous",
-                                  shape=SHAPE, progress=False)
+    result = train_head_predictor(
+        samples, HeadPredictorConfig(hidden_sizes=(4,), epochs=1), task="continuous", shape=SHAPE, progress=False
+    )
     assert result.metrics["probe"]["mse"] >= 0
     stats = dynamism_stats([sets({0}, {1}), np.zeros((0, *SHAPE), bool)], [(0, 1)], ks=(1,))
     assert stats.num_samples == 1 and stats.num_steps == 2
 
 
 def test_plot_heads_refuses_a_named_empty_trace_in_one_line(run_with_empty_trace, tmp_path, capsys):
-    code, _, stderr = cli(capsys, "plot", "heads", run_with_empty_trace.path, "--sample", "r9-empty",
-                          "--out", tmp_path)
+    code, _, stderr = cli(capsys, "plot", "heads", run_with_empty_trace.path, "--sample", "r9-empty", "--out", tmp_path)
     assert code == 2 and "r9-empty generated no token" in stderr and "Traceback" not in stderr
     assert len(plot_heads(run_with_empty_trace.path, out_dir=tmp_path)) == 6  # the empty one is skipped

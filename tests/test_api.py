@@ -51,8 +51,9 @@ def _doc_imports() -> list[tuple[str, str, str]]:
     for doc in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
         blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.S)
         for block in blocks:
-            for match in re.finditer(r"^\s*from (dynheads[\w.]*) import (\([^)]*\)|.*)$|^\s*import (dynheads[\w.]*)",
-                                     block, flags=re.M):
+            for match in re.finditer(
+                r"^\s*from (dynheads[\w.]*) import (\([^)]*\)|.*)$|^\s*import (dynheads[\w.]*)", block, flags=re.M
+            ):
                 module = match.group(1) or match.group(3)
                 found.append((doc.name, module, (match.group(2) or "").strip("()")))
     return found

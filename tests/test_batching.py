@@ -66,8 +66,9 @@ def tiny_lm(family: str) -> LoadedModel:
 
 def prompts(seed: int = 3) -> list[Prompt]:
     generator = torch.Generator().manual_seed(seed)
-    return [Prompt(torch.randint(3, 128, (n,), generator=generator).tolist(), list(range(2, min(n, 9))))
-            for n in LENGTHS]
+    return [
+        Prompt(torch.randint(3, 128, (n,), generator=generator).tolist(), list(range(2, min(n, 9)))) for n in LENGTHS
+    ]
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -107,8 +108,10 @@ def test_batch_of_one_is_the_reference_path():
 @pytest.mark.slow
 def test_embedded_model_batched_niah_equals_batch_one(embedded):
     tok = embedded.tokenizer
-    samples = [niah.make_sample(tok, context_tokens=n, depth=d, seed=s)
-               for n, d, s in ((300, 0.5, 1), (180, 0.2, 2), (420, 0.9, 3))]
+    samples = [
+        niah.make_sample(tok, context_tokens=n, depth=d, seed=s)
+        for n, d, s in ((300, 0.5, 1), (180, 0.2, 2), (420, 0.9, 3))
+    ]
     assert len({len(s.input_ids) for s in samples}) == 3
     reference = [trace(embedded, s, 16) for s in samples]
     for index, (ref, got) in enumerate(zip(reference, trace_batch(embedded, samples, 16), strict=True)):

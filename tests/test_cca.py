@@ -46,8 +46,10 @@ def planted(num_samples: int, steps: int, seed: int = 0, dim_x: int = 8, dim_y: 
 
 def noise(num_samples: int, steps: int, dim_x: int, dim_y: int, seed: int = 0) -> list:
     rng = np.random.default_rng(seed)
-    return [(rng.normal(size=(steps, dim_x)).astype(np.float32), rng.normal(size=(steps, dim_y)))
-            for _ in range(num_samples)]
+    return [
+        (rng.normal(size=(steps, dim_x)).astype(np.float32), rng.normal(size=(steps, dim_y)))
+        for _ in range(num_samples)
+    ]
 
 
 def test_recovers_planted_correlations():
@@ -89,8 +91,10 @@ def test_offset_pairs_drop_pairs_past_the_end():
 
 
 def test_shuffled_pairing_is_a_seeded_derangement_and_truncates():
-    samples = [(np.full((steps, 1), i, np.float32), np.full((steps + 1, 1), i, np.float64)[:steps])
-               for i, steps in enumerate([3, 5, 4, 6, 2])]
+    samples = [
+        (np.full((steps, 1), i, np.float32), np.full((steps + 1, 1), i, np.float64)[:steps])
+        for i, steps in enumerate([3, 5, 4, 6, 2])
+    ]
     shuffled = shuffled_pairing(samples, seed=3)
     for i, (hidden, scores) in enumerate(shuffled):
         assert np.all(hidden == i) and scores[0, 0] != i

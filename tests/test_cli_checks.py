@@ -48,26 +48,41 @@ CASES = [  # (command line, what the error names, what it says)
     (["report", "{t}/kv-run"], "{t}/kv-run", "is not a study folder"),
     (["niah", *NO_MODEL, "--runs", "-1", "--out", "{t}/out"], "--runs", "runs must be at least 1, got -1"),
     (["niah", *NO_MODEL, "--batch-size", "0", "--out", "{t}/out"], "--batch-size", "batch size must be at least 1"),
-    (["trace", "--task", "hotpotqa", *NO_MODEL, "--questions", "0", "--out", "{t}/out"], "--questions",
-     "must be at least 1"),
-    (["hotpotqa", *NO_MODEL, "--data", "{t}/missing.json", "--out", "{t}/out"], "{t}/missing.json",
-     "data file not found"),
+    (
+        ["trace", "--task", "hotpotqa", *NO_MODEL, "--questions", "0", "--out", "{t}/out"],
+        "--questions",
+        "must be at least 1",
+    ),
+    (
+        ["hotpotqa", *NO_MODEL, "--data", "{t}/missing.json", "--out", "{t}/out"],
+        "{t}/missing.json",
+        "data file not found",
+    ),
     (["hotpotqa", *NO_MODEL, "--data", "{t}/bad.json", "--out", "{t}/out"], "{t}/bad.json", "is not valid JSON"),
     (["kv", *NO_MODEL, "--budgets", "0.5,1.5", "--out", "{t}/out"], "--budgets", "budget must be in (0, 1], got 1.5"),
-    (["kv", *NO_MODEL, "--out", "{t}/plain/../kv-run", "--probe", "{t}/untrained"], "{t}/untrained",
-     "is not a trained probe folder"),
+    (
+        ["kv", *NO_MODEL, "--out", "{t}/plain/../kv-run", "--probe", "{t}/untrained"],
+        "{t}/untrained",
+        "is not a trained probe folder",
+    ),
     (["rag", *NO_MODEL, "--static", "{t}/bad.json", "--out", "{t}/out"], "{t}/bad.json", "is not valid JSON"),
     (["rag", *NO_MODEL, "--k", "-5", "--out", "{t}/out"], "--k", "must be at least 0, got -5"),
     (["ablate", *NO_MODEL, "--out", "{t}/kv-run"], "{t}/kv-run", "already holds a 'kv' run"),
     (["ablate", *NO_MODEL, "--out", "{t}/good.json"], "{t}/good.json", "is a file, not a folder"),
     (["static", *NO_MODEL, "--samples", "0", "--out", "{t}/out"], "--samples", "must be at least 1"),
     (["kv-export", *NO_MODEL, "--static", "{t}/bad.json", "--out", "{t}/out"], "{t}/bad.json", "is not valid JSON"),
-    (["kv-export", *NO_MODEL, "--static", "{t}/missing.json", "--out", "{t}/out"], "{t}/missing.json",
-     "static head list not found"),
+    (
+        ["kv-export", *NO_MODEL, "--static", "{t}/missing.json", "--out", "{t}/out"],
+        "{t}/missing.json",
+        "static head list not found",
+    ),
     (["detect", "--data", "halueval:qa", "--out", "{t}/out", "--folds", "1"], "--folds", "must be at least 2"),
     (["rag", *NO_MODEL, "--trigger-form", "pos", "--out", "{t}/out"], "--trigger-form", "takes one of paper, dragin"),
-    (["niah", *NO_MODEL, "--chat-template-kwargs", "{{bad", "--out", "{t}/out"], "'{{bad'",
-     "chat template kwargs must be a JSON object"),
+    (
+        ["niah", *NO_MODEL, "--chat-template-kwargs", "{{bad", "--out", "{t}/out"],
+        "'{{bad'",
+        "chat template kwargs must be a JSON object",
+    ),
 ]
 
 
@@ -83,7 +98,11 @@ def test_a_bad_input_is_one_line_naming_it(files, capsys, monkeypatch, args, nam
 
 
 def test_through_the_installed_entry_point_too(files):
-    result = subprocess.run([sys.executable, "-m", "dynheads", "detect-apply", str(files / "good.json"),
-                             str(files / "bad.parquet")], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "dynheads", "detect-apply", str(files / "good.json"), str(files / "bad.parquet")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"error: trace {files / 'bad.parquet'} is not a readable Parquet file")

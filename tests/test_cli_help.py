@@ -14,10 +14,18 @@ from dynheads.experiments import settings
 
 register_commands()
 # command -> the config its options are generated from
-COMMAND_CONFIGS = {"niah": settings.NiahConfig, "hotpotqa": settings.HotpotConfig, "rag": settings.RagFields,
-                   "static": settings.StaticConfig, "static-reasoning": settings.StaticReasoningConfig,
-                   "ablate": settings.AblationFields, "ablate-progressive": settings.ProgressiveFields,
-                   "kv": settings.KVFields, "kv-export": settings.ModelSettings, "reproduce": settings.ReproduceConfig}
+COMMAND_CONFIGS = {
+    "niah": settings.NiahConfig,
+    "hotpotqa": settings.HotpotConfig,
+    "rag": settings.RagFields,
+    "static": settings.StaticConfig,
+    "static-reasoning": settings.StaticReasoningConfig,
+    "ablate": settings.AblationFields,
+    "ablate-progressive": settings.ProgressiveFields,
+    "kv": settings.KVFields,
+    "kv-export": settings.ModelSettings,
+    "reproduce": settings.ReproduceConfig,
+}
 FLAGS = {("rag", "ks"): "--k"}  # rag's flag for its ks field, as before
 
 
@@ -47,8 +55,11 @@ def test_help_shows_each_fields_real_default(name):
         assert params[flag].help == field.metadata["help"]  # the help is the field's, written once
         if field.default in (None, "", ()):
             continue  # the help says what None means
-        shown = (",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in field.default)
-                 if isinstance(field.default, tuple) else str(field.default))
+        shown = (
+            ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in field.default)
+            if isinstance(field.default, tuple)
+            else str(field.default)
+        )
         line = next(line for line in lines if f"{flag} " in line)
         assert f"[default: {shown}]" in line, (flag, line)
 
@@ -84,12 +95,12 @@ def test_help_groups_the_generated_options_by_their_config_piece():
     text = _help("kv")
     panels = [line.split("─")[1].strip() for line in text.splitlines() if line.startswith("╭─")]
     assert panels == ["Options", "Model", "Grid"]
-    model_box = text[text.index("╭─ Model"):text.index("╭─ Grid")]
+    model_box = text[text.index("╭─ Model") : text.index("╭─ Grid")]
     assert "--dtype" in model_box and "--budgets" not in model_box  # kv's own fields stay under Options
-    assert "--lengths" in text[text.index("╭─ Grid"):]
-    assert {"Tracing HaluEval (with --data)", "Detectors"} <= {line.split("─")[1].strip()
-                                                               for line in _help("detect").splitlines()
-                                                               if line.startswith("╭─")}
+    assert "--lengths" in text[text.index("╭─ Grid") :]
+    assert {"Tracing HaluEval (with --data)", "Detectors"} <= {
+        line.split("─")[1].strip() for line in _help("detect").splitlines() if line.startswith("╭─")
+    }
 
 
 def test_trace_shows_each_task_shape_s_default_where_they_differ():

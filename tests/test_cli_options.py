@@ -8,8 +8,17 @@ from typer.testing import CliRunner
 from dynheads.cli.app import app, register_commands
 
 register_commands()
-MODEL_COMMANDS = ["niah", "hotpotqa", "rag", "static", "static-reasoning", "ablate", "ablate-progressive", "kv",
-                  "kv-export"]
+MODEL_COMMANDS = [
+    "niah",
+    "hotpotqa",
+    "rag",
+    "static",
+    "static-reasoning",
+    "ablate",
+    "ablate-progressive",
+    "kv",
+    "kv-export",
+]
 
 
 def _params(name: str) -> set[str]:
@@ -35,8 +44,24 @@ def test_flags_reach_the_config_parsed_and_renamed(monkeypatch, tmp_path):
         return type("Run", (), {"path": tmp_path})()
 
     monkeypatch.setattr(rag, "run_rag", fake_run_rag)
-    result = CliRunner().invoke(app, ["rag", "--out", str(tmp_path), "--k", "5,10", "--lengths", "250",
-                                      "--depths", "0.5", "--dtype", "float32", "--strategies", "none,static"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "rag",
+            "--out",
+            str(tmp_path),
+            "--k",
+            "5,10",
+            "--lengths",
+            "250",
+            "--depths",
+            "0.5",
+            "--dtype",
+            "float32",
+            "--strategies",
+            "none,static",
+        ],
+    )
     assert result.exit_code == 0, result.output
     config = seen["config"]
     assert config.ks == (5, 10) and config.lengths == (250,) and config.depths == (0.5,)
@@ -62,9 +87,21 @@ def test_detect_transfer_hands_the_shared_detector_options_to_its_config(monkeyp
     for name in ("qa", "dialogue"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text('{"kind": "detect"}')
-    result = CliRunner().invoke(app, ["detect-transfer", str(tmp_path / "qa"), str(tmp_path / "dialogue"), "--out",
-                                      str(tmp_path / "out"), "--feature-sets", "lookback, entropy", "--match-length",
-                                      "--bootstrap", "50"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "detect-transfer",
+            str(tmp_path / "qa"),
+            str(tmp_path / "dialogue"),
+            "--out",
+            str(tmp_path / "out"),
+            "--feature-sets",
+            "lookback, entropy",
+            "--match-length",
+            "--bootstrap",
+            "50",
+        ],
+    )
     assert result.exit_code == 0, result.output
     config = seen["config"]
     assert config.feature_sets == ("lookback", "entropy") and config.match_length and config.bootstrap == 50

@@ -42,8 +42,20 @@ def test_trace_niah_equals_the_niah_alias(tiny_model_dir, tmp_path, capsys, monk
 
 def test_trace_a_question_task_reads_its_own_data_spelling(tiny_model_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "multihop"
-    result = run_main(capsys, monkeypatch, "trace", "--task", "multihop", "--model", tiny_model_dir, *SMALL,
-                      "--questions", "2", "--out", out)
+    result = run_main(
+        capsys,
+        monkeypatch,
+        "trace",
+        "--task",
+        "multihop",
+        "--model",
+        tiny_model_dir,
+        *SMALL,
+        "--questions",
+        "2",
+        "--out",
+        out,
+    )
     assert result.code == 0, result.stderr
     manifest = RunDir(out).manifest()
     assert manifest["kind"] == "multihop" and manifest["config"]["data"] == "multihop:hops=2"
@@ -61,24 +73,30 @@ def test_every_question_task_s_default_data_selects_it(name):
     assert qa_task(HotpotConfig(data=default_data(name))) is get_task(name)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--task", "no_such_task"], "unknown task 'no_such_task'"),
-    (["--task", "niah", "--questions", "3"], "--questions does not apply to task 'niah'"),
-    (["--task", "hotpotqa", "--runs", "2"], "--runs does not apply to task 'hotpotqa'"),
-    (["--task", "variable_tracking", "--data", "multihop"], "--data multihop selects task 'kv_lookup'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--task", "no_such_task"], "unknown task 'no_such_task'"),
+        (["--task", "niah", "--questions", "3"], "--questions does not apply to task 'niah'"),
+        (["--task", "hotpotqa", "--runs", "2"], "--runs does not apply to task 'hotpotqa'"),
+        (["--task", "variable_tracking", "--data", "multihop"], "--data multihop selects task 'kv_lookup'"),
+    ],
+)
 def test_a_wrong_task_or_option_is_one_line(tmp_path, capsys, monkeypatch, args, message):
-    result = run_main(capsys, monkeypatch, "trace", *args, "--model", tmp_path / "never-loaded", "--out",
-                      tmp_path / "out")
+    result = run_main(
+        capsys, monkeypatch, "trace", *args, "--model", tmp_path / "never-loaded", "--out", tmp_path / "out"
+    )
     assert result.code == 2 and result.stderr.startswith("error: ") and message in result.stderr, result.stderr
     assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("args", [["--help"], ["trace", "--help"], ["kv", "--help"]])
 def test_help_imports_no_torch(args):
-    script = ("import sys\nfrom dynheads.cli.app import main\nsys.argv = ['dynheads', *sys.argv[1:]]\n"
-              "try:\n    main()\nexcept SystemExit as stop:\n    assert stop.code in (0, None), stop.code\n"
-              "print('torch' in sys.modules)")
+    script = (
+        "import sys\nfrom dynheads.cli.app import main\nsys.argv = ['dynheads', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit as stop:\n    assert stop.code in (0, None), stop.code\n"
+        "print('torch' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "False" and "Usage" in result.stdout

@@ -153,8 +153,11 @@ def test_batched_rows_rerun_alone_and_equal_batch_one():
     prompts = [_prompt(8, 12), _prompt(9, 16), _prompt(10, 9)]
 
     def policies():
-        return [_Policy(rerun_edit=RowEdit(removed=frozenset({(1, 2)})), rerunnable=True), _Policy(),
-                _Policy(rerun_edit=RowEdit(removed=frozenset({(0, 0), (1, 3)}), mode="uniform"), rerunnable=True)]
+        return [
+            _Policy(rerun_edit=RowEdit(removed=frozenset({(1, 2)})), rerunnable=True),
+            _Policy(),
+            _Policy(rerun_edit=RowEdit(removed=frozenset({(0, 0), (1, 3)}), mode="uniform"), rerunnable=True),
+        ]
 
     def sessions():
         return [DecodingSession(lm, prompt, [], max_new_tokens=5) for prompt in prompts]

@@ -35,15 +35,48 @@ def test_shares_are_disjoint_and_cover_the_samples(monkeypatch):
 
 
 def niah_args(model_dir, out) -> list[str]:
-    return ["-m", "dynheads", "niah", "--model", str(model_dir), "--lengths", "120", "--depths", "0,0.5,1",
-            "--runs", "1", "--max-new-tokens", "5", "--seed", "3", "--device", "cpu", "--out", str(out)]
+    return [
+        "-m",
+        "dynheads",
+        "niah",
+        "--model",
+        str(model_dir),
+        "--lengths",
+        "120",
+        "--depths",
+        "0,0.5,1",
+        "--runs",
+        "1",
+        "--max-new-tokens",
+        "5",
+        "--seed",
+        "3",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
 
 
 LAUNCHERS = {
     "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
     # accelerate's multi-process launcher runs torch.distributed.run itself; without GPUs the ranks use CPU + gloo
-    "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "dynheads"],
+    "accelerate": [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "dynheads",
+    ],
 }
 
 
@@ -52,14 +85,18 @@ LAUNCHERS = {
 def test_two_process_run_equals_one_process_run(tiny_model_dir, tmp_path, launcher):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
-    one = subprocess.run([sys.executable, *niah_args(tiny_model_dir, tmp_path / "one")], env=env,
-                         capture_output=True, text=True, timeout=600)
+    one = subprocess.run(
+        [sys.executable, *niah_args(tiny_model_dir, tmp_path / "one")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert one.returncode == 0, one.stderr[-2000:]
     args = niah_args(tiny_model_dir, tmp_path / "two")
     if launcher == "accelerate":  # it takes the module after its own -m
         args = args[2:]
-    two = subprocess.run([*LAUNCHERS[launcher], *args], env=env,
-                         capture_output=True, text=True, timeout=600)
+    two = subprocess.run([*LAUNCHERS[launcher], *args], env=env, capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-2000:]
     assert two.stdout.count("samples in") == 1  # only rank 0 summarises
     single, sharded = RunDir(tmp_path / "one"), RunDir(tmp_path / "two")
@@ -71,6 +108,7 @@ def test_two_process_run_equals_one_process_run(tiny_model_dir, tmp_path, launch
         a, b = single.load_trace(record["sample_id"]), sharded.load_trace(record["sample_id"])
         for name in ("tokens", "argmax_pos", "copy_scores", "needle_mass", "reasoning_scores", "hidden"):
             assert np.array_equal(getattr(a, name), getattr(b, name)), name
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / "results.csv"),
-                                  pd.read_csv(tmp_path / "two" / "results.csv"))
+    pd.testing.assert_frame_equal(
+        pd.read_csv(tmp_path / "one" / "results.csv"), pd.read_csv(tmp_path / "two" / "results.csv")
+    )
     assert not list((tmp_path / "two").rglob("*.tmp"))

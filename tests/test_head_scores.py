@@ -42,10 +42,20 @@ def context_share(stats, row, predicted: int) -> torch.Tensor:
 
 @pytest.fixture
 def new_scores():
-    register_score("sink_argmax", sink_argmax, binary=True, label="sink argmax score",
-                   help="the head's most-attended key is one of the first sink keys")
-    register_score("context_share", context_share, binary=False, label="context share",
-                   help="the head's attention mass on the prompt over its whole row")
+    register_score(
+        "sink_argmax",
+        sink_argmax,
+        binary=True,
+        label="sink argmax score",
+        help="the head's most-attended key is one of the first sink keys",
+    )
+    register_score(
+        "context_share",
+        context_share,
+        binary=False,
+        label="context share",
+        help="the head's attention mass on the prompt over its whole row",
+    )
     yield
     HEAD_SCORES.unregister("sink_argmax")
     HEAD_SCORES.unregister("context_share")
@@ -78,7 +88,7 @@ def eager_rows(lm, trace: Trace) -> torch.Tensor:
     finally:
         lm.model.set_attn_implementation(previous)
     rows = torch.stack([a[0] for a in attentions])  # [layer, head, query, key]
-    return rows[:, :, PROMPT_LEN - 1:].permute(2, 0, 1, 3).float()
+    return rows[:, :, PROMPT_LEN - 1 :].permute(2, 0, 1, 3).float()
 
 
 def test_a_registered_score_is_traced_by_name_with_the_eager_values(lm, new_scores):
@@ -134,15 +144,18 @@ def test_analyses_take_a_registered_score_by_name(lm, new_scores, tmp_path):
     assert stats.mean_size > 0
     assert "sink argmax score" in (tmp_path / "dynamism.md").read_text()
 
-    continuous = dynamism_report(run.path, tmp_path / "static.json", score="context_share", threshold="0.9",
-                                 ks=(2,), out_dir=tmp_path)
+    continuous = dynamism_report(
+        run.path, tmp_path / "static.json", score="context_share", threshold="0.9", ks=(2,), out_dir=tmp_path
+    )
     assert continuous == dynamism_stats([t.scores["context_share"] > 0.9 for t in traces], ranking, ks=(2,))
     assert "context share > 0.9" in (tmp_path / "dynamism.md").read_text()
     assert json.loads((tmp_path / "dynamism.json").read_text())["threshold"] == "0.9"
 
     samples = samples_from_traces(traces, "context_share")
-    assert all(np.array_equal(scores, t.scores["context_share"].reshape(STEPS, 12))
-               for (_, scores), t in zip(samples, traces, strict=True))
+    assert all(
+        np.array_equal(scores, t.scores["context_share"].reshape(STEPS, 12))
+        for (_, scores), t in zip(samples, traces, strict=True)
+    )
 
     heads, empty = static_reasoning_heads([ReasoningTest(t, 1.0) for t in traces], score="context_share")
     expected = np.mean([t.scores["context_share"].astype(np.float64).mean(axis=0) for t in traces], axis=0)

@@ -260,10 +260,14 @@ def test_samples_are_seeded_and_depth_moves_the_gold_paragraphs(tok, records, po
     record = records[2]
     first = hq.make_sample(tok, record, context_tokens=800, depth=0.5, seed=3, distractors=pool)
     assert first == hq.make_sample(tok, record, context_tokens=800, depth=0.5, seed=3, distractors=pool)
-    assert first.meta["paragraph_titles"] != hq.make_sample(
-        tok, record, context_tokens=800, depth=0.5, seed=4, distractors=pool).meta["paragraph_titles"]
-    by_depth = [hq.make_sample(tok, record, context_tokens=800, depth=d, seed=3, distractors=pool)
-                for d in (0.0, 0.05, 0.5, 0.95, 1.0)]
+    assert (
+        first.meta["paragraph_titles"]
+        != hq.make_sample(tok, record, context_tokens=800, depth=0.5, seed=4, distractors=pool).meta["paragraph_titles"]
+    )
+    by_depth = [
+        hq.make_sample(tok, record, context_tokens=800, depth=d, seed=3, distractors=pool)
+        for d in (0.0, 0.05, 0.5, 0.95, 1.0)
+    ]
     starts = [s.needle_positions[0] for s in by_depth]
     assert starts == sorted(starts) and starts[0] < starts[2] < starts[4]
     titles = by_depth[0].meta["paragraph_titles"]

@@ -27,10 +27,27 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     # tables and stage summaries as data with their one renderer (analyses and stages write them, the report reads
     # them), the pinned wheels that real data sets and models are read from (files, no torch), and the generic
     # registry of named variants (tasks, KV policies, strategies and stages each hold one).
-    ("foundation", [("dynheads.errors", "dynheads.io", "dynheads.heads", "dynheads.config", "dynheads.thresholds",
-                     "dynheads.distributed", "dynheads.seeding", "dynheads.stages", "dynheads.paper",
-                     "dynheads.lazy", "dynheads.scores", "dynheads.tables", "dynheads.packaged",
-                     "dynheads.registry")]),
+    (
+        "foundation",
+        [
+            (
+                "dynheads.errors",
+                "dynheads.io",
+                "dynheads.heads",
+                "dynheads.config",
+                "dynheads.thresholds",
+                "dynheads.distributed",
+                "dynheads.seeding",
+                "dynheads.stages",
+                "dynheads.paper",
+                "dynheads.lazy",
+                "dynheads.scores",
+                "dynheads.tables",
+                "dynheads.packaged",
+                "dynheads.registry",
+            )
+        ],
+    ),
     # Loading a model and the trace file format: what everything that runs or reads a generation shares.
     ("model and trace formats", [("dynheads.models",), ("dynheads.traces",)]),
     # Data and numbers without a forward pass: prompts and samples of each task (a tokenizer at most), and the
@@ -44,9 +61,14 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     ("decoding and runs", [("dynheads.decoding", "dynheads.batching"), ("dynheads.runs",)]),
     # Mechanisms built on the decoding loop: per-step ablation (and its strategies), KV retention (its policies;
     # simulated, the real per-head cache and kvpress's presses beside them), head-based RAG (and its results).
-    ("mechanisms", [("dynheads.ablation", "dynheads.ablation_strategies"),
-                    ("dynheads.kv", "dynheads.kv_policies", "dynheads.kvcache", "dynheads.presses"),
-                    ("dynheads.rag",)]),
+    (
+        "mechanisms",
+        [
+            ("dynheads.ablation", "dynheads.ablation_strategies"),
+            ("dynheads.kv", "dynheads.kv_policies", "dynheads.kvcache", "dynheads.presses"),
+            ("dynheads.rag",),
+        ],
+    ),
     # Figures from tables and arrays; experiments call them, nothing below draws.
     ("plots", [("dynheads.plots",)]),
     # Runners that compose the floors below into the stages of the study (and ``reproduce``, all stages), beside
@@ -60,9 +82,13 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
 
 def room_of(module: str) -> tuple[int, int]:
     """(floor, room) of ``module``."""
-    matches = [(len(prefix), floor, room) for floor, (_, rooms) in enumerate(FLOORS)
-               for room, prefixes in enumerate(rooms) for prefix in prefixes
-               if module == prefix or module.startswith(prefix + ".")]
+    matches = [
+        (len(prefix), floor, room)
+        for floor, (_, rooms) in enumerate(FLOORS)
+        for room, prefixes in enumerate(rooms)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
     if not matches:
         raise AssertionError(f"{module} has no floor: add it to FLOORS in tests/test_import_floors.py")
     return max(matches)[1:]
@@ -105,22 +131,32 @@ def upward_imports(module: str, source: str) -> list[str]:
 def test_no_import_runs_up_a_floor():
     paths = sorted(PACKAGE.rglob("*.py"))
     assert len(paths) > 40  # the whole package, not an empty glob
-    problems = [problem for path in paths
-                for problem in upward_imports(module_name(path), path.read_text(encoding="utf-8"))]
+    problems = [
+        problem for path in paths for problem in upward_imports(module_name(path), path.read_text(encoding="utf-8"))
+    ]
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize(("module", "source", "expected"), [
-    ("dynheads.tasks.hotpotqa", "from dynheads.runs import derive_seed", ["dynheads.runs"]),
-    ("dynheads.report.build", "def f():\n    from dynheads.experiments.rag import rag_table\n",
-     ["dynheads.experiments.rag"]),
-    ("dynheads.analysis.cca", "import dynheads.decoding", ["dynheads.decoding"]),
-    ("dynheads.experiments.tracing", "from dynheads import distributed, batching", []),
-    ("dynheads.experiments.reproduce", "from dynheads.report import write_report", ["dynheads.report"]),
-    ("dynheads.analysis.static", "from dynheads.tasks import niah", ["dynheads.tasks.niah"]),
-    ("dynheads.cli.commands", "from dynheads.report import write_report\nimport dynheads.experiments.rag", []),
-    ("dynheads.report.build", "from dynheads.rag.results import rag_table\nfrom dynheads.paper import PAPER_MODEL",
-     []),
-])
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        ("dynheads.tasks.hotpotqa", "from dynheads.runs import derive_seed", ["dynheads.runs"]),
+        (
+            "dynheads.report.build",
+            "def f():\n    from dynheads.experiments.rag import rag_table\n",
+            ["dynheads.experiments.rag"],
+        ),
+        ("dynheads.analysis.cca", "import dynheads.decoding", ["dynheads.decoding"]),
+        ("dynheads.experiments.tracing", "from dynheads import distributed, batching", []),
+        ("dynheads.experiments.reproduce", "from dynheads.report import write_report", ["dynheads.report"]),
+        ("dynheads.analysis.static", "from dynheads.tasks import niah", ["dynheads.tasks.niah"]),
+        ("dynheads.cli.commands", "from dynheads.report import write_report\nimport dynheads.experiments.rag", []),
+        (
+            "dynheads.report.build",
+            "from dynheads.rag.results import rag_table\nfrom dynheads.paper import PAPER_MODEL",
+            [],
+        ),
+    ],
+)
 def test_the_check_sees_upward_imports_lazy_ones_included(module, source, expected):
     assert [problem.split(" imports ")[1].split(" (")[0] for problem in upward_imports(module, source)] == expected

@@ -60,7 +60,12 @@ def test_each_process_takes_whole_groups(tmp_path, monkeypatch):
     shares = []
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))
-        done = run_jobs(started(tmp_path / str(rank)), jobs, lambda items: [Finished({"item": item}) for item in items],
-                        desc="test", progress=False)
+        done = run_jobs(
+            started(tmp_path / str(rank)),
+            jobs,
+            lambda items: [Finished({"item": item}) for item in items],
+            desc="test",
+            progress=False,
+        )
         shares.append([tuple(record["item"]) for record in done])
     assert shares == [[("a", "x"), ("a", "y"), ("c", "x"), ("c", "y")], [("b", "x"), ("b", "y")]]

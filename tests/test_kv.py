@@ -57,24 +57,28 @@ def test_streaming_heads_with_a_window_over_everything_change_nothing(lm):
     assert narrow.tokens != plain  # hiding most keys from every head changes the generation
     assert narrow.kept_kv[0] == 3 * 2 * 3  # 3 layers x 2 KV heads x (sink 1 + recent 2) tokens
     shared = prefill(lm, sample, 6)  # one prefill, reused by several policies, gives the same generations
-    for settings, tokens in ((KVSettings(policy="none", sink=1, recent=2), narrow.tokens),
-                             (KVSettings(policy="full"), plain), (KVSettings(policy="none", sink=1, recent=2),
-                                                                   narrow.tokens)):
+    for settings, tokens in (
+        (KVSettings(policy="none", sink=1, recent=2), narrow.tokens),
+        (KVSettings(policy="full"), plain),
+        (KVSettings(policy="none", sink=1, recent=2), narrow.tokens),
+    ):
         assert kv_generate(lm, sample, settings, max_new_tokens=6, prefilled=shared).tokens == tokens
 
 
 def test_static_and_random_keep_k_whole_kv_heads_and_count_kv_per_kv_head(lm):
     ranking = ((0, 0), (2, 1), (1, 1))  # KV heads (layer, KV head): 3 layers x 2 KV heads, G = 2
     k = kv_head_count(0.25, lm.num_layers, 2)  # 6 KV heads -> 2 (round half up)
-    static = kv_generate(lm, _Sample(_prompt(2)), KVSettings(policy="static", budget=0.25, static_ranking=ranking),
-                         max_new_tokens=4)
+    static = kv_generate(
+        lm, _Sample(_prompt(2)), KVSettings(policy="static", budget=0.25, static_ranking=ranking), max_new_tokens=4
+    )
     assert k == 2 and all(heads == list(ranking[:2]) for heads in static.kv_heads) and static.shortfall == 0
     assert query_heads(ranking[:2], 2) == [(0, 0), (0, 1), (2, 2), (2, 3)]  # every query head of a kept KV head
     length = 40
     assert kv_memory(list(ranking[:2]), lm, length, 4, 8) == 2 * length + 4 * 12
     assert static.fetched_kv == [0] * 4  # a static policy drops what it evicts: nothing to fetch
-    random = kv_generate(lm, _Sample(_prompt(2)), KVSettings(policy="random", budget=0.25, seed=3, sink=1, recent=4),
-                         max_new_tokens=4)
+    random = kv_generate(
+        lm, _Sample(_prompt(2)), KVSettings(policy="random", budget=0.25, seed=3, sink=1, recent=4), max_new_tokens=4
+    )
     assert all(len(heads) == 2 for heads in random.kv_heads) and len({tuple(h) for h in random.kv_heads}) > 1
     # second tier: each step fetches the picked KV heads' keys beyond their resident window (sink 1 + recent 4)
     assert random.fetched_kv == [2 * (40 + step - 5) for step in range(4)]
@@ -84,20 +88,27 @@ def test_static_and_random_keep_k_whole_kv_heads_and_count_kv_per_kv_head(lm):
 def test_every_kv_head_kept_whole_is_the_unmodified_model(lm):
     sample = _Sample(_prompt(4))
     every = tuple((layer, kv) for layer in range(3) for kv in range(2))
-    whole = kv_generate(lm, sample, KVSettings(policy="static", budget=1.0, static_ranking=every, sink=1, recent=2),
-                        max_new_tokens=6)
+    whole = kv_generate(
+        lm, sample, KVSettings(policy="static", budget=1.0, static_ranking=every, sink=1, recent=2), max_new_tokens=6
+    )
     assert whole.tokens == kv_generate(lm, sample, KVSettings(policy="full"), max_new_tokens=6).tokens
     assert whole.kv_fraction == 1.0
     assert kv_token_bytes(lm) == 2 * 16 * 4  # key + value, head_dim 16, float32
 
 
 def test_static_ranking_never_promotes_a_zero_score_head(lm):
-    heads = RankedHeads(heads=((0, 3), (1, 0), (2, 1), (0, 0), (1, 3)), scores=(0.9, 0.5, 0.2, 0.0, 0.0),
-                        test_scores=None, format="wu", source="x")
+    heads = RankedHeads(
+        heads=((0, 3), (1, 0), (2, 1), (0, 0), (1, 3)),
+        scores=(0.9, 0.5, 0.2, 0.0, 0.0),
+        test_scores=None,
+        format="wu",
+        source="x",
+    )
     ranking = kv_head_ranking(heads, 3, 4, 2)
     assert ranking == ((0, 1), (1, 0), (2, 0))  # (0, 0) and (1, 3) score 0: their KV heads are not ranked
-    result = kv_generate(lm, _Sample(_prompt(5)), KVSettings(policy="static", budget=1.0, static_ranking=ranking),
-                         max_new_tokens=3)
+    result = kv_generate(
+        lm, _Sample(_prompt(5)), KVSettings(policy="static", budget=1.0, static_ranking=ranking), max_new_tokens=3
+    )
     assert all(kept == list(ranking) for kept in result.kv_heads)
     assert result.budget_heads == 6 and result.shortfall == 3  # the budget beyond the scored heads is recorded
 
@@ -114,13 +125,17 @@ def test_a_batch_of_four_equals_batch_one(lm, policy):
     """Four prompts of different lengths decoded as one batch under a policy (per-row streaming masks, the oracle
     policies' reruns, rows ending at their own step) give each prompt's batch-1 result; one prefill per prompt
     serves both."""
-    samples = [_Sample(_prompt(seed, length), needle=range(2, length - 8))
-               for seed, length in ((11, 40), (12, 52), (13, 33), (14, 47))]
+    samples = [
+        _Sample(_prompt(seed, length), needle=range(2, length - 8))
+        for seed, length in ((11, 40), (12, 52), (13, 33), (14, 47))
+    ]
     ranking = tuple((layer, kv) for layer in range(lm.num_layers) for kv in range(2))[::-1]
     settings = KVSettings(policy=policy, budget=0.5, sink=1, recent=4, static_ranking=ranking, seed=5)
     shared = [prefill(lm, sample, 6) for sample in samples]
-    alone = [kv_generate(lm, sample, settings, max_new_tokens=6, prefilled=one)
-             for sample, one in zip(samples, shared, strict=True)]
+    alone = [
+        kv_generate(lm, sample, settings, max_new_tokens=6, prefilled=one)
+        for sample, one in zip(samples, shared, strict=True)
+    ]
     together = kv_generate_batch(lm, shared, settings, max_new_tokens=6)
     for one, batched in zip(alone, together, strict=True):
         assert batched.tokens == one.tokens and batched.stop_reason == one.stop_reason
@@ -150,15 +165,23 @@ def test_probe_fitted_on_evaluation_samples_is_refused(tmp_path):
     fitted = _fit_samples(str(tmp_path / "train" / "probe"), "probe", evaluation)
     assert fitted["samples"] == [{"sample_id": "kvprobe-a", "seed": 11, "answer": "uuid-a"}]
     with pytest.raises(DynheadsError, match="fitted on 1 of the evaluation samples"):
-        _fit_samples(str(tmp_path / "train" / "probe"), "probe", evaluation + [
-            {"sample_id": "analysis-c", "seed": 11, "answer": "uuid-c"}])
+        _fit_samples(
+            str(tmp_path / "train" / "probe"),
+            "probe",
+            evaluation + [{"sample_id": "analysis-c", "seed": 11, "answer": "uuid-c"}],
+        )
     with pytest.raises(DynheadsError, match="cannot tell which samples"):
         _fit_samples(str(tmp_path / "elsewhere" / "probe"), "probe", evaluation)
 
 
 def test_precision_recall_pairs_step_t_predictions_with_step_t_plus_1():
-    records = [{"policy": "full", "dynamic": [[0], [1], [1]],
-                "probe_scores": [[0.1, 0.9, 0.0], [0.2, 0.8, 0.0], [0.9, 0.0, 0.0]]}]
+    records = [
+        {
+            "policy": "full",
+            "dynamic": [[0], [1], [1]],
+            "probe_scores": [[0.1, 0.9, 0.0], [0.2, 0.8, 0.0], [0.9, 0.0, 0.0]],
+        }
+    ]
     pr = probe_precision_recall(records, {"probe_threshold": 0.5, "heads_per_budget": {"0.34": 1}})
     rows = pr["predictors"]
     assert pr["step_pairs"] == 2
@@ -167,16 +190,18 @@ def test_precision_recall_pairs_step_t_predictions_with_step_t_plus_1():
 
 
 def test_kv_head_matrix_and_duo_attention_files(tmp_path):
-    heads = RankedHeads(heads=((0, 3), (1, 0), (0, 2)), scores=(0.9, 0.5, 0.1), test_scores=None, format="wu",
-                        source="x")
+    heads = RankedHeads(
+        heads=((0, 3), (1, 0), (0, 2)), scores=(0.9, 0.5, 0.1), test_scores=None, format="wu", source="x"
+    )
     scores = query_head_scores(heads, 2, 4)
     assert scores[0, 3] == 0.9 and scores[1, 1] == 0.0
     np.testing.assert_allclose(kv_head_matrix(scores, 2, "max"), [[0.0, 0.9], [0.5, 0.0]])
     np.testing.assert_allclose(kv_head_matrix(scores, 2, "mean"), [[0.0, 0.5], [0.25, 0.0]])
     with pytest.raises(DynheadsError, match="cannot be grouped"):
         kv_head_matrix(scores, 3)
-    write_duo_attention(tmp_path, kv_head_matrix(scores, 2), sink=4, recent=64, aggregation="max", source="x",
-                        num_heads=4)
+    write_duo_attention(
+        tmp_path, kv_head_matrix(scores, 2), sink=4, recent=64, aggregation="max", source="x", num_heads=4
+    )
     assert (tmp_path / "full_attention_heads.tsv").read_text() == "0\t1\n0.555556\t0\n"  # / max: in [0, 1]
     config = read_json(tmp_path / "config.json")
     assert (config["sink_size"], config["recent_size"], config["aggregation"]) == (4, 64, "max")
@@ -205,8 +230,7 @@ def test_thresholded_export_never_lists_a_zero_score_head_as_full(tmp_path, full
     if full_heads <= 3:  # ties (2, 1) / (3, 0) at 0.4 go to the lower (layer, KV head)
         assert pattern[0, 2] == 1 and (full_heads < 2 or pattern[2, 1] == 1)
     for seed in range(5):  # DuoAttention's own sparsity mode selects exactly the exported heads
-        np.testing.assert_array_equal(_duo_attention_sparsify(pattern, config["duo_attention_sparsity"], seed),
-                                      pattern)
+        np.testing.assert_array_equal(_duo_attention_sparsify(pattern, config["duo_attention_sparsity"], seed), pattern)
 
 
 def test_kv_export_help_keeps_its_brackets():
@@ -228,8 +252,15 @@ def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded, monkeypatch
     static_run.start("static", {"seed": 0}, None)
     static_run.save_sample({"sample_id": "static-x", "seed": 1, "answer": "not-an-evaluation-uuid"})
     (tmp_path / "static" / "list.json").write_text('["18-6", "17-3", "17-4"]')
-    config = KVConfig(policies=("full", "none", "static"), budgets=(0.01,), lengths=(200,), depths=(0.5,), runs=2,
-                      max_new_tokens=6, static=str(tmp_path / "static" / "list.json"))
+    config = KVConfig(
+        policies=("full", "none", "static"),
+        budgets=(0.01,),
+        lengths=(200,),
+        depths=(0.5,),
+        runs=2,
+        max_new_tokens=6,
+        static=str(tmp_path / "static" / "list.json"),
+    )
     monkeypatch.setattr(distributed, "barrier", lambda: None)  # the two ranks run one after the other here
     monkeypatch.setenv("WORLD_SIZE", "2")
     for rank in (1, 0):  # two launcher ranks fill one run directory; rank 0 writes the tables from all records
@@ -239,8 +270,10 @@ def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded, monkeypatch
         assert (run.path / "table.csv").is_file() == (rank == 0)
     table = read_json(run.manifest_path)
     assert table["fit_samples"]["static"]["samples"][0]["sample_id"] == "static-x"
-    assert [e["sample_id"] for e in table["evaluation_samples"]] == ["analysis-len200-depth0.5-run0",
-                                                                    "analysis-len200-depth0.5-run1"]
+    assert [e["sample_id"] for e in table["evaluation_samples"]] == [
+        "analysis-len200-depth0.5-run0",
+        "analysis-len200-depth0.5-run1",
+    ]
     assert len(run.records()) == 2 * 3
     import pandas as pd
 
@@ -255,8 +288,10 @@ def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded, monkeypatch
 
 def _comparable(records):
     """Records without what depends on when they were made."""
-    return sorted(({k: v for k, v in r.items() if k not in ("seconds", "created", "time")} for r in records),
-                  key=lambda r: r["sample_id"])
+    return sorted(
+        ({k: v for k, v in r.items() if k not in ("seconds", "created", "time")} for r in records),
+        key=lambda r: r["sample_id"],
+    )
 
 
 def test_kv_batch_size_four_equals_batch_one(tiny_model_dir, tmp_path):
@@ -265,8 +300,17 @@ def test_kv_batch_size_four_equals_batch_one(tiny_model_dir, tmp_path):
     from dynheads.models import load_model
 
     lm = load_model(tiny_model_dir)
-    config = KVConfig(model=str(tiny_model_dir), policies=("full", "none", "random", "true"), budgets=(0.25, 0.5),
-                      lengths=(120, 160), depths=(0.5,), runs=2, max_new_tokens=4, sink=1, recent=8)
+    config = KVConfig(
+        model=str(tiny_model_dir),
+        policies=("full", "none", "random", "true"),
+        budgets=(0.25, 0.5),
+        lengths=(120, 160),
+        depths=(0.5,),
+        runs=2,
+        max_new_tokens=4,
+        sink=1,
+        recent=8,
+    )
     one = run_kv(config, tmp_path / "b1", lm=lm, progress=False)
     four = run_kv(config, tmp_path / "b4", lm=lm, progress=False, batch_size=4)
     assert len(one.records()) == 4 * (2 + 2 * 2)  # 4 samples x (full, none, random and true at 2 budgets)

@@ -48,17 +48,22 @@ def test_every_head_whole_is_the_unmodified_model_and_no_head_whole_frees_the_re
     ids = _prompt(7)
     every = [(layer, kv) for layer in range(3) for kv in range(2)]
     whole = headwise_generate(lm, ids, every, sink=1, recent=2, max_new_tokens=6, stop_at_eos=False)
-    assert whole.tokens == kv_generate(lm, _Sample(ids), KVSettings(policy="full"), max_new_tokens=6,
-                                       stop_at_eos=False).tokens
+    assert (
+        whole.tokens
+        == kv_generate(lm, _Sample(ids), KVSettings(policy="full"), max_new_tokens=6, stop_at_eos=False).tokens
+    )
     assert whole.cache_bytes == whole.full_bytes
     none = headwise_generate(lm, ids, [], sink=1, recent=2, max_new_tokens=6, stop_at_eos=False)
     assert none.cache_bytes == 6 * (1 + 1) * kv_token_bytes(lm)
-    simulated = kv_generate(lm, _Sample(ids), KVSettings(policy="none", sink=1, recent=2), max_new_tokens=6,
-                            stop_at_eos=False)
+    simulated = kv_generate(
+        lm, _Sample(ids), KVSettings(policy="none", sink=1, recent=2), max_new_tokens=6, stop_at_eos=False
+    )
     assert none.tokens == simulated.tokens
     short = [5, 9]  # a one-token prefill
-    assert headwise_generate(lm, short, [(0, 1)], sink=1, recent=2, max_new_tokens=4, stop_at_eos=False).tokens == \
-        _simulated(lm, short, [(0, 1)], 1, 2, 4).tokens
+    assert (
+        headwise_generate(lm, short, [(0, 1)], sink=1, recent=2, max_new_tokens=4, stop_at_eos=False).tokens
+        == _simulated(lm, short, [(0, 1)], 1, 2, 4).tokens
+    )
 
 
 def test_bad_uses_are_refused():
@@ -76,7 +81,8 @@ def test_embedded_model_equals_the_simulation_and_frees_memory(embedded):
     sample = niah.make_sample(embedded.tokenizer, context_tokens=300, depth=0.5, seed=3)
     ranking = [(layer, kv) for layer in (14, 15, 16, 17, 18, 19) for kv in range(3)][:12]  # 12 of 90 KV heads
     simulated = _simulated(embedded, sample.input_ids, ranking, 4, 32, 12)
-    real = headwise_generate(embedded, sample.input_ids, ranking, sink=4, recent=32, max_new_tokens=12,
-                             stop_at_eos=False)
+    real = headwise_generate(
+        embedded, sample.input_ids, ranking, sink=4, recent=32, max_new_tokens=12, stop_at_eos=False
+    )
     assert real.tokens == simulated.tokens
     assert real.cache_bytes < 0.25 * real.full_bytes

@@ -48,8 +48,9 @@ class _Sample:
 
 def test_a_registered_policy_picks_the_heads_of_every_decode_step(first_layers):
     lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
-    result = kv_generate(lm, _Sample(_prompt()), KVSettings(policy=first_layers, budget=0.5, sink=1, recent=2),
-                         max_new_tokens=4)
+    result = kv_generate(
+        lm, _Sample(_prompt()), KVSettings(policy=first_layers, budget=0.5, sink=1, recent=2), max_new_tokens=4
+    )
     assert result.budget_heads == 3 and len(result.kv_heads) == 4  # 3 layers x 2 KV heads, half kept whole
     assert all(heads == [(0, 0), (0, 1), (1, 0)] for heads in result.kv_heads)
     assert result.fetched_kv == [0] * 4 and result.shortfall == 0  # not dynamic: nothing offloaded or fetched
@@ -71,13 +72,21 @@ def test_a_registered_policy_is_offered_checked_and_styled(first_layers, needs_l
     assert "full,none,static,probe,oracle,true,random" in KVFields.__dataclass_fields__["policies"].metadata["help"]
 
 
-def test_a_registered_policy_runs_through_the_kv_experiment_and_its_figure(first_layers, tiny_model_dir, tmp_path,
-                                                                           monkeypatch):
+def test_a_registered_policy_runs_through_the_kv_experiment_and_its_figure(
+    first_layers, tiny_model_dir, tmp_path, monkeypatch
+):
     drawn = []
     save = kv_plots._save
     monkeypatch.setattr(kv_plots, "_save", lambda figure, path: drawn.append(figure) or save(figure, path))
-    config = KVConfig(model=str(tiny_model_dir), policies=("full", first_layers), budgets=(0.5,), lengths=(120,),
-                      depths=(0.5,), runs=1, max_new_tokens=3)
+    config = KVConfig(
+        model=str(tiny_model_dir),
+        policies=("full", first_layers),
+        budgets=(0.5,),
+        lengths=(120,),
+        depths=(0.5,),
+        runs=1,
+        max_new_tokens=3,
+    )
     run = run_kv(config, tmp_path / "kv", lm=load_model(tiny_model_dir), progress=False)
     assert sorted(r["policy"] for r in run.records()) == ["first-layers", "full"]
     table = pd.read_csv(run.path / "table.csv")

@@ -19,8 +19,10 @@ from dynheads.kv import KVSettings, kv_generate
 from dynheads.models import LoadedModel
 from dynheads.presses import check_press
 
-needs_kvpress = pytest.mark.skipif(importlib.util.find_spec("kvpress") is None,
-                                   reason="kvpress extra not installed (scripts/kvpress-env.sh makes an environment)")
+needs_kvpress = pytest.mark.skipif(
+    importlib.util.find_spec("kvpress") is None,
+    reason="kvpress extra not installed (scripts/kvpress-env.sh makes an environment)",
+)
 
 
 class _Sample:
@@ -72,8 +74,13 @@ def test_decoded_tokens_keep_their_true_positions_after_pruning(lm):
 
     ids, seen = _prompt(10), []
     hook = lm.model.model.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(kwargs["position_ids"].tolist()) if kwargs.get("input_ids")
-        is not None and kwargs["input_ids"].shape[1] == 1 else None, with_kwargs=True)
+        lambda module, args, kwargs: (
+            seen.append(kwargs["position_ids"].tolist())
+            if kwargs.get("input_ids") is not None and kwargs["input_ids"].shape[1] == 1
+            else None
+        ),
+        with_kwargs=True,
+    )
     try:
         settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),))
         pressed = press_generate(lm, ids, "streaming_llm", settings, 3, stop_at_eos=False)
@@ -144,9 +151,15 @@ def test_dynheads_kv_runs_a_kvpress_row_at_matched_bytes(tmp_path, embedded):
     static_run.start("static", {"seed": 0}, None)
     static_run.save_sample({"sample_id": "static-x", "seed": 1, "answer": "not-an-evaluation-uuid"})
     (tmp_path / "static" / "list.json").write_text('["18-6", "17-3", "17-4", "16-0", "20-2", "14-8"]')
-    config = KVConfig(policies=("full", "static", "kvpress:streaming_llm", "kvpress:duo_attention"), budgets=(0.05,),
-                      lengths=(200,), depths=(0.5,), runs=1, max_new_tokens=6,
-                      static=str(tmp_path / "static" / "list.json"))
+    config = KVConfig(
+        policies=("full", "static", "kvpress:streaming_llm", "kvpress:duo_attention"),
+        budgets=(0.05,),
+        lengths=(200,),
+        depths=(0.5,),
+        runs=1,
+        max_new_tokens=6,
+        static=str(tmp_path / "static" / "list.json"),
+    )
     run = run_kv(config, tmp_path / "kv", lm=embedded, progress=False)
     table = pd.read_csv(run.path / "table.csv").set_index("policy")
     assert set(table.index) == {"full", "static", "kvpress:streaming_llm", "kvpress:duo_attention"}

@@ -64,15 +64,18 @@ def test_samples_are_seeded_and_depth_moves_the_facts(embedded):
     first = multihop.make_sample(tok, context_tokens=600, depth=0.5, seed=3)
     assert first == multihop.make_sample(tok, context_tokens=600, depth=0.5, seed=3)
     assert multihop.make_sample(tok, context_tokens=600, depth=0.5, seed=4).answer != first.answer
-    starts = [min(s for s, _ in multihop.make_sample(tok, context_tokens=900, depth=d, seed=3).supporting_spans)
-              for d in (0.0, 0.5, 1.0)]
+    starts = [
+        min(s for s, _ in multihop.make_sample(tok, context_tokens=900, depth=d, seed=3).supporting_spans)
+        for d in (0.0, 0.5, 1.0)
+    ]
     assert starts[0] < starts[1] < starts[2]
 
 
 def test_grid_and_runner_dispatch(embedded):
     tok = embedded.tokenizer
-    config = HotpotConfig(data="multihop:hops=1,distractors=4,value=word", questions=5, lengths=(300, 500),
-                          depths=(0.1, 0.9))
+    config = HotpotConfig(
+        data="multihop:hops=1,distractors=4,value=word", questions=5, lengths=(300, 500), depths=(0.1, 0.9)
+    )
     samples = hotpot_samples(config, tok)
     cells = [(s.context_tokens, s.depth) for s in samples]
     assert cells == [(300, 0.1), (300, 0.9), (500, 0.1), (500, 0.9), (300, 0.1)]
@@ -86,21 +89,24 @@ def test_grid_and_runner_dispatch(embedded):
 def test_score_is_official_em_f1_plus_containment():
     assert multihop.score("482913", "482913.")["em"] == 1.0
     assert multihop.score("482913", "The magic word for the code of the tiger is 482913.")["em"] == 1.0
-    assert multihop.score("482913", "The magic word for the lamp is \"482913\".")["em"] == 1.0
+    assert multihop.score("482913", 'The magic word for the lamp is "482913".')["em"] == 1.0
     wordy = multihop.score("482913", "I think it is 482913.")
     assert wordy["em"] == 0.0 and wordy["accuracy"] == 1.0 and 0 < wordy["f1"] < 1
     assert multihop.score("482913", "The magic word for the lamp is 129724.")["em"] == 0.0
     assert multihop.score("482913", "48291")["accuracy"] == 0.0
 
 
-@pytest.mark.parametrize("data, message", [
-    ("multihop:hops=3", "hops must be 1 or 2"),
-    ("multihop:value=uuid", "value must be one of"),
-    ("multihop:distractors=-1", "distractors must be >= 0"),
-    ("multihop:depth=1", "bad multihop option"),
-    ("multihop:hops=two", "needs a int"),
-    ("multihop:spread=2", "spread must be between 0 and 1"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ("multihop:hops=3", "hops must be 1 or 2"),
+        ("multihop:value=uuid", "value must be one of"),
+        ("multihop:distractors=-1", "distractors must be >= 0"),
+        ("multihop:depth=1", "bad multihop option"),
+        ("multihop:hops=two", "needs a int"),
+        ("multihop:spread=2", "spread must be between 0 and 1"),
+    ],
+)
 def test_bad_forms_are_refused(data, message):
     with pytest.raises(DynheadsError, match=message):
         multihop.parse_source(data)
@@ -138,20 +144,39 @@ def test_hotpotqa_side_runners_take_multihop_questions(tiny_model_dir, tmp_path)
 
     lm = load_model(tiny_model_dir)
     data = "multihop:hops=2,distractors=2"
-    run = run_hotpotqa(HotpotConfig(data=data, questions=2, lengths=(300,), depths=(0.5,), max_new_tokens=2),
-                       tmp_path / "trace", lm=lm, progress=False)
+    run = run_hotpotqa(
+        HotpotConfig(data=data, questions=2, lengths=(300,), depths=(0.5,), max_new_tokens=2),
+        tmp_path / "trace",
+        lm=lm,
+        progress=False,
+    )
     records = run.records()
     assert [r["type"] for r in records] == ["two-hop", "two-hop"]
     assert {"em", "f1", "accuracy"} <= set(records[0]["metrics"]) and records[0]["needle_positions"]
     assert run.manifest()["prompt"]["data"] == data
-    grid = AblationConfig(task="hotpotqa", data=data, questions=1, lengths=(300,), depths=(0.5,), max_new_tokens=2,
-                          strategies=("random",), model=str(tiny_model_dir))
+    grid = AblationConfig(
+        task="hotpotqa",
+        data=data,
+        questions=1,
+        lengths=(300,),
+        depths=(0.5,),
+        max_new_tokens=2,
+        strategies=("random",),
+        model=str(tiny_model_dir),
+    )
     ablated = run_ablation(grid, tmp_path / "ablation", lm=lm, progress=False).records()
     # per-step matching (the default) needs no dynamic run: each control step counts its own clean pass's D_t
     assert {r["strategy"] for r in ablated} == {"none", "random"}
     assert all("accuracy" in r["metrics"] for r in ablated)
-    rag = RagConfig(data=data, questions=1, lengths=(300,), strategies=("none", "full-context", "fixed-random"),
-                    ks=(2,), max_new_tokens=2, draft_tokens=2)
+    rag = RagConfig(
+        data=data,
+        questions=1,
+        lengths=(300,),
+        strategies=("none", "full-context", "fixed-random"),
+        ks=(2,),
+        max_new_tokens=2,
+        draft_tokens=2,
+    )
     answers = run_rag(rag, tmp_path / "rag", lm=lm, progress=False).records()
     assert sorted(r["strategy"] for r in answers) == ["fixed-random", "full-context", "none"]
     assert all(r["type"] == "two-hop" and "accuracy" in r["metrics"] for r in answers)
@@ -162,8 +187,7 @@ def test_embedded_model_answers_with_the_full_context(embedded):
     # docs/multihop.md calibration: the default form is answered reliably at 1000 tokens.
     from dynheads import trace
 
-    samples = multihop.grid_samples(embedded.tokenizer, questions=3, lengths=(1000,), depths=(0.1, 0.5, 0.9),
-                                    seed=0)
+    samples = multihop.grid_samples(embedded.tokenizer, questions=3, lengths=(1000,), depths=(0.1, 0.5, 0.9), seed=0)
     results = [trace(embedded, sample, max_new_tokens=24) for sample in samples]
     scores = [multihop.score(s.answer, r.text) for s, r in zip(samples, results, strict=True)]
     assert sum(score["em"] for score in scores) >= 2, [r.text for r in results]

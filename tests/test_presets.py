@@ -19,8 +19,19 @@ from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
 
 PINNED = Path(__file__).parent / "fixtures" / "presets.json"
-RUNNERS = ("run_niah", "run_static", "dynamism_report", "plot_heads", "run_ablation", "run_progressive",
-           "cca_report", "train_probe_on_run", "run_static_reasoning", "run_hotpotqa", "run_rag")
+RUNNERS = (
+    "run_niah",
+    "run_static",
+    "dynamism_report",
+    "plot_heads",
+    "run_ablation",
+    "run_progressive",
+    "cca_report",
+    "train_probe_on_run",
+    "run_static_reasoning",
+    "run_hotpotqa",
+    "run_rag",
+)
 
 
 class _FakeRun:
@@ -61,8 +72,11 @@ def resolved_settings(preset: str, patch) -> dict:
         def recorder(name):
             def record(*args, **kwargs):
                 stage = Path(kwargs.get("out_dir") or args[1]).relative_to(out)
-                calls[f"{stage}:{name}"] = _plain({"args": list(args), "kwargs": {
-                    k: v for k, v in kwargs.items() if k not in ("lm", "progress")}}, out)
+                calls[f"{stage}:{name}"] = _plain(
+                    {"args": list(args), "kwargs": {k: v for k, v in kwargs.items() if k not in ("lm", "progress")}},
+                    out,
+                )
+
             return record
 
         for name in RUNNERS:
@@ -120,8 +134,9 @@ def test_a_preset_table_must_name_a_registered_stage(tmp_path, monkeypatch):
     from dynheads.stages import STAGES
 
     assert all(entry.value == entry.name and entry.help for entry in STAGES)  # a stage's folder is its name
-    (tmp_path / "typo.toml").write_text('qa_source = "multihop"\n[niah]\nruns = 1\n[sources.niah]\nruns = "x"\n'
-                                        '[ablaton]\nruns = 1\n')
+    (tmp_path / "typo.toml").write_text(
+        'qa_source = "multihop"\n[niah]\nruns = 1\n[sources.niah]\nruns = "x"\n[ablaton]\nruns = 1\n'
+    )
     (tmp_path / "fine.toml").write_text('qa_source = "multihop"\n[niah]\nruns = 1\n[sources.rag]\nks = "x"\n')
     monkeypatch.setattr(reproduce_module, "PRESET_FOLDER", tmp_path)
     assert reproduce_module.load_preset("fine")["niah"] == {"runs": 1}

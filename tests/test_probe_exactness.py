@@ -73,8 +73,9 @@ def test_tokens_identical_with_probe_on_and_off(family):
     torch.manual_seed(2)
     prompt = torch.randint(3, 128, (1, 16))
     with torch.no_grad():
-        plain = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0,
-                               min_new_tokens=12)
+        plain = model.generate(
+            prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0, min_new_tokens=12
+        )
     sample = type("S", (), {"input_ids": prompt[0].tolist(), "needle_positions": [3, 4]})()
     traced = trace(lm, sample, max_new_tokens=12)
     assert traced.tokens.tolist() == plain[0, 16:].tolist()
@@ -166,8 +167,9 @@ def test_embedded_model_rows_equal_eager_rows(embedded):
     assert_cached_steps_equal_eager(embedded, range(0, 8), layers=(0, 14, 29), tol=TOL)
 
 
-def assert_cached_steps_equal_eager(lm, needle: range, layers: tuple[int, ...], tol: float,
-                                    logits_tol: float | None = None) -> None:
+def assert_cached_steps_equal_eager(
+    lm, needle: range, layers: tuple[int, ...], tol: float, logits_tol: float | None = None
+) -> None:
     """Prefill a short prompt and decode three cached steps; at each, the probe's rows of every head of ``layers``
     equal eager attention's within ``tol``, every layer's argmax positions equal eager's exactly, and (if given)
     the logits agree within ``logits_tol``."""

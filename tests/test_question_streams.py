@@ -77,8 +77,13 @@ def probe_dir(tiny_lm, tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("probe-run")
     config = HotpotConfig(model=str(tiny_model_dir), questions=6, lengths=(300,), depths=(0.5,), max_new_tokens=3)
     run_hotpotqa(config, root / "run", lm=tiny_lm, progress=False)
-    train_probe_on_run(root / "run", HeadPredictorConfig(hidden_sizes=(8,), epochs=1), score="reasoning",
-                       out_dir=root / "probe", progress=False)
+    train_probe_on_run(
+        root / "run",
+        HeadPredictorConfig(hidden_sizes=(8,), epochs=1),
+        score="reasoning",
+        out_dir=root / "probe",
+        progress=False,
+    )
     return root
 
 
@@ -98,8 +103,21 @@ def test_probe_folder_records_its_split_question_ids(probe_dir):
 def test_rag_refuses_a_probe_trained_on_its_questions(probe_dir, tiny_model_dir, tmp_path):
     fitted = read_json(probe_dir / "probe" / "questions.json")
     leaked = sorted(set(fitted["train"]) | set(fitted["validation"]))
-    args = ["rag", "--model", str(tiny_model_dir), "--probe", str(probe_dir / "probe"), "--strategies", "dynamic",
-            "--k", "2", "--lengths", "300", "--max-new-tokens", "2"]
+    args = [
+        "rag",
+        "--model",
+        str(tiny_model_dir),
+        "--probe",
+        str(probe_dir / "probe"),
+        "--strategies",
+        "dynamic",
+        "--k",
+        "2",
+        "--lengths",
+        "300",
+        "--max-new-tokens",
+        "2",
+    ]
     result = run_cli(*args, "--questions", "6", "--out", str(tmp_path / "leak"))
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip().splitlines()[-1]  # after the model-loading bar
@@ -118,16 +136,18 @@ def test_rag_refuses_a_probe_that_records_no_questions(probe_dir, tiny_lm, tmp_p
 
     shutil.copytree(probe_dir / "probe", tmp_path / "probe")
     (tmp_path / "probe" / "questions.json").unlink()
-    config = RagConfig(probe=str(tmp_path / "probe"), strategies=("dynamic",), ks=(2,), questions=1, first=6,
-                       lengths=(300,))
+    config = RagConfig(
+        probe=str(tmp_path / "probe"), strategies=("dynamic",), ks=(2,), questions=1, first=6, lengths=(300,)
+    )
     with pytest.raises(DynheadsError, match="records no training questions"):
         run_rag(config, tmp_path / "rag", lm=tiny_lm, progress=False)
 
 
 # ---- static reasoning heads, never padded with zero-score heads --------------------------------------------------
 def test_static_reasoning_heads_are_the_mean_eq2_over_steps_then_questions(tiny_lm, tiny_model_dir, tmp_path):
-    config = StaticReasoningConfig(model=str(tiny_model_dir), questions=3, first=10, lengths=(300,), depths=(0.5,),
-                                   max_new_tokens=3)
+    config = StaticReasoningConfig(
+        model=str(tiny_model_dir), questions=3, first=10, lengths=(300,), depths=(0.5,), max_new_tokens=3
+    )
     heads = run_static_reasoning(config, tmp_path / "static", lm=tiny_lm, progress=False)
     run = RunDir(tmp_path / "static")
     traces = [trace for _, trace in run.iter_traces()]
@@ -141,12 +161,27 @@ def test_static_reasoning_heads_are_the_mean_eq2_over_steps_then_questions(tiny_
     assert run.manifest()["questions"]["split"] == "static"
 
     # an evaluation on the same questions is refused; one on other questions is not
-    overlapping = RagConfig(static=str(tmp_path / "static" / "static_heads.json"), strategies=("static",), ks=(2,),
-                            questions=2, first=11, lengths=(300,), max_new_tokens=2)
+    overlapping = RagConfig(
+        static=str(tmp_path / "static" / "static_heads.json"),
+        strategies=("static",),
+        ks=(2,),
+        questions=2,
+        first=11,
+        lengths=(300,),
+        max_new_tokens=2,
+    )
     with pytest.raises(DynheadsError, match=r"static head list .* fitted on 2 of the questions"):
         run_rag(overlapping, tmp_path / "rag", lm=tiny_lm, progress=False)
-    ablation = AblationConfig(task="hotpotqa", strategies=("static",), static=overlapping.static, questions=1,
-                              first=12, lengths=(300,), depths=(0.5,), max_new_tokens=2)
+    ablation = AblationConfig(
+        task="hotpotqa",
+        strategies=("static",),
+        static=overlapping.static,
+        questions=1,
+        first=12,
+        lengths=(300,),
+        depths=(0.5,),
+        max_new_tokens=2,
+    )
     with pytest.raises(DynheadsError, match="fitted on 1 of the questions"):
         run_ablation(ablation, tmp_path / "ablation", lm=tiny_lm, progress=False)
 
@@ -167,20 +202,42 @@ def test_zero_score_heads_are_never_used_as_static_heads(tiny_lm, tmp_path):
     from dynheads.experiments.ablation import _static_ranking
 
     assert _static_ranking(path, tiny_lm) == ((2, 3),)
-    config = RagConfig(static=path, strategies=("static",), ks=(3,), questions=1, first=20, lengths=(300,),
-                       max_new_tokens=4, draft_tokens=2, threshold=0.0)
+    config = RagConfig(
+        static=path,
+        strategies=("static",),
+        ks=(3,),
+        questions=1,
+        first=20,
+        lengths=(300,),
+        max_new_tokens=4,
+        draft_tokens=2,
+        threshold=0.0,
+    )
     run = run_rag(config, tmp_path / "rag", lm=tiny_lm, progress=False)
     (record,) = run.records()
     assert record["k"] == 3 and record["heads_used"] == 1
     assert all(heads == [[2, 3]] for heads in record["heads"])
     assert run.manifest()["static_scored_heads"] == 1
-    assert "only 1 heads" in (run.path / "rag.md").read_text() and "never zero-score filler" in (
-        run.path / "rag.md").read_text()
+    assert (
+        "only 1 heads" in (run.path / "rag.md").read_text()
+        and "never zero-score filler" in (run.path / "rag.md").read_text()
+    )
 
     _wu_file(tmp_path / "zero.json", {key: 0.0 for key in scores})
     with pytest.raises(DynheadsError, match="zero score"):
-        run_rag(RagConfig(static=str(tmp_path / "zero.json"), strategies=("static",), ks=(2,), questions=1,
-                          first=20, lengths=(300,)), tmp_path / "rag0", lm=tiny_lm, progress=False)
+        run_rag(
+            RagConfig(
+                static=str(tmp_path / "zero.json"),
+                strategies=("static",),
+                ks=(2,),
+                questions=1,
+                first=20,
+                lengths=(300,),
+            ),
+            tmp_path / "rag0",
+            lm=tiny_lm,
+            progress=False,
+        )
 
 
 # ---- real-layout HotpotQA: a question too long for a small cell is skipped, counted and shown ---------------------
@@ -189,12 +246,17 @@ def _official_file(path) -> str:
     records = [r.to_dict("official") for r in hq.synthetic_hotpotqa(7, 3)]
     long_text = [f" The old mill of Varden was rebuilt in year {1700 + i} by the guild of masons." for i in range(30)]
     long_record = {
-        "_id": "5a8b57f25542995d1e6f1371", "question": "Which guild rebuilt the old mill of Varden?",
-        "answer": "the guild of masons", "supporting_facts": [["Varden mill", 0], ["Masons guild", 0]],
-        "context": [["Varden mill", ["The old mill of Varden stands by the river."] + long_text],
-                    ["Masons guild", ["The guild of masons is based in Varden."]],
-                    *records[0]["context"][:3]],
-        "type": "bridge", "level": "hard",
+        "_id": "5a8b57f25542995d1e6f1371",
+        "question": "Which guild rebuilt the old mill of Varden?",
+        "answer": "the guild of masons",
+        "supporting_facts": [["Varden mill", 0], ["Masons guild", 0]],
+        "context": [
+            ["Varden mill", ["The old mill of Varden stands by the river."] + long_text],
+            ["Masons guild", ["The guild of masons is based in Varden."]],
+            *records[0]["context"][:3],
+        ],
+        "type": "bridge",
+        "level": "hard",
     }
     path.write_text(json.dumps([long_record, *records]), encoding="utf-8")
     return str(path)
@@ -203,8 +265,9 @@ def _official_file(path) -> str:
 def test_too_long_questions_are_skipped_counted_and_blank_in_every_command(tiny_lm, tiny_model_dir, tmp_path):
     data = _official_file(tmp_path / "hotpot_dev_distractor_v1.json")
     grid = hotpot_grid(HotpotConfig(data=data, questions=4, lengths=(200, 700), depths=(0.5,)), tiny_lm.tokenizer)
-    assert grid.skipped == [{"record_id": "5a8b57f25542995d1e6f1371", "length": 200, "depth": 0.5,
-                             "reason": hq.GoldTooLong.reason}]
+    assert grid.skipped == [
+        {"record_id": "5a8b57f25542995d1e6f1371", "length": 200, "depth": 0.5, "reason": hq.GoldTooLong.reason}
+    ]
     assert len(grid.samples) == 3 and grid.skip_counts()["by_cell"] == {"200/0.5": 1}
 
     common = ["--model", str(tiny_model_dir), "--data", data, "--lengths", "200,700", "--max-new-tokens", "2"]
@@ -213,14 +276,25 @@ def test_too_long_questions_are_skipped_counted_and_blank_in_every_command(tiny_
     assert "1 (question, cell) pairs skipped (1 gold paragraphs longer than the context)" in traced.stdout
     assert RunDir(tmp_path / "trace").manifest()["skipped"]["count"] == 1
 
-    rag = run_cli("rag", *common, "--questions", "2", "--depths", "0.5", "--strategies", "none",
-                  "--out", str(tmp_path / "rag"))
+    rag = run_cli(
+        "rag", *common, "--questions", "2", "--depths", "0.5", "--strategies", "none", "--out", str(tmp_path / "rag")
+    )
     assert rag.returncode == 0, rag.stderr
-    assert "1 (question, cell) pairs skipped" in rag.stdout and "1 (question, cell) pairs skipped" in (
-        tmp_path / "rag" / "rag.md").read_text()
+    assert (
+        "1 (question, cell) pairs skipped" in rag.stdout
+        and "1 (question, cell) pairs skipped" in (tmp_path / "rag" / "rag.md").read_text()
+    )
 
-    config = AblationConfig(model=str(tiny_model_dir), task="hotpotqa", data=data, strategies=("dynamic", "random"),
-                            questions=2, lengths=(200, 700), depths=(0.5,), max_new_tokens=2)
+    config = AblationConfig(
+        model=str(tiny_model_dir),
+        task="hotpotqa",
+        data=data,
+        strategies=("dynamic", "random"),
+        questions=2,
+        lengths=(200, 700),
+        depths=(0.5,),
+        max_new_tokens=2,
+    )
     run_ablation(config, tmp_path / "ablation", lm=tiny_lm, progress=False)
     cells = pd.read_csv(tmp_path / "ablation" / "cells.csv")
     blank = cells[cells["length"] == 200]

@@ -48,8 +48,15 @@ def test_hidden_context_gets_zero_attention_in_every_head(tiny_lm, sample):
 
 def _selector(strategy, lm, k=3):
     ranking = [(layer, head) for layer in range(lm.num_layers) for head in range(lm.num_heads)]
-    return HeadSelector(strategy, k=k, num_layers=lm.num_layers, num_heads=lm.num_heads, rng=0,
-                        static_ranking=ranking, predict_top=lambda hidden, k: ranking[-k:])
+    return HeadSelector(
+        strategy,
+        k=k,
+        num_layers=lm.num_layers,
+        num_heads=lm.num_heads,
+        rng=0,
+        static_ranking=ranking,
+        predict_top=lambda hidden, k: ranking[-k:],
+    )
 
 
 def test_strategies_without_heads_never_retrieve(tiny_lm, sample):
@@ -83,13 +90,19 @@ def test_a_batch_of_answers_equals_answering_one_by_one(tiny_lm):
     assert len(samples) == 4
     settings = RagSettings(max_new_tokens=8, draft_tokens=3, max_retrievals=2, trigger=TriggerConfig(threshold=0.0))
     strategies = ["static", "none", "full-context", "fixed-random"]
-    alone = [answer_question(tiny_lm, sample, _selector(strategy, tiny_lm), settings)
-             for sample, strategy in zip(samples, strategies, strict=True)]
+    alone = [
+        answer_question(tiny_lm, sample, _selector(strategy, tiny_lm), settings)
+        for sample, strategy in zip(samples, strategies, strict=True)
+    ]
     together = answer_questions(tiny_lm, samples, [_selector(s, tiny_lm) for s in strategies], settings)
     assert sum(answer.retrievals for answer in alone) >= 1  # the batch mixes retrieving and plain answers
     for one, batched in zip(alone, together, strict=True):
         assert (batched.tokens, batched.windows, batched.heads, batched.visible_tokens) == (
-            one.tokens, one.windows, one.heads, one.visible_tokens)
+            one.tokens,
+            one.windows,
+            one.heads,
+            one.visible_tokens,
+        )
 
 
 def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir, tmp_path):
@@ -97,14 +110,26 @@ def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir,
     static.write_text(json.dumps([[layer, head] for layer in range(3) for head in range(4)]))
     hidden = [np.random.default_rng(i).normal(size=(5, 64)).astype(np.float32) for i in range(10)]
     targets = [(h[:, :12] > 0.5).astype(np.float32) for h in hidden]
-    probe = train_head_predictor(list(zip(hidden, targets, strict=True)),
-                                 HeadPredictorConfig(hidden_sizes=(8,), epochs=1), task="binary", shape=(3, 4),
-                                 progress=False)
+    probe = train_head_predictor(
+        list(zip(hidden, targets, strict=True)),
+        HeadPredictorConfig(hidden_sizes=(8,), epochs=1),
+        task="binary",
+        shape=(3, 4),
+        progress=False,
+    )
     probe.save(tmp_path / "probe")
     # a probe folder records its training questions (dynheads probe train writes it); these are not RAG's questions
     (tmp_path / "probe" / "questions.json").write_text(json.dumps({"train": ["other-1"], "validation": ["other-2"]}))
-    config = RagConfig(model=str(tiny_model_dir), probe=str(tmp_path / "probe"), static=str(static), ks=(2, 3),
-                       questions=2, lengths=(300,), max_new_tokens=4, draft_tokens=2)
+    config = RagConfig(
+        model=str(tiny_model_dir),
+        probe=str(tmp_path / "probe"),
+        static=str(static),
+        ks=(2, 3),
+        questions=2,
+        lengths=(300,),
+        max_new_tokens=4,
+        draft_tokens=2,
+    )
     run = run_rag(config, tmp_path / "rag", lm=tiny_lm, progress=False)
     records = run.records()
     assert len(records) == 2 * (4 * 2 + 2)  # 4 head strategies x 2 ks + none + full-context, per question
@@ -121,8 +146,17 @@ def test_rag_batch_size_four_equals_batch_one(tiny_lm, tiny_model_dir, tmp_path)
     """``dynheads rag --batch-size 4``: four answers decode together; the records equal batch 1's."""
     static = tmp_path / "static.json"
     static.write_text(json.dumps([[layer, head] for layer in range(3) for head in range(4)]))
-    config = RagConfig(model=str(tiny_model_dir), static=str(static), strategies=("static", "none", "fixed-random"),
-                       ks=(2,), questions=3, lengths=(300,), max_new_tokens=6, draft_tokens=2, threshold=0.0)
+    config = RagConfig(
+        model=str(tiny_model_dir),
+        static=str(static),
+        strategies=("static", "none", "fixed-random"),
+        ks=(2,),
+        questions=3,
+        lengths=(300,),
+        max_new_tokens=6,
+        draft_tokens=2,
+        threshold=0.0,
+    )
     one = run_rag(config, tmp_path / "b1", lm=tiny_lm, progress=False).records()
     four = run_rag(config, tmp_path / "b4", lm=tiny_lm, progress=False, batch_size=4).records()
     assert len(one) == 3 * 3 and any(r["retrievals"] for r in one)  # the batches mix retrieving answers
@@ -156,10 +190,23 @@ def test_the_rag_table_orders_k_as_numbers():
 
         @staticmethod
         def records():
-            return [{"strategy": strategy, "k": k, "metrics": {"em": 0.0, "f1": 0.0}, "retrieval_recall": 0.0,
-                     "retrievals": 1, "visible_tokens": [10], "context_tokens": 100}
-                    for strategy, k in [("static", 20), ("static", 5), ("static", 10), ("none", None)]]
+            return [
+                {
+                    "strategy": strategy,
+                    "k": k,
+                    "metrics": {"em": 0.0, "f1": 0.0},
+                    "retrieval_recall": 0.0,
+                    "retrievals": 1,
+                    "visible_tokens": [10],
+                    "context_tokens": 100,
+                }
+                for strategy, k in [("static", 20), ("static", 5), ("static", 10), ("none", None)]
+            ]
 
     table = rag_table(Run())
     assert list(zip(table["strategy"], table["k"], strict=True)) == [
-        ("static", 5), ("static", 10), ("static", 20), ("none", "-")]
+        ("static", 5),
+        ("static", 10),
+        ("static", 20),
+        ("none", "-"),
+    ]

@@ -67,8 +67,15 @@ def test_dynamic_refuses_bad_predictions(bad):
 
 
 def test_context_strategies_use_no_heads():
-    assert RAG_STRATEGIES.names() == ["dynamic", "static", "dynamic-random", "fixed-random", "none", "full-context",
-                                      "rerank"]
+    assert RAG_STRATEGIES.names() == [
+        "dynamic",
+        "static",
+        "dynamic-random",
+        "fixed-random",
+        "none",
+        "full-context",
+        "rerank",
+    ]
     assert set(PAPER_STRATEGIES) == set(RAG_STRATEGIES.names()) - {"rerank"}  # what a RAG run compares by default
     for name in ("none", "full-context", "rerank"):
         selector = HeadSelector(name, k=5, **SHAPE)
@@ -97,7 +104,10 @@ def test_a_strategy_registered_here_selects_and_is_planned_like_the_built_in_one
         with pytest.raises(DynheadsError, match="k=0 heads asked"):
             HeadSelector("first-heads", k=0, **SHAPE)
         assert _jobs(RagConfig(strategies=("none", "first-heads"), ks=(5, 10))) == [
-            ("none", None), ("first-heads", 5), ("first-heads", 10)]
+            ("none", None),
+            ("first-heads", 5),
+            ("first-heads", 10),
+        ]
         assert "first-heads" not in PAPER_STRATEGIES  # the paper's default set stays the paper's
     finally:
         RAG_STRATEGIES.unregister("first-heads")

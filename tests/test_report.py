@@ -37,13 +37,29 @@ from dynheads.traces import Trace
 
 LAYERS, HEADS, DIM, PROMPT = 8, 8, 16, 300
 NEEDLE = list(range(150, 170))
-MODEL = {"name": "tiny-test-model", "revision": "abc123", "architecture": "LlamaForCausalLM", "num_layers": LAYERS,
-         "num_heads": HEADS, "num_kv_heads": 2, "hidden_size": DIM}
+MODEL = {
+    "name": "tiny-test-model",
+    "revision": "abc123",
+    "architecture": "LlamaForCausalLM",
+    "num_layers": LAYERS,
+    "num_heads": HEADS,
+    "num_kv_heads": 2,
+    "hidden_size": DIM,
+}
 SECTION_HEADINGS = (
-    "## Run", "## Verdicts", "## Static retrieval heads", "## NIAH setup (Section 3.1)",
-    "## Claim 1, dynamism, on NIAH", "## Claim 2, irreplaceability, on NIAH", "## Claim 3, correlation, on NIAH",
-    "## HotpotQA setup (Section 5)", "## Claim 1, dynamism, on HotpotQA", "## Claim 2, irreplaceability, on HotpotQA",
-    "## Claim 3, correlation, on HotpotQA", "## Dynamic RAG (Section 6, Tables 4 and 6)", "## Per-step view",
+    "## Run",
+    "## Verdicts",
+    "## Static retrieval heads",
+    "## NIAH setup (Section 3.1)",
+    "## Claim 1, dynamism, on NIAH",
+    "## Claim 2, irreplaceability, on NIAH",
+    "## Claim 3, correlation, on NIAH",
+    "## HotpotQA setup (Section 5)",
+    "## Claim 1, dynamism, on HotpotQA",
+    "## Claim 2, irreplaceability, on HotpotQA",
+    "## Claim 3, correlation, on HotpotQA",
+    "## Dynamic RAG (Section 6, Tables 4 and 6)",
+    "## Per-step view",
 )
 
 
@@ -52,20 +68,41 @@ def _trace(rng: np.random.Generator, steps: int, needle: list[int]) -> Trace:
     argmax = rng.integers(0, PROMPT, (steps, LAYERS, HEADS)).astype(np.int32)
     argmax[copy] = rng.choice(needle, int(copy.sum()))
     return Trace(
-        tokens=rng.integers(0, 100, steps), token_texts=[f" t{i}" for i in range(steps)], text="generated",
-        argmax_pos=argmax, needle_mass=rng.random((steps, LAYERS, HEADS)).astype(np.float32),
+        tokens=rng.integers(0, 100, steps),
+        token_texts=[f" t{i}" for i in range(steps)],
+        text="generated",
+        argmax_pos=argmax,
+        needle_mass=rng.random((steps, LAYERS, HEADS)).astype(np.float32),
         scores={"copy": copy, "reasoning": rng.random((steps, LAYERS, HEADS)).astype(np.float32) ** 3},
         max_prob=rng.random((steps, LAYERS, HEADS)).astype(np.float32),
-        hidden=rng.normal(size=(steps, DIM)).astype(np.float32), prompt_length=PROMPT, stop_reason="eos")
+        hidden=rng.normal(size=(steps, DIM)).astype(np.float32),
+        prompt_length=PROMPT,
+        stop_reason="eos",
+    )
 
 
-def _traced_run(path: Path, kind: str, rng: np.random.Generator, samples: int, needle: list[int],
-                metrics: dict[str, float], steps: int = 12) -> RunDir:
+def _traced_run(
+    path: Path,
+    kind: str,
+    rng: np.random.Generator,
+    samples: int,
+    needle: list[int],
+    metrics: dict[str, float],
+    steps: int = 12,
+) -> RunDir:
     run = RunDir(path)
     run.start(kind, {"lengths": [500, 1000], "seed": 0, "max_new_tokens": steps}, None)
     for i in range(samples):
-        record = {"sample_id": f"s{i:02d}", "context_tokens": 500 * (1 + i % 2), "depth": 0.5, "answer": "uuid-1234",
-                  "generated": "uuid-1234", "needle_positions": needle, "metrics": metrics, "steps": steps}
+        record = {
+            "sample_id": f"s{i:02d}",
+            "context_tokens": 500 * (1 + i % 2),
+            "depth": 0.5,
+            "answer": "uuid-1234",
+            "generated": "uuid-1234",
+            "needle_positions": needle,
+            "metrics": metrics,
+            "steps": steps,
+        }
         run.save_sample(record, _trace(rng, steps, needle))
     run.write_results()
     return run
@@ -84,12 +121,28 @@ def make_reproduce_dir(root: Path) -> Path:
     """NIAH stages all present; HotpotQA traced but not analysed; RAG present."""
     rng = np.random.default_rng(0)
     # floor 5: the verdicts of this 6-sample study are decided (test_the_default_floor_... checks the default)
-    write_json(root / "manifest.json", {"kind": "reproduce", "preset": "quick", "config": {"samples": 6, "floor": 5},
-                                        "model": MODEL, "versions": {"torch": "2.x", "dynheads": "0.1.0"},
-                                        "python": "3.11.7", "seed": 0, "wall_seconds": 12.5})
+    write_json(
+        root / "manifest.json",
+        {
+            "kind": "reproduce",
+            "preset": "quick",
+            "config": {"samples": 6, "floor": 5},
+            "model": MODEL,
+            "versions": {"torch": "2.x", "dynheads": "0.1.0"},
+            "python": "3.11.7",
+            "seed": 0,
+            "wall_seconds": 12.5,
+        },
+    )
     niah = _traced_run(root / "niah", "niah", rng, 6, NEEDLE, {"accuracy": 1.0, "rouge_l": 0.9, "rouge1_recall": 1.0})
-    hotpot = _traced_run(root / "hotpotqa", "hotpotqa", rng, 3, list(range(40, 60)) + list(range(200, 215)),
-                         {"em": 0.0, "f1": 0.5, "recall": math.nan})
+    hotpot = _traced_run(
+        root / "hotpotqa",
+        "hotpotqa",
+        rng,
+        3,
+        list(range(40, 60)) + list(range(200, 215)),
+        {"em": 0.0, "f1": 0.5, "recall": math.nan},
+    )
     broken = hotpot.load_trace("s01")
     broken.reasoning_scores[0, 0, 0] = np.nan  # an empty Eq. 2 denominator: must not break the embedded JSON
     broken.save(hotpot.trace_path("s01"))
@@ -97,60 +150,109 @@ def make_reproduce_dir(root: Path) -> Path:
     static = root / "static" / "static_heads.json"
     ranking = [(layer, head) for layer in range(LAYERS) for head in range(HEADS)]
     save_head_scores(static, {head: [1.0 - i / 64, 0.9 - i / 64] for i, head in enumerate(ranking)})
-    write_json(root / "static" / "static_summary.json", {"pass_rate": 0.8, "num_counted": 8, "num_tests": 10,
-                                                         "top20": [f"L{lh[0]}-H{lh[1]}" for lh in ranking[:20]]})
+    write_json(
+        root / "static" / "static_summary.json",
+        {"pass_rate": 0.8, "num_counted": 8, "num_tests": 10, "top20": [f"L{lh[0]}-H{lh[1]}" for lh in ranking[:20]]},
+    )
     dynamism_report(niah.path, static, ks=(20, 50), out_dir=root / "dynamism")
     plot_heads(niah.path, ["s00"], out_dir=root / "dynamism")
 
-    cells = pd.DataFrame([{"strategy": s, "length": length, "depth": 0.5, "accuracy": acc, "rouge_l": acc, "samples": 2}
-                          for s, acc in (("none", 1.0), ("dynamic", 0.1), ("static", 0.8), ("random", 0.9))
-                          for length in (500, 1000)])
+    cells = pd.DataFrame(
+        [
+            {"strategy": s, "length": length, "depth": 0.5, "accuracy": acc, "rouge_l": acc, "samples": 2}
+            for s, acc in (("none", 1.0), ("dynamic", 0.1), ("static", 0.8), ("random", 0.9))
+            for length in (500, 1000)
+        ]
+    )
     (root / "ablation").mkdir()
     cells.to_csv(root / "ablation" / "cells.csv", index=False)
     grid = RunDir(root / "ablation")  # the per-sample records Claim 2's interval resamples
     grid.start("ablation", {"task": "niah"}, None)
     for i in range(6):
         for strategy, accuracy in (("none", 1.0), ("dynamic", 0.0), ("static", float(i > 0)), ("random", 1.0)):
-            grid.save_sample({"sample_id": f"s{i}-{strategy}", "grid_sample_id": f"s{i}", "strategy": strategy,
-                              "metrics": {"accuracy": accuracy, "rouge_l": accuracy}})
-    write_summary(root / "ablation", "summary.md", Summary(  # Claim 2 reads the per-sample values it publishes
-        [Table(["strategy", "accuracy"], [["dynamic", 0.1], ["static", 0.8]])],
-        {"per_sample": {metric: per_sample_metric(grid.records(), metric) for metric in ("accuracy", "rouge_l")}},
-        title="Per-step ablation"))
+            grid.save_sample(
+                {
+                    "sample_id": f"s{i}-{strategy}",
+                    "grid_sample_id": f"s{i}",
+                    "strategy": strategy,
+                    "metrics": {"accuracy": accuracy, "rouge_l": accuracy},
+                }
+            )
+    write_summary(
+        root / "ablation",
+        "summary.md",
+        Summary(  # Claim 2 reads the per-sample values it publishes
+            [Table(["strategy", "accuracy"], [["dynamic", 0.1], ["static", 0.8]])],
+            {"per_sample": {metric: per_sample_metric(grid.records(), metric) for metric in ("accuracy", "rouge_l")}},
+            title="Per-step ablation",
+        ),
+    )
     plot_ablation_cells(cells, root / "ablation" / "plots", title="test")
-    progressive = pd.DataFrame({"k": [0, 5], "samples": [2, 2], "static_overlap": [0.0, 3.0], "accuracy": [1.0, 0.2],
-                                "rouge_l": [1.0, 0.4]})
+    progressive = pd.DataFrame(
+        {"k": [0, 5], "samples": [2, 2], "static_overlap": [0.0, 3.0], "accuracy": [1.0, 0.2], "rouge_l": [1.0, 0.4]}
+    )
     (root / "progressive").mkdir()
     progressive.to_csv(root / "progressive" / "progressive.csv", index=False)
-    write_summary(root / "progressive", "summary.md",
-                  Summary([Table(["k", "accuracy"], [[0, 1]])], title="Progressive"))
+    write_summary(
+        root / "progressive", "summary.md", Summary([Table(["k", "accuracy"], [[0, 1]])], title="Progressive")
+    )
     plot_progressive(progressive, root / "progressive" / "plots" / "progressive.png")
 
-    table = pd.DataFrame([{"offset": k, "method": m, "top1": v - 0.1 * k, "top10_mean": 0.3, "top50_mean": 0.2,
-                           "n_components": 5, "hidden_dims": 5, "score_dims": 5, "fit_pairs": 40, "eval_pairs": 20,
-                           **({"gap": 0.4, "gap_low": 0.25, "gap_high": 0.55, "test_samples": 6} if m == "held_out"
-                              else {})}
-                          for k in range(3) for m, v in (("in_sample", 0.95), ("held_out", 0.7), ("shuffled", 0.3))])
+    table = pd.DataFrame(
+        [
+            {
+                "offset": k,
+                "method": m,
+                "top1": v - 0.1 * k,
+                "top10_mean": 0.3,
+                "top50_mean": 0.2,
+                "n_components": 5,
+                "hidden_dims": 5,
+                "score_dims": 5,
+                "fit_pairs": 40,
+                "eval_pairs": 20,
+                **({"gap": 0.4, "gap_low": 0.25, "gap_high": 0.55, "test_samples": 6} if m == "held_out" else {}),
+            }
+            for k in range(3)
+            for m, v in (("in_sample", 0.95), ("held_out", 0.7), ("shuffled", 0.3))
+        ]
+    )
     write_cca(table, root / "cca", model=MODEL["name"])
     plot_cca(table, root / "cca" / "cca.png")
-    probe = {"probe": {"f1": 0.6, "precision": 0.6, "recall": 0.6, "auprc": 0.7, "positive_rate": 0.3},
-             "baseline": {"f1": 0.4, "precision": 0.4, "recall": 0.4, "auprc": 0.35, "positive_rate": 0.3},
-             "gap": {"metric": "auprc", "effect": 0.35, "low": 0.2, "high": 0.5, "n": 6}}
+    probe = {
+        "probe": {"f1": 0.6, "precision": 0.6, "recall": 0.6, "auprc": 0.7, "positive_rate": 0.3},
+        "baseline": {"f1": 0.4, "precision": 0.4, "recall": 0.4, "auprc": 0.35, "positive_rate": 0.3},
+        "gap": {"metric": "auprc", "effect": 0.35, "low": 0.2, "high": 0.5, "n": 6},
+    }
     write_json(root / "probe" / "metrics.json", {"task": "binary", "score": "copy", **probe, "paper": {}})
-    write_summary(root / "probe", "metrics.md", Summary([metrics_table({"ours": probe["probe"], **PAPER_PROBE_BINARY},
-                                                                       "binary")], {"task": "binary", **probe}))
+    write_summary(
+        root / "probe",
+        "metrics.md",
+        Summary([metrics_table({"ours": probe["probe"], **PAPER_PROBE_BINARY}, "binary")], {"task": "binary", **probe}),
+    )
     _png(root / "probe" / "history.png")
 
     rag = RunDir(root / "rag")
     rag.start("rag", {"ks": [5]}, None)
     for q in range(6):
         for strategy, k, f1 in (("dynamic", 5, 0.6), ("static", 5, 0.4), ("none", None, 0.2)):
-            rag.save_sample({"sample_id": f"q{q}-{strategy}", "question_id": f"q{q}", "strategy": strategy, "k": k,
-                             "metrics": {"em": f1 / 2, "f1": f1}, "retrieval_recall": 0.5, "retrievals": 1,
-                             "visible_tokens": [40], "context_tokens": 500})
+            rag.save_sample(
+                {
+                    "sample_id": f"q{q}-{strategy}",
+                    "question_id": f"q{q}",
+                    "strategy": strategy,
+                    "k": k,
+                    "metrics": {"em": f1 / 2, "f1": f1},
+                    "retrieval_recall": 0.5,
+                    "retrievals": 1,
+                    "visible_tokens": [40],
+                    "context_tokens": 500,
+                }
+            )
     rag.write_results()
-    write_summary(rag.path, "rag.md", Summary([rag_summary_table(rag_table(rag))],
-                                              {"f1_pairs": per_question_f1(rag.records())}))
+    write_summary(
+        rag.path, "rag.md", Summary([rag_summary_table(rag_table(rag))], {"f1_pairs": per_question_f1(rag.records())})
+    )
     return root
 
 
@@ -166,8 +268,7 @@ def test_every_section_and_verdict_is_in_the_markdown(report):
     for heading in SECTION_HEADINGS:
         assert f"\n{heading}" in md, heading
     assert "**Verdict:** Claim 1 (dynamism), NIAH: supported." in md
-    assert re.search(r"containment in the static retrieval top-20 0\.\d+ \[0\.\d+, 0\.\d+\] \(n=6\), rule < 0\.8",
-                     md)
+    assert re.search(r"containment in the static retrieval top-20 0\.\d+ \[0\.\d+, 0\.\d+\] \(n=6\), rule < 0\.8", md)
     assert "**Verdict:** Claim 2 (irreplaceability), NIAH: supported." in md
     assert "static - dynamic accuracy 0.833 [" in md and "random - dynamic accuracy 1.000 [1.000, 1.000] (n=6)" in md
     assert "**Verdict:** Claim 3 (correlation), NIAH: supported." in md
@@ -188,8 +289,13 @@ def test_markdown_shows_manifest_settings_tables_figures_and_paper_values(report
     assert "Paper, Table 4 (HotpotQA EM / F1, k = 5):" in md and "| k=20 | 0.292 / 0.3967 |" in md
     assert "`niah/manifest.json`: `lengths=[500, 1000]`" in md
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
-    assert {"dynamism/heads-s00.png", "ablation/plots/ablation-accuracy.png", "progressive/plots/progressive.png",
-            "cca/cca.png", "probe/history.png"} <= set(images)
+    assert {
+        "dynamism/heads-s00.png",
+        "ablation/plots/ablation-accuracy.png",
+        "progressive/plots/progressive.png",
+        "cca/cca.png",
+        "probe/history.png",
+    } <= set(images)
     assert all((root / image).is_file() for image in images)
 
 
@@ -231,8 +337,11 @@ EVIDENCE = EvidenceSettings()  # floor 30, 2000 resamples, seed 0
 
 def _dynamism_data(sets: list[np.ndarray], ranking: list[tuple[int, int]]) -> dict:
     """What the dynamism stage publishes for these dynamic sets (the verdict's input)."""
-    return {"stats": dynamism_stats(sets, ranking).to_dict(), "per_sample": per_sample_dynamism(sets, ranking),
-            "static_kind": "copy"}
+    return {
+        "stats": dynamism_stats(sets, ranking).to_dict(),
+        "per_sample": per_sample_dynamism(sets, ranking),
+        "static_kind": "copy",
+    }
 
 
 def _random_sets(rng, samples: int, pool: list[tuple[int, int]], per_step: int, steps: int = 10) -> list[np.ndarray]:
@@ -287,8 +396,12 @@ def _arms(rng, n: int, means: dict[str, float]) -> dict[str, np.ndarray]:
 
 def test_claim2_decides_by_the_interval_of_paired_differences():
     rng = np.random.default_rng(0)
-    large = claims.irreplaceability_verdict(_arms(rng, 40, {"none": 1.0, "dynamic": 0.05, "static": 0.9,
-                                                            "random": 0.95}), "accuracy", "NIAH", evidence=EVIDENCE)
+    large = claims.irreplaceability_verdict(
+        _arms(rng, 40, {"none": 1.0, "dynamic": 0.05, "static": 0.9, "random": 0.95}),
+        "accuracy",
+        "NIAH",
+        evidence=EVIDENCE,
+    )
     assert large.status == "supported" and all(e.interval.low > 0.1 for e in large.effects)
     same = {"none": np.ones(40), "dynamic": np.zeros(40), "static": np.zeros(40), "random": np.ones(40)}
     tie = claims.irreplaceability_verdict(same, "accuracy", "NIAH", evidence=EVIDENCE)
@@ -305,15 +418,20 @@ def test_claim2_inconclusive_cases():
     assert verdict.status == "inconclusive" and "contains 0.1" in verdict.reason
     low = claims.irreplaceability_verdict({**noisy, "none": np.full(30, 0.05)}, "accuracy", "NIAH")
     assert low.status == "inconclusive" and "un-ablated" in low.reason
-    assert claims.irreplaceability_verdict({"none": np.ones(3), "dynamic": np.zeros(3)}, "em", "x").status == \
-        "inconclusive"
+    assert (
+        claims.irreplaceability_verdict({"none": np.ones(3), "dynamic": np.zeros(3)}, "em", "x").status
+        == "inconclusive"
+    )
     assert claims.irreplaceability_verdict(None, "em", "x").reason == "no ablation results"
 
 
 def test_claim3_rules():
     good_cca = {"top1": 0.6, "shuffled_top1": 0.3, "gap": 0.3, "gap_low": 0.2, "gap_high": 0.4, "test_samples": 30}
-    good_probe = {"probe": {"auprc": 0.8}, "baseline": {"auprc": 0.3},
-                  "gap": {"effect": 0.5, "low": 0.4, "high": 0.6, "n": 30}}
+    good_probe = {
+        "probe": {"auprc": 0.8},
+        "baseline": {"auprc": 0.3},
+        "gap": {"effect": 0.5, "low": 0.4, "high": 0.6, "n": 30},
+    }
     assert claims.correlation_verdict(good_cca, good_probe, "auprc", "NIAH").status == "supported"
     small_gap = {**good_cca, "gap": 0.05, "gap_low": 0.01, "gap_high": 0.08}
     assert claims.correlation_verdict(small_gap, good_probe, "auprc", "NIAH").status == "not supported"
@@ -323,8 +441,11 @@ def test_claim3_rules():
     failed_offset = {"note": "offset 1, held_out: CCA needs at least 3 fit pairs, got 0", "top1": math.nan}
     verdict = claims.correlation_verdict(failed_offset, good_probe, "auprc", "NIAH")
     assert verdict.status == "inconclusive" and "CCA needs at least 3 fit pairs" in verdict.reason
-    undefined_r2 = {"probe": {"r2": math.nan}, "baseline": {"r2": math.nan},
-                    "gap": {"effect": math.nan, "low": math.nan, "high": math.nan, "n": 30}}
+    undefined_r2 = {
+        "probe": {"r2": math.nan},
+        "baseline": {"r2": math.nan},
+        "gap": {"effect": math.nan, "low": math.nan, "high": math.nan, "n": 30},
+    }
     verdict = claims.correlation_verdict(good_cca, undefined_r2, "r2", "Multi-hop")
     assert verdict.status == "inconclusive" and "R² is undefined" in verdict.reason
     partial = claims.correlation_verdict(good_cca, None, "r2", "HotpotQA")
@@ -352,8 +473,7 @@ def test_a_failed_stage_makes_its_verdict_inconclusive(tmp_path):
     root = make_reproduce_dir(tmp_path / "study")
     write_json(root / "stages.json", {"cca": {"seconds": 1.0, "error": "CCA needs at least 3 fit pairs, got 0"}})
     md = write_report(root)[0].read_text()
-    assert ("Claim 3 (correlation), NIAH: inconclusive (stage cca failed: CCA needs at least 3 fit pairs, got 0)"
-            in md)
+    assert "Claim 3 (correlation), NIAH: inconclusive (stage cca failed: CCA needs at least 3 fit pairs, got 0)" in md
 
 
 def test_the_default_floor_makes_a_six_sample_study_inconclusive(tmp_path):
@@ -373,8 +493,10 @@ def test_step_view_caps_and_orders_heads(report):
         assert step["n"] == int(trace.copy_scores[t].sum()) and len(step["h"]) == min(3, step["n"])
         scores = [h[3] for h in step["h"]]
         assert scores == sorted(scores, reverse=True)
-        assert all(trace.copy_scores[t, layer, head] and pos == trace.argmax_pos[t, layer, head]
-                   for layer, head, pos, _ in step["h"])
+        assert all(
+            trace.copy_scores[t, layer, head] and pos == trace.argmax_pos[t, layer, head]
+            for layer, head, pos, _ in step["h"]
+        )
     reasoning = step_view(root / "hotpotqa", "HotpotQA", "reasoning", threshold=0.5, max_heads=100)
     trace = RunDir(root / "hotpotqa").load_trace("s00")
     assert [s["n"] for s in reasoning["samples"][0]["steps"]] == list((trace.reasoning_scores > 0.5).sum((1, 2)))
@@ -382,8 +504,9 @@ def test_step_view_caps_and_orders_heads(report):
 
 def test_spans_and_markdown_html():
     assert spans([5, 3, 4, 9, 10, 4]) == [[3, 6], [9, 11]] and spans([]) == []
-    page = markdown_html("# Title <x>\n\nSome **bold** and `code` *here*.\n\n| a | b \\| c |\n|---|---|\n| 1 | 2 |\n"
-                         "\n- item")
+    page = markdown_html(
+        "# Title <x>\n\nSome **bold** and `code` *here*.\n\n| a | b \\| c |\n|---|---|\n| 1 | 2 |\n\n- item"
+    )
     assert "<h1>Title &lt;x&gt;</h1>" in page and "<strong>bold</strong>" in page and "<em>here</em>" in page
     assert "<th>b | c</th>" in page and "<td>2</td>" in page and "<ul><li>item</li></ul>" in page
 
@@ -398,10 +521,12 @@ def test_the_verdict_rules_line_has_its_numbers_filled_in():
 
 def test_report_command_rewrites_the_report_and_refuses_other_folders(tmp_path):
     root = make_reproduce_dir(tmp_path / "study")
-    done = subprocess.run([sys.executable, "-m", "dynheads", "report", str(root)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "dynheads", "report", str(root)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (root / "report.md").read_text(encoding="utf-8").startswith("#") and (root / "report.html").is_file()
-    other = subprocess.run([sys.executable, "-m", "dynheads", "report", str(tmp_path)], capture_output=True,
-                           text=True, timeout=300)
+    other = subprocess.run(
+        [sys.executable, "-m", "dynheads", "report", str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert other.returncode == 2 and "not a study folder" in other.stderr and "Traceback" not in other.stderr

@@ -13,8 +13,16 @@ import pytest
 from dynheads.report import write_report
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser test needs: pip install playwright")
 if not shutil.which(CHROMIUM):
@@ -55,11 +63,14 @@ def test_report_opens_offline_and_the_step_view_responds(report_html, tmp_path):
             shots.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(shots / "report-top.png"))
 
-            images = page.eval_on_selector_all("img", """images => images.map(image => {
+            images = page.eval_on_selector_all(
+                "img",
+                """images => images.map(image => {
                 const box = image.getBoundingClientRect();
                 return {ok: image.complete && image.naturalWidth > 0 && box.width > 0 && box.height > 0,
                         alt: image.alt};
-            })""")
+            })""",
+            )
             assert len(images) == 6 + 4  # the figures make_reproduce_dir writes, and the cards' (3 NIAH claims, RAG)
             assert [image["alt"] for image in images if not image["ok"]] == []
 
@@ -94,7 +105,9 @@ def test_the_first_screen_shows_every_verdict_with_its_figure(report_html, tmp_p
             shots = Path(os.environ.get("DYNHEADS_SCREENSHOT_DIR") or tmp_path)
             shots.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(shots / "report-first-screen.png"))  # the viewport only: the first screen
-            cards = page.eval_on_selector_all(".card", """cards => cards.map(card => {
+            cards = page.eval_on_selector_all(
+                ".card",
+                """cards => cards.map(card => {
                 const inView = element => { const box = element.getBoundingClientRect();
                     return box.width > 0 && box.height > 0 && box.top >= 0 && box.left >= 0
                            && box.bottom <= window.innerHeight && box.right <= window.innerWidth; };
@@ -103,7 +116,8 @@ def test_the_first_screen_shows_every_verdict_with_its_figure(report_html, tmp_p
                         status: card.querySelector(".badge").innerText,
                         rows: card.querySelectorAll("td").length,
                         image: image && image.complete && image.naturalWidth > 0 && inView(image)};
-            })""")
+            })""",
+            )
             sections = page.locator("section p.verdict").all_inner_texts()
         finally:
             browser.close()

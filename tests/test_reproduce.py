@@ -80,5 +80,6 @@ def test_the_paper_preset_says_where_every_value_comes_from():
     for stage, table in stage_tables.items():  # every value has a source, and every source a value
         assert set(PAPER_PRESET_SOURCES[stage]) == (set(table) or {"defaults"}), stage
     texts = [PAPER_PRESET_SOURCES["qa_source"], *(t for s in stage_tables for t in PAPER_PRESET_SOURCES[s].values())]
-    assert all(text.split(":")[0] in ("paper", "inferred") or text.startswith(("Wu et al.", "paper range"))
-               for text in texts)
+    assert all(
+        text.split(":")[0] in ("paper", "inferred") or text.startswith(("Wu et al.", "paper range")) for text in texts
+    )

@@ -91,8 +91,14 @@ def id_prompt(paragraphs: list[list[int]], query: list[int]) -> RerankPrompt:
         spans.append((len(ids), len(ids) + len(paragraph)))
         ids += paragraph + [3]
     shared, tail = len(ids), [4, 6]
-    return RerankPrompt(ids + query + tail, (shared, shared + len(query)), ids + [NULL_TOKEN] + tail,
-                        (shared, shared + 1), tuple(spans), shared)
+    return RerankPrompt(
+        ids + query + tail,
+        (shared, shared + len(query)),
+        ids + [NULL_TOKEN] + tail,
+        (shared, shared + 1),
+        tuple(spans),
+        shared,
+    )
 
 
 def candidates(seed: int, count: int = 5, size: int = 8) -> list[list[int]]:
@@ -165,9 +171,27 @@ def test_overlapping_streams_are_refused_before_any_work(tmp_path):
     with pytest.raises(DynheadsError, match="overlaps the evaluation stream"):
         RerankConfig(first=10, questions=5, fit_first=12, fit_questions=5).check()
     RerankConfig(first=10, questions=5, fit_first=15, fit_questions=5).check()  # adjacent is fine
-    result = subprocess.run([sys.executable, "-m", "dynheads", "rerank", "--first", "0", "--questions", "3",
-                             "--fit-first", "2", "--fit-questions", "4", "--out", str(tmp_path / "r")],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dynheads",
+            "rerank",
+            "--first",
+            "0",
+            "--questions",
+            "3",
+            "--fit-first",
+            "2",
+            "--fit-questions",
+            "4",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert [line for line in result.stderr.splitlines() if line.startswith("error:")][0].count("overlaps") == 1
     assert not (tmp_path / "r").exists()
@@ -258,8 +282,9 @@ def test_rerank_then_answer_shows_only_the_given_windows(tiny_lm, rag_sample):
     settings = RagSettings(max_new_tokens=5, draft_tokens=3)
     shape = {"k": 1, "num_layers": tiny_lm.num_layers, "num_heads": tiny_lm.num_heads}
     full = answer_question(tiny_lm, rag_sample, HeadSelector("full-context", **shape), settings)
-    everything = answer_question(tiny_lm, rag_sample, HeadSelector("rerank", **shape), settings,
-                                 shown=[tuple(rag_sample.context_span)])
+    everything = answer_question(
+        tiny_lm, rag_sample, HeadSelector("rerank", **shape), settings, shown=[tuple(rag_sample.context_span)]
+    )
     assert everything.tokens == full.tokens and everything.retrievals == 0  # all shown = full context
     with pytest.raises(DynheadsError, match="outside the context"):
         answer_question(tiny_lm, rag_sample, HeadSelector("rerank", **shape), settings, shown=[(0, 5)])
@@ -270,8 +295,14 @@ def test_rerank_then_answer_shows_only_the_given_windows(tiny_lm, rag_sample):
 def test_rag_run_with_the_rerank_strategy(tiny_model_dir, tiny_lm, tmp_path):
     from dynheads.experiments.rag import RagConfig, run_rag
 
-    config = RagConfig(model=str(tiny_model_dir), questions=2, lengths=(300,), strategies=("rerank", "full-context"),
-                       max_new_tokens=3, rerank_top=2)
+    config = RagConfig(
+        model=str(tiny_model_dir),
+        questions=2,
+        lengths=(300,),
+        strategies=("rerank", "full-context"),
+        max_new_tokens=3,
+        rerank_top=2,
+    )
     run = run_rag(config, tmp_path / "rag", lm=tiny_lm, progress=False)
     reranked = [r for r in run.records() if r["strategy"] == "rerank"]
     assert len(reranked) == 2

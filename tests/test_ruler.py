@@ -25,16 +25,18 @@ def context_of(tok, sample) -> str:
 @pytest.mark.parametrize("hops", [0, 1, 3])
 def test_variable_tracking_chains_spans_and_candidates(embedded, hops):
     tok = embedded.tokenizer
-    sample = ruler.make_sample(tok, data=f"variable_tracking:hops={hops},chains=3", context_tokens=400, depth=0.5,
-                               seed=3, gold_rank=1)
+    sample = ruler.make_sample(
+        tok, data=f"variable_tracking:hops={hops},chains=3", context_tokens=400, depth=0.5, seed=3, gold_rank=1
+    )
     lines = context_of(tok, sample).split("\n")
     values = {m.group(1): m.group(2) for m in map(VALUE.match, lines) if m}
     links = {m.group(1): m.group(2) for m in map(LINK.match, lines) if m}
     assert len(values) == 3 and len(links) == 3 * hops  # every chain: one value statement and `hops` links
     assert all(line == ruler.NOISE or VALUE.match(line) or LINK.match(line) for line in lines)
     for name, previous in links.items():  # a link comes after the statement it names
-        assert lines.index(f"VAR {name} = VAR {previous}") > min(i for i, line in enumerate(lines)
-                                                                 if line.startswith(f"VAR {previous} ="))
+        assert lines.index(f"VAR {name} = VAR {previous}") > min(
+            i for i, line in enumerate(lines) if line.startswith(f"VAR {previous} =")
+        )
     # the question's variable leads back to the answer through hops + 1 statements
     name = re.search(r"VAR ([A-Z]{5})\?", sample.question).group(1)
     for _ in range(hops):
@@ -56,8 +58,9 @@ def test_variable_tracking_chains_spans_and_candidates(embedded, hops):
 
 
 def test_query_all_is_rulers_question(embedded):
-    sample = ruler.make_sample(embedded.tokenizer, data="variable_tracking:hops=2,chains=2,query=all",
-                               context_tokens=300, depth=0.0, seed=1)
+    sample = ruler.make_sample(
+        embedded.tokenizer, data="variable_tracking:hops=2,chains=2,query=all", context_tokens=300, depth=0.0, seed=1
+    )
     variables = sample.answer.split()
     assert len(variables) == 3 and sample.meta["candidates"][sample.meta["gold_rank"]] == sample.answer
     value = re.search(r"assigned the value (\d{5})", sample.question).group(1)
@@ -68,8 +71,14 @@ def test_query_all_is_rulers_question(embedded):
 
 
 def test_fact_order_is_balanced_over_the_stream_and_within_cells(embedded):
-    samples = ruler.grid_samples(embedded.tokenizer, data="variable_tracking:hops=1,chains=3", questions=18,
-                                 lengths=(250,), depths=(0.0, 0.5, 1.0), seed=0)
+    samples = ruler.grid_samples(
+        embedded.tokenizer,
+        data="variable_tracking:hops=1,chains=3",
+        questions=18,
+        lengths=(250,),
+        depths=(0.0, 0.5, 1.0),
+        seed=0,
+    )
     ranks = [s.meta["gold_rank"] for s in samples]
     assert Counter(ranks) == {0: 6, 1: 6, 2: 6}
     for depth in (0.0, 0.5, 1.0):  # every cell sees every order, even at the context's ends
@@ -114,11 +123,13 @@ def test_string_match_is_rulers():
 
 
 def test_scores_extract_the_committed_value(embedded):
-    sample = ruler.make_sample(embedded.tokenizer, data="variable_tracking:hops=1,chains=3", context_tokens=300,
-                               depth=0.5, seed=4, gold_rank=0)
+    sample = ruler.make_sample(
+        embedded.tokenizer, data="variable_tracking:hops=1,chains=3", context_tokens=300, depth=0.5, seed=4, gold_rank=0
+    )
     gold, other = sample.answer, sample.meta["candidates"][1]
     assert ruler.score(sample, f"The value of VAR X is {gold}.") == pytest.approx(
-        {"string_match": 1.0, "em": 1.0, "f1": 1.0, "precision": 1.0, "recall": 1.0, "distractor": 0.0})
+        {"string_match": 1.0, "em": 1.0, "f1": 1.0, "precision": 1.0, "recall": 1.0, "distractor": 0.0}
+    )
     wrong = ruler.score(sample, f"{other}, not {gold}")
     assert (wrong["em"], wrong["distractor"], wrong["string_match"]) == (0.0, 1.0, 1.0)
     assert ruler.score(sample, "I do not know")["distractor"] == 0.0
@@ -126,17 +137,21 @@ def test_scores_extract_the_committed_value(embedded):
 
 def records(rows):
     """Constructed finished records: (answer, candidates in context order, em, distractor)."""
-    return [{"answer": a, "meta": {"candidates": c, "gold_rank": c.index(a)}, "metrics": {"em": em, "distractor": d}}
-            for a, c, em, d in rows]
+    return [
+        {"answer": a, "meta": {"candidates": c, "gold_rank": c.index(a)}, "metrics": {"em": em, "distractor": d}}
+        for a, c, em, d in rows
+    ]
 
 
 def test_chance_heuristics_and_distractor_share_on_constructed_samples():
-    rows = records([
-        ("1", ["1", "2", "3"], 1.0, 0.0),       # gold first, answered
-        ("2", ["1", "2", "3"], 0.0, 1.0),       # gold in the middle, a distractor's value given
-        ("3", ["1", "3"], 0.0, 0.0),            # gold last of two, noise given
-        ("4", ["5", "6", "7", "4"], 0.0, 1.0),  # gold last of four, a distractor's value given
-    ])
+    rows = records(
+        [
+            ("1", ["1", "2", "3"], 1.0, 0.0),  # gold first, answered
+            ("2", ["1", "2", "3"], 0.0, 1.0),  # gold in the middle, a distractor's value given
+            ("3", ["1", "3"], 0.0, 0.0),  # gold last of two, noise given
+            ("4", ["5", "6", "7", "4"], 0.0, 1.0),  # gold last of four, a distractor's value given
+        ]
+    )
     summary = candidates.summarise(rows)
     assert summary["n"] == 4 and summary["model"] == 0.25 and summary["wrong"] == 3
     assert summary["chance"] == pytest.approx((1 / 3 + 1 / 3 + 1 / 2 + 1 / 4) / 4)
@@ -168,17 +183,20 @@ def test_one_statement_form_is_named_a_key_value_lookup():
     assert task_of("variable_tracking").label == "Variable tracking"  # its default form has 2 hops
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ("variable_tracking:hops=-1", "hops must be between"),
-    ("variable_tracking:chains=0", "chains must be >= 1"),
-    ("variable_tracking:query=some", "query must be one of"),
-    ("variable_tracking:hops=0,query=all", "query=all needs hops >= 1"),
-    ("variable_tracking:depth=1", "bad variable_tracking option"),
-    ("variable_tracking:hops=two", "needs a int"),
-    ("multikey_niah:keys=0", "keys must be >= 1"),
-    ("multikey_niah:haystack=essay", "haystack must be one of"),
-    ("needles", "names no RULER task"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("variable_tracking:hops=-1", "hops must be between"),
+        ("variable_tracking:chains=0", "chains must be >= 1"),
+        ("variable_tracking:query=some", "query must be one of"),
+        ("variable_tracking:hops=0,query=all", "query=all needs hops >= 1"),
+        ("variable_tracking:depth=1", "bad variable_tracking option"),
+        ("variable_tracking:hops=two", "needs a int"),
+        ("multikey_niah:keys=0", "keys must be >= 1"),
+        ("multikey_niah:haystack=essay", "haystack must be one of"),
+        ("needles", "names no RULER task"),
+    ],
+)
 def test_bad_forms_are_refused(data, message):
     with pytest.raises(DynheadsError, match=message):
         ruler.parse_source(data)
@@ -195,8 +213,17 @@ def test_bad_samples_are_refused(embedded):
     grid = task_of("variable_tracking").grid
 
     class Config:
-        data, questions, first, split, lengths, depths, seed, chat_template_kwargs = \
-            "multikey_niah", 1, 0, "x", (300,), (0.5,), 0, ""
+        data, questions, first, split, lengths, depths, seed, chat_template_kwargs = (
+            "multikey_niah",
+            1,
+            0,
+            "x",
+            (300,),
+            (0.5,),
+            0,
+            "",
+        )
+
     with pytest.raises(DynheadsError, match="reads variable_tracking"):
         grid(Config(), tok)
 
@@ -208,9 +235,26 @@ def test_cli_traces_variable_tracking_at_each_hop_count(tiny_model_dir, tmp_path
 
     register_commands()
     out = tmp_path / f"vt{hops}"
-    result = CliRunner().invoke(app, [
-        "hotpotqa", "--data", f"variable_tracking:hops={hops},chains=3", "--questions", "3", "--lengths", "250",
-        "--depths", "0.5", "--max-new-tokens", "2", "--model", str(tiny_model_dir), "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "hotpotqa",
+            "--data",
+            f"variable_tracking:hops={hops},chains=3",
+            "--questions",
+            "3",
+            "--lengths",
+            "250",
+            "--depths",
+            "0.5",
+            "--max-new-tokens",
+            "2",
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "3 questions" in result.output and "chance" in result.output
     run = RunDir(out)
@@ -218,8 +262,10 @@ def test_cli_traces_variable_tracking_at_each_hop_count(tiny_model_dir, tmp_path
     assert run.manifest()["prompt"]["form"]["hops"] == hops
     rows = run.records()
     assert sorted(r["meta"]["gold_rank"] for r in rows) == [0, 1, 2]
-    assert all(len(r["supporting_spans"]) == hops + 1 and {"string_match", "em", "distractor"} <= set(r["metrics"])
-               for r in rows)
+    assert all(
+        len(r["supporting_spans"]) == hops + 1 and {"string_match", "em", "distractor"} <= set(r["metrics"])
+        for r in rows
+    )
     summary = (out / "summary.md").read_text()
     assert "chance" in summary and "first candidate" in summary and "gold rank" in summary
 
@@ -231,9 +277,16 @@ def test_ablation_grid_runs_variable_tracking_and_labels_realised_depths(tiny_mo
     from dynheads.models import load_model
 
     lm = load_model(tiny_model_dir)
-    config = AblationConfig(task="variable_tracking", data="variable_tracking:hops=1,chains=3", questions=2,
-                            lengths=(250,), depths=(0.0, 1.0), max_new_tokens=2, strategies=("random",),
-                            model=str(tiny_model_dir))
+    config = AblationConfig(
+        task="variable_tracking",
+        data="variable_tracking:hops=1,chains=3",
+        questions=2,
+        lengths=(250,),
+        depths=(0.0, 1.0),
+        max_new_tokens=2,
+        strategies=("random",),
+        model=str(tiny_model_dir),
+    )
     run = run_ablation(config, tmp_path / "ablation", lm=lm, progress=False)
     assert {r["strategy"] for r in run.records()} == {"none", "random"}
     cells = pd.read_csv(tmp_path / "ablation" / "cells.csv")
@@ -248,8 +301,15 @@ def test_rag_table_shows_chance_and_distractor_share(tiny_model_dir, tmp_path):
     from dynheads.models import load_model
 
     lm = load_model(tiny_model_dir)
-    rag = RagConfig(data="variable_tracking:hops=1,chains=3", questions=3, lengths=(250,),
-                    strategies=("none", "full-context"), ks=(2,), max_new_tokens=2, draft_tokens=2)
+    rag = RagConfig(
+        data="variable_tracking:hops=1,chains=3",
+        questions=3,
+        lengths=(250,),
+        strategies=("none", "full-context"),
+        ks=(2,),
+        max_new_tokens=2,
+        draft_tokens=2,
+    )
     answers = run_rag(rag, tmp_path / "rag", lm=lm, progress=False).records()
     assert {r["strategy"] for r in answers} == {"none", "full-context"}
     assert all(len(r["meta"]["candidates"]) == 3 for r in answers)

@@ -81,8 +81,21 @@ def test_trace_round_trip(tiny_model_dir, tiny_lm, tmp_path):
 
 def test_cli_end_to_end(tiny_model_dir, tmp_path):
     out = tmp_path / "cli"
-    result = run_cli("niah", "--model", str(tiny_model_dir), "--lengths", "200", "--depths", "0.5", "--runs", "2",
-                     "--max-new-tokens", "4", "--out", str(out))
+    result = run_cli(
+        "niah",
+        "--model",
+        str(tiny_model_dir),
+        "--lengths",
+        "200",
+        "--depths",
+        "0.5",
+        "--runs",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     assert "2 samples" in result.stdout
     assert len(list((out / "traces").glob("*.parquet"))) == 2
@@ -113,8 +126,21 @@ def test_bad_input_gets_one_line(tiny_model_dir, tmp_path, args, message):
 
 def test_hotpotqa_run_traces_reasoning_scores(tiny_model_dir, tmp_path):
     out = tmp_path / "hotpot"
-    result = run_cli("hotpotqa", "--model", str(tiny_model_dir), "--questions", "2", "--lengths", "300",
-                     "--depths", "0.5", "--max-new-tokens", "3", "--out", str(out))
+    result = run_cli(
+        "hotpotqa",
+        "--model",
+        str(tiny_model_dir),
+        "--questions",
+        "2",
+        "--lengths",
+        "300",
+        "--depths",
+        "0.5",
+        "--max-new-tokens",
+        "3",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     from dynheads.runs import RunDir
 

@@ -20,10 +20,18 @@ def make_trace(active: list[list[tuple[int, int]]], shape: tuple[int, int] = (2,
         for layer, head in heads:
             copy[step, layer, head] = True
     zeros = np.zeros(copy.shape, dtype=np.float32)
-    return Trace(tokens=np.arange(len(active), dtype=np.int64), token_texts=[f"t{i}" for i in range(len(active))],
-                 text=text, argmax_pos=zeros.astype(np.int32), needle_mass=zeros, max_prob=zeros,
-                 scores={"copy": copy, "reasoning": zeros}, hidden=np.zeros((len(active), 4), np.float32),
-                 prompt_length=10, stop_reason="eos")
+    return Trace(
+        tokens=np.arange(len(active), dtype=np.int64),
+        token_texts=[f"t{i}" for i in range(len(active))],
+        text=text,
+        argmax_pos=zeros.astype(np.int32),
+        needle_mass=zeros,
+        max_prob=zeros,
+        scores={"copy": copy, "reasoning": zeros},
+        hidden=np.zeros((len(active), 4), np.float32),
+        prompt_length=10,
+        stop_reason="eos",
+    )
 
 
 # Test A (4 answer tokens, 3 steps): counts (0,0)=0 (0,1)=3 (1,0)=1 (1,1)=1 -> 0, .75, .25, .25

@@ -51,24 +51,44 @@ def code_word_sample(tokenizer, length: int, depth: float, seed: int) -> Sample:
     needle = f"The code word is {word}."
     filler = FILLER * max(1, length // 10)
     cut = round(depth * len(filler) / len(FILLER)) * len(FILLER)  # at a sentence boundary
-    prompt = render_chat(tokenizer, "You answer briefly.", USER.format(context=filler[:cut] + needle + " "
-                                                                        + filler[cut:]))
+    prompt = render_chat(
+        tokenizer, "You answer briefly.", USER.format(context=filler[:cut] + needle + " " + filler[cut:])
+    )
     start, stop = locate(prompt, needle)
     word_start = start + needle.index(word)
-    return build_sample(prompt, sample_id=f"len{length}-depth{depth:g}-seed{seed}",
-                        needle_positions=token_span(prompt, start, stop), answer=word, context_tokens=length,
-                        depth=depth, seed=seed,
-                        extras=CodeWordExtras(len(token_span(prompt, word_start, word_start + len(word)))))
+    return build_sample(
+        prompt,
+        sample_id=f"len{length}-depth{depth:g}-seed{seed}",
+        needle_positions=token_span(prompt, start, stop),
+        answer=word,
+        context_tokens=length,
+        depth=depth,
+        seed=seed,
+        extras=CodeWordExtras(len(token_span(prompt, word_start, word_start + len(word)))),
+    )
 
 
 def code_word_grid(config, tokenizer) -> TaskGrid:
-    return TaskGrid([code_word_sample(tokenizer, length, depth, config.seed + run)
-                     for length in config.lengths for depth in config.depths for run in range(config.runs)])
+    return TaskGrid(
+        [
+            code_word_sample(tokenizer, length, depth, config.seed + run)
+            for length in config.lengths
+            for depth in config.depths
+            for run in range(config.runs)
+        ]
+    )
 
 
-TOY = Task(name="codeword", label="Code word", score_kind="copy", static_kind="copy", metrics={"hit": "hit rate"},
-           score=lambda sample, text: {"hit": float(sample.answer in text)}, grid=code_word_grid,
-           prompt=lambda config: {"user": USER, "filler": FILLER})
+TOY = Task(
+    name="codeword",
+    label="Code word",
+    score_kind="copy",
+    static_kind="copy",
+    metrics={"hit": "hit rate"},
+    score=lambda sample, text: {"hit": float(sample.answer in text)},
+    grid=code_word_grid,
+    prompt=lambda config: {"user": USER, "filler": FILLER},
+)
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +121,15 @@ def test_toy_task_runs_through_the_tracing_runner(toy_task, tiny_model_dir, tiny
 
 
 def test_toy_task_runs_through_the_ablation_grid(toy_task, tiny_model_dir, tiny_lm, tmp_path):
-    config = AblationConfig(model=str(tiny_model_dir), task="codeword", lengths=(60,), depths=(0.5,), runs=2,
-                            max_new_tokens=3, strategies=("dynamic", "random"))
+    config = AblationConfig(
+        model=str(tiny_model_dir),
+        task="codeword",
+        lengths=(60,),
+        depths=(0.5,),
+        runs=2,
+        max_new_tokens=3,
+        strategies=("dynamic", "random"),
+    )
     run = run_ablation(config, tmp_path / "ablate", lm=tiny_lm, progress=False)
     records = run.records()
     assert len(records) == 2 * 3  # none, dynamic, random per sample
@@ -135,7 +162,8 @@ def test_a_task_module_registers_itself_on_first_lookup(tmp_path, monkeypatch):
     (tmp_path / "toyfile.py").write_text(
         "from dynheads.tasks.registry import Task, register\n"
         "TASK = register(Task(name='toyfile', label='Toy file', score_kind='reasoning', static_kind='reasoning',\n"
-        "                     metrics={'hit': 'hit'}, score=None, grid=None, prompt=None))\n")
+        "                     metrics={'hit': 'hit'}, score=None, grid=None, prompt=None))\n"
+    )
     monkeypatch.setattr(dynheads.tasks, "__path__", [*dynheads.tasks.__path__, str(tmp_path)])
     try:
         assert "toyfile" not in task_names()
@@ -150,18 +178,26 @@ def test_a_task_module_registers_itself_on_first_lookup(tmp_path, monkeypatch):
 def test_multihop_data_selects_the_multihop_task_and_its_label(tmp_path):
     assert task_of("hotpotqa", None).label == "HotpotQA"
     multi = task_of("hotpotqa", "multihop:hops=2")
-    assert (multi.name, multi.label, multi.paper_label, multi.score_kind) == ("multihop", "Multi-hop", "HotpotQA",
-                                                                              "reasoning")
+    assert (multi.name, multi.label, multi.paper_label, multi.score_kind) == (
+        "multihop",
+        "Multi-hop",
+        "HotpotQA",
+        "reasoning",
+    )
     assert task_of("niah").metrics == {"accuracy": "accuracy", "rouge_l": "ROUGE-L"}
     # a multi-hop study written before runs were named by their task still reads as multi-hop
     write_json(tmp_path / "hotpotqa" / "manifest.json", {"kind": "hotpotqa", "config": {"data": "multihop:hops=2"}})
     titles = [section.title for section in build_sections(tmp_path)]
-    assert "Multi-hop setup (Section 5)" in titles and "Claim 2, irreplaceability, on Multi-hop (Figures 6 and 7)" \
-        in titles
+    assert (
+        "Multi-hop setup (Section 5)" in titles
+        and "Claim 2, irreplaceability, on Multi-hop (Figures 6 and 7)" in titles
+    )
     assert not any("HotpotQA" in title for title in titles)
     # the one-hop form (multihop's default) is one retrieval: a key-value lookup, however the run was named
-    for manifest in ({"kind": "hotpotqa", "config": {"data": "multihop"}},
-                     {"kind": "multihop", "config": {"data": "multihop:hops=1"}}):
+    for manifest in (
+        {"kind": "hotpotqa", "config": {"data": "multihop"}},
+        {"kind": "multihop", "config": {"data": "multihop:hops=1"}},
+    ):
         write_json(tmp_path / "hotpotqa" / "manifest.json", manifest)
         titles = [section.title for section in build_sections(tmp_path)]
         assert "Key-value lookup setup (Section 5)" in titles and not any("Multi-hop" in t for t in titles)
@@ -177,9 +213,19 @@ def test_multihop_data_selects_the_multihop_task_and_its_label(tmp_path):
 def test_one_sample_type_keeps_the_record_columns(tiny_lm):
     sample = niah.make_sample(tiny_lm.tokenizer, context_tokens=120, depth=0.5, seed=1)
     assert isinstance(sample, Sample) and sample.answer_token_count == sample.extras.answer_token_count >= 1
-    assert list(sample.describe()) == ["sample_id", "needle_positions", "answer", "answer_token_count",
-                                       "context_tokens", "depth", "seed", "prompt_template", "meta",
-                                       "chat_template_kwargs", "prompt_tokens"]
+    assert list(sample.describe()) == [
+        "sample_id",
+        "needle_positions",
+        "answer",
+        "answer_token_count",
+        "context_tokens",
+        "depth",
+        "seed",
+        "prompt_template",
+        "meta",
+        "chat_template_kwargs",
+        "prompt_tokens",
+    ]
     with pytest.raises(AttributeError):
         sample.context_span  # noqa: B018 - a NIAH sample has no QA extras
 
@@ -191,14 +237,22 @@ def test_each_built_in_task_is_registered_by_its_own_module():
     from dynheads.tasks import hotpotqa, multihop, ruler
     from dynheads.tasks import registry as task_registry
 
-    owners = {"niah": niah.NIAH, "hotpotqa": hotpotqa.HOTPOTQA, "multihop": multihop.MULTIHOP,
-              "kv_lookup": multihop.KV_LOOKUP, "variable_tracking": ruler.VARIABLE_TRACKING,
-              "vt_lookup": ruler.VT_LOOKUP, "multikey_niah": ruler.MULTIKEY_NIAH}
+    owners = {
+        "niah": niah.NIAH,
+        "hotpotqa": hotpotqa.HOTPOTQA,
+        "multihop": multihop.MULTIHOP,
+        "kv_lookup": multihop.KV_LOOKUP,
+        "variable_tracking": ruler.VARIABLE_TRACKING,
+        "vt_lookup": ruler.VT_LOOKUP,
+        "multikey_niah": ruler.MULTIKEY_NIAH,
+    }
     assert set(owners) <= set(task_names())
     for name, task in owners.items():
         assert get_task(name) is task and task_registry.TASKS.help(name) == task.help != ""
     # the registry module names no task module at import time (each module registers itself)
     tree = ast.parse(Path(task_registry.__file__).read_text(encoding="utf-8"))
     imported = {node.module for node in tree.body if isinstance(node, ast.ImportFrom)}
-    assert "dynheads.tasks" not in imported and not {f"dynheads.tasks.{name}" for name in
-                                                     task_registry.BUILTIN_MODULES} & imported
+    assert (
+        "dynheads.tasks" not in imported
+        and not {f"dynheads.tasks.{name}" for name in task_registry.BUILTIN_MODULES} & imported
+    )

@@ -19,16 +19,31 @@ from dynheads.traces import Trace
 def trace_with(scores: np.ndarray, chance: np.ndarray | None) -> Trace:
     steps = scores.shape[0]
     zeros = np.zeros(scores.shape, np.float32)
-    return Trace(tokens=np.arange(steps, dtype=np.int64), token_texts=["t"] * steps, text="",
-                 argmax_pos=zeros.astype(np.int32), needle_mass=zeros, max_prob=zeros,
-                 scores={"copy": zeros.astype(bool), "reasoning": scores.astype(np.float32)},
-                 hidden=np.zeros((steps, 4), np.float32),
-                 prompt_length=10, stop_reason="eos", chance=chance)
+    return Trace(
+        tokens=np.arange(steps, dtype=np.int64),
+        token_texts=["t"] * steps,
+        text="",
+        argmax_pos=zeros.astype(np.int32),
+        needle_mass=zeros,
+        max_prob=zeros,
+        scores={"copy": zeros.astype(bool), "reasoning": scores.astype(np.float32)},
+        hidden=np.zeros((steps, 4), np.float32),
+        prompt_length=10,
+        stop_reason="eos",
+        chance=chance,
+    )
 
 
-@pytest.mark.parametrize(("text", "mode", "value", "shown"), [
-    ("0.1", "absolute", 0.1, "0.1"), (0.25, "absolute", 0.25, "0.25"), ("absolute:0.3", "absolute", 0.3, "0.3"),
-    ("relative:3", "relative", 3.0, "relative:3"), (" relative:2.5 ", "relative", 2.5, "relative:2.5")])
+@pytest.mark.parametrize(
+    ("text", "mode", "value", "shown"),
+    [
+        ("0.1", "absolute", 0.1, "0.1"),
+        (0.25, "absolute", 0.25, "0.25"),
+        ("absolute:0.3", "absolute", 0.3, "0.3"),
+        ("relative:3", "relative", 3.0, "relative:3"),
+        (" relative:2.5 ", "relative", 2.5, "relative:2.5"),
+    ],
+)
 def test_parse_and_print(text, mode, value, shown):
     rule = ReasoningThreshold.parse(text)
     assert (rule.mode, rule.value, str(rule)) == (mode, value, shown)
@@ -69,8 +84,10 @@ def test_traces_keep_the_chance_column_and_old_files_still_load(tmp_path):
 def test_dynamism_records_the_threshold_and_its_mode(tmp_path):
     run = RunDir(tmp_path / "run")
     run.start("hotpotqa", {"seed": 0}, None)
-    run.save_sample({"sample_id": "a"}, trace_with(np.array([[[0.15, 0.2, 0.5]], [[0.03, 0.08, 0.12]]]),
-                                                    np.array([0.15, 0.03], np.float32)))
+    run.save_sample(
+        {"sample_id": "a"},
+        trace_with(np.array([[[0.15, 0.2, 0.5]], [[0.03, 0.08, 0.12]]]), np.array([0.15, 0.03], np.float32)),
+    )
     write_json(tmp_path / "static.json", ["0-2"])
     stats = dynamism_report(run.path, tmp_path / "static.json", score="reasoning", out_dir=tmp_path)
     saved = json.loads((tmp_path / "dynamism.json").read_text())

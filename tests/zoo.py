@@ -8,21 +8,32 @@ from __future__ import annotations
 import torch
 import transformers as tf
 
-COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256)
+COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 SLIDING = ["sliding_attention", "full_attention", "sliding_attention"]
 
 FAMILIES = {
     "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
     "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {"sliding_window": 8}),
-    "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM,
-              {"use_sliding_window": True, "sliding_window": 8, "layer_types": SLIDING}),
+    "qwen2": (
+        tf.Qwen2Config,
+        tf.Qwen2ForCausalLM,
+        {"use_sliding_window": True, "sliding_window": 8, "layer_types": SLIDING},
+    ),
     "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, {"head_dim": 16}),
     "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}),
-    "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
-               {"sliding_window": 8, "head_dim": 16, "layer_types": SLIDING}),
-    "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM,
-               {"sliding_window": 8, "head_dim": 16, "layer_types": SLIDING}),
+    "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM, {"sliding_window": 8, "head_dim": 16, "layer_types": SLIDING}),
+    "gemma3": (
+        tf.Gemma3TextConfig,
+        tf.Gemma3ForCausalLM,
+        {"sliding_window": 8, "head_dim": 16, "layer_types": SLIDING},
+    ),
 }
 
 

@@ -19,47 +19,61 @@ __version__ = "0.1.0"
 
 # module -> the public names it provides ("public=attribute" where the public name differs); a module listed under
 # its package is exported itself
-_EXPORTS = exports_by_name({
-    # models, tracing, traces, run directories
-    "dynheads.errors": ("DynheadsError",),
-    "dynheads.models": ("LoadedModel", "load_model"),
-    "dynheads.decoding": ("trace", "trace_batch"),
-    "dynheads.traces": ("Trace",),
-    "dynheads.runs": ("RunDir", "Job", "Finished", "run_jobs"),
-    # the tasks: make_sample, score, ... per task; the one sample type, the task registry, the score vocabulary
-    "dynheads.tasks": ("niah", "hotpotqa", "multihop"),
-    "dynheads.tasks.sample": ("Sample",),
-    "dynheads.tasks.registry": ("Task", "get_task", "register_task=register"),
-    "dynheads.scores": ("ScoreSpec", "HeadScore", "HEAD_SCORES", "register_score"),
-    # static heads, head lists, dynamism statistics (Tables 1 and 5)
-    "dynheads.analysis.static": ("NiahTest", "ReasoningTest", "StaticHeads", "static_heads", "static_reasoning_heads"),
-    "dynheads.analysis.headlists": ("load_head_list", "save_head_scores"),
-    "dynheads.analysis.dynamism": ("DynamismStats", "binarize", "dynamism_stats", "table1_markdown", "table5_markdown"),
-    # CCA and the head predictor (the MLP from hidden state to head scores)
-    "dynheads.analysis.cca": ("CCAConfig", "samples_from_traces", "cca_offsets", "cca_markdown", "write_cca"),
-    "dynheads.analysis.head_predictor": ("HeadPredictorConfig", "train_head_predictor", "load_head_predictor"),
-    # the registries of named variants (register one to add a KV policy, an ablation or RAG strategy, a stage)
-    "dynheads.registry": ("Registry",),
-    "dynheads.kv_policies": ("KV_POLICIES", "retention_policy"),
-    "dynheads.ablation_strategies": ("ABLATION_STRATEGIES", "ablation_strategy"),
-    "dynheads.rag.strategies": ("RAG_STRATEGIES", "RagStrategy"),
-    "dynheads.stages": ("STAGES",),
-    # ablation, KV retention, hallucination detection
-    "dynheads.ablation": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),
-    "dynheads.kv": ("KVSettings", "kv_generate", "kv_generate_batch"),
-    "dynheads.kvcache": ("HeadwiseCache", "headwise_generate"),
-    "dynheads.presses": ("head_list_press", "press_from_export"),
-    "dynheads.analysis.kvheads": ("kv_head_matrix", "query_head_scores", "write_duo_attention"),
-    "dynheads.analysis.hallucination": ("token_features",),
-    "dynheads.experiments.detect": ("Detector", "apply_detector"),
-    # figures and the report
-    "dynheads.plots.heads": ("plot_head_dynamics",),
-    "dynheads.plots.ablation": ("plot_heatmaps",),
-    "dynheads.plots.cca": ("plot_cca",),
-    "dynheads.report": ("write_report",),
-    # stage results as data (summary.json) and the one table renderer (markdown and HTML)
-    "dynheads.tables": ("Summary", "Table", "Heading", "Items", "read_summaries", "write_summary"),
-})
+_EXPORTS = exports_by_name(
+    {
+        # models, tracing, traces, run directories
+        "dynheads.errors": ("DynheadsError",),
+        "dynheads.models": ("LoadedModel", "load_model"),
+        "dynheads.decoding": ("trace", "trace_batch"),
+        "dynheads.traces": ("Trace",),
+        "dynheads.runs": ("RunDir", "Job", "Finished", "run_jobs"),
+        # the tasks: make_sample, score, ... per task; the one sample type, the task registry, the score vocabulary
+        "dynheads.tasks": ("niah", "hotpotqa", "multihop"),
+        "dynheads.tasks.sample": ("Sample",),
+        "dynheads.tasks.registry": ("Task", "get_task", "register_task=register"),
+        "dynheads.scores": ("ScoreSpec", "HeadScore", "HEAD_SCORES", "register_score"),
+        # static heads, head lists, dynamism statistics (Tables 1 and 5)
+        "dynheads.analysis.static": (
+            "NiahTest",
+            "ReasoningTest",
+            "StaticHeads",
+            "static_heads",
+            "static_reasoning_heads",
+        ),
+        "dynheads.analysis.headlists": ("load_head_list", "save_head_scores"),
+        "dynheads.analysis.dynamism": (
+            "DynamismStats",
+            "binarize",
+            "dynamism_stats",
+            "table1_markdown",
+            "table5_markdown",
+        ),
+        # CCA and the head predictor (the MLP from hidden state to head scores)
+        "dynheads.analysis.cca": ("CCAConfig", "samples_from_traces", "cca_offsets", "cca_markdown", "write_cca"),
+        "dynheads.analysis.head_predictor": ("HeadPredictorConfig", "train_head_predictor", "load_head_predictor"),
+        # the registries of named variants (register one to add a KV policy, an ablation or RAG strategy, a stage)
+        "dynheads.registry": ("Registry",),
+        "dynheads.kv_policies": ("KV_POLICIES", "retention_policy"),
+        "dynheads.ablation_strategies": ("ABLATION_STRATEGIES", "ablation_strategy"),
+        "dynheads.rag.strategies": ("RAG_STRATEGIES", "RagStrategy"),
+        "dynheads.stages": ("STAGES",),
+        # ablation, KV retention, hallucination detection
+        "dynheads.ablation": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),
+        "dynheads.kv": ("KVSettings", "kv_generate", "kv_generate_batch"),
+        "dynheads.kvcache": ("HeadwiseCache", "headwise_generate"),
+        "dynheads.presses": ("head_list_press", "press_from_export"),
+        "dynheads.analysis.kvheads": ("kv_head_matrix", "query_head_scores", "write_duo_attention"),
+        "dynheads.analysis.hallucination": ("token_features",),
+        "dynheads.experiments.detect": ("Detector", "apply_detector"),
+        # figures and the report
+        "dynheads.plots.heads": ("plot_head_dynamics",),
+        "dynheads.plots.ablation": ("plot_heatmaps",),
+        "dynheads.plots.cca": ("plot_cca",),
+        "dynheads.report": ("write_report",),
+        # stage results as data (summary.json) and the one table renderer (markdown and HTML)
+        "dynheads.tables": ("Summary", "Table", "Heading", "Items", "read_summaries", "write_summary"),
+    }
+)
 __all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports("dynheads", globals(), _EXPORTS)

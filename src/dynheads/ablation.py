@@ -99,7 +99,11 @@ class AblationPolicy(StepPolicy):
 
 
 def ablated_generate(
-    lm: LoadedModel, sample: DecodeInput, settings: AblationSettings, max_new_tokens: int = 48, *,
+    lm: LoadedModel,
+    sample: DecodeInput,
+    settings: AblationSettings,
+    max_new_tokens: int = 48,
+    *,
     stop_at_eos: bool = True,
 ) -> AblationResult:
     """Greedy decoding where every step is computed twice: clean (to find D_t), then with heads removed.
@@ -108,8 +112,12 @@ def ablated_generate(
 
 
 def ablated_generate_batch(
-    lm: LoadedModel, samples: Sequence[DecodeInput], settings: Sequence[AblationSettings], max_new_tokens: int = 48,
-    *, stop_at_eos: bool = True,
+    lm: LoadedModel,
+    samples: Sequence[DecodeInput],
+    settings: Sequence[AblationSettings],
+    max_new_tokens: int = 48,
+    *,
+    stop_at_eos: bool = True,
 ) -> list[AblationResult]:
     """``ablated_generate`` for several samples decoded as one batch (``settings[i]`` for ``samples[i]``; they may
     differ in strategy, heads and seed, not in masking mode or Eq. 2 windows). ``result[i]`` equals
@@ -127,8 +135,14 @@ def ablated_generate_batch(
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     sessions, policies = [], []
     for sample, setting in zip(samples, settings, strict=True):
-        session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens,
-                                  sink_size=setting.sink_size, local_window=setting.local_window)
+        session = DecodingSession(
+            lm,
+            sample.input_ids,
+            sample.needle_positions,
+            max_new_tokens=max_new_tokens,
+            sink_size=setting.sink_size,
+            local_window=setting.local_window,
+        )
         if len(sample.input_ids) > 1:  # the loop's first pass then feeds only the last prompt token
             session.forward(len(sample.input_ids) - 1)
         sessions.append(session)
@@ -157,14 +171,25 @@ def _dynamic_heads(row: Row, step: StepResult, predicted: int, settings: Ablatio
     return settings.score_spec().step_heads(step.stats, row, predicted)
 
 
-def _heads_to_mask(dynamic: list[Head], settings: AblationSettings, lm: LoadedModel, rng: np.random.Generator
-                   ) -> list[Head]:
+def _heads_to_mask(
+    dynamic: list[Head], settings: AblationSettings, lm: LoadedModel, rng: np.random.Generator
+) -> list[Head]:
     strategy = ABLATION_STRATEGIES.get(settings.strategy)
     count = 0
     if strategy.matched:  # per-step matching: as many heads as this step's clean pass found dynamic
         count = min(MATCHINGS.get(settings.matching).count(dynamic, settings.count), lm.num_layers * lm.num_heads)
-    return strategy.choose(MaskInputs(dynamic, count, settings.max_dynamic, settings.static_ranking,
-                                      settings.fixed_heads, lm.num_layers, lm.num_heads, rng))
+    return strategy.choose(
+        MaskInputs(
+            dynamic,
+            count,
+            settings.max_dynamic,
+            settings.static_ranking,
+            settings.fixed_heads,
+            lm.num_layers,
+            lm.num_heads,
+            rng,
+        )
+    )
 
 
 def matched_count(dynamic_counts: Sequence[int]) -> int:

@@ -54,8 +54,7 @@ class AblationStrategy:
 ABLATION_STRATEGIES = Registry[AblationStrategy]("ablation strategy")
 
 
-def ablation_strategy(title: str, **traits: Any) -> Callable[[Callable[[MaskInputs], list[Head]]],
-                                                                 AblationStrategy]:
+def ablation_strategy(title: str, **traits: Any) -> Callable[[Callable[[MaskInputs], list[Head]]], AblationStrategy]:
     """Decorator: a ``choose`` function as an ``AblationStrategy`` titled ``title``, with ``traits``."""
     return lambda choose: AblationStrategy(choose, title, **traits)
 
@@ -75,10 +74,12 @@ def _given_count(dynamic: Sequence[Head], given: int | None) -> int:
 
 
 MATCHINGS = Registry[Matching]("matching")
-MATCHINGS.register("per_step", Matching(lambda dynamic, given: len(dynamic), given_count=False),
-                   help="|D_t| of each step's clean pass of the control run")
-MATCHINGS.register("mean", Matching(_given_count, given_count=True),
-                   help="the dynamic run's mean |D_t|, rounded")
+MATCHINGS.register(
+    "per_step",
+    Matching(lambda dynamic, given: len(dynamic), given_count=False),
+    help="|D_t| of each step's clean pass of the control run",
+)
+MATCHINGS.register("mean", Matching(_given_count, given_count=True), help="the dynamic run's mean |D_t|, rounded")
 
 
 def panel_order() -> list[str]:

@@ -62,8 +62,16 @@ class StepResult:
 class Row:
     """One sequence being decoded: its tokens, how many are cached, its needle and where its context ends."""
 
-    def __init__(self, input_ids: Sequence[int], needle_positions: Iterable[int], capacity: int, device,
-                 *, sink_size: int, local_window: int):
+    def __init__(
+        self,
+        input_ids: Sequence[int],
+        needle_positions: Iterable[int],
+        capacity: int,
+        device,
+        *,
+        sink_size: int,
+        local_window: int,
+    ):
         self.prompt_length = len(input_ids)
         self.ids = torch.zeros(capacity, dtype=torch.long, device=device)
         self.ids[: self.prompt_length] = torch.as_tensor(list(input_ids), dtype=torch.long)
@@ -105,13 +113,27 @@ Checkpoint = tuple[list[tuple[int, int]], int, list[dict]]  # (length, written) 
 class DecodingSession:
     """Rows decoded together: their cache, the probe over them and, once merged, the padding mask."""
 
-    def __init__(self, lm: LoadedModel, input_ids: Sequence[int], needle_positions: Iterable[int] = (), *,
-                 max_new_tokens: int, sink_size: int = SINK_SIZE, local_window: int = LOCAL_WINDOW,
-                 context_end: int | None = None):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        input_ids: Sequence[int],
+        needle_positions: Iterable[int] = (),
+        *,
+        max_new_tokens: int,
+        sink_size: int = SINK_SIZE,
+        local_window: int = LOCAL_WINDOW,
+        context_end: int | None = None,
+    ):
         check_fits(lm, len(input_ids), max_new_tokens)
         self.lm = lm
-        row = Row(input_ids, needle_positions, len(input_ids) + max_new_tokens + 1, lm.device,
-                  sink_size=sink_size, local_window=local_window)
+        row = Row(
+            input_ids,
+            needle_positions,
+            len(input_ids) + max_new_tokens + 1,
+            lm.device,
+            sink_size=sink_size,
+            local_window=local_window,
+        )
         if context_end is not None:
             if not 0 < context_end <= row.prompt_length:
                 raise DynheadsError(f"context_end {context_end} must lie in 1..{row.prompt_length} (the prompt)")
@@ -134,7 +156,8 @@ class DecodingSession:
             raise DynheadsError("only one-row sessions merge into a batch")
         first = sessions[0]
         if any(s.probe.settings.rows_for != first.probe.settings.rows_for for s in sessions) or any(
-                s.probe.settings.span_score is not None for s in sessions):
+            s.probe.settings.span_score is not None for s in sessions
+        ):
             raise DynheadsError("sessions merge into a batch when they keep the same attention rows and no span score")
         batch = cls.__new__(cls)
         batch.lm = first.lm
@@ -203,13 +226,18 @@ class DecodingSession:
         self.mask[:, self.width] = 1
         self.width += 1
         self.probe.begin_forward(positions)
-        logits, hidden = self._run(tokens, attention_mask=self.mask[:, : self.width],
-                                   position_ids=torch.tensor(positions, device=self.lm.device)[:, None])
+        logits, hidden = self._run(
+            tokens,
+            attention_mask=self.mask[:, : self.width],
+            position_ids=torch.tensor(positions, device=self.lm.device)[:, None],
+        )
         for row in self.rows:
             row.length += 1
             row.written = max(row.written, row.length)
-        return [StepResult(logits=logits[b], stats=self.probe.sequence_stats(b), hidden=hidden[b])
-                for b in range(len(self.rows))]
+        return [
+            StepResult(logits=logits[b], stats=self.probe.sequence_stats(b), hidden=hidden[b])
+            for b in range(len(self.rows))
+        ]
 
     def _run(self, input_ids: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass through the model with the probe attached: last-position logits and final hidden states."""
@@ -223,16 +251,25 @@ class DecodingSession:
         hook = model.base_model.register_forward_hook(capture)
         try:
             with attached(model, self.probe) as probe_kwargs, torch.inference_mode():
-                out = model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
-                            **inputs, **probe_kwargs)
+                out = model(
+                    input_ids=input_ids,
+                    past_key_values=self.cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **inputs,
+                    **probe_kwargs,
+                )
         finally:
             hook.remove()
         return out.logits[:, -1].float(), captured["hidden"]
 
     def checkpoint(self) -> Checkpoint:
         """The state now; cheap, because cache updates replace tensors instead of writing into them."""
-        return ([(row.length, row.written) for row in self.rows], self.width,
-                [dict(vars(layer)) for layer in self.cache.layers])
+        return (
+            [(row.length, row.written) for row in self.rows],
+            self.width,
+            [dict(vars(layer)) for layer in self.cache.layers],
+        )
 
     def rollback(self, checkpoint: Checkpoint) -> None:
         """Forget every token fed since ``checkpoint`` (no row may have left the batch since)."""
@@ -308,8 +345,7 @@ class Decoded:
     stop_reason: str = "max_new_tokens"
 
 
-def decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy], max_new_tokens: int
-           ) -> list[Decoded]:
+def decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy], max_new_tokens: int) -> list[Decoded]:
     """Decode one-row ``sessions`` (each fed, at step 0, every written token not yet cached) under their
     ``policies``, up to ``max_new_tokens`` steps each; ``result[i]`` is session i's."""
     if len(sessions) != len(policies):
@@ -324,12 +360,18 @@ def decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy], 
             running.append(i)
     if not running:
         return decoded
-    batch = sessions[running[0]] if len(running) == 1 else DecodingSession.merge(
-        [sessions[i] for i in running], max_new_tokens)
+    batch = (
+        sessions[running[0]]
+        if len(running) == 1
+        else DecodingSession.merge([sessions[i] for i in running], max_new_tokens)
+    )
     for index in range(1, max_new_tokens):
         actions = _step(batch, [policies[i] for i in running], index, batch.forward_rows)
-        still = [r for r, action in enumerate(actions)
-                 if _apply(action, batch.rows[r], decoded[running[r]], index, max_new_tokens)]
+        still = [
+            r
+            for r, action in enumerate(actions)
+            if _apply(action, batch.rows[r], decoded[running[r]], index, max_new_tokens)
+        ]
         if not still:
             break
         batch.keep(still)
@@ -343,8 +385,10 @@ def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, 
     session.probe.set_edits(_compact(edits))
     checkpoint = session.checkpoint() if any(p.rerunnable for p in policies) else None
     results = _as_list(run())
-    actions = [policy.after(index, row, result, False)
-               for policy, row, result in zip(policies, session.rows, results, strict=True)]
+    actions = [
+        policy.after(index, row, result, False)
+        for policy, row, result in zip(policies, session.rows, results, strict=True)
+    ]
     reruns = {r: action for r, action in enumerate(actions) if isinstance(action, Rerun)}
     if not reruns:
         return actions
@@ -411,15 +455,17 @@ class TraceRecorder:
         predicted = token if predicted is None else predicted
         for name, score in self.head_scores:
             self.scores[name].append(score.reduce(stats, row, predicted))
-        self.steps.append({
-            "argmax_pos": stats.argmax_pos,
-            "needle_mass": stats.needle_mass,
-            "max_prob": stats.max_prob,
-            "context_mass": stats.context_mass,
-            "context_entropy": stats.context_entropy,
-            "hidden": result.hidden,
-            **_logit_stats(result.logits, token),
-        })
+        self.steps.append(
+            {
+                "argmax_pos": stats.argmax_pos,
+                "needle_mass": stats.needle_mass,
+                "max_prob": stats.max_prob,
+                "context_mass": stats.context_mass,
+                "context_entropy": stats.context_entropy,
+                "hidden": result.hidden,
+                **_logit_stats(result.logits, token),
+            }
+        )
         self.tokens.append(token)
         self.chance.append(row.chance_share())
 
@@ -438,8 +484,10 @@ class TraceRecorder:
             token_texts=[decode_text(tokenizer, [t]) for t in self.tokens],
             text=decode_text(tokenizer, self.tokens, skip_special_tokens=True),
             argmax_pos=stacked("argmax_pos", np.int32),
-            scores={name: stack(self.scores[name], np.bool_ if score.binary else np.float32)
-                    for name, score in self.head_scores},
+            scores={
+                name: stack(self.scores[name], np.bool_ if score.binary else np.float32)
+                for name, score in self.head_scores
+            },
             needle_mass=stacked("needle_mass", np.float32),
             max_prob=stacked("max_prob", np.float32),
             hidden=stacked("hidden", np.float32, (0, lm.hidden_size)),
@@ -457,8 +505,11 @@ class TraceRecorder:
 def _logit_stats(logits: torch.Tensor, token: int) -> dict[str, torch.Tensor]:
     """Entropy (nats), largest probability and the emitted ``token``'s probability of ``softmax(logits [V])``."""
     log_probs = torch.log_softmax(logits.float(), dim=-1)
-    return {"token_entropy": -(log_probs.exp() * log_probs).sum(), "token_max_prob": log_probs.max().exp(),
-            "token_prob": log_probs[token].exp()}
+    return {
+        "token_entropy": -(log_probs.exp() * log_probs).sum(),
+        "token_max_prob": log_probs.max().exp(),
+        "token_prob": log_probs[token].exp(),
+    }
 
 
 class TracePolicy(StepPolicy):
@@ -502,13 +553,21 @@ def trace(
     is that of the pass that predicts it, and Eq. 1's ŷ is the forced token. ``context_end`` moves the end of
     the context the probe's ``context_mass`` / ``context_entropy`` measure (default: the prompt's end).
     """
-    return trace_batch(lm, [sample], max_new_tokens, sink_size=sink_size, local_window=local_window,
-                       removed_heads=removed_heads, ablation_mode=ablation_mode, stop_at_eos=stop_at_eos,
-                       forced_tokens=forced_tokens, context_end=context_end)[0]
+    return trace_batch(
+        lm,
+        [sample],
+        max_new_tokens,
+        sink_size=sink_size,
+        local_window=local_window,
+        removed_heads=removed_heads,
+        ablation_mode=ablation_mode,
+        stop_at_eos=stop_at_eos,
+        forced_tokens=forced_tokens,
+        context_end=context_end,
+    )[0]
 
 
-def trace_batch(lm: LoadedModel, samples: Sequence[DecodeInput], max_new_tokens: int = 32, **settings
-                ) -> list[Trace]:
+def trace_batch(lm: LoadedModel, samples: Sequence[DecodeInput], max_new_tokens: int = 32, **settings) -> list[Trace]:
     """``trace`` for several samples decoded as one batch, with ``trace``'s keyword arguments; ``result[i]``
     equals ``trace(lm, samples[i], ...)`` up to fp32 rounding (one sample runs the batch-1 path itself)."""
     bound = inspect.signature(trace).bind(lm, None, max_new_tokens, **settings)  # trace's names and defaults
@@ -523,12 +582,25 @@ def trace_batch(lm: LoadedModel, samples: Sequence[DecodeInput], max_new_tokens:
     if max_new_tokens < 1:
         raise DynheadsError("max_new_tokens must be at least 1")
     stop_ids = lm.stop_token_ids() if options["stop_at_eos"] and forced is None else ()
-    edit = RowEdit(removed=frozenset((int(layer), int(head)) for layer, head in options["removed_heads"]),
-                   mode=options["ablation_mode"])
-    sessions = [DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=max_new_tokens,
-                                sink_size=options["sink_size"], local_window=options["local_window"],
-                                context_end=options["context_end"]) for sample in samples]
+    edit = RowEdit(
+        removed=frozenset((int(layer), int(head)) for layer, head in options["removed_heads"]),
+        mode=options["ablation_mode"],
+    )
+    sessions = [
+        DecodingSession(
+            lm,
+            sample.input_ids,
+            sample.needle_positions,
+            max_new_tokens=max_new_tokens,
+            sink_size=options["sink_size"],
+            local_window=options["local_window"],
+            context_end=options["context_end"],
+        )
+        for sample in samples
+    ]
     policies = [TracePolicy(edit, stop_ids, forced) for _ in samples]
     results = decode(sessions, policies, max_new_tokens)
-    return [policy.recorder.finish(lm, session.rows[0], "forced" if forced is not None else result.stop_reason)
-            for policy, session, result in zip(policies, sessions, results, strict=True)]
+    return [
+        policy.recorder.finish(lm, session.rows[0], "forced" if forced is not None else result.stop_reason)
+        for policy, session, result in zip(policies, sessions, results, strict=True)
+    ]

@@ -63,8 +63,17 @@ def apply_threads(threads: int) -> None:
 
 
 def run_checks() -> list[Check]:
-    checks: list[Callable[[], Check]] = [_torch, _device, _load, _embedded_model, _packaged, _haystack, _cache,
-                                         _spacy_model, _chromium]
+    checks: list[Callable[[], Check]] = [
+        _torch,
+        _device,
+        _load,
+        _embedded_model,
+        _packaged,
+        _haystack,
+        _cache,
+        _spacy_model,
+        _chromium,
+    ]
     results = []
     for check in checks:
         try:
@@ -87,8 +96,11 @@ def _device() -> Check:
     threads = f"{torch.get_num_threads()} CPU threads"
     if torch.cuda.is_available():
         return Check("device", True, f"cuda: {torch.cuda.get_device_name(0)} (default); {threads}")
-    fix = ("this torch build cannot use the GPU: reinstall torch with CUDA (pip install torch)"
-           if shutil.which("nvidia-smi") and not torch.version.cuda else "")
+    fix = (
+        "this torch build cannot use the GPU: reinstall torch with CUDA (pip install torch)"
+        if shutil.which("nvidia-smi") and not torch.version.cuda
+        else ""
+    )
     return Check("device", not fix, f"cpu (no usable CUDA GPU); {threads}", fix)
 
 
@@ -96,9 +108,14 @@ def _load() -> Check:
     load, cores = os.getloadavg()[0], usable_cores()
     detail = f"1-minute load average {load:.1f} on {cores} usable cores"
     if machine_busy(load, cores):
-        return Check("machine load", False, f"{detail}: busy (other jobs hold every core)",
-                     "commands default to 1 thread while it stays busy; more (--threads N) would wait for cores and "
-                     "slow every job", warning=True)
+        return Check(
+            "machine load",
+            False,
+            f"{detail}: busy (other jobs hold every core)",
+            "commands default to 1 thread while it stays busy; more (--threads N) would wait for cores and "
+            "slow every job",
+            warning=True,
+        )
     return Check("machine load", True, f"{detail}; commands default to {default_threads()} threads (--threads N)")
 
 
@@ -110,8 +127,7 @@ def _embedded_model() -> Check:
     try:
         path = embedded_gguf_path()
     except DynheadsError as error:
-        return Check("embedded model", False, "SmolLM2-135M-Instruct GGUF not found",
-                     str(error).split(": ", 1)[-1])
+        return Check("embedded model", False, "SmolLM2-135M-Instruct GGUF not found", str(error).split(": ", 1)[-1])
     cached = list((cache_root() / "gguf").glob(f"*-transformers{transformers.__version__}/config.json"))
     note = "de-quantised copy cached" if cached else "de-quantised on first use (about a minute), then cached"
     return Check("embedded model", True, f"{path} ({path.stat().st_size / 1e6:.0f} MB); {note}")
@@ -122,11 +138,14 @@ def _packaged() -> Check:
     each fetched on first use, so this only says which are in the cache already."""
     from dynheads.packaged import PACKAGED, cache_root
 
-    cached = [name for name, entry in PACKAGED.items()
-              if (cache_root() / "packaged" / name / entry.filename).is_file()]
+    cached = [name for name, entry in PACKAGED.items() if (cache_root() / "packaged" / name / entry.filename).is_file()]
     later = [name for name in PACKAGED if name not in cached]
-    return Check("packaged files", True, f"cached: {', '.join(cached) or 'none'}"
-                 + (f"; fetched from PyPI on first use: {', '.join(later)}" if later else ""))
+    return Check(
+        "packaged files",
+        True,
+        f"cached: {', '.join(cached) or 'none'}"
+        + (f"; fetched from PyPI on first use: {', '.join(later)}" if later else ""),
+    )
 
 
 def _haystack() -> Check:
@@ -135,8 +154,7 @@ def _haystack() -> Check:
     try:
         folder = default_haystack_dir()
     except DynheadsError as error:
-        return Check("NIAH haystack", False, "Paul Graham essays not found", "run bash scripts/install.sh "
-                     f"({error})")
+        return Check("NIAH haystack", False, "Paul Graham essays not found", f"run bash scripts/install.sh ({error})")
     return Check("NIAH haystack", True, f"{len(list(folder.glob('*.txt')))} essays in {folder}")
 
 
@@ -152,19 +170,32 @@ def _cache() -> Check:
 
 def _spacy_model() -> Check:
     if importlib.util.find_spec("spacy") is None:
-        return Check("spaCy model", False, "spaCy not installed (only RIND form 'dragin' of dynheads rag needs it)",
-                     f"pip install 'dynheads[rag]' && python -m spacy download {SPACY_MODEL}")
+        return Check(
+            "spaCy model",
+            False,
+            "spaCy not installed (only RIND form 'dragin' of dynheads rag needs it)",
+            f"pip install 'dynheads[rag]' && python -m spacy download {SPACY_MODEL}",
+        )
     if importlib.util.find_spec(SPACY_MODEL) is None:
-        return Check("spaCy model", False, f"{SPACY_MODEL} not installed (only RIND form 'dragin' of dynheads rag "
-                     "needs it; the default form 'paper' does not)", f"python -m spacy download {SPACY_MODEL}")
+        return Check(
+            "spaCy model",
+            False,
+            f"{SPACY_MODEL} not installed (only RIND form 'dragin' of dynheads rag "
+            "needs it; the default form 'paper' does not)",
+            f"python -m spacy download {SPACY_MODEL}",
+        )
     return Check("spaCy model", True, f"{SPACY_MODEL} installed")
 
 
 def _chromium() -> Check:
     found = next((path for name in CHROMIUM_NAMES if (path := shutil.which(name))), None)
     if found is None:
-        return Check("Chromium", False, "not found (only the browser test tests/test_report_browser.py needs it; "
-                     "report.html opens in any browser)", "apt-get install -y chromium && pip install playwright")
+        return Check(
+            "Chromium",
+            False,
+            "not found (only the browser test tests/test_report_browser.py needs it; report.html opens in any browser)",
+            "apt-get install -y chromium && pip install playwright",
+        )
     playwright = importlib.util.find_spec("playwright") is not None
     note = "" if playwright else " (playwright not installed: pip install playwright)"
     return Check("Chromium", True, f"{found}{note}")

@@ -59,6 +59,8 @@ def format_version(found: Any, known: int, what: str, path: str | Path) -> int:
     than ``known`` is refused, since its columns or keys may mean something this code does not know."""
     version = 1 if found is None else int(found)
     if version > known:
-        raise DynheadsError(f"{path} is a version {version} {what}; this dynheads reads versions 1 to {known}: "
-                            "upgrade dynheads to read it")
+        raise DynheadsError(
+            f"{path} is a version {version} {what}; this dynheads reads versions 1 to {known}: "
+            "upgrade dynheads to read it"
+        )
     return version

@@ -143,8 +143,15 @@ class KVPolicy(StepPolicy):
     """One row under a KV policy: before each pass the whole KV heads of the step (streaming every other one);
     ``oracle`` / ``true`` first run a clean full-KV pass and rerun the step under the heads it gives."""
 
-    def __init__(self, lm: LoadedModel, settings: KVSettings, previous: StepResult | None, stop_ids: Collection[int],
-                 probe: TrainedHeadPredictor | None, record_probe: bool):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        settings: KVSettings,
+        previous: StepResult | None,
+        stop_ids: Collection[int],
+        probe: TrainedHeadPredictor | None,
+        record_probe: bool,
+    ):
         self.lm, self.settings, self.stop_ids = lm, settings, stop_ids
         self.probe, self.record_probe = probe, record_probe
         self.retention = KV_POLICIES.get(settings.policy)
@@ -156,13 +163,17 @@ class KVPolicy(StepPolicy):
         self.previous = previous  # the last pass the decoder has when a step starts (the probe reads its hidden)
         self.previous_dynamic: list[Head] = []  # oracle: the previous step's clean D_t
         self.picked_before: set[KVHead] = set()
-        self.result = KVResult(tokens=[], text="", stop_reason="max_new_tokens",
-                               budget_heads=0 if self.retention.budget_free else self.k)
+        self.result = KVResult(
+            tokens=[], text="", stop_reason="max_new_tokens", budget_heads=0 if self.retention.budget_free else self.k
+        )
 
     def _streaming(self, kept: list[KVHead]) -> RowEdit:
         self.kept = kept
-        return RowEdit(full_kv=frozenset(query_heads(kept, self.groups)), kv_sink=self.settings.sink,
-                       kv_recent=self.settings.recent)
+        return RowEdit(
+            full_kv=frozenset(query_heads(kept, self.groups)),
+            kv_sink=self.settings.sink,
+            kv_recent=self.settings.recent,
+        )
 
     def edit(self, index: int) -> RowEdit:
         if self.rerunnable:
@@ -170,8 +181,17 @@ class KVPolicy(StepPolicy):
         return self._streaming(self._choose([], None))
 
     def _choose(self, previous_dynamic: list[Head], clean_dynamic: list[Head] | None) -> list[KVHead]:
-        return _choose(self.settings, self.k, self.groups, self.every, self.probe, self.previous, previous_dynamic,
-                       clean_dynamic, self.rng)
+        return _choose(
+            self.settings,
+            self.k,
+            self.groups,
+            self.every,
+            self.probe,
+            self.previous,
+            previous_dynamic,
+            clean_dynamic,
+            self.rng,
+        )
 
     def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
         if self.rerunnable and not rerun:
@@ -196,9 +216,17 @@ class KVPolicy(StepPolicy):
         return greedy(result, self.stop_ids)
 
 
-def kv_generate(lm: LoadedModel, sample: DecodeInput, settings: KVSettings, max_new_tokens: int = 48, *,
-                probe: TrainedHeadPredictor | None = None, record_probe: bool = False, stop_at_eos: bool = True,
-                prefilled: Prefill | None = None) -> KVResult:
+def kv_generate(
+    lm: LoadedModel,
+    sample: DecodeInput,
+    settings: KVSettings,
+    max_new_tokens: int = 48,
+    *,
+    probe: TrainedHeadPredictor | None = None,
+    record_probe: bool = False,
+    stop_at_eos: bool = True,
+    prefilled: Prefill | None = None,
+) -> KVResult:
     """Greedy decoding of ``sample`` with the whole KV heads of every step chosen by ``settings.policy``.
 
     ``probe`` drives the ``probe`` policy; with ``record_probe`` its scores for the hidden state of every step
@@ -206,13 +234,21 @@ def kv_generate(lm: LoadedModel, sample: DecodeInput, settings: KVSettings, max_
     same sample and budget of new tokens) saves the prefill when several policies decode one sample.
     """
     prefilled = prefilled or prefill(lm, sample, max_new_tokens)
-    return kv_generate_batch(lm, [prefilled], settings, max_new_tokens, probe=probe, record_probe=record_probe,
-                             stop_at_eos=stop_at_eos)[0]
+    return kv_generate_batch(
+        lm, [prefilled], settings, max_new_tokens, probe=probe, record_probe=record_probe, stop_at_eos=stop_at_eos
+    )[0]
 
 
-def kv_generate_batch(lm: LoadedModel, prefilled: Sequence[Prefill], settings: KVSettings | Sequence[KVSettings],
-                      max_new_tokens: int = 48, *, probe: TrainedHeadPredictor | None = None,
-                      record_probe: bool = False, stop_at_eos: bool = True) -> list[KVResult]:
+def kv_generate_batch(
+    lm: LoadedModel,
+    prefilled: Sequence[Prefill],
+    settings: KVSettings | Sequence[KVSettings],
+    max_new_tokens: int = 48,
+    *,
+    probe: TrainedHeadPredictor | None = None,
+    record_probe: bool = False,
+    stop_at_eos: bool = True,
+) -> list[KVResult]:
     """``kv_generate`` for several prefilled samples decoded as one batch (``settings[i]`` for sample i, or one
     settings for all; the rows share a sink and recent window); ``result[i]`` equals ``kv_generate`` of sample i
     up to fp32 rounding. Each ``Prefill`` is rolled back first, so one prefill serves every policy; a batch holds
@@ -239,19 +275,37 @@ def dynamic_heads(row: Row, step: StepResult, predicted: int) -> list[Head]:
     return ranked_heads(row.copy_scores(step.stats, predicted), step.stats.max_prob)
 
 
-def _choose(settings: KVSettings, k: int, groups: int, every: list[KVHead], probe: TrainedHeadPredictor | None,
-            previous: StepResult | None, previous_dynamic: list[Head], clean_dynamic: list[Head] | None,
-            rng: np.random.Generator) -> list[KVHead]:
+def _choose(
+    settings: KVSettings,
+    k: int,
+    groups: int,
+    every: list[KVHead],
+    probe: TrainedHeadPredictor | None,
+    previous: StepResult | None,
+    previous_dynamic: list[Head],
+    clean_dynamic: list[Head] | None,
+    rng: np.random.Generator,
+) -> list[KVHead]:
     """The KV heads ``settings.policy`` keeps whole at this step (the probe is run only for policies that read it)."""
     policy = KV_POLICIES.get(settings.policy)
     scores = None
     # a one-token prompt has no hidden state yet; _validate refuses a policy that needs the probe without one
     if policy.needs_probe and probe is not None and previous is not None:
         scores = probe.predict(previous.hidden.cpu()[None])[0].reshape(len(every), groups)
-    return policy.choose(PolicyInputs(
-        k=k, every=every, groups=groups, static_ranking=settings.static_ranking, previous_dynamic=previous_dynamic,
-        clean_dynamic=clean_dynamic, probe_scores=scores, probe_threshold=probe.threshold if probe else None,
-        probe_select=settings.probe_select, rng=rng))
+    return policy.choose(
+        PolicyInputs(
+            k=k,
+            every=every,
+            groups=groups,
+            static_ranking=settings.static_ranking,
+            previous_dynamic=previous_dynamic,
+            clean_dynamic=clean_dynamic,
+            probe_scores=scores,
+            probe_threshold=probe.threshold if probe else None,
+            probe_select=settings.probe_select,
+            rng=rng,
+        )
+    )
 
 
 def _validate(lm: LoadedModel, settings: KVSettings, probe: TrainedHeadPredictor | None, record_probe: bool) -> None:
@@ -261,19 +315,23 @@ def _validate(lm: LoadedModel, settings: KVSettings, probe: TrainedHeadPredictor
     if settings.sink < 0 or settings.recent < 1:
         raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1, got {settings.sink}, {settings.recent}")
     if policy.needs_static and not settings.static_ranking:
-        raise DynheadsError(f"the {settings.policy} KV policy needs a static head list with positive scores "
-                            "(--static FILE)")
+        raise DynheadsError(
+            f"the {settings.policy} KV policy needs a static head list with positive scores (--static FILE)"
+        )
     if settings.probe_select not in ("top", "threshold"):
         raise DynheadsError(f"unknown probe selection {settings.probe_select!r}: use 'top' or 'threshold'")
     if (policy.needs_probe or record_probe) and probe is None:
         raise DynheadsError(f"the {settings.policy} KV policy needs a trained head predictor (--probe DIR)")
     if probe is not None:
         if (probe.num_layers, probe.num_heads) != (lm.num_layers, lm.num_heads) or probe.task != "binary":
-            raise DynheadsError(f"the probe predicts {probe.num_layers} x {probe.num_heads} {probe.task} head scores; "
-                                f"the KV policy needs binary copy-head predictions for {lm.num_layers} x "
-                                f"{lm.num_heads} heads")
+            raise DynheadsError(
+                f"the probe predicts {probe.num_layers} x {probe.num_heads} {probe.task} head scores; "
+                f"the KV policy needs binary copy-head predictions for {lm.num_layers} x "
+                f"{lm.num_heads} heads"
+            )
     num_kv = num_kv_heads(lm)
     bad = [kv for kv in settings.static_ranking if not (0 <= kv[0] < lm.num_layers and 0 <= kv[1] < num_kv)]
     if bad:
-        raise DynheadsError(f"the static KV-head ranking names {bad[0]}, outside {lm.num_layers} layers x {num_kv} "
-                            "KV heads")
+        raise DynheadsError(
+            f"the static KV-head ranking names {bad[0]}, outside {lm.num_layers} layers x {num_kv} KV heads"
+        )

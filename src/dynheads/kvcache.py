@@ -144,15 +144,17 @@ def headwise_attention(module, query, key, value, attention_mask, dropout: float
     """Attention over a ``HeadwiseLayer``: the prefill over its full keys (SDPA), a decode step per group of
     query heads over that group's own keys; any other cache falls back to SDPA."""
     if not isinstance(key, HeadwiseLayer):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if kwargs.get("softcap") is not None or kwargs.get("sliding_window"):
         raise DynheadsError("the per-head KV cache supports plain causal attention (no soft-cap, no sliding window)")
     layer = key
     if query.shape[2] > 1:
         keys, values = layer.take_pass()
-        return sdpa_attention_forward(module, query, keys, values, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, keys, values, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     batch, num_heads, _, head_dim = query.shape
     num_kv = len(layer.whole) + len(layer.streaming)
     groups = num_heads // num_kv
@@ -160,8 +162,10 @@ def headwise_attention(module, query, key, value, attention_mask, dropout: float
     q = query[:, :, -1, :].reshape(batch, num_kv, groups, head_dim)
     out = torch.empty_like(q)
     window_keys, window_values = layer.take_window()
-    for index, keys, values in ((layer.whole_index, layer.keys, layer.values),
-                                (layer.streaming_index, window_keys, window_values)):
+    for index, keys, values in (
+        (layer.whole_index, layer.keys, layer.values),
+        (layer.streaming_index, window_keys, window_values),
+    ):
         if not len(index):
             continue
         logits = torch.matmul(q[:, index], keys.transpose(-1, -2)) * scaling  # [B, n, G, kv]
@@ -178,8 +182,9 @@ AttentionMaskInterface.register(HEADWISE, sdpa_mask)
 def headwise(lm: LoadedModel) -> Iterator[None]:
     """Route the model's attention through ``headwise_attention`` for the block."""
     config = lm.model.config
-    if getattr(config, "sliding_window", None) and any(t != "full_attention" for t in
-                                                       getattr(config, "layer_types", None) or ["sliding"]):
+    if getattr(config, "sliding_window", None) and any(
+        t != "full_attention" for t in getattr(config, "layer_types", None) or ["sliding"]
+    ):
         raise DynheadsError("the per-head KV cache does not model sliding-window layers")
     previous = config._attn_implementation
     lm.model.set_attn_implementation(HEADWISE)
@@ -205,8 +210,16 @@ def whole_per_layer(kv_heads: Sequence[tuple[int, int]], num_layers: int) -> lis
     return whole
 
 
-def headwise_generate(lm: LoadedModel, input_ids: Sequence[int], kv_heads: Sequence[tuple[int, int]], *,
-                      sink: int, recent: int, max_new_tokens: int, stop_at_eos: bool = True) -> HeadwiseResult:
+def headwise_generate(
+    lm: LoadedModel,
+    input_ids: Sequence[int],
+    kv_heads: Sequence[tuple[int, int]],
+    *,
+    sink: int,
+    recent: int,
+    max_new_tokens: int,
+    stop_at_eos: bool = True,
+) -> HeadwiseResult:
     """Greedy decoding with a ``HeadwiseCache`` keeping ``kv_heads`` whole: the prompt minus its last token is
     prefilled in full, then the last prompt token and every generated token are decode steps (``dynheads.kv``)."""
     from dynheads.kv import kv_token_bytes, num_kv_heads

@@ -17,8 +17,9 @@ def exports_by_name(by_module: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
     return exports
 
 
-def lazy_exports(package: str, namespace: dict[str, Any],
-                 exports: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, namespace: dict[str, Any], exports: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for ``package``, whose globals are ``namespace``. ``exports`` maps a public
     name to ``"module:attribute"``; an attribute that is a submodule not imported yet is imported."""
 

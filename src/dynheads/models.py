@@ -206,8 +206,9 @@ def _load_pretrained(source: str, dtype, device_map=None, **extra) -> tuple[PreT
     return model, tokenizer
 
 
-def _load_gguf(path: Path, dtype, device_map=None, digest: str | None = None
-               ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+def _load_gguf(
+    path: Path, dtype, device_map=None, digest: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """Load a GGUF through transformers, de-quantising once and caching the result as safetensors. ``digest``:
     the file's sha256 when already known (a packaged file was checked when written), saving a hash of the file."""
     digest = digest or file_sha256(path)

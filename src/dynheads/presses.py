@@ -47,8 +47,9 @@ def check_press(policy: str) -> str:
     """The press name of a ``kvpress:<press>`` policy; a one-line error when unknown or kvpress is missing."""
     name = policy.removeprefix(PREFIX)
     if name not in PRESSES:
-        raise DynheadsError(f"unknown kvpress policy {policy!r}: use kvpress:<press> with a press of "
-                            f"{', '.join(PRESSES)}")
+        raise DynheadsError(
+            f"unknown kvpress policy {policy!r}: use kvpress:<press> with a press of {', '.join(PRESSES)}"
+        )
     require_kvpress()
     return name
 
@@ -141,8 +142,15 @@ def make_press(name: str, lm: LoadedModel, settings: KVSettings, length: int):
     return kvpress.KnormPress(compression_ratio=ratio)
 
 
-def press_generate(lm: LoadedModel, input_ids: Sequence[int], name: str, settings: KVSettings,
-                   max_new_tokens: int, *, stop_at_eos: bool = True) -> KVResult:
+def press_generate(
+    lm: LoadedModel,
+    input_ids: Sequence[int],
+    name: str,
+    settings: KVSettings,
+    max_new_tokens: int,
+    *,
+    stop_at_eos: bool = True,
+) -> KVResult:
     """Greedy decoding with kvpress's press ``name`` applied to the prefill of the prompt minus its last token
     (as ``dynheads.kv`` prefills), the resident KV read from the cache at every decode step."""
     from transformers import DynamicCache
@@ -157,8 +165,11 @@ def press_generate(lm: LoadedModel, input_ids: Sequence[int], name: str, setting
     cache = DynamicCache(config=model.config)
     ids = torch.as_tensor(list(input_ids), dtype=torch.long, device=device)[None]
     num_kv = num_kv_heads(lm)
-    whole = list(settings.static_ranking[:kv_head_count(settings.budget, lm.num_layers, num_kv)]) \
-        if name == "duo_attention" else []
+    whole = (
+        list(settings.static_ranking[: kv_head_count(settings.budget, lm.num_layers, num_kv)])
+        if name == "duo_attention"
+        else []
+    )
     result = KVResult(tokens=[], text="", stop_reason="max_new_tokens", budget_heads=len(whole))
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     try:
@@ -195,4 +206,3 @@ def _resident(cache, attention) -> int:
     held = sum(int(layer.keys.shape[1] * layer.keys.shape[2]) for layer in cache.layers)
     masked = sum(len(m.masked_key_indices[0]) for m in attention if getattr(m, "masked_key_indices", None))
     return held - masked
-

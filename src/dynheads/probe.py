@@ -168,10 +168,12 @@ class AttentionProbe:
 
     # Views of single settings (the setters replace the frozen settings; set_* methods validate the rest).
     sink_size = property(lambda self: self.settings.sink_size, lambda self, size: self._update(sink_size=int(size)))
-    local_window = property(lambda self: self.settings.local_window,
-                            lambda self, size: self._update(local_window=int(size)))
-    rows_for = property(lambda self: self.settings.rows_for,
-                        lambda self, heads: self._update(rows_for=frozenset(heads)))
+    local_window = property(
+        lambda self: self.settings.local_window, lambda self, size: self._update(local_window=int(size))
+    )
+    rows_for = property(
+        lambda self: self.settings.rows_for, lambda self, heads: self._update(rows_for=frozenset(heads))
+    )
     ablation_mode = property(lambda self: self.settings.ablation_mode)
 
     @property
@@ -267,14 +269,22 @@ class AttentionProbe:
             hidden = torch.zeros(len(edits), max(max(e.hidden_keys, default=0) for e in edits) + 1, dtype=torch.bool)
             for b, edit in enumerate(edits):
                 hidden[b, sorted(edit.hidden_keys)] = True
-        removed_heads = {layer: removed[:, layer].any(0).nonzero().flatten().to(self.device)
-                         for layer in removed.any(2).any(0).nonzero().flatten().tolist()}
+        removed_heads = {
+            layer: removed[:, layer].any(0).nonzero().flatten().to(self.device)
+            for layer in removed.any(2).any(0).nonzero().flatten().tolist()
+        }
         streaming_layers = frozenset((~full).any(2).any(0).nonzero().flatten().tolist())
-        self._update(edits=edits, removed=removed.to(self.device) if removed_heads else None,
-                     removed_heads=removed_heads, ablation_mode=modes.pop() if modes else "zero",
-                     hidden_keys=None if hidden is None else hidden.to(self.device),
-                     kv_full=full.to(self.device) if streaming_layers else None, streaming_layers=streaming_layers,
-                     kv_sink=sink, kv_recent=recent)
+        self._update(
+            edits=edits,
+            removed=removed.to(self.device) if removed_heads else None,
+            removed_heads=removed_heads,
+            ablation_mode=modes.pop() if modes else "zero",
+            hidden_keys=None if hidden is None else hidden.to(self.device),
+            kv_full=full.to(self.device) if streaming_layers else None,
+            streaming_layers=streaming_layers,
+            kv_sink=sink,
+            kv_recent=recent,
+        )
 
     def _edit(self, **changes) -> None:
         """Change fields of the one edit every row shares (the batch-1 setters below)."""
@@ -340,10 +350,18 @@ class AttentionProbe:
     def sequence_stats(self, b: int = 0) -> StepStats:
         """Sequence ``b``'s ``[L, H]`` statistics of the current pass (views of the batch tensors)."""
         s = self.stats
-        return StepStats(argmax_pos=s.argmax_pos[b], max_prob=s.max_prob[b], needle_mass=s.needle_mass[b],
-                         excluded_mass=s.excluded_mass[b], total_mass=s.total_mass[b], kept_mass=s.kept_mass[b],
-                         context_mass=s.context_mass[b], context_entropy=s.context_entropy[b], rows=self.rows[b],
-                         span_mass=None if s.span_mass is None else s.span_mass[b])
+        return StepStats(
+            argmax_pos=s.argmax_pos[b],
+            max_prob=s.max_prob[b],
+            needle_mass=s.needle_mass[b],
+            excluded_mass=s.excluded_mass[b],
+            total_mass=s.total_mass[b],
+            kept_mass=s.kept_mass[b],
+            context_mass=s.context_mass[b],
+            context_entropy=s.context_entropy[b],
+            rows=self.rows[b],
+            span_mass=None if s.span_mass is None else s.span_mass[b],
+        )
 
 
 class KeyMasks:
@@ -370,12 +388,17 @@ class KeyMasks:
 
     def positions(self, kv_len: int, device: torch.device) -> torch.Tensor:
         """Long ``[B, kv]``: the absolute position of every key of every row."""
-        return self._cached("positions", kv_len, device, lambda: (
-            self.last.to(device) - (kv_len - 1))[:, None] + torch.arange(kv_len, device=device))
+        return self._cached(
+            "positions",
+            kv_len,
+            device,
+            lambda: (self.last.to(device) - (kv_len - 1))[:, None] + torch.arange(kv_len, device=device),
+        )
 
     def weights(self, kv_len: int, device: torch.device) -> torch.Tensor:
         """Float ``[B, kv, 4]``: needle, excluded (sink/local minus needle), kept (every other real key: the Eq. 2
         denominator) and context (before the row's context end)."""
+
         def build() -> torch.Tensor:
             positions = self.positions(kv_len, device)
             real = positions >= 0
@@ -386,6 +409,7 @@ class KeyMasks:
             ends = torch.tensor(self.context_ends, dtype=torch.long, device=device)[:, None]
             context = real & (positions < ends)
             return torch.stack([needle, excluded, real & ~excluded, context], dim=-1).float()
+
         return self._cached("weights", kv_len, device, build)
 
     def hidden(self, kv_len: int, device: torch.device) -> torch.Tensor | None:
@@ -399,6 +423,7 @@ class KeyMasks:
             per_row = hidden.to(device).expand(positions.shape[0], -1)
             inside = (positions >= 0) & (positions < hidden.shape[1])
             return per_row.gather(1, positions.clamp(0, hidden.shape[1] - 1)) & inside
+
         return self._cached("hidden", kv_len, device, build)
 
     def streaming(self, layer: int, kv_len: int, device: torch.device) -> torch.Tensor | None:
@@ -475,8 +500,9 @@ def probe_attention(
 SPAN_CHUNK = 64  # query rows whose attention rows exist at once while a span score is reduced
 
 
-def _record_spans(probe: AttentionProbe, layer: int, query, key, attention_mask, hidden, scaling, softcap,
-                  kwargs) -> None:
+def _record_spans(
+    probe: AttentionProbe, layer: int, query, key, attention_mask, hidden, scaling, softcap, kwargs
+) -> None:
     """``span_mass[:, layer]``: the exact eager attention rows (model-dtype matmul, fp32 softmax) of the span
     score's query positions, summed over those rows and over each key span. Rows come ``SPAN_CHUNK`` at a time."""
     score, weights, span_mass = probe.settings.span_score, probe.settings.span_weights, probe.stats.span_mass
@@ -488,15 +514,21 @@ def _record_spans(probe: AttentionProbe, layer: int, query, key, attention_mask,
     first = probe.last_positions[0] - q_len + 1  # absolute position of this pass's first query row
     start, stop = score.query[0] - first, score.query[1] - first
     if start < 0 or stop > q_len:
-        raise DynheadsError(f"the span score's query positions {score.query[0]}..{score.query[1] - 1} are not all "
-                            f"in this pass (positions {first}..{first + q_len - 1})")
+        raise DynheadsError(
+            f"the span score's query positions {score.query[0]}..{score.query[1] - 1} are not all "
+            f"in this pass (positions {first}..{first + q_len - 1})"
+        )
     offset = probe.last_positions[0] - (kv_len - 1)
     key_positions = torch.arange(kv_len, device=key.device) + offset
     inside = (key_positions >= 0) & (key_positions < weights.shape[0])
-    span_weights = torch.where(inside[:, None], weights.to(key.device)[key_positions.clamp(0, weights.shape[0] - 1)],
-                               0.0)  # [kv, S]
-    mask = attention_mask if attention_mask is not None else _causal_mask(q_len, kv_len, kwargs.get("sliding_window"),
-                                                                          query.device)
+    span_weights = torch.where(
+        inside[:, None], weights.to(key.device)[key_positions.clamp(0, weights.shape[0] - 1)], 0.0
+    )  # [kv, S]
+    mask = (
+        attention_mask
+        if attention_mask is not None
+        else _causal_mask(q_len, kv_len, kwargs.get("sliding_window"), query.device)
+    )
     groups = num_heads // num_kv
     total = torch.zeros(num_heads, weights.shape[1], dtype=torch.float32, device=query.device)
     for chunk in range(start, stop, SPAN_CHUNK):
@@ -561,9 +593,11 @@ def _all_rows_output(module, query, key, value, attention_mask, hidden, scaling,
         stop = min(start + 256, q_len)
         logits = torch.matmul(query[:, :, start:stop], key_r.transpose(-1, -2)) * scaling
         logits = torch.tanh(logits / softcap) * softcap
-        chunk_mask = mask[:, :, start:stop] if mask is not None else _causal_mask(
-            q_len, kv_len, kwargs.get("sliding_window"), query.device
-        )[:, :, start:stop]
+        chunk_mask = (
+            mask[:, :, start:stop]
+            if mask is not None
+            else _causal_mask(q_len, kv_len, kwargs.get("sliding_window"), query.device)[:, :, start:stop]
+        )
         logits = logits.masked_fill(~chunk_mask, float("-inf"))
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32).to(value.dtype)
         chunks.append(torch.matmul(probs, value_r))
@@ -619,7 +653,8 @@ def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int)
     plogp = torch.bmm(probs * torch.log(probs.clamp_min(1e-30)), weights[..., 3:4])[..., 0]
     context = masses[..., 3]
     stats.context_entropy[:, layer] = torch.where(
-        context > 0, torch.log(context.clamp_min(1e-30)) - plogp / context.clamp_min(1e-30), 0.0)
+        context > 0, torch.log(context.clamp_min(1e-30)) - plogp / context.clamp_min(1e-30), 0.0
+    )
     stats.total_mass[:, layer] = probs.sum(-1)
     for lyr, head in probe.settings.rows_for:
         if lyr == layer:

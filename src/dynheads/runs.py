@@ -116,9 +116,13 @@ class RunDir:
             needle = read_json(self.record_path(sample_id)).get("needle_positions")
             if needle is not None:
                 config = self.manifest().get("config") or {}
-                trace.chance = chance_per_step(needle, trace.prompt_length, trace.num_steps,
-                                               config.get("sink_size", SINK_SIZE),
-                                               config.get("local_window", LOCAL_WINDOW))
+                trace.chance = chance_per_step(
+                    needle,
+                    trace.prompt_length,
+                    trace.num_steps,
+                    config.get("sink_size", SINK_SIZE),
+                    config.get("local_window", LOCAL_WINDOW),
+                )
         return trace
 
     def iter_traces(self) -> Iterator[tuple[dict, Trace]]:
@@ -168,9 +172,16 @@ class Finished(NamedTuple):
     trace: Trace | None = None
 
 
-def run_jobs(run: RunDir, jobs: Sequence[Job[Item]], work: Callable[[list[Item]], list[Finished]], *,
-             batch_size: int = 1, desc: str, progress: bool = True,
-             on_record: Callable[[dict], None] | None = None) -> list[dict]:
+def run_jobs(
+    run: RunDir,
+    jobs: Sequence[Job[Item]],
+    work: Callable[[list[Item]], list[Finished]],
+    *,
+    batch_size: int = 1,
+    desc: str,
+    progress: bool = True,
+    on_record: Callable[[dict], None] | None = None,
+) -> list[dict]:
     """Make the records of ``jobs`` not yet finished in ``run``: ``work(items)`` gets up to ``batch_size`` items
     at a time and returns one ``Finished`` per item, in order; each is saved (its ``sample_id`` set to the job's
     id) before the next batch starts. Returns, once every process has finished its share, the records of this
@@ -195,8 +206,7 @@ def run_jobs(run: RunDir, jobs: Sequence[Job[Item]], work: Callable[[list[Item]]
             bar.update()
     bar.close()
     distributed.barrier()  # every process's records are on disk before rank 0 writes the run's tables
-    return [made[job.record_id] if job.record_id in made else read_json(run.record_path(job.record_id))
-            for job in mine]
+    return [made[job.record_id] if job.record_id in made else read_json(run.record_path(job.record_id)) for job in mine]
 
 
 def _my_share(jobs: Sequence[Job]) -> list[Job]:
@@ -214,8 +224,11 @@ def _resumable(config: Any, previous: dict | None) -> dict:
         return config_dict
     fields = dataclasses.fields(config)
     defaults = {f.name: _jsonable(f.default) for f in fields if f.default is not dataclasses.MISSING}
-    return {name: value for name, value in config_dict.items()
-            if name in previous or name not in defaults or value != defaults[name]}
+    return {
+        name: value
+        for name, value in config_dict.items()
+        if name in previous or name not in defaults or value != defaults[name]
+    }
 
 
 def _jsonable(value: Any) -> Any:

@@ -38,9 +38,26 @@ from dynheads.heads import Head
 from dynheads.registry import Registry
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ReasoningThreshold
 
-__all__ = ["DEFAULT_REASONING_THRESHOLD", "HEAD_SCORES", "LOCAL_WINDOW", "SINK_SIZE", "HeadScore", "ScoreKind",
-           "ScoreSpec", "ScoredRow", "SpanScore", "StepMeasures", "active_heads", "calibrated_span_scores",
-           "check_kind", "copy_scores", "ranked_heads", "reasoning_scores", "register_score", "span_ranking"]
+__all__ = [
+    "DEFAULT_REASONING_THRESHOLD",
+    "HEAD_SCORES",
+    "LOCAL_WINDOW",
+    "SINK_SIZE",
+    "HeadScore",
+    "ScoreKind",
+    "ScoreSpec",
+    "ScoredRow",
+    "SpanScore",
+    "StepMeasures",
+    "active_heads",
+    "calibrated_span_scores",
+    "check_kind",
+    "copy_scores",
+    "ranked_heads",
+    "reasoning_scores",
+    "register_score",
+    "span_ranking",
+]
 
 ScoreKind = str  # the name of a registered head score ("copy", "reasoning", ...)
 
@@ -86,8 +103,15 @@ class HeadScore:
 HEAD_SCORES = Registry[HeadScore]("head score")
 
 
-def register_score(name: str, reduce: Callable[[StepMeasures, ScoredRow, int], torch.Tensor], *, binary: bool,
-                   label: str, help: str, replace: bool = False) -> HeadScore:
+def register_score(
+    name: str,
+    reduce: Callable[[StepMeasures, ScoredRow, int], torch.Tensor],
+    *,
+    binary: bool,
+    label: str,
+    help: str,
+    replace: bool = False,
+) -> HeadScore:
     """Declare a head score: traces record it by ``name`` (their column ``<name>_score``) from then on, and
     analyses accept the name. ``help``: one line."""
     if not name.isidentifier():
@@ -119,8 +143,7 @@ class ScoreSpec:
         check_kind(self.kind)
         ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
         if self.sink_size < 0 or self.local_window < 0:
-            raise DynheadsError(f"sink size and local window must be >= 0, got {self.sink_size}, "
-                                f"{self.local_window}")
+            raise DynheadsError(f"sink size and local window must be >= 0, got {self.sink_size}, {self.local_window}")
 
     @property
     def score(self) -> HeadScore:
@@ -134,8 +157,10 @@ class ScoreSpec:
     def trace_scores(self, scores: Mapping[str, np.ndarray]) -> np.ndarray:
         """``[step, layer, head]``: this score's array among a trace's ``scores`` (by name)."""
         if self.kind not in scores:
-            raise DynheadsError(f"this trace holds no {self.kind!r} score (it has {', '.join(scores)}): "
-                                "re-trace with the score registered")
+            raise DynheadsError(
+                f"this trace holds no {self.kind!r} score (it has {', '.join(scores)}): "
+                "re-trace with the score registered"
+            )
         return scores[self.kind]
 
     def active(self, scores: Mapping[str, np.ndarray], chance: np.ndarray | float | None) -> np.ndarray:
@@ -174,11 +199,20 @@ def reasoning_scores(needle_mass: torch.Tensor, kept_mass: torch.Tensor) -> torc
     return torch.where(kept_mass > 0, needle_mass / kept_mass.clamp_min(1e-30), 0.0)
 
 
-register_score("copy", copy_scores, binary=True, label="Eq. 1 copy score",
-               help="Eq. 1: the head's argmax key is a needle token of the prompt carrying the predicted token")
-register_score("reasoning", lambda stats, row, predicted: reasoning_scores(stats.needle_mass, stats.kept_mass),
-               binary=False, label="Eq. 2 reasoning score",
-               help="Eq. 2: needle mass over the mass outside the attention sink and the local window")
+register_score(
+    "copy",
+    copy_scores,
+    binary=True,
+    label="Eq. 1 copy score",
+    help="Eq. 1: the head's argmax key is a needle token of the prompt carrying the predicted token",
+)
+register_score(
+    "reasoning",
+    lambda stats, row, predicted: reasoning_scores(stats.needle_mass, stats.kept_mass),
+    binary=False,
+    label="Eq. 2 reasoning score",
+    help="Eq. 2: needle mass over the mass outside the attention sink and the local window",
+)
 
 
 def ranked_heads(active: torch.Tensor, weights: torch.Tensor) -> list[Head]:

@@ -35,10 +35,12 @@ def evidence_of(name: str) -> str:
 # NIAH (Section 3): the traced grid, static copy heads, then Claims 1-3.
 NIAH = _stage("niah", "the traced NIAH grid: Eq. 1 copy heads of every step (Section 3.1)")
 STATIC = _stage("static", "static retrieval (copy) heads scored as Wu et al.")
-DYNAMISM = _stage("dynamism", "Claim 1 on NIAH: dynamic heads against the static ones (Table 1, Figure 1)",
-                  "dynamism.md")
-ABLATION = _stage("ablation", "Claim 2 on NIAH: per-step ablation grid of dynamic, static and random heads (Figure 2)",
-                  "summary.md")
+DYNAMISM = _stage(
+    "dynamism", "Claim 1 on NIAH: dynamic heads against the static ones (Table 1, Figure 1)", "dynamism.md"
+)
+ABLATION = _stage(
+    "ablation", "Claim 2 on NIAH: per-step ablation grid of dynamic, static and random heads (Figure 2)", "summary.md"
+)
 PROGRESSIVE = _stage("progressive", "Claim 2 on NIAH: progressive ablation of the top-k dynamic heads (Figure 3)")
 CCA = _stage("cca", "Claim 3 on NIAH: CCA between hidden states and head scores (Figure 4)", "cca.md")
 PROBE = _stage("probe", "Claim 3 on NIAH: the MLP head predictor from hidden states", "metrics.md")

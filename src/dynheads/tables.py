@@ -81,13 +81,19 @@ class Table:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Table:
-        return cls(list(data["columns"]), [list(row) for row in data["rows"]], dict(data.get("formats", {})),
-                   data.get("float_format", ".3f"), data.get("missing", ""))
+        return cls(
+            list(data["columns"]),
+            [list(row) for row in data["rows"]],
+            dict(data.get("formats", {})),
+            data.get("float_format", ".3f"),
+            data.get("missing", ""),
+        )
 
 
 def frame_table(frame: pd.DataFrame, columns: Mapping[str, str], float_format: str = ".3f") -> Table:
     """A table of ``frame``'s ``columns`` (name -> title): float columns as numbers shown with ``float_format``
     (NaN as "nan"), integer columns as ints, any other column as its text."""
+
     def column(name: str) -> list[Cell]:
         values = frame[name]
         if is_float_dtype(values):
@@ -95,12 +101,17 @@ def frame_table(frame: pd.DataFrame, columns: Mapping[str, str], float_format: s
         return [int(v) for v in values] if is_integer_dtype(values) else [str(v) for v in values]
 
     cells = [column(name) for name in columns]
-    return Table(list(columns.values()), [list(row) for row in zip(*cells, strict=True)],
-                 float_format=float_format, missing="nan")
+    return Table(
+        list(columns.values()),
+        [list(row) for row in zip(*cells, strict=True)],
+        float_format=float_format,
+        missing="nan",
+    )
 
 
 def to_markdown(table: Table) -> str:
     """A pipe table (no trailing newline); ``|`` in a cell is escaped, a newline becomes a space."""
+
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in cells) + " |"
 
@@ -109,6 +120,7 @@ def to_markdown(table: Table) -> str:
 
 def to_html(table: Table) -> str:
     """An HTML ``<table>`` with a header row; every cell escaped (as element text: quotes stay as they are)."""
+
     def row(cells: Sequence[str], tag: str) -> str:
         return "<tr>" + "".join(f"<{tag}>{html.escape(cell, quote=False)}</{tag}>" for cell in cells) + "</tr>"
 
@@ -209,8 +221,10 @@ def read_summaries(folder: str | Path) -> dict[str, Summary]:
     if not path.is_file():
         old = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.md"))
         if old:
-            raise DynheadsError(f"{folder} has {', '.join(old)} but no {SUMMARY_FILE}: it was written by an older "
-                                "dynheads; re-run this stage to rebuild its results")
+            raise DynheadsError(
+                f"{folder} has {', '.join(old)} but no {SUMMARY_FILE}: it was written by an older "
+                "dynheads; re-run this stage to rebuild its results"
+            )
         return {}
     try:
         version, documents = _documents(path)

@@ -40,12 +40,14 @@ def chance_share(needle: Iterable[int], last_position: int, sink_size: int, loca
     return len(needle) / scored if scored > 0 else 0.0
 
 
-def chance_per_step(needle: Iterable[int], prompt_length: int, steps: int, sink_size: int,
-                    local_window: int) -> np.ndarray:
+def chance_per_step(
+    needle: Iterable[int], prompt_length: int, steps: int, sink_size: int, local_window: int
+) -> np.ndarray:
     """``[steps]`` float32 chance shares of a trace: step t's query sits at position ``prompt_length - 1 + t``."""
     needle = list(needle)
-    return np.array([chance_share(needle, prompt_length - 1 + t, sink_size, local_window) for t in range(steps)],
-                    dtype=np.float32)
+    return np.array(
+        [chance_share(needle, prompt_length - 1 + t, sink_size, local_window) for t in range(steps)], dtype=np.float32
+    )
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,10 @@ class ReasoningThreshold:
         except ValueError:
             value = math.nan
         if mode not in ("absolute", "relative") or not math.isfinite(value) or value < 0:
-            raise DynheadsError(f"cannot read Eq. 2 threshold {text!r}: use a score such as 0.1 or a multiple "
-                                "of chance such as relative:3")
+            raise DynheadsError(
+                f"cannot read Eq. 2 threshold {text!r}: use a score such as 0.1 or a multiple "
+                "of chance such as relative:3"
+            )
         return cls(cast(ThresholdMode, mode), value)  # one of the modes, checked above
 
     def __str__(self) -> str:
@@ -90,8 +94,10 @@ class ReasoningThreshold:
         if self.mode == "absolute":
             return self.value
         if chance is None:
-            raise DynheadsError(f"the threshold {self} needs the per-step chance share, which this trace lacks "
-                                "(written before it was recorded): re-trace, or use an absolute threshold such as 0.1")
+            raise DynheadsError(
+                f"the threshold {self} needs the per-step chance share, which this trace lacks "
+                "(written before it was recorded): re-trace, or use an absolute threshold such as 0.1"
+            )
         chance = np.asarray(chance, dtype=np.float64)
         if chance.ndim == 0:  # one step (the live ablation): a plain float compares with torch tensors too
             return self.value * float(chance)

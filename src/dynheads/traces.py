@@ -43,8 +43,13 @@ TRACE_FORMAT_VERSION = 2
 HEAD_FIELDS = ("argmax_pos", "needle_mass", "max_prob")
 OPTIONAL_HEAD_FIELDS = ("context_mass", "context_entropy")  # absent from older traces: loaded as None
 OPTIONAL_STEP_FIELDS = ("token_entropy", "token_max_prob", "chance", "token_prob")
-_DTYPES = {"argmax_pos": np.int32, "needle_mass": np.float32, "max_prob": np.float32, "context_mass": np.float32,
-           "context_entropy": np.float32}
+_DTYPES = {
+    "argmax_pos": np.int32,
+    "needle_mass": np.float32,
+    "max_prob": np.float32,
+    "context_mass": np.float32,
+    "context_entropy": np.float32,
+}
 FIRST_SCORES = ("copy", "reasoning")  # the scores of files written before the ``scores`` key
 
 
@@ -112,9 +117,15 @@ class Trace:
             if getattr(self, name) is not None:
                 columns[name] = pa.array(np.asarray(getattr(self, name), dtype=np.float32).reshape(steps))
         columns["hidden"] = _list_column(self.hidden.astype(np.float32))
-        meta = {"format_version": TRACE_FORMAT_VERSION, "num_layers": layers, "num_heads": heads,
-                "prompt_length": self.prompt_length, "stop_reason": self.stop_reason, "text": self.text,
-                "scores": list(self.scores)}
+        meta = {
+            "format_version": TRACE_FORMAT_VERSION,
+            "num_layers": layers,
+            "num_heads": heads,
+            "prompt_length": self.prompt_length,
+            "stop_reason": self.stop_reason,
+            "text": self.text,
+            "scores": list(self.scores),
+        }
         table = pa.table(columns).replace_schema_metadata({"dynheads": json.dumps(meta)})
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp)
@@ -138,8 +149,10 @@ class Trace:
         hidden = _flatten(table.column("hidden"), np.float32)
         names = set(table.column_names)
         optional = {name: head_array(name) if name in names else None for name in OPTIONAL_HEAD_FIELDS}
-        optional |= {name: table.column(name).to_numpy().astype(np.float32) if name in names else None
-                     for name in OPTIONAL_STEP_FIELDS}
+        optional |= {
+            name: table.column(name).to_numpy().astype(np.float32) if name in names else None
+            for name in OPTIONAL_STEP_FIELDS
+        }
         return cls(
             tokens=table.column("token_id").to_numpy().astype(np.int64),
             token_texts=table.column("token").to_pylist(),
@@ -158,8 +171,10 @@ class Trace:
 def _list_column(values: np.ndarray) -> pa.Array:
     """``[rows, width]`` numpy array to a fixed-width list column."""
     rows, width = values.shape
-    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width) if rows else pa.array(
-        [], type=pa.list_(pa.from_numpy_dtype(values.dtype), width)
+    return (
+        pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width)
+        if rows
+        else pa.array([], type=pa.list_(pa.from_numpy_dtype(values.dtype), width))
     )
 
 

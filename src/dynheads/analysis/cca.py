@@ -50,20 +50,28 @@ class CCAConfig:
     """Settings of one temporal-offset CCA analysis (defaults: paper App. A.4 and notes/algorithms.md)."""
 
     hidden_variance: float = field(
-        default=0.95, metadata={"help": "PCA on the hidden states keeps this fraction of their variance."})
+        default=0.95, metadata={"help": "PCA on the hidden states keeps this fraction of their variance."}
+    )
     score_variance: float = field(
-        default=0.99, metadata={"help": "PCA on the min-max scaled scores keeps this fraction of their variance."})
+        default=0.99, metadata={"help": "PCA on the min-max scaled scores keeps this fraction of their variance."}
+    )
     n_components: int = field(
-        default=50, metadata={"help": "Canonical components (fewer when PCA keeps fewer dimensions)."})
+        default=50, metadata={"help": "Canonical components (fewer when PCA keeps fewer dimensions)."}
+    )
     ridge: float = field(
         default=1e-6,
-        metadata={"help": "Added to each covariance diagonal, relative to its mean variance, before whitening "
-                          "(ours: keeps near-zero PCA directions from blowing up). 0 = plain CCA."})
+        metadata={
+            "help": "Added to each covariance diagonal, relative to its mean variance, before whitening "
+            "(ours: keeps near-zero PCA directions from blowing up). 0 = plain CCA."
+        },
+    )
     test_fraction: float = field(
-        default=0.3, metadata={"help": "Share of the samples held out for the held_out and shuffled measures."})
+        default=0.3, metadata={"help": "Share of the samples held out for the held_out and shuffled measures."}
+    )
     seed: int = field(default=0, metadata={"help": "Seed of the sample split, the shuffled pairing and the bootstrap."})
     resamples: int = field(
-        default=2000, metadata={"help": "Bootstrap resamples (of test samples) for the held-out minus shuffled gap."})
+        default=2000, metadata={"help": "Bootstrap resamples (of test samples) for the held-out minus shuffled gap."}
+    )
 
     def __post_init__(self) -> None:
         for name in ("hidden_variance", "score_variance", "test_fraction"):
@@ -80,8 +88,11 @@ def samples_from_traces(traces: Iterable[Trace], score: ScoreKind = "copy") -> l
     Traces with no generated token (EOS first) hold no pair and are left out; callers count them.
     """
     spec = ScoreSpec(score)
-    return [(t.hidden, spec.trace_scores(t.scores).reshape(t.num_steps, t.shape[0] * t.shape[1]))
-            for t in traces if t.num_steps]
+    return [
+        (t.hidden, spec.trace_scores(t.scores).reshape(t.num_steps, t.shape[0] * t.shape[1]))
+        for t in traces
+        if t.num_steps
+    ]
 
 
 def nonempty_samples(samples: Sequence[Sample]) -> list[Sample]:
@@ -102,8 +113,10 @@ def check_samples(samples: Sequence[Sample]) -> tuple[int, int]:
     dims = set()
     for i, (hidden, scores) in enumerate(samples):
         if hidden.ndim != 2 or scores.ndim != 2 or hidden.shape[0] != scores.shape[0]:
-            raise DynheadsError(f"sample {i}: expected hidden [T, D] and scores [T, L*H] with the same T, "
-                                f"got {hidden.shape} and {scores.shape}")
+            raise DynheadsError(
+                f"sample {i}: expected hidden [T, D] and scores [T, L*H] with the same T, "
+                f"got {hidden.shape} and {scores.shape}"
+            )
         dims.add((hidden.shape[1], scores.shape[1]))
     if len(dims) > 1:
         raise DynheadsError(f"samples disagree on (hidden dim, score width): {sorted(dims)}")
@@ -203,8 +216,9 @@ def _fit_pipeline(hidden: np.ndarray, scores: np.ndarray, config: CCAConfig) -> 
     scaled = np.where(span > 0, (scores - low) / np.where(span > 0, span, 1.0), 0.0)
     hidden_pca = PCA(n_components=config.hidden_variance).fit(hidden)
     score_pca = PCA(n_components=config.score_variance).fit(scaled)
-    cca = fit_cca(hidden_pca.transform(hidden).astype(np.float64), score_pca.transform(scaled),
-                  config.n_components, config.ridge)
+    cca = fit_cca(
+        hidden_pca.transform(hidden).astype(np.float64), score_pca.transform(scaled), config.n_components, config.ridge
+    )
     return _Pipeline(low, span, hidden_pca, score_pca, cca)
 
 
@@ -215,9 +229,11 @@ def column_correlations(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.where(denom > 0, (uc * vc).sum(0) / np.where(denom > 0, denom, 1.0), 0.0)
 
 
-def canonical_correlations(fit_pairs: tuple[np.ndarray, np.ndarray],
-                           eval_pairs: tuple[np.ndarray, np.ndarray] | None = None,
-                           config: CCAConfig | None = None) -> tuple[np.ndarray, dict[str, int]]:
+def canonical_correlations(
+    fit_pairs: tuple[np.ndarray, np.ndarray],
+    eval_pairs: tuple[np.ndarray, np.ndarray] | None = None,
+    config: CCAConfig | None = None,
+) -> tuple[np.ndarray, dict[str, int]]:
     """Fit on ``fit_pairs`` (hidden [N, D], scores [N, W]); correlations ``[r]`` measured on ``eval_pairs``.
 
     ``eval_pairs=None`` measures on the fit pairs (in-sample). Also returns the kept dimensions.
@@ -228,19 +244,26 @@ def canonical_correlations(fit_pairs: tuple[np.ndarray, np.ndarray],
             raise DynheadsError(f"CCA needs at least {_MIN_PAIRS} {name} pairs, got {len(pairs[0])}")
     pipeline = _fit_pipeline(*fit_pairs, config)
     correlations = column_correlations(*pipeline.variates(*(eval_pairs or fit_pairs)))
-    dims = {"n_components": len(correlations), "hidden_dims": int(pipeline.hidden_pca.n_components_),
-            "score_dims": int(pipeline.score_pca.n_components_)}
+    dims = {
+        "n_components": len(correlations),
+        "hidden_dims": int(pipeline.hidden_pca.n_components_),
+        "score_dims": int(pipeline.score_pca.n_components_),
+    }
     return correlations, dims
 
 
 def summarize(correlations: np.ndarray) -> dict[str, float]:
     """First correlation and the means of the first 10 and 50 (of fewer, when fewer components exist)."""
-    return {"top1": float(correlations[0]), "top10_mean": float(correlations[:10].mean()),
-            "top50_mean": float(correlations[:50].mean())}
+    return {
+        "top1": float(correlations[0]),
+        "top10_mean": float(correlations[:10].mean()),
+        "top50_mean": float(correlations[:50].mean()),
+    }
 
 
-def cca_offsets(samples: Sequence[Sample], offsets: Iterable[int] = range(11),
-                config: CCAConfig | None = None) -> pd.DataFrame:
+def cca_offsets(
+    samples: Sequence[Sample], offsets: Iterable[int] = range(11), config: CCAConfig | None = None
+) -> pd.DataFrame:
     """One row per (offset, method): top1, top10_mean, top50_mean, kept dimensions and pair counts.
 
     Held-out rows also carry ``gap``, ``gap_low``, ``gap_high``: held-out minus shuffled top-1 with its bootstrap
@@ -270,7 +293,8 @@ def cca_offsets(samples: Sequence[Sample], offsets: Iterable[int] = range(11),
                 else:  # split by the sample that owns the hidden states
                     pairs = views[method]
                     correlations, dims, firsts[method], counts = _held_out(
-                        [pairs[i] for i in fit_idx], [pairs[i] for i in test_idx], offset, config)
+                        [pairs[i] for i in fit_idx], [pairs[i] for i in test_idx], offset, config
+                    )
             except DynheadsError as error:
                 rows.append({**base, "note": f"offset {offset}, {method}: {error}"})
                 continue
@@ -281,13 +305,29 @@ def cca_offsets(samples: Sequence[Sample], offsets: Iterable[int] = range(11),
     failed = [row["note"] for row in rows if "note" in row]
     if not any(row["method"] == "held_out" and "note" not in row for row in rows):
         raise DynheadsError(failed[0])  # no held-out measure at any offset: nothing a verdict could read
-    columns = ["offset", "method", "top1", "top10_mean", "top50_mean", "n_components", "hidden_dims", "score_dims",
-               "fit_pairs", "eval_pairs", "gap", "gap_low", "gap_high", "test_samples", "note"]
+    columns = [
+        "offset",
+        "method",
+        "top1",
+        "top10_mean",
+        "top50_mean",
+        "n_components",
+        "hidden_dims",
+        "score_dims",
+        "fit_pairs",
+        "eval_pairs",
+        "gap",
+        "gap_low",
+        "gap_high",
+        "test_samples",
+        "note",
+    ]
     return pd.DataFrame(rows).reindex(columns=columns)
 
 
-def _held_out(fit_samples: Sequence[Sample], test_samples: Sequence[Sample], offset: int, config: CCAConfig
-              ) -> tuple[np.ndarray, dict[str, int], list[tuple[np.ndarray, np.ndarray]], dict[str, int]]:
+def _held_out(
+    fit_samples: Sequence[Sample], test_samples: Sequence[Sample], offset: int, config: CCAConfig
+) -> tuple[np.ndarray, dict[str, int], list[tuple[np.ndarray, np.ndarray]], dict[str, int]]:
     """Fit on the fit samples' pairs; the correlations on the test pairs, and each test sample's first canonical
     variates (empty arrays for a sample too short for the offset)."""
     fit = offset_pairs(fit_samples, offset)
@@ -301,13 +341,19 @@ def _held_out(fit_samples: Sequence[Sample], test_samples: Sequence[Sample], off
     sizes = [max(len(hidden) - offset, 0) for hidden, _ in test_samples]
     bounds = np.cumsum([0, *sizes])
     firsts = [(u[a:b, 0], v[a:b, 0]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    dims = {"n_components": len(correlations), "hidden_dims": int(pipeline.hidden_pca.n_components_),
-            "score_dims": int(pipeline.score_pca.n_components_)}
+    dims = {
+        "n_components": len(correlations),
+        "hidden_dims": int(pipeline.hidden_pca.n_components_),
+        "score_dims": int(pipeline.score_pca.n_components_),
+    }
     return correlations, dims, firsts, {"fit_pairs": len(fit[0]), "eval_pairs": len(test[0])}
 
 
-def _gap_interval(held_out: list[tuple[np.ndarray, np.ndarray]], shuffled: list[tuple[np.ndarray, np.ndarray]],
-                  settings: EvidenceSettings) -> Interval:
+def _gap_interval(
+    held_out: list[tuple[np.ndarray, np.ndarray]],
+    shuffled: list[tuple[np.ndarray, np.ndarray]],
+    settings: EvidenceSettings,
+) -> Interval:
     """Held-out minus shuffled first canonical correlation, over resampled test samples (paired by sample)."""
 
     def top1(firsts: list[tuple[np.ndarray, np.ndarray]], idx: np.ndarray) -> float:
@@ -322,13 +368,30 @@ def cca_table(table: pd.DataFrame, paper: Mapping[int, float] | None = None) -> 
     """``cca_offsets`` output as a table; ``paper`` (offset -> top-1) adds a column beside in-sample. Held-out rows
     show their gap to the shuffled control with its 95 % interval; an offset that could not be measured shows
     "–" (its reason is in ``cca_notes``)."""
-    header = ["offset", "method", "top-1", "top-10 mean", "top-50 mean", "components", "dims (hidden/scores)",
-              "pairs (fit/eval)", "held-out - shuffled [95% CI] (test samples)"] + (["paper top-1"] if paper else [])
+    header = [
+        "offset",
+        "method",
+        "top-1",
+        "top-10 mean",
+        "top-50 mean",
+        "components",
+        "dims (hidden/scores)",
+        "pairs (fit/eval)",
+        "held-out - shuffled [95% CI] (test samples)",
+    ] + (["paper top-1"] if paper else [])
     rows: list[list] = []
     for row in table.itertuples(index=False):
-        cells = [int(row.offset), row.method, float(row.top1), float(row.top10_mean), float(row.top50_mean),
-                 _count(row.n_components), f"{_count(row.hidden_dims)}/{_count(row.score_dims)}",
-                 f"{_count(row.fit_pairs)}/{_count(row.eval_pairs)}", _gap_text(row)]
+        cells = [
+            int(row.offset),
+            row.method,
+            float(row.top1),
+            float(row.top10_mean),
+            float(row.top50_mean),
+            _count(row.n_components),
+            f"{_count(row.hidden_dims)}/{_count(row.score_dims)}",
+            f"{_count(row.fit_pairs)}/{_count(row.eval_pairs)}",
+            _gap_text(row),
+        ]
         if paper:
             known = row.method == "in_sample" and row.offset in paper
             cells.append(f"{paper[row.offset]:.3f}" if known else "")
@@ -360,8 +423,10 @@ def held_out_rows(table: pd.DataFrame) -> dict[str, dict]:
         by_method = at_k.set_index("method")
         if "held_out" in by_method.index:
             row = by_method.loc["held_out"]
-            rows[str(offset)] = {**{key: row[key] for key in keys if key in row.index},
-                                 "shuffled_top1": by_method["top1"].get("shuffled")}
+            rows[str(offset)] = {
+                **{key: row[key] for key in keys if key in row.index},
+                "shuffled_top1": by_method["top1"].get("shuffled"),
+            }
     return rows
 
 
@@ -370,8 +435,14 @@ def cca_markdown(table: pd.DataFrame, paper: Mapping[int, float] | None = None) 
     return to_markdown(cca_table(table, paper)) + "\n"
 
 
-def write_cca(table: pd.DataFrame, out_dir: str | Path, *, config: CCAConfig | None = None,
-              model: str | None = None, counts: Mapping[str, int] | None = None) -> dict[str, Path]:
+def write_cca(
+    table: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    config: CCAConfig | None = None,
+    model: str | None = None,
+    counts: Mapping[str, int] | None = None,
+) -> dict[str, Path]:
     """Write ``cca.csv``, ``cca.json`` and ``cca.md`` atomically; ``model`` picks the paper's reference numbers.
 
     ``counts`` (e.g. ``samples``, ``empty_samples_skipped``) go into cca.json and a line of cca.md.
@@ -380,10 +451,21 @@ def write_cca(table: pd.DataFrame, out_dir: str | Path, *, config: CCAConfig | N
     paper = PAPER_TOP1.get(model or "")
     paths = {"csv": out_dir / "cca.csv", "json": out_dir / "cca.json", "md": out_dir / "cca.md"}
     write_text(paths["csv"], table.to_csv(index=False))
-    write_json(paths["json"], {"config": asdict(config) if config else None, "model": model,
-                               **dict(counts or {}), "paper_top1": paper, "rows": table.to_dict(orient="records")})
+    write_json(
+        paths["json"],
+        {
+            "config": asdict(config) if config else None,
+            "model": model,
+            **dict(counts or {}),
+            "paper_top1": paper,
+            "rows": table.to_dict(orient="records"),
+        },
+    )
     note = [empty_note(counts)] if counts and counts.get("empty_samples_skipped") else []
     failed = [f"Not measured: {line}." for line in cca_notes(table)]
-    write_summary(out_dir, paths["md"].name, Summary([*note, cca_table(table, paper), *failed],
-                                                     {**(counts or {}), "held_out": held_out_rows(table)}))
+    write_summary(
+        out_dir,
+        paths["md"].name,
+        Summary([*note, cca_table(table, paper), *failed], {**(counts or {}), "held_out": held_out_rows(table)}),
+    )
     return paths

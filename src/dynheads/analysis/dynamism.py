@@ -161,8 +161,10 @@ def _static_overlap(steps: np.ndarray, ranking: Sequence[Head], num_heads: int) 
         matched = np.minimum(sizes, len(ranking))  # |S_|D_t||
         inter = (steps & (order[None, :] < matched[:, None])).sum(axis=1)
         jaccard = inter / (sizes + matched - inter)
-    return {"containment_k20": np.where(sizes > 0, containment, np.nan),
-            "matched_jaccard": np.where(sizes > 0, jaccard, np.nan)}
+    return {
+        "containment_k20": np.where(sizes > 0, containment, np.nan),
+        "matched_jaccard": np.where(sizes > 0, jaccard, np.nan),
+    }
 
 
 def _nan_mean(values: np.ndarray) -> float:
@@ -172,17 +174,26 @@ def _nan_mean(values: np.ndarray) -> float:
 
 def table1(rows: Mapping[str, Mapping[str, float]]) -> Table:
     """Table 1's columns; ``rows`` maps a model name to ``to_dict()`` (or a paper row)."""
-    lines = [[name, f"{_fmt(row, 'mean_size', '.2f')} ± {_fmt(row, 'std_size', '.2f')}",
-              f"{_fmt(row, 'unique_heads', '.0f')} / {_fmt(row, 'total_heads', '.0f')}",
-              _fmt(row, "jaccard_static_k20", ".4f"), _fmt(row, "adjacent_jaccard", ".4f"), _fmt(row, "entropy", ".4f")]
-             for name, row in rows.items()]
+    lines = [
+        [
+            name,
+            f"{_fmt(row, 'mean_size', '.2f')} ± {_fmt(row, 'std_size', '.2f')}",
+            f"{_fmt(row, 'unique_heads', '.0f')} / {_fmt(row, 'total_heads', '.0f')}",
+            _fmt(row, "jaccard_static_k20", ".4f"),
+            _fmt(row, "adjacent_jaccard", ".4f"),
+            _fmt(row, "entropy", ".4f"),
+        ]
+        for name, row in rows.items()
+    ]
     return Table(["Model", "Mean ± Std", "Unique / Total", "Jaccard w/ Static", "Adj. Jaccard", "Entropy"], lines)
 
 
 def table5(rows: Mapping[str, Mapping[str, float]], ks: Sequence[int] = DEFAULT_KS) -> Table:
     """Table 5's columns: Jaccard with the static top-k for each k."""
-    return Table(["Model", *(f"Jaccard (k={k})" for k in ks)],
-                 [[name, *(_fmt(row, f"jaccard_static_k{k}", ".4f") for k in ks)] for name, row in rows.items()])
+    return Table(
+        ["Model", *(f"Jaccard (k={k})" for k in ks)],
+        [[name, *(_fmt(row, f"jaccard_static_k{k}", ".4f") for k in ks)] for name, row in rows.items()],
+    )
 
 
 def table1_markdown(rows: Mapping[str, Mapping[str, float]]) -> str:
@@ -206,8 +217,9 @@ def _check_sets(dynamic_sets: Sequence[np.ndarray]) -> tuple[int, int]:
         raise DynheadsError("no samples given: dynamism needs at least one traced sample")
     shapes = {sample.shape[1:] for sample in dynamic_sets if sample.ndim == 3}
     if len(shapes) != 1 or any(sample.ndim != 3 for sample in dynamic_sets):
-        raise DynheadsError(f"dynamic sets must be [step, layer, head] arrays of one model; got (layer, head) "
-                            f"shapes {sorted(shapes)}")
+        raise DynheadsError(
+            f"dynamic sets must be [step, layer, head] arrays of one model; got (layer, head) shapes {sorted(shapes)}"
+        )
     if any(sample.dtype != np.bool_ for sample in dynamic_sets):
         raise DynheadsError("dynamic sets must be boolean; turn continuous scores into sets with binarize()")
     layers, heads = shapes.pop()

@@ -77,9 +77,15 @@ def interval(n: int, statistic: Callable[[np.ndarray], float], settings: Evidenc
     effect = float(statistic(np.arange(n)))
     if math.isnan(effect) or n == 1:
         return Interval(effect, math.nan, math.nan, n)
-    result = bootstrap((np.arange(n),), lambda idx: float(statistic(idx.astype(int))), vectorized=False,
-                       n_resamples=settings.resamples, confidence_level=settings.confidence, method="percentile",
-                       rng=np.random.default_rng(settings.seed))
+    result = bootstrap(
+        (np.arange(n),),
+        lambda idx: float(statistic(idx.astype(int))),
+        vectorized=False,
+        n_resamples=settings.resamples,
+        confidence_level=settings.confidence,
+        method="percentile",
+        rng=np.random.default_rng(settings.seed),
+    )
     return Interval(effect, float(result.confidence_interval.low), float(result.confidence_interval.high), n)
 
 
@@ -113,8 +119,9 @@ class Effect:
     def decide(self, floor: int) -> tuple[Status, str]:
         """(status, reason) of this effect alone."""
         if not self.interval.defined:
-            return "inconclusive", f"{self.name} is undefined" + (f": {self.undefined_reason}"
-                                                                  if self.undefined_reason else "")
+            return "inconclusive", f"{self.name} is undefined" + (
+                f": {self.undefined_reason}" if self.undefined_reason else ""
+            )
         if self.interval.n < floor:
             return "inconclusive", f"{self.name}: n={self.interval.n} is below the floor of {floor} samples"
         low, high = self.interval.low, self.interval.high

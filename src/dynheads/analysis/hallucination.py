@@ -60,8 +60,16 @@ from dynheads.traces import Trace
 FAITHFUL, HALLUCINATED, UNLABELLED = 0, 1, -1
 # A UUID-shaped value: alphanumeric groups joined by hyphens (a wrong UUID still matches), else a long hex run.
 UUID_LIKE = re.compile(r"[0-9A-Za-z]+(?:-[0-9A-Za-z]*)+|[0-9a-fA-F]{8,}")
-DEPLOYABLE = ("retrieval_no_needle", "context_attention", "probe", "lookback", "entropy", "max_softmax",
-              "token_prob", "length")
+DEPLOYABLE = (
+    "retrieval_no_needle",
+    "context_attention",
+    "probe",
+    "lookback",
+    "entropy",
+    "max_softmax",
+    "token_prob",
+    "length",
+)
 ANSWER_KEY = ("copy_heads", "retrieval", "probe_copy_silence")
 FEATURE_SETS = DEPLOYABLE + ANSWER_KEY
 RESPONSE_ONLY = ("length",)  # a token has no length of its own
@@ -130,8 +138,9 @@ class FeatureSpec:
     response_prefix: int = 0  # prompt tokens the lookback ratio counts as generated (``lookback_ratios``)
 
 
-def token_features(trace: Trace, steps: np.ndarray, spec: FeatureSpec,
-                   probe_output: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def token_features(
+    trace: Trace, steps: np.ndarray, spec: FeatureSpec, probe_output: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Feature sets at ``steps [N]``: name -> ``[N, F]`` float64. Sets the trace cannot give are left out.
 
     ``probe_output [T, L*H]`` is the head predictor's output for every step of the trace (None: no probe).
@@ -151,21 +160,37 @@ def token_features(trace: Trace, steps: np.ndarray, spec: FeatureSpec,
     looking = in_context[steps].reshape(len(steps), -1)
     features = {
         "copy_heads": n_active,
-        "retrieval": np.hstack([n_active, reasoning.reshape(len(steps), -1).max(1, keepdims=True),
-                                of_static(trace.needle_mass), of_static(trace.max_prob),
-                                of_static(trace.reasoning_scores)]),
-        "retrieval_no_needle": np.hstack([looking.sum(1, keepdims=True), of_static(in_context),
-                                          of_static(trace.max_prob)]),
+        "retrieval": np.hstack(
+            [
+                n_active,
+                reasoning.reshape(len(steps), -1).max(1, keepdims=True),
+                of_static(trace.needle_mass),
+                of_static(trace.max_prob),
+                of_static(trace.reasoning_scores),
+            ]
+        ),
+        "retrieval_no_needle": np.hstack(
+            [looking.sum(1, keepdims=True), of_static(in_context), of_static(trace.max_prob)]
+        ),
     }
     if trace.context_mass is not None and trace.context_entropy is not None:
         mass = trace.context_mass[steps].reshape(len(steps), -1)
-        features["context_attention"] = np.hstack([
-            mass.mean(1, keepdims=True), looking.sum(1, keepdims=True),
-            trace.context_entropy[steps].reshape(len(steps), -1)]).astype(np.float64)
+        features["context_attention"] = np.hstack(
+            [
+                mass.mean(1, keepdims=True),
+                looking.sum(1, keepdims=True),
+                trace.context_entropy[steps].reshape(len(steps), -1),
+            ]
+        ).astype(np.float64)
     if probe_output is not None:
         predicted = probe_output[steps].astype(np.float64)
-        features["probe"] = np.hstack([predicted.sum(1, keepdims=True), predicted.max(1, keepdims=True),
-                                       (predicted * (1 - looking)).sum(1, keepdims=True)])
+        features["probe"] = np.hstack(
+            [
+                predicted.sum(1, keepdims=True),
+                predicted.max(1, keepdims=True),
+                (predicted * (1 - looking)).sum(1, keepdims=True),
+            ]
+        )
         features["probe_copy_silence"] = (predicted * (1 - copy)).sum(1, keepdims=True)
     if trace.context_mass is not None:
         ratios = lookback_ratios(trace, spec.response_prefix)
@@ -178,8 +203,9 @@ def token_features(trace: Trace, steps: np.ndarray, spec: FeatureSpec,
     return features
 
 
-def span_features(trace: Trace, spec: FeatureSpec, probe_output: np.ndarray | None = None,
-                  steps: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def span_features(
+    trace: Trace, spec: FeatureSpec, probe_output: np.ndarray | None = None, steps: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Response-level features ``name -> [1, F]``: the token features averaged over ``steps`` (default: every step
     of the response; Lookback Lens's span average), plus ``length`` (the number of steps). With no response
     prefix the lookback ratio of step 0 is the constant 1, so it is left out of the lookback average (a constant
@@ -206,8 +232,9 @@ def rank_heads_by_copy(traces: Sequence[Trace]) -> tuple[Head, ...]:
     return tuple((int(i // heads), int(i % heads)) for i in order)
 
 
-def grouped_folds(groups: Sequence[str], labels: Sequence[int], folds: int, seed: int
-                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+def grouped_folds(
+    groups: Sequence[str], labels: Sequence[int], folds: int, seed: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """``folds`` (train, test) index pairs over units whose ``groups`` (questions) never straddle a split.
 
     Stratified by ``labels`` as far as whole groups allow (sklearn's ``StratifiedGroupKFold``), shuffled by
@@ -218,8 +245,10 @@ def grouped_folds(groups: Sequence[str], labels: Sequence[int], folds: int, seed
     if folds < 2:
         raise DynheadsError(f"cross-validation needs at least 2 folds, got {folds}")
     if distinct < folds:
-        raise DynheadsError(f"{folds} folds need at least {folds} questions (or samples), found {distinct}: "
-                            "use more questions or fewer --folds")
+        raise DynheadsError(
+            f"{folds} folds need at least {folds} questions (or samples), found {distinct}: "
+            "use more questions or fewer --folds"
+        )
     splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
     return [(train, test) for train, test in splitter.split(np.zeros(len(group_of)), np.asarray(labels), group_of)]
 
@@ -231,8 +260,15 @@ def auroc_auprc(labels: np.ndarray, scores: np.ndarray) -> tuple[float, float]:
     return float(roc_auc_score(labels, scores)), float(average_precision_score(labels, scores))
 
 
-def bootstrap_ci(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, *, resamples: int = 1000,
-                 seed: int = 0, level: float = 0.95) -> dict[str, tuple[float, float]]:
+def bootstrap_ci(
+    labels: np.ndarray,
+    scores: np.ndarray,
+    groups: np.ndarray,
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, tuple[float, float]]:
     """Percentile CIs of AUROC and AUPRC, resampling whole samples (``groups``): tokens of one answer correlate."""
     unique = np.unique(groups)
     members = [np.flatnonzero(groups == g) for g in unique]
@@ -250,8 +286,16 @@ def bootstrap_ci(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, *, 
     return {"auroc": (float(low[0]), float(high[0])), "auprc": (float(low[1]), float(high[1]))}
 
 
-def paired_auroc_difference(labels: np.ndarray, scores: np.ndarray, reference: np.ndarray, groups: np.ndarray, *,
-                            resamples: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+def paired_auroc_difference(
+    labels: np.ndarray,
+    scores: np.ndarray,
+    reference: np.ndarray,
+    groups: np.ndarray,
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float, float]:
     """AUROC of ``scores`` minus AUROC of ``reference`` on the same units, with a percentile interval from
     resampling whole groups (both detectors see the same resample: a paired bootstrap)."""
     unique = np.unique(groups)

@@ -55,42 +55,58 @@ VARYING_STD = 1e-3  # a head whose test scores vary less has no usable R² (Eq. 
 class HeadPredictorConfig:
     """MLP probe settings. Defaults: paper App. A.5; fields marked "ours" are choices the paper does not state."""
 
-    hidden_sizes: tuple[int, ...] = field(
-        default=(8192, 4096, 4096), metadata={"help": "Widths of the hidden layers."})
+    hidden_sizes: tuple[int, ...] = field(default=(8192, 4096, 4096), metadata={"help": "Widths of the hidden layers."})
     dropout: float = field(default=0.1, metadata={"help": "Dropout after each hidden layer."})
     activation: Literal["relu", "gelu"] = field(
-        default="relu", metadata={"help": "Nonlinearity after each hidden layer (ours)."})
+        default="relu", metadata={"help": "Nonlinearity after each hidden layer (ours)."}
+    )
     standardize: bool = field(
         default=True,
-        metadata={"help": "Z-score the inputs with the training split's per-dimension mean/std, stored with the "
-                          "weights (ours: LLM hidden states have a few huge outlier dimensions)."})
+        metadata={
+            "help": "Z-score the inputs with the training split's per-dimension mean/std, stored with the "
+            "weights (ours: LLM hidden states have a few huge outlier dimensions)."
+        },
+    )
     lr: float = field(default=3e-4, metadata={"help": "Adam learning rate."})
     plateau_patience: int = field(
-        default=3, metadata={"help": "ReduceLROnPlateau: epochs without validation-loss improvement before a cut."})
+        default=3, metadata={"help": "ReduceLROnPlateau: epochs without validation-loss improvement before a cut."}
+    )
     plateau_factor: float = field(
-        default=0.1, metadata={"help": "ReduceLROnPlateau: factor of each learning-rate cut (ours: torch's default)."})
+        default=0.1, metadata={"help": "ReduceLROnPlateau: factor of each learning-rate cut (ours: torch's default)."}
+    )
     epochs: int = field(default=100, metadata={"help": "Training epochs."})
     batch_size: int = field(default=128, metadata={"help": "Pairs (steps) per batch."})
     grad_clip: float = field(default=1.0, metadata={"help": "Maximum gradient norm."})
     gamma_neg: float = field(default=4.0, metadata={"help": "Asymmetric Loss focusing exponent for negatives."})
     gamma_pos: float = field(default=1.0, metadata={"help": "Asymmetric Loss focusing exponent for positives."})
     asl_clip: float = field(
-        default=0.05, metadata={"help": "Asymmetric Loss probability margin m: negatives with p < m cost nothing."})
+        default=0.05, metadata={"help": "Asymmetric Loss probability margin m: negatives with p < m cost nothing."}
+    )
     asl_reduction: Literal["sum", "mean"] = field(
         default="sum",
-        metadata={"help": "Asymmetric Loss batch reduction (ours): 'sum' as in Ridnik et al.'s code, 'mean' over "
-                          "heads and steps. Validation loss is always the mean."})
+        metadata={
+            "help": "Asymmetric Loss batch reduction (ours): 'sum' as in Ridnik et al.'s code, 'mean' over "
+            "heads and steps. Validation loss is always the mean."
+        },
+    )
     split: tuple[float, float, float] = field(
-        default=(0.7, 0.2, 0.1), metadata={"help": "Train/validation/test fractions of the samples (by sample)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the split, initialisation, dropout, batch order and the "
-                                                   "bootstrap."})
-    resamples: int = field(default=1000, metadata={
-        "help": "Bootstrap resamples (of test samples) for the interval of probe minus baseline."})
+        default=(0.7, 0.2, 0.1), metadata={"help": "Train/validation/test fractions of the samples (by sample)."}
+    )
+    seed: int = field(
+        default=0, metadata={"help": "Seed of the split, initialisation, dropout, batch order and the bootstrap."}
+    )
+    resamples: int = field(
+        default=1000,
+        metadata={"help": "Bootstrap resamples (of test samples) for the interval of probe minus baseline."},
+    )
     early_stopping: int | None = field(
         default=EARLY_STOPPING_PATIENCE,
-        metadata={"help": f"Stop after this many epochs without validation improvement (ours: default "
-                          f"{EARLY_STOPPING_PATIENCE}; 0 or None: train all epochs as the paper). The best-validation "
-                          "weights are kept either way."})
+        metadata={
+            "help": f"Stop after this many epochs without validation improvement (ours: default "
+            f"{EARLY_STOPPING_PATIENCE}; 0 or None: train all epochs as the paper). The best-validation "
+            "weights are kept either way."
+        },
+    )
 
     def __post_init__(self) -> None:
         if len(self.split) != 3 or min(self.split) <= 0 or abs(sum(self.split) - 1) > 1e-6:
@@ -126,8 +142,15 @@ class HeadPredictorNet(nn.Module):
         return self.layers((hidden - self.mean) / self.scale)
 
 
-def asymmetric_loss(logits: torch.Tensor, targets: torch.Tensor, *, gamma_neg: float = 4.0, gamma_pos: float = 1.0,
-                    clip: float = 0.05, eps: float = 1e-8) -> torch.Tensor:
+def asymmetric_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    gamma_neg: float = 4.0,
+    gamma_pos: float = 1.0,
+    clip: float = 0.05,
+    eps: float = 1e-8,
+) -> torch.Tensor:
     """Element-wise Asymmetric Loss (Ridnik et al. 2021, Eq. 4 with the shifted probability of Eq. 6).
 
     With ``p = sigmoid(logit)`` and ``p_m = max(p - clip, 0)``:
@@ -190,12 +213,20 @@ class HeadPredictorResult:
         state = {name: tensor.detach().cpu() for name, tensor in self.probe.network.state_dict().items()}
         with atomic_path(out_dir / "weights.pt") as tmp:
             torch.save(state, tmp)
-        write_json(out_dir / "probe.json", {
-            "format": _FORMAT, "task": self.probe.task, "threshold": self.probe.threshold,
-            "num_layers": self.probe.num_layers, "num_heads": self.probe.num_heads,
-            "input_dim": int(self.probe.network.mean.shape[0]), "config": asdict(self.config),
-            "metrics": self.metrics, "history": self.history,
-        })
+        write_json(
+            out_dir / "probe.json",
+            {
+                "format": _FORMAT,
+                "task": self.probe.task,
+                "threshold": self.probe.threshold,
+                "num_layers": self.probe.num_layers,
+                "num_heads": self.probe.num_heads,
+                "input_dim": int(self.probe.network.mean.shape[0]),
+                "config": asdict(self.config),
+                "metrics": self.metrics,
+                "history": self.history,
+            },
+        )
         return out_dir
 
 
@@ -213,29 +244,38 @@ def load_head_predictor(probe_dir: str | Path, device: str | torch.device = "cpu
         raise DynheadsError(f"{probe_dir / 'probe.json'} has an unreadable probe config: {error}") from None
     network = HeadPredictorNet(meta["input_dim"], meta["num_layers"] * meta["num_heads"], config)
     network.load_state_dict(torch.load(probe_dir / "weights.pt", map_location="cpu", weights_only=True))
-    return TrainedHeadPredictor(network.to(device).eval(), meta["task"], meta["threshold"], meta["num_layers"],
-                                meta["num_heads"])
+    return TrainedHeadPredictor(
+        network.to(device).eval(), meta["task"], meta["threshold"], meta["num_layers"], meta["num_heads"]
+    )
 
 
 def _from_json(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value  # JSON arrays back to the config's tuples
 
 
-def split_by_sample(num_samples: int, fractions: tuple[float, float, float],
-                    seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_by_sample(
+    num_samples: int, fractions: tuple[float, float, float], seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Seeded (train, validation, test) sample indices; validation and test get at least one sample each."""
     num_val = max(round(fractions[1] * num_samples), 1)
     num_test = max(round(fractions[2] * num_samples), 1)
     if num_samples - num_val - num_test < 1:
-        raise DynheadsError(f"the probe needs at least 3 samples for its train/validation/test split, "
-                            f"got {num_samples}")
+        raise DynheadsError(
+            f"the probe needs at least 3 samples for its train/validation/test split, got {num_samples}"
+        )
     perm = np.random.default_rng(seed).permutation(num_samples)
-    return np.sort(perm[num_val + num_test:]), np.sort(perm[:num_val]), np.sort(perm[num_val:num_val + num_test])
+    return np.sort(perm[num_val + num_test :]), np.sort(perm[:num_val]), np.sort(perm[num_val : num_val + num_test])
 
 
-def train_head_predictor(samples: list[Sample], config: HeadPredictorConfig | None = None, *, task: Task,
-                         shape: tuple[int, int], progress: bool = True, device: str | torch.device = "cpu"
-                         ) -> HeadPredictorResult:
+def train_head_predictor(
+    samples: list[Sample],
+    config: HeadPredictorConfig | None = None,
+    *,
+    task: Task,
+    shape: tuple[int, int],
+    progress: bool = True,
+    device: str | torch.device = "cpu",
+) -> HeadPredictorResult:
     """Train a probe on ``(hidden [T, D], scores [T, L*H])`` samples; ``shape`` = (layers, heads) of the model.
 
     Keeps the weights of the epoch with the lowest validation loss. Deterministic for ``config.seed`` on CPU;
@@ -246,8 +286,12 @@ def train_head_predictor(samples: list[Sample], config: HeadPredictorConfig | No
     input_dim, width = check_samples(samples)
     if shape[0] * shape[1] != width:
         raise DynheadsError(f"scores have {width} columns but shape {shape} has {shape[0] * shape[1]} heads")
-    splits = {name: _stack(samples, idx) for name, idx in
-              zip(("train", "val", "test"), split_by_sample(len(samples), config.split, config.seed), strict=True)}
+    splits = {
+        name: _stack(samples, idx)
+        for name, idx in zip(
+            ("train", "val", "test"), split_by_sample(len(samples), config.split, config.seed), strict=True
+        )
+    }
     _check_targets(splits, task)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
@@ -287,14 +331,20 @@ def _check_targets(splits: dict[str, tuple[torch.Tensor, torch.Tensor]], task: T
             raise DynheadsError(f"the probe's {name} split has no positive targets: use more samples")
 
 
-def _fit(network: HeadPredictorNet, splits: dict[str, tuple[torch.Tensor, torch.Tensor]], config: HeadPredictorConfig,
-         task: Task, progress: bool) -> tuple[list[dict[str, float]], int]:
+def _fit(
+    network: HeadPredictorNet,
+    splits: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    config: HeadPredictorConfig,
+    task: Task,
+    progress: bool,
+) -> tuple[list[dict[str, float]], int]:
     """Train in place; load the best-validation weights at the end. Returns (history, best epoch)."""
     device = network.mean.device
     x, y = splits["train"]
     optimizer = torch.optim.Adam(network.parameters(), lr=config.lr)
-    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=config.plateau_factor,
-                                                           patience=config.plateau_patience)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        optimizer, factor=config.plateau_factor, patience=config.plateau_patience
+    )
     generator = torch.Generator().manual_seed(config.seed)  # batch order independent of the model's RNG use
     history: list[dict[str, float]] = []
     best_loss, best_epoch, best_state = float("inf"), -1, None
@@ -312,8 +362,14 @@ def _fit(network: HeadPredictorNet, splits: dict[str, tuple[torch.Tensor, torch.
             total += elementwise.detach().sum().item()
         val_loss = _validation_loss(network, splits["val"], task, config)
         scheduler.step(val_loss)
-        history.append({"epoch": epoch, "train_loss": total / y.numel(), "val_loss": val_loss,
-                        "lr": optimizer.param_groups[0]["lr"]})
+        history.append(
+            {
+                "epoch": epoch,
+                "train_loss": total / y.numel(),
+                "val_loss": val_loss,
+                "lr": optimizer.param_groups[0]["lr"],
+            }
+        )
         bar.set_postfix(val_loss=f"{val_loss:.4g}")
         if val_loss < best_loss:
             best_loss, best_epoch, best_state = val_loss, epoch, copy.deepcopy(network.state_dict())
@@ -327,13 +383,15 @@ def _fit(network: HeadPredictorNet, splits: dict[str, tuple[torch.Tensor, torch.
 
 def _elementwise_loss(out: torch.Tensor, target: torch.Tensor, task: Task, config: HeadPredictorConfig) -> torch.Tensor:
     if task == "binary":
-        return asymmetric_loss(out, target, gamma_neg=config.gamma_neg, gamma_pos=config.gamma_pos,
-                               clip=config.asl_clip)
+        return asymmetric_loss(
+            out, target, gamma_neg=config.gamma_neg, gamma_pos=config.gamma_pos, clip=config.asl_clip
+        )
     return (out - target) ** 2
 
 
-def _validation_loss(network: HeadPredictorNet, split: tuple[torch.Tensor, torch.Tensor], task: Task,
-                     config: HeadPredictorConfig) -> float:
+def _validation_loss(
+    network: HeadPredictorNet, split: tuple[torch.Tensor, torch.Tensor], task: Task, config: HeadPredictorConfig
+) -> float:
     network.eval()
     device = network.mean.device
     total = 0.0
@@ -343,8 +401,12 @@ def _validation_loss(network: HeadPredictorNet, split: tuple[torch.Tensor, torch
     return total / split[1].numel()
 
 
-def _evaluate(probe: TrainedHeadPredictor, splits: dict[str, tuple[torch.Tensor, torch.Tensor]],
-              test_steps: list[int], evidence: EvidenceSettings) -> dict[str, Any]:
+def _evaluate(
+    probe: TrainedHeadPredictor,
+    splits: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    test_steps: list[int],
+    evidence: EvidenceSettings,
+) -> dict[str, Any]:
     """Test metrics of the probe and of the frequency baseline (binary: with both validation thresholds), and
     ``gap``: probe minus baseline on the headline metric (AUPRC, or R²) with its bootstrap interval over the test
     *samples* (``test_steps``: the steps of each, in split order)."""
@@ -359,11 +421,15 @@ def _evaluate(probe: TrainedHeadPredictor, splits: dict[str, tuple[torch.Tensor,
         def statistic(idx: np.ndarray) -> float:
             chosen = np.concatenate([rows[i] for i in idx])
             return metric(y_test[chosen], test_pred[chosen]) - metric(y_test[chosen], baseline[chosen])
+
         return interval(len(rows), statistic, evidence).to_dict()
 
     if probe.task == "continuous":
-        return {"probe": _regression_metrics(y_test, test_pred), "baseline": _regression_metrics(y_test, baseline),
-                "gap": {"metric": "r2", **gap(_r2)}}
+        return {
+            "probe": _regression_metrics(y_test, test_pred),
+            "baseline": _regression_metrics(y_test, baseline),
+            "gap": {"metric": "r2", **gap(_r2)},
+        }
     threshold = best_f1_threshold(y_val, val_pred)
     baseline_threshold = best_f1_threshold(y_val, np.broadcast_to(prior, y_val.shape))
     return {

@@ -76,8 +76,9 @@ def load_head_list(path: str | Path, num_layers: int | None = None, num_heads: i
     elif isinstance(data, list):
         ranked = _from_ranked_list(data, source)
     else:
-        raise DynheadsError(f"{source}: expected a JSON object (Wu et al. scores) or a list of heads, "
-                            f"found {type(data).__name__}")
+        raise DynheadsError(
+            f"{source}: expected a JSON object (Wu et al. scores) or a list of heads, found {type(data).__name__}"
+        )
     if num_layers is not None and num_heads is not None:
         check_heads(list(ranked.heads), num_layers, num_heads, source=source)
     return ranked
@@ -91,14 +92,16 @@ def _read_json(source: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        raise DynheadsError(f"{source} is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})") \
-            from None
+        raise DynheadsError(
+            f"{source} is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+        ) from None
 
 
 def _from_wu(data: dict[str, Any], source: str) -> RankedHeads:
     if not data:
-        raise DynheadsError(f"{source} lists no heads (an empty file is what a run writes when no test passed "
-                            "the success filter)")
+        raise DynheadsError(
+            f"{source} lists no heads (an empty file is what a run writes when no test passed the success filter)"
+        )
     test_scores: dict[Head, tuple[float, ...]] = {}
     for key, values in data.items():
         head = _parse(key, source)
@@ -109,8 +112,9 @@ def _from_wu(data: dict[str, Any], source: str) -> RankedHeads:
         test_scores[head] = tuple(float(v) for v in values)
     means = {head: float(np.mean(values)) for head, values in test_scores.items()}
     heads = rank_by_score(means)
-    return RankedHeads(heads=heads, scores=tuple(means[h] for h in heads), test_scores=test_scores,
-                       format="wu", source=source)
+    return RankedHeads(
+        heads=heads, scores=tuple(means[h] for h in heads), test_scores=test_scores, format="wu", source=source
+    )
 
 
 def _from_ranked_list(data: list[Any], source: str) -> RankedHeads:
@@ -127,8 +131,13 @@ def _from_ranked_list(data: list[Any], source: str) -> RankedHeads:
     given = [s for s in scores if s is not None]
     if given and len(given) < len(scores):
         raise DynheadsError(f"{source}: some entries have a score and some do not")
-    return RankedHeads(heads=tuple(heads), scores=tuple(given) if len(given) == len(scores) else None, test_scores=None,
-                       format="ranked", source=source)
+    return RankedHeads(
+        heads=tuple(heads),
+        scores=tuple(given) if len(given) == len(scores) else None,
+        test_scores=None,
+        format="ranked",
+        source=source,
+    )
 
 
 def _ranked_entry(entry: Any, source: str) -> tuple[Head, float | None]:
@@ -141,8 +150,9 @@ def _ranked_entry(entry: Any, source: str) -> tuple[Head, float | None]:
             return _parse(first, source), float(second)
         if type(first) is int and type(second) is int and first >= 0 and second >= 0:
             return (first, second), None
-    raise DynheadsError(f"{source}: cannot read list entry {entry!r:.60}; expected \"layer-head\", "
-                        "[layer, head] or [\"layer-head\", score]")
+    raise DynheadsError(
+        f'{source}: cannot read list entry {entry!r:.60}; expected "layer-head", [layer, head] or ["layer-head", score]'
+    )
 
 
 def _parse(text: str, source: str) -> Head:

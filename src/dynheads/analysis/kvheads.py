@@ -43,8 +43,9 @@ def query_head_scores(heads: RankedHeads, num_layers: int, num_heads: int) -> np
     return scores
 
 
-def kv_head_ranking(heads: RankedHeads, num_layers: int, num_heads: int, num_kv_heads: int,
-                    aggregation: Aggregation = "max") -> tuple[KVHead, ...]:
+def kv_head_ranking(
+    heads: RankedHeads, num_layers: int, num_heads: int, num_kv_heads: int, aggregation: Aggregation = "max"
+) -> tuple[KVHead, ...]:
     """KV heads ranked by their aggregated score, best first, **scored ones only**: a KV head none of whose query
     heads has a positive score is not in the ranking (never filler). Ties: (layer, KV head) ascending."""
     scored = set(scored_heads(heads))
@@ -87,27 +88,52 @@ def duo_attention_pattern(matrix: np.ndarray, full_heads: int | None = None) -> 
     for kv in order:
         pattern[kv] = 1.0
     kept = len(order)
-    meta.update(values="thresholded: 1 = KV head kept whole (the best positive-score KV heads), 0 = streaming",
-                requested_full_kv_heads=full_heads, full_kv_heads=kept, shortfall=full_heads - kept,
-                threshold=0.5, duo_attention_sparsity=1.0 - kept / matrix.size,
-                how_to_load="DuoAttention: sparsify_attention_heads(heads, sparsity=duo_attention_sparsity) keeps "
-                            "exactly the 1s (its threshold mode fails upstream when sparsity is None); kvpress: "
-                            "DuoAttentionPress(head_compression_ratio=duo_attention_sparsity)")
+    meta.update(
+        values="thresholded: 1 = KV head kept whole (the best positive-score KV heads), 0 = streaming",
+        requested_full_kv_heads=full_heads,
+        full_kv_heads=kept,
+        shortfall=full_heads - kept,
+        threshold=0.5,
+        duo_attention_sparsity=1.0 - kept / matrix.size,
+        how_to_load="DuoAttention: sparsify_attention_heads(heads, sparsity=duo_attention_sparsity) keeps "
+        "exactly the 1s (its threshold mode fails upstream when sparsity is None); kvpress: "
+        "DuoAttentionPress(head_compression_ratio=duo_attention_sparsity)",
+    )
     return pattern, meta
 
 
-def write_duo_attention(out_dir: str | Path, matrix: np.ndarray, *, sink: int = DUO_SINK, recent: int = DUO_RECENT,
-                        aggregation: Aggregation, source: str, num_heads: int, full_heads: int | None = None) -> Path:
+def write_duo_attention(
+    out_dir: str | Path,
+    matrix: np.ndarray,
+    *,
+    sink: int = DUO_SINK,
+    recent: int = DUO_RECENT,
+    aggregation: Aggregation,
+    source: str,
+    num_heads: int,
+    full_heads: int | None = None,
+) -> Path:
     """``full_attention_heads.tsv`` (``[L, H_kv]`` values in [0, 1], see ``duo_attention_pattern``) and
     ``config.json`` (window sizes, what the values are, aggregation, source)."""
     out_dir = Path(out_dir)
     values, meta = duo_attention_pattern(matrix, full_heads)
-    write_text(out_dir / "full_attention_heads.tsv",
-               "".join("\t".join(f"{value:.6g}" for value in row) + "\n" for row in values))
-    write_json(out_dir / "config.json", {
-        "format": FORMAT, "sink_size": sink, "recent_size": recent, "aggregation": aggregation,
-        "num_layers": int(matrix.shape[0]), "num_kv_heads": int(matrix.shape[1]), "num_query_heads": num_heads,
-        "source": source, "layout": "rows = layers, columns = KV heads; query head h -> KV head h // (H / H_kv)",
-        **meta,
-    })
+    write_text(
+        out_dir / "full_attention_heads.tsv",
+        "".join("\t".join(f"{value:.6g}" for value in row) + "\n" for row in values),
+    )
+    write_json(
+        out_dir / "config.json",
+        {
+            "format": FORMAT,
+            "sink_size": sink,
+            "recent_size": recent,
+            "aggregation": aggregation,
+            "num_layers": int(matrix.shape[0]),
+            "num_kv_heads": int(matrix.shape[1]),
+            "num_query_heads": num_heads,
+            "source": source,
+            "layout": "rows = layers, columns = KV heads; query head h -> KV head h // (H / H_kv)",
+            **meta,
+        },
+    )
     return out_dir

@@ -47,12 +47,17 @@ def ndcg_at(ranking: Sequence[int], gold: Sequence[int], k: int = 10) -> float:
 
 def ranking_metrics(ranking: Sequence[int], gold: Sequence[int]) -> dict[str, float]:
     """Every metric of ``METRICS`` for one question."""
-    return {"recall@2": recall_at(ranking, gold, 2), "recall@5": recall_at(ranking, gold, 5),
-            "mrr": reciprocal_rank(ranking, gold), "ndcg@10": ndcg_at(ranking, gold, 10)}
+    return {
+        "recall@2": recall_at(ranking, gold, 2),
+        "recall@5": recall_at(ranking, gold, 5),
+        "mrr": reciprocal_rank(ranking, gold),
+        "ndcg@10": ndcg_at(ranking, gold, 10),
+    }
 
 
-def mean_interval(values: Sequence[float], *, resamples: int = 2000, seed: int = 0,
-                  level: float = 0.95) -> tuple[float, float, float]:
+def mean_interval(
+    values: Sequence[float], *, resamples: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
     """(mean, low, high): percentile bootstrap interval of the mean over questions. Pass per-question differences
     of two strategies for a paired interval."""
     data = np.asarray(values, dtype=np.float64)
@@ -61,8 +66,15 @@ def mean_interval(values: Sequence[float], *, resamples: int = 2000, seed: int =
     mean = float(data.mean())
     if data.size == 1 or np.ptp(data) == 0:  # every resample has the same mean
         return mean, mean, mean
-    result = bootstrap((data,), np.mean, n_resamples=resamples, confidence_level=level, method="percentile",
-                       random_state=np.random.default_rng(seed), vectorized=True)
+    result = bootstrap(
+        (data,),
+        np.mean,
+        n_resamples=resamples,
+        confidence_level=level,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+        vectorized=True,
+    )
     return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 

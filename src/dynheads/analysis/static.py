@@ -78,8 +78,9 @@ class StaticHeads:
     def per_head(self) -> dict[Head, list[float]]:
         """Scores per counted test for every head, layer-major: the content of the published JSON lists."""
         _, layers, heads = self.test_scores.shape
-        return {(layer, head): self.test_scores[:, layer, head].tolist()
-                for layer in range(layers) for head in range(heads)}
+        return {
+            (layer, head): self.test_scores[:, layer, head].tolist() for layer in range(layers) for head in range(heads)
+        }
 
 
 def rouge1_recall(answer: str, generated: str) -> float:
@@ -127,8 +128,9 @@ class ReasoningTest:
     f1: float
 
 
-def static_reasoning_heads(tests: Sequence[ReasoningTest], *, success_threshold: float = -1.0,
-                           score: ScoreKind = "reasoning") -> tuple[StaticHeads, int]:
+def static_reasoning_heads(
+    tests: Sequence[ReasoningTest], *, success_threshold: float = -1.0, score: ScoreKind = "reasoning"
+) -> tuple[StaticHeads, int]:
     """Static reasoning heads, aggregated as Wu et al. aggregate copy scores: per test, a head's score is its mean
     ``score`` (Eq. 2 by default; any registered head score, by name) over the generation steps; the static score is
     the mean over counted tests (F1 above ``success_threshold``; the default -1 counts every test). Returns the
@@ -149,8 +151,10 @@ def static_reasoning_heads(tests: Sequence[ReasoningTest], *, success_threshold:
         if test.f1 > success_threshold:
             counted.append(spec.trace_scores(test.trace.scores).astype(np.float64).mean(axis=0))
     if not counted:
-        raise DynheadsError(f"none of the {len(tests)} questions counts ({empty} generated nothing, the rest had F1 "
-                            f"<= {success_threshold}): no head can be scored")
+        raise DynheadsError(
+            f"none of the {len(tests)} questions counts ({empty} generated nothing, the rest had F1 "
+            f"<= {success_threshold}): no head can be scored"
+        )
     scores = np.stack(counted)
     return StaticHeads(
         test_scores=scores,

@@ -32,8 +32,10 @@ def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
     cfg = checks.checked_config(StaticConfig, config, **settings)
     checks.out_dir(out, "niah")  # the static grid is a NIAH run
     heads = run_static(cfg, out)
-    typer.echo(f"pass rate {heads.num_counted}/{heads.num_tests} ({heads.pass_rate:.0%}) at ROUGE-1 recall > "
-               f"{cfg.success_threshold}; wrote {out}/static_heads.json, static_ranking.csv, static_summary.json")
+    typer.echo(
+        f"pass rate {heads.num_counted}/{heads.num_tests} ({heads.pass_rate:.0%}) at ROUGE-1 recall > "
+        f"{cfg.success_threshold}; wrote {out}/static_heads.json, static_ranking.csv, static_summary.json"
+    )
     typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
 
 
@@ -45,8 +47,10 @@ def static_reasoning(out: RunOut, config: ConfigFile = None, **settings) -> None
     from dynheads.heads import head_label
 
     heads = run_static_reasoning(checks.checked_config(StaticReasoningConfig, config, **settings), out)
-    typer.echo(f"{heads.num_counted}/{heads.num_tests} questions counted; wrote {out}/static_heads.json, "
-               "static_ranking.csv, static_summary.json")
+    typer.echo(
+        f"{heads.num_counted}/{heads.num_tests} questions counted; wrote {out}/static_heads.json, "
+        "static_ranking.csv, static_summary.json"
+    )
     typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
 
 
@@ -55,8 +59,9 @@ def dynamism(
     run_dir: RunArg,
     static_file: Annotated[Path, Opt("--static", help=STATIC_HELP)],
     score: Score = "copy",
-    threshold: Annotated[str, Opt(help="Eq. 2 only: a head is active above this score (0.1) or multiple of "
-                                  "chance (relative:3)")] = DEFAULT_REASONING_THRESHOLD,
+    threshold: Annotated[
+        str, Opt(help="Eq. 2 only: a head is active above this score (0.1) or multiple of chance (relative:3)")
+    ] = DEFAULT_REASONING_THRESHOLD,
     out: OutDir = None,
 ) -> None:
     """Table 1 / Table 5 statistics of a run's dynamic heads beside the paper's; writes dynamism.md/.csv/.json."""
@@ -112,8 +117,9 @@ def predictor_train(
     epochs: Annotated[int | None, Opt(help="training epochs")] = None,
     batch_size: Annotated[int | None, Opt(help="steps per batch")] = None,
     lr: Annotated[float | None, Opt(help="Adam learning rate")] = None,
-    early_stopping: Annotated[int | None, Opt(help="stop after N epochs without validation improvement "
-                                                   "(default 10; 0: train all epochs)")] = None,
+    early_stopping: Annotated[
+        int | None, Opt(help="stop after N epochs without validation improvement (default 10; 0: train all epochs)")
+    ] = None,
     seed: Annotated[int | None, Opt(help="seed of split, initialisation and batch order")] = None,
     device: Annotated[str, Opt(help="cpu or cuda")] = "cpu",
     out: Annotated[Path | None, Opt("--out", help="probe folder (default: RUN_DIR/probe)")] = None,
@@ -126,7 +132,15 @@ def predictor_train(
     from dynheads.experiments.probing import train_probe_on_run
 
     checks.traced_run(run_dir)
-    cfg = checks.checked_config(HeadPredictorConfig, config, hidden_sizes=parse_list(hidden_sizes, int), epochs=epochs,
-                                 batch_size=batch_size, lr=lr, early_stopping=early_stopping, seed=seed)
+    cfg = checks.checked_config(
+        HeadPredictorConfig,
+        config,
+        hidden_sizes=parse_list(hidden_sizes, int),
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        early_stopping=early_stopping,
+        seed=seed,
+    )
     train_probe_on_run(run_dir, cfg, score=score, out_dir=out, device=device)
     typer.echo((out or run_dir / "probe").joinpath("metrics.md").read_text(encoding="utf-8"), nl=False)

@@ -17,15 +17,23 @@ app = typer.Typer(
     add_completion=False,
 )
 plot_app = typer.Typer(help="Figures from run directories.", no_args_is_help=True)
-predictor_app = typer.Typer(help="The MLP head predictor: from the hidden state to every head's score.",
-                            no_args_is_help=True)
+predictor_app = typer.Typer(
+    help="The MLP head predictor: from the hidden state to every head's score.", no_args_is_help=True
+)
 app.add_typer(plot_app, name="plot")
 app.add_typer(predictor_app, name="predictor")
 app.add_typer(predictor_app, name="probe", hidden=True)  # its older name ("probe" names the attention probe now)
 
 
-COMMAND_MODULES = ("trace_commands", "commands", "analysis_commands", "ablation_commands", "detect_commands",
-                   "doctor_commands", "kv_commands")
+COMMAND_MODULES = (
+    "trace_commands",
+    "commands",
+    "analysis_commands",
+    "ablation_commands",
+    "detect_commands",
+    "doctor_commands",
+    "kv_commands",
+)
 
 
 def register_commands() -> None:

@@ -31,8 +31,9 @@ def json_file(path: str | Path, what: str) -> Any:
     except (OSError, UnicodeDecodeError) as error:
         raise DynheadsError(f"cannot read {what} {path}: {error}") from None
     except json.JSONDecodeError as error:
-        raise DynheadsError(f"{what} {path} is not valid JSON: {error.msg} (line {error.lineno}, column "
-                            f"{error.colno})") from None
+        raise DynheadsError(
+            f"{what} {path} is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+        ) from None
 
 
 def parquet_file(path: str | Path, what: str = "trace") -> None:
@@ -66,8 +67,10 @@ def traced_run(path: str | Path) -> dict:
     manifest = run_manifest(path)
     traces = sorted((Path(path) / "traces").glob("*.parquet"))
     if not traces:
-        raise DynheadsError(f"{path} has no traced samples yet (a '{manifest.get('kind')}' run with no "
-                            "traces/*.parquet): give a traced run ('dynheads trace')")
+        raise DynheadsError(
+            f"{path} has no traced samples yet (a '{manifest.get('kind')}' run with no "
+            "traces/*.parquet): give a traced run ('dynheads trace')"
+        )
     for trace in traces:
         parquet_file(trace)
     return manifest
@@ -81,8 +84,7 @@ def out_dir(path: str | Path, kind: str) -> None:
     if (path / "manifest.json").exists():
         found = run_manifest(path).get("kind")
         if found != kind:
-            raise DynheadsError(f"--out {path} already holds a '{found}' run, not a '{kind}' one: choose another "
-                                "--out")
+            raise DynheadsError(f"--out {path} already holds a '{found}' run, not a '{kind}' one: choose another --out")
 
 
 def head_list(path: str | Path) -> None:
@@ -144,19 +146,37 @@ POSITIVE: Rule = (lambda value: value > 0), "above 0"
 # Config field -> (rule, what one value is called). Tuple fields are checked item by item; None is never checked
 # (it means "not given" or "none"). A field of any command's config gets its rule here, once.
 RULES: dict[str, tuple[Rule, str]] = {
-    "runs": (at_least(1), "runs"), "samples": (at_least(1), "samples"), "questions": (at_least(1), "questions"),
-    "fit_questions": (at_least(1), "fit questions"), "first": (at_least(0), "first"),
-    "fit_first": (at_least(0), "fit first"), "max_new_tokens": (at_least(1), "max_new_tokens"),
-    "lengths": (at_least(1), "length"), "depths": (FRACTION, "depth"), "distractor_depth": (FRACTION, "depth"),
-    "budgets": (BUDGET, "budget"), "success_threshold": (FRACTION, "success threshold"),
-    "sink_size": (at_least(0), "sink size"), "local_window": (at_least(0), "local window"),
-    "sink": (at_least(0), "sink"), "recent": (at_least(1), "recent window"), "k": (at_least(1), "k"),
-    "ks": (at_least(0), "k"), "top_static": (at_least(1), "top static"), "rerank_top": (at_least(1), "rerank top"),
-    "draft_tokens": (at_least(1), "draft tokens"), "top_n": (at_least(1), "top n"),
-    "static_k": (at_least(1), "static k"), "folds": (at_least(2), "folds"), "repeats": (at_least(1), "repeats"),
-    "regularisation": (POSITIVE, "regularisation"), "epochs": (at_least(1), "epochs"),
-    "batch_size": (at_least(1), "batch size"), "lr": (POSITIVE, "learning rate"),
-    "hidden_sizes": (at_least(1), "hidden size"), "early_stopping": (at_least(0), "early stopping"),
+    "runs": (at_least(1), "runs"),
+    "samples": (at_least(1), "samples"),
+    "questions": (at_least(1), "questions"),
+    "fit_questions": (at_least(1), "fit questions"),
+    "first": (at_least(0), "first"),
+    "fit_first": (at_least(0), "fit first"),
+    "max_new_tokens": (at_least(1), "max_new_tokens"),
+    "lengths": (at_least(1), "length"),
+    "depths": (FRACTION, "depth"),
+    "distractor_depth": (FRACTION, "depth"),
+    "budgets": (BUDGET, "budget"),
+    "success_threshold": (FRACTION, "success threshold"),
+    "sink_size": (at_least(0), "sink size"),
+    "local_window": (at_least(0), "local window"),
+    "sink": (at_least(0), "sink"),
+    "recent": (at_least(1), "recent window"),
+    "k": (at_least(1), "k"),
+    "ks": (at_least(0), "k"),
+    "top_static": (at_least(1), "top static"),
+    "rerank_top": (at_least(1), "rerank top"),
+    "draft_tokens": (at_least(1), "draft tokens"),
+    "top_n": (at_least(1), "top n"),
+    "static_k": (at_least(1), "static k"),
+    "folds": (at_least(2), "folds"),
+    "repeats": (at_least(1), "repeats"),
+    "regularisation": (POSITIVE, "regularisation"),
+    "epochs": (at_least(1), "epochs"),
+    "batch_size": (at_least(1), "batch size"),
+    "lr": (POSITIVE, "learning rate"),
+    "hidden_sizes": (at_least(1), "hidden size"),
+    "early_stopping": (at_least(0), "early stopping"),
 }
 
 
@@ -174,8 +194,13 @@ def _trigger_form(form: str) -> None:
 
 # Config field -> its check: the files and folders a field names, and text settings read only after the model loads.
 FIELD_CHECKS: dict[str, Callable[[Any], None]] = {
-    "static": head_list, "probe": probe_dir, "data": data_file, "haystack": haystack_dir,
-    "chat_template_kwargs": _template_kwargs, "trigger_form": _trigger_form}
+    "static": head_list,
+    "probe": probe_dir,
+    "data": data_file,
+    "haystack": haystack_dir,
+    "chat_template_kwargs": _template_kwargs,
+    "trigger_form": _trigger_form,
+}
 
 
 def value(flag: str, what: str, rule: Rule, given: Any) -> None:
@@ -207,8 +232,9 @@ def config_values(config: Any, flags: Mapping[str, str] | None = None) -> None:
             FIELD_CHECKS[field.name](given)
 
 
-def checked_config(cls: type[C], file: str | Path | None = None, *, flags: Mapping[str, str] | None = None,
-                   **settings: Any) -> C:
+def checked_config(
+    cls: type[C], file: str | Path | None = None, *, flags: Mapping[str, str] | None = None, **settings: Any
+) -> C:
     """``build_config`` and then ``config_values``: the config a command runs, checked before any model loads."""
     config = build_config(cls, file, **settings)
     config_values(config, flags)

@@ -54,18 +54,27 @@ def report(study: Annotated[Path, typer.Argument(help="study folder written by '
     manifest = study / "manifest.json"
     found = checks.json_file(manifest, "study manifest") if manifest.is_file() else None
     if not isinstance(found, dict) or found.get("kind") != "reproduce":
-        raise DynheadsError(f"{study} is not a study folder written by 'dynheads reproduce' (its manifest.json "
-                            "does not say kind=reproduce)")
+        raise DynheadsError(
+            f"{study} is not a study folder written by 'dynheads reproduce' (its manifest.json "
+            "does not say kind=reproduce)"
+        )
     _, html = write_report(study)
     typer.echo(f"report: {html} and {html.with_suffix('.md')}")
 
 
 @app.command()
 @with_options(config_options(RerankFields))
-def rerank(out: RunOut, config: ConfigFile = None,
-           summary_only: Annotated[bool, Opt("--summary-only", help="rank and summarise the questions already scored "
-                                                                    "in --out; score none, load no model")] = False,
-           **settings) -> None:
+def rerank(
+    out: RunOut,
+    config: ConfigFile = None,
+    summary_only: Annotated[
+        bool,
+        Opt(
+            "--summary-only", help="rank and summarise the questions already scored in --out; score none, load no model"
+        ),
+    ] = False,
+    **settings,
+) -> None:
     """Heads as a re-ranker (ICR, QRHead, static, predicted, random heads) beside BM25 on HotpotQA's candidates."""
     from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
 

@@ -24,13 +24,20 @@ DetectConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with D
 DETECTOR_OPTIONS = {
     "static_k": Option(Annotated[int | None, Fit(help="static top-k heads in the retrieval features")]),
     "probe": Option(Annotated[str | None, Fit(help="trained MLP probe folder (adds the probe feature sets)")]),
-    "feature_sets": Option(Annotated[str | None, Fit(help="e.g. retrieval_no_needle,lookback,entropy")],
-                           items=str.strip),
+    "feature_sets": Option(
+        Annotated[str | None, Fit(help="e.g. retrieval_no_needle,lookback,entropy")], items=str.strip
+    ),
     "seed": Option(Annotated[int | None, Fit(help="seed of the cross-validation folds and of the bootstrap")]),
     "bootstrap": Option(Annotated[int | None, Fit(help="bootstrap resamples for the confidence intervals")]),
-    "match_length": Option(Annotated[bool | None, Fit("--match-length/--full-length", help="compare the answers "
-                                                      "of a question on their common first tokens only (length "
-                                                      "control)")]),
+    "match_length": Option(
+        Annotated[
+            bool | None,
+            Fit(
+                "--match-length/--full-length",
+                help="compare the answers of a question on their common first tokens only (length control)",
+            ),
+        ]
+    ),
 }
 
 
@@ -43,14 +50,22 @@ def _detect_config(config, **values):
 @app.command()
 @with_options(DETECTOR_OPTIONS)
 def detect(
-    run_dir: Annotated[Path | None, typer.Argument(
-        help="traced run directory (e.g. 'dynheads niah --distractor-depth'); leave out with --data")] = None,
-    data: Annotated[str | None, Traced(help="halueval:qa or halueval:dialogue: teacher-force HaluEval's right and "
-                                         "hallucinated answers and detect on them (traces into OUT/trace)")] = None,
+    run_dir: Annotated[
+        Path | None,
+        typer.Argument(help="traced run directory (e.g. 'dynheads niah --distractor-depth'); leave out with --data"),
+    ] = None,
+    data: Annotated[
+        str | None,
+        Traced(
+            help="halueval:qa or halueval:dialogue: teacher-force HaluEval's right and "
+            "hallucinated answers and detect on them (traces into OUT/trace)"
+        ),
+    ] = None,
     questions: Annotated[int | None, Traced(help="with --data: questions of the stream (two responses each)")] = None,
     first: Annotated[int | None, Traced(help="with --data: index of the stream's first question")] = None,
-    context_boundary: Annotated[str | None, Traced(
-        help="with --data: 'prompt' or 'lookback-lens' (assistant header counted as generated)")] = None,
+    context_boundary: Annotated[
+        str | None, Traced(help="with --data: 'prompt' or 'lookback-lens' (assistant header counted as generated)")
+    ] = None,
     model: Annotated[str | None, Traced(help="with --data: model (default: the embedded SmolLM2)")] = None,
     static: Annotated[str | None, Fit("--static", help="static head list (default: Eq. 1 ranking per fold)")] = None,
     folds: Annotated[int | None, Fit(help="folds of the cross-validation grouped by question / sample")] = None,
@@ -63,8 +78,12 @@ def detect(
     from dynheads.experiments.detect import run_detect
 
     cfg = _detect_config(config, static=static, folds=folds, repeats=repeats, **settings)
-    tracing: dict[str, Any] = {"questions": questions, "first": first, "context_boundary": context_boundary,
-                               "model": model}
+    tracing: dict[str, Any] = {
+        "questions": questions,
+        "first": first,
+        "context_boundary": context_boundary,
+        "model": model,
+    }
     if data is not None:
         from dynheads.experiments.halueval import HaluevalConfig, trace_halueval
 
@@ -74,8 +93,9 @@ def detect(
     elif run_dir is None:
         raise DynheadsError("give a traced RUN_DIR or --data halueval:qa / halueval:dialogue")
     elif any(value is not None for value in tracing.values()):
-        raise DynheadsError(f"--{next(k for k, v in tracing.items() if v is not None).replace('_', '-')} "
-                            "applies only with --data")
+        raise DynheadsError(
+            f"--{next(k for k, v in tracing.items() if v is not None).replace('_', '-')} applies only with --data"
+        )
     else:
         checks.traced_run(run_dir)
         source = run_dir

@@ -20,13 +20,20 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def main_options(
-    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
-                                          help="print the version and exit")] = False,
-    threads: Annotated[int | None, typer.Option(
-        "--threads", envvar="DYNHEADS_THREADS", show_default=False,
-        help="CPU threads of torch for the command that follows (dynheads --threads 2 niah ...). "
-             "Default: OMP_NUM_THREADS if set, else 1 while the machine is busy (1-minute load average >= usable "
-             "cores; 'dynheads doctor' says), else one per usable core up to 4")] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="print the version and exit")
+    ] = False,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            envvar="DYNHEADS_THREADS",
+            show_default=False,
+            help="CPU threads of torch for the command that follows (dynheads --threads 2 niah ...). "
+            "Default: OMP_NUM_THREADS if set, else 1 while the machine is busy (1-minute load average >= usable "
+            "cores; 'dynheads doctor' says), else one per usable core up to 4",
+        ),
+    ] = None,
 ) -> None:
     """Per-step retrieval heads: trace, ablate, probe and use them for in-context RAG."""
     from dynheads.doctor import apply_threads, default_threads
@@ -49,5 +56,11 @@ def doctor() -> None:
     typer.echo(render(found))
     missing = sum(not check.ok and not check.warning for check in found)
     warnings = "".join(f"; warning: {check.name}" for check in found if check.warning)
-    typer.echo(("all found" if not missing else f"{missing} missing: the fix is below each (dynheads runs without "
-                "them unless the line says otherwise)") + warnings)
+    typer.echo(
+        (
+            "all found"
+            if not missing
+            else f"{missing} missing: the fix is below each (dynheads runs without them unless the line says otherwise)"
+        )
+        + warnings
+    )

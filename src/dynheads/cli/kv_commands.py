@@ -48,8 +48,13 @@ def kv_export(
     aggregation: Annotated[str, Opt(help="query heads -> KV head: max or mean")] = "max",
     sink: Annotated[int, Opt(help="sink tokens of streaming heads (DuoAttention's patterns and kvpress: 128)")] = 128,
     recent: Annotated[int, Opt(help="recent window of streaming heads (DuoAttention and kvpress: 256)")] = 256,
-    full_heads: Annotated[int | None, Opt(help="write a 0/1 pattern of this many KV heads kept whole (positive-"
-                                               "score heads only; a shortfall is recorded)")] = None,
+    full_heads: Annotated[
+        int | None,
+        Opt(
+            help="write a 0/1 pattern of this many KV heads kept whole (positive-"
+            "score heads only; a shortfall is recorded)"
+        ),
+    ] = None,
     **settings,
 ) -> None:
     """Write a head list as a \\[layers x kv_heads] matrix in DuoAttention's layout (TSV + config.json).
@@ -71,9 +76,19 @@ def kv_export(
     lm = load_model(model.model, dtype=model.dtype, device=model.device)
     heads = load_head_list(static, lm.num_layers, lm.num_heads)
     matrix = kv_head_matrix(query_head_scores(heads, lm.num_layers, lm.num_heads), num_kv_heads(lm), combine)
-    write_duo_attention(out, matrix, sink=sink, recent=recent, aggregation=combine, source=str(static),
-                        num_heads=lm.num_heads, full_heads=full_heads)
+    write_duo_attention(
+        out,
+        matrix,
+        sink=sink,
+        recent=recent,
+        aggregation=combine,
+        source=str(static),
+        num_heads=lm.num_heads,
+        full_heads=full_heads,
+    )
     config = read_json(Path(out) / "config.json")
     shortfall = f"; {config['shortfall']} short of {full_heads}" if config.get("shortfall") else ""
-    typer.echo(f"wrote {out}/full_attention_heads.tsv ({matrix.shape[0]} x {matrix.shape[1]}, "
-               f"{config['scored_kv_heads']} KV heads with a positive score{shortfall}) and config.json")
+    typer.echo(
+        f"wrote {out}/full_attention_heads.tsv ({matrix.shape[0]} x {matrix.shape[1]}, "
+        f"{config['scored_kv_heads']} KV heads with a positive score{shortfall}) and config.json"
+    )

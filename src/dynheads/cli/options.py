@@ -39,19 +39,32 @@ class Option:
 ConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with settings; flags override it")]
 RunOut = Annotated[Path, Opt("--out", help="run directory (re-running resumes it)")]
 RunArg = Annotated[Path, typer.Argument(help="run directory written by e.g. 'dynheads niah'")]
-BatchSize = Annotated[int, Opt("--batch-size", help="samples (ablation: records) decoded together; 1 = the reference "
-                                                 "path, larger batches give its results up to fp32 rounding")]
+BatchSize = Annotated[
+    int,
+    Opt(
+        "--batch-size",
+        help="samples (ablation: records) decoded together; 1 = the reference "
+        "path, larger batches give its results up to fp32 rounding",
+    ),
+]
 DeviceMap = Annotated[str | None, Opt("--device-map", help="spread a large model over GPUs, e.g. auto")]
 STATIC_HELP = "static head list (Wu et al. JSON or a ranked list)"
 # --help groups a generated option under the config piece that declares its field (experiments.settings); the
 # command's own fields and options stay under typer's "Options".
-PANELS = {"ModelSettings": "Model", "Seeded": "Grid", "NiahCells": "Grid", "NiahGrid": "Grid",
-          "QaGrid": "Questions and grid", "TracingSettings": "Scores and chat template"}
+PANELS = {
+    "ModelSettings": "Model",
+    "Seeded": "Grid",
+    "NiahCells": "Grid",
+    "NiahGrid": "Grid",
+    "QaGrid": "Questions and grid",
+    "TracingSettings": "Scores and chat template",
+}
 CONTEXT = "typer_context"  # the click context Typer passes a generated command: which options the user gave
 
 
-def config_options(config: type, *, skip: tuple[str, ...] = (), flags: Mapping[str, str] | None = None
-                   ) -> dict[str, Option]:
+def config_options(
+    config: type, *, skip: tuple[str, ...] = (), flags: Mapping[str, str] | None = None
+) -> dict[str, Option]:
     """One option per field of the dataclass ``config`` (but ``skip``): ``--field-name``, or ``--<flags[field]>``
     where the flag differs; tuples take comma-separated lists; the help is the field's, with its default."""
     hints = typing.get_type_hints(config)
@@ -60,9 +73,14 @@ def config_options(config: type, *, skip: tuple[str, ...] = (), flags: Mapping[s
         if field.name in skip:
             continue
         name = (flags or {}).get(field.name, field.name)
-        options[name] = _option(name, hints[field.name], field.metadata.get("help", ""),
-                                _shown_default(field.default), field.name if name != field.name else None,
-                                _panel(config, field.name))
+        options[name] = _option(
+            name,
+            hints[field.name],
+            field.metadata.get("help", ""),
+            _shown_default(field.default),
+            field.name if name != field.name else None,
+            _panel(config, field.name),
+        )
     return options
 
 
@@ -98,8 +116,14 @@ def _option(name: str, hint: Any, help: str, default: Any, field: str | None, pa
 def _panel(config: type, name: str) -> str | None:
     """The ``--help`` group of field ``name``: that of the first piece of ``config`` that declares it (None: the
     command's own field, under "Options")."""
-    return next((PANELS[cls.__name__] for cls in config.__mro__
-                 if cls.__name__ in PANELS and name in cls.__dict__.get("__annotations__", {})), None)
+    return next(
+        (
+            PANELS[cls.__name__]
+            for cls in config.__mro__
+            if cls.__name__ in PANELS and name in cls.__dict__.get("__annotations__", {})
+        ),
+        None,
+    )
 
 
 def _option_kind(hint: Any) -> tuple[Any, Callable[[str], Any] | None]:
@@ -138,8 +162,10 @@ def with_options(*groups: Mapping[str, Option]) -> Callable[[Callable], Callable
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command, eval_str=True)
         own = [p.replace(kind=p.KEYWORD_ONLY) for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-        generated = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=o.annotation, default=o.default)
-                     for name, o in options.items()]
+        generated = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=o.annotation, default=o.default)
+            for name, o in options.items()
+        ]
 
         @functools.wraps(command)
         def run(**values: Any) -> Any:
@@ -154,7 +180,8 @@ def with_options(*groups: Mapping[str, Option]) -> Callable[[Callable], Callable
         required = [p for p in own if p.default is p.empty]
         context = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
         run.__signature__ = signature.replace(  # type: ignore[attr-defined]  # what typer reads
-            parameters=[*required, *generated, *(p for p in own if p.default is not p.empty), context])
+            parameters=[*required, *generated, *(p for p in own if p.default is not p.empty), context]
+        )
         return run
 
     return decorate

@@ -34,8 +34,14 @@ SHAPES = {"niah": NiahConfig, "question tasks": HotpotConfig}  # trace's option 
 
 @app.command()
 @with_options(shared_options(SHAPES))
-def trace(out: RunOut, task: TaskName = "niah", batch_size: BatchSize = 1, device_map: DeviceMap = None,
-          config: ConfigFile = None, **settings) -> None:
+def trace(
+    out: RunOut,
+    task: TaskName = "niah",
+    batch_size: BatchSize = 1,
+    device_map: DeviceMap = None,
+    config: ConfigFile = None,
+    **settings,
+) -> None:
     """Trace greedy generation on any registered task's grid, scoring every head at every step.
 
     The task decides the score (Eq. 1 or Eq. 2) and which options apply: 'dynheads tasks' lists them."""
@@ -44,8 +50,9 @@ def trace(out: RunOut, task: TaskName = "niah", batch_size: BatchSize = 1, devic
 
 @app.command()
 @with_options(config_options(NiahConfig))
-def niah(out: RunOut, batch_size: BatchSize = 1, device_map: DeviceMap = None, config: ConfigFile = None,
-         **settings) -> None:
+def niah(
+    out: RunOut, batch_size: BatchSize = 1, device_map: DeviceMap = None, config: ConfigFile = None, **settings
+) -> None:
     """Trace greedy generation on a Needle-in-a-Haystack grid, scoring every head at every step.
 
     The same as 'dynheads trace --task niah', with NIAH's options only."""
@@ -54,8 +61,9 @@ def niah(out: RunOut, batch_size: BatchSize = 1, device_map: DeviceMap = None, c
 
 @app.command()
 @with_options(config_options(HotpotConfig))
-def hotpotqa(out: RunOut, batch_size: BatchSize = 1, device_map: DeviceMap = None, config: ConfigFile = None,
-             **settings) -> None:
+def hotpotqa(
+    out: RunOut, batch_size: BatchSize = 1, device_map: DeviceMap = None, config: ConfigFile = None, **settings
+) -> None:
     """Trace multi-hop QA (HotpotQA or its synthetic stand-in), scoring every head at every step with Eq. 2.
 
     The same as 'dynheads trace --task hotpotqa'; --data multihop:..., variable_tracking or multikey_niah traces
@@ -87,14 +95,19 @@ def default_data(name: str) -> str | None:
     HotpotQA's synthetic questions, or a task that reads no ``data``)."""
     from dynheads.tasks import multihop, ruler
 
-    spellings = {multihop.MULTIHOP_NAME: f"{multihop.SOURCE}:hops=2", multihop.KV_LOOKUP_NAME: multihop.SOURCE,
-                 ruler.VT_LOOKUP_NAME: ruler.VT_LOOKUP_DATA, ruler.VT_SOURCE: ruler.VT_SOURCE,
-                 ruler.MK_SOURCE: ruler.MK_SOURCE}
+    spellings = {
+        multihop.MULTIHOP_NAME: f"{multihop.SOURCE}:hops=2",
+        multihop.KV_LOOKUP_NAME: multihop.SOURCE,
+        ruler.VT_LOOKUP_NAME: ruler.VT_LOOKUP_DATA,
+        ruler.VT_SOURCE: ruler.VT_SOURCE,
+        ruler.MK_SOURCE: ruler.MK_SOURCE,
+    }
     return spellings.get(name)
 
 
-def _trace(name: str, out: Path, config_file: Path | None, settings: dict, *, batch_size: int,
-           device_map: str | None) -> None:
+def _trace(
+    name: str, out: Path, config_file: Path | None, settings: dict, *, batch_size: int, device_map: str | None
+) -> None:
     """Build the task's config (its shape's fields only), check it and ``out``, trace, print one summary line."""
     import dataclasses
 
@@ -107,10 +120,13 @@ def _trace(name: str, out: Path, config_file: Path | None, settings: dict, *, ba
     fields = {field.name for field in dataclasses.fields(shape)}
     foreign = [key for key, value in settings.items() if value is not None and key not in fields]
     if foreign:
-        raise DynheadsError(f"--{foreign[0].replace('_', '-')} does not apply to task {name!r} (its settings are "
-                            f"{'HotpotConfig' if shape is HotpotConfig else 'NiahConfig'}'s)")
-    cfg: HotpotConfig | NiahConfig = checks.checked_config(shape, config_file,
-                                                           **{key: settings.get(key) for key in fields})
+        raise DynheadsError(
+            f"--{foreign[0].replace('_', '-')} does not apply to task {name!r} (its settings are "
+            f"{'HotpotConfig' if shape is HotpotConfig else 'NiahConfig'}'s)"
+        )
+    cfg: HotpotConfig | NiahConfig = checks.checked_config(
+        shape, config_file, **{key: settings.get(key) for key in fields}
+    )
     given_data = getattr(cfg, "data", None)
     if isinstance(cfg, HotpotConfig) and given_data is None and default_data(name):
         cfg = dataclasses.replace(cfg, data=default_data(name))
@@ -135,15 +151,26 @@ def _summary_line(run: Any, task: Any, out: Path) -> str:
     from dynheads.io import read_json
 
     frame = run.write_results()
-    means = ", ".join(f"{label} {frame[f'metrics.{key}'].mean():.3f}" for key, label in task.metrics.items()
-                      if f"metrics.{key}" in frame)
+    means = ", ".join(
+        f"{label} {frame[f'metrics.{key}'].mean():.3f}"
+        for key, label in task.metrics.items()
+        if f"metrics.{key}" in frame
+    )
     if not task.questions:
         return f"{len(frame)} samples in {out}: {means}"
     skipped = run.manifest().get("skipped", {})
     reasons = "; ".join(f"{n} {why}" for why, n in skipped.get("by_reason", {}).items())
-    chance = (run.path / "summary.json").is_file() and read_json(run.path / "summary.json")["documents"][
-        "summary.md"]["numbers"].get("candidates")
-    return (f"{len(frame)} questions in {out}: {means}; "
-            f"{skipped.get('count', 0)} (question, cell) pairs skipped" + (f" ({reasons})" if reasons else "")
-            + (f"; chance (random candidate) EM {chance['chance']:.3f}, first / last candidate "
-               f"{chance['first']:.3f} / {chance['last']:.3f} (summary.md)" if chance else ""))
+    chance = (run.path / "summary.json").is_file() and read_json(run.path / "summary.json")["documents"]["summary.md"][
+        "numbers"
+    ].get("candidates")
+    return (
+        f"{len(frame)} questions in {out}: {means}; "
+        f"{skipped.get('count', 0)} (question, cell) pairs skipped"
+        + (f" ({reasons})" if reasons else "")
+        + (
+            f"; chance (random candidate) EM {chance['chance']:.3f}, first / last candidate "
+            f"{chance['first']:.3f} / {chance['last']:.3f} (summary.md)"
+            if chance
+            else ""
+        )
+    )

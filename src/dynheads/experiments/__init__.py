@@ -12,21 +12,23 @@ from __future__ import annotations
 from dynheads.lazy import exports_by_name, lazy_exports
 
 # module -> the public names it provides ("public=attribute" where the public name differs)
-_EXPORTS = exports_by_name({
-    "dynheads.experiments.niah": ("NiahConfig", "run_niah"),
-    "dynheads.experiments.hotpotqa": ("HotpotConfig", "run_hotpotqa"),
-    "dynheads.experiments.tracing": ("run_task",),
-    "dynheads.experiments.static": ("StaticConfig", "run_static", "StaticReasoningConfig", "run_static_reasoning"),
-    "dynheads.experiments.analyses": ("dynamism_report", "plot_heads", "cca_report"),
-    "dynheads.experiments.probing": ("train_probe_on_run",),
-    "dynheads.experiments.ablation": ("AblationConfig", "run_ablation", "ProgressiveConfig", "run_progressive"),
-    "dynheads.experiments.rag": ("RagConfig", "run_rag", "rag_table"),
-    "dynheads.experiments.kv": ("KVConfig", "run_kv"),
-    "dynheads.experiments.rerank": ("RerankConfig", "run_rerank", "summarise_scored"),
-    "dynheads.experiments.detect": ("DetectConfig", "run_detect", "apply_detector"),
-    "dynheads.experiments.halueval": ("HaluevalConfig", "trace_halueval", "run_transfer"),
-    "dynheads.experiments.reproduce": ("ReproduceConfig", "run_reproduce=reproduce"),
-})
+_EXPORTS = exports_by_name(
+    {
+        "dynheads.experiments.niah": ("NiahConfig", "run_niah"),
+        "dynheads.experiments.hotpotqa": ("HotpotConfig", "run_hotpotqa"),
+        "dynheads.experiments.tracing": ("run_task",),
+        "dynheads.experiments.static": ("StaticConfig", "run_static", "StaticReasoningConfig", "run_static_reasoning"),
+        "dynheads.experiments.analyses": ("dynamism_report", "plot_heads", "cca_report"),
+        "dynheads.experiments.probing": ("train_probe_on_run",),
+        "dynheads.experiments.ablation": ("AblationConfig", "run_ablation", "ProgressiveConfig", "run_progressive"),
+        "dynheads.experiments.rag": ("RagConfig", "run_rag", "rag_table"),
+        "dynheads.experiments.kv": ("KVConfig", "run_kv"),
+        "dynheads.experiments.rerank": ("RerankConfig", "run_rerank", "summarise_scored"),
+        "dynheads.experiments.detect": ("DetectConfig", "run_detect", "apply_detector"),
+        "dynheads.experiments.halueval": ("HaluevalConfig", "trace_halueval", "run_transfer"),
+        "dynheads.experiments.reproduce": ("ReproduceConfig", "run_reproduce=reproduce"),
+    }
+)
 __all__ = sorted(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports("dynheads.experiments", globals(), _EXPORTS)

@@ -146,9 +146,15 @@ class ProgressiveConfig(ProgressiveFields, _GridConfig):
 
 
 # ---- the grid (Figure 2) -------------------------------------------------------------------------------------------
-def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | None = None,
-                 progress: bool = True, on_record: Callable[[dict], None] | None = None,
-                 batch_size: int = 1) -> RunDir:
+def run_ablation(
+    config: AblationConfig,
+    out: str | Path,
+    *,
+    lm: LoadedModel | None = None,
+    progress: bool = True,
+    on_record: Callable[[dict], None] | None = None,
+    batch_size: int = 1,
+) -> RunDir:
     """Decode every grid sample with every strategy into ``out`` (resumable); write cells.csv, summary.md, plots.
 
     ``batch_size`` (sample, strategy) records are decoded together (``ablated_generate_batch``; 1 = the
@@ -160,22 +166,34 @@ def run_ablation(config: AblationConfig, out: str | Path, *, lm: LoadedModel | N
     static = _static_ranking(config.static, lm) if config.static else ()
     fixed = tuple(parse_head(text) for text in config.heads)
     check_heads(list(fixed), lm.num_layers, lm.num_heads, source="--heads")
-    run, samples = _start(config, "ablation", lm, out,
-                          {"strategies_run": list(strategies), "static_top": [head_key(h) for h in static[:20]]})
+    run, samples = _start(
+        config,
+        "ablation",
+        lm,
+        out,
+        {"strategies_run": list(strategies), "static_top": [head_key(h) for h in static[:20]]},
+    )
     counts: dict[str, int | None] = {}  # matching="mean": per sample, heads per step from its dynamic run
 
     def settings(sample, strategy: str) -> AblationSettings:
         mean_count = MATCHINGS.get(config.matching).given_count and ABLATION_STRATEGIES.get(strategy).matched
-        return AblationSettings(strategy=strategy, mode=config.ablation_mode(), static_ranking=static,
-                                fixed_heads=fixed, matching=config.matching,
-                                count=counts[sample.sample_id] if mean_count else None,
-                                seed=derive_seed(config.seed, "random-heads", sample.seed),
-                                score=config.task_entry().score_kind, threshold=config.threshold)
+        return AblationSettings(
+            strategy=strategy,
+            mode=config.ablation_mode(),
+            static_ranking=static,
+            fixed_heads=fixed,
+            matching=config.matching,
+            count=counts[sample.sample_id] if mean_count else None,
+            seed=derive_seed(config.seed, "random-heads", sample.seed),
+            score=config.task_entry().score_kind,
+            threshold=config.threshold,
+        )
 
     for strategy in strategies:  # dynamic runs before static and random, which may need its count
         jobs = [(f"{sample.sample_id}-{strategy}", sample, partial(settings, sample, strategy)) for sample in samples]
-        records = _decode(run, lm, config, jobs, _ablation_record, f"ablate {strategy}", progress, on_record,
-                          batch_size)
+        records = _decode(
+            run, lm, config, jobs, _ablation_record, f"ablate {strategy}", progress, on_record, batch_size
+        )
         if strategy == "dynamic":  # this process's samples: it decodes the same ones under every strategy
             counts = {record["grid_sample_id"]: record["matched_count"] for record in records}
     if distributed.is_main():
@@ -189,8 +207,12 @@ def _ablation_record(sample, settings: AblationSettings, result: AblationResult,
     count = None
     if MATCHINGS.get(settings.matching).given_count:
         count = matched_count(result.dynamic_counts) if settings.strategy == "dynamic" else settings.count
-    return {**_result_record(sample, result, task), "strategy": settings.strategy,
-            "matching": settings.matching, "matched_count": count}
+    return {
+        **_result_record(sample, result, task),
+        "strategy": settings.strategy,
+        "matching": settings.matching,
+        "matched_count": count,
+    }
 
 
 def write_cells(run: RunDir) -> pd.DataFrame:
@@ -208,42 +230,90 @@ def write_cells(run: RunDir) -> pd.DataFrame:
     # where a task records where its gold facts landed (meta.depth_realised), the cells keep their mean: the
     # heat maps label each asked depth with it
     realised = {"depth_realised": ("meta.depth_realised", "mean")} if "meta.depth_realised" in frame else {}
-    cells = (frame.groupby(keys, observed=True)
-             .agg(**means, samples=("sample_id", "size"), mean_masked=("mean_masked", "mean"),
-                  zero_masked=("zero_masked", "sum"), **realised)
-             .reset_index().rename(columns={"context_tokens": "length"}))
+    cells = (
+        frame.groupby(keys, observed=True)
+        .agg(
+            **means,
+            samples=("sample_id", "size"),
+            mean_masked=("mean_masked", "mean"),
+            zero_masked=("zero_masked", "sum"),
+            **realised,
+        )
+        .reset_index()
+        .rename(columns={"context_tokens": "length"})
+    )
     cells = _with_skipped_cells(cells, run.manifest())
     cells["matching"] = matching
     with atomic_path(run.path / "cells.csv") as tmp:
         cells.to_csv(tmp, index=False)
-    summary = (frame.groupby("strategy", observed=True)
-               .agg(records=("sample_id", "size"), **means, mean_dynamic=("mean_dynamic", "mean"),
-                    masked_per_step=("mean_masked", "mean"), zero_masked=("zero_masked", "sum"))
-               .reset_index())
+    summary = (
+        frame.groupby("strategy", observed=True)
+        .agg(
+            records=("sample_id", "size"),
+            **means,
+            mean_dynamic=("mean_dynamic", "mean"),
+            masked_per_step=("mean_masked", "mean"),
+            zero_masked=("zero_masked", "sum"),
+        )
+        .reset_index()
+    )
     model = run.manifest()["model"]["name"]
     rule = MATCHINGS.help(matching)
-    write_summary(run.path, "summary.md", Summary(
-        ["Means over all records of each strategy. mean |D_t| = dynamic heads of the clean pass per step; "
-         f"masked = heads removed per step (static and random, matching `{matching}`: {rule}); no head = samples "
-         "that masked no head at any step (their run is the un-ablated one).",
-         frame_table(summary, {"strategy": "strategy", "records": "records", **metrics,
-                               "mean_dynamic": "mean |D_t|", "masked_per_step": "masked", "zero_masked": "no head"}),
-         *_paper_line(task), *_skip_line(run.manifest())],
-        {"matching": matching, "records": int(summary["records"].sum()),
-         "per_sample": {metric: per_sample_metric(run.records(), metric) for metric in metrics},
-         "masking": masking_numbers(cells)}, f"Per-step ablation: {model}"))
-    plot_ablation_cells(cells, run.path / "plots",
-                        title=f"{model}: per-step ablation ({task.label}, {matching} matching)", metrics=metrics,
-                        opacity=task.fade_sparse_cells)
+    write_summary(
+        run.path,
+        "summary.md",
+        Summary(
+            [
+                "Means over all records of each strategy. mean |D_t| = dynamic heads of the clean pass per step; "
+                f"masked = heads removed per step (static and random, matching `{matching}`: {rule}); "
+                f"no head = samples "
+                "that masked no head at any step (their run is the un-ablated one).",
+                frame_table(
+                    summary,
+                    {
+                        "strategy": "strategy",
+                        "records": "records",
+                        **metrics,
+                        "mean_dynamic": "mean |D_t|",
+                        "masked_per_step": "masked",
+                        "zero_masked": "no head",
+                    },
+                ),
+                *_paper_line(task),
+                *_skip_line(run.manifest()),
+            ],
+            {
+                "matching": matching,
+                "records": int(summary["records"].sum()),
+                "per_sample": {metric: per_sample_metric(run.records(), metric) for metric in metrics},
+                "masking": masking_numbers(cells),
+            },
+            f"Per-step ablation: {model}",
+        ),
+    )
+    plot_ablation_cells(
+        cells,
+        run.path / "plots",
+        title=f"{model}: per-step ablation ({task.label}, {matching} matching)",
+        metrics=metrics,
+        opacity=task.fade_sparse_cells,
+    )
     return cells
 
 
 def per_sample_metric(records: list[dict], metric: str) -> dict[str, list[float]]:
     """Claim 2's input: ``{strategy: [value per sample]}`` of ``metric`` over the samples every strategy has, in
     one sample order (a sample's value under each strategy sits at the same index)."""
-    frame = pd.DataFrame([{"sample": record.get("grid_sample_id", record["sample_id"]),
-                           "strategy": record["strategy"], "value": record["metrics"].get(metric, math.nan)}
-                          for record in records])
+    frame = pd.DataFrame(
+        [
+            {
+                "sample": record.get("grid_sample_id", record["sample_id"]),
+                "strategy": record["strategy"],
+                "value": record["metrics"].get(metric, math.nan),
+            }
+            for record in records
+        ]
+    )
     if frame.empty:
         return {}
     table = frame.pivot_table(index="sample", columns="strategy", values="value", aggfunc="mean").dropna()
@@ -256,10 +326,12 @@ def masking_numbers(cells: pd.DataFrame) -> dict:
     cells = cells.assign(strategy=cells["strategy"].astype(str), masked_sum=cells["mean_masked"] * cells["samples"])
     groups = cells.groupby("strategy")
     samples = groups["samples"].sum()
-    return {"matching": str(cells["matching"].iloc[0]),
-            "masked": (groups["masked_sum"].sum() / samples).astype(float).to_dict(),
-            "zero_masked": groups["zero_masked"].sum().astype(int).to_dict(),
-            "samples": samples.astype(int).to_dict()}
+    return {
+        "matching": str(cells["matching"].iloc[0]),
+        "masked": (groups["masked_sum"].sum() / samples).astype(float).to_dict(),
+        "zero_masked": groups["zero_masked"].sum().astype(int).to_dict(),
+        "samples": samples.astype(int).to_dict(),
+    }
 
 
 def _with_skipped_cells(cells: pd.DataFrame, manifest: dict) -> pd.DataFrame:
@@ -267,12 +339,14 @@ def _with_skipped_cells(cells: pd.DataFrame, manifest: dict) -> pd.DataFrame:
     samples 0 (blank in the heat maps: no valid sample), and ``skipped`` counts the skipped pairs per cell."""
     config = manifest["config"]
     skipped = manifest.get("skipped", {}).get("by_cell", {})
-    grid = pd.MultiIndex.from_product([cells["strategy"].unique(), config["lengths"], config["depths"]],
-                                      names=["strategy", "length", "depth"])
+    grid = pd.MultiIndex.from_product(
+        [cells["strategy"].unique(), config["lengths"], config["depths"]], names=["strategy", "length", "depth"]
+    )
     full = cells.set_index(["strategy", "length", "depth"]).reindex(grid).reset_index()
     full["samples"] = full["samples"].fillna(0).astype(int)
-    full["skipped"] = [skipped.get(f"{length}/{depth:g}", 0) for length, depth in zip(full["length"], full["depth"],
-                                                                                      strict=True)]
+    full["skipped"] = [
+        skipped.get(f"{length}/{depth:g}", 0) for length, depth in zip(full["length"], full["depth"], strict=True)
+    ]
     return full
 
 
@@ -282,14 +356,22 @@ def _skip_line(manifest: dict) -> list[str]:
     if not skipped.get("count"):
         return []
     reasons = "; ".join(f"{count} {reason}" for reason, count in skipped["by_reason"].items())
-    return [f"Skipped (question, cell) pairs: {skipped['count']} ({reasons}); cells without a valid sample are "
-            "blank in the heat maps, and cells.csv counts them in 'skipped'."]
+    return [
+        f"Skipped (question, cell) pairs: {skipped['count']} ({reasons}); cells without a valid sample are "
+        "blank in the heat maps, and cells.csv counts them in 'skipped'."
+    ]
 
 
 # ---- progressive ablation (Figure 3) -------------------------------------------------------------------------------
-def run_progressive(config: ProgressiveConfig, out: str | Path, *, lm: LoadedModel | None = None,
-                    progress: bool = True, on_record: Callable[[dict], None] | None = None,
-                    batch_size: int = 1) -> RunDir:
+def run_progressive(
+    config: ProgressiveConfig,
+    out: str | Path,
+    *,
+    lm: LoadedModel | None = None,
+    progress: bool = True,
+    on_record: Callable[[dict], None] | None = None,
+    batch_size: int = 1,
+) -> RunDir:
     """Mask the first k dynamic heads of every step, for every k and sample; write progressive.csv and the plot.
     ``batch_size``: (sample, k) records decoded together, as in ``run_ablation``."""
     config.check()
@@ -298,58 +380,115 @@ def run_progressive(config: ProgressiveConfig, out: str | Path, *, lm: LoadedMod
     top = tuple(_static_ranking(config.static, lm)[: config.top_static])
     ks = tuple(sorted(set(config.ks)))
     run, samples = _start(config, "ablation-progressive", lm, out, {"static_top": [head_key(h) for h in top]})
-    def settings(k: int) -> AblationSettings:
-        return AblationSettings(strategy="dynamic", mode=config.ablation_mode(), max_dynamic=k,
-                                score=config.task_entry().score_kind, threshold=config.threshold)
 
-    _decode(run, lm, config, [(f"{sample.sample_id}-k{k}", sample, partial(settings, k))
-                              for sample in samples for k in ks],
-            partial(_progressive_record, top=top), "progressive", progress, on_record, batch_size)
+    def settings(k: int) -> AblationSettings:
+        return AblationSettings(
+            strategy="dynamic",
+            mode=config.ablation_mode(),
+            max_dynamic=k,
+            score=config.task_entry().score_kind,
+            threshold=config.threshold,
+        )
+
+    _decode(
+        run,
+        lm,
+        config,
+        [(f"{sample.sample_id}-k{k}", sample, partial(settings, k)) for sample in samples for k in ks],
+        partial(_progressive_record, top=top),
+        "progressive",
+        progress,
+        on_record,
+        batch_size,
+    )
     if distributed.is_main():
         write_progressive(run)
     return run
 
 
-def _progressive_record(sample, settings: AblationSettings, result: AblationResult, task: Task, *,
-                        top: tuple[Head, ...]) -> dict:
+def _progressive_record(
+    sample, settings: AblationSettings, result: AblationResult, task: Task, *, top: tuple[Head, ...]
+) -> dict:
     counts = [len(compensated) for compensated in result.compensated]
     overlap = [len(set(compensated) & set(top)) for compensated in result.compensated]
-    return {**_result_record(sample, result, task), "k": settings.max_dynamic,
-            "compensated_counts": counts, "max_compensated": max(counts, default=0), "static_overlap": overlap,
-            "max_static_overlap": max(overlap, default=0)}
+    return {
+        **_result_record(sample, result, task),
+        "k": settings.max_dynamic,
+        "compensated_counts": counts,
+        "max_compensated": max(counts, default=0),
+        "static_overlap": overlap,
+        "max_static_overlap": max(overlap, default=0),
+    }
 
 
 def write_progressive(run: RunDir) -> pd.DataFrame:
     """progressive.csv (per k: samples, mean m_s, mean max_t |E_t|, metrics), summary.md and plots/progressive.png."""
     frame = run.write_results()
     metrics = _run_task(run).metrics
-    table = (frame.groupby("k")
-             .agg(samples=("sample_id", "size"), static_overlap=("max_static_overlap", "mean"),
-                  compensated=("max_compensated", "mean"), **{m: (f"metrics.{m}", "mean") for m in metrics},
-                  masked_per_step=("mean_masked", "mean"))
-             .reset_index())
+    table = (
+        frame.groupby("k")
+        .agg(
+            samples=("sample_id", "size"),
+            static_overlap=("max_static_overlap", "mean"),
+            compensated=("max_compensated", "mean"),
+            **{m: (f"metrics.{m}", "mean") for m in metrics},
+            masked_per_step=("mean_masked", "mean"),
+        )
+        .reset_index()
+    )
     with atomic_path(run.path / "progressive.csv") as tmp:
         table.to_csv(tmp, index=False)
     manifest = run.manifest()
     model, top = manifest["model"]["name"], len(manifest["static_top"])
-    write_summary(run.path, "summary.md", Summary(
-        [f"Per k: the first k dynamic heads of every step masked; overlap = mean over samples of "
-         f"max_t |E_t ∩ static top-{top}|; compensated = the same with all of E_t; masked = heads removed per step "
-         "(fewer than k when D_t is smaller).",
-         frame_table(table, {"k": "k", "samples": "samples", "static_overlap": "overlap",
-                             "compensated": "compensated", **metrics, "masked_per_step": "masked"}),
-         f"Paper ({PAPER_MODEL}): {PAPER_PROGRESSIVE}.", *_skip_line(manifest)],
-        {"static_top": top}, f"Progressive ablation: {model}"))
-    plot_progressive(table, run.path / "plots" / "progressive.png", top_static=top,
-                     title=f"{model}: progressive ablation", metrics=metrics)
+    write_summary(
+        run.path,
+        "summary.md",
+        Summary(
+            [
+                f"Per k: the first k dynamic heads of every step masked; overlap = mean over samples of "
+                f"max_t |E_t ∩ static top-{top}|; compensated = the same with all of E_t; "
+                f"masked = heads removed per step "
+                "(fewer than k when D_t is smaller).",
+                frame_table(
+                    table,
+                    {
+                        "k": "k",
+                        "samples": "samples",
+                        "static_overlap": "overlap",
+                        "compensated": "compensated",
+                        **metrics,
+                        "masked_per_step": "masked",
+                    },
+                ),
+                f"Paper ({PAPER_MODEL}): {PAPER_PROGRESSIVE}.",
+                *_skip_line(manifest),
+            ],
+            {"static_top": top},
+            f"Progressive ablation: {model}",
+        ),
+    )
+    plot_progressive(
+        table,
+        run.path / "plots" / "progressive.png",
+        top_static=top,
+        title=f"{model}: progressive ablation",
+        metrics=metrics,
+    )
     return table
 
 
 # ---- shared ----------------------------------------------------------------------------------------------------------
-def _decode(run: RunDir, lm: LoadedModel, config: _GridConfig,
-            jobs: Sequence[tuple[str, Any, Callable[[], AblationSettings]]],  # (record id, a task's sample, ...)
-            to_record: Callable[[object, AblationSettings, AblationResult, Task], dict], desc: str, progress: bool,
-            on_record: Callable[[dict], None] | None, batch_size: int) -> list[dict]:
+def _decode(
+    run: RunDir,
+    lm: LoadedModel,
+    config: _GridConfig,
+    jobs: Sequence[tuple[str, Any, Callable[[], AblationSettings]]],  # (record id, a task's sample, ...)
+    to_record: Callable[[object, AblationSettings, AblationResult, Task], dict],
+    desc: str,
+    progress: bool,
+    on_record: Callable[[dict], None] | None,
+    batch_size: int,
+) -> list[dict]:
     """The records of this process's share of ``jobs`` (record id, sample, its settings when it is decoded), in
     their order (``runs.run_jobs``; a sample's jobs go to one process): the unfinished ones decoded ``batch_size``
     at a time and saved as ``to_record(sample, settings, result, task)``, one record per (sample, strategy or k);
@@ -359,12 +498,20 @@ def _decode(run: RunDir, lm: LoadedModel, config: _GridConfig,
     def work(batch: list[tuple[Any, Callable[[], AblationSettings]]]) -> list[Finished]:
         settings = [settings_of() for _, settings_of in batch]
         results = ablated_generate_batch(lm, [sample for sample, _ in batch], settings, config.max_new_tokens)
-        return [Finished(to_record(sample, these, result, task))
-                for (sample, _), these, result in zip(batch, settings, results, strict=True)]
+        return [
+            Finished(to_record(sample, these, result, task))
+            for (sample, _), these, result in zip(batch, settings, results, strict=True)
+        ]
 
-    return run_jobs(run, [Job(record_id, (sample, settings_of), group=sample.sample_id)
-                          for record_id, sample, settings_of in jobs],
-                    work, batch_size=batch_size, desc=desc, progress=progress, on_record=on_record)
+    return run_jobs(
+        run,
+        [Job(record_id, (sample, settings_of), group=sample.sample_id) for record_id, sample, settings_of in jobs],
+        work,
+        batch_size=batch_size,
+        desc=desc,
+        progress=progress,
+        on_record=on_record,
+    )
 
 
 def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, extra: dict) -> tuple[RunDir, list]:
@@ -377,8 +524,18 @@ def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, ext
     for sample in samples:  # fail before any work, not halfway through the grid
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     run = RunDir(out)
-    start_run(run, kind, config, lm, {"prompt": prompt, "prompt_template": samples[0].prompt_template,
-                                 "chat_template_kwargs": samples[0].chat_template_kwargs, **extra})
+    start_run(
+        run,
+        kind,
+        config,
+        lm,
+        {
+            "prompt": prompt,
+            "prompt_template": samples[0].prompt_template,
+            "chat_template_kwargs": samples[0].chat_template_kwargs,
+            **extra,
+        },
+    )
     return run, samples
 
 
@@ -402,8 +559,15 @@ def _result_record(sample, result: AblationResult, task: Task) -> dict:
     """What every record holds: the sample's settings, the generation, its metrics and the per-step counts."""
     masked = [len(heads) for heads in result.masked]
     metrics = task.score(sample, result.text)
-    return {**sample.describe(), "grid_sample_id": sample.sample_id, "generated": result.text,
-            "stop_reason": result.stop_reason, "steps": len(result.masked),
-            "metrics": metrics, "dynamic_counts": result.dynamic_counts,
-            "mean_dynamic": result.mean_dynamic, "masked_counts": masked,
-            "mean_masked": float(np.mean(masked)) if masked else 0.0}
+    return {
+        **sample.describe(),
+        "grid_sample_id": sample.sample_id,
+        "generated": result.text,
+        "stop_reason": result.stop_reason,
+        "steps": len(result.masked),
+        "metrics": metrics,
+        "dynamic_counts": result.dynamic_counts,
+        "mean_dynamic": result.mean_dynamic,
+        "masked_counts": masked,
+        "mean_masked": float(np.mean(masked)) if masked else 0.0,
+    }

@@ -42,8 +42,12 @@ def load_run(run_dir: str | Path) -> tuple[RunDir, list[Trace]]:
     """The run and the traces of its finished samples; refuses a folder that is not a run or has no trace."""
     run = RunDir(run_dir)
     run.manifest()  # raises if this is not a run directory
-    traces = [trace for _, trace in tqdm(run.iter_traces(), total=len(run.records()), desc="load traces",
-                                         unit="sample", leave=False)]
+    traces = [
+        trace
+        for _, trace in tqdm(
+            run.iter_traces(), total=len(run.records()), desc="load traces", unit="sample", leave=False
+        )
+    ]
     if not traces:
         raise DynheadsError(f"{run.path} has no traced samples yet: run (or resume) the command that fills it")
     return run, traces
@@ -71,9 +75,16 @@ def dynamic_sets(trace: Trace, score: ScoreKind, threshold: str | float | Reason
 
 
 # ---- Claim 1: dynamism (Table 1, Table 5) ---------------------------------------------------------------------
-def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: ScoreKind = "copy",
-                    threshold: str | float = DEFAULT_REASONING_THRESHOLD, ks: Sequence[int] = DEFAULT_KS,
-                    out_dir: str | Path | None = None, static_kind: ScoreKind | None = None) -> DynamismStats:
+def dynamism_report(
+    run_dir: str | Path,
+    static_file: str | Path,
+    *,
+    score: ScoreKind = "copy",
+    threshold: str | float = DEFAULT_REASONING_THRESHOLD,
+    ks: Sequence[int] = DEFAULT_KS,
+    out_dir: str | Path | None = None,
+    static_kind: ScoreKind | None = None,
+) -> DynamismStats:
     """Table 1 / Table 5 statistics of the run against the static list; writes dynamism.md, .csv and .json.
 
     The run's row sits beside the paper's five rows. ``threshold`` only applies to a continuous score.
@@ -93,31 +104,67 @@ def dynamism_report(run_dir: str | Path, static_file: str | Path, *, score: Scor
     setting = spec.describe()
     skipped = {"empty_samples_skipped": stats.empty_samples}
     # what Claim 1's verdict is decided from (the summary's numbers), and the step view's threshold
-    evidence = {"threshold": None if spec.score.binary else str(rule), "static_kind": static_kind or score,
-                "per_sample": per_sample_dynamism(sets, ranking)}
-    write_summary(out, "dynamism.md", Summary(
-        [f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"
-         + (f"{empty_note(skipped)}\n" if stats.empty_samples else "") +
-         f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
-         f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
-         f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}. Static list: {len(ranking)} scored heads"
-         + (f" (Table 5 shows n/a for k > {len(ranking)}: no zero-score filler)" if len(ranking) < max(ks) else "")
-         + f". Jaccard w/ static top-20 is at most |D_t|/20: its ceiling here is {stats.jaccard_ceiling_k20:.4f}; "
-         f"containment |D_t ∩ S_20|/|D_t| = {stats.containment_k20:.4f}, size-matched Jaccard J(D_t, S_|D_t|) = "
-         f"{stats.matched_jaccard:.4f}.",
-         Heading("Table 1"), table1(rows), Heading("Table 5"), table5(rows, ks)],
-        {"stats": stats.to_dict(), **skipped, **evidence}, f"Dynamism of {run.path}"))
+    evidence = {
+        "threshold": None if spec.score.binary else str(rule),
+        "static_kind": static_kind or score,
+        "per_sample": per_sample_dynamism(sets, ranking),
+    }
+    write_summary(
+        out,
+        "dynamism.md",
+        Summary(
+            [
+                f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"
+                + (f"{empty_note(skipped)}\n" if stats.empty_samples else "")
+                + f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
+                f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
+                f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}. Static list: {len(ranking)} scored heads"
+                + (
+                    f" (Table 5 shows n/a for k > {len(ranking)}: no zero-score filler)"
+                    if len(ranking) < max(ks)
+                    else ""
+                )
+                + ". Jaccard w/ static top-20 is at most |D_t|/20: "
+                + f"its ceiling here is {stats.jaccard_ceiling_k20:.4f}; "
+                f"containment |D_t ∩ S_20|/|D_t| = {stats.containment_k20:.4f}, size-matched Jaccard J(D_t, S_|D_t|) = "
+                f"{stats.matched_jaccard:.4f}.",
+                Heading("Table 1"),
+                table1(rows),
+                Heading("Table 5"),
+                table5(rows, ks),
+            ],
+            {"stats": stats.to_dict(), **skipped, **evidence},
+            f"Dynamism of {run.path}",
+        ),
+    )
     write_text(out / "dynamism.csv", dynamism_csv(rows))
-    write_json(out / "dynamism.json", {"run": str(run.path), "static_file": str(static_file), "score": score,
-                                       "threshold": evidence["threshold"], "ks": list(ks), **skipped,
-                                       "static_kind": evidence["static_kind"], "stats": stats.to_dict(),
-                                       "per_sample": evidence["per_sample"], "paper": PAPER_DYNAMISM})
+    write_json(
+        out / "dynamism.json",
+        {
+            "run": str(run.path),
+            "static_file": str(static_file),
+            "score": score,
+            "threshold": evidence["threshold"],
+            "ks": list(ks),
+            **skipped,
+            "static_kind": evidence["static_kind"],
+            "stats": stats.to_dict(),
+            "per_sample": evidence["per_sample"],
+            "paper": PAPER_DYNAMISM,
+        },
+    )
     return stats
 
 
 # ---- Figure 1 ----------------------------------------------------------------------------------------------------
-def plot_heads(run_dir: str | Path, sample_ids: Sequence[str] | None = None, *, score: ScoreKind = "copy",
-               top: int = 10, out_dir: str | Path | None = None) -> list[Path]:
+def plot_heads(
+    run_dir: str | Path,
+    sample_ids: Sequence[str] | None = None,
+    *,
+    score: ScoreKind = "copy",
+    top: int = 10,
+    out_dir: str | Path | None = None,
+) -> list[Path]:
     """Figure 1 for each sample (all samples with generated tokens when ``sample_ids`` is None).
 
     Writes ``heads-<sample_id>.png`` per sample and returns the paths.
@@ -137,23 +184,44 @@ def plot_heads(run_dir: str | Path, sample_ids: Sequence[str] | None = None, *, 
     paths = []
     for sample_id, trace in tqdm(chosen, desc="plot heads", unit="figure", leave=False):
         path = out / f"heads-{sample_id}.png"
-        plot_head_dynamics(score_array(trace, score), trace.token_texts, path, top=top,
-                           title=f"{name}: {sample_id} ({score} score, top-{top} most varying heads)")
+        plot_head_dynamics(
+            score_array(trace, score),
+            trace.token_texts,
+            path,
+            top=top,
+            title=f"{name}: {sample_id} ({score} score, top-{top} most varying heads)",
+        )
         paths.append(path)
     return paths
 
 
 # ---- Claim 3: temporal-offset CCA --------------------------------------------------------------------------------
-def cca_report(run_dir: str | Path, offsets: Sequence[int] = tuple(range(11)), config: CCAConfig | None = None, *,
-               score: ScoreKind = "copy", out_dir: str | Path | None = None) -> pd.DataFrame:
+def cca_report(
+    run_dir: str | Path,
+    offsets: Sequence[int] = tuple(range(11)),
+    config: CCAConfig | None = None,
+    *,
+    score: ScoreKind = "copy",
+    out_dir: str | Path | None = None,
+) -> pd.DataFrame:
     """CCA between hidden states and the head scores ``k`` steps later; writes cca.csv/.json/.md and cca.png."""
     run, traces = load_run(run_dir)
     config = config or CCAConfig()
     samples = samples_from_traces(traces, check_score(score))  # leaves out traces with no generated token
     table = cca_offsets(samples, offsets, config)
     out, name = Path(out_dir) if out_dir else run.path, model_name(run)
-    write_cca(table, out, config=config, model=name,
-              counts={"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)})
-    plot_cca(table, out / "cca.png", title=f"{name}: {len(samples)} samples, {score} score",
-             paper=PAPER_TOP1[PAPER_MODEL], paper_label=f"paper top-1 ({PAPER_MODEL})")
+    write_cca(
+        table,
+        out,
+        config=config,
+        model=name,
+        counts={"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)},
+    )
+    plot_cca(
+        table,
+        out / "cca.png",
+        title=f"{name}: {len(samples)} samples, {score} score",
+        paper=PAPER_TOP1[PAPER_MODEL],
+        paper_label=f"paper top-1 ({PAPER_MODEL})",
+    )
     return table

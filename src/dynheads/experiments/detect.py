@@ -55,9 +55,13 @@ UPPER_TITLE = "Upper bound: uses the needle positions (on NIAH the gold answer; 
 
 @dataclass(frozen=True)
 class DetectConfig:
-    static: str | None = field(default=None, metadata={
-        "help": "static head list (Wu et al. JSON or ranked list); None = heads ranked by Eq. 1 frequency on "
-                "each training fold only"})
+    static: str | None = field(
+        default=None,
+        metadata={
+            "help": "static head list (Wu et al. JSON or ranked list); None = heads ranked by Eq. 1 frequency on "
+            "each training fold only"
+        },
+    )
     static_k: int = field(default=10, metadata={"help": "static top-k heads used by the retrieval features"})
     probe: str | None = field(default=None, metadata={"help": "trained MLP probe folder (probe feature sets)"})
     feature_sets: tuple[str, ...] = field(default=hl.FEATURE_SETS, metadata={"help": "detectors to train"})
@@ -66,9 +70,13 @@ class DetectConfig:
     seed: int = field(default=0, metadata={"help": "seed of the first repeat's folds and of the bootstrap"})
     bootstrap: int = field(default=1000, metadata={"help": "bootstrap resamples (of groups) for the CIs"})
     regularisation: float = field(default=1.0, metadata={"help": "inverse L2 strength C of the regression"})
-    match_length: bool = field(default=False, metadata={
-        "help": "teacher-forced runs: use only the first m tokens of every answer of a question, m = its shortest "
-                "answer's length (a control for answers whose lengths differ by label, as in HaluEval QA)"})
+    match_length: bool = field(
+        default=False,
+        metadata={
+            "help": "teacher-forced runs: use only the first m tokens of every answer of a question, m = its shortest "
+            "answer's length (a control for answers whose lengths differ by label, as in HaluEval QA)"
+        },
+    )
 
 
 @dataclass
@@ -104,8 +112,16 @@ def labelled_samples(run: RunDir, span_finder: SpanFinder = uuid_span) -> tuple[
         if "response_label" in record:
             label = int(record["response_label"])
             if trace.num_steps:
-                samples.append(LabelledSample(record["sample_id"], trace, np.arange(trace.num_steps),
-                                              np.full(trace.num_steps, label, np.int64), group, label))
+                samples.append(
+                    LabelledSample(
+                        record["sample_id"],
+                        trace,
+                        np.arange(trace.num_steps),
+                        np.full(trace.num_steps, label, np.int64),
+                        group,
+                        label,
+                    )
+                )
             continue
         if "answer" not in record:
             raise DynheadsError(f"sample {record.get('sample_id')!r} of {run.path} has no 'answer' to label against")
@@ -128,8 +144,12 @@ def match_lengths(samples: Sequence[LabelledSample]) -> list[LabelledSample]:
     shortest: dict[str, int] = {}
     for s in samples:
         shortest[s.group] = min(shortest.get(s.group, len(s.steps)), len(s.steps))
-    return [LabelledSample(s.sample_id, s.trace, s.steps[: shortest[s.group]], s.labels[: shortest[s.group]],
-                           s.group, s.response_label) for s in samples]
+    return [
+        LabelledSample(
+            s.sample_id, s.trace, s.steps[: shortest[s.group]], s.labels[: shortest[s.group]], s.group, s.response_label
+        )
+        for s in samples
+    ]
 
 
 def _fit_models(features: dict[str, np.ndarray], labels: np.ndarray, regularisation: float) -> dict[str, dict]:
@@ -138,8 +158,12 @@ def _fit_models(features: dict[str, np.ndarray], labels: np.ndarray, regularisat
         scaler = StandardScaler().fit(x)
         regression = LogisticRegression(C=regularisation, class_weight="balanced", max_iter=2000)
         regression.fit(scaler.transform(x), labels)
-        models[name] = {"mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist(),
-                        "coef": regression.coef_[0].tolist(), "intercept": float(regression.intercept_[0])}
+        models[name] = {
+            "mean": scaler.mean_.tolist(),
+            "scale": scaler.scale_.tolist(),
+            "coef": regression.coef_[0].tolist(),
+            "intercept": float(regression.intercept_[0]),
+        }
     return models
 
 
@@ -151,15 +175,26 @@ def _score(model: dict, x: np.ndarray) -> np.ndarray:
 class Detector:
     """Fitted logistic regressions per level and feature set, plus what the features need (static heads, probe)."""
 
-    def __init__(self, spec: hl.FeatureSpec, probe_dir: str | None, models: dict[str, dict],
-                 response_models: dict[str, dict] | None = None):
+    def __init__(
+        self,
+        spec: hl.FeatureSpec,
+        probe_dir: str | None,
+        models: dict[str, dict],
+        response_models: dict[str, dict] | None = None,
+    ):
         self.spec, self.probe_dir, self.models = spec, probe_dir, models
         self.response_models = response_models or {}
         self._probe: TrainedHeadPredictor | None = None
 
     @classmethod
-    def fit(cls, spec: hl.FeatureSpec, probe_dir: str | None, features: dict[str, np.ndarray],
-            labels: np.ndarray, regularisation: float) -> Detector:
+    def fit(
+        cls,
+        spec: hl.FeatureSpec,
+        probe_dir: str | None,
+        features: dict[str, np.ndarray],
+        labels: np.ndarray,
+        regularisation: float,
+    ) -> Detector:
         """Token-level detectors of ``features`` (name -> ``[N, F]``)."""
         return cls(spec, probe_dir, _fit_models(features, labels, regularisation))
 
@@ -177,9 +212,18 @@ class Detector:
         return hl.token_features(trace, steps, self.spec, self.probe_output(trace))
 
     def save(self, path: str | Path) -> None:
-        write_json(path, {"format": _FORMAT, "static_heads": [list(h) for h in self.spec.static_heads],
-                          "static_k": self.spec.static_k, "response_prefix": self.spec.response_prefix,
-                          "probe": self.probe_dir, "models": self.models, "response_models": self.response_models})
+        write_json(
+            path,
+            {
+                "format": _FORMAT,
+                "static_heads": [list(h) for h in self.spec.static_heads],
+                "static_k": self.spec.static_k,
+                "response_prefix": self.spec.response_prefix,
+                "probe": self.probe_dir,
+                "models": self.models,
+                "response_models": self.response_models,
+            },
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> Detector:
@@ -189,19 +233,26 @@ class Detector:
         try:
             data = read_json(path)
             if data.get("format") != _FORMAT:
-                raise DynheadsError(f"{path} is a detector of format {data.get('format')!r}, not {_FORMAT!r}: "
-                                    "re-run 'dynheads detect' to write one")
-            spec = hl.FeatureSpec(tuple((int(a), int(b)) for a, b in data["static_heads"]), int(data["static_k"]),
-                                  response_prefix=int(data["response_prefix"]))
+                raise DynheadsError(
+                    f"{path} is a detector of format {data.get('format')!r}, not {_FORMAT!r}: "
+                    "re-run 'dynheads detect' to write one"
+                )
+            spec = hl.FeatureSpec(
+                tuple((int(a), int(b)) for a, b in data["static_heads"]),
+                int(data["static_k"]),
+                response_prefix=int(data["response_prefix"]),
+            )
             return cls(spec, data["probe"], dict(data["models"]), dict(data["response_models"]))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise DynheadsError(f"{path} is not a valid dynheads detector file (written by 'dynheads detect'): "
-                                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                                ) from None
+            raise DynheadsError(
+                f"{path} is not a valid dynheads detector file (written by 'dynheads detect'): "
+                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            ) from None
 
 
-def apply_detector(detector: Detector | str | Path, trace: Trace | str | Path,
-                   answer: str | None = None) -> pd.DataFrame:
+def apply_detector(
+    detector: Detector | str | Path, trace: Trace | str | Path, answer: str | None = None
+) -> pd.DataFrame:
     """Score every generated token of a trace with every saved detector; label it when ``answer`` is given.
 
     Response-level detectors (saved by a run of teacher-forced responses) add one constant column each, the
@@ -255,8 +306,14 @@ def _static_spec(config: DetectConfig, train: Sequence[LabelledSample], response
     return hl.FeatureSpec(static, config.static_k, response_prefix=response_prefix)
 
 
-def cross_validate(samples: Sequence[LabelledSample], config: DetectConfig, level: Level, names: Sequence[str],
-                   featurise: _Featuriser, response_prefix: int = 0) -> tuple[list[dict], dict, list[dict]]:
+def cross_validate(
+    samples: Sequence[LabelledSample],
+    config: DetectConfig,
+    level: Level,
+    names: Sequence[str],
+    featurise: _Featuriser,
+    response_prefix: int = 0,
+) -> tuple[list[dict], dict, list[dict]]:
     """Grouped K-fold cross-validation of every feature set at ``level``, repeated ``config.repeats`` times.
 
     Returns the result rows, the ROC curves of the first repeat and the folds (test groups per repeat).
@@ -272,8 +329,12 @@ def cross_validate(samples: Sequence[LabelledSample], config: DetectConfig, leve
     folds = []
     for repeat in range(config.repeats):
         splits = hl.grouped_folds([s.group for s in samples], sample_labels, config.folds, config.seed + repeat)
-        folds.append({"seed": config.seed + repeat,
-                      "test_groups": [sorted({samples[i].group for i in test}) for _, test in splits]})
+        folds.append(
+            {
+                "seed": config.seed + repeat,
+                "test_groups": [sorted({samples[i].group for i in test}) for _, test in splits],
+            }
+        )
         for train, test in splits:
             spec = _static_spec(config, [samples[i] for i in train], response_prefix)
             features = {i: featurise(i, spec, level) for i in np.concatenate([train, test])}
@@ -282,8 +343,9 @@ def cross_validate(samples: Sequence[LabelledSample], config: DetectConfig, leve
             if len(np.unique(y[train_rows])) < 2:
                 raise DynheadsError("a training fold holds only one class: use more samples or fewer --folds")
             for n, name in enumerate(names):
-                model = _fit_models({name: np.vstack([features[i][name] for i in train])}, y[train_rows],
-                                    config.regularisation)[name]
+                model = _fit_models(
+                    {name: np.vstack([features[i][name] for i in train])}, y[train_rows], config.regularisation
+                )[name]
                 scores = _score(model, np.vstack([features[i][name] for i in test]))
                 out_of_fold[repeat, n, test_rows] = scores
                 fold_auroc[name].append(hl.auroc_auprc(y[test_rows], scores)[0])
@@ -292,22 +354,46 @@ def cross_validate(samples: Sequence[LabelledSample], config: DetectConfig, leve
     for n, name in enumerate(names):
         scores = out_of_fold[0, n]
         # paired against the lookback ratio (the deployable reference): the same bootstrap resamples of groups
-        delta = (hl.paired_auroc_difference(y, scores, out_of_fold[0, names.index(REFERENCE)], row_groups,
-                                            resamples=config.bootstrap, seed=config.seed)
-                 if REFERENCE in names and name != REFERENCE else (math.nan,) * 3)
+        delta = (
+            hl.paired_auroc_difference(
+                y,
+                scores,
+                out_of_fold[0, names.index(REFERENCE)],
+                row_groups,
+                resamples=config.bootstrap,
+                seed=config.seed,
+            )
+            if REFERENCE in names and name != REFERENCE
+            else (math.nan,) * 3
+        )
         auroc, auprc = hl.auroc_auprc(y, scores)
         ci = hl.bootstrap_ci(y, scores, row_groups, resamples=config.bootstrap, seed=config.seed)
         per_repeat = [hl.auroc_auprc(y, out_of_fold[r, n])[0] for r in range(config.repeats)]
         per_fold = np.asarray(fold_auroc[name], dtype=float)
-        rows.append({"level": level, "feature_set": name,
-                     "section": "upper_bound" if name in hl.ANSWER_KEY else "deployable",
-                     "features": int(widths[name].shape[1]),
-                     "auroc": auroc, "auroc_low": ci["auroc"][0], "auroc_high": ci["auroc"][1],
-                     "fold_auroc_mean": float(np.nanmean(per_fold)), "fold_auroc_sd": float(np.nanstd(per_fold)),
-                     "repeat_auroc_min": float(np.nanmin(per_repeat)), "repeat_auroc_max": float(np.nanmax(per_repeat)),
-                     "auprc": auprc, "auprc_low": ci["auprc"][0], "auprc_high": ci["auprc"][1],
-                     "delta_lookback": delta[0], "delta_lookback_low": delta[1], "delta_lookback_high": delta[2],
-                     "positive_rate": float(y.mean()), "units": int(len(y)), "groups": int(len(set(row_groups)))})
+        rows.append(
+            {
+                "level": level,
+                "feature_set": name,
+                "section": "upper_bound" if name in hl.ANSWER_KEY else "deployable",
+                "features": int(widths[name].shape[1]),
+                "auroc": auroc,
+                "auroc_low": ci["auroc"][0],
+                "auroc_high": ci["auroc"][1],
+                "fold_auroc_mean": float(np.nanmean(per_fold)),
+                "fold_auroc_sd": float(np.nanstd(per_fold)),
+                "repeat_auroc_min": float(np.nanmin(per_repeat)),
+                "repeat_auroc_max": float(np.nanmax(per_repeat)),
+                "auprc": auprc,
+                "auprc_low": ci["auprc"][0],
+                "auprc_high": ci["auprc"][1],
+                "delta_lookback": delta[0],
+                "delta_lookback_low": delta[1],
+                "delta_lookback_high": delta[2],
+                "positive_rate": float(y.mean()),
+                "units": int(len(y)),
+                "groups": int(len(set(row_groups))),
+            }
+        )
         fpr, tpr = hl.roc_points(y, scores)
         curves[name] = (fpr, tpr, auroc)
     return rows, curves, folds
@@ -324,14 +410,18 @@ def refuse_probe_overlap(probe: str, records: Sequence[dict], groups: Sequence[s
     if records and all("seed" in r and "answer" in r for r in records):
         # NIAH: sample ids repeat across seed streams (split-length-depth-run); seeds and needle values do not
         evaluation = [{"sample_id": r["sample_id"], "seed": r["seed"], "answer": r["answer"]} for r in records]
-        return {"path": probe, "checked": "seeds and needle values", "fitted_run": _fit_samples(
-            probe, "probe", evaluation)["run"]}
+        return {
+            "path": probe,
+            "checked": "seeds and needle values",
+            "fitted_run": _fit_samples(probe, "probe", evaluation)["run"],
+        }
     refuse_overlap(probe_fit_questions(probe), f"the probe in {probe}", groups, "this detection")
     return {"path": probe, "checked": "question ids"}
 
 
-def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None = None,
-               span_finder: SpanFinder = uuid_span) -> pd.DataFrame:
+def run_detect(
+    run_dir: str | Path, config: DetectConfig, out: str | Path | None = None, span_finder: SpanFinder = uuid_span
+) -> pd.DataFrame:
     """Label, featurise, cross-validate every feature set by group; fit the saved detector on every sample."""
     source = RunDir(run_dir)
     source_manifest = source.manifest()  # refuses a folder that is not a run
@@ -348,8 +438,10 @@ def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None
         samples = match_lengths(samples)
     all_labels = np.concatenate([s.labels for s in samples])
     if len(np.unique(all_labels)) < 2:
-        raise DynheadsError(f"the samples hold only {'hallucinated' if all_labels[0] else 'faithful'} tokens: "
-                            "use a harder setting (e.g. --distractor-depth) or more samples")
+        raise DynheadsError(
+            f"the samples hold only {'hallucinated' if all_labels[0] else 'faithful'} tokens: "
+            "use a harder setting (e.g. --distractor-depth) or more samples"
+        )
     groups = sorted({s.group for s in samples})
     records = [r for r in source.records() if r["sample_id"] in {s.sample_id for s in samples}]
     probe_check = refuse_probe_overlap(config.probe, records, groups) if config.probe else None
@@ -365,40 +457,63 @@ def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None
         available = [featurise(i, full_spec, level) for i in range(len(samples))]
         names = [n for n in config.feature_sets if all(n in f for f in available)]
         skipped[level] = sorted(set(config.feature_sets) - set(names))
-        level_rows, level_curves, level_folds = cross_validate(samples, config, level, names, featurise,
-                                                               response_prefix)
+        level_rows, level_curves, level_folds = cross_validate(
+            samples, config, level, names, featurise, response_prefix
+        )
         rows += level_rows
         folds = folds or level_folds  # the folds depend on the groups and seeds only: one record for both levels
         if level == levels[0]:
             curves = level_curves
         labels = np.concatenate([s.labels if level == "token" else [s.response_label] for s in samples])
-        detector_models[level] = _fit_models({n: np.vstack([f[n] for f in available]) for n in names}, labels,
-                                             config.regularisation)
+        detector_models[level] = _fit_models(
+            {n: np.vstack([f[n] for f in available]) for n in names}, labels, config.regularisation
+        )
     fitted = Detector(full_spec, config.probe, detector_models["token"], detector_models.get("response"))
     table = pd.DataFrame(rows)
-    counts = {"samples": len(samples), "groups": len(groups), "faithful_tokens": int((all_labels == 0).sum()),
-              "hallucinated_tokens": int((all_labels == 1).sum())}
+    counts = {
+        "samples": len(samples),
+        "groups": len(groups),
+        "faithful_tokens": int((all_labels == 0).sum()),
+        "hallucinated_tokens": int((all_labels == 1).sum()),
+    }
     if "response" in levels:
         counts["hallucinated_responses"] = sum(s.response_label == 1 for s in samples)
         counts["faithful_responses"] = sum(s.response_label == 0 for s in samples)
     if out_run.exists():  # detect recomputes everything: a rerun replaces its own outputs
         out_run.manifest_path.unlink()
-    out_run.start("detect", config, None, {
-        "source_run": str(source.path), "source_kind": source_manifest.get("kind"),
-        "data": source_manifest.get("data"), "question_stream": source_manifest.get("questions"),
-        "response_prefix": response_prefix,
-        "cross_validation": {"unit": "question" if any(s.group != s.sample_id for s in samples) else "sample",
-                             "folds": config.folds, "repeats": folds},
-        "static_heads": {"source": config.static or "Eq. 1 frequency on each training fold (saved detector: on all "
-                                                    "samples)", "top": [list(h) for h in full_spec.static_heads[
-                                                        : config.static_k]]},
-        "probe_overlap_check": probe_check, "levels": levels,
-        "class_counts": counts, "samples_without_value": no_value, "skipped_feature_sets": skipped,
-    })
+    out_run.start(
+        "detect",
+        config,
+        None,
+        {
+            "source_run": str(source.path),
+            "source_kind": source_manifest.get("kind"),
+            "data": source_manifest.get("data"),
+            "question_stream": source_manifest.get("questions"),
+            "response_prefix": response_prefix,
+            "cross_validation": {
+                "unit": "question" if any(s.group != s.sample_id for s in samples) else "sample",
+                "folds": config.folds,
+                "repeats": folds,
+            },
+            "static_heads": {
+                "source": config.static or "Eq. 1 frequency on each training fold (saved detector: on all samples)",
+                "top": [list(h) for h in full_spec.static_heads[: config.static_k]],
+            },
+            "probe_overlap_check": probe_check,
+            "levels": levels,
+            "class_counts": counts,
+            "samples_without_value": no_value,
+            "skipped_feature_sets": skipped,
+        },
+    )
     _write_labels(out_run.path / "labels.csv", samples, folds[0]["test_groups"])
     fitted.save(out_run.path / "detector.json")
-    plot_roc({(f"{n} (upper bound)" if n in hl.ANSWER_KEY else n): c for n, c in curves.items()},
-             out_run.path / "roc.png", title=f"out-of-fold {levels[0]}s, {len(groups)} groups, {config.folds} folds")
+    plot_roc(
+        {(f"{n} (upper bound)" if n in hl.ANSWER_KEY else n): c for n, c in curves.items()},
+        out_run.path / "roc.png",
+        title=f"out-of-fold {levels[0]}s, {len(groups)} groups, {config.folds} folds",
+    )
     table.to_csv(out_run.path / "results.csv", index=False)
     write_json(out_run.path / "results.json", {"class_counts": counts, "results": rows, "skipped": skipped})
     write_summary(out_run.path, "results.md", results_summary(table, counts, skipped, config))
@@ -407,9 +522,18 @@ def run_detect(run_dir: str | Path, config: DetectConfig, out: str | Path | None
 
 def _write_labels(path: Path, samples: Sequence[LabelledSample], test_groups: list[list[str]]) -> None:
     fold_of = {group: fold for fold, members in enumerate(test_groups) for group in members}
-    rows = [{"sample_id": s.sample_id, "group": s.group, "fold": fold_of[s.group], "step": int(step),
-             "token": s.trace.token_texts[step], "label": int(label)}
-            for s in samples for step, label in zip(s.steps, s.labels, strict=True)]
+    rows = [
+        {
+            "sample_id": s.sample_id,
+            "group": s.group,
+            "fold": fold_of[s.group],
+            "step": int(step),
+            "token": s.trace.token_texts[step],
+            "label": int(label),
+        }
+        for s in samples
+        for step, label in zip(s.steps, s.labels, strict=True)
+    ]
     pd.DataFrame(rows).to_csv(path, index=False)
 
 
@@ -420,14 +544,32 @@ def _interval(value: float, low: float, high: float) -> str:
 def results_table(table: pd.DataFrame) -> Table:
     """One row per feature set: AUROC [CI], fold mean ± s.d., repeat range, paired difference to the lookback
     ratio [CI], AUPRC [CI]."""
-    rows = [[row["feature_set"], int(row["features"]), _interval(row["auroc"], row["auroc_low"], row["auroc_high"]),
-             f"{row['fold_auroc_mean']:.3f} ± {row['fold_auroc_sd']:.3f}",
-             f"{row['repeat_auroc_min']:.3f} to {row['repeat_auroc_max']:.3f}",
-             "(reference)" if row["feature_set"] == REFERENCE else _interval(
-                 row["delta_lookback"], row["delta_lookback_low"], row["delta_lookback_high"]),
-             _interval(row["auprc"], row["auprc_low"], row["auprc_high"])] for row in table.to_dict("records")]
-    return Table(["feature set", "features", "AUROC [95% CI]", "fold AUROC mean ± s.d.", "AUROC over repeats",
-                  "Δ AUROC vs lookback [95% CI]", "AUPRC [95% CI]"], rows)
+    rows = [
+        [
+            row["feature_set"],
+            int(row["features"]),
+            _interval(row["auroc"], row["auroc_low"], row["auroc_high"]),
+            f"{row['fold_auroc_mean']:.3f} ± {row['fold_auroc_sd']:.3f}",
+            f"{row['repeat_auroc_min']:.3f} to {row['repeat_auroc_max']:.3f}",
+            "(reference)"
+            if row["feature_set"] == REFERENCE
+            else _interval(row["delta_lookback"], row["delta_lookback_low"], row["delta_lookback_high"]),
+            _interval(row["auprc"], row["auprc_low"], row["auprc_high"]),
+        ]
+        for row in table.to_dict("records")
+    ]
+    return Table(
+        [
+            "feature set",
+            "features",
+            "AUROC [95% CI]",
+            "fold AUROC mean ± s.d.",
+            "AUROC over repeats",
+            "Δ AUROC vs lookback [95% CI]",
+            "AUPRC [95% CI]",
+        ],
+        rows,
+    )
 
 
 def results_summary(table: pd.DataFrame, counts: dict, skipped: dict, config: DetectConfig) -> Summary:
@@ -436,8 +578,13 @@ def results_summary(table: pd.DataFrame, counts: dict, skipped: dict, config: De
     blocks: list[Block] = []
     for level in dict.fromkeys(table["level"]):
         part = table[table["level"] == level]
-        blocks.append(Heading("Responses (features averaged over the response, Lookback Lens's span protocol)"
-                              if level == "response" else "Tokens (every labelled token)"))
+        blocks.append(
+            Heading(
+                "Responses (features averaged over the response, Lookback Lens's span protocol)"
+                if level == "response"
+                else "Tokens (every labelled token)"
+            )
+        )
         for title, section in ((HEADLINE_TITLE, "deployable"), (UPPER_TITLE, "upper_bound")):
             rows = part[part["section"] == section]
             if len(rows):
@@ -445,17 +592,29 @@ def results_summary(table: pd.DataFrame, counts: dict, skipped: dict, config: De
         if skipped.get(level):
             blocks.append(f"skipped (not in every trace, or no probe given): {', '.join(skipped[level])}")
     unit = "questions" if counts["groups"] < counts["samples"] else "samples"
-    blocks.append(f"{counts['samples']} samples in {counts['groups']} {unit}; {counts['faithful_tokens']} faithful / "
-                  f"{counts['hallucinated_tokens']} hallucinated tokens"
-                  + (f"; {counts['faithful_responses']} faithful / {counts['hallucinated_responses']} hallucinated "
-                     "responses" if "faithful_responses" in counts else "") + ".")
-    blocks.append(f"AUROC: out-of-fold scores of the first of {config.repeats} repeats of {config.folds}-fold "
-                  f"cross-validation grouped by {unit[:-1]}, 95% bootstrap interval over {unit} "
-                  f"({config.bootstrap} resamples); fold mean ± s.d. over all {config.folds * config.repeats} folds; "
-                  "range of the out-of-fold AUROC over the repeats; Δ: AUROC minus the lookback ratio's on the same "
-                  "out-of-fold units, paired bootstrap over the same groups.")
-    blocks += ["published detectors, on other tasks and models (not comparable one to one):",
-               Items([f"{name}: {value}" for name, value in PUBLISHED])]
-    auroc = {f"{row['level']}/{row['feature_set']}": [row["auroc"], row["auroc_low"], row["auroc_high"]]
-             for row in table.to_dict("records")}
+    blocks.append(
+        f"{counts['samples']} samples in {counts['groups']} {unit}; {counts['faithful_tokens']} faithful / "
+        f"{counts['hallucinated_tokens']} hallucinated tokens"
+        + (
+            f"; {counts['faithful_responses']} faithful / {counts['hallucinated_responses']} hallucinated responses"
+            if "faithful_responses" in counts
+            else ""
+        )
+        + "."
+    )
+    blocks.append(
+        f"AUROC: out-of-fold scores of the first of {config.repeats} repeats of {config.folds}-fold "
+        f"cross-validation grouped by {unit[:-1]}, 95% bootstrap interval over {unit} "
+        f"({config.bootstrap} resamples); fold mean ± s.d. over all {config.folds * config.repeats} folds; "
+        "range of the out-of-fold AUROC over the repeats; Δ: AUROC minus the lookback ratio's on the same "
+        "out-of-fold units, paired bootstrap over the same groups."
+    )
+    blocks += [
+        "published detectors, on other tasks and models (not comparable one to one):",
+        Items([f"{name}: {value}" for name, value in PUBLISHED]),
+    ]
+    auroc = {
+        f"{row['level']}/{row['feature_set']}": [row["auroc"], row["auroc_low"], row["auroc_high"]]
+        for row in table.to_dict("records")
+    }
     return Summary(blocks, {"class_counts": counts, "auroc": auroc})

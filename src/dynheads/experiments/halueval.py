@@ -53,16 +53,21 @@ BOUNDARIES = ("prompt", "lookback-lens")
 
 @dataclass(frozen=True)
 class HaluevalConfig(ModelSettings):
-    data: str = setting("halueval:qa", "halueval:qa or halueval:dialogue (knowledge in the prompt, both answers "
-                                       "teacher-forced)")
+    data: str = setting(
+        "halueval:qa", "halueval:qa or halueval:dialogue (knowledge in the prompt, both answers teacher-forced)"
+    )
     questions: int = setting(24, "questions of the stream (two responses each)")
     first: int = setting(0, "index of the stream's first question in the HaluEval file (streams must not overlap)")
-    context_boundary: str = setting("prompt", "where the context ends for the lookback ratio: 'prompt' (the whole "
-                                              "prompt) or 'lookback-lens' (the assistant header counts as generated)")
+    context_boundary: str = setting(
+        "prompt",
+        "where the context ends for the lookback ratio: 'prompt' (the whole "
+        "prompt) or 'lookback-lens' (the assistant header counts as generated)",
+    )
 
 
-def trace_halueval(config: HaluevalConfig, out: str | Path, *, lm: LoadedModel | None = None,
-                   progress: bool = True) -> RunDir:
+def trace_halueval(
+    config: HaluevalConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
+) -> RunDir:
     """Teacher-force both answers of every question of the stream into ``out`` (resumable)."""
     task = halueval.parse_data(config.data)
     if config.context_boundary not in BOUNDARIES:
@@ -73,24 +78,39 @@ def trace_halueval(config: HaluevalConfig, out: str | Path, *, lm: LoadedModel |
     lookback_lens = config.context_boundary == "lookback-lens"
     prefixes = {len(s.input_ids) - s.context_end for s in samples}
     if lookback_lens and len(prefixes) != 1:
-        raise DynheadsError(f"the assistant header has {sorted(prefixes)} tokens across prompts: the lookback-lens "
-                            "boundary needs one length")
+        raise DynheadsError(
+            f"the assistant header has {sorted(prefixes)} tokens across prompts: the lookback-lens "
+            "boundary needs one length"
+        )
     run = RunDir(out)
-    start_run(run, "halueval", config, lm, {
-        "data": config.data, "packaged": describe(halueval.TASKS[task]),
-        "questions": stream.describe(sorted({s.question_id for s in samples})),
-        "prompt": {"system": halueval.SYSTEM_PROMPT, "user": halueval.USER_TEMPLATES[task]},
-        "context_boundary": config.context_boundary, "response_prefix": prefixes.pop() if lookback_lens else 0,
-    })
+    start_run(
+        run,
+        "halueval",
+        config,
+        lm,
+        {
+            "data": config.data,
+            "packaged": describe(halueval.TASKS[task]),
+            "questions": stream.describe(sorted({s.question_id for s in samples})),
+            "prompt": {"system": halueval.SYSTEM_PROMPT, "user": halueval.USER_TEMPLATES[task]},
+            "context_boundary": config.context_boundary,
+            "response_prefix": prefixes.pop() if lookback_lens else 0,
+        },
+    )
 
     def teacher_force(sample) -> Finished:
-        traced = trace(lm, sample, forced_tokens=sample.response_ids,
-                       context_end=sample.context_end if lookback_lens else None)
+        traced = trace(
+            lm, sample, forced_tokens=sample.response_ids, context_end=sample.context_end if lookback_lens else None
+        )
         return Finished({**sample.describe(), "generated": traced.text, "steps": traced.num_steps}, traced)
 
-    run_jobs(run, [Job(sample.sample_id, sample) for sample in samples],
-             lambda batch: [teacher_force(sample) for sample in batch], desc=f"halueval-{task}",
-             progress=progress)
+    run_jobs(
+        run,
+        [Job(sample.sample_id, sample) for sample in samples],
+        lambda batch: [teacher_force(sample) for sample in batch],
+        desc=f"halueval-{task}",
+        progress=progress,
+    )
     return run
 
 
@@ -100,8 +120,10 @@ def source_of(detect_dir: str | Path) -> RunDir:
     manifest = detect.manifest() if detect.exists() else {}
     run = RunDir(manifest.get("source_run", Path(detect_dir) / "trace"))
     if manifest.get("kind") != "detect" or not run.exists() or run.manifest().get("kind") != "halueval":
-        raise DynheadsError(f"{detect_dir} is not the output of 'dynheads detect' on teacher-forced HaluEval "
-                            "responses (e.g. 'dynheads detect --data halueval:qa --out DIR')")
+        raise DynheadsError(
+            f"{detect_dir} is not the output of 'dynheads detect' on teacher-forced HaluEval "
+            "responses (e.g. 'dynheads detect --data halueval:qa --out DIR')"
+        )
     return run
 
 
@@ -121,8 +143,11 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
     samples = [labelled_samples(run)[0] for run in runs]
     if config.match_length:
         samples = [match_lengths(group) for group in samples]
-    probe_checks = [refuse_probe_overlap(config.probe, [], sorted({s.group for s in group}))
-                    for group in samples] if config.probe else None
+    probe_checks = (
+        [refuse_probe_overlap(config.probe, [], sorted({s.group for s in group})) for group in samples]
+        if config.probe
+        else None
+    )
     featurisers = [_Featuriser(group, config.probe) for group in samples]
     prefix = int(manifests[0].get("response_prefix", 0))
     in_task = [_in_task(Path(folder), config.match_length) for folder in (first, second)]
@@ -134,8 +159,11 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
             train = [featurisers[source](i, spec, level) for i in range(len(samples[source]))]
             test = [featurisers[target](i, spec, level) for i in range(len(samples[target]))]
             names = [n for n in config.feature_sets if all(n in f for f in train + test)]
-            y_train, y_test, groups = (_labels(samples[source], level), _labels(samples[target], level),
-                                       _groups(samples[target], level))
+            y_train, y_test, groups = (
+                _labels(samples[source], level),
+                _labels(samples[target], level),
+                _groups(samples[target], level),
+            )
             models = _fit_models({n: np.vstack([f[n] for f in train]) for n in names}, y_train, config.regularisation)
             for name in names:
                 scores = _score(models[name], np.vstack([f[name] for f in test]))
@@ -145,8 +173,11 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
         for name in config.feature_sets:
             if (0, name) not in results and (1, name) not in results:
                 continue
-            row: dict[str, object] = {"level": level, "feature_set": name,
-                   "section": "upper_bound" if name in hl.ANSWER_KEY else "deployable"}
+            row: dict[str, object] = {
+                "level": level,
+                "feature_set": name,
+                "section": "upper_bound" if name in hl.ANSWER_KEY else "deployable",
+            }
             for index, task in enumerate(tasks):
                 row[f"{task} in-task"] = in_task[index].get((level, name), (math.nan,) * 3)
             for source, target in ((0, 1), (1, 0)):
@@ -158,11 +189,19 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
         if out_run.manifest().get("kind") != "detect-transfer":
             raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
         out_run.manifest_path.unlink()  # recomputed from the two runs: a rerun replaces its own outputs
-    out_run.start("detect-transfer", config, None, {
-        "runs": [str(run.path) for run in runs], "tasks": tasks,
-        "questions": [m.get("questions") for m in manifests], "probe_overlap_check": probe_checks,
-        "protocol": "fit on every response of one task (static heads ranked on it), score every response of the "
-                    "other; 95% bootstrap interval over the target task's questions"})
+    out_run.start(
+        "detect-transfer",
+        config,
+        None,
+        {
+            "runs": [str(run.path) for run in runs],
+            "tasks": tasks,
+            "questions": [m.get("questions") for m in manifests],
+            "probe_overlap_check": probe_checks,
+            "protocol": "fit on every response of one task (static heads ranked on it), score every response of the "
+            "other; 95% bootstrap interval over the target task's questions",
+        },
+    )
     flat = table.copy()
     for column in [c for c in table.columns if "->" in c or "in-task" in c]:
         flat[[f"{column} auroc", f"{column} low", f"{column} high"]] = pd.DataFrame(table[column].tolist())
@@ -186,14 +225,15 @@ def _in_task(detect_dir: Path, match_length: bool) -> dict[tuple[str, str], tupl
     path = detect_dir / "results.json"
     if not path.is_file() or read_json(detect_dir / "manifest.json")["config"].get("match_length") != match_length:
         return {}  # none, or measured under the other length setting
-    return {(r["level"], r["feature_set"]): (r["auroc"], r["auroc_low"], r["auroc_high"])
-            for r in read_json(path)["results"]}
+    return {
+        (r["level"], r["feature_set"]): (r["auroc"], r["auroc_low"], r["auroc_high"])
+        for r in read_json(path)["results"]
+    }
 
 
 def transfer_summary(table: pd.DataFrame, tasks: list[str], config: DetectConfig) -> Summary:
     """transfer.md as data: per level, the in-task and cross-task AUROC tables, then the protocol."""
-    columns = [f"{tasks[0]} in-task", f"{tasks[1]} in-task", f"{tasks[0]} -> {tasks[1]}",
-               f"{tasks[1]} -> {tasks[0]}"]
+    columns = [f"{tasks[0]} in-task", f"{tasks[1]} in-task", f"{tasks[0]} -> {tasks[1]}", f"{tasks[1]} -> {tasks[0]}"]
 
     def cell(value: tuple[float, float, float]) -> str:
         auroc, low, high = value
@@ -206,10 +246,16 @@ def transfer_summary(table: pd.DataFrame, tasks: list[str], config: DetectConfig
         for title, section in ((HEADLINE_TITLE, "deployable"), (UPPER_TITLE, "upper_bound")):
             rows = part[part["section"] == section]
             if len(rows):
-                blocks += [Heading(title, 3), Table(["feature set", *[c.replace("->", "→") for c in columns]],
-                                                 [[r["feature_set"], *[cell(r[c]) for c in columns]]
-                                                  for r in rows.to_dict("records")])]
-    blocks.append(f"AUROC [95% CI]. In-task: {config.folds}-fold cross-validation grouped by question (from each "
-                  "detect run's results.json). A → B: fitted on every response of A, scored on every response of B, "
-                  f"interval by bootstrap over B's questions ({config.bootstrap} resamples).")
+                blocks += [
+                    Heading(title, 3),
+                    Table(
+                        ["feature set", *[c.replace("->", "→") for c in columns]],
+                        [[r["feature_set"], *[cell(r[c]) for c in columns]] for r in rows.to_dict("records")],
+                    ),
+                ]
+    blocks.append(
+        f"AUROC [95% CI]. In-task: {config.folds}-fold cross-validation grouped by question (from each "
+        "detect run's results.json). A → B: fitted on every response of A, scored on every response of B, "
+        f"interval by bootstrap over B's questions ({config.bootstrap} resamples)."
+    )
     return Summary(blocks, {"tasks": tasks})

@@ -54,15 +54,23 @@ def hotpot_samples(config: HotpotConfig, tokenizer) -> list[Sample]:
     return hotpot_grid(config, tokenizer).samples
 
 
-def run_hotpotqa(config: HotpotConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
-                 on_sample: Callable[[dict], None] | None = None, batch_size: int = 1,
-                 device_map: str | None = None) -> RunDir:
+def run_hotpotqa(
+    config: HotpotConfig,
+    out: str | Path,
+    *,
+    lm: LoadedModel | None = None,
+    progress: bool = True,
+    on_sample: Callable[[dict], None] | None = None,
+    batch_size: int = 1,
+    device_map: str | None = None,
+) -> RunDir:
     """Trace every question into ``out`` (Eq. 2 scores per head and step); resumable; ``summary.md`` holds the
     answers' table (``qa_summary``). The run's ``kind`` is the task's name: ``hotpotqa``; ``multihop`` or
     ``kv_lookup`` for ``multihop[:options]`` data; ``variable_tracking``, ``vt_lookup`` or ``multikey_niah``."""
     task = qa_task(config)
-    run = run_task(task, config, out, lm=lm, device_map=device_map, progress=progress, on_sample=on_sample,
-                   batch_size=batch_size)
+    run = run_task(
+        task, config, out, lm=lm, device_map=device_map, progress=progress, on_sample=on_sample, batch_size=batch_size
+    )
     records = run.records() if is_main() else []
     if records:
         write_summary(run.path, "summary.md", qa_summary(records, task, config.seed))
@@ -75,33 +83,65 @@ def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:
     (``dynheads.tasks.candidates``), with 95 % bootstrap intervals over questions."""
     metrics = [m for m in task.metrics if all(m in r["metrics"] for r in records)]
     lengths = sorted({r["context_tokens"] for r in records})
-    rows = [[length, len(group), *(sum(r["metrics"][m] for r in group) / len(group) for m in metrics)]
-            for length in lengths for group in [[r for r in records if r["context_tokens"] == length]]]
-    blocks: list = [f"{len(records)} questions of {task.label}.",
-                    Table(["context tokens", "questions", *(task.metrics[m] for m in metrics)], rows)]
+    rows = [
+        [length, len(group), *(sum(r["metrics"][m] for r in group) / len(group) for m in metrics)]
+        for length in lengths
+        for group in [[r for r in records if r["context_tokens"] == length]]
+    ]
+    blocks: list = [
+        f"{len(records)} questions of {task.label}.",
+        Table(["context tokens", "questions", *(task.metrics[m] for m in metrics)], rows),
+    ]
     numbers: dict = {"n": len(records), **{m: sum(r["metrics"][m] for r in records) / len(records) for m in metrics}}
     summary = candidates.summarise(records)
     if summary["n"]:
-        low, high = candidates.interval([r["metrics"]["em"] for r in records
-                                         if r["meta"].get(candidates.CANDIDATES)], seed)
+        low, high = candidates.interval(
+            [r["metrics"]["em"] for r in records if r["meta"].get(candidates.CANDIDATES)], seed
+        )
         diffs = {name: candidates.interval(values, seed) for name, values in candidates.gaps(records).items()}
         blocks += [
             "Chance and failure modes (same-form candidates in the context; EM; 95 % bootstrap intervals over "
             "questions, seed recorded): chance is an answer drawn at random from a question's candidates "
             "(mean of 1 / candidates); first / last candidate always answer the value that comes first / last in "
             "the context; the model minus each baseline is paired per question.",
-            Table(["answerer", "EM", "model - it", "95 % interval of the difference"], [
-                ["model", summary["model"], None, f"EM interval [{low:.3f}, {high:.3f}]"],
-                ["random candidate (chance)", summary["chance"], summary["model"] - summary["chance"],
-                 "[{:.3f}, {:.3f}]".format(*diffs["chance"])],
-                ["first candidate", summary["first"], summary["model"] - summary["first"],
-                 "[{:.3f}, {:.3f}]".format(*diffs["first"])],
-                ["last candidate", summary["last"], summary["model"] - summary["last"],
-                 "[{:.3f}, {:.3f}]".format(*diffs["last"])]], missing="nan"),
+            Table(
+                ["answerer", "EM", "model - it", "95 % interval of the difference"],
+                [
+                    ["model", summary["model"], None, f"EM interval [{low:.3f}, {high:.3f}]"],
+                    [
+                        "random candidate (chance)",
+                        summary["chance"],
+                        summary["model"] - summary["chance"],
+                        "[{:.3f}, {:.3f}]".format(*diffs["chance"]),
+                    ],
+                    [
+                        "first candidate",
+                        summary["first"],
+                        summary["model"] - summary["first"],
+                        "[{:.3f}, {:.3f}]".format(*diffs["first"]),
+                    ],
+                    [
+                        "last candidate",
+                        summary["last"],
+                        summary["model"] - summary["last"],
+                        "[{:.3f}, {:.3f}]".format(*diffs["last"]),
+                    ],
+                ],
+                missing="nan",
+            ),
             f"Wrong answers: {summary['wrong']}; share equal to a distractor's value: "
-            f"{summary['distractor_share']:.3f}." if summary["wrong"] else "Wrong answers: 0.",
-            Table(["gold rank among candidates (fact order)", "questions", "EM"],
-                  [[rank, n, em] for rank, (n, em) in candidates.by_gold_rank(records).items()])]
-        numbers["candidates"] = {**summary, "em_interval": [low, high], "seed": seed,
-                                 "differences": {k: list(v) for k, v in diffs.items()}}
+            f"{summary['distractor_share']:.3f}."
+            if summary["wrong"]
+            else "Wrong answers: 0.",
+            Table(
+                ["gold rank among candidates (fact order)", "questions", "EM"],
+                [[rank, n, em] for rank, (n, em) in candidates.by_gold_rank(records).items()],
+            ),
+        ]
+        numbers["candidates"] = {
+            **summary,
+            "em_interval": [low, high],
+            "seed": seed,
+            "differences": {k: list(v) for k, v in diffs.items()},
+        }
     return Summary(blocks, numbers, f"{task.label}: answers")

@@ -73,8 +73,10 @@ class KVConfig(KVFields):
         """(policy, budget) pairs in run order; budget None for the budget-free policies."""
         unknown = [p for p in self.policies if p not in KV_POLICIES and not is_press(p)]
         if unknown or not self.policies:
-            raise DynheadsError(f"unknown or no KV policies {unknown}: use some of {KV_POLICIES.choices()} or "
-                                f"kvpress:<press> ({', '.join(PRESSES)})")
+            raise DynheadsError(
+                f"unknown or no KV policies {unknown}: use some of {KV_POLICIES.choices()} or "
+                f"kvpress:<press> ({', '.join(PRESSES)})"
+            )
         presses = [p for p in self.policies if is_press(p)]
         for press in presses:
             check_press(press)
@@ -90,12 +92,22 @@ class KVConfig(KVFields):
             if entry.value.needs_probe and not self.probe:
                 raise DynheadsError(f"the {entry.name} KV policy needs a trained probe: pass --probe DIR")
         ordered = [p for p in KV_POLICIES.names() if p in self.policies] + list(dict.fromkeys(presses))
-        return [(p, None) if is_budget_free(p) else (p, b) for p in ordered
-                for b in ((None,) if is_budget_free(p) else sorted(self.budgets))]
+        return [
+            (p, None) if is_budget_free(p) else (p, b)
+            for p in ordered
+            for b in ((None,) if is_budget_free(p) else sorted(self.budgets))
+        ]
 
 
-def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
-           on_record: Callable[[dict], None] | None = None, batch_size: int = 1) -> RunDir:
+def run_kv(
+    config: KVConfig,
+    out: str | Path,
+    *,
+    lm: LoadedModel | None = None,
+    progress: bool = True,
+    on_record: Callable[[dict], None] | None = None,
+    batch_size: int = 1,
+) -> RunDir:
     """Decode every grid sample under every (policy, budget) into ``out`` (resumable); write tables and plots.
 
     Samples are visited run by run (every cell's first sample, then every cell's second, ...), so a run stopped
@@ -110,32 +122,54 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     evaluation = [_identity(s.sample_id, s.seed, s.answer) for s in samples]
     num_kv = num_kv_heads(lm)
-    static = kv_head_ranking(load_head_list(config.static, lm.num_layers, lm.num_heads), lm.num_layers,
-                             lm.num_heads, num_kv) if config.static else ()
+    static = (
+        kv_head_ranking(load_head_list(config.static, lm.num_layers, lm.num_heads), lm.num_layers, lm.num_heads, num_kv)
+        if config.static
+        else ()
+    )
     if config.static and not static:
         raise DynheadsError(f"the static head list {config.static} has no head with a positive score")
     probe = load_head_predictor(config.probe) if config.probe else None
-    fitted = {"static": _fit_samples(config.static, "static head list", evaluation) if config.static else None,
-              "probe": _fit_samples(config.probe, "probe", evaluation) if config.probe else None}
+    fitted = {
+        "static": _fit_samples(config.static, "static head list", evaluation) if config.static else None,
+        "probe": _fit_samples(config.probe, "probe", evaluation) if config.probe else None,
+    }
     run = RunDir(out)
-    start_run(run, "kv", config, lm, {
-        "prompt": prompt_manifest(), "prompt_template": samples[0].prompt_template, "evaluation_samples": evaluation,
-        "fit_samples": fitted, "num_kv_heads": num_kv, "static_top": [head_key(h) for h in static[:20]],
-        "static_scored_kv_heads": len(static) if config.static else None,
-        "gqa_rule": "budgets count whole KV heads; every query head of a kept KV head sees all keys",
-        "kv_heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) for b in config.budgets},
-        "heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) * group_size(lm)
-                             for b in config.budgets},
-        "kv_token_bytes": kv_token_bytes(lm),
-        "probe_threshold": probe.threshold if probe else None,
-    })
+    start_run(
+        run,
+        "kv",
+        config,
+        lm,
+        {
+            "prompt": prompt_manifest(),
+            "prompt_template": samples[0].prompt_template,
+            "evaluation_samples": evaluation,
+            "fit_samples": fitted,
+            "num_kv_heads": num_kv,
+            "static_top": [head_key(h) for h in static[:20]],
+            "static_scored_kv_heads": len(static) if config.static else None,
+            "gqa_rule": "budgets count whole KV heads; every query head of a kept KV head sees all keys",
+            "kv_heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) for b in config.budgets},
+            "heads_per_budget": {
+                str(b): kv_head_count(b, lm.num_layers, num_kv) * group_size(lm) for b in config.budgets
+            },
+            "kv_token_bytes": kv_token_bytes(lm),
+            "probe_threshold": probe.threshold if probe else None,
+        },
+    )
     order = sorted(range(len(samples)), key=lambda i: (i % config.runs, i))  # niah_samples: runs vary fastest
 
     def settings_of(sample: niah.NiahSample, policy: str, budget: float | None) -> KVSettings:
         # probe_select: kv_generate_batch refuses a value that is no ProbeSelect
-        return KVSettings(policy=policy, budget=budget or 1.0, sink=config.sink, recent=config.recent,
-                          static_ranking=static, probe_select=cast(ProbeSelect, config.probe_select),
-                          seed=derive_seed(config.seed, "kv-random", sample.seed))
+        return KVSettings(
+            policy=policy,
+            budget=budget or 1.0,
+            sink=config.sink,
+            recent=config.recent,
+            static_ranking=static,
+            probe_select=cast(ProbeSelect, config.probe_select),
+            seed=derive_seed(config.seed, "kv-random", sample.seed),
+        )
 
     def work(batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
         """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
@@ -145,32 +179,59 @@ def run_kv(config: KVConfig, out: str | Path, *, lm: LoadedModel | None = None, 
         groups: dict[tuple[str, float | None], list[int]] = {}
         for i, (sample, policy, budget) in enumerate(batch):
             if is_press(policy):  # kvpress compresses its own prefill (plain attention, no probe)
-                results[i] = press_generate(lm, sample.input_ids, check_press(policy),
-                                            settings_of(sample, policy, budget), config.max_new_tokens)
+                results[i] = press_generate(
+                    lm,
+                    sample.input_ids,
+                    check_press(policy),
+                    settings_of(sample, policy, budget),
+                    config.max_new_tokens,
+                )
                 continue
             if sample.sample_id not in prefills:
                 prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
             groups.setdefault((policy, budget), []).append(i)
         for (policy, budget), rows in groups.items():
-            decoded = kv_generate_batch(lm, [prefills[batch[i][0].sample_id] for i in rows],
-                                        [settings_of(batch[i][0], policy, budget) for i in rows],
-                                        config.max_new_tokens, probe=probe,
-                                        record_probe=policy == "full" and probe is not None)
+            decoded = kv_generate_batch(
+                lm,
+                [prefills[batch[i][0].sample_id] for i in rows],
+                [settings_of(batch[i][0], policy, budget) for i in rows],
+                config.max_new_tokens,
+                probe=probe,
+                record_probe=policy == "full" and probe is not None,
+            )
             for i, result in zip(rows, decoded, strict=True):
                 results[i] = result
         finished = []
         # every slot holds its result now
         for (sample, policy, budget), result in zip(batch, cast(list[KVResult], results), strict=True):
-            record = _record(lm, sample, settings_of(sample, policy, budget), result,
-                             record_probe=policy == "full" and probe is not None)
+            record = _record(
+                lm,
+                sample,
+                settings_of(sample, policy, budget),
+                result,
+                record_probe=policy == "full" and probe is not None,
+            )
             record.update(grid_sample_id=sample.sample_id, budget=budget)
             finished.append(Finished(record))
         return finished
 
-    run_jobs(run, [Job(f"{samples[i].sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}"),
-                       (samples[i], policy, budget), group=samples[i].sample_id)
-                   for i in order for policy, budget in jobs],
-             work, batch_size=batch_size * len(jobs), desc="kv", progress=progress, on_record=on_record)
+    run_jobs(
+        run,
+        [
+            Job(
+                f"{samples[i].sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}"),
+                (samples[i], policy, budget),
+                group=samples[i].sample_id,
+            )
+            for i in order
+            for policy, budget in jobs
+        ],
+        work,
+        batch_size=batch_size * len(jobs),
+        desc="kv",
+        progress=progress,
+        on_record=on_record,
+    )
     if distributed.is_main():
         write_kv_tables(run)
     return run
@@ -190,39 +251,53 @@ def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
         run_path = folder.parent
     run = RunDir(run_path)
     if not run.exists():
-        raise DynheadsError(f"cannot tell which samples the {what} {path} was fitted on (no run directory beside "
-                            "it), so its disjointness from the evaluation cannot be checked")
+        raise DynheadsError(
+            f"cannot tell which samples the {what} {path} was fitted on (no run directory beside "
+            "it), so its disjointness from the evaluation cannot be checked"
+        )
     fitted = [_identity(r["sample_id"], r["seed"], r["answer"]) for r in run.records()]
     seeds, answers = {f["seed"] for f in fitted}, {f["answer"] for f in fitted}
     shared = [e["sample_id"] for e in evaluation if e["seed"] in seeds or e["answer"] in answers]
     if shared:
-        raise DynheadsError(f"the {what} {path} was fitted on {len(shared)} of the evaluation samples "
-                            f"(e.g. {shared[0]}): evaluate on another seed stream (--split / --seed)")
+        raise DynheadsError(
+            f"the {what} {path} was fitted on {len(shared)} of the evaluation samples "
+            f"(e.g. {shared[0]}): evaluate on another seed stream (--split / --seed)"
+        )
     return {"path": str(path), "run": str(run.path), "samples": fitted}
 
 
-def _record(lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, result: KVResult,
-            record_probe: bool) -> dict:
+def _record(
+    lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, result: KVResult, record_probe: bool
+) -> dict:
     token_bytes = kv_token_bytes(lm)
     dynamic = is_dynamic(settings.policy)
     steps = len(result.kv_heads)
     # Dynamic policies write each step's new token of every KV head to the second tier (any head may be fetched).
     written = lm.num_layers * num_kv_heads(lm) * token_bytes if dynamic else 0
-    record = {**sample.describe(), "policy": settings.policy, "generated": result.text,
-              "stop_reason": result.stop_reason, "steps": steps,
-              "metrics": niah.score(sample.answer, result.text),
-              # token-level presses keep no whole head: their KV-head count is undefined, not 0
-              "mean_kv_heads": (float(np.mean([len(heads) for heads in result.kv_heads]))
-                                if not is_press(settings.policy) or settings.policy == "kvpress:duo_attention"
-                                else float("nan")),
-              "budget_kv_heads": result.budget_heads, "shortfall": result.shortfall,
-              "kv_fraction": result.kv_fraction, "mean_kept_kv": float(np.mean(result.kept_kv)),
-              "mean_total_kv": float(np.mean(result.total_kv)),
-              "kv_bytes": float(np.mean(result.kept_kv)) * token_bytes,
-              "offloaded_bytes": float(np.mean(result.total_kv)) * token_bytes if dynamic else 0.0,
-              "moved_bytes_per_step": float(np.mean(result.fetched_kv)) * token_bytes + written,
-              "moved_new_bytes_per_step": float(np.mean(result.fetched_new_kv)) * token_bytes + written,
-              "dynamic": [[flat_index(h, lm.num_heads) for h in heads] for heads in result.dynamic]}
+    record = {
+        **sample.describe(),
+        "policy": settings.policy,
+        "generated": result.text,
+        "stop_reason": result.stop_reason,
+        "steps": steps,
+        "metrics": niah.score(sample.answer, result.text),
+        # token-level presses keep no whole head: their KV-head count is undefined, not 0
+        "mean_kv_heads": (
+            float(np.mean([len(heads) for heads in result.kv_heads]))
+            if not is_press(settings.policy) or settings.policy == "kvpress:duo_attention"
+            else float("nan")
+        ),
+        "budget_kv_heads": result.budget_heads,
+        "shortfall": result.shortfall,
+        "kv_fraction": result.kv_fraction,
+        "mean_kept_kv": float(np.mean(result.kept_kv)),
+        "mean_total_kv": float(np.mean(result.total_kv)),
+        "kv_bytes": float(np.mean(result.kept_kv)) * token_bytes,
+        "offloaded_bytes": float(np.mean(result.total_kv)) * token_bytes if dynamic else 0.0,
+        "moved_bytes_per_step": float(np.mean(result.fetched_kv)) * token_bytes + written,
+        "moved_new_bytes_per_step": float(np.mean(result.fetched_new_kv)) * token_bytes + written,
+        "dynamic": [[flat_index(h, lm.num_heads) for h in heads] for heads in result.dynamic],
+    }
     if record_probe:
         record["probe_scores"] = result.probe_scores
     return record
@@ -233,8 +308,9 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
     records = run.records()
     if not records:
         raise DynheadsError(f"{run.path} has no finished samples yet")
-    frame = pd.json_normalize([{k: v for k, v in r.items() if k not in ("dynamic", "probe_scores")}
-                               for r in records], sep=".")
+    frame = pd.json_normalize(
+        [{k: v for k, v in r.items() if k not in ("dynamic", "probe_scores")} for r in records], sep="."
+    )
     with atomic_path(run.path / "results.csv") as tmp:
         frame.to_csv(tmp, index=False)
     frame["budget"] = frame["budget"].fillna(1.0).where(frame["policy"] != "none", 0.0)
@@ -244,25 +320,36 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
     frame = frame[frame["grid_sample_id"].isin(complete)]
     records = [r for r in records if r["grid_sample_id"] in complete]
     mb = 1e6
-    table = (frame.groupby(["policy", "budget"])
-             .agg(samples=("grid_sample_id", "size"), accuracy=("metrics.accuracy", "mean"),
-                  rouge_l=("metrics.rouge_l", "mean"), kv_heads=("mean_kv_heads", "mean"),
-                  shortfall=("shortfall", "mean"), kv_fraction=("kv_fraction", "mean"),
-                  kv_mb=("kv_bytes", lambda b: b.mean() / mb),
-                  offloaded_mb=("offloaded_bytes", lambda b: b.mean() / mb),
-                  moved_mb_per_step=("moved_bytes_per_step", lambda b: b.mean() / mb),
-                  moved_new_mb_per_step=("moved_new_bytes_per_step", lambda b: b.mean() / mb))
-             .reset_index())
-    intervals = {key: accuracy_interval(rows["metrics.accuracy"].to_numpy())
-                 for key, rows in frame.groupby(["policy", "budget"])}
+    table = (
+        frame.groupby(["policy", "budget"])
+        .agg(
+            samples=("grid_sample_id", "size"),
+            accuracy=("metrics.accuracy", "mean"),
+            rouge_l=("metrics.rouge_l", "mean"),
+            kv_heads=("mean_kv_heads", "mean"),
+            shortfall=("shortfall", "mean"),
+            kv_fraction=("kv_fraction", "mean"),
+            kv_mb=("kv_bytes", lambda b: b.mean() / mb),
+            offloaded_mb=("offloaded_bytes", lambda b: b.mean() / mb),
+            moved_mb_per_step=("moved_bytes_per_step", lambda b: b.mean() / mb),
+            moved_new_mb_per_step=("moved_new_bytes_per_step", lambda b: b.mean() / mb),
+        )
+        .reset_index()
+    )
+    intervals = {
+        key: accuracy_interval(rows["metrics.accuracy"].to_numpy()) for key, rows in frame.groupby(["policy", "budget"])
+    }
     table["accuracy_low"] = [intervals[(p, b)][0] for p, b in zip(table["policy"], table["budget"], strict=True)]
     table["accuracy_high"] = [intervals[(p, b)][1] for p, b in zip(table["policy"], table["budget"], strict=True)]
     table["order"] = table["policy"].map(_policy_order)
     table = table.sort_values(["budget", "order"]).drop(columns="order").reset_index(drop=True)
     with atomic_path(run.path / "table.csv") as tmp:
         table.to_csv(tmp, index=False)
-    cells = (frame.groupby(["policy", "budget", "context_tokens", "depth"])
-             .agg(accuracy=("metrics.accuracy", "mean"), samples=("grid_sample_id", "size")).reset_index())
+    cells = (
+        frame.groupby(["policy", "budget", "context_tokens", "depth"])
+        .agg(accuracy=("metrics.accuracy", "mean"), samples=("grid_sample_id", "size"))
+        .reset_index()
+    )
     with atomic_path(run.path / "cells.csv") as tmp:
         cells.to_csv(tmp, index=False)
     manifest = run.manifest()
@@ -274,14 +361,20 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         "bootstrap interval over samples; resident = KV held on the device as a fraction of the unmodified model's "
         "and in MB, mean over steps; dynamic policies hold the full KV offloaded (second tier) and move, per step, "
         "the picked heads' keys beyond the window plus the new token of every head (re-used: heads picked at the "
-        "previous step stay resident).", kv_table(table)]
+        "previous step stay resident).",
+        kv_table(table),
+    ]
     pr = probe_precision_recall(records, manifest)
     if pr is not None:
         write_json(run.path / "probe_pr.json", pr)
         write_summary(run.path, "probe_pr.md", Summary(pr_blocks(pr), pr))
         blocks += pr_blocks(pr)
-    numbers = {"accuracy": {f"{row.policy}@{row.budget:g}": [row.accuracy, row.accuracy_low, row.accuracy_high]
-                            for row in table.itertuples()}}
+    numbers = {
+        "accuracy": {
+            f"{row.policy}@{row.budget:g}": [row.accuracy, row.accuracy_low, row.accuracy_high]
+            for row in table.itertuples()
+        }
+    }
     write_summary(run.path, "summary.md", Summary(blocks, numbers, f"KV retention: {model}"))
     plot_kv_accuracy(table, run.path / "plots" / "kv-accuracy.png", title=f"{model}: NIAH accuracy vs resident KV")
     if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
@@ -300,8 +393,7 @@ def accuracy_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
     values = np.asarray(values, dtype=float)
     if len(values) < 2 or np.all(values == values[0]):
         return float(values.mean()), float(values.mean())
-    result = bootstrap((values,), np.mean, n_resamples=2000, method="percentile",
-                       rng=np.random.default_rng(seed))
+    result = bootstrap((values,), np.mean, n_resamples=2000, method="percentile", rng=np.random.default_rng(seed))
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -309,13 +401,38 @@ def kv_table(table: pd.DataFrame) -> Table:
     """One row per (budget, policy) of ``table.csv``, as summary.md shows it."""
     rows = []
     for row in table.itertuples():
-        moved = (f"{row.moved_mb_per_step:.3f} ({row.moved_new_mb_per_step:.3f})" if row.offloaded_mb else "0")
-        rows.append([f"{row.budget:g}", row.policy, int(row.samples),
-                     f"{row.accuracy:.3f} [{row.accuracy_low:.2f}, {row.accuracy_high:.2f}]", f"{row.rouge_l:.3f}",
-                     "–" if np.isnan(row.kv_heads) else f"{row.kv_heads:.1f}", f"{row.shortfall:.1f}",
-                     f"{row.kv_fraction:.3f}", f"{row.kv_mb:.2f}", f"{row.offloaded_mb:.2f}", moved])
-    return Table(["budget", "policy", "samples", "accuracy [95 % CI]", "ROUGE-L", "KV heads", "shortfall", "resident",
-                  "resident MB", "offloaded MB", "moved MB/step (re-used)"], rows)
+        moved = f"{row.moved_mb_per_step:.3f} ({row.moved_new_mb_per_step:.3f})" if row.offloaded_mb else "0"
+        rows.append(
+            [
+                f"{row.budget:g}",
+                row.policy,
+                int(row.samples),
+                f"{row.accuracy:.3f} [{row.accuracy_low:.2f}, {row.accuracy_high:.2f}]",
+                f"{row.rouge_l:.3f}",
+                "–" if np.isnan(row.kv_heads) else f"{row.kv_heads:.1f}",
+                f"{row.shortfall:.1f}",
+                f"{row.kv_fraction:.3f}",
+                f"{row.kv_mb:.2f}",
+                f"{row.offloaded_mb:.2f}",
+                moved,
+            ]
+        )
+    return Table(
+        [
+            "budget",
+            "policy",
+            "samples",
+            "accuracy [95 % CI]",
+            "ROUGE-L",
+            "KV heads",
+            "shortfall",
+            "resident",
+            "resident MB",
+            "offloaded MB",
+            "moved MB/step (re-used)",
+        ],
+        rows,
+    )
 
 
 def probe_precision_recall(records: list[dict], manifest: dict) -> dict | None:
@@ -347,21 +464,32 @@ def probe_precision_recall(records: list[dict], manifest: dict) -> dict | None:
         predictors[f"probe(h_t) top-{k} (budget {float(budget):g})"] = chosen
     rows = {name: _pr(pred, following) for name, pred in predictors.items()}
     rows[f"same step: probe(h_t) > {threshold:.3f} vs D_t"] = _pr(scores > threshold, now)
-    return {"samples": len(full), "step_pairs": int(len(scores)), "positive_rate": float(following.mean()),
-            "predictors": rows}
+    return {
+        "samples": len(full),
+        "step_pairs": int(len(scores)),
+        "positive_rate": float(following.mean()),
+        "predictors": rows,
+    }
 
 
 def _pr(predicted: np.ndarray, actual: np.ndarray) -> dict:
     hits = float((predicted & actual).sum())
-    return {"precision": hits / max(float(predicted.sum()), 1.0), "recall": hits / max(float(actual.sum()), 1.0),
-            "predicted_per_step": float(predicted.sum(1).mean())}
+    return {
+        "precision": hits / max(float(predicted.sum()), 1.0),
+        "recall": hits / max(float(actual.sum()), 1.0),
+        "predicted_per_step": float(predicted.sum(1).mean()),
+    }
 
 
 def pr_blocks(pr: dict) -> list[Block]:
     """``probe_precision_recall``'s result as a sentence and a table (probe_pr.md, and the end of summary.md)."""
-    rows = [[name, f"{row['precision']:.3f}", f"{row['recall']:.3f}", f"{row['predicted_per_step']:.1f}"]
-            for name, row in pr["predictors"].items()]
-    return [f"Predicting the heads active (Eq. 1) at step t+1 from step t, on the full-KV decoding of "
-            f"{pr['samples']} samples ({pr['step_pairs']} step pairs; {pr['positive_rate']:.4f} of head-steps "
-            "positive), micro over heads and steps:",
-            Table(["predictor", "precision", "recall", "heads per step"], rows)]
+    rows = [
+        [name, f"{row['precision']:.3f}", f"{row['recall']:.3f}", f"{row['predicted_per_step']:.1f}"]
+        for name, row in pr["predictors"].items()
+    ]
+    return [
+        f"Predicting the heads active (Eq. 1) at step t+1 from step t, on the full-KV decoding of "
+        f"{pr['samples']} samples ({pr['step_pairs']} step pairs; {pr['positive_rate']:.4f} of head-steps "
+        "positive), micro over heads and steps:",
+        Table(["predictor", "precision", "recall", "heads per step"], rows),
+    ]

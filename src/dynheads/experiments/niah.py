@@ -22,9 +22,17 @@ def prompt_manifest() -> dict:
     return NIAH.prompt(None)
 
 
-def run_niah(config: NiahConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
-             on_sample: Callable[[dict], None] | None = None, batch_size: int = 1,
-             device_map: str | None = None) -> RunDir:
+def run_niah(
+    config: NiahConfig,
+    out: str | Path,
+    *,
+    lm: LoadedModel | None = None,
+    progress: bool = True,
+    on_sample: Callable[[dict], None] | None = None,
+    batch_size: int = 1,
+    device_map: str | None = None,
+) -> RunDir:
     """Trace every sample of the grid into ``out``; finished samples of an earlier attempt are skipped."""
-    return run_task(NIAH, config, out, lm=lm, device_map=device_map, progress=progress, on_sample=on_sample,
-                    batch_size=batch_size)
+    return run_task(
+        NIAH, config, out, lm=lm, device_map=device_map, progress=progress, on_sample=on_sample, batch_size=batch_size
+    )

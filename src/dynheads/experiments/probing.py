@@ -35,15 +35,26 @@ from dynheads.scores import ScoreKind, ScoreSpec
 from dynheads.tables import Summary, Table, write_summary
 
 _COLUMNS = {  # task -> (metric key, column title)
-    "binary": (("f1", "F1"), ("precision", "Precision"), ("recall", "Recall"), ("auprc", "AUPRC"),
-               ("positive_rate", "positive rate")),
+    "binary": (
+        ("f1", "F1"),
+        ("precision", "Precision"),
+        ("recall", "Recall"),
+        ("auprc", "AUPRC"),
+        ("positive_rate", "positive rate"),
+    ),
     "continuous": (("mse", "MSE"), ("mae", "MAE"), ("r2", "R² (mean per head)"), ("r2_flat", "R² (flattened)")),
 }
 
 
-def train_probe_on_run(run_dir: str | Path, config: HeadPredictorConfig | None = None, *, score: ScoreKind = "copy",
-                       out_dir: str | Path | None = None, device: str = "cpu", progress: bool = True
-                       ) -> HeadPredictorResult:
+def train_probe_on_run(
+    run_dir: str | Path,
+    config: HeadPredictorConfig | None = None,
+    *,
+    score: ScoreKind = "copy",
+    out_dir: str | Path | None = None,
+    device: str = "cpu",
+    progress: bool = True,
+) -> HeadPredictorResult:
     """Train a probe from the run's hidden states to its ``score`` of every head; save it and its metrics."""
     run, traces = load_run(run_dir)
     config = config or HeadPredictorConfig()
@@ -57,26 +68,53 @@ def train_probe_on_run(run_dir: str | Path, config: HeadPredictorConfig | None =
     result.save(out)
     write_probe_questions(out, run, config, result.metrics["split_pairs"])
     paper = PAPER_PROBE_BINARY if task == "binary" else PAPER_PROBE_CONTINUOUS
-    rows = {f"{model_name(run)}: MLP probe (ours)": result.metrics["probe"],
-            f"{model_name(run)}: frequency baseline (ours)": result.metrics["baseline"],
-            **{f"{name} (paper, {'Table 2' if task == 'binary' else 'Table 3'})": row for name, row in paper.items()}}
+    rows = {
+        f"{model_name(run)}: MLP probe (ours)": result.metrics["probe"],
+        f"{model_name(run)}: frequency baseline (ours)": result.metrics["baseline"],
+        **{f"{name} (paper, {'Table 2' if task == 'binary' else 'Table 3'})": row for name, row in paper.items()},
+    }
     epochs = len(result.history)
-    summary = ((f"{empty_note(counts)}\n" if counts["empty_samples_skipped"] else "") +
-               f"{score} scores ({task}); {len(samples)} samples split by sample into "
-               f"{result.metrics['split_pairs']} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
-               f"{config.epochs} epochs (best {result.metrics['best_epoch']}), trained in {seconds:.0f} s on {device}."
-               + (f" Decision threshold {result.metrics['threshold']:.4f} (probe), "
-                  f"{result.metrics['baseline_threshold']:.4f} (baseline)." if task == "binary" else "")
-               + f" Probe minus baseline {_gap_text(result.metrics['gap'])} (95 % bootstrap interval over the test "
-               "samples).")
-    write_summary(out, "metrics.md", Summary(
-        [summary, metrics_table(rows, task)],
-        {"task": task, "probe": result.metrics["probe"], "baseline": result.metrics["baseline"],
-         "gap": result.metrics["gap"]},
-        f"MLP probe on {run.path}"))
-    write_json(out / "metrics.json", {"run": str(run.path), "score": score, "task": task, "epochs_run": epochs,
-                                      **counts,
-                                      "train_seconds": seconds, **result.metrics, "paper": paper})
+    summary = (
+        (f"{empty_note(counts)}\n" if counts["empty_samples_skipped"] else "")
+        + f"{score} scores ({task}); {len(samples)} samples split by sample into "
+        f"{result.metrics['split_pairs']} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
+        f"{config.epochs} epochs (best {result.metrics['best_epoch']}), trained in {seconds:.0f} s on {device}."
+        + (
+            f" Decision threshold {result.metrics['threshold']:.4f} (probe), "
+            f"{result.metrics['baseline_threshold']:.4f} (baseline)."
+            if task == "binary"
+            else ""
+        )
+        + f" Probe minus baseline {_gap_text(result.metrics['gap'])} (95 % bootstrap interval over the test "
+        "samples)."
+    )
+    write_summary(
+        out,
+        "metrics.md",
+        Summary(
+            [summary, metrics_table(rows, task)],
+            {
+                "task": task,
+                "probe": result.metrics["probe"],
+                "baseline": result.metrics["baseline"],
+                "gap": result.metrics["gap"],
+            },
+            f"MLP probe on {run.path}",
+        ),
+    )
+    write_json(
+        out / "metrics.json",
+        {
+            "run": str(run.path),
+            "score": score,
+            "task": task,
+            "epochs_run": epochs,
+            **counts,
+            "train_seconds": seconds,
+            **result.metrics,
+            "paper": paper,
+        },
+    )
     return result
 
 
@@ -90,9 +128,12 @@ def _gap_text(gap: Mapping) -> str:
 def metrics_table(rows: Mapping[str, Mapping[str, float]], task: str) -> Table:
     """One row per predictor, the task's metric columns; blank where a row lacks a metric."""
     columns = _COLUMNS[task]
-    return Table(["predictor", *(title for _, title in columns)],
-                 [[name, *(float(row[key]) if key in row else "" for key, _ in columns)] for name, row in rows.items()],
-                 float_format=".4f", missing="nan")
+    return Table(
+        ["predictor", *(title for _, title in columns)],
+        [[name, *(float(row[key]) if key in row else "" for key, _ in columns)] for name, row in rows.items()],
+        float_format=".4f",
+        missing="nan",
+    )
 
 
 QUESTIONS_FILE = "questions.json"
@@ -111,10 +152,14 @@ def write_probe_questions(out: Path, run: RunDir, config: HeadPredictorConfig, s
         if len(kept) < 3:
             continue
         parts = split_by_sample(len(kept), config.split, config.seed)
-        if all(sum(steps[kept[i]] for i in idx) == split_pairs[name] for name, idx in
-               zip(("train", "val", "test"), parts, strict=True)):
-            splits = {name: sorted({ids[kept[i]] for i in idx}) for name, idx in
-                      zip(("train", "validation", "test"), parts, strict=True)}
+        if all(
+            sum(steps[kept[i]] for i in idx) == split_pairs[name]
+            for name, idx in zip(("train", "val", "test"), parts, strict=True)
+        ):
+            splits = {
+                name: sorted({ids[kept[i]] for i in idx})
+                for name, idx in zip(("train", "validation", "test"), parts, strict=True)
+            }
             exact = True
             break
     data = {"run": str(run.path), "run_questions": run.manifest().get("questions"), "split_exact": exact, **splits}
@@ -126,7 +171,9 @@ def probe_fit_questions(probe_dir: str | Path) -> list[str]:
     """Question ids the probe in ``probe_dir`` was trained or validated on; refuses a probe that records none."""
     path = Path(probe_dir) / QUESTIONS_FILE
     if not path.is_file():
-        raise DynheadsError(f"the probe in {probe_dir} records no training questions ({QUESTIONS_FILE}), so it "
-                            "cannot be shown disjoint from the evaluation: retrain it with 'dynheads probe train'")
+        raise DynheadsError(
+            f"the probe in {probe_dir} records no training questions ({QUESTIONS_FILE}), so it "
+            "cannot be shown disjoint from the evaluation: retrain it with 'dynheads probe train'"
+        )
     data = read_json(path)
     return sorted(set(data.get("train", [])) | set(data.get("validation", [])))

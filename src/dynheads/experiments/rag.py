@@ -36,7 +36,9 @@ from dynheads.tasks.questions import refuse_overlap
 class RagConfig(RagFields):
     def settings(self) -> RagSettings:
         return RagSettings(
-            max_new_tokens=self.max_new_tokens, draft_tokens=self.draft_tokens, max_retrievals=self.max_retrievals,
+            max_new_tokens=self.max_new_tokens,
+            draft_tokens=self.draft_tokens,
+            max_retrievals=self.max_retrievals,
             trigger=TriggerConfig(threshold=self.threshold, form=cast(TriggerForm, self.trigger_form)),  # checks it
             retrieval=RetrievalConfig(top_n=self.top_n, window=self.window, gap=self.gap),
         )
@@ -51,14 +53,22 @@ def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
     return jobs
 
 
-def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True,
-            batch_size: int = 1) -> RunDir:
+def run_rag(
+    config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True, batch_size: int = 1
+) -> RunDir:
     """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. ``batch_size``
     answers decode together (``rag.loop.answer_questions``; the records equal batch 1's)."""
     jobs = _jobs(config)
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
-    hotpot = HotpotConfig(data=config.data, questions=config.questions, first=config.first, split=config.split,
-                          lengths=config.lengths, depths=config.depths, seed=config.seed)
+    hotpot = HotpotConfig(
+        data=config.data,
+        questions=config.questions,
+        first=config.first,
+        split=config.split,
+        lengths=config.lengths,
+        depths=config.depths,
+        seed=config.seed,
+    )
     task = qa_task(hotpot)
     grid = task.grid(hotpot, lm.tokenizer)
     samples = grid.samples
@@ -68,9 +78,19 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
     predict_top = _probe_predictor(config, lm, evaluated) if probe_read else None
     ranking = _static_ranking(config, lm, evaluated) if any(entry.needs_static for entry in needs) else None
     run = RunDir(out)
-    start_run(run, "rag", config, lm, {"data": config.data or "synthetic", "prompt": task.prompt(hotpot)["user"],
-                                       **grid.manifest(), "static_scored_heads": len(ranking) if ranking else None,
-                                       "probe_questions_checked": probe_read})
+    start_run(
+        run,
+        "rag",
+        config,
+        lm,
+        {
+            "data": config.data or "synthetic",
+            "prompt": task.prompt(hotpot)["user"],
+            **grid.manifest(),
+            "static_scored_heads": len(ranking) if ranking else None,
+            "probe_questions_checked": probe_read,
+        },
+    )
     settings = config.settings()
 
     def answer(batch: list[tuple]) -> list[Finished]:
@@ -80,36 +100,64 @@ def run_rag(config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None
             # only scored static heads, never filler
             needs_static = RAG_STRATEGIES.get(strategy).needs_static
             used_k = min(k, len(ranking)) if ranking is not None and needs_static and k else k
-            selectors.append(HeadSelector(strategy, k=used_k or 1, num_layers=lm.num_layers, num_heads=lm.num_heads,
-                                          rng=derive_seed(config.seed, sample.sample_id, strategy, k),
-                                          static_ranking=ranking, predict_top=predict_top))
+            selectors.append(
+                HeadSelector(
+                    strategy,
+                    k=used_k or 1,
+                    num_layers=lm.num_layers,
+                    num_heads=lm.num_heads,
+                    rng=derive_seed(config.seed, sample.sample_id, strategy, k),
+                    static_ranking=ranking,
+                    predict_top=predict_top,
+                )
+            )
             used.append((used_k, _rerank(lm, sample, config.rerank_top) if strategy == "rerank" else {}))
             shown.append(used[-1][1].get("shown", ()))
         answers = answer_questions(lm, [item[0] for item in batch], selectors, settings, shown)
-        return [Finished(_answer_record(task, sample, strategy, k, used_k, reranked, result))
-                for (sample, strategy, k), (used_k, reranked), result in zip(batch, used, answers, strict=True)]
+        return [
+            Finished(_answer_record(task, sample, strategy, k, used_k, reranked, result))
+            for (sample, strategy, k), (used_k, reranked), result in zip(batch, used, answers, strict=True)
+        ]
 
-    run_jobs(run, [Job(_record_id(s.sample_id, strategy, k), (s, strategy, k))
-                   for s in samples for strategy, k in jobs],
-             answer, batch_size=batch_size, desc="rag", progress=progress)
+    run_jobs(
+        run,
+        [Job(_record_id(s.sample_id, strategy, k), (s, strategy, k)) for s in samples for strategy, k in jobs],
+        answer,
+        batch_size=batch_size,
+        desc="rag",
+        progress=progress,
+    )
     if not distributed.is_main():  # rank 0 writes the tables once every process has finished
         return run
     run.write_results()
     notes = [grid.skip_note()]
     if ranking is not None and max(config.ks) > len(ranking):
-        notes.append(f"static: only {len(ranking)} heads of {config.static} have a non-zero score, so 'static' used "
-                     f"{len(ranking)} heads wherever k > {len(ranking)} (never zero-score filler)")
+        notes.append(
+            f"static: only {len(ranking)} heads of {config.static} have a non-zero score, so 'static' used "
+            f"{len(ranking)} heads wherever k > {len(ranking)} (never zero-score filler)"
+        )
     records = run.records()
-    write_summary(run.path, "rag.md", Summary([rag_summary_table(rag_table(run)), *chance_blocks(records),
-                                               *(f"{n}." for n in notes if n)], {"f1_pairs": per_question_f1(records)}))
+    write_summary(
+        run.path,
+        "rag.md",
+        Summary(
+            [rag_summary_table(rag_table(run)), *chance_blocks(records), *(f"{n}." for n in notes if n)],
+            {"f1_pairs": per_question_f1(records)},
+        ),
+    )
     return run
 
 
 def per_question_f1(records: list[dict]) -> dict[str, dict[str, list[float]]]:
     """The RAG verdict's input: per k (as text), Dynamic's and Static's F1 per question over the questions both
     answered at that k, in one question order."""
-    frame = pd.DataFrame([{"question": r["question_id"], "strategy": r["strategy"], "k": r["k"],
-                           "f1": r["metrics"]["f1"]} for r in records if r["strategy"] in ("dynamic", "static")])
+    frame = pd.DataFrame(
+        [
+            {"question": r["question_id"], "strategy": r["strategy"], "k": r["k"], "f1": r["metrics"]["f1"]}
+            for r in records
+            if r["strategy"] in ("dynamic", "static")
+        ]
+    )
     pairs = {}
     for k, group in frame.groupby("k") if not frame.empty else ():
         table = group.pivot_table(index="question", columns="strategy", values="f1", aggfunc="mean").dropna()
@@ -128,26 +176,48 @@ def chance_blocks(records: list[dict]) -> list:
     rows = []
     for (strategy, k), group in pd.DataFrame(records).groupby(["strategy", "k"], sort=False, dropna=False):
         summary = candidates.summarise(group.to_dict("records"))
-        rows.append([strategy, "-" if pd.isna(k) else int(k), summary["n"], summary["model"], summary["wrong"],
-                     summary["distractor_share"]])
-    return [f"Chance with the context visible over these {base['n']} questions: a random same-form candidate "
-            f"{base['chance']:.3f} EM; always the first candidate {base['first']:.3f}, always the last "
-            f"{base['last']:.3f} (dynheads.tasks.candidates).",
-            Table(["strategy", "k", "questions", "EM", "wrong", "wrong = a distractor's value"], rows, missing="n/a")]
+        rows.append(
+            [
+                strategy,
+                "-" if pd.isna(k) else int(k),
+                summary["n"],
+                summary["model"],
+                summary["wrong"],
+                summary["distractor_share"],
+            ]
+        )
+    return [
+        f"Chance with the context visible over these {base['n']} questions: a random same-form candidate "
+        f"{base['chance']:.3f} EM; always the first candidate {base['first']:.3f}, always the last "
+        f"{base['last']:.3f} (dynheads.tasks.candidates).",
+        Table(["strategy", "k", "questions", "EM", "wrong", "wrong = a distractor's value"], rows, missing="n/a"),
+    ]
 
 
-def _answer_record(task, sample, strategy: str, k: int | None, used_k: int | None, reranked: dict,
-                   answer: RagAnswer) -> dict:
-    return {**reranked,
-            "sample_id": _record_id(sample.sample_id, strategy, k), "question_id": sample.sample_id,
-            "strategy": strategy, "k": k, "question": sample.question, "answer": sample.answer,
-            "type": sample.type, "generated": answer.text, "metrics": task.score(sample, answer.text),
-            "retrievals": answer.retrievals, "visible_tokens": answer.visible_tokens,
-            "windows": answer.windows, "heads": answer.heads, "retrieval_recall": answer.retrieval_recall,
-            "context_tokens": sample.context_span[1] - sample.context_span[0], "record_id": sample.record_id,
-            "heads_used": used_k,
-            "meta": {key: sample.meta[key] for key in (candidates.CANDIDATES, candidates.GOLD_RANK)
-                     if key in sample.meta}}
+def _answer_record(
+    task, sample, strategy: str, k: int | None, used_k: int | None, reranked: dict, answer: RagAnswer
+) -> dict:
+    return {
+        **reranked,
+        "sample_id": _record_id(sample.sample_id, strategy, k),
+        "question_id": sample.sample_id,
+        "strategy": strategy,
+        "k": k,
+        "question": sample.question,
+        "answer": sample.answer,
+        "type": sample.type,
+        "generated": answer.text,
+        "metrics": task.score(sample, answer.text),
+        "retrievals": answer.retrievals,
+        "visible_tokens": answer.visible_tokens,
+        "windows": answer.windows,
+        "heads": answer.heads,
+        "retrieval_recall": answer.retrieval_recall,
+        "context_tokens": sample.context_span[1] - sample.context_span[0],
+        "record_id": sample.record_id,
+        "heads_used": used_k,
+        "meta": {key: sample.meta[key] for key in (candidates.CANDIDATES, candidates.GOLD_RANK) if key in sample.meta},
+    }
 
 
 def _rerank(lm: LoadedModel, sample, top: int) -> dict:
@@ -162,8 +232,12 @@ def _rerank(lm: LoadedModel, sample, top: int) -> dict:
     titles = sample.meta["paragraph_titles"]
     gold = {title for title, _ in sample.supporting_facts}
     chosen = order[:top]
-    return {"shown": [prompt.spans[i] for i in chosen], "ranking": [titles[i] for i in order],
-            "gold_shown": len(gold & {titles[i] for i in chosen}) / len(gold), "rerank_seconds": seconds}
+    return {
+        "shown": [prompt.spans[i] for i in chosen],
+        "ranking": [titles[i] for i in order],
+        "gold_shown": len(gold & {titles[i] for i in chosen}) / len(gold),
+        "rerank_seconds": seconds,
+    }
 
 
 def _record_id(sample_id: str, strategy: str, k: int | None) -> str:
@@ -179,8 +253,10 @@ def _probe_predictor(config: RagConfig, lm: LoadedModel, evaluated: list[str]):
     refuse_overlap(probe_fit_questions(config.probe), f"the probe in {config.probe}", evaluated, "this RAG run")
     probe = load_head_predictor(config.probe)
     if (probe.num_layers, probe.num_heads) != (lm.num_layers, lm.num_heads):
-        raise DynheadsError(f"the probe in {config.probe} predicts {probe.num_layers} x {probe.num_heads} heads, "
-                            f"but this model has {lm.num_layers} x {lm.num_heads}: train it on this model's run")
+        raise DynheadsError(
+            f"the probe in {config.probe} predicts {probe.num_layers} x {probe.num_heads} heads, "
+            f"but this model has {lm.num_layers} x {lm.num_heads}: train it on this model's run"
+        )
     return lambda hidden, k: probe.top_heads(np.asarray(hidden, dtype=np.float32), k)
 
 
@@ -204,13 +280,37 @@ def rag_summary_table(table: pd.DataFrame) -> Table:
     for row in table.itertuples():
         paper = PAPER_TABLE4[PAPER_MODEL].get(row.strategy)
         paper_text = f"{paper[0]:.3f} / {paper[1]:.4f}" if paper and row.k in (5, "-") else ""
-        rows.append([row.strategy, row.k if isinstance(row.k, str) else int(row.k), int(row.questions),
-                     float(row.em), float(row.f1), _number(row.retrieval_recall), float(row.retrievals),
-                     _number(row.visible_tokens), float(row.context_tokens), paper_text])
-    return Table(["strategy", "k", "questions", "EM", "F1", "retrieval recall", "retrievals / question",
-                  "visible tokens / retrieval", "context tokens", "paper llama3.1-8b EM / F1 (k=5)"], rows,
-                 {"retrievals / question": ".2f", "visible tokens / retrieval": ".0f", "context tokens": ".0f"},
-                 missing="n/a")
+        rows.append(
+            [
+                row.strategy,
+                row.k if isinstance(row.k, str) else int(row.k),
+                int(row.questions),
+                float(row.em),
+                float(row.f1),
+                _number(row.retrieval_recall),
+                float(row.retrievals),
+                _number(row.visible_tokens),
+                float(row.context_tokens),
+                paper_text,
+            ]
+        )
+    return Table(
+        [
+            "strategy",
+            "k",
+            "questions",
+            "EM",
+            "F1",
+            "retrieval recall",
+            "retrievals / question",
+            "visible tokens / retrieval",
+            "context tokens",
+            "paper llama3.1-8b EM / F1 (k=5)",
+        ],
+        rows,
+        {"retrievals / question": ".2f", "visible tokens / retrieval": ".0f", "context tokens": ".0f"},
+        missing="n/a",
+    )
 
 
 def _number(value: float | None) -> float | None:

@@ -43,6 +43,7 @@ def load_preset(name: str) -> dict:
     ``qa_source`` (questions when no HotpotQA file is given) and, for ``paper``, ``sources``."""
     with (PRESET_FOLDER / f"{name}.toml").open("rb") as file:
         preset = tomllib.load(file)
+
     # every table names a registered stage (``stages.STAGES``): a misspelt one would silently set nothing
     def tables(mapping: dict) -> list[str]:
         return [key for key, value in mapping.items() if isinstance(value, dict)]
@@ -90,16 +91,24 @@ class _Stages:
         write_json(self.log_path, self.log)
 
 
-def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | None = None,
-              progress: bool = True) -> Path:
+def reproduce(
+    config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
+) -> Path:
     """Run the whole study into ``out`` (one sub-folder per stage); returns ``out``, ready for ``write_report``."""
     if config.preset not in PRESETS:
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
     preset, out = PRESETS[config.preset], Path(out)
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     stage_tables = {key: value for key, value in preset.items() if key != "sources"}
-    RunDir(out).start("reproduce", config, lm, {"preset_settings": _jsonable(stage_tables), **(
-        {"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {})})
+    RunDir(out).start(
+        "reproduce",
+        config,
+        lm,
+        {
+            "preset_settings": _jsonable(stage_tables),
+            **({"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {}),
+        },
+    )
     study = _Stages(out)
     common = dict(model=config.model, seed=config.seed, dtype=config.dtype, device=config.device)
 
@@ -111,54 +120,100 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
     study.run(stages.NIAH, lambda: run_niah(niah, out / stages.NIAH, lm=lm, progress=progress))
     static = StaticConfig(**settings(stages.STATIC))
     study.run(stages.STATIC, lambda: run_static(static, out / stages.STATIC, lm=lm, progress=progress))
-    study.run(stages.DYNAMISM, lambda: (
-        dynamism_report(out / stages.NIAH, static_file, static_kind="copy", out_dir=out / stages.DYNAMISM),
-        plot_heads(out / stages.NIAH, _best_samples(out / stages.NIAH, 2), out_dir=out / stages.DYNAMISM)))
+    study.run(
+        stages.DYNAMISM,
+        lambda: (
+            dynamism_report(out / stages.NIAH, static_file, static_kind="copy", out_dir=out / stages.DYNAMISM),
+            plot_heads(out / stages.NIAH, _best_samples(out / stages.NIAH, 2), out_dir=out / stages.DYNAMISM),
+        ),
+    )
     ablation = AblationConfig(**settings(stages.ABLATION, static=str(static_file)))
     study.run(stages.ABLATION, lambda: run_ablation(ablation, out / stages.ABLATION, lm=lm, progress=progress))
     progressive = ProgressiveConfig(**settings(stages.PROGRESSIVE, static=str(static_file)))
-    study.run(stages.PROGRESSIVE, lambda: run_progressive(progressive, out / stages.PROGRESSIVE, lm=lm,
-                                                          progress=progress))
+    study.run(
+        stages.PROGRESSIVE, lambda: run_progressive(progressive, out / stages.PROGRESSIVE, lm=lm, progress=progress)
+    )
     cca = CCAConfig(seed=config.seed)
     offsets = stage_settings(preset, stages.CCA)["offsets"]
     study.run(stages.CCA, lambda: cca_report(out / stages.NIAH, offsets, cca, out_dir=out / stages.CCA))
     probe_config = HeadPredictorConfig(**stage_settings(preset, stages.PROBE), seed=config.seed)
-    study.run(stages.PROBE, lambda: train_probe_on_run(
-        out / stages.NIAH, probe_config, out_dir=out / stages.PROBE, device=str(lm.device), progress=progress))
+    study.run(
+        stages.PROBE,
+        lambda: train_probe_on_run(
+            out / stages.NIAH, probe_config, out_dir=out / stages.PROBE, device=str(lm.device), progress=progress
+        ),
+    )
 
     qa_data = config.hotpotqa or preset.get("qa_source")  # a HotpotQA file, when given, always wins
     qa = task_of(HOTPOTQA.name, qa_data)  # HotpotQA, or the multi-hop task standing for it
     streams = hotpot_streams(preset)  # disjoint question ranges: nothing is fitted and evaluated on one question
     reasoning = StaticReasoningConfig(**settings(stages.HOTPOTQA_STATIC, data=qa_data, first=streams["static"].first))
-    study.run(stages.HOTPOTQA_STATIC, lambda: run_static_reasoning(reasoning, out / stages.HOTPOTQA_STATIC, lm=lm,
-                                                             progress=progress))
+    study.run(
+        stages.HOTPOTQA_STATIC,
+        lambda: run_static_reasoning(reasoning, out / stages.HOTPOTQA_STATIC, lm=lm, progress=progress),
+    )
     reasoning_file = out / stages.HOTPOTQA_STATIC / "static_heads.json"
-    hotpot = HotpotConfig(**settings(stages.HOTPOTQA, data=qa_data, first=streams["analysis"].first,
-                                     split="analysis"))
+    hotpot = HotpotConfig(**settings(stages.HOTPOTQA, data=qa_data, first=streams["analysis"].first, split="analysis"))
     study.run(stages.HOTPOTQA, lambda: run_hotpotqa(hotpot, out / stages.HOTPOTQA, lm=lm, progress=progress))
     # Claim 1 compares with the task's own static list (the reasoning list for Eq. 2 tasks), issue 21 item 4
     qa_static = {"copy": static_file, "reasoning": reasoning_file}[qa.static_kind]
-    study.run(stages.HOTPOTQA_DYNAMISM, lambda: (
-        dynamism_report(out / stages.HOTPOTQA, qa_static, score=qa.score_kind, static_kind=qa.static_kind,
-                        out_dir=out / stages.HOTPOTQA_DYNAMISM),
-        plot_heads(out / stages.HOTPOTQA, _best_samples(out / stages.HOTPOTQA, 1, metric="f1"), score=qa.score_kind,
-                   out_dir=out / stages.HOTPOTQA_DYNAMISM)))
-    study.run(stages.HOTPOTQA_CCA, lambda: cca_report(
-        out / stages.HOTPOTQA, offsets, cca, score=qa.score_kind, out_dir=out / stages.HOTPOTQA_CCA))
-    study.run(stages.HOTPOTQA_PROBE, lambda: train_probe_on_run(
-        out / stages.HOTPOTQA, probe_config, score=qa.score_kind, out_dir=out / stages.HOTPOTQA_PROBE,
-        device=str(lm.device), progress=progress))
+    study.run(
+        stages.HOTPOTQA_DYNAMISM,
+        lambda: (
+            dynamism_report(
+                out / stages.HOTPOTQA,
+                qa_static,
+                score=qa.score_kind,
+                static_kind=qa.static_kind,
+                out_dir=out / stages.HOTPOTQA_DYNAMISM,
+            ),
+            plot_heads(
+                out / stages.HOTPOTQA,
+                _best_samples(out / stages.HOTPOTQA, 1, metric="f1"),
+                score=qa.score_kind,
+                out_dir=out / stages.HOTPOTQA_DYNAMISM,
+            ),
+        ),
+    )
+    study.run(
+        stages.HOTPOTQA_CCA,
+        lambda: cca_report(out / stages.HOTPOTQA, offsets, cca, score=qa.score_kind, out_dir=out / stages.HOTPOTQA_CCA),
+    )
+    study.run(
+        stages.HOTPOTQA_PROBE,
+        lambda: train_probe_on_run(
+            out / stages.HOTPOTQA,
+            probe_config,
+            score=qa.score_kind,
+            out_dir=out / stages.HOTPOTQA_PROBE,
+            device=str(lm.device),
+            progress=progress,
+        ),
+    )
     hotpot_task = dict(task=qa.name, data=qa_data, static=str(reasoning_file))
-    hotpot_ablation = AblationConfig(**settings(stages.HOTPOTQA_ABLATION, first=streams["ablation"].first,
-                                                split="ablation", **hotpot_task))
-    study.run(stages.HOTPOTQA_ABLATION, lambda: run_ablation(hotpot_ablation, out / stages.HOTPOTQA_ABLATION, lm=lm,
-                                                       progress=progress))
-    hotpot_progressive = ProgressiveConfig(**settings(stages.HOTPOTQA_PROGRESSIVE, first=streams["progressive"].first,
-                                                      split="progressive", **hotpot_task))
-    study.run(stages.HOTPOTQA_PROGRESSIVE, lambda: run_progressive(
-        hotpot_progressive, out / stages.HOTPOTQA_PROGRESSIVE, lm=lm, progress=progress))
-    rag = RagConfig(**settings(stages.RAG, probe=str(out / stages.HOTPOTQA_PROBE), static=str(reasoning_file),
-                               data=qa_data, first=streams["rag"].first))
+    hotpot_ablation = AblationConfig(
+        **settings(stages.HOTPOTQA_ABLATION, first=streams["ablation"].first, split="ablation", **hotpot_task)
+    )
+    study.run(
+        stages.HOTPOTQA_ABLATION,
+        lambda: run_ablation(hotpot_ablation, out / stages.HOTPOTQA_ABLATION, lm=lm, progress=progress),
+    )
+    hotpot_progressive = ProgressiveConfig(
+        **settings(stages.HOTPOTQA_PROGRESSIVE, first=streams["progressive"].first, split="progressive", **hotpot_task)
+    )
+    study.run(
+        stages.HOTPOTQA_PROGRESSIVE,
+        lambda: run_progressive(hotpot_progressive, out / stages.HOTPOTQA_PROGRESSIVE, lm=lm, progress=progress),
+    )
+    rag = RagConfig(
+        **settings(
+            stages.RAG,
+            probe=str(out / stages.HOTPOTQA_PROBE),
+            static=str(reasoning_file),
+            data=qa_data,
+            first=streams["rag"].first,
+        )
+    )
     study.run(stages.RAG, lambda: run_rag(rag, out / stages.RAG, lm=lm, progress=progress))
     return out
 
@@ -166,8 +221,13 @@ def reproduce(config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | Non
 def hotpot_streams(preset: dict) -> dict[str, QuestionStream]:
     """The HotpotQA question streams of a study, end to end in this order: static reasoning heads, the traced
     analysis run (dynamism, CCA, probe), ablation, progressive ablation, RAG."""
-    order = [("static", stages.HOTPOTQA_STATIC), ("analysis", stages.HOTPOTQA), ("ablation", stages.HOTPOTQA_ABLATION),
-             ("progressive", stages.HOTPOTQA_PROGRESSIVE), ("rag", stages.RAG)]
+    order = [
+        ("static", stages.HOTPOTQA_STATIC),
+        ("analysis", stages.HOTPOTQA),
+        ("ablation", stages.HOTPOTQA_ABLATION),
+        ("progressive", stages.HOTPOTQA_PROGRESSIVE),
+        ("rag", stages.RAG),
+    ]
     return disjoint_streams([(name, preset[stage]["questions"]) for name, stage in order])
 
 

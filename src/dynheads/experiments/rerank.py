@@ -63,8 +63,10 @@ class RerankConfig(RerankFields):
         fit = QuestionStream("rerank-fit", self.fit_first, self.fit_questions)
         evaluation = QuestionStream("rerank", self.first, self.questions)
         if fit.first < evaluation.stop and evaluation.first < fit.stop:
-            raise DynheadsError(f"the fitting stream (questions {fit.first}..{fit.stop - 1}) overlaps the evaluation "
-                                f"stream ({evaluation.first}..{evaluation.stop - 1}): move --first or --fit-first")
+            raise DynheadsError(
+                f"the fitting stream (questions {fit.first}..{fit.stop - 1}) overlaps the evaluation "
+                f"stream ({evaluation.first}..{evaluation.stop - 1}): move --first or --fit-first"
+            )
         return fit, evaluation
 
     def scoring(self) -> dict:
@@ -76,14 +78,16 @@ class RerankConfig(RerankFields):
         self.streams()
         unknown = sorted(set(self.strategies) - set(RERANK_STRATEGIES))
         if unknown or not self.strategies:
-            raise DynheadsError(f"unknown rerank strategy {', '.join(unknown) or '(none given)'}: use "
-                                f"{', '.join(RERANK_STRATEGIES)}")
+            raise DynheadsError(
+                f"unknown rerank strategy {', '.join(unknown) or '(none given)'}: use {', '.join(RERANK_STRATEGIES)}"
+            )
         if self.k < 1 or self.bootstrap < 1:
             raise DynheadsError(f"--k and --bootstrap must be >= 1, got {self.k} and {self.bootstrap}")
 
 
-def run_rerank(config: RerankConfig, out: str | Path, *, lm: LoadedModel | None = None,
-               progress: bool = True) -> RunDir:
+def run_rerank(
+    config: RerankConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
+) -> RunDir:
     """Score both streams into ``out`` (finished questions are skipped), then rank, measure and summarise."""
     config.check()
     run = RunDir(out)
@@ -95,15 +99,34 @@ def run_rerank(config: RerankConfig, out: str | Path, *, lm: LoadedModel | None 
     rerank.require_bm25()  # a missing bm25s fails here, before any model work
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     heads = _head_sources(config, lm.num_layers, lm.num_heads, eval_ids)
-    start_run(run, "rerank", config.scoring(), lm, {
-        "data": config.data, "prompt": {"system": rerank.SYSTEM_PROMPT, "user": rerank.USER_TEMPLATE,
-                                        "content_free_query": rerank.CONTENT_FREE_QUERY},
-        "questions": evaluation.describe(eval_ids), "fit_questions": fit.describe([r.id for r in fit_records]),
-        "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs"})
-    run_jobs(run, [Job(sample_id(stream, r.id), (stream, r)) for stream, rs in ((FIT, fit_records),
-                                                                                (EVAL, eval_records)) for r in rs],
-             lambda batch: [Finished(score_question(lm, record, stream, config, run)) for stream, record in batch],
-             desc="rerank", progress=progress)
+    start_run(
+        run,
+        "rerank",
+        config.scoring(),
+        lm,
+        {
+            "data": config.data,
+            "prompt": {
+                "system": rerank.SYSTEM_PROMPT,
+                "user": rerank.USER_TEMPLATE,
+                "content_free_query": rerank.CONTENT_FREE_QUERY,
+            },
+            "questions": evaluation.describe(eval_ids),
+            "fit_questions": fit.describe([r.id for r in fit_records]),
+            "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs",
+        },
+    )
+    run_jobs(
+        run,
+        [
+            Job(sample_id(stream, r.id), (stream, r))
+            for stream, rs in ((FIT, fit_records), (EVAL, eval_records))
+            for r in rs
+        ],
+        lambda batch: [Finished(score_question(lm, record, stream, config, run)) for stream, record in batch],
+        desc="rerank",
+        progress=progress,
+    )
     if not distributed.is_main():  # rank 0 ranks and summarises once every process has finished
         return run
     summarise(run, config, heads)
@@ -117,11 +140,12 @@ def summarise_scored(config: RerankConfig, out: str | Path) -> RunDir:
     run = RunDir(out)
     manifest = run.manifest()
     if manifest.get("kind") != "rerank" or manifest.get("config") != json.loads(json.dumps(config.scoring())):
-        raise DynheadsError(f"{run.path} is not a rerank run scored with these settings (data, streams, seed, "
-                            "model): give the settings it was run with")
+        raise DynheadsError(
+            f"{run.path} is not a rerank run scored with these settings (data, streams, seed, "
+            "model): give the settings it was run with"
+        )
     model = manifest["model"]
-    summarise(run, config, _head_sources(config, model["num_layers"], model["num_heads"],
-                                         manifest["questions"]["ids"]))
+    summarise(run, config, _head_sources(config, model["num_layers"], model["num_heads"], manifest["questions"]["ids"]))
     return run
 
 
@@ -144,12 +168,21 @@ def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: R
     with atomic_path(run.path / "scores" / f"{name}.npz") as tmp, open(tmp, "wb") as handle:
         np.savez(handle, real=scores.real, content_free=scores.content_free, hidden=scores.hidden)
     return {
-        "sample_id": name, "question_id": record.id, "stream": stream, "question": record.question,
-        "type": record.type, "order_seed": order_seed, "order": order,
-        "titles": [record.context[i][0] for i in order], "gold": gold,
-        "prompt_tokens": len(prompt.input_ids), "paragraph_tokens": [b - a for a, b in prompt.spans],
-        "prefill_seconds": scores.prefill_seconds, "calibration_seconds": scores.calibration_seconds,
-        "bm25": bm25.tolist(), "bm25_seconds": bm25_seconds,
+        "sample_id": name,
+        "question_id": record.id,
+        "stream": stream,
+        "question": record.question,
+        "type": record.type,
+        "order_seed": order_seed,
+        "order": order,
+        "titles": [record.context[i][0] for i in order],
+        "gold": gold,
+        "prompt_tokens": len(prompt.input_ids),
+        "paragraph_tokens": [b - a for a, b in prompt.spans],
+        "prefill_seconds": scores.prefill_seconds,
+        "calibration_seconds": scores.calibration_seconds,
+        "bm25": bm25.tolist(),
+        "bm25_seconds": bm25_seconds,
     }
 
 
@@ -179,12 +212,15 @@ def _head_sources(config: RerankConfig, num_layers: int, num_heads: int, eval_id
             from dynheads.analysis.head_predictor import load_head_predictor
             from dynheads.experiments.probing import probe_fit_questions
 
-            refuse_overlap(probe_fit_questions(config.probe), f"the head predictor in {config.probe}", eval_ids,
-                           "this rerank run")
+            refuse_overlap(
+                probe_fit_questions(config.probe), f"the head predictor in {config.probe}", eval_ids, "this rerank run"
+            )
             predictor = load_head_predictor(config.probe)
             if (predictor.num_layers, predictor.num_heads) != (num_layers, num_heads):
-                raise DynheadsError(f"the head predictor in {config.probe} predicts {predictor.num_layers} x "
-                                    f"{predictor.num_heads} heads, but this model has {num_layers} x {num_heads}")
+                raise DynheadsError(
+                    f"the head predictor in {config.probe} predicts {predictor.num_layers} x "
+                    f"{predictor.num_heads} heads, but this model has {num_layers} x {num_heads}"
+                )
             predict_top = predictor.top_heads
         else:
             skipped["predictor"] = "no --probe (trained head predictor) given"
@@ -197,8 +233,9 @@ def _arrays(run: RunDir, record: dict) -> dict[str, np.ndarray]:
         return {key: data[key] for key in data.files}
 
 
-def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources
-                   ) -> tuple[pd.DataFrame, list[Head], list[dict]]:
+def rank_questions(
+    run: RunDir, config: RerankConfig, heads: HeadSources
+) -> tuple[pd.DataFrame, list[Head], list[dict]]:
     """One row per (evaluation question, strategy): ranking, gold, metrics, seconds; QRHead's heads (fitted on the
     fitting stream's records, written to ``qrhead_heads.json``) and those records."""
     records = run.records()
@@ -243,12 +280,20 @@ def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources
                     chosen = random_heads(config.k, layers, num_heads, rng)
                 scores = span_ranking(calibrated, chosen)
             ranked = rerank.ranking(scores)
-            rows.append({"question_id": record["question_id"], "strategy": strategy,
-                         "heads": len(chosen) if chosen is not None else (None if strategy == "bm25"
-                                                                           else layers * num_heads),
-                         "ranking": json.dumps(ranked), "gold": json.dumps(record["gold"]),
-                         "top1_position": ranked[0], "seconds": seconds,
-                         **ranking_metrics(ranked, record["gold"])})
+            rows.append(
+                {
+                    "question_id": record["question_id"],
+                    "strategy": strategy,
+                    "heads": len(chosen)
+                    if chosen is not None
+                    else (None if strategy == "bm25" else layers * num_heads),
+                    "ranking": json.dumps(ranked),
+                    "gold": json.dumps(record["gold"]),
+                    "top1_position": ranked[0],
+                    "seconds": seconds,
+                    **ranking_metrics(ranked, record["gold"]),
+                }
+            )
     frame = pd.DataFrame(rows)
     with atomic_path(run.path / "rankings.csv") as tmp:
         frame.to_csv(tmp, index=False)
@@ -270,37 +315,74 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     strategies = list(dict.fromkeys(frame["strategy"]))
     per = {s: frame[frame["strategy"] == s].set_index("question_id") for s in strategies}
     n = len(per[strategies[0]])
-    metrics_table = Table(["strategy", "heads", "questions", *METRICS, "seconds / question"], [
-        [s, _heads_text(per[s]["heads"].iloc[0]), len(per[s]),
-         *(_interval_text(per[s][m].to_numpy(), config, f"{s}-{m}") for m in METRICS),
-         float(per[s]["seconds"].mean())] for s in strategies], {"seconds / question": ".3f"})
-    blocks: list = [f"{n} of the {config.questions} evaluation questions scored ({config.data}, stream from question "
-                    f"{config.first}); QRHead's heads fitted on {len(fit)} of the {config.fit_questions} fitting "
-                    f"questions (stream from question {config.fit_first}). Means with 95 % percentile bootstrap "
-                    f"intervals over questions ({config.bootstrap} resamples).", metrics_table]
+    metrics_table = Table(
+        ["strategy", "heads", "questions", *METRICS, "seconds / question"],
+        [
+            [
+                s,
+                _heads_text(per[s]["heads"].iloc[0]),
+                len(per[s]),
+                *(_interval_text(per[s][m].to_numpy(), config, f"{s}-{m}") for m in METRICS),
+                float(per[s]["seconds"].mean()),
+            ]
+            for s in strategies
+        ],
+        {"seconds / question": ".3f"},
+    )
+    blocks: list = [
+        f"{n} of the {config.questions} evaluation questions scored ({config.data}, stream from question "
+        f"{config.first}); QRHead's heads fitted on {len(fit)} of the {config.fit_questions} fitting "
+        f"questions (stream from question {config.fit_first}). Means with 95 % percentile bootstrap "
+        f"intervals over questions ({config.bootstrap} resamples).",
+        metrics_table,
+    ]
     for baseline in ("bm25", "icr"):
         if baseline in per:
             others = [s for s in strategies if s != baseline]
-            blocks += [f"Paired differences vs {baseline} (strategy minus {baseline}, per question; interval of the "
-                       "mean difference):",
-                       Table(["strategy", *(f"Δ {m}" for m in METRICS)], [
-                           [s, *(_interval_text((per[s][m] - per[baseline][m]).to_numpy(), config,
-                                                f"{s}-{baseline}-{m}") for m in METRICS)] for s in others])]
+            blocks += [
+                f"Paired differences vs {baseline} (strategy minus {baseline}, per question; interval of the "
+                "mean difference):",
+                Table(
+                    ["strategy", *(f"Δ {m}" for m in METRICS)],
+                    [
+                        [
+                            s,
+                            *(
+                                _interval_text((per[s][m] - per[baseline][m]).to_numpy(), config, f"{s}-{baseline}-{m}")
+                                for m in METRICS
+                            ),
+                        ]
+                        for s in others
+                    ],
+                ),
+            ]
     blocks += _position_blocks(per, strategies)
     notes = [f"{s}: skipped ({why})" for s, why in heads.skipped.items()]
     if qr_heads:
-        notes.append(f"QRHead's {len(qr_heads)} heads: {', '.join(head_key(h) for h in qr_heads)} "
-                     "(all heads ranked in qrhead_heads.json)")
-    notes.append("Seconds: ICR and the head subsets = one prefill of the prompt plus the content-free query's "
-                 "pass on the cached paragraphs; icr-uncalibrated = the prefill alone; bm25 = indexing and scoring "
-                 "the candidates.")
+        notes.append(
+            f"QRHead's {len(qr_heads)} heads: {', '.join(head_key(h) for h in qr_heads)} "
+            "(all heads ranked in qrhead_heads.json)"
+        )
+    notes.append(
+        "Seconds: ICR and the head subsets = one prefill of the prompt plus the content-free query's "
+        "pass on the cached paragraphs; icr-uncalibrated = the prefill alone; bm25 = indexing and scoring "
+        "the candidates."
+    )
     blocks.append(Items(notes))
     numbers = {s: {m: float(per[s][m].mean()) for m in METRICS} for s in strategies}
     ranking_settings = {name: getattr(config, name) for name in RANKING_FIELDS}
     blocks.append(f"Ranking settings: `{json.dumps(ranking_settings)}` (the scoring settings are in manifest.json).")
-    summary = Summary(blocks, {"questions": n, "fit_questions": len(fit), "metrics": numbers,
-                               "ranking": ranking_settings, "skipped": heads.skipped},
-                      title="Heads as a re-ranker")
+    summary = Summary(
+        blocks,
+        {
+            "questions": n,
+            "fit_questions": len(fit),
+            "metrics": numbers,
+            "ranking": ranking_settings,
+            "skipped": heads.skipped,
+        },
+        title="Heads as a re-ranker",
+    )
     write_summary(run.path, "rerank.md", summary)
     return summary
 
@@ -320,5 +402,8 @@ def _position_blocks(per: dict[str, pd.DataFrame], strategies: list[str]) -> lis
             gold[position] += 1
     top1 = {s: np.bincount(per[s]["top1_position"].to_numpy(dtype=int), minlength=size) for s in strategies}
     rows = [[position, int(gold[position]), *(int(top1[s][position]) for s in strategies)] for position in range(size)]
-    return ["Prompt positions (0 = first candidate): how many gold candidates sit there, and how often each strategy "
-            "ranks the candidate there first:", Table(["position", "gold", *(f"top-1 {s}" for s in strategies)], rows)]
+    return [
+        "Prompt positions (0 = first candidate): how many gold candidates sit there, and how often each strategy "
+        "ranks the candidate there first:",
+        Table(["position", "gold", *(f"top-1 {s}" for s in strategies)], rows),
+    ]

@@ -32,8 +32,9 @@ STATIC_SPLIT = "static"  # the seed / question stream static heads are scored on
 # ---- pieces ----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ModelSettings:
-    model: str | None = setting(None, "hub id, local folder, .gguf file or qwen2.5-coder-0.5b (packaged); "
-                                        "None = the embedded SmolLM2")
+    model: str | None = setting(
+        None, "hub id, local folder, .gguf file or qwen2.5-coder-0.5b (packaged); None = the embedded SmolLM2"
+    )
     dtype: str = setting("auto", "model dtype: auto (the checkpoint's), float32, bfloat16, float16")
     device: str | None = setting(None, "cpu or cuda; None picks cuda when available")
 
@@ -58,9 +59,12 @@ class NiahGrid(NiahCells):
 
 @dataclass(frozen=True)
 class QaGrid(Seeded):
-    data: str | None = setting(None, "HotpotQA JSON/JSONL file or saved dataset; hotpotqa-dev = the official dev set "
-                                     "(packaged); None = synthetic questions; "
-                                     "multihop[:hops=2,...] = the multihop task")
+    data: str | None = setting(
+        None,
+        "HotpotQA JSON/JSONL file or saved dataset; hotpotqa-dev = the official dev set "
+        "(packaged); None = synthetic questions; "
+        "multihop[:hops=2,...] = the multihop task",
+    )
     questions: int = setting(45, "questions of the stream, spread over the grid cells")
     first: int = setting(0, "index of the stream's first question in the data (streams must not overlap)")
     lengths: tuple[int, ...] = setting((250, 500, 1000), "context lengths in tokens, e.g. 250,500,1000")
@@ -70,9 +74,12 @@ class QaGrid(Seeded):
 
 @dataclass(frozen=True)
 class TracingSettings:
-    chat_template_kwargs: str = setting("", "JSON object of chat-template variables over the pinned ones "
-                                            "(enable_thinking false, date_string \"26 Jul 2024\"), "
-                                            "e.g. '{\"enable_thinking\": true}'")
+    chat_template_kwargs: str = setting(
+        "",
+        "JSON object of chat-template variables over the pinned ones "
+        '(enable_thinking false, date_string "26 Jul 2024"), '
+        "e.g. '{\"enable_thinking\": true}'",
+    )
     sink_size: int = setting(SINK_SIZE, "Eq. 2: first tokens excluded as attention sink")
     local_window: int = setting(LOCAL_WINDOW, "Eq. 2: last tokens excluded as local attention")
 
@@ -80,8 +87,9 @@ class TracingSettings:
 # ---- tracing: niah, hotpotqa -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NiahConfig(TracingSettings, NiahGrid, ModelSettings):
-    distractor_depth: float | None = setting(None, "depth of a 'The secret word is <similar UUID>' distractor; "
-                                                   "None = none")
+    distractor_depth: float | None = setting(
+        None, "depth of a 'The secret word is <similar UUID>' distractor; None = none"
+    )
     distractor_prefix: int = setting(8, "characters the distractor UUID shares with the needle")
     split: str = setting("analysis", "seed stream; 'static' samples are disjoint")
 
@@ -108,8 +116,9 @@ class StaticConfig(NiahCells, ModelSettings):
         cells = len(self.lengths) * len(self.depths)
         if self.samples < 1 or cells == 0:
             raise DynheadsError("static heads need --samples >= 1 and at least one length and one depth")
-        return NiahConfig(**pieces_of(self, NiahCells, ModelSettings), runs=math.ceil(self.samples / cells),
-                          split=STATIC_SPLIT)
+        return NiahConfig(
+            **pieces_of(self, NiahCells, ModelSettings), runs=math.ceil(self.samples / cells), split=STATIC_SPLIT
+        )
 
 
 @dataclass(frozen=True)
@@ -129,10 +138,13 @@ class AblationGrid(NiahGrid, QaGrid, ModelSettings):
     """Settings shared by both ablations: the task's grid (NIAH's lengths and depths by default; the question
     stream for HotpotQA), the model, the static list and the masking mode."""
 
-    task: str = setting("niah", "a registered task (docs/tasks.md): niah (D_t by Eq. 1), hotpotqa or multihop "
-                                "(Eq. 2 above --threshold)")
-    threshold: str = setting(DEFAULT_REASONING_THRESHOLD, "hotpotqa: a head is dynamic above this Eq. 2 score "
-                                                          "('0.1') or multiple of chance ('relative:3')")
+    task: str = setting(
+        "niah", "a registered task (docs/tasks.md): niah (D_t by Eq. 1), hotpotqa or multihop (Eq. 2 above --threshold)"
+    )
+    threshold: str = setting(
+        DEFAULT_REASONING_THRESHOLD,
+        "hotpotqa: a head is dynamic above this Eq. 2 score ('0.1') or multiple of chance ('relative:3')",
+    )
     split: str = setting("ablation", "hotpotqa: name of the question stream (recorded)")
     runs: int = redefault(NiahGrid, "runs", 2)
     static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
@@ -141,12 +153,17 @@ class AblationGrid(NiahGrid, QaGrid, ModelSettings):
 
 @dataclass(frozen=True)
 class AblationFields(AblationGrid):
-    strategies: tuple[str, ...] = setting(("dynamic", "static", "random"),
-                                          f"some of {ABLATION_STRATEGIES.choices(',')} (none, no masking, always "
-                                          "runs too)")
+    strategies: tuple[str, ...] = setting(
+        ("dynamic", "static", "random"),
+        f"some of {ABLATION_STRATEGIES.choices(',')} (none, no masking, always runs too)",
+    )
     heads: tuple[str, ...] = setting((), "heads the fixed strategy masks at every step, e.g. 12-3,4-1")
-    matching: str = setting("per_step", "static/random head count: " + "; ".join(
-        f"{entry.name} = {entry.help}" for entry in MATCHINGS) + " (mean: the paper's)")
+    matching: str = setting(
+        "per_step",
+        "static/random head count: "
+        + "; ".join(f"{entry.name} = {entry.help}" for entry in MATCHINGS)
+        + " (mean: the paper's)",
+    )
 
 
 @dataclass(frozen=True)
@@ -161,10 +178,13 @@ class ProgressiveFields(AblationGrid):
 # ---- kv --------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class KVFields(NiahGrid, ModelSettings):
-    policies: tuple[str, ...] = setting(("full", "none", "static", "probe", "random", "oracle", "true"),
-                                        f"some of {KV_POLICIES.choices(',')} or kvpress:<press>")
-    budgets: tuple[float, ...] = setting((0.05, 0.1, 0.25, 0.5), "fractions of the KV heads kept whole, "
-                                                                 "e.g. 0.05,0.1,0.25,0.5")
+    policies: tuple[str, ...] = setting(
+        ("full", "none", "static", "probe", "random", "oracle", "true"),
+        f"some of {KV_POLICIES.choices(',')} or kvpress:<press>",
+    )
+    budgets: tuple[float, ...] = setting(
+        (0.05, 0.1, 0.25, 0.5), "fractions of the KV heads kept whole, e.g. 0.05,0.1,0.25,0.5"
+    )
     sink: int = setting(4, "sink tokens of streaming heads (DuoAttention's code default 4; its patterns 128)")
     recent: int = setting(64, "recent window of streaming heads, current token included")
     static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
@@ -182,8 +202,11 @@ class RagFields(QaGrid, ModelSettings):
     probe: str | None = setting(None, "trained probe folder, for the 'dynamic' strategy")
     static: str | None = setting(None, "static head list JSON, for the 'static' strategy")
     strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, f"some of {RAG_STRATEGIES.choices(',')}")
-    rerank_top: int = setting(2, "rerank: paragraphs shown (the top of ICR's ranking over every head); the rest "
-                                 "stay hidden for the whole answer")
+    rerank_top: int = setting(
+        2,
+        "rerank: paragraphs shown (the top of ICR's ranking over every head); the rest "
+        "stay hidden for the whole answer",
+    )
     ks: tuple[int, ...] = setting((5,), "heads per retrieval, e.g. 5,10,20 (paper: 5, 10, 20)")
     questions: int = redefault(QaGrid, "questions", 50)
     split: str = setting("rag", "name of the question stream (recorded)")
@@ -205,14 +228,20 @@ RERANK_STRATEGIES = ("icr", "icr-uncalibrated", "qrhead", "static", "predictor",
 
 @dataclass(frozen=True)
 class RerankFields(Seeded, ModelSettings):
-    data: str = setting("hotpotqa-dev", "HotpotQA JSON/JSONL file (10 candidates per question in the distractor "
-                                        "setting) or hotpotqa-dev, the official dev-distractor set")
+    data: str = setting(
+        "hotpotqa-dev",
+        "HotpotQA JSON/JSONL file (10 candidates per question in the distractor "
+        "setting) or hotpotqa-dev, the official dev-distractor set",
+    )
     first: int = setting(100, "index of the evaluation stream's first question")
     questions: int = setting(200, "questions of the evaluation stream")
     fit_first: int = setting(0, "index of the fitting stream's first question (QRHead's head choice)")
     fit_questions: int = setting(50, "questions of the fitting stream; must not overlap the evaluation stream")
-    strategies: tuple[str, ...] = setting(RERANK_STRATEGIES, ",".join(RERANK_STRATEGIES) + " (static needs "
-                                          "--static, predictor --probe; without them they are skipped and noted)")
+    strategies: tuple[str, ...] = setting(
+        RERANK_STRATEGIES,
+        ",".join(RERANK_STRATEGIES) + " (static needs "
+        "--static, predictor --probe; without them they are skipped and noted)",
+    )
     k: int = setting(16, "heads of each head-subset strategy (qrhead, static, predictor, random)")
     static: str | None = setting(None, "Wu et al. static head list (a 'static' run's file), for 'static'")
     probe: str | None = setting(None, "trained head predictor folder ('dynheads probe train'), for 'predictor'")
@@ -222,13 +251,21 @@ class RerankFields(Seeded, ModelSettings):
 # ---- reproduce -----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ReproduceConfig(Seeded, ModelSettings):
-    preset: str = setting("quick", "smoke (seconds, any model), quick (2-core CPU, minutes; verdicts may be below the "
-                                   "sample floor), standard (every verdict at the sample floor; docs/results), paper "
-                                   "(the paper's sizes, GPU)")
-    hotpotqa: str | None = setting(None, "real HotpotQA file or hotpotqa-dev; None = the preset's question "
-                                         "source (quick, standard: a variable-tracking key-value lookup; paper: "
-                                         "hotpotqa-dev; smoke: synthetic)")
-    floor: int = setting(DEFAULT_FLOOR, "fewest samples (per compared arm) a verdict is decided on; below it the "
-                                        "verdict is inconclusive")
-    resamples: int = setting(DEFAULT_RESAMPLES, "bootstrap resamples for every verdict's 95 % interval (seeded by "
-                                                "--seed)")
+    preset: str = setting(
+        "quick",
+        "smoke (seconds, any model), quick (2-core CPU, minutes; verdicts may be below the "
+        "sample floor), standard (every verdict at the sample floor; docs/results), paper "
+        "(the paper's sizes, GPU)",
+    )
+    hotpotqa: str | None = setting(
+        None,
+        "real HotpotQA file or hotpotqa-dev; None = the preset's question "
+        "source (quick, standard: a variable-tracking key-value lookup; paper: "
+        "hotpotqa-dev; smoke: synthetic)",
+    )
+    floor: int = setting(
+        DEFAULT_FLOOR, "fewest samples (per compared arm) a verdict is decided on; below it the verdict is inconclusive"
+    )
+    resamples: int = setting(
+        DEFAULT_RESAMPLES, "bootstrap resamples for every verdict's 95 % interval (seeded by --seed)"
+    )

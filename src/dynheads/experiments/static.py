@@ -35,15 +35,20 @@ from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 
 SPLIT = STATIC_SPLIT
-DISJOINT_NOTE = ("static heads are scored on the 'static' seed stream, disjoint from the 'analysis' samples that "
-                 "'dynheads niah' traces and 'dynheads dynamism' measures")
-REASONING_NOTE = ("static reasoning heads are scored on their own HotpotQA question stream (recorded with its ids in "
-                  "manifest.json); 'dynheads ablation --task hotpotqa' and 'dynheads rag' refuse a list whose "
-                  "questions overlap theirs")
+DISJOINT_NOTE = (
+    "static heads are scored on the 'static' seed stream, disjoint from the 'analysis' samples that "
+    "'dynheads niah' traces and 'dynheads dynamism' measures"
+)
+REASONING_NOTE = (
+    "static reasoning heads are scored on their own HotpotQA question stream (recorded with its ids in "
+    "manifest.json); 'dynheads ablation --task hotpotqa' and 'dynheads rag' refuse a list whose "
+    "questions overlap theirs"
+)
 
 
-def run_static(config: StaticConfig, out: str | Path, *, lm: LoadedModel | None = None,
-               progress: bool = True) -> StaticHeads:
+def run_static(
+    config: StaticConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
+) -> StaticHeads:
     """Trace the static grid into ``out`` (resumable), then score and write the static heads."""
     run = run_niah(config.niah_config(), out, lm=lm, progress=progress)
     return write_static(run, config)
@@ -51,37 +56,53 @@ def run_static(config: StaticConfig, out: str | Path, *, lm: LoadedModel | None 
 
 def write_static(run: RunDir, config: StaticConfig) -> StaticHeads:
     """Score the traced tests of ``run`` and write the three files of the module docstring."""
-    tests = [NiahTest(trace, record["answer"], record["answer_token_count"], record.get("generated"))
-             for record, trace in run.iter_traces()]
+    tests = [
+        NiahTest(trace, record["answer"], record["answer_token_count"], record.get("generated"))
+        for record, trace in run.iter_traces()
+    ]
     if not tests:
         raise DynheadsError(f"{run.path} has no traced samples: nothing to score")
     heads = static_heads(tests, success_threshold=config.success_threshold)
     save_head_scores(run.path / "static_heads.json", heads.per_head())
     _write_ranking(run.path / "static_ranking.csv", heads)
-    write_json(run.path / "static_summary.json", {
-        "config": asdict(config),
-        "split": SPLIT,
-        "note": DISJOINT_NOTE,
-        "num_tests": heads.num_tests,
-        "num_counted": heads.num_counted,
-        "pass_rate": heads.pass_rate,
-        "top20": [head_label(head) for head in heads.top(20)],
-        "heads_scoring_above_0.1": int((heads.mean_scores > 0.1).sum()),
-    })
+    write_json(
+        run.path / "static_summary.json",
+        {
+            "config": asdict(config),
+            "split": SPLIT,
+            "note": DISJOINT_NOTE,
+            "num_tests": heads.num_tests,
+            "num_counted": heads.num_counted,
+            "pass_rate": heads.pass_rate,
+            "top20": [head_label(head) for head in heads.top(20)],
+            "heads_scoring_above_0.1": int((heads.mean_scores > 0.1).sum()),
+        },
+    )
     return heads
 
 
 def _write_ranking(path: Path, heads: StaticHeads) -> None:
     means = heads.mean_scores
-    frame = pd.DataFrame([{"rank": rank, "head": head_label(head), "layer": head[0], "head_index": head[1],
-                           "mean_score": float(means[head])} for rank, head in enumerate(heads.ranking, start=1)])
+    frame = pd.DataFrame(
+        [
+            {
+                "rank": rank,
+                "head": head_label(head),
+                "layer": head[0],
+                "head_index": head[1],
+                "mean_score": float(means[head]),
+            }
+            for rank, head in enumerate(heads.ranking, start=1)
+        ]
+    )
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False)
 
 
 # ---- static reasoning heads (HotpotQA, Eq. 2) ----------------------------------------------------------------------
-def run_static_reasoning(config: StaticReasoningConfig, out: str | Path, *, lm: LoadedModel | None = None,
-                         progress: bool = True) -> StaticHeads:
+def run_static_reasoning(
+    config: StaticReasoningConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
+) -> StaticHeads:
     """Trace the static HotpotQA stream into ``out`` (resumable), then write the static reasoning heads there."""
     run = run_hotpotqa(config.hotpot_config(), out, lm=lm, progress=progress)
     return write_static_reasoning(run, config)
@@ -97,17 +118,20 @@ def write_static_reasoning(run: RunDir, config: StaticReasoningConfig) -> Static
     save_head_scores(run.path / "static_heads.json", heads.per_head())
     _write_ranking(run.path / "static_ranking.csv", heads)
     manifest = run.manifest()
-    write_json(run.path / "static_summary.json", {
-        "config": asdict(config),
-        "score": "reasoning (Eq. 2, mean over steps, then over questions)",
-        "split": SPLIT,
-        "note": REASONING_NOTE,
-        "questions": manifest.get("questions"),
-        "skipped": {key: value for key, value in manifest.get("skipped", {}).items() if key != "pairs"},
-        "num_tests": heads.num_tests,
-        "num_counted": heads.num_counted,
-        "empty_traces_skipped": empty,
-        "top20": [head_label(head) for head in heads.top(20)],
-        "heads_with_nonzero_score": int((heads.mean_scores > 0).sum()),
-    })
+    write_json(
+        run.path / "static_summary.json",
+        {
+            "config": asdict(config),
+            "score": "reasoning (Eq. 2, mean over steps, then over questions)",
+            "split": SPLIT,
+            "note": REASONING_NOTE,
+            "questions": manifest.get("questions"),
+            "skipped": {key: value for key, value in manifest.get("skipped", {}).items() if key != "pairs"},
+            "num_tests": heads.num_tests,
+            "num_counted": heads.num_counted,
+            "empty_traces_skipped": empty,
+            "top20": [head_label(head) for head in heads.top(20)],
+            "heads_with_nonzero_score": int((heads.mean_scores > 0).sum()),
+        },
+    )
     return heads

@@ -35,12 +35,28 @@ def run_traced(
     samples, extra = prepare(lm.tokenizer)
     run = RunDir(out)
     start_run(run, kind, config, lm, extra)
-    return trace_samples(run, lm, samples, score, max_new_tokens=config.max_new_tokens, sink_size=config.sink_size,
-                         local_window=config.local_window, desc=kind, **tracing)
+    return trace_samples(
+        run,
+        lm,
+        samples,
+        score,
+        max_new_tokens=config.max_new_tokens,
+        sink_size=config.sink_size,
+        local_window=config.local_window,
+        desc=kind,
+        **tracing,
+    )
 
 
-def run_task(task: Task | str, config, out: str | Path, *, lm: LoadedModel | None = None,
-             device_map: str | None = None, **tracing) -> RunDir:
+def run_task(
+    task: Task | str,
+    config,
+    out: str | Path,
+    *,
+    lm: LoadedModel | None = None,
+    device_map: str | None = None,
+    **tracing,
+) -> RunDir:
     """Trace the grid of a registered task into ``out`` (resumable): ``task.grid(config, tokenizer)`` makes the
     samples, ``task.score`` scores each answer, the manifest records ``task.prompt(config)`` and the run's
     ``kind`` is the task's name. ``tracing``: ``trace_samples`` keyword arguments (progress, batch_size, ...)."""
@@ -49,8 +65,12 @@ def run_task(task: Task | str, config, out: str | Path, *, lm: LoadedModel | Non
     def prepare(tokenizer) -> tuple[list, dict]:
         grid = task.grid(config, tokenizer)
         samples = grid.samples
-        return samples, {"prompt": task.prompt(config), "prompt_template": samples[0].prompt_template,
-                         **grid.manifest(), "chat_template_kwargs": samples[0].chat_template_kwargs}
+        return samples, {
+            "prompt": task.prompt(config),
+            "prompt_template": samples[0].prompt_template,
+            **grid.manifest(),
+            "chat_template_kwargs": samples[0].chat_template_kwargs,
+        }
 
     return run_traced(task.name, config, out, prepare, task.score, lm=lm, device_map=device_map, **tracing)
 
@@ -78,12 +98,29 @@ def trace_samples(
 
     def work(batch: list) -> list[Finished]:
         traces = trace_batch(lm, batch, max_new_tokens, sink_size=sink_size, local_window=local_window)
-        return [Finished({**sample.describe(), "generated": result.text, "stop_reason": result.stop_reason,
-                          "steps": result.num_steps, "metrics": score(sample, result.text)}, result)
-                for sample, result in zip(batch, traces, strict=True)]
+        return [
+            Finished(
+                {
+                    **sample.describe(),
+                    "generated": result.text,
+                    "stop_reason": result.stop_reason,
+                    "steps": result.num_steps,
+                    "metrics": score(sample, result.text),
+                },
+                result,
+            )
+            for sample, result in zip(batch, traces, strict=True)
+        ]
 
-    run_jobs(run, [Job(sample.sample_id, sample) for sample in samples], work, batch_size=batch_size, desc=desc,
-             progress=progress, on_record=on_sample)
+    run_jobs(
+        run,
+        [Job(sample.sample_id, sample) for sample in samples],
+        work,
+        batch_size=batch_size,
+        desc=desc,
+        progress=progress,
+        on_record=on_sample,
+    )
     if distributed.is_main():  # every process's samples are on disk: the table is written once
         run.write_results()
     return run

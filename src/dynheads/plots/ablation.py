@@ -18,8 +18,14 @@ METRIC_LABELS = {"accuracy": "accuracy", "rouge_l": "ROUGE-L"}
 _CMAP = matplotlib.colormaps["RdYlGn"].with_extremes(bad="white")  # red = fails, green = retrieves
 
 
-def heatmap_figure(panels: Mapping[str, pd.DataFrame], *, label: str, counts: Mapping[str, pd.DataFrame] | None = None,
-                   title: str | None = None, realised: Mapping[float, float] | None = None) -> Figure:
+def heatmap_figure(
+    panels: Mapping[str, pd.DataFrame],
+    *,
+    label: str,
+    counts: Mapping[str, pd.DataFrame] | None = None,
+    title: str | None = None,
+    realised: Mapping[float, float] | None = None,
+) -> Figure:
     """Heat maps side by side on one colour scale, 0..1: x = context length, y = depth, each cell annotated.
 
     ``panels`` maps a panel title to a table of values (index = depth in 0..1, columns = context length).
@@ -32,8 +38,9 @@ def heatmap_figure(panels: Mapping[str, pd.DataFrame], *, label: str, counts: Ma
     first = next(iter(panels.values()))
     depths, lengths = list(first.index), list(first.columns)
     largest = max(float(np.nanmax(c.to_numpy(dtype=float))) for c in counts.values()) if counts else 1.0
-    figure = Figure(figsize=(1.0 + (0.8 + 0.8 * len(lengths)) * len(panels), 1.6 + 0.5 * len(depths)),
-                    layout="constrained")
+    figure = Figure(
+        figsize=(1.0 + (0.8 + 0.8 * len(lengths)) * len(panels), 1.6 + 0.5 * len(depths)), layout="constrained"
+    )
     axes = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     for ax, (name, table) in zip(axes, panels.items(), strict=True):
         values = table.reindex(index=depths, columns=lengths).to_numpy(dtype=float)
@@ -41,17 +48,28 @@ def heatmap_figure(panels: Mapping[str, pd.DataFrame], *, label: str, counts: Ma
         if counts:
             alpha = np.nan_to_num(counts[name].reindex(index=depths, columns=lengths).to_numpy(dtype=float)) / largest
             values = np.where(alpha > 0, values, np.nan)
-        image = ax.imshow(values, cmap=_CMAP, vmin=0.0, vmax=1.0, alpha=alpha, aspect="auto",
-                          interpolation="nearest")
+        image = ax.imshow(values, cmap=_CMAP, vmin=0.0, vmax=1.0, alpha=alpha, aspect="auto", interpolation="nearest")
         for (row, column), value in np.ndenumerate(values):
             if not np.isnan(value):
-                ax.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=10,
-                        color=_text_colour(value, alpha[row, column]))
+                ax.text(
+                    column,
+                    row,
+                    f"{value:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=10,
+                    color=_text_colour(value, alpha[row, column]),
+                )
         ax.set_title(name, fontsize=11)
         ax.set_xticks(range(len(lengths)), [str(length) for length in lengths], fontsize=9)
-        ax.set_yticks(range(len(depths)), [f"{depth:.0%}" + (f" (at {realised[depth]:.0%})" if realised and
-                                                             depth in realised else "") for depth in depths],
-                      fontsize=9)
+        ax.set_yticks(
+            range(len(depths)),
+            [
+                f"{depth:.0%}" + (f" (at {realised[depth]:.0%})" if realised and depth in realised else "")
+                for depth in depths
+            ],
+            fontsize=9,
+        )
         ax.set_xlabel("context length (tokens)", fontsize=10)
     axes[0].set_ylabel("needle depth (asked, at = realised mean)" if realised else "needle depth", fontsize=10)
     figure.colorbar(image, ax=list(axes), label=label, fraction=0.03, pad=0.02)
@@ -60,39 +78,64 @@ def heatmap_figure(panels: Mapping[str, pd.DataFrame], *, label: str, counts: Ma
     return figure
 
 
-def plot_heatmaps(panels: Mapping[str, pd.DataFrame], path: str | Path, *, label: str,
-                  counts: Mapping[str, pd.DataFrame] | None = None, title: str | None = None,
-                  realised: Mapping[float, float] | None = None) -> Path:
+def plot_heatmaps(
+    panels: Mapping[str, pd.DataFrame],
+    path: str | Path,
+    *,
+    label: str,
+    counts: Mapping[str, pd.DataFrame] | None = None,
+    title: str | None = None,
+    realised: Mapping[float, float] | None = None,
+) -> Path:
     """Write ``heatmap_figure`` as a PNG at ``path`` (atomically)."""
     return _save(heatmap_figure(panels, label=label, counts=counts, title=title, realised=realised), path)
 
 
-def plot_ablation_cells(cells: pd.DataFrame, out_dir: str | Path, *, title: str | None = None,
-                        metrics: Mapping[str, str] = METRIC_LABELS, opacity: bool = False) -> list[Path]:
+def plot_ablation_cells(
+    cells: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    title: str | None = None,
+    metrics: Mapping[str, str] = METRIC_LABELS,
+    opacity: bool = False,
+) -> list[Path]:
     """Figure 2 from ``cells.csv`` (strategy, length, depth, samples and the ``metrics`` columns): one
     ``ablation-<metric>.png`` per metric. ``opacity``: cells fade with fewer samples (the HotpotQA figures)."""
     # every strategy of the cells gets a panel, its title from its registry entry (the baseline last)
     present = set(cells["strategy"])
     strategies = [s for s in panel_order() if s in present] + sorted(present - set(ABLATION_STRATEGIES.names()))
-    titles = {s: ABLATION_STRATEGIES.get(s).title if s in ABLATION_STRATEGIES else f"{s} heads masked"
-              for s in strategies}
+    titles = {
+        s: ABLATION_STRATEGIES.get(s).title if s in ABLATION_STRATEGIES else f"{s} heads masked" for s in strategies
+    }
 
     def pivot(strategy: str, column: str) -> pd.DataFrame:
         return cells[cells["strategy"] == strategy].pivot(index="depth", columns="length", values=column)
 
     counts = {titles[s]: pivot(s, "samples") for s in strategies} if opacity else None
-    realised = (cells.dropna(subset=["depth_realised"]).groupby("depth")["depth_realised"].mean().to_dict()
-                if "depth_realised" in cells else None)
+    realised = (
+        cells.dropna(subset=["depth_realised"]).groupby("depth")["depth_realised"].mean().to_dict()
+        if "depth_realised" in cells
+        else None
+    )
     paths = []
     for metric, label in metrics.items():
         panels = {titles[s]: pivot(s, metric) for s in strategies}
-        paths.append(plot_heatmaps(panels, Path(out_dir) / f"ablation-{metric}.png", label=label, counts=counts,
-                                   title=f"{title} ({label})" if title else None, realised=realised))
+        paths.append(
+            plot_heatmaps(
+                panels,
+                Path(out_dir) / f"ablation-{metric}.png",
+                label=label,
+                counts=counts,
+                title=f"{title} ({label})" if title else None,
+                realised=realised,
+            )
+        )
     return paths
 
 
-def progressive_figure(table: pd.DataFrame, *, top_static: int = 20, title: str | None = None,
-                       metrics: Mapping[str, str] = METRIC_LABELS) -> Figure:
+def progressive_figure(
+    table: pd.DataFrame, *, top_static: int = 20, title: str | None = None, metrics: Mapping[str, str] = METRIC_LABELS
+) -> Figure:
     """Figure 3: overlap of the compensating heads with the static top heads (left axis, blue) and the task
     metrics (right axis, red) against k, from ``progressive.csv`` (k, static_overlap, accuracy, rouge_l)."""
     if table.empty:
@@ -100,8 +143,14 @@ def progressive_figure(table: pd.DataFrame, *, top_static: int = 20, title: str 
     figure = Figure(figsize=(6.0, 4.0), layout="constrained")
     left = figure.add_subplot()
     right = left.twinx()
-    left.plot(table["k"], table["static_overlap"], color="#1d3f8f", marker="o", markersize=7,
-              label=f"overlap with static top-{top_static} (mean $m_s$)")
+    left.plot(
+        table["k"],
+        table["static_overlap"],
+        color="#1d3f8f",
+        marker="o",
+        markersize=7,
+        label=f"overlap with static top-{top_static} (mean $m_s$)",
+    )
     for (metric, label), marker, style in zip(metrics.items(), "s^", ("-", "--"), strict=False):
         right.plot(table["k"], table[metric], color="#c0392b", marker=marker, linestyle=style, label=label)
     left.set_xlabel("k (dynamic heads masked per step)")
@@ -114,15 +163,20 @@ def progressive_figure(table: pd.DataFrame, *, top_static: int = 20, title: str 
     left.set_zorder(right.get_zorder() + 1)  # the overlap line stays visible where the lines meet (e.g. at 0)
     left.patch.set_visible(False)
     handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    left.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=3, frameon=False,
-                fontsize=8)
+    left.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=3, frameon=False, fontsize=8)
     if title:
         left.set_title(title, fontsize=11)
     return figure
 
 
-def plot_progressive(table: pd.DataFrame, path: str | Path, *, top_static: int = 20, title: str | None = None,
-                     metrics: Mapping[str, str] = METRIC_LABELS) -> Path:
+def plot_progressive(
+    table: pd.DataFrame,
+    path: str | Path,
+    *,
+    top_static: int = 20,
+    title: str | None = None,
+    metrics: Mapping[str, str] = METRIC_LABELS,
+) -> Path:
     """Write ``progressive_figure`` as a PNG at ``path`` (atomically)."""
     return _save(progressive_figure(table, top_static=top_static, title=title, metrics=metrics), path)
 

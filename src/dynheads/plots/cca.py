@@ -23,8 +23,14 @@ _LINES = (  # column, label, colour, marker, line style
 )
 
 
-def plot_cca(table: pd.DataFrame, path: str | Path, *, title: str | None = None,
-             paper: Mapping[int, float] | None = None, paper_label: str = "paper top-1") -> Path:
+def plot_cca(
+    table: pd.DataFrame,
+    path: str | Path,
+    *,
+    title: str | None = None,
+    paper: Mapping[int, float] | None = None,
+    paper_label: str = "paper top-1",
+) -> Path:
     """Plot ``cca_offsets`` output: x = offset k, lines = top-1 / top-10 / top-50 means, one panel per method.
 
     ``paper`` (offset -> published top-1) is drawn as crosses on the in-sample panel.

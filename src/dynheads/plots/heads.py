@@ -89,12 +89,22 @@ def head_dynamics_figure(
     figure = Figure(figsize=(width, 2.2 + 0.32 * len(heads)), layout="constrained")
     axes = figure.add_subplot()
     if binary:
-        axes.imshow(matrix, cmap=ListedColormap(_BINARY_COLOURS), vmin=0, vmax=1, aspect="auto",
-                    interpolation="nearest")
-        legend = [Patch(facecolor=_BINARY_COLOURS[1], edgecolor="#888888", label="1: retrieval head at this step"),
-                  Patch(facecolor=_BINARY_COLOURS[0], edgecolor="#888888", label="0")]
-        axes.legend(handles=legend, title="retrieval score", loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                    frameon=False, fontsize=8, title_fontsize=8)
+        axes.imshow(
+            matrix, cmap=ListedColormap(_BINARY_COLOURS), vmin=0, vmax=1, aspect="auto", interpolation="nearest"
+        )
+        legend = [
+            Patch(facecolor=_BINARY_COLOURS[1], edgecolor="#888888", label="1: retrieval head at this step"),
+            Patch(facecolor=_BINARY_COLOURS[0], edgecolor="#888888", label="0"),
+        ]
+        axes.legend(
+            handles=legend,
+            title="retrieval score",
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            frameon=False,
+            fontsize=8,
+            title_fontsize=8,
+        )
     else:
         image = axes.imshow(matrix, cmap="Blues", aspect="auto", interpolation="nearest")
         figure.colorbar(image, ax=axes, label="retrieval score", fraction=0.04, pad=0.01)

@@ -25,15 +25,40 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
         colour, marker, dashes = style.colour, style.marker, style.dashes
         x, accuracy = rows["kv_fraction"].to_numpy(), rows["accuracy"].to_numpy()
         errors = [accuracy - rows["accuracy_low"].to_numpy(), rows["accuracy_high"].to_numpy() - accuracy]
-        accuracy_ax.errorbar(x, accuracy, yerr=errors, marker=marker, linestyle=dashes,
-                             color=colour, label=policy, markerfacecolor="none", markersize=8, capsize=3)
+        accuracy_ax.errorbar(
+            x,
+            accuracy,
+            yerr=errors,
+            marker=marker,
+            linestyle=dashes,
+            color=colour,
+            label=policy,
+            markerfacecolor="none",
+            markersize=8,
+            capsize=3,
+        )
         if rows["offloaded_mb"].gt(0).any():
-            moved_ax.plot(x, rows["moved_mb_per_step"].to_numpy(), marker=marker, linestyle=dashes,
-                          color=colour, label=policy, markerfacecolor="none", markersize=8)
-    accuracy_ax.set(xlabel="resident KV (fraction of the unmodified model's)", ylabel="NIAH accuracy",
-                    ylim=(-0.03, 1.03), xlim=(0, 1.03))
-    moved_ax.set(xlabel="resident KV (fraction of the unmodified model's)",
-                 ylabel="MB moved per step (second tier)", xlim=(0, 1.03))
+            moved_ax.plot(
+                x,
+                rows["moved_mb_per_step"].to_numpy(),
+                marker=marker,
+                linestyle=dashes,
+                color=colour,
+                label=policy,
+                markerfacecolor="none",
+                markersize=8,
+            )
+    accuracy_ax.set(
+        xlabel="resident KV (fraction of the unmodified model's)",
+        ylabel="NIAH accuracy",
+        ylim=(-0.03, 1.03),
+        xlim=(0, 1.03),
+    )
+    moved_ax.set(
+        xlabel="resident KV (fraction of the unmodified model's)",
+        ylabel="MB moved per step (second tier)",
+        xlim=(0, 1.03),
+    )
     moved = table.loc[table["offloaded_mb"] > 0, "moved_mb_per_step"]
     moved_ax.set_ylim(0, 1.15 * float(moved.max()) if len(moved) and moved.max() > 0 else 1.0)
     accuracy_ax.legend(fontsize=8)

@@ -12,8 +12,9 @@ from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path
 
 
-def plot_roc(curves: Mapping[str, tuple[np.ndarray, np.ndarray, float]], path: str | Path, *,
-             title: str | None = None) -> Path:
+def plot_roc(
+    curves: Mapping[str, tuple[np.ndarray, np.ndarray, float]], path: str | Path, *, title: str | None = None
+) -> Path:
     """``curves``: feature set -> (false positive rate, true positive rate, AUROC). Writes a PNG."""
     if not curves:
         raise DynheadsError("nothing to plot: no ROC curves")

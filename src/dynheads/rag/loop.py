@@ -67,8 +67,11 @@ class _Answerer:
         self.question = list(input_ids[context[1] :])  # question turn and generation prompt
         self.context = context
         self.answer: list[int] = []
-        self.session = DecodingSession(lm, input_ids[: context[1]], max_new_tokens=len(self.question)
-                                       + settings.max_new_tokens + settings.draft_tokens + 1)
+        self.session = DecodingSession(
+            lm,
+            input_ids[: context[1]],
+            max_new_tokens=len(self.question) + settings.max_new_tokens + settings.draft_tokens + 1,
+        )
         self.session.forward(context[1])  # prefix + context, nothing hidden
         self.cached = self.session.checkpoint()
         self.stop_ids = lm.stop_token_ids()
@@ -164,9 +167,13 @@ def answer_question(
     return answer_questions(lm, [sample], [selector], settings, [shown])[0]
 
 
-def answer_questions(lm: LoadedModel, samples: Sequence, selectors: Sequence[HeadSelector],
-                     settings: RagSettings = RagSettings(), shown: Sequence[Sequence[tuple[int, int]]] | None = None
-                     ) -> list[RagAnswer]:
+def answer_questions(
+    lm: LoadedModel,
+    samples: Sequence,
+    selectors: Sequence[HeadSelector],
+    settings: RagSettings = RagSettings(),
+    shown: Sequence[Sequence[tuple[int, int]]] | None = None,
+) -> list[RagAnswer]:
     """``answer_question`` for several samples (``selectors[i]`` and ``shown[i]`` for ``samples[i]``): their drafts
     and rewrites decode as one batch (``decoding.decode``), each retrieval's read pass runs alone. ``result[i]``
     equals ``answer_question`` of sample i up to fp32 rounding."""
@@ -174,8 +181,10 @@ def answer_questions(lm: LoadedModel, samples: Sequence, selectors: Sequence[Hea
     if not len(samples) == len(selectors) == len(shown):
         raise DynheadsError(f"{len(samples)} samples, {len(selectors)} head selectors, {len(shown)} shown windows")
     answers: list[RagAnswer | None] = [None] * len(samples)
-    runs = [_answer(lm, sample, selector, settings, windows)
-            for sample, selector, windows in zip(samples, selectors, shown, strict=True)]
+    runs = [
+        _answer(lm, sample, selector, settings, windows)
+        for sample, selector, windows in zip(samples, selectors, shown, strict=True)
+    ]
     drafts: dict[int, _DraftPolicy] = {}
 
     def advance(i: int, sent) -> None:
@@ -189,15 +198,19 @@ def answer_questions(lm: LoadedModel, samples: Sequence, selectors: Sequence[Hea
         advance(i, None)
     while drafts:
         batch = list(drafts.items())
-        decode([draft.answerer.session for _, draft in batch], [draft for _, draft in batch],
-               max(draft.steps for _, draft in batch))
+        decode(
+            [draft.answerer.session for _, draft in batch],
+            [draft for _, draft in batch],
+            max(draft.steps for _, draft in batch),
+        )
         for i, draft in batch:
             advance(i, draft)
     return cast(list[RagAnswer], answers)  # every run has finished: each slot holds its answer
 
 
-def _answer(lm: LoadedModel, sample, selector: HeadSelector, settings: RagSettings,
-            shown: Sequence[tuple[int, int]]) -> Generator[_DraftPolicy, _DraftPolicy, RagAnswer]:
+def _answer(
+    lm: LoadedModel, sample, selector: HeadSelector, settings: RagSettings, shown: Sequence[tuple[int, int]]
+) -> Generator[_DraftPolicy, _DraftPolicy, RagAnswer]:
     """One answer as a coroutine: it yields each draft to decode and receives it decoded."""
     context = tuple(sample.context_span)
     if not 0 < context[0] < context[1] <= len(sample.input_ids):
@@ -227,8 +240,16 @@ def _answer(lm: LoadedModel, sample, selector: HeadSelector, settings: RagSettin
             break
         can_retrieve = selector.needs_heads and len(used_heads) < settings.max_retrievals
         texts = [decode_text(lm.tokenizer, [t]) for t in draft.tokens]
-        result = rind(texts, np.array(draft.entropies), state.received_attention(draft.rows, first, len(draft.tokens)),
-                      settings.trigger) if can_retrieve else None
+        result = (
+            rind(
+                texts,
+                np.array(draft.entropies),
+                state.received_attention(draft.rows, first, len(draft.tokens)),
+                settings.trigger,
+            )
+            if can_retrieve
+            else None
+        )
         if result is None or not result.triggered:
             state.answer += draft.tokens
             visible = fixed if always else none_visible

@@ -29,9 +29,11 @@ from dynheads.scores import SpanScore
 from dynheads.tasks.prompting import RenderedPrompt, locate, render_chat, token_span
 
 SYSTEM_PROMPT = "You are a helpful AI bot that finds the paragraphs relevant to a query."
-USER_TEMPLATE = ("Here are some paragraphs:\n\n{paragraphs}\n\n"
-                 "Please find information that is relevant to the following query in the paragraphs above.\n\n"
-                 "Query: {query}")
+USER_TEMPLATE = (
+    "Here are some paragraphs:\n\n{paragraphs}\n\n"
+    "Please find information that is relevant to the following query in the paragraphs above.\n\n"
+    "Query: {query}"
+)
 SEPARATOR = "\n\n"
 CONTENT_FREE_QUERY = "N/A"  # ICR's calibration query
 
@@ -48,26 +50,30 @@ class RerankPrompt:
     shared: int
 
 
-def build_prompt(tokenizer, paragraphs: Sequence[str], question: str,
-                 template_kwargs: Mapping[str, object] | None = None) -> RerankPrompt:
+def build_prompt(
+    tokenizer, paragraphs: Sequence[str], question: str, template_kwargs: Mapping[str, object] | None = None
+) -> RerankPrompt:
     """Render the candidates (texts, in prompt order) and the question after them, and find every span."""
     if not paragraphs:
         raise DynheadsError("re-ranking needs at least one candidate paragraph")
     block = SEPARATOR.join(paragraphs)
-    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(paragraphs=block, query=question),
-                         template_kwargs)
+    prompt = render_chat(
+        tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(paragraphs=block, query=question), template_kwargs
+    )
     at, _ = locate(prompt, block, what="paragraph block")
     chars = []
     for text in paragraphs:
         chars.append((at, at + len(text)))
         at += len(text) + len(SEPARATOR)
     query_at = prompt.text.rindex("Query: " + question) + len("Query: ")
-    return twin_prompts(tokenizer, prompt.text, chars, (query_at, query_at + len(question)),
-                        special=prompt.template == "plain")
+    return twin_prompts(
+        tokenizer, prompt.text, chars, (query_at, query_at + len(question)), special=prompt.template == "plain"
+    )
 
 
-def twin_prompts(tokenizer, text: str, paragraph_chars: Sequence[tuple[int, int]], query_chars: tuple[int, int], *,
-                 special: bool) -> RerankPrompt:
+def twin_prompts(
+    tokenizer, text: str, paragraph_chars: Sequence[tuple[int, int]], query_chars: tuple[int, int], *, special: bool
+) -> RerankPrompt:
     """Tokenise ``text`` and its twin with the content-free query in place of ``text[query_chars]``; the
     paragraphs' character spans (all before the query) become token spans of both."""
     start, stop = query_chars
@@ -75,8 +81,12 @@ def twin_prompts(tokenizer, text: str, paragraph_chars: Sequence[tuple[int, int]
     rendered = []
     for prompt_text, query in ((text, query_chars), (null_text, (start, start + len(CONTENT_FREE_QUERY)))):
         encoded = tokenizer(prompt_text, add_special_tokens=special, return_offsets_mapping=True)
-        prompt = RenderedPrompt(prompt_text, list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]],
-                                "plain" if special else "chat")
+        prompt = RenderedPrompt(
+            prompt_text,
+            list(encoded["input_ids"]),
+            [tuple(o) for o in encoded["offset_mapping"]],
+            "plain" if special else "chat",
+        )
         spans = []
         for a, b in (*paragraph_chars, query):
             tokens = token_span(prompt, a, b)
@@ -85,11 +95,14 @@ def twin_prompts(tokenizer, text: str, paragraph_chars: Sequence[tuple[int, int]
             spans.append((tokens[0], tokens[-1] + 1))
         rendered.append((prompt.input_ids, spans[-1], tuple(spans[:-1])))
     (ids, query_span, paragraph_spans), (null_ids, null_span, null_spans) = rendered
-    shared = next((i for i, (a, b) in enumerate(zip(ids, null_ids, strict=False)) if a != b),
-                  min(len(ids), len(null_ids)))
+    shared = next(
+        (i for i, (a, b) in enumerate(zip(ids, null_ids, strict=False)) if a != b), min(len(ids), len(null_ids))
+    )
     if paragraph_spans != null_spans or shared < paragraph_spans[-1][1] or shared > min(query_span[0], null_span[0]):
-        raise DynheadsError("the content-free prompt does not share the paragraphs' tokens with the real one "
-                            "(tokenisation merged the query into the text before it)")
+        raise DynheadsError(
+            "the content-free prompt does not share the paragraphs' tokens with the real one "
+            "(tokenisation merged the query into the text before it)"
+        )
     return RerankPrompt(ids, query_span, null_ids, null_span, paragraph_spans, shared)
 
 
@@ -100,8 +113,10 @@ def sample_prompt(tokenizer, sample) -> RerankPrompt:
     text = tokenizer.decode(list(sample.input_ids), skip_special_tokens=False)
     encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
     if list(encoded["input_ids"]) != list(sample.input_ids):
-        raise DynheadsError(f"sample {sample.sample_id!r}: its prompt does not tokenise back to its own ids, so its "
-                            "paragraphs cannot be located for re-ranking")
+        raise DynheadsError(
+            f"sample {sample.sample_id!r}: its prompt does not tokenise back to its own ids, so its "
+            "paragraphs cannot be located for re-ranking"
+        )
     offsets = encoded["offset_mapping"]
     context_start, context_stop = offsets[sample.context_span[0]][0], offsets[sample.context_span[1] - 1][1]
     titles = sample.meta.get("paragraph_titles") or []
@@ -118,8 +133,13 @@ def sample_prompt(tokenizer, sample) -> RerankPrompt:
     query_at = text.find(sample.question, context_stop)
     if query_at < 0:
         raise DynheadsError(f"sample {sample.sample_id!r}: its question is not after its context")
-    return twin_prompts(tokenizer, text, list(zip(starts, ends, strict=True)),
-                        (query_at, query_at + len(sample.question)), special=special)
+    return twin_prompts(
+        tokenizer,
+        text,
+        list(zip(starts, ends, strict=True)),
+        (query_at, query_at + len(sample.question)),
+        special=special,
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,7 +171,7 @@ def span_scores(lm: LoadedModel, prompt: RerankPrompt) -> SpanScores:
     prefill = time.perf_counter() - began
     began = time.perf_counter()
     session.rollback(cached)
-    session.write(prompt.null_ids[prompt.shared:])
+    session.write(prompt.null_ids[prompt.shared :])
     session.probe.set_span_score(SpanScore(prompt.null_query, prompt.spans))
     null_mass = session.forward(null_tail).stats.span_mass
     assert null_mass is not None

@@ -18,17 +18,37 @@ def rag_table(run: RunDir) -> pd.DataFrame:
     records = run.records()
     if not records:
         raise DynheadsError(f"{run.path} has no finished RAG answers")
-    frame = pd.DataFrame([{
-        "strategy": r["strategy"], "k": r["k"] if r["k"] is not None else "-", "em": r["metrics"]["em"],
-        "f1": r["metrics"]["f1"], "retrieval_recall": r["retrieval_recall"], "retrievals": r["retrievals"],
-        "visible_tokens": float(np.mean(r["visible_tokens"])) if r["visible_tokens"] else np.nan,
-        "context_tokens": r["context_tokens"],
-    } for r in records])
+    frame = pd.DataFrame(
+        [
+            {
+                "strategy": r["strategy"],
+                "k": r["k"] if r["k"] is not None else "-",
+                "em": r["metrics"]["em"],
+                "f1": r["metrics"]["f1"],
+                "retrieval_recall": r["retrieval_recall"],
+                "retrievals": r["retrievals"],
+                "visible_tokens": float(np.mean(r["visible_tokens"])) if r["visible_tokens"] else np.nan,
+                "context_tokens": r["context_tokens"],
+            }
+            for r in records
+        ]
+    )
     order = {name: i for i, name in enumerate(RAG_STRATEGIES.names())}  # registration order
-    table = frame.groupby(["strategy", "k"], sort=False).agg(
-        questions=("em", "size"), em=("em", "mean"), f1=("f1", "mean"),
-        retrieval_recall=("retrieval_recall", "mean"), retrievals=("retrievals", "mean"),
-        visible_tokens=("visible_tokens", "mean"), context_tokens=("context_tokens", "mean")).reset_index()
+    table = (
+        frame.groupby(["strategy", "k"], sort=False)
+        .agg(
+            questions=("em", "size"),
+            em=("em", "mean"),
+            f1=("f1", "mean"),
+            retrieval_recall=("retrieval_recall", "mean"),
+            retrievals=("retrievals", "mean"),
+            visible_tokens=("visible_tokens", "mean"),
+            context_tokens=("context_tokens", "mean"),
+        )
+        .reset_index()
+    )
     # k is an int, or "-" for strategies without heads: sort numerically (as text, 10 and 20 came before 5)
-    return table.sort_values(["strategy", "k"], key=lambda c: c.map(order) if c.name == "strategy"
-                             else c.map(lambda k: -1 if k == "-" else int(k)))
+    return table.sort_values(
+        ["strategy", "k"],
+        key=lambda c: c.map(order) if c.name == "strategy" else c.map(lambda k: -1 if k == "-" else int(k)),
+    )

@@ -134,15 +134,25 @@ def _drawn(selector: HeadSelector, hidden: Any) -> list[Head]:
     return random_heads(selector.k, selector.num_layers, selector.num_heads, selector.rng)
 
 
-RAG_STRATEGIES.register("dynamic", RagStrategy(_predicted, _need_predictor, needs_probe=True),
-                        help="the probe's top-k heads, predicted from each retrieval step's hidden state")
-RAG_STRATEGIES.register("static", RagStrategy(_chosen, _top_of_ranking, needs_static=True),
-                        help="the top k heads of the static list, at every retrieval")
+RAG_STRATEGIES.register(
+    "dynamic",
+    RagStrategy(_predicted, _need_predictor, needs_probe=True),
+    help="the probe's top-k heads, predicted from each retrieval step's hidden state",
+)
+RAG_STRATEGIES.register(
+    "static",
+    RagStrategy(_chosen, _top_of_ranking, needs_static=True),
+    help="the top k heads of the static list, at every retrieval",
+)
 RAG_STRATEGIES.register("dynamic-random", RagStrategy(_drawn), help="k heads drawn anew at every retrieval")
-RAG_STRATEGIES.register("fixed-random", RagStrategy(_chosen, _draw_once),
-                        help="k heads drawn once, for the whole answer")
+RAG_STRATEGIES.register(
+    "fixed-random", RagStrategy(_chosen, _draw_once), help="k heads drawn once, for the whole answer"
+)
 RAG_STRATEGIES.register("none", RagStrategy(None), help="w/o RAG: the context stays hidden")
 RAG_STRATEGIES.register("full-context", RagStrategy(None), help="the context is always visible")
-RAG_STRATEGIES.register("rerank", RagStrategy(None, paper=False),
-                        help="in-context re-ranking once; the top paragraphs stay visible for the whole answer")
+RAG_STRATEGIES.register(
+    "rerank",
+    RagStrategy(None, paper=False),
+    help="in-context re-ranking once; the top paragraphs stay visible for the whole answer",
+)
 PAPER_STRATEGIES = tuple(entry.name for entry in RAG_STRATEGIES if entry.value.paper)  # the built-in default

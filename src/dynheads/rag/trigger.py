@@ -45,13 +45,19 @@ SPACE_MARKERS = ("\u2581", "\u0120")  # '▁', 'Ġ'
 
 @dataclass(frozen=True)
 class TriggerConfig:
-    threshold: float = setting(1.4, "θ: retrieve when a content word's score exceeds it. 1.4 is the HotpotQA value "
-                                    "in DRAGIN's paper (Su et al. 2024, Table 9, for its Llama2/Vicuna models); the "
-                                    "paper we reproduce does not state its θ. Uncalibrated here: our attention "
-                                    "source (last-layer rows of this model) differs.")
-    form: TriggerForm = setting("paper", "'paper': content word = not a spaCy English stop word (no model "
-                                         "needed); 'dragin': content word = POS in NOUN/ADJ/VERB/PROPN/NUM, tagged "
-                                         "by `spacy_model`.")
+    threshold: float = setting(
+        1.4,
+        "θ: retrieve when a content word's score exceeds it. 1.4 is the HotpotQA value "
+        "in DRAGIN's paper (Su et al. 2024, Table 9, for its Llama2/Vicuna models); the "
+        "paper we reproduce does not state its θ. Uncalibrated here: our attention "
+        "source (last-layer rows of this model) differs.",
+    )
+    form: TriggerForm = setting(
+        "paper",
+        "'paper': content word = not a spaCy English stop word (no model "
+        "needed); 'dragin': content word = POS in NOUN/ADJ/VERB/PROPN/NUM, tagged "
+        "by `spacy_model`.",
+    )
     spacy_model: str = setting("en_core_web_sm", "spaCy pipeline used by form='dragin' for part-of-speech tags.")
 
     def __post_init__(self) -> None:

@@ -33,19 +33,31 @@ Window = tuple[int, int]
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    top_n: int = setting(10, "How many top-attended context positions to cluster (the paper's TopKIndices; it "
-                             "gives no value, 10 is our choice: about one position per supporting sentence and a "
-                             "few spares).")
-    cluster: ClusterMethod = setting("gap", "'gap': split sorted positions where neighbours are more than `gap` "
-                                            "apart; 'dbscan': scikit-learn DBSCAN with eps=gap, min_samples=1 "
-                                            "(same clusters in 1-D).")
+    top_n: int = setting(
+        10,
+        "How many top-attended context positions to cluster (the paper's TopKIndices; it "
+        "gives no value, 10 is our choice: about one position per supporting sentence and a "
+        "few spares).",
+    )
+    cluster: ClusterMethod = setting(
+        "gap",
+        "'gap': split sorted positions where neighbours are more than `gap` "
+        "apart; 'dbscan': scikit-learn DBSCAN with eps=gap, min_samples=1 "
+        "(same clusters in 1-D).",
+    )
     gap: int = setting(8, "Largest distance in tokens between neighbouring positions of one cluster (our choice).")
-    representative: Representative = setting("max", "Position a window is centred on: the cluster's "
-                                                     "highest-scoring position ('max') or its lower median "
-                                                     "position ('median').")
-    window: int = setting(64, "Window size in tokens around each representative, half before and half after (our "
-                              "choice: a HotpotQA supporting sentence is about 30 tokens, whichever of its tokens "
-                              "is the peak).")
+    representative: Representative = setting(
+        "max",
+        "Position a window is centred on: the cluster's "
+        "highest-scoring position ('max') or its lower median "
+        "position ('median').",
+    )
+    window: int = setting(
+        64,
+        "Window size in tokens around each representative, half before and half after (our "
+        "choice: a HotpotQA supporting sentence is about 30 tokens, whichever of its tokens "
+        "is the peak).",
+    )
 
     def __post_init__(self) -> None:
         if self.top_n < 1 or self.window < 1 or self.gap < 0:

@@ -74,8 +74,14 @@ MAX_FIGURES = 8  # per stage folder: Figure 1 alone can have one heat map per sa
 READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, DynheadsError)
 ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one the stage measured decides Claim 2
 SETTING_KEYS = ("kind", "score", "task", "threshold", "ks", "static_file", "epochs_run", "train_seconds", "seed")
-RAG_STRATEGIES = {"dynamic": "Dynamic", "static": "Static", "dynamic-random": "Dynamic Random",
-                  "fixed-random": "Fixed Random", "none": "w/o RAG"}
+RAG_STRATEGIES = {
+    "dynamic": "Dynamic",
+    "static": "Static",
+    "dynamic-random": "Dynamic Random",
+    "fixed-random": "Fixed Random",
+    "none": "w/o RAG",
+}
+
 
 @dataclass(frozen=True)
 class Figure:
@@ -138,18 +144,29 @@ def evidence_of(manifest: Mapping) -> EvidenceSettings:
     """The verdict settings a study recorded (the defaults for what it does not record)."""
     config = manifest.get("config") or {}
     defaults = EvidenceSettings()
-    return EvidenceSettings(floor=int(config.get("floor", defaults.floor)),
-                            resamples=int(config.get("resamples", defaults.resamples)),
-                            seed=int(config.get("seed", defaults.seed)))
+    return EvidenceSettings(
+        floor=int(config.get("floor", defaults.floor)),
+        resamples=int(config.get("resamples", defaults.resamples)),
+        seed=int(config.get("seed", defaults.seed)),
+    )
 
 
 def _refuse_old_study(root: Path) -> None:
     """A study written before stages recorded ``summary.json`` has only their markdown: say so in one line."""
-    old = [folder.name for folder in sorted(root.iterdir()) if folder.is_dir()
-           and not (folder / SUMMARY_FILE).is_file() and any(folder.rglob("*.md"))] if root.is_dir() else []
+    old = (
+        [
+            folder.name
+            for folder in sorted(root.iterdir())
+            if folder.is_dir() and not (folder / SUMMARY_FILE).is_file() and any(folder.rglob("*.md"))
+        ]
+        if root.is_dir()
+        else []
+    )
     if old:
-        raise DynheadsError(f"{root} was written by an older dynheads: its stage folder(s) {', '.join(old)} have "
-                            f"markdown results but no {SUMMARY_FILE}; re-run those stages to rebuild the report")
+        raise DynheadsError(
+            f"{root} was written by an older dynheads: its stage folder(s) {', '.join(old)} have "
+            f"markdown results but no {SUMMARY_FILE}; re-run those stages to rebuild the report"
+        )
 
 
 def _headline(section: Section, verdict: Verdict, root: Path) -> Headline:
@@ -190,26 +207,82 @@ def build_sections(root: Path, evidence: EvidenceSettings | None = None) -> list
     specs: list[tuple[str, str, Callable[[], list[Part]]]] = [
         ("static", "Static retrieval heads (Wu et al. 2024)", lambda: _static(root)),
         (stages.NIAH, f"{niah} setup (Section 3.1)", lambda: _task_run(root, stages.NIAH)),
-        ("claim1-niah", "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)",
-         lambda: _dynamism(root, stages.DYNAMISM, niah, "Figure 1", _table1_note(), evidence)),
-        ("claim2-niah", "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)",
-         lambda: _ablation(root, (stages.ABLATION, stages.PROGRESSIVE), ("Figure 2", "Figure 3"), niah,
-                           f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.", evidence)),
-        ("claim3-niah", "Claim 3, correlation, on NIAH (Figure 4, Table 2)",
-         lambda: _correlation(root, (stages.CCA, stages.PROBE), "Figure 4", "binary", niah, _cca_note(),
-                              _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")), evidence)),
-        (stages.HOTPOTQA, f"{hotpot} setup (Section 5)",
-         lambda: _task_run(root, stages.HOTPOTQA) + (_stage(root, stages.HOTPOTQA_STATIC, "Static reasoning heads")
-                                                if (root / stages.HOTPOTQA_STATIC).is_dir() else [])),
-        ("claim1-hotpotqa", f"Claim 1, dynamism, on {hotpot} (Figure 5)",
-         lambda: _dynamism(root, stages.HOTPOTQA_DYNAMISM, hotpot, "Figure 5", PAPER_FIGURE5, evidence)),
-        ("claim2-hotpotqa", f"Claim 2, irreplaceability, on {hotpot} (Figures 6 and 7)",
-         lambda: _ablation(root, (stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE), ("Figure 6", "Figure 7"),
-                           hotpot, PAPER_FIGURE6, PAPER_FIGURE7, evidence)),
-        ("claim3-hotpotqa", f"Claim 3, correlation, on {hotpot} (Figure 8, Table 3)",  # Eq. 2 scores: a regressor
-         lambda: _correlation(root, (stages.HOTPOTQA_CCA, stages.HOTPOTQA_PROBE), "Figure 8", "continuous", hotpot,
-                              PAPER_FIGURE8,
-                              _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)), evidence)),
+        (
+            "claim1-niah",
+            "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)",
+            lambda: _dynamism(root, stages.DYNAMISM, niah, "Figure 1", _table1_note(), evidence),
+        ),
+        (
+            "claim2-niah",
+            "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)",
+            lambda: _ablation(
+                root,
+                (stages.ABLATION, stages.PROGRESSIVE),
+                ("Figure 2", "Figure 3"),
+                niah,
+                f"{PAPER_MODEL}: {PAPER_GRID}.",
+                f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.",
+                evidence,
+            ),
+        ),
+        (
+            "claim3-niah",
+            "Claim 3, correlation, on NIAH (Figure 4, Table 2)",
+            lambda: _correlation(
+                root,
+                (stages.CCA, stages.PROBE),
+                "Figure 4",
+                "binary",
+                niah,
+                _cca_note(),
+                _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")),
+                evidence,
+            ),
+        ),
+        (
+            stages.HOTPOTQA,
+            f"{hotpot} setup (Section 5)",
+            lambda: (
+                _task_run(root, stages.HOTPOTQA)
+                + (
+                    _stage(root, stages.HOTPOTQA_STATIC, "Static reasoning heads")
+                    if (root / stages.HOTPOTQA_STATIC).is_dir()
+                    else []
+                )
+            ),
+        ),
+        (
+            "claim1-hotpotqa",
+            f"Claim 1, dynamism, on {hotpot} (Figure 5)",
+            lambda: _dynamism(root, stages.HOTPOTQA_DYNAMISM, hotpot, "Figure 5", PAPER_FIGURE5, evidence),
+        ),
+        (
+            "claim2-hotpotqa",
+            f"Claim 2, irreplaceability, on {hotpot} (Figures 6 and 7)",
+            lambda: _ablation(
+                root,
+                (stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE),
+                ("Figure 6", "Figure 7"),
+                hotpot,
+                PAPER_FIGURE6,
+                PAPER_FIGURE7,
+                evidence,
+            ),
+        ),
+        (
+            "claim3-hotpotqa",
+            f"Claim 3, correlation, on {hotpot} (Figure 8, Table 3)",  # Eq. 2 scores: a regressor
+            lambda: _correlation(
+                root,
+                (stages.HOTPOTQA_CCA, stages.HOTPOTQA_PROBE),
+                "Figure 8",
+                "continuous",
+                hotpot,
+                PAPER_FIGURE8,
+                _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)),
+                evidence,
+            ),
+        ),
         ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root, hotpot, evidence)),
     ]
     sections = []
@@ -246,13 +319,23 @@ def _stage(root: Path, name: str, figure: str, notes: Iterable[str] = ()) -> lis
 
 
 def _static(root: Path) -> list[Part]:
-    parts = _stage(root, stages.STATIC, "Static heads", ["heads scored as Wu et al. (copy steps / answer tokens, over "
-                                                  "tests whose ROUGE-1 recall > 0.5); dynamic sets are compared "
-                                                  "with the static top-20 (and top-50, top-100 in Table 5)."])
+    parts = _stage(
+        root,
+        stages.STATIC,
+        "Static heads",
+        [
+            "heads scored as Wu et al. (copy steps / answer tokens, over "
+            "tests whose ROUGE-1 recall > 0.5); dynamic sets are compared "
+            "with the static top-20 (and top-50, top-100 in Table 5)."
+        ],
+    )
     summary = _json(root / stages.STATIC / "static_summary.json")
     if summary:
-        parts.insert(2, f"Pass rate {summary['pass_rate']:.2f} ({summary['num_counted']} of {summary['num_tests']} "
-                        f"tests counted); top-20: {', '.join(summary['top20'])}.")
+        parts.insert(
+            2,
+            f"Pass rate {summary['pass_rate']:.2f} ({summary['num_counted']} of {summary['num_tests']} "
+            f"tests counted); top-20: {', '.join(summary['top20'])}.",
+        )
     return parts
 
 
@@ -266,23 +349,32 @@ def _task_run(root: Path, stage: str) -> list[Part]:
         columns = [c for c in frame.columns if c.startswith("metrics.")]
         grouped = frame.groupby("context_tokens")
         means, counts = grouped[columns].mean(), grouped.size()
-        rows: list[list[Cell]] = [[str(i), int(counts[i]), *(float(value) for value in means.loc[i])]
-                                  for i in means.index]
+        rows: list[list[Cell]] = [
+            [str(i), int(counts[i]), *(float(value) for value in means.loc[i])] for i in means.index
+        ]
         steps = f"; {frame['steps'].mean():.1f} generated tokens per sample" if "steps" in frame else ""
-        parts[2:2] = [f"{len(records)} samples{steps}. Mean metrics by context length:",
-                      Table(["context tokens", "samples", *(c.removeprefix("metrics.") for c in columns)], rows,
-                            missing="nan")]
+        parts[2:2] = [
+            f"{len(records)} samples{steps}. Mean metrics by context length:",
+            Table(["context tokens", "samples", *(c.removeprefix("metrics.") for c in columns)], rows, missing="nan"),
+        ]
     skipped = (_json(root / stage / "manifest.json") or {}).get("skipped", {})
     if skipped.get("count"):  # (question, cell) pairs with no valid sample, e.g. gold paragraphs too long
-        parts.insert(4 if records else 3, f"Skipped (question, cell) pairs: {skipped['count']} ("
-                     + "; ".join(f"{n} {why}" for why, n in skipped["by_reason"].items()) + ").")
+        parts.insert(
+            4 if records else 3,
+            f"Skipped (question, cell) pairs: {skipped['count']} ("
+            + "; ".join(f"{n} {why}" for why, n in skipped["by_reason"].items())
+            + ").",
+        )
     return parts
 
 
 def _dynamism(root: Path, stage: str, task: str, figure: str, note: str, evidence: EvidenceSettings) -> list[Part]:
     data = _evidence(root, stage)
-    verdict = _guard(lambda: _stage_failed(root, (stage,), claims.CLAIM1, task)
-                     or claims.dynamism_verdict(data, task, evidence), claims.CLAIM1, task)
+    verdict = _guard(
+        lambda: _stage_failed(root, (stage,), claims.CLAIM1, task) or claims.dynamism_verdict(data, task, evidence),
+        claims.CLAIM1,
+        task,
+    )
     return [verdict, *_stage(root, stage, figure, [note])]
 
 
@@ -296,8 +388,15 @@ def _stage_failed(root: Path, needed: Iterable[str], claim: str, task: str) -> V
     return None
 
 
-def _ablation(root: Path, folders: tuple[str, str], figures: tuple[str, str], task: str, grid_note: str,
-              progressive_note: str, evidence: EvidenceSettings) -> list[Part]:
+def _ablation(
+    root: Path,
+    folders: tuple[str, str],
+    figures: tuple[str, str],
+    task: str,
+    grid_note: str,
+    progressive_note: str,
+    evidence: EvidenceSettings,
+) -> list[Part]:
     """Claim 2: the stages (ablation grid, progressive ablation) of one task and their figures (2, 3 or 6, 7)."""
     grid, progressive = folders
 
@@ -305,13 +404,19 @@ def _ablation(root: Path, folders: tuple[str, str], figures: tuple[str, str], ta
         numbers = _evidence(root, grid) or {}
         per_sample = numbers.get("per_sample") or {}
         metric = _decisive_metric(per_sample)
-        values = ({strategy: np.asarray(arm, dtype=float) for strategy, arm in per_sample[metric].items()}
-                  if metric in per_sample else None)
+        values = (
+            {strategy: np.asarray(arm, dtype=float) for strategy, arm in per_sample[metric].items()}
+            if metric in per_sample
+            else None
+        )
         masking = claims.AblationMasking(**numbers["masking"]) if "masking" in numbers else None
         return claims.irreplaceability_verdict(values, metric, task, masking, evidence)
 
-    return [_guard(lambda: _stage_failed(root, (grid,), claims.CLAIM2, task) or verdict(), claims.CLAIM2, task),
-            *_stage(root, grid, figures[0], [grid_note]), *_stage(root, progressive, figures[1], [progressive_note])]
+    return [
+        _guard(lambda: _stage_failed(root, (grid,), claims.CLAIM2, task) or verdict(), claims.CLAIM2, task),
+        *_stage(root, grid, figures[0], [grid_note]),
+        *_stage(root, progressive, figures[1], [progressive_note]),
+    ]
 
 
 def _decisive_metric(metrics: Iterable[str]) -> str:
@@ -319,8 +424,16 @@ def _decisive_metric(metrics: Iterable[str]) -> str:
     return next((metric for metric in ABLATION_METRICS if metric in set(metrics)), ABLATION_METRICS[0])
 
 
-def _correlation(root: Path, folders: tuple[str, str], figure: str, probe_kind: str, task: str, cca_note: str,
-                 probe_note: str, evidence: EvidenceSettings) -> list[Part]:
+def _correlation(
+    root: Path,
+    folders: tuple[str, str],
+    figure: str,
+    probe_kind: str,
+    task: str,
+    cca_note: str,
+    probe_note: str,
+    evidence: EvidenceSettings,
+) -> list[Part]:
     """Claim 3: the stages (CCA, MLP probe) of one task; ``figure`` is the CCA's (4 or 8), ``probe_kind`` the
     probe's task when its metrics do not say (binary copy scores, or continuous Eq. 2 scores)."""
     cca, probe_stage = folders
@@ -331,8 +444,11 @@ def _correlation(root: Path, folders: tuple[str, str], figure: str, probe_kind: 
         kind = (metrics or {}).get("task", probe_kind)
         return claims.correlation_verdict(row, metrics, "auprc" if kind == "binary" else "r2", task, evidence)
 
-    return [_guard(lambda: _stage_failed(root, folders, claims.CLAIM3, task) or verdict(), claims.CLAIM3, task),
-            *_stage(root, cca, figure, [cca_note]), *_stage(root, probe_stage, "Probe", [probe_note])]
+    return [
+        _guard(lambda: _stage_failed(root, folders, claims.CLAIM3, task) or verdict(), claims.CLAIM3, task),
+        *_stage(root, cca, figure, [cca_note]),
+        *_stage(root, probe_stage, "Probe", [probe_note]),
+    ]
 
 
 def _evidence(root: Path, stage: str) -> dict | None:
@@ -346,18 +462,29 @@ def _evidence(root: Path, stage: str) -> dict | None:
 def _rag(root: Path, task: str, evidence: EvidenceSettings) -> list[Part]:
     def verdict() -> Verdict:
         pairs = (_evidence(root, stages.RAG) or {}).get("f1_pairs") or {}
-        return claims.rag_verdict({int(k): (np.asarray(arms["dynamic"], dtype=float),
-                                            np.asarray(arms["static"], dtype=float)) for k, arms in pairs.items()},
-                                  task, evidence)
+        return claims.rag_verdict(
+            {
+                int(k): (np.asarray(arms["dynamic"], dtype=float), np.asarray(arms["static"], dtype=float))
+                for k, arms in pairs.items()
+            },
+            task,
+            evidence,
+        )
 
     header = ["model", *RAG_STRATEGIES.values()]
     table4 = [[model, *(_em_f1(row.get(s)) for s in RAG_STRATEGIES)] for model, row in PAPER_TABLE4.items()]
-    table6 = [[f"k={k}", *(_em_f1(row[s]) for s in RAG_STRATEGIES if s != "none")]
-              for k, row in {5: PAPER_TABLE4[PAPER_MODEL], **PAPER_TABLE6}.items()]
-    return [_guard(lambda: _stage_failed(root, (stages.RAG,), claims.RAG, task) or verdict(), claims.RAG, task),
-            *_stage(root, stages.RAG, "RAG"),
-            "Paper, Table 4 (HotpotQA EM / F1, k = 5):", Table(header, table4),
-            "Paper, Table 6 (llama3.1-8b, EM / F1 by k):", Table(["k", *header[1:-1]], table6)]
+    table6 = [
+        [f"k={k}", *(_em_f1(row[s]) for s in RAG_STRATEGIES if s != "none")]
+        for k, row in {5: PAPER_TABLE4[PAPER_MODEL], **PAPER_TABLE6}.items()
+    ]
+    return [
+        _guard(lambda: _stage_failed(root, (stages.RAG,), claims.RAG, task) or verdict(), claims.RAG, task),
+        *_stage(root, stages.RAG, "RAG"),
+        "Paper, Table 4 (HotpotQA EM / F1, k = 5):",
+        Table(header, table4),
+        "Paper, Table 6 (llama3.1-8b, EM / F1 by k):",
+        Table(["k", *header[1:-1]], table6),
+    ]
 
 
 def _em_f1(value: tuple[float, float] | None) -> str:
@@ -379,20 +506,28 @@ def _table1_note() -> str:
         values = [row[key] for row in rows]
         return f"{format(min(values), spec)}-{format(max(values), spec)}"
 
-    return (f"Table 1 (five models): Jaccard w/ static top-20 {span('jaccard_static_k20', '.4f')}, unique heads "
-            f"{span('unique_heads', '.0f')}, entropy {span('entropy', '.4f')} (baseline ln 20 = "
-            f"{ENTROPY_BASELINE:.4f}); Figure 1 shows the 10 most varying heads of one llama3.1-8b answer switching "
-            "on and off.")
+    return (
+        f"Table 1 (five models): Jaccard w/ static top-20 {span('jaccard_static_k20', '.4f')}, unique heads "
+        f"{span('unique_heads', '.0f')}, entropy {span('entropy', '.4f')} (baseline ln 20 = "
+        f"{ENTROPY_BASELINE:.4f}); Figure 1 shows the 10 most varying heads of one llama3.1-8b answer switching "
+        "on and off."
+    )
 
 
 def _cca_note() -> str:
-    return "; ".join(f"Figure 4 ({model}, in-sample top-1): " + ", ".join(f"k={k} {v:.3f}" for k, v in values.items())
-                     for model, values in PAPER_TOP1.items()) + "."
+    return (
+        "; ".join(
+            f"Figure 4 ({model}, in-sample top-1): " + ", ".join(f"k={k} {v:.3f}" for k, v in values.items())
+            for model, values in PAPER_TOP1.items()
+        )
+        + "."
+    )
 
 
 def _range_note(table: str, paper: Mapping[str, Mapping[str, float]], keys: tuple[str, ...]) -> str:
-    ranges = ", ".join(f"{key} {min(r[key] for r in paper.values()):.4f}-{max(r[key] for r in paper.values()):.4f}"
-                       for key in keys)
+    ranges = ", ".join(
+        f"{key} {min(r[key] for r in paper.values()):.4f}-{max(r[key] for r in paper.values()):.4f}" for key in keys
+    )
     return f"{table} (probe on the test split, {len(paper)} models): {ranges}."
 
 
@@ -405,25 +540,41 @@ def _overview(manifest: dict, timings: dict) -> list[Part]:
     rows += [[key, _value(value)] for key, value in manifest.items() if key not in ("model", "config", "versions")]
     rows.append(["versions", ", ".join(f"{k} {v}" for k, v in (manifest.get("versions") or {}).items())])
     config = [[key, _value(value)] for key, value in (manifest.get("config") or {}).items()]
-    times = [[name, f"{entry.get('seconds', 0):.0f}", entry.get("error", "")]
-             for name, entry in timings.items() if isinstance(entry, dict)]
+    times = [
+        [name, f"{entry.get('seconds', 0):.0f}", entry.get("error", "")]
+        for name, entry in timings.items()
+        if isinstance(entry, dict)
+    ]
     if times:
         times.append(["total", f"{sum(float(row[1]) for row in times):.0f}", ""])
     parts: list[Part] = [Table(["field", "value"], rows)]
-    return (parts
-            + (["Configuration:", Table(["option", "value"], config)] if config else [])
-            + (["Stages (wall time of the attempt that finished each; a stage this model could not support says "
-                "why):", Table(["stage", "seconds", "failed because"], times)] if times else []))
+    return (
+        parts
+        + (["Configuration:", Table(["option", "value"], config)] if config else [])
+        + (
+            [
+                "Stages (wall time of the attempt that finished each; a stage this model could not support says why):",
+                Table(["stage", "seconds", "failed because"], times),
+            ]
+            if times
+            else []
+        )
+    )
 
 
 def _summary(headlines: list[Headline], manifest: dict) -> Section:
     model = (manifest.get("model") or {}).get("name", "this model")
     preset = f", preset `{manifest['preset']}`" if manifest.get("preset") else ""
-    return Section("verdicts", "Verdicts", [
-        f"Does {model}{preset} show what the paper claims? Each card: the verdict, its figure, and the numbers it "
-        "rests on beside the paper's (llama3.1-8b, or the range over the paper's models); click for the section.",
-        Cards(headlines),
-        f"Rules (docs/report.md): {claims.RULES}."])
+    return Section(
+        "verdicts",
+        "Verdicts",
+        [
+            f"Does {model}{preset} show what the paper claims? Each card: the verdict, its figure, and the numbers it "
+            "rests on beside the paper's (llama3.1-8b, or the range over the paper's models); click for the section.",
+            Cards(headlines),
+            f"Rules (docs/report.md): {claims.RULES}.",
+        ],
+    )
 
 
 def _settings(folder: Path, root: Path) -> str:
@@ -434,8 +585,10 @@ def _settings(folder: Path, root: Path) -> str:
         if not isinstance(data, dict):
             continue
         config = data.get("config")
-        values = {**(config if isinstance(config, dict) else {}),
-                  **{key: data[key] for key in SETTING_KEYS if key in data}}
+        values = {
+            **(config if isinstance(config, dict) else {}),
+            **{key: data[key] for key in SETTING_KEYS if key in data},
+        }
         model = data.get("model")
         values |= {"model": model.get("name") if isinstance(model, dict) else model} if model else {}
         shown = [f"`{key}={_value(value)}`" for key, value in values.items() if _short(value)]
@@ -446,8 +599,9 @@ def _settings(folder: Path, root: Path) -> str:
 
 def _short(value: Any) -> bool:
     scalar = (str, int, float, bool, type(None))
-    return isinstance(value, scalar) or (isinstance(value, list | tuple) and len(value) <= 12
-                                         and all(isinstance(item, scalar) for item in value))
+    return isinstance(value, scalar) or (
+        isinstance(value, list | tuple) and len(value) <= 12 and all(isinstance(item, scalar) for item in value)
+    )
 
 
 def _value(value: Any) -> str:
@@ -502,8 +656,11 @@ def _markdown(title: str, sections: list[Section], run: Section, root: Path) -> 
 
 
 def _card_markdown(card: Headline, root: Path) -> str:
-    figure = (f"![{card.verdict.claim}, {card.verdict.task}]({card.figure.relative_to(root).as_posix()})\n\n"
-              if card.figure is not None else "")
+    figure = (
+        f"![{card.verdict.claim}, {card.verdict.task}]({card.figure.relative_to(root).as_posix()})\n\n"
+        if card.figure is not None
+        else ""
+    )
     rows = to_markdown(_card_table(card))
     return f"### {card.verdict.claim}, {card.verdict.task}: {card.verdict.status}\n\n{figure}{rows}"
 
@@ -516,12 +673,16 @@ def _card_html(card: Headline) -> str:
     else:
         png = card.figure.read_bytes()
         alt = html.escape(f"{verdict.claim}, {verdict.task}")
-        figure = (f'<a href="#{card.anchor}"><img src="data:image/png;base64,{base64.b64encode(png).decode()}" '
-                  f'alt="{alt}"></a>')
-    return (f'<div class="card {status}" title="{html.escape(verdict.sentence())}">'
-            f'<div class="card-head"><span class="badge">{html.escape(verdict.status)}</span> '
-            f'<a href="#{card.anchor}">{html.escape(verdict.claim)}, {html.escape(verdict.task)}</a></div>'
-            f"{figure}{to_html(_card_table(card))}</div>")
+        figure = (
+            f'<a href="#{card.anchor}"><img src="data:image/png;base64,{base64.b64encode(png).decode()}" '
+            f'alt="{alt}"></a>'
+        )
+    return (
+        f'<div class="card {status}" title="{html.escape(verdict.sentence())}">'
+        f'<div class="card-head"><span class="badge">{html.escape(verdict.status)}</span> '
+        f'<a href="#{card.anchor}">{html.escape(verdict.claim)}, {html.escape(verdict.task)}</a></div>'
+        f"{figure}{to_html(_card_table(card))}</div>"
+    )
 
 
 def _card_table(card: Headline) -> Table:
@@ -533,20 +694,27 @@ def _html(title: str, sections: list[Section], run: Section, step_data: dict[str
         if isinstance(item, Figure):
             data = base64.b64encode(item.path.read_bytes()).decode("ascii")
             caption = html.escape(item.caption)
-            return (f'<figure><img src="data:image/png;base64,{data}" alt="{caption}">'
-                    f"<figcaption>{caption}</figcaption></figure>")
+            return (
+                f'<figure><img src="data:image/png;base64,{data}" alt="{caption}">'
+                f"<figcaption>{caption}</figcaption></figure>"
+            )
         if isinstance(item, Cards):
             return '<div class="cards">' + "".join(map(_card_html, item.headlines)) + "</div>"
         if isinstance(item, Table):
             return _table_html(item)
         if isinstance(item, Verdict):
-            return (f'<p class="verdict {item.status.replace(" ", "-")}"><strong>Verdict:</strong> '
-                    f"{html.escape(item.sentence())}</p>")
+            return (
+                f'<p class="verdict {item.status.replace(" ", "-")}"><strong>Verdict:</strong> '
+                f"{html.escape(item.sentence())}</p>"
+            )
         return _block_html(item) if isinstance(item, Plain | Heading | Items) else markdown_html(item)
 
     def section(s: Section) -> str:
-        return (f'\n<section id="{s.anchor}">\n<h2>{html.escape(s.title)}</h2>\n' + "\n".join(map(part, s.parts))
-                + "\n</section>")
+        return (
+            f'\n<section id="{s.anchor}">\n<h2>{html.escape(s.title)}</h2>\n'
+            + "\n".join(map(part, s.parts))
+            + "\n</section>"
+        )
 
     nav = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections[1:])
     nav += f'<li><a href="#per-step-view">Per-step view</a></li><li><a href="#{run.anchor}">{run.title}</a></li>'
@@ -554,9 +722,14 @@ def _html(title: str, sections: list[Section], run: Section, step_data: dict[str
     body += "".join(map(section, sections[1:]))
     data = json.dumps(step_data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     page = _resource("template.html")
-    for marker, value in (("TITLE", html.escape(title)), ("STYLE", _resource("stepview.css")), ("DATA", data),
-                          ("SCRIPT", _resource("stepview.js")), ("RUN", section(run)),
-                          ("BODY", body)):  # RUN and BODY last: they hold any text
+    for marker, value in (
+        ("TITLE", html.escape(title)),
+        ("STYLE", _resource("stepview.css")),
+        ("DATA", data),
+        ("SCRIPT", _resource("stepview.js")),
+        ("RUN", section(run)),
+        ("BODY", body),
+    ):  # RUN and BODY last: they hold any text
         page = page.replace(f"<!--{marker}-->", value, 1)
     return page
 
@@ -574,6 +747,7 @@ def _table_html(table: Table) -> str:
 
 def _demoted(summary: Summary, by: int = 3) -> list[Part]:
     """A stage's results as report parts, its headings below the report's own (its title, level 1, at level 4)."""
+
     def part(block: Block) -> Part:
         if isinstance(block, Heading):
             return Heading(block.text, min(block.level + by, 6))

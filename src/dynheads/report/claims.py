@@ -53,13 +53,15 @@ CCA_OFFSET = 1
 CLAIM1, CLAIM2, CLAIM3 = "Claim 1 (dynamism)", "Claim 2 (irreplaceability)", "Claim 3 (correlation)"
 RAG = "Dynamic RAG (dynamic beats static)"
 DECIDE_COMMAND = "dynheads reproduce --preset standard"
-RULES = (f"every effect with a 95 % paired bootstrap interval over samples; supported when every interval lies "
-         f"beyond its margin, not supported when one lies on the other side, else inconclusive (also below the "
-         f"sample floor). Claim 1: share of a step's dynamic heads in the static top-20 < {CONTAINMENT_MAX}, "
-         f"Jaccard with the size-matched static list < {MATCHED_JACCARD_MAX}, entropy of head use > ln 20; "
-         f"Claim 2: static - dynamic > {ABLATION_MARGIN} and random - dynamic > {ABLATION_MARGIN} (task metric); "
-         f"Claim 3: held-out - shuffled CCA top-1 at k={CCA_OFFSET} > {CCA_MARGIN} and head predictor - "
-         f"frequency baseline > {PROBE_MARGIN:g}; RAG: Dynamic - Static F1 > {RAG_MARGIN:g} at every k")
+RULES = (
+    f"every effect with a 95 % paired bootstrap interval over samples; supported when every interval lies "
+    f"beyond its margin, not supported when one lies on the other side, else inconclusive (also below the "
+    f"sample floor). Claim 1: share of a step's dynamic heads in the static top-20 < {CONTAINMENT_MAX}, "
+    f"Jaccard with the size-matched static list < {MATCHED_JACCARD_MAX}, entropy of head use > ln 20; "
+    f"Claim 2: static - dynamic > {ABLATION_MARGIN} and random - dynamic > {ABLATION_MARGIN} (task metric); "
+    f"Claim 3: held-out - shuffled CCA top-1 at k={CCA_OFFSET} > {CCA_MARGIN} and head predictor - "
+    f"frequency baseline > {PROBE_MARGIN:g}; RAG: Dynamic - Static F1 > {RAG_MARGIN:g} at every k"
+)
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,14 @@ class Verdict:
         return f"{self.claim}, {self.task}: {status}.{detail}{tested}"
 
 
-def _decided(claim: str, task: str, effects: Sequence[Effect], evidence: EvidenceSettings,
-             numbers: dict[str, float | None], note: str = "") -> Verdict:
+def _decided(
+    claim: str,
+    task: str,
+    effects: Sequence[Effect],
+    evidence: EvidenceSettings,
+    numbers: dict[str, float | None],
+    note: str = "",
+) -> Verdict:
     status, reason = combine(list(effects), evidence.floor)
     if status == "inconclusive" and any(0 < e.interval.n < evidence.floor for e in effects):
         reason += f" (more samples decide it: {DECIDE_COMMAND})"
@@ -105,30 +113,57 @@ def dynamism_verdict(data: Mapping | None, task: str, evidence: EvidenceSettings
     if not data or "stats" not in data:
         return failed(CLAIM1, task, "no dynamism statistics")
     stats = data["stats"]
-    keys = ("jaccard_static_k20", "jaccard_ceiling_k20", "containment_k20", "matched_jaccard", "unique_heads",
-            "entropy", "static_heads")
+    keys = (
+        "jaccard_static_k20",
+        "jaccard_ceiling_k20",
+        "containment_k20",
+        "matched_jaccard",
+        "unique_heads",
+        "entropy",
+        "static_heads",
+    )
     numbers = {key: stats.get(key) for key in keys}
     per_sample = data.get("per_sample")
     if not per_sample:
-        return failed(CLAIM1, task, "the dynamism stage published no per-sample statistics (an older dynheads): "
-                                    "re-run the dynamism stage")
+        return failed(
+            CLAIM1,
+            task,
+            "the dynamism stage published no per-sample statistics (an older dynheads): re-run the dynamism stage",
+        )
     counts = np.asarray(per_sample["head_counts"], dtype=float)  # [sample, L*H]
     static_kind = data.get("static_kind") or "copy"
     listed = f"static {'retrieval' if static_kind == 'copy' else 'reasoning'}"
     short = stats.get("static_heads", 20) < 20
     effects = [
-        Effect(f"containment in the {listed} top-20" + (" (all its scored heads)" if short else ""),
-               _per_sample_mean(per_sample["containment_k20"], evidence), CONTAINMENT_MAX, "below",
-               "no step had a dynamic head"),
-        Effect("size-matched Jaccard", _per_sample_mean(per_sample["matched_jaccard"], evidence),
-               MATCHED_JACCARD_MAX, "below", "no step had a dynamic head"),
-        Effect("entropy of head use (nats)", interval(len(counts), lambda idx: _entropy(counts[idx].sum(0)),
-                                                      evidence) if len(counts) else UNDEFINED,
-               round(ENTROPY_BASELINE, 4), "above", "no head was ever in a dynamic set"),
+        Effect(
+            f"containment in the {listed} top-20" + (" (all its scored heads)" if short else ""),
+            _per_sample_mean(per_sample["containment_k20"], evidence),
+            CONTAINMENT_MAX,
+            "below",
+            "no step had a dynamic head",
+        ),
+        Effect(
+            "size-matched Jaccard",
+            _per_sample_mean(per_sample["matched_jaccard"], evidence),
+            MATCHED_JACCARD_MAX,
+            "below",
+            "no step had a dynamic head",
+        ),
+        Effect(
+            "entropy of head use (nats)",
+            interval(len(counts), lambda idx: _entropy(counts[idx].sum(0)), evidence) if len(counts) else UNDEFINED,
+            round(ENTROPY_BASELINE, 4),
+            "above",
+            "no head was ever in a dynamic set",
+        ),
     ]
     ceiling = stats.get("jaccard_ceiling_k20")
-    note = (f"Jaccard w/ static top-20 {stats.get('jaccard_static_k20', math.nan):.4f} against its ceiling "
-            f"{ceiling:.4f} (|D_t|/20) decides nothing" if not _missing(ceiling) else "")
+    note = (
+        f"Jaccard w/ static top-20 {stats.get('jaccard_static_k20', math.nan):.4f} against its ceiling "
+        f"{ceiling:.4f} (|D_t|/20) decides nothing"
+        if not _missing(ceiling)
+        else ""
+    )
     return _decided(CLAIM1, task, effects, evidence, numbers, note)
 
 
@@ -158,82 +193,139 @@ class AblationMasking:
     samples: dict[str, int]
 
     def describe(self) -> str:
-        parts = [f"{name} {self.masked[name]:.2f} heads/step, {self.zero_masked[name]}/{self.samples[name]} "
-                 "samples masked none" for name in ("dynamic", "static", "random") if name in self.masked]
+        parts = [
+            f"{name} {self.masked[name]:.2f} heads/step, {self.zero_masked[name]}/{self.samples[name]} "
+            "samples masked none"
+            for name in ("dynamic", "static", "random")
+            if name in self.masked
+        ]
         return f"{self.matching} matching; " + "; ".join(parts)
 
 
-def irreplaceability_verdict(values: Mapping[str, np.ndarray] | None, metric: str, task: str,
-                             masking: AblationMasking | None = None,
-                             evidence: EvidenceSettings | None = None) -> Verdict:
+def irreplaceability_verdict(
+    values: Mapping[str, np.ndarray] | None,
+    metric: str,
+    task: str,
+    masking: AblationMasking | None = None,
+    evidence: EvidenceSettings | None = None,
+) -> Verdict:
     """Claim 2 from the per-sample task metric of each ablation strategy (``none``, ``dynamic``, ``static``,
     ``random``; arrays over the same samples). ``masking`` says what was compared."""
     evidence = evidence or EvidenceSettings()
     if not values:
         return failed(CLAIM2, task, "no ablation results")
-    numbers: dict[str, float | None] = {name: float(np.mean(values[name]))
-                                        for name in ("none", "dynamic", "static", "random") if name in values}
+    numbers: dict[str, float | None] = {
+        name: float(np.mean(values[name])) for name in ("none", "dynamic", "static", "random") if name in values
+    }
     absent = [name for name in ("dynamic", "static", "random") if name not in values]
     if absent:
         return Verdict(CLAIM2, task, "inconclusive", f"no {metric} for strategy {', '.join(absent)}", numbers)
     baseline = numbers.get("none")
     if baseline is not None and baseline < ABLATION_MARGIN:
-        return Verdict(CLAIM2, task, "inconclusive", f"the un-ablated model's {metric} is {baseline:.3f}, so no "
-                       f"masking can lower it by {ABLATION_MARGIN}", numbers)
-    effects = [Effect(f"{name} - dynamic {metric}", paired_difference(values[name], values["dynamic"], evidence),
-                      ABLATION_MARGIN) for name in ("static", "random")]
-    numbers.update({f"gap_{name}": effect.interval.effect for name, effect in zip(("static", "random"), effects,
-                                                                                   strict=True)})
+        return Verdict(
+            CLAIM2,
+            task,
+            "inconclusive",
+            f"the un-ablated model's {metric} is {baseline:.3f}, so no masking can lower it by {ABLATION_MARGIN}",
+            numbers,
+        )
+    effects = [
+        Effect(
+            f"{name} - dynamic {metric}", paired_difference(values[name], values["dynamic"], evidence), ABLATION_MARGIN
+        )
+        for name in ("static", "random")
+    ]
+    numbers.update(
+        {f"gap_{name}": effect.interval.effect for name, effect in zip(("static", "random"), effects, strict=True)}
+    )
     if masking is None:
-        return _decided(CLAIM2, task, effects, evidence, numbers, "matching mode and heads masked per strategy "
-                        "unknown (cells.csv without the masked-head columns)")
+        return _decided(
+            CLAIM2,
+            task,
+            effects,
+            evidence,
+            numbers,
+            "matching mode and heads masked per strategy unknown (cells.csv without the masked-head columns)",
+        )
     numbers.update({f"masked_{name}": float(value) for name, value in masking.masked.items()})
     numbers.update({f"zero_masked_{name}": float(value) for name, value in masking.zero_masked.items()})
     compared = f"compared: {masking.describe()}; means over all samples, zero-masked ones counted"
-    unmatched = [name for name in ("static", "random")
-                 if masking.zero_masked.get(name, 0) > masking.zero_masked.get("dynamic", 0)]
+    unmatched = [
+        name
+        for name in ("static", "random")
+        if masking.zero_masked.get(name, 0) > masking.zero_masked.get("dynamic", 0)
+    ]
     if unmatched:
         detail = ", ".join(f"{name} on {masking.zero_masked[name]}" for name in unmatched)
-        return Verdict(CLAIM2, task, "inconclusive", f"the control masked no head on more samples than dynamic "
-                       f"({detail}, dynamic on {masking.zero_masked.get('dynamic', 0)}): those samples are the "
-                       f"un-ablated run, not a matched control; {compared}", numbers, tuple(effects))
+        return Verdict(
+            CLAIM2,
+            task,
+            "inconclusive",
+            f"the control masked no head on more samples than dynamic "
+            f"({detail}, dynamic on {masking.zero_masked.get('dynamic', 0)}): those samples are the "
+            f"un-ablated run, not a matched control; {compared}",
+            numbers,
+            tuple(effects),
+        )
     return _decided(CLAIM2, task, effects, evidence, numbers, compared)
 
 
 # ---- Claim 3 ----------------------------------------------------------------------------------------------------
-def correlation_verdict(cca: Mapping | None, probe: Mapping | None, probe_metric: str, task: str,
-                        evidence: EvidenceSettings | None = None) -> Verdict:
+def correlation_verdict(
+    cca: Mapping | None, probe: Mapping | None, probe_metric: str, task: str, evidence: EvidenceSettings | None = None
+) -> Verdict:
     """Claim 3 from the held-out CCA row at offset 1 (``top1``, ``shuffled_top1``, ``gap``, ``gap_low``,
     ``gap_high``, ``test_samples``, or ``note`` when it could not be measured) and the head predictor's metrics
     (``probe``, ``baseline`` and ``gap``: probe minus baseline with its interval over test samples)."""
     evidence = evidence or EvidenceSettings()
-    numbers: dict[str, float | None] = {"cca_held_out_k1": None, "cca_shuffled_k1": None,
-                                        f"probe_{probe_metric}": None, f"baseline_{probe_metric}": None}
+    numbers: dict[str, float | None] = {
+        "cca_held_out_k1": None,
+        "cca_shuffled_k1": None,
+        f"probe_{probe_metric}": None,
+        f"baseline_{probe_metric}": None,
+    }
     if cca is None:
         cca_gap, cca_why = UNDEFINED, f"no held-out CCA at k={CCA_OFFSET}"
     else:
         numbers.update(cca_held_out_k1=_number(cca.get("top1")), cca_shuffled_k1=_number(cca.get("shuffled_top1")))
-        cca_gap, cca_why = _interval_of(cca, "gap", "gap_low", "gap_high", "test_samples"), str(
-            cca.get("note") or "not measured")
+        cca_gap, cca_why = (
+            _interval_of(cca, "gap", "gap_low", "gap_high", "test_samples"),
+            str(cca.get("note") or "not measured"),
+        )
     if probe is None:
         probe_gap, probe_why = UNDEFINED, "no head predictor metrics"
     else:
         numbers[f"probe_{probe_metric}"] = _number(probe.get("probe", {}).get(probe_metric))
         numbers[f"baseline_{probe_metric}"] = _number(probe.get("baseline", {}).get(probe_metric))
         probe_gap = _interval_of(probe.get("gap") or {}, "effect", "low", "high", "n")
-        probe_why = ("R² is undefined: no head's target varies in the test split" if probe_metric == "r2"
-                     else "no positive target in the test split")
+        probe_why = (
+            "R² is undefined: no head's target varies in the test split"
+            if probe_metric == "r2"
+            else "no positive target in the test split"
+        )
         if not probe.get("gap"):
             probe_why = "the head predictor's metrics have no interval (trained by an older dynheads): re-train it"
-    effects = [Effect(f"held-out - shuffled CCA top-1 at k={CCA_OFFSET}", cca_gap, CCA_MARGIN,
-                      undefined_reason=cca_why),
-               Effect(f"head predictor - frequency baseline {probe_metric.upper()}", probe_gap, PROBE_MARGIN,
-                      undefined_reason=probe_why)]
+    effects = [
+        Effect(f"held-out - shuffled CCA top-1 at k={CCA_OFFSET}", cca_gap, CCA_MARGIN, undefined_reason=cca_why),
+        Effect(
+            f"head predictor - frequency baseline {probe_metric.upper()}",
+            probe_gap,
+            PROBE_MARGIN,
+            undefined_reason=probe_why,
+        ),
+    ]
     if cca_gap.defined and cca_gap.high < 0:
-        return Verdict(CLAIM3, task, "inconclusive", f"the shuffled-pairing control "
-                       f"({_fmt(numbers['cca_shuffled_k1'])}) lies above the held-out correlation "
-                       f"({_fmt(numbers['cca_held_out_k1'])}) over the whole interval: the held-out CCA does not "
-                       "measure what is specific to a sample", numbers, tuple(effects))
+        return Verdict(
+            CLAIM3,
+            task,
+            "inconclusive",
+            f"the shuffled-pairing control "
+            f"({_fmt(numbers['cca_shuffled_k1'])}) lies above the held-out correlation "
+            f"({_fmt(numbers['cca_held_out_k1'])}) over the whole interval: the held-out CCA does not "
+            "measure what is specific to a sample",
+            numbers,
+            tuple(effects),
+        )
     return _decided(CLAIM3, task, effects, evidence, numbers)
 
 
@@ -258,8 +350,11 @@ def _fmt(value: float | None) -> str:
 
 
 # ---- RAG --------------------------------------------------------------------------------------------------------
-def rag_verdict(pairs: Mapping[int, tuple[np.ndarray, np.ndarray]], task: str = HOTPOTQA.label,
-                evidence: EvidenceSettings | None = None) -> Verdict:
+def rag_verdict(
+    pairs: Mapping[int, tuple[np.ndarray, np.ndarray]],
+    task: str = HOTPOTQA.label,
+    evidence: EvidenceSettings | None = None,
+) -> Verdict:
     """Does Dynamic beat Static? ``pairs`` maps k to per-question F1 arrays (dynamic, static), same questions."""
     evidence = evidence or EvidenceSettings()
     numbers: dict[str, float | None] = {}
@@ -267,6 +362,8 @@ def rag_verdict(pairs: Mapping[int, tuple[np.ndarray, np.ndarray]], task: str = 
         numbers[f"dynamic_k{k}"], numbers[f"static_k{k}"] = float(np.mean(dynamic)), float(np.mean(static))
     if not pairs:
         return Verdict(RAG, task, "inconclusive", "Dynamic and Static were not both run at one k", numbers)
-    effects = [Effect(f"Dynamic - Static F1 at k={k}", paired_difference(dynamic, static, evidence), RAG_MARGIN)
-               for k, (dynamic, static) in sorted(pairs.items())]
+    effects = [
+        Effect(f"Dynamic - Static F1 at k={k}", paired_difference(dynamic, static, evidence), RAG_MARGIN)
+        for k, (dynamic, static) in sorted(pairs.items())
+    ]
     return _decided(RAG, task, effects, evidence, numbers)

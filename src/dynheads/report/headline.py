@@ -31,9 +31,12 @@ NOT_STATED = "not stated"
 MAX_ROWS = 4  # rows of a card (more when a verdict tests more effects)
 # anchor of the claim's section -> the stage folder and file pattern of its one figure (first match, name order)
 FIGURES = {
-    "claim1-niah": (DYNAMISM, "heads-*.png"), "claim2-niah": (ABLATION, "plots/ablation-*.png"),
-    "claim3-niah": (CCA, "cca.png"), "claim1-hotpotqa": (HOTPOTQA_DYNAMISM, "heads-*.png"),
-    "claim2-hotpotqa": (HOTPOTQA_ABLATION, "plots/ablation-*.png"), "claim3-hotpotqa": (HOTPOTQA_CCA, "cca.png"),
+    "claim1-niah": (DYNAMISM, "heads-*.png"),
+    "claim2-niah": (ABLATION, "plots/ablation-*.png"),
+    "claim3-niah": (CCA, "cca.png"),
+    "claim1-hotpotqa": (HOTPOTQA_DYNAMISM, "heads-*.png"),
+    "claim2-hotpotqa": (HOTPOTQA_ABLATION, "plots/ablation-*.png"),
+    "claim3-hotpotqa": (HOTPOTQA_CCA, "cca.png"),
 }
 
 
@@ -48,8 +51,9 @@ class Headline:
     missing: str = ""
 
 
-def headline(anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy", *,
-             paper_task: str | None = None) -> Headline:
+def headline(
+    anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy", *, paper_task: str | None = None
+) -> Headline:
     """The card of the verdict found in section ``anchor``; ``metric`` is Claim 2's decisive metric;
     ``paper_task``: the label of the paper's task whose numbers the card shows (default: the verdict's task)."""
     numbers = verdict.numbers
@@ -64,9 +68,11 @@ def headline(anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy"
         rows = _rag_rows(numbers)
     # the tested effects first, each with n, its 95 % interval and the rule it is held to; then the numbers behind
     # them, up to four rows in all so that every card fits the first screen (the section below has them all)
-    effects = [(f"{effect.name} ({effect.rule})", effect.interval.text(), _effect_paper(effect.name, paper))
-               for effect in verdict.effects]
-    rows = effects + rows[:max(MAX_ROWS - len(effects), 1)]
+    effects = [
+        (f"{effect.name} ({effect.rule})", effect.interval.text(), _effect_paper(effect.name, paper))
+        for effect in verdict.effects
+    ]
+    rows = effects + rows[: max(MAX_ROWS - len(effects), 1)]
     if verdict.claim == claims.RAG:
         figure = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
         return Headline(anchor, verdict, figure, rows, "" if figure else "no figure: no RAG results")
@@ -97,16 +103,23 @@ def _effect_paper(name: str, task: str) -> str:
 def _dynamism_rows(numbers: Mapping[str, float | None], task: str) -> list[tuple[str, str, str]]:
     """Beside the tested effects (entropy is one of them): Table 1's top-20 Jaccard with its ceiling, unique heads."""
     ceiling = numbers.get("jaccard_ceiling_k20")
-    return [(f"Jaccard w/ static top-20 (ceiling |D_t|/20 = {_fmt(ceiling, '.2f')}; decides nothing)",
-             _fmt(numbers.get("jaccard_static_k20"), ".2f"), _paper_dynamism("jaccard_static_k20", ".2f", task)),
-            ("unique heads", _fmt(numbers.get("unique_heads"), ".0f"), _paper_dynamism("unique_heads", ".0f", task))]
+    return [
+        (
+            f"Jaccard w/ static top-20 (ceiling |D_t|/20 = {_fmt(ceiling, '.2f')}; decides nothing)",
+            _fmt(numbers.get("jaccard_static_k20"), ".2f"),
+            _paper_dynamism("jaccard_static_k20", ".2f", task),
+        ),
+        ("unique heads", _fmt(numbers.get("unique_heads"), ".0f"), _paper_dynamism("unique_heads", ".0f", task)),
+    ]
 
 
 def _ablation_rows(numbers: Mapping[str, float | None], metric: str, task: str) -> list[tuple[str, str, str]]:
     paper = PAPER_ABLATION.get(task, {})
     rows = [(f"{metric}, nothing masked", _fmt(numbers.get("none")), NOT_STATED)] if "none" in numbers else []
-    return rows + [(f"{metric}, {name} heads masked", _fmt(numbers.get(name)), paper.get(name, NOT_STATED))
-                   for name in ("dynamic", "static", "random")]
+    return rows + [
+        (f"{metric}, {name} heads masked", _fmt(numbers.get(name)), paper.get(name, NOT_STATED))
+        for name in ("dynamic", "static", "random")
+    ]
 
 
 def _correlation_rows(numbers: Mapping[str, float | None], task: str) -> list[tuple[str, str, str]]:
@@ -114,12 +127,19 @@ def _correlation_rows(numbers: Mapping[str, float | None], task: str) -> list[tu
     paper_probe = PAPER_PROBE_BINARY if metric == "auprc" else PAPER_PROBE_CONTINUOUS
     in_sample = PAPER_TOP1.get(PAPER_MODEL, {}).get(claims.CCA_OFFSET)
     k = claims.CCA_OFFSET
-    return [(f"CCA top-1 at k={k}, held-out", _fmt(numbers.get(f"cca_held_out_k{k}")),
-             f"{in_sample:.3f} (in-sample)" if in_sample is not None and task == NIAH.label else NOT_STATED),
-            (f"CCA top-1 at k={k}, shuffled pairs", _fmt(numbers.get(f"cca_shuffled_k{k}")), NOT_STATED),
-            (f"probe {metric.upper()} / frequency baseline",
-             f"{_fmt(numbers.get(f'probe_{metric}'))} / {_fmt(numbers.get(f'baseline_{metric}'))}",
-             _span([row[metric] for row in paper_probe.values()], ".2f"))]
+    return [
+        (
+            f"CCA top-1 at k={k}, held-out",
+            _fmt(numbers.get(f"cca_held_out_k{k}")),
+            f"{in_sample:.3f} (in-sample)" if in_sample is not None and task == NIAH.label else NOT_STATED,
+        ),
+        (f"CCA top-1 at k={k}, shuffled pairs", _fmt(numbers.get(f"cca_shuffled_k{k}")), NOT_STATED),
+        (
+            f"probe {metric.upper()} / frequency baseline",
+            f"{_fmt(numbers.get(f'probe_{metric}'))} / {_fmt(numbers.get(f'baseline_{metric}'))}",
+            _span([row[metric] for row in paper_probe.values()], ".2f"),
+        ),
+    ]
 
 
 def _rag_rows(numbers: Mapping[str, float | None]) -> list[tuple[str, str, str]]:
@@ -146,8 +166,15 @@ def _rag_figure(numbers: Mapping[str, float | None], path: Path) -> Path | None:
     colors = ["#1d3f8f" if name.startswith("dynamic") else "#9aa6bf" for name in labels]
     axes.bar(range(len(labels)), [ours[name] for name in labels], color=colors, label="ours")
     paper_values = [paper[name.rsplit("_k", 1)[0]][1] if name.endswith("_k5") else math.nan for name in labels]
-    axes.scatter(range(len(labels)), paper_values, marker="_", s=400, color="#c0392b", zorder=3,
-                 label=f"paper ({PAPER_MODEL}, k=5)")
+    axes.scatter(
+        range(len(labels)),
+        paper_values,
+        marker="_",
+        s=400,
+        color="#c0392b",
+        zorder=3,
+        label=f"paper ({PAPER_MODEL}, k=5)",
+    )
     axes.set_xticks(range(len(labels)), [name.replace("_k", "\nk=") for name in labels], fontsize=8)
     axes.set_ylabel("F1")
     axes.set_ylim(0, max(1e-3, *ours.values(), *(v for v in paper_values if not math.isnan(v))) * 1.15)

@@ -29,16 +29,31 @@ from dynheads.traces import Trace
 REASONING_THRESHOLD = DEFAULT_REASONING_THRESHOLD  # Eq. 2 threshold of a retrieving head (the dynamism default)
 
 
-def step_view(run_dir: str | Path, label: str, score: ScoreKind, *, threshold: str | float = REASONING_THRESHOLD,
-              max_samples: int = 40, max_steps: int = 64, max_heads: int = 24) -> dict[str, Any]:
+def step_view(
+    run_dir: str | Path,
+    label: str,
+    score: ScoreKind,
+    *,
+    threshold: str | float = REASONING_THRESHOLD,
+    max_samples: int = 40,
+    max_steps: int = 64,
+    max_heads: int = 24,
+) -> dict[str, Any]:
     """The per-step view of one traced run: ``{"label", "score", "threshold", "total_samples", "samples"}``."""
     run = RunDir(run_dir)
     records = [r for r in run.records() if run.trace_path(r["sample_id"]).is_file()]
     chosen = _spread(records, max_samples)
-    samples = [_sample(record, run.load_trace(record["sample_id"]), score, threshold, max_steps, max_heads)
-               for record in chosen]
-    return {"label": label, "score": score, "threshold": None if ScoreSpec(score).score.binary else str(threshold),
-            "total_samples": len(records), "samples": samples}
+    samples = [
+        _sample(record, run.load_trace(record["sample_id"]), score, threshold, max_steps, max_heads)
+        for record in chosen
+    ]
+    return {
+        "label": label,
+        "score": score,
+        "threshold": None if ScoreSpec(score).score.binary else str(threshold),
+        "total_samples": len(records),
+        "samples": samples,
+    }
 
 
 def _spread(records: Sequence[dict], count: int) -> list[dict]:
@@ -48,8 +63,9 @@ def _spread(records: Sequence[dict], count: int) -> list[dict]:
     return [records[i] for i in np.unique(np.linspace(0, len(records) - 1, count).round().astype(int))]
 
 
-def _sample(record: dict, trace: Trace, score: ScoreKind, threshold: str | float, max_steps: int,
-            max_heads: int) -> dict[str, Any]:
+def _sample(
+    record: dict, trace: Trace, score: ScoreKind, threshold: str | float, max_steps: int, max_heads: int
+) -> dict[str, Any]:
     layers, heads = trace.shape
     # NaN scores (an empty Eq. 2 denominator) are never active
     spec = ScoreSpec(score, str(threshold))
@@ -59,14 +75,34 @@ def _sample(record: dict, trace: Trace, score: ScoreKind, threshold: str | float
     for step in range(min(trace.num_steps, max_steps)):
         found = np.argwhere(active[step])  # [n, 2] (layer, head)
         ranked = found[np.argsort(-values[step][active[step]], kind="stable")][:max_heads]
-        steps.append({"tok": trace.token_texts[step], "n": len(found),
-                      "h": [[int(layer), int(head), int(trace.argmax_pos[step, layer, head]),
-                             round(float(values[step, layer, head]), 3)] for layer, head in ranked]})
+        steps.append(
+            {
+                "tok": trace.token_texts[step],
+                "n": len(found),
+                "h": [
+                    [
+                        int(layer),
+                        int(head),
+                        int(trace.argmax_pos[step, layer, head]),
+                        round(float(values[step, layer, head]), 3),
+                    ]
+                    for layer, head in ranked
+                ],
+            }
+        )
     metrics = {name: _finite(value) for name, value in record.get("metrics", {}).items()}
-    return {"id": record["sample_id"], "metrics": metrics, "answer": record.get("answer", ""),
-            "generated": record.get("generated", trace.text), "prompt_length": trace.prompt_length,
-            "spans": spans(record.get("needle_positions", [])), "layers": layers, "heads": heads,
-            "total_steps": trace.num_steps, "steps": steps}
+    return {
+        "id": record["sample_id"],
+        "metrics": metrics,
+        "answer": record.get("answer", ""),
+        "generated": record.get("generated", trace.text),
+        "prompt_length": trace.prompt_length,
+        "spans": spans(record.get("needle_positions", [])),
+        "layers": layers,
+        "heads": heads,
+        "total_steps": trace.num_steps,
+        "steps": steps,
+    }
 
 
 def _finite(value: Any) -> float | None:

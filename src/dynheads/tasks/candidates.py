@@ -29,8 +29,9 @@ def _identity(text: str) -> str:
     return text
 
 
-def is_distractor(prediction: str, answer: str, candidates: Sequence[str],
-                  normalise: Callable[[str], str] = _identity) -> float:
+def is_distractor(
+    prediction: str, answer: str, candidates: Sequence[str], normalise: Callable[[str], str] = _identity
+) -> float:
     """1.0 when ``prediction`` equals (after ``normalise``) a candidate that is not the gold answer, else 0.0."""
     guess, gold = normalise(prediction), normalise(answer)
     return float(guess != gold and any(guess == normalise(c) for c in candidates if normalise(c) != gold))
@@ -50,8 +51,15 @@ def summarise(records: Sequence[Mapping], metric: str = "em") -> dict[str, float
     (``n`` counts the rest); NaN where nothing is defined (no records, no wrong answers)."""
     rows = [r for r in records if (r.get("meta") or {}).get(CANDIDATES)]
     if not rows:
-        return {"n": 0, "model": float("nan"), "chance": float("nan"), "first": float("nan"),
-                "last": float("nan"), "wrong": 0, "distractor_share": float("nan")}
+        return {
+            "n": 0,
+            "model": float("nan"),
+            "chance": float("nan"),
+            "first": float("nan"),
+            "last": float("nan"),
+            "wrong": 0,
+            "distractor_share": float("nan"),
+        }
     candidates = [r["meta"][CANDIDATES] for r in rows]
     correct = [float(r["metrics"][metric]) for r in rows]
     wrong = [r for r, ok in zip(rows, correct, strict=True) if ok < 1.0]
@@ -62,8 +70,9 @@ def summarise(records: Sequence[Mapping], metric: str = "em") -> dict[str, float
         "first": float(np.mean([c[0] == r["answer"] for r, c in zip(rows, candidates, strict=True)])),
         "last": float(np.mean([c[-1] == r["answer"] for r, c in zip(rows, candidates, strict=True)])),
         "wrong": len(wrong),
-        "distractor_share": (float(np.mean([float(r["metrics"].get("distractor", 0.0)) for r in wrong]))
-                             if wrong else float("nan")),
+        "distractor_share": (
+            float(np.mean([float(r["metrics"].get("distractor", 0.0)) for r in wrong])) if wrong else float("nan")
+        ),
     }
 
 
@@ -83,9 +92,11 @@ def gaps(records: Sequence[Mapping], metric: str = "em") -> dict[str, np.ndarray
     rows = [r for r in records if (r.get("meta") or {}).get(CANDIDATES)]
     model = np.array([float(r["metrics"][metric]) for r in rows])
     cands = [r["meta"][CANDIDATES] for r in rows]
-    return {"chance": model - np.array([1.0 / len(c) for c in cands]),
-            "first": model - np.array([float(c[0] == r["answer"]) for r, c in zip(rows, cands, strict=True)]),
-            "last": model - np.array([float(c[-1] == r["answer"]) for r, c in zip(rows, cands, strict=True)])}
+    return {
+        "chance": model - np.array([1.0 / len(c) for c in cands]),
+        "first": model - np.array([float(c[0] == r["answer"]) for r, c in zip(rows, cands, strict=True)]),
+        "last": model - np.array([float(c[-1] == r["answer"]) for r, c in zip(rows, cands, strict=True)]),
+    }
 
 
 def interval(values: Sequence[float] | np.ndarray, seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
@@ -98,6 +109,12 @@ def interval(values: Sequence[float] | np.ndarray, seed: int = 0, resamples: int
         return float("nan"), float("nan")
     if np.all(data == data[0]):
         return float(data[0]), float(data[0])
-    result = bootstrap((data,), np.mean, n_resamples=resamples, confidence_level=0.95, method="percentile",
-                       rng=np.random.default_rng(seed))
+    result = bootstrap(
+        (data,),
+        np.mean,
+        n_resamples=resamples,
+        confidence_level=0.95,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)

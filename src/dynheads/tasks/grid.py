@@ -32,17 +32,21 @@ class TaskGrid:
 
     def skip_counts(self) -> dict:
         """Skipped pairs in total, by reason and by cell ("length/depth"): what outputs report."""
-        return {"count": len(self.skipped),
-                "by_reason": dict(Counter(item["reason"] for item in self.skipped)),
-                "by_cell": dict(Counter(f"{item['length']}/{item['depth']:g}" for item in self.skipped))}
+        return {
+            "count": len(self.skipped),
+            "by_reason": dict(Counter(item["reason"] for item in self.skipped)),
+            "by_cell": dict(Counter(f"{item['length']}/{item['depth']:g}" for item in self.skipped)),
+        }
 
     def manifest(self) -> dict:
         """The manifest entries of a question task: its questions (split, range, ids) and skips ({} for NIAH)."""
         if self.stream is None:
             return {}
-        return {"questions": self.stream.describe(self.question_ids),
-                "skipped": {**self.skip_counts(), "pairs": self.skipped},
-                **({"source": self.source} if self.source else {})}
+        return {
+            "questions": self.stream.describe(self.question_ids),
+            "skipped": {**self.skip_counts(), "pairs": self.skipped},
+            **({"source": self.source} if self.source else {}),
+        }
 
     def skip_note(self) -> str:
         """One line for markdown and CLI output ('' when nothing was skipped)."""

@@ -31,8 +31,10 @@ USER_TEMPLATES = {
     "qa": KNOWLEDGE + "{knowledge}\n\nQuestion: {question}",
     "dialogue": KNOWLEDGE + "{knowledge}\n\nDialogue: {dialogue_history}\n\nWrite the Assistant's next reply.",
 }
-_FIELDS = {"qa": ("question", "right_answer", "hallucinated_answer"),
-           "dialogue": ("dialogue_history", "right_response", "hallucinated_response")}
+_FIELDS = {
+    "qa": ("question", "right_answer", "hallucinated_answer"),
+    "dialogue": ("dialogue_history", "right_response", "hallucinated_response"),
+}
 RESPONSES = ("right", "hallucinated")  # label 0, label 1
 
 
@@ -64,10 +66,16 @@ class HaluSample:
     response_label: int  # 0 right / 1 hallucinated
 
     def describe(self) -> dict:
-        return {"sample_id": self.sample_id, "question_id": self.question_id, "response": self.response,
-                "response_label": self.response_label, "needle_positions": self.needle_positions,
-                "context_end": self.context_end, "prompt_tokens": len(self.input_ids),
-                "response_tokens": len(self.response_ids)}
+        return {
+            "sample_id": self.sample_id,
+            "question_id": self.question_id,
+            "response": self.response,
+            "response_label": self.response_label,
+            "needle_positions": self.needle_positions,
+            "context_end": self.context_end,
+            "prompt_tokens": len(self.input_ids),
+            "response_tokens": len(self.response_ids),
+        }
 
 
 def make_samples(tokenizer: PreTrainedTokenizerBase, task: str, stream: QuestionStream) -> list[HaluSample]:
@@ -88,6 +96,9 @@ def make_samples(tokenizer: PreTrainedTokenizerBase, task: str, stream: Question
             ids = list(tokenizer(response, add_special_tokens=False)["input_ids"])
             if not ids:
                 raise DynheadsError(f"{question_id}: the {kind} answer is empty")
-            samples.append(HaluSample(f"{question_id}-{kind}", question_id, prompt.input_ids, knowledge, context_end,
-                                      response, ids, label))
+            samples.append(
+                HaluSample(
+                    f"{question_id}-{kind}", question_id, prompt.input_ids, knowledge, context_end, response, ids, label
+                )
+            )
     return samples

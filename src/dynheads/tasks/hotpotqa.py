@@ -88,14 +88,21 @@ class HotpotRecord:
         extra = {key: value for key, value in (("type", self.type), ("level", self.level)) if value is not None}
         if layout == "official":
             return {
-                "_id": self.id, "question": self.question, "answer": self.answer,
+                "_id": self.id,
+                "question": self.question,
+                "answer": self.answer,
                 "supporting_facts": [[t, i] for t, i in self.supporting_facts],
-                "context": [[t, list(s)] for t, s in self.context], **extra,
+                "context": [[t, list(s)] for t, s in self.context],
+                **extra,
             }
         return {
-            "id": self.id, "question": self.question, "answer": self.answer,
-            "supporting_facts": {"title": [t for t, _ in self.supporting_facts],
-                                 "sent_id": [i for _, i in self.supporting_facts]},
+            "id": self.id,
+            "question": self.question,
+            "answer": self.answer,
+            "supporting_facts": {
+                "title": [t for t, _ in self.supporting_facts],
+                "sent_id": [i for _, i in self.supporting_facts],
+            },
             "context": {"title": [t for t, _ in self.context], "sentences": [list(s) for _, s in self.context]},
             **extra,
         }
@@ -128,13 +135,15 @@ def load_hotpotqa(path: str | Path) -> list[HotpotRecord]:
         raise DynheadsError(f"HotpotQA file not found: {path}")
     # The official dev file has one supporting fact that points past its paragraph (id 5ae61bfd5542992663a4f261,
     # sentence 902 of a 5-sentence paragraph): in the pinned set such a fact is dropped, in a user's file an error.
-    records = [parse_record(raw, index, source=path.name, drop_unplaceable_facts=packaged)
-               for index, raw in enumerate(raws)]
+    records = [
+        parse_record(raw, index, source=path.name, drop_unplaceable_facts=packaged) for index, raw in enumerate(raws)
+    ]
     seen: dict[str, int] = {}
     for index, record in enumerate(records):
         if record.id in seen:
-            raise DynheadsError(f"record {index} (id {record.id!r}) in {path.name}: field 'id' repeats record "
-                                f"{seen[record.id]}")
+            raise DynheadsError(
+                f"record {index} (id {record.id!r}) in {path.name}: field 'id' repeats record {seen[record.id]}"
+            )
         seen[record.id] = index
     return records
 
@@ -156,8 +165,10 @@ def _read_json_records(path: Path) -> list[Any]:
         try:
             raws.append(json.loads(line))
         except json.JSONDecodeError as error:
-            raise DynheadsError(f"line {number} of {path} is not valid JSON ({error}); a HotpotQA file is "
-                                "a JSON list of records or one JSON record per line") from None
+            raise DynheadsError(
+                f"line {number} of {path} is not valid JSON ({error}); a HotpotQA file is "
+                "a JSON list of records or one JSON record per line"
+            ) from None
     if not raws:
         raise DynheadsError(f"{path} holds no records")
     return raws
@@ -167,13 +178,18 @@ def _read_saved_dataset(folder: Path) -> list[Any]:
     """Rows of a folder written by ``datasets.Dataset.save_to_disk`` (HF layout)."""
     if (folder / "dataset_dict.json").is_file():
         splits = sorted(p.name for p in folder.iterdir() if p.is_dir())
-        raise DynheadsError(f"{folder} holds several splits {splits}: pass one of them, e.g. {folder / splits[0]}"
-                            if splits else f"{folder} holds a DatasetDict without splits")
+        raise DynheadsError(
+            f"{folder} holds several splits {splits}: pass one of them, e.g. {folder / splits[0]}"
+            if splits
+            else f"{folder} holds a DatasetDict without splits"
+        )
     if not (folder / "state.json").is_file():
         raise DynheadsError(f"{folder} is not a folder saved by datasets' save_to_disk (no state.json)")
     if importlib.util.find_spec("datasets") is None:
-        raise DynheadsError(f"reading the save_to_disk folder {folder} needs the 'datasets' package; install "
-                            "it, or export the split with Dataset.to_json(...) and pass that file")
+        raise DynheadsError(
+            f"reading the save_to_disk folder {folder} needs the 'datasets' package; install "
+            "it, or export the split with Dataset.to_json(...) and pass that file"
+        )
     try:
         return list(importlib.import_module("datasets").load_from_disk(str(folder)))
     except Exception as error:  # datasets raises many types for a damaged folder; report them in one line
@@ -202,8 +218,10 @@ def parse_record(raw: Any, index: int, source: str = "input", drop_unplaceable_f
 
     context: list[Paragraph] = []
     for i, (title, sentences) in enumerate(_pairs(raw, "context", "sentences", bad)):
-        if not isinstance(title, str) or not isinstance(sentences, list | tuple) or not all(
-            isinstance(s, str) for s in sentences
+        if (
+            not isinstance(title, str)
+            or not isinstance(sentences, list | tuple)
+            or not all(isinstance(s, str) for s in sentences)
         ):
             raise bad("context", f"item {i} must be [title, [sentence, ...]] with strings")
         context.append((title, tuple(sentences)))
@@ -220,8 +238,11 @@ def parse_record(raw: Any, index: int, source: str = "input", drop_unplaceable_f
         if not 0 <= sent < len(sentences_of[title]) or not sentences_of[title][sent].strip():
             if drop_unplaceable_facts:
                 continue
-            raise bad("supporting_facts", f"item {i} points to sentence {sent} of {title!r}, which has "
-                                          f"{len(sentences_of[title])} sentences (or that one is blank)")
+            raise bad(
+                "supporting_facts",
+                f"item {i} points to sentence {sent} of {title!r}, which has "
+                f"{len(sentences_of[title])} sentences (or that one is blank)",
+            )
         facts.append((title, sent))
     if not facts:
         raise bad("supporting_facts", "names no sentence of the context")
@@ -259,9 +280,46 @@ def paragraph_pool(records: Iterable[HotpotRecord]) -> list[Paragraph]:
 # ---- synthetic data ----------------------------------------------------------------------------------
 
 _SYLLABLES = (
-    "ba", "dor", "el", "fen", "gar", "hal", "ith", "jo", "kal", "lim", "mar", "nor", "ost", "pel", "quin",
-    "ras", "sel", "tor", "ul", "ven", "wyn", "zan", "yor", "zel", "bri", "cas", "dun", "fal", "gil", "mor",
-    "ner", "pra", "sto", "tem", "vir", "lo", "ka", "ri", "sa", "thu",
+    "ba",
+    "dor",
+    "el",
+    "fen",
+    "gar",
+    "hal",
+    "ith",
+    "jo",
+    "kal",
+    "lim",
+    "mar",
+    "nor",
+    "ost",
+    "pel",
+    "quin",
+    "ras",
+    "sel",
+    "tor",
+    "ul",
+    "ven",
+    "wyn",
+    "zan",
+    "yor",
+    "zel",
+    "bri",
+    "cas",
+    "dun",
+    "fal",
+    "gil",
+    "mor",
+    "ner",
+    "pra",
+    "sto",
+    "tem",
+    "vir",
+    "lo",
+    "ka",
+    "ri",
+    "sa",
+    "thu",
 )
 _KINDS = ("software", "shipping", "mining", "publishing", "textile", "brewing", "railway", "timber")
 _PROFESSIONS = ("painter", "chemist", "poet", "sculptor", "composer", "botanist", "surveyor", "novelist")
@@ -285,8 +343,11 @@ def synthetic_hotpotqa(n: int, seed: int) -> list[HotpotRecord]:
         kind, question, answer, gold, facts = questions[i % len(questions)]()
         context = gold + [world.paragraph() for _ in range(_DISTRACTORS_PER_RECORD)]
         world.rng.shuffle(context)
-        records.append(HotpotRecord(f"synthetic-{seed}-{i:05d}", question, answer, tuple(facts), tuple(context),
-                                    type=kind, level="easy"))
+        records.append(
+            HotpotRecord(
+                f"synthetic-{seed}-{i:05d}", question, answer, tuple(facts), tuple(context), type=kind, level="easy"
+            )
+        )
     return records
 
 
@@ -429,8 +490,10 @@ def make_sample(
 
     total = sum(count(p) for p in gold)
     if total > context_tokens:
-        raise GoldTooLong(f"context_tokens={context_tokens} is too small for the gold paragraphs of record "
-                          f"{record.id!r} ({total} tokens)")
+        raise GoldTooLong(
+            f"context_tokens={context_tokens} is too small for the gold paragraphs of record "
+            f"{record.id!r} ({total} tokens)"
+        )
     chosen: list[tuple[Paragraph, int]] = []
     for paragraph in own + pool:
         size = count(paragraph)
@@ -439,21 +502,37 @@ def make_sample(
         chosen.append((paragraph, size))
         total += size
     else:
-        raise DynheadsError(f"record {record.id!r}: its paragraphs and the distractor pool give only {total} of "
-                            f"context_tokens={context_tokens}; pass more distractors")
+        raise DynheadsError(
+            f"record {record.id!r}: its paragraphs and the distractor pool give only {total} of "
+            f"context_tokens={context_tokens}; pass more distractors"
+        )
     rng.shuffle(chosen)  # own distractors spread over the context, not bunched at its start
     at = _gold_index([size for _, size in chosen], depth)
     paragraphs = [p for p, _ in chosen[:at]] + gold + [p for p, _ in chosen[at:]]
-    return _build(tokenizer, record, paragraphs, at, context_tokens=context_tokens, depth=depth, seed=seed,
-                  sample_id=sample_id or f"{record.id}-len{context_tokens}-depth{depth:g}-seed{seed}",
-                  from_pool=sum(p not in own for p, _ in chosen), chat_template_kwargs=chat_template_kwargs)
+    return _build(
+        tokenizer,
+        record,
+        paragraphs,
+        at,
+        context_tokens=context_tokens,
+        depth=depth,
+        seed=seed,
+        sample_id=sample_id or f"{record.id}-len{context_tokens}-depth{depth:g}-seed{seed}",
+        from_pool=sum(p not in own for p, _ in chosen),
+        chat_template_kwargs=chat_template_kwargs,
+    )
 
 
 def _checked_pool(distractors: Sequence[tuple[str, Sequence[str]]], used: set[str]) -> list[Paragraph]:
     pool = []
     for i, item in enumerate(distractors):
-        if not (isinstance(item, list | tuple) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], list | tuple) and all(isinstance(s, str) for s in item[1])):
+        if not (
+            isinstance(item, list | tuple)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], list | tuple)
+            and all(isinstance(s, str) for s in item[1])
+        ):
             raise DynheadsError(f"distractor paragraph {i} must be (title, [sentence, ...]) with strings")
         if item[0] not in used:
             used.add(item[0])
@@ -471,15 +550,24 @@ def _gold_index(sizes: list[int], depth: float) -> int:
 
 
 def _build(
-    tokenizer: PreTrainedTokenizerBase, record: HotpotRecord, paragraphs: list[Paragraph], gold_at: int, *,
-    context_tokens: int, depth: float, seed: int, sample_id: str, from_pool: int,
+    tokenizer: PreTrainedTokenizerBase,
+    record: HotpotRecord,
+    paragraphs: list[Paragraph],
+    gold_at: int,
+    *,
+    context_tokens: int,
+    depth: float,
+    seed: int,
+    sample_id: str,
+    from_pool: int,
     chat_template_kwargs: Mapping[str, object] | None = None,
 ) -> Sample:
     """Render the prompt once and find each supporting sentence from its known offset in its own paragraph."""
     rendered = [render_paragraph(p) for p in paragraphs]
     context = PARAGRAPH_SEPARATOR.join(rendered)
-    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=record.question),
-                         chat_template_kwargs)
+    prompt = render_chat(
+        tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=record.question), chat_template_kwargs
+    )
     base, context_stop = locate(prompt, context, what="context")
     context_positions = token_span(prompt, base, context_stop)
     starts = {}  # paragraph title -> character offset of its rendered text in the prompt
@@ -490,21 +578,44 @@ def _build(
     pieces = []
     for title, index in record.supporting_facts:
         start, stop = _sentence_offsets(title, record.context, index)  # within the paragraph
-        pieces.append((starts[title] + start, starts[title] + stop, record.sentence(title, index).strip(),
-                       f"supporting fact ({title!r}, {index})"))
+        pieces.append(
+            (
+                starts[title] + start,
+                starts[title] + stop,
+                record.sentence(title, index).strip(),
+                f"supporting fact ({title!r}, {index})",
+            )
+        )
     spans, positions = marked_spans(tokenizer, prompt, pieces)
     return qa_sample(
-        tokenizer, prompt, context, sample_id=sample_id, needle_positions=positions,
-        answer=record.answer, context_tokens=context_tokens, depth=depth, seed=seed,
-        extras=QAExtras(question=record.question, type=record.type, record_id=record.id,
-                        supporting_facts=list(record.supporting_facts), supporting_spans=spans,
-                        context_span=(context_positions[0], context_positions[-1] + 1)),
-        meta={"paragraph_titles": [title for title, _ in paragraphs], "gold_paragraph_index": gold_at,
-              "distractors_from_pool": from_pool})
+        tokenizer,
+        prompt,
+        context,
+        sample_id=sample_id,
+        needle_positions=positions,
+        answer=record.answer,
+        context_tokens=context_tokens,
+        depth=depth,
+        seed=seed,
+        extras=QAExtras(
+            question=record.question,
+            type=record.type,
+            record_id=record.id,
+            supporting_facts=list(record.supporting_facts),
+            supporting_spans=spans,
+            context_span=(context_positions[0], context_positions[-1] + 1),
+        ),
+        meta={
+            "paragraph_titles": [title for title, _ in paragraphs],
+            "gold_paragraph_index": gold_at,
+            "distractors_from_pool": from_pool,
+        },
+    )
 
 
-def qa_sample(tokenizer: PreTrainedTokenizerBase, prompt: RenderedPrompt, context: str, *, meta: dict, **fields
-              ) -> Sample:
+def qa_sample(
+    tokenizer: PreTrainedTokenizerBase, prompt: RenderedPrompt, context: str, *, meta: dict, **fields
+) -> Sample:
     """A QA ``Sample`` whose ``meta`` starts with the context's realised length (``context_tokens_actual``)."""
     actual = len(tokenizer(context, add_special_tokens=False)["input_ids"])
     return build_sample(prompt, meta={"context_tokens_actual": actual, **meta}, **fields)
@@ -542,25 +653,49 @@ def hotpotqa_grid(config: Any, tokenizer) -> TaskGrid:
     for index, record in enumerate(chosen, start=stream.first):
         length, depth = cells[index % len(cells)]
         try:
-            samples.append(make_sample(
-                tokenizer, record, context_tokens=length, depth=depth,
-                seed=derive_seed(config.seed, record.id, length, depth), distractors=pool,
-                sample_id=f"q{index:04d}-len{length}-depth{depth:g}", chat_template_kwargs=template_kwargs))
+            samples.append(
+                make_sample(
+                    tokenizer,
+                    record,
+                    context_tokens=length,
+                    depth=depth,
+                    seed=derive_seed(config.seed, record.id, length, depth),
+                    distractors=pool,
+                    sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
+                    chat_template_kwargs=template_kwargs,
+                )
+            )
         except GoldTooLong as error:
             skipped.append({"record_id": record.id, "length": length, "depth": depth, "reason": error.reason})
     if not samples:
-        raise DynheadsError(f"all {len(chosen)} (question, cell) pairs were skipped ({skipped[0]['reason']}): "
-                            "use longer --lengths or other questions")
+        raise DynheadsError(
+            f"all {len(chosen)} (question, cell) pairs were skipped ({skipped[0]['reason']}): "
+            "use longer --lengths or other questions"
+        )
     return TaskGrid(samples, stream, [record.id for record in chosen], skipped, describe_source(config.data))
 
 
 def prompt_manifest(config: Any) -> dict:
-    return {"system": SYSTEM_PROMPT, "user": USER_TEMPLATE, "paragraph": PARAGRAPH_TEMPLATE,
-            "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)"}
+    return {
+        "system": SYSTEM_PROMPT,
+        "user": USER_TEMPLATE,
+        "paragraph": PARAGRAPH_TEMPLATE,
+        "data": config.data or "synthetic (dynheads.tasks.hotpotqa.synthetic_hotpotqa)",
+    }
 
 
-HOTPOTQA = register(Task(
-    name="hotpotqa", label="HotpotQA", score_kind="reasoning", static_kind="reasoning", metrics=qa_metrics.QA_METRICS,
-    score=lambda sample, text: qa_metrics.score(sample.answer, text), grid=hotpotqa_grid, prompt=prompt_manifest,
-    questions=True, fade_sparse_cells=True,
-    help="HotpotQA questions over gold and distractor paragraphs (Eq. 2, Section 4)"))
+HOTPOTQA = register(
+    Task(
+        name="hotpotqa",
+        label="HotpotQA",
+        score_kind="reasoning",
+        static_kind="reasoning",
+        metrics=qa_metrics.QA_METRICS,
+        score=lambda sample, text: qa_metrics.score(sample.answer, text),
+        grid=hotpotqa_grid,
+        prompt=prompt_manifest,
+        questions=True,
+        fade_sparse_cells=True,
+        help="HotpotQA questions over gold and distractor paragraphs (Eq. 2, Section 4)",
+    )
+)

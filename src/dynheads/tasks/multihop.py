@@ -52,25 +52,145 @@ HOP2_TEMPLATE = "The magic word for the {bridge} is {value}."
 QUESTION_TWO_HOPS = "What is the magic word for the code of the {key}?"
 QUESTION_ONE_HOP = "What is the magic word for the {bridge}?"
 
-_ECHO = re.compile(r"^(?:the\s+)?magic\s+word(?:\s+for\s+(?:the\s+)?(?:code\s+of\s+(?:the\s+)?)?[\w-]+)?"
-                   r"\s*(?:is\b|:|=)\s*", re.IGNORECASE)
+_ECHO = re.compile(
+    r"^(?:the\s+)?magic\s+word(?:\s+for\s+(?:the\s+)?(?:code\s+of\s+(?:the\s+)?)?[\w-]+)?"
+    r"\s*(?:is\b|:|=)\s*",
+    re.IGNORECASE,
+)
 ValueFormat = Literal["number", "word", "hex"]
 VALUE_FORMATS = ("number", "word", "hex")
 # Keys and bridges: common concrete nouns (one or two tokens each), drawn without replacement within a sample.
 _NOUNS = (
-    "tiger", "lamp", "river", "violin", "carrot", "hammer", "castle", "dolphin", "pencil", "mirror", "garden",
-    "rocket", "blanket", "candle", "ladder", "pepper", "helmet", "wallet", "kettle", "saddle", "tunnel", "lemon",
-    "parrot", "compass", "anchor", "basket", "bucket", "camel", "cherry", "donkey", "eagle", "feather", "forest",
-    "giraffe", "guitar", "harbor", "island", "jacket", "kitten", "lantern", "magnet", "meadow", "needle", "onion",
-    "orange", "panda", "pillow", "pirate", "rabbit", "saucer", "shovel", "spider", "statue", "teapot", "tomato",
-    "trumpet", "turtle", "umbrella", "valley", "walrus", "whistle", "zebra", "acorn", "badger", "barrel", "beetle",
-    "button", "cactus", "canoe", "cobra", "cookie", "crayon", "falcon", "ferret", "fountain", "glacier", "goose",
-    "hippo", "iceberg", "jaguar", "koala", "lizard", "lobster", "mango", "monkey", "mustard", "octopus", "otter",
-    "peacock", "pelican", "penguin", "pumpkin", "raccoon", "salmon", "scooter", "squirrel", "tractor", "walnut",
+    "tiger",
+    "lamp",
+    "river",
+    "violin",
+    "carrot",
+    "hammer",
+    "castle",
+    "dolphin",
+    "pencil",
+    "mirror",
+    "garden",
+    "rocket",
+    "blanket",
+    "candle",
+    "ladder",
+    "pepper",
+    "helmet",
+    "wallet",
+    "kettle",
+    "saddle",
+    "tunnel",
+    "lemon",
+    "parrot",
+    "compass",
+    "anchor",
+    "basket",
+    "bucket",
+    "camel",
+    "cherry",
+    "donkey",
+    "eagle",
+    "feather",
+    "forest",
+    "giraffe",
+    "guitar",
+    "harbor",
+    "island",
+    "jacket",
+    "kitten",
+    "lantern",
+    "magnet",
+    "meadow",
+    "needle",
+    "onion",
+    "orange",
+    "panda",
+    "pillow",
+    "pirate",
+    "rabbit",
+    "saucer",
+    "shovel",
+    "spider",
+    "statue",
+    "teapot",
+    "tomato",
+    "trumpet",
+    "turtle",
+    "umbrella",
+    "valley",
+    "walrus",
+    "whistle",
+    "zebra",
+    "acorn",
+    "badger",
+    "barrel",
+    "beetle",
+    "button",
+    "cactus",
+    "canoe",
+    "cobra",
+    "cookie",
+    "crayon",
+    "falcon",
+    "ferret",
+    "fountain",
+    "glacier",
+    "goose",
+    "hippo",
+    "iceberg",
+    "jaguar",
+    "koala",
+    "lizard",
+    "lobster",
+    "mango",
+    "monkey",
+    "mustard",
+    "octopus",
+    "otter",
+    "peacock",
+    "pelican",
+    "penguin",
+    "pumpkin",
+    "raccoon",
+    "salmon",
+    "scooter",
+    "squirrel",
+    "tractor",
+    "walnut",
 )
 _SYLLABLES = (
-    "ba", "dor", "el", "fen", "gar", "hal", "ith", "jo", "kal", "lim", "mar", "nor", "ost", "pel", "quin",
-    "ras", "sel", "tor", "ul", "ven", "wyn", "zan", "yor", "zel", "bri", "cas", "dun", "fal", "gil", "mor",
+    "ba",
+    "dor",
+    "el",
+    "fen",
+    "gar",
+    "hal",
+    "ith",
+    "jo",
+    "kal",
+    "lim",
+    "mar",
+    "nor",
+    "ost",
+    "pel",
+    "quin",
+    "ras",
+    "sel",
+    "tor",
+    "ul",
+    "ven",
+    "wyn",
+    "zan",
+    "yor",
+    "zel",
+    "bri",
+    "cas",
+    "dun",
+    "fal",
+    "gil",
+    "mor",
 )
 
 
@@ -114,7 +234,7 @@ def parse_source(data: str) -> MultihopForm:
     """``multihop[:hops=1,distractors=2,value=number,spread=0.25]`` -> the form (defaults for what is left out)."""
     if not is_source(data):
         raise DynheadsError(f"{data!r} does not name the multihop task (use {SOURCE} or {SOURCE}:hops=2,...)")
-    spec = data[len(SOURCE) + 1:]
+    spec = data[len(SOURCE) + 1 :]
     values: dict = {}
     kinds = {"hops": int, "distractors": int, "value": str, "spread": float}
     for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -138,8 +258,10 @@ class _Chain:
     value: str
 
     def facts(self) -> list[str]:
-        return [HOP1_TEMPLATE.format(key=self.key, bridge=self.bridge),
-                HOP2_TEMPLATE.format(bridge=self.bridge, value=self.value)]
+        return [
+            HOP1_TEMPLATE.format(key=self.key, bridge=self.bridge),
+            HOP2_TEMPLATE.format(bridge=self.bridge, value=self.value),
+        ]
 
 
 class _Names:
@@ -196,7 +318,7 @@ def make_sample(
     rng = random.Random(seed)
     names = _Names(rng, source)
     gold = names.chain(form.value)
-    supporting = gold.facts()[2 - form.hops:]  # one hop: the value fact alone
+    supporting = gold.facts()[2 - form.hops :]  # one hop: the value fact alone
     chains = [names.chain(form.value) for _ in range((form.distractors + 1) // 2)]
     distractors = [fact for chain in chains for fact in chain.facts()][: form.distractors]
     if form.hops == 2:
@@ -208,8 +330,10 @@ def make_sample(
     fact_tokens = sum(len(tokenizer(" " + f, add_special_tokens=False)["input_ids"]) for f in facts)
     budget = context_tokens - fact_tokens
     if budget < 16:
-        raise DynheadsError(f"context_tokens={context_tokens} is too short for {len(facts)} facts "
-                            f"({fact_tokens} tokens): use a longer context or fewer distractors")
+        raise DynheadsError(
+            f"context_tokens={context_tokens} is too short for {len(facts)} facts "
+            f"({fact_tokens} tokens): use a longer context or fewer distractors"
+        )
     text = _haystack_of_length(tokenizer, source, budget)
 
     order = list(range(len(supporting)))
@@ -221,32 +345,53 @@ def make_sample(
     placed = sorted(facts, key=lambda f: (_sentence_end_before(text, round(depths[f] * len(text))), depths[f]))
     context, offsets = _insert(text, [(_sentence_end_before(text, round(depths[f] * len(text))), f) for f in placed])
 
-    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=question),
-                         chat_template_kwargs)
+    prompt = render_chat(
+        tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=question), chat_template_kwargs
+    )
     base, context_stop = locate(prompt, context, what="context")
     context_positions = token_span(prompt, base, context_stop)
-    spans, positions = marked_spans(tokenizer, prompt, [
-        (base + offsets[fact], base + offsets[fact] + len(fact), fact, f"supporting fact {fact!r}")
-        for fact in supporting])
+    spans, positions = marked_spans(
+        tokenizer,
+        prompt,
+        [
+            (base + offsets[fact], base + offsets[fact] + len(fact), fact, f"supporting fact {fact!r}")
+            for fact in supporting
+        ],
+    )
     record_id = f"multihop-{seed}"
     values = {HOP2_TEMPLATE.format(bridge=c.bridge, value=c.value): c.value for c in [gold, *chains]}
     in_order = [values[fact] for fact in placed if fact in values]
     first, last = context_positions[0], context_positions[-1] + 1
     fact_depths = [round((start - first) / max(last - first, 1), 4) for start, _ in spans]
     return hotpotqa.qa_sample(
-        tokenizer, prompt, context, sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
-        needle_positions=positions, answer=gold.value, context_tokens=context_tokens, depth=depth, seed=seed,
+        tokenizer,
+        prompt,
+        context,
+        sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
+        needle_positions=positions,
+        answer=gold.value,
+        context_tokens=context_tokens,
+        depth=depth,
+        seed=seed,
         extras=hotpotqa.QAExtras(
-            question=question, type=form.type, record_id=record_id,
+            question=question,
+            type=form.type,
+            record_id=record_id,
             supporting_facts=[(fact, hop) for hop, fact in enumerate(supporting, 3 - form.hops)],
-            supporting_spans=spans, context_span=(context_positions[0], context_positions[-1] + 1)),
-        meta={"form": {"hops": form.hops, "distractors": form.distractors, "value": form.value,
-                       "spread": form.spread},
-              "distractor_facts": distractors,
-              "fact_order": [placed.index(fact) for fact in supporting],  # rank of each supporting fact in the text
-              # same-form candidates: the values of every value fact, in context order (chance, heuristics)
-              candidates.CANDIDATES: in_order, candidates.GOLD_RANK: in_order.index(gold.value),
-              "fact_depths": fact_depths, "depth_realised": round(sum(fact_depths) / len(fact_depths), 4)})
+            supporting_spans=spans,
+            context_span=(context_positions[0], context_positions[-1] + 1),
+        ),
+        meta={
+            "form": {"hops": form.hops, "distractors": form.distractors, "value": form.value, "spread": form.spread},
+            "distractor_facts": distractors,
+            "fact_order": [placed.index(fact) for fact in supporting],  # rank of each supporting fact in the text
+            # same-form candidates: the values of every value fact, in context order (chance, heuristics)
+            candidates.CANDIDATES: in_order,
+            candidates.GOLD_RANK: in_order.index(gold.value),
+            "fact_depths": fact_depths,
+            "depth_realised": round(sum(fact_depths) / len(fact_depths), 4),
+        },
+    )
 
 
 def _insert(text: str, items: list[tuple[int, str]]) -> tuple[str, dict[str, int]]:
@@ -286,10 +431,18 @@ def grid_samples(
     samples = []
     for index in range(first, first + questions):
         length, depth = cells[index % len(cells)]
-        samples.append(make_sample(tokenizer, context_tokens=length, depth=depth, form=form, haystack=haystack,
-                                   seed=derive_seed(SOURCE, seed, index),
-                                   sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
-                                   chat_template_kwargs=chat_template_kwargs))
+        samples.append(
+            make_sample(
+                tokenizer,
+                context_tokens=length,
+                depth=depth,
+                form=form,
+                haystack=haystack,
+                seed=derive_seed(SOURCE, seed, index),
+                sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
+                chat_template_kwargs=chat_template_kwargs,
+            )
+        )
     return samples
 
 
@@ -309,8 +462,9 @@ def score(answer: str, generated: str, candidates_in_context: list[str] | None =
     prediction = extract_answer(generated)
     scores = {**qa_metrics.score(answer, prediction, extract=False), "accuracy": float(answer in generated)}
     if candidates_in_context:
-        scores["distractor"] = candidates.is_distractor(prediction, answer, candidates_in_context,
-                                                        qa_metrics.normalize_answer)
+        scores["distractor"] = candidates.is_distractor(
+            prediction, answer, candidates_in_context, qa_metrics.normalize_answer
+        )
     return scores
 
 
@@ -320,9 +474,16 @@ def multihop_grid(config: Any, tokenizer) -> TaskGrid:
     grid_cells(config)
     stream = question_stream(config)
     form = parse_source(config.data or SOURCE)
-    samples = grid_samples(tokenizer, questions=stream.count, first=stream.first, lengths=config.lengths,
-                           depths=config.depths, seed=config.seed, form=form,
-                           chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs))
+    samples = grid_samples(
+        tokenizer,
+        questions=stream.count,
+        first=stream.first,
+        lengths=config.lengths,
+        depths=config.depths,
+        seed=config.seed,
+        form=form,
+        chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs),
+    )
     return TaskGrid(samples, stream, [sample.record_id for sample in samples])
 
 
@@ -337,12 +498,35 @@ def _score(sample: Sample, text: str) -> dict[str, float]:
 
 
 MULTIHOP_NAME, KV_LOOKUP_NAME = "multihop", "kv_lookup"
-MULTIHOP = register(Task(
-    name=MULTIHOP_NAME, label="Multi-hop", score_kind="reasoning", static_kind="reasoning",
-    metrics=qa_metrics.QA_METRICS, score=_score, grid=multihop_grid, prompt=prompt_manifest, paper_task="hotpotqa",
-    questions=True, fade_sparse_cells=True,
-    help="synthetic two-hop key-value chains (multihop:hops=2), standing for HotpotQA on small models"))
-KV_LOOKUP = register(Task(  # the multihop task's one-hop form (multihop:hops=1, its default)
-    name=KV_LOOKUP_NAME, label="Key-value lookup", score_kind="reasoning", static_kind="reasoning",
-    metrics=qa_metrics.QA_METRICS, score=_score, grid=multihop_grid, prompt=prompt_manifest, paper_task="hotpotqa",
-    questions=True, fade_sparse_cells=True, help="the multihop task's one-hop form: one key-value retrieval"))
+MULTIHOP = register(
+    Task(
+        name=MULTIHOP_NAME,
+        label="Multi-hop",
+        score_kind="reasoning",
+        static_kind="reasoning",
+        metrics=qa_metrics.QA_METRICS,
+        score=_score,
+        grid=multihop_grid,
+        prompt=prompt_manifest,
+        paper_task="hotpotqa",
+        questions=True,
+        fade_sparse_cells=True,
+        help="synthetic two-hop key-value chains (multihop:hops=2), standing for HotpotQA on small models",
+    )
+)
+KV_LOOKUP = register(
+    Task(  # the multihop task's one-hop form (multihop:hops=1, its default)
+        name=KV_LOOKUP_NAME,
+        label="Key-value lookup",
+        score_kind="reasoning",
+        static_kind="reasoning",
+        metrics=qa_metrics.QA_METRICS,
+        score=_score,
+        grid=multihop_grid,
+        prompt=prompt_manifest,
+        paper_task="hotpotqa",
+        questions=True,
+        fade_sparse_cells=True,
+        help="the multihop task's one-hop form: one key-value retrieval",
+    )
+)

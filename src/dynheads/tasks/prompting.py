@@ -34,11 +34,13 @@ def chat_template_kwargs(overrides: str | Mapping[str, object] | None = None) ->
         try:
             overrides = json.loads(overrides) if overrides.strip() else {}
         except json.JSONDecodeError as error:
-            raise DynheadsError(f"chat template kwargs must be a JSON object; cannot read {overrides!r}: {error}"
-                                ) from None
+            raise DynheadsError(
+                f"chat template kwargs must be a JSON object; cannot read {overrides!r}: {error}"
+            ) from None
     if overrides is not None and not isinstance(overrides, Mapping):
-        raise DynheadsError(f"chat template kwargs must be a JSON object such as "
-                            f"'{{\"enable_thinking\": true}}', got {overrides!r}")
+        raise DynheadsError(
+            f"chat template kwargs must be a JSON object such as '{{\"enable_thinking\": true}}', got {overrides!r}"
+        )
     return {**PINNED_TEMPLATE_VARIABLES, **dict(overrides or {})}
 
 
@@ -51,8 +53,9 @@ class RenderedPrompt:
     template_kwargs: dict = field(default_factory=dict)  # variables given to the chat template ({} for plain)
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, system: str, user: str,
-                template_kwargs: Mapping[str, object] | None = None) -> RenderedPrompt:
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase, system: str, user: str, template_kwargs: Mapping[str, object] | None = None
+) -> RenderedPrompt:
     """Render system + user turns with the chat template (plain text when the model has none) and tokenise.
 
     ``template_kwargs``: template variables (None = ``PINNED_TEMPLATE_VARIABLES``).
@@ -71,8 +74,9 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, system: str, user: str,
     if not getattr(tokenizer, "is_fast", False):
         raise DynheadsError("exact needle spans need a fast tokenizer (with offset mapping); this model has a slow one")
     encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
-    return RenderedPrompt(text, list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]], template,
-                          variables)
+    return RenderedPrompt(
+        text, list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]], template, variables
+    )
 
 
 def _templated(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], variables: dict[str, Any]) -> str:
@@ -106,8 +110,9 @@ def check_span_keeps(
         )
 
 
-def marked_spans(tokenizer: PreTrainedTokenizerBase, prompt: RenderedPrompt,
-                 pieces: Iterable[tuple[int, int, str, str]]) -> tuple[list[tuple[int, int]], list[int]]:
+def marked_spans(
+    tokenizer: PreTrainedTokenizerBase, prompt: RenderedPrompt, pieces: Iterable[tuple[int, int, str, str]]
+) -> tuple[list[tuple[int, int]], list[int]]:
     """Token spans of marked text: ``pieces`` are (start, stop, must_contain, what) character spans of the prompt.
     Returns each piece's ``[start, stop)`` token range (same order) and the sorted union of their tokens."""
     spans, positions = [], set()

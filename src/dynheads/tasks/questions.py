@@ -30,8 +30,10 @@ class QuestionStream:
 
     def __post_init__(self) -> None:
         if self.first < 0 or self.count < 1:
-            raise DynheadsError(f"question stream {self.name!r} needs first >= 0 and at least one question, "
-                                f"got first={self.first}, questions={self.count}")
+            raise DynheadsError(
+                f"question stream {self.name!r} needs first >= 0 and at least one question, "
+                f"got first={self.first}, questions={self.count}"
+            )
 
     @property
     def stop(self) -> int:
@@ -40,9 +42,11 @@ class QuestionStream:
     def take(self, records: Sequence[Record], source: str) -> list[Record]:
         """This stream's records of ``records``; refuses a source too short to hold the whole range."""
         if len(records) < self.stop:
-            raise DynheadsError(f"{source} holds {len(records)} questions, but stream {self.name!r} needs questions "
-                                f"{self.first}..{self.stop - 1} (first={self.first}, questions={self.count})")
-        return list(records[self.first: self.stop])
+            raise DynheadsError(
+                f"{source} holds {len(records)} questions, but stream {self.name!r} needs questions "
+                f"{self.first}..{self.stop - 1} (first={self.first}, questions={self.count})"
+            )
+        return list(records[self.first : self.stop])
 
     def describe(self, ids: Sequence[str]) -> dict:
         """What a run's manifest records about the questions it used."""
@@ -65,8 +69,9 @@ def overlap(first_ids: Iterable[str], second_ids: Iterable[str]) -> list[str]:
     return sorted(set(first_ids) & set(second_ids))
 
 
-def refuse_overlap(fit_ids: Iterable[str], fit_what: str, eval_ids: Iterable[str], eval_what: str,
-                   shown: int = 5) -> None:
+def refuse_overlap(
+    fit_ids: Iterable[str], fit_what: str, eval_ids: Iterable[str], eval_what: str, shown: int = 5
+) -> None:
     """One-line ``DynheadsError`` naming the first few shared question ids and their count, if any."""
     shared = overlap(fit_ids, eval_ids)
     if shared:
@@ -74,4 +79,5 @@ def refuse_overlap(fit_ids: Iterable[str], fit_what: str, eval_ids: Iterable[str
         raise DynheadsError(
             f"{fit_what} was fitted on {len(shared)} of the questions {eval_what} evaluates "
             f"({', '.join(shared[:shown])}{more}): evaluate on a disjoint stream (e.g. --first past its questions) "
-            "or refit it on other questions")
+            "or refit it on other questions"
+        )

@@ -53,21 +53,71 @@ from dynheads.tasks.sample import Sample
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."  # RULER's
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
 VT_INTRO = "Memorize and track the chain(s) of variable assignment hidden in the following text."
-VT_ALL = ("{intro}\n\n{context}\nQuestion: Find all variables that are assigned the value {query} in the text above. "
-          "Answer with the {count} variable names only.")
-VT_VALUE = ("{intro}\n\n{context}\nQuestion: What is the value of VAR {query}? Follow the assignments back to a "
-            "number and answer with the number only.")
+VT_ALL = (
+    "{intro}\n\n{context}\nQuestion: Find all variables that are assigned the value {query} in the text above. "
+    "Answer with the {count} variable names only."
+)
+VT_VALUE = (
+    "{intro}\n\n{context}\nQuestion: What is the value of VAR {query}? Follow the assignments back to a "
+    "number and answer with the number only."
+)
 VALUE_STATEMENT = "VAR {var} = {value}"
 LINK_STATEMENT = "VAR {var} = VAR {previous}"
 NIAH_NEEDLE = "One of the special magic numbers for {key} is: {value}."
-NIAH_USER = ("A special magic number is hidden within the following text. Make sure to memorize it. I will quiz you "
-             "about the number afterwards.\n{context}\nWhat is the special magic number for {query} mentioned in the "
-             "provided text?")
+NIAH_USER = (
+    "A special magic number is hidden within the following text. Make sure to memorize it. I will quiz you "
+    "about the number afterwards.\n{context}\nWhat is the special magic number for {query} mentioned in the "
+    "provided text?"
+)
 _ADJECTIVES = (
-    "able", "bitter", "brave", "calm", "clever", "crisp", "damp", "eager", "fancy", "gentle", "glad", "grumpy",
-    "happy", "hollow", "humble", "jolly", "kind", "lively", "lucky", "mellow", "misty", "noisy", "odd", "polite",
-    "proud", "quick", "quiet", "rapid", "rough", "rusty", "shiny", "silent", "silly", "sleepy", "smooth", "sour",
-    "spicy", "steady", "sticky", "sunny", "swift", "tame", "tender", "tidy", "tiny", "vast", "warm", "wild",
+    "able",
+    "bitter",
+    "brave",
+    "calm",
+    "clever",
+    "crisp",
+    "damp",
+    "eager",
+    "fancy",
+    "gentle",
+    "glad",
+    "grumpy",
+    "happy",
+    "hollow",
+    "humble",
+    "jolly",
+    "kind",
+    "lively",
+    "lucky",
+    "mellow",
+    "misty",
+    "noisy",
+    "odd",
+    "polite",
+    "proud",
+    "quick",
+    "quiet",
+    "rapid",
+    "rough",
+    "rusty",
+    "shiny",
+    "silent",
+    "silly",
+    "sleepy",
+    "smooth",
+    "sour",
+    "spicy",
+    "steady",
+    "sticky",
+    "sunny",
+    "swift",
+    "tame",
+    "tender",
+    "tidy",
+    "tiny",
+    "vast",
+    "warm",
+    "wild",
 )
 _NUMBER = re.compile(r"\d+")
 _VARIABLE = re.compile(r"\b[A-Z]{5}\b")
@@ -119,8 +169,7 @@ class MKForm:
         if self.keys < 1:
             raise DynheadsError(f"multikey_niah keys must be >= 1, got {self.keys}")
         if self.haystack not in HAYSTACKS:
-            raise DynheadsError(f"multikey_niah haystack must be one of {', '.join(HAYSTACKS)}, got "
-                                f"{self.haystack!r}")
+            raise DynheadsError(f"multikey_niah haystack must be one of {', '.join(HAYSTACKS)}, got {self.haystack!r}")
 
     @property
     def candidates(self) -> int:
@@ -152,7 +201,7 @@ def parse_source(data: str) -> VTForm | MKForm:
     kinds = {f.name: str(f.type) for f in fields(form)}  # annotations are strings (postponed evaluation)
     casts = {"int": int, "float": float, "str": str}
     values: dict = {}
-    for item in filter(None, (part.strip() for part in data[len(name) + 1:].split(","))):
+    for item in filter(None, (part.strip() for part in data[len(name) + 1 :].split(","))):
         key, _, text = item.partition("=")
         if key not in kinds or not text:
             raise DynheadsError(f"bad {name} option {item!r}: use {', '.join(f'{k}=...' for k in kinds)}")
@@ -176,8 +225,9 @@ def describe_form(data: str) -> dict:
 
 
 # ---- placement -----------------------------------------------------------------------------------------------------
-def _slots(rng: random.Random, lines: int, count: int, depth: float, spread: float, rank: int, links: int
-           ) -> list[list[int]]:
+def _slots(
+    rng: random.Random, lines: int, count: int, depth: float, spread: float, rank: int, links: int
+) -> list[list[int]]:
     """Line slots (0..lines: before line i) of each group's statements; group 0 is gold. The gold group starts at
     ``depth`` and spans ``spread``; the first ``rank`` other groups start before the gold one, the rest after it.
     Within a group, slots ascend (a link comes after what it names)."""
@@ -193,8 +243,9 @@ def _slots(rng: random.Random, lines: int, count: int, depth: float, spread: flo
     return groups
 
 
-def _assemble(lines: list[str], groups: list[list[int]], statements: list[list[str]], rank: int
-              ) -> tuple[str, dict[tuple[int, int], int], list[int]]:
+def _assemble(
+    lines: list[str], groups: list[list[int]], statements: list[list[str]], rank: int
+) -> tuple[str, dict[tuple[int, int], int], list[int]]:
     """Insert each group's statements before their slot's line; ties keep: groups placed before the gold one, the
     gold one, groups after it (first statements), then links in chain order. Returns the context, each
     statement's character offset and the groups in the order their first statements appear."""
@@ -242,16 +293,24 @@ class _Names:
         return self._fresh(lambda: "".join(self.rng.choices(string.ascii_uppercase, k=5)))
 
     def number(self, digits: int) -> str:
-        return self._fresh(lambda: str(self.rng.randint(10 ** (digits - 1), 10 ** digits - 1)))
+        return self._fresh(lambda: str(self.rng.randint(10 ** (digits - 1), 10**digits - 1)))
 
     def key(self) -> str:
         return self._fresh(lambda: f"{self.rng.choice(_ADJECTIVES)}-{self.rng.choice(_NOUNS)}")
 
 
 # ---- samples -------------------------------------------------------------------------------------------------------
-def make_sample(tokenizer: PreTrainedTokenizerBase, *, data: str, context_tokens: int, depth: float, seed: int,
-                gold_rank: int = 0, sample_id: str | None = None,
-                chat_template_kwargs: Mapping[str, object] | None = None) -> Sample:
+def make_sample(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    data: str,
+    context_tokens: int,
+    depth: float,
+    seed: int,
+    gold_rank: int = 0,
+    sample_id: str | None = None,
+    chat_template_kwargs: Mapping[str, object] | None = None,
+) -> Sample:
     """One seeded question of the task ``data`` names, ``context_tokens`` context tokens (statements included),
     the gold chain (needle) at ``depth`` and ``gold_rank`` candidate values before the gold one."""
     form = parse_source(data)
@@ -266,9 +325,11 @@ def make_sample(tokenizer: PreTrainedTokenizerBase, *, data: str, context_tokens
         for _ in range(form.chains):
             variables = [names.variable() for _ in range(form.hops + 1)]
             chains.append((variables, names.number(5)))
-        statements = [[VALUE_STATEMENT.format(var=v[0], value=n)]
-                      + [LINK_STATEMENT.format(var=v[j + 1], previous=v[j]) for j in range(form.hops)]
-                      for v, n in chains]
+        statements = [
+            [VALUE_STATEMENT.format(var=v[0], value=n)]
+            + [LINK_STATEMENT.format(var=v[j + 1], previous=v[j]) for j in range(form.hops)]
+            for v, n in chains
+        ]
         gold_vars, gold_value = chains[0]
         if form.query == "value":
             answer, query = gold_value, gold_vars[-1]
@@ -290,14 +351,19 @@ def make_sample(tokenizer: PreTrainedTokenizerBase, *, data: str, context_tokens
     fact_tokens = sum(len(tokenizer("\n" + s, add_special_tokens=False)["input_ids"]) for s in flat)
     budget = context_tokens - fact_tokens
     if budget < 16:
-        raise DynheadsError(f"context_tokens={context_tokens} is too short for {len(flat)} statements "
-                            f"({fact_tokens} tokens): use a longer context or fewer chains/keys")
+        raise DynheadsError(
+            f"context_tokens={context_tokens} is too short for {len(flat)} statements "
+            f"({fact_tokens} tokens): use a longer context or fewer chains/keys"
+        )
     count = _noise_lines(tokenizer, budget)
     if filler is None:
         lines = [NOISE] * count
     else:  # RULER's needle haystack: every filler line is a needle of the same form with a fresh key
-        one = len(tokenizer("\n" + NIAH_NEEDLE.format(key="quiet-walrus", value="1234567"),
-                            add_special_tokens=False)["input_ids"])
+        one = len(
+            tokenizer("\n" + NIAH_NEEDLE.format(key="quiet-walrus", value="1234567"), add_special_tokens=False)[
+                "input_ids"
+            ]
+        )
         lines = [NIAH_NEEDLE.format(key=filler.key(), value=filler.number(7)) for _ in range(max(budget // one, 1))]
     groups = _slots(rng, len(lines), len(statements), depth, spread, gold_rank, links)
     context, offsets, order = _assemble(lines, groups, statements, gold_rank)
@@ -308,28 +374,54 @@ def make_sample(tokenizer: PreTrainedTokenizerBase, *, data: str, context_tokens
         in_order = [m.group(1) for m in re.finditer(r"is: (\d{7})\.", context)]
 
     question = user.format(intro=VT_INTRO, context="", query=query, count=len(answer.split())).split("\n")[-1]
-    prompt = render_chat(tokenizer, SYSTEM_PROMPT,
-                         user.format(intro=VT_INTRO, context=context, query=query, count=len(answer.split())),
-                         chat_template_kwargs)
+    prompt = render_chat(
+        tokenizer,
+        SYSTEM_PROMPT,
+        user.format(intro=VT_INTRO, context=context, query=query, count=len(answer.split())),
+        chat_template_kwargs,
+    )
     base, context_stop = locate(prompt, context, what="context")
     context_positions = token_span(prompt, base, context_stop)
     gold = statements[0]
-    spans, positions = marked_spans(tokenizer, prompt, [
-        (base + offsets[(0, j)], base + offsets[(0, j)] + len(text), text.split()[-1], f"gold statement {text!r}")
-        for j, text in enumerate(gold)])
+    spans, positions = marked_spans(
+        tokenizer,
+        prompt,
+        [
+            (base + offsets[(0, j)], base + offsets[(0, j)] + len(text), text.split()[-1], f"gold statement {text!r}")
+            for j, text in enumerate(gold)
+        ],
+    )
     first, last = context_positions[0], context_positions[-1] + 1
     fact_depths = [round((start - first) / max(last - first, 1), 4) for start, _ in spans]
     name = source_of(data)
     record_id = f"{name}-{seed}"
     return hotpotqa.qa_sample(
-        tokenizer, prompt, context, sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
-        needle_positions=positions, answer=answer, context_tokens=context_tokens, depth=depth, seed=seed,
-        extras=hotpotqa.QAExtras(question=question, type=form.type, record_id=record_id,
-                                 supporting_facts=[(text, j) for j, text in enumerate(gold)],
-                                 supporting_spans=spans, context_span=(first, last)),
-        meta={"form": asdict(form), cand.CANDIDATES: in_order, cand.GOLD_RANK: in_order.index(answer),
-              "fact_depths": fact_depths, "depth_realised": round(sum(fact_depths) / len(fact_depths), 4),
-              "distractor_statements": [s for group in statements[1:] for s in group]})
+        tokenizer,
+        prompt,
+        context,
+        sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
+        needle_positions=positions,
+        answer=answer,
+        context_tokens=context_tokens,
+        depth=depth,
+        seed=seed,
+        extras=hotpotqa.QAExtras(
+            question=question,
+            type=form.type,
+            record_id=record_id,
+            supporting_facts=[(text, j) for j, text in enumerate(gold)],
+            supporting_spans=spans,
+            context_span=(first, last),
+        ),
+        meta={
+            "form": asdict(form),
+            cand.CANDIDATES: in_order,
+            cand.GOLD_RANK: in_order.index(answer),
+            "fact_depths": fact_depths,
+            "depth_realised": round(sum(fact_depths) / len(fact_depths), 4),
+            "distractor_statements": [s for group in statements[1:] for s in group],
+        },
+    )
 
 
 def gold_rank_of(index: int, cells: int, candidates: int) -> int:
@@ -340,9 +432,17 @@ def gold_rank_of(index: int, cells: int, candidates: int) -> int:
     return (index % cells + index // cells) % candidates
 
 
-def grid_samples(tokenizer: PreTrainedTokenizerBase, *, data: str, questions: int, lengths: tuple[int, ...],
-                 depths: tuple[float, ...], seed: int, first: int = 0,
-                 chat_template_kwargs: Mapping[str, object] | None = None) -> list[Sample]:
+def grid_samples(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    data: str,
+    questions: int,
+    lengths: tuple[int, ...],
+    depths: tuple[float, ...],
+    seed: int,
+    first: int = 0,
+    chat_template_kwargs: Mapping[str, object] | None = None,
+) -> list[Sample]:
     """Questions ``first .. first + questions - 1``: question i goes to cell i mod (lengths x depths), is seeded by
     i alone and has gold rank ``gold_rank_of(i, ...)``."""
     form = parse_source(data)
@@ -352,11 +452,18 @@ def grid_samples(tokenizer: PreTrainedTokenizerBase, *, data: str, questions: in
     samples = []
     for index in range(first, first + questions):
         length, depth = cells[index % len(cells)]
-        samples.append(make_sample(tokenizer, data=data, context_tokens=length, depth=depth,
-                                   seed=derive_seed(source_of(data), seed, index),
-                                   gold_rank=gold_rank_of(index, len(cells), form.candidates),
-                                   sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
-                                   chat_template_kwargs=chat_template_kwargs))
+        samples.append(
+            make_sample(
+                tokenizer,
+                data=data,
+                context_tokens=length,
+                depth=depth,
+                seed=derive_seed(source_of(data), seed, index),
+                gold_rank=gold_rank_of(index, len(cells), form.candidates),
+                sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
+                chat_template_kwargs=chat_template_kwargs,
+            )
+        )
     return samples
 
 
@@ -385,11 +492,14 @@ def score(sample: Sample, generated: str) -> dict[str, float]:
     is_set = sample.meta.get("form", {}).get("query") == "all"
     gold = " ".join(sorted(sample.answer.split())) if is_set else sample.answer
     prediction = extract_answer(sample, generated)
-    pool = [" ".join(sorted(c.split())) for c in sample.meta[cand.CANDIDATES]] if is_set else \
-        sample.meta[cand.CANDIDATES]
-    return {"string_match": string_match(sample.answer.split(), generated),
-            **qa_metrics.score(gold, prediction, extract=False),
-            "distractor": cand.is_distractor(prediction, gold, pool)}
+    pool = (
+        [" ".join(sorted(c.split())) for c in sample.meta[cand.CANDIDATES]] if is_set else sample.meta[cand.CANDIDATES]
+    )
+    return {
+        "string_match": string_match(sample.answer.split(), generated),
+        **qa_metrics.score(gold, prediction, extract=False),
+        "distractor": cand.is_distractor(prediction, gold, pool),
+    }
 
 
 # ---- the task: its grid and its registry entry -------------------------------------------------------------------
@@ -404,9 +514,16 @@ def ruler_grid(name: str, default: str | None = None):
         if source_of(data) != name:
             raise DynheadsError(f"the {name} task reads {name}[:options] data, got {data!r}")
         stream = question_stream(config)
-        samples = grid_samples(tokenizer, data=data, questions=stream.count, first=stream.first,
-                               lengths=config.lengths, depths=config.depths, seed=config.seed,
-                               chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs))
+        samples = grid_samples(
+            tokenizer,
+            data=data,
+            questions=stream.count,
+            first=stream.first,
+            lengths=config.lengths,
+            depths=config.depths,
+            seed=config.seed,
+            chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs),
+        )
         return TaskGrid(samples, stream, [sample.record_id for sample in samples])
 
     return grid
@@ -416,24 +533,64 @@ def _prompt(name: str, default: str | None = None) -> Callable[[Any], dict]:
     def prompt(config: Any) -> dict:
         data = config.data or default or name
         user = NIAH_USER if name == MK_SOURCE else (VT_ALL if parse_vt(data).query == "all" else VT_VALUE)
-        return {"system": SYSTEM_PROMPT, "user": user, "data": data, "form": describe_form(data), "haystack": NOISE,
-                "metric": "RULER string match (share of the reference values in the output)"}
+        return {
+            "system": SYSTEM_PROMPT,
+            "user": user,
+            "data": data,
+            "form": describe_form(data),
+            "haystack": NOISE,
+            "metric": "RULER string match (share of the reference values in the output)",
+        }
+
     return prompt
 
 
 RULER_METRICS = {"string_match": "string match", "em": "EM", "f1": "F1"}
-VARIABLE_TRACKING = register(Task(
-    name=VT_SOURCE, label="Variable tracking", score_kind="reasoning", static_kind="reasoning",
-    metrics=RULER_METRICS, score=score, grid=ruler_grid(VT_SOURCE), prompt=_prompt(VT_SOURCE),
-    paper_task="hotpotqa", questions=True, fade_sparse_cells=True,
-    help="RULER variable tracking: follow chains of VAR assignments"))
+VARIABLE_TRACKING = register(
+    Task(
+        name=VT_SOURCE,
+        label="Variable tracking",
+        score_kind="reasoning",
+        static_kind="reasoning",
+        metrics=RULER_METRICS,
+        score=score,
+        grid=ruler_grid(VT_SOURCE),
+        prompt=_prompt(VT_SOURCE),
+        paper_task="hotpotqa",
+        questions=True,
+        fade_sparse_cells=True,
+        help="RULER variable tracking: follow chains of VAR assignments",
+    )
+)
 VT_LOOKUP_NAME, VT_LOOKUP_DATA = "vt_lookup", "variable_tracking:hops=0"
-VT_LOOKUP = register(Task(  # variable tracking with no links: one VAR statement to find, not multi-hop
-    name=VT_LOOKUP_NAME, label="Key-value lookup (VAR statements)", score_kind="reasoning", static_kind="reasoning",
-    metrics=RULER_METRICS, score=score, grid=ruler_grid(VT_SOURCE, VT_LOOKUP_DATA),
-    prompt=_prompt(VT_SOURCE, VT_LOOKUP_DATA), paper_task="hotpotqa", questions=True, fade_sparse_cells=True,
-    help="variable tracking with no links (variable_tracking:hops=0): one VAR statement to find"))
-MULTIKEY_NIAH = register(Task(
-    name=MK_SOURCE, label="Multi-key NIAH", score_kind="reasoning", static_kind="reasoning",
-    metrics=RULER_METRICS, score=score, grid=ruler_grid(MK_SOURCE), prompt=_prompt(MK_SOURCE),
-    questions=True, fade_sparse_cells=True, help="RULER multi-key NIAH: the value of one key among similar needles"))
+VT_LOOKUP = register(
+    Task(  # variable tracking with no links: one VAR statement to find, not multi-hop
+        name=VT_LOOKUP_NAME,
+        label="Key-value lookup (VAR statements)",
+        score_kind="reasoning",
+        static_kind="reasoning",
+        metrics=RULER_METRICS,
+        score=score,
+        grid=ruler_grid(VT_SOURCE, VT_LOOKUP_DATA),
+        prompt=_prompt(VT_SOURCE, VT_LOOKUP_DATA),
+        paper_task="hotpotqa",
+        questions=True,
+        fade_sparse_cells=True,
+        help="variable tracking with no links (variable_tracking:hops=0): one VAR statement to find",
+    )
+)
+MULTIKEY_NIAH = register(
+    Task(
+        name=MK_SOURCE,
+        label="Multi-key NIAH",
+        score_kind="reasoning",
+        static_kind="reasoning",
+        metrics=RULER_METRICS,
+        score=score,
+        grid=ruler_grid(MK_SOURCE),
+        prompt=_prompt(MK_SOURCE),
+        questions=True,
+        fade_sparse_cells=True,
+        help="RULER multi-key NIAH: the value of one key among similar needles",
+    )
+)

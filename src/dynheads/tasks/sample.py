@@ -56,11 +56,29 @@ class Sample:
         return record
 
 
-def build_sample(prompt: RenderedPrompt, *, sample_id: str, needle_positions: Sequence[int], answer: str,
-                 context_tokens: int, depth: float, seed: int, extras: Any = None, meta: dict | None = None
-                 ) -> Sample:
+def build_sample(
+    prompt: RenderedPrompt,
+    *,
+    sample_id: str,
+    needle_positions: Sequence[int],
+    answer: str,
+    context_tokens: int,
+    depth: float,
+    seed: int,
+    extras: Any = None,
+    meta: dict | None = None,
+) -> Sample:
     """A ``Sample`` of a rendered prompt (its tokens, template kind and template variables)."""
-    return Sample(sample_id=sample_id, input_ids=prompt.input_ids, needle_positions=list(needle_positions),
-                  answer=answer, context_tokens=context_tokens, depth=depth, seed=seed,
-                  prompt_template=prompt.template, extras=extras, meta=meta or {},
-                  chat_template_kwargs=prompt.template_kwargs)
+    return Sample(
+        sample_id=sample_id,
+        input_ids=prompt.input_ids,
+        needle_positions=list(needle_positions),
+        answer=answer,
+        context_tokens=context_tokens,
+        depth=depth,
+        seed=seed,
+        prompt_template=prompt.template,
+        extras=extras,
+        meta=meta or {},
+        chat_template_kwargs=prompt.template_kwargs,
+    )
