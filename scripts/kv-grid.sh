@@ -24,7 +24,7 @@ runs = 2
 TOML
 dh niah --out "$OUT/probe-train" --config "$OUT/kv-probe-train.toml" "$@"
 [ -f "$OUT/probe-train/probe/metrics.json" ] \
-  || dh probe train "$OUT/probe-train" --hidden-sizes 512,256 --epochs 100 --early-stopping 10 --seed 0
+  || dh predictor train "$OUT/probe-train" --hidden-sizes 512,256 --epochs 100 --early-stopping 10 --seed 0
 POLICIES=full,none,static,probe,random,oracle,true
 if "$PY" -c "import kvpress" 2>/dev/null; then
   POLICIES="$POLICIES,kvpress:streaming_llm,kvpress:snapkv,kvpress:expected_attention,kvpress:duo_attention"

@@ -118,7 +118,7 @@ def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir,
         progress=False,
     )
     probe.save(tmp_path / "probe")
-    # a probe folder records its training questions (dynheads probe train writes it); these are not RAG's questions
+    # a probe folder records its training questions (dynheads predictor train writes it); these are not RAG's questions
     (tmp_path / "probe" / "questions.json").write_text(json.dumps({"train": ["other-1"], "validation": ["other-2"]}))
     config = RagConfig(
         model=str(tiny_model_dir),

@@ -102,12 +102,14 @@ def haystack_dir(path: str | Path) -> None:
 
 
 def probe_dir(path: str | Path) -> None:
-    """Refuse a folder that is not a trained head predictor ('dynheads probe train': probe.json, weights.pt)."""
+    """Refuse a folder that is not a trained head predictor ('dynheads predictor train': probe.json, weights.pt)."""
     path = Path(path)
     if not path.is_dir():
         raise DynheadsError(f"probe folder not found: {path}")
     if not (path / "weights.pt").is_file():
-        raise DynheadsError(f"{path} is not a trained probe folder (no weights.pt; 'dynheads probe train' writes one)")
+        raise DynheadsError(
+            f"{path} is not a trained probe folder (no weights.pt; 'dynheads predictor train' writes one)"
+        )
     json_file(path / "probe.json", "probe description")
 
 

@@ -173,7 +173,7 @@ def probe_fit_questions(probe_dir: str | Path) -> list[str]:
     if not path.is_file():
         raise DynheadsError(
             f"the probe in {probe_dir} records no training questions ({QUESTIONS_FILE}), so it "
-            "cannot be shown disjoint from the evaluation: retrain it with 'dynheads probe train'"
+            "cannot be shown disjoint from the evaluation: retrain it with 'dynheads predictor train'"
         )
     data = read_json(path)
     return sorted(set(data.get("train", [])) | set(data.get("validation", [])))

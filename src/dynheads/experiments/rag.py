@@ -246,7 +246,7 @@ def _record_id(sample_id: str, strategy: str, k: int | None) -> str:
 
 def _probe_predictor(config: RagConfig, lm: LoadedModel, evaluated: list[str]):
     if not config.probe:
-        raise DynheadsError("strategy 'dynamic' needs a trained probe: --probe DIR (from 'dynheads probe train')")
+        raise DynheadsError("strategy 'dynamic' needs a trained probe: --probe DIR (from 'dynheads predictor train')")
     from dynheads.analysis.head_predictor import load_head_predictor
     from dynheads.experiments.probing import probe_fit_questions
 

@@ -188,7 +188,7 @@ class KVFields(NiahGrid, ModelSettings):
     sink: int = setting(4, "sink tokens of streaming heads (DuoAttention's code default 4; its patterns 128)")
     recent: int = setting(64, "recent window of streaming heads, current token included")
     static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
-    probe: str | None = setting(None, "trained probe folder ('dynheads probe train'), for the probe policy")
+    probe: str | None = setting(None, "trained probe folder ('dynheads predictor train'), for the probe policy")
     probe_select: str = setting("top", "probe policy: top (k heads) or threshold")
     lengths: tuple[int, ...] = redefault(NiahCells, "lengths", (1000,))
     runs: int = redefault(NiahGrid, "runs", 2)
@@ -244,7 +244,7 @@ class RerankFields(Seeded, ModelSettings):
     )
     k: int = setting(16, "heads of each head-subset strategy (qrhead, static, predictor, random)")
     static: str | None = setting(None, "Wu et al. static head list (a 'static' run's file), for 'static'")
-    probe: str | None = setting(None, "trained head predictor folder ('dynheads probe train'), for 'predictor'")
+    probe: str | None = setting(None, "trained head predictor folder ('dynheads predictor train'), for 'predictor'")
     bootstrap: int = setting(2000, "bootstrap resamples (of questions) for the intervals")
 
 
