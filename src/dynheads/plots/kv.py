@@ -22,32 +22,19 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
         rows = table[table["policy"] == policy].sort_values("kv_fraction")
         # from the policy's registry entry: distinct markers and dashes, as equal accuracies draw on top of each other
         style = plot_style(policy, index)
-        colour, marker, dashes = style.colour, style.marker, style.dashes
-        x, accuracy = rows["kv_fraction"].to_numpy(), rows["accuracy"].to_numpy()
-        errors = [accuracy - rows["accuracy_low"].to_numpy(), rows["accuracy_high"].to_numpy() - accuracy]
-        accuracy_ax.errorbar(
-            x,
-            accuracy,
-            yerr=errors,
-            marker=marker,
-            linestyle=dashes,
-            color=colour,
+        look = dict(
+            marker=style.marker,
+            linestyle=style.dashes,
+            color=style.colour,
             label=policy,
             markerfacecolor="none",
             markersize=8,
-            capsize=3,
         )
+        x, accuracy = rows["kv_fraction"].to_numpy(), rows["accuracy"].to_numpy()
+        errors = [accuracy - rows["accuracy_low"].to_numpy(), rows["accuracy_high"].to_numpy() - accuracy]
+        accuracy_ax.errorbar(x, accuracy, yerr=errors, capsize=3, **look)
         if rows["offloaded_mb"].gt(0).any():
-            moved_ax.plot(
-                x,
-                rows["moved_mb_per_step"].to_numpy(),
-                marker=marker,
-                linestyle=dashes,
-                color=colour,
-                label=policy,
-                markerfacecolor="none",
-                markersize=8,
-            )
+            moved_ax.plot(x, rows["moved_mb_per_step"].to_numpy(), **look)
     accuracy_ax.set(
         xlabel="resident KV (fraction of the unmodified model's)",
         ylabel="NIAH accuracy",

@@ -279,48 +279,12 @@ def paragraph_pool(records: Iterable[HotpotRecord]) -> list[Paragraph]:
 
 # ---- synthetic data ----------------------------------------------------------------------------------
 
-_SYLLABLES = (
-    "ba",
-    "dor",
-    "el",
-    "fen",
-    "gar",
-    "hal",
-    "ith",
-    "jo",
-    "kal",
-    "lim",
-    "mar",
-    "nor",
-    "ost",
-    "pel",
-    "quin",
-    "ras",
-    "sel",
-    "tor",
-    "ul",
-    "ven",
-    "wyn",
-    "zan",
-    "yor",
-    "zel",
-    "bri",
-    "cas",
-    "dun",
-    "fal",
-    "gil",
-    "mor",
-    "ner",
-    "pra",
-    "sto",
-    "tem",
-    "vir",
-    "lo",
-    "ka",
-    "ri",
-    "sa",
-    "thu",
+# Name parts of the synthetic entities (multihop's names use the first 30, in this order)
+SYLLABLES = tuple(
+    "ba dor el fen gar hal ith jo kal lim mar nor ost pel quin ras sel tor ul ven wyn zan yor zel "
+    "bri cas dun fal gil mor".split()
 )
+_SYLLABLES = SYLLABLES + tuple("ner pra sto tem vir lo ka ri sa thu".split())
 _KINDS = ("software", "shipping", "mining", "publishing", "textile", "brewing", "railway", "timber")
 _PROFESSIONS = ("painter", "chemist", "poet", "sculptor", "composer", "botanist", "surveyor", "novelist")
 _PRODUCTS = ("sturdy boots", "river ferries", "pocket atlases", "copper kettles", "wool blankets", "field radios")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 from typing import Any, Literal, TypeGuard
 
@@ -160,38 +160,6 @@ _NOUNS = (
     "tractor",
     "walnut",
 )
-_SYLLABLES = (
-    "ba",
-    "dor",
-    "el",
-    "fen",
-    "gar",
-    "hal",
-    "ith",
-    "jo",
-    "kal",
-    "lim",
-    "mar",
-    "nor",
-    "ost",
-    "pel",
-    "quin",
-    "ras",
-    "sel",
-    "tor",
-    "ul",
-    "ven",
-    "wyn",
-    "zan",
-    "yor",
-    "zel",
-    "bri",
-    "cas",
-    "dun",
-    "fal",
-    "gil",
-    "mor",
-)
 
 
 @dataclass(frozen=True)
@@ -272,7 +240,7 @@ class _Names:
 
     def word(self, syllables: tuple[int, ...] = (2, 3)) -> str:
         for _ in range(1000):
-            word = "".join(self.rng.choice(_SYLLABLES) for _ in range(self.rng.choice(syllables)))
+            word = "".join(self.rng.choice(hotpotqa.SYLLABLES) for _ in range(self.rng.choice(syllables)))
             if word not in self.used and word not in self.haystack:
                 self.used.add(word)
                 return word
@@ -514,19 +482,12 @@ MULTIHOP = register(
         help="synthetic two-hop key-value chains (multihop:hops=2), standing for HotpotQA on small models",
     )
 )
+# the multihop task's one-hop form (multihop:hops=1, its default): everything else as MULTIHOP
 KV_LOOKUP = register(
-    Task(  # the multihop task's one-hop form (multihop:hops=1, its default)
+    replace(
+        MULTIHOP,
         name=KV_LOOKUP_NAME,
         label="Key-value lookup",
-        score_kind="reasoning",
-        static_kind="reasoning",
-        metrics=qa_metrics.QA_METRICS,
-        score=_score,
-        grid=multihop_grid,
-        prompt=prompt_manifest,
-        paper_task="hotpotqa",
-        questions=True,
-        fade_sparse_cells=True,
         help="the multihop task's one-hop form: one key-value retrieval",
     )
 )
