@@ -30,6 +30,5 @@ if "$PY" -c "import kvpress" 2>/dev/null; then
   POLICIES="$POLICIES,kvpress:streaming_llm,kvpress:snapkv,kvpress:expected_attention,kvpress:duo_attention"
 fi
 dh kv --out "$OUT/grid" --static "$OUT/static/static_heads.json" --probe "$OUT/probe-train/probe" \
-  --policies "$POLICIES" --budgets 0.05,0.1,0.25 --lengths 1000,2000,4000 --depths 0,0.25,0.5,0.75,1 --runs 6 \
-  --batch-size 4 "$@"
+  --policies "$POLICIES" --budgets 0.05,0.1,0.25 --lengths 1000,2000,4000 --depths 0,0.25,0.5,0.75,1 --runs 6 "$@"
 echo "done: $OUT/grid/summary.md"
