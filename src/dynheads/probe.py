@@ -413,7 +413,7 @@ class KeyMasks:
         return self._cached("weights", kv_len, device, build)
 
     def hidden(self, kv_len: int, device: torch.device) -> torch.Tensor | None:
-        """Bool ``[B or 1, kv]``: keys no head of the row may see, or None when every key may be seen."""
+        """Bool ``[B, kv]``: keys no head of the row may see, or None when every key may be seen."""
         hidden = self.settings.hidden_keys
         if hidden is None:
             return None
