@@ -258,6 +258,41 @@ def test_probe_train(random_run, tmp_path, capsys, score, expected):
     assert probe.predict(np.zeros((1, 8), np.float32)).shape == (1, 6)
 
 
+def test_flags_reach_the_predictor_and_cca_configs_parsed(random_run, tmp_path, capsys, monkeypatch):
+    """The options are generated from HeadPredictorConfig / CCAConfig: lists, switches and modes arrive parsed;
+    flags not given keep the config file's value, else the default."""
+    import dynheads.experiments.analyses as analyses
+    import dynheads.experiments.probing as probing
+    from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
+
+    seen: dict = {}
+
+    def fake_train(run_dir, config, score, out_dir, device):
+        seen["predictor"], seen["predictor_score"] = config, score
+        out_dir.mkdir(exist_ok=True)
+        (out_dir / "metrics.md").write_text("metrics\n")
+
+    def fake_cca(run_dir, steps, config, score, out_dir):
+        seen["cca"], seen["cca_score"], seen["steps"] = config, score, steps
+        return pd.DataFrame()
+
+    monkeypatch.setattr(probing, "train_probe_on_run", fake_train)
+    monkeypatch.setattr(analyses, "cca_report", fake_cca)
+    monkeypatch.setattr("dynheads.analysis.cca.cca_markdown", lambda table: "table\n")
+    toml = tmp_path / "probe.toml"
+    toml.write_text("epochs = 7\ndropout = 0.2\n")
+    args = ["--split", "0.6,0.2,0.2", "--no-standardize", "--activation", "gelu", "--epochs", "3", "--config", toml]
+    code, _, err = cli(capsys, "predictor", "train", random_run.path, "--score", "reasoning", *args, "--out", tmp_path)
+    assert code == 0, err
+    predictor = seen["predictor"]
+    assert predictor.split == (0.6, 0.2, 0.2) and predictor.standardize is False and predictor.activation == "gelu"
+    assert predictor.epochs == 3 and predictor.dropout == 0.2  # the flag beats the file; the file beats the default
+    assert predictor.lr == HeadPredictorConfig().lr and seen["predictor_score"] == "reasoning"
+    code, _, err = cli(capsys, "cca", random_run.path, "--offsets", "0,2", "--ridge", "0", "--resamples", "50")
+    assert code == 0, err
+    assert seen["cca"] == CCAConfig(ridge=0.0, resamples=50) and seen["cca_score"] == "copy" and seen["steps"] == (0, 2)
+
+
 # ---- empty traces (EOS as the first token) ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def run_with_empty_trace(tmp_path_factory) -> RunDir:
@@ -317,8 +352,9 @@ def test_empty_traces_are_counted_by_dynamism(run_with_empty_trace, tmp_path):
 
 
 def test_analysis_functions_skip_empty_samples_directly():
-    from dynheads.analysis.cca import CCAConfig, cca_offsets
-    from dynheads.analysis.head_predictor import HeadPredictorConfig, train_head_predictor
+    from dynheads.analysis.cca import cca_offsets
+    from dynheads.analysis.head_predictor import train_head_predictor
+    from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 
     rng = np.random.default_rng(2)
     samples = [(rng.normal(size=(8, 5)), rng.random((8, 6))) for _ in range(5)]

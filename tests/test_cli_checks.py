@@ -77,6 +77,21 @@ CASES = [  # (command line, what the error names, what it says)
         "static head list not found",
     ),
     (["detect", "--data", "halueval:qa", "--out", "{t}/out", "--folds", "1"], "--folds", "must be at least 2"),
+    (["plot", "heads", "{t}/missing-run", "--top", "0"], "--top", "top must be at least 1, got 0"),
+    (["cca", "{t}/plain", "--test-fraction", "1.5"], "test_fraction", "must lie strictly between 0 and 1"),
+    (["predictor", "train", "{t}/plain", "--split", "0.5,0.5"], "split", "three positive fractions summing to 1"),
+    (["predictor", "train", "{t}/plain", "--activation", "tanh"], "'tanh'", "unknown probe activation"),
+    (
+        ["kv-export", *NO_MODEL, "--static", "{t}/good.json", "--out", "{t}/out", "--aggregation", "median"],
+        "--aggregation",
+        "takes one of max, mean, got 'median'",
+    ),
+    (
+        ["kv-export", *NO_MODEL, "--static", "{t}/good.json", "--out", "{t}/out", "--full-heads", "0"],
+        "--full-heads",
+        "full heads must be at least 1, got 0",
+    ),
+    (["detect", "{t}/plain", "--questions", "3"], "--questions", "applies only with --data"),
     (["rag", *NO_MODEL, "--trigger-form", "pos", "--out", "{t}/out"], "--trigger-form", "takes one of paper, dragin"),
     (
         ["niah", *NO_MODEL, "--chat-template-kwargs", "{{bad", "--out", "{t}/out"],

@@ -9,6 +9,7 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
+from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 from dynheads.cli.app import app, register_commands
 from dynheads.experiments import settings
 
@@ -23,16 +24,32 @@ COMMAND_CONFIGS = {
     "ablate": settings.AblationFields,
     "ablate-progressive": settings.ProgressiveFields,
     "kv": settings.KVFields,
-    "kv-export": settings.ModelSettings,
+    "kv-export": settings.KVExportSettings,
     "reproduce": settings.ReproduceConfig,
 }
 FLAGS = {("rag", "ks"): "--k"}  # rag's flag for its ks field, as before
+# the commands that analyse a run: (command words) -> the configs (and fields left out) their options come from
+ANALYSIS_CONFIGS = {
+    ("dynamism",): [(settings.DynamismSettings, ())],
+    ("plot", "heads"): [(settings.HeadPlotSettings, ())],
+    ("cca",): [(CCAConfig, ()), (settings.ScoreChoice, ())],
+    ("predictor", "train"): [(HeadPredictorConfig, ()), (settings.ScoreChoice, ())],
+    ("detect",): [(settings.DetectConfig, ()), (settings.HaluevalConfig, ("data",))],
+    ("detect-transfer",): [(settings.DetectConfig, ("static", "folds", "repeats"))],
+}
 
 
-def _help(name: str) -> str:
-    result = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+def _help(*words: str) -> str:
+    result = CliRunner().invoke(app, [*words, "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
     assert result.exit_code == 0, result.output
     return result.output
+
+
+def _params(*words: str) -> dict:
+    command = typer.main.get_command(app)
+    for word in words:
+        command = command.commands[word]
+    return {opt: param for param in command.params for opt in param.opts}
 
 
 @pytest.mark.parametrize("name", sorted(COMMAND_CONFIGS))
@@ -44,24 +61,37 @@ def test_help_lists_model_dtype_device_with_the_dtype_default(name):
     assert "[default: auto]" in dtype_line
 
 
-@pytest.mark.parametrize("name", sorted(COMMAND_CONFIGS))
-def test_help_shows_each_fields_real_default(name):
-    config = COMMAND_CONFIGS[name]
-    params = {opt: param for param in typer.main.get_command(app).commands[name].params for opt in param.opts}
-    lines = _help(name).splitlines()
+def _assert_generated(words: tuple[str, ...], config: type, skip: tuple[str, ...] = ()) -> None:
+    """Every field of ``config`` (but ``skip``) is an option of the command, with the field's help and its real
+    default shown."""
+    params, lines = _params(*words), _help(*words).splitlines()
     for field in dataclasses.fields(config):
-        flag = FLAGS.get((name, field.name), "--" + field.name.replace("_", "-"))
+        flag = FLAGS.get((words[0], field.name), "--" + field.name.replace("_", "-"))
+        if field.name in skip:  # not taken, or the command's own (detect's --data: its help differs)
+            continue
         assert flag in params, flag
         assert params[flag].help == field.metadata["help"]  # the help is the field's, written once
         if field.default in (None, "", ()):
             continue  # the help says what None means
-        shown = (
-            ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in field.default)
-            if isinstance(field.default, tuple)
-            else str(field.default)
-        )
+        if isinstance(field.default, bool):  # a switch: --name / --no-name
+            shown = flag[2:] if field.default else "no-" + flag[2:]
+        elif isinstance(field.default, tuple):
+            shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in field.default)
+        else:
+            shown = str(field.default)
         line = next(line for line in lines if f"{flag} " in line)
         assert f"[default: {shown}]" in line, (flag, line)
+
+
+@pytest.mark.parametrize("name", sorted(COMMAND_CONFIGS))
+def test_help_shows_each_fields_real_default(name):
+    _assert_generated((name,), COMMAND_CONFIGS[name])
+
+
+@pytest.mark.parametrize("words", sorted(ANALYSIS_CONFIGS), ids=" ".join)
+def test_the_analysis_commands_options_are_generated_from_their_configs(words):
+    for config, skip in ANALYSIS_CONFIGS[words]:
+        _assert_generated(words, config, skip)
 
 
 def test_the_progressive_lengths_default_is_its_own_not_the_grid_piece_s():

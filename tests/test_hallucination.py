@@ -10,9 +10,11 @@ from test_probe_exactness import eager_last_rows
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.analysis import hallucination as hl
+from dynheads.analysis.settings import ANSWER_KEY, DEPLOYABLE
 from dynheads.decoding import DecodingSession, trace
 from dynheads.errors import DynheadsError
-from dynheads.experiments.detect import DetectConfig, Detector, apply_detector, run_detect
+from dynheads.experiments.detect import Detector, apply_detector, run_detect
+from dynheads.experiments.settings import DetectConfig
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 from dynheads.traces import Trace
@@ -261,7 +263,7 @@ def test_probe_features_use_the_predicted_heads_and_their_silence():
     np.testing.assert_allclose(features["probe"], [[6.0, 0.5, 0.0], [6.0, 0.5, 2.0]])
     # the upper-bound silence reads Eq. 1: predicted mass on heads that did not copy
     np.testing.assert_allclose(features["probe_copy_silence"], [[6.0], [0.0]])
-    assert "probe_copy_silence" in hl.ANSWER_KEY and "probe" in hl.DEPLOYABLE
+    assert "probe_copy_silence" in ANSWER_KEY and "probe" in DEPLOYABLE
 
 
 def test_cli_detect_and_apply(tmp_path):

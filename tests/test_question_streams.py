@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dynheads.analysis.head_predictor import HeadPredictorConfig
 from dynheads.analysis.headlists import load_head_list, scored_heads
+from dynheads.analysis.settings import HeadPredictorConfig
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, run_ablation
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, run_hotpotqa

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from dynheads.analysis.head_predictor import HeadPredictorConfig, train_head_predictor
+from dynheads.analysis.head_predictor import train_head_predictor
+from dynheads.analysis.settings import HeadPredictorConfig
 from dynheads.decoding import decode
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.experiments.rag import RagConfig, run_rag

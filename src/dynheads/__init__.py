@@ -49,8 +49,9 @@ _EXPORTS = exports_by_name(
             "table5_markdown",
         ),
         # CCA and the head predictor (the MLP from hidden state to head scores)
-        "dynheads.analysis.cca": ("CCAConfig", "samples_from_traces", "cca_offsets", "cca_markdown", "write_cca"),
-        "dynheads.analysis.head_predictor": ("HeadPredictorConfig", "train_head_predictor", "load_head_predictor"),
+        "dynheads.analysis.settings": ("CCAConfig", "HeadPredictorConfig"),
+        "dynheads.analysis.cca": ("samples_from_traces", "cca_offsets", "cca_markdown", "write_cca"),
+        "dynheads.analysis.head_predictor": ("train_head_predictor", "load_head_predictor"),
         # the registries of named variants (register one to add a KV policy, an ablation or RAG strategy, a stage)
         "dynheads.registry": ("Registry",),
         "dynheads.kv_policies": ("KV_POLICIES", "retention_policy"),

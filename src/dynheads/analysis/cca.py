@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +31,7 @@ from sklearn.decomposition import PCA
 from tqdm.auto import tqdm
 
 from dynheads.analysis.evidence import EvidenceSettings, Interval, interval
+from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_TOP1
@@ -43,42 +44,6 @@ Method = Literal["in_sample", "held_out", "shuffled"]
 METHODS: tuple[Method, ...] = ("in_sample", "held_out", "shuffled")
 
 _MIN_PAIRS = 3  # fewer pairs give no usable PCA or correlation
-
-
-@dataclass(frozen=True)
-class CCAConfig:
-    """Settings of one temporal-offset CCA analysis (defaults: paper App. A.4 and notes/algorithms.md)."""
-
-    hidden_variance: float = field(
-        default=0.95, metadata={"help": "PCA on the hidden states keeps this fraction of their variance."}
-    )
-    score_variance: float = field(
-        default=0.99, metadata={"help": "PCA on the min-max scaled scores keeps this fraction of their variance."}
-    )
-    n_components: int = field(
-        default=50, metadata={"help": "Canonical components (fewer when PCA keeps fewer dimensions)."}
-    )
-    ridge: float = field(
-        default=1e-6,
-        metadata={
-            "help": "Added to each covariance diagonal, relative to its mean variance, before whitening "
-            "(ours: keeps near-zero PCA directions from blowing up). 0 = plain CCA."
-        },
-    )
-    test_fraction: float = field(
-        default=0.3, metadata={"help": "Share of the samples held out for the held_out and shuffled measures."}
-    )
-    seed: int = field(default=0, metadata={"help": "Seed of the sample split, the shuffled pairing and the bootstrap."})
-    resamples: int = field(
-        default=2000, metadata={"help": "Bootstrap resamples (of test samples) for the held-out minus shuffled gap."}
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("hidden_variance", "score_variance", "test_fraction"):
-            if not 0 < getattr(self, name) < 1:
-                raise DynheadsError(f"CCA {name} must lie strictly between 0 and 1, got {getattr(self, name)}")
-        if self.n_components < 1 or self.ridge < 0:
-            raise DynheadsError("CCA n_components must be >= 1 and ridge >= 0")
 
 
 def samples_from_traces(traces: Iterable[Trace], score: ScoreKind = "copy") -> list[Sample]:

@@ -60,18 +60,6 @@ from dynheads.traces import Trace
 FAITHFUL, HALLUCINATED, UNLABELLED = 0, 1, -1
 # A UUID-shaped value: alphanumeric groups joined by hyphens (a wrong UUID still matches), else a long hex run.
 UUID_LIKE = re.compile(r"[0-9A-Za-z]+(?:-[0-9A-Za-z]*)+|[0-9a-fA-F]{8,}")
-DEPLOYABLE = (
-    "retrieval_no_needle",
-    "context_attention",
-    "probe",
-    "lookback",
-    "entropy",
-    "max_softmax",
-    "token_prob",
-    "length",
-)
-ANSWER_KEY = ("copy_heads", "retrieval", "probe_copy_silence")
-FEATURE_SETS = DEPLOYABLE + ANSWER_KEY
 RESPONSE_ONLY = ("length",)  # a token has no length of its own
 
 

@@ -17,6 +17,7 @@ beyond the scored heads keeps only those and records the shortfall: a zero-score
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 
 Aggregation = Literal["max", "mean"]
+AGGREGATIONS: tuple[str, ...] = typing.get_args(Aggregation)
 FORMAT = "dynheads-kvheads/1"
 
 

@@ -11,14 +11,19 @@ from typing import Annotated
 
 import typer
 
+from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 from dynheads.cli import checks
 from dynheads.cli.app import app, plot_app, predictor_app
 from dynheads.cli.options import STATIC_HELP, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
-from dynheads.config import parse_list, parse_range
-from dynheads.experiments.settings import StaticConfig, StaticReasoningConfig
-from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD
+from dynheads.config import parse_range
+from dynheads.experiments.settings import (
+    DynamismSettings,
+    HeadPlotSettings,
+    ScoreChoice,
+    StaticConfig,
+    StaticReasoningConfig,
+)
 
-Score = Annotated[str, Opt(help="head score: copy (Eq. 1, NIAH) or reasoning (Eq. 2, HotpotQA)")]
 OutDir = Annotated[Path | None, Opt("--out", help="folder for the outputs (default: inside the run directory)")]
 
 
@@ -55,54 +60,52 @@ def static_reasoning(out: RunOut, config: ConfigFile = None, **settings) -> None
 
 
 @app.command()
+@with_options(config_options(DynamismSettings))
 def dynamism(
-    run_dir: RunArg,
-    static_file: Annotated[Path, Opt("--static", help=STATIC_HELP)],
-    score: Score = "copy",
-    threshold: Annotated[
-        str, Opt(help="Eq. 2 only: a head is active above this score (0.1) or multiple of chance (relative:3)")
-    ] = DEFAULT_REASONING_THRESHOLD,
-    out: OutDir = None,
+    run_dir: RunArg, static_file: Annotated[Path, Opt("--static", help=STATIC_HELP)], out: OutDir = None, **settings
 ) -> None:
     """Table 1 / Table 5 statistics of a run's dynamic heads beside the paper's; writes dynamism.md/.csv/.json."""
     from dynheads.experiments.analyses import dynamism_report
 
+    cfg = checks.checked_config(DynamismSettings, **settings)
     checks.traced_run(run_dir)
     checks.head_list(static_file)
-    dynamism_report(run_dir, static_file, score=score, threshold=threshold, out_dir=out)
+    dynamism_report(run_dir, static_file, score=cfg.score, threshold=cfg.threshold, out_dir=out)
     typer.echo((out or run_dir).joinpath("dynamism.md").read_text(encoding="utf-8"), nl=False)
 
 
 @plot_app.command("heads")
+@with_options(config_options(HeadPlotSettings))
 def plot_heads(
     run_dir: RunArg,
     sample: Annotated[list[str] | None, Opt(help="sample id (repeatable; default: every sample)")] = None,
-    score: Score = "copy",
-    top: Annotated[int, Opt(help="heads shown: the ones whose score varies most")] = 10,
     out: Annotated[Path | None, Opt("--out", help="folder for the PNGs (default: RUN_DIR/plots)")] = None,
+    **settings,
 ) -> None:
     """Figure 1: per-step scores of the most varying heads, one PNG per sample (heads-<sample_id>.png)."""
     from dynheads.experiments.analyses import plot_heads as plot
 
+    cfg = checks.checked_config(HeadPlotSettings, **settings)
     checks.traced_run(run_dir)
-    checks.value("--top", "top", checks.at_least(1), top)
-    for path in plot(run_dir, sample, score=score, top=top, out_dir=out):
+    for path in plot(run_dir, sample, score=cfg.score, top=cfg.top, out_dir=out):
         typer.echo(str(path))
 
 
 @app.command()
+@with_options(config_options(CCAConfig), config_options(ScoreChoice))
 def cca(
     run_dir: RunArg,
     offsets: Annotated[str, Opt(help="temporal offsets k, e.g. 0-10 or 0,1,5")] = "0-10",
-    score: Score = "copy",
     out: OutDir = None,
     config: Annotated[Path | None, Opt("--config", help="TOML file with CCAConfig settings")] = None,
+    **settings,
 ) -> None:
     """Temporal-offset CCA of hidden states against head scores (in-sample, held-out, shuffled); cca.* and cca.png."""
-    from dynheads.analysis.cca import CCAConfig, cca_markdown
+    from dynheads.analysis.cca import cca_markdown
     from dynheads.experiments.analyses import cca_report
 
-    cca_config, steps = checks.checked_config(CCAConfig, config), parse_range(offsets)
+    score = checks.checked_config(ScoreChoice, score=settings.pop("score")).score
+    cca_config, steps = checks.checked_config(CCAConfig, config, **settings), parse_range(offsets)
     checks.value("--offsets", "offset", checks.at_least(0), steps)
     checks.traced_run(run_dir)
     table = cca_report(run_dir, steps, cca_config, score=score, out_dir=out)
@@ -110,37 +113,21 @@ def cca(
 
 
 @predictor_app.command("train")
+@with_options(config_options(HeadPredictorConfig), config_options(ScoreChoice))
 def predictor_train(
     run_dir: RunArg,
-    score: Score = "copy",
-    hidden_sizes: Annotated[str | None, Opt(help="hidden layer widths, e.g. 8192,4096,4096")] = None,
-    epochs: Annotated[int | None, Opt(help="training epochs")] = None,
-    batch_size: Annotated[int | None, Opt(help="steps per batch")] = None,
-    lr: Annotated[float | None, Opt(help="Adam learning rate")] = None,
-    early_stopping: Annotated[
-        int | None, Opt(help="stop after N epochs without validation improvement (default 10; 0: train all epochs)")
-    ] = None,
-    seed: Annotated[int | None, Opt(help="seed of split, initialisation and batch order")] = None,
     device: Annotated[str, Opt(help="cpu or cuda")] = "cpu",
     out: Annotated[Path | None, Opt("--out", help="probe folder (default: RUN_DIR/probe)")] = None,
     config: Annotated[Path | None, Opt("--config", help="TOML file with HeadPredictorConfig settings")] = None,
+    **settings,
 ) -> None:
     """Train the MLP head predictor from the hidden state to every head's score (offset 0).
 
     Saves it with metrics.md/.json into OUT (default RUN_DIR/probe); 'dynheads probe train' is its older name."""
-    from dynheads.analysis.head_predictor import HeadPredictorConfig
     from dynheads.experiments.probing import train_probe_on_run
 
+    score = checks.checked_config(ScoreChoice, score=settings.pop("score")).score
+    cfg = checks.checked_config(HeadPredictorConfig, config, **settings)
     checks.traced_run(run_dir)
-    cfg = checks.checked_config(
-        HeadPredictorConfig,
-        config,
-        hidden_sizes=parse_list(hidden_sizes, int),
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        early_stopping=early_stopping,
-        seed=seed,
-    )
     train_probe_on_run(run_dir, cfg, score=score, out_dir=out, device=device)
     typer.echo((out or run_dir / "probe").joinpath("metrics.md").read_text(encoding="utf-8"), nl=False)

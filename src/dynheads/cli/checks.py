@@ -179,6 +179,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "lr": (POSITIVE, "learning rate"),
     "hidden_sizes": (at_least(1), "hidden size"),
     "early_stopping": (at_least(0), "early stopping"),
+    "top": (at_least(1), "top"),
+    "full_heads": (at_least(1), "full heads"),
 }
 
 

@@ -2,53 +2,24 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from dynheads.cli import checks
 from dynheads.cli.app import app
-from dynheads.cli.options import Opt, Option, with_options
+from dynheads.cli.options import PANELS, Opt, config_options, with_options
 from dynheads.errors import DynheadsError
+from dynheads.experiments.settings import DetectConfig, HaluevalConfig
 
-# detect's --help groups: tracing HaluEval (with --data) and the detectors
-Traced = functools.partial(Opt, rich_help_panel="Tracing HaluEval (with --data)")
-Fit = functools.partial(Opt, rich_help_panel="Detectors")
 DetectConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with DetectConfig settings")]
-
-
-# The DetectConfig settings both detect and detect-transfer take (declared here, not generated from DetectConfig:
-# importing it loads torch, and --help must not).
-DETECTOR_OPTIONS = {
-    "static_k": Option(Annotated[int | None, Fit(help="static top-k heads in the retrieval features")]),
-    "probe": Option(Annotated[str | None, Fit(help="trained MLP probe folder (adds the probe feature sets)")]),
-    "feature_sets": Option(
-        Annotated[str | None, Fit(help="e.g. retrieval_no_needle,lookback,entropy")], items=str.strip
-    ),
-    "seed": Option(Annotated[int | None, Fit(help="seed of the cross-validation folds and of the bootstrap")]),
-    "bootstrap": Option(Annotated[int | None, Fit(help="bootstrap resamples for the confidence intervals")]),
-    "match_length": Option(
-        Annotated[
-            bool | None,
-            Fit(
-                "--match-length/--full-length",
-                help="compare the answers of a question on their common first tokens only (length control)",
-            ),
-        ]
-    ),
-}
-
-
-def _detect_config(config, **values):
-    from dynheads.experiments.detect import DetectConfig
-
-    return checks.checked_config(DetectConfig, config, **values)
+# detect also traces HaluEval (with --data); what it traces is a HaluevalConfig, the detectors a DetectConfig
+TRACING = config_options(HaluevalConfig, skip=("data",))
 
 
 @app.command()
-@with_options(DETECTOR_OPTIONS)
+@with_options(TRACING, config_options(DetectConfig))
 def detect(
     run_dir: Annotated[
         Path | None,
@@ -56,20 +27,12 @@ def detect(
     ] = None,
     data: Annotated[
         str | None,
-        Traced(
+        Opt(
             help="halueval:qa or halueval:dialogue: teacher-force HaluEval's right and "
-            "hallucinated answers and detect on them (traces into OUT/trace)"
+            "hallucinated answers and detect on them (traces into OUT/trace)",
+            rich_help_panel=PANELS["HaluevalConfig"],
         ),
     ] = None,
-    questions: Annotated[int | None, Traced(help="with --data: questions of the stream (two responses each)")] = None,
-    first: Annotated[int | None, Traced(help="with --data: index of the stream's first question")] = None,
-    context_boundary: Annotated[
-        str | None, Traced(help="with --data: 'prompt' or 'lookback-lens' (assistant header counted as generated)")
-    ] = None,
-    model: Annotated[str | None, Traced(help="with --data: model (default: the embedded SmolLM2)")] = None,
-    static: Annotated[str | None, Fit("--static", help="static head list (default: Eq. 1 ranking per fold)")] = None,
-    folds: Annotated[int | None, Fit(help="folds of the cross-validation grouped by question / sample")] = None,
-    repeats: Annotated[int | None, Fit(help="cross-validation repeats (seeds seed, seed+1, ...)")] = None,
     out: Annotated[Path | None, Opt("--out", help="output folder (default: RUN_DIR/detect)")] = None,
     config: DetectConfigFile = None,
     **settings,
@@ -77,15 +40,10 @@ def detect(
     """Hallucination detectors (logistic regression per feature set), grouped cross-validation; AUROC/AUPRC."""
     from dynheads.experiments.detect import run_detect
 
-    cfg = _detect_config(config, static=static, folds=folds, repeats=repeats, **settings)
-    tracing: dict[str, Any] = {
-        "questions": questions,
-        "first": first,
-        "context_boundary": context_boundary,
-        "model": model,
-    }
+    tracing = {name: settings.pop(name) for name in TRACING}
+    cfg = checks.checked_config(DetectConfig, config, **settings)
     if data is not None:
-        from dynheads.experiments.halueval import HaluevalConfig, trace_halueval
+        from dynheads.experiments.halueval import trace_halueval
 
         if run_dir is not None or out is None:
             raise DynheadsError("--data traces its own run: give --out DIR and no RUN_DIR")
@@ -104,7 +62,7 @@ def detect(
 
 
 @app.command("detect-transfer")
-@with_options(DETECTOR_OPTIONS)
+@with_options(config_options(DetectConfig, skip=("static", "folds", "repeats")))  # no folds: one task trains
 def detect_transfer(
     first: Annotated[Path, typer.Argument(help="output folder of 'dynheads detect --data halueval:qa'")],
     second: Annotated[Path, typer.Argument(help="output folder of 'dynheads detect --data halueval:dialogue'")],
@@ -115,7 +73,7 @@ def detect_transfer(
     """Train on one HaluEval task, test on the other (both ways), beside the in-task numbers."""
     from dynheads.experiments.halueval import run_transfer
 
-    cfg = _detect_config(config, **settings)
+    cfg = checks.checked_config(DetectConfig, config, **settings)
     for folder in (first, second):
         checks.run_manifest(folder)
     run_transfer(first, second, cfg, out)

@@ -15,7 +15,7 @@ import typer
 from dynheads.cli import checks
 from dynheads.cli.app import app
 from dynheads.cli.options import BatchSize, ConfigFile, Opt, RunOut, config_options, with_options
-from dynheads.experiments.settings import KVFields, ModelSettings
+from dynheads.experiments.settings import KVExportSettings, KVFields
 
 
 @app.command()
@@ -41,20 +41,10 @@ def kv(
 
 
 @app.command("kv-export")
-@with_options(config_options(ModelSettings))
+@with_options(config_options(KVExportSettings))
 def kv_export(
     static: Annotated[Path, Opt("--static", help="head list with per-head scores (Wu et al. JSON or ranked list)")],
     out: Annotated[Path, Opt("--out", help="folder for full_attention_heads.tsv and config.json")],
-    aggregation: Annotated[str, Opt(help="query heads -> KV head: max or mean")] = "max",
-    sink: Annotated[int, Opt(help="sink tokens of streaming heads (DuoAttention's patterns and kvpress: 128)")] = 128,
-    recent: Annotated[int, Opt(help="recent window of streaming heads (DuoAttention and kvpress: 256)")] = 256,
-    full_heads: Annotated[
-        int | None,
-        Opt(
-            help="write a 0/1 pattern of this many KV heads kept whole (positive-"
-            "score heads only; a shortfall is recorded)"
-        ),
-    ] = None,
     **settings,
 ) -> None:
     """Write a head list as a \\[layers x kv_heads] matrix in DuoAttention's layout (TSV + config.json).
@@ -66,28 +56,24 @@ def kv_export(
     from dynheads.kv import num_kv_heads
     from dynheads.models import load_model
 
-    model = checks.checked_config(ModelSettings, **settings)
+    cfg = checks.checked_config(KVExportSettings, **settings)
     checks.head_list(static)
-    checks.value("--sink", "sink", checks.at_least(0), sink)
-    checks.value("--recent", "recent window", checks.at_least(1), recent)
-    checks.value("--full-heads", "full heads", checks.at_least(1), full_heads)
-    checks.choice("--aggregation", aggregation, typing.get_args(Aggregation))
-    combine = typing.cast(Aggregation, aggregation)  # one of them, checked above
-    lm = load_model(model.model, dtype=model.dtype, device=model.device)
+    combine = typing.cast(Aggregation, cfg.aggregation)  # one of them, checked by the config
+    lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     heads = load_head_list(static, lm.num_layers, lm.num_heads)
     matrix = kv_head_matrix(query_head_scores(heads, lm.num_layers, lm.num_heads), num_kv_heads(lm), combine)
     write_duo_attention(
         out,
         matrix,
-        sink=sink,
-        recent=recent,
+        sink=cfg.sink,
+        recent=cfg.recent,
         aggregation=combine,
         source=str(static),
         num_heads=lm.num_heads,
-        full_heads=full_heads,
+        full_heads=cfg.full_heads,
     )
     config = read_json(Path(out) / "config.json")
-    shortfall = f"; {config['shortfall']} short of {full_heads}" if config.get("shortfall") else ""
+    shortfall = f"; {config['shortfall']} short of {cfg.full_heads}" if config.get("shortfall") else ""
     typer.echo(
         f"wrote {out}/full_attention_heads.tsv ({matrix.shape[0]} x {matrix.shape[1]}, "
         f"{config['scored_kv_heads']} KV heads with a positive score{shortfall}) and config.json"

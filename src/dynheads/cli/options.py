@@ -58,6 +58,8 @@ PANELS = {
     "NiahGrid": "Grid",
     "QaGrid": "Questions and grid",
     "TracingSettings": "Scores and chat template",
+    "HaluevalConfig": "Tracing HaluEval (with --data)",
+    "DetectConfig": "Detectors",
 }
 CONTEXT = "typer_context"  # the click context Typer passes a generated command: which options the user gave
 
@@ -109,7 +111,10 @@ def shared_options(configs: Mapping[str, type]) -> dict[str, Option]:
 
 def _option(name: str, hint: Any, help: str, default: Any, field: str | None, panel: str | None) -> Option:
     kind, items = _option_kind(hint)
-    declaration = Opt(f"--{name.replace('_', '-')}", help=help, rich_help_panel=panel)
+    flag = f"--{name.replace('_', '-')}"
+    if kind == bool | None:  # a switch: --name / --no-name
+        flag += f"/--no-{name.replace('_', '-')}"
+    declaration = Opt(flag, help=help, rich_help_panel=panel)
     return Option(Annotated[kind, declaration], default, items, field)
 
 
@@ -132,7 +137,7 @@ def _option_kind(hint: Any) -> tuple[Any, Callable[[str], Any] | None]:
         item = typing.get_args(hint)[0]
         return str | None, (str.strip if item is str else item)
     scalar = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
-    kind = scalar[0] if scalar[0] in (int, float, str) else str  # Literal modes are strings on the command line
+    kind = scalar[0] if scalar[0] in (bool, int, float, str) else str  # Literal modes are strings on the command line
     return kind | None, None
 
 

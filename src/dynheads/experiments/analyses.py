@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from dynheads.analysis.cca import CCAConfig, cca_offsets, empty_note, samples_from_traces, write_cca
+from dynheads.analysis.cca import cca_offsets, empty_note, samples_from_traces, write_cca
 from dynheads.analysis.dynamism import (
     DEFAULT_KS,
     DynamismStats,
@@ -26,6 +26,7 @@ from dynheads.analysis.dynamism import (
     table5,
 )
 from dynheads.analysis.headlists import load_head_list, scored_heads
+from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_TOP1

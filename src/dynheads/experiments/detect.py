@@ -12,7 +12,7 @@ features averaged over the response, Lookback Lens's span protocol). Writes into
 - ``results.md`` / ``results.csv`` / ``results.json``: per level and feature set the out-of-fold AUROC and AUPRC
   of the first repeat with 95 % bootstrap intervals over groups, the mean and s.d. of the per-fold AUROC over
   every fold and repeat, and the range of the out-of-fold AUROC over repeats; feature sets that read the needle
-  positions apart from the rest (``hl.ANSWER_KEY``: an upper bound on NIAH, where the needle is the answer);
+  positions apart from the rest (``ANSWER_KEY``: an upper bound on NIAH, where the needle is the answer);
 - ``roc.png``; ``detector.json``: detectors fitted on every sample (plain numbers, no pickle), for
   ``apply_detector``.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -33,7 +33,9 @@ from sklearn.preprocessing import StandardScaler
 from dynheads.analysis import hallucination as hl
 from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
 from dynheads.analysis.headlists import load_head_list
+from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
 from dynheads.errors import DynheadsError
+from dynheads.experiments.settings import DetectConfig
 from dynheads.io import read_json, write_json
 from dynheads.plots.roc import plot_roc
 from dynheads.runs import RunDir
@@ -51,32 +53,6 @@ PUBLISHED = (
 REFERENCE = "lookback"  # every other set's AUROC is also given as a paired difference to this one
 HEADLINE_TITLE = "No answer key (deployable)"
 UPPER_TITLE = "Upper bound: uses the needle positions (on NIAH the gold answer; never a headline number)"
-
-
-@dataclass(frozen=True)
-class DetectConfig:
-    static: str | None = field(
-        default=None,
-        metadata={
-            "help": "static head list (Wu et al. JSON or ranked list); None = heads ranked by Eq. 1 frequency on "
-            "each training fold only"
-        },
-    )
-    static_k: int = field(default=10, metadata={"help": "static top-k heads used by the retrieval features"})
-    probe: str | None = field(default=None, metadata={"help": "trained MLP probe folder (probe feature sets)"})
-    feature_sets: tuple[str, ...] = field(default=hl.FEATURE_SETS, metadata={"help": "detectors to train"})
-    folds: int = field(default=5, metadata={"help": "folds of the grouped cross-validation"})
-    repeats: int = field(default=3, metadata={"help": "cross-validation repeats, seeds seed .. seed + repeats - 1"})
-    seed: int = field(default=0, metadata={"help": "seed of the first repeat's folds and of the bootstrap"})
-    bootstrap: int = field(default=1000, metadata={"help": "bootstrap resamples (of groups) for the CIs"})
-    regularisation: float = field(default=1.0, metadata={"help": "inverse L2 strength C of the regression"})
-    match_length: bool = field(
-        default=False,
-        metadata={
-            "help": "teacher-forced runs: use only the first m tokens of every answer of a question, m = its shortest "
-            "answer's length (a control for answers whose lengths differ by label, as in HaluEval QA)"
-        },
-    )
 
 
 @dataclass
@@ -374,7 +350,7 @@ def cross_validate(
             {
                 "level": level,
                 "feature_set": name,
-                "section": "upper_bound" if name in hl.ANSWER_KEY else "deployable",
+                "section": "upper_bound" if name in ANSWER_KEY else "deployable",
                 "features": int(widths[name].shape[1]),
                 "auroc": auroc,
                 "auroc_low": ci["auroc"][0],
@@ -428,9 +404,9 @@ def run_detect(
     out_run = RunDir(out if out is not None else source.path / "detect")
     if out_run.exists() and out_run.manifest().get("kind") != "detect":
         raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
-    unknown = sorted(set(config.feature_sets) - set(hl.FEATURE_SETS))
+    unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
     if unknown:
-        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(hl.FEATURE_SETS)}")
+        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
     if config.repeats < 1:
         raise DynheadsError(f"repeats must be at least 1, got {config.repeats}")
     samples, no_value = labelled_samples(source, span_finder)
@@ -510,7 +486,7 @@ def run_detect(
     _write_labels(out_run.path / "labels.csv", samples, folds[0]["test_groups"])
     fitted.save(out_run.path / "detector.json")
     plot_roc(
-        {(f"{n} (upper bound)" if n in hl.ANSWER_KEY else n): c for n, c in curves.items()},
+        {(f"{n} (upper bound)" if n in ANSWER_KEY else n): c for n, c in curves.items()},
         out_run.path / "roc.png",
         title=f"out-of-fold {levels[0]}s, {len(groups)} groups, {config.folds} folds",
     )

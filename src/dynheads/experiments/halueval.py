@@ -17,14 +17,13 @@ beside the in-task cross-validated numbers of both detect runs (Lookback Lens, T
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from dynheads.analysis import hallucination as hl
-from dynheads.config import setting
+from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
 from dynheads.decoding import trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.detect import (
@@ -39,7 +38,7 @@ from dynheads.experiments.detect import (
     match_lengths,
     refuse_probe_overlap,
 )
-from dynheads.experiments.settings import ModelSettings
+from dynheads.experiments.settings import BOUNDARIES, HaluevalConfig
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.packaged import describe
@@ -47,22 +46,6 @@ from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
 from dynheads.tables import Block, Heading, Summary, Table, write_summary
 from dynheads.tasks import halueval
 from dynheads.tasks.questions import QuestionStream
-
-BOUNDARIES = ("prompt", "lookback-lens")
-
-
-@dataclass(frozen=True)
-class HaluevalConfig(ModelSettings):
-    data: str = setting(
-        "halueval:qa", "halueval:qa or halueval:dialogue (knowledge in the prompt, both answers teacher-forced)"
-    )
-    questions: int = setting(24, "questions of the stream (two responses each)")
-    first: int = setting(0, "index of the stream's first question in the HaluEval file (streams must not overlap)")
-    context_boundary: str = setting(
-        "prompt",
-        "where the context ends for the lookback ratio: 'prompt' (the whole "
-        "prompt) or 'lookback-lens' (the assistant header counts as generated)",
-    )
 
 
 def trace_halueval(
@@ -137,9 +120,9 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
     for key in ("model", "response_prefix"):
         if manifests[0].get(key) != manifests[1].get(key):
             raise DynheadsError(f"the two runs differ in {key}: trace them with the same settings")
-    unknown = sorted(set(config.feature_sets) - set(hl.FEATURE_SETS))
+    unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
     if unknown:
-        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(hl.FEATURE_SETS)}")
+        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
     samples = [labelled_samples(run)[0] for run in runs]
     if config.match_length:
         samples = [match_lengths(group) for group in samples]
@@ -176,7 +159,7 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
             row: dict[str, object] = {
                 "level": level,
                 "feature_set": name,
-                "section": "upper_bound" if name in hl.ANSWER_KEY else "deployable",
+                "section": "upper_bound" if name in ANSWER_KEY else "deployable",
             }
             for index, task in enumerate(tasks):
                 row[f"{task} in-task"] = in_task[index].get((level, name), (math.nan,) * 3)

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dynheads import stages
-from dynheads.analysis.cca import CCAConfig
-from dynheads.analysis.head_predictor import HeadPredictorConfig
+from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
 from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
+from dynheads.analysis.kvheads import AGGREGATIONS
+from dynheads.analysis.settings import FEATURE_SETS
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
 from dynheads.kv_policies import KV_POLICIES
@@ -246,6 +248,88 @@ class RerankFields(Seeded, ModelSettings):
     static: str | None = setting(None, "Wu et al. static head list (a 'static' run's file), for 'static'")
     probe: str | None = setting(None, "trained head predictor folder ('dynheads predictor train'), for 'predictor'")
     bootstrap: int = setting(2000, "bootstrap resamples (of questions) for the intervals")
+
+
+# ---- analyses of a run: dynamism, plot heads, cca, predictor train (their other settings: analysis.settings) --------
+@dataclass(frozen=True)
+class ScoreChoice:
+    score: str = setting(
+        "copy", "head score: copy (Eq. 1, NIAH), reasoning (Eq. 2, HotpotQA) or another registered one"
+    )
+
+
+@dataclass(frozen=True)
+class DynamismSettings(ScoreChoice):
+    threshold: str = setting(
+        DEFAULT_REASONING_THRESHOLD,
+        "Eq. 2 only: a head is active above this score (0.1) or multiple of chance (relative:3)",
+    )
+
+
+@dataclass(frozen=True)
+class HeadPlotSettings(ScoreChoice):
+    top: int = setting(10, "heads shown: the ones whose score varies most")
+
+
+# ---- kv-export -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KVExportSettings(ModelSettings):
+    aggregation: str = setting("max", "query heads -> KV head: max or mean")
+    sink: int = setting(128, "sink tokens of streaming heads (DuoAttention's patterns and kvpress: 128)")
+    recent: int = setting(256, "recent window of streaming heads (DuoAttention and kvpress: 256)")
+    full_heads: int | None = setting(
+        None,
+        "write a 0/1 pattern of this many KV heads kept whole (positive-score heads only; a shortfall is "
+        "recorded); None = scores normalised to [0, 1]",
+    )
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise DynheadsError(f"--aggregation takes one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
+
+
+# ---- detect (hallucination detection; HaluEval tracing) -------------------------------------------------------------
+@dataclass(frozen=True)
+class DetectConfig:
+    """The hallucination detectors: logistic regression per feature set, grouped cross-validation."""
+
+    static: str | None = setting(
+        None,
+        "static head list (Wu et al. JSON or ranked list); None = heads ranked by Eq. 1 frequency on each training "
+        "fold only",
+    )
+    static_k: int = setting(10, "static top-k heads used by the retrieval features")
+    probe: str | None = setting(None, "trained MLP probe folder (probe feature sets)")
+    feature_sets: tuple[str, ...] = setting(
+        FEATURE_SETS, "detectors to train, e.g. retrieval_no_needle,lookback,entropy"
+    )
+    folds: int = setting(5, "folds of the cross-validation grouped by question / sample")
+    repeats: int = setting(3, "cross-validation repeats, seeds seed .. seed + repeats - 1")
+    seed: int = setting(0, "seed of the first repeat's folds and of the bootstrap")
+    bootstrap: int = setting(1000, "bootstrap resamples (of groups) for the confidence intervals")
+    regularisation: float = setting(1.0, "inverse L2 strength C of the logistic regression")
+    match_length: bool = setting(
+        False,
+        "teacher-forced runs: use only the first m tokens of every answer of a question, m = its shortest answer's "
+        "length (a control for answers whose lengths differ by label, as in HaluEval QA)",
+    )
+
+
+BOUNDARIES = ("prompt", "lookback-lens")  # where the context ends for the lookback ratio
+
+
+@dataclass(frozen=True)
+class HaluevalConfig(ModelSettings):
+    data: str = setting(
+        "halueval:qa", "halueval:qa or halueval:dialogue (knowledge in the prompt, both answers teacher-forced)"
+    )
+    questions: int = setting(24, "questions of the stream (two responses each)")
+    first: int = setting(0, "index of the stream's first question in the HaluEval file (streams must not overlap)")
+    context_boundary: str = setting(
+        "prompt",
+        "where the context ends for the lookback ratio: 'prompt' (the whole "
+        "prompt) or 'lookback-lens' (the assistant header counts as generated)",
+    )
 
 
 # ---- reproduce -----------------------------------------------------------------------------------------------------
