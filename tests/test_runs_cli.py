@@ -52,7 +52,7 @@ def test_resume_skips_finished_samples_and_matches_a_clean_run(tiny_model_dir, t
     crashed = run_niah(config, tmp_path / "crashed", lm=tiny_lm, progress=False)
     crashed.record_path("analysis-len200-depth1-run0").unlink()
     traced = []
-    run_niah(config, tmp_path / "crashed", lm=tiny_lm, progress=False, on_sample=traced.append)
+    run_niah(config, tmp_path / "crashed", lm=tiny_lm, progress=False, on_record=traced.append)
     assert [r["sample_id"] for r in traced] == ["analysis-len200-depth1-run0"]
     assert clean.records() == crashed.records()
     for record in clean.records():

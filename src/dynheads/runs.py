@@ -24,7 +24,7 @@ import json
 import platform
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, Unpack
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -33,7 +33,7 @@ from dynheads import distributed
 from dynheads.config import settings_of
 from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path, format_version, read_json, write_json
-from dynheads.models import LoadedModel, library_versions
+from dynheads.models import LoadedModel, library_versions, load_model
 from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
 from dynheads.thresholds import chance_per_step
 from dynheads.traces import Trace
@@ -172,15 +172,34 @@ class Finished(NamedTuple):
     trace: Trace | None = None
 
 
+class RunOptions(TypedDict, total=False):
+    """How a ``run_*`` function runs, apart from what it computes (its config): keyword arguments every one of them
+    takes and hands on to ``run_jobs``."""
+
+    lm: LoadedModel | None  # a model already loaded (default: the config's model, loaded); not read by run_jobs
+    progress: bool  # progress bars (default: True)
+    on_record: Callable[[dict], None] | None  # called with each record once it is saved
+    batch_size: int  # records decoded together (default: 1, the reference path; larger batches give its results)
+
+
+def batch_size_of(options: RunOptions) -> int:
+    return options.get("batch_size", 1)
+
+
+def run_model(config: Any, options: RunOptions, device_map: str | None = None) -> LoadedModel:
+    """The model a run uses: ``options``' ``lm``, else ``config``'s (its ``model``, ``dtype``, ``device``) loaded."""
+    return options.get("lm") or load_model(
+        config.model, dtype=config.dtype, device=config.device, device_map=device_map
+    )
+
+
 def run_jobs(
     run: RunDir,
     jobs: Sequence[Job[Item]],
     work: Callable[[list[Item]], list[Finished]],
     *,
-    batch_size: int = 1,
     desc: str,
-    progress: bool = True,
-    on_record: Callable[[dict], None] | None = None,
+    **options: Unpack[RunOptions],
 ) -> list[dict]:
     """Make the records of ``jobs`` not yet finished in ``run``: ``work(items)`` gets up to ``batch_size`` items
     at a time and returns one ``Finished`` per item, in order; each is saved (its ``sample_id`` set to the job's
@@ -188,11 +207,18 @@ def run_jobs(
     process's share in job order (those finished earlier read back). Calls with the same groups deal the same
     groups to this process, so a later call can build on an earlier one's records (ablation's static and random
     runs use their sample's dynamic record)."""
+    batch_size, on_record = batch_size_of(options), options.get("on_record")
     if batch_size < 1:
         raise DynheadsError("batch size must be at least 1")
     mine = _my_share(jobs)
     todo = [job for job in mine if not run.is_done(job.record_id)]
-    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=desc, unit="record", disable=not progress)
+    bar = tqdm(
+        total=len(mine),
+        initial=len(mine) - len(todo),
+        desc=desc,
+        unit="record",
+        disable=not options.get("progress", True),
+    )
     made: dict[str, dict] = {}
     for start in range(0, len(todo), batch_size):
         batch = todo[start : start + batch_size]

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import numpy as np
 import pandas as pd
@@ -59,11 +59,11 @@ from dynheads.experiments.settings import (
 )
 from dynheads.heads import Head, check_heads, head_key, parse_head
 from dynheads.io import atomic_path
-from dynheads.models import LoadedModel, load_model
+from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.probe import AblationMode
-from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
 from dynheads.tasks.niah import NIAH
@@ -146,15 +146,7 @@ class ProgressiveConfig(ProgressiveFields, _GridConfig):
 
 
 # ---- the grid (Figure 2) -------------------------------------------------------------------------------------------
-def run_ablation(
-    config: AblationConfig,
-    out: str | Path,
-    *,
-    lm: LoadedModel | None = None,
-    progress: bool = True,
-    on_record: Callable[[dict], None] | None = None,
-    batch_size: int = 1,
-) -> RunDir:
+def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Decode every grid sample with every strategy into ``out`` (resumable); write cells.csv, summary.md, plots.
 
     ``batch_size`` (sample, strategy) records are decoded together (``ablated_generate_batch``; 1 = the
@@ -162,7 +154,7 @@ def run_ablation(
     """
     config.check()
     strategies = config.run_strategies()
-    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    lm = run_model(config, options)
     static = _static_ranking(config.static, lm) if config.static else ()
     fixed = tuple(parse_head(text) for text in config.heads)
     check_heads(list(fixed), lm.num_layers, lm.num_heads, source="--heads")
@@ -191,9 +183,7 @@ def run_ablation(
 
     for strategy in strategies:  # dynamic runs before static and random, which may need its count
         jobs = [(f"{sample.sample_id}-{strategy}", sample, partial(settings, sample, strategy)) for sample in samples]
-        records = _decode(
-            run, lm, config, jobs, _ablation_record, f"ablate {strategy}", progress, on_record, batch_size
-        )
+        records = _decode(run, lm, config, jobs, _ablation_record, f"ablate {strategy}", options)
         if strategy == "dynamic":  # this process's samples: it decodes the same ones under every strategy
             counts = {record["grid_sample_id"]: record["matched_count"] for record in records}
     if distributed.is_main():
@@ -363,19 +353,11 @@ def _skip_line(manifest: dict) -> list[str]:
 
 
 # ---- progressive ablation (Figure 3) -------------------------------------------------------------------------------
-def run_progressive(
-    config: ProgressiveConfig,
-    out: str | Path,
-    *,
-    lm: LoadedModel | None = None,
-    progress: bool = True,
-    on_record: Callable[[dict], None] | None = None,
-    batch_size: int = 1,
-) -> RunDir:
+def run_progressive(config: ProgressiveConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Mask the first k dynamic heads of every step, for every k and sample; write progressive.csv and the plot.
     ``batch_size``: (sample, k) records decoded together, as in ``run_ablation``."""
     config.check()
-    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    lm = run_model(config, options)
     assert config.static is not None  # check() refuses a run without it
     top = tuple(_static_ranking(config.static, lm)[: config.top_static])
     ks = tuple(sorted(set(config.ks)))
@@ -397,9 +379,7 @@ def run_progressive(
         [(f"{sample.sample_id}-k{k}", sample, partial(settings, k)) for sample in samples for k in ks],
         partial(_progressive_record, top=top),
         "progressive",
-        progress,
-        on_record,
-        batch_size,
+        options,
     )
     if distributed.is_main():
         write_progressive(run)
@@ -485,9 +465,7 @@ def _decode(
     jobs: Sequence[tuple[str, Any, Callable[[], AblationSettings]]],  # (record id, a task's sample, ...)
     to_record: Callable[[object, AblationSettings, AblationResult, Task], dict],
     desc: str,
-    progress: bool,
-    on_record: Callable[[dict], None] | None,
-    batch_size: int,
+    options: RunOptions,
 ) -> list[dict]:
     """The records of this process's share of ``jobs`` (record id, sample, its settings when it is decoded), in
     their order (``runs.run_jobs``; a sample's jobs go to one process): the unfinished ones decoded ``batch_size``
@@ -507,10 +485,8 @@ def _decode(
         run,
         [Job(record_id, (sample, settings_of), group=sample.sample_id) for record_id, sample, settings_of in jobs],
         work,
-        batch_size=batch_size,
         desc=desc,
-        progress=progress,
-        on_record=on_record,
+        **options,
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Unpack
 
 import numpy as np
 import pandas as pd
@@ -40,23 +41,20 @@ from dynheads.experiments.detect import (
 )
 from dynheads.experiments.settings import BOUNDARIES, HaluevalConfig
 from dynheads.io import read_json, write_json
-from dynheads.models import LoadedModel, load_model
 from dynheads.packaged import describe
-from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
 from dynheads.tables import Block, Heading, Summary, Table, write_summary
 from dynheads.tasks import halueval
 from dynheads.tasks.questions import QuestionStream
 
 
-def trace_halueval(
-    config: HaluevalConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
-) -> RunDir:
+def trace_halueval(config: HaluevalConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Teacher-force both answers of every question of the stream into ``out`` (resumable)."""
     task = halueval.parse_data(config.data)
     if config.context_boundary not in BOUNDARIES:
         raise DynheadsError(f"unknown context boundary {config.context_boundary!r}: use {' or '.join(BOUNDARIES)}")
     stream = QuestionStream("detect", config.first, config.questions)
-    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    lm = run_model(config, options)
     samples = halueval.make_samples(lm.tokenizer, task, stream)
     lookback_lens = config.context_boundary == "lookback-lens"
     prefixes = {len(s.input_ids) - s.context_end for s in samples}
@@ -92,7 +90,7 @@ def trace_halueval(
         [Job(sample.sample_id, sample) for sample in samples],
         lambda batch: [teacher_force(sample) for sample in batch],
         desc=f"halueval-{task}",
-        progress=progress,
+        **options,
     )
     return run
 

@@ -11,15 +11,14 @@ None (synthetic HotpotQA) is ``hotpotqa``, ``multihop[:options]`` the synthetic 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
+from typing import Unpack
 
 from dynheads.distributed import is_main
 from dynheads.experiments.settings import HotpotConfig
 from dynheads.experiments.tracing import run_task
 from dynheads.io import read_json
-from dynheads.models import LoadedModel
-from dynheads.runs import RunDir
+from dynheads.runs import RunDir, RunOptions
 from dynheads.tables import Summary, Table, write_summary
 from dynheads.tasks import candidates
 from dynheads.tasks.grid import TaskGrid
@@ -55,22 +54,13 @@ def hotpot_samples(config: HotpotConfig, tokenizer) -> list[Sample]:
 
 
 def run_hotpotqa(
-    config: HotpotConfig,
-    out: str | Path,
-    *,
-    lm: LoadedModel | None = None,
-    progress: bool = True,
-    on_sample: Callable[[dict], None] | None = None,
-    batch_size: int = 1,
-    device_map: str | None = None,
+    config: HotpotConfig, out: str | Path, *, device_map: str | None = None, **options: Unpack[RunOptions]
 ) -> RunDir:
     """Trace every question into ``out`` (Eq. 2 scores per head and step); resumable; ``summary.md`` holds the
     answers' table (``qa_summary``). The run's ``kind`` is the task's name: ``hotpotqa``; ``multihop`` or
     ``kv_lookup`` for ``multihop[:options]`` data; ``variable_tracking``, ``vt_lookup`` or ``multikey_niah``."""
     task = qa_task(config)
-    run = run_task(
-        task, config, out, lm=lm, device_map=device_map, progress=progress, on_sample=on_sample, batch_size=batch_size
-    )
+    run = run_task(task, config, out, device_map=device_map, **options)
     records = run.records() if is_main() else []
     if records:
         write_summary(run.path, "summary.md", qa_summary(records, task, config.seed))

@@ -22,10 +22,9 @@ needle) is refused; both sample sets are written into the manifest. Resumable: o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Unpack, cast
 
 import numpy as np
 import pandas as pd
@@ -55,10 +54,10 @@ from dynheads.kv import (
     prefill,
 )
 from dynheads.kv_policies import KV_POLICIES, is_budget_free, is_dynamic
-from dynheads.models import LoadedModel, load_model
+from dynheads.models import LoadedModel
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
 from dynheads.presses import PRESSES, check_press, is_press, press_generate
-from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Block, Summary, Table, write_summary
 from dynheads.tasks import niah
@@ -99,15 +98,7 @@ class KVConfig(KVFields):
         ]
 
 
-def run_kv(
-    config: KVConfig,
-    out: str | Path,
-    *,
-    lm: LoadedModel | None = None,
-    progress: bool = True,
-    on_record: Callable[[dict], None] | None = None,
-    batch_size: int = 1,
-) -> RunDir:
+def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Decode every grid sample under every (policy, budget) into ``out`` (resumable); write tables and plots.
 
     Samples are visited run by run (every cell's first sample, then every cell's second, ...), so a run stopped
@@ -116,7 +107,7 @@ def run_kv(
     samples decode together: each policy's rows as one batch (``kv.kv_generate_batch``; the records equal batch 1's).
     """
     jobs = config.jobs()
-    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    lm = run_model(config, options)
     samples = niah_samples(config.niah_config(), lm.tokenizer)
     for sample in samples:
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
@@ -215,6 +206,7 @@ def run_kv(
             finished.append(Finished(record))
         return finished
 
+    together: RunOptions = {**options, "batch_size": batch_size_of(options) * len(jobs)}  # a sample's policies
     run_jobs(
         run,
         [
@@ -227,10 +219,8 @@ def run_kv(
             for policy, budget in jobs
         ],
         work,
-        batch_size=batch_size * len(jobs),
         desc="kv",
-        progress=progress,
-        on_record=on_record,
+        **together,
     )
     if distributed.is_main():
         write_kv_tables(run)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
+from typing import Unpack
 
 from dynheads.experiments.settings import NiahConfig
 from dynheads.experiments.tracing import run_task
-from dynheads.models import LoadedModel
-from dynheads.runs import RunDir
+from dynheads.runs import RunDir, RunOptions
 from dynheads.tasks.niah import NIAH
 from dynheads.tasks.sample import Sample
 
@@ -23,16 +22,7 @@ def prompt_manifest() -> dict:
 
 
 def run_niah(
-    config: NiahConfig,
-    out: str | Path,
-    *,
-    lm: LoadedModel | None = None,
-    progress: bool = True,
-    on_sample: Callable[[dict], None] | None = None,
-    batch_size: int = 1,
-    device_map: str | None = None,
+    config: NiahConfig, out: str | Path, *, device_map: str | None = None, **options: Unpack[RunOptions]
 ) -> RunDir:
     """Trace every sample of the grid into ``out``; finished samples of an earlier attempt are skipped."""
-    return run_task(
-        NIAH, config, out, lm=lm, device_map=device_map, progress=progress, on_sample=on_sample, batch_size=batch_size
-    )
+    return run_task(NIAH, config, out, device_map=device_map, **options)

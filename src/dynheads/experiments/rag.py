@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Unpack, cast
 
 import numpy as np
 import pandas as pd
@@ -18,14 +18,14 @@ from dynheads import distributed
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, qa_task, refuse_static_overlap
 from dynheads.experiments.settings import RagFields
-from dynheads.models import LoadedModel, load_model
+from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
 from dynheads.rag.loop import RagAnswer, RagSettings, answer_questions
 from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import RAG_STRATEGIES, HeadSelector
 from dynheads.rag.trigger import TriggerConfig, TriggerForm
 from dynheads.rag.windows import RetrievalConfig
-from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, Table, write_summary
 from dynheads.tasks import candidates
@@ -53,13 +53,11 @@ def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
     return jobs
 
 
-def run_rag(
-    config: RagConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True, batch_size: int = 1
-) -> RunDir:
+def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. ``batch_size``
     answers decode together (``rag.loop.answer_questions``; the records equal batch 1's)."""
     jobs = _jobs(config)
-    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    lm = run_model(config, options)
     hotpot = HotpotConfig(
         data=config.data,
         questions=config.questions,
@@ -123,9 +121,8 @@ def run_rag(
         run,
         [Job(_record_id(s.sample_id, strategy, k), (s, strategy, k)) for s in samples for strategy, k in jobs],
         answer,
-        batch_size=batch_size,
         desc="rag",
-        progress=progress,
+        **options,
     )
     if not distributed.is_main():  # rank 0 writes the tables once every process has finished
         return run

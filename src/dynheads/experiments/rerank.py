@@ -30,6 +30,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Unpack
 
 import numpy as np
 import pandas as pd
@@ -41,10 +42,10 @@ from dynheads.experiments.hotpotqa import refuse_static_overlap
 from dynheads.experiments.settings import RERANK_STRATEGIES, RerankFields
 from dynheads.heads import Head, head_key
 from dynheads.io import atomic_path, write_json
-from dynheads.models import LoadedModel, load_model
+from dynheads.models import LoadedModel
 from dynheads.rag import rerank
 from dynheads.rag.strategies import random_heads
-from dynheads.runs import Finished, Job, RunDir, run_jobs, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
 from dynheads.scores import span_ranking
 from dynheads.seeding import derive_seed
 from dynheads.tables import Items, Summary, Table, write_summary
@@ -85,9 +86,7 @@ class RerankConfig(RerankFields):
             raise DynheadsError(f"--k and --bootstrap must be >= 1, got {self.k} and {self.bootstrap}")
 
 
-def run_rerank(
-    config: RerankConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
-) -> RunDir:
+def run_rerank(config: RerankConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Score both streams into ``out`` (finished questions are skipped), then rank, measure and summarise."""
     config.check()
     run = RunDir(out)
@@ -97,7 +96,7 @@ def run_rerank(
     eval_ids = [r.id for r in eval_records]
     refuse_overlap([r.id for r in fit_records], "QRHead's fitting stream", eval_ids, "this rerank run")
     rerank.require_bm25()  # a missing bm25s fails here, before any model work
-    lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
+    lm = run_model(config, options)
     heads = _head_sources(config, lm.num_layers, lm.num_heads, eval_ids)
     start_run(
         run,
@@ -125,7 +124,7 @@ def run_rerank(
         ],
         lambda batch: [Finished(score_question(lm, record, stream, config, run)) for stream, record in batch],
         desc="rerank",
-        progress=progress,
+        **options,
     )
     if not distributed.is_main():  # rank 0 ranks and summarises once every process has finished
         return run

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Unpack
 
 import pandas as pd
 
@@ -31,8 +32,7 @@ from dynheads.experiments.niah import run_niah
 from dynheads.experiments.settings import STATIC_SPLIT, StaticConfig, StaticReasoningConfig
 from dynheads.heads import head_label
 from dynheads.io import atomic_path, write_json
-from dynheads.models import LoadedModel
-from dynheads.runs import RunDir
+from dynheads.runs import RunDir, RunOptions
 
 SPLIT = STATIC_SPLIT
 DISJOINT_NOTE = (
@@ -46,11 +46,9 @@ REASONING_NOTE = (
 )
 
 
-def run_static(
-    config: StaticConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
-) -> StaticHeads:
+def run_static(config: StaticConfig, out: str | Path, **options: Unpack[RunOptions]) -> StaticHeads:
     """Trace the static grid into ``out`` (resumable), then score and write the static heads."""
-    run = run_niah(config.niah_config(), out, lm=lm, progress=progress)
+    run = run_niah(config.niah_config(), out, **options)
     return write_static(run, config)
 
 
@@ -100,11 +98,9 @@ def _write_ranking(path: Path, heads: StaticHeads) -> None:
 
 
 # ---- static reasoning heads (HotpotQA, Eq. 2) ----------------------------------------------------------------------
-def run_static_reasoning(
-    config: StaticReasoningConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
-) -> StaticHeads:
+def run_static_reasoning(config: StaticReasoningConfig, out: str | Path, **options: Unpack[RunOptions]) -> StaticHeads:
     """Trace the static HotpotQA stream into ``out`` (resumable), then write the static reasoning heads there."""
-    run = run_hotpotqa(config.hotpot_config(), out, lm=lm, progress=progress)
+    run = run_hotpotqa(config.hotpot_config(), out, **options)
     return write_static_reasoning(run, config)
 
 
