@@ -35,6 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates, hotpotqa, qa_metrics
+from dynheads.tasks.forms import Rule, check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.niah import _haystack_of_length, _sentence_end_before, load_haystack
 from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
@@ -162,6 +163,14 @@ _NOUNS = (
 )
 
 
+FORM_RULES: dict[str, Rule] = {
+    "hops": (lambda hops: hops in (1, 2), "1 or 2"),
+    "distractors": (lambda count: count >= 0, ">= 0"),
+    "value": (lambda value: value in VALUE_FORMATS, f"one of {', '.join(VALUE_FORMATS)}"),
+    "spread": (lambda spread: 0.0 <= spread <= 1.0, "between 0 and 1"),
+}
+
+
 @dataclass(frozen=True)
 class MultihopForm:
     """What a question looks like; ``multihop:hops=2,distractors=6,value=word`` spells one in a ``data`` field."""
@@ -174,14 +183,7 @@ class MultihopForm:
     spread: float = field(default=0.25, metadata={"help": "share of the haystack the supporting facts span"})
 
     def __post_init__(self) -> None:
-        if self.hops not in (1, 2):
-            raise DynheadsError(f"multihop hops must be 1 or 2, got {self.hops}")
-        if self.distractors < 0:
-            raise DynheadsError(f"multihop distractors must be >= 0, got {self.distractors}")
-        if self.value not in VALUE_FORMATS:
-            raise DynheadsError(f"multihop value must be one of {', '.join(VALUE_FORMATS)}, got {self.value!r}")
-        if not 0.0 <= self.spread <= 1.0:
-            raise DynheadsError(f"multihop spread must be between 0 and 1, got {self.spread}")
+        check_form(SOURCE, self, FORM_RULES)
 
     @property
     def type(self) -> str:
@@ -202,18 +204,7 @@ def parse_source(data: str) -> MultihopForm:
     """``multihop[:hops=1,distractors=2,value=number,spread=0.25]`` -> the form (defaults for what is left out)."""
     if not is_source(data):
         raise DynheadsError(f"{data!r} does not name the multihop task (use {SOURCE} or {SOURCE}:hops=2,...)")
-    spec = data[len(SOURCE) + 1 :]
-    values: dict = {}
-    kinds = {"hops": int, "distractors": int, "value": str, "spread": float}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        name, _, text = item.partition("=")
-        if name not in kinds or not text:
-            raise DynheadsError(f"bad multihop option {item!r}: use {', '.join(f'{k}=...' for k in kinds)}")
-        try:
-            values[name] = kinds[name](text)
-        except ValueError:
-            raise DynheadsError(f"multihop option {name} needs a {kinds[name].__name__}, got {text!r}") from None
-    return MultihopForm(**values)
+    return parse_form(SOURCE, data[len(SOURCE) + 1 :], MultihopForm)
 
 
 MultihopSample = Sample  # a multi-hop sample is a ``Sample`` with ``hotpotqa.QAExtras``

@@ -34,7 +34,7 @@ import random
 import re
 import string
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from itertools import product
 from typing import Any
 
@@ -44,6 +44,7 @@ from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates as cand
 from dynheads.tasks import hotpotqa, qa_metrics
+from dynheads.tasks.forms import Rule, check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.multihop import _NOUNS
 from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
@@ -121,11 +122,24 @@ _ADJECTIVES = (
 )
 _NUMBER = re.compile(r"\d+")
 _VARIABLE = re.compile(r"\b[A-Z]{5}\b")
+VT_SOURCE, MK_SOURCE = "variable_tracking", "multikey_niah"
 QUERIES = ("all", "value")
 HAYSTACKS = ("noise", "needle")
 
 
 # ---- forms: what a ``data`` value spells ---------------------------------------------------------------------------
+VT_RULES: dict[str, Rule] = {
+    "hops": (lambda hops: 0 <= hops <= 10, "between 0 and 10"),
+    "chains": (lambda chains: chains >= 1, ">= 1"),
+    "query": (lambda query: query in QUERIES, f"one of {', '.join(QUERIES)}"),
+    "spread": (lambda spread: 0.0 < spread <= 1.0, "in (0, 1]"),
+}
+MK_RULES: dict[str, Rule] = {
+    "keys": (lambda keys: keys >= 1, ">= 1"),
+    "haystack": (lambda haystack: haystack in HAYSTACKS, f"one of {', '.join(HAYSTACKS)}"),
+}
+
+
 @dataclass(frozen=True)
 class VTForm:
     """``variable_tracking:hops=2,chains=3,query=value,spread=0.5``."""
@@ -136,16 +150,9 @@ class VTForm:
     spread: float = field(default=0.5, metadata={"help": "share of the context a chain spans"})
 
     def __post_init__(self) -> None:
-        if self.hops < 0 or self.hops > 10:
-            raise DynheadsError(f"variable_tracking hops must be between 0 and 10, got {self.hops}")
-        if self.chains < 1:
-            raise DynheadsError(f"variable_tracking chains must be >= 1, got {self.chains}")
-        if self.query not in QUERIES:
-            raise DynheadsError(f"variable_tracking query must be one of {', '.join(QUERIES)}, got {self.query!r}")
+        check_form(VT_SOURCE, self, VT_RULES)
         if self.query == "all" and self.hops < 1:
             raise DynheadsError("variable_tracking query=all needs hops >= 1 (RULER's chains have links)")
-        if not 0.0 < self.spread <= 1.0:
-            raise DynheadsError(f"variable_tracking spread must be in (0, 1], got {self.spread}")
 
     @property
     def candidates(self) -> int:
@@ -166,10 +173,7 @@ class MKForm:
     haystack: str = field(default="noise", metadata={"help": "noise (RULER's repeat) or needle (more needles)"})
 
     def __post_init__(self) -> None:
-        if self.keys < 1:
-            raise DynheadsError(f"multikey_niah keys must be >= 1, got {self.keys}")
-        if self.haystack not in HAYSTACKS:
-            raise DynheadsError(f"multikey_niah haystack must be one of {', '.join(HAYSTACKS)}, got {self.haystack!r}")
+        check_form(MK_SOURCE, self, MK_RULES)
 
     @property
     def candidates(self) -> int:
@@ -180,7 +184,6 @@ class MKForm:
         return f"{self.keys}-key NIAH ({self.haystack} haystack)"
 
 
-VT_SOURCE, MK_SOURCE = "variable_tracking", "multikey_niah"
 _FORMS = {VT_SOURCE: VTForm, MK_SOURCE: MKForm}
 
 
@@ -197,19 +200,7 @@ def parse_source(data: str) -> VTForm | MKForm:
     name = source_of(data)
     if name is None:
         raise DynheadsError(f"{data!r} names no RULER task (use {VT_SOURCE}[:hops=2,...] or {MK_SOURCE}[:keys=4,...])")
-    form = _FORMS[name]
-    kinds = {f.name: str(f.type) for f in fields(form)}  # annotations are strings (postponed evaluation)
-    casts = {"int": int, "float": float, "str": str}
-    values: dict = {}
-    for item in filter(None, (part.strip() for part in data[len(name) + 1 :].split(","))):
-        key, _, text = item.partition("=")
-        if key not in kinds or not text:
-            raise DynheadsError(f"bad {name} option {item!r}: use {', '.join(f'{k}=...' for k in kinds)}")
-        try:
-            values[key] = casts[kinds[key]](text)
-        except ValueError:
-            raise DynheadsError(f"{name} option {key} needs a {kinds[key]}, got {text!r}") from None
-    return form(**values)
+    return parse_form(name, data[len(name) + 1 :], _FORMS[name])
 
 
 def parse_vt(data: str) -> VTForm:
@@ -546,51 +537,44 @@ def _prompt(name: str, default: str | None = None) -> Callable[[Any], dict]:
 
 
 RULER_METRICS = {"string_match": "string match", "em": "EM", "f1": "F1"}
-VARIABLE_TRACKING = register(
-    Task(
-        name=VT_SOURCE,
-        label="Variable tracking",
-        score_kind="reasoning",
-        static_kind="reasoning",
-        metrics=RULER_METRICS,
-        score=score,
-        grid=ruler_grid(VT_SOURCE),
-        prompt=_prompt(VT_SOURCE),
-        paper_task="hotpotqa",
-        questions=True,
-        fade_sparse_cells=True,
-        help="RULER variable tracking: follow chains of VAR assignments",
+
+
+def _register(name: str, label: str, source: str, help: str, data: str | None = None, paper_task: str = "") -> Task:
+    """A RULER task: Eq. 2 scores and reasoning static heads, RULER's metrics, a question stream over the grid."""
+    return register(
+        Task(
+            name=name,
+            label=label,
+            score_kind="reasoning",
+            static_kind="reasoning",
+            metrics=RULER_METRICS,
+            score=score,
+            grid=ruler_grid(source, data),
+            prompt=_prompt(source, data),
+            paper_task=paper_task,
+            questions=True,
+            fade_sparse_cells=True,
+            help=help,
+        )
     )
+
+
+VARIABLE_TRACKING = _register(
+    VT_SOURCE,
+    "Variable tracking",
+    VT_SOURCE,
+    "RULER variable tracking: follow chains of VAR assignments",
+    paper_task="hotpotqa",
 )
 VT_LOOKUP_NAME, VT_LOOKUP_DATA = "vt_lookup", "variable_tracking:hops=0"
-VT_LOOKUP = register(
-    Task(  # variable tracking with no links: one VAR statement to find, not multi-hop
-        name=VT_LOOKUP_NAME,
-        label="Key-value lookup (VAR statements)",
-        score_kind="reasoning",
-        static_kind="reasoning",
-        metrics=RULER_METRICS,
-        score=score,
-        grid=ruler_grid(VT_SOURCE, VT_LOOKUP_DATA),
-        prompt=_prompt(VT_SOURCE, VT_LOOKUP_DATA),
-        paper_task="hotpotqa",
-        questions=True,
-        fade_sparse_cells=True,
-        help="variable tracking with no links (variable_tracking:hops=0): one VAR statement to find",
-    )
+VT_LOOKUP = _register(  # variable tracking with no links: one VAR statement to find, not multi-hop
+    VT_LOOKUP_NAME,
+    "Key-value lookup (VAR statements)",
+    VT_SOURCE,
+    "variable tracking with no links (variable_tracking:hops=0): one VAR statement to find",
+    data=VT_LOOKUP_DATA,
+    paper_task="hotpotqa",
 )
-MULTIKEY_NIAH = register(
-    Task(
-        name=MK_SOURCE,
-        label="Multi-key NIAH",
-        score_kind="reasoning",
-        static_kind="reasoning",
-        metrics=RULER_METRICS,
-        score=score,
-        grid=ruler_grid(MK_SOURCE),
-        prompt=_prompt(MK_SOURCE),
-        questions=True,
-        fade_sparse_cells=True,
-        help="RULER multi-key NIAH: the value of one key among similar needles",
-    )
+MULTIKEY_NIAH = _register(
+    MK_SOURCE, "Multi-key NIAH", MK_SOURCE, "RULER multi-key NIAH: the value of one key among similar needles"
 )
