@@ -45,7 +45,7 @@ answers of a question) or samples (NIAH), repeated over seeds; intervals by boot
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -258,19 +258,10 @@ def bootstrap_ci(
     level: float = 0.95,
 ) -> dict[str, tuple[float, float]]:
     """Percentile CIs of AUROC and AUPRC, resampling whole samples (``groups``): tokens of one answer correlate."""
-    unique = np.unique(groups)
-    members = [np.flatnonzero(groups == g) for g in unique]
-    rng = np.random.default_rng(seed)
-    values: list[tuple[float, float]] = []
-    for _ in range(resamples):
-        idx = np.concatenate([members[i] for i in rng.integers(0, len(unique), len(unique))])
-        if len(np.unique(labels[idx])) == 2:
-            values.append(auroc_auprc(labels[idx], scores[idx]))
+    values = [auroc_auprc(labels[idx], scores[idx]) for idx in _group_resamples(labels, groups, resamples, seed)]
     if not values:
         return {"auroc": (float("nan"),) * 2, "auprc": (float("nan"),) * 2}
-    array = np.asarray(values)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(array, [tail, 100 - tail], axis=0)
+    low, high = _percentile_bounds(np.asarray(values), level)
     return {"auroc": (float(low[0]), float(high[0])), "auprc": (float(low[1]), float(high[1]))}
 
 
@@ -286,20 +277,34 @@ def paired_auroc_difference(
 ) -> tuple[float, float, float]:
     """AUROC of ``scores`` minus AUROC of ``reference`` on the same units, with a percentile interval from
     resampling whole groups (both detectors see the same resample: a paired bootstrap)."""
-    unique = np.unique(groups)
-    members = [np.flatnonzero(groups == g) for g in unique]
-    rng = np.random.default_rng(seed)
-    differences = []
-    for _ in range(resamples):
-        idx = np.concatenate([members[i] for i in rng.integers(0, len(unique), len(unique))])
-        if len(np.unique(labels[idx])) == 2:
-            differences.append(roc_auc_score(labels[idx], scores[idx]) - roc_auc_score(labels[idx], reference[idx]))
+    differences = [
+        roc_auc_score(labels[idx], scores[idx]) - roc_auc_score(labels[idx], reference[idx])
+        for idx in _group_resamples(labels, groups, resamples, seed)
+    ]
     observed = auroc_auprc(labels, scores)[0] - auroc_auprc(labels, reference)[0]
     if not differences:
         return observed, float("nan"), float("nan")
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(differences, [tail, 100 - tail])
+    low, high = _percentile_bounds(np.asarray(differences), level)
     return float(observed), float(low), float(high)
+
+
+def _group_resamples(labels: np.ndarray, groups: np.ndarray, resamples: int, seed: int) -> Iterator[np.ndarray]:
+    """The unit indices of ``resamples`` bootstrap draws of whole groups, seeded; a draw holding one label only is
+    skipped (it has no AUROC)."""
+    unique = np.unique(groups)
+    members = [np.flatnonzero(groups == g) for g in unique]
+    rng = np.random.default_rng(seed)
+    for _ in range(resamples):
+        idx = np.concatenate([members[i] for i in rng.integers(0, len(unique), len(unique))])
+        if len(np.unique(labels[idx])) == 2:
+            yield idx
+
+
+def _percentile_bounds(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """The percentile interval at ``level`` of ``values`` (along the first axis)."""
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail], axis=0)
+    return low, high
 
 
 def roc_points(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
