@@ -43,6 +43,7 @@ def child(length: int, mode: str, new_tokens: int, whole: int, static: Path) -> 
 
     import dynheads
     from dynheads.kvcache import headwise_generate
+    from dynheads.models import with_cache
     from dynheads.tasks import niah
 
     lm = dynheads.load_model()
@@ -61,11 +62,12 @@ def child(length: int, mode: str, new_tokens: int, whole: int, static: Path) -> 
         cache = DynamicCache(config=lm.model.config)
         tokens = []
         with torch.inference_mode():
-            out = lm.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            prompt = torch.tensor([ids])
+            out = lm.model(input_ids=prompt, **with_cache(lm.model, cache), use_cache=True, logits_to_keep=1)
             for _ in range(new_tokens):
                 token = int(out.logits[0, -1].argmax())
                 tokens.append(token)
-                out = lm.model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+                out = lm.model(input_ids=torch.tensor([[token]]), **with_cache(lm.model, cache), use_cache=True)
         cache_bytes = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     else:
         sink, recent = (int(x) for x in mode.removeprefix("headwise-").split("/"))

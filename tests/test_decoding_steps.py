@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.decoding import DecodingSession, Emit, Rerun, StepPolicy, Stop, decode, trace
 from dynheads.errors import DynheadsError
-from dynheads.models import LoadedModel
+from dynheads.kvcache import headwise_generate
+from dynheads.models import LoadedModel, with_cache
 from dynheads.probe import AttentionProbe, RowEdit, attached
 
 
@@ -169,3 +172,24 @@ def test_batched_rows_rerun_alone_and_equal_batch_one():
     together = decode(sessions()[:2], together_policies, 5)
     assert [d.tokens for d in together] == [d.tokens for d in alone[:2]]
     assert [rerun for _, rerun, _ in together_policies[1].seen] == [False] * 5
+
+
+def test_the_cache_goes_by_the_keyword_the_model_takes():
+    class Before(torch.nn.Module):  # transformers < 5.24 (kvpress's 5.2)
+        def forward(self, input_ids=None, past_key_values=None): ...
+
+    class After(torch.nn.Module):  # 5.24 deprecates past_key_values for cache; 5.40 removes it
+        def forward(self, input_ids=None, cache=None, **kwargs): ...
+
+    assert with_cache(Before(), "kv") == {"past_key_values": "kv"} and with_cache(After(), "kv") == {"cache": "kv"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_decoding_hands_the_cache_by_a_keyword_that_is_not_deprecated(family):
+    lm = _lm(family)
+    sample = type("S", (), {"input_ids": _prompt(4), "needle_positions": [2, 3]})()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        trace(lm, sample, max_new_tokens=3, stop_at_eos=False)
+        if family == "llama":  # the per-head KV cache models no sliding-window layers (mistral, qwen2, gemma)
+            headwise_generate(lm, sample.input_ids, [(0, 0)], sink=1, recent=2, max_new_tokens=3, stop_at_eos=False)

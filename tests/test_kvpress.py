@@ -16,7 +16,7 @@ from zoo import NoTokenizer, tiny_model
 
 from dynheads.errors import DynheadsError
 from dynheads.kv import KVSettings, kv_generate
-from dynheads.models import LoadedModel
+from dynheads.models import LoadedModel, with_cache
 from dynheads.presses import check_press
 
 needs_kvpress = pytest.mark.skipif(
@@ -100,7 +100,7 @@ def test_a_head_list_press_keeps_exactly_its_heads_whole(lm):
     cache = DynamicCache(config=lm.model.config)
     ids = torch.tensor([_prompt(2)])
     with torch.inference_mode(), press(lm.model):
-        lm.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        lm.model(input_ids=ids, **with_cache(lm.model, cache), use_cache=True)
     assert press.streaming_mask.tolist() == [[True, False], [True, True], [False, True]]
     for layer, module in enumerate(lm.model.model.layers):
         masked = module.self_attn.masked_key_indices

@@ -23,7 +23,7 @@ _EXPORTS = exports_by_name(
     {
         # models, tracing, traces, run directories
         "dynheads.errors": ("DynheadsError",),
-        "dynheads.models": ("LoadedModel", "load_model"),
+        "dynheads.models": ("LoadedModel", "load_model", "with_cache"),
         "dynheads.decoding": ("trace", "trace_batch"),
         "dynheads.traces": ("Trace",),
         "dynheads.runs": ("RunDir", "Job", "Finished", "run_jobs"),

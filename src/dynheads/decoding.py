@@ -34,7 +34,7 @@ from transformers import DynamicCache
 
 from dynheads.batching import merge_caches
 from dynheads.errors import DynheadsError
-from dynheads.models import LoadedModel, decode_text
+from dynheads.models import LoadedModel, decode_text, with_cache
 from dynheads.probe import NO_EDIT, AblationMode, AttentionProbe, Head, RowEdit, StepStats, attached
 from dynheads.scores import HEAD_SCORES, LOCAL_WINDOW, SINK_SIZE, copy_scores
 from dynheads.thresholds import chance_share
@@ -253,7 +253,7 @@ class DecodingSession:
             with attached(model, self.probe) as probe_kwargs, torch.inference_mode():
                 out = model(
                     input_ids=input_ids,
-                    past_key_values=self.cache,
+                    **with_cache(model, self.cache),
                     use_cache=True,
                     logits_to_keep=1,
                     **inputs,

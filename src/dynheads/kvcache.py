@@ -29,7 +29,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from dynheads.errors import DynheadsError
-from dynheads.models import LoadedModel
+from dynheads.models import LoadedModel, with_cache
 
 HEADWISE = "dynheads_headwise"
 
@@ -232,10 +232,10 @@ def headwise_generate(
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     tokens, logits = [], []
     with headwise(lm), torch.inference_mode():
-        lm.model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        lm.model(input_ids=ids[:, :-1], **with_cache(lm.model, cache), use_cache=True, logits_to_keep=1)
         fed = ids[:, -1:]
         for _ in range(max_new_tokens):
-            out = lm.model(input_ids=fed, past_key_values=cache, use_cache=True)
+            out = lm.model(input_ids=fed, **with_cache(lm.model, cache), use_cache=True)
             step = out.logits[0, -1].float()
             token = int(step.argmax())
             logits.append(step)

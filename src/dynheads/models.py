@@ -11,14 +11,17 @@ reports, never by a local path: a file given by path is named by its stem, a fol
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 import transformers
@@ -253,3 +256,15 @@ def library_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[package] = "not installed"
     return versions
+
+
+def with_cache(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The forward keyword argument that hands ``model`` its KV cache: ``cache`` where its forward takes it
+    (transformers 5.24 renamed ``past_key_values``, which goes in 5.40), else ``past_key_values`` (5.2, kvpress's
+    pin)."""
+    return {_cache_keyword(type(model).forward): cache}
+
+
+@functools.cache
+def _cache_keyword(forward: Callable) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"

@@ -32,7 +32,7 @@ from dynheads.analysis.kvheads import KVHead
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json
 from dynheads.kv import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
-from dynheads.models import LoadedModel, decode_text
+from dynheads.models import LoadedModel, decode_text, with_cache
 
 PREFIX = "kvpress:"
 PRESSES = ("streaming_llm", "snapkv", "expected_attention", "knorm", "duo_attention")
@@ -97,7 +97,7 @@ def _press_class() -> type:
 
 def head_list_press(kv_heads: Sequence[KVHead], *, sink: int = 128, recent: int = 256):
     """A kvpress press (a ``DuoAttentionPress``) that keeps the given KV heads whole and streams the others:
-    ``with head_list_press(heads)(model): model(prompt_ids, past_key_values=cache)`` as any kvpress press."""
+    ``with head_list_press(heads)(model): model(prompt_ids, **with_cache(model, cache))`` as any kvpress press."""
     if sink < 0 or recent < 1:
         raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1, got {sink}, {recent}")
     return _press_class()(kv_heads=tuple((int(layer), int(kv)) for layer, kv in kv_heads), sink=sink, recent=recent)
@@ -175,12 +175,12 @@ def press_generate(
     try:
         with torch.inference_mode():
             with press(model):
-                model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+                model(input_ids=ids[:, :-1], **with_cache(model, cache), use_cache=True, logits_to_keep=1)
             fed = ids[:, -1:]
             for step in range(max_new_tokens):
                 # a pruned cache is shorter than the text: each token gets its true position (as kvpress's pipeline)
                 position = torch.tensor([[len(input_ids) - 1 + step]], dtype=torch.long, device=device)
-                out = model(input_ids=fed, past_key_values=cache, use_cache=True, position_ids=position)
+                out = model(input_ids=fed, **with_cache(model, cache), use_cache=True, position_ids=position)
                 token = int(out.logits[0, -1].argmax())
                 result.kv_heads.append(whole)
                 result.kept_kv.append(_resident(cache, attention))
