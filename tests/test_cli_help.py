@@ -131,6 +131,9 @@ def test_help_groups_the_generated_options_by_their_config_piece():
     assert {"Tracing HaluEval (with --data)", "Detectors"} <= {
         line.split("─")[1].strip() for line in _help("detect").splitlines() if line.startswith("╭─")
     }
+    detect = _help("detect")
+    traced_box = detect[detect.index("╭─ Tracing HaluEval") : detect.index("╭─ Detectors")]
+    assert all(flag in traced_box for flag in ("--model", "--dtype", "--questions", "--data"))  # only with --data
 
 
 def test_trace_shows_each_task_shape_s_default_where_they_differ():

@@ -9,13 +9,14 @@ import typer
 
 from dynheads.cli import checks
 from dynheads.cli.app import app
-from dynheads.cli.options import PANELS, Opt, config_options, with_options
+from dynheads.cli.options import Opt, config_options, with_options
 from dynheads.errors import DynheadsError
 from dynheads.experiments.settings import DetectConfig, HaluevalConfig
 
 DetectConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with DetectConfig settings")]
 # detect also traces HaluEval (with --data); what it traces is a HaluevalConfig, the detectors a DetectConfig
-TRACING = config_options(HaluevalConfig, skip=("data",))
+TRACED = "Tracing HaluEval (with --data)"  # --help panel of the options that apply only with --data
+TRACING = config_options(HaluevalConfig, skip=("data",), panel=TRACED)
 
 
 @app.command()
@@ -30,7 +31,7 @@ def detect(
         Opt(
             help="halueval:qa or halueval:dialogue: teacher-force HaluEval's right and "
             "hallucinated answers and detect on them (traces into OUT/trace)",
-            rich_help_panel=PANELS["HaluevalConfig"],
+            rich_help_panel=TRACED,
         ),
     ] = None,
     out: Annotated[Path | None, Opt("--out", help="output folder (default: RUN_DIR/detect)")] = None,

@@ -58,17 +58,17 @@ PANELS = {
     "NiahGrid": "Grid",
     "QaGrid": "Questions and grid",
     "TracingSettings": "Scores and chat template",
-    "HaluevalConfig": "Tracing HaluEval (with --data)",
     "DetectConfig": "Detectors",
 }
 CONTEXT = "typer_context"  # the click context Typer passes a generated command: which options the user gave
 
 
 def config_options(
-    config: type, *, skip: tuple[str, ...] = (), flags: Mapping[str, str] | None = None
+    config: type, *, skip: tuple[str, ...] = (), flags: Mapping[str, str] | None = None, panel: str | None = None
 ) -> dict[str, Option]:
     """One option per field of the dataclass ``config`` (but ``skip``): ``--field-name``, or ``--<flags[field]>``
-    where the flag differs; tuples take comma-separated lists; the help is the field's, with its default."""
+    where the flag differs; tuples take comma-separated lists; the help is the field's, with its default; ``--help``
+    groups it under ``panel`` (default: the panel of the config piece that declares it)."""
     hints = typing.get_type_hints(config)
     options = {}
     for field in dataclasses.fields(config):
@@ -81,7 +81,7 @@ def config_options(
             field.metadata.get("help", ""),
             _shown_default(field.default),
             field.name if name != field.name else None,
-            _panel(config, field.name),
+            panel or _panel(config, field.name),
         )
     return options
 
