@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 C = TypeVar("C", bound="DataclassInstance")
+Rule = tuple[Callable[[Any], bool], str]  # a value check: (is the value fine, what it must be: "at least 1", ...)
 
 
 def setting(default: Any, help: str) -> Any:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dynheads.config import C, build_config
+from dynheads.config import C, Rule, build_config
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json
 
@@ -134,9 +134,6 @@ def data_file(data: str) -> None:
 
 
 # ---- settings -----------------------------------------------------------------------------------------------------
-Rule = tuple[Callable[[Any], bool], str]  # (value is fine, what it must be)
-
-
 def at_least(low: int) -> Rule:
     return (lambda value: value >= low), f"at least {low}"
 

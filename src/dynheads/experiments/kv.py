@@ -206,7 +206,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             finished.append(Finished(record))
         return finished
 
-    together: RunOptions = {**options, "batch_size": batch_size_of(options) * len(jobs)}  # a sample's policies
+    together: RunOptions = {**options, "batch_size": batch_size_of(options) * len(jobs)}  # a sample's policies: 1 batch
     run_jobs(
         run,
         [

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from dynheads.config import Rule
 from dynheads.errors import DynheadsError
 
 F = TypeVar("F")
-Rule = tuple[Callable[[Any], bool], str]  # (is the value fine, what it must be: "1 or 2", ">= 0", ...)
 
 
 def parse_form(name: str, spec: str, form: type[F]) -> F:

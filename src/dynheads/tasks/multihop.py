@@ -32,10 +32,11 @@ from typing import Any, Literal, TypeGuard
 
 from transformers import PreTrainedTokenizerBase
 
+from dynheads.config import Rule
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates, hotpotqa, qa_metrics
-from dynheads.tasks.forms import Rule, check_form, parse_form
+from dynheads.tasks.forms import check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.niah import _haystack_of_length, _sentence_end_before, load_haystack
 from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
@@ -341,7 +342,7 @@ def make_sample(
             context_span=(context_positions[0], context_positions[-1] + 1),
         ),
         meta={
-            "form": {"hops": form.hops, "distractors": form.distractors, "value": form.value, "spread": form.spread},
+            "form": asdict(form),
             "distractor_facts": distractors,
             "fact_order": [placed.index(fact) for fact in supporting],  # rank of each supporting fact in the text
             # same-form candidates: the values of every value fact, in context order (chance, heuristics)

@@ -40,11 +40,12 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from dynheads.config import Rule
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates as cand
 from dynheads.tasks import hotpotqa, qa_metrics
-from dynheads.tasks.forms import Rule, check_form, parse_form
+from dynheads.tasks.forms import check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.multihop import _NOUNS
 from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
