@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -148,3 +150,50 @@ def test_threads_option_sets_torch_threads_before_the_command(monkeypatch):
         assert bad.exit_code != 0 and "--threads: threads must be at least 1, got 0" in str(bad.exception)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def cached_model(tmp_path, monkeypatch):
+    """A cache holding a packaged model's GGUF (2 MB), one left wheel (1 MB) and its de-quantised copy (3 MB)."""
+    from dynheads import models, packaged
+
+    monkeypatch.setenv("DYNHEADS_CACHE", str(tmp_path))
+    part = packaged.WheelMember("fake-model", "1.0", "fake_model/data/part01.bin")
+    entry = packaged.PackagedFile("fake-model", (part,), "fake.gguf", "ab" * 32, "a test model", "none")
+    monkeypatch.setitem(packaged.PACKAGED, entry.name, entry)
+    monkeypatch.setitem(models.PACKAGED_MODELS, entry.name, "Fake model (packaged)")
+    files = {
+        tmp_path / "packaged" / "fake-model" / "fake.gguf": 2_000_000,
+        tmp_path / "downloads" / part.wheel_name: 1_000_000,
+        tmp_path / "gguf" / f"{'ab' * 8}-transformers5.0" / "model.safetensors": 3_000_000,
+        tmp_path / "gguf" / "cdcdcdcdcdcdcdcd-transformers5.0" / "model.safetensors": 500_000,  # another model's
+    }
+    for path, size in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+    return tmp_path
+
+
+def test_the_doctor_lists_the_named_models_with_their_size_in_the_cache(cached_model):
+    result = invoke("doctor")
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "named models" in line)
+    assert "qwen2.5-coder-1.5b (not in the cache)" in line and "fake-model (6 MB in the cache)" in line
+    assert "dynheads doctor --clean NAME" in line
+
+
+def test_doctor_clean_deletes_one_models_files_and_nothing_else(cached_model):
+    result = invoke("doctor", "--clean", "fake-model")
+    assert result.exit_code == 0, result.output
+    assert result.output == "fake-model: deleted 3 cache entries, 6 MB\n"
+    left = sorted(path.relative_to(cached_model).as_posix() for path in cached_model.rglob("*") if path.is_file())
+    assert left == ["gguf/cdcdcdcdcdcdcdcd-transformers5.0/model.safetensors"]
+    assert invoke("doctor", "--clean", "fake-model").output == "fake-model: not in the cache\n"
+
+
+def test_doctor_clean_refuses_an_unknown_model_in_one_line():
+    done = subprocess.run(
+        [sys.executable, "-m", "dynheads", "doctor", "--clean", "gpt-5"], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: unknown model 'gpt-5' for --clean; named models: qwen2.5-coder-0.5b")

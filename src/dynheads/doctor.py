@@ -69,6 +69,7 @@ def run_checks() -> list[Check]:
         _load,
         _embedded_model,
         _packaged,
+        _named_models,
         _haystack,
         _cache,
         _spacy_model,
@@ -148,6 +149,45 @@ def _packaged() -> Check:
     )
 
 
+def _named_models() -> Check:
+    """The models ``--model`` takes by name (``PACKAGED_MODELS``), each with what the cache holds of it."""
+    from dynheads.models import PACKAGED_MODELS
+
+    parts = [f"{name} ({_cached_size(name)})" for name in PACKAGED_MODELS]
+    return Check("named models", True, "; ".join(parts) + "; delete one's files: dynheads doctor --clean NAME")
+
+
+def _cached_size(name: str) -> str:
+    from dynheads.models import model_cache_paths
+
+    paths = model_cache_paths(name)
+    return f"{sum(map(_size, paths)) / 1e6:.0f} MB in the cache" if paths else "not in the cache"
+
+
+def clean_model(name: str) -> tuple[list[Path], int]:
+    """Delete what the cache holds of packaged model ``name`` (its GGUF, wheels, de-quantised copies); returns the
+    paths deleted and the bytes freed. A later ``--model name`` fetches it again."""
+    from dynheads.models import PACKAGED_MODELS, model_cache_paths
+
+    if name not in PACKAGED_MODELS:
+        raise DynheadsError(f"unknown model {name!r} for --clean; named models: {', '.join(PACKAGED_MODELS)}")
+    paths = model_cache_paths(name)
+    freed = sum(map(_size, paths))
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return paths, freed
+
+
+def _size(path: Path) -> int:
+    """Bytes of a file, or of the files under a folder (links not followed)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(item.stat().st_size for item in path.rglob("*") if item.is_file() and not item.is_symlink())
+
+
 def _haystack() -> Check:
     from dynheads.tasks.niah import default_haystack_dir
 
@@ -164,8 +204,7 @@ def _cache() -> Check:
     root = cache_root()
     if not root.is_dir():
         return Check("cache", True, f"{root} (not created yet; set DYNHEADS_CACHE to move it)")
-    size = sum(path.stat().st_size for path in root.rglob("*") if path.is_file() and not path.is_symlink())
-    return Check("cache", True, f"{root}, {size / 1e6:.0f} MB (set DYNHEADS_CACHE to move it)")
+    return Check("cache", True, f"{root}, {_size(root) / 1e6:.0f} MB (set DYNHEADS_CACHE to move it)")
 
 
 def _spacy_model() -> Check:

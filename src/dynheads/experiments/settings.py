@@ -35,7 +35,9 @@ STATIC_SPLIT = "static"  # the seed / question stream static heads are scored on
 @dataclass(frozen=True)
 class ModelSettings:
     model: str | None = setting(
-        None, "hub id, local folder, .gguf file or qwen2.5-coder-0.5b (packaged); None = the embedded SmolLM2"
+        None,
+        "hub id, local folder, .gguf file, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b (packaged); None = the embedded "
+        "SmolLM2",
     )
     dtype: str = setting("auto", "model dtype: auto (the checkpoint's), float32, bfloat16, float16")
     device: str | None = setting(None, "cpu or cuda; None picks cuda when available")
