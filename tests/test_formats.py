@@ -76,3 +76,13 @@ def test_manifest_versions(tmp_path):
     with pytest.raises(DynheadsError, match="version 3 run manifest") as error:
         run.manifest()
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])  # gemma2 ties its input and output embeddings
+def test_the_manifest_records_the_parameter_count_with_tied_weights_once(family):
+    model = tiny_model(family)
+    lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
+    every = sum(parameter.numel() for _, parameter in model.named_parameters(remove_duplicate=False))
+    tied = model.get_input_embeddings().weight.numel() if model.config.tie_word_embeddings else 0
+    assert lm.describe()["parameters"] == every - tied
+    assert (tied > 0) == (family == "gemma2")

@@ -101,6 +101,7 @@ class LoadedModel:
             "num_heads": self.num_heads,
             "num_kv_heads": int(getattr(config, "num_key_value_heads", None) or self.num_heads),
             "hidden_size": self.hidden_size,
+            "parameters": sum(parameter.numel() for parameter in self.model.parameters()),  # tied ones once
             "max_context": self.max_context,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.device),

@@ -1,5 +1,5 @@
-"""CLI commands ``rag``, ``reproduce``, ``report`` and ``rerank``. Each one parses its options into a config, checks
-it and calls the Python API; nothing else happens here."""
+"""CLI commands ``rag``, ``reproduce``, ``report``, ``compare`` and ``rerank``. Each one parses its options into a
+config, checks it and calls the Python API; nothing else happens here."""
 
 from __future__ import annotations
 
@@ -60,6 +60,22 @@ def report(study: Annotated[Path, typer.Argument(help="study folder written by '
         )
     _, html = write_report(study)
     typer.echo(f"report: {html} and {html.with_suffix('.md')}")
+
+
+@app.command()
+def compare(
+    folders: Annotated[
+        list[Path],
+        typer.Argument(help="study folders ('dynheads reproduce') or traced run folders, of any number of models"),
+    ],
+    out: Annotated[Path, Opt("--out", help="folder for compare.md, compare.html and the figure")],
+) -> None:
+    """Put studies of several models side by side: the verdict matrix, Table 1 beside the paper's rows, the
+    statistics against model size and each model's task accuracy (no model is loaded)."""
+    from dynheads.report.compare_page import write_compare
+
+    _, html = write_compare(folders, out)
+    typer.echo(f"comparison: {html} and {html.with_suffix('.md')}")
 
 
 @app.command()

@@ -183,7 +183,7 @@ def _ablation_metric(root: Path, anchor: str) -> str:
     """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its ablation stage measured)."""
     stage = stages.HOTPOTQA_ABLATION if anchor.endswith(stages.HOTPOTQA) else stages.ABLATION
     try:
-        measured = (_evidence(root, stage) or {}).get("per_sample") or {}
+        measured = (stage_evidence(root, stage) or {}).get("per_sample") or {}
     except READ_ERRORS:
         measured = {}
     return _decisive_metric(measured)
@@ -369,7 +369,7 @@ def _task_run(root: Path, stage: str) -> list[Part]:
 
 
 def _dynamism(root: Path, stage: str, task: str, figure: str, note: str, evidence: EvidenceSettings) -> list[Part]:
-    data = _evidence(root, stage)
+    data = stage_evidence(root, stage)
     verdict = _guard(
         lambda: _stage_failed(root, (stage,), claims.CLAIM1, task) or claims.dynamism_verdict(data, task, evidence),
         claims.CLAIM1,
@@ -401,7 +401,7 @@ def _ablation(
     grid, progressive = folders
 
     def verdict() -> Verdict:
-        numbers = _evidence(root, grid) or {}
+        numbers = stage_evidence(root, grid) or {}
         per_sample = numbers.get("per_sample") or {}
         metric = _decisive_metric(per_sample)
         values = (
@@ -439,8 +439,8 @@ def _correlation(
     cca, probe_stage = folders
 
     def verdict() -> Verdict:
-        row = ((_evidence(root, cca) or {}).get("held_out") or {}).get(str(claims.CCA_OFFSET))
-        metrics = _evidence(root, probe_stage)
+        row = ((stage_evidence(root, cca) or {}).get("held_out") or {}).get(str(claims.CCA_OFFSET))
+        metrics = stage_evidence(root, probe_stage)
         kind = (metrics or {}).get("task", probe_kind)
         return claims.correlation_verdict(row, metrics, "auprc" if kind == "binary" else "r2", task, evidence)
 
@@ -451,7 +451,7 @@ def _correlation(
     ]
 
 
-def _evidence(root: Path, stage: str) -> dict | None:
+def stage_evidence(root: Path, stage: str) -> dict | None:
     """The numbers stage ``stage`` published for its verdict (its evidence document in ``summary.json``, see
     ``dynheads.stages``); None when the stage has not written them."""
     folder = root / stage
@@ -461,7 +461,7 @@ def _evidence(root: Path, stage: str) -> dict | None:
 
 def _rag(root: Path, task: str, evidence: EvidenceSettings) -> list[Part]:
     def verdict() -> Verdict:
-        pairs = (_evidence(root, stages.RAG) or {}).get("f1_pairs") or {}
+        pairs = (stage_evidence(root, stages.RAG) or {}).get("f1_pairs") or {}
         return claims.rag_verdict(
             {
                 int(k): (np.asarray(arms["dynamic"], dtype=float), np.asarray(arms["static"], dtype=float))
@@ -621,7 +621,7 @@ def _step_data(root: Path) -> dict[str, Any]:
     """Per-step view of the NIAH and HotpotQA (or multi-hop) runs that exist (with the dynamism threshold of the
     second, if recorded)."""
     try:
-        published = _evidence(root, stages.HOTPOTQA_DYNAMISM) or {}
+        published = stage_evidence(root, stages.HOTPOTQA_DYNAMISM) or {}
     except READ_ERRORS:
         published = {}  # its section already says what is wrong with the stage
     threshold = published.get("threshold") or REASONING_THRESHOLD

@@ -1,0 +1,217 @@
+"""``dynheads compare``: what the studies of several models say, side by side (docs/compare.md).
+
+Each folder given is a study (``dynheads reproduce``) or a single run (``dynheads niah``, ``dynheads hotpotqa``, ...,
+with the dynamism statistics ``dynheads dynamism`` wrote into it, if any). Folders are grouped by the model their
+manifest names; a model has at most one study. From each model this module reads what the report reads, never
+recomputing a stage: the verdicts (``report.build.build_sections``, decided from the numbers the stages published),
+Table 1's statistics (the dynamism stage's published ``stats``) and the task accuracy of its traced runs (the
+records' metrics, each mean with its bootstrap interval). ``compare_page`` writes compare.md and compare.html.
+
+Studies whose settings differ in what a verdict is decided by (``VERDICT_SETTINGS``: the sample floor and the
+bootstrap, the ablations' masking mode, head matching and Eq. 2 threshold, the RAG ks) are refused in one line:
+their verdicts would not be answers to the same question.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dynheads import stages
+from dynheads.analysis.evidence import EvidenceSettings, Interval, mean_interval
+from dynheads.errors import DynheadsError
+from dynheads.io import read_json
+from dynheads.report import claims
+from dynheads.report.build import build_sections, evidence_of, stage_evidence
+from dynheads.report.claims import Verdict
+from dynheads.runs import RunDir
+from dynheads.tables import read_summaries
+from dynheads.tasks.registry import Task, task_of_manifest
+
+STUDY_KIND = "reproduce"
+# what a verdict is decided by: label -> (where it is recorded, the stage folder, the key). "evidence": the study's
+# evidence settings (its manifest); "config": the stage manifest's config; "published": the stage's published numbers
+VERDICT_SETTINGS = {
+    "sample floor": ("evidence", "", "floor"),
+    "bootstrap resamples": ("evidence", "", "resamples"),
+    "NIAH ablation masking mode": ("config", stages.ABLATION, "mode"),
+    "NIAH ablation head matching": ("config", stages.ABLATION, "matching"),
+    "QA ablation masking mode": ("config", stages.HOTPOTQA_ABLATION, "mode"),
+    "QA ablation head matching": ("config", stages.HOTPOTQA_ABLATION, "matching"),
+    "QA ablation Eq. 2 threshold": ("config", stages.HOTPOTQA_ABLATION, "threshold"),
+    "QA dynamism Eq. 2 threshold": ("published", stages.HOTPOTQA_DYNAMISM, "threshold"),
+    "RAG ks": ("config", stages.RAG, "ks"),
+}
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """A task metric of one model: its mean over the run's samples with the interval, and the folder it is from."""
+
+    task: str  # the task's label
+    metric: str  # the metric's label
+    interval: Interval
+    source: Path
+
+
+@dataclass
+class ModelResults:
+    """Everything compared about one model, from its study and single runs."""
+
+    name: str  # the model's name as its manifests record it
+    parameters: int | None  # None: a manifest from before dynheads recorded it
+    heads: int  # layers x query heads
+    folders: list[Path] = field(default_factory=list)
+    study: Path | None = None
+    preset: str | None = None
+    verdicts: list[Verdict] = field(default_factory=list)
+    dynamism: dict[str, dict[str, Any]] = field(default_factory=dict)  # task label -> Table 1 statistics
+    accuracy: list[Accuracy] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)  # VERDICT_SETTINGS label -> value (where recorded)
+
+    def verdict(self, claim: str, task: str) -> Verdict | None:
+        return next((v for v in self.verdicts if (v.claim, v.task) == (claim, task)), None)
+
+
+def collect(folders: Sequence[str | Path]) -> list[ModelResults]:
+    """The models of ``folders`` (studies or single runs), smallest first; refuses folders that are neither, two
+    studies of one model and studies whose verdict settings differ (``DynheadsError``, one line)."""
+    if not folders:
+        raise DynheadsError("compare needs at least one study or run folder")
+    models: dict[str, ModelResults] = {}
+    for folder in map(Path, folders):
+        manifest = _manifest(folder)
+        described = manifest.get("model") or {}
+        name = str(described.get("name") or "unknown model")
+        model = models.setdefault(
+            name,
+            ModelResults(
+                name,
+                described.get("parameters"),
+                int(described.get("num_layers", 0)) * int(described.get("num_heads", 0)),
+            ),
+        )
+        model.folders.append(folder)
+        if manifest.get("kind") == STUDY_KIND:
+            _add_study(model, folder, manifest)
+        else:
+            _add_run(model, folder, manifest)
+    results = sorted(models.values(), key=lambda m: (m.parameters is None, m.parameters or 0, m.name))
+    check_settings(results)
+    return results
+
+
+def check_settings(models: Iterable[ModelResults]) -> None:
+    """Refuse models whose verdicts were decided under different settings (where both recorded the setting)."""
+    for label in VERDICT_SETTINGS:
+        seen = {m.name: m.settings[label] for m in models if m.settings.get(label) is not None}
+        if len({_key(value) for value in seen.values()}) > 1:
+            values = "; ".join(f"{name}: {value}" for name, value in seen.items())
+            raise DynheadsError(
+                f"the studies differ in the {label} ({values}), which their verdicts are decided by: "
+                "compare studies run with the same settings"
+            )
+
+
+def _key(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _manifest(folder: Path) -> dict:
+    path = folder / "manifest.json"
+    if not path.is_file():
+        raise DynheadsError(f"{folder} is neither a study nor a run folder: no manifest.json")
+    try:
+        manifest = read_json(path)
+    except ValueError as error:
+        raise DynheadsError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(manifest, dict):
+        raise DynheadsError(f"{path} is not a run manifest")
+    return manifest
+
+
+def _add_study(model: ModelResults, root: Path, manifest: dict) -> None:
+    if model.study is not None:
+        raise DynheadsError(
+            f"two studies of {model.name}: {model.study} and {root}; compare one study per model "
+            "(single runs of it may be added)"
+        )
+    evidence = evidence_of(manifest)
+    model.study, model.preset = root, manifest.get("preset") or (manifest.get("config") or {}).get("preset")
+    model.verdicts += [v for section in build_sections(root, evidence) for v in section.verdicts]
+    model.settings.update(_study_settings(root, evidence))
+    for stage, traced in ((stages.DYNAMISM, stages.NIAH), (stages.HOTPOTQA_DYNAMISM, stages.HOTPOTQA)):
+        task = task_of_manifest(_stage_manifest(root / traced))
+        published = stage_evidence(root, stage) if (root / stage).is_dir() else None
+        if task is not None and published and "stats" in published:
+            model.dynamism.setdefault(task.label, published["stats"])
+    for traced in (stages.NIAH, stages.HOTPOTQA):
+        if (root / traced).is_dir():
+            model.accuracy += accuracy_of(root / traced, evidence)
+
+
+def _add_run(model: ModelResults, folder: Path, manifest: dict) -> None:
+    """A single traced run: its task accuracy, and Claim 1 with Table 1's row where its dynamism is published."""
+    task = task_of_manifest(manifest)
+    if task is None:
+        raise DynheadsError(
+            f"{folder} is a {manifest.get('kind')!r} run, not a study or a traced run of a task: nothing to compare"
+        )
+    evidence = EvidenceSettings()  # a single run records no verdict settings: the defaults decide its verdict
+    model.accuracy += accuracy_of(folder, evidence)
+    dynamism = read_summaries(folder).get(stages.evidence_of(stages.DYNAMISM))
+    if dynamism is not None and "stats" in dynamism.numbers and model.verdict(claims.CLAIM1, task.label) is None:
+        model.verdicts.append(claims.dynamism_verdict(dynamism.numbers, task.label, evidence))
+        model.dynamism.setdefault(task.label, dynamism.numbers["stats"])
+        model.settings.setdefault("sample floor", evidence.floor)
+        model.settings.setdefault("bootstrap resamples", evidence.resamples)
+
+
+def _study_settings(root: Path, evidence: EvidenceSettings) -> dict[str, Any]:
+    """The study's ``VERDICT_SETTINGS`` that it recorded (a stage not run records none)."""
+    found: dict[str, Any] = {}
+    for label, (where, stage, key) in VERDICT_SETTINGS.items():
+        if where == "evidence":
+            value = getattr(evidence, key)
+        elif where == "published":
+            value = (stage_evidence(root, stage) or {}).get(key) if (root / stage).is_dir() else None
+        else:
+            value = (_stage_manifest(root / stage).get("config") or {}).get(key)
+        if value is not None:
+            found[label] = value
+    return found
+
+
+def _stage_manifest(folder: Path) -> dict:
+    path = folder / "manifest.json"
+    try:
+        data = read_json(path) if path.is_file() else {}
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def accuracy_of(folder: Path, evidence: EvidenceSettings) -> list[Accuracy]:
+    """Each metric of the run's task: the mean over its finished samples with the 95 % bootstrap interval."""
+    task: Task | None = task_of_manifest(_stage_manifest(folder))
+    records = RunDir(folder).records()
+    if task is None or not records:
+        return []
+    found = []
+    for key, label in task.metrics.items():
+        values = np.array([_number((r.get("metrics") or {}).get(key)) for r in records], dtype=float)
+        if not np.isnan(values).all():
+            found.append(Accuracy(task.label, label, mean_interval(values, evidence), folder))
+    return found
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan

@@ -1,0 +1,149 @@
+"""``dynheads compare``: constructed studies (test_report's hand-made study folders, no model run) of models of
+different sizes, put side by side; studies whose verdict settings differ are refused in one line."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_report import MODEL, make_reproduce_dir
+
+from dynheads.errors import DynheadsError
+from dynheads.experiments.analyses import dynamism_report
+from dynheads.io import read_json, write_json
+from dynheads.paper import PAPER_DYNAMISM
+from dynheads.report.compare import collect
+from dynheads.report.compare_page import matrix, size_panels, write_compare
+from dynheads.tables import read_summaries, write_summary
+
+SMALL, LARGE = "small-model", "large-model"
+
+
+def _study(root: Path, name: str, parameters: int | None, floor: int = 5) -> Path:
+    make_reproduce_dir(root)
+    manifest = read_json(root / "manifest.json")
+    model = {**MODEL, "name": name, **({"parameters": parameters} if parameters is not None else {})}
+    write_json(root / "manifest.json", {**manifest, "model": model, "config": {**manifest["config"], "floor": floor}})
+    return root
+
+
+def _masking_changes_nothing(root: Path) -> None:
+    """Rewrite the study's ablation evidence so that every strategy scores alike: Claim 2 is not supported."""
+    summary = read_summaries(root / "ablation")["summary.md"]
+    arms = summary.numbers["per_sample"]["accuracy"]
+    same = {strategy: [1.0] * len(values) for strategy, values in arms.items()}
+    summary.numbers["per_sample"] = {"accuracy": same, "rouge_l": same}
+    write_summary(root / "ablation", "summary.md", summary)
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("compare")
+    large = _study(base / "large", LARGE, 1_500_000_000)
+    _masking_changes_nothing(large)
+    return _study(base / "small", SMALL, 135_000_000), large
+
+
+@pytest.fixture(scope="module")
+def written(studies, tmp_path_factory) -> tuple[Path, str, str]:
+    out = tmp_path_factory.mktemp("out")
+    md_path, html_path = write_compare([studies[1], studies[0]], out)
+    return out, md_path.read_text(encoding="utf-8"), html_path.read_text(encoding="utf-8")
+
+
+def test_models_are_ordered_by_size_and_their_verdicts_differ_where_their_studies_do(studies):
+    small, large = collect([studies[1], studies[0]])
+    assert (small.name, small.parameters, large.name, large.parameters) == (SMALL, 135e6, LARGE, 1.5e9)
+    claim2 = [(m.verdict("Claim 2 (irreplaceability)", "NIAH") or pytest.fail("no verdict")) for m in (small, large)]
+    assert [v.status for v in claim2] == ["supported", "not supported"]
+    assert claim2[1].effects[0].interval.effect == 0.0 and claim2[1].effects[0].interval.n == 6
+    table = matrix([small, large])
+    assert table.columns == ["claim", "task", SMALL, LARGE]
+    row = next(r for r in table.rows if r[:2] == ["Claim 2 (irreplaceability)", "NIAH"])
+    assert row[2].startswith("supported: static - dynamic accuracy ") and "(n=6), rule > 0.1" in row[2]
+    assert row[3].startswith("not supported: static - dynamic accuracy 0.000 [0.000, 0.000] (n=6)")
+    assert [r[0] for r in table.rows][:2] == ["Claim 1 (dynamism)"] * 2  # claims in the paper's order
+    panel = next(p for p in size_panels([small, large]) if p.title.startswith("Claim 2, NIAH: static - dynamic"))
+    assert panel.margin == 0.1
+    assert [(p.model, p.parameters, p.n) for p in panel.points] == [(SMALL, 135e6, 6), (LARGE, 1.5e9, 6)]
+    assert panel.points[1].effect == panel.points[1].low == panel.points[1].high == 0.0
+
+
+def test_compare_md_has_the_matrix_table1_figure_and_task_accuracy(written, studies):
+    out, md, _ = written
+    sections = [line for line in md.splitlines() if line.startswith("## ")]
+    assert sections == [
+        "## Verdicts by model",
+        "## Table 1 beside the paper",
+        "## Statistics against model size",
+        "## Task accuracy",
+        "## Sources",
+    ]
+    stats = read_summaries(studies[0] / "dynamism")["dynamism.md"].numbers["stats"]
+    share = stats["mean_size"] / 64  # 8 layers x 8 heads
+    row = next(line for line in md.splitlines() if line.startswith(f"| {SMALL} | 135M | NIAH |"))
+    assert f"| 64 | {stats['mean_size']:.2f} ± {stats['std_size']:.2f} | {share:.3f} |" in row
+    for name, paper in PAPER_DYNAMISM.items():
+        share = paper["mean_size"] / paper["total_heads"]
+        expected = f"| {paper['mean_size']:.2f} ± {paper['std_size']:.2f} | {share:.3f} |"
+        assert expected in next(line for line in md.splitlines() if line.startswith(f"| {name} (paper) |"))
+    assert "| NIAH | accuracy | 1.000 [1.000, 1.000] (n=6) | 1.000 [1.000, 1.000] (n=6) |" in md
+    assert "| HotpotQA | EM | 0.000 [0.000, 0.000] (n=3) |" in md
+    assert (out / "compare-by-size.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![Statistics against model size](compare-by-size.png)" in md
+
+
+def test_the_html_shows_the_matrix_first_and_embeds_the_figure(written):
+    _, _, page = written
+    first_section = page.index("<section")
+    assert page.index('<section id="verdicts">') == first_section
+    assert page.index('<table class="matrix">') < page.index('<section id="table1">')
+    assert '<td class="not-supported"><strong>not supported</strong>' in page
+    assert "data:image/png;base64," in page
+
+
+def test_a_single_run_adds_its_task_accuracy_and_claim1(studies, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(studies[0] / "niah", run)
+    manifest = read_json(run / "manifest.json")
+    write_json(run / "manifest.json", {**manifest, "model": {**MODEL, "name": "third", "parameters": 500_000_000}})
+    dynamism_report(run, studies[0] / "static" / "static_heads.json", out_dir=run)
+    strict = _study(tmp_path / "strict", "strict-model", 1_000_000_000, floor=30)  # a single run's floor: 30
+    third, _ = collect([strict, run])
+    assert third.name == "third" and "NIAH" in third.dynamism
+    claim1 = third.verdict("Claim 1 (dynamism)", "NIAH")
+    assert claim1 is not None and "below the floor of 30" in claim1.reason
+    assert [(a.task, a.metric, a.interval.n) for a in third.accuracy][0] == ("NIAH", "accuracy", 6)
+    assert np.isclose(third.accuracy[0].interval.effect, 1.0)
+
+
+def test_studies_decided_under_different_settings_are_refused_in_one_line(studies, tmp_path):
+    other = _study(tmp_path / "strict", "strict-model", 360_000_000, floor=30)
+    with pytest.raises(DynheadsError, match=r"differ in the sample floor \(small-model: 5; strict-model: 30\)"):
+        collect([studies[0], other])
+    done = subprocess.run(
+        [sys.executable, "-m", "dynheads", "compare", str(studies[0]), str(other), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: the studies differ in the sample floor")
+
+
+def test_two_studies_of_one_model_and_a_folder_without_manifest_are_refused(studies, tmp_path):
+    with pytest.raises(DynheadsError, match="two studies of small-model"):
+        collect([studies[0], studies[0]])
+    with pytest.raises(DynheadsError, match="neither a study nor a run folder"):
+        collect([tmp_path])
+
+
+def test_a_study_without_a_parameter_count_is_left_off_the_figure(studies, tmp_path):
+    old = _study(tmp_path / "old", "old-model", None)
+    md_path, _ = write_compare([studies[0], old], tmp_path / "out")
+    md = md_path.read_text(encoding="utf-8")
+    assert "Not on the figure (parameter count not recorded by an older dynheads): old-model." in md
+    assert "| old-model | not recorded | NIAH |" in md
