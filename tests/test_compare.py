@@ -23,8 +23,12 @@ from dynheads.tables import read_summaries, write_summary
 SMALL, LARGE = "small-model", "large-model"
 
 
-def _study(root: Path, name: str, parameters: int | None, floor: int = 5) -> Path:
-    make_reproduce_dir(root)
+def _study(root: Path, name: str, parameters: int | None, floor: int = 5, like: Path | None = None) -> Path:
+    """A constructed study of model ``name`` (a copy of the study ``like``, when given: faster than building one)."""
+    if like is None:
+        make_reproduce_dir(root)
+    else:
+        shutil.copytree(like, root)
     manifest = read_json(root / "manifest.json")
     model = {**MODEL, "name": name, **({"parameters": parameters} if parameters is not None else {})}
     write_json(root / "manifest.json", {**manifest, "model": model, "config": {**manifest["config"], "floor": floor}})
@@ -43,9 +47,10 @@ def _masking_changes_nothing(root: Path) -> None:
 @pytest.fixture(scope="module")
 def studies(tmp_path_factory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("compare")
-    large = _study(base / "large", LARGE, 1_500_000_000)
+    small = _study(base / "small", SMALL, 135_000_000)
+    large = _study(base / "large", LARGE, 1_500_000_000, like=small)
     _masking_changes_nothing(large)
-    return _study(base / "small", SMALL, 135_000_000), large
+    return small, large
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +111,18 @@ def test_the_html_shows_the_matrix_first_and_embeds_the_figure(written):
     assert "data:image/png;base64," in page
 
 
-def test_a_single_run_adds_its_task_accuracy_and_claim1(studies, tmp_path):
-    run = tmp_path / "run"
-    shutil.copytree(studies[0] / "niah", run)
+def _single_run(study: Path, run: Path, name: str) -> Path:
+    """The study's NIAH run copied as a single run of model ``name``, with its dynamism published into it."""
+    shutil.copytree(study / "niah", run)
     manifest = read_json(run / "manifest.json")
-    write_json(run / "manifest.json", {**manifest, "model": {**MODEL, "name": "third", "parameters": 500_000_000}})
-    dynamism_report(run, studies[0] / "static" / "static_heads.json", out_dir=run)
-    strict = _study(tmp_path / "strict", "strict-model", 1_000_000_000, floor=30)  # a single run's floor: 30
+    write_json(run / "manifest.json", {**manifest, "model": {**MODEL, "name": name, "parameters": 500_000_000}})
+    dynamism_report(run, study / "static" / "static_heads.json", out_dir=run)
+    return run
+
+
+def test_a_single_run_adds_its_task_accuracy_and_claim1(studies, tmp_path):
+    run = _single_run(studies[0], tmp_path / "run", "third")
+    strict = _study(tmp_path / "strict", "strict-model", 1_000_000_000, floor=30, like=studies[0])  # a run's: 30
     third, _ = collect([strict, run])
     assert third.name == "third" and "NIAH" in third.dynamism
     claim1 = third.verdict("Claim 1 (dynamism)", "NIAH")
@@ -121,8 +131,16 @@ def test_a_single_run_adds_its_task_accuracy_and_claim1(studies, tmp_path):
     assert np.isclose(third.accuracy[0].interval.effect, 1.0)
 
 
+def test_a_run_beside_its_models_study_adds_accuracy_not_a_second_verdict(studies, tmp_path):
+    run = _single_run(studies[0], tmp_path / "run", SMALL)
+    (small,) = collect([run, studies[0]])  # the run first: the study's verdict still decides, under its floor 5
+    claim1 = [v for v in small.verdicts if (v.claim, v.task) == ("Claim 1 (dynamism)", "NIAH")]
+    assert len(claim1) == 1 and claim1[0].status == "supported"
+    assert [a.source for a in small.accuracy if a.metric == "accuracy"] == [studies[0] / "niah", run]
+
+
 def test_studies_decided_under_different_settings_are_refused_in_one_line(studies, tmp_path):
-    other = _study(tmp_path / "strict", "strict-model", 360_000_000, floor=30)
+    other = _study(tmp_path / "strict", "strict-model", 360_000_000, floor=30, like=studies[0])
     with pytest.raises(DynheadsError, match=r"differ in the sample floor \(small-model: 5; strict-model: 30\)"):
         collect([studies[0], other])
     done = subprocess.run(
@@ -142,7 +160,7 @@ def test_two_studies_of_one_model_and_a_folder_without_manifest_are_refused(stud
 
 
 def test_a_study_without_a_parameter_count_is_left_off_the_figure(studies, tmp_path):
-    old = _study(tmp_path / "old", "old-model", None)
+    old = _study(tmp_path / "old", "old-model", None, like=studies[0])
     md_path, _ = write_compare([studies[0], old], tmp_path / "out")
     md = md_path.read_text(encoding="utf-8")
     assert "Not on the figure (parameter count not recorded by an older dynheads): old-model." in md

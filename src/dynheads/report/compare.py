@@ -69,6 +69,7 @@ class ModelResults:
     folders: list[Path] = field(default_factory=list)
     study: Path | None = None
     preset: str | None = None
+    evidence: EvidenceSettings | None = None  # the study's verdict settings
     verdicts: list[Verdict] = field(default_factory=list)
     dynamism: dict[str, dict[str, Any]] = field(default_factory=dict)  # task label -> Table 1 statistics
     accuracy: list[Accuracy] = field(default_factory=list)
@@ -80,30 +81,29 @@ class ModelResults:
 
 def collect(folders: Sequence[str | Path]) -> list[ModelResults]:
     """The models of ``folders`` (studies or single runs), smallest first; refuses folders that are neither, two
-    studies of one model and studies whose verdict settings differ (``DynheadsError``, one line)."""
+    studies of one model and studies whose verdict settings differ (``DynheadsError``, one line), before any
+    verdict is computed."""
     if not folders:
         raise DynheadsError("compare needs at least one study or run folder")
+    given = [(Path(folder), _manifest(Path(folder))) for folder in folders]
+    given.sort(key=lambda item: item[1].get("kind") != STUDY_KIND)  # studies first: a run's model knows its study
     models: dict[str, ModelResults] = {}
-    for folder in map(Path, folders):
-        manifest = _manifest(folder)
-        described = manifest.get("model") or {}
-        name = str(described.get("name") or "unknown model")
-        model = models.setdefault(
-            name,
-            ModelResults(
-                name,
-                described.get("parameters"),
-                int(described.get("num_layers", 0)) * int(described.get("num_heads", 0)),
-            ),
-        )
+    for folder, manifest in given:
+        model = _model(models, manifest)
         model.folders.append(folder)
         if manifest.get("kind") == STUDY_KIND:
-            _add_study(model, folder, manifest)
+            _start_study(model, folder, manifest)
+        elif model.study is None and _published_dynamism(folder) is not None:
+            defaults = EvidenceSettings()  # a single run records no verdict settings: the defaults decide
+            model.settings.setdefault("sample floor", defaults.floor)
+            model.settings.setdefault("bootstrap resamples", defaults.resamples)
+    check_settings(models.values())
+    for folder, manifest in given:
+        if manifest.get("kind") == STUDY_KIND:
+            _add_study(models[_name(manifest)], folder)
         else:
-            _add_run(model, folder, manifest)
-    results = sorted(models.values(), key=lambda m: (m.parameters is None, m.parameters or 0, m.name))
-    check_settings(results)
-    return results
+            _add_run(models[_name(manifest)], folder, manifest)
+    return sorted(models.values(), key=lambda m: (m.parameters is None, m.parameters or 0, m.name))
 
 
 def check_settings(models: Iterable[ModelResults]) -> None:
@@ -135,16 +135,33 @@ def _manifest(folder: Path) -> dict:
     return manifest
 
 
-def _add_study(model: ModelResults, root: Path, manifest: dict) -> None:
+def _name(manifest: dict) -> str:
+    return str((manifest.get("model") or {}).get("name") or "unknown model")
+
+
+def _model(models: dict[str, ModelResults], manifest: dict) -> ModelResults:
+    """The entry of the manifest's model, made on first sight."""
+    described = manifest.get("model") or {}
+    heads = int(described.get("num_layers", 0)) * int(described.get("num_heads", 0))
+    return models.setdefault(_name(manifest), ModelResults(_name(manifest), described.get("parameters"), heads))
+
+
+def _start_study(model: ModelResults, root: Path, manifest: dict) -> None:
+    """What is cheap to read of a study: that it is the model's only one, its evidence and verdict settings."""
     if model.study is not None:
         raise DynheadsError(
             f"two studies of {model.name}: {model.study} and {root}; compare one study per model "
             "(single runs of it may be added)"
         )
-    evidence = evidence_of(manifest)
-    model.study, model.preset = root, manifest.get("preset") or (manifest.get("config") or {}).get("preset")
+    model.study, model.evidence = root, evidence_of(manifest)
+    model.preset = manifest.get("preset") or (manifest.get("config") or {}).get("preset")
+    model.settings.update(_study_settings(root, model.evidence))
+
+
+def _add_study(model: ModelResults, root: Path) -> None:
+    """The study's verdicts (as its report decides them), Table 1 statistics and task accuracy."""
+    evidence = model.evidence or EvidenceSettings()
     model.verdicts += [v for section in build_sections(root, evidence) for v in section.verdicts]
-    model.settings.update(_study_settings(root, evidence))
     for stage, traced in ((stages.DYNAMISM, stages.NIAH), (stages.HOTPOTQA_DYNAMISM, stages.HOTPOTQA)):
         task = task_of_manifest(_stage_manifest(root / traced))
         published = stage_evidence(root, stage) if (root / stage).is_dir() else None
@@ -156,20 +173,25 @@ def _add_study(model: ModelResults, root: Path, manifest: dict) -> None:
 
 
 def _add_run(model: ModelResults, folder: Path, manifest: dict) -> None:
-    """A single traced run: its task accuracy, and Claim 1 with Table 1's row where its dynamism is published."""
+    """A single traced run: its task accuracy, and Claim 1 with Table 1's row where its dynamism is published and
+    the model's study has no Claim 1 on that task (decided with the study's evidence settings, else the defaults)."""
     task = task_of_manifest(manifest)
     if task is None:
         raise DynheadsError(
             f"{folder} is a {manifest.get('kind')!r} run, not a study or a traced run of a task: nothing to compare"
         )
-    evidence = EvidenceSettings()  # a single run records no verdict settings: the defaults decide its verdict
+    evidence = model.evidence or EvidenceSettings()
     model.accuracy += accuracy_of(folder, evidence)
-    dynamism = read_summaries(folder).get(stages.evidence_of(stages.DYNAMISM))
-    if dynamism is not None and "stats" in dynamism.numbers and model.verdict(claims.CLAIM1, task.label) is None:
-        model.verdicts.append(claims.dynamism_verdict(dynamism.numbers, task.label, evidence))
-        model.dynamism.setdefault(task.label, dynamism.numbers["stats"])
-        model.settings.setdefault("sample floor", evidence.floor)
-        model.settings.setdefault("bootstrap resamples", evidence.resamples)
+    dynamism = _published_dynamism(folder)
+    if dynamism is not None and model.verdict(claims.CLAIM1, task.label) is None:
+        model.verdicts.append(claims.dynamism_verdict(dynamism, task.label, evidence))
+        model.dynamism.setdefault(task.label, dynamism["stats"])
+
+
+def _published_dynamism(folder: Path) -> dict | None:
+    """The dynamism statistics ``dynheads dynamism`` published into a run folder (Claim 1's numbers), if any."""
+    summary = read_summaries(folder).get(stages.evidence_of(stages.DYNAMISM))
+    return summary.numbers if summary is not None and "stats" in summary.numbers else None
 
 
 def _study_settings(root: Path, evidence: EvidenceSettings) -> dict[str, Any]:

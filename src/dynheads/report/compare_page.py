@@ -7,6 +7,7 @@ import base64
 import html
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,14 @@ def size_panels(models: Sequence[ModelResults]) -> list[Panel]:
 
 
 # ---- rendering -----------------------------------------------------------------------------------------------------
-Part = str | Table | Path  # markdown text, a table, a figure
+@dataclass(frozen=True)
+class Matrix:
+    """The verdict matrix: rendered with each cell coloured by its verdict in the HTML."""
+
+    table: Table
+
+
+Part = str | Table | Matrix | Path  # markdown text, a table, the verdict matrix, a figure
 Section = tuple[str, str, list[Part]]  # (anchor, title, parts)
 
 
@@ -177,7 +185,7 @@ def _sections(models: Sequence[ModelResults], figure: Path | None) -> list[Secti
             [
                 "Each cell: the verdict on the claim for that model and task, each tested effect with its 95 % "
                 "interval, n and rule.",
-                matrix(models),
+                Matrix(matrix(models)),
                 f"Rules (docs/report.md): {claims.RULES}.",
             ],
         ),
@@ -209,8 +217,8 @@ def _section_markdown(section: Section, out: Path) -> str:
     _, title, parts = section
 
     def part(item: Part) -> str:
-        if isinstance(item, Table):
-            return to_markdown(item)
+        if isinstance(item, Table | Matrix):
+            return to_markdown(item if isinstance(item, Table) else item.table)
         return f"![{title}]({item.relative_to(out).as_posix()})" if isinstance(item, Path) else item
 
     return f"## {title}\n\n" + "".join(part(item) + "\n\n" for item in parts)
@@ -221,8 +229,10 @@ def _html(title: str, sections: list[Section]) -> str:
         if isinstance(item, Path):
             data = base64.b64encode(item.read_bytes()).decode("ascii")
             return f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(title)}"></figure>'
+        if isinstance(item, Matrix):
+            return _matrix_html(item.table)
         if isinstance(item, Table):
-            return _matrix_html(item) if item.columns[:2] == ["claim", "task"] else to_html(item)
+            return to_html(item)
         lines = [line.removeprefix("- ") for line in item.splitlines()]
         if len(lines) > 1 or item.startswith("- "):
             return "<ul>" + "".join(f"<li>{html.escape(line.replace('`', ''))}</li>" for line in lines) + "</ul>"
