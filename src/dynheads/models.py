@@ -219,7 +219,7 @@ def _load_gguf(
     """Load a GGUF through transformers, de-quantising once and caching the result as safetensors. ``digest``:
     the file's sha256 when already known (a packaged file was checked when written), saving a hash of the file."""
     digest = digest or file_sha256(path)
-    cached = cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}"  # see dequantised_copies
+    cached = cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}{_dtype_suffix(dtype)}"
     if not (cached / "config.json").is_file():
         model, tokenizer = _load_pretrained(str(path.parent), dtype, gguf_file=path.name)
         _save_atomically(model, tokenizer, cached)
@@ -229,9 +229,17 @@ def _load_gguf(
     return model, tokenizer, f"sha256:{digest}"
 
 
+def _dtype_suffix(dtype: torch.dtype | str) -> str:
+    """The de-quantised copy's name part for ``dtype``: none for float32 (what "auto" gives), else the dtype's name,
+    so a later float32 load never reads weights rounded to the bfloat16 of an earlier load (see dequantised_copies)."""
+    if dtype in ("auto", torch.float32):
+        return ""
+    return "-" + str(dtype).removeprefix("torch.")
+
+
 def dequantised_copies(digest: str) -> list[Path]:
-    """The de-quantised copies of the GGUF with sha256 ``digest`` in the cache (one per transformers version that
-    wrote one; ``_load_gguf`` names them)."""
+    """The de-quantised copies of the GGUF with sha256 ``digest`` in the cache (one per transformers version and dtype
+    that wrote one; ``_load_gguf`` names them)."""
     return sorted((cache_root() / "gguf").glob(f"{digest[:16]}-transformers*"))
 
 

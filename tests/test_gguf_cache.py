@@ -1,0 +1,31 @@
+"""The de-quantised copy of a GGUF is keyed by dtype: a float32 load never reads an earlier bfloat16 load's copy."""
+
+import torch
+
+from dynheads import models
+
+
+def test_each_dtype_gets_its_own_dequantised_copy(tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNHEADS_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"not a real gguf: the loader is replaced below")
+    dequantised_with, read_from = [], []
+
+    def fake_load(source, dtype, device_map=None, **extra):
+        (dequantised_with if "gguf_file" in extra else read_from).append(dtype)
+        return torch.nn.Linear(2, 2).to(torch.float32 if dtype == "auto" else dtype), object()
+
+    def fake_save(model, tokenizer, target):
+        target.mkdir(parents=True)
+        (target / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_load_pretrained", fake_load)
+    monkeypatch.setattr(models, "_save_atomically", fake_save)
+    for dtype in ("bfloat16", "float32", "bfloat16", "auto"):
+        loaded = models.load_model(gguf, dtype=dtype, device="cpu")
+        assert loaded.model.weight.dtype == (torch.float32 if dtype == "auto" else getattr(torch, dtype))
+    # bfloat16 and float32 each de-quantise once; the repeated bfloat16 and "auto" (float32) loads read their copy
+    assert dequantised_with == [torch.bfloat16, torch.float32]
+    assert read_from == [torch.bfloat16, "auto"]
+    digest = models.file_sha256(gguf)
+    assert len(models.dequantised_copies(digest)) == 2
