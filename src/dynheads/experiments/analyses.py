@@ -28,6 +28,7 @@ from dynheads.analysis.dynamism import (
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
+from dynheads.experiments.threshold_fit import resolve_threshold
 from dynheads.io import write_json, write_text
 from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_TOP1
 from dynheads.plots.cca import plot_cca
@@ -85,15 +86,19 @@ def dynamism_report(
     ks: Sequence[int] = DEFAULT_KS,
     out_dir: str | Path | None = None,
     static_kind: ScoreKind | None = None,
+    fit_run: str | Path | None = None,
 ) -> DynamismStats:
     """Table 1 / Table 5 statistics of the run against the static list; writes dynamism.md, .csv and .json.
 
-    The run's row sits beside the paper's five rows. ``threshold`` only applies to a continuous score.
-    ``static_kind``: which static list ``static_file`` is (``copy``: Wu et al.'s retrieval heads; ``reasoning``:
-    mean Eq. 2), recorded for the verdict's card; default: the same kind as ``score``.
+    The run's row sits beside the paper's five rows. ``threshold`` only applies to a continuous score; a
+    ``calibrated:M`` one is fitted on ``fit_run`` (a traced run on other questions: ``threshold_fit``) and the fit
+    is recorded (``threshold_fit`` in the JSON files). ``static_kind``: which static list ``static_file`` is
+    (``copy``: Wu et al.'s retrieval heads; ``reasoning``: mean Eq. 2), recorded for the verdict's card; default:
+    the same kind as ``score``.
     """
+    fit = resolve_threshold(threshold, check_score(score), run_dir, fit_run)  # refused before the traces load
     run, traces = load_run(run_dir)
-    rule = ReasoningThreshold.parse(threshold)
+    rule = ReasoningThreshold.parse(fit.applied)
     spec = ScoreSpec(check_score(score), str(rule))
     ranking = scored_heads(load_head_list(static_file, *traces[0].shape))  # never zero-score filler
     if not ranking:
@@ -107,6 +112,7 @@ def dynamism_report(
     # what Claim 1's verdict is decided from (the summary's numbers), and the step view's threshold
     evidence = {
         "threshold": None if spec.score.binary else str(rule),
+        "threshold_fit": None if spec.score.binary else fit.to_dict(),
         "static_kind": static_kind or score,
         "per_sample": per_sample_dynamism(sets, ranking),
     }
@@ -116,6 +122,7 @@ def dynamism_report(
         Summary(
             [
                 f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"
+                + ("" if spec.score.binary else f"Eq. 2 {fit.describe()}.\n")
                 + (f"{empty_note(skipped)}\n" if stats.empty_samples else "")
                 + f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
                 f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
@@ -146,6 +153,7 @@ def dynamism_report(
             "static_file": str(static_file),
             "score": score,
             "threshold": evidence["threshold"],
+            "threshold_fit": evidence["threshold_fit"],
             "ks": list(ks),
             **skipped,
             "static_kind": evidence["static_kind"],
