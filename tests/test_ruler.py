@@ -338,7 +338,7 @@ def test_ablation_grid_runs_variable_tracking_and_labels_realised_depths(tiny_mo
     lm = load_model(tiny_model_dir)
     config = AblationConfig(
         task="variable_tracking",
-        data="variable_tracking:hops=1,chains=3",
+        data="variable_tracking:hops=1,chains=3,placement=depth",  # the placement whose depth moves the chain
         questions=2,
         lengths=(250,),
         depths=(0.0, 1.0),
@@ -374,3 +374,4 @@ def test_rag_table_shows_chance_and_distractor_share(tiny_model_dir, tmp_path):
     assert all(len(r["meta"]["candidates"]) == 3 for r in answers)
     text = (tmp_path / "rag" / "rag.md").read_text()
     assert "a random same-form candidate 0.333 EM" in text and "wrong = a distractor's value" in text
+    assert "last candidate in the first half" in text and "always the first" not in text  # heuristics that could work

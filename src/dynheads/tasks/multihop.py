@@ -1,4 +1,5 @@
-"""Multi-hop key-value retrieval (RULER-style multi-key / variable tracking), solvable by small models.
+"""The key-value lookup (one hop, the default form: registered as ``kv_lookup``) and two-hop key-value retrieval
+(``multihop:hops=2``, registered as ``multihop``), RULER-style, solvable by small models.
 
 Short facts are scattered through the NIAH haystack (``niah.load_haystack``)::
 
@@ -13,9 +14,13 @@ sample: a small model matches whole familiar words far better than invented name
 6-digit number, an invented word or 8 hex digits) that do not occur in the haystack, so nothing can be guessed
 without the context.
 
-Placement: the supporting facts sit inside a window of ``spread`` (a share of the haystack) whose position is
-``depth`` (0: the window starts the context, 1: it ends it), in seeded order; distractors sit at seeded uniform
-depths. Every fact is moved back to the nearest sentence end, as the NIAH needle is. Length convention as NIAH:
+Placement (``placement=uniform``, the default): the value facts (the gold one and each distractor chain's) sit at
+uniform depths, the gold one the ``gold_rank``-th of them (``candidates.balanced_positions``; the grid cycles the
+rank with ``candidates.gold_rank_of``), so fact order is balanced and the gold fact's position is uniform over the
+context; other facts sit at uniform depths. ``placement=depth``: the supporting facts sit inside a window of
+``spread`` (a share of the haystack) whose position is ``depth`` (0: the window starts the context, 1: it ends
+it), in seeded order; distractors at seeded uniform depths. Every fact is moved back to the nearest sentence end,
+as the NIAH needle is. Length convention as NIAH:
 ``context_tokens`` counts the haystack *with* every fact, in the model's tokens (the realised count is in
 ``meta``). Supporting-fact token spans come from character offsets of the rendered prompt, never from matching
 tokens. Samples carry every field the HotpotQA-side runners read (``HotpotSample``'s).
