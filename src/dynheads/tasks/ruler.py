@@ -308,6 +308,17 @@ class _Names:
         return self._fresh(lambda: f"{self.rng.choice(_ADJECTIVES)}-{self.rng.choice(_NOUNS)}")
 
 
+def _candidates(
+    context: str, order: list[int], values: list[str], offsets: dict[tuple[int, int], int], needles: bool
+) -> tuple[list[str], list[int]]:
+    """The same-form candidate values in context order and each one's character offset: the groups' values, or
+    with the needle haystack every needle's value."""
+    if needles:
+        found = list(re.finditer(r"is: (\d{7})\.", context))
+        return [m.group(1) for m in found], [m.start() for m in found]
+    return [values[g] for g in order], [offsets[(g, 0)] for g in order]
+
+
 # ---- samples -------------------------------------------------------------------------------------------------------
 def make_sample(
     tokenizer: PreTrainedTokenizerBase,
@@ -378,11 +389,7 @@ def make_sample(
     context, offsets, order = _assemble(lines, groups, statements, gold_rank)
     if order.index(0) != gold_rank:  # placement guarantees it; a broken guarantee must not pass silently
         raise DynheadsError(f"internal: gold group at rank {order.index(0)}, wanted {gold_rank}")
-    in_order = [values[g] for g in order]
-    starts = [offsets[(g, 0)] for g in order]
-    if filler is not None:  # every needle's value is a same-form candidate
-        found = list(re.finditer(r"is: (\d{7})\.", context))
-        in_order, starts = [m.group(1) for m in found], [m.start() for m in found]
+    in_order, starts = _candidates(context, order, values, offsets, needles=filler is not None)
 
     question = user.format(intro=VT_INTRO, context="", query=query, count=len(answer.split())).split("\n")[-1]
     prompt = render_chat(
