@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -10,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from dynheads import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
-from dynheads.tasks import hotpotqa, multihop
+from dynheads.tasks import candidates, hotpotqa, multihop
 
 FACT = re.compile(r"The (?:code of the \w+ is the \w+|magic word for the \w+ is \w+)\.")
 
@@ -64,10 +65,12 @@ def test_samples_are_seeded_and_depth_moves_the_facts(embedded):
     first = multihop.make_sample(tok, context_tokens=600, depth=0.5, seed=3)
     assert first == multihop.make_sample(tok, context_tokens=600, depth=0.5, seed=3)
     assert multihop.make_sample(tok, context_tokens=600, depth=0.5, seed=4).answer != first.answer
-    starts = [
-        min(s for s, _ in multihop.make_sample(tok, context_tokens=900, depth=d, seed=3).supporting_spans)
+    by_depth = multihop.MultihopForm(placement="depth")  # the uniform placement (default) ignores depth
+    spans = [
+        multihop.make_sample(tok, context_tokens=900, depth=d, seed=3, form=by_depth).supporting_spans
         for d in (0.0, 0.5, 1.0)
     ]
+    starts = [min(s for s, _ in facts) for facts in spans]
     assert starts[0] < starts[1] < starts[2]
 
 
@@ -206,3 +209,21 @@ def test_candidates_fact_order_and_realised_depths_are_recorded(embedded):
     other = next(v for v in values if v != sample.answer)
     assert multihop.score(sample.answer, f"The magic word for the x is {other}.", values)["distractor"] == 1.0
     assert multihop.score(sample.answer, f"{sample.answer}", values)["distractor"] == 0.0
+
+
+def test_multihop_gold_position_spreads_and_fact_order_is_balanced(embedded):
+    """Issue 32 item 5 for the multihop task: the gold value fact in every third of the context over 300 questions
+    (20-47 % each), the gold rank among the value facts cycling; the former placement (depth) is still an option."""
+    form = multihop.MultihopForm(distractors=4)  # three value facts: the gold one and two distractors
+    samples = multihop.grid_samples(
+        embedded.tokenizer, questions=300, lengths=(300,), depths=(0.05, 0.5, 0.95), seed=0, form=form
+    )
+    depths = [s.meta["candidate_depths"][s.meta["gold_rank"]] for s in samples]
+    shares = Counter(candidates.third_of(d) for d in depths)
+    assert all(0.20 <= shares[third] / 300 <= 0.47 for third in candidates.THIRDS), shares
+    assert Counter(s.meta["gold_rank"] for s in samples) == {0: 100, 1: 100, 2: 100}
+    assert all(s.meta["candidates"][s.meta["gold_rank"]] == s.answer for s in samples)
+    old = multihop.make_sample(
+        embedded.tokenizer, context_tokens=300, depth=0.0, seed=1, form=multihop.MultihopForm(placement="depth")
+    )
+    assert old.meta["candidate_depths"][old.meta["gold_rank"]] < 0.3

@@ -17,8 +17,10 @@ import pytest
 
 from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
+from dynheads.experiments.threshold_fit import ThresholdFit
 
 PINNED = Path(__file__).parent / "fixtures" / "presets.json"
+FITTED_STAND_IN = "relative:4.5"  # what the Eq. 2 ablations get in place of a fitted threshold
 RUNNERS = (
     "run_niah",
     "run_static",
@@ -45,6 +47,11 @@ class _FakeRun:
 
     def records(self) -> list:
         return []
+
+
+def _fake_fit(rule, score, fit_run) -> ThresholdFit:
+    """Stands in for fitting a calibrated Eq. 2 threshold (no traces here): a fixed stand-in value."""
+    return ThresholdFit(str(rule), FITTED_STAND_IN, str(fit_run))
 
 
 class _FakeModel:
@@ -82,6 +89,7 @@ def resolved_settings(preset: str, patch) -> dict:
         for name in RUNNERS:
             patch(reproduce_module, name, recorder(name))
         patch(reproduce_module, "RunDir", _FakeRun)
+        patch(reproduce_module, "fit_threshold", _fake_fit)
         reproduce(ReproduceConfig(preset=preset), out, lm=_FakeModel(), progress=False)
     return calls
 

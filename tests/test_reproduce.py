@@ -58,6 +58,14 @@ def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, ti
         assert read_json(out / stage / "manifest.json")["config"]["static"] == reasoning_list
     probe_ids = read_json(out / "hotpotqa-probe" / "questions.json")
     assert set(probe_ids["train"]) | set(probe_ids["validation"]) <= ids["hotpotqa"]
+    # Eq. 2 sets: the preset's calibrated threshold is fitted on the static stream alone, recorded, and applied by
+    # the dynamism stage and both Eq. 2 ablations alike
+    fit = read_json(out / "hotpotqa-dynamism" / "dynamism.json")["threshold_fit"]
+    assert fit["rule"] == "calibrated:10" and fit["fit_run"] == str(out / "hotpotqa-static")
+    assert set(fit["fit_questions"]) == ids["hotpotqa-static"] and fit["applied"].startswith("relative:")
+    for stage in ("hotpotqa-ablation", "hotpotqa-progressive"):
+        assert read_json(out / stage / "manifest.json")["config"]["threshold"] == fit["applied"]
+        assert read_json(out / stage / "threshold_fit.json") == fit
 
     # A third run has nothing left to do and writes the same report.
     write_report(reproduce(config, out, lm=tiny_lm, progress=False))

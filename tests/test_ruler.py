@@ -91,7 +91,7 @@ def test_fact_order_is_balanced_over_the_stream_and_within_cells(embedded):
 
 @pytest.mark.parametrize(("cells", "count"), [(1, 3), (2, 3), (3, 4), (6, 3), (5, 5), (4, 2)])
 def test_gold_rank_balances_the_stream_and_each_cell(cells, count):
-    ranks = [ruler.gold_rank_of(i, cells, count) for i in range(cells * count * 2)]
+    ranks = [candidates.gold_rank_of(i, cells, count) for i in range(cells * count * 2)]
     assert Counter(ranks) == {r: cells * 2 for r in range(count)}
     for cell in range(cells):  # consecutive rounds of one cell go through every rank
         assert sorted(ranks[cell::cells][:count]) == list(range(count))
@@ -173,6 +173,65 @@ def test_chance_heuristics_and_distractor_share_on_constructed_samples():
     assert candidates.is_distractor("2", "1", ["1", "2"]) == 1.0
     assert candidates.is_distractor("1", "1", ["1", "2"]) == 0.0 and candidates.is_distractor("9", "1", ["1"]) == 0.0
     assert candidates.is_distractor("The  Lamp", "x", ["lamp"], lambda t: " ".join(t.lower().split()[-1:])) == 1.0
+
+
+def placed(rows: list[tuple[str, list[str], list[float], float]]) -> list[dict]:
+    return [
+        {"answer": a, "meta": {"candidates": c, "candidate_depths": d}, "metrics": {"em": em}} for a, c, d, em in rows
+    ]
+
+
+def test_position_heuristics_and_gold_thirds_on_constructed_samples():
+    rows = placed(
+        [
+            ("b", ["a", "b", "c"], [0.1, 0.4, 0.9], 1.0),  # last in the first half; nearest the middle
+            ("c", ["a", "b", "c"], [0.05, 0.1, 0.6], 0.0),  # first in the second half; nearest the middle
+            ("a", ["a", "b"], [0.55, 0.9], 1.0),  # no candidate in the first half: the first one
+            ("c", ["a", "b", "c"], [0.1, 0.3, 0.97], 0.0),  # gold last, near the end
+        ]
+    )
+    hits = candidates.heuristic_hits(rows)
+    assert list(hits["last candidate in the first half (else the first)"]) == [1.0, 0.0, 1.0, 0.0]
+    assert list(hits["first candidate in the second half (else the last)"]) == [0.0, 1.0, 1.0, 1.0]
+    assert list(hits["candidate nearest the middle"]) == [1.0, 1.0, 1.0, 0.0]
+    # the largest distance to its nearest neighbour (the context's ends count): 0.3, 0.4, 0.35, then b's 0.2
+    assert list(hits["most isolated candidate"]) == [1.0, 1.0, 1.0, 0.0]
+    thirds = candidates.by_gold_third(rows)
+    assert thirds["first"][0] == 0 and thirds["middle"] == (3, pytest.approx(2 / 3)) and thirds["last"] == (1, 0.0)
+    assert candidates.heuristic_rates(rows)["candidate nearest the middle"] == 0.75
+    gaps = candidates.gaps(rows)
+    assert list(gaps["candidate nearest the middle"]) == [0.0, -1.0, 0.0, 0.0]
+
+
+def test_balanced_positions_put_the_gold_one_at_its_rank_and_refuse_a_bad_rank():
+    import random
+
+    rng = random.Random(0)
+    for rank in range(3):
+        gold, *others = candidates.balanced_positions(rng, 3, rank)
+        assert sum(o < gold for o in others) == rank and others == sorted(others)
+    with pytest.raises(DynheadsError, match="gold rank"):
+        candidates.balanced_positions(rng, 3, 3)
+
+
+def gold_depths(samples) -> list[float]:
+    return [s.meta["candidate_depths"][s.meta["gold_rank"]] for s in samples]
+
+
+def test_kv_lookup_gold_position_spreads_over_the_whole_context(embedded):
+    """Issue 32 item 5: 300 key-value lookups put their gold statement in every third of the context (20-47 %
+    each), with fact order balanced and no position rule far from chance; the former placement (depth, spread
+    0.5) kept it in the first half, which this test refuses."""
+    grid = dict(questions=300, lengths=(250,), depths=(0.05, 0.5, 0.95), seed=0)
+    samples = ruler.grid_samples(embedded.tokenizer, data="variable_tracking:hops=0,chains=3", **grid)
+    shares = Counter(candidates.third_of(d) for d in gold_depths(samples))
+    assert all(0.20 <= shares[third] / 300 <= 0.47 for third in candidates.THIRDS), shares
+    assert Counter(s.meta["gold_rank"] for s in samples) == {0: 100, 1: 100, 2: 100}
+    rows = [{"answer": s.answer, "meta": s.meta, "metrics": {"em": 0.0}} for s in samples]
+    for name, hits in candidates.heuristic_hits(rows).items():
+        assert 0.22 <= hits.mean() <= 0.45, name
+    old = ruler.grid_samples(embedded.tokenizer, data="variable_tracking:hops=0,chains=3,placement=depth", **grid)
+    assert max(gold_depths(old)) < 0.6  # what the spread check above catches
 
 
 def test_one_statement_form_is_named_a_key_value_lookup():
@@ -279,7 +338,7 @@ def test_ablation_grid_runs_variable_tracking_and_labels_realised_depths(tiny_mo
     lm = load_model(tiny_model_dir)
     config = AblationConfig(
         task="variable_tracking",
-        data="variable_tracking:hops=1,chains=3",
+        data="variable_tracking:hops=1,chains=3,placement=depth",  # the placement whose depth moves the chain
         questions=2,
         lengths=(250,),
         depths=(0.0, 1.0),
@@ -315,3 +374,4 @@ def test_rag_table_shows_chance_and_distractor_share(tiny_model_dir, tmp_path):
     assert all(len(r["meta"]["candidates"]) == 3 for r in answers)
     text = (tmp_path / "rag" / "rag.md").read_text()
     assert "a random same-form candidate 0.333 EM" in text and "wrong = a distractor's value" in text
+    assert "last candidate in the first half" in text and "always the first" not in text  # heuristics that could work

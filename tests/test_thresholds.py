@@ -113,3 +113,113 @@ def test_run_directories_recompute_chance_for_old_trace_files(tmp_path):
     np.testing.assert_allclose(loaded.chance, [10 / (100 - 12), 10 / (101 - 12)], rtol=1e-6)
     np.testing.assert_allclose(chance_per_step(needle, 100, 2, 4, 8), loaded.chance, rtol=1e-6)
     assert dynamic_sets(loaded, "reasoning", "relative:3").sum() == 4  # 0.4 > 3 x 0.114
+
+
+# ---- calibrated thresholds: Eq. 2 sets of the paper's size (issue 32 item 4) ---------------------------------------
+def spread_scores(rng: np.random.Generator, steps: int, chance: float) -> tuple[np.ndarray, np.ndarray]:
+    """``[steps, 30, 9]`` Eq. 2 scores of the embedded model's shape: most heads near chance, as on the key-value
+    lookup where relative:3 marks a quarter to a third of all heads."""
+    scores = chance * rng.lognormal(mean=0.6, sigma=0.8, size=(steps, 30, 9))
+    return scores.astype(np.float32), np.full(steps, chance, np.float32)
+
+
+@pytest.mark.parametrize("target", [5.0, 10.0, 20.0])
+def test_a_calibrated_rule_gives_sets_of_its_target_size_where_relative_3_marks_a_third(target):
+    from dynheads.thresholds import fit_relative
+
+    rng = np.random.default_rng(0)
+    fit = [spread_scores(rng, steps, chance) for steps, chance in ((7, 0.05), (12, 0.12), (9, 0.2))]
+    held = [spread_scores(rng, steps, chance) for steps, chance in ((10, 0.08), (15, 0.15))]
+
+    def mean_size(rule: ReasoningThreshold, arrays) -> float:
+        return float(np.mean(np.concatenate([rule.active(s, c).sum(axis=(1, 2)) for s, c in arrays])))
+
+    assert mean_size(ReasoningThreshold.parse("relative:3"), held) > 270 / 5  # the old default: far too many
+    rule = ReasoningThreshold("relative", fit_relative(*zip(*fit, strict=True), target))
+    assert mean_size(rule, fit) == pytest.approx(target, abs=0.05)  # exact up to rounding target x steps
+    assert mean_size(rule, held) == pytest.approx(target, rel=0.25)  # held-out steps land near it too
+    sizes = np.concatenate([rule.active(s, c).sum(axis=(1, 2)) for s, c in held])
+    assert sizes.std() > 0  # a threshold, not a top-k: |D_t| still varies from step to step
+
+
+def test_calibrated_rules_parse_and_refuse_to_decide_before_they_are_fitted():
+    rule = ReasoningThreshold.parse("calibrated:12")
+    assert (rule.mode, rule.value, str(rule)) == ("calibrated", 12.0, "calibrated:12")
+    with pytest.raises(DynheadsError, match="mean set size > 0"):
+        ReasoningThreshold.parse("calibrated:0")
+    with pytest.raises(DynheadsError, match="rule to fit"):
+        rule.active(np.zeros((1, 1, 2)), np.array([0.1]))
+
+
+def question_run(path, ids: list[str], traces: dict[str, Trace]) -> RunDir:
+    run = RunDir(path)
+    run.start("hotpotqa", {"seed": 0}, None, {"questions": {"ids": ids}})
+    for sample_id, trace in traces.items():
+        run.save_sample({"sample_id": sample_id}, trace)
+    return run
+
+
+def test_dynamism_records_the_fitted_value_and_the_samples_that_fitted_it(tmp_path):
+    from dynheads.thresholds import fit_relative
+
+    rng = np.random.default_rng(1)
+    fit_arrays = [spread_scores(rng, 8, 0.1), spread_scores(rng, 6, 0.2)]
+    fit = question_run(tmp_path / "fit", ["q0", "q1"], {f"q{i}": trace_with(*a) for i, a in enumerate(fit_arrays)})
+    evaluated = question_run(tmp_path / "eval", ["q2"], {"q2": trace_with(*spread_scores(rng, 10, 0.1))})
+    write_json(tmp_path / "static.json", ["0-2"])
+    stats = dynamism_report(
+        evaluated.path,
+        tmp_path / "static.json",
+        score="reasoning",
+        threshold="calibrated:10",
+        fit_run=fit.path,
+        out_dir=tmp_path,
+    )
+    saved = json.loads((tmp_path / "dynamism.json").read_text())
+    k = fit_relative(*zip(*fit_arrays, strict=True), 10)
+    record = saved["threshold_fit"]
+    assert record["rule"] == "calibrated:10" and record["applied"] == saved["threshold"]
+    assert ReasoningThreshold.parse(saved["threshold"]).value == pytest.approx(k, rel=1e-5)
+    assert (record["fit_questions"], record["fit_samples"], record["fit_steps"]) == (["q0", "q1"], ["q0", "q1"], 14)
+    assert record["fit_mean_size"] == pytest.approx(10, abs=0.1)
+    assert record["fit_run"] == str(fit.path) and 3 <= stats.mean_size <= 20
+    assert "fitted by the rule calibrated:10" in (tmp_path / "dynamism.md").read_text()
+
+
+def test_fitting_on_the_evaluated_questions_is_refused(tmp_path):
+    rng = np.random.default_rng(2)
+    trace = trace_with(*spread_scores(rng, 5, 0.1))
+    evaluated = question_run(tmp_path / "eval", ["q1", "q2"], {"q1": trace, "q2": trace})
+    write_json(tmp_path / "static.json", ["0-2"])
+
+    def report(fit_run):
+        dynamism_report(
+            evaluated.path,
+            tmp_path / "static.json",
+            score="reasoning",
+            threshold="calibrated:10",
+            fit_run=fit_run,
+            out_dir=tmp_path,
+        )
+
+    mixed = question_run(tmp_path / "mixed", ["q0", "q2"], {"q0": trace, "q2": trace})
+    with pytest.raises(DynheadsError, match="fitted on 1 of the questions"):
+        report(mixed.path)
+    with pytest.raises(DynheadsError, match="is the evaluated run"):
+        report(evaluated.path)
+    unknown = RunDir(tmp_path / "unknown")
+    unknown.start("hotpotqa", {"seed": 0}, None)
+    unknown.save_sample({"sample_id": "x"}, trace)
+    with pytest.raises(DynheadsError, match="records no questions"):
+        report(unknown.path)
+    with pytest.raises(DynheadsError, match="--fit-run"):
+        report(None)
+    assert not (tmp_path / "dynamism.json").exists()  # nothing written from a refused fit
+
+
+def test_every_preset_fits_eq2_sets_of_the_papers_size():
+    from dynheads.experiments.reproduce import PRESETS, stage_settings
+
+    for name, preset in PRESETS.items():
+        rule = ReasoningThreshold.parse(stage_settings(preset, "hotpotqa-dynamism")["threshold"])
+        assert rule.mode == "calibrated" and 5 <= rule.value <= 20, name

@@ -7,12 +7,18 @@ One option with a mode, written as text everywhere (CLI, configs, manifests):
   ``|needle| / |keys outside sink and local window|`` at that step (``Trace.chance``,
   ``AttentionProbe.chance_share``). Supporting facts are 10-20 % of a 250-1000-token context, so an absolute
   0.1 lets heads that attend uniformly count as reasoning heads; a multiple of chance does not.
+- ``"calibrated:12"``: a multiple of chance *fitted* so that the mean |D_t| over every step of a fitting stream is
+  12 (``fit_relative``), then applied as ``relative:K`` to the evaluated samples. ``relative:3`` marked a quarter to
+  a third of all heads of the embedded model at every step; the paper's sets hold about 5-20 heads. A calibrated
+  threshold, not a per-step top-k: |D_t| still varies from step to step (Table 1's Std, empty steps, Claim 1's
+  statistics mean something), and only its mean is set, on questions that are never evaluated. It must be fitted
+  before it can say which heads are active (``cutoff`` refuses it): ``dynheads.experiments.threshold_fit``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast, overload
 
@@ -20,7 +26,7 @@ import numpy as np
 
 from dynheads.errors import DynheadsError
 
-ThresholdMode = Literal["absolute", "relative"]
+ThresholdMode = Literal["absolute", "relative", "calibrated"]
 # The one default of the threshold (``dynheads.scores.ScoreSpec`` reads it).
 # Chosen on the embedded model, 18 synthetic HotpotQA questions (docs/hotpotqa.md, "Eq. 2 threshold").
 # Eq. 2's windows (dynheads.scores re-exports them; declared here, in a module without torch, so that configs can
@@ -57,7 +63,8 @@ class ReasoningThreshold:
 
     @classmethod
     def parse(cls, spec: str | float | ReasoningThreshold) -> ReasoningThreshold:
-        """``0.1``, ``"0.1"``, ``"absolute:0.1"`` or ``"relative:3"``; refuses anything else in one line."""
+        """``0.1``, ``"0.1"``, ``"absolute:0.1"``, ``"relative:3"`` or ``"calibrated:12"``; refuses anything else in
+        one line."""
         if isinstance(spec, ReasoningThreshold):
             return spec
         text = str(spec).strip()
@@ -68,20 +75,24 @@ class ReasoningThreshold:
             value = float(number)
         except ValueError:
             value = math.nan
-        if mode not in ("absolute", "relative") or not math.isfinite(value) or value < 0:
+        if mode not in ("absolute", "relative", "calibrated") or not math.isfinite(value) or value < 0:
             raise DynheadsError(
-                f"cannot read Eq. 2 threshold {text!r}: use a score such as 0.1 or a multiple "
-                "of chance such as relative:3"
+                f"cannot read Eq. 2 threshold {text!r}: use a score such as 0.1, a multiple "
+                "of chance such as relative:3 or a mean set size to fit such as calibrated:12"
             )
+        if mode == "calibrated" and value <= 0:
+            raise DynheadsError(f"a calibrated threshold needs a mean set size > 0, got {text!r}")
         return cls(cast(ThresholdMode, mode), value)  # one of the modes, checked above
 
     def __str__(self) -> str:
-        return f"{self.value:g}" if self.mode == "absolute" else f"relative:{self.value:g}"
+        return f"{self.value:g}" if self.mode == "absolute" else f"{self.mode}:{self.value:g}"
 
     def describe(self, score: str = "Eq. 2 reasoning score") -> str:
         """For reports: what 'active' means under this threshold, for the continuous ``score`` (its label)."""
         if self.mode == "absolute":
             return f"{score} > {self.value:g}"
+        if self.mode == "calibrated":
+            return f"{score} > K x chance, K fitted to a mean of {self.value:g} heads per step on a fitting stream"
         return f"{score} > {self.value:g} x chance (|needle| / keys outside sink and local)"
 
     @overload
@@ -93,6 +104,11 @@ class ReasoningThreshold:
         """The score to exceed: the value itself, or value x chance (per step; ``chance [T]`` -> ``[T, 1, 1]``)."""
         if self.mode == "absolute":
             return self.value
+        if self.mode == "calibrated":
+            raise DynheadsError(
+                f"the threshold {self} is a rule to fit, not a cutoff: fit it on a fitting stream first "
+                "(dynamism --fit-run DIR, or reproduce), or pass its fitted relative:K"
+            )
         if chance is None:
             raise DynheadsError(
                 f"the threshold {self} needs the per-step chance share, which this trace lacks "
@@ -106,3 +122,22 @@ class ReasoningThreshold:
     def active(self, scores: np.ndarray, chance: float | np.ndarray | None) -> np.ndarray:
         """Bool D_t: ``scores [T, L, H]`` with ``chance [T]``, or one step's ``[L, H]`` with a float chance."""
         return np.asarray(scores) > self.cutoff(chance)
+
+
+def fit_relative(scores: Sequence[np.ndarray], chances: Sequence[np.ndarray], mean_size: float) -> float:
+    """The multiple K of chance for which ``score > K x chance`` marks ``mean_size`` heads per step on average over
+    every step of ``scores`` (``[T, L, H]`` per sample, with ``chance [T]``): the pooled ratios' value below the
+    ``round(mean_size x steps)`` largest ones. A step with no chance share (no needle) marks nothing. 0 when the
+    target exceeds every positive ratio."""
+    ratios = [
+        np.divide(s, c[:, None, None], out=np.zeros(s.shape), where=c[:, None, None] > 0)
+        for s, c in zip(scores, chances, strict=True)
+    ]
+    pooled = np.concatenate([r.ravel() for r in ratios]) if ratios else np.zeros(0)
+    steps = sum(r.shape[0] for r in ratios)
+    if not steps:
+        raise DynheadsError("cannot fit a calibrated threshold on no step: the fitting run generated no token")
+    keep = round(mean_size * steps)
+    if keep >= pooled.size:
+        return 0.0
+    return float(-np.partition(-pooled, keep)[keep])  # the (keep + 1)-th largest ratio

@@ -168,8 +168,8 @@ def _summary_line(run: Any, task: Any, out: Path) -> str:
         f"{skipped.get('count', 0)} (question, cell) pairs skipped"
         + (f" ({reasons})" if reasons else "")
         + (
-            f"; chance (random candidate) EM {chance['chance']:.3f}, first / last candidate "
-            f"{chance['first']:.3f} / {chance['last']:.3f} (summary.md)"
+            f"; chance (random candidate) EM {chance['chance']:.3f}, best position heuristic "
+            f"{max(chance.get('heuristics', {}).values(), default=float('nan')):.3f} (summary.md)"
             if chance
             else ""
         )

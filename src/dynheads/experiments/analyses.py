@@ -28,6 +28,7 @@ from dynheads.analysis.dynamism import (
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
+from dynheads.experiments.threshold_fit import ThresholdFit, resolve_threshold
 from dynheads.io import write_json, write_text
 from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_TOP1
 from dynheads.plots.cca import plot_cca
@@ -76,6 +77,17 @@ def dynamic_sets(trace: Trace, score: ScoreKind, threshold: str | float | Reason
 
 
 # ---- Claim 1: dynamism (Table 1, Table 5) ---------------------------------------------------------------------
+def fitted_run(
+    run_dir: str | Path, score: ScoreKind, threshold: str | float, fit_run: str | Path | None
+) -> tuple[RunDir, list[Trace], ThresholdFit, ScoreSpec]:
+    """The run, its traces, the threshold its sets are decided with and the score spec that applies it: a fixed
+    ``threshold`` as it is, a ``calibrated:M`` one fitted on ``fit_run`` (``threshold_fit``; refused before any
+    trace loads when the two runs share a question)."""
+    fit = resolve_threshold(threshold, check_score(score), run_dir, fit_run)
+    run, traces = load_run(run_dir)
+    return run, traces, fit, ScoreSpec(score, fit.applied)
+
+
 def dynamism_report(
     run_dir: str | Path,
     static_file: str | Path,
@@ -85,28 +97,28 @@ def dynamism_report(
     ks: Sequence[int] = DEFAULT_KS,
     out_dir: str | Path | None = None,
     static_kind: ScoreKind | None = None,
+    fit_run: str | Path | None = None,
 ) -> DynamismStats:
     """Table 1 / Table 5 statistics of the run against the static list; writes dynamism.md, .csv and .json.
 
-    The run's row sits beside the paper's five rows. ``threshold`` only applies to a continuous score.
+    The run's row sits beside the paper's five rows. ``threshold``: a continuous score's (``fitted_run``).
     ``static_kind``: which static list ``static_file`` is (``copy``: Wu et al.'s retrieval heads; ``reasoning``:
     mean Eq. 2), recorded for the verdict's card; default: the same kind as ``score``.
     """
-    run, traces = load_run(run_dir)
-    rule = ReasoningThreshold.parse(threshold)
-    spec = ScoreSpec(check_score(score), str(rule))
+    run, traces, fit, spec = fitted_run(run_dir, score, threshold, fit_run)
     ranking = scored_heads(load_head_list(static_file, *traces[0].shape))  # never zero-score filler
     if not ranking:
         raise DynheadsError(f"{static_file} scores no head above 0: no static list to compare with")
-    sets = [dynamic_sets(trace, score, rule) for trace in traces]
+    sets = [dynamic_sets(trace, score, fit.applied) for trace in traces]
     stats = dynamism_stats(sets, ranking, ks=ks)
     rows = {f"{model_name(run)} (ours)": stats.to_dict(), **{f"{k} (paper)": v for k, v in PAPER_DYNAMISM.items()}}
     out = Path(out_dir) if out_dir else run.path
-    setting = spec.describe()
+    setting = spec.describe() if spec.score.binary else f"{spec.describe()} ({fit.describe()})"
     skipped = {"empty_samples_skipped": stats.empty_samples}
     # what Claim 1's verdict is decided from (the summary's numbers), and the step view's threshold
     evidence = {
-        "threshold": None if spec.score.binary else str(rule),
+        "threshold": None if spec.score.binary else fit.applied,
+        "threshold_fit": None if spec.score.binary else fit.to_dict(),
         "static_kind": static_kind or score,
         "per_sample": per_sample_dynamism(sets, ranking),
     }
@@ -146,6 +158,7 @@ def dynamism_report(
             "static_file": str(static_file),
             "score": score,
             "threshold": evidence["threshold"],
+            "threshold_fit": evidence["threshold_fit"],
             "ks": list(ks),
             **skipped,
             "static_kind": evidence["static_kind"],

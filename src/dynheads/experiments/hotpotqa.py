@@ -19,7 +19,7 @@ from dynheads.experiments.settings import HotpotConfig
 from dynheads.experiments.tracing import run_task
 from dynheads.io import read_json
 from dynheads.runs import RunDir, RunOptions
-from dynheads.tables import Summary, Table, write_summary
+from dynheads.tables import Cell, Summary, Table, write_summary
 from dynheads.tasks import candidates
 from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.hotpotqa import HOTPOTQA
@@ -69,8 +69,9 @@ def run_hotpotqa(
 
 def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:
     """The run's table: metrics per context length, and for tasks with same-form candidates in the context the
-    chance level, the position heuristics, EM by fact order and the wrong answers that are a distractor's value
-    (``dynheads.tasks.candidates``), with 95 % bootstrap intervals over questions."""
+    chance level, the position heuristics, EM by fact order and by gold position (third of the context) and the
+    wrong answers that are a distractor's value (``dynheads.tasks.candidates``), with 95 % bootstrap intervals
+    over questions."""
     metrics = [m for m in task.metrics if all(m in r["metrics"] for r in records)]
     lengths = sorted({r["context_tokens"] for r in records})
     rows = [
@@ -89,11 +90,17 @@ def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:
             [r["metrics"]["em"] for r in records if r["meta"].get(candidates.CANDIDATES)], seed
         )
         diffs = {name: candidates.interval(values, seed) for name, values in candidates.gaps(records).items()}
+        rates = candidates.heuristic_rates(records)
+        heuristics: list[list[Cell]] = [
+            [name, value, summary["model"] - value, "[{:.3f}, {:.3f}]".format(*diffs[name])]
+            for name, value in rates.items()
+        ]
+        thirds = candidates.by_gold_third(records)
         blocks += [
             "Chance and failure modes (same-form candidates in the context; EM; 95 % bootstrap intervals over "
             "questions, seed recorded): chance is an answer drawn at random from a question's candidates "
-            "(mean of 1 / candidates); first / last candidate always answer the value that comes first / last in "
-            "the context; the model minus each baseline is paired per question.",
+            "(mean of 1 / candidates); each position heuristic answers the candidate its rule picks from where the "
+            "candidates sit in the context (dynheads.tasks.candidates); the model minus each is paired per question.",
             Table(
                 ["answerer", "EM", "model - it", "95 % interval of the difference"],
                 [
@@ -104,18 +111,7 @@ def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:
                         summary["model"] - summary["chance"],
                         "[{:.3f}, {:.3f}]".format(*diffs["chance"]),
                     ],
-                    [
-                        "first candidate",
-                        summary["first"],
-                        summary["model"] - summary["first"],
-                        "[{:.3f}, {:.3f}]".format(*diffs["first"]),
-                    ],
-                    [
-                        "last candidate",
-                        summary["last"],
-                        summary["model"] - summary["last"],
-                        "[{:.3f}, {:.3f}]".format(*diffs["last"]),
-                    ],
+                    *heuristics,
                 ],
                 missing="nan",
             ),
@@ -127,11 +123,18 @@ def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:
                 ["gold rank among candidates (fact order)", "questions", "EM"],
                 [[rank, n, em] for rank, (n, em) in candidates.by_gold_rank(records).items()],
             ),
+            Table(
+                ["gold position (third of the context)", "questions", "EM"],
+                [[third, n, em] for third, (n, em) in thirds.items()],
+                missing="n/a",
+            ),
         ]
         numbers["candidates"] = {
             **summary,
             "em_interval": [low, high],
             "seed": seed,
             "differences": {k: list(v) for k, v in diffs.items()},
+            "heuristics": rates,
+            "by_gold_third": {third: {"n": n, "em": em} for third, (n, em) in thirds.items()},
         }
     return Summary(blocks, numbers, f"{task.label}: answers")

@@ -183,10 +183,12 @@ def chance_blocks(records: list[dict]) -> list:
                 summary["distractor_share"],
             ]
         )
+    rates = candidates.heuristic_rates(questions)
     return [
         f"Chance with the context visible over these {base['n']} questions: a random same-form candidate "
-        f"{base['chance']:.3f} EM; always the first candidate {base['first']:.3f}, always the last "
-        f"{base['last']:.3f} (dynheads.tasks.candidates).",
+        f"{base['chance']:.3f} EM"
+        + "".join(f"; {name} {value:.3f}" for name, value in rates.items())
+        + " (dynheads.tasks.candidates).",
         Table(["strategy", "k", "questions", "EM", "wrong", "wrong = a distractor's value"], rows, missing="n/a"),
     ]
 
@@ -213,7 +215,11 @@ def _answer_record(
         "context_tokens": sample.context_span[1] - sample.context_span[0],
         "record_id": sample.record_id,
         "heads_used": used_k,
-        "meta": {key: sample.meta[key] for key in (candidates.CANDIDATES, candidates.GOLD_RANK) if key in sample.meta},
+        "meta": {
+            key: sample.meta[key]
+            for key in (candidates.CANDIDATES, candidates.GOLD_RANK, candidates.DEPTHS)
+            if key in sample.meta
+        },
     }
 
 

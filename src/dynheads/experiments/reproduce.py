@@ -13,7 +13,9 @@ import json
 import time
 import tomllib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Unpack
 
 from dynheads import stages
 from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
@@ -26,9 +28,11 @@ from dynheads.experiments.probing import train_probe_on_run
 from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.experiments.settings import ReproduceConfig
 from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run_static, run_static_reasoning
+from dynheads.experiments.threshold_fit import ThresholdFit, fit_threshold
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
-from dynheads.runs import RunDir
+from dynheads.runs import RunDir, RunOptions
+from dynheads.scores import DEFAULT_REASONING_THRESHOLD
 from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
 from dynheads.tasks.registry import task_of
@@ -156,6 +160,13 @@ def reproduce(
     study.run(stages.HOTPOTQA, lambda: run_hotpotqa(hotpot, out / stages.HOTPOTQA, lm=lm, progress=progress))
     # Claim 1 compares with the task's own static list (the reasoning list for Eq. 2 tasks), issue 21 item 4
     qa_static = {"copy": static_file, "reasoning": reasoning_file}[qa.static_kind]
+    # Eq. 2's threshold (a calibrated one is fitted on the static stream's traces, which nothing evaluates)
+    qa_threshold = stage_settings(preset, stages.HOTPOTQA_DYNAMISM).get("threshold", DEFAULT_REASONING_THRESHOLD)
+    fit_stream = out / stages.HOTPOTQA_STATIC
+
+    def qa_fit() -> ThresholdFit:  # fitted when a stage needs it: the static stage may have failed
+        return fit_threshold(qa_threshold, qa.score_kind, fit_stream)
+
     study.run(
         stages.HOTPOTQA_DYNAMISM,
         lambda: (
@@ -163,6 +174,8 @@ def reproduce(
                 out / stages.HOTPOTQA,
                 qa_static,
                 score=qa.score_kind,
+                threshold=qa_threshold,
+                fit_run=fit_stream,
                 static_kind=qa.static_kind,
                 out_dir=out / stages.HOTPOTQA_DYNAMISM,
             ),
@@ -195,14 +208,18 @@ def reproduce(
     )
     study.run(
         stages.HOTPOTQA_ABLATION,
-        lambda: run_ablation(hotpot_ablation, out / stages.HOTPOTQA_ABLATION, lm=lm, progress=progress),
+        lambda: fitted_ablation(
+            run_ablation, hotpot_ablation, qa_fit(), out / stages.HOTPOTQA_ABLATION, lm=lm, progress=progress
+        ),
     )
     hotpot_progressive = ProgressiveConfig(
         **settings(stages.HOTPOTQA_PROGRESSIVE, first=streams["progressive"].first, split="progressive", **hotpot_task)
     )
     study.run(
         stages.HOTPOTQA_PROGRESSIVE,
-        lambda: run_progressive(hotpot_progressive, out / stages.HOTPOTQA_PROGRESSIVE, lm=lm, progress=progress),
+        lambda: fitted_ablation(
+            run_progressive, hotpot_progressive, qa_fit(), out / stages.HOTPOTQA_PROGRESSIVE, lm=lm, progress=progress
+        ),
     )
     rag = RagConfig(
         **settings(
@@ -215,6 +232,20 @@ def reproduce(
     )
     study.run(stages.RAG, lambda: run_rag(rag, out / stages.RAG, lm=lm, progress=progress))
     return out
+
+
+def fitted_ablation(
+    run: Callable[..., object],
+    config: AblationConfig | ProgressiveConfig,
+    fit: ThresholdFit,
+    out: Path,
+    **options: Unpack[RunOptions],
+) -> None:
+    """An Eq. 2 ablation (``run``: ``run_ablation`` or ``run_progressive``) with the threshold ``fit`` applies; the
+    fit is written beside the run's manifest (``threshold_fit.json``). Its static list comes from the fitting run,
+    so the ablation's refusal of a static list scored on its questions refuses a mixed fit too."""
+    run(replace(config, threshold=fit.applied), out, **options)
+    write_json(out / "threshold_fit.json", fit.to_dict())
 
 
 def hotpot_streams(preset: dict) -> dict[str, QuestionStream]:

@@ -264,7 +264,11 @@ class ScoreChoice:
 class DynamismSettings(ScoreChoice):
     threshold: str = setting(
         DEFAULT_REASONING_THRESHOLD,
-        "Eq. 2 only: a head is active above this score (0.1) or multiple of chance (relative:3)",
+        "Eq. 2 only: a head is active above this score (0.1), multiple of chance (relative:3), or a multiple of "
+        "chance fitted on --fit-run to a mean set size (calibrated:10)",
+    )
+    fit_run: str | None = setting(
+        None, "calibrated thresholds: a traced run on other questions to fit on (refused if they overlap)"
     )
 
 

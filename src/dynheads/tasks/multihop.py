@@ -1,4 +1,5 @@
-"""Multi-hop key-value retrieval (RULER-style multi-key / variable tracking), solvable by small models.
+"""The key-value lookup (one hop, the default form: registered as ``kv_lookup``) and two-hop key-value retrieval
+(``multihop:hops=2``, registered as ``multihop``), RULER-style, solvable by small models.
 
 Short facts are scattered through the NIAH haystack (``niah.load_haystack``)::
 
@@ -13,9 +14,13 @@ sample: a small model matches whole familiar words far better than invented name
 6-digit number, an invented word or 8 hex digits) that do not occur in the haystack, so nothing can be guessed
 without the context.
 
-Placement: the supporting facts sit inside a window of ``spread`` (a share of the haystack) whose position is
-``depth`` (0: the window starts the context, 1: it ends it), in seeded order; distractors sit at seeded uniform
-depths. Every fact is moved back to the nearest sentence end, as the NIAH needle is. Length convention as NIAH:
+Placement (``placement=uniform``, the default): the value facts (the gold one and each distractor chain's) sit at
+uniform depths, the gold one the ``gold_rank``-th of them (``candidates.balanced_positions``; the grid cycles the
+rank with ``candidates.gold_rank_of``), so fact order is balanced and the gold fact's position is uniform over the
+context; other facts sit at uniform depths. ``placement=depth``: the supporting facts sit inside a window of
+``spread`` (a share of the haystack) whose position is ``depth`` (0: the window starts the context, 1: it ends
+it), in seeded order; distractors at seeded uniform depths. Every fact is moved back to the nearest sentence end,
+as the NIAH needle is. Length convention as NIAH:
 ``context_tokens`` counts the haystack *with* every fact, in the model's tokens (the realised count is in
 ``meta``). Supporting-fact token spans come from character offsets of the rendered prompt, never from matching
 tokens. Samples carry every field the HotpotQA-side runners read (``HotpotSample``'s).
@@ -59,6 +64,7 @@ _ECHO = re.compile(
     r"\s*(?:is\b|:|=)\s*",
     re.IGNORECASE,
 )
+PLACEMENTS = ("uniform", "depth")
 ValueFormat = Literal["number", "word", "hex"]
 VALUE_FORMATS = ("number", "word", "hex")
 # Keys and bridges: common concrete nouns (one or two tokens each), drawn without replacement within a sample.
@@ -169,6 +175,7 @@ FORM_RULES: dict[str, Rule] = {
     "distractors": (lambda count: count >= 0, ">= 0"),
     "value": (lambda value: value in VALUE_FORMATS, f"one of {', '.join(VALUE_FORMATS)}"),
     "spread": (lambda spread: 0.0 <= spread <= 1.0, "between 0 and 1"),
+    "placement": (lambda placement: placement in PLACEMENTS, f"one of {', '.join(PLACEMENTS)}"),
 }
 
 
@@ -181,10 +188,19 @@ class MultihopForm:
     hops: int = field(default=1, metadata={"help": "1: the value fact alone; 2: code fact then value fact"})
     distractors: int = field(default=2, metadata={"help": "distractor facts (same two forms, other names)"})
     value: str = field(default="number", metadata={"help": "answer format: number (6 digits), word, hex (8)"})
-    spread: float = field(default=0.25, metadata={"help": "share of the haystack the supporting facts span"})
+    spread: float = field(default=0.25, metadata={"help": "placement=depth: share of the haystack the facts span"})
+    placement: str = field(
+        default="uniform",
+        metadata={"help": "uniform (value facts at uniform depths, the gold one by fact order) or depth"},
+    )
 
     def __post_init__(self) -> None:
         check_form(SOURCE, self, FORM_RULES)
+
+    @property
+    def candidates(self) -> int:
+        """Same-form candidates in the context: the gold value fact and each distractor chain's value fact."""
+        return 1 + self.distractors // 2
 
     @property
     def type(self) -> str:
@@ -270,8 +286,10 @@ def make_sample(
     haystack: str | None = None,
     sample_id: str | None = None,
     chat_template_kwargs: Mapping[str, object] | None = None,
+    gold_rank: int = 0,
 ) -> Sample:
-    """One seeded question with ``context_tokens`` haystack tokens (facts included), supporting facts at ``depth``."""
+    """One seeded question with ``context_tokens`` haystack tokens (facts included): the gold value fact the
+    ``gold_rank``-th value fact in the context (``placement=uniform``), or the supporting facts at ``depth``."""
     if not 0.0 <= depth <= 1.0:
         raise DynheadsError(f"depth must be between 0 and 1, got {depth}")
     source = load_haystack(haystack)
@@ -296,12 +314,8 @@ def make_sample(
         )
     text = _haystack_of_length(tokenizer, source, budget)
 
-    order = list(range(len(supporting)))
-    rng.shuffle(order)  # the hops appear in either order in the text
-    start = depth * (1.0 - form.spread)
-    step = form.spread / max(len(supporting) - 1, 1)
-    depths = {supporting[i]: start + rank * step for rank, i in enumerate(order)}
-    depths.update({fact: rng.random() for fact in distractors})
+    values = {HOP2_TEMPLATE.format(bridge=c.bridge, value=c.value): c.value for c in [gold, *chains]}
+    depths = _depths(rng, form, supporting, distractors, [f for f in distractors if f in values], depth, gold_rank)
     placed = sorted(facts, key=lambda f: (_sentence_end_before(text, round(depths[f] * len(text))), depths[f]))
     context, offsets = _insert(text, [(_sentence_end_before(text, round(depths[f] * len(text))), f) for f in placed])
 
@@ -319,7 +333,6 @@ def make_sample(
         ],
     )
     record_id = f"multihop-{seed}"
-    values = {HOP2_TEMPLATE.format(bridge=c.bridge, value=c.value): c.value for c in [gold, *chains]}
     in_order = [values[fact] for fact in placed if fact in values]
     first, last = context_positions[0], context_positions[-1] + 1
     fact_depths = [round((start - first) / max(last - first, 1), 4) for start, _ in spans]
@@ -348,10 +361,38 @@ def make_sample(
             # same-form candidates: the values of every value fact, in context order (chance, heuristics)
             candidates.CANDIDATES: in_order,
             candidates.GOLD_RANK: in_order.index(gold.value),
+            candidates.DEPTHS: [round(offsets[f] / max(len(context), 1), 4) for f in placed if f in values],
             "fact_depths": fact_depths,
             "depth_realised": round(sum(fact_depths) / len(fact_depths), 4),
         },
     )
+
+
+def _depths(
+    rng: random.Random,
+    form: MultihopForm,
+    supporting: list[str],
+    distractors: list[str],
+    distractor_values: list[str],
+    depth: float,
+    gold_rank: int,
+) -> dict[str, float]:
+    """Each fact's depth (share of the haystack). ``uniform``: the value facts (the gold one, supporting[-1], and
+    ``distractor_values``) from ``candidates.balanced_positions`` (the gold one the ``gold_rank``-th), every other
+    fact at a uniform depth. ``depth``: the supporting facts in seeded order inside a window of ``spread`` at
+    ``depth``, distractors at uniform depths."""
+    if form.placement == "uniform":
+        value_facts = [supporting[-1], *distractor_values]
+        depths = dict(zip(value_facts, candidates.balanced_positions(rng, len(value_facts), gold_rank), strict=True))
+        depths.update({fact: rng.random() for fact in supporting + distractors if fact not in depths})
+        return depths
+    order = list(range(len(supporting)))
+    rng.shuffle(order)  # the hops appear in either order in the text
+    start = depth * (1.0 - form.spread)
+    step = form.spread / max(len(supporting) - 1, 1)
+    depths = {supporting[i]: start + rank * step for rank, i in enumerate(order)}
+    depths.update({fact: rng.random() for fact in distractors})
+    return depths
 
 
 def _insert(text: str, items: list[tuple[int, str]]) -> tuple[str, dict[str, int]]:
@@ -399,6 +440,7 @@ def grid_samples(
                 form=form,
                 haystack=haystack,
                 seed=derive_seed(SOURCE, seed, index),
+                gold_rank=candidates.gold_rank_of(index, len(cells), form.candidates),
                 sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
                 chat_template_kwargs=chat_template_kwargs,
             )

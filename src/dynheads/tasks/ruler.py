@@ -19,9 +19,15 @@ for <key> is: <7 digits>." with distinct keys (RULER's adjective-noun words), th
 ``haystack=needle`` fills the context with more needles of the same form instead of noise (RULER's
 niah_multikey_2/3 haystack).
 
-Fact order and positions: the gold chain (needle) sits in a window of ``spread`` of the context at ``depth``; the
-distractor chains (needles) take value lines before or after it so that the gold value's rank among the
-candidate values cycles over the stream (``gold_rank``, recorded per sample, balanced: ``gold_rank_of``).
+Fact order and positions: the gold value's rank among the candidate values cycles over the stream (``gold_rank``,
+recorded per sample, balanced: ``candidates.gold_rank_of``). ``placement=uniform`` (the default, variable tracking
+and multi-key NIAH alike): every chain's first statement (value statement, needle) takes a uniform line and the
+gold one the ``gold_rank``-th of them (``candidates.balanced_positions``), so the gold statement's position is
+uniform over the whole context and no rule on positions finds it; the grid's ``depth`` only names the cell.
+``placement=depth`` (the former placement): the gold chain starts at ``depth`` of the context less its ``spread``
+and the distractors take lines before or after it (with ``spread=0.5`` the gold value sat in the first half, and
+"the last candidate in the first half" answered 0.64 of the key-value lookups). Links follow their chain's first
+statement within ``spread`` of the context.
 Each sample records its candidates in context order (``meta.candidates``, read by ``dynheads.tasks.candidates``),
 the realised depth of each gold statement (``meta.fact_depths``, token
 position over the context span) and their mean (``meta.depth_realised``). Eq. 2's needle (``needle_positions``)
@@ -128,16 +134,22 @@ QUERIES = ("all", "value")
 HAYSTACKS = ("noise", "needle")
 
 
+PLACEMENTS = ("uniform", "depth")
+PLACEMENT_HELP = "uniform (candidates at uniform positions, gold one by fact order) or depth (gold at the cell's depth)"
+
+
 # ---- forms: what a ``data`` value spells ---------------------------------------------------------------------------
 VT_RULES: dict[str, Rule] = {
     "hops": (lambda hops: 0 <= hops <= 10, "between 0 and 10"),
     "chains": (lambda chains: chains >= 1, ">= 1"),
     "query": (lambda query: query in QUERIES, f"one of {', '.join(QUERIES)}"),
     "spread": (lambda spread: 0.0 < spread <= 1.0, "in (0, 1]"),
+    "placement": (lambda placement: placement in PLACEMENTS, f"one of {', '.join(PLACEMENTS)}"),
 }
 MK_RULES: dict[str, Rule] = {
     "keys": (lambda keys: keys >= 1, ">= 1"),
     "haystack": (lambda haystack: haystack in HAYSTACKS, f"one of {', '.join(HAYSTACKS)}"),
+    "placement": VT_RULES["placement"],
 }
 
 
@@ -149,6 +161,7 @@ class VTForm:
     chains: int = field(default=3, metadata={"help": "chains in the context, one gold (RULER's num_chains)"})
     query: str = field(default="value", metadata={"help": "value (the last variable's number) or all (RULER's)"})
     spread: float = field(default=0.5, metadata={"help": "share of the context a chain spans"})
+    placement: str = field(default="uniform", metadata={"help": PLACEMENT_HELP})
 
     def __post_init__(self) -> None:
         check_form(VT_SOURCE, self, VT_RULES)
@@ -172,6 +185,7 @@ class MKForm:
 
     keys: int = field(default=4, metadata={"help": "needles with distinct keys, one asked for (RULER's num_needle_k)"})
     haystack: str = field(default="noise", metadata={"help": "noise (RULER's repeat) or needle (more needles)"})
+    placement: str = field(default="uniform", metadata={"help": PLACEMENT_HELP})
 
     def __post_init__(self) -> None:
         check_form(MK_SOURCE, self, MK_RULES)
@@ -218,17 +232,20 @@ def describe_form(data: str) -> dict:
 
 # ---- placement -----------------------------------------------------------------------------------------------------
 def _slots(
-    rng: random.Random, lines: int, count: int, depth: float, spread: float, rank: int, links: int
+    rng: random.Random, lines: int, count: int, depth: float, spread: float, rank: int, links: int, placement: str
 ) -> list[list[int]]:
-    """Line slots (0..lines: before line i) of each group's statements; group 0 is gold. The gold group starts at
-    ``depth`` and spans ``spread``; the first ``rank`` other groups start before the gold one, the rest after it.
-    Within a group, slots ascend (a link comes after what it names)."""
+    """Line slots (0..lines: before line i) of each group's statements; group 0 is gold, and ``rank`` other groups
+    start before it, the rest after it. ``uniform``: first slots from ``candidates.balanced_positions``;
+    ``depth``: the gold group starts at ``depth`` of the lines its ``spread`` leaves, the others at uniform slots
+    on its side. Within a group, slots ascend (a link comes after what it names, within ``spread``)."""
     width = max(1, round(spread * lines))
-    start = round(depth * (lines - width)) if lines > width else 0
 
     def group(first: int) -> list[int]:
         return [first] + sorted(rng.randint(first, min(lines, first + width)) for _ in range(links))
 
+    if placement == "uniform":
+        return [group(min(int(p * (lines + 1)), lines)) for p in cand.balanced_positions(rng, count, rank)]
+    start = round(depth * (lines - width)) if lines > width else 0
     groups = [group(start)]
     for k in range(count - 1):
         groups.append(group(rng.randint(0, start) if k < rank else rng.randint(start, lines)))
@@ -289,6 +306,17 @@ class _Names:
 
     def key(self) -> str:
         return self._fresh(lambda: f"{self.rng.choice(_ADJECTIVES)}-{self.rng.choice(_NOUNS)}")
+
+
+def _candidates(
+    context: str, order: list[int], values: list[str], offsets: dict[tuple[int, int], int], needles: bool
+) -> tuple[list[str], list[int]]:
+    """The same-form candidate values in context order and each one's character offset: the groups' values, or
+    with the needle haystack every needle's value."""
+    if needles:
+        found = list(re.finditer(r"is: (\d{7})\.", context))
+        return [m.group(1) for m in found], [m.start() for m in found]
+    return [values[g] for g in order], [offsets[(g, 0)] for g in order]
 
 
 # ---- samples -------------------------------------------------------------------------------------------------------
@@ -357,13 +385,11 @@ def make_sample(
             ]
         )
         lines = [NIAH_NEEDLE.format(key=filler.key(), value=filler.number(7)) for _ in range(max(budget // one, 1))]
-    groups = _slots(rng, len(lines), len(statements), depth, spread, gold_rank, links)
+    groups = _slots(rng, len(lines), len(statements), depth, spread, gold_rank, links, form.placement)
     context, offsets, order = _assemble(lines, groups, statements, gold_rank)
     if order.index(0) != gold_rank:  # placement guarantees it; a broken guarantee must not pass silently
         raise DynheadsError(f"internal: gold group at rank {order.index(0)}, wanted {gold_rank}")
-    in_order = [values[g] for g in order]
-    if filler is not None:  # every needle's value is a same-form candidate
-        in_order = [m.group(1) for m in re.finditer(r"is: (\d{7})\.", context)]
+    in_order, starts = _candidates(context, order, values, offsets, needles=filler is not None)
 
     question = user.format(intro=VT_INTRO, context="", query=query, count=len(answer.split())).split("\n")[-1]
     prompt = render_chat(
@@ -409,19 +435,12 @@ def make_sample(
             "form": asdict(form),
             cand.CANDIDATES: in_order,
             cand.GOLD_RANK: in_order.index(answer),
+            cand.DEPTHS: [round(start / max(len(context), 1), 4) for start in starts],
             "fact_depths": fact_depths,
             "depth_realised": round(sum(fact_depths) / len(fact_depths), 4),
             "distractor_statements": [s for group in statements[1:] for s in group],
         },
     )
-
-
-def gold_rank_of(index: int, cells: int, candidates: int) -> int:
-    """Question ``index``'s gold rank: (cell + round) mod candidates, where question i sits in cell i mod cells
-    of round i div cells. Within a round consecutive cells take consecutive ranks, and each cell steps through
-    every rank over consecutive rounds, so neither the stream nor a cell leans to one fact order."""
-    cells = max(cells, 1)
-    return (index % cells + index // cells) % candidates
 
 
 def grid_samples(
@@ -451,7 +470,7 @@ def grid_samples(
                 context_tokens=length,
                 depth=depth,
                 seed=derive_seed(source_of(data), seed, index),
-                gold_rank=gold_rank_of(index, len(cells), form.candidates),
+                gold_rank=cand.gold_rank_of(index, len(cells), form.candidates),
                 sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
                 chat_template_kwargs=chat_template_kwargs,
             )
@@ -498,7 +517,7 @@ def score(sample: Sample, generated: str) -> dict[str, float]:
 def ruler_grid(name: str, default: str | None = None):
     """The grid builder of RULER task ``name`` (``variable_tracking`` or ``multikey_niah``): its questions over the
     same cells as HotpotQA's grid; ``config.data`` spells the form (None: ``default``, else the task's defaults).
-    Question i of the stream is seeded by i and its fact order cycles (``gold_rank_of``)."""
+    Question i of the stream is seeded by i and its fact order cycles (``candidates.gold_rank_of``)."""
 
     def grid(config: Any, tokenizer) -> TaskGrid:
         grid_cells(config)
