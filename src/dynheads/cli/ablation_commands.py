@@ -16,8 +16,8 @@ from dynheads.experiments.settings import AblationFields, ProgressiveFields
 @app.command()
 @with_options(config_options(AblationFields))
 def ablate(out: RunOut, batch_size: BatchSize = 1, config: ConfigFile = None, **settings) -> None:
-    """Per-step head ablation on a NIAH (or HotpotQA) grid: a dose-response of four arms (--doses; Claim 2), or
-    with --doses '' the matched grid's heat maps per strategy (paper Figures 2, 6)."""
+    """Per-step head ablation on a NIAH (or HotpotQA) grid: a dose-response of four arms (Claim 2), or, with an
+    empty dose list, the matched grid's heat maps per strategy (paper Figures 2, 6)."""
     from dynheads.experiments.ablation import AblationConfig
     from dynheads.experiments.dose import run_claim2
 

@@ -170,7 +170,7 @@ class AblationFields(AblationGrid):
     doses: tuple[int, ...] = setting(
         (1, 2, 3, 5, 8),
         "dose-response: heads every arm (dynamic, static, static_outside, random) masks per step, e.g. 1,2,3,5,8; "
-        "empty (--doses '') = the matched grid of --strategies",
+        "empty ('') = the matched grid of the strategies below",
     )
     metric: str = setting(
         "teacher", "dose-response metric: " + "; ".join(f"{name} = {text}" for name, text in DOSE_METRICS.items())

@@ -12,8 +12,13 @@ beats its own test. docs/report.md states the rules with the paper's words behin
   subset"): (a) containment, the share of a step's dynamic heads that are static top-20 heads, below 0.8; (b) the
   Jaccard of D_t with the size-matched static list (top-|D_t|) below 0.5; (c) the entropy of head use above ln 20.
   Jaccard with the top-20 is shown beside its ceiling |D_t|/20 and decides nothing: it cannot exceed the ceiling.
-- Claim 2 (irreplaceability): static minus dynamic and random minus dynamic (per-sample task metric, same
-  samples) each above 0.1. Inconclusive when the un-ablated model scores below 0.1, or when a control masked no
+- Claim 2 (irreplaceability), as a dose-response (``dose_verdict``): every arm masks k heads per step; dynamic
+  minus static and dynamic minus static-outside-D_t in the area under the harm curve (teacher-forced drop in the
+  clean token's log-probability) each above 0.1, after a positive control (dynamic's harm beyond 0.5 at some dose)
+  and a negative one (random's within 0.5 at the smallest dose); an arm at a bound at every dose or a failed
+  control is inconclusive with the reason; identical paired differences get an exact (binomial) interval. The
+  matched grid (``irreplaceability_verdict``): static minus dynamic and random minus dynamic (per-sample task
+  metric) each above 0.1; inconclusive when the un-ablated model scores below 0.1, or when a control masked no
   head on more samples than the dynamic run did (those samples are the un-ablated run, not a control).
 - Claim 3 (correlation): held-out minus shuffled CCA top-1 at offset 1 above 0.1 (interval over test samples), and
   the head predictor minus the frequency baseline (AUPRC for copy scores, R² for Eq. 2 scores) above 0. A
@@ -61,7 +66,9 @@ RULES = (
     f"beyond its margin, not supported when one lies on the other side, else inconclusive (also below the "
     f"sample floor). Claim 1: share of a step's dynamic heads in the static top-20 < {CONTAINMENT_MAX}, "
     f"Jaccard with the size-matched static list < {MATCHED_JACCARD_MAX}, entropy of head use > ln 20; "
-    f"Claim 2: static - dynamic > {ABLATION_MARGIN} and random - dynamic > {ABLATION_MARGIN} (task metric); "
+    f"Claim 2: dynamic - static and dynamic - static outside D_t > {DOSE_MARGIN} in the area under the dose "
+    f"curve of the teacher-forced log-probability drop, after controls at {DOSE_CONTROL_MARGIN} nats (matched grid: "
+    f"static - dynamic > {ABLATION_MARGIN} and random - dynamic > {ABLATION_MARGIN}, task metric); "
     f"Claim 3: held-out - shuffled CCA top-1 at k={CCA_OFFSET} > {CCA_MARGIN} and head predictor - "
     f"frequency baseline > {PROBE_MARGIN:g}; RAG: Dynamic - Static F1 > {RAG_MARGIN:g} at every k"
 )
