@@ -92,3 +92,19 @@ def test_identical_area_differences_are_said_and_decided_on_their_exact_interval
     assert static_gap.low < 0 < static_gap.high  # exact, not [0, 0]: 0/30 bounds at 0.116, 0/40 at 0.088
     assert "every paired difference of dynamic - static area" in verdict.reason
     assert verdict.status == status
+
+
+def test_the_claim2_card_shows_the_dose_curves_and_every_arm(tmp_path):
+    from dynheads.report.headline import headline
+
+    curves = _curves({"dynamic": 3.0, "static": 1.0, "static_outside": 0.1, "random": 0.1})
+    verdict = dose_verdict(curves, "NIAH", EVIDENCE)
+    plots = tmp_path / "ablation" / "plots"
+    plots.mkdir(parents=True)
+    (plots / "ablation-accuracy.png").write_bytes(b"")  # a matched grid's heat map: not the dose card's figure
+    (plots / "dose-teacher.png").write_bytes(b"")
+    card = headline("claim2-niah", verdict, tmp_path)
+    assert card.figure == plots / "dose-teacher.png"
+    harm_rows = [row for row in card.rows if row[0].startswith("harm at k=")]
+    assert [row[0].split(":")[0] for row in harm_rows] == ["harm at k=1", "harm at k=8"]
+    assert all(len(row[1].split(" / ")) == len(DOSE_ARMS) for row in harm_rows)
