@@ -282,9 +282,12 @@ def _summary(table: pd.DataFrame, numbers: dict[str, Any], manifest: dict, title
         "Every arm masks k heads at every step (dynamic: the step's heads ranked, D_t first; static: the static "
         "list's top k; static_outside: its top k outside D_t; random: a draw per sample and step). teacher = each "
         "step of the clean greedy answer masked alone on the clean history (drop in log p of the clean token, "
-        "share of steps whose argmax flips); cascade = greedy continues under masking. Means over samples with "
+        "share of steps whose argmax flips; the stop token's step is not measured); cascade = greedy continues under "
+        "masking. Means over samples with "
         "95 % bootstrap intervals; masked = heads removed per step.",
-        f"Static list: {source.get('file')}, fitted on {fitted}.",
+        f"Static list: {source.get('file')}, fitted on "
+        + (", ".join(f"{key} {value}" for key, value in fitted.items()) if isinstance(fitted, dict) else str(fitted))
+        + " (the manifest's static_source).",
         frame_table(
             table,
             {
