@@ -8,9 +8,10 @@ import json
 import pandas as pd
 import pytest
 
+from dynheads.ablation_strategies import DOSE_ARMS
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig
-from dynheads.experiments.dose import ARMS, run_claim2
+from dynheads.experiments.dose import run_claim2
 from dynheads.models import load_model
 from dynheads.report import claims
 from dynheads.report.build import dose_curves
@@ -40,10 +41,10 @@ def test_dose_stage_writes_both_metrics_curves_and_claim2_numbers(tiny_model_dir
     run = run_claim2(_config(tiny_model_dir, static, metric="both"), tmp_path / "run", lm=tiny_lm, progress=False)
     records = run.records()
     assert sum(r["kind"] == "teacher" for r in records) == 2  # one per sample
-    assert sum(r["kind"] == "cascade" for r in records) == 2 * (1 + len(ARMS) * 2)  # none + arms x doses
+    assert sum(r["kind"] == "cascade" for r in records) == 2 * (1 + len(DOSE_ARMS) * 2)  # none + arms x doses
     table = pd.read_csv(run.path / "dose.csv")
     teacher = table[table["family"] == "teacher"]
-    assert set(teacher["metric"]) == {"drop", "flip"} and set(teacher["arm"]) == set(ARMS)
+    assert set(teacher["metric"]) == {"drop", "flip"} and set(teacher["arm"]) == set(DOSE_ARMS)
     assert set(teacher["dose"]) == {1, 2} and (teacher["n"] == 2).all()
     assert (teacher["masked"] == teacher["dose"]).all()  # every arm masks the dose at every step
     assert "none" in set(table[table["family"] == "cascade"]["arm"])

@@ -55,6 +55,7 @@ class AblationStrategy:
 
 
 ABLATION_STRATEGIES = Registry[AblationStrategy]("ablation strategy")
+DOSE_ARMS = ("dynamic", "static", "static_outside", "random")  # the arms of Claim 2's dose-response, each at k heads
 
 
 def ablation_strategy(title: str, **traits: Any) -> Callable[[Callable[[MaskInputs], list[Head]]], AblationStrategy]:

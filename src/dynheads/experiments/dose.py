@@ -29,6 +29,7 @@ import pandas as pd
 from dynheads import distributed
 from dynheads.ablation import AblationResult, AblationSettings
 from dynheads.ablation_forced import forced_ablation
+from dynheads.ablation_strategies import DOSE_ARMS
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import (
@@ -49,7 +50,6 @@ from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
 from dynheads.tasks.registry import Task
 
-ARMS = ("dynamic", "static", "static_outside", "random")
 TEACHER = {"logprob": "log p(clean token), masked", "drop": "drop in log p(clean token) (nats)", "flip": "argmax flips"}
 
 
@@ -67,7 +67,7 @@ def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOpti
     static = static_ranking(config.static, lm)
     source = static_source(config.static, config.task_config().split)
     doses = tuple(sorted(set(config.doses)))
-    extra = {"design": "dose", "arms": list(ARMS), "static_top": [head_key(h) for h in static[:20]]}
+    extra = {"design": "dose", "arms": list(DOSE_ARMS), "static_top": [head_key(h) for h in static[:20]]}
     run, samples = start_grid(config, "ablation", lm, out, {**extra, "static_source": source})
 
     def settings(sample, arm: str, dose: int | None) -> AblationSettings:
@@ -95,7 +95,7 @@ def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOpti
         jobs += [
             (f"{s.sample_id}-{arm}-k{dose}", s, partial(settings, s, arm, dose))
             for s in samples
-            for arm in ARMS
+            for arm in DOSE_ARMS
             for dose in doses
         ]
         decode_jobs(run, lm, config, jobs, _cascade_record, "ablate cascade", options)
@@ -129,10 +129,10 @@ def static_source(path: str | Path, evaluated_split: str) -> dict[str, Any]:
 
 def _teacher_record(lm: LoadedModel, config: AblationConfig, settings, doses: tuple[int, ...], sample) -> dict:
     """One sample's teacher-forced record: per arm and dose the means over the clean answer's steps."""
-    grid = [(arm, dose) for arm in ARMS for dose in doses]
+    grid = [(arm, dose) for arm in DOSE_ARMS for dose in doses]
     result = forced_ablation(lm, sample, [settings(sample, arm, dose) for arm, dose in grid], config.max_new_tokens)
     text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
-    arms: dict[str, dict[str, dict[str, float | None]]] = {arm: {} for arm in ARMS}
+    arms: dict[str, dict[str, dict[str, float | None]]] = {arm: {} for arm in DOSE_ARMS}
     for row, (arm, dose) in enumerate(grid):
         steps = len(result.tokens)
         arms[arm][str(dose)] = {
@@ -168,7 +168,7 @@ def write_doses(run: RunDir, evidence: EvidenceSettings | None = None) -> pd.Dat
     """dose.csv, summary.md (with the per-sample numbers) and the figures of a dose-response run."""
     evidence = evidence or EvidenceSettings()
     records, task = run.records(), run_task_of(run)
-    numbers: dict[str, Any] = {"design": "dose", "doses": run.manifest()["config"]["doses"], "arms": list(ARMS)}
+    numbers: dict[str, Any] = {"design": "dose", "doses": run.manifest()["config"]["doses"], "arms": list(DOSE_ARMS)}
     teacher = [r for r in records if r.get("kind") == "teacher" and r["steps"] > 0]
     if teacher:
         numbers["teacher"] = _teacher_numbers(teacher)
@@ -199,7 +199,7 @@ def _teacher_numbers(records: list[dict]) -> dict[str, Any]:
     doses = sorted(records[0]["arms"]["dynamic"], key=int)
     out: dict[str, Any] = {"clean_logprob": [r["clean_logprob"] for r in records], "samples": len(records)}
     for quantity in ("logprob", "drop", "flip", "masked"):
-        out[quantity] = {arm: {d: [r["arms"][arm][d][quantity] for r in records] for d in doses} for arm in ARMS}
+        out[quantity] = {arm: {d: [r["arms"][arm][d][quantity] for r in records] for d in doses} for arm in DOSE_ARMS}
     return out
 
 
@@ -221,7 +221,7 @@ def _cascade_numbers(records: list[dict], metrics: list[str]) -> dict[str, Any]:
     for metric in [*metrics, "masked"]:
         table = frame.pivot_table(index="sample", columns="run", values=metric, aggfunc="mean").dropna()
         out[metric] = {"none": [float(v) for v in table.get("none|None", [])]}
-        for arm in ARMS:
+        for arm in DOSE_ARMS:
             out[metric][arm] = {
                 column.split("|")[1]: [float(v) for v in table[column]]
                 for column in table.columns
@@ -241,7 +241,7 @@ def _rows(numbers: dict[str, Any], evidence: EvidenceSettings) -> list[dict]:
             if quantity == "masked":
                 continue
             masked = data["masked"]
-            for arm in ARMS:
+            for arm in DOSE_ARMS:
                 for dose, values in data[quantity][arm].items():
                     interval = mean_interval(np.asarray(values, dtype=float), evidence)
                     rows.append(

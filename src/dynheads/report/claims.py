@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dynheads.ablation_strategies import DOSE_ARMS
 from dynheads.analysis.evidence import (
     UNDEFINED,
     Effect,
@@ -318,7 +319,6 @@ class DoseCurves:
         return None
 
 
-DOSE_ARMS = ("dynamic", "static", "static_outside", "random")
 DOSE_COMPARED = ("static", "static_outside")  # dynamic is compared with each, on the area under the harm curve
 
 
