@@ -148,3 +148,25 @@ def test_dose_arms_pick_their_heads():
         assert not set(outside[t]) & set(dynamic[t][: result.dynamic_counts[t]])  # none of D_t
         assert outside[t] == [h for h in static if h not in set(dynamic[t][: result.dynamic_counts[t]])][:3]
     assert len({tuple(step) for step in random}) > 1  # a new draw at each step
+
+
+@pytest.mark.parametrize(("score", "threshold"), [("copy", "relative:3"), ("reasoning", "relative:1")])
+def test_a_dose_ranks_every_head_with_d_t_first(score, threshold):
+    from dynheads.decoding import DecodingSession
+
+    lm, sample = _lm(), _sample(6, length=120)
+    session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=1)
+    session.forward(len(sample.input_ids) - 1)
+    step = session.forward(1)
+    spec = AblationSettings("dynamic", score=score, threshold=threshold).score_spec()
+    predicted = int(step.logits.argmax())
+    dynamic = spec.step_heads(step.stats, session.row, predicted)
+    ranking = spec.step_ranking(step.stats, session.row, predicted)
+    heads = lm.num_layers * lm.num_heads
+    assert sorted(ranking) == sorted((layer, head) for layer in range(lm.num_layers) for head in range(lm.num_heads))
+    assert len(ranking) == heads and ranking[: len(dynamic)] == dynamic
+    rest = ranking[len(dynamic) :]
+    values = step.stats.needle_mass if score == "copy" else step.stats.reasoning_scores()
+    assert [float(values[h]) for h in rest] == sorted((float(values[h]) for h in rest), reverse=True)
+    if score == "reasoning":
+        assert 0 < len(dynamic) < heads  # the threshold splits the heads: D_t first is a real constraint
