@@ -55,6 +55,7 @@ def grid_config(model_dir, static, **overrides) -> AblationConfig:
     values = dict(
         model=str(model_dir), lengths=(200,), depths=(0.0, 1.0), runs=1, max_new_tokens=3, seed=3, static=static
     )
+    values.update(doses=(), mode="zero")  # the matched grid, zero-masked
     return AblationConfig(**{**values, **overrides})
 
 

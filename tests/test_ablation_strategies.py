@@ -50,7 +50,9 @@ def test_a_registered_strategy_is_offered_run_in_order_and_drawn(last_layer, tmp
     # none (baseline) always, dynamic for the mean-matched controls' count, then the registration order
     assert config.run_strategies() == ("none", "dynamic", "static", last_layer)
     with pytest.raises(
-        DynheadsError, match="unknown ablation strategy 'bogus': use some of dynamic, static, random, fixed, last-layer"
+        DynheadsError,
+        match="unknown ablation strategy 'bogus': use some of "
+        "dynamic, static, static_outside, random, fixed, last-layer",
     ):
         AblationConfig(strategies=("bogus",)).run_strategies()
     assert panel_order()[-2:] == [last_layer, "none"]  # the baseline's panel last

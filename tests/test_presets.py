@@ -26,7 +26,7 @@ RUNNERS = (
     "run_static",
     "dynamism_report",
     "plot_heads",
-    "run_ablation",
+    "run_claim2",
     "run_progressive",
     "cca_report",
     "train_probe_on_run",

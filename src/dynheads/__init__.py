@@ -60,6 +60,7 @@ _EXPORTS = exports_by_name(
         "dynheads.stages": ("STAGES",),
         # ablation, KV retention, hallucination detection
         "dynheads.ablation": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),
+        "dynheads.ablation_forced": ("forced_ablation",),
         "dynheads.kv": ("KVSettings", "kv_generate", "kv_generate_batch"),
         "dynheads.kvcache": ("HeadwiseCache", "headwise_generate"),
         "dynheads.presses": ("head_list_press", "press_from_export"),

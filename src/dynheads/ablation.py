@@ -46,6 +46,7 @@ class AblationSettings:
     matching: str = "per_step"  # MATCHINGS: static/random mask |D_t| of each step's clean pass, or a fixed ``count``
     count: int | None = None  # matching="mean": heads per step for static/random (the dynamic run's mean |D_t|)
     max_dynamic: int | None = None  # progressive ablation: mask only the first k dynamic heads
+    dose: int | None = None  # dose-response: every strategy masks k heads per step (dynamic: D_t first)
     static_ranking: tuple[Head, ...] = ()
     fixed_heads: tuple[Head, ...] = ()
     seed: int = 0
@@ -88,8 +89,10 @@ class AblationPolicy(StepPolicy):
             compensated = sorted(set(_dynamic_heads(row, result, token, self.settings)) - set(self._dynamic))
             self.result.compensated.append(compensated)
             return action
-        self._dynamic = _dynamic_heads(row, result, int(result.logits.argmax()), self.settings)
-        heads = _heads_to_mask(self._dynamic, self.settings, self.lm, self.rng)
+        predicted = int(result.logits.argmax())
+        self._dynamic = _dynamic_heads(row, result, predicted, self.settings)
+        ranking = _ranking(row, result, predicted, self.settings)
+        heads = heads_to_mask(self._dynamic, self.settings, self.lm, self.rng, ranking)
         self.result.dynamic_counts.append(len(self._dynamic))
         self.result.masked.append(heads)
         if heads:
@@ -131,7 +134,7 @@ def ablated_generate_batch(
     if len({(s.mode, s.sink_size, s.local_window) for s in settings}) > 1:
         raise DynheadsError("a batch of ablations shares one masking mode and one Eq. 2 sink/local window")
     for setting in settings:
-        _validate(lm, setting)
+        validate(lm, setting)
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     sessions, policies = [], []
     for sample, setting in zip(samples, settings, strict=True):
@@ -142,6 +145,7 @@ def ablated_generate_batch(
             max_new_tokens=max_new_tokens,
             sink_size=setting.sink_size,
             local_window=setting.local_window,
+            capture_means=setting.mode == "mean",
         )
         if len(sample.input_ids) > 1:  # the loop's first pass then feeds only the last prompt token
             session.forward(len(sample.input_ids) - 1)
@@ -153,7 +157,7 @@ def ablated_generate_batch(
     return [policy.result for policy in policies]
 
 
-def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
+def validate(lm: LoadedModel, settings: AblationSettings) -> None:
     strategy = ABLATION_STRATEGIES.get(settings.strategy)  # an unknown name is the registry's one-line error
     matching = MATCHINGS.get(settings.matching)  # an unknown name is the registry's one-line error
     if strategy.matched and matching.given_count and settings.count is None:
@@ -162,6 +166,8 @@ def _validate(lm: LoadedModel, settings: AblationSettings) -> None:
         raise DynheadsError("a head count goes with matching='mean'; per-step matching masks |D_t| heads per step")
     if strategy.needs_static and not settings.static_ranking:
         raise DynheadsError(f"the {settings.strategy} strategy needs a static head list (--static FILE)")
+    if settings.dose is not None and settings.dose < 1:
+        raise DynheadsError(f"a dose masks at least one head per step, got {settings.dose}")
     check_heads(list(settings.static_ranking) + list(settings.fixed_heads), lm.num_layers, lm.num_heads)
 
 
@@ -171,12 +177,24 @@ def _dynamic_heads(row: Row, step: StepResult, predicted: int, settings: Ablatio
     return settings.score_spec().step_heads(step.stats, row, predicted)
 
 
-def _heads_to_mask(
-    dynamic: list[Head], settings: AblationSettings, lm: LoadedModel, rng: np.random.Generator
+def _ranking(row: Row, step: StepResult, predicted: int, settings: AblationSettings) -> list[Head]:
+    """Every head of the step ranked for a dose (D_t first); empty without a dose (nothing reads it)."""
+    return [] if settings.dose is None else settings.score_spec().step_ranking(step.stats, row, predicted)
+
+
+def heads_to_mask(
+    dynamic: Sequence[Head],
+    settings: AblationSettings,
+    lm: LoadedModel,
+    rng: np.random.Generator,
+    ranking: Sequence[Head] = (),
 ) -> list[Head]:
+    """The heads one step removes under ``settings``, given its D_t (and, for a dose, every head ranked)."""
     strategy = ABLATION_STRATEGIES.get(settings.strategy)
     count = 0
-    if strategy.matched:  # per-step matching: as many heads as this step's clean pass found dynamic
+    if settings.dose is not None:  # a dose: every strategy removes k heads
+        count = min(settings.dose, lm.num_layers * lm.num_heads)
+    elif strategy.matched:  # per-step matching: as many heads as this step's clean pass found dynamic
         count = min(MATCHINGS.get(settings.matching).count(dynamic, settings.count), lm.num_layers * lm.num_heads)
     return strategy.choose(
         MaskInputs(
@@ -188,6 +206,8 @@ def _heads_to_mask(
             lm.num_layers,
             lm.num_heads,
             rng,
+            ranking,
+            settings.dose,
         )
     )
 

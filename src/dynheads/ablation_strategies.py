@@ -9,7 +9,8 @@ and run order, ``--strategies``' help and the figure read the entries. Registrat
 
 - ``none``: plain greedy decoding (the baseline); ``dynamic``: D_t, or its first ``max_dynamic`` heads ordered by
   attention on the copied position (progressive ablation);
-- ``static``: the top heads of a static list; ``random``: a seeded draw at each step (both matched controls);
+- ``static``: the top heads of a static list; ``static_outside``: the top static heads outside the step's D_t
+  (separates "dynamic" from "important and always on"); ``random``: a seeded draw at each step (matched controls);
 - ``fixed``: one given head set (``--heads``) at every step.
 
 This module imports no torch: the CLI reads the names and help texts at start-up.
@@ -39,6 +40,8 @@ class MaskInputs:
     num_layers: int
     num_heads: int
     rng: np.random.Generator  # seeded per sample
+    ranking: Sequence[Head] = ()  # a dose: every head of the step ranked, D_t first (``ScoreSpec.step_ranking``)
+    dose: int | None = None  # a dose-response: every strategy removes this many heads (``count`` = dose)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class AblationStrategy:
 
 
 ABLATION_STRATEGIES = Registry[AblationStrategy]("ablation strategy")
+DOSE_ARMS = ("dynamic", "static", "static_outside", "random")  # the arms of Claim 2's dose-response, each at k heads
 
 
 def ablation_strategy(title: str, **traits: Any) -> Callable[[Callable[[MaskInputs], list[Head]]], AblationStrategy]:
@@ -97,6 +101,8 @@ def _none(inputs: MaskInputs) -> list[Head]:
 @ABLATION_STRATEGIES.register("dynamic", help="mask D_t, each step's dynamic heads (progressive: the first k)")
 @ablation_strategy("dynamic heads masked")
 def _dynamic(inputs: MaskInputs) -> list[Head]:
+    if inputs.dose is not None:  # the dose's k best-ranked heads: D_t first, then the step's next best
+        return list(inputs.ranking[: inputs.dose])
     return list(inputs.dynamic if inputs.max_dynamic is None else inputs.dynamic[: inputs.max_dynamic])
 
 
@@ -104,6 +110,13 @@ def _dynamic(inputs: MaskInputs) -> list[Head]:
 @ablation_strategy("static heads masked", matched=True, needs_static=True)
 def _static(inputs: MaskInputs) -> list[Head]:
     return list(inputs.static_ranking[: inputs.count])
+
+
+@ABLATION_STRATEGIES.register("static_outside", help="mask the top static heads outside D_t, as many as D_t")
+@ablation_strategy("static heads outside D_t masked", matched=True, needs_static=True)
+def _static_outside(inputs: MaskInputs) -> list[Head]:
+    dynamic = set(inputs.dynamic)
+    return [head for head in inputs.static_ranking if head not in dynamic][: inputs.count]
 
 
 @ABLATION_STRATEGIES.register("random", help="mask heads drawn at each step, as many as D_t")

@@ -79,12 +79,12 @@ def merge_caches(lm: LoadedModel, caches: Sequence[DynamicCache], padded: int, m
     if len(merged.layers) != len(caches[0].layers):
         raise DynheadsError("this model's cache layout cannot be batched; use batch size 1")
     for index, layer in enumerate(merged.layers):
-        layer, singles = _dynamic(layer), [_dynamic(c.layers[index]) for c in caches]
-        length = max(_filled(s.keys).shape[-2] for s in singles)
+        layer, singles = dynamic_layer(layer), [dynamic_layer(c.layers[index]) for c in caches]
+        length = max(filled(s.keys).shape[-2] for s in singles)
         growing = type(layer) is DynamicLayer
         capacity = length + max_new_tokens if growing else length
-        keys = _left_padded([_filled(s.keys) for s in singles], length, capacity)
-        values = _left_padded([_filled(s.values) for s in singles], length, capacity)
+        keys = _left_padded([filled(s.keys) for s in singles], length, capacity)
+        values = _left_padded([filled(s.values) for s in singles], length, capacity)
         for single in singles:  # free as we go: peak = the B single caches + one merged layer
             single.keys = single.values = None
         if growing:
@@ -97,13 +97,14 @@ def merge_caches(lm: LoadedModel, caches: Sequence[DynamicCache], padded: int, m
     return merged
 
 
-def _dynamic(layer: object) -> DynamicLayer:
+def dynamic_layer(layer: object) -> DynamicLayer:
+    """``layer`` as a ``DynamicLayer`` (keys and values ``[B, H_kv, n, D]``), or a one-line error for other kinds."""
     if not isinstance(layer, DynamicLayer):
         raise DynheadsError(f"this model's cache layout cannot be batched ({type(layer).__name__}); use batch size 1")
     return layer
 
 
-def _filled(states: torch.Tensor | None) -> torch.Tensor:
+def filled(states: torch.Tensor | None) -> torch.Tensor:
     if states is None:
         raise DynheadsError("an empty cache cannot be batched: prefill each prompt first")
     return states

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
-from dynheads.batching import merge_caches
+from dynheads.batching import dynamic_layer, filled, merge_caches
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, decode_text, with_cache
 from dynheads.probe import NO_EDIT, AblationMode, AttentionProbe, Head, RowEdit, StepStats, attached
@@ -79,6 +79,7 @@ class Row:
         self.written = self.prompt_length  # tokens in ``ids``: those after ``length`` are fed next
         self.needle = sorted({int(p) for p in needle_positions})
         self.context_end = self.prompt_length  # positions before it are the context (the probe's context mass)
+        self.head_means: torch.Tensor | None = None  # [L, H, D] mean head outputs over the prefill (mean ablation)
         self.sink_size, self.local_window = sink_size, local_window
         size = max(self.needle, default=-1) + 1
         self._needle_mask = torch.zeros(max(size, 1), dtype=torch.bool, device=device)
@@ -108,6 +109,7 @@ class Row:
 
 
 Checkpoint = tuple[list[tuple[int, int]], int, list[dict]]  # (length, written) per row, batch width, cache layers
+KVStates = list[tuple[torch.Tensor, torch.Tensor]]  # per cache layer: one token's key and value [H_kv, D]
 
 
 class DecodingSession:
@@ -123,7 +125,10 @@ class DecodingSession:
         sink_size: int = SINK_SIZE,
         local_window: int = LOCAL_WINDOW,
         context_end: int | None = None,
+        capture_means: bool = False,
     ):
+        """``capture_means``: a prefill (a pass of several tokens from an empty cache) also measures each head's
+        mean output over the prefilled positions (``Row.head_means``: what mean ablation puts in its place)."""
         check_fits(lm, len(input_ids), max_new_tokens)
         self.lm = lm
         row = Row(
@@ -143,6 +148,7 @@ class DecodingSession:
         self.width = 0  # batches: padded key slots in use
         self.probe = AttentionProbe(lm.num_layers, lm.num_heads, lm.device)
         self.probe.sink_size, self.probe.local_window = sink_size, local_window
+        self.probe.capture_means = capture_means
         self._set_rows([row])
 
     @classmethod
@@ -177,6 +183,27 @@ class DecodingSession:
         self.rows = rows
         self.probe.set_needles([row.needle for row in rows])
         self.probe.context_ends = [row.context_end for row in rows]
+        means = [row.head_means for row in rows if row.head_means is not None]
+        self.probe.head_means = torch.stack(means) if len(means) == len(rows) else None
+
+    def copies(self, count: int) -> list[DecodingSession]:
+        """``count`` one-row sessions at this one-row session's state: its tokens, needle, settings and cache (the
+        cached tensors are shared: updates replace them, never write into them). Prefill once, fork the rows."""
+        row, copies = self.row, []
+        for _ in range(count):
+            copy = DecodingSession.__new__(DecodingSession)
+            copy.lm, copy.mask, copy.width = self.lm, None, 0
+            copy.cache = DynamicCache(config=self.lm.model.config)
+            for mine, theirs in zip(copy.cache.layers, self.cache.layers, strict=True):
+                mine.__dict__.update(vars(theirs))
+            copy.probe = AttentionProbe(self.lm.num_layers, self.lm.num_heads, self.lm.device)
+            copy.probe.settings = replace(self.probe.settings, edits=(NO_EDIT,), removed=None, removed_heads={})
+            twin = Row.__new__(Row)
+            twin.__dict__.update(vars(row))
+            twin.ids = row.ids.clone()
+            copy._set_rows([twin])
+            copies.append(copy)
+        return copies
 
     # ---- the one row of an unmerged session (what batch-1 callers use) --------------------------------
     @property
@@ -215,6 +242,9 @@ class DecodingSession:
         self.probe.begin_forward(stop - 1)
         logits, hidden = self._run(row.ids[start:stop][None])
         row.length, row.written = stop, max(row.written, stop)
+        if self.probe.capture_means and start == 0 and stop > 1:
+            row.head_means = torch.stack([self.probe.captured_means[i] for i in range(self.lm.num_layers)], 1)[0]
+            self._set_rows([row])
         return StepResult(logits=logits[0], stats=self.probe.sequence_stats(0), hidden=hidden[0])
 
     def forward_rows(self) -> list[StepResult]:
@@ -283,6 +313,19 @@ class DecodingSession:
             layer.__dict__.clear()
             layer.__dict__.update(saved)  # growing layers: the old view; the next pass overwrites the slot
 
+    def last_states(self, b: int) -> KVStates:
+        """Row ``b``'s key and value states of the last token fed, per cache layer (clones)."""
+        layers = [dynamic_layer(layer) for layer in self.cache.layers]
+        return [(filled(layer.keys)[b, :, -1].clone(), filled(layer.values)[b, :, -1].clone()) for layer in layers]
+
+    def write_last(self, b: int, states: KVStates) -> None:
+        """Replace row ``b``'s key and value states of the last token fed (``last_states`` of another pass)."""
+        with torch.inference_mode():  # the cache holds inference tensors
+            for layer, (key, value) in zip(self.cache.layers, states, strict=True):
+                kv = dynamic_layer(layer)
+                filled(kv.keys)[b, :, -1] = key
+                filled(kv.values)[b, :, -1] = value
+
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only these rows of the batch (the others finished)."""
         if list(rows) == list(range(len(self.rows))):
@@ -332,6 +375,11 @@ class StepPolicy:
         """The action after step ``index``'s pass (``rerun``: the pass a ``Rerun`` asked for)."""
         return Emit(int(result.logits.argmax()))
 
+    def kept_states(self, index: int) -> KVStates | None:
+        """What the row's cache keeps for step ``index``'s token instead of what its pass wrote (a clean pass's
+        ``last_states``: an edited step measured on a clean history), or None to keep its own."""
+        return None
+
 
 def greedy(result: StepResult, stop_ids: Collection[int]) -> Emit | Stop:
     """The greedy token of ``result``, or the end of the row at a stop token."""
@@ -356,6 +404,7 @@ def decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy], 
     running = []
     for i, (session, policy) in enumerate(zip(sessions, policies, strict=True)):  # step 0 alone
         (action,) = _step(session, [policy], 0, session.forward)
+        _keep_states(session, [policy], 0)
         if _apply(action, session.row, decoded[i], 0, max_new_tokens):
             running.append(i)
     if not running:
@@ -367,6 +416,7 @@ def decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy], 
     )
     for index in range(1, max_new_tokens):
         actions = _step(batch, [policies[i] for i in running], index, batch.forward_rows)
+        _keep_states(batch, [policies[i] for i in running], index)
         still = [
             r
             for r, action in enumerate(actions)
@@ -404,6 +454,14 @@ def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, 
         if isinstance(actions[r], Rerun):
             raise DynheadsError("a step policy asked to rerun a pass twice")
     return actions
+
+
+def _keep_states(session: DecodingSession, policies: Sequence[StepPolicy], index: int) -> None:
+    """Write the states the policies keep for step ``index``'s token over what the pass wrote."""
+    for b, policy in enumerate(policies):
+        states = policy.kept_states(index)
+        if states is not None:
+            session.write_last(b, states)
 
 
 def _as_list(results: StepResult | list[StepResult]) -> list[StepResult]:

@@ -23,10 +23,11 @@ torch's fused SDPA kernel, so no attention matrix is ever materialised.
 
 Interventions are one ``RowEdit`` per batch row (``set_edits``; one edit applies to every row): heads to remove
 at the last query row (``zero``: drop the head's slice of the o_proj input; ``uniform``: uniform attention over
-the keys the row may see), key positions to hide from every head (in-context RAG), and per-head KV retention
-(``dynheads.kv``): at decode steps every query head outside ``full_kv`` becomes a DuoAttention "streaming" head
-that sees only the first ``kv_sink`` and the last ``kv_recent`` key positions (the current token included), and
-the step statistics are those of the attention actually applied. Passes of several tokens (prefill) never stream.
+the keys the row may see; ``mean``: the head's mean output over the row's prompt, ``head_means``), key
+positions to hide from every head (in-context RAG), and per-head KV retention (``dynheads.kv``): at decode steps
+every query head outside ``full_kv`` becomes a DuoAttention "streaming" head that sees only the first ``kv_sink``
+and the last ``kv_recent`` key positions (the current token included), and the step statistics are those of the
+attention actually applied. Passes of several tokens (prefill) never stream.
 ``KeyMasks`` builds the masks a pass needs over its keys (needle, sink/local, context, hidden, streaming).
 
 Key indices are mapped to absolute positions with ``offset = last_position - (kv_len - 1)``: the keys a
@@ -66,7 +67,8 @@ from dynheads.scores import LOCAL_WINDOW, SINK_SIZE, SpanScore, reasoning_scores
 from dynheads.thresholds import chance_share
 
 ATTN_NAME = "dynheads_probe"  # neutral name: transformers tests implementation names by substring
-AblationMode = Literal["zero", "uniform"]
+AblationMode = Literal["zero", "uniform", "mean"]
+ABLATION_MODES: tuple[AblationMode, ...] = ("zero", "uniform", "mean")
 
 PROBE_KWARG = "dynheads_probe"  # the forward keyword argument that carries the probe to the attention function
 
@@ -100,7 +102,8 @@ class RowEdit:
     """What one batch row changes in its next passes; the default changes nothing (the plain model).
 
     - ``removed``: query heads whose output at the last query row is replaced (``mode``: ``zero`` drops the
-      head's slice of the o_proj input; ``uniform`` attends uniformly over the keys the row may see),
+      head's slice of the o_proj input; ``uniform`` attends uniformly over the keys the row may see; ``mean``
+      puts the head's mean output over the row's prompt, ``AttentionProbe.head_means``),
     - ``hidden_keys``: absolute key positions no head may see, at every query row of the pass (in-context RAG),
     - ``full_kv``: at decode steps (one query row), the query heads that see every key; every other head is a
       DuoAttention streaming head that sees the first ``kv_sink`` and the last ``kv_recent`` positions (the
@@ -160,6 +163,11 @@ class AttentionProbe:
         self.last_positions: list[int] = [0]  # per sequence, known on the host: no device sync needed
         self.rows: list[dict[Head, torch.Tensor]] = [{}]  # per sequence: full last rows of ``rows_for`` heads
         self.keys = KeyMasks(self, torch.zeros(1, dtype=torch.long, device=self.device))
+        # Mean ablation: each row's mean head output over its prompt ``[B, L, H, D]`` (None: not measured), and
+        # whether a pass of several tokens (a prefill) measures it into ``captured_means`` (layer -> ``[B, H, D]``).
+        self.head_means: torch.Tensor | None = None
+        self.capture_means = False
+        self.captured_means: dict[int, torch.Tensor] = {}
         self._new_stats()
 
     # ---- settings -------------------------------------------------------------------------------
@@ -240,8 +248,8 @@ class AttentionProbe:
         removing = [e for e in edits if e.removed]
         modes = {e.mode for e in removing}
         for mode in modes | {e.mode for e in edits}:
-            if mode not in ("zero", "uniform"):
-                raise DynheadsError(f"unknown ablation mode {mode!r}: use 'zero' or 'uniform'")
+            if mode not in ABLATION_MODES:
+                raise DynheadsError(f"unknown ablation mode {mode!r}: use one of {', '.join(ABLATION_MODES)}")
         if len(modes) > 1:
             raise DynheadsError("the rows of one batch that remove heads share one ablation mode")
         streaming = [e for e in edits if e.full_kv is not None]
@@ -488,8 +496,10 @@ def probe_attention(
         output = torch.matmul(probs.to(value.dtype), value).reshape(batch, num_heads, 1, head_dim)
     else:
         output = _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs)
+        if probe.capture_means:  # a prefill: each head's mean output over the positions of this pass
+            probe.captured_means[layer] = output.float().mean(dim=2)
     if layer in probe.settings.removed_heads:
-        _remove_heads(output, probe.settings, layer, value, groups, visible, kwargs)
+        _remove_heads(output, probe, layer, value, groups, visible, kwargs)
 
     _record(probe, layer, probs.reshape(batch, num_heads, kv_len), kv_len)
     if probe.settings.span_score is not None:
@@ -547,15 +557,21 @@ def _record_spans(
     span_mass[0, layer] = total
 
 
-def _remove_heads(output, settings: ProbeSettings, layer: int, value, groups: int, visible, kwargs) -> None:
+def _remove_heads(output, probe: AttentionProbe, layer: int, value, groups: int, visible, kwargs) -> None:
     """Replace, in place, the last query row of the heads each row removes at ``layer`` (``output [B, H, q, D]``):
-    zero, or uniform attention over the keys the row may see (``visible``: its last query row's keys)."""
+    zero, uniform attention over the keys the row may see (``visible``: its last query row's keys), or the
+    head's mean output over the row's prompt."""
+    settings = probe.settings
     heads = settings.removed_heads[layer].to(output.device)  # heads some row removes
     assert settings.removed is not None  # set with removed_heads
     removed = settings.removed[:, layer].to(output.device)[:, heads, None]  # [R, n, 1]
     last = output[:, heads, -1]  # [B, n, D]
     if settings.ablation_mode == "zero":
         replacement = torch.zeros_like(last)
+    elif settings.ablation_mode == "mean":
+        if probe.head_means is None:
+            raise DynheadsError("mean ablation needs each row's mean head output: prefill the prompt first")
+        replacement = probe.head_means[:, layer].to(output.device, output.dtype)[:, heads]  # [B, n, D]
     else:
         key_weight = visible.float() if visible is not None else None
         replacement = _uniform_output(value, groups, heads, 1, key_weight, kwargs)[:, :, 0]

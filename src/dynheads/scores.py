@@ -181,6 +181,17 @@ class ScoreSpec:
             return ranked_heads(values, stats.max_prob)
         return ranked_heads(values > ReasoningThreshold.parse(self.threshold).cutoff(row.chance_share()), values)
 
+    def step_ranking(self, stats: StepMeasures, row: ScoredRow, predicted: int) -> list[Head]:
+        """Every head of one live step, ranked for a dose of k heads: D_t first (``step_heads``' order), then the
+        others by the score's value (binary scores: by their attention mass on the needle)."""
+        dynamic = self.step_heads(stats, row, predicted)
+        score = self.score
+        values = stats.needle_mass if score.binary else score.reduce(stats, row, predicted)
+        rest = torch.ones_like(values, dtype=torch.bool)
+        for layer, head in dynamic:
+            rest[layer, head] = False
+        return dynamic + ranked_heads(rest, values.float())
+
 
 def copy_scores(stats: StepMeasures, row: ScoredRow, predicted: int) -> torch.Tensor:
     """Eq. 1, bool ``[L, H]``: the head's argmax key (absolute position) is a needle token of the prompt and

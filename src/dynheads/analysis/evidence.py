@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import bootstrap
+from scipy.stats import binomtest, bootstrap
 
 Status = Literal["supported", "not supported", "inconclusive"]
 Direction = Literal["above", "below"]
@@ -96,10 +96,36 @@ def mean_interval(values: np.ndarray, settings: EvidenceSettings) -> Interval:
     return interval(len(values), lambda idx: values[idx].mean(), settings)
 
 
-def paired_difference(treated: np.ndarray, control: np.ndarray, settings: EvidenceSettings) -> Interval:
-    """mean(treated - control) over the same samples (position i is one sample in both), with its interval."""
+def paired_difference(
+    treated: np.ndarray, control: np.ndarray, settings: EvidenceSettings, *, width: float | None = None
+) -> Interval:
+    """mean(treated - control) over the same samples (position i is one sample in both), with its interval.
+
+    ``width``: the widest a per-sample difference can stray from another (1 for a proportion); given, identical
+    differences get ``identical_interval`` instead of a bootstrap that has nothing to resample."""
     differences = np.asarray(treated, dtype=float) - np.asarray(control, dtype=float)
+    if width is not None and all_identical(differences):
+        return identical_interval(differences, width, settings)
     return interval(len(differences), lambda idx: float(differences[idx].mean()), settings)
+
+
+def all_identical(values: np.ndarray) -> bool:
+    """Whether there are at least two values and all are one value (a bootstrap over them is one point)."""
+    values = np.asarray(values, dtype=float)
+    return len(values) > 1 and not np.isnan(values).any() and bool(np.ptp(values) == 0)
+
+
+def identical_interval(values: np.ndarray, width: float, settings: EvidenceSettings) -> Interval:
+    """The exact interval of a mean when all ``n`` values are one value c: no sample of n differed, so the share
+    of the population that differs is at most the exact (Clopper-Pearson) upper bound u of 0/n
+    (``scipy.stats.binomtest``), and the mean lies within c ± u x ``width``. Undefined for an undefined
+    ``width`` (an unbounded metric has no exact interval)."""
+    values = np.asarray(values, dtype=float)
+    n, c = len(values), float(values[0])
+    if not math.isfinite(width):
+        return Interval(c, math.nan, math.nan, n)
+    upper = float(binomtest(0, n).proportion_ci(confidence_level=settings.confidence, method="exact").high)
+    return Interval(c, c - upper * width, c + upper * width, n)
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,13 @@ from dynheads.experiments.settings import AblationFields, ProgressiveFields
 @app.command()
 @with_options(config_options(AblationFields))
 def ablate(out: RunOut, batch_size: BatchSize = 1, config: ConfigFile = None, **settings) -> None:
-    """Per-step head ablation on a NIAH (or HotpotQA) grid: metric heat maps per strategy (paper Figures 2, 6)."""
-    from dynheads.experiments.ablation import AblationConfig, run_ablation
+    """Per-step head ablation on a NIAH (or HotpotQA) grid: a dose-response of four arms (Claim 2), or, with an
+    empty dose list, the matched grid's heat maps per strategy (paper Figures 2, 6)."""
+    from dynheads.experiments.ablation import AblationConfig
+    from dynheads.experiments.dose import run_claim2
 
-    _run(AblationConfig, run_ablation, "ablation", out, batch_size, config, settings)
-    typer.echo(f"wrote {out}/cells.csv and the heat maps in {out}/plots/")
+    _run(AblationConfig, run_claim2, "ablation", out, batch_size, config, settings)
+    typer.echo(f"wrote {out}/summary.md (dose.csv or cells.csv beside it) and the figures in {out}/plots/")
 
 
 @app.command("ablate-progressive")

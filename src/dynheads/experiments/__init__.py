@@ -21,6 +21,7 @@ _EXPORTS = exports_by_name(
         "dynheads.experiments.analyses": ("dynamism_report", "plot_heads", "cca_report"),
         "dynheads.experiments.probing": ("train_probe_on_run",),
         "dynheads.experiments.ablation": ("AblationConfig", "run_ablation", "ProgressiveConfig", "run_progressive"),
+        "dynheads.experiments.dose": ("run_claim2", "run_doses", "write_doses"),
         "dynheads.experiments.rag": ("RagConfig", "run_rag", "rag_table"),
         "dynheads.experiments.kv": ("KVConfig", "run_kv"),
         "dynheads.experiments.rerank": ("RerankConfig", "run_rerank", "summarise_scored"),

@@ -50,6 +50,7 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, refuse_static_overlap
 from dynheads.experiments.niah import NiahConfig
 from dynheads.experiments.settings import (
+    DOSE_METRICS,
     AblationFields,
     AblationGrid,
     ModelSettings,
@@ -62,15 +63,13 @@ from dynheads.io import atomic_path
 from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
-from dynheads.probe import AblationMode
+from dynheads.probe import ABLATION_MODES, AblationMode
 from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
 from dynheads.tasks.niah import NIAH
 from dynheads.tasks.registry import Task, task_of
 from dynheads.thresholds import ReasoningThreshold
-
-MODES = ("zero", "uniform")
 
 
 class _GridConfig(AblationGrid):
@@ -85,12 +84,12 @@ class _GridConfig(AblationGrid):
         return HotpotConfig(**pieces_of(self, QaGrid, ModelSettings), split=self.split)
 
     def ablation_mode(self) -> AblationMode:
-        """``mode``, which ``check`` accepts only from ``MODES``."""
+        """``mode``, which ``check`` accepts only from ``probe.ABLATION_MODES``."""
         return cast(AblationMode, self.mode)
 
     def check(self) -> None:
-        if self.mode not in MODES:
-            raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(MODES)}")
+        if self.mode not in ABLATION_MODES:
+            raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(ABLATION_MODES)}")
         self.task_entry()  # an unknown task fails before any work
         ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
 
@@ -122,6 +121,10 @@ class AblationConfig(AblationFields, _GridConfig):
 
     def check(self) -> None:
         super().check()
+        if self.doses and min(self.doses) < 1:
+            raise DynheadsError(f"a dose masks at least one head per step (--doses), got {list(self.doses)}")
+        if self.metric not in DOSE_METRICS:
+            raise DynheadsError(f"unknown dose-response metric {self.metric!r}: use one of {', '.join(DOSE_METRICS)}")
         MATCHINGS.check([self.matching])
         strategies = [ABLATION_STRATEGIES.entry(s) for s in self.run_strategies()]
         for entry in strategies:
@@ -148,6 +151,7 @@ class ProgressiveConfig(ProgressiveFields, _GridConfig):
 # ---- the grid (Figure 2) -------------------------------------------------------------------------------------------
 def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Decode every grid sample with every strategy into ``out`` (resumable); write cells.csv, summary.md, plots.
+    The matched grid: ``doses`` are read by the dose-response (``experiments.dose``), not here.
 
     ``batch_size`` (sample, strategy) records are decoded together (``ablated_generate_batch``; 1 = the
     reference path, results equal up to fp32 rounding).
@@ -155,10 +159,10 @@ def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunO
     config.check()
     strategies = config.run_strategies()
     lm = run_model(config, options)
-    static = _static_ranking(config.static, lm) if config.static else ()
+    static = static_ranking(config.static, lm) if config.static else ()
     fixed = tuple(parse_head(text) for text in config.heads)
     check_heads(list(fixed), lm.num_layers, lm.num_heads, source="--heads")
-    run, samples = _start(
+    run, samples = start_grid(
         config,
         "ablation",
         lm,
@@ -183,7 +187,7 @@ def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunO
 
     for strategy in strategies:  # dynamic runs before static and random, which may need its count
         jobs = [(f"{sample.sample_id}-{strategy}", sample, partial(settings, sample, strategy)) for sample in samples]
-        records = _decode(run, lm, config, jobs, _ablation_record, f"ablate {strategy}", options)
+        records = decode_jobs(run, lm, config, jobs, _ablation_record, f"ablate {strategy}", options)
         if strategy == "dynamic":  # this process's samples: it decodes the same ones under every strategy
             counts = {record["grid_sample_id"]: record["matched_count"] for record in records}
     if distributed.is_main():
@@ -198,7 +202,7 @@ def _ablation_record(sample, settings: AblationSettings, result: AblationResult,
     if MATCHINGS.get(settings.matching).given_count:
         count = matched_count(result.dynamic_counts) if settings.strategy == "dynamic" else settings.count
     return {
-        **_result_record(sample, result, task),
+        **result_record(sample, result, task),
         "strategy": settings.strategy,
         "matching": settings.matching,
         "matched_count": count,
@@ -209,7 +213,7 @@ def write_cells(run: RunDir) -> pd.DataFrame:
     """cells.csv, summary.md and the heat maps of a grid run, from its records."""
     frame = run.write_results()
     config = run.manifest()["config"]
-    task = _run_task(run)
+    task = run_task_of(run)
     matching = config.get("matching", "mean")  # runs made before the option existed used the mean count
     metrics = task.metrics
     means = {name: (f"metrics.{name}", "mean") for name in metrics}
@@ -270,7 +274,7 @@ def write_cells(run: RunDir) -> pd.DataFrame:
                     },
                 ),
                 *_paper_line(task),
-                *_skip_line(run.manifest()),
+                *skip_line(run.manifest()),
             ],
             {
                 "matching": matching,
@@ -340,7 +344,7 @@ def _with_skipped_cells(cells: pd.DataFrame, manifest: dict) -> pd.DataFrame:
     return full
 
 
-def _skip_line(manifest: dict) -> list[str]:
+def skip_line(manifest: dict) -> list[str]:
     """The summary's line on skipped (question, cell) pairs; none when nothing was skipped."""
     skipped = manifest.get("skipped", {})
     if not skipped.get("count"):
@@ -359,9 +363,9 @@ def run_progressive(config: ProgressiveConfig, out: str | Path, **options: Unpac
     config.check()
     lm = run_model(config, options)
     assert config.static is not None  # check() refuses a run without it
-    top = tuple(_static_ranking(config.static, lm)[: config.top_static])
+    top = tuple(static_ranking(config.static, lm)[: config.top_static])
     ks = tuple(sorted(set(config.ks)))
-    run, samples = _start(config, "ablation-progressive", lm, out, {"static_top": [head_key(h) for h in top]})
+    run, samples = start_grid(config, "ablation-progressive", lm, out, {"static_top": [head_key(h) for h in top]})
 
     def settings(k: int) -> AblationSettings:
         return AblationSettings(
@@ -372,7 +376,7 @@ def run_progressive(config: ProgressiveConfig, out: str | Path, **options: Unpac
             threshold=config.threshold,
         )
 
-    _decode(
+    decode_jobs(
         run,
         lm,
         config,
@@ -392,7 +396,7 @@ def _progressive_record(
     counts = [len(compensated) for compensated in result.compensated]
     overlap = [len(set(compensated) & set(top)) for compensated in result.compensated]
     return {
-        **_result_record(sample, result, task),
+        **result_record(sample, result, task),
         "k": settings.max_dynamic,
         "compensated_counts": counts,
         "max_compensated": max(counts, default=0),
@@ -404,7 +408,7 @@ def _progressive_record(
 def write_progressive(run: RunDir) -> pd.DataFrame:
     """progressive.csv (per k: samples, mean m_s, mean max_t |E_t|, metrics), summary.md and plots/progressive.png."""
     frame = run.write_results()
-    metrics = _run_task(run).metrics
+    metrics = run_task_of(run).metrics
     table = (
         frame.groupby("k")
         .agg(
@@ -441,7 +445,7 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
                     },
                 ),
                 f"Paper ({PAPER_MODEL}): {PAPER_PROGRESSIVE}.",
-                *_skip_line(manifest),
+                *skip_line(manifest),
             ],
             {"static_top": top},
             f"Progressive ablation: {model}",
@@ -458,7 +462,7 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
 
 
 # ---- shared ----------------------------------------------------------------------------------------------------------
-def _decode(
+def decode_jobs(
     run: RunDir,
     lm: LoadedModel,
     config: _GridConfig,
@@ -490,7 +494,7 @@ def _decode(
     )
 
 
-def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, extra: dict) -> tuple[RunDir, list]:
+def start_grid(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, extra: dict) -> tuple[RunDir, list]:
     """The grid's samples, checked to fit the model, and the started (or resumed) run directory."""
     task, task_config = config.task_entry(), config.task_config()
     grid = task.grid(task_config, lm.tokenizer)
@@ -515,7 +519,7 @@ def _start(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, ext
     return run, samples
 
 
-def _run_task(run: RunDir) -> Task:
+def run_task_of(run: RunDir) -> Task:
     """The task of a finished ablation run (runs written before the option existed ablated NIAH)."""
     config = run.manifest()["config"]
     return task_of(config.get("task", NIAH.name), config.get("data"))
@@ -527,11 +531,11 @@ def _paper_line(task: Task) -> list[str]:
     return [f"Paper ({PAPER_MODEL}): {paper}."] if paper else []
 
 
-def _static_ranking(path: str, lm: LoadedModel) -> tuple[Head, ...]:
+def static_ranking(path: str, lm: LoadedModel) -> tuple[Head, ...]:
     return scored_heads(load_head_list(path, lm.num_layers, lm.num_heads))  # never zero-score filler
 
 
-def _result_record(sample, result: AblationResult, task: Task) -> dict:
+def result_record(sample, result: AblationResult, task: Task) -> dict:
     """What every record holds: the sample's settings, the generation, its metrics and the per-step counts."""
     masked = [len(heads) for heads in result.masked]
     metrics = task.score(sample, result.text)

@@ -20,8 +20,9 @@ from typing import Unpack
 from dynheads import stages
 from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 from dynheads.errors import DynheadsError
-from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
+from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_progressive
 from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads
+from dynheads.experiments.dose import run_claim2
 from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
 from dynheads.experiments.niah import NiahConfig, run_niah
 from dynheads.experiments.probing import train_probe_on_run
@@ -131,7 +132,7 @@ def reproduce(
         ),
     )
     ablation = AblationConfig(**settings(stages.ABLATION, static=str(static_file)))
-    study.run(stages.ABLATION, lambda: run_ablation(ablation, out / stages.ABLATION, lm=lm, progress=progress))
+    study.run(stages.ABLATION, lambda: run_claim2(ablation, out / stages.ABLATION, lm=lm, progress=progress))
     progressive = ProgressiveConfig(**settings(stages.PROGRESSIVE, static=str(static_file)))
     study.run(
         stages.PROGRESSIVE, lambda: run_progressive(progressive, out / stages.PROGRESSIVE, lm=lm, progress=progress)
@@ -209,7 +210,7 @@ def reproduce(
     study.run(
         stages.HOTPOTQA_ABLATION,
         lambda: fitted_ablation(
-            run_ablation, hotpot_ablation, qa_fit(), out / stages.HOTPOTQA_ABLATION, lm=lm, progress=progress
+            run_claim2, hotpot_ablation, qa_fit(), out / stages.HOTPOTQA_ABLATION, lm=lm, progress=progress
         ),
     )
     hotpot_progressive = ProgressiveConfig(

@@ -152,11 +152,32 @@ class AblationGrid(NiahGrid, QaGrid, ModelSettings):
     split: str = setting("ablation", "hotpotqa: name of the question stream (recorded)")
     runs: int = redefault(NiahGrid, "runs", 2)
     static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
-    mode: str = setting("zero", "zero (remove the head's output) or uniform (flat attention)")
+    mode: str = setting(
+        "zero",
+        "masked value: zero (remove the head's output), uniform (flat attention) or mean (the head's mean output "
+        "over the sample's prompt)",
+    )
+
+
+# Claim 2 as a dose-response: what is measured under each arm's k heads per step
+DOSE_METRICS = {
+    "teacher": "teacher-forced: each step of the clean answer masked alone, drop in log p(clean token), argmax flips",
+    "cascade": "greedy continues under masking: the task metric (accuracy / ROUGE-L, EM / F1)",
+    "both": "teacher and cascade",
+}
 
 
 @dataclass(frozen=True)
 class AblationFields(AblationGrid):
+    doses: tuple[int, ...] = setting(
+        (1, 2, 3, 5, 8),
+        "dose-response: heads every arm (dynamic, static, static_outside, random) masks per step, e.g. 1,2,3,5,8; "
+        "empty ('') = the matched grid of the strategies below",
+    )
+    metric: str = setting(
+        "teacher", "dose-response metric: " + "; ".join(f"{name} = {text}" for name, text in DOSE_METRICS.items())
+    )
+    mode: str = redefault(AblationGrid, "mode", "mean")
     strategies: tuple[str, ...] = setting(
         ("dynamic", "static", "random"),
         f"some of {ABLATION_STRATEGIES.choices(',')} (none, no masking, always runs too)",

@@ -1,4 +1,5 @@
-"""Figure 2 (heat maps of a metric per ablation strategy) and Figure 3 (progressive ablation, two y-axes)."""
+"""Figure 2 (heat maps of a metric per ablation strategy), Figure 3 (progressive ablation, two y-axes) and the
+dose-response of every arm (Figure 3's curve, one line per arm with intervals)."""
 
 from __future__ import annotations
 
@@ -179,6 +180,39 @@ def plot_progressive(
 ) -> Path:
     """Write ``progressive_figure`` as a PNG at ``path`` (atomically)."""
     return _save(progressive_figure(table, top_static=top_static, title=title, metrics=metrics), path)
+
+
+def dose_figure(table: pd.DataFrame, panels: Mapping[str, str], *, title: str | None = None) -> Figure:
+    """The dose-response (Figure 3 drawn for every arm): one panel per metric of ``panels`` (name -> axis label),
+    x = heads masked per step, one line per arm with its 95 % interval shaded, from the rows of ``dose.csv``
+    (metric, arm, dose, mean, low, high; an arm ``none``, when present, is drawn as a flat reference line)."""
+    rows = table[table["metric"].isin(list(panels))]
+    if rows.empty:
+        raise DynheadsError("nothing to plot: the dose table has no rows for " + ", ".join(panels))
+    figure = Figure(figsize=(5.2 * len(panels), 4.0), layout="constrained")
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    for axis, (metric, label) in zip(axes, panels.items(), strict=True):
+        for arm, curve in rows[rows["metric"] == metric].groupby("arm", sort=False):
+            curve = curve.sort_values("dose")
+            if arm == "none":
+                axis.axhline(float(curve["mean"].iloc[0]), color="black", linestyle=":", label="no masking")
+                continue
+            title_of = ABLATION_STRATEGIES.get(str(arm)).title if arm in ABLATION_STRATEGIES else str(arm)
+            line = axis.plot(curve["dose"], curve["mean"], marker="o", label=title_of)[0]
+            axis.fill_between(curve["dose"], curve["low"], curve["high"], color=line.get_color(), alpha=0.18)
+        axis.set_xlabel("heads masked per step (k)")
+        axis.set_ylabel(label)
+        axis.set_xticks(sorted(rows["dose"].unique()))
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, frameon=False)
+    if title:
+        figure.suptitle(title, fontsize=11)
+    return figure
+
+
+def plot_doses(table: pd.DataFrame, path: str | Path, panels: Mapping[str, str], *, title: str | None = None) -> Path:
+    """Write ``dose_figure`` as a PNG at ``path`` (atomically)."""
+    return _save(dose_figure(table, panels, title=title), path)
 
 
 def _text_colour(value: float, alpha: float) -> str:

@@ -402,6 +402,8 @@ def _ablation(
 
     def verdict() -> Verdict:
         numbers = stage_evidence(root, grid) or {}
+        if numbers.get("design") == "dose":
+            return claims.dose_verdict(dose_curves(numbers), task, evidence, **_dose_margins(numbers))
         per_sample = numbers.get("per_sample") or {}
         metric = _decisive_metric(per_sample)
         values = (
@@ -417,6 +419,37 @@ def _ablation(
         *_stage(root, grid, figures[0], [grid_note]),
         *_stage(root, progressive, figures[1], [progressive_note]),
     ]
+
+
+def dose_curves(numbers: Mapping[str, Any]) -> claims.DoseCurves | None:
+    """Claim 2's curves from a dose-response stage's numbers (``experiments.dose.write_doses``): the teacher-forced
+    log-probability of the clean token (graded) when measured, else the cascade's decisive task metric."""
+    teacher, cascade = numbers.get("teacher"), numbers.get("cascade")
+
+    def arms(table: Mapping[str, Any]) -> dict[str, dict[int, np.ndarray]]:
+        return {
+            arm: {int(dose): np.asarray(values, dtype=float) for dose, values in table.get(arm, {}).items()}
+            for arm in claims.DOSE_ARMS
+        }
+
+    if teacher:
+        baseline = np.asarray(teacher["clean_logprob"], dtype=float)
+        return claims.DoseCurves(
+            "log p(clean token)", arms(teacher["logprob"]), baseline, bounds=(None, 0.0), unit="nats"
+        )
+    if cascade:
+        metric = _decisive_metric(cascade)
+        table = cascade[metric]
+        baseline = np.asarray(table["none"], dtype=float)
+        return claims.DoseCurves(metric, arms(table), baseline, bounds=(0.0, 1.0), width=1.0)
+    return None
+
+
+def _dose_margins(numbers: Mapping[str, Any]) -> dict[str, float]:
+    """The teacher-forced curves (nats) use the dose-response margins; a task metric (0..1) uses Claim 2's."""
+    if numbers.get("teacher"):
+        return {}
+    return {"margin": claims.ABLATION_MARGIN, "control_margin": claims.ABLATION_MARGIN}
 
 
 def _decisive_metric(metrics: Iterable[str]) -> str:

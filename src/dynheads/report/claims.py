@@ -12,8 +12,13 @@ beats its own test. docs/report.md states the rules with the paper's words behin
   subset"): (a) containment, the share of a step's dynamic heads that are static top-20 heads, below 0.8; (b) the
   Jaccard of D_t with the size-matched static list (top-|D_t|) below 0.5; (c) the entropy of head use above ln 20.
   Jaccard with the top-20 is shown beside its ceiling |D_t|/20 and decides nothing: it cannot exceed the ceiling.
-- Claim 2 (irreplaceability): static minus dynamic and random minus dynamic (per-sample task metric, same
-  samples) each above 0.1. Inconclusive when the un-ablated model scores below 0.1, or when a control masked no
+- Claim 2 (irreplaceability), as a dose-response (``dose_verdict``): every arm masks k heads per step; dynamic
+  minus static and dynamic minus static-outside-D_t in the area under the harm curve (teacher-forced drop in the
+  clean token's log-probability) each above 0.1, after a positive control (dynamic's harm beyond 0.5 at some dose)
+  and a negative one (random's within 0.5 at the smallest dose); an arm at a bound at every dose or a failed
+  control is inconclusive with the reason; identical paired differences get an exact (binomial) interval. The
+  matched grid (``irreplaceability_verdict``): static minus dynamic and random minus dynamic (per-sample task
+  metric) each above 0.1; inconclusive when the un-ablated model scores below 0.1, or when a control masked no
   head on more samples than the dynamic run did (those samples are the un-ablated run, not a control).
 - Claim 3 (correlation): held-out minus shuffled CCA top-1 at offset 1 above 0.1 (interval over test samples), and
   the head predictor minus the frequency baseline (AUPRC for copy scores, R² for Eq. 2 scores) above 0. A
@@ -29,12 +34,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dynheads.ablation_strategies import DOSE_ARMS
 from dynheads.analysis.evidence import (
     UNDEFINED,
     Effect,
     EvidenceSettings,
     Interval,
     Status,
+    all_identical,
     combine,
     interval,
     mean_interval,
@@ -46,6 +53,8 @@ from dynheads.tasks.hotpotqa import HOTPOTQA
 CONTAINMENT_MAX = 0.8
 MATCHED_JACCARD_MAX = 0.5
 ABLATION_MARGIN = 0.1
+DOSE_MARGIN = 0.1  # dose-response: dynamic minus a control, area under the harm curve (the metric's unit)
+DOSE_CONTROL_MARGIN = 0.5  # dose-response controls: harm beyond it (dynamic), within it (random at the least dose)
 CCA_MARGIN = 0.1
 PROBE_MARGIN = 0.0
 RAG_MARGIN = 0.0
@@ -58,7 +67,9 @@ RULES = (
     f"beyond its margin, not supported when one lies on the other side, else inconclusive (also below the "
     f"sample floor). Claim 1: share of a step's dynamic heads in the static top-20 < {CONTAINMENT_MAX}, "
     f"Jaccard with the size-matched static list < {MATCHED_JACCARD_MAX}, entropy of head use > ln 20; "
-    f"Claim 2: static - dynamic > {ABLATION_MARGIN} and random - dynamic > {ABLATION_MARGIN} (task metric); "
+    f"Claim 2: dynamic - static and dynamic - static outside D_t > {DOSE_MARGIN} in the area under the dose "
+    f"curve of the teacher-forced log-probability drop, after controls at {DOSE_CONTROL_MARGIN} nats (matched grid: "
+    f"static - dynamic > {ABLATION_MARGIN} and random - dynamic > {ABLATION_MARGIN}, task metric); "
     f"Claim 3: held-out - shuffled CCA top-1 at k={CCA_OFFSET} > {CCA_MARGIN} and head predictor - "
     f"frequency baseline > {PROBE_MARGIN:g}; RAG: Dynamic - Static F1 > {RAG_MARGIN:g} at every k"
 )
@@ -268,6 +279,125 @@ def irreplaceability_verdict(
             tuple(effects),
         )
     return _decided(CLAIM2, task, effects, evidence, numbers, compared)
+
+
+@dataclass(frozen=True)
+class DoseCurves:
+    """Claim 2 as a dose-response: per arm and dose (heads masked per step) the per-sample value of a metric under
+    masking, and its un-ablated value (arrays over the same samples). ``higher_is_better``: masking that hurts
+    lowers it (log-probability of the clean token, accuracy); ``bounds``: the values it cannot pass (None: none),
+    where a whole arm may sit (floor / ceiling); ``width``: the widest two per-sample values can differ (1 for a
+    proportion; None when unbounded), for exact intervals when every paired difference is identical."""
+
+    metric: str
+    values: Mapping[str, Mapping[int, np.ndarray]]
+    baseline: np.ndarray
+    higher_is_better: bool = True
+    bounds: tuple[float | None, float | None] = (None, None)
+    width: float | None = None
+    unit: str = ""
+
+    def harm(self, arm: str, dose: int) -> np.ndarray:
+        """Per sample: how far masking moved the metric the harmful way (0: unchanged)."""
+        moved = np.asarray(self.values[arm][dose], dtype=float) - np.asarray(self.baseline, dtype=float)
+        return -moved if self.higher_is_better else moved
+
+    def area(self, arm: str) -> np.ndarray:
+        """Per sample: the area under the arm's harm curve over the doses, divided by their span (the mean harm
+        over the dose range; one dose: its harm)."""
+        doses = sorted(self.values[arm])
+        harms = np.stack([self.harm(arm, dose) for dose in doses])  # [dose, sample]
+        if len(doses) == 1:
+            return harms[0]
+        return np.trapezoid(harms, x=doses, axis=0) / (doses[-1] - doses[0])
+
+    def at_bound(self, arm: str) -> float | None:
+        """The bound the arm sits at for every sample at every dose, or None."""
+        for bound in self.bounds:
+            if bound is not None and all(np.all(np.asarray(v) == bound) for v in self.values[arm].values()):
+                return bound
+        return None
+
+
+DOSE_COMPARED = ("static", "static_outside")  # dynamic is compared with each, on the area under the harm curve
+
+
+def dose_verdict(
+    curves: DoseCurves | None,
+    task: str,
+    evidence: EvidenceSettings | None = None,
+    *,
+    margin: float = DOSE_MARGIN,
+    control_margin: float = DOSE_CONTROL_MARGIN,
+) -> Verdict:
+    """Claim 2 from a dose-response (``DoseCurves``): supported when dynamic's area under the harm curve exceeds
+    static's and static-outside-D_t's by more than ``margin`` (paired, per sample), after two controls that show
+    the test can tell: masking dynamic heads moves the metric by more than ``control_margin`` at some dose, and
+    random heads at the smallest dose stay within ``control_margin`` of un-ablated. An arm at a bound at every
+    dose, or a failed control, is inconclusive with the reason."""
+    evidence = evidence or EvidenceSettings()
+    if curves is None:
+        return failed(CLAIM2, task, "no dose-response results")
+    absent = [arm for arm in DOSE_ARMS if not curves.values.get(arm)]
+    if absent:
+        return failed(CLAIM2, task, f"no dose curve for arm {', '.join(absent)}")
+    doses = sorted(curves.values["dynamic"])
+    numbers: dict[str, float | None] = {
+        f"{arm}_k{dose}": float(np.mean(curves.harm(arm, dose))) for arm in DOSE_ARMS for dose in doses
+    }
+    stuck = _stuck_arms(curves)
+    if stuck:
+        return Verdict(CLAIM2, task, "inconclusive", stuck, numbers)
+    control = _control_failure(curves, doses, control_margin, evidence)
+    if control:
+        return Verdict(CLAIM2, task, "inconclusive", control, numbers)
+    areas = {arm: curves.area(arm) for arm in DOSE_ARMS}
+    effects, notes = [], []
+    for arm in DOSE_COMPARED:
+        name = f"dynamic - {arm} area under the {curves.metric} harm curve"
+        differences = areas["dynamic"] - areas[arm]
+        gap = paired_difference(areas["dynamic"], areas[arm], evidence, width=curves.width)
+        if all_identical(differences):
+            notes.append(
+                f"every paired difference of {name} is {differences[0]:.4g}: "
+                + ("exact interval (binomial)" if gap.defined else "no exact interval for an unbounded metric")
+            )
+        effects.append(Effect(name, gap, margin, undefined_reason="identical paired differences"))
+        numbers[f"area_gap_{arm}"] = gap.effect
+    return _decided(CLAIM2, task, effects, evidence, numbers, "; ".join(notes))
+
+
+def _stuck_arms(curves: DoseCurves) -> str:
+    """Why the dose-response cannot tell arms apart (an arm at a bound at every dose), or ''."""
+    bounds = {arm: curves.at_bound(arm) for arm in DOSE_ARMS}
+    stuck = {arm: bound for arm, bound in bounds.items() if bound is not None}
+    if not stuck:
+        return ""
+    side = lambda bound: "floor" if bound == min(b for b in curves.bounds if b is not None) else "ceiling"  # noqa: E731
+    if len(stuck) == len(DOSE_ARMS) and len(set(stuck.values())) == 1:
+        bound = next(iter(stuck.values()))
+        return f"{side(bound)}: every arm scores {bound:g} at every dose ({curves.metric})"
+    return "; ".join(f"{side(b)}: {arm} scores {b:g} at every dose ({curves.metric})" for arm, b in stuck.items())
+
+
+def _control_failure(curves: DoseCurves, doses: list[int], margin: float, evidence: EvidenceSettings) -> str:
+    """Why a control failed, or '': dynamic must move the metric beyond ``margin`` at some dose (positive), random
+    at the smallest dose must stay within ``margin`` of un-ablated (negative)."""
+    unit = f" {curves.unit}" if curves.unit else ""
+    dynamic = {dose: mean_interval(curves.harm("dynamic", dose), evidence) for dose in doses}
+    if not any(i.defined and i.low > margin for i in dynamic.values()):
+        best = max(doses, key=lambda dose: dynamic[dose].effect)
+        return (
+            f"positive control failed: masking dynamic heads moves {curves.metric} by at most "
+            f"{dynamic[best].text()}{unit} (k={best}), never beyond {margin:g}{unit} at any dose"
+        )
+    random = mean_interval(curves.harm("random", doses[0]), evidence)
+    if not (random.defined and -margin < random.low and random.high < margin):
+        return (
+            f"negative control failed: masking {doses[0]} random head(s) moves {curves.metric} by "
+            f"{random.text()}{unit}, not within {margin:g}{unit} of un-ablated"
+        )
+    return ""
 
 
 # ---- Claim 3 ----------------------------------------------------------------------------------------------------

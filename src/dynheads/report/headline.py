@@ -29,14 +29,16 @@ from dynheads.tasks.niah import NIAH
 
 NOT_STATED = "not stated"
 MAX_ROWS = 4  # rows of a card (more when a verdict tests more effects)
-# anchor of the claim's section -> the stage folder and file pattern of its one figure (first match, name order)
+# anchor of the claim's section -> the stage folder and file patterns of its one figure (first pattern that
+# matches, first match in name order): Claim 2's dose curves, else the matched grid's heat maps
+CLAIM2_FIGURES = ("plots/dose-teacher.png", "plots/dose-cascade.png", "plots/ablation-*.png")
 FIGURES = {
-    "claim1-niah": (DYNAMISM, "heads-*.png"),
-    "claim2-niah": (ABLATION, "plots/ablation-*.png"),
-    "claim3-niah": (CCA, "cca.png"),
-    "claim1-hotpotqa": (HOTPOTQA_DYNAMISM, "heads-*.png"),
-    "claim2-hotpotqa": (HOTPOTQA_ABLATION, "plots/ablation-*.png"),
-    "claim3-hotpotqa": (HOTPOTQA_CCA, "cca.png"),
+    "claim1-niah": (DYNAMISM, ("heads-*.png",)),
+    "claim2-niah": (ABLATION, CLAIM2_FIGURES),
+    "claim3-niah": (CCA, ("cca.png",)),
+    "claim1-hotpotqa": (HOTPOTQA_DYNAMISM, ("heads-*.png",)),
+    "claim2-hotpotqa": (HOTPOTQA_ABLATION, CLAIM2_FIGURES),
+    "claim3-hotpotqa": (HOTPOTQA_CCA, ("cca.png",)),
 }
 
 
@@ -61,7 +63,7 @@ def headline(
     if verdict.claim == claims.CLAIM1:
         rows = _dynamism_rows(numbers, paper)
     elif verdict.claim == claims.CLAIM2:
-        rows = _ablation_rows(numbers, metric, paper)
+        rows = _dose_rows(numbers) if _doses(numbers) else _ablation_rows(numbers, metric, paper)
     elif verdict.claim == claims.CLAIM3:
         rows = _correlation_rows(numbers, paper)
     else:
@@ -76,11 +78,12 @@ def headline(
     if verdict.claim == claims.RAG:
         figure = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
         return Headline(anchor, verdict, figure, rows, "" if figure else "no figure: no RAG results")
-    stage, pattern = FIGURES.get(anchor, ("", ""))
+    stage, patterns = FIGURES.get(anchor, ("", ()))
     if not stage or not (root / stage).is_dir():
         return Headline(anchor, verdict, None, rows, f"no figure: stage {stage or anchor} not run")
-    found = sorted((root / stage).glob(pattern))
-    return Headline(anchor, verdict, found[0] if found else None, rows, "" if found else f"no {pattern} in {stage}/")
+    found = next((hits for pattern in patterns if (hits := sorted((root / stage).glob(pattern)))), [])
+    missing = "" if found else f"no {' or '.join(patterns)} in {stage}/"
+    return Headline(anchor, verdict, found[0] if found else None, rows, missing)
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:
@@ -119,6 +122,25 @@ def _ablation_rows(numbers: Mapping[str, float | None], metric: str, task: str) 
     return rows + [
         (f"{metric}, {name} heads masked", _fmt(numbers.get(name)), paper.get(name, NOT_STATED))
         for name in ("dynamic", "static", "random")
+    ]
+
+
+def _doses(numbers: Mapping[str, float | None]) -> list[int]:
+    """The doses of a dose-response verdict's numbers (keys ``<arm>_k<dose>``), ascending."""
+    return sorted({int(key.rsplit("_k", 1)[1]) for key in numbers if key.startswith("dynamic_k")})
+
+
+def _dose_rows(numbers: Mapping[str, float | None]) -> list[tuple[str, str, str]]:
+    """The harm of every arm at the smallest and the largest dose (the figure has every dose, with intervals)."""
+    doses = _doses(numbers)
+    arms = claims.DOSE_ARMS
+    return [
+        (
+            f"harm at k={dose}: {' / '.join(arms)}",
+            " / ".join(_fmt(numbers.get(f"{arm}_k{dose}"), ".2f") for arm in arms),
+            NOT_STATED,
+        )
+        for dose in dict.fromkeys([doses[0], doses[-1]])
     ]
 
 

@@ -1,0 +1,172 @@
+"""Teacher-forced single-step ablation: each masked step equals a from-scratch pass on the clean history, for
+every masking mode; the settings decoded as one batch equal each setting alone; the dose arms pick their heads."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+from zoo import NoTokenizer, tiny_model
+
+from dynheads.ablation import AblationSettings, ablated_generate
+from dynheads.ablation_forced import forced_ablation
+from dynheads.models import LoadedModel
+from dynheads.probe import ABLATION_MODES
+
+
+class _Sample:
+    def __init__(self, ids, needle):
+        self.input_ids, self.needle_positions = ids, needle
+
+
+def _lm(family="llama"):
+    return LoadedModel(model=tiny_model(family), tokenizer=NoTokenizer(), name=family, revision="random")
+
+
+def _sample(seed=1, length=24):
+    ids = torch.randint(3, 128, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return _Sample(ids, list(range(4, 14)))
+
+
+def _head_dim(lm):
+    config = lm.model.config
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+@contextmanager
+def _hooks(lm, heads, replacement):
+    """The plain model with each head's slice of the o_proj input at the *last* position replaced by
+    ``replacement(layer, head, states, values)`` (``values``: that layer's v_proj output of this forward)."""
+    dim, layers, captured, handles = _head_dim(lm), lm.model.model.layers, {}, []
+
+    def value_hook(layer):
+        def hook(module, args, output):
+            captured[layer] = output
+
+        return hook
+
+    def pre_hook(layer):
+        def hook(module, args):
+            (states,) = args
+            states = states.clone()
+            for lyr, head in heads:
+                if lyr == layer:
+                    states[:, -1, head * dim : (head + 1) * dim] = replacement(layer, head, states, captured[layer])
+            return (states,)
+
+        return hook
+
+    for layer in {layer for layer, _ in heads}:
+        handles.append(layers[layer].self_attn.v_proj.register_forward_hook(value_hook(layer)))
+        handles.append(layers[layer].self_attn.o_proj.register_forward_pre_hook(pre_hook(layer)))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _prompt_means(lm, ids):
+    """Each head's mean o_proj input over ``ids`` (the prefilled prompt), ``{layer: [positions, H * D]}`` means."""
+    means, handles = {}, []
+    for index, layer in enumerate(lm.model.model.layers):
+
+        def hook(module, args, index=index):
+            means[index] = args[0][0].mean(0)
+
+        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(hook))
+    with torch.no_grad():
+        lm.model(torch.tensor([ids]))
+    for handle in handles:
+        handle.remove()
+    return means
+
+
+def _reference(lm, sample, tokens, heads, mode):
+    """From scratch: log p(tokens[t]) with ``heads`` replaced at the last position only (clean history)."""
+    config, dim = lm.model.config, _head_dim(lm)
+    groups = config.num_attention_heads // config.num_key_value_heads
+    means = _prompt_means(lm, sample.input_ids[:-1])
+
+    def replacement(layer, head, states, values):
+        if mode == "zero":
+            return 0.0
+        if mode == "mean":
+            return means[layer][head * dim : (head + 1) * dim]
+        kv = head // groups  # uniform attention: the mean value over every key the last query sees
+        return values[0, :, kv * dim : (kv + 1) * dim].mean(0)
+
+    out = []
+    for t, token in enumerate(tokens):
+        with _hooks(lm, heads, replacement), torch.no_grad():
+            logits = lm.model(torch.tensor([list(sample.input_ids) + tokens[:t]])).logits[0, -1]
+        out.append(float(torch.log_softmax(logits.float(), -1)[token]))
+    return out
+
+
+@pytest.mark.parametrize("mode", ABLATION_MODES)
+def test_forced_step_equals_from_scratch_masking(mode):
+    lm, sample = _lm(), _sample()
+    heads = ((0, 1), (2, 3), (1, 0))
+    result = forced_ablation(lm, sample, [AblationSettings("fixed", mode=mode, fixed_heads=heads)], 6)
+    plain = ablated_generate(lm, sample, AblationSettings("none"), 6)
+    assert result.tokens == plain.tokens  # the clean greedy answer
+    reference = _reference(lm, sample, result.tokens, heads, mode)
+    assert np.allclose(result.masked_logprob[0], reference, atol=1e-4)
+    clean = _reference(lm, sample, result.tokens, (), "zero")
+    assert np.allclose(result.clean_logprob, clean, atol=1e-4)
+    assert np.abs(result.drop(0)).max() > 1e-3  # the masking changed something: the test could fail
+
+
+def test_batched_settings_equal_each_setting_alone():
+    lm, sample = _lm(), _sample(2)
+    static = ((2, 1), (0, 3), (1, 2), (2, 0))
+    settings = [
+        AblationSettings(arm, dose=dose, static_ranking=static, seed=5, mode="mean")
+        for arm in ("dynamic", "static", "static_outside", "random")
+        for dose in (1, 3)
+    ]
+    together = forced_ablation(lm, sample, settings, 5)
+    for index, setting in enumerate(settings):
+        alone = forced_ablation(lm, sample, [setting], 5)
+        assert alone.masked == [together.masked[index]]
+        assert np.allclose(alone.masked_logprob[0], together.masked_logprob[index], atol=1e-5)
+        assert alone.flipped[0] == together.flipped[index]
+
+
+def test_dose_arms_pick_their_heads():
+    lm, sample = _lm(), _sample(3)
+    static = ((2, 1), (0, 3), (1, 2), (2, 0), (0, 0))
+    arms = ("dynamic", "static", "static_outside", "random")
+    result = forced_ablation(lm, sample, [AblationSettings(a, dose=3, static_ranking=static) for a in arms], 4)
+    dynamic, fixed, outside, random = result.masked
+    for t in range(len(result.tokens)):
+        assert all(len(step[t]) == 3 for step in result.masked)  # every arm masks the dose
+        assert fixed[t] == list(static[:3])
+        assert not set(outside[t]) & set(dynamic[t][: result.dynamic_counts[t]])  # none of D_t
+        assert outside[t] == [h for h in static if h not in set(dynamic[t][: result.dynamic_counts[t]])][:3]
+    assert len({tuple(step) for step in random}) > 1  # a new draw at each step
+
+
+@pytest.mark.parametrize(("score", "threshold"), [("copy", "relative:3"), ("reasoning", "relative:1")])
+def test_a_dose_ranks_every_head_with_d_t_first(score, threshold):
+    from dynheads.decoding import DecodingSession
+
+    lm, sample = _lm(), _sample(6, length=120)
+    session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=1)
+    session.forward(len(sample.input_ids) - 1)
+    step = session.forward(1)
+    spec = AblationSettings("dynamic", score=score, threshold=threshold).score_spec()
+    predicted = int(step.logits.argmax())
+    dynamic = spec.step_heads(step.stats, session.row, predicted)
+    ranking = spec.step_ranking(step.stats, session.row, predicted)
+    heads = lm.num_layers * lm.num_heads
+    assert sorted(ranking) == sorted((layer, head) for layer in range(lm.num_layers) for head in range(lm.num_heads))
+    assert len(ranking) == heads and ranking[: len(dynamic)] == dynamic
+    rest = ranking[len(dynamic) :]
+    values = step.stats.needle_mass if score == "copy" else step.stats.reasoning_scores()
+    assert [float(values[h]) for h in rest] == sorted((float(values[h]) for h in rest), reverse=True)
+    if score == "reasoning":
+        assert 0 < len(dynamic) < heads  # the threshold splits the heads: D_t first is a real constraint
