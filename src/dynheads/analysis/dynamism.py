@@ -57,7 +57,7 @@ from dynheads.analysis.chance import (
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads, flat_index
 from dynheads.paper import ENTROPY_BASELINE
-from dynheads.tables import Table, to_markdown
+from dynheads.tables import Heading, Table, to_markdown
 
 DEFAULT_KS = (20, 50, 100)
 
@@ -314,6 +314,16 @@ def chance_table(stats: DynamismStats) -> Table:
         float_format=".4f",
         missing="–",
     )
+
+
+def chance_blocks(stats: DynamismStats) -> list:
+    """The summary's section on chance levels: a heading, what chance means here, and ``chance_table``."""
+    return [
+        Heading("Claim 1 statistics beside their chance level"),
+        "Chance: a random set of heads of each step's size (Jaccard exact, entropy by seeded simulation). "
+        "Share above chance = (ours - chance) / (ceiling - chance); the verdict reads rules a-c.",
+        chance_table(stats),
+    ]
 
 
 def table5(rows: Mapping[str, Mapping[str, float]], ks: Sequence[int] = DEFAULT_KS) -> Table:

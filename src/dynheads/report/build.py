@@ -293,9 +293,7 @@ def build_sections(root: Path, evidence: EvidenceSettings | None = None) -> list
             parts = [f"*Could not read this stage: {error}*"]
         task = NIAH if anchor.endswith(stages.NIAH) else qa if anchor.endswith((stages.HOTPOTQA, stages.RAG)) else None
         sections.append(Section(anchor, title, parts, task))
-    return _gate_unsolved(
-        sections, {NIAH.name: _unsolved(root, stages.NIAH, niah), qa.name: _unsolved(root, stages.HOTPOTQA, hotpot)}
-    )
+    return _gate_unsolved(sections, root, qa)
 
 
 def _unsolved(root: Path, stage: str, task: str) -> str:
@@ -309,8 +307,10 @@ def _unsolved(root: Path, stage: str, task: str) -> str:
         return ""
 
 
-def _gate_unsolved(sections: list[Section], reasons: Mapping[str, str]) -> list[Section]:
-    """Every verdict of a section whose task the model does not solve becomes inconclusive with the reason."""
+def _gate_unsolved(sections: list[Section], root: Path, qa: Task) -> list[Section]:
+    """Every verdict of a section whose task (NIAH, or the QA task ``qa``) the model does not solve becomes
+    inconclusive with the reason."""
+    reasons = {NIAH.name: _unsolved(root, stages.NIAH, NIAH.label), qa.name: _unsolved(root, stages.HOTPOTQA, qa.label)}
     return [
         replace(
             section, parts=[claims.gated(part, reason) if isinstance(part, Verdict) else part for part in section.parts]
