@@ -165,3 +165,21 @@ def test_an_offset_that_cannot_be_measured_is_noted_and_the_others_kept():
     failed = table[(table["offset"] == 6) & table["note"].notna()]
     assert len(failed) >= 1 and failed["note"].str.contains("offset 6").all()
     assert cca_notes(table) == list(failed["note"])
+
+
+def test_the_held_out_measures_are_repeated_over_seeded_splits_and_their_spread_is_in_the_interval():
+    samples = noise(30, 10, 4, 3)
+    pooled = cca_offsets(samples, offsets=[1], config=CCAConfig(splits=4)).set_index("method")
+    singles = [
+        cca_offsets(samples, offsets=[1], config=CCAConfig(splits=1, seed=seed)).set_index("method")
+        for seed in range(4)
+    ]
+    assert pooled.loc["held_out", "splits"] == 4 and pooled.loc["shuffled", "splits"] == 4
+    for method in ("held_out", "shuffled"):
+        assert pooled.loc[method, "top1"] == pytest.approx(np.mean([s.loc[method, "top1"] for s in singles]))
+    gaps = [s.loc["held_out", "gap"] for s in singles]
+    assert pooled.loc["held_out", "gap"] == pytest.approx(np.mean(gaps))
+    assert pooled.loc["held_out", "gap_low"] <= min(gaps) and pooled.loc["held_out", "gap_high"] >= max(gaps)
+    assert pooled.loc["in_sample", "top1"] == singles[0].loc["in_sample", "top1"]  # no split: unchanged
+    with pytest.raises(DynheadsError, match="splits must be >= 1"):
+        CCAConfig(splits=0)

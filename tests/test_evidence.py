@@ -16,6 +16,7 @@ from dynheads.analysis.evidence import (
     interval,
     mean_interval,
     paired_difference,
+    pooled_interval,
 )
 
 SETTINGS = EvidenceSettings()
@@ -86,3 +87,15 @@ def test_the_seed_makes_intervals_reproducible():
     values = np.random.default_rng(4).normal(size=30)
     assert mean_interval(values, EvidenceSettings(seed=7)) == mean_interval(values, EvidenceSettings(seed=7))
     assert mean_interval(values, EvidenceSettings(seed=7)) != mean_interval(values, EvidenceSettings(seed=8))
+
+
+def test_a_pooled_interval_holds_the_spread_between_splits():
+    """Two splits whose effects are 0 and 1 on every resample: the effect is their mean and the interval spans
+    both, where either split alone gives a zero-width interval."""
+    parts = [(10, lambda idx: 0.0), (12, lambda idx: 1.0)]
+    pooled = pooled_interval(parts, EvidenceSettings(resamples=200))
+    assert (pooled.effect, pooled.low, pooled.high, pooled.n) == (0.5, 0.0, 1.0, 10)
+    single = interval(10, lambda idx: 0.0, EvidenceSettings(resamples=200))
+    assert single.low == single.high == 0.0
+    assert not pooled_interval([], EvidenceSettings()).defined
+    assert math.isnan(pooled_interval([(1, lambda idx: 0.5)], EvidenceSettings()).low)

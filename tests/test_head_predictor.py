@@ -14,6 +14,7 @@ from dynheads.analysis.head_predictor import (
     asymmetric_loss,
     best_f1_threshold,
     load_head_predictor,
+    regression_metrics,
     split_by_sample,
     train_head_predictor,
 )
@@ -211,3 +212,25 @@ def test_the_probe_gap_has_an_interval_over_test_samples():
     assert gap["metric"] == "r2" and gap["effect"] == pytest.approx(probe - baseline)
     assert gap["low"] <= gap["effect"] <= gap["high"] and gap["low"] > 0.5
     assert gap["n"] == len(split_by_sample(len(continuous_samples()), SMALL.split, SMALL.seed)[2])
+
+
+def test_r2_weighs_heads_by_their_variance_so_a_near_constant_head_cannot_blow_it_up():
+    """A baseline 0.01 off on a head that varies by 0.0015 has a per-head R² near -45: the plain mean over heads
+    reads that as a huge failure (a real card read "probe - baseline R² 366"); weighted by variance it is
+    that head's share of the error, and MSE beside it is in the scores' own units."""
+    rng = np.random.default_rng(0)
+    targets = np.column_stack([0.3 + 0.1 * rng.normal(size=400), 0.2 + 0.0015 * rng.normal(size=400)])
+    baseline = np.broadcast_to(targets.mean(0) + np.array([0.0, 0.01]), targets.shape)
+    metrics = regression_metrics(targets, baseline)
+    assert metrics["heads_scored_r2"] == 2
+    assert metrics["r2_uniform"] < -20  # (0 + about -45) / 2
+    assert -0.05 < metrics["r2"] < 0  # 1 - (SSE_a + SSE_b) / (SST_a + SST_b)
+    assert metrics["mse"] == pytest.approx(((targets - baseline) ** 2).mean())
+
+
+def test_the_regressor_reports_an_mse_gap_beside_the_r2_gap():
+    result = train_head_predictor(continuous_samples(), SMALL, task="continuous", shape=SHAPE, progress=False)
+    gap = result.metrics["mse_gap"]
+    probe, baseline = result.metrics["probe"]["mse"], result.metrics["baseline"]["mse"]
+    assert gap["effect"] == pytest.approx(baseline - probe, rel=1e-5) and gap["effect"] > 0
+    assert gap["low"] <= gap["effect"] <= gap["high"] and gap["low"] > 0

@@ -268,7 +268,11 @@ def test_every_section_and_verdict_is_in_the_markdown(report):
     for heading in SECTION_HEADINGS:
         assert f"\n{heading}" in md, heading
     assert "**Verdict:** Claim 1 (dynamism), NIAH: supported." in md
-    assert re.search(r"containment in the static retrieval top-20 0\.\d+ \[0\.\d+, 0\.\d+\] \(n=6\), rule < 0\.8", md)
+    assert re.search(
+        r"containment in the static retrieval top-max\(20, \|D_t\|\), share above chance -?0\.\d+ \[-?0\.\d+, "
+        r"-?0\.\d+\] \(n=6\), rule < 0\.8",
+        md,
+    )
     assert "**Verdict:** Claim 2 (irreplaceability), NIAH: supported." in md
     assert "static - dynamic accuracy 0.833 [" in md and "random - dynamic accuracy 1.000 [1.000, 1.000] (n=6)" in md
     assert "**Verdict:** Claim 3 (correlation), NIAH: supported." in md
@@ -368,16 +372,19 @@ def test_claim1_is_not_supported_when_dynamic_sets_stay_inside_the_static_top20(
     assert verdict.status == "not supported"
     containment = verdict.effects[0]
     assert containment.interval.effect == 1.0 and containment.interval.n == 40
-    assert "top-20 1.000 [1.000, 1.000] (n=40), rule < 0.8" in verdict.sentence()
+    assert "top-max(20, |D_t|), share above chance 1.000 [1.000, 1.000] (n=40), rule < 0.8" in verdict.sentence()
 
 
 def test_claim1_is_supported_when_dynamic_sets_change_and_leave_the_static_list():
     sets = _random_sets(np.random.default_rng(1), 40, ALL_HEADS[20:], per_step=4)
-    verdict = claims.dynamism_verdict(_dynamism_data(sets, ALL_HEADS), "NIAH", EVIDENCE)
+    data = _dynamism_data(sets, ALL_HEADS)
+    verdict = claims.dynamism_verdict(data, "NIAH", EVIDENCE)
     assert verdict.status == "supported", verdict.sentence()
     assert [e.interval.n for e in verdict.effects] == [40, 40, 40]
     assert verdict.effects[0].interval.high < 0.8 and verdict.effects[1].interval.high < 0.5
-    assert verdict.effects[2].interval.low > math.log(20)
+    assert verdict.effects[2].interval.low > claims.ENTROPY_SHARE_MIN
+    assert data["stats"]["entropy"] > math.log(20)  # the old rule's baseline, beside its chance level
+    assert "entropy" in verdict.reason and "random sets" in verdict.reason
 
 
 def test_claim1_below_the_floor_or_without_per_sample_data_is_inconclusive():
@@ -386,7 +393,7 @@ def test_claim1_below_the_floor_or_without_per_sample_data_is_inconclusive():
     assert small.status == "inconclusive" and "n=6 is below the floor of 30 samples" in small.reason
     assert claims.DECIDE_COMMAND in small.reason
     old = claims.dynamism_verdict({"stats": {"jaccard_static_k20": 0.3}}, "NIAH", EVIDENCE)
-    assert old.status == "inconclusive" and "no per-sample statistics" in old.reason
+    assert old.status == "inconclusive" and "no per-sample shares above chance" in old.reason
     assert claims.dynamism_verdict(None, "NIAH").reason == "no dynamism statistics"
 
 
@@ -450,6 +457,50 @@ def test_claim3_rules():
     assert verdict.status == "inconclusive" and "R² is undefined" in verdict.reason
     partial = claims.correlation_verdict(good_cca, None, "r2", "HotpotQA")
     assert partial.status == "inconclusive" and "no head predictor metrics" in partial.sentence()
+
+
+def test_claim3_shows_mse_beside_the_variance_weighted_r2():
+    good_cca = {"top1": 0.6, "shuffled_top1": 0.3, "gap": 0.3, "gap_low": 0.2, "gap_high": 0.4, "test_samples": 30}
+    regressor = {
+        "probe": {"r2": 0.4, "mse": 0.0012},
+        "baseline": {"r2": -0.01, "mse": 0.002},
+        "gap": {"effect": 0.41, "low": 0.3, "high": 0.5, "n": 30},
+        "mse_gap": {"effect": 0.0008, "low": 0.0005, "high": 0.0011, "n": 30},
+    }
+    verdict = claims.correlation_verdict(good_cca, regressor, "r2", "Multi-hop")
+    assert verdict.status == "supported"
+    assert "MSE probe 0.0012, baseline 0.002, baseline - probe 0.0008 [0.0005, 0.0011] (n=30)" in verdict.reason
+    assert verdict.numbers["probe_mse"] == 0.0012 and verdict.numbers["baseline_mse"] == 0.002
+
+
+def _qa_records(em: list[float], candidates: int | None = 3) -> list[dict]:
+    meta = {"candidates": [f"v{i}" for i in range(candidates)]} if candidates else {}
+    return [{"answer": "v0", "meta": meta, "metrics": {"em": value, "f1": value}} for value in em]
+
+
+def test_a_task_at_or_below_chance_is_unsolved():
+    at_chance = claims.unsolved_reason(_qa_records([1.0, 0.0, 0.0]), "f1", "Key-value lookup")
+    assert at_chance == (
+        "the model does not solve Key-value lookup: its un-ablated em is 0.333 (n=3), at or below chance 0.333; "
+        "no claim is decided on the heads of a model that fails the task"
+    )
+    assert claims.unsolved_reason(_qa_records([1.0, 1.0, 0.0]), "f1", "Key-value lookup") == ""
+    zero = claims.unsolved_reason(_qa_records([0.0] * 4, candidates=None), "f1", "HotpotQA")
+    assert "its un-ablated f1 is 0.000 (n=4), at or below chance 0.000" in zero
+    assert claims.unsolved_reason(_qa_records([0.2] * 4, candidates=None), "f1", "HotpotQA") == ""
+    assert claims.unsolved_reason([], "f1", "HotpotQA") == ""  # not run: the stages say so
+
+
+def test_a_task_the_model_does_not_solve_marks_every_verdict_of_that_task(tmp_path):
+    root = make_reproduce_dir(tmp_path)
+    niah = RunDir(root / "niah")
+    for record in niah.records():
+        write_json(niah.record_path(record["sample_id"]), {**record, "metrics": {**record["metrics"], "accuracy": 0.0}})
+    md = write_report(root)[0].read_text()
+    reason = "the model does not solve NIAH: its un-ablated accuracy is 0.000 (n=6), at or below chance 0.000"
+    for claim in ("Claim 1 (dynamism)", "Claim 2 (irreplaceability)", "Claim 3 (correlation)"):
+        assert f"**Verdict:** {claim}, NIAH: inconclusive ({reason}" in md, claim
+    assert "**Verdict:** Dynamic RAG (dynamic beats static), HotpotQA: supported." in md  # its task is solved
 
 
 def test_rag_rule_identical_arms_are_inconclusive_and_a_large_effect_is_supported():

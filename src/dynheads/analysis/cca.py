@@ -10,8 +10,9 @@ Three measurements per offset (``method`` column):
 - ``in_sample``: fit and measure on all pairs. The paper's number; inflated when pairs are few and PCA keeps
   many dimensions (with ``dims >= pairs`` it reaches 1 on pure noise).
 - ``held_out``: fit on a seeded split of the *samples*, measure the correlation of each canonical pair on the
-  projected pairs of the other samples. Components keep the order of the fit; they are never re-sorted by
-  their held-out value (that would re-inflate).
+  projected pairs of the other samples; repeated over ``splits`` seeded splits and averaged, the spread between
+  splits inside the gap's interval (``evidence.pooled_interval``). Components keep the order of the fit; they
+  are never re-sorted by their held-out value (that would re-inflate).
 - ``shuffled``: ``held_out`` after pairing every sample's hidden states with another sample's scores (a seeded
   derangement of the samples; the longer of the two is truncated). It keeps what all answers share at a given
   step (e.g. the position inside the answer) and breaks what is specific to a sample: the floor for ``held_out``.
@@ -20,7 +21,7 @@ Three measurements per offset (``method`` column):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,7 +31,7 @@ import pandas as pd
 from sklearn.decomposition import PCA
 from tqdm.auto import tqdm
 
-from dynheads.analysis.evidence import EvidenceSettings, Interval, interval
+from dynheads.analysis.evidence import EvidenceSettings, pooled_interval
 from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
@@ -231,42 +232,33 @@ def cca_offsets(
 ) -> pd.DataFrame:
     """One row per (offset, method): top1, top10_mean, top50_mean, kept dimensions and pair counts.
 
-    Held-out rows also carry ``gap``, ``gap_low``, ``gap_high``: held-out minus shuffled top-1 with its bootstrap
-    interval over the test samples (both measured on the same resampled samples: row j of either view holds sample
-    j's hidden states), and ``test_samples``. An offset/method that cannot be measured (too few pairs, constant
-    scores) gets a row of NaN with the reason in ``note``; with no held-out measure at any offset it is an error.
-    Samples with no step are dropped first (they hold no pair).
+    ``held_out`` and ``shuffled`` are repeated over ``config.splits`` seeded sample splits (``splits`` says how many
+    measured it); their rows show the means over the splits, and the dimensions and pair counts of the first.
+    Held-out rows also carry ``gap``, ``gap_low``, ``gap_high``: held-out minus shuffled top-1, the mean over the
+    splits, with an interval that pools each split's bootstrap over its test samples (both measured on the same
+    resampled samples: row j of either view holds sample j's hidden states), so the spread between splits lies
+    inside it; and ``test_samples`` (the fewest of a split). An offset/method that cannot be measured on any split
+    (too few pairs, constant scores) gets a row of NaN with the reason in ``note``; with no held-out measure at
+    any offset it is an error. Samples with no step are dropped first (they hold no pair).
     """
     config = config or CCAConfig()
     samples = nonempty_samples(samples)
     check_samples(samples)
-    fit_idx, test_idx = split_samples(len(samples), config.test_fraction, config.seed)
-    views = {"held_out": samples, "shuffled": shuffled_pairing(samples, config.seed)}
     evidence = EvidenceSettings(resamples=config.resamples, seed=config.seed)
-    rows = []
+    rows: list[dict] = []
     for offset in tqdm(list(offsets), desc="cca", unit="offset", leave=False):
         if offset < 0:
             raise DynheadsError(f"offsets must be >= 0, got {offset}")
-        firsts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-        for method in METHODS:
-            base = {"offset": offset, "method": method}
-            try:
-                if method == "in_sample":
-                    fit = offset_pairs(samples, offset)
-                    correlations, dims = canonical_correlations(fit, None, config)
-                    counts = {"fit_pairs": len(fit[0]), "eval_pairs": len(fit[0])}
-                else:  # split by the sample that owns the hidden states
-                    pairs = views[method]
-                    correlations, dims, firsts[method], counts = _held_out(
-                        [pairs[i] for i in fit_idx], [pairs[i] for i in test_idx], offset, config
-                    )
-            except DynheadsError as error:
-                rows.append({**base, "note": f"offset {offset}, {method}: {error}"})
-                continue
-            rows.append({**base, **summarize(correlations), **dims, **counts})
-        if len(firsts) == 2:
-            gap = _gap_interval(firsts["held_out"], firsts["shuffled"], evidence)
-            rows[-2].update(gap=gap.effect, gap_low=gap.low, gap_high=gap.high, test_samples=gap.n)
+        base: dict = {"offset": offset, "method": "in_sample"}
+        try:
+            fit = offset_pairs(samples, offset)
+            correlations, dims = canonical_correlations(fit, None, config)
+            rows.append(
+                {**base, **summarize(correlations), **dims, "fit_pairs": len(fit[0]), "eval_pairs": len(fit[0])}
+            )
+        except DynheadsError as error:
+            rows.append({**base, "note": f"offset {offset}, in_sample: {error}"})
+        rows += _split_rows(samples, offset, config, evidence)
     failed = [row["note"] for row in rows if "note" in row]
     if not any(row["method"] == "held_out" and "note" not in row for row in rows):
         raise DynheadsError(failed[0])  # no held-out measure at any offset: nothing a verdict could read
@@ -281,6 +273,7 @@ def cca_offsets(
         "score_dims",
         "fit_pairs",
         "eval_pairs",
+        "splits",
         "gap",
         "gap_low",
         "gap_high",
@@ -288,6 +281,40 @@ def cca_offsets(
         "note",
     ]
     return pd.DataFrame(rows).reindex(columns=columns)
+
+
+def _split_rows(samples: Sequence[Sample], offset: int, config: CCAConfig, evidence: EvidenceSettings) -> list[dict]:
+    """The held_out and shuffled rows of one offset over the seeded splits on which both could be measured."""
+    measured: list[dict[str, tuple]] = []
+    note = ""
+    for seed in range(config.seed, config.seed + config.splits):
+        fit_idx, test_idx = split_samples(len(samples), config.test_fraction, seed)
+        views = {"held_out": samples, "shuffled": shuffled_pairing(samples, seed)}
+        try:
+            measured.append(
+                {
+                    method: _held_out([pairs[i] for i in fit_idx], [pairs[i] for i in test_idx], offset, config)
+                    for method, pairs in views.items()
+                }
+            )
+        except DynheadsError as error:
+            note = note or f"offset {offset} (split seed {seed}): {error}"
+    if not measured:
+        return [
+            {"offset": offset, "method": method, "note": f"{note}, on every split"}
+            for method in ("held_out", "shuffled")
+        ]
+    rows = []
+    for method in ("held_out", "shuffled"):
+        runs = [split[method] for split in measured]
+        means = pd.DataFrame([summarize(correlations) for correlations, *_ in runs]).mean().to_dict()
+        rows.append({"offset": offset, "method": method, **means, **runs[0][1], **runs[0][3], "splits": len(runs)})
+    gap = pooled_interval(
+        [(len(split["held_out"][2]), _gap_statistic(split["held_out"][2], split["shuffled"][2])) for split in measured],
+        evidence,
+    )
+    rows[0].update(gap=gap.effect, gap_low=gap.low, gap_high=gap.high, test_samples=gap.n)
+    return rows
 
 
 def _held_out(
@@ -314,19 +341,17 @@ def _held_out(
     return correlations, dims, firsts, {"fit_pairs": len(fit[0]), "eval_pairs": len(test[0])}
 
 
-def _gap_interval(
-    held_out: list[tuple[np.ndarray, np.ndarray]],
-    shuffled: list[tuple[np.ndarray, np.ndarray]],
-    settings: EvidenceSettings,
-) -> Interval:
-    """Held-out minus shuffled first canonical correlation, over resampled test samples (paired by sample)."""
+def _gap_statistic(
+    held_out: list[tuple[np.ndarray, np.ndarray]], shuffled: list[tuple[np.ndarray, np.ndarray]]
+) -> Callable[[np.ndarray], float]:
+    """Held-out minus shuffled first canonical correlation over chosen test samples (paired by sample)."""
 
     def top1(firsts: list[tuple[np.ndarray, np.ndarray]], idx: np.ndarray) -> float:
         u = np.concatenate([firsts[i][0] for i in idx])
         v = np.concatenate([firsts[i][1] for i in idx])
         return float(column_correlations(u[:, None], v[:, None])[0]) if len(u) >= _MIN_PAIRS else math.nan
 
-    return interval(len(held_out), lambda idx: top1(held_out, idx) - top1(shuffled, idx), settings)
+    return lambda idx: top1(held_out, idx) - top1(shuffled, idx)
 
 
 def cca_table(table: pd.DataFrame, paper: Mapping[int, float] | None = None) -> Table:

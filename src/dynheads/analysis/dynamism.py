@@ -19,6 +19,20 @@ them per sample, for intervals over samples):
 - Size-matched Jaccard: J(D_t, S_|D_t|), against the static list cut to the step's own size (ceiling 1).
 - Jaccard ceiling: the mean of min(|D_t|, k) / max(|D_t|, k), the largest Jaccard with S_k the sizes allow.
 
+Each of these is printed beside its chance level, what a random set of heads of the step's size scores
+(``dynheads.analysis.chance``), because the sizes alone bound several of them. Claim 1's verdict reads three
+statistics whose range the set size does not fix, each as its share above chance, (value - chance) /
+(ceiling - chance), per step (or pair), then averaged:
+
+- Static containment: |D_t ∩ S_K| / |D_t| with K = max(20, |D_t|) (the top-20, or the static list of the step's
+  own size when D_t is larger), chance K/(L·H), ceiling min(1, K/|D_t|) = 1: sets confined to the static list
+  score 1 at every size.
+- Adjacent share: J(D_t, D_{t+1}) against the Jaccard of random sets of the two sizes, ceiling min/max of the
+  sizes: a set that stays put scores 1 at every size. Beside it (printed, not decided on): the Jaccard of step t
+  of one sample with step t of another (``cross_sample_jaccard``), what any two answers share.
+- Entropy share: (S - ln m) / (S_chance - ln m), m the mean |D_t| over all steps (S >= ln m always; a fixed set of
+  m heads scores 0), S_chance the entropy when every step draws a random set of its size (seeded simulation).
+
 The static ranking holds scored heads only (``headlists.scored_heads``): k beyond them is NaN (Table 5 shows
 "n/a"), never zero-score filler.
 """
@@ -27,16 +41,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from scipy.stats import entropy
 
+from dynheads.analysis.chance import (
+    chance_entropy,
+    cross_sample_jaccard,
+    expected_jaccards,
+    jaccard_ceiling,
+    share_above_chance,
+)
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads, flat_index
 from dynheads.paper import ENTROPY_BASELINE
-from dynheads.tables import Table, to_markdown
+from dynheads.tables import Heading, Table, to_markdown
 
 DEFAULT_KS = (20, 50, 100)
 
@@ -62,6 +83,13 @@ class DynamismStats:
     matched_jaccard: float = math.nan  # mean over non-empty steps of J(D_t, S_|D_t|)
     jaccard_ceiling_k20: float = math.nan  # mean over steps of min(|D_t|, 20) / max(|D_t|, 20)
     static_heads: int = 0  # scored heads in the static ranking
+    chance: dict[str, float] = field(default_factory=dict)  # statistic -> its chance level (``chance_levels``)
+    static_containment: float = math.nan  # mean over non-empty steps of |D_t ∩ S_max(20,|D_t|)| / |D_t|
+    static_containment_share: float = math.nan  # its mean share above chance (Claim 1, rule a)
+    adjacent_share: float = math.nan  # mean share above chance of J(D_t, D_{t+1}) (Claim 1, rule b)
+    cross_sample_jaccard: float = math.nan  # mean J of step t of one sample with step t of another
+    entropy_floor: float = math.nan  # ln(mean |D_t|): the entropy of a fixed set of that size
+    entropy_share: float = math.nan  # (entropy - floor) / (chance entropy - floor) (Claim 1, rule c)
 
     def to_dict(self) -> dict[str, float | int]:
         """Flat, JSON-ready; Jaccard w/ static appears as ``jaccard_static_k{k}``."""
@@ -84,6 +112,13 @@ class DynamismStats:
             "matched_jaccard": self.matched_jaccard,
             "jaccard_ceiling_k20": self.jaccard_ceiling_k20,
             "static_heads": self.static_heads,
+            **{f"{name}_chance": value for name, value in self.chance.items()},
+            "static_containment": self.static_containment,
+            "static_containment_share": self.static_containment_share,
+            "adjacent_share": self.adjacent_share,
+            "cross_sample_jaccard": self.cross_sample_jaccard,
+            "entropy_floor": self.entropy_floor,
+            "entropy_share": self.entropy_share,
         }
 
 
@@ -106,10 +141,19 @@ def dynamism_stats(
         raise DynheadsError(f"the {len(dynamic_sets)} sample(s) have no generated steps: nothing to measure")
     steps = np.concatenate(flat)  # [step, L*H] over all samples
     sizes = steps.sum(axis=1)
-    inter, union = _adjacent_overlaps(flat)
-    kept = union > 0
+    pairs = _adjacent_pairs(flat, layers * heads)
+    kept = pairs["union"] > 0
     overlap = _static_overlap(steps, static_ranking, heads)
     nonempty = sizes > 0
+    counts = steps.sum(axis=0)
+    floor = math.log(sizes.mean()) if sizes.any() else math.nan
+    chance = {
+        **{key: _nan_mean(overlap[f"{key}_chance"][nonempty]) for key in ("containment_k20", "matched_jaccard")},
+        "jaccard_static_k20": _nan_mean(overlap["jaccard_static_k20_chance"]),
+        "static_containment": _nan_mean(overlap["static_containment_chance"][nonempty]),
+        "adjacent_jaccard": _nan_mean(pairs["chance"][kept]),
+        "entropy": chance_entropy(sizes, layers * heads),
+    }
     return DynamismStats(
         num_samples=len(flat),
         num_steps=int(steps.shape[0]),
@@ -118,17 +162,29 @@ def dynamism_stats(
         std_size=float(sizes.std()),
         unique_heads=int(steps.any(axis=0).sum()),
         jaccard_static={k: _jaccard_with_static(steps, static_ranking, k, heads) for k in ks},
-        adjacent_jaccard=float((inter[kept] / union[kept]).mean()) if kept.any() else math.nan,
+        adjacent_jaccard=float(pairs["jaccard"][kept].mean()) if kept.any() else math.nan,
         adjacent_pairs=int(kept.sum()),
         adjacent_skipped=int((~kept).sum()),
-        entropy=float(entropy(steps.sum(axis=0))),  # scipy normalises the counts; NaN if they are all 0
+        entropy=float(entropy(counts)),  # scipy normalises the counts; NaN if they are all 0
         empty_steps=int((sizes == 0).sum()),
         empty_samples=len(dynamic_sets) - len(flat),
         containment_k20=_nan_mean(overlap["containment_k20"][nonempty]),
         matched_jaccard=_nan_mean(overlap["matched_jaccard"][nonempty]),
         jaccard_ceiling_k20=float((np.minimum(sizes, 20) / np.maximum(sizes, 20)).mean()),
         static_heads=len(static_ranking),
+        chance=chance,
+        cross_sample_jaccard=cross_sample_jaccard(flat),
+        static_containment=_nan_mean(overlap["static_containment"][nonempty]),
+        static_containment_share=_nan_mean(overlap["static_containment_share"][nonempty]),
+        adjacent_share=_nan_mean(pairs["share"]),
+        entropy_floor=floor,
+        entropy_share=entropy_share(float(entropy(counts)), floor, chance["entropy"]),
     )
+
+
+def entropy_share(value: float, floor: float, chance: float) -> float:
+    """(entropy - ln m) / (chance entropy - ln m): 0 for a fixed set of m heads, 1 for random sets of the sizes."""
+    return float(share_above_chance(np.array(value), np.array(floor), np.array(chance)))
 
 
 def per_sample_dynamism(dynamic_sets: Sequence[np.ndarray], static_ranking: Sequence[Head]) -> dict[str, list]:
@@ -136,34 +192,55 @@ def per_sample_dynamism(dynamic_sets: Sequence[np.ndarray], static_ranking: Sequ
     non-empty steps (None when every step is empty), and ``head_counts`` [L*H], the steps each head was in D_t.
     The unit that intervals resample: Claim 1's verdict reads these from dynamism.json."""
     layers, heads = _check_sets(dynamic_sets)
-    rows: dict[str, list] = {"containment_k20": [], "matched_jaccard": [], "head_counts": []}
+    keys = ("containment_k20", "matched_jaccard", "static_containment_share", "adjacent_share")
+    rows: dict[str, list] = {key: [] for key in (*keys, "head_counts", "steps")}
     for sample in dynamic_sets:
         if not sample.shape[0]:
             continue
         steps = sample.reshape(sample.shape[0], layers * heads)
         overlap = _static_overlap(steps, static_ranking, heads)
+        overlap["adjacent_share"] = _adjacent_pairs([steps], layers * heads)["share"]
         nonempty = steps.any(axis=1)
-        for key in ("containment_k20", "matched_jaccard"):
-            value = _nan_mean(overlap[key][nonempty])
+        for key in keys:
+            value = _nan_mean(overlap[key] if key == "adjacent_share" else overlap[key][nonempty])
             rows[key].append(None if math.isnan(value) else value)
         rows["head_counts"].append(steps.sum(axis=0).astype(int).tolist())
+        rows["steps"].append(int(steps.shape[0]))
     return rows
 
 
 def _static_overlap(steps: np.ndarray, ranking: Sequence[Head], num_heads: int) -> dict[str, np.ndarray]:
-    """Per step of ``[step, L*H]``: containment |D_t ∩ S_k| / |D_t| with k = min(20, scored heads), and
-    J(D_t, S_|D_t|) (the static list cut to the step's size, or all of it when shorter); NaN for empty steps."""
-    order = np.full(steps.shape[1], np.iinfo(np.int64).max)  # rank of each head in the static list
+    """Per step of ``[step, L*H]`` (NaN for empty steps), each with its chance level (``<key>_chance``): containment
+    |D_t ∩ S_k| / |D_t| with k = min(20, scored heads); J(D_t, S_|D_t|) (the static list cut to the step's size, or
+    all of it when shorter); the static containment in S_max(20, |D_t|) and its share above chance; and the chance
+    Jaccard of the step's set with S_20 (NaN when the list is shorter than 20)."""
+    total = steps.shape[1]
+    order = np.full(total, np.iinfo(np.int64).max)  # rank of each head in the static list
     order[[flat_index(head, num_heads) for head in ranking]] = np.arange(len(ranking))
     sizes = steps.sum(axis=1)
+    top = min(20, len(ranking))
+    matched = np.minimum(sizes, len(ranking))  # |S_|D_t||
+    wide = np.minimum(np.maximum(sizes, 20), len(ranking))  # |S_max(20, |D_t|)|
     with np.errstate(invalid="ignore", divide="ignore"):
-        containment = (steps & (order < min(20, len(ranking)))).sum(axis=1) / sizes
-        matched = np.minimum(sizes, len(ranking))  # |S_|D_t||
+        containment = (steps & (order < top)).sum(axis=1) / sizes
         inter = (steps & (order[None, :] < matched[:, None])).sum(axis=1)
         jaccard = inter / (sizes + matched - inter)
+        static = (steps & (order[None, :] < wide[:, None])).sum(axis=1) / sizes
+        static_ceiling = np.minimum(1.0, wide / sizes)
+    empty = sizes == 0
     return {
-        "containment_k20": np.where(sizes > 0, containment, np.nan),
-        "matched_jaccard": np.where(sizes > 0, jaccard, np.nan),
+        "containment_k20": np.where(empty, np.nan, containment),
+        "containment_k20_chance": np.where(empty, np.nan, top / total),
+        "matched_jaccard": np.where(empty, np.nan, jaccard),
+        "matched_jaccard_chance": np.where(empty, np.nan, expected_jaccards(sizes, matched, total)),
+        "static_containment": np.where(empty, np.nan, static),
+        "static_containment_chance": np.where(empty, np.nan, wide / total),
+        "static_containment_share": share_above_chance(static, wide / total, static_ceiling),
+        "jaccard_static_k20_chance": (
+            expected_jaccards(sizes, np.full_like(sizes, 20), total)
+            if len(ranking) >= 20
+            else np.full(len(sizes), np.nan)
+        ),
     }
 
 
@@ -186,6 +263,67 @@ def table1(rows: Mapping[str, Mapping[str, float]]) -> Table:
         for name, row in rows.items()
     ]
     return Table(["Model", "Mean ± Std", "Unique / Total", "Jaccard w/ Static", "Adj. Jaccard", "Entropy"], lines)
+
+
+def chance_table(stats: DynamismStats) -> Table:
+    """Every Claim 1 statistic beside its chance level (a random set of heads of each step's size), the ceiling
+    the sizes allow where they bound it, and the share above chance the verdict reads."""
+    chance, size = stats.chance, stats.mean_size
+    rows: list[list] = [
+        [
+            "Jaccard w/ static top-20",
+            stats.jaccard_static.get(20, math.nan),
+            chance.get("jaccard_static_k20"),
+            stats.jaccard_ceiling_k20,
+            None,
+        ],
+        [
+            "containment in the top-20",
+            stats.containment_k20,
+            chance.get("containment_k20"),
+            min(1.0, 20 / size) if size else math.nan,
+            None,
+        ],
+        ["size-matched Jaccard", stats.matched_jaccard, chance.get("matched_jaccard"), 1.0, None],
+        [
+            "containment in the top-max(20, |D_t|) (rule a)",
+            stats.static_containment,
+            chance.get("static_containment"),
+            1.0,
+            stats.static_containment_share,
+        ],
+        [
+            "adjacent-step Jaccard (rule b)",
+            stats.adjacent_jaccard,
+            chance.get("adjacent_jaccard"),
+            1.0,
+            stats.adjacent_share,
+        ],
+        ["step t of another sample (null of rule b)", stats.cross_sample_jaccard, None, 1.0, None],
+        [
+            "entropy, nats (rule c; floor ln(mean |D_t|))",
+            stats.entropy,
+            chance.get("entropy"),
+            stats.entropy_floor,
+            stats.entropy_share,
+        ],
+    ]
+    return Table(
+        ["statistic", "ours", "chance", "ceiling (entropy: floor)", "share above chance"],
+        rows,
+        float_format=".4f",
+        missing="–",
+    )
+
+
+def chance_blocks(stats: DynamismStats) -> list:
+    """The summary's section on chance levels: a heading, what chance means here, and ``chance_table``."""
+    return [
+        Heading("Claim 1 statistics beside their chance level"),
+        "Chance: a random set of heads of each step's size (Jaccard exact, entropy by seeded simulation). "
+        "Share above chance = (ours - chance) / (ceiling - chance); the verdict reads rules a-c.",
+        chance_table(stats),
+    ]
 
 
 def table5(rows: Mapping[str, Mapping[str, float]], ks: Sequence[int] = DEFAULT_KS) -> Table:
@@ -226,14 +364,23 @@ def _check_sets(dynamic_sets: Sequence[np.ndarray]) -> tuple[int, int]:
     return int(layers), int(heads)
 
 
-def _adjacent_overlaps(flat: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """|D_t ∩ D_{t+1}| and |D_t ∪ D_{t+1}| for every consecutive pair within each sample, concatenated."""
+def _adjacent_pairs(flat: Sequence[np.ndarray], total: int) -> dict[str, np.ndarray]:
+    """Every consecutive pair within each sample, concatenated: ``union`` |D_t ∪ D_{t+1}| (0 for two empty sets,
+    which have no Jaccard), and over the other pairs ``jaccard``, ``chance`` (random sets of the two sizes) and
+    ``share`` above chance (NaN where one set is empty: the ceiling is 0)."""
     pairs = [(sample[:-1], sample[1:]) for sample in flat if sample.shape[0] > 1]
     if not pairs:
-        return np.zeros(0, int), np.zeros(0, int)
+        return {key: np.zeros(0) for key in ("union", "jaccard", "chance", "share")}
     inter = np.concatenate([(a & b).sum(axis=1) for a, b in pairs])
     union = np.concatenate([(a | b).sum(axis=1) for a, b in pairs])
-    return inter, union
+    first = np.concatenate([a.sum(axis=1) for a, _ in pairs])
+    second = np.concatenate([b.sum(axis=1) for _, b in pairs])
+    kept = union > 0
+    jaccard = np.divide(inter, union, out=np.full(len(union), np.nan), where=kept)
+    chance = np.full(len(union), np.nan)
+    chance[kept] = expected_jaccards(first[kept], second[kept], total)
+    share = share_above_chance(jaccard, chance, jaccard_ceiling(first, second))
+    return {"union": union, "jaccard": jaccard, "chance": chance, "share": share[kept]}
 
 
 def _jaccard_with_static(steps: np.ndarray, ranking: Sequence[Head], k: int, num_heads: int) -> float:

@@ -16,7 +16,7 @@ An effect exactly at the margin with a zero-width interval (a tie) is inconclusi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -77,7 +77,32 @@ def interval(n: int, statistic: Callable[[np.ndarray], float], settings: Evidenc
     effect = float(statistic(np.arange(n)))
     if math.isnan(effect) or n == 1:
         return Interval(effect, math.nan, math.nan, n)
-    result = bootstrap(
+    result = _bootstrap(n, statistic, settings)
+    return Interval(effect, float(result.confidence_interval.low), float(result.confidence_interval.high), n)
+
+
+def pooled_interval(parts: Sequence[tuple[int, Callable[[np.ndarray], float]]], settings: EvidenceSettings) -> Interval:
+    """One effect measured on several seeded splits of the samples, each ``(n, statistic)`` as for ``interval``
+    (its own samples, resampled on their own): the effect is the mean of the splits' effects and the interval the
+    percentiles of their pooled bootstrap distributions, so the spread between splits lies inside it. ``n`` is
+    the fewest samples of a split. Undefined when a split's effect is; no interval when a split has one sample."""
+    if not parts or min(n for n, _ in parts) < 1:
+        return UNDEFINED
+    effects = [float(statistic(np.arange(n))) for n, statistic in parts]
+    effect, fewest = float(np.mean(effects)), min(n for n, _ in parts)
+    if math.isnan(effect) or fewest == 1:
+        return Interval(effect, math.nan, math.nan, fewest)
+    pooled = np.concatenate(
+        [_bootstrap(n, statistic, settings).bootstrap_distribution.ravel() for n, statistic in parts]
+    )
+    tail = 100 * (1 - settings.confidence) / 2
+    low, high = np.percentile(pooled, [tail, 100 - tail])
+    return Interval(effect, float(low), float(high), fewest)
+
+
+def _bootstrap(n: int, statistic: Callable[[np.ndarray], float], settings: EvidenceSettings):
+    """scipy's percentile bootstrap of ``statistic`` over resampled sample indices ``0..n-1``."""
+    return bootstrap(
         (np.arange(n),),
         lambda idx: float(statistic(idx.astype(int))),
         vectorized=False,
@@ -86,7 +111,6 @@ def interval(n: int, statistic: Callable[[np.ndarray], float], settings: Evidenc
         method="percentile",
         rng=np.random.default_rng(settings.seed),
     )
-    return Interval(effect, float(result.confidence_interval.low), float(result.confidence_interval.high), n)
 
 
 def mean_interval(values: np.ndarray, settings: EvidenceSettings) -> Interval:

@@ -5,8 +5,9 @@ which measures the scores; files and metric names keep the paper's word "probe".
 Binary targets (Eq. 1, NIAH) train with the Asymmetric Loss and report F1 / precision / recall at the threshold
 that maximises F1 on the validation PR curve, plus AUPRC, on the test split. Continuous targets (Eq. 2,
 HotpotQA) train with MSE and report MSE, MAE and R². Metrics are micro: flattened over heads and steps (R² is
-also given per head, averaged). Beside each probe, a frequency baseline that ignores the hidden state: every
-head's training-set activation rate (binary) or mean score (continuous), evaluated the same way.
+also given over heads, each weighted by its variance: the headline; and as their plain mean). Beside each probe,
+a frequency baseline that ignores the hidden state: every head's training-set activation rate (binary) or mean
+score (continuous), evaluated the same way.
 
 Samples are split 70/20/10 by sample, never by step: steps of one answer are strongly correlated.
 """
@@ -356,9 +357,10 @@ def _evaluate(
 
     if probe.task == "continuous":
         return {
-            "probe": _regression_metrics(y_test, test_pred),
-            "baseline": _regression_metrics(y_test, baseline),
+            "probe": regression_metrics(y_test, test_pred),
+            "baseline": regression_metrics(y_test, baseline),
             "gap": {"metric": "r2", **gap(_r2)},
+            "mse_gap": {"metric": "baseline mse - probe mse", **gap(_negative_mse)},
         }
     threshold = best_f1_threshold(y_val, val_pred)
     baseline_threshold = best_f1_threshold(y_val, np.broadcast_to(prior, y_val.shape))
@@ -389,28 +391,41 @@ def _binary_metrics(targets: np.ndarray, probs: np.ndarray, threshold: float) ->
     }
 
 
-def _regression_metrics(targets: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
-    """MSE, MAE flattened; ``r2`` = uniform mean over heads that vary in the test split, ``r2_flat`` flattened.
+def regression_metrics(targets: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
+    """MSE, MAE flattened; ``r2`` = R² over the heads that vary in the test split, each weighted by its variance
+    (1 - their summed squared error / their summed variance); ``r2_uniform`` = the plain mean of their per-head
+    R²; ``r2_flat`` flattened.
 
     ``r2_flat`` credits the probe for the differences between head means (a per-head mean already scores
-    well on it); ``r2`` does not, which is why it is the headline number. A head "varies" when its test standard
-    deviation exceeds ``VARYING_STD``: R² on a near-constant target divides by almost nothing (it read -1e16 on a
-    real run), so with no varying head ``r2`` is undefined (NaN), never a huge negative number.
+    well on it); ``r2`` does not, which is why it is the headline number. It weighs each head by its variance
+    because the uniform mean divides each head's error by that head's own variance: a head that barely varies
+    turns a tiny error into a huge R² (a baseline's -360 made a "probe - baseline R²" of 366 on a real run).
+    A head "varies" when its test standard deviation exceeds ``VARYING_STD``; with no varying head ``r2`` is
+    undefined (NaN), never a huge negative number. MSE, in the scores' own units, cannot blow up: it is given
+    beside R² (and ``mse_gap`` beside the R² gap).
     """
     varying = targets.std(0) > VARYING_STD
     return {
         "mse": float(mean_squared_error(targets.ravel(), predicted.ravel())),
         "mae": float(mean_absolute_error(targets.ravel(), predicted.ravel())),
         "r2": _r2(targets, predicted),
+        "r2_uniform": (float(r2_score(targets[:, varying], predicted[:, varying])) if varying.any() else float("nan")),
         "r2_flat": float(r2_score(targets.ravel(), predicted.ravel())),
         "heads_scored_r2": int(varying.sum()),
     }
 
 
 def _r2(targets: np.ndarray, predicted: np.ndarray) -> float:
-    """Uniform mean R² over the heads that vary (NaN when none does)."""
+    """Variance-weighted R² over the heads that vary (NaN when none does)."""
     varying = targets.std(0) > VARYING_STD
-    return float(r2_score(targets[:, varying], predicted[:, varying])) if varying.any() else float("nan")
+    if not varying.any():
+        return float("nan")
+    return float(r2_score(targets[:, varying], predicted[:, varying], multioutput="variance_weighted"))
+
+
+def _negative_mse(targets: np.ndarray, predicted: np.ndarray) -> float:
+    """-MSE flattened, so that probe minus baseline is the baseline's MSE minus the probe's (higher is better)."""
+    return -float(mean_squared_error(targets.ravel(), predicted.ravel()))
 
 
 def _auprc(targets: np.ndarray, probs: np.ndarray) -> float:

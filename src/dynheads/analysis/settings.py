@@ -62,8 +62,17 @@ class CCAConfig:
     resamples: int = field(
         default=2000, metadata={"help": "Bootstrap resamples (of test samples) for the held-out minus shuffled gap."}
     )
+    splits: int = field(
+        default=5,
+        metadata={
+            "help": "Seeded sample splits (seeds seed, seed+1, ...) the held_out and shuffled measures are repeated "
+            "over: the table shows their means, the gap's interval pools their bootstraps."
+        },
+    )
 
     def __post_init__(self) -> None:
+        if self.splits < 1:
+            raise DynheadsError(f"CCA splits must be >= 1, got {self.splits}")
         for name in ("hidden_variance", "score_variance", "test_fraction"):
             if not 0 < getattr(self, name) < 1:
                 raise DynheadsError(f"CCA {name} must lie strictly between 0 and 1, got {getattr(self, name)}")

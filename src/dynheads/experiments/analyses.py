@@ -19,6 +19,7 @@ from dynheads.analysis.cca import cca_offsets, empty_note, samples_from_traces, 
 from dynheads.analysis.dynamism import (
     DEFAULT_KS,
     DynamismStats,
+    chance_blocks,
     dynamism_csv,
     dynamism_stats,
     per_sample_dynamism,
@@ -141,6 +142,7 @@ def dynamism_report(
                 + f"its ceiling here is {stats.jaccard_ceiling_k20:.4f}; "
                 f"containment |D_t ∩ S_20|/|D_t| = {stats.containment_k20:.4f}, size-matched Jaccard J(D_t, S_|D_t|) = "
                 f"{stats.matched_jaccard:.4f}.",
+                *chance_blocks(stats),
                 Heading("Table 1"),
                 table1(rows),
                 Heading("Table 5"),

@@ -42,7 +42,13 @@ _COLUMNS = {  # task -> (metric key, column title)
         ("auprc", "AUPRC"),
         ("positive_rate", "positive rate"),
     ),
-    "continuous": (("mse", "MSE"), ("mae", "MAE"), ("r2", "R² (mean per head)"), ("r2_flat", "R² (flattened)")),
+    "continuous": (
+        ("mse", "MSE"),
+        ("mae", "MAE"),
+        ("r2", "R² (heads weighted by variance)"),
+        ("r2_uniform", "R² (mean per head)"),
+        ("r2_flat", "R² (flattened)"),
+    ),
 }
 
 
@@ -85,8 +91,9 @@ def train_probe_on_run(
             if task == "binary"
             else ""
         )
-        + f" Probe minus baseline {_gap_text(result.metrics['gap'])} (95 % bootstrap interval over the test "
-        "samples)."
+        + f" Probe minus baseline {_gap_text(result.metrics['gap'])}"
+        + (f"; baseline minus probe {_gap_text(result.metrics['mse_gap'])}" if "mse_gap" in result.metrics else "")
+        + " (95 % bootstrap intervals over the test samples)."
     )
     write_summary(
         out,
@@ -98,6 +105,7 @@ def train_probe_on_run(
                 "probe": result.metrics["probe"],
                 "baseline": result.metrics["baseline"],
                 "gap": result.metrics["gap"],
+                **({"mse_gap": result.metrics["mse_gap"]} if "mse_gap" in result.metrics else {}),
             },
             f"MLP probe on {run.path}",
         ),
@@ -119,7 +127,9 @@ def train_probe_on_run(
 
 
 def _gap_text(gap: Mapping) -> str:
-    metric = "R²" if gap["metric"] == "r2" else gap["metric"].upper()
+    metric = {"r2": "R² (heads weighted by variance)", "baseline mse - probe mse": "MSE"}.get(
+        gap["metric"], gap["metric"].upper()
+    )
     if any(isinstance(gap[key], float) and math.isnan(gap[key]) for key in ("effect", "low", "high")):
         return f"{metric}: undefined (n={gap['n']} test samples)"
     return f"{metric}: {gap['effect']:.4f} [{gap['low']:.4f}, {gap['high']:.4f}] (n={gap['n']} test samples)"

@@ -18,7 +18,7 @@ import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -293,7 +293,32 @@ def build_sections(root: Path, evidence: EvidenceSettings | None = None) -> list
             parts = [f"*Could not read this stage: {error}*"]
         task = NIAH if anchor.endswith(stages.NIAH) else qa if anchor.endswith((stages.HOTPOTQA, stages.RAG)) else None
         sections.append(Section(anchor, title, parts, task))
-    return sections
+    return _gate_unsolved(sections, root, qa)
+
+
+def _unsolved(root: Path, stage: str, task: str) -> str:
+    """Why the verdicts on ``task`` are not decided (``claims.unsolved_reason`` on its task run), or ""."""
+    try:
+        records = RunDir(root / stage).records() if (root / stage).is_dir() else []
+        return claims.unsolved_reason(
+            records, _decisive_metric((records[0].get("metrics") or {}) if records else ()), task
+        )
+    except READ_ERRORS:
+        return ""
+
+
+def _gate_unsolved(sections: list[Section], root: Path, qa: Task) -> list[Section]:
+    """Every verdict of a section whose task (NIAH, or the QA task ``qa``) the model does not solve becomes
+    inconclusive with the reason."""
+    reasons = {NIAH.name: _unsolved(root, stages.NIAH, NIAH.label), qa.name: _unsolved(root, stages.HOTPOTQA, qa.label)}
+    return [
+        replace(
+            section, parts=[claims.gated(part, reason) if isinstance(part, Verdict) else part for part in section.parts]
+        )
+        if section.task is not None and (reason := reasons.get(section.task.name, ""))
+        else section
+        for section in sections
+    ]
 
 
 # ---- sections ---------------------------------------------------------------------------------------------------

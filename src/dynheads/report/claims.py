@@ -9,9 +9,13 @@ beats its own test. docs/report.md states the rules with the paper's words behin
 
 - Claim 1 (dynamism; "dynamic retrieval heads at a particular timestep do not always align with the static
   retrieval heads", "distributed across a wider set of heads rather than being confined to a small, fixed static
-  subset"): (a) containment, the share of a step's dynamic heads that are static top-20 heads, below 0.8; (b) the
-  Jaccard of D_t with the size-matched static list (top-|D_t|) below 0.5; (c) the entropy of head use above ln 20.
-  Jaccard with the top-20 is shown beside its ceiling |D_t|/20 and decides nothing: it cannot exceed the ceiling.
+  subset"): three rules, each on a share above chance, (value - chance) / (ceiling - chance), which is 0 for a
+  random set of heads of the step's size and 1 for the most the sizes allow, so either outcome is possible at
+  every set size: (a) containment of D_t in the static top-max(20, |D_t|) below 0.8; (b) the Jaccard of adjacent
+  steps below 0.5; (c) the entropy of head use, from ln(mean |D_t|) (a fixed set) to random sets, above 0.15.
+  Entropy >= ln(mean |D_t|), containment in the top-20 <= 20/|D_t| and Jaccard with the top-20 <=
+  min/max(|D_t|, 20) whatever the heads do, so those raw statistics are shown beside their chance level and
+  ceiling and decide nothing.
 - Claim 2 (irreplaceability), as a dose-response (``dose_verdict``): every arm masks k heads per step; dynamic
   minus static and dynamic minus static-outside-D_t in the area under the harm curve (teacher-forced drop in the
   clean token's log-probability) each above 0.1, after a positive control (dynamic's harm beyond 0.5 at some dose)
@@ -21,9 +25,13 @@ beats its own test. docs/report.md states the rules with the paper's words behin
   metric) each above 0.1; inconclusive when the un-ablated model scores below 0.1, or when a control masked no
   head on more samples than the dynamic run did (those samples are the un-ablated run, not a control).
 - Claim 3 (correlation): held-out minus shuffled CCA top-1 at offset 1 above 0.1 (interval over test samples), and
-  the head predictor minus the frequency baseline (AUPRC for copy scores, R² for Eq. 2 scores) above 0. A
+  the head predictor minus the frequency baseline (AUPRC for copy scores, R² over heads weighted by their
+  variance for Eq. 2 scores, MSE shown beside it) above 0. The CCA gap is the mean over seeded sample splits, its
+  interval pools their bootstraps (the spread between splits widens it). A
   shuffled control wholly above its held-out value is a broken measurement: inconclusive.
 - RAG: Dynamic minus Static F1 (per question) above 0 at every k run.
+- A task the model does not solve (its un-ablated metric at or below chance: ``unsolved_reason``) marks every
+  verdict on that task, Claims 1-3 and RAG, inconclusive with that reason.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dynheads.ablation_strategies import DOSE_ARMS
+from dynheads.analysis.dynamism import entropy_share
 from dynheads.analysis.evidence import (
     UNDEFINED,
     Effect,
@@ -48,10 +57,12 @@ from dynheads.analysis.evidence import (
     paired_difference,
 )
 from dynheads.paper import ENTROPY_BASELINE
+from dynheads.tasks import candidates
 from dynheads.tasks.hotpotqa import HOTPOTQA
 
-CONTAINMENT_MAX = 0.8
-MATCHED_JACCARD_MAX = 0.5
+STATIC_SHARE_MAX = 0.8
+ADJACENT_SHARE_MAX = 0.5
+ENTROPY_SHARE_MIN = 0.15
 ABLATION_MARGIN = 0.1
 DOSE_MARGIN = 0.1  # dose-response: dynamic minus a control, area under the harm curve (the metric's unit)
 DOSE_CONTROL_MARGIN = 0.5  # dose-response controls: harm beyond it (dynamic), within it (random at the least dose)
@@ -65,8 +76,9 @@ DECIDE_COMMAND = "dynheads reproduce --preset standard"
 RULES = (
     f"every effect with a 95 % paired bootstrap interval over samples; supported when every interval lies "
     f"beyond its margin, not supported when one lies on the other side, else inconclusive (also below the "
-    f"sample floor). Claim 1: share of a step's dynamic heads in the static top-20 < {CONTAINMENT_MAX}, "
-    f"Jaccard with the size-matched static list < {MATCHED_JACCARD_MAX}, entropy of head use > ln 20; "
+    f"sample floor). Claim 1, each as a share above chance (0 = a random set of the step's size, 1 = the most "
+    f"the sizes allow): containment in the static top-max(20, |D_t|) < {STATIC_SHARE_MAX}, adjacent-step "
+    f"Jaccard < {ADJACENT_SHARE_MAX}, entropy of head use from ln(mean |D_t|) to random sets > {ENTROPY_SHARE_MIN}; "
     f"Claim 2: dynamic - static and dynamic - static outside D_t > {DOSE_MARGIN} in the area under the dose "
     f"curve of the teacher-forced log-probability drop, after controls at {DOSE_CONTROL_MARGIN} nats (matched grid: "
     f"static - dynamic > {ABLATION_MARGIN} and random - dynamic > {ABLATION_MARGIN}, task metric); "
@@ -112,6 +124,33 @@ def failed(claim: str, task: str, why: str) -> Verdict:
     return Verdict(claim, task, "inconclusive", why)
 
 
+# ---- a task the model does not solve ---------------------------------------------------------------------------
+def unsolved_reason(records: Sequence[Mapping], metric: str, task: str) -> str:
+    """Why no claim is decided on ``task``, or "" when the model solves it: its un-ablated ``metric`` (the task
+    run's records) at or below chance. Chance is a random candidate's EM where the samples record same-form
+    candidates (``dynheads.tasks.candidates``; the metric is then EM), else 0 (a UUID, an open answer)."""
+    if not records:
+        return ""  # the task was not run: its stages say so themselves
+    if any((record.get("meta") or {}).get(candidates.CANDIDATES) for record in records):
+        summary = candidates.summarise(records)
+        metric, value, chance, n = "em", summary["model"], summary["chance"], summary["n"]
+    elif all(metric in (record.get("metrics") or {}) for record in records):
+        value, chance, n = float(np.mean([record["metrics"][metric] for record in records])), 0.0, len(records)
+    else:
+        return ""
+    if value > chance:
+        return ""
+    return (
+        f"the model does not solve {task}: its un-ablated {metric} is {value:.3f} (n={n}), at or below chance "
+        f"{chance:.3f}; no claim is decided on the heads of a model that fails the task"
+    )
+
+
+def gated(verdict: Verdict, reason: str) -> Verdict:
+    """``verdict`` made inconclusive for ``reason`` (``unsolved_reason``), its numbers and effects left out."""
+    return Verdict(verdict.claim, verdict.task, "inconclusive", reason)
+
+
 def _missing(value: float | None) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -119,68 +158,117 @@ def _missing(value: float | None) -> bool:
 # ---- Claim 1 ----------------------------------------------------------------------------------------------------
 def dynamism_verdict(data: Mapping | None, task: str, evidence: EvidenceSettings | None = None) -> Verdict:
     """Claim 1 from the numbers the dynamism stage published (``stats``, ``per_sample`` and ``static_kind``; see
-    ``experiments.analyses.dynamism_report``)."""
+    ``experiments.analyses.dynamism_report``). Each rule reads a share above chance, whose range the set size
+    does not fix (``dynheads.analysis.chance``); the statistics the sizes bound are shown beside their chance
+    level and decide nothing."""
     evidence = evidence or EvidenceSettings()
     if not data or "stats" not in data:
         return failed(CLAIM1, task, "no dynamism statistics")
     stats = data["stats"]
-    keys = (
-        "jaccard_static_k20",
-        "jaccard_ceiling_k20",
-        "containment_k20",
-        "matched_jaccard",
-        "unique_heads",
-        "entropy",
-        "static_heads",
-    )
-    numbers = {key: stats.get(key) for key in keys}
-    per_sample = data.get("per_sample")
-    if not per_sample:
+    numbers = {key: stats.get(key) for key in CLAIM1_NUMBERS}
+    per_sample = data.get("per_sample") or {}
+    if not all(key in per_sample for key in ("static_containment_share", "adjacent_share", "steps")):
         return failed(
             CLAIM1,
             task,
-            "the dynamism stage published no per-sample statistics (an older dynheads): re-run the dynamism stage",
+            "the dynamism stage published no per-sample shares above chance (an older dynheads): re-run the "
+            "dynamism stage",
         )
-    counts = np.asarray(per_sample["head_counts"], dtype=float)  # [sample, L*H]
     static_kind = data.get("static_kind") or "copy"
     listed = f"static {'retrieval' if static_kind == 'copy' else 'reasoning'}"
-    short = stats.get("static_heads", 20) < 20
     effects = [
         Effect(
-            f"containment in the {listed} top-20" + (" (all its scored heads)" if short else ""),
-            _per_sample_mean(per_sample["containment_k20"], evidence),
-            CONTAINMENT_MAX,
+            f"containment in the {listed} top-max(20, |D_t|), share above chance",
+            _per_sample_mean(per_sample["static_containment_share"], evidence),
+            STATIC_SHARE_MAX,
             "below",
             "no step had a dynamic head",
         ),
         Effect(
-            "size-matched Jaccard",
-            _per_sample_mean(per_sample["matched_jaccard"], evidence),
-            MATCHED_JACCARD_MAX,
+            "adjacent-step Jaccard, share above chance",
+            _per_sample_mean(per_sample["adjacent_share"], evidence),
+            ADJACENT_SHARE_MAX,
             "below",
-            "no step had a dynamic head",
+            "no sample had two consecutive steps with dynamic heads",
         ),
         Effect(
-            "entropy of head use (nats)",
-            interval(len(counts), lambda idx: _entropy(counts[idx].sum(0)), evidence) if len(counts) else UNDEFINED,
-            round(ENTROPY_BASELINE, 4),
+            "entropy of head use, share from ln(mean |D_t|) to random sets",
+            _entropy_share_interval(per_sample, _number(stats.get("entropy_chance")), evidence),
+            ENTROPY_SHARE_MIN,
             "above",
             "no head was ever in a dynamic set",
         ),
     ]
-    ceiling = stats.get("jaccard_ceiling_k20")
-    note = (
-        f"Jaccard w/ static top-20 {stats.get('jaccard_static_k20', math.nan):.4f} against its ceiling "
-        f"{ceiling:.4f} (|D_t|/20) decides nothing"
-        if not _missing(ceiling)
-        else ""
+    return _decided(CLAIM1, task, effects, evidence, numbers, chance_note(stats))
+
+
+CLAIM1_NUMBERS = (
+    "mean_size",
+    "jaccard_static_k20",
+    "jaccard_static_k20_chance",
+    "jaccard_ceiling_k20",
+    "containment_k20",
+    "containment_k20_chance",
+    "matched_jaccard",
+    "matched_jaccard_chance",
+    "static_containment",
+    "static_containment_chance",
+    "static_containment_share",
+    "adjacent_jaccard",
+    "adjacent_jaccard_chance",
+    "cross_sample_jaccard",
+    "adjacent_share",
+    "unique_heads",
+    "entropy",
+    "entropy_floor",
+    "entropy_chance",
+    "entropy_share",
+    "static_heads",
+)
+
+
+def chance_note(stats: Mapping) -> str:
+    """Every Claim 1 statistic beside its chance level (a random set of the same size) and, where the sizes bound
+    it, its ceiling."""
+
+    def value(key: str) -> str:
+        return _fmt(_number(stats.get(key)))
+
+    size = _number(stats.get("mean_size"))
+    return (
+        f"beside their chance level (a random set of heads of each step's size; mean |D_t| {_fmt(size)}): "
+        f"Jaccard w/ static top-20 {value('jaccard_static_k20')} (chance {value('jaccard_static_k20_chance')}, "
+        f"ceiling {value('jaccard_ceiling_k20')}); containment in the top-20 {value('containment_k20')} (chance "
+        f"{value('containment_k20_chance')}, ceiling {_fmt(None if size is None else min(1.0, 20 / max(size, 1e-9)))}"
+        f" at the mean size); containment in the top-max(20, |D_t|) {value('static_containment')} (chance "
+        f"{value('static_containment_chance')}); size-matched Jaccard {value('matched_jaccard')} (chance "
+        f"{value('matched_jaccard_chance')}); adjacent-step Jaccard {value('adjacent_jaccard')} (chance "
+        f"{value('adjacent_jaccard_chance')}; step t of another sample {value('cross_sample_jaccard')}); entropy "
+        f"{value('entropy')} nats (floor ln(mean |D_t|) {value('entropy_floor')}, random sets "
+        f"{value('entropy_chance')}, paper's baseline ln 20 {ENTROPY_BASELINE:.3f})"
     )
-    return _decided(CLAIM1, task, effects, evidence, numbers, note)
 
 
 def _per_sample_mean(values: Sequence[float | None], evidence: EvidenceSettings) -> Interval:
     """Per-sample values with None where undefined (JSON) to their mean's interval."""
     return mean_interval(np.array([math.nan if value is None else value for value in values], dtype=float), evidence)
+
+
+def _entropy_share_interval(per_sample: Mapping, chance: float | None, evidence: EvidenceSettings) -> Interval:
+    """The entropy share over resampled samples: entropy and ln(mean |D_t|) of the pooled resample, against the
+    chance entropy of all samples (``chance``)."""
+    counts = np.asarray(per_sample["head_counts"], dtype=float)  # [sample, L*H]
+    steps = np.asarray(per_sample["steps"], dtype=float)
+    if not len(counts) or chance is None:
+        return UNDEFINED
+
+    def share(idx: np.ndarray) -> float:
+        pooled, total_steps = counts[idx].sum(0), steps[idx].sum()
+        if pooled.sum() <= 0:
+            return math.nan
+        return entropy_share(_entropy(pooled), math.log(pooled.sum() / total_steps), chance)
+
+    return interval(len(counts), share, evidence)
 
 
 def _entropy(counts: np.ndarray) -> float:
@@ -456,7 +544,21 @@ def correlation_verdict(
             numbers,
             tuple(effects),
         )
-    return _decided(CLAIM3, task, effects, evidence, numbers)
+    return _decided(CLAIM3, task, effects, evidence, numbers, _mse_note(probe, numbers))
+
+
+def _mse_note(probe: Mapping | None, numbers: dict[str, float | None]) -> str:
+    """For a regressor: MSE beside R² (probe and baseline, and baseline minus probe with its interval), in the
+    scores' own units, which near-constant heads cannot blow up; adds them to ``numbers``."""
+    if not probe or "mse_gap" not in probe:
+        return ""
+    numbers["probe_mse"] = _number(probe.get("probe", {}).get("mse"))
+    numbers["baseline_mse"] = _number(probe.get("baseline", {}).get("mse"))
+    gap = _interval_of(probe["mse_gap"], "effect", "low", "high", "n")
+    return (
+        f"beside R² (heads weighted by their variance): MSE probe {_fmt(numbers['probe_mse'], '.4g')}, baseline "
+        f"{_fmt(numbers['baseline_mse'], '.4g')}, baseline - probe {gap.text('.4g')}"
+    )
 
 
 def _interval_of(data: Mapping, effect: str, low: str, high: str, n: str) -> Interval:
@@ -475,8 +577,8 @@ def _number(value) -> float | None:
     return None if math.isnan(number) else number
 
 
-def _fmt(value: float | None) -> str:
-    return "–" if value is None else f"{value:.3f}"
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "–" if value is None else format(value, spec)
 
 
 # ---- RAG --------------------------------------------------------------------------------------------------------
