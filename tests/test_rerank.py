@@ -18,7 +18,15 @@ from dynheads.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
 from dynheads.models import LoadedModel, load_model
-from dynheads.rag.rerank import RerankPrompt, bm25_scores, build_prompt, ranking, sample_prompt, span_scores
+from dynheads.rag.rerank import (
+    RerankPrompt,
+    bm25_scores,
+    build_prompt,
+    ranking,
+    sample_prompt,
+    shown_spans,
+    span_scores,
+)
 from dynheads.scores import SpanScore, span_ranking
 from dynheads.tasks.hotpotqa import synthetic_hotpotqa
 
@@ -338,6 +346,34 @@ def test_rerank_then_answer_shows_only_the_given_windows(tiny_lm, rag_sample):
         answer_question(tiny_lm, rag_sample, HeadSelector("rerank", **shape), settings)
 
 
+def test_rerank_shows_its_top_paragraphs_or_exactly_a_token_budget():
+    spans, order = [(10, 20), (20, 35), (40, 50)], [2, 0, 1]
+    assert shown_spans(spans, order, 2) == [(40, 50), (10, 20)]
+    assert shown_spans(spans, order, 2, tokens=15) == [(40, 50), (10, 15)]  # rank order, the last one cut
+    assert shown_spans(spans, order, 1, tokens=100) == [(40, 50), (10, 20), (20, 35)]  # a budget past every one
+    with pytest.raises(DynheadsError):
+        shown_spans(spans, order, 2, tokens=0)
+
+
+def test_recall_blocks_pair_strategies_by_question():
+    from dynheads.experiments.rag import recall_blocks
+
+    def record(question, strategy, k, recall):
+        return {"question_id": question, "strategy": strategy, "k": k, "retrieval_recall": recall}
+
+    records = [record(q, "dynamic", 5, r) for q, r in zip("abcd", (1.0, 0.5, 0.0, 1.0), strict=True)]
+    records += [record(q, "rerank", None, r) for q, r in zip("abcd", (0.5, 0.5, 0.5, 0.0), strict=True)]
+    records += [record("e", "rerank", None, 1.0), record("a", "none", None, None)]  # unpaired; no recall
+    text, table = recall_blocks(records)
+    assert "against dynamic k=5" in text
+    (row,) = table.rows
+    assert row[:4] == ["rerank", 4, 0.625, 0.375] and row[5:] == [1, 2]  # more gold shown on c, less on a and d
+    assert row[4].startswith("-0.250 [") and row[4].endswith("(n=4)")
+    same = recall_blocks([record("a", "dynamic", 5, 1.0), record("a", "static", 5, 1.0)])
+    assert same[1].rows[0][4] == "0.000 on all 1"  # identical everywhere: said so, no bootstrap interval
+    assert recall_blocks([record("a", "none", None, None)]) == []
+
+
 def test_rag_run_with_the_rerank_strategy(tiny_model_dir, tiny_lm, tmp_path):
     from dynheads.experiments.rag import RagConfig, run_rag
 
@@ -357,3 +393,7 @@ def test_rag_run_with_the_rerank_strategy(tiny_model_dir, tiny_lm, tmp_path):
         assert sorted(record["ranking"]) == sorted(set(record["ranking"])) and 0 <= record["gold_shown"] <= 1
         assert record["retrieval_recall"] is not None
     assert "rerank" in (run.path / "rag.md").read_text()
+    budget = dataclasses.replace(config, rerank_tokens=20)  # as many tokens as a windowed strategy shows
+    run = run_rag(budget, tmp_path / "rag-budget", lm=tiny_lm, progress=False)
+    for record in (r for r in run.records() if r["strategy"] == "rerank"):
+        assert sum(stop - start for start, stop in record["shown"]) == 20 and record["visible_tokens"] == [20]

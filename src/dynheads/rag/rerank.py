@@ -247,6 +247,26 @@ def icr_ranking(lm: LoadedModel, prompt: RerankPrompt) -> tuple[list[int], float
     return ranking(scores.calibrated.sum(axis=(0, 1))), scores.prefill_seconds + scores.calibration_seconds
 
 
+def shown_spans(
+    spans: Sequence[tuple[int, int]], order: Sequence[int], top: int, tokens: int | None = None
+) -> list[tuple[int, int]]:
+    """What re-rank-then-answer shows, as token windows: the ``top`` first candidates of ``order`` whole or, with a
+    ``tokens`` budget, candidates in rank order until exactly that many tokens are shown (the last one cut after
+    its first tokens), so the answer can see as many context tokens as a windowed strategy does."""
+    if top < 1 or (tokens is not None and tokens < 1):
+        raise DynheadsError(f"re-rank-then-answer shows at least one candidate and one token, got {top}, {tokens}")
+    if tokens is None:
+        return [(spans[i][0], spans[i][1]) for i in order[:top]]
+    shown, left = [], tokens
+    for i in order:
+        start, stop = spans[i]
+        if left <= 0:
+            break
+        shown.append((start, min(stop, start + left)))
+        left -= shown[-1][1] - start
+    return shown
+
+
 def ranking(scores: np.ndarray) -> list[int]:
     """Candidate indices, highest score first; ties keep prompt order (the order is shuffled per question, so a
     tie is broken at random with respect to which candidate is gold)."""
