@@ -18,7 +18,15 @@ from dynheads.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
 from dynheads.models import LoadedModel, load_model
-from dynheads.rag.rerank import RerankPrompt, bm25_scores, build_prompt, ranking, sample_prompt, span_scores
+from dynheads.rag.rerank import (
+    RerankPrompt,
+    bm25_scores,
+    build_prompt,
+    ranking,
+    sample_prompt,
+    shown_spans,
+    span_scores,
+)
 from dynheads.scores import SpanScore, span_ranking
 from dynheads.tasks.hotpotqa import synthetic_hotpotqa
 
@@ -39,7 +47,7 @@ def eager_attentions(model, ids: list[int]) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("split", [0, 14])  # one pass, or a cached prefix then the query part (as re-ranking runs)
-def test_span_mass_equals_eager_attention_summed(family, split):
+def test_span_mass_equals_eager_attention_averaged_over_query_rows(family, split):
     model = tiny_model(family)
     lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
     torch.manual_seed(3)
@@ -52,7 +60,7 @@ def test_span_mass_equals_eager_attention_summed(family, split):
     mass = session.forward(len(ids) - split).stats.span_mass  # [L, H, S]
     for layer, attention in enumerate(eager_attentions(model, ids)):
         rows = attention[:, 22:27]  # [H, query rows, kv]
-        expected = torch.stack([rows[:, :, a:b].sum(dim=(1, 2)) for a, b in score.spans], dim=-1)
+        expected = torch.stack([rows[:, :, a:b].sum(dim=2).mean(dim=1) for a, b in score.spans], dim=-1)
         assert (mass[layer] - expected).abs().max() <= TOL, (family, layer)
 
 
@@ -84,21 +92,16 @@ def content_model(rope: bool = False) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=NoTokenizer(), name="content", revision="random")
 
 
-def id_prompt(paragraphs: list[list[int]], query: list[int]) -> RerankPrompt:
-    """[prefix, paragraphs, query, tail] as token ids; the content-free twin has one null token as its query."""
+def id_prompt(paragraphs: list[list[int]], query: list[int], null: list[int] | None = None) -> RerankPrompt:
+    """[prefix, paragraphs, query, tail] as token ids, the query rows being query and tail; the content-free twin
+    has ``null`` (one null token) as its query."""
     ids, spans = [1, 2], []
     for paragraph in paragraphs:
         spans.append((len(ids), len(ids) + len(paragraph)))
         ids += paragraph + [3]
-    shared, tail = len(ids), [4, 6]
-    return RerankPrompt(
-        ids + query + tail,
-        (shared, shared + len(query)),
-        ids + [NULL_TOKEN] + tail,
-        (shared, shared + 1),
-        tuple(spans),
-        shared,
-    )
+    shared, tail, null = len(ids), [4, 6], null or [NULL_TOKEN]
+    real, content_free = ids + query + tail, ids + null + tail
+    return RerankPrompt(real, (shared, len(real)), content_free, (shared, len(content_free)), tuple(spans))
 
 
 def candidates(seed: int, count: int = 5, size: int = 8) -> list[list[int]]:
@@ -116,7 +119,37 @@ def test_the_paragraph_built_to_draw_the_query_ranks_first():
         paragraphs[magnet_at][2:5] = [QUERY_TOKEN] * 3  # the magnet: the query's own tokens
         scores = span_scores(lm, id_prompt(paragraphs, query)).calibrated.sum(axis=(0, 1))
         assert ranking(scores)[0] == magnet_at, magnet_at  # a span mapped to the wrong tokens would fail here
-        assert scores[magnet_at] > control[magnet_at] + 1.0
+        rows = len(query) + 2  # the query rows: the query and the tail
+        assert scores[magnet_at] > control[magnet_at] + 1.0 / rows  # a gain of 1.0 summed over the rows, per row
+
+
+def test_the_content_free_query_in_both_passes_calibrates_every_score_to_zero(tiny_lm):
+    lm = content_model(rope=True)
+    scores = span_scores(lm, id_prompt(candidates(4), [NULL_TOKEN]))
+    assert np.abs(scores.real).max() > 0 and np.abs(scores.calibrated).max() == 0
+    assert np.abs(span_scores(lm, id_prompt(candidates(4), [QUERY_TOKEN, 77])).calibrated).max() > 1e-3
+    prompt = build_prompt(tiny_lm.tokenizer, ["Alpha: one.", "Beta: two.", "Gamma: three."], "N/A")
+    assert prompt.input_ids == prompt.null_ids and prompt.query == prompt.null_query
+    assert np.abs(span_scores(tiny_lm, prompt).calibrated).max() == 0
+
+
+def test_doubled_query_rows_score_the_same():
+    """The span score is a mean over the query rows: rows that attend alike count once however many there are
+    (a sum doubles, which is what left the content-free pass, with fewer rows, unable to calibrate the real one)."""
+    lm = content_model()  # no RoPE: a row's attention depends on its token and the keys it sees
+    paragraphs = candidates(5)
+    prefix = id_prompt(paragraphs, []).shared
+    base = id_prompt(paragraphs, [QUERY_TOKEN, 77]).input_ids
+    masses = []
+    for ids in (base, base + base[prefix:]):  # the query rows (query and tail) twice
+        session = DecodingSession(lm, ids, max_new_tokens=1)
+        session.forward(prefix)
+        session.probe.set_hidden_keys(range(prefix, len(ids)))  # every row sees the paragraphs alone
+        session.probe.set_span_score(SpanScore((prefix, len(ids)), id_prompt(paragraphs, []).spans))
+        mass = session.forward(len(ids) - prefix).stats.span_mass
+        assert mass is not None
+        masses.append(mass.numpy().copy())
+    assert masses[0].max() > 0.05 and np.abs(masses[1] - masses[0]).max() < 1e-5
 
 
 def test_shuffling_moves_layer0_scores_with_their_paragraphs_and_only_positions_change_the_rest():
@@ -228,6 +261,21 @@ def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):
     assert set(rows["strategy"]) == {"qrhead", "bm25"} and (rows.loc[rows["strategy"] == "qrhead", "heads"] == 2).all()
     with pytest.raises(DynheadsError, match="not a rerank run scored with these settings"):
         summarise_scored(dataclasses.replace(config, seed=1), run.path)
+    summary = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]
+    assert summary["fit_questions"] == 3 and len(summary["qrhead_heads"]) == 2
+    # QRHead is fitted on its whole fitting stream or not at all: with a fitting question unscored it is skipped.
+    next(p for p in (run.path / "samples").glob("fit-*.json")).unlink()
+    summarise_scored(config, run.path)
+    summary = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]
+    assert "2 of its 3 scored" in summary["skipped"]["qrhead"] and summary["fit_questions"] == 0
+    assert "qrhead" not in set(__import__("pandas").read_csv(run.path / "rankings.csv")["strategy"])
+    # Scores stored under another query-row rule (the earlier sum over the question's rows) are refused.
+    manifest_path = run.path / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["prompt"]["query_rows"]
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(DynheadsError, match="other query rows"):
+        summarise_scored(config, run.path)
 
 
 def test_a_static_list_fitted_on_evaluated_questions_is_refused(tiny_lm, tmp_path):
@@ -249,9 +297,13 @@ def test_prompt_spans_hold_their_paragraphs(tiny_lm):
     prompt = build_prompt(tokenizer, paragraphs, "Which one is second?")
     for (start, stop), text in zip(prompt.spans, paragraphs, strict=True):
         assert tokenizer.decode(prompt.input_ids[start:stop]).strip() == text
-    assert tokenizer.decode(prompt.input_ids[slice(*prompt.query)]).strip() == "Which one is second?"
-    assert tokenizer.decode(prompt.null_ids[slice(*prompt.null_query)]).strip() == "N/A"
-    assert prompt.input_ids[: prompt.shared] == prompt.null_ids[: prompt.shared]
+    rows = tokenizer.decode(prompt.input_ids[slice(*prompt.query)])  # ICR's and QRHead's query rows
+    null_rows = tokenizer.decode(prompt.null_ids[slice(*prompt.null_query)])
+    assert rows.startswith("Please find information") and "Query: Which one is second?" in rows
+    assert null_rows == rows.replace("Which one is second?", "N/A")  # the same rows, the query swapped
+    assert prompt.query[1] == len(prompt.input_ids) and prompt.null_query[1] == len(prompt.null_ids)
+    assert prompt.input_ids[: prompt.shared] == prompt.null_ids[: prompt.shared] and prompt.shared == prompt.query[0]
+    assert tokenizer.decode(prompt.input_ids[prompt.spans[-1][1] : prompt.shared]).strip() == ""
 
 
 # ---- re-rank then answer in dynheads rag -------------------------------------------------------------------------
@@ -272,7 +324,9 @@ def test_a_rag_samples_paragraphs_are_found_in_its_own_prompt(tiny_lm, rag_sampl
     texts = [decode(prompt.input_ids[start:stop]).strip() for start, stop in prompt.spans]
     assert all(text.startswith(f"{title}: ") for text, title in zip(texts, titles, strict=True))
     assert "\n\n".join(texts) == decode(prompt.input_ids[slice(*rag_sample.context_span)]).strip()  # nothing lost
-    assert tiny_lm.tokenizer.decode(prompt.input_ids[slice(*prompt.query)]).strip() == rag_sample.question
+    rows = tiny_lm.tokenizer.decode(prompt.input_ids[slice(*prompt.query)])
+    assert rows.lstrip().startswith("Question:") and rag_sample.question in rows
+    assert prompt.query[1] == len(prompt.input_ids)
 
 
 def test_rerank_then_answer_shows_only_the_given_windows(tiny_lm, rag_sample):
@@ -290,6 +344,34 @@ def test_rerank_then_answer_shows_only_the_given_windows(tiny_lm, rag_sample):
         answer_question(tiny_lm, rag_sample, HeadSelector("rerank", **shape), settings, shown=[(0, 5)])
     with pytest.raises(DynheadsError, match="only it"):
         answer_question(tiny_lm, rag_sample, HeadSelector("rerank", **shape), settings)
+
+
+def test_rerank_shows_its_top_paragraphs_or_exactly_a_token_budget():
+    spans, order = [(10, 20), (20, 35), (40, 50)], [2, 0, 1]
+    assert shown_spans(spans, order, 2) == [(40, 50), (10, 20)]
+    assert shown_spans(spans, order, 2, tokens=15) == [(40, 50), (10, 15)]  # rank order, the last one cut
+    assert shown_spans(spans, order, 1, tokens=100) == [(40, 50), (10, 20), (20, 35)]  # a budget past every one
+    with pytest.raises(DynheadsError):
+        shown_spans(spans, order, 2, tokens=0)
+
+
+def test_recall_blocks_pair_strategies_by_question():
+    from dynheads.experiments.rag import recall_blocks
+
+    def record(question, strategy, k, recall):
+        return {"question_id": question, "strategy": strategy, "k": k, "retrieval_recall": recall}
+
+    records = [record(q, "dynamic", 5, r) for q, r in zip("abcd", (1.0, 0.5, 0.0, 1.0), strict=True)]
+    records += [record(q, "rerank", None, r) for q, r in zip("abcd", (0.5, 0.5, 0.5, 0.0), strict=True)]
+    records += [record("e", "rerank", None, 1.0), record("a", "none", None, None)]  # unpaired; no recall
+    text, table = recall_blocks(records)
+    assert "against dynamic k=5" in text
+    (row,) = table.rows
+    assert row[:4] == ["rerank", 4, 0.625, 0.375] and row[5:] == [1, 2]  # more gold shown on c, less on a and d
+    assert row[4].startswith("-0.250 [") and row[4].endswith("(n=4)")
+    same = recall_blocks([record("a", "dynamic", 5, 1.0), record("a", "static", 5, 1.0)])
+    assert same[1].rows[0][4] == "0.000 on all 1"  # identical everywhere: said so, no bootstrap interval
+    assert recall_blocks([record("a", "none", None, None)]) == []
 
 
 def test_rag_run_with_the_rerank_strategy(tiny_model_dir, tiny_lm, tmp_path):
@@ -311,3 +393,7 @@ def test_rag_run_with_the_rerank_strategy(tiny_model_dir, tiny_lm, tmp_path):
         assert sorted(record["ranking"]) == sorted(set(record["ranking"])) and 0 <= record["gold_shown"] <= 1
         assert record["retrieval_recall"] is not None
     assert "rerank" in (run.path / "rag.md").read_text()
+    budget = dataclasses.replace(config, rerank_tokens=20)  # as many tokens as a windowed strategy shows
+    run = run_rag(budget, tmp_path / "rag-budget", lm=tiny_lm, progress=False)
+    for record in (r for r in run.records() if r["strategy"] == "rerank"):
+        assert sum(stop - start for start, stop in record["shown"]) == 20 and record["visible_tokens"] == [20]

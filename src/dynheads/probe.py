@@ -14,9 +14,9 @@ of every query head (fp32 softmax) and reduces it on the spot, for each sequence
   sharply a head looks into the context; 0 where it puts no mass there),
 - full rows for requested heads only,
 - ``span_mass [L, H, S]`` (when a span score is set, batch 1): the attention that a range of query positions
-  (a question) puts on each of S key spans (candidate paragraphs), summed over those query rows and the span's
-  keys (``dynheads.scores.SpanScore``; ICR / QRHead). Only those query rows are computed, in chunks, and reduced
-  at once: O(query x context) per chunk, never the whole attention matrix.
+  (a question) puts on each of S key spans (candidate paragraphs), averaged over those query rows and summed over
+  the span's keys (``dynheads.scores.SpanScore``; ICR / QRHead). Only those query rows are computed, in chunks, and
+  reduced at once: O(query x context) per chunk, never the whole attention matrix.
 
 Memory per step is O(heads x context). The outputs of all other query positions (prefill) come from
 torch's fused SDPA kernel, so no attention matrix is ever materialised.
@@ -90,7 +90,7 @@ class StepStats:
     context_mass: torch.Tensor  # float32, mass on positions < the sequence's context end (prompt)
     context_entropy: torch.Tensor  # float32, entropy of the row renormalised over those positions
     rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [last_position + 1] rows of requested heads
-    span_mass: torch.Tensor | None = None  # float32 [.., L, H, S]: query rows' mass on key spans (SpanScore)
+    span_mass: torch.Tensor | None = None  # float32 [.., L, H, S]: query rows' mean mass on key spans (SpanScore)
 
     def reasoning_scores(self) -> torch.Tensor:
         """Eq. 2 of these statistics (``dynheads.scores.reasoning_scores``)."""
@@ -514,7 +514,8 @@ def _record_spans(
     probe: AttentionProbe, layer: int, query, key, attention_mask, hidden, scaling, softcap, kwargs
 ) -> None:
     """``span_mass[:, layer]``: the exact eager attention rows (model-dtype matmul, fp32 softmax) of the span
-    score's query positions, summed over those rows and over each key span. Rows come ``SPAN_CHUNK`` at a time."""
+    score's query positions, averaged over those rows (so passes with different row counts compare, as ICR's
+    calibration needs) and summed over each key span. Rows come ``SPAN_CHUNK`` at a time."""
     score, weights, span_mass = probe.settings.span_score, probe.settings.span_weights, probe.stats.span_mass
     assert score is not None and weights is not None and span_mass is not None  # set with the span score
     batch, num_heads, q_len, head_dim = query.shape
@@ -554,7 +555,7 @@ def _record_spans(
             visible = visible & ~hidden[0][None]
         probs = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1, dtype=torch.float32)
         total += torch.matmul(probs.sum(dim=1), span_weights)  # [H, S]
-    span_mass[0, layer] = total
+    span_mass[0, layer] = total / (stop - start)  # the mean over query rows
 
 
 def _remove_heads(output, probe: AttentionProbe, layer: int, value, groups: int, visible, kwargs) -> None:

@@ -14,9 +14,11 @@ score is one ``register_score`` call (in any module, a test file included):
   attention sink (first ``sink_size`` keys) and the local window (last ``local_window`` keys); needle keys are
   never excluded. The probe (``dynheads.probe``) sums the masses; the ratio is ``StepStats.reasoning_scores``.
 - ``SpanScore`` (continuous, over spans; in-context re-ranking): a head's score of key span s is the attention that
-  the query rows (a question's tokens) put on the span's keys, summed over those rows and keys (ICR, Chen et al.
-  2025; QRHead, Zhang et al. 2025). The probe reduces it in its pass; ``calibrated_span_scores`` subtracts the same
-  pass with a content-free query (ICR's calibration) and ``span_ranking`` sums chosen heads into one score per span.
+  the query rows put on the span's keys, averaged over those rows and summed over the keys (ICR, Chen et al.
+  2025; QRHead, Zhang et al. 2025; both take the rows from the instruction after the candidates through the end of
+  the prompt). The probe reduces it in its pass; ``calibrated_span_scores`` subtracts the same pass with a
+  content-free query (ICR's calibration: the row mean makes the two passes comparable although the real query has
+  more rows) and ``span_ranking`` sums chosen heads into one score per span.
 - D_t, the dynamic (active) heads of a step: a binary score 1, or a continuous score above ``threshold``
   (``dynheads.thresholds``: an absolute score or a multiple of the step's Eq. 2 chance share).
 
@@ -242,8 +244,9 @@ def active_heads(active: np.ndarray) -> list[Head]:
 
 @dataclass(frozen=True)
 class SpanScore:
-    """The span score of one pass: query rows ``query = (start, stop)`` and key ``spans``, all ``[start, stop)``
-    absolute token positions; the query positions must all be fed in the pass that measures it."""
+    """The span score of one pass: query rows ``query = (start, stop)`` (their attention is averaged) and key
+    ``spans`` (each summed), all ``[start, stop)`` absolute token positions; the query positions must all be fed in
+    the pass that measures it."""
 
     query: tuple[int, int]
     spans: tuple[tuple[int, int], ...]

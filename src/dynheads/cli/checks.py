@@ -165,6 +165,7 @@ RULES: dict[str, tuple[Rule, str]] = {
     "ks": (at_least(0), "k"),
     "top_static": (at_least(1), "top static"),
     "rerank_top": (at_least(1), "rerank top"),
+    "rerank_tokens": (at_least(1), "rerank tokens"),
     "draft_tokens": (at_least(1), "draft tokens"),
     "top_n": (at_least(1), "top n"),
     "static_k": (at_least(1), "static k"),

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dynheads import distributed
+from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, qa_task, refuse_static_overlap
 from dynheads.experiments.settings import RagFields
@@ -109,7 +110,8 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
                     predict_top=predict_top,
                 )
             )
-            used.append((used_k, _rerank(lm, sample, config.rerank_top) if strategy == "rerank" else {}))
+            reranked = _rerank(lm, sample, config.rerank_top, config.rerank_tokens) if strategy == "rerank" else {}
+            used.append((used_k, reranked))
             shown.append(used[-1][1].get("shown", ()))
         answers = answer_questions(lm, [item[0] for item in batch], selectors, settings, shown)
         return [
@@ -138,7 +140,12 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
         run.path,
         "rag.md",
         Summary(
-            [rag_summary_table(rag_table(run)), *chance_blocks(records), *(f"{n}." for n in notes if n)],
+            [
+                rag_summary_table(rag_table(run)),
+                *recall_blocks(records, config.seed),
+                *chance_blocks(records),
+                *(f"{n}." for n in notes if n),
+            ],
             {"f1_pairs": per_question_f1(records)},
         ),
     )
@@ -161,6 +168,44 @@ def per_question_f1(records: list[dict]) -> dict[str, dict[str, list[float]]]:
         if {"dynamic", "static"} <= set(table.columns):
             pairs[str(int(k))] = {name: [float(value) for value in table[name]] for name in ("dynamic", "static")}
     return pairs
+
+
+def recall_blocks(records: list[dict], seed: int = 0) -> list:
+    """Which strategy's windows hold the gold facts more often: each (strategy, k) with a retrieval recall against
+    the first one, paired by question (the questions both answered with a recall): the mean difference of retrieval
+    recall with its bootstrap interval, and on how many questions each side showed more of the gold tokens."""
+    frame = pd.DataFrame(
+        [
+            {"question": r["question_id"], "arm": _arm(r), "recall": r["retrieval_recall"]}
+            for r in records
+            if r["retrieval_recall"] is not None
+        ]
+    )
+    arms = list(dict.fromkeys(frame["arm"])) if not frame.empty else []
+    if len(arms) < 2:
+        return []
+    table = frame.pivot_table(index="question", columns="arm", values="recall", aggfunc="mean")
+    base, rows = arms[0], []
+    for arm in arms[1:]:
+        pair = table[[base, arm]].dropna()
+        difference = (pair[arm] - pair[base]).to_numpy()
+        if np.ptp(difference) == 0:  # identical on every question: no interval to draw
+            delta = f"{difference[0]:.3f} on all {len(difference)}"
+        else:
+            delta = paired_difference(pair[arm], pair[base], EvidenceSettings(seed=derive_seed(seed, base, arm))).text()
+        rows.append(
+            [arm, len(pair), float(pair[base].mean()), float(pair[arm].mean()), delta]
+            + [int((difference > 0).sum()), int((difference < 0).sum())]
+        )
+    return [
+        f"Retrieval recall paired by question against {base} (share of supporting-fact tokens the windows showed; "
+        "95 % bootstrap interval of the mean difference):",
+        Table(["strategy", "questions", f"recall {base}", "recall", f"Δ vs {base}", "more gold shown", "less"], rows),
+    ]
+
+
+def _arm(record: dict) -> str:
+    return record["strategy"] + (f" k={record['k']}" if record["k"] is not None else "")
 
 
 def chance_blocks(records: list[dict]) -> list:
@@ -223,10 +268,10 @@ def _answer_record(
     }
 
 
-def _rerank(lm: LoadedModel, sample, top: int) -> dict:
+def _rerank(lm: LoadedModel, sample, top: int, tokens: int | None) -> dict:
     """Re-rank then answer: ICR's ranking of the sample's paragraphs (every head, calibrated) and the token
-    windows of the ``top`` first, which the answer is shown; what the record keeps about them."""
-    from dynheads.rag.rerank import icr_ranking, sample_prompt
+    windows it shows (the ``top`` first, or ``tokens`` tokens in rank order); what the record keeps about them."""
+    from dynheads.rag.rerank import icr_ranking, sample_prompt, shown_spans
 
     if top < 1:
         raise DynheadsError(f"--rerank-top must be >= 1, got {top}")
@@ -234,9 +279,10 @@ def _rerank(lm: LoadedModel, sample, top: int) -> dict:
     order, seconds = icr_ranking(lm, prompt)
     titles = sample.meta["paragraph_titles"]
     gold = {title for title, _ in sample.supporting_facts}
-    chosen = order[:top]
+    shown = shown_spans(prompt.spans, order, top, tokens)
+    chosen = order[: len(shown)]
     return {
-        "shown": [prompt.spans[i] for i in chosen],
+        "shown": shown,
         "ranking": [titles[i] for i in order],
         "gold_shown": len(gold & {titles[i] for i in chosen}) / len(gold),
         "rerank_seconds": seconds,

@@ -8,7 +8,8 @@ timing to the record. Rankings and metrics are computed from those files when th
 strategy is ranked from the same passes:
 
 - ``icr``: all heads, calibrated; ``icr-uncalibrated``: all heads, raw (what the calibration buys);
-- ``qrhead``: the k heads with the highest mean calibrated score on the gold candidates of the fitting stream;
+- ``qrhead``: the k heads with the highest mean calibrated score on the gold candidates of the fitting stream, fitted
+  only once every question of that stream is scored (the manifest lists them);
 - ``static``: the k best heads of a Wu et al. list (``--static``); ``predictor``: the k heads the head predictor
   (``--probe``) scores highest from the hidden state at the prompt's last token; ``random``: k heads drawn per
   question (seeded);
@@ -98,7 +99,7 @@ def run_rerank(config: RerankConfig, out: str | Path, **options: Unpack[RunOptio
     rerank.require_bm25()  # a missing bm25s fails here, before any model work
     lm = run_model(config, options)
     heads = _head_sources(config, lm.num_layers, lm.num_heads, eval_ids)
-    start_run(
+    manifest = start_run(
         run,
         "rerank",
         config.scoring(),
@@ -109,12 +110,14 @@ def run_rerank(config: RerankConfig, out: str | Path, **options: Unpack[RunOptio
                 "system": rerank.SYSTEM_PROMPT,
                 "user": rerank.USER_TEMPLATE,
                 "content_free_query": rerank.CONTENT_FREE_QUERY,
+                "query_rows": rerank.QUERY_ROWS,
             },
             "questions": evaluation.describe(eval_ids),
             "fit_questions": fit.describe([r.id for r in fit_records]),
             "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs",
         },
     )
+    refuse_other_rows(manifest, run)
     run_jobs(
         run,
         [
@@ -143,9 +146,19 @@ def summarise_scored(config: RerankConfig, out: str | Path) -> RunDir:
             f"{run.path} is not a rerank run scored with these settings (data, streams, seed, "
             "model): give the settings it was run with"
         )
+    refuse_other_rows(manifest, run)
     model = manifest["model"]
     summarise(run, config, _head_sources(config, model["num_layers"], model["num_heads"], manifest["questions"]["ids"]))
     return run
+
+
+def refuse_other_rows(manifest: dict, run: RunDir) -> None:
+    """Scores stored under another query-row rule (before ICR's per-row mean) are not comparable: refuse them."""
+    if manifest.get("prompt", {}).get("query_rows") != rerank.QUERY_ROWS:
+        raise DynheadsError(
+            f"{run.path} was scored with other query rows (the question's rows summed, before ICR's per-row "
+            "mean over the instruction, question and template end): score again into a new --out"
+        )
 
 
 def sample_id(stream: str, question_id: str) -> str:
@@ -177,6 +190,7 @@ def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: R
         "titles": [record.context[i][0] for i in order],
         "gold": gold,
         "prompt_tokens": len(prompt.input_ids),
+        "query_rows": [prompt.query[1] - prompt.query[0], prompt.null_query[1] - prompt.null_query[0]],
         "paragraph_tokens": [b - a for a, b in prompt.spans],
         "prefill_seconds": scores.prefill_seconds,
         "calibration_seconds": scores.calibration_seconds,
@@ -187,11 +201,14 @@ def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: R
 
 @dataclass(frozen=True)
 class HeadSources:
-    """What the head-subset strategies read: the static list, the predictor, and strategies left out (why)."""
+    """What the head-subset strategies read: the static list, the predictor, QRHead's ranked heads (fitted when a
+    run is summarised), and strategies left out (why)."""
 
     static: list[Head] | None
     predict_top: Callable[[np.ndarray, int], list[Head]] | None
     skipped: dict[str, str]
+    qrhead: list[Head] | None = None  # every head, best first
+    fit_questions: int = 0  # fitting questions QRHead's heads were chosen on
 
 
 def _head_sources(config: RerankConfig, num_layers: int, num_heads: int, eval_ids: list[str]) -> HeadSources:
@@ -232,26 +249,31 @@ def _arrays(run: RunDir, record: dict) -> dict[str, np.ndarray]:
         return {key: data[key] for key in data.files}
 
 
-def rank_questions(
-    run: RunDir, config: RerankConfig, heads: HeadSources
-) -> tuple[pd.DataFrame, list[Head], list[dict]]:
-    """One row per (evaluation question, strategy): ranking, gold, metrics, seconds; QRHead's heads (fitted on the
-    fitting stream's records, written to ``qrhead_heads.json``) and those records."""
-    records = run.records()
-    fit = [r for r in records if r["stream"] == FIT]
-    evaluation = [r for r in records if r["stream"] == EVAL]
+def fit_qrhead(run: RunDir, config: RerankConfig, heads: HeadSources) -> HeadSources:
+    """QRHead's head ranking from the whole fitting stream (the manifest's ``fit_questions``), written to
+    ``qrhead_heads.json``; while any of those questions is unscored the strategy is skipped and said so."""
+    if "qrhead" not in config.strategies:
+        return heads
+    expected = run.manifest()["fit_questions"]["ids"]
+    fit = {r["question_id"]: r for r in run.records() if r["stream"] == FIT}
+    missing = [question for question in expected if question not in fit]
+    if missing or not expected:
+        why = f"fitted on the whole fitting stream only: {len(expected) - len(missing)} of its {len(expected)} scored"
+        return dataclasses.replace(heads, skipped={**heads.skipped, "qrhead": why})
+    records = [fit[question] for question in expected]
+    qr = qrhead_scores([_calibrated(_arrays(run, r)) for r in records], [r["gold"] for r in records])
+    order = top_heads(qr, qr.size)
+    write_json(run.path / "qrhead_heads.json", [[head_key(h), float(qr[h])] for h in order])
+    return dataclasses.replace(heads, qrhead=order, fit_questions=len(records))
+
+
+def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources) -> pd.DataFrame:
+    """One row per (evaluation question, strategy): ranking, gold, metrics, seconds (QRHead's heads: ``heads``,
+    from ``fit_qrhead``)."""
+    evaluation = [r for r in run.records() if r["stream"] == EVAL]
     if not evaluation:
         raise DynheadsError(f"{run.path} has no scored evaluation questions yet")
     strategies = [s for s in config.strategies if s not in heads.skipped]
-    qr_heads: list[Head] = []
-    if "qrhead" in strategies:
-        if not fit:
-            raise DynheadsError(f"{run.path} has no scored fitting questions: QRHead's heads cannot be chosen")
-        fit_scores = [_calibrated(_arrays(run, r)) for r in fit]
-        qr = qrhead_scores(fit_scores, [r["gold"] for r in fit])
-        order = top_heads(qr, qr.size)
-        write_json(run.path / "qrhead_heads.json", [[head_key(h), float(qr[h])] for h in order])
-        qr_heads = order[: config.k]
     rows = []
     for record in evaluation:
         arrays = _arrays(run, record)
@@ -267,7 +289,8 @@ def rank_questions(
                 scores, seconds = np.asarray(record["bm25"]), record["bm25_seconds"]
             else:
                 if strategy == "qrhead":
-                    chosen = qr_heads
+                    assert heads.qrhead is not None  # the strategy is skipped until QRHead is fitted
+                    chosen = heads.qrhead[: config.k]
                 elif strategy == "static":
                     assert heads.static is not None  # the strategy is skipped without a static list
                     chosen = heads.static[: config.k]
@@ -296,7 +319,7 @@ def rank_questions(
     frame = pd.DataFrame(rows)
     with atomic_path(run.path / "rankings.csv") as tmp:
         frame.to_csv(tmp, index=False)
-    return frame, qr_heads, fit
+    return frame
 
 
 def _calibrated(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -310,7 +333,9 @@ def _interval_text(values, config: RerankConfig, name: str) -> str:
 
 def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     """Rank every evaluation question and write ``rerank.md`` and its ``summary.json``."""
-    frame, qr_heads, fit = rank_questions(run, config, heads)
+    heads = fit_qrhead(run, config, heads)
+    frame = rank_questions(run, config, heads)
+    qr_heads = heads.qrhead[: config.k] if heads.qrhead is not None else []
     strategies = list(dict.fromkeys(frame["strategy"]))
     per = {s: frame[frame["strategy"] == s].set_index("question_id") for s in strategies}
     n = len(per[strategies[0]])
@@ -330,7 +355,7 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     )
     blocks: list = [
         f"{n} of the {config.questions} evaluation questions scored ({config.data}, stream from question "
-        f"{config.first}); QRHead's heads fitted on {len(fit)} of the {config.fit_questions} fitting "
+        f"{config.first}); QRHead's heads fitted on {heads.fit_questions} of the {config.fit_questions} fitting "
         f"questions (stream from question {config.fit_first}). Means with 95 % percentile bootstrap "
         f"intervals over questions ({config.bootstrap} resamples).",
         metrics_table,
@@ -375,7 +400,8 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
         blocks,
         {
             "questions": n,
-            "fit_questions": len(fit),
+            "fit_questions": heads.fit_questions,
+            "qrhead_heads": [head_key(h) for h in qr_heads],
             "metrics": numbers,
             "ranking": ranking_settings,
             "skipped": heads.skipped,

@@ -232,6 +232,11 @@ class RagFields(QaGrid, ModelSettings):
         "rerank: paragraphs shown (the top of ICR's ranking over every head); the rest "
         "stay hidden for the whole answer",
     )
+    rerank_tokens: int | None = setting(
+        None,
+        "rerank: show exactly this many context tokens instead (paragraphs in rank order, the last one cut), "
+        "to match the windows' visible tokens per retrieval; None = the --rerank-top whole paragraphs",
+    )
     ks: tuple[int, ...] = setting((5,), "heads per retrieval, e.g. 5,10,20 (paper: 5, 10, 20)")
     questions: int = redefault(QaGrid, "questions", 50)
     split: str = setting("rag", "name of the question stream (recorded)")

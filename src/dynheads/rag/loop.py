@@ -230,7 +230,7 @@ def _answer(
     always = selector.strategy in ("full-context", "rerank")
     visible: np.ndarray | None = fixed if always else none_visible
     windows: list[tuple[int, int]] = list(shown)
-    visible_counts: list[int] = []
+    visible_counts: list[int] = [] if fixed is None else [int(fixed.sum())]  # rerank: what it shows throughout
     used_heads: list[list[Head]] = []
     while not state.finished and len(state.answer) < settings.max_new_tokens:
         budget = min(settings.draft_tokens, settings.max_new_tokens - len(state.answer))

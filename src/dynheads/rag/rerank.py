@@ -1,15 +1,18 @@
 """Heads as a re-ranker: candidate paragraphs in the prompt, the query after them, one score per paragraph per head.
 
-In-context re-ranking (ICR, Chen et al., ICLR 2025) scores a candidate by the attention that the query's tokens put
-on its tokens, summed over every head, minus the same attention under a content-free query ("N/A") in the same
-place. Query-focused retrieval heads (QRHead, Zhang et al., EMNLP 2025) sum only chosen heads. Both read the
-``[L, H, S]`` span score (``dynheads.scores.SpanScore``) that the probe reduces in its pass:
+In-context re-ranking (ICR, Chen et al., ICLR 2025) scores a candidate by the attention that the query rows put on
+its tokens, summed over every head, minus the same attention under a content-free query ("N/A") in the same
+place. Query-focused retrieval heads (QRHead, Zhang et al., EMNLP 2025) sum only chosen heads. The query rows are
+the published ones: from the instruction after the candidates through the question and the chat template's end
+(the assistant header), averaged per row, so the real pass and the calibration pass (whose query is shorter)
+score the same row range on the same scale. Both read the ``[L, H, S]`` span score
+(``dynheads.scores.SpanScore``) that the probe reduces in its pass:
 
-1. the shared prefix (instruction and paragraphs) is fed once and cached;
-2. the real query and the end of the prompt are fed with the span score set (one prefill in all);
-3. the cache rolls back and the content-free query is fed the same way (the calibration pass).
+1. the shared prefix (instruction and paragraphs, up to the query rows) is fed once and cached;
+2. the real query rows are fed with the span score set (one prefill in all);
+3. the cache rolls back and the content-free query rows are fed the same way (the calibration pass).
 
-The paragraphs' own states are those of one prefill; only the query part is computed twice. BM25 (``bm25s``,
+The paragraphs' own states are those of one prefill; only the query rows are computed twice. BM25 (``bm25s``,
 optional extra ``rerank``) ranks the same candidates from their text. What we leave out of ICR: its token-level
 outlier masking (tokens whose calibrated score is below mean - 2 std), since the probe reduces whole spans.
 """
@@ -36,18 +39,39 @@ USER_TEMPLATE = (
 )
 SEPARATOR = "\n\n"
 CONTENT_FREE_QUERY = "N/A"  # ICR's calibration query
+# What a span score's query rows are (recorded in a rerank run's manifest; scores stored under another rule are refused)
+QUERY_ROWS = "from the instruction after the candidates through the end of the prompt, averaged per row (ICR, QRHead)"
 
 
 @dataclass(frozen=True)
 class RerankPrompt:
-    """The real prompt and its content-free twin, sharing their first ``shared`` tokens (the paragraphs)."""
+    """The real prompt and its content-free twin. Both share their tokens up to the query rows (the paragraphs
+    included), and their query rows start at the same token and run through each prompt's last token."""
 
     input_ids: list[int]
-    query: tuple[int, int]  # [start, stop) tokens of the question
+    query: tuple[int, int]  # [start, stop) query rows of the real prompt: instruction, question, template end
     null_ids: list[int]
-    null_query: tuple[int, int]  # [start, stop) tokens of the content-free query
+    null_query: tuple[int, int]  # [start, stop) query rows of the content-free twin
     spans: tuple[tuple[int, int], ...]  # [start, stop) tokens of each candidate, in prompt order
-    shared: int
+
+    def __post_init__(self) -> None:
+        start = self.query[0]
+        if (
+            self.null_query[0] != start
+            or self.input_ids[:start] != self.null_ids[:start]
+            or (self.query[1], self.null_query[1]) != (len(self.input_ids), len(self.null_ids))
+            or not self.spans
+            or self.spans[-1][1] > start
+        ):
+            raise DynheadsError(
+                "the query rows of a re-ranking prompt and its content-free twin must start at the same token, "
+                "after every candidate, and run to the end of each prompt"
+            )
+
+    @property
+    def shared(self) -> int:
+        """Tokens both prompts share and the passes cache: everything before the query rows."""
+        return self.query[0]
 
 
 def build_prompt(
@@ -60,26 +84,40 @@ def build_prompt(
     prompt = render_chat(
         tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(paragraphs=block, query=question), template_kwargs
     )
-    at, _ = locate(prompt, block, what="paragraph block")
+    at, block_end = locate(prompt, block, what="paragraph block")
     chars = []
     for text in paragraphs:
         chars.append((at, at + len(text)))
         at += len(text) + len(SEPARATOR)
     query_at = prompt.text.rindex("Query: " + question) + len("Query: ")
     return twin_prompts(
-        tokenizer, prompt.text, chars, (query_at, query_at + len(question)), special=prompt.template == "plain"
+        tokenizer,
+        prompt.text,
+        chars,
+        (query_at, query_at + len(question)),
+        rows_from=block_end + len(SEPARATOR),
+        special=prompt.template == "plain",
     )
 
 
 def twin_prompts(
-    tokenizer, text: str, paragraph_chars: Sequence[tuple[int, int]], query_chars: tuple[int, int], *, special: bool
+    tokenizer,
+    text: str,
+    paragraph_chars: Sequence[tuple[int, int]],
+    query_chars: tuple[int, int],
+    *,
+    rows_from: int,
+    special: bool,
 ) -> RerankPrompt:
-    """Tokenise ``text`` and its twin with the content-free query in place of ``text[query_chars]``; the
-    paragraphs' character spans (all before the query) become token spans of both."""
+    """Tokenise ``text`` and its twin with the content-free query in place of ``text[query_chars]``. The
+    paragraphs' character spans (all before ``rows_from``) become token spans of both; the query rows run from
+    the token at character ``rows_from`` (the instruction after the paragraphs) through the last token."""
     start, stop = query_chars
+    if not paragraph_chars or max(b for _, b in paragraph_chars) > rows_from or rows_from > start:
+        raise DynheadsError("the query rows must start after every candidate and at or before the query")
     null_text = text[:start] + CONTENT_FREE_QUERY + text[stop:]
     rendered = []
-    for prompt_text, query in ((text, query_chars), (null_text, (start, start + len(CONTENT_FREE_QUERY)))):
+    for prompt_text in (text, null_text):
         encoded = tokenizer(prompt_text, add_special_tokens=special, return_offsets_mapping=True)
         prompt = RenderedPrompt(
             prompt_text,
@@ -88,22 +126,20 @@ def twin_prompts(
             "plain" if special else "chat",
         )
         spans = []
-        for a, b in (*paragraph_chars, query):
+        for a, b in (*paragraph_chars, (rows_from, len(prompt_text))):
             tokens = token_span(prompt, a, b)
             if not tokens:
                 raise DynheadsError(f"no token covers characters {a}..{b} of the re-ranking prompt")
             spans.append((tokens[0], tokens[-1] + 1))
-        rendered.append((prompt.input_ids, spans[-1], tuple(spans[:-1])))
-    (ids, query_span, paragraph_spans), (null_ids, null_span, null_spans) = rendered
-    shared = next(
-        (i for i, (a, b) in enumerate(zip(ids, null_ids, strict=False)) if a != b), min(len(ids), len(null_ids))
-    )
-    if paragraph_spans != null_spans or shared < paragraph_spans[-1][1] or shared > min(query_span[0], null_span[0]):
+        rows = (spans[-1][0], len(prompt.input_ids))  # through the last token (a template's end has no characters)
+        rendered.append((prompt.input_ids, rows, tuple(spans[:-1])))
+    (ids, rows, paragraph_spans), (null_ids, null_rows, null_spans) = rendered
+    if paragraph_spans != null_spans or rows[0] != null_rows[0] or ids[: rows[0]] != null_ids[: rows[0]]:
         raise DynheadsError(
             "the content-free prompt does not share the paragraphs' tokens with the real one "
             "(tokenisation merged the query into the text before it)"
         )
-    return RerankPrompt(ids, query_span, null_ids, null_span, paragraph_spans, shared)
+    return RerankPrompt(ids, rows, null_ids, null_rows, paragraph_spans)
 
 
 def sample_prompt(tokenizer, sample) -> RerankPrompt:
@@ -133,11 +169,13 @@ def sample_prompt(tokenizer, sample) -> RerankPrompt:
     query_at = text.find(sample.question, context_stop)
     if query_at < 0:
         raise DynheadsError(f"sample {sample.sample_id!r}: its question is not after its context")
+    after = text[context_stop:]
     return twin_prompts(
         tokenizer,
         text,
         list(zip(starts, ends, strict=True)),
         (query_at, query_at + len(sample.question)),
+        rows_from=context_stop + len(after) - len(after.lstrip()),  # the text after the context, as build_prompt's
         special=special,
     )
 
@@ -158,7 +196,7 @@ class SpanScores:
 
 
 def span_scores(lm: LoadedModel, prompt: RerankPrompt) -> SpanScores:
-    """The three passes of the module docstring."""
+    """The three passes of the module docstring: span masses averaged over each pass's query rows."""
     real_tail, null_tail = len(prompt.input_ids) - prompt.shared, len(prompt.null_ids) - prompt.shared
     session = DecodingSession(lm, prompt.input_ids, max_new_tokens=max(null_tail - real_tail, 0) + 1)
     began = time.perf_counter()
@@ -207,6 +245,26 @@ def icr_ranking(lm: LoadedModel, prompt: RerankPrompt) -> tuple[list[int], float
     """ICR's ranking of the prompt's candidates (every head, calibrated) and the seconds its passes took."""
     scores = span_scores(lm, prompt)
     return ranking(scores.calibrated.sum(axis=(0, 1))), scores.prefill_seconds + scores.calibration_seconds
+
+
+def shown_spans(
+    spans: Sequence[tuple[int, int]], order: Sequence[int], top: int, tokens: int | None = None
+) -> list[tuple[int, int]]:
+    """What re-rank-then-answer shows, as token windows: the ``top`` first candidates of ``order`` whole or, with a
+    ``tokens`` budget, candidates in rank order until exactly that many tokens are shown (the last one cut after
+    its first tokens), so the answer can see as many context tokens as a windowed strategy does."""
+    if top < 1 or (tokens is not None and tokens < 1):
+        raise DynheadsError(f"re-rank-then-answer shows at least one candidate and one token, got {top}, {tokens}")
+    if tokens is None:
+        return [(spans[i][0], spans[i][1]) for i in order[:top]]
+    shown, left = [], tokens
+    for i in order:
+        start, stop = spans[i]
+        if left <= 0:
+            break
+        shown.append((start, min(stop, start + left)))
+        left -= shown[-1][1] - start
+    return shown
 
 
 def ranking(scores: np.ndarray) -> list[int]:
