@@ -133,7 +133,9 @@ def _trace(
     entry = task_of(name, getattr(cfg, "data", None))
     checks.batch_size(batch_size)
     checks.out_dir(out, entry.name)
-    if isinstance(cfg, NiahConfig):
+    if entry.check_data is not None:  # a user's file: every record checked before the model loads
+        entry.check_data(cfg)
+    if isinstance(cfg, NiahConfig) or entry.check_data is not None:
         run = run_task(entry, cfg, out, device_map=device_map, batch_size=batch_size)
     elif qa_task(cfg) is entry:  # HotpotQA and the tasks a data value selects: the answers' table in summary.md
         run = run_hotpotqa(cfg, out, batch_size=batch_size, device_map=device_map)
