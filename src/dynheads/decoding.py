@@ -585,6 +585,8 @@ def trace(
 def trace_batch(lm: LoadedModel, samples: Sequence[DecodeInput], max_new_tokens: int = 32, **settings) -> list[Trace]:
     """``trace`` for several samples decoded as one batch, with ``trace``'s keyword arguments; ``result[i]``
     equals ``trace(lm, samples[i], ...)`` up to fp32 rounding (one sample runs the batch-1 path itself)."""
+    for sample in samples:
+        check_needle(sample)
     bound = inspect.signature(trace).bind(lm, None, max_new_tokens, **settings)  # trace's names and defaults
     bound.apply_defaults()
     options = bound.arguments
@@ -601,8 +603,6 @@ def trace_batch(lm: LoadedModel, samples: Sequence[DecodeInput], max_new_tokens:
         removed=frozenset((int(layer), int(head)) for layer, head in options["removed_heads"]),
         mode=options["ablation_mode"],
     )
-    for sample in samples:
-        check_needle(sample)
     sessions = [
         DecodingSession(
             lm,

@@ -160,6 +160,8 @@ def _summary_line(run: Any, task: Any, out: Path) -> str:
     )
     if not task.questions:
         return f"{len(frame)} samples in {out}: {means}"
+    if task.check_data is not None:  # a user's file: no grid cells, nothing skipped
+        return f"{len(frame)} records in {out}: {means} ('dynheads view {out}' shows the heads per step)"
     skipped = run.manifest().get("skipped", {})
     reasons = "; ".join(f"{n} {why}" for why, n in skipped.get("by_reason", {}).items())
     chance = (run.path / "summary.json").is_file() and read_json(run.path / "summary.json")["documents"]["summary.md"][

@@ -91,7 +91,9 @@ class _GridConfig(AblationGrid):
     def check(self) -> None:
         if self.mode not in MODES:
             raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(MODES)}")
-        self.task_entry()  # an unknown task fails before any work
+        task = self.task_entry()  # an unknown task fails before any work
+        if task.check_data is not None:  # a user's file: every record checked before the model loads
+            task.check_data(self.task_config())
         ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
 
     def task_entry(self) -> Task:

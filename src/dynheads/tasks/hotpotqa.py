@@ -423,6 +423,16 @@ def render_paragraph(paragraph: Paragraph) -> str:
     return PARAGRAPH_TEMPLATE.format(title=title, text="".join(sentences).strip())
 
 
+def paragraph_tokens(tokenizer: PreTrainedTokenizerBase, paragraph: Paragraph) -> int:
+    """The tokens a paragraph adds to a context, with its separator (the unit of ``context_tokens``)."""
+    return len(tokenizer(PARAGRAPH_SEPARATOR + render_paragraph(paragraph), add_special_tokens=False)["input_ids"])
+
+
+def record_size(tokenizer: PreTrainedTokenizerBase, record: HotpotRecord) -> int:
+    """The ``context_tokens`` at which ``make_sample`` keeps every paragraph of the record and adds none."""
+    return sum(paragraph_tokens(tokenizer, paragraph) for paragraph in record.context)
+
+
 def make_sample(
     tokenizer: PreTrainedTokenizerBase,
     record: HotpotRecord,
@@ -451,10 +461,7 @@ def make_sample(
     pool = _checked_pool(distractors or [], {title for title, _ in record.context})
     rng.shuffle(pool)
 
-    def count(paragraph: Paragraph) -> int:  # with its separator: the tokens it adds to the context
-        return len(tokenizer(PARAGRAPH_SEPARATOR + render_paragraph(paragraph), add_special_tokens=False)["input_ids"])
-
-    total = sum(count(p) for p in gold)
+    total = sum(paragraph_tokens(tokenizer, p) for p in gold)
     if total > context_tokens:
         raise GoldTooLong(
             f"context_tokens={context_tokens} is too small for the gold paragraphs of record "
@@ -462,7 +469,7 @@ def make_sample(
         )
     chosen: list[tuple[Paragraph, int]] = []
     for paragraph in own + pool:
-        size = count(paragraph)
+        size = paragraph_tokens(tokenizer, paragraph)
         if total + size > context_tokens:
             break
         chosen.append((paragraph, size))
