@@ -40,18 +40,18 @@ def _decoded(tok, sample) -> str:
 
 
 @pytest.mark.parametrize(
-    ("context", "options", "needle"),
+    ("context", "options", "needle", "depth"),
     [
-        ("the magic word is [[pineapple]] .", {}, "pineapple"),  # marked in the text
-        (CONTEXT, {"spans": [(18, 27)]}, "pineapple"),  # character offsets
-        (CONTEXT, {"spans": ["magic word"]}, "magic word"),  # a text: its occurrences
-        (CONTEXT, {"answer": "pineapple"}, "pineapple"),  # the answer's occurrences by default
+        ("the magic word is [[pineapple]] .", {}, "pineapple", 0.8),  # marked in the text
+        (CONTEXT, {"spans": [(18, 27)]}, "pineapple", 0.8),  # character offsets
+        (CONTEXT, {"spans": ["magic word"]}, "magic word", 0.2),  # a text: its occurrences
+        (CONTEXT, {"answer": "pineapple"}, "pineapple", 0.8),  # the answer's occurrences by default
     ],
 )
-def test_spans_become_the_needle_positions(tok, context, options, needle):
+def test_spans_become_the_needle_positions(tok, context, options, needle, depth):
     sample = sample_from_text(tok, context, "what is the magic word ?", **options)
     assert _decoded(tok, sample) == needle
-    assert sample.context_tokens == 6 and sample.depth is None and sample.seed is None
+    assert sample.context_tokens == 6 and sample.depth == depth and sample.seed is None  # as written
     assert sample.question == "what is the magic word ?"
     start, stop = sample.context_span
     assert tok.decode(sample.input_ids[start:stop]) == CONTEXT

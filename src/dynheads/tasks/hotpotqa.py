@@ -21,11 +21,13 @@ paragraph boundary of tokenisation drift; the realised count is in ``meta``). Ch
 instruction come on top. ``needle_positions`` are the tokens of every supporting sentence (titles excluded):
 the I_needle of the paper's Eq. 2. A record fits whole at its own size (the sum of its paragraphs' counts);
 asked for more than its paragraphs and the pool hold, ``make_sample`` says the length that fits. ``as_written``
-(``--no-pad`` in grids) traces a record's own paragraphs in its own order, with no distractors and no depth.
+(``--no-pad`` in grids) traces a record's own paragraphs in its own order, with no distractors; its depth is where
+the first supporting fact lies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -51,7 +53,7 @@ from dynheads.tasks.prompting import (
     token_span,
 )
 from dynheads.tasks.registry import Task, register
-from dynheads.tasks.sample import Sample, build_sample
+from dynheads.tasks.sample import Sample, build_sample, needle_depth
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Answer with a short phrase."
 USER_TEMPLATE = (
@@ -504,14 +506,14 @@ def as_written(
     sample_id: str | None = None,
     chat_template_kwargs: Mapping[str, object] | None = None,
 ) -> Sample:
-    """The record's own paragraphs in its own order: no distractors, no padding, no depth (``context_tokens`` is
-    the realised length of its context block)."""
+    """The record's own paragraphs in its own order: no distractors, no padding (``context_tokens`` is the realised
+    length of its context block, ``depth`` where its first supporting fact starts in it: ``needle_depth``)."""
     if not record.supporting_facts:
         raise DynheadsError(f"record {record.id!r} has no supporting facts: nothing to place or trace")
     titles = [title for title, _ in record.context]
     paragraphs = list(record.context)
     context = PARAGRAPH_SEPARATOR.join(render_paragraph(p) for p in paragraphs)
-    return _build(
+    sample = _build(
         tokenizer,
         record,
         paragraphs,
@@ -523,6 +525,7 @@ def as_written(
         from_pool=0,
         chat_template_kwargs=chat_template_kwargs,
     )
+    return dataclasses.replace(sample, depth=needle_depth(sample.needle_positions, sample.context_span))
 
 
 def _checked_pool(distractors: Sequence[tuple[str, Sequence[str]]], used: set[str]) -> list[Paragraph]:

@@ -2,7 +2,9 @@
 
 ``sample_from_text(lm, context, question, answer=...)`` renders the prompt exactly as the tasks do (the model's
 chat template, pinned template variables) and returns a ``Sample`` whose ``needle_positions`` are the tokens of the
-given spans, found from character offsets (never by matching tokens). Spans are, in order of precedence:
+given spans, found from character offsets (never by matching tokens); its ``context_tokens`` is the context's length
+and its ``depth`` where the first span starts in it (``needle_depth``), both as written. Spans are, in order of
+precedence:
 
 - ``spans=[(start, stop), "text", ...]``: character ``[start, stop)`` offsets into ``context``, or a string (every
   occurrence of it in the context);
@@ -24,7 +26,7 @@ from typing import Any
 from dynheads.errors import DynheadsError
 from dynheads.tasks.hotpotqa import SYSTEM_PROMPT, USER_TEMPLATE
 from dynheads.tasks.prompting import locate, marked_spans, render_chat, token_span
-from dynheads.tasks.sample import Sample, build_sample
+from dynheads.tasks.sample import Sample, build_sample, needle_depth
 
 MARK_OPEN, MARK_CLOSE = "[[", "]]"  # a span marked in the text: [[like this]]
 _MARKED = re.compile(re.escape(MARK_OPEN) + "(.*?)" + re.escape(MARK_CLOSE), re.DOTALL)
@@ -150,19 +152,21 @@ def sample_from_text(
     ]
     span_tokens, positions = marked_spans(tokenizer, prompt, pieces)
     context_tokens = token_span(prompt, base, base + len(context))
+    context_span = (context_tokens[0], context_tokens[-1] + 1)
     return build_sample(
         prompt,
         sample_id=sample_id,
         needle_positions=positions,
         answer=answer,
         context_tokens=len(context_tokens),
+        depth=needle_depth(positions, context_span),
         seed=seed,
         extras=TextExtras(
             question=question,
             record_id=sample_id if record_id is None else record_id,
             spans=char_spans,
             span_tokens=span_tokens,
-            context_span=(context_tokens[0], context_tokens[-1] + 1),
+            context_span=context_span,
         ),
     )
 
