@@ -196,7 +196,7 @@ def test_a_refused_rerun_names_the_settings_that_differ(tmp_path):
     run.start("custom", HotpotConfig(data="a.jsonl", max_new_tokens=8), None)  # the same settings resume
     with pytest.raises(DynheadsError, match='--data was "a.jsonl" there, "b.jsonl" now; --max-new-tokens was 8'):
         run.start("custom", HotpotConfig(data="b.jsonl", max_new_tokens=9), None)
-    with pytest.raises(DynheadsError, match="holds a 'custom' run, not a 'niah' one"):
+    with pytest.raises(DynheadsError, match="holds a different run \\(a 'custom' run, not a 'niah' one\\)"):
         run.start("niah", HotpotConfig(), None)
 
 

@@ -67,13 +67,13 @@ class RunDir:
             previous = self.manifest()
             if previous.get("kind") != kind:
                 raise DynheadsError(
-                    f"{self.path} already holds a '{previous.get('kind')}' run, not a '{kind}' one: "
-                    "choose another --out"
+                    f"{self.path} already holds a different run (a '{previous.get('kind')}' run, not a '{kind}' "
+                    "one): choose another --out"
                 )
             differs = setting_differences(previous.get("config") or {}, _resumable(config, previous.get("config")))
             if differs:
                 raise DynheadsError(
-                    f"{self.path} already holds a run with other settings ({differs}); "
+                    f"{self.path} already holds a different run ({differs}); "
                     "resume it with the same settings or choose another --out"
                 )
             return previous
