@@ -320,7 +320,7 @@ def test_an_all_gold_record_traces_at_its_own_size_and_as_written(tok, tmp_path)
     written = hq.as_written(tok, record)
     assert at_size.input_ids == written.input_ids and at_size.needle_positions == written.needle_positions
     assert tok.decode([written.input_ids[i] for i in written.needle_positions]).strip() == sentences[1].strip()
-    assert written.depth == 0.5 and written.meta["paragraph_titles"] == ["Velmora Works"]
+    assert written.depth == 0.64 and written.meta["paragraph_titles"] == ["Velmora Works"]
     path = tmp_path / "one.json"
     path.write_text(json.dumps([record.to_dict()]), encoding="utf-8")
     grid = hq.hotpotqa_grid(HotpotConfig(data=str(path), questions=1, pad=False), tok)
