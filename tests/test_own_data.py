@@ -182,9 +182,7 @@ def test_a_mistyped_packaged_model_and_an_uncached_hub_id_fail_at_once(monkeypat
     with pytest.raises(DynheadsError, match="did you mean 'qwen2.5-coder-0.5b'"):
         check_hub_id("qwen2.5-coder-0.5")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(
-        DynheadsError, match=r"hub id in the local Hugging Face cache \(offline.*huggingface-cli download"
-    ):
+    with pytest.raises(DynheadsError, match=r"hub id in the local Hugging Face cache \(offline.*hf download"):
         check_hub_id("nobody-here/no-such-model")
 
 

@@ -194,7 +194,7 @@ def check_hub_id(name: str) -> None:
     raise DynheadsError(
         f"model {name!r} is not a local path, a packaged model or a hub id in the local Hugging Face cache"
         + (" (offline: HF_HUB_OFFLINE)" if is_offline_mode() else "")
-        + f"; pass a .gguf file or a model folder, or run 'huggingface-cli download {name}' where the hub is reachable"
+        + f"; pass a .gguf file or a model folder, or run 'hf download {name}' where the hub is reachable"
         + hint
     )
 
