@@ -256,3 +256,9 @@ def test_view_writes_the_per_step_page_of_any_traced_run(tmp_path, capsys, monke
     assert shown["samples"][0]["spans"] == [[2, 3]]
     empty = run_main(capsys, monkeypatch, "view", tmp_path)
     assert empty.code == 2 and "not a dynheads run directory" in empty.stderr
+
+
+def test_tasks_lists_the_custom_task(capsys, monkeypatch):
+    result = run_main(capsys, monkeypatch, "tasks")
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("custom ")]
+    assert "Your data: Eq. 1 copy score, your records (--data FILE), each as written; metrics EM, F1" in line

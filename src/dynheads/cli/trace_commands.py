@@ -86,6 +86,8 @@ def describe(task: Any) -> str:
     """One line: label, score, grid, metrics and the paper's task its numbers are set beside."""
     score = "Eq. 1 copy score" if task.score_kind == "copy" else "Eq. 2 reasoning score"
     grid = "question stream over lengths x depths" if task.questions else "lengths x depths x runs"
+    if task.check_data is not None:
+        grid = "your records (--data FILE), each as written"
     paper = f"; set beside the paper's {task.paper_label}" if task.paper_task else ""
     return f"{task.label}: {score}, {grid}; metrics {', '.join(task.metrics.values())}{paper}"
 
