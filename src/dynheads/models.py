@@ -192,7 +192,7 @@ def check_hub_id(name: str) -> None:
     if cached or not (is_offline_mode() or (hint and "/" not in name)):
         return
     raise DynheadsError(
-        f"model {name!r} is not a local path, a packaged model or a hub id in the local Hugging Face cache"
+        f"cannot load model {name!r}: not a local path, a packaged model or a hub id in the local Hugging Face cache"
         + (" (offline: HF_HUB_OFFLINE)" if is_offline_mode() else "")
         + f"; pass a .gguf file or a model folder, or run 'hf download {name}' where the hub is reachable"
         + hint
