@@ -297,3 +297,33 @@ def test_bad_sample_inputs(tok, records, pool):
         hq.make_sample(tok, record, context_tokens=2000, depth=0.5, seed=0)
     with pytest.raises(DynheadsError, match="distractor paragraph 1 must be"):
         hq.make_sample(tok, record, context_tokens=500, depth=0.5, seed=0, distractors=[pool[0], ("T", "text")])
+
+
+def test_a_record_fits_at_its_own_size_and_keeps_every_paragraph(tok, records):
+    record = records[0]
+    size = hq.record_size(tok, record)
+    sample = hq.make_sample(tok, record, context_tokens=size, depth=0.5, seed=0)
+    assert sorted(sample.meta["paragraph_titles"]) == sorted(title for title, _ in record.context)
+    with pytest.raises(DynheadsError, match=f"fill {size} tokens, fewer than context_tokens={size + 1}: a length of "):
+        hq.make_sample(tok, record, context_tokens=size + 1, depth=0.5, seed=0)
+
+
+def test_an_all_gold_record_traces_at_its_own_size_and_as_written(tok, tmp_path):
+    from dynheads.experiments.settings import HotpotConfig
+
+    sentences = ("Velmora Works is a mining company.", " It was founded by Dorel Ban.")
+    record = hq.HotpotRecord(
+        "one", "Who founded Velmora Works?", "Dorel Ban", (("Velmora Works", 1),), (("Velmora Works", sentences),)
+    )
+    size = hq.record_size(tok, record)
+    at_size = hq.make_sample(tok, record, context_tokens=size, depth=0.5, seed=0)
+    written = hq.as_written(tok, record)
+    assert at_size.input_ids == written.input_ids and at_size.needle_positions == written.needle_positions
+    assert tok.decode([written.input_ids[i] for i in written.needle_positions]).strip() == sentences[1].strip()
+    assert written.depth == 0.64 and written.meta["paragraph_titles"] == ["Velmora Works"]
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps([record.to_dict()]), encoding="utf-8")
+    grid = hq.hotpotqa_grid(HotpotConfig(data=str(path), questions=1, pad=False), tok)
+    assert [s.input_ids for s in grid.samples] == [written.input_ids] and grid.skipped == []
+    with pytest.raises(DynheadsError, match=f"a length of {size} or less fits .*--no-pad"):
+        hq.hotpotqa_grid(HotpotConfig(data=str(path), questions=1), tok)  # padded to 250 tokens: nothing to pad with

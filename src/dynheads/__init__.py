@@ -6,6 +6,8 @@ Public API (the CLI is a thin layer over it; the runners of whole experiments ar
     sample = dynheads.niah.make_sample(lm.tokenizer, context_tokens=1000, depth=0.5, seed=0)
     trace = dynheads.trace(lm, sample, max_new_tokens=48)
     trace.copy_scores    # [step, layer, head] bool, Eq. 1
+    sample = dynheads.sample_from_text(lm, "The magic word is [[pineapple]].", "What is the magic word?")
+    trace.looked_at(tokenizer=lm.tokenizer)  # per step, each dynamic head's attended position and token
 
 Every name in ``__all__`` is part of the declared API; anything reached through a deeper module path may change.
 Names are imported on first use, so ``import dynheads`` does not pay for torch and transformers.
@@ -25,11 +27,12 @@ _EXPORTS = exports_by_name(
         "dynheads.errors": ("DynheadsError",),
         "dynheads.models": ("LoadedModel", "load_model", "with_cache"),
         "dynheads.decoding": ("trace", "trace_batch"),
-        "dynheads.traces": ("Trace",),
+        "dynheads.traces": ("Trace", "LookedAt"),
         "dynheads.runs": ("RunDir", "Job", "Finished", "run_jobs"),
         # the tasks: make_sample, score, ... per task; the one sample type, the task registry, the score vocabulary
         "dynheads.tasks": ("niah", "hotpotqa", "multihop"),
         "dynheads.tasks.sample": ("Sample",),
+        "dynheads.tasks.own_text": ("sample_from_text",),  # a prompt of one's own text and its spans
         "dynheads.tasks.registry": ("Task", "get_task", "register_task=register"),
         "dynheads.scores": ("ScoreSpec", "HeadScore", "HEAD_SCORES", "register_score"),
         # static heads, head lists, dynamism statistics (Tables 1 and 5)

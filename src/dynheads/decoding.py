@@ -496,6 +496,20 @@ def check_fits(lm: LoadedModel, prompt_length: int, max_new_tokens: int) -> None
         )
 
 
+def check_needle(sample: DecodeInput) -> None:
+    """Refuse a sample whose needle is empty or reaches outside its prompt: Eq. 1 and Eq. 2 would score 0 at every
+    step without saying why."""
+    length = len(sample.input_ids)
+    name = getattr(sample, "sample_id", "the sample")
+    if not sample.needle_positions:
+        raise DynheadsError(f"{name} has no needle positions: mark the span the heads should retrieve from")
+    outside = [int(p) for p in sample.needle_positions if not 0 <= int(p) < length]
+    if outside:
+        raise DynheadsError(
+            f"{name}: needle position {outside[0]} is outside its prompt of {length} tokens (positions 0..{length - 1})"
+        )
+
+
 class TraceRecorder:
     """Collects per-step results into a ``Trace``, with every registered head score (``HEAD_SCORES``) by name."""
 
@@ -557,6 +571,7 @@ class TraceRecorder:
             chance=np.asarray(self.chance, dtype=np.float32),
             context_entropy=stacked("context_entropy", np.float32),
             token_prob=stacked("token_prob", np.float32, (0,)),
+            prompt_ids=row.ids[: row.prompt_length].cpu().numpy().astype(np.int64),
         )
 
 
@@ -628,6 +643,8 @@ def trace(
 def trace_batch(lm: LoadedModel, samples: Sequence[DecodeInput], max_new_tokens: int = 32, **settings) -> list[Trace]:
     """``trace`` for several samples decoded as one batch, with ``trace``'s keyword arguments; ``result[i]``
     equals ``trace(lm, samples[i], ...)`` up to fp32 rounding (one sample runs the batch-1 path itself)."""
+    for sample in samples:
+        check_needle(sample)
     bound = inspect.signature(trace).bind(lm, None, max_new_tokens, **settings)  # trace's names and defaults
     bound.apply_defaults()
     options = bound.arguments

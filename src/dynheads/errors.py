@@ -1,5 +1,16 @@
 """The one exception type users see: its message is a complete, one-line explanation of a bad input."""
 
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
 
 class DynheadsError(Exception):
     """A problem with the user's input or environment, reported as one line (never a traceback)."""
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the known name closest to a mistyped ``name`` ('' when none is close)."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

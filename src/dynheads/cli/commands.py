@@ -1,5 +1,5 @@
-"""CLI commands ``rag``, ``reproduce``, ``report``, ``compare`` and ``rerank``. Each one parses its options into a
-config, checks it and calls the Python API; nothing else happens here."""
+"""CLI commands ``rag``, ``reproduce``, ``report``, ``compare``, ``view`` and ``rerank``. Each one parses its options
+into a config, checks it and calls the Python API; nothing else happens here."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 
 from dynheads.cli import checks
 from dynheads.cli.app import app
-from dynheads.cli.options import BatchSize, ConfigFile, Opt, RunOut, config_options, with_options
+from dynheads.cli.options import BatchSize, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
 from dynheads.errors import DynheadsError
 from dynheads.experiments.settings import RagFields, ReproduceConfig, RerankFields
 
@@ -76,6 +76,21 @@ def compare(
 
     _, html = write_compare(folders, out)
     typer.echo(f"comparison: {html} and {html.with_suffix('.md')}")
+
+
+@app.command()
+def view(
+    run: RunArg,
+    out: Annotated[Path | None, Opt("--out", help="HTML file to write; default RUN_DIR/view.html")] = None,
+) -> None:
+    """Write the per-step view of any traced run: at each generated token, which heads retrieved and where each
+    looked (one HTML file, no model is loaded)."""
+    from dynheads.report.view import write_view
+
+    checks.traced_run(run)
+    if out is not None and out.is_dir():
+        raise DynheadsError(f"--out {out} is a folder: give the HTML file to write")
+    typer.echo(f"per-step view: {write_view(run, out)}")
 
 
 @app.command()

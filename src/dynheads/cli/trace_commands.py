@@ -86,6 +86,8 @@ def describe(task: Any) -> str:
     """One line: label, score, grid, metrics and the paper's task its numbers are set beside."""
     score = "Eq. 1 copy score" if task.score_kind == "copy" else "Eq. 2 reasoning score"
     grid = "question stream over lengths x depths" if task.questions else "lengths x depths x runs"
+    if task.check_data is not None:
+        grid = "your records (--data FILE), each as written"
     paper = f"; set beside the paper's {task.paper_label}" if task.paper_task else ""
     return f"{task.label}: {score}, {grid}; metrics {', '.join(task.metrics.values())}{paper}"
 
@@ -133,7 +135,9 @@ def _trace(
     entry = task_of(name, getattr(cfg, "data", None))
     checks.batch_size(batch_size)
     checks.out_dir(out, entry.name)
-    if isinstance(cfg, NiahConfig):
+    if entry.check_data is not None:  # a user's file: every record checked before the model loads
+        entry.check_data(cfg)
+    if isinstance(cfg, NiahConfig) or entry.check_data is not None:
         run = run_task(entry, cfg, out, device_map=device_map, batch_size=batch_size)
     elif qa_task(cfg) is entry:  # HotpotQA and the tasks a data value selects: the answers' table in summary.md
         run = run_hotpotqa(cfg, out, batch_size=batch_size, device_map=device_map)
@@ -158,6 +162,8 @@ def _summary_line(run: Any, task: Any, out: Path) -> str:
     )
     if not task.questions:
         return f"{len(frame)} samples in {out}: {means}"
+    if task.check_data is not None:  # a user's file: no grid cells, nothing skipped
+        return f"{len(frame)} records in {out}: {means} ('dynheads view {out}' shows the heads per step)"
     skipped = run.manifest().get("skipped", {})
     reasons = "; ".join(f"{n} {why}" for why, n in skipped.get("by_reason", {}).items())
     chance = (run.path / "summary.json").is_file() and read_json(run.path / "summary.json")["documents"]["summary.md"][

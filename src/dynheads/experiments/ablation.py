@@ -90,7 +90,9 @@ class _GridConfig(AblationGrid):
     def check(self) -> None:
         if self.mode not in ABLATION_MODES:
             raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(ABLATION_MODES)}")
-        self.task_entry()  # an unknown task fails before any work
+        task = self.task_entry()  # an unknown task fails before any work
+        if task.check_data is not None:  # a user's file: every record checked before the model loads
+            task.check_data(self.task_config())
         ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
 
     def task_entry(self) -> Task:
@@ -236,7 +238,9 @@ def write_cells(run: RunDir) -> pd.DataFrame:
         .reset_index()
         .rename(columns={"context_tokens": "length"})
     )
-    cells = _with_skipped_cells(cells, run.manifest())
+    # samples traced as written (the custom task, --no-pad) lie off the configured lengths x depths: their own cells
+    on_grid = task.check_data is None and config.get("pad", True)
+    cells = _with_skipped_cells(cells, run.manifest()) if on_grid else cells.assign(skipped=0)
     cells["matching"] = matching
     with atomic_path(run.path / "cells.csv") as tmp:
         cells.to_csv(tmp, index=False)

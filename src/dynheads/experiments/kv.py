@@ -227,8 +227,8 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     return run
 
 
-def _identity(sample_id: str, seed: int, answer: str) -> dict:
-    return {"sample_id": sample_id, "seed": int(seed), "answer": answer}
+def _identity(sample_id: str, seed: int | None, answer: str) -> dict:
+    return {"sample_id": sample_id, "seed": None if seed is None else int(seed), "answer": answer}
 
 
 def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:

@@ -67,6 +67,7 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
         lengths=config.lengths,
         depths=config.depths,
         seed=config.seed,
+        pad=config.pad,
     )
     task = qa_task(hotpot)
     grid = task.grid(hotpot, lm.tokenizer)

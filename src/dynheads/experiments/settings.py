@@ -74,6 +74,11 @@ class QaGrid(Seeded):
     lengths: tuple[int, ...] = setting((250, 500, 1000), "context lengths in tokens, e.g. 250,500,1000")
     depths: tuple[float, ...] = setting((0.05, 0.5, 0.95), "gold paragraphs' depths in [0, 1], e.g. 0.05,0.5,0.95")
     max_new_tokens: int = setting(24, "generation budget per question")
+    pad: bool = setting(
+        True,
+        "HotpotQA: place the gold paragraphs at each depth among distractors, padded to each length; "
+        "--no-pad traces each record's own paragraphs as written (lengths and depths do not apply)",
+    )
 
 
 @dataclass(frozen=True)

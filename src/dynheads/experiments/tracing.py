@@ -32,10 +32,10 @@ def run_traced(
     rounding of the scores (tests/test_batching.py)."""
     lm = run_model(config, options, device_map)
     samples, extra = prepare(lm.tokenizer)
+    for sample in samples:  # fail before any work (and before --out is written), not halfway through the grid
+        check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     run = RunDir(out)
     start_run(run, kind, config, lm, extra)
-    for sample in samples:  # fail before any work, not halfway through the grid
-        check_fits(lm, len(sample.input_ids), config.max_new_tokens)
 
     def work(batch: list) -> list[Finished]:
         traces = trace_batch(

@@ -19,7 +19,6 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,7 @@ from dynheads.paper import (
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
-from dynheads.report.stepview import REASONING_THRESHOLD, step_view
+from dynheads.report.stepview import REASONING_THRESHOLD, step_page, step_view
 from dynheads.runs import RunDir
 from dynheads.tables import (
     SUMMARY_FILE,
@@ -778,22 +777,7 @@ def _html(title: str, sections: list[Section], run: Section, step_data: dict[str
     nav += f'<li><a href="#per-step-view">Per-step view</a></li><li><a href="#{run.anchor}">{run.title}</a></li>'
     body = f"<h1>{html.escape(title)}</h1>" + section(sections[0]) + f"\n<nav><ul>{nav}</ul></nav>"
     body += "".join(map(section, sections[1:]))
-    data = json.dumps(step_data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
-    page = _resource("template.html")
-    for marker, value in (
-        ("TITLE", html.escape(title)),
-        ("STYLE", _resource("stepview.css")),
-        ("DATA", data),
-        ("SCRIPT", _resource("stepview.js")),
-        ("RUN", section(run)),
-        ("BODY", body),
-    ):  # RUN and BODY last: they hold any text
-        page = page.replace(f"<!--{marker}-->", value, 1)
-    return page
-
-
-def _resource(name: str) -> str:
-    return files("dynheads.report").joinpath(name).read_text(encoding="utf-8")
+    return step_page(title, body, section(run), step_data)
 
 
 def _table_html(table: Table) -> str:

