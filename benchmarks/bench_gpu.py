@@ -55,10 +55,11 @@ class IdTokenizer:
         return " ".join(map(str, ids))
 
 
-def build(tiny: bool, device: str, dtype: torch.dtype):
+def build(shape: dict, device: str, dtype: torch.dtype):
+    """A random-weight Llama of ``shape`` (``LLAMA_8B``, ``TINY``, ...) on ``device``, SDPA attention, no stop token."""
     from dynheads.models import LoadedModel
 
-    config = tf.LlamaConfig(**(TINY if tiny else LLAMA_8B), eos_token_id=None, bos_token_id=None)
+    config = tf.LlamaConfig(**shape, eos_token_id=None, bos_token_id=None)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -68,7 +69,7 @@ def build(tiny: bool, device: str, dtype: torch.dtype):
         torch.set_default_dtype(previous)
     model.set_attn_implementation("sdpa")
     model.generation_config.eos_token_id = None
-    return LoadedModel(model=model, tokenizer=IdTokenizer(), name="random Llama-3.1-8B shape", revision="random")
+    return LoadedModel(model=model, tokenizer=IdTokenizer(), name="random Llama", revision="random")
 
 
 def synchronize(device: str) -> None:
@@ -103,7 +104,7 @@ def main() -> None:
 
     from dynheads.decoding import trace_batch
 
-    lm = build(args.tiny, args.device, getattr(torch, args.dtype))
+    lm = build(TINY if args.tiny else LLAMA_8B, args.device, getattr(torch, args.dtype))
     vocab = lm.model.config.vocab_size
     rows = []
     for length in [int(n) for n in args.lengths.split(",")]:

@@ -26,12 +26,14 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     # vocabulary (Eq. 1, Eq. 2, D_t and their defaults: arithmetic on arrays, read by every floor above), and the
     # tables and stage summaries as data with their one renderer (analyses and stages write them, the report reads
     # them), the pinned wheels that real data sets and models are read from (files, no torch), and the generic
-    # registry of named variants (tasks, KV policies, strategies and stages each hold one).
+    # registry of named variants (tasks, KV policies, strategies and stages each hold one), and the counter of host
+    # reads (a torch function mode: benchmarks and tests measure the decoding loop with it).
     (
         "foundation",
         [
             (
                 "dynheads.errors",
+                "dynheads.hostreads",
                 "dynheads.io",
                 "dynheads.heads",
                 "dynheads.config",

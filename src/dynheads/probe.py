@@ -40,12 +40,16 @@ and sink/local key masks of a step are built once per key length with tensor ops
 inside the layers). ``StepStats`` tensors are ``[B, L, H]``; ``sequence_stats(b)`` gives the ``[L, H]``
 views of one sequence, which is what batch-1 callers use.
 
+Cost per decode step: a layer runs its few reductions (one max, one matrix product of the rows p and p log p with
+the key masks) and keeps the results on the device (``LayerReduction``); ``stats`` joins the layers once per pass,
+at its first read. Nothing inside the pass reads a value on the host (``benchmarks/bench_step_overhead.py``).
+
 No global state: the probe reaches the attention function as the forward keyword argument ``PROBE_KWARG``
 (transformers passes the extra keyword arguments of ``model(...)`` down to the registered attention function);
 ``attached`` switches the model's attention implementation for a block and gives those keyword arguments. A
 forward without them runs plain attention (SDPA; chunked eager for soft-capped logits). The probe holds three
 kinds of data: ``ProbeSettings`` (frozen; the setters replace them), the sequences' needle positions and context
-ends, and the state of the current pass (``StepStats`` and the key masks of this step), renewed by
+ends, and the state of the current pass (the layers' reductions and the key masks of this step), renewed by
 ``begin_forward``.
 """
 
@@ -54,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Literal, cast
+from typing import Literal, NamedTuple, cast
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -95,6 +99,41 @@ class StepStats:
     def reasoning_scores(self) -> torch.Tensor:
         """Eq. 2 of these statistics (``dynheads.scores.reasoning_scores``)."""
         return reasoning_scores(self.needle_mass, self.kept_mass)
+
+
+class LayerReduction(NamedTuple):
+    """What one layer's pass leaves on the device; ``assemble_stats`` joins the layers of a pass."""
+
+    max_prob: torch.Tensor  # float32 [B, H, 1]
+    argmax: torch.Tensor  # int64 [B, H, 1], key index
+    first_position: torch.Tensor  # int64 [B, 1, 1], absolute position of key index 0 (``KeyMasks.first_position``)
+    sums: torch.Tensor  # float32 [B, 2H, 5]: rows p then p log p, summed over ``KeyMasks.weights``' key sets
+
+
+def assemble_stats(layers: dict[int, LayerReduction], num_layers: int, batch: int, heads: int, device) -> StepStats:
+    """``[B, L, H]`` statistics of one pass from its layers' reductions: one concatenation per field, and the
+    context entropy computed once for every layer; zeros for layers missing from ``layers``."""
+    if len(layers) < num_layers:
+        zero = torch.zeros(batch, heads, 1, device=device)
+        empty = LayerReduction(zero, zero.long(), zero[:, :1].long(), torch.zeros(batch, 2 * heads, 5, device=device))
+        layers = {layer: layers.get(layer, empty) for layer in range(num_layers)}
+    fields = zip(*(layers[layer] for layer in range(num_layers)), strict=True)
+    max_prob, argmax, first, sums = (torch.cat(list(parts), dim=1) for parts in fields)  # layer by layer
+    sums = sums.view(batch, num_layers, 2, heads, 5)
+    masses, context = sums[:, :, 0], sums[:, :, 0, :, 3]
+    # H(p restricted to the context, renormalised) = log c - sum_ctx p log p / c, with c the context mass
+    plogp = sums[:, :, 1, :, 3]
+    entropy = torch.where(context > 0, torch.log(context.clamp_min(1e-30)) - plogp / context.clamp_min(1e-30), 0.0)
+    return StepStats(
+        argmax_pos=argmax.view(batch, num_layers, heads) + first,  # [B, L, 1]: each layer's first key
+        max_prob=max_prob.view(batch, num_layers, heads),
+        needle_mass=masses[..., 0],
+        excluded_mass=masses[..., 1],
+        total_mass=masses[..., 4],
+        kept_mass=masses[..., 2],
+        context_mass=context,
+        context_entropy=entropy,
+    )
 
 
 @dataclass(frozen=True)
@@ -168,7 +207,7 @@ class AttentionProbe:
         self.head_means: torch.Tensor | None = None
         self.capture_means = False
         self.captured_means: dict[int, torch.Tensor] = {}
-        self._new_stats()
+        self._new_pass()
 
     # ---- settings -------------------------------------------------------------------------------
     def _update(self, **changes) -> None:
@@ -322,25 +361,19 @@ class AttentionProbe:
         check_heads([(layer, head)], self.num_layers, self.num_heads, source="the ablation")
 
     # ---- per-forward bookkeeping ------------------------------------------------------------------
-    def _new_stats(self) -> None:
-        shape, dev = (len(self.last_positions), self.num_layers, self.num_heads), self.device
-        self.stats = StepStats(
-            argmax_pos=torch.zeros(shape, dtype=torch.long, device=dev),
-            max_prob=torch.zeros(shape, dtype=torch.float32, device=dev),
-            needle_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
-            excluded_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
-            total_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
-            kept_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
-            context_mass=torch.zeros(shape, dtype=torch.float32, device=dev),
-            context_entropy=torch.zeros(shape, dtype=torch.float32, device=dev),
-        )
+    def _new_pass(self) -> None:
+        """Forget the last pass's reductions; allocate the span score's buffer when one is set."""
+        self._layers: dict[int, LayerReduction] = {}
+        self._stats: StepStats | None = None
         score = self.settings.span_score
+        self.span_mass = None
         if score is not None:
-            self.stats.span_mass = torch.zeros(*shape, len(score.spans), dtype=torch.float32, device=dev)
+            shape = (len(self.last_positions), self.num_layers, self.num_heads, len(score.spans))
+            self.span_mass = torch.zeros(shape, dtype=torch.float32, device=self.device)
 
-    def begin_forward(self, last_position: int | Sequence[int]) -> StepStats:
+    def begin_forward(self, last_position: int | Sequence[int]) -> None:
         """Call before each forward pass (after its edits are set) with the absolute position of its last input
-        token, per sequence. Returns the batch's ``[B, L, H]`` statistics, filled during the pass.
+        token, per sequence. The pass's ``[B, L, H]`` statistics are ``stats`` after it.
         """
         positions = [last_position] if isinstance(last_position, int) else [int(p) for p in last_position]
         if len(positions) != self._needle.shape[0]:
@@ -352,8 +385,24 @@ class AttentionProbe:
         self.last_positions = positions
         self.keys = KeyMasks(self, torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True))
         self.rows = [{} for _ in positions]
-        self._new_stats()
-        return self.stats
+        self._new_pass()
+
+    def record_layer(self, layer: int, reduction: LayerReduction) -> None:
+        """Keep one layer's reductions of this pass, on the device (``stats`` assembles them)."""
+        if reduction.sums.device != self.device:  # device_map: the layer runs on another device
+            reduction = LayerReduction(*(part.to(self.device) for part in reduction))
+        self._layers[layer] = reduction
+        self._stats = None
+
+    @property
+    def stats(self) -> StepStats:
+        """The batch's ``[B, L, H]`` statistics of the current pass, assembled from its layers' reductions at the
+        first read (a few tensor operations per pass, none per layer); zeros for layers the pass did not reach."""
+        if self._stats is None:
+            shape = (len(self.last_positions), self.num_heads)
+            self._stats = assemble_stats(self._layers, self.num_layers, *shape, self.device)
+            self._stats.span_mass = self.span_mass
+        return self._stats
 
     def sequence_stats(self, b: int = 0) -> StepStats:
         """Sequence ``b``'s ``[L, H]`` statistics of the current pass (views of the batch tensors)."""
@@ -404,8 +453,8 @@ class KeyMasks:
         )
 
     def weights(self, kv_len: int, device: torch.device) -> torch.Tensor:
-        """Float ``[B, kv, 4]``: needle, excluded (sink/local minus needle), kept (every other real key: the Eq. 2
-        denominator) and context (before the row's context end)."""
+        """Float ``[B, kv, 5]``: needle, excluded (sink/local minus needle), kept (every other real key: the Eq. 2
+        denominator), context (before the row's context end) and every key (the row's sum)."""
 
         def build() -> torch.Tensor:
             positions = self.positions(kv_len, device)
@@ -416,9 +465,14 @@ class KeyMasks:
             excluded = real & ((positions < self.settings.sink_size) | (positions >= first_local)) & ~needle
             ends = torch.tensor(self.context_ends, dtype=torch.long, device=device)[:, None]
             context = real & (positions < ends)
-            return torch.stack([needle, excluded, real & ~excluded, context], dim=-1).float()
+            every = torch.ones_like(real)
+            return torch.stack([needle, excluded, real & ~excluded, context, every], dim=-1).float()
 
         return self._cached("weights", kv_len, device, build)
+
+    def first_position(self, kv_len: int, device: torch.device) -> torch.Tensor:
+        """Long ``[B, 1, 1]``: the absolute position of every row's first key."""
+        return self._cached("first", kv_len, device, lambda: self.positions(kv_len, device)[:, :1, None])
 
     def hidden(self, kv_len: int, device: torch.device) -> torch.Tensor | None:
         """Bool ``[B, kv]``: keys no head of the row may see, or None when every key may be seen."""
@@ -480,8 +534,10 @@ def probe_attention(
     hidden = probe.keys.hidden(kv_len, query.device)
 
     # Last query row, exactly as eager attention computes it: matmul in the model dtype, fp32 softmax.
-    q_last = query[:, :, -1, :].reshape(batch, num_kv, groups, head_dim)
-    logits = torch.matmul(q_last, key.transpose(-1, -2)) * scaling  # [B, H_kv, G, kv]
+    # The matrix products are the ones eager's matmul runs (over B x H_kv, G query heads per KV head), called directly.
+    q_last = (query if q_len == 1 else query[:, :, -1]).reshape(batch * num_kv, groups, head_dim)
+    keys_t = key.reshape(batch * num_kv, kv_len, head_dim).transpose(1, 2)
+    logits = (torch.bmm(q_last, keys_t) * scaling).view(batch, num_kv, groups, kv_len)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     visible = _last_row_visibility(attention_mask, hidden)
@@ -493,7 +549,8 @@ def probe_attention(
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [B, H_kv, G, kv]
 
     if q_len == 1:
-        output = torch.matmul(probs.to(value.dtype), value).reshape(batch, num_heads, 1, head_dim)
+        rows = probs.view(batch * num_kv, groups, kv_len).to(value.dtype)
+        output = torch.bmm(rows, value.reshape(batch * num_kv, kv_len, head_dim)).view(batch, num_heads, 1, head_dim)
     else:
         output = _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs)
         if probe.capture_means:  # a prefill: each head's mean output over the positions of this pass
@@ -501,9 +558,11 @@ def probe_attention(
     if layer in probe.settings.removed_heads:
         _remove_heads(output, probe, layer, value, groups, visible, kwargs)
 
-    _record(probe, layer, probs.reshape(batch, num_heads, kv_len), kv_len)
+    _record(probe, layer, probs.view(batch, num_heads, kv_len), kv_len)
     if probe.settings.span_score is not None:
         _record_spans(probe, layer, query, key, attention_mask, hidden, scaling, softcap, kwargs)
+    if q_len == 1:  # [B, H, 1, D] is laid out as [B, 1, H, D]
+        return output.view(batch, 1, num_heads, head_dim), None
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -516,7 +575,7 @@ def _record_spans(
     """``span_mass[:, layer]``: the exact eager attention rows (model-dtype matmul, fp32 softmax) of the span
     score's query positions, averaged over those rows (so passes with different row counts compare, as ICR's
     calibration needs) and summed over each key span. Rows come ``SPAN_CHUNK`` at a time."""
-    score, weights, span_mass = probe.settings.span_score, probe.settings.span_weights, probe.stats.span_mass
+    score, weights, span_mass = probe.settings.span_score, probe.settings.span_weights, probe.span_mass
     assert score is not None and weights is not None and span_mass is not None  # set with the span score
     batch, num_heads, q_len, head_dim = query.shape
     num_kv, kv_len = key.shape[1], key.shape[2]
@@ -655,24 +714,20 @@ def _uniform_output(value, groups, heads, q_len, key_weight, kwargs) -> torch.Te
 
 
 def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int) -> None:
-    """Reduce the ``[B, H, kv]`` fp32 rows of one layer into the step statistics (pad keys have probability 0)."""
-    stats = probe.stats
-    weights = probe.keys.weights(kv_len, probs.device)
-    max_prob, argmax = probs.max(dim=-1)
-    stats.argmax_pos[:, layer] = argmax + probe.keys.positions(kv_len, probs.device)[:, :1]
-    stats.max_prob[:, layer] = max_prob
-    masses = torch.bmm(probs, weights)  # [B, H, 4]: needle, excluded, kept, context
-    stats.needle_mass[:, layer] = masses[..., 0]
-    stats.excluded_mass[:, layer] = masses[..., 1]
-    stats.kept_mass[:, layer] = masses[..., 2]
-    stats.context_mass[:, layer] = masses[..., 3]
-    # H(p restricted to the context, renormalised) = log c - sum_ctx p log p / c, with c the context mass
-    plogp = torch.bmm(probs * torch.log(probs.clamp_min(1e-30)), weights[..., 3:4])[..., 0]
-    context = masses[..., 3]
-    stats.context_entropy[:, layer] = torch.where(
-        context > 0, torch.log(context.clamp_min(1e-30)) - plogp / context.clamp_min(1e-30), 0.0
+    """Reduce the ``[B, H, kv]`` fp32 rows of one layer (pad keys have probability 0), on the device: the most
+    attended key, and one matrix product of the rows p and p log p with ``KeyMasks.weights`` (the masses on the needle
+    / excluded / kept / context keys, the context's sum of p log p, the row sums). ``AttentionProbe.stats`` joins the
+    layers of a pass."""
+    keys = probe.keys
+    max_prob, argmax = probs.max(dim=-1, keepdim=True)
+    plogp = probs * torch.log(probs.clamp_min(1e-30))
+    reduction = LayerReduction(
+        max_prob=max_prob,
+        argmax=argmax,
+        first_position=keys.first_position(kv_len, probs.device),
+        sums=torch.bmm(torch.cat([probs, plogp], dim=1), keys.weights(kv_len, probs.device)),
     )
-    stats.total_mass[:, layer] = probs.sum(-1)
+    probe.record_layer(layer, reduction)
     for lyr, head in probe.settings.rows_for:
         if lyr == layer:
             for b, last in enumerate(probe.last_positions):
