@@ -4,6 +4,8 @@ and the ablation grid; unknown tasks are one-line errors; multi-hop runs are lab
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pandas as pd
@@ -256,3 +258,14 @@ def test_each_built_in_task_is_registered_by_its_own_module():
         "dynheads.tasks" not in imported
         and not {f"dynheads.tasks.{name}" for name in task_registry.BUILTIN_MODULES} & imported
     )
+
+
+def test_built_in_tasks_list_in_their_declared_order_whichever_module_was_imported_first():
+    code = (
+        "import dynheads.tasks.ruler, dynheads.tasks.hotpotqa\n"
+        "from dynheads.tasks.registry import task_names\n"
+        "print(','.join(task_names()))"
+    )
+    listed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(",")
+    assert listed[:2] == ["niah", "hotpotqa"] and listed.index("multihop") < listed.index("variable_tracking")
+    assert listed[-1].strip() == "custom"

@@ -87,8 +87,17 @@ def load_builtin_tasks() -> None:
 
 
 def task_names() -> list[str]:
+    """Every registered task: the built-in ones in ``BUILTIN_MODULES`` order (whichever module was imported first),
+    then the others in the order they registered."""
     load_builtin_tasks()
-    return TASKS.names()
+    return sorted(TASKS.names(), key=lambda name: _listing_rank(TASKS.get(name)))
+
+
+def _listing_rank(task: Task) -> int:
+    module = getattr(task.grid, "__module__", "") or ""
+    package, _, short = module.rpartition(".")
+    builtin = package == __package__ and short in BUILTIN_MODULES
+    return BUILTIN_MODULES.index(short) if builtin else len(BUILTIN_MODULES)
 
 
 def get_task(name: str) -> Task:
