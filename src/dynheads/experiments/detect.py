@@ -632,7 +632,11 @@ def strata_table(strata: Sequence[dict]) -> Table:
     cell = {(row["feature_set"], row["stratum"]): row for row in strata}
 
     def text(row: dict) -> str:
-        return f"{_interval(row['effect'], row['low'], row['high'])} (n={row['n']})" if row["n"] else "— (n=0)"
+        if not row["n"]:
+            return "— (n=0)"
+        if math.isnan(row["low"]):  # one question: a win rate, no interval
+            return f"{row['effect']:.3f} (n={row['n']}, no interval)"
+        return f"{_interval(row['effect'], row['low'], row['high'])} (n={row['n']})"
 
     return Table(
         ["feature set", *columns],
