@@ -10,11 +10,13 @@ from test_probe_exactness import eager_last_rows
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.analysis import hallucination as hl
+from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.analysis.settings import ANSWER_KEY, DEPLOYABLE
 from dynheads.decoding import DecodingSession, trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.detect import Detector, apply_detector, run_detect
 from dynheads.experiments.settings import DetectConfig
+from dynheads.io import read_json
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 from dynheads.traces import Trace
@@ -521,3 +523,73 @@ def test_paired_auroc_difference_resamples_both_detectors_together():
     assert hl.paired_auroc_difference(labels, noise, noise, groups, resamples=100) == (0.0, 0.0, 0.0)
     delta, low, high = hl.paired_auroc_difference(labels, perfect, noise, groups, resamples=200)
     assert delta == pytest.approx(1.0 - hl.auroc_auprc(labels, noise)[0]) and 0 < low <= delta <= high
+
+
+def test_within_question_win_rate_is_known_by_construction_and_ignores_question_offsets():
+    # 10 questions, one right (0) and one hallucinated (1) answer each: the hallucinated one scores higher in 7,
+    # ties in 1 and scores lower in 2, so the win rate is 7.5 / 10; every question is shifted by its own offset,
+    # which the pooled AUROC sees and the paired comparison cancels
+    groups = np.repeat([f"q{i}" for i in range(10)], 2)
+    labels = np.tile([0, 1], 10)
+    offsets = np.repeat(np.arange(10) * 10.0, 2)
+    margins = np.array([1, 1, 1, 1, 1, 1, 1, 0, -1, -1], float)
+    scores = offsets + np.ravel([[0.0, m] for m in margins])
+    wins = hl.group_wins(labels, scores, groups)
+    assert wins == {f"q{i}": float(m > 0) + 0.5 * (m == 0) for i, m in enumerate(margins)}
+    paired = hl.paired_win_rate(labels, scores, groups, EvidenceSettings(resamples=200))
+    assert paired.effect == pytest.approx(0.75) and paired.n == 10 and paired.low <= 0.75 <= paired.high < 1
+    assert hl.auroc_auprc(labels, scores)[0] < 0.6  # pooled over questions, the offsets swamp the margins
+    # a question missing a class has no pair and is left out
+    assert hl.paired_win_rate(labels[:-1], scores[:-1], groups[:-1], EvidenceSettings(resamples=50)).n == 9
+
+
+def test_length_strata_sort_questions_by_how_much_longer_the_hallucinated_answer_is():
+    groups = np.repeat(["a", "b", "c", "d", "e"], 2)
+    labels = np.tile([0, 1], 5)
+    lengths = np.array([5, 5, 4, 8, 2, 7, 1, 12, 6, 3])  # ratios 1, 2, 3.5, 12, 0.5
+    assert hl.length_strata(lengths, labels, groups) == {
+        "a": "hallucinated not longer",
+        "b": "up to 2x longer",
+        "c": "2-4x longer",
+        "d": "over 4x longer",
+        "e": "hallucinated not longer",
+    }
+
+
+def _length_run(path, lengths: list[tuple[int, int]]) -> RunDir:
+    """Teacher-forced pairs of the given (right, hallucinated) token counts; features are noise."""
+    rng = np.random.default_rng(3)
+    run = RunDir(path)
+    run.start("halueval", {"synthetic": True}, None, {"data": "halueval:qa", "response_prefix": 0})
+    for q, pair in enumerate(lengths):
+        for label, steps in enumerate(pair):
+            trace = _trace([f"t{i}" for i in range(steps)], rng.integers(0, 8, steps), rng)
+            run.save_sample(
+                {"sample_id": f"q{q:02d}-{label}", "question_id": f"q{q:02d}", "response_label": label}, trace
+            )
+    return run
+
+
+def test_detect_reports_the_within_question_win_rate_and_length_strata_on_whole_answers(tmp_path):
+    # 12 questions: in 8 the hallucinated answer is 6x longer, in 4 it is 1 token against the right one's 3 tokens.
+    # Every training fold has longer hallucinated answers on average, so the length detector (fitted out of fold)
+    # scores the longer answer higher: its win rate is 1 in the first stratum, 0 in the second, 8/12 overall.
+    pairs = [(1, 6)] * 8 + [(3, 1)] * 4
+    run = _length_run(tmp_path / "run", pairs)
+    config = DetectConfig(feature_sets=("length", "entropy"), bootstrap=50, folds=4)
+    table = run_detect(run.path, config, tmp_path / "out")
+    response = table[table["level"] == "response"].set_index("feature_set")
+    assert response.loc["length", "paired_questions"] == 12
+    assert response.loc["length", "paired_win"] == pytest.approx(8 / 12)
+    assert table[table["level"] == "token"]["paired_questions"].eq(0).all()  # paired: responses only
+    labels = __import__("pandas").read_csv(tmp_path / "out" / "labels.csv")
+    assert len(labels) == sum(a + b for a, b in pairs)  # no answer is cut
+    strata = {
+        (r["stratum"], r["feature_set"]): r for r in read_json(tmp_path / "out" / "results.json")["length_strata"]
+    }
+    assert strata["over 4x longer", "length"]["effect"] == 1.0 and strata["over 4x longer", "length"]["n"] == 8
+    assert strata["hallucinated not longer", "length"]["effect"] == 0.0
+    assert strata["hallucinated not longer", "length"]["n"] == 4 and strata["2-4x longer", "length"]["n"] == 0
+    text = (tmp_path / "out" / "results.md").read_text()
+    assert "within-question win [95% CI]" in text and "Within-question win rate by answer length" in text
+    assert "| length | 0.000 [0.000, 0.000] (n=4) | — (n=0) | — (n=0) | 1.000 [1.000, 1.000] (n=8) |" in text

@@ -23,6 +23,7 @@ from dynheads.kv import (
     prefill,
     query_heads,
 )
+from dynheads.kv_policies import KV_POLICIES, PolicyInputs
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 
@@ -35,6 +36,9 @@ class _Sample:
 @pytest.fixture(scope="module")
 def lm():
     return LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
+
+
+EVERY_KV_HEAD = tuple((layer, kv) for layer in range(3) for kv in range(2))  # the tiny llama: 3 layers x 2 KV heads
 
 
 def _prompt(seed=0, length=40):
@@ -115,9 +119,52 @@ def test_static_ranking_never_promotes_a_zero_score_head(lm):
 
 def test_true_policy_leaves_the_cache_as_a_single_pass_would(lm):
     sample = _Sample(_prompt(3), needle=range(2, 30))
-    result = kv_generate(lm, sample, KVSettings(policy="true", budget=1.0, sink=1, recent=2), max_new_tokens=5)
+    settings = KVSettings(policy="true", budget=1.0, sink=1, recent=2, static_ranking=EVERY_KV_HEAD)
+    result = kv_generate(lm, sample, settings, max_new_tokens=5)
     assert all(len(heads) <= lm.num_layers * 2 for heads in result.kv_heads)
     assert len(result.kv_heads) == len(result.dynamic) == 5
+
+
+def test_every_policy_holds_the_budget_on_the_same_prompt(lm):
+    """oracle and true fill the budget beyond their step's D_t in static order: at one budget every policy keeps k
+    KV heads, so every step holds the same resident KV."""
+    sample = _Sample(_prompt(6, 48), needle=range(2, 40))
+    ranking = EVERY_KV_HEAD[::-1]
+    held = {}
+    for policy in ("static", "random", "oracle", "true"):
+        settings = KVSettings(policy=policy, budget=0.5, sink=1, recent=4, static_ranking=ranking, seed=2)
+        result = kv_generate(lm, sample, settings, max_new_tokens=6)
+        assert result.budget_heads == 3 and result.shortfall == 0
+        assert all(len(set(heads)) == 3 for heads in result.kv_heads)
+        held[policy] = result.kept_kv
+    steps = min(len(kept) for kept in held.values())
+    assert steps > 1 and len({tuple(kept[:steps]) for kept in held.values()}) == 1
+
+
+@pytest.mark.parametrize("policy", ["oracle", "true"])
+def test_oracle_and_true_keep_their_step_heads_first_and_fill_in_static_order(policy):
+    dynamic = [(2, 3), (0, 1), (2, 2)]  # query heads, G = 2: KV heads (2, 1), (0, 0)
+    static = ((0, 0), (1, 1), (2, 0), (1, 0))
+
+    def chosen(k: int) -> list:
+        inputs = PolicyInputs(
+            k=k,
+            every=EVERY_KV_HEAD,
+            groups=2,
+            static_ranking=static,
+            previous_dynamic=dynamic if policy == "oracle" else [],
+            clean_dynamic=dynamic if policy == "true" else None,
+            probe_scores=None,
+            probe_threshold=None,
+            probe_select="top",
+            rng=np.random.default_rng(0),
+        )
+        return KV_POLICIES.get(policy).choose(inputs)
+
+    assert chosen(4) == [(2, 1), (0, 0), (1, 1), (2, 0)]  # D_t's KV heads, then the static list without (0, 0)
+    assert chosen(1) == [(2, 1)]  # a budget below D_t keeps its best heads
+    assert chosen(6) == [(2, 1), (0, 0), (1, 1), (2, 0), (1, 0)]  # short where the static list runs out
+    assert KV_POLICIES.get(policy).needs_static
 
 
 @pytest.mark.parametrize("policy", ["full", "none", "static", "random", "oracle", "true"])
@@ -129,7 +176,7 @@ def test_a_batch_of_four_equals_batch_one(lm, policy):
         _Sample(_prompt(seed, length), needle=range(2, length - 8))
         for seed, length in ((11, 40), (12, 52), (13, 33), (14, 47))
     ]
-    ranking = tuple((layer, kv) for layer in range(lm.num_layers) for kv in range(2))[::-1]
+    ranking = EVERY_KV_HEAD[::-1]
     settings = KVSettings(policy=policy, budget=0.5, sink=1, recent=4, static_ranking=ranking, seed=5)
     shared = [prefill(lm, sample, 6) for sample in samples]
     alone = [
@@ -300,8 +347,13 @@ def test_kv_batch_size_four_equals_batch_one(tiny_model_dir, tmp_path):
     from dynheads.models import load_model
 
     lm = load_model(tiny_model_dir)
+    static_run = RunDir(tmp_path / "static")  # true fills its budget from a static list, fitted on another stream
+    static_run.start("static", {"seed": 0}, None)
+    static_run.save_sample({"sample_id": "static-x", "seed": 1, "answer": "not-an-evaluation-uuid"})
+    (tmp_path / "static" / "list.json").write_text('["2-3", "0-0", "1-2"]')
     config = KVConfig(
         model=str(tiny_model_dir),
+        static=str(tmp_path / "static" / "list.json"),
         policies=("full", "none", "random", "true"),
         budgets=(0.25, 0.5),
         lengths=(120, 160),

@@ -19,7 +19,8 @@ The built-in policies:
 - ``oracle``: the KV heads of the previous step's D_t (Eq. 1 copy heads) from a clean full-KV pass, at most k, in
   the order of their best head's attention weight; ``true``: the same for the current step's D_t from a clean
   pass at the same step (an offline upper bound, as in the ablation's two-pass scheme; the clean pass leaves the
-  cache untouched),
+  cache untouched). Both fill the rest of the budget with the static list's KV heads in its order
+  (``fill_from_static``), so they hold the bytes every other policy holds at the budget (D_t alone is a few heads),
 - ``random``: k KV heads drawn per step from a seeded generator.
 
 Adding one (``tests/test_kv_policies.py`` does it from the test file alone)::
@@ -137,16 +138,23 @@ def _probe(inputs: PolicyInputs) -> list[KVHead]:
     return [inputs.every[int(i)] for i in np.flatnonzero((scores > inputs.probe_threshold).any(1))]
 
 
-@KV_POLICIES.register("oracle", help="the KV heads of the previous step's D_t (clean full-KV pass), at most k")
-@retention_policy(dynamic=True, clean_pass=True, style=PlotStyle("C3", "v", "-."))
+@KV_POLICIES.register(
+    "oracle",
+    help="the KV heads of the previous step's D_t (clean full-KV pass), the rest of the k from the static list",
+)
+@retention_policy(dynamic=True, clean_pass=True, needs_static=True, style=PlotStyle("C3", "v", "-."))
 def _oracle(inputs: PolicyInputs) -> list[KVHead]:
-    return kv_heads_of(inputs.previous_dynamic, inputs.groups)[: inputs.k]
+    return fill_from_static(kv_heads_of(inputs.previous_dynamic, inputs.groups), inputs)
 
 
-@KV_POLICIES.register("true", help="the KV heads of this step's own D_t from a clean pass (offline upper bound)")
-@retention_policy(dynamic=True, clean_pass=True, style=PlotStyle("C4", "D", (0, (1, 3))))
+@KV_POLICIES.register(
+    "true",
+    help="the KV heads of this step's own D_t from a clean pass, the rest of the k from the static list (offline "
+    "upper bound)",
+)
+@retention_policy(dynamic=True, clean_pass=True, needs_static=True, style=PlotStyle("C4", "D", (0, (1, 3))))
 def _true(inputs: PolicyInputs) -> list[KVHead]:
-    return kv_heads_of(inputs.clean_dynamic or (), inputs.groups)[: inputs.k]
+    return fill_from_static(kv_heads_of(inputs.clean_dynamic or (), inputs.groups), inputs)
 
 
 @KV_POLICIES.register("random", help="k KV heads drawn per step from a seeded generator")
@@ -154,6 +162,13 @@ def _true(inputs: PolicyInputs) -> list[KVHead]:
 def _random(inputs: PolicyInputs) -> list[KVHead]:
     every = inputs.every
     return [every[int(i)] for i in sorted(inputs.rng.choice(len(every), size=inputs.k, replace=False))]
+
+
+def fill_from_static(first: Sequence[KVHead], inputs: PolicyInputs) -> list[KVHead]:
+    """``first`` (a step's own picks, best first), then the static ranking's KV heads not among them, k in all: the
+    step's set keeps its place and the budget is filled in static order (short only where the static list's
+    positive-score heads run out, as for ``static``)."""
+    return list(dict.fromkeys([*first[: inputs.k], *inputs.static_ranking]))[: inputs.k]
 
 
 def kv_heads_of(heads: Sequence[Head], groups: int) -> list[KVHead]:

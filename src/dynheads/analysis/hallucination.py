@@ -40,6 +40,13 @@ upper bound that a deployed detector cannot reach; on HaluEval the needle is the
 
 Evaluation (``grouped_folds``): grouped K-fold cross-validation whose groups are questions (HaluEval: both
 answers of a question) or samples (NIAH), repeated over seeds; intervals by bootstrap over the same groups.
+
+Within-question pairs (``group_wins``, ``paired_win_rate``): for each question holding both a faithful and a
+hallucinated response, whether the detector scores the hallucinated one higher (a tie counts one half): the AUROC
+restricted to the pairs of one question, so what questions differ in (topic, knowledge passage, prompt length)
+cancels. Its mean over questions is the paired AUROC (win rate), with ``evidence.mean_interval``'s bootstrap over
+questions. ``length_strata`` sorts the questions by how much longer the hallucinated answer is than the right one
+(HaluEval QA's hallucinated answers are sentences, its right ones entity names): the answers are read whole.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from sklearn.model_selection import StratifiedGroupKFold
 
+from dynheads.analysis.evidence import EvidenceSettings, Interval, mean_interval
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.scores import SINK_SIZE
@@ -61,6 +69,10 @@ FAITHFUL, HALLUCINATED, UNLABELLED = 0, 1, -1
 # A UUID-shaped value: alphanumeric groups joined by hyphens (a wrong UUID still matches), else a long hex run.
 UUID_LIKE = re.compile(r"[0-9A-Za-z]+(?:-[0-9A-Za-z]*)+|[0-9a-fA-F]{8,}")
 RESPONSE_ONLY = ("length",)  # a token has no length of its own
+# Strata of a question's answer pair by the hallucinated answer's token count over the right one's: (upper bound of
+# the ratio, inclusive; name). The first holds the pairs where length cannot favour the hallucinated answer.
+LENGTH_STRATA = ((1.0, "hallucinated not longer"), (2.0, "up to 2x longer"), (4.0, "2-4x longer"))
+LONGEST_STRATUM = "over 4x longer"
 
 
 def find_value(text: str, pattern: re.Pattern = UUID_LIKE) -> tuple[int, int] | None:
@@ -305,6 +317,49 @@ def _percentile_bounds(values: np.ndarray, level: float) -> tuple[np.ndarray, np
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(values, [tail, 100 - tail], axis=0)
     return low, high
+
+
+def by_class(
+    values: np.ndarray, labels: np.ndarray, groups: np.ndarray
+) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(group, its hallucinated units' values, its faithful units' values) for every group holding both classes,
+    in the order groups first appear."""
+    values, labels, groups = np.asarray(values, dtype=float), np.asarray(labels), np.asarray(groups)
+    for group in dict.fromkeys(groups.tolist()):
+        member = groups == group
+        hallucinated, faithful = values[member & (labels == HALLUCINATED)], values[member & (labels == FAITHFUL)]
+        if hallucinated.size and faithful.size:
+            yield str(group), hallucinated, faithful
+
+
+def group_wins(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> dict[str, float]:
+    """Per group (question): the share of its (hallucinated, faithful) unit pairs in which the hallucinated unit
+    scores higher, a tie counting one half (one pair per HaluEval question: 1, 0.5 or 0). A group without both
+    classes is left out."""
+    wins = {}
+    for group, hallucinated, faithful in by_class(scores, labels, groups):
+        difference = hallucinated[:, None] - faithful[None, :]
+        wins[group] = float(((difference > 0) + 0.5 * (difference == 0)).mean())
+    return wins
+
+
+def paired_win_rate(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, settings: EvidenceSettings) -> Interval:
+    """The mean over questions of ``group_wins`` (the within-question, paired AUROC) with its bootstrap interval
+    over questions (``evidence.mean_interval``); n = the questions holding both classes."""
+    return mean_interval(np.fromiter(group_wins(labels, scores, groups).values(), float), settings)
+
+
+def length_stratum(ratio: float) -> str:
+    """The ``LENGTH_STRATA`` name of a hallucinated / right token-count ratio."""
+    return next((name for bound, name in LENGTH_STRATA if ratio <= bound), LONGEST_STRATUM)
+
+
+def length_strata(lengths: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> dict[str, str]:
+    """Per group holding both classes: the stratum of its mean hallucinated over its mean faithful length."""
+    return {
+        group: length_stratum(float(hallucinated.mean() / faithful.mean()))
+        for group, hallucinated, faithful in by_class(lengths, labels, groups)
+    }
 
 
 def roc_points(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -31,6 +31,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from dynheads.analysis import hallucination as hl
+from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
 from dynheads.analysis.headlists import load_head_list
 from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
@@ -282,6 +283,19 @@ def _static_spec(config: DetectConfig, train: Sequence[LabelledSample], response
     return hl.FeatureSpec(static, config.static_k, response_prefix=response_prefix)
 
 
+@dataclass
+class CrossValidation:
+    """What ``cross_validate`` measured at one level: result rows, ROC curves and the folds of the first repeat,
+    and the first repeat's out-of-fold score of every unit per feature set (with the units' labels and groups)."""
+
+    rows: list[dict]
+    curves: dict
+    folds: list[dict]
+    scores: dict[str, np.ndarray]
+    labels: np.ndarray
+    groups: np.ndarray
+
+
 def cross_validate(
     samples: Sequence[LabelledSample],
     config: DetectConfig,
@@ -289,11 +303,8 @@ def cross_validate(
     names: Sequence[str],
     featurise: _Featuriser,
     response_prefix: int = 0,
-) -> tuple[list[dict], dict, list[dict]]:
-    """Grouped K-fold cross-validation of every feature set at ``level``, repeated ``config.repeats`` times.
-
-    Returns the result rows, the ROC curves of the first repeat and the folds (test groups per repeat).
-    """
+) -> CrossValidation:
+    """Grouped K-fold cross-validation of every feature set at ``level``, repeated ``config.repeats`` times."""
     unit_labels = [s.labels for s in samples] if level == "token" else [np.array([s.response_label]) for s in samples]
     sizes = np.array([len(y) for y in unit_labels])
     offsets = np.concatenate([[0], np.cumsum(sizes)])
@@ -326,53 +337,87 @@ def cross_validate(
                 out_of_fold[repeat, n, test_rows] = scores
                 fold_auroc[name].append(hl.auroc_auprc(y[test_rows], scores)[0])
     widths = featurise(0, _static_spec(config, samples, response_prefix), level)
-    rows, curves = [], {}
+    measured = CrossValidation([], {}, folds, dict(zip(names, out_of_fold[0], strict=True)), y, row_groups)
     for n, name in enumerate(names):
-        scores = out_of_fold[0, n]
-        # paired against the lookback ratio (the deployable reference): the same bootstrap resamples of groups
-        delta = (
-            hl.paired_auroc_difference(
-                y,
-                scores,
-                out_of_fold[0, names.index(REFERENCE)],
-                row_groups,
-                resamples=config.bootstrap,
-                seed=config.seed,
-            )
-            if REFERENCE in names and name != REFERENCE
-            else (math.nan,) * 3
-        )
-        auroc, auprc = hl.auroc_auprc(y, scores)
-        ci = hl.bootstrap_ci(y, scores, row_groups, resamples=config.bootstrap, seed=config.seed)
-        per_repeat = [hl.auroc_auprc(y, out_of_fold[r, n])[0] for r in range(config.repeats)]
+        repeats = [hl.auroc_auprc(y, out_of_fold[r, n])[0] for r in range(config.repeats)]
         per_fold = np.asarray(fold_auroc[name], dtype=float)
-        rows.append(
-            {
-                "level": level,
-                "feature_set": name,
-                "section": "upper_bound" if name in ANSWER_KEY else "deployable",
-                "features": int(widths[name].shape[1]),
-                "auroc": auroc,
-                "auroc_low": ci["auroc"][0],
-                "auroc_high": ci["auroc"][1],
-                "fold_auroc_mean": float(np.nanmean(per_fold)),
-                "fold_auroc_sd": float(np.nanstd(per_fold)),
-                "repeat_auroc_min": float(np.nanmin(per_repeat)),
-                "repeat_auroc_max": float(np.nanmax(per_repeat)),
-                "auprc": auprc,
-                "auprc_low": ci["auprc"][0],
-                "auprc_high": ci["auprc"][1],
-                "delta_lookback": delta[0],
-                "delta_lookback_low": delta[1],
-                "delta_lookback_high": delta[2],
-                "positive_rate": float(y.mean()),
-                "units": int(len(y)),
-                "groups": int(len(set(row_groups))),
-            }
+        row = _result_row(measured, name, config, level, (repeats, per_fold), int(widths[name].shape[1]))
+        measured.rows.append(row)
+        fpr, tpr = hl.roc_points(y, measured.scores[name])
+        measured.curves[name] = (fpr, tpr, row["auroc"])
+    return measured
+
+
+def _result_row(
+    measured: CrossValidation,
+    name: str,
+    config: DetectConfig,
+    level: Level,
+    spread: tuple[list[float], np.ndarray],
+    features: int,
+) -> dict:
+    """One feature set's row: pooled AUROC / AUPRC of the first repeat with intervals over groups, the spread
+    (out-of-fold AUROC per repeat, AUROC per fold), the paired difference to the lookback ratio and (responses) the
+    within-question win rate."""
+    y, groups, scores = measured.labels, measured.groups, measured.scores[name]
+    per_repeat, per_fold = spread
+    # paired against the lookback ratio (the deployable reference): the same bootstrap resamples of groups
+    delta = (
+        hl.paired_auroc_difference(
+            y, scores, measured.scores[REFERENCE], groups, resamples=config.bootstrap, seed=config.seed
         )
-        fpr, tpr = hl.roc_points(y, scores)
-        curves[name] = (fpr, tpr, auroc)
-    return rows, curves, folds
+        if REFERENCE in measured.scores and name != REFERENCE
+        else (math.nan,) * 3
+    )
+    paired = hl.paired_win_rate(y, scores, groups, evidence_settings(config)) if level == "response" else None
+    auroc, auprc = hl.auroc_auprc(y, scores)
+    ci = hl.bootstrap_ci(y, scores, groups, resamples=config.bootstrap, seed=config.seed)
+    return {
+        "level": level,
+        "feature_set": name,
+        "section": "upper_bound" if name in ANSWER_KEY else "deployable",
+        "features": features,
+        "auroc": auroc,
+        "auroc_low": ci["auroc"][0],
+        "auroc_high": ci["auroc"][1],
+        "paired_win": paired.effect if paired else math.nan,
+        "paired_win_low": paired.low if paired else math.nan,
+        "paired_win_high": paired.high if paired else math.nan,
+        "paired_questions": paired.n if paired else 0,
+        "fold_auroc_mean": float(np.nanmean(per_fold)),
+        "fold_auroc_sd": float(np.nanstd(per_fold)),
+        "repeat_auroc_min": float(np.nanmin(per_repeat)),
+        "repeat_auroc_max": float(np.nanmax(per_repeat)),
+        "auprc": auprc,
+        "auprc_low": ci["auprc"][0],
+        "auprc_high": ci["auprc"][1],
+        "delta_lookback": delta[0],
+        "delta_lookback_low": delta[1],
+        "delta_lookback_high": delta[2],
+        "positive_rate": float(y.mean()),
+        "units": int(len(y)),
+        "groups": int(len(set(groups))),
+    }
+
+
+def evidence_settings(config: DetectConfig) -> EvidenceSettings:
+    """The bootstrap of the within-question win rates: ``config.bootstrap`` resamples of questions, its seed."""
+    return EvidenceSettings(resamples=config.bootstrap, seed=config.seed)
+
+
+def length_strata_rows(measured: CrossValidation, lengths: np.ndarray, config: DetectConfig) -> list[dict]:
+    """Per feature set and length stratum (``hl.length_strata``: the hallucinated answer's token count over the
+    right one's), the within-question win rate of the response-level out-of-fold scores, answers read whole."""
+    strata = hl.length_strata(lengths, measured.labels, measured.groups)
+    rows = []
+    for stratum in [name for _, name in hl.LENGTH_STRATA] + [hl.LONGEST_STRATUM]:
+        inside = np.isin(measured.groups, [group for group, name in strata.items() if name == stratum])
+        for name, scores in measured.scores.items():
+            win = hl.paired_win_rate(
+                measured.labels[inside], scores[inside], measured.groups[inside], evidence_settings(config)
+            )
+            rows.append({"stratum": stratum, "feature_set": name, **win.to_dict()})
+    return rows
 
 
 def refuse_probe_overlap(probe: str, records: Sequence[dict], groups: Sequence[str]) -> dict:
@@ -427,23 +472,9 @@ def run_detect(
     if all(s.response_label is not None for s in samples):
         levels.insert(0, "response")
     full_spec = _static_spec(config, samples, response_prefix)
-    rows, curves, skipped, detector_models = [], {}, {}, {}
-    folds: list[dict] = []
-    for level in levels:
-        available = [featurise(i, full_spec, level) for i in range(len(samples))]
-        names = [n for n in config.feature_sets if all(n in f for f in available)]
-        skipped[level] = sorted(set(config.feature_sets) - set(names))
-        level_rows, level_curves, level_folds = cross_validate(
-            samples, config, level, names, featurise, response_prefix
-        )
-        rows += level_rows
-        folds = folds or level_folds  # the folds depend on the groups and seeds only: one record for both levels
-        if level == levels[0]:
-            curves = level_curves
-        labels = np.concatenate([s.labels if level == "token" else [s.response_label] for s in samples])
-        detector_models[level] = _fit_models(
-            {n: np.vstack([f[n] for f in available]) for n in names}, labels, config.regularisation
-        )
+    evaluated = _evaluate_levels(samples, config, levels, featurise, full_spec)
+    rows, curves, skipped, folds = evaluated.rows, evaluated.curves, evaluated.skipped, evaluated.folds
+    detector_models = evaluated.models
     fitted = Detector(full_spec, config.probe, detector_models["token"], detector_models.get("response"))
     table = pd.DataFrame(rows)
     counts = {
@@ -491,9 +522,51 @@ def run_detect(
         title=f"out-of-fold {levels[0]}s, {len(groups)} groups, {config.folds} folds",
     )
     table.to_csv(out_run.path / "results.csv", index=False)
-    write_json(out_run.path / "results.json", {"class_counts": counts, "results": rows, "skipped": skipped})
-    write_summary(out_run.path, "results.md", results_summary(table, counts, skipped, config))
+    write_json(
+        out_run.path / "results.json",
+        {"class_counts": counts, "results": rows, "length_strata": evaluated.strata, "skipped": skipped},
+    )
+    write_summary(out_run.path, "results.md", results_summary(table, counts, skipped, config, evaluated.strata))
     return table
+
+
+@dataclass
+class Evaluation:
+    """Every level's cross-validated rows, the first level's ROC curves, the folds, the response level's rows by
+    length stratum, the skipped feature sets and the detectors fitted on every sample, per level."""
+
+    rows: list[dict]
+    curves: dict
+    folds: list[dict]
+    strata: list[dict]
+    skipped: dict[str, list[str]]
+    models: dict[str, dict[str, dict]]
+
+
+def _evaluate_levels(
+    samples: Sequence[LabelledSample],
+    config: DetectConfig,
+    levels: Sequence[Level],
+    featurise: _Featuriser,
+    full_spec: hl.FeatureSpec,
+) -> Evaluation:
+    """Cross-validate every available feature set at every level and fit the saved detectors on every sample."""
+    evaluation = Evaluation([], {}, [], [], {}, {})
+    for level in levels:
+        available = [featurise(i, full_spec, level) for i in range(len(samples))]
+        names = [n for n in config.feature_sets if all(n in f for f in available)]
+        evaluation.skipped[level] = sorted(set(config.feature_sets) - set(names))
+        measured = cross_validate(samples, config, level, names, featurise, full_spec.response_prefix)
+        evaluation.rows += measured.rows
+        evaluation.folds = evaluation.folds or measured.folds  # they depend on the groups and seeds only
+        if level == levels[0]:
+            evaluation.curves = measured.curves
+        if level == "response":  # the answers read whole, sorted by how much longer the hallucinated one is
+            evaluation.strata = length_strata_rows(measured, np.array([len(s.steps) for s in samples]), config)
+        evaluation.models[level] = _fit_models(
+            {n: np.vstack([f[n] for f in available]) for n in names}, measured.labels, config.regularisation
+        )
+    return evaluation
 
 
 def _write_labels(path: Path, samples: Sequence[LabelledSample], test_groups: list[list[str]]) -> None:
@@ -518,13 +591,16 @@ def _interval(value: float, low: float, high: float) -> str:
 
 
 def results_table(table: pd.DataFrame) -> Table:
-    """One row per feature set: AUROC [CI], fold mean ± s.d., repeat range, paired difference to the lookback
-    ratio [CI], AUPRC [CI]."""
+    """One row per feature set: AUROC [CI], (responses) the within-question win rate [CI], fold mean ± s.d., repeat
+    range, paired difference to the lookback ratio [CI], AUPRC [CI]."""
+    records = table.to_dict("records")
+    paired = any(row["paired_questions"] for row in records)
     rows = [
         [
             row["feature_set"],
             int(row["features"]),
             _interval(row["auroc"], row["auroc_low"], row["auroc_high"]),
+            *([_interval(row["paired_win"], row["paired_win_low"], row["paired_win_high"])] if paired else []),
             f"{row['fold_auroc_mean']:.3f} ± {row['fold_auroc_sd']:.3f}",
             f"{row['repeat_auroc_min']:.3f} to {row['repeat_auroc_max']:.3f}",
             "(reference)"
@@ -532,13 +608,14 @@ def results_table(table: pd.DataFrame) -> Table:
             else _interval(row["delta_lookback"], row["delta_lookback_low"], row["delta_lookback_high"]),
             _interval(row["auprc"], row["auprc_low"], row["auprc_high"]),
         ]
-        for row in table.to_dict("records")
+        for row in records
     ]
     return Table(
         [
             "feature set",
             "features",
             "AUROC [95% CI]",
+            *(["within-question win [95% CI]"] if paired else []),
             "fold AUROC mean ± s.d.",
             "AUROC over repeats",
             "Δ AUROC vs lookback [95% CI]",
@@ -548,9 +625,31 @@ def results_table(table: pd.DataFrame) -> Table:
     )
 
 
-def results_summary(table: pd.DataFrame, counts: dict, skipped: dict, config: DetectConfig) -> Summary:
+def strata_table(strata: Sequence[dict]) -> Table:
+    """Within-question win rate [CI] (n questions) per feature set (rows) and length stratum (columns)."""
+    names = list(dict.fromkeys(row["feature_set"] for row in strata))
+    columns = list(dict.fromkeys(row["stratum"] for row in strata))
+    cell = {(row["feature_set"], row["stratum"]): row for row in strata}
+
+    def text(row: dict) -> str:
+        if not row["n"]:
+            return "— (n=0)"
+        if math.isnan(row["low"]):  # one question: a win rate, no interval
+            return f"{row['effect']:.3f} (n={row['n']}, no interval)"
+        return f"{_interval(row['effect'], row['low'], row['high'])} (n={row['n']})"
+
+    return Table(
+        ["feature set", *columns],
+        [[name, *(text(cell[name, stratum]) for stratum in columns)] for name in names],
+    )
+
+
+def results_summary(
+    table: pd.DataFrame, counts: dict, skipped: dict, config: DetectConfig, strata: Sequence[dict] = ()
+) -> Summary:
     """results.md as data: per level, the deployable and upper-bound tables, then the counts and the protocol;
-    its numbers are the class counts and, per level and feature set, the AUROC with its interval."""
+    its numbers are the class counts, per level and feature set the AUROC with its interval, and per feature set the
+    responses' within-question win rate with its interval."""
     blocks: list[Block] = []
     for level in dict.fromkeys(table["level"]):
         part = table[table["level"] == level]
@@ -565,6 +664,11 @@ def results_summary(table: pd.DataFrame, counts: dict, skipped: dict, config: De
             rows = part[part["section"] == section]
             if len(rows):
                 blocks += [Heading(title, 3), results_table(rows)]
+        if level == "response" and strata:
+            blocks += [
+                Heading("Within-question win rate by answer length (hallucinated / right tokens)", 3),
+                strata_table(strata),
+            ]
         if skipped.get(level):
             blocks.append(f"skipped (not in every trace, or no probe given): {', '.join(skipped[level])}")
     unit = "questions" if counts["groups"] < counts["samples"] else "samples"
@@ -583,7 +687,11 @@ def results_summary(table: pd.DataFrame, counts: dict, skipped: dict, config: De
         f"cross-validation grouped by {unit[:-1]}, 95% bootstrap interval over {unit} "
         f"({config.bootstrap} resamples); fold mean ± s.d. over all {config.folds * config.repeats} folds; "
         "range of the out-of-fold AUROC over the repeats; Δ: AUROC minus the lookback ratio's on the same "
-        "out-of-fold units, paired bootstrap over the same groups."
+        "out-of-fold units, paired bootstrap over the same groups. Within-question win (responses): the share of "
+        "questions whose hallucinated answer scores above its right one (ties count one half; the paired AUROC), "
+        f"95% bootstrap interval over questions ({config.bootstrap} resamples), answers read whole"
+        + (" (here cut to the shorter one's tokens: --match-length)" if config.match_length else "")
+        + "."
     )
     blocks += [
         "published detectors, on other tasks and models (not comparable one to one):",
@@ -593,4 +701,9 @@ def results_summary(table: pd.DataFrame, counts: dict, skipped: dict, config: De
         f"{row['level']}/{row['feature_set']}": [row["auroc"], row["auroc_low"], row["auroc_high"]]
         for row in table.to_dict("records")
     }
-    return Summary(blocks, {"class_counts": counts, "auroc": auroc})
+    paired = {
+        row["feature_set"]: [row["paired_win"], row["paired_win_low"], row["paired_win_high"]]
+        for row in table.to_dict("records")
+        if row["paired_questions"]
+    }
+    return Summary(blocks, {"class_counts": counts, "auroc": auroc, "paired_win": paired})

@@ -348,7 +348,8 @@ class DetectConfig:
     match_length: bool = setting(
         False,
         "teacher-forced runs: use only the first m tokens of every answer of a question, m = its shortest answer's "
-        "length (a control for answers whose lengths differ by label, as in HaluEval QA)",
+        "length (kept for comparison, not a length control: it leaves pairs of one token whose attention features "
+        "are identical; read the within-question win rate by answer length instead)",
     )
 
 
