@@ -138,23 +138,31 @@ def ablated_generate_batch(
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     sessions, policies = [], []
     for sample, setting in zip(samples, settings, strict=True):
-        session = DecodingSession(
-            lm,
-            sample.input_ids,
-            sample.needle_positions,
-            max_new_tokens=max_new_tokens,
-            sink_size=setting.sink_size,
-            local_window=setting.local_window,
-            capture_means=setting.mode == "mean",
-        )
-        if len(sample.input_ids) > 1:  # the loop's first pass then feeds only the last prompt token
-            session.forward(len(sample.input_ids) - 1)
-        sessions.append(session)
+        sessions.append(prefilled_session(lm, sample, setting, max_new_tokens))
         policies.append(AblationPolicy(lm, setting, stop_ids))
     for policy, decoded in zip(policies, decode(sessions, policies, max_new_tokens), strict=True):
         policy.result.tokens, policy.result.stop_reason = decoded.tokens, decoded.stop_reason
         policy.result.text = decode_text(lm.tokenizer, decoded.tokens, skip_special_tokens=True)
     return [policy.result for policy in policies]
+
+
+def prefilled_session(
+    lm: LoadedModel, sample: DecodeInput, setting: AblationSettings, max_new_tokens: int
+) -> DecodingSession:
+    """A decoding session of ``sample`` under ``setting``'s score window and masking mode, its prompt prefilled but
+    for the last token (the decode loop's first pass feeds that one)."""
+    session = DecodingSession(
+        lm,
+        sample.input_ids,
+        sample.needle_positions,
+        max_new_tokens=max_new_tokens,
+        sink_size=setting.sink_size,
+        local_window=setting.local_window,
+        capture_means=setting.mode == "mean",
+    )
+    if len(sample.input_ids) > 1:
+        session.forward(len(sample.input_ids) - 1)
+    return session
 
 
 def validate(lm: LoadedModel, settings: AblationSettings) -> None:

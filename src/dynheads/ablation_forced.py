@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dynheads.ablation import AblationSettings, heads_to_mask, validate
+from dynheads.ablation import AblationSettings, heads_to_mask, prefilled_session, validate
 from dynheads.decoding import (
     Action,
     DecodeInput,
@@ -129,17 +129,7 @@ def forced_ablation(
         raise DynheadsError("the settings of one teacher-forced ablation share one masking mode and one score")
     for setting in settings:
         validate(lm, setting)
-    session = DecodingSession(
-        lm,
-        sample.input_ids,
-        sample.needle_positions,
-        max_new_tokens=max_new_tokens,
-        sink_size=first.sink_size,
-        local_window=first.local_window,
-        capture_means=first.mode == "mean",
-    )
-    if len(sample.input_ids) > 1:  # prefilled once: phase 2 forks this state
-        session.forward(len(sample.input_ids) - 1)
+    session = prefilled_session(lm, sample, first, max_new_tokens)  # prefilled once: phase 2 forks this state
     prefix = session.checkpoint()
     clean = _CleanPolicy(session, first, lm.stop_token_ids() if stop_at_eos else set())
     decode([session], [clean], max_new_tokens)
