@@ -477,7 +477,7 @@ def _control_failure(curves: DoseCurves, doses: list[int], margin: float, eviden
         best = max(doses, key=lambda dose: dynamic[dose].effect)
         return (
             f"positive control failed: masking dynamic heads moves {curves.metric} by at most "
-            f"{dynamic[best].text()}{unit} (k={best}), never beyond {margin:g}{unit} at any dose"
+            f"{dynamic[best].text()}{unit} (k={best}); at no dose does the interval lie wholly beyond {margin:g}{unit}"
         )
     random = mean_interval(curves.harm("random", doses[0]), evidence)
     if not (random.defined and -margin < random.low and random.high < margin):
