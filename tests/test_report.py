@@ -169,7 +169,9 @@ def make_reproduce_dir(root: Path) -> Path:
     grid = RunDir(root / "ablation")  # the per-sample records Claim 2's interval resamples
     grid.start("ablation", {"task": "niah"}, None)
     for i in range(6):
-        for strategy, accuracy in (("none", 1.0), ("dynamic", 0.0), ("static", float(i > 0)), ("random", 1.0)):
+        # differences that vary between samples: a constant difference at n = 6 has a wide exact interval
+        arms = (("none", 1.0), ("dynamic", 0.0), ("static", float(i > 0)), ("random", float(i != 2)))
+        for strategy, accuracy in arms:
             grid.save_sample(
                 {
                     "sample_id": f"s{i}-{strategy}",
@@ -235,7 +237,7 @@ def make_reproduce_dir(root: Path) -> Path:
     rag = RunDir(root / "rag")
     rag.start("rag", {"ks": [5]}, None)
     for q in range(6):
-        for strategy, k, f1 in (("dynamic", 5, 0.6), ("static", 5, 0.4), ("none", None, 0.2)):
+        for strategy, k, f1 in (("dynamic", 5, 0.6 + 0.01 * q), ("static", 5, 0.4), ("none", None, 0.2)):
             rag.save_sample(
                 {
                     "sample_id": f"q{q}-{strategy}",
@@ -274,12 +276,12 @@ def test_every_section_and_verdict_is_in_the_markdown(report):
         md,
     )
     assert "**Verdict:** Claim 2 (irreplaceability), NIAH: supported." in md
-    assert "static - dynamic accuracy 0.833 [" in md and "random - dynamic accuracy 1.000 [1.000, 1.000] (n=6)" in md
+    assert "static - dynamic accuracy 0.833 [" in md and "random - dynamic accuracy 0.833 [" in md
     assert "**Verdict:** Claim 3 (correlation), NIAH: supported." in md
     assert "held-out - shuffled CCA top-1 at k=1 0.400 [0.250, 0.550] (n=6), rule > 0.1" in md
     assert "head predictor - frequency baseline AUPRC 0.350 [0.200, 0.500] (n=6), rule > 0" in md
     assert "**Verdict:** Dynamic RAG (dynamic beats static), HotpotQA: supported." in md
-    assert "Dynamic - Static F1 at k=5 0.200 [0.200, 0.200] (n=6), rule > 0" in md
+    assert re.search(r"Dynamic - Static F1 at k=5 0\.225 \[0\.2\d\d, 0\.2\d\d\] \(n=6\), rule > 0", md)
     assert "Claim 1 (dynamism), HotpotQA: inconclusive (no dynamism statistics)" in md
     assert "*`hotpotqa-dynamism/`: stage not run.*" in md and "*`hotpotqa-cca/`: stage not run.*" in md
 
@@ -412,7 +414,11 @@ def test_claim2_decides_by_the_interval_of_paired_differences():
     assert large.status == "supported" and all(e.interval.low > 0.1 for e in large.effects)
     same = {"none": np.ones(40), "dynamic": np.zeros(40), "static": np.zeros(40), "random": np.ones(40)}
     tie = claims.irreplaceability_verdict(same, "accuracy", "NIAH", evidence=EVIDENCE)
-    assert tie.status == "not supported" and "static - dynamic accuracy 0.000 [0.000, 0.000] (n=40)" in tie.sentence()
+    # 40 ties: the exact interval (the share of unseen samples that could differ) lies wholly below the margin
+    assert tie.status == "not supported" and "static - dynamic accuracy 0.000 [-0.088, 0.088] (n=40)" in tie.sentence()
+    first30 = {k: v[:30] for k, v in same.items()}
+    ties30 = claims.irreplaceability_verdict(first30, "accuracy", "NIAH", evidence=EVIDENCE)
+    assert ties30.status == "inconclusive"  # 0/30: the exact bound 0.116 contains the margin (issue 32)
     few = claims.irreplaceability_verdict({k: v[:6] for k, v in same.items()}, "accuracy", "NIAH", evidence=EVIDENCE)
     assert few.status == "inconclusive" and "n=6 is below the floor of 30 samples" in few.reason
 
@@ -512,7 +518,11 @@ def test_rag_rule_identical_arms_are_inconclusive_and_a_large_effect_is_supporte
     effect = identical.effects[0].interval
     assert effect.low < 0 < effect.high and "contains 0" in identical.reason
     tie = claims.rag_verdict({5: (same, same.copy())}, evidence=EVIDENCE)
-    assert tie.status == "inconclusive"  # a tie (zero-width interval at the margin) decides nothing
+    assert tie.status == "inconclusive"  # a tie decides nothing: its exact interval spans 0
+    assert tie.effects[0].interval.low < 0 < tie.effects[0].interval.high
+    constant = claims.rag_verdict({5: (same[:6] + 0.2, same[:6])}, evidence=EVIDENCE)
+    assert constant.status == "inconclusive"  # +0.2 on each of 6 questions: the unseen share may differ, 0 inside
+    assert constant.effects[0].interval.high <= 1.0
     large = claims.rag_verdict({5: (same + 0.3, same)}, evidence=EVIDENCE)
     assert large.status == "supported"
     worse = claims.rag_verdict({5: (same - 0.3, same), 10: (same + 0.3, same)}, evidence=EVIDENCE)

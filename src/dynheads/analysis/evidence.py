@@ -121,15 +121,21 @@ def mean_interval(values: np.ndarray, settings: EvidenceSettings) -> Interval:
 
 
 def paired_difference(
-    treated: np.ndarray, control: np.ndarray, settings: EvidenceSettings, *, width: float | None = None
+    treated: np.ndarray,
+    control: np.ndarray,
+    settings: EvidenceSettings,
+    *,
+    width: float | None = None,
+    bounds: tuple[float, float] | None = None,
 ) -> Interval:
     """mean(treated - control) over the same samples (position i is one sample in both), with its interval.
 
-    ``width``: the widest a per-sample difference can stray from another (1 for a proportion); given, identical
-    differences get ``identical_interval`` instead of a bootstrap that has nothing to resample."""
+    ``width``: the widest a per-sample difference can stray from another (1 for a proportion); ``bounds``: the
+    range a per-sample difference lies in ((-1, 1) for two proportions), the tighter of the two. Given either,
+    identical differences get ``identical_interval`` instead of a bootstrap that has nothing to resample."""
     differences = np.asarray(treated, dtype=float) - np.asarray(control, dtype=float)
-    if width is not None and all_identical(differences):
-        return identical_interval(differences, width, settings)
+    if (width is not None or bounds is not None) and all_identical(differences):
+        return identical_interval(differences, width if width is not None else math.inf, settings, bounds=bounds)
     return interval(len(differences), lambda idx: float(differences[idx].mean()), settings)
 
 
@@ -139,17 +145,23 @@ def all_identical(values: np.ndarray) -> bool:
     return len(values) > 1 and not np.isnan(values).any() and bool(np.ptp(values) == 0)
 
 
-def identical_interval(values: np.ndarray, width: float, settings: EvidenceSettings) -> Interval:
+def identical_interval(
+    values: np.ndarray, width: float, settings: EvidenceSettings, *, bounds: tuple[float, float] | None = None
+) -> Interval:
     """The exact interval of a mean when all ``n`` values are one value c: no sample of n differed, so the share
     of the population that differs is at most the exact (Clopper-Pearson) upper bound u of 0/n
-    (``scipy.stats.binomtest``), and the mean lies within c ± u x ``width``. Undefined for an undefined
-    ``width`` (an unbounded metric has no exact interval)."""
+    (``scipy.stats.binomtest``), and the mean lies within c ± u x ``width``; with ``bounds`` (lo, hi) on a
+    value, within [c - u (c - lo), c + u (hi - c)] (tighter, and never outside the range). Undefined when neither
+    is finite (an unbounded metric has no exact interval)."""
     values = np.asarray(values, dtype=float)
     n, c = len(values), float(values[0])
-    if not math.isfinite(width):
-        return Interval(c, math.nan, math.nan, n)
     upper = float(binomtest(0, n).proportion_ci(confidence_level=settings.confidence, method="exact").high)
-    return Interval(c, c - upper * width, c + upper * width, n)
+    low, high = c - upper * width, c + upper * width
+    if bounds is not None:
+        low, high = max(low, c - upper * (c - bounds[0])), min(high, c + upper * (bounds[1] - c))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return Interval(c, math.nan, math.nan, n)
+    return Interval(c, low, high, n)
 
 
 @dataclass(frozen=True)

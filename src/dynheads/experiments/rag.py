@@ -190,10 +190,8 @@ def recall_blocks(records: list[dict], seed: int = 0) -> list:
     for arm in arms[1:]:
         pair = table[[base, arm]].dropna()
         difference = (pair[arm] - pair[base]).to_numpy()
-        if np.ptp(difference) == 0:  # identical on every question: no interval to draw
-            delta = f"{difference[0]:.3f} on all {len(difference)}"
-        else:
-            delta = paired_difference(pair[arm], pair[base], EvidenceSettings(seed=derive_seed(seed, base, arm))).text()
+        settings = EvidenceSettings(seed=derive_seed(seed, base, arm))  # identical differences: the exact interval
+        delta = paired_difference(pair[arm], pair[base], settings, bounds=(-1.0, 1.0)).text()
         rows.append(
             [arm, len(pair), float(pair[base].mean()), float(pair[arm].mean()), delta]
             + [int((difference > 0).sum()), int((difference < 0).sum())]

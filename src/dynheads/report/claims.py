@@ -69,6 +69,9 @@ DOSE_CONTROL_MARGIN = 0.5  # dose-response controls: harm beyond it (dynamic), w
 CCA_MARGIN = 0.1
 PROBE_MARGIN = 0.0
 RAG_MARGIN = 0.0
+# a paired difference of two per-sample metrics in [0, 1] (accuracy, F1) lies in [-1, 1]: when every sample's
+# difference is one value, the exact interval lets the unseen share of samples lie anywhere in that range
+PROPORTION_DIFFERENCE = (-1.0, 1.0)
 CCA_OFFSET = 1
 CLAIM1, CLAIM2, CLAIM3 = "Claim 1 (dynamism)", "Claim 2 (irreplaceability)", "Claim 3 (correlation)"
 RAG = "Dynamic RAG (dynamic beats static)"
@@ -330,7 +333,9 @@ def irreplaceability_verdict(
         )
     effects = [
         Effect(
-            f"{name} - dynamic {metric}", paired_difference(values[name], values["dynamic"], evidence), ABLATION_MARGIN
+            f"{name} - dynamic {metric}",
+            paired_difference(values[name], values["dynamic"], evidence, bounds=PROPORTION_DIFFERENCE),
+            ABLATION_MARGIN,
         )
         for name in ("static", "random")
     ]
@@ -595,7 +600,11 @@ def rag_verdict(
     if not pairs:
         return Verdict(RAG, task, "inconclusive", "Dynamic and Static were not both run at one k", numbers)
     effects = [
-        Effect(f"Dynamic - Static F1 at k={k}", paired_difference(dynamic, static, evidence), RAG_MARGIN)
+        Effect(
+            f"Dynamic - Static F1 at k={k}",
+            paired_difference(dynamic, static, evidence, bounds=PROPORTION_DIFFERENCE),
+            RAG_MARGIN,
+        )
         for k, (dynamic, static) in sorted(pairs.items())
     ]
     return _decided(RAG, task, effects, evidence, numbers)
