@@ -1,8 +1,9 @@
 """The de-quantised copy of a GGUF is keyed by dtype: a float32 load never reads an earlier bfloat16 load's copy."""
 
+import pytest
 import torch
 
-from dynheads import models
+from dynheads import DynheadsError, models
 
 
 def test_each_dtype_gets_its_own_dequantised_copy(tmp_path, monkeypatch):
@@ -29,3 +30,15 @@ def test_each_dtype_gets_its_own_dequantised_copy(tmp_path, monkeypatch):
     assert read_from == [torch.bfloat16, "auto"]
     digest = models.file_sha256(gguf)
     assert len(models.dequantised_copies(digest)) == 2
+
+
+def test_load_tokenizer_reads_the_tokenizer_and_window_without_weights(tiny_model_dir, embedded):
+    from dynheads import load_tokenizer
+
+    folder = load_tokenizer(tiny_model_dir)
+    assert folder.max_context == 4096 and folder.name == tiny_model_dir.name
+    assert folder.tokenizer("the magic word").input_ids == embedded.tokenizer("the magic word").input_ids
+    gguf = load_tokenizer()  # the embedded GGUF: its de-quantised copy's tokenizer and config
+    assert (gguf.name, gguf.max_context) == (embedded.name, embedded.max_context)
+    with pytest.raises(DynheadsError, match="GGUF file not found"):
+        load_tokenizer("missing.gguf")

@@ -165,6 +165,33 @@ def test_bad_records_exit_2_before_a_model_loads(tmp_path, capsys, monkeypatch):
     assert ablate.code == 2 and "line 2 (id 'b')" in ablate.stderr and not out.exists()
 
 
+def test_what_only_the_tokenizer_can_tell_is_named_by_its_line(tmp_path, tok):
+    from dynheads.experiments.settings import HotpotConfig
+    from dynheads.models import LoadedTokenizer
+
+    away = {**GOOD, "id": "z", "context": "the magic word is Zürich .", "answer": "Zürich"}
+    config = HotpotConfig(data=_write(tmp_path, GOOD, away))
+    with pytest.raises(DynheadsError, match=r"line 2 \(id 'z'\): .*tokenis"):
+        custom.check_tokenised(config, LoadedTokenizer(tok, "words", None))
+    fits = HotpotConfig(data=_write(tmp_path, GOOD), max_new_tokens=4)
+    prompt = len(get_task("custom").grid(fits, tok).samples[0].input_ids)
+    custom.check_tokenised(fits, LoadedTokenizer(tok, "words", prompt + 4))  # exactly the window: accepted
+    with pytest.raises(DynheadsError, match=rf"line 1 \(id 'a'\): the prompt has {prompt} tokens \+ 4 new tokens"):
+        custom.check_tokenised(fits, LoadedTokenizer(tok, "words", prompt + 3))
+
+
+def test_a_record_past_the_window_exits_2_before_a_model_loads(tmp_path, capsys, monkeypatch):
+    import dynheads.runs
+
+    monkeypatch.setattr(dynheads.runs, "load_model", _no_model)
+    long = {**GOOD, "id": "long", "context": "word " * 8200 + CONTEXT}  # the embedded model's window: 8192
+    out = tmp_path / "run"
+    result = run_main(capsys, monkeypatch, "trace", "--task", "custom", "--data", _write(tmp_path, long), "--out", out)
+    assert result.code == 2 and result.stderr.count("\n") == 1
+    assert "line 1 (id 'long'): the prompt has" in result.stderr and "context window of 8192" in result.stderr
+    assert not out.exists()
+
+
 def _no_model(*args, **kwargs):
     raise AssertionError("a model was loaded before the input checks")
 

