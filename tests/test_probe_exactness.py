@@ -290,29 +290,3 @@ def test_chance_share_counts_needle_keys_over_scored_keys():
     assert probe.chance_share() == pytest.approx(20 / 964)
     probe.set_needle([0, 1, 990])  # needle keys are never excluded
     assert probe.chance_share() == pytest.approx(3 / (1000 - (4 + 32 - 3)))
-
-
-def test_the_cuda_key_padding_leaves_every_statistic_unchanged(monkeypatch):
-    """On CUDA the rows' product with the key masks runs over a key count padded to CUDA_KEY_ALIGNMENT (cuBLAS's
-    fast kernels need aligned rows); forced on the CPU here, every statistic equals the unpadded one."""
-    import dynheads.probe
-
-    model = tiny_model("llama")
-    lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name="llama", revision="random")
-    torch.manual_seed(1)
-    prompt = torch.randint(3, 128, (PROMPT_LEN + 1,)).tolist()  # odd key counts at the prefill and every 2nd step
-
-    def statistics() -> list[torch.Tensor]:
-        session = DecodingSession(lm, prompt, list(range(5, 12)), max_new_tokens=STEPS, sink_size=2, local_window=4)
-        stats = []
-        result = session.forward(len(prompt))
-        for _ in range(STEPS):
-            stats += [result.stats.needle_mass, result.stats.reasoning_scores(), result.stats.context_entropy]
-            session.append(int(result.logits.argmax()))
-            result = session.forward(1)
-        return stats
-
-    plain = statistics()
-    monkeypatch.setattr(dynheads.probe, "padded_key_count", lambda kv_len, device: kv_len + 3)
-    padded = statistics()
-    assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(plain, padded, strict=True))

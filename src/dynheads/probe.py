@@ -75,10 +75,6 @@ AblationMode = Literal["zero", "uniform", "mean"]
 ABLATION_MODES: tuple[AblationMode, ...] = ("zero", "uniform", "mean")
 
 PROBE_KWARG = "dynheads_probe"  # the forward keyword argument that carries the probe to the attention function
-# On CUDA the fp32 product of a layer's rows with the key masks runs over a key count padded to a multiple of this:
-# with rows of an odd length cuBLAS picks a slow kernel (gemmSN: 2 ms per layer at 64k keys on an H100, 100x the
-# aligned product's time; BENCHMARKS.md, "GPU profile"). The pad keys weigh 0, so the sums are the same.
-CUDA_KEY_ALIGNMENT = 4
 
 
 @dataclass
@@ -457,9 +453,8 @@ class KeyMasks:
         )
 
     def weights(self, kv_len: int, device: torch.device) -> torch.Tensor:
-        """Float ``[B, kv', 5]``: needle, excluded (sink/local minus needle), kept (every other real key: the Eq. 2
-        denominator), context (before the row's context end) and every key (the row's sum); ``kv'`` is
-        ``padded_key_count``, its pad rows 0."""
+        """Float ``[B, kv, 5]``: needle, excluded (sink/local minus needle), kept (every other real key: the Eq. 2
+        denominator), context (before the row's context end) and every key (the row's sum)."""
 
         def build() -> torch.Tensor:
             positions = self.positions(kv_len, device)
@@ -471,8 +466,7 @@ class KeyMasks:
             ends = torch.tensor(self.context_ends, dtype=torch.long, device=device)[:, None]
             context = real & (positions < ends)
             every = torch.ones_like(real)
-            weights = torch.stack([needle, excluded, real & ~excluded, context, every], dim=-1).float()
-            return torch.nn.functional.pad(weights, (0, 0, 0, padded_key_count(kv_len, device) - kv_len))
+            return torch.stack([needle, excluded, real & ~excluded, context, every], dim=-1).float()
 
         return self._cached("weights", kv_len, device, build)
 
@@ -726,12 +720,12 @@ def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int)
     layers of a pass."""
     keys = probe.keys
     max_prob, argmax = probs.max(dim=-1, keepdim=True)
-    weights = keys.weights(kv_len, probs.device)
+    plogp = probs * torch.log(probs.clamp_min(1e-30))
     reduction = LayerReduction(
         max_prob=max_prob,
         argmax=argmax,
         first_position=keys.first_position(kv_len, probs.device),
-        sums=torch.bmm(_rows_and_plogp(probs, weights.shape[1]), weights),
+        sums=torch.bmm(torch.cat([probs, plogp], dim=1), keys.weights(kv_len, probs.device)),
     )
     probe.record_layer(layer, reduction)
     for lyr, head in probe.settings.rows_for:
@@ -741,25 +735,6 @@ def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int)
                 row = torch.zeros(last + 1, dtype=torch.float32, device=probs.device)
                 row[max(offset, 0) :] = probs[b, head, max(-offset, 0) :]
                 probe.rows[b][(lyr, head)] = row
-
-
-def padded_key_count(kv_len: int, device: torch.device) -> int:
-    """The key count of the masks' product: ``kv_len``, rounded up to ``CUDA_KEY_ALIGNMENT`` on CUDA."""
-    if device.type != "cuda":
-        return kv_len
-    return -(-kv_len // CUDA_KEY_ALIGNMENT) * CUDA_KEY_ALIGNMENT
-
-
-def _rows_and_plogp(probs: torch.Tensor, keys: int) -> torch.Tensor:
-    """``[B, 2H, keys]``: the rows p, then p log p (0 where p = 0), zero beyond the ``kv`` real keys."""
-    batch, heads, kv_len = probs.shape
-    log = torch.log(probs.clamp_min(1e-30))
-    if keys == kv_len:
-        return torch.cat([probs, probs * log], dim=1)
-    both = probs.new_zeros(batch, 2 * heads, keys)
-    both[:, :heads, :kv_len] = probs
-    torch.mul(probs, log, out=both[:, heads:, :kv_len])
-    return both
 
 
 def _register() -> None:
