@@ -520,8 +520,8 @@ def test_paired_auroc_difference_resamples_both_detectors_together():
     labels = np.tile([0, 1], 40)
     perfect = labels + rng.random(80) * 0.5
     noise = rng.random(80)
-    assert hl.paired_auroc_difference(labels, noise, noise, groups, resamples=100) == (0.0, 0.0, 0.0)
-    delta, low, high = hl.paired_auroc_difference(labels, perfect, noise, groups, resamples=200)
+    assert hl.paired_auroc_difference(labels, noise, noise, groups, EvidenceSettings(resamples=100)) == (0.0, 0.0, 0.0)
+    delta, low, high = hl.paired_auroc_difference(labels, perfect, noise, groups, EvidenceSettings(resamples=200))
     assert delta == pytest.approx(1.0 - hl.auroc_auprc(labels, noise)[0]) and 0 < low <= delta <= high
 
 
