@@ -256,9 +256,12 @@ def grouped_folds(
 
 def auroc_auprc(labels: np.ndarray, scores: np.ndarray) -> tuple[float, float]:
     """AUROC and AUPRC (average precision) of ``scores`` for label 1; NaN when one class is missing."""
-    if len(np.unique(labels)) < 2:
-        return float("nan"), float("nan")
-    return float(roc_auc_score(labels, scores)), float(average_precision_score(labels, scores))
+    return _metric(roc_auc_score, labels, scores), _metric(average_precision_score, labels, scores)
+
+
+def _metric(metric: Callable[[np.ndarray, np.ndarray], float], labels: np.ndarray, scores: np.ndarray) -> float:
+    """``metric(labels, scores)``, NaN when one class is missing."""
+    return float(metric(labels, scores)) if len(np.unique(labels)) > 1 else float("nan")
 
 
 def bootstrap_ci(
@@ -267,12 +270,12 @@ def bootstrap_ci(
     """Percentile CIs of AUROC and AUPRC, resampling whole samples (``groups``): tokens of one answer correlate. A
     resample holding one label only is left out (it has no AUROC); both metrics see the same resamples."""
 
-    def metric(column: int) -> Callable[[np.ndarray], float]:
-        return lambda idx: auroc_auprc(labels[idx], scores[idx])[column]
+    def on(metric: Callable[[np.ndarray, np.ndarray], float]) -> Callable[[np.ndarray], float]:
+        return lambda idx: _metric(metric, labels[idx], scores[idx])
 
     found = {
-        name: group_interval(groups, metric(column), settings, skip_undefined=True)
-        for column, name in enumerate(("auroc", "auprc"))
+        name: group_interval(groups, on(metric), settings, skip_undefined=True)
+        for name, metric in (("auroc", roc_auc_score), ("auprc", average_precision_score))
     }
     return {name: (bounds.low, bounds.high) for name, bounds in found.items()}
 
@@ -284,7 +287,7 @@ def paired_auroc_difference(
     resampling whole groups (both detectors see the same resample: a paired bootstrap)."""
 
     def difference(idx: np.ndarray) -> float:
-        return auroc_auprc(labels[idx], scores[idx])[0] - auroc_auprc(labels[idx], reference[idx])[0]
+        return _metric(roc_auc_score, labels[idx], scores[idx]) - _metric(roc_auc_score, labels[idx], reference[idx])
 
     delta = group_interval(groups, difference, settings, skip_undefined=True)
     return delta.effect, delta.low, delta.high
