@@ -13,7 +13,8 @@ import torch
 import transformers as tf
 from zoo import COMMON, FAMILIES, NoTokenizer, tiny_model
 
-from dynheads.analysis.ranking import mean_interval, qrhead_scores, ranking_metrics, top_heads
+from dynheads.analysis.evidence import EvidenceSettings, Interval, mean_interval
+from dynheads.analysis.ranking import qrhead_scores, ranking_metrics, top_heads
 from dynheads.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
@@ -188,9 +189,9 @@ def test_metrics_of_a_hand_made_ranking():
 
 
 def test_paired_interval_and_qrhead_choice():
-    assert mean_interval([0.5] * 10) == (0.5, 0.5, 0.5)
-    mean, low, high = mean_interval(np.r_[np.zeros(50), np.ones(50)], resamples=500)
-    assert mean == 0.5 and 0.35 < low < 0.5 < high < 0.65
+    assert mean_interval(np.full(10, 0.5), EvidenceSettings()) == Interval(0.5, 0.5, 0.5, 10)
+    half = mean_interval(np.r_[np.zeros(50), np.ones(50)], EvidenceSettings(resamples=500))
+    assert half.effect == 0.5 and 0.35 < half.low < 0.5 < half.high < 0.65
     scores = np.zeros((2, 3, 4))
     scores[1, 2, [0, 3]] = 1.0  # head (1, 2) attends to candidates 0 and 3
     scores[0, 1, 1] = 5.0  # head (0, 1) attends hard to candidate 1, never gold

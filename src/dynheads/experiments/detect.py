@@ -363,15 +363,13 @@ def _result_row(
     per_repeat, per_fold = spread
     # paired against the lookback ratio (the deployable reference): the same bootstrap resamples of groups
     delta = (
-        hl.paired_auroc_difference(
-            y, scores, measured.scores[REFERENCE], groups, resamples=config.bootstrap, seed=config.seed
-        )
+        hl.paired_auroc_difference(y, scores, measured.scores[REFERENCE], groups, evidence_settings(config))
         if REFERENCE in measured.scores and name != REFERENCE
         else (math.nan,) * 3
     )
     paired = hl.paired_win_rate(y, scores, groups, evidence_settings(config)) if level == "response" else None
     auroc, auprc = hl.auroc_auprc(y, scores)
-    ci = hl.bootstrap_ci(y, scores, groups, resamples=config.bootstrap, seed=config.seed)
+    ci = hl.bootstrap_ci(y, scores, groups, evidence_settings(config))
     return {
         "level": level,
         "feature_set": name,
@@ -401,7 +399,8 @@ def _result_row(
 
 
 def evidence_settings(config: DetectConfig) -> EvidenceSettings:
-    """The bootstrap of the within-question win rates: ``config.bootstrap`` resamples of questions, its seed."""
+    """Every interval's bootstrap (AUROC over groups, the paired difference, the within-question win rates):
+    ``config.bootstrap`` resamples, its seed."""
     return EvidenceSettings(resamples=config.bootstrap, seed=config.seed)
 
 

@@ -35,6 +35,7 @@ from dynheads.experiments.detect import (
     _fit_models,
     _score,
     _static_spec,
+    evidence_settings,
     labelled_samples,
     match_lengths,
     refuse_probe_overlap,
@@ -149,7 +150,7 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
             for name in names:
                 scores = _score(models[name], np.vstack([f[name] for f in test]))
                 auroc = hl.auroc_auprc(y_test, scores)[0]
-                ci = hl.bootstrap_ci(y_test, scores, groups, resamples=config.bootstrap, seed=config.seed)["auroc"]
+                ci = hl.bootstrap_ci(y_test, scores, groups, evidence_settings(config))["auroc"]
                 results[(source, name)] = (auroc, *ci)
         for name in config.feature_sets:
             if (0, name) not in results and (1, name) not in results:

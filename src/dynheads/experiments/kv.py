@@ -5,9 +5,10 @@
 
 - ``table.csv`` / ``summary.md`` (over the samples finished under every policy and budget; an unfinished
   run's tables leave out the samples in flight): per policy and budget (a fraction of the KV heads), samples,
-  accuracy with its 95 % bootstrap interval over samples, ROUGE-L, whole KV heads per step and the shortfall of
-  a policy that kept fewer than the budget allows, the resident KV (fraction of the unmodified model's and MB,
-  mean over steps) and, for dynamic policies, the second tier: MB offloaded and MB moved per step,
+  accuracy with its 95 % bootstrap interval over samples (exact when every sample agrees), ROUGE-L, whole KV
+  heads per step and the shortfall of a policy that kept fewer than the budget allows, the resident KV (fraction
+  of the unmodified model's and MB, mean over steps) and, for dynamic policies, the second tier: MB offloaded and
+  MB moved per step,
 - ``cells.csv``: accuracy per policy x budget x length x depth (the grid),
 - ``probe_pr.json`` / ``probe_pr.md`` (when a probe is given): how well the probe applied to the hidden state of
   step t predicts the heads active (Eq. 1) at step t+1, measured on the ``full`` policy's decoding (the model's
@@ -28,9 +29,9 @@ from typing import Unpack, cast
 
 import numpy as np
 import pandas as pd
-from scipy.stats import bootstrap
 
 from dynheads import distributed
+from dynheads.analysis.evidence import EvidenceSettings, mean_interval
 from dynheads.analysis.head_predictor import load_head_predictor
 from dynheads.analysis.headlists import load_head_list
 from dynheads.analysis.kvheads import kv_head_ranking
@@ -326,11 +327,13 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         )
         .reset_index()
     )
+    evidence = EvidenceSettings(seed=run.manifest()["seed"])  # the run's seed resamples every row's samples
     intervals = {
-        key: accuracy_interval(rows["metrics.accuracy"].to_numpy()) for key, rows in frame.groupby(["policy", "budget"])
+        key: mean_interval(rows["metrics.accuracy"].to_numpy(), evidence, bounds=(0.0, 1.0))
+        for key, rows in frame.groupby(["policy", "budget"])
     }
-    table["accuracy_low"] = [intervals[(p, b)][0] for p, b in zip(table["policy"], table["budget"], strict=True)]
-    table["accuracy_high"] = [intervals[(p, b)][1] for p, b in zip(table["policy"], table["budget"], strict=True)]
+    table["accuracy_low"] = [intervals[(p, b)].low for p, b in zip(table["policy"], table["budget"], strict=True)]
+    table["accuracy_high"] = [intervals[(p, b)].high for p, b in zip(table["policy"], table["budget"], strict=True)]
     table["order"] = table["policy"].map(_policy_order)
     table = table.sort_values(["budget", "order"]).drop(columns="order").reset_index(drop=True)
     with atomic_path(run.path / "table.csv") as tmp:
@@ -348,10 +351,10 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         f"sink {config['sink']}, recent {config['recent']}; budget = fraction of the KV heads kept whole (full: 1, "
         f"none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per step, shortfall = KV heads the budget "
         "allows that the policy did not keep (static: no head with a positive score left); accuracy with its 95 % "
-        "bootstrap interval over samples; resident = KV held on the device as a fraction of the unmodified model's "
-        "and in MB, mean over steps; dynamic policies hold the full KV offloaded (second tier) and move, per step, "
-        "the picked heads' keys beyond the window plus the new token of every head (re-used: heads picked at the "
-        "previous step stay resident).",
+        "bootstrap interval over samples (exact when every sample agrees); resident = KV held on the device as a "
+        "fraction of the unmodified model's and in MB, mean over steps; dynamic policies hold the full KV "
+        "offloaded (second tier) and move, per step, the picked heads' keys beyond the window plus the new token of "
+        "every head (re-used: heads picked at the previous step stay resident).",
         kv_table(table),
     ]
     pr = probe_precision_recall(records, manifest)
@@ -376,15 +379,6 @@ def _policy_order(policy: str) -> int:
     """Registration order; presses after every registered policy."""
     names = KV_POLICIES.names()
     return names.index(policy) if policy in names else len(names)
-
-
-def accuracy_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile bootstrap interval of the mean over whole samples (a constant column is its own interval)."""
-    values = np.asarray(values, dtype=float)
-    if len(values) < 2 or np.all(values == values[0]):
-        return float(values.mean()), float(values.mean())
-    result = bootstrap((values,), np.mean, n_resamples=2000, method="percentile", rng=np.random.default_rng(seed))
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def kv_table(table: pd.DataFrame) -> Table:

@@ -37,7 +37,8 @@ import numpy as np
 import pandas as pd
 
 from dynheads import distributed
-from dynheads.analysis.ranking import METRICS, mean_interval, qrhead_scores, ranking_metrics, top_heads
+from dynheads.analysis.evidence import EvidenceSettings, mean_interval
+from dynheads.analysis.ranking import METRICS, qrhead_scores, ranking_metrics, top_heads
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import refuse_static_overlap
 from dynheads.experiments.settings import RERANK_STRATEGIES, RerankFields
@@ -326,9 +327,11 @@ def _calibrated(arrays: dict[str, np.ndarray]) -> np.ndarray:
     return arrays["real"].astype(np.float64) - arrays["content_free"].astype(np.float64)
 
 
-def _interval_text(values, config: RerankConfig, name: str) -> str:
-    mean, low, high = mean_interval(values, resamples=config.bootstrap, seed=derive_seed(config.seed, name))
-    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+def _interval_text(values, config: RerankConfig, name: str, bounds: tuple[float, float] = (0.0, 1.0)) -> str:
+    """A metric's mean over questions (in ``bounds``: a share, a difference of two in (-1, 1)) and its interval."""
+    evidence = EvidenceSettings(resamples=config.bootstrap, seed=derive_seed(config.seed, name))
+    mean = mean_interval(values, evidence, bounds=bounds)
+    return f"{mean.effect:.3f} [{mean.low:.3f}, {mean.high:.3f}]"
 
 
 def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
@@ -372,7 +375,12 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
                         [
                             s,
                             *(
-                                _interval_text((per[s][m] - per[baseline][m]).to_numpy(), config, f"{s}-{baseline}-{m}")
+                                _interval_text(
+                                    (per[s][m] - per[baseline][m]).to_numpy(),
+                                    config,
+                                    f"{s}-{baseline}-{m}",
+                                    bounds=(-1.0, 1.0),
+                                )
                                 for m in METRICS
                             ),
                         ]
