@@ -381,8 +381,10 @@ def test_recall_blocks_pair_strategies_by_question():
     (row,) = table.rows
     assert row[:4] == ["rerank", 4, 0.625, 0.375] and row[5:] == [1, 2]  # more gold shown on c, less on a and d
     assert row[4].startswith("-0.250 [") and row[4].endswith("(n=4)")
-    same = recall_blocks([record("a", "dynamic", 5, 1.0), record("a", "static", 5, 1.0)])
-    assert same[1].rows[0][4] == "0.000 on all 1"  # identical everywhere: said so, no bootstrap interval
+    same = recall_blocks([record(q, s, 5, 1.0) for q in "ab" for s in ("dynamic", "static")])
+    assert same[1].rows[0][4] == "0.000 [-0.842, 0.842] (n=2)"  # identical: the exact interval, not a bootstrap
+    one = recall_blocks([record("a", "dynamic", 5, 1.0), record("a", "static", 5, 1.0)])
+    assert one[1].rows[0][4] == "undefined (n=1)"  # one question: no interval at all
     assert recall_blocks([record("a", "none", None, None)]) == []
 
 
