@@ -264,11 +264,23 @@ def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):
         summarise_scored(dataclasses.replace(config, seed=1), run.path)
     summary = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]
     assert summary["fit_questions"] == 3 and len(summary["qrhead_heads"]) == 2
+    # Fusions with BM25 rank the same stored scores; mix's weight is fitted on the fitting stream only.
+    fused = ("icr", "bm25", "rrf:icr", "mix:icr", "mix:qrhead")
+    summarise_scored(dataclasses.replace(config, strategies=fused), run.path)
+    rows = __import__("pandas").read_csv(run.path / "rankings.csv")
+    assert set(rows["strategy"]) == set(fused) and len(rows) == 2 * len(fused)
+    weights = json.loads((run.path / "fusion_weights.json").read_text())
+    assert set(weights["weights"]) == {"mix:icr", "mix:qrhead"} and weights["fit_questions"] == 3
+    assert all(0 <= w <= 1 for w in weights["weights"].values()) and len(weights["grid"]["mix:icr"]) == 21
+    assert "Fusions with BM25 by question type" in (run.path / "rerank.md").read_text()
     # QRHead is fitted on its whole fitting stream or not at all: with a fitting question unscored it is skipped.
     next(p for p in (run.path / "samples").glob("fit-*.json")).unlink()
     summarise_scored(config, run.path)
     summary = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]
     assert "2 of its 3 scored" in summary["skipped"]["qrhead"] and summary["fit_questions"] == 0
+    summarise_scored(dataclasses.replace(config, strategies=fused), run.path)
+    summary = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]
+    assert "2 of 3 scored" in summary["skipped"]["mix:icr"] and "rrf:icr" in summary["metrics"]
     assert "qrhead" not in set(__import__("pandas").read_csv(run.path / "rankings.csv")["strategy"])
     # Scores stored under another query-row rule (the earlier sum over the question's rows) are refused.
     manifest_path = run.path / "manifest.json"

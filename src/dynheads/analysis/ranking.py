@@ -44,6 +44,12 @@ def ndcg_at(ranking: Sequence[int], gold: Sequence[int], k: int = 10) -> float:
     return float(dcg / ideal)
 
 
+def ranking(scores: np.ndarray) -> list[int]:
+    """Candidate indices, highest score first; ties keep prompt order (the order is shuffled per question, so a
+    tie is broken at random with respect to which candidate is gold)."""
+    return [int(i) for i in np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")]
+
+
 def ranking_metrics(ranking: Sequence[int], gold: Sequence[int]) -> dict[str, float]:
     """Every metric of ``METRICS`` for one question."""
     return {
