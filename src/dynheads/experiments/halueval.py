@@ -31,13 +31,13 @@ from dynheads.experiments.detect import (
     HEADLINE_TITLE,
     UPPER_TITLE,
     DetectConfig,
-    _Featuriser,
-    _fit_models,
-    _score,
-    _static_spec,
+    Featuriser,
+    fit_detectors,
+    hallucination_probability,
     labelled_samples,
     match_lengths,
     refuse_probe_overlap,
+    training_feature_spec,
 )
 from dynheads.experiments.settings import BOUNDARIES, HaluevalConfig
 from dynheads.io import read_json, write_json
@@ -129,14 +129,14 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
         if config.probe
         else None
     )
-    featurisers = [_Featuriser(group, config.probe) for group in samples]
+    featurisers = [Featuriser(group, config.probe) for group in samples]
     prefix = int(manifests[0].get("response_prefix", 0))
     in_task = [_in_task(Path(folder), config.match_length) for folder in (first, second)]
     rows = []
     for level in ("response", "token"):
         results = {}
         for source, target in ((0, 1), (1, 0)):
-            spec = _static_spec(config, samples[source], prefix)  # static heads from the training task only
+            spec = training_feature_spec(config, samples[source], prefix)  # static heads from the training task only
             train = [featurisers[source](i, spec, level) for i in range(len(samples[source]))]
             test = [featurisers[target](i, spec, level) for i in range(len(samples[target]))]
             names = [n for n in config.feature_sets if all(n in f for f in train + test)]
@@ -145,9 +145,9 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
                 _labels(samples[target], level),
                 _groups(samples[target], level),
             )
-            models = _fit_models({n: np.vstack([f[n] for f in train]) for n in names}, y_train, config.regularisation)
+            models = fit_detectors({n: np.vstack([f[n] for f in train]) for n in names}, y_train, config.regularisation)
             for name in names:
-                scores = _score(models[name], np.vstack([f[name] for f in test]))
+                scores = hallucination_probability(models[name], np.vstack([f[name] for f in test]))
                 auroc = hl.auroc_auprc(y_test, scores)[0]
                 ci = hl.bootstrap_ci(y_test, scores, groups, resamples=config.bootstrap, seed=config.seed)["auroc"]
                 results[(source, name)] = (auroc, *ci)

@@ -37,10 +37,10 @@ from dynheads.analysis.kvheads import kv_head_ranking
 from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
+from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest, refuse_seed_overlap, sample_identity
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import flat_index, head_key
-from dynheads.io import atomic_path, read_json, write_json
+from dynheads.io import atomic_path, write_json
 from dynheads.kv import (
     KVResult,
     KVSettings,
@@ -111,7 +111,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     samples = niah_samples(config.niah_config(), lm.tokenizer)
     for sample in samples:
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
-    evaluation = [_identity(s.sample_id, s.seed, s.answer) for s in samples]
+    evaluation = [sample_identity(s.sample_id, s.seed, s.answer) for s in samples]
     num_kv = num_kv_heads(lm)
     static = (
         kv_head_ranking(load_head_list(config.static, lm.num_layers, lm.num_heads), lm.num_layers, lm.num_heads, num_kv)
@@ -122,8 +122,8 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
         raise DynheadsError(f"the static head list {config.static} has no head with a positive score")
     probe = load_head_predictor(config.probe) if config.probe else None
     fitted = {
-        "static": _fit_samples(config.static, "static head list", evaluation) if config.static else None,
-        "probe": _fit_samples(config.probe, "probe", evaluation) if config.probe else None,
+        "static": refuse_seed_overlap(config.static, "static head list", evaluation) if config.static else None,
+        "probe": refuse_seed_overlap(config.probe, "probe", evaluation) if config.probe else None,
     }
     run = RunDir(out)
     start_run(
@@ -225,35 +225,6 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     if distributed.is_main():
         write_kv_tables(run)
     return run
-
-
-def _identity(sample_id: str, seed: int | None, answer: str) -> dict:
-    return {"sample_id": sample_id, "seed": None if seed is None else int(seed), "answer": answer}
-
-
-def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
-    """The samples a probe / static list was fitted on (from its run directory); refuse any overlap."""
-    source = Path(path)
-    folder = source if source.is_dir() else source.parent
-    metrics = folder / "metrics.json"
-    run_path = Path(read_json(metrics)["run"]) if metrics.is_file() else folder
-    if not (run_path / "manifest.json").is_file():
-        run_path = folder.parent
-    run = RunDir(run_path)
-    if not run.exists():
-        raise DynheadsError(
-            f"cannot tell which samples the {what} {path} was fitted on (no run directory beside "
-            "it), so its disjointness from the evaluation cannot be checked"
-        )
-    fitted = [_identity(r["sample_id"], r["seed"], r["answer"]) for r in run.records()]
-    seeds, answers = {f["seed"] for f in fitted}, {f["answer"] for f in fitted}
-    shared = [e["sample_id"] for e in evaluation if e["seed"] in seeds or e["answer"] in answers]
-    if shared:
-        raise DynheadsError(
-            f"the {what} {path} was fitted on {len(shared)} of the evaluation samples "
-            f"(e.g. {shared[0]}): evaluate on another seed stream (--split / --seed)"
-        )
-    return {"path": str(path), "run": str(run.path), "samples": fitted}
 
 
 def _record(

@@ -45,7 +45,8 @@ class RagConfig(RagFields):
         )
 
 
-def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
+def rag_jobs(config: RagConfig) -> list[tuple[str, int | None]]:
+    """(strategy, k) of every job: one per k of ``config.ks`` for a strategy that uses heads, else (strategy, None)."""
     RAG_STRATEGIES.check(config.strategies)  # an unknown name is one line listing the registered ones
     jobs: list[tuple[str, int | None]] = []
     for strategy in config.strategies:
@@ -57,7 +58,7 @@ def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
 def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. ``batch_size``
     answers decode together (``rag.loop.answer_questions``; the records equal batch 1's)."""
-    jobs = _jobs(config)
+    jobs = rag_jobs(config)
     lm = run_model(config, options)
     hotpot = HotpotConfig(
         data=config.data,

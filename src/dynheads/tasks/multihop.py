@@ -43,7 +43,7 @@ from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates, hotpotqa, qa_metrics
 from dynheads.tasks.forms import check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
-from dynheads.tasks.niah import _haystack_of_length, _sentence_end_before, load_haystack
+from dynheads.tasks.niah import haystack_of_length, load_haystack, sentence_end_before
 from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
 from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample
@@ -67,8 +67,9 @@ _ECHO = re.compile(
 PLACEMENTS = ("uniform", "depth")
 ValueFormat = Literal["number", "word", "hex"]
 VALUE_FORMATS = ("number", "word", "hex")
-# Keys and bridges: common concrete nouns (one or two tokens each), drawn without replacement within a sample.
-_NOUNS = (
+# Keys and bridges: common concrete nouns (one or two tokens each), drawn without replacement within a sample
+# (RULER's multi-key words pair them with adjectives).
+COMMON_NOUNS = (
     "tiger",
     "lamp",
     "river",
@@ -265,9 +266,11 @@ class _Names:
         raise DynheadsError("cannot draw a value absent from the haystack")
 
     def noun(self) -> str:
-        free = [noun for noun in _NOUNS if noun not in self.used]
+        free = [noun for noun in COMMON_NOUNS if noun not in self.used]
         if not free:
-            raise DynheadsError(f"the multihop key space ({len(_NOUNS)} nouns) is exhausted: use fewer distractors")
+            raise DynheadsError(
+                f"the multihop key space ({len(COMMON_NOUNS)} nouns) is exhausted: use fewer distractors"
+            )
         noun = self.rng.choice(free)
         self.used.add(noun)
         return noun
@@ -312,12 +315,12 @@ def make_sample(
             f"context_tokens={context_tokens} is too short for {len(facts)} facts "
             f"({fact_tokens} tokens): use a longer context or fewer distractors"
         )
-    text = _haystack_of_length(tokenizer, source, budget)
+    text = haystack_of_length(tokenizer, source, budget)
 
     values = {HOP2_TEMPLATE.format(bridge=c.bridge, value=c.value): c.value for c in [gold, *chains]}
     depths = _depths(rng, form, supporting, distractors, [f for f in distractors if f in values], depth, gold_rank)
-    placed = sorted(facts, key=lambda f: (_sentence_end_before(text, round(depths[f] * len(text))), depths[f]))
-    context, offsets = _insert(text, [(_sentence_end_before(text, round(depths[f] * len(text))), f) for f in placed])
+    placed = sorted(facts, key=lambda f: (sentence_end_before(text, round(depths[f] * len(text))), depths[f]))
+    context, offsets = _insert(text, [(sentence_end_before(text, round(depths[f] * len(text))), f) for f in placed])
 
     prompt = render_chat(
         tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=question), chat_template_kwargs

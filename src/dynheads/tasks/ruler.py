@@ -53,7 +53,7 @@ from dynheads.tasks import candidates as cand
 from dynheads.tasks import hotpotqa, qa_metrics
 from dynheads.tasks.forms import check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
-from dynheads.tasks.multihop import _NOUNS
+from dynheads.tasks.multihop import COMMON_NOUNS
 from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
 from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample
@@ -305,7 +305,7 @@ class _Names:
         return self._fresh(lambda: str(self.rng.randint(10 ** (digits - 1), 10**digits - 1)))
 
     def key(self) -> str:
-        return self._fresh(lambda: f"{self.rng.choice(_ADJECTIVES)}-{self.rng.choice(_NOUNS)}")
+        return self._fresh(lambda: f"{self.rng.choice(_ADJECTIVES)}-{self.rng.choice(COMMON_NOUNS)}")
 
 
 def _candidates(
