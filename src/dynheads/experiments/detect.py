@@ -454,22 +454,11 @@ def run_detect(
     source = RunDir(run_dir)
     source_manifest = source.manifest()  # refuses a folder that is not a run
     out_run = RunDir(out if out is not None else source.path / "detect")
-    if out_run.exists() and out_run.manifest().get("kind") != "detect":
-        raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
-    unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
-    if unknown:
-        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
-    if config.repeats < 1:
-        raise DynheadsError(f"repeats must be at least 1, got {config.repeats}")
+    _refuse_bad_config(config, out_run)
     samples, no_value = labelled_samples(source, span_finder)
     if config.match_length:
         samples = match_lengths(samples)
-    all_labels = np.concatenate([s.labels for s in samples])
-    if len(np.unique(all_labels)) < 2:
-        raise DynheadsError(
-            f"the samples hold only {'hallucinated' if all_labels[0] else 'faithful'} tokens: "
-            "use a harder setting (e.g. --distractor-depth) or more samples"
-        )
+    all_labels = _both_classes(samples)
     groups = sorted({s.group for s in samples})
     records = [r for r in source.records() if r["sample_id"] in {s.sample_id for s in samples}]
     probe_check = refuse_probe_overlap(config.probe, records, groups) if config.probe else None
@@ -480,19 +469,8 @@ def run_detect(
         levels.insert(0, "response")
     full_spec = training_feature_spec(config, samples, response_prefix)
     evaluated = _evaluate_levels(samples, config, levels, featurise, full_spec)
-    rows, curves, skipped, folds = evaluated.rows, evaluated.curves, evaluated.skipped, evaluated.folds
-    detector_models = evaluated.models
-    fitted = Detector(full_spec, config.probe, detector_models["token"], detector_models.get("response"))
-    table = pd.DataFrame(rows)
-    counts = {
-        "samples": len(samples),
-        "groups": len(groups),
-        "faithful_tokens": int((all_labels == 0).sum()),
-        "hallucinated_tokens": int((all_labels == 1).sum()),
-    }
-    if "response" in levels:
-        counts["hallucinated_responses"] = sum(s.response_label == 1 for s in samples)
-        counts["faithful_responses"] = sum(s.response_label == 0 for s in samples)
+    skipped, folds = evaluated.skipped, evaluated.folds
+    counts = _class_counts(samples, all_labels, levels)
     if out_run.exists():  # detect recomputes everything: a rerun replaces its own outputs
         out_run.manifest_path.unlink()
     out_run.start(
@@ -522,11 +500,58 @@ def run_detect(
         },
     )
     _write_labels(out_run.path / "labels.csv", samples, folds[0]["test_groups"])
+    fitted = Detector(full_spec, config.probe, evaluated.models["token"], evaluated.models.get("response"))
     fitted.save(out_run.path / "detector.json")
+    return _write_results(out_run, config, evaluated, counts, title=f"{levels[0]}s, {len(groups)} groups")
+
+
+def _refuse_bad_config(config: DetectConfig, out_run: RunDir) -> None:
+    """One line for an output folder of another run kind, an unknown feature set or fewer than one repeat."""
+    if out_run.exists() and out_run.manifest().get("kind") != "detect":
+        raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
+    unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
+    if unknown:
+        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
+    if config.repeats < 1:
+        raise DynheadsError(f"repeats must be at least 1, got {config.repeats}")
+
+
+def _both_classes(samples: Sequence[LabelledSample]) -> np.ndarray:
+    """Every token label of ``samples``; refused when they hold one class only (nothing to detect)."""
+    all_labels = np.concatenate([s.labels for s in samples])
+    if len(np.unique(all_labels)) < 2:
+        raise DynheadsError(
+            f"the samples hold only {'hallucinated' if all_labels[0] else 'faithful'} tokens: "
+            "use a harder setting (e.g. --distractor-depth) or more samples"
+        )
+    return all_labels
+
+
+def _class_counts(samples: Sequence[LabelledSample], all_labels: np.ndarray, levels: Sequence[Level]) -> dict:
+    """Samples, groups and the tokens (and, at the response level, the responses) of each class."""
+    counts = {
+        "samples": len(samples),
+        "groups": len({s.group for s in samples}),
+        "faithful_tokens": int((all_labels == 0).sum()),
+        "hallucinated_tokens": int((all_labels == 1).sum()),
+    }
+    if "response" in levels:
+        counts["hallucinated_responses"] = sum(s.response_label == 1 for s in samples)
+        counts["faithful_responses"] = sum(s.response_label == 0 for s in samples)
+    return counts
+
+
+def _write_results(
+    out_run: RunDir, config: DetectConfig, evaluated: Evaluation, counts: dict, title: str
+) -> pd.DataFrame:
+    """``roc.png`` (titled by what its curves count), ``results.csv``, ``results.json`` and ``results.md``; returns
+    the results table."""
+    rows, skipped = evaluated.rows, evaluated.skipped
+    table = pd.DataFrame(rows)
     plot_roc(
-        {(f"{n} (upper bound)" if n in ANSWER_KEY else n): c for n, c in curves.items()},
+        {(f"{n} (upper bound)" if n in ANSWER_KEY else n): c for n, c in evaluated.curves.items()},
         out_run.path / "roc.png",
-        title=f"out-of-fold {levels[0]}s, {len(groups)} groups, {config.folds} folds",
+        title=f"out-of-fold {title}, {config.folds} folds",
     )
     table.to_csv(out_run.path / "results.csv", index=False)
     write_json(
