@@ -208,3 +208,41 @@ def test_no_module_imports_another_modules_private_name():
 def test_the_check_sees_private_imports_multi_line_and_lazy_ones_included(source, expected):
     found = [problem.split(" imports ")[1].split(",")[0] for problem in private_imports("dynheads.x", source)]
     assert found == expected
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of ``graph`` (module -> the modules it imports) as a path that ends where it starts, or []."""
+    state: dict[str, str] = {}  # "open" while its imports are walked, "done" after
+
+    def walk(module: str, path: list[str]) -> list[str]:
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                return path[path.index(target) :] + [target]
+            if target not in state and (circle := walk(target, path + [target])):
+                return circle
+        state[module] = "done"
+        return []
+
+    for module in sorted(graph):
+        if module not in state and (circle := walk(module, [module])):
+            return circle
+    return []
+
+
+def test_no_import_circle_lazy_imports_included():
+    """No module of dynheads reaches itself through imports, lazy ones included: the task registry imports no
+    task (a task declares the data that selects it, ``Task.data_source`` and ``selects``, which ``task_of``
+    reads), so a task module may import the registry."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    graph = {module_name(path): set() for path in paths}
+    for path in paths:
+        graph[module_name(path)] = {t for _, t in imported_modules(path.read_text(encoding="utf-8")) if t in graph}
+    assert len(graph) > 40 and any(graph.values())
+    circle = import_circle(graph)
+    assert not circle, " -> ".join(circle)
+
+
+def test_the_circle_check_finds_a_lazy_circle():
+    assert import_circle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
+    assert import_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []

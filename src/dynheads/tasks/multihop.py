@@ -560,6 +560,10 @@ MULTIHOP = register(
         questions=True,
         fade_sparse_cells=True,
         help="synthetic two-hop key-value chains (multihop:hops=2), standing for HotpotQA on small models",
+        data_source=SOURCE,
+        selects=lambda data: parse_source(data).hops == 2,
+        default_data=f"{SOURCE}:hops=2",
+        implied_data=SOURCE,  # its grid's form when no data is given: an old ``multihop`` run is the one-hop lookup
     )
 )
 # the multihop task's one-hop form (multihop:hops=1, its default): everything else as MULTIHOP
@@ -569,5 +573,7 @@ KV_LOOKUP = register(
         name=KV_LOOKUP_NAME,
         label="Key-value lookup",
         help="the multihop task's one-hop form: one key-value retrieval",
+        selects=lambda data: parse_source(data).hops != 2,
+        default_data=SOURCE,
     )
 )

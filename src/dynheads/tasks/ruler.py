@@ -592,8 +592,17 @@ def _prompt(name: str, default: str | None = None) -> Callable[[Any], dict]:
 RULER_METRICS = {"string_match": "string match", "em": "EM", "f1": "F1"}
 
 
-def _register(name: str, label: str, source: str, help: str, data: str | None = None, paper_task: str = "") -> Task:
-    """A RULER task: Eq. 2 scores and reasoning static heads, RULER's metrics, a question stream over the grid."""
+def _register(
+    name: str,
+    label: str,
+    source: str,
+    help: str,
+    data: str | None = None,
+    paper_task: str = "",
+    selects: Callable[[str], bool] | None = None,
+) -> Task:
+    """A RULER task: Eq. 2 scores and reasoning static heads, RULER's metrics, a question stream over the grid;
+    ``source[:options]`` data of the form ``selects`` selects it (``data``, else ``source``, when none is given)."""
     return register(
         Task(
             name=name,
@@ -608,6 +617,9 @@ def _register(name: str, label: str, source: str, help: str, data: str | None = 
             questions=True,
             fade_sparse_cells=True,
             help=help,
+            data_source=source,
+            selects=selects,
+            default_data=data or source,
         )
     )
 
@@ -618,6 +630,7 @@ VARIABLE_TRACKING = _register(
     VT_SOURCE,
     "RULER variable tracking: follow chains of VAR assignments",
     paper_task="hotpotqa",
+    selects=lambda data: parse_vt(data).hops != 0,
 )
 VT_LOOKUP_NAME, VT_LOOKUP_DATA = "vt_lookup", "variable_tracking:hops=0"
 VT_LOOKUP = _register(  # variable tracking with no links: one VAR statement to find, not multi-hop
@@ -627,6 +640,7 @@ VT_LOOKUP = _register(  # variable tracking with no links: one VAR statement to 
     "variable tracking with no links (variable_tracking:hops=0): one VAR statement to find",
     data=VT_LOOKUP_DATA,
     paper_task="hotpotqa",
+    selects=lambda data: parse_vt(data).hops == 0,
 )
 MULTIKEY_NIAH = _register(
     MK_SOURCE, "Multi-key NIAH", MK_SOURCE, "RULER multi-key NIAH: the value of one key among similar needles"
