@@ -32,16 +32,16 @@ import pandas as pd
 
 from dynheads import distributed
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval
-from dynheads.analysis.head_predictor import load_head_predictor
+from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
 from dynheads.analysis.headlists import load_head_list
-from dynheads.analysis.kvheads import kv_head_ranking
+from dynheads.analysis.kvheads import KVHead, kv_head_ranking
 from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
+from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest, refuse_seed_overlap, sample_identity
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import flat_index, head_key
-from dynheads.io import atomic_path, read_json, write_json
+from dynheads.io import atomic_path, write_json
 from dynheads.kv import (
     KVResult,
     KVSettings,
@@ -112,19 +112,13 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     samples = niah_samples(config.niah_config(), lm.tokenizer)
     for sample in samples:
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
-    evaluation = [_identity(s.sample_id, s.seed, s.answer) for s in samples]
+    evaluation = [sample_identity(s.sample_id, s.seed, s.answer) for s in samples]
     num_kv = num_kv_heads(lm)
-    static = (
-        kv_head_ranking(load_head_list(config.static, lm.num_layers, lm.num_heads), lm.num_layers, lm.num_heads, num_kv)
-        if config.static
-        else ()
-    )
-    if config.static and not static:
-        raise DynheadsError(f"the static head list {config.static} has no head with a positive score")
+    static = _static_ranking(config, lm, num_kv)
     probe = load_head_predictor(config.probe) if config.probe else None
     fitted = {
-        "static": _fit_samples(config.static, "static head list", evaluation) if config.static else None,
-        "probe": _fit_samples(config.probe, "probe", evaluation) if config.probe else None,
+        "static": refuse_seed_overlap(config.static, "static head list", evaluation) if config.static else None,
+        "probe": refuse_seed_overlap(config.probe, "probe", evaluation) if config.probe else None,
     }
     run = RunDir(out)
     start_run(
@@ -137,76 +131,11 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             "prompt_template": samples[0].prompt_template,
             "evaluation_samples": evaluation,
             "fit_samples": fitted,
-            "num_kv_heads": num_kv,
-            "static_top": [head_key(h) for h in static[:20]],
-            "static_scored_kv_heads": len(static) if config.static else None,
-            "gqa_rule": "budgets count whole KV heads; every query head of a kept KV head sees all keys",
-            "kv_heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) for b in config.budgets},
-            "heads_per_budget": {
-                str(b): kv_head_count(b, lm.num_layers, num_kv) * group_size(lm) for b in config.budgets
-            },
-            "kv_token_bytes": kv_token_bytes(lm),
+            **_head_budgets(config, lm, num_kv, static),
             "probe_threshold": probe.threshold if probe else None,
         },
     )
     order = sorted(range(len(samples)), key=lambda i: (i % config.runs, i))  # niah_samples: runs vary fastest
-
-    def settings_of(sample: niah.NiahSample, policy: str, budget: float | None) -> KVSettings:
-        # probe_select: kv_generate_batch refuses a value that is no ProbeSelect
-        return KVSettings(
-            policy=policy,
-            budget=budget or 1.0,
-            sink=config.sink,
-            recent=config.recent,
-            static_ranking=static,
-            probe_select=cast(ProbeSelect, config.probe_select),
-            seed=derive_seed(config.seed, "kv-random", sample.seed),
-        )
-
-    def work(batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
-        """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
-        full-attention prefill per sample, shared by the sample's policies; kvpress presses run one by one."""
-        prefills: dict[str, Prefill] = {}
-        results: list[KVResult | None] = [None] * len(batch)
-        groups: dict[tuple[str, float | None], list[int]] = {}
-        for i, (sample, policy, budget) in enumerate(batch):
-            if is_press(policy):  # kvpress compresses its own prefill (plain attention, no probe)
-                results[i] = press_generate(
-                    lm,
-                    sample.input_ids,
-                    check_press(policy),
-                    settings_of(sample, policy, budget),
-                    config.max_new_tokens,
-                )
-                continue
-            if sample.sample_id not in prefills:
-                prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
-            groups.setdefault((policy, budget), []).append(i)
-        for (policy, budget), rows in groups.items():
-            decoded = kv_generate_batch(
-                lm,
-                [prefills[batch[i][0].sample_id] for i in rows],
-                [settings_of(batch[i][0], policy, budget) for i in rows],
-                config.max_new_tokens,
-                probe=probe,
-                record_probe=policy == "full" and probe is not None,
-            )
-            for i, result in zip(rows, decoded, strict=True):
-                results[i] = result
-        finished = []
-        # every slot holds its result now
-        for (sample, policy, budget), result in zip(batch, cast(list[KVResult], results), strict=True):
-            record = _record(
-                lm,
-                sample,
-                settings_of(sample, policy, budget),
-                result,
-                record_probe=policy == "full" and probe is not None,
-            )
-            record.update(grid_sample_id=sample.sample_id, budget=budget)
-            finished.append(Finished(record))
-        return finished
-
     together: RunOptions = {**options, "batch_size": batch_size_of(options) * len(jobs)}  # a sample's policies: 1 batch
     run_jobs(
         run,
@@ -219,7 +148,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             for i in order
             for policy, budget in jobs
         ],
-        work,
+        _KVDecoder(lm, config, static, probe),
         desc="kv",
         **together,
     )
@@ -228,33 +157,99 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     return run
 
 
-def _identity(sample_id: str, seed: int | None, answer: str) -> dict:
-    return {"sample_id": sample_id, "seed": None if seed is None else int(seed), "answer": answer}
+def _static_ranking(config: KVConfig, lm: LoadedModel, num_kv: int) -> tuple[KVHead, ...]:
+    """The KV heads of the static head list, best first (none without a list); a list with no positive score is
+    refused."""
+    if not config.static:
+        return ()
+    heads = load_head_list(config.static, lm.num_layers, lm.num_heads)
+    static = kv_head_ranking(heads, lm.num_layers, lm.num_heads, num_kv)
+    if not static:
+        raise DynheadsError(f"the static head list {config.static} has no head with a positive score")
+    return static
 
 
-def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
-    """The samples a probe / static list was fitted on (from its run directory); refuse any overlap."""
-    source = Path(path)
-    folder = source if source.is_dir() else source.parent
-    metrics = folder / "metrics.json"
-    run_path = Path(read_json(metrics)["run"]) if metrics.is_file() else folder
-    if not (run_path / "manifest.json").is_file():
-        run_path = folder.parent
-    run = RunDir(run_path)
-    if not run.exists():
-        raise DynheadsError(
-            f"cannot tell which samples the {what} {path} was fitted on (no run directory beside "
-            "it), so its disjointness from the evaluation cannot be checked"
+def _head_budgets(config: KVConfig, lm: LoadedModel, num_kv: int, static: tuple[KVHead, ...]) -> dict:
+    """What the manifest records of the KV heads: the static ranking's top, and the heads each budget keeps."""
+    return {
+        "num_kv_heads": num_kv,
+        "static_top": [head_key(h) for h in static[:20]],
+        "static_scored_kv_heads": len(static) if config.static else None,
+        "gqa_rule": "budgets count whole KV heads; every query head of a kept KV head sees all keys",
+        "kv_heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) for b in config.budgets},
+        "heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) * group_size(lm) for b in config.budgets},
+        "kv_token_bytes": kv_token_bytes(lm),
+    }
+
+
+@dataclass(frozen=True)
+class _KVDecoder:
+    """The work of ``run_jobs``: decode a batch of (sample, policy, budget) jobs into records."""
+
+    lm: LoadedModel
+    config: KVConfig
+    static: tuple[KVHead, ...]
+    probe: TrainedHeadPredictor | None
+
+    def settings_of(self, sample: niah.NiahSample, policy: str, budget: float | None) -> KVSettings:
+        config = self.config
+        # probe_select: kv_generate_batch refuses a value that is no ProbeSelect
+        return KVSettings(
+            policy=policy,
+            budget=budget or 1.0,
+            sink=config.sink,
+            recent=config.recent,
+            static_ranking=self.static,
+            probe_select=cast(ProbeSelect, config.probe_select),
+            seed=derive_seed(config.seed, "kv-random", sample.seed),
         )
-    fitted = [_identity(r["sample_id"], r["seed"], r["answer"]) for r in run.records()]
-    seeds, answers = {f["seed"] for f in fitted}, {f["answer"] for f in fitted}
-    shared = [e["sample_id"] for e in evaluation if e["seed"] in seeds or e["answer"] in answers]
-    if shared:
-        raise DynheadsError(
-            f"the {what} {path} was fitted on {len(shared)} of the evaluation samples "
-            f"(e.g. {shared[0]}): evaluate on another seed stream (--split / --seed)"
-        )
-    return {"path": str(path), "run": str(run.path), "samples": fitted}
+
+    def __call__(self, batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
+        finished = []
+        for (sample, policy, budget), result in zip(batch, self.decode(batch), strict=True):
+            record = _record(
+                self.lm,
+                sample,
+                self.settings_of(sample, policy, budget),
+                result,
+                record_probe=policy == "full" and self.probe is not None,
+            )
+            record.update(grid_sample_id=sample.sample_id, budget=budget)
+            finished.append(Finished(record))
+        return finished
+
+    def decode(self, batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[KVResult]:
+        """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
+        full-attention prefill per sample, shared by the sample's policies; kvpress presses run one by one."""
+        lm, config = self.lm, self.config
+        prefills: dict[str, Prefill] = {}
+        results: list[KVResult | None] = [None] * len(batch)
+        groups: dict[tuple[str, float | None], list[int]] = {}
+        for i, (sample, policy, budget) in enumerate(batch):
+            if is_press(policy):  # kvpress compresses its own prefill (plain attention, no probe)
+                results[i] = press_generate(
+                    lm,
+                    sample.input_ids,
+                    check_press(policy),
+                    self.settings_of(sample, policy, budget),
+                    config.max_new_tokens,
+                )
+                continue
+            if sample.sample_id not in prefills:
+                prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
+            groups.setdefault((policy, budget), []).append(i)
+        for (policy, budget), rows in groups.items():
+            decoded = kv_generate_batch(
+                lm,
+                [prefills[batch[i][0].sample_id] for i in rows],
+                [self.settings_of(batch[i][0], policy, budget) for i in rows],
+                config.max_new_tokens,
+                probe=self.probe,
+                record_probe=policy == "full" and self.probe is not None,
+            )
+            for i, result in zip(rows, decoded, strict=True):
+                results[i] = result
+        return cast(list[KVResult], results)  # every slot holds its result now
 
 
 def _record(
