@@ -416,52 +416,14 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     strategies = list(dict.fromkeys(frame["strategy"]))
     per = {s: frame[frame["strategy"] == s].set_index("question_id") for s in strategies}
     n = len(per[strategies[0]])
-    metrics_table = Table(
-        ["strategy", "heads", "questions", *METRICS, "seconds / question"],
-        [
-            [
-                s,
-                _heads_text(per[s]["heads"].iloc[0]),
-                len(per[s]),
-                *(_interval_text(per[s][m].to_numpy(), config, f"{s}-{m}") for m in METRICS),
-                float(per[s]["seconds"].mean()),
-            ]
-            for s in strategies
-        ],
-        {"seconds / question": ".3f"},
-    )
     blocks: list = [
         f"{n} of the {config.questions} evaluation questions scored ({config.data}, stream from question "
         f"{config.first}); QRHead's heads fitted on {heads.fit_questions} of the {config.fit_questions} fitting "
         f"questions (stream from question {config.fit_first}). Means with 95 % percentile bootstrap "
         f"intervals over questions ({config.bootstrap} resamples).",
-        metrics_table,
+        _metrics_table(per, config),
     ]
-    for baseline in ("bm25", "icr"):
-        if baseline in per:
-            others = [s for s in strategies if s != baseline]
-            blocks += [
-                f"Paired differences vs {baseline} (strategy minus {baseline}, per question; interval of the "
-                "mean difference):",
-                Table(
-                    ["strategy", *(f"Δ {m}" for m in METRICS)],
-                    [
-                        [
-                            s,
-                            *(
-                                _interval_text(
-                                    (per[s][m] - per[baseline][m]).to_numpy(),
-                                    config,
-                                    f"{s}-{baseline}-{m}",
-                                    bounds=(-1.0, 1.0),
-                                )
-                                for m in METRICS
-                            ),
-                        ]
-                        for s in others
-                    ],
-                ),
-            ]
+    blocks += _paired_blocks(per, config)
     blocks += _fusion_blocks(per, config, heads) + _position_blocks(per, strategies)
     notes = [f"{s}: skipped ({why})" for s, why in heads.skipped.items()]
     if qr_heads:
@@ -495,6 +457,47 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     return summary
 
 
+def _metrics_table(per: dict[str, pd.DataFrame], config: RerankConfig) -> Table:
+    """Every strategy's metrics over the evaluation questions, with intervals, and its seconds per question."""
+    return Table(
+        ["strategy", "heads", "questions", *METRICS, "seconds / question"],
+        [
+            [
+                s,
+                _heads_text(frame["heads"].iloc[0]),
+                len(frame),
+                *(_interval_text(frame[m].to_numpy(), config, f"{s}-{m}") for m in METRICS),
+                float(frame["seconds"].mean()),
+            ]
+            for s, frame in per.items()
+        ],
+        {"seconds / question": ".3f"},
+    )
+
+
+def _paired_blocks(per: dict[str, pd.DataFrame], config: RerankConfig) -> list:
+    """Every strategy minus BM25 and minus ICR, per question, each with the interval of its mean."""
+    blocks: list = []
+    for baseline in ("bm25", "icr"):
+        if baseline in per:
+            rows = [
+                [s, *(_difference_text(per[s][m] - per[baseline][m], config, f"{s}-{baseline}-{m}") for m in METRICS)]
+                for s in per
+                if s != baseline
+            ]
+            blocks += [
+                f"Paired differences vs {baseline} (strategy minus {baseline}, per question; interval of the "
+                "mean difference):",
+                Table(["strategy", *(f"Δ {m}" for m in METRICS)], rows),
+            ]
+    return blocks
+
+
+def _difference_text(differences: pd.Series, config: RerankConfig, name: str) -> str:
+    """A per-question difference of two metrics in [0, 1]: its mean and interval (exact when all agree)."""
+    return _interval_text(differences.to_numpy(), config, name, bounds=(-1.0, 1.0))
+
+
 def _fusion_blocks(per: dict[str, pd.DataFrame], config: RerankConfig, heads: HeadSources) -> list:
     """Each fused strategy and its head strategy against BM25, per question type (bridge / comparison): where the
     heads add to BM25 and where they do not; and the fitted ``mix`` weights."""
@@ -510,9 +513,7 @@ def _fusion_blocks(per: dict[str, pd.DataFrame], config: RerankConfig, heads: He
             rows.append(
                 [strategy, kind, len(ids)]
                 + [
-                    _interval_text(
-                        (per[strategy].loc[ids, m] - bm25.loc[ids, m]).to_numpy(), config, f"{strategy}-{kind}-{m}"
-                    )
+                    _difference_text(per[strategy].loc[ids, m] - bm25.loc[ids, m], config, f"{strategy}-{kind}-{m}")
                     for m in ("recall@2", "mrr")
                 ]
             )
