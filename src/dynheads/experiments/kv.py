@@ -33,14 +33,14 @@ import pandas as pd
 from dynheads import distributed
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval
 from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
-from dynheads.analysis.headlists import load_head_list
+from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.analysis.kvheads import KVHead, kv_head_ranking
 from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest, refuse_seed_overlap, sample_identity
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
-from dynheads.heads import flat_index, head_key
+from dynheads.heads import Head, flat_index, head_key
 from dynheads.io import atomic_path, write_json
 from dynheads.kv import (
     KVResult,
@@ -57,11 +57,12 @@ from dynheads.kv import (
 from dynheads.kv_policies import KV_POLICIES, is_budget_free, is_dynamic
 from dynheads.models import LoadedModel
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
-from dynheads.presses import PRESSES, check_press, is_press, press_generate
+from dynheads.presses import HEAD_LIST_PRESSES, PREFIX, PRESSES, check_press, is_press, press_generate
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Block, Summary, Table, write_summary
 from dynheads.tasks import niah
+from dynheads.token_kv import POOL, VOTERS, WINDOW
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,9 @@ class KVConfig(KVFields):
         for entry in registered:
             if entry.value.needs_static and not self.static:
                 raise DynheadsError(f"the {entry.name} KV policy needs a static head list: pass --static FILE")
-        if "kvpress:duo_attention" in self.policies and not self.static:
-            raise DynheadsError("kvpress:duo_attention keeps a dynheads head list whole: pass --static FILE")
+        for press in presses:
+            if press.removeprefix(PREFIX) in HEAD_LIST_PRESSES and not self.static:
+                raise DynheadsError(f"{press} is driven by a dynheads head list: pass --static FILE")
         for entry in registered:
             if entry.value.needs_probe and not self.probe:
                 raise DynheadsError(f"the {entry.name} KV policy needs a trained probe: pass --probe DIR")
@@ -114,7 +116,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     evaluation = [sample_identity(s.sample_id, s.seed, s.answer) for s in samples]
     num_kv = num_kv_heads(lm)
-    static = _static_ranking(config, lm, num_kv)
+    static, voters = _static_heads(config, lm, num_kv)
     probe = load_head_predictor(config.probe) if config.probe else None
     fitted = {
         "static": refuse_seed_overlap(config.static, "static head list", evaluation) if config.static else None,
@@ -132,6 +134,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             "evaluation_samples": evaluation,
             "fit_samples": fitted,
             **_head_budgets(config, lm, num_kv, static),
+            "token_votes": {"voters": [head_key(h) for h in voters], "window": WINDOW, "pool": POOL},  # head_tokens
             "probe_threshold": probe.threshold if probe else None,
         },
     )
@@ -148,7 +151,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             for i in order
             for policy, budget in jobs
         ],
-        _KVDecoder(lm, config, static, probe),
+        _KVDecoder(lm, config, static, voters, probe),
         desc="kv",
         **together,
     )
@@ -157,16 +160,16 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     return run
 
 
-def _static_ranking(config: KVConfig, lm: LoadedModel, num_kv: int) -> tuple[KVHead, ...]:
-    """The KV heads of the static head list, best first (none without a list); a list with no positive score is
-    refused."""
+def _static_heads(config: KVConfig, lm: LoadedModel, num_kv: int) -> tuple[tuple[KVHead, ...], tuple[Head, ...]]:
+    """The KV heads of the static head list, best first, and its ``VOTERS`` best positive-score query heads (the
+    voters of ``kvpress:head_tokens``); none without a list; a list with no positive score is refused."""
     if not config.static:
-        return ()
+        return (), ()
     heads = load_head_list(config.static, lm.num_layers, lm.num_heads)
     static = kv_head_ranking(heads, lm.num_layers, lm.num_heads, num_kv)
     if not static:
         raise DynheadsError(f"the static head list {config.static} has no head with a positive score")
-    return static
+    return static, scored_heads(heads)[:VOTERS]
 
 
 def _head_budgets(config: KVConfig, lm: LoadedModel, num_kv: int, static: tuple[KVHead, ...]) -> dict:
@@ -189,6 +192,7 @@ class _KVDecoder:
     lm: LoadedModel
     config: KVConfig
     static: tuple[KVHead, ...]
+    voters: tuple[Head, ...]
     probe: TrainedHeadPredictor | None
 
     def settings_of(self, sample: niah.NiahSample, policy: str, budget: float | None) -> KVSettings:
@@ -202,6 +206,7 @@ class _KVDecoder:
             static_ranking=self.static,
             probe_select=cast(ProbeSelect, config.probe_select),
             seed=derive_seed(config.seed, "kv-random", sample.seed),
+            voters=self.voters,
         )
 
     def __call__(self, batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
