@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Install (idempotent) and run the whole test suite. `.ci/run` calls exactly this.
+# --fast: the fast lane for local work, every test but those that load the embedded model (pytest -m "not embedded",
+# marked in tests/conftest.py) and without the kvpress venv's run; CI never passes it.
 set -euo pipefail
+case "${1:-}" in
+  "") FAST=0 ;;
+  --fast) FAST=1 ;;
+  *) echo "usage: bash scripts/test.sh [--fast]" >&2 && exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 # The HTML report is tested in a real headless browser: Debian's Chromium (Playwright drives it; no browser
@@ -14,6 +21,9 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 "${PYTHON:-python3}" -m ruff check src tests benchmarks
 "${PYTHON:-python3}" -m ruff format --check src tests benchmarks
 "${PYTHON:-python3}" -m mypy
+if [ "$FAST" = 1 ]; then
+  exec "${PYTHON:-python3}" -m pytest -q -m "not embedded"
+fi
 "${PYTHON:-python3}" -m pytest -q
 # kvpress pins transformers<5.3: its tests (skipped above when the main environment lacks it) run again in a venv
 # with the extra (about 30 s to build, once).

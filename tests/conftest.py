@@ -1,4 +1,10 @@
-"""Shared fixtures: the embedded model (loaded once per session) and tiny models saved as local folders."""
+"""Shared fixtures: the embedded model (loaded once per session) and tiny models saved as local folders.
+
+Every test that reads the embedded model's GGUF (its weights or its tokenizer) is marked ``embedded``: those using
+a fixture of ``EMBEDDED_FIXTURES`` (or one built on it, ``tiny_model_dir``) automatically here, the rest (the CLI
+on its default model, ``load_model`` of the GGUF) by hand. ``pytest -m "not embedded"`` (``scripts/test.sh
+--fast``) is the fast lane for local work, and passes with the GGUF absent; CI runs everything.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,16 @@ def embedded():
 
 
 @pytest.fixture(scope="session")
+def embedded_tokenizer():
+    """The embedded model's tokenizer alone (seconds), not the whole model."""
+    from transformers import AutoTokenizer
+
+    from dynheads import models
+
+    return AutoTokenizer.from_pretrained(str(models.embedded_gguf_path().parent), gguf_file=models.EMBEDDED_FILE)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, embedded):
     """A tiny random Llama with the embedded model's tokenizer, saved like any local model folder."""
     from zoo import tiny_model
@@ -28,3 +44,13 @@ def tiny_model_dir(tmp_path_factory, embedded):
     model.save_pretrained(folder)
     embedded.tokenizer.save_pretrained(folder)
     return folder
+
+
+EMBEDDED_FIXTURES = {"embedded", "embedded_tokenizer"}
+
+
+def pytest_collection_modifyitems(items):
+    """Mark ``embedded`` every test whose fixtures (with those they depend on) read the embedded model's GGUF."""
+    for item in items:
+        if EMBEDDED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.embedded)

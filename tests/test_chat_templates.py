@@ -10,8 +10,7 @@ from __future__ import annotations
 from datetime import date
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from zoo import byte_tokenizer
 
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
@@ -31,19 +30,6 @@ LLAMA3_LIKE = (
     "{{ m.content }}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
-
-
-def byte_tokenizer(template: str) -> PreTrainedTokenizerFast:
-    """A fast byte-level tokenizer (one token per byte, no merges) with ``template`` as its chat template."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
-    vocab["<eos>"] = len(vocab)
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>")
-    tokenizer.chat_template = template
-    return tokenizer
 
 
 def test_qwen3_like_templates_do_not_think_unless_asked():

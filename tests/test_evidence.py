@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.stats import DegenerateDataWarning
 
+import dynheads
 from dynheads.analysis.evidence import (
     UNDEFINED,
     Effect,
     EvidenceSettings,
     Interval,
     combine,
+    group_interval,
+    identical_interval,
     interval,
     mean_interval,
     paired_difference,
@@ -20,6 +26,7 @@ from dynheads.analysis.evidence import (
 )
 
 SETTINGS = EvidenceSettings()
+PACKAGE = Path(dynheads.__file__).parent
 
 
 def test_identical_arms_give_an_interval_around_zero():
@@ -99,3 +106,93 @@ def test_a_pooled_interval_holds_the_spread_between_splits():
     assert single.low == single.high == 0.0
     assert not pooled_interval([], EvidenceSettings()).defined
     assert math.isnan(pooled_interval([(1, lambda idx: 0.5)], EvidenceSettings()).low)
+
+
+def test_a_mean_is_a_point_when_every_sample_agrees_unless_it_is_bounded():
+    """One mean helper for every table: around the mean, no interval from one sample; agreeing samples give a
+    point (nothing to resample), or for a bounded metric (a proportion) the exact interval of the agreement."""
+    assert mean_interval(np.full(10, 0.5), SETTINGS) == Interval(0.5, 0.5, 0.5, 10)
+    assert math.isnan(mean_interval(np.array([1.0]), SETTINGS, bounds=(0.0, 1.0)).low)
+    mixed = mean_interval(np.array([0.0, 1.0] * 20), SETTINGS, bounds=(0.0, 1.0))
+    assert 0.3 < mixed.low < 0.5 < mixed.high < 0.7
+    agreeing = mean_interval(np.ones(20), SETTINGS, bounds=(0.0, 1.0))
+    assert agreeing == identical_interval(np.ones(20), math.inf, SETTINGS, bounds=(0.0, 1.0))
+    assert 0.8 < agreeing.low < 1.0 == agreeing.high and agreeing.effect == 1.0
+
+
+def test_a_group_interval_resamples_whole_groups():
+    """Units of one group move together: 30 groups of 5 identical units give the interval of the 30 group values
+    (not of 150 independent units), with the same resamples."""
+    values = np.random.default_rng(1).normal(size=30)
+    groups = np.repeat(np.arange(30), 5)
+    units = np.repeat(values, 5)
+    grouped = group_interval(groups, lambda idx: float(units[idx].mean()), SETTINGS)
+    alone = mean_interval(values, SETTINGS)
+    assert grouped.n == 30 and (grouped.low, grouped.high) == pytest.approx((alone.low, alone.high))
+    narrow = mean_interval(units, SETTINGS)  # as if every unit were its own sample
+    assert grouped.high - grouped.low > 1.8 * (narrow.high - narrow.low)
+
+
+def test_skip_undefined_leaves_out_the_resamples_without_a_value():
+    """A statistic undefined on some resamples (one class drawn) makes the interval undefined, unless those
+    resamples are left out; undefined on every resample, it stays undefined."""
+    labels = np.array([1.0] + [0.0] * 9)
+
+    def share(idx: np.ndarray) -> float:
+        return float(labels[idx].mean()) if labels[idx].any() else math.nan
+
+    with pytest.warns(DegenerateDataWarning):  # scipy's own word for a NaN interval
+        assert not interval(10, share, SETTINGS).defined
+    kept = interval(10, share, SETTINGS, skip_undefined=True)
+    assert kept.defined and 0.1 <= kept.low < kept.high and kept.effect == pytest.approx(0.1)
+    whole = np.arange(10)
+    never = interval(10, lambda idx: 0.0 if np.array_equal(idx, whole) else math.nan, SETTINGS, skip_undefined=True)
+    assert never.effect == 0.0 and math.isnan(never.low) and math.isnan(never.high)
+
+
+# What a hand-made interval is built from: a bootstrap (scipy's or a loop of draws with replacement) and the
+# percentiles of its distribution. Only dynheads.analysis.evidence may call them; every table and verdict asks it.
+RESAMPLING = {"bootstrap", "integers", "percentile", "nanpercentile", "quantile", "nanquantile"}
+HELPER = "analysis/evidence.py"
+
+
+def resampling_calls(source: str) -> list[str]:
+    """``line: name`` of every call (``f(...)`` or ``x.f(...)``) or ``from ... import`` of a ``RESAMPLING`` name."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name in RESAMPLING:
+                found.append(f"{node.lineno}: {name}")
+        elif isinstance(node, ast.ImportFrom):
+            found += [f"{node.lineno}: {alias.name}" for alias in node.names if alias.name in RESAMPLING]
+    return found
+
+
+def test_no_interval_is_computed_outside_the_evidence_helper():
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert (PACKAGE / HELPER) in paths and len(paths) > 40
+    assert resampling_calls((PACKAGE / HELPER).read_text(encoding="utf-8"))  # the check sees the helper's own
+    found = [
+        f"{path.relative_to(PACKAGE)}:{call}"
+        for path in paths
+        if path != PACKAGE / HELPER
+        for call in resampling_calls(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "use dynheads.analysis.evidence (interval, mean_interval, group_interval): " + ", ".join(found)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from scipy.stats import bootstrap", ["1: bootstrap"]),
+        ("import scipy.stats as st\nst.bootstrap((x,), f)", ["2: bootstrap"]),
+        ("lo, hi = np.percentile(v, [2.5, 97.5])", ["1: percentile"]),
+        ("idx = np.random.default_rng(0).integers(0, n, n)", ["1: integers"]),
+        ("q = frame['x'].quantile(0.9)", ["1: quantile"]),
+        ("rng.choice(names)\nnp.mean(v)", []),
+    ],
+)
+def test_the_check_sees_a_hand_made_bootstrap(source, expected):
+    assert resampling_calls(source) == expected

@@ -475,6 +475,7 @@ def test_halueval_samples_put_the_knowledge_in_the_prompt_and_pair_the_answers(e
 
 
 @pytest.mark.slow
+@pytest.mark.embedded  # the CLI on its default model
 def test_cli_detect_on_halueval_writes_the_lookback_and_a_needle_free_retrieval_set(tmp_path):
     import subprocess
     import sys
@@ -520,8 +521,8 @@ def test_paired_auroc_difference_resamples_both_detectors_together():
     labels = np.tile([0, 1], 40)
     perfect = labels + rng.random(80) * 0.5
     noise = rng.random(80)
-    assert hl.paired_auroc_difference(labels, noise, noise, groups, resamples=100) == (0.0, 0.0, 0.0)
-    delta, low, high = hl.paired_auroc_difference(labels, perfect, noise, groups, resamples=200)
+    assert hl.paired_auroc_difference(labels, noise, noise, groups, EvidenceSettings(resamples=100)) == (0.0, 0.0, 0.0)
+    delta, low, high = hl.paired_auroc_difference(labels, perfect, noise, groups, EvidenceSettings(resamples=200))
     assert delta == pytest.approx(1.0 - hl.auroc_auprc(labels, noise)[0]) and 0 < low <= delta <= high
 
 

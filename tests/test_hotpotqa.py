@@ -8,17 +8,16 @@ import importlib.util
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
-from dynheads import DynheadsError, models
+from dynheads import DynheadsError
 from dynheads.tasks import hotpotqa as hq
 from dynheads.tasks import qa_metrics
 
 
 @pytest.fixture(scope="module")
-def tok():
-    """The embedded model's tokenizer alone (seconds), not the whole model."""
-    return AutoTokenizer.from_pretrained(str(models.embedded_gguf_path().parent), gguf_file=models.EMBEDDED_FILE)
+def tok(embedded_tokenizer):
+    """The embedded model's tokenizer alone (conftest's ``embedded_tokenizer``)."""
+    return embedded_tokenizer
 
 
 @pytest.fixture(scope="module")

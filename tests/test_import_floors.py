@@ -67,7 +67,7 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
         "mechanisms",
         [
             ("dynheads.ablation", "dynheads.ablation_strategies", "dynheads.ablation_forced"),
-            ("dynheads.kv", "dynheads.kv_policies", "dynheads.kvcache", "dynheads.presses"),
+            ("dynheads.kv", "dynheads.kv_policies", "dynheads.kvcache", "dynheads.presses", "dynheads.token_kv"),
             ("dynheads.rag",),
         ],
     ),
@@ -162,3 +162,87 @@ def test_no_import_runs_up_a_floor():
 )
 def test_the_check_sees_upward_imports_lazy_ones_included(module, source, expected):
     assert [problem.split(" imports ")[1].split(" (")[0] for problem in upward_imports(module, source)] == expected
+
+
+def private_imports(module: str, source: str) -> list[str]:
+    """Each ``_private`` name ``source`` (the text of ``module``) imports from another dynheads module, as a
+    readable line: ``from dynheads.x import _y`` and ``import dynheads.x._y`` alike (dunders such as
+    ``__version__`` are public). A name shared between modules is made public or moved where it belongs."""
+    problems = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "dynheads":
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if alias.name.split(".")[0] == "dynheads"]
+        else:
+            continue
+        for name in names:
+            private = [part for part in name.split(".") if part.startswith("_") and not part.endswith("__")]
+            if private:
+                problems.append(f"{module}:{node.lineno} imports {name}, a private name of another module")
+    return problems
+
+
+def test_no_module_imports_another_modules_private_name():
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert len(paths) > 40
+    problems = [
+        problem for path in paths for problem in private_imports(module_name(path), path.read_text(encoding="utf-8"))
+    ]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from dynheads.plots.ablation import _save, plot_heatmaps", ["dynheads.plots.ablation._save"]),
+        (
+            "def f():\n    from dynheads.experiments.detect import (\n        Detector,\n        _score,\n    )\n",
+            ["dynheads.experiments.detect._score"],
+        ),
+        ("import dynheads._internal.cache", ["dynheads._internal.cache"]),
+        ("from dynheads import __version__\nfrom dynheads.tasks.niah import load_haystack", []),
+        ("from numpy import _private\nimport os._x", []),
+    ],
+)
+def test_the_check_sees_private_imports_multi_line_and_lazy_ones_included(source, expected):
+    found = [problem.split(" imports ")[1].split(",")[0] for problem in private_imports("dynheads.x", source)]
+    assert found == expected
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of ``graph`` (module -> the modules it imports) as a path that ends where it starts, or []."""
+    state: dict[str, str] = {}  # "open" while its imports are walked, "done" after
+
+    def walk(module: str, path: list[str]) -> list[str]:
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                return path[path.index(target) :] + [target]
+            if target not in state and (circle := walk(target, path + [target])):
+                return circle
+        state[module] = "done"
+        return []
+
+    for module in sorted(graph):
+        if module not in state and (circle := walk(module, [module])):
+            return circle
+    return []
+
+
+def test_no_import_circle_lazy_imports_included():
+    """No module of dynheads reaches itself through imports, lazy ones included: the task registry imports no
+    task (a task declares the data that selects it, ``Task.data_source`` and ``selects``, which ``task_of``
+    reads), so a task module may import the registry."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    graph = {module_name(path): set() for path in paths}
+    for path in paths:
+        graph[module_name(path)] = {t for _, t in imported_modules(path.read_text(encoding="utf-8")) if t in graph}
+    assert len(graph) > 40 and any(graph.values())
+    circle = import_circle(graph)
+    assert not circle, " -> ".join(circle)
+
+
+def test_the_circle_check_finds_a_lazy_circle():
+    assert import_circle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
+    assert import_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []

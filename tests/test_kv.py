@@ -11,7 +11,8 @@ from dynheads.analysis.headlists import RankedHeads
 from dynheads.analysis.kvheads import kv_head_matrix, kv_head_ranking, query_head_scores, write_duo_attention
 from dynheads.decoding import trace
 from dynheads.errors import DynheadsError
-from dynheads.experiments.kv import KVConfig, _fit_samples, probe_precision_recall
+from dynheads.experiments.kv import KVConfig, probe_precision_recall
+from dynheads.experiments.niah import refuse_seed_overlap
 from dynheads.io import read_json
 from dynheads.kv import (
     KVSettings,
@@ -209,16 +210,16 @@ def test_probe_fitted_on_evaluation_samples_is_refused(tmp_path):
     run.save_sample({"sample_id": "kvprobe-a", "seed": 11, "answer": "uuid-a"})
     (tmp_path / "train" / "probe").mkdir()
     evaluation = [{"sample_id": "analysis-b", "seed": 12, "answer": "uuid-b"}]
-    fitted = _fit_samples(str(tmp_path / "train" / "probe"), "probe", evaluation)
+    fitted = refuse_seed_overlap(str(tmp_path / "train" / "probe"), "probe", evaluation)
     assert fitted["samples"] == [{"sample_id": "kvprobe-a", "seed": 11, "answer": "uuid-a"}]
     with pytest.raises(DynheadsError, match="fitted on 1 of the evaluation samples"):
-        _fit_samples(
+        refuse_seed_overlap(
             str(tmp_path / "train" / "probe"),
             "probe",
             evaluation + [{"sample_id": "analysis-c", "seed": 11, "answer": "uuid-c"}],
         )
     with pytest.raises(DynheadsError, match="cannot tell which samples"):
-        _fit_samples(str(tmp_path / "elsewhere" / "probe"), "probe", evaluation)
+        refuse_seed_overlap(str(tmp_path / "elsewhere" / "probe"), "probe", evaluation)
 
 
 def test_precision_recall_pairs_step_t_predictions_with_step_t_plus_1():

@@ -76,8 +76,8 @@ def test_a_registered_policy_runs_through_the_kv_experiment_and_its_figure(
     first_layers, tiny_model_dir, tmp_path, monkeypatch
 ):
     drawn = []
-    save = kv_plots._save
-    monkeypatch.setattr(kv_plots, "_save", lambda figure, path: drawn.append(figure) or save(figure, path))
+    save = kv_plots.save_png
+    monkeypatch.setattr(kv_plots, "save_png", lambda figure, path: drawn.append(figure) or save(figure, path))
     config = KVConfig(
         model=str(tiny_model_dir),
         policies=("full", first_layers),

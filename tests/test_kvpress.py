@@ -167,3 +167,114 @@ def test_dynheads_kv_runs_a_kvpress_row_at_matched_bytes(tmp_path, embedded):
     # matched at the prefill: within one decoded token per KV head of the static policy's resident fraction
     assert abs(streaming["kv_fraction"] - static["kv_fraction"]) < 6 / 200
     assert table.loc["kvpress:duo_attention", "kv_heads"] == static["kv_heads"] == 5  # 5 % of 90 KV heads -> 5
+
+
+def _kept_positions(compressed, full) -> list[list[int]]:
+    """Per KV head of one layer's cache: the prompt positions whose keys the compressed cache holds."""
+    return [
+        sorted(int((full[0, kv] - key).abs().sum(-1).argmin()) for key in compressed[0, kv])
+        for kv in range(full.shape[1])
+    ]
+
+
+@needs_kvpress
+def test_the_head_token_press_runs_in_kvpress_pipeline_and_keeps_the_policys_tokens():
+    from kvpress import KVPressTextGenerationPipeline
+    from transformers import DynamicCache
+    from zoo import byte_tokenizer
+
+    from dynheads.presses import head_tokens_press
+    from dynheads.token_kv import head_tokens, kept_count
+
+    tokenizer = byte_tokenizer("{% for m in messages %}<u>{{ m.content }}</u>{% endfor %}<a>")
+    model = tiny_model("llama", vocab_size=len(tokenizer))
+    model.set_attn_implementation("sdpa")
+    lm = LoadedModel(model=model, tokenizer=tokenizer, name="llama", revision="random")
+    voters, context = ((0, 1), (2, 3), (1, 0)), "the magic word is tapir; the sky is green, and cats sleep a lot. Q?"
+    press = head_tokens_press(voters, 0.6, sink=2, recent=8, window=16)
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    cache = DynamicCache(config=model.config)
+    pipe(context, question="what?", press=press, cache=cache, max_new_tokens=2)
+    context_ids = pipe.preprocess(context, ["what?"], "", 10_000)["context_ids"]
+    full = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model.model(input_ids=context_ids, past_key_values=full)
+    # dynheads prefills the prompt minus its last token: the pipeline's context is that prefill
+    expected = head_tokens(lm, [*context_ids[0].tolist(), 0], voters, 0.6, sink=2, recent=8, window=16)
+    assert len(expected) == kept_count(context_ids.shape[1], 0.6)
+    for layer in range(3):  # every KV head of every layer keeps the policy's tokens
+        assert _kept_positions(cache.layers[layer].keys, full.layers[layer].keys) == [expected, expected]
+
+
+@needs_kvpress
+def test_head_tokens_in_dynheads_kv_hold_snapkvs_bytes(lm):
+    from dynheads.presses import press_generate
+
+    ids = _prompt(5, 120)
+    settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),), voters=((1, 2),))
+    tokens = press_generate(lm, ids, "head_tokens", settings, 4, stop_at_eos=False)
+    snapkv = press_generate(lm, ids, "snapkv", settings, 4, stop_at_eos=False)
+    assert tokens.kept_kv == snapkv.kept_kv and tokens.kept_kv[0] < tokens.total_kv[0] // 2
+    with pytest.raises(DynheadsError, match="driven by a dynheads head list"):
+        press_generate(lm, ids, "head_tokens", KVSettings(policy="static", budget=0.34), 4)
+
+
+@needs_kvpress
+def test_head_tokens_need_a_static_list():
+    from dynheads.experiments.kv import KVConfig
+
+    with pytest.raises(DynheadsError, match="kvpress:head_tokens is driven by a dynheads head list"):
+        KVConfig(policies=("full", "kvpress:head_tokens")).jobs()
+
+
+@needs_kvpress
+@pytest.mark.slow
+def test_a_static_list_fitted_on_evaluation_samples_is_refused_for_head_tokens(tmp_path, embedded):
+    from dynheads.experiments.kv import KVConfig, run_kv
+    from dynheads.experiments.niah import niah_samples
+    from dynheads.runs import RunDir
+
+    config = KVConfig(
+        policies=("kvpress:head_tokens",),
+        budgets=(0.25,),
+        lengths=(200,),
+        depths=(0.5,),
+        runs=1,
+        max_new_tokens=4,
+        static=str(tmp_path / "static" / "list.json"),
+    )
+    evaluated = niah_samples(config.niah_config(), embedded.tokenizer)[0]
+    static_run = RunDir(tmp_path / "static")
+    static_run.start("static", {"seed": 0}, None)
+    static_run.save_sample({"sample_id": "static-x", "seed": evaluated.seed, "answer": "another"})
+    (tmp_path / "static" / "list.json").write_text('["18-6", "17-3", "17-4"]')
+    with pytest.raises(DynheadsError, match="fitted on 1 of the evaluation samples"):
+        run_kv(config, tmp_path / "kv", lm=embedded, progress=False)
+
+
+@needs_kvpress
+@pytest.mark.slow
+def test_dynheads_kv_runs_head_tokens_beside_snapkv_at_the_same_bytes(tmp_path, embedded):
+    import pandas as pd
+
+    from dynheads.experiments.kv import KVConfig, run_kv
+    from dynheads.runs import RunDir
+
+    static_run = RunDir(tmp_path / "static")
+    static_run.start("static", {"seed": 0}, None)
+    static_run.save_sample({"sample_id": "static-x", "seed": 1, "answer": "not-an-evaluation-uuid"})
+    (tmp_path / "static" / "list.json").write_text('["18-6", "17-3", "17-4", "16-0", "20-2", "14-8"]')
+    config = KVConfig(
+        policies=("kvpress:snapkv", "kvpress:head_tokens"),
+        budgets=(0.1,),
+        lengths=(200,),
+        depths=(0.5,),
+        runs=1,
+        max_new_tokens=4,
+        static=str(tmp_path / "static" / "list.json"),
+    )
+    run = run_kv(config, tmp_path / "kv", lm=embedded, progress=False)
+    table = pd.read_csv(run.path / "table.csv").set_index("policy")
+    assert table.loc["kvpress:head_tokens", "kv_fraction"] == table.loc["kvpress:snapkv", "kv_fraction"] < 0.5
+    votes = run.manifest()["token_votes"]
+    assert votes["voters"] == ["18-6", "17-3", "17-4", "16-0", "20-2", "14-8"] and votes["window"] == 32

@@ -180,6 +180,7 @@ def test_what_only_the_tokenizer_can_tell_is_named_by_its_line(tmp_path, tok):
         custom.check_tokenised(fits, LoadedTokenizer(tok, "words", prompt + 3))
 
 
+@pytest.mark.embedded  # the embedded model's tokenizer and window, read from its GGUF
 def test_a_record_past_the_window_exits_2_before_a_model_loads(tmp_path, capsys, monkeypatch):
     import dynheads.runs
 

@@ -257,7 +257,7 @@ def test_eq2_denominator_is_summed_from_the_kept_keys_not_by_subtraction():
     # A sink-dominated row at 4k keys: the sink holds all but ~3e-8 of the mass, the rest is spread thinly.
     # In fp32 ``total - excluded`` is a multiple of the spacing of floats near 1 (6e-8): it snaps to 0 or to
     # twice the true value. The direct sum over the kept keys is exact to fp32 precision.
-    from dynheads.probe import _record
+    from dynheads.probe import record_layer_attention
 
     kv = 4096
     probe = AttentionProbe(num_layers=1, num_heads=1)
@@ -272,7 +272,7 @@ def test_eq2_denominator_is_summed_from_the_kept_keys_not_by_subtraction():
     spread = torch.linspace(1.0, 3.0, len(kept), dtype=torch.float64)
     row[kept] = (spread * 3e-8 / spread.sum()).float()
     probs = row[None]  # [H=1, kv]
-    _record(probe, 0, probs[None], kv)  # the probe reduces a batch: [B=1, H, kv]
+    record_layer_attention(probe, 0, probs[None], kv)  # the probe reduces a batch: [B=1, H, kv]
     stats = probe.sequence_stats(0)
     exact = float(probs.double()[0, needle].sum() / probs.double()[0, kept].sum())
     score = float(stats.reasoning_scores()[0, 0])

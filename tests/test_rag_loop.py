@@ -13,7 +13,7 @@ from dynheads.decoding import decode
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.models import load_model
-from dynheads.rag.loop import RagSettings, _Answerer, answer_question, answer_questions
+from dynheads.rag.loop import Answerer, RagSettings, answer_question, answer_questions
 from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import HeadSelector
 from dynheads.rag.trigger import TriggerConfig
@@ -31,7 +31,7 @@ def sample(tiny_lm):
 
 
 def test_hidden_context_gets_zero_attention_in_every_head(tiny_lm, sample):
-    state = _Answerer(tiny_lm, list(sample.input_ids), sample.context_span, RagSettings())
+    state = Answerer(tiny_lm, list(sample.input_ids), sample.context_span, RagSettings())
     start, stop = sample.context_span
     every = {(layer, head) for layer in range(tiny_lm.num_layers) for head in range(tiny_lm.num_heads)}
     visible = np.zeros(stop - start, dtype=bool)
@@ -171,7 +171,7 @@ def test_rag_batch_size_four_equals_batch_one(tiny_lm, tiny_model_dir, tmp_path)
 def test_the_last_drafted_token_receives_its_own_query_attention(tiny_lm, sample):
     # RIND's attention term: every drafted token, the last one included, receives attention from the drafted
     # queries up to and including the last drafted position (the last token used to get 0 and never trigger).
-    state = _Answerer(tiny_lm, list(sample.input_ids), sample.context_span, RagSettings())
+    state = Answerer(tiny_lm, list(sample.input_ids), sample.context_span, RagSettings())
     first = sample.context_span[1] + len(state.question)
     policy = state.draft(None, 4, sentence=False)
     decode([state.session], [policy], policy.steps)

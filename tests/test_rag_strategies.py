@@ -92,7 +92,7 @@ def test_bad_arguments_are_refused(strategy, k):
 
 
 def test_a_strategy_registered_here_selects_and_is_planned_like_the_built_in_ones():
-    from dynheads.experiments.rag import RagConfig, _jobs
+    from dynheads.experiments.rag import RagConfig, rag_jobs
 
     def first_heads(selector, hidden):
         return selector.checked([(0, head) for head in range(selector.k)], "first heads")
@@ -103,7 +103,7 @@ def test_a_strategy_registered_here_selects_and_is_planned_like_the_built_in_one
         assert selector.needs_heads and selector.select() == [(0, 0), (0, 1), (0, 2)]
         with pytest.raises(DynheadsError, match="k=0 heads asked"):
             HeadSelector("first-heads", k=0, **SHAPE)
-        assert _jobs(RagConfig(strategies=("none", "first-heads"), ks=(5, 10))) == [
+        assert rag_jobs(RagConfig(strategies=("none", "first-heads"), ks=(5, 10))) == [
             ("none", None),
             ("first-heads", 5),
             ("first-heads", 10),
@@ -112,4 +112,4 @@ def test_a_strategy_registered_here_selects_and_is_planned_like_the_built_in_one
     finally:
         RAG_STRATEGIES.unregister("first-heads")
     with pytest.raises(DynheadsError, match="unknown RAG strategy 'first-heads': use one of dynamic, static"):
-        _jobs(RagConfig(strategies=("first-heads",)))
+        rag_jobs(RagConfig(strategies=("first-heads",)))

@@ -126,6 +126,7 @@ def test_models_are_named_by_name_never_by_path(tiny_model_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded  # loads the embedded GGUF by its path
 def test_a_gguf_file_is_named_by_its_stem():
     lm = load_model(embedded_gguf_path())
     assert lm.name == "SmolLM2-135M-Instruct.Q4_1"

@@ -13,7 +13,8 @@ import torch
 import transformers as tf
 from zoo import COMMON, FAMILIES, NoTokenizer, tiny_model
 
-from dynheads.analysis.ranking import mean_interval, qrhead_scores, ranking_metrics, top_heads
+from dynheads.analysis.evidence import EvidenceSettings, Interval, mean_interval
+from dynheads.analysis.ranking import qrhead_scores, ranking_metrics, top_heads
 from dynheads.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
@@ -188,9 +189,9 @@ def test_metrics_of_a_hand_made_ranking():
 
 
 def test_paired_interval_and_qrhead_choice():
-    assert mean_interval([0.5] * 10) == (0.5, 0.5, 0.5)
-    mean, low, high = mean_interval(np.r_[np.zeros(50), np.ones(50)], resamples=500)
-    assert mean == 0.5 and 0.35 < low < 0.5 < high < 0.65
+    assert mean_interval(np.full(10, 0.5), EvidenceSettings()) == Interval(0.5, 0.5, 0.5, 10)
+    half = mean_interval(np.r_[np.zeros(50), np.ones(50)], EvidenceSettings(resamples=500))
+    assert half.effect == 0.5 and 0.35 < half.low < 0.5 < half.high < 0.65
     scores = np.zeros((2, 3, 4))
     scores[1, 2, [0, 3]] = 1.0  # head (1, 2) attends to candidates 0 and 3
     scores[0, 1, 1] = 5.0  # head (0, 1) attends hard to candidate 1, never gold
@@ -263,11 +264,23 @@ def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):
         summarise_scored(dataclasses.replace(config, seed=1), run.path)
     summary = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]
     assert summary["fit_questions"] == 3 and len(summary["qrhead_heads"]) == 2
+    # Fusions with BM25 rank the same stored scores; mix's weight is fitted on the fitting stream only.
+    fused = ("icr", "bm25", "rrf:icr", "mix:icr", "mix:qrhead")
+    summarise_scored(dataclasses.replace(config, strategies=fused), run.path)
+    rows = __import__("pandas").read_csv(run.path / "rankings.csv")
+    assert set(rows["strategy"]) == set(fused) and len(rows) == 2 * len(fused)
+    weights = json.loads((run.path / "fusion_weights.json").read_text())
+    assert set(weights["weights"]) == {"mix:icr", "mix:qrhead"} and weights["fit_questions"] == 3
+    assert all(0 <= w <= 1 for w in weights["weights"].values()) and len(weights["grid"]["mix:icr"]) == 21
+    assert "Fusions with BM25 by question type" in (run.path / "rerank.md").read_text()
     # QRHead is fitted on its whole fitting stream or not at all: with a fitting question unscored it is skipped.
     next(p for p in (run.path / "samples").glob("fit-*.json")).unlink()
     summarise_scored(config, run.path)
     summary = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]
     assert "2 of its 3 scored" in summary["skipped"]["qrhead"] and summary["fit_questions"] == 0
+    summarise_scored(dataclasses.replace(config, strategies=fused), run.path)
+    summary = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]
+    assert "2 of 3 scored" in summary["skipped"]["mix:icr"] and "rrf:icr" in summary["metrics"]
     assert "qrhead" not in set(__import__("pandas").read_csv(run.path / "rankings.csv")["strategy"])
     # Scores stored under another query-row rule (the earlier sum over the question's rows) are refused.
     manifest_path = run.path / "manifest.json"

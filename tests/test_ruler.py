@@ -4,9 +4,11 @@ samples, errors, and CLI runs at 1, 2 and 3 hops on a tiny random model."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -163,11 +165,6 @@ def test_chance_heuristics_and_distractor_share_on_constructed_samples():
     assert empty["n"] == 0 and empty["chance"] != empty["chance"]  # NaN: no candidates, no chance level
     all_right = candidates.summarise(records([("1", ["1", "2"], 1.0, 0.0)]))
     assert all_right["wrong"] == 0 and all_right["distractor_share"] != all_right["distractor_share"]
-    # the interval of a mean over samples: a point when every sample agrees, NaN below two samples, else around it
-    assert candidates.interval([0.5] * 5) == (0.5, 0.5)
-    assert all(v != v for v in candidates.interval([1.0]))
-    low, high = candidates.interval([0.0, 1.0] * 20)
-    assert 0.3 < low < 0.5 < high < 0.7
     gaps = candidates.gaps(rows)
     assert list(gaps["first"]) == [0.0, 0.0, 0.0, 0.0] and list(gaps["last"]) == [1.0, 0.0, -1.0, -1.0]
     assert candidates.is_distractor("2", "1", ["1", "2"]) == 1.0
@@ -375,3 +372,19 @@ def test_rag_table_shows_chance_and_distractor_share(tiny_model_dir, tmp_path):
     text = (tmp_path / "rag" / "rag.md").read_text()
     assert "a random same-form candidate 0.333 EM" in text and "wrong = a distractor's value" in text
     assert "last candidate in the first half" in text and "always the first" not in text  # heuristics that could work
+
+
+def test_the_chance_table_takes_its_intervals_from_the_evidence_helper():
+    """Every question right: the EM interval is the exact one of 20 agreeing proportions, not a point (the old
+    helper of this table gave [1, 1]); the gap to chance is the paired mean with its bootstrap interval."""
+    from dynheads.analysis.evidence import EvidenceSettings, identical_interval, mean_interval
+    from dynheads.experiments.hotpotqa import qa_summary
+
+    rows = [{**row, "context_tokens": 100} for row in records([("1", ["1", "2"], 1.0, 0.0)] * 10)]
+    rows += [{**row, "context_tokens": 100} for row in records([("2", ["1", "2", "3", "4"], 1.0, 0.0)] * 10)]
+    numbers = qa_summary(rows, task_of("variable_tracking"), seed=3).numbers["candidates"]
+    exact = identical_interval(np.ones(20), math.inf, EvidenceSettings(), bounds=(0.0, 1.0))
+    assert numbers["em_interval"] == [exact.low, 1.0] and exact.low < 0.9
+    gap = mean_interval(candidates.gaps(rows)["chance"], EvidenceSettings(seed=3), bounds=(-1.0, 1.0))
+    markdown = qa_summary(rows, task_of("variable_tracking"), seed=3).to_markdown()
+    assert f"[{gap.low:.3f}, {gap.high:.3f}]" in markdown and gap.low < 1 - (1 / 2 + 1 / 4) / 2 < gap.high

@@ -212,6 +212,37 @@ def test_multihop_data_selects_the_multihop_task_and_its_label(tmp_path):
     assert "HotpotQA setup (Section 5)" in [section.title for section in build_sections(tmp_path)]
 
 
+def test_a_task_registered_here_is_selected_by_the_data_it_declares():
+    # two forms of one toy source, declared on their entries alone: task_of reads them, the CLI's default too
+    from dynheads.cli.trace_commands import default_data
+
+    def toy(name: str, long: bool) -> Task:
+        return Task(
+            name=name,
+            label=name,
+            score_kind="reasoning",
+            static_kind="reasoning",
+            metrics={"hit": "hit"},
+            score=None,
+            grid=None,
+            prompt=None,  # a toy entry: only its data declarations are read here
+            data_source="toyq",
+            selects=lambda data: ("long" in data) == long,
+            default_data="toyq:long" if long else "toyq",
+        )
+
+    short, long = register(toy("toy_short", False)), register(toy("toy_long", True))
+    try:
+        assert task_of("hotpotqa", "toyq:long") is long and task_of("hotpotqa", "toyq") is short  # HotpotQA's spelling
+        assert task_of("toy_short", "toyq:long") is long and task_of("toy_long", None) is long
+        assert task_of("niah", "toyq:long").name == "niah"  # a task that reads no toyq data keeps its name
+        assert task_of("multihop", "toyq:long").name == "multihop"  # nor does another source's task
+        assert default_data("toy_long") == "toyq:long" and default_data("toy_short") == "toyq"
+    finally:
+        unregister("toy_short")
+        unregister("toy_long")
+
+
 def test_one_sample_type_keeps_the_record_columns(tiny_lm):
     sample = niah.make_sample(tiny_lm.tokenizer, context_tokens=120, depth=0.5, seed=1)
     assert isinstance(sample, Sample) and sample.answer_token_count == sample.extras.answer_token_count >= 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 import transformers as tf
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 COMMON = dict(
     hidden_size=64,
@@ -60,3 +61,16 @@ class NoTokenizer:
 
     def decode(self, ids, **kwargs) -> str:
         return " ".join(map(str, ids))
+
+
+def byte_tokenizer(template: str) -> tf.PreTrainedTokenizerFast:
+    """A fast byte-level tokenizer (one token per byte, no merges) with ``template`` as its chat template."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
+    vocab["<eos>"] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = tf.PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>")
+    tokenizer.chat_template = template
+    return tokenizer

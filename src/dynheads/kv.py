@@ -62,6 +62,7 @@ class KVSettings:
     static_ranking: tuple[KVHead, ...] = ()  # scored KV heads, best first (``analysis.kvheads.kv_head_ranking``)
     probe_select: ProbeSelect = "top"
     seed: int = 0
+    voters: tuple[Head, ...] = ()  # query heads that vote on the prompt's tokens (``token_kv``; kvpress:head_tokens)
 
 
 @dataclass

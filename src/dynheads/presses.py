@@ -11,7 +11,9 @@ plus ``sink + recent``-token windows hold at the prompt's length, so both start 
   (``ExpectedAttentionPress``) and ``knorm`` (``KnormPress``): token-level presses at that ratio,
 - ``duo_attention``: ``DuoAttentionPress`` driven by a dynheads head list (``head_list_press``): the static policy's
   k best positive-score KV heads keep every token and the others only ``sink`` + ``recent`` (kvpress masks the
-  evicted keys of those heads instead of freeing them; the bytes counted are the keys it leaves visible).
+  evicted keys of those heads instead of freeing them; the bytes counted are the keys it leaves visible),
+- ``head_tokens``: retrieval heads choose the tokens (``head_tokens_press``, ``dynheads.token_kv``): the static
+  list's best query heads vote from an observation window and every KV head keeps the same tokens, at that ratio.
 
 The resident KV of a press row is read from the cache at every decode step (its tokens x KV heads, less the
 masked keys), so the table shows what each press actually held.
@@ -30,12 +32,15 @@ import torch
 
 from dynheads.analysis.kvheads import KVHead
 from dynheads.errors import DynheadsError
+from dynheads.heads import Head
 from dynheads.io import read_json
 from dynheads.kv import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
 from dynheads.models import LoadedModel, decode_text, with_cache
+from dynheads.token_kv import POOL, WINDOW, token_scores
 
 PREFIX = "kvpress:"
-PRESSES = ("streaming_llm", "snapkv", "expected_attention", "knorm", "duo_attention")
+PRESSES = ("streaming_llm", "snapkv", "expected_attention", "knorm", "duo_attention", "head_tokens")
+HEAD_LIST_PRESSES = ("duo_attention", "head_tokens")  # driven by the static head list (--static FILE)
 EXTRA = "pip install 'dynheads[kvpress]' (kvpress 0.5.5, which needs transformers<5.3)"
 
 
@@ -103,6 +108,85 @@ def head_list_press(kv_heads: Sequence[KVHead], *, sink: int = 128, recent: int 
     return _press_class()(kv_heads=tuple((int(layer), int(kv)) for layer, kv in kv_heads), sink=sink, recent=recent)
 
 
+@functools.cache
+def _token_press_class() -> type:
+    kvpress = require_kvpress()
+    is_prefilling = kvpress.presses.base_press.is_prefilling  # kvpress's test for the prefill pass
+
+    @dataclass
+    class HeadTokensPress(kvpress.ScorerPress):  # type: ignore[name-defined]  # a base found at run time
+        """Retrieval heads choose the tokens (``dynheads.token_kv``): the ``voters`` ((layer, query head) pairs)
+        vote from the last ``window`` prefilled positions, and every KV head of every layer keeps the same tokens.
+        The votes of all layers are known after the last layer, so the cache of every layer is compressed there
+        (the prefill itself attends in full either way: kvpress compresses after a layer's attention)."""
+
+        compression_ratio: float = 0.0
+        voters: tuple[tuple[int, int], ...] = ()
+        window: int = WINDOW
+        sink: int = 4
+        recent: int = 64
+        pool: int = POOL
+
+        def post_init_from_model(self, model):
+            self.attention = attention_modules(model)
+            bad = [h for h in self.voters if not (0 <= h[0] < len(self.attention))]
+            if not self.voters or bad:
+                raise DynheadsError(f"the head-token press needs voting heads within {len(self.attention)} layers")
+            self.votes: list[torch.Tensor] = []
+
+        def forward_hook(self, module, input, kwargs, output):
+            hidden = kwargs["hidden_states"]
+            if not is_prefilling(kwargs["cache_position"], hidden.shape[1]):
+                return output
+            if hidden.shape[0] != 1 or not 0 < self.window < hidden.shape[1]:
+                raise DynheadsError(
+                    f"the head-token press compresses one sequence longer than its window ({self.window} tokens)"
+                )
+            cache, layer = kwargs["past_key_values"], module.layer_idx
+            heads = [head for voter_layer, head in self.voters if voter_layer == layer]
+            if heads:  # [1, H, window, n - window] rows of this layer's query heads (kvpress's SnapKV arithmetic)
+                rows = kvpress.SnapKVPress.compute_window_attention(
+                    module, hidden, cache.layers[layer].keys, self.window, kwargs["position_embeddings"]
+                )
+                self.votes.append(rows[0, heads].float().mean(1).sum(0))
+            if layer == len(self.attention) - 1:
+                votes = torch.stack(self.votes).sum(0) / len(self.voters)
+                self.scores = token_scores(votes, hidden.shape[1], sink=self.sink, recent=self.recent, pool=self.pool)
+                self.votes = []
+                for index, attention in enumerate(self.attention):
+                    held = cache.layers[index]
+                    held.keys, held.values = self.compress(attention, hidden, held.keys, held.values, None, kwargs)
+            return output
+
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            return self.scores.to(keys.device)[None, None].expand(keys.shape[0], keys.shape[1], -1)
+
+    return HeadTokensPress
+
+
+def head_tokens_press(
+    voters: Sequence[Head],
+    compression_ratio: float,
+    *,
+    sink: int = 4,
+    recent: int = 64,
+    window: int = WINDOW,
+    pool: int = POOL,
+):
+    """A kvpress press (a ``ScorerPress``) whose scores are the head-guided token votes of ``dynheads.token_kv``:
+    ``with head_tokens_press(heads, 0.75)(model): model(prompt_ids, **with_cache(model, cache))``."""
+    if not 0 <= compression_ratio < 1:
+        raise DynheadsError(f"a compression ratio is in [0, 1), got {compression_ratio}")
+    return _token_press_class()(
+        compression_ratio=compression_ratio,
+        voters=tuple((int(layer), int(head)) for layer, head in voters),
+        window=window,
+        sink=sink,
+        recent=recent,
+        pool=pool,
+    )
+
+
 def press_from_export(folder: str | Path, full_heads: int | None = None):
     """``head_list_press`` from a ``dynheads kv-export`` folder: the 1s of a thresholded export, or the
     ``full_heads`` best positive-score KV heads of a scored one; windows from its config.json."""
@@ -133,6 +217,8 @@ def make_press(name: str, lm: LoadedModel, settings: KVSettings, length: int):
         k = kv_head_count(settings.budget, lm.num_layers, num_kv_heads(lm))
         return head_list_press(settings.static_ranking[:k], sink=settings.sink, recent=settings.recent)
     ratio = matched_ratio(lm, settings, length)
+    if name == "head_tokens":
+        return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent)
     if name == "streaming_llm":
         return kvpress.StreamingLLMPress(compression_ratio=ratio, n_sink=settings.sink)
     if name == "snapkv":
@@ -155,13 +241,13 @@ def press_generate(
     (as ``dynheads.kv`` prefills), the resident KV read from the cache at every decode step."""
     from transformers import DynamicCache
 
-    if name == "duo_attention" and not settings.static_ranking:
-        raise DynheadsError("kvpress:duo_attention keeps a dynheads head list whole: pass --static FILE")
+    if name in HEAD_LIST_PRESSES and not (settings.voters if name == "head_tokens" else settings.static_ranking):
+        raise DynheadsError(f"kvpress:{name} is driven by a dynheads head list: pass --static FILE")
     if len(input_ids) < 2:
         raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
     press = make_press(name, lm, settings, len(input_ids) - 1)
     model, device = lm.model, lm.device
-    attention = [module for module in model.modules() if hasattr(module, "layer_idx") and hasattr(module, "o_proj")]
+    attention = attention_modules(model)
     cache = DynamicCache(config=model.config)
     ids = torch.as_tensor(list(input_ids), dtype=torch.long, device=device)[None]
     num_kv = num_kv_heads(lm)
@@ -199,6 +285,11 @@ def press_generate(
             module.masked_key_indices = None  # type: ignore[assignment]  # kvpress's attribute, not nn.Module's
     result.text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
     return result
+
+
+def attention_modules(model) -> list:
+    """The model's attention modules in layer order (those kvpress hooks)."""
+    return [module for module in model.modules() if hasattr(module, "layer_idx") and hasattr(module, "o_proj")]
 
 
 def _resident(cache, attention) -> int:

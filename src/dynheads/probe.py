@@ -558,7 +558,7 @@ def probe_attention(
     if layer in probe.settings.removed_heads:
         _remove_heads(output, probe, layer, value, groups, visible, kwargs)
 
-    _record(probe, layer, probs.view(batch, num_heads, kv_len), kv_len)
+    record_layer_attention(probe, layer, probs.view(batch, num_heads, kv_len), kv_len)
     if probe.settings.span_score is not None:
         _record_spans(probe, layer, query, key, attention_mask, hidden, scaling, softcap, kwargs)
     if q_len == 1:  # [B, H, 1, D] is laid out as [B, 1, H, D]
@@ -713,7 +713,7 @@ def _uniform_output(value, groups, heads, q_len, key_weight, kwargs) -> torch.Te
     return (total / count.clamp_min(1)[:, None, :, None]).to(value.dtype)
 
 
-def _record(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int) -> None:
+def record_layer_attention(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int) -> None:
     """Reduce the ``[B, H, kv]`` fp32 rows of one layer (pad keys have probability 0), on the device: the most
     attended key, and one matrix product of the rows p and p log p with ``KeyMasks.weights`` (the masses on the needle
     / excluded / kept / context keys, the context's sum of p log p, the row sums). ``AttentionProbe.stats`` joins the

@@ -7,6 +7,10 @@ resampled *sample indices*, so one function covers per-sample means and pooled s
 head use pooled over the resampled samples). ``scipy.stats.bootstrap`` draws the resamples; the interval is its
 percentile interval (BCa is undefined when every resample gives one value, as identical arms do).
 
+This module is the one place an interval is computed: every table's mean (``mean_interval``), paired difference,
+AUROC over whole groups (``group_interval``) and verdict; each caller says its seed and resamples in the
+``EvidenceSettings`` it passes (tests/test_evidence.py refuses a bootstrap or percentile call anywhere else).
+
 Decision against a margin m, for an effect that supports the claim when it is large (``above``; ``below`` mirrors):
 supported when the whole interval lies beyond m (low > m), not supported when it lies wholly on the other side
 (high < m), inconclusive otherwise: an interval that contains m, too few samples (the floor), an undefined effect.
@@ -16,12 +20,13 @@ An effect exactly at the margin with a zero-width interval (a tie) is inconclusi
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import binomtest, bootstrap
+from scipy.stats import DegenerateDataWarning, binomtest, bootstrap
 
 Status = Literal["supported", "not supported", "inconclusive"]
 Direction = Literal["above", "below"]
@@ -66,19 +71,51 @@ class Interval:
 UNDEFINED = Interval(math.nan, math.nan, math.nan, 0)
 
 
-def interval(n: int, statistic: Callable[[np.ndarray], float], settings: EvidenceSettings) -> Interval:
+def interval(
+    n: int, statistic: Callable[[np.ndarray], float], settings: EvidenceSettings, *, skip_undefined: bool = False
+) -> Interval:
     """``statistic(indices)`` on all ``n`` samples and its percentile bootstrap interval over resampled indices.
 
     ``statistic`` takes an int array of sample indices (with repeats) and returns a float. An effect that is NaN
-    on all samples is undefined; one sample has an effect but no interval.
+    on all samples is undefined; one sample has an effect but no interval. A resample whose statistic is NaN makes
+    the interval undefined, unless ``skip_undefined``: then it is left out (an AUROC of a resample that drew one
+    class only) and the interval is undefined only when every resample is.
     """
     if n < 1:
         return UNDEFINED
     effect = float(statistic(np.arange(n)))
     if math.isnan(effect) or n == 1:
         return Interval(effect, math.nan, math.nan, n)
-    result = _bootstrap(n, statistic, settings)
-    return Interval(effect, float(result.confidence_interval.low), float(result.confidence_interval.high), n)
+    if not skip_undefined:
+        result = _bootstrap(n, statistic, settings)
+        return Interval(effect, float(result.confidence_interval.low), float(result.confidence_interval.high), n)
+    with warnings.catch_warnings():  # scipy warns that NaN resamples leave its own interval undefined
+        warnings.simplefilter("ignore", DegenerateDataWarning)
+        distribution = _bootstrap(n, statistic, settings).bootstrap_distribution.ravel()
+    defined = distribution[~np.isnan(distribution)]
+    if not defined.size:
+        return Interval(effect, math.nan, math.nan, n)
+    return Interval(effect, *_percentiles(defined, settings), n)
+
+
+def group_interval(
+    groups: np.ndarray,
+    statistic: Callable[[np.ndarray], float],
+    settings: EvidenceSettings,
+    *,
+    skip_undefined: bool = False,
+) -> Interval:
+    """``interval`` over whole groups of units (the answers of one question, the tokens of one answer: units of a
+    group correlate): each resample draws the distinct groups with repeats and ``statistic`` gets the indices of
+    their units; n = the groups."""
+    groups = np.asarray(groups)
+    members = [np.flatnonzero(groups == group) for group in np.unique(groups)]
+    return interval(
+        len(members),
+        lambda idx: statistic(np.concatenate([members[i] for i in idx])),
+        settings,
+        skip_undefined=skip_undefined,
+    )
 
 
 def pooled_interval(parts: Sequence[tuple[int, Callable[[np.ndarray], float]]], settings: EvidenceSettings) -> Interval:
@@ -95,9 +132,14 @@ def pooled_interval(parts: Sequence[tuple[int, Callable[[np.ndarray], float]]], 
     pooled = np.concatenate(
         [_bootstrap(n, statistic, settings).bootstrap_distribution.ravel() for n, statistic in parts]
     )
+    return Interval(effect, *_percentiles(pooled, settings), fewest)
+
+
+def _percentiles(distribution: np.ndarray, settings: EvidenceSettings) -> tuple[float, float]:
+    """The percentile interval of a bootstrap distribution at ``settings.confidence``."""
     tail = 100 * (1 - settings.confidence) / 2
-    low, high = np.percentile(pooled, [tail, 100 - tail])
-    return Interval(effect, float(low), float(high), fewest)
+    low, high = np.percentile(distribution, [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def _bootstrap(n: int, statistic: Callable[[np.ndarray], float], settings: EvidenceSettings):
@@ -113,11 +155,17 @@ def _bootstrap(n: int, statistic: Callable[[np.ndarray], float], settings: Evide
     )
 
 
-def mean_interval(values: np.ndarray, settings: EvidenceSettings) -> Interval:
-    """The mean of per-sample values (NaN values, samples where the quantity is undefined, left out first)."""
+def mean_interval(
+    values: np.ndarray | Sequence[float],
+    settings: EvidenceSettings,
+    *,
+    width: float | None = None,
+    bounds: tuple[float, float] | None = None,
+) -> Interval:
+    """The mean of per-sample values (NaN values, samples where the quantity is undefined, left out first);
+    ``width`` and ``bounds`` as for ``paired_difference`` ((0, 1) for a proportion)."""
     values = np.asarray(values, dtype=float)
-    values = values[~np.isnan(values)]
-    return interval(len(values), lambda idx: values[idx].mean(), settings)
+    return _mean(values[~np.isnan(values)], settings, width, bounds)
 
 
 def paired_difference(
@@ -133,10 +181,17 @@ def paired_difference(
     ``width``: the widest a per-sample difference can stray from another (1 for a proportion); ``bounds``: the
     range a per-sample difference lies in ((-1, 1) for two proportions), the tighter of the two. Given either,
     identical differences get ``identical_interval`` instead of a bootstrap that has nothing to resample."""
-    differences = np.asarray(treated, dtype=float) - np.asarray(control, dtype=float)
-    if (width is not None or bounds is not None) and all_identical(differences):
-        return identical_interval(differences, width if width is not None else math.inf, settings, bounds=bounds)
-    return interval(len(differences), lambda idx: float(differences[idx].mean()), settings)
+    return _mean(np.asarray(treated, dtype=float) - np.asarray(control, dtype=float), settings, width, bounds)
+
+
+def _mean(
+    values: np.ndarray, settings: EvidenceSettings, width: float | None, bounds: tuple[float, float] | None
+) -> Interval:
+    """The mean of ``values`` with its bootstrap interval, or the exact one when a bounded metric's values are
+    identical."""
+    if (width is not None or bounds is not None) and all_identical(values):
+        return identical_interval(values, width if width is not None else math.inf, settings, bounds=bounds)
+    return interval(len(values), lambda idx: float(values[idx].mean()), settings)
 
 
 def all_identical(values: np.ndarray) -> bool:

@@ -39,7 +39,8 @@ upper bound that a deployed detector cannot reach; on HaluEval the needle is the
 - ``probe_copy_silence``: the head predictor's predicted mass on heads that did not copy (Eq. 1 = 0).
 
 Evaluation (``grouped_folds``): grouped K-fold cross-validation whose groups are questions (HaluEval: both
-answers of a question) or samples (NIAH), repeated over seeds; intervals by bootstrap over the same groups.
+answers of a question) or samples (NIAH), repeated over seeds; intervals by bootstrap over the same groups
+(``evidence.group_interval``).
 
 Within-question pairs (``group_wins``, ``paired_win_rate``): for each question holding both a faithful and a
 hallucinated response, whether the detector scores the hallucinated one higher (a tie counts one half): the AUROC
@@ -52,14 +53,14 @@ questions. ``length_strata`` sorts the questions by how much longer the hallucin
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from sklearn.model_selection import StratifiedGroupKFold
 
-from dynheads.analysis.evidence import EvidenceSettings, Interval, mean_interval
+from dynheads.analysis.evidence import EvidenceSettings, Interval, group_interval, mean_interval
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.scores import SINK_SIZE
@@ -255,68 +256,41 @@ def grouped_folds(
 
 def auroc_auprc(labels: np.ndarray, scores: np.ndarray) -> tuple[float, float]:
     """AUROC and AUPRC (average precision) of ``scores`` for label 1; NaN when one class is missing."""
-    if len(np.unique(labels)) < 2:
-        return float("nan"), float("nan")
-    return float(roc_auc_score(labels, scores)), float(average_precision_score(labels, scores))
+    return _metric(roc_auc_score, labels, scores), _metric(average_precision_score, labels, scores)
+
+
+def _metric(metric: Callable[[np.ndarray, np.ndarray], float], labels: np.ndarray, scores: np.ndarray) -> float:
+    """``metric(labels, scores)``, NaN when one class is missing."""
+    return float(metric(labels, scores)) if len(np.unique(labels)) > 1 else float("nan")
 
 
 def bootstrap_ci(
-    labels: np.ndarray,
-    scores: np.ndarray,
-    groups: np.ndarray,
-    *,
-    resamples: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
+    labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, settings: EvidenceSettings
 ) -> dict[str, tuple[float, float]]:
-    """Percentile CIs of AUROC and AUPRC, resampling whole samples (``groups``): tokens of one answer correlate."""
-    values = [auroc_auprc(labels[idx], scores[idx]) for idx in _group_resamples(labels, groups, resamples, seed)]
-    if not values:
-        return {"auroc": (float("nan"),) * 2, "auprc": (float("nan"),) * 2}
-    low, high = _percentile_bounds(np.asarray(values), level)
-    return {"auroc": (float(low[0]), float(high[0])), "auprc": (float(low[1]), float(high[1]))}
+    """Percentile CIs of AUROC and AUPRC, resampling whole samples (``groups``): tokens of one answer correlate. A
+    resample holding one label only is left out (it has no AUROC); both metrics see the same resamples."""
+
+    def on(metric: Callable[[np.ndarray, np.ndarray], float]) -> Callable[[np.ndarray], float]:
+        return lambda idx: _metric(metric, labels[idx], scores[idx])
+
+    found = {
+        name: group_interval(groups, on(metric), settings, skip_undefined=True)
+        for name, metric in (("auroc", roc_auc_score), ("auprc", average_precision_score))
+    }
+    return {name: (bounds.low, bounds.high) for name, bounds in found.items()}
 
 
 def paired_auroc_difference(
-    labels: np.ndarray,
-    scores: np.ndarray,
-    reference: np.ndarray,
-    groups: np.ndarray,
-    *,
-    resamples: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
+    labels: np.ndarray, scores: np.ndarray, reference: np.ndarray, groups: np.ndarray, settings: EvidenceSettings
 ) -> tuple[float, float, float]:
     """AUROC of ``scores`` minus AUROC of ``reference`` on the same units, with a percentile interval from
     resampling whole groups (both detectors see the same resample: a paired bootstrap)."""
-    differences = [
-        roc_auc_score(labels[idx], scores[idx]) - roc_auc_score(labels[idx], reference[idx])
-        for idx in _group_resamples(labels, groups, resamples, seed)
-    ]
-    observed = auroc_auprc(labels, scores)[0] - auroc_auprc(labels, reference)[0]
-    if not differences:
-        return observed, float("nan"), float("nan")
-    low, high = _percentile_bounds(np.asarray(differences), level)
-    return float(observed), float(low), float(high)
 
+    def difference(idx: np.ndarray) -> float:
+        return _metric(roc_auc_score, labels[idx], scores[idx]) - _metric(roc_auc_score, labels[idx], reference[idx])
 
-def _group_resamples(labels: np.ndarray, groups: np.ndarray, resamples: int, seed: int) -> Iterator[np.ndarray]:
-    """The unit indices of ``resamples`` bootstrap draws of whole groups, seeded; a draw holding one label only is
-    skipped (it has no AUROC)."""
-    unique = np.unique(groups)
-    members = [np.flatnonzero(groups == g) for g in unique]
-    rng = np.random.default_rng(seed)
-    for _ in range(resamples):
-        idx = np.concatenate([members[i] for i in rng.integers(0, len(unique), len(unique))])
-        if len(np.unique(labels[idx])) == 2:
-            yield idx
-
-
-def _percentile_bounds(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
-    """The percentile interval at ``level`` of ``values`` (along the first axis)."""
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(values, [tail, 100 - tail], axis=0)
-    return low, high
+    delta = group_interval(groups, difference, settings, skip_undefined=True)
+    return delta.effect, delta.low, delta.high
 
 
 def by_class(

@@ -2,8 +2,8 @@
 
 A ranking is a list of candidate indices, best first; ``gold`` the indices of the gold candidates. Metrics
 (binary relevance): Recall@k (share of gold in the top k), MRR (1 / rank of the first gold candidate) and nDCG@10
-(DCG of the gold ranks over the ideal DCG). Intervals: percentile bootstrap over questions
-(``scipy.stats.bootstrap``); a difference of two strategies resamples the per-question differences (paired).
+(DCG of the gold ranks over the ideal DCG). Their intervals over questions are ``evidence.mean_interval``'s (the
+re-rank summary's).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.stats import bootstrap
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
@@ -45,6 +44,12 @@ def ndcg_at(ranking: Sequence[int], gold: Sequence[int], k: int = 10) -> float:
     return float(dcg / ideal)
 
 
+def ranking(scores: np.ndarray) -> list[int]:
+    """Candidate indices, highest score first; ties keep prompt order (the order is shuffled per question, so a
+    tie is broken at random with respect to which candidate is gold)."""
+    return [int(i) for i in np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")]
+
+
 def ranking_metrics(ranking: Sequence[int], gold: Sequence[int]) -> dict[str, float]:
     """Every metric of ``METRICS`` for one question."""
     return {
@@ -53,29 +58,6 @@ def ranking_metrics(ranking: Sequence[int], gold: Sequence[int]) -> dict[str, fl
         "mrr": reciprocal_rank(ranking, gold),
         "ndcg@10": ndcg_at(ranking, gold, 10),
     }
-
-
-def mean_interval(
-    values: Sequence[float], *, resamples: int = 2000, seed: int = 0, level: float = 0.95
-) -> tuple[float, float, float]:
-    """(mean, low, high): percentile bootstrap interval of the mean over questions. Pass per-question differences
-    of two strategies for a paired interval."""
-    data = np.asarray(values, dtype=np.float64)
-    if data.size == 0:
-        raise DynheadsError("no questions to average")
-    mean = float(data.mean())
-    if data.size == 1 or np.ptp(data) == 0:  # every resample has the same mean
-        return mean, mean, mean
-    result = bootstrap(
-        (data,),
-        np.mean,
-        n_resamples=resamples,
-        confidence_level=level,
-        method="percentile",
-        random_state=np.random.default_rng(seed),
-        vectorized=True,
-    )
-    return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def qrhead_scores(calibrated: Sequence[np.ndarray], gold: Sequence[Sequence[int]]) -> np.ndarray:

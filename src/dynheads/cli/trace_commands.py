@@ -95,16 +95,10 @@ def describe(task: Any) -> str:
 def default_data(name: str) -> str | None:
     """The ``data`` value that selects question task ``name`` when none is given (``task_of``'s spelling; None:
     HotpotQA's synthetic questions, or a task that reads no ``data``)."""
-    from dynheads.tasks import multihop, ruler
+    from dynheads.tasks.registry import TASKS, load_builtin_tasks
 
-    spellings = {
-        multihop.MULTIHOP_NAME: f"{multihop.SOURCE}:hops=2",
-        multihop.KV_LOOKUP_NAME: multihop.SOURCE,
-        ruler.VT_LOOKUP_NAME: ruler.VT_LOOKUP_DATA,
-        ruler.VT_SOURCE: ruler.VT_SOURCE,
-        ruler.MK_SOURCE: ruler.MK_SOURCE,
-    }
-    return spellings.get(name)
+    load_builtin_tasks()
+    return TASKS.get(name).default_data if name in TASKS else None
 
 
 def _trace(

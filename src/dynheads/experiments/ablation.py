@@ -217,11 +217,28 @@ def write_cells(run: RunDir) -> pd.DataFrame:
     config = run.manifest()["config"]
     task = run_task_of(run)
     matching = config.get("matching", "mean")  # runs made before the option existed used the mean count
-    metrics = task.metrics
-    means = {name: (f"metrics.{name}", "mean") for name in metrics}
     frame["strategy"] = frame["strategy"].astype(pd.CategoricalDtype(ABLATION_STRATEGIES.names(), ordered=True))
     # a sample that masked no head at any step is the un-ablated run: counted apart, never read as "unharmed"
     frame["zero_masked"] = frame["masked_counts"].map(lambda counts: int(sum(counts) == 0))
+    cells = _grid_cells(frame, task, run.manifest())
+    cells["matching"] = matching
+    with atomic_path(run.path / "cells.csv") as tmp:
+        cells.to_csv(tmp, index=False)
+    _write_ablation_summary(run, frame, cells, task, matching)
+    plot_ablation_cells(
+        cells,
+        run.path / "plots",
+        title=f"{run.manifest()['model']['name']}: per-step ablation ({task.label}, {matching} matching)",
+        metrics=task.metrics,
+        opacity=task.fade_sparse_cells,
+    )
+    return cells
+
+
+def _grid_cells(frame: pd.DataFrame, task: Task, manifest: dict) -> pd.DataFrame:
+    """Per (strategy, length, depth): each metric's mean, samples, heads masked per step, samples that masked
+    none, and the cell's skipped samples."""
+    means = {name: (f"metrics.{name}", "mean") for name in task.metrics}
     keys = ["strategy", "context_tokens", "depth"]
     # where a task records where its gold facts landed (meta.depth_realised), the cells keep their mean: the
     # heat maps label each asked depth with it
@@ -239,23 +256,24 @@ def write_cells(run: RunDir) -> pd.DataFrame:
         .rename(columns={"context_tokens": "length"})
     )
     # samples traced as written (the custom task, --no-pad) lie off the configured lengths x depths: their own cells
-    on_grid = task.check_data is None and config.get("pad", True)
-    cells = _with_skipped_cells(cells, run.manifest()) if on_grid else cells.assign(skipped=0)
-    cells["matching"] = matching
-    with atomic_path(run.path / "cells.csv") as tmp:
-        cells.to_csv(tmp, index=False)
+    on_grid = task.check_data is None and manifest["config"].get("pad", True)
+    return _with_skipped_cells(cells, manifest) if on_grid else cells.assign(skipped=0)
+
+
+def _write_ablation_summary(run: RunDir, frame: pd.DataFrame, cells: pd.DataFrame, task: Task, matching: str) -> None:
+    """summary.md: per strategy the means over all its records, and the per-sample metrics Claim 2 reads."""
+    metrics = task.metrics
     summary = (
         frame.groupby("strategy", observed=True)
         .agg(
             records=("sample_id", "size"),
-            **means,
+            **{name: (f"metrics.{name}", "mean") for name in metrics},
             mean_dynamic=("mean_dynamic", "mean"),
             masked_per_step=("mean_masked", "mean"),
             zero_masked=("zero_masked", "sum"),
         )
         .reset_index()
     )
-    model = run.manifest()["model"]["name"]
     rule = MATCHINGS.help(matching)
     write_summary(
         run.path,
@@ -286,17 +304,9 @@ def write_cells(run: RunDir) -> pd.DataFrame:
                 "per_sample": {metric: per_sample_metric(run.records(), metric) for metric in metrics},
                 "masking": masking_numbers(cells),
             },
-            f"Per-step ablation: {model}",
+            f"Per-step ablation: {run.manifest()['model']['name']}",
         ),
     )
-    plot_ablation_cells(
-        cells,
-        run.path / "plots",
-        title=f"{model}: per-step ablation ({task.label}, {matching} matching)",
-        metrics=metrics,
-        opacity=task.fade_sparse_cells,
-    )
-    return cells
 
 
 def per_sample_metric(records: list[dict], metric: str) -> dict[str, list[float]]:

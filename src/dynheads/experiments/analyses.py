@@ -129,19 +129,7 @@ def dynamism_report(
         Summary(
             [
                 f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"
-                + (f"{empty_note(skipped)}\n" if stats.empty_samples else "")
-                + f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
-                f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
-                f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}. Static list: {len(ranking)} scored heads"
-                + (
-                    f" (Table 5 shows n/a for k > {len(ranking)}: no zero-score filler)"
-                    if len(ranking) < max(ks)
-                    else ""
-                )
-                + ". Jaccard w/ static top-20 is at most |D_t|/20: "
-                + f"its ceiling here is {stats.jaccard_ceiling_k20:.4f}; "
-                f"containment |D_t ∩ S_20|/|D_t| = {stats.containment_k20:.4f}, size-matched Jaccard J(D_t, S_|D_t|) = "
-                f"{stats.matched_jaccard:.4f}.",
+                + _dynamism_note(stats, len(ranking), ks),
                 *chance_blocks(stats),
                 Heading("Table 1"),
                 table1(rows),
@@ -170,6 +158,23 @@ def dynamism_report(
         },
     )
     return stats
+
+
+def _dynamism_note(stats: DynamismStats, scored: int, ks: Sequence[int]) -> str:
+    """What the dynamism tables count (samples, steps, pairs; ``scored`` heads of the static list) and the bounds
+    they are read against (the entropy baseline, the Jaccard ceiling, containment, size-matched Jaccard)."""
+    skipped = {"empty_samples_skipped": stats.empty_samples}
+    return (
+        (f"{empty_note(skipped)}\n" if stats.empty_samples else "")
+        + f"{stats.num_samples} samples, {stats.num_steps} steps ({stats.empty_steps} with no active head); "
+        f"{stats.adjacent_pairs} adjacent pairs averaged, {stats.adjacent_skipped} skipped (both empty). "
+        f"Entropy baseline ln 20 = {ENTROPY_BASELINE:.4f}. Static list: {scored} scored heads"
+        + (f" (Table 5 shows n/a for k > {scored}: no zero-score filler)" if scored < max(ks) else "")
+        + ". Jaccard w/ static top-20 is at most |D_t|/20: "
+        + f"its ceiling here is {stats.jaccard_ceiling_k20:.4f}; "
+        f"containment |D_t ∩ S_20|/|D_t| = {stats.containment_k20:.4f}, size-matched Jaccard J(D_t, S_|D_t|) = "
+        f"{stats.matched_jaccard:.4f}."
+    )
 
 
 # ---- Figure 1 ----------------------------------------------------------------------------------------------------

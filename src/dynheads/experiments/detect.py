@@ -129,7 +129,9 @@ def match_lengths(samples: Sequence[LabelledSample]) -> list[LabelledSample]:
     ]
 
 
-def _fit_models(features: dict[str, np.ndarray], labels: np.ndarray, regularisation: float) -> dict[str, dict]:
+def fit_detectors(features: dict[str, np.ndarray], labels: np.ndarray, regularisation: float) -> dict[str, dict]:
+    """A logistic regression (standardised inputs, balanced classes) per feature set (name -> ``[N, F]``), kept as
+    plain numbers: the scaler's mean and scale, the coefficients and the intercept."""
     models = {}
     for name, x in features.items():
         scaler = StandardScaler().fit(x)
@@ -144,7 +146,8 @@ def _fit_models(features: dict[str, np.ndarray], labels: np.ndarray, regularisat
     return models
 
 
-def _score(model: dict, x: np.ndarray) -> np.ndarray:
+def hallucination_probability(model: dict, x: np.ndarray) -> np.ndarray:
+    """``[N, F] -> [N]``: the probability of a ``fit_detectors`` model that each row is hallucinated."""
     z = (x - np.asarray(model["mean"])) / np.asarray(model["scale"])
     return 1.0 / (1.0 + np.exp(-(z @ np.asarray(model["coef"]) + model["intercept"])))
 
@@ -173,11 +176,11 @@ class Detector:
         regularisation: float,
     ) -> Detector:
         """Token-level detectors of ``features`` (name -> ``[N, F]``)."""
-        return cls(spec, probe_dir, _fit_models(features, labels, regularisation))
+        return cls(spec, probe_dir, fit_detectors(features, labels, regularisation))
 
     def score(self, name: str, x: np.ndarray, level: Level = "token") -> np.ndarray:
         """``[N, F] -> [N]`` probability that each token (response) is hallucinated."""
-        return _score((self.models if level == "token" else self.response_models)[name], x)
+        return hallucination_probability((self.models if level == "token" else self.response_models)[name], x)
 
     def probe_output(self, trace: Trace) -> np.ndarray | None:
         if self.probe_dir is None:
@@ -259,7 +262,7 @@ def apply_detector(
 
 
 # ---- evaluation ------------------------------------------------------------------------------------------------------
-class _Featuriser:
+class Featuriser:
     """Features of every sample under a feature spec; probe outputs computed once per sample."""
 
     def __init__(self, samples: Sequence[LabelledSample], probe_dir: str | None):
@@ -274,7 +277,11 @@ class _Featuriser:
         return hl.token_features(sample.trace, sample.steps, spec, output)
 
 
-def _static_spec(config: DetectConfig, train: Sequence[LabelledSample], response_prefix: int) -> hl.FeatureSpec:
+def training_feature_spec(
+    config: DetectConfig, train: Sequence[LabelledSample], response_prefix: int
+) -> hl.FeatureSpec:
+    """The feature spec fitted on ``train`` (a fold, or every sample of the training task): the given static head
+    list, or heads ranked on ``train`` alone (never on what is scored)."""
     if config.static:
         layers, heads = train[0].trace.shape
         static = tuple(load_head_list(config.static, layers, heads).heads)
@@ -301,7 +308,7 @@ def cross_validate(
     config: DetectConfig,
     level: Level,
     names: Sequence[str],
-    featurise: _Featuriser,
+    featurise: Featuriser,
     response_prefix: int = 0,
 ) -> CrossValidation:
     """Grouped K-fold cross-validation of every feature set at ``level``, repeated ``config.repeats`` times."""
@@ -323,20 +330,20 @@ def cross_validate(
             }
         )
         for train, test in splits:
-            spec = _static_spec(config, [samples[i] for i in train], response_prefix)
+            spec = training_feature_spec(config, [samples[i] for i in train], response_prefix)
             features = {i: featurise(i, spec, level) for i in np.concatenate([train, test])}
             train_rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in train])
             test_rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in test])
             if len(np.unique(y[train_rows])) < 2:
                 raise DynheadsError("a training fold holds only one class: use more samples or fewer --folds")
             for n, name in enumerate(names):
-                model = _fit_models(
+                model = fit_detectors(
                     {name: np.vstack([features[i][name] for i in train])}, y[train_rows], config.regularisation
                 )[name]
-                scores = _score(model, np.vstack([features[i][name] for i in test]))
+                scores = hallucination_probability(model, np.vstack([features[i][name] for i in test]))
                 out_of_fold[repeat, n, test_rows] = scores
                 fold_auroc[name].append(hl.auroc_auprc(y[test_rows], scores)[0])
-    widths = featurise(0, _static_spec(config, samples, response_prefix), level)
+    widths = featurise(0, training_feature_spec(config, samples, response_prefix), level)
     measured = CrossValidation([], {}, folds, dict(zip(names, out_of_fold[0], strict=True)), y, row_groups)
     for n, name in enumerate(names):
         repeats = [hl.auroc_auprc(y, out_of_fold[r, n])[0] for r in range(config.repeats)]
@@ -363,15 +370,13 @@ def _result_row(
     per_repeat, per_fold = spread
     # paired against the lookback ratio (the deployable reference): the same bootstrap resamples of groups
     delta = (
-        hl.paired_auroc_difference(
-            y, scores, measured.scores[REFERENCE], groups, resamples=config.bootstrap, seed=config.seed
-        )
+        hl.paired_auroc_difference(y, scores, measured.scores[REFERENCE], groups, evidence_settings(config))
         if REFERENCE in measured.scores and name != REFERENCE
         else (math.nan,) * 3
     )
     paired = hl.paired_win_rate(y, scores, groups, evidence_settings(config)) if level == "response" else None
     auroc, auprc = hl.auroc_auprc(y, scores)
-    ci = hl.bootstrap_ci(y, scores, groups, resamples=config.bootstrap, seed=config.seed)
+    ci = hl.bootstrap_ci(y, scores, groups, evidence_settings(config))
     return {
         "level": level,
         "feature_set": name,
@@ -401,7 +406,8 @@ def _result_row(
 
 
 def evidence_settings(config: DetectConfig) -> EvidenceSettings:
-    """The bootstrap of the within-question win rates: ``config.bootstrap`` resamples of questions, its seed."""
+    """Every interval's bootstrap (AUROC over groups, the paired difference, the within-question win rates):
+    ``config.bootstrap`` resamples, its seed."""
     return EvidenceSettings(resamples=config.bootstrap, seed=config.seed)
 
 
@@ -424,7 +430,7 @@ def refuse_probe_overlap(probe: str, records: Sequence[dict], groups: Sequence[s
     """Refuse a head predictor fitted on any question (or, for NIAH-like records, any seed or needle value) that
     this detection evaluates; the checks of ``dynheads rag`` (question ids) and ``dynheads kv`` (seeds and needle
     values). Returns what the manifest records."""
-    from dynheads.experiments.kv import _fit_samples
+    from dynheads.experiments.niah import refuse_seed_overlap
     from dynheads.experiments.probing import probe_fit_questions
     from dynheads.tasks.questions import refuse_overlap
 
@@ -434,7 +440,7 @@ def refuse_probe_overlap(probe: str, records: Sequence[dict], groups: Sequence[s
         return {
             "path": probe,
             "checked": "seeds and needle values",
-            "fitted_run": _fit_samples(probe, "probe", evaluation)["run"],
+            "fitted_run": refuse_seed_overlap(probe, "probe", evaluation)["run"],
         }
     refuse_overlap(probe_fit_questions(probe), f"the probe in {probe}", groups, "this detection")
     return {"path": probe, "checked": "question ids"}
@@ -447,45 +453,23 @@ def run_detect(
     source = RunDir(run_dir)
     source_manifest = source.manifest()  # refuses a folder that is not a run
     out_run = RunDir(out if out is not None else source.path / "detect")
-    if out_run.exists() and out_run.manifest().get("kind") != "detect":
-        raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
-    unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
-    if unknown:
-        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
-    if config.repeats < 1:
-        raise DynheadsError(f"repeats must be at least 1, got {config.repeats}")
+    _refuse_bad_config(config, out_run)
     samples, no_value = labelled_samples(source, span_finder)
     if config.match_length:
         samples = match_lengths(samples)
-    all_labels = np.concatenate([s.labels for s in samples])
-    if len(np.unique(all_labels)) < 2:
-        raise DynheadsError(
-            f"the samples hold only {'hallucinated' if all_labels[0] else 'faithful'} tokens: "
-            "use a harder setting (e.g. --distractor-depth) or more samples"
-        )
+    all_labels = _both_classes(samples)
     groups = sorted({s.group for s in samples})
     records = [r for r in source.records() if r["sample_id"] in {s.sample_id for s in samples}]
     probe_check = refuse_probe_overlap(config.probe, records, groups) if config.probe else None
     response_prefix = int(source_manifest.get("response_prefix", 0))
-    featurise = _Featuriser(samples, config.probe)
+    featurise = Featuriser(samples, config.probe)
     levels: list[Level] = ["token"]
     if all(s.response_label is not None for s in samples):
         levels.insert(0, "response")
-    full_spec = _static_spec(config, samples, response_prefix)
+    full_spec = training_feature_spec(config, samples, response_prefix)
     evaluated = _evaluate_levels(samples, config, levels, featurise, full_spec)
-    rows, curves, skipped, folds = evaluated.rows, evaluated.curves, evaluated.skipped, evaluated.folds
-    detector_models = evaluated.models
-    fitted = Detector(full_spec, config.probe, detector_models["token"], detector_models.get("response"))
-    table = pd.DataFrame(rows)
-    counts = {
-        "samples": len(samples),
-        "groups": len(groups),
-        "faithful_tokens": int((all_labels == 0).sum()),
-        "hallucinated_tokens": int((all_labels == 1).sum()),
-    }
-    if "response" in levels:
-        counts["hallucinated_responses"] = sum(s.response_label == 1 for s in samples)
-        counts["faithful_responses"] = sum(s.response_label == 0 for s in samples)
+    skipped, folds = evaluated.skipped, evaluated.folds
+    counts = _class_counts(samples, all_labels, levels)
     if out_run.exists():  # detect recomputes everything: a rerun replaces its own outputs
         out_run.manifest_path.unlink()
     out_run.start(
@@ -515,11 +499,58 @@ def run_detect(
         },
     )
     _write_labels(out_run.path / "labels.csv", samples, folds[0]["test_groups"])
+    fitted = Detector(full_spec, config.probe, evaluated.models["token"], evaluated.models.get("response"))
     fitted.save(out_run.path / "detector.json")
+    return _write_results(out_run, config, evaluated, counts, title=f"{levels[0]}s, {len(groups)} groups")
+
+
+def _refuse_bad_config(config: DetectConfig, out_run: RunDir) -> None:
+    """One line for an output folder of another run kind, an unknown feature set or fewer than one repeat."""
+    if out_run.exists() and out_run.manifest().get("kind") != "detect":
+        raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
+    unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
+    if unknown:
+        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
+    if config.repeats < 1:
+        raise DynheadsError(f"repeats must be at least 1, got {config.repeats}")
+
+
+def _both_classes(samples: Sequence[LabelledSample]) -> np.ndarray:
+    """Every token label of ``samples``; refused when they hold one class only (nothing to detect)."""
+    all_labels = np.concatenate([s.labels for s in samples])
+    if len(np.unique(all_labels)) < 2:
+        raise DynheadsError(
+            f"the samples hold only {'hallucinated' if all_labels[0] else 'faithful'} tokens: "
+            "use a harder setting (e.g. --distractor-depth) or more samples"
+        )
+    return all_labels
+
+
+def _class_counts(samples: Sequence[LabelledSample], all_labels: np.ndarray, levels: Sequence[Level]) -> dict:
+    """Samples, groups and the tokens (and, at the response level, the responses) of each class."""
+    counts = {
+        "samples": len(samples),
+        "groups": len({s.group for s in samples}),
+        "faithful_tokens": int((all_labels == 0).sum()),
+        "hallucinated_tokens": int((all_labels == 1).sum()),
+    }
+    if "response" in levels:
+        counts["hallucinated_responses"] = sum(s.response_label == 1 for s in samples)
+        counts["faithful_responses"] = sum(s.response_label == 0 for s in samples)
+    return counts
+
+
+def _write_results(
+    out_run: RunDir, config: DetectConfig, evaluated: Evaluation, counts: dict, title: str
+) -> pd.DataFrame:
+    """``roc.png`` (titled by what its curves count), ``results.csv``, ``results.json`` and ``results.md``; returns
+    the results table."""
+    rows, skipped = evaluated.rows, evaluated.skipped
+    table = pd.DataFrame(rows)
     plot_roc(
-        {(f"{n} (upper bound)" if n in ANSWER_KEY else n): c for n, c in curves.items()},
+        {(f"{n} (upper bound)" if n in ANSWER_KEY else n): c for n, c in evaluated.curves.items()},
         out_run.path / "roc.png",
-        title=f"out-of-fold {levels[0]}s, {len(groups)} groups, {config.folds} folds",
+        title=f"out-of-fold {title}, {config.folds} folds",
     )
     table.to_csv(out_run.path / "results.csv", index=False)
     write_json(
@@ -547,7 +578,7 @@ def _evaluate_levels(
     samples: Sequence[LabelledSample],
     config: DetectConfig,
     levels: Sequence[Level],
-    featurise: _Featuriser,
+    featurise: Featuriser,
     full_spec: hl.FeatureSpec,
 ) -> Evaluation:
     """Cross-validate every available feature set at every level and fit the saved detectors on every sample."""
@@ -563,7 +594,7 @@ def _evaluate_levels(
             evaluation.curves = measured.curves
         if level == "response":  # the answers read whole, sorted by how much longer the hallucinated one is
             evaluation.strata = length_strata_rows(measured, np.array([len(s.steps) for s in samples]), config)
-        evaluation.models[level] = _fit_models(
+        evaluation.models[level] = fit_detectors(
             {n: np.vstack([f[n] for f in available]) for n in names}, measured.labels, config.regularisation
         )
     return evaluation

@@ -31,13 +31,16 @@ from dynheads.experiments.detect import (
     HEADLINE_TITLE,
     UPPER_TITLE,
     DetectConfig,
-    _Featuriser,
-    _fit_models,
-    _score,
-    _static_spec,
+    Featuriser,
+    LabelledSample,
+    Level,
+    evidence_settings,
+    fit_detectors,
+    hallucination_probability,
     labelled_samples,
     match_lengths,
     refuse_probe_overlap,
+    training_feature_spec,
 )
 from dynheads.experiments.settings import BOUNDARIES, HaluevalConfig
 from dynheads.io import read_json, write_json
@@ -112,15 +115,7 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
     """Train on all responses of each detect run's task, test on all of the other's; beside the in-task numbers."""
     runs = [source_of(first), source_of(second)]
     manifests = [run.manifest() for run in runs]
-    tasks = [halueval.parse_data(m["data"]).replace("qa", "QA") for m in manifests]
-    if tasks[0] == tasks[1]:
-        raise DynheadsError(f"both runs trace HaluEval {tasks[0]}: transfer needs the two tasks")
-    for key in ("model", "response_prefix"):
-        if manifests[0].get(key) != manifests[1].get(key):
-            raise DynheadsError(f"the two runs differ in {key}: trace them with the same settings")
-    unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
-    if unknown:
-        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
+    tasks = _transfer_tasks(manifests, config)
     samples = [labelled_samples(run)[0] for run in runs]
     if config.match_length:
         samples = [match_lengths(group) for group in samples]
@@ -129,28 +124,12 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
         if config.probe
         else None
     )
-    featurisers = [_Featuriser(group, config.probe) for group in samples]
+    featurisers = [Featuriser(group, config.probe) for group in samples]
     prefix = int(manifests[0].get("response_prefix", 0))
     in_task = [_in_task(Path(folder), config.match_length) for folder in (first, second)]
     rows = []
     for level in ("response", "token"):
-        results = {}
-        for source, target in ((0, 1), (1, 0)):
-            spec = _static_spec(config, samples[source], prefix)  # static heads from the training task only
-            train = [featurisers[source](i, spec, level) for i in range(len(samples[source]))]
-            test = [featurisers[target](i, spec, level) for i in range(len(samples[target]))]
-            names = [n for n in config.feature_sets if all(n in f for f in train + test)]
-            y_train, y_test, groups = (
-                _labels(samples[source], level),
-                _labels(samples[target], level),
-                _groups(samples[target], level),
-            )
-            models = _fit_models({n: np.vstack([f[n] for f in train]) for n in names}, y_train, config.regularisation)
-            for name in names:
-                scores = _score(models[name], np.vstack([f[name] for f in test]))
-                auroc = hl.auroc_auprc(y_test, scores)[0]
-                ci = hl.bootstrap_ci(y_test, scores, groups, resamples=config.bootstrap, seed=config.seed)["auroc"]
-                results[(source, name)] = (auroc, *ci)
+        results = _cross_task_aurocs(samples, featurisers, config, prefix, level)
         for name in config.feature_sets:
             if (0, name) not in results and (1, name) not in results:
                 continue
@@ -165,15 +144,9 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
                 row[f"{tasks[source]} -> {tasks[target]}"] = results.get((source, name), (math.nan,) * 3)
             rows.append(row)
     table = pd.DataFrame(rows)
-    out_run = RunDir(out)
-    if out_run.exists():
-        if out_run.manifest().get("kind") != "detect-transfer":
-            raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
-        out_run.manifest_path.unlink()  # recomputed from the two runs: a rerun replaces its own outputs
-    out_run.start(
-        "detect-transfer",
+    out_run = _start_transfer(
+        out,
         config,
-        None,
         {
             "runs": [str(run.path) for run in runs],
             "tasks": tasks,
@@ -191,6 +164,58 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
     write_json(out_run.path / "transfer.json", {"tasks": tasks, "rows": flat.to_dict("records")})
     write_summary(out_run.path, "transfer.md", transfer_summary(table, tasks, config))
     return flat
+
+
+def _transfer_tasks(manifests: list[dict], config: DetectConfig) -> list[str]:
+    """The two runs' HaluEval tasks (QA, dialogue); refused unless they differ and were traced alike, or when a
+    feature set is unknown."""
+    tasks = [halueval.parse_data(m["data"]).replace("qa", "QA") for m in manifests]
+    if tasks[0] == tasks[1]:
+        raise DynheadsError(f"both runs trace HaluEval {tasks[0]}: transfer needs the two tasks")
+    for key in ("model", "response_prefix"):
+        if manifests[0].get(key) != manifests[1].get(key):
+            raise DynheadsError(f"the two runs differ in {key}: trace them with the same settings")
+    unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
+    if unknown:
+        raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
+    return tasks
+
+
+def _cross_task_aurocs(
+    samples: list[list[LabelledSample]], featurisers: list[Featuriser], config: DetectConfig, prefix: int, level: Level
+) -> dict[tuple[int, str], tuple[float, float, float]]:
+    """(training task, feature set) -> AUROC and interval on the other task, at ``level``: fitted on every
+    response of one task, scored on every response of the other."""
+    results = {}
+    for source, target in ((0, 1), (1, 0)):
+        spec = training_feature_spec(config, samples[source], prefix)  # static heads from the training task only
+        train = [featurisers[source](i, spec, level) for i in range(len(samples[source]))]
+        test = [featurisers[target](i, spec, level) for i in range(len(samples[target]))]
+        names = [n for n in config.feature_sets if all(n in f for f in train + test)]
+        y_train, y_test, groups = (
+            _labels(samples[source], level),
+            _labels(samples[target], level),
+            _groups(samples[target], level),
+        )
+        models = fit_detectors({n: np.vstack([f[n] for f in train]) for n in names}, y_train, config.regularisation)
+        for name in names:
+            scores = hallucination_probability(models[name], np.vstack([f[name] for f in test]))
+            auroc = hl.auroc_auprc(y_test, scores)[0]
+            ci = hl.bootstrap_ci(y_test, scores, groups, evidence_settings(config))["auroc"]
+            results[(source, name)] = (auroc, *ci)
+    return results
+
+
+def _start_transfer(out: str | Path, config: DetectConfig, details: dict) -> RunDir:
+    """The output run with its manifest (``details`` beside the config) written; a rerun replaces its own outputs,
+    a folder of another run kind is refused."""
+    out_run = RunDir(out)
+    if out_run.exists():
+        if out_run.manifest().get("kind") != "detect-transfer":
+            raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
+        out_run.manifest_path.unlink()  # recomputed from the two runs: a rerun replaces its own outputs
+    out_run.start("detect-transfer", config, None, details)
+    return out_run
 
 
 def _labels(samples, level: str) -> np.ndarray:

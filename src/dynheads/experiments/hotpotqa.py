@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Unpack
 
+from dynheads.analysis.evidence import EvidenceSettings, mean_interval
 from dynheads.distributed import is_main
 from dynheads.experiments.settings import HotpotConfig
 from dynheads.experiments.tracing import run_task
@@ -86,30 +87,35 @@ def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:
     numbers: dict = {"n": len(records), **{m: sum(r["metrics"][m] for r in records) / len(records) for m in metrics}}
     summary = candidates.summarise(records)
     if summary["n"]:
-        low, high = candidates.interval(
-            [r["metrics"]["em"] for r in records if r["meta"].get(candidates.CANDIDATES)], seed
+        evidence = EvidenceSettings(seed=seed)  # the run's seed resamples the questions of every row
+        model_em = mean_interval(
+            [r["metrics"]["em"] for r in records if r["meta"].get(candidates.CANDIDATES)], evidence, bounds=(0.0, 1.0)
         )
-        diffs = {name: candidates.interval(values, seed) for name, values in candidates.gaps(records).items()}
+        diffs = {
+            name: mean_interval(values, evidence, bounds=(-1.0, 1.0))
+            for name, values in candidates.gaps(records).items()
+        }
         rates = candidates.heuristic_rates(records)
         heuristics: list[list[Cell]] = [
-            [name, value, summary["model"] - value, "[{:.3f}, {:.3f}]".format(*diffs[name])]
+            [name, value, summary["model"] - value, f"[{diffs[name].low:.3f}, {diffs[name].high:.3f}]"]
             for name, value in rates.items()
         ]
         thirds = candidates.by_gold_third(records)
         blocks += [
             "Chance and failure modes (same-form candidates in the context; EM; 95 % bootstrap intervals over "
-            "questions, seed recorded): chance is an answer drawn at random from a question's candidates "
-            "(mean of 1 / candidates); each position heuristic answers the candidate its rule picks from where the "
-            "candidates sit in the context (dynheads.tasks.candidates); the model minus each is paired per question.",
+            "questions, seed recorded, exact when every question agrees): chance is an answer drawn at random from "
+            "a question's candidates (mean of 1 / candidates); each position heuristic answers the candidate its "
+            "rule picks from where the candidates sit in the context (dynheads.tasks.candidates); the model minus "
+            "each is paired per question.",
             Table(
                 ["answerer", "EM", "model - it", "95 % interval of the difference"],
                 [
-                    ["model", summary["model"], None, f"EM interval [{low:.3f}, {high:.3f}]"],
+                    ["model", summary["model"], None, f"EM interval [{model_em.low:.3f}, {model_em.high:.3f}]"],
                     [
                         "random candidate (chance)",
                         summary["chance"],
                         summary["model"] - summary["chance"],
-                        "[{:.3f}, {:.3f}]".format(*diffs["chance"]),
+                        f"[{diffs['chance'].low:.3f}, {diffs['chance'].high:.3f}]",
                     ],
                     *heuristics,
                 ],
@@ -131,9 +137,9 @@ def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:
         ]
         numbers["candidates"] = {
             **summary,
-            "em_interval": [low, high],
+            "em_interval": [model_em.low, model_em.high],
             "seed": seed,
-            "differences": {k: list(v) for k, v in diffs.items()},
+            "differences": {k: [v.low, v.high] for k, v in diffs.items()},
             "heuristics": rates,
             "by_gold_third": {third: {"n": n, "em": em} for third, (n, em) in thirds.items()},
         }

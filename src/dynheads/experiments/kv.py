@@ -5,9 +5,10 @@
 
 - ``table.csv`` / ``summary.md`` (over the samples finished under every policy and budget; an unfinished
   run's tables leave out the samples in flight): per policy and budget (a fraction of the KV heads), samples,
-  accuracy with its 95 % bootstrap interval over samples, ROUGE-L, whole KV heads per step and the shortfall of
-  a policy that kept fewer than the budget allows, the resident KV (fraction of the unmodified model's and MB,
-  mean over steps) and, for dynamic policies, the second tier: MB offloaded and MB moved per step,
+  accuracy with its 95 % bootstrap interval over samples (exact when every sample agrees), ROUGE-L, whole KV
+  heads per step and the shortfall of a policy that kept fewer than the budget allows, the resident KV (fraction
+  of the unmodified model's and MB, mean over steps) and, for dynamic policies, the second tier: MB offloaded and
+  MB moved per step,
 - ``cells.csv``: accuracy per policy x budget x length x depth (the grid),
 - ``probe_pr.json`` / ``probe_pr.md`` (when a probe is given): how well the probe applied to the hidden state of
   step t predicts the heads active (Eq. 1) at step t+1, measured on the ``full`` policy's decoding (the model's
@@ -28,19 +29,19 @@ from typing import Unpack, cast
 
 import numpy as np
 import pandas as pd
-from scipy.stats import bootstrap
 
 from dynheads import distributed
-from dynheads.analysis.head_predictor import load_head_predictor
-from dynheads.analysis.headlists import load_head_list
-from dynheads.analysis.kvheads import kv_head_ranking
+from dynheads.analysis.evidence import EvidenceSettings, mean_interval
+from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
+from dynheads.analysis.headlists import load_head_list, scored_heads
+from dynheads.analysis.kvheads import KVHead, kv_head_ranking
 from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
+from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest, refuse_seed_overlap, sample_identity
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
-from dynheads.heads import flat_index, head_key
-from dynheads.io import atomic_path, read_json, write_json
+from dynheads.heads import Head, flat_index, head_key
+from dynheads.io import atomic_path, write_json
 from dynheads.kv import (
     KVResult,
     KVSettings,
@@ -56,11 +57,12 @@ from dynheads.kv import (
 from dynheads.kv_policies import KV_POLICIES, is_budget_free, is_dynamic
 from dynheads.models import LoadedModel
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
-from dynheads.presses import PRESSES, check_press, is_press, press_generate
+from dynheads.presses import HEAD_LIST_PRESSES, PREFIX, PRESSES, check_press, is_press, press_generate
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Block, Summary, Table, write_summary
 from dynheads.tasks import niah
+from dynheads.token_kv import POOL, VOTERS, WINDOW
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,9 @@ class KVConfig(KVFields):
         for entry in registered:
             if entry.value.needs_static and not self.static:
                 raise DynheadsError(f"the {entry.name} KV policy needs a static head list: pass --static FILE")
-        if "kvpress:duo_attention" in self.policies and not self.static:
-            raise DynheadsError("kvpress:duo_attention keeps a dynheads head list whole: pass --static FILE")
+        for press in presses:
+            if press.removeprefix(PREFIX) in HEAD_LIST_PRESSES and not self.static:
+                raise DynheadsError(f"{press} is driven by a dynheads head list: pass --static FILE")
         for entry in registered:
             if entry.value.needs_probe and not self.probe:
                 raise DynheadsError(f"the {entry.name} KV policy needs a trained probe: pass --probe DIR")
@@ -111,19 +114,13 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     samples = niah_samples(config.niah_config(), lm.tokenizer)
     for sample in samples:
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
-    evaluation = [_identity(s.sample_id, s.seed, s.answer) for s in samples]
+    evaluation = [sample_identity(s.sample_id, s.seed, s.answer) for s in samples]
     num_kv = num_kv_heads(lm)
-    static = (
-        kv_head_ranking(load_head_list(config.static, lm.num_layers, lm.num_heads), lm.num_layers, lm.num_heads, num_kv)
-        if config.static
-        else ()
-    )
-    if config.static and not static:
-        raise DynheadsError(f"the static head list {config.static} has no head with a positive score")
+    static, voters = _static_heads(config, lm, num_kv)
     probe = load_head_predictor(config.probe) if config.probe else None
     fitted = {
-        "static": _fit_samples(config.static, "static head list", evaluation) if config.static else None,
-        "probe": _fit_samples(config.probe, "probe", evaluation) if config.probe else None,
+        "static": refuse_seed_overlap(config.static, "static head list", evaluation) if config.static else None,
+        "probe": refuse_seed_overlap(config.probe, "probe", evaluation) if config.probe else None,
     }
     run = RunDir(out)
     start_run(
@@ -136,76 +133,12 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             "prompt_template": samples[0].prompt_template,
             "evaluation_samples": evaluation,
             "fit_samples": fitted,
-            "num_kv_heads": num_kv,
-            "static_top": [head_key(h) for h in static[:20]],
-            "static_scored_kv_heads": len(static) if config.static else None,
-            "gqa_rule": "budgets count whole KV heads; every query head of a kept KV head sees all keys",
-            "kv_heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) for b in config.budgets},
-            "heads_per_budget": {
-                str(b): kv_head_count(b, lm.num_layers, num_kv) * group_size(lm) for b in config.budgets
-            },
-            "kv_token_bytes": kv_token_bytes(lm),
+            **_head_budgets(config, lm, num_kv, static),
+            "token_votes": {"voters": [head_key(h) for h in voters], "window": WINDOW, "pool": POOL},  # head_tokens
             "probe_threshold": probe.threshold if probe else None,
         },
     )
     order = sorted(range(len(samples)), key=lambda i: (i % config.runs, i))  # niah_samples: runs vary fastest
-
-    def settings_of(sample: niah.NiahSample, policy: str, budget: float | None) -> KVSettings:
-        # probe_select: kv_generate_batch refuses a value that is no ProbeSelect
-        return KVSettings(
-            policy=policy,
-            budget=budget or 1.0,
-            sink=config.sink,
-            recent=config.recent,
-            static_ranking=static,
-            probe_select=cast(ProbeSelect, config.probe_select),
-            seed=derive_seed(config.seed, "kv-random", sample.seed),
-        )
-
-    def work(batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
-        """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
-        full-attention prefill per sample, shared by the sample's policies; kvpress presses run one by one."""
-        prefills: dict[str, Prefill] = {}
-        results: list[KVResult | None] = [None] * len(batch)
-        groups: dict[tuple[str, float | None], list[int]] = {}
-        for i, (sample, policy, budget) in enumerate(batch):
-            if is_press(policy):  # kvpress compresses its own prefill (plain attention, no probe)
-                results[i] = press_generate(
-                    lm,
-                    sample.input_ids,
-                    check_press(policy),
-                    settings_of(sample, policy, budget),
-                    config.max_new_tokens,
-                )
-                continue
-            if sample.sample_id not in prefills:
-                prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
-            groups.setdefault((policy, budget), []).append(i)
-        for (policy, budget), rows in groups.items():
-            decoded = kv_generate_batch(
-                lm,
-                [prefills[batch[i][0].sample_id] for i in rows],
-                [settings_of(batch[i][0], policy, budget) for i in rows],
-                config.max_new_tokens,
-                probe=probe,
-                record_probe=policy == "full" and probe is not None,
-            )
-            for i, result in zip(rows, decoded, strict=True):
-                results[i] = result
-        finished = []
-        # every slot holds its result now
-        for (sample, policy, budget), result in zip(batch, cast(list[KVResult], results), strict=True):
-            record = _record(
-                lm,
-                sample,
-                settings_of(sample, policy, budget),
-                result,
-                record_probe=policy == "full" and probe is not None,
-            )
-            record.update(grid_sample_id=sample.sample_id, budget=budget)
-            finished.append(Finished(record))
-        return finished
-
     together: RunOptions = {**options, "batch_size": batch_size_of(options) * len(jobs)}  # a sample's policies: 1 batch
     run_jobs(
         run,
@@ -218,7 +151,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             for i in order
             for policy, budget in jobs
         ],
-        work,
+        _KVDecoder(lm, config, static, voters, probe),
         desc="kv",
         **together,
     )
@@ -227,33 +160,101 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     return run
 
 
-def _identity(sample_id: str, seed: int | None, answer: str) -> dict:
-    return {"sample_id": sample_id, "seed": None if seed is None else int(seed), "answer": answer}
+def _static_heads(config: KVConfig, lm: LoadedModel, num_kv: int) -> tuple[tuple[KVHead, ...], tuple[Head, ...]]:
+    """The KV heads of the static head list, best first, and its ``VOTERS`` best positive-score query heads (the
+    voters of ``kvpress:head_tokens``); none without a list; a list with no positive score is refused."""
+    if not config.static:
+        return (), ()
+    heads = load_head_list(config.static, lm.num_layers, lm.num_heads)
+    static = kv_head_ranking(heads, lm.num_layers, lm.num_heads, num_kv)
+    if not static:
+        raise DynheadsError(f"the static head list {config.static} has no head with a positive score")
+    return static, scored_heads(heads)[:VOTERS]
 
 
-def _fit_samples(path: str, what: str, evaluation: list[dict]) -> dict:
-    """The samples a probe / static list was fitted on (from its run directory); refuse any overlap."""
-    source = Path(path)
-    folder = source if source.is_dir() else source.parent
-    metrics = folder / "metrics.json"
-    run_path = Path(read_json(metrics)["run"]) if metrics.is_file() else folder
-    if not (run_path / "manifest.json").is_file():
-        run_path = folder.parent
-    run = RunDir(run_path)
-    if not run.exists():
-        raise DynheadsError(
-            f"cannot tell which samples the {what} {path} was fitted on (no run directory beside "
-            "it), so its disjointness from the evaluation cannot be checked"
+def _head_budgets(config: KVConfig, lm: LoadedModel, num_kv: int, static: tuple[KVHead, ...]) -> dict:
+    """What the manifest records of the KV heads: the static ranking's top, and the heads each budget keeps."""
+    return {
+        "num_kv_heads": num_kv,
+        "static_top": [head_key(h) for h in static[:20]],
+        "static_scored_kv_heads": len(static) if config.static else None,
+        "gqa_rule": "budgets count whole KV heads; every query head of a kept KV head sees all keys",
+        "kv_heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) for b in config.budgets},
+        "heads_per_budget": {str(b): kv_head_count(b, lm.num_layers, num_kv) * group_size(lm) for b in config.budgets},
+        "kv_token_bytes": kv_token_bytes(lm),
+    }
+
+
+@dataclass(frozen=True)
+class _KVDecoder:
+    """The work of ``run_jobs``: decode a batch of (sample, policy, budget) jobs into records."""
+
+    lm: LoadedModel
+    config: KVConfig
+    static: tuple[KVHead, ...]
+    voters: tuple[Head, ...]
+    probe: TrainedHeadPredictor | None
+
+    def settings_of(self, sample: niah.NiahSample, policy: str, budget: float | None) -> KVSettings:
+        config = self.config
+        # probe_select: kv_generate_batch refuses a value that is no ProbeSelect
+        return KVSettings(
+            policy=policy,
+            budget=budget or 1.0,
+            sink=config.sink,
+            recent=config.recent,
+            static_ranking=self.static,
+            probe_select=cast(ProbeSelect, config.probe_select),
+            seed=derive_seed(config.seed, "kv-random", sample.seed),
+            voters=self.voters,
         )
-    fitted = [_identity(r["sample_id"], r["seed"], r["answer"]) for r in run.records()]
-    seeds, answers = {f["seed"] for f in fitted}, {f["answer"] for f in fitted}
-    shared = [e["sample_id"] for e in evaluation if e["seed"] in seeds or e["answer"] in answers]
-    if shared:
-        raise DynheadsError(
-            f"the {what} {path} was fitted on {len(shared)} of the evaluation samples "
-            f"(e.g. {shared[0]}): evaluate on another seed stream (--split / --seed)"
-        )
-    return {"path": str(path), "run": str(run.path), "samples": fitted}
+
+    def __call__(self, batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
+        finished = []
+        for (sample, policy, budget), result in zip(batch, self.decode(batch), strict=True):
+            record = _record(
+                self.lm,
+                sample,
+                self.settings_of(sample, policy, budget),
+                result,
+                record_probe=policy == "full" and self.probe is not None,
+            )
+            record.update(grid_sample_id=sample.sample_id, budget=budget)
+            finished.append(Finished(record))
+        return finished
+
+    def decode(self, batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[KVResult]:
+        """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
+        full-attention prefill per sample, shared by the sample's policies; kvpress presses run one by one."""
+        lm, config = self.lm, self.config
+        prefills: dict[str, Prefill] = {}
+        results: list[KVResult | None] = [None] * len(batch)
+        groups: dict[tuple[str, float | None], list[int]] = {}
+        for i, (sample, policy, budget) in enumerate(batch):
+            if is_press(policy):  # kvpress compresses its own prefill (plain attention, no probe)
+                results[i] = press_generate(
+                    lm,
+                    sample.input_ids,
+                    check_press(policy),
+                    self.settings_of(sample, policy, budget),
+                    config.max_new_tokens,
+                )
+                continue
+            if sample.sample_id not in prefills:
+                prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
+            groups.setdefault((policy, budget), []).append(i)
+        for (policy, budget), rows in groups.items():
+            decoded = kv_generate_batch(
+                lm,
+                [prefills[batch[i][0].sample_id] for i in rows],
+                [self.settings_of(batch[i][0], policy, budget) for i in rows],
+                config.max_new_tokens,
+                probe=self.probe,
+                record_probe=policy == "full" and self.probe is not None,
+            )
+            for i, result in zip(rows, decoded, strict=True):
+                results[i] = result
+        return cast(list[KVResult], results)  # every slot holds its result now
 
 
 def _record(
@@ -326,11 +327,13 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         )
         .reset_index()
     )
+    evidence = EvidenceSettings(seed=run.manifest()["seed"])  # the run's seed resamples every row's samples
     intervals = {
-        key: accuracy_interval(rows["metrics.accuracy"].to_numpy()) for key, rows in frame.groupby(["policy", "budget"])
+        key: mean_interval(rows["metrics.accuracy"].to_numpy(), evidence, bounds=(0.0, 1.0))
+        for key, rows in frame.groupby(["policy", "budget"])
     }
-    table["accuracy_low"] = [intervals[(p, b)][0] for p, b in zip(table["policy"], table["budget"], strict=True)]
-    table["accuracy_high"] = [intervals[(p, b)][1] for p, b in zip(table["policy"], table["budget"], strict=True)]
+    table["accuracy_low"] = [intervals[(p, b)].low for p, b in zip(table["policy"], table["budget"], strict=True)]
+    table["accuracy_high"] = [intervals[(p, b)].high for p, b in zip(table["policy"], table["budget"], strict=True)]
     table["order"] = table["policy"].map(_policy_order)
     table = table.sort_values(["budget", "order"]).drop(columns="order").reset_index(drop=True)
     with atomic_path(run.path / "table.csv") as tmp:
@@ -348,10 +351,10 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         f"sink {config['sink']}, recent {config['recent']}; budget = fraction of the KV heads kept whole (full: 1, "
         f"none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per step, shortfall = KV heads the budget "
         "allows that the policy did not keep (static: no head with a positive score left); accuracy with its 95 % "
-        "bootstrap interval over samples; resident = KV held on the device as a fraction of the unmodified model's "
-        "and in MB, mean over steps; dynamic policies hold the full KV offloaded (second tier) and move, per step, "
-        "the picked heads' keys beyond the window plus the new token of every head (re-used: heads picked at the "
-        "previous step stay resident).",
+        "bootstrap interval over samples (exact when every sample agrees); resident = KV held on the device as a "
+        "fraction of the unmodified model's and in MB, mean over steps; dynamic policies hold the full KV "
+        "offloaded (second tier) and move, per step, the picked heads' keys beyond the window plus the new token of "
+        "every head (re-used: heads picked at the previous step stay resident).",
         kv_table(table),
     ]
     pr = probe_precision_recall(records, manifest)
@@ -376,15 +379,6 @@ def _policy_order(policy: str) -> int:
     """Registration order; presses after every registered policy."""
     names = KV_POLICIES.names()
     return names.index(policy) if policy in names else len(names)
-
-
-def accuracy_interval(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile bootstrap interval of the mean over whole samples (a constant column is its own interval)."""
-    values = np.asarray(values, dtype=float)
-    if len(values) < 2 or np.all(values == values[0]):
-        return float(values.mean()), float(values.mean())
-    result = bootstrap((values,), np.mean, n_resamples=2000, method="percentile", rng=np.random.default_rng(seed))
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def kv_table(table: pd.DataFrame) -> Table:

@@ -23,7 +23,7 @@ from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
 from dynheads.rag.loop import RagAnswer, RagSettings, answer_questions
 from dynheads.rag.results import rag_table
-from dynheads.rag.strategies import RAG_STRATEGIES, HeadSelector
+from dynheads.rag.strategies import RAG_STRATEGIES, HeadPredictor, HeadSelector
 from dynheads.rag.trigger import TriggerConfig, TriggerForm
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
@@ -31,6 +31,8 @@ from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, Table, write_summary
 from dynheads.tasks import candidates
 from dynheads.tasks.questions import refuse_overlap
+from dynheads.tasks.registry import Task
+from dynheads.tasks.sample import Sample
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,22 @@ class RagConfig(RagFields):
             retrieval=RetrievalConfig(top_n=self.top_n, window=self.window, gap=self.gap),
         )
 
+    def hotpot_config(self) -> HotpotConfig:
+        """The question grid the RAG run answers."""
+        return HotpotConfig(
+            data=self.data,
+            questions=self.questions,
+            first=self.first,
+            split=self.split,
+            lengths=self.lengths,
+            depths=self.depths,
+            seed=self.seed,
+            pad=self.pad,
+        )
 
-def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
+
+def rag_jobs(config: RagConfig) -> list[tuple[str, int | None]]:
+    """(strategy, k) of every job: one per k of ``config.ks`` for a strategy that uses heads, else (strategy, None)."""
     RAG_STRATEGIES.check(config.strategies)  # an unknown name is one line listing the registered ones
     jobs: list[tuple[str, int | None]] = []
     for strategy in config.strategies:
@@ -57,18 +73,9 @@ def _jobs(config: RagConfig) -> list[tuple[str, int | None]]:
 def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. ``batch_size``
     answers decode together (``rag.loop.answer_questions``; the records equal batch 1's)."""
-    jobs = _jobs(config)
+    jobs = rag_jobs(config)
     lm = run_model(config, options)
-    hotpot = HotpotConfig(
-        data=config.data,
-        questions=config.questions,
-        first=config.first,
-        split=config.split,
-        lengths=config.lengths,
-        depths=config.depths,
-        seed=config.seed,
-        pad=config.pad,
-    )
+    hotpot = config.hotpot_config()
     task = qa_task(hotpot)
     grid = task.grid(hotpot, lm.tokenizer)
     samples = grid.samples
@@ -91,46 +98,66 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
             "probe_questions_checked": probe_read,
         },
     )
-    settings = config.settings()
-
-    def answer(batch: list[tuple]) -> list[Finished]:
-        """The batch's answers decoded together (``answer_questions``), one record each."""
-        selectors, shown, used = [], [], []
-        for sample, strategy, k in batch:
-            # only scored static heads, never filler
-            needs_static = RAG_STRATEGIES.get(strategy).needs_static
-            used_k = min(k, len(ranking)) if ranking is not None and needs_static and k else k
-            selectors.append(
-                HeadSelector(
-                    strategy,
-                    k=used_k or 1,
-                    num_layers=lm.num_layers,
-                    num_heads=lm.num_heads,
-                    rng=derive_seed(config.seed, sample.sample_id, strategy, k),
-                    static_ranking=ranking,
-                    predict_top=predict_top,
-                )
-            )
-            reranked = _rerank(lm, sample, config.rerank_top, config.rerank_tokens) if strategy == "rerank" else {}
-            used.append((used_k, reranked))
-            shown.append(used[-1][1].get("shown", ()))
-        answers = answer_questions(lm, [item[0] for item in batch], selectors, settings, shown)
-        return [
-            Finished(_answer_record(task, sample, strategy, k, used_k, reranked, result))
-            for (sample, strategy, k), (used_k, reranked), result in zip(batch, used, answers, strict=True)
-        ]
-
     run_jobs(
         run,
         [Job(_record_id(s.sample_id, strategy, k), (s, strategy, k)) for s in samples for strategy, k in jobs],
-        answer,
+        _RagAnswerer(lm, config, task, ranking, predict_top, config.settings()),
         desc="rag",
         **options,
     )
-    if not distributed.is_main():  # rank 0 writes the tables once every process has finished
-        return run
-    run.write_results()
-    notes = [grid.skip_note()]
+    if distributed.is_main():  # rank 0 writes the tables once every process has finished
+        run.write_results()
+        _write_rag_summary(run, config, grid.skip_note(), ranking)
+    return run
+
+
+@dataclass(frozen=True)
+class _RagAnswerer:
+    """The work of ``run_jobs``: answer a batch of (sample, strategy, k) jobs, one record each."""
+
+    lm: LoadedModel
+    config: RagConfig
+    task: Task
+    ranking: list | None  # the static list's scored heads (when a strategy needs them)
+    predict_top: HeadPredictor | None
+    settings: RagSettings
+
+    def selector(self, sample: Sample, strategy: str, k: int | None) -> tuple[HeadSelector, int | None]:
+        """The strategy's head selector and the k it uses: only scored static heads, never filler."""
+        needs_static = RAG_STRATEGIES.get(strategy).needs_static
+        ranking = self.ranking
+        used_k = min(k, len(ranking)) if ranking is not None and needs_static and k else k
+        selector = HeadSelector(
+            strategy,
+            k=used_k or 1,
+            num_layers=self.lm.num_layers,
+            num_heads=self.lm.num_heads,
+            rng=derive_seed(self.config.seed, sample.sample_id, strategy, k),
+            static_ranking=ranking,
+            predict_top=self.predict_top,
+        )
+        return selector, used_k
+
+    def __call__(self, batch: list[tuple]) -> list[Finished]:
+        """The batch's answers decoded together (``answer_questions``), one record each."""
+        config, selectors, shown, used = self.config, [], [], []
+        for sample, strategy, k in batch:
+            selector, used_k = self.selector(sample, strategy, k)
+            selectors.append(selector)
+            reranked = _rerank(self.lm, sample, config.rerank_top, config.rerank_tokens) if strategy == "rerank" else {}
+            used.append((used_k, reranked))
+            shown.append(used[-1][1].get("shown", ()))
+        answers = answer_questions(self.lm, [item[0] for item in batch], selectors, self.settings, shown)
+        return [
+            Finished(_answer_record(self.task, sample, strategy, k, used_k, reranked, result))
+            for (sample, strategy, k), (used_k, reranked), result in zip(batch, used, answers, strict=True)
+        ]
+
+
+def _write_rag_summary(run: RunDir, config: RagConfig, skip_note: str, ranking: list | None) -> None:
+    """``rag.md``: the results table, retrieval recall, chance and the notes on skipped questions and short lists;
+    Dynamic's and Static's F1 per question beside it (``per_question_f1``)."""
+    notes = [skip_note]
     if ranking is not None and max(config.ks) > len(ranking):
         notes.append(
             f"static: only {len(ranking)} heads of {config.static} have a non-zero score, so 'static' used "
@@ -150,7 +177,6 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
             {"f1_pairs": per_question_f1(records)},
         ),
     )
-    return run
 
 
 def per_question_f1(records: list[dict]) -> dict[str, dict[str, list[float]]]:

@@ -13,7 +13,7 @@ import json
 import time
 import tomllib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Unpack
 
@@ -36,7 +36,7 @@ from dynheads.runs import RunDir, RunOptions
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD
 from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
-from dynheads.tasks.registry import task_of
+from dynheads.tasks.registry import Task, task_of
 
 PRESET_FOLDER = Path(__file__).resolve().parent.parent / "presets"
 SHARED_TABLES = {stages.HOTPOTQA_CCA: stages.CCA, stages.HOTPOTQA_PROBE: stages.PROBE}  # read the same table
@@ -113,16 +113,55 @@ def reproduce(
             **({"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {}),
         },
     )
-    study = _Stages(out)
-    common = dict(model=config.model, seed=config.seed, dtype=config.dtype, device=config.device)
+    study = _Study(config, preset, out, lm, progress, _Stages(out))
+    _niah_stages(study)
+    questions = _Questions.of(study)
+    _hotpotqa_trace_stages(study, questions)
+    _hotpotqa_ablation_stages(study, questions)
+    return out
 
-    def settings(stage: str, **extra) -> dict:  # what a stage's config is built from
-        return {**stage_settings(preset, stage), **common, **extra}
 
-    static_file = out / stages.STATIC / "static_heads.json"
-    niah = NiahConfig(**settings(stages.NIAH))
+@dataclass(frozen=True)
+class _Study:
+    """What every stage of one study shares: its config and preset, its folder, the model and the stage log."""
+
+    config: ReproduceConfig
+    preset: dict
+    out: Path
+    lm: LoadedModel
+    progress: bool
+    log: _Stages
+
+    def settings(self, stage: str, **extra) -> dict:
+        """What a stage's config is built from: the preset's table, the study's model and seed, ``extra``."""
+        config = self.config
+        common = dict(model=config.model, seed=config.seed, dtype=config.dtype, device=config.device)
+        return {**stage_settings(self.preset, stage), **common, **extra}
+
+    def run(self, name: str, fn: Callable[[], object]) -> None:
+        self.log.run(name, fn)
+
+    @property
+    def static_file(self) -> Path:
+        """The NIAH static list (Eq. 1, Wu et al.'s retrieval heads)."""
+        return self.out / stages.STATIC / "static_heads.json"
+
+    @property
+    def probe_config(self) -> HeadPredictorConfig:
+        return HeadPredictorConfig(**stage_settings(self.preset, stages.PROBE), seed=self.config.seed)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """The CCA's temporal offsets (NIAH's and HotpotQA's)."""
+        return stage_settings(self.preset, stages.CCA)["offsets"]
+
+
+def _niah_stages(study: _Study) -> None:
+    """NIAH: the traced grid, the static list, dynamism and Figure 1, the ablations, CCA and the probe."""
+    out, lm, progress, static_file = study.out, study.lm, study.progress, study.static_file
+    niah = NiahConfig(**study.settings(stages.NIAH))
     study.run(stages.NIAH, lambda: run_niah(niah, out / stages.NIAH, lm=lm, progress=progress))
-    static = StaticConfig(**settings(stages.STATIC))
+    static = StaticConfig(**study.settings(stages.STATIC))
     study.run(stages.STATIC, lambda: run_static(static, out / stages.STATIC, lm=lm, progress=progress))
     study.run(
         stages.DYNAMISM,
@@ -131,16 +170,16 @@ def reproduce(
             plot_heads(out / stages.NIAH, _best_samples(out / stages.NIAH, 2), out_dir=out / stages.DYNAMISM),
         ),
     )
-    ablation = AblationConfig(**settings(stages.ABLATION, static=str(static_file)))
+    ablation = AblationConfig(**study.settings(stages.ABLATION, static=str(static_file)))
     study.run(stages.ABLATION, lambda: run_claim2(ablation, out / stages.ABLATION, lm=lm, progress=progress))
-    progressive = ProgressiveConfig(**settings(stages.PROGRESSIVE, static=str(static_file)))
+    progressive = ProgressiveConfig(**study.settings(stages.PROGRESSIVE, static=str(static_file)))
     study.run(
         stages.PROGRESSIVE, lambda: run_progressive(progressive, out / stages.PROGRESSIVE, lm=lm, progress=progress)
     )
-    cca = CCAConfig(seed=config.seed)
-    offsets = stage_settings(preset, stages.CCA)["offsets"]
+    cca = CCAConfig(seed=study.config.seed)
+    offsets = study.offsets
     study.run(stages.CCA, lambda: cca_report(out / stages.NIAH, offsets, cca, out_dir=out / stages.CCA))
-    probe_config = HeadPredictorConfig(**stage_settings(preset, stages.PROBE), seed=config.seed)
+    probe_config = study.probe_config
     study.run(
         stages.PROBE,
         lambda: train_probe_on_run(
@@ -148,91 +187,128 @@ def reproduce(
         ),
     )
 
-    qa_data = config.hotpotqa or preset.get("qa_source")  # a HotpotQA file, when given, always wins
-    qa = task_of(HOTPOTQA.name, qa_data)  # HotpotQA, or the multi-hop task standing for it
-    streams = hotpot_streams(preset)  # disjoint question ranges: nothing is fitted and evaluated on one question
-    reasoning = StaticReasoningConfig(**settings(stages.HOTPOTQA_STATIC, data=qa_data, first=streams["static"].first))
+
+@dataclass(frozen=True)
+class _Questions:
+    """What the HotpotQA-side stages share: the questions' source and task, the disjoint question streams, the
+    reasoning head list, and Eq. 2's threshold rule with the traces it is fitted on."""
+
+    data: str | None
+    task: Task
+    streams: dict[str, QuestionStream]
+    reasoning_file: Path
+    threshold: str | float
+    fit_stream: Path
+
+    @classmethod
+    def of(cls, study: _Study) -> _Questions:
+        data = study.config.hotpotqa or study.preset.get("qa_source")  # a HotpotQA file, when given, always wins
+        return cls(
+            data=data,
+            task=task_of(HOTPOTQA.name, data),  # HotpotQA, or the multi-hop task standing for it
+            # disjoint question ranges: nothing is fitted and evaluated on one question
+            streams=hotpot_streams(study.preset),
+            reasoning_file=study.out / stages.HOTPOTQA_STATIC / "static_heads.json",
+            # Eq. 2's threshold (a calibrated one is fitted on the static stream's traces, which nothing evaluates)
+            threshold=stage_settings(study.preset, stages.HOTPOTQA_DYNAMISM).get(
+                "threshold", DEFAULT_REASONING_THRESHOLD
+            ),
+            fit_stream=study.out / stages.HOTPOTQA_STATIC,
+        )
+
+    def fit(self) -> ThresholdFit:  # fitted when a stage needs it: the static stage may have failed
+        return fit_threshold(self.threshold, self.task.score_kind, self.fit_stream)
+
+
+def _hotpotqa_trace_stages(study: _Study, qa: _Questions) -> None:
+    """HotpotQA: the reasoning static list, the traced analysis stream, its dynamism, CCA and probe."""
+    out, lm, progress, score = study.out, study.lm, study.progress, qa.task.score_kind
+    reasoning = StaticReasoningConfig(
+        **study.settings(stages.HOTPOTQA_STATIC, data=qa.data, first=qa.streams["static"].first)
+    )
     study.run(
         stages.HOTPOTQA_STATIC,
         lambda: run_static_reasoning(reasoning, out / stages.HOTPOTQA_STATIC, lm=lm, progress=progress),
     )
-    reasoning_file = out / stages.HOTPOTQA_STATIC / "static_heads.json"
-    hotpot = HotpotConfig(**settings(stages.HOTPOTQA, data=qa_data, first=streams["analysis"].first, split="analysis"))
+    hotpot = HotpotConfig(
+        **study.settings(stages.HOTPOTQA, data=qa.data, first=qa.streams["analysis"].first, split="analysis")
+    )
     study.run(stages.HOTPOTQA, lambda: run_hotpotqa(hotpot, out / stages.HOTPOTQA, lm=lm, progress=progress))
     # Claim 1 compares with the task's own static list (the reasoning list for Eq. 2 tasks), issue 21 item 4
-    qa_static = {"copy": static_file, "reasoning": reasoning_file}[qa.static_kind]
-    # Eq. 2's threshold (a calibrated one is fitted on the static stream's traces, which nothing evaluates)
-    qa_threshold = stage_settings(preset, stages.HOTPOTQA_DYNAMISM).get("threshold", DEFAULT_REASONING_THRESHOLD)
-    fit_stream = out / stages.HOTPOTQA_STATIC
-
-    def qa_fit() -> ThresholdFit:  # fitted when a stage needs it: the static stage may have failed
-        return fit_threshold(qa_threshold, qa.score_kind, fit_stream)
-
+    qa_static = {"copy": study.static_file, "reasoning": qa.reasoning_file}[qa.task.static_kind]
     study.run(
         stages.HOTPOTQA_DYNAMISM,
         lambda: (
             dynamism_report(
                 out / stages.HOTPOTQA,
                 qa_static,
-                score=qa.score_kind,
-                threshold=qa_threshold,
-                fit_run=fit_stream,
-                static_kind=qa.static_kind,
+                score=score,
+                threshold=qa.threshold,
+                fit_run=qa.fit_stream,
+                static_kind=qa.task.static_kind,
                 out_dir=out / stages.HOTPOTQA_DYNAMISM,
             ),
             plot_heads(
                 out / stages.HOTPOTQA,
                 _best_samples(out / stages.HOTPOTQA, 1, metric="f1"),
-                score=qa.score_kind,
+                score=score,
                 out_dir=out / stages.HOTPOTQA_DYNAMISM,
             ),
         ),
     )
+    cca, offsets = CCAConfig(seed=study.config.seed), study.offsets
     study.run(
         stages.HOTPOTQA_CCA,
-        lambda: cca_report(out / stages.HOTPOTQA, offsets, cca, score=qa.score_kind, out_dir=out / stages.HOTPOTQA_CCA),
+        lambda: cca_report(out / stages.HOTPOTQA, offsets, cca, score=score, out_dir=out / stages.HOTPOTQA_CCA),
     )
+    probe_config = study.probe_config
     study.run(
         stages.HOTPOTQA_PROBE,
         lambda: train_probe_on_run(
             out / stages.HOTPOTQA,
             probe_config,
-            score=qa.score_kind,
+            score=score,
             out_dir=out / stages.HOTPOTQA_PROBE,
             device=str(lm.device),
             progress=progress,
         ),
     )
-    hotpot_task = dict(task=qa.name, data=qa_data, static=str(reasoning_file))
+
+
+def _hotpotqa_ablation_stages(study: _Study, qa: _Questions) -> None:
+    """HotpotQA: the Eq. 2 ablations (at the fitted threshold) and RAG, each on its own question stream."""
+    out, lm, progress = study.out, study.lm, study.progress
+    hotpot_task = dict(task=qa.task.name, data=qa.data, static=str(qa.reasoning_file))
     hotpot_ablation = AblationConfig(
-        **settings(stages.HOTPOTQA_ABLATION, first=streams["ablation"].first, split="ablation", **hotpot_task)
+        **study.settings(stages.HOTPOTQA_ABLATION, first=qa.streams["ablation"].first, split="ablation", **hotpot_task)
     )
     study.run(
         stages.HOTPOTQA_ABLATION,
         lambda: fitted_ablation(
-            run_claim2, hotpot_ablation, qa_fit(), out / stages.HOTPOTQA_ABLATION, lm=lm, progress=progress
+            run_claim2, hotpot_ablation, qa.fit(), out / stages.HOTPOTQA_ABLATION, lm=lm, progress=progress
         ),
     )
     hotpot_progressive = ProgressiveConfig(
-        **settings(stages.HOTPOTQA_PROGRESSIVE, first=streams["progressive"].first, split="progressive", **hotpot_task)
+        **study.settings(
+            stages.HOTPOTQA_PROGRESSIVE, first=qa.streams["progressive"].first, split="progressive", **hotpot_task
+        )
     )
     study.run(
         stages.HOTPOTQA_PROGRESSIVE,
         lambda: fitted_ablation(
-            run_progressive, hotpot_progressive, qa_fit(), out / stages.HOTPOTQA_PROGRESSIVE, lm=lm, progress=progress
+            run_progressive, hotpot_progressive, qa.fit(), out / stages.HOTPOTQA_PROGRESSIVE, lm=lm, progress=progress
         ),
     )
     rag = RagConfig(
-        **settings(
+        **study.settings(
             stages.RAG,
             probe=str(out / stages.HOTPOTQA_PROBE),
-            static=str(reasoning_file),
-            data=qa_data,
-            first=streams["rag"].first,
+            static=str(qa.reasoning_file),
+            data=qa.data,
+            first=qa.streams["rag"].first,
         )
     )
     study.run(stages.RAG, lambda: run_rag(rag, out / stages.RAG, lm=lm, progress=progress))
-    return out
 
 
 def fitted_ablation(

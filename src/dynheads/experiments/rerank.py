@@ -13,15 +13,20 @@ strategy is ranked from the same passes:
 - ``static``: the k best heads of a Wu et al. list (``--static``); ``predictor``: the k heads the head predictor
   (``--probe``) scores highest from the hidden state at the prompt's last token; ``random``: k heads drawn per
   question (seeded);
-- ``bm25``: ``bm25s`` over the candidates' text.
+- ``bm25``: ``bm25s`` over the candidates' text;
+- ``rrf:<strategy>`` and ``mix:<strategy>``: a head strategy fused with BM25 (``dynheads.rag.fusion``):
+  reciprocal-rank fusion, or min-max scaled scores mixed with a weight fitted on the fitting stream only (every
+  question of it scored, as for QRHead; ``fusion_weights.json``). ``mix:qrhead`` fits its weight on QRHead's own
+  fitting questions, where QRHead's heads are in-sample.
 
 The manifest records the scoring settings (streams, seed, model, data); the ranking settings (strategies, k, the
 static list, the head predictor, bootstrap resamples) may change when a scored run is summarised again, and each
 summary records its own.
 
 Outputs: ``rankings.csv`` (one row per question and strategy), ``qrhead_heads.json`` (the fitted ranking, a ranked
-head list), ``rerank.md`` / ``summary.json`` (metrics with paired bootstrap intervals, differences vs BM25 and vs
-ICR, cost per question, and where gold and top-1 candidates sit in the prompt).
+head list), ``fusion_weights.json`` (each ``mix`` weight and its grid on the fitting stream), ``rerank.md`` /
+``summary.json`` (metrics with paired bootstrap intervals, differences vs BM25 and vs ICR, each fusion against BM25
+by question type, cost per question, and where gold and top-1 candidates sit in the prompt).
 """
 
 from __future__ import annotations
@@ -31,20 +36,21 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Unpack
+from typing import Unpack, cast
 
 import numpy as np
 import pandas as pd
 
 from dynheads import distributed
-from dynheads.analysis.ranking import METRICS, mean_interval, qrhead_scores, ranking_metrics, top_heads
+from dynheads.analysis.evidence import EvidenceSettings, mean_interval
+from dynheads.analysis.ranking import METRICS, qrhead_scores, ranking_metrics, top_heads
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import refuse_static_overlap
 from dynheads.experiments.settings import RERANK_STRATEGIES, RerankFields
 from dynheads.heads import Head, head_key
 from dynheads.io import atomic_path, write_json
 from dynheads.models import LoadedModel
-from dynheads.rag import rerank
+from dynheads.rag import fusion, rerank
 from dynheads.rag.strategies import random_heads
 from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
 from dynheads.scores import span_ranking
@@ -78,13 +84,31 @@ class RerankConfig(RerankFields):
     def check(self) -> None:
         """Every setting that can be refused before the model loads."""
         self.streams()
-        unknown = sorted(set(self.strategies) - set(RERANK_STRATEGIES))
+        unknown = sorted(s for s in self.strategies if s not in RERANK_STRATEGIES and fused_parts(s) is None)
         if unknown or not self.strategies:
             raise DynheadsError(
-                f"unknown rerank strategy {', '.join(unknown) or '(none given)'}: use {', '.join(RERANK_STRATEGIES)}"
+                f"unknown rerank strategy {', '.join(unknown) or '(none given)'}: use {', '.join(RERANK_STRATEGIES)}, "
+                f"or {'/'.join(fusion.FUSIONS)}:<one of {', '.join(HEAD_STRATEGIES)}> (fused with bm25)"
             )
         if self.k < 1 or self.bootstrap < 1:
             raise DynheadsError(f"--k and --bootstrap must be >= 1, got {self.k} and {self.bootstrap}")
+
+
+HEAD_STRATEGIES = tuple(s for s in RERANK_STRATEGIES if s != "bm25")  # what a fusion may combine with BM25
+
+
+def fused_parts(strategy: str) -> tuple[str, str] | None:
+    """(fusion, head strategy) of a fused strategy's name (``rrf:static``), None for any other name."""
+    kind, _, base = strategy.partition(":")
+    return (kind, base) if kind in fusion.FUSIONS and base in HEAD_STRATEGIES else None
+
+
+def base_strategies(strategies: tuple[str, ...]) -> set[str]:
+    """The strategies whose scores the chosen ones read (a fusion reads its head strategy's and BM25's)."""
+    parts = [fused_parts(s) for s in strategies]
+    return {s for s, part in zip(strategies, parts, strict=True) if part is None} | {
+        name for part in parts if part is not None for name in (part[1], "bm25")
+    }
 
 
 def run_rerank(config: RerankConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
@@ -209,11 +233,13 @@ class HeadSources:
     skipped: dict[str, str]
     qrhead: list[Head] | None = None  # every head, best first
     fit_questions: int = 0  # fitting questions QRHead's heads were chosen on
+    weights: dict[str, float] = dataclasses.field(default_factory=dict)  # each mix:<strategy>'s fitted weight
 
 
 def _head_sources(config: RerankConfig, num_layers: int, num_heads: int, eval_ids: list[str]) -> HeadSources:
     skipped, static, predict_top = {}, None, None
-    if "static" in config.strategies:
+    needed = base_strategies(config.strategies)
+    if "static" in needed:
         if config.static:
             from dynheads.analysis.headlists import load_head_list, scored_heads
 
@@ -223,7 +249,7 @@ def _head_sources(config: RerankConfig, num_layers: int, num_heads: int, eval_id
                 raise DynheadsError(f"{config.static} gives every head a zero score: it names no static head")
         else:
             skipped["static"] = "no --static head list given"
-    if "predictor" in config.strategies:
+    if "predictor" in needed:
         if config.probe:
             from dynheads.analysis.head_predictor import load_head_predictor
             from dynheads.experiments.probing import probe_fit_questions
@@ -252,7 +278,7 @@ def _arrays(run: RunDir, record: dict) -> dict[str, np.ndarray]:
 def fit_qrhead(run: RunDir, config: RerankConfig, heads: HeadSources) -> HeadSources:
     """QRHead's head ranking from the whole fitting stream (the manifest's ``fit_questions``), written to
     ``qrhead_heads.json``; while any of those questions is unscored the strategy is skipped and said so."""
-    if "qrhead" not in config.strategies:
+    if "qrhead" not in base_strategies(config.strategies):
         return heads
     expected = run.manifest()["fit_questions"]["ids"]
     fit = {r["question_id"]: r for r in run.records() if r["stream"] == FIT}
@@ -267,48 +293,92 @@ def fit_qrhead(run: RunDir, config: RerankConfig, heads: HeadSources) -> HeadSou
     return dataclasses.replace(heads, qrhead=order, fit_questions=len(records))
 
 
+def fit_fusion_weights(run: RunDir, config: RerankConfig, heads: HeadSources) -> HeadSources:
+    """Each ``mix:<strategy>`` weight from the whole fitting stream, written to ``fusion_weights.json``; while any
+    question of it is unscored (or its head strategy is skipped) the fused strategy is skipped and said so."""
+    mixes = [s for s in config.strategies if (fused_parts(s) or ("",))[0] == "mix"]
+    if not mixes:
+        return heads
+    expected = run.manifest()["fit_questions"]["ids"]
+    fit = {r["question_id"]: r for r in run.records() if r["stream"] == FIT}
+    scored = [fit[q] for q in expected if q in fit]
+    weights, grids, skipped = {}, {}, dict(heads.skipped)
+    for strategy in mixes:
+        base = cast(tuple[str, str], fused_parts(strategy))[1]
+        if base in heads.skipped or len(scored) < len(expected) or not expected:
+            skipped[strategy] = (
+                f"its weight is fitted on the whole fitting stream: {len(scored)} of {len(expected)} scored"
+                + (f", and {base} is skipped" if base in heads.skipped else "")
+            )
+            continue
+        arrays = [(_arrays(run, r), r) for r in scored]
+        head_scores = [question_scores(base, r, a, config, heads)[0] for a, r in arrays]
+        weights[strategy], grids[strategy] = fusion.fit_weight(
+            head_scores, [np.asarray(r["bm25"]) for r in scored], [r["gold"] for r in scored]
+        )
+    if weights:
+        write_json(run.path / "fusion_weights.json", {"weights": weights, "grid": grids, "fit_questions": len(scored)})
+    return dataclasses.replace(heads, weights=weights, skipped=skipped)
+
+
+def question_scores(
+    strategy: str, record: dict, arrays: dict[str, np.ndarray], config: RerankConfig, heads: HeadSources
+) -> tuple[np.ndarray, list[Head] | None, float]:
+    """One question's candidate scores under ``strategy``, the heads it read (None: every head, or none) and the
+    seconds they cost."""
+    parts = fused_parts(strategy)
+    if parts is not None:
+        base_scores, chosen, seconds = question_scores(parts[1], record, arrays, config, heads)
+        fused = fusion.fuse(parts[0], base_scores, np.asarray(record["bm25"]), heads.weights.get(strategy))
+        return fused, chosen, seconds + record["bm25_seconds"]
+    if strategy == "icr-uncalibrated":
+        return span_ranking(arrays["real"].astype(np.float64)), None, record["prefill_seconds"]
+    if strategy == "bm25":
+        return np.asarray(record["bm25"]), None, record["bm25_seconds"]
+    calibrated = _calibrated(arrays)
+    chosen = _chosen_heads(strategy, record, arrays, calibrated.shape[:2], config, heads)
+    return span_ranking(calibrated, chosen), chosen, record["prefill_seconds"] + record["calibration_seconds"]
+
+
+def _chosen_heads(
+    strategy: str, record: dict, arrays: dict, shape: tuple[int, ...], config: RerankConfig, heads: HeadSources
+) -> list[Head] | None:
+    """The heads a head-subset strategy reads for this question; None for ``icr`` (every head)."""
+    if strategy == "qrhead":
+        assert heads.qrhead is not None  # the strategy is skipped until QRHead is fitted
+        return heads.qrhead[: config.k]
+    if strategy == "static":
+        assert heads.static is not None  # the strategy is skipped without a static list
+        return heads.static[: config.k]
+    if strategy == "predictor":
+        assert heads.predict_top is not None  # the strategy is skipped without a predictor
+        return heads.predict_top(arrays["hidden"], config.k)
+    if strategy == "random":
+        rng = np.random.default_rng(derive_seed(config.seed, record["question_id"], "random"))
+        return random_heads(config.k, shape[0], shape[1], rng)
+    return None
+
+
 def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources) -> pd.DataFrame:
-    """One row per (evaluation question, strategy): ranking, gold, metrics, seconds (QRHead's heads: ``heads``,
-    from ``fit_qrhead``)."""
+    """One row per (evaluation question, strategy): ranking, gold, metrics, seconds (QRHead's heads and the
+    fusion weights: ``heads``, from ``fit_qrhead`` and ``fit_fusion_weights``)."""
     evaluation = [r for r in run.records() if r["stream"] == EVAL]
     if not evaluation:
         raise DynheadsError(f"{run.path} has no scored evaluation questions yet")
-    strategies = [s for s in config.strategies if s not in heads.skipped]
+    strategies = [s for s in config.strategies if s not in heads.skipped and _base(s) not in heads.skipped]
     rows = []
     for record in evaluation:
         arrays = _arrays(run, record)
-        calibrated = _calibrated(arrays)
-        layers, num_heads = calibrated.shape[:2]
-        icr_seconds = record["prefill_seconds"] + record["calibration_seconds"]
+        every_head = int(np.prod(arrays["real"].shape[:2]))
         for strategy in strategies:
-            chosen: list[Head] | None = None
-            seconds = icr_seconds
-            if strategy == "icr-uncalibrated":
-                scores, seconds = span_ranking(arrays["real"].astype(np.float64)), record["prefill_seconds"]
-            elif strategy == "bm25":
-                scores, seconds = np.asarray(record["bm25"]), record["bm25_seconds"]
-            else:
-                if strategy == "qrhead":
-                    assert heads.qrhead is not None  # the strategy is skipped until QRHead is fitted
-                    chosen = heads.qrhead[: config.k]
-                elif strategy == "static":
-                    assert heads.static is not None  # the strategy is skipped without a static list
-                    chosen = heads.static[: config.k]
-                elif strategy == "predictor":
-                    assert heads.predict_top is not None  # the strategy is skipped without a predictor
-                    chosen = heads.predict_top(arrays["hidden"], config.k)
-                elif strategy == "random":
-                    rng = np.random.default_rng(derive_seed(config.seed, record["question_id"], "random"))
-                    chosen = random_heads(config.k, layers, num_heads, rng)
-                scores = span_ranking(calibrated, chosen)
+            scores, chosen, seconds = question_scores(strategy, record, arrays, config, heads)
             ranked = rerank.ranking(scores)
             rows.append(
                 {
                     "question_id": record["question_id"],
+                    "type": record.get("type"),
                     "strategy": strategy,
-                    "heads": len(chosen)
-                    if chosen is not None
-                    else (None if strategy == "bm25" else layers * num_heads),
+                    "heads": len(chosen) if chosen is not None else (None if strategy == "bm25" else every_head),
                     "ranking": json.dumps(ranked),
                     "gold": json.dumps(record["gold"]),
                     "top1_position": ranked[0],
@@ -322,65 +392,39 @@ def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources) -> pd.
     return frame
 
 
+def _base(strategy: str) -> str:
+    parts = fused_parts(strategy)
+    return parts[1] if parts is not None else strategy
+
+
 def _calibrated(arrays: dict[str, np.ndarray]) -> np.ndarray:
     return arrays["real"].astype(np.float64) - arrays["content_free"].astype(np.float64)
 
 
-def _interval_text(values, config: RerankConfig, name: str) -> str:
-    mean, low, high = mean_interval(values, resamples=config.bootstrap, seed=derive_seed(config.seed, name))
-    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+def _interval_text(values, config: RerankConfig, name: str, bounds: tuple[float, float] = (0.0, 1.0)) -> str:
+    """A metric's mean over questions (in ``bounds``: a share, a difference of two in (-1, 1)) and its interval."""
+    evidence = EvidenceSettings(resamples=config.bootstrap, seed=derive_seed(config.seed, name))
+    mean = mean_interval(values, evidence, bounds=bounds)
+    return f"{mean.effect:.3f} [{mean.low:.3f}, {mean.high:.3f}]"
 
 
 def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     """Rank every evaluation question and write ``rerank.md`` and its ``summary.json``."""
-    heads = fit_qrhead(run, config, heads)
+    heads = fit_fusion_weights(run, config, fit_qrhead(run, config, heads))
     frame = rank_questions(run, config, heads)
     qr_heads = heads.qrhead[: config.k] if heads.qrhead is not None else []
     strategies = list(dict.fromkeys(frame["strategy"]))
     per = {s: frame[frame["strategy"] == s].set_index("question_id") for s in strategies}
     n = len(per[strategies[0]])
-    metrics_table = Table(
-        ["strategy", "heads", "questions", *METRICS, "seconds / question"],
-        [
-            [
-                s,
-                _heads_text(per[s]["heads"].iloc[0]),
-                len(per[s]),
-                *(_interval_text(per[s][m].to_numpy(), config, f"{s}-{m}") for m in METRICS),
-                float(per[s]["seconds"].mean()),
-            ]
-            for s in strategies
-        ],
-        {"seconds / question": ".3f"},
-    )
     blocks: list = [
         f"{n} of the {config.questions} evaluation questions scored ({config.data}, stream from question "
         f"{config.first}); QRHead's heads fitted on {heads.fit_questions} of the {config.fit_questions} fitting "
         f"questions (stream from question {config.fit_first}). Means with 95 % percentile bootstrap "
         f"intervals over questions ({config.bootstrap} resamples).",
-        metrics_table,
+        _metrics_table(per, config),
     ]
-    for baseline in ("bm25", "icr"):
-        if baseline in per:
-            others = [s for s in strategies if s != baseline]
-            blocks += [
-                f"Paired differences vs {baseline} (strategy minus {baseline}, per question; interval of the "
-                "mean difference):",
-                Table(
-                    ["strategy", *(f"Δ {m}" for m in METRICS)],
-                    [
-                        [
-                            s,
-                            *(
-                                _interval_text((per[s][m] - per[baseline][m]).to_numpy(), config, f"{s}-{baseline}-{m}")
-                                for m in METRICS
-                            ),
-                        ]
-                        for s in others
-                    ],
-                ),
-            ]
-    blocks += _position_blocks(per, strategies)
+    blocks += _paired_blocks(per, config)
+    blocks += _fusion_blocks(per, config, heads) + _position_blocks(per, strategies)
     notes = [f"{s}: skipped ({why})" for s, why in heads.skipped.items()]
     if qr_heads:
         notes.append(
@@ -402,6 +446,7 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
             "questions": n,
             "fit_questions": heads.fit_questions,
             "qrhead_heads": [head_key(h) for h in qr_heads],
+            "fusion_weights": heads.weights,
             "metrics": numbers,
             "ranking": ranking_settings,
             "skipped": heads.skipped,
@@ -410,6 +455,75 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     )
     write_summary(run.path, "rerank.md", summary)
     return summary
+
+
+def _metrics_table(per: dict[str, pd.DataFrame], config: RerankConfig) -> Table:
+    """Every strategy's metrics over the evaluation questions, with intervals, and its seconds per question."""
+    return Table(
+        ["strategy", "heads", "questions", *METRICS, "seconds / question"],
+        [
+            [
+                s,
+                _heads_text(frame["heads"].iloc[0]),
+                len(frame),
+                *(_interval_text(frame[m].to_numpy(), config, f"{s}-{m}") for m in METRICS),
+                float(frame["seconds"].mean()),
+            ]
+            for s, frame in per.items()
+        ],
+        {"seconds / question": ".3f"},
+    )
+
+
+def _paired_blocks(per: dict[str, pd.DataFrame], config: RerankConfig) -> list:
+    """Every strategy minus BM25 and minus ICR, per question, each with the interval of its mean."""
+    blocks: list = []
+    for baseline in ("bm25", "icr"):
+        if baseline in per:
+            rows = [
+                [s, *(_difference_text(per[s][m] - per[baseline][m], config, f"{s}-{baseline}-{m}") for m in METRICS)]
+                for s in per
+                if s != baseline
+            ]
+            blocks += [
+                f"Paired differences vs {baseline} (strategy minus {baseline}, per question; interval of the "
+                "mean difference):",
+                Table(["strategy", *(f"Δ {m}" for m in METRICS)], rows),
+            ]
+    return blocks
+
+
+def _difference_text(differences: pd.Series, config: RerankConfig, name: str) -> str:
+    """A per-question difference of two metrics in [0, 1]: its mean and interval (exact when all agree)."""
+    return _interval_text(differences.to_numpy(), config, name, bounds=(-1.0, 1.0))
+
+
+def _fusion_blocks(per: dict[str, pd.DataFrame], config: RerankConfig, heads: HeadSources) -> list:
+    """Each fused strategy and its head strategy against BM25, per question type (bridge / comparison): where the
+    heads add to BM25 and where they do not; and the fitted ``mix`` weights."""
+    fused = [s for s in per if fused_parts(s) is not None]
+    if not fused or "bm25" not in per:
+        return []
+    shown = list(dict.fromkeys(name for s in fused for name in (s, _base(s)) if name in per))
+    bm25 = per["bm25"]
+    rows = []
+    for strategy in shown:
+        for kind in sorted(bm25["type"].dropna().unique()):
+            ids = bm25.index[bm25["type"] == kind]
+            rows.append(
+                [strategy, kind, len(ids)]
+                + [
+                    _difference_text(per[strategy].loc[ids, m] - bm25.loc[ids, m], config, f"{strategy}-{kind}-{m}")
+                    for m in ("recall@2", "mrr")
+                ]
+            )
+    weights = ", ".join(f"{s} {w:.2f}" for s, w in heads.weights.items())
+    return [
+        "Fusions with BM25 by question type (strategy minus bm25, per question; interval of the mean difference)"
+        + (f"; mix weights (head share) fitted on the fitting stream: {weights}" if weights else "")
+        + ":",
+        Table(["strategy", "type", "questions", "Δ recall@2", "Δ mrr"], rows),
+    ]
 
 
 def _heads_text(value) -> str:

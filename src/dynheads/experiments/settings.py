@@ -275,7 +275,8 @@ class RerankFields(Seeded, ModelSettings):
     strategies: tuple[str, ...] = setting(
         RERANK_STRATEGIES,
         ",".join(RERANK_STRATEGIES) + " (static needs "
-        "--static, predictor --probe; without them they are skipped and noted)",
+        "--static, predictor --probe; without them they are skipped and noted); rrf:S or mix:S fuses head "
+        "strategy S with bm25 (reciprocal ranks, or a weight fitted on the fitting stream)",
     )
     k: int = setting(16, "heads of each head-subset strategy (qrhead, static, predictor, random)")
     static: str | None = setting(None, "Wu et al. static head list (a 'static' run's file), for 'static'")

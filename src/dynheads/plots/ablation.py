@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from dynheads.ablation_strategies import ABLATION_STRATEGIES, panel_order
 from dynheads.errors import DynheadsError
-from dynheads.io import atomic_path
+from dynheads.plots.png import save_png
 
 METRIC_LABELS = {"accuracy": "accuracy", "rouge_l": "ROUGE-L"}
 _CMAP = matplotlib.colormaps["RdYlGn"].with_extremes(bad="white")  # red = fails, green = retrieves
@@ -89,7 +89,7 @@ def plot_heatmaps(
     realised: Mapping[float, float] | None = None,
 ) -> Path:
     """Write ``heatmap_figure`` as a PNG at ``path`` (atomically)."""
-    return _save(heatmap_figure(panels, label=label, counts=counts, title=title, realised=realised), path)
+    return save_png(heatmap_figure(panels, label=label, counts=counts, title=title, realised=realised), path)
 
 
 def plot_ablation_cells(
@@ -179,7 +179,7 @@ def plot_progressive(
     metrics: Mapping[str, str] = METRIC_LABELS,
 ) -> Path:
     """Write ``progressive_figure`` as a PNG at ``path`` (atomically)."""
-    return _save(progressive_figure(table, top_static=top_static, title=title, metrics=metrics), path)
+    return save_png(progressive_figure(table, top_static=top_static, title=title, metrics=metrics), path)
 
 
 def dose_figure(table: pd.DataFrame, panels: Mapping[str, str], *, title: str | None = None) -> Figure:
@@ -212,7 +212,7 @@ def dose_figure(table: pd.DataFrame, panels: Mapping[str, str], *, title: str | 
 
 def plot_doses(table: pd.DataFrame, path: str | Path, panels: Mapping[str, str], *, title: str | None = None) -> Path:
     """Write ``dose_figure`` as a PNG at ``path`` (atomically)."""
-    return _save(dose_figure(table, panels, title=title), path)
+    return save_png(dose_figure(table, panels, title=title), path)
 
 
 def _text_colour(value: float, alpha: float) -> str:
@@ -220,10 +220,3 @@ def _text_colour(value: float, alpha: float) -> str:
     red, green, blue, _ = _CMAP(value)
     blend = [alpha * channel + (1.0 - alpha) for channel in (red, green, blue)]
     return "white" if 0.299 * blend[0] + 0.587 * blend[1] + 0.114 * blend[2] < 0.5 else "black"
-
-
-def _save(figure: Figure, path: str | Path) -> Path:
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=150)
-    return path

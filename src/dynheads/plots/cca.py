@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dynheads.errors import DynheadsError
-from dynheads.io import atomic_path
+from dynheads.plots.png import save_png
 
 _PANELS = {
     "in_sample": "in-sample (the paper's measure)",
@@ -59,7 +59,4 @@ def plot_cca(
     figure.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False)
     if title:
         figure.suptitle(title)
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=150)
-    return path
+    return save_png(figure, path)

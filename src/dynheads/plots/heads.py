@@ -13,7 +13,7 @@ from matplotlib.patches import Patch
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, head_label
-from dynheads.io import atomic_path
+from dynheads.plots.png import save_png
 
 _BINARY_COLOURS = ("#eeeeee", "#1d3f8f")  # score 0, score 1 (dark = retrieves, as in the paper)
 _STEP_INCHES = 0.26  # width of one step's column: fits a rotated 8 pt label
@@ -53,8 +53,7 @@ def plot_head_dynamics(
     See ``head_dynamics_figure`` for the arguments.
     """
     figure, heads = head_dynamics_figure(scores, token_labels, top=top, binary=binary, title=title)
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=150)
+    save_png(figure, path)
     return heads
 
 

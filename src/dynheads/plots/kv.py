@@ -8,7 +8,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from dynheads.kv_policies import is_budget_free, plot_style
-from dynheads.plots.ablation import _save, plot_heatmaps
+from dynheads.plots.ablation import plot_heatmaps
+from dynheads.plots.png import save_png
 
 
 def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
@@ -53,7 +54,7 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
         moved_ax.legend(fontsize=8)
     if title:
         figure.suptitle(title)
-    return _save(figure, path)
+    return save_png(figure, path)
 
 
 def plot_kv_grid(cells: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from dynheads.errors import DynheadsError
-from dynheads.io import atomic_path
+from dynheads.plots.png import save_png
 
 
 def plot_roc(
@@ -30,7 +30,4 @@ def plot_roc(
     ax.legend(loc="lower right", fontsize=8, title="feature set (AUROC)", title_fontsize=8)
     if title:
         ax.set_title(title, fontsize=9)
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=150)
-    return path
+    return save_png(figure, path)

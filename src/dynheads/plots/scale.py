@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynheads.io import atomic_path
+from dynheads.plots.png import save_png
 
 PANEL_COLUMNS = 3
 
@@ -62,9 +62,7 @@ def plot_by_size(panels: Sequence[Panel], path: Path) -> Path:
         axes.set_title(panel.title, fontsize=7)
         axes.tick_params(labelsize=6)
     figure.tight_layout()
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=110)
-    return path
+    return save_png(figure, path, dpi=110)
 
 
 def size_label(count: int) -> str:

@@ -59,7 +59,7 @@ class RagAnswer:
     retrieval_recall: float | None  # share of supporting-fact tokens any retrieval made visible
 
 
-class _Answerer:
+class Answerer:
     """State of one answer: the session, the cached context, the answer so far, what is visible."""
 
     def __init__(self, lm: LoadedModel, input_ids: list[int], context: tuple[int, int], settings: RagSettings):
@@ -124,7 +124,7 @@ class _DraftPolicy(StepPolicy):
     that reads the last token.
     """
 
-    def __init__(self, answerer: _Answerer, limit: int, sentence: bool):
+    def __init__(self, answerer: Answerer, limit: int, sentence: bool):
         self.answerer, self.limit, self.sentence = answerer, limit, sentence
         self.tokens: list[int] = []
         self.entropies: list[float] = []
@@ -217,7 +217,7 @@ def _answer(
         raise DynheadsError(f"sample {sample.sample_id!r} has no usable context span {context}")
     if (selector.strategy == "rerank") != bool(shown):
         raise DynheadsError("the rerank strategy, and only it, answers with given context windows shown")
-    state = _Answerer(lm, list(sample.input_ids), context, settings)
+    state = Answerer(lm, list(sample.input_ids), context, settings)
     width = context[1] - context[0]
     none_visible = np.zeros(width, dtype=bool)
     fixed: np.ndarray | None = None  # what full-context (None: all) and rerank show throughout
@@ -276,7 +276,7 @@ def _answer(
     )
 
 
-def _retrieve(state: _Answerer, selector: HeadSelector) -> tuple[list[Head], np.ndarray]:
+def _retrieve(state: Answerer, selector: HeadSelector) -> tuple[list[Head], np.ndarray]:
     """Algorithm 2 up to AverageAttention: unmask, pick heads, average their rows over the context."""
     lm = state.lm
     every_head = {(layer, head) for layer in range(lm.num_layers) for head in range(lm.num_heads)}

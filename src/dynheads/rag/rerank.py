@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dynheads.analysis.ranking import ranking
 from dynheads.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
@@ -265,9 +266,3 @@ def shown_spans(
         shown.append((start, min(stop, start + left)))
         left -= shown[-1][1] - start
     return shown
-
-
-def ranking(scores: np.ndarray) -> list[int]:
-    """Candidate indices, highest score first; ties keep prompt order (the order is shuffled per question, so a
-    tie is broken at random with respect to which candidate is gold)."""
-    return [int(i) for i in np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")]

@@ -198,12 +198,28 @@ def qa_task(root: Path) -> Task:
     return HOTPOTQA
 
 
+SectionSpec = tuple[str, str, Callable[[], list[Part]]]  # anchor, title, what builds the section's parts
+
+
 def build_sections(root: Path, evidence: EvidenceSettings | None = None) -> list[Section]:
     """The paper's sections in order; any error while reading a stage becomes text in its section."""
     evidence = evidence or EvidenceSettings()
     qa = qa_task(root)
-    niah, hotpot = NIAH.label, qa.label
-    specs: list[tuple[str, str, Callable[[], list[Part]]]] = [
+    sections = []
+    for anchor, title, build in _niah_sections(root, evidence) + _qa_sections(root, qa.label, evidence):
+        try:
+            parts = build()
+        except READ_ERRORS as error:
+            parts = [f"*Could not read this stage: {error}*"]
+        task = NIAH if anchor.endswith(stages.NIAH) else qa if anchor.endswith((stages.HOTPOTQA, stages.RAG)) else None
+        sections.append(Section(anchor, title, parts, task))
+    return _gate_unsolved(sections, root, qa)
+
+
+def _niah_sections(root: Path, evidence: EvidenceSettings) -> list[SectionSpec]:
+    """The static list, the NIAH setup and the three claims on NIAH."""
+    niah = NIAH.label
+    return [
         ("static", "Static retrieval heads (Wu et al. 2024)", lambda: _static(root)),
         (stages.NIAH, f"{niah} setup (Section 3.1)", lambda: _task_run(root, stages.NIAH)),
         (
@@ -238,6 +254,12 @@ def build_sections(root: Path, evidence: EvidenceSettings | None = None) -> list
                 evidence,
             ),
         ),
+    ]
+
+
+def _qa_sections(root: Path, hotpot: str, evidence: EvidenceSettings) -> list[SectionSpec]:
+    """The HotpotQA (or stand-in task, labelled ``hotpot``) setup, the three claims on it, and Dynamic RAG."""
+    return [
         (
             stages.HOTPOTQA,
             f"{hotpot} setup (Section 5)",
@@ -284,15 +306,6 @@ def build_sections(root: Path, evidence: EvidenceSettings | None = None) -> list
         ),
         ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root, hotpot, evidence)),
     ]
-    sections = []
-    for anchor, title, build in specs:
-        try:
-            parts = build()
-        except READ_ERRORS as error:
-            parts = [f"*Could not read this stage: {error}*"]
-        task = NIAH if anchor.endswith(stages.NIAH) else qa if anchor.endswith((stages.HOTPOTQA, stages.RAG)) else None
-        sections.append(Section(anchor, title, parts, task))
-    return _gate_unsolved(sections, root, qa)
 
 
 def _unsolved(root: Path, stage: str, task: str) -> str:

@@ -179,7 +179,8 @@ def by_gold_rank(records: Sequence[Mapping], metric: str = "em") -> dict[int, tu
 
 def gaps(records: Sequence[Mapping], metric: str = "em") -> dict[str, np.ndarray]:
     """Per-sample paired differences of the model against each baseline (model - chance, - first, - last, and -
-    each position heuristic over the samples with candidate depths): what ``interval`` bootstraps over samples."""
+    each position heuristic over the samples with candidate depths): the per-sample values whose mean the summary's
+    intervals are of."""
     rows = [r for r in records if (r.get("meta") or {}).get(CANDIDATES)]
     model = np.array([float(r["metrics"][metric]) for r in rows])
     cands = [r["meta"][CANDIDATES] for r in rows]
@@ -191,24 +192,3 @@ def gaps(records: Sequence[Mapping], metric: str = "em") -> dict[str, np.ndarray
         "last": model - np.array([float(c[-1] == r["answer"]) for r, c in zip(rows, cands, strict=True)]),
         **{name: placed_model - hits for name, hits in heuristic_hits(placed).items() if hits.size},
     }
-
-
-def interval(values: Sequence[float] | np.ndarray, seed: int = 0, resamples: int = 2000) -> tuple[float, float]:
-    """95 % percentile bootstrap interval of the mean over whole samples (``scipy.stats.bootstrap``, seeded);
-    NaNs below two samples; the value itself when every sample has the same value (nothing to resample)."""
-    from scipy.stats import bootstrap
-
-    data = np.asarray(values, dtype=float)
-    if data.size < 2:
-        return float("nan"), float("nan")
-    if np.all(data == data[0]):
-        return float(data[0]), float(data[0])
-    result = bootstrap(
-        (data,),
-        np.mean,
-        n_resamples=resamples,
-        confidence_level=0.95,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)

@@ -708,5 +708,6 @@ HOTPOTQA = register(
         questions=True,
         fade_sparse_cells=True,
         help="HotpotQA questions over gold and distractor paragraphs (Eq. 2, Section 4)",
+        data_selects_task=True,  # data=multihop[:options] (or a RULER task's) selects that task
     )
 )

@@ -43,8 +43,15 @@ from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates, hotpotqa, qa_metrics
 from dynheads.tasks.forms import check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
-from dynheads.tasks.niah import _haystack_of_length, _sentence_end_before, load_haystack
-from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
+from dynheads.tasks.niah import haystack_of_length, load_haystack, sentence_end_before
+from dynheads.tasks.prompting import (
+    RenderedPrompt,
+    chat_template_kwargs,
+    locate,
+    marked_spans,
+    render_chat,
+    token_span,
+)
 from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample
 
@@ -67,8 +74,9 @@ _ECHO = re.compile(
 PLACEMENTS = ("uniform", "depth")
 ValueFormat = Literal["number", "word", "hex"]
 VALUE_FORMATS = ("number", "word", "hex")
-# Keys and bridges: common concrete nouns (one or two tokens each), drawn without replacement within a sample.
-_NOUNS = (
+# Keys and bridges: common concrete nouns (one or two tokens each), drawn without replacement within a sample
+# (RULER's multi-key words pair them with adjectives).
+COMMON_NOUNS = (
     "tiger",
     "lamp",
     "river",
@@ -265,15 +273,81 @@ class _Names:
         raise DynheadsError("cannot draw a value absent from the haystack")
 
     def noun(self) -> str:
-        free = [noun for noun in _NOUNS if noun not in self.used]
+        free = [noun for noun in COMMON_NOUNS if noun not in self.used]
         if not free:
-            raise DynheadsError(f"the multihop key space ({len(_NOUNS)} nouns) is exhausted: use fewer distractors")
+            raise DynheadsError(
+                f"the multihop key space ({len(COMMON_NOUNS)} nouns) is exhausted: use fewer distractors"
+            )
         noun = self.rng.choice(free)
         self.used.add(noun)
         return noun
 
     def chain(self, kind: str) -> _Chain:
         return _Chain(self.noun(), self.noun(), self.value(kind))
+
+
+@dataclass(frozen=True)
+class _Question:
+    """The chains of one question: the gold chain with its supporting facts (the value fact alone for one hop),
+    the distractor chains with their facts, and the question asked."""
+
+    gold: _Chain
+    supporting: list[str]
+    chains: list[_Chain]
+    distractors: list[str]
+    question: str
+
+    @property
+    def values(self) -> dict[str, str]:
+        """Each value fact (the gold chain's and each distractor chain's) -> its value."""
+        return {HOP2_TEMPLATE.format(bridge=c.bridge, value=c.value): c.value for c in [self.gold, *self.chains]}
+
+
+def _question(names: _Names, form: MultihopForm) -> _Question:
+    """Draw the gold chain, then the distractor chains (``distractors`` facts of them)."""
+    gold = names.chain(form.value)
+    supporting = gold.facts()[2 - form.hops :]  # one hop: the value fact alone
+    chains = [names.chain(form.value) for _ in range((form.distractors + 1) // 2)]
+    distractors = [fact for chain in chains for fact in chain.facts()][: form.distractors]
+    if form.hops == 2:
+        question = QUESTION_TWO_HOPS.format(key=gold.key)
+    else:
+        question = QUESTION_ONE_HOP.format(bridge=gold.bridge)
+    return _Question(gold, supporting, chains, distractors, question)
+
+
+def _haystack_text(tokenizer: PreTrainedTokenizerBase, source: str, facts: list[str], context_tokens: int) -> str:
+    """The haystack that ``context_tokens`` leaves beside ``facts``."""
+    fact_tokens = sum(len(tokenizer(" " + f, add_special_tokens=False)["input_ids"]) for f in facts)
+    budget = context_tokens - fact_tokens
+    if budget < 16:
+        raise DynheadsError(
+            f"context_tokens={context_tokens} is too short for {len(facts)} facts "
+            f"({fact_tokens} tokens): use a longer context or fewer distractors"
+        )
+    return haystack_of_length(tokenizer, source, budget)
+
+
+def _supporting_spans(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: RenderedPrompt,
+    context: str,
+    offsets: dict[str, int],
+    supporting: list[str],
+) -> tuple[list[tuple[int, int]], list[int], tuple[int, int]]:
+    """The token span of each supporting fact in the rendered prompt, their positions (Eq. 2's needle) and the
+    context's token span."""
+    base, context_stop = locate(prompt, context, what="context")
+    context_positions = token_span(prompt, base, context_stop)
+    spans, positions = marked_spans(
+        tokenizer,
+        prompt,
+        [
+            (base + offsets[fact], base + offsets[fact] + len(fact), fact, f"supporting fact {fact!r}")
+            for fact in supporting
+        ],
+    )
+    return spans, positions, (context_positions[0], context_positions[-1] + 1)
 
 
 def make_sample(
@@ -294,47 +368,19 @@ def make_sample(
         raise DynheadsError(f"depth must be between 0 and 1, got {depth}")
     source = load_haystack(haystack)
     rng = random.Random(seed)
-    names = _Names(rng, source)
-    gold = names.chain(form.value)
-    supporting = gold.facts()[2 - form.hops :]  # one hop: the value fact alone
-    chains = [names.chain(form.value) for _ in range((form.distractors + 1) // 2)]
-    distractors = [fact for chain in chains for fact in chain.facts()][: form.distractors]
-    if form.hops == 2:
-        question = QUESTION_TWO_HOPS.format(key=gold.key)
-    else:
-        question = QUESTION_ONE_HOP.format(bridge=gold.bridge)
-
+    drawn = _question(_Names(rng, source), form)
+    supporting, distractors, values = drawn.supporting, drawn.distractors, drawn.values
     facts = supporting + distractors
-    fact_tokens = sum(len(tokenizer(" " + f, add_special_tokens=False)["input_ids"]) for f in facts)
-    budget = context_tokens - fact_tokens
-    if budget < 16:
-        raise DynheadsError(
-            f"context_tokens={context_tokens} is too short for {len(facts)} facts "
-            f"({fact_tokens} tokens): use a longer context or fewer distractors"
-        )
-    text = _haystack_of_length(tokenizer, source, budget)
-
-    values = {HOP2_TEMPLATE.format(bridge=c.bridge, value=c.value): c.value for c in [gold, *chains]}
+    text = _haystack_text(tokenizer, source, facts, context_tokens)
     depths = _depths(rng, form, supporting, distractors, [f for f in distractors if f in values], depth, gold_rank)
-    placed = sorted(facts, key=lambda f: (_sentence_end_before(text, round(depths[f] * len(text))), depths[f]))
-    context, offsets = _insert(text, [(_sentence_end_before(text, round(depths[f] * len(text))), f) for f in placed])
+    placed = sorted(facts, key=lambda f: (sentence_end_before(text, round(depths[f] * len(text))), depths[f]))
+    context, offsets = _insert(text, [(sentence_end_before(text, round(depths[f] * len(text))), f) for f in placed])
 
-    prompt = render_chat(
-        tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(context=context, question=question), chat_template_kwargs
-    )
-    base, context_stop = locate(prompt, context, what="context")
-    context_positions = token_span(prompt, base, context_stop)
-    spans, positions = marked_spans(
-        tokenizer,
-        prompt,
-        [
-            (base + offsets[fact], base + offsets[fact] + len(fact), fact, f"supporting fact {fact!r}")
-            for fact in supporting
-        ],
-    )
+    user = USER_TEMPLATE.format(context=context, question=drawn.question)
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, user, chat_template_kwargs)
+    spans, positions, (first, last) = _supporting_spans(tokenizer, prompt, context, offsets, supporting)
     record_id = f"multihop-{seed}"
     in_order = [values[fact] for fact in placed if fact in values]
-    first, last = context_positions[0], context_positions[-1] + 1
     fact_depths = [round((start - first) / max(last - first, 1), 4) for start, _ in spans]
     return hotpotqa.qa_sample(
         tokenizer,
@@ -342,17 +388,17 @@ def make_sample(
         context,
         sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
         needle_positions=positions,
-        answer=gold.value,
+        answer=drawn.gold.value,
         context_tokens=context_tokens,
         depth=depth,
         seed=seed,
         extras=hotpotqa.QAExtras(
-            question=question,
+            question=drawn.question,
             type=form.type,
             record_id=record_id,
             supporting_facts=[(fact, hop) for hop, fact in enumerate(supporting, 3 - form.hops)],
             supporting_spans=spans,
-            context_span=(context_positions[0], context_positions[-1] + 1),
+            context_span=(first, last),
         ),
         meta={
             "form": asdict(form),
@@ -360,7 +406,7 @@ def make_sample(
             "fact_order": [placed.index(fact) for fact in supporting],  # rank of each supporting fact in the text
             # same-form candidates: the values of every value fact, in context order (chance, heuristics)
             candidates.CANDIDATES: in_order,
-            candidates.GOLD_RANK: in_order.index(gold.value),
+            candidates.GOLD_RANK: in_order.index(drawn.gold.value),
             candidates.DEPTHS: [round(offsets[f] / max(len(context), 1), 4) for f in placed if f in values],
             "fact_depths": fact_depths,
             "depth_realised": round(sum(fact_depths) / len(fact_depths), 4),
@@ -514,6 +560,10 @@ MULTIHOP = register(
         questions=True,
         fade_sparse_cells=True,
         help="synthetic two-hop key-value chains (multihop:hops=2), standing for HotpotQA on small models",
+        data_source=SOURCE,
+        selects=lambda data: parse_source(data).hops == 2,
+        default_data=f"{SOURCE}:hops=2",
+        implied_data=SOURCE,  # its grid's form when no data is given: an old ``multihop`` run is the one-hop lookup
     )
 )
 # the multihop task's one-hop form (multihop:hops=1, its default): everything else as MULTIHOP
@@ -523,5 +573,7 @@ KV_LOOKUP = register(
         name=KV_LOOKUP_NAME,
         label="Key-value lookup",
         help="the multihop task's one-hop form: one key-value retrieval",
+        selects=lambda data: parse_source(data).hops != 2,
+        default_data=SOURCE,
     )
 )

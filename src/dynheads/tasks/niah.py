@@ -163,8 +163,8 @@ def make_sample(
     if budget < 16:
         raise DynheadsError(f"context_tokens={context_tokens} leaves no room for a haystack around the needle")
 
-    text = _haystack_of_length(tokenizer, load_haystack(haystack), budget)
-    cuts = sorted((_sentence_end_before(text, round(d * len(text))), order, t) for d, order, t in inserts)
+    text = haystack_of_length(tokenizer, load_haystack(haystack), budget)
+    cuts = sorted((sentence_end_before(text, round(d * len(text))), order, t) for d, order, t in inserts)
     for cut, _, sentence in reversed(cuts):  # from the back, so earlier cut indices stay valid
         text = text[:cut] + " " + sentence + " " + text[cut:].lstrip()
     haystack_text = text.strip()
@@ -207,7 +207,7 @@ def _similar_value(answer: str, prefix: int, rng: random.Random) -> str:
             return value
 
 
-def _haystack_of_length(tokenizer: PreTrainedTokenizerBase, source: str, num_tokens: int) -> str:
+def haystack_of_length(tokenizer: PreTrainedTokenizerBase, source: str, num_tokens: int) -> str:
     """Repeat ``source`` until it has ``num_tokens`` tokens and cut it there (at a token boundary)."""
     piece_tokens = max(len(tokenizer(source[:20000], add_special_tokens=False)["input_ids"]), 1)
     ratio = min(len(source), 20000) / piece_tokens  # characters per token, to repeat just enough
@@ -223,7 +223,7 @@ def _haystack_of_length(tokenizer: PreTrainedTokenizerBase, source: str, num_tok
     return text[: offsets[num_tokens - 1][1]]
 
 
-def _sentence_end_before(text: str, index: int) -> int:
+def sentence_end_before(text: str, index: int) -> int:
     """Character index just after the last sentence end at or before ``index`` (0 if there is none)."""
     if index >= len(text):
         return len(text)

@@ -1,7 +1,8 @@
 """The task registry: everything the runners, the report and the plots need to know about a task, in one entry.
 
 Each task module registers its ``Task`` itself when it is imported (``register``; the entries hold the module's
-own grid, score and prompt); runners look a task up by name (``get_task``) or by a run's config (``task_of``).
+own grid, score and prompt, and the ``data`` values that select it); runners look a task up by name
+(``get_task``) or by a run's config (``task_of``, which reads those declarations: this module imports no task).
 A task named X that is not registered yet is looked for in the module ``dynheads.tasks.X``: adding a task is
 that one module, a config/preset entry and a report section (docs/tasks.md, "Adding a task"). Built in (their
 modules are imported on the first lookup): ``niah`` (Eq. 1, Section 3), ``hotpotqa`` (Eq. 2, Section 4),
@@ -48,6 +49,12 @@ class Task:
     help: str = ""  # one line for listings and --help ("": the label)
     # config -> None: checks the user's data file the config names, before any model loads (None: nothing to check)
     check_data: Callable[[Any], None] | None = None
+    # The ``data`` values that select it, declared here so that ``task_of`` reads them and imports no task:
+    data_source: str = ""  # the source its data values spell, ``<source>`` or ``<source>:options`` ("": none)
+    selects: Callable[[str], bool] | None = None  # of a data value of that source: is it this task's form (None: any)
+    default_data: str | None = None  # the data value that selects it when none is given (the CLI's --data default)
+    implied_data: str | None = None  # what a config of it with no data reads (None: ``default_data``)
+    data_selects_task: bool = False  # HotpotQA's spelling: data of another task's source selects that task
 
     def __post_init__(self) -> None:
         check_kind(self.score_kind)
@@ -109,23 +116,29 @@ def get_task(name: str) -> Task:
 
 
 def task_of(name: str, data: str | None = None) -> Task:
-    """The task a config selects: ``name``, except that HotpotQA with ``multihop[:options]`` data is the multi-hop
-    task (the spelling commands and TOML files have always used; its one-hop form, the default, is the
-    key-value lookup: one retrieval is not multi-hop, and runs written as ``multihop`` read so too), and with
-    ``variable_tracking[:options]`` or ``multikey_niah[:options]`` data that RULER task."""
-    from dynheads.tasks import multihop, ruler  # the tasks whose data spellings this reads
+    """The task a config selects: ``name``, except that data of a task's ``data_source`` selects the task of that
+    source whose form it is (``selects``), when ``name`` reads that source or is HotpotQA (``data_selects_task``).
+    So HotpotQA with ``multihop[:options]`` data is the multi-hop task (its one-hop form, the default, the
+    key-value lookup: one retrieval is not multi-hop, and runs written as ``multihop`` with no data read so too),
+    and with ``variable_tracking[:options]`` or ``multikey_niah[:options]`` data that RULER task."""
+    asked = get_task(name)
+    if data is None:
+        data = asked.implied_data or asked.default_data
+    source = data_source_of(data)
+    if not source or not (asked.data_selects_task or asked.data_source == source):
+        return asked
+    assert data is not None  # a source is only found in data
+    for entry in TASKS:
+        task = entry.value
+        if task.data_source == source and (task.selects is None or task.selects(data)):
+            return task
+    return asked
 
-    if name in (multihop.MULTIHOP_NAME, multihop.KV_LOOKUP_NAME) and data is None:
-        data = multihop.SOURCE  # the form its grid builds
-    if name in ("hotpotqa", multihop.MULTIHOP_NAME, multihop.KV_LOOKUP_NAME) and multihop.is_source(data):
-        hops = multihop.parse_source(data).hops
-        return get_task(multihop.MULTIHOP_NAME if hops == 2 else multihop.KV_LOOKUP_NAME)
-    source = ruler.source_of(data)
-    if data is not None and name in ("hotpotqa", ruler.VT_SOURCE, ruler.VT_LOOKUP_NAME) and source == ruler.VT_SOURCE:
-        return get_task(ruler.VT_LOOKUP_NAME if ruler.parse_vt(data).hops == 0 else ruler.VT_SOURCE)
-    if name == "hotpotqa" and source:
-        return get_task(source)
-    return get_task(name)
+
+def data_source_of(data: str | None) -> str:
+    """The registered data source ``data`` spells (``<source>`` or ``<source>:options``), or ""."""
+    sources = {entry.value.data_source for entry in TASKS} - {""}
+    return next((s for s in sorted(sources) if data is not None and (data == s or data.startswith(s + ":"))), "")
 
 
 def task_of_manifest(manifest: Mapping) -> Task | None:

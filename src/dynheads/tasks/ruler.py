@@ -53,8 +53,15 @@ from dynheads.tasks import candidates as cand
 from dynheads.tasks import hotpotqa, qa_metrics
 from dynheads.tasks.forms import check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
-from dynheads.tasks.multihop import _NOUNS
-from dynheads.tasks.prompting import chat_template_kwargs, locate, marked_spans, render_chat, token_span
+from dynheads.tasks.multihop import COMMON_NOUNS
+from dynheads.tasks.prompting import (
+    RenderedPrompt,
+    chat_template_kwargs,
+    locate,
+    marked_spans,
+    render_chat,
+    token_span,
+)
 from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample
 
@@ -305,7 +312,7 @@ class _Names:
         return self._fresh(lambda: str(self.rng.randint(10 ** (digits - 1), 10**digits - 1)))
 
     def key(self) -> str:
-        return self._fresh(lambda: f"{self.rng.choice(_ADJECTIVES)}-{self.rng.choice(_NOUNS)}")
+        return self._fresh(lambda: f"{self.rng.choice(_ADJECTIVES)}-{self.rng.choice(COMMON_NOUNS)}")
 
 
 def _candidates(
@@ -320,6 +327,89 @@ def _candidates(
 
 
 # ---- samples -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Facts:
+    """What one sample states: each group's statements (group 0 is gold), each group's candidate value, the
+    answer and the queried name with the user template that asks it, and how a group's statements spread."""
+
+    statements: list[list[str]]
+    values: list[str]
+    answer: str
+    query: str
+    user: str
+    spread: float
+    links: int
+
+
+def _chain_facts(form: VTForm, names: _Names) -> _Facts:
+    """Variable tracking: ``chains`` chains of a value statement and ``hops`` links; the first chain is gold."""
+    chains = []
+    for _ in range(form.chains):
+        variables = [names.variable() for _ in range(form.hops + 1)]
+        chains.append((variables, names.number(5)))
+    statements = [
+        [VALUE_STATEMENT.format(var=v[0], value=n)]
+        + [LINK_STATEMENT.format(var=v[j + 1], previous=v[j]) for j in range(form.hops)]
+        for v, n in chains
+    ]
+    gold_vars, gold_value = chains[0]
+    if form.query == "value":
+        return _Facts(statements, [n for _, n in chains], gold_value, gold_vars[-1], VT_VALUE, form.spread, form.hops)
+    values = [" ".join(v) for v, _ in chains]
+    return _Facts(statements, values, " ".join(gold_vars), gold_value, VT_ALL, form.spread, form.hops)
+
+
+def _needle_facts(form: MKForm, names: _Names) -> _Facts:
+    """Multi-key NIAH: ``keys`` needles with distinct keys; the first is gold."""
+    keys = [names.key() for _ in range(form.keys)]
+    values = [names.number(7) for _ in keys]
+    statements = [[NIAH_NEEDLE.format(key=k, value=v)] for k, v in zip(keys, values, strict=True)]
+    return _Facts(statements, values, values[0], keys[0], NIAH_USER, 0.0, 0)
+
+
+def _haystack_lines(
+    tokenizer: PreTrainedTokenizerBase, facts: _Facts, context_tokens: int, filler: _Names | None
+) -> list[str]:
+    """The lines the statements go between, filling what ``context_tokens`` leaves: RULER's noise line repeated,
+    or with ``filler`` (the needle haystack) a needle of the same form with a fresh key per line."""
+    flat = [s for group in facts.statements for s in group]
+    fact_tokens = sum(len(tokenizer("\n" + s, add_special_tokens=False)["input_ids"]) for s in flat)
+    budget = context_tokens - fact_tokens
+    if budget < 16:
+        raise DynheadsError(
+            f"context_tokens={context_tokens} is too short for {len(flat)} statements "
+            f"({fact_tokens} tokens): use a longer context or fewer chains/keys"
+        )
+    if filler is None:
+        return [NOISE] * _noise_lines(tokenizer, budget)
+    one = len(
+        tokenizer("\n" + NIAH_NEEDLE.format(key="quiet-walrus", value="1234567"), add_special_tokens=False)["input_ids"]
+    )
+    return [NIAH_NEEDLE.format(key=filler.key(), value=filler.number(7)) for _ in range(max(budget // one, 1))]
+
+
+def _gold_spans(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: RenderedPrompt,
+    context: str,
+    offsets: dict[tuple[int, int], int],
+    gold: list[str],
+) -> tuple[list[tuple[int, int]], list[int], tuple[int, int]]:
+    """The token span of each gold statement in the rendered prompt, their positions (Eq. 2's needle) and the
+    context's token span."""
+    base, context_stop = locate(prompt, context, what="context")
+    context_positions = token_span(prompt, base, context_stop)
+    spans, positions = marked_spans(
+        tokenizer,
+        prompt,
+        [
+            (base + offsets[(0, j)], base + offsets[(0, j)] + len(text), text.split()[-1], f"gold statement {text!r}")
+            for j, text in enumerate(gold)
+        ],
+    )
+    return spans, positions, (context_positions[0], context_positions[-1] + 1)
+
+
 def make_sample(
     tokenizer: PreTrainedTokenizerBase,
     *,
@@ -340,86 +430,29 @@ def make_sample(
         raise DynheadsError(f"gold rank must be in 0..{form.candidates - 1}, got {gold_rank}")
     rng = random.Random(seed)
     names = _Names(rng)
-    if isinstance(form, VTForm):
-        chains = []
-        for _ in range(form.chains):
-            variables = [names.variable() for _ in range(form.hops + 1)]
-            chains.append((variables, names.number(5)))
-        statements = [
-            [VALUE_STATEMENT.format(var=v[0], value=n)]
-            + [LINK_STATEMENT.format(var=v[j + 1], previous=v[j]) for j in range(form.hops)]
-            for v, n in chains
-        ]
-        gold_vars, gold_value = chains[0]
-        if form.query == "value":
-            answer, query = gold_value, gold_vars[-1]
-            values = [n for _, n in chains]
-            user = VT_VALUE
-        else:
-            answer, query = " ".join(gold_vars), gold_value
-            values = [" ".join(v) for v, _ in chains]
-            user = VT_ALL
-        spread, links, filler = form.spread, form.hops, None
-    else:
-        keys = [names.key() for _ in range(form.keys)]
-        values = [names.number(7) for _ in keys]
-        statements = [[NIAH_NEEDLE.format(key=k, value=v)] for k, v in zip(keys, values, strict=True)]
-        answer, query, user = values[0], keys[0], NIAH_USER
-        spread, links = 0.0, 0
-        filler = names if form.haystack == "needle" else None
-    flat = [s for group in statements for s in group]
-    fact_tokens = sum(len(tokenizer("\n" + s, add_special_tokens=False)["input_ids"]) for s in flat)
-    budget = context_tokens - fact_tokens
-    if budget < 16:
-        raise DynheadsError(
-            f"context_tokens={context_tokens} is too short for {len(flat)} statements "
-            f"({fact_tokens} tokens): use a longer context or fewer chains/keys"
-        )
-    count = _noise_lines(tokenizer, budget)
-    if filler is None:
-        lines = [NOISE] * count
-    else:  # RULER's needle haystack: every filler line is a needle of the same form with a fresh key
-        one = len(
-            tokenizer("\n" + NIAH_NEEDLE.format(key="quiet-walrus", value="1234567"), add_special_tokens=False)[
-                "input_ids"
-            ]
-        )
-        lines = [NIAH_NEEDLE.format(key=filler.key(), value=filler.number(7)) for _ in range(max(budget // one, 1))]
-    groups = _slots(rng, len(lines), len(statements), depth, spread, gold_rank, links, form.placement)
-    context, offsets, order = _assemble(lines, groups, statements, gold_rank)
+    facts = _chain_facts(form, names) if isinstance(form, VTForm) else _needle_facts(form, names)
+    filler = names if isinstance(form, MKForm) and form.haystack == "needle" else None
+    lines = _haystack_lines(tokenizer, facts, context_tokens, filler)
+    groups = _slots(rng, len(lines), len(facts.statements), depth, facts.spread, gold_rank, facts.links, form.placement)
+    context, offsets, order = _assemble(lines, groups, facts.statements, gold_rank)
     if order.index(0) != gold_rank:  # placement guarantees it; a broken guarantee must not pass silently
         raise DynheadsError(f"internal: gold group at rank {order.index(0)}, wanted {gold_rank}")
-    in_order, starts = _candidates(context, order, values, offsets, needles=filler is not None)
+    in_order, starts = _candidates(context, order, facts.values, offsets, needles=filler is not None)
 
-    question = user.format(intro=VT_INTRO, context="", query=query, count=len(answer.split())).split("\n")[-1]
-    prompt = render_chat(
-        tokenizer,
-        SYSTEM_PROMPT,
-        user.format(intro=VT_INTRO, context=context, query=query, count=len(answer.split())),
-        chat_template_kwargs,
-    )
-    base, context_stop = locate(prompt, context, what="context")
-    context_positions = token_span(prompt, base, context_stop)
-    gold = statements[0]
-    spans, positions = marked_spans(
-        tokenizer,
-        prompt,
-        [
-            (base + offsets[(0, j)], base + offsets[(0, j)] + len(text), text.split()[-1], f"gold statement {text!r}")
-            for j, text in enumerate(gold)
-        ],
-    )
-    first, last = context_positions[0], context_positions[-1] + 1
+    asked = {"intro": VT_INTRO, "query": facts.query, "count": len(facts.answer.split())}
+    question = facts.user.format(context="", **asked).split("\n")[-1]
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, facts.user.format(context=context, **asked), chat_template_kwargs)
+    gold = facts.statements[0]
+    spans, positions, (first, last) = _gold_spans(tokenizer, prompt, context, offsets, gold)
     fact_depths = [round((start - first) / max(last - first, 1), 4) for start, _ in spans]
-    name = source_of(data)
-    record_id = f"{name}-{seed}"
+    record_id = f"{source_of(data)}-{seed}"
     return hotpotqa.qa_sample(
         tokenizer,
         prompt,
         context,
         sample_id=sample_id or f"{record_id}-len{context_tokens}-depth{depth:g}",
         needle_positions=positions,
-        answer=answer,
+        answer=facts.answer,
         context_tokens=context_tokens,
         depth=depth,
         seed=seed,
@@ -434,11 +467,11 @@ def make_sample(
         meta={
             "form": asdict(form),
             cand.CANDIDATES: in_order,
-            cand.GOLD_RANK: in_order.index(answer),
+            cand.GOLD_RANK: in_order.index(facts.answer),
             cand.DEPTHS: [round(start / max(len(context), 1), 4) for start in starts],
             "fact_depths": fact_depths,
             "depth_realised": round(sum(fact_depths) / len(fact_depths), 4),
-            "distractor_statements": [s for group in statements[1:] for s in group],
+            "distractor_statements": [s for group in facts.statements[1:] for s in group],
         },
     )
 
@@ -559,8 +592,17 @@ def _prompt(name: str, default: str | None = None) -> Callable[[Any], dict]:
 RULER_METRICS = {"string_match": "string match", "em": "EM", "f1": "F1"}
 
 
-def _register(name: str, label: str, source: str, help: str, data: str | None = None, paper_task: str = "") -> Task:
-    """A RULER task: Eq. 2 scores and reasoning static heads, RULER's metrics, a question stream over the grid."""
+def _register(
+    name: str,
+    label: str,
+    source: str,
+    help: str,
+    data: str | None = None,
+    paper_task: str = "",
+    selects: Callable[[str], bool] | None = None,
+) -> Task:
+    """A RULER task: Eq. 2 scores and reasoning static heads, RULER's metrics, a question stream over the grid;
+    ``source[:options]`` data of the form ``selects`` selects it (``data``, else ``source``, when none is given)."""
     return register(
         Task(
             name=name,
@@ -575,6 +617,9 @@ def _register(name: str, label: str, source: str, help: str, data: str | None = 
             questions=True,
             fade_sparse_cells=True,
             help=help,
+            data_source=source,
+            selects=selects,
+            default_data=data or source,
         )
     )
 
@@ -585,6 +630,7 @@ VARIABLE_TRACKING = _register(
     VT_SOURCE,
     "RULER variable tracking: follow chains of VAR assignments",
     paper_task="hotpotqa",
+    selects=lambda data: parse_vt(data).hops != 0,
 )
 VT_LOOKUP_NAME, VT_LOOKUP_DATA = "vt_lookup", "variable_tracking:hops=0"
 VT_LOOKUP = _register(  # variable tracking with no links: one VAR statement to find, not multi-hop
@@ -594,6 +640,7 @@ VT_LOOKUP = _register(  # variable tracking with no links: one VAR statement to 
     "variable tracking with no links (variable_tracking:hops=0): one VAR statement to find",
     data=VT_LOOKUP_DATA,
     paper_task="hotpotqa",
+    selects=lambda data: parse_vt(data).hops == 0,
 )
 MULTIKEY_NIAH = _register(
     MK_SOURCE, "Multi-key NIAH", MK_SOURCE, "RULER multi-key NIAH: the value of one key among similar needles"
