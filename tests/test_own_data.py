@@ -163,6 +163,22 @@ def test_bad_records_exit_2_before_a_model_loads(tmp_path, capsys, monkeypatch):
     assert no_data.code == 2 and "pass --data FILE.jsonl" in no_data.stderr
     ablate = run_main(capsys, monkeypatch, "ablate", "--task", "custom", "--data", data, "--out", out)
     assert ablate.code == 2 and "line 2 (id 'b')" in ablate.stderr and not out.exists()
+    rag = run_main(capsys, monkeypatch, "rag", "--task", "custom", "--data", data, "--out", out)
+    assert rag.code == 2 and "line 2 (id 'b')" in rag.stderr and not out.exists()
+    niah = run_main(capsys, monkeypatch, "rag", "--task", "niah", "--out", out)
+    assert niah.code == 2 and "rag answers questions" in niah.stderr and not out.exists()
+
+
+def test_rag_answers_your_records_as_written(tmp_path, tiny_model_dir):
+    from dynheads import load_model
+    from dynheads.experiments.rag import RagConfig, run_rag
+
+    config = RagConfig(task="custom", data="docs/examples/custom.jsonl", strategies=("full-context", "none"))
+    run = run_rag(config, tmp_path / "rag", lm=load_model(tiny_model_dir), progress=False)
+    records = run.records()
+    assert len(records) == 6 and {r["strategy"] for r in records} == {"full-context", "none"}
+    assert {r["question_id"] for r in records} == {"r0000", "r0001", "r0002"}  # the trace's sample ids
+    assert all("f1" in r["metrics"] for r in records)
 
 
 def test_what_only_the_tokenizer_can_tell_is_named_by_its_line(tmp_path, tok):

@@ -7,6 +7,7 @@ retrieval made visible), retrievals per question, and visible context tokens per
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack, cast
@@ -17,7 +18,7 @@ import pandas as pd
 from dynheads import distributed
 from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, qa_task, refuse_static_overlap
+from dynheads.experiments.hotpotqa import HotpotConfig, refuse_static_overlap
 from dynheads.experiments.settings import RagFields
 from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
@@ -31,7 +32,7 @@ from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, Table, write_summary
 from dynheads.tasks import candidates
 from dynheads.tasks.questions import refuse_overlap
-from dynheads.tasks.registry import Task
+from dynheads.tasks.registry import Task, task_of
 from dynheads.tasks.sample import Sample
 
 
@@ -45,6 +46,19 @@ class RagConfig(RagFields):
             trigger=TriggerConfig(threshold=self.threshold, form=cast(TriggerForm, self.trigger_form)),  # checks it
             retrieval=RetrievalConfig(top_n=self.top_n, window=self.window, gap=self.gap),
         )
+
+    def task_entry(self) -> Task:
+        """The registered question task the run answers: ``task``, or the one its ``data`` selects."""
+        task = task_of(self.task, self.data)
+        if not task.questions:
+            raise DynheadsError(f"rag answers questions: task {task.name!r} has none (use hotpotqa or custom)")
+        return task
+
+    def check(self) -> None:
+        """What can be refused before the model loads: the task, and a user's file record by record."""
+        task = self.task_entry()
+        if task.check_data is not None:
+            task.check_data(dataclasses.replace(self.hotpot_config(), max_new_tokens=self.max_new_tokens))
 
     def hotpot_config(self) -> HotpotConfig:
         """The question grid the RAG run answers."""
@@ -74,9 +88,10 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
     """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. ``batch_size``
     answers decode together (``rag.loop.answer_questions``; the records equal batch 1's)."""
     jobs = rag_jobs(config)
+    config.check()
     lm = run_model(config, options)
     hotpot = config.hotpot_config()
-    task = qa_task(hotpot)
+    task = config.task_entry()
     grid = task.grid(hotpot, lm.tokenizer)
     samples = grid.samples
     evaluated = sorted({sample.record_id for sample in samples})
@@ -274,7 +289,7 @@ def _answer_record(
         "k": k,
         "question": sample.question,
         "answer": sample.answer,
-        "type": sample.type,
+        "type": getattr(sample, "type", None),  # HotpotQA's bridge / comparison; none for your own records
         "generated": answer.text,
         "metrics": task.score(sample, answer.text),
         "retrievals": answer.retrievals,

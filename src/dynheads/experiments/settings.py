@@ -229,6 +229,11 @@ class KVFields(NiahGrid, ModelSettings):
 # ---- rag -----------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RagFields(QaGrid, ModelSettings):
+    task: str = setting(
+        "hotpotqa",
+        "hotpotqa (and the tasks its --data names select) or custom (your JSONL of {id, context, question, answer, "
+        "spans?}, each context as written; docs/own-data.md)",
+    )
     probe: str | None = setting(None, "trained probe folder, for the 'dynamic' strategy")
     static: str | None = setting(None, "static head list JSON, for the 'static' strategy")
     strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, f"some of {RAG_STRATEGIES.choices(',')}")
