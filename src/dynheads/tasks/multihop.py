@@ -45,12 +45,9 @@ from dynheads.tasks.forms import check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.niah import haystack_of_length, load_haystack, sentence_end_before
 from dynheads.tasks.prompting import (
-    RenderedPrompt,
     chat_template_kwargs,
-    locate,
-    marked_spans,
+    context_spans,
     render_chat,
-    token_span,
 )
 from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample
@@ -328,28 +325,6 @@ def _haystack_text(tokenizer: PreTrainedTokenizerBase, source: str, facts: list[
     return haystack_of_length(tokenizer, source, budget)
 
 
-def _supporting_spans(
-    tokenizer: PreTrainedTokenizerBase,
-    prompt: RenderedPrompt,
-    context: str,
-    offsets: dict[str, int],
-    supporting: list[str],
-) -> tuple[list[tuple[int, int]], list[int], tuple[int, int]]:
-    """The token span of each supporting fact in the rendered prompt, their positions (Eq. 2's needle) and the
-    context's token span."""
-    base, context_stop = locate(prompt, context, what="context")
-    context_positions = token_span(prompt, base, context_stop)
-    spans, positions = marked_spans(
-        tokenizer,
-        prompt,
-        [
-            (base + offsets[fact], base + offsets[fact] + len(fact), fact, f"supporting fact {fact!r}")
-            for fact in supporting
-        ],
-    )
-    return spans, positions, (context_positions[0], context_positions[-1] + 1)
-
-
 def make_sample(
     tokenizer: PreTrainedTokenizerBase,
     *,
@@ -378,7 +353,8 @@ def make_sample(
 
     user = USER_TEMPLATE.format(context=context, question=drawn.question)
     prompt = render_chat(tokenizer, SYSTEM_PROMPT, user, chat_template_kwargs)
-    spans, positions, (first, last) = _supporting_spans(tokenizer, prompt, context, offsets, supporting)
+    pieces = [(offsets[fact], offsets[fact] + len(fact), fact, f"supporting fact {fact!r}") for fact in supporting]
+    spans, positions, (first, last) = context_spans(tokenizer, prompt, context, pieces)
     record_id = f"multihop-{seed}"
     in_order = [values[fact] for fact in placed if fact in values]
     fact_depths = [round((start - first) / max(last - first, 1), 4) for start, _ in spans]

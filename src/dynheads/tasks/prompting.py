@@ -122,3 +122,20 @@ def marked_spans(
         spans.append((span[0], span[-1] + 1))
         positions.update(span)
     return spans, sorted(positions)
+
+
+def context_spans(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: RenderedPrompt,
+    context: str,
+    pieces: Sequence[tuple[int, int, str, str]],
+) -> tuple[list[tuple[int, int]], list[int], tuple[int, int]]:
+    """The token spans of ``pieces`` of ``context`` in the rendered prompt (each: character ``[start, stop)`` in the
+    context, the text its tokens must decode to, a label for errors), their positions (Eq. 2's needle) and the
+    context's token span."""
+    base, context_stop = locate(prompt, context, what="context")
+    context_positions = token_span(prompt, base, context_stop)
+    spans, positions = marked_spans(
+        tokenizer, prompt, [(base + start, base + stop, text, label) for start, stop, text, label in pieces]
+    )
+    return spans, positions, (context_positions[0], context_positions[-1] + 1)

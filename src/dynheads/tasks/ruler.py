@@ -55,12 +55,9 @@ from dynheads.tasks.forms import check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.multihop import COMMON_NOUNS
 from dynheads.tasks.prompting import (
-    RenderedPrompt,
     chat_template_kwargs,
-    locate,
-    marked_spans,
+    context_spans,
     render_chat,
-    token_span,
 )
 from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample
@@ -388,28 +385,6 @@ def _haystack_lines(
     return [NIAH_NEEDLE.format(key=filler.key(), value=filler.number(7)) for _ in range(max(budget // one, 1))]
 
 
-def _gold_spans(
-    tokenizer: PreTrainedTokenizerBase,
-    prompt: RenderedPrompt,
-    context: str,
-    offsets: dict[tuple[int, int], int],
-    gold: list[str],
-) -> tuple[list[tuple[int, int]], list[int], tuple[int, int]]:
-    """The token span of each gold statement in the rendered prompt, their positions (Eq. 2's needle) and the
-    context's token span."""
-    base, context_stop = locate(prompt, context, what="context")
-    context_positions = token_span(prompt, base, context_stop)
-    spans, positions = marked_spans(
-        tokenizer,
-        prompt,
-        [
-            (base + offsets[(0, j)], base + offsets[(0, j)] + len(text), text.split()[-1], f"gold statement {text!r}")
-            for j, text in enumerate(gold)
-        ],
-    )
-    return spans, positions, (context_positions[0], context_positions[-1] + 1)
-
-
 def make_sample(
     tokenizer: PreTrainedTokenizerBase,
     *,
@@ -443,7 +418,11 @@ def make_sample(
     question = facts.user.format(context="", **asked).split("\n")[-1]
     prompt = render_chat(tokenizer, SYSTEM_PROMPT, facts.user.format(context=context, **asked), chat_template_kwargs)
     gold = facts.statements[0]
-    spans, positions, (first, last) = _gold_spans(tokenizer, prompt, context, offsets, gold)
+    pieces = [
+        (offsets[(0, j)], offsets[(0, j)] + len(text), text.split()[-1], f"gold statement {text!r}")
+        for j, text in enumerate(gold)
+    ]
+    spans, positions, (first, last) = context_spans(tokenizer, prompt, context, pieces)
     fact_depths = [round((start - first) / max(last - first, 1), 4) for start, _ in spans]
     record_id = f"{source_of(data)}-{seed}"
     return hotpotqa.qa_sample(
