@@ -12,7 +12,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from zoo import NoTokenizer, tiny_model
+from zoo import random_prompt, tiny_model, tiny_sdpa_lm
 
 from dynheads.errors import DynheadsError
 from dynheads.kv import KVSettings, kv_generate
@@ -32,13 +32,7 @@ class _Sample:
 
 @pytest.fixture(scope="module")
 def lm():
-    model = tiny_model("llama")
-    model.set_attn_implementation("sdpa")
-    return LoadedModel(model=model, tokenizer=NoTokenizer(), name="llama", revision="random")
-
-
-def _prompt(seed=0, length=100):
-    return torch.randint(3, 128, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return tiny_sdpa_lm()
 
 
 def test_without_the_extra_a_one_line_error_names_it(monkeypatch):
@@ -55,7 +49,7 @@ def test_without_the_extra_a_one_line_error_names_it(monkeypatch):
 def test_token_presses_start_at_the_static_policys_memory(lm, press):
     from dynheads.presses import press_generate
 
-    ids = _prompt(1)
+    ids = random_prompt(1)
     ranking = ((0, 0), (1, 1), (2, 0))
     settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=ranking)
     static = kv_generate(lm, _Sample(ids), settings, max_new_tokens=4, stop_at_eos=False)
@@ -72,7 +66,7 @@ def test_decoded_tokens_keep_their_true_positions_after_pruning(lm):
     position in the text (RoPE), not the pruned cache's length."""
     from dynheads.presses import press_generate
 
-    ids, seen = _prompt(10), []
+    ids, seen = random_prompt(10), []
     hook = lm.model.model.register_forward_pre_hook(
         lambda module, args, kwargs: (
             seen.append(kwargs["position_ids"].tolist())
@@ -98,7 +92,7 @@ def test_a_head_list_press_keeps_exactly_its_heads_whole(lm):
 
     press = head_list_press([(0, 1), (2, 0)], sink=2, recent=8)
     cache = DynamicCache(config=lm.model.config)
-    ids = torch.tensor([_prompt(2)])
+    ids = torch.tensor([random_prompt(2)])
     with torch.inference_mode(), press(lm.model):
         lm.model(input_ids=ids, **with_cache(lm.model, cache), use_cache=True)
     assert press.streaming_mask.tolist() == [[True, False], [True, True], [False, True]]
@@ -114,7 +108,7 @@ def test_a_head_list_press_keeps_exactly_its_heads_whole(lm):
 def test_every_head_whole_is_the_unmodified_model(lm):
     from dynheads.presses import press_generate
 
-    ids = _prompt(3)
+    ids = random_prompt(3)
     every = tuple((layer, kv) for layer in range(3) for kv in range(2))
     settings = KVSettings(policy="static", budget=1.0, sink=2, recent=8, static_ranking=every)
     pressed = press_generate(lm, ids, "duo_attention", settings, 6, stop_at_eos=False)
@@ -210,7 +204,7 @@ def test_the_head_token_press_runs_in_kvpress_pipeline_and_keeps_the_policys_tok
 def test_head_tokens_in_dynheads_kv_hold_snapkvs_bytes(lm):
     from dynheads.presses import press_generate
 
-    ids = _prompt(5, 120)
+    ids = random_prompt(5, 120)
     settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),), voters=((1, 2),))
     tokens = press_generate(lm, ids, "head_tokens", settings, 4, stop_at_eos=False)
     snapkv = press_generate(lm, ids, "snapkv", settings, 4, stop_at_eos=False)

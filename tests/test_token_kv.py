@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zoo import NoTokenizer, tiny_model
+from zoo import random_prompt, tiny_model, tiny_sdpa_lm
 
 from dynheads.errors import DynheadsError
-from dynheads.models import LoadedModel
 from dynheads.token_kv import head_tokens, keep, kept_count, token_scores, window_votes
 
 VOTERS = ((0, 1), (2, 3), (1, 0))
@@ -18,17 +17,11 @@ VOTERS = ((0, 1), (2, 3), (1, 0))
 
 @pytest.fixture(scope="module")
 def lm():
-    model = tiny_model("llama")
-    model.set_attn_implementation("sdpa")
-    return LoadedModel(model=model, tokenizer=NoTokenizer(), name="llama", revision="random")
-
-
-def _prompt(seed=0, length=100):
-    return torch.randint(3, 128, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return tiny_sdpa_lm()
 
 
 def test_votes_are_the_voters_attention_from_the_window(lm):
-    ids, window = _prompt(1), 16
+    ids, window = random_prompt(1), 16
     votes = window_votes(lm, ids, VOTERS, window)
     model = tiny_model("llama")
     model.set_attn_implementation("eager")
@@ -42,7 +35,7 @@ def test_votes_are_the_voters_attention_from_the_window(lm):
 
 @pytest.mark.parametrize("ratio", [0.5, 0.75, 0.875])  # 19 or more of 159 tokens: above the 15 protected
 def test_the_budget_sets_the_count_and_sinks_and_recent_tokens_stay(lm, ratio):
-    ids = _prompt(2, 160)
+    ids = random_prompt(2, 160)
     n = len(ids) - 1
     kept = head_tokens(lm, ids, VOTERS, ratio, sink=3, recent=8, window=12)
     assert len(kept) == kept_count(n, ratio) == int(n * (1 - ratio)) and len(set(kept)) == len(kept)
@@ -69,7 +62,7 @@ def test_the_most_attended_token_is_kept_and_a_never_attended_one_dropped():
 
 
 def test_the_model_keeps_its_most_voted_token_and_drops_its_least(lm):
-    ids, window = _prompt(3, 120), 16
+    ids, window = random_prompt(3, 120), 16
     votes = window_votes(lm, ids, VOTERS, window)
     kept = head_tokens(lm, ids, VOTERS, 0.7, sink=2, recent=8, window=window, pool=1)
     assert int(votes[2:].argmax()) + 2 in kept and int(votes[2:].argmin()) + 2 not in kept
@@ -77,10 +70,10 @@ def test_the_model_keeps_its_most_voted_token_and_drops_its_least(lm):
 
 def test_bad_voters_and_windows_are_refused(lm):
     with pytest.raises(DynheadsError, match="needs voting heads"):
-        head_tokens(lm, _prompt(), (), 0.5, sink=2, recent=8)
+        head_tokens(lm, random_prompt(), (), 0.5, sink=2, recent=8)
     with pytest.raises(DynheadsError, match="outside 3 layers x 4 heads"):
-        head_tokens(lm, _prompt(), ((3, 0),), 0.5, sink=2, recent=8)
+        head_tokens(lm, random_prompt(), ((3, 0),), 0.5, sink=2, recent=8)
     with pytest.raises(DynheadsError, match="shorter than the prefill"):
-        head_tokens(lm, _prompt(length=20), VOTERS, 0.5, sink=2, recent=8, window=32)
+        head_tokens(lm, random_prompt(length=20), VOTERS, 0.5, sink=2, recent=8, window=32)
     with pytest.raises(DynheadsError, match="compression ratio"):
         kept_count(100, 1.0)

@@ -74,3 +74,17 @@ def byte_tokenizer(template: str) -> tf.PreTrainedTokenizerFast:
     tokenizer = tf.PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>")
     tokenizer.chat_template = template
     return tokenizer
+
+
+def tiny_sdpa_lm(family: str = "llama"):
+    """A tiny random model on SDPA attention, wrapped as a ``LoadedModel`` (token ids only)."""
+    from dynheads.models import LoadedModel
+
+    model = tiny_model(family)
+    model.set_attn_implementation("sdpa")
+    return LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
+
+
+def random_prompt(seed: int = 0, length: int = 100) -> list[int]:
+    """``length`` token ids drawn from 3..127 with ``seed``."""
+    return torch.randint(3, 128, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
