@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from test_batching import prompts, tiny_lm
 
-from dynheads import niah
+from dynheads import ablation, niah
 from dynheads.ablation import AblationSettings, ablated_generate, ablated_generate_batch
 from dynheads.errors import DynheadsError
 
@@ -77,3 +77,26 @@ def test_embedded_model_batched_niah_ablation_equals_batch_one(embedded):
         zip(reference, ablated_generate_batch(embedded, samples, settings, 12), strict=True)
     ):
         assert_same_ablation(ref, got, f"embedded sample {index}")
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_the_arms_of_one_prompt_share_its_prefill_and_equal_each_arm_alone(monkeypatch, mode):
+    """Issue 36: the strategies of one sample fork one prefill of its prompt. Decoded one row at a time they
+    equal each strategy run by itself exactly; as one batch, as the batch tests above."""
+    lm = tiny_lm("qwen2")
+    sample, other = prompts(seed=6)[:2]
+    settings = mixed_settings(mode)
+    reference = [ablated_generate(lm, sample, a, 8) for a in settings] + [ablated_generate(lm, other, settings[0], 8)]
+    assert any(r.masked[0] for r in reference) and len({tuple(r.tokens) for r in reference}) > 1
+    prefilled = []
+    real = ablation.prefilled_session
+    monkeypatch.setattr(ablation, "prefilled_session", lambda lm, s, *a: prefilled.append(s) or real(lm, s, *a))
+    rows = [sample] * len(settings) + [other]
+    for rows_together in (1, None):
+        prefilled.clear()
+        shared = ablated_generate_batch(lm, rows, settings + settings[:1], 8, rows_together=rows_together)
+        assert prefilled == [sample, other]  # one prefill per distinct prompt
+        for index, (ref, got) in enumerate(zip(reference, shared, strict=True)):
+            assert_same_ablation(ref, got, f"{mode} row {index}, {rows_together} together")
+    with pytest.raises(DynheadsError, match="at least one at a time"):
+        ablated_generate_batch(lm, rows[:1], settings[:1], 4, rows_together=0)

@@ -308,3 +308,64 @@ def test_batched_grid_writes_the_records_of_batch_one(tiny_model_dir, tiny_lm, t
         run_progressive(progressive, tmp_path / "p1", lm=tiny_lm, progress=False).records()
         == run_progressive(progressive, tmp_path / "p4", lm=tiny_lm, progress=False, batch_size=4).records()
     )
+
+
+@pytest.fixture
+def counted_prefills(monkeypatch):
+    """The prompts prefilled, in order (``ablation.prefilled_session`` wrapped)."""
+    prefilled, real = [], ablation.prefilled_session
+    monkeypatch.setattr(
+        ablation, "prefilled_session", lambda lm, s, *a: prefilled.append(s.sample_id) or real(lm, s, *a)
+    )
+    return prefilled
+
+
+def prefill_per_row(monkeypatch):
+    """Every row prefills its own prompt: the runners as they were before the prefill was shared."""
+    monkeypatch.setattr(
+        ablation,
+        "shared_prefills",
+        lambda lm, samples, setting, n: [ablation.prefilled_session(lm, s, setting, n) for s in samples],
+    )
+
+
+@pytest.mark.parametrize("matching", ["per_step", "mean"])
+def test_a_samples_strategies_share_one_prefill_and_write_the_records_of_separate_runs(
+    tiny_model_dir, tiny_lm, tmp_path, fake_dynamic_sets, counted_prefills, monkeypatch, matching
+):
+    """Issue 36: the grid prefills each sample once for all its strategies (twice under mean matching: the
+    controls wait for the dynamic run's count); the records equal those of every row prefilled alone and those of
+    runs of one strategy each."""
+    static = ranked_file(tmp_path, 3, 4)
+    config = grid_config(tiny_model_dir, static, matching=matching)
+    shared = run_ablation(config, tmp_path / "shared", lm=tiny_lm, progress=False).records()
+    assert sorted(counted_prefills) == sorted(SAMPLES * (2 if matching == "mean" else 1))
+    assert len(shared) == len(SAMPLES) * len(STRATEGIES) and any(sum(r["masked_counts"]) for r in shared)
+    separate = {}
+    for strategy in ("dynamic", "static", "random"):
+        alone = grid_config(tiny_model_dir, static, matching=matching, strategies=(strategy,))
+        separate |= {
+            r["sample_id"]: r for r in run_ablation(alone, tmp_path / strategy, lm=tiny_lm, progress=False).records()
+        }
+    assert shared == [separate[r["sample_id"]] for r in shared]
+    prefill_per_row(monkeypatch)
+    counted_prefills.clear()
+    assert run_ablation(config, tmp_path / "per-row", lm=tiny_lm, progress=False).records() == shared
+    assert len(counted_prefills) == len(shared)
+
+
+def test_progressive_ks_share_one_prefill_per_sample(tiny_model_dir, tiny_lm, tmp_path, counted_prefills, monkeypatch):
+    progressive = ProgressiveConfig(
+        model=str(tiny_model_dir),
+        ks=(0, 1, 2),
+        lengths=(200,),
+        depths=(0.5,),
+        runs=2,
+        max_new_tokens=3,
+        static=ranked_file(tmp_path, 3, 4),
+        top_static=5,
+    )
+    shared = run_progressive(progressive, tmp_path / "shared", lm=tiny_lm, progress=False).records()
+    assert len(counted_prefills) == 2 and len(shared) == 2 * 3
+    prefill_per_row(monkeypatch)
+    assert run_progressive(progressive, tmp_path / "per-row", lm=tiny_lm, progress=False).records() == shared

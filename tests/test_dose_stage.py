@@ -8,6 +8,7 @@ import json
 import pandas as pd
 import pytest
 
+from dynheads import ablation
 from dynheads.ablation_strategies import DOSE_ARMS
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig
@@ -74,3 +75,19 @@ def test_dose_settings_are_checked(tiny_model_dir, tmp_path):
         _config(tiny_model_dir, static, metric="bogus").check()
     with pytest.raises(DynheadsError, match="static head list"):
         run_claim2(_config(tiny_model_dir, None), tmp_path / "run")
+
+
+def test_cascade_arms_and_doses_share_one_prefill_per_sample(tiny_model_dir, tiny_lm, tmp_path, monkeypatch):
+    """Issue 36: a sample's none + arms x doses cascade records fork one prefill; they equal every row prefilled
+    alone."""
+    config = _config(tiny_model_dir, _static(tmp_path), metric="cascade")
+    prefilled, real = [], ablation.prefilled_session
+    monkeypatch.setattr(
+        ablation, "prefilled_session", lambda lm, s, *a: prefilled.append(s.sample_id) or real(lm, s, *a)
+    )
+    shared = run_claim2(config, tmp_path / "shared", lm=tiny_lm, progress=False).records()
+    assert len(shared) == 2 * (1 + len(DOSE_ARMS) * 2) and len(prefilled) == 2  # one prefill per sample
+    monkeypatch.setattr(
+        ablation, "shared_prefills", lambda lm, samples, setting, n: [real(lm, s, setting, n) for s in samples]
+    )
+    assert run_claim2(config, tmp_path / "per-row", lm=tiny_lm, progress=False).records() == shared

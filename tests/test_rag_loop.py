@@ -13,6 +13,7 @@ from dynheads.decoding import decode
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.models import load_model
+from dynheads.rag import loop
 from dynheads.rag.loop import Answerer, RagSettings, answer_question, answer_questions
 from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import HeadSelector
@@ -106,6 +107,25 @@ def test_a_batch_of_answers_equals_answering_one_by_one(tiny_lm):
         )
 
 
+def test_one_question_under_every_strategy_is_prefilled_once(tiny_lm, sample, monkeypatch):
+    """Issue 36: the strategies of one question fork one prefill of its prompt; answered one at a time they equal
+    each answered alone exactly, as one batch as the batch test above."""
+    settings = RagSettings(max_new_tokens=8, draft_tokens=3, max_retrievals=2, trigger=TriggerConfig(threshold=0.0))
+    strategies = ["static", "none", "full-context", "fixed-random"]
+    alone = [answer_question(tiny_lm, sample, _selector(strategy, tiny_lm), settings) for strategy in strategies]
+    assert sum(answer.retrievals for answer in alone) >= 1
+    prefilled, real = [], loop.context_session
+    monkeypatch.setattr(loop, "context_session", lambda lm, ids, *a: prefilled.append(ids) or real(lm, ids, *a))
+    for rows_together in (1, None):
+        prefilled.clear()
+        selectors = [_selector(s, tiny_lm) for s in strategies]
+        shared = answer_questions(tiny_lm, [sample] * 4, selectors, settings, rows_together=rows_together)
+        assert len(prefilled) == 1
+        assert [(a.tokens, a.windows, a.heads, a.visible_tokens) for a in shared] == [
+            (a.tokens, a.windows, a.heads, a.visible_tokens) for a in alone
+        ]
+
+
 def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir, tmp_path):
     static = tmp_path / "static.json"
     static.write_text(json.dumps([[layer, head] for layer in range(3) for head in range(4)]))
@@ -166,6 +186,34 @@ def test_rag_batch_size_four_equals_batch_one(tiny_lm, tiny_model_dir, tmp_path)
     four = run_rag(config, tmp_path / "b4", lm=tiny_lm, progress=False, batch_size=4).records()
     assert len(one) == 3 * 3 and any(r["retrievals"] for r in one)  # the batches mix retrieving answers
     assert four == one
+
+
+def test_the_rag_run_prefills_each_question_once_and_writes_the_records_of_separate_prefills(
+    tiny_lm, tiny_model_dir, tmp_path, monkeypatch
+):
+    static = tmp_path / "static.json"
+    static.write_text(json.dumps([[layer, head] for layer in range(3) for head in range(4)]))
+    config = RagConfig(
+        model=str(tiny_model_dir),
+        static=str(static),
+        strategies=("static", "none", "fixed-random"),
+        ks=(2, 3),
+        questions=2,
+        lengths=(300,),
+        max_new_tokens=6,
+        draft_tokens=2,
+        threshold=0.0,
+    )
+    prefilled, real = [], loop.context_session
+    monkeypatch.setattr(loop, "context_session", lambda lm, ids, *a: prefilled.append(ids) or real(lm, ids, *a))
+    shared = run_rag(config, tmp_path / "shared", lm=tiny_lm, progress=False).records()
+    assert len(shared) == 2 * 5 and len(prefilled) == 2 and any(r["retrievals"] for r in shared)
+    monkeypatch.setattr(
+        loop,
+        "shared_context_sessions",
+        lambda lm, samples, s: [real(lm, x.input_ids, x.context_span, s) for x in samples],
+    )
+    assert run_rag(config, tmp_path / "per-answer", lm=tiny_lm, progress=False).records() == shared
 
 
 def test_the_last_drafted_token_receives_its_own_query_attention(tiny_lm, sample):

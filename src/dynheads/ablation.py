@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -121,29 +122,55 @@ def ablated_generate_batch(
     max_new_tokens: int = 48,
     *,
     stop_at_eos: bool = True,
+    rows_together: int | None = None,
 ) -> list[AblationResult]:
-    """``ablated_generate`` for several samples decoded as one batch (``settings[i]`` for ``samples[i]``; they may
-    differ in strategy, heads and seed, not in masking mode or Eq. 2 windows). ``result[i]`` equals
-    ``ablated_generate(lm, samples[i], settings[i], ...)`` up to fp32 rounding (tests/test_ablation_batch.py).
+    """``ablated_generate`` for several samples (``settings[i]`` for ``samples[i]``; they may differ in strategy,
+    heads and seed, not in masking mode or Eq. 2 windows). ``result[i]`` equals ``ablated_generate(lm,
+    samples[i], settings[i], ...)``: exactly when ``rows_together`` is 1, up to fp32 rounding when rows decode as
+    one batch (None: all of them; tests/test_ablation_batch.py).
 
-    Each prompt minus its last token is prefilled alone; every step then runs the clean pass and, for the rows
-    that mask heads, the same step again with each row's own heads removed.
+    Each distinct prompt minus its last token is prefilled once and forked for every row that decodes it (the
+    arms of one sample share it); every step then runs the clean pass and, for the rows that mask heads, the same
+    step again with each row's own heads removed. Rows decode ``rows_together`` at a time, in order.
     """
     if len(samples) != len(settings):
         raise DynheadsError(f"{len(samples)} samples but {len(settings)} ablation settings")
     if len({(s.mode, s.sink_size, s.local_window) for s in settings}) > 1:
         raise DynheadsError("a batch of ablations shares one masking mode and one Eq. 2 sink/local window")
+    if rows_together is not None and rows_together < 1:
+        raise DynheadsError("rows decode at least one at a time")
     for setting in settings:
         validate(lm, setting)
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
-    sessions, policies = [], []
-    for sample, setting in zip(samples, settings, strict=True):
-        sessions.append(prefilled_session(lm, sample, setting, max_new_tokens))
-        policies.append(AblationPolicy(lm, setting, stop_ids))
-    for policy, decoded in zip(policies, decode(sessions, policies, max_new_tokens), strict=True):
-        policy.result.tokens, policy.result.stop_reason = decoded.tokens, decoded.stop_reason
-        policy.result.text = decode_text(lm.tokenizer, decoded.tokens, skip_special_tokens=True)
+    sessions = shared_prefills(lm, samples, settings[0], max_new_tokens) if samples else []
+    policies = [AblationPolicy(lm, setting, stop_ids) for setting in settings]
+    width = rows_together or max(len(sessions), 1)
+    for start in range(0, len(sessions), width):
+        rows = range(start, min(start + width, len(sessions)))
+        decoded_rows = decode([sessions[i] for i in rows], [policies[i] for i in rows], max_new_tokens)
+        for i, decoded in zip(rows, decoded_rows, strict=True):
+            result = policies[i].result
+            result.tokens, result.stop_reason = decoded.tokens, decoded.stop_reason
+            result.text = decode_text(lm.tokenizer, decoded.tokens, skip_special_tokens=True)
     return [policy.result for policy in policies]
+
+
+def shared_prefills(
+    lm: LoadedModel, samples: Sequence[DecodeInput], setting: AblationSettings, max_new_tokens: int
+) -> list[DecodingSession]:
+    """One prefilled session per sample (``prefilled_session``), a prompt shared by several samples prefilled once
+    and forked (``DecodingSession.copies``: the same cached states, so each fork decodes as its own prefill)."""
+    rows_of: dict[tuple, list[int]] = {}
+    for i, sample in enumerate(samples):
+        key = (tuple(sample.input_ids), tuple(sorted(int(p) for p in sample.needle_positions or ())))
+        rows_of.setdefault(key, []).append(i)
+    sessions: list[DecodingSession | None] = [None] * len(samples)
+    for rows in rows_of.values():
+        session = prefilled_session(lm, samples[rows[0]], setting, max_new_tokens)
+        forks = session.copies(len(rows)) if len(rows) > 1 else [session]
+        for i, fork in zip(rows, forks, strict=True):
+            sessions[i] = fork
+    return cast(list[DecodingSession], sessions)
 
 
 def prefilled_session(

@@ -26,6 +26,7 @@ stopped and reproduces the records it had not finished identically.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -64,7 +65,7 @@ from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.probe import ABLATION_MODES, AblationMode
-from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
 from dynheads.tasks.niah import NIAH
@@ -187,14 +188,23 @@ def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunO
             threshold=config.threshold,
         )
 
-    for strategy in strategies:  # dynamic runs before static and random, which may need its count
-        jobs = [(f"{sample.sample_id}-{strategy}", sample, partial(settings, sample, strategy)) for sample in samples]
-        records = decode_jobs(run, lm, config, jobs, _ablation_record, f"ablate {strategy}", options)
-        if strategy == "dynamic":  # this process's samples: it decodes the same ones under every strategy
-            counts = {record["grid_sample_id"]: record["matched_count"] for record in records}
+    for phase in _phases(strategies, config.matching):  # a sample's strategies share its prefill
+        jobs = [(f"{s.sample_id}-{strategy}", s, partial(settings, s, strategy)) for s in samples for strategy in phase]
+        records = decode_jobs(run, lm, config, jobs, _ablation_record, f"ablate {', '.join(phase)}", options)
+        # this process's samples: it decodes the same ones under every strategy
+        counts |= {r["grid_sample_id"]: r["matched_count"] for r in records if r["strategy"] == "dynamic"}
     if distributed.is_main():
         write_cells(run)
     return run
+
+
+def _phases(strategies: Sequence[str], matching: str) -> list[list[str]]:
+    """The strategies in the order they can run: all at once, or, under a matching that reads the dynamic run's
+    count, the strategies that need it after the others (the dynamic run among them)."""
+    given = MATCHINGS.get(matching).given_count
+    later = [s for s in strategies if given and ABLATION_STRATEGIES.get(s).matched]
+    first = [s for s in strategies if s not in later]
+    return [phase for phase in (first, later) if phase]
 
 
 def _ablation_record(sample, settings: AblationSettings, result: AblationResult, task: Task) -> dict:
@@ -486,25 +496,30 @@ def decode_jobs(
     options: RunOptions,
 ) -> list[dict]:
     """The records of this process's share of ``jobs`` (record id, sample, its settings when it is decoded), in
-    their order (``runs.run_jobs``; a sample's jobs go to one process): the unfinished ones decoded ``batch_size``
-    at a time and saved as ``to_record(sample, settings, result, task)``, one record per (sample, strategy or k);
-    its ``grid_sample_id`` names the sample."""
-    task = config.task_entry()
+    their order (``runs.run_jobs``; a sample's jobs go to one process): the unfinished ones saved as
+    ``to_record(sample, settings, result, task)``, one record per (sample, strategy or k); its ``grid_sample_id``
+    names the sample. ``jobs`` come sample by sample: a sample's jobs are one call that prefills its prompt once
+    (``ablated_generate_batch``), ``batch_size`` samples per call, ``batch_size`` rows decoding together (1: each
+    row alone, records identical to running each arm by itself)."""
+    task, rows = config.task_entry(), batch_size_of(options)
 
     def work(batch: list[tuple[Any, Callable[[], AblationSettings]]]) -> list[Finished]:
         settings = [settings_of() for _, settings_of in batch]
-        results = ablated_generate_batch(lm, [sample for sample, _ in batch], settings, config.max_new_tokens)
+        samples = [sample for sample, _ in batch]
+        results = ablated_generate_batch(lm, samples, settings, config.max_new_tokens, rows_together=rows)
         return [
             Finished(to_record(sample, these, result, task))
             for (sample, _), these, result in zip(batch, settings, results, strict=True)
         ]
 
+    per_sample = Counter(sample.sample_id for _, sample, _ in jobs)  # a sample's jobs: one call, one prefill
+    together: RunOptions = {**options, "batch_size": rows * max(per_sample.values(), default=1)}
     return run_jobs(
         run,
         [Job(record_id, (sample, settings_of), group=sample.sample_id) for record_id, sample, settings_of in jobs],
         work,
         desc=desc,
-        **options,
+        **together,
     )
 
 

@@ -8,7 +8,7 @@ on") and ``random`` (k heads drawn per sample and step). Metrics (``metric``):
   and dose the mean over the clean answer's steps of the masked log-probability of the clean token, of its drop
   and of the argmax flips. One prefill per sample; the arms x doses of a step are rows of one batch.
 - ``cascade``: greedy continues under masking (``ablation.ablated_generate_batch``), one record per sample, arm and
-  dose, plus the un-ablated run; the task metric (accuracy / ROUGE-L, EM / F1).
+  dose, plus the un-ablated run; the task metric (accuracy / ROUGE-L, EM / F1). A sample's arms share one prefill.
 
 ``write_doses`` writes ``dose.csv`` (metric, arm, dose, mean and 95 % interval over samples, n, heads masked per
 step), ``summary.md`` (its numbers: per arm and dose the per-sample values Claim 2 reads) and
@@ -91,12 +91,11 @@ def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOpti
             **options,  # one sample at a time: its arms x doses are one batch
         )
     if config.metric in ("cascade", "both"):
-        jobs = [(f"{s.sample_id}-none", s, partial(settings, s, "none", None)) for s in samples]
-        jobs += [
-            (f"{s.sample_id}-{arm}-k{dose}", s, partial(settings, s, arm, dose))
+        arms = [("none", None)] + [(arm, dose) for arm in DOSE_ARMS for dose in doses]
+        jobs = [  # sample by sample: a sample's arms share its prefill (``decode_jobs``)
+            (f"{s.sample_id}-{arm}" + ("" if dose is None else f"-k{dose}"), s, partial(settings, s, arm, dose))
             for s in samples
-            for arm in DOSE_ARMS
-            for dose in doses
+            for arm, dose in arms
         ]
         decode_jobs(run, lm, config, jobs, _cascade_record, "ablate cascade", options)
     if distributed.is_main():

@@ -27,7 +27,7 @@ from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import RAG_STRATEGIES, HeadPredictor, HeadSelector
 from dynheads.rag.trigger import TriggerConfig, TriggerForm
 from dynheads.rag.windows import RetrievalConfig
-from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, Table, write_summary
 from dynheads.tasks import candidates
@@ -85,8 +85,9 @@ def rag_jobs(config: RagConfig) -> list[tuple[str, int | None]]:
 
 
 def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
-    """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. ``batch_size``
-    answers decode together (``rag.loop.answer_questions``; the records equal batch 1's)."""
+    """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. A question's
+    strategies share one prefill of its prompt; ``batch_size`` questions per call, ``batch_size`` answers decoding
+    together (``rag.loop.answer_questions``; the records equal batch 1's)."""
     jobs = rag_jobs(config)
     config.check()
     lm = run_model(config, options)
@@ -113,12 +114,17 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
             "probe_questions_checked": probe_read,
         },
     )
-    run_jobs(
+    rows = batch_size_of(options)
+    run_jobs(  # a question's (strategy, k) jobs: one call, one prefill of its prompt
         run,
-        [Job(_record_id(s.sample_id, strategy, k), (s, strategy, k)) for s in samples for strategy, k in jobs],
-        _RagAnswerer(lm, config, task, ranking, predict_top, config.settings()),
+        [
+            Job(_record_id(s.sample_id, strategy, k), (s, strategy, k), group=s.sample_id)
+            for s in samples
+            for strategy, k in jobs
+        ],
+        _RagAnswerer(lm, config, task, ranking, predict_top, config.settings(), rows),
         desc="rag",
-        **options,
+        **{**options, "batch_size": rows * len(jobs)},
     )
     if distributed.is_main():  # rank 0 writes the tables once every process has finished
         run.write_results()
@@ -136,6 +142,7 @@ class _RagAnswerer:
     ranking: list | None  # the static list's scored heads (when a strategy needs them)
     predict_top: HeadPredictor | None
     settings: RagSettings
+    rows_together: int  # answers decoding together (1: each alone, records identical to running it by itself)
 
     def selector(self, sample: Sample, strategy: str, k: int | None) -> tuple[HeadSelector, int | None]:
         """The strategy's head selector and the k it uses: only scored static heads, never filler."""
@@ -162,7 +169,8 @@ class _RagAnswerer:
             reranked = _rerank(self.lm, sample, config.rerank_top, config.rerank_tokens) if strategy == "rerank" else {}
             used.append((used_k, reranked))
             shown.append(used[-1][1].get("shown", ()))
-        answers = answer_questions(self.lm, [item[0] for item in batch], selectors, self.settings, shown)
+        samples = [item[0] for item in batch]
+        answers = answer_questions(self.lm, samples, selectors, self.settings, shown, self.rows_together)
         return [
             Finished(_answer_record(self.task, sample, strategy, k, used_k, reranked, result))
             for (sample, strategy, k), (used_k, reranked), result in zip(batch, used, answers, strict=True)

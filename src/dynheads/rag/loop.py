@@ -2,7 +2,8 @@
 
 The prompt is ``[chat prefix, context, question]``; the model's view of the context is controlled by the
 attention probe's hidden-key mask, so positions never shift. The prefix and the context are encoded once
-(nothing hidden: the context's own states are those of the plain prompt) and cached. Every round then
+(nothing hidden: the context's own states are those of the plain prompt) and cached, once per question
+for all the strategies answering it (``shared_context_sessions``). Every round then
 rolls back to that cache and re-reads the question and the answer so far under the current visibility:
 
 1. draft up to ``draft_tokens`` tokens with the context hidden (or with the last retrieved windows visible);
@@ -59,20 +60,61 @@ class RagAnswer:
     retrieval_recall: float | None  # share of supporting-fact tokens any retrieval made visible
 
 
+def context_session(
+    lm: LoadedModel, input_ids: Sequence[int], context: tuple[int, int], settings: RagSettings
+) -> DecodingSession:
+    """A session holding the prompt up to the end of the context (prefix + context, nothing hidden) in its cache,
+    with room for the question and the longest answer ``settings`` allow."""
+    question = len(input_ids) - context[1]
+    session = DecodingSession(
+        lm,
+        list(input_ids[: context[1]]),
+        max_new_tokens=question + settings.max_new_tokens + settings.draft_tokens + 1,
+    )
+    session.forward(context[1])
+    return session
+
+
+def shared_context_sessions(lm: LoadedModel, samples: Sequence, settings: RagSettings) -> list[DecodingSession]:
+    """``context_session`` per sample, a prompt several samples share (the strategies of one question) prefilled
+    once and forked (``DecodingSession.copies``: the same cached states)."""
+    rows_of: dict[tuple, list[int]] = {}
+    for i, sample in enumerate(samples):
+        rows_of.setdefault((tuple(sample.input_ids), _context_of(sample)), []).append(i)
+    sessions: list[DecodingSession | None] = [None] * len(samples)
+    for rows in rows_of.values():
+        sample = samples[rows[0]]
+        session = context_session(lm, sample.input_ids, _context_of(sample), settings)
+        for i, fork in zip(rows, session.copies(len(rows)) if len(rows) > 1 else [session], strict=True):
+            sessions[i] = fork
+    return cast(list[DecodingSession], sessions)
+
+
+def _context_of(sample) -> tuple[int, int]:
+    """The sample's context span ``[start, stop)``, checked to lie inside its prompt."""
+    context = (int(sample.context_span[0]), int(sample.context_span[1]))
+    if not 0 < context[0] < context[1] <= len(sample.input_ids):
+        raise DynheadsError(f"sample {sample.sample_id!r} has no usable context span {context}")
+    return context
+
+
 class Answerer:
     """State of one answer: the session, the cached context, the answer so far, what is visible."""
 
-    def __init__(self, lm: LoadedModel, input_ids: list[int], context: tuple[int, int], settings: RagSettings):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        input_ids: list[int],
+        context: tuple[int, int],
+        settings: RagSettings,
+        session: DecodingSession | None = None,
+    ):
+        """``session``: ``context_session`` of these ids and settings, when it was made (and forked) beforehand."""
         self.lm, self.settings = lm, settings
         self.question = list(input_ids[context[1] :])  # question turn and generation prompt
         self.context = context
         self.answer: list[int] = []
-        self.session = DecodingSession(
-            lm,
-            input_ids[: context[1]],
-            max_new_tokens=len(self.question) + settings.max_new_tokens + settings.draft_tokens + 1,
-        )
-        self.session.forward(context[1])  # prefix + context, nothing hidden
+        self.session = session or context_session(lm, input_ids, context, settings)
         self.cached = self.session.checkpoint()
         self.stop_ids = lm.stop_token_ids()
         self.finished = False
@@ -173,17 +215,24 @@ def answer_questions(
     selectors: Sequence[HeadSelector],
     settings: RagSettings = RagSettings(),
     shown: Sequence[Sequence[tuple[int, int]]] | None = None,
+    rows_together: int | None = None,
 ) -> list[RagAnswer]:
-    """``answer_question`` for several samples (``selectors[i]`` and ``shown[i]`` for ``samples[i]``): their drafts
-    and rewrites decode as one batch (``decoding.decode``), each retrieval's read pass runs alone. ``result[i]``
-    equals ``answer_question`` of sample i up to fp32 rounding."""
+    """``answer_question`` for several samples (``selectors[i]`` and ``shown[i]`` for ``samples[i]``). A prompt
+    several of them share (one question under several strategies) is prefilled once (``shared_context_sessions``);
+    their drafts and rewrites decode ``rows_together`` at a time (None: all as one batch; ``decoding.decode``),
+    each retrieval's read pass runs alone. ``result[i]`` equals ``answer_question`` of sample i: exactly when
+    ``rows_together`` is 1, up to fp32 rounding in a batch."""
     shown = shown if shown is not None else [() for _ in samples]
     if not len(samples) == len(selectors) == len(shown):
         raise DynheadsError(f"{len(samples)} samples, {len(selectors)} head selectors, {len(shown)} shown windows")
+    if rows_together is not None and rows_together < 1:
+        raise DynheadsError("answers decode at least one at a time")
     answers: list[RagAnswer | None] = [None] * len(samples)
     runs = [
-        _answer(lm, sample, selector, settings, windows)
-        for sample, selector, windows in zip(samples, selectors, shown, strict=True)
+        _answer(lm, sample, selector, settings, windows, session)
+        for sample, selector, windows, session in zip(
+            samples, selectors, shown, shared_context_sessions(lm, samples, settings), strict=True
+        )
     ]
     drafts: dict[int, _DraftPolicy] = {}
 
@@ -198,26 +247,29 @@ def answer_questions(
         advance(i, None)
     while drafts:
         batch = list(drafts.items())
-        decode(
-            [draft.answerer.session for _, draft in batch],
-            [draft for _, draft in batch],
-            max(draft.steps for _, draft in batch),
-        )
+        width = rows_together or len(batch)
+        for start in range(0, len(batch), width):
+            part = [draft for _, draft in batch[start : start + width]]
+            decode([draft.answerer.session for draft in part], part, max(draft.steps for draft in part))
         for i, draft in batch:
             advance(i, draft)
     return cast(list[RagAnswer], answers)  # every run has finished: each slot holds its answer
 
 
 def _answer(
-    lm: LoadedModel, sample, selector: HeadSelector, settings: RagSettings, shown: Sequence[tuple[int, int]]
+    lm: LoadedModel,
+    sample,
+    selector: HeadSelector,
+    settings: RagSettings,
+    shown: Sequence[tuple[int, int]],
+    session: DecodingSession,
 ) -> Generator[_DraftPolicy, _DraftPolicy, RagAnswer]:
-    """One answer as a coroutine: it yields each draft to decode and receives it decoded."""
-    context = tuple(sample.context_span)
-    if not 0 < context[0] < context[1] <= len(sample.input_ids):
-        raise DynheadsError(f"sample {sample.sample_id!r} has no usable context span {context}")
+    """One answer as a coroutine, from ``session`` (its ``context_session``): it yields each draft to decode and
+    receives it decoded."""
+    context = _context_of(sample)
     if (selector.strategy == "rerank") != bool(shown):
         raise DynheadsError("the rerank strategy, and only it, answers with given context windows shown")
-    state = Answerer(lm, list(sample.input_ids), context, settings)
+    state = Answerer(lm, list(sample.input_ids), context, settings, session)
     width = context[1] - context[0]
     none_visible = np.zeros(width, dtype=bool)
     fixed: np.ndarray | None = None  # what full-context (None: all) and rerank show throughout
