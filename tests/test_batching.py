@@ -15,6 +15,7 @@ from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads import niah
 from dynheads.decoding import trace, trace_batch
+from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 
 SCORE_TOL, HIDDEN_TOL = 1e-5, 1e-5
@@ -116,3 +117,25 @@ def test_embedded_model_batched_niah_equals_batch_one(embedded):
     reference = [trace(embedded, s, 16) for s in samples]
     for index, (ref, got) in enumerate(zip(reference, trace_batch(embedded, samples, 16), strict=True)):
         assert_same_trace(ref, got, f"embedded sample {index}")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_rows_force_their_own_responses_with_their_own_context_ends(family):
+    """Issue 35: one batch teacher-forces each row's own response (of its own length) and measures each row's
+    context up to its own end (HaluEval's batches); every row equals ``trace`` of that sample alone."""
+    lm = tiny_lm(family)
+    samples = prompts(seed=8)
+    generator = torch.Generator().manual_seed(9)
+    forced = [torch.randint(3, 128, (n,), generator=generator).tolist() for n in (5, 2, 7, 4)]
+    ends = [max(len(s.input_ids) - 3, 1) for s in samples]
+    reference = [trace(lm, s, forced_tokens=f, context_end=e) for s, f, e in zip(samples, forced, ends, strict=True)]
+    batched = trace_batch(lm, samples, forced_rows=forced, context_ends=ends)
+    assert [r.tokens.tolist() for r in batched] == forced
+    for index, (ref, got) in enumerate(zip(reference, batched, strict=True)):
+        assert_same_trace(ref, got, f"{family} forced row {index}")
+    with pytest.raises(DynheadsError, match="not both"):
+        trace_batch(lm, samples, forced_tokens=forced[0], forced_rows=forced)
+    with pytest.raises(DynheadsError, match="4 samples but 1 forced responses"):
+        trace_batch(lm, samples, forced_rows=forced[:1])
+    with pytest.raises(DynheadsError, match="4 samples but 2 context ends"):
+        trace_batch(lm, samples, forced_rows=forced, context_ends=ends[:2])

@@ -92,6 +92,7 @@ CASES = [  # (command line, what the error names, what it says)
         "full heads must be at least 1, got 0",
     ),
     (["detect", "{t}/plain", "--questions", "3"], "--questions", "applies only with --data"),
+    (["detect", "{t}/plain", "--batch-size", "4"], "--batch-size", "applies only with --data"),
     (["rag", *NO_MODEL, "--trigger-form", "pos", "--out", "{t}/out"], "--trigger-form", "takes one of paper, dragin"),
     (
         ["niah", *NO_MODEL, "--chat-template-kwargs", "{{bad", "--out", "{t}/out"],

@@ -594,3 +594,26 @@ def test_detect_reports_the_within_question_win_rate_and_length_strata_on_whole_
     text = (tmp_path / "out" / "results.md").read_text()
     assert "within-question win [95% CI]" in text and "Within-question win rate by answer length" in text
     assert "| length | 0.000 [0.000, 0.000] (n=4) | — (n=0) | — (n=0) | 1.000 [1.000, 1.000] (n=8) |" in text
+
+
+@pytest.mark.parametrize("boundary", ["prompt", "lookback-lens"])
+def test_halueval_teacher_forcing_in_batches_of_four_equals_batch_one(tiny_model_dir, tmp_path, boundary):
+    """Issue 35: both answers of several questions (responses of different lengths, prompts of different lengths)
+    are forced as one batch; the records equal batch 1's and the traces batch 1's up to fp32 rounding."""
+    from test_batching import assert_same_trace
+
+    from dynheads.experiments.halueval import trace_halueval
+    from dynheads.experiments.settings import HaluevalConfig
+    from dynheads.models import load_model
+
+    lm = load_model(tiny_model_dir)
+    lm.model.config.max_position_embeddings = 4096  # a random RoPE model reads any position; HaluEval prompts are long
+    config = HaluevalConfig(model=str(tiny_model_dir), data="halueval:qa", questions=3, context_boundary=boundary)
+    one = trace_halueval(config, tmp_path / "b1", lm=lm, progress=False)
+    four = trace_halueval(config, tmp_path / "b4", lm=lm, progress=False, batch_size=4)
+    records = one.records()
+    assert len(records) == 6 and four.records() == records
+    assert len({r["steps"] for r in records}) > 1  # rows of one batch force responses of their own lengths
+    for record in records:
+        sample_id = record["sample_id"]
+        assert_same_trace(one.load_trace(sample_id), four.load_trace(sample_id), sample_id)

@@ -596,7 +596,10 @@ class TracePolicy(StepPolicy):
         return self._edit
 
     def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
-        action = greedy(result, self.stop_ids) if self.forced is None else Emit(self.forced[index])
+        if self.forced is None:
+            action = greedy(result, self.stop_ids)
+        else:  # the last forced token ends the row (rows of one batch force responses of their own lengths)
+            action = Emit(self.forced[index], stop_reason="forced" if index + 1 == len(self.forced) else None)
         if isinstance(action, Emit):
             self.recorder.add(row, result, action.token)
         return action
@@ -640,20 +643,30 @@ def trace(
     )[0]
 
 
-def trace_batch(lm: LoadedModel, samples: Sequence[DecodeInput], max_new_tokens: int = 32, **settings) -> list[Trace]:
+def trace_batch(
+    lm: LoadedModel,
+    samples: Sequence[DecodeInput],
+    max_new_tokens: int = 32,
+    *,
+    forced_rows: Sequence[Sequence[int]] | None = None,
+    context_ends: Sequence[int | None] | None = None,
+    **settings,
+) -> list[Trace]:
     """``trace`` for several samples decoded as one batch, with ``trace``'s keyword arguments; ``result[i]``
-    equals ``trace(lm, samples[i], ...)`` up to fp32 rounding (one sample runs the batch-1 path itself)."""
+    equals ``trace(lm, samples[i], ...)`` up to fp32 rounding (one sample runs the batch-1 path itself).
+    Per row: ``forced_rows[i]`` teacher-forces sample i's own response (``forced_tokens`` forces one response on
+    every row) and ``context_ends[i]`` is its ``context_end``."""
     for sample in samples:
         check_needle(sample)
     bound = inspect.signature(trace).bind(lm, None, max_new_tokens, **settings)  # trace's names and defaults
     bound.apply_defaults()
     options = bound.arguments
-    forced = options["forced_tokens"]
+    forced = _forced_rows(options["forced_tokens"], forced_rows, len(samples))
+    ends = list(context_ends) if context_ends is not None else [options["context_end"]] * len(samples)
+    if len(ends) != len(samples):
+        raise DynheadsError(f"{len(samples)} samples but {len(ends)} context ends")
     if forced is not None:
-        forced = [int(t) for t in forced]
-        if not forced:
-            raise DynheadsError("forced_tokens is empty: nothing to teacher-force")
-        max_new_tokens = len(forced)
+        max_new_tokens = max(len(tokens) for tokens in forced)
     if max_new_tokens < 1:
         raise DynheadsError("max_new_tokens must be at least 1")
     stop_ids = lm.stop_token_ids() if options["stop_at_eos"] and forced is None else ()
@@ -666,16 +679,32 @@ def trace_batch(lm: LoadedModel, samples: Sequence[DecodeInput], max_new_tokens:
             lm,
             sample.input_ids,
             sample.needle_positions,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=max_new_tokens if forced is None else len(forced[i]),
             sink_size=options["sink_size"],
             local_window=options["local_window"],
-            context_end=options["context_end"],
+            context_end=ends[i],
         )
-        for sample in samples
+        for i, sample in enumerate(samples)
     ]
-    policies = [TracePolicy(edit, stop_ids, forced) for _ in samples]
+    policies = [TracePolicy(edit, stop_ids, None if forced is None else forced[i]) for i in range(len(samples))]
     results = decode(sessions, policies, max_new_tokens)
     return [
         policy.recorder.finish(lm, session.rows[0], "forced" if forced is not None else result.stop_reason)
         for policy, session, result in zip(policies, sessions, results, strict=True)
     ]
+
+
+def _forced_rows(
+    forced_tokens: Sequence[int] | None, forced_rows: Sequence[Sequence[int]] | None, rows: int
+) -> list[list[int]] | None:
+    """The tokens each row teacher-forces (None: greedy): one response for every row, or one per row."""
+    if forced_tokens is not None and forced_rows is not None:
+        raise DynheadsError("give forced_tokens (one response for every row) or forced_rows (one per row), not both")
+    if forced_rows is not None and len(forced_rows) != rows:
+        raise DynheadsError(f"{rows} samples but {len(forced_rows)} forced responses")
+    forced = [forced_tokens] * rows if forced_tokens is not None else forced_rows
+    if forced is None:
+        return None
+    if any(len(tokens) == 0 for tokens in forced):
+        raise DynheadsError("forced_tokens is empty: nothing to teacher-force")
+    return [[int(t) for t in tokens] for tokens in forced]

@@ -9,7 +9,7 @@ import typer
 
 from dynheads.cli import checks
 from dynheads.cli.app import app
-from dynheads.cli.options import Opt, config_options, with_options
+from dynheads.cli.options import BatchSize, Opt, config_options, with_options
 from dynheads.errors import DynheadsError
 from dynheads.experiments.settings import DetectConfig, HaluevalConfig
 
@@ -35,6 +35,7 @@ def detect(
         ),
     ] = None,
     out: Annotated[Path | None, Opt("--out", help="output folder (default: RUN_DIR/detect)")] = None,
+    batch_size: BatchSize = 1,
     config: DetectConfigFile = None,
     **settings,
 ) -> None:
@@ -48,13 +49,13 @@ def detect(
 
         if run_dir is not None or out is None:
             raise DynheadsError("--data traces its own run: give --out DIR and no RUN_DIR")
-        source = trace_halueval(checks.checked_config(HaluevalConfig, None, data=data, **tracing), out / "trace").path
+        traced = checks.checked_config(HaluevalConfig, None, data=data, **tracing)
+        source = trace_halueval(traced, out / "trace", batch_size=checks.batch_size(batch_size)).path
     elif run_dir is None:
         raise DynheadsError("give a traced RUN_DIR or --data halueval:qa / halueval:dialogue")
-    elif any(value is not None for value in tracing.values()):
-        raise DynheadsError(
-            f"--{next(k for k, v in tracing.items() if v is not None).replace('_', '-')} applies only with --data"
-        )
+    elif batch_size != 1 or any(value is not None for value in tracing.values()):
+        given = "batch_size" if batch_size != 1 else next(k for k, v in tracing.items() if v is not None)
+        raise DynheadsError(f"--{given.replace('_', '-')} applies only with --data")
     else:
         checks.traced_run(run_dir)
         source = run_dir

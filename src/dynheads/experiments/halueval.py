@@ -25,7 +25,7 @@ import pandas as pd
 
 from dynheads.analysis import hallucination as hl
 from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
-from dynheads.decoding import trace
+from dynheads.decoding import trace_batch
 from dynheads.errors import DynheadsError
 from dynheads.experiments.detect import (
     HEADLINE_TITLE,
@@ -82,18 +82,21 @@ def trace_halueval(config: HaluevalConfig, out: str | Path, **options: Unpack[Ru
         },
     )
 
-    def teacher_force(sample) -> Finished:
-        traced = trace(
-            lm, sample, forced_tokens=sample.response_ids, context_end=sample.context_end if lookback_lens else None
+    def teacher_force(batch: list) -> list[Finished]:
+        """The batch's responses forced as one batch, each row its own answer (``trace_batch``'s per-row forcing)."""
+        traces = trace_batch(
+            lm,
+            batch,
+            forced_rows=[sample.response_ids for sample in batch],
+            context_ends=[sample.context_end if lookback_lens else None for sample in batch],
         )
-        return Finished({**sample.describe(), "generated": traced.text, "steps": traced.num_steps}, traced)
+        return [
+            Finished({**sample.describe(), "generated": traced.text, "steps": traced.num_steps}, traced)
+            for sample, traced in zip(batch, traces, strict=True)
+        ]
 
     run_jobs(
-        run,
-        [Job(sample.sample_id, sample) for sample in samples],
-        lambda batch: [teacher_force(sample) for sample in batch],
-        desc=f"halueval-{task}",
-        **options,
+        run, [Job(sample.sample_id, sample) for sample in samples], teacher_force, desc=f"halueval-{task}", **options
     )
     return run
 
