@@ -58,9 +58,10 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     ("tasks and analyses", [("dynheads.tasks",), ("dynheads.analysis",)]),
     # The attention probe: Eq. 1 / Eq. 2 inside the attention function, and masking heads.
     ("attention probe", [("dynheads.probe",)]),
-    # The greedy decoding loop that drives the probe (and its batched form); run folders (manifests, records) and
-    # the one resumable job loop that fills them.
-    ("decoding and runs", [("dynheads.decoding", "dynheads.batching"), ("dynheads.runs",)]),
+    # The greedy decoding loop that drives the probe (and its batched form); run folders (manifests, records), the
+    # one resumable job loop that fills them, and the head sources a run reads (static lists and predictors, checked
+    # against what the run evaluates in one place).
+    ("decoding and runs", [("dynheads.decoding", "dynheads.batching"), ("dynheads.runs", "dynheads.resources")]),
     # Mechanisms built on the decoding loop: per-step ablation (and its strategies), KV retention (its policies;
     # simulated, the real per-head cache and kvpress's presses beside them), head-based RAG (and its results).
     (

@@ -12,7 +12,6 @@ from dynheads.analysis.kvheads import kv_head_matrix, kv_head_ranking, query_hea
 from dynheads.decoding import trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.kv import KVConfig, probe_precision_recall
-from dynheads.experiments.niah import refuse_seed_overlap
 from dynheads.io import read_json
 from dynheads.kv import (
     KVSettings,
@@ -202,24 +201,6 @@ def test_bad_settings_are_refused(lm):
         kv_generate(lm, _Sample(_prompt()), KVSettings(policy="random", budget=0.0), max_new_tokens=2)
     with pytest.raises(DynheadsError, match="needs a trained probe"):
         KVConfig(policies=("probe",)).jobs()
-
-
-def test_probe_fitted_on_evaluation_samples_is_refused(tmp_path):
-    run = RunDir(tmp_path / "train")
-    run.start("niah", {"seed": 1}, None)
-    run.save_sample({"sample_id": "kvprobe-a", "seed": 11, "answer": "uuid-a"})
-    (tmp_path / "train" / "probe").mkdir()
-    evaluation = [{"sample_id": "analysis-b", "seed": 12, "answer": "uuid-b"}]
-    fitted = refuse_seed_overlap(str(tmp_path / "train" / "probe"), "probe", evaluation)
-    assert fitted["samples"] == [{"sample_id": "kvprobe-a", "seed": 11, "answer": "uuid-a"}]
-    with pytest.raises(DynheadsError, match="fitted on 1 of the evaluation samples"):
-        refuse_seed_overlap(
-            str(tmp_path / "train" / "probe"),
-            "probe",
-            evaluation + [{"sample_id": "analysis-c", "seed": 11, "answer": "uuid-c"}],
-        )
-    with pytest.raises(DynheadsError, match="cannot tell which samples"):
-        refuse_seed_overlap(str(tmp_path / "elsewhere" / "probe"), "probe", evaluation)
 
 
 def test_precision_recall_pairs_step_t_predictions_with_step_t_plus_1():

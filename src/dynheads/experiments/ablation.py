@@ -44,11 +44,10 @@ from dynheads.ablation import (
     matched_count,
 )
 from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS
-from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, refuse_static_overlap
+from dynheads.experiments.hotpotqa import HotpotConfig
 from dynheads.experiments.niah import NiahConfig
 from dynheads.experiments.settings import (
     DOSE_METRICS,
@@ -65,6 +64,7 @@ from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.probe import ABLATION_MODES, AblationMode
+from dynheads.resources import STATIC_HEADS, Evaluated, needs_of, resolve, sample_identity
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
@@ -162,16 +162,10 @@ def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunO
     config.check()
     strategies = config.run_strategies()
     lm = run_model(config, options)
-    static = static_ranking(config.static, lm) if config.static else ()
     fixed = tuple(parse_head(text) for text in config.heads)
     check_heads(list(fixed), lm.num_layers, lm.num_heads, source="--heads")
-    run, samples = start_grid(
-        config,
-        "ablation",
-        lm,
-        out,
-        {"strategies_run": list(strategies), "static_top": [head_key(h) for h in static[:20]]},
-    )
+    needs = needs_of(ABLATION_STRATEGIES.get(strategy) for strategy in strategies)
+    run, samples, static = start_grid(config, "ablation", lm, out, needs, {"strategies_run": list(strategies)})
     counts: dict[str, int | None] = {}  # matching="mean": per sample, heads per step from its dynamic run
 
     def settings(sample, strategy: str) -> AblationSettings:
@@ -386,10 +380,8 @@ def run_progressive(config: ProgressiveConfig, out: str | Path, **options: Unpac
     ``batch_size``: (sample, k) records decoded together, as in ``run_ablation``."""
     config.check()
     lm = run_model(config, options)
-    assert config.static is not None  # check() refuses a run without it
-    top = tuple(static_ranking(config.static, lm)[: config.top_static])
-    ks = tuple(sorted(set(config.ks)))
-    run, samples = start_grid(config, "ablation-progressive", lm, out, {"static_top": [head_key(h) for h in top]})
+    run, samples, static = start_grid(config, "ablation-progressive", lm, out, {STATIC_HEADS}, {}, config.top_static)
+    top, ks = static[: config.top_static], tuple(sorted(set(config.ks)))
 
     def settings(k: int) -> AblationSettings:
         return AblationSettings(
@@ -523,15 +515,31 @@ def decode_jobs(
     )
 
 
-def start_grid(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path, extra: dict) -> tuple[RunDir, list]:
-    """The grid's samples, checked to fit the model, and the started (or resumed) run directory."""
+def start_grid(
+    config: _GridConfig,
+    kind: str,
+    lm: LoadedModel,
+    out: str | Path,
+    needs: set[str],
+    extra: dict,
+    top: int = 20,
+) -> tuple[RunDir, list, tuple[Head, ...]]:
+    """The grid's samples, checked to fit the model; the static list's scored heads when ``needs`` asks for it
+    (``resources``: refused where it was fitted on the evaluated questions, samples or stream; else ()); and the
+    started (or resumed) run directory, whose manifest records the list, its ``top`` heads and what fitted it."""
     task, task_config = config.task_entry(), config.task_config()
     grid = task.grid(task_config, lm.tokenizer)
     samples, prompt, extra = grid.samples, task.prompt(task_config), {**extra, **grid.manifest()}
-    if task.questions and config.static:
-        refuse_static_overlap(config.static, sorted({s.record_id for s in samples}), f"this {kind} run")
     for sample in samples:  # fail before any work, not halfway through the grid
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
+    sources = resolve(
+        needs,
+        static=config.static,
+        predictor=None,
+        shape=(lm.num_layers, lm.num_heads),
+        evaluated=grid_evaluated(task, task_config.split, samples, f"this {kind} run"),
+    )
+    static = sources.static.ranking if sources.static else ()
     run = RunDir(out)
     start_run(
         run,
@@ -543,9 +551,21 @@ def start_grid(config: _GridConfig, kind: str, lm: LoadedModel, out: str | Path,
             "prompt_template": samples[0].prompt_template,
             "chat_template_kwargs": samples[0].chat_template_kwargs,
             **extra,
+            "static_top": [head_key(h) for h in static[:top]],
+            "static_source": sources.manifest()[STATIC_HEADS],  # the list, and what fitted it
         },
     )
-    return run, samples
+    return run, samples, static
+
+
+def grid_evaluated(task: Task, split: str, samples: Sequence, run: str) -> Evaluated:
+    """What a grid evaluates: its question ids (a question task), its samples' seeds and needle values (a seeded
+    task such as NIAH), and its stream."""
+    if task.questions:
+        return Evaluated(run, questions=tuple(sorted({s.record_id for s in samples})), split=split)
+    seeded = all(s.seed is not None for s in samples)
+    identities = tuple(sample_identity(s.sample_id, s.seed, s.answer) for s in samples) if seeded else ()
+    return Evaluated(run, samples=identities, split=split)
 
 
 def run_task_of(run: RunDir) -> Task:
@@ -558,10 +578,6 @@ def _paper_line(task: Task) -> list[str]:
     """What the paper reports for this grid (its Figure 2 or 6), or nothing for a task the paper does not have."""
     paper = PAPER_GRID.get(task.paper_name)
     return [f"Paper ({PAPER_MODEL}): {paper}."] if paper else []
-
-
-def static_ranking(path: str, lm: LoadedModel) -> tuple[Head, ...]:
-    return scored_heads(load_head_list(path, lm.num_layers, lm.num_heads))  # never zero-score filler
 
 
 def result_record(sample, result: AblationResult, task: Task) -> dict:

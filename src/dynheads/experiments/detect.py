@@ -39,6 +39,7 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.settings import DetectConfig
 from dynheads.io import read_json, write_json
 from dynheads.plots.roc import plot_roc
+from dynheads.resources import HEAD_PREDICTOR, Evaluated, fit_record, sample_identity
 from dynheads.runs import RunDir
 from dynheads.tables import Block, Heading, Items, Summary, Table, write_summary
 from dynheads.traces import Trace
@@ -428,22 +429,15 @@ def length_strata_rows(measured: CrossValidation, lengths: np.ndarray, config: D
 
 def refuse_probe_overlap(probe: str, records: Sequence[dict], groups: Sequence[str]) -> dict:
     """Refuse a head predictor fitted on any question (or, for NIAH-like records, any seed or needle value) that
-    this detection evaluates; the checks of ``dynheads rag`` (question ids) and ``dynheads kv`` (seeds and needle
-    values). Returns what the manifest records."""
-    from dynheads.experiments.niah import refuse_seed_overlap
-    from dynheads.experiments.probing import probe_fit_questions
-    from dynheads.tasks.questions import refuse_overlap
-
+    this detection evaluates (``resources.fit_record``, the check of every run that reads one). Returns what the
+    manifest records."""
     if records and all("seed" in r and "answer" in r for r in records):
         # NIAH: sample ids repeat across seed streams (split-length-depth-run); seeds and needle values do not
-        evaluation = [{"sample_id": r["sample_id"], "seed": r["seed"], "answer": r["answer"]} for r in records]
-        return {
-            "path": probe,
-            "checked": "seeds and needle values",
-            "fitted_run": refuse_seed_overlap(probe, "probe", evaluation)["run"],
-        }
-    refuse_overlap(probe_fit_questions(probe), f"the probe in {probe}", groups, "this detection")
-    return {"path": probe, "checked": "question ids"}
+        identities = tuple(sample_identity(r["sample_id"], r["seed"], r["answer"]) for r in records)
+        evaluated = Evaluated("this detection", samples=identities, unknown_fit="refuse")
+    else:
+        evaluated = Evaluated("this detection", questions=tuple(groups))
+    return fit_record(probe, HEAD_PREDICTOR, evaluated)
 
 
 def run_detect(

@@ -13,8 +13,8 @@ on") and ``random`` (k heads drawn per sample and step). Metrics (``metric``):
 ``write_doses`` writes ``dose.csv`` (metric, arm, dose, mean and 95 % interval over samples, n, heads masked per
 step), ``summary.md`` (its numbers: per arm and dose the per-sample values Claim 2 reads) and
 ``plots/dose-teacher.png`` / ``plots/dose-cascade.png`` (every arm's curve with its interval). The manifest
-records the static list and the data that fitted it (``static_source``); a list fitted on the evaluated stream
-is refused.
+records the static list and the data that fitted it (``static_source``, from ``resources``); a list fitted on the
+evaluated stream is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pandas as pd
 from dynheads import distributed
 from dynheads.ablation import AblationResult, AblationSettings
 from dynheads.ablation_forced import forced_ablation
-from dynheads.ablation_strategies import DOSE_ARMS
+from dynheads.ablation_strategies import ABLATION_STRATEGIES, DOSE_ARMS
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import (
@@ -39,12 +39,11 @@ from dynheads.experiments.ablation import (
     run_ablation,
     run_task_of,
     start_grid,
-    static_ranking,
 )
-from dynheads.heads import head_key
-from dynheads.io import atomic_path, read_json
+from dynheads.io import atomic_path
 from dynheads.models import LoadedModel, decode_text
 from dynheads.plots.ablation import plot_doses
+from dynheads.resources import needs_of
 from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
@@ -64,11 +63,9 @@ def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOpti
     if not config.doses or not config.static:
         raise DynheadsError("the dose-response needs doses (--doses 1,2,3,5,8) and a static head list (--static FILE)")
     lm = run_model(config, options)
-    static = static_ranking(config.static, lm)
-    source = static_source(config.static, config.task_config().split)
     doses = tuple(sorted(set(config.doses)))
-    extra = {"design": "dose", "arms": list(DOSE_ARMS), "static_top": [head_key(h) for h in static[:20]]}
-    run, samples = start_grid(config, "ablation", lm, out, {**extra, "static_source": source})
+    needs = needs_of(ABLATION_STRATEGIES.get(arm) for arm in DOSE_ARMS)
+    run, samples, static = start_grid(config, "ablation", lm, out, needs, {"design": "dose", "arms": list(DOSE_ARMS)})
 
     def settings(sample, arm: str, dose: int | None) -> AblationSettings:
         return AblationSettings(
@@ -101,29 +98,6 @@ def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOpti
     if distributed.is_main():
         write_doses(run)
     return run
-
-
-def static_source(path: str | Path, evaluated_split: str) -> dict[str, Any]:
-    """What fitted the static list at ``path`` (its ``static_summary.json``, when a static stage wrote it): the
-    manifest records it. A list fitted on the stream being evaluated is refused."""
-    summary_path = Path(path).parent / "static_summary.json"
-    if not summary_path.is_file():
-        return {"file": str(path), "fitted_on": "unknown: no static_summary.json beside the list"}
-    summary = read_json(summary_path)
-    split = summary.get("split")
-    if split == evaluated_split:
-        raise DynheadsError(f"the static list {path} was fitted on the {split!r} stream, the one evaluated here")
-    config = summary.get("config", {})
-    fitted = {key: config.get(key) for key in ("seed", "lengths", "depths", "samples", "questions", "first", "data")}
-    return {
-        "file": str(path),
-        "fitted_on": {
-            "split": split,
-            "tests": summary.get("num_tests"),
-            "counted": summary.get("num_counted"),
-            **{k: v for k, v in fitted.items() if v is not None},
-        },
-    }
 
 
 def _teacher_record(lm: LoadedModel, config: AblationConfig, settings, doses: tuple[int, ...], sample) -> dict:
@@ -275,7 +249,7 @@ def _rows(numbers: dict[str, Any], evidence: EvidenceSettings) -> list[dict]:
 
 
 def _summary(table: pd.DataFrame, numbers: dict[str, Any], manifest: dict, title: str) -> Summary:
-    source = manifest.get("static_source", {})
+    source = manifest.get("static_source") or {}
     fitted = source.get("fitted_on")
     blocks: list = [
         "Every arm masks k heads at every step (dynamic: the step's heads ranked, D_t first; static: the static "

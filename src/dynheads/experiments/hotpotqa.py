@@ -18,13 +18,11 @@ from dynheads.analysis.evidence import EvidenceSettings, mean_interval
 from dynheads.distributed import is_main
 from dynheads.experiments.settings import HotpotConfig
 from dynheads.experiments.tracing import run_task
-from dynheads.io import read_json
 from dynheads.runs import RunDir, RunOptions
 from dynheads.tables import Cell, Summary, Table, write_summary
 from dynheads.tasks import candidates
 from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.hotpotqa import HOTPOTQA
-from dynheads.tasks.questions import refuse_overlap
 from dynheads.tasks.registry import Task, task_of
 from dynheads.tasks.sample import Sample
 
@@ -38,15 +36,6 @@ def hotpot_grid(config: HotpotConfig, tokenizer) -> TaskGrid:
     """Question i of the stream goes to grid cell i mod (lengths x depths), so every cell gets questions of every
     type. A question whose gold paragraphs exceed its cell's length is skipped and counted, never fatal."""
     return qa_task(config).grid(config, tokenizer)
-
-
-def refuse_static_overlap(static: str | Path, evaluated: list[str], evaluator: str) -> None:
-    """Refuse a static head list scored on a run (its folder's manifest records the questions) that shares
-    questions with ``evaluated``; a list from elsewhere (a file with no run manifest beside it) passes."""
-    manifest = Path(static).parent / "manifest.json"
-    questions = read_json(manifest).get("questions") if manifest.is_file() else None
-    if questions:
-        refuse_overlap(questions["ids"], f"the static head list {static}", evaluated, evaluator)
 
 
 def hotpot_samples(config: HotpotConfig, tokenizer) -> list[Sample]:

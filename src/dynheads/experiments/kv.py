@@ -32,13 +32,12 @@ import pandas as pd
 
 from dynheads import distributed
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval
-from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_predictor
-from dynheads.analysis.headlists import load_head_list, scored_heads
+from dynheads.analysis.head_predictor import TrainedHeadPredictor
 from dynheads.analysis.kvheads import KVHead, kv_head_ranking
 from dynheads.config import pieces_of
 from dynheads.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest, refuse_seed_overlap, sample_identity
+from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import Head, flat_index, head_key
 from dynheads.io import atomic_path, write_json
@@ -58,6 +57,15 @@ from dynheads.kv_policies import KV_POLICIES, is_budget_free, is_dynamic
 from dynheads.models import LoadedModel
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
 from dynheads.presses import HEAD_LIST_PRESSES, PREFIX, PRESSES, check_press, is_press, press_generate
+from dynheads.resources import (
+    HEAD_PREDICTOR,
+    STATIC_HEADS,
+    Evaluated,
+    StaticSource,
+    needs_of,
+    resolve,
+    sample_identity,
+)
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Block, Summary, Table, write_summary
@@ -69,6 +77,12 @@ from dynheads.token_kv import POOL, VOTERS, WINDOW
 class KVConfig(KVFields):
     def niah_config(self) -> NiahConfig:
         return NiahConfig(**pieces_of(self, NiahGrid, ModelSettings), split=self.split)
+
+    def needs(self) -> set[str]:
+        """The head sources the chosen policies and presses read (``resources``)."""
+        registered = [KV_POLICIES.get(p) for p in self.policies if p in KV_POLICIES]
+        head_list_press = any(p.removeprefix(PREFIX) in HEAD_LIST_PRESSES for p in self.policies if is_press(p))
+        return needs_of(registered) | ({STATIC_HEADS} if head_list_press else set())
 
     def jobs(self) -> list[tuple[str, float | None]]:
         """(policy, budget) pairs in run order; budget None for the budget-free policies."""
@@ -114,14 +128,22 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     samples = niah_samples(config.niah_config(), lm.tokenizer)
     for sample in samples:
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
-    evaluation = [sample_identity(s.sample_id, s.seed, s.answer) for s in samples]
+    evaluated = Evaluated(
+        "this KV run",
+        samples=tuple(sample_identity(s.sample_id, s.seed, s.answer) for s in samples),
+        unknown_fit="refuse",
+    )
+    sources = resolve(
+        config.needs(),
+        static=config.static,
+        predictor=config.probe,
+        shape=(lm.num_layers, lm.num_heads),
+        evaluated=evaluated,
+    )
     num_kv = num_kv_heads(lm)
-    static, voters = _static_heads(config, lm, num_kv)
-    probe = load_head_predictor(config.probe) if config.probe else None
-    fitted = {
-        "static": refuse_seed_overlap(config.static, "static head list", evaluation) if config.static else None,
-        "probe": refuse_seed_overlap(config.probe, "probe", evaluation) if config.probe else None,
-    }
+    static, voters = _static_heads(sources.static, lm, num_kv)
+    probe = sources.predictor.predictor if sources.predictor else None
+    fitted = {"static": sources.manifest()[STATIC_HEADS], "probe": sources.manifest()[HEAD_PREDICTOR]}
     run = RunDir(out)
     start_run(
         run,
@@ -131,7 +153,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
         {
             "prompt": prompt_manifest(),
             "prompt_template": samples[0].prompt_template,
-            "evaluation_samples": evaluation,
+            "evaluation_samples": list(evaluated.samples),
             "fit_samples": fitted,
             **_head_budgets(config, lm, num_kv, static),
             "token_votes": {"voters": [head_key(h) for h in voters], "window": WINDOW, "pool": POOL},  # head_tokens
@@ -160,16 +182,14 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     return run
 
 
-def _static_heads(config: KVConfig, lm: LoadedModel, num_kv: int) -> tuple[tuple[KVHead, ...], tuple[Head, ...]]:
+def _static_heads(
+    source: StaticSource | None, lm: LoadedModel, num_kv: int
+) -> tuple[tuple[KVHead, ...], tuple[Head, ...]]:
     """The KV heads of the static head list, best first, and its ``VOTERS`` best positive-score query heads (the
-    voters of ``kvpress:head_tokens``); none without a list; a list with no positive score is refused."""
-    if not config.static:
+    voters of ``kvpress:head_tokens``); none without a list."""
+    if source is None:
         return (), ()
-    heads = load_head_list(config.static, lm.num_layers, lm.num_heads)
-    static = kv_head_ranking(heads, lm.num_layers, lm.num_heads, num_kv)
-    if not static:
-        raise DynheadsError(f"the static head list {config.static} has no head with a positive score")
-    return static, scored_heads(heads)[:VOTERS]
+    return kv_head_ranking(source.heads, lm.num_layers, lm.num_heads, num_kv), source.ranking[:VOTERS]
 
 
 def _head_budgets(config: KVConfig, lm: LoadedModel, num_kv: int, static: tuple[KVHead, ...]) -> dict:

@@ -8,7 +8,7 @@ train a classifier, reasoning scores (Eq. 2) a regressor.
 
 ``questions.json`` records the questions behind each split of the probe (train, validation, test: source
 record ids, or sample ids for tasks without records) and the run's question stream, so that ``dynheads rag``
-can refuse to evaluate the probe on questions it was trained or validated on (``probe_fit_questions``).
+can refuse to evaluate the probe on questions it was trained or validated on (``resources.predictor_questions``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from dynheads.analysis.head_predictor import (
     split_by_sample,
     train_head_predictor,
 )
-from dynheads.errors import DynheadsError
 from dynheads.experiments.analyses import check_score, load_run, model_name
-from dynheads.io import read_json, write_json
+from dynheads.io import write_json
 from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
+from dynheads.resources import QUESTIONS_FILE
 from dynheads.runs import RunDir
 from dynheads.scores import ScoreKind, ScoreSpec
 from dynheads.tables import Summary, Table, write_summary
@@ -146,9 +146,6 @@ def metrics_table(rows: Mapping[str, Mapping[str, float]], task: str) -> Table:
     )
 
 
-QUESTIONS_FILE = "questions.json"
-
-
 def write_probe_questions(out: Path, run: RunDir, config: HeadPredictorConfig, split_pairs: Mapping[str, int]) -> dict:
     """Write ``questions.json``: the question ids of each probe split, recomputed with the probe's own seeded
     split and checked against its step counts; if they cannot be matched, every question of the run counts as
@@ -175,15 +172,3 @@ def write_probe_questions(out: Path, run: RunDir, config: HeadPredictorConfig, s
     data = {"run": str(run.path), "run_questions": run.manifest().get("questions"), "split_exact": exact, **splits}
     write_json(out / QUESTIONS_FILE, data)
     return data
-
-
-def probe_fit_questions(probe_dir: str | Path) -> list[str]:
-    """Question ids the probe in ``probe_dir`` was trained or validated on; refuses a probe that records none."""
-    path = Path(probe_dir) / QUESTIONS_FILE
-    if not path.is_file():
-        raise DynheadsError(
-            f"the probe in {probe_dir} records no training questions ({QUESTIONS_FILE}), so it "
-            "cannot be shown disjoint from the evaluation: retrain it with 'dynheads predictor train'"
-        )
-    data = read_json(path)
-    return sorted(set(data.get("train", [])) | set(data.get("validation", [])))

@@ -18,7 +18,7 @@ import pandas as pd
 from dynheads import distributed
 from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig, refuse_static_overlap
+from dynheads.experiments.hotpotqa import HotpotConfig
 from dynheads.experiments.settings import RagFields
 from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
@@ -27,11 +27,11 @@ from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import RAG_STRATEGIES, HeadPredictor, HeadSelector
 from dynheads.rag.trigger import TriggerConfig, TriggerForm
 from dynheads.rag.windows import RetrievalConfig
+from dynheads.resources import HEAD_PREDICTOR, Evaluated, PredictorSource, needs_of, resolve
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, Table, write_summary
 from dynheads.tasks import candidates
-from dynheads.tasks.questions import refuse_overlap
 from dynheads.tasks.registry import Task, task_of
 from dynheads.tasks.sample import Sample
 
@@ -95,11 +95,18 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
     task = config.task_entry()
     grid = task.grid(hotpot, lm.tokenizer)
     samples = grid.samples
-    evaluated = sorted({sample.record_id for sample in samples})
-    needs = [RAG_STRATEGIES.get(strategy) for strategy in config.strategies]
-    probe_read = any(entry.needs_probe for entry in needs)
-    predict_top = _probe_predictor(config, lm, evaluated) if probe_read else None
-    ranking = _static_ranking(config, lm, evaluated) if any(entry.needs_static for entry in needs) else None
+    evaluated = Evaluated("this RAG run", questions=tuple(sorted({sample.record_id for sample in samples})))
+    needs = needs_of(RAG_STRATEGIES.get(strategy) for strategy in config.strategies)
+    sources = resolve(
+        needs, static=config.static, predictor=config.probe, shape=(lm.num_layers, lm.num_heads), evaluated=evaluated
+    )
+    if sources.missing:  # a strategy that reads a source never runs without it
+        raise DynheadsError(
+            f"these strategies need a {' and a '.join(sources.missing)}: " + "; ".join(sources.missing.values())
+        )
+    probe_read = HEAD_PREDICTOR in needs
+    predict_top = _top_heads(sources.predictor) if sources.predictor else None
+    ranking = list(sources.static.ranking) if sources.static else None
     run = RunDir(out)
     start_run(
         run,
@@ -341,34 +348,9 @@ def _record_id(sample_id: str, strategy: str, k: int | None) -> str:
     return f"{sample_id}-{strategy}" + (f"-k{k}" if k is not None else "")
 
 
-def _probe_predictor(config: RagConfig, lm: LoadedModel, evaluated: list[str]):
-    if not config.probe:
-        raise DynheadsError("strategy 'dynamic' needs a trained probe: --probe DIR (from 'dynheads predictor train')")
-    from dynheads.analysis.head_predictor import load_head_predictor
-    from dynheads.experiments.probing import probe_fit_questions
-
-    refuse_overlap(probe_fit_questions(config.probe), f"the probe in {config.probe}", evaluated, "this RAG run")
-    probe = load_head_predictor(config.probe)
-    if (probe.num_layers, probe.num_heads) != (lm.num_layers, lm.num_heads):
-        raise DynheadsError(
-            f"the probe in {config.probe} predicts {probe.num_layers} x {probe.num_heads} heads, "
-            f"but this model has {lm.num_layers} x {lm.num_heads}: train it on this model's run"
-        )
-    return lambda hidden, k: probe.top_heads(np.asarray(hidden, dtype=np.float32), k)
-
-
-def _static_ranking(config: RagConfig, lm: LoadedModel, evaluated: list[str]) -> list:
-    """The static list's scored heads; refused when the run it was scored on (if it records its questions)
-    shares questions with this evaluation."""
-    if not config.static:
-        raise DynheadsError("strategy 'static' needs a static head list: --static FILE")
-    from dynheads.analysis.headlists import load_head_list, scored_heads
-
-    refuse_static_overlap(config.static, evaluated, "this RAG run")
-    ranking = list(scored_heads(load_head_list(config.static, lm.num_layers, lm.num_heads)))
-    if not ranking:
-        raise DynheadsError(f"{config.static} gives every head a zero score: it names no static head")
-    return ranking
+def _top_heads(source: PredictorSource) -> HeadPredictor:
+    """The predictor as the strategies call it: ``(hidden, k) -> heads`` on a float32 hidden state."""
+    return lambda hidden, k: source.top_heads(np.asarray(hidden, dtype=np.float32), k)
 
 
 def rag_summary_table(table: pd.DataFrame) -> Table:

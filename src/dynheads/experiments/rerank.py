@@ -45,13 +45,13 @@ from dynheads import distributed
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval
 from dynheads.analysis.ranking import METRICS, qrhead_scores, ranking_metrics, top_heads
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import refuse_static_overlap
 from dynheads.experiments.settings import RERANK_STRATEGIES, RerankFields
 from dynheads.heads import Head, head_key
 from dynheads.io import atomic_path, write_json
 from dynheads.models import LoadedModel
 from dynheads.rag import fusion, rerank
 from dynheads.rag.strategies import random_heads
+from dynheads.resources import HEAD_PREDICTOR, STATIC_HEADS, Evaluated, resolve
 from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
 from dynheads.scores import span_ranking
 from dynheads.seeding import derive_seed
@@ -236,37 +236,22 @@ class HeadSources:
     weights: dict[str, float] = dataclasses.field(default_factory=dict)  # each mix:<strategy>'s fitted weight
 
 
+READS = {"static": STATIC_HEADS, "predictor": HEAD_PREDICTOR}  # the head strategies that read a source
+
+
 def _head_sources(config: RerankConfig, num_layers: int, num_heads: int, eval_ids: list[str]) -> HeadSources:
-    skipped, static, predict_top = {}, None, None
-    needed = base_strategies(config.strategies)
-    if "static" in needed:
-        if config.static:
-            from dynheads.analysis.headlists import load_head_list, scored_heads
-
-            refuse_static_overlap(config.static, eval_ids, "this rerank run")
-            static = list(scored_heads(load_head_list(config.static, num_layers, num_heads)))
-            if not static:
-                raise DynheadsError(f"{config.static} gives every head a zero score: it names no static head")
-        else:
-            skipped["static"] = "no --static head list given"
-    if "predictor" in needed:
-        if config.probe:
-            from dynheads.analysis.head_predictor import load_head_predictor
-            from dynheads.experiments.probing import probe_fit_questions
-
-            refuse_overlap(
-                probe_fit_questions(config.probe), f"the head predictor in {config.probe}", eval_ids, "this rerank run"
-            )
-            predictor = load_head_predictor(config.probe)
-            if (predictor.num_layers, predictor.num_heads) != (num_layers, num_heads):
-                raise DynheadsError(
-                    f"the head predictor in {config.probe} predicts {predictor.num_layers} x "
-                    f"{predictor.num_heads} heads, but this model has {num_layers} x {num_heads}"
-                )
-            predict_top = predictor.top_heads
-        else:
-            skipped["predictor"] = "no --probe (trained head predictor) given"
-    return HeadSources(static, predict_top, skipped)
+    """The sources the chosen strategies read (``resources``); a strategy whose source was not given is skipped."""
+    reading = {name: source for name, source in READS.items() if name in base_strategies(config.strategies)}
+    sources = resolve(
+        reading.values(),
+        static=config.static,
+        predictor=config.probe,
+        shape=(num_layers, num_heads),
+        evaluated=Evaluated("this rerank run", questions=tuple(eval_ids)),
+    )
+    skipped = {name: sources.missing[source] for name, source in reading.items() if source in sources.missing}
+    static = list(sources.static.ranking) if sources.static else None
+    return HeadSources(static, sources.predictor.top_heads if sources.predictor else None, skipped)
 
 
 # ---- ranking and metrics -------------------------------------------------------------------------------------------
