@@ -412,3 +412,31 @@ def test_rag_run_with_the_rerank_strategy(tiny_model_dir, tiny_lm, tmp_path):
     run = run_rag(budget, tmp_path / "rag-budget", lm=tiny_lm, progress=False)
     for record in (r for r in run.records() if r["strategy"] == "rerank"):
         assert sum(stop - start for start, stop in record["shown"]) == 20 and record["visible_tokens"] == [20]
+
+
+def test_a_strategy_registered_in_a_test_file_is_ranked_fused_and_summarised(tiny_lm, tmp_path):
+    """Issue 35: a re-rank strategy is one registry entry; the run ranks it, fuses it with BM25 and reports it
+    like the built-in ones, from the same stored scores."""
+    from dynheads.experiments.rerank_strategies import RERANK_STRATEGIES, RerankStrategy
+
+    def last_layer(question):
+        layers, heads = question.arrays["real"].shape[:2]
+        return question.head_scores([(layers - 1, head) for head in range(heads)])
+
+    RERANK_STRATEGIES.register("last-layer", RerankStrategy(last_layer), help="the last layer's heads, calibrated")
+    try:
+        data = tmp_path / "hotpot.json"
+        data.write_text(json.dumps([r.to_dict() for r in synthetic_hotpotqa(4, seed=1)]))
+        strategies = ("icr", "last-layer", "rrf:last-layer", "bm25")
+        config = RerankConfig(data=str(data), first=2, questions=2, fit_first=0, fit_questions=2, bootstrap=20)
+        run = run_rerank(
+            dataclasses.replace(config, strategies=strategies), tmp_path / "run", lm=tiny_lm, progress=False
+        )
+        rows = __import__("pandas").read_csv(run.path / "rankings.csv")
+        assert set(rows["strategy"]) == set(strategies)
+        assert (rows.loc[rows["strategy"] == "last-layer", "heads"] == tiny_lm.num_heads).all()
+        assert "| last-layer |" in (run.path / "rerank.md").read_text()
+        with pytest.raises(DynheadsError, match="unknown rerank strategy first-layer"):
+            dataclasses.replace(config, strategies=("first-layer",)).check()
+    finally:
+        RERANK_STRATEGIES.unregister("last-layer")

@@ -45,15 +45,14 @@ from dynheads import distributed
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval
 from dynheads.analysis.ranking import METRICS, qrhead_scores, ranking_metrics, top_heads
 from dynheads.errors import DynheadsError
-from dynheads.experiments.settings import RERANK_STRATEGIES, RerankFields
+from dynheads.experiments.rerank_strategies import RERANK_STRATEGIES, Candidates, calibrated
+from dynheads.experiments.settings import RerankFields
 from dynheads.heads import Head, head_key
 from dynheads.io import atomic_path, write_json
 from dynheads.models import LoadedModel
 from dynheads.rag import fusion, rerank
-from dynheads.rag.strategies import random_heads
-from dynheads.resources import HEAD_PREDICTOR, STATIC_HEADS, Evaluated, resolve
+from dynheads.resources import Evaluated, needs_of, resolve
 from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
-from dynheads.scores import span_ranking
 from dynheads.seeding import derive_seed
 from dynheads.tables import Items, Summary, Table, write_summary
 from dynheads.tasks.hotpotqa import HotpotRecord, load_hotpotqa, render_paragraph
@@ -87,20 +86,22 @@ class RerankConfig(RerankFields):
         unknown = sorted(s for s in self.strategies if s not in RERANK_STRATEGIES and fused_parts(s) is None)
         if unknown or not self.strategies:
             raise DynheadsError(
-                f"unknown rerank strategy {', '.join(unknown) or '(none given)'}: use {', '.join(RERANK_STRATEGIES)}, "
-                f"or {'/'.join(fusion.FUSIONS)}:<one of {', '.join(HEAD_STRATEGIES)}> (fused with bm25)"
+                f"unknown rerank strategy {', '.join(unknown) or '(none given)'}: use {RERANK_STRATEGIES.choices()}, "
+                f"or {'/'.join(fusion.FUSIONS)}:<one of {', '.join(head_strategies())}> (fused with bm25)"
             )
         if self.k < 1 or self.bootstrap < 1:
             raise DynheadsError(f"--k and --bootstrap must be >= 1, got {self.k} and {self.bootstrap}")
 
 
-HEAD_STRATEGIES = tuple(s for s in RERANK_STRATEGIES if s != "bm25")  # what a fusion may combine with BM25
+def head_strategies() -> list[str]:
+    """The registered strategies that read heads: what a fusion may combine with BM25."""
+    return [name for name in RERANK_STRATEGIES.names() if RERANK_STRATEGIES.get(name).reads_heads]
 
 
 def fused_parts(strategy: str) -> tuple[str, str] | None:
     """(fusion, head strategy) of a fused strategy's name (``rrf:static``), None for any other name."""
     kind, _, base = strategy.partition(":")
-    return (kind, base) if kind in fusion.FUSIONS and base in HEAD_STRATEGIES else None
+    return (kind, base) if kind in fusion.FUSIONS and base in head_strategies() else None
 
 
 def base_strategies(strategies: tuple[str, ...]) -> set[str]:
@@ -236,22 +237,24 @@ class HeadSources:
     weights: dict[str, float] = dataclasses.field(default_factory=dict)  # each mix:<strategy>'s fitted weight
 
 
-READS = {"static": STATIC_HEADS, "predictor": HEAD_PREDICTOR}  # the head strategies that read a source
-
-
 def _head_sources(config: RerankConfig, num_layers: int, num_heads: int, eval_ids: list[str]) -> HeadSources:
     """The sources the chosen strategies read (``resources``); a strategy whose source was not given is skipped."""
-    reading = {name: source for name, source in READS.items() if name in base_strategies(config.strategies)}
+    bases = base_strategies(config.strategies)
+    reading = {name: needs_of([RERANK_STRATEGIES.get(name)]) for name in RERANK_STRATEGIES.names() if name in bases}
     sources = resolve(
-        reading.values(),
+        set().union(*reading.values()),
         static=config.static,
         predictor=config.probe,
         shape=(num_layers, num_heads),
         evaluated=Evaluated("this rerank run", questions=tuple(eval_ids)),
     )
-    skipped = {name: sources.missing[source] for name, source in reading.items() if source in sources.missing}
+    missing = {
+        name: [sources.missing[n] for n in sorted(needs) if n in sources.missing] for name, needs in reading.items()
+    }
+    skipped = {name: "; ".join(reasons) for name, reasons in missing.items() if reasons}
     static = list(sources.static.ranking) if sources.static else None
-    return HeadSources(static, sources.predictor.top_heads if sources.predictor else None, skipped)
+    predict_top = sources.predictor.top_heads if sources.predictor else None
+    return HeadSources(static, predict_top, skipped)
 
 
 # ---- ranking and metrics -------------------------------------------------------------------------------------------
@@ -272,7 +275,7 @@ def fit_qrhead(run: RunDir, config: RerankConfig, heads: HeadSources) -> HeadSou
         why = f"fitted on the whole fitting stream only: {len(expected) - len(missing)} of its {len(expected)} scored"
         return dataclasses.replace(heads, skipped={**heads.skipped, "qrhead": why})
     records = [fit[question] for question in expected]
-    qr = qrhead_scores([_calibrated(_arrays(run, r)) for r in records], [r["gold"] for r in records])
+    qr = qrhead_scores([calibrated(_arrays(run, r)) for r in records], [r["gold"] for r in records])
     order = top_heads(qr, qr.size)
     write_json(run.path / "qrhead_heads.json", [[head_key(h), float(qr[h])] for h in order])
     return dataclasses.replace(heads, qrhead=order, fit_questions=len(records))
@@ -309,39 +312,15 @@ def fit_fusion_weights(run: RunDir, config: RerankConfig, heads: HeadSources) ->
 def question_scores(
     strategy: str, record: dict, arrays: dict[str, np.ndarray], config: RerankConfig, heads: HeadSources
 ) -> tuple[np.ndarray, list[Head] | None, float]:
-    """One question's candidate scores under ``strategy``, the heads it read (None: every head, or none) and the
-    seconds they cost."""
+    """One question's candidate scores under ``strategy`` (``rerank_strategies``, or a fusion of one with BM25), the
+    heads it read (None: every head, or none) and the seconds they cost."""
     parts = fused_parts(strategy)
     if parts is not None:
         base_scores, chosen, seconds = question_scores(parts[1], record, arrays, config, heads)
         fused = fusion.fuse(parts[0], base_scores, np.asarray(record["bm25"]), heads.weights.get(strategy))
         return fused, chosen, seconds + record["bm25_seconds"]
-    if strategy == "icr-uncalibrated":
-        return span_ranking(arrays["real"].astype(np.float64)), None, record["prefill_seconds"]
-    if strategy == "bm25":
-        return np.asarray(record["bm25"]), None, record["bm25_seconds"]
-    calibrated = _calibrated(arrays)
-    chosen = _chosen_heads(strategy, record, arrays, calibrated.shape[:2], config, heads)
-    return span_ranking(calibrated, chosen), chosen, record["prefill_seconds"] + record["calibration_seconds"]
-
-
-def _chosen_heads(
-    strategy: str, record: dict, arrays: dict, shape: tuple[int, ...], config: RerankConfig, heads: HeadSources
-) -> list[Head] | None:
-    """The heads a head-subset strategy reads for this question; None for ``icr`` (every head)."""
-    if strategy == "qrhead":
-        assert heads.qrhead is not None  # the strategy is skipped until QRHead is fitted
-        return heads.qrhead[: config.k]
-    if strategy == "static":
-        assert heads.static is not None  # the strategy is skipped without a static list
-        return heads.static[: config.k]
-    if strategy == "predictor":
-        assert heads.predict_top is not None  # the strategy is skipped without a predictor
-        return heads.predict_top(arrays["hidden"], config.k)
-    if strategy == "random":
-        rng = np.random.default_rng(derive_seed(config.seed, record["question_id"], "random"))
-        return random_heads(config.k, shape[0], shape[1], rng)
-    return None
+    question = Candidates(record, arrays, config.k, config.seed, heads.qrhead, heads.static, heads.predict_top)
+    return RERANK_STRATEGIES.get(strategy).scores(question)
 
 
 def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources) -> pd.DataFrame:
@@ -357,13 +336,14 @@ def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources) -> pd.
         every_head = int(np.prod(arrays["real"].shape[:2]))
         for strategy in strategies:
             scores, chosen, seconds = question_scores(strategy, record, arrays, config, heads)
+            reads_heads = RERANK_STRATEGIES.get(_base(strategy)).reads_heads
             ranked = rerank.ranking(scores)
             rows.append(
                 {
                     "question_id": record["question_id"],
                     "type": record.get("type"),
                     "strategy": strategy,
-                    "heads": len(chosen) if chosen is not None else (None if strategy == "bm25" else every_head),
+                    "heads": len(chosen) if chosen is not None else (every_head if reads_heads else None),
                     "ranking": json.dumps(ranked),
                     "gold": json.dumps(record["gold"]),
                     "top1_position": ranked[0],
@@ -380,10 +360,6 @@ def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources) -> pd.
 def _base(strategy: str) -> str:
     parts = fused_parts(strategy)
     return parts[1] if parts is not None else strategy
-
-
-def _calibrated(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    return arrays["real"].astype(np.float64) - arrays["content_free"].astype(np.float64)
 
 
 def _interval_text(values, config: RerankConfig, name: str, bounds: tuple[float, float] = (0.0, 1.0)) -> str:

@@ -21,6 +21,7 @@ from dynheads.analysis.kvheads import AGGREGATIONS
 from dynheads.analysis.settings import FEATURE_SETS
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
+from dynheads.experiments.rerank_strategies import RERANK_STRATEGIES
 from dynheads.kv_policies import KV_POLICIES
 from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
@@ -263,7 +264,7 @@ class RagFields(QaGrid, ModelSettings):
 
 
 # ---- rerank --------------------------------------------------------------------------------------------------------
-RERANK_STRATEGIES = ("icr", "icr-uncalibrated", "qrhead", "static", "predictor", "random", "bm25")
+RERANK_DEFAULTS = tuple(RERANK_STRATEGIES.names())  # the registered strategies when settings are first read
 
 
 @dataclass(frozen=True)
@@ -278,8 +279,8 @@ class RerankFields(Seeded, ModelSettings):
     fit_first: int = setting(0, "index of the fitting stream's first question (QRHead's head choice)")
     fit_questions: int = setting(50, "questions of the fitting stream; must not overlap the evaluation stream")
     strategies: tuple[str, ...] = setting(
-        RERANK_STRATEGIES,
-        ",".join(RERANK_STRATEGIES) + " (static needs "
+        RERANK_DEFAULTS,
+        ",".join(RERANK_DEFAULTS) + " (static needs "
         "--static, predictor --probe; without them they are skipped and noted); rrf:S or mix:S fuses head "
         "strategy S with bm25 (reciprocal ranks, or a weight fitted on the fitting stream)",
     )
