@@ -173,7 +173,8 @@ class _RagAnswerer:
         for sample, strategy, k in batch:
             selector, used_k = self.selector(sample, strategy, k)
             selectors.append(selector)
-            reranked = _rerank(self.lm, sample, config.rerank_top, config.rerank_tokens) if strategy == "rerank" else {}
+            given = RAG_STRATEGIES.get(strategy).visibility == "given"  # the windows re-ranking shows
+            reranked = _rerank(self.lm, sample, config.rerank_top, config.rerank_tokens) if given else {}
             used.append((used_k, reranked))
             shown.append(used[-1][1].get("shown", ()))
         samples = [item[0] for item in batch]

@@ -12,9 +12,9 @@ rolls back to that cache and re-reads the question and the answer so far under t
    once with the context visible, average the chosen heads' attention rows over the context, turn the top
    positions into windows (``rag.windows``), make only those visible and regenerate one sentence.
 
-``none`` never shows the context and never retrieves (w/o RAG); ``full-context`` always shows all of it;
-``rerank`` always shows the context positions it is given (``shown``: the top re-ranked paragraphs) and never
-retrieves.
+What an answer sees outside retrievals is its strategy's ``visibility``: ``none`` never shows the context and
+never retrieves (w/o RAG); ``full-context`` (``all``) always shows all of it; ``rerank`` (``given``) always shows the
+context positions it is given (``shown``: the top re-ranked paragraphs) and never retrieves.
 """
 
 from __future__ import annotations
@@ -267,8 +267,9 @@ def _answer(
     """One answer as a coroutine, from ``session`` (its ``context_session``): it yields each draft to decode and
     receives it decoded."""
     context = _context_of(sample)
-    if (selector.strategy == "rerank") != bool(shown):
-        raise DynheadsError("the rerank strategy, and only it, answers with given context windows shown")
+    visibility = selector.entry.visibility
+    if (visibility == "given") != bool(shown):
+        raise DynheadsError("a strategy that shows given windows (rerank), and only it, answers with them shown")
     state = Answerer(lm, list(sample.input_ids), context, settings, session)
     width = context[1] - context[0]
     none_visible = np.zeros(width, dtype=bool)
@@ -279,7 +280,7 @@ def _answer(
             if not context[0] <= start < stop <= context[1]:
                 raise DynheadsError(f"shown window {start}..{stop} lies outside the context {context}")
             fixed[start - context[0] : stop - context[0]] = True
-    always = selector.strategy in ("full-context", "rerank")
+    always = visibility in ("all", "given")
     visible: np.ndarray | None = fixed if always else none_visible
     windows: list[tuple[int, int]] = list(shown)
     visible_counts: list[int] = [] if fixed is None else [int(fixed.sum())]  # rerank: what it shows throughout

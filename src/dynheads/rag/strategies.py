@@ -11,7 +11,8 @@
 
 A ``RagStrategy`` entry holds ``select(selector, hidden)`` (the k heads of one retrieval; None for a strategy
 that never retrieves), ``start(selector)`` (checks and draws made once per answer), what it needs (a static
-ranking, the probe) and whether the paper compares it. ``HeadSelector``, the RAG run's jobs and checks and
+ranking, the probe), whether the paper compares it and what of the context the answer sees outside retrievals
+(``visibility``). ``HeadSelector``, the RAG run's jobs and checks and
 ``--strategies``' help read the entries.
 
 Make one :class:`HeadSelector` per answer: random draws come from its seeded generator, so an answer's heads
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -32,6 +33,9 @@ from dynheads.registry import Registry
 
 # predict_top(hidden [d_model], k) -> the k heads with the highest predicted retrieval score, best first.
 HeadPredictor = Callable[[Any, int], Sequence[Head]]
+# What of the context an answer sees outside a retrieval's windows: nothing ("hidden"; the windows of the last
+# retrieval while it rewrites), all of it ("all"), or the windows the run gives it for the whole answer ("given").
+Visibility = Literal["hidden", "all", "given"]
 
 
 def random_heads(k: int, num_layers: int, num_heads: int, rng: np.random.Generator) -> list[Head]:
@@ -47,6 +51,7 @@ class RagStrategy:
     needs_static: bool = False  # reads the static ranking (--static FILE)
     needs_probe: bool = False  # reads the probe's predict_top (--probe DIR)
     paper: bool = True  # compared in the paper's Table 4 (what a RAG run compares unless told otherwise)
+    visibility: Visibility = "hidden"  # what of the context the answer sees outside a retrieval's windows
 
     @property
     def uses_heads(self) -> bool:
@@ -149,10 +154,10 @@ RAG_STRATEGIES.register(
     "fixed-random", RagStrategy(_chosen, _draw_once), help="k heads drawn once, for the whole answer"
 )
 RAG_STRATEGIES.register("none", RagStrategy(None), help="w/o RAG: the context stays hidden")
-RAG_STRATEGIES.register("full-context", RagStrategy(None), help="the context is always visible")
+RAG_STRATEGIES.register("full-context", RagStrategy(None, visibility="all"), help="the context is always visible")
 RAG_STRATEGIES.register(
     "rerank",
-    RagStrategy(None, paper=False),
+    RagStrategy(None, paper=False, visibility="given"),
     help="in-context re-ranking once; the top paragraphs stay visible for the whole answer",
 )
 PAPER_STRATEGIES = tuple(entry.name for entry in RAG_STRATEGIES if entry.value.paper)  # the built-in default
