@@ -68,7 +68,14 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
         "mechanisms",
         [
             ("dynheads.ablation", "dynheads.ablation_strategies", "dynheads.ablation_forced"),
-            ("dynheads.kv", "dynheads.kv_policies", "dynheads.kvcache", "dynheads.presses", "dynheads.token_kv"),
+            (
+                "dynheads.kv",
+                "dynheads.kv_policies",
+                "dynheads.kvcache",
+                "dynheads.presses",
+                "dynheads.press_registry",
+                "dynheads.token_kv",
+            ),
             ("dynheads.rag",),
         ],
     ),

@@ -272,3 +272,35 @@ def test_dynheads_kv_runs_head_tokens_beside_snapkv_at_the_same_bytes(tmp_path, 
     assert table.loc["kvpress:head_tokens", "kv_fraction"] == table.loc["kvpress:snapkv", "kv_fraction"] < 0.5
     votes = run.manifest()["token_votes"]
     assert votes["voters"] == ["18-6", "17-3", "17-4", "16-0", "20-2", "14-8"] and votes["window"] == 32
+
+
+def test_listing_the_presses_imports_neither_kvpress_nor_torch():
+    """The registry's entries are lazy: ``--help`` and an unknown name's error list them without the heavy imports."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from dynheads.press_registry import KVPRESS_PRESSES; names = KVPRESS_PRESSES.names(); "
+        "assert 'snapkv' in names and 'head_tokens' in names, names; "
+        "assert 'torch' not in sys.modules and 'kvpress' not in sys.modules, 'imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+@needs_kvpress
+def test_a_press_registered_in_a_test_file_runs_at_the_matched_bytes(lm):
+    """Issue 35: a kvpress press is one registry entry, sized like the built-in ones."""
+    from dynheads.press_registry import KVPRESS_PRESSES, PressEntry
+    from dynheads.presses import press_generate
+
+    KVPRESS_PRESSES.register("random", PressEntry("kvpress:RandomPress"), help="kvpress's random eviction")
+    try:
+        ids = random_prompt(1)
+        settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0), (1, 1), (2, 0)))
+        knorm = press_generate(lm, ids, "knorm", settings, 4, stop_at_eos=False)
+        drawn = press_generate(lm, ids, "random", settings, 4, stop_at_eos=False)
+        assert check_press("kvpress:random") == "random"
+        assert len(drawn.tokens) == 4 and abs(drawn.kept_kv[0] - knorm.kept_kv[0]) <= 6  # the same matched ratio
+    finally:
+        KVPRESS_PRESSES.unregister("random")

@@ -36,11 +36,10 @@ from dynheads.heads import Head
 from dynheads.io import read_json
 from dynheads.kv import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
 from dynheads.models import LoadedModel, decode_text, with_cache
+from dynheads.press_registry import KVPRESS_PRESSES
 from dynheads.token_kv import POOL, WINDOW, token_scores
 
 PREFIX = "kvpress:"
-PRESSES = ("streaming_llm", "snapkv", "expected_attention", "knorm", "duo_attention", "head_tokens")
-HEAD_LIST_PRESSES = ("duo_attention", "head_tokens")  # driven by the static head list (--static FILE)
 EXTRA = "pip install 'dynheads[kvpress]' (kvpress 0.5.5, which needs transformers<5.3)"
 
 
@@ -51,9 +50,9 @@ def is_press(policy: str) -> bool:
 def check_press(policy: str) -> str:
     """The press name of a ``kvpress:<press>`` policy; a one-line error when unknown or kvpress is missing."""
     name = policy.removeprefix(PREFIX)
-    if name not in PRESSES:
+    if name not in KVPRESS_PRESSES:
         raise DynheadsError(
-            f"unknown kvpress policy {policy!r}: use kvpress:<press> with a press of {', '.join(PRESSES)}"
+            f"unknown kvpress policy {policy!r}: use kvpress:<press> with a press of {KVPRESS_PRESSES.choices()}"
         )
     require_kvpress()
     return name
@@ -212,20 +211,28 @@ def matched_ratio(lm: LoadedModel, settings: KVSettings, length: int) -> float:
 
 
 def make_press(name: str, lm: LoadedModel, settings: KVSettings, length: int):
-    kvpress = require_kvpress()
-    if name == "duo_attention":
-        k = kv_head_count(settings.budget, lm.num_layers, num_kv_heads(lm))
-        return head_list_press(settings.static_ranking[:k], sink=settings.sink, recent=settings.recent)
-    ratio = matched_ratio(lm, settings, length)
-    if name == "head_tokens":
-        return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent)
-    if name == "streaming_llm":
-        return kvpress.StreamingLLMPress(compression_ratio=ratio, n_sink=settings.sink)
-    if name == "snapkv":
-        return kvpress.SnapKVPress(compression_ratio=ratio)
-    if name == "expected_attention":
-        return kvpress.ExpectedAttentionPress(compression_ratio=ratio)
-    return kvpress.KnormPress(compression_ratio=ratio)
+    """The registered press ``name`` (``press_registry``) sized by ``settings``' budget at ``length`` cached tokens."""
+    require_kvpress()
+    entry = KVPRESS_PRESSES.get(name)
+    ratio = matched_ratio(lm, settings, length) if entry.sizing == "ratio" else None
+    if entry.is_kvpress:
+        return entry.target()(compression_ratio=ratio, **{arg: getattr(settings, key) for arg, key in entry.knobs})
+    return entry.target()(lm, settings, ratio)
+
+
+def duo_attention_press(lm: LoadedModel, settings: KVSettings, ratio: None):
+    """``kvpress:duo_attention``: the budget's best static KV heads whole (``head_list_press``)."""
+    return head_list_press(_whole_heads(lm, settings), sink=settings.sink, recent=settings.recent)
+
+
+def voted_tokens_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:head_tokens``: the static list's voters choose the tokens, at the matched ratio."""
+    return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent)
+
+
+def _whole_heads(lm: LoadedModel, settings: KVSettings) -> list[KVHead]:
+    """The static list's best KV heads the budget keeps whole."""
+    return list(settings.static_ranking[: kv_head_count(settings.budget, lm.num_layers, num_kv_heads(lm))])
 
 
 def press_generate(
@@ -241,7 +248,8 @@ def press_generate(
     (as ``dynheads.kv`` prefills), the resident KV read from the cache at every decode step."""
     from transformers import DynamicCache
 
-    if name in HEAD_LIST_PRESSES and not (settings.voters if name == "head_tokens" else settings.static_ranking):
+    entry = KVPRESS_PRESSES.get(name)
+    if entry.needs_static and not (settings.static_ranking or settings.voters):
         raise DynheadsError(f"kvpress:{name} is driven by a dynheads head list: pass --static FILE")
     if len(input_ids) < 2:
         raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
@@ -251,11 +259,7 @@ def press_generate(
     cache = DynamicCache(config=model.config)
     ids = torch.as_tensor(list(input_ids), dtype=torch.long, device=device)[None]
     num_kv = num_kv_heads(lm)
-    whole = (
-        list(settings.static_ranking[: kv_head_count(settings.budget, lm.num_layers, num_kv)])
-        if name == "duo_attention"
-        else []
-    )
+    whole = _whole_heads(lm, settings) if entry.sizing == "heads" else []
     result = KVResult(tokens=[], text="", stop_reason="max_new_tokens", budget_heads=len(whole))
     stop_ids = lm.stop_token_ids() if stop_at_eos else set()
     try:

@@ -56,7 +56,8 @@ from dynheads.kv import (
 from dynheads.kv_policies import KV_POLICIES, is_budget_free, is_dynamic
 from dynheads.models import LoadedModel
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
-from dynheads.presses import HEAD_LIST_PRESSES, PREFIX, PRESSES, check_press, is_press, press_generate
+from dynheads.press_registry import KVPRESS_PRESSES
+from dynheads.presses import PREFIX, check_press, is_press, press_generate
 from dynheads.resources import (
     HEAD_PREDICTOR,
     STATIC_HEADS,
@@ -81,8 +82,8 @@ class KVConfig(KVFields):
     def needs(self) -> set[str]:
         """The head sources the chosen policies and presses read (``resources``)."""
         registered = [KV_POLICIES.get(p) for p in self.policies if p in KV_POLICIES]
-        head_list_press = any(p.removeprefix(PREFIX) in HEAD_LIST_PRESSES for p in self.policies if is_press(p))
-        return needs_of(registered) | ({STATIC_HEADS} if head_list_press else set())
+        presses = [KVPRESS_PRESSES.get(p.removeprefix(PREFIX)) for p in self.policies if is_press(p)]
+        return needs_of([*registered, *presses])
 
     def jobs(self) -> list[tuple[str, float | None]]:
         """(policy, budget) pairs in run order; budget None for the budget-free policies."""
@@ -90,7 +91,7 @@ class KVConfig(KVFields):
         if unknown or not self.policies:
             raise DynheadsError(
                 f"unknown or no KV policies {unknown}: use some of {KV_POLICIES.choices()} or "
-                f"kvpress:<press> ({', '.join(PRESSES)})"
+                f"kvpress:<press> ({KVPRESS_PRESSES.choices()})"
             )
         presses = [p for p in self.policies if is_press(p)]
         for press in presses:
@@ -102,7 +103,7 @@ class KVConfig(KVFields):
             if entry.value.needs_static and not self.static:
                 raise DynheadsError(f"the {entry.name} KV policy needs a static head list: pass --static FILE")
         for press in presses:
-            if press.removeprefix(PREFIX) in HEAD_LIST_PRESSES and not self.static:
+            if KVPRESS_PRESSES.get(press.removeprefix(PREFIX)).needs_static and not self.static:
                 raise DynheadsError(f"{press} is driven by a dynheads head list: pass --static FILE")
         for entry in registered:
             if entry.value.needs_probe and not self.probe:

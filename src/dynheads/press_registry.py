@@ -1,0 +1,65 @@
+"""The kvpress presses that ``dynheads kv`` runs as ``kvpress:<press>`` policies: a registry of lazy entries
+(issue 35).
+
+An entry names what builds its press as ``"module:attribute"`` and is imported only when a run builds one, so
+listing the presses (``--help``, an unknown name's error) imports neither kvpress nor torch. ``kvpress:Class`` is a
+class of kvpress, built with the compression ratio and its ``knobs``; any other target is a dynheads function
+``build(lm, settings, ratio)``. ``sizing`` says how a KV budget sets the press's size: ``ratio``, a compression
+ratio holding the bytes of the static policy at the same budget (``presses.matched_ratio``), or ``heads``, the
+budget's whole KV heads of the static list (``ratio`` is then None). ``needs_static``: the press is driven by the
+static head list (``--static``). Register one from anywhere (a test file, a notebook)::
+
+    KVPRESS_PRESSES.register("tova", PressEntry("kvpress:TOVAPress"), help="TOVA: the last query's attention")
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dynheads.registry import Registry
+
+KVPRESS = "kvpress:"  # a build target in kvpress's own namespace
+
+
+@dataclass(frozen=True)
+class PressEntry:
+    build: str  # "kvpress:SnapKVPress", or "module:function" taking (lm, settings, ratio)
+    sizing: Literal["ratio", "heads"] = "ratio"
+    needs_static: bool = False  # driven by the static head list (--static FILE)
+    knobs: tuple[tuple[str, str], ...] = ()  # (press argument, KV setting it reads), e.g. ("n_sink", "sink")
+
+    def target(self) -> Any:
+        """What builds the press: the kvpress class or the dynheads function, imported now."""
+        module, _, name = (
+            ("kvpress", "", self.build.removeprefix(KVPRESS)) if self.is_kvpress else self.build.partition(":")
+        )
+        return getattr(importlib.import_module(module), name)
+
+    @property
+    def is_kvpress(self) -> bool:
+        return self.build.startswith(KVPRESS)
+
+
+KVPRESS_PRESSES = Registry[PressEntry]("kvpress press")
+KVPRESS_PRESSES.register(
+    "streaming_llm",
+    PressEntry("kvpress:StreamingLLMPress", knobs=(("n_sink", "sink"),)),
+    help="StreamingLLM: the sink and the most recent tokens",
+)
+KVPRESS_PRESSES.register("snapkv", PressEntry("kvpress:SnapKVPress"), help="SnapKV: an observation window's votes")
+KVPRESS_PRESSES.register(
+    "expected_attention", PressEntry("kvpress:ExpectedAttentionPress"), help="the attention future queries expect"
+)
+KVPRESS_PRESSES.register("knorm", PressEntry("kvpress:KnormPress"), help="the keys of smallest norm")
+KVPRESS_PRESSES.register(
+    "duo_attention",
+    PressEntry("dynheads.presses:duo_attention_press", sizing="heads", needs_static=True),
+    help="DuoAttention's press driven by the static list: its best KV heads whole, the others streaming",
+)
+KVPRESS_PRESSES.register(
+    "head_tokens",
+    PressEntry("dynheads.presses:voted_tokens_press", needs_static=True),
+    help="retrieval heads choose the tokens every KV head keeps (dynheads.token_kv)",
+)
