@@ -59,6 +59,11 @@ def grid_config(model_dir, static, **overrides) -> AblationConfig:
     return AblationConfig(**{**values, **overrides})
 
 
+def progressive_config(model_dir, tmp_path, **overrides) -> ProgressiveConfig:
+    values = dict(ks=(0, 1, 2), lengths=(200,), depths=(0.5,), runs=2, max_new_tokens=3, top_static=5)
+    return ProgressiveConfig(model=str(model_dir), static=ranked_file(tmp_path, 3, 4), **{**values, **overrides})
+
+
 def test_grid_records_matched_counts_cells_and_resume(tiny_model_dir, tiny_lm, tmp_path, fake_dynamic_sets):
     config = grid_config(tiny_model_dir, ranked_file(tmp_path, 3, 4), matching="mean")
     run = run_ablation(config, tmp_path / "grid", lm=tiny_lm, progress=False)
@@ -122,16 +127,7 @@ def test_fixed_strategy_masks_its_heads_at_every_step(tiny_model_dir, tiny_lm, t
 
 
 def test_progressive_summary_has_one_row_per_k(tiny_model_dir, tiny_lm, tmp_path, fake_dynamic_sets):
-    config = ProgressiveConfig(
-        model=str(tiny_model_dir),
-        ks=(2, 0, 1),
-        lengths=(200,),
-        depths=(0.5,),
-        runs=1,
-        max_new_tokens=3,
-        static=ranked_file(tmp_path, 3, 4),
-        top_static=5,
-    )
+    config = progressive_config(tiny_model_dir, tmp_path, ks=(2, 0, 1), runs=1)
     run = run_progressive(config, tmp_path / "prog", lm=tiny_lm, progress=False)
     assert len(run.records()) == 3
     table = pd.read_csv(tmp_path / "prog" / "progressive.csv")
@@ -294,16 +290,7 @@ def test_batched_grid_writes_the_records_of_batch_one(tiny_model_dir, tiny_lm, t
     three = run_ablation(config, tmp_path / "three", lm=tiny_lm, progress=False, batch_size=3)
     assert len(one.records()) == 3 * len(STRATEGIES) and one.records() == three.records()
     assert any(sum(r["masked_counts"]) for r in one.records())
-    progressive = ProgressiveConfig(
-        model=str(tiny_model_dir),
-        ks=(0, 1, 2),
-        lengths=(200,),
-        depths=(0.5,),
-        runs=2,
-        max_new_tokens=3,
-        static=ranked_file(tmp_path, 3, 4),
-        top_static=5,
-    )
+    progressive = progressive_config(tiny_model_dir, tmp_path)
     assert (
         run_progressive(progressive, tmp_path / "p1", lm=tiny_lm, progress=False).records()
         == run_progressive(progressive, tmp_path / "p4", lm=tiny_lm, progress=False, batch_size=4).records()
@@ -355,16 +342,7 @@ def test_a_samples_strategies_share_one_prefill_and_write_the_records_of_separat
 
 
 def test_progressive_ks_share_one_prefill_per_sample(tiny_model_dir, tiny_lm, tmp_path, counted_prefills, monkeypatch):
-    progressive = ProgressiveConfig(
-        model=str(tiny_model_dir),
-        ks=(0, 1, 2),
-        lengths=(200,),
-        depths=(0.5,),
-        runs=2,
-        max_new_tokens=3,
-        static=ranked_file(tmp_path, 3, 4),
-        top_static=5,
-    )
+    progressive = progressive_config(tiny_model_dir, tmp_path)
     shared = run_progressive(progressive, tmp_path / "shared", lm=tiny_lm, progress=False).records()
     assert len(counted_prefills) == 2 and len(shared) == 2 * 3
     prefill_per_row(monkeypatch)

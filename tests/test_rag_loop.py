@@ -167,8 +167,9 @@ def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir,
     assert again.records() == records  # the deleted answer is recomputed identically
 
 
-def test_rag_batch_size_four_equals_batch_one(tiny_lm, tiny_model_dir, tmp_path):
-    """``dynheads rag --batch-size 4``: four answers decode together; the records equal batch 1's."""
+def test_rag_batch_size_four_and_separate_prefills_equal_batch_one(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    """``dynheads rag --batch-size 4``: four answers decode together; the records equal batch 1's, which prefills each
+    question once for all its strategies (issue 36), and those of every answer prefilled alone."""
     static = tmp_path / "static.json"
     static.write_text(json.dumps([[layer, head] for layer in range(3) for head in range(4)]))
     config = RagConfig(
@@ -182,38 +183,19 @@ def test_rag_batch_size_four_equals_batch_one(tiny_lm, tiny_model_dir, tmp_path)
         draft_tokens=2,
         threshold=0.0,
     )
+    prefilled, real = [], loop.context_session
+    monkeypatch.setattr(loop, "context_session", lambda lm, ids, *a: prefilled.append(ids) or real(lm, ids, *a))
     one = run_rag(config, tmp_path / "b1", lm=tiny_lm, progress=False).records()
+    assert len(prefilled) == 3  # one per question, for its three strategies
     four = run_rag(config, tmp_path / "b4", lm=tiny_lm, progress=False, batch_size=4).records()
     assert len(one) == 3 * 3 and any(r["retrievals"] for r in one)  # the batches mix retrieving answers
     assert four == one
-
-
-def test_the_rag_run_prefills_each_question_once_and_writes_the_records_of_separate_prefills(
-    tiny_lm, tiny_model_dir, tmp_path, monkeypatch
-):
-    static = tmp_path / "static.json"
-    static.write_text(json.dumps([[layer, head] for layer in range(3) for head in range(4)]))
-    config = RagConfig(
-        model=str(tiny_model_dir),
-        static=str(static),
-        strategies=("static", "none", "fixed-random"),
-        ks=(2, 3),
-        questions=2,
-        lengths=(300,),
-        max_new_tokens=6,
-        draft_tokens=2,
-        threshold=0.0,
-    )
-    prefilled, real = [], loop.context_session
-    monkeypatch.setattr(loop, "context_session", lambda lm, ids, *a: prefilled.append(ids) or real(lm, ids, *a))
-    shared = run_rag(config, tmp_path / "shared", lm=tiny_lm, progress=False).records()
-    assert len(shared) == 2 * 5 and len(prefilled) == 2 and any(r["retrievals"] for r in shared)
     monkeypatch.setattr(
         loop,
         "shared_context_sessions",
         lambda lm, samples, s: [real(lm, x.input_ids, x.context_span, s) for x in samples],
     )
-    assert run_rag(config, tmp_path / "per-answer", lm=tiny_lm, progress=False).records() == shared
+    assert run_rag(config, tmp_path / "per-answer", lm=tiny_lm, progress=False).records() == one
 
 
 def test_the_last_drafted_token_receives_its_own_query_attention(tiny_lm, sample):
