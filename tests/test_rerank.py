@@ -46,14 +46,24 @@ def eager_attentions(model, ids: list[int]) -> list[torch.Tensor]:
     return [a[0].float() for a in out.attentions]
 
 
+SCORES = {
+    "paragraphs": SpanScore(query=(22, 27), spans=((1, 6), (6, 13), (15, 20))),
+    "per-key": SpanScore.per_key((22, 27), 24),  # one span per key (the token votes of dynheads.token_kv)
+}
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("split", [0, 14])  # one pass, or a cached prefix then the query part (as re-ranking runs)
-def test_span_mass_equals_eager_attention_averaged_over_query_rows(family, split):
+@pytest.mark.parametrize("spans", sorted(SCORES))
+def test_span_mass_equals_eager_attention_averaged_over_query_rows(family, split, spans, monkeypatch):
     model = tiny_model(family)
     lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
     torch.manual_seed(3)
     ids = torch.randint(3, 128, (30,)).tolist()
-    score = SpanScore(query=(22, 27), spans=((1, 6), (6, 13), (15, 20)))
+    score = SCORES[spans]
+    assert score.unit == (spans == "per-key")
+    if score.unit:  # a span per key never builds the [positions, spans] matrix (quadratic in a long prompt)
+        monkeypatch.setattr(SpanScore, "key_weights", lambda self: pytest.fail("built the span matrix"))
     session = DecodingSession(lm, ids, max_new_tokens=1)
     if split:
         session.forward(split)

@@ -354,7 +354,8 @@ class AttentionProbe:
 
     def set_span_score(self, score: SpanScore | None) -> None:
         """Reduce the attention of ``score.query`` rows over ``score.spans`` in the next passes (None: stop)."""
-        weights = None if score is None else score.key_weights().to(self.device)  # [positions, S]
+        unit = score is not None and score.unit  # one span per key: rows added per key, no [positions, S] matrix
+        weights = None if score is None or unit else score.key_weights().to(self.device)  # [positions, S]
         self._update(span_score=score, span_weights=weights)
 
     def _check_head(self, layer: int, head: int) -> None:
@@ -576,7 +577,7 @@ def _record_spans(
     score's query positions, averaged over those rows (so passes with different row counts compare, as ICR's
     calibration needs) and summed over each key span. Rows come ``SPAN_CHUNK`` at a time."""
     score, weights, span_mass = probe.settings.span_score, probe.settings.span_weights, probe.span_mass
-    assert score is not None and weights is not None and span_mass is not None  # set with the span score
+    assert score is not None and span_mass is not None  # set with the span score (weights: None for unit spans)
     batch, num_heads, q_len, head_dim = query.shape
     num_kv, kv_len = key.shape[1], key.shape[2]
     if batch != 1:
@@ -590,17 +591,20 @@ def _record_spans(
         )
     offset = probe.last_positions[0] - (kv_len - 1)
     key_positions = torch.arange(kv_len, device=key.device) + offset
-    inside = (key_positions >= 0) & (key_positions < weights.shape[0])
-    span_weights = torch.where(
-        inside[:, None], weights.to(key.device)[key_positions.clamp(0, weights.shape[0] - 1)], 0.0
-    )  # [kv, S]
+    spans = len(score.spans)
+    inside = (key_positions >= 0) & (key_positions < (spans if weights is None else weights.shape[0]))
+    span_weights = (
+        None
+        if weights is None
+        else torch.where(inside[:, None], weights.to(key.device)[key_positions.clamp(0, weights.shape[0] - 1)], 0.0)
+    )  # [kv, S]; None: one span per key
     mask = (
         attention_mask
         if attention_mask is not None
         else _causal_mask(q_len, kv_len, kwargs.get("sliding_window"), query.device)
     )
     groups = num_heads // num_kv
-    total = torch.zeros(num_heads, weights.shape[1], dtype=torch.float32, device=query.device)
+    total = torch.zeros(num_heads, spans, dtype=torch.float32, device=query.device)
     for chunk in range(start, stop, SPAN_CHUNK):
         end = min(chunk + SPAN_CHUNK, stop)
         rows = query[0, :, chunk:end].reshape(num_kv, groups * (end - chunk), head_dim)
@@ -613,7 +617,10 @@ def _record_spans(
         if hidden is not None:
             visible = visible & ~hidden[0][None]
         probs = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1, dtype=torch.float32)
-        total += torch.matmul(probs.sum(dim=1), span_weights)  # [H, S]
+        if span_weights is None:  # span s is key position s
+            total.index_add_(1, key_positions[inside], probs.sum(dim=1)[:, inside])
+        else:
+            total += torch.matmul(probs.sum(dim=1), span_weights)  # [H, S]
     span_mass[0, layer] = total / (stop - start)  # the mean over query rows
 
 

@@ -261,6 +261,17 @@ class SpanScore:
         if any(b > c for (_, b), (c, _) in zip(ordered, ordered[1:], strict=False)):
             raise DynheadsError("the key spans of a span score overlap")
 
+    @classmethod
+    def per_key(cls, query: tuple[int, int], keys: int) -> SpanScore:
+        """One span per key position ``0 .. keys - 1``: the mean attention row itself (``unit``)."""
+        return cls(query, tuple((position, position + 1) for position in range(keys)))
+
+    @property
+    def unit(self) -> bool:
+        """Span s is key position s, for every s: the probe adds the rows up per key, with no ``[keys, S]`` matrix
+        (a span per key of a long prompt would make that matrix quadratic in its length)."""
+        return all(span == (index, index + 1) for index, span in enumerate(self.spans))
+
     def key_weights(self) -> torch.Tensor:
         """Float ``[positions, S]``: 1 where key position p lies in span s (what the probe multiplies rows by)."""
         size = max(stop for _, stop in self.spans)

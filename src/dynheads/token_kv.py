@@ -9,7 +9,8 @@ token brings its neighbours: a needle is several tokens). Every KV head then kee
 compression ratio ``ratio`` (kvpress's count, so its resident bytes equal a kvpress press's at the same ratio).
 
 The rows are the attention probe's exact ones (model-dtype matmul, fp32 softmax over every key the row sees): a
-``scores.SpanScore`` with one span per key, measured in the prefill pass itself (no ``output_attentions``).
+``scores.SpanScore`` with one span per key (``SpanScore.per_key``: the rows are added up per key, memory linear in
+the prompt's length), measured in the prefill pass itself (no ``output_attentions``).
 ``presses.head_tokens_press`` is the same policy as a kvpress press; ``tests/test_kvpress.py`` checks that both keep
 the same tokens.
 """
@@ -66,7 +67,7 @@ def window_votes(lm: LoadedModel, input_ids: Sequence[int], voters: Sequence[Hea
     length = len(input_ids) - 1
     check_votes(lm, length, voters, window)
     session = DecodingSession(lm, input_ids, max_new_tokens=1)
-    session.probe.set_span_score(SpanScore((length - window, length), tuple((p, p + 1) for p in range(length))))
+    session.probe.set_span_score(SpanScore.per_key((length - window, length), length))
     mass = session.forward(length).stats.span_mass  # [L, H, n]: each key its own span
     assert mass is not None  # measured under the span score set above
     layers, heads = zip(*voters, strict=True)
