@@ -91,3 +91,38 @@ def test_the_paper_preset_says_where_every_value_comes_from():
     assert all(
         text.split(":")[0] in ("paper", "inferred") or text.startswith(("Wu et al.", "paper range")) for text in texts
     )
+
+
+def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 35: a study stage is one registry entry (``reproduce.STUDY``, in the order registered) under a name the
+    stage registry knows; ``reproduce`` is a loop over them, logging each one's time or why it failed."""
+    from dynheads import stages
+    from dynheads.errors import DynheadsError
+    from dynheads.registry import Registry
+    from dynheads.runs import RunDir
+
+    study = Registry(reproduce_module.STUDY.kind)  # this study: the registered NIAH trace, then two stages of ours
+    study.register(stages.NIAH, reproduce_module.STUDY.get(stages.NIAH), help="the traced grid")
+    monkeypatch.setattr(reproduce_module, "STUDY", study)
+    stages.STAGES.register("count-steps", "count-steps", help="steps per traced sample")
+    stages.STAGES.register("always-fails", "always-fails", help="a stage this model cannot support")
+    try:
+
+        @study.register("count-steps", help="steps per traced sample")
+        def count_steps(run: reproduce_module.Study) -> None:
+            records = RunDir(run.folder(stages.NIAH)).records()
+            run.folder("count-steps").mkdir()
+            (run.folder("count-steps") / "steps.txt").write_text(str(sum(r["steps"] for r in records)))
+
+        @study.register("always-fails", help="a stage this model cannot support")
+        def always_fails(run: reproduce_module.Study) -> None:
+            raise DynheadsError("no support on this model")
+
+        out = reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=tiny_lm)
+        log = read_json(out / "stages.json")
+        assert list(log) == [stages.NIAH, "count-steps", "always-fails"]
+        assert int((out / "count-steps" / "steps.txt").read_text()) > 0
+        assert log["always-fails"]["error"] == "no support on this model"
+    finally:
+        stages.STAGES.unregister("count-steps")
+        stages.STAGES.unregister("always-fails")

@@ -1,5 +1,8 @@
 """``dynheads reproduce``: every stage of the paper in order, into sub-folders of one directory.
 
+A stage of the study is one entry of ``STUDY`` (a function of the ``Study``: it builds its config from the preset's
+table and runs into its folder), registered under its ``stages`` name; ``reproduce`` runs the entries in order.
+
 Each stage is resumable on its own (run directories skip finished samples; analysis stages are skipped when
 their output exists), so an interrupted ``reproduce`` continues where it stopped and ends with the same
 stage outputs. Stage wall times are recorded in ``stages.json``. The report (``dynheads.report.write_report``)
@@ -9,11 +12,13 @@ the report.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Unpack
 
@@ -32,6 +37,7 @@ from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run
 from dynheads.experiments.threshold_fit import ThresholdFit, fit_threshold
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
+from dynheads.registry import Registry
 from dynheads.runs import RunDir, RunOptions
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD
 from dynheads.tasks.hotpotqa import HOTPOTQA
@@ -98,7 +104,8 @@ class _Stages:
 def reproduce(
     config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
 ) -> Path:
-    """Run the whole study into ``out`` (one sub-folder per stage); returns ``out``, ready for ``write_report``."""
+    """Run the whole study into ``out`` (one sub-folder per stage of ``STUDY``, in order); returns ``out``, ready
+    for ``write_report``."""
     if config.preset not in PRESETS:
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
     preset, out = PRESETS[config.preset], Path(out)
@@ -113,16 +120,14 @@ def reproduce(
             **({"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {}),
         },
     )
-    study = _Study(config, preset, out, lm, progress, _Stages(out))
-    _niah_stages(study)
-    questions = _Questions.of(study)
-    _hotpotqa_trace_stages(study, questions)
-    _hotpotqa_ablation_stages(study, questions)
+    study = Study(config, preset, out, lm, progress, _Stages(out))
+    for entry in STUDY:
+        study.log.run(entry.name, partial(entry.value, study))
     return out
 
 
 @dataclass(frozen=True)
-class _Study:
+class Study:
     """What every stage of one study shares: its config and preset, its folder, the model and the stage log."""
 
     config: ReproduceConfig
@@ -138,8 +143,13 @@ class _Study:
         common = dict(model=config.model, seed=config.seed, dtype=config.dtype, device=config.device)
         return {**stage_settings(self.preset, stage), **common, **extra}
 
-    def run(self, name: str, fn: Callable[[], object]) -> None:
-        self.log.run(name, fn)
+    def folder(self, stage: str) -> Path:
+        return self.out / stage
+
+    @property
+    def options(self) -> RunOptions:
+        """What every runner of the study is given: the loaded model, and whether to draw progress bars."""
+        return {"lm": self.lm, "progress": self.progress}
 
     @property
     def static_file(self) -> Path:
@@ -155,41 +165,70 @@ class _Study:
         """The CCA's temporal offsets (NIAH's and HotpotQA's)."""
         return stage_settings(self.preset, stages.CCA)["offsets"]
 
+    @functools.cached_property
+    def questions(self) -> Questions:
+        return Questions.of(self)
 
-def _niah_stages(study: _Study) -> None:
-    """NIAH: the traced grid, the static list, dynamism and Figure 1, the ablations, CCA and the probe."""
-    out, lm, progress, static_file = study.out, study.lm, study.progress, study.static_file
-    niah = NiahConfig(**study.settings(stages.NIAH))
-    study.run(stages.NIAH, lambda: run_niah(niah, out / stages.NIAH, lm=lm, progress=progress))
-    static = StaticConfig(**study.settings(stages.STATIC))
-    study.run(stages.STATIC, lambda: run_static(static, out / stages.STATIC, lm=lm, progress=progress))
-    study.run(
-        stages.DYNAMISM,
-        lambda: (
-            dynamism_report(out / stages.NIAH, static_file, static_kind="copy", out_dir=out / stages.DYNAMISM),
-            plot_heads(out / stages.NIAH, _best_samples(out / stages.NIAH, 2), out_dir=out / stages.DYNAMISM),
-        ),
-    )
-    ablation = AblationConfig(**study.settings(stages.ABLATION, static=str(static_file)))
-    study.run(stages.ABLATION, lambda: run_claim2(ablation, out / stages.ABLATION, lm=lm, progress=progress))
-    progressive = ProgressiveConfig(**study.settings(stages.PROGRESSIVE, static=str(static_file)))
-    study.run(
-        stages.PROGRESSIVE, lambda: run_progressive(progressive, out / stages.PROGRESSIVE, lm=lm, progress=progress)
-    )
+
+# A study stage: ``run(study)`` builds the stage's config from the study's preset and runs it into
+# ``study.folder(name)``. ``reproduce`` runs them in registration order; each name is a registered ``stages`` name.
+STUDY = Registry[Callable[[Study], object]]("study stage")
+
+
+def study_stage(name: str) -> Callable[[Callable[[Study], object]], Callable[[Study], object]]:
+    """Register the decorated function as the study's stage ``name`` (its help: the ``stages`` entry's)."""
+    return STUDY.register(name, help=stages.STAGES.help(name))
+
+
+# ---- NIAH: the traced grid, the static list, dynamism and Figure 1, the ablations, CCA and the probe -------------
+@study_stage(stages.NIAH)
+def _niah(study: Study) -> object:
+    return run_niah(NiahConfig(**study.settings(stages.NIAH)), study.folder(stages.NIAH), **study.options)
+
+
+@study_stage(stages.STATIC)
+def _static(study: Study) -> object:
+    return run_static(StaticConfig(**study.settings(stages.STATIC)), study.folder(stages.STATIC), **study.options)
+
+
+@study_stage(stages.DYNAMISM)
+def _dynamism(study: Study) -> object:
+    niah, out = study.folder(stages.NIAH), study.folder(stages.DYNAMISM)
+    dynamism_report(niah, study.static_file, static_kind="copy", out_dir=out)
+    return plot_heads(niah, _best_samples(niah, 2), out_dir=out)
+
+
+@study_stage(stages.ABLATION)
+def _ablation(study: Study) -> object:
+    config = AblationConfig(**study.settings(stages.ABLATION, static=str(study.static_file)))
+    return run_claim2(config, study.folder(stages.ABLATION), **study.options)
+
+
+@study_stage(stages.PROGRESSIVE)
+def _progressive(study: Study) -> object:
+    config = ProgressiveConfig(**study.settings(stages.PROGRESSIVE, static=str(study.static_file)))
+    return run_progressive(config, study.folder(stages.PROGRESSIVE), **study.options)
+
+
+@study_stage(stages.CCA)
+def _cca(study: Study) -> object:
     cca = CCAConfig(seed=study.config.seed)
-    offsets = study.offsets
-    study.run(stages.CCA, lambda: cca_report(out / stages.NIAH, offsets, cca, out_dir=out / stages.CCA))
-    probe_config = study.probe_config
-    study.run(
-        stages.PROBE,
-        lambda: train_probe_on_run(
-            out / stages.NIAH, probe_config, out_dir=out / stages.PROBE, device=str(lm.device), progress=progress
-        ),
+    return cca_report(study.folder(stages.NIAH), study.offsets, cca, out_dir=study.folder(stages.CCA))
+
+
+@study_stage(stages.PROBE)
+def _probe(study: Study) -> object:
+    return train_probe_on_run(
+        study.folder(stages.NIAH),
+        study.probe_config,
+        out_dir=study.folder(stages.PROBE),
+        device=str(study.lm.device),
+        progress=study.progress,
     )
 
 
 @dataclass(frozen=True)
-class _Questions:
+class Questions:
     """What the HotpotQA-side stages share: the questions' source and task, the disjoint question streams, the
     reasoning head list, and Eq. 2's threshold rule with the traces it is fitted on."""
 
@@ -201,7 +240,7 @@ class _Questions:
     fit_stream: Path
 
     @classmethod
-    def of(cls, study: _Study) -> _Questions:
+    def of(cls, study: Study) -> Questions:
         data = study.config.hotpotqa or study.preset.get("qa_source")  # a HotpotQA file, when given, always wins
         return cls(
             data=data,
@@ -219,96 +258,91 @@ class _Questions:
     def fit(self) -> ThresholdFit:  # fitted when a stage needs it: the static stage may have failed
         return fit_threshold(self.threshold, self.task.score_kind, self.fit_stream)
 
+    def grid(self, study: Study, stage: str, stream: str, **extra) -> dict:
+        """A QA stage's settings on its own question stream."""
+        return study.settings(stage, data=self.data, first=self.streams[stream].first, **extra)
 
-def _hotpotqa_trace_stages(study: _Study, qa: _Questions) -> None:
-    """HotpotQA: the reasoning static list, the traced analysis stream, its dynamism, CCA and probe."""
-    out, lm, progress, score = study.out, study.lm, study.progress, qa.task.score_kind
-    reasoning = StaticReasoningConfig(
-        **study.settings(stages.HOTPOTQA_STATIC, data=qa.data, first=qa.streams["static"].first)
-    )
-    study.run(
-        stages.HOTPOTQA_STATIC,
-        lambda: run_static_reasoning(reasoning, out / stages.HOTPOTQA_STATIC, lm=lm, progress=progress),
-    )
-    hotpot = HotpotConfig(
-        **study.settings(stages.HOTPOTQA, data=qa.data, first=qa.streams["analysis"].first, split="analysis")
-    )
-    study.run(stages.HOTPOTQA, lambda: run_hotpotqa(hotpot, out / stages.HOTPOTQA, lm=lm, progress=progress))
+
+# ---- HotpotQA: the reasoning static list, the traced analysis stream, its dynamism, CCA and probe ----------------
+@study_stage(stages.HOTPOTQA_STATIC)
+def _hotpotqa_static(study: Study) -> object:
+    config = StaticReasoningConfig(**study.questions.grid(study, stages.HOTPOTQA_STATIC, "static"))
+    return run_static_reasoning(config, study.folder(stages.HOTPOTQA_STATIC), **study.options)
+
+
+@study_stage(stages.HOTPOTQA)
+def _hotpotqa(study: Study) -> object:
+    config = HotpotConfig(**study.questions.grid(study, stages.HOTPOTQA, "analysis", split="analysis"))
+    return run_hotpotqa(config, study.folder(stages.HOTPOTQA), **study.options)
+
+
+@study_stage(stages.HOTPOTQA_DYNAMISM)
+def _hotpotqa_dynamism(study: Study) -> object:
+    qa, traced, out = study.questions, study.folder(stages.HOTPOTQA), study.folder(stages.HOTPOTQA_DYNAMISM)
     # Claim 1 compares with the task's own static list (the reasoning list for Eq. 2 tasks), issue 21 item 4
-    qa_static = {"copy": study.static_file, "reasoning": qa.reasoning_file}[qa.task.static_kind]
-    study.run(
-        stages.HOTPOTQA_DYNAMISM,
-        lambda: (
-            dynamism_report(
-                out / stages.HOTPOTQA,
-                qa_static,
-                score=score,
-                threshold=qa.threshold,
-                fit_run=qa.fit_stream,
-                static_kind=qa.task.static_kind,
-                out_dir=out / stages.HOTPOTQA_DYNAMISM,
-            ),
-            plot_heads(
-                out / stages.HOTPOTQA,
-                _best_samples(out / stages.HOTPOTQA, 1, metric="f1"),
-                score=score,
-                out_dir=out / stages.HOTPOTQA_DYNAMISM,
-            ),
-        ),
+    static = {"copy": study.static_file, "reasoning": qa.reasoning_file}[qa.task.static_kind]
+    score = qa.task.score_kind
+    dynamism_report(
+        traced,
+        static,
+        score=score,
+        threshold=qa.threshold,
+        fit_run=qa.fit_stream,
+        static_kind=qa.task.static_kind,
+        out_dir=out,
     )
-    cca, offsets = CCAConfig(seed=study.config.seed), study.offsets
-    study.run(
-        stages.HOTPOTQA_CCA,
-        lambda: cca_report(out / stages.HOTPOTQA, offsets, cca, score=score, out_dir=out / stages.HOTPOTQA_CCA),
-    )
-    probe_config = study.probe_config
-    study.run(
-        stages.HOTPOTQA_PROBE,
-        lambda: train_probe_on_run(
-            out / stages.HOTPOTQA,
-            probe_config,
-            score=score,
-            out_dir=out / stages.HOTPOTQA_PROBE,
-            device=str(lm.device),
-            progress=progress,
-        ),
+    return plot_heads(traced, _best_samples(traced, 1, metric="f1"), score=score, out_dir=out)
+
+
+@study_stage(stages.HOTPOTQA_CCA)
+def _hotpotqa_cca(study: Study) -> object:
+    cca, score = CCAConfig(seed=study.config.seed), study.questions.task.score_kind
+    return cca_report(
+        study.folder(stages.HOTPOTQA), study.offsets, cca, score=score, out_dir=study.folder(stages.HOTPOTQA_CCA)
     )
 
 
-def _hotpotqa_ablation_stages(study: _Study, qa: _Questions) -> None:
-    """HotpotQA: the Eq. 2 ablations (at the fitted threshold) and RAG, each on its own question stream."""
-    out, lm, progress = study.out, study.lm, study.progress
-    hotpot_task = dict(task=qa.task.name, data=qa.data, static=str(qa.reasoning_file))
-    hotpot_ablation = AblationConfig(
-        **study.settings(stages.HOTPOTQA_ABLATION, first=qa.streams["ablation"].first, split="ablation", **hotpot_task)
+@study_stage(stages.HOTPOTQA_PROBE)
+def _hotpotqa_probe(study: Study) -> object:
+    return train_probe_on_run(
+        study.folder(stages.HOTPOTQA),
+        study.probe_config,
+        score=study.questions.task.score_kind,
+        out_dir=study.folder(stages.HOTPOTQA_PROBE),
+        device=str(study.lm.device),
+        progress=study.progress,
     )
-    study.run(
-        stages.HOTPOTQA_ABLATION,
-        lambda: fitted_ablation(
-            run_claim2, hotpot_ablation, qa.fit(), out / stages.HOTPOTQA_ABLATION, lm=lm, progress=progress
-        ),
+
+
+# ---- HotpotQA: the Eq. 2 ablations (at the fitted threshold) and RAG, each on its own question stream ------------
+def _qa_ablation_task(qa: Questions) -> dict:
+    return dict(task=qa.task.name, static=str(qa.reasoning_file))
+
+
+@study_stage(stages.HOTPOTQA_ABLATION)
+def _hotpotqa_ablation(study: Study) -> object:
+    qa = study.questions
+    extra = dict(split="ablation", **_qa_ablation_task(qa))
+    config = AblationConfig(**qa.grid(study, stages.HOTPOTQA_ABLATION, "ablation", **extra))
+    return fitted_ablation(run_claim2, config, qa.fit(), study.folder(stages.HOTPOTQA_ABLATION), **study.options)
+
+
+@study_stage(stages.HOTPOTQA_PROGRESSIVE)
+def _hotpotqa_progressive(study: Study) -> object:
+    qa = study.questions
+    extra = dict(split="progressive", **_qa_ablation_task(qa))
+    config = ProgressiveConfig(**qa.grid(study, stages.HOTPOTQA_PROGRESSIVE, "progressive", **extra))
+    return fitted_ablation(
+        run_progressive, config, qa.fit(), study.folder(stages.HOTPOTQA_PROGRESSIVE), **study.options
     )
-    hotpot_progressive = ProgressiveConfig(
-        **study.settings(
-            stages.HOTPOTQA_PROGRESSIVE, first=qa.streams["progressive"].first, split="progressive", **hotpot_task
-        )
-    )
-    study.run(
-        stages.HOTPOTQA_PROGRESSIVE,
-        lambda: fitted_ablation(
-            run_progressive, hotpot_progressive, qa.fit(), out / stages.HOTPOTQA_PROGRESSIVE, lm=lm, progress=progress
-        ),
-    )
-    rag = RagConfig(
-        **study.settings(
-            stages.RAG,
-            probe=str(out / stages.HOTPOTQA_PROBE),
-            static=str(qa.reasoning_file),
-            data=qa.data,
-            first=qa.streams["rag"].first,
-        )
-    )
-    study.run(stages.RAG, lambda: run_rag(rag, out / stages.RAG, lm=lm, progress=progress))
+
+
+@study_stage(stages.RAG)
+def _rag(study: Study) -> object:
+    qa = study.questions
+    probe = str(study.folder(stages.HOTPOTQA_PROBE))
+    config = RagConfig(**qa.grid(study, stages.RAG, "rag", probe=probe, static=str(qa.reasoning_file)))
+    return run_rag(config, study.folder(stages.RAG), **study.options)
 
 
 def fitted_ablation(
