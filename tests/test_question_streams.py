@@ -199,9 +199,9 @@ def test_zero_score_heads_are_never_used_as_static_heads(tiny_lm, tmp_path):
     assert ranked.heads[:3] == ((2, 3), (0, 0), (0, 1))  # the file ranks zero heads in index order: the old filler
     assert scored_heads(ranked) == ((2, 3),)
 
-    from dynheads.experiments.ablation import static_ranking
+    from dynheads.resources import Evaluated, static_heads
 
-    assert static_ranking(path, tiny_lm) == ((2, 3),)
+    assert static_heads(path, (tiny_lm.num_layers, tiny_lm.num_heads), Evaluated("a run")).ranking == ((2, 3),)
     config = RagConfig(
         static=path,
         strategies=("static",),

@@ -69,7 +69,7 @@ def test_a_question_source_is_refused_on_a_shared_question(tmp_path):
     with pytest.raises(DynheadsError, match="records no training questions"):
         fit_record(tmp_path / "probe", HEAD_PREDICTOR, evaluated)
     (tmp_path / "probe" / "questions.json").write_text(json.dumps({"train": ["q3"], "validation": []}))
-    with pytest.raises(DynheadsError, match="head predictor in .* fitted on 1 of the questions"):
+    with pytest.raises(DynheadsError, match="the probe in .* fitted on 1 of the questions"):
         fit_record(tmp_path / "probe", HEAD_PREDICTOR, evaluated)
 
 
@@ -79,7 +79,12 @@ def test_a_static_list_fitted_on_the_evaluated_stream_is_refused_and_its_stream_
         json.dumps({"split": "static", "num_tests": 4, "config": {"seed": 2}})
     )
     record = fit_record(listed, STATIC_HEADS, Evaluated("this run", split="analysis"))
-    assert record["file"] == str(listed) and record["fitted_on"] == {"split": "static", "tests": 4, "seed": 2}
+    assert record["file"] == str(listed) and record["fitted_on"] == {
+        "split": "static",
+        "tests": 4,
+        "counted": None,
+        "seed": 2,
+    }
     with pytest.raises(DynheadsError, match="fitted on the 'static' stream, the one evaluated here"):
         fit_record(listed, STATIC_HEADS, Evaluated("this run", split="static"))
 

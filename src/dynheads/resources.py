@@ -62,7 +62,7 @@ def fit_record(path: str | Path, what: str, evaluated: Evaluated) -> dict[str, A
     if evaluated.samples:
         record |= _refuse_shared_samples(path, what, evaluated)
     elif what == HEAD_PREDICTOR:
-        refuse_overlap(predictor_questions(path), f"the {what} in {path}", evaluated.questions, evaluated.run)
+        refuse_overlap(predictor_questions(path), f"the probe in {path}", evaluated.questions, evaluated.run)
         record["checked"] = "question ids"
     elif evaluated.questions:
         record["checked"] = _refuse_shared_questions(path, evaluated)

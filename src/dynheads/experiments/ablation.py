@@ -537,7 +537,7 @@ def start_grid(
         static=config.static,
         predictor=None,
         shape=(lm.num_layers, lm.num_heads),
-        evaluated=grid_evaluated(task, task_config.split, samples, f"this {kind} run"),
+        evaluated=grid_evaluated(task, getattr(task_config, "split", None), samples, f"this {kind} run"),
     )
     static = sources.static.ranking if sources.static else ()
     run = RunDir(out)
@@ -558,7 +558,7 @@ def start_grid(
     return run, samples, static
 
 
-def grid_evaluated(task: Task, split: str, samples: Sequence, run: str) -> Evaluated:
+def grid_evaluated(task: Task, split: str | None, samples: Sequence, run: str) -> Evaluated:
     """What a grid evaluates: its question ids (a question task), its samples' seeds and needle values (a seeded
     task such as NIAH), and its stream."""
     if task.questions:

@@ -80,10 +80,13 @@ class KVConfig(KVFields):
         return NiahConfig(**pieces_of(self, NiahGrid, ModelSettings), split=self.split)
 
     def needs(self) -> set[str]:
-        """The head sources the chosen policies and presses read (``resources``)."""
+        """The head sources the run reads (``resources``): those the chosen policies and presses declare, and any
+        source given (the full policy's decoding measures a given predictor; the manifest lists a given list's
+        heads per budget)."""
         registered = [KV_POLICIES.get(p) for p in self.policies if p in KV_POLICIES]
         presses = [KVPRESS_PRESSES.get(p.removeprefix(PREFIX)) for p in self.policies if is_press(p)]
-        return needs_of([*registered, *presses])
+        given = {STATIC_HEADS} if self.static else set()
+        return needs_of([*registered, *presses]) | given | ({HEAD_PREDICTOR} if self.probe else set())
 
     def jobs(self) -> list[tuple[str, float | None]]:
         """(policy, budget) pairs in run order; budget None for the budget-free policies."""

@@ -122,6 +122,7 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
         },
     )
     rows = batch_size_of(options)
+    together: RunOptions = {**options, "batch_size": rows * len(jobs)}
     run_jobs(  # a question's (strategy, k) jobs: one call, one prefill of its prompt
         run,
         [
@@ -131,7 +132,7 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
         ],
         _RagAnswerer(lm, config, task, ranking, predict_top, config.settings(), rows),
         desc="rag",
-        **{**options, "batch_size": rows * len(jobs)},
+        **together,
     )
     if distributed.is_main():  # rank 0 writes the tables once every process has finished
         run.write_results()

@@ -320,21 +320,19 @@ def _qa_ablation_task(qa: Questions) -> dict:
 
 
 @study_stage(stages.HOTPOTQA_ABLATION)
-def _hotpotqa_ablation(study: Study) -> object:
+def _hotpotqa_ablation(study: Study) -> None:
     qa = study.questions
     extra = dict(split="ablation", **_qa_ablation_task(qa))
     config = AblationConfig(**qa.grid(study, stages.HOTPOTQA_ABLATION, "ablation", **extra))
-    return fitted_ablation(run_claim2, config, qa.fit(), study.folder(stages.HOTPOTQA_ABLATION), **study.options)
+    fitted_ablation(run_claim2, config, qa.fit(), study.folder(stages.HOTPOTQA_ABLATION), **study.options)
 
 
 @study_stage(stages.HOTPOTQA_PROGRESSIVE)
-def _hotpotqa_progressive(study: Study) -> object:
+def _hotpotqa_progressive(study: Study) -> None:
     qa = study.questions
     extra = dict(split="progressive", **_qa_ablation_task(qa))
     config = ProgressiveConfig(**qa.grid(study, stages.HOTPOTQA_PROGRESSIVE, "progressive", **extra))
-    return fitted_ablation(
-        run_progressive, config, qa.fit(), study.folder(stages.HOTPOTQA_PROGRESSIVE), **study.options
-    )
+    fitted_ablation(run_progressive, config, qa.fit(), study.folder(stages.HOTPOTQA_PROGRESSIVE), **study.options)
 
 
 @study_stage(stages.RAG)
