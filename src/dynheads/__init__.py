@@ -60,6 +60,7 @@ _EXPORTS = exports_by_name(
         "dynheads.kv_policies": ("KV_POLICIES", "retention_policy"),
         "dynheads.ablation_strategies": ("ABLATION_STRATEGIES", "ablation_strategy"),
         "dynheads.rag.strategies": ("RAG_STRATEGIES", "RagStrategy"),
+        "dynheads.press_registry": ("KVPRESS_PRESSES", "PressEntry"),
         "dynheads.stages": ("STAGES",),
         # ablation, KV retention, hallucination detection
         "dynheads.ablation": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),

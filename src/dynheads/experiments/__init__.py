@@ -25,6 +25,7 @@ _EXPORTS = exports_by_name(
         "dynheads.experiments.rag": ("RagConfig", "run_rag", "rag_table"),
         "dynheads.experiments.kv": ("KVConfig", "run_kv"),
         "dynheads.experiments.rerank": ("RerankConfig", "run_rerank", "summarise_scored"),
+        "dynheads.experiments.rerank_strategies": ("RERANK_STRATEGIES", "RerankStrategy", "Candidates"),
         "dynheads.experiments.detect": ("DetectConfig", "run_detect", "apply_detector"),
         "dynheads.experiments.halueval": ("HaluevalConfig", "trace_halueval", "run_transfer"),
         "dynheads.experiments.reproduce": ("ReproduceConfig", "run_reproduce=reproduce"),

@@ -315,24 +315,33 @@ def _hotpotqa_probe(study: Study) -> object:
 
 
 # ---- HotpotQA: the Eq. 2 ablations (at the fitted threshold) and RAG, each on its own question stream ------------
-def _qa_ablation_task(qa: Questions) -> dict:
-    return dict(task=qa.task.name, static=str(qa.reasoning_file))
-
-
-@study_stage(stages.HOTPOTQA_ABLATION)
-def _hotpotqa_ablation(study: Study) -> None:
+def _qa_ablation(study: Study, stage: str, stream: str, config_type: type, run: Callable[..., object]) -> None:
+    """An Eq. 2 ablation stage (``run``: ``run_claim2`` or ``run_progressive``) on its own question stream, with the
+    reasoning list as its static list and the fitted threshold (``fitted_ablation``)."""
     qa = study.questions
-    extra = dict(split="ablation", **_qa_ablation_task(qa))
-    config = AblationConfig(**qa.grid(study, stages.HOTPOTQA_ABLATION, "ablation", **extra))
-    fitted_ablation(run_claim2, config, qa.fit(), study.folder(stages.HOTPOTQA_ABLATION), **study.options)
+    extra = dict(split=stream, task=qa.task.name, static=str(qa.reasoning_file))
+    config = config_type(**qa.grid(study, stage, stream, **extra))
+    fitted_ablation(run, config, qa.fit(), study.folder(stage), **study.options)
 
 
-@study_stage(stages.HOTPOTQA_PROGRESSIVE)
-def _hotpotqa_progressive(study: Study) -> None:
-    qa = study.questions
-    extra = dict(split="progressive", **_qa_ablation_task(qa))
-    config = ProgressiveConfig(**qa.grid(study, stages.HOTPOTQA_PROGRESSIVE, "progressive", **extra))
-    fitted_ablation(run_progressive, config, qa.fit(), study.folder(stages.HOTPOTQA_PROGRESSIVE), **study.options)
+STUDY.register(
+    stages.HOTPOTQA_ABLATION,
+    partial(
+        _qa_ablation, stage=stages.HOTPOTQA_ABLATION, stream="ablation", config_type=AblationConfig, run=run_claim2
+    ),
+    help=stages.STAGES.help(stages.HOTPOTQA_ABLATION),
+)
+STUDY.register(
+    stages.HOTPOTQA_PROGRESSIVE,
+    partial(
+        _qa_ablation,
+        stage=stages.HOTPOTQA_PROGRESSIVE,
+        stream="progressive",
+        config_type=ProgressiveConfig,
+        run=run_progressive,
+    ),
+    help=stages.STAGES.help(stages.HOTPOTQA_PROGRESSIVE),
+)
 
 
 @study_stage(stages.RAG)

@@ -22,7 +22,6 @@ import numpy as np
 from dynheads.heads import Head
 from dynheads.rag.strategies import random_heads
 from dynheads.registry import Registry
-from dynheads.scores import span_ranking
 from dynheads.seeding import derive_seed
 
 
@@ -40,6 +39,8 @@ class Candidates:
 
     def head_scores(self, heads: Sequence[Head] | None) -> tuple[np.ndarray, list[Head] | None, float]:
         """The calibrated span scores of ``heads`` (None: every head), and the passes' seconds."""
+        from dynheads.scores import span_ranking  # here: the settings read this registry, --help loads no torch
+
         seconds = self.record["prefill_seconds"] + self.record["calibration_seconds"]
         chosen = None if heads is None else list(heads)
         return span_ranking(calibrated(self.arrays), chosen), chosen, seconds
@@ -69,6 +70,8 @@ def _icr(question: Candidates) -> Scored:
 
 
 def _uncalibrated(question: Candidates) -> Scored:
+    from dynheads.scores import span_ranking  # here: the settings read this registry, --help loads no torch
+
     return span_ranking(question.arrays["real"].astype(np.float64)), None, question.record["prefill_seconds"]
 
 
