@@ -324,24 +324,14 @@ def _qa_ablation(study: Study, stage: str, stream: str, config_type: type, run: 
     fitted_ablation(run, config, qa.fit(), study.folder(stage), **study.options)
 
 
-STUDY.register(
-    stages.HOTPOTQA_ABLATION,
-    partial(
-        _qa_ablation, stage=stages.HOTPOTQA_ABLATION, stream="ablation", config_type=AblationConfig, run=run_claim2
-    ),
-    help=stages.STAGES.help(stages.HOTPOTQA_ABLATION),
-)
-STUDY.register(
-    stages.HOTPOTQA_PROGRESSIVE,
-    partial(
-        _qa_ablation,
-        stage=stages.HOTPOTQA_PROGRESSIVE,
-        stream="progressive",
-        config_type=ProgressiveConfig,
-        run=run_progressive,
-    ),
-    help=stages.STAGES.help(stages.HOTPOTQA_PROGRESSIVE),
-)
+@study_stage(stages.HOTPOTQA_ABLATION)
+def _hotpotqa_ablation(study: Study) -> None:
+    _qa_ablation(study, stages.HOTPOTQA_ABLATION, "ablation", AblationConfig, run_claim2)
+
+
+@study_stage(stages.HOTPOTQA_PROGRESSIVE)
+def _hotpotqa_progressive(study: Study) -> None:
+    _qa_ablation(study, stages.HOTPOTQA_PROGRESSIVE, "progressive", ProgressiveConfig, run_progressive)
 
 
 @study_stage(stages.RAG)
