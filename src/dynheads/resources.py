@@ -117,8 +117,8 @@ def _fitted_run(path: str | Path) -> RunDir | None:
     source = Path(path)
     folder = source if source.is_dir() else source.parent
     metrics = folder / "metrics.json"
-    named = Path(read_json(metrics)["run"]) if metrics.is_file() and "run" in read_json(metrics) else folder
-    for candidate in (named, folder, folder.parent):
+    named = read_json(metrics).get("run") if metrics.is_file() else None
+    for candidate in (Path(named) if named else folder, folder, folder.parent):
         if (candidate / "manifest.json").is_file():
             return RunDir(candidate)
     return None
