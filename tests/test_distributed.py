@@ -112,3 +112,41 @@ def test_two_process_run_equals_one_process_run(tiny_model_dir, tmp_path, launch
         pd.read_csv(tmp_path / "one" / "results.csv"), pd.read_csv(tmp_path / "two" / "results.csv")
     )
     assert not list((tmp_path / "two").rglob("*.tmp"))
+
+
+def _normalised_report(folder) -> list[str]:
+    """report.md without what differs between two launches by design: the folder's path, the stage-time table
+    (which ends the report), the probes' training seconds and how many processes ran the study."""
+    text = (folder / "report.md").read_text().replace(str(folder), "STUDY")
+    text = text[: text.index("| stage | seconds |")]
+    return [line for line in text.splitlines() if "train_seconds" not in line and "| processes |" not in line]
+
+
+@pytest.mark.slow
+def test_two_process_study_equals_one_process_study(tiny_model_dir, tmp_path):
+    """``reproduce`` under torchrun: the sample stages deal their samples over both ranks, rank 0 runs the analyses
+    alone (with both processes' threads) and writes the report; the study equals a one-process study."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["OMP_NUM_THREADS"] = "1"
+    args = ["-m", "dynheads", "reproduce", "--model", str(tiny_model_dir), "--preset", "smoke", "--device", "cpu"]
+    one = subprocess.run(
+        [sys.executable, *args, "--out", str(tmp_path / "one")], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert one.returncode == 0, one.stderr[-2000:]
+    launch = LAUNCHERS["torchrun"]
+    two = subprocess.run(
+        [*launch, *args, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.count("report: ") == 1  # rank 0 alone writes the report
+    single, shared = tmp_path / "one", tmp_path / "two"
+    from dynheads.io import read_json
+
+    assert list(read_json(shared / "stages.json")) == list(read_json(single / "stages.json"))
+    assert read_json(shared / "manifest.json")["processes"] == 2
+    assert read_json(shared / "stages.json")["cca"]["error"] == read_json(single / "stages.json")["cca"]["error"]
+    for stage in ("niah", "hotpotqa", "hotpotqa-ablation", "rag"):  # (a random model has no NIAH static list)
+        assert RunDir(shared / stage).manifest()["processes"] == 2
+        assert RunDir(shared / stage).records() == RunDir(single / stage).records(), stage
+    assert _normalised_report(shared) == _normalised_report(single)
+    assert not list(shared.rglob("*.tmp"))

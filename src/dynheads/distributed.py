@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TypeVar
 
 import torch.distributed as dist
@@ -20,6 +21,11 @@ import torch.distributed as dist
 from dynheads.errors import DynheadsError
 
 T = TypeVar("T")
+
+# How long a rank waits at a barrier for the others: as long as another rank's share of a stage, or an analysis
+# that rank 0 runs alone in ``dynheads reproduce``, takes (gloo's default, 30 minutes, is shorter than a probe on a
+# paper-sized run).
+BARRIER_TIMEOUT = timedelta(hours=24)
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -37,6 +43,14 @@ def is_main() -> bool:
     return rank_and_world()[0] == 0
 
 
+def local_world() -> int:
+    """Processes of this launch on this machine (``LOCAL_WORLD_SIZE``, set by the launcher); 1 without one."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    except ValueError:
+        raise DynheadsError("LOCAL_WORLD_SIZE must be an integer (set by torchrun / accelerate launch)") from None
+
+
 def shard(items: Sequence[T]) -> list[T]:
     """This rank's share: items at indices congruent to the rank modulo the world size."""
     rank, world = rank_and_world()
@@ -48,5 +62,5 @@ def barrier() -> None:
     if rank_and_world()[1] == 1:
         return
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=BARRIER_TIMEOUT)
     dist.barrier()

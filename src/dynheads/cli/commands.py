@@ -36,12 +36,15 @@ def reproduce(
     **settings,
 ) -> None:
     """Run the whole study (every table and figure of the paper) and write report.md and report.html."""
+    from dynheads.distributed import is_main
     from dynheads.experiments.reproduce import reproduce as run_all
     from dynheads.report import write_report
 
     cfg = checks.checked_config(ReproduceConfig, config, **settings)
     checks.out_dir(out, "reproduce")
     folder = run_all(cfg, out)
+    if not is_main():  # under torchrun / accelerate launch, rank 0 writes the report
+        return
     _, html = write_report(folder)
     typer.echo(f"report: {html} and {html.with_suffix('.md')}")
 

@@ -5,7 +5,14 @@ table and runs into its folder), registered under its ``stages`` name; ``reprodu
 
 Each stage is resumable on its own (run directories skip finished samples; analysis stages are skipped when
 their output exists), so an interrupted ``reproduce`` continues where it stopped and ends with the same
-stage outputs. Stage wall times are recorded in ``stages.json``. The report (``dynheads.report.write_report``)
+stage outputs. Stage wall times are recorded in ``stages.json``.
+
+Under a launcher (``torchrun`` / ``accelerate launch``, ``dynheads.distributed``) the processes go through the
+stages together: a stage whose runner deals samples (``deals_samples``: its ``runs.run_jobs`` gives each rank its
+share) runs on every rank; any other stage (an analysis of finished runs) runs on rank 0 alone, with the CPU
+threads of every process on this machine while the others wait; every stage ends at a barrier, so the next one
+reads finished files. On a CPU, two one-thread processes decode about 1.5x as many samples per second as one
+two-thread process (docs/results/2026-11-study-cost-idle-smollm2.md). The report (``dynheads.report.write_report``)
 is written from the finished folder by the caller (the CLI's ``reproduce`` command): experiments never import
 the report.
 """
@@ -16,13 +23,16 @@ import functools
 import json
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Unpack
 
-from dynheads import stages
+import torch
+
+from dynheads import distributed, stages
 from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_progressive
@@ -38,7 +48,7 @@ from dynheads.experiments.threshold_fit import ThresholdFit, fit_threshold
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.registry import Registry
-from dynheads.runs import RunDir, RunOptions
+from dynheads.runs import RunDir, RunOptions, start_run
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD
 from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
@@ -77,41 +87,67 @@ def stage_settings(preset: dict, stage: str) -> dict:
 
 class _Stages:
     """Runs named stages once each. A stage is logged in ``stages.json`` (with the wall time of the attempt that
-    finished it) only after it completes, so a re-run skips finished stages and resumes the interrupted one."""
+    finished it) only after it completes, so a re-run skips finished stages and resumes the interrupted one. Every
+    process of a launch reads the log before any stage runs (and rank 0 alone writes it), so all of them skip the
+    same stages and meet at the same barriers."""
 
     def __init__(self, out: Path):
         self.log_path = out / "stages.json"
         self.log: dict = read_json(self.log_path) if self.log_path.is_file() else {}
 
-    def run(self, name: str, fn: Callable[[], object]) -> None:
-        """Run ``fn`` unless logged; a stage this model cannot support (a ``DynheadsError``, e.g. constant head
-        scores for CCA) is logged with its reason, which the report shows, and the study goes on."""
+    def run(self, name: str, fn: Callable[[], object], *, every_rank: bool) -> None:
+        """Run ``fn`` unless logged (on every rank, or on rank 0 alone with this machine's threads, see the module
+        docstring); a stage this model cannot support (a ``DynheadsError``, e.g. constant head scores for CCA) is
+        logged with its reason, which the report shows, and the study goes on."""
         stages.STAGES.check([name])  # a stage the report could not find is refused before it runs
         if name in self.log:
             return
-        print(f"[reproduce] {name}", flush=True)
-        start = time.perf_counter()
-        try:
-            fn()
-            entry: dict = {"seconds": round(time.perf_counter() - start, 1)}
-        except DynheadsError as error:
-            print(f"[reproduce] {name} failed: {error}", flush=True)
-            entry = {"seconds": round(time.perf_counter() - start, 1), "error": str(error)}
-        self.log[name] = entry
-        write_json(self.log_path, self.log)
+        if every_rank or distributed.is_main():
+            with nullcontext() if every_rank else local_threads():
+                entry = _attempt(name, fn)
+            if distributed.is_main():
+                self.log[name] = entry
+                write_json(self.log_path, self.log)
+        distributed.barrier()  # the next stage reads this one's files
+
+
+def _attempt(name: str, fn: Callable[[], object]) -> dict:
+    """Run one stage: its wall time, and the error when the model cannot support it."""
+    print(f"[reproduce] {name}", flush=True)
+    start = time.perf_counter()
+    try:
+        fn()
+        return {"seconds": round(time.perf_counter() - start, 1)}
+    except DynheadsError as error:
+        print(f"[reproduce] {name} failed: {error}", flush=True)
+        return {"seconds": round(time.perf_counter() - start, 1), "error": str(error)}
+
+
+@contextmanager
+def local_threads() -> Iterator[None]:
+    """While rank 0 runs a stage alone, torch uses the CPU threads of every process of this launch on this machine
+    (the others wait at a barrier, which takes no CPU); one process: unchanged."""
+    threads, processes = torch.get_num_threads(), distributed.local_world()
+    torch.set_num_threads(threads * processes)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def reproduce(
     config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
 ) -> Path:
     """Run the whole study into ``out`` (one sub-folder per stage of ``STUDY``, in order); returns ``out``, ready
-    for ``write_report``."""
+    for ``write_report`` (by rank 0, under a launcher)."""
     if config.preset not in PRESETS:
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
     preset, out = PRESETS[config.preset], Path(out)
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     stage_tables = {key: value for key, value in preset.items() if key != "sources"}
-    RunDir(out).start(
+    log = _Stages(out)  # read by every rank before the first barrier (see _Stages)
+    start_run(
+        RunDir(out),
         "reproduce",
         config,
         lm,
@@ -120,9 +156,9 @@ def reproduce(
             **({"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {}),
         },
     )
-    study = Study(config, preset, out, lm, progress, _Stages(out))
+    study = Study(config, preset, out, lm, progress, log)
     for entry in STUDY:
-        study.log.run(entry.name, partial(entry.value, study))
+        study.log.run(entry.name, partial(entry.value, study), every_rank=entry.name in SAMPLE_STAGES)
     return out
 
 
@@ -173,20 +209,25 @@ class Study:
 # A study stage: ``run(study)`` builds the stage's config from the study's preset and runs it into
 # ``study.folder(name)``. ``reproduce`` runs them in registration order; each name is a registered ``stages`` name.
 STUDY = Registry[Callable[[Study], object]]("study stage")
+# The stages whose runner deals its samples over a launcher's processes; every other stage runs on rank 0 alone.
+SAMPLE_STAGES: set[str] = set()
 
 
-def study_stage(name: str) -> Callable[[Callable[[Study], object]], Callable[[Study], object]]:
-    """Register the decorated function as the study's stage ``name`` (its help: the ``stages`` entry's)."""
+def study_stage(name: str, *, deals_samples: bool = False) -> Callable[[Callable[[Study], object]], Callable]:
+    """Register the decorated function as the study's stage ``name`` (its help: the ``stages`` entry's);
+    ``deals_samples``: its runner gives each process of a launch its share of the samples (``runs.run_jobs``)."""
+    if deals_samples:
+        SAMPLE_STAGES.add(name)
     return STUDY.register(name, help=stages.STAGES.help(name))
 
 
 # ---- NIAH: the traced grid, the static list, dynamism and Figure 1, the ablations, CCA and the probe -------------
-@study_stage(stages.NIAH)
+@study_stage(stages.NIAH, deals_samples=True)
 def _niah(study: Study) -> object:
     return run_niah(NiahConfig(**study.settings(stages.NIAH)), study.folder(stages.NIAH), **study.options)
 
 
-@study_stage(stages.STATIC)
+@study_stage(stages.STATIC, deals_samples=True)
 def _static(study: Study) -> object:
     return run_static(StaticConfig(**study.settings(stages.STATIC)), study.folder(stages.STATIC), **study.options)
 
@@ -198,13 +239,13 @@ def _dynamism(study: Study) -> object:
     return plot_heads(niah, _best_samples(niah, 2), out_dir=out)
 
 
-@study_stage(stages.ABLATION)
+@study_stage(stages.ABLATION, deals_samples=True)
 def _ablation(study: Study) -> object:
     config = AblationConfig(**study.settings(stages.ABLATION, static=str(study.static_file)))
     return run_claim2(config, study.folder(stages.ABLATION), **study.options)
 
 
-@study_stage(stages.PROGRESSIVE)
+@study_stage(stages.PROGRESSIVE, deals_samples=True)
 def _progressive(study: Study) -> object:
     config = ProgressiveConfig(**study.settings(stages.PROGRESSIVE, static=str(study.static_file)))
     return run_progressive(config, study.folder(stages.PROGRESSIVE), **study.options)
@@ -264,13 +305,13 @@ class Questions:
 
 
 # ---- HotpotQA: the reasoning static list, the traced analysis stream, its dynamism, CCA and probe ----------------
-@study_stage(stages.HOTPOTQA_STATIC)
+@study_stage(stages.HOTPOTQA_STATIC, deals_samples=True)
 def _hotpotqa_static(study: Study) -> object:
     config = StaticReasoningConfig(**study.questions.grid(study, stages.HOTPOTQA_STATIC, "static"))
     return run_static_reasoning(config, study.folder(stages.HOTPOTQA_STATIC), **study.options)
 
 
-@study_stage(stages.HOTPOTQA)
+@study_stage(stages.HOTPOTQA, deals_samples=True)
 def _hotpotqa(study: Study) -> object:
     config = HotpotConfig(**study.questions.grid(study, stages.HOTPOTQA, "analysis", split="analysis"))
     return run_hotpotqa(config, study.folder(stages.HOTPOTQA), **study.options)
@@ -324,17 +365,17 @@ def _qa_ablation(study: Study, stage: str, stream: str, config_type: type, run: 
     fitted_ablation(run, config, qa.fit(), study.folder(stage), **study.options)
 
 
-@study_stage(stages.HOTPOTQA_ABLATION)
+@study_stage(stages.HOTPOTQA_ABLATION, deals_samples=True)
 def _hotpotqa_ablation(study: Study) -> None:
     _qa_ablation(study, stages.HOTPOTQA_ABLATION, "ablation", AblationConfig, run_claim2)
 
 
-@study_stage(stages.HOTPOTQA_PROGRESSIVE)
+@study_stage(stages.HOTPOTQA_PROGRESSIVE, deals_samples=True)
 def _hotpotqa_progressive(study: Study) -> None:
     _qa_ablation(study, stages.HOTPOTQA_PROGRESSIVE, "progressive", ProgressiveConfig, run_progressive)
 
 
-@study_stage(stages.RAG)
+@study_stage(stages.RAG, deals_samples=True)
 def _rag(study: Study) -> object:
     qa = study.questions
     probe = str(study.folder(stages.HOTPOTQA_PROBE))
