@@ -17,6 +17,7 @@ from zoo import random_prompt, tiny_model, tiny_sdpa_lm
 from dynheads.errors import DynheadsError
 from dynheads.kv import KVSettings, kv_generate
 from dynheads.models import LoadedModel, with_cache
+from dynheads.press_registry import PressSpec, parse_press
 from dynheads.presses import check_press
 
 needs_kvpress = pytest.mark.skipif(
@@ -53,7 +54,7 @@ def test_token_presses_start_at_the_static_policys_memory(lm, press):
     ranking = ((0, 0), (1, 1), (2, 0))
     settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=ranking)
     static = kv_generate(lm, _Sample(ids), settings, max_new_tokens=4, stop_at_eos=False)
-    pressed = press_generate(lm, ids, press, settings, 4, stop_at_eos=False)
+    pressed = press_generate(lm, ids, PressSpec(press), settings, 4, stop_at_eos=False)
     assert len(pressed.tokens) == 4 and pressed.total_kv == static.total_kv
     # the same bytes at the first decode step, up to kvpress's rounding (one token per KV head)
     assert abs(pressed.kept_kv[0] - static.kept_kv[0]) <= 6
@@ -77,7 +78,7 @@ def test_decoded_tokens_keep_their_true_positions_after_pruning(lm):
     )
     try:
         settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),))
-        pressed = press_generate(lm, ids, "streaming_llm", settings, 3, stop_at_eos=False)
+        pressed = press_generate(lm, ids, PressSpec("streaming_llm"), settings, 3, stop_at_eos=False)
     finally:
         hook.remove()
     assert pressed.kept_kv[0] < pressed.total_kv[0] // 2  # pruned
@@ -111,7 +112,7 @@ def test_every_head_whole_is_the_unmodified_model(lm):
     ids = random_prompt(3)
     every = tuple((layer, kv) for layer in range(3) for kv in range(2))
     settings = KVSettings(policy="static", budget=1.0, sink=2, recent=8, static_ranking=every)
-    pressed = press_generate(lm, ids, "duo_attention", settings, 6, stop_at_eos=False)
+    pressed = press_generate(lm, ids, PressSpec("duo_attention"), settings, 6, stop_at_eos=False)
     full = kv_generate(lm, _Sample(ids), KVSettings(policy="full"), max_new_tokens=6, stop_at_eos=False)
     assert pressed.tokens == full.tokens and pressed.kept_kv == pressed.total_kv
 
@@ -206,11 +207,11 @@ def test_head_tokens_in_dynheads_kv_hold_snapkvs_bytes(lm):
 
     ids = random_prompt(5, 120)
     settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),), voters=((1, 2),))
-    tokens = press_generate(lm, ids, "head_tokens", settings, 4, stop_at_eos=False)
-    snapkv = press_generate(lm, ids, "snapkv", settings, 4, stop_at_eos=False)
+    tokens = press_generate(lm, ids, PressSpec("head_tokens"), settings, 4, stop_at_eos=False)
+    snapkv = press_generate(lm, ids, PressSpec("snapkv"), settings, 4, stop_at_eos=False)
     assert tokens.kept_kv == snapkv.kept_kv and tokens.kept_kv[0] < tokens.total_kv[0] // 2
     with pytest.raises(DynheadsError, match="driven by a dynheads head list"):
-        press_generate(lm, ids, "head_tokens", KVSettings(policy="static", budget=0.34), 4)
+        press_generate(lm, ids, PressSpec("head_tokens"), KVSettings(policy="static", budget=0.34), 4)
 
 
 @needs_kvpress
@@ -298,9 +299,50 @@ def test_a_press_registered_in_a_test_file_runs_at_the_matched_bytes(lm):
     try:
         ids = random_prompt(1)
         settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0), (1, 1), (2, 0)))
-        knorm = press_generate(lm, ids, "knorm", settings, 4, stop_at_eos=False)
-        drawn = press_generate(lm, ids, "random", settings, 4, stop_at_eos=False)
-        assert check_press("kvpress:random") == "random"
+        knorm = press_generate(lm, ids, PressSpec("knorm"), settings, 4, stop_at_eos=False)
+        drawn = press_generate(lm, ids, PressSpec("random"), settings, 4, stop_at_eos=False)
+        assert check_press("kvpress:random") == PressSpec("random")
         assert len(drawn.tokens) == 4 and abs(drawn.kept_kv[0] - knorm.kept_kv[0]) <= 6  # the same matched ratio
     finally:
         KVPRESS_PRESSES.unregister("random")
+
+
+def test_a_press_policy_names_its_knobs_after_a_second_colon():
+    """Issue 35 item 5: ``kvpress:<press>:key=value:...`` sets the press's own fields (read without kvpress)."""
+    assert parse_press("kvpress:snapkv") == PressSpec("snapkv")
+    assert parse_press("kvpress:snapkv:window_size=32:kernel_size=7") == PressSpec(
+        "snapkv", "window_size=32:kernel_size=7"
+    )
+
+
+@needs_kvpress
+def test_press_knobs_are_the_press_fields_cast_to_their_types(lm):
+    from kvpress import SnapKVPress
+
+    from dynheads.presses import make_press
+
+    settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0), (1, 1), (2, 0)))
+    press = make_press(check_press("kvpress:snapkv:window_size=8:kernel_size=3"), lm, settings, 40)
+    assert isinstance(press, SnapKVPress) and (press.window_size, press.kernel_size) == (8, 3)
+    default = make_press(check_press("kvpress:snapkv"), lm, settings, 40)
+    assert (
+        default.window_size == SnapKVPress().window_size != 8 and default.compression_ratio == press.compression_ratio
+    )
+    ids = random_prompt(1)
+    knobbed = press_generate_of(lm, ids, "kvpress:snapkv:window_size=4", settings)
+    assert len(knobbed.tokens) == 4
+    for policy, message in [
+        ("kvpress:snapkv:window=8", "bad kvpress:snapkv option 'window=8'"),
+        ("kvpress:snapkv:window_size=eight", "window_size needs a int"),
+        ("kvpress:snapkv:compression_ratio=0.5", "bad kvpress:snapkv option"),  # the budget sets it
+        ("kvpress:streaming_llm:n_sink=3", "bad kvpress:streaming_llm option"),  # --sink sets it
+        ("kvpress:duo_attention:sink=3", "takes no knobs"),
+    ]:
+        with pytest.raises(DynheadsError, match=message):
+            check_press(policy)
+
+
+def press_generate_of(lm, ids, policy: str, settings: KVSettings):
+    from dynheads.presses import press_generate
+
+    return press_generate(lm, ids, check_press(policy), settings, 4, stop_at_eos=False)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -71,6 +72,35 @@ def parse_list(text: str | None, kind: Callable[[str], Any] = float) -> tuple | 
         return tuple(kind(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise DynheadsError(f"cannot read {text!r} as a comma-separated list of {kind.__name__}") from None
+
+
+def parse_fields(label: str, spec: str, form: type, refused: Collection[str] = ()) -> dict[str, Any]:
+    """``key=value,...`` -> the named fields of the dataclass ``form``, each value cast to its field's type (int,
+    float, str, or bool: true/false); what is left out is not in the result. Errors name ``label`` and the
+    option; a field of ``refused`` (set elsewhere), or one of another type, cannot be set this way."""
+    kinds = typing.get_type_hints(form)
+    keys = [field.name for field in dataclasses.fields(form) if field.name not in refused]
+    values: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, _, text = item.partition("=")
+        if key not in keys or not text:
+            raise DynheadsError(f"bad {label} option {item!r}: use {', '.join(f'{k}=...' for k in keys)}")
+        values[key] = _cast(label, key, kinds.get(key), text)
+    return values
+
+
+def _cast(label: str, key: str, kind: Any, text: str) -> Any:
+    """``text`` as a value of ``kind`` (int, float, str or bool)."""
+    if kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise DynheadsError(f"{label} option {key} needs true or false, got {text!r}")
+        return text.lower() == "true"
+    if kind not in (int, float, str):
+        raise DynheadsError(f"{label} option {key} ({kind}) cannot be set as text")
+    try:
+        return kind(text)
+    except ValueError:
+        raise DynheadsError(f"{label} option {key} needs a {kind.__name__}, got {text!r}") from None
 
 
 def parse_range(text: str) -> tuple[int, ...]:

@@ -10,6 +10,11 @@ budget's whole KV heads of the static list (``ratio`` is then None). ``needs_sta
 static head list (``--static``). Register one from anywhere (a test file, a notebook)::
 
     KVPRESS_PRESSES.register("tova", PressEntry("kvpress:TOVAPress"), help="TOVA: the last query's attention")
+
+A policy may set a kvpress press's own knobs (the fields of its dataclass) after its name, colon-separated,
+``kvpress:snapkv:window_size=32:kernel_size=7`` (``parse_press``; colons, since policies are a comma-separated
+list); the compression ratio is the budget's and the knobs an entry maps to KV settings are those settings', so
+neither is set there.
 """
 
 from __future__ import annotations
@@ -40,6 +45,21 @@ class PressEntry:
     @property
     def is_kvpress(self) -> bool:
         return self.build.startswith(KVPRESS)
+
+
+@dataclass(frozen=True)
+class PressSpec:
+    """A ``kvpress:<press>[:key=value:...]`` policy: the registered press and the knobs it sets (as written; cast
+    to the press's field types when the press is built, ``presses.make_press``)."""
+
+    name: str
+    knobs: str = ""  # "window_size=32:kernel_size=7"
+
+
+def parse_press(policy: str) -> PressSpec:
+    """``kvpress:snapkv:window_size=32`` -> ``PressSpec("snapkv", "window_size=32")``."""
+    name, _, knobs = policy.removeprefix(KVPRESS).partition(":")
+    return PressSpec(name, knobs)
 
 
 KVPRESS_PRESSES = Registry[PressEntry]("kvpress press")

@@ -31,12 +31,13 @@ import numpy as np
 import torch
 
 from dynheads.analysis.kvheads import KVHead
+from dynheads.config import parse_fields
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.io import read_json
 from dynheads.kv import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
 from dynheads.models import LoadedModel, decode_text, with_cache
-from dynheads.press_registry import KVPRESS_PRESSES
+from dynheads.press_registry import KVPRESS_PRESSES, PressSpec, parse_press
 from dynheads.token_kv import POOL, WINDOW, token_scores
 
 PREFIX = "kvpress:"
@@ -47,15 +48,29 @@ def is_press(policy: str) -> bool:
     return policy.startswith(PREFIX)
 
 
-def check_press(policy: str) -> str:
-    """The press name of a ``kvpress:<press>`` policy; a one-line error when unknown or kvpress is missing."""
-    name = policy.removeprefix(PREFIX)
-    if name not in KVPRESS_PRESSES:
+def check_press(policy: str) -> PressSpec:
+    """The press of a ``kvpress:<press>[:key=value:...]`` policy; a one-line error when the press is unknown, a
+    knob is not one of its fields, or kvpress is missing."""
+    spec = parse_press(policy)
+    if spec.name not in KVPRESS_PRESSES:
         raise DynheadsError(
             f"unknown kvpress policy {policy!r}: use kvpress:<press> with a press of {KVPRESS_PRESSES.choices()}"
         )
     require_kvpress()
-    return name
+    press_knobs(spec)
+    return spec
+
+
+def press_knobs(spec: PressSpec) -> dict:
+    """The knobs ``spec`` sets, cast to its kvpress press's field types; those the budget or the KV settings set
+    (the compression ratio, the entry's ``knobs``) are refused, and a dynheads-built press takes none."""
+    entry = KVPRESS_PRESSES.get(spec.name)
+    if not spec.knobs:
+        return {}
+    if not entry.is_kvpress:
+        raise DynheadsError(f"kvpress:{spec.name} is built by dynheads from the KV settings: it takes no knobs")
+    refused = {"compression_ratio", *(arg for arg, _ in entry.knobs)}
+    return parse_fields(f"kvpress:{spec.name}", spec.knobs.replace(":", ","), entry.target(), refused)
 
 
 def require_kvpress():
@@ -210,13 +225,15 @@ def matched_ratio(lm: LoadedModel, settings: KVSettings, length: int) -> float:
     return 1.0 - kept / (lm.num_layers * num_kv * length)
 
 
-def make_press(name: str, lm: LoadedModel, settings: KVSettings, length: int):
-    """The registered press ``name`` (``press_registry``) sized by ``settings``' budget at ``length`` cached tokens."""
+def make_press(spec: PressSpec, lm: LoadedModel, settings: KVSettings, length: int):
+    """The registered press ``spec`` names (``press_registry``) with its knobs, sized by ``settings``' budget at
+    ``length`` cached tokens."""
     require_kvpress()
-    entry = KVPRESS_PRESSES.get(name)
+    entry = KVPRESS_PRESSES.get(spec.name)
     ratio = matched_ratio(lm, settings, length) if entry.sizing == "ratio" else None
     if entry.is_kvpress:
-        return entry.target()(compression_ratio=ratio, **{arg: getattr(settings, key) for arg, key in entry.knobs})
+        from_settings = {arg: getattr(settings, key) for arg, key in entry.knobs}
+        return entry.target()(compression_ratio=ratio, **from_settings, **press_knobs(spec))
     return entry.target()(lm, settings, ratio)
 
 
@@ -238,22 +255,22 @@ def _whole_heads(lm: LoadedModel, settings: KVSettings) -> list[KVHead]:
 def press_generate(
     lm: LoadedModel,
     input_ids: Sequence[int],
-    name: str,
+    spec: PressSpec,
     settings: KVSettings,
     max_new_tokens: int,
     *,
     stop_at_eos: bool = True,
 ) -> KVResult:
-    """Greedy decoding with kvpress's press ``name`` applied to the prefill of the prompt minus its last token
-    (as ``dynheads.kv`` prefills), the resident KV read from the cache at every decode step."""
+    """Greedy decoding with the kvpress press ``spec`` names (with its knobs) applied to the prefill of the prompt
+    minus its last token (as ``dynheads.kv`` prefills), the resident KV read from the cache at every decode step."""
     from transformers import DynamicCache
 
-    entry = KVPRESS_PRESSES.get(name)
+    entry = KVPRESS_PRESSES.get(spec.name)
     if entry.needs_static and not (settings.static_ranking or settings.voters):
-        raise DynheadsError(f"kvpress:{name} is driven by a dynheads head list: pass --static FILE")
+        raise DynheadsError(f"kvpress:{spec.name} is driven by a dynheads head list: pass --static FILE")
     if len(input_ids) < 2:
         raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
-    press = make_press(name, lm, settings, len(input_ids) - 1)
+    press = make_press(spec, lm, settings, len(input_ids) - 1)
     model, device = lm.model, lm.device
     attention = attention_modules(model)
     cache = DynamicCache(config=model.config)

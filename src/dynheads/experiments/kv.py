@@ -56,8 +56,8 @@ from dynheads.kv import (
 from dynheads.kv_policies import KV_POLICIES, is_budget_free, is_dynamic
 from dynheads.models import LoadedModel
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
-from dynheads.press_registry import KVPRESS_PRESSES
-from dynheads.presses import PREFIX, check_press, is_press, press_generate
+from dynheads.press_registry import KVPRESS_PRESSES, parse_press
+from dynheads.presses import check_press, is_press, press_generate
 from dynheads.resources import (
     HEAD_PREDICTOR,
     STATIC_HEADS,
@@ -84,7 +84,7 @@ class KVConfig(KVFields):
         source given (the full policy's decoding measures a given predictor; the manifest lists a given list's
         heads per budget)."""
         registered = [KV_POLICIES.get(p) for p in self.policies if p in KV_POLICIES]
-        presses = [KVPRESS_PRESSES.get(p.removeprefix(PREFIX)) for p in self.policies if is_press(p)]
+        presses = [KVPRESS_PRESSES.get(parse_press(p).name) for p in self.policies if is_press(p)]
         given = {STATIC_HEADS} if self.static else set()
         return needs_of([*registered, *presses]) | given | ({HEAD_PREDICTOR} if self.probe else set())
 
@@ -106,7 +106,7 @@ class KVConfig(KVFields):
             if entry.value.needs_static and not self.static:
                 raise DynheadsError(f"the {entry.name} KV policy needs a static head list: pass --static FILE")
         for press in presses:
-            if KVPRESS_PRESSES.get(press.removeprefix(PREFIX)).needs_static and not self.static:
+            if KVPRESS_PRESSES.get(parse_press(press).name).needs_static and not self.static:
                 raise DynheadsError(f"{press} is driven by a dynheads head list: pass --static FILE")
         for entry in registered:
             if entry.value.needs_probe and not self.probe:
@@ -299,7 +299,7 @@ def _record(
         # token-level presses keep no whole head: their KV-head count is undefined, not 0
         "mean_kv_heads": (
             float(np.mean([len(heads) for heads in result.kv_heads]))
-            if not is_press(settings.policy) or settings.policy == "kvpress:duo_attention"
+            if not is_press(settings.policy) or parse_press(settings.policy).name == "duo_attention"
             else float("nan")
         ),
         "budget_kv_heads": result.budget_heads,

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from dynheads.config import Rule
+from dynheads.config import Rule, parse_fields
 from dynheads.errors import DynheadsError
 
 F = TypeVar("F")
@@ -16,19 +14,8 @@ F = TypeVar("F")
 
 def parse_form(name: str, spec: str, form: type[F]) -> F:
     """``key=value,...`` (``spec``, the part after ``name:``) -> ``form(**values)``, each value cast to its field's
-    type; defaults for what is left out. Errors name the task ``name`` and the option."""
-    kinds = typing.get_type_hints(form)
-    keys = [field.name for field in dataclasses.fields(form)]  # type: ignore[arg-type]  # forms are dataclasses
-    values: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        key, _, text = item.partition("=")
-        if key not in keys or not text:
-            raise DynheadsError(f"bad {name} option {item!r}: use {', '.join(f'{k}=...' for k in keys)}")
-        try:
-            values[key] = kinds[key](text)
-        except ValueError:
-            raise DynheadsError(f"{name} option {key} needs a {kinds[key].__name__}, got {text!r}") from None
-    return form(**values)
+    type (``config.parse_fields``); defaults for what is left out. Errors name the task ``name`` and the option."""
+    return form(**parse_fields(name, spec, form))
 
 
 def check_form(name: str, form: Any, rules: Mapping[str, Rule]) -> None:
