@@ -52,9 +52,9 @@ def main() -> None:
     import torch
 
     import dynheads
-    from dynheads import decoding
-    from dynheads.ablation import AblationSettings, ablated_generate_batch
-    from dynheads.decoding import trace_batch
+    from dynheads.ablation.per_step import AblationSettings, ablated_generate_batch
+    from dynheads.engine import decoding
+    from dynheads.engine.decoding import trace_batch
     from dynheads.tasks import niah
 
     def run_batch(batch):

@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu.json"))
     args = parser.parse_args()
 
-    from dynheads.decoding import trace_batch
+    from dynheads.engine.decoding import trace_batch
 
     lm = build(TINY if args.tiny else LLAMA_8B, args.device, getattr(torch, args.dtype))
     vocab = lm.model.config.vocab_size

@@ -5,7 +5,7 @@ prefill (the stop token ignored), round-robin over ``--repeats`` rounds so that 
 load. Time per step = the median over rounds of (decode time / new tokens); the prefill is not counted.
 
 ``traced``: the decode loop of ``dynheads.trace`` (probe on every layer, Eq. 1 / Eq. 2 / hidden state recorded);
-``kv-<policy>``: ``dynheads.kv.kv_generate`` with that policy at budget ``--budget`` (per-head streaming masks,
+``kv-<policy>``: ``kv.retention.kv_generate`` with that policy at budget ``--budget`` (per-head streaming masks,
 memory count, D_t; ``probe`` adds one MLP forward per step, ``true`` a clean pass per step).
 
     python benchmarks/bench_kv.py --length 2000 --static runs/kv-static/static_heads.json \
@@ -38,8 +38,8 @@ def main() -> None:
     from dynheads.analysis.head_predictor import load_head_predictor
     from dynheads.analysis.headlists import load_head_list
     from dynheads.analysis.kvheads import kv_head_ranking
-    from dynheads.decoding import TraceRecorder
-    from dynheads.kv import KVSettings, kv_generate, num_kv_heads, prefill
+    from dynheads.engine.decoding import TraceRecorder
+    from dynheads.kv.retention import KVSettings, kv_generate, num_kv_heads, prefill
     from dynheads.tasks import niah
 
     lm = dynheads.load_model()

@@ -5,7 +5,7 @@ ignored) by each mode, every mode in a fresh process of its own, interleaved len
 the modes see the same machine:
 
 - ``full``: transformers' ``DynamicCache`` with SDPA (the unmodified model),
-- ``headwise-S/R``: ``dynheads.kvcache.HeadwiseCache`` with the ``--whole`` best-scored KV heads of ``--static``
+- ``headwise-S/R``: ``dynheads.kv.cache.HeadwiseCache`` with the ``--whole`` best-scored KV heads of ``--static``
   (scored heads only) kept whole and every other KV head streaming with S sink and R recent tokens.
 
 Per run: ``cache_mb``, the bytes the cache holds after the last step (keys + values of every layer), and
@@ -42,7 +42,7 @@ def child(length: int, mode: str, new_tokens: int, whole: int, static: Path) -> 
     from transformers import DynamicCache
 
     import dynheads
-    from dynheads.kvcache import headwise_generate
+    from dynheads.kv.cache import headwise_generate
     from dynheads.models import with_cache
     from dynheads.tasks import niah
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from zoo import NoTokenizer, tiny_model
 
-from dynheads import ablation
-from dynheads.ablation import AblationSettings, ablated_generate, matched_count
-from dynheads.decoding import DecodingSession, trace
+from dynheads.ablation import per_step as ablation
+from dynheads.ablation.per_step import AblationSettings, ablated_generate, matched_count
+from dynheads.engine.decoding import DecodingSession, trace
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 

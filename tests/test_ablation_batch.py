@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 from test_batching import prompts, tiny_lm
 
-from dynheads import ablation, niah
-from dynheads.ablation import AblationSettings, ablated_generate, ablated_generate_batch
+from dynheads import niah
+from dynheads.ablation import per_step as ablation
+from dynheads.ablation.per_step import AblationSettings, ablated_generate, ablated_generate_batch
 from dynheads.errors import DynheadsError
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from zoo import NoTokenizer, tiny_model
 
-from dynheads.ablation import AblationSettings, ablated_generate
-from dynheads.ablation_forced import forced_ablation
+from dynheads.ablation.forced import forced_ablation
+from dynheads.ablation.per_step import AblationSettings, ablated_generate
+from dynheads.engine.probe import ABLATION_MODES
 from dynheads.models import LoadedModel
-from dynheads.probe import ABLATION_MODES
 
 
 class _Sample:
@@ -152,7 +152,7 @@ def test_dose_arms_pick_their_heads():
 
 @pytest.mark.parametrize(("score", "threshold"), [("copy", "relative:3"), ("reasoning", "relative:1")])
 def test_a_dose_ranks_every_head_with_d_t_first(score, threshold):
-    from dynheads.decoding import DecodingSession
+    from dynheads.engine.decoding import DecodingSession
 
     lm, sample = _lm(), _sample(6, length=120)
     session = DecodingSession(lm, sample.input_ids, sample.needle_positions, max_new_tokens=1)

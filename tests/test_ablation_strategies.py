@@ -8,8 +8,8 @@ import pytest
 import torch
 from zoo import NoTokenizer, tiny_model
 
-from dynheads.ablation import AblationSettings, ablated_generate
-from dynheads.ablation_strategies import ABLATION_STRATEGIES, MaskInputs, ablation_strategy, panel_order
+from dynheads.ablation.per_step import AblationSettings, ablated_generate
+from dynheads.ablation.strategies import ABLATION_STRATEGIES, MaskInputs, ablation_strategy, panel_order
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig
 from dynheads.models import LoadedModel
@@ -74,7 +74,7 @@ def test_a_registered_strategy_is_offered_run_in_order_and_drawn(last_layer, tmp
 
 
 def test_matchings_are_a_registry_read_by_the_settings_and_the_grid():
-    from dynheads.ablation_strategies import MATCHINGS
+    from dynheads.ablation.strategies import MATCHINGS
 
     assert MATCHINGS.names() == ["per_step", "mean"]
     assert MATCHINGS.get("per_step").count([(0, 1), (2, 3)], None) == 2 and MATCHINGS.get("mean").count([], 3) == 3

@@ -8,11 +8,11 @@ import pytest
 import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
-from dynheads.decoding import DecodingSession, Emit, Rerun, StepPolicy, Stop, decode, trace
+from dynheads.engine.decoding import DecodingSession, Emit, Rerun, StepPolicy, Stop, decode, trace
+from dynheads.engine.probe import AttentionProbe, RowEdit, attached
 from dynheads.errors import DynheadsError
-from dynheads.kvcache import headwise_generate
+from dynheads.kv.cache import headwise_generate
 from dynheads.models import LoadedModel, with_cache
-from dynheads.probe import AttentionProbe, RowEdit, attached
 
 
 def _lm(family="llama"):

@@ -8,8 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from dynheads import ablation
-from dynheads.ablation_strategies import DOSE_ARMS
+from dynheads.ablation import per_step as ablation
+from dynheads.ablation.strategies import DOSE_ARMS
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig
 from dynheads.experiments.dose import run_claim2

@@ -12,7 +12,7 @@ from zoo import FAMILIES, NoTokenizer, tiny_model
 from dynheads.analysis import hallucination as hl
 from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.analysis.settings import ANSWER_KEY, DEPLOYABLE
-from dynheads.decoding import DecodingSession, trace
+from dynheads.engine.decoding import DecodingSession, trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.detect import Detector, apply_detector, run_detect
 from dynheads.experiments.settings import DetectConfig

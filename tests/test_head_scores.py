@@ -20,7 +20,7 @@ import dynheads
 from dynheads.analysis.cca import samples_from_traces
 from dynheads.analysis.dynamism import dynamism_stats
 from dynheads.analysis.static import ReasoningTest, static_reasoning_heads
-from dynheads.decoding import DecodingSession
+from dynheads.engine.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.experiments.analyses import dynamic_sets, dynamism_report
 from dynheads.io import write_json

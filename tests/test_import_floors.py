@@ -56,29 +56,20 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     # analyses of finished traces (dynamism, CCA, the MLP head predictor, head lists). Neither may depend on how a
     # generation is run or stored, so tasks never import runs and analyses never import the decoding loop.
     ("tasks and analyses", [("dynheads.tasks",), ("dynheads.analysis",)]),
-    # The attention probe: Eq. 1 / Eq. 2 inside the attention function, and masking heads.
-    ("attention probe", [("dynheads.probe",)]),
-    # The greedy decoding loop that drives the probe (and its batched form); run folders (manifests, records), the
-    # one resumable job loop that fills them, and the head sources a run reads (static lists and predictors, checked
-    # against what the run evaluates in one place).
-    ("decoding and runs", [("dynheads.decoding", "dynheads.batching"), ("dynheads.runs", "dynheads.resources")]),
-    # Mechanisms built on the decoding loop: per-step ablation (and its strategies), KV retention (its policies;
-    # simulated, the real per-head cache and kvpress's presses beside them), head-based RAG (and its results).
+    # The engine (``engine/``), its lower half: the attention probe, Eq. 1 / Eq. 2 inside the attention function,
+    # and masking heads.
+    ("attention probe", [("dynheads.engine", "dynheads.engine.probe")]),
+    # The engine's upper half: the greedy decoding loop that drives the probe (and its batched form); beside it run
+    # folders (manifests, records), the one resumable job loop that fills them, and the head sources a run reads
+    # (static lists and predictors, checked against what the run evaluates in one place).
     (
-        "mechanisms",
-        [
-            ("dynheads.ablation", "dynheads.ablation_strategies", "dynheads.ablation_forced"),
-            (
-                "dynheads.kv",
-                "dynheads.kv_policies",
-                "dynheads.kvcache",
-                "dynheads.presses",
-                "dynheads.press_registry",
-                "dynheads.token_kv",
-            ),
-            ("dynheads.rag",),
-        ],
+        "decoding and runs",
+        [("dynheads.engine.decoding", "dynheads.engine.batching"), ("dynheads.runs", "dynheads.resources")],
     ),
+    # Mechanisms built on the decoding loop, a package each: per-step ablation (``ablation/``: the cascade, the
+    # teacher-forced dose-response, the strategies), KV retention (``kv/``: its policies, simulated, the real
+    # per-head cache, the head-guided token votes and kvpress's presses beside them), head-based RAG (``rag/``).
+    ("mechanisms", [("dynheads.ablation",), ("dynheads.kv",), ("dynheads.rag",)]),
     # Figures from tables and arrays; experiments call them, nothing below draws.
     ("plots", [("dynheads.plots",)]),
     # Runners that compose the floors below into the stages of the study (and ``reproduce``, all stages), beside
@@ -156,8 +147,8 @@ def test_no_import_runs_up_a_floor():
             "def f():\n    from dynheads.experiments.rag import rag_table\n",
             ["dynheads.experiments.rag"],
         ),
-        ("dynheads.analysis.cca", "import dynheads.decoding", ["dynheads.decoding"]),
-        ("dynheads.experiments.tracing", "from dynheads import distributed, batching", []),
+        ("dynheads.analysis.cca", "import dynheads.engine.decoding", ["dynheads.engine.decoding"]),
+        ("dynheads.experiments.tracing", "from dynheads.engine import batching", []),
         ("dynheads.experiments.reproduce", "from dynheads.report import write_report", ["dynheads.report"]),
         ("dynheads.analysis.static", "from dynheads.tasks import niah", ["dynheads.tasks.niah"]),
         ("dynheads.cli.commands", "from dynheads.report import write_report\nimport dynheads.experiments.rag", []),

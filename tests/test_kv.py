@@ -9,11 +9,12 @@ from zoo import NoTokenizer, tiny_model
 
 from dynheads.analysis.headlists import RankedHeads
 from dynheads.analysis.kvheads import kv_head_matrix, kv_head_ranking, query_head_scores, write_duo_attention
-from dynheads.decoding import trace
+from dynheads.engine.decoding import trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.kv import KVConfig, probe_precision_recall
 from dynheads.io import read_json
-from dynheads.kv import (
+from dynheads.kv.policies import KV_POLICIES, PolicyInputs
+from dynheads.kv.retention import (
     KVSettings,
     kv_generate,
     kv_generate_batch,
@@ -23,7 +24,6 @@ from dynheads.kv import (
     prefill,
     query_heads,
 )
-from dynheads.kv_policies import KV_POLICIES, PolicyInputs
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 

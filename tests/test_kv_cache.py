@@ -1,4 +1,4 @@
-"""The real per-head KV cache: greedy decoding equals the masked simulation of ``dynheads.kv`` (static policy), and
+"""The real per-head KV cache: greedy decoding equals the masked simulation of ``kv.retention`` (static policy), and
 the bytes it holds are those of the whole heads plus the streaming heads' windows."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 from zoo import NoTokenizer, tiny_model
 
 from dynheads.errors import DynheadsError
-from dynheads.kv import KVSettings, kv_generate, kv_token_bytes
-from dynheads.kvcache import HeadwiseCache, headwise_generate
+from dynheads.kv.cache import HeadwiseCache, headwise_generate
+from dynheads.kv.retention import KVSettings, kv_generate, kv_token_bytes
 from dynheads.models import LoadedModel
 
 

@@ -11,8 +11,8 @@ from zoo import NoTokenizer, tiny_model
 from dynheads.errors import DynheadsError
 from dynheads.experiments.kv import KVConfig, run_kv
 from dynheads.experiments.settings import KVFields
-from dynheads.kv import KVSettings, kv_generate
-from dynheads.kv_policies import KV_POLICIES, PolicyInputs, plot_style, retention_policy
+from dynheads.kv.policies import KV_POLICIES, PolicyInputs, plot_style, retention_policy
+from dynheads.kv.retention import KVSettings, kv_generate
 from dynheads.models import LoadedModel, load_model
 from dynheads.plots import kv as kv_plots
 

@@ -15,7 +15,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
-from dynheads.decoding import DecodingSession
+from dynheads.engine.decoding import DecodingSession
 from dynheads.models import LoadedModel
 
 TOL = 1e-5

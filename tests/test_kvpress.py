@@ -15,10 +15,10 @@ import torch
 from zoo import random_prompt, tiny_model, tiny_sdpa_lm
 
 from dynheads.errors import DynheadsError
-from dynheads.kv import KVSettings, kv_generate
+from dynheads.kv.press_registry import PressSpec, parse_press
+from dynheads.kv.presses import check_press
+from dynheads.kv.retention import KVSettings, kv_generate
 from dynheads.models import LoadedModel, with_cache
-from dynheads.press_registry import PressSpec, parse_press
-from dynheads.presses import check_press
 
 needs_kvpress = pytest.mark.skipif(
     importlib.util.find_spec("kvpress") is None,
@@ -48,7 +48,7 @@ def test_without_the_extra_a_one_line_error_names_it(monkeypatch):
 @needs_kvpress
 @pytest.mark.parametrize("press", ["streaming_llm", "snapkv", "expected_attention", "knorm"])
 def test_token_presses_start_at_the_static_policys_memory(lm, press):
-    from dynheads.presses import press_generate
+    from dynheads.kv.presses import press_generate
 
     ids = random_prompt(1)
     ranking = ((0, 0), (1, 1), (2, 0))
@@ -65,7 +65,7 @@ def test_token_presses_start_at_the_static_policys_memory(lm, press):
 def test_decoded_tokens_keep_their_true_positions_after_pruning(lm):
     """kvpress prunes the prefill, so the cache is shorter than the text: every decoded token must still get its
     position in the text (RoPE), not the pruned cache's length."""
-    from dynheads.presses import press_generate
+    from dynheads.kv.presses import press_generate
 
     ids, seen = random_prompt(10), []
     hook = lm.model.model.register_forward_pre_hook(
@@ -89,7 +89,7 @@ def test_decoded_tokens_keep_their_true_positions_after_pruning(lm):
 def test_a_head_list_press_keeps_exactly_its_heads_whole(lm):
     from transformers import DynamicCache
 
-    from dynheads.presses import head_list_press
+    from dynheads.kv.presses import head_list_press
 
     press = head_list_press([(0, 1), (2, 0)], sink=2, recent=8)
     cache = DynamicCache(config=lm.model.config)
@@ -107,7 +107,7 @@ def test_a_head_list_press_keeps_exactly_its_heads_whole(lm):
 
 @needs_kvpress
 def test_every_head_whole_is_the_unmodified_model(lm):
-    from dynheads.presses import press_generate
+    from dynheads.kv.presses import press_generate
 
     ids = random_prompt(3)
     every = tuple((layer, kv) for layer in range(3) for kv in range(2))
@@ -120,7 +120,7 @@ def test_every_head_whole_is_the_unmodified_model(lm):
 @needs_kvpress
 def test_press_from_a_thresholded_export(tmp_path, lm):
     from dynheads.analysis.kvheads import write_duo_attention
-    from dynheads.presses import press_from_export
+    from dynheads.kv.presses import press_from_export
 
     matrix = np.zeros((3, 2))
     matrix[1, 0], matrix[2, 1] = 0.8, 0.3
@@ -178,8 +178,8 @@ def test_the_head_token_press_runs_in_kvpress_pipeline_and_keeps_the_policys_tok
     from transformers import DynamicCache
     from zoo import byte_tokenizer
 
-    from dynheads.presses import head_tokens_press
-    from dynheads.token_kv import head_tokens, kept_count
+    from dynheads.kv.presses import head_tokens_press
+    from dynheads.kv.token_votes import head_tokens, kept_count
 
     tokenizer = byte_tokenizer("{% for m in messages %}<u>{{ m.content }}</u>{% endfor %}<a>")
     model = tiny_model("llama", vocab_size=len(tokenizer))
@@ -203,7 +203,7 @@ def test_the_head_token_press_runs_in_kvpress_pipeline_and_keeps_the_policys_tok
 
 @needs_kvpress
 def test_head_tokens_in_dynheads_kv_hold_snapkvs_bytes(lm):
-    from dynheads.presses import press_generate
+    from dynheads.kv.presses import press_generate
 
     ids = random_prompt(5, 120)
     settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),), voters=((1, 2),))
@@ -281,7 +281,7 @@ def test_listing_the_presses_imports_neither_kvpress_nor_torch():
     import sys
 
     code = (
-        "import sys; from dynheads.press_registry import KVPRESS_PRESSES; names = KVPRESS_PRESSES.names(); "
+        "import sys; from dynheads.kv.press_registry import KVPRESS_PRESSES; names = KVPRESS_PRESSES.names(); "
         "assert 'snapkv' in names and 'head_tokens' in names, names; "
         "assert 'torch' not in sys.modules and 'kvpress' not in sys.modules, 'imported'"
     )
@@ -292,8 +292,8 @@ def test_listing_the_presses_imports_neither_kvpress_nor_torch():
 @needs_kvpress
 def test_a_press_registered_in_a_test_file_runs_at_the_matched_bytes(lm):
     """Issue 35: a kvpress press is one registry entry, sized like the built-in ones."""
-    from dynheads.press_registry import KVPRESS_PRESSES, PressEntry
-    from dynheads.presses import press_generate
+    from dynheads.kv.press_registry import KVPRESS_PRESSES, PressEntry
+    from dynheads.kv.presses import press_generate
 
     KVPRESS_PRESSES.register("random", PressEntry("kvpress:RandomPress"), help="kvpress's random eviction")
     try:
@@ -319,7 +319,7 @@ def test_a_press_policy_names_its_knobs_after_a_second_colon():
 def test_press_knobs_are_the_press_fields_cast_to_their_types(lm):
     from kvpress import SnapKVPress
 
-    from dynheads.presses import make_press
+    from dynheads.kv.presses import make_press
 
     settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0), (1, 1), (2, 0)))
     press = make_press(check_press("kvpress:snapkv:window_size=8:kernel_size=3"), lm, settings, 40)
@@ -343,6 +343,6 @@ def test_press_knobs_are_the_press_fields_cast_to_their_types(lm):
 
 
 def press_generate_of(lm, ids, policy: str, settings: KVSettings):
-    from dynheads.presses import press_generate
+    from dynheads.kv.presses import press_generate
 
     return press_generate(lm, ids, check_press(policy), settings, 4, stop_at_eos=False)

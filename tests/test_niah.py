@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from dynheads import DynheadsError, niah, trace
-from dynheads.decoding import check_fits
+from dynheads.engine.decoding import check_fits
 
 
 def test_needle_span_is_exactly_the_needle_sentence(embedded):

@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
-from dynheads.decoding import DecodingSession
+from dynheads.engine.decoding import DecodingSession
 from dynheads.hostreads import HostReads
 from dynheads.models import LoadedModel, with_cache
 

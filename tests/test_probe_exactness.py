@@ -11,9 +11,9 @@ import pytest
 import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
-from dynheads.decoding import DecodingSession
+from dynheads.engine.decoding import DecodingSession
+from dynheads.engine.probe import AttentionProbe, attached
 from dynheads.models import LoadedModel
-from dynheads.probe import AttentionProbe, attached
 
 TOL = 1e-5
 PROMPT_LEN, STEPS = 20, 4  # 24 tokens > sliding window 8: the window slides during decoding
@@ -66,7 +66,7 @@ def test_probe_rows_equal_eager_rows_at_every_step(family):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_tokens_identical_with_probe_on_and_off(family):
-    from dynheads.decoding import trace
+    from dynheads.engine.decoding import trace
 
     model = tiny_model(family)
     lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
@@ -257,7 +257,7 @@ def test_eq2_denominator_is_summed_from_the_kept_keys_not_by_subtraction():
     # A sink-dominated row at 4k keys: the sink holds all but ~3e-8 of the mass, the rest is spread thinly.
     # In fp32 ``total - excluded`` is a multiple of the spacing of floats near 1 (6e-8): it snaps to 0 or to
     # twice the true value. The direct sum over the kept keys is exact to fp32 precision.
-    from dynheads.probe import record_layer_attention
+    from dynheads.engine.probe import record_layer_attention
 
     kv = 4096
     probe = AttentionProbe(num_layers=1, num_heads=1)

@@ -9,7 +9,7 @@ import pytest
 
 from dynheads.analysis.head_predictor import train_head_predictor
 from dynheads.analysis.settings import HeadPredictorConfig
-from dynheads.decoding import decode
+from dynheads.engine.decoding import decode
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.models import load_model

@@ -15,7 +15,7 @@ from zoo import COMMON, FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.analysis.evidence import EvidenceSettings, Interval, mean_interval
 from dynheads.analysis.ranking import qrhead_scores, ranking_metrics, top_heads
-from dynheads.decoding import DecodingSession
+from dynheads.engine.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
 from dynheads.models import LoadedModel, load_model
@@ -48,7 +48,7 @@ def eager_attentions(model, ids: list[int]) -> list[torch.Tensor]:
 
 SCORES = {
     "paragraphs": SpanScore(query=(22, 27), spans=((1, 6), (6, 13), (15, 20))),
-    "per-key": SpanScore.per_key((22, 27), 24),  # one span per key (the token votes of dynheads.token_kv)
+    "per-key": SpanScore.per_key((22, 27), 24),  # one span per key (the token votes of dynheads.kv.token_votes)
 }
 
 

@@ -104,8 +104,8 @@ def test_resolve_loads_what_is_needed_and_says_what_is_missing(tmp_path):
 
 
 def test_variants_declare_the_sources_they_read():
-    from dynheads.ablation_strategies import ABLATION_STRATEGIES
-    from dynheads.kv_policies import KV_POLICIES
+    from dynheads.ablation.strategies import ABLATION_STRATEGIES
+    from dynheads.kv.policies import KV_POLICIES
     from dynheads.rag.strategies import RAG_STRATEGIES
 
     assert needs_of([ABLATION_STRATEGIES.get("static"), ABLATION_STRATEGIES.get("random")]) == {STATIC_HEADS}

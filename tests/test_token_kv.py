@@ -1,4 +1,4 @@
-"""Retrieval heads choose the tokens (``dynheads.token_kv``): the votes are the voters' exact attention from the
+"""Retrieval heads choose the tokens (``dynheads.kv.token_votes``): the votes are the voters' exact attention from the
 observation window, the budget sets the kept count, sinks and recent tokens always stay, and a token the voters
 attend most is kept while one they never attend is dropped. The same policy as a kvpress press:
 ``tests/test_kvpress.py``."""
@@ -10,7 +10,7 @@ import torch
 from zoo import random_prompt, tiny_model, tiny_sdpa_lm
 
 from dynheads.errors import DynheadsError
-from dynheads.token_kv import head_tokens, keep, kept_count, token_scores, window_votes
+from dynheads.kv.token_votes import head_tokens, keep, kept_count, token_scores, window_votes
 
 VOTERS = ((0, 1), (2, 3), (1, 0))
 

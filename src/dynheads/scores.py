@@ -12,7 +12,7 @@ score is one ``register_score`` call (in any module, a test file included):
   that holds the token the model predicts.
 - ``reasoning`` (Eq. 2, continuous): the head's attention mass on the needle over its mass outside the
   attention sink (first ``sink_size`` keys) and the local window (last ``local_window`` keys); needle keys are
-  never excluded. The probe (``dynheads.probe``) sums the masses; the ratio is ``StepStats.reasoning_scores``.
+  never excluded. The probe (``dynheads.engine.probe``) sums the masses; the ratio is ``StepStats.reasoning_scores``.
 - ``SpanScore`` (continuous, over spans; in-context re-ranking): a head's score of key span s is the attention that
   the query rows put on the span's keys, averaged over those rows and summed over the keys (ICR, Chen et al.
   2025; QRHead, Zhang et al. 2025; both take the rows from the instruction after the candidates through the end of
@@ -65,7 +65,7 @@ ScoreKind = str  # the name of a registered head score ("copy", "reasoning", ...
 
 
 class StepMeasures(Protocol):
-    """What a head score reads of one step's probe statistics (``dynheads.probe.StepStats``), each ``[L, H]``."""
+    """What a head score reads of one step's probe statistics (``dynheads.engine.probe.StepStats``), each ``[L, H]``."""
 
     argmax_pos: torch.Tensor  # int64, absolute position of the most-attended key
     max_prob: torch.Tensor  # attention weight on that key
@@ -78,7 +78,7 @@ class StepMeasures(Protocol):
 
 
 class ScoredRow(Protocol):
-    """What a head score reads of the sequence being decoded (``dynheads.decoding.Row``)."""
+    """What a head score reads of the sequence being decoded (``dynheads.engine.decoding.Row``)."""
 
     prompt_length: int
     ids: torch.Tensor  # [capacity] the token buffer (absolute positions)

@@ -1,5 +1,5 @@
 """The head predictor (the paper's "MLP probe"): an MLP from the final hidden state to every head's score at the
-same step (paper Sec. 3.3, App. A.5). It is a different thing from the attention probe (``dynheads.probe``),
+same step (paper Sec. 3.3, App. A.5). It is a different thing from the attention probe (``dynheads.engine.probe``),
 which measures the scores; files and metric names keep the paper's word "probe".
 
 Binary targets (Eq. 1, NIAH) train with the Asymmetric Loss and report F1 / precision / recall at the threshold

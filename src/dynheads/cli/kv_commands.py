@@ -53,7 +53,7 @@ def kv_export(
     from dynheads.analysis.headlists import load_head_list
     from dynheads.analysis.kvheads import Aggregation, kv_head_matrix, query_head_scores, write_duo_attention
     from dynheads.io import read_json
-    from dynheads.kv import num_kv_heads
+    from dynheads.kv.retention import num_kv_heads
     from dynheads.models import load_model
 
     cfg = checks.checked_config(KVExportSettings, **settings)

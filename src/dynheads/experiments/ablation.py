@@ -1,7 +1,7 @@
 """Claim 2 on a NIAH grid: per-step head ablation (Figure 2) and progressive ablation with compensation (Figure 3).
 
 ``run_ablation`` decodes every sample of a lengths x depths x runs grid once per strategy with
-``dynheads.ablation.ablated_generate`` and writes, besides the run directory's records:
+``dynheads.ablation.per_step.ablated_generate`` and writes, besides the run directory's records:
 
 - ``cells.csv``: mean accuracy and ROUGE-L per strategy x length x depth, with the number of samples,
 - ``summary.md``: the means per strategy, beside what the paper reports,
@@ -37,15 +37,16 @@ import numpy as np
 import pandas as pd
 
 from dynheads import distributed
-from dynheads.ablation import (
+from dynheads.ablation.per_step import (
     AblationResult,
     AblationSettings,
     ablated_generate_batch,
     matched_count,
 )
-from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS
+from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.config import pieces_of
-from dynheads.decoding import check_fits
+from dynheads.engine.decoding import check_fits
+from dynheads.engine.probe import ABLATION_MODES, AblationMode
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig
 from dynheads.experiments.niah import NiahConfig
@@ -63,7 +64,6 @@ from dynheads.io import atomic_path
 from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
-from dynheads.probe import ABLATION_MODES, AblationMode
 from dynheads.resources import STATIC_HEADS, Evaluated, needs_of, resolve, sample_identity
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed

@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 
 from dynheads import distributed
-from dynheads.ablation import AblationResult, AblationSettings
-from dynheads.ablation_forced import forced_ablation
-from dynheads.ablation_strategies import ABLATION_STRATEGIES, DOSE_ARMS
+from dynheads.ablation.forced import forced_ablation
+from dynheads.ablation.per_step import AblationResult, AblationSettings
+from dynheads.ablation.strategies import ABLATION_STRATEGIES, DOSE_ARMS
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import (

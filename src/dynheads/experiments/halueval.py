@@ -25,7 +25,7 @@ import pandas as pd
 
 from dynheads.analysis import hallucination as hl
 from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
-from dynheads.decoding import trace_batch
+from dynheads.engine.decoding import trace_batch
 from dynheads.errors import DynheadsError
 from dynheads.experiments.detect import (
     HEADLINE_TITLE,

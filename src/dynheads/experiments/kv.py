@@ -1,6 +1,6 @@
 """Dynamic vs static head-level KV retention on a NIAH grid: accuracy against the KV budget, per policy.
 
-``run_kv`` decodes every sample of a lengths x depths x runs grid with ``dynheads.kv.kv_generate`` once per
+``run_kv`` decodes every sample of a lengths x depths x runs grid with ``dynheads.kv.retention.kv_generate`` once per
 (policy, budget) (``full`` and ``none`` once per sample) and writes, besides the run directory's records:
 
 - ``table.csv`` / ``summary.md`` (over the samples finished under every policy and budget; an unfinished
@@ -35,13 +35,16 @@ from dynheads.analysis.evidence import EvidenceSettings, mean_interval
 from dynheads.analysis.head_predictor import TrainedHeadPredictor
 from dynheads.analysis.kvheads import KVHead, kv_head_ranking
 from dynheads.config import pieces_of
-from dynheads.decoding import check_fits
+from dynheads.engine.decoding import check_fits
 from dynheads.errors import DynheadsError
 from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
 from dynheads.heads import Head, flat_index, head_key
 from dynheads.io import atomic_path, write_json
-from dynheads.kv import (
+from dynheads.kv.policies import KV_POLICIES, is_budget_free, is_dynamic
+from dynheads.kv.press_registry import KVPRESS_PRESSES, parse_press
+from dynheads.kv.presses import check_press, is_press, press_generate
+from dynheads.kv.retention import (
     KVResult,
     KVSettings,
     Prefill,
@@ -53,11 +56,9 @@ from dynheads.kv import (
     num_kv_heads,
     prefill,
 )
-from dynheads.kv_policies import KV_POLICIES, is_budget_free, is_dynamic
+from dynheads.kv.token_votes import POOL, VOTERS, WINDOW
 from dynheads.models import LoadedModel
 from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
-from dynheads.press_registry import KVPRESS_PRESSES, parse_press
-from dynheads.presses import check_press, is_press, press_generate
 from dynheads.resources import (
     HEAD_PREDICTOR,
     STATIC_HEADS,
@@ -71,7 +72,6 @@ from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_
 from dynheads.seeding import derive_seed
 from dynheads.tables import Block, Summary, Table, write_summary
 from dynheads.tasks import niah
-from dynheads.token_kv import POOL, VOTERS, WINDOW
 
 
 @dataclass(frozen=True)

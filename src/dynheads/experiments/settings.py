@@ -15,14 +15,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS
+from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
 from dynheads.analysis.kvheads import AGGREGATIONS
 from dynheads.analysis.settings import FEATURE_SETS
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank_strategies import RERANK_STRATEGIES
-from dynheads.kv_policies import KV_POLICIES
+from dynheads.kv.policies import KV_POLICIES
 from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig

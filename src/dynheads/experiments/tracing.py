@@ -1,6 +1,6 @@
 """The loop every tracing run shares: check the samples fit, trace the unfinished ones, save, summarise.
 
-Samples are traced ``batch_size`` at a time (``dynheads.batching``; 1 = the reference path) by the shared job
+Samples are traced ``batch_size`` at a time (``dynheads.engine.batching``; 1 = the reference path) by the shared job
 loop (``dynheads.runs.run_jobs``): under ``torchrun`` / ``accelerate launch`` each rank traces its own share.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from dynheads import distributed
-from dynheads.decoding import check_fits, trace_batch
+from dynheads.engine.decoding import check_fits, trace_batch
 from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
 from dynheads.tasks.registry import Task, get_task
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from dynheads.ablation_strategies import ABLATION_STRATEGIES, panel_order
+from dynheads.ablation.strategies import ABLATION_STRATEGIES, panel_order
 from dynheads.errors import DynheadsError
 from dynheads.plots.png import save_png
 

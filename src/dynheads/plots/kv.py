@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from dynheads.kv_policies import is_budget_free, plot_style
+from dynheads.kv.policies import is_budget_free, plot_style
 from dynheads.plots.ablation import plot_heatmaps
 from dynheads.plots.png import save_png
 

@@ -28,11 +28,11 @@ from typing import cast
 import numpy as np
 import torch
 
-from dynheads.decoding import Action, DecodingSession, Emit, Row, StepPolicy, StepResult, Stop, decode, greedy
+from dynheads.engine.decoding import Action, DecodingSession, Emit, Row, StepPolicy, StepResult, Stop, decode, greedy
+from dynheads.engine.probe import RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.models import LoadedModel, decode_text
-from dynheads.probe import RowEdit
 from dynheads.rag.strategies import HeadSelector
 from dynheads.rag.trigger import TriggerConfig, rind
 from dynheads.rag.windows import RetrievalConfig, retrieval_recall, select_windows

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dynheads.analysis.ranking import ranking
-from dynheads.decoding import DecodingSession
+from dynheads.engine.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 from dynheads.scores import SpanScore

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dynheads.ablation_strategies import DOSE_ARMS
+from dynheads.ablation.strategies import DOSE_ARMS
 from dynheads.analysis.dynamism import entropy_share
 from dynheads.analysis.evidence import (
     UNDEFINED,

@@ -1,4 +1,4 @@
-"""The KV-retention policies (``dynheads.kv``): which KV heads keep their whole cache at one decode step.
+"""The KV-retention policies (``dynheads.kv.retention``): which KV heads keep their whole cache at one decode step.
 
 Each policy is a ``RetentionPolicy`` in the registry ``KV_POLICIES``: a ``choose(inputs)`` that returns the KV
 heads kept whole, what it needs (a static head list, a trained probe, a clean full-KV pass at every step), how it

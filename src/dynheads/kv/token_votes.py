@@ -1,6 +1,6 @@
 """Retrieval heads choose the tokens: a token-level KV policy where chosen heads vote on the prompt's tokens.
 
-After the prefill of the prompt minus its last token (as ``dynheads.kv`` and ``presses.press_generate`` prefill),
+After the prefill of the prompt minus its last token (as ``kv.retention`` and ``presses.press_generate`` prefill),
 the voting heads' attention rows from the last ``window`` prefilled positions (the observation window: on a chat
 prompt the question and the chat suffix) are averaged, over those rows and over the voters, into one vote per key
 before the window; the votes are smoothed by a mean over ``pool`` neighbouring keys (SnapKV's pooling, so a kept
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from dynheads.decoding import DecodingSession
+from dynheads.engine.decoding import DecodingSession
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.models import LoadedModel

@@ -1,7 +1,7 @@
 """Teacher-forced single-step ablation (issue 32): at each step of the clean greedy answer, remove heads at that
 step only and measure how much the log-probability of the clean token falls and whether the argmax flips.
 
-Unlike the cascade (``dynheads.ablation``: the masked token is emitted and later steps see the ablated history),
+Unlike the cascade (``ablation.per_step``: the masked token is emitted and later steps see the ablated history),
 every measured step here sits on the clean history, so the measure is graded and cannot sit at a floor.
 
 Two phases per sample, one prefill:
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dynheads.ablation import AblationSettings, heads_to_mask, prefilled_session, validate
-from dynheads.decoding import (
+from dynheads.ablation.per_step import AblationSettings, heads_to_mask, prefilled_session, validate
+from dynheads.engine.decoding import (
     Action,
     DecodeInput,
     DecodingSession,
@@ -36,10 +36,10 @@ from dynheads.decoding import (
     decode,
     greedy,
 )
+from dynheads.engine.probe import RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.models import LoadedModel
-from dynheads.probe import RowEdit
 
 
 @dataclass

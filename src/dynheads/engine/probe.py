@@ -24,7 +24,7 @@ torch's fused SDPA kernel, so no attention matrix is ever materialised.
 Interventions are one ``RowEdit`` per batch row (``set_edits``; one edit applies to every row): heads to remove
 at the last query row (``zero``: drop the head's slice of the o_proj input; ``uniform``: uniform attention over
 the keys the row may see; ``mean``: the head's mean output over the row's prompt, ``head_means``), key
-positions to hide from every head (in-context RAG), and per-head KV retention (``dynheads.kv``): at decode steps
+positions to hide from every head (in-context RAG), and per-head KV retention (``kv.retention``): at decode steps
 every query head outside ``full_kv`` becomes a DuoAttention "streaming" head that sees only the first ``kv_sink``
 and the last ``kv_recent`` key positions (the current token included), and the step statistics are those of the
 attention actually applied. Passes of several tokens (prefill) never stream.

@@ -12,7 +12,7 @@ plus ``sink + recent``-token windows hold at the prompt's length, so both start 
 - ``duo_attention``: ``DuoAttentionPress`` driven by a dynheads head list (``head_list_press``): the static policy's
   k best positive-score KV heads keep every token and the others only ``sink`` + ``recent`` (kvpress masks the
   evicted keys of those heads instead of freeing them; the bytes counted are the keys it leaves visible),
-- ``head_tokens``: retrieval heads choose the tokens (``head_tokens_press``, ``dynheads.token_kv``): the static
+- ``head_tokens``: retrieval heads choose the tokens (``head_tokens_press``, ``dynheads.kv.token_votes``): the static
   list's best query heads vote from an observation window and every KV head keeps the same tokens, at that ratio.
 
 The resident KV of a press row is read from the cache at every decode step (its tokens x KV heads, less the
@@ -35,10 +35,10 @@ from dynheads.config import parse_fields
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.io import read_json
-from dynheads.kv import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
+from dynheads.kv.press_registry import KVPRESS_PRESSES, PressSpec, parse_press
+from dynheads.kv.retention import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
+from dynheads.kv.token_votes import POOL, WINDOW, token_scores
 from dynheads.models import LoadedModel, decode_text, with_cache
-from dynheads.press_registry import KVPRESS_PRESSES, PressSpec, parse_press
-from dynheads.token_kv import POOL, WINDOW, token_scores
 
 PREFIX = "kvpress:"
 EXTRA = "pip install 'dynheads[kvpress]' (kvpress 0.5.5, which needs transformers<5.3)"
@@ -129,7 +129,7 @@ def _token_press_class() -> type:
 
     @dataclass
     class HeadTokensPress(kvpress.ScorerPress):  # type: ignore[name-defined]  # a base found at run time
-        """Retrieval heads choose the tokens (``dynheads.token_kv``): the ``voters`` ((layer, query head) pairs)
+        """Retrieval heads choose the tokens (``dynheads.kv.token_votes``): the ``voters`` ((layer, query head) pairs)
         vote from the last ``window`` prefilled positions, and every KV head of every layer keeps the same tokens.
         The votes of all layers are known after the last layer, so the cache of every layer is compressed there
         (the prefill itself attends in full either way: kvpress compresses after a layer's attention)."""
@@ -187,7 +187,7 @@ def head_tokens_press(
     window: int = WINDOW,
     pool: int = POOL,
 ):
-    """A kvpress press (a ``ScorerPress``) whose scores are the head-guided token votes of ``dynheads.token_kv``:
+    """A kvpress press (a ``ScorerPress``) whose scores are the head-guided token votes of ``dynheads.kv.token_votes``:
     ``with head_tokens_press(heads, 0.75)(model): model(prompt_ids, **with_cache(model, cache))``."""
     if not 0 <= compression_ratio < 1:
         raise DynheadsError(f"a compression ratio is in [0, 1), got {compression_ratio}")
@@ -262,7 +262,7 @@ def press_generate(
     stop_at_eos: bool = True,
 ) -> KVResult:
     """Greedy decoding with the kvpress press ``spec`` names (with its knobs) applied to the prefill of the prompt
-    minus its last token (as ``dynheads.kv`` prefills), the resident KV read from the cache at every decode step."""
+    minus its last token (as ``kv.retention`` prefills), the resident KV read from the cache at every decode step."""
     from transformers import DynamicCache
 
     entry = KVPRESS_PRESSES.get(spec.name)

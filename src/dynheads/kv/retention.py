@@ -11,7 +11,7 @@ bytes (unless one of them keeps fewer than k: its shortfall is recorded).
 The prompt minus its last token is prefilled in full; the last prompt token and every generated token are decode
 steps under the policy, so every emitted token is computed with the policy's head set.
 
-Policies (``dynheads.kv_policies``, a registry: ``full``, ``none``, ``static``, ``probe``, ``oracle``, ``true``,
+Policies (``dynheads.kv.policies``, a registry: ``full``, ``none``, ``static``, ``probe``, ``oracle``, ``true``,
 ``random`` and any policy registered there) pick the KV heads kept whole at each step; this loop runs them.
 
 Dynamic policies (probe, oracle, true, random: ``RetentionPolicy.dynamic``) may pick any head later, so its keys
@@ -31,7 +31,7 @@ import numpy as np
 
 from dynheads.analysis.head_predictor import TrainedHeadPredictor
 from dynheads.analysis.kvheads import KVHead
-from dynheads.decoding import (
+from dynheads.engine.decoding import (
     Action,
     Checkpoint,
     DecodeInput,
@@ -43,11 +43,11 @@ from dynheads.decoding import (
     decode,
     greedy,
 )
+from dynheads.engine.probe import NO_EDIT, RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
-from dynheads.kv_policies import KV_POLICIES, PolicyInputs
+from dynheads.kv.policies import KV_POLICIES, PolicyInputs
 from dynheads.models import LoadedModel, decode_text
-from dynheads.probe import NO_EDIT, RowEdit
 from dynheads.scores import ranked_heads
 
 ProbeSelect = Literal["top", "threshold"]

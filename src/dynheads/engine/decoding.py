@@ -3,18 +3,18 @@ simplest policy.
 
 ``DecodingSession`` holds the rows being decoded (``Row``: token buffer, cached length, needle, context end),
 their KV cache and the attention probe. A new session has one row; ``forward(n)`` feeds that row's next ``n``
-tokens. ``DecodingSession.merge`` joins prefilled one-row sessions into one batch (``dynheads.batching``: their
+tokens. ``DecodingSession.merge`` joins prefilled one-row sessions into one batch (``dynheads.engine.batching``: their
 caches are left-padded into one) whose ``forward_rows`` feeds one token per row. ``checkpoint`` / ``rollback``
 forget passes, for every cache layer type including sliding windows (updates replace tensors, never write into
 them, except the batch's growing layers, whose next write overwrites what was forgotten).
 
 ``decode(sessions, policies, max_new_tokens)``: per row and per step, the policy gives the pass's ``RowEdit``
-(heads to remove, keys to hide, heads that stream; ``dynheads.probe``) and, after the pass, an action: ``Emit``
+(heads to remove, keys to hide, heads that stream; ``dynheads.engine.probe``) and, after the pass, an action: ``Emit``
 a token, ``Rerun`` the same step under another edit (the two-pass ablation, the oracle KV policies), or ``Stop``.
 Step 0 of every session runs alone (the batch-1 reference path: the prompt never sees a pad); the sessions still
 running are then merged and decoded as one batch, rows leaving it at their own end. With one session the loop
 never merges, so batch 1 is exactly the one-row path. Tracing (``TracePolicy``), the per-step ablation
-(``dynheads.ablation``), KV retention (``dynheads.kv``) and the RAG answerer (``dynheads.rag.loop``) are
+(``ablation.per_step``), KV retention (``kv.retention``) and the RAG answerer (``dynheads.rag.loop``) are
 policies of this loop.
 
 Batched rows equal their batch-1 runs up to fp32 summation order (batched matrix products, zero-probability pad
@@ -32,10 +32,10 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from dynheads.batching import dynamic_layer, filled, merge_caches
+from dynheads.engine.batching import dynamic_layer, filled, merge_caches
+from dynheads.engine.probe import NO_EDIT, AblationMode, AttentionProbe, Head, RowEdit, StepStats, attached
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, decode_text, with_cache
-from dynheads.probe import NO_EDIT, AblationMode, AttentionProbe, Head, RowEdit, StepStats, attached
 from dynheads.scores import HEAD_SCORES, LOCAL_WINDOW, SINK_SIZE, copy_scores
 from dynheads.thresholds import chance_share
 from dynheads.traces import Trace

@@ -1,5 +1,5 @@
 """A real per-head KV cache: a streaming KV head stores only its sinks and recent window, a whole KV head stores
-every token, so the memory of the streaming heads is really freed (``dynheads.kv`` only simulates it with masks).
+every token, so the memory of the streaming heads is really freed (``kv.retention`` only simulates it with masks).
 
 ``HeadwiseCache`` is a transformers ``Cache`` whose layers (``HeadwiseLayer``) split the KV heads of a layer in
 two tensors: ``[B, n_whole, T, D]`` for the whole heads, and ``sink`` + ``recent - 1`` tokens ``[B, n_stream, ., D]``
@@ -9,7 +9,7 @@ as ``HEADWISE``) runs each group of query heads on its own keys: matmul in the m
 the last query row, the arithmetic of the probe's decode step, so greedy decoding equals ``kv_generate``'s
 ``static`` policy (``tests/test_kv_cache.py``).
 
-Scope: one sequence (batch 1); the prompt is prefilled in one pass with full attention (as ``dynheads.kv`` does)
+Scope: one sequence (batch 1); the prompt is prefilled in one pass with full attention (as ``kv.retention`` does)
 and compressed as it is stored; decoder-only models with plain causal attention (no sliding-window layers and no
 soft-capped logits). The head split is fixed for the cache's life: static policies. ``headwise_generate`` decodes
 with it and reports the bytes the cache holds.
@@ -221,8 +221,8 @@ def headwise_generate(
     stop_at_eos: bool = True,
 ) -> HeadwiseResult:
     """Greedy decoding with a ``HeadwiseCache`` keeping ``kv_heads`` whole: the prompt minus its last token is
-    prefilled in full, then the last prompt token and every generated token are decode steps (``dynheads.kv``)."""
-    from dynheads.kv import kv_token_bytes, num_kv_heads
+    prefilled in full, then the last prompt token and every generated token are decode steps (``kv.retention``)."""
+    from dynheads.kv.retention import kv_token_bytes, num_kv_heads
 
     if len(input_ids) < 2:
         raise DynheadsError("the per-head KV cache needs a prompt of at least 2 tokens")

@@ -6,7 +6,7 @@ feeds exactly one token. The clean pass leaves the cache untouched when a masked
 saved and restored); the masked pass writes the cache, so later steps see the ablated history, as in the
 paper. When a step masks nothing, the clean pass is kept and no second pass runs.
 
-Strategies (``dynheads.ablation_strategies``, a registry): ``dynamic`` (mask D_t, or its first k heads ordered
+Strategies (``dynheads.ablation.strategies``, a registry): ``dynamic`` (mask D_t, or its first k heads ordered
 by attention on the copied position), ``static`` (top heads of a static list), ``random`` (a seeded draw at each
 step), ``fixed`` (one given head set at every step), ``none`` (plain greedy decoding), and any strategy registered
 there.
@@ -29,12 +29,22 @@ from typing import cast
 
 import numpy as np
 
-from dynheads.ablation_strategies import ABLATION_STRATEGIES, MATCHINGS, MaskInputs
-from dynheads.decoding import Action, DecodeInput, DecodingSession, Rerun, Row, StepPolicy, StepResult, decode, greedy
+from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS, MaskInputs
+from dynheads.engine.decoding import (
+    Action,
+    DecodeInput,
+    DecodingSession,
+    Rerun,
+    Row,
+    StepPolicy,
+    StepResult,
+    decode,
+    greedy,
+)
+from dynheads.engine.probe import AblationMode, RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 from dynheads.models import LoadedModel, decode_text
-from dynheads.probe import AblationMode, RowEdit
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ScoreKind, ScoreSpec
 
 

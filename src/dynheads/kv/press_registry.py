@@ -75,11 +75,11 @@ KVPRESS_PRESSES.register(
 KVPRESS_PRESSES.register("knorm", PressEntry("kvpress:KnormPress"), help="the keys of smallest norm")
 KVPRESS_PRESSES.register(
     "duo_attention",
-    PressEntry("dynheads.presses:duo_attention_press", sizing="heads", needs_static=True),
+    PressEntry("dynheads.kv.presses:duo_attention_press", sizing="heads", needs_static=True),
     help="DuoAttention's press driven by the static list: its best KV heads whole, the others streaming",
 )
 KVPRESS_PRESSES.register(
     "head_tokens",
-    PressEntry("dynheads.presses:voted_tokens_press", needs_static=True),
-    help="retrieval heads choose the tokens every KV head keeps (dynheads.token_kv)",
+    PressEntry("dynheads.kv.presses:voted_tokens_press", needs_static=True),
+    help="retrieval heads choose the tokens every KV head keeps (dynheads.kv.token_votes)",
 )
