@@ -10,11 +10,12 @@ from test_probe_exactness import eager_last_rows
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.analysis import hallucination as hl
+from dynheads.analysis.detector import Detector, apply_detector
 from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.analysis.settings import ANSWER_KEY, DEPLOYABLE
 from dynheads.engine.decoding import DecodingSession, trace
 from dynheads.errors import DynheadsError
-from dynheads.experiments.detect import Detector, apply_detector, run_detect
+from dynheads.experiments.detect import run_detect
 from dynheads.experiments.settings import DetectConfig
 from dynheads.io import read_json
 from dynheads.models import LoadedModel

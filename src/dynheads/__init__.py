@@ -71,7 +71,7 @@ _EXPORTS = exports_by_name(
         "dynheads.kv.token_votes": ("head_tokens",),
         "dynheads.analysis.kvheads": ("kv_head_matrix", "query_head_scores", "write_duo_attention"),
         "dynheads.analysis.hallucination": ("token_features",),
-        "dynheads.experiments.detect": ("Detector", "apply_detector"),
+        "dynheads.analysis.detector": ("Detector", "apply_detector"),
         # figures and the report
         "dynheads.plots.heads": ("plot_head_dynamics",),
         "dynheads.plots.ablation": ("plot_heatmaps",),

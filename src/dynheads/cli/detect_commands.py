@@ -90,7 +90,7 @@ def detect_apply(
     out: Annotated[Path | None, Opt("--out", help="CSV file for the per-token scores (default: print)")] = None,
 ) -> None:
     """Score every token of a trace with a saved detector: probability that it is hallucinated."""
-    from dynheads.experiments.detect import apply_detector
+    from dynheads.analysis.detector import apply_detector
 
     checks.json_file(detector, "detector")
     checks.parquet_file(trace)

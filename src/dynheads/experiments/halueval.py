@@ -24,6 +24,15 @@ import numpy as np
 import pandas as pd
 
 from dynheads.analysis import hallucination as hl
+from dynheads.analysis.detector import (
+    Featuriser,
+    LabelledSample,
+    Level,
+    evidence_settings,
+    fit_detectors,
+    hallucination_probability,
+    training_feature_spec,
+)
 from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
 from dynheads.engine.decoding import trace_batch
 from dynheads.errors import DynheadsError
@@ -31,16 +40,9 @@ from dynheads.experiments.detect import (
     HEADLINE_TITLE,
     UPPER_TITLE,
     DetectConfig,
-    Featuriser,
-    LabelledSample,
-    Level,
-    evidence_settings,
-    fit_detectors,
-    hallucination_probability,
     labelled_samples,
     match_lengths,
     refuse_probe_overlap,
-    training_feature_spec,
 )
 from dynheads.experiments.settings import BOUNDARIES, HaluevalConfig
 from dynheads.io import read_json, write_json
