@@ -95,10 +95,16 @@ def test_the_paper_preset_says_where_every_value_comes_from():
 
 def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
     """Issue 35: a study stage is one registry entry (``reproduce.STUDY``, in the order registered) under a name the
-    stage registry knows; ``reproduce`` is a loop over them, logging each one's time or why it failed."""
+    stage registry knows; ``reproduce`` is a loop over them, logging each one's time or why it failed. Its report
+    section is one entry of ``report.build.REPORT_SECTIONS`` with its claim function: the report shows the section
+    and, on its first screen, the claim's card with the stage's figure."""
+    import matplotlib.pyplot as plt
+
     from dynheads import stages
     from dynheads.errors import DynheadsError
     from dynheads.registry import Registry
+    from dynheads.report import claims
+    from dynheads.report.build import REPORT_SECTIONS, ReportSection
     from dynheads.runs import RunDir
 
     study = Registry(reproduce_module.STUDY.kind)  # this study: the registered NIAH trace, then two stages of ours
@@ -113,16 +119,34 @@ def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model
             records = RunDir(run.folder(stages.NIAH)).records()
             run.folder("count-steps").mkdir()
             (run.folder("count-steps") / "steps.txt").write_text(str(sum(r["steps"] for r in records)))
+            plt.figure(figsize=(1, 1))
+            plt.bar([0], [sum(r["steps"] for r in records)])
+            plt.savefig(run.folder("count-steps") / "steps.png")
+            plt.close()
 
         @study.register("always-fails", help="a stage this model cannot support")
         def always_fails(run: reproduce_module.Study) -> None:
             raise DynheadsError("no support on this model")
 
+        def steps_section(folder) -> list:  # the section's parts and its claim's verdict
+            steps = int((folder.root / "count-steps" / "steps.txt").read_text())
+            return [f"{steps} steps in all.", claims.failed("Claim 4, steps", "NIAH", f"{steps} steps decide nothing")]
+
+        figure = ("count-steps", ("steps.png",))
+        REPORT_SECTIONS.register("steps", ReportSection("Steps per sample", steps_section, None, figure), help="steps")
+
         out = reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=tiny_lm)
         log = read_json(out / "stages.json")
         assert list(log) == [stages.NIAH, "count-steps", "always-fails"]
-        assert int((out / "count-steps" / "steps.txt").read_text()) > 0
+        steps = int((out / "count-steps" / "steps.txt").read_text())
+        assert steps > 0
         assert log["always-fails"]["error"] == "no support on this model"
+        report = write_report(out)[0].read_text()
+        assert f"## Steps per sample\n\n{steps} steps in all." in report
+        card = report[report.index("### Claim 4, steps, NIAH: inconclusive") :]
+        assert card.index("count-steps/steps.png)") < card.index("## Steps per sample")  # the card, on the first screen
+        assert f"{steps} steps decide nothing" in report
     finally:
         stages.STAGES.unregister("count-steps")
         stages.STAGES.unregister("always-fails")
+        REPORT_SECTIONS.unregister("steps")

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,7 @@ from dynheads.paper import (
     PAPER_TABLE6,
     PAPER_TOP1,
 )
+from dynheads.registry import Registry
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
 from dynheads.report.headline import Headline, headline
@@ -113,6 +114,7 @@ class Section:
     title: str
     parts: list[Part]
     task: Task | None = None  # the task whose stages the section shows (its verdict cards set the paper beside it)
+    card_figure: tuple[str, tuple[str, ...]] = ("", ())  # its verdict cards' figure (``ReportSection``)
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -170,17 +172,17 @@ def _refuse_old_study(root: Path) -> None:
 
 def _headline(section: Section, verdict: Verdict, root: Path) -> Headline:
     """The verdict's card; a figure that cannot be read or drawn leaves the card without one, saying why."""
-    anchor = section.anchor
+    anchor, figure = section.anchor, section.card_figure
     paper = section.task.paper_label if section.task is not None else None
     try:
-        return headline(anchor, verdict, root, _ablation_metric(root, anchor), paper_task=paper)
+        metric = _ablation_metric(root, figure[0]) if verdict.claim == claims.CLAIM2 else "accuracy"
+        return headline(anchor, verdict, root, metric, paper_task=paper, figure=figure)
     except READ_ERRORS as error:
         return Headline(anchor, verdict, None, [], f"no figure: {error}")
 
 
-def _ablation_metric(root: Path, anchor: str) -> str:
-    """Claim 2's decisive metric in section ``anchor`` (the first of ABLATION_METRICS its ablation stage measured)."""
-    stage = stages.HOTPOTQA_ABLATION if anchor.endswith(stages.HOTPOTQA) else stages.ABLATION
+def _ablation_metric(root: Path, stage: str) -> str:
+    """Claim 2's decisive metric on the ablation ``stage`` (the first of ABLATION_METRICS it measured)."""
     try:
         measured = (stage_evidence(root, stage) or {}).get("per_sample") or {}
     except READ_ERRORS:
@@ -198,114 +200,141 @@ def qa_task(root: Path) -> Task:
     return HOTPOTQA
 
 
-SectionSpec = tuple[str, str, Callable[[], list[Part]]]  # anchor, title, what builds the section's parts
+@dataclass(frozen=True)
+class StudyFolder:
+    """What a section reads: the study folder, the settings that decide its verdicts, and the QA task its
+    HotpotQA-side stages ran."""
+
+    root: Path
+    evidence: EvidenceSettings
+    qa: Task
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """One section of the report: its title (``{qa}`` stands for the QA task's label), what builds its parts from
+    the study (text, tables, figures and its claims' verdicts, e.g. by a ``claims`` function), the task whose stages
+    it shows (``niah``, ``qa`` or None: its verdicts' cards set the paper's numbers for that task beside ours, and a
+    task the model does not solve makes them inconclusive), and the figure of its verdict cards: a stage folder and
+    file patterns (the first pattern that matches, first match in name order)."""
+
+    title: str
+    build: Callable[[StudyFolder], list[Part]]
+    side: Literal["niah", "qa"] | None = None
+    card_figure: tuple[str, tuple[str, ...]] = ("", ())
+
+
+# The report's sections in order, each under its anchor: one entry (and its claim function) adds a section with
+# its verdict cards; register one from anywhere (a test file) as ``study_stage`` adds a stage to the study.
+REPORT_SECTIONS = Registry[ReportSection]("report section")
+# Claim 2's card figure: the dose curves, else the matched grid's heat maps
+CLAIM2_FIGURES = ("plots/dose-teacher.png", "plots/dose-cascade.png", "plots/ablation-*.png")
 
 
 def build_sections(root: Path, evidence: EvidenceSettings | None = None) -> list[Section]:
-    """The paper's sections in order; any error while reading a stage becomes text in its section."""
-    evidence = evidence or EvidenceSettings()
-    qa = qa_task(root)
+    """The registered sections in order; any error while reading a stage becomes text in its section."""
+    study = StudyFolder(root, evidence or EvidenceSettings(), qa_task(root))
+    tasks = {"niah": NIAH, "qa": study.qa, None: None}
     sections = []
-    for anchor, title, build in _niah_sections(root, evidence) + _qa_sections(root, qa.label, evidence):
+    for entry in REPORT_SECTIONS:
+        spec = entry.value
         try:
-            parts = build()
+            parts = spec.build(study)
         except READ_ERRORS as error:
             parts = [f"*Could not read this stage: {error}*"]
-        task = NIAH if anchor.endswith(stages.NIAH) else qa if anchor.endswith((stages.HOTPOTQA, stages.RAG)) else None
-        sections.append(Section(anchor, title, parts, task))
-    return _gate_unsolved(sections, root, qa)
+        title = spec.title.format(qa=study.qa.label)
+        sections.append(Section(entry.name, title, parts, tasks[spec.side], spec.card_figure))
+    return _gate_unsolved(sections, root, study.qa)
 
 
-def _niah_sections(root: Path, evidence: EvidenceSettings) -> list[SectionSpec]:
-    """The static list, the NIAH setup and the three claims on NIAH."""
-    niah = NIAH.label
-    return [
-        ("static", "Static retrieval heads (Wu et al. 2024)", lambda: _static(root)),
-        (stages.NIAH, f"{niah} setup (Section 3.1)", lambda: _task_run(root, stages.NIAH)),
-        (
-            "claim1-niah",
-            "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)",
-            lambda: _dynamism(root, stages.DYNAMISM, niah, "Figure 1", _table1_note(), evidence),
-        ),
-        (
-            "claim2-niah",
-            "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)",
-            lambda: _ablation(
-                root,
-                (stages.ABLATION, stages.PROGRESSIVE),
-                ("Figure 2", "Figure 3"),
-                niah,
-                f"{PAPER_MODEL}: {PAPER_GRID}.",
-                f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.",
-                evidence,
-            ),
-        ),
-        (
-            "claim3-niah",
-            "Claim 3, correlation, on NIAH (Figure 4, Table 2)",
-            lambda: _correlation(
-                root,
-                (stages.CCA, stages.PROBE),
-                "Figure 4",
-                "binary",
-                niah,
-                _cca_note(),
-                _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")),
-                evidence,
-            ),
-        ),
-    ]
+def report_section(
+    anchor: str,
+    title: str,
+    side: Literal["niah", "qa"] | None = None,
+    card_figure: tuple[str, tuple[str, ...]] = ("", ()),
+) -> Callable[[Callable[[StudyFolder], list[Part]]], Callable[[StudyFolder], list[Part]]]:
+    """Register the decorated function as the parts of section ``anchor`` (``ReportSection``)."""
+
+    def add(build: Callable[[StudyFolder], list[Part]]) -> Callable[[StudyFolder], list[Part]]:
+        REPORT_SECTIONS.register(anchor, ReportSection(title, build, side, card_figure), help=title.format(qa="QA"))
+        return build
+
+    return add
 
 
-def _qa_sections(root: Path, hotpot: str, evidence: EvidenceSettings) -> list[SectionSpec]:
-    """The HotpotQA (or stand-in task, labelled ``hotpot``) setup, the three claims on it, and Dynamic RAG."""
-    return [
-        (
-            stages.HOTPOTQA,
-            f"{hotpot} setup (Section 5)",
-            lambda: (
-                _task_run(root, stages.HOTPOTQA)
-                + (
-                    _stage(root, stages.HOTPOTQA_STATIC, "Static reasoning heads")
-                    if (root / stages.HOTPOTQA_STATIC).is_dir()
-                    else []
-                )
-            ),
-        ),
-        (
-            "claim1-hotpotqa",
-            f"Claim 1, dynamism, on {hotpot} (Figure 5)",
-            lambda: _dynamism(root, stages.HOTPOTQA_DYNAMISM, hotpot, "Figure 5", PAPER_FIGURE5, evidence),
-        ),
-        (
-            "claim2-hotpotqa",
-            f"Claim 2, irreplaceability, on {hotpot} (Figures 6 and 7)",
-            lambda: _ablation(
-                root,
-                (stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE),
-                ("Figure 6", "Figure 7"),
-                hotpot,
-                PAPER_FIGURE6,
-                PAPER_FIGURE7,
-                evidence,
-            ),
-        ),
-        (
-            "claim3-hotpotqa",
-            f"Claim 3, correlation, on {hotpot} (Figure 8, Table 3)",  # Eq. 2 scores: a regressor
-            lambda: _correlation(
-                root,
-                (stages.HOTPOTQA_CCA, stages.HOTPOTQA_PROBE),
-                "Figure 8",
-                "continuous",
-                hotpot,
-                PAPER_FIGURE8,
-                _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)),
-                evidence,
-            ),
-        ),
-        ("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", lambda: _rag(root, hotpot, evidence)),
-    ]
+# ---- the static list, the NIAH setup and the three claims on NIAH -----------------------------------------------
+@report_section("static", "Static retrieval heads (Wu et al. 2024)")
+def _static_section(study: StudyFolder) -> list[Part]:
+    return _static(study.root)
+
+
+@report_section(stages.NIAH, f"{NIAH.label} setup (Section 3.1)", side="niah")
+def _niah_setup(study: StudyFolder) -> list[Part]:
+    return _task_run(study.root, stages.NIAH)
+
+
+@report_section(
+    "claim1-niah", "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)", "niah", (stages.DYNAMISM, ("heads-*.png",))
+)
+def _claim1_niah(study: StudyFolder) -> list[Part]:
+    return _dynamism(study.root, stages.DYNAMISM, NIAH.label, "Figure 1", _table1_note(), study.evidence)
+
+
+@report_section(
+    "claim2-niah", "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)", "niah", (stages.ABLATION, CLAIM2_FIGURES)
+)
+def _claim2_niah(study: StudyFolder) -> list[Part]:
+    figures, paper = ("Figure 2", "Figure 3"), (f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.")
+    return _ablation(study.root, (stages.ABLATION, stages.PROGRESSIVE), figures, NIAH.label, *paper, study.evidence)
+
+
+@report_section("claim3-niah", "Claim 3, correlation, on NIAH (Figure 4, Table 2)", "niah", (stages.CCA, ("cca.png",)))
+def _claim3_niah(study: StudyFolder) -> list[Part]:
+    notes = (_cca_note(), _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")))
+    stage_pair = (stages.CCA, stages.PROBE)
+    return _correlation(study.root, stage_pair, "Figure 4", "binary", NIAH.label, *notes, study.evidence)
+
+
+# ---- the HotpotQA (or stand-in) setup, the three claims on it, and Dynamic RAG -------------------------------------
+@report_section(stages.HOTPOTQA, "{qa} setup (Section 5)", side="qa")
+def _qa_setup(study: StudyFolder) -> list[Part]:
+    root = study.root
+    static = root / stages.HOTPOTQA_STATIC
+    return _task_run(root, stages.HOTPOTQA) + (
+        _stage(root, stages.HOTPOTQA_STATIC, "Static reasoning heads") if static.is_dir() else []
+    )
+
+
+@report_section(
+    "claim1-hotpotqa", "Claim 1, dynamism, on {qa} (Figure 5)", "qa", (stages.HOTPOTQA_DYNAMISM, ("heads-*.png",))
+)
+def _claim1_qa(study: StudyFolder) -> list[Part]:
+    return _dynamism(study.root, stages.HOTPOTQA_DYNAMISM, study.qa.label, "Figure 5", PAPER_FIGURE5, study.evidence)
+
+
+@report_section(
+    "claim2-hotpotqa",
+    "Claim 2, irreplaceability, on {qa} (Figures 6 and 7)",
+    "qa",
+    (stages.HOTPOTQA_ABLATION, CLAIM2_FIGURES),
+)
+def _claim2_qa(study: StudyFolder) -> list[Part]:
+    pair, figures = (stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE), ("Figure 6", "Figure 7")
+    return _ablation(study.root, pair, figures, study.qa.label, PAPER_FIGURE6, PAPER_FIGURE7, study.evidence)
+
+
+@report_section(
+    "claim3-hotpotqa", "Claim 3, correlation, on {qa} (Figure 8, Table 3)", "qa", (stages.HOTPOTQA_CCA, ("cca.png",))
+)
+def _claim3_qa(study: StudyFolder) -> list[Part]:  # Eq. 2 scores: a regressor
+    notes = (PAPER_FIGURE8, _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)))
+    pair = (stages.HOTPOTQA_CCA, stages.HOTPOTQA_PROBE)
+    return _correlation(study.root, pair, "Figure 8", "continuous", study.qa.label, *notes, study.evidence)
+
+
+@report_section("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", side="qa")
+def _rag_section(study: StudyFolder) -> list[Part]:
+    return _rag(study.root, study.qa.label, study.evidence)
 
 
 def _unsolved(root: Path, stage: str, task: str) -> str:

@@ -24,22 +24,10 @@ from dynheads.paper import (
 )
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
-from dynheads.stages import ABLATION, CCA, DYNAMISM, HOTPOTQA_ABLATION, HOTPOTQA_CCA, HOTPOTQA_DYNAMISM
 from dynheads.tasks.niah import NIAH
 
 NOT_STATED = "not stated"
 MAX_ROWS = 4  # rows of a card (more when a verdict tests more effects)
-# anchor of the claim's section -> the stage folder and file patterns of its one figure (first pattern that
-# matches, first match in name order): Claim 2's dose curves, else the matched grid's heat maps
-CLAIM2_FIGURES = ("plots/dose-teacher.png", "plots/dose-cascade.png", "plots/ablation-*.png")
-FIGURES = {
-    "claim1-niah": (DYNAMISM, ("heads-*.png",)),
-    "claim2-niah": (ABLATION, CLAIM2_FIGURES),
-    "claim3-niah": (CCA, ("cca.png",)),
-    "claim1-hotpotqa": (HOTPOTQA_DYNAMISM, ("heads-*.png",)),
-    "claim2-hotpotqa": (HOTPOTQA_ABLATION, CLAIM2_FIGURES),
-    "claim3-hotpotqa": (HOTPOTQA_CCA, ("cca.png",)),
-}
 
 
 @dataclass(frozen=True)
@@ -54,10 +42,18 @@ class Headline:
 
 
 def headline(
-    anchor: str, verdict: Verdict, root: Path, metric: str = "accuracy", *, paper_task: str | None = None
+    anchor: str,
+    verdict: Verdict,
+    root: Path,
+    metric: str = "accuracy",
+    *,
+    paper_task: str | None = None,
+    figure: tuple[str, tuple[str, ...]] = ("", ()),
 ) -> Headline:
     """The card of the verdict found in section ``anchor``; ``metric`` is Claim 2's decisive metric;
-    ``paper_task``: the label of the paper's task whose numbers the card shows (default: the verdict's task)."""
+    ``paper_task``: the label of the paper's task whose numbers the card shows (default: the verdict's task);
+    ``figure``: the stage folder and file patterns of its figure (the first pattern that matches, first match in
+    name order; RAG draws its own). A claim without rows of its own here shows its tested effects."""
     numbers = verdict.numbers
     paper = paper_task or verdict.task
     if verdict.claim == claims.CLAIM1:
@@ -66,8 +62,10 @@ def headline(
         rows = _dose_rows(numbers) if _doses(numbers) else _ablation_rows(numbers, metric, paper)
     elif verdict.claim == claims.CLAIM3:
         rows = _correlation_rows(numbers, paper)
-    else:
+    elif verdict.claim == claims.RAG:
         rows = _rag_rows(numbers)
+    else:
+        rows = []
     # the tested effects first, each with n, its 95 % interval and the rule it is held to; then the numbers behind
     # them, up to four rows in all so that every card fits the first screen (the section below has them all)
     effects = [
@@ -78,7 +76,7 @@ def headline(
     if verdict.claim == claims.RAG:
         figure = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
         return Headline(anchor, verdict, figure, rows, "" if figure else "no figure: no RAG results")
-    stage, patterns = FIGURES.get(anchor, ("", ()))
+    stage, patterns = figure
     if not stage or not (root / stage).is_dir():
         return Headline(anchor, verdict, None, rows, f"no figure: stage {stage or anchor} not run")
     found = next((hits for pattern in patterns if (hits := sorted((root / stage).glob(pattern)))), [])
