@@ -124,29 +124,46 @@ def _normalised_report(folder) -> list[str]:
 
 @pytest.mark.slow
 def test_two_process_study_equals_one_process_study(tiny_model_dir, tmp_path):
-    """``reproduce`` under torchrun: the sample stages deal their samples over both ranks, rank 0 runs the analyses
-    alone (with both processes' threads) and writes the report; the study equals a one-process study."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
-    args = ["-m", "dynheads", "reproduce", "--model", str(tiny_model_dir), "--preset", "smoke", "--device", "cpu"]
-    one = subprocess.run(
-        [sys.executable, *args, "--out", str(tmp_path / "one")], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert one.returncode == 0, one.stderr[-2000:]
-    launch = LAUNCHERS["torchrun"]
-    two = subprocess.run(
-        [*launch, *args, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert two.returncode == 0, two.stderr[-2000:]
-    assert two.stdout.count("report: ") == 1  # rank 0 alone writes the report
-    single, shared = tmp_path / "one", tmp_path / "two"
+    """``reproduce`` under torchrun, and with ``--processes 2`` (which starts the two processes itself): the sample
+    stages deal their samples over both ranks, rank 0 runs the analyses alone (with both processes' threads) and
+    the report is written once; the study equals a one-process study."""
     from dynheads.io import read_json
 
-    assert list(read_json(shared / "stages.json")) == list(read_json(single / "stages.json"))
-    assert read_json(shared / "manifest.json")["processes"] == 2
-    assert read_json(shared / "stages.json")["cca"]["error"] == read_json(single / "stages.json")["cca"]["error"]
-    for stage in ("niah", "hotpotqa", "hotpotqa-ablation", "rag"):  # (a random model has no NIAH static list)
-        assert RunDir(shared / stage).manifest()["processes"] == 2
-        assert RunDir(shared / stage).records() == RunDir(single / stage).records(), stage
-    assert _normalised_report(shared) == _normalised_report(single)
-    assert not list(shared.rglob("*.tmp"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["OMP_NUM_THREADS"] = "2"
+    args = ["-m", "dynheads", "reproduce", "--model", str(tiny_model_dir), "--preset", "smoke", "--device", "cpu"]
+    launches = {
+        "one": [sys.executable, *args],
+        "torchrun": [*LAUNCHERS["torchrun"], *args],
+        "processes": [sys.executable, *args, "--processes", "2"],
+    }
+    folders = {name: tmp_path / f"study{i}" for i, name in enumerate(launches)}  # one path length: one truncation
+    for name, command in launches.items():
+        done = subprocess.run(
+            [*command, "--out", str(folders[name])], env=env, capture_output=True, text=True, timeout=900
+        )
+        assert done.returncode == 0, (name, done.stderr[-2000:])
+        assert done.stdout.count("report: ") == 1, name  # rank 0 (or the starting process) alone writes the report
+    single = folders["one"]
+    for shared in (folders["torchrun"], folders["processes"]):
+        assert list(read_json(shared / "stages.json")) == list(read_json(single / "stages.json"))
+        assert read_json(shared / "manifest.json")["processes"] == 2
+        cca = read_json(shared / "stages.json")["cca"]["error"]
+        assert cca == read_json(single / "stages.json")["cca"]["error"]
+        for stage in ("niah", "hotpotqa", "hotpotqa-ablation", "rag"):  # (a random model has no NIAH static list)
+            assert RunDir(shared / stage).manifest()["processes"] == 2
+            assert RunDir(shared / stage).records() == RunDir(single / stage).records(), stage
+        assert _normalised_report(shared) == _normalised_report(single)
+        assert not list(shared.rglob("*.tmp"))
+
+
+def test_processes_refuse_a_loaded_model_and_report_a_failed_process_in_one_line(tmp_path):
+    from dynheads.errors import DynheadsError
+    from dynheads.experiments.reproduce import ReproduceConfig, reproduce
+
+    with pytest.raises(DynheadsError, match="pass no lm"):
+        reproduce(ReproduceConfig(preset="smoke"), tmp_path / "a", lm=object(), processes=2)
+    with pytest.raises(DynheadsError, match="processes must be at least 1"):
+        reproduce(ReproduceConfig(preset="smoke"), tmp_path / "b", processes=0)
+    with pytest.raises(DynheadsError, match=r"^a process failed: .*no-such-model"):
+        reproduce(ReproduceConfig(model=str(tmp_path / "no-such-model"), preset="smoke"), tmp_path / "c", processes=2)

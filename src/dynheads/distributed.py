@@ -7,12 +7,15 @@ shared run directory (named by sample id and written atomically, so they never c
 manifest before the others check it, and ``results.csv`` after every rank has finished. The only
 communication is ``torch.distributed`` barriers (gloo backend, which works with and without GPUs).
 Without a launcher (no ``WORLD_SIZE``) everything runs in one process and no process group is created.
+``spawn`` is a launcher of its own for one machine (``dynheads reproduce --processes N``): it starts the processes
+with the environment torchrun would give them.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import socket
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TypeVar
 
@@ -64,3 +67,47 @@ def barrier() -> None:
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=BARRIER_TIMEOUT)
     dist.barrier()
+
+
+def spawn(function: Callable[[], object], processes: int) -> None:
+    """Run ``function()`` (picklable: a module-level function or a ``functools.partial`` of one) in ``processes``
+    new processes on this machine, each with what a launcher sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``, a free ``MASTER_PORT`` on 127.0.0.1) and its share of this process's CPU threads; return
+    once all have finished. A process that fails stops the others, and its error is raised here in one line."""
+    import torch
+    import torch.multiprocessing as mp
+
+    if "WORLD_SIZE" in os.environ:
+        raise DynheadsError("already under a launcher (WORLD_SIZE is set): let it start the processes")
+    threads = max(1, torch.get_num_threads() // processes)
+    try:
+        mp.start_processes(
+            _child, args=(processes, _free_port(), threads, function), nprocs=processes, start_method="spawn"
+        )
+    except mp.ProcessRaisedException as error:
+        last = str(error).strip().splitlines()[-1]
+        raise DynheadsError(f"a process failed: {last.split(': ', 1)[-1]}") from None
+    except mp.ProcessExitedException as error:
+        raise DynheadsError(f"a process exited: {error}") from None
+
+
+def _child(rank: int, processes: int, port: int, threads: int, function: Callable[[], object]) -> None:
+    import torch
+
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(processes),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(processes),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads),
+    )
+    torch.set_num_threads(threads)
+    function()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -32,6 +32,14 @@ def rag(out: RunOut, batch_size: BatchSize = 1, config: ConfigFile = None, **set
 @with_options(config_options(ReproduceConfig))
 def reproduce(
     out: Annotated[Path, Opt("--out", help="output folder (re-running continues where it stopped)")],
+    processes: Annotated[
+        int,
+        Opt(
+            "--processes",
+            help="run the study in this many processes on this machine (a CPU: one per core, each with its share "
+            "of --threads; the same results as one process); under torchrun, leave it at 1",
+        ),
+    ] = 1,
     config: ConfigFile = None,
     **settings,
 ) -> None:
@@ -42,7 +50,7 @@ def reproduce(
 
     cfg = checks.checked_config(ReproduceConfig, config, **settings)
     checks.out_dir(out, "reproduce")
-    folder = run_all(cfg, out)
+    folder = run_all(cfg, out, processes=processes)
     if not is_main():  # under torchrun / accelerate launch, rank 0 writes the report
         return
     _, html = write_report(folder)

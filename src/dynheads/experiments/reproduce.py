@@ -136,12 +136,26 @@ def local_threads() -> Iterator[None]:
 
 
 def reproduce(
-    config: ReproduceConfig, out: str | Path, *, lm: LoadedModel | None = None, progress: bool = True
+    config: ReproduceConfig,
+    out: str | Path,
+    *,
+    lm: LoadedModel | None = None,
+    progress: bool = True,
+    processes: int = 1,
 ) -> Path:
     """Run the whole study into ``out`` (one sub-folder per stage of ``STUDY``, in order); returns ``out``, ready
-    for ``write_report`` (by rank 0, under a launcher)."""
+    for ``write_report`` (by rank 0, under a launcher). ``processes`` > 1: the study runs in that many processes
+    started here (``distributed.spawn``, each loading the model, with its share of the CPU threads), as under
+    ``torchrun``; this process waits for them."""
     if config.preset not in PRESETS:
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
+    if processes < 1:
+        raise DynheadsError(f"processes must be at least 1, got {processes}")
+    if processes > 1:
+        if lm is not None:
+            raise DynheadsError("each of several processes loads its own model: pass no lm with processes > 1")
+        distributed.spawn(partial(reproduce, config, out, progress=progress), processes)
+        return Path(out)
     preset, out = PRESETS[config.preset], Path(out)
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     stage_tables = {key: value for key, value in preset.items() if key != "sources"}
