@@ -11,8 +11,8 @@ Under a launcher (``torchrun`` / ``accelerate launch``, ``dynheads.distributed``
 stages together: a stage whose runner deals samples (``deals_samples``: its ``runs.run_jobs`` gives each rank its
 share) runs on every rank; any other stage (an analysis of finished runs) runs on rank 0 alone, with the CPU
 threads of every process on this machine while the others wait; every stage ends at a barrier, so the next one
-reads finished files. On a CPU, two one-thread processes decode about 1.5x as many samples per second as one
-two-thread process (docs/results/2026-11-study-cost-idle-smollm2.md). The report (``dynheads.report.write_report``)
+reads finished files. On a CPU, two one-thread processes ran the standard study in half the time of one two-thread
+process (docs/results/2026-11-study-cost-processes-smollm2.md). The report (``dynheads.report.write_report``)
 is written from the finished folder by the caller (the CLI's ``reproduce`` command): experiments never import
 the report.
 """
