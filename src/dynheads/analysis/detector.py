@@ -31,13 +31,20 @@ class FitSettings(Protocol):
     None: ranked on each training fold), its top-k, the folds, repeats and seed, the bootstrap resamples and the
     logistic regression's inverse L2 strength."""
 
-    static: str | None
-    static_k: int
-    folds: int
-    repeats: int
-    seed: int
-    bootstrap: int
-    regularisation: float
+    @property
+    def static(self) -> str | None: ...
+    @property
+    def static_k(self) -> int: ...
+    @property
+    def folds(self) -> int: ...
+    @property
+    def repeats(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def bootstrap(self) -> int: ...
+    @property
+    def regularisation(self) -> float: ...
 
 
 DETECTOR_FORMAT = "dynheads-detector/2"  # 2: needle-free probe silence, context attention, response-level detectors

@@ -74,8 +74,8 @@ def headline(
     ]
     rows = effects + rows[: max(MAX_ROWS - len(effects), 1)]
     if verdict.claim == claims.RAG:
-        figure = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
-        return Headline(anchor, verdict, figure, rows, "" if figure else "no figure: no RAG results")
+        drawn = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
+        return Headline(anchor, verdict, drawn, rows, "" if drawn else "no figure: no RAG results")
     stage, patterns = figure
     if not stage or not (root / stage).is_dir():
         return Headline(anchor, verdict, None, rows, f"no figure: stage {stage or anchor} not run")
