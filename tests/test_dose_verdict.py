@@ -95,6 +95,7 @@ def test_identical_area_differences_are_said_and_decided_on_their_exact_interval
 
 
 def test_the_claim2_card_shows_the_dose_curves_and_every_arm(tmp_path):
+    from dynheads.report.build import REPORT_SECTIONS
     from dynheads.report.headline import headline
 
     curves = _curves({"dynamic": 3.0, "static": 1.0, "static_outside": 0.1, "random": 0.1})
@@ -103,7 +104,8 @@ def test_the_claim2_card_shows_the_dose_curves_and_every_arm(tmp_path):
     plots.mkdir(parents=True)
     (plots / "ablation-accuracy.png").write_bytes(b"")  # a matched grid's heat map: not the dose card's figure
     (plots / "dose-teacher.png").write_bytes(b"")
-    card = headline("claim2-niah", verdict, tmp_path)
+    figure = REPORT_SECTIONS.get("claim2-niah").card_figure  # the section's card figure: dose curves first
+    card = headline("claim2-niah", verdict, tmp_path, figure=figure)
     assert card.figure == plots / "dose-teacher.png"
     harm_rows = [row for row in card.rows if row[0].startswith("harm at k=")]
     assert [row[0].split(":")[0] for row in harm_rows] == ["harm at k=1", "harm at k=8"]

@@ -19,12 +19,15 @@ from dynheads.experiments.settings import RagFields, ReproduceConfig, RerankFiel
 @with_options(config_options(RagFields, flags={"ks": "k"}))
 def rag(out: RunOut, batch_size: BatchSize = 1, config: ConfigFile = None, **settings) -> None:
     """Dynamic RAG with head-based in-context retrieval: EM/F1 and retrieval recall per strategy and k."""
+    from dynheads.distributed import is_main
     from dynheads.experiments.rag import RagConfig, run_rag
 
     cfg = checks.checked_config(RagConfig, config, flags={"ks": "k"}, **settings)
     checks.out_dir(out, "rag")
     checks.batch_size(batch_size)
     run = run_rag(cfg, out, batch_size=batch_size)
+    if not is_main():  # under torchrun / accelerate launch, rank 0 writes and prints the tables
+        return
     typer.echo((run.path / "rag.md").read_text(encoding="utf-8"), nl=False)  # the table and its notes (skips)
 
 
@@ -118,9 +121,12 @@ def rerank(
     **settings,
 ) -> None:
     """Heads as a re-ranker (ICR, QRHead, static, predicted, random heads) beside BM25 on HotpotQA's candidates."""
+    from dynheads.distributed import is_main
     from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
 
     cfg = checks.checked_config(RerankConfig, config, **settings)
     checks.out_dir(out, "rerank")
     run = summarise_scored(cfg, out) if summary_only else run_rerank(cfg, out)
+    if not is_main():  # under torchrun / accelerate launch, rank 0 writes and prints the tables
+        return
     typer.echo((run.path / "rerank.md").read_text(encoding="utf-8"), nl=False)
