@@ -167,3 +167,23 @@ def test_processes_refuse_a_loaded_model_and_report_a_failed_process_in_one_line
         reproduce(ReproduceConfig(preset="smoke"), tmp_path / "b", processes=0)
     with pytest.raises(DynheadsError, match=r"^a process failed: .*no-such-model"):
         reproduce(ReproduceConfig(model=str(tmp_path / "no-such-model"), preset="smoke"), tmp_path / "c", processes=2)
+
+
+@pytest.mark.slow
+def test_rag_under_torchrun_prints_its_table_once(tiny_model_dir, tmp_path):
+    """Rank 0 alone writes and prints a RAG run's table (rank 1 once read rag.md before rank 0 wrote it, and the
+    launch failed)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["OMP_NUM_THREADS"] = "1"
+    args = ["-m", "dynheads", "rag", "--model", str(tiny_model_dir), "--device", "cpu", "--questions", "4"]
+    args += ["--lengths", "200", "--depths", "0.5", "--strategies", "none,full-context", "--max-new-tokens", "4"]
+    done = subprocess.run(
+        [*LAUNCHERS["torchrun"], *args, "--out", str(tmp_path / "rag")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("| strategy | k | questions |") == 1
+    assert len(RunDir(tmp_path / "rag").records()) == 8
