@@ -6,6 +6,9 @@ do not change the cost). Per context length, one process runs, interleaved per r
 ``plain``  = ``model.generate`` (SDPA, greedy, exactly N new tokens),
 ``traced`` = ``dynheads.trace`` at batch 1, and ``trace_batch`` at ``--batch-sizes`` > 1,
 and records wall time and ``torch.cuda.max_memory_allocated`` (peak) per mode.
+``--row-alignments 8,1`` adds a traced B = 1 mode per value of ``dynheads.engine.probe.ROW_ALIGNMENT`` (8 is the
+default, 1 the unpadded rows of before) in the same rounds, and per length compares the two traces' statistics
+(``alignment_check`` rows: the greatest difference of any statistic, and whether the tokens are the same).
 
     python benchmarks/bench_gpu.py --lengths 8192,16384,32768,65536 --new-tokens 32 \
         --out benchmarks/results/gpu.json
@@ -90,32 +93,65 @@ def measure(name: str, device: str, run) -> dict:
     return {"mode": name, "seconds": seconds, "peak_gib": peak}
 
 
+def alignment_check(first, second, alignments: list[int], length: int) -> dict:
+    """How far two traces of the same prompt at two row alignments are apart: every statistic's largest difference."""
+    import numpy as np
+
+    arrays = {"needle_mass": first.needle_mass, "max_prob": first.max_prob, "hidden": first.hidden}
+    arrays.update({f"score_{name}": values for name, values in first.scores.items()})
+    others = {"needle_mass": second.needle_mass, "max_prob": second.max_prob, "hidden": second.hidden}
+    others.update({f"score_{name}": values for name, values in second.scores.items()})
+    return {
+        "mode": "alignment_check",
+        "alignments": alignments,
+        "context_tokens": length,
+        "same_tokens": first.tokens.tolist() == second.tokens.tolist(),
+        "argmax_pos_equal_share": float((first.argmax_pos == second.argmax_pos).mean()),
+        "max_abs_diff": {
+            name: float(np.abs(values.astype(np.float64) - others[name].astype(np.float64)).max())
+            for name, values in arrays.items()
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="8192,16384,32768,65536")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batch-sizes", default="1,4", help="traced batch sizes (1 = dynheads.trace)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--row-alignments", default="", help="e.g. 8,1: a traced B = 1 mode per probe.ROW_ALIGNMENT")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model: check the script runs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu.json"))
     args = parser.parse_args()
 
+    from dynheads.engine import probe
     from dynheads.engine.decoding import trace_batch
 
     lm = build(TINY if args.tiny else LLAMA_8B, args.device, getattr(torch, args.dtype))
+    alignments = [int(a) for a in args.row_alignments.split(",") if a]
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    default_alignment = probe.ROW_ALIGNMENT
     vocab = lm.model.config.vocab_size
     rows = []
     for length in [int(n) for n in args.lengths.split(",")]:
         generator = torch.Generator().manual_seed(length)
         prompts = [
             torch.randint(vocab, (length,), generator=generator).tolist()
-            for _ in range(max(int(b) for b in args.batch_sizes.split(",")))
+            for _ in range(max(batch_sizes, default=1))
         ]
         needle = list(range(length // 2, length // 2 + 16))
         samples = [type("Sample", (), {"input_ids": p, "needle_positions": needle})() for p in prompts]
         ids = torch.tensor([prompts[0]], device=args.device)
+
+        def traced(alignment: int, samples=samples):
+            probe.ROW_ALIGNMENT = alignment
+            try:
+                return trace_batch(lm, samples[:1], args.new_tokens, stop_at_eos=False)[0]
+            finally:
+                probe.ROW_ALIGNMENT = default_alignment
 
         def plain(ids=ids) -> None:
             with torch.inference_mode():
@@ -125,7 +161,7 @@ def main() -> None:
 
         for round_ in range(args.rounds + 1):  # round 0 warms up
             results = [measure("plain", args.device, plain)]
-            for size in [int(b) for b in args.batch_sizes.split(",")]:
+            for size in batch_sizes:
                 results.append(
                     measure(
                         f"traced_b{size}",
@@ -136,11 +172,16 @@ def main() -> None:
                     )
                 )
                 results[-1]["tokens_per_s"] = size * args.new_tokens / results[-1]["seconds"]
+            for alignment in alignments:
+                results.append(measure(f"traced_b1_align{alignment}", args.device, lambda a=alignment: traced(a)))
             for entry in results:
                 entry.update(context_tokens=length, round=round_, new_tokens=args.new_tokens)
                 print(json.dumps(entry), flush=True)
             if round_:
                 rows.extend(results)
+        if len(alignments) > 1:
+            rows.append(alignment_check(traced(alignments[0]), traced(alignments[1]), alignments[:2], length))
+            print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     args.out.write_text(

@@ -290,3 +290,23 @@ def test_chance_share_counts_needle_keys_over_scored_keys():
     assert probe.chance_share() == pytest.approx(20 / 964)
     probe.set_needle([0, 1, 990])  # needle keys are never excluded
     assert probe.chance_share() == pytest.approx(3 / (1000 - (4 + 32 - 3)))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_rows_padded_to_aligned_strides_give_the_same_trace(family, monkeypatch):
+    """CUDA lays the last-row products out with padded row strides (probe.ROW_ALIGNMENT); run that path on the CPU:
+    every statistic of every step is bitwise what the unpadded path gives (key counts 20-31, most not multiples of 8)."""
+    from dynheads.engine import probe as probe_module
+    from dynheads.engine.decoding import trace
+
+    lm = LoadedModel(model=tiny_model(family), tokenizer=NoTokenizer(), name=family, revision="random")
+    torch.manual_seed(3)
+    sample = type("S", (), {"input_ids": torch.randint(3, 128, (20,)).tolist(), "needle_positions": [5, 6, 7]})()
+    plain = trace(lm, sample, max_new_tokens=12, stop_at_eos=False)
+    monkeypatch.setattr(probe_module, "ROW_ALIGNMENT_DEVICES", frozenset({"cpu"}))
+    padded = trace(lm, sample, max_new_tokens=12, stop_at_eos=False)
+    assert padded.tokens.tolist() == plain.tokens.tolist() and plain.num_steps == 12
+    for name in ("argmax_pos", "needle_mass", "max_prob", "hidden", "context_entropy"):
+        assert torch.equal(torch.from_numpy(getattr(padded, name)), torch.from_numpy(getattr(plain, name))), name
+    for name, values in plain.scores.items():
+        assert (padded.scores[name] == values).all(), name

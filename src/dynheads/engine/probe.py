@@ -538,7 +538,12 @@ def probe_attention(
     # The matrix products are the ones eager's matmul runs (over B x H_kv, G query heads per KV head), called directly.
     q_last = (query if q_len == 1 else query[:, :, -1]).reshape(batch * num_kv, groups, head_dim)
     keys_t = key.reshape(batch * num_kv, kv_len, head_dim).transpose(1, 2)
-    logits = (torch.bmm(q_last, keys_t) * scaling).view(batch, num_kv, groups, kv_len)
+    padded = query.device.type in ROW_ALIGNMENT_DEVICES and kv_len % ROW_ALIGNMENT != 0
+    if padded:  # the same product into rows that start at aligned addresses (see ROW_ALIGNMENT)
+        logits = torch.bmm(q_last, keys_t, out=_aligned_rows(q_last, kv_len, query.dtype)).mul_(scaling)
+    else:
+        logits = torch.bmm(q_last, keys_t) * scaling
+    logits = logits.view(batch, num_kv, groups, kv_len)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     visible = _last_row_visibility(attention_mask, hidden)
@@ -550,7 +555,8 @@ def probe_attention(
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # [B, H_kv, G, kv]
 
     if q_len == 1:
-        rows = probs.view(batch * num_kv, groups, kv_len).to(value.dtype)
+        rows = probs.view(batch * num_kv, groups, kv_len)
+        rows = _aligned_rows(rows, kv_len, value.dtype).copy_(rows) if padded else rows.to(value.dtype)
         output = torch.bmm(rows, value.reshape(batch * num_kv, kv_len, head_dim)).view(batch, num_heads, 1, head_dim)
     else:
         output = _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs)
@@ -565,6 +571,22 @@ def probe_attention(
     if q_len == 1:  # [B, H, 1, D] is laid out as [B, 1, H, D]
         return output.view(batch, 1, num_heads, head_dim), None
     return output.transpose(1, 2).contiguous(), None
+
+
+ROW_ALIGNMENT = 8
+ROW_ALIGNMENT_DEVICES = frozenset({"cuda"})
+"""On these devices, rows of the last-row products (the logits q K^T and the bf16 probabilities that multiply V) are laid out
+with a stride rounded up to this many elements when the key count is not a multiple of it: at odd key counts
+cuBLAS falls back to a kernel that took 2.1 ms instead of tens of microseconds per call at 64k keys on an H100
+(BENCHMARKS.md, GPU section). The values are the same products (tests/test_probe_exactness.py runs the padded path
+on the CPU); ``ROW_ALIGNMENT = 1`` turns the padding off."""
+
+
+def _aligned_rows(like: torch.Tensor, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """An empty ``[N, G, kv_len]`` view of ``like``'s first two sizes whose rows start every
+    ``ROW_ALIGNMENT`` elements."""
+    width = -(-kv_len // ROW_ALIGNMENT) * ROW_ALIGNMENT
+    return torch.empty(like.shape[0], like.shape[1], width, dtype=dtype, device=like.device)[..., :kv_len]
 
 
 SPAN_CHUNK = 64  # query rows whose attention rows exist at once while a span score is reduced
