@@ -139,8 +139,7 @@ def main() -> None:
     for length in [int(n) for n in args.lengths.split(",")]:
         generator = torch.Generator().manual_seed(length)
         prompts = [
-            torch.randint(vocab, (length,), generator=generator).tolist()
-            for _ in range(max(batch_sizes, default=1))
+            torch.randint(vocab, (length,), generator=generator).tolist() for _ in range(max(batch_sizes, default=1))
         ]
         needle = list(range(length // 2, length // 2 + 16))
         samples = [type("Sample", (), {"input_ids": p, "needle_positions": needle})() for p in prompts]

@@ -93,6 +93,37 @@ def layer_parts(shape: dict, length: int, device: str, dtype: torch.dtype, calls
     }
 
 
+def key_count_products(shape: dict, length: int, device: str, dtype: torch.dtype, calls: int) -> dict:
+    """Microseconds per call of the products over the keys at one key count (run at an even and an odd one): the
+    probabilities times V as eager lays them out, with padded rows, padded and split at a multiple of 8 keys
+    (``probe.ROW_ALIGNMENT``), and the fp32 product of the rows with the key masks."""
+    heads, kv_heads = shape["num_attention_heads"], shape["num_key_value_heads"]
+    dim, groups = shape["hidden_size"] // heads, heads // kv_heads
+    gen = torch.Generator(device="cpu").manual_seed(length)
+    probs = torch.softmax(torch.randn(kv_heads, groups, length, generator=gen), -1).to(device)
+    value = torch.randn(kv_heads, length, dim, generator=gen).to(device, dtype)
+    weights = (torch.rand(1, length, 5, generator=gen) > 0.5).float().to(device)
+    width = -(-length // 8) * 8
+    padded = torch.empty(kv_heads, groups, width, dtype=dtype, device=device)[..., :length]
+    padded.copy_(probs)
+    rows = probs.to(dtype)
+    cut = length - length % 8
+
+    def split() -> torch.Tensor:
+        if cut == length:
+            return torch.bmm(padded, value)
+        return torch.baddbmm(torch.bmm(padded[..., cut:], value[:, cut:]), padded[..., :cut], value[:, :cut])
+
+    both = torch.cat([probs.reshape(1, heads, length)] * 2, dim=1)
+    return {
+        "keys": length,
+        "p_times_v_us": timed_calls(lambda: torch.bmm(rows, value), device, calls),
+        "p_times_v_padded_us": timed_calls(lambda: torch.bmm(padded, value), device, calls),
+        "p_times_v_padded_split_us": timed_calls(split, device, calls),
+        "mask_product_fp32_us": timed_calls(lambda: torch.bmm(both, weights), device, calls),
+    }
+
+
 def model_phases(lm, length: int, new_tokens: int, device: str) -> dict:
     """Seconds of prefill (1 new token) and of ``new_tokens`` decode steps, plain ``generate`` and traced."""
     from dynheads.engine.decoding import trace_batch
@@ -157,11 +188,18 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model: check the script runs")
+    parser.add_argument("--key-counts-only", action="store_true", help="only the products over even and odd key counts")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu-profile.json"))
     args = parser.parse_args()
     shape, dtype = (TINY if args.tiny else LLAMA_8B), getattr(torch, args.dtype)
     lengths = [int(n) for n in args.lengths.split(",")]
     result: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device}
+    counts = [n + odd for n in lengths for odd in (0, 1)]
+    result["key_counts"] = [key_count_products(shape, n, args.device, dtype, args.calls) for n in counts]
+    print(json.dumps(result["key_counts"], indent=1), flush=True)
+    if args.key_counts_only:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return
     result["layer"] = [layer_parts(shape, n, args.device, dtype, args.calls) for n in lengths]
     print(json.dumps(result["layer"], indent=1), flush=True)
     lm = build(shape, args.device, dtype)

@@ -33,6 +33,10 @@ def eager_last_rows(model, ids: torch.Tensor) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_probe_rows_equal_eager_rows_at_every_step(family):
+    assert_rows_equal_eager_at_every_step(family)
+
+
+def assert_rows_equal_eager_at_every_step(family: str) -> None:
     model = tiny_model(family)
     lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
     layers, heads = lm.num_layers, lm.num_heads
@@ -293,9 +297,10 @@ def test_chance_share_counts_needle_keys_over_scored_keys():
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_rows_padded_to_aligned_strides_give_the_same_trace(family, monkeypatch):
-    """CUDA lays the last-row products out with padded row strides (probe.ROW_ALIGNMENT); run that path on the CPU:
-    every statistic of every step is bitwise what the unpadded path gives (key counts 20-31, most not multiples of 8)."""
+def test_rows_padded_and_split_as_on_cuda_equal_eager_rows(family, monkeypatch):
+    """CUDA lays the last-row products out with padded row strides and splits the product with V at a multiple of
+    8 keys (probe.ROW_ALIGNMENT); run that path on the CPU: the rows still equal eager's at every step, the tokens
+    are those of the plain path, and the statistics move by fp32 rounding at most (key counts 20-31)."""
     from dynheads.engine import probe as probe_module
     from dynheads.engine.decoding import trace
 
@@ -304,9 +309,8 @@ def test_rows_padded_to_aligned_strides_give_the_same_trace(family, monkeypatch)
     sample = type("S", (), {"input_ids": torch.randint(3, 128, (20,)).tolist(), "needle_positions": [5, 6, 7]})()
     plain = trace(lm, sample, max_new_tokens=12, stop_at_eos=False)
     monkeypatch.setattr(probe_module, "ROW_ALIGNMENT_DEVICES", frozenset({"cpu"}))
+    assert_rows_equal_eager_at_every_step(family)
     padded = trace(lm, sample, max_new_tokens=12, stop_at_eos=False)
     assert padded.tokens.tolist() == plain.tokens.tolist() and plain.num_steps == 12
-    for name in ("argmax_pos", "needle_mass", "max_prob", "hidden", "context_entropy"):
-        assert torch.equal(torch.from_numpy(getattr(padded, name)), torch.from_numpy(getattr(plain, name))), name
-    for name, values in plain.scores.items():
-        assert (padded.scores[name] == values).all(), name
+    for name in ("needle_mass", "max_prob", "hidden", "context_entropy"):
+        assert abs(getattr(padded, name) - getattr(plain, name)).max() <= 1e-4, name

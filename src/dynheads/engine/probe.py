@@ -557,7 +557,10 @@ def probe_attention(
     if q_len == 1:
         rows = probs.view(batch * num_kv, groups, kv_len)
         rows = _aligned_rows(rows, kv_len, value.dtype).copy_(rows) if padded else rows.to(value.dtype)
-        output = torch.bmm(rows, value.reshape(batch * num_kv, kv_len, head_dim)).view(batch, num_heads, 1, head_dim)
+        values = value.reshape(batch * num_kv, kv_len, head_dim)
+        output = (_split_product(rows, values) if padded else torch.bmm(rows, values)).view(
+            batch, num_heads, 1, head_dim
+        )
     else:
         output = _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs)
         if probe.capture_means:  # a prefill: each head's mean output over the positions of this pass
@@ -575,11 +578,22 @@ def probe_attention(
 
 ROW_ALIGNMENT = 8
 ROW_ALIGNMENT_DEVICES = frozenset({"cuda"})
-"""On these devices, rows of the last-row products (the logits q K^T and the bf16 probabilities that multiply V) are laid out
-with a stride rounded up to this many elements when the key count is not a multiple of it: at odd key counts
-cuBLAS falls back to a kernel that took 2.1 ms instead of tens of microseconds per call at 64k keys on an H100
-(BENCHMARKS.md, GPU section). The values are the same products (tests/test_probe_exactness.py runs the padded path
-on the CPU); ``ROW_ALIGNMENT = 1`` turns the padding off."""
+"""On these devices, when the key count is not a multiple of ``ROW_ALIGNMENT``, the rows of the last-row products
+(the logits q K^T and the probabilities that multiply V) are laid out with a stride rounded up to a multiple of it,
+and the product with V is split at the last multiple: at odd key counts cuBLAS ran a kernel that took 2.1 ms per
+call at 64k keys on an H100 instead of tens of microseconds (BENCHMARKS.md, GPU section). The split changes only
+the order of the fp32 sums (tests/test_probe_exactness.py runs this path on the CPU against eager rows);
+``ROW_ALIGNMENT = 1`` turns both off."""
+
+
+def _split_product(rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``rows @ values`` over the keys as the product over the first multiple of ``ROW_ALIGNMENT`` keys added to
+    the product over the rest (an odd reduction length is what sent cuBLAS to its slow kernel)."""
+    kv_len = rows.shape[-1]
+    cut = kv_len - kv_len % ROW_ALIGNMENT
+    if cut == 0:
+        return torch.bmm(rows, values)
+    return torch.baddbmm(torch.bmm(rows[..., cut:], values[:, cut:]), rows[..., :cut], values[:, :cut])
 
 
 def _aligned_rows(like: torch.Tensor, kv_len: int, dtype: torch.dtype) -> torch.Tensor:
