@@ -8,7 +8,8 @@ do not change the cost). Per context length, one process runs, interleaved per r
 and records wall time and ``torch.cuda.max_memory_allocated`` (peak) per mode.
 ``--row-alignments 8,1`` adds a traced B = 1 mode per value of ``dynheads.engine.probe.ROW_ALIGNMENT`` (8 is the
 default, 1 the unpadded rows of before) in the same rounds, and per length compares the two traces' statistics
-(``alignment_check`` rows: the greatest difference of any statistic, and whether the tokens are the same).
+(``alignment_check`` rows: the second trace is teacher-forced on the first's tokens, so both see the same inputs;
+the greatest difference of any statistic, and at how many steps the second would have chosen another token).
 
     python benchmarks/bench_gpu.py --lengths 8192,16384,32768,65536 --new-tokens 32 \
         --out benchmarks/results/gpu.json
@@ -105,7 +106,8 @@ def alignment_check(first, second, alignments: list[int], length: int) -> dict:
         "mode": "alignment_check",
         "alignments": alignments,
         "context_tokens": length,
-        "same_tokens": first.tokens.tolist() == second.tokens.tolist(),
+        "steps": int(first.num_steps),
+        "steps_second_would_choose_otherwise": int((second.token_prob < second.token_max_prob).sum()),
         "argmax_pos_equal_share": float((first.argmax_pos == second.argmax_pos).mean()),
         "max_abs_diff": {
             name: float(np.abs(values.astype(np.float64) - others[name].astype(np.float64)).max())
@@ -128,7 +130,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from dynheads.engine import probe
-    from dynheads.engine.decoding import trace_batch
+    from dynheads.engine.decoding import trace, trace_batch
 
     lm = build(TINY if args.tiny else LLAMA_8B, args.device, getattr(torch, args.dtype))
     alignments = [int(a) for a in args.row_alignments.split(",") if a]
@@ -145,9 +147,11 @@ def main() -> None:
         samples = [type("Sample", (), {"input_ids": p, "needle_positions": needle})() for p in prompts]
         ids = torch.tensor([prompts[0]], device=args.device)
 
-        def traced(alignment: int, samples=samples):
+        def traced(alignment: int, samples=samples, forced=None):
             probe.ROW_ALIGNMENT = alignment
             try:
+                if forced is not None:  # the same tokens: the two traces see the same inputs at every step
+                    return trace(lm, samples[0], args.new_tokens, stop_at_eos=False, forced_tokens=forced)
                 return trace_batch(lm, samples[:1], args.new_tokens, stop_at_eos=False)[0]
             finally:
                 probe.ROW_ALIGNMENT = default_alignment
@@ -179,7 +183,9 @@ def main() -> None:
             if round_:
                 rows.extend(results)
         if len(alignments) > 1:
-            rows.append(alignment_check(traced(alignments[0]), traced(alignments[1]), alignments[:2], length))
+            first = traced(alignments[0])
+            second = traced(alignments[1], forced=first.tokens.tolist())
+            rows.append(alignment_check(first, second, alignments[:2], length))
             print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
