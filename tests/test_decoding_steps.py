@@ -11,7 +11,7 @@ from zoo import FAMILIES, NoTokenizer, tiny_model
 from dynheads.engine.decoding import DecodingSession, Emit, Rerun, StepPolicy, Stop, decode, trace
 from dynheads.engine.probe import AttentionProbe, RowEdit, attached
 from dynheads.errors import DynheadsError
-from dynheads.kv.cache import headwise_generate
+from dynheads.kv.cache import HeadwiseCache, headwise_generate
 from dynheads.models import LoadedModel, with_cache
 
 
@@ -193,3 +193,67 @@ def test_decoding_hands_the_cache_by_a_keyword_that_is_not_deprecated(family):
         trace(lm, sample, max_new_tokens=3, stop_at_eos=False)
         if family == "llama":  # the per-head KV cache models no sliding-window layers (mistral, qwen2, gemma)
             headwise_generate(lm, sample.input_ids, [(0, 0)], sink=1, recent=2, max_new_tokens=3, stop_at_eos=False)
+
+
+def test_a_session_under_the_models_own_attention_measures_nothing_and_decodes_alone():
+    """``probed=False`` (the per-head cache, kvpress presses): logits equal the plain model's, ``stats`` refuses with
+    the reason, and such a session neither merges into a batch nor forks."""
+    lm = _lm()
+    ids = _prompt(4)
+    session = DecodingSession(lm, ids, max_new_tokens=2, probed=False)
+    result = session.forward()
+    with torch.no_grad():
+        plain = lm.model(torch.tensor([ids])).logits[0, -1].float()
+    assert torch.allclose(result.logits, plain, atol=1e-5)
+    assert result.measured is None
+    with pytest.raises(DynheadsError, match="probed=False"):
+        _ = result.stats
+    other = DecodingSession(lm, ids, max_new_tokens=2)
+    other.forward()
+    with pytest.raises(DynheadsError, match="one at a time"):
+        DecodingSession.merge([session, other], 2)
+    with pytest.raises(DynheadsError, match="own cache"):
+        DecodingSession(lm, ids, max_new_tokens=2, cache=HeadwiseCache([[0]] * 3, 2, 1, 2)).copies(1)
+
+
+def test_text_positions_give_each_token_its_place_in_the_text_whatever_the_cache_holds():
+    """A pruned cache is shorter than the text: with ``text_positions`` a token's position is its index in the text
+    (checked through the rotary embedding: a session whose cache lost its first token still decodes the next
+    token at the same position as an unpruned one, so the two logits differ only by the lost key)."""
+    lm = _lm()
+    ids = _prompt(6)
+    positions = []
+
+    def record(module, args, kwargs, out) -> None:
+        positions.append((kwargs["position_ids"] if "position_ids" in kwargs else args[1]).tolist())
+
+    hook = lm.model.base_model.rotary_emb.register_forward_hook(record, with_kwargs=True)
+    try:
+        session = DecodingSession(lm, ids, max_new_tokens=2, probed=False, text_positions=True)
+        session.forward(len(ids) - 1)
+        for layer in session.cache.layers:  # prune the first key of every layer, as a press would
+            layer.keys, layer.values = layer.keys[:, :, 1:], layer.values[:, :, 1:]
+        session.forward(1)
+    finally:
+        hook.remove()
+    assert positions == [[list(range(len(ids) - 1))], [[len(ids) - 1]]]
+
+
+def test_one_loop_no_module_but_the_session_runs_the_model():
+    """Every forward pass of a model in ``src/dynheads`` goes through ``DecodingSession._run``: no other module calls
+    a model (``model(...)``, ``lm.model(...)``, ``.generate(...)``); the per-head cache and kvpress's presses decode
+    as sessions of the one loop."""
+    import ast
+    from pathlib import Path
+
+    import dynheads
+
+    calls = []
+    for path in Path(dynheads.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+                if name in ("model", "generate"):
+                    calls.append(f"{path.name}:{node.lineno}")
+    assert [call.split(":")[0] for call in calls] == ["decoding.py"], calls

@@ -24,13 +24,14 @@ keys); the tests compare them.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
 
 from dynheads.engine.batching import dynamic_layer, filled, merge_caches
 from dynheads.engine.probe import NO_EDIT, AblationMode, AttentionProbe, Head, RowEdit, StepStats, attached
@@ -55,8 +56,15 @@ class StepResult:
     """One forward pass of one row, reduced to what the analyses keep."""
 
     logits: torch.Tensor  # [V] float32
-    stats: StepStats
+    measured: StepStats | None  # None: the session runs the model's own attention (``probed=False``)
     hidden: torch.Tensor  # [D] float32, final hidden state at the row's last input position
+
+    @property
+    def stats(self) -> StepStats:
+        """The probe's measurements of this pass."""
+        if self.measured is None:
+            raise DynheadsError("this session runs the model's own attention (probed=False): no head is measured")
+        return self.measured
 
 
 class Row:
@@ -126,9 +134,18 @@ class DecodingSession:
         local_window: int = LOCAL_WINDOW,
         context_end: int | None = None,
         capture_means: bool = False,
+        cache: Cache | None = None,
+        probed: bool = True,
+        text_positions: bool = False,
     ):
         """``capture_means``: a prefill (a pass of several tokens from an empty cache) also measures each head's
-        mean output over the prefilled positions (``Row.head_means``: what mean ablation puts in its place)."""
+        mean output over the prefilled positions (``Row.head_means``: what mean ablation puts in its place).
+
+        Options for decoding under another cache or attention: ``cache`` (default: a ``DynamicCache``; e.g.
+        ``kv.cache.HeadwiseCache``, or one a kvpress press prunes), ``probed=False`` runs the model's own attention
+        implementation (no head measured; ``StepResult.stats`` refuses), ``text_positions`` gives every token its
+        position in the text (a pruned cache is shorter than the text, so the model would count from its length).
+        A batch of such sessions is not built: one-row sessions only."""
         check_fits(lm, len(input_ids), max_new_tokens)
         self.lm = lm
         row = Row(
@@ -143,7 +160,8 @@ class DecodingSession:
             if not 0 < context_end <= row.prompt_length:
                 raise DynheadsError(f"context_end {context_end} must lie in 1..{row.prompt_length} (the prompt)")
             row.context_end = context_end
-        self.cache: DynamicCache = DynamicCache(config=lm.model.config)
+        self.cache: Cache = DynamicCache(config=lm.model.config) if cache is None else cache
+        self.probed, self.text_positions = probed, text_positions
         self.mask: torch.Tensor | None = None  # batches: [B, capacity] 1 for real keys (pads are 0)
         self.width = 0  # batches: padded key slots in use
         self.probe = AttentionProbe(lm.num_layers, lm.num_heads, lm.device)
@@ -160,6 +178,8 @@ class DecodingSession:
         """
         if any(len(s.rows) != 1 or s.mask is not None for s in sessions):
             raise DynheadsError("only one-row sessions merge into a batch")
+        if any(not s.probed or s.text_positions or type(s.cache) is not DynamicCache for s in sessions):
+            raise DynheadsError("sessions with their own cache or attention decode one at a time")
         first = sessions[0]
         if any(s.probe.settings.rows_for != first.probe.settings.rows_for for s in sessions) or any(
             s.probe.settings.span_score is not None for s in sessions
@@ -167,8 +187,9 @@ class DecodingSession:
             raise DynheadsError("sessions merge into a batch when they keep the same attention rows and no span score")
         batch = cls.__new__(cls)
         batch.lm = first.lm
+        batch.probed, batch.text_positions = True, False
         padded = max(s.row.length for s in sessions)
-        batch.cache = merge_caches(first.lm, [s.cache for s in sessions], padded, max_new_tokens)
+        batch.cache = merge_caches(first.lm, [cast(DynamicCache, s.cache) for s in sessions], padded, max_new_tokens)
         batch.mask = torch.zeros(len(sessions), padded + max_new_tokens, dtype=torch.long, device=first.lm.device)
         for b, session in enumerate(sessions):  # row b's first (padded - length_b) keys are pads
             batch.mask[b, padded - session.row.length : padded] = 1
@@ -189,10 +210,13 @@ class DecodingSession:
     def copies(self, count: int) -> list[DecodingSession]:
         """``count`` one-row sessions at this one-row session's state: its tokens, needle, settings and cache (the
         cached tensors are shared: updates replace them, never write into them). Prefill once, fork the rows."""
+        if type(self.cache) is not DynamicCache:
+            raise DynheadsError("a session with its own cache does not fork")
         row, copies = self.row, []
         for _ in range(count):
             copy = DecodingSession.__new__(DecodingSession)
             copy.lm, copy.mask, copy.width = self.lm, None, 0
+            copy.probed, copy.text_positions = self.probed, self.text_positions
             copy.cache = DynamicCache(config=self.lm.model.config)
             for mine, theirs in zip(copy.cache.layers, self.cache.layers, strict=True):
                 mine.__dict__.update(vars(theirs))
@@ -240,12 +264,16 @@ class DecodingSession:
         if stop <= start:
             raise DynheadsError("nothing to decode from: every written token is already in the cache")
         self.probe.begin_forward(stop - 1)
-        logits, hidden = self._run(row.ids[start:stop][None])
+        inputs = {}
+        if self.text_positions:
+            inputs["position_ids"] = torch.arange(start, stop, device=self.lm.device)[None]
+        logits, hidden = self._run(row.ids[start:stop][None], **inputs)
         row.length, row.written = stop, max(row.written, stop)
         if self.probe.capture_means and start == 0 and stop > 1:
             row.head_means = torch.stack([self.probe.captured_means[i] for i in range(self.lm.num_layers)], 1)[0]
             self._set_rows([row])
-        return StepResult(logits=logits[0], stats=self.probe.sequence_stats(0), hidden=hidden[0])
+        measured = self.probe.sequence_stats(0) if self.probed else None
+        return StepResult(logits=logits[0], measured=measured, hidden=hidden[0])
 
     def forward_rows(self) -> list[StepResult]:
         """Feed one written token per row; one ``StepResult`` per row."""
@@ -265,12 +293,13 @@ class DecodingSession:
             row.length += 1
             row.written = max(row.written, row.length)
         return [
-            StepResult(logits=logits[b], stats=self.probe.sequence_stats(b), hidden=hidden[b])
+            StepResult(logits=logits[b], measured=self.probe.sequence_stats(b), hidden=hidden[b])
             for b in range(len(self.rows))
         ]
 
     def _run(self, input_ids: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass through the model with the probe attached: last-position logits and final hidden states."""
+        """One pass through the model (the probe attached unless ``probed`` is off): last-position logits and final
+        hidden states."""
         captured = {}
 
         def capture(module, args, output) -> None:
@@ -280,7 +309,7 @@ class DecodingSession:
         model = self.lm.model
         hook = model.base_model.register_forward_hook(capture)
         try:
-            with attached(model, self.probe) as probe_kwargs, torch.inference_mode():
+            with self._attention() as probe_kwargs, torch.inference_mode():
                 out = model(
                     input_ids=input_ids,
                     **with_cache(model, self.cache),
@@ -292,6 +321,9 @@ class DecodingSession:
         finally:
             hook.remove()
         return out.logits[:, -1].float(), captured["hidden"]
+
+    def _attention(self) -> AbstractContextManager[dict]:
+        return attached(self.lm.model, self.probe) if self.probed else nullcontext({})
 
     def checkpoint(self) -> Checkpoint:
         """The state now; cheap, because cache updates replace tensors instead of writing into them."""
@@ -385,6 +417,19 @@ def greedy(result: StepResult, stop_ids: Collection[int]) -> Emit | Stop:
     """The greedy token of ``result``, or the end of the row at a stop token."""
     token = int(result.logits.argmax())
     return Stop("eos") if token in stop_ids else Emit(token)
+
+
+class GreedyPolicy(StepPolicy):
+    """Greedy decoding to a stop token; ``on_step(result)``, if given, sees every pass first (what a caller keeps
+    of a step: its logits, the cache's size after it)."""
+
+    def __init__(self, stop_ids: Collection[int], on_step: Callable[[StepResult], object] | None = None):
+        self.stop_ids, self.on_step = stop_ids, on_step
+
+    def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
+        if self.on_step is not None:
+            self.on_step(result)
+        return greedy(result, self.stop_ids)
 
 
 @dataclass

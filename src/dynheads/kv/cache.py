@@ -12,7 +12,8 @@ the last query row, the arithmetic of the probe's decode step, so greedy decodin
 Scope: one sequence (batch 1); the prompt is prefilled in one pass with full attention (as ``kv.retention`` does)
 and compressed as it is stored; decoder-only models with plain causal attention (no sliding-window layers and no
 soft-capped logits). The head split is fixed for the cache's life: static policies. ``headwise_generate`` decodes
-with it and reports the bytes the cache holds.
+with it through the one decoding loop (a ``DecodingSession`` with this cache and the model's own attention,
+``probed=False``) and reports the bytes the cache holds.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from dynheads.engine.decoding import DecodingSession, GreedyPolicy, decode
 from dynheads.errors import DynheadsError
-from dynheads.models import LoadedModel, with_cache
+from dynheads.models import LoadedModel
 
 HEADWISE = "dynheads_headwise"
 
@@ -228,20 +230,11 @@ def headwise_generate(
         raise DynheadsError("the per-head KV cache needs a prompt of at least 2 tokens")
     num_kv = num_kv_heads(lm)
     cache = HeadwiseCache(whole_per_layer(kv_heads, lm.num_layers), num_kv, sink, recent)
-    ids = torch.as_tensor(list(input_ids), dtype=torch.long, device=lm.device)[None]
-    stop_ids = lm.stop_token_ids() if stop_at_eos else set()
-    tokens, logits = [], []
-    with headwise(lm), torch.inference_mode():
-        lm.model(input_ids=ids[:, :-1], **with_cache(lm.model, cache), use_cache=True, logits_to_keep=1)
-        fed = ids[:, -1:]
-        for _ in range(max_new_tokens):
-            out = lm.model(input_ids=fed, **with_cache(lm.model, cache), use_cache=True)
-            step = out.logits[0, -1].float()
-            token = int(step.argmax())
-            logits.append(step)
-            if token in stop_ids:
-                break
-            tokens.append(token)
-            fed = torch.tensor([[token]], dtype=torch.long, device=lm.device)
+    session = DecodingSession(lm, input_ids, max_new_tokens=max_new_tokens, cache=cache, probed=False)
+    logits: list[torch.Tensor] = []
+    policy = GreedyPolicy(lm.stop_token_ids() if stop_at_eos else set(), lambda step: logits.append(step.logits))
+    with headwise(lm):
+        session.forward(len(input_ids) - 1)
+        (decoded,) = decode([session], [policy], max_new_tokens)
     full = lm.num_layers * num_kv * cache.get_seq_length() * kv_token_bytes(lm)
-    return HeadwiseResult(tokens=tokens, logits=logits, cache_bytes=cache.nbytes(), full_bytes=full)
+    return HeadwiseResult(tokens=decoded.tokens, logits=logits, cache_bytes=cache.nbytes(), full_bytes=full)

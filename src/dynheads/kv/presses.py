@@ -32,13 +32,14 @@ import torch
 
 from dynheads.analysis.kvheads import KVHead
 from dynheads.config import parse_fields
+from dynheads.engine.decoding import DecodingSession, GreedyPolicy, StepResult, decode
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.io import read_json
 from dynheads.kv.press_registry import KVPRESS_PRESSES, PressSpec, parse_press
 from dynheads.kv.retention import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
 from dynheads.kv.token_votes import POOL, WINDOW, token_scores
-from dynheads.models import LoadedModel, decode_text, with_cache
+from dynheads.models import LoadedModel, decode_text
 
 PREFIX = "kvpress:"
 EXTRA = "pip install 'dynheads[kvpress]' (kvpress 0.5.5, which needs transformers<5.3)"
@@ -263,47 +264,37 @@ def press_generate(
 ) -> KVResult:
     """Greedy decoding with the kvpress press ``spec`` names (with its knobs) applied to the prefill of the prompt
     minus its last token (as ``kv.retention`` prefills), the resident KV read from the cache at every decode step."""
-    from transformers import DynamicCache
-
     entry = KVPRESS_PRESSES.get(spec.name)
     if entry.needs_static and not (settings.static_ranking or settings.voters):
         raise DynheadsError(f"kvpress:{spec.name} is driven by a dynheads head list: pass --static FILE")
     if len(input_ids) < 2:
         raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
     press = make_press(spec, lm, settings, len(input_ids) - 1)
-    model, device = lm.model, lm.device
-    attention = attention_modules(model)
-    cache = DynamicCache(config=model.config)
-    ids = torch.as_tensor(list(input_ids), dtype=torch.long, device=device)[None]
+    model, attention = lm.model, attention_modules(lm.model)
     num_kv = num_kv_heads(lm)
     whole = _whole_heads(lm, settings) if entry.sizing == "heads" else []
     result = KVResult(tokens=[], text="", stop_reason="max_new_tokens", budget_heads=len(whole))
-    stop_ids = lm.stop_token_ids() if stop_at_eos else set()
+    # a pruned cache is shorter than the text: each token gets its true position (as kvpress's pipeline)
+    session = DecodingSession(lm, input_ids, max_new_tokens=max_new_tokens, probed=False, text_positions=True)
+
+    def measure(step: StepResult) -> None:
+        # a pruned cache holds fewer tokens than were fed; the unmodified model holds them all
+        result.total_kv.append(lm.num_layers * num_kv * (len(input_ids) + len(result.kept_kv)))
+        result.kept_kv.append(_resident(session.cache, attention))
+        result.kv_heads.append(whole)
+        result.fetched_kv.append(0)
+        result.fetched_new_kv.append(0)
+        result.dynamic.append([])
+
+    policy = GreedyPolicy(lm.stop_token_ids() if stop_at_eos else set(), measure)
     try:
-        with torch.inference_mode():
-            with press(model):
-                model(input_ids=ids[:, :-1], **with_cache(model, cache), use_cache=True, logits_to_keep=1)
-            fed = ids[:, -1:]
-            for step in range(max_new_tokens):
-                # a pruned cache is shorter than the text: each token gets its true position (as kvpress's pipeline)
-                position = torch.tensor([[len(input_ids) - 1 + step]], dtype=torch.long, device=device)
-                out = model(input_ids=fed, **with_cache(model, cache), use_cache=True, position_ids=position)
-                token = int(out.logits[0, -1].argmax())
-                result.kv_heads.append(whole)
-                result.kept_kv.append(_resident(cache, attention))
-                # a pruned cache holds fewer tokens than were fed; the unmodified model holds them all
-                result.total_kv.append(lm.num_layers * num_kv * (len(input_ids) + step))
-                result.fetched_kv.append(0)
-                result.fetched_new_kv.append(0)
-                result.dynamic.append([])
-                if token in stop_ids:
-                    result.stop_reason = "eos"
-                    break
-                result.tokens.append(token)
-                fed = torch.tensor([[token]], dtype=torch.long, device=device)
+        with press(model):
+            session.forward(len(input_ids) - 1)
+        (decoded,) = decode([session], [policy], max_new_tokens)
     finally:
         for module in attention:  # kvpress leaves its head masks on the modules: the next sample must not see them
             module.masked_key_indices = None  # type: ignore[assignment]  # kvpress's attribute, not nn.Module's
+    result.tokens, result.stop_reason = decoded.tokens, decoded.stop_reason
     result.text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
     return result
 
