@@ -39,6 +39,7 @@ def main() -> None:
     from dynheads.analysis.headlists import load_head_list
     from dynheads.analysis.kvheads import kv_head_ranking
     from dynheads.engine.decoding import TraceRecorder
+    from dynheads.engine.probe import NO_EDIT
     from dynheads.kv.retention import KVSettings, kv_generate, num_kv_heads, prefill
     from dynheads.tasks import niah
 
@@ -53,7 +54,7 @@ def main() -> None:
     def traced() -> None:  # trace()'s decode loop, from the shared prefill
         session = shared.session
         session.rollback(shared.checkpoint)
-        session.probe.set_kv_heads(None)
+        session.probe.set_edits([NO_EDIT])
         recorder = TraceRecorder()
         for _ in range(args.new_tokens):
             result = session.forward(1)

@@ -11,6 +11,7 @@ from zoo import NoTokenizer, tiny_model
 from dynheads.ablation import per_step as ablation
 from dynheads.ablation.per_step import AblationSettings, ablated_generate, matched_count
 from dynheads.engine.decoding import DecodingSession, trace
+from dynheads.engine.probe import RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 
@@ -89,7 +90,7 @@ def test_masked_step_equals_from_scratch_removal(family):
     # Numerically too: the decoder's masked pass (cached prefix + one recomputed position) at step 0.
     session = DecodingSession(lm, sample.input_ids, [], max_new_tokens=1)
     session.forward(n - 1)
-    session.probe.set_removed_heads(heads)
+    session.probe.set_edits([RowEdit(removed=frozenset(heads))])
     assert (session.forward(1).logits - logits[0]).abs().max() <= 1e-4
 
 

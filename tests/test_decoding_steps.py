@@ -48,7 +48,7 @@ def test_two_probes_on_one_model_do_not_see_each_other():
     model = tiny_model("llama")
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     first, second = AttentionProbe(layers, heads), AttentionProbe(layers, heads)
-    first.set_removed_heads([(0, 1)])  # a setting of the first probe only
+    first.set_edits([RowEdit(removed=frozenset({(0, 1)}))])  # a setting of the first probe only
     ids = torch.tensor([_prompt(2)])
     first.begin_forward(ids.shape[1] - 1)
     second.begin_forward(ids.shape[1] - 1)
@@ -126,7 +126,7 @@ def test_rerun_replaces_the_pass():
     assert session.length == len(prompt) + 2  # the clean passes left nothing in the cache
     reference = DecodingSession(lm, prompt, [], max_new_tokens=1)
     reference.forward(len(prompt) - 1)
-    reference.probe.set_removed_heads([(1, 2)])
+    reference.probe.set_edits([RowEdit(removed=frozenset({(1, 2)}))])
     masked = reference.forward(1)
     assert torch.equal(reruns[0].logits, masked.logits)
     clean = DecodingSession(lm, prompt, [], max_new_tokens=1)

@@ -3,7 +3,7 @@
 Oracle: a from-scratch eager attention function (repeat the KV heads, matmul, soft-cap, mask, fp32 softmax)
 runs the whole sequence without a cache, with a ``[H, T, T]`` mask per layer: plain causal (and sliding window)
 for every prefill row and for full-KV heads, sink + recent keys only for the streaming heads of each decoded
-row. The probe, decoding from the KV cache with ``set_kv_heads`` changed at every step, must give the same
+row. The probe, decoding from the KV cache with its ``RowEdit.full_kv`` changed at every step, must give the same
 last-row attention of every head (fp32, 1e-5) and the same logits, for every family, GQA included.
 """
 
@@ -16,6 +16,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.engine.decoding import DecodingSession
+from dynheads.engine.probe import RowEdit
 from dynheads.models import LoadedModel
 
 TOL = 1e-5
@@ -90,7 +91,7 @@ def test_per_head_visibility_equals_eager_with_per_head_masks(family):
     session.forward(PROMPT_LEN - 1)  # prefill stays full; the last prompt token is the first decoded row
     full_by_row: dict[int, set] = {}
     for full in schedule:
-        session.probe.set_kv_heads(full, sink=SINK, recent=RECENT)
+        session.probe.set_edits([RowEdit(full_kv=frozenset(full), kv_sink=SINK, kv_recent=RECENT)])
         row = session.length
         result = session.forward(1)
         full_by_row[row] = full
@@ -111,7 +112,7 @@ def test_streaming_heads_see_only_sink_and_recent_keys():
     session = DecodingSession(lm, prompt, (), max_new_tokens=1)
     session.probe.rows_for = {(1, 0), (1, 1)}
     session.forward(PROMPT_LEN - 1)
-    session.probe.set_kv_heads([(1, 1)], sink=SINK, recent=RECENT)
+    session.probe.set_edits([RowEdit(full_kv=frozenset({(1, 1)}), kv_sink=SINK, kv_recent=RECENT)])
     stats = session.forward(1).stats
     last = PROMPT_LEN - 1
     streaming, full = stats.rows[(1, 0)], stats.rows[(1, 1)]
@@ -132,7 +133,8 @@ def test_every_head_full_is_the_unmodified_model(family):
     for full in (None, every):
         session = DecodingSession(lm, prompt, (), max_new_tokens=3)
         session.forward(PROMPT_LEN - 1)
-        session.probe.set_kv_heads(full, sink=SINK, recent=RECENT)
+        kept = None if full is None else frozenset(full)
+        session.probe.set_edits([RowEdit(full_kv=kept, kv_sink=SINK, kv_recent=RECENT)])
         logits = []
         for _ in range(3):
             result = session.forward(1)

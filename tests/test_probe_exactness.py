@@ -12,7 +12,7 @@ import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.engine.decoding import DecodingSession
-from dynheads.engine.probe import AttentionProbe, attached
+from dynheads.engine.probe import AttentionProbe, RowEdit, attached
 from dynheads.models import LoadedModel
 
 TOL = 1e-5
@@ -114,7 +114,7 @@ def test_removing_a_head_equals_zeroing_its_o_proj_input(family):
             handle.remove()
 
     probe = AttentionProbe(layers, heads)
-    probe.set_removed_heads(removed, "zero")
+    probe.set_edits([RowEdit(removed=frozenset(removed), mode="zero")])
     probe.begin_forward(ids.shape[1] - 1)
     with attached(model, probe) as probe_kwargs, torch.no_grad():
         ablated = model(ids, **probe_kwargs).logits[0, -1]
@@ -136,7 +136,7 @@ def test_uniform_ablation_gives_the_mean_of_visible_values():
     attn = model.model.layers[0].self_attn
     attn.v_proj.register_forward_hook(lambda m, a, out: captured.__setitem__("v", out))
     probe = AttentionProbe(layers, heads)
-    probe.set_removed_heads([(0, 1)], "uniform")
+    probe.set_edits([RowEdit(removed=frozenset({(0, 1)}), mode="uniform")])
     probe.begin_forward(19)
     attn.o_proj.register_forward_pre_hook(lambda m, a: captured.__setitem__("o_in", a[0]))
     with attached(model, probe) as probe_kwargs, torch.no_grad():
@@ -155,7 +155,7 @@ def test_hidden_keys_get_zero_attention_in_every_head():
     probe = AttentionProbe(layers, heads)
     probe.rows_for = {(layer, head) for layer in range(layers) for head in range(heads)}
     hidden = [2, 3, 4, 13]
-    probe.set_hidden_keys(hidden)
+    probe.set_edits([RowEdit(hidden_keys=frozenset(hidden))])
     probe.begin_forward(15)
     with attached(model, probe) as probe_kwargs, torch.no_grad():
         model(ids, **probe_kwargs)
@@ -267,7 +267,7 @@ def test_eq2_denominator_is_summed_from_the_kept_keys_not_by_subtraction():
     probe = AttentionProbe(num_layers=1, num_heads=1)
     probe.sink_size, probe.local_window = 4, 32
     needle = list(range(1000, 1200))
-    probe.set_needle(needle)
+    probe.set_needles([needle])
     probe.begin_forward(kv - 1)
     excluded = set(range(4)) | set(range(kv - 32, kv))
     kept = [p for p in range(kv) if p not in excluded]
@@ -289,10 +289,10 @@ def test_eq2_denominator_is_summed_from_the_kept_keys_not_by_subtraction():
 def test_chance_share_counts_needle_keys_over_scored_keys():
     probe = AttentionProbe(num_layers=1, num_heads=1)
     probe.sink_size, probe.local_window = 4, 32
-    probe.set_needle(range(100, 120))
+    probe.set_needles([range(100, 120)])
     probe.begin_forward(999)  # keys 0..999; excluded: 0-3 and 968-999 -> 964 scored keys
     assert probe.chance_share() == pytest.approx(20 / 964)
-    probe.set_needle([0, 1, 990])  # needle keys are never excluded
+    probe.set_needles([[0, 1, 990]])  # needle keys are never excluded
     assert probe.chance_share() == pytest.approx(3 / (1000 - (4 + 32 - 3)))
 
 

@@ -16,6 +16,7 @@ from zoo import COMMON, FAMILIES, NoTokenizer, tiny_model
 from dynheads.analysis.evidence import EvidenceSettings, Interval, mean_interval
 from dynheads.analysis.ranking import qrhead_scores, ranking_metrics, top_heads
 from dynheads.engine.decoding import DecodingSession
+from dynheads.engine.probe import RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
 from dynheads.models import LoadedModel, load_model
@@ -155,7 +156,8 @@ def test_doubled_query_rows_score_the_same():
     for ids in (base, base + base[prefix:]):  # the query rows (query and tail) twice
         session = DecodingSession(lm, ids, max_new_tokens=1)
         session.forward(prefix)
-        session.probe.set_hidden_keys(range(prefix, len(ids)))  # every row sees the paragraphs alone
+        # every row sees the paragraphs alone
+        session.probe.set_edits([RowEdit(hidden_keys=frozenset(range(prefix, len(ids))))])
         session.probe.set_span_score(SpanScore((prefix, len(ids)), id_prompt(paragraphs, []).spans))
         mass = session.forward(len(ids) - prefix).stats.span_mass
         assert mass is not None

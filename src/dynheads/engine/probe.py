@@ -247,9 +247,6 @@ class AttentionProbe:
         last = self.last_positions[b] if last_position is None else last_position
         return chance_share(needle, last, self.sink_size, self.local_window)
 
-    def set_needle(self, positions: Iterable[int]) -> None:
-        self.set_needles([positions])
-
     def set_needles(self, per_sequence: Sequence[Iterable[int]]) -> None:
         """Needle positions of each sequence of the batch (absolute positions of that sequence)."""
         lists = [sorted(set(int(p) for p in positions)) for positions in per_sequence]
@@ -332,25 +329,6 @@ class AttentionProbe:
             kv_sink=sink,
             kv_recent=recent,
         )
-
-    def _edit(self, **changes) -> None:
-        """Change fields of the one edit every row shares (the batch-1 setters below)."""
-        if len(self.settings.edits) != 1:
-            raise DynheadsError("the batch has one edit per row: use set_edits")
-        self.set_edits([replace(self.settings.edits[0], **changes)])
-
-    def set_removed_heads(self, heads: Iterable[Head], mode: AblationMode = "zero") -> None:
-        """Heads to remove from the next forward passes (empty to restore the model)."""
-        self._edit(removed=frozenset((int(layer), int(head)) for layer, head in heads), mode=mode)
-
-    def set_hidden_keys(self, positions: Iterable[int] | None) -> None:
-        """Key positions that no head may attend to (None to show everything)."""
-        self._edit(hidden_keys=frozenset(int(p) for p in positions or ()))
-
-    def set_kv_heads(self, full_heads: Iterable[Head] | None, sink: int = 4, recent: int = 64) -> None:
-        """Query heads that keep the full KV cache at decode steps; every other head streams (None: all full)."""
-        full = None if full_heads is None else frozenset((int(layer), int(head)) for layer, head in full_heads)
-        self._edit(full_kv=full, kv_sink=sink, kv_recent=recent)
 
     def set_span_score(self, score: SpanScore | None) -> None:
         """Reduce the attention of ``score.query`` rows over ``score.spans`` in the next passes (None: stop)."""

@@ -4,7 +4,7 @@ every token, so the memory of the streaming heads is really freed (``kv.retentio
 ``HeadwiseCache`` is a transformers ``Cache`` whose layers (``HeadwiseLayer``) split the KV heads of a layer in
 two tensors: ``[B, n_whole, T, D]`` for the whole heads, and ``sink`` + ``recent - 1`` tokens ``[B, n_stream, ., D]``
 for the streaming heads (with the decoded token, a streaming head attends to ``sink + recent`` keys, exactly the
-keys ``AttentionProbe.set_kv_heads`` leaves visible). The attention function ``headwise_attention`` (registered
+keys a ``RowEdit`` with ``full_kv`` leaves visible). The attention function ``headwise_attention`` (registered
 as ``HEADWISE``) runs each group of query heads on its own keys: matmul in the model dtype and an fp32 softmax over
 the last query row, the arithmetic of the probe's decode step, so greedy decoding equals ``kv_generate``'s
 ``static`` policy (``tests/test_kv_cache.py``).
