@@ -9,7 +9,7 @@ import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.engine.decoding import DecodingSession, Emit, Rerun, StepPolicy, Stop, decode, trace
-from dynheads.engine.probe import AttentionProbe, RowEdit, attached
+from dynheads.engine.probe import AttentionProbe, Measure, RowEdit, attached
 from dynheads.errors import DynheadsError
 from dynheads.kv.cache import HeadwiseCache, headwise_generate
 from dynheads.models import LoadedModel, with_cache
@@ -257,3 +257,25 @@ def test_one_loop_no_module_but_the_session_runs_the_model():
                 if name in ("model", "generate"):
                     calls.append(f"{path.name}:{node.lineno}")
     assert [call.split(":")[0] for call in calls] == ["decoding.py"], calls
+
+
+def test_a_pass_measures_what_its_caller_declares_and_nothing_carries_over():
+    """Rows and span scores are declared per pass (``Measure``): a pass with rows keeps them, the next pass without
+    keeps none; policies of one batch that declare different measures are refused with the reason."""
+    lm = _lm()
+    session = DecodingSession(lm, _prompt(8), max_new_tokens=3)
+    kept = session.forward(measure=Measure(rows=frozenset({(0, 1), (2, 0)})))
+    assert set(kept.stats.rows) == {(0, 1), (2, 0)}
+    session.append(int(kept.logits.argmax()))
+    assert session.forward(1).stats.rows == {}
+
+    class Keeps(StepPolicy):
+        def __init__(self, heads):
+            self.heads = frozenset(heads)
+
+        def measure(self, index):
+            return Measure(rows=self.heads)
+
+    sessions = [DecodingSession(lm, _prompt(seed), max_new_tokens=3) for seed in (1, 2)]
+    with pytest.raises(DynheadsError, match="measure the same"):
+        decode(sessions, [Keeps({(0, 0)}), Keeps({(1, 1)})], 3)

@@ -16,7 +16,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.engine.decoding import DecodingSession
-from dynheads.engine.probe import RowEdit
+from dynheads.engine.probe import Measure, RowEdit
 from dynheads.models import LoadedModel
 
 TOL = 1e-5
@@ -87,13 +87,12 @@ def test_per_head_visibility_equals_eager_with_per_head_masks(family):
     # A different full-KV set per decoded step: some heads, one head, none (all streaming), every head.
     schedule = [{(0, 1), (2, 3), (1, 0)}, {(1, 2)}, set(), every, {(0, 0), (0, 1), (2, 2)}]
     session = DecodingSession(lm, prompt, (), max_new_tokens=len(schedule))
-    session.probe.rows_for = every
     session.forward(PROMPT_LEN - 1)  # prefill stays full; the last prompt token is the first decoded row
     full_by_row: dict[int, set] = {}
     for full in schedule:
         session.probe.set_edits([RowEdit(full_kv=frozenset(full), kv_sink=SINK, kv_recent=RECENT)])
         row = session.length
-        result = session.forward(1)
+        result = session.forward(1, Measure(rows=frozenset(every)))
         full_by_row[row] = full
         ids = session.ids[: session.length][None]
         rows, logits = _reference(model, ids, _reference_masks(layers, heads, session.length, full_by_row))
@@ -110,10 +109,9 @@ def test_streaming_heads_see_only_sink_and_recent_keys():
     lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name="llama", revision="random")
     prompt = torch.randint(3, 128, (PROMPT_LEN,), generator=torch.Generator().manual_seed(4)).tolist()
     session = DecodingSession(lm, prompt, (), max_new_tokens=1)
-    session.probe.rows_for = {(1, 0), (1, 1)}
     session.forward(PROMPT_LEN - 1)
     session.probe.set_edits([RowEdit(full_kv=frozenset({(1, 1)}), kv_sink=SINK, kv_recent=RECENT)])
-    stats = session.forward(1).stats
+    stats = session.forward(1, Measure(rows=frozenset({(1, 0), (1, 1)}))).stats
     last = PROMPT_LEN - 1
     streaming, full = stats.rows[(1, 0)], stats.rows[(1, 1)]
     hidden = torch.ones(PROMPT_LEN, dtype=torch.bool)

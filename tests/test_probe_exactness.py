@@ -12,7 +12,7 @@ import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads.engine.decoding import DecodingSession
-from dynheads.engine.probe import AttentionProbe, RowEdit, attached
+from dynheads.engine.probe import AttentionProbe, Measure, RowEdit, attached
 from dynheads.models import LoadedModel
 
 TOL = 1e-5
@@ -44,9 +44,9 @@ def assert_rows_equal_eager_at_every_step(family: str) -> None:
     prompt = torch.randint(3, 128, (PROMPT_LEN,)).tolist()
     needle = list(range(5, 12))
     session = DecodingSession(lm, prompt, needle, max_new_tokens=STEPS, sink_size=2, local_window=4)
-    session.probe.rows_for = {(layer, head) for layer in range(layers) for head in range(heads)}
+    every = Measure(rows=frozenset((layer, head) for layer in range(layers) for head in range(heads)))
 
-    result = session.forward(PROMPT_LEN)
+    result = session.forward(PROMPT_LEN, every)
     for step in range(STEPS):
         ids = session.ids[: session.length][None]
         rows, eager_logits = eager_last_rows(model, ids)
@@ -65,7 +65,7 @@ def assert_rows_equal_eager_at_every_step(family: str) -> None:
         assert (result.logits - eager_logits).abs().max() <= 1e-4
         token = int(result.logits.argmax())
         session.append(token)
-        result = session.forward(1)
+        result = session.forward(1, every)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -153,7 +153,7 @@ def test_hidden_keys_get_zero_attention_in_every_head():
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     ids = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(5))
     probe = AttentionProbe(layers, heads)
-    probe.rows_for = {(layer, head) for layer in range(layers) for head in range(heads)}
+    probe.set_measure(Measure(rows=frozenset((layer, head) for layer in range(layers) for head in range(heads))))
     hidden = [2, 3, 4, 13]
     probe.set_edits([RowEdit(hidden_keys=frozenset(hidden))])
     probe.begin_forward(15)
@@ -180,8 +180,8 @@ def assert_cached_steps_equal_eager(
     ids = lm.tokenizer("The magic word is 1f3c. Remember it: the magic word is", return_tensors="pt")
     prompt = ids["input_ids"][0].tolist()
     session = DecodingSession(lm, prompt, needle, max_new_tokens=3)
-    session.probe.rows_for = {(layer, head) for layer in layers for head in range(lm.num_heads)}
-    result = session.forward(len(prompt))
+    kept = Measure(rows=frozenset((layer, head) for layer in layers for head in range(lm.num_heads)))
+    result = session.forward(len(prompt), kept)
     for _ in range(3):
         rows, eager_logits = eager_last_rows(lm.model, session.ids[: session.length][None])
         for (layer, head), row in result.stats.rows.items():
@@ -191,7 +191,7 @@ def assert_cached_steps_equal_eager(
         if logits_tol is not None:
             assert (result.logits - eager_logits).abs().max() <= logits_tol
         session.append(int(result.logits.argmax()))
-        result = session.forward(1)
+        result = session.forward(1, kept)
 
 
 def _packaged_model(name: str):

@@ -16,7 +16,7 @@ from zoo import COMMON, FAMILIES, NoTokenizer, tiny_model
 from dynheads.analysis.evidence import EvidenceSettings, Interval, mean_interval
 from dynheads.analysis.ranking import qrhead_scores, ranking_metrics, top_heads
 from dynheads.engine.decoding import DecodingSession
-from dynheads.engine.probe import RowEdit
+from dynheads.engine.probe import Measure, RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
 from dynheads.models import LoadedModel, load_model
@@ -68,8 +68,7 @@ def test_span_mass_equals_eager_attention_averaged_over_query_rows(family, split
     session = DecodingSession(lm, ids, max_new_tokens=1)
     if split:
         session.forward(split)
-    session.probe.set_span_score(score)
-    mass = session.forward(len(ids) - split).stats.span_mass  # [L, H, S]
+    mass = session.forward(len(ids) - split, Measure(span=score)).stats.span_mass  # [L, H, S]
     for layer, attention in enumerate(eager_attentions(model, ids)):
         rows = attention[:, 22:27]  # [H, query rows, kv]
         expected = torch.stack([rows[:, :, a:b].sum(dim=2).mean(dim=1) for a, b in score.spans], dim=-1)
@@ -81,9 +80,8 @@ def test_span_score_refuses_query_outside_the_pass():
     lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name="llama", revision="random")
     session = DecodingSession(lm, list(range(3, 33)), max_new_tokens=1)
     session.forward(25)
-    session.probe.set_span_score(SpanScore(query=(20, 27), spans=((1, 6),)))
     with pytest.raises(DynheadsError, match="not all in this pass"):
-        session.forward(5)
+        session.forward(5, Measure(span=SpanScore(query=(20, 27), spans=((1, 6),))))
 
 
 # ---- a constructed case: one paragraph built to draw the query's attention ---------------------------------------
@@ -158,8 +156,8 @@ def test_doubled_query_rows_score_the_same():
         session.forward(prefix)
         # every row sees the paragraphs alone
         session.probe.set_edits([RowEdit(hidden_keys=frozenset(range(prefix, len(ids))))])
-        session.probe.set_span_score(SpanScore((prefix, len(ids)), id_prompt(paragraphs, []).spans))
-        mass = session.forward(len(ids) - prefix).stats.span_mass
+        score = SpanScore((prefix, len(ids)), id_prompt(paragraphs, []).spans)
+        mass = session.forward(len(ids) - prefix, Measure(span=score)).stats.span_mass
         assert mass is not None
         masses.append(mass.numpy().copy())
     assert masses[0].max() > 0.05 and np.abs(masses[1] - masses[0]).max() < 1e-5

@@ -34,7 +34,17 @@ import torch
 from transformers import Cache, DynamicCache
 
 from dynheads.engine.batching import dynamic_layer, filled, merge_caches
-from dynheads.engine.probe import NO_EDIT, AblationMode, AttentionProbe, Head, RowEdit, StepStats, attached
+from dynheads.engine.probe import (
+    NO_EDIT,
+    STEP_STATS,
+    AblationMode,
+    AttentionProbe,
+    Head,
+    Measure,
+    RowEdit,
+    StepStats,
+    attached,
+)
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, decode_text, with_cache
 from dynheads.scores import HEAD_SCORES, LOCAL_WINDOW, SINK_SIZE, copy_scores
@@ -181,10 +191,6 @@ class DecodingSession:
         if any(not s.probed or s.text_positions or type(s.cache) is not DynamicCache for s in sessions):
             raise DynheadsError("sessions with their own cache or attention decode one at a time")
         first = sessions[0]
-        if any(s.probe.settings.rows_for != first.probe.settings.rows_for for s in sessions) or any(
-            s.probe.settings.span_score is not None for s in sessions
-        ):
-            raise DynheadsError("sessions merge into a batch when they keep the same attention rows and no span score")
         batch = cls.__new__(cls)
         batch.lm = first.lm
         batch.probed, batch.text_positions = True, False
@@ -196,7 +202,6 @@ class DecodingSession:
         batch.width = padded
         batch.probe = AttentionProbe(first.lm.num_layers, first.lm.num_heads, first.lm.device)
         batch.probe.sink_size, batch.probe.local_window = first.probe.sink_size, first.probe.local_window
-        batch.probe.rows_for = first.probe.rows_for
         batch._set_rows([s.row for s in sessions])
         return batch
 
@@ -254,15 +259,17 @@ class DecodingSession:
         return self.row.chance_share()
 
     # ---- passes ---------------------------------------------------------------------------------------
-    def forward(self, num_tokens: int | None = None) -> StepResult:
-        """Feed the one row's next ``num_tokens`` written tokens (default: all not yet cached)."""
+    def forward(self, num_tokens: int | None = None, measure: Measure = STEP_STATS) -> StepResult:
+        """Feed the one row's next ``num_tokens`` written tokens (default: all not yet cached); the pass measures
+        the step statistics and what ``measure`` adds."""
         row = self.row
         if self.mask is not None:
-            return self.forward_rows()[0]
+            return self.forward_rows(measure)[0]
         start = row.length
         stop = row.written if num_tokens is None else start + num_tokens
         if stop <= start:
             raise DynheadsError("nothing to decode from: every written token is already in the cache")
+        self.probe.set_measure(measure)
         self.probe.begin_forward(stop - 1)
         inputs = {}
         if self.text_positions:
@@ -275,10 +282,13 @@ class DecodingSession:
         measured = self.probe.sequence_stats(0) if self.probed else None
         return StepResult(logits=logits[0], measured=measured, hidden=hidden[0])
 
-    def forward_rows(self) -> list[StepResult]:
-        """Feed one written token per row; one ``StepResult`` per row."""
+    def forward_rows(self, measure: Measure = STEP_STATS) -> list[StepResult]:
+        """Feed one written token per row; one ``StepResult`` per row, each measuring what ``measure`` adds."""
         if self.mask is None:
-            return [self.forward(1)]
+            return [self.forward(1, measure)]
+        if measure.span is not None:
+            raise DynheadsError("a span score is measured at batch 1")
+        self.probe.set_measure(measure)
         positions = [row.length for row in self.rows]
         tokens = torch.stack([row.ids[row.length] for row in self.rows])[:, None]  # [B, 1]
         self.mask[:, self.width] = 1
@@ -403,6 +413,10 @@ class StepPolicy:
     def edit(self, index: int) -> RowEdit:
         return NO_EDIT
 
+    def measure(self, index: int) -> Measure:
+        """What step ``index``'s pass measures beyond the step statistics (the rows of one batch agree)."""
+        return STEP_STATS
+
     def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
         """The action after step ``index``'s pass (``rerun``: the pass a ``Rerun`` asked for)."""
         return Emit(int(result.logits.argmax()))
@@ -477,9 +491,13 @@ def decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy], 
 def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, run) -> list[Action]:
     """One pass of every row under its policy's edit, and again for the rows whose policy asks to rerun."""
     edits = [policy.edit(index) for policy in policies]
+    measures = {policy.measure(index) for policy in policies}
+    if len(measures) != 1:
+        raise DynheadsError("the rows of one batch measure the same attention rows and spans")
+    measure = measures.pop()
     session.probe.set_edits(_compact(edits))
     checkpoint = session.checkpoint() if any(p.rerunnable for p in policies) else None
-    results = _as_list(run())
+    results = _as_list(run(measure=measure))
     actions = [
         policy.after(index, row, result, False)
         for policy, row, result in zip(policies, session.rows, results, strict=True)
@@ -493,7 +511,7 @@ def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, 
     for r, rerun in reruns.items():
         edits[r] = rerun.edit
     session.probe.set_edits(_compact(edits))
-    results = _as_list(run())  # rows that did not ask recompute their pass exactly: their action stands
+    results = _as_list(run(measure=measure))  # rows that did not ask recompute their pass exactly: they stand
     for r in reruns:
         actions[r] = policies[r].after(index, session.rows[r], results[r], True)
         if isinstance(actions[r], Rerun):

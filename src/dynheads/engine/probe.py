@@ -12,11 +12,11 @@ of every query head (fp32 softmax) and reduces it on the spot, for each sequence
 - ``context_mass [L, H]``: mass on positions before ``context_end`` (the prompt; Lookback-Lens ratios),
 - ``context_entropy [L, H]``: entropy (nats) of the row restricted to those positions and renormalised (how
   sharply a head looks into the context; 0 where it puts no mass there),
-- full rows for requested heads only,
-- ``span_mass [L, H, S]`` (when a span score is set, batch 1): the attention that a range of query positions
-  (a question) puts on each of S key spans (candidate paragraphs), averaged over those query rows and summed over
-  the span's keys (``dynheads.scores.SpanScore``; ICR / QRHead). Only those query rows are computed, in chunks, and
-  reduced at once: O(query x context) per chunk, never the whole attention matrix.
+- full rows of the heads the pass's ``Measure`` names (``rows``) only,
+- ``span_mass [L, H, S]`` (when the pass's ``Measure`` has a span score, batch 1): the attention that a range of
+  query positions (a question) puts on each of S key spans (candidate paragraphs), averaged over those query rows
+  and summed over the span's keys (``dynheads.scores.SpanScore``; ICR / QRHead). Only those query rows are
+  computed, in chunks, and reduced at once: O(query x context) per chunk, never the whole attention matrix.
 
 Memory per step is O(heads x context). The outputs of all other query positions (prefill) come from
 torch's fused SDPA kernel, so no attention matrix is ever materialised.
@@ -161,6 +161,20 @@ NO_EDIT = RowEdit()
 
 
 @dataclass(frozen=True)
+class Measure:
+    """What one pass measures beyond every head's step statistics: the full last attention rows of the ``rows``
+    heads (``StepStats.rows``), and a span score (``StepStats.span_mass``; batch 1, re-ranking and token votes).
+    A pass measures what its caller declares for it (``DecodingSession.forward``'s ``measure``, a step policy's
+    ``measure``): nothing carries over to the next pass."""
+
+    rows: frozenset[Head] = frozenset()
+    span: SpanScore | None = None
+
+
+STEP_STATS = Measure()  # the step statistics alone
+
+
+@dataclass(frozen=True)
 class ProbeSettings:
     """What the probe measures and changes; fixed during a pass (``AttentionProbe``'s setters replace it).
 
@@ -217,9 +231,6 @@ class AttentionProbe:
     sink_size = property(lambda self: self.settings.sink_size, lambda self, size: self._update(sink_size=int(size)))
     local_window = property(
         lambda self: self.settings.local_window, lambda self, size: self._update(local_window=int(size))
-    )
-    rows_for = property(
-        lambda self: self.settings.rows_for, lambda self, heads: self._update(rows_for=frozenset(heads))
     )
     ablation_mode = property(lambda self: self.settings.ablation_mode)
 
@@ -330,11 +341,14 @@ class AttentionProbe:
             kv_recent=recent,
         )
 
-    def set_span_score(self, score: SpanScore | None) -> None:
-        """Reduce the attention of ``score.query`` rows over ``score.spans`` in the next passes (None: stop)."""
+    def set_measure(self, measure: Measure) -> None:
+        """What the next pass measures beyond the step statistics (``Measure``)."""
+        if measure.rows == self.settings.rows_for and measure.span == self.settings.span_score:
+            return
+        score = measure.span
         unit = score is not None and score.unit  # one span per key: rows added per key, no [positions, S] matrix
         weights = None if score is None or unit else score.key_weights().to(self.device)  # [positions, S]
-        self._update(span_score=score, span_weights=weights)
+        self._update(rows_for=frozenset(measure.rows), span_score=score, span_weights=weights)
 
     def _check_head(self, layer: int, head: int) -> None:
         check_heads([(layer, head)], self.num_layers, self.num_heads, source="the ablation")

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from dynheads.engine.decoding import DecodingSession
+from dynheads.engine.probe import Measure
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.models import LoadedModel
@@ -67,9 +68,9 @@ def window_votes(lm: LoadedModel, input_ids: Sequence[int], voters: Sequence[Hea
     length = len(input_ids) - 1
     check_votes(lm, length, voters, window)
     session = DecodingSession(lm, input_ids, max_new_tokens=1)
-    session.probe.set_span_score(SpanScore.per_key((length - window, length), length))
-    mass = session.forward(length).stats.span_mass  # [L, H, n]: each key its own span
-    assert mass is not None  # measured under the span score set above
+    measure = Measure(span=SpanScore.per_key((length - window, length), length))
+    mass = session.forward(length, measure).stats.span_mass  # [L, H, n]: each key its own span
+    assert mass is not None  # measured under the pass's span score
     layers, heads = zip(*voters, strict=True)
     return mass[list(layers), list(heads), : length - window].float().mean(0)
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from dynheads.engine.decoding import Action, DecodingSession, Emit, Row, StepPolicy, StepResult, Stop, decode, greedy
-from dynheads.engine.probe import RowEdit
+from dynheads.engine.probe import Measure, RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.models import LoadedModel, decode_text
@@ -125,7 +125,7 @@ class Answerer:
         self.session.rollback(self.cached)
         self.edit = RowEdit(hidden_keys=frozenset(self.hidden_positions(visible)))
         self.session.probe.set_edits([self.edit])
-        self.session.probe.rows_for = set(rows_for)
+        self.measure = Measure(rows=frozenset(rows_for))  # what the next passes keep: these heads' rows
         self.session.write(self.question + self.answer)
 
     def hidden_positions(self, visible: np.ndarray | None) -> list[int]:
@@ -135,7 +135,7 @@ class Answerer:
     def read(self, visible: np.ndarray | None, rows_for: Collection[Head] = frozenset()):
         """``show``, then one pass over the question and the answer so far."""
         self.show(visible, rows_for)
-        return self.session.forward()
+        return self.session.forward(measure=self.measure)
 
     def draft(self, visible: np.ndarray | None, limit: int, *, sentence: bool) -> _DraftPolicy:
         """Show ``visible`` and give the policy that drafts up to ``limit`` greedy tokens after the answer so far
@@ -176,6 +176,9 @@ class _DraftPolicy(StepPolicy):
 
     def edit(self, index: int) -> RowEdit:
         return self.answerer.edit
+
+    def measure(self, index: int) -> Measure:
+        return self.answerer.measure
 
     def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
         lm = self.answerer.lm

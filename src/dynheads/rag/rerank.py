@@ -27,6 +27,7 @@ import numpy as np
 
 from dynheads.analysis.ranking import ranking
 from dynheads.engine.decoding import DecodingSession
+from dynheads.engine.probe import Measure
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 from dynheads.scores import SpanScore
@@ -203,20 +204,17 @@ def span_scores(lm: LoadedModel, prompt: RerankPrompt) -> SpanScores:
     began = time.perf_counter()
     session.forward(prompt.shared)
     cached = session.checkpoint()
-    session.probe.set_span_score(SpanScore(prompt.query, prompt.spans))
-    result = session.forward(real_tail)
-    assert result.stats.span_mass is not None  # measured under the span score set above
+    result = session.forward(real_tail, Measure(span=SpanScore(prompt.query, prompt.spans)))
+    assert result.stats.span_mass is not None  # measured under the span score of the pass
     real, hidden = result.stats.span_mass.cpu().numpy().copy(), result.hidden.cpu().numpy().copy()
     prefill = time.perf_counter() - began
     began = time.perf_counter()
     session.rollback(cached)
     session.write(prompt.null_ids[prompt.shared :])
-    session.probe.set_span_score(SpanScore(prompt.null_query, prompt.spans))
-    null_mass = session.forward(null_tail).stats.span_mass
+    null_mass = session.forward(null_tail, Measure(span=SpanScore(prompt.null_query, prompt.spans))).stats.span_mass
     assert null_mass is not None
     null = null_mass.cpu().numpy().copy()
     calibration = time.perf_counter() - began
-    session.probe.set_span_score(None)
     return SpanScores(real, null, hidden, prefill, calibration)
 
 
