@@ -187,3 +187,26 @@ def test_rag_under_torchrun_prints_its_table_once(tiny_model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("| strategy | k | questions |") == 1
     assert len(RunDir(tmp_path / "rag").records()) == 8
+
+
+def test_detect_with_data_under_a_launcher_detects_on_rank_0_alone(tmp_path, monkeypatch):
+    """``detect --data`` under torchrun: every rank traces its share (run_jobs ends at a barrier), then rank 0 alone
+    fits the detectors; before, every rank ran the detection and wrote the same files at once."""
+    from typer.testing import CliRunner
+
+    from dynheads.cli.app import app, register_commands
+    from dynheads.experiments import detect, halueval
+
+    register_commands()
+    detected = []
+    traced = type("Traced", (), {"path": tmp_path / "out" / "trace"})()
+    monkeypatch.setattr(halueval, "trace_halueval", lambda *args, **kwargs: traced)
+    monkeypatch.setattr(detect, "run_detect", lambda source, cfg, out: detected.append(source))
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        (tmp_path / "out" / "detect").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "out" / "results.md").write_text("table\n")
+        result = CliRunner().invoke(app, ["detect", "--data", "halueval:qa", "--out", str(tmp_path / "out")])
+        assert result.exit_code == 0, result.output
+        assert detected == ([] if rank == 1 else [traced.path])

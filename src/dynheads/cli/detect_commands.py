@@ -40,6 +40,7 @@ def detect(
     **settings,
 ) -> None:
     """Hallucination detectors (logistic regression per feature set), grouped cross-validation; AUROC/AUPRC."""
+    from dynheads.distributed import is_main
     from dynheads.experiments.detect import run_detect
 
     tracing = {name: settings.pop(name) for name in TRACING}
@@ -51,6 +52,8 @@ def detect(
             raise DynheadsError("--data traces its own run: give --out DIR and no RUN_DIR")
         traced = checks.checked_config(HaluevalConfig, None, data=data, **tracing)
         source = trace_halueval(traced, out / "trace", batch_size=checks.batch_size(batch_size)).path
+        if not is_main():  # under torchrun / accelerate launch, every rank traced its share; rank 0 detects
+            return
     elif run_dir is None:
         raise DynheadsError("give a traced RUN_DIR or --data halueval:qa / halueval:dialogue")
     elif batch_size != 1 or any(value is not None for value in tracing.values()):
