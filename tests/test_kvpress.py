@@ -8,6 +8,7 @@ that environment (``scripts/kvpress-env.sh``) and runs this file there; elsewher
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -215,6 +216,25 @@ def test_head_tokens_in_dynheads_kv_hold_snapkvs_bytes(lm):
 
 
 @needs_kvpress
+def test_head_tokens_predicted_keeps_what_its_voters_choose_and_needs_them(lm):
+    """The predictor-voted press is the head-token press with the prompt's voters: the same tokens, the same bytes."""
+    from dynheads.experiments.kv import KVConfig
+    from dynheads.kv.presses import press_generate
+
+    ids = random_prompt(6, 120)
+    settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),), voters=((2, 1),))
+    predicted = press_generate(lm, ids, PressSpec("head_tokens_predicted"), settings, 4, stop_at_eos=False)
+    static = press_generate(lm, ids, PressSpec("head_tokens"), settings, 4, stop_at_eos=False)
+    assert predicted.tokens == static.tokens and predicted.kept_kv == static.kept_kv
+    other = press_generate(lm, ids, PressSpec("head_tokens_predicted"), replace(settings, voters=((0, 3),)), 4)
+    assert other.kept_kv == predicted.kept_kv  # the voters move which tokens are kept, not how many
+    with pytest.raises(DynheadsError, match="votes with the head predictor's heads for the prompt"):
+        press_generate(lm, ids, PressSpec("head_tokens_predicted"), replace(settings, voters=()), 4)
+    with pytest.raises(DynheadsError, match="kvpress:head_tokens_predicted votes with the head predictor's heads"):
+        KVConfig(policies=("full", "kvpress:head_tokens_predicted")).jobs()
+
+
+@needs_kvpress
 def test_head_tokens_need_a_static_list():
     from dynheads.experiments.kv import KVConfig
 
@@ -273,6 +293,52 @@ def test_dynheads_kv_runs_head_tokens_beside_snapkv_at_the_same_bytes(tmp_path, 
     assert table.loc["kvpress:head_tokens", "kv_fraction"] == table.loc["kvpress:snapkv", "kv_fraction"] < 0.5
     votes = run.manifest()["token_votes"]
     assert votes["voters"] == ["18-6", "17-3", "17-4", "16-0", "20-2", "14-8"] and votes["window"] == 32
+
+
+@needs_kvpress
+@pytest.mark.slow
+def test_dynheads_kv_asks_the_predictor_for_each_prompts_voters(tmp_path, embedded):
+    """``kvpress:head_tokens_predicted`` in a run: each record's voters are the predictor's best heads for the hidden
+    state of the prompt's prefill (computed here apart), and the row holds head_tokens' bytes."""
+    import pandas as pd
+
+    from dynheads.analysis.head_predictor import HeadPredictorConfig, load_head_predictor, train_head_predictor
+    from dynheads.engine.decoding import DecodingSession
+    from dynheads.experiments.kv import KVConfig, run_kv
+    from dynheads.experiments.niah import niah_samples
+    from dynheads.kv.token_votes import VOTERS
+    from dynheads.runs import RunDir
+
+    fit = RunDir(tmp_path / "fit")
+    fit.start("niah", {"seed": 0}, None)
+    fit.save_sample({"sample_id": "fit-x", "seed": 1, "answer": "not-an-evaluation-uuid"})
+    rng = np.random.default_rng(0)
+    hidden_size, shape = embedded.model.config.hidden_size, (embedded.num_layers, embedded.num_heads)
+    heads = shape[0] * shape[1]
+    samples = [(rng.normal(size=(6, hidden_size)).astype(np.float32), rng.random((6, heads)) > 0.9) for _ in range(8)]
+    predictor_config = HeadPredictorConfig(hidden_sizes=(8,), epochs=1)
+    trained = train_head_predictor(samples, predictor_config, task="binary", shape=shape)
+    trained.save(tmp_path / "fit" / "probe")
+    (tmp_path / "fit" / "list.json").write_text('["18-6", "17-3", "17-4", "16-0", "20-2", "14-8"]')
+    config = KVConfig(
+        policies=("kvpress:head_tokens", "kvpress:head_tokens_predicted"),
+        budgets=(0.1,),
+        lengths=(200,),
+        depths=(0.5,),
+        runs=1,
+        max_new_tokens=4,
+        static=str(tmp_path / "fit" / "list.json"),
+        probe=str(tmp_path / "fit" / "probe"),
+    )
+    run = run_kv(config, tmp_path / "kv", lm=embedded, progress=False)
+    (record,) = [r for r in run.records() if r["policy"] == "kvpress:head_tokens_predicted"]
+    (sample,) = niah_samples(config.niah_config(), embedded.tokenizer)
+    prefill = DecodingSession(embedded, sample.input_ids, max_new_tokens=4)
+    hidden = prefill.forward(len(sample.input_ids) - 1).hidden.cpu()
+    expected = load_head_predictor(tmp_path / "fit" / "probe").top_heads(hidden, VOTERS)
+    assert record["voters"] == [f"{layer}-{head}" for layer, head in expected]
+    table = pd.read_csv(run.path / "table.csv").set_index("policy")
+    assert table.loc["kvpress:head_tokens_predicted", "kv_fraction"] == table.loc["kvpress:head_tokens", "kv_fraction"]
 
 
 def test_listing_the_presses_imports_neither_kvpress_nor_torch():

@@ -23,7 +23,7 @@ needle) is refused; both sample sets are written into the manifest. Resumable: o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Unpack, cast
 
@@ -108,6 +108,8 @@ class KVConfig(KVFields):
         for press in presses:
             if KVPRESS_PRESSES.get(parse_press(press).name).needs_static and not self.static:
                 raise DynheadsError(f"{press} is driven by a dynheads head list: pass --static FILE")
+            if KVPRESS_PRESSES.get(parse_press(press).name).needs_probe and not self.probe:
+                raise DynheadsError(f"{press} votes with the head predictor's heads: pass --probe DIR")
         for entry in registered:
             if entry.value.needs_probe and not self.probe:
                 raise DynheadsError(f"the {entry.name} KV policy needs a trained probe: pass --probe DIR")
@@ -247,6 +249,18 @@ class _KVDecoder:
             finished.append(Finished(record))
         return finished
 
+    @staticmethod
+    def needs_prefill(policy: str) -> bool:
+        """dynheads policies decode from the shared prefill; a press the predictor votes for reads its hidden state."""
+        return not is_press(policy) or KVPRESS_PRESSES.get(parse_press(policy).name).needs_probe
+
+    def predicted_voters(self, prefilled: Prefill) -> tuple[Head, ...]:
+        """The head predictor's ``VOTERS`` best heads for the prompt: from the hidden state of the prefill's last
+        position (the probe policy's input at the first step)."""
+        if self.probe is None or prefilled.last is None:  # KVConfig.jobs refuses the press without --probe
+            raise DynheadsError("the predictor's voters need --probe DIR and a prompt of at least 2 tokens")
+        return tuple(self.probe.top_heads(prefilled.last.hidden.cpu(), VOTERS))
+
     def decode(self, batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[KVResult]:
         """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
         full-attention prefill per sample, shared by the sample's policies; kvpress presses run one by one."""
@@ -255,17 +269,21 @@ class _KVDecoder:
         results: list[KVResult | None] = [None] * len(batch)
         groups: dict[tuple[str, float | None], list[int]] = {}
         for i, (sample, policy, budget) in enumerate(batch):
+            if sample.sample_id not in prefills and self.needs_prefill(policy):
+                prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
             if is_press(policy):  # kvpress compresses its own prefill (plain attention, no probe)
-                results[i] = press_generate(
+                settings = self.settings_of(sample, policy, budget)
+                voters = self.predicted_voters(prefills[sample.sample_id]) if self.needs_prefill(policy) else ()
+                pressed = press_generate(
                     lm,
                     sample.input_ids,
                     check_press(policy),
-                    self.settings_of(sample, policy, budget),
+                    replace(settings, voters=voters) if voters else settings,
                     config.max_new_tokens,
                 )
+                pressed.voters = list(voters)
+                results[i] = pressed
                 continue
-            if sample.sample_id not in prefills:
-                prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
             groups.setdefault((policy, budget), []).append(i)
         for (policy, budget), rows in groups.items():
             decoded = kv_generate_batch(
@@ -313,6 +331,8 @@ def _record(
         "moved_new_bytes_per_step": float(np.mean(result.fetched_new_kv)) * token_bytes + written,
         "dynamic": [[flat_index(h, lm.num_heads) for h in heads] for heads in result.dynamic],
     }
+    if result.voters:  # head_tokens_predicted: the predictor's voters for this prompt
+        record["voters"] = [head_key(h) for h in result.voters]
     if record_probe:
         record["probe_scores"] = result.probe_scores
     return record
@@ -324,7 +344,7 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
     if not records:
         raise DynheadsError(f"{run.path} has no finished samples yet")
     frame = pd.json_normalize(
-        [{k: v for k, v in r.items() if k not in ("dynamic", "probe_scores")} for r in records], sep="."
+        [{k: v for k, v in r.items() if k not in ("dynamic", "probe_scores", "voters")} for r in records], sep="."
     )
     with atomic_path(run.path / "results.csv") as tmp:
         frame.to_csv(tmp, index=False)

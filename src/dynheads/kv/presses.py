@@ -13,7 +13,9 @@ plus ``sink + recent``-token windows hold at the prompt's length, so both start 
   k best positive-score KV heads keep every token and the others only ``sink`` + ``recent`` (kvpress masks the
   evicted keys of those heads instead of freeing them; the bytes counted are the keys it leaves visible),
 - ``head_tokens``: retrieval heads choose the tokens (``head_tokens_press``, ``dynheads.kv.token_votes``): the static
-  list's best query heads vote from an observation window and every KV head keeps the same tokens, at that ratio.
+  list's best query heads vote from an observation window and every KV head keeps the same tokens, at that ratio;
+  ``head_tokens_predicted``: the same, the voters being the head predictor's best heads for the prompt (the runner
+  passes them as ``KVSettings.voters``).
 
 The resident KV of a press row is read from the cache at every decode step (its tokens x KV heads, less the
 masked keys), so the table shows what each press actually held.
@@ -244,7 +246,8 @@ def duo_attention_press(lm: LoadedModel, settings: KVSettings, ratio: None):
 
 
 def voted_tokens_press(lm: LoadedModel, settings: KVSettings, ratio: float):
-    """``kvpress:head_tokens``: the static list's voters choose the tokens, at the matched ratio."""
+    """``kvpress:head_tokens`` / ``head_tokens_predicted``: the settings' voters (the static list's, or the head
+    predictor's for this prompt) choose the tokens, at the matched ratio."""
     return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent)
 
 
@@ -267,6 +270,8 @@ def press_generate(
     entry = KVPRESS_PRESSES.get(spec.name)
     if entry.needs_static and not (settings.static_ranking or settings.voters):
         raise DynheadsError(f"kvpress:{spec.name} is driven by a dynheads head list: pass --static FILE")
+    if entry.needs_probe and not settings.voters:
+        raise DynheadsError(f"kvpress:{spec.name} votes with the head predictor's heads for the prompt: pass --probe")
     if len(input_ids) < 2:
         raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
     press = make_press(spec, lm, settings, len(input_ids) - 1)

@@ -78,6 +78,7 @@ class KVResult:
     fetched_new_kv: list[int] = field(default_factory=list)  # the same, re-using the previous step's picks
     dynamic: list[list[Head]] = field(default_factory=list)  # D_t of the applied pass (Eq. 1 copy heads)
     probe_scores: list[list[float]] = field(default_factory=list)  # probe(h_t) per step, when asked to record
+    voters: list[Head] = field(default_factory=list)  # query heads that chose the kept tokens, where chosen per prompt
 
     @property
     def kv_fraction(self) -> float:
