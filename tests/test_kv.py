@@ -349,3 +349,12 @@ def test_kv_batch_size_four_equals_batch_one(tiny_model_dir, tmp_path):
     four = run_kv(config, tmp_path / "b4", lm=lm, progress=False, batch_size=4)
     assert len(one.records()) == 4 * (2 + 2 * 2)  # 4 samples x (full, none, random and true at 2 budgets)
     assert _comparable(four.records()) == _comparable(one.records())
+
+
+def test_the_pareto_front_keeps_the_points_nothing_beats():
+    from dynheads.plots.kv import pareto_front
+
+    resident = np.array([0.1, 0.1, 0.2, 0.3, 0.3, 1.0, 0.05])
+    accuracy = np.array([0.2, 0.0, 0.2, 0.5, 0.5, 0.8, 0.0])
+    # (0.1, 0.0) is beaten by (0.05, 0.0); (0.2, 0.2) by (0.1, 0.2); the two equal (0.3, 0.5) both stay
+    assert pareto_front(resident, accuracy).tolist() == [True, False, False, True, True, True, True]

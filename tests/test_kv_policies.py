@@ -93,6 +93,7 @@ def test_a_registered_policy_runs_through_the_kv_experiment_and_its_figure(
     row = table[table["policy"] == first_layers].iloc[0]
     assert row["budget"] == 0.5 and row["samples"] == 1 and 0 < row["kv_fraction"] < 1
     assert row["offloaded_mb"] == 0  # a static policy drops what it evicts
-    legend = [text.get_text() for text in drawn[0].axes[0].get_legend().get_texts()]
-    assert sorted(legend) == [first_layers, "full"]  # every policy of the table is in the figure
+    (legend,) = drawn[0].legends  # the accuracy panel's legend sits below both panels
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert sorted(labels) == ["Pareto front", first_layers, "full"]  # every policy of the table is in the figure
     assert (run.path / "plots" / "kv-accuracy.png").is_file()

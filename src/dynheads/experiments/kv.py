@@ -58,7 +58,7 @@ from dynheads.kv.retention import (
 )
 from dynheads.kv.token_votes import POOL, VOTERS, WINDOW
 from dynheads.models import LoadedModel
-from dynheads.plots.kv import plot_kv_accuracy, plot_kv_grid
+from dynheads.plots.kv import pareto_front, plot_kv_accuracy, plot_kv_grid
 from dynheads.resources import (
     HEAD_PREDICTOR,
     STATIC_HEADS,
@@ -380,6 +380,7 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
     table["accuracy_high"] = [intervals[(p, b)].high for p, b in zip(table["policy"], table["budget"], strict=True)]
     table["order"] = table["policy"].map(_policy_order)
     table = table.sort_values(["budget", "order"]).drop(columns="order").reset_index(drop=True)
+    table["pareto_front"] = pareto_front(table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy())
     with atomic_path(run.path / "table.csv") as tmp:
         table.to_csv(tmp, index=False)
     cells = (
@@ -395,10 +396,11 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         f"sink {config['sink']}, recent {config['recent']}; budget = fraction of the KV heads kept whole (full: 1, "
         f"none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per step, shortfall = KV heads the budget "
         "allows that the policy did not keep (static: no head with a positive score left); accuracy with its 95 % "
-        "bootstrap interval over samples (exact when every sample agrees); resident = KV held on the device as a "
-        "fraction of the unmodified model's and in MB, mean over steps; dynamic policies hold the full KV "
-        "offloaded (second tier) and move, per step, the picked heads' keys beyond the window plus the new token of "
-        "every head (re-used: heads picked at the previous step stay resident).",
+        "bootstrap interval over samples (exact when every sample agrees; * = on the Pareto front of accuracy vs "
+        "resident KV: no row holds at most its KV with at least its accuracy, one strictly); resident = KV held on "
+        "the device as a fraction of the unmodified model's and in MB, mean over steps; dynamic policies hold the "
+        "full KV offloaded (second tier) and move, per step, the picked heads' keys beyond the window plus the new "
+        "token of every head (re-used: heads picked at the previous step stay resident).",
         kv_table(table),
     ]
     pr = probe_precision_recall(records, manifest)
@@ -435,7 +437,8 @@ def kv_table(table: pd.DataFrame) -> Table:
                 f"{row.budget:g}",
                 row.policy,
                 int(row.samples),
-                f"{row.accuracy:.3f} [{row.accuracy_low:.2f}, {row.accuracy_high:.2f}]",
+                f"{row.accuracy:.3f} [{row.accuracy_low:.2f}, {row.accuracy_high:.2f}]"
+                + (" *" if row.pareto_front else ""),
                 f"{row.rouge_l:.3f}",
                 "–" if np.isnan(row.kv_heads) else f"{row.kv_heads:.1f}",
                 f"{row.shortfall:.1f}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -12,13 +13,38 @@ from dynheads.plots.ablation import plot_heatmaps
 from dynheads.plots.png import save_png
 
 
+def pareto_front(resident: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
+    """Bool per point: no other point holds at most its resident KV with at least its accuracy, one of the two
+    strictly (the accuracy-memory Pareto front; equal points are all on it)."""
+    x, y = np.asarray(resident, dtype=float), np.asarray(accuracy, dtype=float)
+    beaten = (
+        (x[None, :] <= x[:, None])
+        & (y[None, :] >= y[:, None])
+        & ((x[None, :] < x[:, None]) | (y[None, :] > y[:, None]))
+    )
+    return np.asarray(~beaten.any(axis=1))
+
+
 def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
-    """Left: accuracy (95 % interval bars) against the resident KV (fraction of the unmodified model's) per
-    policy, one point per budget, ``full`` and ``none`` as points too: a policy is judged by where it sits on
-    that curve. Right: MB moved per decode step from the second tier against the same axis (dynamic policies; a
-    static policy moves nothing). ``table``: table.csv's columns."""
-    figure = Figure(figsize=(10, 4), layout="constrained")
+    """Left: accuracy (95 % interval bars) against the resident KV (fraction of the unmodified model's, log scale:
+    2x, 4x, 8x, 16x compression are equally spaced) per policy, one point per budget, ``full`` and ``none`` as points
+    too, and the Pareto front of all points (grey): a policy is judged by where it sits against it. Right: MB moved
+    per decode step from the second tier against the resident KV (dynamic policies; a static policy moves nothing).
+    ``table``: table.csv's columns."""
+    figure = Figure(figsize=(10, 5), layout="constrained")
     accuracy_ax, moved_ax = figure.subplots(1, 2)
+    front = table[pareto_front(table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy())].sort_values(
+        "kv_fraction"
+    )
+    accuracy_ax.step(
+        front["kv_fraction"],
+        front["accuracy"],
+        where="post",
+        color="0.6",
+        linewidth=6,
+        alpha=0.35,
+        label="Pareto front",
+    )
     for index, policy in enumerate(dict.fromkeys(table["policy"])):
         rows = table[table["policy"] == policy].sort_values("kv_fraction")
         # from the policy's registry entry: distinct markers and dashes, as equal accuracies draw on top of each other
@@ -37,11 +63,15 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
         if rows["offloaded_mb"].gt(0).any():
             moved_ax.plot(x, rows["moved_mb_per_step"].to_numpy(), **look)
     accuracy_ax.set(
-        xlabel="resident KV (fraction of the unmodified model's)",
+        xlabel="resident KV (fraction of the unmodified model's, log scale)",
         ylabel="NIAH accuracy",
         ylim=(-0.03, 1.03),
-        xlim=(0, 1.03),
+        xscale="log",
+        xlim=(min(0.04, 0.8 * float(table["kv_fraction"].min())), 1.1),
     )
+    ticks = [f for f in (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1) if f >= accuracy_ax.get_xlim()[0]]
+    accuracy_ax.set_xticks(ticks, [f"1/{round(1 / f)}" if f < 1 else "1" for f in ticks])
+    accuracy_ax.minorticks_off()
     moved_ax.set(
         xlabel="resident KV (fraction of the unmodified model's)",
         ylabel="MB moved per step (second tier)",
@@ -49,7 +79,7 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
     )
     moved = table.loc[table["offloaded_mb"] > 0, "moved_mb_per_step"]
     moved_ax.set_ylim(0, 1.15 * float(moved.max()) if len(moved) and moved.max() > 0 else 1.0)
-    accuracy_ax.legend(fontsize=8)
+    figure.legend(*accuracy_ax.get_legend_handles_labels(), loc="outside lower center", ncols=5, fontsize=8)
     if moved_ax.lines:
         moved_ax.legend(fontsize=8)
     if title:
