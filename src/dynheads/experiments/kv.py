@@ -408,13 +408,7 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         write_json(run.path / "probe_pr.json", pr)
         write_summary(run.path, "probe_pr.md", Summary(pr_blocks(pr), pr))
         blocks += pr_blocks(pr)
-    numbers = {
-        "accuracy": {
-            f"{row.policy}@{row.budget:g}": [row.accuracy, row.accuracy_low, row.accuracy_high]
-            for row in table.itertuples()
-        }
-    }
-    write_summary(run.path, "summary.md", Summary(blocks, numbers, f"KV retention: {model}"))
+    write_summary(run.path, "summary.md", Summary(blocks, _accuracy_numbers(table), f"KV retention: {model}"))
     plot_kv_accuracy(table, run.path / "plots" / "kv-accuracy.png", title=f"{model}: NIAH accuracy vs resident KV")
     if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
         plot_kv_grid(cells, run.path / "plots" / "kv-grid.png", title=f"{model}: NIAH accuracy per cell")
@@ -425,6 +419,16 @@ def _policy_order(policy: str) -> int:
     """Registration order; presses after every registered policy."""
     names = KV_POLICIES.names()
     return names.index(policy) if policy in names else len(names)
+
+
+def _accuracy_numbers(table: pd.DataFrame) -> dict:
+    """summary.json's numbers: each (policy, budget)'s accuracy with its interval."""
+    return {
+        "accuracy": {
+            f"{row.policy}@{row.budget:g}": [row.accuracy, row.accuracy_low, row.accuracy_high]
+            for row in table.itertuples()
+        }
+    }
 
 
 def kv_table(table: pd.DataFrame) -> Table:
