@@ -62,6 +62,8 @@ def test_a_registered_policy_is_offered_checked_and_styled(first_layers, needs_l
     assert config.jobs() == [("full", None), (first_layers, 0.25), (first_layers, 0.5)]  # registration order
     assert KV_POLICIES.help(first_layers) in [entry.help for entry in KV_POLICIES]
     assert plot_style(first_layers, 0).marker and plot_style("full", 0).colour == "k"  # nothing goes unstyled
+    looks = {(plot_style(f"kvpress:p{i}", i).colour, plot_style(f"kvpress:p{i}", i).marker) for i in range(12)}
+    assert len(looks) == 12  # a figure with many presses gives each its own colour and marker
     with pytest.raises(DynheadsError, match="the listed KV policy needs a static head list"):
         KVConfig(policies=(needs_list,)).jobs()
     with pytest.raises(DynheadsError, match="the listed KV policy needs a static head list"):

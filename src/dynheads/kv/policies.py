@@ -101,10 +101,16 @@ def is_dynamic(name: str) -> bool:
 
 
 def plot_style(name: str, index: int) -> PlotStyle:
-    """The entry's style; a policy registered without one, or any other name (a kvpress press), gets a colour of
-    its own from ``index`` (its place in the figure), so no policy is left out of a figure."""
+    """The entry's style; a policy registered without one, or any other name (a kvpress press), gets a colour and
+    marker of its own from ``index`` (its place in the figure; five colours, a new marker every five places, so two
+    unstyled policies never look alike), so no policy is left out of a figure."""
     policy = KV_POLICIES.get(name) if name in KV_POLICIES else None
-    return policy.style if policy is not None and policy.style is not None else PlotStyle(f"C{5 + index % 5}", "P")
+    if policy is not None and policy.style is not None:
+        return policy.style
+    return PlotStyle(f"C{5 + index % 5}", UNSTYLED_MARKERS[index // 5 % len(UNSTYLED_MARKERS)])
+
+
+UNSTYLED_MARKERS = ("P", "h", "d", "p", "8")
 
 
 # ---- the built-in policies ------------------------------------------------------------------------------------------
