@@ -124,7 +124,7 @@ def test_a_default_shown_in_help_does_not_override_the_config_file(monkeypatch, 
 def test_help_groups_the_generated_options_by_their_config_piece():
     text = _help("kv")
     panels = [line.split("─")[1].strip() for line in text.splitlines() if line.startswith("╭─")]
-    assert panels == ["Options", "Model", "Grid"]
+    assert panels == ["Options", "Model", "Grid", "Questions and grid"]  # kv reads a question task's stream too
     model_box = text[text.index("╭─ Model") : text.index("╭─ Grid")]
     assert "--dtype" in model_box and "--budgets" not in model_box  # kv's own fields stay under Options
     assert "--lengths" in text[text.index("╭─ Grid") :]

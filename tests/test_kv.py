@@ -358,3 +358,52 @@ def test_the_pareto_front_keeps_the_points_nothing_beats():
     accuracy = np.array([0.2, 0.0, 0.2, 0.5, 0.5, 0.8, 0.0])
     # (0.1, 0.0) is beaten by (0.05, 0.0); (0.2, 0.2) by (0.1, 0.2); the two equal (0.3, 0.5) both stay
     assert pareto_front(resident, accuracy).tolist() == [True, False, False, True, True, True, True]
+
+
+def test_kv_runs_a_question_task_and_judges_it_by_the_tasks_first_metric(tiny_model_dir, tmp_path):
+    """``dynheads kv --task variable_tracking``: RULER's samples (a question stream over the grid), judged by its
+    score; the table's accuracy is the task's first metric (string match), its other metrics keep their names."""
+    import pandas as pd
+
+    from dynheads.experiments.kv import run_kv, write_kv_tables
+    from dynheads.models import load_model
+
+    lm = load_model(tiny_model_dir)
+    config = KVConfig(
+        model=str(tiny_model_dir),
+        task="variable_tracking",
+        data="variable_tracking:hops=1,chains=2",
+        questions=2,
+        lengths=(250,),
+        depths=(0.5,),
+        policies=("full", "none", "random"),
+        budgets=(0.5,),
+        max_new_tokens=3,
+        sink=1,
+        recent=8,
+    )
+    run = run_kv(config, tmp_path / "vt", lm=lm, progress=False)
+    records = run.records()
+    assert len(records) == 2 * 3 and all({"string_match", "em", "f1"} <= set(r["metrics"]) for r in records)
+    manifest = run.manifest()
+    assert len(manifest["questions"]["ids"]) == 2 and manifest["config"]["task"] == "variable_tracking"
+    questions = sorted({r["record_id"] for r in records})
+    assert questions == manifest["evaluation_questions"] == sorted(manifest["questions"]["ids"])
+    # one sample made right under `full`: the table's accuracy follows string match, EM stays its own column
+    record = next(r for r in records if r["policy"] == "full")
+    run.save_sample({**record, "metrics": {**record["metrics"], "string_match": 1.0, "em": 0.0}})
+    table = write_kv_tables(run).set_index("policy")
+    assert table.loc["full", "accuracy"] == 0.5 and table.loc["full", "em"] == 0.0 and "rouge_l" not in table
+    assert (
+        table.loc["none", "accuracy"]
+        == pd.read_csv(run.path / "results.csv").query("policy == 'none'")["metrics.string_match"].mean()
+    )
+    summary = (run.path / "summary.md").read_text()
+    assert "accuracy = string match" in summary and "| EM | F1 |" in summary
+
+
+def test_an_unknown_kv_task_is_refused_before_a_model_loads(tmp_path):
+    from dynheads.experiments.kv import run_kv
+
+    with pytest.raises(DynheadsError, match="unknown task 'nope'"):
+        run_kv(KVConfig(task="nope", policies=("full",), model="/no/such/model"), tmp_path / "kv", progress=False)

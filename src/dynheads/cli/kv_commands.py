@@ -26,7 +26,8 @@ def kv(
     config: ConfigFile = None,
     **settings,
 ) -> None:
-    """Dynamic vs static head-level KV retention on NIAH: accuracy and KV kept per policy and budget."""
+    """Dynamic vs static head-level KV retention on NIAH (or any registered task, --task): accuracy and KV kept
+    per policy and budget."""
     from dynheads.distributed import is_main
     from dynheads.experiments.kv import KVConfig, run_kv
 

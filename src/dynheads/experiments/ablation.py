@@ -48,7 +48,6 @@ from dynheads.config import pieces_of
 from dynheads.engine.decoding import check_fits
 from dynheads.engine.probe import ABLATION_MODES, AblationMode
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import HotpotConfig
 from dynheads.experiments.niah import NiahConfig
 from dynheads.experiments.settings import (
     DOSE_METRICS,
@@ -57,7 +56,7 @@ from dynheads.experiments.settings import (
     ModelSettings,
     NiahGrid,
     ProgressiveFields,
-    QaGrid,
+    TaskGridChoice,
 )
 from dynheads.heads import Head, check_heads, head_key, parse_head
 from dynheads.io import atomic_path
@@ -73,16 +72,12 @@ from dynheads.tasks.registry import Task, task_of
 from dynheads.thresholds import ReasoningThreshold
 
 
-class _GridConfig(AblationGrid):
+class _GridConfig(AblationGrid, TaskGridChoice):
     """Settings shared by both experiments (``settings.AblationGrid``) and what they derive from them."""
 
     def niah_config(self) -> NiahConfig:
         """The NIAH grid whose samples are ablated (the ``analysis`` seed stream, as ``dynheads niah``)."""
         return NiahConfig(**pieces_of(self, NiahGrid, ModelSettings))
-
-    def hotpot_config(self) -> HotpotConfig:
-        """The HotpotQA grid whose questions are ablated (as ``dynheads hotpotqa``)."""
-        return HotpotConfig(**pieces_of(self, QaGrid, ModelSettings), split=self.split)
 
     def ablation_mode(self) -> AblationMode:
         """``mode``, which ``check`` accepts only from ``probe.ABLATION_MODES``."""
@@ -91,18 +86,8 @@ class _GridConfig(AblationGrid):
     def check(self) -> None:
         if self.mode not in ABLATION_MODES:
             raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(ABLATION_MODES)}")
-        task = self.task_entry()  # an unknown task fails before any work
-        if task.check_data is not None:  # a user's file: every record checked before the model loads
-            task.check_data(self.task_config())
+        self.check_task()
         ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
-
-    def task_entry(self) -> Task:
-        """The registered task of ``task`` (and ``data``: HotpotQA with multihop data is the multi-hop task)."""
-        return task_of(self.task, self.data)
-
-    def task_config(self) -> NiahConfig | HotpotConfig:
-        """The config of the grid whose samples are ablated: a question stream's, or runs per cell."""
-        return self.hotpot_config() if self.task_entry().questions else self.niah_config()
 
 
 @dataclass(frozen=True)

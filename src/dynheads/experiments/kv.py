@@ -1,11 +1,14 @@
-"""Dynamic vs static head-level KV retention on a NIAH grid: accuracy against the KV budget, per policy.
+"""Dynamic vs static head-level KV retention on a task's grid: accuracy against the KV budget, per policy.
 
-``run_kv`` decodes every sample of a lengths x depths x runs grid with ``dynheads.kv.retention.kv_generate`` once per
-(policy, budget) (``full`` and ``none`` once per sample) and writes, besides the run directory's records:
+``run_kv`` decodes every sample of a registered task's grid (NIAH's lengths x depths x runs by default; a question
+task, such as RULER's variable tracking, spreads its question stream over lengths x depths) with
+``dynheads.kv.retention.kv_generate`` once per (policy, budget) (``full`` and ``none`` once per sample) and writes,
+besides the run directory's records:
 
 - ``table.csv`` / ``summary.md`` (over the samples finished under every policy and budget; an unfinished
   run's tables leave out the samples in flight): per policy and budget (a fraction of the KV heads), samples,
-  accuracy with its 95 % bootstrap interval over samples (exact when every sample agrees), ROUGE-L, whole KV
+  accuracy (the task's first metric: NIAH accuracy, RULER's string match, HotpotQA's EM) with its 95 % bootstrap
+  interval over samples (exact when every sample agrees), the task's other metrics (NIAH: ROUGE-L), whole KV
   heads per step and the shortfall of a policy that kept fewer than the budget allows, the resident KV (fraction
   of the unmodified model's and MB, mean over steps) and, for dynamic policies, the second tier: MB offloaded and
   MB moved per step,
@@ -15,10 +18,12 @@
   own steps), beside the same-step score and the "previous D_t" predictor,
 - ``plots/kv-accuracy.png`` and, for a grid of more than one cell, ``plots/kv-grid.png``.
 
-The evaluation samples come from the ``split`` seed stream (default ``analysis``). The probe and the static list
-are fitted elsewhere: their training run directories are read back and any shared sample (same seed or the same
-needle) is refused; both sample sets are written into the manifest. Resumable: one record per
-(sample, policy, budget), written atomically.
+The evaluation samples come from the ``split`` seed stream (default ``analysis``; a question task: the questions
+``first .. first + questions - 1`` of ``data``, a stream named ``split``). The probe and the static list are fitted
+elsewhere: their training run directories are read back and any shared sample (same seed or the same needle) or
+question is refused; both sample sets are written into the manifest. Every policy's D_t is Eq. 1 (copy heads of the
+sample's needle tokens: a RULER sample's gold statements, a HotpotQA sample's supporting facts) whatever score the
+task itself is traced with. Resumable: one record per (sample, policy, budget), written atomically.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ from dynheads.analysis.kvheads import KVHead, kv_head_ranking
 from dynheads.config import pieces_of
 from dynheads.engine.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.experiments.niah import NiahConfig, niah_samples, prompt_manifest
-from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid
+from dynheads.experiments.ablation import grid_evaluated
+from dynheads.experiments.niah import NiahConfig
+from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid, TaskGridChoice
 from dynheads.heads import Head, flat_index, head_key
 from dynheads.io import atomic_path, write_json
 from dynheads.kv.policies import KV_POLICIES, is_budget_free, is_dynamic
@@ -59,25 +65,21 @@ from dynheads.kv.retention import (
 from dynheads.kv.token_votes import POOL, VOTERS, WINDOW
 from dynheads.models import LoadedModel
 from dynheads.plots.kv import pareto_front, plot_kv_accuracy, plot_kv_grid
-from dynheads.resources import (
-    HEAD_PREDICTOR,
-    STATIC_HEADS,
-    Evaluated,
-    StaticSource,
-    needs_of,
-    resolve,
-    sample_identity,
-)
+from dynheads.resources import HEAD_PREDICTOR, STATIC_HEADS, StaticSource, needs_of, resolve
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Block, Summary, Table, write_summary
-from dynheads.tasks import niah
+from dynheads.tasks.registry import Task, task_of
+from dynheads.tasks.sample import Sample
 
 
 @dataclass(frozen=True)
-class KVConfig(KVFields):
+class KVConfig(KVFields, TaskGridChoice):
     def niah_config(self) -> NiahConfig:
         return NiahConfig(**pieces_of(self, NiahGrid, ModelSettings), split=self.split)
+
+    def check(self) -> None:
+        self.check_task()
 
     def needs(self) -> set[str]:
         """The head sources the run reads (``resources``): those the chosen policies and presses declare, and any
@@ -130,15 +132,15 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     samples decode together: each policy's rows as one batch (``kv.kv_generate_batch``; the records equal batch 1's).
     """
     jobs = config.jobs()
+    config.check()
     lm = run_model(config, options)
-    samples = niah_samples(config.niah_config(), lm.tokenizer)
+    task, task_config = config.task_entry(), config.task_config()
+    grid = task.grid(task_config, lm.tokenizer)
+    samples = grid.samples
     for sample in samples:
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
-    evaluated = Evaluated(
-        "this KV run",
-        samples=tuple(sample_identity(s.sample_id, s.seed, s.answer) for s in samples),
-        unknown_fit="refuse",
-    )
+    stream = task_config.split if task.questions else None  # NIAH: its seeds and needles tell the samples apart
+    evaluated = replace(grid_evaluated(task, stream, samples, "this KV run"), unknown_fit="refuse")
     sources = resolve(
         config.needs(),
         static=config.static,
@@ -157,16 +159,19 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
         config,
         lm,
         {
-            "prompt": prompt_manifest(),
+            "prompt": task.prompt(task_config),
             "prompt_template": samples[0].prompt_template,
-            "evaluation_samples": list(evaluated.samples),
+            **grid.manifest(),
+            "evaluation_samples": list(evaluated.samples),  # NIAH: seeds and needles; a question task: its ids
+            **({"evaluation_questions": list(evaluated.questions)} if task.questions else {}),
             "fit_samples": fitted,
             **_head_budgets(config, lm, num_kv, static),
             "token_votes": {"voters": [head_key(h) for h in voters], "window": WINDOW, "pool": POOL},  # head_tokens
             "probe_threshold": probe.threshold if probe else None,
         },
     )
-    order = sorted(range(len(samples)), key=lambda i: (i % config.runs, i))  # niah_samples: runs vary fastest
+    runs = 1 if task.questions else config.runs  # NIAH grids: runs vary fastest, every cell's first sample first
+    order = sorted(range(len(samples)), key=lambda i: (i % runs, i))
     together: RunOptions = {**options, "batch_size": batch_size_of(options) * len(jobs)}  # a sample's policies: 1 batch
     run_jobs(
         run,
@@ -179,7 +184,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             for i in order
             for policy, budget in jobs
         ],
-        _KVDecoder(lm, config, static, voters, probe),
+        _KVDecoder(lm, config, task, static, voters, probe),
         desc="kv",
         **together,
     )
@@ -217,11 +222,12 @@ class _KVDecoder:
 
     lm: LoadedModel
     config: KVConfig
+    task: Task  # its score judges each generation
     static: tuple[KVHead, ...]
     voters: tuple[Head, ...]
     probe: TrainedHeadPredictor | None
 
-    def settings_of(self, sample: niah.NiahSample, policy: str, budget: float | None) -> KVSettings:
+    def settings_of(self, sample: Sample, policy: str, budget: float | None) -> KVSettings:
         config = self.config
         # probe_select: kv_generate_batch refuses a value that is no ProbeSelect
         return KVSettings(
@@ -235,11 +241,12 @@ class _KVDecoder:
             voters=self.voters,
         )
 
-    def __call__(self, batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[Finished]:
+    def __call__(self, batch: list[tuple[Sample, str, float | None]]) -> list[Finished]:
         finished = []
         for (sample, policy, budget), result in zip(batch, self.decode(batch), strict=True):
             record = _record(
                 self.lm,
+                self.task,
                 sample,
                 self.settings_of(sample, policy, budget),
                 result,
@@ -261,7 +268,7 @@ class _KVDecoder:
             raise DynheadsError("the predictor's voters need --probe DIR and a prompt of at least 2 tokens")
         return tuple(self.probe.top_heads(prefilled.last.hidden.cpu(), VOTERS))
 
-    def decode(self, batch: list[tuple[niah.NiahSample, str, float | None]]) -> list[KVResult]:
+    def decode(self, batch: list[tuple[Sample, str, float | None]]) -> list[KVResult]:
         """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
         full-attention prefill per sample, shared by the sample's policies; kvpress presses run one by one."""
         lm, config = self.lm, self.config
@@ -300,7 +307,7 @@ class _KVDecoder:
 
 
 def _record(
-    lm: LoadedModel, sample: niah.NiahSample, settings: KVSettings, result: KVResult, record_probe: bool
+    lm: LoadedModel, task: Task, sample: Sample, settings: KVSettings, result: KVResult, record_probe: bool
 ) -> dict:
     token_bytes = kv_token_bytes(lm)
     dynamic = is_dynamic(settings.policy)
@@ -313,7 +320,7 @@ def _record(
         "generated": result.text,
         "stop_reason": result.stop_reason,
         "steps": steps,
-        "metrics": niah.score(sample.answer, result.text),
+        "metrics": task.score(sample, result.text),
         # token-level presses keep no whole head: their KV-head count is undefined, not 0
         "mean_kv_heads": (
             float(np.mean([len(heads) for heads in result.kv_heads]))
@@ -354,13 +361,60 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
     complete = set(jobs[jobs == frame[["policy", "budget"]].drop_duplicates().shape[0]].index)
     frame = frame[frame["grid_sample_id"].isin(complete)]
     records = [r for r in records if r["grid_sample_id"] in complete]
+    manifest = run.manifest()
+    task = run_task(manifest)
+    first, *others = task.metrics  # the first decides: the table's accuracy; the others keep their names
+    frame["accuracy"] = frame[f"metrics.{first}"]
+    table = _policy_table(frame, others, EvidenceSettings(seed=manifest["seed"]))
+    with atomic_path(run.path / "table.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    cells = (
+        frame.groupby(["policy", "budget", "context_tokens", "depth"])
+        .agg(accuracy=("accuracy", "mean"), samples=("grid_sample_id", "size"))
+        .reset_index()
+    )
+    with atomic_path(run.path / "cells.csv") as tmp:
+        cells.to_csv(tmp, index=False)
+    model, config = manifest["model"]["name"], manifest["config"]
+    measure = f"{task.label} accuracy" if first == "accuracy" else f"{task.label} {task.metrics[first]}"
+    named: list[Block] = [] if first == "accuracy" else [f"accuracy = {task.metrics[first]}, the task's first metric."]
+    blocks: list[Block] = [
+        *named,
+        f"sink {config['sink']}, recent {config['recent']}; budget = fraction of the KV heads kept whole (full: 1, "
+        f"none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per step, shortfall = KV heads the budget "
+        "allows that the policy did not keep (static: no head with a positive score left); accuracy with its 95 % "
+        "bootstrap interval over samples (exact when every sample agrees; * = on the Pareto front of accuracy vs "
+        "resident KV: no row holds at most its KV with at least its accuracy, one strictly); resident = KV held on "
+        "the device as a fraction of the unmodified model's and in MB, mean over steps; dynamic policies hold the "
+        "full KV offloaded (second tier) and move, per step, the picked heads' keys beyond the window plus the new "
+        "token of every head (re-used: heads picked at the previous step stay resident).",
+        kv_table(table, {name: task.metrics[name] for name in others}),
+    ]
+    pr = probe_precision_recall(records, manifest)
+    if pr is not None:
+        write_json(run.path / "probe_pr.json", pr)
+        write_summary(run.path, "probe_pr.md", Summary(pr_blocks(pr), pr))
+        blocks += pr_blocks(pr)
+    write_summary(run.path, "summary.md", Summary(blocks, _accuracy_numbers(table), f"KV retention: {model}"))
+    plot_kv_accuracy(
+        table, run.path / "plots" / "kv-accuracy.png", title=f"{model}: {measure} vs resident KV", measure=measure
+    )
+    if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
+        plot_kv_grid(cells, run.path / "plots" / "kv-grid.png", title=f"{model}: {measure} per cell")
+    return table
+
+
+def _policy_table(frame: pd.DataFrame, others: list[str], evidence: EvidenceSettings) -> pd.DataFrame:
+    """table.csv: one row per (policy, budget) of the samples' records (``frame``, its ``accuracy`` the task's first
+    metric, ``others`` its other metrics), with the accuracy's interval (``evidence``: the run's seed resamples every
+    row's samples) and the Pareto front, in budget and registration order."""
     mb = 1e6
     table = (
         frame.groupby(["policy", "budget"])
         .agg(
             samples=("grid_sample_id", "size"),
-            accuracy=("metrics.accuracy", "mean"),
-            rouge_l=("metrics.rouge_l", "mean"),
+            accuracy=("accuracy", "mean"),
+            **{name: (f"metrics.{name}", "mean") for name in others},
             kv_heads=("mean_kv_heads", "mean"),
             shortfall=("shortfall", "mean"),
             kv_fraction=("kv_fraction", "mean"),
@@ -371,9 +425,8 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         )
         .reset_index()
     )
-    evidence = EvidenceSettings(seed=run.manifest()["seed"])  # the run's seed resamples every row's samples
     intervals = {
-        key: mean_interval(rows["metrics.accuracy"].to_numpy(), evidence, bounds=(0.0, 1.0))
+        key: mean_interval(rows["accuracy"].to_numpy(), evidence, bounds=(0.0, 1.0))
         for key, rows in frame.groupby(["policy", "budget"])
     }
     table["accuracy_low"] = [intervals[(p, b)].low for p, b in zip(table["policy"], table["budget"], strict=True)]
@@ -381,38 +434,13 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
     table["order"] = table["policy"].map(_policy_order)
     table = table.sort_values(["budget", "order"]).drop(columns="order").reset_index(drop=True)
     table["pareto_front"] = pareto_front(table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy())
-    with atomic_path(run.path / "table.csv") as tmp:
-        table.to_csv(tmp, index=False)
-    cells = (
-        frame.groupby(["policy", "budget", "context_tokens", "depth"])
-        .agg(accuracy=("metrics.accuracy", "mean"), samples=("grid_sample_id", "size"))
-        .reset_index()
-    )
-    with atomic_path(run.path / "cells.csv") as tmp:
-        cells.to_csv(tmp, index=False)
-    manifest = run.manifest()
-    model, config = manifest["model"]["name"], manifest["config"]
-    blocks: list[Block] = [
-        f"sink {config['sink']}, recent {config['recent']}; budget = fraction of the KV heads kept whole (full: 1, "
-        f"none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per step, shortfall = KV heads the budget "
-        "allows that the policy did not keep (static: no head with a positive score left); accuracy with its 95 % "
-        "bootstrap interval over samples (exact when every sample agrees; * = on the Pareto front of accuracy vs "
-        "resident KV: no row holds at most its KV with at least its accuracy, one strictly); resident = KV held on "
-        "the device as a fraction of the unmodified model's and in MB, mean over steps; dynamic policies hold the "
-        "full KV offloaded (second tier) and move, per step, the picked heads' keys beyond the window plus the new "
-        "token of every head (re-used: heads picked at the previous step stay resident).",
-        kv_table(table),
-    ]
-    pr = probe_precision_recall(records, manifest)
-    if pr is not None:
-        write_json(run.path / "probe_pr.json", pr)
-        write_summary(run.path, "probe_pr.md", Summary(pr_blocks(pr), pr))
-        blocks += pr_blocks(pr)
-    write_summary(run.path, "summary.md", Summary(blocks, _accuracy_numbers(table), f"KV retention: {model}"))
-    plot_kv_accuracy(table, run.path / "plots" / "kv-accuracy.png", title=f"{model}: NIAH accuracy vs resident KV")
-    if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
-        plot_kv_grid(cells, run.path / "plots" / "kv-grid.png", title=f"{model}: NIAH accuracy per cell")
     return table
+
+
+def run_task(manifest: dict) -> Task:
+    """The task a KV run decoded (runs written before ``--task`` existed decoded NIAH)."""
+    config = manifest["config"]
+    return task_of(config.get("task", "niah"), config.get("data"))
 
 
 def _policy_order(policy: str) -> int:
@@ -431,8 +459,9 @@ def _accuracy_numbers(table: pd.DataFrame) -> dict:
     }
 
 
-def kv_table(table: pd.DataFrame) -> Table:
-    """One row per (budget, policy) of ``table.csv``, as summary.md shows it."""
+def kv_table(table: pd.DataFrame, others: dict[str, str]) -> Table:
+    """One row per (budget, policy) of ``table.csv``, as summary.md shows it; ``others``: the task's metrics after
+    the first (column -> label), e.g. NIAH's ROUGE-L."""
     rows = []
     for row in table.itertuples():
         moved = f"{row.moved_mb_per_step:.3f} ({row.moved_new_mb_per_step:.3f})" if row.offloaded_mb else "0"
@@ -443,7 +472,7 @@ def kv_table(table: pd.DataFrame) -> Table:
                 int(row.samples),
                 f"{row.accuracy:.3f} [{row.accuracy_low:.2f}, {row.accuracy_high:.2f}]"
                 + (" *" if row.pareto_front else ""),
-                f"{row.rouge_l:.3f}",
+                *(f"{getattr(row, name):.3f}" for name in others),
                 "–" if np.isnan(row.kv_heads) else f"{row.kv_heads:.1f}",
                 f"{row.shortfall:.1f}",
                 f"{row.kv_fraction:.3f}",
@@ -458,7 +487,7 @@ def kv_table(table: pd.DataFrame) -> Table:
             "policy",
             "samples",
             "accuracy [95 % CI]",
-            "ROUGE-L",
+            *others.values(),
             "KV heads",
             "shortfall",
             "resident",

@@ -27,6 +27,7 @@ from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.tasks.questions import QuestionStream
+from dynheads.tasks.registry import Task, task_of
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE
 
 STATIC_SPLIT = "static"  # the seed / question stream static heads are scored on
@@ -142,6 +143,38 @@ class StaticReasoningConfig(QaGrid, ModelSettings):
         return HotpotConfig(**pieces_of(self, QaGrid, ModelSettings), split=STATIC_SPLIT)
 
 
+# ---- a registered task's grid: ablate, ablate-progressive, kv ---------------------------------------------------
+class TaskGridChoice:
+    """What a config that names a registered ``task`` (with the NIAH grid and question-stream pieces) derives: the
+    task, its grid's config and the check of a user's data file. Each config says which NIAH seed stream it reads
+    (``niah_config``); a question task's stream is named ``split``."""
+
+    task: str
+    data: str | None
+    split: str
+
+    def niah_config(self) -> NiahConfig:
+        raise NotImplementedError
+
+    def task_entry(self) -> Task:
+        """The registered task of ``task`` (and ``data``: HotpotQA with multihop data is the multi-hop task)."""
+        return task_of(self.task, self.data)
+
+    def hotpot_config(self) -> HotpotConfig:
+        """The question stream the task reads (as ``dynheads hotpotqa``), named ``split``."""
+        return HotpotConfig(**pieces_of(self, QaGrid, ModelSettings), split=self.split)
+
+    def task_config(self) -> NiahConfig | HotpotConfig:
+        """The config of the task's grid: a question stream's, or runs per cell."""
+        return self.hotpot_config() if self.task_entry().questions else self.niah_config()
+
+    def check_task(self) -> None:
+        """An unknown task fails before any work; a user's data file is checked, every record, before a model loads."""
+        task = self.task_entry()
+        if task.check_data is not None:
+            task.check_data(self.task_config())
+
+
 # ---- ablation: ablate, ablate-progressive --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AblationGrid(NiahGrid, QaGrid, ModelSettings):
@@ -208,7 +241,12 @@ class ProgressiveFields(AblationGrid):
 
 # ---- kv --------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class KVFields(NiahGrid, ModelSettings):
+class KVFields(NiahGrid, QaGrid, ModelSettings):
+    task: str = setting(
+        "niah",
+        "a registered task (docs/tasks.md) whose samples are decoded: niah, or a question task such as "
+        "variable_tracking (--data variable_tracking:hops=1,chains=3), multikey_niah or hotpotqa (--data hotpotqa-dev)",
+    )
     policies: tuple[str, ...] = setting(
         ("full", "none", "static", "probe", "random", "oracle", "true"),
         f"some of {KV_POLICIES.choices(',')} or kvpress:<press>",
@@ -223,7 +261,7 @@ class KVFields(NiahGrid, ModelSettings):
     probe_select: str = setting("top", "probe policy: top (k heads) or threshold")
     lengths: tuple[int, ...] = redefault(NiahCells, "lengths", (1000,))
     runs: int = redefault(NiahGrid, "runs", 2)
-    split: str = setting("analysis", "seed stream of the evaluation samples")
+    split: str = setting("analysis", "seed stream of the evaluation samples (a question task: the stream's name)")
     max_new_tokens: int = redefault(NiahCells, "max_new_tokens", 40)
 
 

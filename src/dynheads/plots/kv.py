@@ -25,12 +25,14 @@ def pareto_front(resident: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
     return np.asarray(~beaten.any(axis=1))
 
 
-def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
+def plot_kv_accuracy(
+    table: pd.DataFrame, path: str | Path, *, title: str | None = None, measure: str = "NIAH accuracy"
+) -> Path:
     """Left: accuracy (95 % interval bars) against the resident KV (fraction of the unmodified model's, log scale:
     2x, 4x, 8x, 16x compression are equally spaced) per policy, one point per budget, ``full`` and ``none`` as points
     too, and the Pareto front of all points (grey): a policy is judged by where it sits against it. Right: MB moved
     per decode step from the second tier against the resident KV (dynamic policies; a static policy moves nothing).
-    ``table``: table.csv's columns."""
+    ``table``: table.csv's columns; ``measure``: what its accuracy column holds (the task's first metric)."""
     figure = Figure(figsize=(10, 5), layout="constrained")
     accuracy_ax, moved_ax = figure.subplots(1, 2)
     front = table[pareto_front(table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy())].sort_values(
@@ -64,7 +66,7 @@ def plot_kv_accuracy(table: pd.DataFrame, path: str | Path, *, title: str | None
             moved_ax.plot(x, rows["moved_mb_per_step"].to_numpy(), **look)
     accuracy_ax.set(
         xlabel="resident KV (fraction of the unmodified model's, log scale)",
-        ylabel="NIAH accuracy",
+        ylabel=measure,
         ylim=(-0.03, 1.03),
         xscale="log",
         xlim=(min(0.04, 0.8 * float(table["kv_fraction"].min())), 1.1),
