@@ -584,6 +584,14 @@ def test_detect_reports_the_within_question_win_rate_and_length_strata_on_whole_
     assert response.loc["length", "paired_questions"] == 12
     assert response.loc["length", "paired_win"] == pytest.approx(8 / 12)
     assert table[table["level"] == "token"]["paired_questions"].eq(0).all()  # paired: responses only
+    # responses.csv holds the out-of-fold scores the win rate is computed from: recomputed from it, the same numbers
+    scores = __import__("pandas").read_csv(tmp_path / "out" / "responses.csv")
+    assert len(scores) == 24 and set(scores.groupby("group")["hallucinated"].sum()) == {1}
+    wins = [
+        g.loc[g.hallucinated == 1, "length"].iloc[0] > g.loc[g.hallucinated == 0, "length"].iloc[0]
+        for _, g in scores.groupby("group")
+    ]
+    assert sum(wins) == 8 and set(scores.columns) == {"sample_id", "group", "hallucinated", "length", "entropy"}
     labels = __import__("pandas").read_csv(tmp_path / "out" / "labels.csv")
     assert len(labels) == sum(a + b for a, b in pairs)  # no answer is cut
     strata = {

@@ -244,6 +244,8 @@ def _write_results(
         title=f"out-of-fold {title}, {config.folds} folds",
     )
     table.to_csv(out_run.path / "results.csv", index=False)
+    if evaluated.responses is not None:
+        evaluated.responses.to_csv(out_run.path / "responses.csv", index=False)
     write_json(
         out_run.path / "results.json",
         {"class_counts": counts, "results": rows, "length_strata": evaluated.strata, "skipped": skipped},
@@ -255,7 +257,8 @@ def _write_results(
 @dataclass
 class Evaluation:
     """Every level's cross-validated rows, the first level's ROC curves, the folds, the response level's rows by
-    length stratum, the skipped feature sets and the detectors fitted on every sample, per level."""
+    length stratum, the skipped feature sets, the detectors fitted on every sample, per level, and the response
+    level's out-of-fold scores (first repeat; None without responses)."""
 
     rows: list[dict]
     curves: dict
@@ -263,6 +266,7 @@ class Evaluation:
     strata: list[dict]
     skipped: dict[str, list[str]]
     models: dict[str, dict[str, dict]]
+    responses: pd.DataFrame | None = None
 
 
 def _evaluate_levels(
@@ -285,10 +289,21 @@ def _evaluate_levels(
             evaluation.curves = measured.curves
         if level == "response":  # the answers read whole, sorted by how much longer the hallucinated one is
             evaluation.strata = length_strata_rows(measured, np.array([len(s.steps) for s in samples]), config)
+            evaluation.responses = _response_scores(samples, measured.labels, measured.scores)
         evaluation.models[level] = fit_detectors(
             {n: np.vstack([f[n] for f in available]) for n in names}, measured.labels, config.regularisation
         )
     return evaluation
+
+
+def _response_scores(
+    samples: Sequence[LabelledSample], labels: np.ndarray, scores: dict[str, np.ndarray]
+) -> pd.DataFrame:
+    """responses.csv: one row per response (a sample), its question, its label (1 = hallucinated) and each feature
+    set's out-of-fold score of the first repeat, the scores every response-level number is computed from: two runs
+    on the same questions (e.g. the two context boundaries) can be compared pairwise from these files."""
+    ids = {"sample_id": [s.sample_id for s in samples], "group": [s.group for s in samples]}
+    return pd.DataFrame({**ids, "hallucinated": labels.astype(int), **scores})
 
 
 def _write_labels(path: Path, samples: Sequence[LabelledSample], test_groups: list[list[str]]) -> None:
