@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
@@ -27,8 +28,10 @@ from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.tasks.questions import QuestionStream
-from dynheads.tasks.registry import Task, task_of
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE
+
+if TYPE_CHECKING:
+    from dynheads.tasks.registry import Task
 
 STATIC_SPLIT = "static"  # the seed / question stream static heads are scored on
 
@@ -158,6 +161,8 @@ class TaskGridChoice:
 
     def task_entry(self) -> Task:
         """The registered task of ``task`` (and ``data``: HotpotQA with multihop data is the multi-hop task)."""
+        from dynheads.tasks.registry import task_of  # its score vocabulary imports torch: not at the CLI's start-up
+
         return task_of(self.task, self.data)
 
     def hotpot_config(self) -> HotpotConfig:
