@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from dynheads.errors import DynheadsError
 from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
 from dynheads.io import read_json
@@ -150,3 +151,23 @@ def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model
         stages.STAGES.unregister("count-steps")
         stages.STAGES.unregister("always-fails")
         REPORT_SECTIONS.unregister("steps")
+
+
+def test_a_batched_study_records_its_batch_size_and_generates_what_batch_1_does(tiny_lm, tiny_model_dir, tmp_path):
+    config = ReproduceConfig(model=str(tiny_model_dir), preset="smoke")
+    one = reproduce(config, tmp_path / "one", lm=tiny_lm, progress=False)
+    three = reproduce(config, tmp_path / "three", lm=tiny_lm, progress=False, batch_size=3)
+    assert read_json(one / "manifest.json")["batch_size"] == 1
+    assert read_json(three / "manifest.json")["batch_size"] == 3
+    decoding = ("niah", "static", "ablation", "progressive", "hotpotqa-static", "hotpotqa", "rag")
+    ran = [stage for stage in decoding if (one / stage / "manifest.json").is_file()]  # a random model fails some
+    assert {"niah", "static", "hotpotqa", "rag"} <= set(ran)
+    for stage in ran:
+        assert read_json(three / stage / "manifest.json")["batch_size"] == 3, stage
+        records = sorted((one / stage / "samples").glob("*.json"))
+        assert records, stage
+        for path in records:
+            batched = read_json(three / stage / "samples" / path.name)
+            assert batched.get("generated") == read_json(path).get("generated"), (stage, path.name)
+    with pytest.raises(DynheadsError, match="batch size"):
+        reproduce(config, tmp_path / "zero", lm=tiny_lm, progress=False, batch_size=0)

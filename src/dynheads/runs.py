@@ -148,11 +148,14 @@ class RunDir:
         return frame
 
 
-def start_run(run: RunDir, kind: str, config: Any, lm: LoadedModel | None, extra: dict | None = None) -> dict:
+def start_run(
+    run: RunDir, kind: str, config: Any, lm: LoadedModel | None, extra: dict | None = None, *, batch_size: int = 1
+) -> dict:
     """``run.start`` once per launch: rank 0 writes (or checks) the manifest, then the other ranks check it; the
-    manifest records how many processes shared the run."""
+    manifest records how many processes shared the run and how many records were decoded together (its first
+    launch's: results depend on it only through fp32 rounding)."""
     _, world = distributed.rank_and_world()
-    extra = {**(extra or {}), "processes": world}
+    extra = {**(extra or {}), "processes": world, "batch_size": batch_size}
     manifest = run.start(kind, config, lm, extra) if distributed.is_main() else None
     distributed.barrier()
     return manifest if manifest is not None else run.start(kind, config, lm, extra)

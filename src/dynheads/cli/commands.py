@@ -43,6 +43,7 @@ def reproduce(
             "of --threads; the same results as one process); under torchrun, leave it at 1",
         ),
     ] = 1,
+    batch_size: BatchSize = 1,
     config: ConfigFile = None,
     **settings,
 ) -> None:
@@ -53,7 +54,8 @@ def reproduce(
 
     cfg = checks.checked_config(ReproduceConfig, config, **settings)
     checks.out_dir(out, "reproduce")
-    folder = run_all(cfg, out, processes=processes)
+    checks.batch_size(batch_size)
+    folder = run_all(cfg, out, processes=processes, batch_size=batch_size)
     if not is_main():  # under torchrun / accelerate launch, rank 0 writes the report
         return
     _, html = write_report(folder)

@@ -150,7 +150,9 @@ def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunO
     fixed = tuple(parse_head(text) for text in config.heads)
     check_heads(list(fixed), lm.num_layers, lm.num_heads, source="--heads")
     needs = needs_of(ABLATION_STRATEGIES.get(strategy) for strategy in strategies)
-    run, samples, static = start_grid(config, "ablation", lm, out, needs, {"strategies_run": list(strategies)})
+    run, samples, static = start_grid(
+        config, "ablation", lm, out, needs, {"strategies_run": list(strategies)}, batch_size=batch_size_of(options)
+    )
     counts: dict[str, int | None] = {}  # matching="mean": per sample, heads per step from its dynamic run
 
     def settings(sample, strategy: str) -> AblationSettings:
@@ -365,7 +367,16 @@ def run_progressive(config: ProgressiveConfig, out: str | Path, **options: Unpac
     ``batch_size``: (sample, k) records decoded together, as in ``run_ablation``."""
     config.check()
     lm = run_model(config, options)
-    run, samples, static = start_grid(config, "ablation-progressive", lm, out, {STATIC_HEADS}, {}, config.top_static)
+    run, samples, static = start_grid(
+        config,
+        "ablation-progressive",
+        lm,
+        out,
+        {STATIC_HEADS},
+        {},
+        config.top_static,
+        batch_size=batch_size_of(options),
+    )
     top, ks = static[: config.top_static], tuple(sorted(set(config.ks)))
 
     def settings(k: int) -> AblationSettings:
@@ -508,6 +519,8 @@ def start_grid(
     needs: set[str],
     extra: dict,
     top: int = 20,
+    *,
+    batch_size: int = 1,
 ) -> tuple[RunDir, list, tuple[Head, ...]]:
     """The grid's samples, checked to fit the model; the static list's scored heads when ``needs`` asks for it
     (``resources``: refused where it was fitted on the evaluated questions, samples or stream; else ()); and the
@@ -539,6 +552,7 @@ def start_grid(
             "static_top": [head_key(h) for h in static[:top]],
             "static_source": sources.manifest()[STATIC_HEADS],  # the list, and what fitted it
         },
+        batch_size=batch_size,
     )
     return run, samples, static
 

@@ -44,7 +44,7 @@ from dynheads.io import atomic_path
 from dynheads.models import LoadedModel, decode_text
 from dynheads.plots.ablation import plot_doses
 from dynheads.resources import needs_of
-from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model
+from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
 from dynheads.tasks.registry import Task
@@ -65,7 +65,15 @@ def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOpti
     lm = run_model(config, options)
     doses = tuple(sorted(set(config.doses)))
     needs = needs_of(ABLATION_STRATEGIES.get(arm) for arm in DOSE_ARMS)
-    run, samples, static = start_grid(config, "ablation", lm, out, needs, {"design": "dose", "arms": list(DOSE_ARMS)})
+    run, samples, static = start_grid(
+        config,
+        "ablation",
+        lm,
+        out,
+        needs,
+        {"design": "dose", "arms": list(DOSE_ARMS)},
+        batch_size=batch_size_of(options),
+    )
 
     def settings(sample, arm: str, dose: int | None) -> AblationSettings:
         return AblationSettings(

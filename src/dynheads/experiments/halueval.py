@@ -47,7 +47,7 @@ from dynheads.experiments.detect import (
 from dynheads.experiments.settings import BOUNDARIES, HaluevalConfig
 from dynheads.io import read_json, write_json
 from dynheads.packaged import describe
-from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.tables import Block, Heading, Summary, Table, write_summary
 from dynheads.tasks import halueval
 from dynheads.tasks.questions import QuestionStream
@@ -82,6 +82,7 @@ def trace_halueval(config: HaluevalConfig, out: str | Path, **options: Unpack[Ru
             "context_boundary": config.context_boundary,
             "response_prefix": prefixes.pop() if lookback_lens else 0,
         },
+        batch_size=batch_size_of(options),
     )
 
     def teacher_force(batch: list) -> list[Finished]:

@@ -169,6 +169,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             "token_votes": {"voters": [head_key(h) for h in voters], "window": WINDOW, "pool": POOL},  # head_tokens
             "probe_threshold": probe.threshold if probe else None,
         },
+        batch_size=batch_size_of(options),
     )
     runs = 1 if task.questions else config.runs  # NIAH grids: runs vary fastest, every cell's first sample first
     order = sorted(range(len(samples)), key=lambda i: (i % runs, i))

@@ -120,6 +120,7 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
             "static_scored_heads": len(ranking) if ranking else None,
             "probe_questions_checked": probe_read,
         },
+        batch_size=batch_size_of(options),
     )
     rows = batch_size_of(options)
     together: RunOptions = {**options, "batch_size": rows * len(jobs)}

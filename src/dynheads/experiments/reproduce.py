@@ -142,19 +142,23 @@ def reproduce(
     lm: LoadedModel | None = None,
     progress: bool = True,
     processes: int = 1,
+    batch_size: int = 1,
 ) -> Path:
     """Run the whole study into ``out`` (one sub-folder per stage of ``STUDY``, in order); returns ``out``, ready
     for ``write_report`` (by rank 0, under a launcher). ``processes`` > 1: the study runs in that many processes
     started here (``distributed.spawn``, each loading the model, with its share of the CPU threads), as under
-    ``torchrun``; this process waits for them."""
+    ``torchrun``; this process waits for them. ``batch_size`` > 1: every stage that decodes decodes that many
+    records together (results equal batch 1's up to fp32 rounding; the manifest records it)."""
     if config.preset not in PRESETS:
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
     if processes < 1:
         raise DynheadsError(f"processes must be at least 1, got {processes}")
+    if batch_size < 1:
+        raise DynheadsError(f"batch size must be at least 1, got {batch_size}")
     if processes > 1:
         if lm is not None:
             raise DynheadsError("each of several processes loads its own model: pass no lm with processes > 1")
-        distributed.spawn(partial(reproduce, config, out, progress=progress), processes)
+        distributed.spawn(partial(reproduce, config, out, progress=progress, batch_size=batch_size), processes)
         return Path(out)
     preset, out = PRESETS[config.preset], Path(out)
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
@@ -169,8 +173,9 @@ def reproduce(
             "preset_settings": _jsonable(stage_tables),
             **({"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {}),
         },
+        batch_size=batch_size,
     )
-    study = Study(config, preset, out, lm, progress, log)
+    study = Study(config, preset, out, lm, progress, log, batch_size)
     for entry in STUDY:
         study.log.run(entry.name, partial(entry.value, study), every_rank=entry.name in SAMPLE_STAGES)
     return out
@@ -186,6 +191,7 @@ class Study:
     lm: LoadedModel
     progress: bool
     log: _Stages
+    batch_size: int = 1
 
     def settings(self, stage: str, **extra) -> dict:
         """What a stage's config is built from: the preset's table, the study's model and seed, ``extra``."""
@@ -198,8 +204,9 @@ class Study:
 
     @property
     def options(self) -> RunOptions:
-        """What every runner of the study is given: the loaded model, and whether to draw progress bars."""
-        return {"lm": self.lm, "progress": self.progress}
+        """What every runner of the study is given: the loaded model, whether to draw progress bars, and how many
+        records to decode together."""
+        return {"lm": self.lm, "progress": self.progress, "batch_size": self.batch_size}
 
     @property
     def static_file(self) -> Path:

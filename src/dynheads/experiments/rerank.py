@@ -52,7 +52,7 @@ from dynheads.io import atomic_path, write_json
 from dynheads.models import LoadedModel
 from dynheads.rag import fusion, rerank
 from dynheads.resources import Evaluated, needs_of, resolve
-from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed
 from dynheads.tables import Items, Summary, Table, write_summary
 from dynheads.tasks.hotpotqa import HotpotRecord, load_hotpotqa, render_paragraph
@@ -141,6 +141,7 @@ def run_rerank(config: RerankConfig, out: str | Path, **options: Unpack[RunOptio
             "fit_questions": fit.describe([r.id for r in fit_records]),
             "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs",
         },
+        batch_size=batch_size_of(options),
     )
     refuse_other_rows(manifest, run)
     run_jobs(

@@ -12,7 +12,7 @@ from typing import Any, Unpack
 
 from dynheads import distributed
 from dynheads.engine.decoding import check_fits, trace_batch
-from dynheads.runs import Finished, Job, RunDir, RunOptions, run_jobs, run_model, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.tasks.registry import Task, get_task
 
 
@@ -35,7 +35,7 @@ def run_traced(
     for sample in samples:  # fail before any work (and before --out is written), not halfway through the grid
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     run = RunDir(out)
-    start_run(run, kind, config, lm, extra)
+    start_run(run, kind, config, lm, extra, batch_size=batch_size_of(options))
 
     def work(batch: list) -> list[Finished]:
         traces = trace_batch(
