@@ -38,6 +38,7 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_progressive
 from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads
 from dynheads.experiments.dose import run_claim2
+from dynheads.experiments.dose_fit import DoseFit, fit_doses
 from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
 from dynheads.experiments.niah import NiahConfig, run_niah
 from dynheads.experiments.probing import train_probe_on_run
@@ -49,7 +50,7 @@ from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.registry import Registry
 from dynheads.runs import RunDir, RunOptions, start_run
-from dynheads.scores import DEFAULT_REASONING_THRESHOLD
+from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind
 from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
 from dynheads.tasks.registry import Task, task_of
@@ -262,8 +263,29 @@ def _dynamism(study: Study) -> object:
 
 @study_stage(stages.ABLATION, deals_samples=True)
 def _ablation(study: Study) -> object:
-    config = AblationConfig(**study.settings(stages.ABLATION, static=str(study.static_file)))
-    return run_claim2(config, study.folder(stages.ABLATION), **study.options)
+    settings = study.settings(stages.ABLATION, static=str(study.static_file))
+    fit = relative_doses(settings, study.folder(stages.STATIC), "copy")  # the static list's traces: Eq. 1 D_t
+    run = run_claim2(AblationConfig(**settings), study.folder(stages.ABLATION), **study.options)
+    _write_dose_fit(study.folder(stages.ABLATION), fit)
+    return run
+
+
+def relative_doses(settings: dict, fit_run: Path, score: ScoreKind, threshold: str | None = None) -> DoseFit | None:
+    """A preset's ``relative_doses`` (multiples of the mean |D_t| on ``fit_run``, ``dose_fit``) resolved into the
+    ablation settings' ``doses``, in place; None when the settings give fixed doses."""
+    multiples = settings.pop("relative_doses", None)
+    if multiples is None:
+        return None
+    if settings.get("doses"):
+        raise DynheadsError("an ablation table gives both doses and relative_doses: keep one")
+    fit = fit_doses(multiples, fit_run, score, threshold)
+    settings["doses"] = tuple(fit.doses)
+    return fit
+
+
+def _write_dose_fit(out: Path, fit: DoseFit | None) -> None:
+    if fit is not None and distributed.is_main():
+        write_json(out / "dose_fit.json", fit.to_dict())
 
 
 @study_stage(stages.PROGRESSIVE, deals_samples=True)
@@ -380,10 +402,12 @@ def _hotpotqa_probe(study: Study) -> object:
 def _qa_ablation(study: Study, stage: str, stream: str, config_type: type, run: Callable[..., object]) -> None:
     """An Eq. 2 ablation stage (``run``: ``run_claim2`` or ``run_progressive``) on its own question stream, with the
     reasoning list as its static list and the fitted threshold (``fitted_ablation``)."""
-    qa = study.questions
+    qa, threshold = study.questions, study.questions.fit()
     extra = dict(split=stream, task=qa.task.name, static=str(qa.reasoning_file))
-    config = config_type(**qa.grid(study, stage, stream, **extra))
-    fitted_ablation(run, config, qa.fit(), study.folder(stage), **study.options)
+    settings = qa.grid(study, stage, stream, **extra)
+    fit = relative_doses(settings, qa.fit_stream, qa.task.score_kind, threshold.applied)  # D_t as evaluated
+    fitted_ablation(run, config_type(**settings), threshold, study.folder(stage), **study.options)
+    _write_dose_fit(study.folder(stage), fit)
 
 
 @study_stage(stages.HOTPOTQA_ABLATION, deals_samples=True)
