@@ -171,3 +171,19 @@ def test_a_batched_study_records_its_batch_size_and_generates_what_batch_1_does(
             assert batched.get("generated") == read_json(path).get("generated"), (stage, path.name)
     with pytest.raises(DynheadsError, match="batch size"):
         reproduce(config, tmp_path / "zero", lm=tiny_lm, progress=False, batch_size=0)
+
+
+def test_a_study_started_under_other_preset_settings_is_not_resumed(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    """A newer dynheads may change a preset (the ablation's doses did): a study started before resumes only with
+    the tables it started under, else its finished stages and the rest would follow two designs."""
+    from dynheads.io import write_json
+
+    monkeypatch.setattr(reproduce_module, "STUDY", [])  # the manifest alone
+    config, out = ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "study"
+    reproduce(config, out, lm=tiny_lm, progress=False)
+    reproduce(config, out, lm=tiny_lm, progress=False)  # the same tables: resumes
+    manifest = read_json(out / "manifest.json")
+    manifest["preset_settings"]["ablation"]["doses"] = [1, 2, 3, 5, 8]  # as an older version wrote it
+    write_json(out / "manifest.json", manifest)
+    with pytest.raises(DynheadsError, match="other settings of preset 'smoke' .the tables ablation differ"):
+        reproduce(config, out, lm=tiny_lm, progress=False)

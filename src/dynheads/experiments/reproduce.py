@@ -165,7 +165,7 @@ def reproduce(
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
     stage_tables = {key: value for key, value in preset.items() if key != "sources"}
     log = _Stages(out)  # read by every rank before the first barrier (see _Stages)
-    start_run(
+    manifest = start_run(
         RunDir(out),
         "reproduce",
         config,
@@ -176,6 +176,7 @@ def reproduce(
         },
         batch_size=batch_size,
     )
+    _check_same_preset(manifest, _jsonable(stage_tables), out)
     study = Study(config, preset, out, lm, progress, log, batch_size)
     for entry in STUDY:
         study.log.run(entry.name, partial(entry.value, study), every_rank=entry.name in SAMPLE_STAGES)
@@ -460,6 +461,20 @@ def _best_samples(run_dir: Path, count: int, metric: str = "accuracy") -> list[s
     records = [r for r in RunDir(run_dir).records() if r["steps"]]  # an empty trace (EOS first) has no map
     ranked = sorted(records, key=lambda r: (-r["metrics"].get(metric, 0), -r["steps"], r["sample_id"]))
     return [r["sample_id"] for r in ranked[:count]]
+
+
+def _check_same_preset(manifest: dict, tables: dict, out: Path) -> None:
+    """A study resumes only under the preset tables it started with (a newer dynheads may have changed a preset:
+    its finished stages and the rest would follow two designs)."""
+    recorded = manifest.get("preset_settings")
+    if recorded is None or recorded == tables:
+        return
+    changed = sorted(name for name in set(recorded) | set(tables) if recorded.get(name) != tables.get(name))
+    raise DynheadsError(
+        f"{out} was started under other settings of preset {manifest['config'].get('preset')!r} (the tables "
+        f"{', '.join(changed)} differ now, e.g. after an update of dynheads): resume it with the version that "
+        "started it, or choose another --out"
+    )
 
 
 def _jsonable(value: dict) -> dict:
