@@ -50,6 +50,7 @@ def test_doses_are_multiples_of_the_mean_set_size_on_the_fitting_stream(tmp_path
     assert fit.doses == [1, 2, 4, 6, 8] and sorted(fit.fit_samples) == ["s0", "s1"]
     # rounded, at least one head, at most every head (4 x 5 = 20), distinct
     assert fit_doses([0.01, 0.1, 10.0], run.path, "copy").doses == [1, 20]
+    assert fit_doses([0.625, 0.875], run.path, "copy").doses == [3, 4]  # 2.5 and 3.5: half up, never to even
     # a continuous score decides D_t by the threshold it is evaluated with
     by_threshold = fit_doses([1.0], run.path, "reasoning", "0.4")
     assert by_threshold.doses == [4] and by_threshold.threshold == "0.4"  # recorded

@@ -11,6 +11,7 @@ step (at least 1, at most every head); ``1.0`` is the paper's whole-D_t ablation
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ class DoseFit:
     """Relative doses and the heads per step they resolved to on a fitting stream."""
 
     multiples: list[float]  # of the mean |D_t| on the fitting stream, as the preset gives them
-    doses: list[int]  # heads masked per step: round(multiple x mean), at least 1, at most every head, distinct
+    doses: list[int]  # heads per step: multiple x mean rounded half up, at least 1, at most every head, distinct
     mean_size: float  # mean |D_t| over the fitting stream's steps
     fit_run: str
     fit_samples: list[str]
@@ -54,7 +55,7 @@ def fit_doses(
             "are undefined there; give the ablation fixed doses"
         )
     mean, total = float(steps.mean()), int(np.prod(traces[0].shape))
-    doses = sorted({min(total, max(1, round(multiple * mean))) for multiple in multiples})
+    doses = sorted({min(total, max(1, math.floor(multiple * mean + 0.5))) for multiple in multiples})  # half up
     return DoseFit(
         multiples=[float(m) for m in multiples],
         doses=doses,
