@@ -18,6 +18,7 @@ from dynheads.io import read_json, write_json
 from dynheads.paper import PAPER_DYNAMISM
 from dynheads.report.compare import collect
 from dynheads.report.compare_page import matrix, size_panels, write_compare
+from dynheads.runs import RunDir
 from dynheads.tables import read_summaries, write_summary
 
 SMALL, LARGE = "small-model", "large-model"
@@ -169,3 +170,30 @@ def test_a_study_without_a_parameter_count_is_left_off_the_figure(studies, tmp_p
     md = md_path.read_text(encoding="utf-8")
     assert "Not on the figure (parameter count not recorded by an older dynheads): old-model." in md
     assert "| old-model | not recorded | NIAH |" in md
+
+
+def test_settings_fitted_per_model_are_compared_by_their_rule(studies, tmp_path):
+    """A calibrated Eq. 2 threshold resolves to another relative:K per model, relative doses to other heads per
+    step: the studies agree when the rules do, and are refused when a rule differs."""
+    small = _study(tmp_path / "small", SMALL, 135_000_000, like=studies[0])
+    large = _study(tmp_path / "large", LARGE, 1_500_000_000, like=studies[0])
+
+    def fitted(root: Path, applied: str, rule: str, doses: list[int], multiples: list[float]) -> None:
+        shutil.rmtree(root / "hotpotqa-ablation", ignore_errors=True)
+        qa = RunDir(root / "hotpotqa-ablation")
+        qa.start("ablation", {"task": "hotpotqa", "threshold": applied, "doses": doses}, None)
+        write_json(qa.path / "threshold_fit.json", {"rule": rule, "applied": applied})
+        write_json(qa.path / "dose_fit.json", {"multiples": multiples, "doses": doses})
+        write_json(root / "ablation" / "dose_fit.json", {"multiples": multiples, "doses": doses})
+
+    fitted(small, "relative:20.7", "calibrated:10", [1, 2, 4], [0.25, 0.5, 1.0])
+    fitted(large, "relative:4.07", "calibrated:10", [6, 12, 24], [0.25, 0.5, 1.0])
+    models = collect([small, large])
+    assert [m.settings["QA ablation Eq. 2 threshold"] for m in models] == ["calibrated:10"] * 2
+    assert {m.settings["NIAH ablation doses"] for m in models} == {"0.25, 0.5, 1 x mean |D_t|"}
+    fitted(large, "relative:4.07", "calibrated:12", [6, 12, 24], [0.25, 0.5, 1.0])
+    with pytest.raises(DynheadsError, match=r"differ in the QA ablation Eq. 2 threshold \(small-model: calibrated:10"):
+        collect([small, large])
+    fitted(large, "relative:4.07", "calibrated:10", [12, 24], [0.5, 1.0])
+    with pytest.raises(DynheadsError, match=r"differ in the NIAH ablation doses"):
+        collect([small, large])

@@ -8,8 +8,9 @@ Table 1's statistics (the dynamism stage's published ``stats``) and the task acc
 records' metrics, each mean with its bootstrap interval). ``compare_page`` writes compare.md and compare.html.
 
 Studies whose settings differ in what a verdict is decided by (``VERDICT_SETTINGS``: the sample floor and the
-bootstrap, the ablations' masking mode, head matching and Eq. 2 threshold, the RAG ks) are refused in one line:
-their verdicts would not be answers to the same question.
+bootstrap, the ablations' masking mode, head matching, doses and Eq. 2 threshold, the RAG ks) are refused in one
+line: their verdicts would not be answers to the same question. A setting fitted per model is compared by its rule
+(a calibrated Eq. 2 threshold's ``calibrated:M``, relative doses' multiples), never by the value it resolved to.
 """
 
 from __future__ import annotations
@@ -35,15 +36,19 @@ from dynheads.tasks.registry import Task, task_of_manifest
 
 STUDY_KIND = "reproduce"
 # what a verdict is decided by: label -> (where it is recorded, the stage folder, the key). "evidence": the study's
-# evidence settings (its manifest); "config": the stage manifest's config; "published": the stage's published numbers
+# evidence settings (its manifest); "config": the stage manifest's config; "rule": the rule of a setting fitted
+# per model (a stage's threshold_fit.json, else its config); "doses": the dose design (dose_fit.json's multiples
+# of the mean |D_t|, else the config's fixed doses); "published": the stage's published numbers (a fit's rule)
 VERDICT_SETTINGS = {
     "sample floor": ("evidence", "", "floor"),
     "bootstrap resamples": ("evidence", "", "resamples"),
     "NIAH ablation masking mode": ("config", stages.ABLATION, "mode"),
     "NIAH ablation head matching": ("config", stages.ABLATION, "matching"),
+    "NIAH ablation doses": ("doses", stages.ABLATION, "doses"),
     "QA ablation masking mode": ("config", stages.HOTPOTQA_ABLATION, "mode"),
     "QA ablation head matching": ("config", stages.HOTPOTQA_ABLATION, "matching"),
-    "QA ablation Eq. 2 threshold": ("config", stages.HOTPOTQA_ABLATION, "threshold"),
+    "QA ablation doses": ("doses", stages.HOTPOTQA_ABLATION, "doses"),
+    "QA ablation Eq. 2 threshold": ("rule", stages.HOTPOTQA_ABLATION, "threshold"),
     "QA dynamism Eq. 2 threshold": ("published", stages.HOTPOTQA_DYNAMISM, "threshold"),
     "RAG ks": ("config", stages.RAG, "ks"),
 }
@@ -198,15 +203,28 @@ def _study_settings(root: Path, evidence: EvidenceSettings) -> dict[str, Any]:
     """The study's ``VERDICT_SETTINGS`` that it recorded (a stage not run records none)."""
     found: dict[str, Any] = {}
     for label, (where, stage, key) in VERDICT_SETTINGS.items():
+        config = (_stage_manifest(root / stage).get("config") or {}).get(key) if stage else None
         if where == "evidence":
             value = getattr(evidence, key)
         elif where == "published":
-            value = (stage_evidence(root, stage) or {}).get(key) if (root / stage).is_dir() else None
+            published = (stage_evidence(root, stage) or {}) if (root / stage).is_dir() else {}
+            value = (published.get("threshold_fit") or {}).get("rule", published.get(key))
+        elif where == "rule":
+            value = _fit_file(root / stage / "threshold_fit.json").get("rule", config)
+        elif where == "doses":
+            multiples = _fit_file(root / stage / "dose_fit.json").get("multiples")
+            value = f"{', '.join(f'{m:g}' for m in multiples)} x mean |D_t|" if multiples else config
         else:
-            value = (_stage_manifest(root / stage).get("config") or {}).get(key)
+            value = config
         if value is not None:
             found[label] = value
     return found
+
+
+def _fit_file(path: Path) -> dict:
+    """A fit written beside a stage (threshold_fit.json, dose_fit.json), or {} where there is none."""
+    found = read_json(path) if path.is_file() else {}
+    return found if isinstance(found, dict) else {}
 
 
 def _stage_manifest(folder: Path) -> dict:
