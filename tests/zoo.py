@@ -59,6 +59,12 @@ class NoTokenizer:
     def get_vocab(self) -> dict:
         return {}
 
+    def convert_tokens_to_ids(self, token: str) -> None:  # no vocabulary: no token has an id
+        return None
+
+    def convert_ids_to_tokens(self, index: int) -> None:
+        return None
+
     def decode(self, ids, **kwargs) -> str:
         return " ".join(map(str, ids))
 

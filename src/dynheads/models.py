@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -53,7 +53,6 @@ class LoadedModel:
     name: str  # hub id, the embedded or a packaged model's name, a file's stem or a folder's name: never a path
     revision: str  # hub commit, or "sha256:<file hash>" for files, or "local" for folders
     packaged: dict | None = None  # dynheads.packaged.describe() of a packaged model (wheels, versions, sha256)
-    stop_ids: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)  # looked up once
 
     @property
     def num_layers(self) -> int:
@@ -78,10 +77,7 @@ class LoadedModel:
         return self.model.device
 
     def stop_token_ids(self) -> set[int]:
-        """Token ids that end a generation: eos ids from both configs and the tokenizer, plus end-of-turn markers
-        (looked up on the first call: reading a large vocabulary takes tens of milliseconds; a fresh set each call)."""
-        if self.stop_ids is not None:
-            return set(self.stop_ids)
+        """Token ids that end a generation: eos ids from both configs and the tokenizer, plus end-of-turn markers."""
         ids: set[int] = set()
         for source in (self.model.generation_config, self.model.config.get_text_config()):
             value = getattr(source, "eos_token_id", None)
@@ -89,9 +85,10 @@ class LoadedModel:
                 ids.update([value] if isinstance(value, int) else list(value))
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
-        vocab = self.tokenizer.get_vocab()
-        ids.update(vocab[token] for token in END_OF_TURN_TOKENS if token in vocab)
-        self.stop_ids = frozenset(ids)
+        for token in END_OF_TURN_TOKENS:  # one lookup each (reading the whole vocabulary cost 35 ms a call)
+            found = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(found, int) and self.tokenizer.convert_ids_to_tokens(found) == token:  # not the unk id
+                ids.add(found)
         return ids
 
     def describe(self) -> dict:
