@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_thresholds import trace_with
 
 from dynheads.errors import DynheadsError
 from dynheads.experiments.dose_fit import fit_doses
@@ -14,21 +15,9 @@ from dynheads.traces import Trace
 
 def copy_trace(active: np.ndarray) -> Trace:
     """A trace whose Eq. 1 sets are ``active`` (bool [step, layer, head]); Eq. 2 scores 0.5 where active."""
-    steps = active.shape[0]
-    zeros = np.zeros(active.shape, np.float32)
-    return Trace(
-        tokens=np.arange(steps, dtype=np.int64),
-        token_texts=["t"] * steps,
-        text="",
-        argmax_pos=zeros.astype(np.int32),
-        needle_mass=zeros,
-        max_prob=zeros,
-        scores={"copy": active, "reasoning": np.where(active, 0.5, 0.0).astype(np.float32)},
-        hidden=np.zeros((steps, 4), np.float32),
-        prompt_length=10,
-        stop_reason="eos",
-        chance=np.full(steps, 0.01, np.float32),
-    )
+    trace = trace_with(np.where(active, 0.5, 0.0), np.full(active.shape[0], 0.01, np.float32))
+    trace.scores["copy"] = active
+    return trace
 
 
 def fitting_run(path, sizes: list[list[int]], shape=(4, 5)) -> RunDir:
