@@ -73,7 +73,10 @@ COLLAPSE_ROWS = 8  # HTML: a longer table (CCA per offset x method, say) opens o
 MAX_FIGURES = 8  # per stage folder: Figure 1 alone can have one heat map per sample
 READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, DynheadsError)
 ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one the stage measured decides Claim 2
-SETTING_KEYS = ("kind", "score", "task", "threshold", "ks", "static_file", "epochs_run", "train_seconds", "seed")
+SETTING_KEYS = (
+    *("kind", "score", "task", "threshold", "ks", "static_file", "epochs_run", "train_seconds", "seed"),
+    *("multiples", "mean_size", "fit_steps", "doses"),  # dose_fit.json: relative doses and what they resolved to
+)
 RAG_STRATEGIES = {
     "dynamic": "Dynamic",
     "static": "Static",
