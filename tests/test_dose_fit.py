@@ -7,8 +7,7 @@ import pytest
 from test_thresholds import trace_with
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.dose_fit import fit_doses
-from dynheads.experiments.reproduce import relative_doses
+from dynheads.experiments.dose_fit import fit_doses, relative_doses
 from dynheads.runs import RunDir
 from dynheads.traces import Trace
 
@@ -45,6 +44,8 @@ def test_doses_are_multiples_of_the_mean_set_size_on_the_fitting_stream(tmp_path
     assert by_threshold.doses == [4] and by_threshold.threshold == "0.4"  # recorded
     with pytest.raises(DynheadsError, match="no head is dynamic"):
         fit_doses([1.0], run.path, "reasoning", "0.6")
+    with pytest.raises(DynheadsError, match="the reasoning score is continuous: .* need the threshold"):
+        fit_doses([1.0], run.path, "reasoning")  # never a silent threshold of 0
 
 
 def test_a_stream_without_dynamic_heads_or_a_bad_multiple_is_refused(tmp_path):

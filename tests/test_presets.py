@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dynheads.experiments import dose_fit as dose_fit_module
 from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.dose_fit import DoseFit
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
@@ -98,7 +99,7 @@ def resolved_settings(preset: str, patch) -> dict:
             patch(reproduce_module, name, recorder(name))
         patch(reproduce_module, "RunDir", _FakeRun)
         patch(reproduce_module, "fit_threshold", _fake_fit)
-        patch(reproduce_module, "fit_doses", _fake_doses)
+        patch(dose_fit_module, "fit_doses", _fake_doses)
         reproduce(ReproduceConfig(preset=preset), out, lm=_FakeModel(), progress=False)
     return calls
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from dynheads.errors import DynheadsError
 from dynheads.experiments.analyses import dynamic_sets, load_run
-from dynheads.scores import ScoreKind
+from dynheads.scores import HEAD_SCORES, ScoreKind
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,11 @@ def fit_doses(
     continuous score) to heads per step; refused when a multiple is not positive or no head is dynamic there."""
     if not multiples or min(multiples) <= 0:
         raise DynheadsError(f"relative doses must be positive multiples of the mean |D_t|, got {list(multiples)}")
+    binary = HEAD_SCORES.get(score).binary
+    if not binary and threshold is None:
+        raise DynheadsError(
+            f"the {score} score is continuous: doses relative to its mean |D_t| need the threshold that decides D_t"
+        )
     run, traces = load_run(fit_run)
     sizes = [dynamic_sets(trace, score, threshold or 0.0).sum(axis=(1, 2)) for trace in traces]
     steps = np.concatenate(sizes) if sizes else np.zeros(0)
@@ -65,3 +70,16 @@ def fit_doses(
         fit_steps=int(steps.size),
         threshold=threshold,
     )
+
+
+def relative_doses(settings: dict, fit_run: Path, score: ScoreKind, threshold: str | None = None) -> DoseFit | None:
+    """An ablation table's ``relative_doses`` (multiples of the mean |D_t| on ``fit_run``) resolved into its
+    ``doses``, in place; None when the table gives fixed doses; refused when it gives both."""
+    multiples = settings.pop("relative_doses", None)
+    if multiples is None:
+        return None
+    if settings.get("doses"):
+        raise DynheadsError("an ablation table gives both doses and relative_doses: keep one")
+    fit = fit_doses(multiples, fit_run, score, threshold)
+    settings["doses"] = tuple(fit.doses)
+    return fit

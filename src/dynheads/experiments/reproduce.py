@@ -38,7 +38,7 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_progressive
 from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads
 from dynheads.experiments.dose import run_claim2
-from dynheads.experiments.dose_fit import DoseFit, fit_doses
+from dynheads.experiments.dose_fit import DoseFit, relative_doses
 from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
 from dynheads.experiments.niah import NiahConfig, run_niah
 from dynheads.experiments.probing import train_probe_on_run
@@ -50,7 +50,7 @@ from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.registry import Registry
 from dynheads.runs import RunDir, RunOptions, start_run
-from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind
+from dynheads.scores import DEFAULT_REASONING_THRESHOLD
 from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
 from dynheads.tasks.registry import Task, task_of
@@ -269,19 +269,6 @@ def _ablation(study: Study) -> object:
     run = run_claim2(AblationConfig(**settings), study.folder(stages.ABLATION), **study.options)
     _write_dose_fit(study.folder(stages.ABLATION), fit)
     return run
-
-
-def relative_doses(settings: dict, fit_run: Path, score: ScoreKind, threshold: str | None = None) -> DoseFit | None:
-    """A preset's ``relative_doses`` (multiples of the mean |D_t| on ``fit_run``, ``dose_fit``) resolved into the
-    ablation settings' ``doses``, in place; None when the settings give fixed doses."""
-    multiples = settings.pop("relative_doses", None)
-    if multiples is None:
-        return None
-    if settings.get("doses"):
-        raise DynheadsError("an ablation table gives both doses and relative_doses: keep one")
-    fit = fit_doses(multiples, fit_run, score, threshold)
-    settings["doses"] = tuple(fit.doses)
-    return fit
 
 
 def _write_dose_fit(out: Path, fit: DoseFit | None) -> None:
