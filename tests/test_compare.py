@@ -116,6 +116,30 @@ def test_the_html_shows_the_matrix_first_and_embeds_the_figure(written):
     assert "data:image/png;base64," in page
 
 
+def test_a_saved_comparison_stands_in_for_its_folders(written, studies, tmp_path):
+    """compare.json holds what was collected of each model: compared again from it alone, the page is the same but
+    for its sources; with a new study it adds a model; beside a folder of a model it holds, that model twice."""
+    out, md, _ = written
+    saved = out / "compare.json"
+    again, _ = write_compare([saved], tmp_path / "again")
+    text = again.read_text(encoding="utf-8")
+    assert text.split("## Sources")[0] == md.split("## Sources")[0]
+    assert f"{SMALL}: `{studies[0]}` (study, preset `quick`), as saved in `{saved}`" in text
+    third = _study(tmp_path / "third", "third-model", 360_000_000, like=studies[0])
+    assert [m.name for m in collect([saved, third])] == [SMALL, "third-model", LARGE]
+    with pytest.raises(DynheadsError, match=f"two studies of {SMALL}: .* \\(in .*compare.json\\) and "):
+        collect([saved, studies[0]])
+    with pytest.raises(DynheadsError, match=f"{SMALL} is in .* and in .*: give it once"):
+        collect([saved, saved])
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text('{"kind": "compare", "format": 1, "models": [{"name": "x"}]}', encoding="utf-8")
+    with pytest.raises(DynheadsError, match="damaged.json is damaged \\(KeyError"):
+        collect([damaged])
+    (tmp_path / "report.json").write_text('{"kind": "report"}', encoding="utf-8")
+    with pytest.raises(DynheadsError, match="is not a compare.json that dynheads compare wrote"):
+        collect([tmp_path / "report.json"])
+
+
 def _single_run(study: Path, run: Path, name: str) -> Path:
     """The study's NIAH run copied as a single run of model ``name``, with its dynamism published into it."""
     shutil.copytree(study / "niah", run)

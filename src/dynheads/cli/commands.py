@@ -82,9 +82,12 @@ def report(study: Annotated[Path, typer.Argument(help="study folder written by '
 def compare(
     folders: Annotated[
         list[Path],
-        typer.Argument(help="study folders ('dynheads reproduce') or traced run folders, of any number of models"),
+        typer.Argument(
+            help="study folders ('dynheads reproduce'), traced run folders, or the compare.json of an earlier "
+            "comparison (its models without their folders), of any number of models"
+        ),
     ],
-    out: Annotated[Path, Opt("--out", help="folder for compare.md, compare.html and the figure")],
+    out: Annotated[Path, Opt("--out", help="folder for compare.md, compare.html, compare.json and the figure")],
 ) -> None:
     """Put studies of several models side by side: the verdict matrix, Table 1 beside the paper's rows, the
     statistics against model size and each model's task accuracy (no model is loaded)."""

@@ -1,7 +1,9 @@
 """``dynheads compare``: what the studies of several models say, side by side (docs/compare.md).
 
 Each folder given is a study (``dynheads reproduce``) or a single run (``dynheads niah``, ``dynheads hotpotqa``, ...,
-with the dynamism statistics ``dynheads dynamism`` wrote into it, if any). Folders are grouped by the model their
+with the dynamism statistics ``dynheads dynamism`` wrote into it, if any), or a ``compare.json`` that an earlier
+comparison wrote: what it collected of each model, so that studies run on other machines or in other sittings can be
+compared without their folders (``results_to_dict`` / ``results_from_dict``). Folders are grouped by the model their
 manifest names; a model has at most one study. From each model this module reads what the report reads, never
 recomputing a stage: the verdicts (``report.build.build_sections``, decided from the numbers the stages published),
 Table 1's statistics (the dynamism stage's published ``stats``) and the task accuracy of its traced runs (the
@@ -17,14 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dynheads import stages
-from dynheads.analysis.evidence import EvidenceSettings, Interval, mean_interval
+from dynheads.analysis.evidence import Effect, EvidenceSettings, Interval, Status, mean_interval
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json
 from dynheads.report import claims
@@ -35,6 +37,9 @@ from dynheads.tables import read_summaries
 from dynheads.tasks.registry import Task, task_of_manifest
 
 STUDY_KIND = "reproduce"
+RESULTS_FILE = "compare.json"  # what a comparison collected of each model, readable by a later comparison
+RESULTS_KIND, RESULTS_FORMAT = "compare", 1
+STATUSES: tuple[Status, ...] = ("supported", "not supported", "inconclusive")
 # what a verdict is decided by: label -> (where it is recorded, the stage folder, the key). "evidence": the study's
 # evidence settings (its manifest); "config": the stage manifest's config; "rule": the rule of a setting fitted
 # per model (a stage's threshold_fit.json, else its config); "doses": the dose design (dose_fit.json's multiples
@@ -79,20 +84,26 @@ class ModelResults:
     dynamism: dict[str, dict[str, Any]] = field(default_factory=dict)  # task label -> Table 1 statistics
     accuracy: list[Accuracy] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)  # VERDICT_SETTINGS label -> value (where recorded)
+    saved_in: Path | None = None  # the compare.json it was read from; None: read from its folders
 
     def verdict(self, claim: str, task: str) -> Verdict | None:
         return next((v for v in self.verdicts if (v.claim, v.task) == (claim, task)), None)
 
 
 def collect(folders: Sequence[str | Path]) -> list[ModelResults]:
-    """The models of ``folders`` (studies or single runs), smallest first; refuses folders that are neither, two
-    studies of one model and studies whose verdict settings differ (``DynheadsError``, one line), before any
-    verdict is computed."""
+    """The models of ``folders`` (studies, single runs or an earlier comparison's compare.json), smallest first;
+    refuses folders that are neither, two studies of one model and studies whose verdict settings differ
+    (``DynheadsError``, one line), before any verdict is computed."""
     if not folders:
         raise DynheadsError("compare needs at least one study or run folder")
-    given = [(Path(folder), _manifest(Path(folder))) for folder in folders]
-    given.sort(key=lambda item: item[1].get("kind") != STUDY_KIND)  # studies first: a run's model knows its study
     models: dict[str, ModelResults] = {}
+    for path in (Path(folder) for folder in folders if Path(folder).is_file()):
+        for saved in read_results(path):
+            if saved.name in models:
+                raise DynheadsError(f"{saved.name} is in {models[saved.name].saved_in} and in {path}: give it once")
+            models[saved.name] = saved
+    given = [(Path(folder), _manifest(Path(folder))) for folder in folders if not Path(folder).is_file()]
+    given.sort(key=lambda item: item[1].get("kind") != STUDY_KIND)  # studies first: a run's model knows its study
     for folder, manifest in given:
         model = _model(models, manifest)
         model.folders.append(folder)
@@ -155,7 +166,7 @@ def _start_study(model: ModelResults, root: Path, manifest: dict) -> None:
     """What is cheap to read of a study: that it is the model's only one, its evidence and verdict settings."""
     if model.study is not None:
         raise DynheadsError(
-            f"two studies of {model.name}: {model.study} and {root}; compare one study per model "
+            f"two studies of {model.name}: {model.study}{_saved_note(model)} and {root}; compare one study per model "
             "(single runs of it may be added)"
         )
     model.study, model.evidence = root, evidence_of(manifest)
@@ -255,3 +266,71 @@ def _number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
+
+
+# ---- saved results -------------------------------------------------------------------------------------------------
+def results_to_dict(models: Sequence[ModelResults]) -> dict[str, Any]:
+    """What ``collect`` found of each model, as JSON data (``RESULTS_FILE``); ``results_from_dict`` reads it back."""
+    return {"kind": RESULTS_KIND, "format": RESULTS_FORMAT, "models": [_model_dict(model) for model in models]}
+
+
+def results_from_dict(data: Any, source: Path) -> list[ModelResults]:
+    """The models of a ``results_to_dict`` document read from ``source``; a ``DynheadsError`` for anything else."""
+    if not isinstance(data, dict) or data.get("kind") != RESULTS_KIND or data.get("format") != RESULTS_FORMAT:
+        raise DynheadsError(
+            f"{source} is not a {RESULTS_FILE} that dynheads compare wrote (format {RESULTS_FORMAT}): give a study "
+            "or run folder, or a compare.json"
+        )
+    try:
+        return [_model_from(entry, source) for entry in data["models"]]
+    except (KeyError, TypeError, ValueError) as error:
+        raise DynheadsError(f"{source} is damaged ({type(error).__name__}: {error})") from None
+
+
+def read_results(path: Path) -> list[ModelResults]:
+    try:
+        data = read_json(path)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DynheadsError(f"{path} is not valid JSON: {error}") from None
+    return results_from_dict(data, path)
+
+
+def _saved_note(model: ModelResults) -> str:
+    return f" (in {model.saved_in})" if model.saved_in is not None else ""
+
+
+def _model_dict(model: ModelResults) -> dict[str, Any]:
+    found = asdict(model)
+    found["saved_in"] = None
+    found["folders"] = [str(folder) for folder in model.folders]
+    found["study"] = str(model.study) if model.study is not None else None
+    found["accuracy"] = [{**asdict(a), "source": str(a.source)} for a in model.accuracy]
+    return found
+
+
+def _model_from(entry: dict[str, Any], source: Path) -> ModelResults:
+    evidence = entry["evidence"]
+    return ModelResults(
+        name=str(entry["name"]),
+        parameters=entry["parameters"],
+        heads=int(entry["heads"]),
+        folders=[Path(folder) for folder in entry["folders"]],
+        study=Path(entry["study"]) if entry["study"] is not None else None,
+        preset=entry["preset"],
+        evidence=EvidenceSettings(**evidence) if evidence is not None else None,
+        verdicts=[_verdict_from(verdict) for verdict in entry["verdicts"]],
+        dynamism=dict(entry["dynamism"]),
+        accuracy=[
+            Accuracy(a["task"], a["metric"], Interval(**a["interval"]), Path(a["source"])) for a in entry["accuracy"]
+        ],
+        settings=dict(entry["settings"]),
+        saved_in=source,
+    )
+
+
+def _verdict_from(entry: dict[str, Any]) -> Verdict:
+    effects = tuple(Effect(**{**effect, "interval": Interval(**effect["interval"])}) for effect in entry["effects"])
+    status = entry["status"]
+    if status not in STATUSES:
+        raise ValueError(f"unknown verdict status {status!r}")
+    return Verdict(entry["claim"], entry["task"], status, entry["reason"], dict(entry["numbers"]), effects)

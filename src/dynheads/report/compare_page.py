@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from dynheads.errors import DynheadsError
-from dynheads.io import write_text
+from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_DYNAMISM
 from dynheads.plots.scale import Panel, Point, plot_by_size, size_label
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
-from dynheads.report.compare import ModelResults, collect
+from dynheads.report.compare import RESULTS_FILE, ModelResults, collect, results_to_dict
 from dynheads.tables import Cell, Table, to_html, to_markdown
 
 CLAIM_ORDER = (claims.CLAIM1, claims.CLAIM2, claims.CLAIM3, claims.RAG)
@@ -30,7 +30,9 @@ td small{display:block;color:#444}img{max-width:100%}"""
 
 
 def write_compare(folders: Sequence[str | Path], out: str | Path) -> tuple[Path, Path]:
-    """Compare the studies and runs of ``folders``; write and return ``out/compare.md`` and ``out/compare.html``."""
+    """Compare the studies and runs of ``folders``; write and return ``out/compare.md`` and ``out/compare.html``
+    (and ``out/compare.json``, what was collected of each model, which a later comparison can take instead of the
+    folders)."""
     models = collect(folders)
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -43,6 +45,7 @@ def write_compare(folders: Sequence[str | Path], out: str | Path) -> tuple[Path,
     md_path, html_path = out / "compare.md", out / "compare.html"
     write_text(md_path, f"# {title}\n\n" + "".join(_section_markdown(s, out) for s in sections))
     write_text(html_path, _html(title, sections))
+    write_json(out / RESULTS_FILE, results_to_dict(models))
     return md_path, html_path
 
 
@@ -176,6 +179,7 @@ def _sections(models: Sequence[ModelResults], figure: Path | None) -> list[Secti
         f"{model.name}: "
         + ", ".join(f"`{folder}`" for folder in model.folders)
         + (f" (study, preset `{model.preset}`)" if model.preset else "")
+        + (f", as saved in `{model.saved_in}`" if model.saved_in is not None else "")
         for model in models
     ]
     return [
