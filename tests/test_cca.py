@@ -12,6 +12,7 @@ from dynheads.analysis.cca import (
     cca_notes,
     cca_offsets,
     fit_cca,
+    gap_statistic,
     offset_pairs,
     shuffled_pairing,
     split_samples,
@@ -183,3 +184,27 @@ def test_the_held_out_measures_are_repeated_over_seeded_splits_and_their_spread_
     assert pooled.loc["in_sample", "top1"] == singles[0].loc["in_sample", "top1"]  # no split: unchanged
     with pytest.raises(DynheadsError, match="splits must be >= 1"):
         CCAConfig(splits=0)
+
+
+def test_the_gap_statistic_of_many_resamples_equals_each_resample_alone():
+    """The bootstrap's batched form (pooled per-sample moments) against concatenating each resample's variates:
+    equal to rounding, NaN where a resample has too few pairs, 0 where a side is constant."""
+    rng = np.random.default_rng(5)
+
+    def variates(count: int, slope: float) -> list[tuple[np.ndarray, np.ndarray]]:
+        found = []
+        for size in rng.integers(0, 12, count):
+            u = rng.normal(3.0, 2.0, size)
+            found.append((u, slope * u + rng.normal(0, 1, size)))
+        return found
+
+    held_out, shuffled = variates(8, 0.8), variates(8, 0.0)
+    held_out[2] = (np.zeros(0), np.zeros(0))  # a sample too short for the offset
+    statistic = gap_statistic(held_out, shuffled)
+    rows = np.vstack([rng.integers(0, 8, (200, 8)), np.full((1, 8), 2), np.full((1, 8), 3)])
+    expected = np.array([statistic.one(row) for row in rows])
+    assert np.isnan(expected[-2]) and np.isnan(statistic.many(rows)[-2])  # only the empty sample: no pairs
+    np.testing.assert_allclose(statistic.many(rows), expected, rtol=0, atol=1e-12)
+    constant = [(np.full(5, 2.0), rng.normal(size=5)) for _ in range(3)]
+    flat = gap_statistic(constant, constant)
+    assert flat.one(np.arange(3)) == 0.0 and flat.many(np.arange(3)[None, :])[0] == 0.0

@@ -13,6 +13,7 @@ from scipy.stats import DegenerateDataWarning
 import dynheads
 from dynheads.analysis.evidence import (
     UNDEFINED,
+    BatchedStatistic,
     Effect,
     EvidenceSettings,
     Interval,
@@ -94,6 +95,20 @@ def test_the_seed_makes_intervals_reproducible():
     values = np.random.default_rng(4).normal(size=30)
     assert mean_interval(values, EvidenceSettings(seed=7)) == mean_interval(values, EvidenceSettings(seed=7))
     assert mean_interval(values, EvidenceSettings(seed=7)) != mean_interval(values, EvidenceSettings(seed=8))
+
+
+def test_a_batched_statistic_bootstraps_the_same_resamples_as_its_one_by_one_form():
+    """``many`` sees the resamples scipy draws for the plain statistic, all at once: the same interval."""
+    values = np.random.default_rng(3).normal(size=25)
+    one = BatchedStatistic(lambda idx: float(values[idx].mean()), lambda rows: values[rows].mean(axis=1))
+    settings = EvidenceSettings(resamples=300, seed=4)
+    batched, plain = interval(25, one, settings), interval(25, lambda idx: float(values[idx].mean()), settings)
+    assert batched.effect == plain.effect and batched.n == plain.n == 25
+    assert batched.low == pytest.approx(plain.low, abs=1e-12) and batched.high == pytest.approx(plain.high, abs=1e-12)
+    assert batched.low < plain.effect < batched.high
+    pooled = pooled_interval([(25, one), (20, one)], settings)
+    plain_pooled = pooled_interval([(25, one.one), (20, one.one)], settings)
+    assert (pooled.low, pooled.high) == pytest.approx((plain_pooled.low, plain_pooled.high), abs=1e-12)
 
 
 def test_a_pooled_interval_holds_the_spread_between_splits():

@@ -21,7 +21,7 @@ Three measurements per offset (``method`` column):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,7 +31,7 @@ import pandas as pd
 from sklearn.decomposition import PCA
 from tqdm.auto import tqdm
 
-from dynheads.analysis.evidence import EvidenceSettings, pooled_interval
+from dynheads.analysis.evidence import BatchedStatistic, EvidenceSettings, pooled_interval
 from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
@@ -45,6 +45,7 @@ Method = Literal["in_sample", "held_out", "shuffled"]
 METHODS: tuple[Method, ...] = ("in_sample", "held_out", "shuffled")
 
 _MIN_PAIRS = 3  # fewer pairs give no usable PCA or correlation
+_CONSTANT = 1e-12  # a pooled variance below this share of the sum of squares: a constant variate (rounding)
 
 
 def samples_from_traces(traces: Iterable[Trace], score: ScoreKind = "copy") -> list[Sample]:
@@ -310,7 +311,7 @@ def _split_rows(samples: Sequence[Sample], offset: int, config: CCAConfig, evide
         means = pd.DataFrame([summarize(correlations) for correlations, *_ in runs]).mean().to_dict()
         rows.append({"offset": offset, "method": method, **means, **runs[0][1], **runs[0][3], "splits": len(runs)})
     gap = pooled_interval(
-        [(len(split["held_out"][2]), _gap_statistic(split["held_out"][2], split["shuffled"][2])) for split in measured],
+        [(len(split["held_out"][2]), gap_statistic(split["held_out"][2], split["shuffled"][2])) for split in measured],
         evidence,
     )
     rows[0].update(gap=gap.effect, gap_low=gap.low, gap_high=gap.high, test_samples=gap.n)
@@ -341,17 +342,50 @@ def _held_out(
     return correlations, dims, firsts, {"fit_pairs": len(fit[0]), "eval_pairs": len(test[0])}
 
 
-def _gap_statistic(
+def gap_statistic(
     held_out: list[tuple[np.ndarray, np.ndarray]], shuffled: list[tuple[np.ndarray, np.ndarray]]
-) -> Callable[[np.ndarray], float]:
-    """Held-out minus shuffled first canonical correlation over chosen test samples (paired by sample)."""
+) -> BatchedStatistic:
+    """Held-out minus shuffled first canonical correlation over chosen test samples (paired by sample); for the
+    bootstrap, the pooled correlations of many resamples at once from per-sample moments."""
 
     def top1(firsts: list[tuple[np.ndarray, np.ndarray]], idx: np.ndarray) -> float:
         u = np.concatenate([firsts[i][0] for i in idx])
         v = np.concatenate([firsts[i][1] for i in idx])
         return float(column_correlations(u[:, None], v[:, None])[0]) if len(u) >= _MIN_PAIRS else math.nan
 
-    return lambda idx: top1(held_out, idx) - top1(shuffled, idx)
+    moments = [_sample_moments(held_out), _sample_moments(shuffled)]
+
+    def many(idx: np.ndarray) -> np.ndarray:
+        rows, samples = idx.shape[0], len(held_out)
+        counts = np.bincount((idx + samples * np.arange(rows)[:, None]).ravel(), minlength=rows * samples)
+        weights = counts.reshape(rows, samples).astype(float)
+        return _pooled_correlation(weights @ moments[0]) - _pooled_correlation(weights @ moments[1])
+
+    return BatchedStatistic(lambda idx: top1(held_out, idx) - top1(shuffled, idx), many)
+
+
+def _sample_moments(firsts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Per sample ``[count, sum u, sum v, sum u^2, sum v^2, sum uv]`` of its first variates, centred on the mean
+    over all samples (a correlation does not change with a shift; centring keeps the pooled sums precise)."""
+    pooled = [np.concatenate([part[side] for part in firsts] or [np.zeros(0)]) for side in (0, 1)]
+    centre = [float(values.mean()) if values.size else 0.0 for values in pooled]
+    rows = []
+    for u, v in firsts:
+        u, v = u.astype(np.float64) - centre[0], v.astype(np.float64) - centre[1]
+        rows.append([len(u), u.sum(), v.sum(), (u * u).sum(), (v * v).sum(), (u * v).sum()])
+    return np.asarray(rows, dtype=np.float64).reshape(len(firsts), 6)
+
+
+def _pooled_correlation(totals: np.ndarray) -> np.ndarray:
+    """The Pearson correlation of each row's pooled moments (``_sample_moments`` summed over the chosen samples):
+    NaN below ``_MIN_PAIRS`` pairs, 0 where a side is constant (as ``column_correlations``)."""
+    count, su, sv, suu, svv, suv = totals.T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        var_u, var_v = suu - su * su / count, svv - sv * sv / count
+        cov = suv - su * sv / count
+        constant = (var_u <= _CONSTANT * suu) | (var_v <= _CONSTANT * svv)
+        correlation = np.where(constant, 0.0, cov / np.sqrt(np.abs(var_u * var_v)))
+    return np.where(count >= _MIN_PAIRS, correlation, np.nan)
 
 
 def cca_table(table: pd.DataFrame, paper: Mapping[int, float] | None = None) -> Table:

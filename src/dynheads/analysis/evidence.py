@@ -142,8 +142,33 @@ def _percentiles(distribution: np.ndarray, settings: EvidenceSettings) -> tuple[
     return float(low), float(high)
 
 
+@dataclass(frozen=True)
+class BatchedStatistic:
+    """A statistic that can also be computed for many resamples at once: ``one(indices) -> float`` and
+    ``many(indices [B, n]) -> [B]``, ``one`` of each row up to floating-point rounding. The effect is ``one`` on all
+    samples; the bootstrap draws the same resamples as for a plain statistic and calls ``many`` on them in one go
+    (a pooled statistic that concatenates per-sample arrays costs a Python call per resample otherwise)."""
+
+    one: Callable[[np.ndarray], float]
+    many: Callable[[np.ndarray], np.ndarray]
+
+    def __call__(self, indices: np.ndarray) -> float:
+        return self.one(indices)
+
+
 def _bootstrap(n: int, statistic: Callable[[np.ndarray], float], settings: EvidenceSettings):
     """scipy's percentile bootstrap of ``statistic`` over resampled sample indices ``0..n-1``."""
+    if isinstance(statistic, BatchedStatistic):
+        many = statistic.many
+        return bootstrap(
+            (np.arange(n),),
+            lambda idx, axis=-1: many(np.atleast_2d(idx).astype(int)).reshape(np.shape(idx)[:-1]),
+            vectorized=True,
+            n_resamples=settings.resamples,
+            confidence_level=settings.confidence,
+            method="percentile",
+            rng=np.random.default_rng(settings.seed),
+        )
     return bootstrap(
         (np.arange(n),),
         lambda idx: float(statistic(idx.astype(int))),
