@@ -170,3 +170,43 @@ def test_a_dose_ranks_every_head_with_d_t_first(score, threshold):
     assert [float(values[h]) for h in rest] == sorted((float(values[h]) for h in rest), reverse=True)
     if score == "reasoning":
         assert 0 < len(dynamic) < heads  # the threshold splits the heads: D_t first is a real constraint
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "mistral", "gemma2"])
+@pytest.mark.parametrize("mode", ABLATION_MODES)
+def test_the_one_pass_equals_the_step_by_step_decode(family, mode, monkeypatch):
+    """Every step of every setting in one pass against the shared clean cache (``engine.teacher``) gives the
+    log-probabilities and flips of decoding the settings' rows step by step; a model whose attention the pass does
+    not reproduce (Mistral's sliding window, Gemma 2's soft-capped logits) is decoded step by step."""
+    import dynheads.ablation.forced as forced_module
+    from dynheads.engine import teacher
+
+    lm, sample = _lm(family), _sample(4, length=40)
+    static = ((2, 1), (0, 3), (1, 2), (2, 0), (0, 0))
+    settings = [
+        AblationSettings(arm, dose=2, static_ranking=static, seed=3, mode=mode) for arm in ("dynamic", "random")
+    ]
+    passes = []
+    real_pass = teacher.teacher_pass
+
+    def counted(*args, **kwargs):
+        passes.append("tried")
+        found = real_pass(*args, **kwargs)
+        passes.append("one pass")
+        return found
+
+    monkeypatch.setattr(forced_module, "teacher_pass", counted)
+    one = forced_ablation(lm, sample, settings, 6)
+
+    def unsupported(*args, **kwargs):
+        raise teacher.Unsupported("step by step")
+
+    monkeypatch.setattr(forced_module, "teacher_pass", unsupported)
+    stepwise = forced_ablation(lm, sample, settings, 6)
+    reproduced = family not in ("mistral", "gemma2")
+    assert passes == (["tried", "one pass"] if reproduced else ["tried"])
+    assert one.tokens == stepwise.tokens and one.masked == stepwise.masked
+    assert len(one.tokens) >= 3
+    np.testing.assert_allclose(one.masked_logprob, stepwise.masked_logprob, rtol=0, atol=2e-5)
+    assert one.flipped == stepwise.flipped
+    assert np.abs(np.asarray(one.masked_logprob) - np.asarray(one.clean_logprob)[None]).max() > 1e-3

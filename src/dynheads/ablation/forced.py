@@ -8,11 +8,13 @@ Two phases per sample, one prefill:
 
 1. the clean greedy answer (``decoding.decode``, one row): per step its token and log-probability, D_t (ranked,
    and every head ranked for a dose), and the key / value states its token wrote;
-2. the prefilled prompt forked into one row per ablation setting (an arm at a dose), decoded as one batch that
-   feeds the clean tokens: each row removes its step's heads (chosen from phase 1's D_t by
-   ``ablation.heads_to_mask``), and its cache keeps phase 1's states of each token (``StepPolicy.kept_states``),
-   so row r at step t equals a from-scratch pass over prompt + clean answer with only the last position edited
-   (tests/test_ablation_forced.py checks it for every masking mode, and that the batch equals each row alone).
+2. every setting (an arm at a dose) at every step of it, each step seeing the clean cache before it and its own
+   key and value, with the setting's heads removed at that step only (chosen from phase 1's D_t by
+   ``ablation.heads_to_mask``): one pass of all steps per group of settings against the cache phase 1 left
+   (``engine.teacher``), so row r at step t equals a from-scratch pass over prompt + clean answer with only the
+   last position edited (tests/test_ablation_forced.py checks it for every masking mode, that a batch equals each
+   setting alone, and that the one pass equals decoding the settings' rows step by step, which models whose
+   attention the one pass does not reproduce (sliding windows, soft-capped logits) still do).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 
 from dynheads.ablation.per_step import AblationSettings, heads_to_mask, prefilled_session, validate
+from dynheads.engine.batching import dynamic_layer, filled
 from dynheads.engine.decoding import (
     Action,
     DecodeInput,
@@ -36,7 +39,8 @@ from dynheads.engine.decoding import (
     decode,
     greedy,
 )
-from dynheads.engine.probe import RowEdit
+from dynheads.engine.probe import AblationMode, RowEdit
+from dynheads.engine.teacher import Unsupported, teacher_pass
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.models import LoadedModel
@@ -139,17 +143,60 @@ def forced_ablation(
         result.masked_logprob, result.flipped = [[] for _ in settings], [[] for _ in settings]
         result.masked = [[] for _ in settings]
         return result
-    session.rollback(prefix)
     masked = [_masked_heads(lm, steps, setting) for setting in settings]
+    result.masked = masked
+    try:
+        result.masked_logprob, result.flipped = _in_one_pass(lm, session, sample, steps, masked, first.mode)
+    except Unsupported:  # attention the one pass does not reproduce: every step as its own pass
+        session.rollback(prefix)
+        result.masked_logprob, result.flipped = _step_by_step(session, steps, masked, settings)
+    return result
+
+
+def _in_one_pass(
+    lm: LoadedModel,
+    session: DecodingSession,
+    sample: DecodeInput,
+    steps: Sequence[CleanStep],
+    masked: list[list[list[Head]]],
+    mode: AblationMode,
+) -> tuple[list[list[float]], list[list[bool]]]:
+    """Every setting's masked log-probabilities and flips from one pass per row group (``engine.teacher``), against
+    the clean cache the clean answer left in ``session``."""
+    removed = torch.zeros(len(masked), len(steps), lm.num_layers, lm.num_heads, dtype=torch.bool)
+    for r, per_step in enumerate(masked):
+        for t, heads in enumerate(per_step):
+            for layer, head in heads:
+                removed[r, t, layer, head] = True
+    tokens = [step.token for step in steps]
+    clean = [(filled(layer.keys), filled(layer.values)) for layer in map(dynamic_layer, session.cache.layers)]
+    logits = teacher_pass(
+        lm,
+        [sample.input_ids[-1], *tokens[:-1]],
+        tokens,
+        clean,
+        len(sample.input_ids) - 1,
+        removed,
+        mode,
+        session.row.head_means,
+    )
+    return logits.logprob.tolist(), logits.flipped.tolist()
+
+
+def _step_by_step(
+    session: DecodingSession,
+    steps: Sequence[CleanStep],
+    masked: list[list[list[Head]]],
+    settings: Sequence[AblationSettings],
+) -> tuple[list[list[float]], list[list[bool]]]:
+    """The same from the prefilled ``session``: the settings' rows decoded as one batch that feeds the clean
+    tokens, each step's cache states replaced by the clean ones."""
     policies = [
         _ForcedPolicy(steps, [RowEdit(removed=frozenset(heads), mode=setting.mode) for heads in per_step])
         for setting, per_step in zip(settings, masked, strict=True)
     ]
     decode(session.copies(len(settings)), policies, len(steps))
-    result.masked_logprob = [policy.logprob for policy in policies]
-    result.flipped = [policy.flipped for policy in policies]
-    result.masked = masked
-    return result
+    return [policy.logprob for policy in policies], [policy.flipped for policy in policies]
 
 
 def _masked_heads(lm: LoadedModel, steps: Sequence[CleanStep], settings: AblationSettings) -> list[list[Head]]:
