@@ -25,9 +25,10 @@ def test_each_dtype_gets_its_own_dequantised_copy(tmp_path, monkeypatch):
     for dtype in ("bfloat16", "float32", "bfloat16", "auto"):
         loaded = models.load_model(gguf, dtype=dtype, device="cpu")
         assert loaded.model.weight.dtype == (torch.float32 if dtype == "auto" else getattr(torch, dtype))
-    # bfloat16 and float32 each de-quantise once; the repeated bfloat16 and "auto" (float32) loads read their copy
+    # bfloat16 and float32 each de-quantise once; every load then reads its copy (the first right after writing it,
+    # tests/test_gguf_first_load.py), the repeated bfloat16 and "auto" (float32) loads without de-quantising
     assert dequantised_with == [torch.bfloat16, torch.float32]
-    assert read_from == [torch.bfloat16, "auto"]
+    assert read_from == [torch.bfloat16, torch.float32, torch.bfloat16, "auto"]
     digest = models.file_sha256(gguf)
     assert len(models.dequantised_copies(digest)) == 2
 
