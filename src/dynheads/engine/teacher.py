@@ -74,8 +74,9 @@ def teacher_pass(
     through in groups sized by ``PASS_BYTES``. Raises ``Unsupported`` for attention it does not reproduce."""
     rows, steps = removed.shape[0], len(inputs)
     device = lm.device
-    config = lm.model.config
-    per_row = steps * max(config.num_attention_heads * (first + steps), int(config.vocab_size)) * 4
+    head = lm.model.get_output_embeddings()
+    vocab = int(head.weight.shape[0]) if head is not None else 0
+    per_row = steps * max(lm.num_heads * (first + steps), vocab) * 4
     group = max(1, min(rows, PASS_BYTES // max(per_row, 1)))
     ids = torch.tensor(list(inputs), device=device)
     positions = torch.arange(first, first + steps, device=device)
