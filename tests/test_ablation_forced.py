@@ -178,8 +178,7 @@ def test_the_one_pass_equals_the_step_by_step_decode(family, mode, monkeypatch):
     """Every step of every setting in one pass against the shared clean cache (``engine.teacher``) gives the
     log-probabilities and flips of decoding the settings' rows step by step; a model whose attention the pass does
     not reproduce (Mistral's sliding window, Gemma 2's soft-capped logits) is decoded step by step."""
-    import dynheads.ablation.forced as forced_module
-    from dynheads.engine import teacher
+    from dynheads.engine import decoding, teacher
 
     lm, sample = _lm(family), _sample(4, length=40)
     static = ((2, 1), (0, 3), (1, 2), (2, 0), (0, 0))
@@ -195,13 +194,13 @@ def test_the_one_pass_equals_the_step_by_step_decode(family, mode, monkeypatch):
         passes.append("one pass")
         return found
 
-    monkeypatch.setattr(forced_module, "teacher_pass", counted)
+    monkeypatch.setattr(decoding, "teacher_pass", counted)
     one = forced_ablation(lm, sample, settings, 6)
 
     def unsupported(*args, **kwargs):
         raise teacher.Unsupported("step by step")
 
-    monkeypatch.setattr(forced_module, "teacher_pass", unsupported)
+    monkeypatch.setattr(decoding, "teacher_pass", unsupported)
     stepwise = forced_ablation(lm, sample, settings, 6)
     reproduced = family not in ("mistral", "gemma2")
     assert passes == (["tried", "one pass"] if reproduced else ["tried"])

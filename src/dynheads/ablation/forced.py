@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from dynheads.ablation.per_step import AblationSettings, heads_to_mask, prefilled_session, validate
-from dynheads.engine.batching import dynamic_layer, filled
 from dynheads.engine.decoding import (
     Action,
     DecodeInput,
@@ -40,7 +39,7 @@ from dynheads.engine.decoding import (
     greedy,
 )
 from dynheads.engine.probe import AblationMode, RowEdit
-from dynheads.engine.teacher import Unsupported, teacher_pass
+from dynheads.engine.teacher import Unsupported
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.models import LoadedModel
@@ -169,17 +168,7 @@ def _in_one_pass(
             for layer, head in heads:
                 removed[r, t, layer, head] = True
     tokens = [step.token for step in steps]
-    clean = [(filled(layer.keys), filled(layer.values)) for layer in map(dynamic_layer, session.cache.layers)]
-    logits = teacher_pass(
-        lm,
-        [sample.input_ids[-1], *tokens[:-1]],
-        tokens,
-        clean,
-        len(sample.input_ids) - 1,
-        removed,
-        mode,
-        session.row.head_means,
-    )
+    logits = session.teacher_forced([sample.input_ids[-1], *tokens[:-1]], tokens, removed, mode)
     return logits.logprob.tolist(), logits.flipped.tolist()
 
 

@@ -45,6 +45,7 @@ from dynheads.engine.probe import (
     StepStats,
     attached,
 )
+from dynheads.engine.teacher import TeacherLogits, teacher_pass
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, decode_text, with_cache
 from dynheads.scores import HEAD_SCORES, LOCAL_WINDOW, SINK_SIZE, copy_scores
@@ -310,6 +311,27 @@ class DecodingSession:
     def _run(self, input_ids: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass through the model (the probe attached unless ``probed`` is off): last-position logits and final
         hidden states."""
+        logits, hidden = self._model_pass(input_ids, cached=True, **inputs)
+        return logits[:, -1].float(), hidden
+
+    def teacher_forced(
+        self, inputs: Sequence[int], targets: Sequence[int], removed: torch.Tensor, mode: AblationMode
+    ) -> TeacherLogits:
+        """Every step of a teacher-forced answer in one pass per group of rows (``engine.teacher``): step t feeds
+        ``inputs[t]`` at position ``prompt_length - 1 + t`` and sees this one-row session's cache (the prompt and
+        the clean answer) before it and its own states; ``removed`` (bool ``[R, T, L, H]``) at that step only."""
+        row = self.row
+        clean = [(filled(layer.keys), filled(layer.values)) for layer in map(dynamic_layer, self.cache.layers)]
+        first = row.prompt_length - 1
+        return teacher_pass(self.lm, inputs, targets, clean, first, removed, mode, row.head_means, self._run_all)
+
+    def _run_all(self, input_ids: torch.Tensor, position_ids: torch.Tensor, **inputs) -> torch.Tensor:
+        """One pass without the cache or the probe: the logits of every position."""
+        return self._model_pass(input_ids, cached=False, position_ids=position_ids, **inputs)[0]
+
+    def _model_pass(self, input_ids: torch.Tensor, *, cached: bool, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The one call of the model: with the session's cache and probe (the last position's logits), or without
+        either (every position's logits); and the final hidden state of the last position."""
         captured = {}
 
         def capture(module, args, output) -> None:
@@ -318,19 +340,20 @@ class DecodingSession:
 
         model = self.lm.model
         hook = model.base_model.register_forward_hook(capture)
+        cache = with_cache(model, self.cache) if cached else {}
         try:
-            with self._attention() as probe_kwargs, torch.inference_mode():
+            with self._attention() if cached else nullcontext({}) as probe_kwargs, torch.inference_mode():
                 out = model(
                     input_ids=input_ids,
-                    **with_cache(model, self.cache),
-                    use_cache=True,
-                    logits_to_keep=1,
+                    **cache,
+                    use_cache=cached,
+                    logits_to_keep=1 if cached else 0,
                     **inputs,
                     **probe_kwargs,
                 )
         finally:
             hook.remove()
-        return out.logits[:, -1].float(), captured["hidden"]
+        return out.logits, captured["hidden"]
 
     def _attention(self) -> AbstractContextManager[dict]:
         return attached(self.lm.model, self.probe) if self.probed else nullcontext({})

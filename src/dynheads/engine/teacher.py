@@ -19,7 +19,7 @@ inside the pass; the caller then decodes step by step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -68,10 +68,13 @@ def teacher_pass(
     removed: torch.Tensor,
     mode: AblationMode,
     head_means: torch.Tensor | None,
+    run: Callable[..., torch.Tensor],
 ) -> TeacherLogits:
     """Feed ``inputs`` (step t's input token, at position ``first + t``) under each row's ``removed`` heads
     (bool ``[R, T, L, H]``) against the ``clean`` cache; score ``targets`` (the clean token of each step). Rows go
-    through in groups sized by ``PASS_BYTES``. Raises ``Unsupported`` for attention it does not reproduce."""
+    through in groups sized by ``PASS_BYTES``, each one call of ``run(input_ids, position_ids, **kwargs)`` (the
+    session's pass without a cache: logits of every position). Raises ``Unsupported`` for attention it does not
+    reproduce."""
     rows, steps = removed.shape[0], len(inputs)
     device = lm.device
     head = lm.model.get_output_embeddings()
@@ -90,15 +93,9 @@ def teacher_pass(
             part = removed[start : start + group].to(device)
             state = TeacherPass(clean, first, part, mode, head_means)
             count = part.shape[0]
-            with torch.inference_mode():
-                out = model(
-                    input_ids=ids[None].expand(count, steps),
-                    position_ids=positions[None].expand(count, steps),
-                    use_cache=False,
-                    logits_to_keep=0,
-                    **{TEACHER_KWARG: state},
-                )
-            logits = out.logits.float()
+            logits = run(
+                ids[None].expand(count, steps), positions[None].expand(count, steps), **{TEACHER_KWARG: state}
+            ).float()
             logprobs.append(
                 torch.log_softmax(logits, -1).gather(-1, target[None, :, None].expand(count, steps, 1))[..., 0]
             )
