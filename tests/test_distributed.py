@@ -122,6 +122,19 @@ def _normalised_report(folder) -> list[str]:
     return [line for line in text.splitlines() if "train_seconds" not in line and "| processes |" not in line]
 
 
+@pytest.mark.parametrize(
+    ("threads", "processes", "cores", "pooled"),
+    [(1, 2, 2, 2), (2, 2, 2, 2), (2, 2, 8, 4), (3, 1, 8, 3), (4, 1, 2, 4), (1, 4, 3, 3)],
+)
+def test_pooled_threads_are_every_local_process_threads_up_to_the_cores(monkeypatch, threads, processes, cores, pooled):
+    """What rank 0 runs alone gets the launch's threads, capped at the cores like OMP_NUM_THREADS at torch's load
+    (two two-thread processes on two cores analysed with four threads, which differ in the last digits from the
+    two threads of a one-process study and only wait for cores); one process keeps its own."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    monkeypatch.setattr(distributed, "usable_cores", lambda: cores)
+    assert distributed.pooled_threads(threads) == pooled
+
+
 @pytest.mark.slow
 def test_two_process_study_equals_one_process_study(tiny_model_dir, tmp_path):
     """``reproduce`` under torchrun, and with ``--processes 2`` (which starts the two processes itself): the sample
@@ -130,17 +143,22 @@ def test_two_process_study_equals_one_process_study(tiny_model_dir, tmp_path):
     from dynheads.io import read_json
 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    env["OMP_NUM_THREADS"] = "2"
     args = ["-m", "dynheads", "reproduce", "--model", str(tiny_model_dir), "--preset", "smoke", "--device", "cpu"]
+    # Every launch has two threads in all (the analyses' last digits depend on torch's thread count): one process
+    # with two; two processes of one thread each, started by torchrun or by --processes from a two-thread process.
     launches = {
-        "one": [sys.executable, *args],
-        "torchrun": [*LAUNCHERS["torchrun"], *args],
-        "processes": [sys.executable, *args, "--processes", "2"],
+        "one": ([sys.executable, *args], "2"),
+        "torchrun": ([*LAUNCHERS["torchrun"], *args], "1"),
+        "processes": ([sys.executable, *args, "--processes", "2"], "2"),
     }
     folders = {name: tmp_path / f"study{i}" for i, name in enumerate(launches)}  # one path length: one truncation
-    for name, command in launches.items():
+    for name, (command, threads) in launches.items():
         done = subprocess.run(
-            [*command, "--out", str(folders[name])], env=env, capture_output=True, text=True, timeout=900
+            [*command, "--out", str(folders[name])],
+            env={**env, "OMP_NUM_THREADS": threads},
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         assert done.returncode == 0, (name, done.stderr[-2000:])
         assert done.stdout.count("report: ") == 1, name  # rank 0 (or the starting process) alone writes the report

@@ -46,6 +46,21 @@ def is_main() -> bool:
     return rank_and_world()[0] == 0
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or taskset's limit), else all."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def pooled_threads(threads: int) -> int:
+    """Threads for work that one process runs while the launch's other processes on this machine wait: all
+    processes' threads together, capped at the usable cores as torch caps ``OMP_NUM_THREADS`` when it loads. So the
+    work runs as it would in one process started with the launch's threads (torch's reductions, and so the last
+    digits of a probe's training, depend on the thread count), and never with more threads than cores. One process
+    keeps the threads it was given."""
+    processes = local_world()
+    return threads if processes == 1 else max(1, min(threads * processes, usable_cores()))
+
+
 def local_world() -> int:
     """Processes of this launch on this machine (``LOCAL_WORLD_SIZE``, set by the launcher); 1 without one."""
     try:

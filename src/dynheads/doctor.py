@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dynheads.distributed import usable_cores
 from dynheads.errors import DynheadsError
 
 SPACY_MODEL = "en_core_web_sm"  # RIND form 'dragin' (dynheads.rag.trigger); the default form 'paper' needs none
@@ -30,11 +31,6 @@ class Check:
     detail: str
     fix: str = ""  # how to fix it, when not ok
     warning: bool = False  # not ok, but nothing is missing (a busy machine)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity: a container's or taskset's limit), else all."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def machine_busy(load: float, cores: int) -> bool:

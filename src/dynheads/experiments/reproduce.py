@@ -127,9 +127,9 @@ def _attempt(name: str, fn: Callable[[], object]) -> dict:
 @contextmanager
 def local_threads() -> Iterator[None]:
     """While rank 0 runs a stage alone, torch uses the CPU threads of every process of this launch on this machine
-    (the others wait at a barrier, which takes no CPU); one process: unchanged."""
-    threads, processes = torch.get_num_threads(), distributed.local_world()
-    torch.set_num_threads(threads * processes)
+    (the others wait at a barrier, which takes no CPU), no more than the usable cores; one process: unchanged."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(distributed.pooled_threads(threads))
     try:
         yield
     finally:
