@@ -19,8 +19,6 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TypeVar
 
-import torch.distributed as dist
-
 from dynheads.errors import DynheadsError
 
 T = TypeVar("T")
@@ -79,6 +77,8 @@ def barrier() -> None:
     """Wait for every rank (no-op in a single process)."""
     if rank_and_world()[1] == 1:
         return
+    import torch.distributed as dist  # here, not at the top: the CLI's --help imports this module and no torch
+
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=BARRIER_TIMEOUT)
     dist.barrier()
