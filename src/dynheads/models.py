@@ -298,7 +298,10 @@ def _load_gguf(
             return model, tokenizer, f"sha256:{digest}"
         # read back what later loads read: the model transformers builds from the GGUF traced differently in the last
         # digits from the one it builds from the saved copy (hidden states by up to 3e-5), so a study run first on a
-        # machine differed from its re-runs (tests/test_gguf_first_load.py)
+        # machine differed from its re-runs (tests/test_gguf_first_load.py). Equal weights, other addresses: the
+        # saved copy's tensors are read in place from the safetensors file at 8 bytes past a 64-byte boundary, the
+        # de-quantised ones sit on 16-byte boundaries, and the CPU's one-row matrix products of a decode step add in
+        # an order that depends on it (prefill equal, decode steps differ; clones of either decode alike)
         del model
     model, tokenizer = _load_pretrained(str(cached), dtype, device_map)
     return model, tokenizer, f"sha256:{digest}"
