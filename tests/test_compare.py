@@ -188,6 +188,16 @@ def test_two_studies_of_one_model_and_a_folder_without_manifest_are_refused(stud
         collect([tmp_path])
 
 
+def test_a_study_with_a_verdict_stage_begun_but_not_summarised_is_refused_as_unfinished(studies, tmp_path):
+    """A study still running (or stopped) inside a verdict's stage: its manifest holds the doses the stage resolved,
+    not the fit its summary publishes, so it would be refused for other settings, or compared on a stage's half."""
+    running = _study(tmp_path / "running", "running-model", 360_000_000, like=studies[0])
+    (running / "ablation" / "summary.json").unlink()
+    with pytest.raises(DynheadsError, match=r"running is not finished: its stage ablation started and published no"):
+        collect([studies[0], running])
+    assert collect([studies[0], _study(tmp_path / "done", "done-model", 360_000_000, like=studies[0])])
+
+
 def test_a_study_without_a_parameter_count_is_left_off_the_figure(studies, tmp_path):
     old = _study(tmp_path / "old", "old-model", None, like=studies[0])
     md_path, _ = write_compare([studies[0], old], tmp_path / "out")
@@ -206,6 +216,7 @@ def test_settings_fitted_per_model_are_compared_by_their_rule(studies, tmp_path)
         shutil.rmtree(root / "hotpotqa-ablation", ignore_errors=True)
         qa = RunDir(root / "hotpotqa-ablation")
         qa.start("ablation", {"task": "hotpotqa", "threshold": applied, "doses": doses}, None)
+        shutil.copy(root / "ablation" / "summary.json", qa.path)  # a finished stage publishes its summary
         write_json(qa.path / "threshold_fit.json", {"rule": rule, "applied": applied})
         write_json(qa.path / "dose_fit.json", {"multiples": multiples, "doses": doses})
         write_json(root / "ablation" / "dose_fit.json", {"multiples": multiples, "doses": doses})

@@ -169,9 +169,21 @@ def _start_study(model: ModelResults, root: Path, manifest: dict) -> None:
             f"two studies of {model.name}: {model.study}{_saved_note(model)} and {root}; compare one study per model "
             "(single runs of it may be added)"
         )
+    unfinished = [name for name in stages.EVIDENCE if _started_not_summarised(root / name)]
+    if unfinished:
+        raise DynheadsError(
+            f"{root} is not finished: its stage{'s' if len(unfinished) > 1 else ''} {', '.join(unfinished)} started "
+            "and published no summary.json yet; let the study finish (or run its reproduce command again to resume "
+            "it), then compare"
+        )
     model.study, model.evidence = root, evidence_of(manifest)
     model.preset = manifest.get("preset") or (manifest.get("config") or {}).get("preset")
     model.settings.update(_study_settings(root, model.evidence))
+
+
+def _started_not_summarised(folder: Path) -> bool:
+    """A stage that a verdict reads, begun (its manifest written) but not summarised: still running, or stopped."""
+    return (folder / "manifest.json").is_file() and not (folder / "summary.json").is_file()
 
 
 def _add_study(model: ModelResults, root: Path) -> None:
