@@ -195,7 +195,8 @@ def test_a_study_with_a_verdict_stage_begun_but_not_summarised_is_refused_as_unf
     (running / "ablation" / "summary.json").unlink()
     with pytest.raises(DynheadsError, match=r"running is not finished: its stage ablation started and published no"):
         collect([studies[0], running])
-    assert collect([studies[0], _study(tmp_path / "done", "done-model", 360_000_000, like=studies[0])])
+    write_json(running / "stages.json", {"ablation": {"seconds": 1.0, "error": "no static heads"}})
+    assert collect([studies[0], running])  # a failed stage is finished: its verdict says why (the report's rule)
 
 
 def test_a_study_without_a_parameter_count_is_left_off_the_figure(studies, tmp_path):

@@ -169,7 +169,8 @@ def _start_study(model: ModelResults, root: Path, manifest: dict) -> None:
             f"two studies of {model.name}: {model.study}{_saved_note(model)} and {root}; compare one study per model "
             "(single runs of it may be added)"
         )
-    unfinished = [name for name in stages.EVIDENCE if _started_not_summarised(root / name)]
+    logged = _json_object(root / "stages.json")  # the stages reproduce finished, or that failed (with why)
+    unfinished = [name for name in stages.EVIDENCE if name not in logged and _started_not_summarised(root / name)]
     if unfinished:
         raise DynheadsError(
             f"{root} is not finished: its stage{'s' if len(unfinished) > 1 else ''} {', '.join(unfinished)} started "
@@ -182,7 +183,8 @@ def _start_study(model: ModelResults, root: Path, manifest: dict) -> None:
 
 
 def _started_not_summarised(folder: Path) -> bool:
-    """A stage that a verdict reads, begun (its manifest written) but not summarised: still running, or stopped."""
+    """A stage that a verdict reads, begun (its manifest written) but not summarised: still running, or stopped (a
+    stage that failed is logged in stages.json, and its verdict says why)."""
     return (folder / "manifest.json").is_file() and not (folder / "summary.json").is_file()
 
 
@@ -251,7 +253,11 @@ def _fit_file(path: Path) -> dict:
 
 
 def _stage_manifest(folder: Path) -> dict:
-    path = folder / "manifest.json"
+    return _json_object(folder / "manifest.json")
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``; {} where there is none (no file, not JSON, not an object)."""
     try:
         data = read_json(path) if path.is_file() else {}
     except ValueError:
