@@ -256,9 +256,6 @@ class DecodingSession:
     def copy_scores(self, stats: StepStats, predicted: int) -> torch.Tensor:
         return self.row.copy_scores(stats, predicted)
 
-    def chance_share(self) -> float:
-        return self.row.chance_share()
-
     # ---- passes ---------------------------------------------------------------------------------------
     def forward(self, num_tokens: int | None = None, measure: Measure = STEP_STATS) -> StepResult:
         """Feed the one row's next ``num_tokens`` written tokens (default: all not yet cached); the pass measures
@@ -312,6 +309,7 @@ class DecodingSession:
         """One pass through the model (the probe attached unless ``probed`` is off): last-position logits and final
         hidden states."""
         logits, hidden = self._model_pass(input_ids, cached=True, **inputs)
+        assert hidden is not None  # the hook on the base model fires on every pass with the cache
         return logits[:, -1].float(), hidden
 
     def teacher_forced(
@@ -329,9 +327,11 @@ class DecodingSession:
         """One pass without the cache or the probe: the logits of every position."""
         return self._model_pass(input_ids, cached=False, position_ids=position_ids, **inputs)[0]
 
-    def _model_pass(self, input_ids: torch.Tensor, *, cached: bool, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """The one call of the model: with the session's cache and probe (the last position's logits), or without
-        either (every position's logits); and the final hidden state of the last position."""
+    def _model_pass(
+        self, input_ids: torch.Tensor, *, cached: bool, **inputs
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The one call of the model: with the session's cache and probe (the last position's logits, and the final
+        hidden state of the last position), or without either (every position's logits; no hidden state)."""
         captured = {}
 
         def capture(module, args, output) -> None:
@@ -339,7 +339,7 @@ class DecodingSession:
             captured["hidden"] = last_hidden[:, -1].float()
 
         model = self.lm.model
-        hook = model.base_model.register_forward_hook(capture)
+        hook = model.base_model.register_forward_hook(capture) if cached else None
         cache = with_cache(model, self.cache) if cached else {}
         try:
             with self._attention() if cached else nullcontext({}) as probe_kwargs, torch.inference_mode():
@@ -352,8 +352,9 @@ class DecodingSession:
                     **probe_kwargs,
                 )
         finally:
-            hook.remove()
-        return out.logits, captured["hidden"]
+            if hook is not None:
+                hook.remove()
+        return out.logits, captured.get("hidden")
 
     def _attention(self) -> AbstractContextManager[dict]:
         return attached(self.lm.model, self.probe) if self.probed else nullcontext({})
