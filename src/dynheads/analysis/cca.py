@@ -42,7 +42,6 @@ from dynheads.traces import Trace
 
 Sample = tuple[np.ndarray, np.ndarray]  # (hidden [step, dim], scores [step, layer*head])
 Method = Literal["in_sample", "held_out", "shuffled"]
-METHODS: tuple[Method, ...] = ("in_sample", "held_out", "shuffled")
 
 _MIN_PAIRS = 3  # fewer pairs give no usable PCA or correlation
 _CONSTANT = 1e-12  # a pooled variance below this share of the sum of squares: a constant variate (rounding)

@@ -126,9 +126,6 @@ class Detector:
         self._probe = self._probe or load_head_predictor(self.probe_dir)
         return self._probe.predict(trace.hidden)
 
-    def features(self, trace: Trace, steps: np.ndarray) -> dict[str, np.ndarray]:
-        return hl.token_features(trace, steps, self.spec, self.probe_output(trace))
-
     def save(self, path: str | Path) -> None:
         write_json(
             path,

@@ -69,7 +69,6 @@ from dynheads.traces import Trace
 FAITHFUL, HALLUCINATED, UNLABELLED = 0, 1, -1
 # A UUID-shaped value: alphanumeric groups joined by hyphens (a wrong UUID still matches), else a long hex run.
 UUID_LIKE = re.compile(r"[0-9A-Za-z]+(?:-[0-9A-Za-z]*)+|[0-9a-fA-F]{8,}")
-RESPONSE_ONLY = ("length",)  # a token has no length of its own
 # Strata of a question's answer pair by the hallucinated answer's token count over the right one's: (upper bound of
 # the ratio, inclusive; name). The first holds the pairs where length cannot favour the hallucinated answer.
 LENGTH_STRATA = ((1.0, "hallucinated not longer"), (2.0, "up to 2x longer"), (4.0, "2-4x longer"))

@@ -232,21 +232,6 @@ class AttentionProbe:
     local_window = property(
         lambda self: self.settings.local_window, lambda self, size: self._update(local_window=int(size))
     )
-    ablation_mode = property(lambda self: self.settings.ablation_mode)
-
-    @property
-    def last_position(self) -> int:
-        """The last input position of a batch-1 forward pass."""
-        return self.last_positions[0]
-
-    @property
-    def context_end(self) -> int:
-        """Batch 1: positions before it are the context (the prompt); 0 = none."""
-        return self.context_ends[0]
-
-    @context_end.setter
-    def context_end(self, position: int) -> None:
-        self.context_ends = [int(position)]
 
     def chance_share(self, b: int = 0, last_position: int | None = None) -> float:
         """Eq. 2 score of a head attending uniformly: needle keys / keys outside (sink U local) minus needle.
@@ -275,12 +260,6 @@ class AttentionProbe:
     def needle_positions(self, b: int = 0) -> list[int]:
         """Sequence ``b``'s needle positions, sorted."""
         return self._needle[b].nonzero().flatten().tolist()
-
-    def is_needle(self, positions: torch.Tensor, b: int = 0) -> torch.Tensor:
-        """Bool, shaped like ``positions``: which absolute positions of sequence ``b`` are needle positions."""
-        needle = self._needle[b]
-        size = needle.shape[0]
-        return needle[positions.clamp(0, size - 1)] & (positions >= 0) & (positions < size)
 
     def set_edits(self, edits: Sequence[RowEdit]) -> None:
         """What each row of the next passes changes (``edits[b]`` for row b, or one edit for every row).

@@ -18,10 +18,6 @@ def niah_samples(config: NiahConfig, tokenizer) -> list[Sample]:
     return NIAH.grid(config, tokenizer).samples
 
 
-def prompt_manifest() -> dict:
-    return NIAH.prompt(None)
-
-
 def run_niah(
     config: NiahConfig, out: str | Path, *, device_map: str | None = None, **options: Unpack[RunOptions]
 ) -> RunDir:

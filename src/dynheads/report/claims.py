@@ -154,10 +154,6 @@ def gated(verdict: Verdict, reason: str) -> Verdict:
     return Verdict(verdict.claim, verdict.task, "inconclusive", reason)
 
 
-def _missing(value: float | None) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 # ---- Claim 1 ----------------------------------------------------------------------------------------------------
 def dynamism_verdict(data: Mapping | None, task: str, evidence: EvidenceSettings | None = None) -> Verdict:
     """Claim 1 from the numbers the dynamism stage published (``stats``, ``per_sample`` and ``static_kind``; see

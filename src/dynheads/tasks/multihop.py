@@ -33,7 +33,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from itertools import product
-from typing import Any, Literal, TypeGuard
+from typing import Any, TypeGuard
 
 from transformers import PreTrainedTokenizerBase
 
@@ -69,7 +69,6 @@ _ECHO = re.compile(
     re.IGNORECASE,
 )
 PLACEMENTS = ("uniform", "depth")
-ValueFormat = Literal["number", "word", "hex"]
 VALUE_FORMATS = ("number", "word", "hex")
 # Keys and bridges: common concrete nouns (one or two tokens each), drawn without replacement within a sample
 # (RULER's multi-key words pair them with adjectives).
