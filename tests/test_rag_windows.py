@@ -36,6 +36,9 @@ def test_dbscan_matches_gap_clustering():
         gap = int(rng.integers(0, 20))
         by_gap = [c.tolist() for c in cluster_positions(positions, gap, "gap")]
         assert [c.tolist() for c in cluster_positions(positions, gap, "dbscan")] == by_gap
+    adjacent = [5, 6, 7, 9]
+    assert [c.tolist() for c in cluster_positions(adjacent, 0, "dbscan")] == [[5], [6], [7], [9]]  # gap 0: alone
+    assert [c.tolist() for c in cluster_positions(adjacent, 1, "dbscan")] == [[5, 6, 7], [9]]
 
 
 def test_select_windows_max_representatives_and_end_clipping():

@@ -117,7 +117,8 @@ def cluster_positions(positions: ArrayLike, gap: int, method: ClusterMethod = "g
     if method == "dbscan":
         from sklearn.cluster import DBSCAN  # only this option needs scikit-learn
 
-        labels = DBSCAN(eps=gap, min_samples=1).fit_predict(positions.reshape(-1, 1).astype(np.float64))
+        # integer positions at most gap apart are within gap + 0.5; the half keeps eps > 0 (DBSCAN's rule) at gap 0
+        labels = DBSCAN(eps=gap + 0.5, min_samples=1).fit_predict(positions.reshape(-1, 1).astype(np.float64))
         clusters = [positions[labels == label] for label in np.unique(labels)]
         return sorted(clusters, key=lambda c: c[0])
     raise DynheadsError(f"unknown clustering {method!r}: expected 'gap' or 'dbscan'")
