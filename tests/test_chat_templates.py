@@ -15,7 +15,12 @@ from zoo import byte_tokenizer
 from dynheads.errors import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.experiments.niah import NiahConfig, niah_samples
-from dynheads.tasks.prompting import PINNED_TEMPLATE_VARIABLES, chat_template_kwargs, render_chat
+from dynheads.tasks.prompting import (
+    PINNED_TEMPLATE_VARIABLES,
+    SYSTEM_IN_USER_TURN,
+    chat_template_kwargs,
+    render_chat,
+)
 
 QWEN3_LIKE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -53,6 +58,33 @@ def test_llama3_like_templates_get_a_fixed_date():
     assert "Today Date: 26 Jul 2024" in pinned.text and today not in pinned.text.replace("26 Jul 2024", "")
     other = render_chat(tokenizer, "sys", "question?", chat_template_kwargs({"date_string": "01 Jan 2025"}))
     assert "Today Date: 01 Jan 2025" in other.text
+
+
+GEMMA2_LIKE = (
+    "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def test_a_template_that_refuses_a_system_turn_gets_it_in_the_user_turn_and_the_prompt_says_so():
+    folded = render_chat(byte_tokenizer(GEMMA2_LIKE), "sys", "question?")
+    assert folded.text == "<start_of_turn>user\nsys\n\nquestion?<end_of_turn>\n<start_of_turn>model\n"
+    assert folded.template == SYSTEM_IN_USER_TURN
+    assert render_chat(byte_tokenizer(QWEN3_LIKE), "sys", "question?").template == "chat"
+
+
+@pytest.mark.parametrize(
+    "template, says",
+    [
+        ("{{ messages[0].content | no_such_filter }}", "no_such_filter"),  # fails whatever the turns
+        # fails on a system turn, but not through raise_exception: a bug, not a refusal; never folded silently
+        ("{% if messages[0].role == 'system' %}{{ 1 // 0 }}{% endif %}{{ messages[0].content }}", "ZeroDivisionError"),
+    ],
+)
+def test_a_template_that_fails_otherwise_is_refused_in_one_line(template, says):
+    with pytest.raises(DynheadsError, match=f"chat template cannot render the prompt: .*{says}"):
+        render_chat(byte_tokenizer(template), "sys", "question?")
 
 
 def test_kwargs_reach_the_task_samples_and_are_recorded():

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from jinja2 import TemplateError  # what a chat template's raise_exception raises (transformers renders with jinja2)
 from transformers import PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError
@@ -26,6 +27,9 @@ from dynheads.models import decode_text
 # - date_string: Llama 3.x templates otherwise stamp today's date, so a run resumed another day mixes prompts.
 #   "26 Jul 2024" is the date Llama 3.1's own template falls back to, so its prompts stay the published ones.
 PINNED_TEMPLATE_VARIABLES: dict[str, object] = {"enable_thinking": False, "date_string": "26 Jul 2024"}
+# The prompt template of a model whose chat template refuses a system turn (Gemma 2): the system prompt is folded
+# into the user turn, and the manifests say so.
+SYSTEM_IN_USER_TURN = "chat (system prompt in the user turn)"
 
 
 def chat_template_kwargs(overrides: str | Mapping[str, object] | None = None) -> dict[str, Any]:
@@ -49,7 +53,7 @@ class RenderedPrompt:
     text: str  # the full prompt string, chat markup included
     input_ids: list[int]
     offsets: list[tuple[int, int]]  # character span of each token in ``text``
-    template: str  # "chat" when the tokenizer's chat template was used, else "plain"
+    template: str  # "chat" (the tokenizer's chat template), SYSTEM_IN_USER_TURN or "plain"
     template_kwargs: dict = field(default_factory=dict)  # variables given to the chat template ({} for plain)
 
 
@@ -62,13 +66,13 @@ def render_chat(
     """
     variables = chat_template_kwargs(template_kwargs)
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         try:
-            text = _templated(tokenizer, messages, variables)
-        except Exception:  # some templates (Gemma 2) refuse a system turn: fold it into the user turn
-            messages = [{"role": "user", "content": f"{system}\n\n{user}"}]
-            text = _templated(tokenizer, messages, variables)
-        template, special = "chat", False  # the template already holds BOS and turn markers
+            text, template = _render_turns(tokenizer, system, user, variables)
+        except Exception as error:  # a template's own failure (its raise_exception, a bug in it): one line
+            raise DynheadsError(
+                f"the model's chat template cannot render the prompt: {type(error).__name__}: {error}"
+            ) from None
+        special = False  # the template already holds BOS and turn markers
     else:
         text, template, special, variables = f"{system}\n\n{user}\n\nAnswer:", "plain", True, {}
     if not getattr(tokenizer, "is_fast", False):
@@ -77,6 +81,19 @@ def render_chat(
     return RenderedPrompt(
         text, list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]], template, variables
     )
+
+
+def _render_turns(
+    tokenizer: PreTrainedTokenizerBase, system: str, user: str, variables: dict[str, Any]
+) -> tuple[str, str]:
+    """The system and user turns through the chat template, and the prompt template that says how."""
+    try:
+        return _templated(
+            tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": user}], variables
+        ), "chat"
+    except TemplateError:  # some templates (Gemma 2) refuse a system turn: fold it into the user turn, say so
+        folded = [{"role": "user", "content": f"{system}\n\n{user}"}]
+        return _templated(tokenizer, folded, variables), SYSTEM_IN_USER_TURN
 
 
 def _templated(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], variables: dict[str, Any]) -> str:
