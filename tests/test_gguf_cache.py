@@ -1,5 +1,7 @@
 """The de-quantised copy of a GGUF is keyed by dtype: a float32 load never reads an earlier bfloat16 load's copy."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -43,3 +45,23 @@ def test_load_tokenizer_reads_the_tokenizer_and_window_without_weights(tiny_mode
     assert (gguf.name, gguf.max_context) == (embedded.name, embedded.max_context)
     with pytest.raises(DynheadsError, match="GGUF file not found"):
         load_tokenizer("missing.gguf")
+
+
+def test_a_dequantised_copy_that_cannot_be_saved_is_said_and_the_load_goes_on(tmp_path, monkeypatch):
+    """A full disk: the copy is not written, the load uses the model as de-quantised, and a warning says so (its
+    decode steps can differ in the last digits from later loads of a saved copy); nothing half-written is left."""
+    monkeypatch.setenv("DYNHEADS_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"not a real gguf: the loader is replaced below")
+
+    class Unsaveable(torch.nn.Linear):
+        config = SimpleNamespace()
+
+        def save_pretrained(self, folder):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(models, "_load_pretrained", lambda *args, **extra: (Unsaveable(2, 2), object()))
+    with pytest.warns(UserWarning, match=r"not saved to .*No space left on device.*last digits"):
+        loaded = models.load_model(gguf, device="cpu")
+    assert isinstance(loaded.model, Unsaveable)
+    assert not any((tmp_path / "cache" / "gguf").iterdir())  # the staging folder is removed

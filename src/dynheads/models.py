@@ -18,6 +18,7 @@ import inspect
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -345,8 +346,14 @@ def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         os.replace(staging, target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)  # another process won the race, or the disk is full
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / "config.json").is_file():  # not another process's copy that won the race: a full disk, say
+            warnings.warn(
+                f"the de-quantised copy was not saved to {target} ({_first_line(error)}); this load uses the model "
+                "as de-quantised, whose decode steps can differ in the last digits from loads of a saved copy",
+                stacklevel=3,
+            )
 
 
 def _first_line(error: BaseException) -> str:
