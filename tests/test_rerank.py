@@ -420,7 +420,9 @@ def test_rag_run_with_the_rerank_strategy(tiny_model_dir, tiny_lm, tmp_path):
     assert "rerank" in (run.path / "rag.md").read_text()
     budget = dataclasses.replace(config, rerank_tokens=20)  # as many tokens as a windowed strategy shows
     run = run_rag(budget, tmp_path / "rag-budget", lm=tiny_lm, progress=False)
-    for record in (r for r in run.records() if r["strategy"] == "rerank"):
+    budgeted = [r for r in run.records() if r["strategy"] == "rerank"]
+    assert len(budgeted) == 2
+    for record in budgeted:
         assert sum(stop - start for start, stop in record["shown"]) == 20 and record["visible_tokens"] == [20]
 
 
