@@ -5,7 +5,7 @@ Given ``scores [C]``, the selected heads' attention averaged over heads at the c
 
 1. take the ``top_n`` highest-scoring positions (ties: earlier position first);
 2. cluster them: ``"gap"`` sorts them and splits where neighbours are more than ``gap`` positions apart;
-   ``"dbscan"`` runs scikit-learn's DBSCAN(eps=gap, min_samples=1), which in one dimension gives the same clusters;
+   ``"dbscan"`` runs scikit-learn's DBSCAN(eps=gap + 0.5, min_samples=1), the same clusters in one dimension;
 3. pick each cluster's representative: its highest-scoring position (``"max"``) or its lower median (``"median"``);
 4. expand a window of ``window`` tokens around it, ``[rep - window // 2, rep - window // 2 + window)``, clipped
    to the context;
@@ -42,7 +42,7 @@ class RetrievalConfig:
     cluster: ClusterMethod = setting(
         "gap",
         "'gap': split sorted positions where neighbours are more than `gap` "
-        "apart; 'dbscan': scikit-learn DBSCAN with eps=gap, min_samples=1 "
+        "apart; 'dbscan': scikit-learn DBSCAN with eps=gap+0.5, min_samples=1 "
         "(same clusters in 1-D).",
     )
     gap: int = setting(8, "Largest distance in tokens between neighbouring positions of one cluster (our choice).")
