@@ -45,6 +45,14 @@ def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+def read_json_if_any(path: str | Path) -> Any:
+    """The JSON in ``path``, or None where there is no such file or it is not JSON (a folder read as it may be)."""
+    try:
+        return read_json(path) if Path(path).is_file() else None
+    except ValueError:
+        return None
+
+
 def _jsonable(value: Any) -> Any:
     """numpy scalars/arrays and paths in results become plain JSON."""
     if hasattr(value, "tolist"):

@@ -28,7 +28,7 @@ import pandas as pd
 from dynheads import stages
 from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.errors import DynheadsError
-from dynheads.io import read_json, write_text
+from dynheads.io import read_json_if_any, write_text
 from dynheads.paper import (
     ENTROPY_BASELINE,
     PAPER_DYNAMISM,
@@ -131,12 +131,12 @@ def write_report(out_dir: str | Path, evidence: EvidenceSettings | None = None) 
     from its manifest (``floor``, ``resamples``, ``seed``)."""
     root = Path(out_dir)
     _refuse_old_study(root)
-    manifest = _json(root / "manifest.json") or {}
+    manifest = read_json_if_any(root / "manifest.json") or {}
     evidence = evidence or evidence_of(manifest)
     body = build_sections(root, evidence)
     title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
     headlines = [_headline(section, verdict, root) for section in body for verdict in section.verdicts]
-    run = Section("run", "Run", _overview(manifest, _json(root / "stages.json") or {}))
+    run = Section("run", "Run", _overview(manifest, read_json_if_any(root / "stages.json") or {}))
     sections = [_summary(headlines, manifest), *body]  # the answer first, the run's metadata last
     md_path, html_path = root / "report.md", root / "report.html"
     write_text(md_path, _markdown(title, sections, run, root))
@@ -197,7 +197,7 @@ def qa_task(root: Path) -> Task:
     """The task the study's HotpotQA stages ran (HotpotQA, or the multi-hop task standing for it), from their
     manifests; HotpotQA when none says."""
     for stage in (stages.HOTPOTQA, stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE, stages.HOTPOTQA_STATIC):
-        task = task_of_manifest(_json(root / stage / "manifest.json") or {})
+        task = task_of_manifest(read_json_if_any(root / stage / "manifest.json") or {})
         if task is not None:
             return task
     return HOTPOTQA
@@ -398,7 +398,7 @@ def _static(root: Path) -> list[Part]:
             "with the static top-20 (and top-50, top-100 in Table 5)."
         ],
     )
-    summary = _json(root / stages.STATIC / "static_summary.json")
+    summary = read_json_if_any(root / stages.STATIC / "static_summary.json")
     if summary:
         parts.insert(
             2,
@@ -426,7 +426,7 @@ def _task_run(root: Path, stage: str) -> list[Part]:
             f"{len(records)} samples{steps}. Mean metrics by context length:",
             Table(["context tokens", "samples", *(c.removeprefix("metrics.") for c in columns)], rows, missing="nan"),
         ]
-    skipped = (_json(root / stage / "manifest.json") or {}).get("skipped", {})
+    skipped = (read_json_if_any(root / stage / "manifest.json") or {}).get("skipped", {})
     if skipped.get("count"):  # (question, cell) pairs with no valid sample, e.g. gold paragraphs too long
         parts.insert(
             4 if records else 3,
@@ -449,7 +449,7 @@ def _dynamism(root: Path, stage: str, task: str, figure: str, note: str, evidenc
 
 def _stage_failed(root: Path, needed: Iterable[str], claim: str, task: str) -> Verdict | None:
     """An inconclusive verdict naming the first stage it needs that failed (stages.json records why), or None."""
-    log = _json(root / "stages.json") or {}
+    log = read_json_if_any(root / "stages.json") or {}
     for stage in needed:
         error = (log.get(stage) or {}).get("error") if isinstance(log.get(stage), dict) else None
         if error:
@@ -683,7 +683,7 @@ def _settings(folder: Path, root: Path) -> str:
     """One line per JSON file of the folder: its ``config`` and the known setting keys."""
     lines = []
     for path in sorted(folder.glob("*.json")):
-        data = _json(path) if path.name != SUMMARY_FILE else None  # results, shown as such
+        data = read_json_if_any(path) if path.name != SUMMARY_FILE else None  # results, shown as such
         if not isinstance(data, dict):
             continue
         config = data.get("config")
@@ -709,13 +709,6 @@ def _short(value: Any) -> bool:
 def _value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= 100 else text[:97] + "..."
-
-
-def _json(path: Path) -> dict | None:
-    try:
-        return read_json(path) if path.is_file() else None
-    except ValueError:
-        return None
 
 
 # ---- step view data ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import numpy as np
 from dynheads import stages
 from dynheads.analysis.evidence import Effect, EvidenceSettings, Interval, Status, mean_interval
 from dynheads.errors import DynheadsError
-from dynheads.io import read_json
+from dynheads.io import read_json, read_json_if_any
 from dynheads.report import claims
 from dynheads.report.build import build_sections, evidence_of, stage_evidence
 from dynheads.report.claims import Verdict
@@ -258,10 +258,7 @@ def _stage_manifest(folder: Path) -> dict:
 
 def _json_object(path: Path) -> dict:
     """The JSON object in ``path``; {} where there is none (no file, not JSON, not an object)."""
-    try:
-        data = read_json(path) if path.is_file() else {}
-    except ValueError:
-        return {}
+    data = read_json_if_any(path)
     return data if isinstance(data, dict) else {}
 
 
