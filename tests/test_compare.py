@@ -233,3 +233,15 @@ def test_settings_fitted_per_model_are_compared_by_their_rule(studies, tmp_path)
     fitted(large, "relative:4.07", "calibrated:10", [12, 24], [0.5, 1.0])
     with pytest.raises(DynheadsError, match=r"differ in the NIAH ablation doses"):
         collect([small, large])
+
+
+def test_a_study_stopped_inside_a_traced_stage_is_refused_not_compared_on_part_of_its_grid(studies, tmp_path):
+    """The NIAH grid's accuracy is read from its finished records: a study stopped before its last sample would be
+    compared on part of its grid (a traced stage writes results.csv once every sample is finished)."""
+    running = _study(tmp_path / "running", "running-model", 360_000_000, like=studies[0])
+    assert collect([studies[0], running])
+    (running / "niah" / "results.csv").unlink()
+    with pytest.raises(DynheadsError, match=r"running is not finished: its stage niah started and published no"):
+        collect([studies[0], running])
+    write_json(running / "stages.json", {"niah": {"seconds": 1.0}})
+    assert collect([studies[0], running])  # logged as done: its records are the grid

@@ -39,6 +39,7 @@ from dynheads.tasks.registry import Task, task_of_manifest
 STUDY_KIND = "reproduce"
 RESULTS_FILE = "compare.json"  # what a comparison collected of each model, readable by a later comparison
 RESULTS_KIND, RESULTS_FORMAT = "compare", 1
+TRACED = (stages.NIAH, stages.HOTPOTQA)  # the traced stages whose task accuracy a comparison reports
 STATUSES: tuple[Status, ...] = ("supported", "not supported", "inconclusive")
 # what a verdict is decided by: label -> (where it is recorded, the stage folder, the key). "evidence": the study's
 # evidence settings (its manifest); "config": the stage manifest's config; "rule": the rule of a setting fitted
@@ -171,11 +172,12 @@ def _start_study(model: ModelResults, root: Path, manifest: dict) -> None:
         )
     logged = _json_object(root / "stages.json")  # the stages reproduce finished, or that failed (with why)
     unfinished = [name for name in stages.EVIDENCE if name not in logged and _started_not_summarised(root / name)]
+    unfinished += [name for name in TRACED if name not in logged and _started_not_tabled(root / name)]
     if unfinished:
         raise DynheadsError(
             f"{root} is not finished: its stage{'s' if len(unfinished) > 1 else ''} {', '.join(unfinished)} started "
-            "and published no summary.json yet; let the study finish (or run its reproduce command again to resume "
-            "it), then compare"
+            "and published no summary.json (a traced stage: no results.csv) yet; let the study finish (or run its "
+            "reproduce command again to resume it), then compare"
         )
     model.study, model.evidence = root, evidence_of(manifest)
     model.preset = manifest.get("preset") or (manifest.get("config") or {}).get("preset")
@@ -188,6 +190,12 @@ def _started_not_summarised(folder: Path) -> bool:
     return (folder / "manifest.json").is_file() and not (folder / "summary.json").is_file()
 
 
+def _started_not_tabled(folder: Path) -> bool:
+    """A traced stage whose accuracy the comparison reads, begun but stopped before its last sample (its table,
+    results.csv, is written once every sample is): its accuracy would be a part of the grid's."""
+    return (folder / "manifest.json").is_file() and not (folder / "results.csv").is_file()
+
+
 def _add_study(model: ModelResults, root: Path) -> None:
     """The study's verdicts (as its report decides them), Table 1 statistics and task accuracy."""
     evidence = model.evidence or EvidenceSettings()
@@ -197,7 +205,7 @@ def _add_study(model: ModelResults, root: Path) -> None:
         published = stage_evidence(root, stage) if (root / stage).is_dir() else None
         if task is not None and published and "stats" in published:
             model.dynamism.setdefault(task.label, published["stats"])
-    for traced in (stages.NIAH, stages.HOTPOTQA):
+    for traced in TRACED:
         if (root / traced).is_dir():
             model.accuracy += accuracy_of(root / traced, evidence)
 
