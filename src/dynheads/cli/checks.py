@@ -246,3 +246,11 @@ def checked_config(
 def batch_size(given: int) -> int:
     value("--batch-size", "batch size", at_least(1), given)
     return given
+
+
+def policy_pair(given: str) -> tuple[str, str]:
+    """``--pair TREATED,CONTROL`` of ``kv-join``: two policy names (a kvpress press keeps its ``kvpress:`` prefix)."""
+    parts = [part.strip() for part in given.split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise DynheadsError(f"--pair {given!r}: give two policies as TREATED,CONTROL, e.g. kvpress:head_tokens,full")
+    return parts[0], parts[1]

@@ -1,4 +1,5 @@
-"""CLI for KV retention: ``kv`` (accuracy against the KV budget per policy) and ``kv-export`` (DuoAttention layout).
+"""CLI for KV retention: ``kv`` (accuracy against the KV budget per policy), ``kv-join`` (one table of several KV
+runs of the same samples) and ``kv-export`` (DuoAttention layout).
 
 Each command parses its options into a config, calls ``dynheads.experiments.kv`` / ``dynheads.analysis.kvheads``
 and prints a summary.
@@ -39,6 +40,28 @@ def kv(
         return
     typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)
     typer.echo(f"wrote {out}/table.csv, cells.csv and {out}/plots/")
+
+
+@app.command("kv-join")
+def kv_join(
+    runs: Annotated[list[Path], typer.Argument(help="KV run folders ('dynheads kv') of the same samples")],
+    out: Annotated[Path, Opt("--out", help="folder for the joined table.csv, summary.md, join.json and plots/")],
+    pair: Annotated[
+        list[str] | None,
+        Opt(
+            "--pair",
+            help="TREATED,CONTROL: paired difference by sample at every budget both were measured at (repeatable), "
+            "e.g. --pair kvpress:head_tokens,kvpress:snapkv",
+        ),
+    ] = None,
+) -> None:
+    """One KV table and Pareto figure of several KV runs of the same samples (more budgets, policies or presses
+    measured later); arms measured twice are checked for equal generations (no model is loaded)."""
+    from dynheads.experiments.kv_join import join_kv_runs
+
+    joined = join_kv_runs(runs, out, [checks.policy_pair(p) for p in pair or []])
+    typer.echo(out.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)
+    typer.echo(f"joined {len(runs)} runs on {joined['samples']} samples: wrote {out}/table.csv, join.json, plots/")
 
 
 @app.command("kv-export")

@@ -28,6 +28,7 @@ task itself is traced with. Resumable: one record per (sample, policy, budget), 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Unpack, cast
@@ -348,13 +349,18 @@ def _record(
 
 def write_kv_tables(run: RunDir) -> pd.DataFrame:
     """table.csv, cells.csv, summary.md, probe_pr.* and the plots of a KV run, from its records."""
-    records = run.records()
+    return write_policy_tables(run.path, run.records(), run.manifest())
+
+
+def write_policy_tables(folder: Path, records: list[dict], manifest: dict, notes: Sequence[Block] = ()) -> pd.DataFrame:
+    """``write_kv_tables`` of the KV records ``records`` decoded under ``manifest`` (one run's, or several joined by
+    ``experiments.kv_join``), written into ``folder``; ``notes`` go into summary.md after the table."""
     if not records:
-        raise DynheadsError(f"{run.path} has no finished samples yet")
+        raise DynheadsError(f"{folder} has no finished samples yet")
     frame = pd.json_normalize(
         [{k: v for k, v in r.items() if k not in ("dynamic", "probe_scores", "voters")} for r in records], sep="."
     )
-    with atomic_path(run.path / "results.csv") as tmp:
+    with atomic_path(folder / "results.csv") as tmp:
         frame.to_csv(tmp, index=False)
     frame["budget"] = frame["budget"].fillna(1.0).where(frame["policy"] != "none", 0.0)
     # Compare policies on the same samples: keep those finished under every (policy, budget) seen in the run.
@@ -362,19 +368,18 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
     complete = set(jobs[jobs == frame[["policy", "budget"]].drop_duplicates().shape[0]].index)
     frame = frame[frame["grid_sample_id"].isin(complete)]
     records = [r for r in records if r["grid_sample_id"] in complete]
-    manifest = run.manifest()
     task = run_task(manifest)
     first, *others = task.metrics  # the first decides: the table's accuracy; the others keep their names
     frame["accuracy"] = frame[f"metrics.{first}"]
     table = _policy_table(frame, others, EvidenceSettings(seed=manifest["seed"]))
-    with atomic_path(run.path / "table.csv") as tmp:
+    with atomic_path(folder / "table.csv") as tmp:
         table.to_csv(tmp, index=False)
     cells = (
         frame.groupby(["policy", "budget", "context_tokens", "depth"])
         .agg(accuracy=("accuracy", "mean"), samples=("grid_sample_id", "size"))
         .reset_index()
     )
-    with atomic_path(run.path / "cells.csv") as tmp:
+    with atomic_path(folder / "cells.csv") as tmp:
         cells.to_csv(tmp, index=False)
     model, config = manifest["model"]["name"], manifest["config"]
     measure = f"{task.label} accuracy" if first == "accuracy" else f"{task.label} {task.metrics[first]}"
@@ -390,18 +395,19 @@ def write_kv_tables(run: RunDir) -> pd.DataFrame:
         "full KV offloaded (second tier) and move, per step, the picked heads' keys beyond the window plus the new "
         "token of every head (re-used: heads picked at the previous step stay resident).",
         kv_table(table, {name: task.metrics[name] for name in others}),
+        *notes,
     ]
     pr = probe_precision_recall(records, manifest)
     if pr is not None:
-        write_json(run.path / "probe_pr.json", pr)
-        write_summary(run.path, "probe_pr.md", Summary(pr_blocks(pr), pr))
+        write_json(folder / "probe_pr.json", pr)
+        write_summary(folder, "probe_pr.md", Summary(pr_blocks(pr), pr))
         blocks += pr_blocks(pr)
-    write_summary(run.path, "summary.md", Summary(blocks, _accuracy_numbers(table), f"KV retention: {model}"))
+    write_summary(folder, "summary.md", Summary(blocks, _accuracy_numbers(table), f"KV retention: {model}"))
     plot_kv_accuracy(
-        table, run.path / "plots" / "kv-accuracy.png", title=f"{model}: {measure} vs resident KV", measure=measure
+        table, folder / "plots" / "kv-accuracy.png", title=f"{model}: {measure} vs resident KV", measure=measure
     )
     if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
-        plot_kv_grid(cells, run.path / "plots" / "kv-grid.png", title=f"{model}: {measure} per cell")
+        plot_kv_grid(cells, folder / "plots" / "kv-grid.png", title=f"{model}: {measure} per cell")
     return table
 
 

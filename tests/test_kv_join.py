@@ -1,0 +1,97 @@
+"""``dynheads kv-join``: KV runs measured in pieces give the table one run of every arm gives, or a clear refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dynheads.errors import DynheadsError
+from dynheads.experiments.kv import KVConfig, run_kv
+from dynheads.experiments.kv_join import join_kv_runs
+from dynheads.io import read_json, write_json
+
+
+@pytest.fixture(scope="module")
+def pieces(tiny_model_dir, tmp_path_factory):
+    """One run of every arm, and the same arms measured in two pieces (``full`` in both)."""
+    from dynheads.models import load_model
+
+    lm = load_model(tiny_model_dir)
+    root = tmp_path_factory.mktemp("kvjoin")
+    base = KVConfig(
+        model=str(tiny_model_dir),
+        lengths=(120, 160),
+        depths=(0.5,),
+        runs=2,
+        max_new_tokens=4,
+        sink=1,
+        recent=8,
+        policies=("full", "none", "random"),
+        budgets=(0.25, 0.5),
+    )
+
+    def run(name: str, **changes):
+        return run_kv(dataclasses.replace(base, **changes), root / name, lm=lm, progress=False).path
+
+    whole = run("whole")
+    first = run("first", policies=("full", "none", "random"), budgets=(0.5,))
+    second = run("second", policies=("full", "random"), budgets=(0.25,))
+    other_length = run("other", lengths=(140,), policies=("full",))
+    return root, whole, first, second, other_length
+
+
+def test_joined_pieces_give_the_table_of_one_run_of_every_arm(pieces):
+    root, whole, first, second, _ = pieces
+    joined = join_kv_runs([first, second], root / "joined")
+    mine = pd.read_csv(root / "joined" / "table.csv")
+    reference = pd.read_csv(whole / "table.csv")
+    pd.testing.assert_frame_equal(mine, reference)
+    assert joined["samples"] == 4
+    arms = {(a["policy"], a["budget"]): a for a in joined["arms"]}
+    assert set(arms) == {("full", 1.0), ("none", 0.0), ("random", 0.5), ("random", 0.25)}
+    assert arms[("random", 0.25)]["from"] == str(second)
+    # measured by both runs: the first listed keeps its records, and the other's generations are checked against them
+    assert arms[("full", 1.0)]["from"] == str(first) and arms[("full", 1.0)]["equal_generations"] == {str(second): 4}
+    assert read_json(root / "joined" / "manifest.json")["kind"] == "kv-join"
+    summary = (root / "joined" / "summary.md").read_text()
+    assert "Joined from 2 KV runs" in summary and "full@1: 4 in" in summary
+    assert (root / "joined" / "plots" / "kv-accuracy.png").is_file()
+
+
+def test_paired_differences_are_the_mean_per_sample_difference_at_every_budget(pieces):
+    root, _, first, second, _ = pieces
+    joined = join_kv_runs([first, second], root / "paired", pairs=[("random", "full")])
+    rows = joined["paired"]
+    assert [row["budget"] for row in rows] == [0.25, 0.5] and all(row["samples"] == 4 for row in rows)
+    results = pd.read_csv(root / "paired" / "results.csv")
+    accuracy = results.set_index(["policy", "budget", "grid_sample_id"])["metrics.accuracy"]
+    full = results[results["policy"] == "full"].set_index("grid_sample_id")["metrics.accuracy"]
+    for row in rows:
+        random = accuracy.xs(("random", row["budget"]), level=("policy", "budget"))
+        assert row["difference"] == pytest.approx(float(np.mean(random - full.loc[random.index])))
+        assert row["low"] <= row["difference"] <= row["high"]
+    assert "random - full" in (root / "paired" / "summary.md").read_text()
+    with pytest.raises(DynheadsError, match="no budget has both arms"):
+        join_kv_runs([first, second], root / "nopair", pairs=[("static", "full")])
+
+
+def test_runs_of_other_samples_or_fits_are_refused(pieces, tmp_path):
+    root, _, first, second, other_length = pieces
+    with pytest.raises(DynheadsError, match="differ in"):
+        join_kv_runs([first, other_length], tmp_path / "a")
+    with pytest.raises(DynheadsError, match="at least two"):
+        join_kv_runs([first], tmp_path / "b")
+    with pytest.raises(DynheadsError, match="not a run folder"):
+        join_kv_runs([first, tmp_path], tmp_path / "c")
+    # the same samples, but one run read another static list: its static-based arms would be another policy
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    for copy, source, static in ((mine, first, "mine.json"), (theirs, second, "theirs.json")):
+        shutil.copytree(source, copy)
+        manifest = read_json(copy / "manifest.json")
+        write_json(copy / "manifest.json", {**manifest, "config": {**manifest["config"], "static": static}})
+    with pytest.raises(DynheadsError, match="different static settings"):
+        join_kv_runs([mine, theirs], tmp_path / "d")
