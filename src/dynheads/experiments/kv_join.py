@@ -73,6 +73,8 @@ def join_kv_runs(folders: Sequence[str | Path], out: str | Path, pairs: Sequence
     """Join the KV runs ``folders`` into ``out`` (module docstring); returns join.json's content."""
     if len(folders) < 2:
         raise DynheadsError("kv-join needs at least two KV run folders")
+    if len({Path(folder).resolve() for folder in folders}) < len(folders):
+        raise DynheadsError("a run folder is given twice: join each run once")
     pieces = [KVPiece.read(folder) for folder in folders]
     check_joinable(pieces)
     kept, arms = _first_run_per_arm(pieces)
