@@ -75,6 +75,9 @@ def test_paired_differences_are_the_mean_per_sample_difference_at_every_budget(p
         assert row["difference"] == pytest.approx(float(np.mean(random - full.loc[random.index])))
         assert row["low"] <= row["difference"] <= row["high"]
     assert "random - full" in (root / "paired" / "summary.md").read_text()
+    alone = join_kv_runs([first], root / "alone", pairs=[("random", "full")])  # one run: its table, paired rows
+    assert pd.read_csv(root / "alone" / "table.csv").equals(pd.read_csv(first / "table.csv"))
+    assert alone["paired"] == [row for row in rows if row["budget"] == 0.5]
     with pytest.raises(DynheadsError, match="no budget has both arms"):
         join_kv_runs([first, second], root / "nopair", pairs=[("static", "full")])
 
@@ -85,8 +88,8 @@ def test_runs_of_other_samples_or_fits_are_refused(pieces, tmp_path):
         join_kv_runs([first, other_length], tmp_path / "a")
     with pytest.raises(DynheadsError, match="given twice"):
         join_kv_runs([first, first], tmp_path / "twice")
-    with pytest.raises(DynheadsError, match="at least two"):
-        join_kv_runs([first], tmp_path / "b")
+    with pytest.raises(DynheadsError, match="needs a KV run folder"):
+        join_kv_runs([], tmp_path / "b")
     with pytest.raises(DynheadsError, match="not a run folder"):
         join_kv_runs([first, tmp_path], tmp_path / "c")
     # the same samples, but one run read another static list: its static-based arms would be another policy

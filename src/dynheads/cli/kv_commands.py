@@ -44,7 +44,12 @@ def kv(
 
 @app.command("kv-join")
 def kv_join(
-    runs: Annotated[list[Path], typer.Argument(help="KV run folders ('dynheads kv') of the same samples")],
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="KV run folders ('dynheads kv') of the same samples (one: its own tables with --pair rows)"
+        ),
+    ],
     out: Annotated[Path, Opt("--out", help="folder for the joined table.csv, summary.md, join.json and plots/")],
     pair: Annotated[
         list[str] | None,

@@ -4,7 +4,8 @@ A KV comparison is often measured in pieces: more budgets later, presses in thei
 arms once it is trained. Each piece is its own run folder; ``join_kv_runs`` checks that the pieces decoded the
 same prompts with the same model and settings (everything but ``ARM_SETTINGS``: the policies, the budgets and the
 fits they read, which must agree where two runs both name one), keeps the samples finished under every (policy,
-budget) of every run, and writes ``write_policy_tables``'s tables over the union (the Pareto front marked over all
+budget) of every run, and writes ``write_policy_tables``'s tables over the union (one run alone: its own tables,
+for the paired differences below) (the Pareto front marked over all
 rows), and ``join.json``:
 
 - ``runs``: each run folder with its policies and budgets, in the order given,
@@ -71,8 +72,8 @@ def arm_of(record: dict) -> Arm:
 
 def join_kv_runs(folders: Sequence[str | Path], out: str | Path, pairs: Sequence[tuple[str, str]] = ()) -> dict:
     """Join the KV runs ``folders`` into ``out`` (module docstring); returns join.json's content."""
-    if len(folders) < 2:
-        raise DynheadsError("kv-join needs at least two KV run folders")
+    if not folders:
+        raise DynheadsError("kv-join needs a KV run folder (one, for its paired differences, or several to join)")
     if len({Path(folder).resolve() for folder in folders}) < len(folders):
         raise DynheadsError("a run folder is given twice: join each run once")
     pieces = [KVPiece.read(folder) for folder in folders]
