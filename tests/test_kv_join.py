@@ -78,6 +78,7 @@ def test_paired_differences_are_the_mean_per_sample_difference_at_every_budget(p
     alone = join_kv_runs([first], root / "alone", pairs=[("random", "full")])  # one run: its table, paired rows
     assert pd.read_csv(root / "alone" / "table.csv").equals(pd.read_csv(first / "table.csv"))
     assert alone["paired"] == [row for row in rows if row["budget"] == 0.5]
+    assert "The tables of the KV run" in (root / "alone" / "summary.md").read_text()
     with pytest.raises(DynheadsError, match="no budget has both arms"):
         join_kv_runs([first, second], root / "nopair", pairs=[("static", "full")])
 

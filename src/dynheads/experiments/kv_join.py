@@ -221,10 +221,12 @@ def _paired_rows(records: Sequence[dict], pair: tuple[str, str], metric: str, ev
 
 def _notes(joined: dict) -> list[Block]:
     """summary.md's lines on the join: the runs, arms measured twice, and the paired differences."""
+    runs = joined["runs"]
     notes: list[Block] = [
-        f"Joined from {len(joined['runs'])} KV runs ({', '.join(r['path'] for r in joined['runs'])}) on the "
-        f"{joined['samples']} samples finished under every arm; each arm's records from the first run listed that "
-        "measured it (join.json)."
+        f"Joined from {len(runs)} KV runs ({', '.join(r['path'] for r in runs)}) on the {joined['samples']} samples "
+        "finished under every arm; each arm's records from the first run listed that measured it (join.json)."
+        if len(runs) > 1
+        else f"The tables of the KV run {runs[0]['path']} on its {joined['samples']} samples finished under every arm."
     ]
     twice = [a for a in joined["arms"] if "equal_generations" in a]
     if twice:
