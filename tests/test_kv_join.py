@@ -87,6 +87,10 @@ def test_runs_of_other_samples_or_fits_are_refused(pieces, tmp_path):
     root, _, first, second, other_length = pieces
     with pytest.raises(DynheadsError, match="differ in"):
         join_kv_runs([first, other_length], tmp_path / "a")
+    with pytest.raises(DynheadsError, match="one of the runs joined"):
+        join_kv_runs([first, second], first)
+    with pytest.raises(DynheadsError, match="holds a 'kv' run"):
+        join_kv_runs([first], other_length)
     with pytest.raises(DynheadsError, match="given twice"):
         join_kv_runs([first, first], tmp_path / "twice")
     with pytest.raises(DynheadsError, match="needs a KV run folder"):

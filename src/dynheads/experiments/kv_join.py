@@ -28,7 +28,7 @@ import numpy as np
 from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
 from dynheads.experiments.kv import run_task, write_policy_tables
-from dynheads.io import write_json
+from dynheads.io import read_json, write_json
 from dynheads.kv.policies import is_budget_free
 from dynheads.runs import RunDir
 from dynheads.tables import Block, Table
@@ -76,6 +76,7 @@ def join_kv_runs(folders: Sequence[str | Path], out: str | Path, pairs: Sequence
         raise DynheadsError("kv-join needs a KV run folder (one, for its paired differences, or several to join)")
     if len({Path(folder).resolve() for folder in folders}) < len(folders):
         raise DynheadsError("a run folder is given twice: join each run once")
+    _check_out(Path(out), folders)
     pieces = [KVPiece.read(folder) for folder in folders]
     check_joinable(pieces)
     kept, arms = _first_run_per_arm(pieces)
@@ -106,6 +107,15 @@ def join_kv_runs(folders: Sequence[str | Path], out: str | Path, pairs: Sequence
     write_json(out / "manifest.json", manifest)
     write_policy_tables(out, records, manifest, notes=_notes(joined))
     return joined
+
+
+def _check_out(out: Path, folders: Sequence[str | Path]) -> None:
+    """The joined tables go into a folder of their own: never into a run (its table.csv and manifest are its own)."""
+    if out.resolve() in {Path(folder).resolve() for folder in folders}:
+        raise DynheadsError(f"--out {out} is one of the runs joined: give a folder of its own")
+    manifest = out / "manifest.json"
+    if manifest.is_file() and read_json(manifest).get("kind") != KIND:
+        raise DynheadsError(f"--out {out} holds a {read_json(manifest).get('kind')!r} run: give a folder of its own")
 
 
 def check_joinable(pieces: Sequence[KVPiece]) -> None:
