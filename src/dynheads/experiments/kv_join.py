@@ -4,9 +4,8 @@ A KV comparison is often measured in pieces: more budgets later, presses in thei
 arms once it is trained. Each piece is its own run folder; ``join_kv_runs`` checks that the pieces decoded the
 same prompts with the same model and settings (everything but ``ARM_SETTINGS``: the policies, the budgets and the
 fits they read, which must agree where two runs both name one), keeps the samples finished under every (policy,
-budget) of every run, and writes ``write_policy_tables``'s tables over the union (one run alone: its own tables,
-for the paired differences below) (the Pareto front marked over all
-rows), and ``join.json``:
+budget) of every run, and writes ``write_policy_tables``'s tables over the union, the Pareto front marked over all
+rows (one run alone: its own tables again, with the paired differences below), and ``join.json``:
 
 - ``runs``: each run folder with its policies and budgets, in the order given,
 - ``arms``: each (policy, budget) with the run whose records it uses (the first run listed that has it) and, for an
@@ -63,11 +62,17 @@ class KVPiece:
         return cls(Path(folder), manifest, records)
 
 
-def arm_of(record: dict) -> Arm:
-    policy = record["policy"]
+def arm(policy: str, budget: float | None) -> Arm:
+    """A policy at a budget; a budget-free policy at its own (``full`` 1, ``none`` 0), whatever budget is given."""
     if is_budget_free(policy):
         return policy, 0.0 if policy == "none" else 1.0
-    return policy, float(record["budget"])
+    if budget is None:
+        raise DynheadsError(f"a {policy} record without its budget: not a KV run's record")
+    return policy, float(budget)
+
+
+def arm_of(record: dict) -> Arm:
+    return arm(record["policy"], record["budget"])
 
 
 def join_kv_runs(folders: Sequence[str | Path], out: str | Path, pairs: Sequence[tuple[str, str]] = ()) -> dict:
@@ -206,7 +211,7 @@ def _paired_rows(records: Sequence[dict], pair: tuple[str, str], metric: str, ev
     for (policy, budget), values in sorted(by_arm.items(), key=lambda item: item[0][1]):
         if policy != treated:
             continue
-        control_arm = (control, 0.0 if control == "none" else 1.0) if is_budget_free(control) else (control, budget)
+        control_arm = arm(control, budget)
         if control_arm not in by_arm:
             continue
         ids = sorted(values)
