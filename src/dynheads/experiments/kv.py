@@ -63,7 +63,7 @@ from dynheads.kv.retention import (
     num_kv_heads,
     prefill,
 )
-from dynheads.kv.token_votes import POOL, VOTERS, WINDOW
+from dynheads.kv.token_votes import POOL, SPAN, VOTERS, WINDOW
 from dynheads.models import LoadedModel
 from dynheads.plots.kv import pareto_front, plot_kv_accuracy, plot_kv_grid
 from dynheads.resources import HEAD_PREDICTOR, STATIC_HEADS, StaticSource, needs_of, resolve
@@ -167,7 +167,7 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             **({"evaluation_questions": list(evaluated.questions)} if task.questions else {}),
             "fit_samples": fitted,
             **_head_budgets(config, lm, num_kv, static),
-            "token_votes": {"voters": [head_key(h) for h in voters], "window": WINDOW, "pool": POOL},  # head_tokens
+            "token_votes": {"voters": [head_key(h) for h in voters], "window": WINDOW, "pool": POOL, "span": SPAN},
             "probe_threshold": probe.threshold if probe else None,
         },
         batch_size=batch_size_of(options),

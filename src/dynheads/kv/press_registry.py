@@ -76,6 +76,11 @@ KVPRESS_PRESSES.register(
 )
 KVPRESS_PRESSES.register("knorm", PressEntry("kvpress:KnormPress"), help="the keys of smallest norm")
 KVPRESS_PRESSES.register(
+    "chunkkv",
+    PressEntry("dynheads.kv.presses:chunkkv_press"),
+    help="ChunkKV over SnapKV's scores: whole chunks of 20 tokens kept (kvpress's ChunkKVPress, its defaults)",
+)
+KVPRESS_PRESSES.register(
     "duo_attention",
     PressEntry("dynheads.kv.presses:duo_attention_press", sizing="heads", needs_static=True),
     help="DuoAttention's press driven by the static list: its best KV heads whole, the others streaming",
@@ -84,6 +89,11 @@ KVPRESS_PRESSES.register(
     "head_tokens",
     PressEntry("dynheads.kv.presses:voted_tokens_press", needs_static=True),
     help="retrieval heads choose the tokens every KV head keeps (dynheads.kv.token_votes)",
+)
+KVPRESS_PRESSES.register(
+    "head_spans",
+    PressEntry("dynheads.kv.presses:voted_spans_press", needs_static=True),
+    help="as head_tokens, each vote carrying the 32 keys after it (a fact follows its cue; token_votes.SPAN)",
 )
 KVPRESS_PRESSES.register(
     "head_tokens_predicted",

@@ -40,7 +40,7 @@ from dynheads.heads import Head
 from dynheads.io import read_json
 from dynheads.kv.press_registry import KVPRESS_PRESSES, PressSpec, parse_press
 from dynheads.kv.retention import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
-from dynheads.kv.token_votes import POOL, WINDOW, token_scores
+from dynheads.kv.token_votes import POOL, SPAN, WINDOW, token_scores
 from dynheads.models import LoadedModel, decode_text
 
 PREFIX = "kvpress:"
@@ -143,6 +143,7 @@ def _token_press_class() -> type:
         sink: int = 4
         recent: int = 64
         pool: int = POOL
+        span: int = 0
 
         def post_init_from_model(self, model):
             self.attention = attention_modules(model)
@@ -168,7 +169,9 @@ def _token_press_class() -> type:
                 self.votes.append(rows[0, heads].float().mean(1).sum(0))
             if layer == len(self.attention) - 1:
                 votes = torch.stack(self.votes).sum(0) / len(self.voters)
-                self.scores = token_scores(votes, hidden.shape[1], sink=self.sink, recent=self.recent, pool=self.pool)
+                self.scores = token_scores(
+                    votes, hidden.shape[1], sink=self.sink, recent=self.recent, pool=self.pool, span=self.span
+                )
                 self.votes = []
                 for index, attention in enumerate(self.attention):
                     held = cache.layers[index]
@@ -189,6 +192,7 @@ def head_tokens_press(
     recent: int = 64,
     window: int = WINDOW,
     pool: int = POOL,
+    span: int = 0,
 ):
     """A kvpress press (a ``ScorerPress``) whose scores are the head-guided token votes of ``dynheads.kv.token_votes``:
     ``with head_tokens_press(heads, 0.75)(model): model(prompt_ids, **with_cache(model, cache))``."""
@@ -201,6 +205,7 @@ def head_tokens_press(
         sink=sink,
         recent=recent,
         pool=pool,
+        span=span,
     )
 
 
@@ -249,6 +254,18 @@ def voted_tokens_press(lm: LoadedModel, settings: KVSettings, ratio: float):
     """``kvpress:head_tokens`` / ``head_tokens_predicted``: the settings' voters (the static list's, or the head
     predictor's for this prompt) choose the tokens, at the matched ratio."""
     return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent)
+
+
+def voted_spans_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:head_spans``: ``head_tokens`` whose every vote carries the ``SPAN`` keys after it."""
+    return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent, span=SPAN)
+
+
+def chunkkv_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:chunkkv``: ChunkKV as kvpress ships it, over SnapKV's scores (kvpress's defaults: chunks of 20
+    tokens, SnapKV's window and kernel), whole chunks kept at the matched ratio."""
+    kvpress = require_kvpress()
+    return kvpress.ChunkKVPress(press=kvpress.SnapKVPress(compression_ratio=ratio))
 
 
 def _whole_heads(lm: LoadedModel, settings: KVSettings) -> list[KVHead]:

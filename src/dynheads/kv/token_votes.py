@@ -4,7 +4,10 @@ After the prefill of the prompt minus its last token (as ``kv.retention`` and ``
 the voting heads' attention rows from the last ``window`` prefilled positions (the observation window: on a chat
 prompt the question and the chat suffix) are averaged, over those rows and over the voters, into one vote per key
 before the window; the votes are smoothed by a mean over ``pool`` neighbouring keys (SnapKV's pooling, so a kept
-token brings its neighbours: a needle is several tokens). Every KV head then keeps the same tokens: the first
+token brings its neighbours: a needle is several tokens) and, with a ``span``, carried forward: a key scores the best
+pooled vote among itself and the ``span`` keys before it, so a voted token keeps the ``span`` tokens that follow it (a
+question's rows go to the cue of a fact, "The magic word is", more than to the fact after it; without a span the
+cue is kept and the fact's middle dropped). Every KV head then keeps the same tokens: the first
 ``sink``, the last ``max(window, recent)`` and the best-voted others, ``int(n * (1 - ratio))`` in all for a
 compression ratio ``ratio`` (kvpress's count, so its resident bytes equal a kvpress press's at the same ratio).
 
@@ -32,6 +35,7 @@ from dynheads.scores import SpanScore
 WINDOW = 32  # observation window: the last prefilled positions whose rows vote (SnapKV's default is 64)
 POOL = 5  # keys averaged around each vote (SnapKV's kernel)
 VOTERS = 8  # the static list's best positive-score query heads vote
+SPAN = 32  # kvpress:head_spans: keys a vote carries forward (chosen on the fitting stream: docs/kv.md)
 
 
 def kept_count(length: int, ratio: float) -> int:
@@ -41,20 +45,34 @@ def kept_count(length: int, ratio: float) -> int:
     return int(length * (1 - ratio))
 
 
-def token_scores(votes: torch.Tensor, length: int, *, sink: int, recent: int, pool: int = POOL) -> torch.Tensor:
+def token_scores(
+    votes: torch.Tensor, length: int, *, sink: int, recent: int, pool: int = POOL, span: int = 0
+) -> torch.Tensor:
     """Float ``[length]``: ``votes`` (one per key before the observation window, ``[length - window]``) pooled over
-    ``pool`` neighbours, the window and the last ``recent`` keys above every vote (the latest highest), the first
-    ``sink`` above them: a top-k keeps sinks, then recent tokens, then the best votes, without ties among them."""
+    ``pool`` neighbours and carried ``span`` keys forward (``carried``), the window and the last ``recent`` keys
+    above every vote (the latest highest), the first ``sink`` above them: a top-k keeps sinks, then recent tokens,
+    then the best votes, without ties among the protected ones."""
     if pool < 1 or pool % 2 == 0:
         raise DynheadsError(f"the vote pooling is an odd number of keys, got {pool}")
     votes = votes.float()
     pooled = F.avg_pool1d(votes[None, None], pool, stride=1, padding=pool // 2)[0, 0] if pool > 1 else votes
+    pooled = carried(pooled, span)
     scores = torch.cat([pooled, torch.zeros(length - len(votes), device=votes.device)])
     top = float(pooled.max()) + 1 if len(pooled) else 1.0
     positions = torch.arange(length, device=votes.device, dtype=torch.float32)
     protected = positions >= min(len(votes), length - recent)
     scores = torch.where(protected, top + 1 + positions / length, scores)
     return torch.where(positions < sink, top + 3 - positions / length, scores)
+
+
+def carried(scores: torch.Tensor, span: int) -> torch.Tensor:
+    """Each key's best score among itself and the ``span`` keys before it (``span`` 0: the scores unchanged)."""
+    if span < 0:
+        raise DynheadsError(f"a vote's span is a number of keys >= 0, got {span}")
+    if span == 0 or not len(scores):
+        return scores
+    padded = F.pad(scores[None, None], (span, 0), value=float(scores.min()))
+    return F.max_pool1d(padded, span + 1, stride=1)[0, 0]
 
 
 def keep(scores: torch.Tensor, ratio: float) -> list[int]:
@@ -96,7 +114,8 @@ def head_tokens(
     recent: int,
     window: int = WINDOW,
     pool: int = POOL,
+    span: int = 0,
 ) -> list[int]:
     """The prefill positions every KV head keeps under the head-guided token policy, ascending."""
     votes = window_votes(lm, input_ids, voters, window)
-    return keep(token_scores(votes, len(input_ids) - 1, sink=sink, recent=recent, pool=pool), ratio)
+    return keep(token_scores(votes, len(input_ids) - 1, sink=sink, recent=recent, pool=pool, span=span), ratio)
