@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import replace
+from itertools import product
 
 import numpy as np
 import pytest
@@ -174,7 +175,8 @@ def _kept_positions(compressed, full) -> list[list[int]]:
 
 
 @needs_kvpress
-def test_the_head_token_press_runs_in_kvpress_pipeline_and_keeps_the_policys_tokens():
+@pytest.mark.parametrize("span", [0, 6])
+def test_the_head_token_press_runs_in_kvpress_pipeline_and_keeps_the_policys_tokens(span):
     from kvpress import KVPressTextGenerationPipeline
     from transformers import DynamicCache
     from zoo import byte_tokenizer
@@ -187,7 +189,7 @@ def test_the_head_token_press_runs_in_kvpress_pipeline_and_keeps_the_policys_tok
     model.set_attn_implementation("sdpa")
     lm = LoadedModel(model=model, tokenizer=tokenizer, name="llama", revision="random")
     voters, context = ((0, 1), (2, 3), (1, 0)), "the magic word is tapir; the sky is green, and cats sleep a lot. Q?"
-    press = head_tokens_press(voters, 0.6, sink=2, recent=8, window=16)
+    press = head_tokens_press(voters, 0.6, sink=2, recent=8, window=16, span=span)
     pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
     cache = DynamicCache(config=model.config)
     pipe(context, question="what?", press=press, cache=cache, max_new_tokens=2)
@@ -196,7 +198,7 @@ def test_the_head_token_press_runs_in_kvpress_pipeline_and_keeps_the_policys_tok
     with torch.inference_mode():
         model.model(input_ids=context_ids, past_key_values=full)
     # dynheads prefills the prompt minus its last token: the pipeline's context is that prefill
-    expected = head_tokens(lm, [*context_ids[0].tolist(), 0], voters, 0.6, sink=2, recent=8, window=16)
+    expected = head_tokens(lm, [*context_ids[0].tolist(), 0], voters, 0.6, sink=2, recent=8, window=16, span=span)
     assert len(expected) == kept_count(context_ids.shape[1], 0.6)
     for layer in range(3):  # every KV head of every layer keeps the policy's tokens
         assert _kept_positions(cache.layers[layer].keys, full.layers[layer].keys) == [expected, expected]
@@ -213,6 +215,33 @@ def test_head_tokens_in_dynheads_kv_hold_snapkvs_bytes(lm):
     assert tokens.kept_kv == snapkv.kept_kv and tokens.kept_kv[0] < tokens.total_kv[0] // 2
     with pytest.raises(DynheadsError, match="driven by a dynheads head list"):
         press_generate(lm, ids, PressSpec("head_tokens"), KVSettings(policy="static", budget=0.34), 4)
+
+
+@needs_kvpress
+def test_head_spans_and_chunkkv_run_in_dynheads_kv_at_the_matched_ratio(lm):
+    """head_spans is head_tokens with the fitted span (the same bytes, other tokens); chunkkv keeps whole chunks of
+    SnapKV's scores, so its bytes are the matched ratio's rounded to whole chunks."""
+    from dynheads.kv.presses import head_tokens_press, make_press, matched_ratio, press_generate
+    from dynheads.kv.token_votes import SPAN
+
+    ids = random_prompt(5, 120)
+    settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),), voters=((1, 2),))
+    spans = press_generate(lm, ids, PressSpec("head_spans"), settings, 4, stop_at_eos=False)
+    tokens = press_generate(lm, ids, PressSpec("head_tokens"), settings, 4, stop_at_eos=False)
+    assert spans.kept_kv == tokens.kept_kv
+    built = make_press(PressSpec("head_spans"), lm, settings, len(ids) - 1)
+    reference = head_tokens_press(((1, 2),), matched_ratio(lm, settings, len(ids) - 1), sink=2, recent=8, span=SPAN)
+    assert built == reference
+    chunks = press_generate(lm, ids, PressSpec("chunkkv"), settings, 4, stop_at_eos=False)
+    chunk = make_press(PressSpec("chunkkv"), lm, settings, len(ids) - 1)
+    length, ratio = len(ids) - 1, matched_ratio(lm, settings, len(ids) - 1)
+    chunk_count = -(-length // chunk.chunk_length)
+    assert chunk.compression_ratio == ratio and type(chunk.press).__name__ == "SnapKVPress"
+    kept_chunks, short = int(chunk_count * (1 - ratio)), length % chunk.chunk_length  # the last chunk: 119 % 20
+    held = (kept_chunks * chunk.chunk_length, (kept_chunks - 1) * chunk.chunk_length + short)  # is it kept?
+    kv_heads = lm.model.config.num_key_value_heads  # each layer keeps its own chunks, the new token besides
+    possible = {kv_heads * sum(tokens + 1 for tokens in layers) for layers in product(held, repeat=lm.num_layers)}
+    assert chunks.kept_kv[0] in possible and len(chunks.tokens) == 4
 
 
 @needs_kvpress

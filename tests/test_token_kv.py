@@ -10,7 +10,7 @@ import torch
 from zoo import random_prompt, tiny_model, tiny_sdpa_lm
 
 from dynheads.errors import DynheadsError
-from dynheads.kv.token_votes import head_tokens, keep, kept_count, token_scores, window_votes
+from dynheads.kv.token_votes import carried, head_tokens, keep, kept_count, token_scores, window_votes
 
 VOTERS = ((0, 1), (2, 3), (1, 0))
 
@@ -59,6 +59,25 @@ def test_the_most_attended_token_is_kept_and_a_never_attended_one_dropped():
     assert 60 not in kept and len(kept) == 30
     unpooled = keep(token_scores(votes, 100, sink=2, recent=10, pool=1), 0.765)  # 23 = 2 + 20 + 1
     assert unpooled == [0, 1, 30, *range(80, 100)]
+
+
+def test_a_vote_carries_forward_over_its_span_and_not_back():
+    votes = torch.zeros(80)
+    votes[30] = 1.0  # the cue; the fact is the tokens after it
+    assert torch.equal(carried(votes, 0), votes)
+    assert carried(votes, 6).nonzero().flatten().tolist() == list(range(30, 37))
+    kept = keep(token_scores(votes, 100, sink=2, recent=10, pool=1, span=6), 0.71)  # 29 = 2 + 20 protected + 7
+    assert kept == [0, 1, *range(30, 37), *range(80, 100)]
+    with pytest.raises(DynheadsError, match="span is a number of keys >= 0"):
+        carried(votes, -1)
+
+
+def test_a_span_keeps_the_tokens_after_the_models_most_voted_one(lm):
+    ids, window = random_prompt(3, 120), 16
+    votes = window_votes(lm, ids, VOTERS, window)
+    best = int(votes[2:90].argmax()) + 2
+    kept = head_tokens(lm, ids, VOTERS, 0.7, sink=2, recent=8, window=window, pool=1, span=4)
+    assert set(range(best, best + 5)) <= set(kept)
 
 
 def test_the_model_keeps_its_most_voted_token_and_drops_its_least(lm):
