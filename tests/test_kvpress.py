@@ -245,6 +245,34 @@ def test_head_spans_and_chunkkv_run_in_dynheads_kv_at_the_matched_ratio(lm):
 
 
 @needs_kvpress
+def test_snapkv_spans_carries_snapkvs_own_scores_forward(lm, monkeypatch):
+    """The span ablation scores every key with SnapKV's best score among itself and the span keys before it."""
+    import kvpress
+
+    from dynheads.kv.presses import make_press, press_generate
+    from dynheads.kv.token_votes import SPAN, carried
+
+    calls = []
+    snapkv_score = kvpress.SnapKVPress.score
+
+    def recorded(self, *args):
+        calls.append((args, snapkv_score(self, *args)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(kvpress.SnapKVPress, "score", recorded)
+    ids = random_prompt(5, 120)
+    settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),))
+    press_generate(lm, ids, PressSpec("snapkv"), settings, 2, stop_at_eos=False)
+    spans = make_press(PressSpec("snapkv_spans"), lm, settings, len(ids) - 1)
+    assert len(calls) == lm.num_layers and spans.span == SPAN == 32
+    for args, scores in list(calls):
+        with torch.inference_mode():  # as in the prefill that recorded the arguments
+            spanned = spans.score(*args)
+        assert torch.equal(spanned, carried(scores, SPAN)) and not torch.equal(spanned, scores)
+        assert torch.equal(spanned[..., 40], scores[..., 8:41].amax(-1))  # key 40: the best of keys 8..40
+
+
+@needs_kvpress
 def test_head_tokens_predicted_keeps_what_its_voters_choose_and_needs_them(lm):
     """The predictor-voted press is the head-token press with the prompt's voters: the same tokens, the same bytes."""
     from dynheads.experiments.kv import KVConfig

@@ -68,6 +68,8 @@ def test_a_vote_carries_forward_over_its_span_and_not_back():
     assert carried(votes, 6).nonzero().flatten().tolist() == list(range(30, 37))
     kept = keep(token_scores(votes, 100, sink=2, recent=10, pool=1, span=6), 0.71)  # 29 = 2 + 20 protected + 7
     assert kept == [0, 1, *range(30, 37), *range(80, 100)]
+    rows = torch.stack([votes, votes.flip(0)])[None]  # [1, 2, 80]: any leading dimensions, carried along the last
+    assert torch.equal(carried(rows, 6)[0, 1], carried(votes.flip(0), 6))
     with pytest.raises(DynheadsError, match="span is a number of keys >= 0"):
         carried(votes, -1)
 

@@ -96,6 +96,11 @@ KVPRESS_PRESSES.register(
     help="as head_tokens, each vote carrying the 32 keys after it (a fact follows its cue; token_votes.SPAN)",
 )
 KVPRESS_PRESSES.register(
+    "snapkv_spans",
+    PressEntry("dynheads.kv.presses:snapkv_spans_press"),
+    help="SnapKV with each score carried 32 keys forward: head_spans' span on every head (the span's ablation)",
+)
+KVPRESS_PRESSES.register(
     "head_tokens_predicted",
     PressEntry("dynheads.kv.presses:voted_tokens_press", needs_probe=True),
     help="as head_tokens, the voters being the head predictor's best heads for each prompt (--probe)",

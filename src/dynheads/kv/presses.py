@@ -15,7 +15,11 @@ plus ``sink + recent``-token windows hold at the prompt's length, so both start 
 - ``head_tokens``: retrieval heads choose the tokens (``head_tokens_press``, ``dynheads.kv.token_votes``): the static
   list's best query heads vote from an observation window and every KV head keeps the same tokens, at that ratio;
   ``head_tokens_predicted``: the same, the voters being the head predictor's best heads for the prompt (the runner
-  passes them as ``KVSettings.voters``).
+  passes them as ``KVSettings.voters``); ``head_spans``: ``head_tokens`` with every vote carried ``token_votes.SPAN``
+  keys forward, so a voted cue keeps the fact after it,
+- ``chunkkv``: ChunkKV (kvpress's ``ChunkKVPress`` over ``SnapKVPress``, its defaults: whole chunks of 20 tokens) and
+  ``snapkv_spans``: SnapKV with its scores carried ``SPAN`` keys forward (``head_spans``' span on every head), two
+  baselines for a policy that keeps facts whole.
 
 The resident KV of a press row is read from the cache at every decode step (its tokens x KV heads, less the
 masked keys), so the table shows what each press actually held.
@@ -40,7 +44,7 @@ from dynheads.heads import Head
 from dynheads.io import read_json
 from dynheads.kv.press_registry import KVPRESS_PRESSES, PressSpec, parse_press
 from dynheads.kv.retention import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
-from dynheads.kv.token_votes import POOL, SPAN, WINDOW, token_scores
+from dynheads.kv.token_votes import POOL, SPAN, WINDOW, carried, token_scores
 from dynheads.models import LoadedModel, decode_text
 
 PREFIX = "kvpress:"
@@ -259,6 +263,29 @@ def voted_tokens_press(lm: LoadedModel, settings: KVSettings, ratio: float):
 def voted_spans_press(lm: LoadedModel, settings: KVSettings, ratio: float):
     """``kvpress:head_spans``: ``head_tokens`` whose every vote carries the ``SPAN`` keys after it."""
     return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent, span=SPAN)
+
+
+@functools.cache
+def _spans_press_class() -> type:
+    kvpress = require_kvpress()
+
+    @dataclass
+    class SnapKVSpansPress(kvpress.SnapKVPress):  # type: ignore[name-defined]  # a base found at run time
+        """SnapKV whose every score is carried ``span`` keys forward (``token_votes.carried``), per KV head: the span
+        of ``head_spans`` on all heads' window attention instead of the retrieval heads' votes."""
+
+        span: int = SPAN
+
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            return carried(super().score(module, hidden_states, keys, values, attentions, kwargs), self.span)
+
+    return SnapKVSpansPress
+
+
+def snapkv_spans_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:snapkv_spans``: SnapKV (kvpress's defaults) with its scores carried ``SPAN`` keys forward, the span
+    ablation of ``head_spans`` (which heads vote, with the same span)."""
+    return _spans_press_class()(compression_ratio=ratio)
 
 
 def chunkkv_press(lm: LoadedModel, settings: KVSettings, ratio: float):

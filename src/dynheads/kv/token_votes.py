@@ -66,13 +66,15 @@ def token_scores(
 
 
 def carried(scores: torch.Tensor, span: int) -> torch.Tensor:
-    """Each key's best score among itself and the ``span`` keys before it (``span`` 0: the scores unchanged)."""
+    """Each key's best score among itself and the ``span`` keys before it, along the last dimension (``span`` 0:
+    the scores unchanged)."""
     if span < 0:
         raise DynheadsError(f"a vote's span is a number of keys >= 0, got {span}")
-    if span == 0 or not len(scores):
+    if span == 0 or not scores.shape[-1]:
         return scores
-    padded = F.pad(scores[None, None], (span, 0), value=float(scores.min()))
-    return F.max_pool1d(padded, span + 1, stride=1)[0, 0]
+    rows = scores.reshape(-1, 1, scores.shape[-1])
+    padded = F.pad(rows, (span, 0), value=float(scores.min()))
+    return F.max_pool1d(padded, span + 1, stride=1).reshape(scores.shape)
 
 
 def keep(scores: torch.Tensor, ratio: float) -> list[int]:
