@@ -350,6 +350,7 @@ def test_dynheads_kv_runs_head_tokens_beside_snapkv_at_the_same_bytes(tmp_path, 
     assert table.loc["kvpress:head_tokens", "kv_fraction"] == table.loc["kvpress:snapkv", "kv_fraction"] < 0.5
     votes = run.manifest()["token_votes"]
     assert votes["voters"] == ["18-6", "17-3", "17-4", "16-0", "20-2", "14-8"] and votes["window"] == 32
+    assert votes["span"] == 32 and "'static' seed stream" in votes["span_fitted_on"]  # fitted apart, recorded
 
 
 @needs_kvpress

@@ -167,7 +167,13 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
             **({"evaluation_questions": list(evaluated.questions)} if task.questions else {}),
             "fit_samples": fitted,
             **_head_budgets(config, lm, num_kv, static),
-            "token_votes": {"voters": [head_key(h) for h in voters], "window": WINDOW, "pool": POOL, "span": SPAN},
+            "token_votes": {
+                "voters": [head_key(h) for h in voters],
+                "window": WINDOW,
+                "pool": POOL,
+                "span": SPAN,  # head_spans, snapkv_spans
+                "span_fitted_on": "NIAH's 'static' seed stream (scripts/fit_vote_span.py, docs/kv.md)",
+            },
             "probe_threshold": probe.threshold if probe else None,
         },
         batch_size=batch_size_of(options),
