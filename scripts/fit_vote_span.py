@@ -19,6 +19,7 @@ import torch
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.experiments.kv import KVConfig
 from dynheads.io import write_json
+from dynheads.kv.retention import KVSettings
 from dynheads.kv.token_votes import VOTERS, WINDOW, keep, token_scores, window_votes
 from dynheads.models import load_model
 
@@ -44,6 +45,7 @@ def main() -> None:
     voters = list(scored_heads(load_head_list(args.static, lm.num_layers, lm.num_heads))[:VOTERS])
     config = KVConfig(model=args.model, lengths=(args.length,), runs=args.runs, split=SPLIT, policies=("full",))
     samples = config.task_entry().grid(config.task_config(), lm.tokenizer).samples
+    defaults = KVSettings()  # the sink and recent window `dynheads kv` uses unless told otherwise
     coverage: dict[str, dict[str, list[float]]] = {str(s): {str(r): [] for r in ratios} for s in spans}
     for sample in samples:
         length = len(sample.input_ids) - 1
@@ -51,7 +53,7 @@ def main() -> None:
         needle = set(sample.needle_positions)
         for span in spans:
             for ratio in ratios:
-                kept = keep(token_scores(votes, length, sink=4, recent=64, span=span), ratio)
+                kept = keep(token_scores(votes, length, sink=defaults.sink, recent=defaults.recent, span=span), ratio)
                 coverage[str(span)][str(ratio)].append(len(needle.intersection(kept)) / len(needle))
         print(sample.sample_id, flush=True)
     means = {span: {ratio: sum(v) / len(v) for ratio, v in by.items()} for span, by in coverage.items()}
