@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from sklearn.metrics import average_precision_score
+
 from dynheads.analysis.head_predictor import (
     HeadPredictorConfig,
+    ResampledAuprc,
     asymmetric_loss,
     best_f1_threshold,
     load_head_predictor,
@@ -234,3 +237,26 @@ def test_the_regressor_reports_an_mse_gap_beside_the_r2_gap():
     probe, baseline = result.metrics["probe"]["mse"], result.metrics["baseline"]["mse"]
     assert gap["effect"] == pytest.approx(baseline - probe, rel=1e-5) and gap["effect"] > 0
     assert gap["low"] <= gap["effect"] <= gap["high"] and gap["low"] > 0
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_resample_s_auprc_is_that_of_its_drawn_rows_concatenated_bit_for_bit(tied):
+    """The probe gap's bootstrap (issue 36: one sort, not one per resample) weighs each drawn sample by its draws;
+    that is sklearn's AUPRC of the drawn rows, repeats included, to the last bit: continuous scores and a per-head
+    constant score (the frequency baseline: ties across rows), samples of unequal length; NaN with no positive."""
+    rng = np.random.default_rng(5)
+    steps = rng.integers(1, 9, 12)
+    bounds = np.cumsum([0, *steps])
+    rows = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    targets = (rng.random((bounds[-1], 7)) < 0.2).astype(np.float32)
+    scores = rng.random(targets.shape).astype(np.float32) + 0.3 * targets
+    scores = np.broadcast_to(targets.mean(0), targets.shape) if tied else np.round(scores, 2)
+    auprc = ResampledAuprc(targets, scores, rows)
+    for _ in range(25):
+        idx = rng.integers(0, len(rows), len(rows))
+        drawn = np.concatenate([rows[i] for i in idx])
+        assert auprc(idx) == average_precision_score(targets[drawn].ravel().astype(bool), scores[drawn].ravel())
+    empty = [i for i, r in enumerate(rows) if not targets[r].any()]
+    assert math.isnan(ResampledAuprc(np.zeros_like(targets), scores, rows)(np.arange(len(rows))))
+    if empty:
+        assert math.isnan(auprc(np.array(empty[:1] * len(rows))))

@@ -355,6 +355,10 @@ def _evaluate(
 
         return interval(len(rows), statistic, evidence).to_dict()
 
+    def auprc_gap() -> dict[str, float | int]:
+        probe_auprc, baseline_auprc = ResampledAuprc(y_test, test_pred, rows), ResampledAuprc(y_test, baseline, rows)
+        return interval(len(rows), lambda idx: probe_auprc(idx) - baseline_auprc(idx), evidence).to_dict()
+
     if probe.task == "continuous":
         return {
             "probe": regression_metrics(y_test, test_pred),
@@ -369,7 +373,7 @@ def _evaluate(
         "baseline": _binary_metrics(y_test, baseline, baseline_threshold),
         "threshold": threshold,
         "baseline_threshold": baseline_threshold,
-        "gap": {"metric": "auprc", **gap(_auprc)},
+        "gap": {"metric": "auprc", **auprc_gap()},
     }
 
 
@@ -428,7 +432,34 @@ def _negative_mse(targets: np.ndarray, predicted: np.ndarray) -> float:
     return -float(mean_squared_error(targets.ravel(), predicted.ravel()))
 
 
-def _auprc(targets: np.ndarray, probs: np.ndarray) -> float:
-    """AUPRC flattened over heads; NaN when the targets hold no positive."""
-    y = targets.ravel().astype(bool)
-    return float(average_precision_score(y, probs.ravel())) if y.any() else float("nan")
+class ResampledAuprc:
+    """AUPRC flattened over heads of a bootstrap resample of samples (blocks of rows of ``targets`` / ``scores``
+    ``[N, W]``), NaN when the resample holds no positive; sorted once, not once per resample.
+
+    Elements of one score and one target form a group (the frequency baseline's score is one per head: a few
+    hundred groups for 10^5 elements); a resample weighs each group by its elements' draws (sklearn's
+    ``sample_weight``). That is exactly the AUPRC of the drawn rows concatenated: the curve's counts at each
+    distinct score are the same integers, so its points and its sum are too (tests/test_head_predictor.py)."""
+
+    def __init__(self, targets: np.ndarray, scores: np.ndarray, rows: list[np.ndarray]):
+        sample_of_row = np.empty(len(targets), dtype=np.intp)
+        for sample, sample_rows in enumerate(rows):
+            sample_of_row[sample_rows] = sample
+        flat_scores, flat_targets = scores.ravel(), targets.ravel().astype(bool)
+        order = np.lexsort((flat_targets, flat_scores))  # by score, then target
+        flat_scores, flat_targets = flat_scores[order], flat_targets[order]
+        new_group = np.r_[True, (np.diff(flat_scores) != 0) | (np.diff(flat_targets) != 0)]
+        self.group_of = np.empty(len(order), dtype=np.intp)
+        self.group_of[order] = np.cumsum(new_group) - 1
+        self.scores, self.targets = flat_scores[new_group], flat_targets[new_group]
+        self.sample_of = np.repeat(sample_of_row, targets.shape[1])
+        self.samples = len(rows)
+
+    def __call__(self, idx: np.ndarray) -> float:
+        draws = np.bincount(idx, minlength=self.samples)[self.sample_of]
+        weight = np.bincount(self.group_of, weights=draws, minlength=len(self.scores))
+        drawn = weight > 0
+        y = self.targets[drawn]
+        if not y.any():
+            return float("nan")
+        return float(average_precision_score(y, self.scores[drawn], sample_weight=weight[drawn]))

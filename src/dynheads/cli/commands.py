@@ -43,7 +43,14 @@ def reproduce(
             "of --threads; the same results as one process); under torchrun, leave it at 1",
         ),
     ] = 1,
-    batch_size: BatchSize = 1,
+    batch_size: Annotated[
+        int | None,
+        Opt(
+            "--batch-size",
+            help="records decoded together in every stage that decodes (default: the preset's, standard 4, "
+            "else 1, the reference path); larger batches give its results up to fp32 rounding",
+        ),
+    ] = None,
     config: ConfigFile = None,
     **settings,
 ) -> None:
@@ -54,7 +61,8 @@ def reproduce(
 
     cfg = checks.checked_config(ReproduceConfig, config, **settings)
     checks.out_dir(out, "reproduce")
-    checks.batch_size(batch_size)
+    if batch_size is not None:
+        checks.batch_size(batch_size)
     folder = run_all(cfg, out, processes=processes, batch_size=batch_size)
     if not is_main():  # under torchrun / accelerate launch, rank 0 writes the report
         return

@@ -61,7 +61,8 @@ SHARED_TABLES = {stages.HOTPOTQA_CCA: stages.CCA, stages.HOTPOTQA_PROBE: stages.
 
 def load_preset(name: str) -> dict:
     """``presets/<name>.toml``: one table of settings per stage (keyed like the stage's config), plus
-    ``qa_source`` (questions when no HotpotQA file is given) and, for ``paper``, ``sources``."""
+    ``qa_source`` (questions when no HotpotQA file is given), ``batch_size`` (records decoded together unless the
+    command gives one; default 1, the reference path) and, for ``paper``, ``sources``."""
     with (PRESET_FOLDER / f"{name}.toml").open("rb") as file:
         preset = tomllib.load(file)
 
@@ -143,15 +144,17 @@ def reproduce(
     lm: LoadedModel | None = None,
     progress: bool = True,
     processes: int = 1,
-    batch_size: int = 1,
+    batch_size: int | None = None,
 ) -> Path:
     """Run the whole study into ``out`` (one sub-folder per stage of ``STUDY``, in order); returns ``out``, ready
     for ``write_report`` (by rank 0, under a launcher). ``processes`` > 1: the study runs in that many processes
     started here (``distributed.spawn``, each loading the model, with its share of the CPU threads), as under
     ``torchrun``; this process waits for them. ``batch_size`` > 1: every stage that decodes decodes that many
-    records together (results equal batch 1's up to fp32 rounding; the manifest records it)."""
+    records together (results equal batch 1's up to fp32 rounding; the manifest records it); None: the preset's
+    ``batch_size`` (``standard``: 4), else 1."""
     if config.preset not in PRESETS:
         raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
+    batch_size = PRESETS[config.preset].get("batch_size", 1) if batch_size is None else batch_size
     if processes < 1:
         raise DynheadsError(f"processes must be at least 1, got {processes}")
     if batch_size < 1:
