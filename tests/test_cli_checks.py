@@ -49,6 +49,11 @@ CASES = [  # (command line, what the error names, what it says)
     (["niah", *NO_MODEL, "--runs", "-1", "--out", "{t}/out"], "--runs", "runs must be at least 1, got -1"),
     (["niah", *NO_MODEL, "--batch-size", "0", "--out", "{t}/out"], "--batch-size", "batch size must be at least 1"),
     (
+        ["reproduce", *NO_MODEL, "--batch-size", "0", "--out", "{t}/out"],
+        "--batch-size",
+        "batch size must be at least 1",
+    ),
+    (
         ["trace", "--task", "hotpotqa", *NO_MODEL, "--questions", "0", "--out", "{t}/out"],
         "--questions",
         "must be at least 1",

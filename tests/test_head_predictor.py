@@ -8,7 +8,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-
 from sklearn.metrics import average_precision_score
 
 from dynheads.analysis.head_predictor import (

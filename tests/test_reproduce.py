@@ -173,6 +173,25 @@ def test_a_batched_study_records_its_batch_size_and_generates_what_batch_1_does(
         reproduce(config, tmp_path / "zero", lm=tiny_lm, progress=False, batch_size=0)
 
 
+def test_a_preset_sets_the_batch_size_unless_the_command_gives_one(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 36: ``standard`` decodes in batches of four (its cost); a preset without the key decodes at batch 1,
+    the reference path (``quick``: its report stays identical); ``--batch-size`` wins over the preset's."""
+    assert reproduce_module.PRESETS["standard"]["batch_size"] == 4
+    assert "batch_size" not in reproduce_module.PRESETS["quick"]
+    monkeypatch.setattr(reproduce_module, "STUDY", [])  # the manifest alone
+    config = ReproduceConfig(model=str(tiny_model_dir), preset="smoke")
+
+    def batch_size(out: str, **given) -> int:
+        return read_json(reproduce(config, tmp_path / out, lm=tiny_lm, progress=False, **given) / "manifest.json")[
+            "batch_size"
+        ]
+
+    assert batch_size("plain") == 1
+    monkeypatch.setitem(reproduce_module.PRESETS, "smoke", {**reproduce_module.PRESETS["smoke"], "batch_size": 3})
+    assert batch_size("preset") == 3
+    assert batch_size("given", batch_size=1) == 1
+
+
 def test_a_study_started_under_other_preset_settings_is_not_resumed(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
     """A newer dynheads may change a preset (the ablation's doses did): a study started before resumes only with
     the tables it started under, else its finished stages and the rest would follow two designs."""
