@@ -47,8 +47,9 @@ def reproduce(
         int | None,
         Opt(
             "--batch-size",
-            help="records decoded together in every stage that decodes (default: the preset's, standard 4, "
-            "else 1, the reference path); larger batches give its results up to fp32 rounding",
+            help="records decoded together by the tracing, static, progressive and RAG stages (default: the "
+            "preset's, standard 4, else 1, the reference path; the dose-responses decode a sample's arms x doses "
+            "as one batch either way); larger batches give batch 1's results up to fp32 rounding",
         ),
     ] = None,
     config: ConfigFile = None,
