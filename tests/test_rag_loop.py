@@ -126,6 +126,30 @@ def test_one_question_under_every_strategy_is_prefilled_once(tiny_lm, sample, mo
         ]
 
 
+def test_answers_that_agree_share_their_drafts_and_read_passes(tiny_lm, sample, monkeypatch):
+    """Issue 36: the strategies of one question draft the same tokens under the same visibility until they retrieve
+    different windows; such drafts decode once, a retrieval's read pass over the same answer runs once, and every
+    answer still equals the one answered alone."""
+    settings = RagSettings(max_new_tokens=8, draft_tokens=3, max_retrievals=2, trigger=TriggerConfig(threshold=0.0))
+    strategies = ["static", "dynamic", "dynamic-random", "fixed-random", "none"]
+    rows, reads, real_decode, real_read = [], [], loop.decode, Answerer.read
+    monkeypatch.setattr(loop, "decode", lambda sessions, *a: rows.append(len(sessions)) or real_decode(sessions, *a))
+    monkeypatch.setattr(Answerer, "read", lambda self, *a, **k: reads.append(1) or real_read(self, *a, **k))
+    alone = [answer_question(tiny_lm, sample, _selector(strategy, tiny_lm), settings) for strategy in strategies]
+    drafts_alone, reads_alone = sum(rows), len(reads)
+    assert reads_alone == sum(answer.retrievals for answer in alone) >= 2  # several strategies retrieve
+    for rows_together in (1, None):
+        rows.clear(), reads.clear()
+        selectors = [_selector(s, tiny_lm) for s in strategies]
+        shared = answer_questions(tiny_lm, [sample] * 5, selectors, settings, rows_together=rows_together)
+        assert [(a.tokens, a.windows, a.heads, a.visible_tokens) for a in shared] == [
+            (a.tokens, a.windows, a.heads, a.visible_tokens) for a in alone
+        ]
+        assert rows[0] == 1  # the five first drafts (context hidden, nothing answered yet) decode as one
+        assert sum(rows) <= drafts_alone - 4
+        assert len(reads) <= reads_alone - 1  # the first retrievals read the same answer once
+
+
 def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir, tmp_path):
     static = tmp_path / "static.json"
     static.write_text(json.dumps([[layer, head] for layer in range(3) for head in range(4)]))

@@ -111,6 +111,7 @@ class Answerer:
     ):
         """``session``: ``context_session`` of these ids and settings, when it was made (and forked) beforehand."""
         self.lm, self.settings = lm, settings
+        self.prompt = tuple(input_ids)
         self.question = list(input_ids[context[1] :])  # question turn and generation prompt
         self.context = context
         self.answer: list[int] = []
@@ -180,6 +181,20 @@ class _DraftPolicy(StepPolicy):
     def measure(self, index: int) -> Measure:
         return self.answerer.measure
 
+    def identity(self) -> tuple:
+        """What decides the draft: the prompt, the answer so far, what is visible, the budget. Two drafts with the
+        same identity (strategies of one question before they retrieve differently) decode the same passes."""
+        a = self.answerer
+        return (a.prompt, a.context, tuple(a.answer), a.edit, a.measure, self.limit, self.sentence)
+
+    def take(self, decoded: _DraftPolicy) -> None:
+        """This draft's result from ``decoded``, a draft of the same identity (itself: nothing to do)."""
+        if decoded is self:
+            return
+        self.tokens, self.entropies, self.rows = list(decoded.tokens), list(decoded.entropies), list(decoded.rows)
+        self.stopped_early = decoded.stopped_early
+        self.answerer.finished = self.answerer.finished or self.stopped_early
+
     def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
         lm = self.answerer.lm
         last_layer = lm.num_layers - 1
@@ -223,16 +238,18 @@ def answer_questions(
     """``answer_question`` for several samples (``selectors[i]`` and ``shown[i]`` for ``samples[i]``). A prompt
     several of them share (one question under several strategies) is prefilled once (``shared_context_sessions``);
     their drafts and rewrites decode ``rows_together`` at a time (None: all as one batch; ``decoding.decode``),
-    each retrieval's read pass runs alone. ``result[i]`` equals ``answer_question`` of sample i: exactly when
-    ``rows_together`` is 1, up to fp32 rounding in a batch."""
+    each retrieval's read pass runs alone. Drafts (and read passes) that several answers would make alike (the
+    strategies of one question until they retrieve different windows) are made once and shared. ``result[i]``
+    equals ``answer_question`` of sample i: exactly when ``rows_together`` is 1, up to fp32 rounding in a batch."""
     shown = shown if shown is not None else [() for _ in samples]
     if not len(samples) == len(selectors) == len(shown):
         raise DynheadsError(f"{len(samples)} samples, {len(selectors)} head selectors, {len(shown)} shown windows")
     if rows_together is not None and rows_together < 1:
         raise DynheadsError("answers decode at least one at a time")
     answers: list[RagAnswer | None] = [None] * len(samples)
+    reads: dict[tuple, StepResult] = {}  # retrieval read passes by identity, shared by the answers that agree
     runs = [
-        _answer(lm, sample, selector, settings, windows, session)
+        _answer(lm, sample, selector, settings, windows, session, reads)
         for sample, selector, windows, session in zip(
             samples, selectors, shown, shared_context_sessions(lm, samples, settings), strict=True
         )
@@ -250,11 +267,16 @@ def answer_questions(
         advance(i, None)
     while drafts:
         batch = list(drafts.items())
-        width = rows_together or len(batch)
-        for start in range(0, len(batch), width):
-            part = [draft for _, draft in batch[start : start + width]]
+        first_of: dict[tuple, _DraftPolicy] = {}  # one decode per distinct draft; its twins copy it
+        for _, draft in batch:
+            first_of.setdefault(draft.identity(), draft)
+        distinct = list(first_of.values())
+        width = rows_together or len(distinct)
+        for start in range(0, len(distinct), width):
+            part = distinct[start : start + width]
             decode([draft.answerer.session for draft in part], part, max(draft.steps for draft in part))
         for i, draft in batch:
+            draft.take(first_of[draft.identity()])
             advance(i, draft)
     return cast(list[RagAnswer], answers)  # every run has finished: each slot holds its answer
 
@@ -266,9 +288,10 @@ def _answer(
     settings: RagSettings,
     shown: Sequence[tuple[int, int]],
     session: DecodingSession,
+    reads: dict[tuple, StepResult],
 ) -> Generator[_DraftPolicy, _DraftPolicy, RagAnswer]:
     """One answer as a coroutine, from ``session`` (its ``context_session``): it yields each draft to decode and
-    receives it decoded."""
+    receives it decoded; ``reads``: the retrieval read passes made so far (``_retrieve``)."""
     context = _context_of(sample)
     visibility = selector.entry.visibility
     if (visibility == "given") != bool(shown):
@@ -312,7 +335,7 @@ def _answer(
             continue
         state.answer += draft.tokens[: result.sentence_token_start]
         state.finished = False
-        heads, scores = _retrieve(state, selector)
+        heads, scores = _retrieve(state, selector, reads)
         retrieved = select_windows(scores, settings.retrieval, offset=context[0])
         windows += list(retrieved.windows)
         visible = retrieved.mask
@@ -332,11 +355,16 @@ def _answer(
     )
 
 
-def _retrieve(state: Answerer, selector: HeadSelector) -> tuple[list[Head], np.ndarray]:
-    """Algorithm 2 up to AverageAttention: unmask, pick heads, average their rows over the context."""
+def _retrieve(state: Answerer, selector: HeadSelector, reads: dict[tuple, StepResult]) -> tuple[list[Head], np.ndarray]:
+    """Algorithm 2 up to AverageAttention: unmask, pick heads, average their rows over the context. The read pass
+    depends on the prompt and the answer so far only: answers that agree on them (strategies of one question at
+    their first retrieval) share it through ``reads``."""
     lm = state.lm
-    every_head = {(layer, head) for layer in range(lm.num_layers) for head in range(lm.num_heads)}
-    step = state.read(None, rows_for=every_head)  # one pass: the hidden state picks heads, rows are kept
+    identity = (state.prompt, state.context, tuple(state.answer))
+    if identity not in reads:
+        every_head = {(layer, head) for layer in range(lm.num_layers) for head in range(lm.num_heads)}
+        reads[identity] = state.read(None, rows_for=every_head)  # one pass: the hidden state picks heads, rows kept
+    step = reads[identity]
     heads = selector.select(step.hidden.cpu().numpy())
     start, stop = state.context
     rows = torch.stack([step.stats.rows[head][start:stop] for head in heads])
