@@ -126,14 +126,17 @@ def teacher_attention(
     layer = cast(int, module.layer_idx)  # transformers numbers every attention module
     width = state.first + steps - 1  # clean keys any step sees: those before the last step's position
     clean_keys, clean_values = (states[:, :, :width] for states in state.clean[layer])
-    grouped = query.reshape(rows, num_kv, groups * steps, head_dim)
-    logits = torch.matmul(grouped, clean_keys.transpose(-1, -2)).mul_(scaling).view(rows, num_kv, groups, steps, width)
-    cached = (
-        torch.arange(width, device=query.device)[None] < state.first + torch.arange(steps, device=query.device)[:, None]
-    )
-    logits.masked_fill_(~cached, float("-inf"))
-    own = (query.view(rows, num_kv, groups, steps, head_dim) * key[:, :, None]).sum(-1).mul_(scaling)
-    probs = torch.softmax(torch.cat([logits, own[..., None]], -1), dim=-1, dtype=torch.float32)
+    # scores over the clean keys and, in the last column, the step's own key: written in place, never concatenated
+    scores = query.new_empty(rows * num_kv, groups * steps, width + 1)
+    keys = clean_keys.transpose(-1, -2).expand(rows, num_kv, head_dim, width).reshape(rows * num_kv, head_dim, width)
+    torch.bmm(query.reshape(rows * num_kv, groups * steps, head_dim), keys, out=scores[..., :width])
+    scores[..., :width].mul_(scaling)
+    scores = scores.view(rows, num_kv, groups, steps, width + 1)
+    steps_seen = state.first + torch.arange(steps, device=query.device)  # clean keys step t sees: those before it
+    later = torch.arange(state.first, width, device=query.device)[None] >= steps_seen[:, None]  # only the answer's
+    scores[..., state.first : width].masked_fill_(later, float("-inf"))
+    scores[..., width] = (query.view(rows, num_kv, groups, steps, head_dim) * key[:, :, None]).sum(-1).mul_(scaling)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
     mixed = torch.matmul(probs[..., :width].to(value.dtype).reshape(rows, num_kv, groups * steps, width), clean_values)
     output = mixed.view(rows, num_kv, groups, steps, head_dim) + probs[..., width:].to(value.dtype) * value[:, :, None]
     output = output.reshape(rows, num_heads, steps, head_dim)
