@@ -12,6 +12,7 @@ from zoo import NoTokenizer, tiny_model
 
 from dynheads.ablation.forced import forced_ablation
 from dynheads.ablation.per_step import AblationSettings, ablated_generate
+from dynheads.ablation.strategies import DOSE_ARMS
 from dynheads.engine.probe import ABLATION_MODES
 from dynheads.models import LoadedModel
 
@@ -134,6 +135,40 @@ def test_batched_settings_equal_each_setting_alone():
         assert alone.masked == [together.masked[index]]
         assert np.allclose(alone.masked_logprob[0], together.masked_logprob[index], atol=1e-5)
         assert alone.flipped[0] == together.flipped[index]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_samples_decoded_together_equal_each_alone(family, monkeypatch):
+    """Issue 36: ``forced_ablations`` decodes the samples' clean answers as one batch (prompts of three lengths) and
+    measures each from its clean cache rebuilt in one pass over its answer: equal to ``forced_ablation`` of each
+    alone up to fp32 rounding (Gemma 2's soft-capped logits have no one pass: those samples are measured alone);
+    one sample is the reference path exactly."""
+    from dynheads.ablation import forced
+
+    lm = _lm(family)
+    samples = [_sample(5, length=24), _sample(6, length=31), _sample(7, length=40)]
+    static = ((2, 1), (0, 3), (1, 2), (2, 0), (0, 0))
+    settings = [
+        [AblationSettings(arm, dose=2, static_ranking=static, seed=seed, mode="mean") for arm in DOSE_ARMS]
+        for seed in range(len(samples))
+    ]
+    batches, real_decode = [], forced.decode
+    monkeypatch.setattr(
+        forced, "decode", lambda sessions, *a: batches.append(len(sessions)) or real_decode(sessions, *a)
+    )
+    together = forced.forced_ablations(lm, samples, settings, 6)
+    assert batches[0] == len(samples)  # the clean answers decoded as one batch
+    for sample, rows, batched in zip(samples, settings, together, strict=True):
+        alone = forced_ablation(lm, sample, rows, 6)
+        assert len(alone.tokens) >= 3
+        assert batched.tokens == alone.tokens and batched.masked == alone.masked
+        np.testing.assert_allclose(batched.clean_logprob, alone.clean_logprob, rtol=0, atol=2e-5)
+        np.testing.assert_allclose(batched.masked_logprob, alone.masked_logprob, rtol=0, atol=2e-5)
+        assert batched.flipped == alone.flipped
+        assert np.abs(np.asarray(batched.masked_logprob) - np.asarray(batched.clean_logprob)[None]).max() > 1e-3
+    assert forced.forced_ablations(lm, samples[:1], settings[:1], 6) == [
+        forced_ablation(lm, samples[0], settings[0], 6)
+    ]
 
 
 def test_dose_arms_pick_their_heads():

@@ -91,3 +91,20 @@ def test_cascade_arms_and_doses_share_one_prefill_per_sample(tiny_model_dir, tin
         ablation, "shared_prefills", lambda lm, samples, setting, n: [real(lm, s, setting, n) for s in samples]
     )
     assert run_claim2(config, tmp_path / "per-row", lm=tiny_lm, progress=False).records() == shared
+
+
+def test_teacher_records_in_batches_equal_batch_one(tiny_model_dir, tiny_lm, tmp_path):
+    """Issue 36: ``--batch-size 4`` decodes four samples' clean answers together; each record equals batch 1's up
+    to fp32 rounding (the same answer, heads and flips)."""
+    config = _config(tiny_model_dir, _static(tmp_path), depths=(0.0, 0.5, 1.0), max_new_tokens=4)
+    one = run_claim2(config, tmp_path / "b1", lm=tiny_lm, progress=False).records()
+    four = run_claim2(config, tmp_path / "b4", lm=tiny_lm, progress=False, batch_size=4).records()
+    assert len(one) == len(four) == 3 and all(r["steps"] >= 2 for r in one)
+    for a, b in zip(one, four, strict=True):
+        assert (a["sample_id"], a["generated"], a["steps"]) == (b["sample_id"], b["generated"], b["steps"])
+        assert b["clean_logprob"] == pytest.approx(a["clean_logprob"], abs=2e-5)
+        for arm, doses in a["arms"].items():
+            for dose, values in doses.items():
+                assert b["arms"][arm][dose]["masked"] == values["masked"]
+                assert b["arms"][arm][dose]["flip"] == values["flip"]
+                assert b["arms"][arm][dose]["drop"] == pytest.approx(values["drop"], abs=2e-5)

@@ -15,6 +15,9 @@ Two phases per sample, one prefill:
    last position edited (tests/test_ablation_forced.py checks it for every masking mode, that a batch equals each
    setting alone, and that the one pass equals decoding the settings' rows step by step, which models whose
    attention the one pass does not reproduce (sliding windows, soft-capped logits) still do).
+
+``forced_ablations`` decodes several samples' clean answers as one batch (phase 1), then measures each sample as
+above from its clean cache rebuilt in one pass over its answer: equal to one sample at a time up to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class CleanStep:
     logprob: float  # log p(token) under the clean model
     dynamic: list[Head]  # D_t, ranked
     ranking: list[Head]  # every head, D_t first (a dose's order)
-    states: KVStates  # what the token wrote into the cache
+    states: KVStates  # what the token wrote into the cache (none kept when the answer decoded in a batch)
 
 
 @dataclass
@@ -74,7 +77,10 @@ class ForcedResult:
 
 
 class _CleanPolicy(StepPolicy):
-    def __init__(self, session: DecodingSession, settings: AblationSettings, stop_ids: Collection[int]):
+    """The clean greedy answer, step by step; ``session``: the one-row session it decodes alone, whose states each
+    step keeps (None: it decodes in a batch, and keeps none)."""
+
+    def __init__(self, session: DecodingSession | None, settings: AblationSettings, stop_ids: Collection[int]):
         self.session, self.spec, self.stop_ids = session, settings.score_spec(), stop_ids
         self.steps: list[CleanStep] = []
 
@@ -88,7 +94,7 @@ class _CleanPolicy(StepPolicy):
                     float(torch.log_softmax(result.logits, -1)[token]),
                     self.spec.step_heads(result.stats, row, token),
                     self.spec.step_ranking(result.stats, row, token),
-                    self.session.last_states(0),
+                    self.session.last_states(0) if self.session is not None else [],
                 )
             )
         return action
@@ -125,18 +131,79 @@ def forced_ablation(
 ) -> ForcedResult:
     """The clean greedy answer of ``sample`` and, for each of ``settings`` (rows of one batch; they share the
     masking mode and D_t's score), the teacher-forced single-step ablation at every step of it."""
-    if not settings:
-        raise DynheadsError("give at least one ablation setting")
-    first = settings[0]
-    if len({(s.mode, s.score_spec()) for s in settings}) > 1:
-        raise DynheadsError("the settings of one teacher-forced ablation share one masking mode and one score")
-    for setting in settings:
-        validate(lm, setting)
+    first = _checked(lm, settings)
     session = prefilled_session(lm, sample, first, max_new_tokens)  # prefilled once: phase 2 forks this state
     prefix = session.checkpoint()
     clean = _CleanPolicy(session, first, lm.stop_token_ids() if stop_at_eos else set())
     decode([session], [clean], max_new_tokens)
     steps = clean.steps
+    try:
+        return _measured(lm, session, sample, steps, settings)
+    except Unsupported:  # attention the one pass does not reproduce: every step as its own pass
+        session.rollback(prefix)
+        return _measured(lm, session, sample, steps, settings, step_by_step=True)
+
+
+def forced_ablations(
+    lm: LoadedModel,
+    samples: Sequence[DecodeInput],
+    settings: Sequence[Sequence[AblationSettings]],
+    max_new_tokens: int = 48,
+    *,
+    stop_at_eos: bool = True,
+) -> list[ForcedResult]:
+    """``forced_ablation`` of each sample under its settings, the clean answers decoded as one batch (four rows
+    share each step's weight reads): equal to ``forced_ablation`` of each alone up to fp32 rounding (exactly for
+    one sample). Each sample's clean cache is then its prompt's and its answer's states from one pass over the
+    answer (the batch keeps no per-sample cache); models whose attention the one teacher pass does not reproduce
+    measure the sample alone."""
+    if len(samples) != len(settings):
+        raise DynheadsError(f"{len(samples)} samples but {len(settings)} lists of settings")
+    if len(samples) == 1:
+        return [forced_ablation(lm, samples[0], settings[0], max_new_tokens, stop_at_eos=stop_at_eos)]
+    stop_ids = lm.stop_token_ids() if stop_at_eos else set()
+    sessions, prefixes, cleans = [], [], []
+    for sample, rows in zip(samples, settings, strict=True):
+        first = _checked(lm, rows)
+        sessions.append(prefilled_session(lm, sample, first, max_new_tokens))
+        prefixes.append(sessions[-1].checkpoint())
+        cleans.append(_CleanPolicy(None, first, stop_ids))
+    decode(sessions, cleans, max_new_tokens)
+    results = []
+    for sample, rows, session, prefix, clean in zip(samples, settings, sessions, prefixes, cleans, strict=True):
+        session.rollback(prefix)  # the batch took the cache; the prompt's is back
+        if clean.steps:  # the clean cache: the last prompt token and the answer but its last token, in one pass
+            session.write([sample.input_ids[-1], *[step.token for step in clean.steps[:-1]]])
+            session.forward()
+        try:
+            results.append(_measured(lm, session, sample, clean.steps, rows))
+        except Unsupported:
+            results.append(forced_ablation(lm, sample, rows, max_new_tokens, stop_at_eos=stop_at_eos))
+    return results
+
+
+def _checked(lm: LoadedModel, settings: Sequence[AblationSettings]) -> AblationSettings:
+    """The first of ``settings``, once they are checked to be one teacher-forced ablation's rows."""
+    if not settings:
+        raise DynheadsError("give at least one ablation setting")
+    if len({(s.mode, s.score_spec()) for s in settings}) > 1:
+        raise DynheadsError("the settings of one teacher-forced ablation share one masking mode and one score")
+    for setting in settings:
+        validate(lm, setting)
+    return settings[0]
+
+
+def _measured(
+    lm: LoadedModel,
+    session: DecodingSession,
+    sample: DecodeInput,
+    steps: Sequence[CleanStep],
+    settings: Sequence[AblationSettings],
+    *,
+    step_by_step: bool = False,
+) -> ForcedResult:
+    """Phase 2 of ``forced_ablation``: every setting at every clean step, from ``session`` holding the clean cache
+    (``step_by_step``: holding the prompt, every step decoded as its own pass)."""
     result = ForcedResult([s.token for s in steps], [s.logprob for s in steps], [len(s.dynamic) for s in steps])
     if not steps:  # the answer ended at once: nothing to measure
         result.masked_logprob, result.flipped = [[] for _ in settings], [[] for _ in settings]
@@ -144,11 +211,10 @@ def forced_ablation(
         return result
     masked = [_masked_heads(lm, steps, setting) for setting in settings]
     result.masked = masked
-    try:
-        result.masked_logprob, result.flipped = _in_one_pass(lm, session, sample, steps, masked, first.mode)
-    except Unsupported:  # attention the one pass does not reproduce: every step as its own pass
-        session.rollback(prefix)
+    if step_by_step:
         result.masked_logprob, result.flipped = _step_by_step(session, steps, masked, settings)
+    else:
+        result.masked_logprob, result.flipped = _in_one_pass(lm, session, sample, steps, masked, settings[0].mode)
     return result
 
 

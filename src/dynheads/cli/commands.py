@@ -47,9 +47,9 @@ def reproduce(
         int | None,
         Opt(
             "--batch-size",
-            help="records decoded together by the tracing, static, progressive and RAG stages (default: the "
-            "preset's, standard 4, else 1, the reference path; the dose-responses decode a sample's arms x doses "
-            "as one batch either way); larger batches give batch 1's results up to fp32 rounding",
+            help="records decoded together by every stage that decodes (tracing, static, the dose-responses' "
+            "clean answers, progressive, RAG; default: the preset's, standard 4, else 1, the reference path); "
+            "larger batches give batch 1's results up to fp32 rounding",
         ),
     ] = None,
     config: ConfigFile = None,

@@ -4,9 +4,10 @@ Arms (``ablation_strategies``): ``dynamic`` (the step's heads ranked, D_t first)
 k), ``static_outside`` (the static list's top k outside the step's D_t: "dynamic" against "important and always
 on") and ``random`` (k heads drawn per sample and step). Metrics (``metric``):
 
-- ``teacher`` (graded, decides the verdict): ``ablation_forced.forced_ablation``, one record per sample; per arm
+- ``teacher`` (graded, decides the verdict): ``ablation_forced.forced_ablations``, one record per sample; per arm
   and dose the mean over the clean answer's steps of the masked log-probability of the clean token, of its drop
-  and of the argmax flips. One prefill per sample; the arms x doses of a step are rows of one batch.
+  and of the argmax flips. One prefill per sample; the arms x doses of a step are rows of one batch; the clean
+  answers of ``batch_size`` samples decode together (batch 1: the reference path, exactly as before).
 - ``cascade``: greedy continues under masking (``ablation.ablated_generate_batch``), one record per sample, arm and
   dose, plus the un-ablated run; the task metric (accuracy / ROUGE-L, EM / F1). A sample's arms share one prefill.
 
@@ -27,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from dynheads import distributed
-from dynheads.ablation.forced import forced_ablation
+from dynheads.ablation.forced import ForcedResult, forced_ablations
 from dynheads.ablation.per_step import AblationResult, AblationSettings
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, DOSE_ARMS
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval
@@ -87,13 +88,13 @@ def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOpti
         )
 
     if config.metric in ("teacher", "both"):
-        teacher = partial(_teacher_record, lm, config, settings, doses)
-        run_jobs(
+        teacher = partial(_teacher_records, lm, config, settings, doses)
+        run_jobs(  # batch_size samples' clean answers decode together; a sample's arms x doses are one batch
             run,
             [Job(f"{s.sample_id}-teacher", s, group=s.sample_id) for s in samples],
-            lambda batch: [Finished(teacher(sample)) for sample in batch],
+            lambda batch: [Finished(record) for record in teacher(batch)],
             desc="ablate teacher-forced",
-            **options,  # one sample at a time: its arms x doses are one batch
+            **options,
         )
     if config.metric in ("cascade", "both"):
         arms = [("none", None)] + [(arm, dose) for arm in DOSE_ARMS for dose in doses]
@@ -108,10 +109,18 @@ def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOpti
     return run
 
 
-def _teacher_record(lm: LoadedModel, config: AblationConfig, settings, doses: tuple[int, ...], sample) -> dict:
-    """One sample's teacher-forced record: per arm and dose the means over the clean answer's steps."""
+def _teacher_records(
+    lm: LoadedModel, config: AblationConfig, settings, doses: tuple[int, ...], samples: list
+) -> list[dict]:
+    """The samples' teacher-forced records (their clean answers decoded as one batch)."""
     grid = [(arm, dose) for arm in DOSE_ARMS for dose in doses]
-    result = forced_ablation(lm, sample, [settings(sample, arm, dose) for arm, dose in grid], config.max_new_tokens)
+    rows = [[settings(sample, arm, dose) for arm, dose in grid] for sample in samples]
+    results = forced_ablations(lm, samples, rows, config.max_new_tokens)
+    return [_teacher_record(lm, config, grid, sample, result) for sample, result in zip(samples, results, strict=True)]
+
+
+def _teacher_record(lm: LoadedModel, config: AblationConfig, grid: list, sample, result: ForcedResult) -> dict:
+    """One sample's teacher-forced record: per arm and dose the means over the clean answer's steps."""
     text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
     arms: dict[str, dict[str, dict[str, float | None]]] = {arm: {} for arm in DOSE_ARMS}
     for row, (arm, dose) in enumerate(grid):
