@@ -204,6 +204,43 @@ def test_the_head_token_press_runs_in_kvpress_pipeline_and_keeps_the_policys_tok
         assert _kept_positions(cache.layers[layer].keys, full.layers[layer].keys) == [expected, expected]
 
 
+def own_context_press(lm, settings, ratio):
+    """StreamingLLM under a press class that overrides kvpress's context: it prefills alone."""
+    from kvpress import StreamingLLMPress
+
+    class OwnContextPress(StreamingLLMPress):
+        def __call__(self, model):
+            return super().__call__(model)
+
+    return OwnContextPress(compression_ratio=ratio, n_sink=settings.sink)
+
+
+@needs_kvpress
+def test_presses_sharing_a_prefill_equal_each_alone(lm):
+    """Issue 36 item 1 for the KV runner's presses: every registered press, at two budgets, from one prefill they
+    share decodes the same tokens with the same resident KV at every step as under its own kvpress context."""
+    from dynheads.kv.press_registry import KVPRESS_PRESSES, PressEntry
+    from dynheads.kv.presses import press_generate_all
+
+    KVPRESS_PRESSES.register("own_context", PressEntry(f"{__name__}:own_context_press"), help="its own context")
+    try:
+        ids = random_prompt(7, 90)
+        base = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0), (1, 1), (2, 0)))
+        arms = [
+            (PressSpec(name), replace(base, budget=budget, voters=((1, 2), (0, 3))))
+            for name in KVPRESS_PRESSES.names()
+            for budget in (0.34, 0.67)
+        ]
+        shared = press_generate_all(lm, ids, arms, 5, stop_at_eos=False)
+        alone = press_generate_all(lm, ids, arms, 5, stop_at_eos=False, share_prefill=False)
+    finally:
+        KVPRESS_PRESSES.unregister("own_context")
+    for (spec, settings), one, other in zip(arms, shared, alone, strict=True):
+        assert (one.tokens, one.kept_kv, one.total_kv) == (other.tokens, other.kept_kv, other.total_kv), spec
+    assert len({tuple(result.tokens) for result in alone}) > 1  # the presses decode differently: the test can fail
+    assert len({result.kept_kv[0] for result in alone}) > 2
+
+
 @needs_kvpress
 def test_head_tokens_in_dynheads_kv_hold_snapkvs_bytes(lm):
     from dynheads.kv.presses import press_generate

@@ -213,19 +213,26 @@ class DecodingSession:
         means = [row.head_means for row in rows if row.head_means is not None]
         self.probe.head_means = torch.stack(means) if len(means) == len(rows) else None
 
-    def copies(self, count: int) -> list[DecodingSession]:
+    def copies(self, count: int, caches: Sequence[Cache] | None = None) -> list[DecodingSession]:
         """``count`` one-row sessions at this one-row session's state: its tokens, needle, settings and cache (the
-        cached tensors are shared: updates replace them, never write into them). Prefill once, fork the rows."""
+        cached tensors are shared: updates replace them, never write into them). Prefill once, fork the rows.
+        ``caches``: one per copy, the cache that copy decodes under instead (e.g. what a kvpress press pruned of this
+        session's prefill; ``kv.presses.press_generate_all``)."""
         if type(self.cache) is not DynamicCache:
             raise DynheadsError("a session with its own cache does not fork")
+        if caches is not None and len(caches) != count:
+            raise DynheadsError(f"{count} copies need {count} caches, got {len(caches)}")
         row, copies = self.row, []
-        for _ in range(count):
+        for index in range(count):
             copy = DecodingSession.__new__(DecodingSession)
             copy.lm, copy.mask, copy.width = self.lm, None, 0
             copy.probed, copy.text_positions = self.probed, self.text_positions
-            copy.cache = DynamicCache(config=self.lm.model.config)
-            for mine, theirs in zip(copy.cache.layers, self.cache.layers, strict=True):
-                mine.__dict__.update(vars(theirs))
+            if caches is not None:
+                copy.cache = caches[index]
+            else:
+                copy.cache = DynamicCache(config=self.lm.model.config)
+                for mine, theirs in zip(copy.cache.layers, self.cache.layers, strict=True):
+                    mine.__dict__.update(vars(theirs))
             copy.probe = AttentionProbe(self.lm.num_layers, self.lm.num_heads, self.lm.device)
             copy.probe.settings = replace(self.probe.settings, edits=(NO_EDIT,), removed=None, removed_heads={})
             twin = Row.__new__(Row)

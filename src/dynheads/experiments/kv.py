@@ -50,7 +50,7 @@ from dynheads.heads import Head, flat_index, head_key
 from dynheads.io import atomic_path, write_json
 from dynheads.kv.policies import KV_POLICIES, is_budget_free, is_dynamic
 from dynheads.kv.press_registry import KVPRESS_PRESSES, parse_press
-from dynheads.kv.presses import check_press, is_press, press_generate
+from dynheads.kv.presses import check_press, is_press, press_generate_all
 from dynheads.kv.retention import (
     KVResult,
     KVSettings,
@@ -278,28 +278,23 @@ class _KVDecoder:
 
     def decode(self, batch: list[tuple[Sample, str, float | None]]) -> list[KVResult]:
         """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
-        full-attention prefill per sample, shared by the sample's policies; kvpress presses run one by one."""
+        full-attention prefill per sample, shared by the sample's policies; a sample's kvpress presses share their own
+        prefill (plain attention, no probe; ``press_generate_all``) and decode one by one."""
         lm, config = self.lm, self.config
         prefills: dict[str, Prefill] = {}
         results: list[KVResult | None] = [None] * len(batch)
         groups: dict[tuple[str, float | None], list[int]] = {}
+        pressed: dict[str, list[int]] = {}
         for i, (sample, policy, budget) in enumerate(batch):
             if sample.sample_id not in prefills and self.needs_prefill(policy):
                 prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
-            if is_press(policy):  # kvpress compresses its own prefill (plain attention, no probe)
-                settings = self.settings_of(sample, policy, budget)
-                voters = self.predicted_voters(prefills[sample.sample_id]) if self.needs_prefill(policy) else ()
-                pressed = press_generate(
-                    lm,
-                    sample.input_ids,
-                    check_press(policy),
-                    replace(settings, voters=voters) if voters else settings,
-                    config.max_new_tokens,
-                )
-                pressed.voters = list(voters)
-                results[i] = pressed
-                continue
-            groups.setdefault((policy, budget), []).append(i)
+            if is_press(policy):
+                pressed.setdefault(sample.sample_id, []).append(i)
+            else:
+                groups.setdefault((policy, budget), []).append(i)
+        for rows in pressed.values():
+            for i, result in zip(rows, self.decode_presses([batch[i] for i in rows], prefills), strict=True):
+                results[i] = result
         for (policy, budget), rows in groups.items():
             decoded = kv_generate_batch(
                 lm,
@@ -312,6 +307,23 @@ class _KVDecoder:
             for i, result in zip(rows, decoded, strict=True):
                 results[i] = result
         return cast(list[KVResult], results)  # every slot holds its result now
+
+    def decode_presses(
+        self, jobs: list[tuple[Sample, str, float | None]], prefills: dict[str, Prefill]
+    ) -> list[KVResult]:
+        """The kvpress presses of one sample, from one prefill they share; a press the predictor votes for gets the
+        predictor's heads for the prompt (read from the sample's dynheads prefill) and records them."""
+        sample = jobs[0][0]
+        arms, voted = [], []
+        for _, policy, budget in jobs:
+            settings = self.settings_of(sample, policy, budget)
+            predicted = self.predicted_voters(prefills[sample.sample_id]) if self.needs_prefill(policy) else ()
+            arms.append((check_press(policy), replace(settings, voters=predicted) if predicted else settings))
+            voted.append(list(predicted))
+        results = press_generate_all(self.lm, sample.input_ids, arms, self.config.max_new_tokens)
+        for result, voters in zip(results, voted, strict=True):
+            result.voters = voters
+        return results
 
 
 def _record(

@@ -30,11 +30,14 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from dynheads.analysis.kvheads import KVHead
 from dynheads.config import parse_fields
@@ -311,24 +314,123 @@ def press_generate(
 ) -> KVResult:
     """Greedy decoding with the kvpress press ``spec`` names (with its knobs) applied to the prefill of the prompt
     minus its last token (as ``kv.retention`` prefills), the resident KV read from the cache at every decode step."""
+    (result,) = press_generate_all(lm, input_ids, [(spec, settings)], max_new_tokens, stop_at_eos=stop_at_eos)
+    return result
+
+
+def press_generate_all(
+    lm: LoadedModel,
+    input_ids: Sequence[int],
+    arms: Sequence[tuple[PressSpec, KVSettings]],
+    max_new_tokens: int,
+    *,
+    stop_at_eos: bool = True,
+    share_prefill: bool = True,
+) -> list[KVResult]:
+    """``press_generate`` for several presses of one prompt from one prefill: kvpress compresses a layer's cache
+    after that layer's attention, so the prefill's passes are the same under every press; each press compresses its
+    own copy of every layer's keys and values in that pass (``_pressing``) and then decodes alone from its cache.
+    Each result equals the press's own prefill and decoding (``test_presses_sharing_a_prefill_equal_each_alone``).
+    A press with its own context (one that overrides kvpress's ``BasePress.__call__``, e.g. a press that also acts
+    while decoding) prefills alone under that context, and so does every press with ``share_prefill=False`` (kvpress's
+    own way, the reference). Memory: a press that compresses at the last layer
+    (``head_tokens``) or masks instead of freeing (``duo_attention``) holds a full copy of the cache until then."""
+    if len(input_ids) < 2:
+        raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
+    for spec, settings in arms:
+        _check_drivers(spec, settings)
+    presses = [make_press(spec, lm, settings, len(input_ids) - 1) for spec, settings in arms]
+    shared = [i for i, press in enumerate(presses) if share_prefill and not _has_own_context(press)]
+    groups = ([shared] if shared else []) + [[i] for i in range(len(presses)) if i not in shared]
+    results: list[KVResult | None] = [None] * len(arms)
+    for group in groups:
+        pressed = _prefilled(lm, input_ids, [presses[i] for i in group], max_new_tokens, share=group is shared)
+        for i, (session, masked) in zip(group, pressed, strict=True):
+            results[i] = _decode_pressed(lm, session, masked, *arms[i], max_new_tokens, stop_at_eos)
+    return cast(list[KVResult], results)  # every group filled its slots
+
+
+def _has_own_context(press) -> bool:
+    return type(press).__call__ is not require_kvpress().presses.base_press.BasePress.__call__
+
+
+def _prefilled(
+    lm: LoadedModel, input_ids: Sequence[int], presses: list, max_new_tokens: int, share: bool
+) -> list[tuple[DecodingSession, dict[int, object] | None]]:
+    """One session per press, its cache pruned by the press from one prefill of the prompt minus its last token,
+    with the keys a head-level press masks per layer; ``share`` off: one press under its own kvpress context, which
+    leaves those keys on the modules (None)."""
+    # a pruned cache is shorter than the text: each token gets its true position (as kvpress's pipeline)
+    prefilled = DecodingSession(lm, input_ids, max_new_tokens=max_new_tokens, probed=False, text_positions=True)
+    if len(presses) == 1 and not share:
+        with presses[0](lm.model):
+            prefilled.forward(len(input_ids) - 1)
+        return [(prefilled, None)]
+    caches = [DynamicCache(config=lm.model.config) for _ in presses]
+    masks: list[dict[int, object]] = [{} for _ in presses]
+    with _pressing(lm.model, presses, caches, masks):
+        prefilled.forward(len(input_ids) - 1)
+    return list(zip(prefilled.copies(len(presses), caches), masks, strict=True))
+
+
+def _check_drivers(spec: PressSpec, settings: KVSettings) -> None:
+    """A one-line error when the press's head list or predicted voters are missing."""
     entry = KVPRESS_PRESSES.get(spec.name)
     if entry.needs_static and not (settings.static_ranking or settings.voters):
         raise DynheadsError(f"kvpress:{spec.name} is driven by a dynheads head list: pass --static FILE")
     if entry.needs_probe and not settings.voters:
         raise DynheadsError(f"kvpress:{spec.name} votes with the head predictor's heads for the prompt: pass --probe")
-    if len(input_ids) < 2:
-        raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
-    press = make_press(spec, lm, settings, len(input_ids) - 1)
-    model, attention = lm.model, attention_modules(lm.model)
-    num_kv = num_kv_heads(lm)
+
+
+@contextmanager
+def _pressing(model, presses: list, caches: list[DynamicCache], masks: list[dict[int, object]]):
+    """Every press compresses its own cache in one prefill: after each layer's attention, the layer's keys and values
+    are copied into each press's cache and the press's kvpress hook runs on that cache (as ``press(model)`` would on
+    the model's); a head-level press's masked keys are kept per press (kvpress leaves them on the module)."""
+    attention, rotary = attention_modules(model), getattr(model.base_model, "rotary_emb", None)
+    for press in presses:
+        press.post_init_from_model(model)
+    for module in attention:
+        if rotary is not None:  # as kvpress's press context sets it, for presses that re-rotate keys
+            module.rotary_emb = rotary
+
+    def hook(module, args, kwargs, output):
+        layer = module.layer_idx
+        held = kwargs["past_key_values"].layers[layer]
+        for press, cache, masked in zip(presses, caches, masks, strict=True):
+            cache.update(held.keys, held.values, layer)
+            press.forward_hook(module, args, {**kwargs, "past_key_values": cache}, output)
+            masked[layer] = getattr(module, "masked_key_indices", None)
+            module.masked_key_indices = None
+        return output
+
+    handles = [module.register_forward_hook(hook, with_kwargs=True) for module in attention]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _decode_pressed(
+    lm: LoadedModel,
+    session: DecodingSession,
+    masked: dict[int, object] | None,
+    spec: PressSpec,
+    settings: KVSettings,
+    max_new_tokens: int,
+    stop_at_eos: bool,
+) -> KVResult:
+    """Greedy decoding of a session whose cache a press pruned (``masked``: the keys it masks per layer), the
+    resident KV read from the cache at every step."""
+    entry = KVPRESS_PRESSES.get(spec.name)
     whole = _whole_heads(lm, settings) if entry.sizing == "heads" else []
+    attention, num_kv, prompt = attention_modules(lm.model), num_kv_heads(lm), session.prompt_length
     result = KVResult(tokens=[], text="", stop_reason="max_new_tokens", budget_heads=len(whole))
-    # a pruned cache is shorter than the text: each token gets its true position (as kvpress's pipeline)
-    session = DecodingSession(lm, input_ids, max_new_tokens=max_new_tokens, probed=False, text_positions=True)
 
     def measure(step: StepResult) -> None:
         # a pruned cache holds fewer tokens than were fed; the unmodified model holds them all
-        result.total_kv.append(lm.num_layers * num_kv * (len(input_ids) + len(result.kept_kv)))
+        result.total_kv.append(lm.num_layers * num_kv * (prompt + len(result.kept_kv)))
         result.kept_kv.append(_resident(session.cache, attention))
         result.kv_heads.append(whole)
         result.fetched_kv.append(0)
@@ -337,11 +439,12 @@ def press_generate(
 
     policy = GreedyPolicy(lm.stop_token_ids() if stop_at_eos else set(), measure)
     try:
-        with press(model):
-            session.forward(len(input_ids) - 1)
+        if masked is not None:  # kvpress reads a head-level press's masked keys from the modules while decoding
+            for module in attention:
+                module.masked_key_indices = masked.get(module.layer_idx)
         (decoded,) = decode([session], [policy], max_new_tokens)
     finally:
-        for module in attention:  # kvpress leaves its head masks on the modules: the next sample must not see them
+        for module in attention:  # the next press or sample must not see this press's head masks
             module.masked_key_indices = None  # type: ignore[assignment]  # kvpress's attribute, not nn.Module's
     result.tokens, result.stop_reason = decoded.tokens, decoded.stop_reason
     result.text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
