@@ -235,7 +235,7 @@ def test_presses_sharing_a_prefill_equal_each_alone(lm):
         alone = press_generate_all(lm, ids, arms, 5, stop_at_eos=False, share_prefill=False)
     finally:
         KVPRESS_PRESSES.unregister("own_context")
-    for (spec, settings), one, other in zip(arms, shared, alone, strict=True):
+    for (spec, _), one, other in zip(arms, shared, alone, strict=True):
         assert (one.tokens, one.kept_kv, one.total_kv) == (other.tokens, other.kept_kv, other.total_kv), spec
     assert len({tuple(result.tokens) for result in alone}) > 1  # the presses decode differently: the test can fail
     assert len({result.kept_kv[0] for result in alone}) > 2
