@@ -341,10 +341,10 @@ def press_generate_all(
         _check_drivers(spec, settings)
     presses = [make_press(spec, lm, settings, len(input_ids) - 1) for spec, settings in arms]
     shared = [i for i, press in enumerate(presses) if share_prefill and not _has_own_context(press)]
-    groups = ([shared] if shared else []) + [[i] for i in range(len(presses)) if i not in shared]
+    alone = [([i], False) for i in range(len(presses)) if i not in shared]
     results: list[KVResult | None] = [None] * len(arms)
-    for group in groups:
-        pressed = _prefilled(lm, input_ids, [presses[i] for i in group], max_new_tokens, share=group is shared)
+    for group, share in ([(shared, True)] if shared else []) + alone:
+        pressed = _prefilled(lm, input_ids, [presses[i] for i in group], max_new_tokens, share=share)
         for i, (session, masked) in zip(group, pressed, strict=True):
             results[i] = _decode_pressed(lm, session, masked, *arms[i], max_new_tokens, stop_at_eos)
     return cast(list[KVResult], results)  # every group filled its slots
