@@ -105,3 +105,23 @@ def test_runs_of_other_samples_or_fits_are_refused(pieces, tmp_path):
         write_json(copy / "manifest.json", {**manifest, "config": {**manifest["config"], "static": static}})
     with pytest.raises(DynheadsError, match="different static settings"):
         join_kv_runs([mine, theirs], tmp_path / "d")
+
+
+def test_runs_that_read_one_list_at_two_paths_join_and_two_lists_do_not(pieces, tmp_path):
+    """kv-join compares the checksum a manifest records of its head list, not the path it was given by."""
+    _, _, first, second, _ = pieces
+
+    def reading(copy, source, path, digest):
+        shutil.copytree(source, copy)
+        manifest = read_json(copy / "manifest.json")
+        fitted = {**manifest["fit_samples"], "static": {"path": path, "sha256": digest}}
+        config = {**manifest["config"], "static": path}
+        write_json(copy / "manifest.json", {**manifest, "config": config, "fit_samples": fitted})
+        return copy
+
+    a = reading(tmp_path / "a", first, "/runs/a/static_heads.json", "1" * 64)
+    b = reading(tmp_path / "b", second, "/copy/static_heads.json", "1" * 64)
+    assert join_kv_runs([a, b], tmp_path / "same")["samples"] == 4
+    c = reading(tmp_path / "c", second, "/runs/a/static_heads.json", "2" * 64)
+    with pytest.raises(DynheadsError, match="different static settings .sha256:111"):
+        join_kv_runs([a, c], tmp_path / "other")

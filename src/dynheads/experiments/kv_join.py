@@ -3,7 +3,8 @@
 A KV comparison is often measured in pieces: more budgets later, presses in their own environment, the predictor's
 arms once it is trained. Each piece is its own run folder; ``join_kv_runs`` checks that the pieces decoded the
 same prompts with the same model and settings (everything but ``ARM_SETTINGS``: the policies, the budgets and the
-fits they read, which must agree where two runs both name one), keeps the samples finished under every (policy,
+fits they read, which must agree where two runs both name one: by checksum where the manifests record one, so
+one list at two paths joins), keeps the samples finished under every (policy,
 budget) of every run, and writes ``write_policy_tables``'s tables over the union, the Pareto front marked over all
 rows (one run alone: its own tables again, with the paired differences below), and ``join.json``:
 
@@ -141,12 +142,19 @@ def check_joinable(pieces: Sequence[KVPiece]) -> None:
                 "fits may differ between joined runs"
             )
     for key in FITS:
-        named = {str(p.manifest["config"].get(key)) for p in pieces if p.manifest["config"].get(key) is not None}
+        named = {_fit_identity(p.manifest, key) for p in pieces if p.manifest["config"].get(key) is not None}
         if len(named) > 1:
             raise DynheadsError(
                 f"the runs read different {key} settings ({', '.join(sorted(named))}): their arms "
                 "would not be the same policy"
             )
+
+
+def _fit_identity(manifest: dict, key: str) -> str:
+    """What names a run's fit ``key``: the checksum of the head list or predictor it read (recorded since
+    ``fit_record`` records one), else the setting as given (a path, or ``probe_select``'s value)."""
+    fitted = (manifest.get("fit_samples") or {}).get(key) or {}
+    return f"sha256:{fitted['sha256']}" if "sha256" in fitted else str(manifest["config"][key])
 
 
 def _shared_config(config: dict) -> dict:
