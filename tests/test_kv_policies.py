@@ -64,6 +64,10 @@ def test_a_registered_policy_is_offered_checked_and_styled(first_layers, needs_l
     assert plot_style(first_layers, 0).marker and plot_style("full", 0).colour == "k"  # nothing goes unstyled
     looks = {(plot_style(f"kvpress:p{i}", i).colour, plot_style(f"kvpress:p{i}", i).marker) for i in range(12)}
     assert len(looks) == 12  # a figure with many presses gives each its own colour and marker
+    # ten presses in a row (a full KV table: index 5-14) get ten colours, none a built-in policy's and none grey
+    colours = {plot_style(f"kvpress:p{i}", i).colour for i in range(5, 15)}
+    built_in = {entry.value.style.colour for entry in KV_POLICIES if entry.value.style is not None}
+    assert len(colours) == 10 and not colours & (built_in | {"C7", "0.6", "grey", "gray"})
     with pytest.raises(DynheadsError, match="the listed KV policy needs a static head list"):
         KVConfig(policies=(needs_list,)).jobs()
     with pytest.raises(DynheadsError, match="the listed KV policy needs a static head list"):

@@ -102,14 +102,29 @@ def is_dynamic(name: str) -> bool:
 
 def plot_style(name: str, index: int) -> PlotStyle:
     """The entry's style; a policy registered without one, or any other name (a kvpress press), gets a colour and
-    marker of its own from ``index`` (its place in the figure; five colours, a new marker every five places, so two
-    unstyled policies never look alike), so no policy is left out of a figure."""
+    marker of its own from ``index`` (its place in the figure; ten colours that no built-in policy and no grey
+    uses, a new marker every ten places, so two unstyled policies never look alike), so no policy is left out of a
+    figure."""
     policy = KV_POLICIES.get(name) if name in KV_POLICIES else None
     if policy is not None and policy.style is not None:
         return policy.style
-    return PlotStyle(f"C{5 + index % 5}", UNSTYLED_MARKERS[index // 5 % len(UNSTYLED_MARKERS)])
+    colours = len(UNSTYLED_COLOURS)
+    return PlotStyle(UNSTYLED_COLOURS[index % colours], UNSTYLED_MARKERS[index // colours % len(UNSTYLED_MARKERS)])
 
 
+# matplotlib's C5, C6, C8, C9 (not C7: grey, the Pareto front's) and six darker tab20b hues
+UNSTYLED_COLOURS = (
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+    "#6b6ecf",
+)
 UNSTYLED_MARKERS = ("P", "h", "d", "p", "8")
 
 
