@@ -105,3 +105,8 @@ KVPRESS_PRESSES.register(
     PressEntry("dynheads.kv.presses:voted_tokens_press", needs_probe=True),
     help="as head_tokens, the voters being the head predictor's best heads for each prompt (--probe)",
 )
+KVPRESS_PRESSES.register(
+    "head_spans_predicted",
+    PressEntry("dynheads.kv.presses:voted_spans_press", needs_probe=True),
+    help="as head_spans, the voters being the head predictor's best heads for each prompt (--probe)",
+)

@@ -16,7 +16,7 @@ plus ``sink + recent``-token windows hold at the prompt's length, so both start 
   list's best query heads vote from an observation window and every KV head keeps the same tokens, at that ratio;
   ``head_tokens_predicted``: the same, the voters being the head predictor's best heads for the prompt (the runner
   passes them as ``KVSettings.voters``); ``head_spans``: ``head_tokens`` with every vote carried ``token_votes.SPAN``
-  keys forward, so a voted cue keeps the fact after it,
+  keys forward, so a voted cue keeps the fact after it (``head_spans_predicted``: with the predictor's voters),
 - ``chunkkv``: ChunkKV (kvpress's ``ChunkKVPress`` over ``SnapKVPress``, its defaults: whole chunks of 20 tokens) and
   ``snapkv_spans``: SnapKV with its scores carried ``SPAN`` keys forward (``head_spans``' span on every head), two
   baselines for a policy that keeps facts whole.
@@ -264,7 +264,8 @@ def voted_tokens_press(lm: LoadedModel, settings: KVSettings, ratio: float):
 
 
 def voted_spans_press(lm: LoadedModel, settings: KVSettings, ratio: float):
-    """``kvpress:head_spans``: ``head_tokens`` whose every vote carries the ``SPAN`` keys after it."""
+    """``kvpress:head_spans`` / ``head_spans_predicted``: ``head_tokens`` whose every vote carries the ``SPAN`` keys
+    after it."""
     return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent, span=SPAN)
 
 
