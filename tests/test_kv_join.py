@@ -114,7 +114,7 @@ def test_runs_that_read_one_list_at_two_paths_join_and_two_lists_do_not(pieces, 
     def reading(copy, source, path, digest):
         shutil.copytree(source, copy)
         manifest = read_json(copy / "manifest.json")
-        fitted = {**manifest["fit_samples"], "static": {"path": path, "sha256": digest}}
+        fitted = {**manifest["fit_samples"], "static": {"path": path} | ({"sha256": digest} if digest else {})}
         config = {**manifest["config"], "static": path}
         write_json(copy / "manifest.json", {**manifest, "config": config, "fit_samples": fitted})
         return copy
@@ -125,3 +125,9 @@ def test_runs_that_read_one_list_at_two_paths_join_and_two_lists_do_not(pieces, 
     c = reading(tmp_path / "c", second, "/runs/a/static_heads.json", "2" * 64)
     with pytest.raises(DynheadsError, match="different static settings .sha256:111"):
         join_kv_runs([a, c], tmp_path / "other")
+    # a run written before the checksum was recorded: compared by path, as given
+    old = reading(tmp_path / "old", second, "/runs/a/static_heads.json", None)
+    assert join_kv_runs([a, old], tmp_path / "old-same")["samples"] == 4
+    moved = reading(tmp_path / "moved", second, "/copy/static_heads.json", None)
+    with pytest.raises(DynheadsError, match="different static settings"):
+        join_kv_runs([a, moved], tmp_path / "old-other")

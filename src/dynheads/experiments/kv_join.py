@@ -142,7 +142,7 @@ def check_joinable(pieces: Sequence[KVPiece]) -> None:
                 "fits may differ between joined runs"
             )
     for key in FITS:
-        named = {_fit_identity(p.manifest, key) for p in pieces if p.manifest["config"].get(key) is not None}
+        named = _fit_identities([p.manifest for p in pieces if p.manifest["config"].get(key) is not None], key)
         if len(named) > 1:
             raise DynheadsError(
                 f"the runs read different {key} settings ({', '.join(sorted(named))}): their arms "
@@ -150,11 +150,14 @@ def check_joinable(pieces: Sequence[KVPiece]) -> None:
             )
 
 
-def _fit_identity(manifest: dict, key: str) -> str:
-    """What names a run's fit ``key``: the checksum of the head list or predictor it read (recorded since
-    ``fit_record`` records one), else the setting as given (a path, or ``probe_select``'s value)."""
-    fitted = (manifest.get("fit_samples") or {}).get(key) or {}
-    return f"sha256:{fitted['sha256']}" if "sha256" in fitted else str(manifest["config"][key])
+def _fit_identities(manifests: Sequence[dict], key: str) -> set[str]:
+    """What names the runs' fit ``key``: the checksums of the head list or predictor they read when every run
+    records one (``fit_record`` does since it was added), else the settings as given (paths, or ``probe_select``'s
+    value), so a run with a checksum still joins an older run of the same path."""
+    digests = [((m.get("fit_samples") or {}).get(key) or {}).get("sha256") for m in manifests]
+    if all(digests):
+        return {f"sha256:{digest}" for digest in digests}
+    return {str(m["config"][key]) for m in manifests}
 
 
 def _shared_config(config: dict) -> dict:
