@@ -3,7 +3,7 @@
 A KV comparison is often measured in pieces: more budgets later, presses in their own environment, the predictor's
 arms once it is trained. Each piece is its own run folder; ``join_kv_runs`` checks that the pieces decoded the
 same prompts with the same model and settings (everything but ``ARM_SETTINGS``: the policies, the budgets and the
-fits they read, which must agree where two runs both name one: by checksum where the manifests record one, so
+fits they read, which must agree where two runs both name one: by checksum where every manifest records one, so
 one list at two paths joins), keeps the samples finished under every (policy,
 budget) of every run, and writes ``write_policy_tables``'s tables over the union, the Pareto front marked over all
 rows (one run alone: its own tables again, with the paired differences below), and ``join.json``:
