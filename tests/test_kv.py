@@ -360,6 +360,21 @@ def test_the_pareto_front_keeps_the_points_nothing_beats():
     assert pareto_front(resident, accuracy).tolist() == [True, False, False, True, True, True, True]
 
 
+def test_tied_points_are_drawn_apart_and_the_others_where_they_are():
+    from dynheads.plots.kv import dodge_ties
+
+    resident = np.array([0.125, 0.1251, 0.125, 0.25, 0.5, 0.125])
+    accuracy = np.array([0.9, 0.9, 0.5, 0.9, 1.0, 0.9])
+    drawn = dodge_ties(resident, accuracy)
+    tied = drawn[[0, 1, 5]]
+    # the three ties (0.9 at ~1/8) sit apart, in the order given, around their mean on the log axis
+    assert tied[0] < tied[1] < tied[2]
+    assert np.log(tied).mean() == pytest.approx(np.log(resident[[0, 1, 5]]).mean())
+    assert np.diff(np.log(tied)) == pytest.approx([0.04, 0.04])
+    # a point with another accuracy, or far enough along the axis, keeps its measured resident KV
+    assert drawn[[2, 3, 4]].tolist() == [0.125, 0.25, 0.5]
+
+
 def test_kv_runs_a_question_task_and_judges_it_by_the_tasks_first_metric(tiny_model_dir, tmp_path):
     """``dynheads kv --task variable_tracking``: RULER's samples (a question stream over the grid), judged by its
     score; the table's accuracy is the task's first metric (string match), its other metrics keep their names."""

@@ -25,12 +25,34 @@ def pareto_front(resident: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
     return np.asarray(~beaten.any(axis=1))
 
 
+def dodge_ties(resident: np.ndarray, accuracy: np.ndarray, *, step: float = 0.04) -> np.ndarray:
+    """Where to draw each point on a log resident axis: points that coincide (equal accuracy, resident KV within 1 %
+    of each other) are spread sideways by ``step`` in log space around their mean, in the order given, so that tied
+    policies stay visible side by side; every other point keeps its own resident KV. Only the drawing moves: the
+    table keeps the measured values."""
+    x, y = np.asarray(resident, dtype=float), np.asarray(accuracy, dtype=float)
+    drawn = x.copy()
+    placed = np.zeros(len(x), dtype=bool)
+    for index in range(len(x)):
+        if placed[index]:
+            continue
+        tied = ~placed & (np.abs(np.log(x / x[index])) < np.log(1.01)) & np.isclose(y, y[index])
+        members = np.flatnonzero(tied)
+        placed[members] = True
+        if len(members) == 1:
+            continue
+        offsets = step * (np.arange(len(members)) - (len(members) - 1) / 2)
+        drawn[members] = np.exp(np.log(x[members]).mean() + offsets)
+    return drawn
+
+
 def plot_kv_accuracy(
     table: pd.DataFrame, path: str | Path, *, title: str | None = None, measure: str = "NIAH accuracy"
 ) -> Path:
     """Left: accuracy (95 % interval bars) against the resident KV (fraction of the unmodified model's, log scale:
     2x, 4x, 8x, 16x compression are equally spaced) per policy, one point per budget, ``full`` and ``none`` as points
-    too, and the Pareto front of all points (grey): a policy is judged by where it sits against it. Right: MB moved
+    too, and the Pareto front of all points (grey): a policy is judged by where it sits against it; points that tie
+    (same accuracy, resident KV within 1 %) are drawn a little apart (:func:`dodge_ties`). Right: MB moved
     per decode step from the second tier against the resident KV (dynamic policies; a static policy moves nothing).
     ``table``: table.csv's columns; ``measure``: what its accuracy column holds (the task's first metric)."""
     figure = Figure(figsize=(10, 5), layout="constrained")
@@ -47,6 +69,7 @@ def plot_kv_accuracy(
         alpha=0.35,
         label="Pareto front",
     )
+    table = table.assign(drawn_fraction=dodge_ties(table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy()))
     for index, policy in enumerate(dict.fromkeys(table["policy"])):
         rows = table[table["policy"] == policy].sort_values("kv_fraction")
         # from the policy's registry entry: distinct markers and dashes, as equal accuracies draw on top of each other
@@ -61,7 +84,7 @@ def plot_kv_accuracy(
         )
         x, accuracy = rows["kv_fraction"].to_numpy(), rows["accuracy"].to_numpy()
         errors = [accuracy - rows["accuracy_low"].to_numpy(), rows["accuracy_high"].to_numpy() - accuracy]
-        accuracy_ax.errorbar(x, accuracy, yerr=errors, capsize=3, **look)
+        accuracy_ax.errorbar(rows["drawn_fraction"].to_numpy(), accuracy, yerr=errors, capsize=3, **look)
         if rows["offloaded_mb"].gt(0).any():
             moved_ax.plot(x, rows["moved_mb_per_step"].to_numpy(), **look)
     accuracy_ax.set(
