@@ -126,19 +126,23 @@ def teacher_attention(
     layer = cast(int, module.layer_idx)  # transformers numbers every attention module
     width = state.first + steps - 1  # clean keys any step sees: those before the last step's position
     clean_keys, clean_values = (states[:, :, :width] for states in state.clean[layer])
-    # scores over the clean keys and, in the last column, the step's own key: written in place, never concatenated
-    scores = query.new_empty(rows * num_kv, groups * steps, width + 1)
-    keys = clean_keys.transpose(-1, -2).expand(rows, num_kv, head_dim, width).reshape(rows * num_kv, head_dim, width)
-    torch.bmm(query.reshape(rows * num_kv, groups * steps, head_dim), keys, out=scores[..., :width])
+    # one product per KV head over every (row, group, step) query: the clean keys and values are read as they are,
+    # never copied per row; scores over the clean keys and, in the last column, the step's own key are written in
+    # place, never concatenated
+    queries = query.reshape(rows, num_kv, groups * steps, head_dim).transpose(0, 1).reshape(num_kv, -1, head_dim)
+    scores = query.new_empty(num_kv, queries.shape[1], width + 1)
+    torch.bmm(queries, clean_keys[0].transpose(-1, -2), out=scores[..., :width])
     scores[..., :width].mul_(scaling)
-    scores = scores.view(rows, num_kv, groups, steps, width + 1)
+    by_step = scores.view(num_kv, rows, groups, steps, width + 1)
     steps_seen = state.first + torch.arange(steps, device=query.device)  # clean keys step t sees: those before it
     later = torch.arange(state.first, width, device=query.device)[None] >= steps_seen[:, None]  # only the answer's
-    scores[..., state.first : width].masked_fill_(later, float("-inf"))
-    scores[..., width] = (query.view(rows, num_kv, groups, steps, head_dim) * key[:, :, None]).sum(-1).mul_(scaling)
+    by_step[..., state.first : width].masked_fill_(later, float("-inf"))
+    own = (query.view(rows, num_kv, groups, steps, head_dim) * key[:, :, None]).sum(-1).mul_(scaling)
+    by_step[..., width] = own.transpose(0, 1)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-    mixed = torch.matmul(probs[..., :width].to(value.dtype).reshape(rows, num_kv, groups * steps, width), clean_values)
-    output = mixed.view(rows, num_kv, groups, steps, head_dim) + probs[..., width:].to(value.dtype) * value[:, :, None]
+    mixed = torch.bmm(probs[..., :width].to(value.dtype), clean_values[0])  # [H_kv, rows x groups x steps, D]
+    own_share = probs[..., width:].view(num_kv, rows, groups, steps, 1).transpose(0, 1).to(value.dtype)
+    output = mixed.view(num_kv, rows, groups, steps, head_dim).transpose(0, 1) + own_share * value[:, :, None]
     output = output.reshape(rows, num_heads, steps, head_dim)
     removed = state.removed[:, :, layer].transpose(1, 2)  # [R, H, T]
     if bool(removed.any()):
