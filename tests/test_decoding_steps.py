@@ -59,6 +59,25 @@ def test_two_probes_on_one_model_do_not_see_each_other():
     assert (intact - model(ids).logits[0, -1]).abs().max() <= 1e-4
 
 
+def test_a_decoding_loop_switches_the_attention_once_and_restores_it(monkeypatch):
+    """Switching the attention implementation walks every module: ``decode`` routes once for all its passes (a
+    session's passes inside it do not switch again), and the model's own implementation is back afterwards."""
+    lm = _lm()
+    model = lm.model
+    before = model.config._attn_implementation
+    switches = []
+    switch = model.set_attn_implementation
+    monkeypatch.setattr(model, "set_attn_implementation", lambda name: (switches.append(name), switch(name))[1])
+    sample = type("S", (), {"input_ids": _prompt(4), "needle_positions": [2]})()
+    traced = trace(lm, sample, max_new_tokens=5, stop_at_eos=False)
+    assert traced.num_steps == 5  # a prefill and four decode passes
+    assert switches == ["dynheads_probe", before]
+    assert model.config._attn_implementation == before
+    session = DecodingSession(lm, sample.input_ids, max_new_tokens=1)
+    session.forward()  # a pass outside a decoding loop switches for itself
+    assert switches[2:] == ["dynheads_probe", before]
+
+
 class _Policy(StepPolicy):
     """A test policy: emits ``emit(index, result)`` (default greedy), optionally reruns once under ``rerun_edit``."""
 

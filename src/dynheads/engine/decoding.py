@@ -44,6 +44,7 @@ from dynheads.engine.probe import (
     RowEdit,
     StepStats,
     attached,
+    routed,
 )
 from dynheads.engine.teacher import TeacherLogits, teacher_pass
 from dynheads.errors import DynheadsError
@@ -490,6 +491,12 @@ def decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy], 
         raise DynheadsError(f"{len(sessions)} sessions but {len(policies)} policies")
     if max_new_tokens < 1:
         raise DynheadsError("max_new_tokens must be at least 1")
+    probed = bool(sessions) and all(session.probed for session in sessions)
+    with routed(sessions[0].lm.model) if probed else nullcontext():  # one switch of attention for every pass
+        return _decode(sessions, policies, max_new_tokens)
+
+
+def _decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy], max_new_tokens: int) -> list[Decoded]:
     decoded = [Decoded() for _ in sessions]
     running = []
     for i, (session, policy) in enumerate(zip(sessions, policies, strict=True)):  # step 0 alone
