@@ -13,7 +13,9 @@ per sample (the trace's assembly) cancel out. Counted:
 - aten operator calls (``torch.profiler``, every ``aten::`` event, nested ones included) and those called
   directly (no ``aten::`` parent), with the top operators per layer (per decode step / layers);
 - host reads: calls that bring a tensor's value to the host (``item``, ``tolist``, ``cpu``, ``bool`` of a tensor,
-  ``nonzero``, ...: ``dynheads.hostreads``; moves with ``Tensor.to`` are not counted).
+  ``nonzero``, ...: ``dynheads.hostreads``; moves with ``Tensor.to`` are not counted);
+- switches of the model's attention implementation (``set_attn_implementation``: a walk over every module, no
+  operator call, so the profiler does not see it).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_step_overhead.py --out benchmarks/results/step-overhead.json
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +66,35 @@ def host_reads(run: Callable[[], None]) -> Counter[str]:
     return reads.counts
 
 
+def attention_switches(model, run: Callable[[], None]) -> Counter[str]:
+    """How often ``run`` switches ``model``'s attention implementation."""
+    switch, calls = model.set_attn_implementation, Counter[str]()
+
+    def counted(*args, **kwargs):
+        calls["set_attn_implementation"] += 1
+        return switch(*args, **kwargs)
+
+    model.set_attn_implementation = counted
+    try:
+        run()
+    finally:
+        del model.set_attn_implementation  # the instance attribute goes, the method is back
+    return calls
+
+
+def switch_seconds(model, repeats: int = 200) -> float:
+    """Seconds one switch of ``model``'s attention implementation there and back takes (what ``attached`` costs a
+    pass outside a decoding loop)."""
+    from dynheads.engine.probe import ATTN_NAME
+
+    previous = model.config._attn_implementation
+    start = time.perf_counter()
+    for _ in range(repeats):
+        model.set_attn_implementation(ATTN_NAME)
+        model.set_attn_implementation(previous)
+    return (time.perf_counter() - start) / repeats
+
+
 def per_step(count: Callable[[int], Counter[str]], steps: int) -> dict[str, float]:
     """Per decode step: counts of a run with ``1 + steps`` new tokens minus those of a run with 1, over ``steps``."""
     one, full = count(1), count(1 + steps)
@@ -70,7 +102,7 @@ def per_step(count: Callable[[int], Counter[str]], steps: int) -> dict[str, floa
     return {name: (full[name] - one[name]) / steps for name in names if full[name] != one[name]}
 
 
-def measure(mode: str, run: Callable[[int], None], steps: int, layers: int) -> dict:
+def measure(mode: str, run: Callable[[int], None], steps: int, layers: int, model) -> dict:
     run(1 + steps)  # warm-up: lazy initialisation is not a step's cost
 
     def ops(new_tokens: int) -> Counter[str]:
@@ -81,12 +113,14 @@ def measure(mode: str, run: Callable[[int], None], steps: int, layers: int) -> d
     calls = per_step(ops, steps)
     direct = calls.pop("(direct)", 0.0)
     reads = per_step(lambda new_tokens: host_reads(lambda: run(new_tokens)), steps)
+    switches = per_step(lambda new_tokens: attention_switches(model, lambda: run(new_tokens)), steps)
     return {
         "mode": mode,
         "aten_calls_per_step": sum(calls.values()),
         "direct_calls_per_step": direct,
         "host_reads_per_step": sum(reads.values()),
         "host_reads": dict(sorted(reads.items())),
+        "attention_switches_per_step": switches.get("set_attn_implementation", 0.0),
         "per_layer": {name: value / layers for name, value in sorted(calls.items(), key=lambda kv: -kv[1])},
     }
 
@@ -101,6 +135,7 @@ def table(plain: dict, traced: dict, top: int) -> str:
         ("aten_calls_per_step", "aten operator calls"),
         ("direct_calls_per_step", "called directly"),
         ("host_reads_per_step", "host reads"),
+        ("attention_switches_per_step", "attention switches"),
     ]:
         ratio = f"{traced[key] / plain[key]:.2f}x" if plain[key] else "n/a"
         lines.append(f"| {label} | {plain[key]:.0f} | {traced[key]:.0f} | {ratio} |")
@@ -142,11 +177,23 @@ def main() -> None:
         trace(lm, sample, max_new_tokens=new_tokens, stop_at_eos=False)
 
     layers = SKINNY["num_hidden_layers"]
-    results = [measure("plain", plain, args.steps, layers), measure("traced", traced, args.steps, layers)]
+    results = [
+        measure("plain", plain, args.steps, layers, lm.model),
+        measure("traced", traced, args.steps, layers, lm.model),
+    ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    setup = {"model": SKINNY, "prompt_tokens": args.prompt, "decode_steps": args.steps, "torch": torch.__version__}
+    setup = {
+        "model": SKINNY,
+        "prompt_tokens": args.prompt,
+        "decode_steps": args.steps,
+        "torch": torch.__version__,
+        "modules": sum(1 for _ in lm.model.modules()),
+        "switch_there_and_back_ms": 1e3 * switch_seconds(lm.model),
+    }
     args.out.write_text(json.dumps({**setup, "runs": results}, indent=2) + "\n")
     print(table(*results, top=args.top))
+    switch = f"{setup['switch_there_and_back_ms']:.2f} ms ({setup['modules']} modules)"
+    print(f"one switch of the attention there and back: {switch}")
 
 
 if __name__ == "__main__":
