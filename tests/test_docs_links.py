@@ -1,8 +1,11 @@
 """Every relative link of the documentation map, the extending page and the README points at a file that exists,
-and every guide in docs/ is on the map (a page nobody can find is a page nobody reads)."""
+every guide in docs/ is on the map (a page nobody can find is a page nobody reads), and every dynheads name the
+README and the guides cite in backticks exists (modules move; the pages must follow)."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 from pathlib import Path
 
@@ -30,3 +33,43 @@ def test_every_guide_is_on_the_map():
 def test_every_test_file_the_extending_page_names_exists():
     named = re.findall(r"`(tests/test_\w+\.py)`", (ROOT / "docs" / "extending.md").read_text(encoding="utf-8"))
     assert named and all((ROOT / name).is_file() for name in named)
+
+
+DOTTED = re.compile(r"`((?:dynheads\.)?([a-z_]+)(?:\.[A-Za-z_][A-Za-z_0-9]*)+)(?:\([^`]*\))?`")
+FILE_NAME = re.compile(r"\.(json|jsonl|csv|md|toml|py|png|html|parquet|npz|pt|tsv|gguf)$")
+MANIFEST_KEYS = {"config.task", "config.data", "config.model"}  # keys of a run's manifest.json, not Python names
+
+
+def _resolves(name: str) -> bool:
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(obj, attribute):
+                return False
+            obj = getattr(obj, attribute)
+        return True
+    return False
+
+
+def test_every_dynheads_name_the_guides_cite_exists():
+    """A backticked dotted name whose first part is ``dynheads`` or one of its modules (``kv.retention.KVPolicy``,
+    ``dynheads.trace``) resolves to a module or attribute; file names and manifest keys are not names."""
+    import dynheads
+
+    modules = {module.name for module in pkgutil.iter_modules(dynheads.__path__)}
+    cited, missing = 0, []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for match in DOTTED.finditer(line):
+                name, first = match.group(1), match.group(2)
+                if (first != "dynheads" and first not in modules) or FILE_NAME.search(name) or name in MANIFEST_KEYS:
+                    continue
+                cited += 1
+                if not _resolves(name if name.startswith("dynheads.") else f"dynheads.{name}"):
+                    missing.append(f"{page.relative_to(ROOT)}:{number}: {name}")
+    assert cited > 100  # the pages cite the code throughout
+    assert not missing, missing
