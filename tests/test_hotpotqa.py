@@ -88,6 +88,7 @@ def test_score_uses_the_first_sentence_unless_told_otherwise():
     raw = qa_metrics.score("Velmora", generated, extract=False)
     assert raw["em"] == 0.0 and raw["recall"] == 1.0 and raw["precision"] < 0.2
     assert qa_metrics.score("no", "No, they are not.")["em"] == 1.0
+    assert hq.score("Velmora", generated) == qa_metrics.score("Velmora", generated)  # the task module's own score
 
 
 # ---- loaders -------------------------------------------------------------------------------------------
