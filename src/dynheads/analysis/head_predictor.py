@@ -36,7 +36,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from dynheads.analysis.cca import Sample, check_samples, nonempty_samples
-from dynheads.analysis.evidence import EvidenceSettings, interval
+from dynheads.analysis.evidence import EvidenceSettings, Interval, interval, mean_interval
+from dynheads.analysis.predictor_baselines import (
+    step_index_baseline,
+    step_index_profile,
+    weighted_average_precision,
+    within_step_ranking,
+)
 from dynheads.analysis.settings import HeadPredictorConfig
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
@@ -213,16 +219,76 @@ def train_head_predictor(
     torch's RNG is seeded inside a fork, so the caller's CPU RNG is untouched.
     """
     config = config or HeadPredictorConfig()
+    fitted = fit_head_predictor(samples, config, task=task, shape=shape, progress=progress, device=device)
+    metrics = _evaluate(fitted, EvidenceSettings(resamples=config.resamples, seed=config.seed))
+    fitted.probe.threshold = metrics.get("threshold")
+    metrics.update(best_epoch=fitted.best_epoch, split_pairs={name: len(x) for name, (x, _) in fitted.splits.items()})
+    return HeadPredictorResult(fitted.probe, config, metrics, fitted.history)
+
+
+@dataclass
+class FittedHeadPredictor:
+    """A probe fitted on the train split (best validation epoch), before its test metrics: the splits' pairs and
+    the steps of each of their samples (split order)."""
+
+    probe: TrainedHeadPredictor
+    splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    steps: dict[str, list[int]]
+    history: list[dict[str, float]]
+    best_epoch: int
+
+    def test_view(self) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """(targets, predicted scores, each test sample's rows) of the test split."""
+        return self.splits["test"][1].numpy(), self.probe.predict(self.splits["test"][0]), _rows(self.steps["test"])
+
+    def frequency_profile(self) -> np.ndarray:
+        """Each head's training-split rate (binary) or mean score (continuous): the static profile."""
+        return self.splits["train"][1].numpy().mean(0)
+
+    def step_index_baseline(self) -> np.ndarray:
+        """The step-index profile's predictions for the test rows (``predictor_baselines``)."""
+        profile = step_index_profile(self.splits["train"][1].numpy(), self.steps["train"])
+        return step_index_baseline(profile, self.frequency_profile(), self.steps["test"])
+
+    def ranking_gap(self, evidence: EvidenceSettings) -> Interval:
+        """Claim 1's within-step ranking: per test sample, the probe's ranking of each step's heads minus the
+        frequency profile's (``predictor_baselines.within_step_ranking``), with its interval over samples."""
+        targets, predicted, rows = self.test_view()
+        prior = np.broadcast_to(self.frequency_profile(), targets.shape)
+        return mean_interval(
+            within_step_ranking(targets, predicted, rows) - within_step_ranking(targets, prior, rows), evidence
+        )
+
+    def frequency_gap(self, evidence: EvidenceSettings) -> Interval:
+        """The probe's headline metric (AUPRC, or R²) minus the frequency profile's, with its interval over test
+        samples (no position control: a probe that knows only *when* heads fire beats it)."""
+        targets, predicted, rows = self.test_view()
+        baseline = np.broadcast_to(self.frequency_profile(), targets.shape)
+        return _metric_gap(targets, predicted, baseline, rows, self.probe.task, evidence)
+
+    def position_gap(self, evidence: EvidenceSettings) -> Interval:
+        """Claim 3's predictor half: the probe's headline metric (AUPRC, or R² for continuous scores) minus the
+        step-index profile's, with its interval over test samples."""
+        targets, predicted, rows = self.test_view()
+        return _metric_gap(targets, predicted, self.step_index_baseline(), rows, self.probe.task, evidence)
+
+
+def fit_head_predictor(
+    samples: list[Sample],
+    config: HeadPredictorConfig,
+    *,
+    task: Task,
+    shape: tuple[int, int],
+    progress: bool = True,
+    device: str | torch.device = "cpu",
+) -> FittedHeadPredictor:
+    """The training half of ``train_head_predictor``: split by sample, standardise, fit (no test metrics)."""
     samples = nonempty_samples(samples)  # an empty trace (EOS first) holds no pair
     input_dim, width = check_samples(samples)
     if shape[0] * shape[1] != width:
         raise DynheadsError(f"scores have {width} columns but shape {shape} has {shape[0] * shape[1]} heads")
-    splits = {
-        name: _stack(samples, idx)
-        for name, idx in zip(
-            ("train", "val", "test"), split_by_sample(len(samples), config.split, config.seed), strict=True
-        )
-    }
+    indices = dict(zip(("train", "val", "test"), split_by_sample(len(samples), config.split, config.seed), strict=True))
+    splits = {name: _stack(samples, idx) for name, idx in indices.items()}
     _check_targets(splits, task)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
@@ -233,12 +299,16 @@ def train_head_predictor(
             network.mean.copy_(x.mean(0))
             network.scale.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))  # constant dims pass through
         history, best_epoch = _fit(network.to(device), splits, config, task, progress)
-    probe = TrainedHeadPredictor(network.eval(), task, None, *shape)
-    test_steps = [len(samples[i][0]) for i in split_by_sample(len(samples), config.split, config.seed)[2]]
-    metrics = _evaluate(probe, splits, test_steps, EvidenceSettings(resamples=config.resamples, seed=config.seed))
-    probe.threshold = metrics.get("threshold")
-    metrics.update(best_epoch=best_epoch, split_pairs={name: len(x) for name, (x, _) in splits.items()})
-    return HeadPredictorResult(probe, config, metrics, history)
+    steps = {name: [len(samples[i][0]) for i in idx] for name, idx in indices.items()}
+    return FittedHeadPredictor(
+        TrainedHeadPredictor(network.eval(), task, None, *shape), splits, steps, history, best_epoch
+    )
+
+
+def _rows(steps: list[int]) -> list[np.ndarray]:
+    """Each sample's row indices in a split stacked in order, from its samples' step counts."""
+    bounds = np.cumsum([0, *steps])
+    return [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _stack(samples: list[Sample], idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -332,49 +402,76 @@ def _validation_loss(
     return total / split[1].numel()
 
 
-def _evaluate(
-    probe: TrainedHeadPredictor,
-    splits: dict[str, tuple[torch.Tensor, torch.Tensor]],
-    test_steps: list[int],
-    evidence: EvidenceSettings,
-) -> dict[str, Any]:
-    """Test metrics of the probe and of the frequency baseline (binary: with both validation thresholds), and
-    ``gap``: probe minus baseline on the headline metric (AUPRC, or R²) with its bootstrap interval over the test
-    *samples* (``test_steps``: the steps of each, in split order)."""
-    y_train, y_val, y_test = (splits[name][1].numpy() for name in ("train", "val", "test"))
-    prior = y_train.mean(0)  # [W]: per-head activation rate (binary) or mean score (continuous)
-    val_pred, test_pred = probe.predict(splits["val"][0]), probe.predict(splits["test"][0])
+def _evaluate(fitted: FittedHeadPredictor, evidence: EvidenceSettings) -> dict[str, Any]:
+    """Test metrics of the probe and of the frequency baseline (binary: with both validation thresholds), and three
+    gaps with their bootstrap intervals over the test *samples*: ``gap``, probe minus the frequency profile on the
+    headline metric (AUPRC, or R²); ``position_gap``, probe minus the step-index profile (Claim 3); ``step_gap``,
+    the within-step ranking of heads, probe minus the frequency profile (Claim 1)."""
+    y_test, test_pred, rows = fitted.test_view()
+    prior, by_step = fitted.frequency_profile(), fitted.step_index_baseline()
     baseline = np.broadcast_to(prior, y_test.shape)
-    bounds = np.cumsum([0, *test_steps])
-    rows = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-
-    def gap(metric: Callable[[np.ndarray, np.ndarray], float]) -> dict[str, float | int]:
-        def statistic(idx: np.ndarray) -> float:
-            chosen = np.concatenate([rows[i] for i in idx])
-            return metric(y_test[chosen], test_pred[chosen]) - metric(y_test[chosen], baseline[chosen])
-
-        return interval(len(rows), statistic, evidence).to_dict()
-
-    def auprc_gap() -> dict[str, float | int]:
-        probe_auprc, baseline_auprc = ResampledAuprc(y_test, test_pred, rows), ResampledAuprc(y_test, baseline, rows)
-        return interval(len(rows), lambda idx: probe_auprc(idx) - baseline_auprc(idx), evidence).to_dict()
-
-    if probe.task == "continuous":
+    gaps = {
+        "gap": {"metric": _HEADLINE[fitted.probe.task], **fitted.frequency_gap(evidence).to_dict()},
+        "position_gap": {"metric": _HEADLINE[fitted.probe.task], **fitted.position_gap(evidence).to_dict()},
+        "step_gap": {"metric": "within-step ranking", **fitted.ranking_gap(evidence).to_dict()},
+    }
+    if fitted.probe.task == "continuous":
         return {
             "probe": regression_metrics(y_test, test_pred),
             "baseline": regression_metrics(y_test, baseline),
-            "gap": {"metric": "r2", **gap(_r2)},
-            "mse_gap": {"metric": "baseline mse - probe mse", **gap(_negative_mse)},
+            "step_index_baseline": regression_metrics(y_test, by_step),
+            **gaps,
+            "mse_gap": {
+                "metric": "baseline mse - probe mse",
+                **_gap(y_test, test_pred, baseline, rows, _negative_mse, evidence).to_dict(),
+            },
         }
+    y_val, val_pred = fitted.splits["val"][1].numpy(), fitted.probe.predict(fitted.splits["val"][0])
     threshold = best_f1_threshold(y_val, val_pred)
     baseline_threshold = best_f1_threshold(y_val, np.broadcast_to(prior, y_val.shape))
     return {
         "probe": _binary_metrics(y_test, test_pred, threshold),
         "baseline": _binary_metrics(y_test, baseline, baseline_threshold),
+        "step_index_baseline": _binary_metrics(y_test, by_step, baseline_threshold),
         "threshold": threshold,
         "baseline_threshold": baseline_threshold,
-        "gap": {"metric": "auprc", **auprc_gap()},
+        **gaps,
     }
+
+
+_HEADLINE = {"binary": "auprc", "continuous": "r2"}
+
+
+def _metric_gap(
+    targets: np.ndarray,
+    predicted: np.ndarray,
+    baseline: np.ndarray,
+    rows: list[np.ndarray],
+    task: Task,
+    evidence: EvidenceSettings,
+) -> Interval:
+    """The headline metric (AUPRC, or R²) of the probe minus the baseline's over resampled test samples."""
+    if task == "continuous":
+        return _gap(targets, predicted, baseline, rows, _r2, evidence)
+    probe_auprc, baseline_auprc = ResampledAuprc(targets, predicted, rows), ResampledAuprc(targets, baseline, rows)
+    return interval(len(rows), lambda idx: probe_auprc(idx) - baseline_auprc(idx), evidence)
+
+
+def _gap(
+    targets: np.ndarray,
+    predicted: np.ndarray,
+    baseline: np.ndarray,
+    rows: list[np.ndarray],
+    metric: Callable[[np.ndarray, np.ndarray], float],
+    evidence: EvidenceSettings,
+) -> Interval:
+    """``metric`` of the probe minus the baseline's over resampled test samples (``rows``: each one's rows)."""
+
+    def statistic(idx: np.ndarray) -> float:
+        chosen = np.concatenate([rows[i] for i in idx])
+        return metric(targets[chosen], predicted[chosen]) - metric(targets[chosen], baseline[chosen])
+
+    return interval(len(rows), statistic, evidence)
 
 
 def best_f1_threshold(targets: np.ndarray, probs: np.ndarray) -> float:
@@ -459,7 +556,7 @@ class ResampledAuprc:
         draws = np.bincount(idx, minlength=self.samples)[self.sample_of]
         weight = np.bincount(self.group_of, weights=draws, minlength=len(self.scores))
         drawn = weight > 0
-        y = self.targets[drawn]
-        if not y.any():
+        positives = weight[drawn] * self.targets[drawn]
+        if not positives.any():
             return float("nan")
-        return float(average_precision_score(y, self.scores[drawn], sample_weight=weight[drawn]))
+        return weighted_average_precision(self.scores[drawn], positives, weight[drawn] - positives)
