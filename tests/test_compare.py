@@ -101,8 +101,9 @@ def test_compare_md_has_the_matrix_table1_figure_and_task_accuracy(written, stud
         share = paper["mean_size"] / paper["total_heads"]
         expected = f"| {paper['mean_size']:.2f} ± {paper['std_size']:.2f} | {share:.3f} |"
         assert expected in next(line for line in md.splitlines() if line.startswith(f"| {name} (paper) |"))
-    assert "| NIAH | accuracy | 1.000 [1.000, 1.000] (n=6) | 1.000 [1.000, 1.000] (n=6) |" in md
-    assert "| HotpotQA | EM | 0.000 [0.000, 0.000] (n=3) |" in md
+    # 6 of 6: the exact (Clopper-Pearson) interval, never a zero-width [1.000, 1.000]
+    assert "| NIAH | accuracy | 1.000 [0.541, 1.000] (n=6) | 1.000 [0.541, 1.000] (n=6) |" in md
+    assert "| HotpotQA | EM | 0.000 [0.000, 0.708] (n=3) |" in md
     assert (out / "compare-by-size.png").read_bytes()[:4] == b"\x89PNG"
     assert "![Statistics against model size](compare-by-size.png)" in md
 

@@ -602,7 +602,8 @@ def test_detect_reports_the_within_question_win_rate_and_length_strata_on_whole_
     assert strata["hallucinated not longer", "length"]["n"] == 4 and strata["2-4x longer", "length"]["n"] == 0
     text = (tmp_path / "out" / "results.md").read_text()
     assert "within-question win [95% CI]" in text and "Within-question win rate by answer length" in text
-    assert "| length | 0.000 [0.000, 0.000] (n=4) | — (n=0) | — (n=0) | 1.000 [1.000, 1.000] (n=8) |" in text
+    # every win is 0 or 1: exact (Clopper-Pearson) intervals, never of zero width
+    assert "| length | 0.000 [0.000, 0.602] (n=4) | — (n=0) | — (n=0) | 1.000 [0.631, 1.000] (n=8) |" in text
 
 
 @pytest.mark.parametrize("boundary", ["prompt", "lookback-lens"])

@@ -261,6 +261,7 @@ def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):
     assert (rows.loc[rows["strategy"] == "qrhead", "heads"] == 4).all()
     markdown = (run.path / "rerank.md").read_text()
     assert "Paired differences vs bm25" in markdown and "top-1 icr" in markdown
+    assert "Holm's family-wise adjustment" in markdown and "; Holm [" in markdown  # adjusted beside unadjusted
     first = {r["sample_id"]: r["order"] for r in run.records()}
     again = run_rerank(config, tmp_path / "run", lm=tiny_lm, progress=False)  # resumes: nothing rescored
     assert {r["sample_id"]: r["order"] for r in again.records()} == first

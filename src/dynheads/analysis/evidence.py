@@ -11,6 +11,16 @@ This module is the one place an interval is computed: every table's mean (``mean
 AUROC over whole groups (``group_interval``) and verdict; each caller says its seed and resamples in the
 ``EvidenceSettings`` it passes (tests/test_evidence.py refuses a bootstrap or percentile call anywhere else).
 
+A proportion (successes of n units, each 0 or 1: NIAH accuracy, EM, a 0/1 win) gets the exact (Clopper-Pearson)
+interval instead (``proportion_interval``; ``fraction_interval`` picks it for per-unit values that are all 0 or 1):
+it is defined from n = 1 and never has zero width, where a bootstrap of 100 correct samples is [1, 1]. A mean of
+per-unit values in [0, 1] that are not all 0 or 1 (ROUGE-L, F1, a per-question win rate) keeps the bootstrap, with
+the exact ``identical_interval`` when every value is one value, so no printed interval of a share has zero width.
+
+A family of paired differences read together (every strategy against one baseline, on every metric) is adjusted
+with Holm's step-down procedure (``holm_differences``), family-wise at 1 - confidence; ``holm_rejections`` is the
+textbook procedure on p-values.
+
 Decision against a margin m, for an effect that supports the claim when it is large (``above``; ``below`` mirrors):
 supported when the whole interval lies beyond m (low > m), not supported when it lies wholly on the other side
 (high < m), inconclusive otherwise: an interval that contains m, too few samples (the floor), an undefined effect.
@@ -21,8 +31,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -193,6 +203,42 @@ def mean_interval(
     return _mean(values[~np.isnan(values)], settings, width, bounds)
 
 
+def proportion_interval(successes: int, n: int, settings: EvidenceSettings) -> Interval:
+    """A proportion, ``successes`` of ``n`` units, with its exact (Clopper-Pearson) interval at
+    ``settings.confidence`` (``scipy.stats.binomtest``): defined for n >= 1 (1 of 1 gives [0.025, 1] at 95 %, 100
+    of 100 [0.964, 1]), undefined at n = 0."""
+    if n < 1:
+        return UNDEFINED
+    if not 0 <= successes <= n:
+        raise ValueError(f"{successes} successes of {n} units is not a proportion")
+    bounds = binomtest(int(successes), int(n)).proportion_ci(confidence_level=settings.confidence, method="exact")
+    return Interval(successes / n, float(bounds.low), float(bounds.high), int(n))
+
+
+def above_chance_p_value(successes: int, n: int, chance: float) -> float:
+    """The one-sided exact binomial p-value (``scipy.stats.binomtest``, alternative "greater") that a proportion of
+    ``successes`` in ``n`` units lies above ``chance``; NaN at n = 0. Against the project's 95 % rule read it at
+    (1 - confidence) / 2 = 0.025: p below it exactly when the exact two-sided 95 % interval lies above chance."""
+    if n < 1:
+        return math.nan
+    return float(binomtest(int(successes), int(n), chance, alternative="greater").pvalue)
+
+
+def fraction_interval(values: np.ndarray | Sequence[float], settings: EvidenceSettings) -> Interval:
+    """The mean of per-unit values in [0, 1] (NaN values left out first): the exact ``proportion_interval`` when
+    every value is 0 or 1 (accuracy, EM, a 0/1 win), else the bootstrap with ``bounds=(0, 1)`` (ROUGE-L, F1, a share
+    per unit: exact when all values are one value; one value gives ``identical_interval`` too), so the interval is
+    never of zero width."""
+    defined = _defined(values)
+    if defined.size and (defined.min() < 0 or defined.max() > 1):
+        raise ValueError("fraction_interval takes values in [0, 1]")
+    if np.isin(defined, (0.0, 1.0)).all():
+        return proportion_interval(int(defined.sum()), len(defined), settings)
+    if len(defined) == 1:
+        return identical_interval(defined, math.inf, settings, bounds=(0.0, 1.0))
+    return _mean(defined, settings, None, (0.0, 1.0))
+
+
 def paired_difference(
     treated: np.ndarray,
     control: np.ndarray,
@@ -290,3 +336,79 @@ def combine(effects: list[Effect], floor: int) -> tuple[Status, str]:
     if all(status == "supported" for status in statuses) and statuses:
         return "supported", "every effect lies beyond its margin"
     return "inconclusive", "; ".join(reason for status, reason in decisions if status == "inconclusive")
+
+
+# ---- family-wise adjustment (Holm) ---------------------------------------------------------------------------------
+def holm_rejections(p_values: Sequence[float], alpha: float = 1 - DEFAULT_CONFIDENCE) -> list[bool]:
+    """Holm's step-down procedure: sort the m p-values, reject the i-th smallest (i = 1..m) while it is at most
+    alpha / (m - i + 1), and stop at the first that is not; the family-wise error rate is at most alpha. Returns,
+    in the given order, whether each hypothesis is rejected."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, index in enumerate(order):
+        if not p_values[index] <= alpha / (len(p_values) - rank):
+            break
+        rejected[index] = True
+    return rejected
+
+
+@dataclass(frozen=True)
+class HolmDecision:
+    """One difference of a Holm-adjusted family: its interval at the step-down ``confidence`` it was decided at, and
+    whether that interval excludes the margin (rejected: the difference is not the margin, family-wise)."""
+
+    adjusted: Interval
+    confidence: float
+    rejected: bool
+
+    def text(self, spec: str = ".3f") -> str:
+        if not self.adjusted.defined:
+            return "undefined"
+        mark = "≠ 0" if self.rejected else "n.s."
+        return f"[{format(self.adjusted.low, spec)}, {format(self.adjusted.high, spec)}] {mark}"
+
+
+def holm_differences(
+    family: Mapping[str, np.ndarray | Sequence[float]],
+    settings: EvidenceSettings,
+    *,
+    margin: float = 0.0,
+    width: float | None = None,
+    bounds: tuple[float, float] | None = None,
+) -> dict[str, HolmDecision]:
+    """Holm's procedure over a family of per-unit paired differences (name -> array, as for ``paired_difference``;
+    ``width``/``bounds`` likewise), two-sided against ``margin``, family-wise at alpha = 1 - settings.confidence.
+
+    Chosen design: Holm by inverting this module's own intervals, not on separate bootstrap p-values. With r
+    hypotheses still open, each open difference's interval is computed at confidence 1 - alpha / r (the same seed,
+    hence the same resamples, at every level, so the intervals are nested and a difference's implied p-value, the
+    smallest alpha' whose interval excludes the margin, is well defined); every open difference whose interval
+    excludes the margin is rejected (its p-value is at most alpha / r, so Holm rejects it at this step or the next),
+    r shrinks by them, and the step repeats until none is rejected. That is Holm's step-down on those implied
+    p-values, and identical differences get the exact ``identical_interval`` as everywhere else. Each decision
+    carries the interval at the level it was decided at (rejected: the step that rejected it; open: the last
+    step's 1 - alpha / r), so a reader sees how far each adjusted interval lies from the margin. These are not
+    simultaneous intervals; the guarantee is Holm's: the chance of rejecting any true null of the family is at
+    most alpha."""
+    alpha, open_names = 1 - settings.confidence, list(family)
+    decided: dict[str, HolmDecision] = {}
+    while open_names:
+        confidence = 1 - alpha / len(open_names)
+        at_level = replace(settings, confidence=confidence)
+        intervals = {name: _mean(_defined(family[name]), at_level, width, bounds) for name in open_names}
+        rejected = [name for name in open_names if _excludes(intervals[name], margin)]
+        for name in rejected or open_names:
+            decided[name] = HolmDecision(intervals[name], confidence, bool(rejected))
+        if not rejected:
+            break
+        open_names = [name for name in open_names if name not in rejected]
+    return {name: decided[name] for name in family}
+
+
+def _defined(values: np.ndarray | Sequence[float]) -> np.ndarray:
+    values = np.asarray(values, dtype=float)
+    return values[~np.isnan(values)]
+
+
+def _excludes(found: Interval, margin: float) -> bool:
+    return found.defined and (found.low > margin or found.high < margin)

@@ -45,8 +45,9 @@ answers of a question) or samples (NIAH), repeated over seeds; intervals by boot
 Within-question pairs (``group_wins``, ``paired_win_rate``): for each question holding both a faithful and a
 hallucinated response, whether the detector scores the hallucinated one higher (a tie counts one half): the AUROC
 restricted to the pairs of one question, so what questions differ in (topic, knowledge passage, prompt length)
-cancels. Its mean over questions is the paired AUROC (win rate), with ``evidence.mean_interval``'s bootstrap over
-questions. ``length_strata`` sorts the questions by how much longer the hallucinated answer is than the right one
+cancels. Its mean over questions is the paired AUROC (win rate), with ``evidence.fraction_interval``'s interval over
+questions (exact when every win is 0 or 1; a bootstrap bounded to [0, 1] when a tie's one half is among them).
+``length_strata`` sorts the questions by how much longer the hallucinated answer is than the right one
 (HaluEval QA's hallucinated answers are sentences, its right ones entity names): the answers are read whole.
 """
 
@@ -60,7 +61,7 @@ import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from sklearn.model_selection import StratifiedGroupKFold
 
-from dynheads.analysis.evidence import EvidenceSettings, Interval, group_interval, mean_interval
+from dynheads.analysis.evidence import EvidenceSettings, Interval, fraction_interval, group_interval
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.scores import SINK_SIZE
@@ -318,8 +319,9 @@ def group_wins(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> di
 
 def paired_win_rate(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray, settings: EvidenceSettings) -> Interval:
     """The mean over questions of ``group_wins`` (the within-question, paired AUROC) with its bootstrap interval
-    over questions (``evidence.mean_interval``); n = the questions holding both classes."""
-    return mean_interval(np.fromiter(group_wins(labels, scores, groups).values(), float), settings)
+    over questions (``evidence.fraction_interval``: exact Clopper-Pearson when every question's win is 0 or 1, the
+    bootstrap bounded to [0, 1] otherwise, never of zero width); n = the questions holding both classes."""
+    return fraction_interval(np.fromiter(group_wins(labels, scores, groups).values(), float), settings)
 
 
 def length_stratum(ratio: float) -> str:

@@ -31,7 +31,7 @@ from dynheads import distributed
 from dynheads.ablation.forced import ForcedResult, forced_ablations
 from dynheads.ablation.per_step import AblationResult, AblationSettings
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, DOSE_ARMS
-from dynheads.analysis.evidence import EvidenceSettings, mean_interval
+from dynheads.analysis.evidence import EvidenceSettings, Interval, fraction_interval, mean_interval
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import (
     AblationConfig,
@@ -220,6 +220,15 @@ def _cascade_numbers(records: list[dict], metrics: list[str]) -> dict[str, Any]:
     return out
 
 
+def _mean_of(quantity: str, values: list[float], evidence: EvidenceSettings) -> Interval:
+    """A quantity's mean over samples with its 95 % interval: the drop in log-probability (unbounded) by bootstrap;
+    a share per sample (argmax flips, the task's metrics: accuracy, ROUGE-L, EM, F1, each in [0, 1]) by
+    ``fraction_interval`` (exact Clopper-Pearson for 0/1 values, never of zero width)."""
+    if quantity == "drop":
+        return mean_interval(np.asarray(values, dtype=float), evidence)
+    return fraction_interval(values, evidence)
+
+
 def _rows(numbers: dict[str, Any], evidence: EvidenceSettings) -> list[dict]:
     """dose.csv's rows: per metric, arm and dose the mean over samples with its 95 % interval."""
     rows = []
@@ -233,7 +242,7 @@ def _rows(numbers: dict[str, Any], evidence: EvidenceSettings) -> list[dict]:
             masked = data["masked"]
             for arm in DOSE_ARMS:
                 for dose, values in data[quantity][arm].items():
-                    interval = mean_interval(np.asarray(values, dtype=float), evidence)
+                    interval = _mean_of(quantity, values, evidence)
                     rows.append(
                         {
                             "family": family,
@@ -248,7 +257,7 @@ def _rows(numbers: dict[str, Any], evidence: EvidenceSettings) -> list[dict]:
                         }
                     )
             if family == "cascade" and data[quantity]["none"]:
-                interval = mean_interval(np.asarray(data[quantity]["none"], dtype=float), evidence)
+                interval = _mean_of(quantity, data[quantity]["none"], evidence)
                 rows.append(
                     {
                         "family": family,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Unpack
 
-from dynheads.analysis.evidence import EvidenceSettings, mean_interval
+from dynheads.analysis.evidence import EvidenceSettings, fraction_interval, mean_interval
 from dynheads.distributed import is_main
 from dynheads.experiments.settings import HotpotConfig
 from dynheads.experiments.tracing import run_task
@@ -77,8 +77,8 @@ def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:
     summary = candidates.summarise(records)
     if summary["n"]:
         evidence = EvidenceSettings(seed=seed)  # the run's seed resamples the questions of every row
-        model_em = mean_interval(
-            [r["metrics"]["em"] for r in records if r["meta"].get(candidates.CANDIDATES)], evidence, bounds=(0.0, 1.0)
+        model_em = fraction_interval(
+            [r["metrics"]["em"] for r in records if r["meta"].get(candidates.CANDIDATES)], evidence
         )
         diffs = {
             name: mean_interval(values, evidence, bounds=(-1.0, 1.0))
@@ -91,8 +91,9 @@ def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:
         ]
         thirds = candidates.by_gold_third(records)
         blocks += [
-            "Chance and failure modes (same-form candidates in the context; EM; 95 % bootstrap intervals over "
-            "questions, seed recorded, exact when every question agrees): chance is an answer drawn at random from "
+            "Chance and failure modes (same-form candidates in the context; EM with its exact Clopper-Pearson 95 % "
+            "interval; differences with 95 % bootstrap intervals over questions, seed recorded, exact when every "
+            "question agrees): chance is an answer drawn at random from "
             "a question's candidates (mean of 1 / candidates); each position heuristic answers the candidate its "
             "rule picks from where the candidates sit in the context (dynheads.tasks.candidates); the model minus "
             "each is paired per question.",

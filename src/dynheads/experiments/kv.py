@@ -7,8 +7,9 @@ besides the run directory's records:
 
 - ``table.csv`` / ``summary.md`` (over the samples finished under every policy and budget; an unfinished
   run's tables leave out the samples in flight): per policy and budget (a fraction of the KV heads), samples,
-  accuracy (the task's first metric: NIAH accuracy, RULER's string match, HotpotQA's EM) with its 95 % bootstrap
-  interval over samples (exact when every sample agrees), the task's other metrics (NIAH: ROUGE-L), whole KV
+  accuracy (the task's first metric: NIAH accuracy, RULER's string match, HotpotQA's EM) with its 95 % interval
+  over samples (exact Clopper-Pearson when every sample scores 0 or 1, a bootstrap otherwise, exact when every
+  sample agrees: ``analysis.evidence.fraction_interval``), the task's other metrics (NIAH: ROUGE-L), whole KV
   heads per step and the shortfall of a policy that kept fewer than the budget allows, the resident KV (fraction
   of the unmodified model's and MB, mean over steps) and, for dynamic policies, the second tier: MB offloaded and
   MB moved per step,
@@ -29,7 +30,7 @@ task itself is traced with. Resumable: one record per (sample, policy, budget), 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Unpack, cast
 
@@ -37,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from dynheads import distributed
-from dynheads.analysis.evidence import EvidenceSettings, mean_interval
+from dynheads.analysis.evidence import EvidenceSettings, above_chance_p_value, fraction_interval
 from dynheads.analysis.head_predictor import TrainedHeadPredictor
 from dynheads.analysis.kvheads import KVHead, kv_head_ranking
 from dynheads.config import pieces_of
@@ -389,7 +390,11 @@ def write_policy_tables(folder: Path, records: list[dict], manifest: dict, notes
     task = run_task(manifest)
     first, *others = task.metrics  # the first decides: the table's accuracy; the others keep their names
     frame["accuracy"] = frame[f"metrics.{first}"]
-    table = _policy_table(frame, others, EvidenceSettings(seed=manifest["seed"]))
+    evidence = EvidenceSettings(seed=manifest["seed"])
+    table = _policy_table(frame, others, evidence)
+    full_scores = frame.loc[frame["policy"] == "full", "accuracy"].to_numpy(dtype=float)
+    at_chance = full_cache_evidence(full_scores, run_chance(manifest), evidence)
+    table["full_cache_evidence"] = at_chance.evidence
     with atomic_path(folder / "table.csv") as tmp:
         table.to_csv(tmp, index=False)
     cells = (
@@ -407,11 +412,12 @@ def write_policy_tables(folder: Path, records: list[dict], manifest: dict, notes
         f"sink {config['sink']}, recent {config['recent']}; budget = fraction of the KV heads kept whole (full: 1, "
         f"none: 0; {manifest['gqa_rule']}); KV heads = whole KV heads per step, shortfall = KV heads the budget "
         "allows that the policy did not keep (static: no head with a positive score left); accuracy with its 95 % "
-        "bootstrap interval over samples (exact when every sample agrees; * = on the Pareto front of accuracy vs "
-        "resident KV: no row holds at most its KV with at least its accuracy, one strictly); resident = KV held on "
-        "the device as a fraction of the unmodified model's and in MB, mean over steps; dynamic policies hold the "
-        "full KV offloaded (second tier) and move, per step, the picked heads' keys beyond the window plus the new "
-        "token of every head (re-used: heads picked at the previous step stay resident).",
+        "interval over samples (exact Clopper-Pearson for 0/1 scores, else bootstrap; * = on the Pareto front of "
+        "accuracy vs resident KV: no row holds at most its KV with at least its accuracy, one strictly); resident = "
+        "KV held on the device as a fraction of the unmodified model's and in MB, mean over steps; dynamic policies "
+        "hold the full KV offloaded (second tier) and move, per step, the picked heads' keys beyond the window plus "
+        "the new token of every head (re-used: heads picked at the previous step stay resident).",
+        *([] if at_chance.evidence else [at_chance.text()]),
         kv_table(table, {name: task.metrics[name] for name in others}),
         *notes,
     ]
@@ -420,9 +426,15 @@ def write_policy_tables(folder: Path, records: list[dict], manifest: dict, notes
         write_json(folder / "probe_pr.json", pr)
         write_summary(folder, "probe_pr.md", Summary(pr_blocks(pr), pr))
         blocks += pr_blocks(pr)
-    write_summary(folder, "summary.md", Summary(blocks, _accuracy_numbers(table), f"KV retention: {model}"))
+    numbers = {**_accuracy_numbers(table), "full_cache": at_chance.to_dict()}
+    write_summary(folder, "summary.md", Summary(blocks, numbers, f"KV retention: {model}"))
+    caveat = "" if at_chance.evidence else f" ({AT_CHANCE})"
     plot_kv_accuracy(
-        table, folder / "plots" / "kv-accuracy.png", title=f"{model}: {measure} vs resident KV", measure=measure
+        table,
+        folder / "plots" / "kv-accuracy.png",
+        title=f"{model}: {measure} vs resident KV{caveat}",
+        measure=measure,
+        front=at_chance.evidence,
     )
     if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
         plot_kv_grid(cells, folder / "plots" / "kv-grid.png", title=f"{model}: {measure} per cell")
@@ -451,7 +463,7 @@ def _policy_table(frame: pd.DataFrame, others: list[str], evidence: EvidenceSett
         .reset_index()
     )
     intervals = {
-        key: mean_interval(rows["accuracy"].to_numpy(), evidence, bounds=(0.0, 1.0))
+        key: fraction_interval(rows["accuracy"].to_numpy(), evidence)
         for key, rows in frame.groupby(["policy", "budget"])
     }
     table["accuracy_low"] = [intervals[(p, b)].low for p, b in zip(table["policy"], table["budget"], strict=True)]
@@ -460,6 +472,57 @@ def _policy_table(frame: pd.DataFrame, others: list[str], evidence: EvidenceSett
     table = table.sort_values(["budget", "order"]).drop(columns="order").reset_index(drop=True)
     table["pareto_front"] = pareto_front(table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy())
     return table
+
+
+AT_CHANCE = "full cache at chance: not evidence"
+
+
+@dataclass(frozen=True)
+class FullCacheEvidence:
+    """Whether a KV cell's full (uncompressed) cache scores above chance, by a one-sided exact binomial test: only
+    then can its compressed rows show what compression keeps or loses (a cell whose ceiling is chance compares the
+    arms at chance). ``evidence``: p below (1 - confidence) / 2, i.e. the exact 95 % interval lies above chance."""
+
+    evidence: bool
+    reason: str
+    chance: float | None = None
+    successes: int | None = None
+    samples: int = 0
+    p_value: float | None = None
+
+    def text(self) -> str:
+        return f"**{AT_CHANCE[0].upper()}{AT_CHANCE[1:]}** ({self.reason}): no row of this table counts as evidence."
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_chance(manifest: dict) -> float | None:
+    """The chance level of a KV run's task on its data (``Task.chance``), None when the task does not know it."""
+    task = run_task(manifest)
+    return task.chance(manifest["config"].get("data") or task.default_data) if task.chance is not None else None
+
+
+def full_cache_evidence(scores: np.ndarray, chance: float | None, evidence: EvidenceSettings) -> FullCacheEvidence:
+    """``FullCacheEvidence`` of the full cache's per-sample scores on the task's first metric (0/1 each) against
+    the task's ``chance`` (``run_chance``); not evidence, saying why, when there are no scores, they are not 0/1, or
+    the chance is not known."""
+    scores = np.asarray(scores, dtype=float)
+    if not len(scores):
+        return FullCacheEvidence(False, "no full-cache row to compare with chance")
+    if not np.isin(scores, (0.0, 1.0)).all():
+        return FullCacheEvidence(False, "the full cache's scores are not 0/1, so no exact test against chance")
+    successes, n = int(scores.sum()), len(scores)
+    if chance is None:
+        return FullCacheEvidence(
+            False, f"full cache {successes}/{n}; the task's chance is not known", None, successes, n
+        )
+    p_value = above_chance_p_value(successes, n, chance)
+    above = p_value < (1 - evidence.confidence) / 2
+    reason = f"full cache {successes}/{n} against chance {chance:.3g}, one-sided exact binomial p = {p_value:.3f}" + (
+        " (above chance)" if above else f", not below {(1 - evidence.confidence) / 2:g}"
+    )
+    return FullCacheEvidence(above, reason, chance, successes, n, p_value)
 
 
 def run_task(manifest: dict) -> Task:
@@ -496,7 +559,7 @@ def kv_table(table: pd.DataFrame, others: dict[str, str]) -> Table:
                 row.policy,
                 int(row.samples),
                 f"{row.accuracy:.3f} [{row.accuracy_low:.2f}, {row.accuracy_high:.2f}]"
-                + (" *" if row.pareto_front else ""),
+                + (" *" if row.pareto_front and getattr(row, "full_cache_evidence", True) else ""),
                 *(f"{getattr(row, name):.3f}" for name in others),
                 "–" if np.isnan(row.kv_heads) else f"{row.kv_heads:.1f}",
                 f"{row.shortfall:.1f}",

@@ -14,7 +14,10 @@ rows (one run alone: its own tables again, with the paired differences below), a
   run can differ from a one-sample run in fp32 rounding; the table says so rather than hide it),
 - ``paired``: for every ``pairs`` entry (treated, control), at every budget where both were measured (a budget-free
   control, ``full`` or ``none``, at its own), the mean per-sample difference of the task's first metric with its 95 %
-  interval (``analysis.evidence.paired_difference``) over the joined samples.
+  interval (``analysis.evidence.paired_difference``) over the joined samples,
+- ``full_cache``: whether the full cache scores above the task's chance (``kv.full_cache_evidence``); where it does
+  not, summary.md says "full cache at chance: not evidence" above the table and above the paired differences, and
+  marks no row of the Pareto front.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 
 from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
-from dynheads.experiments.kv import run_task, write_policy_tables
+from dynheads.experiments.kv import AT_CHANCE, full_cache_evidence, run_chance, run_task, write_policy_tables
 from dynheads.io import read_json, write_json
 from dynheads.kv.policies import is_budget_free
 from dynheads.runs import RunDir
@@ -106,6 +109,11 @@ def join_kv_runs(folders: Sequence[str | Path], out: str | Path, pairs: Sequence
         "arms": [_arm_entry(arm, source, pieces, samples) for arm, source in arms.items()],
         "paired": [row for pair in pairs for row in _paired_rows(records, pair, first_metric, evidence)],
         "metric": first_metric,
+        "full_cache": full_cache_evidence(
+            np.array([r["metrics"][first_metric] for r in records if r["policy"] == "full"], dtype=float),
+            run_chance(manifest),
+            evidence,
+        ).to_dict(),
     }
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -263,6 +271,8 @@ def _notes(joined: dict) -> list[Block]:
                 for a in twice
             )
         )
+    if joined["paired"] and not joined["full_cache"]["evidence"]:
+        notes.append(f"Paired differences below, {AT_CHANCE} ({joined['full_cache']['reason']}): none is a finding.")
     if joined["paired"]:
         notes.append(
             Table(

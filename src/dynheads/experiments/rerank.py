@@ -42,7 +42,14 @@ import numpy as np
 import pandas as pd
 
 from dynheads import distributed
-from dynheads.analysis.evidence import EvidenceSettings, mean_interval
+from dynheads.analysis.evidence import (
+    EvidenceSettings,
+    HolmDecision,
+    Interval,
+    fraction_interval,
+    holm_differences,
+    mean_interval,
+)
 from dynheads.analysis.ranking import METRICS, qrhead_scores, ranking_metrics, top_heads
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank_strategies import RERANK_STRATEGIES, Candidates, calibrated
@@ -363,11 +370,18 @@ def _base(strategy: str) -> str:
     return parts[1] if parts is not None else strategy
 
 
-def _interval_text(values, config: RerankConfig, name: str, bounds: tuple[float, float] = (0.0, 1.0)) -> str:
-    """A metric's mean over questions (in ``bounds``: a share, a difference of two in (-1, 1)) and its interval."""
-    evidence = EvidenceSettings(resamples=config.bootstrap, seed=derive_seed(config.seed, name))
-    mean = mean_interval(values, evidence, bounds=bounds)
+def _evidence(config: RerankConfig, name: str) -> EvidenceSettings:
+    """The bootstrap settings of one table cell: its own seed, derived from the run's and the cell's name."""
+    return EvidenceSettings(resamples=config.bootstrap, seed=derive_seed(config.seed, name))
+
+
+def _interval_text(mean: Interval) -> str:
     return f"{mean.effect:.3f} [{mean.low:.3f}, {mean.high:.3f}]"
+
+
+def _share_text(values, config: RerankConfig, name: str) -> str:
+    """A metric in [0, 1] per question: its mean and interval (exact Clopper-Pearson when every value is 0 or 1)."""
+    return _interval_text(fraction_interval(values, _evidence(config, name)))
 
 
 def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
@@ -381,8 +395,9 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
     blocks: list = [
         f"{n} of the {config.questions} evaluation questions scored ({config.data}, stream from question "
         f"{config.first}); QRHead's heads fitted on {heads.fit_questions} of the {config.fit_questions} fitting "
-        f"questions (stream from question {config.fit_first}). Means with 95 % percentile bootstrap "
-        f"intervals over questions ({config.bootstrap} resamples).",
+        f"questions (stream from question {config.fit_first}). Means with 95 % intervals over "
+        f"questions: exact (Clopper-Pearson) where every question's value is 0 or 1, else percentile bootstrap "
+        f"({config.bootstrap} resamples).",
         _metrics_table(per, config),
     ]
     blocks += _paired_blocks(per, config)
@@ -428,7 +443,7 @@ def _metrics_table(per: dict[str, pd.DataFrame], config: RerankConfig) -> Table:
                 s,
                 _heads_text(frame["heads"].iloc[0]),
                 len(frame),
-                *(_interval_text(frame[m].to_numpy(), config, f"{s}-{m}") for m in METRICS),
+                *(_share_text(frame[m].to_numpy(), config, f"{s}-{m}") for m in METRICS),
                 float(frame["seconds"].mean()),
             ]
             for s, frame in per.items()
@@ -437,27 +452,47 @@ def _metrics_table(per: dict[str, pd.DataFrame], config: RerankConfig) -> Table:
     )
 
 
+HOLM_NOTE = (
+    "each cell: the unadjusted 95 % interval of the mean difference; then Holm's family-wise adjustment over every "
+    "cell of the table (``evidence.holm_differences``: 95 % family-wise, two-sided against 0), the interval at the "
+    "step-down level the cell was decided at and ≠ 0 where the adjusted interval excludes 0, n.s. where it does not"
+)
+
+
 def _paired_blocks(per: dict[str, pd.DataFrame], config: RerankConfig) -> list:
-    """Every strategy minus BM25 and minus ICR, per question, each with the interval of its mean."""
+    """Every strategy minus BM25 and minus ICR, per question, each with the interval of its mean and its
+    Holm-adjusted interval and decision over the table's family (every strategy x metric)."""
     blocks: list = []
     for baseline in ("bm25", "icr"):
         if baseline in per:
+            strategies = [s for s in per if s != baseline]
+            family = {(s, m): (per[s][m] - per[baseline][m]).to_numpy() for s in strategies for m in METRICS}
+            adjusted = rerank_holm(family, config, f"holm-{baseline}")
             rows = [
-                [s, *(_difference_text(per[s][m] - per[baseline][m], config, f"{s}-{baseline}-{m}") for m in METRICS)]
-                for s in per
-                if s != baseline
+                [s, *(_difference_text(family[s, m], config, f"{s}-{baseline}-{m}", adjusted[s, m]) for m in METRICS)]
+                for s in strategies
             ]
             blocks += [
-                f"Paired differences vs {baseline} (strategy minus {baseline}, per question; interval of the "
-                "mean difference):",
+                f"Paired differences vs {baseline} (strategy minus {baseline}, per question; {HOLM_NOTE}; "
+                f"{len(family)} differences):",
                 Table(["strategy", *(f"Δ {m}" for m in METRICS)], rows),
             ]
     return blocks
 
 
-def _difference_text(differences: pd.Series, config: RerankConfig, name: str) -> str:
-    """A per-question difference of two metrics in [0, 1]: its mean and interval (exact when all agree)."""
-    return _interval_text(differences.to_numpy(), config, name, bounds=(-1.0, 1.0))
+def rerank_holm(family: dict, config: RerankConfig, name: str) -> dict:
+    """Holm's adjustment of a family of per-question differences of two metrics in [0, 1] (key -> array), with
+    the run's resamples and a seed derived from ``name``: key -> ``HolmDecision``."""
+    named = {str(key): values for key, values in family.items()}
+    decided = holm_differences(named, _evidence(config, name), bounds=(-1.0, 1.0))
+    return {key: decided[str(key)] for key in family}
+
+
+def _difference_text(differences, config: RerankConfig, name: str, adjusted: HolmDecision) -> str:
+    """A per-question difference of two metrics in [0, 1]: its mean and interval (exact when all agree), then its
+    Holm-adjusted interval and decision."""
+    unadjusted = mean_interval(np.asarray(differences), _evidence(config, name), bounds=(-1.0, 1.0))
+    return f"{_interval_text(unadjusted)}; Holm {adjusted.text()}"
 
 
 def _fusion_blocks(per: dict[str, pd.DataFrame], config: RerankConfig, heads: HeadSources) -> list:
@@ -468,24 +503,34 @@ def _fusion_blocks(per: dict[str, pd.DataFrame], config: RerankConfig, heads: He
         return []
     shown = list(dict.fromkeys(name for s in fused for name in (s, _base(s)) if name in per))
     bm25 = per["bm25"]
-    rows = []
-    for strategy in shown:
-        for kind in sorted(bm25["type"].dropna().unique()):
-            ids = bm25.index[bm25["type"] == kind]
-            rows.append(
-                [strategy, kind, len(ids)]
-                + [
-                    _difference_text(per[strategy].loc[ids, m] - bm25.loc[ids, m], config, f"{strategy}-{kind}-{m}")
-                    for m in ("recall@2", "mrr")
-                ]
-            )
+    kinds = {kind: bm25.index[bm25["type"] == kind] for kind in sorted(bm25["type"].dropna().unique())}
+    family = {
+        (s, kind, m): (per[s].loc[ids, m] - bm25.loc[ids, m]).to_numpy()
+        for s in shown
+        for kind, ids in kinds.items()
+        for m in FUSION_METRICS
+    }
+    adjusted = rerank_holm(family, config, "holm-fusion-types")
+    rows = [
+        [s, kind, len(ids)]
+        + [
+            _difference_text(family[s, kind, m], config, f"{s}-{kind}-{m}", adjusted[s, kind, m])
+            for m in FUSION_METRICS
+        ]
+        for s in shown
+        for kind, ids in kinds.items()
+    ]
     weights = ", ".join(f"{s} {w:.2f}" for s, w in heads.weights.items())
     return [
-        "Fusions with BM25 by question type (strategy minus bm25, per question; interval of the mean difference)"
+        f"Fusions with BM25 by question type (strategy minus bm25, per question; {HOLM_NOTE}; {len(family)} "
+        "differences)"
         + (f"; mix weights (head share) fitted on the fitting stream: {weights}" if weights else "")
         + ":",
         Table(["strategy", "type", "questions", "Δ recall@2", "Δ mrr"], rows),
     ]
+
+
+FUSION_METRICS = ("recall@2", "mrr")  # the by-type table's metrics
 
 
 def _heads_text(value) -> str:

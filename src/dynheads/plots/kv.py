@@ -46,29 +46,40 @@ def dodge_ties(resident: np.ndarray, accuracy: np.ndarray, *, step: float = 0.04
     return drawn
 
 
-def plot_kv_accuracy(
-    table: pd.DataFrame, path: str | Path, *, title: str | None = None, measure: str = "NIAH accuracy"
-) -> Path:
-    """Left: accuracy (95 % interval bars) against the resident KV (fraction of the unmodified model's, log scale:
-    2x, 4x, 8x, 16x compression are equally spaced) per policy, one point per budget, ``full`` and ``none`` as points
-    too, and the Pareto front of all points (grey): a policy is judged by where it sits against it; points that tie
-    (same accuracy, resident KV within 1 %) are drawn a little apart (:func:`dodge_ties`). Right: MB moved
-    per decode step from the second tier against the resident KV (dynamic policies; a static policy moves nothing).
-    ``table``: table.csv's columns; ``measure``: what its accuracy column holds (the task's first metric)."""
-    figure = Figure(figsize=(10, 5), layout="constrained")
-    accuracy_ax, moved_ax = figure.subplots(1, 2)
-    front = table[pareto_front(table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy())].sort_values(
-        "kv_fraction"
-    )
-    accuracy_ax.step(
-        front["kv_fraction"],
-        front["accuracy"],
+def _draw_front(axes, table: pd.DataFrame) -> None:
+    """The Pareto front of accuracy against resident KV, a wide grey step line."""
+    on_front = table[pareto_front(table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy())]
+    on_front = on_front.sort_values("kv_fraction")
+    axes.step(
+        on_front["kv_fraction"],
+        on_front["accuracy"],
         where="post",
         color="0.6",
         linewidth=6,
         alpha=0.35,
         label="Pareto front",
     )
+
+
+def plot_kv_accuracy(
+    table: pd.DataFrame,
+    path: str | Path,
+    *,
+    title: str | None = None,
+    measure: str = "NIAH accuracy",
+    front: bool = True,
+) -> Path:
+    """Left: accuracy (95 % interval bars) against the resident KV (fraction of the unmodified model's, log scale:
+    2x, 4x, 8x, 16x compression are equally spaced) per policy, one point per budget, ``full`` and ``none`` as points
+    too, and the Pareto front of all points (grey): a policy is judged by where it sits against it; points that tie
+    (same accuracy, resident KV within 1 %) are drawn a little apart (:func:`dodge_ties`). Right: MB moved
+    per decode step from the second tier against the resident KV (dynamic policies; a static policy moves nothing).
+    ``table``: table.csv's columns; ``measure``: what its accuracy column holds (the task's first metric);
+    ``front``: draw the Pareto front (not where the full cache is at chance: no row of it is evidence)."""
+    figure = Figure(figsize=(10, 5), layout="constrained")
+    accuracy_ax, moved_ax = figure.subplots(1, 2)
+    if front:
+        _draw_front(accuracy_ax, table)
     table = table.assign(drawn_fraction=dodge_ties(table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy()))
     for index, policy in enumerate(dict.fromkeys(table["policy"])):
         rows = table[table["policy"] == policy].sort_values("kv_fraction")

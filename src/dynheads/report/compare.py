@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from dynheads import stages
-from dynheads.analysis.evidence import Effect, EvidenceSettings, Interval, Status, mean_interval
+from dynheads.analysis.evidence import Effect, EvidenceSettings, Interval, Status, fraction_interval
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json, read_json_if_any
 from dynheads.report import claims
@@ -271,7 +271,8 @@ def _json_object(path: Path) -> dict:
 
 
 def accuracy_of(folder: Path, evidence: EvidenceSettings) -> list[Accuracy]:
-    """Each metric of the run's task: the mean over its finished samples with the 95 % bootstrap interval."""
+    """Each metric of the run's task (a score in [0, 1] per sample): the mean over its finished samples with its 95 %
+    interval, exact (Clopper-Pearson) for 0/1 scores (``evidence.fraction_interval``)."""
     task: Task | None = task_of_manifest(_stage_manifest(folder))
     records = RunDir(folder).records()
     if task is None or not records:
@@ -280,7 +281,7 @@ def accuracy_of(folder: Path, evidence: EvidenceSettings) -> list[Accuracy]:
     for key, label in task.metrics.items():
         values = np.array([_number((r.get("metrics") or {}).get(key)) for r in records], dtype=float)
         if not np.isnan(values).all():
-            found.append(Accuracy(task.label, label, mean_interval(values, evidence), folder))
+            found.append(Accuracy(task.label, label, fraction_interval(values, evidence), folder))
     return found
 
 

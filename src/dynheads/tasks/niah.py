@@ -290,5 +290,6 @@ NIAH = register(
         grid=niah_grid,
         prompt=prompt_manifest,
         help="needle in a haystack: copy a UUID from a long essay (Eq. 1, Section 3)",
+        chance=lambda data: 0.0,  # a random UUID: no guess contains it
     )
 )

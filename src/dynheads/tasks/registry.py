@@ -55,6 +55,9 @@ class Task:
     default_data: str | None = None  # the data value that selects it when none is given (the CLI's --data default)
     implied_data: str | None = None  # what a config of it with no data reads (None: ``default_data``)
     data_selects_task: bool = False  # HotpotQA's spelling: data of another task's source selects that task
+    # data value -> the share of samples a guess scores 1 on the first metric (a KV cell's full cache is read as
+    # evidence only above it); None: not known
+    chance: Callable[[str | None], float | None] | None = None
 
     def __post_init__(self) -> None:
         check_kind(self.score_kind)

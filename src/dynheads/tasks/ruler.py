@@ -599,8 +599,20 @@ def _register(
             data_source=source,
             selects=selects,
             default_data=data or source,
+            chance=ruler_chance,
         )
     )
+
+
+def ruler_chance(data: str | None) -> float | None:
+    """A guess among the same-form candidates (the chains' values, the keys' values) is right with 1 / candidates;
+    RULER's ``query=all`` (a share of names) has no such chance (None), nor data of no RULER form."""
+    if data is None or source_of(data) is None:
+        return None
+    form = parse_source(data)
+    if isinstance(form, VTForm) and form.query != "value":
+        return None
+    return 1.0 / form.candidates
 
 
 VARIABLE_TRACKING = _register(
