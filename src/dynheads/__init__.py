@@ -76,7 +76,7 @@ _EXPORTS = exports_by_name(
         "dynheads.plots.heads": ("plot_head_dynamics",),
         "dynheads.plots.ablation": ("plot_heatmaps",),
         "dynheads.plots.cca": ("plot_cca",),
-        "dynheads.report": ("write_report", "write_compare"),
+        "dynheads.report": ("write_report", "write_compare", "run_rules"),
         # stage results as data (summary.json) and the one table renderer (markdown and HTML)
         "dynheads.tables": ("Summary", "Table", "Heading", "Items", "read_summaries", "write_summary"),
     }

@@ -1,5 +1,5 @@
-"""CLI commands ``rag``, ``reproduce``, ``report``, ``compare``, ``view`` and ``rerank``. Each one parses its options
-into a config, checks it and calls the Python API; nothing else happens here."""
+"""CLI commands ``rag``, ``reproduce``, ``report``, ``compare``, ``rules``, ``view`` and ``rerank``. Each one parses
+its options into a config, checks it and calls the Python API; nothing else happens here."""
 
 from __future__ import annotations
 
@@ -104,6 +104,40 @@ def compare(
 
     _, html = write_compare(folders, out)
     typer.echo(f"comparison: {html} and {html.with_suffix('.md')}")
+
+
+@app.command()
+def rules(
+    out: Annotated[Path, Opt("--out", help="folder for rules.csv and rules.md")],
+    studies: Annotated[
+        int, Opt("--studies", min=1, help="simulated studies per scenario (power and false alarms: SE ~ 0.5/sqrt(n))")
+    ] = 40,
+    seed: Annotated[int, Opt("--seed", help="seed of the simulated studies")] = 0,
+    claim: Annotated[
+        list[str] | None, Opt("--claim", help="only this claim's rules: 1, 3 or rag (repeatable; default: all)")
+    ] = None,
+    threads: Annotated[int | None, Opt("--threads", min=1, help="torch CPU threads (default: torch's)")] = None,
+) -> None:
+    """Run every verdict rule on simulated studies whose answer is known, at the standard preset's sample counts:
+    each rule's power, false alarms and what it says of the paper's own rows; which rules may decide a verdict
+    (no model is loaded)."""
+    from dynheads.report import claims as claim_names
+    from dynheads.report.rules import rules_table, run_rules
+    from dynheads.tables import to_markdown
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    names = {"1": claim_names.CLAIM1, "3": claim_names.CLAIM3, "rag": claim_names.RAG}
+    unknown = [c for c in claim or [] if c not in names]
+    if unknown:
+        raise typer.BadParameter(f"unknown claim {unknown[0]!r}: use one of {', '.join(names)}", param_hint="--claim")
+    checks = run_rules(
+        out, studies, seed, [names[c] for c in claim] if claim else None, lambda line: typer.echo(line, err=True)
+    )
+    typer.echo(to_markdown(rules_table(checks)))
+    typer.echo(f"wrote {out}/rules.csv and {out}/rules.md")
 
 
 @app.command()

@@ -93,7 +93,9 @@ def train_probe_on_run(
         )
         + f" Probe minus baseline {_gap_text(result.metrics['gap'])}"
         + (f"; baseline minus probe {_gap_text(result.metrics['mse_gap'])}" if "mse_gap" in result.metrics else "")
-        + " (95 % bootstrap intervals over the test samples)."
+        + f"; probe minus the step-index profile {_gap_text(result.metrics['position_gap'])} (Claim 3)"
+        + f"; within-step ranking of the step's heads, probe minus the frequency profile "
+        f"{_gap_text(result.metrics['step_gap'])} (Claim 1)" + " (95 % bootstrap intervals over the test samples)."
     )
     write_summary(
         out,
@@ -105,6 +107,8 @@ def train_probe_on_run(
                 "probe": result.metrics["probe"],
                 "baseline": result.metrics["baseline"],
                 "gap": result.metrics["gap"],
+                "position_gap": result.metrics["position_gap"],
+                "step_gap": result.metrics["step_gap"],
                 **({"mse_gap": result.metrics["mse_gap"]} if "mse_gap" in result.metrics else {}),
             },
             f"MLP probe on {run.path}",

@@ -280,7 +280,8 @@ def _niah_setup(study: StudyFolder) -> list[Part]:
     "claim1-niah", "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)", "niah", (stages.DYNAMISM, ("heads-*.png",))
 )
 def _claim1_niah(study: StudyFolder) -> list[Part]:
-    return _dynamism(study.root, stages.DYNAMISM, NIAH.label, "Figure 1", _table1_note(), study.evidence)
+    stage_pair = (stages.DYNAMISM, stages.PROBE)
+    return _dynamism(study.root, stage_pair, NIAH.label, "Figure 1", _table1_note(), study.evidence)
 
 
 @report_section(
@@ -312,7 +313,8 @@ def _qa_setup(study: StudyFolder) -> list[Part]:
     "claim1-hotpotqa", "Claim 1, dynamism, on {qa} (Figure 5)", "qa", (stages.HOTPOTQA_DYNAMISM, ("heads-*.png",))
 )
 def _claim1_qa(study: StudyFolder) -> list[Part]:
-    return _dynamism(study.root, stages.HOTPOTQA_DYNAMISM, study.qa.label, "Figure 5", PAPER_FIGURE5, study.evidence)
+    pair = (stages.HOTPOTQA_DYNAMISM, stages.HOTPOTQA_PROBE)
+    return _dynamism(study.root, pair, study.qa.label, "Figure 5", PAPER_FIGURE5, study.evidence)
 
 
 @report_section(
@@ -437,10 +439,16 @@ def _task_run(root: Path, stage: str) -> list[Part]:
     return parts
 
 
-def _dynamism(root: Path, stage: str, task: str, figure: str, note: str, evidence: EvidenceSettings) -> list[Part]:
-    data = stage_evidence(root, stage)
+def _dynamism(
+    root: Path, folders: tuple[str, str], task: str, figure: str, note: str, evidence: EvidenceSettings
+) -> list[Part]:
+    """Claim 1: the dynamism stage's statistics and the head predictor's within-step ranking (its stage)."""
+    stage, predictor = folders
+    data, metrics = stage_evidence(root, stage), stage_evidence(root, predictor)
     verdict = _guard(
-        lambda: _stage_failed(root, (stage,), claims.CLAIM1, task) or claims.dynamism_verdict(data, task, evidence),
+        lambda: (
+            _stage_failed(root, folders, claims.CLAIM1, task) or claims.dynamism_verdict(data, task, evidence, metrics)
+        ),
         claims.CLAIM1,
         task,
     )

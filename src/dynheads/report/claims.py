@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -63,10 +63,11 @@ from dynheads.tasks.hotpotqa import HOTPOTQA
 STATIC_SHARE_MAX = 0.8
 ADJACENT_SHARE_MAX = 0.5
 ENTROPY_SHARE_MIN = 0.15
+RANKING_MARGIN = 0.0  # Claim 1: the predictor ranks a step's heads better than the static profile
 ABLATION_MARGIN = 0.1
 DOSE_MARGIN = 0.1  # dose-response: dynamic minus a control, area under the harm curve (the metric's unit)
 DOSE_CONTROL_MARGIN = 0.5  # dose-response controls: harm beyond it (dynamic), within it (random at the least dose)
-CCA_MARGIN = 0.1
+CCA_MARGIN = 0.0  # report.rules: at 0 the null's false alarms stay at the interval's 2.5 %
 PROBE_MARGIN = 0.0
 RAG_MARGIN = 0.0
 # a paired difference of two per-sample metrics in [0, 1] (accuracy, F1) lies in [-1, 1]: when every sample's
@@ -100,12 +101,18 @@ class Verdict:
     reason: str
     numbers: dict[str, float | None] = field(default_factory=dict)
     effects: tuple[Effect, ...] = ()
+    descriptive: tuple[Effect, ...] = ()  # rules printed beside, deciding nothing (``report.rules``: no power)
 
     def sentence(self) -> str:
         status = self.status if self.status != "inconclusive" else f"inconclusive ({self.reason})"
         detail = f" {self.reason}." if self.status != "inconclusive" and self.reason else ""
         tested = " Effects: " + "; ".join(effect.line() for effect in self.effects) + "." if self.effects else ""
-        return f"{self.claim}, {self.task}: {status}.{detail}{tested}"
+        beside = (
+            " Descriptive, deciding nothing (dynheads rules): " + "; ".join(e.line() for e in self.descriptive) + "."
+            if self.descriptive
+            else ""
+        )
+        return f"{self.claim}, {self.task}: {status}.{detail}{tested}{beside}"
 
 
 def _decided(
@@ -155,11 +162,14 @@ def gated(verdict: Verdict, reason: str) -> Verdict:
 
 
 # ---- Claim 1 ----------------------------------------------------------------------------------------------------
-def dynamism_verdict(data: Mapping | None, task: str, evidence: EvidenceSettings | None = None) -> Verdict:
+def dynamism_verdict(
+    data: Mapping | None, task: str, evidence: EvidenceSettings | None = None, predictor: Mapping | None = None
+) -> Verdict:
     """Claim 1 from the numbers the dynamism stage published (``stats``, ``per_sample`` and ``static_kind``; see
-    ``experiments.analyses.dynamism_report``). Each rule reads a share above chance, whose range the set size
-    does not fix (``dynheads.analysis.chance``); the statistics the sizes bound are shown beside their chance
-    level and decide nothing."""
+    ``experiments.analyses.dynamism_report``) and the head predictor's metrics of the same task (``predictor``:
+    its ``step_gap``, the within-step ranking of heads against the static frequency profile). Only the rules in
+    ``CLAIM1_DECIDING`` decide (``report.rules`` shows why: power and false alarms on studies whose answer is
+    known, and the paper's own Table 1 rows); the others are printed beside as descriptive."""
     evidence = evidence or EvidenceSettings()
     if not data or "stats" not in data:
         return failed(CLAIM1, task, "no dynamism statistics")
@@ -173,32 +183,58 @@ def dynamism_verdict(data: Mapping | None, task: str, evidence: EvidenceSettings
             "the dynamism stage published no per-sample shares above chance (an older dynheads): re-run the "
             "dynamism stage",
         )
-    static_kind = data.get("static_kind") or "copy"
-    listed = f"static {'retrieval' if static_kind == 'copy' else 'reasoning'}"
-    effects = [
-        Effect(
+    rules = claim1_effects(data, evidence, predictor)
+    verdict = _decided(CLAIM1, task, [rules[key] for key in CLAIM1_DECIDING], evidence, numbers, chance_note(stats))
+    return replace(verdict, descriptive=tuple(rules[key] for key in rules if key not in CLAIM1_DECIDING))
+
+
+# Claim 1's rules that decide: the within-step ranking alone. On simulated studies (``report.rules``) the three
+# shares above chance call most studies of a fixed static profile (heads drawn at every step from one set of
+# frequencies, a rotation within a fixed pool) "supported": they cannot tell dynamic heads from a static profile
+# at any n, and the adjacent-step share also calls two of the paper's five Table 1 rows "not supported".
+CLAIM1_DECIDING = ("ranking",)
+
+
+def claim1_effects(data: Mapping, evidence: EvidenceSettings, predictor: Mapping | None) -> dict[str, Effect]:
+    """Every Claim 1 rule as an effect, by key: ``containment`` (share above chance of D_t in the static list,
+    below 0.8), ``adjacent`` (adjacent-step Jaccard share, below 0.5), ``entropy`` (entropy share, above 0.15) and
+    ``ranking`` (the head predictor's within-step ranking of D_t minus the static frequency profile's, above 0)."""
+    stats, per_sample = data["stats"], data["per_sample"]
+    listed = f"static {'retrieval' if (data.get('static_kind') or 'copy') == 'copy' else 'reasoning'}"
+    gap = (predictor or {}).get("step_gap")
+    return {
+        "containment": Effect(
             f"containment in the {listed} top-max(20, |D_t|), share above chance",
             _per_sample_mean(per_sample["static_containment_share"], evidence),
             STATIC_SHARE_MAX,
             "below",
             "no step had a dynamic head",
         ),
-        Effect(
+        "adjacent": Effect(
             "adjacent-step Jaccard, share above chance",
             _per_sample_mean(per_sample["adjacent_share"], evidence),
             ADJACENT_SHARE_MAX,
             "below",
             "no sample had two consecutive steps with dynamic heads",
         ),
-        Effect(
+        "entropy": Effect(
             "entropy of head use, share from ln(mean |D_t|) to random sets",
             _entropy_share_interval(per_sample, _number(stats.get("entropy_chance")), evidence),
             ENTROPY_SHARE_MIN,
             "above",
             "no head was ever in a dynamic set",
         ),
-    ]
-    return _decided(CLAIM1, task, effects, evidence, numbers, chance_note(stats))
+        "ranking": Effect(
+            "head predictor's within-step ranking of D_t - the static frequency profile's (held-out samples)",
+            _interval_of(gap, "effect", "low", "high", "n") if gap else UNDEFINED,
+            RANKING_MARGIN,
+            undefined_reason=(
+                "the head predictor's metrics have no within-step ranking (trained by an older dynheads): re-train it"
+                if predictor
+                else "no head predictor on this task"
+            ),
+        ),
+    }
 
 
 CLAIM1_NUMBERS = (
@@ -495,7 +531,9 @@ def correlation_verdict(
 ) -> Verdict:
     """Claim 3 from the held-out CCA row at offset 1 (``top1``, ``shuffled_top1``, ``gap``, ``gap_low``,
     ``gap_high``, ``test_samples``, or ``note`` when it could not be measured) and the head predictor's metrics
-    (``probe``, ``baseline`` and ``gap``: probe minus baseline with its interval over test samples)."""
+    (``probe``, ``baseline``, ``position_gap``: probe minus the step-index profile with its interval over test
+    samples). Both halves control the step's position in the answer (the CCA's shuffled pairing keeps it, the
+    step-index profile knows it); the predictor against the plain frequency profile is printed beside."""
     evidence = evidence or EvidenceSettings()
     numbers: dict[str, float | None] = {
         "cca_held_out_k1": None,
@@ -503,36 +541,15 @@ def correlation_verdict(
         f"probe_{probe_metric}": None,
         f"baseline_{probe_metric}": None,
     }
-    if cca is None:
-        cca_gap, cca_why = UNDEFINED, f"no held-out CCA at k={CCA_OFFSET}"
-    else:
+    if cca is not None:
         numbers.update(cca_held_out_k1=_number(cca.get("top1")), cca_shuffled_k1=_number(cca.get("shuffled_top1")))
-        cca_gap, cca_why = (
-            _interval_of(cca, "gap", "gap_low", "gap_high", "test_samples"),
-            str(cca.get("note") or "not measured"),
-        )
-    if probe is None:
-        probe_gap, probe_why = UNDEFINED, "no head predictor metrics"
-    else:
+    if probe is not None:
         numbers[f"probe_{probe_metric}"] = _number(probe.get("probe", {}).get(probe_metric))
         numbers[f"baseline_{probe_metric}"] = _number(probe.get("baseline", {}).get(probe_metric))
-        probe_gap = _interval_of(probe.get("gap") or {}, "effect", "low", "high", "n")
-        probe_why = (
-            "R² is undefined: no head's target varies in the test split"
-            if probe_metric == "r2"
-            else "no positive target in the test split"
-        )
-        if not probe.get("gap"):
-            probe_why = "the head predictor's metrics have no interval (trained by an older dynheads): re-train it"
-    effects = [
-        Effect(f"held-out - shuffled CCA top-1 at k={CCA_OFFSET}", cca_gap, CCA_MARGIN, undefined_reason=cca_why),
-        Effect(
-            f"head predictor - frequency baseline {probe_metric.upper()}",
-            probe_gap,
-            PROBE_MARGIN,
-            undefined_reason=probe_why,
-        ),
-    ]
+    rules = claim3_effects(cca, probe, probe_metric)
+    effects = [rules[key] for key in CLAIM3_DECIDING]
+    descriptive = tuple(rules[key] for key in rules if key not in CLAIM3_DECIDING)
+    cca_gap = rules["cca"].interval
     if cca_gap.defined and cca_gap.high < 0:
         return Verdict(
             CLAIM3,
@@ -544,8 +561,56 @@ def correlation_verdict(
             "measure what is specific to a sample",
             numbers,
             tuple(effects),
+            descriptive,
         )
-    return _decided(CLAIM3, task, effects, evidence, numbers, _mse_note(probe, numbers))
+    verdict = _decided(CLAIM3, task, effects, evidence, numbers, _mse_note(probe, numbers))
+    return replace(verdict, descriptive=descriptive)
+
+
+CLAIM3_DECIDING = ("cca", "predictor")
+
+
+def claim3_effects(cca: Mapping | None, probe: Mapping | None, probe_metric: str) -> dict[str, Effect]:
+    """Claim 3's rules as effects by key: ``cca`` (held-out minus shuffled CCA top-1 at offset 1, above
+    ``CCA_MARGIN``), ``predictor`` (the head predictor minus the step-index profile, above 0) and
+    ``predictor_frequency`` (minus the plain frequency profile: no position control, descriptive)."""
+    if cca is None:
+        cca_gap, cca_why = UNDEFINED, f"no held-out CCA at k={CCA_OFFSET}"
+    else:
+        cca_gap = _interval_of(cca, "gap", "gap_low", "gap_high", "test_samples")
+        cca_why = str(cca.get("note") or "not measured")
+    metric = probe_metric.upper()
+    return {
+        "cca": Effect(
+            f"held-out - shuffled CCA top-1 at k={CCA_OFFSET}", cca_gap, CCA_MARGIN, undefined_reason=cca_why
+        ),
+        "predictor": Effect(
+            f"head predictor - step-index profile {metric}",
+            _probe_gap(probe, "position_gap"),
+            PROBE_MARGIN,
+            undefined_reason=_probe_why(probe, "position_gap", probe_metric),
+        ),
+        "predictor_frequency": Effect(
+            f"head predictor - frequency profile {metric} (no position control)",
+            _probe_gap(probe, "gap"),
+            PROBE_MARGIN,
+            undefined_reason=_probe_why(probe, "gap", probe_metric),
+        ),
+    }
+
+
+def _probe_gap(probe: Mapping | None, key: str) -> Interval:
+    return _interval_of((probe or {}).get(key) or {}, "effect", "low", "high", "n")
+
+
+def _probe_why(probe: Mapping | None, key: str, probe_metric: str) -> str:
+    if probe is None:
+        return "no head predictor metrics"
+    if not probe.get(key):
+        return "the head predictor's metrics lack this comparison (trained by an older dynheads): re-train it"
+    if probe_metric == "r2":
+        return "R² is undefined: no head's target varies in the test split"
+    return "no positive target in the test split"
 
 
 def _mse_note(probe: Mapping | None, numbers: dict[str, float | None]) -> str:

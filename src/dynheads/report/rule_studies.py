@@ -1,0 +1,143 @@
+"""The scenarios ``report.rules`` runs each rule on: simulated studies whose answer is known, decided by the
+verdict code of ``report.claims`` at the standard preset's sample counts.
+
+- Claim 1 (false): a fixed static profile, concentrated or broad, and one whose hidden state knows *when* heads
+  retrieve but not which; (true): step- and sample-specific heads at our models' set size and at the paper's.
+- Claim 3 (false): hidden states without signal, and hidden states and heads that share only the step's position
+  in the answer; (true): the hidden state encodes the context that picks the step's heads.
+- RAG (true): paired per-question F1 at the paper's own Table 4 effects; (false): no difference.
+
+Claim 1's ranking rule and Claim 3's predictor train the project's head predictor (``analysis.head_predictor``) with
+a smaller network than the presets' (``PREDICTOR``) to keep a study to a few seconds; its split is the standard
+preset's, so the test split holds the preset's number of samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dynheads.analysis.cca import cca_offsets
+from dynheads.analysis.dynamism import dynamism_stats, per_sample_dynamism
+from dynheads.analysis.evidence import EvidenceSettings
+from dynheads.analysis.head_predictor import fit_head_predictor
+from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
+from dynheads.report import claims
+from dynheads.report.simulated import WorldSpec, simulate_study
+
+EVIDENCE = EvidenceSettings(resamples=400)
+PREDICTOR = HeadPredictorConfig(hidden_sizes=(64,), epochs=30, early_stopping=5, split=(0.5, 0.2, 0.3))
+CCA = CCAConfig(resamples=400)
+RAG_DISCORDANT = 0.3  # share of questions whose F1 differs between the two strategies (paired)
+RAG_EFFECTS = {"the paper's largest effect (+0.049 F1, llama3.1-8b)": 0.049, "the paper's median effect": 0.017}
+
+
+@dataclass(frozen=True)
+class StudyCounts:
+    """Sample counts of a study: NIAH samples, the 30 % test split (probe, CCA), ablation samples per arm, RAG
+    questions."""
+
+    niah: int
+    test_split: int
+    ablation: int
+    rag: int
+
+
+Decisions = dict[str, tuple[str, int]]  # rule -> (status, n)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One kind of simulated study: its claim, whether the claim is true in it, and how a study is drawn and
+    decided (rule -> status and n)."""
+
+    claim: str
+    name: str
+    truth: bool
+    run: Callable[[StudyCounts, np.random.Generator], Decisions]
+
+    @property
+    def key(self) -> str:
+        return f"{self.claim}/{self.name}"
+
+    def decide(self, counts: StudyCounts, rng: np.random.Generator) -> Decisions:
+        return self.run(counts, rng)
+
+
+def _claim1(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+    def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
+        study = simulate_study(spec, counts.niah, rng)
+        sets = study.dynamic_sets()
+        data = {
+            "stats": dynamism_stats(sets, study.static_ranking).to_dict(),
+            "per_sample": per_sample_dynamism(sets, study.static_ranking),
+            "static_kind": "copy",
+        }
+        fitted = fit_head_predictor(study.score_samples(), PREDICTOR, task="binary", shape=study.shape, progress=False)
+        effects = claims.claim1_effects(data, EVIDENCE, {"step_gap": fitted.ranking_gap(EVIDENCE).to_dict()})
+        return {key: (effect.decide(EVIDENCE.floor)[0], effect.interval.n) for key, effect in effects.items()}
+
+    return run
+
+
+def _claim3(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+    def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
+        study = simulate_study(spec, counts.niah, rng)
+        samples = study.score_samples()
+        table = cca_offsets(samples, [claims.CCA_OFFSET], CCA)
+        row = table[table["method"] == "held_out"].iloc[0].to_dict()
+        fitted = fit_head_predictor(samples, PREDICTOR, task="binary", shape=study.shape, progress=False)
+        probe = {
+            "position_gap": fitted.position_gap(EVIDENCE).to_dict(),
+            "gap": fitted.frequency_gap(EVIDENCE).to_dict(),
+        }
+        effects = claims.claim3_effects(row, probe, "auprc")
+        return {key: (effect.decide(EVIDENCE.floor)[0], effect.interval.n) for key, effect in effects.items()}
+
+    return run
+
+
+def _rag(effect: float) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+    """Per question: a static F1 (0, 1 or partial), and a dynamic F1 that differs on ``RAG_DISCORDANT`` of the
+    questions, in the direction that makes the mean difference ``effect``."""
+
+    def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
+        n = counts.rag
+        static = np.where(rng.random(n) < 0.5, 1.0, 0.0)
+        partial = rng.random(n) < 0.2
+        static[partial] = rng.random(int(partial.sum()))
+        dynamic = static.copy()
+        discordant = rng.random(n) < RAG_DISCORDANT
+        up = rng.random(n) < 0.5 + effect / (2 * RAG_DISCORDANT)  # P(better | discordant): mean shift = effect
+        dynamic[discordant & up] = np.minimum(1.0, static[discordant & up] + rng.uniform(0.5, 1.0))
+        dynamic[discordant & ~up] = np.maximum(0.0, static[discordant & ~up] - rng.uniform(0.5, 1.0))
+        verdict = claims.rag_verdict({5: (dynamic, static)}, "RAG", EVIDENCE)
+        return {"rag": (verdict.effects[0].decide(EVIDENCE.floor)[0], n)}
+
+    return run
+
+
+STATIC_CONCENTRATED = WorldSpec(alpha=1.5)
+STATIC_BROAD = WorldSpec(alpha=0.7)
+STATIC_TIMED = WorldSpec(alpha=1.0, timing="hidden")
+DYNAMIC = WorldSpec(modes=12)
+DYNAMIC_PAPER_SIZE = WorldSpec(modes=12, mean_size=13.0, mode_heads=30)
+# Claim 3 on a smaller model (16 x 8 heads): the CCA's PCA of every head's scores dominates a study's time
+POSITION_ONLY = WorldSpec(layers=16, heads=8, alpha=1.0, timing="position")
+NO_SIGNAL = WorldSpec(layers=16, heads=8, alpha=1.0, signal=0.0)
+PLANNING = WorldSpec(layers=16, heads=8, modes=12, lookahead=1.0)
+
+SCENARIOS: list[Scenario] = [
+    Scenario(claims.CLAIM1, "static profile, concentrated", False, _claim1(STATIC_CONCENTRATED)),
+    Scenario(claims.CLAIM1, "static profile, broad", False, _claim1(STATIC_BROAD)),
+    Scenario(claims.CLAIM1, "static profile, hidden state knows when", False, _claim1(STATIC_TIMED)),
+    Scenario(claims.CLAIM1, "step- and sample-specific heads, |D_t| 5", True, _claim1(DYNAMIC)),
+    Scenario(claims.CLAIM1, "step- and sample-specific heads, |D_t| 13", True, _claim1(DYNAMIC_PAPER_SIZE)),
+    Scenario(claims.CLAIM3, "no signal", False, _claim3(NO_SIGNAL)),
+    Scenario(claims.CLAIM3, "position in the answer only", False, _claim3(POSITION_ONLY)),
+    Scenario(claims.CLAIM3, "hidden state encodes this step's and the next step's heads", True, _claim3(PLANNING)),
+    *(Scenario(claims.RAG, name, True, _rag(effect)) for name, effect in RAG_EFFECTS.items()),
+    Scenario(claims.RAG, "no difference", False, _rag(0.0)),
+]

@@ -1,0 +1,204 @@
+"""Known truth for every rule a verdict can rest on (issue 59): each rule's power on simulated studies where its
+claim is true by construction, its false alarms on studies where it is false, and what it says of the paper's own
+published rows.
+
+``check_rules`` runs the project's own verdict code (``report.claims``: the same functions, margins and intervals
+the report uses) on ``studies`` simulated studies per scenario (``report.simulated`` for head sets and hidden
+states; paired per-sample arrays for ablation harms and RAG F1), at the sample counts of the standard preset, and
+reads the paper's rows from ``paper_rows.csv`` (each number with the table it comes from). A rule **decides** only
+when its power is at least ``POWER_MIN``, its false-alarm rate at most ``FALSE_ALARM_MAX`` (the worst of its false
+scenarios) and it calls none of the paper's rows "not supported" where the paper reports the claim; otherwise it is
+descriptive. ``report.claims`` declares which rules decide; tests/test_rules.py checks the declaration against this.
+
+Power is the share of true studies a rule calls "supported"; false alarm the share of false studies it calls
+"supported" (the worst false scenario). Both are estimates over ``studies`` studies: their standard error is
+about sqrt(p (1 - p) / studies).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dynheads.io import atomic_path
+from dynheads.report import claims
+from dynheads.report.rule_paper import PaperCheck, paper_checks
+from dynheads.report.rule_studies import SCENARIOS, StudyCounts
+from dynheads.tables import Table, to_markdown
+
+POWER_MIN = 0.8
+FALSE_ALARM_MAX = 0.05
+DEFAULT_STUDIES = 40
+
+
+@dataclass(frozen=True)
+class RuleCheck:
+    """One rule's row of ``rules.csv``."""
+
+    claim: str
+    rule: str
+    n: int  # samples (or questions) per study, the standard preset's
+    studies: int  # simulated studies per scenario
+    power: float  # true scenarios: share called "supported" (the lowest over them)
+    false_alarm: float  # false scenarios: share called "supported" (the highest over them)
+    paper_rows: int  # the paper's rows the rule can be read on
+    paper_supported: int  # of them, called supported (or within the paper's range)
+    paper_not_supported: int  # of them, called "not supported" although the paper reports the claim there
+    decides: bool
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def standard_counts() -> StudyCounts:
+    """The standard preset's sample counts: NIAH samples, their 30 % test splits (probe and CCA), the ablation
+    grid's samples per arm and the RAG questions."""
+    with resources.files("dynheads").joinpath("presets/standard.toml").open("rb") as handle:
+        preset = tomllib.load(handle)
+
+    def grid(table: dict) -> int:
+        return len(table["lengths"]) * len(table["depths"]) * int(table.get("runs", 1))
+
+    niah = grid(preset["niah"])
+    return StudyCounts(
+        niah=niah,
+        test_split=round(preset["probe"]["split"][2] * niah),
+        ablation=grid(preset["ablation"]),
+        rag=int(preset["rag"]["questions"]),
+    )
+
+
+def check_rules(
+    studies: int = DEFAULT_STUDIES,
+    seed: int = 0,
+    counts: StudyCounts | None = None,
+    claims_to_check: Iterable[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[RuleCheck]:
+    """Every rule's power, false alarms and paper rows (see the module docstring), claim by claim."""
+    counts = counts or standard_counts()
+    wanted = set(claims_to_check) if claims_to_check else None
+    decisions: dict[tuple[str, str], dict[str, list[tuple[str, int]]]] = {}
+    for scenario in SCENARIOS:
+        if wanted is not None and scenario.claim not in wanted:
+            continue
+        if progress:
+            progress(f"{scenario.claim}: {scenario.name} ({studies} studies)")
+        rng = np.random.default_rng([seed, SCENARIOS.index(scenario)])
+        for _ in range(studies):
+            for rule, decided in scenario.decide(counts, rng).items():
+                decisions.setdefault((scenario.claim, rule), {}).setdefault(scenario.key, []).append(decided)
+    papers = paper_checks()
+    return [
+        _row(claim, rule, by_scenario, studies, papers.get((claim, rule)))
+        for (claim, rule), by_scenario in decisions.items()
+    ]
+
+
+def _row(
+    claim: str,
+    rule: str,
+    by_scenario: dict[str, list[tuple[str, int]]],
+    studies: int,
+    paper: PaperCheck | None,
+) -> RuleCheck:
+    scenarios = {scenario.key: scenario for scenario in SCENARIOS}
+    supported = {key: float(np.mean([s == "supported" for s, _ in decided])) for key, decided in by_scenario.items()}
+    true = [share for key, share in supported.items() if scenarios[key].truth]
+    false = [share for key, share in supported.items() if not scenarios[key].truth]
+    power, false_alarm = (min(true) if true else math.nan), (max(false) if false else math.nan)
+    paper = paper or PaperCheck(0, 0, 0, "the paper reports no number this rule reads")
+    decides = power >= POWER_MIN and false_alarm <= FALSE_ALARM_MAX and paper.not_supported == 0
+    worst = ", ".join(
+        f"{scenarios[key].name}: {share:.2f}" for key, share in sorted(supported.items(), key=lambda kv: kv[0])
+    )
+    return RuleCheck(
+        claim=claim,
+        rule=rule,
+        n=max(n for decided in by_scenario.values() for _, n in decided),
+        studies=studies,
+        power=power,
+        false_alarm=false_alarm,
+        paper_rows=paper.rows,
+        paper_supported=paper.supported,
+        paper_not_supported=paper.not_supported,
+        decides=bool(decides),
+        note=f"called supported: {worst}; paper: {paper.note}",
+    )
+
+
+RULE_COLUMNS = {
+    "claim": "claim",
+    "rule": "rule",
+    "n": "n",
+    "power": "power",
+    "false_alarm": "false alarm",
+    "paper_rows": "paper rows",
+    "paper_supported": "paper supported",
+    "decides": "decides",
+}
+
+
+def rules_table(checks: list[RuleCheck]) -> Table:
+    """The rules as a table: claim, rule, n, power, false alarm, the paper's rows and whether the rule decides."""
+    rows = [
+        [
+            check.claim,
+            check.rule,
+            check.n,
+            check.power,
+            check.false_alarm,
+            check.paper_rows,
+            check.paper_supported,
+            "yes" if check.decides else "no (descriptive)",
+        ]
+        for check in checks
+    ]
+    return Table(list(RULE_COLUMNS.values()), rows, float_format=".2f", missing="–")
+
+
+def write_rules(out: str | Path, checks: list[RuleCheck], *, studies: int, seed: int) -> Path:
+    """``rules.csv`` (every column of ``RuleCheck``) and ``rules.md`` (the table, its rule and the notes) in ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "rules.csv") as tmp:
+        pd.DataFrame([check.to_dict() for check in checks]).to_csv(tmp, index=False)
+    text = (
+        "# Rules against known truth\n\n"
+        f"{studies} simulated studies per scenario (seed {seed}) at the standard preset's sample counts. A rule "
+        f"decides when its power >= {POWER_MIN}, its false-alarm rate <= {FALSE_ALARM_MAX} and it calls none of the "
+        "paper's rows 'not supported' where the paper reports the claim; else it is descriptive.\n\n"
+        + to_markdown(rules_table(checks))
+        + "\n\n"
+        + "\n".join(f"- {check.claim}, {check.rule}: {check.note}" for check in checks)
+        + "\n"
+    )
+    with atomic_path(out / "rules.md") as tmp:
+        tmp.write_text(text)
+    return out / "rules.csv"
+
+
+def declared_deciding() -> dict[str, tuple[str, ...]]:
+    """The rules ``report.claims`` lets decide, per claim (what tests/test_rules.py checks against the table)."""
+    return {claims.CLAIM1: claims.CLAIM1_DECIDING}
+
+
+def run_rules(
+    out: str | Path,
+    studies: int = DEFAULT_STUDIES,
+    seed: int = 0,
+    claims_to_check: Iterable[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[RuleCheck]:
+    """``check_rules`` at the standard preset's counts, written to ``out`` (``rules.csv``, ``rules.md``)."""
+    checks = check_rules(studies, seed, claims_to_check=claims_to_check, progress=progress)
+    write_rules(out, checks, studies=studies, seed=seed)
+    return checks

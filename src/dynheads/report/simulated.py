@@ -1,0 +1,151 @@
+"""Studies whose answer is known: simulated per-step head sets and hidden states for ``report.rules``.
+
+A ``World`` is one simulated model: ``layers x heads`` heads, a static frequency profile (Zipf weights over a seeded
+order of the heads) and, when the claim is true by construction, ``modes`` context-specific profiles (each a few
+heads of its own). A study draws ``samples`` answers of ``steps`` steps from one world:
+
+- **static** worlds (Claim 1 false): every step draws its heads from the one static profile, whatever the
+  context; the heads still change from step to step (a random rotation within a fixed pool, the paper's App. B
+  words), but nothing about the step says which. ``alpha`` sets how concentrated the profile is.
+- **timing** (``timing="hidden"``): retrieval happens at some steps only (a latent copy state per step, as when a
+  UUID's characters are copied), the hidden state knows when, the heads still come from the static profile: a
+  predictor can tell *when* but not *which*. ``timing="position"``: the copy steps are the same step indices in
+  every sample and the hidden state encodes the step index: what every answer shares at its t-th token.
+- **dynamic** worlds (Claims 1 and 3 true): each step's context (one of ``modes``, switching between steps) picks
+  its own heads (``mode_share`` of the mass) on top of the static profile, and the hidden state encodes the
+  context, so heads are step- and sample-specific and the hidden state predicts them.
+
+Each study also draws a fitting stream from the same world (``fit_samples`` answers) whose head frequencies give
+the static list, as the study fits static heads on samples it never evaluates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Timing = Literal["none", "hidden", "position"]
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """How a simulated model behaves (see the module docstring)."""
+
+    layers: int = 30
+    heads: int = 9
+    mean_size: float = 5.0  # mean |D_t| over all steps
+    alpha: float = 1.0  # Zipf exponent of the static profile (larger: more concentrated)
+    modes: int = 0  # context-specific profiles (0: a static world)
+    mode_heads: int = 20  # heads each context favours
+    mode_share: float = 0.7  # share of a step's head mass from its context's profile
+    switch: float = 0.7  # probability that the context changes between two steps
+    timing: Timing = "none"
+    copy_rate: float = 0.6  # share of steps that retrieve when ``timing`` is not "none"
+    hidden_dim: int = 32
+    signal: float = 1.0  # scale of what the hidden state encodes, against unit noise
+    lookahead: float = 0.0  # how strongly the hidden state also encodes the next step's context (planning)
+
+
+@dataclass(frozen=True)
+class SimulatedStudy:
+    """Samples of ``(hidden [T, dim] float32, sets [T, L*H] bool)`` and the static ranking fitted apart from them."""
+
+    samples: list[tuple[np.ndarray, np.ndarray]]
+    static_ranking: list[tuple[int, int]]
+    shape: tuple[int, int]
+
+    def dynamic_sets(self) -> list[np.ndarray]:
+        """The samples' sets as ``[T, layers, heads]`` arrays (``analysis.dynamism``'s input)."""
+        return [sets.reshape(len(sets), *self.shape) for _, sets in self.samples]
+
+    def score_samples(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(hidden, scores [T, L*H] float32)`` pairs (the CCA's and the head predictor's input)."""
+        return [(hidden, sets.astype(np.float32)) for hidden, sets in self.samples]
+
+
+class World:
+    """One simulated model drawn from ``spec`` with ``rng``."""
+
+    def __init__(self, spec: WorldSpec, rng: np.random.Generator, steps: int):
+        self.spec, self.rng, self.steps = spec, rng, steps
+        total = spec.layers * spec.heads
+        weights = (np.arange(total) + 1.0) ** (-spec.alpha)
+        self.profile = np.zeros(total)
+        self.profile[rng.permutation(total)] = weights / weights.sum()
+        self.mode_profiles = [self._mode_profile(total) for _ in range(spec.modes)]
+        self.mode_embedding = rng.normal(size=(max(spec.modes, 1), spec.hidden_dim))
+        self.copy_embedding = rng.normal(size=spec.hidden_dim)
+        self.position_embedding = rng.normal(size=(steps, spec.hidden_dim))
+        self.copy_steps = rng.random(steps) < spec.copy_rate  # timing="position": the same steps in every answer
+
+    def _mode_profile(self, total: int) -> np.ndarray:
+        chosen = self.rng.choice(total, self.spec.mode_heads, replace=False)
+        profile = np.zeros(total)
+        profile[chosen] = 1.0 / (np.arange(self.spec.mode_heads) + 1.0)
+        return profile / profile.sum()
+
+    def sample(self) -> tuple[np.ndarray, np.ndarray]:
+        """One answer: hidden states and head sets."""
+        spec, rng, steps = self.spec, self.rng, self.steps
+        total = spec.layers * spec.heads
+        copying = self._copying()
+        sizes = self._sizes(copying)
+        sets = np.zeros((steps, total), dtype=bool)
+        hidden = rng.normal(size=(steps, spec.hidden_dim))
+        modes = self._modes()
+        for t in range(steps):
+            profile = self.profile
+            if spec.modes:
+                profile = (1 - spec.mode_share) * self.profile + spec.mode_share * self.mode_profiles[modes[t]]
+                hidden[t] += spec.signal * self.mode_embedding[modes[t]]
+                if t + 1 < steps:
+                    hidden[t] += spec.signal * spec.lookahead * self.mode_embedding[modes[t + 1]]
+            if spec.timing == "hidden":
+                hidden[t] += spec.signal * copying[t] * self.copy_embedding
+            elif spec.timing == "position":
+                hidden[t] += spec.signal * self.position_embedding[t]
+            size = min(int(sizes[t]), int((profile > 0).sum()))
+            if size:
+                sets[t, rng.choice(total, size, replace=False, p=profile)] = True
+        return hidden.astype(np.float32), sets
+
+    def _modes(self) -> np.ndarray:
+        """The context of each step: a first draw, then a new draw with probability ``switch`` at every step."""
+        count = max(self.spec.modes, 1)
+        modes = self.rng.integers(count, size=self.steps)
+        keep = self.rng.random(self.steps) >= self.spec.switch
+        for t in range(1, self.steps):
+            if keep[t]:
+                modes[t] = modes[t - 1]
+        return modes
+
+    def _copying(self) -> np.ndarray:
+        """Which steps retrieve: all (no timing), a draw per step (hidden), or the world's fixed steps (position)."""
+        if self.spec.timing == "none":
+            return np.ones(self.steps, dtype=bool)
+        if self.spec.timing == "position":
+            return self.copy_steps
+        return self.rng.random(self.steps) < self.spec.copy_rate
+
+    def _sizes(self, copying: np.ndarray) -> np.ndarray:
+        """|D_t| per step: a gamma-Poisson draw of mean ``mean_size`` over all steps (sd about 0.6 of the mean, some
+        empty steps, as traced models show), 0 at steps that do not retrieve."""
+        share = max(float(copying.mean()), 1.0 / self.steps)
+        mean = self.spec.mean_size / share
+        shape = 2.5  # gamma shape: the sizes' spread
+        return np.where(copying, self.rng.poisson(self.rng.gamma(shape, mean / shape, self.steps)), 0)
+
+
+def simulate_study(
+    spec: WorldSpec, samples: int, rng: np.random.Generator, *, steps: int = 32, fit_samples: int = 20
+) -> SimulatedStudy:
+    """One study: a world drawn from ``spec``, ``samples`` evaluated answers and a static list fitted on
+    ``fit_samples`` other answers of the same world (heads ranked by how often they were dynamic there)."""
+    world = World(spec, rng, steps)
+    fitting = [world.sample()[1] for _ in range(fit_samples)]
+    counts = np.sum([sets.sum(axis=0) for sets in fitting], axis=0)
+    order = [int(i) for i in np.argsort(-counts, kind="stable") if counts[i] > 0]
+    ranking = [(i // spec.heads, i % spec.heads) for i in order]
+    return SimulatedStudy([world.sample() for _ in range(samples)], ranking, (spec.layers, spec.heads))
