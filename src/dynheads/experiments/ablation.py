@@ -136,8 +136,6 @@ class AblationConfig(AblationFields, _GridConfig):
             raise DynheadsError(
                 f"the fractions must hold 1 (mask exactly D_t: Claim 2's operating point), got {list(self.fractions)}"
             )
-        if self.compensation and not self.fractions:
-            raise DynheadsError("compensation fractions go with the dose fractions (--fractions ... 1)")
         if not all(f > 1 for f in self.compensation):
             raise DynheadsError(f"compensation fractions lie above 1 (--compensation), got {list(self.compensation)}")
 
@@ -161,7 +159,7 @@ class ProgressiveConfig(ProgressiveFields, _GridConfig):
 # ---- the grid (Figure 2) -------------------------------------------------------------------------------------------
 def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Decode every grid sample with every strategy into ``out`` (resumable); write cells.csv, summary.md, plots.
-    The matched grid: ``doses`` are read by the dose-response (``experiments.dose``), not here.
+    The matched grid: ``fractions`` are read by the dose-response (``experiments.dose``), not here.
 
     ``batch_size`` (sample, strategy) records are decoded together (``ablated_generate_batch``; 1 = the
     reference path, results equal up to fp32 rounding).

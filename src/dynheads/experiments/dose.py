@@ -82,7 +82,7 @@ def fraction_key(fraction: float | None) -> str:
 
 def run_claim2(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """``ablate``: the dose-response when fractions are given, else the matched grid (``run_ablation``)."""
-    dosed = config.fractions or config.compensation or config.doses  # retired doses: refused by the check
+    dosed = config.fractions or config.doses  # retired doses: refused by the check
     return run_doses(config, out, **options) if dosed else run_ablation(config, out, **options)
 
 

@@ -217,8 +217,8 @@ class AblationFields(AblationGrid):
         (0.25, 0.5, 0.75, 1.0),
         "dose-response: fractions f of each step's own |D_t|; at step t every arm (dynamic, static, static_outside, "
         "random) masks ceil(f |D_t|) heads (none where D_t is empty), f = 1 the paper's operating point, which "
-        "decides Claim 2 and must be given; empty ('') with no compensation = the matched grid of the strategies "
-        "below",
+        "decides Claim 2 and must be given; empty ('') = the matched grid of the strategies below (no compensation "
+        "then)",
     )
     compensation: tuple[float, ...] = setting(
         (1.5, 2.0),
