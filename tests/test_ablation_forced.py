@@ -1,8 +1,13 @@
 """Teacher-forced single-step ablation: each masked step equals a from-scratch pass on the clean history, for
-every masking mode; the settings decoded as one batch equal each setting alone; the dose arms pick their heads."""
+every masking mode; the settings decoded as one batch equal each setting alone; the dose arms pick their heads:
+ceil(f |D_t|) at every step, the dynamic arm inside D_t while f <= 1.
+
+The tiny random model copies nothing (Eq. 1 D_t is empty at every step), so the dose tests find D_t by Eq. 2 at
+chance (``relative:1``): sets of 0-2 heads, empty steps among them."""
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import numpy as np
@@ -12,9 +17,14 @@ from zoo import NoTokenizer, tiny_model
 
 from dynheads.ablation.forced import forced_ablation
 from dynheads.ablation.per_step import AblationSettings, ablated_generate
-from dynheads.ablation.strategies import DOSE_ARMS
+from dynheads.ablation.strategies import DOSE_ARMS, MEAN_ARMS
 from dynheads.engine.probe import ABLATION_MODES
 from dynheads.models import LoadedModel
+
+SPLIT = {"score": "reasoning", "threshold": "relative:1"}  # Eq. 2 at chance: D_t of 0-2 heads on the tiny model
+# half of chance: every head is in D_t, far from the threshold, so fp32 rounding between a batch and one row
+# cannot move a head across it (at chance it can)
+EVERY_HEAD = {"score": "reasoning", "threshold": "relative:0.5"}
 
 
 class _Sample:
@@ -125,9 +135,9 @@ def test_batched_settings_equal_each_setting_alone():
     lm, sample = _lm(), _sample(2)
     static = ((2, 1), (0, 3), (1, 2), (2, 0))
     settings = [
-        AblationSettings(arm, dose=dose, static_ranking=static, seed=5, mode="mean")
+        AblationSettings(arm, fraction=fraction, static_ranking=static, seed=5, mode="mean", **SPLIT)
         for arm in ("dynamic", "static", "static_outside", "random")
-        for dose in (1, 3)
+        for fraction in (0.5, 2.0)
     ]
     together = forced_ablation(lm, sample, settings, 5)
     for index, setting in enumerate(settings):
@@ -149,7 +159,10 @@ def test_samples_decoded_together_equal_each_alone(family, monkeypatch):
     samples = [_sample(5, length=24), _sample(6, length=31), _sample(7, length=40)]
     static = ((2, 1), (0, 3), (1, 2), (2, 0), (0, 0))
     settings = [
-        [AblationSettings(arm, dose=2, static_ranking=static, seed=seed, mode="mean") for arm in DOSE_ARMS]
+        [  # every arm's set is fixed by the stable |D_t| = 12 (D_t's order is fp32 ties: dynamic takes all of it)
+            AblationSettings(arm, fraction=f, static_ranking=static, seed=seed, mode="mean", **EVERY_HEAD)
+            for arm, f in (("dynamic", 1.0), ("static", 0.5), ("static_outside", 1.0), ("random", 0.5))
+        ]
         for seed in range(len(samples))
     ]
     batches, real_decode = [], forced.decode
@@ -161,7 +174,7 @@ def test_samples_decoded_together_equal_each_alone(family, monkeypatch):
     for sample, rows, batched in zip(samples, settings, together, strict=True):
         alone = forced_ablation(lm, sample, rows, 6)
         assert len(alone.tokens) >= 3
-        assert batched.tokens == alone.tokens and batched.masked == alone.masked
+        assert batched.tokens == alone.tokens and _as_sets(batched.masked) == _as_sets(alone.masked)
         np.testing.assert_allclose(batched.clean_logprob, alone.clean_logprob, rtol=0, atol=2e-5)
         np.testing.assert_allclose(batched.masked_logprob, alone.masked_logprob, rtol=0, atol=2e-5)
         assert batched.flipped == alone.flipped
@@ -171,18 +184,54 @@ def test_samples_decoded_together_equal_each_alone(family, monkeypatch):
     ]
 
 
-def test_dose_arms_pick_their_heads():
-    lm, sample = _lm(), _sample(3)
-    static = ((2, 1), (0, 3), (1, 2), (2, 0), (0, 0))
-    arms = ("dynamic", "static", "static_outside", "random")
-    result = forced_ablation(lm, sample, [AblationSettings(a, dose=3, static_ranking=static) for a in arms], 4)
-    dynamic, fixed, outside, random = result.masked
-    for t in range(len(result.tokens)):
-        assert all(len(step[t]) == 3 for step in result.masked)  # every arm masks the dose
-        assert fixed[t] == list(static[:3])
-        assert not set(outside[t]) & set(dynamic[t][: result.dynamic_counts[t]])  # none of D_t
-        assert outside[t] == [h for h in static if h not in set(dynamic[t][: result.dynamic_counts[t]])][:3]
-    assert len({tuple(step) for step in random}) > 1  # a new draw at each step
+FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+def _as_sets(masked):
+    """Per setting and step the heads removed, as a set (the order a step removes them in changes nothing)."""
+    return [[sorted(step) for step in per_step] for per_step in masked]
+
+
+@pytest.mark.parametrize("length", [24, 60])  # D_t of 0-2 heads (empty steps among them), of 4-8 heads
+def test_every_arm_masks_ceil_f_times_d_t_and_dynamic_stays_inside_d_t(length):
+    """Issue 59: at step t every arm masks ceil(f |D_t|) heads (none where D_t is empty); the dynamic arm is D_t's
+    first heads while f <= 1 (a subset of D_t), D_t then the step's next-ranked heads past 1; static the list's
+    top, static_outside its top outside D_t, random a draw per step; the mean arms the answer's mean |D_t|."""
+    lm, sample = _lm(), _sample(3, length=length)
+    order = np.random.default_rng(0).permutation(lm.num_layers * lm.num_heads)
+    static = tuple((int(i) // lm.num_heads, int(i) % lm.num_heads) for i in order)  # every head, ranked
+    grid = [(arm, f) for arm in DOSE_ARMS for f in FRACTIONS]
+    settings = [AblationSettings(arm, fraction=f, static_ranking=static, seed=4, **SPLIT) for arm, f in grid]
+    settings += [AblationSettings(MEAN_ARMS[arm], matching="mean", static_ranking=static, **SPLIT) for arm in MEAN_ARMS]
+    result = forced_ablation(lm, sample, settings, 6)
+    counts, heads = result.dynamic_counts, lm.num_layers * lm.num_heads
+    assert (0 in counts and max(counts) == 2) if length == 24 else min(counts) >= 4  # the cases the test is for
+    for row, (arm, f) in enumerate(grid):
+        for t, (masked, dynamic) in enumerate(zip(result.masked[row], result.dynamic, strict=True)):
+            k = min(math.ceil(f * len(dynamic)), heads)
+            outside = [h for h in static if h not in set(dynamic)]
+            assert len(masked) == (min(k, len(outside)) if arm == "static_outside" else k), (arm, f, t)
+            if arm == "dynamic" and f <= 1:
+                assert set(masked) <= set(dynamic) and masked == dynamic[:k]
+            if arm == "dynamic" and f > 1:
+                assert masked[: len(dynamic)] == dynamic and len(set(masked)) == k
+            if arm == "static":
+                assert masked == list(static[:k])
+            if arm == "static_outside":
+                assert masked == outside[:k]
+    random = result.masked[grid.index(("random", 1.0))]
+    assert len({tuple(step) for step in random if step}) > 1  # a new draw at each step
+    mean = round(float(np.mean(counts)))
+    for row in range(len(grid), len(settings)):
+        assert [len(step) for step in result.masked[row]] == [mean] * len(counts)  # the paper's literal controls
+
+
+def test_ceil_of_the_fraction_is_rounded_before_it_is_taken():
+    from dynheads.ablation.per_step import dose_count
+
+    assert [dose_count(f, 4) for f in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)] == [1, 2, 3, 4, 6, 8]
+    assert dose_count(0.1, 30) == 3 and dose_count(0.3, 10) == 3 and dose_count(1.0, 0) == 0
+    assert dose_count(0.25, 1) == 1  # a non-empty D_t always loses at least one head
 
 
 @pytest.mark.parametrize(("score", "threshold"), [("copy", "relative:3"), ("reasoning", "relative:1")])
@@ -217,8 +266,12 @@ def test_the_one_pass_equals_the_step_by_step_decode(family, mode, monkeypatch):
 
     lm, sample = _lm(family), _sample(4, length=40)
     static = ((2, 1), (0, 3), (1, 2), (2, 0), (0, 0))
-    settings = [
-        AblationSettings(arm, dose=2, static_ranking=static, seed=3, mode=mode) for arm in ("dynamic", "random")
+    settings = [  # Mistral's window leaves no Eq. 2 score: D_t is empty there, the given counts still mask heads
+        AblationSettings("dynamic", fraction=0.5, static_ranking=static, seed=3, mode=mode, **EVERY_HEAD),
+        *(
+            AblationSettings(arm, matching="mean", count=2, static_ranking=static, seed=3, mode=mode, **EVERY_HEAD)
+            for arm in ("static", "random")
+        ),
     ]
     passes = []
     real_pass = teacher.teacher_pass

@@ -209,8 +209,9 @@ def test_a_study_without_a_parameter_count_is_left_off_the_figure(studies, tmp_p
 
 
 def test_settings_fitted_per_model_are_compared_by_their_rule(studies, tmp_path):
-    """A calibrated Eq. 2 threshold resolves to another relative:K per model, relative doses to other heads per
-    step: the studies agree when the rules do, and are refused when a rule differs."""
+    """A calibrated Eq. 2 threshold resolves to another relative:K per model: the studies agree when the rules do,
+    and are refused when a rule differs. Old studies' relative doses (fixed k from a mean |D_t|) are named as the
+    old design and compared by their multiples; a study with fractions of each step's |D_t| differs from them."""
     small = _study(tmp_path / "small", SMALL, 135_000_000, like=studies[0])
     large = _study(tmp_path / "large", LARGE, 1_500_000_000, like=studies[0])
 
@@ -227,12 +228,20 @@ def test_settings_fitted_per_model_are_compared_by_their_rule(studies, tmp_path)
     fitted(large, "relative:4.07", "calibrated:10", [6, 12, 24], [0.25, 0.5, 1.0])
     models = collect([small, large])
     assert [m.settings["QA ablation Eq. 2 threshold"] for m in models] == ["calibrated:10"] * 2
-    assert {m.settings["NIAH ablation doses"] for m in models} == {"0.25, 0.5, 1 x mean |D_t|"}
+    old_design = "old design: k = 0.25, 0.5, 1 x mean |D_t| heads at every step"
+    assert {m.settings["NIAH ablation doses"] for m in models} == {old_design}
     fitted(large, "relative:4.07", "calibrated:12", [6, 12, 24], [0.25, 0.5, 1.0])
     with pytest.raises(DynheadsError, match=r"differ in the QA ablation Eq. 2 threshold \(small-model: calibrated:10"):
         collect([small, large])
     fitted(large, "relative:4.07", "calibrated:10", [12, 24], [0.5, 1.0])
     with pytest.raises(DynheadsError, match=r"differ in the NIAH ablation doses"):
+        collect([small, large])
+    fitted(large, "relative:4.07", "calibrated:10", [6, 12, 24], [0.25, 0.5, 1.0])
+    (large / "ablation" / "dose_fit.json").unlink()  # the new design: fractions in the stage's config
+    manifest = read_json(large / "ablation" / "manifest.json")
+    manifest["config"] |= {"fractions": [0.25, 0.5, 0.75, 1.0], "compensation": [1.5, 2.0], "doses": []}
+    write_json(large / "ablation" / "manifest.json", manifest)
+    with pytest.raises(DynheadsError, match=r"differ in the NIAH ablation doses .*0.25, 0.5, 0.75, 1 x each step's"):
         collect([small, large])
 
 

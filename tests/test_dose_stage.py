@@ -1,5 +1,8 @@
-"""The dose-response stage: records of both metrics, dose.csv with intervals, the figures, the numbers Claim 2
-reads (and its verdict from them), the static list's source in the manifest, and the refusals."""
+"""The dose-response stage in fractions of each step's |D_t| (issue 59): records of both metrics, dose.csv with
+intervals (dose and compensation parts), the figures, the numbers Claim 2 reads at f = 1 (and its verdict from
+them), an old fixed-k run read without a traceback, the static list's source in the manifest, and the refusals.
+
+The tiny model copies nothing, so D_t is Eq. 2's at chance here (sets of 0-2 heads): the fractions mask heads."""
 
 from __future__ import annotations
 
@@ -9,19 +12,29 @@ import pandas as pd
 import pytest
 
 from dynheads.ablation import per_step as ablation
-from dynheads.ablation.strategies import DOSE_ARMS
+from dynheads.ablation.strategies import DOSE_ARMS, MEAN_ARMS
 from dynheads.errors import DynheadsError
+from dynheads.experiments import dose as dose_module
 from dynheads.experiments.ablation import AblationConfig
 from dynheads.experiments.dose import run_claim2
 from dynheads.models import load_model
 from dynheads.report import claims
-from dynheads.report.build import dose_curves
+from dynheads.report.build import operating_point
 from dynheads.tables import read_summaries
 
 
 @pytest.fixture(scope="module")
 def tiny_lm(tiny_model_dir):
     return load_model(tiny_model_dir)
+
+
+@pytest.fixture(autouse=True)
+def eq2_at_chance(monkeypatch):
+    """D_t by Eq. 2 at chance: the tiny model copies nothing, so Eq. 1 would leave every step empty."""
+    real = dose_module.AblationSettings
+    monkeypatch.setattr(
+        dose_module, "AblationSettings", lambda **kw: real(**{**kw, "score": "reasoning", "threshold": "relative:1"})
+    )
 
 
 def _static(tmp_path, split="static"):
@@ -34,31 +47,65 @@ def _static(tmp_path, split="static"):
 
 def _config(model_dir, static, **overrides) -> AblationConfig:
     values = dict(model=str(model_dir), lengths=(200,), depths=(0.0, 1.0), runs=1, max_new_tokens=3, seed=3)
-    return AblationConfig(**{**values, "static": static, "doses": (1, 2), **overrides})
+    dosed = {"fractions": (0.5, 1.0), "compensation": (2.0,)}
+    return AblationConfig(**{**values, "static": static, **dosed, **overrides})
 
 
 def test_dose_stage_writes_both_metrics_curves_and_claim2_numbers(tiny_model_dir, tiny_lm, tmp_path):
     static = _static(tmp_path)
     run = run_claim2(_config(tiny_model_dir, static, metric="both"), tmp_path / "run", lm=tiny_lm, progress=False)
     records = run.records()
-    assert sum(r["kind"] == "teacher" for r in records) == 2  # one per sample
-    assert sum(r["kind"] == "cascade" for r in records) == 2 * (1 + len(DOSE_ARMS) * 2)  # none + arms x doses
+    teacher_records = [r for r in records if r["kind"] == "teacher"]
+    assert len(teacher_records) == 2  # one per sample
+    assert sum(r["kind"] == "cascade" for r in records) == 2 * (1 + len(DOSE_ARMS) * 3)  # none + arms x fractions
+    for record in teacher_records:
+        assert isinstance(record["correct"], bool) and record["nonempty_steps"] <= record["steps"]
+        assert set(record["arms"]) == {*DOSE_ARMS, *MEAN_ARMS} and set(record["arms"]["static_mean"]) == {"1"}
+        if record["nonempty_steps"]:  # dynamic at f = 1 masks exactly D_t, past it D_t and more
+            assert record["arms"]["dynamic"]["1"]["overlap"] == record["arms"]["dynamic"]["2"]["overlap"] == 1.0
     table = pd.read_csv(run.path / "dose.csv")
     teacher = table[table["family"] == "teacher"]
-    assert set(teacher["metric"]) == {"drop", "flip"} and set(teacher["arm"]) == set(DOSE_ARMS)
-    assert set(teacher["dose"]) == {1, 2} and (teacher["n"] == 2).all()
-    assert (teacher["masked"] == teacher["dose"]).all()  # every arm masks the dose at every step
+    assert set(teacher["metric"]) == {"drop", "drop_nonempty", "flip"}
+    assert set(teacher["arm"]) == {*DOSE_ARMS, *MEAN_ARMS}
+    assert set(teacher["fraction"]) == {0.5, 1.0, 2.0} and (teacher[teacher["metric"] == "drop"]["n"] == 2).all()
+    assert set(teacher[teacher["fraction"] == 2.0]["part"]) == {"compensation"}
+    assert set(teacher[teacher["fraction"] <= 1.0]["part"]) == {"dose"}
     assert "none" in set(table[table["family"] == "cascade"]["arm"])
-    assert (run.path / "plots" / "dose-teacher.png").is_file() and (run.path / "plots" / "dose-cascade.png").is_file()
+    for name in ("dose-teacher", "compensation-teacher", "dose-cascade", "compensation-cascade"):
+        assert (run.path / "plots" / f"{name}.png").is_file(), name
     manifest = run.manifest()
-    assert manifest["static_source"]["fitted_on"]["split"] == "static" and manifest["design"] == "dose"
+    assert manifest["static_source"]["fitted_on"]["split"] == "static" and manifest["design"] == "fraction"
     numbers = read_summaries(run.path)["summary.md"].numbers
-    curves = dose_curves(numbers)
-    assert curves is not None and curves.metric == "log p(clean token)"
-    assert sorted(curves.values["static_outside"]) == [1, 2] and len(curves.baseline) == 2
-    verdict = claims.dose_verdict(curves, "NIAH")
+    point = operating_point(numbers)
+    assert point is not None and set(point.drop) == {*DOSE_ARMS, *MEAN_ARMS} and len(point.correct) == 2
+    verdict = claims.operating_point_verdict(point, "NIAH")
     assert verdict.status == "inconclusive"  # 2 samples: a failed control or the floor of 30, said in the reason
     assert verdict.reason
+
+
+def test_an_old_fixed_k_run_renders_as_the_old_design(tmp_path):
+    """A run dir of an older dynheads (every arm at k heads per step) renders without a traceback and says so."""
+    from dynheads import stages
+    from dynheads.analysis.evidence import EvidenceSettings
+    from dynheads.report.build import OLD_DOSE_DESIGN, REPORT_SECTIONS
+    from dynheads.report.headline import headline
+    from dynheads.tables import Summary, write_summary
+
+    folder = tmp_path / stages.ABLATION
+    folder.mkdir()
+    old = {"design": "dose", "doses": [1, 2], "arms": list(DOSE_ARMS), "teacher": {"logprob": {}, "samples": 2}}
+    write_summary(folder, "summary.md", Summary(["old"], old, "old"))
+    section = REPORT_SECTIONS.get("claim2-niah")
+    parts = section.build(_study_folder(tmp_path, EvidenceSettings()))
+    verdict = next(part for part in parts if isinstance(part, claims.Verdict))
+    assert verdict.status == "inconclusive" and verdict.reason == OLD_DOSE_DESIGN
+    assert headline("claim2-niah", verdict, tmp_path, figure=section.card_figure).rows
+
+
+def _study_folder(root, evidence):
+    from dynheads.report.build import StudyFolder, qa_task
+
+    return StudyFolder(root, evidence, qa_task(root))
 
 
 def test_dose_stage_refuses_a_static_list_fitted_on_the_evaluated_stream(tiny_model_dir, tiny_lm, tmp_path):
@@ -69,8 +116,14 @@ def test_dose_stage_refuses_a_static_list_fitted_on_the_evaluated_stream(tiny_mo
 
 def test_dose_settings_are_checked(tiny_model_dir, tmp_path):
     static = _static(tmp_path)
-    with pytest.raises(DynheadsError, match="a dose masks at least one head"):
-        _config(tiny_model_dir, static, doses=(0, 2)).check()
+    with pytest.raises(DynheadsError, match="fixed doses .* are retired"):
+        _config(tiny_model_dir, static, doses=(1, 2)).check()  # an old config: said plainly
+    with pytest.raises(DynheadsError, match="must hold 1"):
+        _config(tiny_model_dir, static, fractions=(0.25, 0.5)).check()
+    with pytest.raises(DynheadsError, match=r"lie in \(0, 1\]"):
+        _config(tiny_model_dir, static, fractions=(0.5, 1.0, 1.5)).check()
+    with pytest.raises(DynheadsError, match="lie above 1"):
+        _config(tiny_model_dir, static, compensation=(1.0,)).check()
     with pytest.raises(DynheadsError, match="unknown dose-response metric"):
         _config(tiny_model_dir, static, metric="bogus").check()
     with pytest.raises(DynheadsError, match="static head list"):
@@ -86,7 +139,7 @@ def test_cascade_arms_and_doses_share_one_prefill_per_sample(tiny_model_dir, tin
         ablation, "prefilled_session", lambda lm, s, *a: prefilled.append(s.sample_id) or real(lm, s, *a)
     )
     shared = run_claim2(config, tmp_path / "shared", lm=tiny_lm, progress=False).records()
-    assert len(shared) == 2 * (1 + len(DOSE_ARMS) * 2) and len(prefilled) == 2  # one prefill per sample
+    assert len(shared) == 2 * (1 + len(DOSE_ARMS) * 3) and len(prefilled) == 2  # one prefill per sample
     monkeypatch.setattr(
         ablation, "shared_prefills", lambda lm, samples, setting, n: [real(lm, s, setting, n) for s in samples]
     )

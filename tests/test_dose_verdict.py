@@ -1,5 +1,7 @@
-"""Claim 2 as a dose-response: the verdict comes out supported, not supported or inconclusive on constructed
-curves (floor, failed controls), and identical paired differences get an exact interval, never a bootstrap [0, 0]."""
+"""Claim 2 at the operating point (f = 1, exactly D_t; issue 59) on constructed per-sample arrays: dynamic beyond
+static outside D_t and random is supported, equal drops are decided by their interval, a static arm that masks
+most of D_t makes dynamic - static "not separable" (never "not supported"), only correct answers with a non-empty
+step decide, and the card shows the reading."""
 
 from __future__ import annotations
 
@@ -7,64 +9,85 @@ import numpy as np
 import pytest
 
 from dynheads.analysis.evidence import EvidenceSettings, identical_interval, paired_difference
-from dynheads.report.claims import DOSE_ARMS, DoseCurves, dose_verdict
+from dynheads.report.claims import NOT_SEPARABLE, OPERATING_POINT_ARMS, OperatingPoint, operating_point_verdict
 
 N = 40
-DOSES = (1, 2, 3, 5, 8)
 EVIDENCE = EvidenceSettings(resamples=500)
 
 
-def _curves(harm_per_dose: dict[str, float], *, noise: float = 0.05, seed: int = 0) -> DoseCurves:
-    """Log-probability curves: arm a at dose k lowers the clean log-probability by harm[a] * k / 8 (+ noise)."""
+def _point(drops: dict[str, float], overlaps: dict[str, float] | None = None, *, seed: int = 0, n: int = N):
+    """Per arm a per-sample drop of ``drops[arm]`` nats (+ noise) on non-empty steps, the same over all steps."""
     rng = np.random.default_rng(seed)
-    baseline = -rng.uniform(0.0, 0.2, N)
-    values = {
-        arm: {k: baseline - harm * k / 8 - np.abs(rng.normal(0, noise, N)) for k in DOSES}
-        for arm, harm in harm_per_dose.items()
-    }
-    return DoseCurves("log p(clean token)", values, baseline, unit="nats")
+    drop = {arm: value + rng.normal(0, 0.05, n) for arm, value in drops.items()}
+    overlap = {"dynamic": 1.0, "static": 0.2, "static_outside": 0.0, "random": 0.1} | (overlaps or {})
+    return OperatingPoint(
+        drop, {arm: v.copy() for arm, v in drop.items()}, {a: np.full(n, v) for a, v in overlap.items()}, np.ones(n)
+    )
 
 
-def test_dynamic_beyond_both_static_arms_is_supported():
-    curves = _curves({"dynamic": 3.0, "static": 1.0, "static_outside": 0.1, "random": 0.1})
-    verdict = dose_verdict(curves, "NIAH", EVIDENCE)
+def test_dynamic_beyond_static_outside_and_random_is_supported():
+    point = _point({"dynamic": 2.0, "static": 1.9, "static_outside": 0.1, "random": 0.05})
+    verdict = operating_point_verdict(point, "NIAH", EVIDENCE)
     assert verdict.status == "supported", verdict.reason
+    assert [e.name.split(" drop")[0] for e in verdict.effects] == ["dynamic - static_outside", "dynamic - random"]
     assert [e.interval.n for e in verdict.effects] == [N, N]
+    assert verdict.contrasts["dynamic - static_outside"] == verdict.contrasts["dynamic - random"] == "supported"
+    assert verdict.contrasts["dynamic - static"] == "inconclusive"  # 0.1 apart: beside, and it decides nothing
+    assert "over all steps of all 40 samples" in verdict.reason
 
 
-def test_static_as_harmful_as_dynamic_is_not_supported():
-    curves = _curves({"dynamic": 3.0, "static": 3.5, "static_outside": 0.1, "random": 0.1})
-    verdict = dose_verdict(curves, "NIAH", EVIDENCE)
-    assert verdict.status == "not supported", verdict.reason
-    assert "dynamic - static area" in verdict.reason
+def test_equal_drops_are_decided_by_their_interval():
+    point = _point({"dynamic": 2.0, "static": 2.0, "static_outside": 2.0, "random": 2.0})
+    verdict = operating_point_verdict(point, "NIAH", EVIDENCE)
+    assert verdict.status == "not supported", verdict.reason  # the intervals lie below the margin of 0.1
+    wide = _point({"dynamic": 2.0, "static": 2.0, "static_outside": 2.0, "random": 2.0}, n=N)
+    wide.drop["random"][:] = 2.0 + np.random.default_rng(1).normal(0, 1.0, N)  # a noisy control: wide interval
+    noisy = operating_point_verdict(wide, "NIAH", EVIDENCE)
+    assert noisy.status in ("not supported", "inconclusive")
+    assert noisy.status == "inconclusive" or "dynamic - static_outside" in noisy.reason
+    few = operating_point_verdict(_point(dict.fromkeys(OPERATING_POINT_ARMS, 2.0), n=12), "NIAH", EVIDENCE)
+    assert few.status == "not supported" or "below the floor" in few.reason
 
 
-def test_every_arm_at_the_floor_is_inconclusive_with_the_reason():
-    zeros = np.zeros(N)
-    values = {arm: {k: zeros for k in DOSES} for arm in DOSE_ARMS}
-    curves = DoseCurves("accuracy", values, np.ones(N), bounds=(0.0, 1.0), width=1.0)
-    verdict = dose_verdict(curves, "NIAH", EVIDENCE)
-    assert verdict.status == "inconclusive"
-    assert verdict.reason.startswith("floor: every arm scores 0 at every dose")
+def test_a_static_arm_inside_d_t_is_not_separable_never_not_supported():
+    point = _point({"dynamic": 2.0, "static": 2.0, "static_outside": 0.1, "random": 0.05}, {"static": 0.69})
+    verdict = operating_point_verdict(point, "NIAH", EVIDENCE)
+    assert verdict.contrasts["dynamic - static"] == NOT_SEPARABLE.format(overlap=0.69)
+    assert verdict.contrasts["dynamic - static"].startswith("not separable: D_t lies inside the static list")
+    assert verdict.status == "supported"  # decided by static_outside and random, not by D_t against itself
+    assert "not supported" not in verdict.reason
+    separable = _point({"dynamic": 2.0, "static": 2.0, "static_outside": 0.1, "random": 0.05}, {"static": 0.3})
+    assert operating_point_verdict(separable, "NIAH", EVIDENCE).contrasts["dynamic - static"] == "not supported"
 
 
-def test_a_failed_positive_control_is_inconclusive():
-    curves = _curves({"dynamic": 0.2, "static": 0.1, "static_outside": 0.0, "random": 0.0}, noise=0.01)
-    verdict = dose_verdict(curves, "NIAH", EVIDENCE)
-    assert verdict.status == "inconclusive"
-    assert verdict.reason.startswith("positive control failed")
+def test_only_correct_answers_with_a_non_empty_step_decide():
+    point = _point({"dynamic": 2.0, "static": 1.9, "static_outside": 0.1, "random": 0.05})
+    correct = np.ones(N, dtype=bool)
+    correct[:5] = False
+    point.drop["dynamic"][5:8] = np.nan  # no step with |D_t| > 0
+    for arm in ("static", "static_outside", "random"):
+        point.drop[arm][5:8] = np.nan
+    verdict = operating_point_verdict(
+        OperatingPoint(point.drop, point.drop_all_steps, point.overlap, correct), "NIAH", EVIDENCE
+    )
+    assert verdict.numbers["samples"] == N and verdict.numbers["samples_correct"] == N - 5
+    assert verdict.numbers["samples_decided"] == N - 8 and verdict.effects[0].interval.n == N - 8
+    wrong = OperatingPoint(point.drop, point.drop_all_steps, point.overlap, np.zeros(N, dtype=bool))
+    assert operating_point_verdict(wrong, "NIAH", EVIDENCE).status == "inconclusive"
 
 
-def test_a_failed_negative_control_is_inconclusive():
-    curves = _curves({"dynamic": 3.0, "static": 1.0, "static_outside": 0.1, "random": 8.0})
-    verdict = dose_verdict(curves, "NIAH", EVIDENCE)
-    assert verdict.status == "inconclusive"
-    assert verdict.reason.startswith("negative control failed")
+def test_a_failed_positive_control_or_a_missing_arm_is_inconclusive():
+    weak = operating_point_verdict(_point({"dynamic": 0.2, "static": 0.1, "static_outside": 0.0, "random": 0.0}), "X")
+    assert weak.status == "inconclusive" and weak.reason.startswith("positive control failed")
+    missing = _point({"dynamic": 2.0, "static": 1.0, "random": 0.1})
+    assert "static_outside" in operating_point_verdict(missing, "NIAH", EVIDENCE).reason
+    assert operating_point_verdict(None, "NIAH").status == "inconclusive"
 
 
-def test_missing_arm_is_inconclusive():
-    curves = _curves({"dynamic": 3.0, "static": 1.0, "random": 0.1})
-    assert "static_outside" in dose_verdict(curves, "NIAH", EVIDENCE).reason
+def test_the_margin_is_a_parameter():
+    point = _point({"dynamic": 2.0, "static": 1.9, "static_outside": 1.5, "random": 1.5})
+    assert operating_point_verdict(point, "NIAH", EVIDENCE).status == "supported"
+    assert operating_point_verdict(point, "NIAH", EVIDENCE, margin=1.0).status == "not supported"
 
 
 def test_identical_paired_differences_get_an_exact_interval():
@@ -76,30 +99,12 @@ def test_identical_paired_differences_get_an_exact_interval():
     assert (bootstrap.low, bootstrap.high) == (0.0, 0.0)
 
 
-@pytest.mark.parametrize(("n", "status"), [(30, "inconclusive"), (40, "not supported")])
-def test_identical_area_differences_are_said_and_decided_on_their_exact_interval(n, status):
-    ones, half = np.ones(n), np.full(n, 0.5)
-    falls = {1: ones, **{k: np.zeros(n) for k in DOSES[1:]}}  # every sample fails from two heads on
-    values = {
-        "dynamic": falls,
-        "static": falls,  # the same on every sample: identical paired differences
-        "static_outside": {1: ones, **{k: half for k in DOSES[1:]}},
-        "random": {1: ones, **{k: half for k in DOSES[1:]}},
-    }
-    curves = DoseCurves("accuracy", values, ones, bounds=(0.0, 1.0), width=1.0)
-    verdict = dose_verdict(curves, "NIAH", EVIDENCE)
-    static_gap = verdict.effects[0].interval
-    assert static_gap.low < 0 < static_gap.high  # exact, not [0, 0]: 0/30 bounds at 0.116, 0/40 at 0.088
-    assert "every paired difference of dynamic - static area" in verdict.reason
-    assert verdict.status == status
-
-
-def test_the_claim2_card_shows_the_dose_curves_and_every_arm(tmp_path):
+def test_the_claim2_card_shows_the_operating_point_and_the_static_reading(tmp_path):
     from dynheads.report.build import REPORT_SECTIONS
     from dynheads.report.headline import headline
 
-    curves = _curves({"dynamic": 3.0, "static": 1.0, "static_outside": 0.1, "random": 0.1})
-    verdict = dose_verdict(curves, "NIAH", EVIDENCE)
+    point = _point({"dynamic": 2.0, "static": 2.0, "static_outside": 0.1, "random": 0.05}, {"static": 0.69})
+    verdict = operating_point_verdict(point, "NIAH", EVIDENCE)
     plots = tmp_path / "ablation" / "plots"
     plots.mkdir(parents=True)
     (plots / "ablation-accuracy.png").write_bytes(b"")  # a matched grid's heat map: not the dose card's figure
@@ -107,6 +112,7 @@ def test_the_claim2_card_shows_the_dose_curves_and_every_arm(tmp_path):
     figure = REPORT_SECTIONS.get("claim2-niah").card_figure  # the section's card figure: dose curves first
     card = headline("claim2-niah", verdict, tmp_path, figure=figure)
     assert card.figure == plots / "dose-teacher.png"
-    harm_rows = [row for row in card.rows if row[0].startswith("harm at k=")]
-    assert [row[0].split(":")[0] for row in harm_rows] == ["harm at k=1", "harm at k=3"]  # least, middle
-    assert all(len(row[1].split(" / ")) == len(DOSE_ARMS) for row in harm_rows)
+    labels = [row[0] for row in card.rows]
+    assert labels[0].startswith("dynamic - static_outside drop") and labels[1].startswith("dynamic - random drop")
+    assert labels[2].startswith("dynamic - static (beside; static holds 0.69 of D_t)")
+    assert "not separable" in card.rows[2][1]

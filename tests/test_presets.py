@@ -15,15 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from dynheads.experiments import dose_fit as dose_fit_module
 from dynheads.experiments import reproduce as reproduce_module
-from dynheads.experiments.dose_fit import DoseFit
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
 from dynheads.experiments.threshold_fit import ThresholdFit
 
 PINNED = Path(__file__).parent / "fixtures" / "presets.json"
 FITTED_STAND_IN = "relative:4.5"  # what the Eq. 2 ablations get in place of a fitted threshold
-# relative doses resolve against a stand-in mean |D_t| of 4: 0.25-2x -> 1, 2, 4, 6, 8 heads per step
 RUNNERS = (
     "run_niah",
     "run_static",
@@ -55,12 +52,6 @@ class _FakeRun:
 def _fake_fit(rule, score, fit_run) -> ThresholdFit:
     """Stands in for fitting a calibrated Eq. 2 threshold (no traces here): a fixed stand-in value."""
     return ThresholdFit(str(rule), FITTED_STAND_IN, str(fit_run))
-
-
-def _fake_doses(multiples, fit_run, score, threshold=None) -> DoseFit:
-    """Stands in for resolving relative doses (no traces here): a mean |D_t| of 4 on the fitting stream."""
-    doses = sorted({max(1, round(4.0 * m)) for m in multiples})
-    return DoseFit(list(multiples), doses, 4.0, str(fit_run), [], 0, threshold)
 
 
 class _FakeModel:
@@ -99,7 +90,6 @@ def resolved_settings(preset: str, patch) -> dict:
             patch(reproduce_module, name, recorder(name))
         patch(reproduce_module, "RunDir", _FakeRun)
         patch(reproduce_module, "fit_threshold", _fake_fit)
-        patch(dose_fit_module, "fit_doses", _fake_doses)
         reproduce(ReproduceConfig(preset=preset), out, lm=_FakeModel(), progress=False)
     return calls
 

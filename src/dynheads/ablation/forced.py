@@ -23,12 +23,13 @@ above from its clean cache rebuilt in one pass over its answer: equal to one sam
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-from dynheads.ablation.per_step import AblationSettings, heads_to_mask, prefilled_session, validate
+from dynheads.ablation.per_step import AblationSettings, heads_to_mask, matched_count, prefilled_session, validate
+from dynheads.ablation.strategies import MATCHINGS
 from dynheads.engine.decoding import (
     Action,
     DecodeInput,
@@ -66,7 +67,7 @@ class ForcedResult:
 
     tokens: list[int]
     clean_logprob: list[float]
-    dynamic_counts: list[int]
+    dynamic: list[list[Head]]  # D_t of each step, ranked
     masked_logprob: list[list[float]] = field(default_factory=list)  # [setting][step]
     flipped: list[list[bool]] = field(default_factory=list)
     masked: list[list[list[Head]]] = field(default_factory=list)
@@ -74,6 +75,11 @@ class ForcedResult:
     def drop(self, setting: int) -> np.ndarray:
         """Per step: clean minus masked log-probability of the clean token (nats; > 0 when masking hurts)."""
         return np.asarray(self.clean_logprob) - np.asarray(self.masked_logprob[setting])
+
+    @property
+    def dynamic_counts(self) -> list[int]:
+        """|D_t| of each step."""
+        return [len(heads) for heads in self.dynamic]
 
 
 class _CleanPolicy(StepPolicy):
@@ -189,8 +195,16 @@ def _checked(lm: LoadedModel, settings: Sequence[AblationSettings]) -> AblationS
     if len({(s.mode, s.score_spec()) for s in settings}) > 1:
         raise DynheadsError("the settings of one teacher-forced ablation share one masking mode and one score")
     for setting in settings:
-        validate(lm, setting)
+        validate(lm, _with_answer_mean(setting, [0]))
     return settings[0]
+
+
+def _with_answer_mean(settings: AblationSettings, dynamic_counts: Sequence[int]) -> AblationSettings:
+    """``settings``, a mean-matched control without its count given (``count`` None) reading the clean answer's
+    own mean |D_t| (rounded): teacher-forced, every step's D_t is known before any is masked."""
+    if settings.count is not None or not MATCHINGS.get(settings.matching).given_count:
+        return settings
+    return replace(settings, count=matched_count(dynamic_counts))
 
 
 def _measured(
@@ -204,7 +218,7 @@ def _measured(
 ) -> ForcedResult:
     """Phase 2 of ``forced_ablation``: every setting at every clean step, from ``session`` holding the clean cache
     (``step_by_step``: holding the prompt, every step decoded as its own pass)."""
-    result = ForcedResult([s.token for s in steps], [s.logprob for s in steps], [len(s.dynamic) for s in steps])
+    result = ForcedResult([s.token for s in steps], [s.logprob for s in steps], [list(s.dynamic) for s in steps])
     if not steps:  # the answer ended at once: nothing to measure
         result.masked_logprob, result.flipped = [[] for _ in settings], [[] for _ in settings]
         result.masked = [[] for _ in settings]
@@ -255,7 +269,9 @@ def _step_by_step(
 
 
 def _masked_heads(lm: LoadedModel, steps: Sequence[CleanStep], settings: AblationSettings) -> list[list[Head]]:
-    """The heads each step removes under ``settings``; random draws seeded per sample (``seed``) and step."""
+    """The heads each step removes under ``settings`` (a mean-matched control without a count: the clean answer's
+    mean |D_t|, ``_with_answer_mean``); random draws seeded per sample (``seed``) and step."""
+    settings = _with_answer_mean(settings, [len(step.dynamic) for step in steps])
     return [
         heads_to_mask(step.dynamic, settings, lm, np.random.default_rng([settings.seed, index]), step.ranking)
         for index, step in enumerate(steps)

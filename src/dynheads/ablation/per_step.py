@@ -23,6 +23,7 @@ How many heads the matched controls ``static`` and ``random`` mask (``matching``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -57,7 +58,7 @@ class AblationSettings:
     matching: str = "per_step"  # MATCHINGS: static/random mask |D_t| of each step's clean pass, or a fixed ``count``
     count: int | None = None  # matching="mean": heads per step for static/random (the dynamic run's mean |D_t|)
     max_dynamic: int | None = None  # progressive ablation: mask only the first k dynamic heads
-    dose: int | None = None  # dose-response: every strategy masks k heads per step (dynamic: D_t first)
+    fraction: float | None = None  # dose-response: every strategy masks ceil(fraction x |D_t|) heads at each step
     static_ranking: tuple[Head, ...] = ()
     fixed_heads: tuple[Head, ...] = ()
     seed: int = 0
@@ -211,8 +212,8 @@ def validate(lm: LoadedModel, settings: AblationSettings) -> None:
         raise DynheadsError("a head count goes with matching='mean'; per-step matching masks |D_t| heads per step")
     if strategy.needs_static and not settings.static_ranking:
         raise DynheadsError(f"the {settings.strategy} strategy needs a static head list (--static FILE)")
-    if settings.dose is not None and settings.dose < 1:
-        raise DynheadsError(f"a dose masks at least one head per step, got {settings.dose}")
+    if settings.fraction is not None and not settings.fraction > 0:
+        raise DynheadsError(f"a dose is a positive fraction of each step's |D_t|, got {settings.fraction}")
     check_heads(list(settings.static_ranking) + list(settings.fixed_heads), lm.num_layers, lm.num_heads)
 
 
@@ -224,7 +225,7 @@ def _dynamic_heads(row: Row, step: StepResult, predicted: int, settings: Ablatio
 
 def _ranking(row: Row, step: StepResult, predicted: int, settings: AblationSettings) -> list[Head]:
     """Every head of the step ranked for a dose (D_t first); empty without a dose (nothing reads it)."""
-    return [] if settings.dose is None else settings.score_spec().step_ranking(step.stats, row, predicted)
+    return [] if settings.fraction is None else settings.score_spec().step_ranking(step.stats, row, predicted)
 
 
 def heads_to_mask(
@@ -237,8 +238,8 @@ def heads_to_mask(
     """The heads one step removes under ``settings``, given its D_t (and, for a dose, every head ranked)."""
     strategy = ABLATION_STRATEGIES.get(settings.strategy)
     count = 0
-    if settings.dose is not None:  # a dose: every strategy removes k heads
-        count = min(settings.dose, lm.num_layers * lm.num_heads)
+    if settings.fraction is not None:  # a dose: every strategy removes ceil(f |D_t|) heads (none when D_t is empty)
+        count = min(dose_count(settings.fraction, len(dynamic)), lm.num_layers * lm.num_heads)
     elif strategy.matched:  # per-step matching: as many heads as this step's clean pass found dynamic
         count = min(MATCHINGS.get(settings.matching).count(dynamic, settings.count), lm.num_layers * lm.num_heads)
     return strategy.choose(
@@ -252,9 +253,15 @@ def heads_to_mask(
             lm.num_heads,
             rng,
             ranking,
-            settings.dose,
+            settings.fraction is not None,
         )
     )
+
+
+def dose_count(fraction: float, dynamic_size: int) -> int:
+    """k_t = ceil(fraction x |D_t|): the heads every arm of a dose masks at a step whose D_t has ``dynamic_size``
+    heads (0 when D_t is empty); the product is rounded to 9 places first, so 0.1 x 30 is 3, not 4."""
+    return math.ceil(round(fraction * dynamic_size, 9))
 
 
 def matched_count(dynamic_counts: Sequence[int]) -> int:

@@ -41,7 +41,7 @@ class MaskInputs:
     num_heads: int
     rng: np.random.Generator  # seeded per sample
     ranking: Sequence[Head] = ()  # a dose: every head of the step ranked, D_t first (``ScoreSpec.step_ranking``)
-    dose: int | None = None  # a dose-response: every strategy removes this many heads (``count`` = dose)
+    dosed: bool = False  # a dose (a fraction f of |D_t|): every strategy removes ``count`` = ceil(f |D_t|) heads
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,10 @@ class AblationStrategy:
 
 
 ABLATION_STRATEGIES = Registry[AblationStrategy]("ablation strategy")
-DOSE_ARMS = ("dynamic", "static", "static_outside", "random")  # the arms of Claim 2's dose-response, each at k heads
+# the arms of Claim 2's dose-response: each masks ceil(f |D_t|) heads at step t, f a fraction of the step's |D_t|
+DOSE_ARMS = ("dynamic", "static", "static_outside", "random")
+# the paper's literal controls at f = 1: static / random masking the clean answer's mean |D_t| (rounded) at every step
+MEAN_ARMS = {"static_mean": "static", "random_mean": "random"}
 
 
 def ablation_strategy(title: str, **traits: Any) -> Callable[[Callable[[MaskInputs], list[Head]]], AblationStrategy]:
@@ -101,8 +104,9 @@ def _none(inputs: MaskInputs) -> list[Head]:
 @ABLATION_STRATEGIES.register("dynamic", help="mask D_t, each step's dynamic heads (progressive: the first k)")
 @ablation_strategy("dynamic heads masked")
 def _dynamic(inputs: MaskInputs) -> list[Head]:
-    if inputs.dose is not None:  # the dose's k best-ranked heads: D_t first, then the step's next best
-        return list(inputs.ranking[: inputs.dose])
+    if inputs.dosed:  # the dose's k_t best-ranked heads: D_t's first (all of D_t, then the step's next best, past 1)
+        chosen = inputs.dynamic if inputs.count <= len(inputs.dynamic) else inputs.ranking
+        return list(chosen[: inputs.count])
     return list(inputs.dynamic if inputs.max_dynamic is None else inputs.dynamic[: inputs.max_dynamic])
 
 

@@ -16,8 +16,9 @@ from dynheads.experiments.settings import AblationFields, ProgressiveFields
 @app.command()
 @with_options(config_options(AblationFields))
 def ablate(out: RunOut, batch_size: BatchSize = 1, config: ConfigFile = None, **settings) -> None:
-    """Per-step head ablation on a NIAH (or HotpotQA) grid: a dose-response of four arms (Claim 2), or, with an
-    empty dose list, the matched grid's heat maps per strategy (paper Figures 2, 6)."""
+    """Per-step head ablation on a NIAH (or HotpotQA) grid: a dose-response of four arms in fractions of each
+    step's |D_t| (f = 1, exactly D_t, decides Claim 2; fractions above 1 show compensation, apart), or, with empty
+    fractions, the matched grid's heat maps per strategy (paper Figures 2, 6)."""
     from dynheads.experiments.ablation import AblationConfig
     from dynheads.experiments.dose import run_claim2
 

@@ -109,8 +109,7 @@ class AblationConfig(AblationFields, _GridConfig):
 
     def check(self) -> None:
         super().check()
-        if self.doses and min(self.doses) < 1:
-            raise DynheadsError(f"a dose masks at least one head per step (--doses), got {list(self.doses)}")
+        self.check_doses()
         if self.metric not in DOSE_METRICS:
             raise DynheadsError(f"unknown dose-response metric {self.metric!r}: use one of {', '.join(DOSE_METRICS)}")
         MATCHINGS.check([self.matching])
@@ -122,6 +121,27 @@ class AblationConfig(AblationFields, _GridConfig):
         if bool(given) != bool(self.heads):
             readers = given or [entry.name for entry in ABLATION_STRATEGIES if entry.value.needs_heads]
             raise DynheadsError(f"the {' / '.join(readers)} strategy and --heads go together: give both or neither")
+
+    def check_doses(self) -> None:
+        """Fractions in (0, 1] with 1 among them (the operating point), compensation above 1, no fixed doses."""
+        if self.doses:
+            raise DynheadsError(
+                f"fixed doses (doses = {list(self.doses)}) are retired: past |D_t| the dynamic arm masks D_t plus "
+                "inert heads while static masks D_t's backups, so k measures compensation; give fractions of each "
+                "step's |D_t| (fractions = [0.25, 0.5, 0.75, 1.0], compensation = [1.5, 2.0]; docs/ablation.md)"
+            )
+        if self.fractions and not all(0 < f <= 1 for f in self.fractions):
+            raise DynheadsError(f"dose fractions lie in (0, 1] (--fractions), got {list(self.fractions)}")
+        if self.fractions and 1.0 not in self.fractions:
+            raise DynheadsError(
+                f"the fractions must hold 1 (mask exactly D_t: Claim 2's operating point), got {list(self.fractions)}"
+            )
+        if not all(f > 1 for f in self.compensation):
+            raise DynheadsError(f"compensation fractions lie above 1 (--compensation), got {list(self.compensation)}")
+
+    def dose_fractions(self) -> tuple[float, ...]:
+        """Every fraction the dose-response runs, ascending: the doses, then the compensation part."""
+        return tuple(sorted({float(f) for f in (*self.fractions, *self.compensation)}))
 
 
 @dataclass(frozen=True)
@@ -139,7 +159,7 @@ class ProgressiveConfig(ProgressiveFields, _GridConfig):
 # ---- the grid (Figure 2) -------------------------------------------------------------------------------------------
 def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Decode every grid sample with every strategy into ``out`` (resumable); write cells.csv, summary.md, plots.
-    The matched grid: ``doses`` are read by the dose-response (``experiments.dose``), not here.
+    The matched grid: ``fractions`` are read by the dose-response (``experiments.dose``), not here.
 
     ``batch_size`` (sample, strategy) records are decoded together (``ablated_generate_batch``; 1 = the
     reference path, results equal up to fp32 rounding).

@@ -38,7 +38,6 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_progressive
 from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads
 from dynheads.experiments.dose import run_claim2
-from dynheads.experiments.dose_fit import DoseFit, relative_doses
 from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
 from dynheads.experiments.niah import NiahConfig, run_niah
 from dynheads.experiments.probing import train_probe_on_run
@@ -267,16 +266,20 @@ def _dynamism(study: Study) -> object:
 
 @study_stage(stages.ABLATION, deals_samples=True)
 def _ablation(study: Study) -> object:
-    settings = study.settings(stages.ABLATION, static=str(study.static_file))
-    fit = relative_doses(settings, study.folder(stages.STATIC), "copy")  # the static list's traces: Eq. 1 D_t
-    run = run_claim2(AblationConfig(**settings), study.folder(stages.ABLATION), **study.options)
-    _write_dose_fit(study.folder(stages.ABLATION), fit)
-    return run
+    settings = _without_relative_doses(study.settings(stages.ABLATION, static=str(study.static_file)))
+    return run_claim2(AblationConfig(**settings), study.folder(stages.ABLATION), **study.options)
 
 
-def _write_dose_fit(out: Path, fit: DoseFit | None) -> None:
-    if fit is not None and distributed.is_main():
-        write_json(out / "dose_fit.json", fit.to_dict())
+def _without_relative_doses(settings: dict) -> dict:
+    """An ablation table's settings, refused when it still gives relative doses (an older preset's multiples of
+    the mean |D_t|, each a fixed k heads per step)."""
+    if "relative_doses" in settings:
+        raise DynheadsError(
+            "relative_doses (a fixed k heads per step, from the mean |D_t|) are retired: past |D_t| they measure "
+            "compensation; give fractions of each step's |D_t| (fractions = [0.25, 0.5, 0.75, 1.0], compensation "
+            "= [1.5, 2.0]; docs/ablation.md)"
+        )
+    return settings
 
 
 @study_stage(stages.PROGRESSIVE, deals_samples=True)
@@ -395,10 +398,8 @@ def _qa_ablation(study: Study, stage: str, stream: str, config_type: type, run: 
     reasoning list as its static list and the fitted threshold (``fitted_ablation``)."""
     qa, threshold = study.questions, study.questions.fit()
     extra = dict(split=stream, task=qa.task.name, static=str(qa.reasoning_file))
-    settings = qa.grid(study, stage, stream, **extra)
-    fit = relative_doses(settings, qa.fit_stream, qa.task.score_kind, threshold.applied)  # D_t as evaluated
+    settings = _without_relative_doses(qa.grid(study, stage, stream, **extra))
     fitted_ablation(run, config_type(**settings), threshold, study.folder(stage), **study.options)
-    _write_dose_fit(study.folder(stage), fit)
 
 
 @study_stage(stages.HOTPOTQA_ABLATION, deals_samples=True)

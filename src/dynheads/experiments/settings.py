@@ -203,7 +203,7 @@ class AblationGrid(NiahGrid, QaGrid, ModelSettings):
     )
 
 
-# Claim 2 as a dose-response: what is measured under each arm's k heads per step
+# Claim 2 as a dose-response: what is measured under each arm's ceil(f |D_t|) heads per step
 DOSE_METRICS = {
     "teacher": "teacher-forced: each step of the clean answer masked alone, drop in log p(clean token), argmax flips",
     "cascade": "greedy continues under masking: the task metric (accuracy / ROUGE-L, EM / F1)",
@@ -213,10 +213,20 @@ DOSE_METRICS = {
 
 @dataclass(frozen=True)
 class AblationFields(AblationGrid):
+    fractions: tuple[float, ...] = setting(
+        (0.25, 0.5, 0.75, 1.0),
+        "dose-response: fractions f of each step's own |D_t|; at step t every arm (dynamic, static, static_outside, "
+        "random) masks ceil(f |D_t|) heads (none where D_t is empty), f = 1 the paper's operating point, which "
+        "decides Claim 2 and must be given; empty ('') = the matched grid of the strategies below (no compensation "
+        "then)",
+    )
+    compensation: tuple[float, ...] = setting(
+        (1.5, 2.0),
+        "fractions above 1: every arm masks ceil(f |D_t|) heads (dynamic: D_t, then the step's next-ranked heads); "
+        "what the network does without D_t's backups (the paper's Figure 3), its own figure, never decisive",
+    )
     doses: tuple[int, ...] = setting(
-        (1, 2, 3, 5, 8),
-        "dose-response: heads every arm (dynamic, static, static_outside, random) masks per step, e.g. 1,2,3,5,8; "
-        "empty ('') = the matched grid of the strategies below",
+        (), "retired: fixed k heads per step (k past |D_t| measures compensation, not D_t): give fractions instead"
     )
     metric: str = setting(
         "teacher", "dose-response metric: " + "; ".join(f"{name} = {text}" for name, text in DOSE_METRICS.items())

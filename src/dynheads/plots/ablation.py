@@ -183,9 +183,10 @@ def plot_progressive(
 
 
 def dose_figure(table: pd.DataFrame, panels: Mapping[str, str], *, title: str | None = None) -> Figure:
-    """The dose-response (Figure 3 drawn for every arm): one panel per metric of ``panels`` (name -> axis label),
-    x = heads masked per step, one line per arm with its 95 % interval shaded, from the rows of ``dose.csv``
-    (metric, arm, dose, mean, low, high; an arm ``none``, when present, is drawn as a flat reference line)."""
+    """The dose-response: one panel per metric of ``panels`` (name -> axis label), x = the fraction f of each step's
+    |D_t| every arm masks (ceil(f |D_t|) heads at step t), one line per arm with its 95 % interval shaded, from the
+    rows of ``dose.csv`` (metric, arm, fraction, mean, low, high; an arm ``none``, when present, is drawn as a flat
+    reference line)."""
     rows = table[table["metric"].isin(list(panels))]
     if rows.empty:
         raise DynheadsError("nothing to plot: the dose table has no rows for " + ", ".join(panels))
@@ -193,16 +194,16 @@ def dose_figure(table: pd.DataFrame, panels: Mapping[str, str], *, title: str | 
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     for axis, (metric, label) in zip(axes, panels.items(), strict=True):
         for arm, curve in rows[rows["metric"] == metric].groupby("arm", sort=False):
-            curve = curve.sort_values("dose")
+            curve = curve.sort_values("fraction")
             if arm == "none":
                 axis.axhline(float(curve["mean"].iloc[0]), color="black", linestyle=":", label="no masking")
                 continue
             title_of = ABLATION_STRATEGIES.get(str(arm)).title if arm in ABLATION_STRATEGIES else str(arm)
-            line = axis.plot(curve["dose"], curve["mean"], marker="o", label=title_of)[0]
-            axis.fill_between(curve["dose"], curve["low"], curve["high"], color=line.get_color(), alpha=0.18)
-        axis.set_xlabel("heads masked per step (k)")
+            line = axis.plot(curve["fraction"], curve["mean"], marker="o", label=title_of)[0]
+            axis.fill_between(curve["fraction"], curve["low"], curve["high"], color=line.get_color(), alpha=0.18)
+        axis.set_xlabel("fraction f of each step's |D_t| (ceil(f |D_t|) heads masked)")
         axis.set_ylabel(label)
-        axis.set_xticks(sorted(rows["dose"].unique()))
+        axis.set_xticks(sorted(rows[rows["arm"] != "none"]["fraction"].unique()))
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize=8, frameon=False)
     if title:

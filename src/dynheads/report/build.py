@@ -16,6 +16,7 @@ import base64
 import html
 import itertools
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -75,7 +76,8 @@ READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeEr
 ABLATION_METRICS = ("accuracy", "f1", "em", "rouge_l")  # the first one the stage measured decides Claim 2
 SETTING_KEYS = (
     *("kind", "score", "task", "threshold", "ks", "static_file", "epochs_run", "train_seconds", "seed"),
-    *("multiples", "mean_size", "fit_steps", "doses"),  # dose_fit.json: relative doses and what they resolved to
+    *("fractions", "compensation"),  # the dose-response: fractions of each step's |D_t|, and past it
+    *("multiples", "mean_size", "fit_steps", "doses"),  # an older run's fixed doses (and dose_fit.json's fit)
 )
 RAG_STRATEGIES = {
     "dynamic": "Dynamic",
@@ -479,8 +481,10 @@ def _ablation(
 
     def verdict() -> Verdict:
         numbers = stage_evidence(root, grid) or {}
-        if numbers.get("design") == "dose":
-            return claims.dose_verdict(dose_curves(numbers), task, evidence, **_dose_margins(numbers))
+        if numbers.get("design") == "dose":  # an older dynheads: every arm at k heads per step
+            return claims.failed(claims.CLAIM2, task, OLD_DOSE_DESIGN)
+        if numbers.get("design") == "fraction":
+            return claims.operating_point_verdict(operating_point(numbers), task, evidence)
         per_sample = numbers.get("per_sample") or {}
         metric = _decisive_metric(per_sample)
         values = (
@@ -498,35 +502,28 @@ def _ablation(
     ]
 
 
-def dose_curves(numbers: Mapping[str, Any]) -> claims.DoseCurves | None:
-    """Claim 2's curves from a dose-response stage's numbers (``experiments.dose.write_doses``): the teacher-forced
-    log-probability of the clean token (graded) when measured, else the cascade's decisive task metric."""
-    teacher, cascade = numbers.get("teacher"), numbers.get("cascade")
+OLD_DOSE_DESIGN = (
+    "old design: every arm masked a fixed k heads per step, which past |D_t| measures compensation (D_t plus inert "
+    "heads against D_t plus its backups), not D_t: re-run the ablation (fractions of each step's |D_t|)"
+)
 
-    def arms(table: Mapping[str, Any]) -> dict[str, dict[int, np.ndarray]]:
+
+def operating_point(numbers: Mapping[str, Any]) -> claims.OperatingPoint | None:
+    """Claim 2's operating point from a dose-response stage's numbers (``experiments.dose.write_doses``): per arm
+    the teacher-forced numbers at f = 1, the mean-matched controls beside; None without teacher-forced numbers."""
+    teacher = numbers.get("teacher")
+    if not teacher:
+        return None
+
+    def at_one(quantity: str) -> dict[str, np.ndarray]:
         return {
-            arm: {int(dose): np.asarray(values, dtype=float) for dose, values in table.get(arm, {}).items()}
-            for arm in claims.DOSE_ARMS
+            arm: np.asarray([math.nan if v is None else v for v in doses["1"]], dtype=float)
+            for arm, doses in teacher[quantity].items()
+            if "1" in doses
         }
 
-    if teacher:
-        baseline = np.asarray(teacher["clean_logprob"], dtype=float)
-        return claims.DoseCurves(
-            "log p(clean token)", arms(teacher["logprob"]), baseline, bounds=(None, 0.0), unit="nats"
-        )
-    if cascade:
-        metric = _decisive_metric(cascade)
-        table = cascade[metric]
-        baseline = np.asarray(table["none"], dtype=float)
-        return claims.DoseCurves(metric, arms(table), baseline, bounds=(0.0, 1.0), width=1.0)
-    return None
-
-
-def _dose_margins(numbers: Mapping[str, Any]) -> dict[str, float]:
-    """The teacher-forced curves (nats) use the dose-response margins; a task metric (0..1) uses Claim 2's."""
-    if numbers.get("teacher"):
-        return {}
-    return {"margin": claims.ABLATION_MARGIN, "control_margin": claims.ABLATION_MARGIN}
+    correct = np.asarray(teacher["correct"], dtype=bool)
+    return claims.OperatingPoint(at_one("drop_nonempty"), at_one("drop"), at_one("overlap"), correct)
 
 
 def _decisive_metric(metrics: Iterable[str]) -> str:

@@ -43,8 +43,9 @@ TRACED = (stages.NIAH, stages.HOTPOTQA)  # the traced stages whose task accuracy
 STATUSES: tuple[Status, ...] = ("supported", "not supported", "inconclusive")
 # what a verdict is decided by: label -> (where it is recorded, the stage folder, the key). "evidence": the study's
 # evidence settings (its manifest); "config": the stage manifest's config; "rule": the rule of a setting fitted
-# per model (a stage's threshold_fit.json, else its config); "doses": the dose design (dose_fit.json's multiples
-# of the mean |D_t|, else the config's fixed doses); "published": the stage's published numbers (a fit's rule)
+# per model (a stage's threshold_fit.json, else its config); "doses": the dose design (the config's fractions of
+# each step's |D_t| and compensation; an older run's fixed doses, marked as the old design); "published": the
+# stage's published numbers (a fit's rule)
 VERDICT_SETTINGS = {
     "sample floor": ("evidence", "", "floor"),
     "bootstrap resamples": ("evidence", "", "resamples"),
@@ -245,13 +246,28 @@ def _study_settings(root: Path, evidence: EvidenceSettings) -> dict[str, Any]:
         elif where == "rule":
             value = _fit_file(root / stage / "threshold_fit.json").get("rule", config)
         elif where == "doses":
-            multiples = _fit_file(root / stage / "dose_fit.json").get("multiples")
-            value = f"{', '.join(f'{m:g}' for m in multiples)} x mean |D_t|" if multiples else config
+            value = _dose_design(root / stage)
         else:
             value = config
         if value is not None:
             found[label] = value
     return found
+
+
+def _dose_design(folder: Path) -> str | None:
+    """How a stage's dose-response masked: fractions of each step's |D_t| (and past it), or an older run's fixed
+    heads per step (dose_fit.json's multiples of a mean |D_t|, else the config's k), which Claim 2 no longer reads;
+    None: the stage ran no dose-response."""
+    config = _stage_manifest(folder).get("config") or {}
+    fractions, compensation = config.get("fractions"), config.get("compensation") or []
+    if fractions:
+        past = f"; compensation {', '.join(f'{f:g}' for f in compensation)}" if compensation else ""
+        return f"{', '.join(f'{f:g}' for f in fractions)} x each step's |D_t|{past}"
+    multiples = _fit_file(folder / "dose_fit.json").get("multiples")
+    if multiples:
+        return f"old design: k = {', '.join(f'{m:g}' for m in multiples)} x mean |D_t| heads at every step"
+    doses = config.get("doses")
+    return f"old design: k = {', '.join(str(k) for k in doses)} heads at every step" if doses else None
 
 
 def _fit_file(path: Path) -> dict:

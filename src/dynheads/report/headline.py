@@ -59,7 +59,7 @@ def headline(
     if verdict.claim == claims.CLAIM1:
         rows = _dynamism_rows(numbers, paper)
     elif verdict.claim == claims.CLAIM2:
-        rows = _dose_rows(numbers) if _doses(numbers) else _ablation_rows(numbers, metric, paper)
+        rows = _operating_rows(verdict) if "dynamic_drop" in numbers else _ablation_rows(numbers, metric, paper)
     elif verdict.claim == claims.CLAIM3:
         rows = _correlation_rows(numbers, paper)
     elif verdict.claim == claims.RAG:
@@ -123,24 +123,40 @@ def _ablation_rows(numbers: Mapping[str, float | None], metric: str, task: str) 
     ]
 
 
-def _doses(numbers: Mapping[str, float | None]) -> list[int]:
-    """The doses of a dose-response verdict's numbers (keys ``<arm>_k<dose>``), ascending."""
-    return sorted({int(key.rsplit("_k", 1)[1]) for key in numbers if key.startswith("dynamic_k")})
-
-
-def _dose_rows(numbers: Mapping[str, float | None]) -> list[tuple[str, str, str]]:
-    """The harm of every arm at the smallest dose (the negative control's) and the middle one (relative doses' 1x the
-    mean |D_t|, the paper's whole-D_t ablation); the figure beside them has every dose, with intervals."""
-    doses = _doses(numbers)
-    arms = claims.DOSE_ARMS
-    return [
+def _operating_rows(verdict: Verdict) -> list[tuple[str, str, str]]:
+    """Claim 2 at f = 1 (exactly D_t): dynamic - static's reading beside the decided effects, each arm's drop on the
+    deciding samples and over all steps of all samples, the overlaps with D_t, and the paper's mean-matched
+    controls; the dose and compensation figures have every fraction, with intervals."""
+    numbers, arms = verdict.numbers, claims.OPERATING_POINT_ARMS
+    reading = verdict.contrasts.get("dynamic - static", "–")
+    rows = [
         (
-            f"harm at k={dose}: {' / '.join(arms)}",
-            " / ".join(_fmt(numbers.get(f"{arm}_k{dose}"), ".2f") for arm in arms),
+            f"dynamic - static (beside; static holds {_fmt(numbers.get('overlap_static'), '.2f')} of D_t)",
+            f"{_fmt(numbers.get('gap_static'), '.3f')}: {reading}",
             NOT_STATED,
-        )
-        for dose in dict.fromkeys([doses[0], doses[len(doses) // 2]])
+        ),
+        (
+            f"drop at f = 1, non-empty steps of {_fmt(numbers.get('samples_decided'), '.0f')} correct answers: "
+            + " / ".join(arms),
+            " / ".join(_fmt(numbers.get(f"{arm}_drop"), ".2f") for arm in arms),
+            NOT_STATED,
+        ),
+        (
+            f"drop at f = 1, all steps of all {_fmt(numbers.get('samples'), '.0f')} samples: " + " / ".join(arms),
+            " / ".join(_fmt(numbers.get(f"{arm}_drop_all"), ".2f") for arm in arms),
+            NOT_STATED,
+        ),
     ]
+    mean_arms = [arm for arm in claims.MEAN_ARMS if f"{arm}_drop" in numbers]
+    if mean_arms:
+        rows.append(
+            (
+                "drop, the paper's controls at the mean |D_t|: " + " / ".join(mean_arms),
+                " / ".join(_fmt(numbers.get(f"{arm}_drop"), ".2f") for arm in mean_arms),
+                NOT_STATED,
+            )
+        )
+    return rows
 
 
 def _correlation_rows(numbers: Mapping[str, float | None], task: str) -> list[tuple[str, str, str]]:
