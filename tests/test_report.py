@@ -225,6 +225,8 @@ def make_reproduce_dir(root: Path) -> Path:
         "probe": {"f1": 0.6, "precision": 0.6, "recall": 0.6, "auprc": 0.7, "positive_rate": 0.3},
         "baseline": {"f1": 0.4, "precision": 0.4, "recall": 0.4, "auprc": 0.35, "positive_rate": 0.3},
         "gap": {"metric": "auprc", "effect": 0.35, "low": 0.2, "high": 0.5, "n": 6},
+        "position_gap": {"metric": "auprc", "effect": 0.3, "low": 0.15, "high": 0.45, "n": 6},
+        "step_gap": {"metric": "within-step ranking", "effect": 0.2, "low": 0.1, "high": 0.3, "n": 6},
     }
     write_json(root / "probe" / "metrics.json", {"task": "binary", "score": "copy", **probe, "paper": {}})
     write_summary(
@@ -270,6 +272,8 @@ def test_every_section_and_verdict_is_in_the_markdown(report):
     for heading in SECTION_HEADINGS:
         assert f"\n{heading}" in md, heading
     assert "**Verdict:** Claim 1 (dynamism), NIAH: supported." in md
+    assert "within-step ranking of D_t - the static frequency profile's (held-out samples) 0.200 [0.100, 0.300]" in md
+    assert "Descriptive, deciding nothing (dynheads rules): containment" in md
     assert re.search(
         r"containment in the static retrieval top-max\(20, \|D_t\|\), share above chance -?0\.\d+ \[-?0\.\d+, "
         r"-?0\.\d+\] \(n=6\), rule < 0\.8",
@@ -278,8 +282,9 @@ def test_every_section_and_verdict_is_in_the_markdown(report):
     assert "**Verdict:** Claim 2 (irreplaceability), NIAH: supported." in md
     assert "static - dynamic accuracy 0.833 [" in md and "random - dynamic accuracy 0.833 [" in md
     assert "**Verdict:** Claim 3 (correlation), NIAH: supported." in md
-    assert "held-out - shuffled CCA top-1 at k=1 0.400 [0.250, 0.550] (n=6), rule > 0.1" in md
-    assert "head predictor - frequency baseline AUPRC 0.350 [0.200, 0.500] (n=6), rule > 0" in md
+    assert "held-out - shuffled CCA top-1 at k=1 0.400 [0.250, 0.550] (n=6), rule > 0" in md
+    assert "head predictor - the better of the frequency and step-index profiles AUPRC 0.300 [0.150, 0.450] (n=6)" in md
+    assert "head predictor - frequency profile AUPRC (no position control) 0.350 [0.200, 0.500] (n=6), rule > 0" in md
     assert "**Verdict:** Dynamic RAG (dynamic beats static), HotpotQA: supported." in md
     assert re.search(r"Dynamic - Static F1 at k=5 0\.225 \[0\.2\d\d, 0\.2\d\d\] \(n=6\), rule > 0", md)
     assert "Claim 1 (dynamism), HotpotQA: inconclusive (no dynamism statistics)" in md
@@ -362,6 +367,9 @@ def _random_sets(rng, samples: int, pool: list[tuple[int, int]], per_step: int, 
 
 
 ALL_HEADS = [(layer, head) for layer in range(LAYERS) for head in range(HEADS)]
+# the head predictor's within-step ranking against the static profile (Claim 1's deciding rule since issue 59)
+BETTER_RANKING = {"step_gap": {"effect": 0.2, "low": 0.1, "high": 0.3, "n": 30}}
+NO_BETTER_RANKING = {"step_gap": {"effect": -0.02, "low": -0.04, "high": -0.01, "n": 30}}
 
 
 def test_claim1_is_not_supported_when_dynamic_sets_stay_inside_the_static_top20():
@@ -370,9 +378,10 @@ def test_claim1_is_not_supported_when_dynamic_sets_stay_inside_the_static_top20(
     sets = _random_sets(np.random.default_rng(0), 40, ALL_HEADS[:20], per_step=4)
     data = _dynamism_data(sets, ALL_HEADS)
     assert data["stats"]["jaccard_static_k20"] == pytest.approx(0.2)  # what the old rule read as "little overlap"
-    verdict = claims.dynamism_verdict(data, "NIAH", EVIDENCE)
+    verdict = claims.dynamism_verdict(data, "NIAH", EVIDENCE, NO_BETTER_RANKING)
     assert verdict.status == "not supported"
-    containment = verdict.effects[0]
+    containment = verdict.descriptive[0]  # descriptive since issue 59: it reads "not supported" here too
+    assert containment.decide(EVIDENCE.floor)[0] == "not supported"
     assert containment.interval.effect == 1.0 and containment.interval.n == 40
     assert "top-max(20, |D_t|), share above chance 1.000 [1.000, 1.000] (n=40), rule < 0.8" in verdict.sentence()
 
@@ -380,18 +389,23 @@ def test_claim1_is_not_supported_when_dynamic_sets_stay_inside_the_static_top20(
 def test_claim1_is_supported_when_dynamic_sets_change_and_leave_the_static_list():
     sets = _random_sets(np.random.default_rng(1), 40, ALL_HEADS[20:], per_step=4)
     data = _dynamism_data(sets, ALL_HEADS)
-    verdict = claims.dynamism_verdict(data, "NIAH", EVIDENCE)
+    verdict = claims.dynamism_verdict(data, "NIAH", EVIDENCE, BETTER_RANKING)
     assert verdict.status == "supported", verdict.sentence()
-    assert [e.interval.n for e in verdict.effects] == [40, 40, 40]
-    assert verdict.effects[0].interval.high < 0.8 and verdict.effects[1].interval.high < 0.5
-    assert verdict.effects[2].interval.low > claims.ENTROPY_SHARE_MIN
+    assert [e.interval.n for e in verdict.effects] == [30]
+    assert [e.interval.n for e in verdict.descriptive] == [40, 40, 40]
+    shares = verdict.descriptive
+    assert shares[0].interval.high < 0.8 and shares[1].interval.high < 0.5
+    assert shares[2].interval.low > claims.ENTROPY_SHARE_MIN
+    without = claims.dynamism_verdict(data, "NIAH", EVIDENCE)  # the shares alone decide nothing
+    assert without.status == "inconclusive" and "no head predictor on this task" in without.reason
     assert data["stats"]["entropy"] > math.log(20)  # the old rule's baseline, beside its chance level
     assert "entropy" in verdict.reason and "random sets" in verdict.reason
 
 
 def test_claim1_below_the_floor_or_without_per_sample_data_is_inconclusive():
     sets = _random_sets(np.random.default_rng(1), 6, ALL_HEADS[20:], per_step=4)
-    small = claims.dynamism_verdict(_dynamism_data(sets, ALL_HEADS), "NIAH", EVIDENCE)
+    six = {"step_gap": {**BETTER_RANKING["step_gap"], "n": 6}}
+    small = claims.dynamism_verdict(_dynamism_data(sets, ALL_HEADS), "NIAH", EVIDENCE, six)
     assert small.status == "inconclusive" and "n=6 is below the floor of 30 samples" in small.reason
     assert claims.DECIDE_COMMAND in small.reason
     old = claims.dynamism_verdict({"stats": {"jaccard_static_k20": 0.3}}, "NIAH", EVIDENCE)
@@ -444,10 +458,17 @@ def test_claim3_rules():
         "probe": {"auprc": 0.8},
         "baseline": {"auprc": 0.3},
         "gap": {"effect": 0.5, "low": 0.4, "high": 0.6, "n": 30},
+        "position_gap": {"effect": 0.4, "low": 0.3, "high": 0.5, "n": 30},
     }
     assert claims.correlation_verdict(good_cca, good_probe, "auprc", "NIAH").status == "supported"
-    small_gap = {**good_cca, "gap": 0.05, "gap_low": 0.01, "gap_high": 0.08}
-    assert claims.correlation_verdict(small_gap, good_probe, "auprc", "NIAH").status == "not supported"
+    small_gap = {**good_cca, "gap": 0.05, "gap_low": 0.01, "gap_high": 0.08}  # margin 0 since issue 59 (report.rules)
+    assert claims.correlation_verdict(small_gap, good_probe, "auprc", "NIAH").status == "supported"
+    within_gap = {**good_cca, "gap": 0.05, "gap_low": -0.01, "gap_high": 0.08}
+    assert claims.correlation_verdict(within_gap, good_probe, "auprc", "NIAH").status == "inconclusive"
+    # a predictor that beats the frequency profile only by knowing the step's position: not supported
+    positional = {**good_probe, "position_gap": {"effect": -0.05, "low": -0.08, "high": -0.01, "n": 30}}
+    verdict = claims.correlation_verdict(good_cca, positional, "auprc", "NIAH")
+    assert verdict.status == "not supported" and "(no position control) 0.500" in verdict.sentence()
     broken = {**good_cca, "top1": 0.256, "shuffled_top1": 0.695, "gap": -0.44, "gap_low": -0.6, "gap_high": -0.3}
     verdict = claims.correlation_verdict(broken, good_probe, "auprc", "NIAH")
     assert verdict.status == "inconclusive" and "shuffled-pairing control (0.695) lies above" in verdict.reason
@@ -458,6 +479,7 @@ def test_claim3_rules():
         "probe": {"r2": math.nan},
         "baseline": {"r2": math.nan},
         "gap": {"effect": math.nan, "low": math.nan, "high": math.nan, "n": 30},
+        "position_gap": {"effect": math.nan, "low": math.nan, "high": math.nan, "n": 30},
     }
     verdict = claims.correlation_verdict(good_cca, undefined_r2, "r2", "Multi-hop")
     assert verdict.status == "inconclusive" and "R² is undefined" in verdict.reason
@@ -471,6 +493,7 @@ def test_claim3_shows_mse_beside_the_variance_weighted_r2():
         "probe": {"r2": 0.4, "mse": 0.0012},
         "baseline": {"r2": -0.01, "mse": 0.002},
         "gap": {"effect": 0.41, "low": 0.3, "high": 0.5, "n": 30},
+        "position_gap": {"effect": 0.35, "low": 0.25, "high": 0.45, "n": 30},
         "mse_gap": {"effect": 0.0008, "low": 0.0005, "high": 0.0011, "n": 30},
     }
     verdict = claims.correlation_verdict(good_cca, regressor, "r2", "Multi-hop")

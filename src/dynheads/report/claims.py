@@ -595,8 +595,8 @@ CLAIM3_DECIDING = ("cca", "predictor")
 
 def claim3_effects(cca: Mapping | None, probe: Mapping | None, probe_metric: str) -> dict[str, Effect]:
     """Claim 3's rules as effects by key: ``cca`` (held-out minus shuffled CCA top-1 at offset 1, above
-    ``CCA_MARGIN``), ``predictor`` (the head predictor minus the step-index profile, above 0) and
-    ``predictor_frequency`` (minus the plain frequency profile: no position control, descriptive)."""
+    ``CCA_MARGIN``), ``predictor`` (the head predictor minus the better of the frequency and step-index profiles,
+    above 0) and ``predictor_frequency`` (minus the plain frequency profile: no position control, descriptive)."""
     if cca is None:
         cca_gap, cca_why = UNDEFINED, f"no held-out CCA at k={CCA_OFFSET}"
     else:
@@ -608,7 +608,7 @@ def claim3_effects(cca: Mapping | None, probe: Mapping | None, probe_metric: str
             f"held-out - shuffled CCA top-1 at k={CCA_OFFSET}", cca_gap, CCA_MARGIN, undefined_reason=cca_why
         ),
         "predictor": Effect(
-            f"head predictor - step-index profile {metric}",
+            f"head predictor - the better of the frequency and step-index profiles {metric}",
             _probe_gap(probe, "position_gap"),
             PROBE_MARGIN,
             undefined_reason=_probe_why(probe, "position_gap", probe_metric),

@@ -3,6 +3,8 @@ verdict code of ``report.claims`` at the standard preset's sample counts.
 
 - Claim 1 (false): a fixed static profile, concentrated or broad, and one whose hidden state knows *when* heads
   retrieve but not which; (true): step- and sample-specific heads at our models' set size and at the paper's.
+- Claim 2 (true): masking D_t at the operating point costs 1 or 0.5 nats more than either control; (false): the
+  controls cost as much, or less than the margin less, or the static list holds D_t (the arms overlap).
 - Claim 3 (false): hidden states without signal, and hidden states and heads that share only the step's position
   in the answer; (true): the hidden state encodes the context that picks the step's heads.
 - RAG (true): paired per-question F1 at the paper's own Table 4 effects; (false): no difference.
@@ -99,6 +101,32 @@ def _claim3(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Dec
     return run
 
 
+def _claim2(effect: float, sd: float, overlap: float) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+    """Per sample, the teacher-forced drop at f = 1: dynamic's mean ``1.0`` nats (sd 0.6), each control's
+    ``effect`` nats less (paired noise of sd ``sd``); static masks ``overlap`` of D_t (its drop then moves toward
+    dynamic's in that share); one sample in ten answered wrongly."""
+
+    def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
+        n = counts.ablation
+        dynamic = rng.normal(1.0, 0.6, n)
+        outside, random = (dynamic - effect + rng.normal(0, sd, n) for _ in range(2))
+        static = overlap * dynamic + (1 - overlap) * (dynamic - effect) + rng.normal(0, sd, n)
+        drops = {"dynamic": dynamic, "static": static, "static_outside": outside, "random": random}
+        shares = {"dynamic": np.ones(n), "static": np.full(n, overlap), "static_outside": np.zeros(n)}
+        point = claims.OperatingPoint(drops, drops, {**shares, "random": np.zeros(n)}, rng.random(n) > 0.1)
+        verdict = claims.operating_point_verdict(point, "NIAH", EVIDENCE)
+        decided = int(point.decided().sum())
+        readings = {
+            f"dynamic - {arm}": verdict.contrasts.get(f"dynamic - {arm}", verdict.status) for arm in CLAIM2_ARMS
+        }
+        return {rule: (reading, decided) for rule, reading in readings.items()}
+
+    return run
+
+
+CLAIM2_ARMS = ("static_outside", "random", "static")
+
+
 def _rag(effect: float) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
     """Per question: a static F1 (0, 1 or partial), and a dynamic F1 that differs on ``RAG_DISCORDANT`` of the
     questions, in the direction that makes the mean difference ``effect``."""
@@ -135,6 +163,11 @@ SCENARIOS: list[Scenario] = [
     Scenario(claims.CLAIM1, "static profile, hidden state knows when", False, _claim1(STATIC_TIMED)),
     Scenario(claims.CLAIM1, "step- and sample-specific heads, |D_t| 5", True, _claim1(DYNAMIC)),
     Scenario(claims.CLAIM1, "step- and sample-specific heads, |D_t| 13", True, _claim1(DYNAMIC_PAPER_SIZE)),
+    Scenario(claims.CLAIM2, "D_t irreplaceable by 1 nat", True, _claim2(1.0, 1.0, 0.3)),
+    Scenario(claims.CLAIM2, "D_t irreplaceable by 0.5 nats", True, _claim2(0.5, 0.8, 0.3)),
+    Scenario(claims.CLAIM2, "replaceable: controls cost as much", False, _claim2(0.0, 0.8, 0.3)),
+    Scenario(claims.CLAIM2, "replaceable within the margin (+0.05)", False, _claim2(0.05, 0.8, 0.3)),
+    Scenario(claims.CLAIM2, "static list holds D_t (overlap 0.8)", False, _claim2(0.0, 0.8, 0.8)),
     Scenario(claims.CLAIM3, "no signal", False, _claim3(NO_SIGNAL)),
     Scenario(claims.CLAIM3, "position in the answer only", False, _claim3(POSITION_ONLY)),
     Scenario(claims.CLAIM3, "hidden state encodes this step's and the next step's heads", True, _claim3(PLANNING)),

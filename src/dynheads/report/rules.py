@@ -188,7 +188,11 @@ def write_rules(out: str | Path, checks: list[RuleCheck], *, studies: int, seed:
 
 def declared_deciding() -> dict[str, tuple[str, ...]]:
     """The rules ``report.claims`` lets decide, per claim (what tests/test_rules.py checks against the table)."""
-    return {claims.CLAIM1: claims.CLAIM1_DECIDING}
+    return {
+        claims.CLAIM1: claims.CLAIM1_DECIDING,
+        claims.CLAIM2: tuple(f"dynamic - {arm}" for arm in claims.IRREPLACEABILITY_CONTROLS),
+        claims.CLAIM3: claims.CLAIM3_DECIDING,
+    }
 
 
 def run_rules(

@@ -114,7 +114,7 @@ class World:
     def _modes(self) -> np.ndarray:
         """The context of each step: a first draw, then a new draw with probability ``switch`` at every step."""
         count = max(self.spec.modes, 1)
-        modes = self.rng.integers(count, size=self.steps)
+        modes = self.rng.choice(count, size=self.steps)  # a draw per step (not a resample of data)
         keep = self.rng.random(self.steps) >= self.spec.switch
         for t in range(1, self.steps):
             if keep[t]:
