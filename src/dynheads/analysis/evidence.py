@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import numpy as np
-from scipy.stats import DegenerateDataWarning, binomtest, bootstrap
+from scipy.stats import DegenerateDataWarning, binomtest, bootstrap, norm
 
 Status = Literal["supported", "not supported", "inconclusive"]
 Direction = Literal["above", "below"]
@@ -322,8 +322,26 @@ class Effect:
         return "inconclusive", f"{self.name}: the interval contains {self.margin:g}"
 
     def line(self) -> str:
-        """One line a reader can check: the effect, its interval and n, and the rule."""
-        return f"{self.name} {self.interval.text()}, rule {self.rule}"
+        """One line a reader can check: the effect, its interval and n, the rule, and the smallest effect this n
+        detects (``minimum_detectable_effect``)."""
+        detectable = minimum_detectable_effect(self.interval)
+        power = f"; detects {detectable:.3g} at {DEFAULT_POWER * 100:.0f} % power" if math.isfinite(detectable) else ""
+        return f"{self.name} {self.interval.text()}, rule {self.rule}{power}"
+
+
+DEFAULT_POWER = 0.8
+
+
+def minimum_detectable_effect(
+    found: Interval, confidence: float = DEFAULT_CONFIDENCE, power: float = DEFAULT_POWER
+) -> float:
+    """The smallest true distance from the margin that an interval of this width finds at ``power``: with the
+    interval's half-width z_(1-a/2) x SE (normal approximation of the bootstrap), (z_(1-a/2) + z_power) x SE. NaN for
+    an undefined or zero-width interval. A verdict whose effect of interest lies below it is underpowered."""
+    if not found.defined or found.high <= found.low:
+        return math.nan
+    z = float(norm.ppf(1 - (1 - confidence) / 2))
+    return (z + float(norm.ppf(power))) * (found.high - found.low) / (2 * z)
 
 
 def combine(effects: list[Effect], floor: int) -> tuple[Status, str]:

@@ -54,9 +54,10 @@ from dynheads.analysis.evidence import (
     combine,
     interval,
     mean_interval,
+    minimum_detectable_effect,
     paired_difference,
 )
-from dynheads.paper import ENTROPY_BASELINE
+from dynheads.paper import ENTROPY_BASELINE, PAPER_TABLE4, PAPER_TABLE6
 from dynheads.tasks import candidates
 from dynheads.tasks.hotpotqa import HOTPOTQA
 
@@ -691,4 +692,19 @@ def rag_verdict(
         )
         for k, (dynamic, static) in sorted(pairs.items())
     ]
-    return _decided(RAG, task, effects, evidence, numbers)
+    verdict = _decided(RAG, task, effects, evidence, numbers)
+    detectable = max(minimum_detectable_effect(effect.interval) for effect in effects)
+    if verdict.status == "inconclusive" and detectable > PAPER_RAG_EFFECT:
+        why = (
+            f"underpowered: at n={min(e.interval.n for e in effects)} the smallest difference found at 80 % power is "
+            f"{detectable:.3f} F1, the paper's Dynamic - Static effects are {PAPER_RAG_EFFECTS}; {verdict.reason}"
+        )
+        return replace(verdict, reason=why)
+    return verdict
+
+
+# the paper's Dynamic - Static F1 (Tables 4 and 6): what a RAG comparison must be able to find
+_RAG_ROWS = [*PAPER_TABLE4.values(), *PAPER_TABLE6.values()]
+_RAG_DIFFERENCES = [row["dynamic"][1] - row["static"][1] for row in _RAG_ROWS]
+PAPER_RAG_EFFECT = max(_RAG_DIFFERENCES)
+PAPER_RAG_EFFECTS = f"{min(d for d in _RAG_DIFFERENCES if d > 0):.3f} to {PAPER_RAG_EFFECT:.3f} where positive"

@@ -68,7 +68,7 @@ class Scenario:
         return self.run(counts, rng)
 
 
-def _claim1(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+def claim1_study(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
     def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
         study = simulate_study(spec, counts.niah, rng)
         sets = study.dynamic_sets()
@@ -84,7 +84,7 @@ def _claim1(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Dec
     return run
 
 
-def _claim3(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+def claim3_study(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
     def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
         study = simulate_study(spec, counts.niah, rng)
         samples = study.score_samples()
@@ -101,7 +101,7 @@ def _claim3(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Dec
     return run
 
 
-def _claim2(effect: float, sd: float, overlap: float) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+def claim2_study(effect: float, sd: float, overlap: float) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
     """Per sample, the teacher-forced drop at f = 1: dynamic's mean ``1.0`` nats (sd 0.6), each control's
     ``effect`` nats less (paired noise of sd ``sd``); static masks ``overlap`` of D_t (its drop then moves toward
     dynamic's in that share); one sample in ten answered wrongly."""
@@ -127,7 +127,7 @@ def _claim2(effect: float, sd: float, overlap: float) -> Callable[[StudyCounts, 
 CLAIM2_ARMS = ("static_outside", "random", "static")
 
 
-def _rag(effect: float) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+def rag_study(effect: float) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
     """Per question: a static F1 (0, 1 or partial), and a dynamic F1 that differs on ``RAG_DISCORDANT`` of the
     questions, in the direction that makes the mean difference ``effect``."""
 
@@ -158,19 +158,19 @@ NO_SIGNAL = WorldSpec(layers=16, heads=8, alpha=1.0, signal=0.0)
 PLANNING = WorldSpec(layers=16, heads=8, modes=12, lookahead=1.0)
 
 SCENARIOS: list[Scenario] = [
-    Scenario(claims.CLAIM1, "static profile, concentrated", False, _claim1(STATIC_CONCENTRATED)),
-    Scenario(claims.CLAIM1, "static profile, broad", False, _claim1(STATIC_BROAD)),
-    Scenario(claims.CLAIM1, "static profile, hidden state knows when", False, _claim1(STATIC_TIMED)),
-    Scenario(claims.CLAIM1, "step- and sample-specific heads, |D_t| 5", True, _claim1(DYNAMIC)),
-    Scenario(claims.CLAIM1, "step- and sample-specific heads, |D_t| 13", True, _claim1(DYNAMIC_PAPER_SIZE)),
-    Scenario(claims.CLAIM2, "D_t irreplaceable by 1 nat", True, _claim2(1.0, 1.0, 0.3)),
-    Scenario(claims.CLAIM2, "D_t irreplaceable by 0.5 nats", True, _claim2(0.5, 0.8, 0.3)),
-    Scenario(claims.CLAIM2, "replaceable: controls cost as much", False, _claim2(0.0, 0.8, 0.3)),
-    Scenario(claims.CLAIM2, "replaceable within the margin (+0.05)", False, _claim2(0.05, 0.8, 0.3)),
-    Scenario(claims.CLAIM2, "static list holds D_t (overlap 0.8)", False, _claim2(0.0, 0.8, 0.8)),
-    Scenario(claims.CLAIM3, "no signal", False, _claim3(NO_SIGNAL)),
-    Scenario(claims.CLAIM3, "position in the answer only", False, _claim3(POSITION_ONLY)),
-    Scenario(claims.CLAIM3, "hidden state encodes this step's and the next step's heads", True, _claim3(PLANNING)),
-    *(Scenario(claims.RAG, name, True, _rag(effect)) for name, effect in RAG_EFFECTS.items()),
-    Scenario(claims.RAG, "no difference", False, _rag(0.0)),
+    Scenario(claims.CLAIM1, "static profile, concentrated", False, claim1_study(STATIC_CONCENTRATED)),
+    Scenario(claims.CLAIM1, "static profile, broad", False, claim1_study(STATIC_BROAD)),
+    Scenario(claims.CLAIM1, "static profile, hidden state knows when", False, claim1_study(STATIC_TIMED)),
+    Scenario(claims.CLAIM1, "step- and sample-specific heads, |D_t| 5", True, claim1_study(DYNAMIC)),
+    Scenario(claims.CLAIM1, "step- and sample-specific heads, |D_t| 13", True, claim1_study(DYNAMIC_PAPER_SIZE)),
+    Scenario(claims.CLAIM2, "D_t irreplaceable by 1 nat", True, claim2_study(1.0, 1.0, 0.3)),
+    Scenario(claims.CLAIM2, "D_t irreplaceable by 0.5 nats", True, claim2_study(0.5, 0.8, 0.3)),
+    Scenario(claims.CLAIM2, "replaceable: controls cost as much", False, claim2_study(0.0, 0.8, 0.3)),
+    Scenario(claims.CLAIM2, "replaceable within the margin (+0.05)", False, claim2_study(0.05, 0.8, 0.3)),
+    Scenario(claims.CLAIM2, "static list holds D_t (overlap 0.8)", False, claim2_study(0.0, 0.8, 0.8)),
+    Scenario(claims.CLAIM3, "no signal", False, claim3_study(NO_SIGNAL)),
+    Scenario(claims.CLAIM3, "position in the answer only", False, claim3_study(POSITION_ONLY)),
+    Scenario(claims.CLAIM3, "hidden state encodes this step's and the next step's heads", True, claim3_study(PLANNING)),
+    *(Scenario(claims.RAG, name, True, rag_study(effect)) for name, effect in RAG_EFFECTS.items()),
+    Scenario(claims.RAG, "no difference", False, rag_study(0.0)),
 ]
