@@ -259,3 +259,25 @@ def test_a_resample_s_auprc_is_that_of_its_drawn_rows_concatenated_bit_for_bit(t
     assert math.isnan(ResampledAuprc(np.zeros_like(targets), scores, rows)(np.arange(len(rows))))
     if empty:
         assert math.isnan(auprc(np.array(empty[:1] * len(rows))))
+
+
+def test_the_gaps_pool_seeded_splits_and_one_split_is_the_first_splits_own():
+    """Issue 59: the predictor's gaps are repeated over seeded sample splits, as the CCA's, their intervals pooling
+    each split's bootstrap; the saved probe and its table are the first split's, equal to a one-split run."""
+    samples = binary_samples()
+    one = train_head_predictor(samples, SMALL, task="binary", shape=SHAPE, progress=False)
+    three = train_head_predictor(samples, replace(SMALL, splits=3), task="binary", shape=SHAPE, progress=False)
+    assert three.metrics["probe"] == one.metrics["probe"] and three.metrics["threshold"] == one.metrics["threshold"]
+    seconds = [
+        train_head_predictor(samples, replace(SMALL, seed=seed), task="binary", shape=SHAPE, progress=False)
+        for seed in (1, 2)
+    ]
+    for name in ("gap", "position_gap", "step_gap"):
+        effects = [one.metrics[name]["effect"], *(run.metrics[name]["effect"] for run in seconds)]
+        pooled = three.metrics[name]
+        assert pooled["splits"] == 3 and "splits" not in one.metrics[name]
+        assert pooled["effect"] == pytest.approx(np.mean(effects))
+        assert pooled["low"] < pooled["effect"] < pooled["high"] and pooled["n"] == one.metrics[name]["n"]
+    assert three.metrics["step_gap"]["low"] > 0  # the read-out picks which heads fire: it ranks them within a step
+    with pytest.raises(DynheadsError, match="probe splits must be >= 1"):
+        replace(SMALL, splits=0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,7 +36,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from dynheads.analysis.cca import Sample, check_samples, nonempty_samples
-from dynheads.analysis.evidence import EvidenceSettings, Interval, interval, mean_interval
+from dynheads.analysis.evidence import EvidenceSettings, Interval, interval, pooled_interval
 from dynheads.analysis.predictor_baselines import (
     step_index_baseline,
     step_index_profile,
@@ -216,11 +216,19 @@ def train_head_predictor(
     """Train a probe on ``(hidden [T, D], scores [T, L*H])`` samples; ``shape`` = (layers, heads) of the model.
 
     Keeps the weights of the epoch with the lowest validation loss. Deterministic for ``config.seed`` on CPU;
-    torch's RNG is seeded inside a fork, so the caller's CPU RNG is untouched.
+    torch's RNG is seeded inside a fork, so the caller's CPU RNG is untouched. With ``config.splits`` > 1 it is
+    trained again on the splits of seeds seed+1, ... and the gaps pool them (``gap_interval``); the returned probe,
+    its metric table and history are the first split's.
     """
     config = config or HeadPredictorConfig()
-    fitted = fit_head_predictor(samples, config, task=task, shape=shape, progress=progress, device=device)
-    metrics = _evaluate(fitted, EvidenceSettings(resamples=config.resamples, seed=config.seed))
+    fits = [
+        fit_head_predictor(
+            samples, replace(config, seed=config.seed + split), task=task, shape=shape, progress=progress, device=device
+        )
+        for split in range(config.splits)
+    ]
+    fitted = fits[0]
+    metrics = _evaluate(fits, EvidenceSettings(resamples=config.resamples, seed=config.seed))
     fitted.probe.threshold = metrics.get("threshold")
     metrics.update(best_epoch=fitted.best_epoch, split_pairs={name: len(x) for name, (x, _) in fitted.splits.items()})
     return HeadPredictorResult(fitted.probe, config, metrics, fitted.history)
@@ -250,31 +258,57 @@ class FittedHeadPredictor:
         profile = step_index_profile(self.splits["train"][1].numpy(), self.steps["train"])
         return step_index_baseline(profile, self.frequency_profile(), self.steps["test"])
 
-    def ranking_gap(self, evidence: EvidenceSettings) -> Interval:
+    def ranking_statistic(self) -> GapStatistic:
         """Claim 1's within-step ranking: per test sample, the probe's ranking of each step's heads minus the
-        frequency profile's (``predictor_baselines.within_step_ranking``), with its interval over samples."""
+        frequency profile's (``predictor_baselines.within_step_ranking``); samples without a dynamic head left out."""
         targets, predicted, rows = self.test_view()
         prior = np.broadcast_to(self.frequency_profile(), targets.shape)
-        return mean_interval(
-            within_step_ranking(targets, predicted, rows) - within_step_ranking(targets, prior, rows), evidence
-        )
+        gaps = within_step_ranking(targets, predicted, rows) - within_step_ranking(targets, prior, rows)
+        defined = gaps[~np.isnan(gaps)]
+        return len(defined), lambda idx: float(defined[idx].mean())
 
-    def frequency_gap(self, evidence: EvidenceSettings) -> Interval:
-        """The probe's headline metric (AUPRC, or R²) minus the frequency profile's, with its interval over test
-        samples (no position control: a probe that knows only *when* heads fire beats it)."""
+    def frequency_statistic(self) -> GapStatistic:
+        """The probe's headline metric (AUPRC, or R²) minus the frequency profile's over test samples (no position
+        control: a probe that knows only *when* heads fire beats it)."""
         targets, predicted, rows = self.test_view()
         baseline = np.broadcast_to(self.frequency_profile(), targets.shape)
-        return _metric_gap(targets, predicted, (baseline,), rows, self.probe.task, evidence)
+        return len(rows), _metric_statistic(targets, predicted, (baseline,), rows, self.probe.task)
 
-    def position_gap(self, evidence: EvidenceSettings) -> Interval:
+    def position_statistic(self) -> GapStatistic:
         """Claim 3's predictor half: the probe's headline metric (AUPRC, or R² for continuous scores) minus the
-        better of the frequency profile's and the step-index profile's on the same resampled test samples, with
-        its interval. The better of the two: the step-index profile knows the step's position in the answer, but
-        from a few samples per index it is noisier than the whole-split profile where position carries nothing."""
+        better of the frequency profile's and the step-index profile's on the same resampled test samples. The
+        better of the two: the step-index profile knows the step's position in the answer, but from a few samples
+        per index it is noisier than the whole-split profile where position carries nothing."""
         targets, predicted, rows = self.test_view()
         frequency = np.broadcast_to(self.frequency_profile(), targets.shape)
         baselines = (frequency, self.step_index_baseline())
-        return _metric_gap(targets, predicted, baselines, rows, self.probe.task, evidence)
+        return len(rows), _metric_statistic(targets, predicted, baselines, rows, self.probe.task)
+
+    def mse_statistic(self) -> GapStatistic:
+        """The frequency profile's MSE minus the probe's over test samples (continuous scores)."""
+        targets, predicted, rows = self.test_view()
+        baseline = np.broadcast_to(self.frequency_profile(), targets.shape)
+        return len(rows), _score_statistic(targets, predicted, (baseline,), rows, _negative_mse)
+
+    def ranking_gap(self, evidence: EvidenceSettings) -> Interval:
+        return gap_interval([self.ranking_statistic()], evidence)
+
+    def frequency_gap(self, evidence: EvidenceSettings) -> Interval:
+        return gap_interval([self.frequency_statistic()], evidence)
+
+    def position_gap(self, evidence: EvidenceSettings) -> Interval:
+        return gap_interval([self.position_statistic()], evidence)
+
+
+GapStatistic = tuple[int, Callable[[np.ndarray], float]]  # test samples, statistic of resampled sample indices
+
+
+def gap_interval(parts: list[GapStatistic], evidence: EvidenceSettings) -> Interval:
+    """A gap measured on one split (its bootstrap interval) or on several seeded splits (the mean of their effects,
+    the interval pooling their bootstraps: ``evidence.pooled_interval``, as the CCA's)."""
+    if len(parts) == 1:
+        return interval(*parts[0], evidence)
+    return pooled_interval(parts, evidence)
 
 
 def fit_head_predictor(
@@ -406,29 +440,37 @@ def _validation_loss(
     return total / split[1].numel()
 
 
-def _evaluate(fitted: FittedHeadPredictor, evidence: EvidenceSettings) -> dict[str, Any]:
-    """Test metrics of the probe and of the frequency baseline (binary: with both validation thresholds), and three
-    gaps with their bootstrap intervals over the test *samples*: ``gap``, probe minus the frequency profile on the
-    headline metric (AUPRC, or R²); ``position_gap``, probe minus the better of that and the step-index profile
-    (Claim 3); ``step_gap``, the within-step ranking of heads, probe minus the frequency profile (Claim 1)."""
+def _evaluate(fits: list[FittedHeadPredictor], evidence: EvidenceSettings) -> dict[str, Any]:
+    """Test metrics of the first split's probe and of the frequency baseline (binary: with both validation
+    thresholds), and three gaps over the test *samples* of every split (``gap_interval``): ``gap``, probe minus the
+    frequency profile on the headline metric (AUPRC, or R²); ``position_gap``, probe minus the better of that and
+    the step-index profile (Claim 3); ``step_gap``, the within-step ranking of heads, probe minus the frequency
+    profile (Claim 1)."""
+    fitted = fits[0]
     y_test, test_pred, rows = fitted.test_view()
     prior, by_step = fitted.frequency_profile(), fitted.step_index_baseline()
     baseline = np.broadcast_to(prior, y_test.shape)
+    headline, splits = _HEADLINE[fitted.probe.task], {"splits": len(fits)}
     gaps = {
-        "gap": {"metric": _HEADLINE[fitted.probe.task], **fitted.frequency_gap(evidence).to_dict()},
-        "position_gap": {"metric": _HEADLINE[fitted.probe.task], **fitted.position_gap(evidence).to_dict()},
-        "step_gap": {"metric": "within-step ranking", **fitted.ranking_gap(evidence).to_dict()},
+        "gap": {"metric": headline, **gap_interval([f.frequency_statistic() for f in fits], evidence).to_dict()},
+        "position_gap": {
+            "metric": headline,
+            **gap_interval([f.position_statistic() for f in fits], evidence).to_dict(),
+        },
+        "step_gap": {
+            "metric": "within-step ranking",
+            **gap_interval([f.ranking_statistic() for f in fits], evidence).to_dict(),
+        },
     }
+    gaps = {name: {**gap, **splits} for name, gap in gaps.items()} if len(fits) > 1 else gaps
     if fitted.probe.task == "continuous":
+        mse = gap_interval([f.mse_statistic() for f in fits], evidence).to_dict()
         return {
             "probe": regression_metrics(y_test, test_pred),
             "baseline": regression_metrics(y_test, baseline),
             "step_index_baseline": regression_metrics(y_test, by_step),
             **gaps,
-            "mse_gap": {
-                "metric": "baseline mse - probe mse",
-                **_gap(y_test, test_pred, (baseline,), rows, _negative_mse, evidence).to_dict(),
-            },
+            "mse_gap": {"metric": "baseline mse - probe mse", **mse},
         }
     y_val, val_pred = fitted.splits["val"][1].numpy(), fitted.probe.predict(fitted.splits["val"][0])
     threshold = best_f1_threshold(y_val, val_pred)
@@ -446,39 +488,33 @@ def _evaluate(fitted: FittedHeadPredictor, evidence: EvidenceSettings) -> dict[s
 _HEADLINE = {"binary": "auprc", "continuous": "r2"}
 
 
-def _metric_gap(
-    targets: np.ndarray,
-    predicted: np.ndarray,
-    baselines: tuple[np.ndarray, ...],
-    rows: list[np.ndarray],
-    task: Task,
-    evidence: EvidenceSettings,
-) -> Interval:
-    """The headline metric (AUPRC, or R²) of the probe minus the best of the baselines' over resampled test
-    samples (each resample picks the baseline that scores best on it)."""
+def _metric_statistic(
+    targets: np.ndarray, predicted: np.ndarray, baselines: tuple[np.ndarray, ...], rows: list[np.ndarray], task: Task
+) -> Callable[[np.ndarray], float]:
+    """The headline metric (AUPRC, or R²) of the probe minus the best of the baselines' on resampled test samples
+    (each resample picks the baseline that scores best on it)."""
     if task == "continuous":
-        return _gap(targets, predicted, baselines, rows, _r2, evidence)
+        return _score_statistic(targets, predicted, baselines, rows, _r2)
     probe_auprc = ResampledAuprc(targets, predicted, rows)
     baseline_auprcs = [ResampledAuprc(targets, baseline, rows) for baseline in baselines]
-    return interval(len(rows), lambda idx: probe_auprc(idx) - max(b(idx) for b in baseline_auprcs), evidence)
+    return lambda idx: probe_auprc(idx) - max(b(idx) for b in baseline_auprcs)
 
 
-def _gap(
+def _score_statistic(
     targets: np.ndarray,
     predicted: np.ndarray,
     baselines: tuple[np.ndarray, ...],
     rows: list[np.ndarray],
     metric: Callable[[np.ndarray, np.ndarray], float],
-    evidence: EvidenceSettings,
-) -> Interval:
-    """``metric`` of the probe minus the best baseline's over resampled test samples (``rows``: each one's rows)."""
+) -> Callable[[np.ndarray], float]:
+    """``metric`` of the probe minus the best baseline's on resampled test samples (``rows``: each one's rows)."""
 
     def statistic(idx: np.ndarray) -> float:
         chosen = np.concatenate([rows[i] for i in idx])
         best = max(metric(targets[chosen], baseline[chosen]) for baseline in baselines)
         return metric(targets[chosen], predicted[chosen]) - best
 
-    return interval(len(rows), statistic, evidence)
+    return statistic
 
 
 def best_f1_threshold(targets: np.ndarray, probs: np.ndarray) -> float:

@@ -126,6 +126,14 @@ class HeadPredictorConfig:
         default=1000,
         metadata={"help": "Bootstrap resamples (of test samples) for the interval of probe minus baseline."},
     )
+    splits: int = field(
+        default=1,
+        metadata={
+            "help": "Seeded sample splits (seeds seed, seed+1, ...) the probe is trained and tested on (ours): the "
+            "probe-minus-baseline gaps are their means, with intervals that pool each split's bootstrap, as the "
+            "CCA's; the saved probe and its metric table are the first split's."
+        },
+    )
     early_stopping: int | None = field(
         default=EARLY_STOPPING_PATIENCE,
         metadata={
@@ -138,6 +146,8 @@ class HeadPredictorConfig:
     def __post_init__(self) -> None:
         if len(self.split) != 3 or min(self.split) <= 0 or abs(sum(self.split) - 1) > 1e-6:
             raise DynheadsError(f"probe split must be three positive fractions summing to 1, got {self.split}")
+        if self.splits < 1:
+            raise DynheadsError(f"probe splits must be >= 1, got {self.splits}")
         if self.epochs < 1 or self.batch_size < 1 or not 0 <= self.dropout < 1:
             raise DynheadsError("probe epochs and batch_size must be >= 1 and dropout in [0, 1)")
         if self.early_stopping is not None and self.early_stopping < 0:
