@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from dynheads.analysis.chance import chance_entropy, expected_jaccard, share_above_chance
+from dynheads.analysis.chance import chance_entropy, expected_jaccard, share_above_chance, static_profile_jaccard
 from dynheads.analysis.dynamism import dynamism_stats, per_sample_dynamism
 from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.report import claims
@@ -126,3 +126,20 @@ def test_chance_entropy_and_the_share_above_chance():
     shares = share_above_chance(np.array([0.1, 0.55, 1.0]), np.full(3, 0.1), np.ones(3))
     assert shares == pytest.approx([0.0, 0.5, 1.0])
     assert math.isnan(share_above_chance(np.array(0.0), np.array(0.0), np.array(0.0)))
+
+
+def test_the_static_profile_null_of_adjacent_turnover():
+    """Issue 59: adjacent-step turnover beside what a rotation within a fixed pool gives (each step draws its own
+    number of heads from the heads' frequencies): a profile on exactly k heads drawn k at a time never turns over;
+    a uniform profile gives random sets' Jaccard; one empty set scores 0, as Table 1 counts it."""
+    counts = np.zeros(TOTAL)
+    counts[:6] = 1.0
+    assert static_profile_jaccard(np.full(50, 6), np.full(50, 6), counts) == pytest.approx(1.0)
+    uniform = static_profile_jaccard(np.full(400, 10), np.full(400, 10), np.ones(TOTAL))
+    assert uniform == pytest.approx(expected_jaccard(10, 10, TOTAL), abs=0.01)
+    assert static_profile_jaccard(np.array([6, 0]), np.array([0, 0]), counts) == 0.0
+    assert math.isnan(static_profile_jaccard(np.zeros(3, int), np.zeros(3, int), counts))
+    sets = _trace("static", 5, np.random.default_rng(0))
+    stats = dynamism_stats(sets, RANKING)  # the static list at every step: no turnover, and the null says so
+    assert stats.adjacent_jaccard == stats.static_profile_jaccard == pytest.approx(1.0)
+    assert "under a static profile" in claims.chance_note(stats.to_dict())

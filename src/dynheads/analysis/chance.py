@@ -13,6 +13,9 @@ the observed sizes, and the verdict reads its **share above chance**: (value - c
   (seeded simulation, the mean over ``draws`` draws).
 - ``cross_sample_jaccard``: the Jaccard of step t of one sample with step t of another (a seeded derangement of
   the samples): what the steps of different answers share, the null for what adjacent steps of one answer share.
+- ``static_profile_jaccard``: the adjacent-step Jaccard when every step draws its own number of heads from one
+  fixed profile (the heads' frequencies over all steps): the turnover a rotation within a fixed pool gives, which
+  Table 1's "Adj. Jaccard" cannot tell from dynamic heads by itself.
 """
 
 from __future__ import annotations
@@ -90,3 +93,37 @@ def cross_sample_jaccard(samples: Sequence[np.ndarray], seed: int = 0) -> float:
     union = np.concatenate([(a | b).sum(axis=1) for a, b in pairs])
     kept = union > 0
     return float((inter[kept] / union[kept]).mean()) if kept.any() else math.nan
+
+
+def static_profile_jaccard(
+    first: np.ndarray, second: np.ndarray, counts: np.ndarray, seed: int = 0, draws: int = CHANCE_DRAWS
+) -> float:
+    """Mean Jaccard of two sets of sizes ``first[i]`` and ``second[i]`` drawn without replacement with probabilities
+    proportional to ``counts`` (each head's steps in D_t), over the pairs and ``draws`` seeded draws; a pair with one
+    empty set scores 0 (as Table 1 counts it), two empty sets are skipped. NaN with no pair or no head used.
+    Weighted draws without replacement by the Gumbel top-k trick (the k largest of log p + Gumbel noise)."""
+    first, second = np.asarray(first, dtype=int), np.asarray(second, dtype=int)
+    kept = (first + second) > 0
+    counts = np.asarray(counts, dtype=float)
+    support = int((counts > 0).sum())
+    if not kept.any() or not support:
+        return math.nan
+    first, second = np.minimum(first[kept], support), np.minimum(second[kept], support)
+    log_p = np.log(np.where(counts > 0, counts / counts.sum(), 1.0))
+    log_p[counts <= 0] = -np.inf
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(draws):
+        for start in range(0, len(first), _BLOCK):
+            a, b = first[start : start + _BLOCK], second[start : start + _BLOCK]
+            one, two = _weighted_sets(log_p, a, rng), _weighted_sets(log_p, b, rng)
+            inter, union = (one & two).sum(axis=1), (one | two).sum(axis=1)
+            values.append(inter / np.maximum(union, 1))
+    return float(np.concatenate(values).mean())
+
+
+def _weighted_sets(log_p: np.ndarray, sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``[len(sizes), H]`` bool: row i holds ``sizes[i]`` heads drawn without replacement, probability ~ exp(log_p)."""
+    keys = log_p[None, :] + rng.gumbel(size=(len(sizes), len(log_p)))
+    ranks = (-keys).argsort(axis=1).argsort(axis=1)
+    return ranks < sizes[:, None]

@@ -7,7 +7,9 @@ scores through ``binarize``), and the static ranking (best first). Steps of all 
 - Unique / Total: |∪_t D_t| and L·H.
 - Jaccard w/ Static: mean over steps of J(D_t, S_k), S_k = static top-k (Table 1: k=20; Table 5: 20, 50, 100).
 - Adj. Jaccard: mean over consecutive steps of one sample of J(D_t, D_{t+1}); a pair of two empty sets has
-  no Jaccard index and is skipped (and counted). One empty set against a non-empty one scores 0.
+  no Jaccard index and is skipped (and counted). One empty set against a non-empty one scores 0, as Table 1
+  counts it. Beside it, the same under a static profile (``chance.static_profile_jaccard``: each step draws its
+  own number of heads from the heads' frequencies), the turnover a rotation within a fixed pool gives.
 - Entropy: S = -Σ_h p_h ln p_h, p_h = number of steps with h ∈ D_t, normalised to sum 1 (baseline ln 20).
 
 Jaccard with the static top-20 is at most |D_t| / 20 when |D_t| <= 20, so with a few dynamic heads per step a low
@@ -53,6 +55,7 @@ from dynheads.analysis.chance import (
     expected_jaccards,
     jaccard_ceiling,
     share_above_chance,
+    static_profile_jaccard,
 )
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads, flat_index
@@ -88,6 +91,9 @@ class DynamismStats:
     static_containment_share: float = math.nan  # its mean share above chance (Claim 1, rule a)
     adjacent_share: float = math.nan  # mean share above chance of J(D_t, D_{t+1}) (Claim 1, rule b)
     cross_sample_jaccard: float = math.nan  # mean J of step t of one sample with step t of another
+    static_profile_jaccard: float = (
+        math.nan
+    )  # adjacent-step J when each step draws its size from the heads' frequencies
     entropy_floor: float = math.nan  # ln(mean |D_t|): the entropy of a fixed set of that size
     entropy_share: float = math.nan  # (entropy - floor) / (chance entropy - floor) (Claim 1, rule c)
 
@@ -117,6 +123,7 @@ class DynamismStats:
             "static_containment_share": self.static_containment_share,
             "adjacent_share": self.adjacent_share,
             "cross_sample_jaccard": self.cross_sample_jaccard,
+            "static_profile_jaccard": self.static_profile_jaccard,
             "entropy_floor": self.entropy_floor,
             "entropy_share": self.entropy_share,
         }
@@ -174,6 +181,7 @@ def dynamism_stats(
         static_heads=len(static_ranking),
         chance=chance,
         cross_sample_jaccard=cross_sample_jaccard(flat),
+        static_profile_jaccard=static_profile_jaccard(pairs["first"], pairs["second"], counts),
         static_containment=_nan_mean(overlap["static_containment"][nonempty]),
         static_containment_share=_nan_mean(overlap["static_containment_share"][nonempty]),
         adjacent_share=_nan_mean(pairs["share"]),
@@ -301,6 +309,13 @@ def chance_table(stats: DynamismStats) -> Table:
         ],
         ["step t of another sample (null of rule b)", stats.cross_sample_jaccard, None, 1.0, None],
         [
+            "adjacent steps under a static profile (each step draws its size from the heads' frequencies)",
+            stats.static_profile_jaccard,
+            None,
+            1.0,
+            None,
+        ],
+        [
             "entropy, nats (rule c; floor ln(mean |D_t|))",
             stats.entropy,
             chance.get("entropy"),
@@ -370,7 +385,7 @@ def _adjacent_pairs(flat: Sequence[np.ndarray], total: int) -> dict[str, np.ndar
     ``share`` above chance (NaN where one set is empty: the ceiling is 0)."""
     pairs = [(sample[:-1], sample[1:]) for sample in flat if sample.shape[0] > 1]
     if not pairs:
-        return {key: np.zeros(0) for key in ("union", "jaccard", "chance", "share")}
+        return {key: np.zeros(0) for key in ("union", "jaccard", "chance", "share", "first", "second")}
     inter = np.concatenate([(a & b).sum(axis=1) for a, b in pairs])
     union = np.concatenate([(a | b).sum(axis=1) for a, b in pairs])
     first = np.concatenate([a.sum(axis=1) for a, _ in pairs])
@@ -380,7 +395,14 @@ def _adjacent_pairs(flat: Sequence[np.ndarray], total: int) -> dict[str, np.ndar
     chance = np.full(len(union), np.nan)
     chance[kept] = expected_jaccards(first[kept], second[kept], total)
     share = share_above_chance(jaccard, chance, jaccard_ceiling(first, second))
-    return {"union": union, "jaccard": jaccard, "chance": chance, "share": share[kept]}
+    return {
+        "union": union,
+        "jaccard": jaccard,
+        "chance": chance,
+        "share": share[kept],
+        "first": first,
+        "second": second,
+    }
 
 
 def _jaccard_with_static(steps: np.ndarray, ranking: Sequence[Head], k: int, num_heads: int) -> float:

@@ -57,7 +57,7 @@ from dynheads.analysis.evidence import (
     minimum_detectable_effect,
     paired_difference,
 )
-from dynheads.paper import ENTROPY_BASELINE, PAPER_TABLE4, PAPER_TABLE6
+from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_TABLE4, PAPER_TABLE6
 from dynheads.tasks import candidates
 from dynheads.tasks.hotpotqa import HOTPOTQA
 
@@ -76,6 +76,11 @@ RAG_MARGIN = 0.0
 # difference is one value, the exact interval lets the unseen share of samples lie anywhere in that range
 PROPORTION_DIFFERENCE = (-1.0, 1.0)
 CCA_OFFSET = 1
+# Table 1's adjacent-step Jaccards, printed beside ours
+PAPER_ADJACENT_RANGE = "{:.3f}-{:.3f}".format(
+    min(row["adjacent_jaccard"] for row in PAPER_DYNAMISM.values()),
+    max(row["adjacent_jaccard"] for row in PAPER_DYNAMISM.values()),
+)
 CLAIM1, CLAIM2, CLAIM3 = "Claim 1 (dynamism)", "Claim 2 (irreplaceability)", "Claim 3 (correlation)"
 RAG = "Dynamic RAG (dynamic beats static)"
 DECIDE_COMMAND = "dynheads reproduce --preset standard"
@@ -257,6 +262,7 @@ CLAIM1_NUMBERS = (
     "adjacent_jaccard",
     "adjacent_jaccard_chance",
     "cross_sample_jaccard",
+    "static_profile_jaccard",
     "adjacent_share",
     "unique_heads",
     "entropy",
@@ -283,7 +289,8 @@ def chance_note(stats: Mapping) -> str:
         f" at the mean size); containment in the top-max(20, |D_t|) {value('static_containment')} (chance "
         f"{value('static_containment_chance')}); size-matched Jaccard {value('matched_jaccard')} (chance "
         f"{value('matched_jaccard_chance')}); adjacent-step Jaccard {value('adjacent_jaccard')} (chance "
-        f"{value('adjacent_jaccard_chance')}; step t of another sample {value('cross_sample_jaccard')}); entropy "
+        f"{value('adjacent_jaccard_chance')}; step t of another sample {value('cross_sample_jaccard')}; under a static "
+        f"profile {value('static_profile_jaccard')}; the paper's Table 1 range {PAPER_ADJACENT_RANGE}); entropy "
         f"{value('entropy')} nats (floor ln(mean |D_t|) {value('entropy_floor')}, random sets "
         f"{value('entropy_chance')}, paper's baseline ln 20 {ENTROPY_BASELINE:.3f})"
     )
