@@ -22,6 +22,7 @@ from dynheads.analysis.evidence import (
     identical_interval,
     interval,
     mean_interval,
+    minimum_detectable_effect,
     paired_difference,
     pooled_interval,
 )
@@ -88,7 +89,10 @@ def test_floor_ties_and_combination():
     assert combine([good, bad], 30)[0] == "not supported"
     assert combine([good, undefined], 30) == ("inconclusive", "r2 is undefined: constant target")
     assert combine([bad, undefined], 30)[0] == "not supported"
-    assert good.line() == "a 0.500 [0.400, 0.600] (n=40), rule > 0.1"
+    # issue 59: beside the rule, the smallest effect an interval of this width finds at 80 % power
+    # ((1.960 + 0.842) x 0.1 / 1.960 = 0.143)
+    assert good.line() == "a 0.500 [0.400, 0.600] (n=40), rule > 0.1; detects 0.143 at 80 % power"
+    assert math.isnan(minimum_detectable_effect(Interval(0.5, 0.5, 0.5, 40)))
 
 
 def test_the_seed_makes_intervals_reproducible():

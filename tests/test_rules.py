@@ -95,7 +95,7 @@ def test_claim2_and_rag_rules_at_the_standard_counts():
         rule = checks[(claims.CLAIM2, f"dynamic - {arm}")]
         assert rule.n == 40 and rule.power >= POWER_MIN and rule.false_alarm <= FALSE_ALARM_MAX and rule.decides
     rag = checks[(claims.RAG, "rag")]
-    assert rag.n == 30 and rag.power < 0.5 and not rag.decides  # the paper's effects are below what n = 30 finds
+    assert rag.n == 100 and rag.power < 0.5 and not rag.decides  # the paper's effects are below what n = 100 finds
 
 
 def test_the_declared_deciding_rules_are_those_the_rules_table_lets_decide():
@@ -118,7 +118,7 @@ def test_dynheads_rules_writes_rules_csv_and_prints_the_table(tmp_path, capsys, 
     assert result.code == 0, result.stderr
     table = pd.read_csv(tmp_path / "rules.csv")
     assert {"claim", "rule", "n", "power", "false_alarm", "paper_rows", "paper_supported", "decides"} <= set(table)
-    assert "| Dynamic RAG (dynamic beats static) | rag | 30 |" in result.stdout
+    assert "| Dynamic RAG (dynamic beats static) | rag | 100 |" in result.stdout
     assert (tmp_path / "rules.md").read_text().startswith("# Rules against known truth")
     bad = run_main(capsys, monkeypatch, "rules", "--out", tmp_path, "--claim", "7")
     assert bad.code == 2 and "unknown claim '7'" in bad.stderr
