@@ -145,8 +145,71 @@ def test_custom_grid_traces_each_record_as_written(tmp_path, tok):
     config = HotpotConfig(data=_write(tmp_path, GOOD, {**GOOD, "id": 7, "spans": [[4, 14]]}), split="mine")
     grid = get_task("custom").grid(config, tok)
     assert [s.record_id for s in grid.samples] == ["a", "7"]
+    assert [s.sample_id for s in grid.samples] == ["a", "7"]  # the file's ids name the samples (not r0000)
     assert [_decoded(tok, s) for s in grid.samples] == ["pineapple", "magic word"]
     assert grid.manifest()["questions"] == {"split": "mine", "first": 0, "count": 2, "ids": ["a", "7"]}
+
+
+def test_an_id_that_is_no_file_name_is_sanitised_only_in_the_file_name(tmp_path):
+    from dynheads.runs import file_stem
+
+    assert file_stem("q0000-len250-depth0.5") == "q0000-len250-depth0.5"  # every id a run wrote before
+    odd = ["a/b c", "a_b_c", "..", "é"]
+    stems = [file_stem(i) for i in odd]
+    assert stems[1] == "a_b_c" and len(set(stems)) == 4 and all("/" not in s and s[0] != "." for s in stems)
+    run = RunDir(tmp_path / "run")
+    run.start("custom", {"data": "x"}, None)
+    run.save_sample({"sample_id": "a/b c", "answer": "x"}, _trace())
+    assert run.records()[0]["sample_id"] == "a/b c" and run.load_trace("a/b c").num_steps == 2
+    with pytest.raises(DynheadsError, match="no trace for sample 'nope' .*its traced samples: 'a/b c'"):
+        run.load_trace("nope")
+    with pytest.raises(DynheadsError, match="no run folder .*nope"):
+        RunDir(tmp_path / "nope").load_trace("a")
+
+
+def test_a_custom_run_keeps_the_record_ids_and_compares_two_records(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """Ids ``velmora`` and ``osk`` name the run's samples, traces and view entries; the view shows the question;
+    ``compare-records`` splits the heads dynamic in both, and in one only, per step."""
+    from dynheads import load_model
+    from dynheads.experiments.record_compare import compare_records
+    from dynheads.experiments.settings import HotpotConfig
+    from dynheads.experiments.tracing import run_task
+
+    lines = [
+        {
+            "id": "velmora",
+            "context": "The founder of Velmora was Ada Quill.",
+            "question": "Who founded Velmora?",
+            "answer": "Ada Quill",
+        },
+        {
+            "id": "osk",
+            "context": "The detector in Osk was built by Ben Roe.",
+            "question": "Who built it?",
+            "answer": "Ben Roe",
+        },
+    ]
+    config = HotpotConfig(data=_write(tmp_path, *lines), max_new_tokens=4, model=str(tiny_model_dir))
+    out = tmp_path / "mine"
+    run_task("custom", config, out, lm=load_model(tiny_model_dir), progress=False)
+    assert sorted(r["sample_id"] for r in RunDir(out).records()) == ["osk", "velmora"]
+    assert RunDir(out).load_trace("velmora").num_steps == 4
+    assert run_main(capsys, monkeypatch, "view", out).code == 0
+    data = json.loads(
+        (out / "view.html").read_text(encoding="utf-8").split('id="stepview-data">')[1].split("</script>")[0]
+    )
+    shown = {s["id"]: s for s in data["runs"][0]["samples"]}
+    assert set(shown) == {"velmora", "osk"} and shown["velmora"]["question"] == "Who founded Velmora?"
+    compared = compare_records(out, "velmora", "osk")
+    assert len(compared.steps) == 4
+    for step in compared.steps:
+        split = step.heads
+        assert not set(split.both) & set(split.only_first) and not set(split.both) & set(split.only_second)
+    printed = run_main(capsys, monkeypatch, "compare-records", out, "velmora", "osk")
+    assert printed.code == 0, printed.stderr
+    assert printed.stdout.startswith("velmora vs osk in ") and "only in osk:" in printed.stdout
+    missing = run_main(capsys, monkeypatch, "compare-records", out, "velmora", "founder")
+    assert missing.code == 2 and "no trace for sample 'founder'" in missing.stderr
 
 
 def test_bad_records_exit_2_before_a_model_loads(tmp_path, capsys, monkeypatch):
@@ -177,7 +240,7 @@ def test_rag_answers_your_records_as_written(tmp_path, tiny_model_dir):
     run = run_rag(config, tmp_path / "rag", lm=load_model(tiny_model_dir), progress=False)
     records = run.records()
     assert len(records) == 6 and {r["strategy"] for r in records} == {"full-context", "none"}
-    assert {r["question_id"] for r in records} == {"r0000", "r0001", "r0002"}  # the trace's sample ids
+    assert {r["question_id"] for r in records} == {"eiffel", "curie", "baikal"}  # the file's ids
     assert all("f1" in r["metrics"] for r in records)
 
 

@@ -261,14 +261,11 @@ class KVFields(NiahGrid, QaGrid, ModelSettings):
     )
     sink: int = setting(4, "sink tokens of streaming heads (DuoAttention's code default 4; its patterns 128)")
     recent: int = setting(64, "recent window of streaming heads, current token included")
-    static: str | None = setting(
-        None,
-        "static head list (Wu et al. JSON or ranked list); one not written by 'dynheads static' also needs "
-        "--outside-heads",
-    )
+    static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
     outside_heads: bool = setting(
         False,
-        "accept a --static list with no run beside it (a published or trained list): its disjointness from the "
+        "accept a --static list with no run beside it (a published or trained list, not written by "
+        "'dynheads static'): its disjointness from the "
         "evaluation samples is not checked, and the manifest and summary say so",
     )
     probe: str | None = setting(None, "trained probe folder ('dynheads predictor train'), for the probe policy")

@@ -2,7 +2,8 @@
 
 For up to ``max_samples`` samples of a traced run (spread evenly over its records), one JSON-ready dict each:
 
-- ``id``, ``metrics``, ``answer``, ``generated``, ``prompt_length``, ``layers``, ``heads``;
+- ``id``, ``question`` (a question task's; empty for NIAH), ``metrics``, ``answer``, ``generated``,
+  ``prompt_length``, ``layers``, ``heads``;
 - ``spans``: ``[start, stop)`` prompt-token ranges of the needle (NIAH) or supporting facts (HotpotQA);
 - ``steps``: one entry per generated token (the first ``max_steps``): ``tok`` (its text), ``n`` (heads active at
   that step) and ``h``: ``[layer, head, argmax_pos, score]`` for at most ``max_heads`` of them, best score first.
@@ -96,6 +97,7 @@ def _sample(
     metrics = {name: _finite(value) for name, value in record.get("metrics", {}).items()}
     return {
         "id": record["sample_id"],
+        "question": str(record.get("question") or ""),
         "metrics": metrics,
         "answer": record.get("answer", ""),
         "generated": record.get("generated", trace.text),

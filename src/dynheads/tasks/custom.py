@@ -138,11 +138,12 @@ def check_tokenised(config: Any, tokenizer: Any) -> None:
 
 
 def custom_grid(config: Any, tokenizer) -> TaskGrid:
-    """One sample per record, its context as written (``sample_id`` ``r0000``..., its ``record_id`` the file's id)."""
+    """One sample per record, its context as written; its ``sample_id`` and ``record_id`` are the file's id (a
+    run's files name it through ``runs.file_stem``)."""
     chosen = chosen_records(config)
     template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
     samples = []
-    for index, record in enumerate(chosen, start=config.first):
+    for record in chosen:
         try:
             sample = sample_from_text(
                 tokenizer,
@@ -150,7 +151,7 @@ def custom_grid(config: Any, tokenizer) -> TaskGrid:
                 record.question,
                 answer=record.answer,
                 spans=list(record.spans),
-                sample_id=f"r{index:04d}",
+                sample_id=record.id,
                 record_id=record.id,
                 chat_template_kwargs=template_kwargs,
                 seed=derive_seed(config.seed, record.id),
