@@ -78,6 +78,15 @@ def test_bad_spans_are_one_line(tok, options, says):
     assert "\n" not in str(error.value)
 
 
+def test_an_answer_outside_the_marked_span_is_refused(tok):
+    """Looping questions over one marked paragraph: an answer the marks do not hold would score the wrong span."""
+    marked = "the magic word is [[pineapple]] ."
+    with pytest.raises(DynheadsError, match="the answer 'magic' is not inside the marked span\\(s\\) 'pineapple'"):
+        sample_from_text(tok, marked, "what ?", answer="magic")
+    for answer in ("pineapple", "Pineapple", "a pineapple .", ""):  # inside, holding it, or none given
+        assert _decoded(tok, sample_from_text(tok, marked, "what ?", answer=answer)) == "pineapple"
+
+
 def test_a_span_that_tokenises_away_is_refused(tok):
     with pytest.raises(DynheadsError, match="does not survive tokenisation"):
         sample_from_text(tok, "the magic word is [[Zürich]] .", "what ?")
