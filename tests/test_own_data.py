@@ -393,6 +393,15 @@ def test_looked_at_names_the_position_and_token_each_dynamic_head_attended(tmp_p
         loaded.looked_at(2)
 
 
+def test_looked_at_takes_what_load_tokenizer_returns(tok):
+    from dynheads.models import LoadedTokenizer
+
+    loaded = LoadedTokenizer(tok, "word-level", None)
+    assert _trace().looked_at(0, tokenizer=loaded)[0].token == tok.decode([7])
+    with pytest.raises(DynheadsError, match="takes a tokenizer .*got int"):
+        _trace().looked_at(0, tokenizer=3)
+
+
 def test_view_writes_the_per_step_page_of_any_traced_run(tmp_path, capsys, monkeypatch):
     from dynheads.experiments.settings import HotpotConfig
 
