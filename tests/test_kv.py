@@ -417,6 +417,32 @@ def test_kv_runs_a_question_task_and_judges_it_by_the_tasks_first_metric(tiny_mo
     assert "accuracy = string match" in summary and "| EM | F1 |" in summary
 
 
+def test_kv_on_your_own_records_judges_by_recall_not_exact_match(tiny_model_dir, tmp_path):
+    """A chat model answers in sentences: ``kv --task custom``'s accuracy is recall (the answer inside the reply)."""
+    from dynheads.experiments.kv import run_kv, write_kv_tables
+    from dynheads.models import load_model
+
+    config = KVConfig(
+        model=str(tiny_model_dir),
+        task="custom",
+        data="docs/examples/custom.jsonl",
+        questions=2,
+        lengths=(250,),
+        depths=(0.5,),
+        policies=("full", "none"),
+        budgets=(0.5,),
+        max_new_tokens=2,
+        sink=1,
+        recent=8,
+    )
+    run = run_kv(config, tmp_path / "custom", lm=load_model(tiny_model_dir), progress=False)
+    record = next(r for r in run.records() if r["policy"] == "full")
+    run.save_sample({**record, "metrics": {**record["metrics"], "recall": 1.0, "em": 0.0}})
+    table = write_kv_tables(run).set_index("policy")
+    assert table.loc["full", "accuracy"] >= 0.5 and table.loc["full", "em"] == 0.0
+    assert "accuracy = recall" in (run.path / "summary.md").read_text()
+
+
 def test_an_unknown_kv_task_is_refused_before_a_model_loads(tmp_path):
     from dynheads.experiments.kv import run_kv
 

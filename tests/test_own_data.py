@@ -424,7 +424,7 @@ def test_view_writes_the_per_step_page_of_any_traced_run(tmp_path, capsys, monke
 def test_tasks_lists_the_custom_task(capsys, monkeypatch):
     result = run_main(capsys, monkeypatch, "tasks")
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("custom ")]
-    assert "Your data: Eq. 1 copy score, your records (--data FILE), each as written; metrics EM, F1" in line
+    assert "Your data: Eq. 1 copy score, your records (--data FILE), each as written; metrics recall, EM, F1" in line
 
 
 def test_a_first_use_download_shows_a_progress_bar(tmp_path, monkeypatch):
@@ -454,7 +454,7 @@ def test_an_ablation_of_your_records_keeps_them_in_its_cells(tmp_path):
     for strategy in ("none", "dynamic"):
         masked = [0, 0] if strategy == "none" else [2, 1]
         record = {"sample_id": f"r0000-{strategy}", "grid_sample_id": "r0000", "strategy": strategy}
-        record |= {"context_tokens": 36, "depth": 0.6, "metrics": {"em": 0.0, "f1": 0.5}, "matching": "per_step"}
+        record |= {"context_tokens": 36, "depth": 0.6, "metrics": {"recall": 1.0, "em": 0.0, "f1": 0.5}, "matching": "per_step"}
         record |= {"masked_counts": masked, "mean_masked": sum(masked) / 2, "mean_dynamic": 1.5}
         run.save_sample(record)
     cells = write_cells(run)

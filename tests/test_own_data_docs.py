@@ -45,7 +45,7 @@ def test_the_one_command_traces_the_example_file(embedded, tmp_path, capsys, mon
     monkeypatch.chdir(PAGE.parents[1])
     result = run_main(capsys, monkeypatch, "--threads", "1", *words[1:])
     assert result.code == 0, result.stderr
-    assert result.stdout.startswith(f"3 records in {tmp_path / 'mine'}: EM ")
+    assert result.stdout.startswith(f"3 records in {tmp_path / 'mine'}: recall ")
     records = dynheads.RunDir(tmp_path / "mine").records()
     assert [r["record_id"] for r in records] == ["baikal", "curie", "eiffel"]  # in sample-id order: the file's ids
     assert all(r["sample_id"] == r["record_id"] for r in records)
