@@ -454,7 +454,12 @@ def test_an_ablation_of_your_records_keeps_them_in_its_cells(tmp_path):
     for strategy in ("none", "dynamic"):
         masked = [0, 0] if strategy == "none" else [2, 1]
         record = {"sample_id": f"r0000-{strategy}", "grid_sample_id": "r0000", "strategy": strategy}
-        record |= {"context_tokens": 36, "depth": 0.6, "metrics": {"recall": 1.0, "em": 0.0, "f1": 0.5}, "matching": "per_step"}
+        record |= {
+            "context_tokens": 36,
+            "depth": 0.6,
+            "metrics": {"recall": 1.0, "em": 0.0, "f1": 0.5},
+            "matching": "per_step",
+        }
         record |= {"masked_counts": masked, "mean_masked": sum(masked) / 2, "mean_dynamic": 1.5}
         run.save_sample(record)
     cells = write_cells(run)

@@ -24,6 +24,7 @@ from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank_strategies import RERANK_STRATEGIES
 from dynheads.kv.policies import KV_POLICIES
+from dynheads.kv.press_registry import KVPRESS_PRESSES
 from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
@@ -254,7 +255,7 @@ class KVFields(NiahGrid, QaGrid, ModelSettings):
     )
     policies: tuple[str, ...] = setting(
         ("full", "none", "static", "probe", "random", "oracle", "true"),
-        f"some of {KV_POLICIES.choices(',')} or kvpress:<press>",
+        f"some of {KV_POLICIES.choices(',')} or kvpress:<press> (a press of {KVPRESS_PRESSES.choices(',')})",
     )
     budgets: tuple[float, ...] = setting(
         (0.05, 0.1, 0.25, 0.5), "fractions of the KV heads kept whole, e.g. 0.05,0.1,0.25,0.5"
