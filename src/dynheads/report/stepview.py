@@ -46,17 +46,28 @@ def step_view(
     """The per-step view of one traced run: ``{"label", "score", "threshold", "total_samples", "samples"}``."""
     run = RunDir(run_dir)
     records = [r for r in run.records() if run.trace_path(r["sample_id"]).is_file()]
-    chosen = _spread(records, max_samples)
-    samples = [
-        _sample(record, run.load_trace(record["sample_id"]), score, threshold, max_steps, max_heads)
-        for record in chosen
-    ]
+    chosen = [(record, run.load_trace(record["sample_id"])) for record in _spread(records, max_samples)]
+    view = traces_view(chosen, label, score, threshold=threshold, max_steps=max_steps, max_heads=max_heads)
+    return {**view, "total_samples": len(records)}
+
+
+def traces_view(
+    traced: Sequence[tuple[dict, Trace]],
+    label: str,
+    score: ScoreKind,
+    *,
+    threshold: str | float = REASONING_THRESHOLD,
+    max_steps: int = 64,
+    max_heads: int = 24,
+) -> dict[str, Any]:
+    """``step_view`` of (record, trace) pairs held in memory: a record needs ``sample_id`` and may give
+    ``question``, ``answer``, ``needle_positions`` and ``metrics`` (``Sample.describe()`` gives them)."""
     return {
         "label": label,
         "score": score,
         "threshold": None if ScoreSpec(score).score.binary else str(threshold),
-        "total_samples": len(records),
-        "samples": samples,
+        "total_samples": len(traced),
+        "samples": [_sample(record, trace, score, threshold, max_steps, max_heads) for record, trace in traced],
     }
 
 
