@@ -81,19 +81,7 @@ class RunDir:
         """Write the manifest of a new run, or check that an existing one has the same config (resume)."""
         config_dict = settings_of(config)
         if self.exists():
-            previous = self.manifest()
-            if previous.get("kind") != kind:
-                raise DynheadsError(
-                    f"{self.path} already holds a different run (a '{previous.get('kind')}' run, not a '{kind}' "
-                    "one): choose another --out"
-                )
-            differs = setting_differences(previous.get("config") or {}, _resumable(config, previous.get("config")))
-            if differs:
-                raise DynheadsError(
-                    f"{self.path} already holds a different run ({differs}); "
-                    "resume it with the same settings or choose another --out"
-                )
-            return previous
+            return self.check_resume(kind, config)
         manifest = {
             "format_version": MANIFEST_FORMAT_VERSION,
             "kind": kind,
@@ -106,6 +94,23 @@ class RunDir:
         }
         write_json(self.manifest_path, manifest)
         return self.manifest()
+
+    def check_resume(self, kind: str, config: Any) -> dict:
+        """The manifest of this existing run, refused (naming the settings that differ) unless a run of ``kind``
+        under ``config`` resumes it: what ``start`` checks, and what the CLI checks before any model loads."""
+        previous = self.manifest()
+        if previous.get("kind") != kind:
+            raise DynheadsError(
+                f"{self.path} already holds a different run (a '{previous.get('kind')}' run, not a '{kind}' "
+                "one): choose another --out"
+            )
+        differs = setting_differences(previous.get("config") or {}, _resumable(config, previous.get("config")))
+        if differs:
+            raise DynheadsError(
+                f"{self.path} already holds a different run ({differs}); "
+                "resume it with the same settings or choose another --out"
+            )
+        return previous
 
     # ---- samples ----------------------------------------------------------------------------------
     def record_path(self, sample_id: str) -> Path:

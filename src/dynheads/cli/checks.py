@@ -81,8 +81,9 @@ def traced_run(path: str | Path) -> dict:
     return manifest
 
 
-def out_dir(path: str | Path, kind: str) -> None:
-    """Refuse an ``--out`` that is a file or holds a run of another kind (resuming one of ``kind`` is fine)."""
+def out_dir(path: str | Path, kind: str, config: Any = None) -> None:
+    """Refuse an ``--out`` that is a file or holds a run of another kind, or (``config`` given: the config the run
+    starts with) one with other settings, before any model loads; resuming a run of ``kind`` is fine."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise DynheadsError(f"--out {path} is a file, not a folder")
@@ -90,6 +91,10 @@ def out_dir(path: str | Path, kind: str) -> None:
         found = run_manifest(path).get("kind")
         if found != kind:
             raise DynheadsError(f"--out {path} already holds a '{found}' run, not a '{kind}' one: choose another --out")
+        if config is not None:
+            from dynheads.runs import RunDir
+
+            RunDir(path).check_resume(kind, config)
 
 
 def head_list(path: str | Path) -> None:
