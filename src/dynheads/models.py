@@ -223,13 +223,7 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None) -> LoadedToken
     """The tokenizer and window of the model ``load_model(name_or_path)`` would load, reading no weights (a GGUF's
     de-quantised copy when one is cached, else the file's metadata)."""
     source = resolve_source(name_or_path)
-    location, extra = source.location, {}
-    if source.gguf is not None:
-        copy = _dequantised_copy(source.gguf, "auto", source.digest)
-        if (copy / "config.json").is_file():
-            location = str(copy)
-        else:
-            location, extra = str(source.gguf.parent), {"gguf_file": source.gguf.name}
+    location, extra = _metadata_location(source)
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -239,6 +233,44 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None) -> LoadedToken
         raise DynheadsError(f"cannot read the tokenizer of '{source.name}': {_first_line(error)}") from None
     window = getattr(config, "max_position_embeddings", None)
     return LoadedTokenizer(tokenizer, source.name, int(window) if window else None)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A model's attention layout without its weights: what a head list is laid out on (``kv-export``)."""
+
+    name: str
+    num_layers: int
+    num_heads: int  # query heads per layer
+    num_kv_heads: int  # KV heads per layer (query head h reads KV head h // (num_heads / num_kv_heads))
+
+
+def load_shape(name_or_path: str | os.PathLike | None = None) -> ModelShape:
+    """The layer and head counts of the model ``load_model(name_or_path)`` would load, from its config alone (a
+    GGUF's de-quantised copy when one is cached, else the file's header, which transformers reads with the
+    ``gguf`` package): no weights are read."""
+    source = resolve_source(name_or_path)
+    location, extra = _metadata_location(source)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(location, **extra).get_text_config()
+    except (OSError, ValueError, KeyError) as error:
+        raise DynheadsError(f"cannot read the config of '{source.name}': {_first_line(error)}") from None
+    num_heads = int(config.num_attention_heads)
+    num_kv_heads = int(getattr(config, "num_key_value_heads", None) or num_heads)
+    return ModelShape(source.name, int(config.num_hidden_layers), num_heads, num_kv_heads)
+
+
+def _metadata_location(source: ModelSource) -> tuple[str, dict[str, str]]:
+    """Where transformers reads ``source``'s config and tokenizer, and the keywords that say so: a GGUF's cached
+    de-quantised copy, else the GGUF file itself (its header); a folder or hub id as it is."""
+    if source.gguf is None:
+        return source.location, {}
+    copy = _dequantised_copy(source.gguf, "auto", source.digest)
+    if (copy / "config.json").is_file():
+        return str(copy), {}
+    return str(source.gguf.parent), {"gguf_file": source.gguf.name}
 
 
 def check_hub_id(name: str) -> None:
