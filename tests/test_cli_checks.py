@@ -127,3 +127,39 @@ def test_through_the_installed_entry_point_too(files):
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"error: trace {files / 'bad.parquet'} is not a readable Parquet file")
+
+
+def test_ctrl_c_says_how_to_continue_and_exits_130(tmp_path, capsys, monkeypatch):
+    from dynheads.cli import checks
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checks, "traced_run", interrupted)
+    result = run_main(capsys, monkeypatch, "view", tmp_path)
+    assert result.code == 130 and "run the same command to continue" in result.stderr
+
+
+def test_view_of_a_study_folder_names_the_runs_inside_it(tmp_path, capsys, monkeypatch):
+    for stage in ("niah", "hotpotqa"):
+        (tmp_path / "quick" / stage).mkdir(parents=True)
+        (tmp_path / "quick" / stage / "manifest.json").write_text("{}")
+    result = run_main(capsys, monkeypatch, "view", tmp_path / "quick")
+    assert result.code == 2 and result.stderr.count("\n") == 1
+    assert f"the runs inside it (a study's stage folders): {tmp_path / 'quick' / 'hotpotqa'}, " in result.stderr
+    assert str(tmp_path / "quick" / "niah") in result.stderr
+
+
+def test_a_rerun_with_other_settings_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import dynheads.runs
+    from dynheads.experiments.niah import NiahConfig
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded before the re-run was refused")
+
+    run = dynheads.runs.RunDir(tmp_path / "run")
+    run.start("niah", NiahConfig(lengths=(500,)), None)
+    monkeypatch.setattr(dynheads.runs, "load_model", no_model)
+    result = run_main(capsys, monkeypatch, "trace", "--lengths", "250", "--out", run.path)
+    assert result.code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "already holds a different run (--lengths was [500] there, [250] now" in result.stderr

@@ -149,3 +149,14 @@ def test_the_head_predictor_keeps_probe_as_a_hidden_alias():
     for group in ("predictor", "probe"):
         result = CliRunner().invoke(app, [group, "train", "--help"], env={"COLUMNS": "400"})
         assert result.exit_code == 0 and "Train the MLP head predictor" in result.output
+
+
+def test_trace_help_describes_the_data_of_every_task():
+    shown = " ".join(_help("trace").split())
+    for words in (
+        "custom: your JSONL",
+        "{id, context, question, answer, spans?}",
+        "variable_tracking[:",
+        "hotpotqa-dev",
+    ):
+        assert words in shown, words

@@ -73,3 +73,22 @@ def test_every_dynheads_name_the_guides_cite_exists():
                     missing.append(f"{page.relative_to(ROOT)}:{number}: {name}")
     assert cited > 100  # the pages cite the code throughout
     assert not missing, missing
+
+
+# What a command in a guide writes: ``--out PATH``, ``--config PATH`` it reads after a ``cat > PATH`` writes it
+WRITTEN = re.compile(r"(?:--out|cat >) +([^\s`'\"]+)")
+
+
+def test_the_guides_commands_write_under_runs_not_into_the_checkout():
+    """A reader who pastes a guide's commands in the checkout gets their files under runs/ (ignored by git), never
+    beside the sources: lower-case paths only (``DIR``, ``FIT`` and ``R/main`` are placeholders)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    written = [
+        (page.name, path)
+        for page in pages
+        for path in WRITTEN.findall(page.read_text(encoding="utf-8"))
+        if path[0].islower()
+    ]
+    assert written and all(path.startswith("runs/") for _, path in written), [
+        (page, path) for page, path in written if not path.startswith("runs/")
+    ]

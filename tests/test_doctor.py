@@ -197,3 +197,12 @@ def test_doctor_clean_refuses_an_unknown_model_in_one_line():
     )
     assert done.returncode == 2
     assert done.stderr.startswith("error: unknown model 'gpt-5' for --clean; named models: qwen2.5-coder-0.5b")
+
+
+def test_one_thread_is_singular(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (device,) = [check for check in doctor.run_checks() if check.name == "device"]
+    assert device.detail.endswith("; 1 CPU thread")

@@ -417,8 +417,76 @@ def test_kv_runs_a_question_task_and_judges_it_by_the_tasks_first_metric(tiny_mo
     assert "accuracy = string match" in summary and "| EM | F1 |" in summary
 
 
+def test_kv_on_your_own_records_judges_by_recall_not_exact_match(tiny_model_dir, tmp_path):
+    """A chat model answers in sentences: ``kv --task custom``'s accuracy is recall (the answer inside the reply)."""
+    from dynheads.experiments.kv import run_kv, write_kv_tables
+    from dynheads.models import load_model
+
+    config = KVConfig(
+        model=str(tiny_model_dir),
+        task="custom",
+        data="docs/examples/custom.jsonl",
+        questions=2,
+        lengths=(250,),
+        depths=(0.5,),
+        policies=("full", "none"),
+        budgets=(0.5,),
+        max_new_tokens=2,
+        sink=1,
+        recent=8,
+    )
+    run = run_kv(config, tmp_path / "custom", lm=load_model(tiny_model_dir), progress=False)
+    record = next(r for r in run.records() if r["policy"] == "full")
+    run.save_sample({**record, "metrics": {**record["metrics"], "recall": 1.0, "em": 0.0}})
+    table = write_kv_tables(run).set_index("policy")
+    assert table.loc["full", "accuracy"] >= 0.5 and table.loc["full", "em"] == 0.0
+    assert "accuracy = recall" in (run.path / "summary.md").read_text()
+
+
 def test_an_unknown_kv_task_is_refused_before_a_model_loads(tmp_path):
     from dynheads.experiments.kv import run_kv
 
     with pytest.raises(DynheadsError, match="unknown task 'nope'"):
         run_kv(KVConfig(task="nope", policies=("full",), model="/no/such/model"), tmp_path / "kv", progress=False)
+
+
+@pytest.mark.parametrize("listing", ['{"2-3": [0.9, 0.5], "0-0": [0.2], "1-2": [0.0]}', '["2-3", "0-0", "1-2"]'])
+def test_an_outside_head_list_needs_outside_heads_and_the_run_says_it_was_not_checked(
+    tiny_model_dir, tmp_path, listing
+):
+    """A published list (Wu et al. JSON or a ranked list) with no run beside it: refused with the way out named;
+    with ``--outside-heads`` it runs, and the manifest and summary say its disjointness was not checked."""
+    from dynheads.experiments.kv import run_kv
+    from dynheads.models import load_model
+
+    lm = load_model(tiny_model_dir)
+    (tmp_path / "published").mkdir()
+    heads = tmp_path / "published" / "heads.json"
+    heads.write_text(listing)
+    settings = dict(
+        model=str(tiny_model_dir),
+        static=str(heads),
+        policies=("full", "static"),
+        budgets=(0.5,),
+        lengths=(120,),
+        depths=(0.5,),
+        runs=1,
+        max_new_tokens=2,
+        sink=1,
+        recent=8,
+    )
+    with pytest.raises(DynheadsError, match="cannot tell which samples.*pass --outside-heads"):
+        run_kv(KVConfig(**settings), tmp_path / "refused", lm=lm, progress=False)
+    run = run_kv(KVConfig(**settings, outside_heads=True), tmp_path / "kv", lm=lm, progress=False)
+    manifest = run.manifest()
+    assert manifest["config"]["outside_heads"] is True
+    assert manifest["fit_samples"]["static"]["checked"].startswith("unknown")
+    assert "not checked for disjointness" in (run.path / "summary.md").read_text()
+    assert {r["policy"] for r in run.records()} == {"full", "static"}
+
+
+def test_outside_heads_without_a_static_list_is_refused_before_a_model_loads(tmp_path):
+    from dynheads.experiments.kv import run_kv
+
+    with pytest.raises(DynheadsError, match="--outside-heads accepts a --static head list"):
+        run_kv(KVConfig(policies=("full",), outside_heads=True, model="/no/such/model"), tmp_path / "kv")

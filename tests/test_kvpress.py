@@ -40,7 +40,7 @@ def lm():
 
 def test_without_the_extra_a_one_line_error_names_it(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
-    with pytest.raises(DynheadsError, match=r"dynheads\[kvpress\]") as error:
+    with pytest.raises(DynheadsError, match=r"bash scripts/kvpress-env.sh") as error:
         check_press("kvpress:streaming_llm")
     assert "\n" not in str(error.value)
     with pytest.raises(DynheadsError, match="unknown kvpress policy"):
@@ -513,3 +513,30 @@ def press_generate_of(lm, ids, policy: str, settings: KVSettings):
     from dynheads.kv.presses import press_generate
 
     return press_generate(lm, ids, check_press(policy), settings, 4, stop_at_eos=False)
+
+
+def test_a_mistyped_press_gets_a_suggestion_and_kv_help_lists_the_presses(capsys, monkeypatch):
+    from cli_main import run_main
+
+    from dynheads.errors import DynheadsError
+    from dynheads.kv.presses import check_press
+
+    with pytest.raises(DynheadsError, match="did you mean 'snapkv'"):
+        check_press("kvpress:snap_kv")
+    shown = " ".join(run_main(capsys, monkeypatch, "kv", "--help").stdout.split())
+    assert "snapkv" in shown and "streaming_llm" in shown
+
+
+def test_without_kvpress_the_error_and_doctor_name_the_side_venv(monkeypatch):
+    import importlib.util
+
+    from dynheads import doctor
+    from dynheads.errors import DynheadsError
+    from dynheads.kv.presses import require_kvpress
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "kvpress" else real(name, *a))
+    with pytest.raises(DynheadsError, match="bash scripts/kvpress-env.sh.*not pip install.*517 MB"):
+        require_kvpress()
+    (check,) = [c for c in doctor.run_checks() if c.name == "kvpress"]
+    assert "scripts/kvpress-env.sh" in check.detail and "517 MB" in check.detail

@@ -78,6 +78,15 @@ def test_bad_spans_are_one_line(tok, options, says):
     assert "\n" not in str(error.value)
 
 
+def test_an_answer_outside_the_marked_span_is_refused(tok):
+    """Looping questions over one marked paragraph: an answer the marks do not hold would score the wrong span."""
+    marked = "the magic word is [[pineapple]] ."
+    with pytest.raises(DynheadsError, match="the answer 'magic' is not inside the marked span\\(s\\) 'pineapple'"):
+        sample_from_text(tok, marked, "what ?", answer="magic")
+    for answer in ("pineapple", "Pineapple", "a pineapple .", ""):  # inside, holding it, or none given
+        assert _decoded(tok, sample_from_text(tok, marked, "what ?", answer=answer)) == "pineapple"
+
+
 def test_a_span_that_tokenises_away_is_refused(tok):
     with pytest.raises(DynheadsError, match="does not survive tokenisation"):
         sample_from_text(tok, "the magic word is [[Zürich]] .", "what ?")
@@ -145,8 +154,71 @@ def test_custom_grid_traces_each_record_as_written(tmp_path, tok):
     config = HotpotConfig(data=_write(tmp_path, GOOD, {**GOOD, "id": 7, "spans": [[4, 14]]}), split="mine")
     grid = get_task("custom").grid(config, tok)
     assert [s.record_id for s in grid.samples] == ["a", "7"]
+    assert [s.sample_id for s in grid.samples] == ["a", "7"]  # the file's ids name the samples (not r0000)
     assert [_decoded(tok, s) for s in grid.samples] == ["pineapple", "magic word"]
     assert grid.manifest()["questions"] == {"split": "mine", "first": 0, "count": 2, "ids": ["a", "7"]}
+
+
+def test_an_id_that_is_no_file_name_is_sanitised_only_in_the_file_name(tmp_path):
+    from dynheads.runs import file_stem
+
+    assert file_stem("q0000-len250-depth0.5") == "q0000-len250-depth0.5"  # every id a run wrote before
+    odd = ["a/b c", "a_b_c", "..", "é"]
+    stems = [file_stem(i) for i in odd]
+    assert stems[1] == "a_b_c" and len(set(stems)) == 4 and all("/" not in s and s[0] != "." for s in stems)
+    run = RunDir(tmp_path / "run")
+    run.start("custom", {"data": "x"}, None)
+    run.save_sample({"sample_id": "a/b c", "answer": "x"}, _trace())
+    assert run.records()[0]["sample_id"] == "a/b c" and run.load_trace("a/b c").num_steps == 2
+    with pytest.raises(DynheadsError, match="no trace for sample 'nope' .*its traced samples: 'a/b c'"):
+        run.load_trace("nope")
+    with pytest.raises(DynheadsError, match="no run folder .*nope"):
+        RunDir(tmp_path / "nope").load_trace("a")
+
+
+def test_a_custom_run_keeps_the_record_ids_and_compares_two_records(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """Ids ``velmora`` and ``osk`` name the run's samples, traces and view entries; the view shows the question;
+    ``compare-records`` splits the heads dynamic in both, and in one only, per step."""
+    from dynheads import load_model
+    from dynheads.experiments.record_compare import compare_records
+    from dynheads.experiments.settings import HotpotConfig
+    from dynheads.experiments.tracing import run_task
+
+    lines = [
+        {
+            "id": "velmora",
+            "context": "The founder of Velmora was Ada Quill.",
+            "question": "Who founded Velmora?",
+            "answer": "Ada Quill",
+        },
+        {
+            "id": "osk",
+            "context": "The detector in Osk was built by Ben Roe.",
+            "question": "Who built it?",
+            "answer": "Ben Roe",
+        },
+    ]
+    config = HotpotConfig(data=_write(tmp_path, *lines), max_new_tokens=4, model=str(tiny_model_dir))
+    out = tmp_path / "mine"
+    run_task("custom", config, out, lm=load_model(tiny_model_dir), progress=False)
+    assert sorted(r["sample_id"] for r in RunDir(out).records()) == ["osk", "velmora"]
+    assert RunDir(out).load_trace("velmora").num_steps == 4
+    assert run_main(capsys, monkeypatch, "view", out).code == 0
+    data = json.loads(
+        (out / "view.html").read_text(encoding="utf-8").split('id="stepview-data">')[1].split("</script>")[0]
+    )
+    shown = {s["id"]: s for s in data["runs"][0]["samples"]}
+    assert set(shown) == {"velmora", "osk"} and shown["velmora"]["question"] == "Who founded Velmora?"
+    compared = compare_records(out, "velmora", "osk")
+    assert len(compared.steps) == 4
+    for step in compared.steps:
+        split = step.heads
+        assert not set(split.both) & set(split.only_first) and not set(split.both) & set(split.only_second)
+    printed = run_main(capsys, monkeypatch, "compare-records", out, "velmora", "osk")
+    assert printed.code == 0, printed.stderr
+    assert printed.stdout.startswith("velmora vs osk in ") and "only in osk:" in printed.stdout
+    missing = run_main(capsys, monkeypatch, "compare-records", out, "velmora", "founder")
+    assert missing.code == 2 and "no trace for sample 'founder'" in missing.stderr
 
 
 def test_bad_records_exit_2_before_a_model_loads(tmp_path, capsys, monkeypatch):
@@ -177,7 +249,7 @@ def test_rag_answers_your_records_as_written(tmp_path, tiny_model_dir):
     run = run_rag(config, tmp_path / "rag", lm=load_model(tiny_model_dir), progress=False)
     records = run.records()
     assert len(records) == 6 and {r["strategy"] for r in records} == {"full-context", "none"}
-    assert {r["question_id"] for r in records} == {"r0000", "r0001", "r0002"}  # the trace's sample ids
+    assert {r["question_id"] for r in records} == {"eiffel", "curie", "baikal"}  # the file's ids
     assert all("f1" in r["metrics"] for r in records)
 
 
@@ -229,6 +301,43 @@ def test_a_mistyped_packaged_model_and_an_uncached_hub_id_fail_at_once(monkeypat
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(DynheadsError, match=r"hub id in the local Hugging Face cache \(offline.*hf download"):
         check_hub_id("nobody-here/no-such-model")
+
+
+def test_an_uncached_hub_id_fails_fast_and_once_when_the_hub_does_not_answer(tmp_path, capsys, monkeypatch):
+    """HF_HUB_OFFLINE unset and no hub (a closed local port stands for a machine without network): one probe,
+    one line, exit 2, in well under 15 s, where transformers' retries took about a minute."""
+    import time
+
+    import huggingface_hub.constants
+
+    from dynheads import models
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    for variable in models.PROXY_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    models.hub_unreachable.cache_clear()
+    monkeypatch.setattr(models, "_load_pretrained", _no_model)
+    started = time.monotonic()
+    result = run_main(capsys, monkeypatch, "trace", "--model", "nobody-here/no-such-model", "--out", tmp_path / "x")
+    models.hub_unreachable.cache_clear()
+    assert time.monotonic() - started < 15
+    assert result.code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "the hub at 127.0.0.1 is unreachable" in result.stderr and "hf download nobody-here/no-such-model" in (
+        result.stderr
+    )
+
+
+def test_the_names_the_docs_give_the_embedded_and_packaged_models_resolve(monkeypatch):
+    from dynheads import models
+
+    assert models.resolve_source("SmolLM2-135M-Instruct").name == models.EMBEDDED_NAME
+    assert models.resolve_source("smollm2-135m-instruct").gguf == models.embedded_gguf_path()
+    with pytest.raises(DynheadsError, match="did you mean 'SmolLM2-135M-Instruct'"):
+        models.resolve_source("SmolLM2-135M")
+    monkeypatch.setattr(models, "packaged_file", lambda name: models.Path(f"/cache/{name}.gguf"))
+    assert models.resolve_source("Qwen2.5-Coder-0.5B").name == models.PACKAGED_MODELS["qwen2.5-coder-0.5b"]
 
 
 def test_a_refused_rerun_names_the_settings_that_differ(tmp_path):
@@ -284,6 +393,15 @@ def test_looked_at_names_the_position_and_token_each_dynamic_head_attended(tmp_p
         loaded.looked_at(2)
 
 
+def test_looked_at_takes_what_load_tokenizer_returns(tok):
+    from dynheads.models import LoadedTokenizer
+
+    loaded = LoadedTokenizer(tok, "word-level", None)
+    assert _trace().looked_at(0, tokenizer=loaded)[0].token == tok.decode([7])
+    with pytest.raises(DynheadsError, match="takes a tokenizer .*got int"):
+        _trace().looked_at(0, tokenizer=3)
+
+
 def test_view_writes_the_per_step_page_of_any_traced_run(tmp_path, capsys, monkeypatch):
     from dynheads.experiments.settings import HotpotConfig
 
@@ -306,7 +424,7 @@ def test_view_writes_the_per_step_page_of_any_traced_run(tmp_path, capsys, monke
 def test_tasks_lists_the_custom_task(capsys, monkeypatch):
     result = run_main(capsys, monkeypatch, "tasks")
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("custom ")]
-    assert "Your data: Eq. 1 copy score, your records (--data FILE), each as written; metrics EM, F1" in line
+    assert "Your data: Eq. 1 copy score, your records (--data FILE), each as written; metrics recall, EM, F1" in line
 
 
 def test_a_first_use_download_shows_a_progress_bar(tmp_path, monkeypatch):
@@ -336,7 +454,12 @@ def test_an_ablation_of_your_records_keeps_them_in_its_cells(tmp_path):
     for strategy in ("none", "dynamic"):
         masked = [0, 0] if strategy == "none" else [2, 1]
         record = {"sample_id": f"r0000-{strategy}", "grid_sample_id": "r0000", "strategy": strategy}
-        record |= {"context_tokens": 36, "depth": 0.6, "metrics": {"em": 0.0, "f1": 0.5}, "matching": "per_step"}
+        record |= {
+            "context_tokens": 36,
+            "depth": 0.6,
+            "metrics": {"recall": 1.0, "em": 0.0, "f1": 0.5},
+            "matching": "per_step",
+        }
         record |= {"masked_counts": masked, "mean_masked": sum(masked) / 2, "mean_dynamic": 1.5}
         run.save_sample(record)
     cells = write_cells(run)
@@ -344,3 +467,15 @@ def test_an_ablation_of_your_records_keeps_them_in_its_cells(tmp_path):
         ["none", 36, 0.6, 1],
         ["dynamic", 36, 0.6, 1],
     ]
+
+
+def test_the_view_of_traces_held_in_memory_is_one_call_of_the_api(tmp_path, tok):
+    import dynheads
+
+    assert {"write_view", "write_trace_view"} <= set(dynheads.__all__)
+    sample = sample_from_text(tok, CONTEXT, "what is the magic word ?", answer="pineapple", sample_id="mine")
+    page = dynheads.write_trace_view([_trace()], tmp_path / "view.html", [sample]).read_text(encoding="utf-8")
+    data = json.loads(page.split('id="stepview-data">')[1].split("</script>")[0])
+    (shown,) = data["runs"][0]["samples"]
+    assert shown["id"] == "mine" and shown["question"] == "what is the magic word ?"
+    assert shown["steps"][0]["h"] == [[1, 0, 2, 0.5]]

@@ -45,11 +45,12 @@ def test_the_one_command_traces_the_example_file(embedded, tmp_path, capsys, mon
     monkeypatch.chdir(PAGE.parents[1])
     result = run_main(capsys, monkeypatch, "--threads", "1", *words[1:])
     assert result.code == 0, result.stderr
-    assert result.stdout.startswith(f"3 records in {tmp_path / 'mine'}: EM ")
+    assert result.stdout.startswith(f"3 records in {tmp_path / 'mine'}: recall ")
     records = dynheads.RunDir(tmp_path / "mine").records()
-    assert [r["record_id"] for r in records] == ["eiffel", "curie", "baikal"]
+    assert [r["record_id"] for r in records] == ["baikal", "curie", "eiffel"]  # in sample-id order: the file's ids
+    assert all(r["sample_id"] == r["record_id"] for r in records)
     assert all(r["needle_positions"] for r in records)
-    trace = dynheads.RunDir(tmp_path / "mine").load_trace("r0000")
-    assert len(trace.prompt_ids) == records[0]["prompt_tokens"]
+    trace = dynheads.RunDir(tmp_path / "mine").load_trace("eiffel")
+    assert len(trace.prompt_ids) == records[2]["prompt_tokens"]
     viewed = run_main(capsys, monkeypatch, "view", tmp_path / "mine")
     assert viewed.code == 0 and (tmp_path / "mine" / "view.html").is_file()

@@ -80,6 +80,8 @@ def test_png_is_written_atomically(tmp_path):
         (np.zeros((0, 2, 2)), [], 10, "at least one step"),
         (SCORES[0], TOKENS, 10, "at least one step"),
         (SCORES, TOKENS, 0, "top must be at least 1"),
+        (SCORES, np.arange(4), 10, "token_labels are the generated tokens' texts .*not trace.tokens"),
+        (type("Trace", (), {"token_texts": TOKENS})(), TOKENS, 10, "not a trace: pass trace.copy_scores"),
     ],
 )
 def test_bad_input_is_refused(tmp_path, scores, labels, top, message):

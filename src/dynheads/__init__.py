@@ -77,6 +77,7 @@ _EXPORTS = exports_by_name(
         "dynheads.plots.ablation": ("plot_heatmaps",),
         "dynheads.plots.cca": ("plot_cca",),
         "dynheads.report": ("write_report", "write_compare", "run_rules"),
+        "dynheads.report.view": ("write_view", "write_trace_view"),  # the clickable per-step view
         # stage results as data (summary.json) and the one table renderer (markdown and HTML)
         "dynheads.tables": ("Summary", "Table", "Heading", "Items", "read_summaries", "write_summary"),
     }

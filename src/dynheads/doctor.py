@@ -6,6 +6,7 @@ The thread default of every command (``dynheads --threads``) is decided here too
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -70,6 +71,7 @@ def run_checks() -> list[Check]:
         _cache,
         _spacy_model,
         _chromium,
+        _kvpress,
     ]
     results = []
     for check in checks:
@@ -90,7 +92,8 @@ def _torch() -> Check:
 def _device() -> Check:
     import torch
 
-    threads = f"{torch.get_num_threads()} CPU threads"
+    count = torch.get_num_threads()
+    threads = f"{count} CPU thread{'' if count == 1 else 's'}"
     if torch.cuda.is_available():
         return Check("device", True, f"cuda: {torch.cuda.get_device_name(0)} (default); {threads}")
     fix = (
@@ -234,6 +237,15 @@ def _chromium() -> Check:
     playwright = importlib.util.find_spec("playwright") is not None
     note = "" if playwright else " (playwright not installed: pip install playwright)"
     return Check("Chromium", True, f"{found}{note}")
+
+
+def _kvpress() -> Check:
+    """kvpress is optional (the ``kvpress:<press>`` policies of ``dynheads kv``) and lives in a side venv."""
+    from dynheads.kv.press_registry import KVPRESS_ROUTE
+
+    if importlib.util.find_spec("kvpress") is not None:
+        return Check("kvpress", True, f"{importlib.metadata.version('kvpress')} in this environment")
+    return Check("kvpress", True, f"not in this environment (optional, for kvpress:<press> policies): {KVPRESS_ROUTE}")
 
 
 def render(checks: list[Check]) -> str:

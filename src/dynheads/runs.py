@@ -20,8 +20,10 @@ unfinished jobs to a batch function ``batch_size`` at a time and writes one reco
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import platform
+import re
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, Unpack
@@ -40,6 +42,21 @@ from dynheads.traces import Trace
 
 # 1: no format_version key (manifests before it existed); 2: the key is written
 MANIFEST_FORMAT_VERSION = 2
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_STEM_LIMIT = 100
+
+
+def file_stem(sample_id: str) -> str:
+    """The file name (without suffix) a sample's record, trace or figure is saved under: the id itself where it is
+    a safe file name, else its safe characters (others as ``_``) and a digest of the whole id, so ids that differ
+    never share a file."""
+    safe = _UNSAFE.sub("_", sample_id)
+    if safe == sample_id and not sample_id.startswith(".") and 0 < len(sample_id) <= _STEM_LIMIT:
+        return sample_id
+    digest = hashlib.sha256(sample_id.encode("utf-8")).hexdigest()[:10]
+    return f"{safe.lstrip('.')[:_STEM_LIMIT] or 'sample'}-{digest}"
 
 
 class RunDir:
@@ -64,19 +81,7 @@ class RunDir:
         """Write the manifest of a new run, or check that an existing one has the same config (resume)."""
         config_dict = settings_of(config)
         if self.exists():
-            previous = self.manifest()
-            if previous.get("kind") != kind:
-                raise DynheadsError(
-                    f"{self.path} already holds a different run (a '{previous.get('kind')}' run, not a '{kind}' "
-                    "one): choose another --out"
-                )
-            differs = setting_differences(previous.get("config") or {}, _resumable(config, previous.get("config")))
-            if differs:
-                raise DynheadsError(
-                    f"{self.path} already holds a different run ({differs}); "
-                    "resume it with the same settings or choose another --out"
-                )
-            return previous
+            return self.check_resume(kind, config)
         manifest = {
             "format_version": MANIFEST_FORMAT_VERSION,
             "kind": kind,
@@ -90,12 +95,29 @@ class RunDir:
         write_json(self.manifest_path, manifest)
         return self.manifest()
 
+    def check_resume(self, kind: str, config: Any) -> dict:
+        """The manifest of this existing run, refused (naming the settings that differ) unless a run of ``kind``
+        under ``config`` resumes it: what ``start`` checks, and what the CLI checks before any model loads."""
+        previous = self.manifest()
+        if previous.get("kind") != kind:
+            raise DynheadsError(
+                f"{self.path} already holds a different run (a '{previous.get('kind')}' run, not a '{kind}' "
+                "one): choose another --out"
+            )
+        differs = setting_differences(previous.get("config") or {}, _resumable(config, previous.get("config")))
+        if differs:
+            raise DynheadsError(
+                f"{self.path} already holds a different run ({differs}); "
+                "resume it with the same settings or choose another --out"
+            )
+        return previous
+
     # ---- samples ----------------------------------------------------------------------------------
     def record_path(self, sample_id: str) -> Path:
-        return self.path / "samples" / f"{sample_id}.json"
+        return self.path / "samples" / f"{file_stem(sample_id)}.json"
 
     def trace_path(self, sample_id: str) -> Path:
-        return self.path / "traces" / f"{sample_id}.parquet"
+        return self.path / "traces" / f"{file_stem(sample_id)}.parquet"
 
     def is_done(self, sample_id: str) -> bool:
         return self.record_path(sample_id).is_file()
@@ -115,8 +137,15 @@ class RunDir:
         """The sample's trace; a file written before the ``chance`` column existed gets it recomputed from the
         record's needle positions and the manifest's sink/local settings (the probe's own rule)."""
         path = self.trace_path(sample_id)
+        if not self.path.is_dir():
+            raise DynheadsError(f"no run folder {self.path}: give the --out folder of a traced run")
         if not path.is_file():
-            raise DynheadsError(f"no trace for sample {sample_id!r} in {self.path}")
+            known = [r["sample_id"] for r in self.records() if self.trace_path(r["sample_id"]).is_file()]
+            shown = ", ".join(repr(k) for k in known[:8]) + (", ..." if len(known) > 8 else "")
+            raise DynheadsError(
+                f"no trace for sample {sample_id!r} in {self.path}"
+                + (f" (its traced samples: {shown})" if known else " (it holds no traces)")
+            )
         trace = Trace.load(path)
         if trace.chance is None and self.record_path(sample_id).is_file():
             needle = read_json(self.record_path(sample_id)).get("needle_positions")

@@ -30,15 +30,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.registry import Registry
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ReasoningThreshold
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made, so reading the vocabulary does not load it
+    import torch
 
 __all__ = [
     "DEFAULT_REASONING_THRESHOLD",
@@ -189,6 +191,8 @@ class ScoreSpec:
         dynamic = self.step_heads(stats, row, predicted)
         score = self.score
         values = stats.needle_mass if score.binary else score.reduce(stats, row, predicted)
+        import torch
+
         rest = torch.ones_like(values, dtype=torch.bool)
         for layer, head in dynamic:
             rest[layer, head] = False
@@ -209,6 +213,8 @@ def reasoning_scores(needle_mass: torch.Tensor, kept_mass: torch.Tensor) -> torc
     ``kept_mass`` is summed from the kept keys by the probe, never ``total - excluded``: with 99.9 % of the mass
     on the sink that difference keeps only a few fp32 digits (or snaps to 0).
     """
+    import torch
+
     return torch.where(kept_mass > 0, needle_mass / kept_mass.clamp_min(1e-30), 0.0)
 
 
@@ -231,6 +237,8 @@ register_score(
 def ranked_heads(active: torch.Tensor, weights: torch.Tensor) -> list[Head]:
     """D_t as ``(layer, head)`` pairs from bool ``active [L, H]``, highest ``weights [L, H]`` first, ties by index
     (the order progressive ablation removes them in)."""
+    import torch
+
     heads = torch.nonzero(active).tolist()
     values = weights[active].tolist()
     order = sorted(range(len(heads)), key=lambda i: (-values[i], heads[i]))
@@ -274,6 +282,8 @@ class SpanScore:
 
     def key_weights(self) -> torch.Tensor:
         """Float ``[positions, S]``: 1 where key position p lies in span s (what the probe multiplies rows by)."""
+        import torch
+
         size = max(stop for _, stop in self.spans)
         weights = torch.zeros(size, len(self.spans), dtype=torch.float32)
         for index, (start, stop) in enumerate(self.spans):

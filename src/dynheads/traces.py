@@ -126,8 +126,15 @@ class Trace:
         """Per active head of ``step`` (None: of every step, in order), the position and token it attended most.
 
         Active = Eq. 1 copy score 1 (``score="copy"``, D_t) or another registered score above ``threshold``.
-        ``tokenizer`` gives the text of prompt tokens (generated ones are named without it);
+        ``tokenizer`` gives the text of prompt tokens (generated ones are named without it): a tokenizer, or what
+        holds one (``dynheads.load_tokenizer()``, a loaded model);
         ``pandas.DataFrame(trace.looked_at(tokenizer=lm.tokenizer))`` is the table of heads per generated token."""
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a LoadedTokenizer or LoadedModel: the one it holds
+        if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
+            raise DynheadsError(
+                "looked_at(tokenizer=...) takes a tokenizer (or dynheads.load_tokenizer()), "
+                f"got {type(tokenizer).__name__}"
+            )
         if step is not None and not -self.num_steps <= step < self.num_steps:
             raise DynheadsError(f"step {step} is outside this trace's {self.num_steps} generated tokens")
         active = ScoreSpec(score, threshold).active(self.scores, self.chance)

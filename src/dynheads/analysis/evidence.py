@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import numpy as np
-from scipy.stats import DegenerateDataWarning, binomtest, bootstrap, norm
 
 Status = Literal["supported", "not supported", "inconclusive"]
 Direction = Literal["above", "below"]
@@ -99,6 +98,8 @@ def interval(
     if not skip_undefined:
         result = _bootstrap(n, statistic, settings)
         return Interval(effect, float(result.confidence_interval.low), float(result.confidence_interval.high), n)
+    from scipy.stats import DegenerateDataWarning  # scipy is imported when an interval is computed, not before
+
     with warnings.catch_warnings():  # scipy warns that NaN resamples leave its own interval undefined
         warnings.simplefilter("ignore", DegenerateDataWarning)
         distribution = _bootstrap(n, statistic, settings).bootstrap_distribution.ravel()
@@ -168,6 +169,8 @@ class BatchedStatistic:
 
 def _bootstrap(n: int, statistic: Callable[[np.ndarray], float], settings: EvidenceSettings):
     """scipy's percentile bootstrap of ``statistic`` over resampled sample indices ``0..n-1``."""
+    from scipy.stats import bootstrap
+
     if isinstance(statistic, BatchedStatistic):
         many = statistic.many
         return bootstrap(
@@ -211,6 +214,8 @@ def proportion_interval(successes: int, n: int, settings: EvidenceSettings) -> I
         return UNDEFINED
     if not 0 <= successes <= n:
         raise ValueError(f"{successes} successes of {n} units is not a proportion")
+    from scipy.stats import binomtest
+
     bounds = binomtest(int(successes), int(n)).proportion_ci(confidence_level=settings.confidence, method="exact")
     return Interval(successes / n, float(bounds.low), float(bounds.high), int(n))
 
@@ -221,6 +226,8 @@ def above_chance_p_value(successes: int, n: int, chance: float) -> float:
     (1 - confidence) / 2 = 0.025: p below it exactly when the exact two-sided 95 % interval lies above chance."""
     if n < 1:
         return math.nan
+    from scipy.stats import binomtest
+
     return float(binomtest(int(successes), int(n), chance, alternative="greater").pvalue)
 
 
@@ -281,6 +288,8 @@ def identical_interval(
     is finite (an unbounded metric has no exact interval)."""
     values = np.asarray(values, dtype=float)
     n, c = len(values), float(values[0])
+    from scipy.stats import binomtest
+
     upper = float(binomtest(0, n).proportion_ci(confidence_level=settings.confidence, method="exact").high)
     low, high = c - upper * width, c + upper * width
     if bounds is not None:
@@ -340,6 +349,8 @@ def minimum_detectable_effect(
     an undefined or zero-width interval. A verdict whose effect of interest lies below it is underpowered."""
     if not found.defined or found.high <= found.low:
         return math.nan
+    from scipy.stats import norm
+
     z = float(norm.ppf(1 - (1 - confidence) / 2))
     return (z + float(norm.ppf(power))) * (found.high - found.low) / (2 * z)
 

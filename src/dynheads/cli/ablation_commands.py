@@ -40,6 +40,6 @@ def _run(config_class, runner, kind: str, out, batch_size: int, config, settings
     """Check the config, the batch size and ``out`` (a run of ``kind``), run, print the run's summary."""
     cfg = checks.checked_config(config_class, config, **settings)
     checks.batch_size(batch_size)
-    checks.out_dir(out, kind)
+    checks.out_dir(out, kind, cfg)
     run = runner(cfg, out, batch_size=batch_size)
     typer.echo(run.path.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)

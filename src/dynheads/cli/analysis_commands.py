@@ -91,6 +91,26 @@ def plot_heads(
         typer.echo(str(path))
 
 
+@app.command("compare-records")
+def compare_records(
+    run_dir: RunArg,
+    first: Annotated[str, typer.Argument(help="a sample id of the run (a custom run: your record's id)")],
+    second: Annotated[str, typer.Argument(help="another sample id of the same run")],
+    threshold: Annotated[
+        str | None,
+        Opt(
+            help="Eq. 2 threshold of a reasoning task's dynamic heads (default: the dynamism default; a copy task "
+            "uses Eq. 1)"
+        ),
+    ] = None,
+) -> None:
+    """Two records of a traced run side by side: heads dynamic in both, in one only, over the answer and per step."""
+    from dynheads.experiments.record_compare import compare_records as compare
+
+    checks.traced_run(run_dir)
+    typer.echo(compare(run_dir, first, second, **({"threshold": threshold} if threshold else {})).text())
+
+
 @app.command()
 @with_options(config_options(CCAConfig), config_options(ScoreChoice))
 def cca(

@@ -42,8 +42,13 @@ def register_commands() -> None:
         importlib.import_module(f"dynheads.cli.{name}")
 
 
+INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (Typer's)
+RESUME_LINE = "stopped: every finished sample is saved; run the same command to continue where it stopped"
+
+
 def main() -> None:
-    """Console entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
+    """Console entry point: bad input becomes one line on stderr and exit code 2, never a traceback; Ctrl-C says
+    how to continue (runs are resumable) and exits 130."""
     register_commands()
 
     try:
@@ -51,3 +56,7 @@ def main() -> None:
     except DynheadsError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except SystemExit as stop:
+        if stop.code == INTERRUPTED:
+            print(RESUME_LINE, file=sys.stderr)
+        raise

@@ -57,7 +57,12 @@ def run_manifest(path: str | Path) -> dict:
         raise DynheadsError(f"run directory not found: {path}")
     manifest = json_file(path / "manifest.json", "run manifest") if (path / "manifest.json").exists() else None
     if not isinstance(manifest, dict):
-        raise DynheadsError(f"{path} is not a dynheads run directory (no manifest.json)")
+        inside = sorted(str(folder.parent) for folder in path.glob("*/manifest.json"))
+        shown = ", ".join(inside[:6]) + (", ..." if len(inside) > 6 else "")
+        raise DynheadsError(
+            f"{path} is not a dynheads run directory (no manifest.json)"
+            + (f"; the runs inside it (a study's stage folders): {shown}: give one of them" if inside else "")
+        )
     return manifest
 
 
@@ -76,8 +81,9 @@ def traced_run(path: str | Path) -> dict:
     return manifest
 
 
-def out_dir(path: str | Path, kind: str) -> None:
-    """Refuse an ``--out`` that is a file or holds a run of another kind (resuming one of ``kind`` is fine)."""
+def out_dir(path: str | Path, kind: str, config: Any = None) -> None:
+    """Refuse an ``--out`` that is a file or holds a run of another kind, or (``config`` given: the config the run
+    starts with) one with other settings, before any model loads; resuming a run of ``kind`` is fine."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise DynheadsError(f"--out {path} is a file, not a folder")
@@ -85,6 +91,10 @@ def out_dir(path: str | Path, kind: str) -> None:
         found = run_manifest(path).get("kind")
         if found != kind:
             raise DynheadsError(f"--out {path} already holds a '{found}' run, not a '{kind}' one: choose another --out")
+        if config is not None:
+            from dynheads.runs import RunDir
+
+            RunDir(path).check_resume(kind, config)
 
 
 def head_list(path: str | Path) -> None:

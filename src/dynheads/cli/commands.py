@@ -23,7 +23,7 @@ def rag(out: RunOut, batch_size: BatchSize = 1, config: ConfigFile = None, **set
     from dynheads.experiments.rag import RagConfig, run_rag
 
     cfg = checks.checked_config(RagConfig, config, flags={"ks": "k"}, **settings)
-    checks.out_dir(out, "rag")
+    checks.out_dir(out, "rag", cfg)
     checks.batch_size(batch_size)
     run = run_rag(cfg, out, batch_size=batch_size)
     if not is_main():  # under torchrun / accelerate launch, rank 0 writes and prints the tables

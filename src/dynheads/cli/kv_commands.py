@@ -33,7 +33,7 @@ def kv(
     from dynheads.experiments.kv import KVConfig, run_kv
 
     cfg = checks.checked_config(KVConfig, config, **settings)
-    checks.out_dir(out, "kv")
+    checks.out_dir(out, "kv", cfg)
     checks.batch_size(batch_size)
     run = run_kv(cfg, out, batch_size=batch_size)
     if not is_main():  # under torchrun / accelerate launch, rank 0 writes and prints the tables
@@ -78,19 +78,20 @@ def kv_export(
 ) -> None:
     """Write a head list as a \\[layers x kv_heads] matrix in DuoAttention's layout (TSV + config.json).
 
-    Scores normalised to [0, 1], or a 0/1 pattern with --full-heads; zero-score heads are never listed as full."""
+    Scores normalised to [0, 1], or a 0/1 pattern with --full-heads; zero-score heads are never listed as full.
+    Reads the model's config only (layers, query and KV heads), never its weights."""
     from dynheads.analysis.headlists import load_head_list
     from dynheads.analysis.kvheads import Aggregation, kv_head_matrix, query_head_scores, write_duo_attention
     from dynheads.io import read_json
-    from dynheads.kv.retention import num_kv_heads
-    from dynheads.models import load_model
+    from dynheads.models import load_shape
 
     cfg = checks.checked_config(KVExportSettings, **settings)
     checks.head_list(static)
     combine = typing.cast(Aggregation, cfg.aggregation)  # one of them, checked by the config
-    lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
-    heads = load_head_list(static, lm.num_layers, lm.num_heads)
-    matrix = kv_head_matrix(query_head_scores(heads, lm.num_layers, lm.num_heads), num_kv_heads(lm), combine)
+    shape = load_shape(cfg.model)
+    heads = load_head_list(static, shape.num_layers, shape.num_heads)
+    scores = query_head_scores(heads, shape.num_layers, shape.num_heads)
+    matrix = kv_head_matrix(scores, shape.num_kv_heads, combine)
     write_duo_attention(
         out,
         matrix,
@@ -98,12 +99,19 @@ def kv_export(
         recent=cfg.recent,
         aggregation=combine,
         source=str(static),
-        num_heads=lm.num_heads,
+        num_heads=shape.num_heads,
         full_heads=cfg.full_heads,
     )
-    config = read_json(Path(out) / "config.json")
-    shortfall = f"; {config['shortfall']} short of {cfg.full_heads}" if config.get("shortfall") else ""
-    typer.echo(
-        f"wrote {out}/full_attention_heads.tsv ({matrix.shape[0]} x {matrix.shape[1]}, "
-        f"{config['scored_kv_heads']} KV heads with a positive score{shortfall}) and config.json"
-    )
+    written = f"{matrix.shape[0]} x {matrix.shape[1]}, {kept_heads_line(read_json(Path(out) / 'config.json'))}"
+    typer.echo(f"wrote {out}/full_attention_heads.tsv ({written}) and config.json")
+
+
+def kept_heads_line(config: dict) -> str:
+    """What an export's TSV holds, from its config.json: with --full-heads the KV heads kept whole (and any
+    shortfall: fewer KV heads than asked have a positive score), else how many KV heads have a positive score."""
+    scored = f"{config['scored_kv_heads']} KV heads with a positive score"
+    if "full_kv_heads" not in config:
+        return scored
+    shortfall = config.get("shortfall")
+    short = f", {shortfall} short of {config['requested_full_kv_heads']}" if shortfall else ""
+    return f"{config['full_kv_heads']} KV heads kept whole ({scored}{short})"

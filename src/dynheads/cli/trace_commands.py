@@ -108,8 +108,6 @@ def _trace(
     import dataclasses
 
     from dynheads.distributed import is_main
-    from dynheads.experiments.hotpotqa import qa_task, run_hotpotqa
-    from dynheads.experiments.tracing import run_task
     from dynheads.tasks.registry import get_task, task_of
 
     shape: type[HotpotConfig] | type[NiahConfig] = HotpotConfig if get_task(name).questions else NiahConfig
@@ -128,9 +126,12 @@ def _trace(
         cfg = dataclasses.replace(cfg, data=default_data(name))
     entry = task_of(name, getattr(cfg, "data", None))
     checks.batch_size(batch_size)
-    checks.out_dir(out, entry.name)
+    checks.out_dir(out, entry.name, cfg)
     if entry.check_data is not None:  # a user's file: every record checked before the model loads
         entry.check_data(cfg)
+    from dynheads.experiments.hotpotqa import qa_task, run_hotpotqa  # the runners (torch) after the checks
+    from dynheads.experiments.tracing import run_task
+
     if isinstance(cfg, NiahConfig) or entry.check_data is not None:
         run = run_task(entry, cfg, out, device_map=device_map, batch_size=batch_size)
     elif qa_task(cfg) is entry:  # HotpotQA and the tasks a data value selects: the answers' table in summary.md

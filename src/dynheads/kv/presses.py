@@ -1,11 +1,12 @@
 """kvpress side by side: the field's KV-cache presses as ``kvpress:<press>`` policies of ``dynheads kv``, and a
 dynheads head list as a kvpress press.
 
-kvpress (NVIDIA; the optional extra ``pip install 'dynheads[kvpress]'``, which pins kvpress 0.5.5 and with it
-transformers < 5.3) compresses the cache once, at the prefill; decoding then appends every new token in full. A
-``kvpress:<press>`` policy at budget ``b`` is matched in memory to the static dynheads policy at the same budget:
-its compression ratio is ``1 - f`` with ``f`` the KV fraction that ``k = round(b * L * H_kv)`` whole KV heads
-plus ``sink + recent``-token windows hold at the prompt's length, so both start decoding with the same bytes.
+kvpress (NVIDIA; in the side venv of ``scripts/kvpress-env.sh``, since kvpress 0.5.5 pins transformers < 5.3:
+``press_registry.KVPRESS_ROUTE``) compresses the cache once, at the prefill; decoding then appends every new
+token in full. A ``kvpress:<press>`` policy at budget ``b`` is matched in memory to the static dynheads policy at
+the same budget: its compression ratio is ``1 - f`` with ``f`` the KV fraction that ``k = round(b * L * H_kv)``
+whole KV heads plus ``sink + recent``-token windows hold at the prompt's length, so both start decoding with the
+same bytes.
 
 - ``streaming_llm`` (``StreamingLLMPress``, ``n_sink = sink``), ``snapkv`` (``SnapKVPress``), ``expected_attention``
   (``ExpectedAttentionPress``) and ``knorm`` (``KnormPress``): token-level presses at that ratio,
@@ -42,16 +43,15 @@ from transformers import DynamicCache
 from dynheads.analysis.kvheads import KVHead
 from dynheads.config import parse_fields
 from dynheads.engine.decoding import DecodingSession, GreedyPolicy, StepResult, decode
-from dynheads.errors import DynheadsError
+from dynheads.errors import DynheadsError, did_you_mean
 from dynheads.heads import Head
 from dynheads.io import read_json
-from dynheads.kv.press_registry import KVPRESS_PRESSES, PressSpec, parse_press
+from dynheads.kv.press_registry import KVPRESS_PRESSES, KVPRESS_ROUTE, PressSpec, parse_press
 from dynheads.kv.retention import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
 from dynheads.kv.token_votes import POOL, SPAN, WINDOW, carried, token_scores
 from dynheads.models import LoadedModel, decode_text
 
 PREFIX = "kvpress:"
-EXTRA = "pip install 'dynheads[kvpress]' (kvpress 0.5.5, which needs transformers<5.3)"
 
 
 def is_press(policy: str) -> bool:
@@ -65,6 +65,7 @@ def check_press(policy: str) -> PressSpec:
     if spec.name not in KVPRESS_PRESSES:
         raise DynheadsError(
             f"unknown kvpress policy {policy!r}: use kvpress:<press> with a press of {KVPRESS_PRESSES.choices()}"
+            + did_you_mean(spec.name, KVPRESS_PRESSES.names())
         )
     require_kvpress()
     press_knobs(spec)
@@ -84,13 +85,13 @@ def press_knobs(spec: PressSpec) -> dict:
 
 
 def require_kvpress():
-    """The kvpress module, or a one-line error naming the extra."""
+    """The kvpress module, or a one-line error naming the side venv that has it (``KVPRESS_ROUTE``)."""
     if importlib.util.find_spec("kvpress") is None:
-        raise DynheadsError(f"kvpress policies need the optional kvpress extra: {EXTRA}")
+        raise DynheadsError(f"kvpress policies need kvpress, which this environment lacks: {KVPRESS_ROUTE}")
     try:
         import kvpress
     except ImportError as error:  # e.g. a transformers release kvpress does not support
-        raise DynheadsError(f"kvpress is installed but does not import ({error}); {EXTRA}") from None
+        raise DynheadsError(f"kvpress is installed but does not import ({error}): {KVPRESS_ROUTE}") from None
     return kvpress
 
 

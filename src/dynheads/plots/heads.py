@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.colors import ListedColormap
@@ -57,6 +58,21 @@ def plot_head_dynamics(
     return heads
 
 
+def check_figure_inputs(scores: Any, token_labels: Any) -> None:
+    """Name the argument a Figure 1 call got wrong (a trace, token ids) before numpy or matplotlib would."""
+    if hasattr(scores, "token_texts"):
+        raise DynheadsError(
+            "plot_head_dynamics(scores, token_labels, path) takes a [step, layer, head] array, not a trace: "
+            "pass trace.copy_scores and trace.token_texts"
+        )
+    if isinstance(token_labels, str) or not all(isinstance(label, str) for label in token_labels):
+        kind = type(token_labels).__name__ if isinstance(token_labels, str) else "token ids or other non-text"
+        raise DynheadsError(
+            f"plot_head_dynamics's token_labels are the generated tokens' texts (trace.token_texts), got {kind}: "
+            "pass trace.token_texts, not trace.tokens"
+        )
+
+
 def head_dynamics_figure(
     scores: np.ndarray,
     token_labels: Sequence[str],
@@ -71,9 +87,12 @@ def head_dynamics_figure(
     generated tokens). ``binary=None`` treats bool or 0/1-only scores (Eq. 1) as binary (two colours and a
     legend); anything else (Eq. 2) gets a continuous colour scale and a colour bar.
     """
+    check_figure_inputs(scores, token_labels)
     scores = np.asarray(scores)
     if scores.ndim != 3 or scores.shape[0] == 0:
-        raise DynheadsError(f"need [step, layer, head] scores with at least one step, got shape {scores.shape}")
+        raise DynheadsError(
+            f"need [step, layer, head] scores with at least one step (e.g. trace.copy_scores), got shape {scores.shape}"
+        )
     steps = scores.shape[0]
     if top < 1:
         raise DynheadsError(f"top must be at least 1, got {top}")

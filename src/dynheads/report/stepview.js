@@ -37,7 +37,8 @@
     var s = entry.sample, run = entry.run;
     var metrics = Object.keys(s.metrics).map(function (k) { return k + " " + fmt(s.metrics[k]); }).join(", ");
     var rule = run.score === "copy" ? "Eq. 1 copy score = 1" : "Eq. 2 score > " + run.threshold;
-    meta.textContent = run.label + " sample " + s.id + " (" + metrics + "); answer \u201c" + s.answer + "\u201d; " +
+    meta.textContent = run.label + " sample " + s.id + " (" + metrics + "); " +
+      (s.question ? "question \u201c" + s.question + "\u201d; " : "") + "answer \u201c" + s.answer + "\u201d; " +
       s.prompt_length + " prompt tokens, " + s.total_steps + " generated" +
       (s.steps.length < s.total_steps ? " (first " + s.steps.length + " shown)" : "") +
       ". A head retrieves when " + rule + ". " + run.samples.length + " of " + run.total_samples +

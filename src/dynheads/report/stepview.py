@@ -2,7 +2,8 @@
 
 For up to ``max_samples`` samples of a traced run (spread evenly over its records), one JSON-ready dict each:
 
-- ``id``, ``metrics``, ``answer``, ``generated``, ``prompt_length``, ``layers``, ``heads``;
+- ``id``, ``question`` (a question task's; empty for NIAH), ``metrics``, ``answer``, ``generated``,
+  ``prompt_length``, ``layers``, ``heads``;
 - ``spans``: ``[start, stop)`` prompt-token ranges of the needle (NIAH) or supporting facts (HotpotQA);
 - ``steps``: one entry per generated token (the first ``max_steps``): ``tok`` (its text), ``n`` (heads active at
   that step) and ``h``: ``[layer, head, argmax_pos, score]`` for at most ``max_heads`` of them, best score first.
@@ -45,17 +46,28 @@ def step_view(
     """The per-step view of one traced run: ``{"label", "score", "threshold", "total_samples", "samples"}``."""
     run = RunDir(run_dir)
     records = [r for r in run.records() if run.trace_path(r["sample_id"]).is_file()]
-    chosen = _spread(records, max_samples)
-    samples = [
-        _sample(record, run.load_trace(record["sample_id"]), score, threshold, max_steps, max_heads)
-        for record in chosen
-    ]
+    chosen = [(record, run.load_trace(record["sample_id"])) for record in _spread(records, max_samples)]
+    view = traces_view(chosen, label, score, threshold=threshold, max_steps=max_steps, max_heads=max_heads)
+    return {**view, "total_samples": len(records)}
+
+
+def traces_view(
+    traced: Sequence[tuple[dict, Trace]],
+    label: str,
+    score: ScoreKind,
+    *,
+    threshold: str | float = REASONING_THRESHOLD,
+    max_steps: int = 64,
+    max_heads: int = 24,
+) -> dict[str, Any]:
+    """``step_view`` of (record, trace) pairs held in memory: a record needs ``sample_id`` and may give
+    ``question``, ``answer``, ``needle_positions`` and ``metrics`` (``Sample.describe()`` gives them)."""
     return {
         "label": label,
         "score": score,
         "threshold": None if ScoreSpec(score).score.binary else str(threshold),
-        "total_samples": len(records),
-        "samples": samples,
+        "total_samples": len(traced),
+        "samples": [_sample(record, trace, score, threshold, max_steps, max_heads) for record, trace in traced],
     }
 
 
@@ -96,6 +108,7 @@ def _sample(
     metrics = {name: _finite(value) for name, value in record.get("metrics", {}).items()}
     return {
         "id": record["sample_id"],
+        "question": str(record.get("question") or ""),
         "metrics": metrics,
         "answer": record.get("answer", ""),
         "generated": record.get("generated", trace.text),

@@ -6,7 +6,8 @@
 occurrence of ``answer`` in the context. Other keys are ignored. A record is rendered with the QA prompt
 (``dynheads.tasks.hotpotqa``'s system prompt and user template) through ``own_text.sample_from_text``: no padding,
 no distractors, no lengths or depths. Every head is scored at every step with Eq. 1 and Eq. 2 against the spans;
-D_t is Eq. 1's (the spans are what a head copies from); metrics are the QA ones (EM, F1).
+D_t is Eq. 1's (the spans are what a head copies from); metrics are recall (the share of the answer's words in
+the reply's first sentence: 1 when the answer is said inside a sentence), then the QA ones (EM, F1).
 
 ``check_data`` reads and checks the whole file without a tokenizer, so a bad record is named with its line number
 at once; then it tokenises every record with the model's tokenizer alone (``models.load_tokenizer``: seconds, no
@@ -33,6 +34,9 @@ from dynheads.tasks.questions import QuestionStream
 from dynheads.tasks.registry import Task, register
 
 NAME = "custom"
+# recall first: a chat model answers in a sentence, so the answer's words inside its reply decide (the KV table's
+# accuracy, the summary line's first number); EM and F1 follow
+CUSTOM_METRICS = {"recall": "recall", **qa_metrics.QA_METRICS}
 FIELDS = ("id", "context", "question", "answer")  # required, each a string (an integer id is read as text)
 
 
@@ -138,11 +142,12 @@ def check_tokenised(config: Any, tokenizer: Any) -> None:
 
 
 def custom_grid(config: Any, tokenizer) -> TaskGrid:
-    """One sample per record, its context as written (``sample_id`` ``r0000``..., its ``record_id`` the file's id)."""
+    """One sample per record, its context as written; its ``sample_id`` and ``record_id`` are the file's id (a
+    run's files name it through ``runs.file_stem``)."""
     chosen = chosen_records(config)
     template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
     samples = []
-    for index, record in enumerate(chosen, start=config.first):
+    for record in chosen:
         try:
             sample = sample_from_text(
                 tokenizer,
@@ -150,7 +155,7 @@ def custom_grid(config: Any, tokenizer) -> TaskGrid:
                 record.question,
                 answer=record.answer,
                 spans=list(record.spans),
-                sample_id=f"r{index:04d}",
+                sample_id=record.id,
                 record_id=record.id,
                 chat_template_kwargs=template_kwargs,
                 seed=derive_seed(config.seed, record.id),
@@ -172,7 +177,7 @@ CUSTOM = register(
         label="Your data",
         score_kind="copy",
         static_kind="copy",
-        metrics=qa_metrics.QA_METRICS,
+        metrics=CUSTOM_METRICS,
         score=lambda sample, text: qa_metrics.score(sample.answer, text),
         grid=custom_grid,
         prompt=prompt_manifest,

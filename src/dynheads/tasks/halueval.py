@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from dynheads.errors import DynheadsError
 from dynheads.packaged import packaged_file
 from dynheads.tasks.prompting import locate, render_chat, token_span
 from dynheads.tasks.questions import QuestionStream
+
+if TYPE_CHECKING:  # transformers is imported by the code that loads a tokenizer, not by the task's module
+    from transformers import PreTrainedTokenizerBase
 
 TASKS = {"qa": "halueval-qa", "dialogue": "halueval-dialogue"}  # data option -> packaged file
 SYSTEM_PROMPT = "Answer from the knowledge given. Be brief."

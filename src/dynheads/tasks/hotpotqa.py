@@ -35,9 +35,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, Literal
 
 from dynheads.errors import DynheadsError
 from dynheads.packaged import describe, packaged_file
@@ -54,6 +52,9 @@ from dynheads.tasks.prompting import (
 )
 from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample, build_sample, needle_depth
+
+if TYPE_CHECKING:  # transformers is imported by the code that loads a tokenizer, not by the task's module
+    from transformers import PreTrainedTokenizerBase
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Answer with a short phrase."
 USER_TEMPLATE = (

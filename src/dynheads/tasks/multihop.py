@@ -33,9 +33,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from itertools import product
-from typing import Any, TypeGuard
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from dynheads.config import Rule
 from dynheads.errors import DynheadsError
@@ -51,6 +49,9 @@ from dynheads.tasks.prompting import (
 )
 from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample
+
+if TYPE_CHECKING:  # transformers is imported by the code that loads a tokenizer, not by the task's module
+    from transformers import PreTrainedTokenizerBase
 
 SOURCE = "multihop"  # the ``data`` value that selects this task wherever HotpotQA questions are read
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."

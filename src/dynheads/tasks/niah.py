@@ -25,18 +25,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
 from pathlib import Path
-from typing import Any
-
-from rouge_score import rouge_scorer
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from dynheads.errors import DynheadsError
-from dynheads.models import cache_root
+from dynheads.packaged import cache_root
 from dynheads.seeding import derive_seed
 from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.prompting import chat_template_kwargs, check_span_keeps, locate, render_chat, token_span
 from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample, build_sample
+
+if TYPE_CHECKING:  # transformers is imported by the code that loads a tokenizer, not by the task's module
+    from transformers import PreTrainedTokenizerBase
 
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
 QUESTION = "What is the magic word?"
@@ -231,12 +231,17 @@ def sentence_end_before(text: str, index: int) -> int:
     return ends[-1] if ends else 0
 
 
-_scorer = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=False)
+@lru_cache(maxsize=1)
+def rouge_l_scorer() -> Any:
+    """ROUGE-1 and ROUGE-L without stemming, built on first use (rouge_score imports nltk, which imports sklearn)."""
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=False)
 
 
 def score(answer: str, generated: str) -> dict[str, float]:
     """Accuracy (the UUID appears verbatim), ROUGE-L F1 and ROUGE-1 recall of the answer in the generation."""
-    scores = _scorer.score(answer, generated)
+    scores = rouge_l_scorer().score(answer, generated)
     return {
         "accuracy": float(answer in generated),
         "rouge_l": scores["rougeL"].fmeasure,

@@ -11,7 +11,8 @@ precedence:
 - spans marked in the context itself: ``"The magic word is [[pineapple]]."`` (the marks are removed);
 - otherwise every occurrence of ``answer`` in the context.
 
-Refused, each with a one-line ``DynheadsError``: an empty, blank or out-of-range span, a span whose tokens do not
+Refused, each with a one-line ``DynheadsError``: an answer that is not inside a ``[[marked]]`` span (nor holds
+one), an empty, blank or out-of-range span, a span whose tokens do not
 decode back to its text (it tokenises away), a string or answer that does not occur, and a prompt longer than the
 model's context window (when the model, not only its tokenizer, is given).
 """
@@ -107,6 +108,19 @@ def _one_span(context: str, index: int, span: Any) -> list[tuple[int, int]]:
     return [(start, stop)]
 
 
+def check_answer_in_marks(answer: str, marked: Sequence[str]) -> None:
+    """Refuse an ``answer`` that neither lies inside a ``[[marked]]`` span nor holds one (case aside): the marks,
+    not the answer, say what is scored, so a question about another part of the text would score the wrong span."""
+    given = answer.strip().lower()
+    if not given or any(given in text.lower() or text.strip().lower() in given for text in marked):
+        return
+    shown = ", ".join(repr(text[:40]) for text in marked[:3])
+    raise DynheadsError(
+        f"the answer {answer.strip()[:60]!r} is not inside the marked span(s) {shown}, which are what would be "
+        f"scored: mark its own span with {MARK_OPEN}...{MARK_CLOSE}, or pass spans=[...]"
+    )
+
+
 def fill_template(template: str, context: str, question: str) -> tuple[str, int]:
     """The user turn of ``template`` (one ``{context}``, at most one ``{question}``) and where the context starts."""
     if template.count("{context}") != 1:
@@ -141,6 +155,7 @@ def sample_from_text(
     marked_context, marked = unmark(context)
     if spans is None and marked:
         context, spans = marked_context, marked
+        check_answer_in_marks(answer, [context[start:stop] for start, stop in marked])
     char_spans = resolve_spans(context, spans, answer)
     user, offset = fill_template(template, context, question)
     prompt = render_chat(tokenizer, system_prompt, user, chat_template_kwargs)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
-
-from jinja2 import TemplateError  # what a chat template's raise_exception raises (transformers renders with jinja2)
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, cast
 
 from dynheads.errors import DynheadsError
 from dynheads.models import decode_text
+
+if TYPE_CHECKING:  # transformers is imported by the code that loads a tokenizer, not by the task's module
+    from transformers import PreTrainedTokenizerBase
 
 # Template variables passed to every chat template (templates ignore the ones they do not use):
 # - enable_thinking=False: Qwen3 templates otherwise open a <think> block (EM/F1 silently 0, budget spent thinking);
@@ -87,6 +87,8 @@ def _render_turns(
     tokenizer: PreTrainedTokenizerBase, system: str, user: str, variables: dict[str, Any]
 ) -> tuple[str, str]:
     """The system and user turns through the chat template, and the prompt template that says how."""
+    from jinja2 import TemplateError  # what a chat template's raise_exception raises (transformers renders with it)
+
     try:
         return _templated(
             tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": user}], variables

@@ -42,9 +42,7 @@ import string
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import product
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from dynheads.config import Rule
 from dynheads.errors import DynheadsError
@@ -61,6 +59,9 @@ from dynheads.tasks.prompting import (
 )
 from dynheads.tasks.registry import Task, register
 from dynheads.tasks.sample import Sample
+
+if TYPE_CHECKING:  # transformers is imported by the code that loads a tokenizer, not by the task's module
+    from transformers import PreTrainedTokenizerBase
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."  # RULER's
 SYSTEM_PROMPT = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct."
