@@ -128,23 +128,33 @@ CLAIM2_ARMS = ("static_outside", "random", "static")
 
 
 def rag_study(effect: float) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
-    """Per question: a static F1 (0, 1 or partial), and a dynamic F1 that differs on ``RAG_DISCORDANT`` of the
-    questions, in the direction that makes the mean difference ``effect``."""
+    """Per question two F1 values (each 0, 1 or partial); on ``RAG_DISCORDANT`` of the questions the strategies get
+    different ones, the higher going to Dynamic with the probability that makes the mean difference ``effect``
+    (0.5 at no difference: the two strategies are exchangeable, an exact null); the others get the same value."""
 
     def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
         n = counts.rag
-        static = np.where(rng.random(n) < 0.5, 1.0, 0.0)
-        partial = rng.random(n) < 0.2
-        static[partial] = rng.random(int(partial.sum()))
-        dynamic = static.copy()
+        first, second = _f1_values(rng, n), _f1_values(rng, n)
+        high, low = np.maximum(first, second), np.minimum(first, second)
         discordant = rng.random(n) < RAG_DISCORDANT
-        up = rng.random(n) < 0.5 + effect / (2 * RAG_DISCORDANT)  # P(better | discordant): mean shift = effect
-        dynamic[discordant & up] = np.minimum(1.0, static[discordant & up] + rng.uniform(0.5, 1.0))
-        dynamic[discordant & ~up] = np.maximum(0.0, static[discordant & ~up] - rng.uniform(0.5, 1.0))
+        dynamic_better = rng.random(n) < 0.5 + effect / (2 * RAG_DISCORDANT * RAG_SPREAD)
+        dynamic = np.where(discordant, np.where(dynamic_better, high, low), first)
+        static = np.where(discordant, np.where(dynamic_better, low, high), first)
         verdict = claims.rag_verdict({5: (dynamic, static)}, "RAG", EVIDENCE)
         return {"rag": (verdict.effects[0].decide(EVIDENCE.floor)[0], n)}
 
     return run
+
+
+def _f1_values(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Per-question F1 as QA answers score: 0 or 1 (0.4 each), else partial (uniform)."""
+    kind = rng.random(n)
+    return np.where(kind < 0.4, 0.0, np.where(kind < 0.8, 1.0, rng.random(n)))
+
+
+RAG_SPREAD = float(
+    np.mean(np.abs(_f1_values(np.random.default_rng(0), 200_000) - _f1_values(np.random.default_rng(1), 200_000)))
+)  # E|u - v|
 
 
 STATIC_CONCENTRATED = WorldSpec(alpha=1.5)
