@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dynheads import stages
 from dynheads.analysis.cca import write_cca
 from dynheads.analysis.dynamism import dynamism_stats, per_sample_dynamism
 from dynheads.analysis.evidence import EvidenceSettings
@@ -287,7 +288,8 @@ def test_every_section_and_verdict_is_in_the_markdown(report):
     assert "head predictor - frequency profile AUPRC (no position control) 0.350 [0.200, 0.500] (n=6), rule > 0" in md
     assert "**Verdict:** Dynamic RAG (dynamic beats static), HotpotQA: supported." in md
     assert re.search(r"Dynamic - Static F1 at k=5 0\.225 \[0\.2\d\d, 0\.2\d\d\] \(n=6\), rule > 0", md)
-    assert "Claim 1 (dynamism), HotpotQA: inconclusive (no dynamism statistics)" in md
+    # its stages not run yet: nothing decided (issue 60 item 10)
+    assert "Claim 1 (dynamism), HotpotQA: not run (stages hotpotqa-dynamism, hotpotqa-probe not run yet)" in md
     assert "*`hotpotqa-dynamism/`: stage not run.*" in md and "*`hotpotqa-cca/`: stage not run.*" in md
 
 
@@ -329,7 +331,8 @@ def test_an_empty_folder_gives_a_report_that_says_so(tmp_path):
     for heading in SECTION_HEADINGS:
         assert f"\n{heading}" in md
     assert md.count("stage not run") == 15  # manifest + 14 stage folders
-    assert md.count(": inconclusive (") == 7
+    assert md.count(": not run (") == 7 and ": inconclusive (" not in md  # nothing ran: nothing decided
+    assert "**15 of 15 stages not run yet: run the same command to continue**" in md
     assert '"runs":[]' in html_path.read_text()
 
 
@@ -337,6 +340,7 @@ def test_an_unreadable_stage_is_reported_not_raised(tmp_path):
     (tmp_path / "ablation").mkdir()
     write_text(tmp_path / "ablation" / "cells.csv", "strategy,length\ndynamic,500\n")  # no metric column
     write_text(tmp_path / "dynamism" / "dynamism.json", "{not json")
+    (tmp_path / "probe").mkdir()  # Claim 1's other stage: ran, so that its verdict is read from the unreadable one
     md = write_report(tmp_path)[0].read_text()
     assert "Claim 2 (irreplaceability), NIAH: inconclusive (no ablation results)" in md
     assert "Claim 1 (dynamism), NIAH: inconclusive (" in md
@@ -551,6 +555,44 @@ def test_rag_rule_identical_arms_are_inconclusive_and_a_large_effect_is_supporte
     worse = claims.rag_verdict({5: (same - 0.3, same), 10: (same + 0.3, same)}, evidence=EVIDENCE)
     assert worse.status == "not supported"
     assert claims.rag_verdict({}).status == "inconclusive"
+
+
+def test_a_partial_study_says_its_cards_are_not_run_and_how_many_stages_are_missing(tmp_path):
+    """A study stopped after its first stage (only niah/, logged in stages.json) of a preset whose QA task is the
+    key-value lookup: every card "not run" (nothing decided), the top says how many stages are missing and how to
+    continue, and no card names HotpotQA (issue 60 item 10)."""
+    from dynheads.experiments.reproduce import PRESETS
+    from dynheads.tasks.registry import task_of
+
+    qa_source = PRESETS["quick"]["qa_source"]
+    lookup = task_of("hotpotqa", qa_source).label
+    assert "HotpotQA" not in lookup
+    write_json(
+        tmp_path / "manifest.json",
+        {"kind": "reproduce", "preset": "quick", "model": MODEL, "preset_settings": {"qa_source": qa_source}},
+    )
+    _traced_run(tmp_path / "niah", "niah", np.random.default_rng(0), 6, NEEDLE, {"accuracy": 1.0})
+    write_json(tmp_path / "stages.json", {"niah": {"seconds": 3.0}})
+    md_path, html_path = write_report(tmp_path)
+    md, page = md_path.read_text(), html_path.read_text()
+    verdicts = md[md.index("## Verdicts") : md.index("\n## ", md.index("## Verdicts") + 1)]
+    assert verdicts.startswith("## Verdicts\n\n**14 of 15 stages not run yet: run the same command to continue**")
+    cards = re.findall(r"^### (.*): (.*)$", verdicts, re.M)
+    assert len(cards) == 7 and {status for _, status in cards} == {"not run"}
+    assert [card for card, _ in cards if "HotpotQA" in card] == []
+    assert sum(lookup in card for card, _ in cards) == 4  # Claims 1-3 and RAG on the preset's QA task
+    assert ": inconclusive" not in md
+    assert "**Verdict:** Claim 2 (irreplaceability), NIAH: not run (stage ablation not run yet)." in md
+    assert "**Verdict:** Claim 1 (dynamism), NIAH: not run (stages dynamism, probe not run yet)." in md
+    assert page.count('<span class="badge">not run</span>') == 7 and ">inconclusive<" not in page
+    assert "14 of 15 stages not run yet" in page and "HotpotQA run" not in page
+
+
+def test_a_finished_study_has_no_missing_stages_line(tmp_path):
+    root = make_reproduce_dir(tmp_path / "study")
+    write_json(root / "stages.json", {name: {"seconds": 1.0} for name in stages.STAGES.names()})
+    md = write_report(root)[0].read_text()
+    assert "stages not run yet" not in md and ": not run" not in md
 
 
 def test_a_failed_stage_makes_its_verdict_inconclusive(tmp_path):

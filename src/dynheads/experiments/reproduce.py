@@ -35,6 +35,7 @@ import torch
 from dynheads import distributed, stages
 from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 from dynheads.errors import DynheadsError
+from dynheads.experiments import study_time
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_progressive
 from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads
 from dynheads.experiments.dose import run_claim2
@@ -180,9 +181,28 @@ def reproduce(
     )
     _check_same_preset(manifest, _jsonable(stage_tables), out)
     study = Study(config, preset, out, lm, progress, log, batch_size)
-    for entry in STUDY:
+    names = [entry.name for entry in STUDY]
+    seconds = _announce_estimate(config.preset, stage_tables, [n for n in names if n not in log.log], lm)
+    for index, entry in enumerate(STUDY, 1):
+        if distributed.is_main():
+            left = sum(seconds.get(name, 0.0) for name in names[index - 1 :])
+            print(study_time.progress_line(index, len(names), entry.name, left), flush=True)
         study.log.run(entry.name, partial(entry.value, study), every_rank=entry.name in SAMPLE_STAGES)
     return out
+
+
+def _announce_estimate(preset: str, tables: dict, to_run: list[str], lm: LoadedModel) -> dict[str, float]:
+    """Rank 0 times the loaded model once and prints the study's estimated total (``study_time``); the seconds per
+    stage still to run (none on the other ranks, which print nothing)."""
+    if not distributed.is_main() or not to_run:
+        return {}
+    calibration = study_time.calibrate(lm, min(CALIBRATION_PROMPT, lm.max_context or CALIBRATION_PROMPT))
+    seconds = study_time.estimate_seconds(tables, to_run, calibration)
+    print(study_time.estimate_line(preset, seconds, calibration), flush=True)
+    return seconds
+
+
+CALIBRATION_PROMPT = 256  # tokens of the prompt the estimate's calibration prefills
 
 
 @dataclass(frozen=True)

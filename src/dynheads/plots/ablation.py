@@ -39,10 +39,9 @@ def heatmap_figure(
     first = next(iter(panels.values()))
     depths, lengths = list(first.index), list(first.columns)
     largest = max(float(np.nanmax(c.to_numpy(dtype=float))) for c in counts.values()) if counts else 1.0
-    figure = Figure(
-        figsize=(1.0 + (0.8 + 0.8 * len(lengths)) * len(panels), 1.6 + 0.5 * len(depths)), layout="constrained"
-    )
-    axes = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    widths = [max(0.8 + 0.8 * len(lengths), _title_width(name)) for name in panels]
+    figure = Figure(figsize=(1.0 + sum(widths), 1.6 + 0.5 * len(depths)), layout="constrained")
+    axes = figure.subplots(1, len(panels), sharey=True, squeeze=False, width_ratios=widths)[0]
     for ax, (name, table) in zip(axes, panels.items(), strict=True):
         values = table.reindex(index=depths, columns=lengths).to_numpy(dtype=float)
         alpha = np.ones_like(values)
@@ -71,12 +70,19 @@ def heatmap_figure(
             ],
             fontsize=9,
         )
-        ax.set_xlabel("context length (tokens)", fontsize=10)
+    # one x label under all the panels: a label per panel runs into its neighbours' under narrow panels
+    figure.supxlabel("context length (tokens)", fontsize=10)
     axes[0].set_ylabel("needle depth (asked, at = realised mean)" if realised else "needle depth", fontsize=10)
     figure.colorbar(image, ax=list(axes), label=label, fraction=0.03, pad=0.02)
     if title:
         figure.suptitle(title, fontsize=12)
     return figure
+
+
+def _title_width(title: str, fontsize: float = 11) -> float:
+    """Inches a panel needs so that its title's longest line (about 0.6 em a character) fits above it."""
+    longest = max(len(line) for line in title.splitlines()) if title else 0
+    return 0.6 * fontsize / 72 * longest + 0.3
 
 
 def plot_heatmaps(

@@ -25,18 +25,20 @@ def pareto_front(resident: np.ndarray, accuracy: np.ndarray) -> np.ndarray:
     return np.asarray(~beaten.any(axis=1))
 
 
-def dodge_ties(resident: np.ndarray, accuracy: np.ndarray, *, step: float = 0.04) -> np.ndarray:
-    """Where to draw each point on a log resident axis: points that coincide (equal accuracy, resident KV within 1 %
-    of each other) are spread sideways by ``step`` in log space around their mean, in the order given, so that tied
-    policies stay visible side by side; every other point keeps its own resident KV. Only the drawing moves: the
-    table keeps the measured values."""
+def dodge_ties(
+    resident: np.ndarray, accuracy: np.ndarray, *, step: float = 0.04, within: float = float(np.log(1.01))
+) -> np.ndarray:
+    """Where to draw each point on a log resident axis: points that coincide (equal accuracy, resident KV within
+    ``within`` in log space of each other: 1 % by default) are spread sideways by ``step`` in log space around their
+    mean, in the order given, so that tied policies stay visible side by side; every other point keeps its own
+    resident KV. Only the drawing moves: the table keeps the measured values."""
     x, y = np.asarray(resident, dtype=float), np.asarray(accuracy, dtype=float)
     drawn = x.copy()
     placed = np.zeros(len(x), dtype=bool)
     for index in range(len(x)):
         if placed[index]:
             continue
-        tied = ~placed & (np.abs(np.log(x / x[index])) < np.log(1.01)) & np.isclose(y, y[index])
+        tied = ~placed & (np.abs(np.log(x / x[index])) < within) & np.isclose(y, y[index])
         members = np.flatnonzero(tied)
         placed[members] = True
         if len(members) == 1:
@@ -61,6 +63,11 @@ def _draw_front(axes, table: pd.DataFrame) -> None:
     )
 
 
+# a marker (8 pt) is about 0.1 of the accuracy panel's log axis wide: points closer than that, at equal accuracy,
+# would draw on top of each other (a press and a policy at almost the same resident KV), so they are spread this far
+MARKER_WIDTH_LOG = 0.1
+
+
 def plot_kv_accuracy(
     table: pd.DataFrame,
     path: str | Path,
@@ -71,16 +78,22 @@ def plot_kv_accuracy(
 ) -> Path:
     """Left: accuracy (95 % interval bars) against the resident KV (fraction of the unmodified model's, log scale:
     2x, 4x, 8x, 16x compression are equally spaced) per policy, one point per budget, ``full`` and ``none`` as points
-    too, and the Pareto front of all points (grey): a policy is judged by where it sits against it; points that tie
-    (same accuracy, resident KV within 1 %) are drawn a little apart (:func:`dodge_ties`). Right: MB moved
-    per decode step from the second tier against the resident KV (dynamic policies; a static policy moves nothing).
+    too, and the Pareto front of all points (grey): a policy is judged by where it sits against it; points that would
+    draw on top of each other (same accuracy, resident KV within a marker's width) are drawn a marker apart
+    (:func:`dodge_ties`). Right, only where a dynamic policy ran: MB moved per decode step from the second tier
+    against the resident KV (a static policy or a press moves nothing, so without a dynamic one there is no panel).
     ``table``: table.csv's columns; ``measure``: what its accuracy column holds (the task's first metric);
     ``front``: draw the Pareto front (not where the full cache is at chance: no row of it is evidence)."""
-    figure = Figure(figsize=(10, 5), layout="constrained")
-    accuracy_ax, moved_ax = figure.subplots(1, 2)
+    dynamic = bool(table["offloaded_mb"].gt(0).any())
+    figure = Figure(figsize=(10, 5) if dynamic else (6.5, 5), layout="constrained")
+    axes = figure.subplots(1, 2 if dynamic else 1, squeeze=False)[0]
+    accuracy_ax = axes[0]
     if front:
         _draw_front(accuracy_ax, table)
-    table = table.assign(drawn_fraction=dodge_ties(table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy()))
+    drawn = dodge_ties(
+        table["kv_fraction"].to_numpy(), table["accuracy"].to_numpy(), step=MARKER_WIDTH_LOG, within=MARKER_WIDTH_LOG
+    )
+    table = table.assign(drawn_fraction=drawn)
     for index, policy in enumerate(dict.fromkeys(table["policy"])):
         rows = table[table["policy"] == policy].sort_values("kv_fraction")
         # from the policy's registry entry: distinct markers and dashes, as equal accuracies draw on top of each other
@@ -93,40 +106,53 @@ def plot_kv_accuracy(
             markerfacecolor="none",
             markersize=8,
         )
-        x, accuracy = rows["kv_fraction"].to_numpy(), rows["accuracy"].to_numpy()
+        accuracy = rows["accuracy"].to_numpy()
         errors = [accuracy - rows["accuracy_low"].to_numpy(), rows["accuracy_high"].to_numpy() - accuracy]
         accuracy_ax.errorbar(rows["drawn_fraction"].to_numpy(), accuracy, yerr=errors, capsize=3, **look)
-        if rows["offloaded_mb"].gt(0).any():
-            moved_ax.plot(x, rows["moved_mb_per_step"].to_numpy(), **look)
-    accuracy_ax.set(
+        if dynamic and rows["offloaded_mb"].gt(0).any():
+            axes[1].plot(rows["kv_fraction"].to_numpy(), rows["moved_mb_per_step"].to_numpy(), **look)
+    _label_accuracy_axis(accuracy_ax, table, measure)
+    if dynamic:
+        _label_moved_axis(axes[1], table)
+    figure.legend(
+        *accuracy_ax.get_legend_handles_labels(), loc="outside lower center", ncols=5 if dynamic else 3, fontsize=8
+    )
+    if title:
+        figure.suptitle(title)
+    return save_png(figure, path)
+
+
+def _label_accuracy_axis(axes, table: pd.DataFrame, measure: str) -> None:
+    """Accuracy from 0 to 1 against the resident KV on a log axis ticked at 1/32 .. 1."""
+    axes.set(
         xlabel="resident KV (fraction of the unmodified model's, log scale)",
         ylabel=measure,
         ylim=(-0.03, 1.03),
         xscale="log",
         xlim=(min(0.04, 0.8 * float(table["kv_fraction"].min())), 1.1),
     )
-    ticks = [f for f in (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1) if f >= accuracy_ax.get_xlim()[0]]
-    accuracy_ax.set_xticks(ticks, [f"1/{round(1 / f)}" if f < 1 else "1" for f in ticks])
-    accuracy_ax.minorticks_off()
-    moved_ax.set(
+    ticks = [f for f in (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1) if f >= axes.get_xlim()[0]]
+    axes.set_xticks(ticks, [f"1/{round(1 / f)}" if f < 1 else "1" for f in ticks])
+    axes.minorticks_off()
+
+
+def _label_moved_axis(axes, table: pd.DataFrame) -> None:
+    """MB moved per step from 0 to a little above the most any dynamic policy moved, with its own legend."""
+    axes.set(
         xlabel="resident KV (fraction of the unmodified model's)",
         ylabel="MB moved per step (second tier)",
         xlim=(0, 1.03),
     )
     moved = table.loc[table["offloaded_mb"] > 0, "moved_mb_per_step"]
-    moved_ax.set_ylim(0, 1.15 * float(moved.max()) if len(moved) and moved.max() > 0 else 1.0)
-    figure.legend(*accuracy_ax.get_legend_handles_labels(), loc="outside lower center", ncols=5, fontsize=8)
-    if moved_ax.lines:
-        moved_ax.legend(fontsize=8)
-    if title:
-        figure.suptitle(title)
-    return save_png(figure, path)
+    axes.set_ylim(0, 1.15 * float(moved.max()) if moved.max() > 0 else 1.0)
+    axes.legend(fontsize=8)
 
 
 def plot_kv_grid(cells: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
-    """One heat map (depth x context length) of accuracy per (policy, budget) of ``cells.csv``."""
+    """One heat map (depth x context length) of accuracy per (policy, budget) of ``cells.csv``, titled with the
+    policy and, on a line of its own, the budget (a press's long name then still fits above its panel)."""
     panels = {}
     for (policy, budget), rows in cells.groupby(["policy", "budget"], sort=False):
-        name = policy if is_budget_free(policy) else f"{policy} b={budget:g}"
+        name = policy if is_budget_free(policy) else f"{policy}\nb={budget:g}"
         panels[name] = rows.pivot(index="depth", columns="context_tokens", values="accuracy")
     return plot_heatmaps(panels, path, label="accuracy", title=title)

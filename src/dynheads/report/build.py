@@ -67,7 +67,7 @@ from dynheads.tables import (
 )
 from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.niah import NIAH
-from dynheads.tasks.registry import Task, task_of_manifest
+from dynheads.tasks.registry import Task, task_of, task_of_manifest
 
 STAGE_NOT_RUN = "stage not run"
 COLLAPSE_ROWS = 8  # HTML: a longer table (CCA per offset x method, say) opens on a click
@@ -139,7 +139,7 @@ def write_report(out_dir: str | Path, evidence: EvidenceSettings | None = None) 
     title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
     headlines = [_headline(section, verdict, root) for section in body for verdict in section.verdicts]
     run = Section("run", "Run", _overview(manifest, read_json_if_any(root / "stages.json") or {}))
-    sections = [_summary(headlines, manifest), *body]  # the answer first, the run's metadata last
+    sections = [_summary(headlines, manifest, stages_not_run(root)), *body]  # the answer first, the run's metadata last
     md_path, html_path = root / "report.md", root / "report.html"
     write_text(md_path, _markdown(title, sections, run, root))
     write_text(html_path, _html(title, sections, run, _step_data(root)))
@@ -197,12 +197,29 @@ def _ablation_metric(root: Path, stage: str) -> str:
 
 def qa_task(root: Path) -> Task:
     """The task the study's HotpotQA stages ran (HotpotQA, or the multi-hop task standing for it), from their
-    manifests; HotpotQA when none says."""
+    manifests; before any of them ran, the task the study will run (its HotpotQA file, else its preset's
+    ``qa_source``, as ``reproduce`` chooses it); HotpotQA when nothing says."""
     for stage in (stages.HOTPOTQA, stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE, stages.HOTPOTQA_STATIC):
         task = task_of_manifest(read_json_if_any(root / stage / "manifest.json") or {})
         if task is not None:
             return task
-    return HOTPOTQA
+    manifest = read_json_if_any(root / "manifest.json") or {}
+    data = (manifest.get("config") or {}).get("hotpotqa") or (manifest.get("preset_settings") or {}).get("qa_source")
+    try:
+        return task_of(HOTPOTQA.name, data) if isinstance(data, str) else HOTPOTQA
+    except DynheadsError:  # a source this dynheads does not know: the stages that ran it say what it was
+        return HOTPOTQA
+
+
+def stages_not_run(root: Path) -> list[str]:
+    """The study's stages that have not run yet: those ``stages.json`` does not log (``reproduce`` logs a stage when
+    it ends, failed or not, so an interrupted one is not run); in a folder without ``stages.json`` (assembled by
+    hand), the stages without a folder."""
+    log = read_json_if_any(root / "stages.json")
+    names = stages.STAGES.names()
+    if isinstance(log, dict):
+        return [name for name in names if name not in log]
+    return [name for name in names if not (root / name).is_dir()]
 
 
 @dataclass(frozen=True)
@@ -357,11 +374,15 @@ def _unsolved(root: Path, stage: str, task: str) -> str:
 
 def _gate_unsolved(sections: list[Section], root: Path, qa: Task) -> list[Section]:
     """Every verdict of a section whose task (NIAH, or the QA task ``qa``) the model does not solve becomes
-    inconclusive with the reason."""
+    inconclusive with the reason (one whose stages have not run stays "not run")."""
     reasons = {NIAH.name: _unsolved(root, stages.NIAH, NIAH.label), qa.name: _unsolved(root, stages.HOTPOTQA, qa.label)}
     return [
         replace(
-            section, parts=[claims.gated(part, reason) if isinstance(part, Verdict) else part for part in section.parts]
+            section,
+            parts=[
+                claims.gated(part, reason) if isinstance(part, Verdict) and part.status != claims.NOT_RUN else part
+                for part in section.parts
+            ],
         )
         if section.task is not None and (reason := reasons.get(section.task.name, ""))
         else section
@@ -449,7 +470,7 @@ def _dynamism(
     data, metrics = stage_evidence(root, stage), stage_evidence(root, predictor)
     verdict = _guard(
         lambda: (
-            _stage_failed(root, folders, claims.CLAIM1, task) or claims.dynamism_verdict(data, task, evidence, metrics)
+            _unfinished(root, folders, claims.CLAIM1, task) or claims.dynamism_verdict(data, task, evidence, metrics)
         ),
         claims.CLAIM1,
         task,
@@ -457,14 +478,17 @@ def _dynamism(
     return [verdict, *_stage(root, stage, figure, [note])]
 
 
-def _stage_failed(root: Path, needed: Iterable[str], claim: str, task: str) -> Verdict | None:
-    """An inconclusive verdict naming the first stage it needs that failed (stages.json records why), or None."""
+def _unfinished(root: Path, needed: Iterable[str], claim: str, task: str) -> Verdict | None:
+    """The verdict of a claim whose stages ``needed`` have not all finished, or None: inconclusive naming the
+    first that failed (stages.json records why), else "not run" naming those not run yet (``stages_not_run``)."""
     log = read_json_if_any(root / "stages.json") or {}
     for stage in needed:
         error = (log.get(stage) or {}).get("error") if isinstance(log.get(stage), dict) else None
         if error:
             return claims.failed(claim, task, f"stage {stage} failed: {error}")
-    return None
+    not_run = set(stages_not_run(root))
+    missing = [stage for stage in needed if stage in not_run]
+    return claims.not_run(claim, task, missing) if missing else None
 
 
 def _ablation(
@@ -496,7 +520,7 @@ def _ablation(
         return claims.irreplaceability_verdict(values, metric, task, masking, evidence)
 
     return [
-        _guard(lambda: _stage_failed(root, (grid,), claims.CLAIM2, task) or verdict(), claims.CLAIM2, task),
+        _guard(lambda: _unfinished(root, (grid,), claims.CLAIM2, task) or verdict(), claims.CLAIM2, task),
         *_stage(root, grid, figures[0], [grid_note]),
         *_stage(root, progressive, figures[1], [progressive_note]),
     ]
@@ -552,7 +576,7 @@ def _correlation(
         return claims.correlation_verdict(row, metrics, "auprc" if kind == "binary" else "r2", task, evidence)
 
     return [
-        _guard(lambda: _stage_failed(root, folders, claims.CLAIM3, task) or verdict(), claims.CLAIM3, task),
+        _guard(lambda: _unfinished(root, folders, claims.CLAIM3, task) or verdict(), claims.CLAIM3, task),
         *_stage(root, cca, figure, [cca_note]),
         *_stage(root, probe_stage, "Probe", [probe_note]),
     ]
@@ -585,7 +609,7 @@ def _rag(root: Path, task: str, evidence: EvidenceSettings) -> list[Part]:
         for k, row in {5: PAPER_TABLE4[PAPER_MODEL], **PAPER_TABLE6}.items()
     ]
     return [
-        _guard(lambda: _stage_failed(root, (stages.RAG,), claims.RAG, task) or verdict(), claims.RAG, task),
+        _guard(lambda: _unfinished(root, (stages.RAG,), claims.RAG, task) or verdict(), claims.RAG, task),
         *_stage(root, stages.RAG, "RAG"),
         "Paper, Table 4 (HotpotQA EM / F1, k = 5):",
         Table(header, table4),
@@ -669,19 +693,32 @@ def _overview(manifest: dict, timings: dict) -> list[Part]:
     )
 
 
-def _summary(headlines: list[Headline], manifest: dict) -> Section:
+def _summary(headlines: list[Headline], manifest: dict, not_run: list[str]) -> Section:
+    """The first section: how much of the study is missing (when any is), the question, the cards, the rules."""
     model = (manifest.get("model") or {}).get("name", "this model")
     preset = f", preset `{manifest['preset']}`" if manifest.get("preset") else ""
     return Section(
         "verdicts",
         "Verdicts",
-        [
+        _missing_stages(not_run)
+        + [
             f"Does {model}{preset} show what the paper claims? Each card: the verdict, its figure, and the numbers it "
             "rests on beside the paper's (llama3.1-8b, or the range over the paper's models); click for the section.",
             Cards(headlines),
             f"Rules (docs/report.md): {claims.RULES}.",
         ],
     )
+
+
+def _missing_stages(not_run: list[str]) -> list[Part]:
+    """The partial study's first line: how many of its stages have not run, and how to run them."""
+    if not not_run:
+        return []
+    return [
+        f"**{len(not_run)} of {len(stages.STAGES)} stages not run yet: run the same command to continue** "
+        f"(`dynheads reproduce` with the same `--out` and settings resumes where it stopped). Not run: "
+        f'{", ".join(not_run)}; the cards of the claims they decide say "{claims.NOT_RUN}".'
+    ]
 
 
 def _settings(folder: Path, root: Path) -> str:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
@@ -100,13 +101,20 @@ RULES = (
 )
 
 
+# a verdict whose stages have not all run yet decides nothing: neither an answer nor "inconclusive" (which says the
+# evidence, once gathered, did not decide)
+NOT_RUN: Literal["not run"] = "not run"
+VerdictStatus = Status | Literal["not run"]
+UNDECIDED: tuple[VerdictStatus, ...] = ("inconclusive", NOT_RUN)  # the statuses whose sentence gives the reason
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One claim's verdict on one task: the tested effects with their intervals, and the numbers behind them."""
 
     claim: str  # e.g. "Claim 1 (dynamism)"
     task: str  # e.g. "NIAH"
-    status: Status
+    status: VerdictStatus
     reason: str
     numbers: dict[str, float | None] = field(default_factory=dict)
     effects: tuple[Effect, ...] = ()
@@ -114,8 +122,8 @@ class Verdict:
     contrasts: dict[str, str] = field(default_factory=dict)  # Claim 2: each contrast's reading (decided or beside)
 
     def sentence(self) -> str:
-        status = self.status if self.status != "inconclusive" else f"inconclusive ({self.reason})"
-        detail = f" {self.reason}." if self.status != "inconclusive" and self.reason else ""
+        status = f"{self.status} ({self.reason})" if self.status in UNDECIDED else self.status
+        detail = f" {self.reason}." if self.status not in UNDECIDED and self.reason else ""
         tested = " Effects: " + "; ".join(effect.line() for effect in self.effects) + "." if self.effects else ""
         beside = (
             " Descriptive, deciding nothing (dynheads rules): " + "; ".join(e.line() for e in self.descriptive) + "."
@@ -142,6 +150,12 @@ def _decided(
 def failed(claim: str, task: str, why: str) -> Verdict:
     """A verdict whose inputs are missing or whose stage failed: inconclusive, saying why."""
     return Verdict(claim, task, "inconclusive", why)
+
+
+def not_run(claim: str, task: str, missing: Sequence[str]) -> Verdict:
+    """A verdict whose stages ``missing`` have not run yet: nothing decided, naming them."""
+    stage = "stages" if len(missing) > 1 else "stage"
+    return Verdict(claim, task, NOT_RUN, f"{stage} {', '.join(missing)} not run yet")
 
 
 # ---- a task the model does not solve ---------------------------------------------------------------------------

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from dynheads import stages
-from dynheads.analysis.evidence import Effect, EvidenceSettings, Interval, Status, fraction_interval
+from dynheads.analysis.evidence import Effect, EvidenceSettings, Interval, fraction_interval
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json, read_json_if_any
 from dynheads.report import claims
 from dynheads.report.build import build_sections, evidence_of, stage_evidence
-from dynheads.report.claims import Verdict
+from dynheads.report.claims import Verdict, VerdictStatus
 from dynheads.runs import RunDir
 from dynheads.tables import read_summaries
 from dynheads.tasks.registry import Task, task_of_manifest
@@ -40,7 +40,7 @@ STUDY_KIND = "reproduce"
 RESULTS_FILE = "compare.json"  # what a comparison collected of each model, readable by a later comparison
 RESULTS_KIND, RESULTS_FORMAT = "compare", 1
 TRACED = (stages.NIAH, stages.HOTPOTQA)  # the traced stages whose task accuracy a comparison reports
-STATUSES: tuple[Status, ...] = ("supported", "not supported", "inconclusive")
+STATUSES: tuple[VerdictStatus, ...] = ("supported", "not supported", "inconclusive", claims.NOT_RUN)
 # what a verdict is decided by: label -> (where it is recorded, the stage folder, the key). "evidence": the study's
 # evidence settings (its manifest); "config": the stage manifest's config; "rule": the rule of a setting fitted
 # per model (a stage's threshold_fit.json, else its config); "doses": the dose design (the config's fractions of

@@ -26,7 +26,7 @@ FIGURE = "compare-by-size.png"
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.2em;max-width:1400px}table{border-collapse:collapse;
 font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}th{background:#f3f3f3}
 td.supported{background:#e3f4e1}td.not-supported{background:#fbe3e1}td.inconclusive{background:#f6f1dc}
-td small{display:block;color:#444}img{max-width:100%}"""
+td.not-run{background:#f3f3f3}td small{display:block;color:#444}img{max-width:100%}"""
 
 
 def write_compare(folders: Sequence[str | Path], out: str | Path) -> tuple[Path, Path]:

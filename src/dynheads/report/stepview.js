@@ -11,7 +11,7 @@
     run.samples.forEach(function (sample) { entries.push({ run: run, sample: sample }); });
   });
   if (!entries.length) {
-    document.getElementById("stepview").textContent = "No traced NIAH or HotpotQA run in this folder (stage not run).";
+    document.getElementById("stepview").textContent = "No traced task run in this folder yet (its stages have not run).";
     return;
   }
   entries.forEach(function (entry, i) {

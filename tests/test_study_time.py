@@ -1,0 +1,54 @@
+"""The whole study's time (issue 60 item 9): ``reproduce`` prints its estimated total before the first stage, from
+the preset's counts and a calibration of the loaded model, and "stage i/N, about M left" before each stage."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dynheads.experiments import reproduce as reproduce_module
+from dynheads.experiments import study_time
+from dynheads.experiments.reproduce import PRESETS, STUDY, ReproduceConfig, reproduce
+from dynheads.models import load_model
+
+FAKE = study_time.Calibration(prefill_per_token=1e-4, decode_per_step=2e-2)
+
+
+def _total(preset: str) -> float:
+    tables = {key: value for key, value in PRESETS[preset].items() if key != "sources"}
+    return sum(study_time.estimate_seconds(tables, STUDY.names(), FAKE).values())
+
+
+def test_the_estimate_scales_with_the_presets_counts():
+    assert _total("smoke") < _total("quick") < _total("standard")
+    # twice as slow a machine: twice the decoding time (the analysis stages' fixed allowance aside)
+    slow = study_time.Calibration(2 * FAKE.prefill_per_token, 2 * FAKE.decode_per_step)
+    tables = {key: value for key, value in PRESETS["standard"].items() if key != "sources"}
+    fast, twice = (study_time.estimate_seconds(tables, STUDY.names(), c) for c in (FAKE, slow))
+    assert twice["niah"] == pytest.approx(2 * fast["niah"]) and twice["rag"] == pytest.approx(2 * fast["rag"])
+    assert study_time.stage_work("cca", tables["cca"]) is None  # decodes nothing: the fixed allowance
+
+
+def test_the_estimate_line_says_it_is_an_estimate_and_what_it_assumes():
+    seconds = {"niah": 600.0, "cca": 10.0}
+    line = study_time.estimate_line("standard", seconds, FAKE)
+    assert line.startswith("[reproduce] estimated total for preset standard: about 10 min over 2 stages")
+    assert "an estimate" in line and "measured on this machine" in line and "decoding only" in line
+    assert study_time.progress_line(3, 15, "ablation", 150.0) == "[reproduce] stage 3/15 ablation, about 2 min left"
+
+
+def test_reproduce_prints_the_estimate_before_the_first_stage_and_each_stage_i_of_n(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    ran = []  # the stages themselves are not run here: only what reproduce prints around them
+    monkeypatch.setattr(reproduce_module._Stages, "run", lambda self, name, fn, every_rank: ran.append(name))
+    reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=load_model(tiny_model_dir))
+    lines = capsys.readouterr().out.splitlines()
+    names = STUDY.names()
+    assert ran == names and len(names) == 15
+    estimate = next(i for i, line in enumerate(lines) if line.startswith("[reproduce] estimated total"))
+    stage_lines = [i for i, line in enumerate(lines) if re.match(r"\[reproduce\] stage \d+/15 ", line)]
+    assert len(stage_lines) == 15 and estimate < stage_lines[0]
+    for index, (number, name) in enumerate(zip(stage_lines, names, strict=True), 1):
+        assert re.fullmatch(rf"\[reproduce\] stage {index}/15 {name}, about \d+ (s|min) left", lines[number])
