@@ -182,9 +182,10 @@ def reproduce(
     _check_same_preset(manifest, _jsonable(stage_tables), out)
     study = Study(config, preset, out, lm, progress, log, batch_size)
     names = [entry.name for entry in STUDY]
-    seconds = _announce_estimate(config.preset, stage_tables, [n for n in names if n not in log.log], lm)
+    to_run = [n for n in names if n not in log.log]
+    seconds = _announce_estimate(config.preset, stage_tables, to_run, lm) if progress else {}
     for index, entry in enumerate(STUDY, 1):
-        if distributed.is_main():
+        if progress and distributed.is_main():
             left = sum(seconds.get(name, 0.0) for name in names[index - 1 :])
             print(study_time.progress_line(index, len(names), entry.name, left), flush=True)
         study.log.run(entry.name, partial(entry.value, study), every_rank=entry.name in SAMPLE_STAGES)
