@@ -168,3 +168,29 @@ def test_a_chunk_shorter_than_the_window_is_refused_in_one_line(model):
         with torch.no_grad(), press(model):
             model(torch.tensor([random_prompt(6, LENGTH)]), past_key_values=DynamicCache(config=model.config))
     assert "\n" not in str(error.value)
+
+
+def test_the_kv_guides_opening_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    """docs/kv.md opens with a kvpress pipeline example: run its code block unchanged but for the hub id, which
+    points at a tiny random Llama saved with a byte tokenizer, and its static-head file, written where it says."""
+    import re
+    from pathlib import Path
+
+    from zoo import byte_tokenizer
+
+    from dynheads.analysis.headlists import save_head_scores
+
+    guide = (Path(__file__).parents[1] / "docs" / "kv.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(.*?)```", guide, re.S).group(1)
+    hub_id = re.search(r'model="([^"]+)"', block).group(1)
+    tokenizer = byte_tokenizer("{% for m in messages %}<u>{{ m.content }}</u>{% endfor %}<a>")
+    model = tiny_model("llama", vocab_size=len(tokenizer))
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    static = re.search(r'head_tokens_press\("([^"]+)"', block).group(1)
+    (tmp_path / static).parent.mkdir(parents=True)
+    save_head_scores(tmp_path / static, {(2, 1): [0.9], (0, 3): [0.6], (1, 0): [0.0]})
+    context = "the magic word is tapir; the sky is green, and cats sleep a lot. " * 3
+    exec(block.replace(hub_id, str(tmp_path / "model")), {"context": context, "question": "what is the word?"})
+    assert capsys.readouterr().out.strip()  # the pipeline answered (random weights: any text)
