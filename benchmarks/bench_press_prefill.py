@@ -37,7 +37,7 @@ def main() -> None:
     from dynheads.analysis.headlists import load_head_list, scored_heads
     from dynheads.analysis.kvheads import kv_head_ranking
     from dynheads.kv.press_registry import KVPRESS_PRESSES, PressSpec
-    from dynheads.kv.presses import press_generate_all
+    from dynheads.kv.press_runs import press_generate_all
     from dynheads.kv.retention import KVSettings, num_kv_heads
     from dynheads.kv.token_votes import VOTERS
     from dynheads.tasks import niah

@@ -28,4 +28,4 @@ fi
 # kvpress pins transformers<5.3: its tests (skipped above when the main environment lacks it) run again in a venv
 # with the extra (about 30 s to build, once).
 KVPRESS_PY=$(bash scripts/kvpress-env.sh)
-exec "$KVPRESS_PY" -m pytest -q tests/test_kvpress.py
+exec "$KVPRESS_PY" -m pytest -q tests/test_kvpress.py tests/test_kvpress_wrappers.py

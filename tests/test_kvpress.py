@@ -18,7 +18,7 @@ from zoo import random_prompt, tiny_model, tiny_sdpa_lm
 
 from dynheads.errors import DynheadsError
 from dynheads.kv.press_registry import PressSpec, parse_press
-from dynheads.kv.presses import check_press
+from dynheads.kv.press_runs import check_press
 from dynheads.kv.retention import KVSettings, kv_generate
 from dynheads.models import LoadedModel, with_cache
 
@@ -50,7 +50,7 @@ def test_without_the_extra_a_one_line_error_names_it(monkeypatch):
 @needs_kvpress
 @pytest.mark.parametrize("press", ["streaming_llm", "snapkv", "expected_attention", "knorm"])
 def test_token_presses_start_at_the_static_policys_memory(lm, press):
-    from dynheads.kv.presses import press_generate
+    from dynheads.kv.press_runs import press_generate
 
     ids = random_prompt(1)
     ranking = ((0, 0), (1, 1), (2, 0))
@@ -67,7 +67,7 @@ def test_token_presses_start_at_the_static_policys_memory(lm, press):
 def test_decoded_tokens_keep_their_true_positions_after_pruning(lm):
     """kvpress prunes the prefill, so the cache is shorter than the text: every decoded token must still get its
     position in the text (RoPE), not the pruned cache's length."""
-    from dynheads.kv.presses import press_generate
+    from dynheads.kv.press_runs import press_generate
 
     ids, seen = random_prompt(10), []
     hook = lm.model.model.register_forward_pre_hook(
@@ -109,7 +109,7 @@ def test_a_head_list_press_keeps_exactly_its_heads_whole(lm):
 
 @needs_kvpress
 def test_every_head_whole_is_the_unmodified_model(lm):
-    from dynheads.kv.presses import press_generate
+    from dynheads.kv.press_runs import press_generate
 
     ids = random_prompt(3)
     every = tuple((layer, kv) for layer in range(3) for kv in range(2))
@@ -220,7 +220,7 @@ def test_presses_sharing_a_prefill_equal_each_alone(lm):
     """Issue 36 item 1 for the KV runner's presses: every registered press, at two budgets, from one prefill they
     share decodes the same tokens with the same resident KV at every step as under its own kvpress context."""
     from dynheads.kv.press_registry import KVPRESS_PRESSES, PressEntry
-    from dynheads.kv.presses import press_generate_all
+    from dynheads.kv.press_runs import press_generate_all
 
     KVPRESS_PRESSES.register("own_context", PressEntry(f"{__name__}:own_context_press"), help="its own context")
     try:
@@ -243,7 +243,7 @@ def test_presses_sharing_a_prefill_equal_each_alone(lm):
 
 @needs_kvpress
 def test_head_tokens_in_dynheads_kv_hold_snapkvs_bytes(lm):
-    from dynheads.kv.presses import press_generate
+    from dynheads.kv.press_runs import press_generate
 
     ids = random_prompt(5, 120)
     settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),), voters=((1, 2),))
@@ -258,7 +258,8 @@ def test_head_tokens_in_dynheads_kv_hold_snapkvs_bytes(lm):
 def test_head_spans_and_chunkkv_run_in_dynheads_kv_at_the_matched_ratio(lm):
     """head_spans is head_tokens with the fitted span (the same bytes, other tokens); chunkkv keeps whole chunks of
     SnapKV's scores, so its bytes are the matched ratio's rounded to whole chunks."""
-    from dynheads.kv.presses import head_tokens_press, make_press, matched_ratio, press_generate
+    from dynheads.kv.presses import head_tokens_press
+    from dynheads.kv.press_runs import make_press, matched_ratio, press_generate
     from dynheads.kv.token_votes import SPAN
 
     ids = random_prompt(5, 120)
@@ -286,7 +287,7 @@ def test_snapkv_spans_carries_snapkvs_own_scores_forward(lm, monkeypatch):
     """The span ablation scores every key with SnapKV's best score among itself and the span keys before it."""
     import kvpress
 
-    from dynheads.kv.presses import make_press, press_generate
+    from dynheads.kv.press_runs import make_press, press_generate
     from dynheads.kv.token_votes import SPAN, carried
 
     calls = []
@@ -313,7 +314,7 @@ def test_snapkv_spans_carries_snapkvs_own_scores_forward(lm, monkeypatch):
 def test_head_tokens_predicted_keeps_what_its_voters_choose_and_needs_them(lm):
     """The predictor-voted press is the head-token press with the prompt's voters: the same tokens, the same bytes."""
     from dynheads.experiments.kv import KVConfig
-    from dynheads.kv.presses import press_generate
+    from dynheads.kv.press_runs import press_generate
 
     ids = random_prompt(6, 120)
     settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),), voters=((2, 1),))
@@ -460,7 +461,7 @@ def test_listing_the_presses_imports_neither_kvpress_nor_torch():
 def test_a_press_registered_in_a_test_file_runs_at_the_matched_bytes(lm):
     """Issue 35: a kvpress press is one registry entry, sized like the built-in ones."""
     from dynheads.kv.press_registry import KVPRESS_PRESSES, PressEntry
-    from dynheads.kv.presses import press_generate
+    from dynheads.kv.press_runs import press_generate
 
     KVPRESS_PRESSES.register("random", PressEntry("kvpress:RandomPress"), help="kvpress's random eviction")
     try:
@@ -486,7 +487,7 @@ def test_a_press_policy_names_its_knobs_after_a_second_colon():
 def test_press_knobs_are_the_press_fields_cast_to_their_types(lm):
     from kvpress import SnapKVPress
 
-    from dynheads.kv.presses import make_press
+    from dynheads.kv.press_runs import make_press
 
     settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0), (1, 1), (2, 0)))
     press = make_press(check_press("kvpress:snapkv:window_size=8:kernel_size=3"), lm, settings, 40)
@@ -510,7 +511,7 @@ def test_press_knobs_are_the_press_fields_cast_to_their_types(lm):
 
 
 def press_generate_of(lm, ids, policy: str, settings: KVSettings):
-    from dynheads.kv.presses import press_generate
+    from dynheads.kv.press_runs import press_generate
 
     return press_generate(lm, ids, check_press(policy), settings, 4, stop_at_eos=False)
 
@@ -519,7 +520,7 @@ def test_a_mistyped_press_gets_a_suggestion_and_kv_help_lists_the_presses(capsys
     from cli_main import run_main
 
     from dynheads.errors import DynheadsError
-    from dynheads.kv.presses import check_press
+    from dynheads.kv.press_runs import check_press
 
     with pytest.raises(DynheadsError, match="did you mean 'snapkv'"):
         check_press("kvpress:snap_kv")
@@ -540,3 +541,24 @@ def test_without_kvpress_the_error_and_doctor_name_the_side_venv(monkeypatch):
         require_kvpress()
     (check,) = [c for c in doctor.run_checks() if c.name == "kvpress"]
     assert "scripts/kvpress-env.sh" in check.detail and "517 MB" in check.detail
+
+
+def test_voters_come_from_a_list_a_static_head_file_or_a_kv_export_folder(tmp_path):
+    """The kvpress user's door (issue 61): ``load_voters`` reads a plain list as given, a static-head file's best
+    positive-score heads, and the query heads of a kv-export's best KV heads; needs no kvpress."""
+    from dynheads.analysis.headlists import save_head_scores
+    from dynheads.analysis.kvheads import write_duo_attention
+    from dynheads.kv.presses import load_voters
+
+    assert load_voters([(2, 1), [0, 3]]) == ((2, 1), (0, 3))
+    save_head_scores(tmp_path / "static.json", {(1, 2): [0.9], (0, 1): [0.5, 0.7], (2, 0): [0.0]})
+    assert load_voters(tmp_path / "static.json") == ((1, 2), (0, 1))  # best first, never the zero-score head
+    assert load_voters(str(tmp_path / "static.json"), count=1) == ((1, 2),)
+    matrix = np.zeros((3, 2))
+    matrix[2, 1], matrix[0, 0] = 0.9, 0.4  # KV head 1 of layer 2 is query heads 2 and 3 of 4
+    write_duo_attention(tmp_path / "export", matrix, aggregation="max", source="x", num_heads=4)
+    assert load_voters(tmp_path / "export", count=3) == ((2, 2), (2, 3), (0, 0))
+    save_head_scores(tmp_path / "zero.json", {(0, 0): [0.0]})
+    for bad, message in [([], "at least one"), (tmp_path / "zero.json", "zero score"), (tmp_path, "kv-export")]:
+        with pytest.raises(DynheadsError, match=message):
+            load_voters(bad)

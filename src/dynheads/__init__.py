@@ -67,7 +67,7 @@ _EXPORTS = exports_by_name(
         "dynheads.ablation.forced": ("forced_ablation", "forced_ablations"),
         "dynheads.kv.retention": ("KVSettings", "kv_generate", "kv_generate_batch"),
         "dynheads.kv.cache": ("HeadwiseCache", "headwise_generate"),
-        "dynheads.kv.presses": ("head_list_press", "head_tokens_press", "press_from_export"),
+        "dynheads.kv.presses": ("head_list_press", "head_tokens_press", "load_voters", "press_from_export"),
         "dynheads.kv.token_votes": ("head_tokens",),
         "dynheads.analysis.kvheads": ("kv_head_matrix", "query_head_scores", "write_duo_attention"),
         "dynheads.analysis.hallucination": ("token_features",),

@@ -218,7 +218,7 @@ class DecodingSession:
         """``count`` one-row sessions at this one-row session's state: its tokens, needle, settings and cache (the
         cached tensors are shared: updates replace them, never write into them). Prefill once, fork the rows.
         ``caches``: one per copy, the cache that copy decodes under instead (e.g. what a kvpress press pruned of this
-        session's prefill; ``kv.presses.press_generate_all``)."""
+        session's prefill; ``kv.press_runs.press_generate_all``)."""
         if type(self.cache) is not DynamicCache:
             raise DynheadsError("a session with its own cache does not fork")
         if caches is not None and len(caches) != count:

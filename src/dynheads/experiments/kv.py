@@ -51,7 +51,7 @@ from dynheads.heads import Head, flat_index, head_key
 from dynheads.io import atomic_path, write_json
 from dynheads.kv.policies import KV_POLICIES, is_budget_free, is_dynamic
 from dynheads.kv.press_registry import KVPRESS_PRESSES, parse_press
-from dynheads.kv.presses import check_press, is_press, press_generate_all
+from dynheads.kv.press_runs import check_press, is_press, press_generate_all
 from dynheads.kv.retention import (
     KVResult,
     KVSettings,

@@ -86,36 +86,46 @@ KVPRESS_PRESSES.register(
 KVPRESS_PRESSES.register("knorm", PressEntry("kvpress:KnormPress"), help="the keys of smallest norm")
 KVPRESS_PRESSES.register(
     "chunkkv",
-    PressEntry("dynheads.kv.presses:chunkkv_press"),
+    PressEntry("dynheads.kv.press_runs:chunkkv_press"),
     help="ChunkKV over SnapKV's scores: whole chunks of 20 tokens kept (kvpress's ChunkKVPress, its defaults)",
 )
 KVPRESS_PRESSES.register(
     "duo_attention",
-    PressEntry("dynheads.kv.presses:duo_attention_press", sizing="heads", needs_static=True),
+    PressEntry("dynheads.kv.press_runs:duo_attention_press", sizing="heads", needs_static=True),
     help="DuoAttention's press driven by the static list: its best KV heads whole, the others streaming",
 )
 KVPRESS_PRESSES.register(
     "head_tokens",
-    PressEntry("dynheads.kv.presses:voted_tokens_press", needs_static=True),
+    PressEntry("dynheads.kv.press_runs:voted_tokens_press", needs_static=True),
     help="retrieval heads choose the tokens every KV head keeps (dynheads.kv.token_votes)",
 )
 KVPRESS_PRESSES.register(
+    "head_tokens_layerwise",
+    PressEntry("dynheads.kv.press_runs:voted_tokens_layerwise_press", needs_static=True),
+    help="as head_tokens, each layer voted by its own voters (composes with every kvpress wrapper)",
+)
+KVPRESS_PRESSES.register(
     "head_spans",
-    PressEntry("dynheads.kv.presses:voted_spans_press", needs_static=True),
+    PressEntry("dynheads.kv.press_runs:voted_spans_press", needs_static=True),
     help="as head_tokens, each vote carrying the 32 keys after it (a fact follows its cue; token_votes.SPAN)",
 )
 KVPRESS_PRESSES.register(
+    "head_spans_layerwise",
+    PressEntry("dynheads.kv.press_runs:voted_spans_layerwise_press", needs_static=True),
+    help="as head_spans, each layer voted by its own voters (composes with every kvpress wrapper)",
+)
+KVPRESS_PRESSES.register(
     "snapkv_spans",
-    PressEntry("dynheads.kv.presses:snapkv_spans_press"),
+    PressEntry("dynheads.kv.press_runs:snapkv_spans_press"),
     help="SnapKV with each score carried 32 keys forward: head_spans' span on every head (the span's ablation)",
 )
 KVPRESS_PRESSES.register(
     "head_tokens_predicted",
-    PressEntry("dynheads.kv.presses:voted_tokens_press", needs_probe=True),
+    PressEntry("dynheads.kv.press_runs:voted_tokens_press", needs_probe=True),
     help="as head_tokens, the voters being the head predictor's best heads for each prompt (--probe)",
 )
 KVPRESS_PRESSES.register(
     "head_spans_predicted",
-    PressEntry("dynheads.kv.presses:voted_spans_press", needs_probe=True),
+    PressEntry("dynheads.kv.press_runs:voted_spans_press", needs_probe=True),
     help="as head_spans, the voters being the head predictor's best heads for each prompt (--probe)",
 )

@@ -1,29 +1,33 @@
-"""kvpress side by side: the field's KV-cache presses as ``kvpress:<press>`` policies of ``dynheads kv``, and a
-dynheads head list as a kvpress press.
+"""The retrieval-head presses as kvpress presses: the door for a kvpress user (issue 61).
 
-kvpress (NVIDIA; in the side venv of ``scripts/kvpress-env.sh``, since kvpress 0.5.5 pins transformers < 5.3:
-``press_registry.KVPRESS_ROUTE``) compresses the cache once, at the prefill; decoding then appends every new
-token in full. A ``kvpress:<press>`` policy at budget ``b`` is matched in memory to the static dynheads policy at
-the same budget: its compression ratio is ``1 - f`` with ``f`` the KV fraction that ``k = round(b * L * H_kv)``
-whole KV heads plus ``sink + recent``-token windows hold at the prompt's length, so both start decoding with the
-same bytes.
+Each press is a kvpress press, made for ``pipeline("kv-press-text-generation")``, ``with press(model): ...`` and
+kvpress's wrappers like kvpress's own::
 
-- ``streaming_llm`` (``StreamingLLMPress``, ``n_sink = sink``), ``snapkv`` (``SnapKVPress``), ``expected_attention``
-  (``ExpectedAttentionPress``) and ``knorm`` (``KnormPress``): token-level presses at that ratio,
-- ``duo_attention``: ``DuoAttentionPress`` driven by a dynheads head list (``head_list_press``): the static policy's
-  k best positive-score KV heads keep every token and the others only ``sink`` + ``recent`` (kvpress masks the
-  evicted keys of those heads instead of freeing them; the bytes counted are the keys it leaves visible),
-- ``head_tokens``: retrieval heads choose the tokens (``head_tokens_press``, ``dynheads.kv.token_votes``): the static
-  list's best query heads vote from an observation window and every KV head keeps the same tokens, at that ratio;
-  ``head_tokens_predicted``: the same, the voters being the head predictor's best heads for the prompt (the runner
-  passes them as ``KVSettings.voters``); ``head_spans``: ``head_tokens`` with every vote carried ``token_votes.SPAN``
-  keys forward, so a voted cue keeps the fact after it (``head_spans_predicted``: with the predictor's voters),
-- ``chunkkv``: ChunkKV (kvpress's ``ChunkKVPress`` over ``SnapKVPress``, its defaults: whole chunks of 20 tokens) and
-  ``snapkv_spans``: SnapKV with its scores carried ``SPAN`` keys forward (``head_spans``' span on every head), two
-  baselines for a policy that keeps facts whole.
+    from transformers import pipeline
+    from dynheads.kv.presses import head_tokens_press
 
-The resident KV of a press row is read from the cache at every decode step (its tokens x KV heads, less the
-masked keys), so the table shows what each press actually held.
+    press = head_tokens_press("static_heads.json", compression_ratio=0.5)  # or a kv-export folder, or [(14, 3), ...]
+    pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
+    answer = pipe(context, question=question, press=press)["answer"]
+
+- ``head_tokens_press``: retrieval heads choose the tokens (``dynheads.kv.token_votes``): the voters ((layer, query
+  head) pairs, ``load_voters``) vote from the last ``window`` prefilled positions and every KV head of every layer
+  keeps the same tokens, at a compression ratio. The cross-layer vote (the default) adds the voters of all layers,
+  so it compresses every layer after the last one: alone and in ``ComposedPress`` it runs, and any kvpress wrapper
+  that scores or sizes one layer at a time is refused with one line. ``layerwise=True`` is a plain ``ScorerPress``
+  whose every layer is voted by its own voters (a layer with none by all its query heads), so every wrapper
+  (``AdaKVPress``, ``ChunkPress``, ``CriticalKVPress``, ``DMSPress``, ``KeyRerotationPress``, ...) can drive it;
+  what that costs against the cross-layer vote is measured in docs/kv.md.
+- ``head_list_press``: DuoAttention driven by a head list: the given KV heads keep every token, the others ``sink`` +
+  ``recent`` (``press_from_export``: from a ``dynheads kv-export`` folder).
+
+Which track of kvpress's leaderboard a press is on is set by where the question is, not by the press: in kvpress's
+pipeline the context is compressed before the question is read (the question-free track); ``dynheads kv``
+compresses the whole prompt, question included (the question-aware track, SnapKV's). docs/kv.md says which rows of
+which page are on which track.
+
+The votes are computed without autograd. ``dynheads.kv.press_runs`` runs these and kvpress's presses as
+``kvpress:<press>`` policies of ``dynheads kv``.
 """
 
 from __future__ import annotations
@@ -31,57 +35,29 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
+from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.analysis.kvheads import KVHead
-from dynheads.config import parse_fields
-from dynheads.engine.decoding import DecodingSession, GreedyPolicy, StepResult, decode
-from dynheads.errors import DynheadsError, did_you_mean
+from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.io import read_json
-from dynheads.kv.press_registry import KVPRESS_PRESSES, KVPRESS_ROUTE, PressSpec, parse_press
-from dynheads.kv.retention import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
-from dynheads.kv.token_votes import POOL, SPAN, WINDOW, carried, token_scores
-from dynheads.models import LoadedModel, decode_text
+from dynheads.kv.press_registry import KVPRESS_ROUTE
+from dynheads.kv.token_votes import POOL, VOTERS, WINDOW, token_scores
 
-PREFIX = "kvpress:"
+VoterSource = str | Path | Sequence[Head]
 
-
-def is_press(policy: str) -> bool:
-    return policy.startswith(PREFIX)
-
-
-def check_press(policy: str) -> PressSpec:
-    """The press of a ``kvpress:<press>[:key=value:...]`` policy; a one-line error when the press is unknown, a
-    knob is not one of its fields, or kvpress is missing."""
-    spec = parse_press(policy)
-    if spec.name not in KVPRESS_PRESSES:
-        raise DynheadsError(
-            f"unknown kvpress policy {policy!r}: use kvpress:<press> with a press of {KVPRESS_PRESSES.choices()}"
-            + did_you_mean(spec.name, KVPRESS_PRESSES.names())
-        )
-    require_kvpress()
-    press_knobs(spec)
-    return spec
-
-
-def press_knobs(spec: PressSpec) -> dict:
-    """The knobs ``spec`` sets, cast to its kvpress press's field types; those the budget or the KV settings set
-    (the compression ratio, the entry's ``knobs``) are refused, and a dynheads-built press takes none."""
-    entry = KVPRESS_PRESSES.get(spec.name)
-    if not spec.knobs:
-        return {}
-    if not entry.is_kvpress:
-        raise DynheadsError(f"kvpress:{spec.name} is built by dynheads from the KV settings: it takes no knobs")
-    refused = {"compression_ratio", *(arg for arg, _ in entry.knobs)}
-    return parse_fields(f"kvpress:{spec.name}", spec.knobs.replace(":", ","), entry.target(), refused)
+# Why the cross-layer vote cannot run under a wrapper, and what to use instead
+CROSS_LAYER_ONLY = (
+    "head_tokens_press votes with the voters of every layer and compresses every layer after the last one, so a "
+    "kvpress wrapper that scores or sizes one layer at a time (AdaKVPress, ChunkPress, CriticalKVPress, DMSPress, "
+    "KeyRerotationPress, MergingPress, PerLayerCompressionPress, ...) cannot drive it: wrap "
+    "head_tokens_press(..., layerwise=True), each layer voted by its own voters (docs/kv.md)"
+)
 
 
 def require_kvpress():
@@ -93,6 +69,41 @@ def require_kvpress():
     except ImportError as error:  # e.g. a transformers release kvpress does not support
         raise DynheadsError(f"kvpress is installed but does not import ({error}): {KVPRESS_ROUTE}") from None
     return kvpress
+
+
+def load_voters(source: VoterSource, count: int = VOTERS) -> tuple[Head, ...]:
+    """The query heads that vote: a list of (layer, head) pairs as given; a dynheads static-head file (Wu et al.'s
+    JSON or a ranked list), its ``count`` best positive-score heads; a ``dynheads kv-export`` folder, the query heads
+    of its best-valued KV heads, ``count`` in all."""
+    if count < 1:
+        raise DynheadsError(f"the number of voting heads is at least 1, got {count}")
+    if isinstance(source, str | Path):
+        path = Path(source)
+        voters = _export_voters(path, count) if path.is_dir() else scored_heads(load_head_list(path))[:count]
+        if not voters:
+            raise DynheadsError(f"{path} gives every head a zero score: it names no voting head")
+        return voters
+    voters = tuple((int(layer), int(head)) for layer, head in source)
+    if not voters:
+        raise DynheadsError("a head-token press needs at least one voting head")
+    return voters
+
+
+def _export_voters(folder: Path, count: int) -> tuple[Head, ...]:
+    config, ranking = _export_ranking(folder)
+    group = int(config["num_query_heads"]) // int(config["num_kv_heads"])
+    return tuple((layer, kv * group + i) for layer, kv in ranking for i in range(group))[:count]
+
+
+def _export_ranking(folder: Path) -> tuple[dict, list[KVHead]]:
+    """An export's config.json and its KV heads with a positive value, best first (ties by layer, head)."""
+    try:
+        config = read_json(folder / "config.json")
+        values = np.loadtxt(folder / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
+    except (OSError, ValueError) as error:
+        raise DynheadsError(f"{folder} is not a dynheads kv-export folder: {error}") from None
+    order = sorted(zip(*np.nonzero(values > 0), strict=True), key=lambda kv: (-values[kv], kv))
+    return config, [(int(layer), int(kv)) for layer, kv in order]
 
 
 @functools.cache
@@ -143,7 +154,84 @@ def _token_press_class() -> type:
         """Retrieval heads choose the tokens (``dynheads.kv.token_votes``): the ``voters`` ((layer, query head) pairs)
         vote from the last ``window`` prefilled positions, and every KV head of every layer keeps the same tokens.
         The votes of all layers are known after the last layer, so the cache of every layer is compressed there
-        (the prefill itself attends in full either way: kvpress compresses after a layer's attention)."""
+        (the prefill itself attends in full either way: kvpress compresses after a layer's attention); ``score``
+        answers only that compression, and a wrapper that calls it or the hook one layer at a time is refused
+        (``CROSS_LAYER_ONLY``)."""
+
+        compression_ratio: float = 0.0
+        voters: tuple[tuple[int, int], ...] = ()
+        window: int = WINDOW
+        sink: int = 4
+        recent: int = 64
+        pool: int = POOL
+        span: int = 0
+        scores: torch.Tensor | None = field(default=None, init=False, repr=False)  # set while compressing
+
+        def post_init_from_model(self, model):
+            self.attention = attention_modules(model)
+            bad = [h for h in self.voters if not (0 <= h[0] < len(self.attention))]
+            if not self.voters or bad:
+                raise DynheadsError(f"the head-token press needs voting heads within {len(self.attention)} layers")
+            self.votes: list[torch.Tensor] = []
+            self.first_layer_ratio = self.compression_ratio
+
+        @torch.no_grad()
+        def forward_hook(self, module, input, kwargs, output):
+            hidden = kwargs["hidden_states"]
+            if not is_prefilling(kwargs["cache_position"], hidden.shape[1]):
+                return output
+            if not hasattr(self, "attention"):  # a wrapper that calls the hook without the model (per-layer sizes)
+                raise DynheadsError(CROSS_LAYER_ONLY)
+            if hidden.shape[0] != 1 or not 0 < self.window < hidden.shape[1]:
+                raise DynheadsError(
+                    f"the head-token press compresses one sequence longer than its window ({self.window} tokens)"
+                )
+            cache, layer = kwargs["past_key_values"], module.layer_idx
+            if layer == 0:
+                self.votes, self.first_layer_ratio = [], self.compression_ratio
+            elif self.compression_ratio != self.first_layer_ratio:  # a wrapper sizing each layer
+                raise DynheadsError(CROSS_LAYER_ONLY)
+            heads = [head for voter_layer, head in self.voters if voter_layer == layer]
+            if heads:  # [1, H, window, n - window] rows of this layer's query heads (kvpress's SnapKV arithmetic)
+                rows = kvpress.SnapKVPress.compute_window_attention(
+                    module, hidden, cache.layers[layer].keys, self.window, kwargs["position_embeddings"]
+                )
+                self.votes.append(rows[0, heads].float().mean(1).sum(0))
+            if layer == len(self.attention) - 1:
+                self._compress_every_layer(cache, hidden, kwargs)
+            return output
+
+        def _compress_every_layer(self, cache, hidden, kwargs):
+            votes = torch.stack(self.votes).sum(0) / len(self.voters)
+            self.scores = token_scores(
+                votes, hidden.shape[1], sink=self.sink, recent=self.recent, pool=self.pool, span=self.span
+            )
+            self.votes = []
+            try:
+                for index, attention in enumerate(self.attention):
+                    held = cache.layers[index]
+                    held.keys, held.values = self.compress(attention, hidden, held.keys, held.values, None, kwargs)
+            finally:
+                self.scores = None
+
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            if self.scores is None:  # called by a wrapper, one layer at a time
+                raise DynheadsError(CROSS_LAYER_ONLY)
+            return self.scores.to(keys.device)[None, None].expand(keys.shape[0], keys.shape[1], -1)
+
+    return HeadTokensPress
+
+
+@functools.cache
+def _layer_token_press_class() -> type:
+    kvpress = require_kvpress()
+
+    @dataclass
+    class LayerHeadTokensPress(kvpress.ScorerPress):  # type: ignore[name-defined]  # a base found at run time
+        """Retrieval heads choose the tokens one layer at a time: the layer's own ``voters`` vote from the last
+        ``window`` positions of the call (a layer with no voter: all its query heads), pooled and protected as
+        ``token_votes.token_scores``, and every KV head of the layer keeps the same tokens. No state across layers
+        or calls, so any kvpress wrapper can call ``score`` (on a chunk, a block, or a layer at its own ratio)."""
 
         compression_ratio: float = 0.0
         voters: tuple[tuple[int, int], ...] = ()
@@ -153,62 +241,51 @@ def _token_press_class() -> type:
         pool: int = POOL
         span: int = 0
 
-        def post_init_from_model(self, model):
-            self.attention = attention_modules(model)
-            bad = [h for h in self.voters if not (0 <= h[0] < len(self.attention))]
-            if not self.voters or bad:
-                raise DynheadsError(f"the head-token press needs voting heads within {len(self.attention)} layers")
-            self.votes: list[torch.Tensor] = []
-
-        def forward_hook(self, module, input, kwargs, output):
-            hidden = kwargs["hidden_states"]
-            if not is_prefilling(kwargs["cache_position"], hidden.shape[1]):
-                return output
-            if hidden.shape[0] != 1 or not 0 < self.window < hidden.shape[1]:
-                raise DynheadsError(
-                    f"the head-token press compresses one sequence longer than its window ({self.window} tokens)"
-                )
-            cache, layer = kwargs["past_key_values"], module.layer_idx
-            heads = [head for voter_layer, head in self.voters if voter_layer == layer]
-            if heads:  # [1, H, window, n - window] rows of this layer's query heads (kvpress's SnapKV arithmetic)
-                rows = kvpress.SnapKVPress.compute_window_attention(
-                    module, hidden, cache.layers[layer].keys, self.window, kwargs["position_embeddings"]
-                )
-                self.votes.append(rows[0, heads].float().mean(1).sum(0))
-            if layer == len(self.attention) - 1:
-                votes = torch.stack(self.votes).sum(0) / len(self.voters)
-                self.scores = token_scores(
-                    votes, hidden.shape[1], sink=self.sink, recent=self.recent, pool=self.pool, span=self.span
-                )
-                self.votes = []
-                for index, attention in enumerate(self.attention):
-                    held = cache.layers[index]
-                    held.keys, held.values = self.compress(attention, hidden, held.keys, held.values, None, kwargs)
-            return output
-
+        @torch.no_grad()
         def score(self, module, hidden_states, keys, values, attentions, kwargs):
-            return self.scores.to(keys.device)[None, None].expand(keys.shape[0], keys.shape[1], -1)
+            length, config = keys.shape[2], module.config
+            if any(not 0 <= layer < config.num_hidden_layers for layer, _ in self.voters):
+                raise DynheadsError(f"the head-token press needs voting heads within {config.num_hidden_layers} layers")
+            if not 0 < self.window < min(length, hidden_states.shape[1]):
+                raise DynheadsError(
+                    f"the head-token press votes from a window of {self.window} positions, so it compresses spans "
+                    f"longer than that (this call: {length} keys)"
+                )
+            heads = [head for layer, head in self.voters if layer == module.layer_idx]
+            rows = kvpress.SnapKVPress.compute_window_attention(  # [B, H, window, n - window]
+                module, hidden_states, keys, self.window, kwargs["position_embeddings"]
+            )
+            votes = rows[:, heads or slice(None)].float().mean(2).mean(1)
+            scores = [
+                token_scores(row, length, sink=self.sink, recent=self.recent, pool=self.pool, span=self.span)
+                for row in votes
+            ]
+            return torch.stack(scores).to(keys.device)[:, None].repeat(1, keys.shape[1], 1)  # wrappers edit it
 
-    return HeadTokensPress
+    return LayerHeadTokensPress
 
 
 def head_tokens_press(
-    voters: Sequence[Head],
+    voters: VoterSource,
     compression_ratio: float,
     *,
+    layerwise: bool = False,
     sink: int = 4,
     recent: int = 64,
     window: int = WINDOW,
     pool: int = POOL,
     span: int = 0,
+    count: int = VOTERS,
 ):
-    """A kvpress press (a ``ScorerPress``) whose scores are the head-guided token votes of ``dynheads.kv.token_votes``:
-    ``with head_tokens_press(heads, 0.75)(model): model(prompt_ids, **with_cache(model, cache))``."""
+    """A kvpress ``ScorerPress`` whose scores are the head-guided token votes of ``dynheads.kv.token_votes``:
+    ``voters`` as ``load_voters`` reads them (``count`` of a file's or export's heads); the cross-layer vote, or
+    with ``layerwise`` each layer's own (the variant every kvpress wrapper composes with)."""
     if not 0 <= compression_ratio < 1:
         raise DynheadsError(f"a compression ratio is in [0, 1), got {compression_ratio}")
-    return _token_press_class()(
+    press_class = _layer_token_press_class() if layerwise else _token_press_class()
+    return press_class(
         compression_ratio=compression_ratio,
-        voters=tuple((int(layer), int(head)) for layer, head in voters),
+        voters=load_voters(voters, count),
         window=window,
         sink=sink,
         recent=recent,
@@ -220,246 +297,16 @@ def head_tokens_press(
 def press_from_export(folder: str | Path, full_heads: int | None = None):
     """``head_list_press`` from a ``dynheads kv-export`` folder: the 1s of a thresholded export, or the
     ``full_heads`` best positive-score KV heads of a scored one; windows from its config.json."""
-    folder = Path(folder)
-    config = read_json(folder / "config.json")
-    values = np.loadtxt(folder / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
+    config, ranking = _export_ranking(Path(folder))
     if "full_kv_heads" in config:
-        whole = [(int(layer), int(head)) for layer, head in zip(*np.nonzero(values >= 0.5), strict=True)]
+        whole = ranking
     elif full_heads is None:
         raise DynheadsError(f"{folder} holds scores, not a 0/1 pattern: say how many KV heads to keep whole")
     else:
-        order = sorted(zip(*np.nonzero(values > 0), strict=True), key=lambda kv: (-values[kv], kv))
-        whole = [(int(layer), int(head)) for layer, head in order[:full_heads]]
+        whole = ranking[:full_heads]
     return head_list_press(whole, sink=int(config["sink_size"]), recent=int(config["recent_size"]))
-
-
-def matched_ratio(lm: LoadedModel, settings: KVSettings, length: int) -> float:
-    """Compression ratio holding, at ``length`` cached tokens, the static policy's bytes at the same budget."""
-    num_kv = num_kv_heads(lm)
-    k = kv_head_count(settings.budget, lm.num_layers, num_kv)
-    kept = kv_memory([(i // num_kv, i % num_kv) for i in range(k)], lm, length, settings.sink, settings.recent)
-    return 1.0 - kept / (lm.num_layers * num_kv * length)
-
-
-def make_press(spec: PressSpec, lm: LoadedModel, settings: KVSettings, length: int):
-    """The registered press ``spec`` names (``press_registry``) with its knobs, sized by ``settings``' budget at
-    ``length`` cached tokens."""
-    require_kvpress()
-    entry = KVPRESS_PRESSES.get(spec.name)
-    ratio = matched_ratio(lm, settings, length) if entry.sizing == "ratio" else None
-    if entry.is_kvpress:
-        from_settings = {arg: getattr(settings, key) for arg, key in entry.knobs}
-        return entry.target()(compression_ratio=ratio, **from_settings, **press_knobs(spec))
-    return entry.target()(lm, settings, ratio)
-
-
-def duo_attention_press(lm: LoadedModel, settings: KVSettings, ratio: None):
-    """``kvpress:duo_attention``: the budget's best static KV heads whole (``head_list_press``)."""
-    return head_list_press(_whole_heads(lm, settings), sink=settings.sink, recent=settings.recent)
-
-
-def voted_tokens_press(lm: LoadedModel, settings: KVSettings, ratio: float):
-    """``kvpress:head_tokens`` / ``head_tokens_predicted``: the settings' voters (the static list's, or the head
-    predictor's for this prompt) choose the tokens, at the matched ratio."""
-    return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent)
-
-
-def voted_spans_press(lm: LoadedModel, settings: KVSettings, ratio: float):
-    """``kvpress:head_spans`` / ``head_spans_predicted``: ``head_tokens`` whose every vote carries the ``SPAN`` keys
-    after it."""
-    return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent, span=SPAN)
-
-
-@functools.cache
-def _spans_press_class() -> type:
-    kvpress = require_kvpress()
-
-    @dataclass
-    class SnapKVSpansPress(kvpress.SnapKVPress):  # type: ignore[name-defined]  # a base found at run time
-        """SnapKV whose every score is carried ``span`` keys forward (``token_votes.carried``), per KV head: the span
-        of ``head_spans`` on all heads' window attention instead of the retrieval heads' votes."""
-
-        span: int = SPAN
-
-        def score(self, module, hidden_states, keys, values, attentions, kwargs):
-            return carried(super().score(module, hidden_states, keys, values, attentions, kwargs), self.span)
-
-    return SnapKVSpansPress
-
-
-def snapkv_spans_press(lm: LoadedModel, settings: KVSettings, ratio: float):
-    """``kvpress:snapkv_spans``: SnapKV (kvpress's defaults) with its scores carried ``SPAN`` keys forward, the span
-    ablation of ``head_spans`` (which heads vote, with the same span)."""
-    return _spans_press_class()(compression_ratio=ratio)
-
-
-def chunkkv_press(lm: LoadedModel, settings: KVSettings, ratio: float):
-    """``kvpress:chunkkv``: ChunkKV as kvpress ships it, over SnapKV's scores (kvpress's defaults: chunks of 20
-    tokens, SnapKV's window and kernel), whole chunks kept at the matched ratio."""
-    kvpress = require_kvpress()
-    return kvpress.ChunkKVPress(press=kvpress.SnapKVPress(compression_ratio=ratio))
-
-
-def _whole_heads(lm: LoadedModel, settings: KVSettings) -> list[KVHead]:
-    """The static list's best KV heads the budget keeps whole."""
-    return list(settings.static_ranking[: kv_head_count(settings.budget, lm.num_layers, num_kv_heads(lm))])
-
-
-def press_generate(
-    lm: LoadedModel,
-    input_ids: Sequence[int],
-    spec: PressSpec,
-    settings: KVSettings,
-    max_new_tokens: int,
-    *,
-    stop_at_eos: bool = True,
-) -> KVResult:
-    """Greedy decoding with the kvpress press ``spec`` names (with its knobs) applied to the prefill of the prompt
-    minus its last token (as ``kv.retention`` prefills), the resident KV read from the cache at every decode step."""
-    (result,) = press_generate_all(lm, input_ids, [(spec, settings)], max_new_tokens, stop_at_eos=stop_at_eos)
-    return result
-
-
-def press_generate_all(
-    lm: LoadedModel,
-    input_ids: Sequence[int],
-    arms: Sequence[tuple[PressSpec, KVSettings]],
-    max_new_tokens: int,
-    *,
-    stop_at_eos: bool = True,
-    share_prefill: bool = True,
-) -> list[KVResult]:
-    """``press_generate`` for several presses of one prompt from one prefill: kvpress compresses a layer's cache
-    after that layer's attention, so the prefill's passes are the same under every press; each press compresses its
-    own copy of every layer's keys and values in that pass (``_pressing``) and then decodes alone from its cache.
-    Each result equals the press's own prefill and decoding (``test_presses_sharing_a_prefill_equal_each_alone``).
-    A press with its own context (one that overrides kvpress's ``BasePress.__call__``, e.g. a press that also acts
-    while decoding) prefills alone under that context, and so does every press with ``share_prefill=False`` (kvpress's
-    own way, the reference). Memory: a press that compresses at the last layer
-    (``head_tokens``) or masks instead of freeing (``duo_attention``) holds a full copy of the cache until then."""
-    if len(input_ids) < 2:
-        raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
-    for spec, settings in arms:
-        _check_drivers(spec, settings)
-    presses = [make_press(spec, lm, settings, len(input_ids) - 1) for spec, settings in arms]
-    shared = [i for i, press in enumerate(presses) if share_prefill and not _has_own_context(press)]
-    alone = [([i], False) for i in range(len(presses)) if i not in shared]
-    results: list[KVResult | None] = [None] * len(arms)
-    for group, share in ([(shared, True)] if shared else []) + alone:
-        pressed = _prefilled(lm, input_ids, [presses[i] for i in group], max_new_tokens, share=share)
-        for i, (session, masked) in zip(group, pressed, strict=True):
-            results[i] = _decode_pressed(lm, session, masked, *arms[i], max_new_tokens, stop_at_eos)
-    return cast(list[KVResult], results)  # every group filled its slots
-
-
-def _has_own_context(press) -> bool:
-    return type(press).__call__ is not require_kvpress().presses.base_press.BasePress.__call__
-
-
-def _prefilled(
-    lm: LoadedModel, input_ids: Sequence[int], presses: list, max_new_tokens: int, share: bool
-) -> list[tuple[DecodingSession, dict[int, object] | None]]:
-    """One session per press, its cache pruned by the press from one prefill of the prompt minus its last token,
-    with the keys a head-level press masks per layer; ``share`` off: one press under its own kvpress context, which
-    leaves those keys on the modules (None)."""
-    # a pruned cache is shorter than the text: each token gets its true position (as kvpress's pipeline)
-    prefilled = DecodingSession(lm, input_ids, max_new_tokens=max_new_tokens, probed=False, text_positions=True)
-    if len(presses) == 1 and not share:
-        with presses[0](lm.model):
-            prefilled.forward(len(input_ids) - 1)
-        return [(prefilled, None)]
-    caches = [DynamicCache(config=lm.model.config) for _ in presses]
-    masks: list[dict[int, object]] = [{} for _ in presses]
-    with _pressing(lm.model, presses, caches, masks):
-        prefilled.forward(len(input_ids) - 1)
-    return list(zip(prefilled.copies(len(presses), caches), masks, strict=True))
-
-
-def _check_drivers(spec: PressSpec, settings: KVSettings) -> None:
-    """A one-line error when the press's head list or predicted voters are missing."""
-    entry = KVPRESS_PRESSES.get(spec.name)
-    if entry.needs_static and not (settings.static_ranking or settings.voters):
-        raise DynheadsError(f"kvpress:{spec.name} is driven by a dynheads head list: pass --static FILE")
-    if entry.needs_probe and not settings.voters:
-        raise DynheadsError(f"kvpress:{spec.name} votes with the head predictor's heads for the prompt: pass --probe")
-
-
-@contextmanager
-def _pressing(model, presses: list, caches: list[DynamicCache], masks: list[dict[int, object]]):
-    """Every press compresses its own cache in one prefill: after each layer's attention, the layer's keys and values
-    are copied into each press's cache and the press's kvpress hook runs on that cache (as ``press(model)`` would on
-    the model's); a head-level press's masked keys are kept per press (kvpress leaves them on the module)."""
-    attention, rotary = attention_modules(model), getattr(model.base_model, "rotary_emb", None)
-    for press in presses:
-        press.post_init_from_model(model)
-    for module in attention:
-        if rotary is not None:  # as kvpress's press context sets it, for presses that re-rotate keys
-            module.rotary_emb = rotary
-
-    def hook(module, args, kwargs, output):
-        layer = module.layer_idx
-        held = kwargs["past_key_values"].layers[layer]
-        for press, cache, masked in zip(presses, caches, masks, strict=True):
-            cache.update(held.keys, held.values, layer)
-            press.forward_hook(module, args, {**kwargs, "past_key_values": cache}, output)
-            masked[layer] = getattr(module, "masked_key_indices", None)
-            module.masked_key_indices = None
-        return output
-
-    handles = [module.register_forward_hook(hook, with_kwargs=True) for module in attention]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def _decode_pressed(
-    lm: LoadedModel,
-    session: DecodingSession,
-    masked: dict[int, object] | None,
-    spec: PressSpec,
-    settings: KVSettings,
-    max_new_tokens: int,
-    stop_at_eos: bool,
-) -> KVResult:
-    """Greedy decoding of a session whose cache a press pruned (``masked``: the keys it masks per layer), the
-    resident KV read from the cache at every step."""
-    entry = KVPRESS_PRESSES.get(spec.name)
-    whole = _whole_heads(lm, settings) if entry.sizing == "heads" else []
-    attention, num_kv, prompt = attention_modules(lm.model), num_kv_heads(lm), session.prompt_length
-    result = KVResult(tokens=[], text="", stop_reason="max_new_tokens", budget_heads=len(whole))
-
-    def measure(step: StepResult) -> None:
-        # a pruned cache holds fewer tokens than were fed; the unmodified model holds them all
-        result.total_kv.append(lm.num_layers * num_kv * (prompt + len(result.kept_kv)))
-        result.kept_kv.append(_resident(session.cache, attention))
-        result.kv_heads.append(whole)
-        result.fetched_kv.append(0)
-        result.fetched_new_kv.append(0)
-        result.dynamic.append([])
-
-    policy = GreedyPolicy(lm.stop_token_ids() if stop_at_eos else set(), measure)
-    try:
-        if masked is not None:  # kvpress reads a head-level press's masked keys from the modules while decoding
-            for module in attention:
-                module.masked_key_indices = masked.get(module.layer_idx)
-        (decoded,) = decode([session], [policy], max_new_tokens)
-    finally:
-        for module in attention:  # the next press or sample must not see this press's head masks
-            module.masked_key_indices = None  # type: ignore[assignment]  # kvpress's attribute, not nn.Module's
-    result.tokens, result.stop_reason = decoded.tokens, decoded.stop_reason
-    result.text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
-    return result
 
 
 def attention_modules(model) -> list:
     """The model's attention modules in layer order (those kvpress hooks)."""
     return [module for module in model.modules() if hasattr(module, "layer_idx") and hasattr(module, "o_proj")]
-
-
-def _resident(cache, attention) -> int:
-    """Tokens x KV heads the cache holds, less the keys kvpress masks (head-level presses do not free them)."""
-    held = sum(int(layer.keys.shape[1] * layer.keys.shape[2]) for layer in cache.layers)
-    masked = sum(len(m.masked_key_indices[0]) for m in attention if getattr(m, "masked_key_indices", None))
-    return held - masked

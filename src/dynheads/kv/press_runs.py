@@ -1,0 +1,321 @@
+"""kvpress side by side: the field's KV-cache presses and the retrieval-head presses (``dynheads.kv.presses``) as
+``kvpress:<press>`` policies of ``dynheads kv``.
+
+kvpress (NVIDIA; in the side venv of ``scripts/kvpress-env.sh``, since kvpress 0.5.5 pins transformers < 5.3:
+``press_registry.KVPRESS_ROUTE``) compresses the cache once, at the prefill; decoding then appends every new
+token in full. A ``kvpress:<press>`` policy at budget ``b`` is matched in memory to the static dynheads policy at
+the same budget: its compression ratio is ``1 - f`` with ``f`` the KV fraction that ``k = round(b * L * H_kv)``
+whole KV heads plus ``sink + recent``-token windows hold at the prompt's length, so both start decoding with the
+same bytes.
+
+- ``streaming_llm`` (``StreamingLLMPress``, ``n_sink = sink``), ``snapkv`` (``SnapKVPress``), ``expected_attention``
+  (``ExpectedAttentionPress``) and ``knorm`` (``KnormPress``): token-level presses at that ratio,
+- ``duo_attention``: ``DuoAttentionPress`` driven by a dynheads head list (``presses.head_list_press``): the static
+  policy's k best positive-score KV heads keep every token and the others only ``sink`` + ``recent`` (kvpress masks the
+  evicted keys of those heads instead of freeing them; the bytes counted are the keys it leaves visible),
+- ``head_tokens``: retrieval heads choose the tokens (``presses.head_tokens_press``, ``dynheads.kv.token_votes``): the
+  static list's best query heads vote from an observation window and every KV head keeps the same tokens, at that ratio;
+  ``head_tokens_predicted``: the same, the voters being the head predictor's best heads for the prompt (the runner
+  passes them as ``KVSettings.voters``); ``head_spans``: ``head_tokens`` with every vote carried ``token_votes.SPAN``
+  keys forward, so a voted cue keeps the fact after it (``head_spans_predicted``: with the predictor's voters);
+  ``head_tokens_layerwise`` / ``head_spans_layerwise``: each layer voted by its own voters (the variant kvpress's
+  wrappers drive),
+- ``chunkkv``: ChunkKV (kvpress's ``ChunkKVPress`` over ``SnapKVPress``, its defaults: whole chunks of 20 tokens) and
+  ``snapkv_spans``: SnapKV with its scores carried ``SPAN`` keys forward (``head_spans``' span on every head), two
+  baselines for a policy that keeps facts whole.
+
+The resident KV of a press row is read from the cache at every decode step (its tokens x KV heads, less the
+masked keys), so the table shows what each press actually held.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import cast
+
+from transformers import DynamicCache
+
+from dynheads.analysis.kvheads import KVHead
+from dynheads.config import parse_fields
+from dynheads.engine.decoding import DecodingSession, GreedyPolicy, StepResult, decode
+from dynheads.errors import DynheadsError, did_you_mean
+from dynheads.kv.press_registry import KVPRESS_PRESSES, PressSpec, parse_press
+from dynheads.kv.presses import attention_modules, head_list_press, head_tokens_press, require_kvpress
+from dynheads.kv.retention import KVResult, KVSettings, kv_head_count, kv_memory, num_kv_heads
+from dynheads.kv.token_votes import SPAN, carried
+from dynheads.models import LoadedModel, decode_text
+
+PREFIX = "kvpress:"
+
+
+def is_press(policy: str) -> bool:
+    return policy.startswith(PREFIX)
+
+
+def check_press(policy: str) -> PressSpec:
+    """The press of a ``kvpress:<press>[:key=value:...]`` policy; a one-line error when the press is unknown, a
+    knob is not one of its fields, or kvpress is missing."""
+    spec = parse_press(policy)
+    if spec.name not in KVPRESS_PRESSES:
+        raise DynheadsError(
+            f"unknown kvpress policy {policy!r}: use kvpress:<press> with a press of {KVPRESS_PRESSES.choices()}"
+            + did_you_mean(spec.name, KVPRESS_PRESSES.names())
+        )
+    require_kvpress()
+    press_knobs(spec)
+    return spec
+
+
+def press_knobs(spec: PressSpec) -> dict:
+    """The knobs ``spec`` sets, cast to its kvpress press's field types; those the budget or the KV settings set
+    (the compression ratio, the entry's ``knobs``) are refused, and a dynheads-built press takes none."""
+    entry = KVPRESS_PRESSES.get(spec.name)
+    if not spec.knobs:
+        return {}
+    if not entry.is_kvpress:
+        raise DynheadsError(f"kvpress:{spec.name} is built by dynheads from the KV settings: it takes no knobs")
+    refused = {"compression_ratio", *(arg for arg, _ in entry.knobs)}
+    return parse_fields(f"kvpress:{spec.name}", spec.knobs.replace(":", ","), entry.target(), refused)
+
+
+def matched_ratio(lm: LoadedModel, settings: KVSettings, length: int) -> float:
+    """Compression ratio holding, at ``length`` cached tokens, the static policy's bytes at the same budget."""
+    num_kv = num_kv_heads(lm)
+    k = kv_head_count(settings.budget, lm.num_layers, num_kv)
+    kept = kv_memory([(i // num_kv, i % num_kv) for i in range(k)], lm, length, settings.sink, settings.recent)
+    return 1.0 - kept / (lm.num_layers * num_kv * length)
+
+
+def make_press(spec: PressSpec, lm: LoadedModel, settings: KVSettings, length: int):
+    """The registered press ``spec`` names (``press_registry``) with its knobs, sized by ``settings``' budget at
+    ``length`` cached tokens."""
+    require_kvpress()
+    entry = KVPRESS_PRESSES.get(spec.name)
+    ratio = matched_ratio(lm, settings, length) if entry.sizing == "ratio" else None
+    if entry.is_kvpress:
+        from_settings = {arg: getattr(settings, key) for arg, key in entry.knobs}
+        return entry.target()(compression_ratio=ratio, **from_settings, **press_knobs(spec))
+    return entry.target()(lm, settings, ratio)
+
+
+def duo_attention_press(lm: LoadedModel, settings: KVSettings, ratio: None):
+    """``kvpress:duo_attention``: the budget's best static KV heads whole (``head_list_press``)."""
+    return head_list_press(_whole_heads(lm, settings), sink=settings.sink, recent=settings.recent)
+
+
+def voted_tokens_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:head_tokens`` / ``head_tokens_predicted``: the settings' voters (the static list's, or the head
+    predictor's for this prompt) choose the tokens, at the matched ratio."""
+    return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent)
+
+
+def voted_spans_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:head_spans`` / ``head_spans_predicted``: ``head_tokens`` whose every vote carries the ``SPAN`` keys
+    after it."""
+    return head_tokens_press(settings.voters, ratio, sink=settings.sink, recent=settings.recent, span=SPAN)
+
+
+def voted_tokens_layerwise_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:head_tokens_layerwise``: ``head_tokens`` with each layer voted by its own voters (the variant every
+    kvpress wrapper composes with; ``presses.head_tokens_press(..., layerwise=True)``)."""
+    return head_tokens_press(settings.voters, ratio, layerwise=True, sink=settings.sink, recent=settings.recent)
+
+
+def voted_spans_layerwise_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:head_spans_layerwise``: ``head_spans`` with each layer voted by its own voters."""
+    return head_tokens_press(
+        settings.voters, ratio, layerwise=True, sink=settings.sink, recent=settings.recent, span=SPAN
+    )
+
+
+@functools.cache
+def _spans_press_class() -> type:
+    kvpress = require_kvpress()
+
+    @dataclass
+    class SnapKVSpansPress(kvpress.SnapKVPress):  # type: ignore[name-defined]  # a base found at run time
+        """SnapKV whose every score is carried ``span`` keys forward (``token_votes.carried``), per KV head: the span
+        of ``head_spans`` on all heads' window attention instead of the retrieval heads' votes."""
+
+        span: int = SPAN
+
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            return carried(super().score(module, hidden_states, keys, values, attentions, kwargs), self.span)
+
+    return SnapKVSpansPress
+
+
+def snapkv_spans_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:snapkv_spans``: SnapKV (kvpress's defaults) with its scores carried ``SPAN`` keys forward, the span
+    ablation of ``head_spans`` (which heads vote, with the same span)."""
+    return _spans_press_class()(compression_ratio=ratio)
+
+
+def chunkkv_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:chunkkv``: ChunkKV as kvpress ships it, over SnapKV's scores (kvpress's defaults: chunks of 20
+    tokens, SnapKV's window and kernel), whole chunks kept at the matched ratio."""
+    kvpress = require_kvpress()
+    return kvpress.ChunkKVPress(press=kvpress.SnapKVPress(compression_ratio=ratio))
+
+
+def _whole_heads(lm: LoadedModel, settings: KVSettings) -> list[KVHead]:
+    """The static list's best KV heads the budget keeps whole."""
+    return list(settings.static_ranking[: kv_head_count(settings.budget, lm.num_layers, num_kv_heads(lm))])
+
+
+def press_generate(
+    lm: LoadedModel,
+    input_ids: Sequence[int],
+    spec: PressSpec,
+    settings: KVSettings,
+    max_new_tokens: int,
+    *,
+    stop_at_eos: bool = True,
+) -> KVResult:
+    """Greedy decoding with the kvpress press ``spec`` names (with its knobs) applied to the prefill of the prompt
+    minus its last token (as ``kv.retention`` prefills), the resident KV read from the cache at every decode step."""
+    (result,) = press_generate_all(lm, input_ids, [(spec, settings)], max_new_tokens, stop_at_eos=stop_at_eos)
+    return result
+
+
+def press_generate_all(
+    lm: LoadedModel,
+    input_ids: Sequence[int],
+    arms: Sequence[tuple[PressSpec, KVSettings]],
+    max_new_tokens: int,
+    *,
+    stop_at_eos: bool = True,
+    share_prefill: bool = True,
+) -> list[KVResult]:
+    """``press_generate`` for several presses of one prompt from one prefill: kvpress compresses a layer's cache
+    after that layer's attention, so the prefill's passes are the same under every press; each press compresses its
+    own copy of every layer's keys and values in that pass (``_pressing``) and then decodes alone from its cache.
+    Each result equals the press's own prefill and decoding (``test_presses_sharing_a_prefill_equal_each_alone``).
+    A press with its own context (one that overrides kvpress's ``BasePress.__call__``, e.g. a press that also acts
+    while decoding) prefills alone under that context, and so does every press with ``share_prefill=False`` (kvpress's
+    own way, the reference). Memory: a press that compresses at the last layer
+    (``head_tokens``) or masks instead of freeing (``duo_attention``) holds a full copy of the cache until then."""
+    if len(input_ids) < 2:
+        raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
+    for spec, settings in arms:
+        _check_drivers(spec, settings)
+    presses = [make_press(spec, lm, settings, len(input_ids) - 1) for spec, settings in arms]
+    shared = [i for i, press in enumerate(presses) if share_prefill and not _has_own_context(press)]
+    alone = [([i], False) for i in range(len(presses)) if i not in shared]
+    results: list[KVResult | None] = [None] * len(arms)
+    for group, share in ([(shared, True)] if shared else []) + alone:
+        pressed = _prefilled(lm, input_ids, [presses[i] for i in group], max_new_tokens, share=share)
+        for i, (session, masked) in zip(group, pressed, strict=True):
+            results[i] = _decode_pressed(lm, session, masked, *arms[i], max_new_tokens, stop_at_eos)
+    return cast(list[KVResult], results)  # every group filled its slots
+
+
+def _has_own_context(press) -> bool:
+    return type(press).__call__ is not require_kvpress().presses.base_press.BasePress.__call__
+
+
+def _prefilled(
+    lm: LoadedModel, input_ids: Sequence[int], presses: list, max_new_tokens: int, share: bool
+) -> list[tuple[DecodingSession, dict[int, object] | None]]:
+    """One session per press, its cache pruned by the press from one prefill of the prompt minus its last token,
+    with the keys a head-level press masks per layer; ``share`` off: one press under its own kvpress context, which
+    leaves those keys on the modules (None)."""
+    # a pruned cache is shorter than the text: each token gets its true position (as kvpress's pipeline)
+    prefilled = DecodingSession(lm, input_ids, max_new_tokens=max_new_tokens, probed=False, text_positions=True)
+    if len(presses) == 1 and not share:
+        with presses[0](lm.model):
+            prefilled.forward(len(input_ids) - 1)
+        return [(prefilled, None)]
+    caches = [DynamicCache(config=lm.model.config) for _ in presses]
+    masks: list[dict[int, object]] = [{} for _ in presses]
+    with _pressing(lm.model, presses, caches, masks):
+        prefilled.forward(len(input_ids) - 1)
+    return list(zip(prefilled.copies(len(presses), caches), masks, strict=True))
+
+
+def _check_drivers(spec: PressSpec, settings: KVSettings) -> None:
+    """A one-line error when the press's head list or predicted voters are missing."""
+    entry = KVPRESS_PRESSES.get(spec.name)
+    if entry.needs_static and not (settings.static_ranking or settings.voters):
+        raise DynheadsError(f"kvpress:{spec.name} is driven by a dynheads head list: pass --static FILE")
+    if entry.needs_probe and not settings.voters:
+        raise DynheadsError(f"kvpress:{spec.name} votes with the head predictor's heads for the prompt: pass --probe")
+
+
+@contextmanager
+def _pressing(model, presses: list, caches: list[DynamicCache], masks: list[dict[int, object]]):
+    """Every press compresses its own cache in one prefill: after each layer's attention, the layer's keys and values
+    are copied into each press's cache and the press's kvpress hook runs on that cache (as ``press(model)`` would on
+    the model's); a head-level press's masked keys are kept per press (kvpress leaves them on the module)."""
+    attention, rotary = attention_modules(model), getattr(model.base_model, "rotary_emb", None)
+    for press in presses:
+        press.post_init_from_model(model)
+    for module in attention:
+        if rotary is not None:  # as kvpress's press context sets it, for presses that re-rotate keys
+            module.rotary_emb = rotary
+
+    def hook(module, args, kwargs, output):
+        layer = module.layer_idx
+        held = kwargs["past_key_values"].layers[layer]
+        for press, cache, masked in zip(presses, caches, masks, strict=True):
+            cache.update(held.keys, held.values, layer)
+            press.forward_hook(module, args, {**kwargs, "past_key_values": cache}, output)
+            masked[layer] = getattr(module, "masked_key_indices", None)
+            module.masked_key_indices = None
+        return output
+
+    handles = [module.register_forward_hook(hook, with_kwargs=True) for module in attention]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _decode_pressed(
+    lm: LoadedModel,
+    session: DecodingSession,
+    masked: dict[int, object] | None,
+    spec: PressSpec,
+    settings: KVSettings,
+    max_new_tokens: int,
+    stop_at_eos: bool,
+) -> KVResult:
+    """Greedy decoding of a session whose cache a press pruned (``masked``: the keys it masks per layer), the
+    resident KV read from the cache at every step."""
+    entry = KVPRESS_PRESSES.get(spec.name)
+    whole = _whole_heads(lm, settings) if entry.sizing == "heads" else []
+    attention, num_kv, prompt = attention_modules(lm.model), num_kv_heads(lm), session.prompt_length
+    result = KVResult(tokens=[], text="", stop_reason="max_new_tokens", budget_heads=len(whole))
+
+    def measure(step: StepResult) -> None:
+        # a pruned cache holds fewer tokens than were fed; the unmodified model holds them all
+        result.total_kv.append(lm.num_layers * num_kv * (prompt + len(result.kept_kv)))
+        result.kept_kv.append(_resident(session.cache, attention))
+        result.kv_heads.append(whole)
+        result.fetched_kv.append(0)
+        result.fetched_new_kv.append(0)
+        result.dynamic.append([])
+
+    policy = GreedyPolicy(lm.stop_token_ids() if stop_at_eos else set(), measure)
+    try:
+        if masked is not None:  # kvpress reads a head-level press's masked keys from the modules while decoding
+            for module in attention:
+                module.masked_key_indices = masked.get(module.layer_idx)
+        (decoded,) = decode([session], [policy], max_new_tokens)
+    finally:
+        for module in attention:  # the next press or sample must not see this press's head masks
+            module.masked_key_indices = None  # type: ignore[assignment]  # kvpress's attribute, not nn.Module's
+    result.tokens, result.stop_reason = decoded.tokens, decoded.stop_reason
+    result.text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
+    return result
+
+
+def _resident(cache, attention) -> int:
+    """Tokens x KV heads the cache holds, less the keys kvpress masks (head-level presses do not free them)."""
+    held = sum(int(layer.keys.shape[1] * layer.keys.shape[2]) for layer in cache.layers)
+    masked = sum(len(m.masked_key_indices[0]) for m in attention if getattr(m, "masked_key_indices", None))
+    return held - masked
