@@ -30,11 +30,33 @@ def test_the_estimate_scales_with_the_presets_counts():
     assert study_time.stage_work("cca", tables["cca"]) is None  # decodes nothing: the fixed allowance
 
 
+def test_questions_are_counted_once_teacher_forced_arms_at_prefill_speed_and_processes_share():
+    """A Qwen2.5-Coder-0.5B standard study was announced at 1,604 min for about 90: questions were counted once per
+    grid cell and every teacher-forced arm as a whole decode."""
+    table = {"questions": 40, "lengths": [500, 1000], "depths": [0.05, 0.95], "max_new_tokens": 16}
+    assert study_time.stage_work("hotpotqa", table) == study_time.StageWork(40, 750.0, 16)
+    forced = {**table, "fractions": [0.25, 0.5, 0.75, 1.0], "compensation": [1.5, 2.0], "metric": "teacher"}
+    work = study_time.stage_work("hotpotqa-ablation", forced)
+    assert work == study_time.StageWork(40, 750.0, 16, forced_passes=40 * 4 * 6)
+    cascade = study_time.stage_work("hotpotqa-ablation", {**forced, "metric": "cascade"})
+    assert cascade == study_time.StageWork(40 * (1 + 4 * 6), 750.0, 16)
+    clean = 40 * (750 * FAKE.prefill_per_token + 16 * FAKE.decode_per_step)
+    one = study_time.estimate_seconds({"hotpotqa-ablation": forced}, ["hotpotqa-ablation"], FAKE)
+    assert one["hotpotqa-ablation"] == pytest.approx(clean + 40 * 24 * 16 * FAKE.prefill_per_token)
+    two = study_time.estimate_seconds(
+        {"hotpotqa-ablation": forced}, ["hotpotqa-ablation"], FAKE, 2, {"hotpotqa-ablation"}
+    )
+    assert two["hotpotqa-ablation"] == pytest.approx(one["hotpotqa-ablation"] / 2)
+    alone = study_time.estimate_seconds({"hotpotqa-ablation": forced}, ["hotpotqa-ablation"], FAKE, 2, ())
+    assert alone == one  # a stage rank 0 runs alone takes no share
+
+
 def test_the_estimate_line_says_it_is_an_estimate_and_what_it_assumes():
     seconds = {"niah": 600.0, "cca": 10.0}
     line = study_time.estimate_line("standard", seconds, FAKE)
     assert line.startswith("[reproduce] estimated total for preset standard: about 10 min over 2 stages")
     assert "an estimate" in line and "measured on this machine" in line and "decoding only" in line
+    assert "shared over the processes" in line
     assert study_time.progress_line(3, 15, "ablation", 150.0) == "[reproduce] stage 3/15 ablation, about 2 min left"
 
 

@@ -198,7 +198,7 @@ def _announce_estimate(preset: str, tables: dict, to_run: list[str], lm: LoadedM
     if not distributed.is_main() or not to_run:
         return {}
     calibration = study_time.calibrate(lm, min(CALIBRATION_PROMPT, lm.max_context or CALIBRATION_PROMPT))
-    seconds = study_time.estimate_seconds(tables, to_run, calibration)
+    seconds = study_time.estimate_seconds(tables, to_run, calibration, distributed.rank_and_world()[1], SAMPLE_STAGES)
     print(study_time.estimate_line(preset, seconds, calibration), flush=True)
     return seconds
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +25,7 @@ from dynheads.models import LoadedModel
 CALIBRATION_STEPS = 4  # decode steps timed after the calibration prompt
 ANALYSIS_SECONDS = 10.0  # a stage that decodes nothing (dynamism, CCA, the probe): counted at this
 RAG_STRATEGIES = 5  # dynamic, static, dynamic random, fixed random, no retrieval: one answer each per k
+ABLATION_ARMS = 4  # dynamic, static, static outside D_t, random: at every dose of a teacher-forced ablation
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,13 @@ class Calibration:
 
 @dataclass(frozen=True)
 class StageWork:
-    """What a stage decodes: ``decodes`` generations, each a prompt of ``prompt_tokens`` and ``new_tokens`` steps."""
+    """What a stage decodes: ``decodes`` generations, each a prompt of ``prompt_tokens`` and ``new_tokens`` steps,
+    and ``forced_passes`` teacher-forced passes over an answer of ``new_tokens`` tokens (at the prefill's speed)."""
 
     decodes: int
     prompt_tokens: float
     new_tokens: int
+    forced_passes: int = 0
 
 
 def calibrate(lm: LoadedModel, prompt_tokens: int = 256) -> Calibration:
@@ -73,30 +76,43 @@ def stage_work(stage: str, table: Mapping) -> StageWork | None:
     cells = _cells(table)
     if "samples" in table:  # the static list: samples spread over the grid in whole passes
         records = math.ceil(table["samples"] / cells) * cells
+    elif "questions" in table:  # question i goes to grid cell i mod cells (``experiments.hotpotqa``)
+        records = table["questions"]
     else:
-        records = (table.get("runs") or table.get("questions") or 1) * cells
-    doses = len(table.get("fractions", ())) + len(table.get("compensation", ()))
+        records = (table.get("runs") or 1) * cells
+    prompt, new = sum(lengths) / len(lengths), int(table.get("max_new_tokens", 16))
+    settings = ABLATION_ARMS * (len(table.get("fractions", ())) + len(table.get("compensation", ())))
+    if stage in (stages.ABLATION, stages.HOTPOTQA_ABLATION) and table.get("metric", "teacher") == "teacher":
+        return StageWork(records, prompt, new, forced_passes=records * settings)
     arms = {
-        stages.ABLATION: 1 + 3 * doses,  # the clean answer, then dynamic, static and random at every dose
-        stages.HOTPOTQA_ABLATION: 1 + 3 * doses,
+        stages.ABLATION: 1 + settings,  # the cascade: every arm at every dose decodes its own answer
+        stages.HOTPOTQA_ABLATION: 1 + settings,
         stages.PROGRESSIVE: len(table.get("ks", (0,))),
         stages.HOTPOTQA_PROGRESSIVE: len(table.get("ks", (0,))),
         stages.RAG: len(table.get("ks", (0,))) * RAG_STRATEGIES,
     }.get(stage, 1)
-    return StageWork(records * arms, sum(lengths) / len(lengths), int(table.get("max_new_tokens", 16)))
+    return StageWork(records * arms, prompt, new)
 
 
-def estimate_seconds(tables: Mapping[str, Mapping], names: list[str], calibration: Calibration) -> dict[str, float]:
-    """Seconds per stage of ``names`` (in order), from each stage's preset table and the calibration."""
+def estimate_seconds(
+    tables: Mapping[str, Mapping],
+    names: list[str],
+    calibration: Calibration,
+    processes: int = 1,
+    dealt: Collection[str] = (),
+) -> dict[str, float]:
+    """Seconds per stage of ``names`` (in order), from each stage's preset table and the calibration; a stage in
+    ``dealt`` shares its samples over ``processes``."""
     seconds = {}
     for name in names:
         work = stage_work(name, tables.get(name, {}))
-        seconds[name] = (
-            ANALYSIS_SECONDS
-            if work is None
-            else work.decodes
-            * (work.prompt_tokens * calibration.prefill_per_token + work.new_tokens * calibration.decode_per_step)
-        )
+        if work is None:
+            seconds[name] = ANALYSIS_SECONDS
+            continue
+        decode = work.prompt_tokens * calibration.prefill_per_token + work.new_tokens * calibration.decode_per_step
+        forced = work.new_tokens * calibration.prefill_per_token
+        share = processes if name in dealt else 1
+        seconds[name] = (work.decodes * decode + work.forced_passes * forced) / share
     return seconds
 
 
@@ -110,8 +126,8 @@ def estimate_line(preset: str, seconds: Mapping[str, float], calibration: Calibr
         f"[reproduce] estimated total for preset {preset}: about {minutes(sum(seconds.values()))} over "
         f"{len(seconds)} stages (an estimate: {calibration.prefill_per_token * 1000:.1f} ms per prompt token and "
         f"{calibration.decode_per_step * 1000:.0f} ms per generated token measured on this machine just now, times "
-        f"each stage's decodes in the preset; decoding only, at a cost per step that does not grow with the "
-        f"context; stages that decode nothing count {ANALYSIS_SECONDS:.0f} s)"
+        f"each stage's decodes in the preset, shared over the processes; decoding only, one row at a time, at a cost "
+        f"per step that does not grow with the context; stages that decode nothing count {ANALYSIS_SECONDS:.0f} s)"
     )
 
 
