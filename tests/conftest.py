@@ -34,15 +34,16 @@ def embedded_tokenizer():
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, embedded):
-    """A tiny random Llama with the embedded model's tokenizer, saved like any local model folder."""
+def tiny_model_dir(tmp_path_factory, embedded_tokenizer):
+    """A tiny random Llama with the embedded model's tokenizer, saved like any local model folder (the tokenizer
+    alone is read from the GGUF: it saves the same files as the loaded model's)."""
     from zoo import tiny_model
 
     folder = tmp_path_factory.mktemp("tiny-llama")
-    model = tiny_model("llama", vocab_size=len(embedded.tokenizer))
+    model = tiny_model("llama", vocab_size=len(embedded_tokenizer))
     model.config.max_position_embeddings = 4096
     model.save_pretrained(folder)
-    embedded.tokenizer.save_pretrained(folder)
+    embedded_tokenizer.save_pretrained(folder)
     return folder
 
 
