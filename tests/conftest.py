@@ -1,9 +1,9 @@
 """Shared fixtures: the embedded model (loaded once per session) and tiny models saved as local folders.
 
 Every test that reads the embedded model's GGUF (its weights or its tokenizer) is marked ``embedded``: those using
-a fixture of ``EMBEDDED_FIXTURES`` (or one built on it, ``tiny_model_dir``) automatically here, the rest (the CLI
-on its default model, ``load_model`` of the GGUF) by hand. ``pytest -m "not embedded"`` (``scripts/test.sh
---fast``) is the fast lane for local work, and passes with the GGUF absent; CI runs everything.
+a fixture of ``EMBEDDED_FIXTURES`` (or one built on it, ``tiny_model_dir`` and ``tiny_lm``) automatically here, the
+rest (the CLI on its default model, ``load_model`` of the GGUF) by hand. ``pytest -m "not embedded"``
+(``scripts/test.sh --fast``) is the fast lane for local work, and passes with the GGUF absent; CI runs everything.
 """
 
 from __future__ import annotations
@@ -45,6 +45,14 @@ def tiny_model_dir(tmp_path_factory, embedded_tokenizer):
     model.save_pretrained(folder)
     embedded_tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_model_dir):
+    """``tiny_model_dir`` loaded, once per test module (a module's tests may share it, not modules)."""
+    from dynheads import load_model
+
+    return load_model(tiny_model_dir)
 
 
 EMBEDDED_FIXTURES = {"embedded", "embedded_tokenizer"}
