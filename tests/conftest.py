@@ -1,9 +1,10 @@
 """Shared fixtures: the embedded model (loaded once per session) and tiny models saved as local folders.
 
-Every test that reads the embedded model's GGUF (its weights or its tokenizer) is marked ``embedded``: those using
-a fixture of ``EMBEDDED_FIXTURES`` (or one built on it, ``tiny_model_dir`` and ``tiny_lm``) automatically here, the
-rest (the CLI on its default model, ``load_model`` of the GGUF) by hand. ``pytest -m "not embedded"``
-(``scripts/test.sh --fast``) is the fast lane for local work, and passes with the GGUF absent; CI runs everything.
+Every test that reads the embedded model's GGUF (its weights or its tokenizer) is marked ``embedded``, the suite's one
+marker: those using a fixture of ``EMBEDDED_FIXTURES`` (or one built on it, ``tiny_model_dir`` and ``tiny_lm``)
+automatically here, the rest (the CLI on its default model, ``load_model`` of the GGUF) by hand.
+``pytest -m "not embedded"`` (``scripts/test.sh --fast``) is the fast lane for local work, and passes with the GGUF
+absent; CI runs everything.
 """
 
 from __future__ import annotations

@@ -59,7 +59,6 @@ def test_batched_ablation_refuses_mixed_masking_modes():
         ablated_generate_batch(lm, prompts()[:2], settings[:1], 4)
 
 
-@pytest.mark.slow
 def test_embedded_model_batched_niah_ablation_equals_batch_one(embedded):
     """Eq. 1 dynamic heads of a real copying model: the rows mask the heads that copy the UUID."""
     tok = embedded.tokenizer

@@ -107,7 +107,6 @@ def test_batch_of_one_is_the_reference_path():
     assert np.array_equal(got.needle_mass, ref.needle_mass) and np.array_equal(got.hidden, ref.hidden)
 
 
-@pytest.mark.slow
 def test_embedded_model_batched_niah_equals_batch_one(embedded):
     tok = embedded.tokenizer
     samples = [
