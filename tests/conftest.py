@@ -5,6 +5,9 @@ marker: those using a fixture of ``EMBEDDED_FIXTURES`` (or one built on it, ``ti
 automatically here, the rest (the CLI on its default model, ``load_model`` of the GGUF) by hand.
 ``pytest -m "not embedded"`` (``scripts/test.sh --fast``) is the fast lane for local work, and passes with the GGUF
 absent; CI runs everything.
+
+tests/architecture/ holds the tests of the code's structure rather than its numbers (import floors, function length,
+the public API, what start-up imports); they read the sources or start an interpreter, and load no model.
 """
 
 from __future__ import annotations
