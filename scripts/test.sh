@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install (idempotent) and run the whole test suite. `.ci/run` calls exactly this.
-# --fast: the fast lane for local work, every test but those that load the embedded model (pytest -m "not embedded",
-# marked in tests/conftest.py) and without the kvpress venv's run; CI never passes it.
+# --fast: the fast lane for local work, every test but those that read the embedded model's GGUF, its weights or its
+# tokenizer (pytest -m "not embedded", the one marker, set in tests/conftest.py) and without the kvpress venv's run;
+# CI never passes it.
 set -euo pipefail
 case "${1:-}" in
   "") FAST=0 ;;

@@ -8,7 +8,7 @@ different steps, so rows mask different heads at different steps and leave the b
 from __future__ import annotations
 
 import pytest
-from test_batching import prompts, tiny_lm
+from test_batching import prompts, tiny_family_lm
 
 from dynheads import niah
 from dynheads.ablation import per_step as ablation
@@ -38,7 +38,7 @@ def assert_same_ablation(reference, batched, context):
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
 @pytest.mark.parametrize("mode", ["zero", "uniform"])
 def test_batched_ablation_equals_batch_one(family, mode):
-    lm = tiny_lm(family)
+    lm = tiny_family_lm(family)
     samples, settings = prompts(seed=6), mixed_settings(mode)
     reference = [ablated_generate(lm, s, a, 10) for s, a in zip(samples, settings, strict=True)]
     lm.model.generation_config.eos_token_id = int(reference[3].tokens[4])  # the un-ablated row stops mid-way
@@ -51,7 +51,7 @@ def test_batched_ablation_equals_batch_one(family, mode):
 
 
 def test_batched_ablation_refuses_mixed_masking_modes():
-    lm = tiny_lm("llama")
+    lm = tiny_family_lm("llama")
     settings = mixed_settings("zero")[:1] + mixed_settings("uniform")[1:2]
     with pytest.raises(DynheadsError, match="one masking mode"):
         ablated_generate_batch(lm, prompts()[:2], settings, 4)
@@ -59,7 +59,6 @@ def test_batched_ablation_refuses_mixed_masking_modes():
         ablated_generate_batch(lm, prompts()[:2], settings[:1], 4)
 
 
-@pytest.mark.slow
 def test_embedded_model_batched_niah_ablation_equals_batch_one(embedded):
     """Eq. 1 dynamic heads of a real copying model: the rows mask the heads that copy the UUID."""
     tok = embedded.tokenizer
@@ -84,7 +83,7 @@ def test_embedded_model_batched_niah_ablation_equals_batch_one(embedded):
 def test_the_arms_of_one_prompt_share_its_prefill_and_equal_each_arm_alone(monkeypatch, mode):
     """Issue 36: the strategies of one sample fork one prefill of its prompt. Decoded one row at a time they
     equal each strategy run by itself exactly; as one batch, as the batch tests above."""
-    lm = tiny_lm("qwen2")
+    lm = tiny_family_lm("qwen2")
     sample, other = prompts(seed=6)[:2]
     settings = mixed_settings(mode)
     reference = [ablated_generate(lm, sample, a, 8) for a in settings] + [ablated_generate(lm, other, settings[0], 8)]

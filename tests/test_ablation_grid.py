@@ -24,18 +24,12 @@ from dynheads.experiments.ablation import (
     run_ablation,
     run_progressive,
 )
-from dynheads.models import load_model
 from dynheads.plots.ablation import heatmap_figure, plot_heatmaps, plot_progressive
 from dynheads.report import claims
 from dynheads.tables import read_summaries
 
 SAMPLES = ["analysis-len200-depth0-run0", "analysis-len200-depth1-run0"]
 STRATEGIES = ["none", "dynamic", "static", "random"]
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(tiny_model_dir):
-    return load_model(tiny_model_dir)
 
 
 @pytest.fixture

@@ -61,7 +61,8 @@ def assert_same_reasoning_scores(reference, batched, context):
     assert np.abs(got_denominator - denominator[both]).max(initial=0) <= SCORE_TOL, context
 
 
-def tiny_lm(family: str) -> LoadedModel:
+def tiny_family_lm(family: str) -> LoadedModel:
+    """A random tiny model of ``family`` (tests/zoo.py) with no tokenizer (not conftest's ``tiny_lm`` fixture)."""
     return LoadedModel(model=tiny_model(family), tokenizer=NoTokenizer(), name=family, revision="random")
 
 
@@ -74,7 +75,7 @@ def prompts(seed: int = 3) -> list[Prompt]:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_batched_traces_equal_batch_one_traces(family):
-    lm = tiny_lm(family)
+    lm = tiny_family_lm(family)
     samples = prompts()
     settings = dict(sink_size=2, local_window=4)
     reference = [trace(lm, s, 12, **settings) for s in samples]
@@ -90,7 +91,7 @@ def test_batched_traces_equal_batch_one_traces(family):
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 @pytest.mark.parametrize("mode", ["zero", "uniform"])
 def test_batched_traces_with_removed_heads_equal_batch_one(family, mode):
-    lm = tiny_lm(family)
+    lm = tiny_family_lm(family)
     samples = prompts(seed=4)
     settings = dict(removed_heads=[(0, 1), (2, 3)], ablation_mode=mode, stop_at_eos=False)
     reference = [trace(lm, s, 8, **settings) for s in samples]
@@ -99,14 +100,13 @@ def test_batched_traces_with_removed_heads_equal_batch_one(family, mode):
 
 
 def test_batch_of_one_is_the_reference_path():
-    lm = tiny_lm("qwen2")
+    lm = tiny_family_lm("qwen2")
     sample = prompts()[2]
     (got,) = trace_batch(lm, [sample], 10)
     ref = trace(lm, sample, 10)
     assert np.array_equal(got.needle_mass, ref.needle_mass) and np.array_equal(got.hidden, ref.hidden)
 
 
-@pytest.mark.slow
 def test_embedded_model_batched_niah_equals_batch_one(embedded):
     tok = embedded.tokenizer
     samples = [
@@ -123,7 +123,7 @@ def test_embedded_model_batched_niah_equals_batch_one(embedded):
 def test_rows_force_their_own_responses_with_their_own_context_ends(family):
     """Issue 35: one batch teacher-forces each row's own response (of its own length) and measures each row's
     context up to its own end (HaluEval's batches); every row equals ``trace`` of that sample alone."""
-    lm = tiny_lm(family)
+    lm = tiny_family_lm(family)
     samples = prompts(seed=8)
     generator = torch.Generator().manual_seed(9)
     forced = [torch.randint(3, 128, (n,), generator=generator).tolist() for n in (5, 2, 7, 4)]

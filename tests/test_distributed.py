@@ -80,7 +80,6 @@ LAUNCHERS = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_two_process_run_equals_one_process_run(tiny_model_dir, tmp_path, launcher):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -135,7 +134,6 @@ def test_pooled_threads_are_every_local_process_threads_up_to_the_cores(monkeypa
     assert distributed.pooled_threads(threads) == pooled
 
 
-@pytest.mark.slow
 def test_two_process_study_equals_one_process_study(tiny_model_dir, tmp_path):
     """``reproduce`` under torchrun, and with ``--processes 2`` (which starts the two processes itself): the sample
     stages deal their samples over both ranks, rank 0 runs the analyses alone (with both processes' threads) and
@@ -187,7 +185,6 @@ def test_processes_refuse_a_loaded_model_and_report_a_failed_process_in_one_line
         reproduce(ReproduceConfig(model=str(tmp_path / "no-such-model"), preset="smoke"), tmp_path / "c", processes=2)
 
 
-@pytest.mark.slow
 def test_rag_under_torchrun_prints_its_table_once(tiny_model_dir, tmp_path):
     """Rank 0 alone writes and prints a RAG run's table (rank 1 once read rag.md before rank 0 wrote it, and the
     launch failed)."""

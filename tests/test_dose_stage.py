@@ -17,15 +17,9 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments import dose as dose_module
 from dynheads.experiments.ablation import AblationConfig
 from dynheads.experiments.dose import run_claim2
-from dynheads.models import load_model
 from dynheads.report import claims
 from dynheads.report.build import operating_point
 from dynheads.tables import read_summaries
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(tiny_model_dir):
-    return load_model(tiny_model_dir)
 
 
 @pytest.fixture(autouse=True)

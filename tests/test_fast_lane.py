@@ -24,7 +24,7 @@ def test_tests_reading_the_embedded_gguf_are_marked_and_others_are_not():
         Item("embedded"),
         Item("tmp_path", "tiny_model_dir", "tmp_path_factory", "embedded"),  # a closure holds what fixtures use
         Item("tok", "embedded_tokenizer"),
-        Item("tiny_lm", "tmp_path"),  # a tiny model built in the test: fast
+        Item("random_lm", "tmp_path"),  # a tiny model built in the test (not conftest's tiny_lm): fast
     ]
     pytest_collection_modifyitems(items)
     assert [item.marks for item in items] == [[], ["embedded"], ["embedded"], ["embedded"], []]

@@ -475,7 +475,6 @@ def test_halueval_samples_put_the_knowledge_in_the_prompt_and_pair_the_answers(e
         __import__("dynheads.tasks.halueval", fromlist=["x"]).parse_data("halueval:summary")
 
 
-@pytest.mark.slow
 @pytest.mark.embedded  # the CLI on its default model
 def test_cli_detect_on_halueval_writes_the_lookback_and_a_needle_free_retrieval_set(tmp_path):
     import subprocess

@@ -272,7 +272,6 @@ def test_kv_export_help_keeps_its_brackets():
     assert result.exit_code == 0 and "[layers x kv_heads]" in result.output
 
 
-@pytest.mark.slow
 def test_run_kv_end_to_end_on_the_embedded_model(tmp_path, embedded, monkeypatch):
     from dynheads import distributed
     from dynheads.experiments.kv import run_kv

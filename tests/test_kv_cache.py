@@ -74,7 +74,6 @@ def test_bad_uses_are_refused():
         HeadwiseCache([[0]], 2, sink=1, recent=0)
 
 
-@pytest.mark.slow
 def test_embedded_model_equals_the_simulation_and_frees_memory(embedded):
     from dynheads.tasks import niah
 

@@ -137,7 +137,6 @@ def test_press_from_a_thresholded_export(tmp_path, lm):
 
 
 @needs_kvpress
-@pytest.mark.slow
 def test_dynheads_kv_runs_a_kvpress_row_at_matched_bytes(tmp_path, embedded):
     import pandas as pd
 
@@ -344,7 +343,6 @@ def test_head_tokens_need_a_static_list():
 
 
 @needs_kvpress
-@pytest.mark.slow
 def test_a_static_list_fitted_on_evaluation_samples_is_refused_for_head_tokens(tmp_path, embedded):
     from dynheads.experiments.kv import KVConfig, run_kv
     from dynheads.experiments.niah import niah_samples
@@ -369,7 +367,6 @@ def test_a_static_list_fitted_on_evaluation_samples_is_refused_for_head_tokens(t
 
 
 @needs_kvpress
-@pytest.mark.slow
 def test_dynheads_kv_runs_head_tokens_beside_snapkv_at_the_same_bytes(tmp_path, embedded):
     import pandas as pd
 
@@ -398,7 +395,6 @@ def test_dynheads_kv_runs_head_tokens_beside_snapkv_at_the_same_bytes(tmp_path, 
 
 
 @needs_kvpress
-@pytest.mark.slow
 def test_dynheads_kv_asks_the_predictor_for_each_prompts_voters(tmp_path, embedded):
     """``kvpress:head_tokens_predicted`` in a run: each record's voters are the predictor's best heads for the hidden
     state of the prompt's prefill (computed here apart), and the row holds head_tokens' bytes."""

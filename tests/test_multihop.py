@@ -185,7 +185,6 @@ def test_hotpotqa_side_runners_take_multihop_questions(tiny_model_dir, tmp_path)
     assert all(r["type"] == "two-hop" and "accuracy" in r["metrics"] for r in answers)
 
 
-@pytest.mark.slow
 def test_embedded_model_answers_with_the_full_context(embedded):
     # docs/multihop.md calibration: the default form is answered reliably at 1000 tokens.
     from dynheads import trace

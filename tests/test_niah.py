@@ -78,7 +78,6 @@ def test_metrics():
     assert niah.score(answer, "")["rouge_l"] == 0.0
 
 
-@pytest.mark.slow
 def test_embedded_model_retrieves_the_uuid(embedded):
     sample = niah.make_sample(embedded.tokenizer, context_tokens=1000, depth=0.5, seed=0)
     result = trace(embedded, sample, max_new_tokens=48)

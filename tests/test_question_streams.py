@@ -21,7 +21,6 @@ from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.experiments.reproduce import PRESETS, hotpot_streams
 from dynheads.experiments.static import StaticReasoningConfig, run_static_reasoning
 from dynheads.io import read_json
-from dynheads.models import load_model
 from dynheads.runs import RunDir
 from dynheads.tasks import hotpotqa as hq
 from dynheads.tasks.questions import QuestionStream, disjoint_streams, refuse_overlap
@@ -29,11 +28,6 @@ from dynheads.tasks.questions import QuestionStream, disjoint_streams, refuse_ov
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dynheads", *args], capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(tiny_model_dir):
-    return load_model(tiny_model_dir)
 
 
 # ---- streams ----------------------------------------------------------------------------------------------------

@@ -12,17 +12,11 @@ from dynheads.analysis.settings import HeadPredictorConfig
 from dynheads.engine.decoding import decode
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.experiments.rag import RagConfig, run_rag
-from dynheads.models import load_model
 from dynheads.rag import loop
 from dynheads.rag.loop import Answerer, RagSettings, answer_question, answer_questions
 from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import HeadSelector
 from dynheads.rag.trigger import TriggerConfig
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(tiny_model_dir):
-    return load_model(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")

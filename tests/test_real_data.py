@@ -125,7 +125,6 @@ def test_models_are_named_by_name_never_by_path(tiny_model_dir):
     assert load_model(str(tiny_model_dir) + "/").name == tiny_model_dir.name
 
 
-@pytest.mark.slow
 @pytest.mark.embedded  # loads the embedded GGUF by its path
 def test_a_gguf_file_is_named_by_its_stem():
     lm = load_model(embedded_gguf_path())

@@ -10,13 +10,7 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
 from dynheads.io import read_json
-from dynheads.models import load_model
 from dynheads.report import write_report
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(tiny_model_dir):
-    return load_model(tiny_model_dir)
 
 
 def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from dynheads.engine.decoding import DecodingSession
 from dynheads.engine.probe import Measure, RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.experiments.rerank import RerankConfig, run_rerank, summarise_scored
-from dynheads.models import LoadedModel, load_model
+from dynheads.models import LoadedModel
 from dynheads.rag.rerank import (
     RerankPrompt,
     bm25_scores,
@@ -239,11 +239,6 @@ def test_overlapping_streams_are_refused_before_any_work(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert [line for line in result.stderr.splitlines() if line.startswith("error:")][0].count("overlaps") == 1
     assert not (tmp_path / "r").exists()
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(tiny_model_dir):
-    return load_model(tiny_model_dir)
 
 
 def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):

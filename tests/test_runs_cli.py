@@ -10,17 +10,11 @@ import pandas as pd
 import pytest
 
 from dynheads.experiments.niah import NiahConfig, run_niah
-from dynheads.models import load_model
 from dynheads.traces import Trace
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dynheads", *args], capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(tiny_model_dir):
-    return load_model(tiny_model_dir)
 
 
 def small_config(model_dir, **overrides) -> NiahConfig:

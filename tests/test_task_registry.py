@@ -15,7 +15,6 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, run_ablation
 from dynheads.experiments.tracing import run_task
 from dynheads.io import write_json
-from dynheads.models import load_model
 from dynheads.report.build import build_sections
 from dynheads.tasks import niah
 from dynheads.tasks.grid import TaskGrid
@@ -91,11 +90,6 @@ TOY = Task(
     grid=code_word_grid,
     prompt=lambda config: {"user": USER, "filler": FILLER},
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(tiny_model_dir):
-    return load_model(tiny_model_dir)
 
 
 @pytest.fixture

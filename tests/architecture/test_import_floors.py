@@ -91,7 +91,7 @@ def room_of(module: str) -> tuple[int, int]:
         if module == prefix or module.startswith(prefix + ".")
     ]
     if not matches:
-        raise AssertionError(f"{module} has no floor: add it to FLOORS in tests/test_import_floors.py")
+        raise AssertionError(f"{module} has no floor: add it to FLOORS in tests/architecture/test_import_floors.py")
     return max(matches)[1:]
 
 

@@ -46,7 +46,7 @@ def _doc_imports() -> list[tuple[str, str, str]]:
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     found = []
     for doc in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
         blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.S)
