@@ -257,8 +257,8 @@ def test_head_tokens_in_dynheads_kv_hold_snapkvs_bytes(lm):
 def test_head_spans_and_chunkkv_run_in_dynheads_kv_at_the_matched_ratio(lm):
     """head_spans is head_tokens with the fitted span (the same bytes, other tokens); chunkkv keeps whole chunks of
     SnapKV's scores, so its bytes are the matched ratio's rounded to whole chunks."""
-    from dynheads.kv.presses import head_tokens_press
     from dynheads.kv.press_runs import make_press, matched_ratio, press_generate
+    from dynheads.kv.presses import head_tokens_press
     from dynheads.kv.token_votes import SPAN
 
     ids = random_prompt(5, 120)
