@@ -18,7 +18,7 @@ from dynheads.experiments import dose as dose_module
 from dynheads.experiments.ablation import AblationConfig
 from dynheads.experiments.dose import run_claim2
 from dynheads.report import claims
-from dynheads.report.build import operating_point
+from dynheads.report.claim_parts import operating_point
 from dynheads.tables import read_summaries
 
 
@@ -81,8 +81,9 @@ def test_an_old_fixed_k_run_renders_as_the_old_design(tmp_path):
     """A run dir of an older dynheads (every arm at k heads per step) renders without a traceback and says so."""
     from dynheads import stages
     from dynheads.analysis.evidence import EvidenceSettings
-    from dynheads.report.build import OLD_DOSE_DESIGN, REPORT_SECTIONS
+    from dynheads.report.claim_parts import OLD_DOSE_DESIGN
     from dynheads.report.headline import headline
+    from dynheads.report.sections import REPORT_SECTIONS
     from dynheads.tables import Summary, write_summary
 
     folder = tmp_path / stages.ABLATION
@@ -97,7 +98,8 @@ def test_an_old_fixed_k_run_renders_as_the_old_design(tmp_path):
 
 
 def _study_folder(root, evidence):
-    from dynheads.report.build import StudyFolder, qa_task
+    from dynheads.report.sections import StudyFolder
+    from dynheads.report.study import qa_task
 
     return StudyFolder(root, evidence, qa_task(root))
 

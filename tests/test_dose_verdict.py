@@ -100,8 +100,8 @@ def test_identical_paired_differences_get_an_exact_interval():
 
 
 def test_the_claim2_card_shows_the_operating_point_and_the_static_reading(tmp_path):
-    from dynheads.report.build import REPORT_SECTIONS
     from dynheads.report.headline import headline
+    from dynheads.report.sections import REPORT_SECTIONS
 
     point = _point({"dynamic": 2.0, "static": 2.0, "static_outside": 0.1, "random": 0.05}, {"static": 0.69})
     verdict = operating_point_verdict(point, "NIAH", EVIDENCE)

@@ -30,7 +30,7 @@ from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.plots.cca import plot_cca
 from dynheads.rag.results import rag_table
 from dynheads.report import claims, write_report
-from dynheads.report.build import markdown_html
+from dynheads.report.render import markdown_html
 from dynheads.report.stepview import spans, step_view
 from dynheads.runs import RunDir
 from dynheads.tables import Summary, Table, write_summary

@@ -91,7 +91,7 @@ def test_the_paper_preset_says_where_every_value_comes_from():
 def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
     """Issue 35: a study stage is one registry entry (``reproduce.STUDY``, in the order registered) under a name the
     stage registry knows; ``reproduce`` is a loop over them, logging each one's time or why it failed. Its report
-    section is one entry of ``report.build.REPORT_SECTIONS`` with its claim function: the report shows the section
+    section is one entry of ``report.sections.REPORT_SECTIONS`` with its claim function: the report shows the section
     and, on its first screen, the claim's card with the stage's figure."""
     import matplotlib.pyplot as plt
 
@@ -99,7 +99,7 @@ def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model
     from dynheads.errors import DynheadsError
     from dynheads.registry import Registry
     from dynheads.report import claims
-    from dynheads.report.build import REPORT_SECTIONS, ReportSection
+    from dynheads.report.sections import REPORT_SECTIONS, ReportSection
     from dynheads.runs import RunDir
 
     study = Registry(reproduce_module.STUDY.kind)  # this study: the registered NIAH trace, then two stages of ours

@@ -15,7 +15,7 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, run_ablation
 from dynheads.experiments.tracing import run_task
 from dynheads.io import write_json
-from dynheads.report.build import build_sections
+from dynheads.report.sections import build_sections
 from dynheads.tasks import niah
 from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.prompting import locate, render_chat, token_span

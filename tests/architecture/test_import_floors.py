@@ -143,7 +143,7 @@ def test_no_import_runs_up_a_floor():
     [
         ("dynheads.tasks.hotpotqa", "from dynheads.runs import derive_seed", ["dynheads.runs"]),
         (
-            "dynheads.report.build",
+            "dynheads.report.claim_parts",
             "def f():\n    from dynheads.experiments.rag import rag_table\n",
             ["dynheads.experiments.rag"],
         ),
@@ -153,7 +153,7 @@ def test_no_import_runs_up_a_floor():
         ("dynheads.analysis.static", "from dynheads.tasks import niah", ["dynheads.tasks.niah"]),
         ("dynheads.cli.commands", "from dynheads.report import write_report\nimport dynheads.experiments.rag", []),
         (
-            "dynheads.report.build",
+            "dynheads.report.claim_parts",
             "from dynheads.rag.results import rag_table\nfrom dynheads.paper import PAPER_MODEL",
             [],
         ),

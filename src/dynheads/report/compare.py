@@ -5,7 +5,7 @@ with the dynamism statistics ``dynheads dynamism`` wrote into it, if any), or a 
 comparison wrote: what it collected of each model, so that studies run on other machines or in other sittings can be
 compared without their folders (``results_to_dict`` / ``results_from_dict``). Folders are grouped by the model their
 manifest names; a model has at most one study. From each model this module reads what the report reads, never
-recomputing a stage: the verdicts (``report.build.build_sections``, decided from the numbers the stages published),
+recomputing a stage: the verdicts (``report.sections.build_sections``, decided from the numbers the stages published),
 Table 1's statistics (the dynamism stage's published ``stats``) and the task accuracy of its traced runs (the
 records' metrics, each mean with its bootstrap interval). ``compare_page`` writes compare.md and compare.html.
 
@@ -30,8 +30,9 @@ from dynheads.analysis.evidence import Effect, EvidenceSettings, Interval, fract
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json, read_json_if_any
 from dynheads.report import claims
-from dynheads.report.build import build_sections, evidence_of, stage_evidence
 from dynheads.report.claims import Verdict, VerdictStatus
+from dynheads.report.sections import build_sections
+from dynheads.report.study import evidence_of, stage_evidence
 from dynheads.runs import RunDir
 from dynheads.tables import read_summaries
 from dynheads.tasks.registry import Task, task_of_manifest
