@@ -15,8 +15,8 @@ import pytest
 import torch
 from zoo import NoTokenizer, tiny_model
 
+from dynheads.ablation.cascade import AblationSettings, ablated_generate
 from dynheads.ablation.forced import forced_ablation
-from dynheads.ablation.per_step import AblationSettings, ablated_generate
 from dynheads.ablation.strategies import DOSE_ARMS, MEAN_ARMS
 from dynheads.engine.probe import ABLATION_MODES
 from dynheads.models import LoadedModel
@@ -227,7 +227,7 @@ def test_every_arm_masks_ceil_f_times_d_t_and_dynamic_stays_inside_d_t(length):
 
 
 def test_ceil_of_the_fraction_is_rounded_before_it_is_taken():
-    from dynheads.ablation.per_step import dose_count
+    from dynheads.ablation.cascade import dose_count
 
     assert [dose_count(f, 4) for f in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)] == [1, 2, 3, 4, 6, 8]
     assert dose_count(0.1, 30) == 3 and dose_count(0.3, 10) == 3 and dose_count(1.0, 0) == 0

@@ -41,8 +41,8 @@ import numpy as np
 import pandas as pd
 
 from dynheads import distributed
+from dynheads.ablation.cascade import AblationResult, AblationSettings
 from dynheads.ablation.forced import ForcedResult, forced_ablations
-from dynheads.ablation.per_step import AblationResult, AblationSettings
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, DOSE_ARMS, MEAN_ARMS
 from dynheads.analysis.evidence import EvidenceSettings, Interval, fraction_interval, mean_interval
 from dynheads.errors import DynheadsError
