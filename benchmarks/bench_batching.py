@@ -52,7 +52,7 @@ def main() -> None:
     import torch
 
     import dynheads
-    from dynheads.ablation.per_step import AblationSettings, ablated_generate_batch
+    from dynheads.ablation.cascade import AblationSettings, ablated_generate_batch
     from dynheads.engine import decoding
     from dynheads.engine.decoding import trace_batch
     from dynheads.tasks import niah

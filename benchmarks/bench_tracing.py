@@ -34,7 +34,7 @@ def measure(mode: str, length: int, new_tokens: int, repeats: int) -> dict:
     import torch
 
     import dynheads
-    from dynheads.ablation.per_step import AblationSettings, ablated_generate
+    from dynheads.ablation.cascade import AblationSettings, ablated_generate
     from dynheads.tasks import niah
 
     lm = dynheads.load_model()

@@ -8,8 +8,8 @@ import pytest
 import torch
 from zoo import NoTokenizer, tiny_model
 
-from dynheads.ablation import per_step as ablation
-from dynheads.ablation.per_step import AblationSettings, ablated_generate, matched_count
+from dynheads.ablation import cascade as ablation
+from dynheads.ablation.cascade import AblationSettings, ablated_generate, matched_count
 from dynheads.engine.decoding import DecodingSession, trace
 from dynheads.engine.probe import RowEdit
 from dynheads.errors import DynheadsError

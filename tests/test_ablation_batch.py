@@ -11,8 +11,8 @@ import pytest
 from test_batching import prompts, tiny_family_lm
 
 from dynheads import niah
-from dynheads.ablation import per_step as ablation
-from dynheads.ablation.per_step import AblationSettings, ablated_generate, ablated_generate_batch
+from dynheads.ablation import cascade as ablation
+from dynheads.ablation.cascade import AblationSettings, ablated_generate, ablated_generate_batch
 from dynheads.errors import DynheadsError
 
 

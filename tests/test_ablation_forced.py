@@ -15,9 +15,9 @@ import pytest
 import torch
 from zoo import NoTokenizer, tiny_model
 
-from dynheads.ablation.forced import forced_ablation
-from dynheads.ablation.per_step import AblationSettings, ablated_generate
+from dynheads.ablation.cascade import AblationSettings, ablated_generate
 from dynheads.ablation.strategies import DOSE_ARMS, MEAN_ARMS
+from dynheads.ablation.teacher_forced import forced_ablation
 from dynheads.engine.probe import ABLATION_MODES
 from dynheads.models import LoadedModel
 
@@ -153,7 +153,7 @@ def test_samples_decoded_together_equal_each_alone(family, monkeypatch):
     measures each from its clean cache rebuilt in one pass over its answer: equal to ``forced_ablation`` of each
     alone up to fp32 rounding (Gemma 2's soft-capped logits have no one pass: those samples are measured alone);
     one sample is the reference path exactly."""
-    from dynheads.ablation import forced
+    from dynheads.ablation import teacher_forced
 
     lm = _lm(family)
     samples = [_sample(5, length=24), _sample(6, length=31), _sample(7, length=40)]
@@ -165,11 +165,11 @@ def test_samples_decoded_together_equal_each_alone(family, monkeypatch):
         ]
         for seed in range(len(samples))
     ]
-    batches, real_decode = [], forced.decode
+    batches, real_decode = [], teacher_forced.decode
     monkeypatch.setattr(
-        forced, "decode", lambda sessions, *a: batches.append(len(sessions)) or real_decode(sessions, *a)
+        teacher_forced, "decode", lambda sessions, *a: batches.append(len(sessions)) or real_decode(sessions, *a)
     )
-    together = forced.forced_ablations(lm, samples, settings, 6)
+    together = teacher_forced.forced_ablations(lm, samples, settings, 6)
     assert batches[0] == len(samples)  # the clean answers decoded as one batch
     for sample, rows, batched in zip(samples, settings, together, strict=True):
         alone = forced_ablation(lm, sample, rows, 6)
@@ -179,7 +179,7 @@ def test_samples_decoded_together_equal_each_alone(family, monkeypatch):
         np.testing.assert_allclose(batched.masked_logprob, alone.masked_logprob, rtol=0, atol=2e-5)
         assert batched.flipped == alone.flipped
         assert np.abs(np.asarray(batched.masked_logprob) - np.asarray(batched.clean_logprob)[None]).max() > 1e-3
-    assert forced.forced_ablations(lm, samples[:1], settings[:1], 6) == [
+    assert teacher_forced.forced_ablations(lm, samples[:1], settings[:1], 6) == [
         forced_ablation(lm, samples[0], settings[0], 6)
     ]
 
@@ -227,7 +227,7 @@ def test_every_arm_masks_ceil_f_times_d_t_and_dynamic_stays_inside_d_t(length):
 
 
 def test_ceil_of_the_fraction_is_rounded_before_it_is_taken():
-    from dynheads.ablation.per_step import dose_count
+    from dynheads.ablation.cascade import dose_count
 
     assert [dose_count(f, 4) for f in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)] == [1, 2, 3, 4, 6, 8]
     assert dose_count(0.1, 30) == 3 and dose_count(0.3, 10) == 3 and dose_count(1.0, 0) == 0

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dynheads.ablation import per_step as ablation
+from dynheads.ablation import cascade as ablation
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import (
     AblationConfig,

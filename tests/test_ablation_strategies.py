@@ -8,7 +8,7 @@ import pytest
 import torch
 from zoo import NoTokenizer, tiny_model
 
-from dynheads.ablation.per_step import AblationSettings, ablated_generate
+from dynheads.ablation.cascade import AblationSettings, ablated_generate
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, MaskInputs, ablation_strategy, panel_order
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig

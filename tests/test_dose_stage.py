@@ -11,7 +11,7 @@ import json
 import pandas as pd
 import pytest
 
-from dynheads.ablation import per_step as ablation
+from dynheads.ablation import cascade as ablation
 from dynheads.ablation.strategies import DOSE_ARMS, MEAN_ARMS
 from dynheads.errors import DynheadsError
 from dynheads.experiments import dose as dose_module

@@ -425,7 +425,7 @@ def test_rag_run_with_the_rerank_strategy(tiny_model_dir, tiny_lm, tmp_path):
 def test_a_strategy_registered_in_a_test_file_is_ranked_fused_and_summarised(tiny_lm, tmp_path):
     """Issue 35: a re-rank strategy is one registry entry; the run ranks it, fuses it with BM25 and reports it
     like the built-in ones, from the same stored scores."""
-    from dynheads.experiments.rerank_strategies import RERANK_STRATEGIES, RerankStrategy
+    from dynheads.rag.rerank_strategies import RERANK_STRATEGIES, RerankStrategy
 
     def last_layer(question):
         layers, heads = question.arrays["real"].shape[:2]

@@ -63,8 +63,8 @@ _EXPORTS = exports_by_name(
         "dynheads.kv.press_registry": ("KVPRESS_PRESSES", "PressEntry"),
         "dynheads.stages": ("STAGES",),
         # ablation, KV retention, hallucination detection
-        "dynheads.ablation.per_step": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),
-        "dynheads.ablation.forced": ("forced_ablation", "forced_ablations"),
+        "dynheads.ablation.cascade": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),
+        "dynheads.ablation.teacher_forced": ("forced_ablation", "forced_ablations"),
         "dynheads.kv.retention": ("KVSettings", "kv_generate", "kv_generate_batch"),
         "dynheads.kv.cache": ("HeadwiseCache", "headwise_generate"),
         "dynheads.kv.presses": ("head_list_press", "head_tokens_press", "load_voters", "press_from_export"),

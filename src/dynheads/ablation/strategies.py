@@ -1,4 +1,4 @@
-"""The ablation strategies (``dynheads.ablation.per_step``): which heads one decode step removes, given its D_t.
+"""The ablation strategies (``dynheads.ablation.cascade``): which heads one decode step removes, given its D_t.
 
 Each strategy is an ``AblationStrategy`` in the registry ``ABLATION_STRATEGIES``: a ``choose(inputs)`` returning the
 heads to remove, what it needs (a static head list, ``--heads``), whether it is a matched control (it removes as

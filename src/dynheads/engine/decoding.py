@@ -14,7 +14,7 @@ a token, ``Rerun`` the same step under another edit (the two-pass ablation, the 
 Step 0 of every session runs alone (the batch-1 reference path: the prompt never sees a pad); the sessions still
 running are then merged and decoded as one batch, rows leaving it at their own end. With one session the loop
 never merges, so batch 1 is exactly the one-row path. Tracing (``TracePolicy``), the per-step ablation
-(``ablation.per_step``), KV retention (``kv.retention``) and the RAG answerer (``dynheads.rag.loop``) are
+(``ablation.cascade``), KV retention (``kv.retention``) and the RAG answerer (``dynheads.rag.loop``) are
 policies of this loop.
 
 Batched rows equal their batch-1 runs up to fp32 summation order (batched matrix products, zero-probability pad

@@ -1,9 +1,9 @@
 """Every step of a teacher-forced answer in one pass: single-step edits measured on a clean history.
 
-The teacher-forced ablation (``ablation.forced``) asks, for each step t of a clean greedy answer and each setting r,
-what the model predicts when it feeds the clean input of step t with the setting's heads removed *at that step
-only*. Every earlier position keeps the key and value states the clean pass wrote, so the query of step t sees the
-clean cache up to step t and its own key and value at step t, nothing else of row r. Steps do not depend on each
+The teacher-forced ablation (``ablation.teacher_forced``) asks, for each step t of a clean greedy answer and each
+setting r, what the model predicts when it feeds the clean input of step t with the setting's heads removed *at that
+step only*. Every earlier position keeps the key and value states the clean pass wrote, so the query of step t sees
+the clean cache up to step t and its own key and value at step t, nothing else of row r. Steps do not depend on each
 other: all of them are one pass of T query positions per row, against the one clean cache all rows share (never
 copied per row), instead of T passes of R one-token rows over R copies of the cache.
 

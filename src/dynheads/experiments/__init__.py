@@ -25,7 +25,7 @@ _EXPORTS = exports_by_name(
         "dynheads.experiments.rag": ("RagConfig", "run_rag", "rag_table"),
         "dynheads.experiments.kv": ("KVConfig", "run_kv"),
         "dynheads.experiments.rerank": ("RerankConfig", "run_rerank", "summarise_scored"),
-        "dynheads.experiments.rerank_strategies": ("RERANK_STRATEGIES", "RerankStrategy", "Candidates"),
+        "dynheads.rag.rerank_strategies": ("RERANK_STRATEGIES", "RerankStrategy", "Candidates"),
         "dynheads.experiments.detect": ("DetectConfig", "run_detect"),
         "dynheads.analysis.detector": ("apply_detector",),
         "dynheads.experiments.halueval": ("HaluevalConfig", "trace_halueval", "run_transfer"),

@@ -1,7 +1,7 @@
 """Claim 2 on a NIAH grid: per-step head ablation (Figure 2) and progressive ablation with compensation (Figure 3).
 
 ``run_ablation`` decodes every sample of a lengths x depths x runs grid once per strategy with
-``dynheads.ablation.per_step.ablated_generate`` and writes, besides the run directory's records:
+``dynheads.ablation.cascade.ablated_generate`` and writes, besides the run directory's records:
 
 - ``cells.csv``: mean accuracy and ROUGE-L per strategy x length x depth, with the number of samples,
 - ``summary.md``: the means per strategy, beside what the paper reports,
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from dynheads import distributed
-from dynheads.ablation.per_step import (
+from dynheads.ablation.cascade import (
     AblationResult,
     AblationSettings,
     ablated_generate_batch,

@@ -41,9 +41,9 @@ import numpy as np
 import pandas as pd
 
 from dynheads import distributed
-from dynheads.ablation.forced import ForcedResult, forced_ablations
-from dynheads.ablation.per_step import AblationResult, AblationSettings
+from dynheads.ablation.cascade import AblationResult, AblationSettings
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, DOSE_ARMS, MEAN_ARMS
+from dynheads.ablation.teacher_forced import ForcedResult, forced_ablations
 from dynheads.analysis.evidence import EvidenceSettings, Interval, fraction_interval, mean_interval
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import (

@@ -52,12 +52,12 @@ from dynheads.analysis.evidence import (
 )
 from dynheads.analysis.ranking import METRICS, qrhead_scores, ranking_metrics, top_heads
 from dynheads.errors import DynheadsError
-from dynheads.experiments.rerank_strategies import RERANK_STRATEGIES, Candidates, calibrated
 from dynheads.experiments.settings import RerankFields
 from dynheads.heads import Head, head_key
 from dynheads.io import atomic_path, write_json
 from dynheads.models import LoadedModel
 from dynheads.rag import fusion, rerank
+from dynheads.rag.rerank_strategies import RERANK_STRATEGIES, Candidates, calibrated
 from dynheads.resources import Evaluated, needs_of, resolve
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.seeding import derive_seed

@@ -22,9 +22,9 @@ from dynheads.analysis.kvheads import AGGREGATIONS
 from dynheads.analysis.settings import FEATURE_SETS
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
-from dynheads.experiments.rerank_strategies import RERANK_STRATEGIES
 from dynheads.kv.policies import KV_POLICIES
 from dynheads.kv.press_registry import KVPRESS_PRESSES
+from dynheads.rag.rerank_strategies import RERANK_STRATEGIES
 from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig

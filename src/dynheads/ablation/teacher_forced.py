@@ -1,7 +1,7 @@
 """Teacher-forced single-step ablation (issue 32): at each step of the clean greedy answer, remove heads at that
 step only and measure how much the log-probability of the clean token falls and whether the argmax flips.
 
-Unlike the cascade (``ablation.per_step``: the masked token is emitted and later steps see the ablated history),
+Unlike the cascade (``ablation.cascade``: the masked token is emitted and later steps see the ablated history),
 every measured step here sits on the clean history, so the measure is graded and cannot sit at a floor.
 
 Two phases per sample, one prefill:
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from dynheads.ablation.per_step import AblationSettings, heads_to_mask, matched_count, prefilled_session, validate
+from dynheads.ablation.cascade import AblationSettings, heads_to_mask, matched_count, prefilled_session, validate
 from dynheads.ablation.strategies import MATCHINGS
 from dynheads.engine.decoding import (
     Action,
