@@ -6,11 +6,17 @@ import itertools
 
 import pytest
 
+from dynheads import stages
 from dynheads.errors import DynheadsError
+from dynheads.experiments import paper_stages
 from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
 from dynheads.io import read_json
-from dynheads.report import write_report
+from dynheads.registry import Registry
+from dynheads.report import claims, write_report
+from dynheads.report.sections import ReportSection, StudyFolder
+from dynheads.runs import RunDir
+from dynheads.stages import Stage
 
 
 def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
@@ -18,18 +24,18 @@ def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, ti
     out = tmp_path / "study"
 
     # Interrupt the study in the middle: the CCA stage fails once, as a kill would stop it.
-    real_cca = reproduce_module.cca_report
+    real_cca = paper_stages.cca_report
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(reproduce_module, "cca_report", crash)
+    monkeypatch.setattr(paper_stages, "cca_report", crash)
     with pytest.raises(KeyboardInterrupt):
         reproduce(config, out, lm=tiny_lm, progress=False)
     done_before = set(read_json(out / "stages.json"))
     assert {"niah", "static", "dynamism"} <= done_before and "cca" not in done_before
 
-    monkeypatch.setattr(reproduce_module, "cca_report", real_cca)
+    monkeypatch.setattr(paper_stages, "cca_report", real_cca)
     _, html = write_report(reproduce(config, out, lm=tiny_lm, progress=False))  # as the CLI's reproduce does
     stages = read_json(out / "stages.json")
     assert set(stages) >= done_before | {"cca", "probe", "hotpotqa", "rag"}
@@ -88,63 +94,53 @@ def test_the_paper_preset_says_where_every_value_comes_from():
     )
 
 
-def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
-    """Issue 35: a study stage is one registry entry (``reproduce.STUDY``, in the order registered) under a name the
-    stage registry knows; ``reproduce`` is a loop over them, logging each one's time or why it failed. Its report
-    section is one entry of ``report.sections.REPORT_SECTIONS`` with its claim function: the report shows the section
-    and, on its first screen, the claim's card with the stage's figure."""
+def count_steps(run: reproduce_module.Study) -> None:
+    """A stage of our own: the traced steps of the NIAH grid, as a number and a bar."""
     import matplotlib.pyplot as plt
 
-    from dynheads import stages
-    from dynheads.errors import DynheadsError
-    from dynheads.registry import Registry
-    from dynheads.report import claims
-    from dynheads.report.sections import REPORT_SECTIONS, ReportSection
-    from dynheads.runs import RunDir
+    records = RunDir(run.folder(stages.NIAH)).records()
+    run.folder("count-steps").mkdir()
+    (run.folder("count-steps") / "steps.txt").write_text(str(sum(r["steps"] for r in records)))
+    plt.figure(figsize=(1, 1))
+    plt.bar([0], [sum(r["steps"] for r in records)])
+    plt.savefig(run.folder("count-steps") / "steps.png")
+    plt.close()
 
-    study = Registry(reproduce_module.STUDY.kind)  # this study: the registered NIAH trace, then two stages of ours
-    study.register(stages.NIAH, reproduce_module.STUDY.get(stages.NIAH), help="the traced grid")
-    monkeypatch.setattr(reproduce_module, "STUDY", study)
-    stages.STAGES.register("count-steps", "count-steps", help="steps per traced sample")
-    stages.STAGES.register("always-fails", "always-fails", help="a stage this model cannot support")
-    try:
 
-        @study.register("count-steps", help="steps per traced sample")
-        def count_steps(run: reproduce_module.Study) -> None:
-            records = RunDir(run.folder(stages.NIAH)).records()
-            run.folder("count-steps").mkdir()
-            (run.folder("count-steps") / "steps.txt").write_text(str(sum(r["steps"] for r in records)))
-            plt.figure(figsize=(1, 1))
-            plt.bar([0], [sum(r["steps"] for r in records)])
-            plt.savefig(run.folder("count-steps") / "steps.png")
-            plt.close()
+def always_fails(run: reproduce_module.Study) -> None:
+    raise DynheadsError("no support on this model")
 
-        @study.register("always-fails", help="a stage this model cannot support")
-        def always_fails(run: reproduce_module.Study) -> None:
-            raise DynheadsError("no support on this model")
 
-        def steps_section(folder) -> list:  # the section's parts and its claim's verdict
-            steps = int((folder.root / "count-steps" / "steps.txt").read_text())
-            return [f"{steps} steps in all.", claims.failed("Claim 4, steps", "NIAH", f"{steps} steps decide nothing")]
+def _steps_section(folder: StudyFolder) -> list:  # the section's parts and its claim's verdict
+    steps = int((folder.root / "count-steps" / "steps.txt").read_text())
+    return [f"{steps} steps in all.", claims.failed("Claim 4, steps", "NIAH", f"{steps} steps decide nothing")]
 
-        figure = ("count-steps", ("steps.png",))
-        REPORT_SECTIONS.register("steps", ReportSection("Steps per sample", steps_section, None, figure), help="steps")
 
-        out = reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=tiny_lm)
-        log = read_json(out / "stages.json")
-        assert list(log) == [stages.NIAH, "count-steps", "always-fails"]
-        steps = int((out / "count-steps" / "steps.txt").read_text())
-        assert steps > 0
-        assert log["always-fails"]["error"] == "no support on this model"
-        report = write_report(out)[0].read_text()
-        assert f"## Steps per sample\n\n{steps} steps in all." in report
-        card = report[report.index("### Claim 4, steps, NIAH: inconclusive") :]
-        assert card.index("count-steps/steps.png)") < card.index("## Steps per sample")  # the card, on the first screen
-        assert f"{steps} steps decide nothing" in report
-    finally:
-        stages.STAGES.unregister("count-steps")
-        stages.STAGES.unregister("always-fails")
-        REPORT_SECTIONS.unregister("steps")
+STEPS = ReportSection("steps", "Steps per sample", _steps_section, None, ("count-steps", ("steps.png",)))
+
+
+def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 35, issue 62: a study stage is one entry of ``stages.STAGES`` (in the order registered): its runner and
+    its report section, ``"module:attribute"`` strings; ``reproduce`` is a loop over them, logging each one's time or
+    why it failed. The report shows the section and, on its first screen, its claim's card with the stage's figure."""
+    study = Registry(stages.STAGES.kind)  # this study: the registered NIAH trace, then two stages of ours
+    study.register(stages.NIAH, stages.STAGES.get(stages.NIAH), help="the traced grid")
+    monkeypatch.setattr(stages, "STAGES", study)
+    steps_stage = Stage(f"{__name__}:count_steps", section=f"{__name__}:STEPS")
+    stages.STAGES.register("count-steps", steps_stage, help="steps per traced sample")
+    stages.STAGES.register("always-fails", Stage(f"{__name__}:always_fails"), help="a stage this model cannot support")
+
+    out = reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=tiny_lm)
+    log = read_json(out / "stages.json")
+    assert list(log) == [stages.NIAH, "count-steps", "always-fails"]
+    steps = int((out / "count-steps" / "steps.txt").read_text())
+    assert steps > 0
+    assert log["always-fails"]["error"] == "no support on this model"
+    report = write_report(out)[0].read_text()
+    assert f"## Steps per sample\n\n{steps} steps in all." in report
+    card = report[report.index("### Claim 4, steps, NIAH: inconclusive") :]
+    assert card.index("count-steps/steps.png)") < card.index("## Steps per sample")  # the card, on the first screen
+    assert f"{steps} steps decide nothing" in report
 
 
 def test_a_batched_study_records_its_batch_size_and_generates_what_batch_1_does(tiny_lm, tiny_model_dir, tmp_path):
@@ -172,7 +168,7 @@ def test_a_preset_sets_the_batch_size_unless_the_command_gives_one(tiny_lm, tiny
     the reference path (``quick``: its report stays identical); ``--batch-size`` wins over the preset's."""
     assert reproduce_module.PRESETS["standard"]["batch_size"] == 4
     assert "batch_size" not in reproduce_module.PRESETS["quick"]
-    monkeypatch.setattr(reproduce_module, "STUDY", [])  # the manifest alone
+    monkeypatch.setattr(stages, "STAGES", Registry(stages.STAGES.kind))  # no stage: the manifest alone
     config = ReproduceConfig(model=str(tiny_model_dir), preset="smoke")
 
     def batch_size(out: str, **given) -> int:
@@ -191,7 +187,7 @@ def test_a_study_started_under_other_preset_settings_is_not_resumed(tiny_lm, tin
     the tables it started under, else its finished stages and the rest would follow two designs."""
     from dynheads.io import write_json
 
-    monkeypatch.setattr(reproduce_module, "STUDY", [])  # the manifest alone
+    monkeypatch.setattr(stages, "STAGES", Registry(stages.STAGES.kind))  # no stage: the manifest alone
     config, out = ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "study"
     reproduce(config, out, lm=tiny_lm, progress=False)
     reproduce(config, out, lm=tiny_lm, progress=False)  # the same tables: resumes
