@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 
 import pytest
 
@@ -141,6 +142,35 @@ def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model
     card = report[report.index("### Claim 4, steps, NIAH: inconclusive") :]
     assert card.index("count-steps/steps.png)") < card.index("## Steps per sample")  # the card, on the first screen
     assert f"{steps} steps decide nothing" in report
+
+
+def three_steps(run: reproduce_module.Study) -> None:
+    """An optional stage of our own that needs no other stage."""
+    run.folder("count-steps").mkdir()
+    (run.folder("count-steps") / "steps.txt").write_text("3")
+
+
+def test_an_optional_stage_joins_a_study_whose_preset_has_its_table(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    """KV, re-rank or detection may join a study as an optional stage: registered like any other, it runs (and the
+    report shows it and counts it among the study's stages) only in a study whose preset has a table for it."""
+    from dynheads.report.study import study_stage_names
+
+    monkeypatch.setattr(stages, "STAGES", Registry(stages.STAGES.kind))
+    optional = Stage(f"{__name__}:three_steps", optional=True, section=f"{__name__}:STEPS")
+    stages.STAGES.register("count-steps", optional, help="three steps, when the preset asks")
+    config = ReproduceConfig(model=str(tiny_model_dir), preset="smoke")
+    without = reproduce(config, tmp_path / "without", lm=tiny_lm, progress=False)
+    assert not (without / "count-steps").exists() and study_stage_names(without) == []
+    assert "Steps per sample" not in write_report(without)[0].read_text()
+
+    monkeypatch.setitem(reproduce_module.PRESETS, "smoke", {**reproduce_module.PRESETS["smoke"], "count-steps": {}})
+    joined = reproduce(config, tmp_path / "joined", lm=tiny_lm, progress=False)
+    assert list(read_json(joined / "stages.json")) == ["count-steps"] and study_stage_names(joined) == ["count-steps"]
+    report = write_report(joined)[0].read_text()
+    assert "## Steps per sample\n\n3 steps in all." in report and "stages not run yet" not in report
+    (joined / "stages.json").unlink()  # as if it had not run yet
+    shutil.rmtree(joined / "count-steps")
+    assert "**1 of 1 stages not run yet" in write_report(joined)[0].read_text()
 
 
 def test_a_batched_study_records_its_batch_size_and_generates_what_batch_1_does(tiny_lm, tiny_model_dir, tmp_path):
