@@ -38,15 +38,15 @@ def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, ti
 
     monkeypatch.setattr(paper_stages, "cca_report", real_cca)
     _, html = write_report(reproduce(config, out, lm=tiny_lm, progress=False))  # as the CLI's reproduce does
-    stages = read_json(out / "stages.json")
-    assert set(stages) >= done_before | {"cca", "probe", "hotpotqa", "rag"}
-    assert {name: stages[name] for name in done_before} == {n: s for n, s in stages.items() if n in done_before}
+    logged = read_json(out / "stages.json")
+    assert set(logged) >= done_before | {"cca", "probe", "hotpotqa", "rag"}
+    assert {name: logged[name] for name in done_before} == {n: s for n, s in logged.items() if n in done_before}
     first_report = (out / "report.md").read_text()
     # Every stage ran; one a random model cannot support (CCA of constant head scores) says why in the report.
     for stage in ("niah", "static", "ablation", "progressive", "cca", "probe", "hotpotqa", "rag"):
-        assert (out / stage).is_dir() or stages[stage].get("error"), stage
-        if stages[stage].get("error"):
-            assert stages[stage]["error"] in first_report
+        assert (out / stage).is_dir() or logged[stage].get("error"), stage
+        if logged[stage].get("error"):
+            assert logged[stage]["error"] in first_report
     assert html.is_file() and "Verdicts" in first_report
 
     # Every HotpotQA consumer took its own questions: the recorded ids never overlap, and the static reasoning
