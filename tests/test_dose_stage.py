@@ -83,14 +83,14 @@ def test_an_old_fixed_k_run_renders_as_the_old_design(tmp_path):
     from dynheads.analysis.evidence import EvidenceSettings
     from dynheads.report.claim_parts import OLD_DOSE_DESIGN
     from dynheads.report.headline import headline
-    from dynheads.report.sections import REPORT_SECTIONS
+    from dynheads.report.sections import claim2_niah
     from dynheads.tables import Summary, write_summary
 
     folder = tmp_path / stages.ABLATION
     folder.mkdir()
     old = {"design": "dose", "doses": [1, 2], "arms": list(DOSE_ARMS), "teacher": {"logprob": {}, "samples": 2}}
     write_summary(folder, "summary.md", Summary(["old"], old, "old"))
-    section = REPORT_SECTIONS.get("claim2-niah")
+    section = claim2_niah
     parts = section.build(_study_folder(tmp_path, EvidenceSettings()))
     verdict = next(part for part in parts if isinstance(part, claims.Verdict))
     assert verdict.status == "inconclusive" and verdict.reason == OLD_DOSE_DESIGN

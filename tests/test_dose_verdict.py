@@ -101,7 +101,7 @@ def test_identical_paired_differences_get_an_exact_interval():
 
 def test_the_claim2_card_shows_the_operating_point_and_the_static_reading(tmp_path):
     from dynheads.report.headline import headline
-    from dynheads.report.sections import REPORT_SECTIONS
+    from dynheads.report.sections import claim2_niah
 
     point = _point({"dynamic": 2.0, "static": 2.0, "static_outside": 0.1, "random": 0.05}, {"static": 0.69})
     verdict = operating_point_verdict(point, "NIAH", EVIDENCE)
@@ -109,7 +109,7 @@ def test_the_claim2_card_shows_the_operating_point_and_the_static_reading(tmp_pa
     plots.mkdir(parents=True)
     (plots / "ablation-accuracy.png").write_bytes(b"")  # a matched grid's heat map: not the dose card's figure
     (plots / "dose-teacher.png").write_bytes(b"")
-    figure = REPORT_SECTIONS.get("claim2-niah").card_figure  # the section's card figure: dose curves first
+    figure = claim2_niah.card_figure  # the section's card figure: dose curves first
     card = headline("claim2-niah", verdict, tmp_path, figure=figure)
     assert card.figure == plots / "dose-teacher.png"
     labels = [row[0] for row in card.rows]

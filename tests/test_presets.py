@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dynheads.experiments import paper_stages
 from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
 from dynheads.experiments.threshold_fit import ThresholdFit
@@ -87,8 +88,9 @@ def resolved_settings(preset: str, patch) -> dict:
             return record
 
         for name in RUNNERS:
-            patch(reproduce_module, name, recorder(name))
+            patch(paper_stages, name, recorder(name))
         patch(reproduce_module, "RunDir", _FakeRun)
+        patch(paper_stages, "RunDir", _FakeRun)
         patch(reproduce_module, "fit_threshold", _fake_fit)
         reproduce(ReproduceConfig(preset=preset), out, lm=_FakeModel(), progress=False)
     return calls
@@ -141,7 +143,7 @@ def test_a_preset_table_must_name_a_registered_stage(tmp_path, monkeypatch):
     from dynheads.errors import DynheadsError
     from dynheads.stages import STAGES
 
-    assert all(entry.value == entry.name and entry.help for entry in STAGES)  # a stage's folder is its name
+    assert all(entry.help and entry.value.run for entry in STAGES)
     (tmp_path / "typo.toml").write_text(
         'qa_source = "multihop"\n[niah]\nruns = 1\n[sources.niah]\nruns = "x"\n[ablaton]\nruns = 1\n'
     )

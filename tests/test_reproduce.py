@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 
 import pytest
 
+from dynheads import stages
 from dynheads.errors import DynheadsError
+from dynheads.experiments import paper_stages
 from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
 from dynheads.io import read_json
-from dynheads.report import write_report
+from dynheads.registry import Registry
+from dynheads.report import claims, write_report
+from dynheads.report.sections import ReportSection, StudyFolder
+from dynheads.runs import RunDir
+from dynheads.stages import Stage
 
 
 def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
@@ -18,28 +25,28 @@ def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, ti
     out = tmp_path / "study"
 
     # Interrupt the study in the middle: the CCA stage fails once, as a kill would stop it.
-    real_cca = reproduce_module.cca_report
+    real_cca = paper_stages.cca_report
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(reproduce_module, "cca_report", crash)
+    monkeypatch.setattr(paper_stages, "cca_report", crash)
     with pytest.raises(KeyboardInterrupt):
         reproduce(config, out, lm=tiny_lm, progress=False)
     done_before = set(read_json(out / "stages.json"))
     assert {"niah", "static", "dynamism"} <= done_before and "cca" not in done_before
 
-    monkeypatch.setattr(reproduce_module, "cca_report", real_cca)
+    monkeypatch.setattr(paper_stages, "cca_report", real_cca)
     _, html = write_report(reproduce(config, out, lm=tiny_lm, progress=False))  # as the CLI's reproduce does
-    stages = read_json(out / "stages.json")
-    assert set(stages) >= done_before | {"cca", "probe", "hotpotqa", "rag"}
-    assert {name: stages[name] for name in done_before} == {n: s for n, s in stages.items() if n in done_before}
+    logged = read_json(out / "stages.json")
+    assert set(logged) >= done_before | {"cca", "probe", "hotpotqa", "rag"}
+    assert {name: logged[name] for name in done_before} == {n: s for n, s in logged.items() if n in done_before}
     first_report = (out / "report.md").read_text()
     # Every stage ran; one a random model cannot support (CCA of constant head scores) says why in the report.
     for stage in ("niah", "static", "ablation", "progressive", "cca", "probe", "hotpotqa", "rag"):
-        assert (out / stage).is_dir() or stages[stage].get("error"), stage
-        if stages[stage].get("error"):
-            assert stages[stage]["error"] in first_report
+        assert (out / stage).is_dir() or logged[stage].get("error"), stage
+        if logged[stage].get("error"):
+            assert logged[stage]["error"] in first_report
     assert html.is_file() and "Verdicts" in first_report
 
     # Every HotpotQA consumer took its own questions: the recorded ids never overlap, and the static reasoning
@@ -88,63 +95,82 @@ def test_the_paper_preset_says_where_every_value_comes_from():
     )
 
 
-def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
-    """Issue 35: a study stage is one registry entry (``reproduce.STUDY``, in the order registered) under a name the
-    stage registry knows; ``reproduce`` is a loop over them, logging each one's time or why it failed. Its report
-    section is one entry of ``report.sections.REPORT_SECTIONS`` with its claim function: the report shows the section
-    and, on its first screen, the claim's card with the stage's figure."""
+def count_steps(run: reproduce_module.Study) -> None:
+    """A stage of our own: the traced steps of the NIAH grid, as a number and a bar."""
     import matplotlib.pyplot as plt
 
-    from dynheads import stages
-    from dynheads.errors import DynheadsError
-    from dynheads.registry import Registry
-    from dynheads.report import claims
-    from dynheads.report.sections import REPORT_SECTIONS, ReportSection
-    from dynheads.runs import RunDir
+    records = RunDir(run.folder(stages.NIAH)).records()
+    run.folder("count-steps").mkdir()
+    (run.folder("count-steps") / "steps.txt").write_text(str(sum(r["steps"] for r in records)))
+    plt.figure(figsize=(1, 1))
+    plt.bar([0], [sum(r["steps"] for r in records)])
+    plt.savefig(run.folder("count-steps") / "steps.png")
+    plt.close()
 
-    study = Registry(reproduce_module.STUDY.kind)  # this study: the registered NIAH trace, then two stages of ours
-    study.register(stages.NIAH, reproduce_module.STUDY.get(stages.NIAH), help="the traced grid")
-    monkeypatch.setattr(reproduce_module, "STUDY", study)
-    stages.STAGES.register("count-steps", "count-steps", help="steps per traced sample")
-    stages.STAGES.register("always-fails", "always-fails", help="a stage this model cannot support")
-    try:
 
-        @study.register("count-steps", help="steps per traced sample")
-        def count_steps(run: reproduce_module.Study) -> None:
-            records = RunDir(run.folder(stages.NIAH)).records()
-            run.folder("count-steps").mkdir()
-            (run.folder("count-steps") / "steps.txt").write_text(str(sum(r["steps"] for r in records)))
-            plt.figure(figsize=(1, 1))
-            plt.bar([0], [sum(r["steps"] for r in records)])
-            plt.savefig(run.folder("count-steps") / "steps.png")
-            plt.close()
+def always_fails(run: reproduce_module.Study) -> None:
+    raise DynheadsError("no support on this model")
 
-        @study.register("always-fails", help="a stage this model cannot support")
-        def always_fails(run: reproduce_module.Study) -> None:
-            raise DynheadsError("no support on this model")
 
-        def steps_section(folder) -> list:  # the section's parts and its claim's verdict
-            steps = int((folder.root / "count-steps" / "steps.txt").read_text())
-            return [f"{steps} steps in all.", claims.failed("Claim 4, steps", "NIAH", f"{steps} steps decide nothing")]
+def _steps_section(folder: StudyFolder) -> list:  # the section's parts and its claim's verdict
+    steps = int((folder.root / "count-steps" / "steps.txt").read_text())
+    return [f"{steps} steps in all.", claims.failed("Claim 4, steps", "NIAH", f"{steps} steps decide nothing")]
 
-        figure = ("count-steps", ("steps.png",))
-        REPORT_SECTIONS.register("steps", ReportSection("Steps per sample", steps_section, None, figure), help="steps")
 
-        out = reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=tiny_lm)
-        log = read_json(out / "stages.json")
-        assert list(log) == [stages.NIAH, "count-steps", "always-fails"]
-        steps = int((out / "count-steps" / "steps.txt").read_text())
-        assert steps > 0
-        assert log["always-fails"]["error"] == "no support on this model"
-        report = write_report(out)[0].read_text()
-        assert f"## Steps per sample\n\n{steps} steps in all." in report
-        card = report[report.index("### Claim 4, steps, NIAH: inconclusive") :]
-        assert card.index("count-steps/steps.png)") < card.index("## Steps per sample")  # the card, on the first screen
-        assert f"{steps} steps decide nothing" in report
-    finally:
-        stages.STAGES.unregister("count-steps")
-        stages.STAGES.unregister("always-fails")
-        REPORT_SECTIONS.unregister("steps")
+STEPS = ReportSection("steps", "Steps per sample", _steps_section, None, ("count-steps", ("steps.png",)))
+
+
+def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 35, issue 62: a study stage is one entry of ``stages.STAGES`` (in the order registered): its runner and
+    its report section, ``"module:attribute"`` strings; ``reproduce`` is a loop over them, logging each one's time or
+    why it failed. The report shows the section and, on its first screen, its claim's card with the stage's figure."""
+    study = Registry(stages.STAGES.kind)  # this study: the registered NIAH trace, then two stages of ours
+    study.register(stages.NIAH, stages.STAGES.get(stages.NIAH), help="the traced grid")
+    monkeypatch.setattr(stages, "STAGES", study)
+    steps_stage = Stage(f"{__name__}:count_steps", section=f"{__name__}:STEPS")
+    stages.STAGES.register("count-steps", steps_stage, help="steps per traced sample")
+    stages.STAGES.register("always-fails", Stage(f"{__name__}:always_fails"), help="a stage this model cannot support")
+
+    out = reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=tiny_lm)
+    log = read_json(out / "stages.json")
+    assert list(log) == [stages.NIAH, "count-steps", "always-fails"]
+    steps = int((out / "count-steps" / "steps.txt").read_text())
+    assert steps > 0
+    assert log["always-fails"]["error"] == "no support on this model"
+    report = write_report(out)[0].read_text()
+    assert f"## Steps per sample\n\n{steps} steps in all." in report
+    card = report[report.index("### Claim 4, steps, NIAH: inconclusive") :]
+    assert card.index("count-steps/steps.png)") < card.index("## Steps per sample")  # the card, on the first screen
+    assert f"{steps} steps decide nothing" in report
+
+
+def three_steps(run: reproduce_module.Study) -> None:
+    """An optional stage of our own that needs no other stage."""
+    run.folder("count-steps").mkdir()
+    (run.folder("count-steps") / "steps.txt").write_text("3")
+
+
+def test_an_optional_stage_joins_a_study_whose_preset_has_its_table(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    """KV, re-rank or detection may join a study as an optional stage: registered like any other, it runs (and the
+    report shows it and counts it among the study's stages) only in a study whose preset has a table for it."""
+    from dynheads.report.study import study_stage_names
+
+    monkeypatch.setattr(stages, "STAGES", Registry(stages.STAGES.kind))
+    optional = Stage(f"{__name__}:three_steps", optional=True, section=f"{__name__}:STEPS")
+    stages.STAGES.register("count-steps", optional, help="three steps, when the preset asks")
+    config = ReproduceConfig(model=str(tiny_model_dir), preset="smoke")
+    without = reproduce(config, tmp_path / "without", lm=tiny_lm, progress=False)
+    assert not (without / "count-steps").exists() and study_stage_names(without) == []
+    assert "Steps per sample" not in write_report(without)[0].read_text()
+
+    monkeypatch.setitem(reproduce_module.PRESETS, "smoke", {**reproduce_module.PRESETS["smoke"], "count-steps": {}})
+    joined = reproduce(config, tmp_path / "joined", lm=tiny_lm, progress=False)
+    assert list(read_json(joined / "stages.json")) == ["count-steps"] and study_stage_names(joined) == ["count-steps"]
+    report = write_report(joined)[0].read_text()
+    assert "## Steps per sample\n\n3 steps in all." in report and "stages not run yet" not in report
+    (joined / "stages.json").unlink()  # as if it had not run yet
+    shutil.rmtree(joined / "count-steps")
+    assert "**1 of 1 stages not run yet" in write_report(joined)[0].read_text()
 
 
 def test_a_batched_study_records_its_batch_size_and_generates_what_batch_1_does(tiny_lm, tiny_model_dir, tmp_path):
@@ -172,7 +198,7 @@ def test_a_preset_sets_the_batch_size_unless_the_command_gives_one(tiny_lm, tiny
     the reference path (``quick``: its report stays identical); ``--batch-size`` wins over the preset's."""
     assert reproduce_module.PRESETS["standard"]["batch_size"] == 4
     assert "batch_size" not in reproduce_module.PRESETS["quick"]
-    monkeypatch.setattr(reproduce_module, "STUDY", [])  # the manifest alone
+    monkeypatch.setattr(stages, "STAGES", Registry(stages.STAGES.kind))  # no stage: the manifest alone
     config = ReproduceConfig(model=str(tiny_model_dir), preset="smoke")
 
     def batch_size(out: str, **given) -> int:
@@ -191,7 +217,7 @@ def test_a_study_started_under_other_preset_settings_is_not_resumed(tiny_lm, tin
     the tables it started under, else its finished stages and the rest would follow two designs."""
     from dynheads.io import write_json
 
-    monkeypatch.setattr(reproduce_module, "STUDY", [])  # the manifest alone
+    monkeypatch.setattr(stages, "STAGES", Registry(stages.STAGES.kind))  # no stage: the manifest alone
     config, out = ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "study"
     reproduce(config, out, lm=tiny_lm, progress=False)
     reproduce(config, out, lm=tiny_lm, progress=False)  # the same tables: resumes

@@ -7,9 +7,10 @@ import re
 
 import pytest
 
+from dynheads import stages
 from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments import study_time
-from dynheads.experiments.reproduce import PRESETS, STUDY, ReproduceConfig, reproduce
+from dynheads.experiments.reproduce import PRESETS, ReproduceConfig, reproduce
 from dynheads.models import load_model
 
 FAKE = study_time.Calibration(prefill_per_token=1e-4, decode_per_step=2e-2)
@@ -17,7 +18,7 @@ FAKE = study_time.Calibration(prefill_per_token=1e-4, decode_per_step=2e-2)
 
 def _total(preset: str) -> float:
     tables = {key: value for key, value in PRESETS[preset].items() if key != "sources"}
-    return sum(study_time.estimate_seconds(tables, STUDY.names(), FAKE).values())
+    return sum(study_time.estimate_seconds(tables, stages.study_stages(), FAKE).values())
 
 
 def test_the_estimate_scales_with_the_presets_counts():
@@ -25,7 +26,7 @@ def test_the_estimate_scales_with_the_presets_counts():
     # twice as slow a machine: twice the decoding time (the analysis stages' fixed allowance aside)
     slow = study_time.Calibration(2 * FAKE.prefill_per_token, 2 * FAKE.decode_per_step)
     tables = {key: value for key, value in PRESETS["standard"].items() if key != "sources"}
-    fast, twice = (study_time.estimate_seconds(tables, STUDY.names(), c) for c in (FAKE, slow))
+    fast, twice = (study_time.estimate_seconds(tables, stages.study_stages(), c) for c in (FAKE, slow))
     assert twice["niah"] == pytest.approx(2 * fast["niah"]) and twice["rag"] == pytest.approx(2 * fast["rag"])
     assert study_time.stage_work("cca", tables["cca"]) is None  # decodes nothing: the fixed allowance
 
@@ -67,7 +68,7 @@ def test_reproduce_prints_the_estimate_before_the_first_stage_and_each_stage_i_o
     monkeypatch.setattr(reproduce_module._Stages, "run", lambda self, name, fn, every_rank: ran.append(name))
     reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=load_model(tiny_model_dir))
     lines = capsys.readouterr().out.splitlines()
-    names = STUDY.names()
+    names = stages.study_stages()
     assert ran == names and len(names) == 15
     estimate = next(i for i, line in enumerate(lines) if line.startswith("[reproduce] estimated total"))
     stage_lines = [i for i, line in enumerate(lines) if re.match(r"\[reproduce\] stage \d+/15 ", line)]

@@ -61,7 +61,7 @@ _EXPORTS = exports_by_name(
         "dynheads.ablation.strategies": ("ABLATION_STRATEGIES", "ablation_strategy"),
         "dynheads.rag.strategies": ("RAG_STRATEGIES", "RagStrategy"),
         "dynheads.kv.press_registry": ("KVPRESS_PRESSES", "PressEntry"),
-        "dynheads.stages": ("STAGES",),
+        "dynheads.stages": ("STAGES", "Stage"),
         # ablation, KV retention, hallucination detection
         "dynheads.ablation.cascade": ("AblationSettings", "ablated_generate", "ablated_generate_batch"),
         "dynheads.ablation.teacher_forced": ("forced_ablation", "forced_ablations"),

@@ -1,10 +1,18 @@
-"""Lazy re-exports for the public packages: a name's module is imported on first use, so importing them is cheap."""
+"""Lazy re-exports for the public packages: a name's module is imported on first use, so importing them is cheap;
+and ``imported``, what a registry's lazy ``"module:attribute"`` entry names."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
+
+
+def imported(target: str) -> Any:
+    """What ``"module:attribute"`` names, its module imported now (a registry's lazy entries: a stage's runner and
+    report section, ``dynheads.stages``)."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def exports_by_name(by_module: Mapping[str, tuple[str, ...]]) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """``dynheads reproduce``: every stage of the paper in order, into sub-folders of one directory.
 
-A stage of the study is one entry of ``STUDY`` (a function of the ``Study``: it builds its config from the preset's
-table and runs into its folder), registered under its ``stages`` name; ``reproduce`` runs the entries in order.
+A stage of the study is one entry of ``dynheads.stages.STAGES``: its runner (a function of the ``Study``, imported
+when the study runs it; the paper's are in ``paper_stages``) builds its config from the preset's table and runs into
+its folder. ``reproduce`` runs the study's stages (``stages.study_stages``: every stage that is not optional, and the
+optional ones the preset has a table for) in the registry's order.
 
 Each stage is resumable on its own (run directories skip finished samples; analysis stages are skipped when
 their output exists), so an interrupted ``reproduce`` continues where it stopped and ends with the same
@@ -23,32 +25,22 @@ import functools
 import json
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Unpack
 
 import torch
 
 from dynheads import distributed, stages
-from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
+from dynheads.analysis.settings import HeadPredictorConfig
 from dynheads.errors import DynheadsError
 from dynheads.experiments import study_time
-from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_progressive
-from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads
-from dynheads.experiments.dose import run_claim2
-from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
-from dynheads.experiments.niah import NiahConfig, run_niah
-from dynheads.experiments.probing import train_probe_on_run
-from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.experiments.settings import ReproduceConfig
-from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run_static, run_static_reasoning
 from dynheads.experiments.threshold_fit import ThresholdFit, fit_threshold
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
-from dynheads.registry import Registry
 from dynheads.runs import RunDir, RunOptions, start_run
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD
 from dynheads.tasks.hotpotqa import HOTPOTQA
@@ -56,7 +48,6 @@ from dynheads.tasks.questions import QuestionStream, disjoint_streams
 from dynheads.tasks.registry import Task, task_of
 
 PRESET_FOLDER = Path(__file__).resolve().parent.parent / "presets"
-SHARED_TABLES = {stages.HOTPOTQA_CCA: stages.CCA, stages.HOTPOTQA_PROBE: stages.PROBE}  # read the same table
 
 
 def load_preset(name: str) -> dict:
@@ -82,8 +73,8 @@ PAPER_PRESET_SOURCES = PRESETS["paper"]["sources"]
 
 
 def stage_settings(preset: dict, stage: str) -> dict:
-    """The preset's table for ``stage``, its lists as tuples (configs hold tuples)."""
-    table = preset.get(SHARED_TABLES.get(stage, stage), {})
+    """The preset's table for ``stage`` (``stages.preset_table``), its lists as tuples (configs hold tuples)."""
+    table = preset.get(stages.preset_table(stage), {})
     return {key: tuple(value) if isinstance(value, list) else value for key, value in table.items()}
 
 
@@ -146,10 +137,10 @@ def reproduce(
     processes: int = 1,
     batch_size: int | None = None,
 ) -> Path:
-    """Run the whole study into ``out`` (one sub-folder per stage of ``STUDY``, in order); returns ``out``, ready
-    for ``write_report`` (by rank 0, under a launcher). ``processes`` > 1: the study runs in that many processes
-    started here (``distributed.spawn``, each loading the model, with its share of the CPU threads), as under
-    ``torchrun``; this process waits for them. ``batch_size`` > 1: every stage that decodes decodes that many
+    """Run the whole study into ``out`` (one sub-folder per stage of ``stages.study_stages``, in order); returns
+    ``out``, ready for ``write_report`` (by rank 0, under a launcher). ``processes`` > 1: the study runs in that many
+    processes started here (``distributed.spawn``, each loading the model, with its share of the CPU threads), as
+    under ``torchrun``; this process waits for them. ``batch_size`` > 1: every stage that decodes decodes that many
     records together (results equal batch 1's up to fp32 rounding; the manifest records it); None: the preset's
     ``batch_size`` (``standard``: 4), else 1."""
     if config.preset not in PRESETS:
@@ -181,24 +172,29 @@ def reproduce(
     )
     _check_same_preset(manifest, _jsonable(stage_tables), out)
     study = Study(config, preset, out, lm, progress, log, batch_size)
-    names = [entry.name for entry in STUDY]
+    names = stages.study_stages(stage_tables)
+    runners = {name: stages.STAGES.get(name).runner() for name in names}  # a misnamed one fails before any stage runs
+    dealt = {name for name in names if stages.STAGES.get(name).deals_samples}  # the others run on rank 0 alone
     to_run = [n for n in names if n not in log.log]
-    seconds = _announce_estimate(config.preset, stage_tables, to_run, lm) if progress else {}
-    for index, entry in enumerate(STUDY, 1):
+    seconds = _announce_estimate(config.preset, stage_tables, to_run, dealt, lm) if progress else {}
+    for index, name in enumerate(names, 1):
         if progress and distributed.is_main():
-            left = sum(seconds.get(name, 0.0) for name in names[index - 1 :])
-            print(study_time.progress_line(index, len(names), entry.name, left), flush=True)
-        study.log.run(entry.name, partial(entry.value, study), every_rank=entry.name in SAMPLE_STAGES)
+            left = sum(seconds.get(later, 0.0) for later in names[index - 1 :])
+            print(study_time.progress_line(index, len(names), name, left), flush=True)
+        study.log.run(name, partial(runners[name], study), every_rank=name in dealt)
     return out
 
 
-def _announce_estimate(preset: str, tables: dict, to_run: list[str], lm: LoadedModel) -> dict[str, float]:
-    """Rank 0 times the loaded model once and prints the study's estimated total (``study_time``); the seconds per
-    stage still to run (none on the other ranks, which print nothing)."""
+def _announce_estimate(
+    preset: str, tables: dict, to_run: list[str], dealt: Collection[str], lm: LoadedModel
+) -> dict[str, float]:
+    """Rank 0 times the loaded model once and prints the study's estimated total (``study_time``; the stages of
+    ``dealt`` share their samples over the processes); the seconds per stage still to run (none on the other ranks,
+    which print nothing)."""
     if not distributed.is_main() or not to_run:
         return {}
     calibration = study_time.calibrate(lm, min(CALIBRATION_PROMPT, lm.max_context or CALIBRATION_PROMPT))
-    seconds = study_time.estimate_seconds(tables, to_run, calibration, distributed.rank_and_world()[1], SAMPLE_STAGES)
+    seconds = study_time.estimate_seconds(tables, to_run, calibration, distributed.rank_and_world()[1], dealt)
     print(study_time.estimate_line(preset, seconds, calibration), flush=True)
     return seconds
 
@@ -252,80 +248,6 @@ class Study:
         return Questions.of(self)
 
 
-# A study stage: ``run(study)`` builds the stage's config from the study's preset and runs it into
-# ``study.folder(name)``. ``reproduce`` runs them in registration order; each name is a registered ``stages`` name.
-STUDY = Registry[Callable[[Study], object]]("study stage")
-# The stages whose runner deals its samples over a launcher's processes; every other stage runs on rank 0 alone.
-SAMPLE_STAGES: set[str] = set()
-
-
-def study_stage(name: str, *, deals_samples: bool = False) -> Callable[[Callable[[Study], object]], Callable]:
-    """Register the decorated function as the study's stage ``name`` (its help: the ``stages`` entry's);
-    ``deals_samples``: its runner gives each process of a launch its share of the samples (``runs.run_jobs``)."""
-    if deals_samples:
-        SAMPLE_STAGES.add(name)
-    return STUDY.register(name, help=stages.STAGES.help(name))
-
-
-# ---- NIAH: the traced grid, the static list, dynamism and Figure 1, the ablations, CCA and the probe -------------
-@study_stage(stages.NIAH, deals_samples=True)
-def _niah(study: Study) -> object:
-    return run_niah(NiahConfig(**study.settings(stages.NIAH)), study.folder(stages.NIAH), **study.options)
-
-
-@study_stage(stages.STATIC, deals_samples=True)
-def _static(study: Study) -> object:
-    return run_static(StaticConfig(**study.settings(stages.STATIC)), study.folder(stages.STATIC), **study.options)
-
-
-@study_stage(stages.DYNAMISM)
-def _dynamism(study: Study) -> object:
-    niah, out = study.folder(stages.NIAH), study.folder(stages.DYNAMISM)
-    dynamism_report(niah, study.static_file, static_kind="copy", out_dir=out)
-    return plot_heads(niah, _best_samples(niah, 2), out_dir=out)
-
-
-@study_stage(stages.ABLATION, deals_samples=True)
-def _ablation(study: Study) -> object:
-    settings = _without_relative_doses(study.settings(stages.ABLATION, static=str(study.static_file)))
-    return run_claim2(AblationConfig(**settings), study.folder(stages.ABLATION), **study.options)
-
-
-def _without_relative_doses(settings: dict) -> dict:
-    """An ablation table's settings, refused when it still gives relative doses (an older preset's multiples of
-    the mean |D_t|, each a fixed k heads per step)."""
-    if "relative_doses" in settings:
-        raise DynheadsError(
-            "relative_doses (a fixed k heads per step, from the mean |D_t|) are retired: past |D_t| they measure "
-            "compensation; give fractions of each step's |D_t| (fractions = [0.25, 0.5, 0.75, 1.0], compensation "
-            "= [1.5, 2.0]; docs/ablation.md)"
-        )
-    return settings
-
-
-@study_stage(stages.PROGRESSIVE, deals_samples=True)
-def _progressive(study: Study) -> object:
-    config = ProgressiveConfig(**study.settings(stages.PROGRESSIVE, static=str(study.static_file)))
-    return run_progressive(config, study.folder(stages.PROGRESSIVE), **study.options)
-
-
-@study_stage(stages.CCA)
-def _cca(study: Study) -> object:
-    cca = CCAConfig(seed=study.config.seed)
-    return cca_report(study.folder(stages.NIAH), study.offsets, cca, out_dir=study.folder(stages.CCA))
-
-
-@study_stage(stages.PROBE)
-def _probe(study: Study) -> object:
-    return train_probe_on_run(
-        study.folder(stages.NIAH),
-        study.probe_config,
-        out_dir=study.folder(stages.PROBE),
-        device=str(study.lm.device),
-        progress=study.progress,
-    )
-
-
 @dataclass(frozen=True)
 class Questions:
     """What the HotpotQA-side stages share: the questions' source and task, the disjoint question streams, the
@@ -362,99 +284,6 @@ class Questions:
         return study.settings(stage, data=self.data, first=self.streams[stream].first, **extra)
 
 
-# ---- HotpotQA: the reasoning static list, the traced analysis stream, its dynamism, CCA and probe ----------------
-@study_stage(stages.HOTPOTQA_STATIC, deals_samples=True)
-def _hotpotqa_static(study: Study) -> object:
-    config = StaticReasoningConfig(**study.questions.grid(study, stages.HOTPOTQA_STATIC, "static"))
-    return run_static_reasoning(config, study.folder(stages.HOTPOTQA_STATIC), **study.options)
-
-
-@study_stage(stages.HOTPOTQA, deals_samples=True)
-def _hotpotqa(study: Study) -> object:
-    config = HotpotConfig(**study.questions.grid(study, stages.HOTPOTQA, "analysis", split="analysis"))
-    return run_hotpotqa(config, study.folder(stages.HOTPOTQA), **study.options)
-
-
-@study_stage(stages.HOTPOTQA_DYNAMISM)
-def _hotpotqa_dynamism(study: Study) -> object:
-    qa, traced, out = study.questions, study.folder(stages.HOTPOTQA), study.folder(stages.HOTPOTQA_DYNAMISM)
-    # Claim 1 compares with the task's own static list (the reasoning list for Eq. 2 tasks), issue 21 item 4
-    static = {"copy": study.static_file, "reasoning": qa.reasoning_file}[qa.task.static_kind]
-    score = qa.task.score_kind
-    dynamism_report(
-        traced,
-        static,
-        score=score,
-        threshold=qa.threshold,
-        fit_run=qa.fit_stream,
-        static_kind=qa.task.static_kind,
-        out_dir=out,
-    )
-    return plot_heads(traced, _best_samples(traced, 1, metric="f1"), score=score, out_dir=out)
-
-
-@study_stage(stages.HOTPOTQA_CCA)
-def _hotpotqa_cca(study: Study) -> object:
-    cca, score = CCAConfig(seed=study.config.seed), study.questions.task.score_kind
-    return cca_report(
-        study.folder(stages.HOTPOTQA), study.offsets, cca, score=score, out_dir=study.folder(stages.HOTPOTQA_CCA)
-    )
-
-
-@study_stage(stages.HOTPOTQA_PROBE)
-def _hotpotqa_probe(study: Study) -> object:
-    return train_probe_on_run(
-        study.folder(stages.HOTPOTQA),
-        study.probe_config,
-        score=study.questions.task.score_kind,
-        out_dir=study.folder(stages.HOTPOTQA_PROBE),
-        device=str(study.lm.device),
-        progress=study.progress,
-    )
-
-
-# ---- HotpotQA: the Eq. 2 ablations (at the fitted threshold) and RAG, each on its own question stream ------------
-def _qa_ablation(study: Study, stage: str, stream: str, config_type: type, run: Callable[..., object]) -> None:
-    """An Eq. 2 ablation stage (``run``: ``run_claim2`` or ``run_progressive``) on its own question stream, with the
-    reasoning list as its static list and the fitted threshold (``fitted_ablation``)."""
-    qa, threshold = study.questions, study.questions.fit()
-    extra = dict(split=stream, task=qa.task.name, static=str(qa.reasoning_file))
-    settings = _without_relative_doses(qa.grid(study, stage, stream, **extra))
-    fitted_ablation(run, config_type(**settings), threshold, study.folder(stage), **study.options)
-
-
-@study_stage(stages.HOTPOTQA_ABLATION, deals_samples=True)
-def _hotpotqa_ablation(study: Study) -> None:
-    _qa_ablation(study, stages.HOTPOTQA_ABLATION, "ablation", AblationConfig, run_claim2)
-
-
-@study_stage(stages.HOTPOTQA_PROGRESSIVE, deals_samples=True)
-def _hotpotqa_progressive(study: Study) -> None:
-    _qa_ablation(study, stages.HOTPOTQA_PROGRESSIVE, "progressive", ProgressiveConfig, run_progressive)
-
-
-@study_stage(stages.RAG, deals_samples=True)
-def _rag(study: Study) -> object:
-    qa = study.questions
-    probe = str(study.folder(stages.HOTPOTQA_PROBE))
-    config = RagConfig(**qa.grid(study, stages.RAG, "rag", probe=probe, static=str(qa.reasoning_file)))
-    return run_rag(config, study.folder(stages.RAG), **study.options)
-
-
-def fitted_ablation(
-    run: Callable[..., object],
-    config: AblationConfig | ProgressiveConfig,
-    fit: ThresholdFit,
-    out: Path,
-    **options: Unpack[RunOptions],
-) -> None:
-    """An Eq. 2 ablation (``run``: ``run_ablation`` or ``run_progressive``) with the threshold ``fit`` applies; the
-    fit is written beside the run's manifest (``threshold_fit.json``). Its static list comes from the fitting run,
-    so the ablation's refusal of a static list scored on its questions refuses a mixed fit too."""
-    run(replace(config, threshold=fit.applied), out, **options)
-    write_json(out / "threshold_fit.json", fit.to_dict())
-
-
 def hotpot_streams(preset: dict) -> dict[str, QuestionStream]:
     """The HotpotQA question streams of a study, end to end in this order: static reasoning heads, the traced
     analysis run (dynamism, CCA, probe), ablation, progressive ablation, RAG."""
@@ -466,13 +295,6 @@ def hotpot_streams(preset: dict) -> dict[str, QuestionStream]:
         ("rag", stages.RAG),
     ]
     return disjoint_streams([(name, preset[stage]["questions"]) for name, stage in order])
-
-
-def _best_samples(run_dir: Path, count: int, metric: str = "accuracy") -> list[str]:
-    """Samples worth a heat map: the longest generations among those that got the answer (if any did)."""
-    records = [r for r in RunDir(run_dir).records() if r["steps"]]  # an empty trace (EOS first) has no map
-    ranked = sorted(records, key=lambda r: (-r["metrics"].get(metric, 0), -r["steps"], r["sample_id"]))
-    return [r["sample_id"] for r in ranked[:count]]
 
 
 def _check_same_preset(manifest: dict, tables: dict, out: Path) -> None:

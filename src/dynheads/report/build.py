@@ -31,7 +31,15 @@ from dynheads.report.render import report_html, report_markdown
 from dynheads.report.sections import build_sections
 from dynheads.report.stage_parts import STAGE_NOT_RUN, setting_value
 from dynheads.report.stepview import REASONING_THRESHOLD, step_view
-from dynheads.report.study import READ_ERRORS, decisive_metric, evidence_of, qa_task, stage_evidence, stages_not_run
+from dynheads.report.study import (
+    READ_ERRORS,
+    decisive_metric,
+    evidence_of,
+    qa_task,
+    stage_evidence,
+    stages_not_run,
+    study_stage_names,
+)
 from dynheads.tables import SUMMARY_FILE, Table
 from dynheads.tasks.niah import NIAH
 
@@ -49,7 +57,8 @@ def write_report(out_dir: str | Path, evidence: EvidenceSettings | None = None) 
     title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
     headlines = [_headline(section, verdict, root) for section in body for verdict in section.verdicts]
     run = Section("run", "Run", _overview(manifest, read_json_if_any(root / "stages.json") or {}))
-    sections = [_summary(headlines, manifest, stages_not_run(root)), *body]  # the answer first, the run's metadata last
+    missing = _missing_stages(stages_not_run(root), len(study_stage_names(root)))
+    sections = [_summary(headlines, manifest, missing), *body]  # the answer first, the run's metadata last
     md_path, html_path = root / "report.md", root / "report.html"
     write_text(md_path, report_markdown(title, sections, run, root))
     write_text(html_path, report_html(title, sections, run, _step_data(root)))
@@ -127,14 +136,15 @@ def _overview(manifest: dict, timings: dict) -> list[Part]:
     )
 
 
-def _summary(headlines: list[Headline], manifest: dict, not_run: list[str]) -> Section:
-    """The first section: how much of the study is missing (when any is), the question, the cards, the rules."""
+def _summary(headlines: list[Headline], manifest: dict, missing: list[Part]) -> Section:
+    """The first section: how much of the study is missing (``missing``: when any is), the question, the cards, the
+    rules."""
     model = (manifest.get("model") or {}).get("name", "this model")
     preset = f", preset `{manifest['preset']}`" if manifest.get("preset") else ""
     return Section(
         "verdicts",
         "Verdicts",
-        _missing_stages(not_run)
+        missing
         + [
             f"Does {model}{preset} show what the paper claims? Each card: the verdict, its figure, and the numbers it "
             "rests on beside the paper's (llama3.1-8b, or the range over the paper's models); click for the section.",
@@ -144,12 +154,12 @@ def _summary(headlines: list[Headline], manifest: dict, not_run: list[str]) -> S
     )
 
 
-def _missing_stages(not_run: list[str]) -> list[Part]:
-    """The partial study's first line: how many of its stages have not run, and how to run them."""
+def _missing_stages(not_run: list[str], total: int) -> list[Part]:
+    """The partial study's first line: how many of its ``total`` stages have not run, and how to run them."""
     if not not_run:
         return []
     return [
-        f"**{len(not_run)} of {len(stages.STAGES)} stages not run yet: run the same command to continue** "
+        f"**{len(not_run)} of {total} stages not run yet: run the same command to continue** "
         f"(`dynheads reproduce` with the same `--out` and settings resumes where it stopped). Not run: "
         f'{", ".join(not_run)}; the cards of the claims they decide say "{claims.NOT_RUN}".'
     ]

@@ -173,7 +173,8 @@ def _start_study(model: ModelResults, root: Path, manifest: dict) -> None:
             "(single runs of it may be added)"
         )
     logged = _json_object(root / "stages.json")  # the stages reproduce finished, or that failed (with why)
-    unfinished = [name for name in stages.EVIDENCE if name not in logged and _started_not_summarised(root / name)]
+    published = [entry.name for entry in stages.STAGES if entry.value.evidence]  # the stages a verdict reads
+    unfinished = [name for name in published if name not in logged and _started_not_summarised(root / name)]
     unfinished += [name for name in TRACED if name not in logged and _started_not_tabled(root / name)]
     if unfinished:
         raise DynheadsError(

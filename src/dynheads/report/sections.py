@@ -1,6 +1,7 @@
-"""The report's sections in order (``REPORT_SECTIONS``), each registered with ``@report_section``: what it says of
-the study (text, tables, figures and its claims' verdicts); and the gate that makes a section's verdicts inconclusive
-when the model does not solve its task."""
+"""The report's sections, each a ``ReportSection`` made with ``@report_section``: what it says of the study (text,
+tables, figures and its claims' verdicts). A stage names the section that shows it (``dynheads.stages.Stage.section``,
+a ``"module:attribute"`` string); the report shows the sections of the study's stages in the paper's order
+(``SECTION_ORDER``), and gates a section's verdicts when the model does not solve its task."""
 
 from __future__ import annotations
 
@@ -25,13 +26,12 @@ from dynheads.paper import (
     PAPER_PROGRESSIVE,
     PAPER_TOP1,
 )
-from dynheads.registry import Registry
 from dynheads.report import claims
 from dynheads.report.claim_parts import ablation_parts, correlation_parts, dynamism_parts, rag_parts
 from dynheads.report.claims import Verdict
 from dynheads.report.parts import Part, Section
 from dynheads.report.stage_parts import stage_parts, static_parts, task_run_parts
-from dynheads.report.study import READ_ERRORS, decisive_metric, qa_task
+from dynheads.report.study import READ_ERRORS, decisive_metric, qa_task, study_stage_names
 from dynheads.runs import RunDir
 from dynheads.tasks.niah import NIAH
 from dynheads.tasks.registry import Task
@@ -49,39 +49,59 @@ class StudyFolder:
 
 @dataclass(frozen=True)
 class ReportSection:
-    """One section of the report: its title (``{qa}`` stands for the QA task's label), what builds its parts from
-    the study (text, tables, figures and its claims' verdicts, e.g. by a ``claims`` function), the task whose stages
-    it shows (``niah``, ``qa`` or None: its verdicts' cards set the paper's numbers for that task beside ours, and a
-    task the model does not solve makes them inconclusive), and the figure of its verdict cards: a stage folder and
-    file patterns (the first pattern that matches, first match in name order)."""
+    """One section of the report: its anchor (in links to it), its title (``{qa}`` stands for the QA task's label),
+    what builds its parts from the study (text, tables, figures and its claims' verdicts, e.g. by a ``claims``
+    function), the task whose stages it shows (``niah``, ``qa`` or None: its verdicts' cards set the paper's numbers
+    for that task beside ours, and a task the model does not solve makes them inconclusive), and the figure of its
+    verdict cards: a stage folder and file patterns (the first pattern that matches, first match in name order)."""
 
+    anchor: str
     title: str
     build: Callable[[StudyFolder], list[Part]]
     side: Literal["niah", "qa"] | None = None
     card_figure: tuple[str, tuple[str, ...]] = ("", ())
 
 
-# The report's sections in order, each under its anchor: one entry (and its claim function) adds a section with
-# its verdict cards; register one from anywhere (a test file) as ``study_stage`` adds a stage to the study.
-REPORT_SECTIONS = Registry[ReportSection]("report section")
+# The report's order, the paper's: the stages whose sections come first (the static list before the NIAH grid, then
+# each task's setup, its three claims, and RAG); the section of any other stage of the study (an optional stage, one
+# registered elsewhere) follows them, in run order.
+SECTION_ORDER = (
+    stages.STATIC,
+    stages.NIAH,
+    stages.DYNAMISM,
+    stages.ABLATION,
+    stages.CCA,
+    stages.HOTPOTQA,
+    stages.HOTPOTQA_DYNAMISM,
+    stages.HOTPOTQA_ABLATION,
+    stages.HOTPOTQA_CCA,
+    stages.RAG,
+)
 # Claim 2's card figure: the dose curves, else the matched grid's heat maps
 CLAIM2_FIGURES = ("plots/dose-teacher.png", "plots/dose-cascade.png", "plots/ablation-*.png")
 
 
 def build_sections(root: Path, evidence: EvidenceSettings | None = None) -> list[Section]:
-    """The registered sections in order; any error while reading a stage becomes text in its section."""
+    """The sections of the study's stages in order; any error while reading a stage becomes text in its section."""
     study = StudyFolder(root, evidence or EvidenceSettings(), qa_task(root))
     tasks = {"niah": NIAH, "qa": study.qa, None: None}
     sections = []
-    for entry in REPORT_SECTIONS:
-        spec = entry.value
+    for spec in report_sections(study_stage_names(root)):
         try:
             parts = spec.build(study)
         except READ_ERRORS as error:
             parts = [f"*Could not read this stage: {error}*"]
         title = spec.title.format(qa=study.qa.label)
-        sections.append(Section(entry.name, title, parts, tasks[spec.side], spec.card_figure))
+        sections.append(Section(spec.anchor, title, parts, tasks[spec.side], spec.card_figure))
     return _gate_unsolved(sections, root, study.qa)
+
+
+def report_sections(names: list[str]) -> list[ReportSection]:
+    """The sections that show the stages ``names`` (``Stage.section``), in the report's order (``SECTION_ORDER``,
+    then the others in the order of ``names``)."""
+    ordered = [name for name in SECTION_ORDER if name in names] + [name for name in names if name not in SECTION_ORDER]
+    sections = (stages.STAGES.get(name).report_section() for name in ordered)
+    return [section for section in sections if section is not None]
 
 
 def report_section(
@@ -89,31 +109,31 @@ def report_section(
     title: str,
     side: Literal["niah", "qa"] | None = None,
     card_figure: tuple[str, tuple[str, ...]] = ("", ()),
-) -> Callable[[Callable[[StudyFolder], list[Part]]], Callable[[StudyFolder], list[Part]]]:
-    """Register the decorated function as the parts of section ``anchor`` (``ReportSection``)."""
+) -> Callable[[Callable[[StudyFolder], list[Part]]], ReportSection]:
+    """Make the decorated function the parts of the section ``anchor`` (``ReportSection``); a stage shows it by
+    naming it (``Stage.section``, ``"module:name"``)."""
 
-    def add(build: Callable[[StudyFolder], list[Part]]) -> Callable[[StudyFolder], list[Part]]:
-        REPORT_SECTIONS.register(anchor, ReportSection(title, build, side, card_figure), help=title.format(qa="QA"))
-        return build
+    def make(build: Callable[[StudyFolder], list[Part]]) -> ReportSection:
+        return ReportSection(anchor, title, build, side, card_figure)
 
-    return add
+    return make
 
 
 # ---- the static list, the NIAH setup and the three claims on NIAH -----------------------------------------------
 @report_section("static", "Static retrieval heads (Wu et al. 2024)")
-def _static_section(study: StudyFolder) -> list[Part]:
+def static_section(study: StudyFolder) -> list[Part]:
     return static_parts(study.root)
 
 
 @report_section(stages.NIAH, f"{NIAH.label} setup (Section 3.1)", side="niah")
-def _niah_setup(study: StudyFolder) -> list[Part]:
+def niah_setup(study: StudyFolder) -> list[Part]:
     return task_run_parts(study.root, stages.NIAH)
 
 
 @report_section(
     "claim1-niah", "Claim 1, dynamism, on NIAH (Figure 1, Tables 1 and 5)", "niah", (stages.DYNAMISM, ("heads-*.png",))
 )
-def _claim1_niah(study: StudyFolder) -> list[Part]:
+def claim1_niah(study: StudyFolder) -> list[Part]:
     stage_pair = (stages.DYNAMISM, stages.PROBE)
     return dynamism_parts(study.root, stage_pair, NIAH.label, "Figure 1", _table1_note(), study.evidence)
 
@@ -121,14 +141,14 @@ def _claim1_niah(study: StudyFolder) -> list[Part]:
 @report_section(
     "claim2-niah", "Claim 2, irreplaceability, on NIAH (Figures 2 and 3)", "niah", (stages.ABLATION, CLAIM2_FIGURES)
 )
-def _claim2_niah(study: StudyFolder) -> list[Part]:
+def claim2_niah(study: StudyFolder) -> list[Part]:
     pair = (stages.ABLATION, stages.PROGRESSIVE)
     figures, paper = ("Figure 2", "Figure 3"), (f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.")
     return ablation_parts(study.root, pair, figures, NIAH.label, *paper, study.evidence)
 
 
 @report_section("claim3-niah", "Claim 3, correlation, on NIAH (Figure 4, Table 2)", "niah", (stages.CCA, ("cca.png",)))
-def _claim3_niah(study: StudyFolder) -> list[Part]:
+def claim3_niah(study: StudyFolder) -> list[Part]:
     notes = (_cca_note(), _range_note("Table 2", PAPER_PROBE_BINARY, ("f1", "auprc")))
     stage_pair = (stages.CCA, stages.PROBE)
     return correlation_parts(study.root, stage_pair, "Figure 4", "binary", NIAH.label, *notes, study.evidence)
@@ -136,7 +156,7 @@ def _claim3_niah(study: StudyFolder) -> list[Part]:
 
 # ---- the HotpotQA (or stand-in) setup, the three claims on it, and Dynamic RAG -------------------------------------
 @report_section(stages.HOTPOTQA, "{qa} setup (Section 5)", side="qa")
-def _qa_setup(study: StudyFolder) -> list[Part]:
+def qa_setup(study: StudyFolder) -> list[Part]:
     root = study.root
     static = root / stages.HOTPOTQA_STATIC
     return task_run_parts(root, stages.HOTPOTQA) + (
@@ -147,7 +167,7 @@ def _qa_setup(study: StudyFolder) -> list[Part]:
 @report_section(
     "claim1-hotpotqa", "Claim 1, dynamism, on {qa} (Figure 5)", "qa", (stages.HOTPOTQA_DYNAMISM, ("heads-*.png",))
 )
-def _claim1_qa(study: StudyFolder) -> list[Part]:
+def claim1_qa(study: StudyFolder) -> list[Part]:
     pair = (stages.HOTPOTQA_DYNAMISM, stages.HOTPOTQA_PROBE)
     return dynamism_parts(study.root, pair, study.qa.label, "Figure 5", PAPER_FIGURE5, study.evidence)
 
@@ -158,7 +178,7 @@ def _claim1_qa(study: StudyFolder) -> list[Part]:
     "qa",
     (stages.HOTPOTQA_ABLATION, CLAIM2_FIGURES),
 )
-def _claim2_qa(study: StudyFolder) -> list[Part]:
+def claim2_qa(study: StudyFolder) -> list[Part]:
     pair, figures = (stages.HOTPOTQA_ABLATION, stages.HOTPOTQA_PROGRESSIVE), ("Figure 6", "Figure 7")
     return ablation_parts(study.root, pair, figures, study.qa.label, PAPER_FIGURE6, PAPER_FIGURE7, study.evidence)
 
@@ -166,14 +186,14 @@ def _claim2_qa(study: StudyFolder) -> list[Part]:
 @report_section(
     "claim3-hotpotqa", "Claim 3, correlation, on {qa} (Figure 8, Table 3)", "qa", (stages.HOTPOTQA_CCA, ("cca.png",))
 )
-def _claim3_qa(study: StudyFolder) -> list[Part]:  # Eq. 2 scores: a regressor
+def claim3_qa(study: StudyFolder) -> list[Part]:  # Eq. 2 scores: a regressor
     notes = (PAPER_FIGURE8, _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",)))
     pair = (stages.HOTPOTQA_CCA, stages.HOTPOTQA_PROBE)
     return correlation_parts(study.root, pair, "Figure 8", "continuous", study.qa.label, *notes, study.evidence)
 
 
 @report_section("rag", "Dynamic RAG (Section 6, Tables 4 and 6)", side="qa")
-def _rag_section(study: StudyFolder) -> list[Part]:
+def rag_section(study: StudyFolder) -> list[Part]:
     return rag_parts(study.root, study.qa.label, study.evidence)
 
 

@@ -1,5 +1,5 @@
 """What the report reads of a study folder as a whole: its verdict settings, the QA task its HotpotQA-side stages
-ran, the stages not run yet, and the numbers each stage published for its verdict."""
+ran, its stages and those not run yet, and the numbers each stage published for its verdict."""
 
 from __future__ import annotations
 
@@ -45,12 +45,19 @@ def qa_task(root: Path) -> Task:
         return HOTPOTQA
 
 
+def study_stage_names(root: Path) -> list[str]:
+    """The stages of the study in ``root``, in run order (``stages.study_stages``): every stage that is not optional,
+    and each optional one whose table its preset had (the manifest's ``preset_settings``)."""
+    tables = ((read_json_if_any(root / "manifest.json") or {}).get("preset_settings")) or {}
+    return stages.study_stages([name for name, table in tables.items() if isinstance(table, dict)])
+
+
 def stages_not_run(root: Path) -> list[str]:
     """The study's stages that have not run yet: those ``stages.json`` does not log (``reproduce`` logs a stage when
     it ends, failed or not, so an interrupted one is not run); in a folder without ``stages.json`` (assembled by
     hand), the stages without a folder."""
     log = read_json_if_any(root / "stages.json")
-    names = stages.STAGES.names()
+    names = study_stage_names(root)
     if isinstance(log, dict):
         return [name for name in names if name not in log]
     return [name for name in names if not (root / name).is_dir()]
