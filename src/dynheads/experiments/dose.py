@@ -14,8 +14,8 @@ Figure 3), is drawn in its own figure and never enters a decided quantity. A fix
 
 Metrics (``metric``):
 
-- ``teacher`` (graded, decides the verdict at f = 1): ``ablation_forced.forced_ablations``, one record per sample;
-  per arm and fraction the mean over the clean answer's steps of the masked log-probability of the clean token,
+- ``teacher`` (graded, decides the verdict at f = 1): ``ablation.teacher_forced.forced_ablations``, one record per
+  sample; per arm and fraction the mean over the clean answer's steps of the masked log-probability of the clean token,
   of its drop and of the argmax flips, the drop over non-empty steps (|D_t| > 0), the heads masked per step and
   the overlap of the masked set with D_t (|masked ∩ D_t| / |D_t|, mean over non-empty steps); per sample whether
   the clean answer is correct (the task's first metric at least 0.5). One prefill per sample; the arms x fractions
