@@ -144,13 +144,28 @@ def head_list_press(kv_heads: Sequence[KVHead], *, sink: int = 128, recent: int 
     return _press_class()(kv_heads=tuple((int(layer), int(kv)) for layer, kv in kv_heads), sink=sink, recent=recent)
 
 
+@dataclass
+class TokenVoteKnobs:
+    """The knobs of both head-token presses (their dataclass fields, kvpress's way: a variant is its fields): the
+    compression ratio, the voting (layer, query head) pairs, the observation window, the protected sink and recent
+    tokens, the vote pooling and the span a vote carries forward (``token_votes``)."""
+
+    compression_ratio: float = 0.0
+    voters: tuple[tuple[int, int], ...] = ()
+    window: int = WINDOW
+    sink: int = 4
+    recent: int = 64
+    pool: int = POOL
+    span: int = 0
+
+
 @functools.cache
 def _token_press_class() -> type:
     kvpress = require_kvpress()
     is_prefilling = kvpress.presses.base_press.is_prefilling  # kvpress's test for the prefill pass
 
     @dataclass
-    class HeadTokensPress(kvpress.ScorerPress):  # type: ignore[name-defined]  # a base found at run time
+    class HeadTokensPress(TokenVoteKnobs, kvpress.ScorerPress):  # type: ignore[name-defined]  # base found at run time
         """Retrieval heads choose the tokens (``dynheads.kv.token_votes``): the ``voters`` ((layer, query head) pairs)
         vote from the last ``window`` prefilled positions, and every KV head of every layer keeps the same tokens.
         The votes of all layers are known after the last layer, so the cache of every layer is compressed there
@@ -158,13 +173,6 @@ def _token_press_class() -> type:
         answers only that compression, and a wrapper that calls it or the hook one layer at a time is refused
         (``CROSS_LAYER_ONLY``)."""
 
-        compression_ratio: float = 0.0
-        voters: tuple[tuple[int, int], ...] = ()
-        window: int = WINDOW
-        sink: int = 4
-        recent: int = 64
-        pool: int = POOL
-        span: int = 0
         scores: torch.Tensor | None = field(default=None, init=False, repr=False)  # set while compressing
 
         def post_init_from_model(self, model):
@@ -227,19 +235,11 @@ def _layer_token_press_class() -> type:
     kvpress = require_kvpress()
 
     @dataclass
-    class LayerHeadTokensPress(kvpress.ScorerPress):  # type: ignore[name-defined]  # a base found at run time
+    class LayerHeadTokensPress(TokenVoteKnobs, kvpress.ScorerPress):  # type: ignore[name-defined]  # run-time base
         """Retrieval heads choose the tokens one layer at a time: the layer's own ``voters`` vote from the last
         ``window`` positions of the call (a layer with no voter: all its query heads), pooled and protected as
         ``token_votes.token_scores``, and every KV head of the layer keeps the same tokens. No state across layers
         or calls, so any kvpress wrapper can call ``score`` (on a chunk, a block, or a layer at its own ratio)."""
-
-        compression_ratio: float = 0.0
-        voters: tuple[tuple[int, int], ...] = ()
-        window: int = WINDOW
-        sink: int = 4
-        recent: int = 64
-        pool: int = POOL
-        span: int = 0
 
         @torch.no_grad()
         def score(self, module, hidden_states, keys, values, attentions, kwargs):
