@@ -20,10 +20,10 @@ neither is set there.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dynheads.lazy import imported
 from dynheads.registry import Registry
 
 KVPRESS = "kvpress:"  # a build target in kvpress's own namespace
@@ -39,10 +39,7 @@ class PressEntry:
 
     def target(self) -> Any:
         """What builds the press: the kvpress class or the dynheads function, imported now."""
-        module, _, name = (
-            ("kvpress", "", self.build.removeprefix(KVPRESS)) if self.is_kvpress else self.build.partition(":")
-        )
-        return getattr(importlib.import_module(module), name)
+        return imported(self.build)  # "kvpress:SnapKVPress" names kvpress's own class
 
     @property
     def is_kvpress(self) -> bool:
