@@ -36,7 +36,6 @@ from typing import Any, Unpack, cast
 import numpy as np
 import pandas as pd
 
-from dynheads import distributed
 from dynheads.ablation.cascade import (
     AblationResult,
     AblationSettings,
@@ -45,9 +44,18 @@ from dynheads.ablation.cascade import (
 )
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.config import pieces_of
-from dynheads.engine.decoding import check_fits
 from dynheads.engine.probe import ABLATION_MODES, AblationMode
 from dynheads.errors import DynheadsError
+from dynheads.experiments.experiment import (
+    Context,
+    Experiment,
+    GridPlan,
+    Phase,
+    Work,
+    grid_evaluated,
+    grid_plan,
+    run_experiment,
+)
 from dynheads.experiments.niah import NiahConfig
 from dynheads.experiments.settings import (
     DOSE_METRICS,
@@ -63,8 +71,8 @@ from dynheads.io import atomic_path
 from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
-from dynheads.resources import STATIC_HEADS, Evaluated, needs_of, resolve, sample_identity
-from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
+from dynheads.resources import STATIC_HEADS, Evaluated, needs_of
+from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
 from dynheads.tasks.niah import NIAH
@@ -157,22 +165,19 @@ class ProgressiveConfig(ProgressiveFields, _GridConfig):
 
 
 # ---- the grid (Figure 2) -------------------------------------------------------------------------------------------
-def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
-    """Decode every grid sample with every strategy into ``out`` (resumable); write cells.csv, summary.md, plots.
-    The matched grid: ``fractions`` are read by the dose-response (``experiments.dose``), not here.
+def _ablation_plan(config: AblationConfig, lm: LoadedModel) -> GridPlan:
+    """The grid, the static list when a strategy reads it, and ``--heads`` checked against the model."""
+    check_heads([parse_head(text) for text in config.heads], lm.num_layers, lm.num_heads, source="--heads")
+    needs = needs_of(ABLATION_STRATEGIES.get(strategy) for strategy in config.run_strategies())
+    return ablation_plan(config, lm, needs, "ablation")
 
-    ``batch_size`` (sample, strategy) records are decoded together (``ablated_generate_batch``; 1 = the
-    reference path, results equal up to fp32 rounding).
-    """
-    config.check()
-    strategies = config.run_strategies()
-    lm = run_model(config, options)
+
+def _ablation_work(context: Context[AblationConfig, GridPlan]) -> Work:
+    """A sample's strategies in one call (one prefill), phase by phase: under mean matching the controls after the
+    dynamic run, whose head counts they read (``_phases``)."""
+    config, samples = context.config, context.plan.samples
+    strategies, static = config.run_strategies(), ranking_of(context)
     fixed = tuple(parse_head(text) for text in config.heads)
-    check_heads(list(fixed), lm.num_layers, lm.num_heads, source="--heads")
-    needs = needs_of(ABLATION_STRATEGIES.get(strategy) for strategy in strategies)
-    run, samples, static = start_grid(
-        config, "ablation", lm, out, needs, {"strategies_run": list(strategies)}, batch_size=batch_size_of(options)
-    )
     counts: dict[str, int | None] = {}  # matching="mean": per sample, heads per step from its dynamic run
 
     def settings(sample, strategy: str) -> AblationSettings:
@@ -189,14 +194,33 @@ def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunO
             threshold=config.threshold,
         )
 
-    for phase in _phases(strategies, config.matching):  # a sample's strategies share its prefill
-        jobs = [(f"{s.sample_id}-{strategy}", s, partial(settings, s, strategy)) for s in samples for strategy in phase]
-        records = decode_jobs(run, lm, config, jobs, _ablation_record, f"ablate {', '.join(phase)}", options)
-        # this process's samples: it decodes the same ones under every strategy
-        counts |= {r["grid_sample_id"]: r["matched_count"] for r in records if r["strategy"] == "dynamic"}
-    if distributed.is_main():
-        write_cells(run)
-    return run
+    def read_counts(records: list[dict]) -> None:  # this process's samples: it decodes them under every strategy
+        counts.update({r["grid_sample_id"]: r["matched_count"] for r in records if r["strategy"] == "dynamic"})
+
+    phases = [
+        ablation_phase(
+            context,
+            [(f"{s.sample_id}-{strategy}", s, partial(settings, s, strategy)) for s in samples for strategy in phase],
+            _ablation_record,
+            f"ablate {', '.join(phase)}",
+            then=read_counts,
+        )
+        for phase in _phases(strategies, config.matching)  # a sample's strategies share its prefill
+    ]
+    return Work(grid_manifest(context, {"strategies_run": list(strategies)}), phases)
+
+
+ABLATION = Experiment("ablation", _ablation_plan, _ablation_work, tables=lambda context: write_cells(context.run))
+
+
+def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
+    """Decode every grid sample with every strategy into ``out`` (resumable); write cells.csv, summary.md, plots.
+    The matched grid: ``fractions`` are read by the dose-response (``experiments.dose``), not here.
+
+    ``batch_size`` (sample, strategy) records are decoded together (``ablated_generate_batch``; 1 = the
+    reference path, results equal up to fp32 rounding).
+    """
+    return run_experiment(ABLATION, config, out, **options)
 
 
 def _phases(strategies: Sequence[str], matching: str) -> list[list[str]]:
@@ -382,22 +406,9 @@ def skip_line(manifest: dict) -> list[str]:
 
 
 # ---- progressive ablation (Figure 3) -------------------------------------------------------------------------------
-def run_progressive(config: ProgressiveConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
-    """Mask the first k dynamic heads of every step, for every k and sample; write progressive.csv and the plot.
-    ``batch_size``: (sample, k) records decoded together, as in ``run_ablation``."""
-    config.check()
-    lm = run_model(config, options)
-    run, samples, static = start_grid(
-        config,
-        "ablation-progressive",
-        lm,
-        out,
-        {STATIC_HEADS},
-        {},
-        config.top_static,
-        batch_size=batch_size_of(options),
-    )
-    top, ks = static[: config.top_static], tuple(sorted(set(config.ks)))
+def _progressive_work(context: Context[ProgressiveConfig, GridPlan]) -> Work:
+    config = context.config
+    top, ks = ranking_of(context)[: config.top_static], tuple(sorted(set(config.ks)))
 
     def settings(k: int) -> AblationSettings:
         return AblationSettings(
@@ -408,18 +419,27 @@ def run_progressive(config: ProgressiveConfig, out: str | Path, **options: Unpac
             threshold=config.threshold,
         )
 
-    decode_jobs(
-        run,
-        lm,
-        config,
-        [(f"{sample.sample_id}-k{k}", sample, partial(settings, k)) for sample in samples for k in ks],
+    phase = ablation_phase(
+        context,
+        [(f"{sample.sample_id}-k{k}", sample, partial(settings, k)) for sample in context.plan.samples for k in ks],
         partial(_progressive_record, top=top),
         "progressive",
-        options,
     )
-    if distributed.is_main():
-        write_progressive(run)
-    return run
+    return Work(grid_manifest(context, {}, config.top_static), [phase])
+
+
+PROGRESSIVE = Experiment(
+    "ablation-progressive",
+    lambda config, lm: ablation_plan(config, lm, {STATIC_HEADS}, "ablation-progressive"),
+    _progressive_work,
+    tables=lambda context: write_progressive(context.run),
+)
+
+
+def run_progressive(config: ProgressiveConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
+    """Mask the first k dynamic heads of every step, for every k and sample; write progressive.csv and the plot.
+    ``batch_size``: (sample, k) records decoded together, as in ``run_ablation``."""
+    return run_experiment(PROGRESSIVE, config, out, **options)
 
 
 def _progressive_record(
@@ -494,22 +514,20 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
 
 
 # ---- shared ----------------------------------------------------------------------------------------------------------
-def decode_jobs(
-    run: RunDir,
-    lm: LoadedModel,
-    config: _GridConfig,
+def ablation_phase(
+    context: Context[Any, GridPlan],
     jobs: Sequence[tuple[str, Any, Callable[[], AblationSettings]]],  # (record id, a task's sample, ...)
     to_record: Callable[[object, AblationSettings, AblationResult, Task], dict],
     desc: str,
-    options: RunOptions,
-) -> list[dict]:
-    """The records of this process's share of ``jobs`` (record id, sample, its settings when it is decoded), in
-    their order (``runs.run_jobs``; a sample's jobs go to one process): the unfinished ones saved as
+    then: Callable[[list[dict]], object] | None = None,
+) -> Phase:
+    """The phase that decodes ``jobs`` (record id, sample, its settings when it is decoded), saved as
     ``to_record(sample, settings, result, task)``, one record per (sample, strategy or k); its ``grid_sample_id``
     names the sample. ``jobs`` come sample by sample: a sample's jobs are one call that prefills its prompt once
     (``ablated_generate_batch``), ``batch_size`` samples per call, ``batch_size`` rows decoding together (1: each
     row alone, records identical to running each arm by itself)."""
-    task, rows = config.task_entry(), batch_size_of(options)
+    lm, config, rows = context.lm, context.config, context.batch_size
+    task = config.task_entry()
 
     def work(batch: list[tuple[Any, Callable[[], AblationSettings]]]) -> list[Finished]:
         settings = [settings_of() for _, settings_of in batch]
@@ -521,70 +539,43 @@ def decode_jobs(
         ]
 
     per_sample = Counter(sample.sample_id for _, sample, _ in jobs)  # a sample's jobs: one call, one prefill
-    together: RunOptions = {**options, "batch_size": rows * max(per_sample.values(), default=1)}
-    return run_jobs(
-        run,
+    return Phase(
         [Job(record_id, (sample, settings_of), group=sample.sample_id) for record_id, sample, settings_of in jobs],
         work,
-        desc=desc,
-        **together,
+        desc,
+        together=max(per_sample.values(), default=1),
+        then=then,
     )
 
 
-def start_grid(
-    config: _GridConfig,
-    kind: str,
-    lm: LoadedModel,
-    out: str | Path,
-    needs: set[str],
-    extra: dict,
-    top: int = 20,
-    *,
-    batch_size: int = 1,
-) -> tuple[RunDir, list, tuple[Head, ...]]:
-    """The grid's samples, checked to fit the model; the static list's scored heads when ``needs`` asks for it
-    (``resources``: refused where it was fitted on the evaluated questions, samples or stream; else ()); and the
-    started (or resumed) run directory, whose manifest records the list, its ``top`` heads and what fitted it."""
-    task, task_config = config.task_entry(), config.task_config()
-    grid = task.grid(task_config, lm.tokenizer)
-    samples, prompt, extra = grid.samples, task.prompt(task_config), {**extra, **grid.manifest()}
-    for sample in samples:  # fail before any work, not halfway through the grid
-        check_fits(lm, len(sample.input_ids), config.max_new_tokens)
-    sources = resolve(
-        needs,
-        static=config.static,
-        predictor=None,
-        shape=(lm.num_layers, lm.num_heads),
-        evaluated=grid_evaluated(task, getattr(task_config, "split", None), samples, f"this {kind} run"),
-    )
-    static = sources.static.ranking if sources.static else ()
-    run = RunDir(out)
-    start_run(
-        run,
-        kind,
-        config,
-        lm,
-        {
-            "prompt": prompt,
-            "prompt_template": samples[0].prompt_template,
-            "chat_template_kwargs": samples[0].chat_template_kwargs,
-            **extra,
-            "static_top": [head_key(h) for h in static[:top]],
-            "static_source": sources.manifest()[STATIC_HEADS],  # the list, and what fitted it
-        },
-        batch_size=batch_size,
-    )
-    return run, samples, static
+def ablation_plan(config: _GridConfig, lm: LoadedModel, needs: set[str], kind: str) -> GridPlan:
+    """The grid's samples, checked to fit the model, and the static list's scored heads when ``needs`` asks for
+    it (``resources``: refused where it was fitted on the evaluated questions, samples or stream)."""
+
+    def evaluated(task: Task, task_config, samples) -> Evaluated:
+        return grid_evaluated(task, getattr(task_config, "split", None), samples, f"this {kind} run")
+
+    return grid_plan(config, lm, needs, evaluated)
 
 
-def grid_evaluated(task: Task, split: str | None, samples: Sequence, run: str) -> Evaluated:
-    """What a grid evaluates: its question ids (a question task), its samples' seeds and needle values (a seeded
-    task such as NIAH), and its stream."""
-    if task.questions:
-        return Evaluated(run, questions=tuple(sorted({s.record_id for s in samples})), split=split)
-    seeded = all(s.seed is not None for s in samples)
-    identities = tuple(sample_identity(s.sample_id, s.seed, s.answer) for s in samples) if seeded else ()
-    return Evaluated(run, samples=identities, split=split)
+def ranking_of(context: Context) -> tuple[Head, ...]:
+    """The static list's scored heads, best first (() without a list)."""
+    return context.sources.static.ranking if context.sources.static else ()
+
+
+def grid_manifest(context: Context[Any, GridPlan], extra: dict, top: int = 20) -> dict:
+    """What an ablation run's manifest records: the prompt, ``extra``, the grid, the static list's ``top`` heads and
+    what fitted it."""
+    plan, samples = context.plan, context.plan.samples
+    return {
+        "prompt": plan.task.prompt(plan.task_config),
+        "prompt_template": samples[0].prompt_template,
+        "chat_template_kwargs": samples[0].chat_template_kwargs,
+        **extra,
+        **plan.grid.manifest(),
+        "static_top": [head_key(h) for h in ranking_of(context)[:top]],
+        "static_source": context.sources.manifest()[STATIC_HEADS],  # the list, and what fitted it
+    }
 
 
 def run_task_of(run: RunDir) -> Task:

@@ -40,7 +40,6 @@ from typing import Any, Unpack
 import numpy as np
 import pandas as pd
 
-from dynheads import distributed
 from dynheads.ablation.cascade import AblationResult, AblationSettings
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, DOSE_ARMS, MEAN_ARMS
 from dynheads.ablation.teacher_forced import ForcedResult, forced_ablations
@@ -48,17 +47,20 @@ from dynheads.analysis.evidence import EvidenceSettings, Interval, fraction_inte
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import (
     AblationConfig,
-    decode_jobs,
+    ablation_phase,
+    ablation_plan,
+    grid_manifest,
+    ranking_of,
     result_record,
     run_ablation,
     run_task_of,
-    start_grid,
 )
+from dynheads.experiments.experiment import Context, Experiment, GridPlan, Phase, Work, run_experiment
 from dynheads.io import atomic_path
 from dynheads.models import LoadedModel, decode_text
 from dynheads.plots.ablation import plot_doses
 from dynheads.resources import needs_of
-from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model
+from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
 from dynheads.tasks.registry import Task
@@ -86,16 +88,17 @@ def run_claim2(config: AblationConfig, out: str | Path, **options: Unpack[RunOpt
     return run_doses(config, out, **options) if dosed else run_ablation(config, out, **options)
 
 
-def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
-    """Every grid sample under every arm at every fraction, by the config's metric(s), into ``out`` (resumable)."""
+def _check_doses(config: AblationConfig) -> None:
     config.check()
     if not config.fractions or not config.static:
         raise DynheadsError("the dose-response needs fractions (--fractions 0.25,0.5,0.75,1) and a static head list")
-    lm = run_model(config, options)
+
+
+def _dose_work(context: Context[AblationConfig, GridPlan]) -> Work:
+    """The teacher-forced records (one per sample: every arm x fraction as rows of its batch) and the cascade's
+    (one per sample, arm and fraction, plus the un-ablated run; a sample's arms share its prefill)."""
+    config, lm, samples, static = context.config, context.lm, context.plan.samples, ranking_of(context)
     fractions = config.dose_fractions()
-    needs = needs_of(ABLATION_STRATEGIES.get(arm) for arm in DOSE_ARMS)
-    design = {"design": DESIGN, "arms": list(DOSE_ARMS), "mean_arms": list(MEAN_ARMS)}
-    run, samples, static = start_grid(config, "ablation", lm, out, needs, design, batch_size=batch_size_of(options))
 
     def settings(sample, arm: str, fraction: float | None) -> AblationSettings:
         return AblationSettings(
@@ -109,27 +112,43 @@ def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOpti
             threshold=config.threshold,
         )
 
+    phases = []
     if config.metric in ("teacher", "both"):
         grid = [(arm, f) for arm in DOSE_ARMS for f in fractions] + [(arm, OPERATING_POINT) for arm in MEAN_ARMS]
         teacher = partial(_teacher_records, lm, config, settings, grid)
-        run_jobs(  # batch_size samples' clean answers decode together; a sample's arms x fractions are one batch
-            run,
-            [Job(f"{s.sample_id}-teacher", s, group=s.sample_id) for s in samples],
-            lambda batch: [Finished(record) for record in teacher(batch)],
-            desc="ablate teacher-forced",
-            **options,
+        phases.append(  # batch_size samples' clean answers decode together; a sample's arms x fractions are one batch
+            Phase(
+                [Job(f"{s.sample_id}-teacher", s, group=s.sample_id) for s in samples],
+                lambda batch: [Finished(record) for record in teacher(batch)],
+                "ablate teacher-forced",
+            )
         )
     if config.metric in ("cascade", "both"):
         arms = [("none", None)] + [(arm, f) for arm in DOSE_ARMS for f in fractions]
-        jobs = [  # sample by sample: a sample's arms share its prefill (``decode_jobs``)
+        jobs = [  # sample by sample: a sample's arms share its prefill (``ablation_phase``)
             (f"{s.sample_id}-{arm}" + ("" if f is None else f"-f{fraction_key(f)}"), s, partial(settings, s, arm, f))
             for s in samples
             for arm, f in arms
         ]
-        decode_jobs(run, lm, config, jobs, _cascade_record, "ablate cascade", options)
-    if distributed.is_main():
-        write_doses(run)
-    return run
+        phases.append(ablation_phase(context, jobs, _cascade_record, "ablate cascade"))
+    design = {"design": DESIGN, "arms": list(DOSE_ARMS), "mean_arms": list(MEAN_ARMS)}
+    return Work(grid_manifest(context, design), phases)
+
+
+DOSES = Experiment(
+    "ablation",
+    lambda config, lm: ablation_plan(
+        config, lm, needs_of(ABLATION_STRATEGIES.get(arm) for arm in DOSE_ARMS), "ablation"
+    ),
+    _dose_work,
+    tables=lambda context: write_doses(context.run),
+    check=_check_doses,
+)
+
+
+def run_doses(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
+    """Every grid sample under every arm at every fraction, by the config's metric(s), into ``out`` (resumable)."""
+    return run_experiment(DOSES, config, out, **options)
 
 
 def _teacher_records(

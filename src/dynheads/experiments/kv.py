@@ -37,14 +37,21 @@ from typing import Unpack, cast
 import numpy as np
 import pandas as pd
 
-from dynheads import distributed
 from dynheads.analysis.evidence import EvidenceSettings, above_chance_p_value, fraction_interval
 from dynheads.analysis.head_predictor import TrainedHeadPredictor
 from dynheads.analysis.kvheads import KVHead, kv_head_ranking
 from dynheads.config import pieces_of
-from dynheads.engine.decoding import check_fits
 from dynheads.errors import DynheadsError
-from dynheads.experiments.ablation import grid_evaluated
+from dynheads.experiments.experiment import (
+    Context,
+    Experiment,
+    GridPlan,
+    Phase,
+    Work,
+    grid_evaluated,
+    grid_plan,
+    run_experiment,
+)
 from dynheads.experiments.niah import NiahConfig
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid, TaskGridChoice
 from dynheads.heads import Head, flat_index, head_key
@@ -67,8 +74,8 @@ from dynheads.kv.retention import (
 from dynheads.kv.token_votes import POOL, SPAN, VOTERS, WINDOW
 from dynheads.models import LoadedModel
 from dynheads.plots.kv import pareto_front, plot_kv_accuracy, plot_kv_grid
-from dynheads.resources import HEAD_PREDICTOR, STATIC_HEADS, StaticSource, needs_of, resolve
-from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
+from dynheads.resources import HEAD_PREDICTOR, STATIC_HEADS, Evaluated, StaticSource, needs_of
+from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.seeding import derive_seed
 from dynheads.tables import Block, Summary, Table, write_summary
 from dynheads.tasks.registry import Task, task_of
@@ -127,85 +134,79 @@ class KVConfig(KVFields, TaskGridChoice):
         ]
 
 
-def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
-    """Decode every grid sample under every (policy, budget) into ``out`` (resumable); write tables and plots.
+def _kv_plan(config: KVConfig, lm: LoadedModel) -> GridPlan:
+    """The task's grid; the static list and predictor the policies and presses read (a given one is read too),
+    refused where fitted on an evaluated sample or question, or, with no run beside it, unless --outside-heads."""
 
-    Samples are visited run by run (every cell's first sample, then every cell's second, ...), so a run stopped
-    early still covers the grid. Under ``torchrun`` / ``accelerate launch`` each process decodes every policy of
-    its share of the samples (``runs.run_jobs``), and rank 0 writes the tables from all records. ``batch_size``
-    samples decode together: each policy's rows as one batch (``kv.kv_generate_batch``; the records equal batch 1's).
-    """
-    jobs = config.jobs()
-    config.check()
-    lm = run_model(config, options)
-    task, task_config = config.task_entry(), config.task_config()
-    grid = task.grid(task_config, lm.tokenizer)
-    samples = grid.samples
-    for sample in samples:
-        check_fits(lm, len(sample.input_ids), config.max_new_tokens)
-    stream = task_config.split if task.questions else None  # NIAH: its seeds and needles tell the samples apart
-    evaluated = replace(
-        grid_evaluated(task, stream, samples, "this KV run"),
-        unknown_fit="record" if config.outside_heads else "refuse",
-        way_out="--outside-heads",
-    )
-    sources = resolve(
-        config.needs(),
-        static=config.static,
-        predictor=config.probe,
-        shape=(lm.num_layers, lm.num_heads),
-        evaluated=evaluated,
-    )
+    def evaluated(task: Task, task_config, samples) -> Evaluated:
+        stream = task_config.split if task.questions else None  # NIAH: its seeds and needles tell the samples apart
+        return replace(
+            grid_evaluated(task, stream, samples, "this KV run"),
+            unknown_fit="record" if config.outside_heads else "refuse",
+            way_out="--outside-heads",
+        )
+
+    return grid_plan(config, lm, config.needs(), evaluated, predictor=config.probe)
+
+
+def _kv_work(context: Context[KVConfig, GridPlan]) -> Work:
+    """Every sample under every (policy, budget), samples visited run by run (every cell's first sample, then every
+    cell's second, ...) so that a run stopped early still covers the grid; a sample's policies are one batch."""
+    config, lm, plan, sources = context.config, context.lm, context.plan, context.sources
+    task, samples, jobs = plan.task, plan.samples, config.jobs()
     num_kv = num_kv_heads(lm)
     static, voters = _static_heads(sources.static, lm, num_kv)
     probe = sources.predictor.predictor if sources.predictor else None
     fitted = {"static": sources.manifest()[STATIC_HEADS], "probe": sources.manifest()[HEAD_PREDICTOR]}
-    run = RunDir(out)
-    start_run(
-        run,
-        "kv",
-        config,
-        lm,
-        {
-            "prompt": task.prompt(task_config),
-            "prompt_template": samples[0].prompt_template,
-            **grid.manifest(),
-            "evaluation_samples": list(evaluated.samples),  # NIAH: seeds and needles; a question task: its ids
-            **({"evaluation_questions": list(evaluated.questions)} if task.questions else {}),
-            "fit_samples": fitted,
-            **_head_budgets(config, lm, num_kv, static),
-            "token_votes": {
-                "voters": [head_key(h) for h in voters],
-                "window": WINDOW,
-                "pool": POOL,
-                "span": SPAN,  # head_spans, snapkv_spans
-                "span_fitted_on": "NIAH's 'static' seed stream (scripts/fit_vote_span.py, docs/kv.md)",
-            },
-            "probe_threshold": probe.threshold if probe else None,
+    evaluated = plan.evaluated
+    manifest = {
+        "prompt": task.prompt(plan.task_config),
+        "prompt_template": samples[0].prompt_template,
+        **plan.grid.manifest(),
+        "evaluation_samples": list(evaluated.samples),  # NIAH: seeds and needles; a question task: its ids
+        **({"evaluation_questions": list(evaluated.questions)} if task.questions else {}),
+        "fit_samples": fitted,
+        **_head_budgets(config, lm, num_kv, static),
+        "token_votes": {
+            "voters": [head_key(h) for h in voters],
+            "window": WINDOW,
+            "pool": POOL,
+            "span": SPAN,  # head_spans, snapkv_spans
+            "span_fitted_on": "NIAH's 'static' seed stream (scripts/fit_vote_span.py, docs/kv.md)",
         },
-        batch_size=batch_size_of(options),
-    )
+        "probe_threshold": probe.threshold if probe else None,
+    }
     runs = 1 if task.questions else config.runs  # NIAH grids: runs vary fastest, every cell's first sample first
     order = sorted(range(len(samples)), key=lambda i: (i % runs, i))
-    together: RunOptions = {**options, "batch_size": batch_size_of(options) * len(jobs)}  # a sample's policies: 1 batch
-    run_jobs(
-        run,
-        [
-            Job(
-                f"{samples[i].sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}"),
-                (samples[i], policy, budget),
-                group=samples[i].sample_id,
-            )
-            for i in order
-            for policy, budget in jobs
-        ],
-        _KVDecoder(lm, config, task, static, voters, probe),
-        desc="kv",
-        **together,
-    )
-    if distributed.is_main():
-        write_kv_tables(run)
-    return run
+    decoding = [
+        Job(
+            f"{samples[i].sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}"),
+            (samples[i], policy, budget),
+            group=samples[i].sample_id,
+        )
+        for i in order
+        for policy, budget in jobs
+    ]
+    decoder = _KVDecoder(lm, config, task, static, voters, probe)
+    return Work(manifest, [Phase(decoding, decoder, "kv", together=len(jobs))])
+
+
+def _check_kv(config: KVConfig) -> None:
+    config.jobs()  # unknown policies first
+    config.check()
+
+
+KV = Experiment("kv", _kv_plan, _kv_work, tables=lambda context: write_kv_tables(context.run), check=_check_kv)
+
+
+def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
+    """Decode every grid sample under every (policy, budget) into ``out`` (resumable); write tables and plots.
+
+    Under ``torchrun`` / ``accelerate launch`` each process decodes every policy of its share of the samples
+    (``runs.run_jobs``), and rank 0 writes the tables from all records. ``batch_size`` samples decode together: each
+    policy's rows as one batch (``kv.kv_generate_batch``; the records equal batch 1's).
+    """
+    return run_experiment(KV, config, out, **options)
 
 
 def _static_heads(

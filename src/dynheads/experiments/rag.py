@@ -15,9 +15,9 @@ from typing import Unpack, cast
 import numpy as np
 import pandas as pd
 
-from dynheads import distributed
 from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
+from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
 from dynheads.experiments.hotpotqa import HotpotConfig
 from dynheads.experiments.settings import RagFields
 from dynheads.models import LoadedModel
@@ -27,11 +27,12 @@ from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import RAG_STRATEGIES, HeadPredictor, HeadSelector
 from dynheads.rag.trigger import TriggerConfig, TriggerForm
 from dynheads.rag.windows import RetrievalConfig
-from dynheads.resources import HEAD_PREDICTOR, Evaluated, PredictorSource, needs_of, resolve
-from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
+from dynheads.resources import HEAD_PREDICTOR, Evaluated, PredictorSource, needs_of
+from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, Table, write_summary
 from dynheads.tasks import candidates
+from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.registry import Task, task_of
 from dynheads.tasks.sample import Sample
 
@@ -84,61 +85,72 @@ def rag_jobs(config: RagConfig) -> list[tuple[str, int | None]]:
     return jobs
 
 
+@dataclass(frozen=True, kw_only=True)
+class _RagPlan(Plan):
+    task: Task
+    hotpot: HotpotConfig
+    grid: TaskGrid
+
+
+def _rag_plan(config: RagConfig, lm: LoadedModel) -> _RagPlan:
+    """The questions; the sources the strategies read, refused where fitted on them (and refused when not given).
+    The prompts are not checked against the window here: a retrieval's prompt is built per step."""
+    hotpot, task = config.hotpot_config(), config.task_entry()
+    grid = task.grid(hotpot, lm.tokenizer)
+    return _RagPlan(
+        needs=frozenset(needs_of(RAG_STRATEGIES.get(strategy) for strategy in config.strategies)),
+        evaluated=Evaluated("this RAG run", questions=tuple(sorted({sample.record_id for sample in grid.samples}))),
+        static=config.static,
+        predictor=config.probe,
+        missing="refuse",
+        task=task,
+        hotpot=hotpot,
+        grid=grid,
+    )
+
+
+def _rag_work(context: Context[RagConfig, _RagPlan]) -> Work:
+    """Every question under every (strategy, k): a question's jobs are one call, one prefill of its prompt."""
+    config, lm, plan, sources = context.config, context.lm, context.plan, context.sources
+    jobs = rag_jobs(config)
+    predict_top = _top_heads(sources.predictor) if sources.predictor else None
+    ranking = list(sources.static.ranking) if sources.static else None
+    manifest = {
+        "data": config.data or "synthetic",
+        "prompt": plan.task.prompt(plan.hotpot)["user"],
+        **plan.grid.manifest(),
+        "static_scored_heads": len(ranking) if ranking else None,
+        "probe_questions_checked": HEAD_PREDICTOR in plan.needs,
+    }
+    answering = [
+        Job(_record_id(s.sample_id, strategy, k), (s, strategy, k), group=s.sample_id)
+        for s in plan.grid.samples
+        for strategy, k in jobs
+    ]
+    answerer = _RagAnswerer(lm, config, plan.task, ranking, predict_top, config.settings(), context.batch_size)
+    return Work(manifest, [Phase(answering, answerer, "rag", together=len(jobs))])
+
+
+def _rag_tables(context: Context[RagConfig, _RagPlan]) -> None:
+    sources = context.sources
+    ranking = list(sources.static.ranking) if sources.static else None
+    context.run.write_results()
+    _write_rag_summary(context.run, context.config, context.plan.grid.skip_note(), ranking)
+
+
+def _check_rag(config: RagConfig) -> None:
+    rag_jobs(config)  # unknown strategies first
+    config.check()
+
+
+RAG = Experiment("rag", _rag_plan, _rag_work, _rag_tables, check=_check_rag)
+
+
 def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Answer every question under every (strategy, k) into ``out``; finished ones are skipped. A question's
     strategies share one prefill of its prompt; ``batch_size`` questions per call, ``batch_size`` answers decoding
     together (``rag.loop.answer_questions``; the records equal batch 1's)."""
-    jobs = rag_jobs(config)
-    config.check()
-    lm = run_model(config, options)
-    hotpot = config.hotpot_config()
-    task = config.task_entry()
-    grid = task.grid(hotpot, lm.tokenizer)
-    samples = grid.samples
-    evaluated = Evaluated("this RAG run", questions=tuple(sorted({sample.record_id for sample in samples})))
-    needs = needs_of(RAG_STRATEGIES.get(strategy) for strategy in config.strategies)
-    sources = resolve(
-        needs, static=config.static, predictor=config.probe, shape=(lm.num_layers, lm.num_heads), evaluated=evaluated
-    )
-    if sources.missing:  # a strategy that reads a source never runs without it
-        raise DynheadsError(
-            f"these strategies need a {' and a '.join(sources.missing)}: " + "; ".join(sources.missing.values())
-        )
-    probe_read = HEAD_PREDICTOR in needs
-    predict_top = _top_heads(sources.predictor) if sources.predictor else None
-    ranking = list(sources.static.ranking) if sources.static else None
-    run = RunDir(out)
-    start_run(
-        run,
-        "rag",
-        config,
-        lm,
-        {
-            "data": config.data or "synthetic",
-            "prompt": task.prompt(hotpot)["user"],
-            **grid.manifest(),
-            "static_scored_heads": len(ranking) if ranking else None,
-            "probe_questions_checked": probe_read,
-        },
-        batch_size=batch_size_of(options),
-    )
-    rows = batch_size_of(options)
-    together: RunOptions = {**options, "batch_size": rows * len(jobs)}
-    run_jobs(  # a question's (strategy, k) jobs: one call, one prefill of its prompt
-        run,
-        [
-            Job(_record_id(s.sample_id, strategy, k), (s, strategy, k), group=s.sample_id)
-            for s in samples
-            for strategy, k in jobs
-        ],
-        _RagAnswerer(lm, config, task, ranking, predict_top, config.settings(), rows),
-        desc="rag",
-        **together,
-    )
-    if distributed.is_main():  # rank 0 writes the tables once every process has finished
-        run.write_results()
-        _write_rag_summary(run, config, grid.skip_note(), ranking)
-    return run
+    return run_experiment(RAG, config, out, **options)
 
 
 @dataclass(frozen=True)

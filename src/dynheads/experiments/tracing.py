@@ -7,13 +7,20 @@ loop (``dynheads.runs.run_jobs``): under ``torchrun`` / ``accelerate launch`` ea
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Unpack
 
-from dynheads import distributed
-from dynheads.engine.decoding import check_fits, trace_batch
-from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
+from dynheads.engine.decoding import trace_batch
+from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
+from dynheads.models import LoadedModel
+from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.tasks.registry import Task, get_task
+
+
+@dataclass(frozen=True, kw_only=True)
+class TracedPlan(Plan):
+    manifest: dict
 
 
 def run_traced(
@@ -30,41 +37,44 @@ def run_traced(
     ``prepare(tokenizer)`` the samples and the manifest's extra keys, start (or resume) the run in ``out`` and
     trace it (the scores' settings come from ``config``). Results do not depend on ``batch_size`` beyond fp32
     rounding of the scores (tests/test_batching.py)."""
-    lm = run_model(config, options, device_map)
-    samples, extra = prepare(lm.tokenizer)
-    for sample in samples:  # fail before any work (and before --out is written), not halfway through the grid
-        check_fits(lm, len(sample.input_ids), config.max_new_tokens)
-    run = RunDir(out)
-    start_run(run, kind, config, lm, extra, batch_size=batch_size_of(options))
 
-    def work(batch: list) -> list[Finished]:
-        traces = trace_batch(
-            lm, batch, config.max_new_tokens, sink_size=config.sink_size, local_window=config.local_window
-        )
-        return [
-            Finished(
-                {
-                    **sample.describe(),
-                    "generated": result.text,
-                    "stop_reason": result.stop_reason,
-                    "steps": result.num_steps,
-                    "metrics": score(sample, result.text),
-                },
-                result,
+    def plan(config, lm: LoadedModel) -> TracedPlan:
+        samples, extra = prepare(lm.tokenizer)
+        return TracedPlan(samples=samples, max_new_tokens=config.max_new_tokens, manifest=extra)
+
+    def work(context: Context) -> Work:
+        config, lm, samples = context.config, context.lm, context.plan.samples
+
+        def traced(batch: list) -> list[Finished]:
+            traces = trace_batch(
+                lm, batch, config.max_new_tokens, sink_size=config.sink_size, local_window=config.local_window
             )
-            for sample, result in zip(batch, traces, strict=True)
-        ]
+            return [
+                Finished(
+                    {
+                        **sample.describe(),
+                        "generated": result.text,
+                        "stop_reason": result.stop_reason,
+                        "steps": result.num_steps,
+                        "metrics": score(sample, result.text),
+                    },
+                    result,
+                )
+                for sample, result in zip(batch, traces, strict=True)
+            ]
 
-    run_jobs(
-        run,
-        [Job(sample.sample_id, sample) for sample in samples],
-        work,
-        desc=kind,
-        **options,
-    )
-    if distributed.is_main():  # every process's samples are on disk: the table is written once
-        run.write_results()
-    return run
+        jobs = [Job(sample.sample_id, sample) for sample in samples]
+        return Work(context.plan.manifest, [Phase(jobs, traced, kind)])
+
+    def tables(context: Context) -> None:  # every process's samples are on disk: the table is written once
+        context.run.write_results()
+
+    experiment = Experiment(kind, plan, work, tables, check=_no_check)
+    return run_experiment(experiment, config, out, device_map=device_map, **options)
+
+
+def _no_check(config) -> None:
+    """Tracing configs are checked where their samples are made."""
 
 
 def run_task(

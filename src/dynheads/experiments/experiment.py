@@ -1,0 +1,208 @@
+"""One runner for every experiment: an ``Experiment`` declares what a run does, ``run_experiment`` runs it.
+
+An experiment declares, for its config and the loaded model, a ``Plan``: the samples that must fit the model's
+window, the head sources it reads and what it evaluates (so a source fitted on that is refused). With the sources
+loaded and checked, its ``work`` gives what the run's manifest records and the ``Phase``s of jobs it decodes, and
+its ``tables`` what rank 0 writes from the finished run. ``run_experiment`` is the only place that loads the model,
+checks the fits, resolves the sources, starts (or resumes) the run and runs the jobs:
+
+    check the config -> load the model -> plan -> check fits -> resolve sources -> work -> start the run
+    -> run each phase's jobs (every process its share) -> rank 0 writes the tables
+
+The public runners are experiments bound to this function (``run_kv = partial(run_experiment, KV)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar, Unpack
+
+from dynheads import distributed
+from dynheads.engine.decoding import check_fits
+from dynheads.errors import DynheadsError
+from dynheads.models import LoadedModel
+from dynheads.resources import Evaluated, Resources, resolve, sample_identity
+from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
+from dynheads.tasks.grid import TaskGrid
+from dynheads.tasks.registry import Task
+
+Config = TypeVar("Config")
+PlanT = TypeVar("PlanT", bound="Plan")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What a run needs before any work: the ``samples`` whose prompts (plus ``max_new_tokens``) must fit the model,
+    the head sources it ``needs`` (``resources``: ``STATIC_HEADS``, ``HEAD_PREDICTOR``) from the config's
+    ``static`` / ``predictor`` paths, checked against what it ``evaluated``, and what a needed source not given
+    does: ``refuse`` the run, or ``skip`` (the experiment drops what reads it). Experiments extend it with what
+    their work reuses (the task, its grid)."""
+
+    samples: Sequence[Any] = ()
+    max_new_tokens: int = 0
+    needs: frozenset[str] = frozenset()
+    evaluated: Evaluated | None = None
+    static: str | None = None
+    predictor: str | None = None
+    missing: Literal["refuse", "skip"] = "skip"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GridPlan(Plan):
+    """The plan of a run over a registered task's grid (``config.task_entry()``, ``config.task_config()``)."""
+
+    evaluated: Evaluated
+    task: Task
+    task_config: Any
+    grid: TaskGrid
+
+
+def grid_plan(
+    config: Any,
+    lm: LoadedModel,
+    needs: set[str],
+    evaluated: Callable[[Task, Any, Sequence[Any]], Evaluated],
+    *,
+    predictor: str | None = None,
+    missing: Literal["refuse", "skip"] = "skip",
+) -> GridPlan:
+    """The plan of a grid run: the task's grid for the model's tokenizer, every sample checked to fit with the
+    config's ``max_new_tokens``, the config's static list (and ``predictor``) read when ``needs`` asks for them,
+    checked against ``evaluated(task, task_config, samples)``."""
+    task, task_config = config.task_entry(), config.task_config()
+    grid = task.grid(task_config, lm.tokenizer)
+    return GridPlan(
+        samples=grid.samples,
+        max_new_tokens=config.max_new_tokens,
+        needs=frozenset(needs),
+        evaluated=evaluated(task, task_config, grid.samples),
+        static=config.static,
+        predictor=predictor,
+        missing=missing,
+        task=task,
+        task_config=task_config,
+        grid=grid,
+    )
+
+
+def grid_evaluated(task: Task, split: str | None, samples: Sequence[Any], run: str) -> Evaluated:
+    """What a grid evaluates: its question ids (a question task), its samples' seeds and needle values (a seeded
+    task such as NIAH), and its stream."""
+    if task.questions:
+        return Evaluated(run, questions=tuple(sorted({s.record_id for s in samples})), split=split)
+    seeded = all(s.seed is not None for s in samples)
+    identities = tuple(sample_identity(s.sample_id, s.seed, s.answer) for s in samples) if seeded else ()
+    return Evaluated(run, samples=identities, split=split)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Jobs decoded in one pass of ``runs.run_jobs``. ``together``: the jobs of one group decode in one call
+    (``batch_size`` groups per call); ``then`` reads this process's records of the phase before the next starts."""
+
+    jobs: Sequence[Job]
+    work: Callable[[list], list[Finished]]
+    desc: str
+    together: int = 1
+    then: Callable[[list[dict]], object] | None = None
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a run records in its manifest (beside its config, model and versions) and the phases it decodes."""
+
+    manifest: dict[str, Any]
+    phases: Sequence[Phase] = ()
+
+
+@dataclass(frozen=True)
+class Context(Generic[Config, PlanT]):
+    """What an experiment's ``work`` and ``tables`` read: the config, the model, the plan, the loaded sources,
+    the run directory and the records decoded together."""
+
+    config: Config
+    lm: LoadedModel
+    plan: PlanT
+    sources: Resources
+    run: RunDir
+    batch_size: int
+
+
+def _check_config(config: Any) -> None:
+    config.check()
+
+
+def _config_itself(config: Any) -> Any:
+    return config
+
+
+@dataclass(frozen=True)
+class Experiment(Generic[Config, PlanT]):
+    """A kind of run, declared: its ``kind`` (the manifest's), its ``plan`` and ``work``, the ``tables`` rank 0
+    writes once every process has finished (none: the records are the result), what is refused before the model
+    loads (``check``: the config's own ``check``), the config its manifest ``records`` (a resumed run must match
+    it) and what is checked once the run has started (``on_start``, with the manifest)."""
+
+    kind: str
+    plan: Callable[[Config, LoadedModel], PlanT]
+    work: Callable[[Context[Config, PlanT]], Work]
+    tables: Callable[[Context[Config, PlanT]], object] | None = None
+    check: Callable[[Config], object] = _check_config
+    records: Callable[[Config], Any] = _config_itself
+    on_start: Callable[[dict, RunDir], object] | None = field(default=None)
+
+
+def run_experiment(
+    experiment: Experiment[Config, PlanT],
+    config: Config,
+    out: str | Path,
+    *,
+    device_map: str | None = None,
+    **options: Unpack[RunOptions],
+) -> RunDir:
+    """Run ``experiment`` on ``config`` into ``out`` (resumable: finished records are kept), every process its
+    share of each phase's jobs; rank 0 writes the tables. Everything that can be refused is refused before the
+    run directory is written: the config, samples longer than the model's window, sources fitted on what the run
+    evaluates, and (``Plan.missing == "refuse"``) sources the run needs but was not given."""
+    experiment.check(config)
+    lm = run_model(config, options, device_map)
+    plan = experiment.plan(config, lm)
+    for sample in plan.samples:  # fail before any work, not halfway through the grid
+        check_fits(lm, len(sample.input_ids), plan.max_new_tokens)
+    sources = _resolve(plan, lm)
+    run, batch_size = RunDir(out), batch_size_of(options)
+    context = Context(config, lm, plan, sources, run, batch_size)
+    work = experiment.work(context)
+    manifest = start_run(run, experiment.kind, experiment.records(config), lm, work.manifest, batch_size=batch_size)
+    if experiment.on_start is not None:
+        experiment.on_start(manifest, run)
+    for phase in work.phases:
+        together: RunOptions = {**options, "batch_size": batch_size * phase.together}
+        records = run_jobs(run, phase.jobs, phase.work, desc=phase.desc, **together)
+        if phase.then is not None:
+            phase.then(records)
+    if experiment.tables is not None and distributed.is_main():  # every process's records are on disk
+        experiment.tables(context)
+    return run
+
+
+def _resolve(plan: Plan, lm: LoadedModel) -> Resources:
+    """The plan's sources loaded and checked (``resources.resolve``); a missing one refused where the plan says."""
+    if not plan.needs:
+        return Resources()
+    if plan.evaluated is None:
+        raise DynheadsError("an experiment that reads head sources must say what it evaluates (Plan.evaluated)")
+    sources = resolve(
+        plan.needs,
+        static=plan.static,
+        predictor=plan.predictor,
+        shape=(lm.num_layers, lm.num_heads),
+        evaluated=plan.evaluated,
+    )
+    if plan.missing == "refuse" and sources.missing:  # a variant that reads a source never runs without it
+        raise DynheadsError(
+            f"this run needs a {' and a '.join(sources.missing)}: " + "; ".join(sources.missing.values())
+        )
+    return sources
