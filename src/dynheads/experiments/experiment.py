@@ -171,7 +171,7 @@ def run_experiment(
     plan = experiment.plan(config, lm)
     for sample in plan.samples:  # fail before any work, not halfway through the grid
         check_fits(lm, len(sample.input_ids), plan.max_new_tokens)
-    sources = _resolve(plan, lm)
+    sources = plan_sources(plan, lm.num_layers, lm.num_heads)
     run, batch_size = RunDir(out), batch_size_of(options)
     context = Context(config, lm, plan, sources, run, batch_size)
     work = experiment.work(context)
@@ -188,8 +188,9 @@ def run_experiment(
     return run
 
 
-def _resolve(plan: Plan, lm: LoadedModel) -> Resources:
-    """The plan's sources loaded and checked (``resources.resolve``); a missing one refused where the plan says."""
+def plan_sources(plan: Plan, num_layers: int, num_heads: int) -> Resources:
+    """The plan's sources loaded and checked for a model of that shape (``resources.resolve``); a missing one
+    refused where the plan says."""
     if not plan.needs:
         return Resources()
     if plan.evaluated is None:
@@ -198,7 +199,7 @@ def _resolve(plan: Plan, lm: LoadedModel) -> Resources:
         plan.needs,
         static=plan.static,
         predictor=plan.predictor,
-        shape=(lm.num_layers, lm.num_heads),
+        shape=(num_layers, num_heads),
         evaluated=plan.evaluated,
     )
     if plan.missing == "refuse" and sources.missing:  # a variant that reads a source never runs without it

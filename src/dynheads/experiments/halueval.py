@@ -17,8 +17,10 @@ beside the in-task cross-validated numbers of both detect runs (Lookback Lens, T
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Unpack
+from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
@@ -44,46 +46,58 @@ from dynheads.experiments.detect import (
     match_lengths,
     refuse_probe_overlap,
 )
+from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
 from dynheads.experiments.settings import BOUNDARIES, HaluevalConfig
 from dynheads.io import read_json, write_json
+from dynheads.models import LoadedModel
 from dynheads.packaged import describe
-from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
+from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.tables import Block, Heading, Summary, Table, write_summary
 from dynheads.tasks import halueval
 from dynheads.tasks.questions import QuestionStream
 
 
-def trace_halueval(config: HaluevalConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
-    """Teacher-force both answers of every question of the stream into ``out`` (resumable)."""
-    task = halueval.parse_data(config.data)
+@dataclass(frozen=True, kw_only=True)
+class _HaluPlan(Plan):
+    task: str
+    stream: QuestionStream
+    answers: Sequence[Any]  # the samples, each forcing its own response (not checked against the window)
+    response_prefix: int  # tokens of the assistant header the lookback-lens boundary leaves out (else 0)
+
+
+def _check_halueval(config: HaluevalConfig) -> None:
+    halueval.parse_data(config.data)
     if config.context_boundary not in BOUNDARIES:
         raise DynheadsError(f"unknown context boundary {config.context_boundary!r}: use {' or '.join(BOUNDARIES)}")
+
+
+def _halueval_plan(config: HaluevalConfig, lm: LoadedModel) -> _HaluPlan:
+    """Both answers of every question of the stream; the lookback-lens boundary needs one assistant header length."""
+    task = halueval.parse_data(config.data)
     stream = QuestionStream("detect", config.first, config.questions)
-    lm = run_model(config, options)
     samples = halueval.make_samples(lm.tokenizer, task, stream)
-    lookback_lens = config.context_boundary == "lookback-lens"
     prefixes = {len(s.input_ids) - s.context_end for s in samples}
-    if lookback_lens and len(prefixes) != 1:
+    if config.context_boundary == "lookback-lens" and len(prefixes) != 1:
         raise DynheadsError(
             f"the assistant header has {sorted(prefixes)} tokens across prompts: the lookback-lens "
             "boundary needs one length"
         )
-    run = RunDir(out)
-    start_run(
-        run,
-        "halueval",
-        config,
-        lm,
-        {
-            "data": config.data,
-            "packaged": describe(halueval.TASKS[task]),
-            "questions": stream.describe(sorted({s.question_id for s in samples})),
-            "prompt": {"system": halueval.SYSTEM_PROMPT, "user": halueval.USER_TEMPLATES[task]},
-            "context_boundary": config.context_boundary,
-            "response_prefix": prefixes.pop() if lookback_lens else 0,
-        },
-        batch_size=batch_size_of(options),
-    )
+    prefix = prefixes.pop() if config.context_boundary == "lookback-lens" else 0
+    return _HaluPlan(task=task, stream=stream, answers=samples, response_prefix=prefix)
+
+
+def _halueval_work(context: Context[HaluevalConfig, _HaluPlan]) -> Work:
+    config, lm, plan = context.config, context.lm, context.plan
+    samples = plan.answers
+    lookback_lens = config.context_boundary == "lookback-lens"
+    manifest = {
+        "data": config.data,
+        "packaged": describe(halueval.TASKS[plan.task]),
+        "questions": plan.stream.describe(sorted({s.question_id for s in samples})),
+        "prompt": {"system": halueval.SYSTEM_PROMPT, "user": halueval.USER_TEMPLATES[plan.task]},
+        "context_boundary": config.context_boundary,
+        "response_prefix": plan.response_prefix,
+    }
 
     def teacher_force(batch: list) -> list[Finished]:
         """The batch's responses forced as one batch, each row its own answer (``trace_batch``'s per-row forcing)."""
@@ -98,10 +112,16 @@ def trace_halueval(config: HaluevalConfig, out: str | Path, **options: Unpack[Ru
             for sample, traced in zip(batch, traces, strict=True)
         ]
 
-    run_jobs(
-        run, [Job(sample.sample_id, sample) for sample in samples], teacher_force, desc=f"halueval-{task}", **options
-    )
-    return run
+    jobs = [Job(sample.sample_id, sample) for sample in samples]
+    return Work(manifest, [Phase(jobs, teacher_force, f"halueval-{plan.task}")])
+
+
+HALUEVAL = Experiment("halueval", _halueval_plan, _halueval_work, check=_check_halueval)
+
+
+def trace_halueval(config: HaluevalConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
+    """Teacher-force both answers of every question of the stream into ``out`` (resumable)."""
+    return run_experiment(HALUEVAL, config, out, **options)
 
 
 def source_of(detect_dir: str | Path) -> RunDir:

@@ -36,12 +36,11 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Unpack, cast
+from typing import Any, Unpack, cast
 
 import numpy as np
 import pandas as pd
 
-from dynheads import distributed
 from dynheads.analysis.evidence import (
     EvidenceSettings,
     HolmDecision,
@@ -52,14 +51,15 @@ from dynheads.analysis.evidence import (
 )
 from dynheads.analysis.ranking import METRICS, qrhead_scores, ranking_metrics, top_heads
 from dynheads.errors import DynheadsError
+from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, plan_sources, run_experiment
 from dynheads.experiments.settings import RerankFields
 from dynheads.heads import Head, head_key
 from dynheads.io import atomic_path, write_json
 from dynheads.models import LoadedModel
 from dynheads.rag import fusion, rerank
 from dynheads.rag.rerank_strategies import RERANK_STRATEGIES, Candidates, calibrated
-from dynheads.resources import Evaluated, needs_of, resolve
-from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
+from dynheads.resources import Evaluated, Resources, needs_of
+from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.seeding import derive_seed
 from dynheads.tables import Items, Summary, Table, write_summary
 from dynheads.tasks.hotpotqa import HotpotRecord, load_hotpotqa, render_paragraph
@@ -119,53 +119,95 @@ def base_strategies(strategies: tuple[str, ...]) -> set[str]:
     }
 
 
-def run_rerank(config: RerankConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
-    """Score both streams into ``out`` (finished questions are skipped), then rank, measure and summarise."""
+@dataclass(frozen=True, kw_only=True)
+class _RerankPlan(Plan):
+    fit: QuestionStream
+    evaluation: QuestionStream
+    fit_records: list[HotpotRecord]
+    eval_records: list[HotpotRecord]
+
+
+def _check_rerank(config: RerankConfig) -> None:
     config.check()
-    run = RunDir(out)
+    rerank.require_bm25()  # a missing bm25s fails here, before any model work
+
+
+def _rerank_plan(config: RerankConfig, lm: LoadedModel) -> _RerankPlan:
+    """Both streams' questions (disjoint); the sources the chosen strategies read, checked against the evaluated
+    questions. A strategy whose source was not given is skipped (``HeadSources.skipped``)."""
     fit, evaluation = config.streams()
     records = load_hotpotqa(config.data)
     fit_records, eval_records = fit.take(records, config.data), evaluation.take(records, config.data)
     eval_ids = [r.id for r in eval_records]
     refuse_overlap([r.id for r in fit_records], "QRHead's fitting stream", eval_ids, "this rerank run")
-    rerank.require_bm25()  # a missing bm25s fails here, before any model work
-    lm = run_model(config, options)
-    heads = _head_sources(config, lm.num_layers, lm.num_heads, eval_ids)
-    manifest = start_run(
-        run,
-        "rerank",
-        config.scoring(),
-        lm,
-        {
-            "data": config.data,
-            "prompt": {
-                "system": rerank.SYSTEM_PROMPT,
-                "user": rerank.USER_TEMPLATE,
-                "content_free_query": rerank.CONTENT_FREE_QUERY,
-                "query_rows": rerank.QUERY_ROWS,
-            },
-            "questions": evaluation.describe(eval_ids),
-            "fit_questions": fit.describe([r.id for r in fit_records]),
-            "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs",
+    return _RerankPlan(
+        **_source_fields(config, eval_ids),
+        fit=fit,
+        evaluation=evaluation,
+        fit_records=fit_records,
+        eval_records=eval_records,
+    )
+
+
+def _source_fields(config: RerankConfig, eval_ids: list[str]) -> dict[str, Any]:
+    """The plan's head sources: those the chosen strategies read, checked against the evaluated questions."""
+    bases = base_strategies(config.strategies)
+    needs = needs_of(RERANK_STRATEGIES.get(name) for name in RERANK_STRATEGIES.names() if name in bases)
+    return {
+        "needs": frozenset(needs),
+        "evaluated": Evaluated("this rerank run", questions=tuple(eval_ids)),
+        "static": config.static,
+        "predictor": config.probe,
+    }
+
+
+def _rerank_work(context: Context[RerankConfig, _RerankPlan]) -> Work:
+    """Every question of both streams scored once (its arrays saved beside its record)."""
+    config, lm, plan, run = context.config, context.lm, context.plan, context.run
+    manifest = {
+        "data": config.data,
+        "prompt": {
+            "system": rerank.SYSTEM_PROMPT,
+            "user": rerank.USER_TEMPLATE,
+            "content_free_query": rerank.CONTENT_FREE_QUERY,
+            "query_rows": rerank.QUERY_ROWS,
         },
-        batch_size=batch_size_of(options),
-    )
-    refuse_other_rows(manifest, run)
-    run_jobs(
-        run,
-        [
-            Job(sample_id(stream, r.id), (stream, r))
-            for stream, rs in ((FIT, fit_records), (EVAL, eval_records))
-            for r in rs
-        ],
+        "questions": plan.evaluation.describe([r.id for r in plan.eval_records]),
+        "fit_questions": plan.fit.describe([r.id for r in plan.fit_records]),
+        "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs",
+    }
+    jobs = [
+        Job(sample_id(stream, r.id), (stream, r))
+        for stream, rs in ((FIT, plan.fit_records), (EVAL, plan.eval_records))
+        for r in rs
+    ]
+    scoring = Phase(
+        jobs,
         lambda batch: [Finished(score_question(lm, record, stream, config, run)) for stream, record in batch],
-        desc="rerank",
-        **options,
+        "rerank",
     )
-    if not distributed.is_main():  # rank 0 ranks and summarises once every process has finished
-        return run
-    summarise(run, config, heads)
-    return run
+    return Work(manifest, [scoring])
+
+
+def _rerank_tables(context: Context[RerankConfig, _RerankPlan]) -> None:
+    """Rank, measure and summarise once every process has finished."""
+    summarise(context.run, context.config, _head_sources(context.config, context.sources))
+
+
+RERANK = Experiment(
+    "rerank",
+    _rerank_plan,
+    _rerank_work,
+    _rerank_tables,
+    check=_check_rerank,
+    records=lambda config: config.scoring(),
+    on_start=lambda manifest, run: refuse_other_rows(manifest, run),
+)
+
+
+def run_rerank(config: RerankConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
+    """Score both streams into ``out`` (finished questions are skipped), then rank, measure and summarise."""
+    return run_experiment(RERANK, config, out, **options)
 
 
 def summarise_scored(config: RerankConfig, out: str | Path) -> RunDir:
@@ -181,7 +223,10 @@ def summarise_scored(config: RerankConfig, out: str | Path) -> RunDir:
         )
     refuse_other_rows(manifest, run)
     model = manifest["model"]
-    summarise(run, config, _head_sources(config, model["num_layers"], model["num_heads"], manifest["questions"]["ids"]))
+    sources = plan_sources(
+        Plan(**_source_fields(config, manifest["questions"]["ids"])), model["num_layers"], model["num_heads"]
+    )
+    summarise(run, config, _head_sources(config, sources))
     return run
 
 
@@ -245,17 +290,10 @@ class HeadSources:
     weights: dict[str, float] = dataclasses.field(default_factory=dict)  # each mix:<strategy>'s fitted weight
 
 
-def _head_sources(config: RerankConfig, num_layers: int, num_heads: int, eval_ids: list[str]) -> HeadSources:
+def _head_sources(config: RerankConfig, sources: Resources) -> HeadSources:
     """The sources the chosen strategies read (``resources``); a strategy whose source was not given is skipped."""
     bases = base_strategies(config.strategies)
     reading = {name: needs_of([RERANK_STRATEGIES.get(name)]) for name in RERANK_STRATEGIES.names() if name in bases}
-    sources = resolve(
-        set().union(*reading.values()),
-        static=config.static,
-        predictor=config.probe,
-        shape=(num_layers, num_heads),
-        evaluated=Evaluated("this rerank run", questions=tuple(eval_ids)),
-    )
     missing = {
         name: [sources.missing[n] for n in sorted(needs) if n in sources.missing] for name, needs in reading.items()
     }
