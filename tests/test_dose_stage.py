@@ -16,7 +16,7 @@ from dynheads.ablation.strategies import DOSE_ARMS, MEAN_ARMS
 from dynheads.errors import DynheadsError
 from dynheads.experiments import dose as dose_module
 from dynheads.experiments.ablation import AblationConfig
-from dynheads.experiments.dose import run_claim2
+from dynheads.experiments.paper_stages import run_claim2
 from dynheads.report import claims
 from dynheads.report.claim_parts import operating_point
 from dynheads.tables import read_summaries

@@ -207,6 +207,11 @@ class Resources:
     predictor: PredictorSource | None = None
     missing: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def static_ranking(self) -> tuple[Head, ...]:
+        """The static list's scored heads, best first (() without a list)."""
+        return self.static.ranking if self.static else ()
+
     def manifest(self) -> dict[str, Any]:
         """What the run's manifest records of its sources."""
         return {

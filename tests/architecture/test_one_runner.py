@@ -35,8 +35,10 @@ def runner_calls(source: str) -> list[tuple[int, str]]:
 
 def _is_path_resolve(called: ast.expr) -> bool:
     """``Path(x).resolve()`` and ``path.resolve()``: a path's method, not ``resources.resolve``."""
-    return isinstance(called, ast.Attribute) and called.attr == "resolve" and not (
-        isinstance(called.value, ast.Name) and called.value.id == "resources"
+    return (
+        isinstance(called, ast.Attribute)
+        and called.attr == "resolve"
+        and not (isinstance(called.value, ast.Name) and called.value.id == "resources")
     )
 
 

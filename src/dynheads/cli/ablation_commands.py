@@ -20,7 +20,7 @@ def ablate(out: RunOut, batch_size: BatchSize = 1, config: ConfigFile = None, **
     step's |D_t| (f = 1, exactly D_t, decides Claim 2; fractions above 1 show compensation, apart), or, with empty
     fractions, the matched grid's heat maps per strategy (paper Figures 2, 6)."""
     from dynheads.experiments.ablation import AblationConfig
-    from dynheads.experiments.dose import run_claim2
+    from dynheads.experiments.paper_stages import run_claim2
 
     _run(AblationConfig, run_claim2, "ablation", out, batch_size, config, settings)
     typer.echo(f"wrote {out}/summary.md (dose.csv or cells.csv beside it) and the figures in {out}/plots/")

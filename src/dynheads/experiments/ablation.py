@@ -26,142 +26,42 @@ stopped and reproduces the records it had not finished identically.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Unpack, cast
+from typing import Unpack
 
-import numpy as np
 import pandas as pd
 
 from dynheads.ablation.cascade import (
     AblationResult,
     AblationSettings,
-    ablated_generate_batch,
     matched_count,
 )
+from dynheads.ablation.jobs import cascade_jobs, cascade_work, result_record
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS
-from dynheads.config import pieces_of
-from dynheads.engine.probe import ABLATION_MODES, AblationMode
-from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import (
     Context,
     Experiment,
     GridPlan,
     Phase,
     Work,
-    grid_evaluated,
+    grid_manifest,
     grid_plan,
+    grid_task_of,
     run_experiment,
 )
-from dynheads.experiments.niah import NiahConfig
-from dynheads.experiments.settings import (
-    DOSE_METRICS,
-    AblationFields,
-    AblationGrid,
-    ModelSettings,
-    NiahGrid,
-    ProgressiveFields,
-    TaskGridChoice,
-)
-from dynheads.heads import Head, check_heads, head_key, parse_head
+from dynheads.experiments.settings import AblationConfig, ProgressiveConfig
+from dynheads.heads import Head, check_heads, parse_head
 from dynheads.io import atomic_path
 from dynheads.models import LoadedModel
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
-from dynheads.resources import STATIC_HEADS, Evaluated, needs_of
-from dynheads.runs import Finished, Job, RunDir, RunOptions
+from dynheads.resources import STATIC_HEADS, needs_of
+from dynheads.runs import RunDir, RunOptions
 from dynheads.seeding import derive_seed
 from dynheads.tables import Summary, frame_table, write_summary
-from dynheads.tasks.niah import NIAH
-from dynheads.tasks.registry import Task, task_of
-from dynheads.thresholds import ReasoningThreshold
-
-
-class _GridConfig(AblationGrid, TaskGridChoice):
-    """Settings shared by both experiments (``settings.AblationGrid``) and what they derive from them."""
-
-    def niah_config(self) -> NiahConfig:
-        """The NIAH grid whose samples are ablated (the ``analysis`` seed stream, as ``dynheads niah``)."""
-        return NiahConfig(**pieces_of(self, NiahGrid, ModelSettings))
-
-    def ablation_mode(self) -> AblationMode:
-        """``mode``, which ``check`` accepts only from ``probe.ABLATION_MODES``."""
-        return cast(AblationMode, self.mode)
-
-    def check(self) -> None:
-        if self.mode not in ABLATION_MODES:
-            raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(ABLATION_MODES)}")
-        self.check_task()
-        ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
-
-
-@dataclass(frozen=True)
-class AblationConfig(AblationFields, _GridConfig):
-    def run_strategies(self) -> tuple[str, ...]:
-        """The strategies to decode, in run order: none, dynamic (needed by static and random), the rest."""
-        baselines = {entry.name for entry in ABLATION_STRATEGIES if entry.value.baseline}
-        choices = ", ".join(name for name in ABLATION_STRATEGIES.names() if name not in baselines)
-        unknown = [s for s in self.strategies if s not in ABLATION_STRATEGIES]
-        if unknown:
-            raise DynheadsError(f"unknown ablation strategy {', '.join(map(repr, unknown))}: use some of {choices}")
-        if not self.strategies:
-            raise DynheadsError(f"give at least one ablation strategy: {choices}")
-        # mean-matched controls read their head count from the dynamic run
-        controls = [s for s in self.strategies if ABLATION_STRATEGIES.get(s).matched]
-        given = MATCHINGS.get(self.matching).given_count
-        wanted = {*baselines, *self.strategies} | ({"dynamic"} if controls and given else set())
-        return tuple(s for s in ABLATION_STRATEGIES.names() if s in wanted)
-
-    def check(self) -> None:
-        super().check()
-        self.check_doses()
-        if self.metric not in DOSE_METRICS:
-            raise DynheadsError(f"unknown dose-response metric {self.metric!r}: use one of {', '.join(DOSE_METRICS)}")
-        MATCHINGS.check([self.matching])
-        strategies = [ABLATION_STRATEGIES.entry(s) for s in self.run_strategies()]
-        for entry in strategies:
-            if entry.value.needs_static and not self.static:
-                raise DynheadsError(f"the {entry.name} strategy needs a static head list: pass --static FILE")
-        given = [entry.name for entry in strategies if entry.value.needs_heads]
-        if bool(given) != bool(self.heads):
-            readers = given or [entry.name for entry in ABLATION_STRATEGIES if entry.value.needs_heads]
-            raise DynheadsError(f"the {' / '.join(readers)} strategy and --heads go together: give both or neither")
-
-    def check_doses(self) -> None:
-        """Fractions in (0, 1] with 1 among them (the operating point), compensation above 1, no fixed doses."""
-        if self.doses:
-            raise DynheadsError(
-                f"fixed doses (doses = {list(self.doses)}) are retired: past |D_t| the dynamic arm masks D_t plus "
-                "inert heads while static masks D_t's backups, so k measures compensation; give fractions of each "
-                "step's |D_t| (fractions = [0.25, 0.5, 0.75, 1.0], compensation = [1.5, 2.0]; docs/ablation.md)"
-            )
-        if self.fractions and not all(0 < f <= 1 for f in self.fractions):
-            raise DynheadsError(f"dose fractions lie in (0, 1] (--fractions), got {list(self.fractions)}")
-        if self.fractions and 1.0 not in self.fractions:
-            raise DynheadsError(
-                f"the fractions must hold 1 (mask exactly D_t: Claim 2's operating point), got {list(self.fractions)}"
-            )
-        if not all(f > 1 for f in self.compensation):
-            raise DynheadsError(f"compensation fractions lie above 1 (--compensation), got {list(self.compensation)}")
-
-    def dose_fractions(self) -> tuple[float, ...]:
-        """Every fraction the dose-response runs, ascending: the doses, then the compensation part."""
-        return tuple(sorted({float(f) for f in (*self.fractions, *self.compensation)}))
-
-
-@dataclass(frozen=True)
-class ProgressiveConfig(ProgressiveFields, _GridConfig):
-    def check(self) -> None:
-        super().check()
-        if not self.ks or min(self.ks) < 0:
-            raise DynheadsError(f"give one or more k >= 0 (--ks), got {list(self.ks)}")
-        if not self.static:
-            raise DynheadsError("progressive ablation compares with the static top heads: pass --static FILE")
-        if self.top_static < 1:
-            raise DynheadsError(f"top_static must be at least 1, got {self.top_static}")
+from dynheads.tasks.registry import Task
 
 
 # ---- the grid (Figure 2) -------------------------------------------------------------------------------------------
@@ -169,14 +69,14 @@ def _ablation_plan(config: AblationConfig, lm: LoadedModel) -> GridPlan:
     """The grid, the static list when a strategy reads it, and ``--heads`` checked against the model."""
     check_heads([parse_head(text) for text in config.heads], lm.num_layers, lm.num_heads, source="--heads")
     needs = needs_of(ABLATION_STRATEGIES.get(strategy) for strategy in config.run_strategies())
-    return ablation_plan(config, lm, needs, "ablation")
+    return grid_plan(config, lm, needs, "this ablation run")
 
 
 def _ablation_work(context: Context[AblationConfig, GridPlan]) -> Work:
     """A sample's strategies in one call (one prefill), phase by phase: under mean matching the controls after the
     dynamic run, whose head counts they read (``_phases``)."""
     config, samples = context.config, context.plan.samples
-    strategies, static = config.run_strategies(), ranking_of(context)
+    strategies, static = config.run_strategies(), context.sources.static_ranking
     fixed = tuple(parse_head(text) for text in config.heads)
     counts: dict[str, int | None] = {}  # matching="mean": per sample, heads per step from its dynamic run
 
@@ -197,11 +97,11 @@ def _ablation_work(context: Context[AblationConfig, GridPlan]) -> Work:
     def read_counts(records: list[dict]) -> None:  # this process's samples: it decodes them under every strategy
         counts.update({r["grid_sample_id"]: r["matched_count"] for r in records if r["strategy"] == "dynamic"})
 
+    work = cascade_work(context.lm, config.task_entry(), config.max_new_tokens, context.batch_size, _ablation_record)
     phases = [
-        ablation_phase(
-            context,
-            [(f"{s.sample_id}-{strategy}", s, partial(settings, s, strategy)) for s in samples for strategy in phase],
-            _ablation_record,
+        Phase(
+            cascade_jobs([(f"{s.sample_id}-{arm}", s, partial(settings, s, arm)) for s in samples for arm in phase]),
+            work,
             f"ablate {', '.join(phase)}",
             then=read_counts,
         )
@@ -250,7 +150,7 @@ def write_cells(run: RunDir) -> pd.DataFrame:
     """cells.csv, summary.md and the heat maps of a grid run, from its records."""
     frame = run.write_results()
     config = run.manifest()["config"]
-    task = run_task_of(run)
+    task = grid_task_of(run.manifest())
     matching = config.get("matching", "mean")  # runs made before the option existed used the mean count
     frame["strategy"] = frame["strategy"].astype(pd.CategoricalDtype(ABLATION_STRATEGIES.names(), ordered=True))
     # a sample that masked no head at any step is the un-ablated run: counted apart, never read as "unharmed"
@@ -408,7 +308,7 @@ def skip_line(manifest: dict) -> list[str]:
 # ---- progressive ablation (Figure 3) -------------------------------------------------------------------------------
 def _progressive_work(context: Context[ProgressiveConfig, GridPlan]) -> Work:
     config = context.config
-    top, ks = ranking_of(context)[: config.top_static], tuple(sorted(set(config.ks)))
+    top, ks = context.sources.static_ranking[: config.top_static], tuple(sorted(set(config.ks)))
 
     def settings(k: int) -> AblationSettings:
         return AblationSettings(
@@ -419,10 +319,17 @@ def _progressive_work(context: Context[ProgressiveConfig, GridPlan]) -> Work:
             threshold=config.threshold,
         )
 
-    phase = ablation_phase(
-        context,
-        [(f"{sample.sample_id}-k{k}", sample, partial(settings, k)) for sample in context.plan.samples for k in ks],
-        partial(_progressive_record, top=top),
+    phase = Phase(
+        cascade_jobs(
+            [(f"{sample.sample_id}-k{k}", sample, partial(settings, k)) for sample in context.plan.samples for k in ks]
+        ),
+        cascade_work(
+            context.lm,
+            config.task_entry(),
+            config.max_new_tokens,
+            context.batch_size,
+            partial(_progressive_record, top=top),
+        ),
         "progressive",
     )
     return Work(grid_manifest(context, {}, config.top_static), [phase])
@@ -430,7 +337,7 @@ def _progressive_work(context: Context[ProgressiveConfig, GridPlan]) -> Work:
 
 PROGRESSIVE = Experiment(
     "ablation-progressive",
-    lambda config, lm: ablation_plan(config, lm, {STATIC_HEADS}, "ablation-progressive"),
+    lambda config, lm: grid_plan(config, lm, {STATIC_HEADS}, "this ablation-progressive run"),
     _progressive_work,
     tables=lambda context: write_progressive(context.run),
 )
@@ -460,7 +367,7 @@ def _progressive_record(
 def write_progressive(run: RunDir) -> pd.DataFrame:
     """progressive.csv (per k: samples, mean m_s, mean max_t |E_t|, metrics), summary.md and plots/progressive.png."""
     frame = run.write_results()
-    metrics = run_task_of(run).metrics
+    metrics = grid_task_of(run.manifest()).metrics
     table = (
         frame.groupby("k")
         .agg(
@@ -514,95 +421,7 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
 
 
 # ---- shared ----------------------------------------------------------------------------------------------------------
-def ablation_phase(
-    context: Context[Any, GridPlan],
-    jobs: Sequence[tuple[str, Any, Callable[[], AblationSettings]]],  # (record id, a task's sample, ...)
-    to_record: Callable[[object, AblationSettings, AblationResult, Task], dict],
-    desc: str,
-    then: Callable[[list[dict]], object] | None = None,
-) -> Phase:
-    """The phase that decodes ``jobs`` (record id, sample, its settings when it is decoded), saved as
-    ``to_record(sample, settings, result, task)``, one record per (sample, strategy or k); its ``grid_sample_id``
-    names the sample. ``jobs`` come sample by sample: a sample's jobs are one call that prefills its prompt once
-    (``ablated_generate_batch``), ``batch_size`` samples per call, ``batch_size`` rows decoding together (1: each
-    row alone, records identical to running each arm by itself)."""
-    lm, config, rows = context.lm, context.config, context.batch_size
-    task = config.task_entry()
-
-    def work(batch: list[tuple[Any, Callable[[], AblationSettings]]]) -> list[Finished]:
-        settings = [settings_of() for _, settings_of in batch]
-        samples = [sample for sample, _ in batch]
-        results = ablated_generate_batch(lm, samples, settings, config.max_new_tokens, rows_together=rows)
-        return [
-            Finished(to_record(sample, these, result, task))
-            for (sample, _), these, result in zip(batch, settings, results, strict=True)
-        ]
-
-    per_sample = Counter(sample.sample_id for _, sample, _ in jobs)  # a sample's jobs: one call, one prefill
-    return Phase(
-        [Job(record_id, (sample, settings_of), group=sample.sample_id) for record_id, sample, settings_of in jobs],
-        work,
-        desc,
-        together=max(per_sample.values(), default=1),
-        then=then,
-    )
-
-
-def ablation_plan(config: _GridConfig, lm: LoadedModel, needs: set[str], kind: str) -> GridPlan:
-    """The grid's samples, checked to fit the model, and the static list's scored heads when ``needs`` asks for
-    it (``resources``: refused where it was fitted on the evaluated questions, samples or stream)."""
-
-    def evaluated(task: Task, task_config, samples) -> Evaluated:
-        return grid_evaluated(task, getattr(task_config, "split", None), samples, f"this {kind} run")
-
-    return grid_plan(config, lm, needs, evaluated)
-
-
-def ranking_of(context: Context) -> tuple[Head, ...]:
-    """The static list's scored heads, best first (() without a list)."""
-    return context.sources.static.ranking if context.sources.static else ()
-
-
-def grid_manifest(context: Context[Any, GridPlan], extra: dict, top: int = 20) -> dict:
-    """What an ablation run's manifest records: the prompt, ``extra``, the grid, the static list's ``top`` heads and
-    what fitted it."""
-    plan, samples = context.plan, context.plan.samples
-    return {
-        "prompt": plan.task.prompt(plan.task_config),
-        "prompt_template": samples[0].prompt_template,
-        "chat_template_kwargs": samples[0].chat_template_kwargs,
-        **extra,
-        **plan.grid.manifest(),
-        "static_top": [head_key(h) for h in ranking_of(context)[:top]],
-        "static_source": context.sources.manifest()[STATIC_HEADS],  # the list, and what fitted it
-    }
-
-
-def run_task_of(run: RunDir) -> Task:
-    """The task of a finished ablation run (runs written before the option existed ablated NIAH)."""
-    config = run.manifest()["config"]
-    return task_of(config.get("task", NIAH.name), config.get("data"))
-
-
 def _paper_line(task: Task) -> list[str]:
     """What the paper reports for this grid (its Figure 2 or 6), or nothing for a task the paper does not have."""
     paper = PAPER_GRID.get(task.paper_name)
     return [f"Paper ({PAPER_MODEL}): {paper}."] if paper else []
-
-
-def result_record(sample, result: AblationResult, task: Task) -> dict:
-    """What every record holds: the sample's settings, the generation, its metrics and the per-step counts."""
-    masked = [len(heads) for heads in result.masked]
-    metrics = task.score(sample, result.text)
-    return {
-        **sample.describe(),
-        "grid_sample_id": sample.sample_id,
-        "generated": result.text,
-        "stop_reason": result.stop_reason,
-        "steps": len(result.masked),
-        "metrics": metrics,
-        "dynamic_counts": result.dynamic_counts,
-        "mean_dynamic": result.mean_dynamic,
-        "masked_counts": masked,
-        "mean_masked": float(np.mean(masked)) if masked else 0.0,
-    }

@@ -41,21 +41,23 @@ import numpy as np
 import pandas as pd
 
 from dynheads.ablation.cascade import AblationResult, AblationSettings
+from dynheads.ablation.jobs import cascade_jobs, cascade_work, result_record
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, DOSE_ARMS, MEAN_ARMS
 from dynheads.ablation.teacher_forced import ForcedResult, forced_ablations
 from dynheads.analysis.evidence import EvidenceSettings, Interval, fraction_interval, mean_interval
 from dynheads.errors import DynheadsError
-from dynheads.experiments.ablation import (
-    AblationConfig,
-    ablation_phase,
-    ablation_plan,
+from dynheads.experiments.experiment import (
+    Context,
+    Experiment,
+    GridPlan,
+    Phase,
+    Work,
     grid_manifest,
-    ranking_of,
-    result_record,
-    run_ablation,
-    run_task_of,
+    grid_plan,
+    grid_task_of,
+    run_experiment,
 )
-from dynheads.experiments.experiment import Context, Experiment, GridPlan, Phase, Work, run_experiment
+from dynheads.experiments.settings import AblationConfig
 from dynheads.io import atomic_path
 from dynheads.models import LoadedModel, decode_text
 from dynheads.plots.ablation import plot_doses
@@ -82,12 +84,6 @@ def fraction_key(fraction: float | None) -> str:
     return "None" if fraction is None else f"{fraction:g}"
 
 
-def run_claim2(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
-    """``ablate``: the dose-response when fractions are given, else the matched grid (``run_ablation``)."""
-    dosed = config.fractions or config.doses  # retired doses: refused by the check
-    return run_doses(config, out, **options) if dosed else run_ablation(config, out, **options)
-
-
 def _check_doses(config: AblationConfig) -> None:
     config.check()
     if not config.fractions or not config.static:
@@ -97,7 +93,7 @@ def _check_doses(config: AblationConfig) -> None:
 def _dose_work(context: Context[AblationConfig, GridPlan]) -> Work:
     """The teacher-forced records (one per sample: every arm x fraction as rows of its batch) and the cascade's
     (one per sample, arm and fraction, plus the un-ablated run; a sample's arms share its prefill)."""
-    config, lm, samples, static = context.config, context.lm, context.plan.samples, ranking_of(context)
+    config, lm, samples, static = context.config, context.lm, context.plan.samples, context.sources.static_ranking
     fractions = config.dose_fractions()
 
     def settings(sample, arm: str, fraction: float | None) -> AblationSettings:
@@ -125,21 +121,23 @@ def _dose_work(context: Context[AblationConfig, GridPlan]) -> Work:
         )
     if config.metric in ("cascade", "both"):
         arms = [("none", None)] + [(arm, f) for arm in DOSE_ARMS for f in fractions]
-        jobs = [  # sample by sample: a sample's arms share its prefill (``ablation_phase``)
-            (f"{s.sample_id}-{arm}" + ("" if f is None else f"-f{fraction_key(f)}"), s, partial(settings, s, arm, f))
-            for s in samples
-            for arm, f in arms
-        ]
-        phases.append(ablation_phase(context, jobs, _cascade_record, "ablate cascade"))
+        named = [(arm, f, "" if f is None else f"-f{fraction_key(f)}") for arm, f in arms]
+        jobs = cascade_jobs(  # sample by sample: a sample's arms share its prefill
+            [(f"{s.sample_id}-{arm}{key}", s, partial(settings, s, arm, f)) for s in samples for arm, f, key in named]
+        )
+        work = cascade_work(lm, config.task_entry(), config.max_new_tokens, context.batch_size, _cascade_record)
+        phases.append(Phase(jobs, work, "ablate cascade"))
     design = {"design": DESIGN, "arms": list(DOSE_ARMS), "mean_arms": list(MEAN_ARMS)}
     return Work(grid_manifest(context, design), phases)
 
 
+def _dose_plan(config: AblationConfig, lm: LoadedModel) -> GridPlan:
+    return grid_plan(config, lm, needs_of(ABLATION_STRATEGIES.get(arm) for arm in DOSE_ARMS), "this ablation run")
+
+
 DOSES = Experiment(
     "ablation",
-    lambda config, lm: ablation_plan(
-        config, lm, needs_of(ABLATION_STRATEGIES.get(arm) for arm in DOSE_ARMS), "ablation"
-    ),
+    _dose_plan,
     _dose_work,
     tables=lambda context: write_doses(context.run),
     check=_check_doses,
@@ -220,7 +218,7 @@ def _cascade_record(sample, settings: AblationSettings, result: AblationResult, 
 def write_doses(run: RunDir, evidence: EvidenceSettings | None = None) -> pd.DataFrame:
     """dose.csv, summary.md (with the per-sample numbers) and the figures of a dose-response run."""
     evidence = evidence or EvidenceSettings()
-    records, task, config = run.records(), run_task_of(run), run.manifest()["config"]
+    records, task, config = run.records(), grid_task_of(run.manifest()), run.manifest()["config"]
     numbers: dict[str, Any] = {
         "design": DESIGN,
         "fractions": config.get("fractions"),

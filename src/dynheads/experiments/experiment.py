@@ -14,6 +14,7 @@ The public runners are experiments bound to this function (``run_kv = partial(ru
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +23,12 @@ from typing import Any, Generic, Literal, TypeVar, Unpack
 from dynheads import distributed
 from dynheads.engine.decoding import check_fits
 from dynheads.errors import DynheadsError
+from dynheads.heads import head_key
 from dynheads.models import LoadedModel
-from dynheads.resources import Evaluated, Resources, resolve, sample_identity
+from dynheads.resources import STATIC_HEADS, Evaluated, Resources, resolve, sample_identity
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.tasks.grid import TaskGrid
-from dynheads.tasks.registry import Task
+from dynheads.tasks.registry import Task, task_of
 
 Config = TypeVar("Config")
 PlanT = TypeVar("PlanT", bound="Plan")
@@ -63,21 +65,27 @@ def grid_plan(
     config: Any,
     lm: LoadedModel,
     needs: set[str],
-    evaluated: Callable[[Task, Any, Sequence[Any]], Evaluated],
+    run: str,
     *,
     predictor: str | None = None,
+    evaluated: Callable[[Task, Any, Sequence[Any]], Evaluated] | None = None,
     missing: Literal["refuse", "skip"] = "skip",
 ) -> GridPlan:
-    """The plan of a grid run: the task's grid for the model's tokenizer, every sample checked to fit with the
-    config's ``max_new_tokens``, the config's static list (and ``predictor``) read when ``needs`` asks for them,
-    checked against ``evaluated(task, task_config, samples)``."""
+    """The plan of a grid run (``run`` names it in refusals: "this ablation run"): the task's grid for the model's
+    tokenizer, every sample checked to fit with the config's ``max_new_tokens``, the config's static list (and
+    ``predictor``) read when ``needs`` asks for them, checked against ``evaluated(task, task_config, samples)``
+    (default: ``grid_evaluated`` with the task config's stream)."""
     task, task_config = config.task_entry(), config.task_config()
     grid = task.grid(task_config, lm.tokenizer)
+    if evaluated is None:
+        checked = grid_evaluated(task, getattr(task_config, "split", None), grid.samples, run)
+    else:
+        checked = evaluated(task, task_config, grid.samples)
     return GridPlan(
         samples=grid.samples,
         max_new_tokens=config.max_new_tokens,
         needs=frozenset(needs),
-        evaluated=evaluated(task, task_config, grid.samples),
+        evaluated=checked,
         static=config.static,
         predictor=predictor,
         missing=missing,
@@ -97,15 +105,36 @@ def grid_evaluated(task: Task, split: str | None, samples: Sequence[Any], run: s
     return Evaluated(run, samples=identities, split=split)
 
 
+def grid_task_of(manifest: dict) -> Task:
+    """The registered task a finished grid run decoded (runs written before ``--task`` existed decoded NIAH)."""
+    config = manifest["config"]
+    return task_of(config.get("task", "niah"), config.get("data"))
+
+
+def grid_manifest(context: Context[Any, GridPlan], extra: dict, top: int = 20) -> dict:
+    """What a grid run's manifest records: the prompt, ``extra``, the grid, the static list's ``top`` heads and what
+    fitted it."""
+    plan, samples = context.plan, context.plan.samples
+    return {
+        "prompt": plan.task.prompt(plan.task_config),
+        "prompt_template": samples[0].prompt_template,
+        "chat_template_kwargs": samples[0].chat_template_kwargs,
+        **extra,
+        **plan.grid.manifest(),
+        "static_top": [head_key(h) for h in context.sources.static_ranking[:top]],
+        "static_source": context.sources.manifest()[STATIC_HEADS],  # the list, and what fitted it
+    }
+
+
 @dataclass(frozen=True)
 class Phase:
-    """Jobs decoded in one pass of ``runs.run_jobs``. ``together``: the jobs of one group decode in one call
-    (``batch_size`` groups per call); ``then`` reads this process's records of the phase before the next starts."""
+    """Jobs decoded in one pass of ``runs.run_jobs``: the jobs of one group (a sample's arms, sharing its prefill)
+    go to ``work`` in one call, ``batch_size`` groups per call; ``then`` reads this process's records of the phase
+    before the next phase starts."""
 
     jobs: Sequence[Job]
     work: Callable[[list], list[Finished]]
     desc: str
-    together: int = 1
     then: Callable[[list[dict]], object] | None = None
 
 
@@ -179,7 +208,8 @@ def run_experiment(
     if experiment.on_start is not None:
         experiment.on_start(manifest, run)
     for phase in work.phases:
-        together: RunOptions = {**options, "batch_size": batch_size * phase.together}
+        groups = Counter(job.record_id if job.group is None else job.group for job in phase.jobs)
+        together: RunOptions = {**options, "batch_size": batch_size * max(groups.values(), default=1)}
         records = run_jobs(run, phase.jobs, phase.work, desc=phase.desc, **together)
         if phase.then is not None:
             phase.then(records)

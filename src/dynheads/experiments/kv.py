@@ -50,10 +50,10 @@ from dynheads.experiments.experiment import (
     Work,
     grid_evaluated,
     grid_plan,
+    grid_task_of,
     run_experiment,
 )
-from dynheads.experiments.niah import NiahConfig
-from dynheads.experiments.settings import KVFields, ModelSettings, NiahGrid, TaskGridChoice
+from dynheads.experiments.settings import KVFields, ModelSettings, NiahConfig, NiahGrid, TaskGridChoice
 from dynheads.heads import Head, flat_index, head_key
 from dynheads.io import atomic_path, write_json
 from dynheads.kv.policies import KV_POLICIES, is_budget_free, is_dynamic
@@ -78,7 +78,7 @@ from dynheads.resources import HEAD_PREDICTOR, STATIC_HEADS, Evaluated, StaticSo
 from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.seeding import derive_seed
 from dynheads.tables import Block, Summary, Table, write_summary
-from dynheads.tasks.registry import Task, task_of
+from dynheads.tasks.registry import Task
 from dynheads.tasks.sample import Sample
 
 
@@ -146,7 +146,7 @@ def _kv_plan(config: KVConfig, lm: LoadedModel) -> GridPlan:
             way_out="--outside-heads",
         )
 
-    return grid_plan(config, lm, config.needs(), evaluated, predictor=config.probe)
+    return grid_plan(config, lm, config.needs(), "this KV run", predictor=config.probe, evaluated=evaluated)
 
 
 def _kv_work(context: Context[KVConfig, GridPlan]) -> Work:
@@ -188,7 +188,7 @@ def _kv_work(context: Context[KVConfig, GridPlan]) -> Work:
         for policy, budget in jobs
     ]
     decoder = _KVDecoder(lm, config, task, static, voters, probe)
-    return Work(manifest, [Phase(decoding, decoder, "kv", together=len(jobs))])
+    return Work(manifest, [Phase(decoding, decoder, "kv")])
 
 
 def _check_kv(config: KVConfig) -> None:
@@ -408,7 +408,7 @@ def write_policy_tables(folder: Path, records: list[dict], manifest: dict, notes
     complete = set(jobs[jobs == frame[["policy", "budget"]].drop_duplicates().shape[0]].index)
     frame = frame[frame["grid_sample_id"].isin(complete)]
     records = [r for r in records if r["grid_sample_id"] in complete]
-    task = run_task(manifest)
+    task = grid_task_of(manifest)
     first, *others = task.metrics  # the first decides: the table's accuracy; the others keep their names
     frame["accuracy"] = frame[f"metrics.{first}"]
     evidence = EvidenceSettings(seed=manifest["seed"])
@@ -520,7 +520,7 @@ class FullCacheEvidence:
 
 def run_chance(manifest: dict) -> float | None:
     """The chance level of a KV run's task on its data (``Task.chance``), None when the task does not know it."""
-    task = run_task(manifest)
+    task = grid_task_of(manifest)
     return task.chance(manifest["config"].get("data") or task.default_data) if task.chance is not None else None
 
 
@@ -544,12 +544,6 @@ def full_cache_evidence(scores: np.ndarray, chance: float | None, evidence: Evid
         " (above chance)" if above else f", not below {(1 - evidence.confidence) / 2:g}"
     )
     return FullCacheEvidence(above, reason, chance, successes, n, p_value)
-
-
-def run_task(manifest: dict) -> Task:
-    """The task a KV run decoded (runs written before ``--task`` existed decoded NIAH)."""
-    config = manifest["config"]
-    return task_of(config.get("task", "niah"), config.get("data"))
 
 
 def _policy_order(policy: str) -> int:

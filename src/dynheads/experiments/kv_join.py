@@ -30,7 +30,8 @@ import numpy as np
 
 from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
-from dynheads.experiments.kv import AT_CHANCE, full_cache_evidence, run_chance, run_task, write_policy_tables
+from dynheads.experiments.experiment import grid_task_of
+from dynheads.experiments.kv import AT_CHANCE, full_cache_evidence, run_chance, write_policy_tables
 from dynheads.io import read_json, write_json
 from dynheads.kv.policies import is_budget_free
 from dynheads.runs import RunDir
@@ -99,7 +100,7 @@ def join_kv_runs(folders: Sequence[str | Path], out: str | Path, pairs: Sequence
         )
     records = [r for r in kept if r["grid_sample_id"] in samples]
     manifest = _joined_manifest(pieces, arms)
-    first_metric = next(iter(run_task(manifest).metrics))
+    first_metric = next(iter(grid_task_of(manifest).metrics))
     evidence = EvidenceSettings(seed=manifest["seed"])
     joined = {
         "runs": [

@@ -13,9 +13,9 @@ from typing import Unpack
 from dynheads import stages
 from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
-from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_progressive
+from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
 from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads
-from dynheads.experiments.dose import run_claim2
+from dynheads.experiments.dose import run_doses
 from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
 from dynheads.experiments.niah import NiahConfig, run_niah
 from dynheads.experiments.probing import train_probe_on_run
@@ -25,6 +25,13 @@ from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run
 from dynheads.experiments.threshold_fit import ThresholdFit
 from dynheads.io import write_json
 from dynheads.runs import RunDir, RunOptions
+
+
+def run_claim2(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
+    """Claim 2 in the design the config names: the dose-response when fractions are given (the study's
+    ``run_doses``), else the matched grid (``run_ablation``); retired fixed doses are refused by the check."""
+    dosed = config.fractions or config.doses
+    return run_doses(config, out, **options) if dosed else run_ablation(config, out, **options)
 
 
 # ---- NIAH: the traced grid, the static list, dynamism and Figure 1, the ablations, CCA and the probe -------------

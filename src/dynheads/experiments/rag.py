@@ -128,7 +128,7 @@ def _rag_work(context: Context[RagConfig, _RagPlan]) -> Work:
         for strategy, k in jobs
     ]
     answerer = _RagAnswerer(lm, config, plan.task, ranking, predict_top, config.settings(), context.batch_size)
-    return Work(manifest, [Phase(answering, answerer, "rag", together=len(jobs))])
+    return Work(manifest, [Phase(answering, answerer, "rag")])
 
 
 def _rag_tables(context: Context[RagConfig, _RagPlan]) -> None:

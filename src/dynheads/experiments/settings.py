@@ -6,15 +6,16 @@ lengths x depths (x runs) grid), ``QaGrid`` (a question stream over a context-le
 its own fields; a piece's field with another default is ``redefault(Piece, name, value)`` (same help).
 
 This module imports nothing heavy (no torch): the CLI builds its options from these fields at start-up.
-Configs whose runners need more than their fields (``AblationConfig``, ``ProgressiveConfig``, ``KVConfig``,
-``RagConfig``) subclass the ``*Fields`` classes here in their experiment module.
+Configs whose runners need more than their fields (``KVConfig``, ``RagConfig``, ``RerankConfig``) subclass the
+``*Fields`` classes here in their experiment module; the two ablations' configs (``AblationConfig``,
+``ProgressiveConfig``) live here, since both Claim 2 designs (the matched grid and the dose-response) read them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS
 from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
@@ -29,9 +30,10 @@ from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.tasks.questions import QuestionStream
-from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ReasoningThreshold
 
 if TYPE_CHECKING:
+    from dynheads.engine.probe import AblationMode
     from dynheads.tasks.registry import Task
 
 STATIC_SPLIT = "static"  # the seed / question stream static heads are scored on
@@ -255,6 +257,92 @@ class ProgressiveFields(AblationGrid):
     depths: tuple[float, ...] = redefault(NiahCells, "depths", (0.5,))
     runs: int = redefault(NiahGrid, "runs", 5)
     top_static: int = setting(20, "size of the static top set the compensation is compared with")
+
+
+class AblationGridConfig(AblationGrid, TaskGridChoice):
+    """Settings shared by both experiments (``settings.AblationGrid``) and what they derive from them."""
+
+    def niah_config(self) -> NiahConfig:
+        """The NIAH grid whose samples are ablated (the ``analysis`` seed stream, as ``dynheads niah``)."""
+        return NiahConfig(**pieces_of(self, NiahGrid, ModelSettings))
+
+    def ablation_mode(self) -> AblationMode:
+        """``mode``, which ``check`` accepts only from ``probe.ABLATION_MODES``."""
+        return cast("AblationMode", self.mode)
+
+    def check(self) -> None:
+        from dynheads.engine.probe import ABLATION_MODES  # torch: not at the CLI's start-up
+
+        if self.mode not in ABLATION_MODES:
+            raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(ABLATION_MODES)}")
+        self.check_task()
+        ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
+
+
+@dataclass(frozen=True)
+class AblationConfig(AblationFields, AblationGridConfig):
+    def run_strategies(self) -> tuple[str, ...]:
+        """The strategies to decode, in run order: none, dynamic (needed by static and random), the rest."""
+        baselines = {entry.name for entry in ABLATION_STRATEGIES if entry.value.baseline}
+        choices = ", ".join(name for name in ABLATION_STRATEGIES.names() if name not in baselines)
+        unknown = [s for s in self.strategies if s not in ABLATION_STRATEGIES]
+        if unknown:
+            raise DynheadsError(f"unknown ablation strategy {', '.join(map(repr, unknown))}: use some of {choices}")
+        if not self.strategies:
+            raise DynheadsError(f"give at least one ablation strategy: {choices}")
+        # mean-matched controls read their head count from the dynamic run
+        controls = [s for s in self.strategies if ABLATION_STRATEGIES.get(s).matched]
+        given = MATCHINGS.get(self.matching).given_count
+        wanted = {*baselines, *self.strategies} | ({"dynamic"} if controls and given else set())
+        return tuple(s for s in ABLATION_STRATEGIES.names() if s in wanted)
+
+    def check(self) -> None:
+        super().check()
+        self.check_doses()
+        if self.metric not in DOSE_METRICS:
+            raise DynheadsError(f"unknown dose-response metric {self.metric!r}: use one of {', '.join(DOSE_METRICS)}")
+        MATCHINGS.check([self.matching])
+        strategies = [ABLATION_STRATEGIES.entry(s) for s in self.run_strategies()]
+        for entry in strategies:
+            if entry.value.needs_static and not self.static:
+                raise DynheadsError(f"the {entry.name} strategy needs a static head list: pass --static FILE")
+        given = [entry.name for entry in strategies if entry.value.needs_heads]
+        if bool(given) != bool(self.heads):
+            readers = given or [entry.name for entry in ABLATION_STRATEGIES if entry.value.needs_heads]
+            raise DynheadsError(f"the {' / '.join(readers)} strategy and --heads go together: give both or neither")
+
+    def check_doses(self) -> None:
+        """Fractions in (0, 1] with 1 among them (the operating point), compensation above 1, no fixed doses."""
+        if self.doses:
+            raise DynheadsError(
+                f"fixed doses (doses = {list(self.doses)}) are retired: past |D_t| the dynamic arm masks D_t plus "
+                "inert heads while static masks D_t's backups, so k measures compensation; give fractions of each "
+                "step's |D_t| (fractions = [0.25, 0.5, 0.75, 1.0], compensation = [1.5, 2.0]; docs/ablation.md)"
+            )
+        if self.fractions and not all(0 < f <= 1 for f in self.fractions):
+            raise DynheadsError(f"dose fractions lie in (0, 1] (--fractions), got {list(self.fractions)}")
+        if self.fractions and 1.0 not in self.fractions:
+            raise DynheadsError(
+                f"the fractions must hold 1 (mask exactly D_t: Claim 2's operating point), got {list(self.fractions)}"
+            )
+        if not all(f > 1 for f in self.compensation):
+            raise DynheadsError(f"compensation fractions lie above 1 (--compensation), got {list(self.compensation)}")
+
+    def dose_fractions(self) -> tuple[float, ...]:
+        """Every fraction the dose-response runs, ascending: the doses, then the compensation part."""
+        return tuple(sorted({float(f) for f in (*self.fractions, *self.compensation)}))
+
+
+@dataclass(frozen=True)
+class ProgressiveConfig(ProgressiveFields, AblationGridConfig):
+    def check(self) -> None:
+        super().check()
+        if not self.ks or min(self.ks) < 0:
+            raise DynheadsError(f"give one or more k >= 0 (--ks), got {list(self.ks)}")
+        if not self.static:
+            raise DynheadsError("progressive ablation compares with the static top heads: pass --static FILE")
+        if self.top_static < 1:
+            raise DynheadsError(f"top_static must be at least 1, got {self.top_static}")
 
 
 # ---- kv --------------------------------------------------------------------------------------------------------------
