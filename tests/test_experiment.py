@@ -17,9 +17,10 @@ from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Wo
 from dynheads.experiments.reproduce import ReproduceConfig, Study, reproduce
 from dynheads.io import read_json
 from dynheads.models import LoadedModel
+from dynheads.outputs import Outputs
 from dynheads.registry import Registry
 from dynheads.resources import STATIC_HEADS, Evaluated
-from dynheads.runs import Finished, Job, RunDir
+from dynheads.runs import Finished, Job, RunDir, RunView
 from dynheads.stages import Stage
 
 SEEN: list[str] = []  # what the declaration was asked for, in order
@@ -75,11 +76,11 @@ def _work(context: Context[StepsConfig, Plan]) -> Work:
     return Work({"prompts": len(jobs)}, [Phase(jobs, traced, "steps")])
 
 
-def _tables(context: Context[StepsConfig, Plan]) -> None:
-    records = context.run.records()
-    pd.DataFrame({"sample_id": [r["sample_id"] for r in records], "steps": [r["steps"] for r in records]}).to_csv(
-        context.run.path / "steps.csv", index=False
-    )
+def _tables(context: Context[StepsConfig, Plan]) -> Outputs:
+    """Pure: the files, which the runner writes."""
+    records = RunView.of(context.run).records
+    steps = pd.DataFrame({"sample_id": [r["sample_id"] for r in records], "steps": [r["steps"] for r in records]})
+    return Outputs().add("steps.csv", steps).add("steps.json", {"total": int(steps["steps"].sum())})
 
 
 STEPS = Experiment("steps", _plan, _work, _tables)
@@ -99,6 +100,7 @@ def test_an_experiment_declared_in_a_test_runs_and_resumes(lm, tmp_path):
     assert manifest["kind"] == "steps" and manifest["prompts"] == 3 and manifest["batch_size"] == 1
     table = pd.read_csv(run.path / "steps.csv")
     assert list(table["sample_id"]) == ["p0", "p1", "p2"] and set(table["steps"]) == {4}
+    assert read_json(run.path / "steps.json") == {"total": 12}
     made: list[dict] = []
     again = run_experiment(STEPS, config, tmp_path / "run", lm=lm, progress=False, on_record=made.append)
     assert made == [] and [r["tokens"] for r in again.records()] == [r["tokens"] for r in run.records()]

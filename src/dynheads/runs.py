@@ -28,6 +28,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar, Unpack
 
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -122,11 +123,19 @@ class RunDir:
     def is_done(self, sample_id: str) -> bool:
         return self.record_path(sample_id).is_file()
 
-    def save_sample(self, record: dict, trace: Trace | None = None) -> None:
+    def save_sample(self, record: dict, trace: Trace | None = None, arrays: dict[str, Any] | None = None) -> None:
+        """Save a finished record, its trace and its ``arrays`` (``scores/<sample id>.npz``) first: the record
+        marks the sample done."""
         sample_id = record["sample_id"]
         if trace is not None:
             trace.save(self.trace_path(sample_id))
+        if arrays is not None:
+            with atomic_path(self.arrays_path(sample_id)) as tmp, open(tmp, "wb") as handle:
+                np.savez(handle, **arrays)
         write_json(self.record_path(sample_id), record)
+
+    def arrays_path(self, sample_id: str) -> Path:
+        return self.path / "scores" / f"{sample_id}.npz"
 
     def records(self) -> list[dict]:
         """All finished sample records, in sample-id order."""
@@ -168,13 +177,36 @@ class RunDir:
 
     def write_results(self) -> pd.DataFrame:
         """Flatten the records (metrics as columns) into results.csv."""
-        records = self.records()
-        if not records:
-            raise DynheadsError(f"{self.path} has no finished samples yet")
-        frame = pd.json_normalize(records, sep=".")
-        with atomic_path(self.path / "results.csv") as tmp:
+        frame = RunView.of(self).results()
+        with atomic_path(self.path / RESULTS_FILE) as tmp:
             frame.to_csv(tmp, index=False)
         return frame
+
+
+RESULTS_FILE = "results.csv"  # every record, flattened (``RunView.results``)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunView:
+    """A run read once for its tables: its folder, manifest and finished records (in sample-id order)."""
+
+    run: RunDir
+    manifest: dict
+    records: list[dict]
+
+    @classmethod
+    def of(cls, run: RunDir) -> RunView:
+        return cls(run, run.manifest(), run.records())
+
+    @property
+    def path(self) -> Path:
+        return self.run.path
+
+    def results(self) -> pd.DataFrame:
+        """The records flattened, metrics as columns (``results.csv``); refused while none is finished."""
+        if not self.records:
+            raise DynheadsError(f"{self.run.path} has no finished samples yet")
+        return pd.json_normalize(self.records, sep=".")
 
 
 def start_run(
@@ -204,10 +236,12 @@ class Job(Generic[Item]):
 
 
 class Finished(NamedTuple):
-    """What a batch function returns per job: the record and, for a traced job, its trace (saved first)."""
+    """What a batch function returns per job: the record and, for a traced job, its trace, for a job that scores
+    arrays, its arrays (both saved first: ``RunDir.save_sample``)."""
 
     record: dict
     trace: Trace | None = None
+    arrays: dict[str, Any] | None = None  # name -> numpy array
 
 
 class RunOptions(TypedDict, total=False):
@@ -263,7 +297,7 @@ def run_jobs(
         for job, finished in zip(batch, work([job.item for job in batch]), strict=True):
             record = finished.record
             record["sample_id"] = job.record_id
-            run.save_sample(record, finished.trace)
+            run.save_sample(record, finished.trace, finished.arrays)
             if on_record:
                 on_record(record)
             made[job.record_id] = record

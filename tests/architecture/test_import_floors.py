@@ -25,7 +25,8 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     # re-export helper of the public packages (it imports nothing of ours until a name is used), the score
     # vocabulary (Eq. 1, Eq. 2, D_t and their defaults: arithmetic on arrays, read by every floor above), and the
     # tables and stage summaries as data with their one renderer (analyses and stages write them, the report reads
-    # them), the pinned wheels that real data sets and models are read from (files, no torch), and the generic
+    # them), the files a finished run's tables are (``outputs``: data from pure functions, written by one writer),
+    # the pinned wheels that real data sets and models are read from (files, no torch), and the generic
     # registry of named variants (tasks, KV policies, strategies and stages each hold one), and the counter of host
     # reads (a torch function mode: benchmarks and tests measure the decoding loop with it).
     (
@@ -45,6 +46,7 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
                 "dynheads.lazy",
                 "dynheads.scores",
                 "dynheads.tables",
+                "dynheads.outputs",
                 "dynheads.packaged",
                 "dynheads.registry",
             )

@@ -53,14 +53,14 @@ from dynheads.experiments.experiment import (
 )
 from dynheads.experiments.settings import AblationConfig, ProgressiveConfig
 from dynheads.heads import Head, check_heads, parse_head
-from dynheads.io import atomic_path
 from dynheads.models import LoadedModel
+from dynheads.outputs import Figure, Outputs, write_outputs
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.resources import STATIC_HEADS, needs_of
-from dynheads.runs import RunDir, RunOptions
+from dynheads.runs import RESULTS_FILE, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
-from dynheads.tables import Summary, frame_table, write_summary
+from dynheads.tables import Summary, frame_table
 from dynheads.tasks.registry import Task
 
 
@@ -110,7 +110,9 @@ def _ablation_work(context: Context[AblationConfig, GridPlan]) -> Work:
     return Work(grid_manifest(context, {"strategies_run": list(strategies)}), phases)
 
 
-ABLATION = Experiment("ablation", _ablation_plan, _ablation_work, tables=lambda context: write_cells(context.run))
+ABLATION = Experiment(
+    "ablation", _ablation_plan, _ablation_work, tables=lambda context: grid_tables(RunView.of(context.run))
+)
 
 
 def run_ablation(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
@@ -146,28 +148,31 @@ def _ablation_record(sample, settings: AblationSettings, result: AblationResult,
     }
 
 
-def write_cells(run: RunDir) -> pd.DataFrame:
-    """cells.csv, summary.md and the heat maps of a grid run, from its records."""
-    frame = run.write_results()
-    config = run.manifest()["config"]
-    task = grid_task_of(run.manifest())
-    matching = config.get("matching", "mean")  # runs made before the option existed used the mean count
+def grid_tables(view: RunView) -> Outputs:
+    """results.csv, cells.csv, summary.md and the heat maps of a grid run, from its records."""
+    frame, manifest = view.results(), view.manifest
+    outputs = Outputs().add(RESULTS_FILE, frame.copy())
+    task = grid_task_of(manifest)
+    matching = manifest["config"].get("matching", "mean")  # runs made before the option existed used the mean count
     frame["strategy"] = frame["strategy"].astype(pd.CategoricalDtype(ABLATION_STRATEGIES.names(), ordered=True))
     # a sample that masked no head at any step is the un-ablated run: counted apart, never read as "unharmed"
     frame["zero_masked"] = frame["masked_counts"].map(lambda counts: int(sum(counts) == 0))
-    cells = _grid_cells(frame, task, run.manifest())
+    cells = _grid_cells(frame, task, manifest)
     cells["matching"] = matching
-    with atomic_path(run.path / "cells.csv") as tmp:
-        cells.to_csv(tmp, index=False)
-    _write_ablation_summary(run, frame, cells, task, matching)
-    plot_ablation_cells(
-        cells,
-        run.path / "plots",
-        title=f"{run.manifest()['model']['name']}: per-step ablation ({task.label}, {matching} matching)",
-        metrics=task.metrics,
-        opacity=task.fade_sparse_cells,
+    title = f"{manifest['model']['name']}: per-step ablation ({task.label}, {matching} matching)"
+    heat_maps = partial(plot_ablation_cells, cells, title=title, metrics=task.metrics, opacity=task.fade_sparse_cells)
+    return (
+        outputs.add("cells.csv", cells)
+        .add("summary.md", _ablation_summary(view, frame, cells, task, matching))
+        .add("plots", Figure(heat_maps))
     )
-    return cells
+
+
+def write_cells(run: RunDir) -> pd.DataFrame:
+    """``grid_tables`` written into the run's folder; returns cells.csv's frame."""
+    outputs = grid_tables(RunView.of(run))
+    write_outputs(run.path, outputs)
+    return outputs.files["cells.csv"]
 
 
 def _grid_cells(frame: pd.DataFrame, task: Task, manifest: dict) -> pd.DataFrame:
@@ -195,7 +200,7 @@ def _grid_cells(frame: pd.DataFrame, task: Task, manifest: dict) -> pd.DataFrame
     return _with_skipped_cells(cells, manifest) if on_grid else cells.assign(skipped=0)
 
 
-def _write_ablation_summary(run: RunDir, frame: pd.DataFrame, cells: pd.DataFrame, task: Task, matching: str) -> None:
+def _ablation_summary(view: RunView, frame: pd.DataFrame, cells: pd.DataFrame, task: Task, matching: str) -> Summary:
     """summary.md: per strategy the means over all its records, and the per-sample metrics Claim 2 reads."""
     metrics = task.metrics
     summary = (
@@ -210,37 +215,33 @@ def _write_ablation_summary(run: RunDir, frame: pd.DataFrame, cells: pd.DataFram
         .reset_index()
     )
     rule = MATCHINGS.help(matching)
-    write_summary(
-        run.path,
-        "summary.md",
-        Summary(
-            [
-                "Means over all records of each strategy. mean |D_t| = dynamic heads of the clean pass per step; "
-                f"masked = heads removed per step (static and random, matching `{matching}`: {rule}); "
-                f"no head = samples "
-                "that masked no head at any step (their run is the un-ablated one).",
-                frame_table(
-                    summary,
-                    {
-                        "strategy": "strategy",
-                        "records": "records",
-                        **metrics,
-                        "mean_dynamic": "mean |D_t|",
-                        "masked_per_step": "masked",
-                        "zero_masked": "no head",
-                    },
-                ),
-                *_paper_line(task),
-                *skip_line(run.manifest()),
-            ],
-            {
-                "matching": matching,
-                "records": int(summary["records"].sum()),
-                "per_sample": {metric: per_sample_metric(run.records(), metric) for metric in metrics},
-                "masking": masking_numbers(cells),
-            },
-            f"Per-step ablation: {run.manifest()['model']['name']}",
-        ),
+    return Summary(
+        [
+            "Means over all records of each strategy. mean |D_t| = dynamic heads of the clean pass per step; "
+            f"masked = heads removed per step (static and random, matching `{matching}`: {rule}); "
+            f"no head = samples "
+            "that masked no head at any step (their run is the un-ablated one).",
+            frame_table(
+                summary,
+                {
+                    "strategy": "strategy",
+                    "records": "records",
+                    **metrics,
+                    "mean_dynamic": "mean |D_t|",
+                    "masked_per_step": "masked",
+                    "zero_masked": "no head",
+                },
+            ),
+            *_paper_line(task),
+            *skip_line(view.manifest),
+        ],
+        {
+            "matching": matching,
+            "records": int(summary["records"].sum()),
+            "per_sample": {metric: per_sample_metric(view.records, metric) for metric in metrics},
+            "masking": masking_numbers(cells),
+        },
+        f"Per-step ablation: {view.manifest['model']['name']}",
     )
 
 
@@ -339,7 +340,7 @@ PROGRESSIVE = Experiment(
     "ablation-progressive",
     lambda config, lm: grid_plan(config, lm, {STATIC_HEADS}, "this ablation-progressive run"),
     _progressive_work,
-    tables=lambda context: write_progressive(context.run),
+    tables=lambda context: progressive_tables(RunView.of(context.run)),
 )
 
 
@@ -364,10 +365,12 @@ def _progressive_record(
     }
 
 
-def write_progressive(run: RunDir) -> pd.DataFrame:
-    """progressive.csv (per k: samples, mean m_s, mean max_t |E_t|, metrics), summary.md and plots/progressive.png."""
-    frame = run.write_results()
-    metrics = grid_task_of(run.manifest()).metrics
+def progressive_tables(view: RunView) -> Outputs:
+    """results.csv, progressive.csv (per k: samples, mean m_s, mean max_t |E_t|, metrics), summary.md and
+    plots/progressive.png."""
+    frame, manifest = view.results(), view.manifest
+    outputs = Outputs().add(RESULTS_FILE, frame.copy())
+    metrics = grid_task_of(manifest).metrics
     table = (
         frame.groupby("k")
         .agg(
@@ -379,12 +382,9 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
         )
         .reset_index()
     )
-    with atomic_path(run.path / "progressive.csv") as tmp:
-        table.to_csv(tmp, index=False)
-    manifest = run.manifest()
     model, top = manifest["model"]["name"], len(manifest["static_top"])
-    write_summary(
-        run.path,
+    outputs.add("progressive.csv", table)
+    outputs.add(
         "summary.md",
         Summary(
             [
@@ -410,14 +410,9 @@ def write_progressive(run: RunDir) -> pd.DataFrame:
             f"Progressive ablation: {model}",
         ),
     )
-    plot_progressive(
-        table,
-        run.path / "plots" / "progressive.png",
-        top_static=top,
-        title=f"{model}: progressive ablation",
-        metrics=metrics,
-    )
-    return table
+    title = f"{model}: progressive ablation"
+    figure = Figure(partial(plot_progressive, table, top_static=top, title=title, metrics=metrics))
+    return outputs.add("plots/progressive.png", figure)
 
 
 # ---- shared ----------------------------------------------------------------------------------------------------------

@@ -58,13 +58,13 @@ from dynheads.experiments.experiment import (
     run_experiment,
 )
 from dynheads.experiments.settings import AblationConfig
-from dynheads.io import atomic_path
 from dynheads.models import LoadedModel, decode_text
+from dynheads.outputs import Figure, Outputs, write_outputs
 from dynheads.plots.ablation import plot_doses
 from dynheads.resources import needs_of
-from dynheads.runs import Finished, Job, RunDir, RunOptions
+from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
-from dynheads.tables import Summary, frame_table, write_summary
+from dynheads.tables import Summary, frame_table
 from dynheads.tasks.registry import Task
 
 TEACHER = {
@@ -139,7 +139,7 @@ DOSES = Experiment(
     "ablation",
     _dose_plan,
     _dose_work,
-    tables=lambda context: write_doses(context.run),
+    tables=lambda context: dose_tables(RunView.of(context.run)),
     check=_check_doses,
 )
 
@@ -216,9 +216,17 @@ def _cascade_record(sample, settings: AblationSettings, result: AblationResult, 
 
 # ---- tables, figures and the numbers Claim 2 reads -------------------------------------------------------------------
 def write_doses(run: RunDir, evidence: EvidenceSettings | None = None) -> pd.DataFrame:
-    """dose.csv, summary.md (with the per-sample numbers) and the figures of a dose-response run."""
+    """``dose_tables`` written into the run's folder; returns dose.csv's frame."""
+    outputs = dose_tables(RunView.of(run), evidence)
+    write_outputs(run.path, outputs)
+    return outputs.files["dose.csv"]
+
+
+def dose_tables(view: RunView, evidence: EvidenceSettings | None = None) -> Outputs:
+    """dose.csv, the figures and summary.md (with the per-sample numbers) of a dose-response run."""
     evidence = evidence or EvidenceSettings()
-    records, task, config = run.records(), grid_task_of(run.manifest()), run.manifest()["config"]
+    records, manifest = view.records, view.manifest
+    task, config = grid_task_of(manifest), manifest["config"]
     numbers: dict[str, Any] = {
         "design": DESIGN,
         "fractions": config.get("fractions"),
@@ -234,34 +242,30 @@ def write_doses(run: RunDir, evidence: EvidenceSettings | None = None) -> pd.Dat
     if cascade:
         numbers["cascade"] = _cascade_numbers(cascade, list(task.metrics))
     table = pd.DataFrame(_rows(numbers, evidence))
-    with atomic_path(run.path / "dose.csv") as tmp:
-        table.to_csv(tmp, index=False)
-    title = f"{run.manifest()['model']['name']}: {{}} ({task.label}, {config['mode']} masking)"
+    outputs = Outputs().add("dose.csv", table)
+    title = f"{manifest['model']['name']}: {{}} ({task.label}, {config['mode']} masking)"
     if teacher:
         panels = {name: TEACHER[name] for name in ("drop", "drop_nonempty", "flip")}
-        _figures(table[table["family"] == "teacher"], run.path / "plots", "teacher", panels, title)
+        outputs.extend(_figures(table[table["family"] == "teacher"], "teacher", panels, title))
     if cascade:
-        _figures(table[table["family"] == "cascade"], run.path / "plots", "cascade", dict(task.metrics), title)
-    write_summary(run.path, "summary.md", _summary(table, numbers, run.manifest(), title.format("dose-response")))
-    return table
+        outputs.extend(_figures(table[table["family"] == "cascade"], "cascade", dict(task.metrics), title))
+    return outputs.add("summary.md", _summary(table, numbers, manifest, title.format("dose-response")))
 
 
-def _figures(table: pd.DataFrame, folder: Path, family: str, panels: dict[str, str], title: str) -> None:
+def _figures(table: pd.DataFrame, family: str, panels: dict[str, str], title: str) -> Outputs:
     """The dose curves (f <= 1) and, when the run masked past D_t, the compensation curves (f >= 1)."""
-    plot_doses(
-        table[table["fraction"] <= OPERATING_POINT],
-        folder / f"dose-{family}.png",
-        panels,
-        title=title.format("dose-response in fractions of |D_t|"),
+    doses = table[table["fraction"] <= OPERATING_POINT]
+    figures = Outputs().add(
+        f"plots/dose-{family}.png",
+        Figure(partial(plot_doses, doses, panels=panels, title=title.format("dose-response in fractions of |D_t|"))),
     )
     past = table[((table["fraction"] >= OPERATING_POINT) & table["arm"].isin(DOSE_ARMS)) | (table["arm"] == "none")]
     if (past["fraction"] > OPERATING_POINT).any():
-        plot_doses(
-            past,
-            folder / f"compensation-{family}.png",
-            panels,
-            title=title.format("compensation, masking past D_t (not decided on)"),
+        compensation = title.format("compensation, masking past D_t (not decided on)")
+        figures.add(
+            f"plots/compensation-{family}.png", Figure(partial(plot_doses, past, panels=panels, title=compensation))
         )
+    return figures
 
 
 def _teacher_numbers(records: list[dict]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 An experiment declares, for its config and the loaded model, a ``Plan``: the samples that must fit the model's
 window, the head sources it reads and what it evaluates (so a source fitted on that is refused). With the sources
 loaded and checked, its ``work`` gives what the run's manifest records and the ``Phase``s of jobs it decodes, and
-its ``tables`` what rank 0 writes from the finished run. ``run_experiment`` is the only place that loads the model,
+its ``tables`` the files rank 0 writes from the finished run (``outputs.Outputs``, written by
+``outputs.write_outputs``, the one writer). ``run_experiment`` is the only place that loads the model,
 checks the fits, resolves the sources, starts (or resumes) the run and runs the jobs:
 
     check the config -> load the model -> plan -> check fits -> resolve sources -> work -> start the run
@@ -25,6 +26,7 @@ from dynheads.engine.decoding import check_fits
 from dynheads.errors import DynheadsError
 from dynheads.heads import head_key
 from dynheads.models import LoadedModel
+from dynheads.outputs import Outputs, write_outputs
 from dynheads.resources import STATIC_HEADS, Evaluated, Resources, resolve, sample_identity
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.tasks.grid import TaskGrid
@@ -169,15 +171,16 @@ def _config_itself(config: Any) -> Any:
 
 @dataclass(frozen=True)
 class Experiment(Generic[Config, PlanT]):
-    """A kind of run, declared: its ``kind`` (the manifest's), its ``plan`` and ``work``, the ``tables`` rank 0
-    writes once every process has finished (none: the records are the result), what is refused before the model
+    """A kind of run, declared: its ``kind`` (the manifest's), its ``plan`` and ``work``, the ``tables`` (pure: the
+    files they return, ``outputs.Outputs``) that rank 0 writes once every process has finished (none: the records
+    are the result), what is refused before the model
     loads (``check``: the config's own ``check``), the config its manifest ``records`` (a resumed run must match
     it) and what is checked once the run has started (``on_start``, with the manifest)."""
 
     kind: str
     plan: Callable[[Config, LoadedModel], PlanT]
     work: Callable[[Context[Config, PlanT]], Work]
-    tables: Callable[[Context[Config, PlanT]], object] | None = None
+    tables: Callable[[Context[Config, PlanT]], Outputs] | None = None
     check: Callable[[Config], object] = _check_config
     records: Callable[[Config], Any] = _config_itself
     on_start: Callable[[dict, RunDir], object] | None = field(default=None)
@@ -214,7 +217,7 @@ def run_experiment(
         if phase.then is not None:
             phase.then(records)
     if experiment.tables is not None and distributed.is_main():  # every process's records are on disk
-        experiment.tables(context)
+        write_outputs(run.path, experiment.tables(context))
     return run
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Unpack
 
 from dynheads.analysis.evidence import EvidenceSettings, fraction_interval, mean_interval
-from dynheads.distributed import is_main
 from dynheads.experiments.settings import HotpotConfig
 from dynheads.experiments.tracing import run_task
-from dynheads.runs import RunDir, RunOptions
-from dynheads.tables import Cell, Summary, Table, write_summary
+from dynheads.outputs import Outputs
+from dynheads.runs import RunDir, RunOptions, RunView
+from dynheads.tables import Cell, Summary, Table
 from dynheads.tasks import candidates
 from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.hotpotqa import HOTPOTQA
@@ -50,11 +50,11 @@ def run_hotpotqa(
     answers' table (``qa_summary``). The run's ``kind`` is the task's name: ``hotpotqa``; ``multihop`` or
     ``kv_lookup`` for ``multihop[:options]`` data; ``variable_tracking``, ``vt_lookup`` or ``multikey_niah``."""
     task = qa_task(config)
-    run = run_task(task, config, out, device_map=device_map, **options)
-    records = run.records() if is_main() else []
-    if records:
-        write_summary(run.path, "summary.md", qa_summary(records, task, config.seed))
-    return run
+
+    def answers(view: RunView) -> Outputs:
+        return Outputs().add("summary.md", qa_summary(view.records, task, config.seed))
+
+    return run_task(task, config, out, device_map=device_map, more_tables=answers, **options)
 
 
 def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:

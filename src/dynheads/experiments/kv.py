@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Unpack, cast
 
@@ -55,7 +56,6 @@ from dynheads.experiments.experiment import (
 )
 from dynheads.experiments.settings import KVFields, ModelSettings, NiahConfig, NiahGrid, TaskGridChoice
 from dynheads.heads import Head, flat_index, head_key
-from dynheads.io import atomic_path, write_json
 from dynheads.kv.policies import KV_POLICIES, is_budget_free, is_dynamic
 from dynheads.kv.press_registry import KVPRESS_PRESSES, parse_press
 from dynheads.kv.press_runs import check_press, is_press, press_generate_all
@@ -73,11 +73,12 @@ from dynheads.kv.retention import (
 )
 from dynheads.kv.token_votes import POOL, SPAN, VOTERS, WINDOW
 from dynheads.models import LoadedModel
+from dynheads.outputs import Figure, Outputs, write_outputs
 from dynheads.plots.kv import pareto_front, plot_kv_accuracy, plot_kv_grid
 from dynheads.resources import HEAD_PREDICTOR, STATIC_HEADS, Evaluated, StaticSource, needs_of
-from dynheads.runs import Finished, Job, RunDir, RunOptions
+from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
-from dynheads.tables import Block, Summary, Table, write_summary
+from dynheads.tables import Block, Summary, Table
 from dynheads.tasks.registry import Task
 from dynheads.tasks.sample import Sample
 
@@ -196,7 +197,7 @@ def _check_kv(config: KVConfig) -> None:
     config.check()
 
 
-KV = Experiment("kv", _kv_plan, _kv_work, tables=lambda context: write_kv_tables(context.run), check=_check_kv)
+KV = Experiment("kv", _kv_plan, _kv_work, tables=lambda context: kv_tables(RunView.of(context.run)), check=_check_kv)
 
 
 def run_kv(config: KVConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
@@ -373,10 +374,16 @@ def _record(
     return record
 
 
+def kv_tables(view: RunView) -> Outputs:
+    """results.csv, table.csv, cells.csv, probe_pr.*, summary.md and the plots of a KV run, from its records."""
+    return policy_tables(view.records, view.manifest, unchecked_sources(view.manifest))
+
+
 def write_kv_tables(run: RunDir) -> pd.DataFrame:
-    """table.csv, cells.csv, summary.md, probe_pr.* and the plots of a KV run, from its records."""
-    manifest = run.manifest()
-    return write_policy_tables(run.path, run.records(), manifest, unchecked_sources(manifest))
+    """``kv_tables`` written into the run's folder; returns table.csv's frame."""
+    outputs = kv_tables(RunView.of(run))
+    write_outputs(run.path, outputs)
+    return outputs.files["table.csv"]
 
 
 def unchecked_sources(manifest: dict) -> list[Block]:
@@ -393,15 +400,23 @@ def unchecked_sources(manifest: dict) -> list[Block]:
 
 
 def write_policy_tables(folder: Path, records: list[dict], manifest: dict, notes: Sequence[Block] = ()) -> pd.DataFrame:
-    """``write_kv_tables`` of the KV records ``records`` decoded under ``manifest`` (one run's, or several joined by
-    ``experiments.kv_join``), written into ``folder``; ``notes`` go into summary.md after the table."""
+    """``policy_tables`` written into ``folder``; returns table.csv's frame."""
     if not records:
         raise DynheadsError(f"{folder} has no finished samples yet")
+    outputs = policy_tables(records, manifest, notes)
+    write_outputs(folder, outputs)
+    return outputs.files["table.csv"]
+
+
+def policy_tables(records: list[dict], manifest: dict, notes: Sequence[Block] = ()) -> Outputs:
+    """The tables of the KV records ``records`` decoded under ``manifest`` (one run's, or several joined by
+    ``experiments.kv_join``); ``notes`` go into summary.md after the table."""
+    if not records:
+        raise DynheadsError("no finished KV samples yet")
     frame = pd.json_normalize(
         [{k: v for k, v in r.items() if k not in ("dynamic", "probe_scores", "voters")} for r in records], sep="."
     )
-    with atomic_path(folder / "results.csv") as tmp:
-        frame.to_csv(tmp, index=False)
+    outputs = Outputs().add("results.csv", frame.copy())
     frame["budget"] = frame["budget"].fillna(1.0).where(frame["policy"] != "none", 0.0)
     # Compare policies on the same samples: keep those finished under every (policy, budget) seen in the run.
     jobs = frame.groupby("grid_sample_id")[["policy", "budget"]].apply(lambda g: len(g.drop_duplicates()))
@@ -416,15 +431,12 @@ def write_policy_tables(folder: Path, records: list[dict], manifest: dict, notes
     full_scores = frame.loc[frame["policy"] == "full", "accuracy"].to_numpy(dtype=float)
     at_chance = full_cache_evidence(full_scores, run_chance(manifest), evidence)
     table["full_cache_evidence"] = at_chance.evidence
-    with atomic_path(folder / "table.csv") as tmp:
-        table.to_csv(tmp, index=False)
     cells = (
         frame.groupby(["policy", "budget", "context_tokens", "depth"])
         .agg(accuracy=("accuracy", "mean"), samples=("grid_sample_id", "size"))
         .reset_index()
     )
-    with atomic_path(folder / "cells.csv") as tmp:
-        cells.to_csv(tmp, index=False)
+    outputs.add("table.csv", table).add("cells.csv", cells)
     model, config = manifest["model"]["name"], manifest["config"]
     measure = f"{task.label} accuracy" if first == "accuracy" else f"{task.label} {task.metrics[first]}"
     named: list[Block] = [] if first == "accuracy" else [f"accuracy = {task.metrics[first]}, the task's first metric."]
@@ -444,22 +456,19 @@ def write_policy_tables(folder: Path, records: list[dict], manifest: dict, notes
     ]
     pr = probe_precision_recall(records, manifest)
     if pr is not None:
-        write_json(folder / "probe_pr.json", pr)
-        write_summary(folder, "probe_pr.md", Summary(pr_blocks(pr), pr))
+        outputs.add("probe_pr.json", pr).add("probe_pr.md", Summary(pr_blocks(pr), pr))
         blocks += pr_blocks(pr)
     numbers = {**_accuracy_numbers(table), "full_cache": at_chance.to_dict()}
-    write_summary(folder, "summary.md", Summary(blocks, numbers, f"KV retention: {model}"))
+    outputs.add("summary.md", Summary(blocks, numbers, f"KV retention: {model}"))
     caveat = "" if at_chance.evidence else f" ({AT_CHANCE})"
-    plot_kv_accuracy(
-        table,
-        folder / "plots" / "kv-accuracy.png",
-        title=f"{model}: {measure} vs resident KV{caveat}",
-        measure=measure,
-        front=at_chance.evidence,
+    title = f"{model}: {measure} vs resident KV{caveat}"
+    outputs.add(
+        "plots/kv-accuracy.png",
+        Figure(partial(plot_kv_accuracy, table, title=title, measure=measure, front=at_chance.evidence)),
     )
     if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
-        plot_kv_grid(cells, folder / "plots" / "kv-grid.png", title=f"{model}: {measure} per cell")
-    return table
+        outputs.add("plots/kv-grid.png", Figure(partial(plot_kv_grid, cells, title=f"{model}: {measure} per cell")))
+    return outputs
 
 
 def _policy_table(frame: pd.DataFrame, others: list[str], evidence: EvidenceSettings) -> pd.DataFrame:

@@ -21,6 +21,7 @@ from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Wo
 from dynheads.experiments.hotpotqa import HotpotConfig
 from dynheads.experiments.settings import RagFields
 from dynheads.models import LoadedModel
+from dynheads.outputs import Outputs
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
 from dynheads.rag.loop import RagAnswer, RagSettings, answer_questions
 from dynheads.rag.results import rag_table
@@ -28,9 +29,9 @@ from dynheads.rag.strategies import RAG_STRATEGIES, HeadPredictor, HeadSelector
 from dynheads.rag.trigger import TriggerConfig, TriggerForm
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.resources import HEAD_PREDICTOR, Evaluated, PredictorSource, needs_of
-from dynheads.runs import Finished, Job, RunDir, RunOptions
+from dynheads.runs import RESULTS_FILE, Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
-from dynheads.tables import Summary, Table, write_summary
+from dynheads.tables import Summary, Table
 from dynheads.tasks import candidates
 from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.registry import Task, task_of
@@ -131,11 +132,11 @@ def _rag_work(context: Context[RagConfig, _RagPlan]) -> Work:
     return Work(manifest, [Phase(answering, answerer, "rag")])
 
 
-def _rag_tables(context: Context[RagConfig, _RagPlan]) -> None:
-    sources = context.sources
+def _rag_tables(context: Context[RagConfig, _RagPlan]) -> Outputs:
+    sources, view = context.sources, RunView.of(context.run)
     ranking = list(sources.static.ranking) if sources.static else None
-    context.run.write_results()
-    _write_rag_summary(context.run, context.config, context.plan.grid.skip_note(), ranking)
+    summary = _rag_summary(view, context.config, context.plan.grid.skip_note(), ranking)
+    return Outputs().add(RESULTS_FILE, view.results()).add("rag.md", summary)
 
 
 def _check_rag(config: RagConfig) -> None:
@@ -199,7 +200,7 @@ class _RagAnswerer:
         ]
 
 
-def _write_rag_summary(run: RunDir, config: RagConfig, skip_note: str, ranking: list | None) -> None:
+def _rag_summary(view: RunView, config: RagConfig, skip_note: str, ranking: list | None) -> Summary:
     """``rag.md``: the results table, retrieval recall, chance and the notes on skipped questions and short lists;
     Dynamic's and Static's F1 per question beside it (``per_question_f1``)."""
     notes = [skip_note]
@@ -208,19 +209,15 @@ def _write_rag_summary(run: RunDir, config: RagConfig, skip_note: str, ranking: 
             f"static: only {len(ranking)} heads of {config.static} have a non-zero score, so 'static' used "
             f"{len(ranking)} heads wherever k > {len(ranking)} (never zero-score filler)"
         )
-    records = run.records()
-    write_summary(
-        run.path,
-        "rag.md",
-        Summary(
-            [
-                rag_summary_table(rag_table(run)),
-                *recall_blocks(records, config.seed),
-                *chance_blocks(records),
-                *(f"{n}." for n in notes if n),
-            ],
-            {"f1_pairs": per_question_f1(records)},
-        ),
+    records = view.records
+    return Summary(
+        [
+            rag_summary_table(rag_table(view.run)),
+            *recall_blocks(records, config.seed),
+            *chance_blocks(records),
+            *(f"{n}." for n in notes if n),
+        ],
+        {"f1_pairs": per_question_f1(records)},
     )
 
 

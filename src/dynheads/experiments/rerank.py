@@ -54,14 +54,14 @@ from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, plan_sources, run_experiment
 from dynheads.experiments.settings import RerankFields
 from dynheads.heads import Head, head_key
-from dynheads.io import atomic_path, write_json
 from dynheads.models import LoadedModel
+from dynheads.outputs import Outputs, write_outputs
 from dynheads.rag import fusion, rerank
 from dynheads.rag.rerank_strategies import RERANK_STRATEGIES, Candidates, calibrated
 from dynheads.resources import Evaluated, Resources, needs_of
-from dynheads.runs import Finished, Job, RunDir, RunOptions
+from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
-from dynheads.tables import Items, Summary, Table, write_summary
+from dynheads.tables import Items, Summary, Table
 from dynheads.tasks.hotpotqa import HotpotRecord, load_hotpotqa, render_paragraph
 from dynheads.tasks.questions import QuestionStream, refuse_overlap
 
@@ -163,7 +163,7 @@ def _source_fields(config: RerankConfig, eval_ids: list[str]) -> dict[str, Any]:
 
 def _rerank_work(context: Context[RerankConfig, _RerankPlan]) -> Work:
     """Every question of both streams scored once (its arrays saved beside its record)."""
-    config, lm, plan, run = context.config, context.lm, context.plan, context.run
+    config, lm, plan = context.config, context.lm, context.plan
     manifest = {
         "data": config.data,
         "prompt": {
@@ -182,16 +182,14 @@ def _rerank_work(context: Context[RerankConfig, _RerankPlan]) -> Work:
         for r in rs
     ]
     scoring = Phase(
-        jobs,
-        lambda batch: [Finished(score_question(lm, record, stream, config, run)) for stream, record in batch],
-        "rerank",
+        jobs, lambda batch: [score_question(lm, record, stream, config) for stream, record in batch], "rerank"
     )
     return Work(manifest, [scoring])
 
 
-def _rerank_tables(context: Context[RerankConfig, _RerankPlan]) -> None:
+def _rerank_tables(context: Context[RerankConfig, _RerankPlan]) -> Outputs:
     """Rank, measure and summarise once every process has finished."""
-    summarise(context.run, context.config, _head_sources(context.config, context.sources))
+    return rerank_tables(RunView.of(context.run), context.config, _head_sources(context.config, context.sources))
 
 
 RERANK = Experiment(
@@ -226,7 +224,7 @@ def summarise_scored(config: RerankConfig, out: str | Path) -> RunDir:
     sources = plan_sources(
         Plan(**_source_fields(config, manifest["questions"]["ids"])), model["num_layers"], model["num_heads"]
     )
-    summarise(run, config, _head_sources(config, sources))
+    write_outputs(run.path, rerank_tables(RunView.of(run), config, _head_sources(config, sources)))
     return run
 
 
@@ -243,9 +241,9 @@ def sample_id(stream: str, question_id: str) -> str:
     return f"{stream}-{question_id}"
 
 
-def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: RerankConfig, run: RunDir) -> dict:
-    """Shuffle, render and score one question: its arrays are written, its record returned (saved after them, it
-    marks the question done)."""
+def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: RerankConfig) -> Finished:
+    """Shuffle, render and score one question: its record and its arrays (saved first; the record marks the
+    question done)."""
     order_seed = derive_seed(config.seed, record.id, "order")
     order = [int(i) for i in np.random.default_rng(order_seed).permutation(len(record.context))]
     paragraphs = [render_paragraph(record.context[i]) for i in order]
@@ -255,9 +253,8 @@ def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: R
     scores = rerank.span_scores(lm, prompt)
     bm25, bm25_seconds = rerank.bm25_scores(paragraphs, record.question)
     name = sample_id(stream, record.id)
-    with atomic_path(run.path / "scores" / f"{name}.npz") as tmp, open(tmp, "wb") as handle:
-        np.savez(handle, real=scores.real, content_free=scores.content_free, hidden=scores.hidden)
-    return {
+    arrays = {"real": scores.real, "content_free": scores.content_free, "hidden": scores.hidden}
+    described = {
         "sample_id": name,
         "question_id": record.id,
         "stream": stream,
@@ -275,6 +272,7 @@ def score_question(lm: LoadedModel, record: HotpotRecord, stream: str, config: R
         "bm25": bm25.tolist(),
         "bm25_seconds": bm25_seconds,
     }
+    return Finished(described, arrays=arrays)
 
 
 @dataclass(frozen=True)
@@ -305,36 +303,36 @@ def _head_sources(config: RerankConfig, sources: Resources) -> HeadSources:
 
 # ---- ranking and metrics -------------------------------------------------------------------------------------------
 def _arrays(run: RunDir, record: dict) -> dict[str, np.ndarray]:
-    with np.load(run.path / "scores" / f"{record['sample_id']}.npz") as data:
+    with np.load(run.arrays_path(record["sample_id"])) as data:
         return {key: data[key] for key in data.files}
 
 
-def fit_qrhead(run: RunDir, config: RerankConfig, heads: HeadSources) -> HeadSources:
-    """QRHead's head ranking from the whole fitting stream (the manifest's ``fit_questions``), written to
+def fit_qrhead(view: RunView, config: RerankConfig, heads: HeadSources) -> tuple[HeadSources, Outputs]:
+    """QRHead's head ranking from the whole fitting stream (the manifest's ``fit_questions``), with
     ``qrhead_heads.json``; while any of those questions is unscored the strategy is skipped and said so."""
     if "qrhead" not in base_strategies(config.strategies):
-        return heads
-    expected = run.manifest()["fit_questions"]["ids"]
-    fit = {r["question_id"]: r for r in run.records() if r["stream"] == FIT}
+        return heads, Outputs()
+    expected = view.manifest["fit_questions"]["ids"]
+    fit = {r["question_id"]: r for r in view.records if r["stream"] == FIT}
     missing = [question for question in expected if question not in fit]
     if missing or not expected:
         why = f"fitted on the whole fitting stream only: {len(expected) - len(missing)} of its {len(expected)} scored"
-        return dataclasses.replace(heads, skipped={**heads.skipped, "qrhead": why})
+        return dataclasses.replace(heads, skipped={**heads.skipped, "qrhead": why}), Outputs()
     records = [fit[question] for question in expected]
-    qr = qrhead_scores([calibrated(_arrays(run, r)) for r in records], [r["gold"] for r in records])
+    qr = qrhead_scores([calibrated(_arrays(view.run, r)) for r in records], [r["gold"] for r in records])
     order = top_heads(qr, qr.size)
-    write_json(run.path / "qrhead_heads.json", [[head_key(h), float(qr[h])] for h in order])
-    return dataclasses.replace(heads, qrhead=order, fit_questions=len(records))
+    ranked = Outputs().add("qrhead_heads.json", [[head_key(h), float(qr[h])] for h in order])
+    return dataclasses.replace(heads, qrhead=order, fit_questions=len(records)), ranked
 
 
-def fit_fusion_weights(run: RunDir, config: RerankConfig, heads: HeadSources) -> HeadSources:
-    """Each ``mix:<strategy>`` weight from the whole fitting stream, written to ``fusion_weights.json``; while any
+def fit_fusion_weights(view: RunView, config: RerankConfig, heads: HeadSources) -> tuple[HeadSources, Outputs]:
+    """Each ``mix:<strategy>`` weight from the whole fitting stream, with ``fusion_weights.json``; while any
     question of it is unscored (or its head strategy is skipped) the fused strategy is skipped and said so."""
     mixes = [s for s in config.strategies if (fused_parts(s) or ("",))[0] == "mix"]
     if not mixes:
-        return heads
-    expected = run.manifest()["fit_questions"]["ids"]
-    fit = {r["question_id"]: r for r in run.records() if r["stream"] == FIT}
+        return heads, Outputs()
+    expected = view.manifest["fit_questions"]["ids"]
+    fit = {r["question_id"]: r for r in view.records if r["stream"] == FIT}
     scored = [fit[q] for q in expected if q in fit]
     weights, grids, skipped = {}, {}, dict(heads.skipped)
     for strategy in mixes:
@@ -345,14 +343,15 @@ def fit_fusion_weights(run: RunDir, config: RerankConfig, heads: HeadSources) ->
                 + (f", and {base} is skipped" if base in heads.skipped else "")
             )
             continue
-        arrays = [(_arrays(run, r), r) for r in scored]
+        arrays = [(_arrays(view.run, r), r) for r in scored]
         head_scores = [question_scores(base, r, a, config, heads)[0] for a, r in arrays]
         weights[strategy], grids[strategy] = fusion.fit_weight(
             head_scores, [np.asarray(r["bm25"]) for r in scored], [r["gold"] for r in scored]
         )
+    fitted = Outputs()
     if weights:
-        write_json(run.path / "fusion_weights.json", {"weights": weights, "grid": grids, "fit_questions": len(scored)})
-    return dataclasses.replace(heads, weights=weights, skipped=skipped)
+        fitted.add("fusion_weights.json", {"weights": weights, "grid": grids, "fit_questions": len(scored)})
+    return dataclasses.replace(heads, weights=weights, skipped=skipped), fitted
 
 
 def question_scores(
@@ -369,16 +368,16 @@ def question_scores(
     return RERANK_STRATEGIES.get(strategy).scores(question)
 
 
-def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources) -> pd.DataFrame:
+def rank_questions(view: RunView, config: RerankConfig, heads: HeadSources) -> pd.DataFrame:
     """One row per (evaluation question, strategy): ranking, gold, metrics, seconds (QRHead's heads and the
     fusion weights: ``heads``, from ``fit_qrhead`` and ``fit_fusion_weights``)."""
-    evaluation = [r for r in run.records() if r["stream"] == EVAL]
+    evaluation = [r for r in view.records if r["stream"] == EVAL]
     if not evaluation:
-        raise DynheadsError(f"{run.path} has no scored evaluation questions yet")
+        raise DynheadsError(f"{view.path} has no scored evaluation questions yet")
     strategies = [s for s in config.strategies if s not in heads.skipped and _base(s) not in heads.skipped]
     rows = []
     for record in evaluation:
-        arrays = _arrays(run, record)
+        arrays = _arrays(view.run, record)
         every_head = int(np.prod(arrays["real"].shape[:2]))
         for strategy in strategies:
             scores, chosen, seconds = question_scores(strategy, record, arrays, config, heads)
@@ -397,10 +396,7 @@ def rank_questions(run: RunDir, config: RerankConfig, heads: HeadSources) -> pd.
                     **ranking_metrics(ranked, record["gold"]),
                 }
             )
-    frame = pd.DataFrame(rows)
-    with atomic_path(run.path / "rankings.csv") as tmp:
-        frame.to_csv(tmp, index=False)
-    return frame
+    return pd.DataFrame(rows)
 
 
 def _base(strategy: str) -> str:
@@ -422,10 +418,17 @@ def _share_text(values, config: RerankConfig, name: str) -> str:
     return _interval_text(fraction_interval(values, _evidence(config, name)))
 
 
-def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
-    """Rank every evaluation question and write ``rerank.md`` and its ``summary.json``."""
-    heads = fit_fusion_weights(run, config, fit_qrhead(run, config, heads))
-    frame = rank_questions(run, config, heads)
+def rerank_tables(view: RunView, config: RerankConfig, heads: HeadSources) -> Outputs:
+    """QRHead's heads and the fusion weights fitted on the fitting stream, then every evaluation question ranked:
+    qrhead_heads.json, fusion_weights.json, rankings.csv and rerank.md (its numbers in summary.json)."""
+    heads, outputs = fit_qrhead(view, config, heads)
+    heads, weights = fit_fusion_weights(view, config, heads)
+    frame = rank_questions(view, config, heads)
+    return outputs.extend(weights).add("rankings.csv", frame).add("rerank.md", _summary(frame, config, heads))
+
+
+def _summary(frame: pd.DataFrame, config: RerankConfig, heads: HeadSources) -> Summary:
+    """``rerank.md``: the metrics per strategy with intervals, the paired differences, fusions and positions."""
     qr_heads = heads.qrhead[: config.k] if heads.qrhead is not None else []
     strategies = list(dict.fromkeys(frame["strategy"]))
     per = {s: frame[frame["strategy"] == s].set_index("question_id") for s in strategies}
@@ -468,7 +471,6 @@ def summarise(run: RunDir, config: RerankConfig, heads: HeadSources) -> Summary:
         },
         title="Heads as a re-ranker",
     )
-    write_summary(run.path, "rerank.md", summary)
     return summary
 
 

@@ -14,7 +14,8 @@ from typing import Any, Unpack
 from dynheads.engine.decoding import trace_batch
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
 from dynheads.models import LoadedModel
-from dynheads.runs import Finished, Job, RunDir, RunOptions
+from dynheads.outputs import Outputs
+from dynheads.runs import RESULTS_FILE, Finished, Job, RunDir, RunOptions, RunView
 from dynheads.tasks.registry import Task, get_task
 
 
@@ -31,12 +32,13 @@ def run_traced(
     score: Callable[[Any, str], dict],  # (one of prepare's samples, its answer) -> metrics
     *,
     device_map: str | None,
+    more_tables: Callable[[RunView], Outputs] = lambda view: Outputs(),
     **options: Unpack[RunOptions],
 ) -> RunDir:
     """What every tracing runner does: load ``config``'s model (unless ``options`` give ``lm``),
-    ``prepare(tokenizer)`` the samples and the manifest's extra keys, start (or resume) the run in ``out`` and
-    trace it (the scores' settings come from ``config``). Results do not depend on ``batch_size`` beyond fp32
-    rounding of the scores (tests/test_batching.py)."""
+    ``prepare(tokenizer)`` the samples and the manifest's extra keys, start (or resume) the run in ``out``, trace
+    it (the scores' settings come from ``config``) and write results.csv and ``more_tables`` of the finished run.
+    Results do not depend on ``batch_size`` beyond fp32 rounding of the scores (tests/test_batching.py)."""
 
     def plan(config, lm: LoadedModel) -> TracedPlan:
         samples, extra = prepare(lm.tokenizer)
@@ -66,8 +68,9 @@ def run_traced(
         jobs = [Job(sample.sample_id, sample) for sample in samples]
         return Work(context.plan.manifest, [Phase(jobs, traced, kind)])
 
-    def tables(context: Context) -> None:  # every process's samples are on disk: the table is written once
-        context.run.write_results()
+    def tables(context: Context) -> Outputs:  # every process's samples are on disk: the table is written once
+        view = RunView.of(context.run)
+        return Outputs().add(RESULTS_FILE, view.results()).extend(more_tables(view))
 
     experiment = Experiment(kind, plan, work, tables, check=_no_check)
     return run_experiment(experiment, config, out, device_map=device_map, **options)
@@ -83,11 +86,12 @@ def run_task(
     out: str | Path,
     *,
     device_map: str | None = None,
+    more_tables: Callable[[RunView], Outputs] = lambda view: Outputs(),
     **options: Unpack[RunOptions],
 ) -> RunDir:
     """Trace the grid of a registered task into ``out`` (resumable): ``task.grid(config, tokenizer)`` makes the
     samples, ``task.score`` scores each answer, the manifest records ``task.prompt(config)`` and the run's
-    ``kind`` is the task's name."""
+    ``kind`` is the task's name; results.csv and ``more_tables`` are written once it has finished."""
     task = get_task(task) if isinstance(task, str) else task
 
     def prepare(tokenizer) -> tuple[list, dict]:
@@ -100,4 +104,6 @@ def run_task(
             "chat_template_kwargs": samples[0].chat_template_kwargs,
         }
 
-    return run_traced(task.name, config, out, prepare, task.score, device_map=device_map, **options)
+    return run_traced(
+        task.name, config, out, prepare, task.score, device_map=device_map, more_tables=more_tables, **options
+    )

@@ -1,0 +1,67 @@
+"""What a finished run's tables are: data that pure functions return, and the one writer that puts them on disk.
+
+A table function reads a finished run (``runs.RunView``: its manifest and records, read once) and returns
+``Outputs``: the files of a folder, by path relative to it, in the order they are written. A file's content says
+how it is written: a ``pandas.DataFrame`` as CSV (no index), a ``tables.Summary`` as markdown with its document in
+the folder's ``summary.json`` (``tables.write_summary``), a ``Figure`` drawn by its function, and anything else as
+JSON. ``write_outputs`` writes them, each file atomically; nothing else writes a run's tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dynheads.io import atomic_path, write_json
+from dynheads.tables import Summary, write_summary
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure, drawn when written: ``draw(path)`` draws and saves it at ``path`` (a ``dynheads.plots`` function
+    with its data bound)."""
+
+    draw: Callable[[Path], object]
+
+
+@dataclass
+class Outputs:
+    """The files a table function returns, by relative path, in write order (see the module's docstring)."""
+
+    files: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, name: str, content: Any) -> Outputs:
+        """Add the file ``name`` (a path relative to the folder); a name given twice keeps its first place and its
+        last content."""
+        self.files[name] = content
+        return self
+
+    def extend(self, other: Outputs) -> Outputs:
+        for name, content in other.files.items():
+            self.add(name, content)
+        return self
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(self.files.items())
+
+
+def write_outputs(folder: str | Path, outputs: Outputs) -> None:
+    """Write every file of ``outputs`` under ``folder``, in order, each atomically (a figure as its drawing
+    function saves it)."""
+    folder = Path(folder)
+    for name, content in outputs:
+        path = folder / name
+        if isinstance(content, pd.DataFrame):
+            with atomic_path(path) as tmp:
+                content.to_csv(tmp, index=False)
+        elif isinstance(content, Summary):
+            write_summary(path.parent, path.name, content)
+        elif isinstance(content, Figure):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            content.draw(path)
+        else:
+            write_json(path, content)
