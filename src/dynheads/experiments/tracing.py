@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from dynheads import distributed
-from dynheads.engine.decoding import check_fits, trace_batch
+from dynheads.engine.decoding import check_fits
+from dynheads.engine.tracing import trace_batch
 from dynheads.runs import Finished, Job, RunDir, RunOptions, batch_size_of, run_jobs, run_model, start_run
 from dynheads.tasks.registry import Task, get_task
 
