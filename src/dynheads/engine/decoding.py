@@ -38,6 +38,7 @@ from dynheads.engine.probe import (
     AblationMode,
     AttentionProbe,
     Measure,
+    PassSpec,
     RowEdit,
     StepStats,
     attached,
@@ -173,8 +174,10 @@ class DecodingSession:
         self.mask: torch.Tensor | None = None  # batches: [B, capacity] 1 for real keys (pads are 0)
         self.width = 0  # batches: padded key slots in use
         self.probe = AttentionProbe(lm.num_layers, lm.num_heads, lm.device)
-        self.probe.sink_size, self.probe.local_window = sink_size, local_window
-        self.probe.capture_means = capture_means
+        self.capture_means = capture_means
+        # What every pass hands the probe about the rows (``_set_rows``); each pass adds its own positions, measure
+        # and edits.
+        self.spec = PassSpec((), (), (), sink_size=sink_size, local_window=local_window)
         self._set_rows([row])
 
     @classmethod
@@ -199,16 +202,19 @@ class DecodingSession:
             batch.mask[b, padded - session.row.length : padded] = 1
         batch.width = padded
         batch.probe = AttentionProbe(first.lm.num_layers, first.lm.num_heads, first.lm.device)
-        batch.probe.sink_size, batch.probe.local_window = first.probe.sink_size, first.probe.local_window
+        batch.capture_means, batch.spec = False, first.spec
         batch._set_rows([s.row for s in sessions])
         return batch
 
     def _set_rows(self, rows: list[Row]) -> None:
         self.rows = rows
-        self.probe.set_needles([row.needle for row in rows])
-        self.probe.context_ends = [row.context_end for row in rows]
         means = [row.head_means for row in rows if row.head_means is not None]
-        self.probe.head_means = torch.stack(means) if len(means) == len(rows) else None
+        self.spec = replace(
+            self.spec,
+            needles=tuple(tuple(row.needle) for row in rows),
+            context_ends=tuple(row.context_end for row in rows),
+            head_means=torch.stack(means) if len(means) == len(rows) else None,
+        )
 
     def copies(self, count: int, caches: Sequence[Cache] | None = None) -> list[DecodingSession]:
         """``count`` one-row sessions at this one-row session's state: its tokens, needle, settings and cache (the
@@ -231,7 +237,7 @@ class DecodingSession:
                 for mine, theirs in zip(copy.cache.layers, self.cache.layers, strict=True):
                     mine.__dict__.update(vars(theirs))
             copy.probe = AttentionProbe(self.lm.num_layers, self.lm.num_heads, self.lm.device)
-            copy.probe.settings = replace(self.probe.settings, edits=(NO_EDIT,), removed=None, removed_heads={})
+            copy.capture_means, copy.spec = False, self.spec
             twin = Row.__new__(Row)
             twin.__dict__.update(vars(row))
             twin.ids = row.ids.clone()
@@ -261,41 +267,45 @@ class DecodingSession:
         return self.row.copy_scores(stats, predicted)
 
     # ---- passes ---------------------------------------------------------------------------------------
-    def forward(self, num_tokens: int | None = None, measure: Measure = STEP_STATS) -> StepResult:
+    def forward(
+        self, num_tokens: int | None = None, measure: Measure = STEP_STATS, edits: Sequence[RowEdit] | None = None
+    ) -> StepResult:
         """Feed the one row's next ``num_tokens`` written tokens (default: all not yet cached); the pass measures
-        the step statistics and what ``measure`` adds."""
+        the step statistics and what ``measure`` adds, under ``edits`` (one per row, or one for every row; None:
+        the edits in force, those of the last pass that gave some, or set on the probe with ``set_edits``)."""
         row = self.row
         if self.mask is not None:
-            return self.forward_rows(measure)[0]
+            return self.forward_rows(measure, edits)[0]
         start = row.length
         stop = row.written if num_tokens is None else start + num_tokens
         if stop <= start:
             raise DynheadsError("nothing to decode from: every written token is already in the cache")
-        self.probe.set_measure(measure)
-        self.probe.begin_forward(stop - 1)
+        prefill = start == 0 and stop > 1  # measures each head's mean output when the session captures means
+        spec = self._pass_spec((stop - 1,), measure, edits, capture_means=self.capture_means and prefill)
+        self.probe.begin_pass(spec)
         inputs = {}
         if self.text_positions:
             inputs["position_ids"] = torch.arange(start, stop, device=self.lm.device)[None]
         logits, hidden = self._run(row.ids[start:stop][None], **inputs)
         row.length, row.written = stop, max(row.written, stop)
-        if self.probe.capture_means and start == 0 and stop > 1:
-            row.head_means = torch.stack([self.probe.captured_means[i] for i in range(self.lm.num_layers)], 1)[0]
+        if spec.capture_means:
+            row.head_means = self.probe.captured_head_means()[0]
             self._set_rows([row])
-        measured = self.probe.sequence_stats(0) if self.probed else None
+        measured = self.probe.pass_stats()[0] if self.probed else None
         return StepResult(logits=logits[0], measured=measured, hidden=hidden[0])
 
-    def forward_rows(self, measure: Measure = STEP_STATS) -> list[StepResult]:
-        """Feed one written token per row; one ``StepResult`` per row, each measuring what ``measure`` adds."""
+    def forward_rows(self, measure: Measure = STEP_STATS, edits: Sequence[RowEdit] | None = None) -> list[StepResult]:
+        """Feed one written token per row; one ``StepResult`` per row, each measuring what ``measure`` adds, under
+        ``edits`` (``forward``'s)."""
         if self.mask is None:
-            return [self.forward(1, measure)]
+            return [self.forward(1, measure, edits)]
         if measure.span is not None:
             raise DynheadsError("a span score is measured at batch 1")
-        self.probe.set_measure(measure)
-        positions = [row.length for row in self.rows]
+        positions = tuple(row.length for row in self.rows)
         tokens = torch.stack([row.ids[row.length] for row in self.rows])[:, None]  # [B, 1]
         self.mask[:, self.width] = 1
         self.width += 1
-        self.probe.begin_forward(positions)
+        self.probe.begin_pass(self._pass_spec(positions, measure, edits))
         logits, hidden = self._run(
             tokens,
             attention_mask=self.mask[:, : self.width],
@@ -305,9 +315,25 @@ class DecodingSession:
             row.length += 1
             row.written = max(row.written, row.length)
         return [
-            StepResult(logits=logits[b], measured=self.probe.sequence_stats(b), hidden=hidden[b])
-            for b in range(len(self.rows))
+            StepResult(logits=logits[b], measured=stats, hidden=hidden[b])
+            for b, stats in enumerate(self.probe.pass_stats())
         ]
+
+    def _pass_spec(
+        self,
+        last_positions: tuple[int, ...],
+        measure: Measure,
+        edits: Sequence[RowEdit] | None,
+        capture_means: bool = False,
+    ) -> PassSpec:
+        """The probe's spec of the next pass: the rows' (``spec``) with this pass's positions, measure and edits."""
+        return replace(
+            self.spec,
+            last_positions=last_positions,
+            measure=measure,
+            edits=None if edits is None else tuple(edits),
+            capture_means=capture_means,
+        )
 
     def _run(self, input_ids: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass through the model (the probe attached unless ``probed`` is off): last-position logits and final
@@ -529,9 +555,8 @@ def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, 
     if len(measures) != 1:
         raise DynheadsError("the rows of one batch measure the same attention rows and spans")
     measure = measures.pop()
-    session.probe.set_edits(_compact(edits))
     checkpoint = session.checkpoint() if any(p.rerunnable for p in policies) else None
-    results = _as_list(run(measure=measure))
+    results = _as_list(run(measure=measure, edits=_compact(edits)))
     actions = [
         policy.after(index, row, result, False)
         for policy, row, result in zip(policies, session.rows, results, strict=True)
@@ -544,8 +569,8 @@ def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, 
     session.rollback(checkpoint)
     for r, rerun in reruns.items():
         edits[r] = rerun.edit
-    session.probe.set_edits(_compact(edits))
-    results = _as_list(run(measure=measure))  # rows that did not ask recompute their pass exactly: they stand
+    # rows that did not ask recompute their pass exactly: they stand
+    results = _as_list(run(measure=measure, edits=_compact(edits)))
     for r in reruns:
         actions[r] = policies[r].after(index, session.rows[r], results[r], True)
         if isinstance(actions[r], Rerun):

@@ -38,7 +38,7 @@ left-padded in the KV cache; the model's attention mask hides the pad keys (prob
 they map to positions that are negative or outside the window, so no statistic counts them. The needle
 and sink/local key masks of a step are built once per key length with tensor ops (no host-device sync
 inside the layers). ``StepStats`` tensors are ``[B, L, H]``; ``sequence_stats(b)`` gives the ``[L, H]``
-views of one sequence, which is what batch-1 callers use.
+views of one sequence, which is what batch-1 callers use (``pass_stats()``: those of every sequence).
 
 Cost per decode step: a layer runs its few reductions (one max, one matrix product of the rows p and p log p with
 the key masks) and keeps the results on the device (``LayerReduction``); ``stats`` joins the layers once per pass,
@@ -47,10 +47,12 @@ at its first read. Nothing inside the pass reads a value on the host (``benchmar
 No global state: the probe reaches the attention function as the forward keyword argument ``PROBE_KWARG``
 (transformers passes the extra keyword arguments of ``model(...)`` down to the registered attention function);
 ``attached`` switches the model's attention implementation for a block and gives those keyword arguments. A
-forward without them runs plain attention (SDPA; chunked eager for soft-capped logits). The probe holds three
-kinds of data: ``ProbeSettings`` (frozen; the setters replace them), the sequences' needle positions and context
-ends, and the state of the current pass (the layers' reductions and the key masks of this step), renewed by
-``begin_forward``.
+forward without them runs plain attention (SDPA; chunked eager for soft-capped logits). Before each pass the
+decoding session hands the probe everything that pass depends on in one frozen ``PassSpec`` (``begin_pass``: the
+rows' last positions, needles, context ends and mean head outputs, Eq. 2's window, the pass's measure and edits).
+The probe holds three kinds of data: ``ProbeSettings`` (frozen; ``begin_pass`` and the setters replace them), the
+sequences' needle positions and context ends, and the state of the current pass (the layers' reductions and the
+key masks of this step), renewed by ``begin_pass`` (``begin_forward``).
 """
 
 from __future__ import annotations
@@ -198,6 +200,34 @@ class ProbeSettings:
     span_weights: torch.Tensor | None = None  # float [positions, S]: the span score's key spans
 
 
+@dataclass(frozen=True, eq=False)
+class PassSpec:
+    """Everything the probe needs to know about one forward pass, handed over in one call before it
+    (``AttentionProbe.begin_pass``); the decoding session builds one per pass. Per row b of the batch:
+
+    - ``last_positions[b]``: the absolute position of the row's last input token,
+    - ``needles[b]``: its needle positions (sorted), ``context_ends[b]``: its context end (positions before it
+      are the context: ``context_mass``, ``context_entropy``),
+    - ``head_means[b]``: its mean head output over its prompt (``[B, L, H, D]``; mean ablation; None: not
+      measured).
+
+    For the whole pass: Eq. 2's ``sink_size`` and ``local_window``, what it measures beyond the step statistics
+    (``measure``), the rows' edits (``edits``: one per row, or one for every row; None keeps the edits in force,
+    ``set_edits``' or an earlier pass's), and whether it measures each row's mean head output over its positions
+    (``capture_means``: a prefill; ``AttentionProbe.captured_head_means``).
+    """
+
+    last_positions: tuple[int, ...]
+    needles: tuple[tuple[int, ...], ...]
+    context_ends: tuple[int, ...]
+    head_means: torch.Tensor | None = None
+    sink_size: int = SINK_SIZE
+    local_window: int = LOCAL_WINDOW
+    measure: Measure = STEP_STATS
+    edits: tuple[RowEdit, ...] | None = None
+    capture_means: bool = False
+
+
 class AttentionProbe:
     """Measurement and intervention settings shared by the decoding loop and the attention function.
 
@@ -211,6 +241,7 @@ class AttentionProbe:
         self.settings = ProbeSettings()
         # The sequences: needle positions and context ends (positions < context end are the prompt).
         self._needle = torch.zeros(1, 1, dtype=torch.bool, device=self.device)  # [B, positions]
+        self._needle_lists: tuple[tuple[int, ...], ...] = ((),)  # what ``_needle`` was built from
         self.context_ends: list[int] = [0]
         # The current pass (begin_forward renews it).
         self.last_positions: list[int] = [0]  # per sequence, known on the host: no device sync needed
@@ -251,6 +282,7 @@ class AttentionProbe:
         for b, positions in enumerate(lists):
             needle[b, [p for p in positions if p >= 0]] = True
         self._needle = needle.to(self.device)
+        self._needle_lists = tuple(tuple(positions) for positions in lists)
 
     @property
     def needle(self) -> torch.Tensor:
@@ -333,6 +365,20 @@ class AttentionProbe:
         check_heads([(layer, head)], self.num_layers, self.num_heads, source="the ablation")
 
     # ---- per-forward bookkeeping ------------------------------------------------------------------
+    def begin_pass(self, spec: PassSpec) -> None:
+        """Call before each forward pass with everything it depends on (``PassSpec``); the rows' statistics of the
+        pass are ``pass_stats()`` after it. The needle masks are rebuilt only when the needles change."""
+        if spec.needles != self._needle_lists:
+            self.set_needles(spec.needles)
+        self.context_ends = list(spec.context_ends)
+        if (spec.sink_size, spec.local_window) != (self.sink_size, self.local_window):
+            self._update(sink_size=int(spec.sink_size), local_window=int(spec.local_window))
+        if spec.edits is not None:
+            self.set_edits(spec.edits)
+        self.set_measure(spec.measure)
+        self.head_means, self.capture_means = spec.head_means, spec.capture_means
+        self.begin_forward(spec.last_positions)
+
     def _new_pass(self) -> None:
         """Forget the last pass's reductions; allocate the span score's buffer when one is set."""
         self._layers: dict[int, LayerReduction] = {}
@@ -375,6 +421,15 @@ class AttentionProbe:
             self._stats = assemble_stats(self._layers, self.num_layers, *shape, self.device)
             self._stats.span_mass = self.span_mass
         return self._stats
+
+    def pass_stats(self) -> list[StepStats]:
+        """Each sequence's ``[L, H]`` statistics of the current pass (``sequence_stats`` of every row)."""
+        return [self.sequence_stats(b) for b in range(len(self.last_positions))]
+
+    def captured_head_means(self) -> torch.Tensor:
+        """``[B, L, H, D]``: each sequence's mean head output over the positions of the last pass that captured
+        them (``capture_means``: a prefill)."""
+        return torch.stack([self.captured_means[layer] for layer in range(self.num_layers)], 1)
 
     def sequence_stats(self, b: int = 0) -> StepStats:
         """Sequence ``b``'s ``[L, H]`` statistics of the current pass (views of the batch tensors)."""
