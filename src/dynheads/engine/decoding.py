@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 from transformers import Cache, DynamicCache
@@ -84,7 +84,7 @@ class Row:
         input_ids: Sequence[int],
         needle_positions: Iterable[int],
         capacity: int,
-        device,
+        device: torch.device,
         *,
         sink_size: int,
         local_window: int,
@@ -335,7 +335,7 @@ class DecodingSession:
             capture_means=capture_means,
         )
 
-    def _run(self, input_ids: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, input_ids: torch.Tensor, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass through the model (the probe attached unless ``probed`` is off): last-position logits and final
         hidden states."""
         logits, hidden = self._model_pass(input_ids, cached=True, **inputs)
@@ -353,18 +353,18 @@ class DecodingSession:
         first = row.prompt_length - 1
         return teacher_pass(self.lm, inputs, targets, clean, first, removed, mode, row.head_means, self._run_all)
 
-    def _run_all(self, input_ids: torch.Tensor, position_ids: torch.Tensor, **inputs) -> torch.Tensor:
+    def _run_all(self, input_ids: torch.Tensor, position_ids: torch.Tensor, **inputs: Any) -> torch.Tensor:
         """One pass without the cache or the probe: the logits of every position."""
         return self._model_pass(input_ids, cached=False, position_ids=position_ids, **inputs)[0]
 
     def _model_pass(
-        self, input_ids: torch.Tensor, *, cached: bool, **inputs
+        self, input_ids: torch.Tensor, *, cached: bool, **inputs: Any
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The one call of the model: with the session's cache and probe (the last position's logits, and the final
         hidden state of the last position), or without either (every position's logits; no hidden state)."""
         captured = {}
 
-        def capture(module, args, output) -> None:
+        def capture(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
             last_hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
             captured["hidden"] = last_hidden[:, -1].float()
 
@@ -548,7 +548,12 @@ def _decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy],
     return decoded
 
 
-def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, run) -> list[Action]:
+def _step(
+    session: DecodingSession,
+    policies: Sequence[StepPolicy],
+    index: int,
+    run: Callable[..., StepResult | list[StepResult]],  # the session's forward or forward_rows
+) -> list[Action]:
     """One pass of every row under its policy's edit, and again for the rows whose policy asks to rerun."""
     edits = [policy.edit(index) for policy in policies]
     measures = {policy.measure(index) for policy in policies}

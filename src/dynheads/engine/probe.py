@@ -60,7 +60,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Literal, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -112,7 +112,9 @@ class LayerReduction(NamedTuple):
     sums: torch.Tensor  # float32 [B, 2H, 5]: rows p then p log p, summed over ``KeyMasks.weights``' key sets
 
 
-def assemble_stats(layers: dict[int, LayerReduction], num_layers: int, batch: int, heads: int, device) -> StepStats:
+def assemble_stats(
+    layers: dict[int, LayerReduction], num_layers: int, batch: int, heads: int, device: torch.device
+) -> StepStats:
     """``[B, L, H]`` statistics of one pass from its layers' reductions: one concatenation per field, and the
     context entropy computed once for every layer; zeros for layers missing from ``layers``."""
     if len(layers) < num_layers:
@@ -255,7 +257,7 @@ class AttentionProbe:
         self._new_pass()
 
     # ---- settings -------------------------------------------------------------------------------
-    def _update(self, **changes) -> None:
+    def _update(self, **changes: Any) -> None:
         self.settings = replace(self.settings, **changes)
 
     # Views of single settings (the setters replace the frozen settings; set_* methods validate the rest).
@@ -539,7 +541,7 @@ def probe_attention(
     attention_mask: torch.Tensor | None,  # bool [B, 1, q, kv] (True = attend) or None for plain causal
     dropout: float = 0.0,  # transformers' order (sdpa_attention_forward's): wrappers such as kvpress's pass it 6th
     scaling: float | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention function registered under ``ATTN_NAME``; returns ``[B, q, H, D]`` like every interface function.
 
@@ -633,7 +635,15 @@ SPAN_CHUNK = 64  # query rows whose attention rows exist at once while a span sc
 
 
 def _record_spans(
-    probe: AttentionProbe, layer: int, query, key, attention_mask, hidden, scaling, softcap, kwargs
+    probe: AttentionProbe,
+    layer: int,
+    query: torch.Tensor,  # [B, H, q, D]
+    key: torch.Tensor,  # [B, H_kv, kv, D]
+    attention_mask: torch.Tensor | None,  # [B, 1, q, kv], bool or additive (None: causal)
+    hidden: torch.Tensor | None,  # bool [B, kv]: keys the row may not see
+    scaling: float,
+    softcap: float | None,
+    kwargs: dict[str, Any],  # the attention function's keyword arguments (``sliding_window``)
 ) -> None:
     """``span_mass[:, layer]``: the exact eager attention rows (model-dtype matmul, fp32 softmax) of the span
     score's query positions, averaged over those rows (so passes with different row counts compare, as ICR's
@@ -686,7 +696,15 @@ def _record_spans(
     span_mass[0, layer] = total / (stop - start)  # the mean over query rows
 
 
-def _remove_heads(output, probe: AttentionProbe, layer: int, value, groups: int, visible, kwargs) -> None:
+def _remove_heads(
+    output: torch.Tensor,  # [B, H, q, D]
+    probe: AttentionProbe,
+    layer: int,
+    value: torch.Tensor,  # [B, H_kv, kv, D]
+    groups: int,
+    visible: torch.Tensor | None,  # bool [B or 1, kv]
+    kwargs: dict[str, Any],
+) -> None:
     """Replace, in place, the last query row of the heads each row removes at ``layer`` (``output [B, H, q, D]``):
     zero, uniform attention over the keys the row may see (``visible``: its last query row's keys), or the
     head's mean output over the row's prompt."""
@@ -718,7 +736,17 @@ def _last_row_visibility(mask: torch.Tensor | None, hidden: torch.Tensor | None)
     return visible
 
 
-def _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs):
+def _all_rows_output(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, H, q, D]
+    key: torch.Tensor,  # [B, H_kv, kv, D]
+    value: torch.Tensor,  # [B, H_kv, kv, D]
+    attention_mask: torch.Tensor | None,  # [B, 1, q, kv], bool or additive (None: causal)
+    hidden: torch.Tensor | None,  # bool [B, kv]
+    scaling: float,
+    softcap: float | None,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
     """Outputs of every query row (prefill), through SDPA; chunked eager when logits are soft-capped."""
     q_len, kv_len = query.shape[2], key.shape[2]
     mask = attention_mask
@@ -749,7 +777,7 @@ def _all_rows_output(module, query, key, value, attention_mask, hidden, scaling,
     return torch.cat(chunks, dim=2)
 
 
-def _causal_mask(q_len: int, kv_len: int, window: int | None, device) -> torch.Tensor:
+def _causal_mask(q_len: int, kv_len: int, window: int | None, device: torch.device) -> torch.Tensor:
     """Bool ``[1, 1, q, kv]``: query row r sits at key index kv - q + r."""
     rows = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
     cols = torch.arange(kv_len, device=device)[None, :]
@@ -759,7 +787,14 @@ def _causal_mask(q_len: int, kv_len: int, window: int | None, device) -> torch.T
     return mask[None, None]
 
 
-def _uniform_output(value, groups, heads, q_len, key_weight, kwargs) -> torch.Tensor:
+def _uniform_output(
+    value: torch.Tensor,  # [B, H_kv, kv, D]
+    groups: int,
+    heads: torch.Tensor,  # long [n]: query heads
+    q_len: int,
+    key_weight: torch.Tensor | None,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
     """``[B, len(heads), q, D]``: each query row's mean of the values it may see (causal, window, hidden).
 
     ``key_weight``: float ``[B or 1, kv]``, 1 for keys that may be seen (hidden keys, pads), or None for all.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -81,10 +82,12 @@ class TraceRecorder:
     def finish(self, lm: LoadedModel, row: Row, stop_reason: str) -> Trace:
         shape = (len(self.steps), lm.num_layers, lm.num_heads)
 
-        def stack(values: list[torch.Tensor], dtype, empty_shape=shape) -> np.ndarray:
+        def stack(
+            values: list[torch.Tensor], dtype: type[np.generic], empty_shape: tuple[int, ...] = shape
+        ) -> np.ndarray:
             return torch.stack(values).cpu().numpy().astype(dtype) if values else np.zeros(empty_shape, dtype=dtype)
 
-        def stacked(name: str, dtype, empty_shape=shape) -> np.ndarray:
+        def stacked(name: str, dtype: type[np.generic], empty_shape: tuple[int, ...] = shape) -> np.ndarray:
             return stack([s[name] for s in self.steps], dtype, empty_shape)
 
         tokenizer = lm.tokenizer
@@ -202,7 +205,7 @@ def trace_batch(
     *,
     forced_rows: Sequence[Sequence[int]] | None = None,
     context_ends: Sequence[int | None] | None = None,
-    **settings,
+    **settings: Any,
 ) -> list[Trace]:
     """``trace`` for several samples decoded as one batch, with ``trace``'s keyword arguments (``TraceOptions``);
     ``result[i]`` equals ``trace(lm, samples[i], ...)`` up to fp32 rounding (one sample runs the batch-1 path
