@@ -54,7 +54,7 @@ def main() -> None:
     import dynheads
     from dynheads.ablation.cascade import AblationSettings, ablated_generate_batch
     from dynheads.engine import decoding
-    from dynheads.engine.decoding import trace_batch
+    from dynheads.engine.tracing import trace_batch
     from dynheads.tasks import niah
 
     def run_batch(batch):

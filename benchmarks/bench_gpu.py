@@ -130,7 +130,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from dynheads.engine import probe
-    from dynheads.engine.decoding import trace, trace_batch
+    from dynheads.engine.tracing import trace, trace_batch
 
     lm = build(TINY if args.tiny else LLAMA_8B, args.device, getattr(torch, args.dtype))
     alignments = [int(a) for a in args.row_alignments.split(",") if a]

@@ -38,8 +38,8 @@ def main() -> None:
     from dynheads.analysis.head_predictor import load_head_predictor
     from dynheads.analysis.headlists import load_head_list
     from dynheads.analysis.kvheads import kv_head_ranking
-    from dynheads.engine.decoding import TraceRecorder
     from dynheads.engine.probe import NO_EDIT
+    from dynheads.engine.tracing import TraceRecorder
     from dynheads.kv.retention import KVSettings, kv_generate, num_kv_heads, prefill
     from dynheads.tasks import niah
 

@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step-overhead.json"))
     args = parser.parse_args()
 
-    from dynheads.engine.decoding import trace
+    from dynheads.engine.tracing import trace
 
     torch.manual_seed(0)
     lm = build(SKINNY, "cpu", torch.float32)

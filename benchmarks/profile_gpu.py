@@ -126,7 +126,7 @@ def key_count_products(shape: dict, length: int, device: str, dtype: torch.dtype
 
 def model_phases(lm, length: int, new_tokens: int, device: str) -> dict:
     """Seconds of prefill (1 new token) and of ``new_tokens`` decode steps, plain ``generate`` and traced."""
-    from dynheads.engine.decoding import trace_batch
+    from dynheads.engine.tracing import trace_batch
 
     vocab = lm.model.config.vocab_size
     prompt = torch.randint(vocab, (length,), generator=torch.Generator().manual_seed(length)).tolist()
@@ -158,7 +158,7 @@ def model_phases(lm, length: int, new_tokens: int, device: str) -> dict:
 
 def profile_table(lm, length: int, new_tokens: int, device: str, traced: bool) -> str:
     """``torch.profiler``'s table (top CUDA kernels and host operators) of one generation."""
-    from dynheads.engine.decoding import trace_batch
+    from dynheads.engine.tracing import trace_batch
 
     vocab = lm.model.config.vocab_size
     prompt = torch.randint(vocab, (length,), generator=torch.Generator().manual_seed(1)).tolist()

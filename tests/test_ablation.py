@@ -10,8 +10,9 @@ from zoo import NoTokenizer, tiny_model
 
 from dynheads.ablation import cascade as ablation
 from dynheads.ablation.cascade import AblationSettings, ablated_generate, matched_count
-from dynheads.engine.decoding import DecodingSession, trace
+from dynheads.engine.decoding import DecodingSession
 from dynheads.engine.probe import RowEdit
+from dynheads.engine.tracing import trace
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 

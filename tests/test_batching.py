@@ -14,7 +14,7 @@ import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
 from dynheads import niah
-from dynheads.engine.decoding import trace, trace_batch
+from dynheads.engine.tracing import trace, trace_batch
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 from zoo import FAMILIES, NoTokenizer, tiny_model
 
-from dynheads.engine.decoding import DecodingSession, Emit, Rerun, StepPolicy, Stop, decode, trace
+from dynheads.engine.decoding import DecodingSession, Emit, Rerun, StepPolicy, Stop, decode
 from dynheads.engine.probe import AttentionProbe, Measure, RowEdit, attached
+from dynheads.engine.tracing import trace
 from dynheads.errors import DynheadsError
 from dynheads.kv.cache import HeadwiseCache, headwise_generate
 from dynheads.models import LoadedModel, with_cache

@@ -10,7 +10,7 @@ import pytest
 from zoo import NoTokenizer, random_prompt, tiny_model
 
 from dynheads import stages
-from dynheads.engine.decoding import trace_batch
+from dynheads.engine.tracing import trace_batch
 from dynheads.errors import DynheadsError
 from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment

@@ -13,7 +13,8 @@ from dynheads.analysis import hallucination as hl
 from dynheads.analysis.detector import Detector, apply_detector
 from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.analysis.settings import ANSWER_KEY, DEPLOYABLE
-from dynheads.engine.decoding import DecodingSession, trace
+from dynheads.engine.decoding import DecodingSession
+from dynheads.engine.tracing import trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.detect import run_detect
 from dynheads.experiments.settings import DetectConfig

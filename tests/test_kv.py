@@ -9,7 +9,7 @@ from zoo import NoTokenizer, tiny_model
 
 from dynheads.analysis.headlists import RankedHeads
 from dynheads.analysis.kvheads import kv_head_matrix, kv_head_ranking, query_head_scores, write_duo_attention
-from dynheads.engine.decoding import trace
+from dynheads.engine.tracing import trace
 from dynheads.errors import DynheadsError
 from dynheads.experiments.kv import KVConfig, probe_precision_recall
 from dynheads.io import read_json

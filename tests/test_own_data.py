@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from dynheads import DynheadsError, sample_from_text
-from dynheads.engine.decoding import trace_batch
+from dynheads.engine.tracing import trace_batch
 from dynheads.runs import RunDir
 from dynheads.tasks import custom
 from dynheads.tasks.registry import get_task

@@ -70,7 +70,7 @@ def assert_rows_equal_eager_at_every_step(family: str) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_tokens_identical_with_probe_on_and_off(family):
-    from dynheads.engine.decoding import trace
+    from dynheads.engine.tracing import trace
 
     model = tiny_model(family)
     lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
@@ -299,7 +299,7 @@ def test_rows_padded_and_split_as_on_cuda_equal_eager_rows(family, monkeypatch):
     8 keys (probe.ROW_ALIGNMENT); run that path on the CPU: the rows still equal eager's at every step, the tokens
     are those of the plain path, and the statistics move by fp32 rounding at most (key counts 20-31)."""
     from dynheads.engine import probe as probe_module
-    from dynheads.engine.decoding import trace
+    from dynheads.engine.tracing import trace
 
     lm = LoadedModel(model=tiny_model(family), tokenizer=NoTokenizer(), name=family, revision="random")
     torch.manual_seed(3)

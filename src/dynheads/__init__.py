@@ -26,7 +26,7 @@ _EXPORTS = exports_by_name(
         # models, tracing, traces, run directories
         "dynheads.errors": ("DynheadsError",),
         "dynheads.models": ("LoadedModel", "LoadedTokenizer", "load_model", "load_tokenizer", "with_cache"),
-        "dynheads.engine.decoding": ("trace", "trace_batch"),
+        "dynheads.engine.tracing": ("trace", "trace_batch"),
         "dynheads.traces": ("Trace", "LookedAt"),
         "dynheads.runs": ("RunDir", "Job", "Finished", "run_jobs"),
         # the tasks: make_sample, score, ... per task; the one sample type, the task registry, the score vocabulary

@@ -27,7 +27,7 @@ def test_unknown_name_is_an_attribute_error():
 
 
 def test_exports_are_the_objects_of_their_modules():
-    from dynheads.engine.decoding import trace
+    from dynheads.engine.tracing import trace
     from dynheads.experiments.reproduce import reproduce
     from dynheads.tasks import multihop
 

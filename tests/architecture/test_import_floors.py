@@ -61,12 +61,16 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     # The engine (``engine/``), its lower half: the attention probe, Eq. 1 / Eq. 2 inside the attention function,
     # and masking heads.
     ("attention probe", [("dynheads.engine", "dynheads.engine.probe")]),
-    # The engine's upper half: the greedy decoding loop that drives the probe (and its batched form); beside it run
-    # folders (manifests, records), the one resumable job loop that fills them, and the head sources a run reads
-    # (static lists and predictors, checked against what the run evaluates in one place).
+    # The engine's upper half: the greedy decoding loop that drives the probe (its batched form, and tracing: the
+    # loop's simplest policy, recording every head's scores at every step); beside it run folders (manifests,
+    # records), the one resumable job loop that fills them, and the head sources a run reads (static lists and
+    # predictors, checked against what the run evaluates in one place).
     (
         "decoding and runs",
-        [("dynheads.engine.decoding", "dynheads.engine.batching"), ("dynheads.runs", "dynheads.resources")],
+        [
+            ("dynheads.engine.decoding", "dynheads.engine.batching", "dynheads.engine.tracing"),
+            ("dynheads.runs", "dynheads.resources"),
+        ],
     ),
     # Mechanisms built on the decoding loop, a package each: per-step ablation (``ablation/``: the cascade, the
     # teacher-forced dose-response, the strategies), KV retention (``kv/``: its policies, simulated, the real

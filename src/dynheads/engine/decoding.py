@@ -1,5 +1,5 @@
-"""The one greedy decoding loop: ``decode`` runs B >= 1 rows, each under a ``StepPolicy``; ``trace()`` is its
-simplest policy.
+"""The one greedy decoding loop: ``decode`` runs B >= 1 rows, each under a ``StepPolicy``; tracing
+(``dynheads.engine.tracing``) is its simplest policy.
 
 ``DecodingSession`` holds the rows being decoded (``Row``: token buffer, cached length, needle, context end),
 their KV cache and the attention probe. A new session has one row; ``forward(n)`` feeds that row's next ``n``
@@ -13,7 +13,7 @@ them, except the batch's growing layers, whose next write overwrites what was fo
 a token, ``Rerun`` the same step under another edit (the two-pass ablation, the oracle KV policies), or ``Stop``.
 Step 0 of every session runs alone (the batch-1 reference path: the prompt never sees a pad); the sessions still
 running are then merged and decoded as one batch, rows leaving it at their own end. With one session the loop
-never merges, so batch 1 is exactly the one-row path. Tracing (``TracePolicy``), the per-step ablation
+never merges, so batch 1 is exactly the one-row path. Tracing (``tracing.TracePolicy``), the per-step ablation
 (``ablation.cascade``), KV retention (``kv.retention``) and the RAG answerer (``dynheads.rag.loop``) are
 policies of this loop.
 
@@ -23,13 +23,11 @@ keys); the tests compare them.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
-import numpy as np
 import torch
 from transformers import Cache, DynamicCache
 
@@ -39,8 +37,8 @@ from dynheads.engine.probe import (
     STEP_STATS,
     AblationMode,
     AttentionProbe,
-    Head,
     Measure,
+    PassSpec,
     RowEdit,
     StepStats,
     attached,
@@ -48,10 +46,9 @@ from dynheads.engine.probe import (
 )
 from dynheads.engine.teacher import TeacherLogits, teacher_pass
 from dynheads.errors import DynheadsError
-from dynheads.models import LoadedModel, decode_text, with_cache
-from dynheads.scores import HEAD_SCORES, LOCAL_WINDOW, SINK_SIZE, copy_scores
+from dynheads.models import LoadedModel, with_cache
+from dynheads.scores import LOCAL_WINDOW, SINK_SIZE, copy_scores
 from dynheads.thresholds import chance_share
-from dynheads.traces import Trace
 
 
 class DecodeInput(Protocol):
@@ -87,7 +84,7 @@ class Row:
         input_ids: Sequence[int],
         needle_positions: Iterable[int],
         capacity: int,
-        device,
+        device: torch.device,
         *,
         sink_size: int,
         local_window: int,
@@ -177,8 +174,10 @@ class DecodingSession:
         self.mask: torch.Tensor | None = None  # batches: [B, capacity] 1 for real keys (pads are 0)
         self.width = 0  # batches: padded key slots in use
         self.probe = AttentionProbe(lm.num_layers, lm.num_heads, lm.device)
-        self.probe.sink_size, self.probe.local_window = sink_size, local_window
-        self.probe.capture_means = capture_means
+        self.capture_means = capture_means
+        # What every pass hands the probe about the rows (``_set_rows``); each pass adds its own positions, measure
+        # and edits.
+        self.spec = PassSpec((), (), (), sink_size=sink_size, local_window=local_window)
         self._set_rows([row])
 
     @classmethod
@@ -203,16 +202,19 @@ class DecodingSession:
             batch.mask[b, padded - session.row.length : padded] = 1
         batch.width = padded
         batch.probe = AttentionProbe(first.lm.num_layers, first.lm.num_heads, first.lm.device)
-        batch.probe.sink_size, batch.probe.local_window = first.probe.sink_size, first.probe.local_window
+        batch.capture_means, batch.spec = False, first.spec
         batch._set_rows([s.row for s in sessions])
         return batch
 
     def _set_rows(self, rows: list[Row]) -> None:
         self.rows = rows
-        self.probe.set_needles([row.needle for row in rows])
-        self.probe.context_ends = [row.context_end for row in rows]
         means = [row.head_means for row in rows if row.head_means is not None]
-        self.probe.head_means = torch.stack(means) if len(means) == len(rows) else None
+        self.spec = replace(
+            self.spec,
+            needles=tuple(tuple(row.needle) for row in rows),
+            context_ends=tuple(row.context_end for row in rows),
+            head_means=torch.stack(means) if len(means) == len(rows) else None,
+        )
 
     def copies(self, count: int, caches: Sequence[Cache] | None = None) -> list[DecodingSession]:
         """``count`` one-row sessions at this one-row session's state: its tokens, needle, settings and cache (the
@@ -235,7 +237,7 @@ class DecodingSession:
                 for mine, theirs in zip(copy.cache.layers, self.cache.layers, strict=True):
                     mine.__dict__.update(vars(theirs))
             copy.probe = AttentionProbe(self.lm.num_layers, self.lm.num_heads, self.lm.device)
-            copy.probe.settings = replace(self.probe.settings, edits=(NO_EDIT,), removed=None, removed_heads={})
+            copy.capture_means, copy.spec = False, self.spec
             twin = Row.__new__(Row)
             twin.__dict__.update(vars(row))
             twin.ids = row.ids.clone()
@@ -265,41 +267,45 @@ class DecodingSession:
         return self.row.copy_scores(stats, predicted)
 
     # ---- passes ---------------------------------------------------------------------------------------
-    def forward(self, num_tokens: int | None = None, measure: Measure = STEP_STATS) -> StepResult:
+    def forward(
+        self, num_tokens: int | None = None, measure: Measure = STEP_STATS, edits: Sequence[RowEdit] | None = None
+    ) -> StepResult:
         """Feed the one row's next ``num_tokens`` written tokens (default: all not yet cached); the pass measures
-        the step statistics and what ``measure`` adds."""
+        the step statistics and what ``measure`` adds, under ``edits`` (one per row, or one for every row; None:
+        the edits in force, those of the last pass that gave some, or set on the probe with ``set_edits``)."""
         row = self.row
         if self.mask is not None:
-            return self.forward_rows(measure)[0]
+            return self.forward_rows(measure, edits)[0]
         start = row.length
         stop = row.written if num_tokens is None else start + num_tokens
         if stop <= start:
             raise DynheadsError("nothing to decode from: every written token is already in the cache")
-        self.probe.set_measure(measure)
-        self.probe.begin_forward(stop - 1)
+        prefill = start == 0 and stop > 1  # measures each head's mean output when the session captures means
+        spec = self._pass_spec((stop - 1,), measure, edits, capture_means=self.capture_means and prefill)
+        self.probe.begin_pass(spec)
         inputs = {}
         if self.text_positions:
             inputs["position_ids"] = torch.arange(start, stop, device=self.lm.device)[None]
         logits, hidden = self._run(row.ids[start:stop][None], **inputs)
         row.length, row.written = stop, max(row.written, stop)
-        if self.probe.capture_means and start == 0 and stop > 1:
-            row.head_means = torch.stack([self.probe.captured_means[i] for i in range(self.lm.num_layers)], 1)[0]
+        if spec.capture_means:
+            row.head_means = self.probe.captured_head_means()[0]
             self._set_rows([row])
-        measured = self.probe.sequence_stats(0) if self.probed else None
+        measured = self.probe.pass_stats()[0] if self.probed else None
         return StepResult(logits=logits[0], measured=measured, hidden=hidden[0])
 
-    def forward_rows(self, measure: Measure = STEP_STATS) -> list[StepResult]:
-        """Feed one written token per row; one ``StepResult`` per row, each measuring what ``measure`` adds."""
+    def forward_rows(self, measure: Measure = STEP_STATS, edits: Sequence[RowEdit] | None = None) -> list[StepResult]:
+        """Feed one written token per row; one ``StepResult`` per row, each measuring what ``measure`` adds, under
+        ``edits`` (``forward``'s)."""
         if self.mask is None:
-            return [self.forward(1, measure)]
+            return [self.forward(1, measure, edits)]
         if measure.span is not None:
             raise DynheadsError("a span score is measured at batch 1")
-        self.probe.set_measure(measure)
-        positions = [row.length for row in self.rows]
+        positions = tuple(row.length for row in self.rows)
         tokens = torch.stack([row.ids[row.length] for row in self.rows])[:, None]  # [B, 1]
         self.mask[:, self.width] = 1
         self.width += 1
-        self.probe.begin_forward(positions)
+        self.probe.begin_pass(self._pass_spec(positions, measure, edits))
         logits, hidden = self._run(
             tokens,
             attention_mask=self.mask[:, : self.width],
@@ -309,11 +315,27 @@ class DecodingSession:
             row.length += 1
             row.written = max(row.written, row.length)
         return [
-            StepResult(logits=logits[b], measured=self.probe.sequence_stats(b), hidden=hidden[b])
-            for b in range(len(self.rows))
+            StepResult(logits=logits[b], measured=stats, hidden=hidden[b])
+            for b, stats in enumerate(self.probe.pass_stats())
         ]
 
-    def _run(self, input_ids: torch.Tensor, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pass_spec(
+        self,
+        last_positions: tuple[int, ...],
+        measure: Measure,
+        edits: Sequence[RowEdit] | None,
+        capture_means: bool = False,
+    ) -> PassSpec:
+        """The probe's spec of the next pass: the rows' (``spec``) with this pass's positions, measure and edits."""
+        return replace(
+            self.spec,
+            last_positions=last_positions,
+            measure=measure,
+            edits=None if edits is None else tuple(edits),
+            capture_means=capture_means,
+        )
+
+    def _run(self, input_ids: torch.Tensor, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass through the model (the probe attached unless ``probed`` is off): last-position logits and final
         hidden states."""
         logits, hidden = self._model_pass(input_ids, cached=True, **inputs)
@@ -331,18 +353,18 @@ class DecodingSession:
         first = row.prompt_length - 1
         return teacher_pass(self.lm, inputs, targets, clean, first, removed, mode, row.head_means, self._run_all)
 
-    def _run_all(self, input_ids: torch.Tensor, position_ids: torch.Tensor, **inputs) -> torch.Tensor:
+    def _run_all(self, input_ids: torch.Tensor, position_ids: torch.Tensor, **inputs: Any) -> torch.Tensor:
         """One pass without the cache or the probe: the logits of every position."""
         return self._model_pass(input_ids, cached=False, position_ids=position_ids, **inputs)[0]
 
     def _model_pass(
-        self, input_ids: torch.Tensor, *, cached: bool, **inputs
+        self, input_ids: torch.Tensor, *, cached: bool, **inputs: Any
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The one call of the model: with the session's cache and probe (the last position's logits, and the final
         hidden state of the last position), or without either (every position's logits; no hidden state)."""
         captured = {}
 
-        def capture(module, args, output) -> None:
+        def capture(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
             last_hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
             captured["hidden"] = last_hidden[:, -1].float()
 
@@ -526,16 +548,20 @@ def _decode(sessions: Sequence[DecodingSession], policies: Sequence[StepPolicy],
     return decoded
 
 
-def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, run) -> list[Action]:
+def _step(
+    session: DecodingSession,
+    policies: Sequence[StepPolicy],
+    index: int,
+    run: Callable[..., StepResult | list[StepResult]],  # the session's forward or forward_rows
+) -> list[Action]:
     """One pass of every row under its policy's edit, and again for the rows whose policy asks to rerun."""
     edits = [policy.edit(index) for policy in policies]
     measures = {policy.measure(index) for policy in policies}
     if len(measures) != 1:
         raise DynheadsError("the rows of one batch measure the same attention rows and spans")
     measure = measures.pop()
-    session.probe.set_edits(_compact(edits))
     checkpoint = session.checkpoint() if any(p.rerunnable for p in policies) else None
-    results = _as_list(run(measure=measure))
+    results = _as_list(run(measure=measure, edits=_compact(edits)))
     actions = [
         policy.after(index, row, result, False)
         for policy, row, result in zip(policies, session.rows, results, strict=True)
@@ -548,8 +574,8 @@ def _step(session: DecodingSession, policies: Sequence[StepPolicy], index: int, 
     session.rollback(checkpoint)
     for r, rerun in reruns.items():
         edits[r] = rerun.edit
-    session.probe.set_edits(_compact(edits))
-    results = _as_list(run(measure=measure))  # rows that did not ask recompute their pass exactly: they stand
+    # rows that did not ask recompute their pass exactly: they stand
+    results = _as_list(run(measure=measure, edits=_compact(edits)))
     for r in reruns:
         actions[r] = policies[r].after(index, session.rows[r], results[r], True)
         if isinstance(actions[r], Rerun):
@@ -595,217 +621,3 @@ def check_fits(lm: LoadedModel, prompt_length: int, max_new_tokens: int) -> None
             f"prompt of {prompt_length} tokens + {max_new_tokens} new tokens exceeds the model's "
             f"context window of {window} tokens"
         )
-
-
-def check_needle(sample: DecodeInput) -> None:
-    """Refuse a sample whose needle is empty or reaches outside its prompt: Eq. 1 and Eq. 2 would score 0 at every
-    step without saying why."""
-    length = len(sample.input_ids)
-    name = getattr(sample, "sample_id", "the sample")
-    if not sample.needle_positions:
-        raise DynheadsError(f"{name} has no needle positions: mark the span the heads should retrieve from")
-    outside = [int(p) for p in sample.needle_positions if not 0 <= int(p) < length]
-    if outside:
-        raise DynheadsError(
-            f"{name}: needle position {outside[0]} is outside its prompt of {length} tokens (positions 0..{length - 1})"
-        )
-
-
-class TraceRecorder:
-    """Collects per-step results into a ``Trace``, with every registered head score (``HEAD_SCORES``) by name."""
-
-    def __init__(self) -> None:
-        self.steps: list[dict[str, torch.Tensor]] = []
-        # (name, HeadScore) of the scores registered when the trace began
-        self.head_scores = [(name, HEAD_SCORES.get(name)) for name in HEAD_SCORES.names()]
-        self.scores: dict[str, list[torch.Tensor]] = {name: [] for name, _ in self.head_scores}  # [L, H] per step
-        self.tokens: list[int] = []
-        self.chance: list[float] = []  # Eq. 2 score of a uniform head at each step
-
-    def add(self, row: Row, result: StepResult, token: int, predicted: int | None = None) -> None:
-        """Record a step that emitted ``token``; ``predicted`` (ŷ of Eq. 1) defaults to that token."""
-        stats = result.stats
-        predicted = token if predicted is None else predicted
-        for name, score in self.head_scores:
-            self.scores[name].append(score.reduce(stats, row, predicted))
-        self.steps.append(
-            {
-                "argmax_pos": stats.argmax_pos,
-                "needle_mass": stats.needle_mass,
-                "max_prob": stats.max_prob,
-                "context_mass": stats.context_mass,
-                "context_entropy": stats.context_entropy,
-                "hidden": result.hidden,
-                **_logit_stats(result.logits, token),
-            }
-        )
-        self.tokens.append(token)
-        self.chance.append(row.chance_share())
-
-    def finish(self, lm: LoadedModel, row: Row, stop_reason: str) -> Trace:
-        shape = (len(self.steps), lm.num_layers, lm.num_heads)
-
-        def stack(values: list[torch.Tensor], dtype, empty_shape=shape) -> np.ndarray:
-            return torch.stack(values).cpu().numpy().astype(dtype) if values else np.zeros(empty_shape, dtype=dtype)
-
-        def stacked(name: str, dtype, empty_shape=shape) -> np.ndarray:
-            return stack([s[name] for s in self.steps], dtype, empty_shape)
-
-        tokenizer = lm.tokenizer
-        return Trace(
-            tokens=np.asarray(self.tokens, dtype=np.int64),
-            token_texts=[decode_text(tokenizer, [t]) for t in self.tokens],
-            text=decode_text(tokenizer, self.tokens, skip_special_tokens=True),
-            argmax_pos=stacked("argmax_pos", np.int32),
-            scores={
-                name: stack(self.scores[name], np.bool_ if score.binary else np.float32)
-                for name, score in self.head_scores
-            },
-            needle_mass=stacked("needle_mass", np.float32),
-            max_prob=stacked("max_prob", np.float32),
-            hidden=stacked("hidden", np.float32, (0, lm.hidden_size)),
-            prompt_length=row.prompt_length,
-            stop_reason=stop_reason,
-            context_mass=stacked("context_mass", np.float32),
-            token_entropy=stacked("token_entropy", np.float32, (0,)),
-            token_max_prob=stacked("token_max_prob", np.float32, (0,)),
-            chance=np.asarray(self.chance, dtype=np.float32),
-            context_entropy=stacked("context_entropy", np.float32),
-            token_prob=stacked("token_prob", np.float32, (0,)),
-            prompt_ids=row.ids[: row.prompt_length].cpu().numpy().astype(np.int64),
-        )
-
-
-def _logit_stats(logits: torch.Tensor, token: int) -> dict[str, torch.Tensor]:
-    """Entropy (nats), largest probability and the emitted ``token``'s probability of ``softmax(logits [V])``."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    return {
-        "token_entropy": -(log_probs.exp() * log_probs).sum(),
-        "token_max_prob": log_probs.max().exp(),
-        "token_prob": log_probs[token].exp(),
-    }
-
-
-class TracePolicy(StepPolicy):
-    """Greedy decoding (or a teacher-forced response) under one fixed edit, recording every emitted step."""
-
-    def __init__(self, edit: RowEdit, stop_ids: Collection[int], forced: Sequence[int] | None = None):
-        self._edit, self.stop_ids, self.forced = edit, stop_ids, forced
-        self.recorder = TraceRecorder()
-
-    def edit(self, index: int) -> RowEdit:
-        return self._edit
-
-    def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
-        if self.forced is None:
-            action = greedy(result, self.stop_ids)
-        else:  # the last forced token ends the row (rows of one batch force responses of their own lengths)
-            action = Emit(self.forced[index], stop_reason="forced" if index + 1 == len(self.forced) else None)
-        if isinstance(action, Emit):
-            self.recorder.add(row, result, action.token)
-        return action
-
-
-def trace(
-    lm: LoadedModel,
-    sample: DecodeInput,
-    max_new_tokens: int = 32,
-    *,
-    sink_size: int = SINK_SIZE,
-    local_window: int = LOCAL_WINDOW,
-    removed_heads: Iterable[Head] = (),
-    ablation_mode: AblationMode = "zero",
-    stop_at_eos: bool = True,
-    forced_tokens: Sequence[int] | None = None,
-    context_end: int | None = None,
-) -> Trace:
-    """Greedy-decode ``sample`` and score every head at every step (Eq. 1 and Eq. 2) plus the hidden state.
-
-    ``removed_heads`` removes a fixed head set from every generation step (the query of each step);
-    the prompt itself is encoded by the intact model. ``stop_at_eos=False`` always generates
-    ``max_new_tokens`` tokens (benchmarks).
-
-    ``forced_tokens`` teacher-forces a response: step t emits ``forced_tokens[t]`` whatever the model predicts,
-    for exactly that many steps (no stop token ends it; ``stop_reason = "forced"``); every statistic of step t
-    is that of the pass that predicts it, and Eq. 1's ŷ is the forced token. ``context_end`` moves the end of
-    the context the probe's ``context_mass`` / ``context_entropy`` measure (default: the prompt's end).
-    """
-    return trace_batch(
-        lm,
-        [sample],
-        max_new_tokens,
-        sink_size=sink_size,
-        local_window=local_window,
-        removed_heads=removed_heads,
-        ablation_mode=ablation_mode,
-        stop_at_eos=stop_at_eos,
-        forced_tokens=forced_tokens,
-        context_end=context_end,
-    )[0]
-
-
-def trace_batch(
-    lm: LoadedModel,
-    samples: Sequence[DecodeInput],
-    max_new_tokens: int = 32,
-    *,
-    forced_rows: Sequence[Sequence[int]] | None = None,
-    context_ends: Sequence[int | None] | None = None,
-    **settings,
-) -> list[Trace]:
-    """``trace`` for several samples decoded as one batch, with ``trace``'s keyword arguments; ``result[i]``
-    equals ``trace(lm, samples[i], ...)`` up to fp32 rounding (one sample runs the batch-1 path itself).
-    Per row: ``forced_rows[i]`` teacher-forces sample i's own response (``forced_tokens`` forces one response on
-    every row) and ``context_ends[i]`` is its ``context_end``."""
-    for sample in samples:
-        check_needle(sample)
-    bound = inspect.signature(trace).bind(lm, None, max_new_tokens, **settings)  # trace's names and defaults
-    bound.apply_defaults()
-    options = bound.arguments
-    forced = _forced_rows(options["forced_tokens"], forced_rows, len(samples))
-    ends = list(context_ends) if context_ends is not None else [options["context_end"]] * len(samples)
-    if len(ends) != len(samples):
-        raise DynheadsError(f"{len(samples)} samples but {len(ends)} context ends")
-    if forced is not None:
-        max_new_tokens = max(len(tokens) for tokens in forced)
-    if max_new_tokens < 1:
-        raise DynheadsError("max_new_tokens must be at least 1")
-    stop_ids = lm.stop_token_ids() if options["stop_at_eos"] and forced is None else ()
-    edit = RowEdit(
-        removed=frozenset((int(layer), int(head)) for layer, head in options["removed_heads"]),
-        mode=options["ablation_mode"],
-    )
-    sessions = [
-        DecodingSession(
-            lm,
-            sample.input_ids,
-            sample.needle_positions,
-            max_new_tokens=max_new_tokens if forced is None else len(forced[i]),
-            sink_size=options["sink_size"],
-            local_window=options["local_window"],
-            context_end=ends[i],
-        )
-        for i, sample in enumerate(samples)
-    ]
-    policies = [TracePolicy(edit, stop_ids, None if forced is None else forced[i]) for i in range(len(samples))]
-    results = decode(sessions, policies, max_new_tokens)
-    return [
-        policy.recorder.finish(lm, session.rows[0], "forced" if forced is not None else result.stop_reason)
-        for policy, session, result in zip(policies, sessions, results, strict=True)
-    ]
-
-
-def _forced_rows(
-    forced_tokens: Sequence[int] | None, forced_rows: Sequence[Sequence[int]] | None, rows: int
-) -> list[list[int]] | None:
-    """The tokens each row teacher-forces (None: greedy): one response for every row, or one per row."""
-    if forced_tokens is not None and forced_rows is not None:
-        raise DynheadsError("give forced_tokens (one response for every row) or forced_rows (one per row), not both")
-    if forced_rows is not None and len(forced_rows) != rows:
-        raise DynheadsError(f"{rows} samples but {len(forced_rows)} forced responses")
-    forced = [forced_tokens] * rows if forced_tokens is not None else forced_rows
-    if forced is None:
-        return None
-    if any(len(tokens) == 0 for tokens in forced):
-        raise DynheadsError("forced_tokens is empty: nothing to teacher-force")
-    return [[int(t) for t in tokens] for tokens in forced]

@@ -38,7 +38,7 @@ left-padded in the KV cache; the model's attention mask hides the pad keys (prob
 they map to positions that are negative or outside the window, so no statistic counts them. The needle
 and sink/local key masks of a step are built once per key length with tensor ops (no host-device sync
 inside the layers). ``StepStats`` tensors are ``[B, L, H]``; ``sequence_stats(b)`` gives the ``[L, H]``
-views of one sequence, which is what batch-1 callers use.
+views of one sequence, which is what batch-1 callers use (``pass_stats()``: those of every sequence).
 
 Cost per decode step: a layer runs its few reductions (one max, one matrix product of the rows p and p log p with
 the key masks) and keeps the results on the device (``LayerReduction``); ``stats`` joins the layers once per pass,
@@ -47,10 +47,12 @@ at its first read. Nothing inside the pass reads a value on the host (``benchmar
 No global state: the probe reaches the attention function as the forward keyword argument ``PROBE_KWARG``
 (transformers passes the extra keyword arguments of ``model(...)`` down to the registered attention function);
 ``attached`` switches the model's attention implementation for a block and gives those keyword arguments. A
-forward without them runs plain attention (SDPA; chunked eager for soft-capped logits). The probe holds three
-kinds of data: ``ProbeSettings`` (frozen; the setters replace them), the sequences' needle positions and context
-ends, and the state of the current pass (the layers' reductions and the key masks of this step), renewed by
-``begin_forward``.
+forward without them runs plain attention (SDPA; chunked eager for soft-capped logits). Before each pass the
+decoding session hands the probe everything that pass depends on in one frozen ``PassSpec`` (``begin_pass``: the
+rows' last positions, needles, context ends and mean head outputs, Eq. 2's window, the pass's measure and edits).
+The probe holds three kinds of data: ``ProbeSettings`` (frozen; ``begin_pass`` and the setters replace them), the
+sequences' needle positions and context ends, and the state of the current pass (the layers' reductions and the
+key masks of this step), renewed by ``begin_pass`` (``begin_forward``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Literal, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -110,7 +112,9 @@ class LayerReduction(NamedTuple):
     sums: torch.Tensor  # float32 [B, 2H, 5]: rows p then p log p, summed over ``KeyMasks.weights``' key sets
 
 
-def assemble_stats(layers: dict[int, LayerReduction], num_layers: int, batch: int, heads: int, device) -> StepStats:
+def assemble_stats(
+    layers: dict[int, LayerReduction], num_layers: int, batch: int, heads: int, device: torch.device
+) -> StepStats:
     """``[B, L, H]`` statistics of one pass from its layers' reductions: one concatenation per field, and the
     context entropy computed once for every layer; zeros for layers missing from ``layers``."""
     if len(layers) < num_layers:
@@ -198,6 +202,34 @@ class ProbeSettings:
     span_weights: torch.Tensor | None = None  # float [positions, S]: the span score's key spans
 
 
+@dataclass(frozen=True, eq=False)
+class PassSpec:
+    """Everything the probe needs to know about one forward pass, handed over in one call before it
+    (``AttentionProbe.begin_pass``); the decoding session builds one per pass. Per row b of the batch:
+
+    - ``last_positions[b]``: the absolute position of the row's last input token,
+    - ``needles[b]``: its needle positions (sorted), ``context_ends[b]``: its context end (positions before it
+      are the context: ``context_mass``, ``context_entropy``),
+    - ``head_means[b]``: its mean head output over its prompt (``[B, L, H, D]``; mean ablation; None: not
+      measured).
+
+    For the whole pass: Eq. 2's ``sink_size`` and ``local_window``, what it measures beyond the step statistics
+    (``measure``), the rows' edits (``edits``: one per row, or one for every row; None keeps the edits in force,
+    ``set_edits``' or an earlier pass's), and whether it measures each row's mean head output over its positions
+    (``capture_means``: a prefill; ``AttentionProbe.captured_head_means``).
+    """
+
+    last_positions: tuple[int, ...]
+    needles: tuple[tuple[int, ...], ...]
+    context_ends: tuple[int, ...]
+    head_means: torch.Tensor | None = None
+    sink_size: int = SINK_SIZE
+    local_window: int = LOCAL_WINDOW
+    measure: Measure = STEP_STATS
+    edits: tuple[RowEdit, ...] | None = None
+    capture_means: bool = False
+
+
 class AttentionProbe:
     """Measurement and intervention settings shared by the decoding loop and the attention function.
 
@@ -211,6 +243,7 @@ class AttentionProbe:
         self.settings = ProbeSettings()
         # The sequences: needle positions and context ends (positions < context end are the prompt).
         self._needle = torch.zeros(1, 1, dtype=torch.bool, device=self.device)  # [B, positions]
+        self._needle_lists: tuple[tuple[int, ...], ...] = ((),)  # what ``_needle`` was built from
         self.context_ends: list[int] = [0]
         # The current pass (begin_forward renews it).
         self.last_positions: list[int] = [0]  # per sequence, known on the host: no device sync needed
@@ -224,7 +257,7 @@ class AttentionProbe:
         self._new_pass()
 
     # ---- settings -------------------------------------------------------------------------------
-    def _update(self, **changes) -> None:
+    def _update(self, **changes: Any) -> None:
         self.settings = replace(self.settings, **changes)
 
     # Views of single settings (the setters replace the frozen settings; set_* methods validate the rest).
@@ -251,6 +284,7 @@ class AttentionProbe:
         for b, positions in enumerate(lists):
             needle[b, [p for p in positions if p >= 0]] = True
         self._needle = needle.to(self.device)
+        self._needle_lists = tuple(tuple(positions) for positions in lists)
 
     @property
     def needle(self) -> torch.Tensor:
@@ -333,6 +367,20 @@ class AttentionProbe:
         check_heads([(layer, head)], self.num_layers, self.num_heads, source="the ablation")
 
     # ---- per-forward bookkeeping ------------------------------------------------------------------
+    def begin_pass(self, spec: PassSpec) -> None:
+        """Call before each forward pass with everything it depends on (``PassSpec``); the rows' statistics of the
+        pass are ``pass_stats()`` after it. The needle masks are rebuilt only when the needles change."""
+        if spec.needles != self._needle_lists:
+            self.set_needles(spec.needles)
+        self.context_ends = list(spec.context_ends)
+        if (spec.sink_size, spec.local_window) != (self.sink_size, self.local_window):
+            self._update(sink_size=int(spec.sink_size), local_window=int(spec.local_window))
+        if spec.edits is not None:
+            self.set_edits(spec.edits)
+        self.set_measure(spec.measure)
+        self.head_means, self.capture_means = spec.head_means, spec.capture_means
+        self.begin_forward(spec.last_positions)
+
     def _new_pass(self) -> None:
         """Forget the last pass's reductions; allocate the span score's buffer when one is set."""
         self._layers: dict[int, LayerReduction] = {}
@@ -375,6 +423,15 @@ class AttentionProbe:
             self._stats = assemble_stats(self._layers, self.num_layers, *shape, self.device)
             self._stats.span_mass = self.span_mass
         return self._stats
+
+    def pass_stats(self) -> list[StepStats]:
+        """Each sequence's ``[L, H]`` statistics of the current pass (``sequence_stats`` of every row)."""
+        return [self.sequence_stats(b) for b in range(len(self.last_positions))]
+
+    def captured_head_means(self) -> torch.Tensor:
+        """``[B, L, H, D]``: each sequence's mean head output over the positions of the last pass that captured
+        them (``capture_means``: a prefill)."""
+        return torch.stack([self.captured_means[layer] for layer in range(self.num_layers)], 1)
 
     def sequence_stats(self, b: int = 0) -> StepStats:
         """Sequence ``b``'s ``[L, H]`` statistics of the current pass (views of the batch tensors)."""
@@ -484,7 +541,7 @@ def probe_attention(
     attention_mask: torch.Tensor | None,  # bool [B, 1, q, kv] (True = attend) or None for plain causal
     dropout: float = 0.0,  # transformers' order (sdpa_attention_forward's): wrappers such as kvpress's pass it 6th
     scaling: float | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention function registered under ``ATTN_NAME``; returns ``[B, q, H, D]`` like every interface function.
 
@@ -578,7 +635,15 @@ SPAN_CHUNK = 64  # query rows whose attention rows exist at once while a span sc
 
 
 def _record_spans(
-    probe: AttentionProbe, layer: int, query, key, attention_mask, hidden, scaling, softcap, kwargs
+    probe: AttentionProbe,
+    layer: int,
+    query: torch.Tensor,  # [B, H, q, D]
+    key: torch.Tensor,  # [B, H_kv, kv, D]
+    attention_mask: torch.Tensor | None,  # [B, 1, q, kv], bool or additive (None: causal)
+    hidden: torch.Tensor | None,  # bool [B, kv]: keys the row may not see
+    scaling: float,
+    softcap: float | None,
+    kwargs: dict[str, Any],  # the attention function's keyword arguments (``sliding_window``)
 ) -> None:
     """``span_mass[:, layer]``: the exact eager attention rows (model-dtype matmul, fp32 softmax) of the span
     score's query positions, averaged over those rows (so passes with different row counts compare, as ICR's
@@ -631,7 +696,15 @@ def _record_spans(
     span_mass[0, layer] = total / (stop - start)  # the mean over query rows
 
 
-def _remove_heads(output, probe: AttentionProbe, layer: int, value, groups: int, visible, kwargs) -> None:
+def _remove_heads(
+    output: torch.Tensor,  # [B, H, q, D]
+    probe: AttentionProbe,
+    layer: int,
+    value: torch.Tensor,  # [B, H_kv, kv, D]
+    groups: int,
+    visible: torch.Tensor | None,  # bool [B or 1, kv]
+    kwargs: dict[str, Any],
+) -> None:
     """Replace, in place, the last query row of the heads each row removes at ``layer`` (``output [B, H, q, D]``):
     zero, uniform attention over the keys the row may see (``visible``: its last query row's keys), or the
     head's mean output over the row's prompt."""
@@ -663,7 +736,17 @@ def _last_row_visibility(mask: torch.Tensor | None, hidden: torch.Tensor | None)
     return visible
 
 
-def _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs):
+def _all_rows_output(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, H, q, D]
+    key: torch.Tensor,  # [B, H_kv, kv, D]
+    value: torch.Tensor,  # [B, H_kv, kv, D]
+    attention_mask: torch.Tensor | None,  # [B, 1, q, kv], bool or additive (None: causal)
+    hidden: torch.Tensor | None,  # bool [B, kv]
+    scaling: float,
+    softcap: float | None,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
     """Outputs of every query row (prefill), through SDPA; chunked eager when logits are soft-capped."""
     q_len, kv_len = query.shape[2], key.shape[2]
     mask = attention_mask
@@ -694,7 +777,7 @@ def _all_rows_output(module, query, key, value, attention_mask, hidden, scaling,
     return torch.cat(chunks, dim=2)
 
 
-def _causal_mask(q_len: int, kv_len: int, window: int | None, device) -> torch.Tensor:
+def _causal_mask(q_len: int, kv_len: int, window: int | None, device: torch.device) -> torch.Tensor:
     """Bool ``[1, 1, q, kv]``: query row r sits at key index kv - q + r."""
     rows = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
     cols = torch.arange(kv_len, device=device)[None, :]
@@ -704,7 +787,14 @@ def _causal_mask(q_len: int, kv_len: int, window: int | None, device) -> torch.T
     return mask[None, None]
 
 
-def _uniform_output(value, groups, heads, q_len, key_weight, kwargs) -> torch.Tensor:
+def _uniform_output(
+    value: torch.Tensor,  # [B, H_kv, kv, D]
+    groups: int,
+    heads: torch.Tensor,  # long [n]: query heads
+    q_len: int,
+    key_weight: torch.Tensor | None,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
     """``[B, len(heads), q, D]``: each query row's mean of the values it may see (causal, window, hidden).
 
     ``key_weight``: float ``[B or 1, kv]``, 1 for keys that may be seen (hidden keys, pads), or None for all.

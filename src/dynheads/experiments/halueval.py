@@ -36,7 +36,7 @@ from dynheads.analysis.detector import (
     training_feature_spec,
 )
 from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
-from dynheads.engine.decoding import trace_batch
+from dynheads.engine.tracing import trace_batch
 from dynheads.errors import DynheadsError
 from dynheads.experiments.detect import (
     HEADLINE_TITLE,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Unpack
 
-from dynheads.engine.decoding import trace_batch
+from dynheads.engine.tracing import trace_batch
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
 from dynheads.models import LoadedModel
 from dynheads.outputs import Outputs

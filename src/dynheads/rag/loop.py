@@ -121,11 +121,10 @@ class Answerer:
         self.finished = False
 
     def show(self, visible: np.ndarray | None, rows_for: Collection[Head] = frozenset()) -> None:
-        """Roll back to the cached context, show ``visible`` context positions (None: all) and write the question
-        and the answer so far after it (the next pass reads them)."""
+        """Roll back to the cached context, show ``visible`` context positions (None: all; the next passes run
+        under ``edit``) and write the question and the answer so far after it (the next pass reads them)."""
         self.session.rollback(self.cached)
         self.edit = RowEdit(hidden_keys=frozenset(self.hidden_positions(visible)))
-        self.session.probe.set_edits([self.edit])
         self.measure = Measure(rows=frozenset(rows_for))  # what the next passes keep: these heads' rows
         self.session.write(self.question + self.answer)
 
@@ -136,7 +135,7 @@ class Answerer:
     def read(self, visible: np.ndarray | None, rows_for: Collection[Head] = frozenset()):
         """``show``, then one pass over the question and the answer so far."""
         self.show(visible, rows_for)
-        return self.session.forward(measure=self.measure)
+        return self.session.forward(measure=self.measure, edits=[self.edit])
 
     def draft(self, visible: np.ndarray | None, limit: int, *, sentence: bool) -> _DraftPolicy:
         """Show ``visible`` and give the policy that drafts up to ``limit`` greedy tokens after the answer so far
