@@ -3,8 +3,9 @@
 A table function reads a finished run (``runs.RunView``: its manifest and records, read once) and returns
 ``Outputs``: the files of a folder, by path relative to it, in the order they are written. A file's content says
 how it is written: a ``pandas.DataFrame`` as CSV (no index), a ``tables.Summary`` as markdown with its document in
-the folder's ``summary.json`` (``tables.write_summary``), a ``Figure`` drawn by its function, and anything else as
-JSON. ``write_outputs`` writes them, each file atomically; nothing else writes a run's tables.
+the folder's ``summary.json`` (``tables.write_summary``), a ``str`` as text, ``Written`` by its own function (a
+figure, a model's weights), and anything else as JSON. ``write_outputs`` writes them, each file atomically;
+experiments write their files through it and nothing else (tests/architecture/test_one_runner.py).
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ from typing import Any
 
 import pandas as pd
 
-from dynheads.io import atomic_path, write_json
+from dynheads.io import atomic_path, write_json, write_text
 from dynheads.tables import Summary, write_summary
 
 
 @dataclass(frozen=True)
-class Figure:
-    """A figure, drawn when written: ``draw(path)`` draws and saves it at ``path`` (a ``dynheads.plots`` function
-    with its data bound)."""
+class Written:
+    """A file (or a folder of files) written by its own function when the outputs are written: ``write(path)``
+    (a ``dynheads.plots`` function with its data bound, a trained predictor's ``save``)."""
 
-    draw: Callable[[Path], object]
+    write: Callable[[Path], object]
 
 
 @dataclass
@@ -50,8 +51,8 @@ class Outputs:
 
 
 def write_outputs(folder: str | Path, outputs: Outputs) -> None:
-    """Write every file of ``outputs`` under ``folder``, in order, each atomically (a figure as its drawing
-    function saves it)."""
+    """Write every file of ``outputs`` under ``folder``, in order, each atomically (``Written`` ones as their
+    function writes them)."""
     folder = Path(folder)
     for name, content in outputs:
         path = folder / name
@@ -60,8 +61,10 @@ def write_outputs(folder: str | Path, outputs: Outputs) -> None:
                 content.to_csv(tmp, index=False)
         elif isinstance(content, Summary):
             write_summary(path.parent, path.name, content)
-        elif isinstance(content, Figure):
+        elif isinstance(content, str):
+            write_text(path, content)
+        elif isinstance(content, Written):
             path.parent.mkdir(parents=True, exist_ok=True)
-            content.draw(path)
+            content.write(path)
         else:
             write_json(path, content)

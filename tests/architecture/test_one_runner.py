@@ -69,3 +69,84 @@ def test_only_the_runner_runs_experiments():
 )
 def test_the_check_sees_runner_calls(source, expected):
     assert [name for _, name in runner_calls(source)] == expected
+
+
+# ---- one writer: experiments write files through outputs.write_outputs only ----------------------------------------
+WRITE_CALLS = {"atomic_path", "mkdir", "savefig", "savez", "to_csv", "to_parquet", "write_bytes", "write_text"}
+ONE_WRITER = "write_outputs"
+WRITES_ALLOWED = {"reproduce.py": {"write_json"}}  # the study's stage log, beside its manifest (start_run)
+
+
+def file_writes(source: str, checked_elsewhere: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+    """(line, name) of each call in ``source`` that writes a file by itself: a write primitive, ``open`` for
+    writing, a ``save*`` or ``write_*`` function or method (``outputs.write_outputs``, the one writer, excepted, and
+    the functions ``checked_elsewhere``: those of experiments/, whose own bodies are checked), or a ``plot_*``
+    function of ``dynheads.plots`` (each saves its figure)."""
+    tree = ast.parse(source)
+    plots = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dynheads.plots")
+        for alias in node.names
+        if alias.name.startswith("plot_")
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called = node.func
+        name = called.id if isinstance(called, ast.Name) else called.attr if isinstance(called, ast.Attribute) else ""
+        writes = name in WRITE_CALLS or name.startswith(("save", "write_")) or name in plots or _opens_to_write(node)
+        if writes and name != ONE_WRITER and name not in checked_elsewhere:
+            found.append((node.lineno, name))
+    return found
+
+
+def _opens_to_write(call: ast.Call) -> bool:
+    """``open(path, "w")`` and the like (a mode with w, a or x); reading is no write."""
+    if not (isinstance(call.func, ast.Name) and call.func.id == "open"):
+        return False
+    modes = list(call.args[1:2]) + [kw.value for kw in call.keywords if kw.arg == "mode"]
+    return any(isinstance(mode, ast.Constant) and set(str(mode.value)) & set("wax") for mode in modes)
+
+
+def defined_functions(paths: list[Path]) -> frozenset[str]:
+    return frozenset(
+        node.name
+        for path in paths
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef)
+    )
+
+
+def test_experiments_write_files_through_the_one_writer():
+    paths = sorted(EXPERIMENTS.glob("*.py"))
+    ours = defined_functions(paths)
+    assert {"write_cells", "write_doses", "write_kv_tables"} <= ours  # wrappers of write_outputs, checked themselves
+    problems = [
+        f"experiments/{path.name}:{line} calls {name}"
+        for path in paths
+        for line, name in file_writes(path.read_text(encoding="utf-8"), ours)
+        if name not in WRITES_ALLOWED.get(path.name, set())
+    ]
+    assert not problems, "\n".join(problems) + "\n(return the files as outputs.Outputs; write_outputs writes them)"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("frame.to_csv(path, index=False)", ["to_csv"]),
+        ("write_json(out / 'a.json', data)", ["write_json"]),
+        ("with atomic_path(path) as tmp:\n    pass\n", ["atomic_path"]),
+        ("from dynheads.plots.kv import plot_kv_grid\nplot_kv_grid(cells, path)", ["plot_kv_grid"]),
+        ("from dynheads.plots.kv import plot_kv_grid\nfigure = Written(partial(plot_kv_grid, cells))", []),
+        ("fitted.save(path)", ["save"]),
+        ("write_outputs(run.path, outputs)", []),
+        ("table = frame.groupby('k').mean()", []),
+        ("with open(path, 'wb') as handle:\n    pass\n", ["open"]),
+        ("text = open(path).read()", []),
+        ("from dynheads.plots.kv import pareto_front\nfront = pareto_front(table)", []),
+    ],
+)
+def test_the_check_sees_file_writes(source, expected):
+    assert [name for _, name in file_writes(source)] == expected

@@ -34,10 +34,10 @@ from tqdm.auto import tqdm
 from dynheads.analysis.evidence import BatchedStatistic, EvidenceSettings, pooled_interval
 from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
-from dynheads.io import write_json, write_text
+from dynheads.outputs import Outputs, write_outputs
 from dynheads.paper import PAPER_TOP1
 from dynheads.scores import ScoreKind, ScoreSpec
-from dynheads.tables import Summary, Table, to_markdown, write_summary
+from dynheads.tables import Summary, Table, to_markdown
 from dynheads.traces import Trace
 
 Sample = tuple[np.ndarray, np.ndarray]  # (hidden [step, dim], scores [step, layer*head])
@@ -458,6 +458,38 @@ def cca_markdown(table: pd.DataFrame, paper: Mapping[int, float] | None = None) 
     return to_markdown(cca_table(table, paper)) + "\n"
 
 
+def cca_outputs(
+    table: pd.DataFrame,
+    *,
+    config: CCAConfig | None = None,
+    model: str | None = None,
+    counts: Mapping[str, int] | None = None,
+) -> Outputs:
+    """``cca.csv``, ``cca.json`` and ``cca.md``; ``model`` picks the paper's reference numbers. ``counts`` (e.g.
+    ``samples``, ``empty_samples_skipped``) go into cca.json and a line of cca.md."""
+    paper = PAPER_TOP1.get(model or "")
+    note = [empty_note(counts)] if counts and counts.get("empty_samples_skipped") else []
+    failed = [f"Not measured: {line}." for line in cca_notes(table)]
+    return (
+        Outputs()
+        .add("cca.csv", table.to_csv(index=False))
+        .add(
+            "cca.json",
+            {
+                "config": asdict(config) if config else None,
+                "model": model,
+                **dict(counts or {}),
+                "paper_top1": paper,
+                "rows": table.to_dict(orient="records"),
+            },
+        )
+        .add(
+            "cca.md",
+            Summary([*note, cca_table(table, paper), *failed], {**(counts or {}), "held_out": held_out_rows(table)}),
+        )
+    )
+
+
 def write_cca(
     table: pd.DataFrame,
     out_dir: str | Path,
@@ -466,29 +498,6 @@ def write_cca(
     model: str | None = None,
     counts: Mapping[str, int] | None = None,
 ) -> dict[str, Path]:
-    """Write ``cca.csv``, ``cca.json`` and ``cca.md`` atomically; ``model`` picks the paper's reference numbers.
-
-    ``counts`` (e.g. ``samples``, ``empty_samples_skipped``) go into cca.json and a line of cca.md.
-    """
-    out_dir = Path(out_dir)
-    paper = PAPER_TOP1.get(model or "")
-    paths = {"csv": out_dir / "cca.csv", "json": out_dir / "cca.json", "md": out_dir / "cca.md"}
-    write_text(paths["csv"], table.to_csv(index=False))
-    write_json(
-        paths["json"],
-        {
-            "config": asdict(config) if config else None,
-            "model": model,
-            **dict(counts or {}),
-            "paper_top1": paper,
-            "rows": table.to_dict(orient="records"),
-        },
-    )
-    note = [empty_note(counts)] if counts and counts.get("empty_samples_skipped") else []
-    failed = [f"Not measured: {line}." for line in cca_notes(table)]
-    write_summary(
-        out_dir,
-        paths["md"].name,
-        Summary([*note, cca_table(table, paper), *failed], {**(counts or {}), "held_out": held_out_rows(table)}),
-    )
-    return paths
+    """``cca_outputs`` written into ``out_dir`` (each file atomically); returns their paths by kind."""
+    write_outputs(out_dir, cca_outputs(table, config=config, model=model, counts=counts))
+    return {kind: Path(out_dir) / f"cca.{kind}" for kind in ("csv", "json", "md")}

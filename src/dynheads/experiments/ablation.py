@@ -54,7 +54,7 @@ from dynheads.experiments.experiment import (
 from dynheads.experiments.settings import AblationConfig, ProgressiveConfig
 from dynheads.heads import Head, check_heads, parse_head
 from dynheads.models import LoadedModel
-from dynheads.outputs import Figure, Outputs, write_outputs
+from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.paper import PAPER_GRID, PAPER_MODEL, PAPER_PROGRESSIVE
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.resources import STATIC_HEADS, needs_of
@@ -164,7 +164,7 @@ def grid_tables(view: RunView) -> Outputs:
     return (
         outputs.add("cells.csv", cells)
         .add("summary.md", _ablation_summary(view, frame, cells, task, matching))
-        .add("plots", Figure(heat_maps))
+        .add("plots", Written(heat_maps))
     )
 
 
@@ -411,7 +411,7 @@ def progressive_tables(view: RunView) -> Outputs:
         ),
     )
     title = f"{model}: progressive ablation"
-    figure = Figure(partial(plot_progressive, table, top_static=top, title=title, metrics=metrics))
+    figure = Written(partial(plot_progressive, table, top_static=top, title=title, metrics=metrics))
     return outputs.add("plots/progressive.png", figure)
 
 

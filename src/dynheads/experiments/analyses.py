@@ -9,13 +9,14 @@ or any other registered one; dynamism turns a continuous score into sets with ``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from dynheads.analysis.cca import cca_offsets, empty_note, samples_from_traces, write_cca
+from dynheads.analysis.cca import cca_offsets, cca_outputs, empty_note, samples_from_traces
 from dynheads.analysis.dynamism import (
     DEFAULT_KS,
     DynamismStats,
@@ -30,13 +31,13 @@ from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
 from dynheads.experiments.threshold_fit import ThresholdFit, resolve_threshold
-from dynheads.io import write_json, write_text
+from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_TOP1
 from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
 from dynheads.runs import RunDir, file_stem
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, check_kind
-from dynheads.tables import Heading, Summary, write_summary
+from dynheads.tables import Heading, Summary
 from dynheads.thresholds import ReasoningThreshold
 from dynheads.traces import Trace
 
@@ -123,26 +124,22 @@ def dynamism_report(
         "static_kind": static_kind or score,
         "per_sample": per_sample_dynamism(sets, ranking),
     }
-    write_summary(
-        out,
-        "dynamism.md",
-        Summary(
-            [
-                f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"
-                + _dynamism_note(stats, len(ranking), ks),
-                *chance_blocks(stats),
-                Heading("Table 1"),
-                table1(rows),
-                Heading("Table 5"),
-                table5(rows, ks),
-            ],
-            {"stats": stats.to_dict(), **skipped, **evidence},
-            f"Dynamism of {run.path}",
-        ),
+    summary = Summary(
+        [
+            f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"
+            + _dynamism_note(stats, len(ranking), ks),
+            *chance_blocks(stats),
+            Heading("Table 1"),
+            table1(rows),
+            Heading("Table 5"),
+            table5(rows, ks),
+        ],
+        {"stats": stats.to_dict(), **skipped, **evidence},
+        f"Dynamism of {run.path}",
     )
-    write_text(out / "dynamism.csv", dynamism_csv(rows))
-    write_json(
-        out / "dynamism.json",
+    outputs = Outputs().add("dynamism.md", summary).add("dynamism.csv", dynamism_csv(rows))
+    outputs.add(
+        "dynamism.json",
         {
             "run": str(run.path),
             "static_file": str(static_file),
@@ -157,6 +154,7 @@ def dynamism_report(
             "paper": PAPER_DYNAMISM,
         },
     )
+    write_outputs(out, outputs)
     return stats
 
 
@@ -202,18 +200,13 @@ def plot_heads(
     if not chosen:
         raise DynheadsError(f"{run.path} has no traced sample with generated tokens: nothing to plot")
     out, name = Path(out_dir) if out_dir else run.path / "plots", model_name(run)
-    paths = []
-    for sample_id, trace in tqdm(chosen, desc="plot heads", unit="figure", leave=False):
-        path = out / f"heads-{file_stem(sample_id)}.png"
-        plot_head_dynamics(
-            score_array(trace, score),
-            trace.token_texts,
-            path,
-            top=top,
-            title=f"{name}: {sample_id} ({score} score, top-{top} most varying heads)",
-        )
-        paths.append(path)
-    return paths
+    figures = Outputs()
+    for sample_id, trace in chosen:
+        title = f"{name}: {sample_id} ({score} score, top-{top} most varying heads)"
+        drawn = partial(plot_head_dynamics, score_array(trace, score), trace.token_texts, top=top, title=title)
+        figures.add(f"heads-{file_stem(sample_id)}.png", Written(drawn))
+    write_outputs(out, figures)
+    return [out / name for name in figures.files]
 
 
 # ---- Claim 3: temporal-offset CCA --------------------------------------------------------------------------------
@@ -231,18 +224,14 @@ def cca_report(
     samples = samples_from_traces(traces, check_score(score))  # leaves out traces with no generated token
     table = cca_offsets(samples, offsets, config)
     out, name = Path(out_dir) if out_dir else run.path, model_name(run)
-    write_cca(
+    counts = {"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)}
+    figure = partial(
+        plot_cca,
         table,
-        out,
-        config=config,
-        model=name,
-        counts={"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)},
-    )
-    plot_cca(
-        table,
-        out / "cca.png",
         title=f"{name}: {len(samples)} samples, {score} score",
         paper=PAPER_TOP1[PAPER_MODEL],
         paper_label=f"paper top-1 ({PAPER_MODEL})",
     )
+    outputs = cca_outputs(table, config=config, model=name, counts=counts).add("cca.png", Written(figure))
+    write_outputs(out, outputs)
     return table

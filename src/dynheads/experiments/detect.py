@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -45,11 +46,11 @@ from dynheads.analysis.detector import (
 from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
 from dynheads.errors import DynheadsError
 from dynheads.experiments.settings import DetectConfig
-from dynheads.io import write_json
+from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.plots.roc import plot_roc
 from dynheads.resources import HEAD_PREDICTOR, Evaluated, fit_record, sample_identity
 from dynheads.runs import RunDir
-from dynheads.tables import Block, Heading, Items, Summary, Table, write_summary
+from dynheads.tables import Block, Heading, Items, Summary, Table
 
 # Published numbers of other detectors, on other tasks (docs/hallucination.md says how they differ).
 PUBLISHED = (
@@ -189,10 +190,12 @@ def run_detect(
             "skipped_feature_sets": skipped,
         },
     )
-    _write_labels(out_run.path / "labels.csv", samples, folds[0]["test_groups"])
     fitted = Detector(full_spec, config.probe, evaluated.models["token"], evaluated.models.get("response"))
-    fitted.save(out_run.path / "detector.json")
-    return _write_results(out_run, config, evaluated, counts, title=f"{levels[0]}s, {len(groups)} groups")
+    outputs = Outputs().add("labels.csv", _labels(samples, folds[0]["test_groups"]))
+    outputs.add("detector.json", Written(fitted.save))
+    results = _results(config, evaluated, counts, title=f"{levels[0]}s, {len(groups)} groups")
+    write_outputs(out_run.path, outputs.extend(results))
+    return results.files["results.csv"]
 
 
 def _refuse_bad_config(config: DetectConfig, out_run: RunDir) -> None:
@@ -231,27 +234,23 @@ def _class_counts(samples: Sequence[LabelledSample], all_labels: np.ndarray, lev
     return counts
 
 
-def _write_results(
-    out_run: RunDir, config: DetectConfig, evaluated: Evaluation, counts: dict, title: str
-) -> pd.DataFrame:
-    """``roc.png`` (titled by what its curves count), ``results.csv``, ``results.json`` and ``results.md``; returns
-    the results table."""
+def _results(config: DetectConfig, evaluated: Evaluation, counts: dict, title: str) -> Outputs:
+    """``roc.png`` (titled by what its curves count), ``results.csv``, ``responses.csv`` (with responses),
+    ``results.json`` and ``results.md``."""
     rows, skipped = evaluated.rows, evaluated.skipped
     table = pd.DataFrame(rows)
-    plot_roc(
-        {(f"{n} (upper bound)" if n in ANSWER_KEY else n): c for n, c in evaluated.curves.items()},
-        out_run.path / "roc.png",
-        title=f"out-of-fold {title}, {config.folds} folds",
+    curves = {(f"{n} (upper bound)" if n in ANSWER_KEY else n): c for n, c in evaluated.curves.items()}
+    outputs = Outputs().add(
+        "roc.png", Written(partial(plot_roc, curves, title=f"out-of-fold {title}, {config.folds} folds"))
     )
-    table.to_csv(out_run.path / "results.csv", index=False)
+    outputs.add("results.csv", table)
     if evaluated.responses is not None:
-        evaluated.responses.to_csv(out_run.path / "responses.csv", index=False)
-    write_json(
-        out_run.path / "results.json",
+        outputs.add("responses.csv", evaluated.responses)
+    outputs.add(
+        "results.json",
         {"class_counts": counts, "results": rows, "length_strata": evaluated.strata, "skipped": skipped},
     )
-    write_summary(out_run.path, "results.md", results_summary(table, counts, skipped, config, evaluated.strata))
-    return table
+    return outputs.add("results.md", results_summary(table, counts, skipped, config, evaluated.strata))
 
 
 @dataclass
@@ -306,7 +305,8 @@ def _response_scores(
     return pd.DataFrame({**ids, "hallucinated": labels.astype(int), **scores})
 
 
-def _write_labels(path: Path, samples: Sequence[LabelledSample], test_groups: list[list[str]]) -> None:
+def _labels(samples: Sequence[LabelledSample], test_groups: list[list[str]]) -> pd.DataFrame:
+    """labels.csv: one row per labelled step, with its sample's cross-validation fold."""
     fold_of = {group: fold for fold, members in enumerate(test_groups) for group in members}
     rows = [
         {
@@ -320,7 +320,7 @@ def _write_labels(path: Path, samples: Sequence[LabelledSample], test_groups: li
         for s in samples
         for step, label in zip(s.steps, s.labels, strict=True)
     ]
-    pd.DataFrame(rows).to_csv(path, index=False)
+    return pd.DataFrame(rows)
 
 
 def _interval(value: float, low: float, high: float) -> str:

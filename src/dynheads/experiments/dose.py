@@ -59,7 +59,7 @@ from dynheads.experiments.experiment import (
 )
 from dynheads.experiments.settings import AblationConfig
 from dynheads.models import LoadedModel, decode_text
-from dynheads.outputs import Figure, Outputs, write_outputs
+from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.plots.ablation import plot_doses
 from dynheads.resources import needs_of
 from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
@@ -257,13 +257,13 @@ def _figures(table: pd.DataFrame, family: str, panels: dict[str, str], title: st
     doses = table[table["fraction"] <= OPERATING_POINT]
     figures = Outputs().add(
         f"plots/dose-{family}.png",
-        Figure(partial(plot_doses, doses, panels=panels, title=title.format("dose-response in fractions of |D_t|"))),
+        Written(partial(plot_doses, doses, panels=panels, title=title.format("dose-response in fractions of |D_t|"))),
     )
     past = table[((table["fraction"] >= OPERATING_POINT) & table["arm"].isin(DOSE_ARMS)) | (table["arm"] == "none")]
     if (past["fraction"] > OPERATING_POINT).any():
         compensation = title.format("compensation, masking past D_t (not decided on)")
         figures.add(
-            f"plots/compensation-{family}.png", Figure(partial(plot_doses, past, panels=panels, title=compensation))
+            f"plots/compensation-{family}.png", Written(partial(plot_doses, past, panels=panels, title=compensation))
         )
     return figures
 

@@ -48,11 +48,12 @@ from dynheads.experiments.detect import (
 )
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
 from dynheads.experiments.settings import BOUNDARIES, HaluevalConfig
-from dynheads.io import read_json, write_json
+from dynheads.io import read_json
 from dynheads.models import LoadedModel
+from dynheads.outputs import Outputs, write_outputs
 from dynheads.packaged import describe
 from dynheads.runs import Finished, Job, RunDir, RunOptions
-from dynheads.tables import Block, Heading, Summary, Table, write_summary
+from dynheads.tables import Block, Heading, Summary, Table
 from dynheads.tasks import halueval
 from dynheads.tasks.questions import QuestionStream
 
@@ -186,9 +187,9 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
     for column in [c for c in table.columns if "->" in c or "in-task" in c]:
         flat[[f"{column} auroc", f"{column} low", f"{column} high"]] = pd.DataFrame(table[column].tolist())
         flat = flat.drop(columns=column)
-    flat.to_csv(out_run.path / "transfer.csv", index=False)
-    write_json(out_run.path / "transfer.json", {"tasks": tasks, "rows": flat.to_dict("records")})
-    write_summary(out_run.path, "transfer.md", transfer_summary(table, tasks, config))
+    outputs = Outputs().add("transfer.csv", flat)
+    outputs.add("transfer.json", {"tasks": tasks, "rows": flat.to_dict("records")})
+    write_outputs(out_run.path, outputs.add("transfer.md", transfer_summary(table, tasks, config)))
     return flat
 
 

@@ -73,7 +73,7 @@ from dynheads.kv.retention import (
 )
 from dynheads.kv.token_votes import POOL, SPAN, VOTERS, WINDOW
 from dynheads.models import LoadedModel
-from dynheads.outputs import Figure, Outputs, write_outputs
+from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.plots.kv import pareto_front, plot_kv_accuracy, plot_kv_grid
 from dynheads.resources import HEAD_PREDICTOR, STATIC_HEADS, Evaluated, StaticSource, needs_of
 from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
@@ -464,10 +464,10 @@ def policy_tables(records: list[dict], manifest: dict, notes: Sequence[Block] = 
     title = f"{model}: {measure} vs resident KV{caveat}"
     outputs.add(
         "plots/kv-accuracy.png",
-        Figure(partial(plot_kv_accuracy, table, title=title, measure=measure, front=at_chance.evidence)),
+        Written(partial(plot_kv_accuracy, table, title=title, measure=measure, front=at_chance.evidence)),
     )
     if cells.groupby(["context_tokens", "depth"]).ngroups > 1:
-        outputs.add("plots/kv-grid.png", Figure(partial(plot_kv_grid, cells, title=f"{model}: {measure} per cell")))
+        outputs.add("plots/kv-grid.png", Written(partial(plot_kv_grid, cells, title=f"{model}: {measure} per cell")))
     return outputs
 
 

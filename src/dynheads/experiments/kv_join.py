@@ -31,9 +31,10 @@ import numpy as np
 from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import grid_task_of
-from dynheads.experiments.kv import AT_CHANCE, full_cache_evidence, run_chance, write_policy_tables
-from dynheads.io import read_json, write_json
+from dynheads.experiments.kv import AT_CHANCE, full_cache_evidence, policy_tables, run_chance
+from dynheads.io import read_json
 from dynheads.kv.policies import is_budget_free
+from dynheads.outputs import Outputs, write_outputs
 from dynheads.runs import RunDir
 from dynheads.tables import Block, Table
 
@@ -116,11 +117,8 @@ def join_kv_runs(folders: Sequence[str | Path], out: str | Path, pairs: Sequence
             evidence,
         ).to_dict(),
     }
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "join.json", joined)
-    write_json(out / "manifest.json", manifest)
-    write_policy_tables(out, records, manifest, notes=_notes(joined))
+    outputs = Outputs().add("join.json", joined).add("manifest.json", manifest)
+    write_outputs(out, outputs.extend(policy_tables(records, manifest, notes=_notes(joined))))
     return joined
 
 

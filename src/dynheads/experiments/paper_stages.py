@@ -23,7 +23,7 @@ from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.experiments.reproduce import Study
 from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run_static, run_static_reasoning
 from dynheads.experiments.threshold_fit import ThresholdFit
-from dynheads.io import write_json
+from dynheads.outputs import Outputs, write_outputs
 from dynheads.runs import RunDir, RunOptions
 
 
@@ -168,7 +168,7 @@ def fitted_ablation(
     fit is written beside the run's manifest (``threshold_fit.json``). Its static list comes from the fitting run,
     so the ablation's refusal of a static list scored on its questions refuses a mixed fit too."""
     run(replace(config, threshold=fit.applied), out, **options)
-    write_json(out / "threshold_fit.json", fit.to_dict())
+    write_outputs(out, Outputs().add("threshold_fit.json", fit.to_dict()))
 
 
 def _best_samples(run_dir: Path, count: int, metric: str = "accuracy") -> list[str]:

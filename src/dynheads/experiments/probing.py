@@ -27,12 +27,12 @@ from dynheads.analysis.head_predictor import (
     train_head_predictor,
 )
 from dynheads.experiments.analyses import check_score, load_run, model_name
-from dynheads.io import write_json
+from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
 from dynheads.resources import QUESTIONS_FILE
 from dynheads.runs import RunDir
 from dynheads.scores import ScoreKind, ScoreSpec
-from dynheads.tables import Summary, Table, write_summary
+from dynheads.tables import Summary, Table
 
 _COLUMNS = {  # task -> (metric key, column title)
     "binary": (
@@ -71,8 +71,8 @@ def train_probe_on_run(
     result = train_head_predictor(samples, config, task=task, shape=traces[0].shape, progress=progress, device=device)
     seconds = time.perf_counter() - start
     out = Path(out_dir) if out_dir else run.path / "probe"
-    result.save(out)
-    write_probe_questions(out, run, config, result.metrics["split_pairs"])
+    outputs = Outputs().add(".", Written(result.save))  # weights.pt and probe.json
+    outputs.add(QUESTIONS_FILE, probe_questions(run, config, result.metrics["split_pairs"]))
     paper = PAPER_PROBE_BINARY if task == "binary" else PAPER_PROBE_CONTINUOUS
     rows = {
         f"{model_name(run)}: MLP probe (ours)": result.metrics["probe"],
@@ -97,8 +97,7 @@ def train_probe_on_run(
         + f"; within-step ranking of the step's heads, probe minus the frequency profile "
         f"{_gap_text(result.metrics['step_gap'])} (Claim 1)" + " (95 % bootstrap intervals over the test samples)."
     )
-    write_summary(
-        out,
+    outputs.add(
         "metrics.md",
         Summary(
             [summary, metrics_table(rows, task)],
@@ -114,8 +113,8 @@ def train_probe_on_run(
             f"MLP probe on {run.path}",
         ),
     )
-    write_json(
-        out / "metrics.json",
+    outputs.add(
+        "metrics.json",
         {
             "run": str(run.path),
             "score": score,
@@ -127,6 +126,7 @@ def train_probe_on_run(
             "paper": paper,
         },
     )
+    write_outputs(out, outputs)
     return result
 
 
@@ -150,8 +150,8 @@ def metrics_table(rows: Mapping[str, Mapping[str, float]], task: str) -> Table:
     )
 
 
-def write_probe_questions(out: Path, run: RunDir, config: HeadPredictorConfig, split_pairs: Mapping[str, int]) -> dict:
-    """Write ``questions.json``: the question ids of each probe split, recomputed with the probe's own seeded
+def probe_questions(run: RunDir, config: HeadPredictorConfig, split_pairs: Mapping[str, int]) -> dict:
+    """``questions.json``: the question ids of each probe split, recomputed with the probe's own seeded
     split and checked against its step counts; if they cannot be matched, every question of the run counts as
     train and validation (never an under-report)."""
     records = [r for r in run.records() if run.trace_path(r["sample_id"]).is_file()]  # = load_run's traces
@@ -173,6 +173,4 @@ def write_probe_questions(out: Path, run: RunDir, config: HeadPredictorConfig, s
             }
             exact = True
             break
-    data = {"run": str(run.path), "run_questions": run.manifest().get("questions"), "split_exact": exact, **splits}
-    write_json(out / QUESTIONS_FILE, data)
-    return data
+    return {"run": str(run.path), "run_questions": run.manifest().get("questions"), "split_exact": exact, **splits}

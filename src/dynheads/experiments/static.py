@@ -19,6 +19,7 @@ written in the same three files.
 from __future__ import annotations
 
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Unpack
 
@@ -31,7 +32,7 @@ from dynheads.experiments.hotpotqa import run_hotpotqa
 from dynheads.experiments.niah import run_niah
 from dynheads.experiments.settings import STATIC_SPLIT, StaticConfig, StaticReasoningConfig
 from dynheads.heads import head_label
-from dynheads.io import atomic_path, write_json
+from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.runs import RunDir, RunOptions
 
 SPLIT = STATIC_SPLIT
@@ -61,10 +62,8 @@ def write_static(run: RunDir, config: StaticConfig) -> StaticHeads:
     if not tests:
         raise DynheadsError(f"{run.path} has no traced samples: nothing to score")
     heads = static_heads(tests, success_threshold=config.success_threshold)
-    save_head_scores(run.path / "static_heads.json", heads.per_head())
-    _write_ranking(run.path / "static_ranking.csv", heads)
-    write_json(
-        run.path / "static_summary.json",
+    outputs = _head_files(heads).add(
+        "static_summary.json",
         {
             "config": asdict(config),
             "split": SPLIT,
@@ -76,10 +75,20 @@ def write_static(run: RunDir, config: StaticConfig) -> StaticHeads:
             "heads_scoring_above_0.1": int((heads.mean_scores > 0.1).sum()),
         },
     )
+    write_outputs(run.path, outputs)
     return heads
 
 
-def _write_ranking(path: Path, heads: StaticHeads) -> None:
+def _head_files(heads: StaticHeads) -> Outputs:
+    """static_heads.json (Wu et al.'s format) and static_ranking.csv (rank, head, mean score)."""
+    return (
+        Outputs()
+        .add("static_heads.json", Written(partial(save_head_scores, test_scores=heads.per_head())))
+        .add("static_ranking.csv", _ranking(heads))
+    )
+
+
+def _ranking(heads: StaticHeads) -> pd.DataFrame:
     means = heads.mean_scores
     frame = pd.DataFrame(
         [
@@ -93,8 +102,7 @@ def _write_ranking(path: Path, heads: StaticHeads) -> None:
             for rank, head in enumerate(heads.ranking, start=1)
         ]
     )
-    with atomic_path(path) as tmp:
-        frame.to_csv(tmp, index=False)
+    return frame
 
 
 # ---- static reasoning heads (HotpotQA, Eq. 2) ----------------------------------------------------------------------
@@ -111,11 +119,9 @@ def write_static_reasoning(run: RunDir, config: StaticReasoningConfig) -> Static
     if not tests:
         raise DynheadsError(f"{run.path} has no traced questions: nothing to score")
     heads, empty = static_reasoning_heads(tests, success_threshold=config.success_f1)
-    save_head_scores(run.path / "static_heads.json", heads.per_head())
-    _write_ranking(run.path / "static_ranking.csv", heads)
     manifest = run.manifest()
-    write_json(
-        run.path / "static_summary.json",
+    outputs = _head_files(heads).add(
+        "static_summary.json",
         {
             "config": asdict(config),
             "score": "reasoning (Eq. 2, mean over steps, then over questions)",
@@ -130,4 +136,5 @@ def write_static_reasoning(run: RunDir, config: StaticReasoningConfig) -> Static
             "heads_with_nonzero_score": int((heads.mean_scores > 0).sum()),
         },
     )
+    write_outputs(run.path, outputs)
     return heads
