@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from dynheads.experiments.settings import HotpotConfig
+from dynheads.settings import HotpotConfig
 from dynheads.models import load_model
 from dynheads.tasks import candidates, multihop
 from dynheads.tasks.prompting import render_chat

@@ -19,11 +19,11 @@ from dynheads.analysis.dynamism import dynamism_stats
 from dynheads.analysis.head_predictor import load_head_predictor
 from dynheads.analysis.headlists import load_head_list
 from dynheads.cli.app import main
-from dynheads.experiments.analyses import dynamism_report, plot_heads
 from dynheads.experiments.static import StaticConfig, write_static
 from dynheads.io import write_json
 from dynheads.runs import RunDir
 from dynheads.traces import Trace
+from dynheads.views.analyses import dynamism_report, plot_heads
 
 SHAPE = (2, 3)
 UUID = "3f2a9c1e-7b4d-4e8a-9c1f-2d3e4f5a6b7c"
@@ -261,8 +261,8 @@ def test_probe_train(random_run, tmp_path, capsys, score, expected):
 def test_flags_reach_the_predictor_and_cca_configs_parsed(random_run, tmp_path, capsys, monkeypatch):
     """The options are generated from HeadPredictorConfig / CCAConfig: lists, switches and modes arrive parsed;
     flags not given keep the config file's value, else the default."""
-    import dynheads.experiments.analyses as analyses
-    import dynheads.experiments.probing as probing
+    import dynheads.views.analyses as analyses
+    import dynheads.views.probing as probing
     from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 
     seen: dict = {}

@@ -9,9 +9,9 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
+from dynheads import settings
 from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 from dynheads.cli.app import app, register_commands
-from dynheads.experiments import settings
 
 register_commands()
 # command -> the config its options are generated from

@@ -71,7 +71,7 @@ def test_every_question_task_s_default_data_selects_it(name):
     that reads the user's own file, ``custom``, is selected by its name only: tests/test_own_data*.py)."""
     from dynheads.cli.trace_commands import default_data
     from dynheads.experiments.hotpotqa import qa_task
-    from dynheads.experiments.settings import HotpotConfig
+    from dynheads.settings import HotpotConfig
 
     assert qa_task(HotpotConfig(data=default_data(name))) is get_task(name)
 

@@ -13,13 +13,13 @@ import pytest
 from test_report import MODEL, make_reproduce_dir
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.analyses import dynamism_report
 from dynheads.io import read_json, write_json
 from dynheads.paper import PAPER_DYNAMISM
 from dynheads.report.compare import collect
 from dynheads.report.compare_page import matrix, size_panels, write_compare
 from dynheads.runs import RunDir
 from dynheads.tables import read_summaries, write_summary
+from dynheads.views.analyses import dynamism_report
 
 SMALL, LARGE = "small-model", "large-model"
 

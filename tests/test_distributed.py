@@ -210,7 +210,8 @@ def test_detect_with_data_under_a_launcher_detects_on_rank_0_alone(tmp_path, mon
     from typer.testing import CliRunner
 
     from dynheads.cli.app import app, register_commands
-    from dynheads.experiments import detect, halueval
+    from dynheads.experiments import halueval
+    from dynheads.views import detect
 
     register_commands()
     detected = []

@@ -16,12 +16,12 @@ from dynheads.analysis.settings import ANSWER_KEY, DEPLOYABLE
 from dynheads.engine.decoding import DecodingSession
 from dynheads.engine.tracing import trace
 from dynheads.errors import DynheadsError
-from dynheads.experiments.detect import run_detect
-from dynheads.experiments.settings import DetectConfig
 from dynheads.io import read_json
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
+from dynheads.settings import DetectConfig
 from dynheads.traces import Trace
+from dynheads.views.detect import run_detect
 
 TRUE = "0bf99a6a-75b9-4c1e"
 
@@ -398,7 +398,7 @@ def test_detect_refuses_a_probe_fitted_on_its_niah_seeds_not_on_shared_sample_na
     (probe / "metrics.json").write_text(__import__("json").dumps({"run": str(fitted.path)}))
     (probe / "questions.json").write_text('{"train": ["s01"], "validation": []}')  # same name, other seed
     fitted.save_sample({"sample_id": "s01", "seed": 777, "answer": "other"})
-    checked = __import__("dynheads.experiments.detect", fromlist=["x"]).refuse_probe_overlap(
+    checked = __import__("dynheads.views.detect", fromlist=["x"]).refuse_probe_overlap(
         str(probe), run.records(), [r["sample_id"] for r in run.records()]
     )
     assert checked["checked"] == "seeds and needle values"
@@ -613,8 +613,8 @@ def test_halueval_teacher_forcing_in_batches_of_four_equals_batch_one(tiny_model
     from test_batching import assert_same_trace
 
     from dynheads.experiments.halueval import trace_halueval
-    from dynheads.experiments.settings import HaluevalConfig
     from dynheads.models import load_model
+    from dynheads.settings import HaluevalConfig
 
     lm = load_model(tiny_model_dir)
     lm.model.config.max_position_embeddings = 4096  # a random RoPE model reads any position; HaluEval prompts are long

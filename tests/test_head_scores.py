@@ -22,12 +22,12 @@ from dynheads.analysis.dynamism import dynamism_stats
 from dynheads.analysis.static import ReasoningTest, static_reasoning_heads
 from dynheads.engine.decoding import DecodingSession
 from dynheads.errors import DynheadsError
-from dynheads.experiments.analyses import dynamic_sets, dynamism_report
 from dynheads.io import write_json
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
 from dynheads.scores import HEAD_SCORES, SINK_SIZE, ScoreSpec, register_score
 from dynheads.traces import Trace
+from dynheads.views.analyses import dynamic_sets, dynamism_report
 
 PROMPT_LEN, STEPS, NEEDLE = 24, 5, [10, 11, 12]
 

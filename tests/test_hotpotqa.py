@@ -309,7 +309,7 @@ def test_a_record_fits_at_its_own_size_and_keeps_every_paragraph(tok, records):
 
 
 def test_an_all_gold_record_traces_at_its_own_size_and_as_written(tok, tmp_path):
-    from dynheads.experiments.settings import HotpotConfig
+    from dynheads.settings import HotpotConfig
 
     sentences = ("Velmora Works is a mining company.", " It was founded by Dorel Ban.")
     record = hq.HotpotRecord(

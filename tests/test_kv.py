@@ -11,7 +11,7 @@ from dynheads.analysis.headlists import RankedHeads
 from dynheads.analysis.kvheads import kv_head_matrix, kv_head_ranking, query_head_scores, write_duo_attention
 from dynheads.engine.tracing import trace
 from dynheads.errors import DynheadsError
-from dynheads.experiments.kv import KVConfig, probe_precision_recall
+from dynheads.experiments.kv import KVConfig
 from dynheads.io import read_json
 from dynheads.kv.policies import KV_POLICIES, PolicyInputs
 from dynheads.kv.retention import (
@@ -26,6 +26,7 @@ from dynheads.kv.retention import (
 )
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
+from dynheads.views.kv_tables import probe_precision_recall
 
 
 class _Sample:
@@ -379,8 +380,9 @@ def test_kv_runs_a_question_task_and_judges_it_by_the_tasks_first_metric(tiny_mo
     score; the table's accuracy is the task's first metric (string match), its other metrics keep their names."""
     import pandas as pd
 
-    from dynheads.experiments.kv import run_kv, write_kv_tables
+    from dynheads.experiments.kv import run_kv
     from dynheads.models import load_model
+    from dynheads.views.kv_tables import write_kv_tables
 
     lm = load_model(tiny_model_dir)
     config = KVConfig(
@@ -418,8 +420,9 @@ def test_kv_runs_a_question_task_and_judges_it_by_the_tasks_first_metric(tiny_mo
 
 def test_kv_on_your_own_records_judges_by_recall_not_exact_match(tiny_model_dir, tmp_path):
     """A chat model answers in sentences: ``kv --task custom``'s accuracy is recall (the answer inside the reply)."""
-    from dynheads.experiments.kv import run_kv, write_kv_tables
+    from dynheads.experiments.kv import run_kv
     from dynheads.models import load_model
+    from dynheads.views.kv_tables import write_kv_tables
 
     config = KVConfig(
         model=str(tiny_model_dir),

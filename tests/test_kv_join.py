@@ -11,8 +11,8 @@ import pytest
 
 from dynheads.errors import DynheadsError
 from dynheads.experiments.kv import KVConfig, run_kv
-from dynheads.experiments.kv_join import join_kv_runs
 from dynheads.io import read_json, write_json
+from dynheads.views.kv_join import join_kv_runs
 
 
 @pytest.fixture(scope="module")

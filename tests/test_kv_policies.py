@@ -10,12 +10,13 @@ import torch
 from zoo import NoTokenizer, tiny_model
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.kv import AT_CHANCE, KVConfig, run_kv
-from dynheads.experiments.settings import KVFields
+from dynheads.experiments.kv import KVConfig, run_kv
 from dynheads.kv.policies import KV_POLICIES, PolicyInputs, plot_style, retention_policy
 from dynheads.kv.retention import KVSettings, kv_generate
 from dynheads.models import LoadedModel, load_model
 from dynheads.plots import kv as kv_plots
+from dynheads.settings import KVFields
+from dynheads.views.kv_tables import AT_CHANCE
 
 
 @pytest.fixture

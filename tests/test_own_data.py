@@ -149,7 +149,7 @@ def test_a_bad_record_is_named_by_its_line(tmp_path, line, says):
 
 
 def test_custom_grid_traces_each_record_as_written(tmp_path, tok):
-    from dynheads.experiments.settings import HotpotConfig
+    from dynheads.settings import HotpotConfig
 
     config = HotpotConfig(data=_write(tmp_path, GOOD, {**GOOD, "id": 7, "spans": [[4, 14]]}), split="mine")
     grid = get_task("custom").grid(config, tok)
@@ -180,9 +180,9 @@ def test_a_custom_run_keeps_the_record_ids_and_compares_two_records(tmp_path, ti
     """Ids ``velmora`` and ``osk`` name the run's samples, traces and view entries; the view shows the question;
     ``compare-records`` splits the heads dynamic in both, and in one only, per step."""
     from dynheads import load_model
-    from dynheads.experiments.record_compare import compare_records
-    from dynheads.experiments.settings import HotpotConfig
-    from dynheads.experiments.tracing import run_task
+    from dynheads.experiments.experiment import run_task
+    from dynheads.settings import HotpotConfig
+    from dynheads.views.record_compare import compare_records
 
     lines = [
         {
@@ -254,8 +254,8 @@ def test_rag_answers_your_records_as_written(tmp_path, tiny_model_dir):
 
 
 def test_what_only_the_tokenizer_can_tell_is_named_by_its_line(tmp_path, tok):
-    from dynheads.experiments.settings import HotpotConfig
     from dynheads.models import LoadedTokenizer
+    from dynheads.settings import HotpotConfig
 
     away = {**GOOD, "id": "z", "context": "the magic word is Zürich .", "answer": "Zürich"}
     config = HotpotConfig(data=_write(tmp_path, GOOD, away))
@@ -341,7 +341,7 @@ def test_the_names_the_docs_give_the_embedded_and_packaged_models_resolve(monkey
 
 
 def test_a_refused_rerun_names_the_settings_that_differ(tmp_path):
-    from dynheads.experiments.settings import HotpotConfig
+    from dynheads.settings import HotpotConfig
 
     run = RunDir(tmp_path)
     run.start("custom", HotpotConfig(data="a.jsonl", max_new_tokens=8), None)
@@ -403,7 +403,7 @@ def test_looked_at_takes_what_load_tokenizer_returns(tok):
 
 
 def test_view_writes_the_per_step_page_of_any_traced_run(tmp_path, capsys, monkeypatch):
-    from dynheads.experiments.settings import HotpotConfig
+    from dynheads.settings import HotpotConfig
 
     run = RunDir(tmp_path / "run")
     run.start("custom", HotpotConfig(data="a.jsonl"), None)

@@ -18,7 +18,7 @@ import pytest
 from dynheads.experiments import paper_stages
 from dynheads.experiments import reproduce as reproduce_module
 from dynheads.experiments.reproduce import ReproduceConfig, reproduce
-from dynheads.experiments.threshold_fit import ThresholdFit
+from dynheads.views.threshold_fit import ThresholdFit
 
 PINNED = Path(__file__).parent / "fixtures" / "presets.json"
 FITTED_STAND_IN = "relative:4.5"  # what the Eq. 2 ablations get in place of a fitted threshold

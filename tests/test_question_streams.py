@@ -16,7 +16,6 @@ from dynheads.analysis.settings import HeadPredictorConfig
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, run_ablation
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_grid, run_hotpotqa
-from dynheads.experiments.probing import train_probe_on_run
 from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.experiments.reproduce import PRESETS, hotpot_streams
 from dynheads.experiments.static import StaticReasoningConfig, run_static_reasoning
@@ -24,6 +23,7 @@ from dynheads.io import read_json
 from dynheads.runs import RunDir
 from dynheads.tasks import hotpotqa as hq
 from dynheads.tasks.questions import QuestionStream, disjoint_streams, refuse_overlap
+from dynheads.views.probing import train_probe_on_run
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -137,9 +137,9 @@ def test_every_runner_that_takes_data_reads_hotpotqa_dev(tiny_model_dir, dev_fil
     source and, per record, the question's ``record_id``; the static list's questions are refused for the others."""
     from dynheads.experiments.ablation import AblationConfig, run_ablation
     from dynheads.experiments.rag import RagConfig, run_rag
-    from dynheads.experiments.settings import StaticReasoningConfig
     from dynheads.experiments.static import run_static_reasoning
     from dynheads.runs import RunDir
+    from dynheads.settings import StaticReasoningConfig
 
     lm = load_model(tiny_model_dir)
     ids = [raw["_id"] for raw in json.loads(dev_file.read_text(encoding="utf-8"))[:3]]

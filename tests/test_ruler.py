@@ -378,7 +378,7 @@ def test_the_chance_table_takes_its_intervals_from_the_evidence_helper():
     """Every question right: the EM interval is the exact one of 20 agreeing proportions, not a point (the old
     helper of this table gave [1, 1]); the gap to chance is the paired mean with its bootstrap interval."""
     from dynheads.analysis.evidence import EvidenceSettings, identical_interval, mean_interval
-    from dynheads.experiments.hotpotqa import qa_summary
+    from dynheads.views.qa import qa_summary
 
     rows = [{**row, "context_tokens": 100} for row in records([("1", ["1", "2"], 1.0, 0.0)] * 10)]
     rows += [{**row, "context_tokens": 100} for row in records([("2", ["1", "2", "3", "4"], 1.0, 0.0)] * 10)]

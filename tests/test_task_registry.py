@@ -13,7 +13,7 @@ import pytest
 
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, run_ablation
-from dynheads.experiments.tracing import run_task
+from dynheads.experiments.experiment import run_task
 from dynheads.io import write_json
 from dynheads.report.sections import build_sections
 from dynheads.tasks import niah

@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from dynheads.errors import DynheadsError
-from dynheads.experiments.analyses import dynamic_sets, dynamism_report
 from dynheads.io import write_json
 from dynheads.runs import RunDir
 from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, ReasoningThreshold
 from dynheads.traces import Trace
+from dynheads.views.analyses import dynamic_sets, dynamism_report
 
 
 def trace_with(scores: np.ndarray, chance: np.ndarray | None) -> Trace:

@@ -1,7 +1,7 @@
 """Frozen dataclass configs, buildable from the CLI and from a TOML file (CLI flags win).
 
 A config field is declared once, with its help: ``setting(default, help)``. A config that shares a piece
-(``dynheads.experiments.settings``) but wants another default redeclares just that: ``redefault(Piece, name, v)``
+(``dynheads.settings``) but wants another default redeclares just that: ``redefault(Piece, name, v)``
 keeps the piece's help. The CLI generates its options from these fields (``dynheads.cli.options``).
 """
 

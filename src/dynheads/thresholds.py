@@ -12,7 +12,7 @@ One option with a mode, written as text everywhere (CLI, configs, manifests):
   a third of all heads of the embedded model at every step; the paper's sets hold about 5-20 heads. A calibrated
   threshold, not a per-step top-k: |D_t| still varies from step to step (Table 1's Std, empty steps, Claim 1's
   statistics mean something), and only its mean is set, on questions that are never evaluated. It must be fitted
-  before it can say which heads are active (``cutoff`` refuses it): ``dynheads.experiments.threshold_fit``.
+  before it can say which heads are active (``cutoff`` refuses it): ``dynheads.views.threshold_fit``.
 """
 
 from __future__ import annotations

@@ -78,6 +78,11 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
     ("mechanisms", [("dynheads.ablation",), ("dynheads.kv",), ("dynheads.rag",)]),
     # Figures from tables and arrays; experiments call them, nothing below draws.
     ("plots", [("dynheads.plots",)]),
+    # The settings of every command, composed from small frozen pieces (no torch: the CLI builds its options from them).
+    ("settings", [("dynheads.settings",)]),
+    # Readings of finished runs, without decoding: dynamism, CCA and Figure 1, the head predictor trained on a run,
+    # thresholds fitted on a run, detection, the KV tables and the join of KV runs. Experiments read them.
+    ("views", [("dynheads.views",)]),
     # Runners that compose the floors below into the stages of the study (and ``reproduce``, all stages), beside
     # the report, which reads finished stage folders: it never runs a stage, and no stage writes the report.
     ("results", [("dynheads.experiments",), ("dynheads.report",)]),
@@ -154,7 +159,7 @@ def test_no_import_runs_up_a_floor():
             ["dynheads.experiments.rag"],
         ),
         ("dynheads.analysis.cca", "import dynheads.engine.decoding", ["dynheads.engine.decoding"]),
-        ("dynheads.experiments.tracing", "from dynheads.engine import batching", []),
+        ("dynheads.experiments.experiment", "from dynheads.engine import batching", []),
         ("dynheads.experiments.reproduce", "from dynheads.report import write_report", ["dynheads.report"]),
         ("dynheads.analysis.static", "from dynheads.tasks import niah", ["dynheads.tasks.niah"]),
         ("dynheads.cli.commands", "from dynheads.report import write_report\nimport dynheads.experiments.rag", []),
@@ -202,8 +207,8 @@ def test_no_module_imports_another_modules_private_name():
     [
         ("from dynheads.plots.ablation import _save, plot_heatmaps", ["dynheads.plots.ablation._save"]),
         (
-            "def f():\n    from dynheads.experiments.detect import (\n        Detector,\n        _score,\n    )\n",
-            ["dynheads.experiments.detect._score"],
+            "def f():\n    from dynheads.views.detect import (\n        Detector,\n        _score,\n    )\n",
+            ["dynheads.views.detect._score"],
         ),
         ("import dynheads._internal.cache", ["dynheads._internal.cache"]),
         ("from dynheads import __version__\nfrom dynheads.tasks.niah import load_haystack", []),

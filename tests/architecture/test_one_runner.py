@@ -1,5 +1,6 @@
 """One runner: only ``experiments/experiment.py`` loads a run's model, checks its fits, resolves its head sources,
-starts the run and runs its jobs (``reproduce.py`` keeps its own study manifest: ``start_run``).
+starts the run and runs its jobs (``reproduce.py`` keeps its own study manifest: ``start_run``); the readings of
+finished runs (``views/``) run nothing. One writer: both write their files through ``outputs.write_outputs``.
 
 Every call of every module under ``src/dynheads/experiments`` is read with ``ast``, so the test imports nothing it
 checks; a call counts whether it names the function (``run_jobs(...)``) or reaches it through a module
@@ -16,6 +17,7 @@ import pytest
 import dynheads
 
 EXPERIMENTS = Path(dynheads.__file__).parent / "experiments"
+VIEWS = Path(dynheads.__file__).parent / "views"  # readings of finished runs: they run nothing and write the same way
 RUNNER_ONLY = ("run_model", "start_run", "run_jobs", "resolve", "check_fits")
 ALLOWED = {"experiment.py": set(RUNNER_ONLY), "reproduce.py": {"start_run"}}
 
@@ -43,10 +45,10 @@ def _is_path_resolve(called: ast.expr) -> bool:
 
 
 def test_only_the_runner_runs_experiments():
-    paths = sorted(EXPERIMENTS.glob("*.py"))
-    assert len(paths) > 10  # the whole package, not an empty glob
+    paths = sorted(EXPERIMENTS.glob("*.py")) + sorted(VIEWS.glob("*.py"))
+    assert len(paths) > 10  # the whole packages, not an empty glob
     problems = [
-        f"experiments/{path.name}:{line} calls {name}"
+        f"{path.parent.name}/{path.name}:{line} calls {name}"
         for path in paths
         for line, name in runner_calls(path.read_text(encoding="utf-8"))
         if name not in ALLOWED.get(path.name, set())
@@ -120,11 +122,11 @@ def defined_functions(paths: list[Path]) -> frozenset[str]:
 
 
 def test_experiments_write_files_through_the_one_writer():
-    paths = sorted(EXPERIMENTS.glob("*.py"))
+    paths = sorted(EXPERIMENTS.glob("*.py")) + sorted(VIEWS.glob("*.py"))
     ours = defined_functions(paths)
     assert {"write_cells", "write_doses", "write_kv_tables"} <= ours  # wrappers of write_outputs, checked themselves
     problems = [
-        f"experiments/{path.name}:{line} calls {name}"
+        f"{path.parent.name}/{path.name}:{line} calls {name}"
         for path in paths
         for line, name in file_writes(path.read_text(encoding="utf-8"), ours)
         if name not in WRITES_ALLOWED.get(path.name, set())
@@ -150,3 +152,53 @@ def test_experiments_write_files_through_the_one_writer():
 )
 def test_the_check_sees_file_writes(source, expected):
     assert [name for _, name in file_writes(source)] == expected
+
+
+# ---- three floors inside experiments/: the runner, the experiments, the study ---------------------------------------
+# A module imports modules of a lower floor (or, on the study's floor, of its own): an experiment reads the runner
+# and nothing beside it (settings, views and mechanisms live below experiments/ altogether).
+EXPERIMENT_FLOORS = [
+    {"experiment"},  # the one runner, and the tracing experiment every task gets
+    {"ablation", "dose", "halueval", "hotpotqa", "kv", "niah", "rag", "rerank", "static"},  # one kind of run each
+    {"paper_stages", "reproduce", "study_time"},  # the study: its stages' declarations, its loop, its time estimate
+]
+
+
+def sibling_imports(source: str) -> set[str]:
+    """The modules of experiments/ that ``source`` imports (``from dynheads.experiments.x import ...`` and
+    ``from dynheads.experiments import x``), lazy imports included."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "dynheads.experiments":
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dynheads.experiments."):
+            found.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[2] for a in node.names if a.name.startswith("dynheads.experiments.")}
+    return found
+
+
+def floor_of(module: str) -> int:
+    floors = [index for index, members in enumerate(EXPERIMENT_FLOORS) if module in members]
+    assert floors, f"experiments/{module}.py has no floor: add it to EXPERIMENT_FLOORS in {__name__}"
+    return floors[0]
+
+
+def test_experiments_import_only_a_floor_below_or_the_study_its_own():
+    modules = sorted(path.stem for path in EXPERIMENTS.glob("*.py") if path.stem != "__init__")
+    assert set(modules) == set().union(*EXPERIMENT_FLOORS)  # every module has a floor, no floor names a ghost
+    problems = []
+    for module in modules:
+        floor = floor_of(module)
+        for target in sibling_imports((EXPERIMENTS / f"{module}.py").read_text(encoding="utf-8")) - {module}:
+            target_floor = floor_of(target)
+            if target_floor > floor or (target_floor == floor and floor != len(EXPERIMENT_FLOORS) - 1):
+                problems.append(f"experiments/{module}.py imports experiments/{target}.py")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_floor_check_reads_every_form_of_import():
+    source = "from dynheads.experiments.kv import run_kv\nfrom dynheads.experiments import dose\n"
+    lazy = "def f():\n    import dynheads.experiments.rag\n"
+    assert sibling_imports(source + lazy) == {"kv", "dose", "rag"}
+    assert sibling_imports("from dynheads.settings import KVFields\nfrom dynheads.views import qa\n") == set()

@@ -1,7 +1,7 @@
 """The hallucination detector as analysis of finished traces: logistic regressions on per-token (or per-response)
 attention features, saved and applied (``Detector``, ``apply_detector``), and their grouped cross-validation with
 intervals (``cross_validate``). The runner that reads traced runs and writes the tables is
-``dynheads.experiments.detect``; the features are ``dynheads.analysis.hallucination``'s."""
+``dynheads.views.detect``; the features are ``dynheads.analysis.hallucination``'s."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import typer
 from dynheads.cli import checks
 from dynheads.cli.app import app
 from dynheads.cli.options import BatchSize, ConfigFile, RunOut, config_options, with_options
-from dynheads.experiments.settings import AblationFields, ProgressiveFields
+from dynheads.settings import AblationFields, ProgressiveFields
 
 
 @app.command()

@@ -16,7 +16,7 @@ from dynheads.cli import checks
 from dynheads.cli.app import app, plot_app, predictor_app
 from dynheads.cli.options import STATIC_HELP, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
 from dynheads.config import parse_range
-from dynheads.experiments.settings import (
+from dynheads.settings import (
     DynamismSettings,
     HeadPlotSettings,
     ScoreChoice,
@@ -65,7 +65,7 @@ def dynamism(
     run_dir: RunArg, static_file: Annotated[Path, Opt("--static", help=STATIC_HELP)], out: OutDir = None, **settings
 ) -> None:
     """Table 1 / Table 5 statistics of a run's dynamic heads beside the paper's; writes dynamism.md/.csv/.json."""
-    from dynheads.experiments.analyses import dynamism_report
+    from dynheads.views.analyses import dynamism_report
 
     cfg = checks.checked_config(DynamismSettings, **settings)
     checks.traced_run(run_dir)
@@ -83,7 +83,7 @@ def plot_heads(
     **settings,
 ) -> None:
     """Figure 1: per-step scores of the most varying heads, one PNG per sample (heads-<sample_id>.png)."""
-    from dynheads.experiments.analyses import plot_heads as plot
+    from dynheads.views.analyses import plot_heads as plot
 
     cfg = checks.checked_config(HeadPlotSettings, **settings)
     checks.traced_run(run_dir)
@@ -105,7 +105,7 @@ def compare_records(
     ] = None,
 ) -> None:
     """Two records of a traced run side by side: heads dynamic in both, in one only, over the answer and per step."""
-    from dynheads.experiments.record_compare import compare_records as compare
+    from dynheads.views.record_compare import compare_records as compare
 
     checks.traced_run(run_dir)
     typer.echo(compare(run_dir, first, second, **({"threshold": threshold} if threshold else {})).text())
@@ -122,7 +122,7 @@ def cca(
 ) -> None:
     """Temporal-offset CCA of hidden states against head scores (in-sample, held-out, shuffled); cca.* and cca.png."""
     from dynheads.analysis.cca import cca_markdown
-    from dynheads.experiments.analyses import cca_report
+    from dynheads.views.analyses import cca_report
 
     score = checks.checked_config(ScoreChoice, score=settings.pop("score")).score
     cca_config, steps = checks.checked_config(CCAConfig, config, **settings), parse_range(offsets)
@@ -144,7 +144,7 @@ def predictor_train(
     """Train the MLP head predictor from the hidden state to every head's score (offset 0).
 
     Saves it with metrics.md/.json into OUT (default RUN_DIR/probe); 'dynheads probe train' is its older name."""
-    from dynheads.experiments.probing import train_probe_on_run
+    from dynheads.views.probing import train_probe_on_run
 
     score = checks.checked_config(ScoreChoice, score=settings.pop("score")).score
     cfg = checks.checked_config(HeadPredictorConfig, config, **settings)

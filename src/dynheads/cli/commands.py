@@ -12,7 +12,7 @@ from dynheads.cli import checks
 from dynheads.cli.app import app
 from dynheads.cli.options import BatchSize, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
 from dynheads.errors import DynheadsError
-from dynheads.experiments.settings import RagFields, ReproduceConfig, RerankFields
+from dynheads.settings import RagFields, ReproduceConfig, RerankFields
 
 
 @app.command()

@@ -11,7 +11,7 @@ from dynheads.cli import checks
 from dynheads.cli.app import app
 from dynheads.cli.options import BatchSize, Opt, config_options, with_options
 from dynheads.errors import DynheadsError
-from dynheads.experiments.settings import DetectConfig, HaluevalConfig
+from dynheads.settings import DetectConfig, HaluevalConfig
 
 DetectConfigFile = Annotated[Path | None, Opt("--config", help="TOML file with DetectConfig settings")]
 # detect also traces HaluEval (with --data); what it traces is a HaluevalConfig, the detectors a DetectConfig
@@ -41,7 +41,7 @@ def detect(
 ) -> None:
     """Hallucination detectors (logistic regression per feature set), grouped cross-validation; AUROC/AUPRC."""
     from dynheads.distributed import is_main
-    from dynheads.experiments.detect import run_detect
+    from dynheads.views.detect import run_detect
 
     tracing = {name: settings.pop(name) for name in TRACING}
     cfg = checks.checked_config(DetectConfig, config, **settings)

@@ -16,7 +16,7 @@ import typer
 from dynheads.cli import checks
 from dynheads.cli.app import app
 from dynheads.cli.options import BatchSize, ConfigFile, Opt, RunOut, config_options, with_options
-from dynheads.experiments.settings import KVExportSettings, KVFields
+from dynheads.settings import KVExportSettings, KVFields
 
 
 @app.command()
@@ -62,7 +62,7 @@ def kv_join(
 ) -> None:
     """One KV table and Pareto figure of several KV runs of the same samples (more budgets, policies or presses
     measured later); arms measured twice are checked for equal generations (no model is loaded)."""
-    from dynheads.experiments.kv_join import join_kv_runs
+    from dynheads.views.kv_join import join_kv_runs
 
     joined = join_kv_runs(runs, out, [checks.policy_pair(p) for p in pair or []])
     typer.echo(out.joinpath("summary.md").read_text(encoding="utf-8"), nl=False)

@@ -49,7 +49,7 @@ BatchSize = Annotated[
 ]
 DeviceMap = Annotated[str | None, Opt("--device-map", help="spread a large model over GPUs, e.g. auto")]
 STATIC_HELP = "static head list (Wu et al. JSON or a ranked list)"
-# --help groups a generated option under the config piece that declares its field (experiments.settings); the
+# --help groups a generated option under the config piece that declares its field (dynheads.settings); the
 # command's own fields and options stay under typer's "Options".
 PANELS = {
     "ModelSettings": "Model",

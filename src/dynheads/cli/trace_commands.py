@@ -26,7 +26,7 @@ from dynheads.cli.options import (
     with_options,
 )
 from dynheads.errors import DynheadsError
-from dynheads.experiments.settings import HotpotConfig, NiahConfig
+from dynheads.settings import HotpotConfig, NiahConfig
 
 TaskName = Annotated[str, Opt("--task", help="a registered task ('dynheads tasks' lists them)")]
 SHAPES = {"niah": NiahConfig, "question tasks": HotpotConfig}  # trace's option defaults are named by these labels
@@ -129,8 +129,8 @@ def _trace(
     checks.out_dir(out, entry.name, cfg)
     if entry.check_data is not None:  # a user's file: every record checked before the model loads
         entry.check_data(cfg)
+    from dynheads.experiments.experiment import run_task
     from dynheads.experiments.hotpotqa import qa_task, run_hotpotqa  # the runners (torch) after the checks
-    from dynheads.experiments.tracing import run_task
 
     if isinstance(cfg, NiahConfig) or entry.check_data is not None:
         run = run_task(entry, cfg, out, device_map=device_map, batch_size=batch_size)

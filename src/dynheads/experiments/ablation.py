@@ -48,10 +48,8 @@ from dynheads.experiments.experiment import (
     Work,
     grid_manifest,
     grid_plan,
-    grid_task_of,
     run_experiment,
 )
-from dynheads.experiments.settings import AblationConfig, ProgressiveConfig
 from dynheads.heads import Head, check_heads, parse_head
 from dynheads.models import LoadedModel
 from dynheads.outputs import Outputs, Written, write_outputs
@@ -60,8 +58,9 @@ from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.resources import STATIC_HEADS, needs_of
 from dynheads.runs import RESULTS_FILE, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
+from dynheads.settings import AblationConfig, ProgressiveConfig
 from dynheads.tables import Summary, frame_table
-from dynheads.tasks.registry import Task
+from dynheads.tasks.registry import Task, grid_task
 
 
 # ---- the grid (Figure 2) -------------------------------------------------------------------------------------------
@@ -152,7 +151,7 @@ def grid_tables(view: RunView) -> Outputs:
     """results.csv, cells.csv, summary.md and the heat maps of a grid run, from its records."""
     frame, manifest = view.results(), view.manifest
     outputs = Outputs().add(RESULTS_FILE, frame.copy())
-    task = grid_task_of(manifest)
+    task = grid_task(manifest)
     matching = manifest["config"].get("matching", "mean")  # runs made before the option existed used the mean count
     frame["strategy"] = frame["strategy"].astype(pd.CategoricalDtype(ABLATION_STRATEGIES.names(), ordered=True))
     # a sample that masked no head at any step is the un-ablated run: counted apart, never read as "unharmed"
@@ -370,7 +369,7 @@ def progressive_tables(view: RunView) -> Outputs:
     plots/progressive.png."""
     frame, manifest = view.results(), view.manifest
     outputs = Outputs().add(RESULTS_FILE, frame.copy())
-    metrics = grid_task_of(manifest).metrics
+    metrics = grid_task(manifest).metrics
     table = (
         frame.groupby("k")
         .agg(

@@ -54,18 +54,17 @@ from dynheads.experiments.experiment import (
     Work,
     grid_manifest,
     grid_plan,
-    grid_task_of,
     run_experiment,
 )
-from dynheads.experiments.settings import AblationConfig
 from dynheads.models import LoadedModel, decode_text
 from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.plots.ablation import plot_doses
 from dynheads.resources import needs_of
 from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
+from dynheads.settings import AblationConfig
 from dynheads.tables import Summary, frame_table
-from dynheads.tasks.registry import Task
+from dynheads.tasks.registry import Task, grid_task
 
 TEACHER = {
     "logprob": "log p(clean token), masked",
@@ -226,7 +225,7 @@ def dose_tables(view: RunView, evidence: EvidenceSettings | None = None) -> Outp
     """dose.csv, the figures and summary.md (with the per-sample numbers) of a dose-response run."""
     evidence = evidence or EvidenceSettings()
     records, manifest = view.records, view.manifest
-    task, config = grid_task_of(manifest), manifest["config"]
+    task, config = grid_task(manifest), manifest["config"]
     numbers: dict[str, Any] = {
         "design": DESIGN,
         "fractions": config.get("fractions"),

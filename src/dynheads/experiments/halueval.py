@@ -38,7 +38,17 @@ from dynheads.analysis.detector import (
 from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
 from dynheads.engine.tracing import trace_batch
 from dynheads.errors import DynheadsError
-from dynheads.experiments.detect import (
+from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
+from dynheads.io import read_json
+from dynheads.models import LoadedModel
+from dynheads.outputs import Outputs, write_outputs
+from dynheads.packaged import describe
+from dynheads.runs import Finished, Job, RunDir, RunOptions
+from dynheads.settings import BOUNDARIES, HaluevalConfig
+from dynheads.tables import Block, Heading, Summary, Table
+from dynheads.tasks import halueval
+from dynheads.tasks.questions import QuestionStream
+from dynheads.views.detect import (
     HEADLINE_TITLE,
     UPPER_TITLE,
     DetectConfig,
@@ -46,16 +56,6 @@ from dynheads.experiments.detect import (
     match_lengths,
     refuse_probe_overlap,
 )
-from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
-from dynheads.experiments.settings import BOUNDARIES, HaluevalConfig
-from dynheads.io import read_json
-from dynheads.models import LoadedModel
-from dynheads.outputs import Outputs, write_outputs
-from dynheads.packaged import describe
-from dynheads.runs import Finished, Job, RunDir, RunOptions
-from dynheads.tables import Block, Heading, Summary, Table
-from dynheads.tasks import halueval
-from dynheads.tasks.questions import QuestionStream
 
 
 @dataclass(frozen=True, kw_only=True)

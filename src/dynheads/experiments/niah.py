@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Unpack
 
-from dynheads.experiments.settings import NiahConfig
-from dynheads.experiments.tracing import run_task
+from dynheads.experiments.experiment import run_task
 from dynheads.runs import RunDir, RunOptions
+from dynheads.settings import NiahConfig
 from dynheads.tasks.niah import NIAH
 from dynheads.tasks.sample import Sample
 

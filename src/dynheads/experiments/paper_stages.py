@@ -14,17 +14,17 @@ from dynheads import stages
 from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
-from dynheads.experiments.analyses import cca_report, dynamism_report, plot_heads
 from dynheads.experiments.dose import run_doses
 from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
 from dynheads.experiments.niah import NiahConfig, run_niah
-from dynheads.experiments.probing import train_probe_on_run
 from dynheads.experiments.rag import RagConfig, run_rag
 from dynheads.experiments.reproduce import Study
 from dynheads.experiments.static import StaticConfig, StaticReasoningConfig, run_static, run_static_reasoning
-from dynheads.experiments.threshold_fit import ThresholdFit
 from dynheads.outputs import Outputs, write_outputs
 from dynheads.runs import RunDir, RunOptions
+from dynheads.views.analyses import cca_report, dynamism_report, plot_heads
+from dynheads.views.probing import train_probe_on_run
+from dynheads.views.threshold_fit import ThresholdFit
 
 
 def run_claim2(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:

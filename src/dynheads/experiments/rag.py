@@ -18,8 +18,6 @@ import pandas as pd
 from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
-from dynheads.experiments.hotpotqa import HotpotConfig
-from dynheads.experiments.settings import RagFields
 from dynheads.models import LoadedModel
 from dynheads.outputs import Outputs
 from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
@@ -31,6 +29,7 @@ from dynheads.rag.windows import RetrievalConfig
 from dynheads.resources import HEAD_PREDICTOR, Evaluated, PredictorSource, needs_of
 from dynheads.runs import RESULTS_FILE, Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
+from dynheads.settings import HotpotConfig, RagFields
 from dynheads.tables import Summary, Table
 from dynheads.tasks import candidates
 from dynheads.tasks.grid import TaskGrid

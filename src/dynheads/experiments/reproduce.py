@@ -37,15 +37,15 @@ from dynheads import distributed, stages
 from dynheads.analysis.settings import HeadPredictorConfig
 from dynheads.errors import DynheadsError
 from dynheads.experiments import study_time
-from dynheads.experiments.settings import ReproduceConfig
-from dynheads.experiments.threshold_fit import ThresholdFit, fit_threshold
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
 from dynheads.runs import RunDir, RunOptions, start_run
 from dynheads.scores import DEFAULT_REASONING_THRESHOLD
+from dynheads.settings import ReproduceConfig
 from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.questions import QuestionStream, disjoint_streams
 from dynheads.tasks.registry import Task, task_of
+from dynheads.views.threshold_fit import ThresholdFit, fit_threshold
 
 PRESET_FOLDER = Path(__file__).resolve().parent.parent / "presets"
 

@@ -52,7 +52,6 @@ from dynheads.analysis.evidence import (
 from dynheads.analysis.ranking import METRICS, qrhead_scores, ranking_metrics, top_heads
 from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, plan_sources, run_experiment
-from dynheads.experiments.settings import RerankFields
 from dynheads.heads import Head, head_key
 from dynheads.models import LoadedModel
 from dynheads.outputs import Outputs, write_outputs
@@ -61,6 +60,7 @@ from dynheads.rag.rerank_strategies import RERANK_STRATEGIES, Candidates, calibr
 from dynheads.resources import Evaluated, Resources, needs_of
 from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
+from dynheads.settings import RerankFields
 from dynheads.tables import Items, Summary, Table
 from dynheads.tasks.hotpotqa import HotpotRecord, load_hotpotqa, render_paragraph
 from dynheads.tasks.questions import QuestionStream, refuse_overlap

@@ -28,12 +28,15 @@ import pandas as pd
 from dynheads.analysis.headlists import save_head_scores
 from dynheads.analysis.static import NiahTest, ReasoningTest, StaticHeads, static_heads, static_reasoning_heads
 from dynheads.errors import DynheadsError
-from dynheads.experiments.hotpotqa import run_hotpotqa
-from dynheads.experiments.niah import run_niah
-from dynheads.experiments.settings import STATIC_SPLIT, StaticConfig, StaticReasoningConfig
+from dynheads.experiments.experiment import run_task
 from dynheads.heads import head_label
 from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.runs import RunDir, RunOptions
+from dynheads.settings import STATIC_SPLIT, StaticConfig, StaticReasoningConfig
+from dynheads.tasks.hotpotqa import HOTPOTQA
+from dynheads.tasks.niah import NIAH
+from dynheads.tasks.registry import task_of
+from dynheads.views.qa import answer_tables
 
 SPLIT = STATIC_SPLIT
 DISJOINT_NOTE = (
@@ -49,7 +52,7 @@ REASONING_NOTE = (
 
 def run_static(config: StaticConfig, out: str | Path, **options: Unpack[RunOptions]) -> StaticHeads:
     """Trace the static grid into ``out`` (resumable), then score and write the static heads."""
-    run = run_niah(config.niah_config(), out, **options)
+    run = run_task(NIAH, config.niah_config(), out, **options)
     return write_static(run, config)
 
 
@@ -108,7 +111,9 @@ def _ranking(heads: StaticHeads) -> pd.DataFrame:
 # ---- static reasoning heads (HotpotQA, Eq. 2) ----------------------------------------------------------------------
 def run_static_reasoning(config: StaticReasoningConfig, out: str | Path, **options: Unpack[RunOptions]) -> StaticHeads:
     """Trace the static HotpotQA stream into ``out`` (resumable), then write the static reasoning heads there."""
-    run = run_hotpotqa(config.hotpot_config(), out, **options)
+    hotpot = config.hotpot_config()
+    task = task_of(HOTPOTQA.name, hotpot.data)  # HotpotQA, or the multi-hop task its data selects
+    run = run_task(task, hotpot, out, more_tables=answer_tables(task, hotpot.seed), **options)
     return write_static_reasoning(run, config)
 
 

@@ -193,7 +193,7 @@ def dynamism_verdict(
     data: Mapping | None, task: str, evidence: EvidenceSettings | None = None, predictor: Mapping | None = None
 ) -> Verdict:
     """Claim 1 from the numbers the dynamism stage published (``stats``, ``per_sample`` and ``static_kind``; see
-    ``experiments.analyses.dynamism_report``) and the head predictor's metrics of the same task (``predictor``:
+    ``views.analyses.dynamism_report``) and the head predictor's metrics of the same task (``predictor``:
     its ``step_gap``, the within-step ranking of heads against the static frequency profile). Only the rules in
     ``CLAIM1_DECIDING`` decide (``report.rules`` shows why: power and false alarms on studies whose answer is
     known, and the paper's own Table 1 rows); the others are printed beside as descriptive."""

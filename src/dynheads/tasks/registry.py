@@ -144,6 +144,13 @@ def data_source_of(data: str | None) -> str:
     return next((s for s in sorted(sources) if data is not None and (data == s or data.startswith(s + ":"))), "")
 
 
+def grid_task(manifest: Mapping) -> Task:
+    """The registered task a finished grid run (KV, ablation) decoded, from its manifest's ``config`` (runs written
+    before ``--task`` existed decoded NIAH)."""
+    config = manifest["config"]
+    return task_of(config.get("task", "niah"), config.get("data"))
+
+
 def task_of_manifest(manifest: Mapping) -> Task | None:
     """The task of a run from its manifest (``config.task`` or the run's ``kind``; ``config.data``), or None."""
     config = manifest.get("config") or {}

@@ -30,13 +30,13 @@ import numpy as np
 
 from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
-from dynheads.experiments.experiment import grid_task_of
-from dynheads.experiments.kv import AT_CHANCE, full_cache_evidence, policy_tables, run_chance
 from dynheads.io import read_json
 from dynheads.kv.policies import is_budget_free
 from dynheads.outputs import Outputs, write_outputs
 from dynheads.runs import RunDir
 from dynheads.tables import Block, Table
+from dynheads.tasks.registry import grid_task
+from dynheads.views.kv_tables import AT_CHANCE, full_cache_evidence, policy_tables, run_chance
 
 ARM_SETTINGS = ("policies", "budgets", "static", "probe", "probe_select")  # what may differ between joined runs
 FITS = ("static", "probe", "probe_select")  # must agree between runs that both name one
@@ -101,7 +101,7 @@ def join_kv_runs(folders: Sequence[str | Path], out: str | Path, pairs: Sequence
         )
     records = [r for r in kept if r["grid_sample_id"] in samples]
     manifest = _joined_manifest(pieces, arms)
-    first_metric = next(iter(grid_task_of(manifest).metrics))
+    first_metric = next(iter(grid_task(manifest).metrics))
     evidence = EvidenceSettings(seed=manifest["seed"])
     joined = {
         "runs": [

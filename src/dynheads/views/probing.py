@@ -26,13 +26,13 @@ from dynheads.analysis.head_predictor import (
     split_by_sample,
     train_head_predictor,
 )
-from dynheads.experiments.analyses import check_score, load_run, model_name
 from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
 from dynheads.resources import QUESTIONS_FILE
 from dynheads.runs import RunDir
 from dynheads.scores import ScoreKind, ScoreSpec
 from dynheads.tables import Summary, Table
+from dynheads.views.analyses import check_score, load_run, model_name
 
 _COLUMNS = {  # task -> (metric key, column title)
     "binary": (

@@ -45,11 +45,11 @@ from dynheads.analysis.detector import (
 )
 from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
 from dynheads.errors import DynheadsError
-from dynheads.experiments.settings import DetectConfig
 from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.plots.roc import plot_roc
 from dynheads.resources import HEAD_PREDICTOR, Evaluated, fit_record, sample_identity
 from dynheads.runs import RunDir
+from dynheads.settings import DetectConfig
 from dynheads.tables import Block, Heading, Items, Summary, Table
 
 # Published numbers of other detectors, on other tasks (docs/hallucination.md says how they differ).

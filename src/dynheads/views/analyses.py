@@ -30,7 +30,6 @@ from dynheads.analysis.dynamism import (
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
-from dynheads.experiments.threshold_fit import ThresholdFit, resolve_threshold
 from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_TOP1
 from dynheads.plots.cca import plot_cca
@@ -40,6 +39,7 @@ from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, c
 from dynheads.tables import Heading, Summary
 from dynheads.thresholds import ReasoningThreshold
 from dynheads.traces import Trace
+from dynheads.views.threshold_fit import ThresholdFit, resolve_threshold
 
 
 def load_run(run_dir: str | Path) -> tuple[RunDir, list[Trace]]:
