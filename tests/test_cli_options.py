@@ -69,6 +69,30 @@ def test_flags_reach_the_config_parsed_and_renamed(monkeypatch, tmp_path):
     assert config.questions == rag.RagConfig().questions  # flags not given keep the config's value
 
 
+@pytest.mark.parametrize("flag", ["--predictor", "--probe"])
+def test_the_head_predictor_is_given_by_predictor_and_its_old_spelling(flag, monkeypatch, tmp_path):
+    """Issue 62: ``--predictor`` names the trained head predictor (the "probe" is the attention probe); ``--probe``
+    still works. The config field keeps its name, so manifests and TOML files of earlier runs still read."""
+    import dynheads.experiments.rag as rag
+
+    for name in ("rag", "kv", "rerank", "detect"):
+        assert {"--predictor", "--probe"} <= _params(name), name
+    seen = {}
+
+    def fake_run_rag(config, out, batch_size=1):
+        seen["config"] = config
+        (tmp_path / "rag.md").write_text("table\n")
+        return type("Run", (), {"path": tmp_path})()
+
+    monkeypatch.setattr(rag, "run_rag", fake_run_rag)
+    from dynheads.cli import checks
+
+    monkeypatch.setitem(checks.FIELD_CHECKS, "probe", lambda path: None)  # no trained predictor needed here
+    result = CliRunner().invoke(app, ["rag", "--out", str(tmp_path), flag, str(tmp_path / "predictor")])
+    assert result.exit_code == 0, result.output
+    assert seen["config"].probe == str(tmp_path / "predictor")
+
+
 def test_static_takes_no_runs_option():
     assert "--runs" not in _params("static") and "--samples" in _params("static")
 

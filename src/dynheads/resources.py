@@ -249,7 +249,7 @@ def resolve(
     if STATIC_HEADS in needed and not static:
         missing[STATIC_HEADS] = "no --static head list given"
     if HEAD_PREDICTOR in needed and not predictor:
-        missing[HEAD_PREDICTOR] = "no --probe (trained head predictor) given"
+        missing[HEAD_PREDICTOR] = "no --predictor (trained head predictor) given"
     return Resources(
         static_heads(static, shape, evaluated) if STATIC_HEADS in needed and static else None,
         head_predictor(predictor, shape, evaluated) if HEAD_PREDICTOR in needed and predictor else None,

@@ -369,7 +369,7 @@ class KVFields(NiahGrid, QaGrid, ModelSettings):
         "'dynheads static'): its disjointness from the "
         "evaluation samples is not checked, and the manifest and summary say so",
     )
-    probe: str | None = setting(None, "trained probe folder ('dynheads predictor train'), for the probe policy")
+    probe: str | None = setting(None, "trained head predictor folder ('dynheads predictor train'), for the probe policy")
     probe_select: str = setting("top", "probe policy: top (k heads) or threshold")
     lengths: tuple[int, ...] = redefault(NiahCells, "lengths", (1000,))
     runs: int = redefault(NiahGrid, "runs", 2)
@@ -385,7 +385,7 @@ class RagFields(QaGrid, ModelSettings):
         "hotpotqa (and the tasks its --data names select) or custom (your JSONL of {id, context, question, answer, "
         "spans?}, each context as written; docs/own-data.md)",
     )
-    probe: str | None = setting(None, "trained probe folder, for the 'dynamic' strategy")
+    probe: str | None = setting(None, "trained head predictor folder ('dynheads predictor train'), for the 'dynamic' strategy")
     static: str | None = setting(None, "static head list JSON, for the 'static' strategy")
     strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, f"some of {RAG_STRATEGIES.choices(',')}")
     rerank_top: int = setting(
@@ -431,7 +431,7 @@ class RerankFields(Seeded, ModelSettings):
     strategies: tuple[str, ...] = setting(
         RERANK_DEFAULTS,
         ",".join(RERANK_DEFAULTS) + " (static needs "
-        "--static, predictor --probe; without them they are skipped and noted); rrf:S or mix:S fuses head "
+        "--static, predictor --predictor; without them they are skipped and noted); rrf:S or mix:S fuses head "
         "strategy S with bm25 (reciprocal ranks, or a weight fitted on the fitting stream)",
     )
     k: int = setting(16, "heads of each head-subset strategy (qrhead, static, predictor, random)")
@@ -493,7 +493,7 @@ class DetectConfig:
         "fold only",
     )
     static_k: int = setting(10, "static top-k heads used by the retrieval features")
-    probe: str | None = setting(None, "trained MLP probe folder (probe feature sets)")
+    probe: str | None = setting(None, "trained head predictor folder ('dynheads predictor train'), for the probe feature sets")
     feature_sets: tuple[str, ...] = setting(
         FEATURE_SETS, "detectors to train, e.g. retrieval_no_needle,lookback,entropy"
     )

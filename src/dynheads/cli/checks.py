@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dynheads.cli.options import flag_name
 from dynheads.config import C, Rule, build_config
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json
@@ -236,7 +237,7 @@ def config_values(config: Any, flags: Mapping[str, str] | None = None) -> None:
         given = getattr(config, field.name)
         if given is None or given == "":
             continue
-        flag = "--" + (flags or {}).get(field.name, field.name).replace("_", "-")
+        flag = "--" + flag_name(field.name, flags).replace("_", "-")
         if field.name in RULES:
             rule, what = RULES[field.name]
             value(flag, what, rule, given)

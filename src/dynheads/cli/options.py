@@ -60,6 +60,10 @@ PANELS = {
     "TracingSettings": "Scores and chat template",
     "DetectConfig": "Detectors",
 }
+# A field whose flag says better what it is than its name (the field keeps its name in configs, TOML files and
+# manifests, so runs resume); the old flag still works.
+FLAG_OF_FIELD = {"probe": "predictor"}  # the trained head predictor's folder (the "probe" is the attention probe)
+OLD_FLAGS = {"predictor": "--probe"}
 CONTEXT = "typer_context"  # the click context Typer passes a generated command: which options the user gave
 
 
@@ -74,7 +78,7 @@ def config_options(
     for field in dataclasses.fields(config):
         if field.name in skip:
             continue
-        name = (flags or {}).get(field.name, field.name)
+        name = flag_name(field.name, flags)
         options[name] = _option(
             name,
             hints[field.name],
@@ -84,6 +88,12 @@ def config_options(
             panel or _panel(config, field.name),
         )
     return options
+
+
+def flag_name(field: str, flags: Mapping[str, str] | None = None) -> str:
+    """The flag (without ``--``, underscores kept) a command gives field ``field``: ``flags[field]``, else the
+    project-wide renaming (``FLAG_OF_FIELD``), else the field's name."""
+    return (flags or {}).get(field) or FLAG_OF_FIELD.get(field, field)
 
 
 def shared_options(configs: Mapping[str, type]) -> dict[str, Option]:
@@ -97,15 +107,17 @@ def shared_options(configs: Mapping[str, type]) -> dict[str, Option]:
         for field in dataclasses.fields(config):
             declared.setdefault(field.name, []).append((label, field, hints[field.name]))
     options = {}
-    for name, entries in declared.items():
+    for field_name, entries in declared.items():
         _, field, hint = entries[0]
+        name = flag_name(field_name)
         shown = {label: _shown_default(f.default) for label, f, _ in entries}
         help, default = field.metadata.get("help", ""), shown[entries[0][0]]
         if len(set(map(repr, shown.values()))) > 1:
             help, default = help + " (default: " + ", ".join(f"{k} {v}" for k, v in shown.items()) + ")", None
         elif len(entries) < len(configs):
             help += f" ({', '.join(shown)} only)"
-        options[name] = _option(name, hint, help, default, None, _panel(configs[entries[0][0]], name))
+        renamed = field_name if name != field_name else None
+        options[name] = _option(name, hint, help, default, renamed, _panel(configs[entries[0][0]], field_name))
     return options
 
 
@@ -114,7 +126,8 @@ def _option(name: str, hint: Any, help: str, default: Any, field: str | None, pa
     flag = f"--{name.replace('_', '-')}"
     if kind == bool | None:  # a switch: --name / --no-name
         flag += f"/--no-{name.replace('_', '-')}"
-    declaration = Opt(flag, help=help, rich_help_panel=panel)
+    old = (OLD_FLAGS[name],) if name in OLD_FLAGS else ()
+    declaration = Opt(flag, *old, help=help, rich_help_panel=panel)
     return Option(Annotated[kind, declaration], default, items, field)
 
 

@@ -116,10 +116,10 @@ class KVConfig(KVFields, TaskGridChoice):
             if KVPRESS_PRESSES.get(parse_press(press).name).needs_static and not self.static:
                 raise DynheadsError(f"{press} is driven by a dynheads head list: pass --static FILE")
             if KVPRESS_PRESSES.get(parse_press(press).name).needs_probe and not self.probe:
-                raise DynheadsError(f"{press} votes with the head predictor's heads: pass --probe DIR")
+                raise DynheadsError(f"{press} votes with the head predictor's heads: pass --predictor DIR")
         for entry in registered:
             if entry.value.needs_probe and not self.probe:
-                raise DynheadsError(f"the {entry.name} KV policy needs a trained probe: pass --probe DIR")
+                raise DynheadsError(f"the {entry.name} KV policy needs a trained probe: pass --predictor DIR")
         ordered = [p for p in KV_POLICIES.names() if p in self.policies] + list(dict.fromkeys(presses))
         return [
             (p, None) if is_budget_free(p) else (p, b)
@@ -274,8 +274,8 @@ class _KVDecoder:
     def predicted_voters(self, prefilled: Prefill) -> tuple[Head, ...]:
         """The head predictor's ``VOTERS`` best heads for the prompt: from the hidden state of the prefill's last
         position (the probe policy's input at the first step)."""
-        if self.probe is None or prefilled.last is None:  # KVConfig.jobs refuses the press without --probe
-            raise DynheadsError("the predictor's voters need --probe DIR and a prompt of at least 2 tokens")
+        if self.probe is None or prefilled.last is None:  # KVConfig.jobs refuses the press without --predictor
+            raise DynheadsError("the predictor's voters need --predictor DIR and a prompt of at least 2 tokens")
         return tuple(self.probe.top_heads(prefilled.last.hidden.cpu(), VOTERS))
 
     def decode(self, batch: list[tuple[Sample, str, float | None]]) -> list[KVResult]:

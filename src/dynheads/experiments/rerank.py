@@ -11,7 +11,7 @@ strategy is ranked from the same passes:
 - ``qrhead``: the k heads with the highest mean calibrated score on the gold candidates of the fitting stream, fitted
   only once every question of that stream is scored (the manifest lists them);
 - ``static``: the k best heads of a Wu et al. list (``--static``); ``predictor``: the k heads the head predictor
-  (``--probe``) scores highest from the hidden state at the prompt's last token; ``random``: k heads drawn per
+  (``--predictor``) scores highest from the hidden state at the prompt's last token; ``random``: k heads drawn per
   question (seeded);
 - ``bm25``: ``bm25s`` over the candidates' text;
 - ``rrf:<strategy>`` and ``mix:<strategy>``: a head strategy fused with BM25 (``dynheads.rag.fusion``):

@@ -78,7 +78,7 @@ class RetentionPolicy:
     dynamic: bool = False  # its head set changes per step: costed with a second tier (full KV offloaded)
     clean_pass: bool = False  # needs a clean full-KV pass at every step (its D_t; the cache is left untouched)
     needs_static: bool = False  # reads the static head ranking (--static FILE)
-    needs_probe: bool = False  # reads the trained head predictor's scores (--probe DIR)
+    needs_probe: bool = False  # reads the trained head predictor's scores (--predictor DIR)
     style: PlotStyle | None = None  # None: a default style (``plot_style``)
 
 

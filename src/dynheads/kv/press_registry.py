@@ -7,7 +7,7 @@ class of kvpress, built with the compression ratio and its ``knobs``; any other 
 ``build(lm, settings, ratio)``. ``sizing`` says how a KV budget sets the press's size: ``ratio``, a compression
 ratio holding the bytes of the static policy at the same budget (``presses.matched_ratio``), or ``heads``, the
 budget's whole KV heads of the static list (``ratio`` is then None). ``needs_static``: the press is driven by the
-static head list (``--static``); ``needs_probe``: by the head predictor (``--probe``), whose best heads for each
+static head list (``--static``); ``needs_probe``: by the head predictor (``--predictor``), whose best heads for each
 prompt the runner passes as the settings' voters. Register one from anywhere (a test file, a notebook)::
 
     KVPRESS_PRESSES.register("tova", PressEntry("kvpress:TOVAPress"), help="TOVA: the last query's attention")
@@ -34,7 +34,7 @@ class PressEntry:
     build: str  # "kvpress:SnapKVPress", or "module:function" taking (lm, settings, ratio)
     sizing: Literal["ratio", "heads"] = "ratio"
     needs_static: bool = False  # driven by the static head list (--static FILE)
-    needs_probe: bool = False  # driven by the head predictor's heads for each prompt (--probe DIR)
+    needs_probe: bool = False  # driven by the head predictor's heads for each prompt (--predictor DIR)
     knobs: tuple[tuple[str, str], ...] = ()  # (press argument, KV setting it reads), e.g. ("n_sink", "sink")
 
     def target(self) -> Any:
@@ -119,10 +119,10 @@ KVPRESS_PRESSES.register(
 KVPRESS_PRESSES.register(
     "head_tokens_predicted",
     PressEntry("dynheads.kv.press_runs:voted_tokens_press", needs_probe=True),
-    help="as head_tokens, the voters being the head predictor's best heads for each prompt (--probe)",
+    help="as head_tokens, the voters being the head predictor's best heads for each prompt (--predictor)",
 )
 KVPRESS_PRESSES.register(
     "head_spans_predicted",
     PressEntry("dynheads.kv.press_runs:voted_spans_press", needs_probe=True),
-    help="as head_spans, the voters being the head predictor's best heads for each prompt (--probe)",
+    help="as head_spans, the voters being the head predictor's best heads for each prompt (--predictor)",
 )

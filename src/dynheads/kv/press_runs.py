@@ -242,7 +242,9 @@ def _check_drivers(spec: PressSpec, settings: KVSettings) -> None:
     if entry.needs_static and not (settings.static_ranking or settings.voters):
         raise DynheadsError(f"kvpress:{spec.name} is driven by a dynheads head list: pass --static FILE")
     if entry.needs_probe and not settings.voters:
-        raise DynheadsError(f"kvpress:{spec.name} votes with the head predictor's heads for the prompt: pass --probe")
+        raise DynheadsError(
+            f"kvpress:{spec.name} votes with the head predictor's heads for the prompt: pass --predictor"
+        )
 
 
 @contextmanager

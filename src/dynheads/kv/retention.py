@@ -323,7 +323,7 @@ def _validate(lm: LoadedModel, settings: KVSettings, probe: TrainedHeadPredictor
     if settings.probe_select not in ("top", "threshold"):
         raise DynheadsError(f"unknown probe selection {settings.probe_select!r}: use 'top' or 'threshold'")
     if (policy.needs_probe or record_probe) and probe is None:
-        raise DynheadsError(f"the {settings.policy} KV policy needs a trained head predictor (--probe DIR)")
+        raise DynheadsError(f"the {settings.policy} KV policy needs a trained head predictor (--predictor DIR)")
     if probe is not None:
         if (probe.num_layers, probe.num_heads) != (lm.num_layers, lm.num_heads) or probe.task != "binary":
             raise DynheadsError(

@@ -59,7 +59,7 @@ class RerankStrategy:
     scores: Callable[[Candidates], Scored]
     reads_heads: bool = True  # scores from attention heads: fusable with BM25
     needs_static: bool = False  # reads the static list (--static)
-    needs_probe: bool = False  # reads the head predictor (--probe)
+    needs_probe: bool = False  # reads the head predictor (--predictor)
 
 
 RERANK_STRATEGIES = Registry[RerankStrategy]("rerank strategy")
@@ -113,7 +113,7 @@ RERANK_STRATEGIES.register(
 RERANK_STRATEGIES.register(
     "predictor",
     RerankStrategy(_predictor, needs_probe=True),
-    help="the k heads the head predictor (--probe) ranks highest from the hidden state",
+    help="the k heads the head predictor (--predictor) ranks highest from the hidden state",
 )
 RERANK_STRATEGIES.register("random", RerankStrategy(_random), help="k heads drawn per question (seeded)")
 RERANK_STRATEGIES.register("bm25", RerankStrategy(_bm25, reads_heads=False), help="BM25 (bm25s) over the candidates")

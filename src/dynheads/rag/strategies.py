@@ -49,7 +49,7 @@ class RagStrategy:
     select: Callable[[HeadSelector, Any], list[Head]] | None  # (selector, hidden) -> k heads; None: never retrieves
     start: Callable[[HeadSelector], object] | None = None  # once per answer: checks, draws kept for the whole answer
     needs_static: bool = False  # reads the static ranking (--static FILE)
-    needs_probe: bool = False  # reads the probe's predict_top (--probe DIR)
+    needs_probe: bool = False  # reads the probe's predict_top (--predictor DIR)
     paper: bool = True  # compared in the paper's Table 4 (what a RAG run compares unless told otherwise)
     visibility: Visibility = "hidden"  # what of the context the answer sees outside a retrieval's windows
 
