@@ -79,8 +79,16 @@ def _assert_generated(words: tuple[str, ...], config: type, skip: tuple[str, ...
             shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in field.default)
         else:
             shown = str(field.default)
-        line = next(line for line in lines if f"{flag} " in line)
-        assert f"[default: {shown}]" in line, (flag, line)
+        block = _option_block(lines, flag)
+        assert f"[default: {shown}]" in block, (flag, block)
+
+
+def _option_block(lines: list[str], flag: str) -> str:
+    """The help of option ``flag``: its line and the lines it wraps onto, up to the next option, joined (a long help
+    text wraps and its default then stands on a later line)."""
+    start = next(i for i, line in enumerate(lines) if f"{flag} " in line)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip("│ ").startswith("-")), len(lines))
+    return " ".join(line.strip("│ ") for line in lines[start:end])
 
 
 @pytest.mark.parametrize("name", sorted(COMMAND_CONFIGS))

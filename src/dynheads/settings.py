@@ -239,7 +239,7 @@ class AblationFields(AblationGrid):
     mode: str = redefault(AblationGrid, "mode", "mean")
     strategies: tuple[str, ...] = setting(
         ("dynamic", "static", "random"),
-        f"some of {ABLATION_STRATEGIES.choices(',')} (none, no masking, always runs too)",
+        f"some of {ABLATION_STRATEGIES.choices()} (none, no masking, always runs too)",
     )
     heads: tuple[str, ...] = setting((), "heads the fixed strategy masks at every step, e.g. 12-3,4-1")
     matching: str = setting(
@@ -355,7 +355,7 @@ class KVFields(NiahGrid, QaGrid, ModelSettings):
     )
     policies: tuple[str, ...] = setting(
         ("full", "none", "static", "probe", "random", "oracle", "true"),
-        f"some of {KV_POLICIES.choices(',')} or kvpress:<press> (a press of {KVPRESS_PRESSES.choices(',')})",
+        f"some of {KV_POLICIES.choices()} or kvpress:<press> (a press of {KVPRESS_PRESSES.choices()})",
     )
     budgets: tuple[float, ...] = setting(
         (0.05, 0.1, 0.25, 0.5), "fractions of the KV heads kept whole, e.g. 0.05,0.1,0.25,0.5"
@@ -387,7 +387,7 @@ class RagFields(QaGrid, ModelSettings):
     )
     probe: str | None = setting(None, "trained head predictor folder ('dynheads predictor train'), for the 'dynamic' strategy")
     static: str | None = setting(None, "static head list JSON, for the 'static' strategy")
-    strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, f"some of {RAG_STRATEGIES.choices(',')}")
+    strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, f"some of {RAG_STRATEGIES.choices()}")
     rerank_top: int = setting(
         2,
         "rerank: paragraphs shown (the top of ICR's ranking over every head); the rest "
