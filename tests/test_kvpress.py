@@ -19,7 +19,7 @@ from zoo import random_prompt, tiny_model, tiny_sdpa_lm
 from dynheads.errors import DynheadsError
 from dynheads.kv.press_registry import PressSpec, parse_press
 from dynheads.kv.press_runs import check_press
-from dynheads.kv.retention import KVSettings, kv_generate
+from dynheads.kv.retention import KVSettings, kv_generate, num_kv_heads
 from dynheads.models import LoadedModel, with_cache
 
 needs_kvpress = pytest.mark.skipif(
@@ -558,3 +558,67 @@ def test_voters_come_from_a_list_a_static_head_file_or_a_kv_export_folder(tmp_pa
     for bad, message in [([], "at least one"), (tmp_path / "zero.json", "zero score"), (tmp_path, "kv-export")]:
         with pytest.raises(DynheadsError, match=message):
             load_voters(bad)
+
+
+@needs_kvpress
+def test_the_question_free_track_compresses_the_context_alone(lm):
+    """Issue 61 item 3: kvpress's question-free track. ``compress_until = c`` prunes only the first c tokens, then
+    feeds the rest of the prompt (the question) uncompressed on each press's pruned cache: every token after c stays
+    resident, the context holds what the press kept of it, and compressing the whole prompt (c = n - 1) is the
+    question-aware default. Sharing one prefill still equals each press alone."""
+    from dynheads.kv.press_runs import press_generate_all
+
+    ids, context_end = random_prompt(11, 120), 90
+    settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),), voters=((1, 2),))
+    arms = [(PressSpec(name), settings) for name in ("snapkv", "knorm", "head_tokens", "head_spans")]
+    aware = press_generate_all(lm, ids, arms, 4, stop_at_eos=False)
+    assert [r.tokens for r in press_generate_all(lm, ids, arms, 4, stop_at_eos=False, compress_until=119)] == [
+        r.tokens for r in aware
+    ]
+    free = press_generate_all(lm, ids, arms, 4, stop_at_eos=False, compress_until=context_end)
+    alone = press_generate_all(lm, ids, arms, 4, stop_at_eos=False, compress_until=context_end, share_prefill=False)
+    context = press_generate_all(lm, ids[: context_end + 1], arms, 4, stop_at_eos=False)  # the context alone
+    heads = lm.num_layers * num_kv_heads(lm)
+    question = len(ids) - 1 - context_end  # fed after the compression, never pruned
+    for (spec, _), one, other, pruned, whole in zip(arms, free, alone, context, aware, strict=True):
+        assert (one.tokens, one.kept_kv) == (other.tokens, other.kept_kv), spec
+        # the context holds what the press keeps of it alone; every key of the question sits beside it
+        assert one.kept_kv[0] == pruned.kept_kv[0] + question * heads, spec
+        assert one.kept_kv[0] != whole.kept_kv[0], spec  # not the question-aware cache
+    with pytest.raises(DynheadsError, match="outside the prompt"):
+        press_generate_all(lm, ids, arms[:1], 4, compress_until=len(ids))
+
+
+def test_a_niah_sample_marks_its_haystack_for_the_question_free_track(embedded_tokenizer):
+    """The context span of a NIAH prompt is the haystack: it holds the needle and ends before the question."""
+    from dynheads.tasks.niah import QUESTION, make_sample
+
+    sample = make_sample(embedded_tokenizer, context_tokens=300, depth=0.5, seed=3)
+    start, stop = sample.context_span
+    assert start < min(sample.needle_positions) and max(sample.needle_positions) < stop < len(sample.input_ids) - 5
+    assert QUESTION in embedded_tokenizer.decode(sample.input_ids[stop:])
+    assert QUESTION not in embedded_tokenizer.decode(sample.input_ids[start:stop])
+    assert 280 <= stop - start <= 320  # the haystack's 300 tokens, give or take the needle's re-tokenised edges
+
+
+@needs_kvpress
+def test_dynheads_kv_runs_the_question_free_track(tmp_path, embedded):
+    """``dynheads kv --track question-free``: the presses compress each NIAH prompt's haystack alone (the question
+    follows uncompressed), so a press keeps more of the prompt than at the same ratio over all of it; the manifest
+    records the track; an unknown track is refused before any work."""
+    import pandas as pd
+
+    from dynheads.experiments.kv import KVConfig, run_kv
+
+    config = KVConfig(
+        policies=("full", "kvpress:snapkv"), budgets=(0.1,), lengths=(200,), depths=(0.5,), runs=1, max_new_tokens=4
+    )
+    tables = {}
+    for track in ("question-aware", "question-free"):
+        run = run_kv(replace(config, track=track), tmp_path / track, lm=embedded, progress=False)
+        assert run.manifest()["config"]["track"] == track
+        tables[track] = pd.read_csv(run.path / "table.csv").set_index("policy")
+    aware, free = (tables[t].loc["kvpress:snapkv", "kv_fraction"] for t in ("question-aware", "question-free"))
+    assert free > aware  # the question's keys all stay: more of the prompt is resident
+    with pytest.raises(DynheadsError, match="unknown track"):
+        run_kv(replace(config, track="question-only"), tmp_path / "bad", lm=embedded, progress=False)

@@ -24,7 +24,7 @@ from dynheads.analysis.settings import FEATURE_SETS
 from dynheads.config import pieces_of, redefault, setting
 from dynheads.errors import DynheadsError
 from dynheads.kv.policies import KV_POLICIES
-from dynheads.kv.press_registry import KVPRESS_PRESSES
+from dynheads.kv.press_registry import KVPRESS_PRESSES, TRACKS
 from dynheads.rag.rerank_strategies import RERANK_STRATEGIES
 from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
@@ -369,8 +369,16 @@ class KVFields(NiahGrid, QaGrid, ModelSettings):
         "'dynheads static'): its disjointness from the "
         "evaluation samples is not checked, and the manifest and summary say so",
     )
-    probe: str | None = setting(None, "trained head predictor folder ('dynheads predictor train'), for the probe policy")
+    probe: str | None = setting(
+        None, "trained head predictor folder ('dynheads predictor train'), for the probe policy"
+    )
     probe_select: str = setting("top", "probe policy: top (k heads) or threshold")
+    track: str = setting(
+        "question-aware",
+        "what the kvpress presses compress (kvpress's leaderboard tracks): "
+        + "; ".join(f"{name} = {text}" for name, text in TRACKS.items())
+        + " (the dynheads policies act while decoding and see the whole prompt either way)",
+    )
     lengths: tuple[int, ...] = redefault(NiahCells, "lengths", (1000,))
     runs: int = redefault(NiahGrid, "runs", 2)
     split: str = setting("analysis", "seed stream of the evaluation samples (a question task: the stream's name)")
@@ -385,7 +393,9 @@ class RagFields(QaGrid, ModelSettings):
         "hotpotqa (and the tasks its --data names select) or custom (your JSONL of {id, context, question, answer, "
         "spans?}, each context as written; docs/own-data.md)",
     )
-    probe: str | None = setting(None, "trained head predictor folder ('dynheads predictor train'), for the 'dynamic' strategy")
+    probe: str | None = setting(
+        None, "trained head predictor folder ('dynheads predictor train'), for the 'dynamic' strategy"
+    )
     static: str | None = setting(None, "static head list JSON, for the 'static' strategy")
     strategies: tuple[str, ...] = setting(PAPER_STRATEGIES, f"some of {RAG_STRATEGIES.choices()}")
     rerank_top: int = setting(
@@ -493,7 +503,9 @@ class DetectConfig:
         "fold only",
     )
     static_k: int = setting(10, "static top-k heads used by the retrieval features")
-    probe: str | None = setting(None, "trained head predictor folder ('dynheads predictor train'), for the probe feature sets")
+    probe: str | None = setting(
+        None, "trained head predictor folder ('dynheads predictor train'), for the probe feature sets"
+    )
     feature_sets: tuple[str, ...] = setting(
         FEATURE_SETS, "detectors to train, e.g. retrieval_no_needle,lookback,entropy"
     )

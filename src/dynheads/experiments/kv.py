@@ -51,7 +51,7 @@ from dynheads.experiments.experiment import (
 )
 from dynheads.heads import Head, flat_index, head_key
 from dynheads.kv.policies import KV_POLICIES, is_budget_free, is_dynamic
-from dynheads.kv.press_registry import KVPRESS_PRESSES, parse_press
+from dynheads.kv.press_registry import KVPRESS_PRESSES, TRACKS, parse_press
 from dynheads.kv.press_runs import check_press, is_press, press_generate_all
 from dynheads.kv.retention import (
     KVResult,
@@ -85,6 +85,8 @@ class KVConfig(KVFields, TaskGridChoice):
         self.check_task()
         if self.outside_heads and not self.static:
             raise DynheadsError("--outside-heads accepts a --static head list unchecked: pass --static FILE too")
+        if self.track not in TRACKS:
+            raise DynheadsError(f"unknown track {self.track!r}: use {' or '.join(TRACKS)}")
 
     def needs(self) -> set[str]:
         """The head sources the run reads (``resources``): those the chosen policies and presses declare, and any
@@ -310,6 +312,16 @@ class _KVDecoder:
                 results[i] = result
         return cast(list[KVResult], results)  # every slot holds its result now
 
+    def compressed(self, sample: Sample) -> int | None:
+        """What the presses compress of ``sample``'s prompt: all of it but its last token (question-aware, None), or
+        its context alone (question-free: up to the end of the task's ``context_span``)."""
+        if self.config.track == "question-aware":
+            return None
+        span = getattr(sample, "context_span", None)
+        if span is None:
+            raise DynheadsError(f"{sample.sample_id} marks no context span: the question-free track needs one")
+        return int(span[1])
+
     def decode_presses(
         self, jobs: list[tuple[Sample, str, float | None]], prefills: dict[str, Prefill]
     ) -> list[KVResult]:
@@ -322,7 +334,9 @@ class _KVDecoder:
             predicted = self.predicted_voters(prefills[sample.sample_id]) if self.needs_prefill(policy) else ()
             arms.append((check_press(policy), replace(settings, voters=predicted) if predicted else settings))
             voted.append(list(predicted))
-        results = press_generate_all(self.lm, sample.input_ids, arms, self.config.max_new_tokens)
+        results = press_generate_all(
+            self.lm, sample.input_ids, arms, self.config.max_new_tokens, compress_until=self.compressed(sample)
+        )
         for result, voters in zip(results, voted, strict=True):
             result.voters = voters
         return results

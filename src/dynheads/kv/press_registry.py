@@ -70,6 +70,11 @@ KVPRESS_ROUTE = (
     "a de-quantised copy of the model for that transformers (about 517 MB for the embedded model) into the cache"
 )
 
+# kvpress's leaderboard tracks: what the press compresses (``press_runs.press_generate_all``'s ``compress_until``)
+TRACKS = {
+    "question-aware": "the whole prompt is compressed, the question included: a press sees it",
+    "question-free": "only the context is compressed; the question and the prompt's end follow uncompressed",
+}
 KVPRESS_PRESSES = Registry[PressEntry]("kvpress press")
 KVPRESS_PRESSES.register(
     "streaming_llm",

@@ -31,7 +31,7 @@ masked keys), so the table shows what each press actually held.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import cast
@@ -174,10 +174,14 @@ def press_generate(
     max_new_tokens: int,
     *,
     stop_at_eos: bool = True,
+    compress_until: int | None = None,
 ) -> KVResult:
     """Greedy decoding with the kvpress press ``spec`` names (with its knobs) applied to the prefill of the prompt
-    minus its last token (as ``kv.retention`` prefills), the resident KV read from the cache at every decode step."""
-    (result,) = press_generate_all(lm, input_ids, [(spec, settings)], max_new_tokens, stop_at_eos=stop_at_eos)
+    minus its last token (as ``kv.retention`` prefills), the resident KV read from the cache at every decode step;
+    ``compress_until``: only the first that many tokens are compressed (``press_generate_all``)."""
+    (result,) = press_generate_all(
+        lm, input_ids, [(spec, settings)], max_new_tokens, stop_at_eos=stop_at_eos, compress_until=compress_until
+    )
     return result
 
 
@@ -189,6 +193,7 @@ def press_generate_all(
     *,
     stop_at_eos: bool = True,
     share_prefill: bool = True,
+    compress_until: int | None = None,
 ) -> list[KVResult]:
     """``press_generate`` for several presses of one prompt from one prefill: kvpress compresses a layer's cache
     after that layer's attention, so the prefill's passes are the same under every press; each press compresses its
@@ -197,17 +202,25 @@ def press_generate_all(
     A press with its own context (one that overrides kvpress's ``BasePress.__call__``, e.g. a press that also acts
     while decoding) prefills alone under that context, and so does every press with ``share_prefill=False`` (kvpress's
     own way, the reference). Memory: a press that compresses at the last layer
-    (``head_tokens``) or masks instead of freeing (``duo_attention``) holds a full copy of the cache until then."""
+    (``head_tokens``) or masks instead of freeing (``duo_attention``) holds a full copy of the cache until then.
+
+    The two tracks of kvpress's leaderboard: by default the whole prompt but its last token is compressed, the
+    question included, so a press sees it (question-aware); ``compress_until = c`` compresses only the first ``c``
+    tokens (the context), then feeds the rest of the prompt uncompressed, at its true positions, on each press's
+    pruned cache (question-free: the press sees no question)."""
     if len(input_ids) < 2:
         raise DynheadsError("a kvpress policy needs a prompt of at least 2 tokens")
+    compressed = len(input_ids) - 1 if compress_until is None else compress_until
+    if not 1 <= compressed <= len(input_ids) - 1:
+        raise DynheadsError(f"compress_until={compress_until} lies outside the prompt's 1..{len(input_ids) - 1} tokens")
     for spec, settings in arms:
         _check_drivers(spec, settings)
-    presses = [make_press(spec, lm, settings, len(input_ids) - 1) for spec, settings in arms]
+    presses = [make_press(spec, lm, settings, compressed) for spec, settings in arms]
     shared = [i for i, press in enumerate(presses) if share_prefill and not _has_own_context(press)]
     alone = [([i], False) for i in range(len(presses)) if i not in shared]
     results: list[KVResult | None] = [None] * len(arms)
     for group, share in ([(shared, True)] if shared else []) + alone:
-        pressed = _prefilled(lm, input_ids, [presses[i] for i in group], max_new_tokens, share=share)
+        pressed = _prefilled(lm, input_ids, [presses[i] for i in group], max_new_tokens, share, compressed)
         for i, (session, masked) in zip(group, pressed, strict=True):
             results[i] = _decode_pressed(lm, session, masked, *arms[i], max_new_tokens, stop_at_eos)
     return cast(list[KVResult], results)  # every group filled its slots
@@ -218,22 +231,29 @@ def _has_own_context(press) -> bool:
 
 
 def _prefilled(
-    lm: LoadedModel, input_ids: Sequence[int], presses: list, max_new_tokens: int, share: bool
+    lm: LoadedModel, input_ids: Sequence[int], presses: list, max_new_tokens: int, share: bool, compressed: int
 ) -> list[tuple[DecodingSession, dict[int, object] | None]]:
-    """One session per press, its cache pruned by the press from one prefill of the prompt minus its last token,
-    with the keys a head-level press masks per layer; ``share`` off: one press under its own kvpress context, which
-    leaves those keys on the modules (None)."""
+    """One session per press, its cache pruned by the press from one prefill of the prompt's first ``compressed``
+    tokens, then the rest of the prompt but its last token fed uncompressed, with the keys a head-level press masks
+    per layer; ``share`` off: one press under its own kvpress context, which leaves those keys on the modules
+    (None)."""
     # a pruned cache is shorter than the text: each token gets its true position (as kvpress's pipeline)
     prefilled = DecodingSession(lm, input_ids, max_new_tokens=max_new_tokens, probed=False, text_positions=True)
+    rest = len(input_ids) - 1 - compressed
     if len(presses) == 1 and not share:
         with presses[0](lm.model):
-            prefilled.forward(len(input_ids) - 1)
-        return [(prefilled, None)]
-    caches = [DynamicCache(config=lm.model.config) for _ in presses]
-    masks: list[dict[int, object]] = [{} for _ in presses]
-    with _pressing(lm.model, presses, caches, masks):
-        prefilled.forward(len(input_ids) - 1)
-    return list(zip(prefilled.copies(len(presses), caches), masks, strict=True))
+            prefilled.forward(compressed)
+        sessions: list[tuple[DecodingSession, dict[int, object] | None]] = [(prefilled, None)]
+    else:
+        caches = [DynamicCache(config=lm.model.config) for _ in presses]
+        masks: list[dict[int, object]] = [{} for _ in presses]
+        with _pressing(lm.model, presses, caches, masks):
+            prefilled.forward(compressed)
+        sessions = list(zip(prefilled.copies(len(presses), caches), masks, strict=True))
+    for session, masked in sessions if rest else ():  # question-free: the question after the compressed context
+        with _masking(lm, masked, clear=False):  # its decoding clears them
+            session.forward(rest)
+    return sessions
 
 
 def _check_drivers(spec: PressSpec, settings: KVSettings) -> None:
@@ -303,17 +323,27 @@ def _decode_pressed(
         result.dynamic.append([])
 
     policy = GreedyPolicy(lm.stop_token_ids() if stop_at_eos else set(), measure)
-    try:
-        if masked is not None:  # kvpress reads a head-level press's masked keys from the modules while decoding
-            for module in attention:
-                module.masked_key_indices = masked.get(module.layer_idx)
+    with _masking(lm, masked):
         (decoded,) = decode([session], [policy], max_new_tokens)
-    finally:
-        for module in attention:  # the next press or sample must not see this press's head masks
-            module.masked_key_indices = None  # type: ignore[assignment]  # kvpress's attribute, not nn.Module's
     result.tokens, result.stop_reason = decoded.tokens, decoded.stop_reason
     result.text = decode_text(lm.tokenizer, result.tokens, skip_special_tokens=True)
     return result
+
+
+@contextmanager
+def _masking(lm: LoadedModel, masked: dict[int, object] | None, *, clear: bool = True) -> Iterator[None]:
+    """A head-level press's masked keys on the attention modules, where kvpress reads them, for the block (None: a
+    press under its own context, which left them there itself); ``clear``ed after, so the next press or sample
+    never sees them (a pass before the press's decoding keeps them)."""
+    attention = attention_modules(lm.model)
+    try:
+        if masked is not None:
+            for module in attention:
+                module.masked_key_indices = masked.get(module.layer_idx)
+        yield
+    finally:
+        for module in attention if clear else ():
+            module.masked_key_indices = None  # type: ignore[assignment]  # kvpress's attribute, not nn.Module's
 
 
 def _resident(cache, attention) -> int:

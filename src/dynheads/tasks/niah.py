@@ -55,6 +55,7 @@ class NiahExtras:
     """What a NIAH ``Sample`` holds beyond the common fields."""
 
     answer_token_count: int  # tokens of the UUID in the needle, the static-head normaliser
+    context_span: tuple[int, int]  # [start, stop) token range of the haystack (a question-free press compresses it)
 
 
 NiahSample = Sample  # a NIAH sample is a ``Sample`` with ``NiahExtras``
@@ -177,6 +178,8 @@ def make_sample(
     check_span_keeps(tokenizer, prompt.input_ids, positions, answer, "needle")
     answer_start = start + needle.index(answer)
     answer_tokens = token_span(prompt, answer_start, answer_start + len(answer))
+    haystack_start, haystack_stop = locate(prompt, haystack_text, what="haystack")
+    haystack_tokens = token_span(prompt, haystack_start, haystack_stop)
     if meta:
         d_start, d_stop = locate(prompt, DISTRACTOR_TEMPLATE.format(answer=meta["distractor"]), what="distractor")
         meta["distractor_positions"] = token_span(prompt, d_start, d_stop)
@@ -188,7 +191,9 @@ def make_sample(
         context_tokens=context_tokens,
         depth=depth,
         seed=seed,
-        extras=NiahExtras(answer_token_count=len(answer_tokens)),
+        extras=NiahExtras(
+            answer_token_count=len(answer_tokens), context_span=(haystack_tokens[0], haystack_tokens[-1] + 1)
+        ),
         meta=meta,
     )
 
