@@ -245,6 +245,7 @@ def test_one_sample_type_keeps_the_record_columns(tiny_lm):
         "needle_positions",
         "answer",
         "answer_token_count",
+        "context_span",  # the haystack's token range (issue 61: what a question-free press compresses)
         "context_tokens",
         "depth",
         "seed",
@@ -253,8 +254,10 @@ def test_one_sample_type_keeps_the_record_columns(tiny_lm):
         "chat_template_kwargs",
         "prompt_tokens",
     ]
+    start, stop = sample.context_span  # the haystack, the needle inside it, the question after it
+    assert start < min(sample.needle_positions) <= max(sample.needle_positions) < stop < len(sample.input_ids)
     with pytest.raises(AttributeError):
-        sample.context_span  # noqa: B018 - a NIAH sample has no QA extras
+        sample.question  # noqa: B018 - a NIAH sample has no QA extras
 
 
 def test_each_built_in_task_is_registered_by_its_own_module():

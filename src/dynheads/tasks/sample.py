@@ -51,8 +51,8 @@ class Sample:
         for key, value in data.items():
             if key != "input_ids":
                 record[key] = value
-            if key == "answer":
-                record.update(extras)
+            if key == "answer":  # as a saved record reads back (JSON has lists): a span is [start, stop]
+                record.update({name: list(v) if isinstance(v, tuple) else v for name, v in extras.items()})
         record["prompt_tokens"] = len(self.input_ids)
         return record
 
