@@ -22,8 +22,8 @@ import time
 import numpy as np
 import torch
 
-from dynheads.settings import HotpotConfig
 from dynheads.models import load_model
+from dynheads.settings import HotpotConfig
 from dynheads.tasks import candidates, multihop
 from dynheads.tasks.prompting import render_chat
 from dynheads.tasks.registry import task_of

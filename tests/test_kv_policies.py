@@ -77,7 +77,9 @@ def test_a_registered_policy_is_offered_checked_and_styled(first_layers, needs_l
         kv_generate(lm, _Sample(_prompt()), KVSettings(policy=needs_list), max_new_tokens=1)
     with pytest.raises(DynheadsError, match="unknown KV policy 'sometimes': use one of full, none, static"):
         kv_generate(lm, _Sample(_prompt()), KVSettings(policy="sometimes"), max_new_tokens=1)
-    assert "full, none, static, probe, oracle, true, random" in KVFields.__dataclass_fields__["policies"].metadata["help"]
+    assert (
+        "full, none, static, probe, oracle, true, random" in KVFields.__dataclass_fields__["policies"].metadata["help"]
+    )
 
 
 def test_a_registered_policy_runs_through_the_kv_experiment_and_its_figure(
