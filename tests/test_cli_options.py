@@ -33,10 +33,12 @@ def test_every_model_loading_command_takes_model_dtype_device(name):
     assert {"--model", "--dtype", "--device"} <= _params(name)
 
 
-def test_flags_reach_the_config_parsed_and_renamed(monkeypatch, tmp_path):
+@pytest.fixture
+def rag_configs(monkeypatch, tmp_path) -> dict:
+    """The config each ``dynheads rag`` invocation hands to the runner (stubbed: no model loads)."""
     import dynheads.experiments.rag as rag
 
-    seen = {}
+    seen: dict = {}
 
     def fake_run_rag(config, out, batch_size=1):
         seen["config"] = config
@@ -44,6 +46,13 @@ def test_flags_reach_the_config_parsed_and_renamed(monkeypatch, tmp_path):
         return type("Run", (), {"path": tmp_path})()
 
     monkeypatch.setattr(rag, "run_rag", fake_run_rag)
+    return seen
+
+
+def test_flags_reach_the_config_parsed_and_renamed(rag_configs, tmp_path):
+    from dynheads.experiments.rag import RagConfig
+
+    seen = rag_configs
     result = CliRunner().invoke(
         app,
         [
@@ -66,31 +75,22 @@ def test_flags_reach_the_config_parsed_and_renamed(monkeypatch, tmp_path):
     config = seen["config"]
     assert config.ks == (5, 10) and config.lengths == (250,) and config.depths == (0.5,)
     assert config.dtype == "float32" and config.strategies == ("none", "static")
-    assert config.questions == rag.RagConfig().questions  # flags not given keep the config's value
+    assert config.questions == RagConfig().questions  # flags not given keep the config's value
 
 
 @pytest.mark.parametrize("flag", ["--predictor", "--probe"])
-def test_the_head_predictor_is_given_by_predictor_and_its_old_spelling(flag, monkeypatch, tmp_path):
+def test_the_head_predictor_is_given_by_predictor_and_its_old_spelling(flag, rag_configs, monkeypatch, tmp_path):
     """Issue 62: ``--predictor`` names the trained head predictor (the "probe" is the attention probe); ``--probe``
     still works. The config field keeps its name, so manifests and TOML files of earlier runs still read."""
-    import dynheads.experiments.rag as rag
+    from dynheads.cli import checks
 
     for name in ("rag", "kv", "rerank", "detect"):
         assert {"--predictor", "--probe"} <= _params(name), name
-    seen = {}
-
-    def fake_run_rag(config, out, batch_size=1):
-        seen["config"] = config
-        (tmp_path / "rag.md").write_text("table\n")
-        return type("Run", (), {"path": tmp_path})()
-
-    monkeypatch.setattr(rag, "run_rag", fake_run_rag)
-    from dynheads.cli import checks
 
     monkeypatch.setitem(checks.FIELD_CHECKS, "probe", lambda path: None)  # no trained predictor needed here
     result = CliRunner().invoke(app, ["rag", "--out", str(tmp_path), flag, str(tmp_path / "predictor")])
     assert result.exit_code == 0, result.output
-    assert seen["config"].probe == str(tmp_path / "predictor")
+    assert rag_configs["config"].probe == str(tmp_path / "predictor")
 
 
 def test_static_takes_no_runs_option():
