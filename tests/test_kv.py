@@ -201,7 +201,7 @@ def test_bad_settings_are_refused(lm):
     with pytest.raises(DynheadsError, match="fraction of KV heads"):
         kv_generate(lm, _Sample(_prompt()), KVSettings(policy="random", budget=0.0), max_new_tokens=2)
     with pytest.raises(DynheadsError, match="needs a trained probe"):
-        KVConfig(policies=("probe",)).jobs()
+        KVConfig(policies=("probe",)).arms()
 
 
 def test_precision_recall_pairs_step_t_predictions_with_step_t_plus_1():

@@ -61,7 +61,11 @@ def test_a_registered_policy_picks_the_heads_of_every_decode_step(first_layers):
 
 def test_a_registered_policy_is_offered_checked_and_styled(first_layers, needs_list):
     config = KVConfig(policies=(first_layers, "full"), budgets=(0.5, 0.25))
-    assert config.jobs() == [("full", None), (first_layers, 0.25), (first_layers, 0.5)]  # registration order
+    assert [(arm.name, arm.budget) for arm in config.arms()] == [
+        ("full", None),
+        (first_layers, 0.25),
+        (first_layers, 0.5),
+    ]
     assert KV_POLICIES.help(first_layers) in [entry.help for entry in KV_POLICIES]
     assert plot_style(first_layers, 0).marker and plot_style("full", 0).colour == "k"  # nothing goes unstyled
     looks = {(plot_style(f"kvpress:p{i}", i).colour, plot_style(f"kvpress:p{i}", i).marker) for i in range(12)}
@@ -71,7 +75,7 @@ def test_a_registered_policy_is_offered_checked_and_styled(first_layers, needs_l
     built_in = {entry.value.style.colour for entry in KV_POLICIES if entry.value.style is not None}
     assert len(colours) == 10 and not colours & (built_in | {"C7", "0.6", "grey", "gray"})
     with pytest.raises(DynheadsError, match="the listed KV policy needs a static head list"):
-        KVConfig(policies=(needs_list,)).jobs()
+        KVConfig(policies=(needs_list,)).arms()
     with pytest.raises(DynheadsError, match="the listed KV policy needs a static head list"):
         lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
         kv_generate(lm, _Sample(_prompt()), KVSettings(policy=needs_list), max_new_tokens=1)
@@ -111,3 +115,33 @@ def test_a_registered_policy_runs_through_the_kv_experiment_and_its_figure(
     texts = [text.get_text() for text in drawn[0].findobj(matplotlib.text.Text)]
     assert any(AT_CHANCE in text for text in texts)
     assert (run.path / "plots" / "kv-accuracy.png").is_file()
+
+
+def test_an_arm_is_its_name_resolved_once():
+    """Issue 62 item 2: the KV runner reads what an arm is from its registered entry, never from its name: the
+    reference cache, the second tier, whole heads, what it needs and where it decodes from."""
+    from dynheads.kv.arms import KVArm, resolve_arms
+    from dynheads.kv.press_registry import PressSpec
+
+    arms = resolve_arms(("probe", "full", "static"), (0.5, 0.25), static_given=True, predictor_given=True)
+    assert [(a.name, a.budget) for a in arms] == [
+        ("full", None),
+        ("static", 0.25),
+        ("static", 0.5),
+        ("probe", 0.25),
+        ("probe", 0.5),
+    ]
+    full, static, probe = arms[0], arms[1], arms[3]
+    assert full.reference and not static.reference and full.kv_budget == 1.0 and static.kv_budget == 0.25
+    assert probe.dynamic and probe.needs_probe and not static.dynamic and static.needs_static
+    assert static.record_id == "-static-b0.25" and full.record_id == "-full"
+    assert all(a.whole_heads and a.decodes_from_prefill for a in arms)
+    snapkv, duo = (
+        KVArm("kvpress:snapkv", 0.1, press=PressSpec("snapkv")),
+        KVArm("kvpress:duo", 0.1, press=PressSpec("duo_attention")),
+    )
+    predicted = KVArm("kvpress:head_tokens_predicted", 0.1, press=PressSpec("head_tokens_predicted"))
+    assert not snapkv.whole_heads and duo.whole_heads  # a head-level press keeps whole KV heads
+    assert not snapkv.decodes_from_prefill and predicted.decodes_from_prefill and predicted.needs_probe
+    with pytest.raises(DynheadsError, match="KV budgets are fractions"):
+        resolve_arms(("full",), (1.5,), static_given=False, predictor_given=False)

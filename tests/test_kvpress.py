@@ -325,13 +325,13 @@ def test_head_tokens_predicted_keeps_what_its_voters_choose_and_needs_them(lm):
     with pytest.raises(DynheadsError, match="votes with the head predictor's heads for the prompt"):
         press_generate(lm, ids, PressSpec("head_tokens_predicted"), replace(settings, voters=()), 4)
     with pytest.raises(DynheadsError, match="kvpress:head_tokens_predicted votes with the head predictor's heads"):
-        KVConfig(policies=("full", "kvpress:head_tokens_predicted")).jobs()
+        KVConfig(policies=("full", "kvpress:head_tokens_predicted")).arms()
     # the spans' predicted voters likewise: head_spans with the prompt's voters
     spans = press_generate(lm, ids, PressSpec("head_spans_predicted"), settings, 4, stop_at_eos=False)
     static_spans = press_generate(lm, ids, PressSpec("head_spans"), settings, 4, stop_at_eos=False)
     assert spans.tokens == static_spans.tokens and spans.kept_kv == static_spans.kept_kv
     with pytest.raises(DynheadsError, match="kvpress:head_spans_predicted votes with the head predictor's heads"):
-        KVConfig(policies=("full", "kvpress:head_spans_predicted")).jobs()
+        KVConfig(policies=("full", "kvpress:head_spans_predicted")).arms()
 
 
 @needs_kvpress
@@ -339,7 +339,7 @@ def test_head_tokens_need_a_static_list():
     from dynheads.experiments.kv import KVConfig
 
     with pytest.raises(DynheadsError, match="kvpress:head_tokens is driven by a dynheads head list"):
-        KVConfig(policies=("full", "kvpress:head_tokens")).jobs()
+        KVConfig(policies=("full", "kvpress:head_tokens")).arms()
 
 
 @needs_kvpress

@@ -50,9 +50,9 @@ from dynheads.experiments.experiment import (
     run_experiment,
 )
 from dynheads.heads import Head, flat_index, head_key
-from dynheads.kv.policies import KV_POLICIES, is_budget_free, is_dynamic
-from dynheads.kv.press_registry import KVPRESS_PRESSES, TRACKS, parse_press
-from dynheads.kv.press_runs import check_press, is_press, press_generate_all
+from dynheads.kv.arms import KVArm, resolve_arms
+from dynheads.kv.press_registry import TRACKS, PressSpec
+from dynheads.kv.press_runs import press_generate_all
 from dynheads.kv.retention import (
     KVResult,
     KVSettings,
@@ -92,42 +92,14 @@ class KVConfig(KVFields, TaskGridChoice):
         """The head sources the run reads (``resources``): those the chosen policies and presses declare, and any
         source given (the full policy's decoding measures a given predictor; the manifest lists a given list's
         heads per budget)."""
-        registered = [KV_POLICIES.get(p) for p in self.policies if p in KV_POLICIES]
-        presses = [KVPRESS_PRESSES.get(parse_press(p).name) for p in self.policies if is_press(p)]
         given = {STATIC_HEADS} if self.static else set()
-        return needs_of([*registered, *presses]) | given | ({HEAD_PREDICTOR} if self.probe else set())
+        return needs_of(self.arms()) | given | ({HEAD_PREDICTOR} if self.probe else set())
 
-    def jobs(self) -> list[tuple[str, float | None]]:
-        """(policy, budget) pairs in run order; budget None for the budget-free policies."""
-        unknown = [p for p in self.policies if p not in KV_POLICIES and not is_press(p)]
-        if unknown or not self.policies:
-            raise DynheadsError(
-                f"unknown or no KV policies {unknown}: use some of {KV_POLICIES.choices()} or "
-                f"kvpress:<press> ({KVPRESS_PRESSES.choices()})"
-            )
-        presses = [p for p in self.policies if is_press(p)]
-        for press in presses:
-            check_press(press)
-        if not self.budgets or not all(0 < b <= 1 for b in self.budgets):
-            raise DynheadsError(f"KV budgets are fractions of KV heads in (0, 1], got {list(self.budgets)}")
-        registered = [KV_POLICIES.entry(p) for p in self.policies if p in KV_POLICIES]
-        for entry in registered:
-            if entry.value.needs_static and not self.static:
-                raise DynheadsError(f"the {entry.name} KV policy needs a static head list: pass --static FILE")
-        for press in presses:
-            if KVPRESS_PRESSES.get(parse_press(press).name).needs_static and not self.static:
-                raise DynheadsError(f"{press} is driven by a dynheads head list: pass --static FILE")
-            if KVPRESS_PRESSES.get(parse_press(press).name).needs_probe and not self.probe:
-                raise DynheadsError(f"{press} votes with the head predictor's heads: pass --predictor DIR")
-        for entry in registered:
-            if entry.value.needs_probe and not self.probe:
-                raise DynheadsError(f"the {entry.name} KV policy needs a trained probe: pass --predictor DIR")
-        ordered = [p for p in KV_POLICIES.names() if p in self.policies] + list(dict.fromkeys(presses))
-        return [
-            (p, None) if is_budget_free(p) else (p, b)
-            for p in ordered
-            for b in ((None,) if is_budget_free(p) else sorted(self.budgets))
-        ]
+    def arms(self) -> list[KVArm]:
+        """The run's (policy or press, budget) arms in run order, each name resolved once (``kv.arms``)."""
+        return resolve_arms(
+            self.policies, self.budgets, static_given=bool(self.static), predictor_given=bool(self.probe)
+        )
 
 
 def _kv_plan(config: KVConfig, lm: LoadedModel) -> GridPlan:
@@ -149,7 +121,7 @@ def _kv_work(context: Context[KVConfig, GridPlan]) -> Work:
     """Every sample under every (policy, budget), samples visited run by run (every cell's first sample, then every
     cell's second, ...) so that a run stopped early still covers the grid; a sample's policies are one batch."""
     config, lm, plan, sources = context.config, context.lm, context.plan, context.sources
-    task, samples, jobs = plan.task, plan.samples, config.jobs()
+    task, samples, arms = plan.task, plan.samples, config.arms()
     num_kv = num_kv_heads(lm)
     static, voters = _static_heads(sources.static, lm, num_kv)
     probe = sources.predictor.predictor if sources.predictor else None
@@ -175,20 +147,16 @@ def _kv_work(context: Context[KVConfig, GridPlan]) -> Work:
     runs = 1 if task.questions else config.runs  # NIAH grids: runs vary fastest, every cell's first sample first
     order = sorted(range(len(samples)), key=lambda i: (i % runs, i))
     decoding = [
-        Job(
-            f"{samples[i].sample_id}-{policy}" + ("" if budget is None else f"-b{budget:g}"),
-            (samples[i], policy, budget),
-            group=samples[i].sample_id,
-        )
+        Job(samples[i].sample_id + arm.record_id, (samples[i], arm), group=samples[i].sample_id)
         for i in order
-        for policy, budget in jobs
+        for arm in arms
     ]
     decoder = _KVDecoder(lm, config, task, static, voters, probe)
     return Work(manifest, [Phase(decoding, decoder, "kv")])
 
 
 def _check_kv(config: KVConfig) -> None:
-    config.jobs()  # unknown policies first
+    config.arms()  # unknown policies first
     config.check()
 
 
@@ -230,7 +198,7 @@ def _head_budgets(config: KVConfig, lm: LoadedModel, num_kv: int, static: tuple[
 
 @dataclass(frozen=True)
 class _KVDecoder:
-    """The work of ``run_jobs``: decode a batch of (sample, policy, budget) jobs into records."""
+    """The work of ``run_jobs``: decode a batch of (sample, arm) jobs into records."""
 
     lm: LoadedModel
     config: KVConfig
@@ -239,12 +207,12 @@ class _KVDecoder:
     voters: tuple[Head, ...]
     probe: TrainedHeadPredictor | None
 
-    def settings_of(self, sample: Sample, policy: str, budget: float | None) -> KVSettings:
+    def settings_of(self, sample: Sample, arm: KVArm) -> KVSettings:
         config = self.config
         # probe_select: kv_generate_batch refuses a value that is no ProbeSelect
         return KVSettings(
-            policy=policy,
-            budget=budget or 1.0,
+            policy=arm.name,
+            budget=arm.kv_budget,
             sink=config.sink,
             recent=config.recent,
             static_ranking=self.static,
@@ -253,60 +221,53 @@ class _KVDecoder:
             voters=self.voters,
         )
 
-    def __call__(self, batch: list[tuple[Sample, str, float | None]]) -> list[Finished]:
+    def records_probe(self, arm: KVArm) -> bool:
+        """A given predictor's scores are recorded along the reference (full) cache's decoding."""
+        return arm.reference and self.probe is not None
+
+    def __call__(self, batch: list[tuple[Sample, KVArm]]) -> list[Finished]:
         finished = []
-        for (sample, policy, budget), result in zip(batch, self.decode(batch), strict=True):
-            record = _record(
-                self.lm,
-                self.task,
-                sample,
-                self.settings_of(sample, policy, budget),
-                result,
-                record_probe=policy == "full" and self.probe is not None,
-            )
-            record.update(grid_sample_id=sample.sample_id, budget=budget)
+        for (sample, arm), result in zip(batch, self.decode(batch), strict=True):
+            settings = self.settings_of(sample, arm)
+            record = _record(self.lm, self.task, sample, arm, settings, result, self.records_probe(arm))
+            record.update(grid_sample_id=sample.sample_id, budget=arm.budget)
             finished.append(Finished(record))
         return finished
-
-    @staticmethod
-    def needs_prefill(policy: str) -> bool:
-        """dynheads policies decode from the shared prefill; a press the predictor votes for reads its hidden state."""
-        return not is_press(policy) or KVPRESS_PRESSES.get(parse_press(policy).name).needs_probe
 
     def predicted_voters(self, prefilled: Prefill) -> tuple[Head, ...]:
         """The head predictor's ``VOTERS`` best heads for the prompt: from the hidden state of the prefill's last
         position (the probe policy's input at the first step)."""
-        if self.probe is None or prefilled.last is None:  # KVConfig.jobs refuses the press without --predictor
+        if self.probe is None or prefilled.last is None:  # resolve_arms refuses the press without --predictor
             raise DynheadsError("the predictor's voters need --predictor DIR and a prompt of at least 2 tokens")
         return tuple(self.probe.top_heads(prefilled.last.hidden.cpu(), VOTERS))
 
-    def decode(self, batch: list[tuple[Sample, str, float | None]]) -> list[KVResult]:
-        """Each (policy, budget) of the batch decodes its samples as one batch (``kv_generate_batch``) from one
-        full-attention prefill per sample, shared by the sample's policies; a sample's kvpress presses share their own
+    def decode(self, batch: list[tuple[Sample, KVArm]]) -> list[KVResult]:
+        """Each retention arm of the batch decodes its samples as one batch (``kv_generate_batch``) from one
+        full-attention prefill per sample, shared by the sample's arms; a sample's kvpress presses share their own
         prefill (plain attention, no probe; ``press_generate_all``) and decode one by one."""
         lm, config = self.lm, self.config
         prefills: dict[str, Prefill] = {}
         results: list[KVResult | None] = [None] * len(batch)
-        groups: dict[tuple[str, float | None], list[int]] = {}
+        groups: dict[KVArm, list[int]] = {}
         pressed: dict[str, list[int]] = {}
-        for i, (sample, policy, budget) in enumerate(batch):
-            if sample.sample_id not in prefills and self.needs_prefill(policy):
+        for i, (sample, arm) in enumerate(batch):
+            if sample.sample_id not in prefills and arm.decodes_from_prefill:
                 prefills[sample.sample_id] = prefill(lm, sample, config.max_new_tokens)
-            if is_press(policy):
+            if arm.press is not None:
                 pressed.setdefault(sample.sample_id, []).append(i)
             else:
-                groups.setdefault((policy, budget), []).append(i)
+                groups.setdefault(arm, []).append(i)
         for rows in pressed.values():
             for i, result in zip(rows, self.decode_presses([batch[i] for i in rows], prefills), strict=True):
                 results[i] = result
-        for (policy, budget), rows in groups.items():
+        for arm, rows in groups.items():
             decoded = kv_generate_batch(
                 lm,
                 [prefills[batch[i][0].sample_id] for i in rows],
-                [self.settings_of(batch[i][0], policy, budget) for i in rows],
+                [self.settings_of(batch[i][0], arm) for i in rows],
                 config.max_new_tokens,
                 probe=self.probe,
-                record_probe=policy == "full" and self.probe is not None,
+                record_probe=self.records_probe(arm),
             )
             for i, result in zip(rows, decoded, strict=True):
                 results[i] = result
@@ -322,17 +283,16 @@ class _KVDecoder:
             raise DynheadsError(f"{sample.sample_id} marks no context span: the question-free track needs one")
         return int(span[1])
 
-    def decode_presses(
-        self, jobs: list[tuple[Sample, str, float | None]], prefills: dict[str, Prefill]
-    ) -> list[KVResult]:
+    def decode_presses(self, jobs: list[tuple[Sample, KVArm]], prefills: dict[str, Prefill]) -> list[KVResult]:
         """The kvpress presses of one sample, from one prefill they share; a press the predictor votes for gets the
         predictor's heads for the prompt (read from the sample's dynheads prefill) and records them."""
         sample = jobs[0][0]
         arms, voted = [], []
-        for _, policy, budget in jobs:
-            settings = self.settings_of(sample, policy, budget)
-            predicted = self.predicted_voters(prefills[sample.sample_id]) if self.needs_prefill(policy) else ()
-            arms.append((check_press(policy), replace(settings, voters=predicted) if predicted else settings))
+        for _, arm in jobs:
+            settings = self.settings_of(sample, arm)
+            predicted = self.predicted_voters(prefills[sample.sample_id]) if arm.decodes_from_prefill else ()
+            press = cast(PressSpec, arm.press)  # decode routes press arms alone here
+            arms.append((press, replace(settings, voters=predicted) if predicted else settings))
             voted.append(list(predicted))
         results = press_generate_all(
             self.lm, sample.input_ids, arms, self.config.max_new_tokens, compress_until=self.compressed(sample)
@@ -343,25 +303,28 @@ class _KVDecoder:
 
 
 def _record(
-    lm: LoadedModel, task: Task, sample: Sample, settings: KVSettings, result: KVResult, record_probe: bool
+    lm: LoadedModel,
+    task: Task,
+    sample: Sample,
+    arm: KVArm,
+    settings: KVSettings,
+    result: KVResult,
+    record_probe: bool,
 ) -> dict:
     token_bytes = kv_token_bytes(lm)
-    dynamic = is_dynamic(settings.policy)
     steps = len(result.kv_heads)
     # Dynamic policies write each step's new token of every KV head to the second tier (any head may be fetched).
-    written = lm.num_layers * num_kv_heads(lm) * token_bytes if dynamic else 0
+    written = lm.num_layers * num_kv_heads(lm) * token_bytes if arm.dynamic else 0
     record = {
         **sample.describe(),
-        "policy": settings.policy,
+        "policy": arm.name,
         "generated": result.text,
         "stop_reason": result.stop_reason,
         "steps": steps,
         "metrics": task.score(sample, result.text),
         # token-level presses keep no whole head: their KV-head count is undefined, not 0
         "mean_kv_heads": (
-            float(np.mean([len(heads) for heads in result.kv_heads]))
-            if not is_press(settings.policy) or parse_press(settings.policy).name == "duo_attention"
-            else float("nan")
+            float(np.mean([len(heads) for heads in result.kv_heads])) if arm.whole_heads else float("nan")
         ),
         "budget_kv_heads": result.budget_heads,
         "shortfall": result.shortfall,
@@ -369,7 +332,7 @@ def _record(
         "mean_kept_kv": float(np.mean(result.kept_kv)),
         "mean_total_kv": float(np.mean(result.total_kv)),
         "kv_bytes": float(np.mean(result.kept_kv)) * token_bytes,
-        "offloaded_bytes": float(np.mean(result.total_kv)) * token_bytes if dynamic else 0.0,
+        "offloaded_bytes": float(np.mean(result.total_kv)) * token_bytes if arm.dynamic else 0.0,
         "moved_bytes_per_step": float(np.mean(result.fetched_kv)) * token_bytes + written,
         "moved_new_bytes_per_step": float(np.mean(result.fetched_new_kv)) * token_bytes + written,
         "dynamic": [[flat_index(h, lm.num_heads) for h in heads] for heads in result.dynamic],

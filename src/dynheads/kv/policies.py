@@ -79,6 +79,7 @@ class RetentionPolicy:
     clean_pass: bool = False  # needs a clean full-KV pass at every step (its D_t; the cache is left untouched)
     needs_static: bool = False  # reads the static head ranking (--static FILE)
     needs_probe: bool = False  # reads the trained head predictor's scores (--predictor DIR)
+    reference: bool = False  # the unmodified cache: a given predictor's precision and recall is read along it
     style: PlotStyle | None = None  # None: a default style (``plot_style``)
 
 
@@ -130,7 +131,7 @@ UNSTYLED_MARKERS = ("P", "h", "d", "p", "8")
 
 # ---- the built-in policies ------------------------------------------------------------------------------------------
 @KV_POLICIES.register("full", help="every KV head keeps its whole cache (the unmodified model, the ceiling)")
-@retention_policy(budget_free=True, style=PlotStyle("k", "*", "none"))
+@retention_policy(budget_free=True, reference=True, style=PlotStyle("k", "*", "none"))
 def _full(inputs: PolicyInputs) -> list[KVHead]:
     return list(inputs.every)
 

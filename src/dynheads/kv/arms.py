@@ -1,0 +1,112 @@
+"""The arms of a KV run, resolved once from the config's names: each is a registered retention policy or a kvpress
+press with its knobs, at a budget. The runner reads an arm's fields (what it needs, whether it is a press, whether
+it keeps whole heads, costs a second tier or is the reference cache) and never parses its name again; records and
+tables keep the name as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dynheads.errors import DynheadsError
+from dynheads.kv.policies import KV_POLICIES, RetentionPolicy
+from dynheads.kv.press_registry import KVPRESS_PRESSES, PressEntry, PressSpec
+
+PRESS_PREFIX = "kvpress:"  # a policy name that names a kvpress press: kvpress:<press>[:key=value:...]
+
+
+@dataclass(frozen=True)
+class KVArm:
+    """One (policy or press, budget) of a KV run. ``budget`` None: a budget-free policy (full, none)."""
+
+    name: str  # as the config gives it ("static", "kvpress:snapkv:window_size=16")
+    budget: float | None
+    policy: RetentionPolicy | None = None  # a registered retention policy, or
+    press: PressSpec | None = None  # a kvpress press and its knobs (its entry: ``press_entry``)
+
+    @property
+    def press_entry(self) -> PressEntry | None:
+        return KVPRESS_PRESSES.get(self.press.name) if self.press is not None else None
+
+    @property
+    def needs_static(self) -> bool:
+        return bool((self.policy or self.press_entry).needs_static)  # type: ignore[union-attr]  # one is set
+
+    @property
+    def needs_probe(self) -> bool:
+        return bool((self.policy or self.press_entry).needs_probe)  # type: ignore[union-attr]  # one is set
+
+    @property
+    def decodes_from_prefill(self) -> bool:
+        """A retention policy decodes from the sample's shared full-attention prefill; a press the predictor votes
+        for reads its hidden state (the others prefill under the press)."""
+        return self.press is None or self.needs_probe
+
+    @property
+    def dynamic(self) -> bool:
+        """Its head set changes per step: costed with a second tier (the full KV offloaded)."""
+        return self.policy is not None and self.policy.dynamic
+
+    @property
+    def whole_heads(self) -> bool:
+        """It keeps whole KV heads (a retention policy, a head-level press): its KV-head count is defined."""
+        entry = self.press_entry
+        return entry is None or entry.sizing == "heads"
+
+    @property
+    def reference(self) -> bool:
+        """The unmodified cache (``full``), along which a given predictor's precision and recall is measured."""
+        return self.policy is not None and self.policy.reference
+
+    @property
+    def kv_budget(self) -> float:
+        """The budget its settings carry: a budget-free policy reads none, and carries 1 (every head)."""
+        return 1.0 if self.budget is None else self.budget
+
+    @property
+    def record_id(self) -> str:
+        """How its records are named after their sample: ``-<name>`` and, with a budget, ``-b<budget>``."""
+        return f"-{self.name}" + ("" if self.budget is None else f"-b{self.budget:g}")
+
+
+def resolve_arms(
+    policies: Sequence[str], budgets: Sequence[float], *, static_given: bool, predictor_given: bool
+) -> list[KVArm]:
+    """Every (policy or press, budget) arm of a run in run order (the registered policies in registration order,
+    then the presses as given), each name parsed here once; one line for an unknown name, a budget outside (0, 1],
+    or a source an arm needs but was not given."""
+    presses = [name for name in dict.fromkeys(policies) if name.startswith(PRESS_PREFIX)]
+    unknown = [name for name in policies if name not in KV_POLICIES and not name.startswith(PRESS_PREFIX)]
+    if unknown or not policies:
+        raise DynheadsError(
+            f"unknown or no KV policies {unknown}: use some of {KV_POLICIES.choices()} or "
+            f"kvpress:<press> ({KVPRESS_PRESSES.choices()})"
+        )
+    parsed = {name: _checked_press(name) for name in presses}
+    if not budgets or not all(0 < b <= 1 for b in budgets):
+        raise DynheadsError(f"KV budgets are fractions of KV heads in (0, 1], got {list(budgets)}")
+    registered = [name for name in KV_POLICIES.names() if name in policies]
+    for name in registered:
+        if KV_POLICIES.get(name).needs_static and not static_given:
+            raise DynheadsError(f"the {name} KV policy needs a static head list: pass --static FILE")
+    for name, press in parsed.items():
+        if KVPRESS_PRESSES.get(press.name).needs_static and not static_given:
+            raise DynheadsError(f"{name} is driven by a dynheads head list: pass --static FILE")
+        if KVPRESS_PRESSES.get(press.name).needs_probe and not predictor_given:
+            raise DynheadsError(f"{name} votes with the head predictor's heads: pass --predictor DIR")
+    for name in registered:
+        if KV_POLICIES.get(name).needs_probe and not predictor_given:
+            raise DynheadsError(f"the {name} KV policy needs a trained probe: pass --predictor DIR")
+    arms = [
+        KVArm(name, budget, policy=KV_POLICIES.get(name))
+        for name in registered
+        for budget in ((None,) if KV_POLICIES.get(name).budget_free else sorted(budgets))
+    ]
+    return arms + [KVArm(name, budget, press=press) for name, press in parsed.items() for budget in sorted(budgets)]
+
+
+def _checked_press(name: str) -> PressSpec:
+    from dynheads.kv.press_runs import check_press  # kvpress's presses (and torch): only when a press is asked for
+
+    return check_press(name)
