@@ -92,7 +92,7 @@ def test_bad_arguments_are_refused(strategy, k):
 
 
 def test_a_strategy_registered_here_selects_and_is_planned_like_the_built_in_ones():
-    from dynheads.experiments.rag import RagConfig, rag_jobs
+    from dynheads.experiments.rag import RagConfig, rag_arms
 
     def first_heads(selector, hidden):
         return selector.checked([(0, head) for head in range(selector.k)], "first heads")
@@ -103,7 +103,8 @@ def test_a_strategy_registered_here_selects_and_is_planned_like_the_built_in_one
         assert selector.needs_heads and selector.select() == [(0, 0), (0, 1), (0, 2)]
         with pytest.raises(DynheadsError, match="k=0 heads asked"):
             HeadSelector("first-heads", k=0, **SHAPE)
-        assert rag_jobs(RagConfig(strategies=("none", "first-heads"), ks=(5, 10))) == [
+        arms = rag_arms(RagConfig(strategies=("none", "first-heads"), ks=(5, 10)))
+        assert [(arm.name, arm.k) for arm in arms] == [
             ("none", None),
             ("first-heads", 5),
             ("first-heads", 10),
@@ -112,4 +113,4 @@ def test_a_strategy_registered_here_selects_and_is_planned_like_the_built_in_one
     finally:
         RAG_STRATEGIES.unregister("first-heads")
     with pytest.raises(DynheadsError, match="unknown RAG strategy 'first-heads': use one of dynamic, static"):
-        rag_jobs(RagConfig(strategies=("first-heads",)))
+        rag_arms(RagConfig(strategies=("first-heads",)))

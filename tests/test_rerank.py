@@ -375,7 +375,7 @@ def test_rerank_shows_its_top_paragraphs_or_exactly_a_token_budget():
 
 
 def test_recall_blocks_pair_strategies_by_question():
-    from dynheads.experiments.rag import recall_blocks
+    from dynheads.views.rag_tables import recall_blocks
 
     def record(question, strategy, k, recall):
         return {"question_id": question, "strategy": strategy, "k": k, "retrieval_recall": recall}

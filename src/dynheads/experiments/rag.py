@@ -13,28 +13,24 @@ from pathlib import Path
 from typing import Unpack, cast
 
 import numpy as np
-import pandas as pd
 
-from dynheads.analysis.evidence import EvidenceSettings, paired_difference
 from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
 from dynheads.models import LoadedModel
 from dynheads.outputs import Outputs
-from dynheads.paper import PAPER_MODEL, PAPER_TABLE4
 from dynheads.rag.loop import RagAnswer, RagSettings, answer_questions
-from dynheads.rag.results import rag_table
-from dynheads.rag.strategies import RAG_STRATEGIES, HeadPredictor, HeadSelector
+from dynheads.rag.strategies import RAG_STRATEGIES, HeadPredictor, HeadSelector, RagStrategy
 from dynheads.rag.trigger import TriggerConfig, TriggerForm
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.resources import HEAD_PREDICTOR, Evaluated, PredictorSource, needs_of
 from dynheads.runs import RESULTS_FILE, Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
 from dynheads.settings import HotpotConfig, RagFields
-from dynheads.tables import Summary, Table
 from dynheads.tasks import candidates
 from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.registry import Task, task_of
 from dynheads.tasks.sample import Sample
+from dynheads.views.rag_tables import rag_summary
 
 
 @dataclass(frozen=True)
@@ -75,14 +71,32 @@ class RagConfig(RagFields):
         )
 
 
-def rag_jobs(config: RagConfig) -> list[tuple[str, int | None]]:
-    """(strategy, k) of every job: one per k of ``config.ks`` for a strategy that uses heads, else (strategy, None)."""
-    RAG_STRATEGIES.check(config.strategies)  # an unknown name is one line listing the registered ones
-    jobs: list[tuple[str, int | None]] = []
-    for strategy in config.strategies:
-        uses_heads = RAG_STRATEGIES.get(strategy).uses_heads
-        jobs += [(strategy, k) for k in config.ks] if uses_heads else [(strategy, None)]
-    return jobs
+@dataclass(frozen=True)
+class RagArm:
+    """One (strategy, k) of a RAG run, its strategy resolved once (k None: a strategy that uses no heads)."""
+
+    name: str
+    strategy: RagStrategy
+    k: int | None
+
+    @property
+    def needs_static(self) -> bool:
+        return self.strategy.needs_static
+
+    @property
+    def needs_probe(self) -> bool:
+        return self.strategy.needs_probe
+
+
+def rag_arms(config: RagConfig) -> list[RagArm]:
+    """Every (strategy, k) arm: one per k of ``config.ks`` for a strategy that uses heads, else one with k None;
+    an unknown name is the registry's one line listing the registered ones."""
+    RAG_STRATEGIES.check(config.strategies)
+    arms: list[RagArm] = []
+    for name in config.strategies:
+        strategy = RAG_STRATEGIES.get(name)
+        arms += [RagArm(name, strategy, k) for k in (config.ks if strategy.uses_heads else (None,))]
+    return arms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +112,7 @@ def _rag_plan(config: RagConfig, lm: LoadedModel) -> _RagPlan:
     hotpot, task = config.hotpot_config(), config.task_entry()
     grid = task.grid(hotpot, lm.tokenizer)
     return _RagPlan(
-        needs=frozenset(needs_of(RAG_STRATEGIES.get(strategy) for strategy in config.strategies)),
+        needs=frozenset(needs_of(rag_arms(config))),
         evaluated=Evaluated("this RAG run", questions=tuple(sorted({sample.record_id for sample in grid.samples}))),
         static=config.static,
         predictor=config.probe,
@@ -112,7 +126,7 @@ def _rag_plan(config: RagConfig, lm: LoadedModel) -> _RagPlan:
 def _rag_work(context: Context[RagConfig, _RagPlan]) -> Work:
     """Every question under every (strategy, k): a question's jobs are one call, one prefill of its prompt."""
     config, lm, plan, sources = context.config, context.lm, context.plan, context.sources
-    jobs = rag_jobs(config)
+    arms = rag_arms(config)
     predict_top = _top_heads(sources.predictor) if sources.predictor else None
     ranking = list(sources.static.ranking) if sources.static else None
     manifest = {
@@ -123,9 +137,9 @@ def _rag_work(context: Context[RagConfig, _RagPlan]) -> Work:
         "probe_questions_checked": HEAD_PREDICTOR in plan.needs,
     }
     answering = [
-        Job(_record_id(s.sample_id, strategy, k), (s, strategy, k), group=s.sample_id)
+        Job(_record_id(s.sample_id, arm.name, arm.k), (s, arm), group=s.sample_id)
         for s in plan.grid.samples
-        for strategy, k in jobs
+        for arm in arms
     ]
     answerer = _RagAnswerer(lm, config, plan.task, ranking, predict_top, config.settings(), context.batch_size)
     return Work(manifest, [Phase(answering, answerer, "rag")])
@@ -134,12 +148,12 @@ def _rag_work(context: Context[RagConfig, _RagPlan]) -> Work:
 def _rag_tables(context: Context[RagConfig, _RagPlan]) -> Outputs:
     sources, view = context.sources, RunView.of(context.run)
     ranking = list(sources.static.ranking) if sources.static else None
-    summary = _rag_summary(view, context.config, context.plan.grid.skip_note(), ranking)
+    summary = rag_summary(view, context.config, context.plan.grid.skip_note(), ranking)
     return Outputs().add(RESULTS_FILE, view.results()).add("rag.md", summary)
 
 
 def _check_rag(config: RagConfig) -> None:
-    rag_jobs(config)  # unknown strategies first
+    rag_arms(config)  # unknown strategies first
     config.check()
 
 
@@ -155,7 +169,7 @@ def run_rag(config: RagConfig, out: str | Path, **options: Unpack[RunOptions]) -
 
 @dataclass(frozen=True)
 class _RagAnswerer:
-    """The work of ``run_jobs``: answer a batch of (sample, strategy, k) jobs, one record each."""
+    """The work of ``run_jobs``: answer a batch of (sample, arm) jobs, one record each."""
 
     lm: LoadedModel
     config: RagConfig
@@ -165,17 +179,16 @@ class _RagAnswerer:
     settings: RagSettings
     rows_together: int  # answers decoding together (1: each alone, records identical to running it by itself)
 
-    def selector(self, sample: Sample, strategy: str, k: int | None) -> tuple[HeadSelector, int | None]:
-        """The strategy's head selector and the k it uses: only scored static heads, never filler."""
-        needs_static = RAG_STRATEGIES.get(strategy).needs_static
-        ranking = self.ranking
-        used_k = min(k, len(ranking)) if ranking is not None and needs_static and k else k
+    def selector(self, sample: Sample, arm: RagArm) -> tuple[HeadSelector, int | None]:
+        """The arm's head selector and the k it uses: only scored static heads, never filler."""
+        ranking, k = self.ranking, arm.k
+        used_k = min(k, len(ranking)) if ranking is not None and arm.needs_static and k else k
         selector = HeadSelector(
-            strategy,
+            arm.name,
             k=used_k or 1,
             num_layers=self.lm.num_layers,
             num_heads=self.lm.num_heads,
-            rng=derive_seed(self.config.seed, sample.sample_id, strategy, k),
+            rng=derive_seed(self.config.seed, sample.sample_id, arm.name, k),
             static_ranking=ranking,
             predict_top=self.predict_top,
         )
@@ -184,124 +197,19 @@ class _RagAnswerer:
     def __call__(self, batch: list[tuple]) -> list[Finished]:
         """The batch's answers decoded together (``answer_questions``), one record each."""
         config, selectors, shown, used = self.config, [], [], []
-        for sample, strategy, k in batch:
-            selector, used_k = self.selector(sample, strategy, k)
+        for sample, arm in batch:
+            selector, used_k = self.selector(sample, arm)
             selectors.append(selector)
-            given = RAG_STRATEGIES.get(strategy).visibility == "given"  # the windows re-ranking shows
+            given = arm.strategy.visibility == "given"  # the windows re-ranking shows
             reranked = _rerank(self.lm, sample, config.rerank_top, config.rerank_tokens) if given else {}
             used.append((used_k, reranked))
             shown.append(used[-1][1].get("shown", ()))
         samples = [item[0] for item in batch]
         answers = answer_questions(self.lm, samples, selectors, self.settings, shown, self.rows_together)
         return [
-            Finished(_answer_record(self.task, sample, strategy, k, used_k, reranked, result))
-            for (sample, strategy, k), (used_k, reranked), result in zip(batch, used, answers, strict=True)
+            Finished(_answer_record(self.task, sample, arm.name, arm.k, used_k, reranked, result))
+            for (sample, arm), (used_k, reranked), result in zip(batch, used, answers, strict=True)
         ]
-
-
-def _rag_summary(view: RunView, config: RagConfig, skip_note: str, ranking: list | None) -> Summary:
-    """``rag.md``: the results table, retrieval recall, chance and the notes on skipped questions and short lists;
-    Dynamic's and Static's F1 per question beside it (``per_question_f1``)."""
-    notes = [skip_note]
-    if ranking is not None and max(config.ks) > len(ranking):
-        notes.append(
-            f"static: only {len(ranking)} heads of {config.static} have a non-zero score, so 'static' used "
-            f"{len(ranking)} heads wherever k > {len(ranking)} (never zero-score filler)"
-        )
-    records = view.records
-    return Summary(
-        [
-            rag_summary_table(rag_table(view.run)),
-            *recall_blocks(records, config.seed),
-            *chance_blocks(records),
-            *(f"{n}." for n in notes if n),
-        ],
-        {"f1_pairs": per_question_f1(records)},
-    )
-
-
-def per_question_f1(records: list[dict]) -> dict[str, dict[str, list[float]]]:
-    """The RAG verdict's input: per k (as text), Dynamic's and Static's F1 per question over the questions both
-    answered at that k, in one question order."""
-    frame = pd.DataFrame(
-        [
-            {"question": r["question_id"], "strategy": r["strategy"], "k": r["k"], "f1": r["metrics"]["f1"]}
-            for r in records
-            if r["strategy"] in ("dynamic", "static")
-        ]
-    )
-    pairs = {}
-    for k, group in frame.groupby("k") if not frame.empty else ():
-        table = group.pivot_table(index="question", columns="strategy", values="f1", aggfunc="mean").dropna()
-        if {"dynamic", "static"} <= set(table.columns):
-            pairs[str(int(k))] = {name: [float(value) for value in table[name]] for name in ("dynamic", "static")}
-    return pairs
-
-
-def recall_blocks(records: list[dict], seed: int = 0) -> list:
-    """Which strategy's windows hold the gold facts more often: each (strategy, k) with a retrieval recall against
-    the first one, paired by question (the questions both answered with a recall): the mean difference of retrieval
-    recall with its bootstrap interval, and on how many questions each side showed more of the gold tokens."""
-    frame = pd.DataFrame(
-        [
-            {"question": r["question_id"], "arm": _arm(r), "recall": r["retrieval_recall"]}
-            for r in records
-            if r["retrieval_recall"] is not None
-        ]
-    )
-    arms = list(dict.fromkeys(frame["arm"])) if not frame.empty else []
-    if len(arms) < 2:
-        return []
-    table = frame.pivot_table(index="question", columns="arm", values="recall", aggfunc="mean")
-    base, rows = arms[0], []
-    for arm in arms[1:]:
-        pair = table[[base, arm]].dropna()
-        difference = (pair[arm] - pair[base]).to_numpy()
-        settings = EvidenceSettings(seed=derive_seed(seed, base, arm))  # identical differences: the exact interval
-        delta = paired_difference(pair[arm], pair[base], settings, bounds=(-1.0, 1.0)).text()
-        rows.append(
-            [arm, len(pair), float(pair[base].mean()), float(pair[arm].mean()), delta]
-            + [int((difference > 0).sum()), int((difference < 0).sum())]
-        )
-    return [
-        f"Retrieval recall paired by question against {base} (share of supporting-fact tokens the windows showed; "
-        "95 % bootstrap interval of the mean difference):",
-        Table(["strategy", "questions", f"recall {base}", "recall", f"Δ vs {base}", "more gold shown", "less"], rows),
-    ]
-
-
-def _arm(record: dict) -> str:
-    return record["strategy"] + (f" k={record['k']}" if record["k"] is not None else "")
-
-
-def chance_blocks(records: list[dict]) -> list:
-    """For questions with same-form candidates in the context: the chance level and position heuristics (once,
-    over the questions) and, per (strategy, k), the wrong answers and the share that are a distractor's value."""
-    if not any((r.get("meta") or {}).get(candidates.CANDIDATES) for r in records):
-        return []
-    questions = list({r["question_id"]: r for r in records}.values())
-    base = candidates.summarise([{**r, "metrics": {"em": 0.0}} for r in questions])
-    rows = []
-    for (strategy, k), group in pd.DataFrame(records).groupby(["strategy", "k"], sort=False, dropna=False):
-        summary = candidates.summarise(group.to_dict("records"))
-        rows.append(
-            [
-                strategy,
-                "-" if pd.isna(k) else int(k),
-                summary["n"],
-                summary["model"],
-                summary["wrong"],
-                summary["distractor_share"],
-            ]
-        )
-    rates = candidates.heuristic_rates(questions)
-    return [
-        f"Chance with the context visible over these {base['n']} questions: a random same-form candidate "
-        f"{base['chance']:.3f} EM"
-        + "".join(f"; {name} {value:.3f}" for name, value in rates.items())
-        + " (dynheads.tasks.candidates).",
-        Table(["strategy", "k", "questions", "EM", "wrong", "wrong = a distractor's value"], rows, missing="n/a"),
-    ]
 
 
 def _answer_record(
@@ -362,46 +270,3 @@ def _record_id(sample_id: str, strategy: str, k: int | None) -> str:
 def _top_heads(source: PredictorSource) -> HeadPredictor:
     """The predictor as the strategies call it: ``(hidden, k) -> heads`` on a float32 hidden state."""
     return lambda hidden, k: source.top_heads(np.asarray(hidden, dtype=np.float32), k)
-
-
-def rag_summary_table(table: pd.DataFrame) -> Table:
-    """``rag_table``'s rows beside the paper's llama3.1-8b EM / F1 at k = 5; "n/a" where a mean is undefined."""
-    rows = []
-    for row in table.itertuples():
-        paper = PAPER_TABLE4[PAPER_MODEL].get(row.strategy)
-        paper_text = f"{paper[0]:.3f} / {paper[1]:.4f}" if paper and row.k in (5, "-") else ""
-        rows.append(
-            [
-                row.strategy,
-                row.k if isinstance(row.k, str) else int(row.k),
-                int(row.questions),
-                float(row.em),
-                float(row.f1),
-                _number(row.retrieval_recall),
-                float(row.retrievals),
-                _number(row.visible_tokens),
-                float(row.context_tokens),
-                paper_text,
-            ]
-        )
-    return Table(
-        [
-            "strategy",
-            "k",
-            "questions",
-            "EM",
-            "F1",
-            "retrieval recall",
-            "retrievals / question",
-            "visible tokens / retrieval",
-            "context tokens",
-            "paper llama3.1-8b EM / F1 (k=5)",
-        ],
-        rows,
-        {"retrievals / question": ".2f", "visible tokens / retrieval": ".0f", "context tokens": ".0f"},
-        missing="n/a",
-    )
-
-
-def _number(value: float | None) -> float | None:
-    return None if value is None else float(value)
