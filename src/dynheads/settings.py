@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS
+from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS, counting_strategy
 from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
 from dynheads.analysis.kvheads import AGGREGATIONS
 from dynheads.analysis.settings import FEATURE_SETS
@@ -293,7 +293,7 @@ class AblationConfig(AblationFields, AblationGridConfig):
         # mean-matched controls read their head count from the dynamic run
         controls = [s for s in self.strategies if ABLATION_STRATEGIES.get(s).matched]
         given = MATCHINGS.get(self.matching).given_count
-        wanted = {*baselines, *self.strategies} | ({"dynamic"} if controls and given else set())
+        wanted = {*baselines, *self.strategies} | ({counting_strategy()} if controls and given else set())
         return tuple(s for s in ABLATION_STRATEGIES.names() if s in wanted)
 
     def check(self) -> None:

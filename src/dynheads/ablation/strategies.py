@@ -52,6 +52,7 @@ class AblationStrategy:
     baseline: bool = False  # removes nothing: always run, drawn last
     needs_static: bool = False  # reads the static head list (--static FILE)
     needs_heads: bool = False  # reads the given head set (--heads)
+    counts: bool = False  # its run's mean |D_t| is the count the matched controls mask under mean matching
 
 
 ABLATION_STRATEGIES = Registry[AblationStrategy]("ablation strategy")
@@ -59,6 +60,11 @@ ABLATION_STRATEGIES = Registry[AblationStrategy]("ablation strategy")
 DOSE_ARMS = ("dynamic", "static", "static_outside", "random")
 # the paper's literal controls at f = 1: static / random masking the clean answer's mean |D_t| (rounded) at every step
 MEAN_ARMS = {"static_mean": "static", "random_mean": "random"}
+
+
+def counting_strategy() -> str:
+    """The strategy whose run gives the matched controls their mean count (``counts``): the dynamic one."""
+    return next(entry.name for entry in ABLATION_STRATEGIES if entry.value.counts)
 
 
 def ablation_strategy(title: str, **traits: Any) -> Callable[[Callable[[MaskInputs], list[Head]]], AblationStrategy]:
@@ -102,7 +108,7 @@ def _none(inputs: MaskInputs) -> list[Head]:
 
 
 @ABLATION_STRATEGIES.register("dynamic", help="mask D_t, each step's dynamic heads (progressive: the first k)")
-@ablation_strategy("dynamic heads masked")
+@ablation_strategy("dynamic heads masked", counts=True)
 def _dynamic(inputs: MaskInputs) -> list[Head]:
     if inputs.dosed:  # the dose's k_t best-ranked heads: D_t's first (all of D_t, then the step's next best, past 1)
         chosen = inputs.dynamic if inputs.count <= len(inputs.dynamic) else inputs.ranking

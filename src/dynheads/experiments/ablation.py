@@ -39,7 +39,7 @@ from dynheads.ablation.cascade import (
     matched_count,
 )
 from dynheads.ablation.jobs import cascade_jobs, cascade_work, result_record
-from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS
+from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS, counting_strategy
 from dynheads.experiments.experiment import (
     Context,
     Experiment,
@@ -94,7 +94,8 @@ def _ablation_work(context: Context[AblationConfig, GridPlan]) -> Work:
         )
 
     def read_counts(records: list[dict]) -> None:  # this process's samples: it decodes them under every strategy
-        counts.update({r["grid_sample_id"]: r["matched_count"] for r in records if r["strategy"] == "dynamic"})
+        counting = counting_strategy()
+        counts.update({r["grid_sample_id"]: r["matched_count"] for r in records if r["strategy"] == counting})
 
     work = cascade_work(context.lm, config.task_entry(), config.max_new_tokens, context.batch_size, _ablation_record)
     phases = [
@@ -138,7 +139,8 @@ def _ablation_record(sample, settings: AblationSettings, result: AblationResult,
     dynamic record: the value its siblings use); None under per-step matching, where ``masked_counts`` says it."""
     count = None
     if MATCHINGS.get(settings.matching).given_count:
-        count = matched_count(result.dynamic_counts) if settings.strategy == "dynamic" else settings.count
+        counting = ABLATION_STRATEGIES.get(settings.strategy).counts
+        count = matched_count(result.dynamic_counts) if counting else settings.count
     return {
         **result_record(sample, result, task),
         "strategy": settings.strategy,
