@@ -17,16 +17,11 @@ import pytest
 
 from dynheads.ablation import cascade as ablation
 from dynheads.errors import DynheadsError
-from dynheads.experiments.ablation import (
-    AblationConfig,
-    ProgressiveConfig,
-    masking_numbers,
-    run_ablation,
-    run_progressive,
-)
+from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
 from dynheads.plots.ablation import heatmap_figure, plot_heatmaps, plot_progressive
 from dynheads.report import claims
 from dynheads.tables import read_summaries
+from dynheads.views.ablation_tables import masking_numbers
 
 SAMPLES = ["analysis-len200-depth0-run0", "analysis-len200-depth1-run0"]
 STRATEGIES = ["none", "dynamic", "static", "random"]

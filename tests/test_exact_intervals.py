@@ -17,8 +17,9 @@ from dynheads.analysis.evidence import (
     proportion_interval,
 )
 from dynheads.analysis.hallucination import paired_win_rate
-from dynheads.experiments.rerank import RerankConfig, rerank_holm
+from dynheads.experiments.rerank import RerankConfig
 from dynheads.views.kv_tables import AT_CHANCE, full_cache_evidence, write_policy_tables
+from dynheads.views.rerank_tables import rerank_holm
 
 SETTINGS = EvidenceSettings()
 PRINTED = re.compile(r"(-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\]")  # "1.000 [0.96, 1.00]"

@@ -445,8 +445,9 @@ def test_a_first_use_download_shows_a_progress_bar(tmp_path, monkeypatch):
 
 def test_an_ablation_of_your_records_keeps_them_in_its_cells(tmp_path):
     """Records traced as written lie off the configured lengths x depths: cells.csv holds their own cells."""
-    from dynheads.experiments.ablation import AblationConfig, write_cells
+    from dynheads.experiments.ablation import AblationConfig
     from dynheads.io import read_json, write_json
+    from dynheads.views.ablation_tables import write_cells
 
     run = RunDir(tmp_path / "ablation")
     run.start("ablation", AblationConfig(task="custom", data="a.jsonl", strategies=("dynamic",)), None)

@@ -20,7 +20,6 @@ from dynheads.analysis.cca import write_cca
 from dynheads.analysis.dynamism import dynamism_stats, per_sample_dynamism
 from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.analysis.headlists import save_head_scores
-from dynheads.experiments.ablation import per_sample_metric
 from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_PROBE_BINARY
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
@@ -32,6 +31,7 @@ from dynheads.report.stepview import spans, step_view
 from dynheads.runs import RunDir
 from dynheads.tables import Summary, Table, write_summary
 from dynheads.traces import Trace
+from dynheads.views.ablation_tables import per_sample_metric
 from dynheads.views.analyses import dynamism_report, plot_heads
 from dynheads.views.probing import metrics_table
 from dynheads.views.rag_tables import per_question_f1, rag_summary_table

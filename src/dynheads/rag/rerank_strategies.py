@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dynheads.errors import DynheadsError
 from dynheads.heads import Head
+from dynheads.rag import fusion
 from dynheads.rag.strategies import random_heads
 from dynheads.registry import Registry
 from dynheads.seeding import derive_seed
@@ -117,3 +119,33 @@ RERANK_STRATEGIES.register(
 )
 RERANK_STRATEGIES.register("random", RerankStrategy(_random), help="k heads drawn per question (seeded)")
 RERANK_STRATEGIES.register("bm25", RerankStrategy(_bm25, reads_heads=False), help="BM25 (bm25s) over the candidates")
+
+
+# ---- the one parser of strategy names: a registered strategy, or a fusion of one with BM25 ------------------------
+def head_strategies() -> list[str]:
+    """The registered strategies that read heads: what a fusion may combine with BM25."""
+    return [name for name in RERANK_STRATEGIES.names() if RERANK_STRATEGIES.get(name).reads_heads]
+
+
+def fused_parts(strategy: str) -> tuple[str, str] | None:
+    """(fusion, head strategy) of a fused strategy's name (``rrf:static``), None for any other name."""
+    kind, _, base = strategy.partition(":")
+    return (kind, base) if kind in fusion.FUSIONS and base in head_strategies() else None
+
+
+def base_strategies(strategies: tuple[str, ...]) -> set[str]:
+    """The strategies whose scores the chosen ones read (a fusion reads its head strategy's and BM25's)."""
+    parts = [fused_parts(s) for s in strategies]
+    return {s for s, part in zip(strategies, parts, strict=True) if part is None} | {
+        name for part in parts if part is not None for name in (part[1], "bm25")
+    }
+
+
+def check_strategy_names(strategies: Sequence[str]) -> None:
+    """One line for an unknown strategy name (or none given): the registered ones and the fusions they allow."""
+    unknown = sorted(s for s in strategies if s not in RERANK_STRATEGIES and fused_parts(s) is None)
+    if unknown or not strategies:
+        raise DynheadsError(
+            f"unknown rerank strategy {', '.join(unknown) or '(none given)'}: use {RERANK_STRATEGIES.choices()}, "
+            f"or {'/'.join(fusion.FUSIONS)}:<one of {', '.join(head_strategies())}> (fused with bm25)"
+        )
