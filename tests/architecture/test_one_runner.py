@@ -202,3 +202,59 @@ def test_the_floor_check_reads_every_form_of_import():
     lazy = "def f():\n    import dynheads.experiments.rag\n"
     assert sibling_imports(source + lazy) == {"kv", "dose", "rag"}
     assert sibling_imports("from dynheads.settings import KVFields\nfrom dynheads.views import qa\n") == set()
+
+
+# ---- a variant's name is parsed by its registry alone ------------------------------------------------------------
+def registered_names() -> set[str]:
+    """Every name of the variant registries the runners choose from (KV policies and presses, ablation strategies and
+    matchings, RAG and re-rank strategies)."""
+    from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS
+    from dynheads.kv.policies import KV_POLICIES
+    from dynheads.kv.press_registry import KVPRESS_PRESSES
+    from dynheads.rag.rerank_strategies import RERANK_STRATEGIES
+    from dynheads.rag.strategies import RAG_STRATEGIES
+
+    registries = (KV_POLICIES, KVPRESS_PRESSES, ABLATION_STRATEGIES, MATCHINGS, RAG_STRATEGIES, RERANK_STRATEGIES)
+    return {name for registry in registries for name in registry.names()}
+
+
+def name_comparisons(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each comparison in ``source`` with a registered name as a literal (``policy == "full"``,
+    ``strategy in ("dynamic", "static")``): what a variant is must come from its registry entry."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in (node.left, *node.comparators):
+            literals = side.elts if isinstance(side, ast.Tuple | ast.Set | ast.List) else [side]
+            found += [
+                (node.lineno, literal.value)
+                for literal in literals
+                if isinstance(literal, ast.Constant) and literal.value in names
+            ]
+    return found
+
+
+def test_no_runner_compares_a_name_with_a_registered_variant():
+    names = registered_names()
+    assert {"full", "dynamic", "snapkv", "qrhead", "mean"} <= names  # the registries were read
+    problems = [
+        f"experiments/{path.name}:{line} compares with {name!r}"
+        for path in sorted(EXPERIMENTS.glob("*.py"))
+        for line, name in name_comparisons(path.read_text(encoding="utf-8"), names)
+    ]
+    assert not problems, "\n".join(problems) + "\n(read what the variant is from its registry entry: kv.arms, ...)"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("record_probe = policy == 'full'", ["full"]),
+        ("if r['strategy'] in ('dynamic', 'static'):\n    pass\n", ["dynamic", "static"]),
+        ("if 'qrhead' not in bases:\n    pass\n", ["qrhead"]),
+        ("same = arm.reference and budget is None", []),
+        ("kind = manifest.get('kind') != RERANK.kind", []),
+    ],
+)
+def test_the_check_sees_comparisons_with_registered_names(source, expected):
+    assert [name for _, name in name_comparisons(source, {"full", "dynamic", "static", "qrhead"})] == expected

@@ -174,7 +174,7 @@ def summarise_scored(config: RerankConfig, out: str | Path) -> RunDir:
     config.check()
     run = RunDir(out)
     manifest = run.manifest()
-    if manifest.get("kind") != "rerank" or manifest.get("config") != json.loads(json.dumps(config.scoring())):
+    if manifest.get("kind") != RERANK.kind or manifest.get("config") != json.loads(json.dumps(config.scoring())):
         raise DynheadsError(
             f"{run.path} is not a rerank run scored with these settings (data, streams, seed, "
             "model): give the settings it was run with"
