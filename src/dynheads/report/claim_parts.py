@@ -101,7 +101,7 @@ OLD_DOSE_DESIGN = (
 
 
 def operating_point(numbers: Mapping[str, Any]) -> claims.OperatingPoint | None:
-    """Claim 2's operating point from a dose-response stage's numbers (``experiments.dose.write_doses``): per arm
+    """Claim 2's operating point from a dose-response stage's numbers (``views.dose_tables.dose_tables``): per arm
     the teacher-forced numbers at f = 1, the mean-matched controls beside; None without teacher-forced numbers."""
     teacher = numbers.get("teacher")
     if not teacher:

@@ -348,7 +348,7 @@ def _entropy(counts: np.ndarray) -> float:
 class AblationMasking:
     """What the ablation grid masked: the matching mode, and per strategy the heads masked per step (mean over
     samples) and the samples that masked no head at any step (the stage publishes these numbers:
-    ``experiments.ablation.masking_numbers``)."""
+    ``views.ablation_tables.masking_numbers``)."""
 
     matching: str
     masked: dict[str, float]
