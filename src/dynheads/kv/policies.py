@@ -96,11 +96,6 @@ def is_budget_free(name: str) -> bool:
     return name in KV_POLICIES and KV_POLICIES.get(name).budget_free
 
 
-def is_dynamic(name: str) -> bool:
-    """True for a registered policy whose head set changes per step (costed with a second tier)."""
-    return name in KV_POLICIES and KV_POLICIES.get(name).dynamic
-
-
 def plot_style(name: str, index: int) -> PlotStyle:
     """The entry's style; a policy registered without one, or any other name (a kvpress press), gets a colour and
     marker of its own from ``index`` (its place in the figure; ten colours that no built-in policy and no grey

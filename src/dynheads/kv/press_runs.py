@@ -48,12 +48,6 @@ from dynheads.kv.retention import KVResult, KVSettings, kv_head_count, kv_memory
 from dynheads.kv.token_votes import SPAN, carried
 from dynheads.models import LoadedModel, decode_text
 
-PREFIX = "kvpress:"
-
-
-def is_press(policy: str) -> bool:
-    return policy.startswith(PREFIX)
-
 
 def check_press(policy: str) -> PressSpec:
     """The press of a ``kvpress:<press>[:key=value:...]`` policy; a one-line error when the press is unknown, a
