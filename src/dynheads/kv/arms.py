@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from dynheads.errors import DynheadsError
 from dynheads.kv.policies import KV_POLICIES, RetentionPolicy
@@ -30,12 +31,17 @@ class KVArm:
         return KVPRESS_PRESSES.get(self.press.name) if self.press is not None else None
 
     @property
+    def entry(self) -> RetentionPolicy | PressEntry:
+        """Its registered entry: the retention policy's, or the press's."""
+        return self.policy if self.policy is not None else cast(PressEntry, self.press_entry)
+
+    @property
     def needs_static(self) -> bool:
-        return bool((self.policy or self.press_entry).needs_static)  # type: ignore[union-attr]  # one is set
+        return self.entry.needs_static
 
     @property
     def needs_probe(self) -> bool:
-        return bool((self.policy or self.press_entry).needs_probe)  # type: ignore[union-attr]  # one is set
+        return self.entry.needs_probe
 
     @property
     def decodes_from_prefill(self) -> bool:
