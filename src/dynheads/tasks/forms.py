@@ -11,6 +11,10 @@ from dynheads.errors import DynheadsError
 
 F = TypeVar("F")
 
+# Where a question task's candidate facts go: uniform (the gold one by fact order) or at the cell's depth
+PLACEMENTS = ("uniform", "depth")
+PLACEMENT_RULE: Rule = (lambda placement: placement in PLACEMENTS, f"one of {', '.join(PLACEMENTS)}")
+
 
 def parse_form(name: str, spec: str, form: type[F]) -> F:
     """``key=value,...`` (``spec``, the part after ``name:``) -> ``form(**values)``, each value cast to its field's

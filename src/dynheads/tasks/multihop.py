@@ -39,7 +39,7 @@ from dynheads.config import Rule
 from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates, hotpotqa, qa_metrics
-from dynheads.tasks.forms import check_form, parse_form
+from dynheads.tasks.forms import PLACEMENT_RULE, check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.niah import haystack_of_length, load_haystack, sentence_end_before
 from dynheads.tasks.prompting import (
@@ -69,7 +69,6 @@ _ECHO = re.compile(
     r"\s*(?:is\b|:|=)\s*",
     re.IGNORECASE,
 )
-PLACEMENTS = ("uniform", "depth")
 VALUE_FORMATS = ("number", "word", "hex")
 # Keys and bridges: common concrete nouns (one or two tokens each), drawn without replacement within a sample
 # (RULER's multi-key words pair them with adjectives).
@@ -180,7 +179,7 @@ FORM_RULES: dict[str, Rule] = {
     "distractors": (lambda count: count >= 0, ">= 0"),
     "value": (lambda value: value in VALUE_FORMATS, f"one of {', '.join(VALUE_FORMATS)}"),
     "spread": (lambda spread: 0.0 <= spread <= 1.0, "between 0 and 1"),
-    "placement": (lambda placement: placement in PLACEMENTS, f"one of {', '.join(PLACEMENTS)}"),
+    "placement": PLACEMENT_RULE,
 }
 
 

@@ -49,7 +49,7 @@ from dynheads.errors import DynheadsError
 from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates as cand
 from dynheads.tasks import hotpotqa, qa_metrics
-from dynheads.tasks.forms import check_form, parse_form
+from dynheads.tasks.forms import PLACEMENT_RULE, check_form, parse_form
 from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
 from dynheads.tasks.multihop import COMMON_NOUNS
 from dynheads.tasks.prompting import (
@@ -139,7 +139,6 @@ QUERIES = ("all", "value")
 HAYSTACKS = ("noise", "needle")
 
 
-PLACEMENTS = ("uniform", "depth")
 PLACEMENT_HELP = "uniform (candidates at uniform positions, gold one by fact order) or depth (gold at the cell's depth)"
 
 
@@ -149,7 +148,7 @@ VT_RULES: dict[str, Rule] = {
     "chains": (lambda chains: chains >= 1, ">= 1"),
     "query": (lambda query: query in QUERIES, f"one of {', '.join(QUERIES)}"),
     "spread": (lambda spread: 0.0 < spread <= 1.0, "in (0, 1]"),
-    "placement": (lambda placement: placement in PLACEMENTS, f"one of {', '.join(PLACEMENTS)}"),
+    "placement": PLACEMENT_RULE,
 }
 MK_RULES: dict[str, Rule] = {
     "keys": (lambda keys: keys >= 1, ">= 1"),
