@@ -492,3 +492,36 @@ def test_outside_heads_without_a_static_list_is_refused_before_a_model_loads(tmp
 
     with pytest.raises(DynheadsError, match="--outside-heads accepts a --static head list"):
         run_kv(KVConfig(policies=("full",), outside_heads=True, model="/no/such/model"), tmp_path / "kv")
+
+
+def test_each_dynheads_press_is_paired_with_the_best_kvpress_press_at_its_size():
+    """presses.csv: at each ratio, every press dynheads builds minus the kvpress press with the highest accuracy
+    there (snapkv at 0.5, knorm at 0.875), over the samples both finished, with a bounded paired interval."""
+    import pandas as pd
+
+    from dynheads.analysis.evidence import EvidenceSettings
+    from dynheads.views.kv_tables import is_kvpress_own, press_comparison
+
+    accuracy = {  # per (press, ratio): four samples' 0/1 scores
+        ("kvpress:snapkv", 0.5): [1, 1, 1, 0],
+        ("kvpress:knorm", 0.5): [1, 0, 0, 0],
+        ("kvpress:head_spans", 0.5): [1, 1, 1, 1],
+        ("kvpress:snapkv", 0.875): [0, 0, 0, 0],
+        ("kvpress:knorm", 0.875): [1, 0, 0, 0],
+        ("kvpress:head_spans", 0.875): [1, 1, 0, 0],
+        ("full", None): [1, 1, 1, 1],
+    }
+    frame = pd.DataFrame(
+        [
+            {"policy": p, "ratio": r, "budget": 1.0 if r is None else 1 - r, "grid_sample_id": f"s{i}", "accuracy": a}
+            for (p, r), scores in accuracy.items()
+            for i, a in enumerate(scores)
+        ]
+    )
+    assert is_kvpress_own("kvpress:snapkv") and not is_kvpress_own("kvpress:head_spans") and not is_kvpress_own("full")
+    versus = press_comparison(frame, EvidenceSettings(resamples=200)).set_index("ratio")
+    assert list(versus["best_kvpress"]) == ["kvpress:knorm", "kvpress:snapkv"]  # 0.875 (budget 0.125) first
+    assert versus.loc[0.5, "difference"] == pytest.approx(0.25) and versus.loc[0.875, "difference"] == 0.25
+    assert (versus["samples"] == 4).all() and (versus["difference_low"] >= -1).all()
+    assert (versus["difference_high"] <= 1).all()
+    assert press_comparison(frame[~frame["policy"].eq("kvpress:head_spans")], EvidenceSettings()) is None

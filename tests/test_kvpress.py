@@ -17,6 +17,7 @@ import torch
 from zoo import random_prompt, tiny_model, tiny_sdpa_lm
 
 from dynheads.errors import DynheadsError
+from dynheads.kv.arms import resolve_arms
 from dynheads.kv.press_registry import PressSpec, parse_press
 from dynheads.kv.press_runs import check_press
 from dynheads.kv.retention import KVSettings, kv_generate, num_kv_heads
@@ -622,3 +623,50 @@ def test_dynheads_kv_runs_the_question_free_track(tmp_path, embedded):
     assert free > aware  # the question's keys all stay: more of the prompt is resident
     with pytest.raises(DynheadsError, match="unknown track"):
         run_kv(replace(config, track="question-only"), tmp_path / "bad", lm=embedded, progress=False)
+
+
+@needs_kvpress
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.875])
+def test_a_press_at_a_compression_ratio_keeps_that_share_of_the_prompt(lm, ratio):
+    """``KVSettings.ratio`` (``--ratios``) sizes a press by kvpress's own compression ratio, not by a budget's bytes:
+    the first decode step holds (1 - ratio) of the compressed prompt per KV head, whatever the budget says."""
+    from dynheads.kv.press_runs import press_generate
+
+    ids = random_prompt(1)
+    heads = lm.num_layers * num_kv_heads(lm)
+    settings = KVSettings(policy="static", budget=0.9, ratio=ratio)
+    pressed = press_generate(lm, ids, PressSpec("snapkv"), settings, 3, stop_at_eos=False)
+    compressed = len(ids) - 1  # the question-aware track compresses all of the prompt but its last token
+    assert abs(pressed.kept_kv[0] / heads - ((1 - ratio) * compressed + 1)) <= 1
+
+
+@needs_kvpress
+def test_dynheads_kv_runs_presses_at_the_leaderboards_ratios(tmp_path, embedded):
+    """``dynheads kv --ratios``: every press at each ratio (records ``-r<ratio>``, budget = the kept share), the
+    policies at their budgets; a press that keeps whole heads, or a ratio outside [0, 1), is refused first."""
+    import pandas as pd
+
+    from dynheads.experiments.kv import KVConfig, run_kv
+
+    config = KVConfig(
+        policies=("full", "kvpress:snapkv", "kvpress:knorm"),
+        ratios=(0.5, 0.875),
+        budgets=(0.1,),
+        lengths=(200,),
+        depths=(0.5,),
+        runs=1,
+        max_new_tokens=4,
+    )
+    run = run_kv(config, tmp_path / "kv", lm=embedded, progress=False)
+    records = run.records()
+    pressed = {r["sample_id"].rsplit("-", 1)[1]: r for r in records if r["policy"] == "kvpress:snapkv"}
+    assert set(pressed) == {"r0.5", "r0.875"}
+    assert pressed["r0.5"]["budget"] == 0.5 and pressed["r0.875"]["budget"] == 0.125
+    assert pressed["r0.875"]["kv_fraction"] < pressed["r0.5"]["kv_fraction"] < 0.6
+    table = pd.read_csv(run.path / "table.csv")
+    assert sorted(table["ratio"].dropna().unique()) == [0.5, 0.875]
+    assert "| ratio 0.875 | kvpress:knorm |" in (run.path / "summary.md").read_text()
+    with pytest.raises(DynheadsError, match=r"compression ratios .* in \[0, 1\)"):
+        run_kv(replace(config, ratios=(1.0,)), tmp_path / "bad", lm=embedded, progress=False)
+    with pytest.raises(DynheadsError, match="kvpress:duo_attention keeps whole KV heads.*without --ratios"):
+        resolve_arms(["kvpress:duo_attention"], [0.1], static_given=True, predictor_given=False, ratios=[0.5])

@@ -360,6 +360,11 @@ class KVFields(NiahGrid, QaGrid, ModelSettings):
     budgets: tuple[float, ...] = setting(
         (0.05, 0.1, 0.25, 0.5), "fractions of the KV heads kept whole, e.g. 0.05,0.1,0.25,0.5"
     )
+    ratios: tuple[float, ...] = setting(
+        (),
+        "kvpress presses at these compression ratios (kvpress's leaderboard: 0.25,0.5,0.75,0.875), the share of the "
+        "compressed tokens removed, instead of at each budget's bytes; the dynheads policies keep --budgets",
+    )
     sink: int = setting(4, "sink tokens of streaming heads (DuoAttention's code default 4; its patterns 128)")
     recent: int = setting(64, "recent window of streaming heads, current token included")
     static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")

@@ -98,7 +98,11 @@ class KVConfig(KVFields, TaskGridChoice):
     def arms(self) -> list[KVArm]:
         """The run's (policy or press, budget) arms in run order, each name resolved once (``kv.arms``)."""
         return resolve_arms(
-            self.policies, self.budgets, static_given=bool(self.static), predictor_given=bool(self.probe)
+            self.policies,
+            self.budgets,
+            static_given=bool(self.static),
+            predictor_given=bool(self.probe),
+            ratios=self.ratios,
         )
 
 
@@ -219,6 +223,7 @@ class _KVDecoder:
             probe_select=cast(ProbeSelect, config.probe_select),
             seed=derive_seed(config.seed, "kv-random", sample.seed),
             voters=self.voters,
+            ratio=arm.ratio,
         )
 
     def records_probe(self, arm: KVArm) -> bool:
@@ -231,6 +236,8 @@ class _KVDecoder:
             settings = self.settings_of(sample, arm)
             record = _record(self.lm, self.task, sample, arm, settings, result, self.records_probe(arm))
             record.update(grid_sample_id=sample.sample_id, budget=arm.budget)
+            if arm.ratio is not None:
+                record["ratio"] = arm.ratio
             finished.append(Finished(record))
         return finished
 

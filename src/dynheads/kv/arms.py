@@ -19,12 +19,15 @@ PRESS_PREFIX = "kvpress:"  # a policy name that names a kvpress press: kvpress:<
 
 @dataclass(frozen=True)
 class KVArm:
-    """One (policy or press, budget) of a KV run. ``budget`` None: a budget-free policy (full, none)."""
+    """One (policy or press, budget) of a KV run. ``budget`` None: a budget-free policy (full, none). A press at a
+    compression ``ratio`` (``--ratios``, kvpress's leaderboard protocol) carries the kept share ``1 - ratio`` as its
+    budget, so its rows sort and join beside the policies' rows of about its size."""
 
     name: str  # as the config gives it ("static", "kvpress:snapkv:window_size=16")
     budget: float | None
     policy: RetentionPolicy | None = None  # a registered retention policy, or
     press: PressSpec | None = None  # a kvpress press and its knobs (its entry: ``press_entry``)
+    ratio: float | None = None  # a press's own compression ratio; None: sized by the budget's bytes
 
     @property
     def press_entry(self) -> PressEntry | None:
@@ -72,16 +75,25 @@ class KVArm:
 
     @property
     def record_id(self) -> str:
-        """How its records are named after their sample: ``-<name>`` and, with a budget, ``-b<budget>``."""
+        """How its records are named after their sample: ``-<name>`` and, with a budget, ``-b<budget>`` (at a
+        compression ratio, ``-r<ratio>``)."""
+        if self.ratio is not None:
+            return f"-{self.name}-r{self.ratio:g}"
         return f"-{self.name}" + ("" if self.budget is None else f"-b{self.budget:g}")
 
 
 def resolve_arms(
-    policies: Sequence[str], budgets: Sequence[float], *, static_given: bool, predictor_given: bool
+    policies: Sequence[str],
+    budgets: Sequence[float],
+    *,
+    static_given: bool,
+    predictor_given: bool,
+    ratios: Sequence[float] = (),
 ) -> list[KVArm]:
     """Every (policy or press, budget) arm of a run in run order (the registered policies in registration order,
     then the presses as given), each name parsed here once; one line for an unknown name, a budget outside (0, 1],
-    or a source an arm needs but was not given."""
+    a ratio outside [0, 1), or a source an arm needs but was not given. With ``ratios`` every press runs at each
+    compression ratio instead of at each budget's bytes (a press that keeps whole heads is then refused)."""
     presses = [name for name in dict.fromkeys(policies) if name.startswith(PRESS_PREFIX)]
     unknown = [name for name in policies if name not in KV_POLICIES and not name.startswith(PRESS_PREFIX)]
     if unknown or not policies:
@@ -109,7 +121,28 @@ def resolve_arms(
         for name in registered
         for budget in ((None,) if KV_POLICIES.get(name).budget_free else sorted(budgets))
     ]
+    if ratios:
+        return arms + _ratio_arms(parsed, ratios)
     return arms + [KVArm(name, budget, press=press) for name, press in parsed.items() for budget in sorted(budgets)]
+
+
+def _ratio_arms(parsed: dict[str, PressSpec], ratios: Sequence[float]) -> list[KVArm]:
+    """Each press at each compression ratio, smallest cache first."""
+    if not all(0 <= r < 1 for r in ratios):
+        raise DynheadsError(
+            f"compression ratios are the share of the compressed tokens removed, in [0, 1), got {list(ratios)}"
+        )
+    whole = [name for name, press in parsed.items() if KVPRESS_PRESSES.get(press.name).sizing == "heads"]
+    if whole:
+        raise DynheadsError(
+            f"{', '.join(whole)} keeps whole KV heads, not a share of the tokens: "
+            "run it with --budgets, without --ratios"
+        )
+    return [
+        KVArm(name, round(1 - ratio, 9), press=press, ratio=ratio)
+        for name, press in parsed.items()
+        for ratio in sorted(ratios, reverse=True)
+    ]
 
 
 def _checked_press(name: str) -> PressSpec:

@@ -84,11 +84,13 @@ def matched_ratio(lm: LoadedModel, settings: KVSettings, length: int) -> float:
 
 
 def make_press(spec: PressSpec, lm: LoadedModel, settings: KVSettings, length: int):
-    """The registered press ``spec`` names (``press_registry``) with its knobs, sized by ``settings``' budget at
-    ``length`` cached tokens."""
+    """The registered press ``spec`` names (``press_registry``) with its knobs, at ``settings``' compression ratio
+    or, without one, sized by its budget at ``length`` cached tokens."""
     require_kvpress()
     entry = KVPRESS_PRESSES.get(spec.name)
-    ratio = matched_ratio(lm, settings, length) if entry.sizing == "ratio" else None
+    ratio = None
+    if entry.sizing == "ratio":
+        ratio = settings.ratio if settings.ratio is not None else matched_ratio(lm, settings, length)
     if entry.is_kvpress:
         from_settings = {arg: getattr(settings, key) for arg, key in entry.knobs}
         return entry.target()(compression_ratio=ratio, **from_settings, **press_knobs(spec))

@@ -63,6 +63,7 @@ class KVSettings:
     probe_select: ProbeSelect = "top"
     seed: int = 0
     voters: tuple[Head, ...] = ()  # query heads that vote on the prompt's tokens (``token_kv``; kvpress:head_tokens)
+    ratio: float | None = None  # a kvpress press's compression ratio; None: the budget's bytes (``matched_ratio``)
 
 
 @dataclass

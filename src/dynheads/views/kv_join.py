@@ -38,7 +38,8 @@ from dynheads.tables import Block, Table
 from dynheads.tasks.registry import grid_task
 from dynheads.views.kv_tables import AT_CHANCE, full_cache_evidence, policy_tables, run_chance
 
-ARM_SETTINGS = ("policies", "budgets", "static", "probe", "probe_select")  # what may differ between joined runs
+# what may differ between joined runs
+ARM_SETTINGS = ("policies", "budgets", "ratios", "static", "probe", "probe_select")
 FITS = ("static", "probe", "probe_select")  # must agree between runs that both name one
 SAME = ("model", "versions", "prompt", "prompt_template", "questions", "evaluation_samples", "seed")  # must agree
 

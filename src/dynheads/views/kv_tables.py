@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dynheads.analysis.evidence import EvidenceSettings, above_chance_p_value, fraction_interval
+from dynheads.analysis.evidence import EvidenceSettings, above_chance_p_value, fraction_interval, paired_difference
 from dynheads.errors import DynheadsError
 from dynheads.kv.policies import KV_POLICIES
+from dynheads.kv.press_registry import KVPRESS, KVPRESS_PRESSES, TRACKS, parse_press
 from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.plots.kv import pareto_front, plot_kv_accuracy, plot_kv_grid
 from dynheads.runs import RunDir, RunView
@@ -77,6 +78,9 @@ def policy_tables(records: list[dict], manifest: dict, notes: Sequence[Block] = 
     frame["accuracy"] = frame[f"metrics.{first}"]
     evidence = EvidenceSettings(seed=manifest["seed"])
     table = _policy_table(frame, others, evidence)
+    if "ratio" in frame:  # presses at compression ratios (--ratios): each row's ratio beside its kept share
+        ratios = frame.groupby(["policy", "budget"])["ratio"].first()
+        table["ratio"] = [ratios.get((p, b), np.nan) for p, b in zip(table["policy"], table["budget"], strict=True)]
     full_scores = frame.loc[frame["policy"] == "full", "accuracy"].to_numpy(dtype=float)
     at_chance = full_cache_evidence(full_scores, run_chance(manifest), evidence)
     table["full_cache_evidence"] = at_chance.evidence
@@ -103,6 +107,10 @@ def policy_tables(records: list[dict], manifest: dict, notes: Sequence[Block] = 
         kv_table(table, {name: task.metrics[name] for name in others}),
         *notes,
     ]
+    versus = press_comparison(frame, evidence) if at_chance.evidence else None
+    if versus is not None:
+        outputs.add("presses.csv", versus)
+        blocks += press_blocks(versus, config.get("track", "question-aware"))
     pr = probe_precision_recall(records, manifest)
     if pr is not None:
         outputs.add("probe_pr.json", pr).add("probe_pr.md", Summary(pr_blocks(pr), pr))
@@ -110,7 +118,9 @@ def policy_tables(records: list[dict], manifest: dict, notes: Sequence[Block] = 
     numbers = {**_accuracy_numbers(table), "full_cache": at_chance.to_dict()}
     outputs.add("summary.md", Summary(blocks, numbers, f"KV retention: {model}"))
     caveat = "" if at_chance.evidence else f" ({AT_CHANCE})"
-    title = f"{model}: {measure} vs resident KV{caveat}"
+    pressed = frame["policy"].str.startswith(KVPRESS).any()
+    track = f", {config.get('track', 'question-aware')} track" if pressed else ""
+    title = f"{model}: {measure} vs resident KV{track}{caveat}"
     outputs.add(
         "plots/kv-accuracy.png",
         Written(partial(plot_kv_accuracy, table, title=title, measure=measure, front=at_chance.evidence)),
@@ -214,10 +224,22 @@ def _accuracy_numbers(table: pd.DataFrame) -> dict:
     """summary.json's numbers: each (policy, budget)'s accuracy with its interval."""
     return {
         "accuracy": {
-            f"{row.policy}@{row.budget:g}": [row.accuracy, row.accuracy_low, row.accuracy_high]
+            f"{row.policy}@{_size(row)}": [row.accuracy, row.accuracy_low, row.accuracy_high]
             for row in table.itertuples()
         }
     }
+
+
+def _size(row) -> str:
+    """A row's size as summary.json names it: its budget, or ``r<ratio>`` for a press at a compression ratio."""
+    ratio = getattr(row, "ratio", np.nan)
+    return f"{row.budget:g}" if pd.isna(ratio) else f"r{ratio:g}"
+
+
+def _size_label(row) -> str:
+    """A row's size as summary.md shows it: its budget, or ``ratio <ratio>``."""
+    ratio = getattr(row, "ratio", np.nan)
+    return f"{row.budget:g}" if pd.isna(ratio) else f"ratio {ratio:g}"
 
 
 def kv_table(table: pd.DataFrame, others: dict[str, str]) -> Table:
@@ -228,7 +250,7 @@ def kv_table(table: pd.DataFrame, others: dict[str, str]) -> Table:
         moved = f"{row.moved_mb_per_step:.3f} ({row.moved_new_mb_per_step:.3f})" if row.offloaded_mb else "0"
         rows.append(
             [
-                f"{row.budget:g}",
+                _size_label(row),
                 row.policy,
                 int(row.samples),
                 f"{row.accuracy:.3f} [{row.accuracy_low:.2f}, {row.accuracy_high:.2f}]"
@@ -317,4 +339,71 @@ def pr_blocks(pr: dict) -> list[Block]:
         f"{pr['samples']} samples ({pr['step_pairs']} step pairs; {pr['positive_rate']:.4f} of head-steps "
         "positive), micro over heads and steps:",
         Table(["predictor", "precision", "recall", "heads per step"], rows),
+    ]
+
+
+def is_kvpress_own(policy: str) -> bool:
+    """Whether a table row is one of kvpress's own presses (not a press dynheads builds, nor a retention policy)."""
+    return policy.startswith(KVPRESS) and KVPRESS_PRESSES.get(parse_press(policy).name).is_kvpress
+
+
+def press_comparison(frame: pd.DataFrame, evidence: EvidenceSettings) -> pd.DataFrame | None:
+    """presses.csv: at each size (budget or ratio) where both ran, every press dynheads builds against the best of
+    kvpress's own presses at that size (highest mean accuracy; the first listed on a tie), paired over the samples
+    both finished: the mean difference with its interval (bounded by -1 and 1). None without both kinds."""
+    presses = frame[frame["policy"].str.startswith(KVPRESS)]
+    rows = []
+    for budget, at_size in presses.groupby("budget", sort=True):
+        own = at_size[at_size["policy"].map(is_kvpress_own)]
+        built = at_size[~at_size["policy"].map(is_kvpress_own)]
+        if own.empty or built.empty:
+            continue
+        means = own.groupby("policy", sort=False)["accuracy"].mean()
+        best = str(means.idxmax())
+        control = own[own["policy"] == best].set_index("grid_sample_id")["accuracy"]
+        for policy, treated_rows in built.groupby("policy", sort=False):
+            treated = treated_rows.set_index("grid_sample_id")["accuracy"]
+            shared = treated.index.intersection(control.index)
+            diff = paired_difference(
+                treated[shared].to_numpy(), control[shared].to_numpy(), evidence, bounds=(-1.0, 1.0)
+            )
+            ratio = treated_rows["ratio"].iloc[0] if "ratio" in treated_rows else np.nan
+            rows.append(
+                {
+                    "budget": budget,
+                    "ratio": ratio,
+                    "press": policy,
+                    "best_kvpress": best,
+                    "samples": diff.n,
+                    "press_accuracy": float(treated[shared].mean()),
+                    "best_kvpress_accuracy": float(control[shared].mean()),
+                    "difference": diff.effect,
+                    "difference_low": diff.low,
+                    "difference_high": diff.high,
+                }
+            )
+    return pd.DataFrame(rows) if rows else None
+
+
+def press_blocks(versus: pd.DataFrame, track: str) -> list[Block]:
+    """presses.csv as summary.md shows it, under the run's leaderboard track."""
+    rows = [
+        [
+            _size_label(row),
+            row.press,
+            row.best_kvpress,
+            int(row.samples),
+            f"{row.press_accuracy:.3f}",
+            f"{row.best_kvpress_accuracy:.3f}",
+            f"{row.difference:+.3f} [{row.difference_low:+.3f}, {row.difference_high:+.3f}]",
+        ]
+        for row in versus.itertuples()
+    ]
+    return [
+        f"Against kvpress's best press of this track ({track}: {TRACKS.get(track, track)}), at each size: every "
+        "press dynheads builds minus the kvpress press with the highest accuracy there, paired over the same "
+        "samples (95 % interval).",
+        Table(
+            ["size", "press", "best kvpress press", "samples", "press", "best kvpress", "difference [95 % CI]"], rows
+        ),
     ]
