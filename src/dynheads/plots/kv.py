@@ -118,7 +118,7 @@ def plot_kv_accuracy(
         *accuracy_ax.get_legend_handles_labels(), loc="outside lower center", ncols=5 if dynamic else 3, fontsize=8
     )
     if title:
-        figure.suptitle(title)
+        figure.suptitle(title, fontsize=10)  # a long model name still fits the narrow figure
     return save_png(figure, path)
 
 

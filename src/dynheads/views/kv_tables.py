@@ -119,7 +119,7 @@ def policy_tables(records: list[dict], manifest: dict, notes: Sequence[Block] = 
     outputs.add("summary.md", Summary(blocks, numbers, f"KV retention: {model}"))
     caveat = "" if at_chance.evidence else f" ({AT_CHANCE})"
     pressed = frame["policy"].str.startswith(KVPRESS).any()
-    track = f", {config.get('track', 'question-aware')} track" if pressed else ""
+    track = f"\n{config.get('track', 'question-aware')} track" if pressed else ""  # a line of its own: it fits
     title = f"{model}: {measure} vs resident KV{track}{caveat}"
     outputs.add(
         "plots/kv-accuracy.png",
