@@ -119,8 +119,8 @@ def policy_tables(records: list[dict], manifest: dict, notes: Sequence[Block] = 
     outputs.add("summary.md", Summary(blocks, numbers, f"KV retention: {model}"))
     caveat = "" if at_chance.evidence else f" ({AT_CHANCE})"
     pressed = frame["policy"].str.startswith(KVPRESS).any()
-    track = f"\n{config.get('track', 'question-aware')} track" if pressed else ""  # a line of its own: it fits
-    title = f"{model}: {measure} vs resident KV{track}{caveat}"
+    track = f", {config.get('track', 'question-aware')} track" if pressed else ""
+    title = f"{model}\n{measure} vs resident KV{track}{caveat}"  # the model on a line of its own: it fits
     outputs.add(
         "plots/kv-accuracy.png",
         Written(partial(plot_kv_accuracy, table, title=title, measure=measure, front=at_chance.evidence)),
