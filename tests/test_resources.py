@@ -73,6 +73,19 @@ def test_a_question_source_is_refused_on_a_shared_question(tmp_path):
         fit_record(tmp_path / "probe", HEAD_PREDICTOR, evaluated)
 
 
+def test_a_static_list_fitted_on_niah_shares_no_question_with_a_question_task(tmp_path):
+    """A list scored on NIAH samples (a niah run beside it) evaluated on a question task (RULER, HotpotQA): no
+    question can be shared, so the manifest says so instead of "unknown" (and the KV tables print no warning)."""
+    niah_run(tmp_path / "static")
+    listed = ranked_list(tmp_path / "static" / "static_heads.json")
+    checked = fit_record(listed, STATIC_HEADS, Evaluated("this KV run", questions=("q1",)))["checked"]
+    assert (
+        checked == "no shared question: fitted on NIAH samples (the niah run beside the list), which are not questions"
+    )
+    bare = ranked_list(tmp_path / "bare.json")  # no run beside it: still unknown
+    assert fit_record(bare, STATIC_HEADS, Evaluated("this KV run", questions=("q1",)))["checked"].startswith("unknown")
+
+
 def test_a_static_list_fitted_on_the_evaluated_stream_is_refused_and_its_stream_recorded(tmp_path):
     listed = ranked_list(tmp_path / "static_heads.json")
     (tmp_path / "static_summary.json").write_text(

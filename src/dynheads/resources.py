@@ -36,6 +36,8 @@ from dynheads.tasks.questions import refuse_overlap
 STATIC_HEADS = "static head list"
 HEAD_PREDICTOR = "head predictor"
 UNCHECKED = "unknown: no run directory beside it"  # what the manifest records of a source whose fit is unknown
+# what it records of a static list scored on NIAH and evaluated on a question task
+NIAH_FIT = "no shared question: fitted on NIAH samples (the niah run beside the list), which are not questions"
 QUESTIONS_FILE = "questions.json"  # beside a trained predictor: the question ids it was trained and validated on
 
 
@@ -88,12 +90,15 @@ def predictor_questions(predictor_dir: str | Path) -> list[str]:
 
 
 def _refuse_shared_questions(path: str | Path, evaluated: Evaluated) -> str:
-    """A static list scored on a run whose manifest records its questions; a list from elsewhere passes."""
+    """A static list scored on a run whose manifest records its questions; a list scored on NIAH samples shares no
+    question by construction; a list from elsewhere passes, recorded as unknown."""
     manifest = Path(path).parent / "manifest.json"
-    questions = read_json(manifest).get("questions") if manifest.is_file() else None
-    if not questions:
+    beside = read_json(manifest) if manifest.is_file() else {}
+    if beside.get("kind") == "niah":
+        return NIAH_FIT
+    if not beside.get("questions"):
         return "unknown: no run manifest with questions beside the list"
-    refuse_overlap(questions["ids"], f"the {STATIC_HEADS} {path}", evaluated.questions, evaluated.run)
+    refuse_overlap(beside["questions"]["ids"], f"the {STATIC_HEADS} {path}", evaluated.questions, evaluated.run)
     return "question ids"
 
 
