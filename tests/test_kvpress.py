@@ -666,6 +666,8 @@ def test_dynheads_kv_runs_presses_at_the_leaderboards_ratios(tmp_path, embedded)
     table = pd.read_csv(run.path / "table.csv")
     assert sorted(table["ratio"].dropna().unique()) == [0.5, 0.875]
     assert "| ratio 0.875 | kvpress:knorm |" in (run.path / "summary.md").read_text()
+    cells = pd.read_csv(run.path / "cells.csv")  # the grid's panels name a press by its ratio
+    assert sorted(cells["ratio"].dropna().unique()) == [0.5, 0.875] and cells["ratio"].isna().sum() == 1  # full
     with pytest.raises(DynheadsError, match=r"compression ratios .* in \[0, 1\)"):
         run_kv(replace(config, ratios=(1.0,)), tmp_path / "bad", lm=embedded, progress=False)
     with pytest.raises(DynheadsError, match="kvpress:duo_attention keeps whole KV heads.*without --ratios"):

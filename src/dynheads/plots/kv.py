@@ -150,9 +150,12 @@ def _label_moved_axis(axes, table: pd.DataFrame) -> None:
 
 def plot_kv_grid(cells: pd.DataFrame, path: str | Path, *, title: str | None = None) -> Path:
     """One heat map (depth x context length) of accuracy per (policy, budget) of ``cells.csv``, titled with the
-    policy and, on a line of its own, the budget (a press's long name then still fits above its panel)."""
+    policy and, on a line of its own, the budget or a press's compression ratio (a press's long name then still fits
+    above its panel)."""
     panels = {}
     for (policy, budget), rows in cells.groupby(["policy", "budget"], sort=False):
-        name = policy if is_budget_free(policy) else f"{policy}\nb={budget:g}"
+        ratio = rows["ratio"].iloc[0] if "ratio" in rows else float("nan")
+        size = f"b={budget:g}" if pd.isna(ratio) else f"ratio {ratio:g}"
+        name = policy if is_budget_free(policy) else f"{policy}\n{size}"
         panels[name] = rows.pivot(index="depth", columns="context_tokens", values="accuracy")
     return plot_heatmaps(panels, path, label="accuracy", title=title)

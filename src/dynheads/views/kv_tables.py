@@ -89,6 +89,9 @@ def policy_tables(records: list[dict], manifest: dict, notes: Sequence[Block] = 
         .agg(accuracy=("accuracy", "mean"), samples=("grid_sample_id", "size"))
         .reset_index()
     )
+    if "ratio" in table:  # a press at a compression ratio: its panel names the ratio, not the kept share
+        ratios = table.set_index(["policy", "budget"])["ratio"]
+        cells["ratio"] = [ratios.get((p, b), np.nan) for p, b in zip(cells["policy"], cells["budget"], strict=True)]
     outputs.add("table.csv", table).add("cells.csv", cells)
     model, config = manifest["model"]["name"], manifest["config"]
     measure = f"{task.label} accuracy" if first == "accuracy" else f"{task.label} {task.metrics[first]}"
