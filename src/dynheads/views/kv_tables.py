@@ -233,16 +233,11 @@ def _accuracy_numbers(table: pd.DataFrame) -> dict:
     }
 
 
-def _size(row) -> str:
-    """A row's size as summary.json names it: its budget, or ``r<ratio>`` for a press at a compression ratio."""
+def _size(row, ratio_word: str = "r") -> str:
+    """A row's size: its budget, or ``<ratio_word><ratio>`` for a press at a compression ratio (summary.json's
+    ``r0.5``; summary.md's ``ratio 0.5``)."""
     ratio = getattr(row, "ratio", np.nan)
-    return f"{row.budget:g}" if pd.isna(ratio) else f"r{ratio:g}"
-
-
-def _size_label(row) -> str:
-    """A row's size as summary.md shows it: its budget, or ``ratio <ratio>``."""
-    ratio = getattr(row, "ratio", np.nan)
-    return f"{row.budget:g}" if pd.isna(ratio) else f"ratio {ratio:g}"
+    return f"{row.budget:g}" if pd.isna(ratio) else f"{ratio_word}{ratio:g}"
 
 
 def kv_table(table: pd.DataFrame, others: dict[str, str]) -> Table:
@@ -253,7 +248,7 @@ def kv_table(table: pd.DataFrame, others: dict[str, str]) -> Table:
         moved = f"{row.moved_mb_per_step:.3f} ({row.moved_new_mb_per_step:.3f})" if row.offloaded_mb else "0"
         rows.append(
             [
-                _size_label(row),
+                _size(row, "ratio "),
                 row.policy,
                 int(row.samples),
                 f"{row.accuracy:.3f} [{row.accuracy_low:.2f}, {row.accuracy_high:.2f}]"
@@ -392,7 +387,7 @@ def press_blocks(versus: pd.DataFrame, track: str) -> list[Block]:
     """presses.csv as summary.md shows it, under the run's leaderboard track."""
     rows = [
         [
-            _size_label(row),
+            _size(row, "ratio "),
             row.press,
             row.best_kvpress,
             int(row.samples),
@@ -403,9 +398,9 @@ def press_blocks(versus: pd.DataFrame, track: str) -> list[Block]:
         for row in versus.itertuples()
     ]
     return [
-        f"Against kvpress's best press of this track ({track}: {TRACKS.get(track, track)}), at each size: every "
-        "press dynheads builds minus the kvpress press with the highest accuracy there, paired over the same "
-        "samples (95 % interval).",
+        f"Against the best of kvpress's own presses in this run ({track} track: {TRACKS.get(track, track)}), at "
+        "each size: every press dynheads builds minus the kvpress press with the highest accuracy there, paired over "
+        "the same samples (95 % interval; the best is picked on these samples, which favours it).",
         Table(
             ["size", "press", "best kvpress press", "samples", "press", "best kvpress", "difference [95 % CI]"], rows
         ),
