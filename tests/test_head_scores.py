@@ -93,7 +93,7 @@ def eager_rows(lm, trace: Trace) -> torch.Tensor:
 
 def test_a_registered_score_is_traced_by_name_with_the_eager_values(lm, new_scores):
     trace = traced(lm)
-    assert list(trace.scores) == ["copy", "reasoning", "sink_argmax", "context_share"]
+    assert list(trace.scores) == ["copy", "reasoning", "write", "sink_argmax", "context_share"]
     rows = eager_rows(lm, trace)  # keys past a step's query are masked to 0
     sink = trace.scores["sink_argmax"]
     assert sink.dtype == np.bool_ and sink.shape == (STEPS, 3, 4)
@@ -110,8 +110,8 @@ def test_registering_a_score_leaves_the_existing_scores_unchanged(lm, new_scores
     HEAD_SCORES.unregister("sink_argmax")
     HEAD_SCORES.unregister("context_share")
     without = traced(lm)
-    assert list(without.scores) == ["copy", "reasoning"]
-    for name in ("copy", "reasoning"):
+    assert list(without.scores) == ["copy", "reasoning", "write"]
+    for name in ("copy", "reasoning", "write"):
         np.testing.assert_array_equal(with_new.scores[name], without.scores[name])
 
 
@@ -120,7 +120,7 @@ def test_a_registered_score_round_trips_through_the_trace_file(lm, new_scores, t
     trace.save(tmp_path / "t.parquet")
     assert {"sink_argmax_score", "context_share_score"} <= set(pq.read_schema(tmp_path / "t.parquet").names)
     meta = json.loads(pq.read_schema(tmp_path / "t.parquet").metadata[b"dynheads"])
-    assert meta["scores"] == ["copy", "reasoning", "sink_argmax", "context_share"]
+    assert meta["scores"] == ["copy", "reasoning", "write", "sink_argmax", "context_share"]
     HEAD_SCORES.unregister("sink_argmax")  # the file describes its own scores: loading needs no registry
     loaded = Trace.load(tmp_path / "t.parquet")
     assert list(loaded.scores) == list(trace.scores)
@@ -176,7 +176,7 @@ def test_the_live_step_ranks_a_registered_binary_score_by_attention(lm, new_scor
 
 def test_an_unknown_score_is_one_line(lm):
     trace = traced(lm)
-    with pytest.raises(DynheadsError, match="score must be one of copy, reasoning, got 'sink_argmax'") as error:
+    with pytest.raises(DynheadsError, match="score must be one of copy, reasoning, write, got 'sink_argmax'") as error:
         dynamic_sets(trace, "sink_argmax", "0.1")
     assert "\n" not in str(error.value)
 

@@ -19,8 +19,15 @@ score is one ``register_score`` call (in any module, a test file included):
   the prompt). The probe reduces it in its pass; ``calibrated_span_scores`` subtracts the same pass with a
   content-free query (ICR's calibration: the row mean makes the two passes comparable although the real query has
   more rows) and ``span_ranking`` sums chosen heads into one score per span.
+- ``write`` (continuous, in logits; LOCOS, arXiv 2607.01002, per step): what the head's needle keys add directly
+  to the logit of the token the step emits, ``u_yᵀ W_O^{l,h} sum_{j in needle} a_j v_j``, minus what its other keys
+  add, rescaled to a span of the needle's length (``x |needle| / |other keys|``, over every key up to the step's
+  query). ``u_y``: the unembedding row of y; ``W_O^{l,h}``: the head's columns of its layer's output projection
+  (``dynheads.engine.readout``); the final norm is not folded in. Where Eq. 1 sees only literal copying, this
+  sees what a head writes toward the answer from the needle, copied or not.
 - D_t, the dynamic (active) heads of a step: a binary score 1, or a continuous score above ``threshold``
-  (``dynheads.thresholds``: an absolute score or a multiple of the step's Eq. 2 chance share).
+  (``dynheads.thresholds``: an absolute score or, for scores of attention shares such as Eq. 2, a multiple of the
+  step's Eq. 2 chance share).
 
 The defaults of every score setting (sink, local window, Eq. 2 threshold) are declared here once;
 everything that scores heads reads them from here.
@@ -78,11 +85,16 @@ class StepMeasures(Protocol):
     context_mass: torch.Tensor  # mass on the context (prompt) positions
     context_entropy: torch.Tensor  # entropy of the row renormalised over the context
 
+    def logit_contributions(self, token: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[L, H]`` twice: what each head's needle keys and its other keys add directly to ``token``'s logit."""
+        ...
+
 
 class ScoredRow(Protocol):
     """What a head score reads of the sequence being decoded (``dynheads.engine.decoding.Row``)."""
 
     prompt_length: int
+    length: int  # tokens in the cache: the step's query sits at position length - 1
     ids: torch.Tensor  # [capacity] the token buffer (absolute positions)
     needle: list[int]  # sorted needle positions
     sink_size: int
@@ -102,6 +114,7 @@ class HeadScore:
     reduce: Callable[[StepMeasures, ScoredRow, int], torch.Tensor]
     binary: bool
     label: str  # how reports name it ("Eq. 1 copy score")
+    share: bool = True  # continuous scores: an attention share, so a threshold may be a multiple of chance
 
 
 HEAD_SCORES = Registry[HeadScore]("head score")
@@ -115,14 +128,16 @@ def register_score(
     label: str,
     help: str,
     replace: bool = False,
+    share: bool = True,
 ) -> HeadScore:
     """Declare a head score: traces record it by ``name`` (their column ``<name>_score``) from then on, and
-    analyses accept the name. ``help``: one line."""
+    analyses accept the name. ``help``: one line. ``share=False``: a continuous score that is not an attention
+    share (logits, say), which only an absolute threshold turns into D_t."""
     if not name.isidentifier():
         raise DynheadsError(f"a head score's name is one word (letters, digits, _), got {name!r}")
     if not help.strip() or "\n" in help:
         raise DynheadsError(f"head score {name!r} needs a one-line help text")
-    score = HeadScore(reduce, binary, label)
+    score = HeadScore(reduce, binary, label, share)
     HEAD_SCORES.register(name, score, help=help, replace=replace)
     return score
 
@@ -145,7 +160,13 @@ class ScoreSpec:
 
     def __post_init__(self) -> None:
         check_kind(self.kind)
-        ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
+        threshold = ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
+        score = self.score
+        if not score.binary and not score.share and threshold.mode != "absolute":
+            raise DynheadsError(
+                f"the {score.label} is not an attention share: give it an absolute threshold (a number such as "
+                f"1.0), not {self.threshold!r} (a multiple of Eq. 2's chance share)"
+            )
         if self.sink_size < 0 or self.local_window < 0:
             raise DynheadsError(f"sink size and local window must be >= 0, got {self.sink_size}, {self.local_window}")
 
@@ -231,6 +252,27 @@ register_score(
     binary=False,
     label="Eq. 2 reasoning score",
     help="Eq. 2: needle mass over the mass outside the attention sink and the local window",
+)
+
+
+def write_scores(stats: StepMeasures, row: ScoredRow, predicted: int) -> torch.Tensor:
+    """``[L, H]`` float32: the needle keys' direct contribution to the predicted token's logit minus the other
+    keys', rescaled to the needle's length (LOCOS's per-step score; 0 where no needle key is in the keys yet)."""
+    needle, other = stats.logit_contributions(predicted)
+    keys = row.length
+    inside = sum(1 for position in row.needle if position < keys)
+    if inside == 0:
+        return needle * 0.0
+    return needle - other * (inside / (keys - inside)) if keys > inside else needle
+
+
+register_score(
+    "write",
+    write_scores,
+    binary=False,
+    share=False,
+    label="write score",
+    help="LOCOS per step: the needle keys' direct write to the emitted token's logit minus the other keys'",
 )
 
 

@@ -44,6 +44,7 @@ from dynheads.engine.probe import (
     attached,
     routed,
 )
+from dynheads.engine.readout import HeadReadout
 from dynheads.engine.teacher import TeacherLogits, teacher_pass
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, with_cache
@@ -74,6 +75,11 @@ class StepResult:
         if self.measured is None:
             raise DynheadsError("this session runs the model's own attention (probed=False): no head is measured")
         return self.measured
+
+
+def probe_for(lm: LoadedModel) -> AttentionProbe:
+    """A probe for ``lm``'s heads, with its readout (the write score's)."""
+    return AttentionProbe(lm.num_layers, lm.num_heads, lm.device, HeadReadout(lm.model, lm.num_layers, lm.num_heads))
 
 
 class Row:
@@ -173,7 +179,7 @@ class DecodingSession:
         self.probed, self.text_positions = probed, text_positions
         self.mask: torch.Tensor | None = None  # batches: [B, capacity] 1 for real keys (pads are 0)
         self.width = 0  # batches: padded key slots in use
-        self.probe = AttentionProbe(lm.num_layers, lm.num_heads, lm.device)
+        self.probe = probe_for(lm)
         self.capture_means = capture_means
         # What every pass hands the probe about the rows (``_set_rows``); each pass adds its own positions, measure
         # and edits.
@@ -201,7 +207,7 @@ class DecodingSession:
         for b, session in enumerate(sessions):  # row b's first (padded - length_b) keys are pads
             batch.mask[b, padded - session.row.length : padded] = 1
         batch.width = padded
-        batch.probe = AttentionProbe(first.lm.num_layers, first.lm.num_heads, first.lm.device)
+        batch.probe = probe_for(first.lm)
         batch.capture_means, batch.spec = False, first.spec
         batch._set_rows([s.row for s in sessions])
         return batch
@@ -236,7 +242,7 @@ class DecodingSession:
                 copy.cache = DynamicCache(config=self.lm.model.config)
                 for mine, theirs in zip(copy.cache.layers, self.cache.layers, strict=True):
                     mine.__dict__.update(vars(theirs))
-            copy.probe = AttentionProbe(self.lm.num_layers, self.lm.num_heads, self.lm.device)
+            copy.probe = probe_for(self.lm)
             copy.capture_means, copy.spec = False, self.spec
             twin = Row.__new__(Row)
             twin.__dict__.update(vars(row))

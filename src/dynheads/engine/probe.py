@@ -12,6 +12,9 @@ of every query head (fp32 softmax) and reduces it on the spot, for each sequence
 - ``context_mass [L, H]``: mass on positions before ``context_end`` (the prompt; Lookback-Lens ratios),
 - ``context_entropy [L, H]``: entropy (nats) of the row restricted to those positions and renormalised (how
   sharply a head looks into the context; 0 where it puts no mass there),
+- ``needle_values`` / ``off_values [L, H, D]``: the head's attention output split into the part its needle keys
+  give (``sum over needle keys j of a_j v_j``, a gather of the few needle keys) and the rest (its output minus that
+  part); the write score reads them through each head's output projection (``dynheads.engine.readout``),
 - full rows of the heads the pass's ``Measure`` names (``rows``) only,
 - ``span_mass [L, H, S]`` (when the pass's ``Measure`` has a span score, batch 1): the attention that a range of
   query positions (a question) puts on each of S key spans (candidate paragraphs), averaged over those query rows
@@ -67,6 +70,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from dynheads.engine.readout import HeadReadout
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads  # (layer, query head), zero-based
 from dynheads.scores import LOCAL_WINDOW, SINK_SIZE, SpanScore, reasoning_scores
@@ -95,12 +99,25 @@ class StepStats:
     kept_mass: torch.Tensor  # float32, mass outside (sink U local) \ needle, summed from the row itself
     context_mass: torch.Tensor  # float32, mass on positions < the sequence's context end (prompt)
     context_entropy: torch.Tensor  # float32, entropy of the row renormalised over those positions
+    needle_values: torch.Tensor  # float32 [.., L, H, D]: the head's output from its needle keys, sum_j a_j v_j
+    off_values: torch.Tensor  # float32 [.., L, H, D]: its output from every other key
     rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [last_position + 1] rows of requested heads
     span_mass: torch.Tensor | None = None  # float32 [.., L, H, S]: query rows' mean mass on key spans (SpanScore)
+    readout: HeadReadout | None = None  # the model's unembedding through each head's output projection
 
     def reasoning_scores(self) -> torch.Tensor:
         """Eq. 2 of these statistics (``dynheads.scores.reasoning_scores``)."""
         return reasoning_scores(self.needle_mass, self.kept_mass)
+
+    def logit_contributions(self, token: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[L, H]`` twice: what each head's needle keys and its other keys add to ``token``'s logit, directly
+        (``u_yᵀ W_O^{l,h} sum_j a_j v_j``; one sequence's statistics)."""
+        if self.readout is None:
+            raise DynheadsError("these statistics were measured without the model's readout: no write score")
+        directions = self.readout(token)  # [L, H, D]
+        if directions.device != self.needle_values.device:
+            directions = directions.to(self.needle_values.device)
+        return (directions * self.needle_values).sum(-1), (directions * self.off_values).sum(-1)
 
 
 class LayerReduction(NamedTuple):
@@ -110,6 +127,8 @@ class LayerReduction(NamedTuple):
     argmax: torch.Tensor  # int64 [B, H, 1], key index
     first_position: torch.Tensor  # int64 [B, 1, 1], absolute position of key index 0 (``KeyMasks.first_position``)
     sums: torch.Tensor  # float32 [B, 2H, 5]: rows p then p log p, summed over ``KeyMasks.weights``' key sets
+    needle_values: torch.Tensor  # float32 [B, H, D]: the head's output from its needle keys (``split_values``)
+    head_values: torch.Tensor  # [B, H, D]: the head's whole output at the last query row
 
 
 def assemble_stats(
@@ -119,11 +138,16 @@ def assemble_stats(
     context entropy computed once for every layer; zeros for layers missing from ``layers``."""
     if len(layers) < num_layers:
         zero = torch.zeros(batch, heads, 1, device=device)
-        empty = LayerReduction(zero, zero.long(), zero[:, :1].long(), torch.zeros(batch, 2 * heads, 5, device=device))
+        head_dim = next((reduction.head_values.shape[-1] for reduction in layers.values()), 1)
+        no_values = torch.zeros(batch, heads, head_dim, device=device)
+        empty = LayerReduction(
+            zero, zero.long(), zero[:, :1].long(), torch.zeros(batch, 2 * heads, 5, device=device), no_values, no_values
+        )
         layers = {layer: layers.get(layer, empty) for layer in range(num_layers)}
     fields = zip(*(layers[layer] for layer in range(num_layers)), strict=True)
-    max_prob, argmax, first, sums = (torch.cat(list(parts), dim=1) for parts in fields)  # layer by layer
+    max_prob, argmax, first, sums, needle, whole = (torch.cat(list(parts), dim=1) for parts in fields)  # by layer
     sums = sums.view(batch, num_layers, 2, heads, 5)
+    needle = needle.view(batch, num_layers, heads, -1)
     masses, context = sums[:, :, 0], sums[:, :, 0, :, 3]
     # H(p restricted to the context, renormalised) = log c - sum_ctx p log p / c, with c the context mass
     plogp = sums[:, :, 1, :, 3]
@@ -137,6 +161,8 @@ def assemble_stats(
         kept_mass=masses[..., 2],
         context_mass=context,
         context_entropy=entropy,
+        needle_values=needle,
+        off_values=whole.float().view(needle.shape) - needle,
     )
 
 
@@ -236,13 +262,17 @@ class AttentionProbe:
     Positions are absolute token indices of each sequence being decoded (batch row b = sequence b).
     """
 
-    def __init__(self, num_layers: int, num_heads: int, device: torch.device | str = "cpu"):
+    def __init__(
+        self, num_layers: int, num_heads: int, device: torch.device | str = "cpu", readout: HeadReadout | None = None
+    ):
         self.num_layers = num_layers
         self.num_heads = num_heads
         self.device = torch.device(device)
+        self.readout = readout  # the write score's (``StepStats.logit_contributions``); None: no write score
         self.settings = ProbeSettings()
         # The sequences: needle positions and context ends (positions < context end are the prompt).
         self._needle = torch.zeros(1, 1, dtype=torch.bool, device=self.device)  # [B, positions]
+        self._needle_index = torch.zeros(1, 0, dtype=torch.long, device=self.device)  # [B, n]: positions, -1 pads
         self._needle_lists: tuple[tuple[int, ...], ...] = ((),)  # what ``_needle`` was built from
         self.context_ends: list[int] = [0]
         # The current pass (begin_forward renews it).
@@ -285,11 +315,20 @@ class AttentionProbe:
             needle[b, [p for p in positions if p >= 0]] = True
         self._needle = needle.to(self.device)
         self._needle_lists = tuple(tuple(positions) for positions in lists)
+        index = torch.full((len(lists), max(map(len, lists), default=0)), -1, dtype=torch.long)
+        for b, positions in enumerate(lists):
+            index[b, : len(positions)] = torch.tensor(positions, dtype=torch.long)
+        self._needle_index = index.to(self.device)
 
     @property
     def needle(self) -> torch.Tensor:
         """Bool ``[B, positions]``: the needle positions of each sequence."""
         return self._needle
+
+    @property
+    def needle_index(self) -> torch.Tensor:
+        """Long ``[B, n]``: each sequence's needle positions, padded with -1 to the longest needle."""
+        return self._needle_index
 
     def needle_positions(self, b: int = 0) -> list[int]:
         """Sequence ``b``'s needle positions, sorted."""
@@ -422,6 +461,7 @@ class AttentionProbe:
             shape = (len(self.last_positions), self.num_heads)
             self._stats = assemble_stats(self._layers, self.num_layers, *shape, self.device)
             self._stats.span_mass = self.span_mass
+            self._stats.readout = self.readout
         return self._stats
 
     def pass_stats(self) -> list[StepStats]:
@@ -445,8 +485,11 @@ class AttentionProbe:
             kept_mass=s.kept_mass[b],
             context_mass=s.context_mass[b],
             context_entropy=s.context_entropy[b],
+            needle_values=s.needle_values[b],
+            off_values=s.off_values[b],
             rows=self.rows[b],
             span_mass=None if s.span_mass is None else s.span_mass[b],
+            readout=self.readout,
         )
 
 
@@ -462,6 +505,7 @@ class KeyMasks:
     def __init__(self, probe: AttentionProbe, last: torch.Tensor):
         self.settings = probe.settings
         self.needle = probe.needle
+        self.needle_index = probe.needle_index
         self.context_ends = probe.context_ends
         self.last = last  # [B] last input position of each row
         self._built: dict[tuple, torch.Tensor] = {}
@@ -498,6 +542,36 @@ class KeyMasks:
             return torch.stack([needle, excluded, real & ~excluded, context, every], dim=-1).float()
 
         return self._cached("weights", kv_len, device, build)
+
+    def needle_gather(
+        self, kv_len: int, device: torch.device, heads: int, value_shape: torch.Size
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What gathers each row's needle keys (n: the longest needle) from a layer's last rows ``[B, H, kv]`` and
+        values ``value_shape = [B, H_kv, kv, D]``: long indices ``[B, H, n]`` and ``[B, H_kv, n, D]``, and float
+        ``[B, 1, n]`` 1 where the needle position is among this layer's keys (a sliding window may have dropped it;
+        the -1 pads never are). Built once per key length and shape, shared by the layers."""
+        _, num_kv, _, head_dim = value_shape
+
+        def keys() -> torch.Tensor:
+            positions = self.needle_index.to(device)
+            return positions - (self.last.to(device) - (kv_len - 1))[:, None]
+
+        def inside() -> torch.Tensor:
+            positions, index = self.needle_index.to(device), keys()
+            return ((positions >= 0) & (index >= 0) & (index < kv_len)).float()[:, None, :]
+
+        index = self._cached("needle_keys", kv_len, device, lambda: keys().clamp(0, max(kv_len - 1, 0)))
+        batch, count = index.shape
+        rows = self._cached(
+            f"needle_rows_{heads}", kv_len, device, lambda: index[:, None, :].expand(batch, heads, count)
+        )
+        values = self._cached(
+            f"needle_values_{num_kv}_{head_dim}",
+            kv_len,
+            device,
+            lambda: index[:, None, :, None].expand(batch, num_kv, count, head_dim),
+        )
+        return rows, values, self._cached("needle_inside", kv_len, device, inside)
 
     def first_position(self, kv_len: int, device: torch.device) -> torch.Tensor:
         """Long ``[B, 1, 1]``: the absolute position of every row's first key."""
@@ -593,10 +667,14 @@ def probe_attention(
         output = _all_rows_output(module, query, key, value, attention_mask, hidden, scaling, softcap, kwargs)
         if probe.capture_means:  # a prefill: each head's mean output over the positions of this pass
             probe.captured_means[layer] = output.float().mean(dim=2)
+    probs = probs.view(batch, num_heads, kv_len)
+    needle = needle_values(probe, probs, value, kv_len)
+    whole = output[:, :, -1]  # the heads' outputs before any removal
     if layer in probe.settings.removed_heads:
+        whole = whole.clone()
         _remove_heads(output, probe, layer, value, groups, visible, kwargs)
 
-    record_layer_attention(probe, layer, probs.view(batch, num_heads, kv_len), kv_len)
+    record_layer_attention(probe, layer, probs, kv_len, (needle, whole))
     if probe.settings.span_score is not None:
         _record_spans(probe, layer, query, key, attention_mask, hidden, scaling, softcap, kwargs)
     if q_len == 1:  # [B, H, 1, D] is laid out as [B, 1, H, D]
@@ -817,19 +895,48 @@ def _uniform_output(
     return (total / count.clamp_min(1)[:, None, :, None]).to(value.dtype)
 
 
-def record_layer_attention(probe: AttentionProbe, layer: int, probs: torch.Tensor, kv_len: int) -> None:
+def needle_values(
+    probe: AttentionProbe,
+    probs: torch.Tensor,  # float32 [B, H, kv], the last query row of every head
+    value: torch.Tensor,  # [B, H_kv, kv, D]
+    kv_len: int,
+) -> torch.Tensor:
+    """Float32 ``[B, H, D]``: each head's output from its needle keys, ``sum_j a_j v_j`` over the needle keys this
+    layer holds: a gather of those few keys (``KeyMasks.needle_gather``), not a pass over all of them."""
+    batch, num_heads, _ = probs.shape
+    num_kv, head_dim = value.shape[1], value.shape[-1]
+    row_index, value_index, inside = probe.keys.needle_gather(kv_len, probs.device, num_heads, value.shape)
+    count = row_index.shape[-1]
+    weights = probs.gather(2, row_index).mul_(inside).view(batch * num_kv, num_heads // num_kv, count)
+    values = value.gather(2, value_index).view(batch * num_kv, count, head_dim)
+    if values.dtype != torch.float32:
+        values = values.float()
+    return torch.bmm(weights, values).view(batch, num_heads, head_dim)
+
+
+def record_layer_attention(
+    probe: AttentionProbe,
+    layer: int,
+    probs: torch.Tensor,
+    kv_len: int,
+    values: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
     """Reduce the ``[B, H, kv]`` fp32 rows of one layer (pad keys have probability 0), on the device: the most
     attended key, and one matrix product of the rows p and p log p with ``KeyMasks.weights`` (the masses on the needle
-    / excluded / kept / context keys, the context's sum of p log p, the row sums). ``AttentionProbe.stats`` joins the
-    layers of a pass."""
+    / excluded / kept / context keys, the context's sum of p log p, the row sums); ``values``: the heads' outputs
+    from their needle keys (``needle_values``) and whole (None: zeros of one dimension, a layer measured without
+    them). ``AttentionProbe.stats`` joins the layers of a pass."""
     keys = probe.keys
     max_prob, argmax = probs.max(dim=-1, keepdim=True)
     plogp = probs * torch.log(probs.clamp_min(1e-30))
+    batch, num_heads, _ = probs.shape
     reduction = LayerReduction(
         max_prob=max_prob,
         argmax=argmax,
         first_position=keys.first_position(kv_len, probs.device),
         sums=torch.bmm(torch.cat([probs, plogp], dim=1), keys.weights(kv_len, probs.device)),
+        needle_values=values[0] if values is not None else torch.zeros(batch, num_heads, 1, device=probs.device),
+        head_values=values[1] if values is not None else torch.zeros(batch, num_heads, 1, device=probs.device),
     )
     probe.record_layer(layer, reduction)
     for lyr, head in probe.settings.rows_for:

@@ -1,0 +1,131 @@
+"""The write score (``dynheads.scores.write_scores``) against an eager oracle, every family and the embedded model.
+
+Oracle: transformers' own eager forward over the traced sequence (``output_attentions=True``) gives each layer's
+attention row of the step's query, and hooks on the value projections give every key's value vector; from them and
+the weights (the unembedding row of the emitted token, each head's columns of ``o_proj``) the oracle sums
+``a_j u_yᵀ W_O^{l,h} v_j`` over the needle keys and over the other keys and rescales the latter as LOCOS does.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zoo import FAMILIES, NoTokenizer, tiny_model
+
+import dynheads
+from dynheads.engine.decoding import DecodingSession
+from dynheads.engine.probe import RowEdit
+from dynheads.errors import DynheadsError
+from dynheads.models import LoadedModel
+from dynheads.scores import ScoreSpec
+
+PROMPT_LEN, STEPS, NEEDLE = 20, 4, [5, 6, 7, 8]
+
+
+class Sample:
+    def __init__(self, ids: list[int], needle: list[int]):
+        self.input_ids, self.needle_positions = ids, needle
+
+
+def eager_rows_and_values(model, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer: the ``[H, S]`` eager attention rows of the last position and the ``[S, H_kv, D]`` value vectors
+    of every position (the value projection's output; Phi-3's fused projection holds them in its last columns)."""
+    config = model.config.get_text_config()
+    kv_heads, layers = config.num_key_value_heads, config.num_hidden_layers
+    values: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int, fused: bool):
+        def hook(module, args, output):
+            part = output[..., -kv_heads * head_dims[layer] :] if fused else output
+            values[layer] = part[0].view(part.shape[1], kv_heads, head_dims[layer]).float()
+
+        return hook
+
+    attentions = [layer.self_attn for layer in model.model.layers]
+    head_dims = [attention.head_dim for attention in attentions]
+    handles = [
+        (attention.v_proj if hasattr(attention, "v_proj") else attention.qkv_proj).register_forward_hook(
+            keep(index, not hasattr(attention, "v_proj"))
+        )
+        for index, attention in enumerate(attentions)
+    ]
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(ids, output_attentions=True)
+    finally:
+        model.set_attn_implementation(previous)
+        for handle in handles:
+            handle.remove()
+    return [a[0, :, -1].float() for a in out.attentions], [values[layer] for layer in range(layers)]
+
+
+def oracle_write(model, ids: torch.Tensor, token: int, needle: list[int]) -> torch.Tensor:
+    """``[L, H]``: the write score of the query at ``ids``' last position toward ``token``, from eager rows."""
+    rows, values = eager_rows_and_values(model, ids)
+    unembedding = model.get_output_embeddings().weight.detach()[token].float()
+    keys = ids.shape[1]
+    inside = [p for p in needle if p < keys]
+    other = [p for p in range(keys) if p not in inside]
+    scores = []
+    for layer, attention in enumerate(layer.self_attn for layer in model.model.layers):
+        heads, head_dim = rows[layer].shape[0], attention.head_dim
+        groups = heads // values[layer].shape[1]
+        weight = attention.o_proj.weight.detach().float()
+        per_head = []
+        for head in range(heads):
+            direction = unembedding @ weight[:, head * head_dim : (head + 1) * head_dim]  # [D]
+            writes = rows[layer][head] * (values[layer][:, head // groups] @ direction)  # [S]
+            per_head.append(writes[inside].sum() - writes[other].sum() * len(inside) / len(other))
+        scores.append(torch.stack(per_head))
+    return torch.stack(scores)
+
+
+def assert_write_equals_oracle(lm: LoadedModel, prompt: list[int], needle: list[int], steps: int) -> None:
+    trace = dynheads.trace(lm, Sample(prompt, needle), max_new_tokens=steps, stop_at_eos=False)
+    sequence = prompt + trace.tokens.tolist()
+    assert trace.scores["write"].shape == (steps, lm.num_layers, lm.num_heads)
+    for step in range(steps):
+        ids = torch.tensor([sequence[: len(prompt) + step]])
+        expected = oracle_write(lm.model, ids, int(trace.tokens[step]), needle)
+        got = torch.from_numpy(trace.scores["write"][step])
+        scale = float(expected.abs().max())
+        assert scale > 0, step
+        assert (got - expected).abs().max() <= 1e-4 * scale, (lm.name, step)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_write_score_equals_the_eager_oracle_at_every_step(family):
+    lm = LoadedModel(model=tiny_model(family), tokenizer=NoTokenizer(), name=family, revision="random")
+    prompt = torch.randint(3, 128, (PROMPT_LEN,), generator=torch.Generator().manual_seed(4)).tolist()
+    assert_write_equals_oracle(lm, prompt, NEEDLE, STEPS)
+
+
+@pytest.mark.embedded
+def test_write_score_of_the_embedded_model_equals_the_eager_oracle(embedded):
+    """SmolLM2: 30 layers x 9 heads, GQA 3, tied embeddings; a prompt whose answer is in the needle."""
+    ids = embedded.tokenizer("The magic word is 1f3c. Remember it: the magic word is", return_tensors="pt")
+    prompt = ids["input_ids"][0].tolist()
+    assert_write_equals_oracle(embedded, prompt, list(range(0, 9)), 3)
+
+
+def test_write_score_is_measured_before_a_head_is_removed():
+    """A removed head's statistics are those of the row it computed (as for Eq. 1 and Eq. 2): its write score
+    under the ablation equals its score without it at the same pass."""
+    lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
+    prompt = torch.randint(3, 128, (PROMPT_LEN,), generator=torch.Generator().manual_seed(5)).tolist()
+    plain = DecodingSession(lm, prompt, NEEDLE, max_new_tokens=1)
+    removed = DecodingSession(lm, prompt, NEEDLE, max_new_tokens=1)
+    first = plain.forward(PROMPT_LEN)
+    second = removed.forward(PROMPT_LEN, edits=[RowEdit(removed=frozenset({(2, 1)}))])
+    plain_needle, _ = first.stats.logit_contributions(7)
+    removed_needle, _ = second.stats.logit_contributions(7)
+    assert torch.equal(plain_needle[2, 1], removed_needle[2, 1])
+    assert not torch.equal(first.logits, second.logits)  # the head was removed
+
+
+def test_the_write_score_takes_only_absolute_thresholds():
+    assert ScoreSpec("write", threshold="0.5").describe() == "write score > 0.5"
+    with pytest.raises(DynheadsError, match="not an attention share"):
+        ScoreSpec("write", threshold="relative:3")
