@@ -92,3 +92,18 @@ def test_missing_file_is_named(tmp_path):
 def test_model_size_needs_both_numbers(tmp_path):
     with pytest.raises(ValueError, match="both"):
         load_head_list(write(tmp_path / "x.json", '["0-0"]'), num_layers=2)
+
+
+def test_locos_released_lists_load_bare_or_in_their_envelope(tmp_path):
+    """LOCOS publishes Wu's object, or the same object under "scores" beside a "meta" block; its write scores can be
+    negative, and a head with a mean that is not positive is not a static head."""
+    from dynheads.analysis.headlists import scored_heads
+
+    scores = {"0-1": [0.4, 0.2], "1-0": [-0.3, -0.1], "2-3": [1.5, 0.5], "1-1": [0, 0]}
+    bare = write(tmp_path / "bare.json", json.dumps(scores))
+    wrapped = write(tmp_path / "wrapped.json", json.dumps({"meta": {"method": "logit_contrib"}, "scores": scores}))
+    for path in (bare, wrapped):
+        ranked = load_head_list(path, num_layers=3, num_heads=4)
+        assert ranked.heads == ((2, 3), (0, 1), (1, 1), (1, 0))
+        assert ranked.scores == pytest.approx((1.0, 0.3, 0.0, -0.2))
+        assert scored_heads(ranked) == ((2, 3), (0, 1))

@@ -125,7 +125,52 @@ def test_write_score_is_measured_before_a_head_is_removed():
     assert not torch.equal(first.logits, second.logits)  # the head was removed
 
 
-def test_the_write_score_takes_only_absolute_thresholds():
+def test_the_write_score_takes_absolute_or_fitted_thresholds_never_multiples_of_chance():
     assert ScoreSpec("write", threshold="0.5").describe() == "write score > 0.5"
-    with pytest.raises(DynheadsError, match="not an attention share"):
+    fitted = ScoreSpec("write", threshold="calibrated:5").describe()
+    assert fitted == "write score > a value fitted to a mean of 5 heads per step on a fitting stream"
+    with pytest.raises(DynheadsError, match="not an attention share") as error:
         ScoreSpec("write", threshold="relative:3")
+    assert "\n" not in str(error.value)
+
+
+def test_a_calibrated_rule_fits_an_absolute_write_threshold_on_a_disjoint_stream(tmp_path):
+    """``calibrated:M`` on the write score fits a value in logits (not a multiple of chance) on the fitting run's
+    traces so that M heads per step are active there on average, and dynamism applies that value to another run."""
+    import json
+
+    import numpy as np
+
+    from dynheads.io import write_json
+    from dynheads.runs import RunDir
+    from dynheads.thresholds import ReasoningThreshold
+    from dynheads.views.analyses import dynamism_report
+
+    lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
+
+    def run(name: str, seeds: list[int]) -> RunDir:
+        folder = RunDir(tmp_path / name)
+        folder.start("niah", {"seed": 0}, None, {"questions": {"ids": [f"q{s}" for s in seeds]}})
+        for seed in seeds:
+            prompt = torch.randint(3, 128, (PROMPT_LEN,), generator=torch.Generator().manual_seed(seed)).tolist()
+            trace = dynheads.trace(lm, Sample(prompt, NEEDLE), max_new_tokens=STEPS, stop_at_eos=False)
+            folder.save_sample({"sample_id": f"q{seed}"}, trace)
+        return folder
+
+    fit, evaluated = run("fit", [10, 11, 12]), run("eval", [13, 14])
+    write_json(tmp_path / "static.json", ["0-1", "2-3"])
+    dynamism_report(
+        evaluated.path,
+        tmp_path / "static.json",
+        score="write",
+        threshold="calibrated:2",
+        fit_run=fit.path,
+        out_dir=tmp_path,
+    )
+    saved = json.loads((tmp_path / "dynamism.json").read_text())
+    applied = ReasoningThreshold.parse(saved["threshold"])
+    assert applied.mode == "absolute" and applied.value > 0
+    fitted = np.concatenate([trace.scores["write"] for _, trace in fit.iter_traces()])
+    assert (fitted > applied.value).sum(axis=(1, 2)).mean() == pytest.approx(2, abs=0.1)
+    assert saved["threshold_fit"]["fit_mean_size"] == pytest.approx(2, abs=0.1)
+    assert "write score" in (tmp_path / "dynamism.md").read_text()

@@ -162,10 +162,11 @@ class ScoreSpec:
         check_kind(self.kind)
         threshold = ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
         score = self.score
-        if not score.binary and not score.share and threshold.mode != "absolute":
+        if not score.binary and not score.share and threshold.mode == "relative":
             raise DynheadsError(
                 f"the {score.label} is not an attention share: give it an absolute threshold (a number such as "
-                f"1.0), not {self.threshold!r} (a multiple of Eq. 2's chance share)"
+                f"1.0) or a mean set size to fit (calibrated:M), not {self.threshold!r} (a multiple of Eq. 2's "
+                "chance share)"
             )
         if self.sink_size < 0 or self.local_window < 0:
             raise DynheadsError(f"sink size and local window must be >= 0, got {self.sink_size}, {self.local_window}")
@@ -177,7 +178,8 @@ class ScoreSpec:
     def describe(self) -> str:
         """For reports: what 'active' means ("Eq. 1 copy score", or the continuous score above its threshold)."""
         score = self.score
-        return score.label if score.binary else ReasoningThreshold.parse(self.threshold).describe(score.label)
+        threshold = ReasoningThreshold.parse(self.threshold)
+        return score.label if score.binary else threshold.describe(score.label, share=score.share)
 
     def trace_scores(self, scores: Mapping[str, np.ndarray]) -> np.ndarray:
         """``[step, layer, head]``: this score's array among a trace's ``scores`` (by name)."""

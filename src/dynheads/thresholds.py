@@ -8,7 +8,8 @@ One option with a mode, written as text everywhere (CLI, configs, manifests):
   ``AttentionProbe.chance_share``). Supporting facts are 10-20 % of a 250-1000-token context, so an absolute
   0.1 lets heads that attend uniformly count as reasoning heads; a multiple of chance does not.
 - ``"calibrated:12"``: a multiple of chance *fitted* so that the mean |D_t| over every step of a fitting stream is
-  12 (``fit_relative``), then applied as ``relative:K`` to the evaluated samples. ``relative:3`` marked a quarter to
+  12 (``fit_relative``), then applied as ``relative:K`` to the evaluated samples. For a score that is not an attention
+  share (the write score, in logits) the fit is an absolute value instead (``fit_absolute``), applied as itself. ``relative:3`` marked a quarter to
   a third of all heads of the embedded model at every step; the paper's sets hold about 5-20 heads. A calibrated
   threshold, not a per-step top-k: |D_t| still varies from step to step (Table 1's Std, empty steps, Claim 1's
   statistics mean something), and only its mean is set, on questions that are never evaluated. It must be fitted
@@ -87,12 +88,14 @@ class ReasoningThreshold:
     def __str__(self) -> str:
         return f"{self.value:g}" if self.mode == "absolute" else f"{self.mode}:{self.value:g}"
 
-    def describe(self, score: str = "Eq. 2 reasoning score") -> str:
-        """For reports: what 'active' means under this threshold, for the continuous ``score`` (its label)."""
+    def describe(self, score: str = "Eq. 2 reasoning score", share: bool = True) -> str:
+        """For reports: what 'active' means under this threshold, for the continuous ``score`` (its label; ``share``:
+        an attention share, whose calibrated threshold is a multiple of chance, else an absolute value)."""
         if self.mode == "absolute":
             return f"{score} > {self.value:g}"
         if self.mode == "calibrated":
-            return f"{score} > K x chance, K fitted to a mean of {self.value:g} heads per step on a fitting stream"
+            fitted = "K x chance, K" if share else "a value"
+            return f"{score} > {fitted} fitted to a mean of {self.value:g} heads per step on a fitting stream"
         return f"{score} > {self.value:g} x chance (|needle| / keys outside sink and local)"
 
     @overload
@@ -122,6 +125,14 @@ class ReasoningThreshold:
     def active(self, scores: np.ndarray, chance: float | np.ndarray | None) -> np.ndarray:
         """Bool D_t: ``scores [T, L, H]`` with ``chance [T]``, or one step's ``[L, H]`` with a float chance."""
         return np.asarray(scores) > self.cutoff(chance)
+
+
+def fit_absolute(scores: Sequence[np.ndarray], mean_size: float) -> float:
+    """The value that ``score > value`` exceeds at ``mean_size`` heads per step on average over every step of
+    ``scores`` (``[T, L, H]`` per sample): ``fit_relative`` with a chance of 1 at every step; never below 0 (a head
+    whose score is negative is never active, whatever the target)."""
+    ones = [np.ones(s.shape[0], dtype=np.float32) for s in scores]
+    return max(fit_relative(scores, ones, mean_size), 0.0)
 
 
 def fit_relative(scores: Sequence[np.ndarray], chances: Sequence[np.ndarray], mean_size: float) -> float:

@@ -6,6 +6,9 @@ Two formats are read (``load_head_list`` tells them apart by the top-level JSON 
   ``{"<layer>-<head>": [score per counted test, ...], ...}``. Ranking = mean of each list, highest first.
   ``save_head_scores`` writes this format byte for byte as their code does: ``json.dump`` on one line, no
   trailing newline, a zero written ``0`` (their accumulator starts as the integer 0), other scores as floats.
+  LOCOS's releases (arXiv 2607.01002, ``retrieval_heads/<model>.json``) use the same object, bare or inside an
+  envelope ``{"meta": {...}, "scores": {"<layer>-<head>": [...]}}``; the envelope's ``meta`` is not read. Its
+  write scores may be negative: ``scored_heads`` keeps the positive ones.
 - **A ranked list** (a JSON array), best head first, as QRHead publishes its heads. Each entry is one of
   ``"layer-head"`` (also ``"L12-H3"``), ``[layer, head]`` (two integers), or ``["layer-head", score]``
   (the ``[head, score]`` pairs its detection script writes). Ranking = file order.
@@ -71,6 +74,8 @@ def load_head_list(path: str | Path, num_layers: int | None = None, num_heads: i
         raise ValueError("give both num_layers and num_heads, or neither")
     source = str(path)
     data = _read_json(source)
+    if isinstance(data, dict) and isinstance(data.get("scores"), dict):  # LOCOS's envelope around Wu's object
+        data = data["scores"]
     if isinstance(data, dict):
         ranked = _from_wu(data, source)
     elif isinstance(data, list):

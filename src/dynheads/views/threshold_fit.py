@@ -17,9 +17,9 @@ import numpy as np
 
 from dynheads.errors import DynheadsError
 from dynheads.runs import RunDir
-from dynheads.scores import ScoreKind, ScoreSpec
+from dynheads.scores import HEAD_SCORES, ScoreKind, ScoreSpec
 from dynheads.tasks.questions import refuse_overlap
-from dynheads.thresholds import ReasoningThreshold, fit_relative
+from dynheads.thresholds import ReasoningThreshold, fit_absolute, fit_relative
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def fit_threshold(rule: str | float | ReasoningThreshold, score: ScoreKind, fit_
     Checks only that the fitting run records its questions: the caller refuses overlap with what it evaluates
     (``resolve_threshold``, or an ablation that refuses a static list taken from the same fitting run)."""
     parsed = ReasoningThreshold.parse(rule)
-    if parsed.mode != "calibrated" or ScoreSpec(score).score.binary:
+    if parsed.mode != "calibrated" or HEAD_SCORES.get(score).binary:
         return ThresholdFit(str(parsed), str(parsed))
     if fit_run is None:
         raise DynheadsError(f"the threshold {parsed} is fitted on a fitting stream: give its traced run (--fit-run)")
@@ -91,11 +91,12 @@ def fit_threshold(rule: str | float | ReasoningThreshold, score: ScoreKind, fit_
 
 
 def fit_calibrated(rule: ReasoningThreshold, score: ScoreKind, fit: RunDir, fit_ids: list[str]) -> ThresholdFit:
-    """Fit ``rule`` (calibrated) on every traced step of ``fit``."""
-    spec = ScoreSpec(score)
+    """Fit ``rule`` (calibrated) on every traced step of ``fit``: a multiple of chance for an attention share, an
+    absolute value for any other score (``fit_absolute``)."""
+    spec = ScoreSpec(score, threshold=str(rule))
     samples, scores, chances = [], [], []
     for record, trace in fit.iter_traces():
-        if trace.chance is None:
+        if trace.chance is None and spec.score.share:
             raise DynheadsError(f"{fit.path} has traces without the chance share: re-trace it to fit {rule}")
         samples.append(record["sample_id"])
         scores.append(spec.trace_scores(trace.scores))
@@ -103,7 +104,11 @@ def fit_calibrated(rule: ReasoningThreshold, score: ScoreKind, fit: RunDir, fit_
     if not samples:
         raise DynheadsError(f"{fit.path} has no traced samples to fit {rule} on")
     # read back from its text, so that what is recorded is exactly what any run applying it decides with
-    applied = ReasoningThreshold.parse(str(ReasoningThreshold("relative", fit_relative(scores, chances, rule.value))))
+    if spec.score.share:
+        fitted = ReasoningThreshold("relative", fit_relative(scores, chances, rule.value))
+    else:
+        fitted = ReasoningThreshold("absolute", fit_absolute(scores, rule.value))
+    applied = ReasoningThreshold.parse(str(fitted))
     sizes = np.concatenate([applied.active(s, c).sum(axis=(1, 2)) for s, c in zip(scores, chances, strict=True)])
     return ThresholdFit(
         rule=str(rule),
