@@ -8,9 +8,10 @@ One option with a mode, written as text everywhere (CLI, configs, manifests):
   ``AttentionProbe.chance_share``). Supporting facts are 10-20 % of a 250-1000-token context, so an absolute
   0.1 lets heads that attend uniformly count as reasoning heads; a multiple of chance does not.
 - ``"calibrated:12"``: a multiple of chance *fitted* so that the mean |D_t| over every step of a fitting stream is
-  12 (``fit_relative``), then applied as ``relative:K`` to the evaluated samples. For a score that is not an attention
-  share (the write score, in logits) the fit is an absolute value instead (``fit_absolute``), applied as itself. ``relative:3`` marked a quarter to
-  a third of all heads of the embedded model at every step; the paper's sets hold about 5-20 heads. A calibrated
+  12 (``fit_relative``), then applied as ``relative:K`` to the evaluated samples. For a score that is not an
+  attention share (the write score, in logits) the fit is an absolute value instead (``fit_absolute``), applied as
+  itself. ``relative:3`` marked a quarter to a third of all heads of the embedded model at every step; the paper's
+  sets hold about 5-20 heads. A calibrated
   threshold, not a per-step top-k: |D_t| still varies from step to step (Table 1's Std, empty steps, Claim 1's
   statistics mean something), and only its mean is set, on questions that are never evaluated. It must be fitted
   before it can say which heads are active (``cutoff`` refuses it): ``dynheads.views.threshold_fit``.
