@@ -670,8 +670,9 @@ def probe_attention(
     probs = probs.view(batch, num_heads, kv_len)
     needle = needle_values(probe, probs, value, kv_len)
     whole = output[:, :, -1]  # the heads' outputs before any removal
-    if layer in probe.settings.removed_heads:
+    if q_len > 1 or layer in probe.settings.removed_heads:  # a copy: a view would keep a prefill's every row alive
         whole = whole.clone()
+    if layer in probe.settings.removed_heads:
         _remove_heads(output, probe, layer, value, groups, visible, kwargs)
 
     record_layer_attention(probe, layer, probs, kv_len, (needle, whole))
