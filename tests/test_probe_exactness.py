@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zoo import FAMILIES, NoTokenizer, tiny_model
+from zoo import FAMILIES, NoTokenizer, eager_forward, tiny_model
 
 from dynheads.engine.decoding import DecodingSession
 from dynheads.engine.probe import AttentionProbe, Measure, RowEdit, attached
@@ -21,13 +21,7 @@ PROMPT_LEN, STEPS = 20, 4  # 24 tokens > sliding window 8: the window slides dur
 
 def eager_last_rows(model, ids: torch.Tensor) -> list[torch.Tensor]:
     """``[H, kv]`` attention rows of the last position, per layer, from transformers' own eager path."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            out = model(ids, output_attentions=True)
-    finally:
-        model.set_attn_implementation(previous)
+    out = eager_forward(model, ids)
     return [a[0, :, -1].float() for a in out.attentions], out.logits[0, -1]
 
 

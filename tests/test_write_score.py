@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zoo import FAMILIES, NoTokenizer, tiny_model
+from zoo import FAMILIES, NoTokenizer, eager_forward, tiny_model
 
 import dynheads
 from dynheads.engine.decoding import DecodingSession
@@ -49,13 +49,9 @@ def eager_rows_and_values(model, ids: torch.Tensor) -> tuple[list[torch.Tensor],
         )
         for index, attention in enumerate(attentions)
     ]
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
     try:
-        with torch.no_grad():
-            out = model(ids, output_attentions=True)
+        out = eager_forward(model, ids)
     finally:
-        model.set_attn_implementation(previous)
         for handle in handles:
             handle.remove()
     return [a[0, :, -1].float() for a in out.attentions], [values[layer] for layer in range(layers)]

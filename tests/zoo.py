@@ -51,6 +51,18 @@ def tiny_model(family: str, vocab_size: int = 128, seed: int = 0) -> tf.PreTrain
     return model
 
 
+def eager_forward(model: tf.PreTrainedModel, ids: torch.Tensor):
+    """transformers' own eager forward over ``ids`` with every attention matrix (the tests' oracle), the model's
+    attention implementation restored after it."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            return model(ids, output_attentions=True)
+    finally:
+        model.set_attn_implementation(previous)
+
+
 class NoTokenizer:
     """Stands in for a tokenizer where tests feed token ids directly: no vocabulary, ids decode to numbers."""
 
