@@ -127,7 +127,7 @@ class LayerReduction(NamedTuple):
     argmax: torch.Tensor  # int64 [B, H, 1], key index
     first_position: torch.Tensor  # int64 [B, 1, 1], absolute position of key index 0 (``KeyMasks.first_position``)
     sums: torch.Tensor  # float32 [B, 2H, 5]: rows p then p log p, summed over ``KeyMasks.weights``' key sets
-    needle_values: torch.Tensor  # float32 [B, H, D]: the head's output from its needle keys (``split_values``)
+    needle_values: torch.Tensor  # float32 [B, H, D]: the head's output from its needle keys (``needle_values``)
     head_values: torch.Tensor  # [B, H, D]: the head's whole output at the last query row
 
 
