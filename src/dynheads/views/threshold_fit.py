@@ -100,7 +100,8 @@ def fit_calibrated(rule: ReasoningThreshold, score: ScoreKind, fit: RunDir, fit_
             raise DynheadsError(f"{fit.path} has traces without the chance share: re-trace it to fit {rule}")
         samples.append(record["sample_id"])
         scores.append(spec.trace_scores(trace.scores))
-        chances.append(trace.chance)
+        # a score that is no attention share is fitted and applied as an absolute value: it reads no chance share
+        chances.append(trace.chance if trace.chance is not None else np.zeros(len(trace.tokens), np.float32))
     if not samples:
         raise DynheadsError(f"{fit.path} has no traced samples to fit {rule} on")
     # read back from its text, so that what is recorded is exactly what any run applying it decides with
