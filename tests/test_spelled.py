@@ -55,7 +55,14 @@ def test_answers_are_seeded_seven_digits_and_the_uuid_needle_is_unchanged(embedd
 )
 def test_accuracy_reads_the_digits_whatever_separates_them(generated, right):
     sample = type("S", (), {"answer": "4718250"})()
-    assert score(sample, generated) == {"accuracy": right}
+    assert score(sample, generated)["accuracy"] == right
+
+
+def test_copying_the_number_words_is_counted_apart_from_answering():
+    sample = type("S", (), {"answer": "4718250"})()
+    assert score(sample, "The magic number is four seven one eight two five zero.") == {"accuracy": 0.0, "words": 1.0}
+    assert score(sample, "Four, seven, one, eight, two, five, zero") == {"accuracy": 0.0, "words": 1.0}
+    assert score(sample, "4718250") == {"accuracy": 1.0, "words": 0.0}
 
 
 def test_the_distractor_is_refused_for_a_needle_that_is_not_a_uuid(embedded_tokenizer):
@@ -66,5 +73,5 @@ def test_the_distractor_is_refused_for_a_needle_that_is_not_a_uuid(embedded_toke
 def test_both_forms_are_registered_tasks_at_chance_zero():
     for name in ("spelled_niah", "spelled_niah_paraphrased"):
         task = get_task(name)
-        assert task.metrics == {"accuracy": "accuracy"} and task.chance is not None and task.chance(None) == 0.0
+        assert list(task.metrics) == ["accuracy", "words"] and task.chance is not None and task.chance(None) == 0.0
         assert task.paper_name == "niah"

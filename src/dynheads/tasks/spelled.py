@@ -17,7 +17,9 @@ the question's content words that the needle holds, recorded in the prompt manif
 
 Answers are 7 digits (RULER's magic numbers), the first not 0; accuracy: the digits appear in the answer in order
 (separators between digits removed: "4 7 1", "4-7-1" and "471" all count). Chance: a guess of 7 digits is right
-with probability 1e-7 (0 in the tables).
+with probability 1e-7 (0 in the tables). Beside it, ``words``: the needle's number words appear in the answer as
+they stand (the model found the needle and copied it instead of answering in digits: retrieval without the step
+that makes it non-literal).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ FUNCTION_WORDS = frozenset("a an and are as digits for in is it its of only the 
 def spelled_number(rng: random.Random) -> tuple[str, str]:
     """A 7-digit answer (first digit not 0) and its digits as words, one word each."""
     digits = str(rng.randrange(1, 10)) + "".join(str(rng.randrange(10)) for _ in range(DIGITS - 1))
-    return digits, " ".join(DIGIT_WORDS[int(d)] for d in digits)
+    return digits, spelled(digits)
 
 
 KEYED = NeedleForm(
@@ -69,9 +71,15 @@ def digits_in(generated: str) -> str:
     return re.sub(r"(?<=\d)[\s,.\-]+(?=\d)", "", generated)
 
 
+def spelled(answer: str) -> str:
+    """The answer's digits as the needle states them, one word each."""
+    return " ".join(DIGIT_WORDS[int(d)] for d in answer)
+
+
 def score(sample: Sample, generated: str) -> dict[str, float]:
-    """Accuracy: the answer's digits appear, in order, in the generation."""
-    return {"accuracy": float(sample.answer in digits_in(generated))}
+    """Accuracy: the answer's digits appear, in order, in the generation; words: the needle's words do."""
+    words = " ".join(re.findall(r"[a-z]+", generated.lower()))
+    return {"accuracy": float(sample.answer in digits_in(generated)), "words": float(spelled(sample.answer) in words)}
 
 
 def _prompt(form: NeedleForm):
@@ -90,7 +98,7 @@ def _register(name: str, label: str, form: NeedleForm, help: str) -> Task:
             label=label,
             score_kind="copy",
             static_kind="copy",
-            metrics={"accuracy": "accuracy"},
+            metrics={"accuracy": "accuracy", "words": "number words copied"},
             score=score,
             grid=needle_grid(form),
             prompt=_prompt(form),
