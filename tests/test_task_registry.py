@@ -295,5 +295,6 @@ def test_built_in_tasks_list_in_their_declared_order_whichever_module_was_import
         "print(','.join(task_names()))"
     )
     listed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(",")
-    assert listed[:2] == ["niah", "hotpotqa"] and listed.index("multihop") < listed.index("variable_tracking")
+    assert listed[:4] == ["niah", "spelled_niah", "spelled_niah_paraphrased", "hotpotqa"]
+    assert listed.index("multihop") < listed.index("variable_tracking")
     assert listed[-1].strip() == "custom"
