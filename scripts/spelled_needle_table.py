@@ -89,8 +89,12 @@ def main() -> None:
             f"| {row['model']} | {row['task']} | {row['n']} | {row['correct']} | {acc.effect:.3f} "
             f"[{acc.low:.3f}, {acc.high:.3f}] | {row['p_above_chance']:.1e} | {row['words_copied']} "
             f"| {row['digit_steps']} "
-            f"| {row['steps_with_a_copy_event']:.3f} | {row['mean_largest_write']:.2f} "
-            f"| {row['steps_with_a_write_above']:.3f} |"
+            + (
+                f"| {row['steps_with_a_copy_event']:.3f} | {row['mean_largest_write']:.2f} "
+                f"| {row['steps_with_a_write_above']:.3f} |"
+                if row["digit_steps"]
+                else "| — | — | — |"  # no correct answer: no digit step to score
+            )
         )
 
 
