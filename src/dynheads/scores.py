@@ -261,11 +261,9 @@ def write_scores(stats: StepMeasures, row: ScoredRow, predicted: int) -> torch.T
     """``[L, H]`` float32: the needle keys' direct contribution to the predicted token's logit minus the other
     keys', rescaled to the needle's length (LOCOS's per-step score; 0 where no needle key is in the keys yet)."""
     needle, other = stats.logit_contributions(predicted)
-    keys = row.length
-    inside = sum(1 for position in row.needle if position < keys)
-    if inside == 0:
-        return needle * 0.0
-    return needle - other * (inside / (keys - inside)) if keys > inside else needle
+    inside = sum(1 for position in row.needle if position < row.length)  # needle keys among the step's keys
+    others = row.length - inside
+    return needle - other * (inside / others if others else 0.0)  # no needle key: needle part and scale are 0
 
 
 register_score(
