@@ -297,3 +297,39 @@ def test_the_one_pass_equals_the_step_by_step_decode(family, mode, monkeypatch):
     np.testing.assert_allclose(one.masked_logprob, stepwise.masked_logprob, rtol=0, atol=2e-5)
     assert one.flipped == stepwise.flipped
     assert np.abs(np.asarray(one.masked_logprob) - np.asarray(one.clean_logprob)[None]).max() > 1e-3
+
+
+def test_the_contrast_arm_masks_the_second_scores_top_heads_as_many_as_d_t():
+    """Issue 63: with D_t from the write score (W_t) and ``contrast`` another score, the contrast arm masks
+    ceil(f |W_t|) heads at step t, the contrast score's own set first: with the contrast equal to the score it is
+    exactly the dynamic arm at every dose, and it records the contrast set's size per step."""
+    lm, sample = _lm(), _sample(3, length=60)
+    write = {"score": "write", "threshold": "0"}  # every head whose needle keys write the token up: about half
+    same = [
+        AblationSettings(arm, fraction=f, contrast="write", contrast_threshold="0", **write)
+        for arm in ("dynamic", "contrast")
+        for f in FRACTIONS
+    ]
+    result = forced_ablation(lm, sample, same, 6)
+    assert 0 < max(result.dynamic_counts) < lm.num_layers * lm.num_heads
+    for i in range(len(FRACTIONS)):
+        assert result.masked[len(FRACTIONS) + i] == result.masked[i]
+    assert result.contrast_sizes == result.dynamic_counts
+
+    other = [AblationSettings("contrast", fraction=f, contrast="reasoning", **write) for f in FRACTIONS]
+    heads = lm.num_layers * lm.num_heads
+    result = forced_ablation(lm, sample, other, 6)
+    for row, f in enumerate(FRACTIONS):
+        for masked, dynamic in zip(result.masked[row], result.dynamic, strict=True):
+            assert len(set(masked)) == len(masked) == min(math.ceil(round(f * len(dynamic), 9)), heads)
+    assert result.contrast_sizes != result.dynamic_counts  # Eq. 2's sets at 3 x chance are not the write sets
+
+
+def test_a_contrast_arm_without_a_contrast_score_and_a_write_score_at_a_multiple_of_chance_are_refused():
+    from dynheads.errors import DynheadsError
+
+    lm, sample = _lm(), _sample(3)
+    with pytest.raises(DynheadsError, match="needs a second head score"):
+        forced_ablation(lm, sample, [AblationSettings("contrast", fraction=1.0, **SPLIT)], 2)
+    with pytest.raises(DynheadsError, match="not an attention share"):
+        forced_ablation(lm, sample, [AblationSettings("dynamic", fraction=1.0, score="write")], 2)

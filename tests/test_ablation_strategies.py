@@ -52,7 +52,7 @@ def test_a_registered_strategy_is_offered_run_in_order_and_drawn(last_layer, tmp
     with pytest.raises(
         DynheadsError,
         match="unknown ablation strategy 'bogus': use some of "
-        "dynamic, static, static_outside, random, fixed, last-layer",
+        "dynamic, static, static_outside, random, contrast, fixed, last-layer",
     ):
         AblationConfig(strategies=("bogus",)).run_strategies()
     assert panel_order()[-2:] == [last_layer, "none"]  # the baseline's panel last

@@ -52,7 +52,7 @@ def test_parse_and_print(text, mode, value, shown):
 
 @pytest.mark.parametrize("text", ["relative", "rel:3", "abc", "-1", "relative:-2", "nan"])
 def test_bad_thresholds_are_refused_in_one_line(text):
-    with pytest.raises(DynheadsError, match="cannot read Eq. 2 threshold"):
+    with pytest.raises(DynheadsError, match="cannot read threshold"):
         ReasoningThreshold.parse(text)
 
 

@@ -30,10 +30,11 @@ from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.tasks.questions import QuestionStream
-from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE, ReasoningThreshold
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE
 
 if TYPE_CHECKING:
     from dynheads.engine.probe import AblationMode
+    from dynheads.scores import ScoreKind
     from dynheads.tasks.registry import Task
 
 STATIC_SPLIT = "static"  # the seed / question stream static heads are scored on
@@ -129,6 +130,11 @@ class StaticConfig(NiahCells, ModelSettings):
 
     samples: int = setting(20, "NIAH tests, rounded up to whole passes of the grid")
     success_threshold: float = setting(0.5, "a test counts if the ROUGE-1 recall of the answer exceeds this")
+    score: str = setting(
+        "copy",
+        "copy: Wu et al.'s retrieval score (static_heads.json); another registered score (write: LOCOS-style pooled "
+        "write heads) ranks heads by its mean over steps, then over counted tests (static_heads-<score>.json)",
+    )
 
     def niah_config(self) -> NiahConfig:
         """The NIAH grid this config traces (``runs`` = ceil(samples / cells))."""
@@ -199,6 +205,11 @@ class AblationGrid(NiahGrid, QaGrid, ModelSettings):
         "hotpotqa: a head is dynamic above this Eq. 2 score ('0.1') or multiple of chance ('relative:3')",
     )
     split: str = setting("ablation", "hotpotqa: name of the question stream (recorded)")
+    score: str | None = setting(
+        None,
+        "the head score that decides D_t (default: the task's, Eq. 1 copy on NIAH, Eq. 2 on HotpotQA); write "
+        "(W_t) takes an absolute --threshold, e.g. the value 'dynheads dynamism --threshold null:0.1' fits",
+    )
     runs: int = redefault(NiahGrid, "runs", 2)
     static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
     mode: str = setting(
@@ -242,6 +253,11 @@ class AblationFields(AblationGrid):
         f"some of {ABLATION_STRATEGIES.choices()} (none, no masking, always runs too)",
     )
     heads: tuple[str, ...] = setting((), "heads the fixed strategy masks at every step, e.g. 12-3,4-1")
+    contrast: str | None = setting(
+        None,
+        "a second head score for the contrast arm (dose-response) or strategy: the step's top heads by it, its own "
+        "active set first, as many as D_t (with --score write, --contrast copy masks as many Eq. 1 heads as W_t)",
+    )
     matching: str = setting(
         "per_step",
         "static/random head count: "
@@ -270,13 +286,20 @@ class AblationGridConfig(AblationGrid, TaskGridChoice):
         """``mode``, which ``check`` accepts only from ``probe.ABLATION_MODES``."""
         return cast("AblationMode", self.mode)
 
+    def score_kind(self) -> ScoreKind:
+        """The head score that decides D_t: ``score`` when given, else the task's."""
+        from dynheads.scores import check_kind  # torch: not at the CLI's start-up
+
+        return check_kind(self.score) if self.score is not None else self.task_entry().score_kind
+
     def check(self) -> None:
         from dynheads.engine.probe import ABLATION_MODES  # torch: not at the CLI's start-up
+        from dynheads.scores import ScoreSpec
 
         if self.mode not in ABLATION_MODES:
             raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(ABLATION_MODES)}")
         self.check_task()
-        ReasoningThreshold.parse(self.threshold)  # a bad threshold fails before any work
+        ScoreSpec(self.score_kind(), self.threshold)  # an unknown score or a threshold it cannot take fails here
 
 
 @dataclass(frozen=True)
@@ -306,6 +329,12 @@ class AblationConfig(AblationFields, AblationGridConfig):
         for entry in strategies:
             if entry.value.needs_static and not self.static:
                 raise DynheadsError(f"the {entry.name} strategy needs a static head list: pass --static FILE")
+        if self.contrast is not None:
+            from dynheads.scores import ScoreSpec  # torch: not at the CLI's start-up
+
+            ScoreSpec(self.contrast)  # ranks at its default threshold: copy, or an attention share such as Eq. 2
+        elif any(entry.value.needs_contrast for entry in strategies):
+            raise DynheadsError("the contrast strategy needs a second head score to rank by: pass --contrast copy")
         given = [entry.name for entry in strategies if entry.value.needs_heads]
         if bool(given) != bool(self.heads):
             readers = given or [entry.name for entry in ABLATION_STRATEGIES if entry.value.needs_heads]

@@ -28,7 +28,9 @@ import numpy as np
 
 from dynheads.errors import DynheadsError
 
-ThresholdMode = Literal["absolute", "relative", "calibrated"]
+ThresholdMode = Literal["absolute", "relative", "calibrated", "null"]
+FITTED = ("calibrated", "null")  # rules fitted on a fitting stream (null: a traced decoy run) before they decide
+
 # The one default of the threshold (``dynheads.scores.ScoreSpec`` reads it).
 # Chosen on the embedded model, 18 synthetic HotpotQA questions (docs/hotpotqa.md, "Eq. 2 threshold").
 # Eq. 2's windows (dynheads.scores re-exports them; declared here, in a module without torch, so that configs can
@@ -77,13 +79,14 @@ class ReasoningThreshold:
             value = float(number)
         except ValueError:
             value = math.nan
-        if mode not in ("absolute", "relative", "calibrated") or not math.isfinite(value) or value < 0:
+        if mode not in ("absolute", "relative", "calibrated", "null") or not math.isfinite(value) or value < 0:
             raise DynheadsError(
-                f"cannot read Eq. 2 threshold {text!r}: use a score such as 0.1, a multiple "
-                "of chance such as relative:3 or a mean set size to fit such as calibrated:12"
+                f"cannot read threshold {text!r}: use a score such as 0.1, a multiple of chance such as "
+                "relative:3, a mean set size to fit such as calibrated:12, or the heads per step to allow on decoy "
+                "spans such as null:0.1"
             )
-        if mode == "calibrated" and value <= 0:
-            raise DynheadsError(f"a calibrated threshold needs a mean set size > 0, got {text!r}")
+        if mode in FITTED and value <= 0:
+            raise DynheadsError(f"a {mode} threshold needs a mean set size > 0, got {text!r}")
         return cls(cast(ThresholdMode, mode), value)  # one of the modes, checked above
 
     def __str__(self) -> str:
@@ -97,6 +100,12 @@ class ReasoningThreshold:
         if self.mode == "calibrated":
             fitted = "K x chance, K" if share else "a value"
             return f"{score} > {fitted} fitted to a mean of {self.value:g} heads per step on a fitting stream"
+        if self.mode == "null":
+            fitted = "K x chance, K" if share else "a value"
+            return (
+                f"{score} > {fitted} at which decoy spans (no needle) mark {self.value:g} heads per step on a "
+                "fitting stream"
+            )
         return f"{score} > {self.value:g} x chance (|needle| / keys outside sink and local)"
 
     @overload
@@ -108,10 +117,10 @@ class ReasoningThreshold:
         """The score to exceed: the value itself, or value x chance (per step; ``chance [T]`` -> ``[T, 1, 1]``)."""
         if self.mode == "absolute":
             return self.value
-        if self.mode == "calibrated":
+        if self.mode in FITTED:
             raise DynheadsError(
                 f"the threshold {self} is a rule to fit, not a cutoff: fit it on a fitting stream first "
-                "(dynamism --fit-run DIR, or reproduce), or pass its fitted relative:K"
+                "(dynamism --fit-run DIR, or reproduce), or pass the value it fitted"
             )
         if chance is None:
             raise DynheadsError(

@@ -64,9 +64,17 @@ class AblationSettings:
     seed: int = 0
     sink_size: int = SINK_SIZE
     local_window: int = LOCAL_WINDOW
+    contrast: ScoreKind | None = None  # the ``contrast`` arm: the step's top heads by this score (its own set first)
+    contrast_threshold: str = DEFAULT_REASONING_THRESHOLD  # its own set, for a continuous contrast score
 
     def score_spec(self) -> ScoreSpec:
         return ScoreSpec(self.score, str(self.threshold), self.sink_size, self.local_window)
+
+    def contrast_spec(self) -> ScoreSpec | None:
+        """How the ``contrast`` arm ranks a step's heads: ``contrast``'s score above ``contrast_threshold``."""
+        if self.contrast is None:
+            return None
+        return ScoreSpec(self.contrast, self.contrast_threshold, self.sink_size, self.local_window)
 
 
 @dataclass
@@ -104,7 +112,8 @@ class AblationPolicy(StepPolicy):
         predicted = int(result.logits.argmax())
         self._dynamic = _dynamic_heads(row, result, predicted, self.settings)
         ranking = _ranking(row, result, predicted, self.settings)
-        heads = heads_to_mask(self._dynamic, self.settings, self.lm, self.rng, ranking)
+        contrast = contrast_ranking(row, result, predicted, self.settings)
+        heads = heads_to_mask(self._dynamic, self.settings, self.lm, self.rng, ranking, contrast)
         self.result.dynamic_counts.append(len(self._dynamic))
         self.result.masked.append(heads)
         if heads:
@@ -212,6 +221,8 @@ def validate(lm: LoadedModel, settings: AblationSettings) -> None:
         raise DynheadsError("a head count goes with matching='mean'; per-step matching masks |D_t| heads per step")
     if strategy.needs_static and not settings.static_ranking:
         raise DynheadsError(f"the {settings.strategy} strategy needs a static head list (--static FILE)")
+    if strategy.needs_contrast and settings.contrast is None:
+        raise DynheadsError(f"the {settings.strategy} strategy needs a second head score to rank by (--contrast copy)")
     if settings.fraction is not None and not settings.fraction > 0:
         raise DynheadsError(f"a dose is a positive fraction of each step's |D_t|, got {settings.fraction}")
     check_heads(list(settings.static_ranking) + list(settings.fixed_heads), lm.num_layers, lm.num_heads)
@@ -228,14 +239,22 @@ def _ranking(row: Row, step: StepResult, predicted: int, settings: AblationSetti
     return [] if settings.fraction is None else settings.score_spec().step_ranking(step.stats, row, predicted)
 
 
+def contrast_ranking(row: Row, step: StepResult, predicted: int, settings: AblationSettings) -> list[Head]:
+    """Every head of the step ranked by the contrast score (its own active set first); empty without one."""
+    spec = settings.contrast_spec()
+    return [] if spec is None else spec.step_ranking(step.stats, row, predicted)
+
+
 def heads_to_mask(
     dynamic: Sequence[Head],
     settings: AblationSettings,
     lm: LoadedModel,
     rng: np.random.Generator,
     ranking: Sequence[Head] = (),
+    contrast: Sequence[Head] = (),
 ) -> list[Head]:
-    """The heads one step removes under ``settings``, given its D_t (and, for a dose, every head ranked)."""
+    """The heads one step removes under ``settings``, given its D_t (and, for a dose, every head ranked; for the
+    contrast arm, every head ranked by the contrast score)."""
     strategy = ABLATION_STRATEGIES.get(settings.strategy)
     count = 0
     if settings.fraction is not None:  # a dose: every strategy removes ceil(f |D_t|) heads (none when D_t is empty)
@@ -254,6 +273,7 @@ def heads_to_mask(
             rng,
             ranking,
             settings.fraction is not None,
+            contrast,
         )
     )
 

@@ -11,6 +11,8 @@ and run order, ``--strategies``' help and the figure read the entries. Registrat
   attention on the copied position (progressive ablation);
 - ``static``: the top heads of a static list; ``static_outside``: the top static heads outside the step's D_t
   (separates "dynamic" from "important and always on"); ``random``: a seeded draw at each step (matched controls);
+- ``contrast``: the step's top heads by a second score, its own active set first (``--contrast copy`` with D_t of
+  the write score: "does W_t matter more than as many copy heads?"), as many as D_t;
 - ``fixed``: one given head set (``--heads``) at every step.
 
 This module imports no torch: the CLI reads the names and help texts at start-up.
@@ -42,6 +44,7 @@ class MaskInputs:
     rng: np.random.Generator  # seeded per sample
     ranking: Sequence[Head] = ()  # a dose: every head of the step ranked, D_t first (``ScoreSpec.step_ranking``)
     dosed: bool = False  # a dose (a fraction f of |D_t|): every strategy removes ``count`` = ceil(f |D_t|) heads
+    contrast: Sequence[Head] = ()  # every head ranked by a second score, its own active set first (``contrast``)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class AblationStrategy:
     baseline: bool = False  # removes nothing: always run, drawn last
     needs_static: bool = False  # reads the static head list (--static FILE)
     needs_heads: bool = False  # reads the given head set (--heads)
+    needs_contrast: bool = False  # reads a second score's ranking (--contrast)
     counts: bool = False  # its run's mean |D_t| is the count the matched controls mask under mean matching
 
 
@@ -136,6 +140,14 @@ def _random(inputs: MaskInputs) -> list[Head]:
         return []
     flat = inputs.rng.choice(inputs.num_layers * inputs.num_heads, size=inputs.count, replace=False)
     return [(int(i) // inputs.num_heads, int(i) % inputs.num_heads) for i in sorted(flat)]
+
+
+@ABLATION_STRATEGIES.register(
+    "contrast", help="mask the step's top heads by a second score (--contrast copy: D_t of Eq. 1 first), as many as D_t"
+)
+@ablation_strategy("contrast score's heads masked", matched=True, needs_contrast=True)
+def _contrast(inputs: MaskInputs) -> list[Head]:
+    return list(inputs.contrast[: inputs.count])
 
 
 @ABLATION_STRATEGIES.register("fixed", help="mask one given head set at every step (--heads)")

@@ -58,6 +58,8 @@ class CleanStep:
     dynamic: list[Head]  # D_t, ranked
     ranking: list[Head]  # every head, D_t first (a dose's order)
     states: KVStates  # what the token wrote into the cache (none kept when the answer decoded in a batch)
+    contrast: list[Head] = field(default_factory=list)  # every head by the contrast score, its own set first
+    contrast_size: int = 0  # the contrast score's own active set at this step
 
 
 @dataclass
@@ -68,6 +70,7 @@ class ForcedResult:
     tokens: list[int]
     clean_logprob: list[float]
     dynamic: list[list[Head]]  # D_t of each step, ranked
+    contrast_sizes: list[int] = field(default_factory=list)  # the contrast score's active set size per step
     masked_logprob: list[list[float]] = field(default_factory=list)  # [setting][step]
     flipped: list[list[bool]] = field(default_factory=list)
     masked: list[list[list[Head]]] = field(default_factory=list)
@@ -88,12 +91,15 @@ class _CleanPolicy(StepPolicy):
 
     def __init__(self, session: DecodingSession | None, settings: AblationSettings, stop_ids: Collection[int]):
         self.session, self.spec, self.stop_ids = session, settings.score_spec(), stop_ids
+        self.contrast = settings.contrast_spec()
         self.steps: list[CleanStep] = []
 
     def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
         action = greedy(result, self.stop_ids)
         if isinstance(action, Emit):
             token = action.token
+            contrast = self.contrast.step_ranking(result.stats, row, token) if self.contrast else []
+            contrast_size = len(self.contrast.step_heads(result.stats, row, token)) if self.contrast else 0
             self.steps.append(
                 CleanStep(
                     token,
@@ -101,6 +107,8 @@ class _CleanPolicy(StepPolicy):
                     self.spec.step_heads(result.stats, row, token),
                     self.spec.step_ranking(result.stats, row, token),
                     self.session.last_states(0) if self.session is not None else [],
+                    contrast,
+                    contrast_size,
                 )
             )
         return action
@@ -192,8 +200,10 @@ def _checked(lm: LoadedModel, settings: Sequence[AblationSettings]) -> AblationS
     """The first of ``settings``, once they are checked to be one teacher-forced ablation's rows."""
     if not settings:
         raise DynheadsError("give at least one ablation setting")
-    if len({(s.mode, s.score_spec()) for s in settings}) > 1:
-        raise DynheadsError("the settings of one teacher-forced ablation share one masking mode and one score")
+    if len({(s.mode, s.score_spec(), s.contrast_spec()) for s in settings}) > 1:
+        raise DynheadsError(
+            "the settings of one teacher-forced ablation share one masking mode, one score and one contrast score"
+        )
     for setting in settings:
         validate(lm, _with_answer_mean(setting, [0]))
     return settings[0]
@@ -218,7 +228,12 @@ def _measured(
 ) -> ForcedResult:
     """Phase 2 of ``forced_ablation``: every setting at every clean step, from ``session`` holding the clean cache
     (``step_by_step``: holding the prompt, every step decoded as its own pass)."""
-    result = ForcedResult([s.token for s in steps], [s.logprob for s in steps], [list(s.dynamic) for s in steps])
+    result = ForcedResult(
+        [s.token for s in steps],
+        [s.logprob for s in steps],
+        [list(s.dynamic) for s in steps],
+        [s.contrast_size for s in steps],
+    )
     if not steps:  # the answer ended at once: nothing to measure
         result.masked_logprob, result.flipped = [[] for _ in settings], [[] for _ in settings]
         result.masked = [[] for _ in settings]
@@ -273,6 +288,8 @@ def _masked_heads(lm: LoadedModel, steps: Sequence[CleanStep], settings: Ablatio
     mean |D_t|, ``_with_answer_mean``); random draws seeded per sample (``seed``) and step."""
     settings = _with_answer_mean(settings, [len(step.dynamic) for step in steps])
     return [
-        heads_to_mask(step.dynamic, settings, lm, np.random.default_rng([settings.seed, index]), step.ranking)
+        heads_to_mask(
+            step.dynamic, settings, lm, np.random.default_rng([settings.seed, index]), step.ranking, step.contrast
+        )
         for index, step in enumerate(steps)
     ]

@@ -136,7 +136,7 @@ def static_reasoning_heads(
     the mean over counted tests (F1 above ``success_threshold``; the default -1 counts every test). Returns the
     heads (``recalls`` holds each test's F1) and the number of tests skipped because they generated no token (no
     step to average)."""
-    spec = ScoreSpec(score)
+    spec = ScoreSpec(score, threshold="0")  # reads the score's values only: no threshold is applied
     if not tests:
         raise DynheadsError("no HotpotQA tests given: static reasoning heads need at least one traced question")
     shape = tests[0].trace.shape

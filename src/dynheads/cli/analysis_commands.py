@@ -37,9 +37,11 @@ def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
     cfg = checks.checked_config(StaticConfig, config, **settings)
     checks.out_dir(out, "niah")  # the static grid is a NIAH run
     heads = run_static(cfg, out)
+    suffix = "" if cfg.score == "copy" else f"-{cfg.score}"
     typer.echo(
         f"pass rate {heads.num_counted}/{heads.num_tests} ({heads.pass_rate:.0%}) at ROUGE-1 recall > "
-        f"{cfg.success_threshold}; wrote {out}/static_heads.json, static_ranking.csv, static_summary.json"
+        f"{cfg.success_threshold}; wrote {out}/static_heads{suffix}.json, static_ranking{suffix}.csv, "
+        f"static_summary{suffix}.json"
     )
     typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
 

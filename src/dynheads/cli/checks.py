@@ -205,8 +205,16 @@ def _trigger_form(form: str) -> None:
     choice("--trigger-form", form, typing.get_args(TriggerForm))
 
 
+def _head_score(name: str) -> None:
+    from dynheads.scores import check_kind
+
+    check_kind(name)
+
+
 # Config field -> its check: the files and folders a field names, and text settings read only after the model loads.
 FIELD_CHECKS: dict[str, Callable[[Any], None]] = {
+    "score": _head_score,
+    "contrast": _head_score,
     "static": head_list,
     "probe": probe_dir,
     "data": data_file,

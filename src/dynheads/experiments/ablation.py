@@ -83,8 +83,9 @@ def _ablation_work(context: Context[AblationConfig, GridPlan]) -> Work:
             matching=config.matching,
             count=counts[sample.sample_id] if mean_count else None,
             seed=derive_seed(config.seed, "random-heads", sample.seed),
-            score=config.task_entry().score_kind,
+            score=config.score_kind(),
             threshold=config.threshold,
+            contrast=config.contrast,
         )
 
     def read_counts(records: list[dict]) -> None:  # this process's samples: it decodes them under every strategy
@@ -153,7 +154,7 @@ def _progressive_work(context: Context[ProgressiveConfig, GridPlan]) -> Work:
             strategy="dynamic",
             mode=config.ablation_mode(),
             max_dynamic=k,
-            score=config.task_entry().score_kind,
+            score=config.score_kind(),
             threshold=config.threshold,
         )
 

@@ -85,13 +85,15 @@ def _dose_work(context: Context[AblationConfig, GridPlan]) -> Work:
             mode=config.ablation_mode(),
             static_ranking=static,
             seed=derive_seed(config.seed, "random-heads", sample.seed),
-            score=config.task_entry().score_kind,
+            score=config.score_kind(),
             threshold=config.threshold,
+            contrast=config.contrast,
         )
 
+    arms = dose_arms(config)
     phases = []
     if config.metric in ("teacher", "both"):
-        grid = [(arm, f) for arm in DOSE_ARMS for f in fractions] + [(arm, OPERATING_POINT) for arm in MEAN_ARMS]
+        grid = [(arm, f) for arm in arms for f in fractions] + [(arm, OPERATING_POINT) for arm in MEAN_ARMS]
         teacher = partial(_teacher_records, lm, config, settings, grid)
         phases.append(  # batch_size samples' clean answers decode together; a sample's arms x fractions are one batch
             Phase(
@@ -101,15 +103,20 @@ def _dose_work(context: Context[AblationConfig, GridPlan]) -> Work:
             )
         )
     if config.metric in ("cascade", "both"):
-        arms = [("none", None)] + [(arm, f) for arm in DOSE_ARMS for f in fractions]
-        named = [(arm, f, "" if f is None else f"-f{fraction_key(f)}") for arm, f in arms]
+        runs = [("none", None)] + [(arm, f) for arm in arms for f in fractions]
+        named = [(arm, f, "" if f is None else f"-f{fraction_key(f)}") for arm, f in runs]
         jobs = cascade_jobs(  # sample by sample: a sample's arms share its prefill
             [(f"{s.sample_id}-{arm}{key}", s, partial(settings, s, arm, f)) for s in samples for arm, f, key in named]
         )
         work = cascade_work(lm, config.task_entry(), config.max_new_tokens, context.batch_size, _cascade_record)
         phases.append(Phase(jobs, work, "ablate cascade"))
-    design = {"design": DESIGN, "arms": list(DOSE_ARMS), "mean_arms": list(MEAN_ARMS)}
+    design = {"design": DESIGN, "arms": list(arms), "mean_arms": list(MEAN_ARMS), "contrast": config.contrast}
     return Work(grid_manifest(context, design), phases)
+
+
+def dose_arms(config: AblationConfig) -> tuple[str, ...]:
+    """The dose arms a config runs: ``DOSE_ARMS``, and ``contrast`` when it names a contrast score."""
+    return DOSE_ARMS + (("contrast",) if config.contrast else ())
 
 
 def _dose_plan(config: AblationConfig, lm: LoadedModel) -> GridPlan:
@@ -159,6 +166,7 @@ def _teacher_record(lm: LoadedModel, config: AblationConfig, grid: list, sample,
         "correct": bool(metrics.get(first, 0.0) >= CORRECT_AT),
         "clean_logprob": float(np.mean(result.clean_logprob)) if result.tokens else None,
         "mean_dynamic": float(np.mean(result.dynamic_counts)) if result.tokens else 0.0,
+        "mean_contrast": float(np.mean(result.contrast_sizes)) if config.contrast and result.tokens else None,
         "arms": arms,
     }
 

@@ -11,6 +11,10 @@ Files written into the run directory besides the traces (see ``write_static``):
 - ``static_ranking.csv``: rank, head, layer, head index and mean score of all L*H heads, best first,
 - ``static_summary.json``: settings, pass rate, counts, the top-20 heads and the disjointness note.
 
+With ``score`` other than ``copy`` (``write``: LOCOS's pooled write heads) the same traces rank heads by that score's
+mean over steps, then over the counted tests (the same ROUGE-1 filter), into ``static_heads-<score>.json``,
+``static_ranking-<score>.csv`` and ``static_summary-<score>.json``: one static run gives both lists.
+
 ``run_static_reasoning`` does the same for HotpotQA: static *reasoning* heads, the mean Eq. 2 score per head
 over the questions of the ``static`` question stream (disjoint from the questions ablation and RAG evaluate),
 written in the same three files.
@@ -58,6 +62,8 @@ def run_static(config: StaticConfig, out: str | Path, **options: Unpack[RunOptio
 
 def write_static(run: RunDir, config: StaticConfig) -> StaticHeads:
     """Score the traced tests of ``run`` and write the three files of the module docstring."""
+    if config.score != "copy":
+        return _write_pooled_static(run, config)
     tests = [
         NiahTest(trace, record["answer"], record["answer_token_count"], record.get("generated"))
         for record, trace in run.iter_traces()
@@ -82,12 +88,36 @@ def write_static(run: RunDir, config: StaticConfig) -> StaticHeads:
     return heads
 
 
-def _head_files(heads: StaticHeads) -> Outputs:
-    """static_heads.json (Wu et al.'s format) and static_ranking.csv (rank, head, mean score)."""
+def _write_pooled_static(run: RunDir, config: StaticConfig) -> StaticHeads:
+    """Heads ranked by ``config.score``'s mean over steps, then over the tests Wu's ROUGE-1 filter counts."""
+    tests = [ReasoningTest(trace, record["metrics"]["rouge1_recall"]) for record, trace in run.iter_traces()]
+    if not tests:
+        raise DynheadsError(f"{run.path} has no traced samples: nothing to score")
+    heads, empty = static_reasoning_heads(tests, success_threshold=config.success_threshold, score=config.score)
+    suffix = f"-{config.score}"
+    outputs = _head_files(heads, suffix).add(
+        f"static_summary{suffix}.json",
+        {
+            "config": asdict(config),
+            "score": f"{config.score} (mean over steps, then over counted tests)",
+            "split": SPLIT,
+            "note": DISJOINT_NOTE,
+            "num_tests": heads.num_tests,
+            "num_counted": heads.num_counted,
+            "empty_traces_skipped": empty,
+            "top20": [head_label(head) for head in heads.top(20)],
+        },
+    )
+    write_outputs(run.path, outputs)
+    return heads
+
+
+def _head_files(heads: StaticHeads, suffix: str = "") -> Outputs:
+    """static_heads.json (Wu et al.'s format) and static_ranking.csv (rank, head, mean score), names + ``suffix``."""
     return (
         Outputs()
-        .add("static_heads.json", Written(partial(save_head_scores, test_scores=heads.per_head())))
-        .add("static_ranking.csv", _ranking(heads))
+        .add(f"static_heads{suffix}.json", Written(partial(save_head_scores, test_scores=heads.per_head())))
+        .add(f"static_ranking{suffix}.csv", _ranking(heads))
     )
 
 

@@ -35,6 +35,7 @@ BUILTIN_MODULES = (
     "hotpotqa",
     "multihop",
     "ruler",
+    "decoy",
     "custom",
 )  # task modules of this package, in listing order
 

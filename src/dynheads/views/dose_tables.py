@@ -14,6 +14,7 @@ from dynheads.analysis.evidence import EvidenceSettings, Interval, fraction_inte
 from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.plots.ablation import plot_doses
 from dynheads.runs import RunDir, RunView
+from dynheads.scores import ScoreSpec
 from dynheads.tables import Summary, frame_table
 from dynheads.tasks.registry import grid_task
 
@@ -56,7 +57,7 @@ def dose_tables(view: RunView, evidence: EvidenceSettings | None = None) -> Outp
         "design": DESIGN,
         "fractions": config.get("fractions"),
         "compensation": config.get("compensation"),
-        "arms": list(DOSE_ARMS),
+        "arms": list(manifest.get("arms") or DOSE_ARMS),  # the contrast arm beside DOSE_ARMS where one ran
         "mean_arms": list(MEAN_ARMS),
     }
     teacher = [r for r in records if r.get("kind") == "teacher" and r["steps"] > 0]
@@ -65,7 +66,7 @@ def dose_tables(view: RunView, evidence: EvidenceSettings | None = None) -> Outp
         numbers["teacher"]["no_steps"] = sum(1 for r in records if r.get("kind") == "teacher" and r["steps"] == 0)
     cascade = [r for r in records if r.get("kind") == "cascade"]
     if cascade:
-        numbers["cascade"] = _cascade_numbers(cascade, list(task.metrics))
+        numbers["cascade"] = _cascade_numbers(cascade, list(task.metrics), numbers["arms"])
     table = pd.DataFrame(_rows(numbers, evidence))
     outputs = Outputs().add("dose.csv", table)
     title = f"{manifest['model']['name']}: {{}} ({task.label}, {config['mode']} masking)"
@@ -84,7 +85,8 @@ def _figures(table: pd.DataFrame, family: str, panels: dict[str, str], title: st
         f"plots/dose-{family}.png",
         Written(partial(plot_doses, doses, panels=panels, title=title.format("dose-response in fractions of |D_t|"))),
     )
-    past = table[((table["fraction"] >= OPERATING_POINT) & table["arm"].isin(DOSE_ARMS)) | (table["arm"] == "none")]
+    dosed = ~table["arm"].isin([*MEAN_ARMS, "none"])
+    past = table[((table["fraction"] >= OPERATING_POINT) & dosed) | (table["arm"] == "none")]
     if (past["fraction"] > OPERATING_POINT).any():
         compensation = title.format("compensation, masking past D_t (not decided on)")
         figures.add(
@@ -111,7 +113,7 @@ def _teacher_numbers(records: list[dict]) -> dict[str, Any]:
     return out
 
 
-def _cascade_numbers(records: list[dict], metrics: list[str]) -> dict[str, Any]:
+def _cascade_numbers(records: list[dict], metrics: list[str], arms: list[str]) -> dict[str, Any]:
     """Per metric: the un-ablated run's per-sample values and, per arm and fraction, the masked runs' (one sample
     order: samples every run of the design finished)."""
     frame = pd.DataFrame(
@@ -129,7 +131,7 @@ def _cascade_numbers(records: list[dict], metrics: list[str]) -> dict[str, Any]:
     for metric in [*metrics, "masked"]:
         table = frame.pivot_table(index="sample", columns="run", values=metric, aggfunc="mean").dropna()
         out[metric] = {"none": [float(v) for v in table.get("none|None", [])]}
-        for arm in DOSE_ARMS:
+        for arm in arms:
             out[metric][arm] = {
                 column.split("|")[1]: [float(v) for v in table[column]]
                 for column in table.columns
@@ -215,6 +217,16 @@ def _summary(table: pd.DataFrame, numbers: dict[str, Any], manifest: dict, title
         + " (the manifest's static_source).",
         frame_table(table, {column: column for column in table.columns} | {"family": "metric of", "fraction": "f"}),
     ]
+    config, scores = manifest["config"], []
+    if config.get("score"):  # D_t from another score than the task's (the write score's W_t)
+        spec = ScoreSpec(config["score"], config["threshold"])
+        scores.append(f"D_t here: {spec.describe()} (--score {config['score']}).")
+    if config.get("contrast"):
+        scores.append(
+            f"contrast = the step's top k_t heads by the {ScoreSpec(config['contrast']).describe()}, its own set "
+            "first (then by its ranking): as many of those heads as D_t."
+        )
+    blocks[1:1] = scores
     if numbers.get("teacher", {}).get("no_steps"):
         blocks.append(
             f"Samples whose clean answer ended at once (no step to measure): {numbers['teacher']['no_steps']}."

@@ -1,5 +1,10 @@
-"""The Eq. 2 threshold a run's dynamic sets are decided with: a fixed rule as given, or a ``calibrated:M`` rule
-fitted on a fitting stream (``dynheads.thresholds.fit_relative``) and applied as its ``relative:K``.
+"""The threshold a run's dynamic sets are decided with: a fixed rule as given, a ``calibrated:M`` rule fitted on a
+fitting stream (``dynheads.thresholds.fit_relative``) and applied as its ``relative:K`` (an absolute value for a
+score that is no attention share), or a ``null:Q`` rule fitted on a traced decoy run (``tasks.decoy``: the same
+prompts scored at a needle-free span) so that the decoy spans mark Q heads per step on average.
+
+A decoy fitting run must share no sample seed with the evaluated run (fit on the static split); a calibrated rule
+refuses a decoy run and a null rule anything else.
 
 The fitting stream is a traced run on other questions than the evaluated run's (in ``reproduce``: the static
 reasoning heads' stream, which nothing evaluates). Both runs' manifests must record their questions; any shared
@@ -18,8 +23,9 @@ import numpy as np
 from dynheads.errors import DynheadsError
 from dynheads.runs import RunDir
 from dynheads.scores import HEAD_SCORES, ScoreKind, ScoreSpec
+from dynheads.tasks.decoy import is_decoy
 from dynheads.tasks.questions import refuse_overlap
-from dynheads.thresholds import ReasoningThreshold, fit_absolute, fit_relative
+from dynheads.thresholds import FITTED, ReasoningThreshold, fit_absolute, fit_relative
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,12 @@ class ThresholdFit:
         """One sentence for summaries."""
         if self.fit_run is None:
             return f"threshold {self.applied} (fixed, nothing fitted)"
+        if self.rule.startswith("null"):
+            return (
+                f"threshold {self.applied}, fitted by the rule {self.rule} on the decoy run {self.fit_run} "
+                f"({len(self.fit_samples)} samples, {self.fit_steps} steps: decoy spans mark "
+                f"{self.fit_mean_size:.2f} heads per step there), disjoint from the evaluated samples"
+            )
         return (
             f"threshold {self.applied}, fitted by the rule {self.rule} on the fitting stream {self.fit_run} "
             f"({len(self.fit_samples)} samples of {len(self.fit_questions)} questions, {self.fit_steps} steps, "
@@ -60,15 +72,23 @@ def resolve_threshold(
     """The threshold ``evaluated_run``'s sets are decided with: a fixed rule (or a binary score) as it is; a
     calibrated one fitted on ``fit_run``'s traces of ``score``, refused when the two runs share a question."""
     parsed = ReasoningThreshold.parse(rule)
-    if parsed.mode == "calibrated" and fit_run is not None:
+    if parsed.mode in FITTED and fit_run is not None:
         fit, evaluated = RunDir(fit_run), RunDir(evaluated_run)
         if fit.path.resolve() == evaluated.path.resolve():
-            raise DynheadsError(f"the fitting run is the evaluated run ({fit.path}): fit on a disjoint question stream")
-        evaluated_ids = question_ids(evaluated) or [r["sample_id"] for r in evaluated.records()]
-        fit_ids = question_ids(fit) or []  # none recorded: fit_threshold refuses it
-        fitted_on = f"the calibrated threshold's fitting stream {fit.path}"
-        refuse_overlap(fit_ids, fitted_on, evaluated_ids, str(evaluated.path))
+            raise DynheadsError(f"the fitting run is the evaluated run ({fit.path}): fit on a disjoint stream")
+        fitted_on = f"the {parsed.mode} threshold's fitting stream {fit.path}"
+        if parsed.mode == "null":  # needle tasks record no questions: their samples are seeded, one seed each
+            refuse_overlap(_seeds(fit), fitted_on, _seeds(evaluated), str(evaluated.path))
+        else:
+            evaluated_ids = question_ids(evaluated) or [r["sample_id"] for r in evaluated.records()]
+            fit_ids = question_ids(fit) or []  # none recorded: fit_threshold refuses it
+            refuse_overlap(fit_ids, fitted_on, evaluated_ids, str(evaluated.path))
     return fit_threshold(parsed, score, fit_run)
+
+
+def _seeds(run: RunDir) -> list[str]:
+    """The seeds of a run's samples, as text (a decoy run's are its base samples')."""
+    return [str(record.get("seed")) for record in run.records() if record.get("seed") is not None]
 
 
 def fit_threshold(rule: str | float | ReasoningThreshold, score: ScoreKind, fit_run: str | Path | None) -> ThresholdFit:
@@ -76,11 +96,19 @@ def fit_threshold(rule: str | float | ReasoningThreshold, score: ScoreKind, fit_
     Checks only that the fitting run records its questions: the caller refuses overlap with what it evaluates
     (``resolve_threshold``, or an ablation that refuses a static list taken from the same fitting run)."""
     parsed = ReasoningThreshold.parse(rule)
-    if parsed.mode != "calibrated" or HEAD_SCORES.get(score).binary:
+    if parsed.mode not in FITTED or HEAD_SCORES.get(score).binary:
         return ThresholdFit(str(parsed), str(parsed))
     if fit_run is None:
         raise DynheadsError(f"the threshold {parsed} is fitted on a fitting stream: give its traced run (--fit-run)")
     fit = RunDir(fit_run)
+    decoy = is_decoy(str(fit.manifest().get("kind", "")))
+    if decoy != (parsed.mode == "null"):
+        raise DynheadsError(
+            f"{fit.path} is {'a' if decoy else 'no'} decoy run: null:Q is fitted on a traced decoy task "
+            "(dynheads trace --task niah_decoy), calibrated:M on a run of the evaluated task"
+        )
+    if decoy:
+        return fit_calibrated(parsed, score, fit, [])
     fit_ids = question_ids(fit)
     if fit_ids is None:
         raise DynheadsError(
