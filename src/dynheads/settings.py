@@ -129,7 +129,10 @@ class StaticConfig(NiahCells, ModelSettings):
     """Settings of a static-head run; ``niah_config()`` is the NIAH grid it traces."""
 
     samples: int = setting(20, "NIAH tests, rounded up to whole passes of the grid")
-    success_threshold: float = setting(0.5, "a test counts if the ROUGE-1 recall of the answer exceeds this")
+    success_threshold: float = setting(
+        0.5, "a test counts if the ROUGE-1 recall of the answer (a task without it: its first metric) exceeds this"
+    )
+    task: str = setting("niah", "the needle task whose static stream is traced (niah, spelled_niah, ...)")
     score: str = setting(
         "copy",
         "copy: Wu et al.'s retrieval score (static_heads.json); another registered score (write: LOCOS-style pooled "

@@ -35,7 +35,7 @@ def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
     from dynheads.heads import head_label
 
     cfg = checks.checked_config(StaticConfig, config, **settings)
-    checks.out_dir(out, "niah")  # the static grid is a NIAH run
+    checks.out_dir(out, cfg.task)  # the static grid is a run of the needle task
     heads = run_static(cfg, out)
     suffix = "" if cfg.score == "copy" else f"-{cfg.score}"
     typer.echo(

@@ -38,7 +38,6 @@ from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.runs import RunDir, RunOptions
 from dynheads.settings import STATIC_SPLIT, StaticConfig, StaticReasoningConfig
 from dynheads.tasks.hotpotqa import HOTPOTQA
-from dynheads.tasks.niah import NIAH
 from dynheads.tasks.registry import task_of
 from dynheads.views.qa import answer_tables
 
@@ -55,8 +54,12 @@ REASONING_NOTE = (
 
 
 def run_static(config: StaticConfig, out: str | Path, **options: Unpack[RunOptions]) -> StaticHeads:
-    """Trace the static grid into ``out`` (resumable), then score and write the static heads."""
-    run = run_task(NIAH, config.niah_config(), out, **options)
+    """Trace the static grid of ``config.task`` (NIAH by default) into ``out`` (resumable), then score and write
+    the static heads."""
+    task = task_of(config.task)
+    if task.questions:
+        raise DynheadsError(f"static heads of {task.name!r} (a question task): use dynheads static-reasoning")
+    run = run_task(task, config.niah_config(), out, **options)
     return write_static(run, config)
 
 
@@ -90,7 +93,8 @@ def write_static(run: RunDir, config: StaticConfig) -> StaticHeads:
 
 def _write_pooled_static(run: RunDir, config: StaticConfig) -> StaticHeads:
     """Heads ranked by ``config.score``'s mean over steps, then over the tests Wu's ROUGE-1 filter counts."""
-    tests = [ReasoningTest(trace, record["metrics"]["rouge1_recall"]) for record, trace in run.iter_traces()]
+    first = next(iter(task_of(config.task).metrics))
+    tests = [ReasoningTest(trace, _recall(record["metrics"], first)) for record, trace in run.iter_traces()]
     if not tests:
         raise DynheadsError(f"{run.path} has no traced samples: nothing to score")
     heads, empty = static_reasoning_heads(tests, success_threshold=config.success_threshold, score=config.score)
@@ -110,6 +114,11 @@ def _write_pooled_static(run: RunDir, config: StaticConfig) -> StaticHeads:
     )
     write_outputs(run.path, outputs)
     return heads
+
+
+def _recall(metrics: dict, first: str) -> float:
+    """What Wu's success filter reads: the answer's ROUGE-1 recall, or the task's first metric without one."""
+    return float(metrics["rouge1_recall"] if "rouge1_recall" in metrics else metrics[first])
 
 
 def _head_files(heads: StaticHeads, suffix: str = "") -> Outputs:
