@@ -173,3 +173,22 @@ def test_ablation_configs_take_a_score_and_a_contrast_and_refuse_what_cannot_dec
     with pytest.raises(DynheadsError, match="--contrast copy"):
         AblationConfig(fractions=(), strategies=("contrast",)).check()
     AblationConfig(score="write", threshold="2.4", contrast="copy", static="x.json").check()
+
+
+def test_set_overlap_counts_what_two_scores_share_step_by_step():
+    from dynheads.analysis.dynamism import set_overlap
+
+    a = np.zeros((4, 2, 3), bool)
+    b = np.zeros((4, 2, 3), bool)
+    a[0, 0, :2] = True  # step 0: A = {0-0, 0-1}, B = {0-1}
+    b[0, 0, 1] = True
+    a[1, 1, 0] = True  # step 1: A only
+    b[2, 1, 2] = True  # step 2: B only; step 3: neither
+    overlap = set_overlap([a[:2], a[2:]], [b[:2], b[2:]])  # two samples of two steps
+    assert overlap["steps"] == 4 and overlap["mean_size_first"] == 0.75 and overlap["mean_size_second"] == 0.5
+    assert overlap["first_in_second"] == pytest.approx((0.5 + 0.0) / 2)
+    assert overlap["second_in_first"] == pytest.approx((1.0 + 0.0) / 2)
+    assert (overlap["first_only_steps"], overlap["second_only_steps"]) == (1, 1)
+    assert overlap["jaccard"] == pytest.approx((0.5 + 0 + 0) / 3)
+    with pytest.raises(DynheadsError, match="differ in shape"):
+        set_overlap([a], [b[:, :1]])

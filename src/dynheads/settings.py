@@ -499,11 +499,16 @@ class ScoreChoice:
 class DynamismSettings(ScoreChoice):
     threshold: str = setting(
         DEFAULT_REASONING_THRESHOLD,
-        "Eq. 2 only: a head is active above this score (0.1), multiple of chance (relative:3), or a multiple of "
-        "chance fitted on --fit-run to a mean set size (calibrated:10)",
+        "continuous scores: a head is active above this score (0.1), multiple of chance (relative:3), a value "
+        "fitted on --fit-run to a mean set size (calibrated:10), or to Q heads per step on decoy spans (null:0.1)",
     )
     fit_run: str | None = setting(
-        None, "calibrated thresholds: a traced run on other questions to fit on (refused if they overlap)"
+        None,
+        "calibrated thresholds: a traced run on other questions to fit on (refused if they overlap); null:Q: a "
+        "traced decoy run (trace --task niah_decoy --split static)",
+    )
+    beside: str | None = setting(
+        None, "a second head score whose per-step sets are set beside these (write sets beside copy's D_t: copy)"
     )
 
 

@@ -195,6 +195,28 @@ def entropy_share(value: float, floor: float, chance: float) -> float:
     return float(share_above_chance(np.array(value), np.array(floor), np.array(chance)))
 
 
+def set_overlap(first: Sequence[np.ndarray], second: Sequence[np.ndarray]) -> dict[str, float]:
+    """How two scores' per-step sets of the same traces meet (bool ``[step, layer, head]`` per sample, e.g. W_t
+    beside D_t): mean sizes; |A ∩ B| / |A| over steps where A is not empty and |A ∩ B| / |B| where B is not; the
+    steps where A has heads and B none (and the reverse); the Jaccard of the steps where either has one."""
+    a = np.concatenate([s.reshape(s.shape[0], -1) for s in first]) if first else np.zeros((0, 0), bool)
+    b = np.concatenate([s.reshape(s.shape[0], -1) for s in second]) if second else np.zeros((0, 0), bool)
+    if a.shape != b.shape:
+        raise DynheadsError(f"the two scores' sets differ in shape: {a.shape} and {b.shape}")
+    both, size_a, size_b = (a & b).sum(axis=1), a.sum(axis=1), b.sum(axis=1)
+    either = (a | b).sum(axis=1)
+    return {
+        "steps": int(a.shape[0]),
+        "mean_size_first": _nan_mean(size_a.astype(float)),
+        "mean_size_second": _nan_mean(size_b.astype(float)),
+        "first_in_second": _nan_mean(np.where(size_a > 0, both / np.maximum(size_a, 1), np.nan)),
+        "second_in_first": _nan_mean(np.where(size_b > 0, both / np.maximum(size_b, 1), np.nan)),
+        "first_only_steps": int(((size_a > 0) & (size_b == 0)).sum()),
+        "second_only_steps": int(((size_b > 0) & (size_a == 0)).sum()),
+        "jaccard": _nan_mean(np.where(either > 0, both / np.maximum(either, 1), np.nan)),
+    }
+
+
 def per_sample_dynamism(dynamic_sets: Sequence[np.ndarray], static_ranking: Sequence[Head]) -> dict[str, list]:
     """Per sample (samples with no step left out): the mean containment in S_20 and size-matched Jaccard over its
     non-empty steps (None when every step is empty), and ``head_counts`` [L*H], the steps each head was in D_t.

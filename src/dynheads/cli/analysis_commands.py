@@ -72,7 +72,15 @@ def dynamism(
     cfg = checks.checked_config(DynamismSettings, **settings)
     checks.traced_run(run_dir)
     checks.head_list(static_file)
-    dynamism_report(run_dir, static_file, score=cfg.score, threshold=cfg.threshold, fit_run=cfg.fit_run, out_dir=out)
+    dynamism_report(
+        run_dir,
+        static_file,
+        score=cfg.score,
+        threshold=cfg.threshold,
+        fit_run=cfg.fit_run,
+        out_dir=out,
+        beside=cfg.beside,
+    )
     typer.echo((out or run_dir).joinpath("dynamism.md").read_text(encoding="utf-8"), nl=False)
 
 

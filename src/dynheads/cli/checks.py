@@ -215,6 +215,7 @@ def _head_score(name: str) -> None:
 FIELD_CHECKS: dict[str, Callable[[Any], None]] = {
     "score": _head_score,
     "contrast": _head_score,
+    "beside": _head_score,
     "static": head_list,
     "probe": probe_dir,
     "data": data_file,

@@ -24,6 +24,7 @@ from dynheads.analysis.dynamism import (
     dynamism_csv,
     dynamism_stats,
     per_sample_dynamism,
+    set_overlap,
     table1,
     table5,
 )
@@ -78,6 +79,17 @@ def dynamic_sets(trace: Trace, score: ScoreKind, threshold: str | float | Reason
     return ScoreSpec(check_score(score), str(threshold)).active(trace.scores, trace.chance)
 
 
+def _beside_blocks(overlap: dict, first: str, second: str) -> list:
+    """The section that sets this score's per-step sets (A) beside a second score's (B) on the same steps."""
+    return [
+        Heading("Beside a second score's sets"),
+        f"A: {first}; B: {second}; {overlap['steps']} steps. Mean |A| {overlap['mean_size_first']:.2f}, mean |B| "
+        f"{overlap['mean_size_second']:.2f}; |A ∩ B| / |A| {overlap['first_in_second']:.3f} (steps with A), "
+        f"|A ∩ B| / |B| {overlap['second_in_first']:.3f} (steps with B); Jaccard {overlap['jaccard']:.3f} (steps with "
+        f"either); {overlap['first_only_steps']} steps have A and no B, {overlap['second_only_steps']} B and no A.",
+    ]
+
+
 # ---- Claim 1: dynamism (Table 1, Table 5) ---------------------------------------------------------------------
 def fitted_run(
     run_dir: str | Path, score: ScoreKind, threshold: str | float, fit_run: str | Path | None
@@ -100,12 +112,14 @@ def dynamism_report(
     out_dir: str | Path | None = None,
     static_kind: ScoreKind | None = None,
     fit_run: str | Path | None = None,
+    beside: ScoreKind | None = None,
 ) -> DynamismStats:
     """Table 1 / Table 5 statistics of the run against the static list; writes dynamism.md, .csv and .json.
 
     The run's row sits beside the paper's five rows. ``threshold``: a continuous score's (``fitted_run``).
     ``static_kind``: which static list ``static_file`` is (``copy``: Wu et al.'s retrieval heads; ``reasoning``:
-    mean Eq. 2), recorded for the verdict's card; default: the same kind as ``score``.
+    mean Eq. 2), recorded for the verdict's card; default: the same kind as ``score``. ``beside``: a second score
+    (at its default threshold: Eq. 1's copy sets, say) whose per-step sets are set beside these (``set_overlap``).
     """
     run, traces, fit, spec = fitted_run(run_dir, score, threshold, fit_run)
     ranking = scored_heads(load_head_list(static_file, *traces[0].shape))  # never zero-score filler
@@ -124,6 +138,9 @@ def dynamism_report(
         "static_kind": static_kind or score,
         "per_sample": per_sample_dynamism(sets, ranking),
     }
+    overlap = (
+        None if beside is None else set_overlap(sets, [ScoreSpec(beside).active(t.scores, t.chance) for t in traces])
+    )
     summary = Summary(
         [
             f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"
@@ -133,6 +150,7 @@ def dynamism_report(
             table1(rows),
             Heading("Table 5"),
             table5(rows, ks),
+            *([] if overlap is None else _beside_blocks(overlap, spec.describe(), ScoreSpec(beside).describe())),
         ],
         {"stats": stats.to_dict(), **skipped, **evidence},
         f"Dynamism of {run.path}",
@@ -150,6 +168,7 @@ def dynamism_report(
             **skipped,
             "static_kind": evidence["static_kind"],
             "stats": stats.to_dict(),
+            "beside": None if overlap is None else {"score": beside, **overlap},
             "per_sample": evidence["per_sample"],
             "paper": PAPER_DYNAMISM,
         },
