@@ -1,0 +1,181 @@
+"""Issue 63's study of per-step write heads W_t on one model and one needle task, with the commands a user runs.
+
+    python scripts/write_heads_study.py --model qwen2.5-coder-0.5b --task niah --root RUNS/write-qwen05-niah
+
+Stages (each a ``dynheads`` command into its own folder under ``--root``, resumable; a finished one is skipped):
+
+1. ``static``: the task's static stream (``--samples`` tests, ``static`` split), Wu's copy list and the pooled write
+   list (``static --score write``: LOCOS-style, mean write score over steps, then over counted tests);
+2. ``decoy``: the same static prompts traced as the task's decoy twin (``<task>_decoy``): the write score at a
+   needle-free span of the needle's length, the null W_t's threshold is fitted on (``null:Q``: Q heads per step
+   expected there); fitting data only, disjoint from what is evaluated;
+3. ``trace``: the evaluated stream (``analysis`` split, the same lengths and depths, one sample per static one);
+4. ``dyn-write``: Table 1 statistics of W_t against the pooled write list, beside Eq. 1's D_t (``--beside copy``);
+   ``dyn-copy``: D_t's against Wu's list (tasks whose answer is copied);
+5. ``ablate-write``: teacher-forced operating point on the evaluated stream: W_t (dynamic) against the pooled write
+   list's top |W_t| (static), its top outside W_t (static_outside), |W_t| random heads, and as many heads ranked by
+   Eq. 1 (contrast: D_t first, then by attention on the needle), at f = 0.5 and 1.
+
+Then ``write-study.json`` and ``write-study.md``: the W_t threshold and its size per step, the dynamism rows, and the
+operating-point contrasts on the non-empty steps of correct answers (paired bootstrap over samples, the project's
+Claim 2 rule for dynamic − static_outside and dynamic − random; dynamic − contrast is issue 63's "more than as many
+D_t heads").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dynheads.analysis.evidence import EvidenceSettings, mean_interval, paired_difference
+from dynheads.report.claim_parts import operating_point
+from dynheads.report.claims import operating_point_verdict
+from dynheads.tables import read_summaries
+
+LENGTH_DEPTHS = ("--depths", "0.1,0.3,0.5,0.7,0.9")
+CONTRASTS = ("static", "static_outside", "random", "contrast", "static_mean", "random_mean")
+
+
+def dynheads(*args: str) -> None:
+    command = [sys.executable, "-m", "dynheads", *args]
+    print("+ dynheads", " ".join(args), flush=True)
+    subprocess.run(command, check=True)
+
+
+def run_stages(args: argparse.Namespace, root: Path) -> None:
+    grid = ("--model", args.model, "--lengths", str(args.length), *LENGTH_DEPTHS)
+    runs = str(-(-args.samples // 5))  # samples spread over 5 depths, as the static grid rounds them
+    static = root / "static"
+    if not (static / "static_heads.json").exists():
+        dynheads("static", "--task", args.task, *grid, "--samples", str(args.samples), "--out", str(static))
+    if not (static / "static_heads-write.json").exists():
+        dynheads(
+            "static",
+            "--task",
+            args.task,
+            *grid,
+            "--samples",
+            str(args.samples),
+            "--score",
+            "write",
+            "--out",
+            str(static),
+        )
+    decoy, trace = root / "decoy", root / "trace"
+    if not (decoy / "results.csv").exists():
+        dynheads(
+            "trace", "--task", f"{args.task}_decoy", "--split", "static", *grid, "--runs", runs, "--out", str(decoy)
+        )
+    if not (trace / "results.csv").exists():
+        dynheads("trace", "--task", args.task, *grid, "--runs", runs, "--out", str(trace))
+    write = root / "dyn-write"
+    if not (write / "dynamism.json").exists():
+        dynheads(
+            "dynamism",
+            str(trace),
+            "--static",
+            str(static / "static_heads-write.json"),
+            "--score",
+            "write",
+            "--threshold",
+            f"null:{args.null}",
+            "--fit-run",
+            str(decoy),
+            "--beside",
+            "copy",
+            "--out",
+            str(write),
+        )
+    if args.task == "niah" and not (root / "dyn-copy" / "dynamism.json").exists():
+        dynheads("dynamism", str(trace), "--static", str(static / "static_heads.json"), "--out", str(root / "dyn-copy"))
+    threshold = json.loads((write / "dynamism.json").read_text())["threshold"]
+    ablate = root / "ablate-write"
+    if not (ablate / "dose.csv").exists():
+        dynheads(
+            "ablate",
+            "--task",
+            args.task,
+            *grid,
+            "--runs",
+            runs,
+            "--score",
+            "write",
+            "--threshold",
+            threshold,
+            "--contrast",
+            "copy",
+            "--static",
+            str(static / "static_heads-write.json"),
+            "--fractions",
+            "0.5,1",
+            "--compensation",
+            "",
+            "--metric",
+            "teacher",
+            "--batch-size",
+            "1",
+            "--out",
+            str(ablate),
+        )
+
+
+def summarise(root: Path) -> dict:
+    """What the page reads: W_t's threshold and sizes, the dynamism rows, the operating-point contrasts."""
+    evidence = EvidenceSettings()
+    write = json.loads((root / "dyn-write" / "dynamism.json").read_text())
+    copy_file = root / "dyn-copy" / "dynamism.json"
+    summary = read_summaries(root / "ablate-write").get("summary.md")
+    point = operating_point(summary.numbers) if summary is not None else None
+    if point is None:
+        raise SystemExit(f"{root / 'ablate-write'} has no teacher-forced numbers at f = 1")
+    keep = point.decided()
+    dynamic = np.asarray(point.drop["dynamic"], dtype=float)
+    contrasts = {
+        arm: paired_difference(dynamic[keep], np.asarray(point.drop[arm], dtype=float)[keep], evidence).to_dict()
+        for arm in CONTRASTS
+        if arm in point.drop
+    }
+    verdict = operating_point_verdict(point, "write heads", evidence)
+    return {
+        "root": str(root),
+        "threshold": write["threshold"],
+        "threshold_fit": write["threshold_fit"],
+        "write_stats": write["stats"],
+        "beside_copy": write["beside"],
+        "copy_stats": json.loads(copy_file.read_text())["stats"] if copy_file.exists() else None,
+        "samples": int(len(point.correct)),
+        "correct": int(np.sum(point.correct)),
+        "deciding_samples": int(keep.sum()),
+        "drop": {
+            arm: mean_interval(np.asarray(v, dtype=float)[keep], evidence).to_dict() for arm, v in point.drop.items()
+        },
+        "overlap": {arm: point.mean(point.overlap, arm, keep) for arm in point.overlap},
+        "dynamic_minus": contrasts,
+        "claim2_rule": {"status": verdict.status, "reason": verdict.reason},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="embedded")
+    parser.add_argument("--task", default="niah")
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--length", type=int, default=1000)
+    parser.add_argument("--null", type=float, default=0.1, help="heads per step allowed on decoy spans")
+    args = parser.parse_args()
+    run_stages(args, args.root)
+    result = summarise(args.root)
+    (args.root / "write-study.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("threshold", "correct", "deciding_samples", "claim2_rule")}, indent=1))
+    for arm, gap in result["dynamic_minus"].items():
+        print(f"dynamic - {arm}: {gap['effect']:+.3f} [{gap['low']:+.3f}, {gap['high']:+.3f}] n={gap['n']}")
+
+
+if __name__ == "__main__":
+    main()
