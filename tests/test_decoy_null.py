@@ -192,3 +192,14 @@ def test_set_overlap_counts_what_two_scores_share_step_by_step():
     assert overlap["jaccard"] == pytest.approx((0.5 + 0 + 0) / 3)
     with pytest.raises(DynheadsError, match="differ in shape"):
         set_overlap([a], [b[:, :1]])
+
+
+def test_what_reads_a_scores_values_takes_the_write_score_without_a_threshold():
+    """The head predictor, CCA and static lists read the write score's values: no threshold is asked for."""
+    from dynheads.analysis.cca import samples_from_traces
+
+    trace = _write_trace(np.random.default_rng(6).normal(0, 1, (5, 30, 9)))
+    ((hidden, targets),) = samples_from_traces([trace], "write")
+    assert hidden.shape == (5, 4) and np.array_equal(targets, trace.scores["write"].reshape(5, 270))
+    with pytest.raises(DynheadsError, match="holds no 'copy2' score|score must be one of"):
+        samples_from_traces([trace], "copy2")

@@ -65,6 +65,7 @@ __all__ = [
     "check_kind",
     "copy_scores",
     "ranked_heads",
+    "score_values",
     "reasoning_scores",
     "register_score",
     "span_ranking",
@@ -142,6 +143,16 @@ def register_score(
     return score
 
 
+def score_values(scores: Mapping[str, np.ndarray], kind: str) -> np.ndarray:
+    """``[step, layer, head]``: score ``kind``'s array among a trace's ``scores`` (by name), with no threshold: what
+    reads a score's values (static lists, CCA, the head predictor) needs no ``ScoreSpec``."""
+    if check_kind(kind) not in scores:
+        raise DynheadsError(
+            f"this trace holds no {kind!r} score (it has {', '.join(scores)}): re-trace with the score registered"
+        )
+    return scores[kind]
+
+
 def check_kind(kind: str) -> ScoreKind:
     """``kind`` when it names a registered head score, else a one-line error."""
     if kind not in HEAD_SCORES:
@@ -183,12 +194,7 @@ class ScoreSpec:
 
     def trace_scores(self, scores: Mapping[str, np.ndarray]) -> np.ndarray:
         """``[step, layer, head]``: this score's array among a trace's ``scores`` (by name)."""
-        if self.kind not in scores:
-            raise DynheadsError(
-                f"this trace holds no {self.kind!r} score (it has {', '.join(scores)}): "
-                "re-trace with the score registered"
-            )
-        return scores[self.kind]
+        return score_values(scores, self.kind)
 
     def active(self, scores: Mapping[str, np.ndarray], chance: np.ndarray | float | None) -> np.ndarray:
         """Bool D_t ``[step, layer, head]`` of a trace's ``scores`` (or of one step's ``[layer, head]`` arrays with

@@ -36,7 +36,7 @@ from dynheads.analysis.settings import CCAConfig
 from dynheads.errors import DynheadsError
 from dynheads.outputs import Outputs, write_outputs
 from dynheads.paper import PAPER_TOP1
-from dynheads.scores import ScoreKind, ScoreSpec
+from dynheads.scores import ScoreKind, score_values
 from dynheads.tables import Summary, Table, to_markdown
 from dynheads.traces import Trace
 
@@ -53,9 +53,8 @@ def samples_from_traces(traces: Iterable[Trace], score: ScoreKind = "copy") -> l
 
     Traces with no generated token (EOS first) hold no pair and are left out; callers count them.
     """
-    spec = ScoreSpec(score)
     return [
-        (t.hidden, spec.trace_scores(t.scores).reshape(t.num_steps, t.shape[0] * t.shape[1]))
+        (t.hidden, score_values(t.scores, score).reshape(t.num_steps, t.shape[0] * t.shape[1]))
         for t in traces
         if t.num_steps
     ]

@@ -18,7 +18,7 @@ from rouge_score import rouge_scorer
 from dynheads.analysis.headlists import rank_by_score
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
-from dynheads.scores import ScoreKind, ScoreSpec
+from dynheads.scores import ScoreKind, score_values
 from dynheads.traces import Trace
 
 # The reference filter: RougeScorer(['rouge1', 'rougeL'], use_stemmer=True), recall of the needle answer.
@@ -136,7 +136,6 @@ def static_reasoning_heads(
     the mean over counted tests (F1 above ``success_threshold``; the default -1 counts every test). Returns the
     heads (``recalls`` holds each test's F1) and the number of tests skipped because they generated no token (no
     step to average)."""
-    spec = ScoreSpec(score, threshold="0")  # reads the score's values only: no threshold is applied
     if not tests:
         raise DynheadsError("no HotpotQA tests given: static reasoning heads need at least one traced question")
     shape = tests[0].trace.shape
@@ -149,7 +148,7 @@ def static_reasoning_heads(
             continue
         f1s.append(test.f1)
         if test.f1 > success_threshold:
-            counted.append(spec.trace_scores(test.trace.scores).astype(np.float64).mean(axis=0))
+            counted.append(score_values(test.trace.scores, score).astype(np.float64).mean(axis=0))
     if not counted:
         raise DynheadsError(
             f"none of the {len(tests)} questions counts ({empty} generated nothing, the rest had F1 "

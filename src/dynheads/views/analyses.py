@@ -36,7 +36,7 @@ from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_
 from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
 from dynheads.runs import RunDir, file_stem
-from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, check_kind
+from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, check_kind, score_values
 from dynheads.tables import Heading, Summary
 from dynheads.thresholds import ReasoningThreshold
 from dynheads.traces import Trace
@@ -70,7 +70,7 @@ def check_score(score: str) -> ScoreKind:
 
 def score_array(trace: Trace, score: ScoreKind) -> np.ndarray:
     """``[step, layer, head]``: the trace's ``score`` by name (bool for a binary score, float for a continuous one)."""
-    return ScoreSpec(check_score(score)).trace_scores(trace.scores)
+    return score_values(trace.scores, score)
 
 
 def dynamic_sets(trace: Trace, score: ScoreKind, threshold: str | float | ReasoningThreshold) -> np.ndarray:
@@ -138,9 +138,8 @@ def dynamism_report(
         "static_kind": static_kind or score,
         "per_sample": per_sample_dynamism(sets, ranking),
     }
-    overlap = (
-        None if beside is None else set_overlap(sets, [ScoreSpec(beside).active(t.scores, t.chance) for t in traces])
-    )
+    second = None if beside is None else ScoreSpec(beside)  # at its default threshold
+    overlap = None if second is None else set_overlap(sets, [second.active(t.scores, t.chance) for t in traces])
     summary = Summary(
         [
             f"Dynamic sets: {setting}; static list ({static_kind or score}): {static_file}.\n"
@@ -150,7 +149,7 @@ def dynamism_report(
             table1(rows),
             Heading("Table 5"),
             table5(rows, ks),
-            *([] if overlap is None else _beside_blocks(overlap, spec.describe(), ScoreSpec(beside).describe())),
+            *([] if second is None or overlap is None else _beside_blocks(overlap, spec.describe(), second.describe())),
         ],
         {"stats": stats.to_dict(), **skipped, **evidence},
         f"Dynamism of {run.path}",

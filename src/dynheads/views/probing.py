@@ -30,7 +30,7 @@ from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
 from dynheads.resources import QUESTIONS_FILE
 from dynheads.runs import RunDir
-from dynheads.scores import ScoreKind, ScoreSpec
+from dynheads.scores import HEAD_SCORES, ScoreKind
 from dynheads.tables import Summary, Table
 from dynheads.views.analyses import check_score, load_run, model_name
 
@@ -64,7 +64,7 @@ def train_probe_on_run(
     """Train a probe from the run's hidden states to its ``score`` of every head; save it and its metrics."""
     run, traces = load_run(run_dir)
     config = config or HeadPredictorConfig()
-    task: Task = "binary" if ScoreSpec(check_score(score)).score.binary else "continuous"
+    task: Task = "binary" if HEAD_SCORES.get(check_score(score)).binary else "continuous"
     start = time.perf_counter()
     samples = samples_from_traces(traces, score)  # leaves out traces with no generated token
     counts = {"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)}
