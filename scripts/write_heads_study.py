@@ -10,7 +10,8 @@ Stages (each a ``dynheads`` command into its own folder under ``--root``, resuma
    needle-free span of the needle's length, the null W_t's threshold is fitted on (``null:Q``: Q heads per step
    expected there); fitting data only, disjoint from what is evaluated;
 3. ``trace``: the evaluated stream (``analysis`` split, the same lengths and depths, one sample per static one);
-4. ``dyn-write``: Table 1 statistics of W_t against the pooled write list, beside Eq. 1's D_t (``--beside copy``);
+4. ``probe-write``: the hidden-state predictor of every head's write score (held-out samples, seeded splits);
+   ``dyn-write``: Table 1 statistics of W_t against the pooled write list, beside Eq. 1's D_t (``--beside copy``);
    ``dyn-copy``: D_t's against Wu's list (tasks whose answer is copied);
 5. ``ablate-write``: teacher-forced operating point on the evaluated stream: W_t (dynamic) against the pooled write
    list's top |W_t| (static), its top outside W_t (static_outside), |W_t| random heads, and as many heads ranked by
@@ -50,9 +51,10 @@ def dynheads(*args: str) -> None:
 def run_stages(args: argparse.Namespace, root: Path) -> None:
     grid = ("--model", args.model, "--lengths", str(args.length), *LENGTH_DEPTHS)
     runs = str(-(-args.samples // 5))  # samples spread over 5 depths, as the static grid rounds them
+    fit = args.fit_samples or args.samples  # the fitting stream: static lists and the decoy null
     static = root / "static"
     if not (static / "static_heads.json").exists():
-        dynheads("static", "--task", args.task, *grid, "--samples", str(args.samples), "--out", str(static))
+        dynheads("static", "--task", args.task, *grid, "--samples", str(fit), "--out", str(static))
     if not (static / "static_heads-write.json").exists():
         dynheads(
             "static",
@@ -60,7 +62,7 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
             args.task,
             *grid,
             "--samples",
-            str(args.samples),
+            str(fit),
             "--score",
             "write",
             "--out",
@@ -69,7 +71,16 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
     decoy, trace = root / "decoy", root / "trace"
     if not (decoy / "results.csv").exists():
         dynheads(
-            "trace", "--task", f"{args.task}_decoy", "--split", "static", *grid, "--runs", runs, "--out", str(decoy)
+            "trace",
+            "--task",
+            f"{args.task}_decoy",
+            "--split",
+            "static",
+            *grid,
+            "--runs",
+            str(-(-fit // 5)),
+            "--out",
+            str(decoy),
         )
     if not (trace / "results.csv").exists():
         dynheads("trace", "--task", args.task, *grid, "--runs", runs, "--out", str(trace))
@@ -93,6 +104,8 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
         )
     if args.task == "niah" and not (root / "dyn-copy" / "dynamism.json").exists():
         dynheads("dynamism", str(trace), "--static", str(static / "static_heads.json"), "--out", str(root / "dyn-copy"))
+    if not (root / "probe-write" / "metrics.md").exists():
+        dynheads("predictor", "train", str(trace), "--score", "write", "--out", str(root / "probe-write"))
     threshold = json.loads((write / "dynamism.json").read_text())["threshold"]
     ablate = root / "ablate-write"
     if not (ablate / "dose.csv").exists():
@@ -141,6 +154,7 @@ def summarise(root: Path) -> dict:
         if arm in point.drop
     }
     verdict = operating_point_verdict(point, "write heads", evidence)
+    probe = read_summaries(root / "probe-write")["metrics.md"]
     return {
         "root": str(root),
         "threshold": write["threshold"],
@@ -157,6 +171,7 @@ def summarise(root: Path) -> dict:
         "overlap": {arm: point.mean(point.overlap, arm, keep) for arm in point.overlap},
         "dynamic_minus": contrasts,
         "claim2_rule": {"status": verdict.status, "reason": verdict.reason},
+        "probe": {key: probe.numbers.get(key) for key in ("task", "gap", "position_gap", "step_gap")},
     }
 
 
@@ -165,7 +180,10 @@ def main() -> None:
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--task", default="niah")
     parser.add_argument("--root", type=Path, required=True)
-    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--samples", type=int, default=30, help="evaluated samples (trace, ablation)")
+    parser.add_argument(
+        "--fit-samples", type=int, default=None, help="fitting samples (static, decoy); default --samples"
+    )
     parser.add_argument("--length", type=int, default=1000)
     parser.add_argument("--null", type=float, default=0.1, help="heads per step allowed on decoy spans")
     args = parser.parse_args()
