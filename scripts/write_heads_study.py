@@ -10,7 +10,8 @@ Stages (each a ``dynheads`` command into its own folder under ``--root``, resuma
    needle-free span of the needle's length, the null W_t's threshold is fitted on (``null:Q``: Q heads per step
    expected there); fitting data only, disjoint from what is evaluated;
 3. ``trace``: the evaluated stream (``analysis`` split, the same lengths and depths, one sample per static one);
-4. ``probe-write``: the hidden-state predictor of every head's write score (held-out samples, seeded splits);
+4. ``probe-write`` (``--probe``, slow on a CPU): the hidden-state predictor of every head's write score (held-out
+   samples, seeded splits);
    ``dyn-write``: Table 1 statistics of W_t against the pooled write list, beside Eq. 1's D_t (``--beside copy``);
    ``dyn-copy``: D_t's against Wu's list (tasks whose answer is copied);
 5. ``ablate-write``: teacher-forced operating point on the evaluated stream: W_t (dynamic) against the pooled write
@@ -104,7 +105,7 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
         )
     if args.task == "niah" and not (root / "dyn-copy" / "dynamism.json").exists():
         dynheads("dynamism", str(trace), "--static", str(static / "static_heads.json"), "--out", str(root / "dyn-copy"))
-    if not (root / "probe-write" / "metrics.md").exists():
+    if args.probe and not (root / "probe-write" / "metrics.md").exists():
         dynheads("predictor", "train", str(trace), "--score", "write", "--out", str(root / "probe-write"))
     threshold = json.loads((write / "dynamism.json").read_text())["threshold"]
     ablate = root / "ablate-write"
@@ -154,7 +155,7 @@ def summarise(root: Path) -> dict:
         if arm in point.drop
     }
     verdict = operating_point_verdict(point, "write heads", evidence)
-    probe = read_summaries(root / "probe-write")["metrics.md"]
+    probe = read_summaries(root / "probe-write").get("metrics.md")
     return {
         "root": str(root),
         "threshold": write["threshold"],
@@ -171,7 +172,9 @@ def summarise(root: Path) -> dict:
         "overlap": {arm: point.mean(point.overlap, arm, keep) for arm in point.overlap},
         "dynamic_minus": contrasts,
         "claim2_rule": {"status": verdict.status, "reason": verdict.reason},
-        "probe": {key: probe.numbers.get(key) for key in ("task", "gap", "position_gap", "step_gap")},
+        "probe": None
+        if probe is None
+        else {k: probe.numbers.get(k) for k in ("task", "gap", "position_gap", "step_gap")},
     }
 
 
@@ -185,6 +188,7 @@ def main() -> None:
         "--fit-samples", type=int, default=None, help="fitting samples (static, decoy); default --samples"
     )
     parser.add_argument("--length", type=int, default=1000)
+    parser.add_argument("--probe", action="store_true", help="also train the write score's predictor (slow)")
     parser.add_argument("--null", type=float, default=0.1, help="heads per step allowed on decoy spans")
     args = parser.parse_args()
     run_stages(args, args.root)
