@@ -1,0 +1,78 @@
+"""The results page's tables from ``write_heads_study.py`` folders: W_t's Table 1 row beside D_t's, how the two meet
+step by step, and the teacher-forced operating point (drops and paired differences with 95 % intervals).
+
+    python scripts/write_heads_table.py LABEL=ROOT [LABEL=ROOT ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def interval(value: dict) -> str:
+    return f"{value['effect']:+.3f} [{value['low']:+.3f}, {value['high']:+.3f}]"
+
+
+def table1_row(label: str, name: str, stats: dict | None) -> str:
+    if stats is None:
+        return f"| {label} | {name} | – | – | – | – | – | – |"
+    return (
+        f"| {label} | {name} | {stats['mean_size']:.2f} ± {stats['std_size']:.2f} | {stats['unique_heads']} / "
+        f"{stats['total_heads']} | {stats['jaccard_static_k20']:.3f} | {stats['adjacent_jaccard']:.3f} "
+        f"(other sample {stats['cross_sample_jaccard']:.3f}, static profile {stats['static_profile_jaccard']:.3f}) | "
+        f"{stats['entropy']:.3f} | {stats['empty_steps']} / {stats['num_steps']} |"
+    )
+
+
+def main(pairs: list[str]) -> None:
+    studies = {label: json.loads((Path(root) / "write-study.json").read_text()) for label, root in map(_split, pairs)}
+    print("| model, task | set | Mean ± Std | Unique / Total | Jaccard w/ static | Adj. Jaccard | Entropy | empty |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, study in studies.items():
+        print(table1_row(label, f"W_t (write > {float(study['threshold']):.3g})", study["write_stats"]))
+        print(table1_row(label, "D_t (Eq. 1)", study["copy_stats"]))
+    print()
+    size, share = "mean \\|W_t\\| | mean \\|D_t\\|", "\\|W ∩ D\\| / \\|W\\| | \\|W ∩ D\\| / \\|D\\|"
+    print(f"| model, task | steps | {size} | {share} | W_t, no D_t | D_t, no W_t |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, study in studies.items():
+        b = study["beside_copy"]
+        print(
+            f"| {label} | {b['steps']} | {b['mean_size_first']:.2f} | {b['mean_size_second']:.2f} | "
+            f"{_num(b['first_in_second'])} | {_num(b['second_in_first'])} | {b['first_only_steps']} | "
+            f"{b['second_only_steps']} |"
+        )
+    print()
+    arms = ("dynamic", "static", "static_outside", "random", "contrast")
+    print("| model, task | n (correct / all) | " + " | ".join(f"drop: {arm}" for arm in arms) + " |")
+    print("|---|---|" + "---|" * len(arms))
+    for label, study in studies.items():
+        drops = " | ".join(interval(study["drop"][arm]) for arm in arms)
+        print(f"| {label} | {study['deciding_samples']} / {study['samples']} | {drops} |")
+    print()
+    contrasts = ("contrast", "static_outside", "random", "static")
+    print(
+        "| model, task | "
+        + " | ".join(f"dynamic − {arm}" for arm in contrasts)
+        + " | overlap with W_t: contrast, static |"
+    )
+    print("|---|" + "---|" * len(contrasts) + "---|")
+    for label, study in studies.items():
+        gaps = " | ".join(interval(study["dynamic_minus"][arm]) for arm in contrasts)
+        overlap = study["overlap"]
+        print(f"| {label} | {gaps} | {_num(overlap.get('contrast'))}, {_num(overlap.get('static'))} |")
+
+
+def _split(pair: str) -> tuple[str, str]:
+    label, _, root = pair.partition("=")
+    return label, root
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None or value != value else f"{value:.3f}"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
