@@ -38,6 +38,7 @@ from dynheads.analysis.evidence import EvidenceSettings, mean_interval, paired_d
 from dynheads.report.claim_parts import operating_point
 from dynheads.report.claims import operating_point_verdict
 from dynheads.tables import read_summaries
+from dynheads.views.threshold_fit import fit_threshold
 
 LENGTH_DEPTHS = ("--depths", "0.1,0.3,0.5,0.7,0.9")
 CONTRASTS = ("static", "static_outside", "random", "contrast", "static_mean", "random_mean")
@@ -69,7 +70,7 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
             "--out",
             str(static),
         )
-    decoy, trace = root / "decoy", root / "trace"
+    decoy = root / "decoy"
     if not (decoy / "results.csv").exists():
         dynheads(
             "trace",
@@ -83,9 +84,47 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
             "--out",
             str(decoy),
         )
+    write = root / "dyn-write"
+    if args.ablation_only:  # no evaluated trace: W_t's threshold straight from the decoy run, no Table 1
+        threshold = fit_threshold(f"null:{args.null}", "write", decoy).applied
+    else:
+        table1_stages(args, root, grid, runs)
+        threshold = json.loads((write / "dynamism.json").read_text())["threshold"]
+    ablate = root / "ablate-write"
+    if not (ablate / "dose.csv").exists():
+        dynheads(
+            "ablate",
+            "--task",
+            args.task,
+            *grid,
+            "--runs",
+            runs,
+            "--score",
+            "write",
+            "--threshold",
+            threshold,
+            "--contrast",
+            "copy",
+            "--static",
+            str(static / "static_heads-write.json"),
+            "--fractions",
+            args.fractions,
+            "--compensation",
+            "",
+            "--metric",
+            "teacher",
+            "--batch-size",
+            "1",
+            "--out",
+            str(ablate),
+        )
+
+
+def table1_stages(args: argparse.Namespace, root: Path, grid: tuple[str, ...], runs: str) -> None:
+    """The evaluated trace, W_t's and D_t's Table 1 rows and (``--probe``) the write score's predictor."""
+    static, decoy, trace, write = root / "static", root / "decoy", root / "trace", root / "dyn-write"
     if not (trace / "results.csv").exists():
         dynheads("trace", "--task", args.task, *grid, "--runs", runs, "--out", str(trace))
-    write = root / "dyn-write"
     if not (write / "dynamism.json").exists():
         dynheads(
             "dynamism",
@@ -107,41 +146,13 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
         dynheads("dynamism", str(trace), "--static", str(static / "static_heads.json"), "--out", str(root / "dyn-copy"))
     if args.probe and not (root / "probe-write" / "metrics.md").exists():
         dynheads("predictor", "train", str(trace), "--score", "write", "--out", str(root / "probe-write"))
-    threshold = json.loads((write / "dynamism.json").read_text())["threshold"]
-    ablate = root / "ablate-write"
-    if not (ablate / "dose.csv").exists():
-        dynheads(
-            "ablate",
-            "--task",
-            args.task,
-            *grid,
-            "--runs",
-            runs,
-            "--score",
-            "write",
-            "--threshold",
-            threshold,
-            "--contrast",
-            "copy",
-            "--static",
-            str(static / "static_heads-write.json"),
-            "--fractions",
-            "0.5,1",
-            "--compensation",
-            "",
-            "--metric",
-            "teacher",
-            "--batch-size",
-            "1",
-            "--out",
-            str(ablate),
-        )
 
 
-def summarise(root: Path) -> dict:
+def summarise(root: Path, null: float) -> dict:
     """What the page reads: W_t's threshold and sizes, the dynamism rows, the operating-point contrasts."""
     evidence = EvidenceSettings()
-    write = json.loads((root / "dyn-write" / "dynamism.json").read_text())
+    write_file = root / "dyn-write" / "dynamism.json"
+    write = json.loads(write_file.read_text()) if write_file.exists() else {}
     copy_file = root / "dyn-copy" / "dynamism.json"
     summary = read_summaries(root / "ablate-write").get("summary.md")
     point = operating_point(summary.numbers) if summary is not None else None
@@ -158,10 +169,9 @@ def summarise(root: Path) -> dict:
     probe = read_summaries(root / "probe-write").get("metrics.md")
     return {
         "root": str(root),
-        "threshold": write["threshold"],
-        "threshold_fit": write["threshold_fit"],
-        "write_stats": write["stats"],
-        "beside_copy": write["beside"],
+        "threshold": write.get("threshold") or fit_threshold(f"null:{null}", "write", root / "decoy").applied,
+        "write_stats": write.get("stats"),
+        "beside_copy": write.get("beside"),
         "copy_stats": json.loads(copy_file.read_text())["stats"] if copy_file.exists() else None,
         "samples": int(len(point.correct)),
         "correct": int(np.sum(point.correct)),
@@ -188,11 +198,13 @@ def main() -> None:
         "--fit-samples", type=int, default=None, help="fitting samples (static, decoy); default --samples"
     )
     parser.add_argument("--length", type=int, default=1000)
+    parser.add_argument("--fractions", default="0.5,1", help="doses of the ablation (fractions of |W_t|)")
+    parser.add_argument("--ablation-only", action="store_true", help="no evaluated trace and no Table 1 (saves time)")
     parser.add_argument("--probe", action="store_true", help="also train the write score's predictor (slow)")
     parser.add_argument("--null", type=float, default=0.1, help="heads per step allowed on decoy spans")
     args = parser.parse_args()
     run_stages(args, args.root)
-    result = summarise(args.root)
+    result = summarise(args.root, args.null)
     (args.root / "write-study.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: result[k] for k in ("threshold", "correct", "deciding_samples", "claim2_rule")}, indent=1))
     for arm, gap in result["dynamic_minus"].items():

@@ -39,6 +39,8 @@ def main(pairs: list[str]) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for label, study in studies.items():
         b = study["beside_copy"]
+        if b is None:  # an ablation-only study: no evaluated trace
+            continue
         print(
             f"| {label} | {b['steps']} | {b['mean_size_first']:.2f} | {b['mean_size_second']:.2f} | "
             f"{_num(b['first_in_second'])} | {_num(b['second_in_first'])} | {b['first_only_steps']} | "
