@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval, paired_difference
+from dynheads.analysis.headlists import load_head_list
 from dynheads.report.claim_parts import operating_point
 from dynheads.report.claims import operating_point_verdict
 from dynheads.tables import read_summaries
@@ -166,6 +167,9 @@ def summarise(root: Path, null: float) -> dict:
         if arm in point.drop
     }
     verdict = operating_point_verdict(point, "write heads", evidence)
+    wu, pooled = (
+        load_head_list(root / "static" / name).heads for name in ("static_heads.json", "static_heads-write.json")
+    )
     probe = read_summaries(root / "probe-write").get("metrics.md")
     return {
         "root": str(root),
@@ -182,6 +186,7 @@ def summarise(root: Path, null: float) -> dict:
         "overlap": {arm: point.mean(point.overlap, arm, keep) for arm in point.overlap},
         "dynamic_minus": contrasts,
         "claim2_rule": {"status": verdict.status, "reason": verdict.reason},
+        "top_overlap": {k: len(set(wu[:k]) & set(pooled[:k])) for k in (10, 20)},  # LOCOS: 2 of 10 on Qwen3-8B
         "probe": None
         if probe is None
         else {k: probe.numbers.get(k) for k in ("task", "gap", "position_gap", "step_gap")},
