@@ -58,13 +58,14 @@ def main(pairs: list[str]) -> None:
     print(
         "| model, task | "
         + " | ".join(f"dynamic − {arm}" for arm in contrasts)
-        + " | overlap with W_t: contrast, static |"
+        + " | overlap with W_t: contrast, static | Wu's top 10 / 20 in the pooled write list's |"
     )
-    print("|---|" + "---|" * len(contrasts) + "---|")
+    print("|---|" + "---|" * len(contrasts) + "---|---|")
     for label, study in studies.items():
         gaps = " | ".join(interval(study["dynamic_minus"][arm]) for arm in contrasts)
-        overlap = study["overlap"]
-        print(f"| {label} | {gaps} | {_num(overlap.get('contrast'))}, {_num(overlap.get('static'))} |")
+        overlap, top = study["overlap"], study.get("top_overlap") or {}
+        shared = f"{top.get('10', '–')} / {top.get('20', '–')}"
+        print(f"| {label} | {gaps} | {_num(overlap.get('contrast'))}, {_num(overlap.get('static'))} | {shared} |")
 
 
 def _split(pair: str) -> tuple[str, str]:
