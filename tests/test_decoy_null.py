@@ -158,6 +158,12 @@ def test_a_static_run_ranks_pooled_write_heads_beside_wus_list(tmp_path):
     summary = json.loads((run.path / "static_summary-write.json").read_text())
     assert summary["num_counted"] == 2 and summary["top20"][0] == "L4-H2"
     assert not (run.path / "static_heads.json").exists()  # Wu's list is the copy score's, written by score copy
+    from dynheads.resources import STATIC_HEADS, Evaluated, fit_record
+
+    record = fit_record(run.path / "static_heads-write.json", STATIC_HEADS, Evaluated("this run", split="analysis"))
+    assert record["fitted_on"]["split"] == "static" and record["fitted_on"]["counted"] == 2  # its own summary
+    with pytest.raises(DynheadsError, match="fitted on the 'static' stream"):
+        fit_record(run.path / "static_heads-write.json", STATIC_HEADS, Evaluated("this run", split="static"))
 
 
 def test_ablation_configs_take_a_score_and_a_contrast_and_refuse_what_cannot_decide_d_t():

@@ -138,11 +138,14 @@ def _fitted_run(path: str | Path) -> RunDir | None:
 
 
 def _refuse_same_stream(path: str | Path, split: str) -> dict[str, Any]:
-    """What fitted the static list (its ``static_summary.json``, when a static stage wrote it); a list fitted on the
-    stream being evaluated is refused."""
-    summary_path = Path(path).parent / "static_summary.json"
+    """What fitted the static list (its ``static_summary.json``, when a static stage wrote it; a score's list
+    ``static_heads-<score>.json`` has ``static_summary-<score>.json``); a list fitted on the stream being evaluated is
+    refused."""
+    name = Path(path).name
+    summary_name = "static_summary" + name.removeprefix("static_heads") if name.startswith("static_heads-") else ""
+    summary_path = Path(path).parent / (summary_name or "static_summary.json")
     if not summary_path.is_file():
-        return {"file": str(path), "fitted_on": "unknown: no static_summary.json beside the list"}
+        return {"file": str(path), "fitted_on": f"unknown: no {summary_path.name} beside the list"}
     summary = read_json(summary_path)
     fitted_split = summary.get("split")
     if fitted_split == split:
