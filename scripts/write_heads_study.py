@@ -38,6 +38,7 @@ from dynheads.analysis.evidence import EvidenceSettings, mean_interval, paired_d
 from dynheads.analysis.headlists import load_head_list
 from dynheads.report.claim_parts import operating_point
 from dynheads.report.claims import operating_point_verdict
+from dynheads.runs import RunDir
 from dynheads.tables import read_summaries
 from dynheads.views.threshold_fit import fit_threshold
 
@@ -186,10 +187,24 @@ def summarise(root: Path, null: float) -> dict:
         "overlap": {arm: point.mean(point.overlap, arm, keep) for arm in point.overlap},
         "dynamic_minus": contrasts,
         "claim2_rule": {"status": verdict.status, "reason": verdict.reason},
+        "clean_sizes": clean_sizes(root / "ablate-write"),
         "top_overlap": {k: len(set(wu[:k]) & set(pooled[:k])) for k in (10, 20)},  # LOCOS: 2 of 10 on Qwen3-8B
         "probe": None
         if probe is None
         else {k: probe.numbers.get(k) for k in ("task", "gap", "position_gap", "step_gap")},
+    }
+
+
+def clean_sizes(folder: Path) -> dict:
+    """Mean |W_t| and Eq. 1's mean |D_t| (the contrast's own set) per step of the clean answers the ablation
+    decoded, averaged over samples: the sizes where no evaluated trace was kept."""
+    teacher = [r for r in RunDir(folder).records() if r.get("kind") == "teacher" and r["steps"]]
+    return {
+        "w_t": float(np.mean([r["mean_dynamic"] for r in teacher])),
+        "d_t": float(np.mean([r["mean_contrast"] for r in teacher]))
+        if teacher[0].get("mean_contrast") is not None
+        else None,
+        "steps": int(np.mean([r["steps"] for r in teacher])),
     }
 
 

@@ -48,11 +48,17 @@ def main(pairs: list[str]) -> None:
         )
     print()
     arms = ("dynamic", "static", "static_outside", "random", "contrast")
-    print("| model, task | n (correct / all) | " + " | ".join(f"drop: {arm}" for arm in arms) + " |")
-    print("|---|---|" + "---|" * len(arms))
+    print(
+        "| model, task | n (correct / all) | mean W_t, D_t per step |"
+        + " | ".join(f"drop: {arm}" for arm in arms)
+        + " |"
+    )
+    print("|---|---|---|" + "---|" * len(arms))
     for label, study in studies.items():
         drops = " | ".join(interval(study["drop"][arm]) for arm in arms)
-        print(f"| {label} | {study['deciding_samples']} / {study['samples']} | {drops} |")
+        sizes = study.get("clean_sizes") or {}
+        size = f"{_num(sizes.get('w_t'), '.1f')}, {_num(sizes.get('d_t'), '.1f')}"
+        print(f"| {label} | {study['deciding_samples']} / {study['samples']} | {size} | {drops} |")
     print()
     contrasts = ("contrast", "static_outside", "random", "static")
     print(
@@ -73,8 +79,8 @@ def _split(pair: str) -> tuple[str, str]:
     return label, root
 
 
-def _num(value: float | None) -> str:
-    return "–" if value is None or value != value else f"{value:.3f}"
+def _num(value: float | None, spec: str = ".3f") -> str:
+    return "–" if value is None or value != value else f"{value:{spec}}"
 
 
 if __name__ == "__main__":
