@@ -226,3 +226,25 @@ def test_detect_with_data_under_a_launcher_detects_on_rank_0_alone(tmp_path, mon
         result = CliRunner().invoke(app, ["detect", "--data", "halueval:qa", "--out", str(tmp_path / "out")])
         assert result.exit_code == 0, result.output
         assert detected == ([] if rank == 1 else [traced.path])
+
+
+def test_ablate_under_a_launcher_prints_its_summary_on_rank_0_alone(tmp_path, monkeypatch):
+    """Rank 1 of a torchrun ``ablate`` returned before rank 0 had written summary.md and read it: the launch failed
+    with a traceback after every record was done (seen on a two-process CPU run). Now rank 0 alone prints it."""
+    from typer.testing import CliRunner
+
+    from dynheads.cli.app import app, register_commands
+    from dynheads.experiments import paper_stages
+
+    register_commands()
+    out = tmp_path / "ablation"
+    monkeypatch.setattr(paper_stages, "run_claim2", lambda cfg, path, batch_size: RunDir(path))
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        if rank == 0:  # what rank 0 writes once every rank is done
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "summary.md").write_text("| arm | drop |\n")
+        result = CliRunner().invoke(app, ["ablate", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert ("| arm | drop |" in result.output) == (rank == 0)
