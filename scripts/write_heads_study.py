@@ -14,9 +14,10 @@ Stages (each a ``dynheads`` command into its own folder under ``--root``, resuma
    samples, seeded splits);
    ``dyn-write``: Table 1 statistics of W_t against the pooled write list, beside Eq. 1's D_t (``--beside copy``);
    ``dyn-copy``: D_t's against Wu's list (tasks whose answer is copied);
-5. ``ablate-write``: teacher-forced operating point on the evaluated stream: W_t (dynamic) against the pooled write
-   list's top |W_t| (static), its top outside W_t (static_outside), |W_t| random heads, and as many heads ranked by
-   Eq. 1 (contrast: D_t first, then by attention on the needle), at f = 0.5 and 1.
+5. ``ablate-write``: teacher-forced operating point on the evaluated stream, W_t's ``null:Q`` threshold fitted by
+   the ablation itself on the decoy run (``--fit-run``, recorded in its manifest): W_t (dynamic) against the pooled
+   write list's top |W_t| (static), its top outside W_t (static_outside), |W_t| random heads, and as many heads
+   ranked by Eq. 1 (contrast: D_t first, then by attention on the needle), at f = 0.5 and 1.
 
 Then ``write-study.json`` and ``write-study.md``: the W_t threshold and its size per step, the dynamism rows, and the
 operating-point contrasts on the non-empty steps of correct answers (paired bootstrap over samples, the project's
@@ -86,12 +87,8 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
             "--out",
             str(decoy),
         )
-    write = root / "dyn-write"
-    if args.ablation_only:  # no evaluated trace: W_t's threshold straight from the decoy run, no Table 1
-        threshold = fit_threshold(f"null:{args.null}", "write", decoy).applied
-    else:
+    if not args.ablation_only:  # --ablation-only: no evaluated trace, no Table 1
         table1_stages(args, root, grid, runs)
-        threshold = json.loads((write / "dynamism.json").read_text())["threshold"]
     ablate = root / "ablate-write"
     if not (ablate / "dose.csv").exists():
         dynheads(
@@ -104,7 +101,9 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
             "--score",
             "write",
             "--threshold",
-            threshold,
+            f"null:{args.null}",
+            "--fit-run",
+            str(decoy),
             "--contrast",
             "copy",
             "--static",
@@ -150,6 +149,13 @@ def table1_stages(args: argparse.Namespace, root: Path, grid: tuple[str, ...], r
         dynheads("predictor", "train", str(trace), "--score", "write", "--out", str(root / "probe-write"))
 
 
+def _ablation_threshold(ablate: Path, null: float) -> str:
+    """The threshold the ablation decided W_t with: the fit its manifest records (``--fit-run``), else (a folder
+    written before the ablation fitted it) the same rule fitted again on the decoy run beside it."""
+    fit = json.loads((ablate / "manifest.json").read_text()).get("threshold_fit")
+    return fit["applied"] if fit else fit_threshold(f"null:{null}", "write", ablate.parent / "decoy").applied
+
+
 def summarise(root: Path, null: float) -> dict:
     """What the page reads: W_t's threshold and sizes, the dynamism rows, the operating-point contrasts."""
     evidence = EvidenceSettings()
@@ -174,7 +180,7 @@ def summarise(root: Path, null: float) -> dict:
     probe = read_summaries(root / "probe-write").get("metrics.md")
     return {
         "root": str(root),
-        "threshold": write.get("threshold") or fit_threshold(f"null:{null}", "write", root / "decoy").applied,
+        "threshold": write.get("threshold") or _ablation_threshold(root / "ablate-write", null),
         "write_stats": write.get("stats"),
         "beside_copy": write.get("beside"),
         "copy_stats": json.loads(copy_file.read_text())["stats"] if copy_file.exists() else None,

@@ -74,6 +74,11 @@ CASES = [  # (command line, what the error names, what it says)
     (["rag", *NO_MODEL, "--k", "-5", "--out", "{t}/out"], "--k", "must be at least 0, got -5"),
     (["ablate", *NO_MODEL, "--out", "{t}/kv-run"], "{t}/kv-run", "already holds a 'kv' run"),
     (["ablate", *NO_MODEL, "--out", "{t}/good.json"], "{t}/good.json", "is a file, not a folder"),
+    (
+        ["ablate", *NO_MODEL, "--score", "write", "--threshold", "null:0.1", "--fit-run", "{t}/kv-run", "--out", "{t}"],
+        "{t}/kv-run",
+        "has no traced samples yet (a 'kv' run",
+    ),
     (["static", *NO_MODEL, "--samples", "0", "--out", "{t}/out"], "--samples", "must be at least 1"),
     (["kv-export", *NO_MODEL, "--static", "{t}/bad.json", "--out", "{t}/out"], "{t}/bad.json", "is not valid JSON"),
     (

@@ -4,13 +4,17 @@ in both metrics, the score and threshold named in the summary, the contrast set'
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pandas as pd
+import pytest
 
 from dynheads.ablation.strategies import DOSE_ARMS, MEAN_ARMS
+from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig
 from dynheads.experiments.paper_stages import run_claim2
 from dynheads.tables import read_summaries
+from dynheads.views.threshold_fit import fit_threshold
 
 
 def test_a_write_score_dose_run_masks_w_t_against_as_many_copy_ranked_heads(tiny_model_dir, tiny_lm, tmp_path):
@@ -46,3 +50,74 @@ def test_a_write_score_dose_run_masks_w_t_against_as_many_copy_ranked_heads(tiny
     text = (run.path / "summary.md").read_text()
     assert "D_t here: write score > 0 (--score write)" in text and "by the Eq. 1 copy score" in text
     assert read_summaries(run.path)["summary.md"].numbers["arms"] == [*DOSE_ARMS, "contrast"]
+
+
+def _decoy_run(tiny_model_dir, tiny_lm, out, split: str):
+    """A traced decoy run of the tiny model on the ``split`` seed stream: what a null:Q threshold is fitted on."""
+    from dynheads.experiments.experiment import run_task
+    from dynheads.settings import NiahConfig
+
+    config = NiahConfig(model=str(tiny_model_dir), lengths=(200,), depths=(0.0, 1.0), runs=1, max_new_tokens=3, seed=3)
+    return run_task("niah_decoy", replace(config, split=split), out, lm=tiny_lm, progress=False)
+
+
+def test_the_ablation_fits_a_null_threshold_on_a_decoy_run_and_records_the_fit(tiny_model_dir, tiny_lm, tmp_path):
+    decoy = _decoy_run(tiny_model_dir, tiny_lm, tmp_path / "decoy", "static")
+    expected = fit_threshold("null:0.5", "write", decoy.path)
+    (tmp_path / "static_heads.json").write_text(json.dumps(["2-1", "0-3", "1-2", "2-0", "0-0"]))
+    config = AblationConfig(
+        model=str(tiny_model_dir),
+        lengths=(200,),
+        depths=(0.0, 1.0),
+        runs=1,
+        max_new_tokens=3,
+        seed=3,
+        static=str(tmp_path / "static_heads.json"),
+        fractions=(1.0,),
+        compensation=(),
+        score="write",
+        threshold="null:0.5",
+        fit_run=str(decoy.path),
+    )
+    run = run_claim2(config, tmp_path / "run", lm=tiny_lm, progress=False)
+    manifest = run.manifest()
+    assert manifest["config"]["threshold"] == "null:0.5" and manifest["config"]["fit_run"] == str(decoy.path)
+    assert manifest["threshold_fit"] == expected.to_dict() and expected.fit_steps > 0
+    applied = replace(config, threshold=expected.applied, fit_run=None)
+    fixed = run_claim2(applied, tmp_path / "fixed", lm=tiny_lm, progress=False)
+    teacher = {r["sample_id"]: r["arms"] for r in run.records()}
+    assert teacher == {r["sample_id"]: r["arms"] for r in fixed.records()}  # the fitted value is what decided D_t
+    assert f"fitted by the rule null:0.5 on the decoy run {decoy.path}" in (run.path / "summary.md").read_text()
+
+
+def test_a_fitting_run_on_the_evaluated_seed_stream_is_refused_before_any_work(tiny_model_dir, tiny_lm, tmp_path):
+    decoy = _decoy_run(tiny_model_dir, tiny_lm, tmp_path / "decoy", "analysis")  # the ablation's own stream
+    config = AblationConfig(
+        model=str(tiny_model_dir),
+        lengths=(200,),
+        depths=(0.0, 1.0),
+        runs=1,
+        max_new_tokens=3,
+        seed=3,
+        fractions=(),
+        strategies=("dynamic",),
+        score="write",
+        threshold="null:0.5",
+        fit_run=str(decoy.path),
+    )
+    with pytest.raises(DynheadsError, match="shares the seed or needle value of 2 of the samples"):
+        run_claim2(config, tmp_path / "run", lm=tiny_lm, progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"score": "write", "threshold": "null:0.1"}, "is fitted on a traced run: give it with --fit-run"),
+        ({"score": "write", "threshold": "0.5", "fit_run": "runs/decoy"}, "threshold 0.5 is fixed: drop it"),
+        ({"threshold": "null:0.1", "fit_run": "runs/decoy"}, "copy score is binary and takes no threshold"),
+    ],
+)
+def test_a_fit_run_without_a_fitted_threshold_and_the_reverse_are_refused_in_one_line(settings, message):
+    with pytest.raises(DynheadsError, match=message):
+        AblationConfig(**settings).check()

@@ -30,7 +30,7 @@ from dynheads.rag.strategies import PAPER_STRATEGIES, RAG_STRATEGIES
 from dynheads.rag.trigger import TriggerConfig
 from dynheads.rag.windows import RetrievalConfig
 from dynheads.tasks.questions import QuestionStream
-from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE
+from dynheads.thresholds import DEFAULT_REASONING_THRESHOLD, FITTED, LOCAL_WINDOW, SINK_SIZE, ReasoningThreshold
 
 if TYPE_CHECKING:
     from dynheads.engine.probe import AblationMode
@@ -208,10 +208,16 @@ class AblationGrid(NiahGrid, QaGrid, ModelSettings):
         "hotpotqa: a head is dynamic above this Eq. 2 score ('0.1') or multiple of chance ('relative:3')",
     )
     split: str = setting("ablation", "hotpotqa: name of the question stream (recorded)")
+    fit_run: str | None = setting(
+        None,
+        "the traced run a fitted --threshold (calibrated:M, or null:Q on a decoy run such as 'dynheads trace --task "
+        "niah_decoy') is fitted on; refused where it shares a sample seed or question with this run's (the fit is "
+        "recorded in the manifest)",
+    )
     score: str | None = setting(
         None,
         "the head score that decides D_t (default: the task's, Eq. 1 copy on NIAH, Eq. 2 on HotpotQA); write "
-        "(W_t) takes an absolute --threshold, e.g. the value 'dynheads dynamism --threshold null:0.1' fits",
+        "(W_t) takes an absolute --threshold, or null:0.1 with --fit-run DECOY_RUN",
     )
     runs: int = redefault(NiahGrid, "runs", 2)
     static: str | None = setting(None, "static head list (Wu et al. JSON or ranked list)")
@@ -302,7 +308,18 @@ class AblationGridConfig(AblationGrid, TaskGridChoice):
         if self.mode not in ABLATION_MODES:
             raise DynheadsError(f"unknown masking mode {self.mode!r}: use one of {', '.join(ABLATION_MODES)}")
         self.check_task()
-        ScoreSpec(self.score_kind(), self.threshold)  # an unknown score or a threshold it cannot take fails here
+        spec = ScoreSpec(self.score_kind(), self.threshold)  # an unknown score or a threshold it cannot take fails here
+        fitted = not spec.score.binary and ReasoningThreshold.parse(self.threshold).mode in FITTED
+        if self.fit_run is not None and not fitted:
+            needs = "is binary and takes no threshold" if spec.score.binary else f"threshold {self.threshold} is fixed"
+            raise DynheadsError(
+                f"--fit-run fits a calibrated:M or null:Q --threshold, but the {spec.score.label} {needs}: drop it"
+            )
+        if fitted and self.fit_run is None:
+            raise DynheadsError(
+                f"the threshold {self.threshold} is fitted on a traced run: give it with --fit-run (null:Q: a decoy "
+                "run, e.g. 'dynheads trace --task niah_decoy --split static'), or pass the value it fitted"
+            )
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,11 @@ def _trigger_form(form: str) -> None:
     choice("--trigger-form", form, typing.get_args(TriggerForm))
 
 
+def _fitting_run(path: str) -> None:
+    """A fitted threshold's fitting run (``--fit-run``) is a traced run."""
+    traced_run(path)
+
+
 def _head_score(name: str) -> None:
     from dynheads.scores import check_kind
 
@@ -222,6 +227,7 @@ FIELD_CHECKS: dict[str, Callable[[Any], None]] = {
     "haystack": haystack_dir,
     "chat_template_kwargs": _template_kwargs,
     "trigger_form": _trigger_form,
+    "fit_run": _fitting_run,
 }
 
 

@@ -62,7 +62,7 @@ def _ablation_plan(config: AblationConfig, lm: LoadedModel) -> GridPlan:
     """The grid, the static list when a strategy reads it, and ``--heads`` checked against the model."""
     check_heads([parse_head(text) for text in config.heads], lm.num_layers, lm.num_heads, source="--heads")
     needs = needs_of(ABLATION_STRATEGIES.get(strategy) for strategy in config.run_strategies())
-    return grid_plan(config, lm, needs, "this ablation run")
+    return grid_plan(config, lm, needs, "this ablation run", fits_threshold=True)
 
 
 def _ablation_work(context: Context[AblationConfig, GridPlan]) -> Work:
@@ -84,7 +84,7 @@ def _ablation_work(context: Context[AblationConfig, GridPlan]) -> Work:
             count=counts[sample.sample_id] if mean_count else None,
             seed=derive_seed(config.seed, "random-heads", sample.seed),
             score=config.score_kind(),
-            threshold=config.threshold,
+            threshold=context.plan.threshold(config.threshold),
             contrast=config.contrast,
         )
 
@@ -155,7 +155,7 @@ def _progressive_work(context: Context[ProgressiveConfig, GridPlan]) -> Work:
             mode=config.ablation_mode(),
             max_dynamic=k,
             score=config.score_kind(),
-            threshold=config.threshold,
+            threshold=context.plan.threshold(config.threshold),
         )
 
     phase = Phase(
@@ -176,7 +176,7 @@ def _progressive_work(context: Context[ProgressiveConfig, GridPlan]) -> Work:
 
 PROGRESSIVE = Experiment(
     "ablation-progressive",
-    lambda config, lm: grid_plan(config, lm, {STATIC_HEADS}, "this ablation-progressive run"),
+    lambda config, lm: grid_plan(config, lm, {STATIC_HEADS}, "this ablation-progressive run", fits_threshold=True),
     _progressive_work,
     tables=lambda context: progressive_tables(RunView.of(context.run)),
 )

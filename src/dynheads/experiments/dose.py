@@ -86,7 +86,7 @@ def _dose_work(context: Context[AblationConfig, GridPlan]) -> Work:
             static_ranking=static,
             seed=derive_seed(config.seed, "random-heads", sample.seed),
             score=config.score_kind(),
-            threshold=config.threshold,
+            threshold=context.plan.threshold(config.threshold),
             contrast=config.contrast,
         )
 
@@ -120,7 +120,8 @@ def dose_arms(config: AblationConfig) -> tuple[str, ...]:
 
 
 def _dose_plan(config: AblationConfig, lm: LoadedModel) -> GridPlan:
-    return grid_plan(config, lm, needs_of(ABLATION_STRATEGIES.get(arm) for arm in DOSE_ARMS), "this ablation run")
+    needs = needs_of(ABLATION_STRATEGIES.get(arm) for arm in DOSE_ARMS)
+    return grid_plan(config, lm, needs, "this ablation run", fits_threshold=True)
 
 
 DOSES = Experiment(

@@ -46,6 +46,7 @@ from dynheads.runs import (
 )
 from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.registry import Task, get_task
+from dynheads.views.threshold_fit import ThresholdFit, fit_for_evaluation
 
 Config = TypeVar("Config")
 PlanT = TypeVar("PlanT", bound="Plan")
@@ -76,6 +77,11 @@ class GridPlan(Plan):
     task: Task
     task_config: Any
     grid: TaskGrid
+    threshold_fit: ThresholdFit | None = None  # a fitted --threshold (--fit-run), checked against ``evaluated``
+
+    def threshold(self, given: str) -> str:
+        """The threshold D_t is decided with: the fitted one, else the config's ``given``."""
+        return self.threshold_fit.applied if self.threshold_fit else given
 
 
 def grid_plan(
@@ -87,17 +93,23 @@ def grid_plan(
     predictor: str | None = None,
     evaluated: Callable[[Task, Any, Sequence[Any]], Evaluated] | None = None,
     missing: Literal["refuse", "skip"] = "skip",
+    fits_threshold: bool = False,
 ) -> GridPlan:
     """The plan of a grid run (``run`` names it in refusals: "this ablation run"): the task's grid for the model's
     tokenizer, every sample checked to fit with the config's ``max_new_tokens``, the config's static list (and
     ``predictor``) read when ``needs`` asks for them, checked against ``evaluated(task, task_config, samples)``
-    (default: ``grid_evaluated`` with the task config's stream)."""
+    (default: ``grid_evaluated`` with the task config's stream); where ``fits_threshold``, the config's fitted
+    ``threshold`` on its ``fit_run`` (``views.threshold_fit.fit_for_evaluation``), refused where that run shares
+    samples with the grid."""
     task, task_config = config.task_entry(), config.task_config()
     grid = task.grid(task_config, lm.tokenizer)
     if evaluated is None:
         checked = grid_evaluated(task, getattr(task_config, "split", None), grid.samples, run)
     else:
         checked = evaluated(task, task_config, grid.samples)
+    fit = None
+    if fits_threshold and config.fit_run is not None:
+        fit = fit_for_evaluation(config.threshold, config.score_kind(), config.fit_run, checked)
     return GridPlan(
         samples=grid.samples,
         max_new_tokens=config.max_new_tokens,
@@ -109,6 +121,7 @@ def grid_plan(
         task=task,
         task_config=task_config,
         grid=grid,
+        threshold_fit=fit,
     )
 
 
@@ -134,6 +147,7 @@ def grid_manifest(context: Context[Any, GridPlan], extra: dict, top: int = 20) -
         **plan.grid.manifest(),
         "static_top": [head_key(h) for h in context.sources.static_ranking[:top]],
         "static_source": context.sources.manifest()[STATIC_HEADS],  # the list, and what fitted it
+        **({"threshold_fit": plan.threshold_fit.to_dict()} if plan.threshold_fit else {}),
     }
 
 

@@ -16,6 +16,7 @@ from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
 from dynheads.runs import RESULTS_FILE, RunDir, RunView
 from dynheads.tables import Summary, frame_table
 from dynheads.tasks.registry import Task, grid_task
+from dynheads.views.threshold_fit import fit_lines
 
 
 def grid_tables(view: RunView) -> Outputs:
@@ -104,6 +105,7 @@ def _ablation_summary(view: RunView, frame: pd.DataFrame, cells: pd.DataFrame, t
             ),
             *_paper_line(task),
             *skip_line(view.manifest),
+            *fit_lines(view.manifest),
         ],
         {
             "matching": matching,
@@ -216,6 +218,7 @@ def progressive_tables(view: RunView) -> Outputs:
                 ),
                 f"Paper ({PAPER_MODEL}): {PAPER_PROGRESSIVE}.",
                 *skip_line(manifest),
+                *fit_lines(manifest),
             ],
             {"static_top": top},
             f"Progressive ablation: {model}",

@@ -17,6 +17,7 @@ from dynheads.runs import RunDir, RunView
 from dynheads.scores import ScoreSpec
 from dynheads.tables import Summary, frame_table
 from dynheads.tasks.registry import grid_task
+from dynheads.views.threshold_fit import fit_lines
 
 TEACHER = {
     "logprob": "log p(clean token), masked",
@@ -221,6 +222,7 @@ def _summary(table: pd.DataFrame, numbers: dict[str, Any], manifest: dict, title
     if config.get("score"):  # D_t from another score than the task's (the write score's W_t)
         spec = ScoreSpec(config["score"], config["threshold"])
         scores.append(f"D_t here: {spec.describe()} (--score {config['score']}).")
+    scores += fit_lines(manifest)
     if config.get("contrast"):
         scores.append(
             f"contrast = the step's top k_t heads by the {ScoreSpec(config['contrast']).describe()}, its own set "

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dynheads.errors import DynheadsError
+from dynheads.resources import Evaluated
 from dynheads.runs import RunDir
 from dynheads.scores import HEAD_SCORES, ScoreKind, ScoreSpec
 from dynheads.tasks.decoy import is_decoy
@@ -60,6 +61,12 @@ class ThresholdFit:
         )
 
 
+def fit_lines(manifest: dict) -> list[str]:
+    """A summary's sentence on the threshold a run fitted (its manifest's ``threshold_fit``), or none."""
+    fit = manifest.get("threshold_fit")
+    return [f"D_t's {ThresholdFit(**fit).describe()} (the manifest's threshold_fit)."] if fit else []
+
+
 def question_ids(run: RunDir) -> list[str] | None:
     """The question ids a run's manifest records (``questions.ids``), or None when it records none."""
     questions = run.manifest().get("questions")
@@ -84,6 +91,27 @@ def resolve_threshold(
             fit_ids = question_ids(fit) or []  # none recorded: fit_threshold refuses it
             refuse_overlap(fit_ids, fitted_on, evaluated_ids, str(evaluated.path))
     return fit_threshold(parsed, score, fit_run)
+
+
+def fit_for_evaluation(rule: str, score: ScoreKind, fit_run: str | Path, evaluated: Evaluated) -> ThresholdFit:
+    """``rule`` fitted on ``fit_run`` for a run that generates its own samples (an ablation's grid), refused where
+    the fitting run shares a sample seed or needle value (a seeded task such as NIAH) or a question with them."""
+    fit = fit_threshold(rule, score, fit_run)
+    if fit.fit_run is None:  # a fixed rule, or a binary score: nothing was fitted
+        return fit
+    run = RunDir(fit_run)
+    fitted_on = f"the {ReasoningThreshold.parse(rule).mode} threshold's fitting run {run.path}"
+    if evaluated.samples:
+        seeds, answers = set(_seeds(run)), {record.get("answer") for record in run.records()} - {None, ""}
+        shared = [s["sample_id"] for s in evaluated.samples if str(s["seed"]) in seeds or s["answer"] in answers]
+        if shared:
+            raise DynheadsError(
+                f"{fitted_on} shares the seed or needle value of {len(shared)} of the samples {evaluated.run} "
+                f"evaluates (e.g. {shared[0]}): fit on another seed stream (e.g. --split static)"
+            )
+    else:
+        refuse_overlap(fit.fit_questions, fitted_on, evaluated.questions, evaluated.run)
+    return fit
 
 
 def _seeds(run: RunDir) -> list[str]:
