@@ -121,3 +121,77 @@ def test_a_fitting_run_on_the_evaluated_seed_stream_is_refused_before_any_work(t
 def test_a_fit_run_without_a_fitted_threshold_and_the_reverse_are_refused_in_one_line(settings, message):
     with pytest.raises(DynheadsError, match=message):
         AblationConfig(**settings).check()
+
+
+def test_a_panel_list_masks_what_the_static_arm_masks_with_that_list_as_static(tiny_model_dir, tiny_lm, tmp_path):
+    """A detector panel at matched count: each list masks its top |D_t| heads per step, exactly as the static arm
+    of a run whose --static is that list; the manifest keeps each list's top heads, panel-overlap.csv their overlap."""
+    (tmp_path / "static_summary.json").write_text(json.dumps({"split": "static", "num_tests": 4, "num_counted": 3}))
+    lists = {"a": ["2-1", "0-3", "1-2", "2-0", "0-0"], "b": ["1-1", "0-3", "2-2", "2-1"]}
+    for name, heads in lists.items():
+        (tmp_path / f"static_heads-{name}.json").write_text(json.dumps(heads))
+    base = AblationConfig(
+        model=str(tiny_model_dir),
+        lengths=(200,),
+        depths=(0.0, 1.0),
+        runs=1,
+        max_new_tokens=3,
+        seed=3,
+        static=str(tmp_path / "static_heads-a.json"),
+        fractions=(1.0,),
+        compensation=(),
+        score="write",
+        threshold="0",
+    )
+    panel = replace(base, panel=(f"b={tmp_path / 'static_heads-b.json'}",))
+    run = run_claim2(panel, tmp_path / "panel", lm=tiny_lm, progress=False)
+    alone = run_claim2(
+        replace(base, static=str(tmp_path / "static_heads-b.json")), tmp_path / "b", lm=tiny_lm, progress=False
+    )
+    by_sample = {r["sample_id"]: r["arms"] for r in alone.records()}
+    for record in run.records():
+        assert record["arms"]["list:b"] == by_sample[record["sample_id"]]["static"]
+        assert record["arms"]["static"] != record["arms"]["list:b"]  # two lists, two arms
+    manifest = run.manifest()
+    assert manifest["arms"] == [*DOSE_ARMS, "list:b"] and manifest["panel"]["list:b"]["top"] == lists["b"]
+    overlap = pd.read_csv(run.path / "panel-overlap.csv")
+    assert overlap.to_dict("records") == [
+        {"k": 10, "list": "static", "other": "list:b", "shared": 2},
+        {"k": 20, "list": "static", "other": "list:b", "shared": 2},
+    ]
+    effects = pd.read_csv(run.path / "panel.csv")
+    assert (
+        list(effects["arm"]) == ["dynamic", "static", "list:b"]
+        and "Detector panel" in (run.path / "summary.md").read_text()
+    )
+
+
+def test_panel_effects_pair_each_list_with_d_t_on_the_decided_samples_only():
+    from dynheads.analysis.evidence import EvidenceSettings
+    from dynheads.views.dose_tables import panel_effects
+
+    def arms(dynamic, static, listed):
+        return {"dynamic": {"1": dynamic}, "static": {"1": static}, "list:x": {"1": listed}}
+
+    teacher = {  # sample 3 is wrong and sample 4 has no non-empty step: neither is decided on
+        "correct": [True, True, True, False, True],
+        "nonempty_steps": [2, 3, 1, 4, 0],
+        "drop_nonempty": arms([2.0, 3.0, 4.0, 9.0, None], [1.0, 1.0, 1.0, 0.0, None], [2.0, 2.0, 5.0, 0.0, None]),
+        "overlap": arms([1.0, 1.0, 1.0, 1.0, None], [0.5, 0.5, 0.0, 0.0, None], [1.0, 0.5, 0.5, 0.0, None]),
+    }
+    table = panel_effects(teacher, ["static", "list:x"], EvidenceSettings(resamples=200)).set_index("arm")
+    assert table.loc["dynamic", "drop"] == 3.0 and table.loc["dynamic", "n"] == 3
+    assert table.loc["static", "dynamic_minus"] == 2.0 and table.loc["list:x", "dynamic_minus"] == 0.0
+    assert table.loc["static", "overlap"] == pytest.approx(1 / 3) and table.loc["list:x", "overlap"] == pytest.approx(
+        2 / 3
+    )
+    assert pd.isna(table.loc["dynamic", "dynamic_minus"])
+
+
+@pytest.mark.parametrize(
+    ("panel", "message"),
+    [(("b",), "takes NAME=FILE entries"), (("b=missing.json",), "head list not found: missing.json")],
+)
+def test_a_malformed_panel_is_refused_in_one_line(panel, message):
+    with pytest.raises(DynheadsError, match=message):
+        AblationConfig(panel=panel).check()

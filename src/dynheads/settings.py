@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS, counting_strategy
@@ -228,6 +229,7 @@ class AblationGrid(NiahGrid, QaGrid, ModelSettings):
     )
 
 
+PANEL_PREFIX = "list:"  # a panel list's arm name: list:NAME
 # Claim 2 as a dose-response: what is measured under each arm's ceil(f |D_t|) heads per step
 DOSE_METRICS = {
     "teacher": "teacher-forced: each step of the clean answer masked alone, drop in log p(clean token), argmax flips",
@@ -266,6 +268,11 @@ class AblationFields(AblationGrid):
         None,
         "a second head score for the contrast arm (dose-response) or strategy: the step's top heads by it, its own "
         "active set first, as many as D_t (with --score write, --contrast copy masks as many Eq. 1 heads as W_t)",
+    )
+    panel: tuple[str, ...] = setting(
+        (),
+        "dose-response: more head lists as arms, NAME=FILE each (e.g. copy=static_heads.json): at step t each "
+        "masks its top k_t heads as static does, so detectors compare at a matched count",
     )
     matching: str = setting(
         "per_step",
@@ -342,6 +349,7 @@ class AblationConfig(AblationFields, AblationGridConfig):
     def check(self) -> None:
         super().check()
         self.check_doses()
+        self.panel_lists()
         if self.metric not in DOSE_METRICS:
             raise DynheadsError(f"unknown dose-response metric {self.metric!r}: use one of {', '.join(DOSE_METRICS)}")
         MATCHINGS.check([self.matching])
@@ -359,6 +367,24 @@ class AblationConfig(AblationFields, AblationGridConfig):
         if bool(given) != bool(self.heads):
             readers = given or [entry.name for entry in ABLATION_STRATEGIES if entry.value.needs_heads]
             raise DynheadsError(f"the {' / '.join(readers)} strategy and --heads go together: give both or neither")
+
+    def panel_lists(self) -> dict[str, str]:
+        """The panel's head lists by arm name (``list:NAME``), in the order given; a malformed or repeated entry is
+        refused, and so is a panel outside the dose-response."""
+        lists: dict[str, str] = {}
+        for entry in self.panel:
+            name, sep, path = entry.partition("=")
+            if not sep or not name.strip() or not path.strip():
+                raise DynheadsError(f"--panel takes NAME=FILE entries (copy=static_heads.json), got {entry!r}")
+            if not Path(path.strip()).is_file():
+                raise DynheadsError(f"--panel: head list not found: {path.strip()}")
+            arm = f"{PANEL_PREFIX}{name.strip()}"
+            if arm in lists:
+                raise DynheadsError(f"--panel names {name.strip()!r} twice")
+            lists[arm] = path.strip()
+        if lists and not self.fractions:
+            raise DynheadsError("--panel adds arms to the dose-response: give --fractions (e.g. 1)")
+        return lists
 
     def check_doses(self) -> None:
         """Fractions in (0, 1] with 1 among them (the operating point), compensation above 1, no fixed doses."""

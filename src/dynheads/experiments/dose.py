@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Unpack
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -54,8 +54,9 @@ from dynheads.experiments.experiment import (
     grid_plan,
     run_experiment,
 )
+from dynheads.heads import head_key
 from dynheads.models import LoadedModel, decode_text
-from dynheads.resources import needs_of
+from dynheads.resources import StaticSource, needs_of, static_heads
 from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
 from dynheads.settings import AblationConfig
@@ -76,14 +77,15 @@ def _dose_work(context: Context[AblationConfig, GridPlan]) -> Work:
     (one per sample, arm and fraction, plus the un-ablated run; a sample's arms share its prefill)."""
     config, lm, samples, static = context.config, context.lm, context.plan.samples, context.sources.static_ranking
     fractions = config.dose_fractions()
+    panel = panel_sources(config, context)
 
     def settings(sample, arm: str, fraction: float | None) -> AblationSettings:
         return AblationSettings(
-            strategy=MEAN_ARMS.get(arm, arm),
+            strategy="static" if arm in panel else MEAN_ARMS.get(arm, arm),  # a panel list masks as static does
             fraction=None if arm in MEAN_ARMS else fraction,
             matching="mean" if arm in MEAN_ARMS else "per_step",  # mean arms: the clean answer's mean |D_t|
             mode=config.ablation_mode(),
-            static_ranking=static,
+            static_ranking=panel[arm].ranking if arm in panel else static,
             seed=derive_seed(config.seed, "random-heads", sample.seed),
             score=config.score_kind(),
             threshold=context.plan.threshold(config.threshold),
@@ -110,13 +112,26 @@ def _dose_work(context: Context[AblationConfig, GridPlan]) -> Work:
         )
         work = cascade_work(lm, config.task_entry(), config.max_new_tokens, context.batch_size, _cascade_record)
         phases.append(Phase(jobs, work, "ablate cascade"))
-    design = {"design": DESIGN, "arms": list(arms), "mean_arms": list(MEAN_ARMS), "contrast": config.contrast}
+    design: dict[str, Any] = {"design": DESIGN, "arms": list(arms), "mean_arms": list(MEAN_ARMS)}
+    design["contrast"] = config.contrast
+    if panel:  # each list, what fitted it and its top heads (the panel's overlap table reads them)
+        design["panel"] = {
+            arm: {**source.fitted, "top": [head_key(h) for h in source.ranking[:20]]} for arm, source in panel.items()
+        }
     return Work(grid_manifest(context, design), phases)
 
 
 def dose_arms(config: AblationConfig) -> tuple[str, ...]:
-    """The dose arms a config runs: ``DOSE_ARMS``, and ``contrast`` when it names a contrast score."""
-    return DOSE_ARMS + (("contrast",) if config.contrast else ())
+    """The dose arms a config runs: ``DOSE_ARMS``, ``contrast`` when it names a contrast score, then the panel's
+    lists (``list:NAME``)."""
+    return DOSE_ARMS + (("contrast",) if config.contrast else ()) + tuple(config.panel_lists())
+
+
+def panel_sources(config: AblationConfig, context: Context[AblationConfig, GridPlan]) -> dict[str, StaticSource]:
+    """The panel's head lists by arm, each loaded for the model and refused where it was fitted on what the run
+    evaluates (``resources.static_heads``, as the static list)."""
+    shape = (context.lm.num_layers, context.lm.num_heads)
+    return {arm: static_heads(path, shape, context.plan.evaluated) for arm, path in config.panel_lists().items()}
 
 
 def _dose_plan(config: AblationConfig, lm: LoadedModel) -> GridPlan:

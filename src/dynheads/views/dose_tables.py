@@ -10,7 +10,13 @@ import numpy as np
 import pandas as pd
 
 from dynheads.ablation.strategies import DOSE_ARMS, MEAN_ARMS
-from dynheads.analysis.evidence import EvidenceSettings, Interval, fraction_interval, mean_interval
+from dynheads.analysis.evidence import (
+    EvidenceSettings,
+    Interval,
+    fraction_interval,
+    mean_interval,
+    paired_difference,
+)
 from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.plots.ablation import plot_doses
 from dynheads.runs import RunDir, RunView
@@ -76,7 +82,79 @@ def dose_tables(view: RunView, evidence: EvidenceSettings | None = None) -> Outp
         outputs.extend(_figures(table[table["family"] == "teacher"], "teacher", panels, title))
     if cascade:
         outputs.extend(_figures(table[table["family"] == "cascade"], "cascade", dict(task.metrics), title))
-    return outputs.add("summary.md", _summary(table, numbers, manifest, title.format("dose-response")))
+    panel = manifest.get("panel") or {}
+    blocks: list = []
+    if panel and teacher:
+        effects = panel_effects(numbers["teacher"], ["static", *panel], evidence)
+        overlap = panel_overlap({"static": manifest["static_top"]} | _tops(panel))
+        outputs.add("panel.csv", effects).add("panel-overlap.csv", overlap)
+        blocks = _panel_blocks(effects, overlap)
+    return outputs.add("summary.md", _summary(table, numbers, manifest, title.format("dose-response"), blocks))
+
+
+# ---- the detector panel (--panel): every list at the step's own |D_t|, beside D_t itself ----------------------------
+def panel_effects(teacher: dict[str, Any], lists: list[str], evidence: EvidenceSettings) -> pd.DataFrame:
+    """At f = 1, on the samples Claim 2 decides on (a correct clean answer with a step where D_t is not empty):
+    D_t's and each list's drop over non-empty steps (each list's top |D_t| heads at every step), D_t minus each
+    list (paired over samples), and each list's overlap |masked ∩ D_t| / |D_t|."""
+    at = fraction_key(OPERATING_POINT)
+    decided = np.asarray(teacher["correct"], bool) & (np.asarray(teacher["nonempty_steps"]) > 0)
+    drop = {arm: _floats(teacher["drop_nonempty"][arm][at])[decided] for arm in ["dynamic", *lists]}
+    rows = []
+    for arm, values in drop.items():
+        alone = mean_interval(values, evidence)
+        versus = paired_difference(drop["dynamic"], values, evidence) if arm != "dynamic" else None
+        overlap = _floats(teacher["overlap"][arm][at])[decided]
+        rows.append(
+            {
+                "arm": arm,
+                "drop": alone.effect,
+                "drop_low": alone.low,
+                "drop_high": alone.high,
+                "n": alone.n,
+                "dynamic_minus": None if versus is None else versus.effect,
+                "dynamic_minus_low": None if versus is None else versus.low,
+                "dynamic_minus_high": None if versus is None else versus.high,
+                "overlap": _mean_of(list(overlap)),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def panel_overlap(tops: dict[str, list[str]], ks: tuple[int, ...] = (10, 20)) -> pd.DataFrame:
+    """Heads shared by the top k of every two lists (``tops``: each list's heads, best first), k in ``ks``."""
+    names = list(tops)
+    return pd.DataFrame(
+        [
+            {"k": k, "list": a, "other": b, "shared": len(set(tops[a][:k]) & set(tops[b][:k]))}
+            for k in ks
+            for i, a in enumerate(names)
+            for b in names[i + 1 :]
+        ]
+    )
+
+
+def _tops(panel: dict[str, dict]) -> dict[str, list[str]]:
+    return {arm: list(entry["top"]) for arm, entry in panel.items()}
+
+
+def _panel_blocks(effects: pd.DataFrame, overlap: pd.DataFrame) -> list:
+    """summary.md's panel section: the effects (panel.csv) and the top-k overlaps (panel-overlap.csv)."""
+
+    def shown(prefix: str) -> list[str]:
+        columns = [effects[f"{prefix}{part}"] for part in ("", "_low", "_high")]
+        return ["" if pd.isna(m) else f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" for m, lo, hi in zip(*columns, strict=True)]
+
+    shown_effects = effects.assign(drop=shown("drop"), dynamic_minus=shown("dynamic_minus"))
+    columns = {"arm": "arm", "drop": "drop", "n": "n", "dynamic_minus": "D_t minus it", "overlap": "overlap with D_t"}
+    return [
+        "Detector panel at f = 1 (panel.csv), on the samples Claim 2 decides on (correct clean answer, a non-empty "
+        "step): every list masks its top |D_t| heads at each step, D_t itself beside them; drop over non-empty "
+        "steps (nats) with 95 % bootstrap intervals, D_t minus each list paired over samples, overlap = |masked ∩ "
+        "D_t| / |D_t|. Heads shared by the lists' top k (panel-overlap.csv):",
+        frame_table(shown_effects[list(columns)], columns),
+        frame_table(overlap, {"k": "k", "list": "list", "other": "other", "shared": "shared heads"}),
+    ]
 
 
 def _figures(table: pd.DataFrame, family: str, panels: dict[str, str], title: str) -> Outputs:
@@ -199,7 +277,7 @@ def _mean_of(values: list) -> float | None:
     return float(finite.mean()) if finite.size else None
 
 
-def _summary(table: pd.DataFrame, numbers: dict[str, Any], manifest: dict, title: str) -> Summary:
+def _summary(table: pd.DataFrame, numbers: dict[str, Any], manifest: dict, title: str, panel: list) -> Summary:
     source = manifest.get("static_source") or {}
     fitted = source.get("fitted_on")
     blocks: list = [
@@ -229,6 +307,7 @@ def _summary(table: pd.DataFrame, numbers: dict[str, Any], manifest: dict, title
             "first (then by its ranking): as many of those heads as D_t."
         )
     blocks[1:1] = scores
+    blocks += panel
     if numbers.get("teacher", {}).get("no_steps"):
         blocks.append(
             f"Samples whose clean answer ended at once (no step to measure): {numbers['teacher']['no_steps']}."
