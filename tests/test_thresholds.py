@@ -223,3 +223,21 @@ def test_every_preset_fits_eq2_sets_of_the_papers_size():
     for name, preset in PRESETS.items():
         rule = ReasoningThreshold.parse(stage_settings(preset, "hotpotqa-dynamism")["threshold"])
         assert rule.mode == "calibrated" and 5 <= rule.value <= 20, name
+
+
+def test_a_threshold_fitted_for_a_generated_grid_refuses_its_questions_and_passes_others(tmp_path):
+    """``fit_for_evaluation``: what an ablation fits its threshold with, against the questions it will generate."""
+    from dynheads.resources import Evaluated
+    from dynheads.views.threshold_fit import fit_for_evaluation, fit_threshold
+
+    rng = np.random.default_rng(2)
+    arrays = {f"q{i}": trace_with(*spread_scores(rng, 8, 0.1)) for i in range(2)}
+    fit = question_run(tmp_path / "fit", ["q0", "q1"], arrays)
+    disjoint = fit_for_evaluation("calibrated:4", "reasoning", fit.path, Evaluated("this run", questions=("q5",)))
+    assert disjoint == fit_threshold("calibrated:4", "reasoning", fit.path)
+    with pytest.raises(DynheadsError, match="fitted on 1 of the questions this ablation run evaluates"):
+        fit_for_evaluation(
+            "calibrated:4", "reasoning", fit.path, Evaluated("this ablation run", questions=("q1", "q7"))
+        )
+    fixed = fit_for_evaluation("relative:3", "reasoning", fit.path, Evaluated("this run", questions=("q1",)))
+    assert fixed.fit_run is None and fixed.applied == "relative:3"  # nothing fitted, nothing to refuse
