@@ -9,6 +9,7 @@ sorts heads by that mean, best first, ties broken by (layer, head) ascending.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -113,6 +114,23 @@ def static_heads(tests: Sequence[NiahTest], *, success_threshold: float = 0.5) -
         test_scores=scores,
         recalls=tuple(recalls),
         success_threshold=success_threshold,
+        ranking=rank_by_score({head: float(mean) for head, mean in np.ndenumerate(scores.mean(axis=0))}),
+    )
+
+
+def unfiltered_static_heads(per_test: Sequence[np.ndarray]) -> StaticHeads:
+    """Heads ranked by their mean over ``per_test`` (``[layer, head]`` scores of each test), every test counted:
+    a score read from the prompt alone (QRHead's), with no answer to filter on (``recalls`` are NaN)."""
+    if not per_test:
+        raise DynheadsError("no scored test given: a static list needs at least one")
+    shapes = {np.shape(scores) for scores in per_test}
+    if len(shapes) != 1:
+        raise DynheadsError(f"the tests' head scores differ in shape (layers, heads): {sorted(shapes)}")
+    scores = np.stack([np.asarray(s, dtype=np.float64) for s in per_test])
+    return StaticHeads(
+        test_scores=scores,
+        recalls=tuple(math.nan for _ in per_test),
+        success_threshold=-math.inf,
         ranking=rank_by_score({head: float(mean) for head, mean in np.ndenumerate(scores.mean(axis=0))}),
     )
 

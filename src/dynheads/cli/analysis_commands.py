@@ -6,6 +6,7 @@ Each command parses its options, calls the Python API (``dynheads.experiments``)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -44,6 +45,21 @@ def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
         f"static_summary{suffix}.json"
     )
     typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
+
+
+@app.command("static-qrhead")
+@with_options(config_options(StaticConfig, skip=("score", "success_threshold", "max_new_tokens")))
+def static_qrhead(out: RunOut, config: ConfigFile = None, **settings) -> None:
+    """QRHead's heads on the static needle stream: the question rows' attention on the needle, calibrated by a
+    content-free query, mean over tests (no generation); a list beside Wu's for the detector panel (ablate --panel)."""
+    from dynheads.experiments.static import run_static_qrhead
+
+    cfg = checks.checked_config(StaticConfig, config, **settings)
+    checks.out_dir(out, "static-qrhead", cfg)
+    run_static_qrhead(cfg, out)
+    summary = (Path(out) / "static_summary-qrhead.json").read_text(encoding="utf-8")
+    typer.echo(f"wrote {out}/static_heads-qrhead.json, static_ranking-qrhead.csv, static_summary-qrhead.json")
+    typer.echo("top-20: " + " ".join(json.loads(summary)["top20"]))
 
 
 @app.command("static-reasoning")

@@ -15,6 +15,12 @@ With ``score`` other than ``copy`` (``write``: LOCOS's pooled write heads) the s
 mean over steps, then over the counted tests (the same ROUGE-1 filter), into ``static_heads-<score>.json``,
 ``static_ranking-<score>.csv`` and ``static_summary-<score>.json``: one static run gives both lists.
 
+``run_static_qrhead`` ranks heads of the same static stream as QRHead does (Zhang et al. 2025): per head, the
+attention mass that the prompt's question rows put on the needle, minus the same under a content-free query
+(ICR's calibration, ``dynheads.rag.rerank``), averaged over the tests; two prefill passes per test, no
+generation, all tests counted. Into its own run folder: ``static_heads-qrhead.json``, ``static_ranking-qrhead.csv``,
+``static_summary-qrhead.json``, per test the ``[L, H]`` scores in ``scores/``.
+
 ``run_static_reasoning`` does the same for HotpotQA: static *reasoning* heads, the mean Eq. 2 score per head
 over the questions of the ``static`` question stream (disjoint from the questions ablation and RAG evaluate),
 written in the same three files.
@@ -27,15 +33,25 @@ from functools import partial
 from pathlib import Path
 from typing import Unpack
 
+import numpy as np
 import pandas as pd
 
 from dynheads.analysis.headlists import save_head_scores
-from dynheads.analysis.static import NiahTest, ReasoningTest, StaticHeads, static_heads, static_reasoning_heads
+from dynheads.analysis.static import (
+    NiahTest,
+    ReasoningTest,
+    StaticHeads,
+    static_heads,
+    static_reasoning_heads,
+    unfiltered_static_heads,
+)
 from dynheads.errors import DynheadsError
-from dynheads.experiments.experiment import run_task
+from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment, run_task
 from dynheads.heads import head_label
+from dynheads.models import LoadedModel
 from dynheads.outputs import Outputs, Written, write_outputs
-from dynheads.runs import RunDir, RunOptions
+from dynheads.rag.rerank import QUERY_ROWS, needle_prompt, span_scores
+from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
 from dynheads.settings import STATIC_SPLIT, StaticConfig, StaticReasoningConfig
 from dynheads.tasks.hotpotqa import HOTPOTQA
 from dynheads.tasks.registry import task_of
@@ -145,6 +161,67 @@ def _ranking(heads: StaticHeads) -> pd.DataFrame:
         ]
     )
     return frame
+
+
+# ---- QRHead's heads on the static needle stream ----------------------------------------------------------------------
+QRHEAD = "qrhead"
+
+
+def _check_qrhead(config: StaticConfig) -> None:
+    """A needle task and a grid with samples, refused before the model loads."""
+    task = task_of(config.task)
+    if task.questions:
+        raise DynheadsError(f"QRHead's needle heads of {task.name!r} (a question task): use dynheads rerank")
+    config.niah_config()
+
+
+def _qrhead_plan(config: StaticConfig, lm: LoadedModel) -> Plan:
+    return Plan(samples=task_of(config.task).grid(config.niah_config(), lm.tokenizer).samples)
+
+
+def _qrhead_work(context: Context[StaticConfig, Plan]) -> Work:
+    lm, niah = context.lm, context.config.niah_config()
+    question = task_of(context.config.task).prompt(niah)["question"]  # the needle form's question
+
+    def scored(batch: list) -> list[Finished]:
+        finished = []
+        for sample in batch:
+            scores = span_scores(lm, needle_prompt(lm.tokenizer, sample, question))
+            arrays = {QRHEAD: scores.calibrated[:, :, 0].astype(np.float32)}
+            finished.append(Finished(sample.describe(), arrays=arrays))
+        return finished
+
+    jobs = [Job(sample.sample_id, sample) for sample in context.plan.samples]
+    manifest = {"prompt": task_of(context.config.task).prompt(niah), "query_rows": QUERY_ROWS, "split": SPLIT}
+    return Work(manifest, [Phase(jobs, scored, "qrhead")])
+
+
+def _qrhead_tables(context: Context[StaticConfig, Plan]) -> Outputs:
+    view, config = RunView.of(context.run), context.config
+    per_test = [np.load(context.run.arrays_path(r["sample_id"]))[QRHEAD] for r in view.records]
+    heads = unfiltered_static_heads(per_test)
+    suffix = f"-{QRHEAD}"
+    return _head_files(heads, suffix).add(
+        f"static_summary{suffix}.json",
+        {
+            "config": asdict(config),
+            "score": "QRHead: the question rows' attention mass on the needle minus under a content-free query, "
+            "mean over tests",
+            "split": SPLIT,
+            "note": DISJOINT_NOTE,
+            "num_tests": heads.num_tests,
+            "num_counted": heads.num_counted,
+            "top20": [head_label(head) for head in heads.top(20)],
+        },
+    )
+
+
+STATIC_QRHEAD = Experiment("static-qrhead", _qrhead_plan, _qrhead_work, _qrhead_tables, check=_check_qrhead)
+
+
+def run_static_qrhead(config: StaticConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
+    """QRHead's head ranking on ``config``'s static needle stream into ``out`` (resumable; module docstring)."""
+    return run_experiment(STATIC_QRHEAD, config, out, **options)
 
 
 # ---- static reasoning heads (HotpotQA, Eq. 2) ----------------------------------------------------------------------

@@ -147,15 +147,7 @@ def twin_prompts(
 def sample_prompt(tokenizer, sample) -> RerankPrompt:
     """The re-ranking prompt of a HotpotQA ``Sample`` as it stands (its context, then its question): its paragraphs
     are found from ``meta["paragraph_titles"]`` in the decoded prompt, which must tokenise back to the same ids."""
-    special = sample.prompt_template == "plain"
-    text = tokenizer.decode(list(sample.input_ids), skip_special_tokens=False)
-    encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
-    if list(encoded["input_ids"]) != list(sample.input_ids):
-        raise DynheadsError(
-            f"sample {sample.sample_id!r}: its prompt does not tokenise back to its own ids, so its "
-            "paragraphs cannot be located for re-ranking"
-        )
-    offsets = encoded["offset_mapping"]
+    text, offsets, special = _decoded(tokenizer, sample)
     context_start, context_stop = offsets[sample.context_span[0]][0], offsets[sample.context_span[1] - 1][1]
     titles = sample.meta.get("paragraph_titles") or []
     starts, at = [], context_start
@@ -168,15 +160,56 @@ def sample_prompt(tokenizer, sample) -> RerankPrompt:
     if not starts:
         raise DynheadsError(f"sample {sample.sample_id!r} records no paragraph titles: nothing to re-rank")
     ends = [next_start - len(SEPARATOR) for next_start in starts[1:]] + [context_stop]
-    query_at = text.find(sample.question, context_stop)
+    candidates = list(zip(starts, ends, strict=True))
+    return _question_twins(tokenizer, sample.sample_id, sample.question, text, candidates, context_stop, special)
+
+
+def needle_prompt(tokenizer, sample, question: str) -> RerankPrompt:
+    """A needle task's ``Sample`` as a re-ranking prompt with one candidate, its needle (``needle_positions``), and
+    its ``question`` (the task's, after the haystack) as the query: what QRHead's head score reads on a needle
+    stream."""
+    text, offsets, special = _decoded(tokenizer, sample)
+    if not sample.needle_positions:
+        raise DynheadsError(f"sample {sample.sample_id!r} has no needle positions: nothing to score a head on")
+    needle = (offsets[sample.needle_positions[0]][0], offsets[sample.needle_positions[-1]][1])
+    context_stop = offsets[sample.context_span[1] - 1][1]
+    return _question_twins(tokenizer, sample.sample_id, question, text, [needle], context_stop, special)
+
+
+def _decoded(tokenizer, sample) -> tuple[str, list[tuple[int, int]], bool]:
+    """A sample's prompt as text with each token's character offsets; refused where the text does not tokenise
+    back to the sample's own ids (its spans could not be located)."""
+    special = sample.prompt_template == "plain"
+    text = tokenizer.decode(list(sample.input_ids), skip_special_tokens=False)
+    encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    if list(encoded["input_ids"]) != list(sample.input_ids):
+        raise DynheadsError(
+            f"sample {sample.sample_id!r}: its prompt does not tokenise back to its own ids, so its "
+            "spans cannot be located for re-ranking"
+        )
+    return text, [tuple(o) for o in encoded["offset_mapping"]], special
+
+
+def _question_twins(
+    tokenizer,
+    sample_id: str,
+    question: str,
+    text: str,
+    candidates: list[tuple[int, int]],
+    context_stop: int,
+    special: bool,
+) -> RerankPrompt:
+    """``twin_prompts`` with ``question`` (after the context) as the query, the rows from the first character
+    after the context."""
+    query_at = text.find(question, context_stop)
     if query_at < 0:
-        raise DynheadsError(f"sample {sample.sample_id!r}: its question is not after its context")
+        raise DynheadsError(f"sample {sample_id!r}: its question is not after its context")
     after = text[context_stop:]
     return twin_prompts(
         tokenizer,
         text,
-        list(zip(starts, ends, strict=True)),
-        (query_at, query_at + len(sample.question)),
+        candidates,
+        (query_at, query_at + len(question)),
         rows_from=context_stop + len(after) - len(after.lstrip()),  # the text after the context, as build_prompt's
         special=special,
     )
