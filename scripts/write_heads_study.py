@@ -5,7 +5,9 @@
 Stages (each a ``dynheads`` command into its own folder under ``--root``, resumable; a finished one is skipped):
 
 1. ``static``: the task's static stream (``--samples`` tests, ``static`` split), Wu's copy list and the pooled write
-   list (``static --score write``: LOCOS-style, mean write score over steps, then over counted tests);
+   list (``static --score write``: LOCOS-style, mean write score over steps, then over counted tests), and the
+   detector panel's other lists of the same tests: the pooled Eq. 2 list (``static --score reasoning``) and
+   QRHead's (``static-qrhead``);
 2. ``decoy``: the same static prompts traced as the task's decoy twin (``<task>_decoy``): the write score at a
    needle-free span of the needle's length, the null W_t's threshold is fitted on (``null:Q``: Q heads per step
    expected there); fitting data only, disjoint from what is evaluated;
@@ -17,7 +19,8 @@ Stages (each a ``dynheads`` command into its own folder under ``--root``, resuma
 5. ``ablate-write``: teacher-forced operating point on the evaluated stream, W_t's ``null:Q`` threshold fitted by
    the ablation itself on the decoy run (``--fit-run``, recorded in its manifest): W_t (dynamic) against the pooled
    write list's top |W_t| (static), its top outside W_t (static_outside), |W_t| random heads, and as many heads
-   ranked by Eq. 1 (contrast: D_t first, then by attention on the needle), at f = 0.5 and 1.
+   ranked by Eq. 1 (contrast: D_t first, then by attention on the needle), at f = 0.5 and 1; and the panel
+   (``--panel``): Wu's, the pooled Eq. 2 and QRHead's lists, each at the step's |W_t|.
 
 Then ``write-study.json`` and ``write-study.md``: the W_t threshold and its size per step, the dynamism rows, and the
 operating-point contrasts on the non-empty steps of correct answers (paired bootstrap over samples, the project's
@@ -34,6 +37,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from dynheads.analysis.evidence import EvidenceSettings, mean_interval, paired_difference
 from dynheads.analysis.headlists import load_head_list
@@ -60,19 +64,14 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
     static = root / "static"
     if not (static / "static_heads.json").exists():
         dynheads("static", "--task", args.task, *grid, "--samples", str(fit), "--out", str(static))
-    if not (static / "static_heads-write.json").exists():
-        dynheads(
-            "static",
-            "--task",
-            args.task,
-            *grid,
-            "--samples",
-            str(fit),
-            "--score",
-            "write",
-            "--out",
-            str(static),
-        )
+    for score in ("write", "reasoning"):  # the pooled write list (LOCOS) and the pooled Eq. 2 list: same traces
+        if not (static / f"static_heads-{score}.json").exists():
+            dynheads(
+                "static", "--task", args.task, *grid, "--samples", str(fit), "--score", score, "--out", str(static)
+            )
+    qrhead = root / "static-qrhead"  # QRHead's list of the same static tests (prefill only)
+    if not (qrhead / "static_heads-qrhead.json").exists():
+        dynheads("static-qrhead", "--task", args.task, *grid, "--samples", str(fit), "--out", str(qrhead))
     decoy = root / "decoy"
     if not (decoy / "results.csv").exists():
         dynheads(
@@ -108,6 +107,8 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
             "copy",
             "--static",
             str(static / "static_heads-write.json"),
+            "--panel",
+            ",".join(f"{name}={path}" for name, path in panel_lists(root).items()),
             "--fractions",
             args.fractions,
             "--compensation",
@@ -119,6 +120,17 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
             "--out",
             str(ablate),
         )
+
+
+def panel_lists(root: Path) -> dict[str, Path]:
+    """The detector panel's lists beside the pooled write list (the static arm): Wu's copy list, the pooled Eq. 2
+    list and QRHead's, all fitted on the same static tests."""
+    static = root / "static"
+    return {
+        "copy": static / "static_heads.json",
+        "reasoning": static / "static_heads-reasoning.json",
+        "qrhead": root / "static-qrhead" / "static_heads-qrhead.json",
+    }
 
 
 def table1_stages(args: argparse.Namespace, root: Path, grid: tuple[str, ...], runs: str) -> None:
@@ -154,6 +166,14 @@ def _ablation_threshold(ablate: Path, null: float) -> str:
     written before the ablation fitted it) the same rule fitted again on the decoy run beside it."""
     fit = json.loads((ablate / "manifest.json").read_text()).get("threshold_fit")
     return fit["applied"] if fit else fit_threshold(f"null:{null}", "write", ablate.parent / "decoy").applied
+
+
+def _panel(ablate: Path) -> dict | None:
+    """The detector panel's rows (panel.csv) and top-k overlaps (panel-overlap.csv), where the ablation ran one."""
+    if not (ablate / "panel.csv").exists():
+        return None
+    effects, overlap = (pd.read_csv(ablate / name) for name in ("panel.csv", "panel-overlap.csv"))
+    return {"effects": effects.to_dict("records"), "overlap": overlap.to_dict("records")}
 
 
 def summarise(root: Path, null: float) -> dict:
@@ -195,6 +215,7 @@ def summarise(root: Path, null: float) -> dict:
         "claim2_rule": {"status": verdict.status, "reason": verdict.reason},
         "clean_sizes": clean_sizes(root / "ablate-write"),
         "top_overlap": {k: len(set(wu[:k]) & set(pooled[:k])) for k in (10, 20)},  # LOCOS: 2 of 10 on Qwen3-8B
+        "panel": _panel(root / "ablate-write"),
         "probe": None
         if probe is None
         else {k: probe.numbers.get(k) for k in ("task", "gap", "position_gap", "step_gap")},
