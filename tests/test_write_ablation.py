@@ -142,6 +142,7 @@ def test_a_panel_list_masks_what_the_static_arm_masks_with_that_list_as_static(t
         compensation=(),
         score="write",
         threshold="0",
+        contrast="copy",
     )
     panel = replace(base, panel=(f"b={tmp_path / 'static_heads-b.json'}",))
     run = run_claim2(panel, tmp_path / "panel", lm=tiny_lm, progress=False)
@@ -153,7 +154,7 @@ def test_a_panel_list_masks_what_the_static_arm_masks_with_that_list_as_static(t
         assert record["arms"]["list:b"] == by_sample[record["sample_id"]]["static"]
         assert record["arms"]["static"] != record["arms"]["list:b"]  # two lists, two arms
     manifest = run.manifest()
-    assert manifest["arms"] == [*DOSE_ARMS, "list:b"] and manifest["panel"]["list:b"]["top"] == lists["b"]
+    assert manifest["arms"] == [*DOSE_ARMS, "contrast", "list:b"] and manifest["panel"]["list:b"]["top"] == lists["b"]
     overlap = pd.read_csv(run.path / "panel-overlap.csv")
     assert overlap.to_dict("records") == [
         {"k": 10, "list": "static", "other": "list:b", "shared": 2},
@@ -161,7 +162,7 @@ def test_a_panel_list_masks_what_the_static_arm_masks_with_that_list_as_static(t
     ]
     effects = pd.read_csv(run.path / "panel.csv")
     assert (
-        list(effects["arm"]) == ["dynamic", "static", "list:b"]
+        list(effects["arm"]) == ["dynamic", "static", "contrast", "list:b"]
         and "Detector panel" in (run.path / "summary.md").read_text()
     )
 

@@ -85,7 +85,12 @@ def dose_tables(view: RunView, evidence: EvidenceSettings | None = None) -> Outp
     panel = manifest.get("panel") or {}
     blocks: list = []
     if panel and teacher:
-        effects = panel_effects(numbers["teacher"], ["static", *panel], evidence)
+        detectors = [
+            "static",
+            *(["contrast"] if config.get("contrast") else []),
+            *panel,
+        ]  # the per-step second score too
+        effects = panel_effects(numbers["teacher"], detectors, evidence)
         overlap = panel_overlap({"static": manifest["static_top"]} | _tops(panel))
         outputs.add("panel.csv", effects).add("panel-overlap.csv", overlap)
         blocks = _panel_blocks(effects, overlap)
