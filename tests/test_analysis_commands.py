@@ -267,8 +267,8 @@ def test_flags_reach_the_predictor_and_cca_configs_parsed(random_run, tmp_path, 
 
     seen: dict = {}
 
-    def fake_train(run_dir, config, score, out_dir, device):
-        seen["predictor"], seen["predictor_score"] = config, score
+    def fake_train(run_dir, config, score, out_dir, device, sets):
+        seen["predictor"], seen["predictor_score"], seen["sets"] = config, score, sets
         out_dir.mkdir(exist_ok=True)
         (out_dir / "metrics.md").write_text("metrics\n")
 
@@ -288,6 +288,7 @@ def test_flags_reach_the_predictor_and_cca_configs_parsed(random_run, tmp_path, 
     assert predictor.split == (0.6, 0.2, 0.2) and predictor.standardize is False and predictor.activation == "gelu"
     assert predictor.epochs == 3 and predictor.dropout == 0.2  # the flag beats the file; the file beats the default
     assert predictor.lr == HeadPredictorConfig().lr and seen["predictor_score"] == "reasoning"
+    assert seen["sets"] is None  # no --threshold: the scores themselves are learned
     code, _, err = cli(capsys, "cca", random_run.path, "--offsets", "0,2", "--ridge", "0", "--resamples", "50")
     assert code == 0, err
     assert seen["cca"] == CCAConfig(ridge=0.0, resamples=50) and seen["cca_score"] == "copy" and seen["steps"] == (0, 2)

@@ -56,7 +56,7 @@ def test_the_decoy_task_keeps_its_base_prompts_and_answers_and_moves_only_the_ne
         assert low <= min(decoy.needle_positions) and max(decoy.needle_positions) < high
 
 
-def _write_trace(scores: np.ndarray) -> Trace:
+def _write_trace(scores: np.ndarray, hidden: np.ndarray | None = None) -> Trace:
     steps = scores.shape[0]
     zeros = np.zeros(scores.shape, np.float32)
     return Trace(
@@ -67,18 +67,18 @@ def _write_trace(scores: np.ndarray) -> Trace:
         needle_mass=zeros,
         max_prob=zeros,
         scores={"copy": zeros.astype(bool), "reasoning": zeros, "write": scores.astype(np.float32)},
-        hidden=np.zeros((steps, 4), np.float32),
+        hidden=np.zeros((steps, 4), np.float32) if hidden is None else hidden.astype(np.float32),
         prompt_length=10,
         stop_reason="eos",
         chance=np.full(steps, 0.01, np.float32),
     )
 
 
-def _run(path, kind: str, seeds: list[int], arrays: list[np.ndarray]) -> RunDir:
+def _run(path, kind: str, seeds: list[int], arrays: list[np.ndarray], hidden: list | None = None) -> RunDir:
     run = RunDir(path)
     run.start(kind, {"seed": 0}, None)
-    for seed, scores in zip(seeds, arrays, strict=True):
-        run.save_sample({"sample_id": f"s{seed}", "seed": seed}, _write_trace(scores))
+    for i, (seed, scores) in enumerate(zip(seeds, arrays, strict=True)):
+        run.save_sample({"sample_id": f"s{seed}", "seed": seed}, _write_trace(scores, hidden and hidden[i]))
     return run
 
 
@@ -209,3 +209,26 @@ def test_what_reads_a_scores_values_takes_the_write_score_without_a_threshold():
     assert hidden.shape == (5, 4) and np.array_equal(targets, trace.scores["write"].reshape(5, 270))
     with pytest.raises(DynheadsError, match="holds no 'copy2' score|score must be one of"):
         samples_from_traces([trace], "copy2")
+
+
+def test_the_head_predictor_learns_the_sets_a_null_threshold_decides(tmp_path):
+    """``predictor train --score write --threshold null:Q --fit-run DECOY``: the targets are W_t (0/1 per head and
+    step), trained as a classifier and ranked as D_t is; the fit is recorded beside the metrics."""
+    from dynheads.analysis.head_predictor import HeadPredictorConfig
+    from dynheads.views.probing import train_probe_on_run
+    from dynheads.views.threshold_fit import resolve_threshold
+
+    rng = np.random.default_rng(5)
+    hidden = [rng.normal(0, 1, (12, 4)) for _ in range(10)]
+    arrays = [rng.normal(0, 0.1, (12, 3, 4)) for _ in range(10)]
+    for h, a in zip(hidden, arrays, strict=True):
+        a[:, 0, 1] += 3.0 * (h[:, 0] > 0)  # head (0, 1) writes the answer whenever the state's first unit is up
+    evaluated = _run(tmp_path / "eval", "niah", list(range(10, 20)), arrays, hidden)
+    decoy = _run(tmp_path / "decoy", "niah_decoy", [1, 2], [rng.normal(0, 0.1, (12, 3, 4)) for _ in range(2)])
+    sets = resolve_threshold("null:0.1", "write", evaluated.path, decoy.path)
+    config = HeadPredictorConfig(hidden_sizes=(8,), epochs=2, splits=1)
+    train_probe_on_run(evaluated.path, config, score="write", out_dir=tmp_path / "probe", progress=False, sets=sets)
+    metrics = json.loads((tmp_path / "probe" / "metrics.json").read_text())
+    assert metrics["task"] == "binary" and metrics["threshold_fit"] == sets.to_dict()
+    assert 0 < metrics["baseline"]["positive_rate"] < 0.2  # head (0, 1) on about half the steps: 1 of 12 heads
+    assert "write sets (threshold" in (tmp_path / "probe" / "metrics.md").read_text()

@@ -539,6 +539,18 @@ class ScoreChoice:
 
 
 @dataclass(frozen=True)
+class PredictorTarget(ScoreChoice):
+    """What the head predictor learns: a score's values, or (``threshold``) the per-step sets it decides."""
+
+    threshold: str | None = setting(
+        None,
+        "continuous scores: learn the per-step sets above this threshold (a value such as 0.86, or null:0.1 / "
+        "calibrated:M fitted on --fit-run) as a classifier, instead of regressing the score",
+    )
+    fit_run: str | None = setting(None, "the traced run a fitted --threshold is fitted on (null:Q: a decoy run)")
+
+
+@dataclass(frozen=True)
 class DynamismSettings(ScoreChoice):
     threshold: str = setting(
         DEFAULT_REASONING_THRESHOLD,

@@ -17,9 +17,11 @@ from dynheads.cli import checks
 from dynheads.cli.app import app, plot_app, predictor_app
 from dynheads.cli.options import STATIC_HELP, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
 from dynheads.config import parse_range
+from dynheads.errors import DynheadsError
 from dynheads.settings import (
     DynamismSettings,
     HeadPlotSettings,
+    PredictorTarget,
     ScoreChoice,
     StaticConfig,
     StaticReasoningConfig,
@@ -159,7 +161,7 @@ def cca(
 
 
 @predictor_app.command("train")
-@with_options(config_options(HeadPredictorConfig), config_options(ScoreChoice))
+@with_options(config_options(HeadPredictorConfig), config_options(PredictorTarget))
 def predictor_train(
     run_dir: RunArg,
     device: Annotated[str, Opt(help="cpu or cuda")] = "cpu",
@@ -171,9 +173,15 @@ def predictor_train(
 
     Saves it with metrics.md/.json into OUT (default RUN_DIR/probe); 'dynheads probe train' is its older name."""
     from dynheads.views.probing import train_probe_on_run
+    from dynheads.views.threshold_fit import resolve_threshold
 
-    score = checks.checked_config(ScoreChoice, score=settings.pop("score")).score
+    target = checks.checked_config(PredictorTarget, **{k: settings.pop(k) for k in ("score", "threshold", "fit_run")})
     cfg = checks.checked_config(HeadPredictorConfig, config, **settings)
     checks.traced_run(run_dir)
-    train_probe_on_run(run_dir, cfg, score=score, out_dir=out, device=device)
+    sets = None
+    if target.threshold is not None:  # W_t: the sets the threshold decides, checked and fitted as dynamism's
+        sets = resolve_threshold(target.threshold, target.score, run_dir, target.fit_run)
+    elif target.fit_run is not None:
+        raise DynheadsError("--fit-run fits a --threshold: give one (e.g. --threshold null:0.1)")
+    train_probe_on_run(run_dir, cfg, score=target.score, out_dir=out, device=device, sets=sets)
     typer.echo((out or run_dir / "probe").joinpath("metrics.md").read_text(encoding="utf-8"), nl=False)

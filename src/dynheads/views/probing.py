@@ -4,7 +4,8 @@ paper's Table 2 / Table 3.
 Writes into ``out_dir`` (default ``RUN_DIR/probe``): ``weights.pt`` and ``probe.json``
 (``HeadPredictorResult.save``, loadable with ``load_head_predictor``), and ``metrics.md`` / ``metrics.json``: test
 metrics of the probe, of the frequency baseline, and the paper's values for its five models. Copy scores (Eq. 1)
-train a classifier, reasoning scores (Eq. 2) a regressor.
+train a classifier, reasoning scores (Eq. 2) a regressor, and the sets a threshold decides on a continuous score
+(``sets``: W_t of the write score) a classifier.
 
 ``questions.json`` records the questions behind each split of the probe (train, validation, test: source
 record ids, or sample ids for tasks without records) and the run's question stream, so that ``dynheads rag``
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from dynheads.analysis.cca import empty_note, samples_from_traces
 from dynheads.analysis.head_predictor import (
@@ -30,9 +33,11 @@ from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
 from dynheads.resources import QUESTIONS_FILE
 from dynheads.runs import RunDir
-from dynheads.scores import HEAD_SCORES, ScoreKind
+from dynheads.scores import HEAD_SCORES, ScoreKind, ScoreSpec
 from dynheads.tables import Summary, Table
+from dynheads.traces import Trace
 from dynheads.views.analyses import check_score, load_run, model_name
+from dynheads.views.threshold_fit import ThresholdFit
 
 _COLUMNS = {  # task -> (metric key, column title)
     "binary": (
@@ -60,13 +65,20 @@ def train_probe_on_run(
     out_dir: str | Path | None = None,
     device: str = "cpu",
     progress: bool = True,
+    sets: ThresholdFit | None = None,
 ) -> HeadPredictorResult:
-    """Train a probe from the run's hidden states to its ``score`` of every head; save it and its metrics."""
+    """Train a probe from the run's hidden states to its ``score`` of every head; save it and its metrics. With
+    ``sets`` (a continuous score's threshold, as ``views.threshold_fit`` resolves it) the targets are the per-step
+    sets the threshold decides (W_t of the write score): a classifier, ranked as Eq. 1's D_t are."""
     run, traces = load_run(run_dir)
     config = config or HeadPredictorConfig()
-    task: Task = "binary" if HEAD_SCORES.get(check_score(score)).binary else "continuous"
+    binary = HEAD_SCORES.get(check_score(score)).binary or sets is not None
+    task: Task = "binary" if binary else "continuous"
     start = time.perf_counter()
-    samples = samples_from_traces(traces, score)  # leaves out traces with no generated token
+    if sets is None:
+        samples = samples_from_traces(traces, score)  # leaves out traces with no generated token
+    else:
+        samples = set_samples(traces, ScoreSpec(score, sets.applied))
     counts = {"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)}
     result = train_head_predictor(samples, config, task=task, shape=traces[0].shape, progress=progress, device=device)
     seconds = time.perf_counter() - start
@@ -80,9 +92,10 @@ def train_probe_on_run(
         **{f"{name} (paper, {'Table 2' if task == 'binary' else 'Table 3'})": row for name, row in paper.items()},
     }
     epochs = len(result.history)
+    targets = f"{score} scores" if sets is None else f"{score} sets ({sets.describe()})"
     summary = (
         (f"{empty_note(counts)}\n" if counts["empty_samples_skipped"] else "")
-        + f"{score} scores ({task}); {len(samples)} samples split by sample into "
+        + f"{targets} ({task}); {len(samples)} samples split by sample into "
         f"{result.metrics['split_pairs']} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
         f"{config.epochs} epochs (best {result.metrics['best_epoch']}), trained in {seconds:.0f} s on {device}."
         + (
@@ -118,6 +131,7 @@ def train_probe_on_run(
         {
             "run": str(run.path),
             "score": score,
+            **({"threshold_fit": sets.to_dict()} if sets is not None else {}),
             "task": task,
             "epochs_run": epochs,
             **counts,
@@ -128,6 +142,16 @@ def train_probe_on_run(
     )
     write_outputs(out, outputs)
     return result
+
+
+def set_samples(traces: Sequence[Trace], spec: ScoreSpec) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(hidden [T, D], active [T, L*H])`` per trace with T >= 1: the sets ``spec`` decides at every step, as
+    0/1 targets (``samples_from_traces``' shape)."""
+    return [
+        (t.hidden, spec.active(t.scores, t.chance).reshape(t.num_steps, -1).astype(np.float32))
+        for t in traces
+        if t.num_steps
+    ]
 
 
 def _gap_text(gap: Mapping) -> str:
