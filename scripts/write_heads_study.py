@@ -12,8 +12,8 @@ Stages (each a ``dynheads`` command into its own folder under ``--root``, resuma
    needle-free span of the needle's length, the null W_t's threshold is fitted on (``null:Q``: Q heads per step
    expected there); fitting data only, disjoint from what is evaluated;
 3. ``trace``: the evaluated stream (``analysis`` split, the same lengths and depths, one sample per static one);
-4. ``probe-write`` (``--probe``, slow on a CPU): the hidden-state predictor of every head's write score (held-out
-   samples, seeded splits);
+4. ``probe-write`` (``--probe``): the hidden-state predictor of W_t, the per-step sets above the decoy null
+   (``predictor train --threshold``; the standard preset's probe, five seeded splits): Claim 1's ranking rule;
    ``dyn-write``: Table 1 statistics of W_t against the pooled write list, beside Eq. 1's D_t (``--beside copy``);
    ``dyn-copy``: D_t's against Wu's list (tasks whose answer is copied);
 5. ``ablate-write``: teacher-forced operating point on the evaluated stream, W_t's ``null:Q`` threshold fitted by
@@ -48,6 +48,9 @@ from dynheads.tables import read_summaries
 from dynheads.views.threshold_fit import fit_threshold
 
 LENGTH_DEPTHS = ("--depths", "0.1,0.3,0.5,0.7,0.9")
+# the standard preset's head predictor ([probe] in presets/standard.toml): five seeded splits, pooled
+PROBE_SETTINGS = ("--hidden-sizes", "512,256", "--epochs", "60", "--early-stopping", "8", "--split", "0.5,0.2,0.3")
+PROBE_SETTINGS += ("--splits", "5")
 CONTRASTS = ("static", "static_outside", "random", "contrast", "static_mean", "random_mean")
 
 
@@ -157,8 +160,21 @@ def table1_stages(args: argparse.Namespace, root: Path, grid: tuple[str, ...], r
         )
     if args.task == "niah" and not (root / "dyn-copy" / "dynamism.json").exists():
         dynheads("dynamism", str(trace), "--static", str(static / "static_heads.json"), "--out", str(root / "dyn-copy"))
-    if args.probe and not (root / "probe-write" / "metrics.md").exists():
-        dynheads("predictor", "train", str(trace), "--score", "write", "--out", str(root / "probe-write"))
+    if args.probe and not (root / "probe-write" / "metrics.md").exists():  # W_t's sets, the standard preset's probe
+        dynheads(
+            "predictor",
+            "train",
+            str(trace),
+            "--score",
+            "write",
+            "--threshold",
+            f"null:{args.null}",
+            "--fit-run",
+            str(root / "decoy"),
+            *PROBE_SETTINGS,
+            "--out",
+            str(root / "probe-write"),
+        )
 
 
 def _ablation_threshold(ablate: Path, null: float) -> str:
@@ -247,7 +263,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=1000)
     parser.add_argument("--fractions", default="0.5,1", help="doses of the ablation (fractions of |W_t|)")
     parser.add_argument("--ablation-only", action="store_true", help="no evaluated trace and no Table 1 (saves time)")
-    parser.add_argument("--probe", action="store_true", help="also train the write score's predictor (slow)")
+    parser.add_argument("--probe", action="store_true", help="also train the predictor of W_t (Claim 1)")
     parser.add_argument("--null", type=float, default=0.1, help="heads per step allowed on decoy spans")
     args = parser.parse_args()
     run_stages(args, args.root)
