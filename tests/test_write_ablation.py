@@ -17,16 +17,17 @@ from dynheads.tables import read_summaries
 from dynheads.views.threshold_fit import fit_threshold
 
 
+def _tiny_grid(tiny_model_dir, **settings) -> AblationConfig:
+    """An ablation of the tiny model's two-sample NIAH grid (200 tokens, depths 0 and 1), with ``settings``."""
+    grid = {"lengths": (200,), "depths": (0.0, 1.0), "runs": 1, "max_new_tokens": 3, "seed": 3}
+    return AblationConfig(model=str(tiny_model_dir), **grid | settings)
+
+
 def test_a_write_score_dose_run_masks_w_t_against_as_many_copy_ranked_heads(tiny_model_dir, tiny_lm, tmp_path):
     (tmp_path / "static_summary.json").write_text(json.dumps({"split": "static", "num_tests": 4, "num_counted": 3}))
     (tmp_path / "static_heads.json").write_text(json.dumps(["2-1", "0-3", "1-2", "2-0", "0-0"]))
-    config = AblationConfig(
-        model=str(tiny_model_dir),
-        lengths=(200,),
-        depths=(0.0, 1.0),
-        runs=1,
-        max_new_tokens=3,
-        seed=3,
+    config = _tiny_grid(
+        tiny_model_dir,
         static=str(tmp_path / "static_heads.json"),
         fractions=(0.5, 1.0),
         compensation=(),
@@ -65,13 +66,8 @@ def test_the_ablation_fits_a_null_threshold_on_a_decoy_run_and_records_the_fit(t
     decoy = _decoy_run(tiny_model_dir, tiny_lm, tmp_path / "decoy", "static")
     expected = fit_threshold("null:0.5", "write", decoy.path)
     (tmp_path / "static_heads.json").write_text(json.dumps(["2-1", "0-3", "1-2", "2-0", "0-0"]))
-    config = AblationConfig(
-        model=str(tiny_model_dir),
-        lengths=(200,),
-        depths=(0.0, 1.0),
-        runs=1,
-        max_new_tokens=3,
-        seed=3,
+    config = _tiny_grid(
+        tiny_model_dir,
         static=str(tmp_path / "static_heads.json"),
         fractions=(1.0,),
         compensation=(),
@@ -92,13 +88,8 @@ def test_the_ablation_fits_a_null_threshold_on_a_decoy_run_and_records_the_fit(t
 
 def test_a_fitting_run_on_the_evaluated_seed_stream_is_refused_before_any_work(tiny_model_dir, tiny_lm, tmp_path):
     decoy = _decoy_run(tiny_model_dir, tiny_lm, tmp_path / "decoy", "analysis")  # the ablation's own stream
-    config = AblationConfig(
-        model=str(tiny_model_dir),
-        lengths=(200,),
-        depths=(0.0, 1.0),
-        runs=1,
-        max_new_tokens=3,
-        seed=3,
+    config = _tiny_grid(
+        tiny_model_dir,
         fractions=(),
         strategies=("dynamic",),
         score="write",
@@ -130,13 +121,8 @@ def test_a_panel_list_masks_what_the_static_arm_masks_with_that_list_as_static(t
     lists = {"a": ["2-1", "0-3", "1-2", "2-0", "0-0"], "b": ["1-1", "0-3", "2-2", "2-1"]}
     for name, heads in lists.items():
         (tmp_path / f"static_heads-{name}.json").write_text(json.dumps(heads))
-    base = AblationConfig(
-        model=str(tiny_model_dir),
-        lengths=(200,),
-        depths=(0.0, 1.0),
-        runs=1,
-        max_new_tokens=3,
-        seed=3,
+    base = _tiny_grid(
+        tiny_model_dir,
         static=str(tmp_path / "static_heads-a.json"),
         fractions=(1.0,),
         compensation=(),
