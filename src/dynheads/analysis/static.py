@@ -155,7 +155,7 @@ def static_reasoning_heads(
     heads (``recalls`` holds each test's F1) and the number of tests skipped because they generated no token (no
     step to average)."""
     if not tests:
-        raise DynheadsError("no HotpotQA tests given: static reasoning heads need at least one traced question")
+        raise DynheadsError("no tests given: a pooled static list needs at least one traced test")
     shape = tests[0].trace.shape
     f1s, counted, empty = [], [], 0
     for index, test in enumerate(tests):
@@ -169,8 +169,8 @@ def static_reasoning_heads(
             counted.append(score_values(test.trace.scores, score).astype(np.float64).mean(axis=0))
     if not counted:
         raise DynheadsError(
-            f"none of the {len(tests)} questions counts ({empty} generated nothing, the rest had F1 "
-            f"<= {success_threshold}): no head can be scored"
+            f"none of the {len(tests)} tests counts ({empty} generated nothing, the rest scored <= "
+            f"{success_threshold}: F1 for a question, the answer's ROUGE-1 recall for a needle): no head can be scored"
         )
     scores = np.stack(counted)
     return StaticHeads(
