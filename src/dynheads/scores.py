@@ -217,6 +217,10 @@ class ScoreSpec:
     def step_ranking(self, stats: StepMeasures, row: ScoredRow, predicted: int) -> list[Head]:
         """Every head of one live step, ranked for a dose of k heads: D_t first (``step_heads``' order), then the
         others by the score's value (binary scores: by their attention mass on the needle)."""
+        return self.step_sets(stats, row, predicted)[1]
+
+    def step_sets(self, stats: StepMeasures, row: ScoredRow, predicted: int) -> tuple[list[Head], list[Head]]:
+        """``step_heads`` and ``step_ranking`` of one live step, D_t found once."""
         dynamic = self.step_heads(stats, row, predicted)
         score = self.score
         values = stats.needle_mass if score.binary else score.reduce(stats, row, predicted)
@@ -225,7 +229,7 @@ class ScoreSpec:
         rest = torch.ones_like(values, dtype=torch.bool)
         for layer, head in dynamic:
             rest[layer, head] = False
-        return dynamic + ranked_heads(rest, values.float())
+        return dynamic, dynamic + ranked_heads(rest, values.float())
 
 
 def copy_scores(stats: StepMeasures, row: ScoredRow, predicted: int) -> torch.Tensor:

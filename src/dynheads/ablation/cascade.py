@@ -110,8 +110,7 @@ class AblationPolicy(StepPolicy):
             self.result.compensated.append(compensated)
             return action
         predicted = int(result.logits.argmax())
-        self._dynamic = _dynamic_heads(row, result, predicted, self.settings)
-        ranking = _ranking(row, result, predicted, self.settings)
+        self._dynamic, ranking = _dynamic_and_ranking(row, result, predicted, self.settings)
         contrast = contrast_ranking(row, result, predicted, self.settings)
         heads = heads_to_mask(self._dynamic, self.settings, self.lm, self.rng, ranking, contrast)
         self.result.dynamic_counts.append(len(self._dynamic))
@@ -234,9 +233,14 @@ def _dynamic_heads(row: Row, step: StepResult, predicted: int, settings: Ablatio
     return settings.score_spec().step_heads(step.stats, row, predicted)
 
 
-def _ranking(row: Row, step: StepResult, predicted: int, settings: AblationSettings) -> list[Head]:
-    """Every head of the step ranked for a dose (D_t first); empty without a dose (nothing reads it)."""
-    return [] if settings.fraction is None else settings.score_spec().step_ranking(step.stats, row, predicted)
+def _dynamic_and_ranking(
+    row: Row, step: StepResult, predicted: int, settings: AblationSettings
+) -> tuple[list[Head], list[Head]]:
+    """D_t (``_dynamic_heads``) and every head of the step ranked for a dose, D_t first (empty without a dose:
+    nothing reads it)."""
+    if settings.fraction is None:
+        return _dynamic_heads(row, step, predicted, settings), []
+    return settings.score_spec().step_sets(step.stats, row, predicted)
 
 
 def contrast_ranking(row: Row, step: StepResult, predicted: int, settings: AblationSettings) -> list[Head]:

@@ -98,17 +98,17 @@ class _CleanPolicy(StepPolicy):
         action = greedy(result, self.stop_ids)
         if isinstance(action, Emit):
             token = action.token
-            contrast = self.contrast.step_ranking(result.stats, row, token) if self.contrast else []
-            contrast_size = len(self.contrast.step_heads(result.stats, row, token)) if self.contrast else 0
+            dynamic, ranking = self.spec.step_sets(result.stats, row, token)
+            own, contrast = self.contrast.step_sets(result.stats, row, token) if self.contrast else ([], [])
             self.steps.append(
                 CleanStep(
                     token,
                     float(torch.log_softmax(result.logits, -1)[token]),
-                    self.spec.step_heads(result.stats, row, token),
-                    self.spec.step_ranking(result.stats, row, token),
+                    dynamic,
+                    ranking,
                     self.session.last_states(0) if self.session is not None else [],
                     contrast,
-                    contrast_size,
+                    len(own),
                 )
             )
         return action
