@@ -72,13 +72,8 @@ def train_probe_on_run(
     sets the threshold decides (W_t of the write score): a classifier, ranked as Eq. 1's D_t are."""
     run, traces = load_run(run_dir)
     config = config or HeadPredictorConfig()
-    binary = HEAD_SCORES.get(check_score(score)).binary or sets is not None
-    task: Task = "binary" if binary else "continuous"
     start = time.perf_counter()
-    if sets is None:
-        samples = samples_from_traces(traces, score)  # leaves out traces with no generated token
-    else:
-        samples = set_samples(traces, ScoreSpec(score, sets.applied))
+    task, samples = _training_samples(traces, score, sets)
     counts = {"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)}
     result = train_head_predictor(samples, config, task=task, shape=traces[0].shape, progress=progress, device=device)
     seconds = time.perf_counter() - start
@@ -142,6 +137,17 @@ def train_probe_on_run(
     )
     write_outputs(out, outputs)
     return result
+
+
+def _training_samples(
+    traces: Sequence[Trace], score: ScoreKind, sets: ThresholdFit | None
+) -> tuple[Task, list[tuple[np.ndarray, np.ndarray]]]:
+    """The predictor's task and its (hidden, targets) pairs: a score's values (binary or continuous), or the sets a
+    threshold decides (binary); traces with no generated token left out."""
+    if sets is not None:
+        return "binary", set_samples(traces, ScoreSpec(score, sets.applied))
+    binary = HEAD_SCORES.get(check_score(score)).binary
+    return ("binary" if binary else "continuous"), samples_from_traces(traces, score)
 
 
 def set_samples(traces: Sequence[Trace], spec: ScoreSpec) -> list[tuple[np.ndarray, np.ndarray]]:
