@@ -232,3 +232,5 @@ def test_the_head_predictor_learns_the_sets_a_null_threshold_decides(tmp_path):
     assert metrics["task"] == "binary" and metrics["threshold_fit"] == sets.to_dict()
     assert 0 < metrics["baseline"]["positive_rate"] < 0.2  # head (0, 1) on about half the steps: 1 of 12 heads
     assert "write sets (threshold" in (tmp_path / "probe" / "metrics.md").read_text()
+    with pytest.raises(DynheadsError, match="copy is binary"):  # a threshold on 0/1 values would change nothing
+        train_probe_on_run(evaluated.path, config, score="copy", out_dir=tmp_path / "p2", progress=False, sets=sets)

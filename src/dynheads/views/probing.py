@@ -29,6 +29,7 @@ from dynheads.analysis.head_predictor import (
     split_by_sample,
     train_head_predictor,
 )
+from dynheads.errors import DynheadsError
 from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.paper import PAPER_PROBE_BINARY, PAPER_PROBE_CONTINUOUS
 from dynheads.resources import QUESTIONS_FILE
@@ -144,9 +145,14 @@ def _training_samples(
 ) -> tuple[Task, list[tuple[np.ndarray, np.ndarray]]]:
     """The predictor's task and its (hidden, targets) pairs: a score's values (binary or continuous), or the sets a
     threshold decides (binary); traces with no generated token left out."""
+    binary = HEAD_SCORES.get(check_score(score)).binary
+    if sets is not None and binary:
+        raise DynheadsError(
+            f"a threshold decides the sets of a continuous score; {score} is binary (its values are its sets): "
+            "train without --threshold"
+        )
     if sets is not None:
         return "binary", set_samples(traces, ScoreSpec(score, sets.applied))
-    binary = HEAD_SCORES.get(check_score(score)).binary
     return ("binary" if binary else "continuous"), samples_from_traces(traces, score)
 
 
