@@ -26,7 +26,7 @@ from dynheads.report.rules import (
     standard_counts,
     write_rules,
 )
-from dynheads.report.simulated import WorldSpec, simulate_study
+from dynheads.report.simulated import WorldSpec, fitted_level, simulate_study
 from tests.cli_main import run_main
 
 RULES_TABLE = Path(__file__).parents[1] / "docs" / "results" / "data" / "rules-standard.csv"
@@ -81,6 +81,34 @@ def test_step_and_sample_specific_heads_pass_the_within_step_ranking():
     assert _claim1(WorldSpec(modes=12), 0)["ranking"] == "supported"
 
 
+def _claim1_on_shares(spec: WorldSpec, seed: int) -> dict[str, str]:
+    torch.set_num_threads(1)
+    run = rule_studies.claim1_study(spec, rule_studies.QA_STEPS)
+    return {rule: status for rule, (status, _) in run(standard_counts(), np.random.default_rng(seed)).items()}
+
+
+def test_on_eq2_shares_the_set_trained_ranking_tells_dynamic_from_static_and_the_share_regressor_cannot():
+    """HotpotQA's shape (100 answers of 4 steps, Eq. 2 shares, D_t above a fitted level): a predictor of D_t ranks
+    a step's heads better than their frequencies where a context lifts its own heads, and not where the profile is
+    fixed; the retired regressor of the shares themselves calls the dynamic world "not supported"."""
+    ranking = "ranking" + rule_studies.QA_SETS
+    dynamic = _claim1_on_shares(rule_studies.SHARES_DYNAMIC, 0)
+    assert dynamic[ranking] == "supported"
+    assert dynamic[rule_studies.QA_SHARES_RANKING] == "not supported"
+    assert _claim1_on_shares(rule_studies.SHARES_STATIC, 0)[ranking] != "supported"
+
+
+def test_shares_become_sets_at_the_level_fitted_on_the_fitting_stream():
+    spec = WorldSpec(targets="shares", mean_size=10.0, modes=12)
+    study = simulate_study(spec, 20, np.random.default_rng(0), steps=8, fit_samples=20)
+    assert study.level is not None and 0 < study.level < 1
+    hidden, shares = study.samples[0]
+    assert shares.dtype == np.float32 and shares.shape == (8, 270) and ((shares > 0) & (shares < 1)).all()
+    sizes = np.concatenate([sets.reshape(len(sets), -1).sum(axis=1) for sets in study.dynamic_sets()])
+    assert 7 < sizes.mean() < 13  # the fitted level gives the evaluated stream about mean_size heads per step too
+    assert fitted_level([np.arange(100, dtype=np.float32).reshape(1, 100)], 10.0) == pytest.approx(89.1)
+
+
 def test_simulated_studies_fit_their_static_list_apart_from_the_evaluated_samples():
     study = simulate_study(WorldSpec(), 5, np.random.default_rng(0), steps=6, fit_samples=3)
     assert len(study.samples) == 5 and study.shape == (30, 9)
@@ -121,7 +149,10 @@ def test_dynheads_rules_writes_rules_csv_and_prints_the_table(tmp_path, capsys, 
     assert "| Dynamic RAG (dynamic beats static) | rag | 100 |" in result.stdout
     assert (tmp_path / "rules.md").read_text().startswith("# Rules against known truth")
     bad = run_main(capsys, monkeypatch, "rules", "--out", tmp_path, "--claim", "7")
-    assert bad.code == 2 and "unknown claim '7'" in bad.stderr
+    assert bad.code == 2 and "unknown claim '7'" in bad.stderr and "1, 2, 3, rag" in bad.stderr
+    two = run_main(capsys, monkeypatch, "rules", "--out", tmp_path / "two", "--studies", "3", "--claim", "2")
+    assert two.code == 0, two.stderr
+    assert set(pd.read_csv(tmp_path / "two" / "rules.csv")["claim"]) == {claims.CLAIM2}
 
 
 def test_write_rules_marks_a_rule_descriptive_in_the_markdown(tmp_path):

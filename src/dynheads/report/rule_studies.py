@@ -23,14 +23,20 @@ import numpy as np
 
 from dynheads.analysis.cca import cca_offsets
 from dynheads.analysis.dynamism import dynamism_stats, per_sample_dynamism
-from dynheads.analysis.evidence import EvidenceSettings
-from dynheads.analysis.head_predictor import fit_head_predictor
+from dynheads.analysis.evidence import Effect, EvidenceSettings
+from dynheads.analysis.head_predictor import FittedHeadPredictor, fit_head_predictor
 from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 from dynheads.report import claims
 from dynheads.report.simulated import WorldSpec, simulate_study
 
 EVIDENCE = EvidenceSettings(resamples=400)
 PREDICTOR = HeadPredictorConfig(hidden_sizes=(64,), epochs=30, early_stopping=5, split=(0.5, 0.2, 0.3))
+# HotpotQA's answers are a few tokens: about 200 training steps, a few optimiser steps an epoch. There the rules
+# train the standard preset's own network ([probe]: 512-256, 60 epochs, early stopping 8; one split of five).
+QA_PREDICTOR = HeadPredictorConfig(hidden_sizes=(512, 256), epochs=60, early_stopping=8, split=(0.5, 0.2, 0.3))
+QA_STEPS = 4  # steps per HotpotQA answer (395 of 100 traced answers on Qwen2.5-Coder-1.5B, 16 new tokens at most)
+QA_SETS = " on Eq. 2 sets (HotpotQA)"  # the Claim 1 rules read on thresholded Eq. 2 shares: their own rows
+QA_SHARES_RANKING = "ranking of the Eq. 2 shares themselves (HotpotQA, retired)"
 CCA = CCAConfig(resamples=400)
 RAG_DISCORDANT = 0.3  # share of questions whose F1 differs between the two strategies (paired)
 RAG_EFFECTS = {"the paper's largest effect (+0.049 F1, llama3.1-8b)": 0.049, "the paper's median effect": 0.017}
@@ -68,20 +74,46 @@ class Scenario:
         return self.run(counts, rng)
 
 
-def claim1_study(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+def claim1_study(spec: WorldSpec, steps: int = 32) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+    """Claim 1's rules on one simulated study of ``steps`` steps per answer. On sets (NIAH's Eq. 1) the predictor
+    is trained on them; on Eq. 2 shares (HotpotQA) the rules read the sets above the fitted level, the predictor is
+    trained on those sets (the study's ``hotpotqa-set-probe``), and the retired design, a regressor of the shares
+    ranked by Spearman's correlation over every head, is decided beside it."""
+
     def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
-        study = simulate_study(spec, counts.niah, rng)
+        study = simulate_study(spec, counts.niah, rng, steps=steps)
         sets = study.dynamic_sets()
         data = {
             "stats": dynamism_stats(sets, study.static_ranking).to_dict(),
             "per_sample": per_sample_dynamism(sets, study.static_ranking),
-            "static_kind": "copy",
+            "static_kind": "copy" if spec.targets == "sets" else "reasoning",
         }
-        fitted = fit_head_predictor(study.score_samples(), PREDICTOR, task="binary", shape=study.shape, progress=False)
-        effects = claims.claim1_effects(data, EVIDENCE, {"step_gap": fitted.ranking_gap(EVIDENCE).to_dict()})
-        return {key: (effect.decide(EVIDENCE.floor)[0], effect.interval.n) for key, effect in effects.items()}
+        shares = spec.targets == "shares"
+        targets = [
+            (hidden, step_sets.reshape(len(step_sets), -1).astype(np.float32))
+            for (hidden, _), step_sets in zip(study.samples, sets, strict=True)
+        ]
+        config = QA_PREDICTOR if shares else PREDICTOR
+        fitted = fit_head_predictor(targets, config, task="binary", shape=study.shape, progress=False)
+        effects = claims.claim1_effects(data, EVIDENCE, {"step_gap": _gap(fitted)})
+        decided = {key + (QA_SETS if shares else ""): _decision(effect) for key, effect in effects.items()}
+        if shares:
+            regressor = fit_head_predictor(
+                study.score_samples(), config, task="continuous", shape=study.shape, progress=False
+            )
+            retired = claims.claim1_effects(data, EVIDENCE, {"step_gap": _gap(regressor)})["ranking"]
+            decided[QA_SHARES_RANKING] = _decision(retired)
+        return decided
 
     return run
+
+
+def _gap(fitted: FittedHeadPredictor) -> dict:
+    return fitted.ranking_gap(EVIDENCE).to_dict()
+
+
+def _decision(effect: Effect) -> tuple[str, int]:
+    return effect.decide(EVIDENCE.floor)[0], effect.interval.n
 
 
 def claim3_study(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
@@ -96,7 +128,7 @@ def claim3_study(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator]
             "gap": fitted.frequency_gap(EVIDENCE).to_dict(),
         }
         effects = claims.claim3_effects(row, probe, "auprc")
-        return {key: (effect.decide(EVIDENCE.floor)[0], effect.interval.n) for key, effect in effects.items()}
+        return {key: _decision(effect) for key, effect in effects.items()}
 
     return run
 
@@ -161,6 +193,11 @@ STATIC_BROAD = WorldSpec(alpha=0.7)
 STATIC_TIMED = WorldSpec(alpha=1.0, timing="hidden")
 DYNAMIC = WorldSpec(modes=12)
 DYNAMIC_PAPER_SIZE = WorldSpec(modes=12, mean_size=13.0, mode_heads=30)
+# HotpotQA's Eq. 2 shares (D_t: the heads above the level giving 10 per step, as calibrated:10), 4 steps an answer
+SHARES_STATIC = WorldSpec(targets="shares", mean_size=10.0)
+SHARES_TIMED = WorldSpec(targets="shares", mean_size=10.0, timing="hidden")
+SHARES_DYNAMIC = WorldSpec(targets="shares", mean_size=10.0, modes=12)
+SHARES_WEAK = WorldSpec(targets="shares", mean_size=10.0, modes=12, boost=1.5)
 # Claim 3 on a smaller model (16 x 8 heads): the CCA's PCA of every head's scores dominates a study's time
 POSITION_ONLY = WorldSpec(layers=16, heads=8, alpha=1.0, timing="position")
 NO_SIGNAL = WorldSpec(layers=16, heads=8, alpha=1.0, signal=0.0)
@@ -182,4 +219,9 @@ SCENARIOS: list[Scenario] = [
     Scenario(claims.CLAIM3, "hidden state encodes this step's and the next step's heads", True, claim3_study(PLANNING)),
     *(Scenario(claims.RAG, name, True, rag_study(effect)) for name, effect in RAG_EFFECTS.items()),
     Scenario(claims.RAG, "no difference", False, rag_study(0.0)),
+    # appended last: a scenario's seed is its index, so the rows above draw what they drew before these existed
+    Scenario(claims.CLAIM1, "Eq. 2 shares, static profile", False, claim1_study(SHARES_STATIC, QA_STEPS)),
+    Scenario(claims.CLAIM1, "Eq. 2 shares, hidden state knows when", False, claim1_study(SHARES_TIMED, QA_STEPS)),
+    Scenario(claims.CLAIM1, "Eq. 2 shares, context lifts its heads 2.5", True, claim1_study(SHARES_DYNAMIC, QA_STEPS)),
+    Scenario(claims.CLAIM1, "Eq. 2 shares, context lifts its heads 1.5", True, claim1_study(SHARES_WEAK, QA_STEPS)),
 ]

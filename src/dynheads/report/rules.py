@@ -11,8 +11,9 @@ scenarios) and it calls none of the paper's rows "not supported" where the paper
 descriptive. ``report.claims`` declares which rules decide; tests/test_rules.py checks the declaration against this.
 
 Power is the share of true studies a rule calls "supported"; false alarm the share of false studies it calls
-"supported" (the worst false scenario). Both are estimates over ``studies`` studies: their standard error is
-about sqrt(p (1 - p) / studies).
+"supported" (the worst false scenario); false rejection the share of true studies it calls "not supported" (the
+worst true scenario: a rule that says "not supported" of true studies cannot tell a false claim from a weak test).
+All are estimates over ``studies`` studies: their standard error is about sqrt(p (1 - p) / studies).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pandas as pd
 from dynheads.io import atomic_path
 from dynheads.report import claims
 from dynheads.report.rule_paper import PaperCheck, paper_checks
-from dynheads.report.rule_studies import SCENARIOS, StudyCounts
+from dynheads.report.rule_studies import QA_SETS, SCENARIOS, StudyCounts
 from dynheads.tables import Table, to_markdown
 
 POWER_MIN = 0.8
@@ -48,6 +49,7 @@ class RuleCheck:
     studies: int  # simulated studies per scenario
     power: float  # true scenarios: share called "supported" (the lowest over them)
     false_alarm: float  # false scenarios: share called "supported" (the highest over them)
+    false_rejection: float  # true scenarios: share called "not supported" (the highest over them)
     paper_rows: int  # the paper's rows the rule can be read on
     paper_supported: int  # of them, called supported (or within the paper's range)
     paper_not_supported: int  # of them, called "not supported" although the paper reports the claim there
@@ -111,10 +113,12 @@ def _row(
     paper: PaperCheck | None,
 ) -> RuleCheck:
     scenarios = {scenario.key: scenario for scenario in SCENARIOS}
-    supported = {key: float(np.mean([s == "supported" for s, _ in decided])) for key, decided in by_scenario.items()}
+    supported = _shares(by_scenario, "supported")
+    rejected = _shares(by_scenario, "not supported")
     true = [share for key, share in supported.items() if scenarios[key].truth]
     false = [share for key, share in supported.items() if not scenarios[key].truth]
     power, false_alarm = (min(true) if true else math.nan), (max(false) if false else math.nan)
+    false_rejection = max((share for key, share in rejected.items() if scenarios[key].truth), default=math.nan)
     paper = paper or PaperCheck(0, 0, 0, "the paper reports no number this rule reads")
     decides = power >= POWER_MIN and false_alarm <= FALSE_ALARM_MAX and paper.not_supported == 0
     worst = ", ".join(
@@ -127,6 +131,7 @@ def _row(
         studies=studies,
         power=power,
         false_alarm=false_alarm,
+        false_rejection=false_rejection,
         paper_rows=paper.rows,
         paper_supported=paper.supported,
         paper_not_supported=paper.not_supported,
@@ -135,12 +140,18 @@ def _row(
     )
 
 
+def _shares(by_scenario: dict[str, list[tuple[str, int]]], status: str) -> dict[str, float]:
+    """Per scenario, the share of its studies a rule gave ``status``."""
+    return {key: float(np.mean([s == status for s, _ in decided])) for key, decided in by_scenario.items()}
+
+
 RULE_COLUMNS = {
     "claim": "claim",
     "rule": "rule",
     "n": "n",
     "power": "power",
     "false_alarm": "false alarm",
+    "false_rejection": "true called not supported",
     "paper_rows": "paper rows",
     "paper_supported": "paper supported",
     "decides": "decides",
@@ -156,6 +167,7 @@ def rules_table(checks: list[RuleCheck]) -> Table:
             check.n,
             check.power,
             check.false_alarm,
+            check.false_rejection,
             check.paper_rows,
             check.paper_supported,
             "yes" if check.decides else "no (descriptive)",
@@ -187,9 +199,10 @@ def write_rules(out: str | Path, checks: list[RuleCheck], *, studies: int, seed:
 
 
 def declared_deciding() -> dict[str, tuple[str, ...]]:
-    """The rules ``report.claims`` lets decide, per claim (what tests/test_rules.py checks against the table)."""
+    """The rules ``report.claims`` lets decide, per claim (what tests/test_rules.py checks against the table);
+    Claim 1's on both its shapes: Eq. 1 sets (NIAH) and Eq. 2 sets (HotpotQA)."""
     return {
-        claims.CLAIM1: claims.CLAIM1_DECIDING,
+        claims.CLAIM1: (*claims.CLAIM1_DECIDING, *(rule + QA_SETS for rule in claims.CLAIM1_DECIDING)),
         claims.CLAIM2: tuple(f"dynamic - {arm}" for arm in claims.IRREPLACEABILITY_CONTROLS),
         claims.CLAIM3: claims.CLAIM3_DECIDING,
     }

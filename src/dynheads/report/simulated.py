@@ -14,6 +14,12 @@ heads of its own). A study draws ``samples`` answers of ``steps`` steps from one
 - **dynamic** worlds (Claims 1 and 3 true): each step's context (one of ``modes``, switching between steps) picks
   its own heads (``mode_share`` of the mass) on top of the static profile, and the hidden state encodes the
   context, so heads are step- and sample-specific and the hidden state predicts them.
+- **shares** (``targets="shares"``): Eq. 2's continuous scores instead of sets, as the HotpotQA stages trace them.
+  Every head has a static logit (spread ``spread``), every step adds unit noise, a step's context lifts its own
+  ``mode_heads`` heads by ``boost`` (dynamic worlds), and ``timing="hidden"`` lowers every head by ``boost`` at the
+  steps that do not retrieve; the share is the logit's sigmoid. D_t is every head above the level at which the
+  fitting stream's steps hold ``mean_size`` heads on average (the preset's ``calibrated:10``, fitted apart from the
+  evaluated samples), and the head predictor is trained on the shares themselves, as the study's is.
 
 Each study also draws a fitting stream from the same world (``fit_samples`` answers) whose head frequencies give
 the static list, as the study fits static heads on samples it never evaluates.
@@ -27,6 +33,8 @@ from typing import Literal
 import numpy as np
 
 Timing = Literal["none", "hidden", "position"]
+Targets = Literal["sets", "shares"]
+SHARE_LOGIT = -3.0  # shares: the mean static logit (a head's typical share about 0.05)
 
 
 @dataclass(frozen=True)
@@ -46,23 +54,33 @@ class WorldSpec:
     hidden_dim: int = 32
     signal: float = 1.0  # scale of what the hidden state encodes, against unit noise
     lookahead: float = 0.0  # how strongly the hidden state also encodes the next step's context (planning)
+    targets: Targets = "sets"  # "shares": continuous Eq. 2-like scores, D_t above a fitted level
+    spread: float = 1.5  # shares: sd of the heads' static logits
+    boost: float = 2.5  # shares: logit lift of the heads a step's context favours
 
 
 @dataclass(frozen=True)
 class SimulatedStudy:
-    """Samples of ``(hidden [T, dim] float32, sets [T, L*H] bool)`` and the static ranking fitted apart from them."""
+    """Samples of ``(hidden [T, dim] float32, targets [T, L*H])`` (bool sets, or float shares with the ``level``
+    that makes them sets) and the static ranking fitted apart from them."""
 
     samples: list[tuple[np.ndarray, np.ndarray]]
     static_ranking: list[tuple[int, int]]
     shape: tuple[int, int]
+    level: float | None = None  # shares: D_t is every head above it (fitted on the fitting stream)
 
     def dynamic_sets(self) -> list[np.ndarray]:
         """The samples' sets as ``[T, layers, heads]`` arrays (``analysis.dynamism``'s input)."""
-        return [sets.reshape(len(sets), *self.shape) for _, sets in self.samples]
+        return [_as_sets(targets, self.level).reshape(len(targets), *self.shape) for _, targets in self.samples]
 
     def score_samples(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """``(hidden, scores [T, L*H] float32)`` pairs (the CCA's and the head predictor's input)."""
-        return [(hidden, sets.astype(np.float32)) for hidden, sets in self.samples]
+        """``(hidden, scores [T, L*H] float32)`` pairs (the CCA's and the head predictor's input): 0/1 sets, or the
+        shares themselves."""
+        return [(hidden, targets.astype(np.float32)) for hidden, targets in self.samples]
+
+
+def _as_sets(targets: np.ndarray, level: float | None) -> np.ndarray:
+    return targets if level is None else targets > level
 
 
 class World:
@@ -79,6 +97,9 @@ class World:
         self.copy_embedding = rng.normal(size=spec.hidden_dim)
         self.position_embedding = rng.normal(size=(steps, spec.hidden_dim))
         self.copy_steps = rng.random(steps) < spec.copy_rate  # timing="position": the same steps in every answer
+        if spec.targets == "shares":  # drawn last: a sets world draws exactly what it drew before shares existed
+            self.static_logit = rng.normal(SHARE_LOGIT, spec.spread, total)
+            self.mode_heads = [rng.choice(total, spec.mode_heads, replace=False) for _ in range(spec.modes)]
 
     def _mode_profile(self, total: int) -> np.ndarray:
         chosen = self.rng.choice(total, self.spec.mode_heads, replace=False)
@@ -87,29 +108,51 @@ class World:
         return profile / profile.sum()
 
     def sample(self) -> tuple[np.ndarray, np.ndarray]:
-        """One answer: hidden states and head sets."""
-        spec, rng, steps = self.spec, self.rng, self.steps
-        total = spec.layers * spec.heads
+        """One answer: hidden states and head sets (or shares)."""
+        spec, rng = self.spec, self.rng
         copying = self._copying()
-        sizes = self._sizes(copying)
-        sets = np.zeros((steps, total), dtype=bool)
-        hidden = rng.normal(size=(steps, spec.hidden_dim))
+        sizes = self._sizes(copying) if spec.targets == "sets" else None
+        noise = rng.normal(size=(self.steps, spec.hidden_dim))
         modes = self._modes()
-        for t in range(steps):
+        hidden = self._hidden(noise, copying, modes)
+        return hidden, self._shares(copying, modes) if sizes is None else self._sets(sizes, modes)
+
+    def _hidden(self, noise: np.ndarray, copying: np.ndarray, modes: np.ndarray) -> np.ndarray:
+        """``noise`` plus what the world lets the hidden state know: the step's context (and the next one's, with
+        ``lookahead``), whether it retrieves (``timing="hidden"``) or its index (``timing="position"``)."""
+        spec, hidden = self.spec, noise
+        if spec.modes:
+            hidden += spec.signal * self.mode_embedding[modes]
+            hidden[:-1] += spec.signal * spec.lookahead * self.mode_embedding[modes[1:]]
+        if spec.timing == "hidden":
+            hidden += spec.signal * copying[:, None] * self.copy_embedding
+        elif spec.timing == "position":
+            hidden += spec.signal * self.position_embedding
+        return hidden.astype(np.float32)
+
+    def _sets(self, sizes: np.ndarray, modes: np.ndarray) -> np.ndarray:
+        """Each step's |D_t| heads drawn from the static profile, mixed with its context's (dynamic worlds)."""
+        spec, rng = self.spec, self.rng
+        total = spec.layers * spec.heads
+        sets = np.zeros((self.steps, total), dtype=bool)
+        for t in range(self.steps):
             profile = self.profile
             if spec.modes:
                 profile = (1 - spec.mode_share) * self.profile + spec.mode_share * self.mode_profiles[modes[t]]
-                hidden[t] += spec.signal * self.mode_embedding[modes[t]]
-                if t + 1 < steps:
-                    hidden[t] += spec.signal * spec.lookahead * self.mode_embedding[modes[t + 1]]
-            if spec.timing == "hidden":
-                hidden[t] += spec.signal * copying[t] * self.copy_embedding
-            elif spec.timing == "position":
-                hidden[t] += spec.signal * self.position_embedding[t]
             size = min(int(sizes[t]), int((profile > 0).sum()))
             if size:
                 sets[t, rng.choice(total, size, replace=False, p=profile)] = True
-        return hidden.astype(np.float32), sets
+        return sets
+
+    def _shares(self, copying: np.ndarray, modes: np.ndarray) -> np.ndarray:
+        """Eq. 2-like shares: the sigmoid of each head's static logit, unit noise per step, ``boost`` for the heads
+        of the step's context and minus ``boost`` at steps that do not retrieve."""
+        spec = self.spec
+        logits = self.static_logit + self.rng.normal(size=(self.steps, spec.layers * spec.heads))
+        for t in range(self.steps) if spec.modes else ():
+            logits[t, self.mode_heads[modes[t]]] += spec.boost
+        logits[~copying] -= spec.boost
+        return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
 
     def _modes(self) -> np.ndarray:
         """The context of each step: a first draw, then a new draw with probability ``switch`` at every step."""
@@ -142,10 +185,21 @@ def simulate_study(
     spec: WorldSpec, samples: int, rng: np.random.Generator, *, steps: int = 32, fit_samples: int = 20
 ) -> SimulatedStudy:
     """One study: a world drawn from ``spec``, ``samples`` evaluated answers and a static list fitted on
-    ``fit_samples`` other answers of the same world (heads ranked by how often they were dynamic there)."""
+    ``fit_samples`` other answers of the same world (heads ranked by how often they were dynamic there; for shares,
+    D_t's level is fitted there too)."""
     world = World(spec, rng, steps)
     fitting = [world.sample()[1] for _ in range(fit_samples)]
-    counts = np.sum([sets.sum(axis=0) for sets in fitting], axis=0)
+    level = fitted_level(fitting, spec.mean_size) if spec.targets == "shares" else None
+    counts = np.sum([_as_sets(targets, level).sum(axis=0) for targets in fitting], axis=0)
     order = [int(i) for i in np.argsort(-counts, kind="stable") if counts[i] > 0]
     ranking = [(i // spec.heads, i % spec.heads) for i in order]
-    return SimulatedStudy([world.sample() for _ in range(samples)], ranking, (spec.layers, spec.heads))
+    evaluated = [world.sample() for _ in range(samples)]
+    return SimulatedStudy(evaluated, ranking, (spec.layers, spec.heads), level)
+
+
+def fitted_level(fitting: list[np.ndarray], mean_size: float) -> float:
+    """The share above which the fitting stream's steps hold ``mean_size`` heads on average (``calibrated:K``'s
+    reading for a share whose chance level does not move)."""
+    shares = np.concatenate([targets.ravel() for targets in fitting])
+    heads = fitting[0].shape[1]
+    return float(np.quantile(shares, 1.0 - mean_size / heads))
