@@ -289,7 +289,7 @@ def test_every_section_and_verdict_is_in_the_markdown(report):
     assert "**Verdict:** Dynamic RAG (dynamic beats static), HotpotQA: supported." in md
     assert re.search(r"Dynamic - Static F1 at k=5 0\.225 \[0\.2\d\d, 0\.2\d\d\] \(n=6\), rule > 0", md)
     # its stages not run yet: nothing decided (issue 60 item 10)
-    assert "Claim 1 (dynamism), HotpotQA: not run (stages hotpotqa-dynamism, hotpotqa-probe not run yet)" in md
+    assert "Claim 1 (dynamism), HotpotQA: not run (stages hotpotqa-dynamism, hotpotqa-set-probe not run yet)" in md
     assert "*`hotpotqa-dynamism/`: stage not run.*" in md and "*`hotpotqa-cca/`: stage not run.*" in md
 
 
@@ -332,7 +332,7 @@ def test_an_empty_folder_gives_a_report_that_says_so(tmp_path):
         assert f"\n{heading}" in md
     assert md.count("stage not run") == 15  # manifest + 14 stage folders
     assert md.count(": not run (") == 7 and ": inconclusive (" not in md  # nothing ran: nothing decided
-    assert "**15 of 15 stages not run yet: run the same command to continue**" in md
+    assert "**16 of 16 stages not run yet: run the same command to continue**" in md
     assert '"runs":[]' in html_path.read_text()
 
 
@@ -576,7 +576,7 @@ def test_a_partial_study_says_its_cards_are_not_run_and_how_many_stages_are_miss
     md_path, html_path = write_report(tmp_path)
     md, page = md_path.read_text(), html_path.read_text()
     verdicts = md[md.index("## Verdicts") : md.index("\n## ", md.index("## Verdicts") + 1)]
-    assert verdicts.startswith("## Verdicts\n\n**14 of 15 stages not run yet: run the same command to continue**")
+    assert verdicts.startswith("## Verdicts\n\n**15 of 16 stages not run yet: run the same command to continue**")
     cards = re.findall(r"^### (.*): (.*)$", verdicts, re.M)
     assert len(cards) == 7 and {status for _, status in cards} == {"not run"}
     assert [card for card, _ in cards if "HotpotQA" in card] == []
@@ -585,7 +585,7 @@ def test_a_partial_study_says_its_cards_are_not_run_and_how_many_stages_are_miss
     assert "**Verdict:** Claim 2 (irreplaceability), NIAH: not run (stage ablation not run yet)." in md
     assert "**Verdict:** Claim 1 (dynamism), NIAH: not run (stages dynamism, probe not run yet)." in md
     assert page.count('<span class="badge">not run</span>') == 7 and ">inconclusive<" not in page
-    assert "14 of 15 stages not run yet" in page and "HotpotQA run" not in page
+    assert "15 of 16 stages not run yet" in page and "HotpotQA run" not in page
 
 
 def test_a_finished_study_has_no_missing_stages_line(tmp_path):

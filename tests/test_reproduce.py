@@ -58,8 +58,10 @@ def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, ti
     reasoning_list = str(out / "hotpotqa-static" / "static_heads.json")
     for stage in ("hotpotqa-ablation", "hotpotqa-progressive", "rag"):
         assert read_json(out / stage / "manifest.json")["config"]["static"] == reasoning_list
-    probe_ids = read_json(out / "hotpotqa-probe" / "questions.json")
-    assert set(probe_ids["train"]) | set(probe_ids["validation"]) <= ids["hotpotqa"]
+    for probe in ("hotpotqa-probe", "hotpotqa-set-probe"):  # Claim 3's regressor and Claim 1's set classifier
+        probe_ids = read_json(out / probe / "questions.json")
+        assert set(probe_ids["train"]) | set(probe_ids["validation"]) <= ids["hotpotqa"]
+    assert read_json(out / "hotpotqa-set-probe" / "metrics.json")["task"] == "binary"
     # Eq. 2 sets: the preset's calibrated threshold is fitted on the static stream alone, recorded, and applied by
     # the dynamism stage and both Eq. 2 ablations alike
     fit = read_json(out / "hotpotqa-dynamism" / "dynamism.json")["threshold_fit"]

@@ -24,6 +24,7 @@ RUN_ORDER = [
     "hotpotqa-dynamism",
     "hotpotqa-cca",
     "hotpotqa-probe",
+    "hotpotqa-set-probe",
     "hotpotqa-ablation",
     "hotpotqa-progressive",
     "rag",
@@ -72,6 +73,7 @@ def test_evidence_and_preset_tables():
         "hotpotqa-dynamism": "dynamism.md",
         "hotpotqa-cca": "cca.md",
         "hotpotqa-probe": "metrics.md",
+        "hotpotqa-set-probe": "metrics.md",
         "hotpotqa-ablation": "summary.md",
         "rag": "rag.md",
     }
@@ -81,7 +83,7 @@ def test_evidence_and_preset_tables():
     with pytest.raises(DynheadsError, match="publishes no numbers"):
         stages.evidence_of("no-such-stage")
     shared = {name: stages.preset_table(name) for name in RUN_ORDER if stages.preset_table(name) != name}
-    assert shared == {"hotpotqa-cca": "cca", "hotpotqa-probe": "probe"}
+    assert shared == {"hotpotqa-cca": "cca", "hotpotqa-probe": "probe", "hotpotqa-set-probe": "probe"}
 
 
 def test_an_optional_stage_joins_a_study_only_with_its_preset_table(monkeypatch):

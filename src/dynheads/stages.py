@@ -160,6 +160,16 @@ HOTPOTQA_PROBE = _stage(
     evidence="metrics.md",
     preset_table=PROBE,
 )
+# Claim 1's predictor on HotpotQA: trained on D_t, the Eq. 2 sets at the fitted threshold, as NIAH's is on Eq. 1's
+# sets. On Eq. 2's shares themselves the within-step ranking calls simulated dynamic studies "not supported" at
+# HotpotQA's short answers (report.rules, issue 59's known-truth check).
+HOTPOTQA_SET_PROBE = _stage(
+    "hotpotqa-set-probe",
+    "Claim 1 on HotpotQA: the MLP head predictor of D_t (Eq. 2 sets)",
+    run="hotpotqa_set_probe",
+    evidence="metrics.md",
+    preset_table=PROBE,
+)
 HOTPOTQA_ABLATION = _stage(
     "hotpotqa-ablation",
     "Claim 2 on HotpotQA: the ablation grid (Figure 6)",

@@ -132,6 +132,20 @@ def hotpotqa_probe(study: Study) -> object:
     )
 
 
+def hotpotqa_set_probe(study: Study) -> object:
+    """Claim 1's head predictor on HotpotQA: a classifier of D_t, the Eq. 2 sets at the threshold the dynamism
+    stage applies (fitted on the static stream), ranked within each step as NIAH's Eq. 1 sets are."""
+    return train_probe_on_run(
+        study.folder(stages.HOTPOTQA),
+        study.probe_config,
+        score=study.questions.task.score_kind,
+        out_dir=study.folder(stages.HOTPOTQA_SET_PROBE),
+        device=str(study.lm.device),
+        progress=study.progress,
+        sets=study.questions.fit(),
+    )
+
+
 # ---- HotpotQA: the Eq. 2 ablations (at the fitted threshold) and RAG, each on its own question stream ------------
 def _qa_ablation(study: Study, stage: str, stream: str, config_type: type, run: Callable[..., object]) -> None:
     """An Eq. 2 ablation stage (``run``: ``run_claim2`` or ``run_progressive``) on its own question stream, with the

@@ -168,7 +168,7 @@ def qa_setup(study: StudyFolder) -> list[Part]:
     "claim1-hotpotqa", "Claim 1, dynamism, on {qa} (Figure 5)", "qa", (stages.HOTPOTQA_DYNAMISM, ("heads-*.png",))
 )
 def claim1_qa(study: StudyFolder) -> list[Part]:
-    pair = (stages.HOTPOTQA_DYNAMISM, stages.HOTPOTQA_PROBE)
+    pair = (stages.HOTPOTQA_DYNAMISM, stages.HOTPOTQA_SET_PROBE)  # the predictor of D_t (Eq. 2 sets)
     return dynamism_parts(study.root, pair, study.qa.label, "Figure 5", PAPER_FIGURE5, study.evidence)
 
 
