@@ -64,6 +64,10 @@ def written(studies, tmp_path_factory) -> tuple[Path, str, str]:
     return out, md_path.read_text(encoding="utf-8"), html_path.read_text(encoding="utf-8")
 
 
+def row_of(table, claim: str) -> list:
+    return next(row for row in table.rows if row[0] == claim)
+
+
 def test_models_are_ordered_by_size_and_their_verdicts_differ_where_their_studies_do(studies):
     small, large = collect([studies[1], studies[0]])
     assert (small.name, small.parameters, large.name, large.parameters) == (SMALL, 135e6, LARGE, 1.5e9)
@@ -72,7 +76,8 @@ def test_models_are_ordered_by_size_and_their_verdicts_differ_where_their_studie
     assert claim2[1].effects[0].interval.effect == pytest.approx(-1 / 6) and claim2[1].effects[0].interval.n == 6
     assert claim2[1].effects[0].interval.high <= 0.0
     table = matrix([small, large])
-    assert table.columns == ["claim", "task", SMALL, LARGE]
+    assert table.columns == ["claim", "task", SMALL, LARGE, "the paper's rows, same rule"]
+    assert row_of(table, "Claim 1 (dynamism)")[-1] == "not readable: no frequency baseline in the paper (Table 2)"
     row = next(r for r in table.rows if r[:2] == ["Claim 2 (irreplaceability)", "NIAH"])
     assert row[2].startswith("supported: static - dynamic accuracy ") and "(n=6), rule > 0.1" in row[2]
     assert row[3].startswith("not supported: static - dynamic accuracy -0.167 [") and "(n=6)" in row[3]

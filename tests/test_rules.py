@@ -17,7 +17,7 @@ import torch
 
 from dynheads.paper import PAPER_DYNAMISM, PAPER_TABLE4, PAPER_TABLE6
 from dynheads.report import claims, rule_studies
-from dynheads.report.rule_paper import claim1_shares, paper_checks, paper_rows, table_rows
+from dynheads.report.rule_paper import claim1_shares, paper_checks, paper_reading, paper_rows, table_rows
 from dynheads.report.rules import (
     FALSE_ALARM_MAX,
     POWER_MIN,
@@ -46,6 +46,15 @@ def test_the_paper_rows_file_holds_the_papers_numbers_with_their_tables():
             PAPER_TABLE4[model]["static"][1],
         )
     assert table_rows("table6")["llama3.1-8b k=20"]["dynamic_f1"] == PAPER_TABLE6[20]["dynamic"][1]
+
+
+def test_compares_paper_column_says_unreadable_only_where_no_deciding_rule_reads_a_paper_row():
+    checks = paper_checks()
+    for claim, rules in declared_deciding().items():
+        assert not any((claim, rule) in checks for rule in rules), claim  # "not readable" is true of every claim
+        assert paper_reading(claim).startswith("not readable")
+    rag = checks[(claims.RAG, "rag")]
+    assert paper_reading(claims.RAG) == f"{rag.supported} of {rag.rows} rows above 0 (Tables 4 and 6, point estimates)"
 
 
 def test_the_adjacent_step_rule_fails_the_papers_own_table1_and_the_others_do_not():

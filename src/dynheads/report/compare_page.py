@@ -18,6 +18,7 @@ from dynheads.plots.scale import Panel, Point, plot_by_size, size_label
 from dynheads.report import claims
 from dynheads.report.claims import Verdict
 from dynheads.report.compare import RESULTS_FILE, ModelResults, collect, results_to_dict
+from dynheads.report.rule_paper import paper_reading
 from dynheads.tables import Cell, Table, to_html, to_markdown
 
 CLAIM_ORDER = (claims.CLAIM1, claims.CLAIM2, claims.CLAIM3, claims.RAG)
@@ -50,16 +51,21 @@ def write_compare(folders: Sequence[str | Path], out: str | Path) -> tuple[Path,
 
 
 # ---- contents ------------------------------------------------------------------------------------------------------
+PAPER_COLUMN = "the paper's rows, same rule"
+
+
 def matrix(models: Sequence[ModelResults]) -> Table:
-    """Claims x models: each cell the verdict, its tested effects with interval and n (``not run`` where none)."""
+    """Claims x models: each cell the verdict, its tested effects with interval and n (``not run`` where none); the
+    last column what the deciding rule says of the paper's own rows (``rule_paper.paper_reading``)."""
     rows_seen: list[tuple[str, str]] = []
     for model in models:
         rows_seen += [(v.claim, v.task) for v in model.verdicts if (v.claim, v.task) not in rows_seen]
     ordered = sorted(rows_seen, key=lambda row: (_claim_rank(row[0]), rows_seen.index(row)))
     rows: list[list[Cell]] = [
-        [claim, task, *(_cell(model.verdict(claim, task)) for model in models)] for claim, task in ordered
+        [claim, task, *(_cell(model.verdict(claim, task)) for model in models), paper_reading(claim)]
+        for claim, task in ordered
     ]
-    return Table(["claim", "task", *(model.name for model in models)], rows)
+    return Table(["claim", "task", *(model.name for model in models), PAPER_COLUMN], rows)
 
 
 def _claim_rank(claim: str) -> int:

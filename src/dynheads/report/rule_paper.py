@@ -122,3 +122,21 @@ def _rag_check() -> PaperCheck:
         0,  # where Dynamic - Static <= 0 the paper reports Static ahead too (its bold)
         f"Dynamic - Static F1 per row (Tables 4 and 6, point estimates): {note}",
     )
+
+
+# What the paper's published rows give each claim's deciding rules (``report.claims``): no number they read, except
+# RAG's (Tables 4 and 6). tests/test_rules.py checks that no deciding rule of these claims has a paper check.
+PAPER_UNREADABLE = {
+    claims.CLAIM1: "not readable: no frequency baseline in the paper (Table 2)",
+    claims.CLAIM2: "not readable: no per-step harm in nats in the paper",
+    claims.CLAIM3: "not readable: in-sample CCA only, no shuffled control",
+}
+
+
+def paper_reading(claim: str) -> str:
+    """What the rule deciding ``claim`` says of the paper's own rows, in one line (``dynheads compare``'s last
+    column; ``dynheads rules`` has the detail)."""
+    if claim == claims.RAG:
+        check = paper_checks()[(claims.RAG, "rag")]
+        return f"{check.supported} of {check.rows} rows above 0 (Tables 4 and 6, point estimates)"
+    return PAPER_UNREADABLE.get(claim, "–")
