@@ -32,6 +32,8 @@ from typing import Literal
 
 import numpy as np
 
+from dynheads.thresholds import fit_absolute
+
 Timing = Literal["none", "hidden", "position"]
 Targets = Literal["sets", "shares"]
 SHARE_LOGIT = -3.0  # shares: the mean static logit (a head's typical share about 0.05)
@@ -198,8 +200,6 @@ def simulate_study(
 
 
 def fitted_level(fitting: list[np.ndarray], mean_size: float) -> float:
-    """The share above which the fitting stream's steps hold ``mean_size`` heads on average (``calibrated:K``'s
-    reading for a share whose chance level does not move)."""
-    shares = np.concatenate([targets.ravel() for targets in fitting])
-    heads = fitting[0].shape[1]
-    return float(np.quantile(shares, 1.0 - mean_size / heads))
+    """The share above which the fitting stream's steps hold ``mean_size`` heads on average: the study's own fit
+    (``thresholds.fit_absolute``, ``calibrated:K``'s for a share whose chance level does not move)."""
+    return fit_absolute([targets[:, None, :] for targets in fitting], mean_size)
