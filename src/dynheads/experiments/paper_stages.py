@@ -122,27 +122,27 @@ def hotpotqa_cca(study: Study) -> object:
 
 
 def hotpotqa_probe(study: Study) -> object:
-    return train_probe_on_run(
-        study.folder(stages.HOTPOTQA),
-        study.probe_config,
-        score=study.questions.task.score_kind,
-        out_dir=study.folder(stages.HOTPOTQA_PROBE),
-        device=str(study.lm.device),
-        progress=study.progress,
-    )
+    """Claim 3's head predictor on HotpotQA (and RAG's): a regressor of the Eq. 2 scores."""
+    return _qa_probe(study, stages.HOTPOTQA_PROBE, None)
 
 
 def hotpotqa_set_probe(study: Study) -> object:
     """Claim 1's head predictor on HotpotQA: a classifier of D_t, the Eq. 2 sets at the threshold the dynamism
     stage applies (fitted on the static stream), ranked within each step as NIAH's Eq. 1 sets are."""
+    return _qa_probe(study, stages.HOTPOTQA_SET_PROBE, study.questions.fit())
+
+
+def _qa_probe(study: Study, stage: str, sets: ThresholdFit | None) -> object:
+    """The head predictor of the traced QA stream's scores (``sets``: of the sets a threshold decides) into
+    ``stage``'s folder."""
     return train_probe_on_run(
         study.folder(stages.HOTPOTQA),
         study.probe_config,
         score=study.questions.task.score_kind,
-        out_dir=study.folder(stages.HOTPOTQA_SET_PROBE),
+        out_dir=study.folder(stage),
         device=str(study.lm.device),
         progress=study.progress,
-        sets=study.questions.fit(),
+        **({"sets": sets} if sets else {}),
     )
 
 
