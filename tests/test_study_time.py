@@ -69,9 +69,9 @@ def test_reproduce_prints_the_estimate_before_the_first_stage_and_each_stage_i_o
     reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=load_model(tiny_model_dir))
     lines = capsys.readouterr().out.splitlines()
     names = stages.study_stages()
-    assert ran == names and len(names) == 15
+    assert ran == names and len(names) == 16
     estimate = next(i for i, line in enumerate(lines) if line.startswith("[reproduce] estimated total"))
-    stage_lines = [i for i, line in enumerate(lines) if re.match(r"\[reproduce\] stage \d+/15 ", line)]
-    assert len(stage_lines) == 15 and estimate < stage_lines[0]
+    stage_lines = [i for i, line in enumerate(lines) if re.match(r"\[reproduce\] stage \d+/16 ", line)]
+    assert len(stage_lines) == 16 and estimate < stage_lines[0]
     for index, (number, name) in enumerate(zip(stage_lines, names, strict=True), 1):
-        assert re.fullmatch(rf"\[reproduce\] stage {index}/15 {name}, about \d+ (s|min) left", lines[number])
+        assert re.fullmatch(rf"\[reproduce\] stage {index}/16 {name}, about \d+ (s|min) left", lines[number])
