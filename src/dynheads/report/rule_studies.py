@@ -89,12 +89,8 @@ def claim1_study(spec: WorldSpec, steps: int = 32) -> Callable[[StudyCounts, np.
             "static_kind": "copy" if spec.targets == "sets" else "reasoning",
         }
         shares = spec.targets == "shares"
-        targets = [
-            (hidden, step_sets.reshape(len(step_sets), -1).astype(np.float32))
-            for (hidden, _), step_sets in zip(study.samples, sets, strict=True)
-        ]
         config = QA_PREDICTOR if shares else PREDICTOR
-        fitted = fit_head_predictor(targets, config, task="binary", shape=study.shape, progress=False)
+        fitted = fit_head_predictor(study.set_samples(), config, task="binary", shape=study.shape, progress=False)
         effects = claims.claim1_effects(data, EVIDENCE, {"step_gap": _gap(fitted)})
         decided = {key + (QA_SETS if shares else ""): _decision(effect) for key, effect in effects.items()}
         if shares:

@@ -19,7 +19,8 @@ heads of its own). A study draws ``samples`` answers of ``steps`` steps from one
   ``mode_heads`` heads by ``boost`` (dynamic worlds), and ``timing="hidden"`` lowers every head by ``boost`` at the
   steps that do not retrieve; the share is the logit's sigmoid. D_t is every head above the level at which the
   fitting stream's steps hold ``mean_size`` heads on average (the preset's ``calibrated:10``, fitted apart from the
-  evaluated samples), and the head predictor is trained on the shares themselves, as the study's is.
+  evaluated samples). Claim 1's predictor is trained on those sets (``set_samples``), as the study's
+  ``hotpotqa-set-probe`` is; ``score_samples`` gives the shares themselves (Claim 3's regressor).
 
 Each study also draws a fitting stream from the same world (``fit_samples`` answers) whose head frequencies give
 the static list, as the study fits static heads on samples it never evaluates.
@@ -74,6 +75,10 @@ class SimulatedStudy:
     def dynamic_sets(self) -> list[np.ndarray]:
         """The samples' sets as ``[T, layers, heads]`` arrays (``analysis.dynamism``'s input)."""
         return [_as_sets(targets, self.level).reshape(len(targets), *self.shape) for _, targets in self.samples]
+
+    def set_samples(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(hidden, sets [T, L*H] float32)`` pairs: D_t as 0/1 targets (the set classifier's input)."""
+        return [(hidden, _as_sets(targets, self.level).astype(np.float32)) for hidden, targets in self.samples]
 
     def score_samples(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """``(hidden, scores [T, L*H] float32)`` pairs (the CCA's and the head predictor's input): 0/1 sets, or the
