@@ -283,6 +283,31 @@ def test_head_spans_and_chunkkv_run_in_dynheads_kv_at_the_matched_ratio(lm):
 
 
 @needs_kvpress
+@pytest.mark.parametrize("ratio", [0.25, 0.75])
+def test_adakv_snapkv_holds_snapkvs_bytes_shared_unevenly_over_the_kv_heads(lm, ratio):
+    """kvpress's leaderboard's AdaKV-SnapKV: SnapKV's scores ranked over a layer's KV heads, so the layer keeps
+    SnapKV's count of keys (the evicted ones masked, not counted) while its heads keep different shares."""
+    from dynheads.kv.press_runs import make_press, press_generate
+    from dynheads.kv.presses import attention_modules
+
+    ids = random_prompt(3, 120)
+    settings = KVSettings(policy="static", budget=0.9, ratio=ratio)
+    press = make_press(PressSpec("adakv_snapkv"), lm, settings, len(ids) - 1)
+    assert type(press).__name__ == "AdaKVPress" and type(press.press).__name__ == "SnapKVPress"
+    assert press.compression_ratio == ratio
+    adakv = press_generate(lm, ids, PressSpec("adakv_snapkv"), settings, 4, stop_at_eos=False)
+    snapkv = press_generate(lm, ids, PressSpec("snapkv"), settings, 4, stop_at_eos=False)
+    heads = lm.num_layers * num_kv_heads(lm)
+    assert abs(adakv.kept_kv[0] - snapkv.kept_kv[0]) <= heads and adakv.kept_kv[0] < adakv.total_kv[0]
+    assert len(adakv.tokens) == 4
+    with press(lm.model), torch.no_grad():  # kvpress's own context: the masked keys stay on the modules
+        lm.model(torch.tensor([ids]))
+    masked = attention_modules(lm.model)[0].masked_key_indices
+    per_head = torch.bincount(masked[1], minlength=num_kv_heads(lm))
+    assert len(set(per_head.tolist())) > 1  # the heads keep different shares
+
+
+@needs_kvpress
 def test_snapkv_spans_carries_snapkvs_own_scores_forward(lm, monkeypatch):
     """The span ablation scores every key with SnapKV's best score among itself and the span keys before it."""
     import kvpress

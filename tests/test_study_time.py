@@ -68,10 +68,11 @@ def test_reproduce_prints_the_estimate_before_the_first_stage_and_each_stage_i_o
     monkeypatch.setattr(reproduce_module._Stages, "run", lambda self, name, fn, every_rank: ran.append(name))
     reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=load_model(tiny_model_dir))
     lines = capsys.readouterr().out.splitlines()
-    names = stages.study_stages()
-    assert ran == names and len(names) == 16
+    names = stages.study_stages()  # the run order itself is pinned in the fast lane (tests/test_stages.py)
+    count = len(names)
+    assert ran == names and count > 10
     estimate = next(i for i, line in enumerate(lines) if line.startswith("[reproduce] estimated total"))
-    stage_lines = [i for i, line in enumerate(lines) if re.match(r"\[reproduce\] stage \d+/16 ", line)]
-    assert len(stage_lines) == 16 and estimate < stage_lines[0]
+    stage_lines = [i for i, line in enumerate(lines) if re.match(rf"\[reproduce\] stage \d+/{count} ", line)]
+    assert len(stage_lines) == count and estimate < stage_lines[0]
     for index, (number, name) in enumerate(zip(stage_lines, names, strict=True), 1):
-        assert re.fullmatch(rf"\[reproduce\] stage {index}/16 {name}, about \d+ (s|min) left", lines[number])
+        assert re.fullmatch(rf"\[reproduce\] stage {index}/{count} {name}, about \d+ (s|min) left", lines[number])

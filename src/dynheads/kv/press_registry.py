@@ -92,6 +92,11 @@ KVPRESS_PRESSES.register(
     help="ChunkKV over SnapKV's scores: whole chunks of 20 tokens kept (kvpress's ChunkKVPress, its defaults)",
 )
 KVPRESS_PRESSES.register(
+    "adakv_snapkv",
+    PressEntry("dynheads.kv.press_runs:adakv_snapkv_press"),
+    help="AdaKV over SnapKV: SnapKV's scores ranked across a layer's KV heads (kvpress's AdaKVPress, its defaults)",
+)
+KVPRESS_PRESSES.register(
     "duo_attention",
     PressEntry("dynheads.kv.press_runs:duo_attention_press", sizing="heads", needs_static=True),
     help="DuoAttention's press driven by the static list: its best KV heads whole, the others streaming",

@@ -20,6 +20,8 @@ same bytes.
   keys forward, so a voted cue keeps the fact after it (``head_spans_predicted``: with the predictor's voters);
   ``head_tokens_layerwise`` / ``head_spans_layerwise``: each layer voted by its own voters (the variant kvpress's
   wrappers drive),
+- ``adakv_snapkv``: AdaKV over SnapKV (kvpress's ``AdaKVPress`` wrapping ``SnapKVPress``): each KV head keeps its
+  own share of the layer's budget (masked keys),
 - ``chunkkv``: ChunkKV (kvpress's ``ChunkKVPress`` over ``SnapKVPress``, its defaults: whole chunks of 20 tokens) and
   ``snapkv_spans``: SnapKV with its scores carried ``SPAN`` keys forward (``head_spans``' span on every head), two
   baselines for a policy that keeps facts whole.
@@ -155,6 +157,14 @@ def chunkkv_press(lm: LoadedModel, settings: KVSettings, ratio: float):
     tokens, SnapKV's window and kernel), whole chunks kept at the matched ratio."""
     kvpress = require_kvpress()
     return kvpress.ChunkKVPress(press=kvpress.SnapKVPress(compression_ratio=ratio))
+
+
+def adakv_snapkv_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:adakv_snapkv``: AdaKV over SnapKV as kvpress's leaderboard runs it (``AdaKVPress`` wrapping
+    ``SnapKVPress``, their defaults): SnapKV's scores ranked across a layer's KV heads, so each head keeps its own
+    share; the evicted keys are masked, and the bytes counted are the keys left visible."""
+    kvpress = require_kvpress()
+    return kvpress.AdaKVPress(press=kvpress.SnapKVPress(compression_ratio=ratio))
 
 
 def _whole_heads(lm: LoadedModel, settings: KVSettings) -> list[KVHead]:
