@@ -519,6 +519,9 @@ def test_each_dynheads_press_is_paired_with_the_best_kvpress_press_at_its_size()
         ]
     )
     assert is_kvpress_own("kvpress:snapkv") and not is_kvpress_own("kvpress:head_spans") and not is_kvpress_own("full")
+    # kvpress's presses composed at kvpress's defaults are kvpress's methods; the span ablation is dynheads'
+    assert is_kvpress_own("kvpress:chunkkv") and is_kvpress_own("kvpress:adakv_snapkv")
+    assert not is_kvpress_own("kvpress:snapkv_spans") and not is_kvpress_own("kvpress:duo_attention")
     versus = press_comparison(frame, EvidenceSettings(resamples=200)).set_index("ratio")
     assert list(versus["best_kvpress"]) == ["kvpress:knorm", "kvpress:snapkv"]  # 0.875 (budget 0.125) first
     assert versus.loc[0.5, "difference"] == pytest.approx(0.25) and versus.loc[0.875, "difference"] == 0.25

@@ -36,6 +36,9 @@ class PressEntry:
     needs_static: bool = False  # driven by the static head list (--static FILE)
     needs_probe: bool = False  # driven by the head predictor's heads for each prompt (--predictor DIR)
     knobs: tuple[tuple[str, str], ...] = ()  # (press argument, KV setting it reads), e.g. ("n_sink", "sink")
+    # kvpress's own method composed by a dynheads function at kvpress's defaults (ChunkKV over SnapKV): compared
+    # as kvpress's, not as a press dynheads builds
+    composes_kvpress: bool = False
 
     def target(self) -> Any:
         """What builds the press: the kvpress class or the dynheads function, imported now."""
@@ -43,7 +46,13 @@ class PressEntry:
 
     @property
     def is_kvpress(self) -> bool:
+        """Built directly from a kvpress class (its knobs are that class's fields)."""
         return self.build.startswith(KVPRESS)
+
+    @property
+    def is_kvpress_method(self) -> bool:
+        """kvpress's own method (its class, or its presses composed at their defaults), not one dynheads builds."""
+        return self.is_kvpress or self.composes_kvpress
 
 
 @dataclass(frozen=True)
@@ -88,12 +97,12 @@ KVPRESS_PRESSES.register(
 KVPRESS_PRESSES.register("knorm", PressEntry("kvpress:KnormPress"), help="the keys of smallest norm")
 KVPRESS_PRESSES.register(
     "chunkkv",
-    PressEntry("dynheads.kv.press_runs:chunkkv_press"),
+    PressEntry("dynheads.kv.press_runs:chunkkv_press", composes_kvpress=True),
     help="ChunkKV over SnapKV's scores: whole chunks of 20 tokens kept (kvpress's ChunkKVPress, its defaults)",
 )
 KVPRESS_PRESSES.register(
     "adakv_snapkv",
-    PressEntry("dynheads.kv.press_runs:adakv_snapkv_press"),
+    PressEntry("dynheads.kv.press_runs:adakv_snapkv_press", composes_kvpress=True),
     help="AdaKV over SnapKV: SnapKV's scores ranked across a layer's KV heads (kvpress's AdaKVPress, its defaults)",
 )
 KVPRESS_PRESSES.register(

@@ -342,7 +342,7 @@ def pr_blocks(pr: dict) -> list[Block]:
 
 def is_kvpress_own(policy: str) -> bool:
     """Whether a table row is one of kvpress's own presses (not a press dynheads builds, nor a retention policy)."""
-    return policy.startswith(KVPRESS) and KVPRESS_PRESSES.get(parse_press(policy).name).is_kvpress
+    return policy.startswith(KVPRESS) and KVPRESS_PRESSES.get(parse_press(policy).name).is_kvpress_method
 
 
 def press_comparison(frame: pd.DataFrame, evidence: EvidenceSettings) -> pd.DataFrame | None:
