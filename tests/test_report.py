@@ -7,6 +7,7 @@ import base64
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -330,7 +331,7 @@ def test_an_empty_folder_gives_a_report_that_says_so(tmp_path):
     md = md_path.read_text()
     for heading in SECTION_HEADINGS:
         assert f"\n{heading}" in md
-    assert md.count("stage not run") == 15  # manifest + 14 stage folders
+    assert md.count("stage not run") == 16  # manifest + 14 stage folders, hotpotqa-set-probe in Claims 1 and 3
     assert md.count(": not run (") == 7 and ": inconclusive (" not in md  # nothing ran: nothing decided
     assert "**16 of 16 stages not run yet: run the same command to continue**" in md
     assert '"runs":[]' in html_path.read_text()
@@ -489,6 +490,15 @@ def test_claim3_rules():
     assert verdict.status == "inconclusive" and "R² is undefined" in verdict.reason
     partial = claims.correlation_verdict(good_cca, None, "r2", "HotpotQA")
     assert partial.status == "inconclusive" and "no head predictor metrics" in partial.sentence()
+    # on Eq. 2 tasks the predictor of D_t decides alone: the CCA, with no power there, is printed beside
+    qa = claims.CLAIM3_QA_DECIDING
+    for cca in (broken, within_gap):
+        verdict = claims.correlation_verdict(cca, good_probe, "auprc", "HotpotQA", deciding=qa)
+        assert verdict.status == "supported" and len(verdict.effects) == 1
+        assert verdict.effects[0].name.startswith("head predictor - the better of")
+        assert any(effect.name.startswith("held-out - shuffled CCA") for effect in verdict.descriptive)
+    verdict = claims.correlation_verdict(good_cca, positional, "auprc", "HotpotQA", deciding=qa)
+    assert verdict.status == "not supported"
 
 
 def test_claim3_shows_mse_beside_the_variance_weighted_r2():
@@ -656,3 +666,25 @@ def test_report_command_rewrites_the_report_and_refuses_other_folders(tmp_path):
         [sys.executable, "-m", "dynheads", "report", str(tmp_path)], capture_output=True, text=True, timeout=300
     )
     assert other.returncode == 2 and "not a study folder" in other.stderr and "Traceback" not in other.stderr
+
+
+def test_claim3_on_hotpotqa_is_decided_by_the_predictor_of_the_eq2_sets_not_the_share_regressor(tmp_path):
+    """Claim 3 on an Eq. 2 task reads the CCA and the classifier of D_t (``hotpotqa-set-probe``, AUPRC), as on NIAH;
+    the regressor of the shares (``hotpotqa-probe``, R², the paper's Table 3) is shown beside and decides nothing."""
+    root = make_reproduce_dir(tmp_path / "study")
+    shutil.copytree(root / "cca", root / "hotpotqa-cca")
+    shutil.copytree(root / "probe", root / "hotpotqa-set-probe")
+    regressor = {
+        "probe": {"r2": -0.2, "mse": 0.1},
+        "baseline": {"r2": 0.0, "mse": 0.08},
+        "gap": {"metric": "r2", "effect": -0.25, "low": -0.4, "high": -0.1, "n": 6},
+        "position_gap": {"metric": "r2", "effect": -0.3, "low": -0.45, "high": -0.15, "n": 6},
+    }
+    write_json(root / "hotpotqa-probe" / "metrics.json", {"task": "continuous", "score": "reasoning", **regressor})
+    md = write_report(root)[0].read_text(encoding="utf-8")
+    start = md.index("## Claim 3, correlation, on HotpotQA")
+    claim3 = md[start : md.index("## Dynamic RAG", start)]
+    assert "head predictor - the better of the frequency and step-index profiles AUPRC 0.300 [0.150, 0.450]" in claim3
+    assert "R2 -0.300" not in claim3 and "R² -0.300" not in claim3
+    assert "### Stage `hotpotqa-set-probe/`" in claim3 and "### Stage `hotpotqa-probe/`" in claim3
+    assert "Table 3" in claim3

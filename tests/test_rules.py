@@ -107,6 +107,20 @@ def test_on_eq2_shares_the_set_trained_ranking_tells_dynamic_from_static_and_the
     assert _claim1_on_shares(rule_studies.SHARES_STATIC, 0)[ranking] != "supported"
 
 
+def test_claim3_on_eq2_shares_the_set_classifier_finds_a_weak_lift_the_share_regressor_calls_not_supported():
+    """Claim 3 at HotpotQA's shape: where the hidden state encodes the contexts that lift their heads by 1.5 logits,
+    the classifier of D_t beats the frequency and step-index profiles and the regressor of the shares (the study's
+    hotpotqa-probe) calls the true claim "not supported"; where the hidden state knows only the step's position,
+    the classifier does not call it supported."""
+    counts, predictor = standard_counts(), "predictor" + rule_studies.QA_SETS
+    weak = rule_studies.claim3_study(rule_studies.SHARES_PLANNING_WEAK, rule_studies.QA_STEPS)
+    decided = {rule: status for rule, (status, _) in weak(counts, np.random.default_rng(0)).items()}
+    assert decided[predictor] == "supported"
+    assert decided["predictor" + rule_studies.QA_SHARES] == "not supported"
+    position = rule_studies.claim3_study(rule_studies.SHARES_POSITION_ONLY, rule_studies.QA_STEPS)
+    assert position(counts, np.random.default_rng(0))[predictor][0] != "supported"
+
+
 def test_shares_become_sets_at_the_level_fitted_on_the_fitting_stream():
     spec = WorldSpec(targets="shares", mean_size=10.0, modes=12)
     study = simulate_study(spec, 20, np.random.default_rng(0), steps=8, fit_samples=20)

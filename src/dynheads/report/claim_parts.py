@@ -127,16 +127,19 @@ def correlation_parts(
     cca_note: str,
     probe_note: str,
     evidence: EvidenceSettings,
+    deciding: tuple[str, ...] = claims.CLAIM3_DECIDING,
 ) -> list[Part]:
     """Claim 3: the stages (CCA, MLP probe) of one task; ``figure`` is the CCA's (4 or 8), ``probe_kind`` the
-    probe's task when its metrics do not say (binary copy scores, or continuous Eq. 2 scores)."""
+    probe's task when its metrics do not say (binary copy scores, or continuous Eq. 2 scores); ``deciding``: the
+    rules that decide on this task (``claims.correlation_verdict``)."""
     cca, probe_stage = folders
 
     def verdict() -> Verdict:
         row = ((stage_evidence(root, cca) or {}).get("held_out") or {}).get(str(claims.CCA_OFFSET))
         metrics = stage_evidence(root, probe_stage)
         kind = (metrics or {}).get("task", probe_kind)
-        return claims.correlation_verdict(row, metrics, "auprc" if kind == "binary" else "r2", task, evidence)
+        metric = "auprc" if kind == "binary" else "r2"
+        return claims.correlation_verdict(row, metrics, metric, task, evidence, deciding)
 
     return [
         _guard(lambda: _unfinished(root, folders, claims.CLAIM3, task) or verdict(), claims.CLAIM3, task),

@@ -36,6 +36,7 @@ PREDICTOR = HeadPredictorConfig(hidden_sizes=(64,), epochs=30, early_stopping=5,
 QA_PREDICTOR = HeadPredictorConfig(hidden_sizes=(512, 256), epochs=60, early_stopping=8, split=(0.5, 0.2, 0.3))
 QA_STEPS = 4  # steps per HotpotQA answer (395 of 100 traced answers on Qwen2.5-Coder-1.5B, 16 new tokens at most)
 QA_SETS = " on Eq. 2 sets (HotpotQA)"  # the Claim 1 rules read on thresholded Eq. 2 shares: their own rows
+QA_SHARES = " on Eq. 2 shares (HotpotQA)"  # the Claim 3 rules read on the shares themselves (the study's regressor)
 QA_SHARES_RANKING = "ranking of the Eq. 2 shares themselves (HotpotQA, retired)"
 CCA = CCAConfig(resamples=400)
 RAG_DISCORDANT = 0.3  # share of questions whose F1 differs between the two strategies (paired)
@@ -112,21 +113,40 @@ def _decision(effect: Effect) -> tuple[str, int]:
     return effect.decide(EVIDENCE.floor)[0], effect.interval.n
 
 
-def claim3_study(spec: WorldSpec) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+def claim3_study(spec: WorldSpec, steps: int = 32) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+    """Claim 3's rules on one simulated study of ``steps`` steps per answer: the held-out CCA at offset 1 and the
+    head predictor against the frequency and step-index profiles. On sets (NIAH) the predictor is a classifier of
+    them; on Eq. 2 shares (HotpotQA) two designs are decided side by side: the study's regressor of the shares
+    (R², ``QA_SHARES``) and a classifier of D_t, the sets above the fitted level (``QA_SETS``)."""
+
     def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
-        study = simulate_study(spec, counts.niah, rng)
+        study = simulate_study(spec, counts.niah, rng, steps=steps)
         samples = study.score_samples()
         table = cca_offsets(samples, [claims.CCA_OFFSET], CCA)
         row = table[table["method"] == "held_out"].iloc[0].to_dict()
-        fitted = fit_head_predictor(samples, PREDICTOR, task="binary", shape=study.shape, progress=False)
-        probe = {
-            "position_gap": fitted.position_gap(EVIDENCE).to_dict(),
-            "gap": fitted.frequency_gap(EVIDENCE).to_dict(),
+        if spec.targets == "sets":
+            fitted = fit_head_predictor(samples, PREDICTOR, task="binary", shape=study.shape, progress=False)
+            return {
+                key: _decision(effect) for key, effect in claims.claim3_effects(row, _probe(fitted), "auprc").items()
+            }
+        regressor = fit_head_predictor(samples, QA_PREDICTOR, task="continuous", shape=study.shape, progress=False)
+        decided = {
+            key + QA_SHARES: _decision(effect)
+            for key, effect in claims.claim3_effects(row, _probe(regressor), "r2").items()
         }
-        effects = claims.claim3_effects(row, probe, "auprc")
-        return {key: _decision(effect) for key, effect in effects.items()}
+        classifier = fit_head_predictor(
+            study.set_samples(), QA_PREDICTOR, task="binary", shape=study.shape, progress=False
+        )
+        for key in ("predictor", "predictor_frequency"):
+            decided[key + QA_SETS] = _decision(claims.claim3_effects(row, _probe(classifier), "auprc")[key])
+        return decided
 
     return run
+
+
+def _probe(fitted: FittedHeadPredictor) -> dict:
+    """The head predictor's gaps as ``claims.claim3_effects`` reads them."""
+    return {"position_gap": fitted.position_gap(EVIDENCE).to_dict(), "gap": fitted.frequency_gap(EVIDENCE).to_dict()}
 
 
 def claim2_study(effect: float, sd: float, overlap: float) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
@@ -198,6 +218,13 @@ SHARES_WEAK = WorldSpec(targets="shares", mean_size=10.0, modes=12, boost=1.5)
 POSITION_ONLY = WorldSpec(layers=16, heads=8, alpha=1.0, timing="position")
 NO_SIGNAL = WorldSpec(layers=16, heads=8, alpha=1.0, signal=0.0)
 PLANNING = WorldSpec(layers=16, heads=8, modes=12, lookahead=1.0)
+# Claim 3 at HotpotQA's shape: Eq. 2 shares, 4 steps an answer, on the smaller model
+SHARES_NO_SIGNAL = WorldSpec(layers=16, heads=8, targets="shares", mean_size=10.0, signal=0.0)
+SHARES_POSITION_ONLY = WorldSpec(layers=16, heads=8, targets="shares", mean_size=10.0, timing="position")
+SHARES_PLANNING = WorldSpec(layers=16, heads=8, targets="shares", mean_size=10.0, modes=12, lookahead=1.0)
+SHARES_PLANNING_WEAK = WorldSpec(
+    layers=16, heads=8, targets="shares", mean_size=10.0, modes=12, lookahead=1.0, boost=1.5
+)
 
 SCENARIOS: list[Scenario] = [
     Scenario(claims.CLAIM1, "static profile, concentrated", False, claim1_study(STATIC_CONCENTRATED)),
@@ -220,4 +247,20 @@ SCENARIOS: list[Scenario] = [
     Scenario(claims.CLAIM1, "Eq. 2 shares, hidden state knows when", False, claim1_study(SHARES_TIMED, QA_STEPS)),
     Scenario(claims.CLAIM1, "Eq. 2 shares, context lifts its heads 2.5", True, claim1_study(SHARES_DYNAMIC, QA_STEPS)),
     Scenario(claims.CLAIM1, "Eq. 2 shares, context lifts its heads 1.5", True, claim1_study(SHARES_WEAK, QA_STEPS)),
+    Scenario(claims.CLAIM3, "Eq. 2 shares, no signal", False, claim3_study(SHARES_NO_SIGNAL, QA_STEPS)),
+    Scenario(
+        claims.CLAIM3, "Eq. 2 shares, position in the answer only", False, claim3_study(SHARES_POSITION_ONLY, QA_STEPS)
+    ),
+    Scenario(
+        claims.CLAIM3,
+        "Eq. 2 shares, hidden state encodes this step's and the next step's contexts (lift 2.5)",
+        True,
+        claim3_study(SHARES_PLANNING, QA_STEPS),
+    ),
+    Scenario(
+        claims.CLAIM3,
+        "Eq. 2 shares, hidden state encodes this step's and the next step's contexts (lift 1.5)",
+        True,
+        claim3_study(SHARES_PLANNING_WEAK, QA_STEPS),
+    ),
 ]
