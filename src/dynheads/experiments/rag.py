@@ -7,13 +7,13 @@ retrieval made visible), retrievals per question, and visible context tokens per
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack, cast
 
 import numpy as np
 
+from dynheads.config import pieces_of
 from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
 from dynheads.models import LoadedModel
@@ -25,7 +25,7 @@ from dynheads.rag.windows import RetrievalConfig
 from dynheads.resources import HEAD_PREDICTOR, Evaluated, PredictorSource, needs_of
 from dynheads.runs import RESULTS_FILE, Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
-from dynheads.settings import HotpotConfig, RagFields
+from dynheads.settings import HotpotConfig, QaGrid, RagFields
 from dynheads.tasks import candidates
 from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.registry import Task, task_of
@@ -55,20 +55,11 @@ class RagConfig(RagFields):
         """What can be refused before the model loads: the task, and a user's file record by record."""
         task = self.task_entry()
         if task.check_data is not None:
-            task.check_data(dataclasses.replace(self.hotpot_config(), max_new_tokens=self.max_new_tokens))
+            task.check_data(self.hotpot_config())
 
     def hotpot_config(self) -> HotpotConfig:
         """The question grid the RAG run answers."""
-        return HotpotConfig(
-            data=self.data,
-            questions=self.questions,
-            first=self.first,
-            split=self.split,
-            lengths=self.lengths,
-            depths=self.depths,
-            seed=self.seed,
-            pad=self.pad,
-        )
+        return HotpotConfig(**pieces_of(self, QaGrid), split=self.split)
 
 
 @dataclass(frozen=True)
