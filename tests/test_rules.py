@@ -23,6 +23,9 @@ from dynheads.report.rules import (
     POWER_MIN,
     check_rules,
     declared_deciding,
+    exact_bounds,
+    rules_table,
+    scenario_names,
     standard_counts,
     write_rules,
 )
@@ -182,3 +185,39 @@ def test_write_rules_marks_a_rule_descriptive_in_the_markdown(tmp_path):
     checks = check_rules(3, claims_to_check=[claims.RAG])
     write_rules(tmp_path, checks, studies=3, seed=0)
     assert "no (descriptive)" in (tmp_path / "rules.md").read_text()
+
+
+def test_exact_bounds_are_clopper_pearsons():
+    # 0 of n: the upper end solves (1 - p)^n = 0.025; n of n: the lower end solves p^n = 0.025
+    assert exact_bounds(0, 40) == pytest.approx((0.0, 1 - 0.025 ** (1 / 40)))
+    assert exact_bounds(40, 40) == pytest.approx((0.025 ** (1 / 40), 1.0))
+    low, high = exact_bounds(9, 200)
+    assert low < 9 / 200 < high and high == pytest.approx(0.0836, abs=1e-3)
+
+
+def test_the_rules_table_carries_the_exact_bounds_of_its_counts():
+    table = pd.read_csv(RULES_TABLE)
+    for row in table.itertuples():
+        if not np.isnan(row.power):
+            assert row.power_low == pytest.approx(exact_bounds(round(row.power * row.studies), row.studies)[0])
+        if not np.isnan(row.false_alarm):
+            high = exact_bounds(round(row.false_alarm * row.studies), row.studies)[1]
+            assert row.false_alarm_high == pytest.approx(high)
+    # 40 studies cannot show a false alarm below 0.05: no count of 40 has its upper end there
+    assert (table.loc[table["studies"] == 40, "false_alarm_high"] > FALSE_ALARM_MAX).all()
+
+
+def test_a_scenario_run_alone_draws_the_studies_it_draws_in_the_full_run():
+    alone = check_rules(5, claims_to_check=[claims.RAG], scenarios=["no difference"])
+    full = {c.rule: c for c in check_rules(5, claims_to_check=[claims.RAG])}
+    assert [c.rule for c in alone] == ["rag"] and np.isnan(alone[0].power)  # no true scenario ran
+    assert alone[0].false_alarm == full["rag"].false_alarm
+    assert alone[0].false_alarm_high == full["rag"].false_alarm_high
+    assert rules_table(alone).rows[0][-1] == "not judged: its true and false scenarios did not both run"
+    assert rules_table(list(full.values())).rows[0][-1] in ("yes", "no (descriptive)")
+
+
+def test_dynheads_rules_refuses_an_unknown_scenario_naming_the_known_ones(tmp_path, capsys, monkeypatch):
+    result = run_main(capsys, monkeypatch, "rules", "--out", tmp_path, "--scenario", "no such world")
+    assert result.code != 0 and "no scenario 'no such world'" in result.stderr
+    assert scenario_names()[0] in result.stderr and "Traceback" not in result.stderr

@@ -116,6 +116,14 @@ def rules(
     claim: Annotated[
         list[str] | None, Opt("--claim", help="only this claim's rules: 1, 2, 3 or rag (repeatable; default: all)")
     ] = None,
+    scenario: Annotated[
+        list[str] | None,
+        Opt(
+            "--scenario",
+            help="only the scenario of this name (repeatable; its first studies are the full run's: pin one rule's "
+            "power or false alarm with more --studies); an unknown name lists them",
+        ),
+    ] = None,
     threads: Annotated[int | None, Opt("--threads", min=1, help="torch CPU threads (default: torch's)")] = None,
 ) -> None:
     """Run every verdict rule on simulated studies whose answer is known, at the standard preset's sample counts:
@@ -134,7 +142,12 @@ def rules(
     if unknown:
         raise typer.BadParameter(f"unknown claim {unknown[0]!r}: use one of {', '.join(names)}", param_hint="--claim")
     checks = run_rules(
-        out, studies, seed, [names[c] for c in claim] if claim else None, lambda line: typer.echo(line, err=True)
+        out,
+        studies,
+        seed,
+        [names[c] for c in claim] if claim else None,
+        lambda line: typer.echo(line, err=True),
+        scenarios=scenario,
     )
     typer.echo(to_markdown(rules_table(checks)))
     typer.echo(f"wrote {out}/rules.csv and {out}/rules.md")

@@ -13,7 +13,12 @@ descriptive. ``report.claims`` declares which rules decide; tests/test_rules.py 
 Power is the share of true studies a rule calls "supported"; false alarm the share of false studies it calls
 "supported" (the worst false scenario); false rejection the share of true studies it calls "not supported" (the
 worst true scenario: a rule that says "not supported" of true studies cannot tell a false claim from a weak test).
-All are estimates over ``studies`` studies: their standard error is about sqrt(p (1 - p) / studies).
+All are estimates over ``studies`` studies: their standard error is about sqrt(p (1 - p) / studies), and each row
+carries the end of the exact (Clopper-Pearson) two-sided 95 % interval on the side that matters: the lowest power
+and the highest false-alarm rate its counts allow (``power_low``, ``false_alarm_high``). A rule decides on the
+estimates; the bounds say how far more studies could move them. ``scenarios`` runs only the scenarios named, each
+from its own seed: a scenario's first ``studies`` studies are the same whatever else runs, so a rule's power or
+false alarm can be pinned with more studies of one scenario.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import binomtest
 
+from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path
 from dynheads.report import claims
 from dynheads.report.rule_paper import PaperCheck, paper_checks
@@ -37,6 +44,7 @@ from dynheads.tables import Table, to_markdown
 POWER_MIN = 0.8
 FALSE_ALARM_MAX = 0.05
 DEFAULT_STUDIES = 40
+BOUND_LEVEL = 0.95  # the exact bounds on power (lower) and false alarm (upper)
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,8 @@ class RuleCheck:
     power: float  # true scenarios: share called "supported" (the lowest over them)
     false_alarm: float  # false scenarios: share called "supported" (the highest over them)
     false_rejection: float  # true scenarios: share called "not supported" (the highest over them)
+    power_low: float  # low end of the exact two-sided 95 % interval of ``power`` (its count of ``studies``)
+    false_alarm_high: float  # high end of the exact two-sided 95 % interval of ``false_alarm``
     paper_rows: int  # the paper's rows the rule can be read on
     paper_supported: int  # of them, called supported (or within the paper's range)
     paper_not_supported: int  # of them, called "not supported" although the paper reports the claim there
@@ -84,13 +94,16 @@ def check_rules(
     counts: StudyCounts | None = None,
     claims_to_check: Iterable[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    scenarios: Iterable[str] | None = None,
 ) -> list[RuleCheck]:
-    """Every rule's power, false alarms and paper rows (see the module docstring), claim by claim."""
+    """Every rule's power, false alarms and paper rows (see the module docstring), claim by claim; ``scenarios``:
+    only the scenarios of these names (``scenario_names``)."""
     counts = counts or standard_counts()
     wanted = set(claims_to_check) if claims_to_check else None
+    named = _known_scenarios(scenarios)
     decisions: dict[tuple[str, str], dict[str, list[tuple[str, int]]]] = {}
     for scenario in SCENARIOS:
-        if wanted is not None and scenario.claim not in wanted:
+        if (wanted is not None and scenario.claim not in wanted) or (named is not None and scenario.name not in named):
             continue
         if progress:
             progress(f"{scenario.claim}: {scenario.name} ({studies} studies)")
@@ -103,6 +116,27 @@ def check_rules(
         _row(claim, rule, by_scenario, studies, papers.get((claim, rule)))
         for (claim, rule), by_scenario in decisions.items()
     ]
+
+
+def scenario_names() -> list[str]:
+    """Every scenario's name, in run order."""
+    return [scenario.name for scenario in SCENARIOS]
+
+
+def _known_scenarios(names: Iterable[str] | None) -> set[str] | None:
+    if names is None:
+        return None
+    named = set(names)
+    unknown = sorted(named - set(scenario_names()))
+    if unknown:
+        raise DynheadsError(f"no scenario {unknown[0]!r}; the scenarios: {'; '.join(scenario_names())}")
+    return named
+
+
+def exact_bounds(count: int, studies: int) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) two-sided ``BOUND_LEVEL`` interval of ``count`` of ``studies``."""
+    interval = binomtest(count, studies).proportion_ci(confidence_level=BOUND_LEVEL, method="exact")
+    return float(interval.low), float(interval.high)
 
 
 def _row(
@@ -118,6 +152,8 @@ def _row(
     true = [share for key, share in supported.items() if scenarios[key].truth]
     false = [share for key, share in supported.items() if not scenarios[key].truth]
     power, false_alarm = (min(true) if true else math.nan), (max(false) if false else math.nan)
+    power_low = exact_bounds(round(power * studies), studies)[0] if true else math.nan
+    false_alarm_high = exact_bounds(round(false_alarm * studies), studies)[1] if false else math.nan
     false_rejection = max((share for key, share in rejected.items() if scenarios[key].truth), default=math.nan)
     paper = paper or PaperCheck(0, 0, 0, "the paper reports no number this rule reads")
     decides = power >= POWER_MIN and false_alarm <= FALSE_ALARM_MAX and paper.not_supported == 0
@@ -132,6 +168,8 @@ def _row(
         power=power,
         false_alarm=false_alarm,
         false_rejection=false_rejection,
+        power_low=power_low,
+        false_alarm_high=false_alarm_high,
         paper_rows=paper.rows,
         paper_supported=paper.supported,
         paper_not_supported=paper.not_supported,
@@ -150,7 +188,9 @@ RULE_COLUMNS = {
     "rule": "rule",
     "n": "n",
     "power": "power",
+    "power_low": "power, 95 % low",
     "false_alarm": "false alarm",
+    "false_alarm_high": "false alarm, 95 % high",
     "false_rejection": "true called not supported",
     "paper_rows": "paper rows",
     "paper_supported": "paper supported",
@@ -166,15 +206,23 @@ def rules_table(checks: list[RuleCheck]) -> Table:
             check.rule,
             check.n,
             check.power,
+            check.power_low,
             check.false_alarm,
+            check.false_alarm_high,
             check.false_rejection,
             check.paper_rows,
             check.paper_supported,
-            "yes" if check.decides else "no (descriptive)",
+            _decides_text(check),
         ]
         for check in checks
     ]
     return Table(list(RULE_COLUMNS.values()), rows, float_format=".2f", missing="–")
+
+
+def _decides_text(check: RuleCheck) -> str:
+    if math.isnan(check.power) or math.isnan(check.false_alarm):  # a --scenario run of one side
+        return "not judged: its true and false scenarios did not both run"
+    return "yes" if check.decides else "no (descriptive)"
 
 
 def write_rules(out: str | Path, checks: list[RuleCheck], *, studies: int, seed: int) -> Path:
@@ -187,7 +235,8 @@ def write_rules(out: str | Path, checks: list[RuleCheck], *, studies: int, seed:
         "# Rules against known truth\n\n"
         f"{studies} simulated studies per scenario (seed {seed}) at the standard preset's sample counts. A rule "
         f"decides when its power >= {POWER_MIN}, its false-alarm rate <= {FALSE_ALARM_MAX} and it calls none of the "
-        "paper's rows 'not supported' where the paper reports the claim; else it is descriptive.\n\n"
+        "paper's rows 'not supported' where the paper reports the claim; else it is descriptive. The 95 % columns "
+        "are the ends of the exact (Clopper-Pearson) intervals of those shares at this many studies.\n\n"
         + to_markdown(rules_table(checks))
         + "\n\n"
         + "\n".join(f"- {check.claim}, {check.rule}: {check.note}" for check in checks)
@@ -215,8 +264,9 @@ def run_rules(
     seed: int = 0,
     claims_to_check: Iterable[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    scenarios: Iterable[str] | None = None,
 ) -> list[RuleCheck]:
     """``check_rules`` at the standard preset's counts, written to ``out`` (``rules.csv``, ``rules.md``)."""
-    checks = check_rules(studies, seed, claims_to_check=claims_to_check, progress=progress)
+    checks = check_rules(studies, seed, claims_to_check=claims_to_check, progress=progress, scenarios=scenarios)
     write_rules(out, checks, studies=studies, seed=seed)
     return checks
