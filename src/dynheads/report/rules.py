@@ -39,7 +39,7 @@ from dynheads.io import atomic_path
 from dynheads.report import claims
 from dynheads.report.rule_paper import PaperCheck, paper_checks
 from dynheads.report.rule_studies import QA_SETS, SCENARIOS, StudyCounts
-from dynheads.tables import Table, to_markdown
+from dynheads.tables import Cell, Table, to_markdown
 
 POWER_MIN = 0.8
 FALSE_ALARM_MAX = 0.05
@@ -200,7 +200,7 @@ RULE_COLUMNS = {
 
 def rules_table(checks: list[RuleCheck]) -> Table:
     """The rules as a table: claim, rule, n, power, false alarm, the paper's rows and whether the rule decides."""
-    rows = [
+    rows: list[list[Cell]] = [
         [
             check.claim,
             check.rule,
