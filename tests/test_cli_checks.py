@@ -54,6 +54,12 @@ CASES = [  # (command line, what the error names, what it says)
         "batch size must be at least 1",
     ),
     (
+        ["reproduce", *NO_MODEL, "--stages", "hotpotqa,nope", "--out", "{t}/out"],
+        "'nope'",
+        "no stage 'nope' in this study: its stages are niah, static,",
+    ),
+    (["reproduce", *NO_MODEL, "--preset", "{t}/good.json", "--out", "{t}/out"], "'{t}/good.json'", "unknown preset"),
+    (
         ["trace", "--task", "hotpotqa", *NO_MODEL, "--questions", "0", "--out", "{t}/out"],
         "--questions",
         "must be at least 1",

@@ -228,3 +228,55 @@ def test_a_study_started_under_other_preset_settings_is_not_resumed(tiny_lm, tin
     write_json(out / "manifest.json", manifest)
     with pytest.raises(DynheadsError, match="other settings of preset 'smoke' .the tables ablation differ"):
         reproduce(config, out, lm=tiny_lm, progress=False)
+
+
+def test_a_preset_file_changes_the_tables_it_gives_over_its_base(tmp_path):
+    from dynheads.experiments.reproduce import PRESETS, resolve_preset
+
+    own = tmp_path / "more-questions.toml"
+    own.write_text('base = "smoke"\n\n[hotpotqa]\nquestions = 7\n')
+    preset = resolve_preset(str(own))
+    smoke = PRESETS["smoke"]
+    assert preset["hotpotqa"] == {**smoke["hotpotqa"], "questions": 7}  # one key changed, the table's others kept
+    assert {key: value for key, value in preset.items() if key != "hotpotqa"} == {
+        key: value for key, value in smoke.items() if key != "hotpotqa"
+    }
+    assert smoke["hotpotqa"]["questions"] == 4  # the packaged preset is left as it was
+    assert resolve_preset("smoke") is smoke
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[hotpotqa]\nquestions = 7\n", "must name its base"),
+        ('base = "huge"\n', "must name its base, one of smoke, quick, standard, paper"),
+        ('base = "smoke"\n[hotpotqa\n', "is not valid TOML"),
+        ('base = "smoke"\n[hotpotqa-questions]\nquestions = 7\n', "hotpotqa-questions"),
+    ],
+)
+def test_a_bad_preset_file_is_refused_saying_why(tmp_path, text, says):
+    from dynheads.experiments.reproduce import resolve_preset
+
+    own = tmp_path / "mine.toml"
+    own.write_text(text)
+    with pytest.raises(DynheadsError, match=says):
+        resolve_preset(str(own))
+    with pytest.raises(DynheadsError, match=r"unknown preset 'mine\.yaml': use smoke, quick, standard, paper or a \.toml"):
+        resolve_preset("mine.yaml")
+
+
+def test_a_study_runs_some_stages_now_and_the_rest_later_into_its_folder(tiny_lm, tiny_model_dir, tmp_path):
+    """``--stages``: a study in pieces (e.g. its HotpotQA half in another session) under a preset file of one's own,
+    which the manifest records table by table; an unknown stage is refused before any model loads."""
+    own = tmp_path / "mine.toml"
+    own.write_text('base = "smoke"\n\n[hotpotqa]\nquestions = 5\n')
+    config, out = ReproduceConfig(model=str(tiny_model_dir), preset=str(own)), tmp_path / "study"
+    reproduce(config, out, lm=tiny_lm, progress=False, only=["hotpotqa-static", "hotpotqa"])
+    assert set(read_json(out / "stages.json")) == {"hotpotqa-static", "hotpotqa"}
+    manifest = read_json(out / "manifest.json")
+    assert manifest["config"]["preset"] == str(own) and manifest["preset_settings"]["hotpotqa"]["questions"] == 5
+    assert len(read_json(out / "hotpotqa" / "manifest.json")["questions"]["ids"]) == 5
+    reproduce(config, out, lm=tiny_lm, progress=False, only=["hotpotqa-dynamism"])
+    assert set(read_json(out / "stages.json")) == {"hotpotqa-static", "hotpotqa", "hotpotqa-dynamism"}
+    with pytest.raises(DynheadsError, match="no stage 'hotpot' in this study: its stages are niah, "):
+        reproduce(ReproduceConfig(model=str(tmp_path / "no-model"), preset="smoke"), out, only=["hotpot"])

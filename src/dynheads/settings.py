@@ -643,7 +643,8 @@ class ReproduceConfig(Seeded, ModelSettings):
         "quick",
         "smoke (seconds, any model), quick (2-core CPU, minutes; verdicts may be below the "
         "sample floor), standard (every verdict at the sample floor; docs/results), paper "
-        "(the paper's sizes, GPU)",
+        "(the paper's sizes, GPU), or a .toml file of your own: base = one of these, and the tables you change "
+        "(docs/report.md)",
     )
     hotpotqa: str | None = setting(
         None,

@@ -52,6 +52,14 @@ def reproduce(
             "larger batches give batch 1's results up to fp32 rounding",
         ),
     ] = None,
+    stages: Annotated[
+        str | None,
+        Opt(
+            "--stages",
+            help="run only these stages of the study, comma-separated, e.g. hotpotqa-static,hotpotqa,"
+            "hotpotqa-set-probe (the others later, into the same --out; the report says which did not run)",
+        ),
+    ] = None,
     config: ConfigFile = None,
     **settings,
 ) -> None:
@@ -64,7 +72,8 @@ def reproduce(
     checks.out_dir(out, "reproduce")
     if batch_size is not None:
         checks.batch_size(batch_size)
-    folder = run_all(cfg, out, processes=processes, batch_size=batch_size)
+    only = [name.strip() for name in stages.split(",") if name.strip()] if stages is not None else None
+    folder = run_all(cfg, out, processes=processes, batch_size=batch_size, only=only)
     if not is_main():  # under torchrun / accelerate launch, rank 0 writes the report
         return
     _, html = write_report(folder)

@@ -55,9 +55,13 @@ def load_preset(name: str) -> dict:
     ``qa_source`` (questions when no HotpotQA file is given), ``batch_size`` (records decoded together unless the
     command gives one; default 1, the reference path) and, for ``paper``, ``sources``."""
     with (PRESET_FOLDER / f"{name}.toml").open("rb") as file:
-        preset = tomllib.load(file)
+        return _checked_tables(tomllib.load(file))
 
-    # every table names a registered stage (``stages.STAGES``): a misspelt one would silently set nothing
+
+def _checked_tables(preset: dict) -> dict:
+    """``preset``, once every table names a registered stage (``stages.STAGES``): a misspelt one would silently
+    set nothing."""
+
     def tables(mapping: dict) -> list[str]:
         return [key for key, value in mapping.items() if isinstance(value, dict)]
 
@@ -70,6 +74,32 @@ def load_preset(name: str) -> dict:
 PRESETS = {name: load_preset(name) for name in ("smoke", "quick", "standard", "paper")}
 # Where each value of the ``paper`` preset comes from, per stage (recorded in the manifest of a paper run).
 PAPER_PRESET_SOURCES = PRESETS["paper"]["sources"]
+
+
+def resolve_preset(preset: str) -> dict:
+    """A packaged preset by name, or a preset file of one's own (``my-study.toml``): ``base = "standard"`` (a
+    packaged preset, required) and the tables that change, each merged key by key over the base's table of that
+    stage (docs/report.md, "Your own preset")."""
+    if preset in PRESETS:
+        return PRESETS[preset]
+    path = Path(preset)
+    if path.suffix != ".toml" or not path.is_file():
+        raise DynheadsError(f"unknown preset {preset!r}: use {', '.join(PRESETS)} or a .toml preset file of your own")
+    try:
+        own = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise DynheadsError(f"preset file {path} is not valid TOML: {error}") from None
+    base = own.pop("base", None)
+    if base not in PRESETS:
+        raise DynheadsError(
+            f'preset file {path} must name its base, one of {", ".join(PRESETS)} (base = "standard"), '
+            f"got {base!r}: its tables change the base's"
+        )
+    merged = json.loads(json.dumps(PRESETS[base]))  # a copy: the packaged preset stays as it is
+    for key, value in own.items():
+        both_tables = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = {**merged[key], **value} if both_tables else value
+    return _checked_tables(merged)
 
 
 def stage_settings(preset: dict, stage: str) -> dict:
@@ -136,16 +166,19 @@ def reproduce(
     progress: bool = True,
     processes: int = 1,
     batch_size: int | None = None,
+    only: Collection[str] | None = None,
 ) -> Path:
     """Run the whole study into ``out`` (one sub-folder per stage of ``stages.study_stages``, in order); returns
     ``out``, ready for ``write_report`` (by rank 0, under a launcher). ``processes`` > 1: the study runs in that many
     processes started here (``distributed.spawn``, each loading the model, with its share of the CPU threads), as
     under ``torchrun``; this process waits for them. ``batch_size`` > 1: every stage that decodes decodes that many
     records together (results equal batch 1's up to fp32 rounding; the manifest records it); None: the preset's
-    ``batch_size`` (``standard``: 4), else 1."""
-    if config.preset not in PRESETS:
-        raise DynheadsError(f"unknown preset {config.preset!r}: use {', '.join(PRESETS)}")
-    batch_size = PRESETS[config.preset].get("batch_size", 1) if batch_size is None else batch_size
+    ``batch_size`` (``standard``: 4), else 1. ``only``: run just these stages of the study (the others are left
+    as they are, to run later into the same folder; a stage that reads another's output needs it run)."""
+    preset = resolve_preset(config.preset)
+    stage_tables = {key: value for key, value in preset.items() if key != "sources"}
+    names = _selected(stages.study_stages(stage_tables), only)  # refused before any model loads
+    batch_size = preset.get("batch_size", 1) if batch_size is None else batch_size
     if processes < 1:
         raise DynheadsError(f"processes must be at least 1, got {processes}")
     if batch_size < 1:
@@ -153,11 +186,12 @@ def reproduce(
     if processes > 1:
         if lm is not None:
             raise DynheadsError("each of several processes loads its own model: pass no lm with processes > 1")
-        distributed.spawn(partial(reproduce, config, out, progress=progress, batch_size=batch_size), processes)
+        distributed.spawn(
+            partial(reproduce, config, out, progress=progress, batch_size=batch_size, only=only), processes
+        )
         return Path(out)
-    preset, out = PRESETS[config.preset], Path(out)
+    out = Path(out)
     lm = lm or load_model(config.model, dtype=config.dtype, device=config.device)
-    stage_tables = {key: value for key, value in preset.items() if key != "sources"}
     log = _Stages(out)  # read by every rank before the first barrier (see _Stages)
     manifest = start_run(
         RunDir(out),
@@ -166,13 +200,12 @@ def reproduce(
         lm,
         {
             "preset_settings": _jsonable(stage_tables),
-            **({"preset_sources": PAPER_PRESET_SOURCES} if config.preset == "paper" else {}),
+            **({"preset_sources": preset["sources"]} if "sources" in preset else {}),
         },
         batch_size=batch_size,
     )
     _check_same_preset(manifest, _jsonable(stage_tables), out)
     study = Study(config, preset, out, lm, progress, log, batch_size)
-    names = stages.study_stages(stage_tables)
     runners = {name: stages.STAGES.get(name).runner() for name in names}  # a misnamed one fails before any stage runs
     dealt = {name for name in names if stages.STAGES.get(name).deals_samples}  # the others run on rank 0 alone
     to_run = [n for n in names if n not in log.log]
@@ -183,6 +216,16 @@ def reproduce(
             print(study_time.progress_line(index, len(names), name, left), flush=True)
         study.log.run(name, partial(runners[name], study), every_rank=name in dealt)
     return out
+
+
+def _selected(names: list[str], only: Collection[str] | None) -> list[str]:
+    """The study's stages ``names`` that ``only`` keeps (all when None), in run order; an unknown name is refused."""
+    if only is None:
+        return names
+    unknown = sorted(set(only) - set(names))
+    if unknown:
+        raise DynheadsError(f"no stage {unknown[0]!r} in this study: its stages are {', '.join(names)}")
+    return [name for name in names if name in only]
 
 
 def _announce_estimate(
