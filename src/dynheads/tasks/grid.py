@@ -16,6 +16,8 @@ from itertools import product
 from typing import Any
 
 from dynheads.errors import DynheadsError
+from dynheads.seeding import derive_seed
+from dynheads.tasks.candidates import gold_rank_of
 from dynheads.tasks.questions import QuestionStream
 from dynheads.tasks.sample import Sample
 
@@ -67,3 +69,47 @@ def grid_cells(config: Any) -> list[tuple[int, float]]:
     if not cells:
         raise DynheadsError("the HotpotQA grid is empty: give at least one length and one depth")
     return cells
+
+
+@dataclass(frozen=True)
+class GeneratedQuestion:
+    """Where a generated question of a stream goes and how it is drawn (``generated_questions``)."""
+
+    index: int  # its place in the source's stream
+    length: int  # its cell's context length in tokens
+    depth: float  # its cell's depth
+    seed: int  # its own seed, from the index alone
+    gold_rank: int  # where its gold fact stands among the same-form candidates (``candidates.gold_rank_of``)
+    sample_id: str
+
+
+def generated_questions(
+    source: str,
+    *,
+    questions: int,
+    first: int,
+    lengths: tuple[int, ...],
+    depths: tuple[float, ...],
+    seed: int,
+    candidates: int,
+) -> list[GeneratedQuestion]:
+    """Questions ``first .. first + questions - 1`` of a generated task ``source`` (multihop, RULER's): question i
+    goes to cell i mod (lengths x depths), as HotpotQA's grid, is seeded by i alone (so disjoint index ranges are
+    disjoint questions) and has gold rank ``gold_rank_of(i, cells, candidates)``."""
+    cells = list(product(lengths, depths))
+    if not cells or questions < 1:
+        raise DynheadsError(f"the {source} grid is empty: give at least one length, one depth and questions >= 1")
+    placed = []
+    for index in range(first, first + questions):
+        length, depth = cells[index % len(cells)]
+        placed.append(
+            GeneratedQuestion(
+                index=index,
+                length=length,
+                depth=depth,
+                seed=derive_seed(source, seed, index),
+                gold_rank=gold_rank_of(index, len(cells), candidates),
+                sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
+            )
+        )
+    return placed

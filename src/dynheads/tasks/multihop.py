@@ -32,15 +32,13 @@ import random
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from itertools import product
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from dynheads.config import Rule
 from dynheads.errors import DynheadsError
-from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates, hotpotqa, qa_metrics
 from dynheads.tasks.forms import PLACEMENT_RULE, check_form, parse_form
-from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
+from dynheads.tasks.grid import TaskGrid, generated_questions, grid_cells, question_stream
 from dynheads.tasks.niah import haystack_of_length, load_haystack, sentence_end_before
 from dynheads.tasks.prompting import (
     chat_template_kwargs,
@@ -445,28 +443,31 @@ def grid_samples(
     first: int = 0,
     chat_template_kwargs: Mapping[str, object] | None = None,
 ) -> list[Sample]:
-    """Questions ``first .. first + questions - 1``; question i goes to grid cell i mod (lengths x depths), as
-    HotpotQA's grid, and is seeded by i alone (so disjoint index ranges are disjoint questions)."""
-    cells = list(product(lengths, depths))
-    if not cells or questions < 1:
-        raise DynheadsError("the multihop grid is empty: give at least one length, one depth and questions >= 1")
-    samples = []
-    for index in range(first, first + questions):
-        length, depth = cells[index % len(cells)]
-        samples.append(
-            make_sample(
-                tokenizer,
-                context_tokens=length,
-                depth=depth,
-                form=form,
-                haystack=haystack,
-                seed=derive_seed(SOURCE, seed, index),
-                gold_rank=candidates.gold_rank_of(index, len(cells), form.candidates),
-                sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
-                chat_template_kwargs=chat_template_kwargs,
-            )
+    """Questions ``first .. first + questions - 1`` (``grid.generated_questions``: question i in cell i mod
+    (lengths x depths), seeded by i alone, so disjoint index ranges are disjoint questions)."""
+    placed = generated_questions(
+        SOURCE,
+        questions=questions,
+        first=first,
+        lengths=lengths,
+        depths=depths,
+        seed=seed,
+        candidates=form.candidates,
+    )
+    return [
+        make_sample(
+            tokenizer,
+            context_tokens=question.length,
+            depth=question.depth,
+            form=form,
+            haystack=haystack,
+            seed=question.seed,
+            gold_rank=question.gold_rank,
+            sample_id=question.sample_id,
+            chat_template_kwargs=chat_template_kwargs,
         )
-    return samples
+        for question in placed
+    ]
 
 
 def extract_answer(generated: str) -> str:

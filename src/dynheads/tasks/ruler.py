@@ -41,16 +41,14 @@ import re
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from itertools import product
 from typing import TYPE_CHECKING, Any
 
 from dynheads.config import Rule
 from dynheads.errors import DynheadsError
-from dynheads.seeding import derive_seed
 from dynheads.tasks import candidates as cand
 from dynheads.tasks import hotpotqa, qa_metrics
 from dynheads.tasks.forms import PLACEMENT_RULE, check_form, parse_form
-from dynheads.tasks.grid import TaskGrid, grid_cells, question_stream
+from dynheads.tasks.grid import TaskGrid, generated_questions, grid_cells, question_stream
 from dynheads.tasks.multihop import COMMON_NOUNS
 from dynheads.tasks.prompting import (
     chat_template_kwargs,
@@ -466,28 +464,30 @@ def grid_samples(
     first: int = 0,
     chat_template_kwargs: Mapping[str, object] | None = None,
 ) -> list[Sample]:
-    """Questions ``first .. first + questions - 1``: question i goes to cell i mod (lengths x depths), is seeded by
-    i alone and has gold rank ``gold_rank_of(i, ...)``."""
-    form = parse_source(data)
-    cells = list(product(lengths, depths))
-    if not cells or questions < 1:
-        raise DynheadsError(f"the {source_of(data)} grid is empty: give a length, a depth and questions >= 1")
-    samples = []
-    for index in range(first, first + questions):
-        length, depth = cells[index % len(cells)]
-        samples.append(
-            make_sample(
-                tokenizer,
-                data=data,
-                context_tokens=length,
-                depth=depth,
-                seed=derive_seed(source_of(data), seed, index),
-                gold_rank=cand.gold_rank_of(index, len(cells), form.candidates),
-                sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
-                chat_template_kwargs=chat_template_kwargs,
-            )
+    """Questions ``first .. first + questions - 1`` (``grid.generated_questions``: question i in cell i mod
+    (lengths x depths), seeded by i alone, with gold rank ``gold_rank_of(i, ...)``)."""
+    placed = generated_questions(
+        source_of(data),
+        questions=questions,
+        first=first,
+        lengths=lengths,
+        depths=depths,
+        seed=seed,
+        candidates=parse_source(data).candidates,
+    )
+    return [
+        make_sample(
+            tokenizer,
+            data=data,
+            context_tokens=question.length,
+            depth=question.depth,
+            seed=question.seed,
+            gold_rank=question.gold_rank,
+            sample_id=question.sample_id,
+            chat_template_kwargs=chat_template_kwargs,
         )
-    return samples
+        for question in placed
+    ]
 
 
 # ---- scoring: RULER's string match, EM on the extracted answer, the distractor failure mode -------------------------
