@@ -152,8 +152,6 @@ def _row(
     true = [share for key, share in supported.items() if scenarios[key].truth]
     false = [share for key, share in supported.items() if not scenarios[key].truth]
     power, false_alarm = (min(true) if true else math.nan), (max(false) if false else math.nan)
-    power_low = exact_bounds(round(power * studies), studies)[0] if true else math.nan
-    false_alarm_high = exact_bounds(round(false_alarm * studies), studies)[1] if false else math.nan
     false_rejection = max((share for key, share in rejected.items() if scenarios[key].truth), default=math.nan)
     paper = paper or PaperCheck(0, 0, 0, "the paper reports no number this rule reads")
     decides = power >= POWER_MIN and false_alarm <= FALSE_ALARM_MAX and paper.not_supported == 0
@@ -168,8 +166,8 @@ def _row(
         power=power,
         false_alarm=false_alarm,
         false_rejection=false_rejection,
-        power_low=power_low,
-        false_alarm_high=false_alarm_high,
+        power_low=exact_bounds(round(power * studies), studies)[0] if true else math.nan,
+        false_alarm_high=exact_bounds(round(false_alarm * studies), studies)[1] if false else math.nan,
         paper_rows=paper.rows,
         paper_supported=paper.supported,
         paper_not_supported=paper.not_supported,
