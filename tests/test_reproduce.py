@@ -261,7 +261,8 @@ def test_a_bad_preset_file_is_refused_saying_why(tmp_path, text, says):
     own.write_text(text)
     with pytest.raises(DynheadsError, match=says):
         resolve_preset(str(own))
-    with pytest.raises(DynheadsError, match=r"unknown preset 'mine\.yaml': use smoke, quick, standard, paper or a \.toml"):
+    unknown = r"unknown preset 'mine\.yaml': use smoke, quick, standard, paper or a \.toml"
+    with pytest.raises(DynheadsError, match=unknown):
         resolve_preset("mine.yaml")
 
 
