@@ -466,14 +466,15 @@ def grid_samples(
 ) -> list[Sample]:
     """Questions ``first .. first + questions - 1`` (``grid.generated_questions``: question i in cell i mod
     (lengths x depths), seeded by i alone, with gold rank ``gold_rank_of(i, ...)``)."""
+    form = parse_source(data)  # refuses a value that names no RULER task
     placed = generated_questions(
-        source_of(data),
+        data.partition(":")[0],
         questions=questions,
         first=first,
         lengths=lengths,
         depths=depths,
         seed=seed,
-        candidates=parse_source(data).candidates,
+        candidates=form.candidates,
     )
     return [
         make_sample(
