@@ -281,3 +281,5 @@ def test_a_study_runs_some_stages_now_and_the_rest_later_into_its_folder(tiny_lm
     assert set(read_json(out / "stages.json")) == {"hotpotqa-static", "hotpotqa", "hotpotqa-dynamism"}
     with pytest.raises(DynheadsError, match="no stage 'hotpot' in this study: its stages are niah, "):
         reproduce(ReproduceConfig(model=str(tmp_path / "no-model"), preset="smoke"), out, only=["hotpot"])
+    with pytest.raises(DynheadsError, match="no stage named to run: name some of niah, "):
+        reproduce(ReproduceConfig(model=str(tmp_path / "no-model"), preset="smoke"), out, only=[])

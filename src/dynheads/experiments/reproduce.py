@@ -21,6 +21,7 @@ the report.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import time
@@ -95,7 +96,7 @@ def resolve_preset(preset: str) -> dict:
             f'preset file {path} must name its base, one of {", ".join(PRESETS)} (base = "standard"), '
             f"got {base!r}: its tables change the base's"
         )
-    merged = json.loads(json.dumps(PRESETS[base]))  # a copy: the packaged preset stays as it is
+    merged = copy.deepcopy(PRESETS[base])  # the packaged preset stays as it is
     for key, value in own.items():
         both_tables = isinstance(value, dict) and isinstance(merged.get(key), dict)
         merged[key] = {**merged[key], **value} if both_tables else value
@@ -222,6 +223,8 @@ def _selected(names: list[str], only: Collection[str] | None) -> list[str]:
     """The study's stages ``names`` that ``only`` keeps (all when None), in run order; an unknown name is refused."""
     if only is None:
         return names
+    if not only:
+        raise DynheadsError(f"no stage named to run: name some of {', '.join(names)}")
     unknown = sorted(set(only) - set(names))
     if unknown:
         raise DynheadsError(f"no stage {unknown[0]!r} in this study: its stages are {', '.join(names)}")

@@ -75,7 +75,6 @@ def grid_cells(config: Any) -> list[tuple[int, float]]:
 class GeneratedQuestion:
     """Where a generated question of a stream goes and how it is drawn (``generated_questions``)."""
 
-    index: int  # its place in the source's stream
     length: int  # its cell's context length in tokens
     depth: float  # its cell's depth
     seed: int  # its own seed, from the index alone
@@ -104,7 +103,6 @@ def generated_questions(
         length, depth = cells[index % len(cells)]
         placed.append(
             GeneratedQuestion(
-                index=index,
                 length=length,
                 depth=depth,
                 seed=derive_seed(source, seed, index),
