@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerFast
 from dynheads import DynheadsError
 from dynheads.experiments.hotpotqa import HotpotConfig, hotpot_samples
 from dynheads.tasks import candidates, hotpotqa, multihop
+from dynheads.tasks.grid import QuestionGrid
 
 FACT = re.compile(r"The (?:code of the \w+ is the \w+|magic word for the \w+ is \w+)\.")
 
@@ -122,7 +123,7 @@ def test_bad_input_is_refused(embedded):
     with pytest.raises(DynheadsError, match="depth must be between"):
         multihop.make_sample(tok, context_tokens=600, depth=1.5, seed=0)
     with pytest.raises(DynheadsError, match="grid is empty"):
-        multihop.grid_samples(tok, questions=0, lengths=(600,), depths=(0.5,), seed=0)
+        multihop.grid_samples(tok, QuestionGrid((600,), (0.5,), seed=0, questions=0))
     assert multihop.parse_source("multihop") == multihop.MultihopForm()
     assert not multihop.is_source("multihop.json") and not multihop.is_source(None)
 
@@ -189,7 +190,8 @@ def test_embedded_model_answers_with_the_full_context(embedded):
     # docs/multihop.md calibration: the default form is answered reliably at 1000 tokens.
     from dynheads import trace
 
-    samples = multihop.grid_samples(embedded.tokenizer, questions=3, lengths=(1000,), depths=(0.1, 0.5, 0.9), seed=0)
+    grid = QuestionGrid(lengths=(1000,), depths=(0.1, 0.5, 0.9), seed=0, questions=3)
+    samples = multihop.grid_samples(embedded.tokenizer, grid)
     results = [trace(embedded, sample, max_new_tokens=24) for sample in samples]
     scores = [multihop.score(s.answer, r.text) for s, r in zip(samples, results, strict=True)]
     assert sum(score["em"] for score in scores) >= 2, [r.text for r in results]
@@ -214,9 +216,8 @@ def test_multihop_gold_position_spreads_and_fact_order_is_balanced(embedded):
     """Issue 32 item 5 for the multihop task: the gold value fact in every third of the context over 300 questions
     (20-47 % each), the gold rank among the value facts cycling; the former placement (depth) is still an option."""
     form = multihop.MultihopForm(distractors=4)  # three value facts: the gold one and two distractors
-    samples = multihop.grid_samples(
-        embedded.tokenizer, questions=300, lengths=(300,), depths=(0.05, 0.5, 0.95), seed=0, form=form
-    )
+    grid = QuestionGrid(lengths=(300,), depths=(0.05, 0.5, 0.95), seed=0, questions=300)
+    samples = multihop.grid_samples(embedded.tokenizer, grid, form=form)
     depths = [s.meta["candidate_depths"][s.meta["gold_rank"]] for s in samples]
     shares = Counter(candidates.third_of(d) for d in depths)
     assert all(0.20 <= shares[third] / 300 <= 0.47 for third in candidates.THIRDS), shares

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from dynheads import DynheadsError
 from dynheads.tasks import candidates, ruler
+from dynheads.tasks.grid import QuestionGrid
 from dynheads.tasks.registry import task_of
 
 VALUE = re.compile(r"^VAR ([A-Z]{5}) = (\d{5})$")
@@ -73,14 +74,8 @@ def test_query_all_is_rulers_question(embedded):
 
 
 def test_fact_order_is_balanced_over_the_stream_and_within_cells(embedded):
-    samples = ruler.grid_samples(
-        embedded.tokenizer,
-        data="variable_tracking:hops=1,chains=3",
-        questions=18,
-        lengths=(250,),
-        depths=(0.0, 0.5, 1.0),
-        seed=0,
-    )
+    grid = QuestionGrid(lengths=(250,), depths=(0.0, 0.5, 1.0), seed=0, questions=18)
+    samples = ruler.grid_samples(embedded.tokenizer, grid, data="variable_tracking:hops=1,chains=3")
     ranks = [s.meta["gold_rank"] for s in samples]
     assert Counter(ranks) == {0: 6, 1: 6, 2: 6}
     for depth in (0.0, 0.5, 1.0):  # every cell sees every order, even at the context's ends
@@ -219,15 +214,15 @@ def test_kv_lookup_gold_position_spreads_over_the_whole_context(embedded):
     """Issue 32 item 5: 300 key-value lookups put their gold statement in every third of the context (20-47 %
     each), with fact order balanced and no position rule far from chance; the former placement (depth, spread
     0.5) kept it in the first half, which this test refuses."""
-    grid = dict(questions=300, lengths=(250,), depths=(0.05, 0.5, 0.95), seed=0)
-    samples = ruler.grid_samples(embedded.tokenizer, data="variable_tracking:hops=0,chains=3", **grid)
+    grid = QuestionGrid(lengths=(250,), depths=(0.05, 0.5, 0.95), seed=0, questions=300)
+    samples = ruler.grid_samples(embedded.tokenizer, grid, data="variable_tracking:hops=0,chains=3")
     shares = Counter(candidates.third_of(d) for d in gold_depths(samples))
     assert all(0.20 <= shares[third] / 300 <= 0.47 for third in candidates.THIRDS), shares
     assert Counter(s.meta["gold_rank"] for s in samples) == {0: 100, 1: 100, 2: 100}
     rows = [{"answer": s.answer, "meta": s.meta, "metrics": {"em": 0.0}} for s in samples]
     for name, hits in candidates.heuristic_hits(rows).items():
         assert 0.22 <= hits.mean() <= 0.45, name
-    old = ruler.grid_samples(embedded.tokenizer, data="variable_tracking:hops=0,chains=3,placement=depth", **grid)
+    old = ruler.grid_samples(embedded.tokenizer, grid, data="variable_tracking:hops=0,chains=3,placement=depth")
     assert max(gold_depths(old)) < 0.6  # what the spread check above catches
 
 
@@ -265,7 +260,7 @@ def test_bad_samples_are_refused(embedded):
     with pytest.raises(DynheadsError, match="gold rank must be"):
         ruler.make_sample(tok, data="variable_tracking", context_tokens=300, depth=0.5, seed=0, gold_rank=3)
     with pytest.raises(DynheadsError, match="grid is empty"):
-        ruler.grid_samples(tok, data="multikey_niah", questions=0, lengths=(300,), depths=(0.5,), seed=0)
+        ruler.grid_samples(tok, QuestionGrid((300,), (0.5,), seed=0, questions=0), data="multikey_niah")
     grid = task_of("variable_tracking").grid
 
     class Config:

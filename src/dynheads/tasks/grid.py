@@ -11,6 +11,7 @@ runs that fit something (static reasoning heads, probes) can be checked against 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
@@ -72,6 +73,18 @@ def grid_cells(config: Any) -> list[tuple[int, float]]:
 
 
 @dataclass(frozen=True)
+class QuestionGrid:
+    """A generated task's questions ``first .. first + questions - 1``, spread over the (length, depth) cells and
+    seeded from ``seed`` (``generated_questions``)."""
+
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    seed: int
+    questions: int
+    first: int = 0
+
+
+@dataclass(frozen=True)
 class GeneratedQuestion:
     """Where a generated question of a stream goes and how it is drawn (``generated_questions``)."""
 
@@ -82,32 +95,33 @@ class GeneratedQuestion:
     sample_id: str
 
 
-def generated_questions(
-    source: str,
-    *,
-    questions: int,
-    first: int,
-    lengths: tuple[int, ...],
-    depths: tuple[float, ...],
-    seed: int,
-    candidates: int,
-) -> list[GeneratedQuestion]:
-    """Questions ``first .. first + questions - 1`` of a generated task ``source`` (multihop, RULER's): question i
-    goes to cell i mod (lengths x depths), as HotpotQA's grid, is seeded by i alone (so disjoint index ranges are
-    disjoint questions) and has gold rank ``gold_rank_of(i, cells, candidates)``."""
-    cells = list(product(lengths, depths))
-    if not cells or questions < 1:
+def generated_questions(source: str, grid: QuestionGrid, candidates: int) -> list[GeneratedQuestion]:
+    """The questions of ``grid`` for a generated task ``source`` (multihop, RULER's): question i goes to cell
+    i mod (lengths x depths), as HotpotQA's grid, is seeded by i alone (so disjoint index ranges are disjoint
+    questions) and has gold rank ``gold_rank_of(i, cells, candidates)``."""
+    cells = list(product(grid.lengths, grid.depths))
+    if not cells or grid.questions < 1:
         raise DynheadsError(f"the {source} grid is empty: give at least one length, one depth and questions >= 1")
     placed = []
-    for index in range(first, first + questions):
+    for index in range(grid.first, grid.first + grid.questions):
         length, depth = cells[index % len(cells)]
         placed.append(
             GeneratedQuestion(
                 length=length,
                 depth=depth,
-                seed=derive_seed(source, seed, index),
+                seed=derive_seed(source, grid.seed, index),
                 gold_rank=gold_rank_of(index, len(cells), candidates),
                 sample_id=f"q{index:04d}-len{length}-depth{depth:g}",
             )
         )
     return placed
+
+
+def generated_task_grid(config: Any, samples_of: Callable[[QuestionGrid], list[Sample]]) -> TaskGrid:
+    """A generated task's grid: the config's question stream over its cells (``grid_cells`` refuses an empty
+    one), its samples built by ``samples_of``."""
+    grid_cells(config)
+    stream = question_stream(config)
+    grid = QuestionGrid(tuple(config.lengths), tuple(config.depths), config.seed, stream.count, stream.first)
+    samples = samples_of(grid)
+    return TaskGrid(samples, stream, [sample.record_id for sample in samples])

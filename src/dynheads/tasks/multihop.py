@@ -38,7 +38,7 @@ from dynheads.config import Rule
 from dynheads.errors import DynheadsError
 from dynheads.tasks import candidates, hotpotqa, qa_metrics
 from dynheads.tasks.forms import PLACEMENT_RULE, check_form, parse_form
-from dynheads.tasks.grid import TaskGrid, generated_questions, grid_cells, question_stream
+from dynheads.tasks.grid import QuestionGrid, TaskGrid, generated_questions, generated_task_grid
 from dynheads.tasks.niah import haystack_of_length, load_haystack, sentence_end_before
 from dynheads.tasks.prompting import (
     chat_template_kwargs,
@@ -433,27 +433,14 @@ def _insert(text: str, items: list[tuple[int, str]]) -> tuple[str, dict[str, int
 
 def grid_samples(
     tokenizer: PreTrainedTokenizerBase,
+    grid: QuestionGrid,
     *,
-    questions: int,
-    lengths: tuple[int, ...],
-    depths: tuple[float, ...],
-    seed: int,
     form: MultihopForm = MultihopForm(),
     haystack: str | None = None,
-    first: int = 0,
     chat_template_kwargs: Mapping[str, object] | None = None,
 ) -> list[Sample]:
-    """Questions ``first .. first + questions - 1`` (``grid.generated_questions``: question i in cell i mod
-    (lengths x depths), seeded by i alone, so disjoint index ranges are disjoint questions)."""
-    placed = generated_questions(
-        SOURCE,
-        questions=questions,
-        first=first,
-        lengths=lengths,
-        depths=depths,
-        seed=seed,
-        candidates=form.candidates,
-    )
+    """The questions of ``grid`` (``grid.generated_questions``: question i in cell i mod (lengths x depths),
+    seeded by i alone, so disjoint index ranges are disjoint questions)."""
     return [
         make_sample(
             tokenizer,
@@ -466,7 +453,7 @@ def grid_samples(
             sample_id=question.sample_id,
             chat_template_kwargs=chat_template_kwargs,
         )
-        for question in placed
+        for question in generated_questions(SOURCE, grid, form.candidates)
     ]
 
 
@@ -495,20 +482,11 @@ def score(answer: str, generated: str, candidates_in_context: list[str] | None =
 # ---- the task: its grid and its registry entry -------------------------------------------------------------------
 def multihop_grid(config: Any, tokenizer) -> TaskGrid:
     """Generated questions over the same cells as HotpotQA's grid; question i of the stream is seeded by i."""
-    grid_cells(config)
-    stream = question_stream(config)
     form = parse_source(config.data or SOURCE)
-    samples = grid_samples(
-        tokenizer,
-        questions=stream.count,
-        first=stream.first,
-        lengths=config.lengths,
-        depths=config.depths,
-        seed=config.seed,
-        form=form,
-        chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs),
+    template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
+    return generated_task_grid(
+        config, lambda grid: grid_samples(tokenizer, grid, form=form, chat_template_kwargs=template_kwargs)
     )
-    return TaskGrid(samples, stream, [sample.record_id for sample in samples])
 
 
 def prompt_manifest(config: Any) -> dict:

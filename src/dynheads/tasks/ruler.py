@@ -48,7 +48,7 @@ from dynheads.errors import DynheadsError
 from dynheads.tasks import candidates as cand
 from dynheads.tasks import hotpotqa, qa_metrics
 from dynheads.tasks.forms import PLACEMENT_RULE, check_form, parse_form
-from dynheads.tasks.grid import TaskGrid, generated_questions, grid_cells, question_stream
+from dynheads.tasks.grid import QuestionGrid, TaskGrid, generated_questions, generated_task_grid
 from dynheads.tasks.multihop import COMMON_NOUNS
 from dynheads.tasks.prompting import (
     chat_template_kwargs,
@@ -455,27 +455,14 @@ def make_sample(
 
 def grid_samples(
     tokenizer: PreTrainedTokenizerBase,
+    grid: QuestionGrid,
     *,
     data: str,
-    questions: int,
-    lengths: tuple[int, ...],
-    depths: tuple[float, ...],
-    seed: int,
-    first: int = 0,
     chat_template_kwargs: Mapping[str, object] | None = None,
 ) -> list[Sample]:
-    """Questions ``first .. first + questions - 1`` (``grid.generated_questions``: question i in cell i mod
-    (lengths x depths), seeded by i alone, with gold rank ``gold_rank_of(i, ...)``)."""
+    """The questions of ``grid`` (``grid.generated_questions``: question i in cell i mod (lengths x depths),
+    seeded by i alone, with gold rank ``gold_rank_of(i, ...)``)."""
     form = parse_source(data)  # refuses a value that names no RULER task
-    placed = generated_questions(
-        data.partition(":")[0],
-        questions=questions,
-        first=first,
-        lengths=lengths,
-        depths=depths,
-        seed=seed,
-        candidates=form.candidates,
-    )
     return [
         make_sample(
             tokenizer,
@@ -487,7 +474,7 @@ def grid_samples(
             sample_id=question.sample_id,
             chat_template_kwargs=chat_template_kwargs,
         )
-        for question in placed
+        for question in generated_questions(data.partition(":")[0], grid, form.candidates)
     ]
 
 
@@ -533,22 +520,13 @@ def ruler_grid(name: str, default: str | None = None):
     Question i of the stream is seeded by i and its fact order cycles (``candidates.gold_rank_of``)."""
 
     def grid(config: Any, tokenizer) -> TaskGrid:
-        grid_cells(config)
         data = config.data or default or name
         if source_of(data) != name:
             raise DynheadsError(f"the {name} task reads {name}[:options] data, got {data!r}")
-        stream = question_stream(config)
-        samples = grid_samples(
-            tokenizer,
-            data=data,
-            questions=stream.count,
-            first=stream.first,
-            lengths=config.lengths,
-            depths=config.depths,
-            seed=config.seed,
-            chat_template_kwargs=chat_template_kwargs(config.chat_template_kwargs),
+        template_kwargs = chat_template_kwargs(config.chat_template_kwargs)
+        return generated_task_grid(
+            config, lambda grid: grid_samples(tokenizer, grid, data=data, chat_template_kwargs=template_kwargs)
         )
-        return TaskGrid(samples, stream, [sample.record_id for sample in samples])
 
     return grid
 
