@@ -1,5 +1,6 @@
 """The results page's tables from ``write_heads_study.py`` folders: W_t's Table 1 row beside D_t's, how the two meet
-step by step, and the teacher-forced operating point (drops and paired differences with 95 % intervals).
+step by step, the teacher-forced operating point (drops and paired differences with 95 % intervals), and the write
+contrast read by its rule (``report.claims.write_contrast``, checked against known truth by ``dynheads rules``).
 
     python scripts/write_heads_table.py LABEL=ROOT [LABEL=ROOT ...]
 """
@@ -9,6 +10,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+from dynheads.analysis.evidence import EvidenceSettings, Interval
+from dynheads.report.claims import write_contrast
 
 
 def interval(value: dict) -> str:
@@ -72,6 +76,13 @@ def main(pairs: list[str]) -> None:
         overlap, top = study["overlap"], study.get("top_overlap") or {}
         shared = f"{top.get('10', '–')} / {top.get('20', '–')}"
         print(f"| {label} | {gaps} | {_num(overlap.get('contrast'))}, {_num(overlap.get('static'))} | {shared} |")
+    print()
+    print("| model, task | W_t − as many Eq. 1 heads | rule | reading (`dynheads rules --claim write`) |")
+    print("|---|---|---|---|")
+    for label, study in studies.items():
+        effect = write_contrast(Interval(**study["dynamic_minus"]["contrast"]))
+        status, why = effect.decide(EvidenceSettings().floor)
+        print(f"| {label} | {effect.interval.text()} | {effect.rule} | {status}: {why} |")
 
 
 def _split(pair: str) -> tuple[str, str]:

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
+from dynheads.analysis.evidence import Interval
 from dynheads.paper import PAPER_DYNAMISM, PAPER_TABLE4, PAPER_TABLE6
 from dynheads.report import claims, rule_studies
 from dynheads.report.rule_paper import claim1_shares, paper_checks, paper_reading, paper_rows, table_rows
@@ -152,6 +153,23 @@ def test_claim2_and_rag_rules_at_the_standard_counts():
     assert rag.n == 100 and rag.power < 0.5 and not rag.decides  # the paper's effects are below what n = 100 finds
 
 
+def test_the_write_contrast_rule_at_the_write_studys_count():
+    """Beyond the paper: W_t minus as many Eq. 1 heads, at the write study's 34 samples, finds a true 0.5-nat
+    difference and rarely calls one that is not there, heavy-tailed harms included."""
+    (rule,) = check_rules(60, claims_to_check=[claims.WRITE])
+    assert (rule.claim, rule.rule, rule.n) == (claims.WRITE, claims.WRITE_DECIDING[0], rule_studies.WRITE_SAMPLES)
+    assert rule.power >= POWER_MIN and rule.false_alarm <= FALSE_ALARM_MAX and rule.decides
+    assert "heavy-tailed" in rule.note
+
+
+def test_the_write_contrast_reads_its_interval_against_claim2s_margin_and_the_floor():
+    floor = claims.EvidenceSettings().floor
+    assert claims.write_contrast(Interval(0.74, 0.67, 0.80, 34)).decide(floor)[0] == "supported"
+    assert claims.write_contrast(Interval(0.12, 0.05, 0.20, 34)).decide(floor)[0] == "inconclusive"  # margin 0.1
+    assert claims.write_contrast(Interval(2.0, 1.8, 2.2, 29)).decide(floor)[0] == "inconclusive"  # below 30
+    assert claims.write_contrast(Interval(-0.5, -0.7, -0.3, 34)).decide(floor)[0] == "not supported"
+
+
 def test_the_declared_deciding_rules_are_those_the_rules_table_lets_decide():
     table = pd.read_csv(RULES_TABLE)
     deciding = {
@@ -175,7 +193,7 @@ def test_dynheads_rules_writes_rules_csv_and_prints_the_table(tmp_path, capsys, 
     assert "| Dynamic RAG (dynamic beats static) | rag | 100 |" in result.stdout
     assert (tmp_path / "rules.md").read_text().startswith("# Rules against known truth")
     bad = run_main(capsys, monkeypatch, "rules", "--out", tmp_path, "--claim", "7")
-    assert bad.code == 2 and "unknown claim '7'" in bad.stderr and "1, 2, 3, rag" in bad.stderr
+    assert bad.code == 2 and "unknown claim '7'" in bad.stderr and "1, 2, 3, rag, write" in bad.stderr
     two = run_main(capsys, monkeypatch, "rules", "--out", tmp_path / "two", "--studies", "3", "--claim", "2")
     assert two.code == 0, two.stderr
     assert set(pd.read_csv(tmp_path / "two" / "rules.csv")["claim"]) == {claims.CLAIM2}

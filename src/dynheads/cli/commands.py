@@ -123,7 +123,8 @@ def rules(
     ] = 40,
     seed: Annotated[int, Opt("--seed", help="seed of the simulated studies")] = 0,
     claim: Annotated[
-        list[str] | None, Opt("--claim", help="only this claim's rules: 1, 2, 3 or rag (repeatable; default: all)")
+        list[str] | None,
+        Opt("--claim", help="only this claim's rules: 1, 2, 3, rag or write (repeatable; default: all)"),
     ] = None,
     scenario: Annotated[
         list[str] | None,
@@ -146,7 +147,13 @@ def rules(
         import torch
 
         torch.set_num_threads(threads)
-    names = {"1": claim_names.CLAIM1, "2": claim_names.CLAIM2, "3": claim_names.CLAIM3, "rag": claim_names.RAG}
+    names = {
+        "1": claim_names.CLAIM1,
+        "2": claim_names.CLAIM2,
+        "3": claim_names.CLAIM3,
+        "rag": claim_names.RAG,
+        "write": claim_names.WRITE,
+    }
     unknown = [c for c in claim or [] if c not in names]
     if unknown:
         raise typer.BadParameter(f"unknown claim {unknown[0]!r}: use one of {', '.join(names)}", param_hint="--claim")

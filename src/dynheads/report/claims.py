@@ -84,6 +84,7 @@ PAPER_ADJACENT_RANGE = "{:.3f}-{:.3f}".format(
 )
 CLAIM1, CLAIM2, CLAIM3 = "Claim 1 (dynamism)", "Claim 2 (irreplaceability)", "Claim 3 (correlation)"
 RAG = "Dynamic RAG (dynamic beats static)"
+WRITE = "Write heads (W_t beyond as many Eq. 1 heads)"  # beyond the paper: issue 63's operating-point contrast
 DECIDE_COMMAND = "dynheads reproduce --preset standard"
 RULES = (
     f"every effect with a 95 % paired bootstrap interval over samples; supported when every interval lies "
@@ -532,6 +533,17 @@ def _contrast(point: OperatingPoint, control: str, keep: np.ndarray, margin: flo
         margin,
         undefined_reason="too few samples",
     )
+
+
+WRITE_DECIDING = ("W_t - as many Eq. 1 heads",)
+
+
+def write_contrast(difference: Interval, margin: float = DOSE_MARGIN) -> Effect:
+    """The write heads' contrast (issue 63, ``ablate --score write --contrast copy``): ``difference``, per sample the
+    drop from masking W_t minus the drop from masking as many heads ranked by Eq. 1 (D_t first) at the same steps,
+    paired over samples (``paired_difference``), read against ``margin`` (Claim 2's); the rule
+    ``dynheads rules --claim write`` checks against known truth."""
+    return Effect(WRITE_DECIDING[0], difference, margin, undefined_reason="too few samples")
 
 
 def _operating_numbers(point: OperatingPoint, keep: np.ndarray) -> dict[str, float | None]:

@@ -130,6 +130,7 @@ PAPER_UNREADABLE = {
     claims.CLAIM1: "not readable: no frequency baseline in the paper (Table 2)",
     claims.CLAIM2: "not readable: no per-step harm in nats in the paper",
     claims.CLAIM3: "not readable: in-sample CCA only, no shuffled control",
+    claims.WRITE: "not readable: the paper has no write score (beyond the paper)",
 }
 
 

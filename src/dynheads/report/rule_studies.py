@@ -8,6 +8,8 @@ verdict code of ``report.claims`` at the standard preset's sample counts.
 - Claim 3 (false): hidden states without signal, and hidden states and heads that share only the step's position
   in the answer; (true): the hidden state encodes the context that picks the step's heads.
 - RAG (true): paired per-question F1 at the paper's own Table 4 effects; (false): no difference.
+- Write heads (beyond the paper; true): masking W_t costs 1 or 0.5 nats more than masking as many Eq. 1 heads;
+  (false): as much, less than the margin more, or as much with heavy-tailed harms.
 
 Claim 1's ranking rule and Claim 3's predictor train the project's head predictor (``analysis.head_predictor``) with
 a smaller network than the presets' (``PREDICTOR``) to keep a study to a few seconds; its split is the standard
@@ -23,7 +25,7 @@ import numpy as np
 
 from dynheads.analysis.cca import cca_offsets
 from dynheads.analysis.dynamism import dynamism_stats, per_sample_dynamism
-from dynheads.analysis.evidence import Effect, EvidenceSettings
+from dynheads.analysis.evidence import Effect, EvidenceSettings, paired_difference
 from dynheads.analysis.head_predictor import FittedHeadPredictor, fit_head_predictor
 from dynheads.analysis.settings import CCAConfig, HeadPredictorConfig
 from dynheads.report import claims
@@ -40,6 +42,7 @@ QA_SHARES = " on Eq. 2 shares (HotpotQA)"  # the Claim 3 rules read on the share
 QA_SHARES_RANKING = "ranking of the Eq. 2 shares themselves (HotpotQA, retired)"
 CCA = CCAConfig(resamples=400)
 RAG_DISCORDANT = 0.3  # share of questions whose F1 differs between the two strategies (paired)
+WRITE_SAMPLES = 34  # the write study's deciding samples on each NIAH model (30 on the spelled needle)
 RAG_EFFECTS = {"the paper's largest effect (+0.049 F1, llama3.1-8b)": 0.049, "the paper's median effect": 0.017}
 
 
@@ -175,6 +178,25 @@ def claim2_study(effect: float, sd: float, overlap: float) -> Callable[[StudyCou
 CLAIM2_ARMS = ("static_outside", "random", "static")
 
 
+def write_study(
+    effect: float, sd: float, heavy_tails: bool = False
+) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
+    """Per sample of the write study's ``WRITE_SAMPLES``, the teacher-forced drop at f = 1 of masking W_t (mean 1.0
+    nats, sd 0.6) and of masking as many Eq. 1-ranked heads, ``effect`` nats less with paired noise of sd ``sd``
+    (``heavy_tails``: Student's t with 3 degrees of freedom scaled to that sd, a few samples far out). The two arms
+    share heads in the measured studies (half or more); the shared heads' harm cancels from the difference the
+    rule reads, so the noise here is that of the difference itself, above the sd the measured studies show
+    (0.2-0.7 nats)."""
+
+    def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
+        write = rng.normal(1.0, 0.6, WRITE_SAMPLES)
+        noise = rng.standard_t(3, WRITE_SAMPLES) * sd / np.sqrt(3) if heavy_tails else rng.normal(0, sd, WRITE_SAMPLES)
+        effect_ = claims.write_contrast(paired_difference(write, write - effect + noise, EVIDENCE))
+        return {effect_.name: (effect_.decide(EVIDENCE.floor)[0], WRITE_SAMPLES)}
+
+    return run
+
+
 def rag_study(effect: float) -> Callable[[StudyCounts, np.random.Generator], Decisions]:
     """Per question two F1 values (each 0, 1 or partial); on ``RAG_DISCORDANT`` of the questions the strategies get
     different ones, the higher going to Dynamic with the probability that makes the mean difference ``effect``
@@ -263,4 +285,9 @@ SCENARIOS: list[Scenario] = [
         True,
         claim3_study(SHARES_PLANNING_WEAK, QA_STEPS),
     ),
+    Scenario(claims.WRITE, "W_t costs 1 nat more than as many Eq. 1 heads", True, write_study(1.0, 1.0)),
+    Scenario(claims.WRITE, "W_t costs 0.5 nats more than as many Eq. 1 heads", True, write_study(0.5, 0.8)),
+    Scenario(claims.WRITE, "W_t costs as much as as many Eq. 1 heads", False, write_study(0.0, 0.8)),
+    Scenario(claims.WRITE, "W_t costs as much, heavy-tailed harms (t, 3 df)", False, write_study(0.0, 0.8, True)),
+    Scenario(claims.WRITE, "W_t costs within the margin more (+0.05)", False, write_study(0.05, 0.8)),
 ]

@@ -248,11 +248,13 @@ def write_rules(out: str | Path, checks: list[RuleCheck], *, studies: int, seed:
 def declared_deciding() -> dict[str, tuple[str, ...]]:
     """The rules ``report.claims`` lets decide, per claim (what tests/test_rules.py checks against the table);
     Claims 1 and 3 on both their shapes: NIAH's Eq. 1 sets and HotpotQA's Eq. 2 sets (the predictor trained on
-    the sets above the fitted level; there Claim 3's CCA is descriptive)."""
+    the sets above the fitted level; there Claim 3's CCA is descriptive); the write heads' contrast (beyond the
+    paper, read by ``scripts/write_heads_table.py``)."""
     return {
         claims.CLAIM1: (*claims.CLAIM1_DECIDING, *(rule + QA_SETS for rule in claims.CLAIM1_DECIDING)),
         claims.CLAIM2: tuple(f"dynamic - {arm}" for arm in claims.IRREPLACEABILITY_CONTROLS),
         claims.CLAIM3: (*claims.CLAIM3_DECIDING, *(rule + QA_SETS for rule in claims.CLAIM3_QA_DECIDING)),
+        claims.WRITE: claims.WRITE_DECIDING,
     }
 
 
