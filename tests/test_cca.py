@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from sklearn.cross_decomposition import CCA
 
@@ -208,3 +209,11 @@ def test_the_gap_statistic_of_many_resamples_equals_each_resample_alone():
     constant = [(np.full(5, 2.0), rng.normal(size=5)) for _ in range(3)]
     flat = gap_statistic(constant, constant)
     assert flat.one(np.arange(3)) == 0.0 and flat.many(np.arange(3)[None, :])[0] == 0.0
+
+
+def test_cca_offsets_shows_a_bar_unless_told_not_to(capsys):
+    quiet = cca_offsets(planted(20, 20), offsets=[0], progress=False)
+    assert "cca" not in capsys.readouterr().err
+    shown = cca_offsets(planted(20, 20), offsets=[0])
+    assert "cca" in capsys.readouterr().err
+    pd.testing.assert_frame_equal(quiet, shown)

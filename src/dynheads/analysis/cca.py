@@ -227,7 +227,10 @@ def summarize(correlations: np.ndarray) -> dict[str, float]:
 
 
 def cca_offsets(
-    samples: Sequence[Sample], offsets: Iterable[int] = range(11), config: CCAConfig | None = None
+    samples: Sequence[Sample],
+    offsets: Iterable[int] = range(11),
+    config: CCAConfig | None = None,
+    progress: bool = True,
 ) -> pd.DataFrame:
     """One row per (offset, method): top1, top10_mean, top50_mean, kept dimensions and pair counts.
 
@@ -238,14 +241,15 @@ def cca_offsets(
     resampled samples: row j of either view holds sample j's hidden states), so the spread between splits lies
     inside it; and ``test_samples`` (the fewest of a split). An offset/method that cannot be measured on any split
     (too few pairs, constant scores) gets a row of NaN with the reason in ``note``; with no held-out measure at
-    any offset it is an error. Samples with no step are dropped first (they hold no pair).
+    any offset it is an error. Samples with no step are dropped first (they hold no pair). ``progress``: a bar over
+    the offsets (the rule studies, which run it thousands of times, turn it off).
     """
     config = config or CCAConfig()
     samples = nonempty_samples(samples)
     check_samples(samples)
     evidence = EvidenceSettings(resamples=config.resamples, seed=config.seed)
     rows: list[dict] = []
-    for offset in tqdm(list(offsets), desc="cca", unit="offset", leave=False):
+    for offset in tqdm(list(offsets), desc="cca", unit="offset", leave=False, disable=not progress):
         if offset < 0:
             raise DynheadsError(f"offsets must be >= 0, got {offset}")
         base: dict = {"offset": offset, "method": "in_sample"}

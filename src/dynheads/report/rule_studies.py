@@ -125,7 +125,7 @@ def claim3_study(spec: WorldSpec, steps: int = 32) -> Callable[[StudyCounts, np.
     def run(counts: StudyCounts, rng: np.random.Generator) -> Decisions:
         study = simulate_study(spec, counts.niah, rng, steps=steps)
         samples = study.score_samples()
-        table = cca_offsets(samples, [claims.CCA_OFFSET], CCA)
+        table = cca_offsets(samples, [claims.CCA_OFFSET], CCA, progress=False)
         row = table[table["method"] == "held_out"].iloc[0].to_dict()
         if spec.targets == "sets":
             fitted = fit_head_predictor(samples, PREDICTOR, task="binary", shape=study.shape, progress=False)
