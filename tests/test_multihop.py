@@ -124,6 +124,9 @@ def test_bad_input_is_refused(embedded):
         multihop.make_sample(tok, context_tokens=600, depth=1.5, seed=0)
     with pytest.raises(DynheadsError, match="grid is empty"):
         multihop.grid_samples(tok, QuestionGrid((600,), (0.5,), seed=0, questions=0))
+    config = HotpotConfig(data="multihop", lengths=(), questions=3)
+    with pytest.raises(DynheadsError, match="the multihop grid is empty"):
+        multihop.multihop_grid(config, tok)
     assert multihop.parse_source("multihop") == multihop.MultihopForm()
     assert not multihop.is_source("multihop.json") and not multihop.is_source(None)
 

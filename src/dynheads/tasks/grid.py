@@ -118,9 +118,8 @@ def generated_questions(source: str, grid: QuestionGrid, candidates: int) -> lis
 
 
 def generated_task_grid(config: Any, samples_of: Callable[[QuestionGrid], list[Sample]]) -> TaskGrid:
-    """A generated task's grid: the config's question stream over its cells (``grid_cells`` refuses an empty
-    one), its samples built by ``samples_of``."""
-    grid_cells(config)
+    """A generated task's grid: the config's question stream over its cells, its samples built by ``samples_of``
+    (``generated_questions`` refuses an empty grid, naming the task)."""
     stream = question_stream(config)
     grid = QuestionGrid(tuple(config.lengths), tuple(config.depths), config.seed, stream.count, stream.first)
     samples = samples_of(grid)
