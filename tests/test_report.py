@@ -499,6 +499,13 @@ def test_claim3_rules():
         assert any(effect.name.startswith("held-out - shuffled CCA") for effect in verdict.descriptive)
     verdict = claims.correlation_verdict(good_cca, positional, "auprc", "HotpotQA", deciding=qa)
     assert verdict.status == "not supported"
+    # the classifier of Eq. 2 sets reads against its own margin: a gap wholly above 0 but not above it decides nothing
+    thin = {**good_probe, "position_gap": {"effect": 0.004, "low": 0.001, "high": 0.007, "n": 30}}
+    assert 0.001 < claims.SET_PROBE_MARGIN < 0.007
+    assert claims.correlation_verdict(good_cca, thin, "auprc", "NIAH").status == "supported"
+    margin = claims.SET_PROBE_MARGIN
+    verdict = claims.correlation_verdict(good_cca, thin, "auprc", "HotpotQA", deciding=qa, predictor_margin=margin)
+    assert verdict.status == "inconclusive" and verdict.effects[0].margin == margin
 
 
 def test_claim3_shows_mse_beside_the_variance_weighted_r2():
@@ -684,7 +691,8 @@ def test_claim3_on_hotpotqa_is_decided_by_the_predictor_of_the_eq2_sets_not_the_
     md = write_report(root)[0].read_text(encoding="utf-8")
     start = md.index("## Claim 3, correlation, on HotpotQA")
     claim3 = md[start : md.index("## Dynamic RAG", start)]
-    assert "head predictor - the better of the frequency and step-index profiles AUPRC 0.300 [0.150, 0.450]" in claim3
+    gap = "head predictor - the better of the frequency and step-index profiles AUPRC 0.300 [0.150, 0.450] (n=6)"
+    assert f"{gap}, rule > {claims.SET_PROBE_MARGIN:g}" in claim3  # the classifier of Eq. 2 sets: its own margin
     assert "R2 -0.300" not in claim3 and "R² -0.300" not in claim3
     assert "### Stage `hotpotqa-set-probe/`" in claim3 and "### Stage `hotpotqa-probe/`" in claim3
     assert "Table 3" in claim3

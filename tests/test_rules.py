@@ -8,6 +8,7 @@ docs/results/2026-12-rules-known-truth.md), and the declaration in ``report.clai
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -239,3 +240,40 @@ def test_dynheads_rules_refuses_an_unknown_scenario_naming_the_known_ones(tmp_pa
     result = run_main(capsys, monkeypatch, "rules", "--out", tmp_path, "--scenario", "no such world")
     assert result.code != 0 and "no scenario 'no such world'" in result.stderr
     assert scenario_names()[0] in result.stderr and "Traceback" not in result.stderr
+
+
+def _margin_script():
+    path = Path(__file__).parents[1] / "scripts" / "set_classifier_margin.py"
+    spec = importlib.util.spec_from_file_location("set_classifier_margin", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_set_classifier_margin_data_is_what_its_script_draws_and_the_margin_keeps_its_false_alarms(tmp_path):
+    """``claims.SET_PROBE_MARGIN`` rests on docs/results/data/set-classifier-margin-*.csv: the script's first studies
+    of a scenario are the committed rows (so the data is the rules' own studies), and read at the margin the
+    committed draws give what the page says: seed 1 (chose) at most 2.5 % false alarms, seed 0 (tests) 0 and 2."""
+    torch.set_num_threads(1)
+    script = _margin_script()
+    data = Path(__file__).parents[1] / "docs" / "results" / "data"
+    script.draw(["no signal"], 0, 2, tmp_path / "drawn.csv")
+    drawn = pd.read_csv(tmp_path / "drawn.csv")
+    committed = pd.read_csv(data / "set-classifier-margin-seed0-test.csv")
+    first = committed[committed["scenario"] == "no signal"].head(2)
+    for column in ("effect", "low", "high"):
+        assert drawn[column].to_numpy() == pytest.approx(first[column].to_numpy(), abs=1e-9), column
+    margin = claims.SET_PROBE_MARGIN
+
+    def supported(frame: pd.DataFrame, scenario: str, at: float) -> int:
+        rows = frame[frame["scenario"] == scenario]
+        return sum(script.decision(row, at) == "supported" for row in rows.itertuples())
+
+    # the smallest multiple of 0.0025 at which each false scenario stays at or below 2.5 % on seed 1
+    calibration = pd.read_csv(data / "set-classifier-margin-seed1-calibration.csv")
+    false, limit = ("no signal", "position only"), 0.025 * 200
+    assert all(supported(calibration, scenario, margin) <= limit for scenario in false)
+    assert any(supported(calibration, scenario, margin - 0.0025) > limit for scenario in false)
+    assert (supported(committed, "no signal", margin), supported(committed, "position only", margin)) == (0, 2)
+    assert supported(committed, "lift 1.5", margin) == 192 and supported(committed, "lift 2.5", margin) == 200

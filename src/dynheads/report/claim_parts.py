@@ -128,10 +128,12 @@ def correlation_parts(
     probe_note: str,
     evidence: EvidenceSettings,
     deciding: tuple[str, ...] = claims.CLAIM3_DECIDING,
+    predictor_margin: float = claims.PROBE_MARGIN,
 ) -> list[Part]:
     """Claim 3: the stages (CCA, MLP probe) of one task; ``figure`` is the CCA's (4 or 8), ``probe_kind`` the
-    probe's task when its metrics do not say (binary copy scores, or continuous Eq. 2 scores); ``deciding``: the
-    rules that decide on this task (``claims.correlation_verdict``)."""
+    probe's task when its metrics do not say (binary copy scores, or continuous Eq. 2 scores); ``deciding`` and
+    ``predictor_margin``: the rules that decide on this task and the predictor's margin
+    (``claims.correlation_verdict``)."""
     cca, probe_stage = folders
 
     def verdict() -> Verdict:
@@ -139,7 +141,7 @@ def correlation_parts(
         metrics = stage_evidence(root, probe_stage)
         kind = (metrics or {}).get("task", probe_kind)
         metric = "auprc" if kind == "binary" else "r2"
-        return claims.correlation_verdict(row, metrics, metric, task, evidence, deciding)
+        return claims.correlation_verdict(row, metrics, metric, task, evidence, deciding, predictor_margin)
 
     return [
         _guard(lambda: _unfinished(root, folders, claims.CLAIM3, task) or verdict(), claims.CLAIM3, task),

@@ -140,8 +140,9 @@ def claim3_study(spec: WorldSpec, steps: int = 32) -> Callable[[StudyCounts, np.
         classifier = fit_head_predictor(
             study.set_samples(), QA_PREDICTOR, task="binary", shape=study.shape, progress=False
         )
+        effects = claims.claim3_effects(row, _probe(classifier), "auprc", claims.SET_PROBE_MARGIN)
         for key in ("predictor", "predictor_frequency"):
-            decided[key + QA_SETS] = _decision(claims.claim3_effects(row, _probe(classifier), "auprc")[key])
+            decided[key + QA_SETS] = _decision(effects[key])
         return decided
 
     return run

@@ -201,7 +201,15 @@ def claim3_qa(study: StudyFolder) -> list[Part]:
     pair = (stages.HOTPOTQA_CCA, stages.HOTPOTQA_SET_PROBE)
     notes = (PAPER_FIGURE8, QA_SET_PREDICTOR_NOTE)
     decided = correlation_parts(
-        study.root, pair, "Figure 8", "binary", study.qa.label, *notes, study.evidence, claims.CLAIM3_QA_DECIDING
+        study.root,
+        pair,
+        "Figure 8",
+        "binary",
+        study.qa.label,
+        *notes,
+        study.evidence,
+        claims.CLAIM3_QA_DECIDING,
+        claims.SET_PROBE_MARGIN,
     )
     table3 = _range_note("Table 3", PAPER_PROBE_CONTINUOUS, ("r2",))
     return decided + stage_parts(study.root, stages.HOTPOTQA_PROBE, "Regressor of the shares", [table3])
