@@ -10,7 +10,8 @@ margin can be chosen on some seeds and tested on others.
 same classifier; the CCA and the shares' regressor, which draw nothing, are skipped) and appends one row per study
 (the classifier's gap: effect, 95 % interval, test samples); re-running it continues after the rows already written.
 The scenarios, by the short names used here, are ``WORLDS``. ``count`` reads each study's interval against each margin
-with the verdict code's own ``Effect`` at the floor of 30: how many read "supported", with the exact 95 % interval.
+with the verdict code's own ``Effect`` at the rule studies' floor (``EVIDENCE.floor``): how many read "supported",
+with the exact 95 % interval.
 """
 
 from __future__ import annotations
@@ -36,9 +37,6 @@ from dynheads.report.rule_studies import (
 )
 from dynheads.report.rules import exact_bounds, standard_counts
 from dynheads.report.simulated import WorldSpec, simulate_study
-
-FLOOR = 30
-
 
 WORLDS = {  # short name: the Claim 3 scenario on Eq. 2 shares (``report.rule_studies.SCENARIOS``) and its world
     "no signal": ("Eq. 2 shares, no signal", SHARES_NO_SIGNAL),
@@ -109,7 +107,7 @@ def count(files: list[Path], margins: list[float]) -> None:
 
 def decision(row, margin: float) -> str:
     interval = Interval(row.effect, row.low, row.high, int(row.n))
-    return Effect("set classifier", interval, margin).decide(FLOOR)[0]
+    return Effect("set classifier", interval, margin).decide(EVIDENCE.floor)[0]
 
 
 def main() -> None:
