@@ -62,6 +62,13 @@ def tiny_lm(tiny_model_dir):
 EMBEDDED_FIXTURES = {"embedded", "embedded_tokenizer"}
 
 
+def pytest_report_header(config):
+    """Where tests/zoo.py builds its tiny models (``DYNHEADS_TEST_DEVICE``; the CPU unless it names another)."""
+    from zoo import TEST_DEVICE
+
+    return f"dynheads tiny models on: {TEST_DEVICE}"
+
+
 def pytest_collection_modifyitems(items):
     """Mark ``embedded`` every test whose fixtures (with those they depend on) read the embedded model's GGUF."""
     for item in items:

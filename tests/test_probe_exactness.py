@@ -69,7 +69,7 @@ def test_tokens_identical_with_probe_on_and_off(family):
     model = tiny_model(family)
     lm = LoadedModel(model=model, tokenizer=NoTokenizer(), name=family, revision="random")
     torch.manual_seed(2)
-    prompt = torch.randint(3, 128, (1, 16))
+    prompt = torch.randint(3, 128, (1, 16)).to(model.device)
     with torch.no_grad():
         plain = model.generate(
             prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0, min_new_tokens=12
@@ -85,7 +85,7 @@ def test_removing_a_head_equals_zeroing_its_o_proj_input(family):
     model = tiny_model(family)
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     head_dim = model.model.layers[0].self_attn.head_dim
-    ids = torch.randint(3, 128, (1, 18), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(3, 128, (1, 18), generator=torch.Generator().manual_seed(3)).to(model.device)
     removed = [(1, 2), (0, 0)]
 
     def zero_slices(layer):
@@ -107,7 +107,7 @@ def test_removing_a_head_equals_zeroing_its_o_proj_input(family):
         for handle in handles:
             handle.remove()
 
-    probe = AttentionProbe(layers, heads)
+    probe = AttentionProbe(layers, heads, model.device)
     probe.set_edits([RowEdit(removed=frozenset(removed), mode="zero")])
     probe.begin_forward(ids.shape[1] - 1)
     with attached(model, probe) as probe_kwargs, torch.no_grad():
@@ -121,7 +121,7 @@ def test_removing_a_head_equals_zeroing_its_o_proj_input(family):
 def test_uniform_ablation_gives_the_mean_of_visible_values():
     model = tiny_model("mistral")  # sliding window 8: the mean runs over the window only
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
-    ids = torch.randint(3, 128, (1, 20), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(3, 128, (1, 20), generator=torch.Generator().manual_seed(4)).to(model.device)
     captured = {}
 
     def grab(module, args, kwargs, output):
@@ -129,7 +129,7 @@ def test_uniform_ablation_gives_the_mean_of_visible_values():
 
     attn = model.model.layers[0].self_attn
     attn.v_proj.register_forward_hook(lambda m, a, out: captured.__setitem__("v", out))
-    probe = AttentionProbe(layers, heads)
+    probe = AttentionProbe(layers, heads, model.device)
     probe.set_edits([RowEdit(removed=frozenset({(0, 1)}), mode="uniform")])
     probe.begin_forward(19)
     attn.o_proj.register_forward_pre_hook(lambda m, a: captured.__setitem__("o_in", a[0]))
@@ -145,8 +145,8 @@ def test_uniform_ablation_gives_the_mean_of_visible_values():
 def test_hidden_keys_get_zero_attention_in_every_head():
     model = tiny_model("qwen2")
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
-    ids = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(5))
-    probe = AttentionProbe(layers, heads)
+    ids = torch.randint(3, 128, (1, 16), generator=torch.Generator().manual_seed(5)).to(model.device)
+    probe = AttentionProbe(layers, heads, model.device)
     probe.set_measure(Measure(rows=frozenset((layer, head) for layer in range(layers) for head in range(heads))))
     hidden = [2, 3, 4, 13]
     probe.set_edits([RowEdit(hidden_keys=frozenset(hidden))])

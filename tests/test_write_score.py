@@ -84,7 +84,7 @@ def assert_write_equals_oracle(lm: LoadedModel, prompt: list[int], needle: list[
     assert trace.scores["write"].shape == (steps, lm.num_layers, lm.num_heads)
     for step in range(steps):
         ids = torch.tensor([sequence[: len(prompt) + step]])
-        expected = oracle_write(lm.model, ids, int(trace.tokens[step]), needle)
+        expected = oracle_write(lm.model, ids, int(trace.tokens[step]), needle).cpu()
         got = torch.from_numpy(trace.scores["write"][step])
         scale = float(expected.abs().max())
         assert scale > 0, step

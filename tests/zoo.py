@@ -1,9 +1,13 @@
 """Tiny randomly initialised causal LMs of every supported family, built from configs (no downloads).
 
-Small sliding windows (8) make the sliding-window code paths run on short prompts.
+Small sliding windows (8) make the sliding-window code paths run on short prompts. The models live on
+``TEST_DEVICE``: the CPU, or what ``DYNHEADS_TEST_DEVICE`` names (``cuda``: the oracle tests run on a GPU, see
+``benchmarks/gpu_checks.sh``).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import transformers as tf
@@ -17,6 +21,7 @@ COMMON = dict(
     num_key_value_heads=2,
     max_position_embeddings=256,
 )
+TEST_DEVICE = torch.device(os.environ.get("DYNHEADS_TEST_DEVICE", "cpu"))
 SLIDING = ["sliding_attention", "full_attention", "sliding_attention"]
 
 FAMILIES = {
@@ -43,6 +48,7 @@ def tiny_model(family: str, vocab_size: int = 128, seed: int = 0) -> tf.PreTrain
     torch.manual_seed(seed)
     config = config_cls(vocab_size=vocab_size, **COMMON, **extra)
     model = model_cls(config).eval()
+    model.to(TEST_DEVICE)  # after seeding and building on the CPU: the same weights on every device
     # Random init gives near-uniform attention; sharper queries make argmax tests meaningful.
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -52,13 +58,13 @@ def tiny_model(family: str, vocab_size: int = 128, seed: int = 0) -> tf.PreTrain
 
 
 def eager_forward(model: tf.PreTrainedModel, ids: torch.Tensor):
-    """transformers' own eager forward over ``ids`` with every attention matrix (the tests' oracle), the model's
-    attention implementation restored after it."""
+    """transformers' own eager forward over ``ids`` (moved to the model's device) with every attention matrix (the
+    tests' oracle), the model's attention implementation restored after it."""
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
         with torch.no_grad():
-            return model(ids, output_attentions=True)
+            return model(ids.to(model.device), output_attentions=True)
     finally:
         model.set_attn_implementation(previous)
 
