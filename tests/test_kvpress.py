@@ -229,6 +229,7 @@ def test_presses_sharing_a_prefill_equal_each_alone(lm):
         arms = [
             (PressSpec(name), replace(base, budget=budget, voters=((1, 2), (0, 3))))
             for name in KVPRESS_PRESSES.names()
+            if name != "kvzip"  # it loads a tokenizer from the model's folder, which this model lacks: tested below
             for budget in (0.34, 0.67)
         ]
         shared = press_generate_all(lm, ids, arms, 5, stop_at_eos=False)
@@ -239,6 +240,26 @@ def test_presses_sharing_a_prefill_equal_each_alone(lm):
         assert (one.tokens, one.kept_kv, one.total_kv) == (other.tokens, other.kept_kv, other.total_kv), spec
     assert len({tuple(result.tokens) for result in alone}) > 1  # the presses decode differently: the test can fail
     assert len({result.kept_kv[0] for result in alone}) > 2
+
+
+@needs_kvpress
+def test_kvzip_keeps_the_ratios_share_and_refuses_a_model_without_a_tokenizer(tiny_lm, lm):
+    """KVzip (kvpress's ``KVzipPress``) prefills alone under its own context, asks the model to repeat the context
+    and keeps the best-scored keys across all layers: the first step holds (1 - ratio) of the compressed prompt
+    per KV head (the evicted keys masked), and it decodes. It tokenises its repeat prompt with the tokenizer it
+    loads from the model's folder: a model built from a config has none and is refused in one line."""
+    from dynheads.kv.press_runs import press_generate_all
+
+    ids = random_prompt(11, 120)
+    heads, compressed = tiny_lm.num_layers * num_kv_heads(tiny_lm), len(ids) - 1
+    for ratio in (0.25, 0.75):
+        settings = KVSettings(policy="static", budget=0.9, ratio=ratio)
+        (kvzip,) = press_generate_all(tiny_lm, ids, [(PressSpec("kvzip"), settings)], 4, stop_at_eos=False)
+        assert abs(kvzip.kept_kv[0] / heads - ((1 - ratio) * compressed + 1)) <= 1, ratio
+        assert len(kvzip.tokens) == 4 and kvzip.kept_kv[0] < kvzip.total_kv[0]
+    with pytest.raises(DynheadsError, match="tokenizer it loads from the model's folder") as error:
+        press_generate_all(lm, ids, [(PressSpec("kvzip"), settings)], 4)
+    assert "\n" not in str(error.value)
 
 
 @needs_kvpress

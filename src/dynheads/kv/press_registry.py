@@ -96,6 +96,11 @@ KVPRESS_PRESSES.register(
 )
 KVPRESS_PRESSES.register("knorm", PressEntry("kvpress:KnormPress"), help="the keys of smallest norm")
 KVPRESS_PRESSES.register(
+    "kvzip",
+    PressEntry("dynheads.kv.press_runs:kvzip_press", composes_kvpress=True),
+    help="KVzip: the keys the model attends to while repeating the context (kvpress's KVzipPress; 2-3 prefills more)",
+)
+KVPRESS_PRESSES.register(
     "chunkkv",
     PressEntry("dynheads.kv.press_runs:chunkkv_press", composes_kvpress=True),
     help="ChunkKV over SnapKV's scores: whole chunks of 20 tokens kept (kvpress's ChunkKVPress, its defaults)",

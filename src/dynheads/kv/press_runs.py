@@ -22,6 +22,8 @@ same bytes.
   wrappers drive),
 - ``adakv_snapkv``: AdaKV over SnapKV (kvpress's ``AdaKVPress`` wrapping ``SnapKVPress``): each KV head keeps its
   own share of the layer's budget (masked keys),
+- ``kvzip``: KVzip (kvpress's ``KVzipPress``, its defaults): keys scored by how much the model attends to them while
+  repeating the context, the question-free track's leader on kvpress's leaderboard; it prefills alone,
 - ``chunkkv``: ChunkKV (kvpress's ``ChunkKVPress`` over ``SnapKVPress``, its defaults: whole chunks of 20 tokens) and
   ``snapkv_spans``: SnapKV with its scores carried ``SPAN`` keys forward (``head_spans``' span on every head), two
   baselines for a policy that keeps facts whole.
@@ -165,6 +167,29 @@ def adakv_snapkv_press(lm: LoadedModel, settings: KVSettings, ratio: float):
     share; the evicted keys are masked, and the bytes counted are the keys left visible."""
     kvpress = require_kvpress()
     return kvpress.AdaKVPress(press=kvpress.SnapKVPress(compression_ratio=ratio))
+
+
+def kvzip_press(lm: LoadedModel, settings: KVSettings, ratio: float):
+    """``kvpress:kvzip``: KVzip as kvpress ships it (``KVzipPress``, its defaults): after the prefill the model is
+    asked to repeat the context, chunk by chunk, and each key is scored by the attention it gets while doing so (two
+    to three prefills more). kvpress builds that prompt with the tokenizer it loads from the model's folder
+    (``config.name_or_path``), so a model without one is refused here, in one line."""
+    _check_folder_tokenizer(lm.model.config.name_or_path, "kvzip")
+    return require_kvpress().KVzipPress(compression_ratio=ratio)
+
+
+@functools.lru_cache(maxsize=8)
+def _check_folder_tokenizer(source: str, press: str) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, TypeError) as error:
+        where = repr(source) if source else "this model (built from a config, no folder)"
+        raise DynheadsError(
+            f"kvpress:{press} builds its own prompt with the tokenizer it loads from the model's folder, and "
+            f"{where} has none ({type(error).__name__}); load the model from a folder, a hub id or a .gguf file"
+        ) from None
 
 
 def _whole_heads(lm: LoadedModel, settings: KVSettings) -> list[KVHead]:
