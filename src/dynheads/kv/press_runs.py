@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import cast
 
+import torch
 from transformers import DynamicCache
 
 from dynheads.analysis.kvheads import KVHead
@@ -272,7 +273,9 @@ def _prefilled(
     prefilled = DecodingSession(lm, input_ids, max_new_tokens=max_new_tokens, probed=False, text_positions=True)
     rest = len(input_ids) - 1 - compressed
     if len(presses) == 1 and not share:
-        with presses[0](lm.model):
+        # inference mode around the press's context too: a press that runs the model itself when its context closes
+        # (KVzip's reconstruction passes) would otherwise keep every activation of them for a backward pass
+        with torch.inference_mode(), presses[0](lm.model):
             prefilled.forward(compressed)
         sessions: list[tuple[DecodingSession, dict[int, object] | None]] = [(prefilled, None)]
     else:
