@@ -128,13 +128,15 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model: check the script runs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu.json"))
     args = parser.parse_args()
+    alignments = [int(a) for a in args.row_alignments.split(",") if a]
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    if not batch_sizes and not alignments:  # plain generate alone compares nothing
+        parser.error("nothing traced: give --batch-sizes (1 = dynheads.trace) or --row-alignments")
 
     from dynheads.engine import probe
     from dynheads.engine.tracing import trace, trace_batch
 
     lm = build(TINY if args.tiny else LLAMA_8B, args.device, getattr(torch, args.dtype))
-    alignments = [int(a) for a in args.row_alignments.split(",") if a]
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     default_alignment = probe.ROW_ALIGNMENT
     vocab = lm.model.config.vocab_size
     rows = []
