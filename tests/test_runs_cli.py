@@ -28,6 +28,7 @@ def test_run_directory_contents(tiny_model_dir, tiny_lm, tmp_path):
     assert manifest["kind"] == "niah"
     assert manifest["config"]["lengths"] == [200] and manifest["seed"] == 5
     assert manifest["model"]["num_layers"] == 3 and manifest["versions"]["transformers"]
+    assert {"kvpress", "bm25s"} <= set(manifest["versions"])  # optional, recorded (as "not installed" where absent)
     assert "magic word" in manifest["prompt"]["needle"] and manifest["prompt_template"] == "chat"
     assert manifest["chat_template_kwargs"] == {"enable_thinking": False, "date_string": "26 Jul 2024"}
     records = run.records()

@@ -452,8 +452,10 @@ def _first_line(error: BaseException) -> str:
 
 
 def library_versions() -> dict[str, str]:
-    """Versions of the libraries that can change a result, for run manifests."""
+    """Versions of the libraries that can change a result, for run manifests (the optional ones, kvpress for its
+    presses and bm25s for the BM25 baseline, as "not installed" where they are not)."""
     names = ["dynheads", "torch", "transformers", "numpy", "scikit-learn", "scipy", "rouge-score", "pandas"]
+    names += ["kvpress", "bm25s"]
     versions = {}
     for package in names:
         try:
