@@ -627,7 +627,8 @@ def test_the_question_free_track_compresses_the_context_alone(lm):
 
     ids, context_end = random_prompt(11, 120), 90
     settings = KVSettings(policy="static", budget=0.34, sink=2, recent=8, static_ranking=((0, 0),), voters=((1, 2),))
-    arms = [(PressSpec(name), settings) for name in ("snapkv", "knorm", "head_tokens", "head_spans")]
+    names = ("snapkv", "knorm", "head_tokens", "head_spans", "adakv_snapkv", "duo_attention")  # the last two mask keys
+    arms = [(PressSpec(name), settings) for name in names]
     aware = press_generate_all(lm, ids, arms, 4, stop_at_eos=False)
     assert [r.tokens for r in press_generate_all(lm, ids, arms, 4, stop_at_eos=False, compress_until=119)] == [
         r.tokens for r in aware

@@ -286,8 +286,27 @@ def _prefilled(
         sessions = list(zip(prefilled.copies(len(presses), caches), masks, strict=True))
     for session, masked in sessions if rest else ():  # question-free: the question after the compressed context
         with _masking(lm, masked, clear=False):  # its decoding clears them
-            session.forward(rest)
+            _feed_rest(lm, session, masked, rest)
     return sessions
+
+
+def _feed_rest(lm: LoadedModel, session: DecodingSession, masked: dict[int, object] | None, rest: int) -> None:
+    """The question of the question-free track, uncompressed, in one pass; a token per pass where the press masks
+    keys: kvpress hides a masked key behind a fake key that must score below every query of the pass (its
+    ``search_hyperplane``), found for one token's queries as every decode step needs, but not always for a
+    question's many (random models raise there). The two feeds give the same cache and logits up to rounding."""
+    if not _masks_keys(lm, masked):
+        session.forward(rest)
+        return
+    for _ in range(rest):
+        session.forward(1)
+
+
+def _masks_keys(lm: LoadedModel, masked: dict[int, object] | None) -> bool:
+    """Whether a press masks keys: per layer in ``masked``, or on the modules for a press under its own context."""
+    if masked is not None:
+        return any(indices is not None for indices in masked.values())
+    return any(getattr(module, "masked_key_indices", None) is not None for module in attention_modules(lm.model))
 
 
 def _check_drivers(spec: PressSpec, settings: KVSettings) -> None:
