@@ -107,6 +107,25 @@ def test_runs_of_other_samples_or_fits_are_refused(pieces, tmp_path):
         join_kv_runs([mine, theirs], tmp_path / "d")
 
 
+def test_a_run_from_before_a_library_was_recorded_joins_one_that_records_it(pieces, tmp_path):
+    """Manifests record kvpress's and bm25s's versions since 2026-12-04: an older run's manifest lacks them, which
+    is not a difference; a version both record and that differs still refuses the join."""
+    _, _, first, second, _ = pieces
+
+    def with_versions(copy, source, change):
+        shutil.copytree(source, copy)
+        manifest = read_json(copy / "manifest.json")
+        write_json(copy / "manifest.json", {**manifest, "versions": change(dict(manifest["versions"]))})
+        return copy
+
+    older = with_versions(tmp_path / "older", first, lambda v: {k: x for k, x in v.items() if k != "kvpress"})
+    newer = with_versions(tmp_path / "newer", second, lambda v: {**v, "kvpress": "0.5.5"})
+    assert join_kv_runs([older, newer], tmp_path / "joined")["samples"] == 4
+    other = with_versions(tmp_path / "other", second, lambda v: {**v, "torch": "0.0.1"})
+    with pytest.raises(DynheadsError, match="differ in versions"):
+        join_kv_runs([older, other], tmp_path / "refused")
+
+
 def test_runs_that_read_one_list_at_two_paths_join_and_two_lists_do_not(pieces, tmp_path):
     """kv-join compares the checksum a manifest records of its head list, not the path it was given by."""
     _, _, first, second, _ = pieces

@@ -4,9 +4,9 @@ A KV comparison is often measured in pieces: more budgets later, presses in thei
 arms once it is trained. Each piece is its own run folder; ``join_kv_runs`` checks that the pieces decoded the
 same prompts with the same model and settings (everything but ``ARM_SETTINGS``: the policies, the budgets and the
 fits they read, which must agree where two runs both name one: by checksum where every manifest records one, so
-one list at two paths joins), keeps the samples finished under every (policy,
-budget) of every run, and writes ``write_policy_tables``'s tables over the union, the Pareto front marked over all
-rows (one run alone: its own tables again, with the paired differences below), and ``join.json``:
+one list at two paths joins; library versions on those both manifests record), keeps the samples finished under
+every (policy, budget) of every run, and writes ``write_policy_tables``'s tables over the union, the Pareto front
+marked over all rows (one run alone: its own tables again, with the paired differences below), and ``join.json``:
 
 - ``runs``: each run folder with its policies and budgets, in the order given,
 - ``arms``: each (policy, budget) with the run whose records it uses (the first run listed that has it) and, for an
@@ -137,7 +137,7 @@ def check_joinable(pieces: Sequence[KVPiece]) -> None:
     first = pieces[0]
     for piece in pieces[1:]:
         for key in SAME:
-            if first.manifest.get(key) != piece.manifest.get(key):
+            if _differ(key, first.manifest.get(key), piece.manifest.get(key)):
                 raise DynheadsError(
                     f"{first.path} and {piece.path} differ in {key}: they decoded other prompts or "
                     "with another model or library; only runs of the same samples join"
@@ -156,6 +156,14 @@ def check_joinable(pieces: Sequence[KVPiece]) -> None:
                 f"the runs read different {key} settings ({', '.join(sorted(named))}): their arms "
                 "would not be the same policy"
             )
+
+
+def _differ(key: str, mine, theirs) -> bool:
+    """Whether two manifests' ``key`` disagree; ``versions`` on the libraries both record (a manifest written before
+    a library was recorded, kvpress's and bm25s's since 2026-12-04, does not say it differed)."""
+    if key == "versions" and isinstance(mine, dict) and isinstance(theirs, dict):
+        return any(mine[library] != theirs[library] for library in mine.keys() & theirs.keys())
+    return mine != theirs
 
 
 def _fit_identities(manifests: Sequence[dict], key: str) -> set[str]:
