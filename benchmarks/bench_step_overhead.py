@@ -6,7 +6,8 @@ a CPU. The model is a skinny random-weight Llama built from a config (32 layers,
 heads: the 8B's layer count and GQA with tiny matrices, so the per-layer work shows), prompt of random ids.
 Side by side in one run:
 ``plain``  = ``model.generate`` (SDPA, greedy, exactly N new tokens),
-``traced`` = ``dynheads.trace`` (probe on every layer, every step, every head score recorded).
+``traced`` = ``dynheads.trace`` (probe on every layer, every step, every head score recorded but the write score),
+``traced_write`` = the same with ``head_outputs=True`` (the write score too: each head's output measured).
 
 Per decode step = (run with 1 + N new tokens - run with 1 new token) / N, so the prefill and what runs once
 per sample (the trace's assembly) cancel out. Counted:
@@ -125,11 +126,11 @@ def measure(mode: str, run: Callable[[int], None], steps: int, layers: int, mode
     }
 
 
-def table(plain: dict, traced: dict, top: int) -> str:
-    """Markdown: totals side by side, then the operators whose per-layer counts differ most."""
+def table(plain: dict, traced: dict, traced_write: dict, top: int) -> str:
+    """Markdown: totals side by side, then the operators whose per-layer counts differ most (plain vs traced)."""
     lines = [
-        "| per decode step | plain | traced | traced / plain |",
-        "|---|---|---|---|",
+        "| per decode step | plain | traced | traced / plain | traced, write score | its / plain |",
+        "|---|---|---|---|---|---|",
     ]
     for key, label in [
         ("aten_calls_per_step", "aten operator calls"),
@@ -137,8 +138,9 @@ def table(plain: dict, traced: dict, top: int) -> str:
         ("host_reads_per_step", "host reads"),
         ("attention_switches_per_step", "attention switches"),
     ]:
-        ratio = f"{traced[key] / plain[key]:.2f}x" if plain[key] else "n/a"
-        lines.append(f"| {label} | {plain[key]:.0f} | {traced[key]:.0f} | {ratio} |")
+        ratios = [f"{run[key] / plain[key]:.2f}x" if plain[key] else "n/a" for run in (traced, traced_write)]
+        cells = f"{traced[key]:.0f} | {ratios[0]} | {traced_write[key]:.0f} | {ratios[1]}"
+        lines.append(f"| {label} | {plain[key]:.0f} | {cells} |")
     lines += ["", "| operator (calls per layer per step) | plain | traced | difference |", "|---|---|---|---|"]
     names = set(plain["per_layer"]) | set(traced["per_layer"])
     differences = {n: traced["per_layer"].get(n, 0.0) - plain["per_layer"].get(n, 0.0) for n in names}
@@ -176,10 +178,14 @@ def main() -> None:
     def traced(new_tokens: int) -> None:
         trace(lm, sample, max_new_tokens=new_tokens, stop_at_eos=False)
 
+    def traced_write(new_tokens: int) -> None:
+        trace(lm, sample, max_new_tokens=new_tokens, stop_at_eos=False, head_outputs=True)
+
     layers = SKINNY["num_hidden_layers"]
     results = [
         measure("plain", plain, args.steps, layers, lm.model),
         measure("traced", traced, args.steps, layers, lm.model),
+        measure("traced_write", traced_write, args.steps, layers, lm.model),
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     setup = {

@@ -3,6 +3,7 @@
 For each context length, each mode runs in its own fresh subprocess (so memory peaks do not mix):
 ``plain``  = ``model.generate`` with SDPA attention, greedy, exactly N new tokens;
 ``traced`` = ``dynheads.trace`` (probe on every layer, every step), exactly N new tokens;
+``traced_write`` = the same with the write score (``head_outputs=True``: each head's output measured too);
 ``eager``  = ``model.generate`` with eager attention and ``output_attentions=True`` (what the probe replaces);
 ``ablated`` = ``ablated_generate`` with the ``dynamic`` strategy (clean pass + masked pass at every step).
 Time = median of ``--repeats`` timed runs after one warm-up. Memory = peak resident set size of the process
@@ -42,8 +43,9 @@ def measure(mode: str, length: int, new_tokens: int, repeats: int) -> dict:
     ids = torch.tensor([sample.input_ids])
 
     def run_once() -> None:
-        if mode == "traced":
-            dynheads.trace(lm, sample, max_new_tokens=new_tokens, stop_at_eos=False)
+        if mode in ("traced", "traced_write"):
+            write = mode == "traced_write"
+            dynheads.trace(lm, sample, max_new_tokens=new_tokens, stop_at_eos=False, head_outputs=write)
             return
         if mode == "ablated":
             ablated_generate(lm, sample, AblationSettings(strategy="dynamic"), new_tokens, stop_at_eos=False)
@@ -89,6 +91,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eager-lengths", default="1000,2000,4000", help="lengths at which to run eager too")
     parser.add_argument("--ablated-lengths", default="2000", help="lengths at which to run ablated decoding too")
+    parser.add_argument("--write-lengths", default="", help="lengths at which to trace with the write score too")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every mode, one after the other")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--child", nargs=2, metavar=("MODE", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -99,9 +103,11 @@ def main() -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     eager = {int(x) for x in args.eager_lengths.split(",") if x}
     ablated = {int(x) for x in args.ablated_lengths.split(",") if x}
+    write = {int(x) for x in args.write_lengths.split(",") if x}
     rows = []
-    for length in lengths:
-        extra = (["ablated"] if length in ablated else []) + (["eager"] if length in eager else [])
+    for length, round_ in ((length, r) for r in range(args.rounds) for length in lengths):
+        extra = (["traced_write"] if length in write else []) + (["ablated"] if length in ablated else [])
+        extra += ["eager"] if length in eager else []
         for mode in ["plain", "traced", *extra]:
             command = [
                 sys.executable,
@@ -118,7 +124,7 @@ def main() -> None:
             if done.returncode != 0:
                 print(f"{mode} at {length}: failed ({done.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
                 continue
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            rows.append({**json.loads(done.stdout.strip().splitlines()[-1]), "round": round_})
             print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tracing.json").write_text(json.dumps(rows, indent=2) + "\n")
@@ -126,16 +132,19 @@ def main() -> None:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown table of ratios against plain generate (and, for ablated decoding, traced) at the same length."""
-    by = {(r["context_tokens"], r["mode"]): r for r in rows}
+    """Markdown table of ratios against plain generate (and, for ablated decoding, traced) at the same length and
+    round."""
+    by = {(r["context_tokens"], r["mode"], r.get("round", 0)): r for r in rows}
     lines = [
         "| context | mode | time (s) | time / plain | time / traced | peak RSS (MB) | peak / plain | increment (MB) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        plain, traced = by.get((r["context_tokens"], "plain")), by.get((r["context_tokens"], "traced"))
+        key = (r["context_tokens"], r.get("round", 0))
+        plain, traced = by.get((key[0], "plain", key[1])), by.get((key[0], "traced", key[1]))
         time_ratio = f"{r['seconds'] / plain['seconds']:.2f}x" if plain else "n/a"
-        traced_ratio = f"{r['seconds'] / traced['seconds']:.2f}x" if traced and r["mode"] == "ablated" else ""
+        against_traced = r["mode"] in ("ablated", "traced_write")
+        traced_ratio = f"{r['seconds'] / traced['seconds']:.2f}x" if traced and against_traced else ""
         mem_ratio = f"{r['peak_rss_mb'] / plain['peak_rss_mb']:.2f}x" if plain else "n/a"
         lines.append(
             f"| {r['context_tokens']} | {r['mode']} | {r['seconds']:.2f} | {time_ratio} | {traced_ratio} | "

@@ -48,6 +48,9 @@ from dynheads.tables import read_summaries
 from dynheads.views.threshold_fit import fit_threshold
 
 LENGTH_DEPTHS = ("--depths", "0.1,0.3,0.5,0.7,0.9")
+# the traces record the write score (off by default: it measures every head's output at every step); the static run
+# is traced with it once and scored by copy, write and reasoning
+WRITE = ("--write-score",)
 # the standard preset's head predictor ([probe] in presets/standard.toml): five seeded splits, pooled
 PROBE_SETTINGS = ("--hidden-sizes", "512,256", "--epochs", "60", "--early-stopping", "8", "--split", "0.5,0.2,0.3")
 PROBE_SETTINGS += ("--splits", "5")
@@ -66,11 +69,21 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
     fit = args.fit_samples or args.samples  # the fitting stream: static lists and the decoy null
     static = root / "static"
     if not (static / "static_heads.json").exists():
-        dynheads("static", "--task", args.task, *grid, "--samples", str(fit), "--out", str(static))
+        dynheads("static", "--task", args.task, *grid, "--samples", str(fit), *WRITE, "--out", str(static))
     for score in ("write", "reasoning"):  # the pooled write list (LOCOS) and the pooled Eq. 2 list: same traces
         if not (static / f"static_heads-{score}.json").exists():
             dynheads(
-                "static", "--task", args.task, *grid, "--samples", str(fit), "--score", score, "--out", str(static)
+                "static",
+                "--task",
+                args.task,
+                *grid,
+                "--samples",
+                str(fit),
+                "--score",
+                score,
+                *WRITE,
+                "--out",
+                str(static),
             )
     qrhead = root / "static-qrhead"  # QRHead's list of the same static tests (prefill only)
     if not (qrhead / "static_heads-qrhead.json").exists():
@@ -86,6 +99,7 @@ def run_stages(args: argparse.Namespace, root: Path) -> None:
             *grid,
             "--runs",
             str(-(-fit // 5)),
+            *WRITE,
             "--out",
             str(decoy),
         )
@@ -140,7 +154,7 @@ def table1_stages(args: argparse.Namespace, root: Path, grid: tuple[str, ...], r
     """The evaluated trace, W_t's and D_t's Table 1 rows and (``--probe``) the write score's predictor."""
     static, decoy, trace, write = root / "static", root / "decoy", root / "trace", root / "dyn-write"
     if not (trace / "results.csv").exists():
-        dynheads("trace", "--task", args.task, *grid, "--runs", runs, "--out", str(trace))
+        dynheads("trace", "--task", args.task, *grid, "--runs", runs, *WRITE, "--out", str(trace))
     if not (write / "dynamism.json").exists():
         dynheads(
             "dynamism",

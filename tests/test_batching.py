@@ -37,6 +37,11 @@ def assert_same_trace(reference, batched, context=""):
     for name in ("needle_mass", "max_prob", "context_mass"):
         assert np.abs(getattr(batched, name) - getattr(reference, name)).max(initial=0) <= SCORE_TOL, (context, name)
     assert_same_reasoning_scores(reference, batched, context)
+    assert set(batched.scores) == set(reference.scores), context
+    if "write" in reference.scores:  # asked for (head_outputs): logits, to fp32 rounding of each step's largest
+        ref, got = reference.scores["write"], batched.scores["write"]
+        scale = np.maximum(np.abs(ref).max(axis=(1, 2), keepdims=True, initial=0), 1e-6)
+        assert (np.abs(got - ref) <= 1e-4 * scale).all(), (context, "write")
     # fp32 matrix-matrix vs matrix-vector products accumulate in a different order through every layer:
     # compare relative to each step's largest component (SmolLM2's hidden states reach tens).
     scale = np.maximum(np.abs(reference.hidden).max(axis=-1, keepdims=True, initial=0), 1)
@@ -77,7 +82,7 @@ def prompts(seed: int = 3) -> list[Prompt]:
 def test_batched_traces_equal_batch_one_traces(family):
     lm = tiny_family_lm(family)
     samples = prompts()
-    settings = dict(sink_size=2, local_window=4)
+    settings = dict(sink_size=2, local_window=4, head_outputs=True)  # the write score too
     reference = [trace(lm, s, 12, **settings) for s in samples]
     # A stop token that one sequence emits mid-way: the sequences now end at different steps.
     lm.model.generation_config.eos_token_id = int(reference[1].tokens[5])
@@ -93,7 +98,7 @@ def test_batched_traces_equal_batch_one_traces(family):
 def test_batched_traces_with_removed_heads_equal_batch_one(family, mode):
     lm = tiny_family_lm(family)
     samples = prompts(seed=4)
-    settings = dict(removed_heads=[(0, 1), (2, 3)], ablation_mode=mode, stop_at_eos=False)
+    settings = dict(removed_heads=[(0, 1), (2, 3)], ablation_mode=mode, stop_at_eos=False, head_outputs=True)
     reference = [trace(lm, s, 8, **settings) for s in samples]
     for ref, got in zip(reference, trace_batch(lm, samples, 8, **settings), strict=True):
         assert_same_trace(ref, got, f"{family} {mode}")

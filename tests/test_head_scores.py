@@ -73,7 +73,7 @@ def lm():
 
 
 def traced(lm, seed: int = 0) -> Trace:
-    return dynheads.trace(lm, Sample(seed), max_new_tokens=STEPS, stop_at_eos=False)
+    return dynheads.trace(lm, Sample(seed), max_new_tokens=STEPS, stop_at_eos=False, head_outputs=True)
 
 
 def eager_rows(lm, trace: Trace) -> torch.Tensor:

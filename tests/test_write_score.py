@@ -8,18 +8,20 @@ the weights (the unembedding row of the emitted token, each head's columns of ``
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from zoo import FAMILIES, NoTokenizer, eager_forward, tiny_model
 
 import dynheads
 from dynheads.engine.decoding import DecodingSession
-from dynheads.engine.probe import RowEdit
+from dynheads.engine.probe import Measure, RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel
-from dynheads.scores import ScoreSpec
+from dynheads.scores import ScoreSpec, score_values
 
 PROMPT_LEN, STEPS, NEEDLE = 20, 4, [5, 6, 7, 8]
+HEAD_OUTPUTS = Measure(head_outputs=True)  # what a pass measures for the write score
 
 
 class Sample:
@@ -79,7 +81,7 @@ def oracle_write(model, ids: torch.Tensor, token: int, needle: list[int]) -> tor
 
 
 def assert_write_equals_oracle(lm: LoadedModel, prompt: list[int], needle: list[int], steps: int) -> None:
-    trace = dynheads.trace(lm, Sample(prompt, needle), max_new_tokens=steps, stop_at_eos=False)
+    trace = dynheads.trace(lm, Sample(prompt, needle), max_new_tokens=steps, stop_at_eos=False, head_outputs=True)
     sequence = prompt + trace.tokens.tolist()
     assert trace.scores["write"].shape == (steps, lm.num_layers, lm.num_heads)
     for step in range(steps):
@@ -113,12 +115,45 @@ def test_write_score_is_measured_before_a_head_is_removed():
     prompt = torch.randint(3, 128, (PROMPT_LEN,), generator=torch.Generator().manual_seed(5)).tolist()
     plain = DecodingSession(lm, prompt, NEEDLE, max_new_tokens=1)
     removed = DecodingSession(lm, prompt, NEEDLE, max_new_tokens=1)
-    first = plain.forward(PROMPT_LEN)
-    second = removed.forward(PROMPT_LEN, edits=[RowEdit(removed=frozenset({(2, 1)}))])
+    first = plain.forward(PROMPT_LEN, HEAD_OUTPUTS)
+    second = removed.forward(PROMPT_LEN, HEAD_OUTPUTS, edits=[RowEdit(removed=frozenset({(2, 1)}))])
     plain_needle, _ = first.stats.logit_contributions(7)
     removed_needle, _ = second.stats.logit_contributions(7)
     assert torch.equal(plain_needle[2, 1], removed_needle[2, 1])
     assert not torch.equal(first.logits, second.logits)  # the head was removed
+
+
+def test_a_trace_records_the_write_score_only_when_asked_and_nothing_else_moves():
+    """Off by default (the heads' outputs are measured only when asked); asking adds the score and leaves every
+    other number of the trace as it was, bit for bit."""
+    lm = LoadedModel(model=tiny_model("qwen2"), tokenizer=NoTokenizer(), name="qwen2", revision="random")
+    prompt = torch.randint(3, 128, (PROMPT_LEN,), generator=torch.Generator().manual_seed(6)).tolist()
+    plain = dynheads.trace(lm, Sample(prompt, NEEDLE), max_new_tokens=STEPS, stop_at_eos=False)
+    asked = dynheads.trace(lm, Sample(prompt, NEEDLE), max_new_tokens=STEPS, stop_at_eos=False, head_outputs=True)
+    assert "write" not in plain.scores and set(asked.scores) == set(plain.scores) | {"write"}
+    assert asked.scores["write"].shape == (STEPS, lm.num_layers, lm.num_heads)
+    for name, values in plain.scores.items():
+        assert np.array_equal(values, asked.scores[name]), name
+    for name in ("tokens", "argmax_pos", "needle_mass", "max_prob", "context_mass", "context_entropy", "hidden"):
+        assert np.array_equal(getattr(plain, name), getattr(asked, name)), name
+    with pytest.raises(DynheadsError, match="re-trace with --write-score") as error:
+        score_values(plain.scores, "write")
+    assert "\n" not in str(error.value)
+
+
+def test_a_pass_that_did_not_measure_the_heads_outputs_refuses_the_write_score():
+    """Never a write score of zeros: the step statistics of a pass without ``head_outputs`` have none to read."""
+    lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
+    prompt = torch.randint(3, 128, (PROMPT_LEN,), generator=torch.Generator().manual_seed(7)).tolist()
+    session = DecodingSession(lm, prompt, NEEDLE, max_new_tokens=2)
+    stats = session.forward(PROMPT_LEN).stats
+    assert stats.needle_values is None and stats.off_values is None
+    with pytest.raises(DynheadsError, match="did not measure the heads' outputs") as error:
+        stats.logit_contributions(7)
+    assert "\n" not in str(error.value)
+    session.write([7])
+    measured = session.forward(1, HEAD_OUTPUTS).stats  # the next pass asks: it has them
+    assert measured.needle_values is not None and measured.logit_contributions(7)[0].shape == (3, 4)
 
 
 def test_the_write_score_takes_absolute_or_fitted_thresholds_never_multiples_of_chance():
@@ -135,8 +170,6 @@ def test_a_calibrated_rule_fits_an_absolute_write_threshold_on_a_disjoint_stream
     traces so that M heads per step are active there on average, and dynamism applies that value to another run."""
     import json
 
-    import numpy as np
-
     from dynheads.io import write_json
     from dynheads.runs import RunDir
     from dynheads.thresholds import ReasoningThreshold
@@ -149,7 +182,9 @@ def test_a_calibrated_rule_fits_an_absolute_write_threshold_on_a_disjoint_stream
         folder.start("niah", {"seed": 0}, None, {"questions": {"ids": [f"q{s}" for s in seeds]}})
         for seed in seeds:
             prompt = torch.randint(3, 128, (PROMPT_LEN,), generator=torch.Generator().manual_seed(seed)).tolist()
-            trace = dynheads.trace(lm, Sample(prompt, NEEDLE), max_new_tokens=STEPS, stop_at_eos=False)
+            trace = dynheads.trace(
+                lm, Sample(prompt, NEEDLE), max_new_tokens=STEPS, stop_at_eos=False, head_outputs=True
+            )
             folder.save_sample({"sample_id": f"q{seed}"}, trace)
         return folder
 

@@ -24,7 +24,9 @@ score is one ``register_score`` call (in any module, a test file included):
   add, rescaled to a span of the needle's length (``x |needle| / |other keys|``, over every key up to the step's
   query). ``u_y``: the unembedding row of y; ``W_O^{l,h}``: the head's columns of its layer's output projection
   (``dynheads.engine.readout``); the final norm is not folded in. Where Eq. 1 sees only literal copying, this
-  sees what a head writes toward the answer from the needle, copied or not.
+  sees what a head writes toward the answer from the needle, copied or not. It reads each head's output, which the
+  probe measures only when asked (``head_outputs``): a trace records it with ``head_outputs=True``
+  (``--write-score``), a live step ranking by it asks by itself.
 - D_t, the dynamic (active) heads of a step: a binary score 1, or a continuous score above ``threshold``
   (``dynheads.thresholds``: an absolute score or, for scores of attention shares such as Eq. 2, a multiple of the
   step's Eq. 2 chance share).
@@ -65,6 +67,7 @@ __all__ = [
     "check_kind",
     "copy_scores",
     "ranked_heads",
+    "reads_head_outputs",
     "score_values",
     "reasoning_scores",
     "register_score",
@@ -116,6 +119,7 @@ class HeadScore:
     binary: bool
     label: str  # how reports name it ("Eq. 1 copy score")
     share: bool = True  # continuous scores: an attention share, so a threshold may be a multiple of chance
+    head_outputs: bool = False  # reads each head's output (``StepMeasures.logit_contributions``): passes measure it
 
 
 HEAD_SCORES = Registry[HeadScore]("head score")
@@ -130,15 +134,19 @@ def register_score(
     help: str,
     replace: bool = False,
     share: bool = True,
+    head_outputs: bool = False,
 ) -> HeadScore:
     """Declare a head score: traces record it by ``name`` (their column ``<name>_score``) from then on, and
     analyses accept the name. ``help``: one line. ``share=False``: a continuous score that is not an attention
-    share (logits, say), which only an absolute threshold turns into D_t."""
+    share (logits, say), which only an absolute threshold turns into D_t. ``head_outputs=True``: a score that
+    reads each head's output (``logit_contributions``), which the probe measures only when a pass asks
+    (``Measure.head_outputs``): traces record it when asked for (``trace(..., head_outputs=True)``, ``--write-score``),
+    and a live step that ranks by it measures them."""
     if not name.isidentifier():
         raise DynheadsError(f"a head score's name is one word (letters, digits, _), got {name!r}")
     if not help.strip() or "\n" in help:
         raise DynheadsError(f"head score {name!r} needs a one-line help text")
-    score = HeadScore(reduce, binary, label, share)
+    score = HeadScore(reduce, binary, label, share, head_outputs)
     HEAD_SCORES.register(name, score, help=help, replace=replace)
     return score
 
@@ -147,10 +155,15 @@ def score_values(scores: Mapping[str, np.ndarray], kind: str) -> np.ndarray:
     """``[step, layer, head]``: score ``kind``'s array among a trace's ``scores`` (by name), with no threshold: what
     reads a score's values (static lists, CCA, the head predictor) needs no ``ScoreSpec``."""
     if check_kind(kind) not in scores:
-        raise DynheadsError(
-            f"this trace holds no {kind!r} score (it has {', '.join(scores)}): re-trace with the score registered"
-        )
+        how = "--write-score (head_outputs=True)" if reads_head_outputs(kind) else "the score registered"
+        raise DynheadsError(f"this trace holds no {kind!r} score (it has {', '.join(scores)}): re-trace with {how}")
     return scores[kind]
+
+
+def reads_head_outputs(kind: str) -> bool:
+    """Whether score ``kind`` reads each head's output, which a pass measures only when asked
+    (``HeadScore.head_outputs``; the write score)."""
+    return HEAD_SCORES.get(check_kind(kind)).head_outputs
 
 
 def check_kind(kind: str) -> ScoreKind:
@@ -281,6 +294,7 @@ register_score(
     write_scores,
     binary=False,
     share=False,
+    head_outputs=True,
     label="write score",
     help="LOCOS per step: the needle keys' direct write to the emitted token's logit minus the other keys'",
 )

@@ -94,7 +94,16 @@ class QaGrid(Seeded):
 
 
 @dataclass(frozen=True)
-class TracingSettings:
+class WriteScoreSetting:
+    write_score: bool = setting(
+        False,
+        "also record the write score (LOCOS, per step; any registered score that reads the heads' outputs): "
+        "measures each head's output at every step, ~5-7 % of a traced step on a CPU",
+    )
+
+
+@dataclass(frozen=True)
+class TracingSettings(WriteScoreSetting):
     chat_template_kwargs: str = setting(
         "",
         "JSON object of chat-template variables over the pinned ones "
@@ -126,7 +135,7 @@ class HotpotConfig(TracingSettings, QaGrid, ModelSettings):
 
 # ---- static heads: static, static-reasoning ------------------------------------------------------------------------
 @dataclass(frozen=True)
-class StaticConfig(NiahCells, ModelSettings):
+class StaticConfig(WriteScoreSetting, NiahCells, ModelSettings):
     """Settings of a static-head run; ``niah_config()`` is the NIAH grid it traces."""
 
     samples: int = setting(20, "NIAH tests, rounded up to whole passes of the grid")
@@ -141,12 +150,19 @@ class StaticConfig(NiahCells, ModelSettings):
     )
 
     def niah_config(self) -> NiahConfig:
-        """The NIAH grid this config traces (``runs`` = ceil(samples / cells))."""
+        """The NIAH grid this config traces (``runs`` = ceil(samples / cells)), with the heads' outputs when
+        asked for or when ``score`` reads them (the write score: one static run scored by several scores is
+        traced with ``--write-score`` once)."""
+        from dynheads.scores import reads_head_outputs  # torch: not at the CLI's start-up
+
         cells = len(self.lengths) * len(self.depths)
         if self.samples < 1 or cells == 0:
             raise DynheadsError("static heads need --samples >= 1 and at least one length and one depth")
         return NiahConfig(
-            **pieces_of(self, NiahCells, ModelSettings), runs=math.ceil(self.samples / cells), split=STATIC_SPLIT
+            **pieces_of(self, NiahCells, ModelSettings),
+            runs=math.ceil(self.samples / cells),
+            split=STATIC_SPLIT,
+            write_score=self.write_score or reads_head_outputs(self.score),
         )
 
 

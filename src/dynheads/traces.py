@@ -10,7 +10,7 @@ File format (documented in docs/formats.md): one Parquet file per sample, one ro
 | ``copy_score`` | list<bool>[L*H] | Eq. 1 |
 | ``needle_mass`` | list<float32>[L*H] | attention mass on the needle positions |
 | ``reasoning_score`` | list<float32>[L*H] | Eq. 2 |
-| ``write_score`` | list<float32>[L*H] | the write score (logits; ``dynheads.scores.write_scores``; newer traces) |
+| ``write_score`` | list<float32>[L*H] | the write score (logits; ``dynheads.scores.write_scores``; when asked for) |
 | ``<name>_score`` | list<bool or float32>[L*H] | every other registered head score (``dynheads.scores.HEAD_SCORES``) |
 | ``max_prob`` | list<float32>[L*H] | attention weight on the argmax key |
 | ``hidden`` | list<float32>[D] | final-layer hidden state of the last input position |

@@ -42,7 +42,7 @@ from dynheads.engine.decoding import (
     decode,
     greedy,
 )
-from dynheads.engine.probe import AblationMode, RowEdit
+from dynheads.engine.probe import STEP_STATS, AblationMode, Measure, RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 from dynheads.models import LoadedModel, decode_text
@@ -76,6 +76,13 @@ class AblationSettings:
             return None
         return ScoreSpec(self.contrast, self.contrast_threshold, self.sink_size, self.local_window)
 
+    def measure(self) -> Measure:
+        """What each step's pass measures beyond the step statistics: the heads' outputs when D_t's score or the
+        contrast's reads them (the write score), nothing more otherwise."""
+        specs = (self.score_spec(), self.contrast_spec())
+        reads = any(spec is not None and spec.score.head_outputs for spec in specs)
+        return Measure(head_outputs=True) if reads else STEP_STATS
+
 
 @dataclass
 class AblationResult:
@@ -101,6 +108,10 @@ class AblationPolicy(StepPolicy):
         self.rng = np.random.default_rng(settings.seed)
         self.result = AblationResult(tokens=[], text="", stop_reason="max_new_tokens")
         self._dynamic: list[Head] = []
+        self._measure = settings.measure()
+
+    def measure(self, index: int) -> Measure:
+        return self._measure
 
     def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
         action = greedy(result, self.stop_ids)

@@ -42,7 +42,7 @@ from dynheads.engine.decoding import (
     decode,
     greedy,
 )
-from dynheads.engine.probe import AblationMode, RowEdit
+from dynheads.engine.probe import AblationMode, Measure, RowEdit
 from dynheads.engine.teacher import Unsupported
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
@@ -91,8 +91,11 @@ class _CleanPolicy(StepPolicy):
 
     def __init__(self, session: DecodingSession | None, settings: AblationSettings, stop_ids: Collection[int]):
         self.session, self.spec, self.stop_ids = session, settings.score_spec(), stop_ids
-        self.contrast = settings.contrast_spec()
+        self.contrast, self._measure = settings.contrast_spec(), settings.measure()
         self.steps: list[CleanStep] = []
+
+    def measure(self, index: int) -> Measure:
+        return self._measure
 
     def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
         action = greedy(result, self.stop_ids)

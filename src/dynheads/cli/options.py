@@ -58,6 +58,7 @@ PANELS = {
     "NiahGrid": "Grid",
     "QaGrid": "Questions and grid",
     "TracingSettings": "Scores and chat template",
+    "WriteScoreSetting": "Scores and chat template",
     "DetectConfig": "Detectors",
 }
 # A field whose flag says better what it is than its name (the field keeps its name in configs, TOML files and

@@ -99,8 +99,10 @@ class StepStats:
     kept_mass: torch.Tensor  # float32, mass outside (sink U local) \ needle, summed from the row itself
     context_mass: torch.Tensor  # float32, mass on positions < the sequence's context end (prompt)
     context_entropy: torch.Tensor  # float32, entropy of the row renormalised over those positions
-    needle_values: torch.Tensor  # float32 [.., L, H, D]: the head's output from its needle keys, sum_j a_j v_j
-    off_values: torch.Tensor  # float32 [.., L, H, D]: its output from every other key
+    # float32 [.., L, H, D], measured when the pass asks (``Measure.head_outputs``; None otherwise): the head's
+    # output from its needle keys, sum_j a_j v_j, and from every other key
+    needle_values: torch.Tensor | None
+    off_values: torch.Tensor | None
     rows: dict[Head, torch.Tensor] = field(default_factory=dict)  # [last_position + 1] rows of requested heads
     span_mass: torch.Tensor | None = None  # float32 [.., L, H, S]: query rows' mean mass on key spans (SpanScore)
     readout: HeadReadout | None = None  # the model's unembedding through each head's output projection
@@ -114,10 +116,15 @@ class StepStats:
         (``u_yᵀ W_O^{l,h} sum_j a_j v_j``; one sequence's statistics)."""
         if self.readout is None:
             raise DynheadsError("these statistics were measured without the model's readout: no write score")
+        needle, off = self.needle_values, self.off_values
+        if needle is None or off is None:
+            raise DynheadsError(
+                "this pass did not measure the heads' outputs (Measure(head_outputs=True)): no write score"
+            )
         directions = self.readout(token)  # [L, H, D]
-        if directions.device != self.needle_values.device:
-            directions = directions.to(self.needle_values.device)
-        return (directions * self.needle_values).sum(-1), (directions * self.off_values).sum(-1)
+        if directions.device != needle.device:
+            directions = directions.to(needle.device)
+        return (directions * needle).sum(-1), (directions * off).sum(-1)
 
 
 class LayerReduction(NamedTuple):
@@ -127,27 +134,34 @@ class LayerReduction(NamedTuple):
     argmax: torch.Tensor  # int64 [B, H, 1], key index
     first_position: torch.Tensor  # int64 [B, 1, 1], absolute position of key index 0 (``KeyMasks.first_position``)
     sums: torch.Tensor  # float32 [B, 2H, 5]: rows p then p log p, summed over ``KeyMasks.weights``' key sets
-    needle_values: torch.Tensor  # float32 [B, H, D]: the head's output from its needle keys (``needle_values``)
-    head_values: torch.Tensor  # [B, H, D]: the head's whole output at the last query row
+    needle_values: torch.Tensor | None  # float32 [B, H, D]: the head's output from its needle keys (``needle_values``)
+    head_values: torch.Tensor | None  # [B, H, D]: the head's whole output at the last query row (both: head outputs)
 
 
 def assemble_stats(
     layers: dict[int, LayerReduction], num_layers: int, batch: int, heads: int, device: torch.device
 ) -> StepStats:
     """``[B, L, H]`` statistics of one pass from its layers' reductions: one concatenation per field, and the
-    context entropy computed once for every layer; zeros for layers missing from ``layers``."""
+    context entropy computed once for every layer; zeros for layers missing from ``layers``. The heads' outputs
+    are there when the layers measured them (``Measure.head_outputs``: every layer of a pass or none)."""
+    measured = [reduction.head_values for reduction in layers.values() if reduction.head_values is not None]
     if len(layers) < num_layers:
         zero = torch.zeros(batch, heads, 1, device=device)
-        head_dim = next((reduction.head_values.shape[-1] for reduction in layers.values()), 1)
-        no_values = torch.zeros(batch, heads, head_dim, device=device)
+        no_values = torch.zeros(batch, heads, measured[0].shape[-1], device=device) if measured else None
         empty = LayerReduction(
             zero, zero.long(), zero[:, :1].long(), torch.zeros(batch, 2 * heads, 5, device=device), no_values, no_values
         )
         layers = {layer: layers.get(layer, empty) for layer in range(num_layers)}
-    fields = zip(*(layers[layer] for layer in range(num_layers)), strict=True)
-    max_prob, argmax, first, sums, needle, whole = (torch.cat(list(parts), dim=1) for parts in fields)  # by layer
+    ordered = [layers[layer] for layer in range(num_layers)]
+    fields = zip(*(reduction[:4] for reduction in ordered), strict=True)
+    max_prob, argmax, first, sums = (torch.cat(list(parts), dim=1) for parts in fields)  # by layer
     sums = sums.view(batch, num_layers, 2, heads, 5)
-    needle = needle.view(batch, num_layers, heads, -1)
+    needle = off = None
+    if measured:
+        needle = torch.cat([cast(torch.Tensor, r.needle_values) for r in ordered], dim=1)
+        whole = torch.cat([cast(torch.Tensor, r.head_values) for r in ordered], dim=1)
+        needle = needle.view(batch, num_layers, heads, -1)
+        off = whole.float().view(needle.shape) - needle
     masses, context = sums[:, :, 0], sums[:, :, 0, :, 3]
     # H(p restricted to the context, renormalised) = log c - sum_ctx p log p / c, with c the context mass
     plogp = sums[:, :, 1, :, 3]
@@ -162,7 +176,7 @@ def assemble_stats(
         context_mass=context,
         context_entropy=entropy,
         needle_values=needle,
-        off_values=whole.float().view(needle.shape) - needle,
+        off_values=off,
     )
 
 
@@ -193,12 +207,15 @@ NO_EDIT = RowEdit()
 @dataclass(frozen=True)
 class Measure:
     """What one pass measures beyond every head's step statistics: the full last attention rows of the ``rows``
-    heads (``StepStats.rows``), and a span score (``StepStats.span_mass``; batch 1, re-ranking and token votes).
+    heads (``StepStats.rows``), a span score (``StepStats.span_mass``; batch 1, re-ranking and token votes), and
+    each head's output from its needle keys and from the rest (``head_outputs``: ``StepStats.needle_values`` and
+    ``off_values``, what the write score reads; a gather and a small product per layer, off unless asked for).
     A pass measures what its caller declares for it (``DecodingSession.forward``'s ``measure``, a step policy's
     ``measure``): nothing carries over to the next pass."""
 
     rows: frozenset[Head] = frozenset()
     span: SpanScore | None = None
+    head_outputs: bool = False  # each head's output split into its needle keys' part and the rest (the write score)
 
 
 STEP_STATS = Measure()  # the step statistics alone
@@ -226,6 +243,7 @@ class ProbeSettings:
     kv_recent: int = 64
     span_score: SpanScore | None = None  # query rows x key spans reduced in the pass (batch 1; re-ranking)
     span_weights: torch.Tensor | None = None  # float [positions, S]: the span score's key spans
+    head_outputs: bool = False  # each head's output from its needle keys and whole (``Measure.head_outputs``)
 
 
 @dataclass(frozen=True, eq=False)
@@ -395,12 +413,15 @@ class AttentionProbe:
 
     def set_measure(self, measure: Measure) -> None:
         """What the next pass measures beyond the step statistics (``Measure``)."""
-        if measure.rows == self.settings.rows_for and measure.span == self.settings.span_score:
+        settings = self.settings
+        if measure == Measure(settings.rows_for, settings.span_score, settings.head_outputs):
             return
         score = measure.span
         unit = score is not None and score.unit  # one span per key: rows added per key, no [positions, S] matrix
         weights = None if score is None or unit else score.key_weights().to(self.device)  # [positions, S]
-        self._update(rows_for=frozenset(measure.rows), span_score=score, span_weights=weights)
+        self._update(
+            rows_for=frozenset(measure.rows), span_score=score, span_weights=weights, head_outputs=measure.head_outputs
+        )
 
     def _check_head(self, layer: int, head: int) -> None:
         check_heads([(layer, head)], self.num_layers, self.num_heads, source="the ablation")
@@ -449,7 +470,9 @@ class AttentionProbe:
     def record_layer(self, layer: int, reduction: LayerReduction) -> None:
         """Keep one layer's reductions of this pass, on the device (``stats`` assembles them)."""
         if reduction.sums.device != self.device:  # device_map: the layer runs on another device
-            reduction = LayerReduction(*(part.to(self.device) for part in reduction))
+            moved = [part.to(self.device) for part in reduction[:4]]
+            values = [None if part is None else part.to(self.device) for part in reduction[4:]]
+            reduction = LayerReduction(*moved, *values)
         self._layers[layer] = reduction
         self._stats = None
 
@@ -485,8 +508,8 @@ class AttentionProbe:
             kept_mass=s.kept_mass[b],
             context_mass=s.context_mass[b],
             context_entropy=s.context_entropy[b],
-            needle_values=s.needle_values[b],
-            off_values=s.off_values[b],
+            needle_values=None if s.needle_values is None else s.needle_values[b],
+            off_values=None if s.off_values is None else s.off_values[b],
             rows=self.rows[b],
             span_mass=None if s.span_mass is None else s.span_mass[b],
             readout=self.readout,
@@ -668,14 +691,16 @@ def probe_attention(
         if probe.capture_means:  # a prefill: each head's mean output over the positions of this pass
             probe.captured_means[layer] = output.float().mean(dim=2)
     probs = probs.view(batch, num_heads, kv_len)
-    needle = needle_values(probe, probs, value, kv_len)
-    whole = output[:, :, -1]  # the heads' outputs before any removal
-    if q_len > 1 or layer in probe.settings.removed_heads:  # a copy: a view would keep a prefill's every row alive
-        whole = whole.clone()
+    head_outputs = None
+    if probe.settings.head_outputs:  # the write score's: the heads' outputs before any removal, and their needle part
+        whole = output[:, :, -1]
+        if q_len > 1 or layer in probe.settings.removed_heads:  # a copy: a view would keep a prefill's rows alive
+            whole = whole.clone()
+        head_outputs = (needle_values(probe, probs, value, kv_len), whole)
     if layer in probe.settings.removed_heads:
         _remove_heads(output, probe, layer, value, groups, visible, kwargs)
 
-    record_layer_attention(probe, layer, probs, kv_len, (needle, whole))
+    record_layer_attention(probe, layer, probs, kv_len, head_outputs)
     if probe.settings.span_score is not None:
         _record_spans(probe, layer, query, key, attention_mask, hidden, scaling, softcap, kwargs)
     if q_len == 1:  # [B, H, 1, D] is laid out as [B, 1, H, D]
@@ -925,19 +950,18 @@ def record_layer_attention(
     """Reduce the ``[B, H, kv]`` fp32 rows of one layer (pad keys have probability 0), on the device: the most
     attended key, and one matrix product of the rows p and p log p with ``KeyMasks.weights`` (the masses on the needle
     / excluded / kept / context keys, the context's sum of p log p, the row sums); ``values``: the heads' outputs
-    from their needle keys (``needle_values``) and whole (None: zeros of one dimension, a layer measured without
-    them). ``AttentionProbe.stats`` joins the layers of a pass."""
+    from their needle keys (``needle_values``) and whole (None: a pass that does not measure them,
+    ``Measure.head_outputs``). ``AttentionProbe.stats`` joins the layers of a pass."""
     keys = probe.keys
     max_prob, argmax = probs.max(dim=-1, keepdim=True)
     plogp = probs * torch.log(probs.clamp_min(1e-30))
-    batch, num_heads, _ = probs.shape
     reduction = LayerReduction(
         max_prob=max_prob,
         argmax=argmax,
         first_position=keys.first_position(kv_len, probs.device),
         sums=torch.bmm(torch.cat([probs, plogp], dim=1), keys.weights(kv_len, probs.device)),
-        needle_values=values[0] if values is not None else torch.zeros(batch, num_heads, 1, device=probs.device),
-        head_values=values[1] if values is not None else torch.zeros(batch, num_heads, 1, device=probs.device),
+        needle_values=values[0] if values is not None else None,
+        head_values=values[1] if values is not None else None,
     )
     probe.record_layer(layer, reduction)
     for lyr, head in probe.settings.rows_for:

@@ -3,8 +3,9 @@
 ``trace`` decodes one sample, ``trace_batch`` several as one batch (``result[i]`` equals ``trace`` of sample i up to
 fp32 rounding); both take the keyword arguments of ``TraceOptions``. Each row runs the decoding loop
 (``dynheads.engine.decoding.decode``) under a ``TracePolicy`` (one fixed edit for every step), whose
-``TraceRecorder`` collects the probe's step statistics, every registered head score (``HEAD_SCORES``) and the
-logits' statistics into a ``Trace``.
+``TraceRecorder`` collects the probe's step statistics, every registered head score (``HEAD_SCORES``; those
+that read the heads' outputs, the write score, with ``head_outputs=True`` only) and the logits' statistics into a
+``Trace``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dynheads.engine.decoding import (
     decode,
     greedy,
 )
-from dynheads.engine.probe import AblationMode, Head, RowEdit
+from dynheads.engine.probe import STEP_STATS, AblationMode, Head, Measure, RowEdit
 from dynheads.errors import DynheadsError
 from dynheads.models import LoadedModel, decode_text
 from dynheads.scores import HEAD_SCORES, LOCAL_WINDOW, SINK_SIZE
@@ -49,12 +50,17 @@ def check_needle(sample: DecodeInput) -> None:
 
 
 class TraceRecorder:
-    """Collects per-step results into a ``Trace``, with every registered head score (``HEAD_SCORES``) by name."""
+    """Collects per-step results into a ``Trace``, with every registered head score (``HEAD_SCORES``) by name;
+    a score that reads the heads' outputs (``HeadScore.head_outputs``) only when they are measured."""
 
-    def __init__(self) -> None:
+    def __init__(self, head_outputs: bool = False) -> None:
         self.steps: list[dict[str, torch.Tensor]] = []
         # (name, HeadScore) of the scores registered when the trace began
-        self.head_scores = [(name, HEAD_SCORES.get(name)) for name in HEAD_SCORES.names()]
+        self.head_scores = [
+            (name, score)
+            for name, score in ((name, HEAD_SCORES.get(name)) for name in HEAD_SCORES.names())
+            if head_outputs or not score.head_outputs
+        ]
         self.scores: dict[str, list[torch.Tensor]] = {name: [] for name, _ in self.head_scores}  # [L, H] per step
         self.tokens: list[int] = []
         self.chance: list[float] = []  # Eq. 2 score of a uniform head at each step
@@ -128,12 +134,22 @@ def _logit_stats(logits: torch.Tensor, token: int) -> dict[str, torch.Tensor]:
 class TracePolicy(StepPolicy):
     """Greedy decoding (or a teacher-forced response) under one fixed edit, recording every emitted step."""
 
-    def __init__(self, edit: RowEdit, stop_ids: Collection[int], forced: Sequence[int] | None = None):
+    def __init__(
+        self,
+        edit: RowEdit,
+        stop_ids: Collection[int],
+        forced: Sequence[int] | None = None,
+        head_outputs: bool = False,
+    ):
         self._edit, self.stop_ids, self.forced = edit, stop_ids, forced
-        self.recorder = TraceRecorder()
+        self._measure = Measure(head_outputs=True) if head_outputs else STEP_STATS
+        self.recorder = TraceRecorder(head_outputs)
 
     def edit(self, index: int) -> RowEdit:
         return self._edit
+
+    def measure(self, index: int) -> Measure:
+        return self._measure
 
     def after(self, index: int, row: Row, result: StepResult, rerun: bool) -> Action:
         if self.forced is None:
@@ -157,6 +173,7 @@ class TraceOptions:
     stop_at_eos: bool = True
     forced_tokens: Sequence[int] | None = None
     context_end: int | None = None
+    head_outputs: bool = False
 
 
 _DEFAULTS = TraceOptions()
@@ -174,6 +191,7 @@ def trace(
     stop_at_eos: bool = _DEFAULTS.stop_at_eos,
     forced_tokens: Sequence[int] | None = _DEFAULTS.forced_tokens,
     context_end: int | None = _DEFAULTS.context_end,
+    head_outputs: bool = _DEFAULTS.head_outputs,
 ) -> Trace:
     """Greedy-decode ``sample`` and score every head at every step (Eq. 1 and Eq. 2) plus the hidden state.
 
@@ -185,6 +203,9 @@ def trace(
     for exactly that many steps (no stop token ends it; ``stop_reason = "forced"``); every statistic of step t
     is that of the pass that predicts it, and Eq. 1's ŷ is the forced token. ``context_end`` moves the end of
     the context the probe's ``context_mass`` / ``context_entropy`` measure (default: the prompt's end).
+    ``head_outputs=True`` also measures each head's output at every step and records the scores that read it
+    (the write score, ``scores["write"]``); off, the trace has no such score and the step costs what it did
+    before the write score (a gather and a small product per layer, and a readout per step, fewer).
     """
     options = TraceOptions(
         sink_size=sink_size,
@@ -194,6 +215,7 @@ def trace(
         stop_at_eos=stop_at_eos,
         forced_tokens=forced_tokens,
         context_end=context_end,
+        head_outputs=head_outputs,
     )
     return _trace_rows(lm, [sample], max_new_tokens, options)[0]
 
@@ -251,7 +273,10 @@ def _trace_rows(
         )
         for i, sample in enumerate(samples)
     ]
-    policies = [TracePolicy(edit, stop_ids, None if forced is None else forced[i]) for i in range(len(samples))]
+    policies = [
+        TracePolicy(edit, stop_ids, None if forced is None else forced[i], options.head_outputs)
+        for i in range(len(samples))
+    ]
     results = decode(sessions, policies, max_new_tokens)
     return [
         policy.recorder.finish(lm, session.rows[0], "forced" if forced is not None else result.stop_reason)

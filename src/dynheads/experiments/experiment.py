@@ -284,7 +284,8 @@ def run_traced(
 ) -> RunDir:
     """What every tracing runner does: load ``config``'s model (unless ``options`` give ``lm``),
     ``prepare(tokenizer)`` the samples and the manifest's extra keys, start (or resume) the run in ``out``, trace
-    it (the scores' settings come from ``config``) and write results.csv and ``more_tables`` of the finished run.
+    it (the scores' settings come from ``config``: sink, local window, and ``write_score`` where it has one) and
+    write results.csv and ``more_tables`` of the finished run.
     Results do not depend on ``batch_size`` beyond fp32 rounding of the scores (tests/test_batching.py)."""
 
     def plan(config, lm: LoadedModel) -> TracedPlan:
@@ -296,7 +297,12 @@ def run_traced(
 
         def traced(batch: list) -> list[Finished]:
             traces = trace_batch(
-                lm, batch, config.max_new_tokens, sink_size=config.sink_size, local_window=config.local_window
+                lm,
+                batch,
+                config.max_new_tokens,
+                sink_size=config.sink_size,
+                local_window=config.local_window,
+                head_outputs=getattr(config, "write_score", False),  # a task's own config may not have it
             )
             return [
                 Finished(
