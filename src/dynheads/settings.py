@@ -98,7 +98,7 @@ class WriteScoreSetting:
     write_score: bool = setting(
         False,
         "also record the write score (LOCOS, per step; any registered score that reads the heads' outputs): "
-        "measures each head's output at every step, ~5-7 % of a traced step on a CPU",
+        "measures each head's output at every step, 2-5 % of a traced step on a CPU (BENCHMARKS.md)",
     )
 
 
