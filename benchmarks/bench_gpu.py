@@ -6,6 +6,7 @@ do not change the cost). Per context length, one process runs, interleaved per r
 ``plain``  = ``model.generate`` (SDPA, greedy, exactly N new tokens),
 ``traced`` = ``dynheads.trace`` at batch 1, and ``trace_batch`` at ``--batch-sizes`` > 1,
 and records wall time and ``torch.cuda.max_memory_allocated`` (peak) per mode.
+``--write-score`` adds a traced B = 1 mode with the write score (``head_outputs=True``; off in ``traced``).
 ``--row-alignments 8,1`` adds a traced B = 1 mode per value of ``dynheads.engine.probe.ROW_ALIGNMENT`` (8 is the
 default, 1 the unpadded rows of before) in the same rounds, and per length compares the two traces' statistics
 (``alignment_check`` rows: the second trace is teacher-forced on the first's tokens, so both see the same inputs;
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -126,6 +128,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model: check the script runs")
+    parser.add_argument(
+        "--write-score", action="store_true", help="also a traced B = 1 mode with the write score (head_outputs=True)"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu.json"))
     args = parser.parse_args()
     alignments = [int(a) for a in args.row_alignments.split(",") if a]
@@ -179,6 +184,9 @@ def main() -> None:
                 results[-1]["tokens_per_s"] = size * args.new_tokens / results[-1]["seconds"]
             for alignment in alignments:
                 results.append(measure(f"traced_b1_align{alignment}", args.device, lambda a=alignment: traced(a)))
+            if args.write_score:  # what the write score adds to a traced step, beside the default trace
+                write = partial(trace, lm, samples[0], args.new_tokens, stop_at_eos=False, head_outputs=True)
+                results.append(measure("traced_b1_write", args.device, write))
             for entry in results:
                 entry.update(context_tokens=length, round=round_, new_tokens=args.new_tokens)
                 print(json.dumps(entry), flush=True)

@@ -22,7 +22,7 @@ DYNHEADS_TEST_DEVICE=cuda python3 -m pytest -p no:cacheprovider -m "not embedded
   tests/test_probe_exactness.py tests/test_write_score.py tests/test_batching.py 2>&1 | tee "$out/oracle-tests.log"
 tests=${PIPESTATUS[0]}
 
-python3 benchmarks/bench_gpu.py --lengths 8192,16384,32768,65536 --new-tokens 32 --batch-sizes 1,4 \
+python3 benchmarks/bench_gpu.py --lengths 8192,16384,32768,65536 --new-tokens 32 --batch-sizes 1,4 --write-score \
   --rounds "$rounds" --out "$out/gpu.json" 2>&1 | tee "$out/bench.log"
 bench=${PIPESTATUS[0]}
 
