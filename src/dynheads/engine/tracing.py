@@ -56,11 +56,8 @@ class TraceRecorder:
     def __init__(self, head_outputs: bool = False) -> None:
         self.steps: list[dict[str, torch.Tensor]] = []
         # (name, HeadScore) of the scores registered when the trace began
-        self.head_scores = [
-            (name, score)
-            for name, score in ((name, HEAD_SCORES.get(name)) for name in HEAD_SCORES.names())
-            if head_outputs or not score.head_outputs
-        ]
+        registered = [(name, HEAD_SCORES.get(name)) for name in HEAD_SCORES.names()]
+        self.head_scores = [(name, score) for name, score in registered if head_outputs or not score.head_outputs]
         self.scores: dict[str, list[torch.Tensor]] = {name: [] for name, _ in self.head_scores}  # [L, H] per step
         self.tokens: list[int] = []
         self.chance: list[float] = []  # Eq. 2 score of a uniform head at each step
@@ -204,8 +201,8 @@ def trace(
     is that of the pass that predicts it, and Eq. 1's ŷ is the forced token. ``context_end`` moves the end of
     the context the probe's ``context_mass`` / ``context_entropy`` measure (default: the prompt's end).
     ``head_outputs=True`` also measures each head's output at every step and records the scores that read it
-    (the write score, ``scores["write"]``); off, the trace has no such score and the step costs what it did
-    before the write score (a gather and a small product per layer, and a readout per step, fewer).
+    (the write score, ``scores["write"]``); off (the default), the trace has no such score and each step skips
+    that work (a gather and a small product per layer, and a readout per step).
     """
     options = TraceOptions(
         sink_size=sink_size,
