@@ -8,6 +8,7 @@ that environment (``scripts/kvpress-env.sh``) and runs this file there; elsewher
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import replace
 from itertools import product
 
@@ -240,6 +241,21 @@ def test_presses_sharing_a_prefill_equal_each_alone(lm):
         assert (one.tokens, one.kept_kv, one.total_kv) == (other.tokens, other.kept_kv, other.total_kv), spec
     assert len({tuple(result.tokens) for result in alone}) > 1  # the presses decode differently: the test can fail
     assert len({result.kept_kv[0] for result in alone}) > 2
+
+
+@needs_kvpress
+def test_kvzip_warns_of_its_cost_once_a_process(tiny_lm, caplog):
+    """kvpress's ``KVzipPress`` logs its cost warning whenever it is built, and a run builds one press per prompt:
+    the warning is said once, whatever the number of prompts (other messages of that logger still pass)."""
+    from dynheads.kv.press_runs import make_press
+
+    settings = KVSettings(policy="static", budget=0.9, ratio=0.5)
+    with caplog.at_level(logging.WARNING):
+        presses = [make_press(PressSpec("kvzip"), tiny_lm, settings, 100) for _ in range(3)]
+        logging.getLogger(type(presses[0]).__module__).warning("another message")
+    said = [record.getMessage() for record in caplog.records]
+    assert len(presses) == 3 and sum("KVzipPress requires" in message for message in said) == 1, said
+    assert "another message" in said
 
 
 @needs_kvpress

@@ -35,6 +35,7 @@ masked keys), so the table shows what each press actually held.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -176,7 +177,31 @@ def kvzip_press(lm: LoadedModel, settings: KVSettings, ratio: float):
     to three prefills more). kvpress builds that prompt with the tokenizer it loads from the model's folder
     (``config.name_or_path``), so a model without one is refused here, in one line."""
     _check_folder_tokenizer(lm.model.config.name_or_path, "kvzip")
-    return require_kvpress().KVzipPress(compression_ratio=ratio)
+    press_class = require_kvpress().KVzipPress
+    _say_once(logging.getLogger(press_class.__module__))
+    return press_class(compression_ratio=ratio)
+
+
+class _OnceEach(logging.Filter):
+    """Lets each distinct message through once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.said:
+            return False
+        self.said.add(message)
+        return True
+
+
+@functools.cache
+def _say_once(logger: logging.Logger) -> None:
+    """Each of ``logger``'s messages once per process: kvpress's ``KVzipPress`` warns of its cost when it is built,
+    and a run builds one press per prompt."""
+    logger.addFilter(_OnceEach())
 
 
 @functools.lru_cache(maxsize=8)
