@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+import sys
 
 import pytest
 
@@ -144,6 +145,17 @@ def test_a_stage_registered_in_a_test_file_runs_in_the_study(tiny_lm, tiny_model
     card = report[report.index("### Claim 4, steps, NIAH: inconclusive") :]
     assert card.index("count-steps/steps.png)") < card.index("## Steps per sample")  # the card, on the first screen
     assert f"{steps} steps decide nothing" in report
+
+    # Run again after a fix: the failed stage is tried again, the finished ones are not (count-steps would find its
+    # folder there and fail).
+    monkeypatch.setattr(sys.modules[__name__], "always_fails", lambda run: run.folder("always-fails").mkdir())
+    again = read_json(
+        reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), out, lm=tiny_lm) / "stages.json"
+    )
+    assert list(again) == list(log) and "error" not in again["always-fails"] and (out / "always-fails").is_dir()
+    assert {name: again[name] for name in (stages.NIAH, "count-steps")} == {
+        n: log[n] for n in (stages.NIAH, "count-steps")
+    }
 
 
 def three_steps(run: reproduce_module.Study) -> None:

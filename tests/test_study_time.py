@@ -59,6 +59,8 @@ def test_the_estimate_line_says_it_is_an_estimate_and_what_it_assumes():
     assert "an estimate" in line and "measured on this machine" in line and "decoding only" in line
     assert "shared over the processes" in line
     assert study_time.progress_line(3, 15, "ablation", 150.0) == "[reproduce] stage 3/15 ablation, about 2 min left"
+    done = study_time.progress_line(3, 15, "ablation", 0.0, done=True)
+    assert done == "[reproduce] stage 3/15 ablation: done in an earlier run, skipped"
 
 
 def test_reproduce_prints_the_estimate_before_the_first_stage_and_each_stage_i_of_n(

@@ -111,20 +111,25 @@ def stage_settings(preset: dict, stage: str) -> dict:
 
 class _Stages:
     """Runs named stages once each. A stage is logged in ``stages.json`` (with the wall time of the attempt that
-    finished it) only after it completes, so a re-run skips finished stages and resumes the interrupted one. Every
-    process of a launch reads the log before any stage runs (and rank 0 alone writes it), so all of them skip the
-    same stages and meet at the same barriers."""
+    finished it) only after it completes, so a re-run skips finished stages and resumes the interrupted one; a stage
+    logged as failed (its error) is tried again, so a re-run after a fix (a missing input, a value of one's own
+    preset) completes the study. Every process of a launch reads the log before any stage runs (and rank 0 alone
+    writes it), so all of them skip the same stages and meet at the same barriers."""
 
     def __init__(self, out: Path):
         self.log_path = out / "stages.json"
         self.log: dict = read_json(self.log_path) if self.log_path.is_file() else {}
+
+    def done(self, name: str) -> bool:
+        """Whether ``name`` completed in an earlier run (a failed stage is not done)."""
+        return name in self.log and "error" not in self.log[name]
 
     def run(self, name: str, fn: Callable[[], object], *, every_rank: bool) -> None:
         """Run ``fn`` unless logged (on every rank, or on rank 0 alone with this machine's threads, see the module
         docstring); a stage this model cannot support (a ``DynheadsError``, e.g. constant head scores for CCA) is
         logged with its reason, which the report shows, and the study goes on."""
         stages.STAGES.check([name])  # a stage the report could not find is refused before it runs
-        if name in self.log:
+        if self.done(name):
             return
         if every_rank or distributed.is_main():
             with nullcontext() if every_rank else local_threads():
@@ -209,12 +214,12 @@ def reproduce(
     study = Study(config, preset, out, lm, progress, log, batch_size)
     runners = {name: stages.STAGES.get(name).runner() for name in names}  # a misnamed one fails before any stage runs
     dealt = {name for name in names if stages.STAGES.get(name).deals_samples}  # the others run on rank 0 alone
-    to_run = [n for n in names if n not in log.log]
+    to_run = [n for n in names if not log.done(n)]
     seconds = _announce_estimate(config.preset, stage_tables, to_run, dealt, lm) if progress else {}
     for index, name in enumerate(names, 1):
         if progress and distributed.is_main():
             left = sum(seconds.get(later, 0.0) for later in names[index - 1 :])
-            print(study_time.progress_line(index, len(names), name, left), flush=True)
+            print(study_time.progress_line(index, len(names), name, left, done=log.done(name)), flush=True)
         study.log.run(name, partial(runners[name], study), every_rank=name in dealt)
     return out
 

@@ -131,6 +131,9 @@ def estimate_line(preset: str, seconds: Mapping[str, float], calibration: Calibr
     )
 
 
-def progress_line(index: int, total: int, name: str, seconds_left: float) -> str:
-    """The overall line before stage ``index`` (1-based) of ``total``: the estimate of the stages from it on."""
+def progress_line(index: int, total: int, name: str, seconds_left: float, *, done: bool = False) -> str:
+    """The overall line before stage ``index`` (1-based) of ``total``: the estimate of the stages from it on, or,
+    for a stage an earlier run finished, that it is skipped."""
+    if done:
+        return f"[reproduce] stage {index}/{total} {name}: done in an earlier run, skipped"
     return f"[reproduce] stage {index}/{total} {name}, about {minutes(seconds_left)} left"
