@@ -31,6 +31,12 @@ def files(tmp_path):
     broken.mkdir()
     (broken / "manifest.json").write_text("{not json")
     (tmp_path / "untrained").mkdir()
+    (tmp_path / "text-lengths.toml").write_text('lengths = "abc"\n')
+    (tmp_path / "one-length.toml").write_text("lengths = 200\n")
+    (tmp_path / "text-tokens.toml").write_text('max_new_tokens = "4"\ndepths = [0.5, 1]\n')
+    (tmp_path / "misspelt.toml").write_text('base = "smoke"\n[niah]\nrunz = 3\n')
+    (tmp_path / "text-list.toml").write_text('base = "smoke"\n[rag]\nks = "5"\n')
+    (tmp_path / "retired.toml").write_text('base = "smoke"\n[hotpotqa-ablation]\nrelative_doses = [1.0]\n')
     return tmp_path
 
 
@@ -110,6 +116,32 @@ CASES = [  # (command line, what the error names, what it says)
     (["detect", "{t}/plain", "--questions", "3"], "--questions", "applies only with --data"),
     (["detect", "{t}/plain", "--batch-size", "4"], "--batch-size", "applies only with --data"),
     (["rag", *NO_MODEL, "--trigger-form", "pos", "--out", "{t}/out"], "--trigger-form", "takes one of paper, dragin"),
+    (
+        ["trace", *NO_MODEL, "--config", "{t}/text-lengths.toml", "--out", "{t}/out"],
+        "config file {t}/text-lengths.toml: lengths",
+        "takes tuple[int, ...], got 'abc'",
+    ),
+    (["trace", *NO_MODEL, "--config", "{t}/one-length.toml", "--out", "{t}/out"], "lengths", "got 200"),
+    (
+        ["trace", *NO_MODEL, "--config", "{t}/text-tokens.toml", "--out", "{t}/out"],
+        "max_new_tokens",
+        "takes int, got '4'",
+    ),
+    (
+        ["reproduce", *NO_MODEL, "--preset", "{t}/misspelt.toml", "--out", "{t}/out"],
+        "preset file {t}/misspelt.toml, table [niah]",
+        "no setting 'runz'; did you mean 'runs'?",
+    ),
+    (
+        ["reproduce", *NO_MODEL, "--preset", "{t}/text-list.toml", "--out", "{t}/out"],
+        "table [rag]: ks",
+        "takes tuple[int, ...], got '5'",
+    ),
+    (
+        ["reproduce", *NO_MODEL, "--preset", "{t}/retired.toml", "--out", "{t}/out"],
+        "table [hotpotqa-ablation]",
+        "relative_doses (a fixed k heads per step, from the mean |D_t|) are retired",
+    ),
     (
         ["niah", *NO_MODEL, "--chat-template-kwargs", "{{bad", "--out", "{t}/out"],
         "'{{bad'",

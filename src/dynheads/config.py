@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import types
 import typing
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -53,15 +54,51 @@ def build_config(cls: type[C], file: str | Path | None = None, **overrides: Any)
             values.update(tomllib.loads(Path(file).read_text(encoding="utf-8")))
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise DynheadsError(f"cannot read config file {file}: {error}") from None
+    values = {
+        key: as_tuples(value) for key, value in values.items()
+    }  # TOML arrays arrive as lists; configs hold tuples
     values.update({k: v for k, v in overrides.items() if v is not None})
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
         raise DynheadsError(f"unknown {cls.__name__} setting(s): {', '.join(unknown)}")
-    for field in dataclasses.fields(cls):  # TOML arrays arrive as lists; configs hold tuples
-        if isinstance(values.get(field.name), list):
-            values[field.name] = tuple(values[field.name])
+    check_types(cls, {key: values[key] for key in values if overrides.get(key) is None}, f"config file {file}")
     return cls(**values)
+
+
+def as_tuples(value: Any) -> Any:
+    """``value`` with every list in it a tuple (TOML arrays arrive as lists; configs hold tuples)."""
+    return tuple(as_tuples(item) for item in value) if isinstance(value, list) else value
+
+
+def check_types(cls: type, values: dict[str, Any], source: str) -> None:
+    """A one-line error for the first value of ``values`` that is not of its ``cls`` field's declared type (a string
+    where a list of numbers goes, a number where a list goes); ``source`` names where the values came from."""
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        if key in hints and not _fits(hints[key], value):
+            shown = str(hints[key]).replace("typing.", "").removeprefix("<class '").removesuffix("'>")
+            raise DynheadsError(f"{source}: {key} takes {shown}, got {value!r}")
+
+
+def _fits(hint: Any, value: Any) -> bool:
+    """Whether ``value`` is of the type ``hint`` (an int where a float goes; a hint this does not read passes)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(arg, value) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(args[0], item) for item in value)
+        return len(args) == len(value) and all(_fits(arg, item) for arg, item in zip(args, value, strict=True))
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return isinstance(value, int if hint is int else (int, float)) and not isinstance(value, bool)
+    return not isinstance(hint, type) or isinstance(value, hint)
 
 
 def parse_list(text: str | None, kind: Callable[[str], Any] = float) -> tuple | None:

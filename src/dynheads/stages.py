@@ -3,11 +3,13 @@ in run order. A stage's name is its sub-folder of the study, its key in ``stages
 ``reproduce`` runs and logs the stages under these names (and refuses a preset table that names none), and the
 report reads their folders under them.
 
-An entry says how the study runs the stage (``run``), what a verdict reads of it (``evidence``) and which section of
-the report shows it (``section``). ``run`` and ``section`` are ``"module:attribute"`` strings imported only when
-used, as ``kv.press_registry``'s presses are: this module sits on the lowest floor and imports neither experiments
-nor the report, ``reproduce`` imports only the runners and the report only its sections (it never imports
-experiments). Register a stage from anywhere (a test file, a notebook)::
+An entry says how the study runs the stage (``run``), what a verdict reads of it (``evidence``), which section of
+the report shows it (``section``) and which config its preset table builds (``config``: the keys and value types of
+a preset file's table are checked when it is read, before any model loads). ``run``, ``section`` and ``config`` are
+``"module:attribute"`` strings imported only when used, as ``kv.press_registry``'s presses are: this module sits on
+the lowest floor and imports neither experiments nor the report, ``reproduce`` imports only the runners (and the
+configs) and the report only its sections (it never imports experiments). Register a stage from anywhere (a test
+file, a notebook)::
 
     STAGES.register("steps", Stage(f"{__name__}:count_steps", section=f"{__name__}:STEPS"), help="steps per sample")
 
@@ -38,10 +40,15 @@ class Stage:
     deals_samples: bool = False  # its runner gives each process of a launch its share of the samples (run_jobs)
     optional: bool = False  # joins only a study whose preset has its table (KV, re-rank, detection); else: every one
     section: str | None = None  # "module:attribute" of the ``ReportSection`` that shows it, if one does
+    config: str | None = None  # "module:Class" of the config its preset table's settings build, if they build one
 
     def runner(self) -> Any:
         """The function that runs the stage, imported now."""
         return imported(self.run)
+
+    def config_class(self) -> type | None:
+        """The config class its preset table builds (imported now), or None."""
+        return imported(self.config) if self.config else None
 
     def report_section(self) -> Any:
         """The ``ReportSection`` that shows the stage (imported now), or None."""
@@ -86,6 +93,7 @@ NIAH = _stage(
     "niah",
     "the traced NIAH grid: Eq. 1 copy heads of every step (Section 3.1)",
     run="niah",
+    config="dynheads.settings:NiahConfig",
     section="niah_setup",
     deals_samples=True,
 )
@@ -93,6 +101,7 @@ STATIC = _stage(
     "static",
     "static retrieval (copy) heads scored as Wu et al.",
     run="static",
+    config="dynheads.settings:StaticConfig",
     section="static_section",
     deals_samples=True,
 )
@@ -107,6 +116,7 @@ ABLATION = _stage(
     "ablation",
     "Claim 2 on NIAH: per-step ablation grid of dynamic, static and random heads (Figure 2)",
     run="ablation",
+    config="dynheads.settings:AblationConfig",
     section="claim2_niah",
     evidence="summary.md",
     deals_samples=True,
@@ -115,6 +125,7 @@ PROGRESSIVE = _stage(
     "progressive",
     "Claim 2 on NIAH: progressive ablation of the top-k dynamic heads (Figure 3)",
     run="progressive",
+    config="dynheads.settings:ProgressiveConfig",
     deals_samples=True,
 )
 CCA = _stage(
@@ -125,16 +136,25 @@ CCA = _stage(
     evidence="cca.md",
 )
 PROBE = _stage(
-    "probe", "Claim 3 on NIAH: the MLP head predictor from hidden states", run="probe", evidence="metrics.md"
+    "probe",
+    "Claim 3 on NIAH: the MLP head predictor from hidden states",
+    run="probe",
+    config="dynheads.analysis.settings:HeadPredictorConfig",
+    evidence="metrics.md",
 )
 # HotpotQA (Section 4): static reasoning heads, the traced grid, then Claims 1-3 on Eq. 2 scores.
 HOTPOTQA_STATIC = _stage(
-    "hotpotqa-static", "static reasoning heads on HotpotQA (Eq. 2)", run="hotpotqa_static", deals_samples=True
+    "hotpotqa-static",
+    "static reasoning heads on HotpotQA (Eq. 2)",
+    run="hotpotqa_static",
+    config="dynheads.settings:StaticReasoningConfig",
+    deals_samples=True,
 )
 HOTPOTQA = _stage(
     "hotpotqa",
     "the traced HotpotQA grid: Eq. 2 scores of every step (Section 4)",
     run="hotpotqa",
+    config="dynheads.settings:HotpotConfig",
     section="qa_setup",
     deals_samples=True,
 )
@@ -175,6 +195,7 @@ HOTPOTQA_ABLATION = _stage(
     "hotpotqa-ablation",
     "Claim 2 on HotpotQA: the ablation grid (Figure 6)",
     run="hotpotqa_ablation",
+    config="dynheads.settings:AblationConfig",
     section="claim2_qa",
     evidence="summary.md",
     deals_samples=True,
@@ -183,6 +204,7 @@ HOTPOTQA_PROGRESSIVE = _stage(
     "hotpotqa-progressive",
     "Claim 2 on HotpotQA: progressive ablation (Figure 7)",
     run="hotpotqa_progressive",
+    config="dynheads.settings:ProgressiveConfig",
     deals_samples=True,
 )
 # Dynamic RAG (Section 5).
@@ -190,6 +212,7 @@ RAG = _stage(
     "rag",
     "Dynamic RAG with head-based in-context retrieval (Table 4)",
     run="rag",
+    config="dynheads.experiments.rag:RagConfig",
     section="rag_section",
     evidence="rag.md",
     deals_samples=True,

@@ -12,7 +12,6 @@ from typing import Unpack
 
 from dynheads import stages
 from dynheads.analysis.settings import CCAConfig
-from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
 from dynheads.experiments.dose import run_doses
 from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
@@ -50,20 +49,8 @@ def dynamism(study: Study) -> object:
 
 
 def ablation(study: Study) -> object:
-    settings = _without_relative_doses(study.settings(stages.ABLATION, static=str(study.static_file)))
+    settings = study.settings(stages.ABLATION, static=str(study.static_file))
     return run_claim2(AblationConfig(**settings), study.folder(stages.ABLATION), **study.options)
-
-
-def _without_relative_doses(settings: dict) -> dict:
-    """An ablation table's settings, refused when it still gives relative doses (an older preset's multiples of
-    the mean |D_t|, each a fixed k heads per step)."""
-    if "relative_doses" in settings:
-        raise DynheadsError(
-            "relative_doses (a fixed k heads per step, from the mean |D_t|) are retired: past |D_t| they measure "
-            "compensation; give fractions of each step's |D_t| (fractions = [0.25, 0.5, 0.75, 1.0], compensation "
-            "= [1.5, 2.0]; docs/ablation.md)"
-        )
-    return settings
 
 
 def progressive(study: Study) -> object:
@@ -152,7 +139,7 @@ def _qa_ablation(study: Study, stage: str, stream: str, config_type: type, run: 
     reasoning list as its static list and the fitted threshold (``fitted_ablation``)."""
     qa, threshold = study.questions, study.questions.fit()
     extra = dict(split=stream, task=qa.task.name, static=str(qa.reasoning_file))
-    settings = _without_relative_doses(qa.grid(study, stage, stream, **extra))
+    settings = qa.grid(study, stage, stream, **extra)
     fitted_ablation(run, config_type(**settings), threshold, study.folder(stage), **study.options)
 
 

@@ -22,6 +22,7 @@ the report.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import time
@@ -36,7 +37,8 @@ import torch
 
 from dynheads import distributed, stages
 from dynheads.analysis.settings import HeadPredictorConfig
-from dynheads.errors import DynheadsError
+from dynheads.config import as_tuples, check_types
+from dynheads.errors import DynheadsError, did_you_mean
 from dynheads.experiments import study_time
 from dynheads.io import read_json, write_json
 from dynheads.models import LoadedModel, load_model
@@ -100,13 +102,42 @@ def resolve_preset(preset: str) -> dict:
     for key, value in own.items():
         both_tables = isinstance(value, dict) and isinstance(merged.get(key), dict)
         merged[key] = {**merged[key], **value} if both_tables else value
-    return _checked_tables(merged)
+    return check_stage_settings(_checked_tables(merged), f"preset file {path}")
+
+
+RETIRED = {
+    "relative_doses": "relative_doses (a fixed k heads per step, from the mean |D_t|) are retired: past |D_t| they "
+    "measure compensation; give fractions of each step's |D_t| (fractions = [0.25, 0.5, 0.75, 1.0], compensation "
+    "= [1.5, 2.0]; docs/ablation.md)"
+}
+
+
+def check_stage_settings(preset: dict, source: str) -> dict:
+    """``preset``, once each table of a stage that builds a config (``Stage.config``) names only that config's
+    settings, each of its declared type: a misspelt key or a string for a list is refused before any model loads
+    or any file is written (``source`` names the preset in the message)."""
+    for name in stages.STAGES.names():
+        config, table = stages.STAGES.get(name).config_class(), stages.preset_table(name)
+        if config is None or table not in preset:
+            continue
+        settings = stage_settings(preset, name)
+        retired = [RETIRED[key] for key in settings if key in RETIRED]
+        if retired:
+            raise DynheadsError(f"{source}, table [{table}]: {retired[0]}")
+        fields = [field.name for field in dataclasses.fields(config)]
+        unknown = [key for key in settings if key not in fields]
+        if unknown:
+            raise DynheadsError(
+                f"{source}, table [{table}]: no setting {unknown[0]!r}{did_you_mean(unknown[0], fields)}"
+            )
+        check_types(config, settings, f"{source}, table [{table}]")
+    return preset
 
 
 def stage_settings(preset: dict, stage: str) -> dict:
     """The preset's table for ``stage`` (``stages.preset_table``), its lists as tuples (configs hold tuples)."""
     table = preset.get(stages.preset_table(stage), {})
-    return {key: tuple(value) if isinstance(value, list) else value for key, value in table.items()}
+    return {key: as_tuples(value) for key, value in table.items()}
 
 
 class _Stages:
