@@ -142,6 +142,8 @@ CASES = [  # (command line, what the error names, what it says)
         "table [hotpotqa-ablation]",
         "relative_doses (a fixed k heads per step, from the mean |D_t|) are retired",
     ),
+    (["trace", *NO_MODEL, "--device", "tpu", "--out", "{t}/out"], "'tpu'", "unknown device 'tpu': use cpu, cuda"),
+    (["trace", *NO_MODEL, "--device", "cuda:99", "--out", "{t}/out"], "'cuda:99'", "is not available"),
     (
         ["niah", *NO_MODEL, "--chat-template-kwargs", "{{bad", "--out", "{t}/out"],
         "'{{bad'",

@@ -134,6 +134,27 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def checked_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device``, or a one-line error for a name torch does not know or a device this machine
+    (or this build of torch) does not have."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise DynheadsError(f"unknown device {str(device)!r}: use cpu, cuda, cuda:N or mps") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            build = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+            raise DynheadsError(f"device {str(device)!r} is not available: {build} (use --device cpu)")
+        if parsed.index is not None and parsed.index >= count:
+            raise DynheadsError(f"device {str(device)!r} is not available: this machine has {count} GPU(s)")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise DynheadsError(f"device {str(device)!r} is not available on this machine (use --device cpu)")
+    return parsed
+
+
 def load_model(
     name_or_path: str | os.PathLike | None = None,
     *,
@@ -153,7 +174,7 @@ def load_model(
     """
     import torch
 
-    device = torch.device(device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"))
+    device = checked_device(device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str) and dtype != "auto":
         dtype = _parse_dtype(dtype)
     source = resolve_source(name_or_path)
