@@ -174,7 +174,8 @@ def load_model(
     """
     import torch
 
-    device = checked_device(device or (f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"))
+    default = f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"
+    device = checked_device(device or default)
     if isinstance(dtype, str) and dtype != "auto":
         dtype = _parse_dtype(dtype)
     source = resolve_source(name_or_path)
