@@ -34,6 +34,7 @@ def files(tmp_path):
     (tmp_path / "text-lengths.toml").write_text('lengths = "abc"\n')
     (tmp_path / "one-length.toml").write_text("lengths = 200\n")
     (tmp_path / "text-tokens.toml").write_text('max_new_tokens = "4"\ndepths = [0.5, 1]\n')
+    (tmp_path / "no-runs.toml").write_text('base = "smoke"\n[niah]\nruns = -3\n[rag]\nks = [5, -1]\n')
     (tmp_path / "misspelt.toml").write_text('base = "smoke"\n[niah]\nrunz = 3\n')
     (tmp_path / "text-list.toml").write_text('base = "smoke"\n[rag]\nks = "5"\n')
     (tmp_path / "retired.toml").write_text('base = "smoke"\n[hotpotqa-ablation]\nrelative_doses = [1.0]\n')
@@ -141,6 +142,14 @@ CASES = [  # (command line, what the error names, what it says)
         ["reproduce", *NO_MODEL, "--preset", "{t}/retired.toml", "--out", "{t}/out"],
         "table [hotpotqa-ablation]",
         "relative_doses (a fixed k heads per step, from the mean |D_t|) are retired",
+    ),
+    (["reproduce", *NO_MODEL, "--floor", "-1", "--out", "{t}/out"], "--floor", "floor must be at least 1, got -1"),
+    (["reproduce", *NO_MODEL, "--resamples", "0", "--out", "{t}/out"], "--resamples", "must be at least 1, got 0"),
+    (["cca", "{t}/plain", "--resamples", "0"], "--resamples", "resamples must be at least 1, got 0"),
+    (
+        ["reproduce", *NO_MODEL, "--preset", "{t}/no-runs.toml", "--out", "{t}/out"],
+        "preset table [niah] runs",
+        "runs must be at least 1, got -3",
     ),
     (["trace", *NO_MODEL, "--device", "tpu", "--out", "{t}/out"], "'tpu'", "unknown device 'tpu': use cpu, cuda"),
     (["trace", *NO_MODEL, "--device", "cuda:99", "--out", "{t}/out"], "'cuda:99'", "is not available"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import tomllib
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -190,6 +191,8 @@ RULES: dict[str, tuple[Rule, str]] = {
     "early_stopping": (at_least(0), "early stopping"),
     "top": (at_least(1), "top"),
     "full_heads": (at_least(1), "full heads"),
+    "floor": (at_least(1), "floor"),
+    "resamples": (at_least(1), "resamples"),
 }
 
 
@@ -267,6 +270,22 @@ def checked_config(
     config = build_config(cls, file, **settings)
     config_values(config, flags)
     return config
+
+
+def preset_values(preset: str) -> None:
+    """Every value a preset file of one's own sets that has a rule (``RULES``), named by its table and key: its
+    ``runs = -3`` is refused before the study starts, as ``--runs -3`` is (the packaged presets are checked by their
+    tests; smoke's ``success_threshold = -1`` lets a random model's every test count)."""
+    from dynheads.experiments.reproduce import PRESETS, resolve_preset
+
+    resolve_preset(preset)  # a name, or a file whose base and tables are checked
+    if preset in PRESETS:
+        return
+    for table, settings in tomllib.loads(Path(preset).read_text(encoding="utf-8")).items():
+        for key, given in settings.items() if isinstance(settings, dict) else ():
+            if key in RULES and given is not None:
+                rule, what = RULES[key]
+                value(f"preset table [{table}] {key}", what, rule, tuple(given) if isinstance(given, list) else given)
 
 
 def batch_size(given: int) -> int:

@@ -69,6 +69,7 @@ def reproduce(
     from dynheads.report import write_report
 
     cfg = checks.checked_config(ReproduceConfig, config, **settings)
+    checks.preset_values(cfg.preset)
     checks.out_dir(out, "reproduce")
     if batch_size is not None:
         checks.batch_size(batch_size)
