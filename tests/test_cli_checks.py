@@ -151,6 +151,10 @@ CASES = [  # (command line, what the error names, what it says)
         "preset table [niah] runs",
         "runs must be at least 1, got -3",
     ),
+    (["ablate", *NO_MODEL, "--strategies", "dynamic,statc", "--out", "{t}/out"], "'statc'", "did you mean 'static'?"),
+    (["kv", *NO_MODEL, "--policies", "full,statc", "--out", "{t}/out"], "['statc']", "did you mean 'static'?"),
+    (["reproduce", *NO_MODEL, "--stages", "nia", "--out", "{t}/out"], "'nia'", "did you mean 'niah'?"),
+    (["reproduce", *NO_MODEL, "--preset", "quik", "--out", "{t}/out"], "'quik'", "did you mean 'quick'?"),
     (["trace", *NO_MODEL, "--device", "tpu", "--out", "{t}/out"], "'tpu'", "unknown device 'tpu': use cpu, cuda"),
     (["trace", *NO_MODEL, "--device", "cuda:99", "--out", "{t}/out"], "'cuda:99'", "is not available"),
     (

@@ -23,7 +23,7 @@ from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
 from dynheads.analysis.kvheads import AGGREGATIONS
 from dynheads.analysis.settings import FEATURE_SETS
 from dynheads.config import pieces_of, redefault, setting
-from dynheads.errors import DynheadsError
+from dynheads.errors import DynheadsError, did_you_mean
 from dynheads.kv.policies import KV_POLICIES
 from dynheads.kv.press_registry import KVPRESS_PRESSES, TRACKS
 from dynheads.rag.rerank_strategies import RERANK_STRATEGIES
@@ -353,7 +353,10 @@ class AblationConfig(AblationFields, AblationGridConfig):
         choices = ", ".join(name for name in ABLATION_STRATEGIES.names() if name not in baselines)
         unknown = [s for s in self.strategies if s not in ABLATION_STRATEGIES]
         if unknown:
-            raise DynheadsError(f"unknown ablation strategy {', '.join(map(repr, unknown))}: use some of {choices}")
+            hint = did_you_mean(unknown[0], ABLATION_STRATEGIES.names())
+            raise DynheadsError(
+                f"unknown ablation strategy {', '.join(map(repr, unknown))}: use some of {choices}{hint}"
+            )
         if not self.strategies:
             raise DynheadsError(f"give at least one ablation strategy: {choices}")
         # mean-matched controls read their head count from the dynamic run

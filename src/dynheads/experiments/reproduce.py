@@ -87,7 +87,10 @@ def resolve_preset(preset: str) -> dict:
         return PRESETS[preset]
     path = Path(preset)
     if path.suffix != ".toml" or not path.is_file():
-        raise DynheadsError(f"unknown preset {preset!r}: use {', '.join(PRESETS)} or a .toml preset file of your own")
+        raise DynheadsError(
+            f"unknown preset {preset!r}: use {', '.join(PRESETS)} or a .toml preset file of your own"
+            + did_you_mean(preset, PRESETS)
+        )
     try:
         own = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
@@ -263,7 +266,9 @@ def _selected(names: list[str], only: Collection[str] | None) -> list[str]:
         raise DynheadsError(f"no stage named to run: name some of {', '.join(names)}")
     unknown = sorted(set(only) - set(names))
     if unknown:
-        raise DynheadsError(f"no stage {unknown[0]!r} in this study: its stages are {', '.join(names)}")
+        raise DynheadsError(
+            f"no stage {unknown[0]!r} in this study: its stages are {', '.join(names)}{did_you_mean(unknown[0], names)}"
+        )
     return [name for name in names if name in only]
 
 

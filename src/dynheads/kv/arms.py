@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from dynheads.errors import DynheadsError
+from dynheads.errors import DynheadsError, did_you_mean
 from dynheads.kv.policies import KV_POLICIES, RetentionPolicy
 from dynheads.kv.press_registry import KVPRESS_PRESSES, PressEntry, PressSpec
 
@@ -97,9 +97,10 @@ def resolve_arms(
     presses = [name for name in dict.fromkeys(policies) if name.startswith(PRESS_PREFIX)]
     unknown = [name for name in policies if name not in KV_POLICIES and not name.startswith(PRESS_PREFIX)]
     if unknown or not policies:
+        known = KV_POLICIES.names() + [PRESS_PREFIX + name for name in KVPRESS_PRESSES.names()]
         raise DynheadsError(
             f"unknown or no KV policies {unknown}: use some of {KV_POLICIES.choices()} or "
-            f"kvpress:<press> ({KVPRESS_PRESSES.choices()})"
+            f"kvpress:<press> ({KVPRESS_PRESSES.choices()}){did_you_mean(unknown[0], known) if unknown else ''}"
         )
     parsed = {name: _checked_press(name) for name in presses}
     if not budgets or not all(0 < b <= 1 for b in budgets):
