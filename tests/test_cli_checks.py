@@ -31,6 +31,10 @@ def files(tmp_path):
     broken.mkdir()
     (broken / "manifest.json").write_text("{not json")
     (tmp_path / "untrained").mkdir()
+    study = tmp_path / "study"  # a study's folder: its stage folders hold the traces
+    (study / "niah" / "traces").mkdir(parents=True)
+    (study / "manifest.json").write_text(json.dumps({"kind": "reproduce", "format_version": 2}))
+    (study / "niah" / "traces" / "s0.parquet").write_bytes(b"")
     (tmp_path / "text-lengths.toml").write_text('lengths = "abc"\n')
     (tmp_path / "one-length.toml").write_text("lengths = 200\n")
     (tmp_path / "text-tokens.toml").write_text('max_new_tokens = "4"\ndepths = [0.5, 1]\n')
@@ -155,6 +159,8 @@ CASES = [  # (command line, what the error names, what it says)
     (["kv", *NO_MODEL, "--policies", "full,statc", "--out", "{t}/out"], "['statc']", "did you mean 'static'?"),
     (["reproduce", *NO_MODEL, "--stages", "nia", "--out", "{t}/out"], "'nia'", "did you mean 'niah'?"),
     (["reproduce", *NO_MODEL, "--preset", "quik", "--out", "{t}/out"], "'quik'", "did you mean 'quick'?"),
+    (["view", "{t}/study"], "the traced runs inside it: {t}/study/niah", "give one of them"),
+    (["view", "{t}/good.json"], "{t}/good.json", "is a file, not a run directory"),
     (["trace", *NO_MODEL, "--device", "tpu", "--out", "{t}/out"], "'tpu'", "unknown device 'tpu': use cpu, cuda"),
     (["trace", *NO_MODEL, "--device", "cuda:99", "--out", "{t}/out"], "'cuda:99'", "is not available"),
     (

@@ -55,6 +55,8 @@ def parquet_file(path: str | Path, what: str = "trace") -> None:
 def run_manifest(path: str | Path) -> dict:
     """The manifest of the run directory ``path``; a folder without one (or with a broken one) is refused."""
     path = Path(path)
+    if path.is_file():
+        raise DynheadsError(f"{path} is a file, not a run directory")
     if not path.is_dir():
         raise DynheadsError(f"run directory not found: {path}")
     manifest = json_file(path / "manifest.json", "run manifest") if (path / "manifest.json").exists() else None
@@ -74,9 +76,15 @@ def traced_run(path: str | Path) -> dict:
     manifest = run_manifest(path)
     traces = sorted((Path(path) / "traces").glob("*.parquet"))
     if not traces:
+        inside = sorted(str(folder.parent.parent) for folder in Path(path).glob("*/traces/*.parquet"))
+        runs = ", ".join(dict.fromkeys(inside))
         raise DynheadsError(
-            f"{path} has no traced samples yet (a '{manifest.get('kind')}' run with no "
-            "traces/*.parquet): give a traced run ('dynheads trace')"
+            f"{path} has no traced samples yet (a '{manifest.get('kind')}' run with no traces/*.parquet): "
+            + (
+                f"the traced runs inside it: {runs}: give one of them"
+                if inside
+                else "give a traced run ('dynheads trace')"
+            )
         )
     for trace in traces:
         parquet_file(trace)
