@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 
 import numpy as np
@@ -142,7 +143,14 @@ def test_static_cli_on_the_tiny_model(tiny_model_dir, tmp_path, capsys):
     for record in run.records():  # pretend the model answered: the real records then score and write
         write_json(run.record_path(record["sample_id"]), {**record, "generated": record["answer"]})
     code, stdout, _ = cli(capsys, *args)  # resumes: nothing left to trace
-    assert code == 0 and "pass rate 2/2 (100%)" in stdout and "top-20: L" in stdout
+    assert code == 0 and "pass rate 2/2 (100%)" in stdout
+    scored = re.search(r"top-20 \(only (\d+) heads score above 0\): (.*)", stdout)  # a 12-head model
+    listed = load_head_list(out / "static_heads.json", 3, 4)
+    assert listed.scores is not None and scored is not None
+    above_0 = [
+        f"L{layer}-H{head}" for (layer, head), score in zip(listed.heads, listed.scores, strict=True) if score > 0
+    ]
+    assert scored[2].split() == above_0[:20] and int(scored[1]) == len(above_0) < 20
     assert len(load_head_list(out / "static_heads.json", 3, 4).heads) == 12
 
 

@@ -76,6 +76,12 @@ class StaticHeads:
         """The ``k`` best heads (fewer if the model has fewer)."""
         return list(self.ranking[:k])
 
+    def scored_top(self, k: int) -> list[Head]:
+        """The ``k`` best heads whose mean score is above 0 (fewer when fewer score: the rest of ``top(k)`` are
+        zero-score heads in layer order, no retrieval heads)."""
+        scores = self.mean_scores
+        return [head for head in self.top(k) if scores[head] > 0]
+
     def per_head(self) -> dict[Head, list[float]]:
         """Scores per counted test for every head, layer-major: the content of the published JSON lists."""
         _, layers, heads = self.test_scores.shape

@@ -35,7 +35,6 @@ OutDir = Annotated[Path | None, Opt("--out", help="folder for the outputs (defau
 def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
     """Find the static retrieval heads of a model (Wu et al.'s scoring) on NIAH samples disjoint from analysis runs."""
     from dynheads.experiments.static import run_static
-    from dynheads.heads import head_label
 
     cfg = checks.checked_config(StaticConfig, config, **settings)
     checks.out_dir(out, cfg.task)  # the static grid is a run of the needle task
@@ -46,7 +45,7 @@ def static(out: RunOut, config: ConfigFile = None, **settings) -> None:
         f"{cfg.success_threshold}; wrote {out}/static_heads{suffix}.json, static_ranking{suffix}.csv, "
         f"static_summary{suffix}.json"
     )
-    typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
+    typer.echo(_top20(heads))
 
 
 @app.command("static-qrhead")
@@ -69,14 +68,13 @@ def static_qrhead(out: RunOut, config: ConfigFile = None, **settings) -> None:
 def static_reasoning(out: RunOut, config: ConfigFile = None, **settings) -> None:
     """Static reasoning heads for HotpotQA: mean Eq. 2 score per head over a question stream of their own."""
     from dynheads.experiments.static import run_static_reasoning
-    from dynheads.heads import head_label
 
     heads = run_static_reasoning(checks.checked_config(StaticReasoningConfig, config, **settings), out)
     typer.echo(
         f"{heads.num_counted}/{heads.num_tests} questions counted; wrote {out}/static_heads.json, "
         "static_ranking.csv, static_summary.json"
     )
-    typer.echo("top-20: " + " ".join(head_label(head) for head in heads.top(20)))
+    typer.echo(_top20(heads))
 
 
 @app.command()
@@ -185,3 +183,12 @@ def predictor_train(
         raise DynheadsError("--fit-run fits a --threshold: give one (e.g. --threshold null:0.1)")
     train_probe_on_run(run_dir, cfg, score=target.score, out_dir=out, device=device, sets=sets)
     typer.echo((out or run_dir / "probe").joinpath("metrics.md").read_text(encoding="utf-8"), nl=False)
+
+
+def _top20(heads) -> str:
+    """The static list's best 20 heads that score above 0, and how many those are when fewer."""
+    from dynheads.heads import head_label
+
+    top = heads.scored_top(20)
+    note = "" if len(top) >= 20 else f" (only {len(top)} heads score above 0)"
+    return f"top-20{note}: " + " ".join(head_label(head) for head in top)

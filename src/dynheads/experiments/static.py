@@ -99,7 +99,7 @@ def write_static(run: RunDir, config: StaticConfig) -> StaticHeads:
             "num_tests": heads.num_tests,
             "num_counted": heads.num_counted,
             "pass_rate": heads.pass_rate,
-            "top20": [head_label(head) for head in heads.top(20)],
+            "top20": [head_label(head) for head in heads.scored_top(20)],
             "heads_scoring_above_0.1": int((heads.mean_scores > 0.1).sum()),
         },
     )
@@ -125,7 +125,7 @@ def _write_pooled_static(run: RunDir, config: StaticConfig) -> StaticHeads:
             "num_tests": heads.num_tests,
             "num_counted": heads.num_counted,
             "empty_traces_skipped": empty,
-            "top20": [head_label(head) for head in heads.top(20)],
+            "top20": [head_label(head) for head in heads.scored_top(20)],
         },
     )
     write_outputs(run.path, outputs)
@@ -211,7 +211,7 @@ def _qrhead_tables(context: Context[StaticConfig, Plan]) -> Outputs:
             "note": DISJOINT_NOTE,
             "num_tests": heads.num_tests,
             "num_counted": heads.num_counted,
-            "top20": [head_label(head) for head in heads.top(20)],
+            "top20": [head_label(head) for head in heads.scored_top(20)],
         },
     )
 
@@ -253,7 +253,7 @@ def write_static_reasoning(run: RunDir, config: StaticReasoningConfig) -> Static
             "num_tests": heads.num_tests,
             "num_counted": heads.num_counted,
             "empty_traces_skipped": empty,
-            "top20": [head_label(head) for head in heads.top(20)],
+            "top20": [head_label(head) for head in heads.scored_top(20)],
             "heads_with_nonzero_score": int((heads.mean_scores > 0).sum()),
         },
     )

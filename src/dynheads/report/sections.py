@@ -143,7 +143,10 @@ def claim1_niah(study: StudyFolder) -> list[Part]:
 )
 def claim2_niah(study: StudyFolder) -> list[Part]:
     pair = (stages.ABLATION, stages.PROGRESSIVE)
-    figures, paper = ("Figure 2", "Figure 3"), (f"{PAPER_MODEL}: {PAPER_GRID}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}.")
+    figures, paper = (
+        ("Figure 2", "Figure 3"),
+        (f"{PAPER_MODEL}: {PAPER_GRID['niah']}.", f"{PAPER_MODEL}: {PAPER_PROGRESSIVE}."),
+    )
     return ablation_parts(study.root, pair, figures, NIAH.label, *paper, study.evidence)
 
 

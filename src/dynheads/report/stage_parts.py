@@ -62,9 +62,14 @@ def static_parts(root: Path) -> list[Part]:
         parts.insert(
             2,
             f"Pass rate {summary['pass_rate']:.2f} ({summary['num_counted']} of {summary['num_tests']} "
-            f"tests counted); top-20: {', '.join(summary['top20'])}.",
+            f"tests counted); top-20{_scored_note(summary['top20'])}: {', '.join(summary['top20'])}.",
         )
     return parts
+
+
+def _scored_note(top20: list[str]) -> str:
+    """What a static top-20 of fewer than 20 heads means (the others score 0)."""
+    return "" if len(top20) >= 20 else f" (only {len(top20)} heads score above 0)"
 
 
 def task_run_parts(root: Path, stage: str) -> list[Part]:

@@ -89,10 +89,11 @@ def train_probe_on_run(
     }
     epochs = len(result.history)
     targets = f"{score} scores" if sets is None else f"{score} sets ({sets.describe()})"
+    split = ", ".join(f"{part} {count}" for part, count in result.metrics["split_pairs"].items())
     summary = (
         (f"{empty_note(counts)}\n" if counts["empty_samples_skipped"] else "")
         + f"{targets} ({task}); {len(samples)} samples split by sample into "
-        f"{result.metrics['split_pairs']} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
+        f"{split} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
         f"{config.epochs} epochs (best {result.metrics['best_epoch']}), trained in {seconds:.0f} s on {device}."
         + (
             f" Decision threshold {result.metrics['threshold']:.4f} (probe), "
