@@ -227,3 +227,38 @@ def test_a_rerun_with_other_settings_is_refused_before_the_model_loads(tmp_path,
     result = run_main(capsys, monkeypatch, "trace", "--lengths", "250", "--out", run.path)
     assert result.code == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "already holds a different run (--lengths was [500] there, [250] now" in result.stderr
+
+
+PLUGIN = '''
+from dynheads.ablation.strategies import ABLATION_STRATEGIES, ablation_strategy
+
+
+@ABLATION_STRATEGIES.register("plugin-last-layer", help="mask heads of the last layer, as many as D_t")
+@ablation_strategy("last-layer heads masked", matched=True)
+def choose(inputs):
+    return [(inputs.num_layers - 1, head) for head in range(min(inputs.count, inputs.num_heads))]
+'''
+
+
+def test_a_plugin_registers_variants_the_command_then_takes(tmp_path, capsys, monkeypatch):
+    """``dynheads --plugin FILE.py`` imports the file before the command: the strategy it registers is a name
+    ``ablate --strategies`` takes (the command goes on to its next check, refused here), where without it the name is
+    unknown; a plugin that cannot be imported is one line naming it."""
+    from dynheads.ablation.strategies import ABLATION_STRATEGIES
+
+    plugin = tmp_path / "my_heads.py"
+    plugin.write_text(PLUGIN)
+    args = ["ablate", *NO_MODEL, "--strategies", "dynamic,plugin-last-layer", "--out", str(tmp_path / "out")]
+    without = run_main(capsys, monkeypatch, *args)
+    assert without.code == 2 and "unknown ablation strategy 'plugin-last-layer'" in without.stderr
+    try:
+        with_plugin = run_main(capsys, monkeypatch, "--plugin", str(plugin), *args)
+        assert "plugin-last-layer" in ABLATION_STRATEGIES
+    finally:
+        ABLATION_STRATEGIES.unregister("plugin-last-layer")
+    assert with_plugin.code == 2 and "ablation strategy" not in with_plugin.stderr
+    assert "the dose-response needs fractions" in with_plugin.stderr  # past the strategies, to the next check
+    missing = run_main(capsys, monkeypatch, "--plugin", str(tmp_path / "none.py"), "doctor")
+    assert missing.code == 2 and missing.stderr.startswith(f"error: cannot import plugin '{tmp_path / 'none.py'}'")
+    broken = run_main(capsys, monkeypatch, "--plugin", "no_such_module_of_yours", "doctor")
+    assert broken.code == 2 and "ModuleNotFoundError" in broken.stderr and len(broken.stderr.splitlines()) == 1

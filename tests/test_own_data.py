@@ -211,6 +211,7 @@ def test_a_custom_run_keeps_the_record_ids_and_compares_two_records(tmp_path, ti
     assert set(shown) == {"velmora", "osk"} and shown["velmora"]["question"] == "Who founded Velmora?"
     compared = compare_records(out, "velmora", "osk")
     assert len(compared.steps) == 4
+    assert compare_records(RunDir(out), "velmora", "osk") == compared  # a RunDir goes where its path does
     for step in compared.steps:
         split = step.heads
         assert not set(split.both) & set(split.only_first) and not set(split.both) & set(split.only_second)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import platform
 import re
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -61,8 +62,12 @@ def file_stem(sample_id: str) -> str:
 
 
 class RunDir:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+
+    def __fspath__(self) -> str:
+        """A ``RunDir`` goes wherever a run's path does (``compare_records(RunDir(...), ...)``, ``Path(run)``)."""
+        return str(self.path)
 
     @property
     def manifest_path(self) -> Path:
