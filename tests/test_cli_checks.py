@@ -229,7 +229,7 @@ def test_a_rerun_with_other_settings_is_refused_before_the_model_loads(tmp_path,
     assert "already holds a different run (--lengths was [500] there, [250] now" in result.stderr
 
 
-PLUGIN = '''
+PLUGIN = """
 from dynheads.ablation.strategies import ABLATION_STRATEGIES, ablation_strategy
 
 
@@ -237,7 +237,7 @@ from dynheads.ablation.strategies import ABLATION_STRATEGIES, ablation_strategy
 @ablation_strategy("last-layer heads masked", matched=True)
 def choose(inputs):
     return [(inputs.num_layers - 1, head) for head in range(min(inputs.count, inputs.num_heads))]
-'''
+"""
 
 
 def test_a_plugin_registers_variants_the_command_then_takes(tmp_path, capsys, monkeypatch):

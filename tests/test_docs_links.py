@@ -24,6 +24,40 @@ def test_relative_links_point_at_files(page):
     assert not missing, (page, missing)
 
 
+ANCHOR_LINK = re.compile(r"\]\(([^)\s#]*)#([^)\s]+)\)")
+PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives the headings of ``path``: lower case, punctuation dropped, spaces as hyphens, a
+    repeated heading numbered (``-1``, ``-2``); headings inside fenced code are none."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        fenced ^= line.startswith("```")
+        heading = None if fenced else re.match(r"#{1,6}\s+(.*)", line)
+        if heading:
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading[1].strip())  # a link in a heading: its text
+            slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+            anchors.add(f"{slug}-{seen[slug]}" if seen.get(slug) else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_every_anchor_a_page_links_to_is_a_heading_there():
+    """``[x](page.md#anchor)`` and ``[x](#anchor)`` in the README, BENCHMARKS and every page under docs/ land on a
+    heading (a renamed heading breaks its links silently otherwise)."""
+    broken = []
+    for page in PAGES:
+        for target, anchor in ANCHOR_LINK.findall(page.read_text(encoding="utf-8")):
+            linked = page.parent / target if target else page
+            if "://" not in target and linked.suffix == ".md" and linked.is_file():
+                if anchor not in heading_anchors(linked):
+                    broken.append(f"{page.relative_to(ROOT)} -> {target}#{anchor}")
+    assert len(PAGES) > 20 and not broken, broken
+
+
 def test_every_guide_is_on_the_map():
     listed = set(LINK.findall((ROOT / "docs" / "README.md").read_text(encoding="utf-8")))
     guides = {p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
