@@ -138,6 +138,10 @@ def test_the_example_file_loads(tok):
         ({**GOOD, "id": "b", "spans": [[0, 999]]}, r"span 0 \[0, 999\) is empty or outside"),
         ({**GOOD, "id": "b", "answer": "kiwi"}, "the answer 'kiwi' does not occur"),
         ({**GOOD, "id": "b", "spans": ["magic"]}, "takes \\[start, stop\\] character offsets, not text"),
+        (
+            {**GOOD, "id": "b", "spans": [0, 3]},
+            "is a list of \\[start, stop\\] pairs, e.g. \\[\\[0, 3\\]\\], got \\[0, 3\\]",
+        ),
         ({**GOOD, "context": " "}, r"line 2 \(id 'a'\): field 'context' is empty"),
         (GOOD, "line 2: id 'a' repeats line 1"),
         ([1, 2], "line 2: a record is a JSON object"),

@@ -71,6 +71,8 @@ def parse_line(raw: Any, line: int, source: str) -> TextRecord:
         raise DynheadsError(f"{where}: field 'spans' must be a list of [start, stop] character offsets")
     if spans is not None and any(isinstance(span, str) for span in spans):
         raise DynheadsError(f"{where}: field 'spans' takes [start, stop] character offsets, not text")
+    if spans is not None and any(not isinstance(span, list) for span in spans):
+        raise DynheadsError(f"{where}: field 'spans' is a list of [start, stop] pairs, e.g. [[0, 3]], got {spans!r}")
     try:
         found = resolve_spans(raw["context"], spans, raw["answer"])
     except DynheadsError as error:
