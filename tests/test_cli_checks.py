@@ -39,6 +39,8 @@ def files(tmp_path):
     (tmp_path / "one-length.toml").write_text("lengths = 200\n")
     (tmp_path / "text-tokens.toml").write_text('max_new_tokens = "4"\ndepths = [0.5, 1]\n')
     (tmp_path / "no-runs.toml").write_text('base = "smoke"\n[niah]\nruns = -3\n[rag]\nks = [5, -1]\n')
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file")
+    (tmp_path / "empty-model").mkdir()
     (tmp_path / "misspelt.toml").write_text('base = "smoke"\n[niah]\nrunz = 3\n')
     (tmp_path / "text-list.toml").write_text('base = "smoke"\n[rag]\nks = "5"\n')
     (tmp_path / "retired.toml").write_text('base = "smoke"\n[hotpotqa-ablation]\nrelative_doses = [1.0]\n')
@@ -161,6 +163,9 @@ CASES = [  # (command line, what the error names, what it says)
     (["reproduce", *NO_MODEL, "--preset", "quik", "--out", "{t}/out"], "'quik'", "did you mean 'quick'?"),
     (["view", "{t}/study"], "the traced runs inside it: {t}/study/niah", "give one of them"),
     (["view", "{t}/good.json"], "{t}/good.json", "is a file, not a run directory"),
+    (["trace", "--model", "{t}/junk.gguf", "--out", "{t}/out"], "'{t}/junk.gguf'", "as a causal LM"),
+    (["trace", "--model", "{t}/empty-model", "--out", "{t}/out"], "'{t}/empty-model'", "has no config.json"),
+    (["report", "{t}/plain"], "{t}/plain", "is not a study folder written by 'dynheads reproduce' (it has no manifest"),
     (["trace", *NO_MODEL, "--device", "tpu", "--out", "{t}/out"], "'tpu'", "unknown device 'tpu': use cpu, cuda"),
     (["trace", *NO_MODEL, "--device", "cuda:99", "--out", "{t}/out"], "'cuda:99'", "is not available"),
     (

@@ -81,7 +81,10 @@ def test_every_question_task_s_default_data_selects_it(name):
     [
         (["--task", "no_such_task"], "unknown task 'no_such_task'"),
         (["--task", "niah", "--questions", "3"], "--questions does not apply to task 'niah'"),
-        (["--task", "hotpotqa", "--runs", "2"], "--runs does not apply to task 'hotpotqa'"),
+        (
+            ["--task", "hotpotqa", "--runs", "2"],
+            "--runs does not apply to task 'hotpotqa': a question task takes the settings of 'dynheads hotpotqa'",
+        ),
         (["--task", "variable_tracking", "--data", "multihop"], "--data multihop selects task 'kv_lookup'"),
     ],
 )

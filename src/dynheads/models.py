@@ -370,9 +370,15 @@ def _parse_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _load_pretrained(source: str, dtype, device_map=None, **extra) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_pretrained(
+    source: str, dtype, device_map=None, shown: str | None = None, **extra
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer transformers loads from ``source``; errors name ``shown`` (default: ``source``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    shown = shown or source
+    if Path(source).is_dir() and not extra.get("gguf_file") and not (Path(source) / "config.json").is_file():
+        raise DynheadsError(f"model folder '{source}' has no config.json: it is not a Hugging Face model folder")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
         if device_map is not None:
@@ -385,11 +391,11 @@ def _load_pretrained(source: str, dtype, device_map=None, **extra) -> tuple[PreT
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="eager", **extra)
     except OSError as error:
         raise DynheadsError(
-            f"cannot load model '{source}': not a local folder and not in the local Hugging Face cache "
+            f"cannot load model '{shown}': not a local folder and not in the local Hugging Face cache "
             f"(offline machines cannot download; pass a local path or a .gguf file) [{_first_line(error)}]"
         ) from None
     except (ValueError, KeyError, RuntimeError) as error:
-        raise DynheadsError(f"transformers cannot load '{source}' as a causal LM: {_first_line(error)}") from None
+        raise DynheadsError(f"transformers cannot load '{shown}' as a causal LM: {_first_line(error)}") from None
     return model, tokenizer
 
 
@@ -401,7 +407,7 @@ def _load_gguf(
     digest = digest or file_sha256(path)
     cached = _dequantised_copy(path, dtype, digest)
     if not (cached / "config.json").is_file():
-        model, tokenizer = _load_pretrained(str(path.parent), dtype, gguf_file=path.name)
+        model, tokenizer = _load_pretrained(str(path.parent), dtype, shown=str(path), gguf_file=path.name)
         _save_atomically(model, tokenizer, cached)
         if not (cached / "config.json").is_file():  # not saved (a full disk): the de-quantised model as it is
             return model, tokenizer, f"sha256:{digest}"

@@ -89,10 +89,8 @@ def report(study: Annotated[Path, typer.Argument(help="study folder written by '
     manifest = study / "manifest.json"
     found = checks.json_file(manifest, "study manifest") if manifest.is_file() else None
     if not isinstance(found, dict) or found.get("kind") != "reproduce":
-        raise DynheadsError(
-            f"{study} is not a study folder written by 'dynheads reproduce' (its manifest.json "
-            "does not say kind=reproduce)"
-        )
+        why = "its manifest.json does not say kind=reproduce" if manifest.is_file() else "it has no manifest.json"
+        raise DynheadsError(f"{study} is not a study folder written by 'dynheads reproduce' ({why})")
     _, html = write_report(study)
     typer.echo(f"report: {html} and {html.with_suffix('.md')}")
 

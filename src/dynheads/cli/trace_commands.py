@@ -115,8 +115,12 @@ def _trace(
     foreign = [key for key, value in settings.items() if value is not None and key not in fields]
     if foreign:
         raise DynheadsError(
-            f"--{foreign[0].replace('_', '-')} does not apply to task {name!r} (its settings are "
-            f"{'HotpotConfig' if shape is HotpotConfig else 'NiahConfig'}'s)"
+            f"--{foreign[0].replace('_', '-')} does not apply to task {name!r}: "
+            + (
+                "a question task takes the settings of 'dynheads hotpotqa', not those of 'dynheads niah'"
+                if shape is HotpotConfig
+                else "a needle task takes the settings of 'dynheads niah', not those of 'dynheads hotpotqa'"
+            )
         )
     cfg: HotpotConfig | NiahConfig = checks.checked_config(
         shape, config_file, **{key: settings.get(key) for key in fields}
