@@ -12,6 +12,7 @@ from dynheads.analysis.cca import (
     canonical_correlations,
     cca_notes,
     cca_offsets,
+    cca_table,
     fit_cca,
     gap_statistic,
     offset_pairs,
@@ -217,3 +218,26 @@ def test_cca_offsets_shows_a_bar_unless_told_not_to(capsys):
     shown = cca_offsets(planted(20, 20), offsets=[0])
     assert "cca" in capsys.readouterr().err
     pd.testing.assert_frame_equal(quiet, shown)
+
+
+def test_a_gap_without_an_interval_says_so_instead_of_printing_nan():
+    """One test sample gives the held-out minus shuffled gap no bootstrap interval: the cell says "no interval" (as
+    the probe says "undefined"), never "[nan, nan]"; with an interval it is printed as usual."""
+    row = dict(
+        offset=0,
+        top1=1.0,
+        top10_mean=0.8,
+        top50_mean=0.8,
+        n_components=3,
+        hidden_dims=3,
+        score_dims=6,
+        fit_pairs=12,
+        eval_pairs=4,
+        test_samples=1,
+        gap=0.0,
+        gap_low=np.nan,
+        gap_high=np.nan,
+    )
+    rows = [{**row, "method": "held_out"}, {**row, "method": "held_out", "offset": 1, "gap_low": -0.1, "gap_high": 0.2}]
+    cells = [line[-1] for line in cca_table(pd.DataFrame(rows)).cells()]
+    assert cells == ["0.000, no interval (1)", "0.000 [-0.100, 0.200] (1)"]

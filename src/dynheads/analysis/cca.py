@@ -437,6 +437,8 @@ def _count(value: float) -> str:
 def _gap_text(row) -> str:
     if getattr(row, "method", "") != "held_out" or pd.isna(getattr(row, "gap", math.nan)):
         return ""
+    if pd.isna(row.gap_low) or pd.isna(row.gap_high):  # one test sample: no interval (as the probe's "undefined")
+        return f"{row.gap:.3f}, no interval ({_count(row.test_samples)})"
     return f"{row.gap:.3f} [{row.gap_low:.3f}, {row.gap_high:.3f}] ({_count(row.test_samples)})"
 
 
