@@ -168,3 +168,11 @@ def test_trace_help_describes_the_data_of_every_task():
         "hotpotqa-dev",
     ):
         assert words in shown, words
+
+
+def test_reproduce_help_names_every_stage_in_run_order():
+    from dynheads.stages import study_stages
+
+    stages_help = _params("reproduce")["--stages"].help
+    assert stages_help.endswith("the stages, in run order: " + ", ".join(study_stages()))
+    assert len(study_stages()) == 16

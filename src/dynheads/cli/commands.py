@@ -13,6 +13,7 @@ from dynheads.cli.app import app
 from dynheads.cli.options import BatchSize, ConfigFile, Opt, RunArg, RunOut, config_options, with_options
 from dynheads.errors import DynheadsError
 from dynheads.settings import RagFields, ReproduceConfig, RerankFields
+from dynheads.stages import study_stages
 
 
 @app.command()
@@ -57,7 +58,8 @@ def reproduce(
         Opt(
             "--stages",
             help="run only these stages of the study, comma-separated, e.g. hotpotqa-static,hotpotqa,"
-            "hotpotqa-set-probe (the others later, into the same --out; the report says which did not run)",
+            "hotpotqa-set-probe (the others later, into the same --out; the report says which did not run); the "
+            f"stages, in run order: {', '.join(study_stages())}",
         ),
     ] = None,
     config: ConfigFile = None,
