@@ -551,6 +551,12 @@ def test_a_task_the_model_does_not_solve_marks_every_verdict_of_that_task(tmp_pa
     for claim in ("Claim 1 (dynamism)", "Claim 2 (irreplaceability)", "Claim 3 (correlation)"):
         assert f"**Verdict:** {claim}, NIAH: inconclusive ({reason}" in md, claim
     assert "**Verdict:** Dynamic RAG (dynamic beats static), HotpotQA: supported." in md  # its task is solved
+    # Its cards say why they show no numbers instead of a table of dashes; a solved task's card keeps its table.
+    cards = md[md.index("## Verdicts") : md.index("Rules (docs/report.md)")].split("\n### ")
+    niah_card = next(card for card in cards if card.startswith("Claim 1 (dynamism), NIAH: inconclusive"))
+    assert f"*no numbers: {reason}" in niah_card and "| ours |" not in niah_card
+    rag_card = next(card for card in cards if card.startswith("Dynamic RAG (dynamic beats static), HotpotQA"))
+    assert "| ours |" in rag_card and "no numbers" not in rag_card
 
 
 def test_rag_rule_identical_arms_are_inconclusive_and_a_large_effect_is_supported():

@@ -130,6 +130,7 @@ class Verdict:
     effects: tuple[Effect, ...] = ()
     descriptive: tuple[Effect, ...] = ()  # rules printed beside, deciding nothing (``report.rules``: no power)
     contrasts: dict[str, str] = field(default_factory=dict)  # Claim 2: each contrast's reading (decided or beside)
+    unsolved: bool = False  # left undecided because the model does not solve the task (``gated``): no numbers
 
     def sentence(self) -> str:
         status = f"{self.status} ({self.reason})" if self.status in UNDECIDED else self.status
@@ -192,7 +193,7 @@ def unsolved_reason(records: Sequence[Mapping], metric: str, task: str) -> str:
 
 def gated(verdict: Verdict, reason: str) -> Verdict:
     """``verdict`` made inconclusive for ``reason`` (``unsolved_reason``), its numbers and effects left out."""
-    return Verdict(verdict.claim, verdict.task, "inconclusive", reason)
+    return Verdict(verdict.claim, verdict.task, "inconclusive", reason, unsolved=True)
 
 
 # ---- Claim 1 ----------------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ class Headline:
     figure: Path | None
     rows: list[tuple[str, str, str]]
     missing: str = ""
+    no_numbers: str = ""  # why ``rows`` is empty: a verdict left without numbers (a task the model does not solve)
 
 
 def headline(
@@ -73,15 +74,17 @@ def headline(
         for effect in verdict.effects
     ]
     rows = effects + rows[: max(MAX_ROWS - len(effects), 1)]
+    rows, no_numbers = ([], f"no numbers: {verdict.reason}") if verdict.unsolved else (rows, "")
     if verdict.claim == claims.RAG:
         drawn = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
-        return Headline(anchor, verdict, drawn, rows, "" if drawn else "no figure: no RAG results")
+        missing = "" if drawn else "no figure: " + ("see below" if verdict.unsolved else "no RAG results")
+        return Headline(anchor, verdict, drawn, rows, missing, no_numbers)
     stage, patterns = figure
     if not stage or not (root / stage).is_dir():
-        return Headline(anchor, verdict, None, rows, f"no figure: stage {stage or anchor} not run")
+        return Headline(anchor, verdict, None, rows, f"no figure: stage {stage or anchor} not run", no_numbers)
     found = next((hits for pattern in patterns if (hits := sorted((root / stage).glob(pattern)))), [])
     missing = "" if found else f"no {' or '.join(patterns)} in {stage}/"
-    return Headline(anchor, verdict, found[0] if found else None, rows, missing)
+    return Headline(anchor, verdict, found[0] if found else None, rows, missing, no_numbers)
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:

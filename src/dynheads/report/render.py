@@ -46,7 +46,7 @@ def _card_markdown(card: Headline, root: Path) -> str:
         if card.figure is not None
         else ""
     )
-    rows = to_markdown(_card_table(card))
+    rows = to_markdown(_card_table(card)) if card.rows else f"*{card.no_numbers}*"
     return f"### {card.verdict.claim}, {card.verdict.task}: {card.verdict.status}\n\n{figure}{rows}"
 
 
@@ -66,7 +66,7 @@ def _card_html(card: Headline) -> str:
         f'<div class="card {status}" title="{html.escape(verdict.sentence())}">'
         f'<div class="card-head"><span class="badge">{html.escape(verdict.status)}</span> '
         f'<a href="#{card.anchor}">{html.escape(verdict.claim)}, {html.escape(verdict.task)}</a></div>'
-        f"{figure}{to_html(_card_table(card))}</div>"
+        f"{figure}{to_html(_card_table(card)) if card.rows else f'<p>{html.escape(card.no_numbers)}</p>'}</div>"
     )
 
 
