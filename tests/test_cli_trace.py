@@ -86,6 +86,10 @@ def test_every_question_task_s_default_data_selects_it(name):
             "--runs does not apply to task 'hotpotqa': a question task takes the settings of 'dynheads hotpotqa'",
         ),
         (["--task", "variable_tracking", "--data", "multihop"], "--data multihop selects task 'kv_lookup'"),
+        (
+            ["--task", "custom", "--lengths", "500"],
+            "--lengths does not apply to task 'custom': it does not read --lengths, --depths, --pad",
+        ),
     ],
 )
 def test_a_wrong_task_or_option_is_one_line(tmp_path, capsys, monkeypatch, args, message):

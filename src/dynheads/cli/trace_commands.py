@@ -112,12 +112,15 @@ def _trace(
 
     shape: type[HotpotConfig] | type[NiahConfig] = HotpotConfig if get_task(name).questions else NiahConfig
     fields = {field.name for field in dataclasses.fields(shape)}
-    foreign = [key for key, value in settings.items() if value is not None and key not in fields]
+    ignored = get_task(name).ignores
+    foreign = [key for key, value in settings.items() if value is not None and (key not in fields or key in ignored)]
     if foreign:
         raise DynheadsError(
             f"--{foreign[0].replace('_', '-')} does not apply to task {name!r}: "
             + (
-                "a question task takes the settings of 'dynheads hotpotqa', not those of 'dynheads niah'"
+                f"it does not read {', '.join('--' + key.replace('_', '-') for key in ignored)}"
+                if foreign[0] in ignored
+                else "a question task takes the settings of 'dynheads hotpotqa', not those of 'dynheads niah'"
                 if shape is HotpotConfig
                 else "a needle task takes the settings of 'dynheads niah', not those of 'dynheads hotpotqa'"
             )

@@ -186,5 +186,6 @@ CUSTOM = register(
         questions=True,
         check_data=check_data,
         help="your own JSONL file {id, context, question, answer, spans?}, each context traced as written",
+        ignores=("lengths", "depths", "pad"),
     )
 )

@@ -56,6 +56,7 @@ class Task:
     questions: bool = False  # the grid spreads a question stream over its cells (configs: questions, first, data)
     fade_sparse_cells: bool = False  # heat maps fade cells with few samples (questions spread over cells)
     help: str = ""  # one line for listings and --help ("": the label)
+    ignores: tuple[str, ...] = ()  # config fields of its shape it does not read (refused when given: not ignored)
     # config -> None: checks the user's data file the config names, before any model loads (None: nothing to check)
     check_data: Callable[[Any], None] | None = None
     # The ``data`` values that select it, declared here so that ``task_of`` reads them and imports no task:
