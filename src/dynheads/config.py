@@ -54,9 +54,8 @@ def build_config(cls: type[C], file: str | Path | None = None, **overrides: Any)
             values.update(tomllib.loads(Path(file).read_text(encoding="utf-8")))
         except (OSError, tomllib.TOMLDecodeError) as error:
             raise DynheadsError(f"cannot read config file {file}: {error}") from None
-    values = {
-        key: as_tuples(value) for key, value in values.items()
-    }  # TOML arrays arrive as lists; configs hold tuples
+    # TOML arrays arrive as lists; configs hold tuples
+    values = {key: as_tuples(value) for key, value in values.items()}
     values.update({k: v for k, v in overrides.items() if v is not None})
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
