@@ -8,6 +8,7 @@ fail with 'model path not found' instead of the message expected here.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -250,7 +251,9 @@ def test_a_plugin_registers_variants_the_command_then_takes(tmp_path, capsys, mo
     ``ablate --strategies`` takes (the command goes on to its next check, refused here), where without it the name is
     unknown; a plugin that cannot be imported is one line naming it."""
     from dynheads.ablation.strategies import ABLATION_STRATEGIES
+    from dynheads.plugins import PLUGINS_VARIABLE, recorded_plugins
 
+    monkeypatch.setenv(PLUGINS_VARIABLE, "")  # restored when the test ends: the plugin is recorded there
     plugin = tmp_path / "my_heads.py"
     plugin.write_text(PLUGIN)
     args = ["ablate", *NO_MODEL, "--strategies", "dynamic,plugin-last-layer", "--out", str(tmp_path / "out")]
@@ -259,11 +262,31 @@ def test_a_plugin_registers_variants_the_command_then_takes(tmp_path, capsys, mo
     try:
         with_plugin = run_main(capsys, monkeypatch, "--plugin", str(plugin), *args)
         assert "plugin-last-layer" in ABLATION_STRATEGIES
+        assert recorded_plugins() == [str(plugin)]  # for the processes a study starts (distributed.spawn)
     finally:
         ABLATION_STRATEGIES.unregister("plugin-last-layer")
+        sys.modules.pop("my_heads", None)
     assert with_plugin.code == 2 and "ablation strategy" not in with_plugin.stderr
     assert "the dose-response needs fractions" in with_plugin.stderr  # past the strategies, to the next check
     missing = run_main(capsys, monkeypatch, "--plugin", str(tmp_path / "none.py"), "doctor")
     assert missing.code == 2 and missing.stderr.startswith(f"error: cannot import plugin '{tmp_path / 'none.py'}'")
     broken = run_main(capsys, monkeypatch, "--plugin", "no_such_module_of_yours", "doctor")
     assert broken.code == 2 and "ModuleNotFoundError" in broken.stderr and len(broken.stderr.splitlines()) == 1
+
+
+def test_a_spawned_process_imports_the_recorded_plugins(tmp_path, monkeypatch):
+    """What ``distributed.spawn``'s processes do first: import the plugins ``DYNHEADS_PLUGINS`` names (the starting
+    command recorded them), each once."""
+    from dynheads.plugins import PLUGINS_VARIABLE, import_recorded_plugins
+
+    plugin = tmp_path / "counted_plugin.py"
+    plugin.write_text("import builtins\nbuiltins.counted_plugin_runs = getattr(builtins, 'counted_plugin_runs', 0) + 1")
+    monkeypatch.setenv(PLUGINS_VARIABLE, f"{plugin}{os.pathsep}")
+    try:
+        import_recorded_plugins()
+        import_recorded_plugins()
+        import builtins
+
+        assert builtins.counted_plugin_runs == 1  # type: ignore[attr-defined]
+    finally:
+        sys.modules.pop("counted_plugin", None)

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import TypeVar
 
 from dynheads.errors import DynheadsError
+from dynheads.plugins import import_recorded_plugins
 
 T = TypeVar("T")
 
@@ -119,6 +120,7 @@ def _child(rank: int, processes: int, port: int, threads: int, function: Callabl
         OMP_NUM_THREADS=str(threads),
     )
     torch.set_num_threads(threads)
+    import_recorded_plugins()  # the variants the starting command's plugins registered
     function()
 
 

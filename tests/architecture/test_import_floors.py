@@ -40,6 +40,7 @@ FLOORS: list[tuple[str, list[tuple[str, ...]]]] = [
                 "dynheads.config",
                 "dynheads.thresholds",
                 "dynheads.distributed",
+                "dynheads.plugins",
                 "dynheads.seeding",
                 "dynheads.stages",
                 "dynheads.paper",

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from dynheads.cli import checks
 from dynheads.cli.app import app
-from dynheads.errors import DynheadsError
+from dynheads.plugins import import_plugins, import_recorded_plugins
 
 
 def _print_version(value: bool) -> None:
@@ -43,11 +39,11 @@ def main_options(
         list[str] | None,
         typer.Option(
             "--plugin",
-            envvar="DYNHEADS_PLUGINS",
             show_default=False,
             help="a module (dotted name) or .py file imported before the command, so the variants it registers (a "
             "task, score, strategy, policy, press, stage: docs/extending.md) are names the command takes "
-            "(dynheads --plugin my_heads.py ablate --strategies last-layer ...); repeat it for several",
+            "(dynheads --plugin my_heads.py ablate --strategies last-layer ...); repeat it for several, or set "
+            "DYNHEADS_PLUGINS (names separated by ':')",
         ),
     ] = None,
 ) -> None:
@@ -56,26 +52,8 @@ def main_options(
 
     checks.value("--threads", "threads", checks.at_least(1), threads)
     apply_threads(threads or default_threads())
-    for plugin in plugins or ():
-        import_plugin(plugin)
-
-
-def import_plugin(name: str) -> None:
-    """Import ``name``: a ``.py`` file (run as a module of its stem) or a dotted module name; one line if it fails."""
-    path = Path(name)
-    try:
-        if path.suffix == ".py":
-            if not path.is_file():
-                raise FileNotFoundError(f"no such file: {path}")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert spec is not None and spec.loader is not None  # a .py file always has a source loader
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[path.stem] = module
-            spec.loader.exec_module(module)
-        else:
-            importlib.import_module(name)
-    except Exception as error:  # a plugin's own error, whatever it is, is one line naming the plugin
-        raise DynheadsError(f"cannot import plugin {name!r}: {type(error).__name__}: {error}") from None
+    import_recorded_plugins()  # DYNHEADS_PLUGINS
+    import_plugins(plugins or ())
 
 
 @app.command()

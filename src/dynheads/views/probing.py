@@ -89,11 +89,10 @@ def train_probe_on_run(
     }
     epochs = len(result.history)
     targets = f"{score} scores" if sets is None else f"{score} sets ({sets.describe()})"
-    split = ", ".join(f"{part} {count}" for part, count in result.metrics["split_pairs"].items())
     summary = (
         (f"{empty_note(counts)}\n" if counts["empty_samples_skipped"] else "")
         + f"{targets} ({task}); {len(samples)} samples split by sample into "
-        f"{split} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
+        f"{_split_text(result.metrics['split_pairs'])} steps; hidden sizes {list(config.hidden_sizes)}, {epochs} of "
         f"{config.epochs} epochs (best {result.metrics['best_epoch']}), trained in {seconds:.0f} s on {device}."
         + (
             f" Decision threshold {result.metrics['threshold']:.4f} (probe), "
@@ -211,3 +210,8 @@ def probe_questions(run: RunDir, config: HeadPredictorConfig, split_pairs: Mappi
             exact = True
             break
     return {"run": str(run.path), "run_questions": run.manifest().get("questions"), "split_exact": exact, **splits}
+
+
+def _split_text(split_pairs: dict[str, int]) -> str:
+    """``{"train": 583, "val": 162, "test": 82}`` -> "train 583, val 162, test 82"."""
+    return ", ".join(f"{part} {count}" for part, count in split_pairs.items())
