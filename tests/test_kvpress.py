@@ -136,6 +136,17 @@ def test_press_from_a_thresholded_export(tmp_path, lm):
     write_duo_attention(tmp_path / "scores", matrix, aggregation="max", source="x", num_heads=4)
     with pytest.raises(DynheadsError, match="say how many"):
         press_from_export(tmp_path / "scores")
+    assert press_from_export(tmp_path / "scores", 1).kv_heads == ((1, 0),)
+    # Arguments that were ignored or read as a slice, and an export made for a model of another shape: one line.
+    with pytest.raises(DynheadsError, match="is a 0/1 pattern of 2 whole KV heads: give no full_heads"):
+        press_from_export(tmp_path, 1)
+    for bad in (0, -1, 1.5):
+        with pytest.raises(DynheadsError, match="full_heads is a number of KV heads >= 1"):
+            press_from_export(tmp_path / "scores", bad)  # type: ignore[arg-type]
+    write_duo_attention(tmp_path / "wide", np.zeros((3, 3)) + 0.5, aggregation="max", source="x", num_heads=6)
+    wide = press_from_export(tmp_path / "wide", 2)
+    with pytest.raises(DynheadsError, match="made for a model of 3 layers x 3 KV heads, not this one's 3 x 2"):
+        wide.post_init_from_model(lm.model)
 
 
 @needs_kvpress
@@ -570,9 +581,9 @@ def test_press_knobs_are_the_press_fields_cast_to_their_types(lm):
     assert len(knobbed.tokens) == 4
     for policy, message in [
         ("kvpress:snapkv:window=8", "bad kvpress:snapkv option 'window=8'"),
-        ("kvpress:snapkv:window_size=eight", "window_size needs a int"),
-        ("kvpress:snapkv:compression_ratio=0.5", "bad kvpress:snapkv option"),  # the budget sets it
-        ("kvpress:streaming_llm:n_sink=3", "bad kvpress:streaming_llm option"),  # --sink sets it
+        ("kvpress:snapkv:window_size=eight", "window_size needs an int"),
+        ("kvpress:snapkv:compression_ratio=0.5", r"snapkv's compression_ratio is set by the budget \(or --ratios\)"),
+        ("kvpress:streaming_llm:n_sink=3", "streaming_llm's n_sink is set by --sink, not by a knob"),
         ("kvpress:duo_attention:sink=3", "takes no knobs"),
     ]:
         with pytest.raises(DynheadsError, match=message):

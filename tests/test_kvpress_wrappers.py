@@ -129,6 +129,37 @@ def test_the_cross_layer_vote_is_refused_by_a_per_layer_wrapper_in_one_line(mode
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("other", ["snapkv", "itself"])
+@pytest.mark.parametrize("first", [True, False])
+def test_a_composition_of_the_cross_layer_vote_with_another_press_is_refused_in_one_line(model, other, first):
+    """``ComposedPress`` of the cross-layer vote and a press that compresses too (in either order): the other press
+    compressed some layer before the vote compresses every layer at the last one, so it is refused (it raised an
+    index error inside torch); the layer-wise press composes (above)."""
+    import kvpress
+
+    presses = [_cross_layer(), _snapkv() if other == "snapkv" else _cross_layer()]
+    composed = kvpress.ComposedPress(presses if first else presses[::-1])
+    with pytest.raises(DynheadsError, match=r"no other press may compress a layer before it") as error:
+        with torch.no_grad(), composed(model):
+            model(torch.tensor([random_prompt(1, LENGTH)]))
+    assert "layerwise=True" in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+@pytest.mark.parametrize("voter", [(0, 4), (0, -1), (3, 0)])
+def test_a_voter_the_model_lacks_is_refused_in_one_line(model, layerwise, voter):
+    """A voting query head outside the model (3 layers x 4 query heads): one line naming it (a head index out of
+    range raised an IndexError, and -1 silently voted with the last head)."""
+    from dynheads.kv.presses import head_tokens_press
+
+    press = head_tokens_press([voter], RATIO, layerwise=layerwise, sink=2, recent=8, window=8)
+    with pytest.raises(
+        DynheadsError, match=rf"voting head \({voter[0]}, {voter[1]}\) is outside the model's 3 layers x 4"
+    ):
+        with torch.no_grad(), press(model):
+            model(torch.tensor([random_prompt(1, LENGTH)]))
+
+
 def test_a_voting_layer_keeps_what_the_cross_layer_vote_keeps_when_all_voters_sit_there(model):
     """With every voter in layer 2, layer 2 of the layer-wise press keeps the cross-layer vote's tokens (the same
     rows, pooled and protected alike); the other layers are voted by all their heads instead."""
@@ -194,3 +225,18 @@ def test_the_kv_guides_opening_example_runs_as_written(tmp_path, monkeypatch, ca
     context = "the magic word is tapir; the sky is green, and cats sleep a lot. " * 3
     exec(block.replace(hub_id, str(tmp_path / "model")), {"context": context, "question": "what is the word?"})
     assert capsys.readouterr().out.strip()  # the pipeline answered (random weights: any text)
+
+
+def test_the_cross_layer_press_names_a_batch_and_a_short_prompt_apart_and_refuses_negative_windows(model):
+    """A batch of two sequences and a prompt no longer than the observation window are two mistakes, each named
+    (a batch was reported as a short prompt); negative protected counts are refused when the press is built."""
+    from dynheads.kv.presses import head_tokens_press
+
+    with pytest.raises(DynheadsError, match="one sequence at a time, got a batch of 2"):
+        with torch.no_grad(), _cross_layer()(model):
+            model(torch.tensor([random_prompt(1, LENGTH), random_prompt(2, LENGTH)]))
+    with pytest.raises(DynheadsError, match="longer than its window \\(8 tokens\\), got 6"):
+        with torch.no_grad(), _cross_layer()(model):
+            model(torch.tensor([random_prompt(1, 6)]))
+    with pytest.raises(DynheadsError, match="counts >= 0, got sink=-3"):
+        head_tokens_press(VOTERS, RATIO, sink=-3)

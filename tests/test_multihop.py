@@ -107,7 +107,7 @@ def test_score_is_official_em_f1_plus_containment():
         ("multihop:value=uuid", "value must be one of"),
         ("multihop:distractors=-1", "distractors must be >= 0"),
         ("multihop:depth=1", "bad multihop option"),
-        ("multihop:hops=two", "needs a int"),
+        ("multihop:hops=two", "needs an int"),
         ("multihop:spread=2", "spread must be between 0 and 1"),
     ],
 )

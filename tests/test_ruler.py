@@ -242,7 +242,7 @@ def test_one_statement_form_is_named_a_key_value_lookup():
         ("variable_tracking:query=some", "query must be one of"),
         ("variable_tracking:hops=0,query=all", "query=all needs hops >= 1"),
         ("variable_tracking:depth=1", "bad variable_tracking option"),
-        ("variable_tracking:hops=two", "needs a int"),
+        ("variable_tracking:hops=two", "needs an int"),
         ("multikey_niah:keys=0", "keys must be >= 1"),
         ("multikey_niah:haystack=essay", "haystack must be one of"),
         ("needles", "names no RULER task"),

@@ -96,5 +96,8 @@ def test_bad_voters_and_windows_are_refused(lm):
         head_tokens(lm, random_prompt(), ((3, 0),), 0.5, sink=2, recent=8)
     with pytest.raises(DynheadsError, match="shorter than the prefill"):
         head_tokens(lm, random_prompt(length=20), VOTERS, 0.5, sink=2, recent=8, window=32)
+    batch = torch.tensor([random_prompt()])  # a tokenizer's [1, n] input_ids: it read as one 0-token prefill
+    with pytest.raises(DynheadsError, match=r"as one sequence, not shape \(1, \d+\) \(ids\[0\]\)"):
+        head_tokens(lm, batch, VOTERS, 0.5, sink=2, recent=8)  # type: ignore[arg-type]
     with pytest.raises(DynheadsError, match="compression ratio"):
         kept_count(100, 1.0)

@@ -120,7 +120,8 @@ def parse_fields(label: str, spec: str, form: type, refused: Collection[str] = (
     for item in filter(None, (part.strip() for part in spec.split(","))):
         key, _, text = item.partition("=")
         if key not in keys or not text:
-            raise DynheadsError(f"bad {label} option {item!r}: use {', '.join(f'{k}=...' for k in keys)}")
+            takes = f"use {', '.join(f'{k}=...' for k in keys)}" if keys else "it takes none"
+            raise DynheadsError(f"bad {label} option {item!r}: {takes}")
         values[key] = _cast(label, key, kinds.get(key), text)
     return values
 
@@ -136,7 +137,8 @@ def _cast(label: str, key: str, kind: Any, text: str) -> Any:
     try:
         return kind(text)
     except ValueError:
-        raise DynheadsError(f"{label} option {key} needs a {kind.__name__}, got {text!r}") from None
+        article = "an" if kind.__name__[0] in "aeiou" else "a"
+        raise DynheadsError(f"{label} option {key} needs {article} {kind.__name__}, got {text!r}") from None
 
 
 def parse_range(text: str) -> tuple[int, ...]:

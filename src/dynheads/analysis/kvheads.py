@@ -99,7 +99,8 @@ def duo_attention_pattern(matrix: np.ndarray, full_heads: int | None = None) -> 
         duo_attention_sparsity=1.0 - kept / matrix.size,
         how_to_load="DuoAttention: sparsify_attention_heads(heads, sparsity=duo_attention_sparsity) keeps "
         "exactly the 1s (its threshold mode fails upstream when sparsity is None); kvpress: "
-        "DuoAttentionPress(head_compression_ratio=duo_attention_sparsity)",
+        "dynheads.kv.presses.press_from_export(folder) (kvpress's own DuoAttentionPress fetches its published "
+        "patterns by checkpoint name and reads no folder)",
     )
     return pattern, meta
 

@@ -77,8 +77,14 @@ def press_knobs(spec: PressSpec) -> dict:
         return {}
     if not entry.is_kvpress:
         raise DynheadsError(f"kvpress:{spec.name} is built by dynheads from the KV settings: it takes no knobs")
-    refused = {"compression_ratio", *(arg for arg, _ in entry.knobs)}
-    return parse_fields(f"kvpress:{spec.name}", spec.knobs.replace(":", ","), entry.target(), refused)
+    set_elsewhere = {"compression_ratio": "the budget (or --ratios)", **{arg: f"--{key}" for arg, key in entry.knobs}}
+    for item in spec.knobs.split(":"):
+        key = item.partition("=")[0]
+        if key in set_elsewhere:
+            raise DynheadsError(
+                f"kvpress:{spec.name}'s {key} is set by {set_elsewhere[key].replace('_', '-')}, not by a knob"
+            )
+    return parse_fields(f"kvpress:{spec.name}", spec.knobs.replace(":", ","), entry.target(), set(set_elsewhere))
 
 
 def matched_ratio(lm: LoadedModel, settings: KVSettings, length: int) -> float:

@@ -52,6 +52,11 @@ from dynheads.kv.token_votes import POOL, VOTERS, WINDOW, token_scores
 VoterSource = str | Path | Sequence[Head]
 
 # Why the cross-layer vote cannot run under a wrapper, and what to use instead
+COMPOSED_ALONE = (
+    "head_tokens_press compresses every layer after the last one from the votes of all of them, so no other press "
+    "may compress a layer before it (a ComposedPress of it and another press): wrap head_tokens_press(..., "
+    "layerwise=True), which composes with the others (docs/kv.md)"
+)
 CROSS_LAYER_ONLY = (
     "head_tokens_press votes with the voters of every layer and compresses every layer after the last one, so a "
     "kvpress wrapper that scores or sizes one layer at a time (AdaKVPress, ChunkPress, CriticalKVPress, DMSPress, "
@@ -118,12 +123,18 @@ def _press_class() -> type:
         kv_heads: tuple[tuple[int, int], ...] = ()
         sink: int = 128
         recent: int = 256
+        shape: tuple[int, int] | None = None  # (layers, KV heads) of the model the list was made for, if known
         head_compression_ratio: float = field(init=False, default=0.0)
 
         def post_init_from_model(self, model):
             config = model.config.get_text_config()
             layers = config.num_hidden_layers
             num_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            if self.shape is not None and tuple(self.shape) != (layers, num_kv):
+                raise DynheadsError(
+                    f"the head list was made for a model of {self.shape[0]} layers x {self.shape[1]} KV heads, "
+                    f"not this one's {layers} x {num_kv}"
+                )
             streaming = torch.ones(layers, num_kv, dtype=torch.bool)
             for layer, kv in self.kv_heads:
                 if not (0 <= layer < layers and 0 <= kv < num_kv):
@@ -136,12 +147,15 @@ def _press_class() -> type:
     return DynheadsHeadPress
 
 
-def head_list_press(kv_heads: Sequence[KVHead], *, sink: int = 128, recent: int = 256):
+def head_list_press(
+    kv_heads: Sequence[KVHead], *, sink: int = 128, recent: int = 256, shape: tuple[int, int] | None = None
+):
     """A kvpress press (a ``DuoAttentionPress``) that keeps the given KV heads whole and streams the others:
     ``with head_list_press(heads)(model): model(prompt_ids, **with_cache(model, cache))`` as any kvpress press."""
     if sink < 0 or recent < 1:
         raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1, got {sink}, {recent}")
-    return _press_class()(kv_heads=tuple((int(layer), int(kv)) for layer, kv in kv_heads), sink=sink, recent=recent)
+    whole = tuple((int(layer), int(kv)) for layer, kv in kv_heads)
+    return _press_class()(kv_heads=whole, sink=sink, recent=recent, shape=shape)
 
 
 @dataclass
@@ -177,9 +191,7 @@ def _token_press_class() -> type:
 
         def post_init_from_model(self, model):
             self.attention = attention_modules(model)
-            bad = [h for h in self.voters if not (0 <= h[0] < len(self.attention))]
-            if not self.voters or bad:
-                raise DynheadsError(f"the head-token press needs voting heads within {len(self.attention)} layers")
+            check_voters(self.voters, len(self.attention), model.config.num_attention_heads)
             self.votes: list[torch.Tensor] = []
             self.first_layer_ratio = self.compression_ratio
 
@@ -190,9 +202,15 @@ def _token_press_class() -> type:
                 return output
             if not hasattr(self, "attention"):  # a wrapper that calls the hook without the model (per-layer sizes)
                 raise DynheadsError(CROSS_LAYER_ONLY)
-            if hidden.shape[0] != 1 or not 0 < self.window < hidden.shape[1]:
+            if hidden.shape[0] != 1:
                 raise DynheadsError(
-                    f"the head-token press compresses one sequence longer than its window ({self.window} tokens)"
+                    f"the cross-layer head-token press compresses one sequence at a time, got a batch of "
+                    f"{hidden.shape[0]} (head_tokens_press(..., layerwise=True) takes batches)"
+                )
+            if not 0 < self.window < hidden.shape[1]:
+                raise DynheadsError(
+                    f"the head-token press compresses a sequence longer than its window ({self.window} tokens), "
+                    f"got {hidden.shape[1]}"
                 )
             cache, layer = kwargs["past_key_values"], module.layer_idx
             if layer == 0:
@@ -206,6 +224,8 @@ def _token_press_class() -> type:
                 )
                 self.votes.append(rows[0, heads].float().mean(1).sum(0))
             if layer == len(self.attention) - 1:
+                if any(held.keys.shape[2] != hidden.shape[1] for held in cache.layers):
+                    raise DynheadsError(COMPOSED_ALONE)  # another press compressed a layer first
                 self._compress_every_layer(cache, hidden, kwargs)
             return output
 
@@ -244,8 +264,7 @@ def _layer_token_press_class() -> type:
         @torch.no_grad()
         def score(self, module, hidden_states, keys, values, attentions, kwargs):
             length, config = keys.shape[2], module.config
-            if any(not 0 <= layer < config.num_hidden_layers for layer, _ in self.voters):
-                raise DynheadsError(f"the head-token press needs voting heads within {config.num_hidden_layers} layers")
+            check_voters(self.voters, config.num_hidden_layers, config.num_attention_heads, layerwise=True)
             if not 0 < self.window < min(length, hidden_states.shape[1]):
                 raise DynheadsError(
                     f"the head-token press votes from a window of {self.window} positions, so it compresses spans "
@@ -265,6 +284,16 @@ def _layer_token_press_class() -> type:
     return LayerHeadTokensPress
 
 
+def check_voters(voters: Sequence[tuple[int, int]], layers: int, heads: int, *, layerwise: bool = False) -> None:
+    """One line for voters that are missing (the cross-layer press needs some) or name a layer or query head the
+    model lacks."""
+    if not voters and not layerwise:
+        raise DynheadsError("the head-token press needs voting heads (a static head list: voters=...)")
+    bad = [voter for voter in voters if not (0 <= voter[0] < layers and 0 <= voter[1] < heads)]
+    if bad:
+        raise DynheadsError(f"voting head {tuple(bad[0])} is outside the model's {layers} layers x {heads} query heads")
+
+
 def head_tokens_press(
     voters: VoterSource,
     compression_ratio: float,
@@ -282,6 +311,8 @@ def head_tokens_press(
     with ``layerwise`` each layer's own (the variant every kvpress wrapper composes with)."""
     if not 0 <= compression_ratio < 1:
         raise DynheadsError(f"a compression ratio is in [0, 1), got {compression_ratio}")
+    if sink < 0 or recent < 0:
+        raise DynheadsError(f"the protected sink and recent tokens are counts >= 0, got sink={sink}, recent={recent}")
     press_class = _layer_token_press_class() if layerwise else _token_press_class()
     return press_class(
         compression_ratio=compression_ratio,
@@ -299,12 +330,19 @@ def press_from_export(folder: str | Path, full_heads: int | None = None):
     ``full_heads`` best positive-score KV heads of a scored one; windows from its config.json."""
     config, ranking = _export_ranking(Path(folder))
     if "full_kv_heads" in config:
+        if full_heads is not None:
+            raise DynheadsError(
+                f"{folder} is a 0/1 pattern of {config['full_kv_heads']} whole KV heads: give no full_heads"
+            )
         whole = ranking
     elif full_heads is None:
         raise DynheadsError(f"{folder} holds scores, not a 0/1 pattern: say how many KV heads to keep whole")
+    elif isinstance(full_heads, bool) or not isinstance(full_heads, int) or full_heads < 1:
+        raise DynheadsError(f"full_heads is a number of KV heads >= 1, got {full_heads!r}")
     else:
         whole = ranking[:full_heads]
-    return head_list_press(whole, sink=int(config["sink_size"]), recent=int(config["recent_size"]))
+    shape = (int(config["num_layers"]), int(config["num_kv_heads"])) if "num_layers" in config else None
+    return head_list_press(whole, sink=int(config["sink_size"]), recent=int(config["recent_size"]), shape=shape)
 
 
 def attention_modules(model) -> list:
