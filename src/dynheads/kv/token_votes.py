@@ -85,8 +85,9 @@ def keep(scores: torch.Tensor, ratio: float) -> list[int]:
 def window_votes(lm: LoadedModel, input_ids: Sequence[int], voters: Sequence[Head], window: int) -> torch.Tensor:
     """``[n - window]``: the voters' attention from the last ``window`` positions of the prefill (the prompt minus
     its last token, n tokens) on each key before them, averaged over those rows and over the voters."""
-    if getattr(input_ids, "ndim", 1) != 1:
-        raise DynheadsError(f"give the prompt's token ids as one sequence, not shape {tuple(input_ids.shape)} (ids[0])")
+    if getattr(input_ids, "ndim", 1) != 1:  # a tokenizer's [1, n] tensor
+        shape = tuple(getattr(input_ids, "shape", ()))
+        raise DynheadsError(f"give the prompt's token ids as one sequence, not shape {shape} (ids[0])")
     length = len(input_ids) - 1
     check_votes(lm, length, voters, window)
     session = DecodingSession(lm, input_ids, max_new_tokens=1)
