@@ -8,6 +8,7 @@ that environment (``scripts/kvpress-env.sh``) and runs this file there; elsewher
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from dataclasses import replace
 from itertools import product
@@ -176,6 +177,14 @@ def test_dynheads_kv_runs_a_kvpress_row_at_matched_bytes(tmp_path, embedded):
     # matched at the prefill: within one decoded token per KV head of the static policy's resident fraction
     assert abs(streaming["kv_fraction"] - static["kv_fraction"]) < 6 / 200
     assert table.loc["kvpress:duo_attention", "kv_heads"] == static["kv_heads"] == 5  # 5 % of 90 KV heads -> 5
+    assert pd.isna(streaming["kv_heads"])  # a token press keeps no whole head: no count, not 0
+    # Per-sample records are strict JSON: a token press's undefined head count is null, never NaN.
+    strict = [json.loads(path.read_text(), parse_constant=_no_constant) for path in (run.path / "samples").iterdir()]
+    assert {record["policy"]: record["mean_kv_heads"] for record in strict}["kvpress:streaming_llm"] is None
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"{name} in a record: strict JSON has no NaN or Infinity")
 
 
 def _kept_positions(compressed, full) -> list[list[int]]:

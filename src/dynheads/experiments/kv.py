@@ -329,10 +329,8 @@ def _record(
         "stop_reason": result.stop_reason,
         "steps": steps,
         "metrics": task.score(sample, result.text),
-        # token-level presses keep no whole head: their KV-head count is undefined, not 0
-        "mean_kv_heads": (
-            float(np.mean([len(heads) for heads in result.kv_heads])) if arm.whole_heads else float("nan")
-        ),
+        # token-level presses keep no whole head: their KV-head count is undefined (null), not 0
+        "mean_kv_heads": float(np.mean([len(heads) for heads in result.kv_heads])) if arm.whole_heads else None,
         "budget_kv_heads": result.budget_heads,
         "shortfall": result.shortfall,
         "kv_fraction": result.kv_fraction,

@@ -144,7 +144,7 @@ def _policy_table(frame: pd.DataFrame, others: list[str], evidence: EvidenceSett
             samples=("grid_sample_id", "size"),
             accuracy=("accuracy", "mean"),
             **{name: (f"metrics.{name}", "mean") for name in others},
-            kv_heads=("mean_kv_heads", "mean"),
+            kv_heads=("mean_kv_heads", lambda heads: pd.to_numeric(heads).mean()),  # null (a press): no count
             shortfall=("shortfall", "mean"),
             kv_fraction=("kv_fraction", "mean"),
             kv_mb=("kv_bytes", lambda b: b.mean() / mb),
