@@ -611,8 +611,9 @@ def test_a_mistyped_press_gets_a_suggestion_and_kv_help_lists_the_presses(capsys
     from dynheads.errors import DynheadsError
     from dynheads.kv.press_runs import check_press
 
-    with pytest.raises(DynheadsError, match="did you mean 'snapkv'"):
-        check_press("kvpress:snap_kv")
+    for mistyped in ("kvpress:snap_kv", "kvpress:SnapKV", "kvpress:SnapKVPress"):  # kvpress's class names too
+        with pytest.raises(DynheadsError, match="did you mean 'snapkv'"):
+            check_press(mistyped)
     shown = " ".join(run_main(capsys, monkeypatch, "kv", "--help").stdout.split())
     assert "snapkv" in shown and "streaming_llm" in shown
 

@@ -12,5 +12,6 @@ class DynheadsError(Exception):
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """``"; did you mean 'x'?"`` for the known name closest to a mistyped ``name`` ('' when none is close)."""
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    by_lower = {item.lower(): item for item in known}  # case does not count: kvpress:SnapKVPress -> 'snapkv'
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
