@@ -145,3 +145,5 @@ def test_an_arm_is_its_name_resolved_once():
     assert not snapkv.decodes_from_prefill and predicted.decodes_from_prefill and predicted.needs_probe
     with pytest.raises(DynheadsError, match="KV budgets are fractions"):
         resolve_arms(("full",), (1.5,), static_given=False, predictor_given=False)
+    with pytest.raises(DynheadsError, match="KV policy 'static' is given twice"):  # it was merged into one row
+        resolve_arms(("full", "static", "static"), (0.5,), static_given=True, predictor_given=False)

@@ -102,6 +102,9 @@ def resolve_arms(
             f"unknown or no KV policies {unknown}: use some of {KV_POLICIES.choices()} or "
             f"kvpress:<press> ({KVPRESS_PRESSES.choices()}){did_you_mean(unknown[0], known) if unknown else ''}"
         )
+    repeated = [name for name in dict.fromkeys(policies) if list(policies).count(name) > 1]
+    if repeated:
+        raise DynheadsError(f"KV policy {repeated[0]!r} is given twice: each policy runs once (its row in the table)")
     parsed = {name: _checked_press(name) for name in presses}
     if not budgets or not all(0 < b <= 1 for b in budgets):
         raise DynheadsError(f"KV budgets are fractions of KV heads in (0, 1], got {list(budgets)}")
