@@ -240,3 +240,18 @@ def test_the_cross_layer_press_names_a_batch_and_a_short_prompt_apart_and_refuse
             model(torch.tensor([random_prompt(1, 6)]))
     with pytest.raises(DynheadsError, match="counts >= 0, got sink=-3"):
         head_tokens_press(VOTERS, RATIO, sink=-3)
+
+
+def test_the_presses_have_kvpress_style_names_and_pickle(tmp_path):
+    """As kvpress's own presses: the repr names the class (not ``_token_press_class.<locals>...``), the class is
+    importable for ``isinstance``, and a press pickles and comes back equal."""
+    import pickle
+
+    from dynheads.kv.presses import HeadTokensPress, LayerHeadTokensPress, head_list_press
+
+    cross, layerwise = _cross_layer(), _layerwise()
+    assert isinstance(cross, HeadTokensPress) and isinstance(layerwise, LayerHeadTokensPress)
+    assert repr(cross).startswith("HeadTokensPress(compression_ratio=0.5, voters=((0, 1), (2, 0), (2, 3))")
+    for press in (cross, layerwise, head_list_press([(0, 1)], sink=2, recent=8)):
+        again = pickle.loads(pickle.dumps(press))
+        assert type(again) is type(press) and repr(again) == repr(press)

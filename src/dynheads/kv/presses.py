@@ -144,7 +144,7 @@ def _press_class() -> type:
             self.streaming_mask = streaming.to(model.device)
             self.head_compression_ratio = float(streaming.float().mean())
 
-    return DynheadsHeadPress
+    return _named(DynheadsHeadPress)
 
 
 def head_list_press(
@@ -247,7 +247,7 @@ def _token_press_class() -> type:
                 raise DynheadsError(CROSS_LAYER_ONLY)
             return self.scores.to(keys.device)[None, None].expand(keys.shape[0], keys.shape[1], -1)
 
-    return HeadTokensPress
+    return _named(HeadTokensPress)
 
 
 @functools.cache
@@ -281,7 +281,7 @@ def _layer_token_press_class() -> type:
             ]
             return torch.stack(scores).to(keys.device)[:, None].repeat(1, keys.shape[1], 1)  # wrappers edit it
 
-    return LayerHeadTokensPress
+    return _named(LayerHeadTokensPress)
 
 
 def check_voters(voters: Sequence[tuple[int, int]], layers: int, heads: int, *, layerwise: bool = False) -> None:
@@ -343,6 +343,29 @@ def press_from_export(folder: str | Path, full_heads: int | None = None):
         whole = ranking[:full_heads]
     shape = (int(config["num_layers"]), int(config["num_kv_heads"])) if "num_layers" in config else None
     return head_list_press(whole, sink=int(config["sink_size"]), recent=int(config["recent_size"]), shape=shape)
+
+
+def _named(press_class: type) -> type:
+    """A press class built at run time, named as a module-level class of this module (its repr reads
+    ``HeadTokensPress(...)``, and pickle finds it here through ``__getattr__``)."""
+    press_class.__qualname__ = press_class.__name__
+    press_class.__module__ = __name__
+    return press_class
+
+
+_PRESS_CLASSES = {
+    "DynheadsHeadPress": _press_class,
+    "HeadTokensPress": _token_press_class,
+    "LayerHeadTokensPress": _layer_token_press_class,
+}
+
+
+def __getattr__(name: str) -> type:
+    """The press classes by name (``from dynheads.kv.presses import HeadTokensPress``, ``isinstance``, pickle), built
+    on first use: their kvpress base is imported only then."""
+    if name in _PRESS_CLASSES:
+        return _PRESS_CLASSES[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def attention_modules(model) -> list:
