@@ -53,8 +53,9 @@ VoterSource = str | Path | Sequence[Head]
 
 # Why the cross-layer vote cannot run under a wrapper, and what to use instead
 COMPOSED_ALONE = (
-    "head_tokens_press compresses every layer after the last one from the votes of all of them, so no other press "
-    "may compress a layer before it (a ComposedPress of it and another press): wrap head_tokens_press(..., "
+    "head_tokens_press compresses every layer after the last one from the votes of all of them, so every layer's "
+    "cache must still hold the whole prefill then: no other press may compress a layer before it (a ComposedPress "
+    "of it and another press; a sliding-window layer keeps only its window): wrap head_tokens_press(..., "
     "layerwise=True), which composes with the others (docs/kv.md)"
 )
 CROSS_LAYER_ONLY = (
@@ -225,7 +226,7 @@ def _token_press_class() -> type:
                 self.votes.append(rows[0, heads].float().mean(1).sum(0))
             if layer == len(self.attention) - 1:
                 if any(held.keys.shape[2] != hidden.shape[1] for held in cache.layers):
-                    raise DynheadsError(COMPOSED_ALONE)  # another press compressed a layer first
+                    raise DynheadsError(COMPOSED_ALONE)  # another press (or a sliding window) cut a layer first
                 self._compress_every_layer(cache, hidden, kwargs)
             return output
 
