@@ -270,6 +270,9 @@ def test_a_plugin_registers_variants_the_command_then_takes(tmp_path, capsys, mo
     assert "the dose-response needs fractions" in with_plugin.stderr  # past the strategies, to the next check
     missing = run_main(capsys, monkeypatch, "--plugin", str(tmp_path / "none.py"), "doctor")
     assert missing.code == 2 and missing.stderr.startswith(f"error: cannot import plugin '{tmp_path / 'none.py'}'")
+    (tmp_path / "json.py").write_text(PLUGIN)  # its name is taken: it would be skipped silently
+    taken = run_main(capsys, monkeypatch, "--plugin", str(tmp_path / "json.py"), "doctor")
+    assert taken.code == 2 and "its name 'json' is already a module" in taken.stderr and "rename" in taken.stderr
     broken = run_main(capsys, monkeypatch, "--plugin", "no_such_module_of_yours", "doctor")
     assert broken.code == 2 and "ModuleNotFoundError" in broken.stderr and len(broken.stderr.splitlines()) == 1
 

@@ -42,10 +42,17 @@ def import_recorded_plugins() -> None:
 
 def import_plugin(name: str) -> None:
     """Import ``name``: a ``.py`` file (as a module named after its stem) or a dotted module name; a module already
-    imported is not run again; one line naming the plugin if it fails."""
+    imported is not run again, and a file whose stem names another module already imported (``json.py``) is refused
+    rather than skipped; one line naming the plugin if it fails."""
     path = Path(name)
     module_name = path.stem if path.suffix == ".py" else name
-    if module_name in sys.modules:
+    loaded = sys.modules.get(module_name)
+    if loaded is not None:
+        if path.suffix == ".py" and Path(getattr(loaded, "__file__", "") or "").resolve() != path.resolve():
+            raise DynheadsError(
+                f"cannot import plugin {name!r}: its name {module_name!r} is already a module "
+                f"({getattr(loaded, '__file__', None) or 'built in'}): rename the file"
+            )
         return
     try:
         if path.suffix == ".py":

@@ -77,13 +77,12 @@ def press_knobs(spec: PressSpec) -> dict:
         return {}
     if not entry.is_kvpress:
         raise DynheadsError(f"kvpress:{spec.name} is built by dynheads from the KV settings: it takes no knobs")
-    set_elsewhere = {"compression_ratio": "the budget (or --ratios)", **{arg: f"--{key}" for arg, key in entry.knobs}}
+    set_elsewhere = {"compression_ratio": "the budget (or --ratios)"}
+    set_elsewhere.update({arg: "--" + key.replace("_", "-") for arg, key in entry.knobs})
     for item in spec.knobs.split(":"):
         key = item.partition("=")[0]
         if key in set_elsewhere:
-            raise DynheadsError(
-                f"kvpress:{spec.name}'s {key} is set by {set_elsewhere[key].replace('_', '-')}, not by a knob"
-            )
+            raise DynheadsError(f"kvpress:{spec.name}'s {key} is set by {set_elsewhere[key]}, not by a knob")
     return parse_fields(f"kvpress:{spec.name}", spec.knobs.replace(":", ","), entry.target(), set(set_elsewhere))
 
 
