@@ -681,6 +681,24 @@ def test_report_command_rewrites_the_report_and_refuses_other_folders(tmp_path):
     assert other.returncode == 2 and "not a study folder" in other.stderr and "Traceback" not in other.stderr
 
 
+def test_paths_inside_the_study_read_relative_to_it_also_after_the_study_is_moved(tmp_path):
+    written = make_reproduce_dir(tmp_path / "written")
+    manifest = json.loads((written / "manifest.json").read_text(encoding="utf-8"))
+    write_json(written / "manifest.json", {**manifest, "folder": str(written.resolve())})
+    md = write_report(written)[0].read_text(encoding="utf-8")
+    assert str(written) in json.dumps(json.loads((written / "dynamism" / "summary.json").read_text(encoding="utf-8")))
+    assert "#### Dynamism of niah" in md and "static list (copy): static/static_heads.json" in md
+    assert str(written) + "/" not in md
+    assert f"| folder | {written.resolve()} |" in md  # where it was written, in the run's section
+
+    moved = Path(shutil.move(written, tmp_path / "moved"))
+    md_path, html_path = write_report(moved)
+    md, page = md_path.read_text(encoding="utf-8"), html_path.read_text(encoding="utf-8")
+    assert "#### Dynamism of niah" in md and "static list (copy): static/static_heads.json" in md
+    for text in (md, page):
+        assert str(written) + "/" not in text and str(moved) + "/" not in text
+
+
 def test_claim3_on_hotpotqa_is_decided_by_the_predictor_of_the_eq2_sets_not_the_share_regressor(tmp_path):
     """Claim 3 on an Eq. 2 task reads the CCA and the classifier of D_t (``hotpotqa-set-probe``, AUPRC), as on NIAH;
     the regressor of the shares (``hotpotqa-probe``, R², the paper's Table 3) is shown beside and decides nothing."""

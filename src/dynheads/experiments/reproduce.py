@@ -239,6 +239,7 @@ def reproduce(
         config,
         lm,
         {
+            "folder": str(out.resolve()),  # where it was written: its report shows paths inside it relative to it
             "preset_settings": _jsonable(stage_tables),
             **({"preset_sources": preset["sources"]} if "sources" in preset else {}),
         },

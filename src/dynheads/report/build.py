@@ -16,6 +16,8 @@ between (what each says, its verdicts), built from ``claim_parts`` and ``stage_p
 
 from __future__ import annotations
 
+import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +62,25 @@ def write_report(out_dir: str | Path, evidence: EvidenceSettings | None = None) 
     missing = _missing_stages(stages_not_run(root), len(study_stage_names(root)))
     sections = [_summary(headlines, manifest, missing), *body]  # the answer first, the run's metadata last
     md_path, html_path = root / "report.md", root / "report.html"
-    write_text(md_path, report_markdown(title, sections, run, root))
-    write_text(html_path, report_html(title, sections, run, _step_data(root)))
+    within = partial(_within_study, folders=_study_folders(root, manifest))
+    write_text(md_path, within(report_markdown(title, sections, run, root)))
+    write_text(html_path, within(report_html(title, sections, run, _step_data(root))))
     return md_path, html_path
+
+
+def _study_folders(root: Path, manifest: dict) -> list[str]:
+    """The spellings the study's files use for its folder: where it was written (the manifest's ``folder``, kept
+    when the study is moved) and where it is now, as given and resolved."""
+    return [str(root), str(root.resolve()), *([manifest["folder"]] if manifest.get("folder") else [])]
+
+
+def _within_study(text: str, folders: list[str]) -> str:
+    """``text`` with every path inside the study shown relative to it (``/runs/s1/static/x.json`` ->
+    ``static/x.json``), so a report reads the same wherever the study folder is moved or copied to."""
+    for folder in sorted(set(folders), key=len, reverse=True):
+        if folder not in ("", "."):
+            text = re.sub(rf"(?<![\w.~/+-]){re.escape(folder.rstrip('/'))}/", "", text)
+    return text
 
 
 def _refuse_old_study(root: Path) -> None:
