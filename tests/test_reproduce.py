@@ -226,19 +226,79 @@ def test_a_preset_sets_the_batch_size_unless_the_command_gives_one(tiny_lm, tiny
     assert batch_size("given", batch_size=1) == 1
 
 
-def test_a_study_started_under_other_preset_settings_is_not_resumed(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
-    """A newer dynheads may change a preset (the ablation's doses did): a study started before resumes only with
-    the tables it started under, else its finished stages and the rest would follow two designs."""
+def _reads_niah(study) -> None:
+    reproduce_module.stage_settings(study.preset, "niah")  # as a stage builds its config: every key of its table
+
+
+def _reads_ablation_runs(study) -> None:
+    if study.preset["ablation"]["runs"] < 2:
+        raise DynheadsError("this stage needs runs >= 2")  # a valid value this stage cannot work with
+
+
+def _two_stage_study(monkeypatch, tiny_model_dir, tmp_path):
+    registry = Registry(stages.STAGES.kind)
+    registry.register("niah", Stage(f"{__name__}:_reads_niah"), help="reads its table")
+    registry.register("ablation", Stage(f"{__name__}:_reads_ablation_runs"), help="reads one key")
+    monkeypatch.setattr(stages, "STAGES", registry)
+    return ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "study"
+
+
+def _edit_smoke(monkeypatch, table: str, **values) -> None:
+    """The packaged smoke preset with ``values`` in ``table``: as an edited preset file, or a newer dynheads."""
+    smoke = reproduce_module.PRESETS["smoke"]
+    monkeypatch.setitem(reproduce_module.PRESETS, "smoke", {**smoke, table: {**smoke[table], **values}})
+
+
+def test_a_study_resumes_under_a_preset_changed_only_where_no_finished_stage_read_it(
+    tiny_lm, tiny_model_dir, tmp_path, monkeypatch
+):
+    """A stage failed for a value of its table; the table is edited and the study resumed: the failed stage runs
+    under the new value, the manifest records it; a change a finished stage read is refused, naming what it read."""
+    config, out = _two_stage_study(monkeypatch, tiny_model_dir, tmp_path)
+    _edit_smoke(monkeypatch, "ablation", runs=1)
+    reproduce(config, out, lm=tiny_lm, progress=False)
+    logged = read_json(out / "stages.json")
+    assert "error" in logged["ablation"] and "error" not in logged["niah"]
+    assert logged["ablation"]["reads"] == ["ablation", "ablation.runs"]
+    assert "niah.*" in logged["niah"]["reads"] and "niah.runs" in logged["niah"]["reads"]
+
+    _edit_smoke(monkeypatch, "ablation", runs=2, max_new_tokens=3)  # only the failed stage read the table
+    reproduce(config, out, lm=tiny_lm, progress=False)
+    assert "error" not in read_json(out / "stages.json")["ablation"]
+    recorded = read_json(out / "manifest.json")["preset_settings"]["ablation"]
+    assert recorded["runs"] == 2 and recorded["max_new_tokens"] == 3  # the manifest describes what ran
+
+    niah_runs = reproduce_module.PRESETS["smoke"]["niah"]["runs"]
+    _edit_smoke(monkeypatch, "niah", runs=niah_runs + 1)
+    with pytest.raises(
+        DynheadsError, match=r"the tables niah differ now.*finished stage niah read niah\.\*, niah\.runs"
+    ):
+        reproduce(config, out, lm=tiny_lm, progress=False)
+    _edit_smoke(monkeypatch, "niah", runs=niah_runs)
+    reproduce(config, out, lm=tiny_lm, progress=False)  # set back: resumes
+    _edit_smoke(monkeypatch, "ablation", runs=3)  # read by the finished ablation stage now
+    with pytest.raises(DynheadsError, match=r"finished stage ablation read ablation\.runs"):
+        reproduce(config, out, lm=tiny_lm, progress=False)
+
+
+def test_a_study_whose_stages_were_logged_without_their_reads_resumes_only_under_its_tables(
+    tiny_lm, tiny_model_dir, tmp_path, monkeypatch
+):
+    """A newer dynheads may change a preset (the ablation's doses did): a study whose finished stages did not log
+    what they read (an older dynheads) resumes only with the tables it started under, else its finished stages and
+    the rest would follow two designs."""
     from dynheads.io import write_json
 
-    monkeypatch.setattr(stages, "STAGES", Registry(stages.STAGES.kind))  # no stage: the manifest alone
-    config, out = ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "study"
+    config, out = _two_stage_study(monkeypatch, tiny_model_dir, tmp_path)
     reproduce(config, out, lm=tiny_lm, progress=False)
     reproduce(config, out, lm=tiny_lm, progress=False)  # the same tables: resumes
+    write_json(out / "stages.json", {"niah": {"seconds": 1.0}})  # as an older version logged it
     manifest = read_json(out / "manifest.json")
     manifest["preset_settings"]["ablation"]["doses"] = [1, 2, 3, 5, 8]  # as an older version wrote it
     write_json(out / "manifest.json", manifest)
-    with pytest.raises(DynheadsError, match="other settings of preset 'smoke' .the tables ablation differ"):
+    with pytest.raises(
+        DynheadsError, match="other settings of preset 'smoke' .the tables ablation differ.*niah read the whole preset"
+    ):
         reproduce(config, out, lm=tiny_lm, progress=False)
 
 

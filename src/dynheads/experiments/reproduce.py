@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import json
 import time
 import tomllib
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -137,10 +137,37 @@ def check_stage_settings(preset: dict, source: str) -> dict:
     return preset
 
 
-def stage_settings(preset: dict, stage: str) -> dict:
+def stage_settings(preset: Mapping, stage: str) -> dict:
     """The preset's table for ``stage`` (``stages.preset_table``), its lists as tuples (configs hold tuples)."""
     table = preset.get(stages.preset_table(stage), {})
     return {key: as_tuples(value) for key, value in table.items()}
+
+
+ANY = "*"  # what a stage logged without its reads is taken to have read
+
+
+class PresetReads(Mapping[str, Any]):
+    """A study's preset as its stages see it (``Study.preset``), noting what they read: ``"table.key"`` for a key
+    read from a table, ``"table.*"`` when a table's keys are listed (``stage_settings`` builds a config from all of
+    them), ``"key"`` for a top-level value or a table looked up whole or found missing. ``_Stages`` logs each stage's
+    reads, so a study may resume under a preset changed where no finished stage read it (``_check_same_preset``)."""
+
+    def __init__(self, tables: dict, reads: set[str] | None = None, prefix: str = ""):
+        self._tables, self._prefix = tables, prefix
+        self.reads: set[str] = set() if reads is None else reads
+
+    def __getitem__(self, key: str) -> Any:
+        self.reads.add(self._prefix + key)
+        value = self._tables[key]
+        return PresetReads(value, self.reads, f"{key}.") if isinstance(value, dict) and not self._prefix else value
+
+    def __iter__(self) -> Iterator[str]:
+        self.reads.add(self._prefix + "*")
+        return iter(self._tables)
+
+    def __len__(self) -> int:
+        self.reads.add(self._prefix + "*")
+        return len(self._tables)
 
 
 class _Stages:
@@ -158,7 +185,12 @@ class _Stages:
         """Whether ``name`` completed in an earlier run (a failed stage is not done)."""
         return name in self.log and "error" not in self.log[name]
 
-    def run(self, name: str, fn: Callable[[], object], *, every_rank: bool) -> None:
+    def reads(self, name: str) -> set[str]:
+        """What stage ``name`` read of the preset when it ran (``PresetReads``); a stage logged before reads were
+        logged is taken to have read it all (``ANY``)."""
+        return set(self.log[name].get("reads", [ANY]))
+
+    def run(self, name: str, fn: Callable[[], object], *, every_rank: bool, preset: PresetReads) -> None:
         """Run ``fn`` unless logged (on every rank, or on rank 0 alone with this machine's threads, see the module
         docstring); a stage this model cannot support (a ``DynheadsError``, e.g. constant head scores for CCA) is
         logged with its reason, which the report shows, and the study goes on."""
@@ -166,8 +198,9 @@ class _Stages:
         if self.done(name):
             return
         if every_rank or distributed.is_main():
+            preset.reads.clear()
             with nullcontext() if every_rank else local_threads():
-                entry = _attempt(name, fn)
+                entry = {**_attempt(name, fn), "reads": sorted(preset.reads)}
             if distributed.is_main():
                 self.log[name] = entry
                 write_json(self.log_path, self.log)
@@ -245,8 +278,8 @@ def reproduce(
         },
         batch_size=batch_size,
     )
-    _check_same_preset(manifest, _jsonable(stage_tables), out)
-    study = Study(config, preset, out, lm, progress, log, batch_size)
+    _check_same_preset(RunDir(out), manifest, _jsonable(stage_tables), log)
+    study = Study(config, PresetReads(preset), out, lm, progress, log, batch_size)
     runners = {name: stages.STAGES.get(name).runner() for name in names}  # a misnamed one fails before any stage runs
     dealt = {name for name in names if stages.STAGES.get(name).deals_samples}  # the others run on rank 0 alone
     to_run = [n for n in names if not log.done(n)]
@@ -255,7 +288,7 @@ def reproduce(
         if progress and distributed.is_main():
             left = sum(seconds.get(later, 0.0) for later in names[index - 1 :])
             print(study_time.progress_line(index, len(names), name, left, done=log.done(name)), flush=True)
-        study.log.run(name, partial(runners[name], study), every_rank=name in dealt)
+        study.log.run(name, partial(runners[name], study), every_rank=name in dealt, preset=study.preset)
     return out
 
 
@@ -295,7 +328,7 @@ class Study:
     """What every stage of one study shares: its config and preset, its folder, the model and the stage log."""
 
     config: ReproduceConfig
-    preset: dict
+    preset: PresetReads
     out: Path
     lm: LoadedModel
     progress: bool
@@ -331,21 +364,21 @@ class Study:
         """The CCA's temporal offsets (NIAH's and HotpotQA's)."""
         return stage_settings(self.preset, stages.CCA)["offsets"]
 
-    @functools.cached_property
-    def questions(self) -> Questions:
+    @property
+    def questions(self) -> Questions:  # built at each use, so each stage's reads of the preset are logged
         return Questions.of(self)
 
 
 @dataclass(frozen=True)
 class Questions:
     """What the HotpotQA-side stages share: the questions' source and task, the disjoint question streams, the
-    reasoning head list, and Eq. 2's threshold rule with the traces it is fitted on."""
+    reasoning head list, and Eq. 2's threshold rule with the traces it is fitted on. The streams and the threshold
+    are read from the preset when a stage asks for them, so each stage's log names only what it read."""
 
     data: str | None
     task: Task
-    streams: dict[str, QuestionStream]
+    preset: Mapping
     reasoning_file: Path
-    threshold: str | float
     fit_stream: Path
 
     @classmethod
@@ -354,49 +387,86 @@ class Questions:
         return cls(
             data=data,
             task=task_of(HOTPOTQA.name, data),  # HotpotQA, or the multi-hop task standing for it
-            # disjoint question ranges: nothing is fitted and evaluated on one question
-            streams=hotpot_streams(study.preset),
+            preset=study.preset,
             reasoning_file=study.out / stages.HOTPOTQA_STATIC / "static_heads.json",
-            # Eq. 2's threshold (a calibrated one is fitted on the static stream's traces, which nothing evaluates)
-            threshold=stage_settings(study.preset, stages.HOTPOTQA_DYNAMISM).get(
-                "threshold", DEFAULT_REASONING_THRESHOLD
-            ),
             fit_stream=study.out / stages.HOTPOTQA_STATIC,
         )
+
+    @property
+    def threshold(self) -> str | float:
+        """Eq. 2's threshold (a calibrated one is fitted on the static stream's traces, which nothing evaluates)."""
+        return stage_settings(self.preset, stages.HOTPOTQA_DYNAMISM).get("threshold", DEFAULT_REASONING_THRESHOLD)
 
     def fit(self) -> ThresholdFit:  # fitted when a stage needs it: the static stage may have failed
         return fit_threshold(self.threshold, self.task.score_kind, self.fit_stream)
 
     def grid(self, study: Study, stage: str, stream: str, **extra) -> dict:
-        """A QA stage's settings on its own question stream."""
-        return study.settings(stage, data=self.data, first=self.streams[stream].first, **extra)
+        """A QA stage's settings on its own question stream (disjoint question ranges: nothing is fitted and
+        evaluated on one question)."""
+        return study.settings(stage, data=self.data, first=hotpot_streams(self.preset, stream)[stream].first, **extra)
 
 
-def hotpot_streams(preset: dict) -> dict[str, QuestionStream]:
-    """The HotpotQA question streams of a study, end to end in this order: static reasoning heads, the traced
-    analysis run (dynamism, CCA, probe), ablation, progressive ablation, RAG."""
-    order = [
-        ("static", stages.HOTPOTQA_STATIC),
-        ("analysis", stages.HOTPOTQA),
-        ("ablation", stages.HOTPOTQA_ABLATION),
-        ("progressive", stages.HOTPOTQA_PROGRESSIVE),
-        ("rag", stages.RAG),
-    ]
+QA_STREAMS = (  # the HotpotQA question streams of a study, end to end in this order, and the stage of each
+    ("static", stages.HOTPOTQA_STATIC),
+    ("analysis", stages.HOTPOTQA),  # the traced analysis run (dynamism, CCA, probe)
+    ("ablation", stages.HOTPOTQA_ABLATION),
+    ("progressive", stages.HOTPOTQA_PROGRESSIVE),
+    ("rag", stages.RAG),
+)
+
+
+def hotpot_streams(preset: Mapping, through: str | None = None) -> dict[str, QuestionStream]:
+    """The HotpotQA question streams of a study (``QA_STREAMS``), or those up to stream ``through``: where a stream
+    starts depends only on the streams before it, and a stage reads no more of the preset than that."""
+    names = [name for name, _ in QA_STREAMS]
+    order = QA_STREAMS[: names.index(through) + 1] if through else QA_STREAMS
     return disjoint_streams([(name, preset[stage]["questions"]) for name, stage in order])
 
 
-def _check_same_preset(manifest: dict, tables: dict, out: Path) -> None:
-    """A study resumes only under the preset tables it started with (a newer dynheads may have changed a preset:
-    its finished stages and the rest would follow two designs)."""
+def _check_same_preset(run: RunDir, manifest: dict, tables: dict, log: _Stages) -> None:
+    """A study resumes under the preset tables it started with, or under tables changed only where no finished
+    stage read them (``PresetReads``: a failed stage runs again under its edited table; a newer dynheads may have
+    changed a preset): else its finished stages and the rest would follow two designs. A change that is let through
+    is written into the manifest's ``preset_settings``, which then describes every stage's settings."""
     recorded = manifest.get("preset_settings")
     if recorded is None or recorded == tables:
         return
-    changed = sorted(name for name in set(recorded) | set(tables) if recorded.get(name) != tables.get(name))
-    raise DynheadsError(
-        f"{out} was started under other settings of preset {manifest['config'].get('preset')!r} (the tables "
-        f"{', '.join(changed)} differ now, e.g. after an update of dynheads): resume it with the version that "
-        "started it, or choose another --out"
-    )
+    changed = _changed_paths(recorded, tables)
+    blocked = {name: sorted(log.reads(name) & changed) for name in log.log if log.done(name)}
+    blocked = {name: paths for name, paths in blocked.items() if paths}
+    if blocked:
+        name, paths = next(iter(blocked.items()))
+        tables_changed = sorted({path.split(".")[0] for path in changed - {ANY}})
+        what = "the whole preset" if ANY in paths else ", ".join(paths)
+        raise DynheadsError(
+            f"{run.path} was started under other settings of preset {manifest['config'].get('preset')!r} (the tables "
+            f"{', '.join(tables_changed)} differ now, e.g. after an update of dynheads or an edit of the preset "
+            f"file), and its finished stage {name} read {what}"
+            f"{f' (and {len(blocked) - 1} more finished stage(s))' if len(blocked) > 1 else ''}: set those back, "
+            "resume it with the version that started it, or choose another --out (a value only unfinished stages "
+            "read may change)"
+        )
+    if distributed.is_main():
+        write_json(run.manifest_path, {**manifest, "preset_settings": tables})
+        print(
+            f"[reproduce] preset changed where no finished stage read it: {', '.join(sorted(changed - {ANY}))}",
+            flush=True,
+        )
+
+
+def _changed_paths(recorded: dict, tables: dict) -> set[str]:
+    """Where two presets differ, as ``PresetReads`` names its reads: ``table.key`` and, for a table changed
+    key by key, ``table.*`` (its list of keys); ``key`` for a top-level value or a table added or removed; and
+    ``ANY``, which a stage logged before reads were logged is taken to have read."""
+    changed = {ANY}
+    for key in set(recorded) | set(tables):
+        old, new = recorded.get(key), tables.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            keys = {sub for sub in set(old) | set(new) if old.get(sub) != new.get(sub)}
+            changed |= {f"{key}.{sub}" for sub in keys} | ({f"{key}.*"} if keys else set())
+        elif old != new:
+            changed.add(key)
+    return changed
 
 
 def _jsonable(value: dict) -> dict:
