@@ -176,3 +176,12 @@ def test_reproduce_help_names_every_stage_in_run_order():
     stages_help = _params("reproduce")["--stages"].help
     assert stages_help.endswith("the stages, in run order: " + ", ".join(study_stages()))
     assert len(study_stages()) == 16
+
+
+def test_the_command_list_shows_each_first_paragraph_as_one_line():
+    """Typer's rich mode kept a docstring's line breaks in ``dynheads --help``, cutting sentences mid-line."""
+    top = _help()
+    compare = next(line for line in top.splitlines() if "│ compare " in line)
+    assert "the verdict matrix, Table 1 beside the paper's rows, the statistics against model size" in compare
+    rules = next(line for line in top.splitlines() if "│ rules " in line)
+    assert rules.rstrip(" │").endswith("which rules may decide a verdict (no model is loaded).")

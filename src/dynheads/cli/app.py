@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 import typer
@@ -40,6 +41,16 @@ def register_commands() -> None:
     """Import the command modules; each registers its commands on ``app``."""
     for name in COMMAND_MODULES:
         importlib.import_module(f"dynheads.cli.{name}")
+    for typer_app in (app, plot_app, predictor_app):
+        for command in typer_app.registered_commands:
+            command.short_help = command.short_help or _first_paragraph(command.callback)
+
+
+def _first_paragraph(callback) -> str | None:
+    """A command's line in ``dynheads --help``: its docstring's first paragraph as one line (Typer's rich mode
+    keeps the docstring's line breaks there, cutting sentences mid-line)."""
+    doc = inspect.getdoc(callback) if callback is not None else None
+    return " ".join(doc.split("\n\n")[0].split()) if doc else None
 
 
 INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C (Typer's)
