@@ -500,7 +500,8 @@ def test_each_dynheads_press_is_paired_with_the_best_kvpress_press_at_its_size()
     import pandas as pd
 
     from dynheads.analysis.evidence import EvidenceSettings
-    from dynheads.views.kv_tables import is_kvpress_own, press_comparison
+    from dynheads.tables import to_markdown
+    from dynheads.views.kv_tables import is_kvpress_own, press_blocks, press_comparison
 
     accuracy = {  # per (press, ratio): four samples' 0/1 scores
         ("kvpress:snapkv", 0.5): [1, 1, 1, 0],
@@ -524,6 +525,14 @@ def test_each_dynheads_press_is_paired_with_the_best_kvpress_press_at_its_size()
     assert not is_kvpress_own("kvpress:snapkv_spans") and not is_kvpress_own("kvpress:duo_attention")
     versus = press_comparison(frame, EvidenceSettings(resamples=200)).set_index("ratio")
     assert list(versus["best_kvpress"]) == ["kvpress:knorm", "kvpress:snapkv"]  # 0.875 (budget 0.125) first
+    assert list(versus["best_kvpress_ties"]) == [1, 1]
+    tied = frame[~frame["policy"].eq("kvpress:knorm")].assign(accuracy=0)  # every press fails: a tie
+    tied_versus = press_comparison(tied, EvidenceSettings(resamples=200))
+    assert list(tied_versus["best_kvpress_ties"]) == [1, 1]  # one kvpress press left: no tie
+    tied = frame.assign(accuracy=0)
+    tied_versus = press_comparison(tied, EvidenceSettings(resamples=200))
+    assert list(tied_versus["best_kvpress_ties"]) == [2, 2] and set(tied_versus["best_kvpress"]) == {"kvpress:snapkv"}
+    assert "kvpress:snapkv (first of 2 tied)" in to_markdown(press_blocks(tied_versus, "question-free")[1])
     assert versus.loc[0.5, "difference"] == pytest.approx(0.25) and versus.loc[0.875, "difference"] == 0.25
     assert (versus["samples"] == 4).all() and (versus["difference_low"] >= -1).all()
     assert (versus["difference_high"] <= 1).all()

@@ -347,8 +347,9 @@ def is_kvpress_own(policy: str) -> bool:
 
 def press_comparison(frame: pd.DataFrame, evidence: EvidenceSettings) -> pd.DataFrame | None:
     """presses.csv: at each size (budget or ratio) where both ran, every press dynheads builds against the best of
-    kvpress's own presses at that size (highest mean accuracy; the first listed on a tie), paired over the samples
-    both finished: the mean difference with its interval (bounded by -1 and 1). None without both kinds."""
+    kvpress's own presses at that size (highest mean accuracy; the first listed on a tie, ``best_kvpress_ties``
+    counting the presses tied there), paired over the samples both finished: the mean difference with its interval
+    (bounded by -1 and 1). None without both kinds."""
     presses = frame[frame["policy"].str.startswith(KVPRESS)]
     rows = []
     for budget, at_size in presses.groupby("budget", sort=True):
@@ -357,7 +358,7 @@ def press_comparison(frame: pd.DataFrame, evidence: EvidenceSettings) -> pd.Data
         if own.empty or built.empty:
             continue
         means = own.groupby("policy", sort=False)["accuracy"].mean()
-        best = str(means.idxmax())
+        best, ties = str(means.idxmax()), int((means == means.max()).sum())
         control = own[own["policy"] == best].set_index("grid_sample_id")["accuracy"]
         for policy, treated_rows in built.groupby("policy", sort=False):
             treated = treated_rows.set_index("grid_sample_id")["accuracy"]
@@ -372,6 +373,7 @@ def press_comparison(frame: pd.DataFrame, evidence: EvidenceSettings) -> pd.Data
                     "ratio": ratio,
                     "press": policy,
                     "best_kvpress": best,
+                    "best_kvpress_ties": ties,
                     "samples": diff.n,
                     "press_accuracy": float(treated[shared].mean()),
                     "best_kvpress_accuracy": float(control[shared].mean()),
@@ -389,7 +391,7 @@ def press_blocks(versus: pd.DataFrame, track: str) -> list[Block]:
         [
             _size(row, "ratio "),
             row.press,
-            row.best_kvpress,
+            row.best_kvpress + (f" (first of {row.best_kvpress_ties} tied)" if row.best_kvpress_ties > 1 else ""),
             int(row.samples),
             f"{row.press_accuracy:.3f}",
             f"{row.best_kvpress_accuracy:.3f}",
