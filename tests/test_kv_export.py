@@ -11,7 +11,7 @@ from cli_main import run_main
 from zoo import NoTokenizer, tiny_model
 
 from dynheads import models
-from dynheads.analysis.headlists import load_head_list
+from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.analysis.kvheads import kv_head_matrix, query_head_scores, write_duo_attention
 from dynheads.cli.kv_commands import kept_heads_line
 from dynheads.kv.retention import num_kv_heads
@@ -46,7 +46,7 @@ def export_before(model, static, out, full_heads=None):
     heads = load_head_list(static, lm.num_layers, lm.num_heads)
     matrix = kv_head_matrix(query_head_scores(heads, lm.num_layers, lm.num_heads), num_kv_heads(lm), "max")
     kwargs = dict(sink=128, recent=256, aggregation="max", source=str(static), num_heads=lm.num_heads)
-    write_duo_attention(out, matrix, **kwargs, full_heads=full_heads)
+    write_duo_attention(out, matrix, **kwargs, full_heads=full_heads, voters=scored_heads(heads))
 
 
 @pytest.mark.parametrize("full_heads", [None, 2])
@@ -72,6 +72,31 @@ def test_kv_export_writes_the_loaded_models_files_without_reading_weights(
     for name in ("full_attention_heads.tsv", "config.json"):
         assert (tmp_path / "new" / name).read_text() == (tmp_path / "before" / name).read_text()
     assert "(3 x 2, " in result.stdout
+
+
+@pytest.mark.parametrize("full_heads", [None, 1])
+def test_an_exports_voters_are_the_heads_of_the_list_it_was_exported_from(
+    tiny_folder, no_weights, tmp_path, capsys, monkeypatch, full_heads
+):
+    """The query heads that vote (``load_voters``) from a kv-export folder are the list's own, best first: not the
+    query heads of its best KV heads in head order, which reorders ties, adds zero-score query heads of a kept KV
+    head and cuts a KV head's group at ``count``."""
+    from dynheads.kv.presses import load_voters
+
+    static, out = tmp_path / "heads.json", tmp_path / "export"
+    extra = [] if full_heads is None else ["--full-heads", str(full_heads)]
+    result = run_main(
+        capsys, monkeypatch, "kv-export", "--model", tmp_path / "tiny", "--static", static, "--out", out, *extra
+    )
+    assert result.code == 0, result.stderr
+    listed = load_voters(static)
+    assert listed == ((0, 1), (1, 0), (2, 2), (0, 3), (2, 3))  # by mean score, ties by layer; no zero-score head
+    for count in (1, 3, 8):
+        assert load_voters(out, count) == listed[:count]
+    config = json.loads((out / "config.json").read_text())
+    del config["voters"]  # an export written before voters were recorded: its KV heads' query heads
+    (out / "config.json").write_text(json.dumps(config))
+    assert load_voters(out, 3) != listed[:3]
 
 
 def test_kv_export_says_how_many_kv_heads_are_kept_whole(tiny_folder, no_weights, tmp_path, capsys, monkeypatch):

@@ -18,6 +18,7 @@ beyond the scored heads keeps only those and records the shortfall: a zero-score
 from __future__ import annotations
 
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -115,9 +116,11 @@ def write_duo_attention(
     source: str,
     num_heads: int,
     full_heads: int | None = None,
+    voters: Sequence[tuple[int, int]] = (),
 ) -> Path:
     """``full_attention_heads.tsv`` (``[L, H_kv]`` values in [0, 1], see ``duo_attention_pattern``) and
-    ``config.json`` (window sizes, what the values are, aggregation, source)."""
+    ``config.json`` (window sizes, what the values are, aggregation, source, and ``voters``: the source list's
+    positive-score query heads, best first, which ``kv.presses.load_voters`` reads back as the list itself)."""
     out_dir = Path(out_dir)
     values, meta = duo_attention_pattern(matrix, full_heads)
     write_text(
@@ -137,6 +140,7 @@ def write_duo_attention(
             "source": source,
             "layout": "rows = layers, columns = KV heads; query head h -> KV head h // (H / H_kv)",
             **meta,
+            **({"voters": [[int(layer), int(head)] for layer, head in voters]} if voters else {}),
         },
     )
     return out_dir

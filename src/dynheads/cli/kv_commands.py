@@ -80,7 +80,7 @@ def kv_export(
 
     Scores normalised to [0, 1], or a 0/1 pattern with --full-heads; zero-score heads are never listed as full.
     Reads the model's config only (layers, query and KV heads), never its weights."""
-    from dynheads.analysis.headlists import load_head_list
+    from dynheads.analysis.headlists import load_head_list, scored_heads
     from dynheads.analysis.kvheads import Aggregation, kv_head_matrix, query_head_scores, write_duo_attention
     from dynheads.io import read_json
     from dynheads.models import load_shape
@@ -101,6 +101,7 @@ def kv_export(
         source=str(static),
         num_heads=shape.num_heads,
         full_heads=cfg.full_heads,
+        voters=scored_heads(heads),
     )
     written = f"{matrix.shape[0]} x {matrix.shape[1]}, {kept_heads_line(read_json(Path(out) / 'config.json'))}"
     typer.echo(f"wrote {out}/full_attention_heads.tsv ({written}) and config.json")

@@ -79,8 +79,8 @@ def require_kvpress():
 
 def load_voters(source: VoterSource, count: int = VOTERS) -> tuple[Head, ...]:
     """The query heads that vote: a list of (layer, head) pairs as given; a dynheads static-head file (Wu et al.'s
-    JSON or a ranked list), its ``count`` best positive-score heads; a ``dynheads kv-export`` folder, the query heads
-    of its best-valued KV heads, ``count`` in all."""
+    JSON or a ranked list), its ``count`` best positive-score heads; a ``dynheads kv-export`` folder, the same heads
+    of the list it was exported from (``_export_voters``)."""
     if count < 1:
         raise DynheadsError(f"the number of voting heads is at least 1, got {count}")
     if isinstance(source, str | Path):
@@ -96,7 +96,11 @@ def load_voters(source: VoterSource, count: int = VOTERS) -> tuple[Head, ...]:
 
 
 def _export_voters(folder: Path, count: int) -> tuple[Head, ...]:
+    """The ``count`` best query heads of the list the folder was exported from (its config's ``voters``); an export
+    written before it recorded them: the query heads of its best-valued KV heads, in head order."""
     config, ranking = _export_ranking(folder)
+    if "voters" in config:
+        return tuple((int(layer), int(head)) for layer, head in config["voters"])[:count]
     group = int(config["num_query_heads"]) // int(config["num_kv_heads"])
     return tuple((layer, kv * group + i) for layer, kv in ranking for i in range(group))[:count]
 
