@@ -27,6 +27,35 @@ def test_tasks_lists_every_registered_task_with_its_label(capsys, monkeypatch):
     assert "Eq. 1 copy score, lengths x depths x runs" in lines[0]
 
 
+def test_list_shows_every_registered_variant_as_its_option_takes_it(capsys, monkeypatch):
+    from dynheads.ablation.strategies import ABLATION_STRATEGIES
+    from dynheads.cli.trace_commands import REGISTRIES
+    from dynheads.kv.press_registry import KVPRESS_PRESSES
+    from dynheads.lazy import imported
+
+    everything = run_main(capsys, monkeypatch, "list")
+    assert everything.code == 0, everything.stderr
+    headings = [line[:-1] for line in everything.stdout.splitlines() if not line.startswith(" ")]
+    assert headings == list(REGISTRIES)
+    listed = sum(len(imported(target).names()) for target, _ in REGISTRIES.values())
+    assert len(everything.stdout.splitlines()) == len(REGISTRIES) + listed
+    presses = run_main(capsys, monkeypatch, "list", "kvpress-presses").stdout.splitlines()
+    assert [line.split()[:2] for line in presses] == [["--policies", f"kvpress:{n}"] for n in KVPRESS_PRESSES.names()]
+    assert presses[1].endswith(KVPRESS_PRESSES.help("snapkv"))
+    tasks = run_main(capsys, monkeypatch, "list", "tasks").stdout.splitlines()
+    assert [line.split()[1] for line in tasks] == task_names()
+
+    mine = ABLATION_STRATEGIES.get("dynamic")
+    ABLATION_STRATEGIES.register("listed-by-a-test", mine, help="registered where the user's code is")
+    try:
+        strategies = run_main(capsys, monkeypatch, "list", "ablation-strategies").stdout
+    finally:
+        ABLATION_STRATEGIES.unregister("listed-by-a-test")
+    assert "--strategies listed-by-a-test  registered where the user's code is" in strategies
+    wrong = run_main(capsys, monkeypatch, "list", "kv-polices")
+    assert wrong.code == 2 and "did you mean 'kv-policies'" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
 def test_trace_niah_equals_the_niah_alias(tiny_model_dir, tmp_path, capsys, monkeypatch):
     common = ["--model", tiny_model_dir, *SMALL, "--runs", "1"]
     alias = run_main(capsys, monkeypatch, "niah", *common, "--out", tmp_path / "alias")

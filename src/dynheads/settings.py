@@ -449,7 +449,8 @@ class KVFields(NiahGrid, QaGrid, ModelSettings):
     )
     policies: tuple[str, ...] = setting(
         ("full", "none", "static", "probe", "random", "oracle", "true"),
-        f"some of {KV_POLICIES.choices()} or kvpress:<press> (a press of {KVPRESS_PRESSES.choices()})",
+        f"some of {KV_POLICIES.choices()} or kvpress:<press> (a press of {KVPRESS_PRESSES.choices()}; "
+        "'dynheads list kvpress-presses' says what each does)",
     )
     budgets: tuple[float, ...] = setting(
         (0.05, 0.1, 0.25, 0.5), "fractions of the KV heads kept whole, e.g. 0.05,0.1,0.25,0.5"

@@ -82,6 +82,49 @@ def list_tasks() -> None:
         typer.echo(f"{entry.name:{width}}  {describe(entry)}")
 
 
+# What ``dynheads list`` shows: the kind a user names -> the registry ("module:attribute") and how a name is typed
+REGISTRIES = {
+    "tasks": ("dynheads.tasks.registry:TASKS", "--task {}"),
+    "scores": ("dynheads.scores:HEAD_SCORES", "--score {}"),
+    "ablation-strategies": ("dynheads.ablation.strategies:ABLATION_STRATEGIES", "--strategies {}"),
+    "matchings": ("dynheads.ablation.strategies:MATCHINGS", "--matching {}"),
+    "kv-policies": ("dynheads.kv.policies:KV_POLICIES", "--policies {}"),
+    "kvpress-presses": ("dynheads.kv.press_registry:KVPRESS_PRESSES", "--policies kvpress:{}"),
+    "rag-strategies": ("dynheads.rag.strategies:RAG_STRATEGIES", "--strategies {}"),
+    "rerank-strategies": ("dynheads.rag.rerank_strategies:RERANK_STRATEGIES", "--strategies {}"),
+    "stages": ("dynheads.stages:STAGES", "reproduce --stages {}"),
+}
+
+
+@app.command("list")
+def list_variants(
+    kind: Annotated[
+        str | None, typer.Argument(help=f"one of {', '.join(REGISTRIES)}; none: every kind", show_default=False)
+    ] = None,
+) -> None:
+    """List the registered variants of one kind (or of every kind), one line each: the option that takes each name
+    and what it does; a variant a --plugin registers is listed with them."""
+    from dynheads.errors import did_you_mean
+    from dynheads.lazy import imported
+    from dynheads.tasks.registry import load_builtin_tasks
+
+    if kind is not None and kind not in REGISTRIES:
+        raise DynheadsError(
+            f"no kind {kind!r} to list: use one of {', '.join(REGISTRIES)}{did_you_mean(kind, REGISTRIES)}"
+        )
+    load_builtin_tasks()
+    for name in [kind] if kind else list(REGISTRIES):
+        target, spelling = REGISTRIES[name]
+        registry = imported(target)
+        typed = [spelling.format(entry) for entry in registry.names()]
+        width = max(map(len, typed), default=0)
+        indent = "" if kind else "  "
+        if not kind:
+            typer.echo(f"{name}:")
+        for shown, entry in zip(typed, registry.names(), strict=True):
+            typer.echo(f"{indent}{shown:{width}}  {registry.help(entry)}")
+
+
 def describe(task: Any) -> str:
     """One line: label, score, grid, metrics and the paper's task its numbers are set beside."""
     score = "Eq. 1 copy score" if task.score_kind == "copy" else "Eq. 2 reasoning score"
