@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -150,6 +151,27 @@ def test_the_example_file_loads(tok):
 def test_a_bad_record_is_named_by_its_line(tmp_path, line, says):
     with pytest.raises(DynheadsError, match=says):
         custom.load_records(_write(tmp_path, GOOD, line))
+
+
+def test_a_file_that_is_not_utf8_text_is_one_line_and_a_byte_order_mark_is_read(tmp_path, capsys, monkeypatch):
+    import dynheads.runs
+
+    monkeypatch.setattr(dynheads.runs, "load_model", _no_model)
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode())  # what Windows editors save as "UTF-8"
+    assert [r.id for r in custom.load_records(path)] == ["a"]
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(json.dumps({**GOOD, "context": "caf\u00e9 " + CONTEXT}, ensure_ascii=False).encode("latin-1"))
+    says = f"data file {latin1} is not UTF-8 text: byte 0xe9 at byte offset"
+    with pytest.raises(DynheadsError, match=re.escape(says)):
+        custom.load_records(latin1)
+    folder = tmp_path / "folder.jsonl"
+    folder.mkdir()
+    out = tmp_path / "run"
+    for data, message in ((latin1, says), (folder, "(a folder, not a file)")):
+        result = run_main(capsys, monkeypatch, "trace", "--task", "custom", "--data", data, "--out", out)
+        assert result.code == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+        assert not out.exists()
 
 
 def test_custom_grid_traces_each_record_as_written(tmp_path, tok):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dynheads.errors import DynheadsError
+from dynheads.io import read_user_text
 from dynheads.seeding import derive_seed
 from dynheads.tasks import qa_metrics
 from dynheads.tasks.grid import TaskGrid
@@ -83,12 +84,7 @@ def parse_line(raw: Any, line: int, source: str) -> TextRecord:
 def load_records(path: str | Path) -> list[TextRecord]:
     """Every record of the JSONL file ``path``, checked (blank lines skipped; ids must not repeat)."""
     path = Path(path)
-    if not path.is_file():
-        raise DynheadsError(f"data file not found: {path}" + (" (a folder, not a file)" if path.is_dir() else ""))
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise DynheadsError(f"cannot read {path}: {error}") from None
+    lines = read_user_text(path, "data file").splitlines()  # UTF-8, a leading byte-order mark dropped
     records: list[TextRecord] = []
     seen: dict[str, int] = {}
     for number, text in enumerate(lines, start=1):
