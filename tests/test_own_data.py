@@ -105,6 +105,24 @@ def test_a_prompt_longer_than_the_window_is_refused(tok):
         sample_from_text(Model(), CONTEXT, "what ?", answer="pineapple")
 
 
+def test_a_text_the_tokenizer_cannot_read_as_written_is_refused(tok, tmp_path):
+    """A special token's spelling would be read as the control token (here [UNK]; a chat model's <|im_end|> would end
+    the user turn); a lone surrogate (JSON's \\ud800) is no character and made the tokenizer raise a TypeError."""
+    with pytest.raises(DynheadsError, match="the context holds '\\[UNK\\]', a special token of this model's tokenizer"):
+        sample_from_text(tok, "the magic word is [UNK] pineapple .", "what ?", answer="pineapple")
+    with pytest.raises(DynheadsError, match=r"the question holds a lone surrogate '\\ud800' at character 5"):
+        sample_from_text(tok, CONTEXT, "what \ud800 ?", answer="pineapple")
+    with pytest.raises(DynheadsError, match=r"the answer holds a lone surrogate"):
+        sample_from_text(tok, CONTEXT, "what ?", answer="pineapple\udfff", spans=["pineapple"])
+    from dynheads.models import LoadedTokenizer
+    from dynheads.settings import HotpotConfig
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({**GOOD, "context": "the magic word \ud800 is pineapple ."}) + "\n", encoding="utf-8")
+    with pytest.raises(DynheadsError, match=r"line 1 \(id 'a'\): the context holds a lone surrogate"):
+        custom.check_tokenised(HotpotConfig(data=str(data)), LoadedTokenizer(tok, "words", None))
+
+
 def test_trace_refuses_an_empty_or_outside_needle(tok):
     sample = sample_from_text(tok, CONTEXT, "what ?", answer="pineapple")
     for needle, says in (([], "has no needle positions"), ([len(sample.input_ids)], "outside its prompt")):

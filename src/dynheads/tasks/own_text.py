@@ -13,8 +13,9 @@ precedence:
 
 Refused, each with a one-line ``DynheadsError``: an answer that is not inside a ``[[marked]]`` span (nor holds
 one), an empty, blank or out-of-range span, a span whose tokens do not
-decode back to its text (it tokenises away), a string or answer that does not occur, and a prompt longer than the
-model's context window (when the model, not only its tokenizer, is given).
+decode back to its text (it tokenises away), a string or answer that does not occur, a context or question holding a
+special token's spelling or a lone surrogate (``check_plain_text``), and a prompt longer than the model's context
+window (when the model, not only its tokenizer, is given).
 """
 
 from __future__ import annotations
@@ -152,6 +153,8 @@ def sample_from_text(
     tokenizer = getattr(model, "tokenizer", model)
     if not isinstance(context, str) or not context.strip():
         raise DynheadsError("the context is empty: give the text the heads should read")
+    for what, text in (("context", context), ("question", question), ("answer", answer)):
+        check_plain_text(tokenizer if what != "answer" else None, text, what)  # the answer is not in the prompt
     marked_context, marked = unmark(context)
     if spans is None and marked:
         context, spans = marked_context, marked
@@ -184,6 +187,27 @@ def sample_from_text(
             context_span=context_span,
         ),
     )
+
+
+def check_plain_text(tokenizer: Any, text: str, what: str) -> None:
+    """Refuse a text no tokenizer can read as written: a lone surrogate (``\\ud800`` in JSON is no character), or,
+    given a tokenizer, a special token's spelling (``<|im_end|>``), which it turns into that control token."""
+    if not isinstance(text, str):
+        raise DynheadsError(f"the {what} must be a string, got {type(text).__name__}")
+    bad = next((i for i, char in enumerate(text) if "\ud800" <= char <= "\udfff"), None)
+    if bad is not None:
+        raise DynheadsError(
+            f"the {what} holds a lone surrogate {text[bad]!r} at character {bad}: not a Unicode character (a JSON "
+            "\\uXXXX escape of half a pair?)"
+        )
+    decoder = getattr(tokenizer, "added_tokens_decoder", None)
+    special = {token.content for token in decoder.values() if token.special} if isinstance(decoder, Mapping) else set()
+    found = sorted(token for token in special if token.strip() and token in text)  # a blank one is no spelling
+    if found:
+        raise DynheadsError(
+            f"the {what} holds {found[0]!r}, a special token of this model's tokenizer: it would be read as that "
+            "control token, not as text; remove it or spell it otherwise"
+        )
 
 
 def _check_window(model: Any, tokenizer: Any, length: int) -> None:
