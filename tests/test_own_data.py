@@ -88,6 +88,34 @@ def test_an_answer_outside_the_marked_span_is_refused(tok):
         assert _decoded(tok, sample_from_text(tok, marked, "what ?", answer=answer)) == "pineapple"
 
 
+@pytest.mark.parametrize(
+    ("context", "says"),
+    [
+        ("the magic word is [[pineapple .", r"the \[\[ at character 18 is never closed with \]\]"),
+        ("the magic word is pineapple]] .", r"the \]\] at character 27 closes no \[\["),
+        ("the [[magic word is [[pineapple]] .]]", r"the \[\[ at character 20 opens a mark inside the mark at 4"),
+        ("the magic word is [[ ]] pineapple .", "the mark at character 18 holds no text"),
+    ],
+)
+def test_marks_that_do_not_pair_up_are_refused_not_left_in_the_prompt(tok, context, says):
+    """They were left in the prompt as text (or a nested mark's inner [[ became part of the span), silently."""
+    with pytest.raises(DynheadsError, match=says + r" \(to keep \[\[ or \]\] as text, pass spans=\[\.\.\.\]\)"):
+        sample_from_text(tok, context, "what ?", answer="pineapple")
+    kept = sample_from_text(tok, context, "what ?", answer="pineapple", spans=["pineapple"])  # marks as text
+    assert _decoded(tok, kept) == "pineapple"
+
+
+def test_whitespace_at_a_spans_ends_adds_no_token_to_the_needle(tok):
+    """ " pineapple " reached into the next token; a byte-level tokenizer glues the space to it, as in " ."."""
+    from zoo import byte_tokenizer
+
+    bytes_tok = byte_tokenizer("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    marked = sample_from_text(bytes_tok, "the word is [[ pineapple ]] now", "what ?")
+    plain = sample_from_text(bytes_tok, "the word is  pineapple  now", "what ?", spans=[(13, 22)])
+    assert bytes_tok.decode([marked.input_ids[i] for i in marked.needle_positions]) == "pineapple"
+    assert marked.needle_positions == plain.needle_positions and marked.spans == [(12, 23)]
+
+
 def test_a_span_that_tokenises_away_is_refused(tok):
     with pytest.raises(DynheadsError, match="does not survive tokenisation"):
         sample_from_text(tok, "the magic word is [[Zürich]] .", "what ?")
