@@ -190,6 +190,8 @@ def test_the_example_file_loads(tok):
             "is a list of \\[start, stop\\] pairs, e.g. \\[\\[0, 3\\]\\], got \\[0, 3\\]",
         ),
         ({**GOOD, "context": " "}, r"line 2 \(id 'a'\): field 'context' is empty"),
+        ({**GOOD, "id": "b", "answer": "A"}, r"line 2 \(id 'b'\): the answer 'A' has no word left once normalised"),
+        ({**GOOD, "id": "b", "answer": "", "spans": [[4, 9]]}, "the answer '' has no word left"),
         (GOOD, "line 2: id 'a' repeats line 1"),
         ([1, 2], "line 2: a record is a JSON object"),
     ],

@@ -67,6 +67,11 @@ def parse_line(raw: Any, line: int, source: str) -> TextRecord:
             raise DynheadsError(f"{where}: field {name!r} {problem}")
     if not raw["id"] or not raw["context"].strip():
         raise DynheadsError(f"{where}: field {'id' if not raw['id'] else 'context'!r} is empty")
+    if not qa_metrics.normalize_answer(raw["answer"]):
+        raise DynheadsError(
+            f"{where}: the answer {raw['answer']!r} has no word left once normalised for EM and F1 (lower case, "
+            "ASCII punctuation and the articles a, an, the removed): every reply would score 0"
+        )
     spans = raw.get("spans")
     if spans is not None and not isinstance(spans, list):
         raise DynheadsError(f"{where}: field 'spans' must be a list of [start, stop] character offsets")
