@@ -164,6 +164,11 @@ CASES = [  # (command line, what the error names, what it says)
         "runs must be at least 1, got -3",
     ),
     (["ablate", *NO_MODEL, "--strategies", "dynamic,statc", "--out", "{t}/out"], "'statc'", "did you mean 'static'?"),
+    (
+        ["ablate", *NO_MODEL, "--strategies", "dynamic,random", "--out", "{t}/out"],
+        "--strategies dynamic,random",
+        "picks the matched grid's strategies: add --fractions '' to run them",  # the dose-response ignored them
+    ),
     (["kv", *NO_MODEL, "--policies", "full,statc", "--out", "{t}/out"], "['statc']", "did you mean 'static'?"),
     (["reproduce", *NO_MODEL, "--stages", "nia", "--out", "{t}/out"], "'nia'", "did you mean 'niah'?"),
     (["reproduce", *NO_MODEL, "--preset", "quik", "--out", "{t}/out"], "'quik'", "did you mean 'quick'?"),
@@ -303,7 +308,8 @@ def test_a_plugin_registers_variants_the_command_then_takes(tmp_path, capsys, mo
         ABLATION_STRATEGIES.unregister("plugin-last-layer")
         sys.modules.pop("my_heads", None)
     assert with_plugin.code == 2 and "ablation strategy" not in with_plugin.stderr
-    assert "the dose-response needs fractions" in with_plugin.stderr  # past the strategies, to the next check
+    # past the strategies' names, to the next check: the dose-response (the default) does not read them
+    assert "--strategies dynamic,plugin-last-layer picks the matched grid's strategies" in with_plugin.stderr
     missing = run_main(capsys, monkeypatch, "--plugin", str(tmp_path / "none.py"), "doctor")
     assert missing.code == 2 and missing.stderr.startswith(f"error: cannot import plugin '{tmp_path / 'none.py'}'")
     (tmp_path / "json.py").write_text(PLUGIN)  # its name is taken: it would be skipped silently
