@@ -42,6 +42,11 @@ def files(tmp_path):
     (tmp_path / "no-runs.toml").write_text('base = "smoke"\n[niah]\nruns = -3\n[rag]\nks = [5, -1]\n')
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file")
     (tmp_path / "empty-model").mkdir()
+    (tmp_path / "no-tokenizer").mkdir()  # the weights and config saved without the tokenizer
+    (tmp_path / "no-tokenizer" / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "no-tokenizer" / "custom.jsonl").write_text(
+        '{"id": "a", "context": "Paris is in France.", "question": "Where?", "answer": "France"}\n'
+    )
     (tmp_path / "misspelt.toml").write_text('base = "smoke"\n[niah]\nrunz = 3\n')
     (tmp_path / "text-list.toml").write_text('base = "smoke"\n[rag]\nks = "5"\n')
     (tmp_path / "retired.toml").write_text('base = "smoke"\n[hotpotqa-ablation]\nrelative_doses = [1.0]\n')
@@ -159,6 +164,11 @@ CASES = [  # (command line, what the error names, what it says)
         "runs must be at least 1, got -3",
     ),
     (["ablate", *NO_MODEL, "--strategies", "dynamic,statc", "--out", "{t}/out"], "'statc'", "did you mean 'static'?"),
+    (
+        ["ablate", *NO_MODEL, "--strategies", "dynamic,random", "--out", "{t}/out"],
+        "--strategies dynamic,random",
+        "picks the matched grid's strategies: add --fractions '' to run them",  # the dose-response ignored them
+    ),
     (["kv", *NO_MODEL, "--policies", "full,statc", "--out", "{t}/out"], "['statc']", "did you mean 'static'?"),
     (["reproduce", *NO_MODEL, "--stages", "nia", "--out", "{t}/out"], "'nia'", "did you mean 'niah'?"),
     (["reproduce", *NO_MODEL, "--preset", "quik", "--out", "{t}/out"], "'quik'", "did you mean 'quick'?"),
@@ -166,6 +176,37 @@ CASES = [  # (command line, what the error names, what it says)
     (["view", "{t}/good.json"], "{t}/good.json", "is a file, not a run directory"),
     (["trace", "--model", "{t}/junk.gguf", "--out", "{t}/out"], "'{t}/junk.gguf'", "as a causal LM"),
     (["trace", "--model", "{t}/empty-model", "--out", "{t}/out"], "'{t}/empty-model'", "has no config.json"),
+    (["trace", "--model", "{t}/no-tokenizer", "--out", "{t}/out"], "'{t}/no-tokenizer'", "has no tokenizer (none of"),
+    (
+        [
+            "trace",
+            "--task",
+            "custom",
+            "--data",
+            "{t}/no-tokenizer/custom.jsonl",
+            "--model",
+            "{t}/empty-model",
+            "--out",
+            "{t}/out",
+        ],
+        "'{t}/empty-model'",
+        "has no config.json",  # read by the tokenizer-only check, which said "cannot read the tokenizer" here
+    ),
+    (
+        [
+            "trace",
+            "--task",
+            "custom",
+            "--data",
+            "{t}/no-tokenizer/custom.jsonl",
+            "--model",
+            "{t}/no-tokenizer",
+            "--out",
+            "{t}/out",
+        ],
+        "'{t}/no-tokenizer'",
+        "save it beside the weights, tokenizer.save_pretrained(folder)",
+    ),
     (["report", "{t}/plain"], "{t}/plain", "is not a study folder written by 'dynheads reproduce' (it has no manifest"),
     (["trace", *NO_MODEL, "--device", "tpu", "--out", "{t}/out"], "'tpu'", "unknown device 'tpu': use cpu, cuda"),
     (["trace", *NO_MODEL, "--device", "cuda:99", "--out", "{t}/out"], "'cuda:99'", "is not available"),
@@ -267,7 +308,8 @@ def test_a_plugin_registers_variants_the_command_then_takes(tmp_path, capsys, mo
         ABLATION_STRATEGIES.unregister("plugin-last-layer")
         sys.modules.pop("my_heads", None)
     assert with_plugin.code == 2 and "ablation strategy" not in with_plugin.stderr
-    assert "the dose-response needs fractions" in with_plugin.stderr  # past the strategies, to the next check
+    # past the strategies' names, to the next check: the dose-response (the default) does not read them
+    assert "--strategies dynamic,plugin-last-layer picks the matched grid's strategies" in with_plugin.stderr
     missing = run_main(capsys, monkeypatch, "--plugin", str(tmp_path / "none.py"), "doctor")
     assert missing.code == 2 and missing.stderr.startswith(f"error: cannot import plugin '{tmp_path / 'none.py'}'")
     (tmp_path / "json.py").write_text(PLUGIN)  # its name is taken: it would be skipped silently

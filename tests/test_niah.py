@@ -46,11 +46,26 @@ def test_bad_depth_and_haystack_errors(embedded, tmp_path):
         niah.make_sample(tok, context_tokens=500, depth=-0.1, seed=0)
     with pytest.raises(DynheadsError, match="not found"):
         niah.make_sample(tok, context_tokens=500, depth=0.5, seed=0, haystack=tmp_path / "missing")
-    with pytest.raises(DynheadsError, match="no readable"):
+    with pytest.raises(DynheadsError, match="no non-empty .txt file"):
         niah.make_sample(tok, context_tokens=500, depth=0.5, seed=0, haystack=tmp_path)
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\xfa not utf-8")
-    with pytest.raises(DynheadsError, match="cannot read haystack"):
+    with pytest.raises(DynheadsError, match="bad.txt is not UTF-8 text: byte 0xff at byte offset 0"):
         niah.load_haystack(tmp_path)
+
+
+def test_a_haystack_of_your_own_is_read_as_utf8_text(tmp_path):
+    """A byte-order mark (Windows editors write one) is not text; one .txt file given alone is named as a file."""
+    (tmp_path / "b.txt").write_bytes(b"\xef\xbb\xbfSecond file.\n")
+    (tmp_path / "a.txt").write_text("  First file.  ", encoding="utf-8")
+    (tmp_path / "notes.md").write_text("Not read.", encoding="utf-8")
+    assert niah.load_haystack(tmp_path) == "First file.\n\nSecond file."  # name order, no U+FEFF
+    with pytest.raises(DynheadsError, match=r"the haystack is a folder of .txt files, and .*a.txt is a file"):
+        niah.load_haystack(tmp_path / "a.txt")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "deeper").mkdir()
+    (tmp_path / "sub" / "deeper" / "c.txt").write_text("Too deep.", encoding="utf-8")
+    with pytest.raises(DynheadsError, match=r"no non-empty .txt file \(only the .txt files directly in it"):
+        niah.load_haystack(tmp_path / "sub")
 
 
 def test_needle_lost_in_tokenisation_is_refused(tmp_path):

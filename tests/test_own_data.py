@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -87,6 +88,34 @@ def test_an_answer_outside_the_marked_span_is_refused(tok):
         assert _decoded(tok, sample_from_text(tok, marked, "what ?", answer=answer)) == "pineapple"
 
 
+@pytest.mark.parametrize(
+    ("context", "says"),
+    [
+        ("the magic word is [[pineapple .", r"the \[\[ at character 18 is never closed with \]\]"),
+        ("the magic word is pineapple]] .", r"the \]\] at character 27 closes no \[\["),
+        ("the [[magic word is [[pineapple]] .]]", r"the \[\[ at character 20 opens a mark inside the mark at 4"),
+        ("the magic word is [[ ]] pineapple .", "the mark at character 18 holds no text"),
+    ],
+)
+def test_marks_that_do_not_pair_up_are_refused_not_left_in_the_prompt(tok, context, says):
+    """They were left in the prompt as text (or a nested mark's inner [[ became part of the span), silently."""
+    with pytest.raises(DynheadsError, match=says + r" \(to keep \[\[ or \]\] as text, pass spans=\[\.\.\.\]\)"):
+        sample_from_text(tok, context, "what ?", answer="pineapple")
+    kept = sample_from_text(tok, context, "what ?", answer="pineapple", spans=["pineapple"])  # marks as text
+    assert _decoded(tok, kept) == "pineapple"
+
+
+def test_whitespace_at_a_spans_ends_adds_no_token_to_the_needle(tok):
+    """ " pineapple " reached into the next token; a byte-level tokenizer glues the space to it, as in " ."."""
+    from zoo import byte_tokenizer
+
+    bytes_tok = byte_tokenizer("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    marked = sample_from_text(bytes_tok, "the word is [[ pineapple ]] now", "what ?")
+    plain = sample_from_text(bytes_tok, "the word is  pineapple  now", "what ?", spans=[(13, 22)])
+    assert bytes_tok.decode([marked.input_ids[i] for i in marked.needle_positions]) == "pineapple"
+    assert marked.needle_positions == plain.needle_positions and marked.spans == [(12, 23)]
+
+
 def test_a_span_that_tokenises_away_is_refused(tok):
     with pytest.raises(DynheadsError, match="does not survive tokenisation"):
         sample_from_text(tok, "the magic word is [[Zürich]] .", "what ?")
@@ -102,6 +131,24 @@ def test_a_prompt_longer_than_the_window_is_refused(tok):
 
     with pytest.raises(DynheadsError, match="context window of 12"):
         sample_from_text(Model(), CONTEXT, "what ?", answer="pineapple")
+
+
+def test_a_text_the_tokenizer_cannot_read_as_written_is_refused(tok, tmp_path):
+    """A special token's spelling would be read as the control token (here [UNK]; a chat model's <|im_end|> would end
+    the user turn); a lone surrogate (JSON's \\ud800) is no character and made the tokenizer raise a TypeError."""
+    with pytest.raises(DynheadsError, match="the context holds '\\[UNK\\]', a special token of this model's tokenizer"):
+        sample_from_text(tok, "the magic word is [UNK] pineapple .", "what ?", answer="pineapple")
+    with pytest.raises(DynheadsError, match=r"the question holds a lone surrogate '\\ud800' at character 5"):
+        sample_from_text(tok, CONTEXT, "what \ud800 ?", answer="pineapple")
+    with pytest.raises(DynheadsError, match=r"the answer holds a lone surrogate"):
+        sample_from_text(tok, CONTEXT, "what ?", answer="pineapple\udfff", spans=["pineapple"])
+    from dynheads.models import LoadedTokenizer
+    from dynheads.settings import HotpotConfig
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({**GOOD, "context": "the magic word \ud800 is pineapple ."}) + "\n", encoding="utf-8")
+    with pytest.raises(DynheadsError, match=r"line 1 \(id 'a'\): the context holds a lone surrogate"):
+        custom.check_tokenised(HotpotConfig(data=str(data)), LoadedTokenizer(tok, "words", None))
 
 
 def test_trace_refuses_an_empty_or_outside_needle(tok):
@@ -143,6 +190,8 @@ def test_the_example_file_loads(tok):
             "is a list of \\[start, stop\\] pairs, e.g. \\[\\[0, 3\\]\\], got \\[0, 3\\]",
         ),
         ({**GOOD, "context": " "}, r"line 2 \(id 'a'\): field 'context' is empty"),
+        ({**GOOD, "id": "b", "answer": "A"}, r"line 2 \(id 'b'\): the answer 'A' has no word left once normalised"),
+        ({**GOOD, "id": "b", "answer": "", "spans": [[4, 9]]}, "the answer '' has no word left"),
         (GOOD, "line 2: id 'a' repeats line 1"),
         ([1, 2], "line 2: a record is a JSON object"),
     ],
@@ -150,6 +199,27 @@ def test_the_example_file_loads(tok):
 def test_a_bad_record_is_named_by_its_line(tmp_path, line, says):
     with pytest.raises(DynheadsError, match=says):
         custom.load_records(_write(tmp_path, GOOD, line))
+
+
+def test_a_file_that_is_not_utf8_text_is_one_line_and_a_byte_order_mark_is_read(tmp_path, capsys, monkeypatch):
+    import dynheads.runs
+
+    monkeypatch.setattr(dynheads.runs, "load_model", _no_model)
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode())  # what Windows editors save as "UTF-8"
+    assert [r.id for r in custom.load_records(path)] == ["a"]
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(json.dumps({**GOOD, "context": "caf\u00e9 " + CONTEXT}, ensure_ascii=False).encode("latin-1"))
+    says = f"data file {latin1} is not UTF-8 text: byte 0xe9 at byte offset"
+    with pytest.raises(DynheadsError, match=re.escape(says)):
+        custom.load_records(latin1)
+    folder = tmp_path / "folder.jsonl"
+    folder.mkdir()
+    out = tmp_path / "run"
+    for data, message in ((latin1, says), (folder, "(a folder, not a file)")):
+        result = run_main(capsys, monkeypatch, "trace", "--task", "custom", "--data", data, "--out", out)
+        assert result.code == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+        assert not out.exists()
 
 
 def test_custom_grid_traces_each_record_as_written(tmp_path, tok):

@@ -104,6 +104,7 @@ def test_cli_end_to_end(tiny_model_dir, tmp_path):
         (["--depths", "1.5"], "depth must be between 0 and 1"),
         (["--lengths", "9000"], "exceeds the model's context window"),
         (["--haystack", "/no/such/folder"], "haystack folder not found"),
+        (["--haystack", __file__], "the haystack is a folder of .txt files, and"),
         (["--lengths", "abc"], "comma-separated list"),
         (["--dtype", "float9"], "unknown dtype 'float9'"),
     ],

@@ -47,6 +47,23 @@ def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+def read_user_text(path: str | Path, what: str) -> str:
+    """The text of a user's UTF-8 file (a leading byte-order mark dropped, as editors on Windows write one), or a
+    one-line ``DynheadsError`` naming ``what`` and ``path``: missing, a folder, unreadable, or not UTF-8."""
+    path = Path(path)
+    if not path.is_file():
+        raise DynheadsError(f"{what} not found: {path}" + (" (a folder, not a file)" if path.is_dir() else ""))
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise DynheadsError(
+            f"{what} {path} is not UTF-8 text: byte {error.object[error.start]:#04x} at byte offset {error.start} "
+            "(save it as UTF-8)"
+        ) from None
+    except OSError as error:
+        raise DynheadsError(f"cannot read {what} {path}: {error.strerror or error}") from None
+
+
 def read_json_if_any(path: str | Path) -> Any:
     """The JSON in ``path``, or None where there is no such file or it is not JSON (a folder read as it may be)."""
     try:

@@ -231,6 +231,23 @@ def resolve_source(name_or_path: str | os.PathLike | None) -> ModelSource:
     return ModelSource(name, location=name)
 
 
+# A tokenizer's own files (one of them): the fast tokenizer, a sentencepiece or tiktoken model, a BPE or WordPiece vocab
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "*.tiktoken")
+
+
+def check_model_folder(folder: str | os.PathLike) -> None:
+    """Refuse a local model folder without its config or its tokenizer, naming what is missing (transformers' own
+    errors are several lines, the first of which names neither)."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise DynheadsError(f"model folder '{folder}' has no config.json: it is not a Hugging Face model folder")
+    if not any(any(folder.glob(name)) for name in TOKENIZER_FILES):
+        raise DynheadsError(
+            f"model folder '{folder}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save it beside the "
+            "weights, tokenizer.save_pretrained(folder)"
+        )
+
+
 @dataclass(frozen=True)
 class LoadedTokenizer:
     """A model's tokenizer and context window without its weights (seconds): what the input checks tokenise with
@@ -246,6 +263,8 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None) -> LoadedToken
     de-quantised copy when one is cached, else the file's metadata)."""
     source = resolve_source(name_or_path)
     location, extra = _metadata_location(source)
+    if source.folder:
+        check_model_folder(location)
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -377,8 +396,8 @@ def _load_pretrained(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     shown = shown or source
-    if Path(source).is_dir() and not extra.get("gguf_file") and not (Path(source) / "config.json").is_file():
-        raise DynheadsError(f"model folder '{source}' has no config.json: it is not a Hugging Face model folder")
+    if Path(source).is_dir() and not extra.get("gguf_file"):
+        check_model_folder(source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
         if device_map is not None:

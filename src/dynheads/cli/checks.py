@@ -19,7 +19,7 @@ from typing import Any
 from dynheads.cli.options import flag_name
 from dynheads.config import C, Rule, build_config
 from dynheads.errors import DynheadsError
-from dynheads.io import read_json
+from dynheads.io import read_json, read_user_text
 
 
 # ---- files and folders --------------------------------------------------------------------------------------------
@@ -117,8 +117,10 @@ def head_list(path: str | Path) -> None:
 
 
 def haystack_dir(path: str | Path) -> None:
-    if not Path(path).is_dir():
-        raise DynheadsError(f"haystack folder not found: {path}")
+    """Refuse a ``--haystack`` that is not a folder (a .txt file given alone is named as such)."""
+    from dynheads.tasks.niah import haystack_folder
+
+    haystack_folder(path)
 
 
 def probe_dir(path: str | Path) -> None:
@@ -144,7 +146,7 @@ def data_file(data: str) -> None:
     if path.suffix == ".json":
         json_file(path, "data file")
     elif path.suffix == ".jsonl":
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(read_user_text(path, "data file").splitlines(), start=1):
             try:
                 json.loads(line) if line.strip() else None
             except json.JSONDecodeError as error:

@@ -42,8 +42,8 @@ def main_options(
             show_default=False,
             help="a module (dotted name) or .py file imported before the command, so the variants it registers (a "
             "task, score, strategy, policy, press, stage: docs/extending.md) are names the command takes "
-            "(dynheads --plugin my_heads.py ablate --strategies last-layer ...); repeat it for several, or set "
-            "DYNHEADS_PLUGINS (names separated by ':')",
+            "(dynheads --plugin my_heads.py ablate --fractions '' --strategies last-layer ...); repeat it for "
+            "several, or set DYNHEADS_PLUGINS (names separated by ':')",
         ),
     ] = None,
 ) -> None:

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Unpack
 
 from dynheads import stages
+from dynheads.ablation.strategies import DOSE_ARMS
 from dynheads.analysis.settings import CCAConfig
+from dynheads.errors import DynheadsError
 from dynheads.experiments.ablation import AblationConfig, ProgressiveConfig, run_ablation, run_progressive
 from dynheads.experiments.dose import run_doses
 from dynheads.experiments.hotpotqa import HotpotConfig, run_hotpotqa
@@ -25,11 +27,19 @@ from dynheads.views.analyses import cca_report, dynamism_report, plot_heads
 from dynheads.views.probing import train_probe_on_run
 from dynheads.views.threshold_fit import ThresholdFit
 
+DEFAULT_STRATEGIES = AblationConfig().strategies  # what --strategies is when not given
+
 
 def run_claim2(config: AblationConfig, out: str | Path, **options: Unpack[RunOptions]) -> RunDir:
     """Claim 2 in the design the config names: the dose-response when fractions are given (the study's
     ``run_doses``), else the matched grid (``run_ablation``); retired fixed doses are refused by the check."""
     dosed = config.fractions or config.doses
+    config.run_strategies()  # an unknown name first
+    if dosed and config.strategies != DEFAULT_STRATEGIES:  # the dose-response runs its own arms: not read there
+        raise DynheadsError(
+            f"--strategies {','.join(config.strategies)} picks the matched grid's strategies: add --fractions '' to "
+            f"run them (the dose-response runs its own arms, {', '.join(DOSE_ARMS)}; more with --panel or --contrast)"
+        )
     return run_doses(config, out, **options) if dosed else run_ablation(config, out, **options)
 
 

