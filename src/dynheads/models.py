@@ -236,16 +236,21 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.j
 
 
 def check_model_folder(folder: str | os.PathLike) -> None:
-    """Refuse a local model folder without its config or its tokenizer, naming what is missing (transformers' own
-    errors are several lines, the first of which names neither)."""
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
+    """Refuse a local model folder without its config.json (transformers' own error names no file)."""
+    if not (Path(folder) / "config.json").is_file():
         raise DynheadsError(f"model folder '{folder}' has no config.json: it is not a Hugging Face model folder")
-    if not any(any(folder.glob(name)) for name in TOKENIZER_FILES):
-        raise DynheadsError(
-            f"model folder '{folder}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save it beside the "
-            "weights, tokenizer.save_pretrained(folder)"
+
+
+def tokenizer_error(folder: str | os.PathLike, shown: str, error: Exception) -> DynheadsError:
+    """The one line for a tokenizer transformers could not load from a local folder: when the folder holds none of
+    the usual tokenizer files, that is named as the likely cause (transformers' own first line names nothing);
+    a folder whose tokenizer uses other files is never refused for it, only its error explained."""
+    if not any(any(Path(folder).glob(name)) for name in TOKENIZER_FILES):
+        return DynheadsError(
+            f"model folder '{shown}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save it beside the "
+            f"weights, tokenizer.save_pretrained(folder) [{_first_line(error)}]"
         )
+    return DynheadsError(f"cannot read the tokenizer of '{shown}': {_first_line(error)}")
 
 
 @dataclass(frozen=True)
@@ -271,6 +276,8 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None) -> LoadedToken
         tokenizer = AutoTokenizer.from_pretrained(location, **extra)
         config = AutoConfig.from_pretrained(location, **extra).get_text_config()
     except (OSError, ValueError, KeyError) as error:
+        if source.folder:
+            raise tokenizer_error(location, str(location), error) from None
         raise DynheadsError(f"cannot read the tokenizer of '{source.name}': {_first_line(error)}") from None
     window = getattr(config, "max_position_embeddings", None)
     return LoadedTokenizer(tokenizer, source.name, int(window) if window else None)
@@ -396,10 +403,13 @@ def _load_pretrained(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     shown = shown or source
-    if Path(source).is_dir() and not extra.get("gguf_file"):
+    folder = Path(source).is_dir() and not extra.get("gguf_file")
+    if folder:
         check_model_folder(source)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+        tokenizer = (
+            _folder_tokenizer(source, shown, **extra) if folder else AutoTokenizer.from_pretrained(source, **extra)
+        )
         if device_map is not None:
             extra["device_map"] = device_map
         try:
@@ -416,6 +426,15 @@ def _load_pretrained(
     except (ValueError, KeyError, RuntimeError) as error:
         raise DynheadsError(f"transformers cannot load '{shown}' as a causal LM: {_first_line(error)}") from None
     return model, tokenizer
+
+
+def _folder_tokenizer(folder: str, shown: str, **extra) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, **extra)
+    except (OSError, ValueError, KeyError) as error:
+        raise tokenizer_error(folder, shown, error) from None
 
 
 def _load_gguf(
