@@ -47,6 +47,7 @@ def files(tmp_path):
     (tmp_path / "no-tokenizer" / "custom.jsonl").write_text(
         '{"id": "a", "context": "Paris is in France.", "question": "Where?", "answer": "France"}\n'
     )
+    (tmp_path / "lines.json").write_text('{"id": "a"}\n{"id": "b"}\n')
     (tmp_path / "misspelt.toml").write_text('base = "smoke"\n[niah]\nrunz = 3\n')
     (tmp_path / "text-list.toml").write_text('base = "smoke"\n[rag]\nks = "5"\n')
     (tmp_path / "retired.toml").write_text('base = "smoke"\n[hotpotqa-ablation]\nrelative_doses = [1.0]\n')
@@ -208,6 +209,17 @@ CASES = [  # (command line, what the error names, what it says)
         "save it beside the weights, tokenizer.save_pretrained(folder)",
     ),
     (["report", "{t}/plain"], "{t}/plain", "is not a study folder written by 'dynheads reproduce' (it has no manifest"),
+    (
+        ["trace", *NO_MODEL, "--data", "{t}/no-tokenizer/custom.jsonl", "--out", "{t}/out"],
+        "--task custom --data {t}/no-tokenizer/custom.jsonl",
+        "does not apply to task 'niah': a needle task takes the settings of 'dynheads niah', not those of 'dynheads "
+        "hotpotqa'; your own records: dynheads trace",
+    ),
+    (
+        ["trace", *NO_MODEL, "--task", "custom", "--data", "{t}/lines.json", "--out", "{t}/out"],
+        "{t}/lines.json",
+        "Extra data (line 2, column 1) (one JSON value per line is JSON Lines: name the file .jsonl)",
+    ),
     (["trace", *NO_MODEL, "--device", "tpu", "--out", "{t}/out"], "'tpu'", "unknown device 'tpu': use cpu, cuda"),
     (["trace", *NO_MODEL, "--device", "cuda:99", "--out", "{t}/out"], "'cuda:99'", "is not available"),
     (

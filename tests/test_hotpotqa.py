@@ -153,6 +153,7 @@ MALFORMED = [
     (_drop("question"), "field 'question' is missing"),
     (_set("answer", 42), "field 'answer' must be a str, got int"),
     (_set("context", "text"), "field 'context' must be a list"),
+    (_set("context", "text"), "a custom record {id, context, question, answer}? dynheads trace --task custom"),
     (lambda r: r["context"][1].__setitem__(1, "not a list"), "field 'context' item 1 must be"),
     (lambda r: r["context"].append(copy.deepcopy(r["context"][0])), "field 'context' repeats a paragraph title"),
     (lambda r: r["supporting_facts"][0].__setitem__(1, 9), "field 'supporting_facts' item 0 points to sentence 9"),

@@ -33,8 +33,9 @@ def json_file(path: str | Path, what: str) -> Any:
     except (OSError, UnicodeDecodeError) as error:
         raise DynheadsError(f"cannot read {what} {path}: {error}") from None
     except json.JSONDecodeError as error:
+        lines = " (one JSON value per line is JSON Lines: name the file .jsonl)" if error.msg == "Extra data" else ""
         raise DynheadsError(
-            f"{what} {path} is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+            f"{what} {path} is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno}){lines}"
         ) from None
 
 

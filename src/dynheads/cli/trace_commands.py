@@ -167,6 +167,11 @@ def _trace(
                 if shape is HotpotConfig
                 else "a needle task takes the settings of 'dynheads niah', not those of 'dynheads hotpotqa'"
             )
+            + (
+                f"; your own records: dynheads trace --task custom --data {settings['data']}"
+                if foreign[0] == "data" and str(settings["data"]).endswith(".jsonl")
+                else ""
+            )
         )
     cfg: HotpotConfig | NiahConfig = checks.checked_config(
         shape, config_file, **{key: settings.get(key) for key in fields}

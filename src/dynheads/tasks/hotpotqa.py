@@ -274,7 +274,13 @@ def _pairs(raw: dict, name: str, second: str, bad: Callable[[str, str], Dynheads
         return list(zip(titles, seconds, strict=True))
     if isinstance(value, list) and all(isinstance(p, list | tuple) and len(p) == 2 for p in value):
         return [(p[0], p[1]) for p in value]
-    raise bad(name, f"must be a list of [title, ...] pairs or a mapping {{'title': [...], {second!r}: [...]}}")
+    custom = " (a custom record {id, context, question, answer}? dynheads trace --task custom --data FILE)"
+    plain = isinstance(value, str) and name == "context"
+    raise bad(
+        name,
+        f"must be a list of [title, ...] pairs or a mapping {{'title': [...], {second!r}: [...]}}"
+        + (custom if plain else ""),
+    )
 
 
 def paragraph_pool(records: Iterable[HotpotRecord]) -> list[Paragraph]:
