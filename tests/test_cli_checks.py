@@ -16,6 +16,7 @@ import pytest
 from cli_main import run_main
 
 NO_MODEL = ["--model", "/no/such/model"]
+OWN_RECORDS = ["trace", "--task", "custom", "--data", "{t}/no-tokenizer/custom.jsonl"]
 
 
 @pytest.fixture
@@ -179,32 +180,12 @@ CASES = [  # (command line, what the error names, what it says)
     (["trace", "--model", "{t}/empty-model", "--out", "{t}/out"], "'{t}/empty-model'", "has no config.json"),
     (["trace", "--model", "{t}/no-tokenizer", "--out", "{t}/out"], "'{t}/no-tokenizer'", "has no tokenizer (none of"),
     (
-        [
-            "trace",
-            "--task",
-            "custom",
-            "--data",
-            "{t}/no-tokenizer/custom.jsonl",
-            "--model",
-            "{t}/empty-model",
-            "--out",
-            "{t}/out",
-        ],
+        [*OWN_RECORDS, "--model", "{t}/empty-model", "--out", "{t}/out"],
         "'{t}/empty-model'",
         "has no config.json",  # read by the tokenizer-only check, which said "cannot read the tokenizer" here
     ),
     (
-        [
-            "trace",
-            "--task",
-            "custom",
-            "--data",
-            "{t}/no-tokenizer/custom.jsonl",
-            "--model",
-            "{t}/no-tokenizer",
-            "--out",
-            "{t}/out",
-        ],
+        [*OWN_RECORDS, "--model", "{t}/no-tokenizer", "--out", "{t}/out"],
         "'{t}/no-tokenizer'",
         "save it beside the weights, tokenizer.save_pretrained(folder)",
     ),
