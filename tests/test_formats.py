@@ -111,3 +111,9 @@ def test_dynamic_heads_of_a_step_outside_the_trace_is_refused():
         trace.dynamic_heads(4)
     with pytest.raises(DynheadsError, match="step must be an integer, got str '1'"):
         trace.dynamic_heads("1")
+
+
+def test_run_dir_takes_a_path_and_says_what_it_is():
+    assert RunDir.__doc__ and "manifest" in RunDir.__doc__
+    with pytest.raises(DynheadsError, match="a run directory is a path, got NoneType"):
+        RunDir(None)

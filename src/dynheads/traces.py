@@ -95,6 +95,7 @@ class Trace:
 
     @property
     def num_steps(self) -> int:
+        """T, the generated tokens (the stop token excluded)."""
         return int(self.tokens.shape[0])
 
     @property
