@@ -20,8 +20,8 @@ from dynheads import stages
 from dynheads.analysis.cca import write_cca
 from dynheads.analysis.dynamism import dynamism_stats, per_sample_dynamism
 from dynheads.analysis.evidence import EvidenceSettings
-from dynheads.errors import DynheadsError
 from dynheads.analysis.headlists import save_head_scores
+from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_PROBE_BINARY
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
