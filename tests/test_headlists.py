@@ -127,3 +127,18 @@ def test_public_readers_of_head_lists_refuse_heads_they_cannot_place(tmp_path):
     with pytest.raises(DynheadsError, match=r"takes \[layer, head\] scores, got shape \(2, 3, 9\)"):
         kv_head_matrix(np.zeros((2, 3, 9)), 3)
     assert kv_head_matrix([[0.0, 1.0, 2.0, 3.0]], 2).tolist() == [[1.0, 3.0]]
+
+
+def test_binarize_and_load_voters_refuse_what_is_no_threshold_or_head_pair():
+    import numpy as np
+
+    from dynheads import binarize, load_voters
+
+    scores = np.array([[[0.05, 0.2]]], dtype=np.float32)
+    assert binarize(scores, np.float32(0.1)).tolist() == [[[False, True]]]
+    with pytest.raises(DynheadsError, match="binarize takes a numeric threshold such as 0.1, got 'relative:3'"):
+        binarize(scores, "relative:3")
+    assert load_voters([(1, 2), [np.int64(3), 4]]) == ((1, 2), (3, 4))
+    for bad in ([(1,)], ["1-2"]):
+        with pytest.raises(DynheadsError, match="the voting heads: a head is a \\(layer, head\\) pair of integers"):
+            load_voters(bad)
