@@ -249,9 +249,11 @@ def _trace_rows(
 ) -> list[Trace]:
     """The traces of ``samples`` decoded as one batch under ``options`` (``trace_batch``; per row:
     ``forced_rows[i]``, ``context_ends[i]``)."""
-    _check_arguments(lm, samples, max_new_tokens, options)
+    _check_arguments(samples, max_new_tokens, options)
     for sample in samples:
         check_needle(sample)
+    if not isinstance(lm, LoadedModel):  # after the samples' own checks, which need no model
+        raise DynheadsError(f"trace needs a model from dynheads.load_model(), got {type(lm).__name__}")
     forced = _forced_rows(options.forced_tokens, forced_rows, len(samples))
     ends = list(context_ends) if context_ends is not None else [options.context_end] * len(samples)
     if len(ends) != len(samples):
@@ -286,10 +288,8 @@ def _trace_rows(
     ]
 
 
-def _check_arguments(lm: Any, samples: Any, max_new_tokens: Any, options: TraceOptions) -> None:
+def _check_arguments(samples: Any, max_new_tokens: Any, options: TraceOptions) -> None:
     """One line for arguments of the wrong kind, before they fail deep inside the decoding loop."""
-    if not isinstance(lm, LoadedModel):
-        raise DynheadsError(f"trace needs a model from dynheads.load_model(), got {type(lm).__name__}")
     if hasattr(samples, "input_ids") or isinstance(samples, str) or not isinstance(samples, Sequence):
         raise DynheadsError(f"trace_batch takes a list of samples, got {type(samples).__name__}")
     for sample in samples:
