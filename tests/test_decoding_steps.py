@@ -299,3 +299,40 @@ def test_a_pass_measures_what_its_caller_declares_and_nothing_carries_over():
     sessions = [DecodingSession(lm, _prompt(seed), max_new_tokens=3) for seed in (1, 2)]
     with pytest.raises(DynheadsError, match="measure the same"):
         decode(sessions, [Keeps({(0, 0)}), Keeps({(1, 1)})], 3)
+
+
+class _Sample:
+    def __init__(self, input_ids, needle_positions=(2, 3)):
+        self.input_ids, self.needle_positions = input_ids, list(needle_positions)
+
+
+def test_a_prompt_of_another_models_token_ids_is_refused_in_one_line():
+    """The tiny model reads ids 0..127: a sample tokenised for a larger vocabulary is named, not an IndexError from
+    the embedding lookup; the check sits in the session, so every decoding path (trace, ablation, KV) has it."""
+    lm = _lm()
+    assert lm.vocab_size == 128
+    for ids, first in ((_prompt()[:5] + [128, 4000], 128), ([-1, *_prompt()[:5]], -1)):
+        with pytest.raises(DynheadsError, match=f"token id {first}, outside this model's vocabulary of 128 ids"):
+            trace(lm, _Sample(ids), max_new_tokens=2)
+        with pytest.raises(DynheadsError, match="tokenised for another model"):
+            DecodingSession(lm, ids, max_new_tokens=2)
+
+
+def test_trace_refuses_arguments_of_the_wrong_kind_in_one_line():
+    from dynheads.engine.tracing import trace_batch
+
+    lm, sample = _lm(), _Sample(_prompt())
+    cases = [
+        (lambda: trace("model", sample), "trace needs a model from dynheads.load_model\\(\\), got str"),
+        (lambda: trace(lm, "a prompt"), "a sample needs input_ids and needle_positions .*got str"),
+        (lambda: trace_batch(lm, sample), "trace_batch takes a list of samples, got _Sample"),
+        (lambda: trace(lm, sample, max_new_tokens="4"), "max_new_tokens must be an integer of at least 1, got '4'"),
+        (lambda: trace(lm, sample, max_new_tokens=0), "max_new_tokens must be an integer of at least 1, got 0"),
+        (lambda: trace(lm, sample, sink_size=-1), "sink_size must be an integer of at least 0, got -1"),
+        (lambda: trace(lm, sample, local_window=2.5), "local_window must be an integer of at least 0, got 2.5"),
+    ]
+    for call, says in cases:
+        with pytest.raises(DynheadsError, match=says) as error:
+            call()
+        assert "\n" not in str(error.value)
+    assert trace_batch(lm, []) == []

@@ -86,3 +86,34 @@ def test_the_manifest_records_the_parameter_count_with_tied_weights_once(family)
     tied = model.get_input_embeddings().weight.numel() if model.config.tie_word_embeddings else 0
     assert lm.describe()["parameters"] == every - tied
     assert (tied > 0) == (family == "gemma2")
+
+
+def test_a_file_that_is_no_trace_is_refused_in_one_line(tmp_path):
+    (tmp_path / "text.parquet").write_text("hello")
+    pq.write_table(pq.read_table(V1_TRACE).replace_schema_metadata({}), tmp_path / "plain.parquet")
+    cases = {
+        tmp_path / "missing.parquet": "no trace file .*missing.parquet$",
+        tmp_path: "no trace file .* \\(it is a folder\\)",
+        tmp_path / "text.parquet": "text.parquet is not a readable Parquet file: ",
+        tmp_path / "plain.parquet": "plain.parquet is not a dynheads trace file \\(no readable 'dynheads' schema",
+    }
+    for path, says in cases.items():
+        with pytest.raises(DynheadsError, match=says) as error:
+            Trace.load(path)
+        assert "\n" not in str(error.value)
+
+
+def test_dynamic_heads_of_a_step_outside_the_trace_is_refused():
+    trace = Trace.load(V1_TRACE)  # 4 steps
+    assert trace.dynamic_heads(-1) == trace.dynamic_heads(3)  # a list index, as the docstring says
+    assert all(isinstance(head, tuple) and len(head) == 2 for head in trace.dynamic_heads(0))
+    with pytest.raises(DynheadsError, match="step 4 is outside this trace's 4 generated tokens"):
+        trace.dynamic_heads(4)
+    with pytest.raises(DynheadsError, match="step must be an integer, got str '1'"):
+        trace.dynamic_heads("1")
+
+
+def test_run_dir_takes_a_path_and_says_what_it_is():
+    assert RunDir.__doc__ and "manifest" in RunDir.__doc__
+    with pytest.raises(DynheadsError, match="a run directory is a path, got NoneType"):
+        RunDir(None)

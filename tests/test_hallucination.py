@@ -215,6 +215,9 @@ def test_traces_without_the_new_columns_still_load_and_skip_their_feature_sets(t
     np.testing.assert_array_equal(blind[:, :3], [[6, 0, 1], [12, 1, 1]])
     with pytest.raises(DynheadsError, match="context_mass"):
         hl.lookback_ratios(loaded)
+    for steps in (np.array([2]), np.array([-1, 0])):  # the trace has steps 0 and 1: no IndexError, no wrap-around
+        with pytest.raises(DynheadsError, match=r"token_features: steps must be in 0\.\.1, got \["):
+            hl.token_features(again, steps, spec)
 
 
 def test_lookback_ratio_is_one_at_the_first_step_and_follows_the_means():

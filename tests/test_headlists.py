@@ -107,3 +107,38 @@ def test_locos_released_lists_load_bare_or_in_their_envelope(tmp_path):
         assert ranked.heads == ((2, 3), (0, 1), (1, 1), (1, 0))
         assert ranked.scores == pytest.approx((1.0, 0.3, 0.0, -0.2))
         assert scored_heads(ranked) == ((2, 3), (0, 1))
+
+
+def test_public_readers_of_head_lists_refuse_heads_they_cannot_place(tmp_path):
+    """A list read without the model's size, then used on the model: a head it lacks is one line, not an
+    IndexError; a "layer-head" string where a (layer, head) pair is expected is named, not a TypeError."""
+    import numpy as np
+
+    from dynheads import dynamism_stats, kv_head_matrix, query_head_scores
+
+    heads = load_head_list(write(tmp_path / "big.json", '{"99-0": [1.0], "1-2": [0.5]}'))
+    with pytest.raises(DynheadsError, match=r"names 1 head\(s\) that this model \(30 layers x 9 heads\).*L99-H0"):
+        query_head_scores(heads, 30, 9)
+    assert query_head_scores(heads, 100, 9)[1, 2] == 0.5
+    sets = [np.zeros((3, 30, 9), dtype=bool)]
+    with pytest.raises(DynheadsError, match="a head is a \\(layer, head\\) pair of integers, got '1-2'"):
+        dynamism_stats(sets, ["1-2"])
+    assert dynamism_stats(sets, [(np.int64(1), np.int64(2))]).mean_size == 0.0
+    with pytest.raises(DynheadsError, match=r"takes \[layer, head\] scores, got shape \(2, 3, 9\)"):
+        kv_head_matrix(np.zeros((2, 3, 9)), 3)
+    assert kv_head_matrix([[0.0, 1.0, 2.0, 3.0]], 2).tolist() == [[1.0, 3.0]]
+
+
+def test_binarize_and_load_voters_refuse_what_is_no_threshold_or_head_pair():
+    import numpy as np
+
+    from dynheads import binarize, load_voters
+
+    scores = np.array([[[0.05, 0.2]]], dtype=np.float32)
+    assert binarize(scores, np.float32(0.1)).tolist() == [[[False, True]]]
+    with pytest.raises(DynheadsError, match="binarize takes a numeric threshold such as 0.1, got 'relative:3'"):
+        binarize(scores, "relative:3")
+    assert load_voters([(1, 2), [np.int64(3), 4]]) == ((1, 2), (3, 4))
+    for bad in ([(1,)], ["1-2"]):
+        with pytest.raises(DynheadsError, match="the voting heads: a head is a \\(layer, head\\) pair of integers"):
+            load_voters(bad)

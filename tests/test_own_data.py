@@ -242,8 +242,11 @@ def test_an_id_that_is_no_file_name_is_sanitised_only_in_the_file_name(tmp_path)
     assert stems[1] == "a_b_c" and len(set(stems)) == 4 and all("/" not in s and s[0] != "." for s in stems)
     run = RunDir(tmp_path / "run")
     run.start("custom", {"data": "x"}, None)
-    run.save_sample({"sample_id": "a/b c", "answer": "x"}, _trace())
+    run.save_sample({"sample_id": "a/b c", "answer": "x"}, _trace(), arrays={"real": np.ones(3)})
     assert run.records()[0]["sample_id"] == "a/b c" and run.load_trace("a/b c").num_steps == 2
+    stem = file_stem("a/b c")  # the arrays (scores/*.npz) are named as the record and trace, not in a folder "a"
+    assert [p.name for p in (tmp_path / "run" / "scores").iterdir()] == [f"{stem}.npz"]
+    assert run.arrays_path("a/b c").name == f"{stem}.npz" and np.load(run.arrays_path("a/b c"))["real"].sum() == 3
     with pytest.raises(DynheadsError, match="no trace for sample 'nope' .*its traced samples: 'a/b c'"):
         run.load_trace("nope")
     with pytest.raises(DynheadsError, match="no run folder .*nope"):

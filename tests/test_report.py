@@ -21,6 +21,7 @@ from dynheads.analysis.cca import write_cca
 from dynheads.analysis.dynamism import dynamism_stats, per_sample_dynamism
 from dynheads.analysis.evidence import EvidenceSettings
 from dynheads.analysis.headlists import save_head_scores
+from dynheads.errors import DynheadsError
 from dynheads.io import write_json, write_text
 from dynheads.paper import PAPER_PROBE_BINARY
 from dynheads.plots.ablation import plot_ablation_cells, plot_progressive
@@ -335,6 +336,26 @@ def test_an_empty_folder_gives_a_report_that_says_so(tmp_path):
     assert md.count(": not run (") == 7 and ": inconclusive (" not in md  # nothing ran: nothing decided
     assert "**16 of 16 stages not run yet: run the same command to continue**" in md
     assert '"runs":[]' in html_path.read_text()
+
+
+def test_a_folder_that_is_no_study_is_refused_in_one_line(tmp_path):
+    """``write_report`` from Python checks what ``dynheads report`` checks: no report of 16 stages "not run" is
+    written into a traced run's folder or a mistyped path (which it used to create)."""
+    run = tmp_path / "niah-run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"kind": "niah", "config": {}}))
+    (tmp_path / "list.json").mkdir()
+    (tmp_path / "list.json" / "manifest.json").write_text("[1, 2]")
+    cases = {
+        tmp_path / "typo": "no study folder .*typo: give the --out folder of 'dynheads reproduce'",
+        run: "niah-run is not a study folder written by 'dynheads reproduce' \\(a 'niah' run\\)",
+        tmp_path / "list.json": "is not a study folder .*its manifest.json is not a run manifest",
+    }
+    for folder, says in cases.items():
+        with pytest.raises(DynheadsError, match=says) as error:
+            write_report(folder)
+        assert "\n" not in str(error.value)
+    assert not (tmp_path / "typo").exists() and not (run / "report.md").exists()
 
 
 def test_an_unreadable_stage_is_reported_not_raised(tmp_path):

@@ -146,3 +146,37 @@ def test_hotpotqa_run_traces_reasoning_scores(tiny_model_dir, tmp_path):
         assert set(record["metrics"]) >= {"em", "f1"}
         assert record["needle_positions"] and trace.reasoning_scores.shape[1:] == (3, 4)
         assert ((trace.reasoning_scores >= 0) & (trace.reasoning_scores <= 1 + 1e-6)).all()
+
+
+def _documented(table_heading: str) -> list[str]:
+    """The backticked names in the first column of the table under ``table_heading`` in docs/formats.md."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text(encoding="utf-8")
+    section = text.split(table_heading, 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    return [name for cell in rows[1:] for name in re.findall(r"`([^`]+)`", cell)]
+
+
+def test_a_traced_runs_files_hold_what_formats_md_documents(tiny_model_dir, tiny_lm, tmp_path):
+    """Every record key and trace column of a NIAH run is in docs/formats.md's tables, and every documented
+    record key is written (the NIAH extras stand for "task extras"); the trace's types are the documented ones."""
+    import pyarrow.parquet as pq
+
+    run = run_niah(small_config(tiny_model_dir, write_score=True), tmp_path / "run", lm=tiny_lm, progress=False)
+    record = run.records()[0]
+    documented = set(_documented("## Sample records (traced runs)"))
+    assert set(record) == documented | {"answer_token_count", "context_span"}  # the NIAH task's extras
+    schema = pq.read_schema(run.trace_path(record["sample_id"]))
+    columns = set(_documented("## Trace files (Parquet)"))
+    assert set(schema.names) - columns == set()  # write_score is documented by name; no undocumented column
+    assert str(schema.field("step").type) == "int32" and str(schema.field("token_id").type) == "int64"
+    assert str(schema.field("copy_score").type.value_type) == "bool"
+    assert {str(schema.field(n).type.value_type) for n in ("argmax_pos", "reasoning_score", "write_score")} == {
+        "int32",
+        "float",
+    }
+    trace = Trace.load(run.trace_path(record["sample_id"]))
+    assert record["prompt_tokens"] == trace.prompt_length and record["steps"] == trace.num_steps
+    assert record["generated"] == trace.text and record["stop_reason"] == trace.stop_reason

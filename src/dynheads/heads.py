@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from numbers import Integral
+
 from dynheads.errors import DynheadsError
 
 Head = tuple[int, int]
@@ -33,7 +35,9 @@ def flat_index(head: Head, num_heads: int) -> int:
 
 
 def check_heads(heads: list[Head], num_layers: int, num_heads: int, source: str = "head list") -> None:
-    """Refuse heads that do not exist in a model of ``num_layers`` x ``num_heads``."""
+    """Refuse heads that do not exist in a model of ``num_layers`` x ``num_heads``, and entries that are no
+    ``(layer, head)`` pair of integers (``check_pairs``)."""
+    check_pairs(heads, source)
     bad = [h for h in heads if not (0 <= h[0] < num_layers and 0 <= h[1] < num_heads)]
     if bad:
         shown = ", ".join(head_label(h) for h in bad[:5])
@@ -41,3 +45,15 @@ def check_heads(heads: list[Head], num_layers: int, num_heads: int, source: str 
             f"{source} names {len(bad)} head(s) that this model ({num_layers} layers x {num_heads} heads) "
             f"does not have: {shown}"
         )
+
+
+def check_pairs(heads: list, source: str = "head list") -> None:
+    """Refuse an entry that is no ``(layer, head)`` pair of integers (a ``"layer-head"`` string: ``parse_head``
+    reads one)."""
+    for head in heads:
+        if not (
+            isinstance(head, tuple | list)
+            and len(head) == 2
+            and all(isinstance(i, Integral) and not isinstance(i, bool) for i in head)
+        ):
+            raise DynheadsError(f"{source}: a head is a (layer, head) pair of integers, got {head!r}")

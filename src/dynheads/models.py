@@ -70,6 +70,13 @@ class LoadedModel:
         return int(self.model.config.get_text_config().hidden_size)
 
     @property
+    def vocab_size(self) -> int | None:
+        """Rows of the model's input embedding: the token ids it can read are ``0 .. vocab_size - 1``."""
+        embeddings = getattr(self.model, "get_input_embeddings", lambda: None)()
+        rows = getattr(embeddings, "num_embeddings", None)
+        return int(rows) if rows else None
+
+    @property
     def max_context(self) -> int | None:
         """The model's position window, if its config states one."""
         value = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)

@@ -62,7 +62,16 @@ def file_stem(sample_id: str) -> str:
 
 
 class RunDir:
+    """A run directory (docs/formats.md): ``manifest.json``, ``samples/<id>.json``, ``traces/<id>.parquet``, ...
+
+    Reading: ``manifest()`` (refused in one line where the folder holds none), ``records()`` (the finished records,
+    in sample-id order), ``load_trace(sample_id)`` and ``iter_traces()``. Writing: ``start`` (or check, to resume)
+    the manifest, ``save_sample`` each finished record. Making one reads nothing: a path that is no run is refused
+    when it is read."""
+
     def __init__(self, path: str | os.PathLike):
+        if not isinstance(path, str | os.PathLike):
+            raise DynheadsError(f"a run directory is a path, got {type(path).__name__}")
         self.path = Path(path)
 
     def __fspath__(self) -> str:
@@ -71,12 +80,16 @@ class RunDir:
 
     @property
     def manifest_path(self) -> Path:
+        """``RUN_DIR/manifest.json``."""
         return self.path / "manifest.json"
 
     def exists(self) -> bool:
+        """Whether the folder holds a manifest (a run was started in it)."""
         return self.manifest_path.is_file()
 
     def manifest(self) -> dict:
+        """The run's manifest (docs/formats.md); refused in one line where there is none or it is newer than this
+        code reads."""
         if not self.exists():
             raise DynheadsError(f"{self.path} is not a dynheads run directory (no manifest.json)")
         manifest = read_json(self.manifest_path)
@@ -120,12 +133,15 @@ class RunDir:
 
     # ---- samples ----------------------------------------------------------------------------------
     def record_path(self, sample_id: str) -> Path:
+        """``samples/<file stem>.json`` (``file_stem``: the id itself where it is a safe file name)."""
         return self.path / "samples" / f"{file_stem(sample_id)}.json"
 
     def trace_path(self, sample_id: str) -> Path:
+        """``traces/<file stem>.parquet``."""
         return self.path / "traces" / f"{file_stem(sample_id)}.parquet"
 
     def is_done(self, sample_id: str) -> bool:
+        """Whether the sample's record exists (written last: the sample is finished)."""
         return self.record_path(sample_id).is_file()
 
     def save_sample(self, record: dict, trace: Trace | None = None, arrays: dict[str, Any] | None = None) -> None:
@@ -140,7 +156,8 @@ class RunDir:
         write_json(self.record_path(sample_id), record)
 
     def arrays_path(self, sample_id: str) -> Path:
-        return self.path / "scores" / f"{sample_id}.npz"
+        """``scores/<file stem>.npz`` (re-rank runs' span scores), named as the record and trace are."""
+        return self.path / "scores" / f"{file_stem(sample_id)}.npz"
 
     def records(self) -> list[dict]:
         """All finished sample records, in sample-id order."""

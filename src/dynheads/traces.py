@@ -95,6 +95,7 @@ class Trace:
 
     @property
     def num_steps(self) -> int:
+        """T, the generated tokens (the stop token excluded)."""
         return int(self.tokens.shape[0])
 
     @property
@@ -113,8 +114,17 @@ class Trace:
         return self.scores["reasoning"]
 
     def dynamic_heads(self, step: int) -> list[tuple[int, int]]:
-        """D_t of Eq. 1: heads whose copy score is 1 at ``step``."""
-        return active_heads(self.copy_scores[step])
+        """D_t of Eq. 1: the ``(layer, head)`` pairs whose copy score is 1 at ``step`` (negative: from the end, as
+        a list index), in layer-major order; a step outside the trace is refused in one line."""
+        return active_heads(self.copy_scores[self._step_index(step)])
+
+    def _step_index(self, step: int) -> int:
+        """``step`` as an index into this trace's steps, or one line saying it is none."""
+        if isinstance(step, bool) or not isinstance(step, int | np.integer):
+            raise DynheadsError(f"step must be an integer, got {type(step).__name__} {step!r}")
+        if not -self.num_steps <= step < self.num_steps:
+            raise DynheadsError(f"step {step} is outside this trace's {self.num_steps} generated tokens")
+        return int(step) % self.num_steps
 
     def looked_at(
         self,
@@ -136,10 +146,8 @@ class Trace:
                 "looked_at(tokenizer=...) takes a tokenizer (or dynheads.load_tokenizer()), "
                 f"got {type(tokenizer).__name__}"
             )
-        if step is not None and not -self.num_steps <= step < self.num_steps:
-            raise DynheadsError(f"step {step} is outside this trace's {self.num_steps} generated tokens")
+        steps = range(self.num_steps) if step is None else [self._step_index(step)]
         active = ScoreSpec(score, threshold).active(self.scores, self.chance)
-        steps = range(self.num_steps) if step is None else [step % self.num_steps]
         return [self._looked(t, layer, head, tokenizer) for t in steps for layer, head in active_heads(active[t])]
 
     def _looked(self, step: int, layer: int, head: int, tokenizer: Any) -> LookedAt:
@@ -189,8 +197,10 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        table = pq.read_table(path)
-        meta = json.loads(table.schema.metadata[b"dynheads"])
+        """Read a trace file written by ``save`` (docs/formats.md). A path that is no file, a file that is not
+        Parquet, a Parquet file without dynheads' schema metadata or of a newer format version is refused in one
+        line (``DynheadsError``)."""
+        table, meta = _read_trace_table(path)
         format_version(meta.get("format_version"), TRACE_FORMAT_VERSION, "trace file", path)
         layers, heads = meta["num_layers"], meta["num_heads"]
         steps = table.num_rows
@@ -224,6 +234,25 @@ class Trace:
             prompt_ids=np.asarray(meta["prompt_ids"], dtype=np.int64) if "prompt_ids" in meta else None,
             **optional,
         )
+
+
+def _read_trace_table(path: str | Path) -> tuple[pa.Table, dict]:
+    """The Parquet table of a trace file and its ``dynheads`` metadata, or one line saying why it is none."""
+    if not Path(path).is_file():
+        raise DynheadsError(f"no trace file {path}" + (" (it is a folder)" if Path(path).is_dir() else ""))
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DynheadsError(f"{path} is not a readable Parquet file: {reason}") from None
+    raw = (table.schema.metadata or {}).get(b"dynheads")
+    try:
+        meta = json.loads(raw) if raw is not None else None
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise DynheadsError(f"{path} is not a dynheads trace file (no readable 'dynheads' schema metadata)")
+    return table, meta
 
 
 def _list_column(values: np.ndarray) -> pa.Array:

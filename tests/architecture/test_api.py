@@ -68,3 +68,17 @@ def test_docs_import_only_the_declared_api():
         for name in (part.split(" as ")[0].strip() for part in names.replace("\n", ",").split(",")):
             if name and not name.startswith("#"):
                 assert name in packages[module].__all__, f"{doc}: {name} is not exported by {module}"
+
+
+def test_every_exported_name_has_its_own_docstring():
+    """A dataclass without one gets ``Name(field: type = ...)`` from Python: that is not a docstring."""
+    import inspect
+
+    missing = []
+    for name in dynheads.__all__:
+        value = getattr(dynheads, name)
+        doc = inspect.getdoc(value) or ""
+        generated = inspect.isclass(value) and doc.startswith(f"{value.__name__}(")
+        if not doc.strip() or generated:
+            missing.append(name)
+    assert missing == []

@@ -51,6 +51,11 @@ from dynheads.scores import DEFAULT_REASONING_THRESHOLD, LOCAL_WINDOW, SINK_SIZE
 
 @dataclass(frozen=True)
 class AblationSettings:
+    """How one ablated generation chooses and removes heads at each step: the ``strategy`` (a name in
+    ``ABLATION_STRATEGIES``), the removal ``mode`` (zero, uniform, mean), how D_t is found (``score`` above
+    ``threshold``), how many heads the other strategies mask (``matching``, ``count``, ``fraction``) and the head
+    lists they read (``static_ranking``, ``fixed_heads``); see docs/ablation.md."""
+
     strategy: str = "dynamic"  # a name in ``ablation_strategies.ABLATION_STRATEGIES``
     mode: AblationMode = "zero"
     score: ScoreKind = "copy"  # how D_t is found: a registered head score (Eq. 1, or Eq. 2 above ``threshold``)

@@ -130,7 +130,10 @@ class DynamismStats:
 
 
 def binarize(scores: np.ndarray, threshold: float = 0.1) -> np.ndarray:
-    """Continuous ``[step, layer, head]`` scores (Eq. 2) to dynamic sets: True where score > threshold."""
+    """Continuous ``[step, layer, head]`` scores (Eq. 2) to dynamic sets: True where score > threshold (a number;
+    anything else is refused in one line)."""
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float | np.number):
+        raise DynheadsError(f"binarize takes a numeric threshold such as 0.1, got {threshold!r}")
     return np.asarray(scores) > threshold
 
 

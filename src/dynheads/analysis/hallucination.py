@@ -148,6 +148,8 @@ def token_features(
     """
     layers, heads = trace.shape
     steps = np.asarray(steps, dtype=np.int64)
+    if steps.size and not (0 <= steps.min() and steps.max() < trace.num_steps):
+        raise DynheadsError(f"token_features: steps must be in 0..{trace.num_steps - 1}, got {steps.tolist()[:8]}")
     copy = trace.copy_scores[steps].reshape(len(steps), -1)
     n_active = copy.sum(1, keepdims=True).astype(np.float64)
     static = spec.static_heads[: spec.static_k]

@@ -26,6 +26,7 @@ import numpy as np
 
 from dynheads.analysis.headlists import RankedHeads, scored_heads
 from dynheads.errors import DynheadsError
+from dynheads.heads import check_heads
 from dynheads.io import write_json, write_text
 
 Aggregation = Literal["max", "mean"]
@@ -38,7 +39,9 @@ KVHead = tuple[int, int]  # (layer, KV head), zero-based
 
 def query_head_scores(heads: RankedHeads, num_layers: int, num_heads: int) -> np.ndarray:
     """``[L, H]`` scores of a head list: its scores (Wu et al.'s mean), or for a ranked list ``1 - rank / N``.
-    Heads the list does not name, or names with a score <= 0, score 0."""
+    Heads the list does not name, or names with a score <= 0, score 0; a head the model does not have is refused
+    in one line."""
+    check_heads(list(heads.heads), num_layers, num_heads)
     scores = np.zeros((num_layers, num_heads), dtype=np.float64)
     total = len(heads.heads)
     for rank, (layer, head) in enumerate(heads.heads):
@@ -62,6 +65,9 @@ def kv_head_matrix(scores: np.ndarray, num_kv_heads: int, aggregation: Aggregati
     """``[L, H] -> [L, H_kv]``: query head h belongs to KV head ``h // (H / H_kv)`` (transformers' GQA layout)."""
     if aggregation not in ("max", "mean"):
         raise DynheadsError(f"unknown KV-head aggregation {aggregation!r}: use 'max' or 'mean'")
+    scores = np.asarray(scores)
+    if scores.ndim != 2:
+        raise DynheadsError(f"kv_head_matrix takes [layer, head] scores, got shape {scores.shape}")
     layers, heads = scores.shape
     if num_kv_heads < 1 or heads % num_kv_heads:
         raise DynheadsError(f"{heads} query heads cannot be grouped into {num_kv_heads} KV heads")

@@ -162,6 +162,7 @@ class DecodingSession:
         position in the text (a pruned cache is shorter than the text, so the model would count from its length).
         A batch of such sessions is not built: one-row sessions only."""
         check_fits(lm, len(input_ids), max_new_tokens)
+        check_token_ids(lm, input_ids)
         self.lm = lm
         row = Row(
             input_ids,
@@ -618,6 +619,18 @@ def _apply(action: Action, row: Row, decoded: Decoded, index: int, max_new_token
         decoded.stop_reason = action.stop_reason
         return False
     return index + 1 < max_new_tokens
+
+
+def check_token_ids(lm: LoadedModel, input_ids: Sequence[int]) -> None:
+    """Refuse a prompt with token ids the model has no embedding for (a sample tokenised for another model):
+    torch would stop deep inside the embedding lookup."""
+    vocab = lm.vocab_size
+    outside = [int(i) for i in input_ids if int(i) < 0 or (vocab is not None and int(i) >= vocab)]
+    if outside:
+        raise DynheadsError(
+            f"the prompt holds token id {outside[0]}, outside this model's vocabulary of {vocab} ids "
+            f"({len(outside)} such id(s)): was the sample tokenised for another model?"
+        )
 
 
 def check_fits(lm: LoadedModel, prompt_length: int, max_new_tokens: int) -> None:

@@ -203,6 +203,12 @@ def trace(
     ``head_outputs=True`` also measures each head's output at every step and records the scores that read it
     (the write score, ``scores["write"]``); off (the default), the trace has no such score and each step skips
     that work (a gather and a small product per layer, and a readout per step).
+
+    Refused in one line (``DynheadsError``), before any pass: ``lm`` not a ``LoadedModel``, a sample without
+    ``input_ids`` and ``needle_positions``, a needle that is empty or outside the prompt, a token id outside the
+    model's vocabulary (a sample tokenised for another model), a prompt plus ``max_new_tokens`` longer than the
+    model's window, ``max_new_tokens`` below 1, a negative ``sink_size`` / ``local_window``, a removed head the
+    model does not have.
     """
     options = TraceOptions(
         sink_size=sink_size,
@@ -243,16 +249,17 @@ def _trace_rows(
 ) -> list[Trace]:
     """The traces of ``samples`` decoded as one batch under ``options`` (``trace_batch``; per row:
     ``forced_rows[i]``, ``context_ends[i]``)."""
+    _check_arguments(samples, max_new_tokens, options)
     for sample in samples:
         check_needle(sample)
+    if not isinstance(lm, LoadedModel):  # after the samples' own checks, which need no model
+        raise DynheadsError(f"trace needs a model from dynheads.load_model(), got {type(lm).__name__}")
     forced = _forced_rows(options.forced_tokens, forced_rows, len(samples))
     ends = list(context_ends) if context_ends is not None else [options.context_end] * len(samples)
     if len(ends) != len(samples):
         raise DynheadsError(f"{len(samples)} samples but {len(ends)} context ends")
     if forced is not None:
         max_new_tokens = max(len(tokens) for tokens in forced)
-    if max_new_tokens < 1:
-        raise DynheadsError("max_new_tokens must be at least 1")
     stop_ids = lm.stop_token_ids() if options.stop_at_eos and forced is None else ()
     edit = RowEdit(
         removed=frozenset((int(layer), int(head)) for layer, head in options.removed_heads),
@@ -279,6 +286,25 @@ def _trace_rows(
         policy.recorder.finish(lm, session.rows[0], "forced" if forced is not None else result.stop_reason)
         for policy, session, result in zip(policies, sessions, results, strict=True)
     ]
+
+
+def _check_arguments(samples: Any, max_new_tokens: Any, options: TraceOptions) -> None:
+    """One line for arguments of the wrong kind, before they fail deep inside the decoding loop."""
+    if hasattr(samples, "input_ids") or isinstance(samples, str) or not isinstance(samples, Sequence):
+        raise DynheadsError(f"trace_batch takes a list of samples, got {type(samples).__name__}")
+    for sample in samples:
+        if not (hasattr(sample, "input_ids") and hasattr(sample, "needle_positions")):
+            raise DynheadsError(
+                f"a sample needs input_ids and needle_positions (dynheads.niah.make_sample, "
+                f"dynheads.sample_from_text), got {type(sample).__name__}"
+            )
+    for name, value, least in (
+        ("max_new_tokens", max_new_tokens, 1),
+        ("sink_size", options.sink_size, 0),
+        ("local_window", options.local_window, 0),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+            raise DynheadsError(f"{name} must be an integer of at least {least}, got {value!r}")
 
 
 def _forced_rows(

@@ -31,6 +31,10 @@ KVPRESS = "kvpress:"  # a build target in kvpress's own namespace
 
 @dataclass(frozen=True)
 class PressEntry:
+    """A kvpress press in ``KVPRESS_PRESSES``: what builds it (``build``, a kvpress class or a dynheads
+    ``module:function``), whether it is sized by a compression ratio or by KV heads, what head sources it reads
+    (``needs_static``, ``needs_probe``) and which of its arguments read a KV setting (``knobs``). See docs/kv.md."""
+
     build: str  # "kvpress:SnapKVPress", or "module:function" taking (lm, settings, ratio)
     sizing: Literal["ratio", "heads"] = "ratio"
     needs_static: bool = False  # driven by the static head list (--static FILE)

@@ -44,7 +44,7 @@ import torch
 from dynheads.analysis.headlists import load_head_list, scored_heads
 from dynheads.analysis.kvheads import KVHead
 from dynheads.errors import DynheadsError
-from dynheads.heads import Head
+from dynheads.heads import Head, check_pairs
 from dynheads.io import read_json
 from dynheads.kv.press_registry import KVPRESS_ROUTE
 from dynheads.kv.token_votes import POOL, VOTERS, WINDOW, token_scores
@@ -89,7 +89,9 @@ def load_voters(source: VoterSource, count: int = VOTERS) -> tuple[Head, ...]:
         if not voters:
             raise DynheadsError(f"{path} gives every head a zero score: it names no voting head")
         return voters
-    voters = tuple((int(layer), int(head)) for layer, head in source)
+    voters = tuple(source)
+    check_pairs(list(voters), "the voting heads")
+    voters = tuple((int(layer), int(head)) for layer, head in voters)
     if not voters:
         raise DynheadsError("a head-token press needs at least one voting head")
     return voters

@@ -55,6 +55,10 @@ ProbeSelect = Literal["top", "threshold"]
 
 @dataclass(frozen=True)
 class KVSettings:
+    """How one KV-retention generation keeps the cache: the ``policy`` (a name in ``KV_POLICIES``) choosing which
+    KV heads keep every token, within ``budget`` (a fraction of the L x H_kv KV heads), the others streaming
+    (``sink`` first and ``recent`` last tokens); the head lists and press ratio the policy reads. See docs/kv.md."""
+
     policy: str = "static"  # a name in ``kv_policies.KV_POLICIES``
     budget: float = 0.1  # fraction of the L * H_kv KV heads kept whole (ignored by full / none)
     sink: int = 4  # DuoAttention's code default (its published patterns use 128 / 256 on 32k-token models)

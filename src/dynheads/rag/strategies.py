@@ -46,6 +46,10 @@ def random_heads(k: int, num_layers: int, num_heads: int, rng: np.random.Generat
 
 @dataclass(frozen=True)
 class RagStrategy:
+    """A RAG strategy in ``RAG_STRATEGIES``: ``select(selector, hidden)`` gives the k heads that choose a retrieval's
+    windows (None: the arm never retrieves), ``start`` runs once per answer, the head sources it reads
+    (``needs_static``, ``needs_probe``) and what of the context the answer sees (``visibility``). See docs/rag.md."""
+
     select: Callable[[HeadSelector, Any], list[Head]] | None  # (selector, hidden) -> k heads; None: never retrieves
     start: Callable[[HeadSelector], object] | None = None  # once per answer: checks, draws kept for the whole answer
     needs_static: bool = False  # reads the static ranking (--static FILE)

@@ -50,8 +50,11 @@ def write_report(out_dir: str | Path, evidence: EvidenceSettings | None = None) 
     """Read the stage folders of a ``dynheads reproduce`` folder; write and return report.md and report.html.
 
     ``evidence`` decides the verdicts (floor, bootstrap resamples and seed); default: the study's own settings
-    from its manifest (``floor``, ``resamples``, ``seed``)."""
+    from its manifest (``floor``, ``resamples``, ``seed``). A folder that does not exist, or whose manifest is not a
+    study's (``kind`` other than ``reproduce``: a traced run, say), is refused in one line (``DynheadsError``); an
+    empty folder is a study not started and gets a report whose stages all say "not run"."""
     root = Path(out_dir)
+    _refuse_not_a_study(root)
     _refuse_old_study(root)
     manifest = read_json_if_any(root / "manifest.json") or {}
     evidence = evidence or evidence_of(manifest)
@@ -81,6 +84,20 @@ def _within_study(text: str, folders: list[str]) -> str:
         if folder not in ("", "."):
             text = re.sub(rf"(?<![\w.~/+-]){re.escape(folder.rstrip('/'))}/", "", text)
     return text
+
+
+def _refuse_not_a_study(root: Path) -> None:
+    """A folder that does not exist (a mistyped path) or holds another kind of run gets one line, not a report of
+    16 stages "not run" written into it; an empty folder is a study not started yet and gets that report."""
+    if not root.is_dir():
+        raise DynheadsError(f"no study folder {root}: give the --out folder of 'dynheads reproduce'")
+    manifest = root / "manifest.json"
+    if manifest.is_file():
+        found = read_json_if_any(manifest)
+        kind = found.get("kind") if isinstance(found, dict) else None
+        if kind != "reproduce":
+            why = f"a '{kind}' run" if kind else "its manifest.json is not a run manifest"
+            raise DynheadsError(f"{root} is not a study folder written by 'dynheads reproduce' ({why})")
 
 
 def _refuse_old_study(root: Path) -> None:
