@@ -300,6 +300,7 @@ def test_a_plugin_registers_variants_the_command_then_takes(tmp_path, capsys, mo
     finally:
         ABLATION_STRATEGIES.unregister("plugin-last-layer")
         sys.modules.pop("my_heads", None)
+        monkeypatch.setenv(PLUGINS_VARIABLE, "")  # else the commands below import it again, for the next tests
     assert with_plugin.code == 2 and "ablation strategy" not in with_plugin.stderr
     # past the strategies' names, to the next check: the dose-response (the default) does not read them
     assert "--strategies dynamic,plugin-last-layer picks the matched grid's strategies" in with_plugin.stderr
@@ -310,6 +311,7 @@ def test_a_plugin_registers_variants_the_command_then_takes(tmp_path, capsys, mo
     assert taken.code == 2 and "its name 'json' is already a module" in taken.stderr and "rename" in taken.stderr
     broken = run_main(capsys, monkeypatch, "--plugin", "no_such_module_of_yours", "doctor")
     assert broken.code == 2 and "ModuleNotFoundError" in broken.stderr and len(broken.stderr.splitlines()) == 1
+    assert "plugin-last-layer" not in ABLATION_STRATEGIES  # nothing left registered for the tests that follow
 
 
 def test_a_spawned_process_imports_the_recorded_plugins(tmp_path, monkeypatch):
