@@ -117,3 +117,16 @@ def test_run_dir_takes_a_path_and_says_what_it_is():
     assert RunDir.__doc__ and "manifest" in RunDir.__doc__
     with pytest.raises(DynheadsError, match="a run directory is a path, got NoneType"):
         RunDir(None)
+
+
+def test_a_run_file_that_is_not_json_is_refused_in_one_line_naming_it(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.start("niah", {"seed": 0}, None)
+    run.save_sample({"sample_id": "s0", "accuracy": 1.0})
+    assert run.records() == [{"sample_id": "s0", "accuracy": 1.0}]
+    run.record_path("s0").write_text('{"sample_id": "s0", ', encoding="utf-8")  # cut short by a hand edit
+    with pytest.raises(DynheadsError, match=r"samples/s0\.json is not valid JSON .*delete it to recompute it"):
+        run.records()
+    run.manifest_path.write_bytes(b"\xff\xfe")
+    with pytest.raises(DynheadsError, match=r"manifest\.json is not valid JSON"):
+        run.manifest()

@@ -20,6 +20,11 @@ def test_needle_span_is_exactly_the_needle_sentence(embedded):
     assert abs(len(sample.input_ids) - 600) < 120  # haystack length + chat markup and question
 
 
+def test_a_sample_is_made_from_the_loaded_model_as_from_its_tokenizer(embedded):
+    from_model = niah.make_sample(embedded, context_tokens=300, depth=0.5, seed=7)
+    assert from_model == niah.make_sample(embedded.tokenizer, context_tokens=300, depth=0.5, seed=7)
+
+
 def test_samples_are_seeded_and_depth_moves_the_needle(embedded):
     tok = embedded.tokenizer
     first = niah.make_sample(tok, context_tokens=500, depth=0.25, seed=3)

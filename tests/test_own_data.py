@@ -558,3 +558,5 @@ def test_the_view_of_traces_held_in_memory_is_one_call_of_the_api(tmp_path, tok)
     (shown,) = data["runs"][0]["samples"]
     assert shown["id"] == "mine" and shown["question"] == "what is the magic word ?"
     assert shown["steps"][0]["h"] == [[1, 0, 2, 0.5]]
+    with pytest.raises(DynheadsError, match="no traces to show"):
+        dynheads.write_trace_view([], tmp_path / "empty.html")

@@ -61,6 +61,15 @@ def file_stem(sample_id: str) -> str:
     return f"{safe.lstrip('.')[:_STEM_LIMIT] or 'sample'}-{digest}"
 
 
+def _run_json(path: Path) -> Any:
+    """A run's JSON file (its manifest, a record), or one line naming it when it is not JSON (a hand edit; dynheads
+    writes them whole, ``io.write_json``)."""
+    try:
+        return read_json(path)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DynheadsError(f"{path} is not valid JSON ({error}): restore it, or delete it to recompute it") from None
+
+
 class RunDir:
     """A run directory (docs/formats.md): ``manifest.json``, ``samples/<id>.json``, ``traces/<id>.parquet``, ...
 
@@ -92,7 +101,7 @@ class RunDir:
         code reads."""
         if not self.exists():
             raise DynheadsError(f"{self.path} is not a dynheads run directory (no manifest.json)")
-        manifest = read_json(self.manifest_path)
+        manifest = _run_json(self.manifest_path)
         format_version(manifest.get("format_version"), MANIFEST_FORMAT_VERSION, "run manifest", self.manifest_path)
         return manifest
 
@@ -162,7 +171,7 @@ class RunDir:
     def records(self) -> list[dict]:
         """All finished sample records, in sample-id order."""
         folder = self.path / "samples"
-        return [read_json(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+        return [_run_json(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
 
     def load_trace(self, sample_id: str) -> Trace:
         """The sample's trace; a file written before the ``chance`` column existed gets it recomputed from the

@@ -58,6 +58,8 @@ def write_trace_view(
     ``samples`` (the traced ``Sample``s, same order) give each its id, question, answer and needle."""
     if isinstance(traces, Trace):
         traces = [traces]
+    if not traces:
+        raise DynheadsError("no traces to show: give the traces dynheads.trace returned")
     if samples is not None and len(samples) != len(traces):
         raise DynheadsError(f"{len(samples)} samples for {len(traces)} traces: give one sample per trace, or none")
     records = [s.describe() for s in samples] if samples is not None else [{} for _ in traces]

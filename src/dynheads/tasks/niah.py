@@ -163,7 +163,7 @@ def load_haystack(folder: str | Path | None = None) -> str:
 
 
 def make_sample(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase | Any,
     *,
     context_tokens: int,
     depth: float,
@@ -179,7 +179,9 @@ def make_sample(
 
     ``distractor_depth`` (0..1) adds the distractor sentence there (see the module docstring). ``form``: what the
     needle states and what is asked (the needle positions are the needle sentence's tokens in every form).
+    ``tokenizer``: a tokenizer, or what ``load_model`` / ``load_tokenizer`` return (their tokenizer is used).
     """
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a LoadedModel or LoadedTokenizer: its tokenizer
     for name, share in (("depth", depth), ("distractor_depth", distractor_depth)):
         if share is not None and not 0.0 <= share <= 1.0:
             raise DynheadsError(f"{name} must be between 0 and 1, got {share}")
