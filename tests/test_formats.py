@@ -130,3 +130,22 @@ def test_a_run_file_that_is_not_json_is_refused_in_one_line_naming_it(tmp_path):
     run.manifest_path.write_bytes(b"\xff\xfe")
     with pytest.raises(DynheadsError, match=r"manifest\.json is not valid JSON"):
         run.manifest()
+
+
+def test_a_trace_of_no_steps_keeps_its_hidden_size(tmp_path):
+    """A generation that stops at once (EOS first) is a trace of 0 steps: its hidden states are [0, D] when read."""
+    import dataclasses
+
+    full = _fixture_trace_now()
+    empty = dataclasses.replace(
+        full,
+        **{
+            field.name: value[:0]
+            for field in dataclasses.fields(Trace)
+            if isinstance(value := getattr(full, field.name), np.ndarray | list) and field.name != "prompt_ids"
+        },
+        scores={name: array[:0] for name, array in full.scores.items()},
+    )
+    empty.save(tmp_path / "empty.parquet")
+    loaded = Trace.load(tmp_path / "empty.parquet")
+    assert loaded.num_steps == 0 and loaded.hidden.shape == (0, full.hidden.shape[1]) and full.hidden.shape[1] > 0

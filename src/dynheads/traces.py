@@ -228,12 +228,18 @@ class Trace:
             scores={name: score_array(name) for name in meta.get("scores", FIRST_SCORES)},
             needle_mass=head_array("needle_mass"),
             max_prob=head_array("max_prob"),
-            hidden=hidden.reshape(steps, -1) if steps else np.zeros((0, 0), np.float32),
+            hidden=hidden.reshape(steps, -1) if steps else np.zeros((0, _width(table, "hidden")), np.float32),
             prompt_length=meta["prompt_length"],
             stop_reason=meta["stop_reason"],
             prompt_ids=np.asarray(meta["prompt_ids"], dtype=np.int64) if "prompt_ids" in meta else None,
             **optional,
         )
+
+
+def _width(table: pa.Table, name: str) -> int:
+    """The width of a fixed-width list column (what a trace of no steps still records of its hidden size)."""
+    kind = table.schema.field(name).type
+    return int(kind.list_size) if isinstance(kind, pa.FixedSizeListType) else 0
 
 
 def _read_trace_table(path: str | Path) -> tuple[pa.Table, dict]:
