@@ -187,6 +187,23 @@ def test_detector_reaches_auroc_one_when_the_label_is_a_function_of_one_feature(
     assert hallucinated.min() > faithful.max()
 
 
+def test_a_detector_refuses_a_trace_of_another_model_in_one_line():
+    """A detector fitted on 3 x 4 heads: a trace without its static head, or with another head count, is refused
+    with one line (not an IndexError or a matmul error)."""
+    width = 12  # lookback: one column per head
+    flat = {"mean": [0.0] * width, "scale": [1.0] * width, "coef": [0.1] * width, "intercept": 0.0}
+    detector = Detector(hl.FeatureSpec(((2, 3),), static_k=1), None, {"lookback": flat})
+    rng = np.random.default_rng(0)
+    texts = ["The", " word", " is", " x"]
+    assert "p_hallucinated.lookback" in apply_detector(detector, _trace(texts, np.zeros(4, int), rng))
+    with pytest.raises(DynheadsError, match="reads head L2-H3, which this trace .2 layers x 4 heads. does not have"):
+        apply_detector(detector, _trace(texts, np.zeros(4, int), rng, layers=2))
+    with pytest.raises(
+        DynheadsError, match="'lookback' has 20 columns in this trace, but the detector was fitted on 12"
+    ):
+        apply_detector(detector, _trace(texts, np.zeros(4, int), rng, layers=4, heads=5))
+
+
 def test_detector_is_at_chance_when_the_feature_is_shuffled(tmp_path):
     run = _synthetic_run(tmp_path / "run", samples=60, shuffle=True)
     table = run_detect(run.path, DetectConfig(feature_sets=("copy_heads",), bootstrap=200), tmp_path / "out")
