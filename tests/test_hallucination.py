@@ -427,6 +427,25 @@ def test_detect_refuses_a_probe_fitted_on_its_niah_seeds_not_on_shared_sample_na
         run_detect(run.path, DetectConfig(probe=str(probe), folds=3, bootstrap=10), tmp_path / "out")
 
 
+def test_detect_refuses_a_static_list_scored_on_its_niah_samples_and_records_the_check(tmp_path):
+    """--static is fitted data too: a list whose run holds an evaluated seed or needle value is refused, like
+    --predictor; a disjoint one is checked and the manifest says so."""
+    run = _synthetic_run(tmp_path / "run", samples=10)
+    fitted = RunDir(tmp_path / "static")
+    fitted.start("niah", {"synthetic": True}, None)
+    fitted.save_sample({"sample_id": "s01", "seed": 777, "answer": "other"})  # same name, other seed and value
+    listed = tmp_path / "static" / "static_heads.json"
+    listed.write_text(
+        __import__("json").dumps({f"{layer}-{head}": [1.0 + layer] for layer in range(3) for head in range(4)})
+    )
+    config = DetectConfig(static=str(listed), feature_sets=("retrieval", "entropy"), folds=3, bootstrap=10)
+    run_detect(run.path, config, tmp_path / "out")
+    assert RunDir(tmp_path / "out").manifest()["static_overlap_check"]["checked"] == "seeds and needle values"
+    fitted.save_sample({"sample_id": "s99", "seed": 3, "answer": "other"})  # seed 3 is evaluation sample s03's
+    with pytest.raises(DynheadsError, match="static head list .* was fitted on 1 of the evaluation samples"):
+        run_detect(run.path, config, tmp_path / "out2")
+
+
 def test_transfer_table_between_the_two_tasks(tmp_path):
     from dynheads.experiments.halueval import run_transfer
 
