@@ -458,7 +458,9 @@ def test_a_strategy_registered_in_a_test_file_is_ranked_fused_and_summarised(tin
         rows = __import__("pandas").read_csv(run.path / "rankings.csv")
         assert set(rows["strategy"]) == set(strategies)
         assert (rows.loc[rows["strategy"] == "last-layer", "heads"] == tiny_lm.num_heads).all()
-        assert "| last-layer |" in (run.path / "rerank.md").read_text()
+        summary = (run.path / "rerank.md").read_text()
+        assert "| last-layer |" in summary
+        assert "QRHead not asked for, so no heads fitted on the 2 fitting questions" in summary  # not "on 0 of 2"
         with pytest.raises(DynheadsError, match="unknown rerank strategy first-layer"):
             dataclasses.replace(config, strategies=("first-layer",)).check()
     finally:
