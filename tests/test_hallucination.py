@@ -187,6 +187,23 @@ def test_detector_reaches_auroc_one_when_the_label_is_a_function_of_one_feature(
     assert hallucinated.min() > faithful.max()
 
 
+def test_a_detector_refuses_a_trace_of_another_model_in_one_line():
+    """A detector fitted on 3 x 4 heads: a trace without its static head, or with another head count, is refused
+    with one line (not an IndexError or a matmul error)."""
+    width = 12  # lookback: one column per head
+    flat = {"mean": [0.0] * width, "scale": [1.0] * width, "coef": [0.1] * width, "intercept": 0.0}
+    detector = Detector(hl.FeatureSpec(((2, 3),), static_k=1), None, {"lookback": flat})
+    rng = np.random.default_rng(0)
+    texts = ["The", " word", " is", " x"]
+    assert "p_hallucinated.lookback" in apply_detector(detector, _trace(texts, np.zeros(4, int), rng))
+    with pytest.raises(DynheadsError, match="reads head L2-H3, which this trace .2 layers x 4 heads. does not have"):
+        apply_detector(detector, _trace(texts, np.zeros(4, int), rng, layers=2))
+    with pytest.raises(
+        DynheadsError, match="'lookback' has 20 columns in this trace, but the detector was fitted on 12"
+    ):
+        apply_detector(detector, _trace(texts, np.zeros(4, int), rng, layers=4, heads=5))
+
+
 def test_detector_is_at_chance_when_the_feature_is_shuffled(tmp_path):
     run = _synthetic_run(tmp_path / "run", samples=60, shuffle=True)
     table = run_detect(run.path, DetectConfig(feature_sets=("copy_heads",), bootstrap=200), tmp_path / "out")
@@ -408,6 +425,25 @@ def test_detect_refuses_a_probe_fitted_on_its_niah_seeds_not_on_shared_sample_na
     fitted.save_sample({"sample_id": "s99", "seed": 3, "answer": "other"})  # seed 3 is evaluation sample s03's
     with pytest.raises(DynheadsError, match="fitted on 1 of the evaluation samples"):
         run_detect(run.path, DetectConfig(probe=str(probe), folds=3, bootstrap=10), tmp_path / "out")
+
+
+def test_detect_refuses_a_static_list_scored_on_its_niah_samples_and_records_the_check(tmp_path):
+    """--static is fitted data too: a list whose run holds an evaluated seed or needle value is refused, like
+    --predictor; a disjoint one is checked and the manifest says so."""
+    run = _synthetic_run(tmp_path / "run", samples=10)
+    fitted = RunDir(tmp_path / "static")
+    fitted.start("niah", {"synthetic": True}, None)
+    fitted.save_sample({"sample_id": "s01", "seed": 777, "answer": "other"})  # same name, other seed and value
+    listed = tmp_path / "static" / "static_heads.json"
+    listed.write_text(
+        __import__("json").dumps({f"{layer}-{head}": [1.0 + layer] for layer in range(3) for head in range(4)})
+    )
+    config = DetectConfig(static=str(listed), feature_sets=("retrieval", "entropy"), folds=3, bootstrap=10)
+    run_detect(run.path, config, tmp_path / "out")
+    assert RunDir(tmp_path / "out").manifest()["static_overlap_check"]["checked"] == "seeds and needle values"
+    fitted.save_sample({"sample_id": "s99", "seed": 3, "answer": "other"})  # seed 3 is evaluation sample s03's
+    with pytest.raises(DynheadsError, match="static head list .* was fitted on 1 of the evaluation samples"):
+        run_detect(run.path, config, tmp_path / "out2")
 
 
 def test_transfer_table_between_the_two_tasks(tmp_path):

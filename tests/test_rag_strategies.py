@@ -114,3 +114,15 @@ def test_a_strategy_registered_here_selects_and_is_planned_like_the_built_in_one
         RAG_STRATEGIES.unregister("first-heads")
     with pytest.raises(DynheadsError, match="unknown RAG strategy 'first-heads': use one of dynamic, static"):
         rag_arms(RagConfig(strategies=("first-heads",)))
+
+
+@pytest.mark.parametrize(
+    ("strategies", "ks", "message"),
+    [(("none", "dynamic-random", "none"), (5,), "--strategies names 'none' twice"), (("none",), (5, 5), "--k names 5")],
+)
+def test_a_repeated_strategy_or_k_is_refused(strategies, ks, message):
+    """One record per (question, strategy, k): a repeat would answer it twice and keep one."""
+    from dynheads.experiments.rag import RagConfig, rag_arms
+
+    with pytest.raises(DynheadsError, match=message):
+        rag_arms(RagConfig(strategies=strategies, ks=ks))

@@ -395,6 +395,21 @@ def test_recall_blocks_pair_strategies_by_question():
     assert recall_blocks([record("a", "none", None, None)]) == []
 
 
+def test_recall_blocks_pair_against_the_first_strategy_and_k_asked_for():
+    """The base is the first of --strategies at the first of --k, not the record id that sorts first ('k10' < 'k5')."""
+    from dynheads.views.rag_tables import recall_blocks
+
+    def record(question, strategy, k, recall):
+        return {"question_id": question, "strategy": strategy, "k": k, "retrieval_recall": recall}
+
+    recalls = {("static", 10): 0.25, ("dynamic", 10): 0.5, ("dynamic", 5): 1.0, ("static", 5): 0.0}
+    records = [record(q, s, k, r) for (s, k), r in recalls.items() for q in "ab"]  # as a run lists them: by id
+    text, table = recall_blocks(records, order=(("dynamic", "static"), (5, 10)))
+    assert "against dynamic k=5" in text
+    assert [row[0] for row in table.rows] == ["dynamic k=10", "static k=5", "static k=10"]
+    assert [row[2] for row in table.rows] == [1.0, 1.0, 1.0]  # the base's recall in every row
+
+
 def test_rag_run_with_the_rerank_strategy(tiny_model_dir, tiny_lm, tmp_path):
     from dynheads.experiments.rag import RagConfig, run_rag
 
@@ -443,7 +458,9 @@ def test_a_strategy_registered_in_a_test_file_is_ranked_fused_and_summarised(tin
         rows = __import__("pandas").read_csv(run.path / "rankings.csv")
         assert set(rows["strategy"]) == set(strategies)
         assert (rows.loc[rows["strategy"] == "last-layer", "heads"] == tiny_lm.num_heads).all()
-        assert "| last-layer |" in (run.path / "rerank.md").read_text()
+        summary = (run.path / "rerank.md").read_text()
+        assert "| last-layer |" in summary
+        assert "QRHead not asked for, so no heads fitted on the 2 fitting questions" in summary  # not "on 0 of 2"
         with pytest.raises(DynheadsError, match="unknown rerank strategy first-layer"):
             dataclasses.replace(config, strategies=("first-layer",)).check()
     finally:

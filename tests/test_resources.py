@@ -116,6 +116,25 @@ def test_resolve_loads_what_is_needed_and_says_what_is_missing(tmp_path):
         resolve(["bogus"], static=None, predictor=None, shape=(3, 4), evaluated=NIAH)
 
 
+def test_a_source_from_a_run_of_another_model_is_refused(tmp_path):
+    """Same shape is not same model: a list or predictor made on another model's run is refused by resolve, and a
+    folder's revision ("local") is not read as a difference."""
+    model = {"name": "tiny-llama", "revision": "local", "architecture": "LlamaForCausalLM", "num_layers": 3}
+    model |= {"num_heads": 4, "hidden_size": 64, "parameters": 1000}
+    for name, other in [("arch", {"architecture": "Qwen2ForCausalLM"}), ("weights", {"revision": "sha256:a"})]:
+        run = RunDir(tmp_path / name)
+        run.start("hotpotqa-static", {"seed": 1}, None, {"model": {**model, "revision": "sha256:b"} | other})
+        listed = ranked_list(tmp_path / name / "static_heads.json")
+        this = {**model, "revision": "sha256:b"}
+        with pytest.raises(DynheadsError, match=f"comes from a run of another model .* {next(iter(other))}"):
+            resolve([STATIC_HEADS], static=listed, predictor=None, shape=(3, 4), evaluated=NIAH, model=this)
+    run = RunDir(tmp_path / "same")
+    run.start("hotpotqa-static", {"seed": 1}, None, {"model": {**model, "name": "elsewhere/tiny-llama"}})
+    listed = ranked_list(tmp_path / "same" / "static_heads.json")
+    sources = resolve([STATIC_HEADS], static=listed, predictor=None, shape=(3, 4), evaluated=NIAH, model=model)
+    assert sources.static is not None and sources.static.ranking[0] == (2, 3)
+
+
 def test_variants_declare_the_sources_they_read():
     from dynheads.ablation.strategies import ABLATION_STRATEGIES
     from dynheads.kv.policies import KV_POLICIES

@@ -39,6 +39,9 @@ UNCHECKED = "unknown: no run directory beside it"  # what the manifest records o
 # what it records of a static list scored on NIAH and evaluated on a question task
 NIAH_FIT = "no shared question: fitted on NIAH samples (the niah run beside the list), which are not questions"
 QUESTIONS_FILE = "questions.json"  # beside a trained predictor: the question ids it was trained and validated on
+# what tells two models apart in a run manifest's ``model`` (``LoadedModel.describe``), and revisions that pin nothing
+MODEL_IDENTITY = ("architecture", "num_layers", "num_heads", "hidden_size", "parameters", "revision")
+UNPINNED = ("local", "unknown", None)
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,25 @@ def _refuse_shared_samples(path: str | Path, what: str, evaluated: Evaluated) ->
     return {"checked": "seeds and needle values", "run": str(run.path), "samples": fitted}
 
 
+def refuse_other_model(path: str | Path, what: str, model: dict[str, Any] | None) -> None:
+    """Refuse a source made from a run of another model than ``model`` (a run manifest's ``model``): its head
+    numbers, or its predictor's hidden states, belong to that model even where the shapes agree. Nothing to check
+    without a run beside the source; a folder's revision ("local") pins nothing and is not compared."""
+    run = _fitted_run(path)
+    fitted = run.manifest().get("model") if run is not None and model else None
+    if not fitted or not model:
+        return
+    for key in MODEL_IDENTITY:
+        mine, theirs = model.get(key), fitted.get(key)
+        if key == "revision" and (mine in UNPINNED or theirs in UNPINNED):
+            continue
+        if mine is not None and theirs is not None and mine != theirs:
+            raise DynheadsError(
+                f"the {what} {path} comes from a run of another model ({fitted.get('name')}: {key} {theirs}; "
+                f"this run's {model.get('name')}: {mine}): fit it on this model's run"
+            )
+
+
 def _fitted_run(path: str | Path) -> RunDir | None:
     """The run a source was made from: the run its ``metrics.json`` names, its folder, or the folder above."""
     source = Path(path)
@@ -184,10 +206,14 @@ class PredictorSource:
         return self.predictor.top_heads(hidden, k)
 
 
-def static_heads(path: str | Path, shape: tuple[int, int], evaluated: Evaluated) -> StaticSource:
-    """The static list at ``path`` for a model of ``shape`` (layers, heads), checked against ``evaluated``; a list
-    with no positive score is refused."""
+def static_heads(
+    path: str | Path, shape: tuple[int, int], evaluated: Evaluated, model: dict[str, Any] | None = None
+) -> StaticSource:
+    """The static list at ``path`` for a model of ``shape`` (layers, heads), checked against ``evaluated`` and, given
+    the run's ``model`` (its manifest entry), against the model of the run it was scored on; a list with no positive
+    score is refused."""
     fitted = fit_record(path, STATIC_HEADS, evaluated)
+    refuse_other_model(path, STATIC_HEADS, model)
     heads = load_head_list(path, *shape)
     ranking = scored_heads(heads)
     if not ranking:
@@ -195,9 +221,13 @@ def static_heads(path: str | Path, shape: tuple[int, int], evaluated: Evaluated)
     return StaticSource(heads, ranking, fitted)
 
 
-def head_predictor(path: str | Path, shape: tuple[int, int], evaluated: Evaluated) -> PredictorSource:
-    """The predictor in ``path``, checked against ``evaluated`` and against the model's ``shape``."""
+def head_predictor(
+    path: str | Path, shape: tuple[int, int], evaluated: Evaluated, model: dict[str, Any] | None = None
+) -> PredictorSource:
+    """The predictor in ``path``, checked against ``evaluated``, the model's ``shape`` and (given the run's
+    ``model``) the model of the run it was trained on."""
     fitted = fit_record(path, HEAD_PREDICTOR, evaluated)
+    refuse_other_model(path, HEAD_PREDICTOR, model)
     predictor = load_head_predictor(path)
     if (predictor.num_layers, predictor.num_heads) != tuple(shape):
         raise DynheadsError(
@@ -246,9 +276,11 @@ def resolve(
     predictor: str | Path | None,
     shape: tuple[int, int],
     evaluated: Evaluated,
+    model: dict[str, Any] | None = None,
 ) -> Resources:
-    """Load (and check) every source in ``needs`` that was given; a needed source not given is in ``missing``
-    with the option that gives it (a runner refuses it, or skips the variants that need it)."""
+    """Load (and check) every source in ``needs`` that was given (against the run's ``model`` too, its manifest
+    entry, when given); a needed source not given is in ``missing`` with the option that gives it (a runner refuses
+    it, or skips the variants that need it)."""
     needed = set(needs)
     unknown = needed - {STATIC_HEADS, HEAD_PREDICTOR}
     if unknown:
@@ -259,7 +291,7 @@ def resolve(
     if HEAD_PREDICTOR in needed and not predictor:
         missing[HEAD_PREDICTOR] = "no --predictor (trained head predictor) given"
     return Resources(
-        static_heads(static, shape, evaluated) if STATIC_HEADS in needed and static else None,
-        head_predictor(predictor, shape, evaluated) if HEAD_PREDICTOR in needed and predictor else None,
+        static_heads(static, shape, evaluated, model) if STATIC_HEADS in needed and static else None,
+        head_predictor(predictor, shape, evaluated, model) if HEAD_PREDICTOR in needed and predictor else None,
         missing,
     )

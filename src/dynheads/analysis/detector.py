@@ -183,17 +183,40 @@ def apply_detector(
     if answer is not None:
         span = hl.find_value("".join(trace.token_texts))
         frame["label"] = hl.label_tokens(trace.token_texts, answer, span)
+    refuse_other_model(detector, trace)
     probe_output = detector.probe_output(trace)
     features = hl.token_features(trace, steps, detector.spec, probe_output)
     for name in detector.models:
         if name in features:
+            refuse_other_width(detector.models[name], name, features[name])
             frame[f"p_hallucinated.{name}"] = detector.score(name, features[name])
     if detector.response_models and trace.num_steps:
         response = hl.span_features(trace, detector.spec, probe_output)  # the whole response
         for name in detector.response_models:
             if name in response:
+                refuse_other_width(detector.response_models[name], name, response[name])
                 frame[f"p_hallucinated_response.{name}"] = float(detector.score(name, response[name], "response")[0])
     return frame
+
+
+def refuse_other_model(detector: Detector, trace: Trace) -> None:
+    """A trace without the detector's static heads is of another model: one line, not an index error."""
+    layers, heads = trace.shape
+    outside = [(layer, head) for layer, head in detector.spec.static_heads if layer >= layers or head >= heads]
+    if outside:
+        raise DynheadsError(
+            f"the detector reads head L{outside[0][0]}-H{outside[0][1]}, which this trace ({layers} layers x {heads} "
+            "heads) does not have: the trace is of another model than the detector was fitted on"
+        )
+
+
+def refuse_other_width(model: dict, name: str, x: np.ndarray) -> None:
+    """Features of another width than the fitted ones (another model's head count): one line."""
+    if x.shape[1] != len(model["coef"]):
+        raise DynheadsError(
+            f"feature set {name!r} has {x.shape[1]} columns in this trace, but the detector was fitted on "
+            f"{len(model['coef'])}: the trace is of another model than the detector was fitted on"
+        )
 
 
 class Featuriser:

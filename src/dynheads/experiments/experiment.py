@@ -226,7 +226,7 @@ def run_experiment(
     plan = experiment.plan(config, lm)
     for sample in plan.samples:  # fail before any work, not halfway through the grid
         check_fits(lm, len(sample.input_ids), plan.max_new_tokens)
-    sources = plan_sources(plan, lm.num_layers, lm.num_heads)
+    sources = plan_sources(plan, lm.describe())
     run, batch_size = RunDir(out), batch_size_of(options)
     context = Context(config, lm, plan, sources, run, batch_size)
     work = experiment.work(context)
@@ -244,9 +244,9 @@ def run_experiment(
     return run
 
 
-def plan_sources(plan: Plan, num_layers: int, num_heads: int) -> Resources:
-    """The plan's sources loaded and checked for a model of that shape (``resources.resolve``); a missing one
-    refused where the plan says."""
+def plan_sources(plan: Plan, model: dict[str, Any]) -> Resources:
+    """The plan's sources loaded and checked for ``model`` (a run manifest's ``model``: its shape, and that a
+    source's run was of the same model; ``resources.resolve``); a missing one refused where the plan says."""
     if not plan.needs:
         return Resources()
     if plan.evaluated is None:
@@ -255,8 +255,9 @@ def plan_sources(plan: Plan, num_layers: int, num_heads: int) -> Resources:
         plan.needs,
         static=plan.static,
         predictor=plan.predictor,
-        shape=(num_layers, num_heads),
+        shape=(model["num_layers"], model["num_heads"]),
         evaluated=plan.evaluated,
+        model=model,
     )
     if plan.missing == "refuse" and sources.missing:  # a variant that reads a source never runs without it
         raise DynheadsError(

@@ -81,8 +81,12 @@ class RagArm:
 
 def rag_arms(config: RagConfig) -> list[RagArm]:
     """Every (strategy, k) arm: one per k of ``config.ks`` for a strategy that uses heads, else one with k None;
-    an unknown name is the registry's one line listing the registered ones."""
+    an unknown name is the registry's one line listing the registered ones, a repeated strategy or k one line."""
     RAG_STRATEGIES.check(config.strategies)
+    for option, values in (("--strategies", config.strategies), ("--k", config.ks)):
+        repeated = [value for i, value in enumerate(values) if value in values[:i]]
+        if repeated:  # each record id is one (strategy, k): a repeat would answer it twice and keep one
+            raise DynheadsError(f"{option} names {repeated[0]!r} twice")
     arms: list[RagArm] = []
     for name in config.strategies:
         strategy = RAG_STRATEGIES.get(name)

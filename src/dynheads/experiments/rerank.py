@@ -181,9 +181,7 @@ def summarise_scored(config: RerankConfig, out: str | Path) -> RunDir:
         )
     refuse_other_rows(manifest, run)
     model = manifest["model"]
-    sources = plan_sources(
-        Plan(**_source_fields(config, manifest["questions"]["ids"])), model["num_layers"], model["num_heads"]
-    )
+    sources = plan_sources(Plan(**_source_fields(config, manifest["questions"]["ids"])), model)
     write_outputs(run.path, rerank_tables(RunView.of(run), config, head_sources(config, sources)))
     return run
 

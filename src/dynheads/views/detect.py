@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -47,7 +48,14 @@ from dynheads.analysis.settings import ANSWER_KEY, FEATURE_SETS
 from dynheads.errors import DynheadsError
 from dynheads.outputs import Outputs, Written, write_outputs
 from dynheads.plots.roc import plot_roc
-from dynheads.resources import HEAD_PREDICTOR, Evaluated, fit_record, sample_identity
+from dynheads.resources import (
+    HEAD_PREDICTOR,
+    STATIC_HEADS,
+    Evaluated,
+    fit_record,
+    refuse_other_model,
+    sample_identity,
+)
 from dynheads.runs import RunDir
 from dynheads.settings import DetectConfig
 from dynheads.tables import Block, Heading, Items, Summary, Table
@@ -129,13 +137,25 @@ def refuse_probe_overlap(probe: str, records: Sequence[dict], groups: Sequence[s
     """Refuse a head predictor fitted on any question (or, for NIAH-like records, any seed or needle value) that
     this detection evaluates (``resources.fit_record``, the check of every run that reads one). Returns what the
     manifest records."""
+    return fit_record(probe, HEAD_PREDICTOR, _evaluated(records, groups, "refuse"))
+
+
+def refuse_static_overlap(static: str, records: Sequence[dict], groups: Sequence[str], model: dict | None) -> dict:
+    """Refuse a ``--static`` list scored on what this detection evaluates (its run's questions, or NIAH seeds and
+    needle values) or on a run of another model; a list with no run beside it is recorded as unchecked. Returns
+    what the manifest records."""
+    record = fit_record(static, STATIC_HEADS, _evaluated(records, groups, "record"))
+    refuse_other_model(static, STATIC_HEADS, model)
+    return record
+
+
+def _evaluated(records: Sequence[dict], groups: Sequence[str], unknown_fit: Literal["record", "refuse"]) -> Evaluated:
+    """What this detection evaluates, as the overlap checks read it."""
     if records and all("seed" in r and "answer" in r for r in records):
         # NIAH: sample ids repeat across seed streams (split-length-depth-run); seeds and needle values do not
         identities = tuple(sample_identity(r["sample_id"], r["seed"], r["answer"]) for r in records)
-        evaluated = Evaluated("this detection", samples=identities, unknown_fit="refuse")
-    else:
-        evaluated = Evaluated("this detection", questions=tuple(groups))
-    return fit_record(probe, HEAD_PREDICTOR, evaluated)
+        return Evaluated("this detection", samples=identities, unknown_fit=unknown_fit)
+    return Evaluated("this detection", questions=tuple(groups))
 
 
 def run_detect(
@@ -152,7 +172,11 @@ def run_detect(
     all_labels = _both_classes(samples)
     groups = sorted({s.group for s in samples})
     records = [r for r in source.records() if r["sample_id"] in {s.sample_id for s in samples}]
+    model = source_manifest.get("model")
     probe_check = refuse_probe_overlap(config.probe, records, groups) if config.probe else None
+    if config.probe:
+        refuse_other_model(config.probe, HEAD_PREDICTOR, model)
+    static_check = refuse_static_overlap(config.static, records, groups, model) if config.static else None
     response_prefix = int(source_manifest.get("response_prefix", 0))
     featurise = Featuriser(samples, config.probe)
     levels: list[Level] = ["token"]
@@ -184,6 +208,7 @@ def run_detect(
                 "top": [list(h) for h in full_spec.static_heads[: config.static_k]],
             },
             "probe_overlap_check": probe_check,
+            "static_overlap_check": static_check,
             "levels": levels,
             "class_counts": counts,
             "samples_without_value": no_value,

@@ -3,6 +3,8 @@ chance, and Dynamic's and Static's F1 per question (the paper's Table 4 pair), i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
 from dynheads.analysis.evidence import EvidenceSettings, paired_difference
@@ -28,7 +30,7 @@ def rag_summary(view: RunView, config: RagFields, skip_note: str, ranking: list 
     return Summary(
         [
             rag_summary_table(rag_table(view.run)),
-            *recall_blocks(records, config.seed),
+            *recall_blocks(records, config.seed, order=(config.strategies, config.ks)),
             *chance_blocks(records),
             *(f"{n}." for n in notes if n),
         ],
@@ -54,16 +56,17 @@ def per_question_f1(records: list[dict]) -> dict[str, dict[str, list[float]]]:
     return pairs
 
 
-def recall_blocks(records: list[dict], seed: int = 0) -> list:
+def recall_blocks(records: list[dict], seed: int = 0, order: tuple[Sequence[str], Sequence[int]] | None = None) -> list:
     """Which strategy's windows hold the gold facts more often: each (strategy, k) with a retrieval recall against
     the first one, paired by question (the questions both answered with a recall): the mean difference of retrieval
-    recall with its bootstrap interval, and on how many questions each side showed more of the gold tokens."""
+    recall with its bootstrap interval, and on how many questions each side showed more of the gold tokens.
+    ``order`` (the run's strategies and ks) says which arm is first and the rows' order; without it, the records'."""
+    kept = [r for r in records if r["retrieval_recall"] is not None]
+    if order is not None:
+        strategies, ks = list(order[0]), list(order[1])
+        kept.sort(key=lambda r: (_position(strategies, r["strategy"]), _position(ks, r["k"])))  # stable
     frame = pd.DataFrame(
-        [
-            {"question": r["question_id"], "arm": _arm(r), "recall": r["retrieval_recall"]}
-            for r in records
-            if r["retrieval_recall"] is not None
-        ]
+        [{"question": r["question_id"], "arm": _arm(r), "recall": r["retrieval_recall"]} for r in kept]
     )
     arms = list(dict.fromkeys(frame["arm"])) if not frame.empty else []
     if len(arms) < 2:
@@ -84,6 +87,11 @@ def recall_blocks(records: list[dict], seed: int = 0) -> list:
         "95 % bootstrap interval of the mean difference):",
         Table(["strategy", "questions", f"recall {base}", "recall", f"Δ vs {base}", "more gold shown", "less"], rows),
     ]
+
+
+def _position(values: list, value) -> int:
+    """Where ``value`` is in ``values`` (past the end when it is not there: a record of a strategy not asked for)."""
+    return values.index(value) if value in values else len(values)
 
 
 def _arm(record: dict) -> str:

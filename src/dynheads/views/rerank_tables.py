@@ -201,10 +201,14 @@ def _summary(frame: pd.DataFrame, config: RerankFields, heads: HeadSources) -> S
     strategies = list(dict.fromkeys(frame["strategy"]))
     per = {s: frame[frame["strategy"] == s].set_index("question_id") for s in strategies}
     n = len(per[strategies[0]])
+    fitted = (
+        f"QRHead's heads fitted on {heads.fit_questions} of the {config.fit_questions} fitting questions"
+        if heads.qrhead is not None
+        else f"QRHead not asked for, so no heads fitted on the {config.fit_questions} fitting questions"
+    )
     blocks: list = [
         f"{n} of the {config.questions} evaluation questions scored ({config.data}, stream from question "
-        f"{config.first}); QRHead's heads fitted on {heads.fit_questions} of the {config.fit_questions} fitting "
-        f"questions (stream from question {config.fit_first}). Means with 95 % intervals over "
+        f"{config.first}); {fitted} (stream from question {config.fit_first}). Means with 95 % intervals over "
         f"questions: exact (Clopper-Pearson) where every question's value is 0 or 1, else percentile bootstrap "
         f"({config.bootstrap} resamples).",
         _metrics_table(per, config),
