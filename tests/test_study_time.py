@@ -67,7 +67,7 @@ def test_reproduce_prints_the_estimate_before_the_first_stage_and_each_stage_i_o
     tiny_model_dir, tmp_path, monkeypatch, capsys
 ):
     ran = []  # the stages themselves are not run here: only what reproduce prints around them
-    monkeypatch.setattr(reproduce_module._Stages, "run", lambda self, name, fn, every_rank: ran.append(name))
+    monkeypatch.setattr(reproduce_module._Stages, "run", lambda self, name, fn, every_rank, preset: ran.append(name))
     reproduce(ReproduceConfig(model=str(tiny_model_dir), preset="smoke"), tmp_path / "s", lm=load_model(tiny_model_dir))
     lines = capsys.readouterr().out.splitlines()
     names = stages.study_stages()  # the run order itself is pinned in the fast lane (tests/test_stages.py)
