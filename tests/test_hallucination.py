@@ -139,6 +139,7 @@ def _trace(
         token_max_prob=rng.random(steps).astype(np.float32) if optional else None,
         context_entropy=head() if optional else None,
         token_prob=rng.random(steps).astype(np.float32) if optional else None,
+        prompt_ids=rng.integers(0, 1000, 100) if optional else None,  # each sample's own prompt
     )
 
 
@@ -177,10 +178,15 @@ def test_detector_reaches_auroc_one_when_the_label_is_a_function_of_one_feature(
     assert manifest["cross_validation"]["unit"] == "sample"
     assert manifest["class_counts"]["hallucinated_tokens"] > 0
     assert (tmp_path / "out" / "roc.png").stat().st_size > 0
-    # The saved detector scores a trace it has never seen the same way.
+    # The saved detector scores a trace it has never seen the same way; a trace it was fitted on is refused.
     detector = Detector.load(tmp_path / "out" / "detector.json")
-    record = run.records()[0]
-    frame = apply_detector(detector, run.trace_path(record["sample_id"]), record["answer"])
+    fitted_ids = sorted(set(__import__("pandas").read_csv(tmp_path / "out" / "labels.csv")["sample_id"]))
+    assert detector.fitted_prompts == {run.load_trace(sample_id).prompt_digest() for sample_id in fitted_ids}
+    with pytest.raises(DynheadsError, match="the detector was fitted on this trace's prompt .digest [0-9a-f]{16}"):
+        apply_detector(detector, run.trace_path(fitted_ids[0]))
+    unseen = _synthetic_run(tmp_path / "unseen", samples=1, seed=99)
+    record = unseen.records()[0]
+    frame = apply_detector(detector, unseen.trace_path(record["sample_id"]), record["answer"])
     labelled = frame[frame["label"] >= 0]
     hallucinated = labelled[labelled["label"] == 1]["p_hallucinated.copy_heads"]
     faithful = labelled[labelled["label"] == 0]["p_hallucinated.copy_heads"]
@@ -304,7 +310,14 @@ def test_cli_detect_and_apply(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "| copy_heads | 1 |" in done.stdout
-    trace_file = run.trace_path(run.records()[0]["sample_id"])
+    seen = subprocess.run(
+        [*cli, "detect-apply", str(run.path / "detect" / "detector.json"), str(run.trace_path("s00"))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert seen.returncode == 2 and "fitted on this trace's prompt" in seen.stderr and "Traceback" not in seen.stderr
+    trace_file = _synthetic_run(tmp_path / "unseen", samples=1, seed=99).trace_path("s00")
     done = subprocess.run(
         [
             *cli,

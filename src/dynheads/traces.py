@@ -32,6 +32,7 @@ and which position and token each one attended.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,14 @@ class Trace:
     def reasoning_scores(self) -> np.ndarray:
         """``[T, L, H]`` float32, Eq. 2."""
         return self.scores["reasoning"]
+
+    def prompt_digest(self) -> str | None:
+        """The first 16 hex digits of the SHA-256 of the prompt's token ids: the same prompt, whatever was generated
+        from it, has the same digest (what a detector records of the traces it was fitted on); None in a trace
+        written before it held the prompt's ids."""
+        if self.prompt_ids is None:
+            return None
+        return hashlib.sha256(np.asarray(self.prompt_ids, dtype=np.int64).tobytes()).hexdigest()[:16]
 
     def dynamic_heads(self, step: int) -> list[tuple[int, int]]:
         """D_t of Eq. 1: the ``(layer, head)`` pairs whose copy score is 1 at ``step`` (negative: from the end, as

@@ -99,9 +99,12 @@ class Detector:
         probe_dir: str | None,
         models: dict[str, dict],
         response_models: dict[str, dict] | None = None,
+        fitted_prompts: frozenset[str] | None = None,
     ):
         self.spec, self.probe_dir, self.models = spec, probe_dir, models
         self.response_models = response_models or {}
+        # the prompts of the traces it was fitted on (``Trace.prompt_digest``); None: not recorded (an older file)
+        self.fitted_prompts = fitted_prompts
         self._probe: TrainedHeadPredictor | None = None
 
     @classmethod
@@ -137,6 +140,7 @@ class Detector:
                 "probe": self.probe_dir,
                 "models": self.models,
                 "response_models": self.response_models,
+                **({"fitted_prompts": sorted(self.fitted_prompts)} if self.fitted_prompts is not None else {}),
             },
         )
 
@@ -157,7 +161,9 @@ class Detector:
                 int(data["static_k"]),
                 response_prefix=int(data["response_prefix"]),
             )
-            return cls(spec, data["probe"], dict(data["models"]), dict(data["response_models"]))
+            fitted = data.get("fitted_prompts")
+            prompts = frozenset(map(str, fitted)) if fitted is not None else None
+            return cls(spec, data["probe"], dict(data["models"]), dict(data["response_models"]), prompts)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise DynheadsError(
                 f"{path} is not a valid dynheads detector file (written by 'dynheads detect'): "
@@ -184,6 +190,7 @@ def apply_detector(
         span = hl.find_value("".join(trace.token_texts))
         frame["label"] = hl.label_tokens(trace.token_texts, answer, span)
     refuse_other_model(detector, trace)
+    refuse_fitted_trace(detector, trace)
     probe_output = detector.probe_output(trace)
     features = hl.token_features(trace, steps, detector.spec, probe_output)
     for name in detector.models:
@@ -207,6 +214,17 @@ def refuse_other_model(detector: Detector, trace: Trace) -> None:
         raise DynheadsError(
             f"the detector reads head L{outside[0][0]}-H{outside[0][1]}, which this trace ({layers} layers x {heads} "
             "heads) does not have: the trace is of another model than the detector was fitted on"
+        )
+
+
+def refuse_fitted_trace(detector: Detector, trace: Trace) -> None:
+    """A trace whose prompt the detector was fitted on would get in-sample scores: one line (the prompt's digest
+    is compared; a trace or detector written before they recorded prompts is not checked)."""
+    digest = trace.prompt_digest()
+    if detector.fitted_prompts is not None and digest is not None and digest in detector.fitted_prompts:
+        raise DynheadsError(
+            f"the detector was fitted on this trace's prompt (digest {digest} in its fitted_prompts): its scores "
+            "would be in-sample; apply it to a generation from a prompt it was not fitted on"
         )
 
 

@@ -215,7 +215,14 @@ def run_detect(
             "skipped_feature_sets": skipped,
         },
     )
-    fitted = Detector(full_spec, config.probe, evaluated.models["token"], evaluated.models.get("response"))
+    prompts = [sample.trace.prompt_digest() for sample in samples]
+    fitted = Detector(
+        full_spec,
+        config.probe,
+        evaluated.models["token"],
+        evaluated.models.get("response"),
+        frozenset(p for p in prompts if p is not None) if all(p is not None for p in prompts) else None,
+    )
     outputs = Outputs().add("labels.csv", _labels(samples, folds[0]["test_groups"]))
     outputs.add("detector.json", Written(fitted.save))
     results = _results(config, evaluated, counts, title=f"{levels[0]}s, {len(groups)} groups")
