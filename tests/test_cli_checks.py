@@ -33,6 +33,8 @@ def files(tmp_path):
     broken.mkdir()
     (broken / "manifest.json").write_text("{not json")
     (tmp_path / "untrained").mkdir()
+    (tmp_path / "static-run").mkdir()  # a 'dynheads static' folder given where its list is meant
+    (tmp_path / "static-run" / "static_heads.json").write_text("{}")
     study = tmp_path / "study"  # a study's folder: its stage folders hold the traces
     (study / "niah" / "traces").mkdir(parents=True)
     (study / "manifest.json").write_text(json.dumps({"kind": "reproduce", "format_version": 2}))
@@ -112,6 +114,11 @@ CASES = [  # (command line, what the error names, what it says)
         ["kv-export", *NO_MODEL, "--static", "{t}/missing.json", "--out", "{t}/out"],
         "{t}/missing.json",
         "static head list not found",
+    ),
+    (
+        ["kv-export", *NO_MODEL, "--static", "{t}/static-run", "--out", "{t}/out"],
+        "{t}/static-run/static_heads.json",
+        "--static takes a head list file, and",
     ),
     (["detect", "--data", "halueval:qa", "--out", "{t}/out", "--folds", "1"], "--folds", "must be at least 2"),
     (["plot", "heads", "{t}/missing-run", "--top", "0"], "--top", "top must be at least 1, got 0"),

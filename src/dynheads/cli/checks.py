@@ -112,6 +112,12 @@ def head_list(path: str | Path) -> None:
     """Refuse a missing or unreadable static head list (either format; ``analysis.headlists``)."""
     from dynheads.analysis.headlists import load_head_list
 
+    if Path(path).is_dir():
+        inside = sorted(p.name for p in Path(path).glob("*heads*.json"))
+        raise DynheadsError(
+            f"--static takes a head list file, and {path} is a folder"
+            + (f": give the file inside it, e.g. {Path(path) / inside[0]}" if inside else "")
+        )
     if not Path(path).is_file():
         raise DynheadsError(f"static head list not found: {path}")
     load_head_list(path)
