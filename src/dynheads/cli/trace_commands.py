@@ -116,12 +116,12 @@ def list_variants(
     for name in [kind] if kind else list(REGISTRIES):
         target, spelling = REGISTRIES[name]
         registry = imported(target)
-        typed = [spelling.format(entry) for entry in registry.names()]
-        width = max(map(len, typed), default=0)
+        typed = {entry: spelling.format(entry) for entry in registry.names()}
+        width = max(map(len, typed.values()), default=0)
         indent = "" if kind else "  "
         if not kind:
             typer.echo(f"{name}:")
-        for shown, entry in zip(typed, registry.names(), strict=True):
+        for entry, shown in typed.items():
             typer.echo(f"{indent}{shown:{width}}  {registry.help(entry)}")
 
 

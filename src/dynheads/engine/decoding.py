@@ -97,7 +97,7 @@ class Row:
     ):
         self.prompt_length = len(input_ids)
         self.ids = torch.zeros(capacity, dtype=torch.long, device=device)
-        self.ids[: self.prompt_length] = torch.as_tensor(list(input_ids), dtype=torch.long)
+        self.ids[: self.prompt_length] = torch.as_tensor(input_ids, dtype=torch.long)
         self.length = 0  # tokens already in the cache
         self.written = self.prompt_length  # tokens in ``ids``: those after ``length`` are fed next
         self.needle = sorted({int(p) for p in needle_positions})
@@ -624,12 +624,12 @@ def _apply(action: Action, row: Row, decoded: Decoded, index: int, max_new_token
 def check_token_ids(lm: LoadedModel, input_ids: Sequence[int]) -> None:
     """Refuse a prompt with token ids the model has no embedding for (a sample tokenised for another model):
     torch would stop deep inside the embedding lookup."""
-    vocab = lm.vocab_size
-    outside = [int(i) for i in input_ids if int(i) < 0 or (vocab is not None and int(i) >= vocab)]
-    if outside:
+    vocab, ids = lm.vocab_size, torch.as_tensor(input_ids, dtype=torch.long)
+    outside = ids[(ids < 0) | (ids >= vocab)] if vocab is not None else ids[ids < 0]
+    if outside.numel():
         raise DynheadsError(
-            f"the prompt holds token id {outside[0]}, outside this model's vocabulary of {vocab} ids "
-            f"({len(outside)} such id(s)): was the sample tokenised for another model?"
+            f"the prompt holds token id {int(outside[0])}, outside this model's vocabulary of {vocab} ids "
+            f"({outside.numel()} such id(s)): was the sample tokenised for another model?"
         )
 
 
