@@ -25,6 +25,17 @@ def test_a_sample_is_made_from_the_loaded_model_as_from_its_tokenizer(embedded):
     assert from_model == niah.make_sample(embedded.tokenizer, context_tokens=300, depth=0.5, seed=7)
 
 
+def test_a_sample_longer_than_the_loaded_window_is_refused_when_made(embedded_tokenizer):
+    from dynheads.models import LoadedTokenizer
+
+    loaded = LoadedTokenizer(embedded_tokenizer, name="embedded", max_context=400)
+    with pytest.raises(DynheadsError, match="context_tokens=100000 exceeds the model's context window of 400"):
+        niah.make_sample(loaded, context_tokens=100000, depth=0.5, seed=7)  # refused before any haystack is built
+    with pytest.raises(DynheadsError, match=r"a prompt of \d+ tokens around a haystack of 390 exceeds .* of 400"):
+        niah.make_sample(loaded, context_tokens=390, depth=0.5, seed=7)  # the chat markup and question push it over
+    assert len(niah.make_sample(loaded, context_tokens=300, depth=0.5, seed=7).input_ids) <= 400
+
+
 def test_samples_are_seeded_and_depth_moves_the_needle(embedded):
     tok = embedded.tokenizer
     first = niah.make_sample(tok, context_tokens=500, depth=0.25, seed=3)

@@ -279,6 +279,9 @@ def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):
     assert set(weights["weights"]) == {"mix:icr", "mix:qrhead"} and weights["fit_questions"] == 3
     assert all(0 <= w <= 1 for w in weights["weights"].values()) and len(weights["grid"]["mix:icr"]) == 21
     assert "Fusions with BM25 by question type" in (run.path / "rerank.md").read_text()
+    summarise_scored(dataclasses.replace(config, strategies=("icr", "bm25")), run.path)  # neither fitted now:
+    assert not (run.path / "qrhead_heads.json").exists() and not (run.path / "fusion_weights.json").exists()
+    summarise_scored(dataclasses.replace(config, strategies=fused), run.path)
     # QRHead is fitted on its whole fitting stream or not at all: with a fitting question unscored it is skipped.
     next(p for p in (run.path / "samples").glob("fit-*.json")).unlink()
     summarise_scored(config, run.path)

@@ -4,7 +4,8 @@ A table function reads a finished run (``runs.RunView``: its manifest and record
 ``Outputs``: the files of a folder, by path relative to it, in the order they are written. A file's content says
 how it is written: a ``pandas.DataFrame`` as CSV (no index), a ``tables.Summary`` as markdown with its document in
 the folder's ``summary.json`` (``tables.write_summary``), a ``str`` as text, ``Written`` by its own function (a
-figure, a model's weights), and anything else as JSON. ``write_outputs`` writes them, each file atomically;
+figure, a model's weights), ``REMOVED`` as no file (one an earlier summary wrote and this one does not, so a run
+summarised again keeps no stale file), and anything else as JSON. ``write_outputs`` writes them, each file atomically;
 experiments write their files through it and nothing else (tests/architecture/test_one_runner.py).
 """
 
@@ -27,6 +28,9 @@ class Written:
     (a ``dynheads.plots`` function with its data bound, a trained predictor's ``save``)."""
 
     write: Callable[[Path], object]
+
+
+REMOVED = object()  # the content of a file the outputs do not have: deleted if an earlier summary wrote it
 
 
 @dataclass
@@ -56,7 +60,9 @@ def write_outputs(folder: str | Path, outputs: Outputs) -> None:
     folder = Path(folder)
     for name, content in outputs:
         path = folder / name
-        if isinstance(content, pd.DataFrame):
+        if content is REMOVED:
+            path.unlink(missing_ok=True)
+        elif isinstance(content, pd.DataFrame):
             with atomic_path(path) as tmp:
                 content.to_csv(tmp, index=False)
         elif isinstance(content, Summary):

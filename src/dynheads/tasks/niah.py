@@ -179,8 +179,11 @@ def make_sample(
 
     ``distractor_depth`` (0..1) adds the distractor sentence there (see the module docstring). ``form``: what the
     needle states and what is asked (the needle positions are the needle sentence's tokens in every form).
-    ``tokenizer``: a tokenizer, or what ``load_model`` / ``load_tokenizer`` return (their tokenizer is used).
+    ``tokenizer``: a tokenizer, or what ``load_model`` / ``load_tokenizer`` return (their tokenizer is used, and a
+    haystack or prompt longer than their context window is refused before the sample is traced).
     """
+    window = getattr(tokenizer, "max_context", None)  # a LoadedModel or LoadedTokenizer knows its window
+    _check_window(context_tokens, window)
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a LoadedModel or LoadedTokenizer: its tokenizer
     for name, share in (("depth", depth), ("distractor_depth", distractor_depth)):
         if share is not None and not 0.0 <= share <= 1.0:
@@ -213,6 +216,7 @@ def make_sample(
     prompt = render_chat(tokenizer, SYSTEM_PROMPT, user, chat_template_kwargs)
     start, stop = locate(prompt, needle)
     positions = token_span(prompt, start, stop)
+    _check_window(len(prompt.input_ids), window, context_tokens)
     check_span_keeps(tokenizer, prompt.input_ids, positions, stated, "needle")
     answer_start = start + needle.index(stated)
     answer_tokens = token_span(prompt, answer_start, answer_start + len(stated))
@@ -290,6 +294,15 @@ def score(answer: str, generated: str) -> dict[str, float]:
         "rouge_l": scores["rougeL"].fmeasure,
         "rouge1_recall": scores["rouge1"].recall,
     }
+
+
+def _check_window(length: int, window: int | None, context_tokens: int | None = None) -> None:
+    """Refuse a haystack (before it is built) or a prompt (after) longer than the model's window, when known."""
+    if window is None or length <= window:
+        return
+    what = f"a prompt of {length} tokens" if context_tokens is not None else f"context_tokens={length}"
+    around = f" around a haystack of {context_tokens}" if context_tokens is not None else ""
+    raise DynheadsError(f"{what}{around} exceeds the model's context window of {window} tokens")
 
 
 # ---- the task: its grid and its registry entry -------------------------------------------------------------------

@@ -24,7 +24,7 @@ from dynheads.analysis.evidence import (
 from dynheads.analysis.ranking import METRICS, qrhead_scores, ranking_metrics, top_heads
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, head_key
-from dynheads.outputs import Outputs
+from dynheads.outputs import REMOVED, Outputs
 from dynheads.rag import fusion, rerank
 from dynheads.rag.rerank_strategies import RERANK_STRATEGIES, Candidates, base_strategies, calibrated, fused_parts
 from dynheads.resources import Resources, needs_of
@@ -78,14 +78,15 @@ def _arrays(run: RunDir, record: dict) -> dict[str, np.ndarray]:
 def fit_qrhead(view: RunView, config: RerankFields, heads: HeadSources) -> tuple[HeadSources, Outputs]:
     """QRHead's head ranking from the whole fitting stream (the manifest's ``fit_questions``), with
     ``qrhead_heads.json``; while any of those questions is unscored the strategy is skipped and said so."""
+    no_ranking = Outputs().add("qrhead_heads.json", REMOVED)  # none of an earlier summary's stays
     if "qrhead" not in base_strategies(config.strategies):
-        return heads, Outputs()
+        return heads, no_ranking
     expected = view.manifest["fit_questions"]["ids"]
     fit = {r["question_id"]: r for r in view.records if r["stream"] == FIT}
     missing = [question for question in expected if question not in fit]
     if missing or not expected:
         why = f"fitted on the whole fitting stream only: {len(expected) - len(missing)} of its {len(expected)} scored"
-        return dataclasses.replace(heads, skipped={**heads.skipped, "qrhead": why}), Outputs()
+        return dataclasses.replace(heads, skipped={**heads.skipped, "qrhead": why}), no_ranking
     records = [fit[question] for question in expected]
     qr = qrhead_scores([calibrated(_arrays(view.run, r)) for r in records], [r["gold"] for r in records])
     order = top_heads(qr, qr.size)
@@ -98,7 +99,7 @@ def fit_fusion_weights(view: RunView, config: RerankFields, heads: HeadSources) 
     question of it is unscored (or its head strategy is skipped) the fused strategy is skipped and said so."""
     mixes = [s for s in config.strategies if (fused_parts(s) or ("",))[0] == "mix"]
     if not mixes:
-        return heads, Outputs()
+        return heads, Outputs().add("fusion_weights.json", REMOVED)
     expected = view.manifest["fit_questions"]["ids"]
     fit = {r["question_id"]: r for r in view.records if r["stream"] == FIT}
     scored = [fit[q] for q in expected if q in fit]
@@ -116,9 +117,10 @@ def fit_fusion_weights(view: RunView, config: RerankFields, heads: HeadSources) 
         weights[strategy], grids[strategy] = fusion.fit_weight(
             head_scores, [np.asarray(r["bm25"]) for r in scored], [r["gold"] for r in scored]
         )
-    fitted = Outputs()
-    if weights:
-        fitted.add("fusion_weights.json", {"weights": weights, "grid": grids, "fit_questions": len(scored)})
+    fitted = Outputs().add(
+        "fusion_weights.json",
+        {"weights": weights, "grid": grids, "fit_questions": len(scored)} if weights else REMOVED,
+    )
     return dataclasses.replace(heads, weights=weights, skipped=skipped), fitted
 
 
