@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zoo import FAMILIES, NoTokenizer, eager_forward, tiny_model
+from zoo import FAMILIES, MORE_FAMILIES, UNPROBED, NoTokenizer, eager_forward, tiny_model
 
+from dynheads import DynheadsError
 from dynheads.engine.decoding import DecodingSession
 from dynheads.engine.probe import AttentionProbe, Measure, RowEdit, attached
 from dynheads.models import LoadedModel
@@ -25,9 +26,18 @@ def eager_last_rows(model, ids: torch.Tensor) -> list[torch.Tensor]:
     return [a[0, :, -1].float() for a in out.attentions], out.logits[0, -1]
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(FAMILIES) + sorted(MORE_FAMILIES))
 def test_probe_rows_equal_eager_rows_at_every_step(family):
     assert_rows_equal_eager_at_every_step(family)
+
+
+@pytest.mark.parametrize("family", sorted(UNPROBED))
+def test_a_model_whose_layers_drop_the_keyword_arguments_is_refused(family):
+    # Their attention never sees the probe: without the check every score was 0 and every edit silently undone.
+    lm = LoadedModel(model=tiny_model(family), tokenizer=NoTokenizer(), name=family, revision="random")
+    session = DecodingSession(lm, list(range(3, 23)), [5, 6], max_new_tokens=2)
+    with pytest.raises(DynheadsError, match="does not pass the forward's keyword arguments on to its attention"):
+        session.forward()
 
 
 def assert_rows_equal_eager_at_every_step(family: str) -> None:

@@ -41,10 +41,33 @@ FAMILIES = {
         {"sliding_window": 8, "head_dim": 16, "layer_types": SLIDING},
     ),
 }
+# Beyond the seven the project names: exact too (tests/test_probe_exactness.py checks the rows), not run by the other
+# tests. StableLM and Falcon are refused: their layers drop the forward's keyword arguments (UNPROBED).
+MORE_FAMILIES = {
+    "olmo": (tf.OlmoConfig, tf.OlmoForCausalLM, {"pad_token_id": 0}),
+    "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM, {}),
+    "granite": (tf.GraniteConfig, tf.GraniteForCausalLM, {}),
+    "cohere": (tf.CohereConfig, tf.CohereForCausalLM, {}),
+    "gpt_neox": (tf.GPTNeoXConfig, tf.GPTNeoXForCausalLM, {"rotary_pct": 0.5}),
+    "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel, {"n_embd": 64, "n_layer": 3, "n_head": 4}),
+    "phi": (tf.PhiConfig, tf.PhiForCausalLM, {}),
+    "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM, {"head_dim": 16}),
+    "glm": (tf.GlmConfig, tf.GlmForCausalLM, {"head_dim": 16, "pad_token_id": 0}),
+    "starcoder2": (tf.Starcoder2Config, tf.Starcoder2ForCausalLM, {"sliding_window": 8}),
+    "qwen3_moe": (
+        tf.Qwen3MoeConfig,
+        tf.Qwen3MoeForCausalLM,
+        {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    ),
+}
+UNPROBED = {
+    "stablelm": (tf.StableLmConfig, tf.StableLmForCausalLM, {}),
+    "falcon": (tf.FalconConfig, tf.FalconForCausalLM, {"num_kv_heads": 2, "new_decoder_architecture": True}),
+}
 
 
 def tiny_model(family: str, vocab_size: int = 128, seed: int = 0) -> tf.PreTrainedModel:
-    config_cls, model_cls, extra = FAMILIES[family]
+    config_cls, model_cls, extra = {**FAMILIES, **MORE_FAMILIES, **UNPROBED}[family]
     torch.manual_seed(seed)
     config = config_cls(vocab_size=vocab_size, **COMMON, **extra)
     model = model_cls(config).eval()

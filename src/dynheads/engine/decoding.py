@@ -391,6 +391,8 @@ class DecodingSession:
         finally:
             if hook is not None:
                 hook.remove()
+        if cached and self.probed and self.probe.reached_layers == 0:
+            raise DynheadsError(unprobed_model(model))
         return out.logits, captured.get("hidden")
 
     def _attention(self) -> AbstractContextManager[dict]:
@@ -631,6 +633,17 @@ def check_token_ids(lm: LoadedModel, input_ids: Sequence[int]) -> None:
             f"the prompt holds token id {int(outside[0])}, outside this model's vocabulary of {vocab} ids "
             f"({outside.numel()} such id(s)): was the sample tokenised for another model?"
         )
+
+
+def unprobed_model(model: torch.nn.Module) -> str:
+    """Why a model whose attention never reached the probe cannot be traced: its layers call transformers' attention
+    interface without the forward's keyword arguments (StableLM and Falcon in transformers 5), so the probe, the
+    head edits and the hidden keys would silently not apply."""
+    return (
+        f"{type(model).__name__} does not pass the forward's keyword arguments on to its attention layers, so "
+        "dynheads cannot measure or edit its heads (it needs models whose layers forward them to transformers' "
+        "attention interface, as Llama, Qwen, Mistral, Phi-3 and Gemma do: docs/tracing.md#choices-and-gotchas)"
+    )
 
 
 def check_fits(lm: LoadedModel, prompt_length: int, max_new_tokens: int) -> None:

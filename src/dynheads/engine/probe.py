@@ -477,6 +477,12 @@ class AttentionProbe:
         self._stats = None
 
     @property
+    def reached_layers(self) -> int:
+        """How many layers of the current pass ran their attention through the probe (0: the model's layers do not
+        pass the forward's keyword arguments on to their attention, so nothing can be measured or edited)."""
+        return len(self._layers)
+
+    @property
     def stats(self) -> StepStats:
         """The batch's ``[B, L, H]`` statistics of the current pass, assembled from its layers' reductions at the
         first read (a few tensor operations per pass, none per layer); zeros for layers the pass did not reach."""
