@@ -42,14 +42,15 @@ FAMILIES = {
     ),
 }
 # Beyond the seven the project names: exact too (tests/test_probe_exactness.py checks the rows), not run by the other
-# tests. StableLM and Falcon are refused: their layers drop the forward's keyword arguments (UNPROBED).
+# tests (GPT-NeoX and GPT-2 have no grouped KV heads: their configs say so, as a real config's missing field would).
+# StableLM and Falcon are refused: their layers drop the forward's keyword arguments (UNPROBED).
 MORE_FAMILIES = {
     "olmo": (tf.OlmoConfig, tf.OlmoForCausalLM, {"pad_token_id": 0}),
     "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM, {}),
     "granite": (tf.GraniteConfig, tf.GraniteForCausalLM, {}),
     "cohere": (tf.CohereConfig, tf.CohereForCausalLM, {}),
-    "gpt_neox": (tf.GPTNeoXConfig, tf.GPTNeoXForCausalLM, {"rotary_pct": 0.5}),
-    "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel, {"n_embd": 64, "n_layer": 3, "n_head": 4}),
+    "gpt_neox": (tf.GPTNeoXConfig, tf.GPTNeoXForCausalLM, {"rotary_pct": 0.5, "num_key_value_heads": 4}),
+    "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel, {"num_key_value_heads": 4}),
     "phi": (tf.PhiConfig, tf.PhiForCausalLM, {}),
     "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM, {"head_dim": 16}),
     "glm": (tf.GlmConfig, tf.GlmForCausalLM, {"head_dim": 16, "pad_token_id": 0}),
@@ -69,7 +70,7 @@ UNPROBED = {
 def tiny_model(family: str, vocab_size: int = 128, seed: int = 0) -> tf.PreTrainedModel:
     config_cls, model_cls, extra = {**FAMILIES, **MORE_FAMILIES, **UNPROBED}[family]
     torch.manual_seed(seed)
-    config = config_cls(vocab_size=vocab_size, **COMMON, **extra)
+    config = config_cls(vocab_size=vocab_size, **{**COMMON, **extra})
     model = model_cls(config).eval()
     model.to(TEST_DEVICE)  # after seeding and building on the CPU: the same weights on every device
     # Random init gives near-uniform attention; sharper queries make argmax tests meaningful.
