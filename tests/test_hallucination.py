@@ -484,6 +484,39 @@ def test_transfer_table_between_the_two_tasks(tmp_path):
         run_transfer(tmp_path / "qa", tmp_path / "qa", DetectConfig(), tmp_path / "t2")
 
 
+def _transfer_pair(tmp_path, configs: dict[str, DetectConfig]) -> None:
+    """Detect runs of the two tasks (QA, dialogue) in tmp_path/qa and tmp_path/dialogue, each under its config."""
+    for task, seed in (("qa", 0), ("dialogue", 1)):
+        run = _response_run(tmp_path / task / "trace", seed=seed)
+        manifest = run.manifest() | {"kind": "halueval", "data": f"halueval:{task}"}
+        run.manifest_path.write_text(__import__("json").dumps(manifest))
+        run_detect(run.path, configs[task], tmp_path / task)
+
+
+def test_transfer_names_the_detect_runs_folds_and_leaves_out_in_task_numbers_of_other_settings(tmp_path):
+    """transfer.md said 'In-task: 5-fold' (the transfer's unused default) whatever the detect runs used, and showed
+    their numbers beside the transfer's although measured with another static top-k."""
+    from dynheads.experiments.halueval import run_transfer
+
+    sets = ("copy_heads", "retrieval", "entropy")
+    _transfer_pair(
+        tmp_path,
+        {
+            "qa": DetectConfig(feature_sets=sets, folds=3, repeats=2, bootstrap=20),
+            "dialogue": DetectConfig(feature_sets=sets, folds=4, repeats=1, bootstrap=20, static_k=2),
+        },
+    )
+    flat = run_transfer(tmp_path / "qa", tmp_path / "dialogue", DetectConfig(feature_sets=sets), tmp_path / "t")
+    row = flat[(flat["level"] == "response") & (flat["feature_set"] == "retrieval")].iloc[0]
+    assert not np.isnan(row["QA in-task auroc"]) and np.isnan(row["dialogue in-task auroc"])
+    text = (tmp_path / "t" / "transfer.md").read_text()
+    assert "5-fold" not in text and "QA: 3-fold cross-validation grouped by question, first of 2 repeats" in text
+    assert "dialogue: n/a" in text and "static_k 2 (here 10)" in text
+    manifest = RunDir(tmp_path / "t").manifest()
+    assert manifest["detect_runs"] == [str(tmp_path / "qa"), str(tmp_path / "dialogue")]
+    assert manifest["in_task"][0].startswith("QA: 3-fold")
+
+
 @pytest.mark.parametrize(
     "content",
     ["{not json", "[1, 2]", '{"format": "dynheads-detector/2"}', '{"format": "dynheads-detector/1", "models": {}}'],
