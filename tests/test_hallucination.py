@@ -3,6 +3,8 @@ attention, traces with and without the new columns, and end-to-end detection on 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -515,6 +517,34 @@ def test_transfer_names_the_detect_runs_folds_and_leaves_out_in_task_numbers_of_
     manifest = RunDir(tmp_path / "t").manifest()
     assert manifest["detect_runs"] == [str(tmp_path / "qa"), str(tmp_path / "dialogue")]
     assert manifest["in_task"][0].startswith("QA: 3-fold")
+
+
+def _set_model(run_path, **model) -> None:
+    """Write ``model`` as the run manifest's model entry (what ``LoadedModel.describe`` records)."""
+    run = RunDir(run_path)
+    run.manifest_path.write_text(__import__("json").dumps(run.manifest() | {"model": model}))
+
+
+def test_transfer_refuses_runs_or_a_predictor_of_another_model_in_one_line_and_not_another_device(tmp_path):
+    from dynheads.experiments.halueval import run_transfer
+
+    sets = ("copy_heads", "entropy")
+    config = DetectConfig(feature_sets=sets, folds=3, bootstrap=10)
+    _transfer_pair(tmp_path, {"qa": config, "dialogue": config})
+    smol = {"name": "smol", "architecture": "Llama", "num_layers": 3, "num_heads": 4, "revision": "sha256:aa"}
+    _set_model(tmp_path / "qa" / "trace", **smol, device="cpu")
+    _set_model(tmp_path / "dialogue" / "trace", **smol, device="cuda:0")  # the same model elsewhere: accepted
+    run_transfer(tmp_path / "qa", tmp_path / "dialogue", config, tmp_path / "t")
+    probe = tmp_path / "probe-run" / "probe"
+    probe.mkdir(parents=True)
+    (probe / "questions.json").write_text('{"train": ["other"], "validation": []}')  # no question shared
+    RunDir(tmp_path / "probe-run").start("niah", {"synthetic": True}, None)
+    _set_model(tmp_path / "probe-run", **smol | {"name": "base", "revision": "sha256:bb"})
+    with pytest.raises(DynheadsError, match=r"head predictor .* comes from a run of another model \(base"):
+        run_transfer(tmp_path / "qa", tmp_path / "dialogue", replace(config, probe=str(probe)), tmp_path / "t")
+    _set_model(tmp_path / "dialogue" / "trace", **smol | {"name": "base", "revision": "sha256:bb"})
+    with pytest.raises(DynheadsError, match=r"different models \(QA: smol, revision sha256:aa; dialogue: base"):
+        run_transfer(tmp_path / "qa", tmp_path / "dialogue", config, tmp_path / "t")
 
 
 @pytest.mark.parametrize(

@@ -40,9 +40,10 @@ from dynheads.engine.tracing import trace_batch
 from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
 from dynheads.io import read_json
-from dynheads.models import LoadedModel
+from dynheads.models import LoadedModel, model_difference
 from dynheads.outputs import Outputs, write_outputs
 from dynheads.packaged import describe
+from dynheads.resources import HEAD_PREDICTOR, refuse_other_model
 from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.settings import BOUNDARIES, HaluevalConfig
 from dynheads.tables import Block, Heading, Summary, Table
@@ -56,6 +57,9 @@ from dynheads.views.detect import (
     match_lengths,
     refuse_probe_overlap,
 )
+
+# where a run was traced (the same model on another device or placement gives the same features up to rounding)
+WHERE_TRACED = ("device", "device_map")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,11 +150,7 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
     samples = [labelled_samples(run)[0] for run in runs]
     if config.match_length:
         samples = [match_lengths(group) for group in samples]
-    probe_checks = (
-        [refuse_probe_overlap(config.probe, [], sorted({s.group for s in group})) for group in samples]
-        if config.probe
-        else None
-    )
+    probe_checks = _probe_checks(config, samples, manifests[0].get("model"))
     featurisers = [Featuriser(group, config.probe) for group in samples]
     prefix = int(manifests[0].get("response_prefix", 0))
     in_task = [_in_task(Path(folder), task, config) for folder, task in zip((first, second), tasks, strict=True)]
@@ -202,13 +202,33 @@ def _transfer_tasks(manifests: list[dict], config: DetectConfig) -> list[str]:
     tasks = [halueval.parse_data(m["data"]).replace("qa", "QA") for m in manifests]
     if tasks[0] == tasks[1]:
         raise DynheadsError(f"both runs trace HaluEval {tasks[0]}: transfer needs the two tasks")
-    for key in ("model", "response_prefix"):
-        if manifests[0].get(key) != manifests[1].get(key):
-            raise DynheadsError(f"the two runs differ in {key}: trace them with the same settings")
+    models = [m.get("model") or {} for m in manifests]
+    differ = model_difference(models[0], models[1])
+    if differ is not None:
+        raise DynheadsError(
+            f"the two runs are of different models ({tasks[0]}: {models[0].get('name')}, {differ[0]} {differ[1]}; "
+            f"{tasks[1]}: {models[1].get('name')}, {differ[0]} {differ[2]}): trace both tasks with one model"
+        )
+    for key, differs in (
+        ("model", [{k: v for k, v in model.items() if k not in WHERE_TRACED} for model in models]),
+        ("response_prefix (--context-boundary)", [m.get("response_prefix") for m in manifests]),
+    ):
+        if differs[0] != differs[1]:
+            raise DynheadsError(f"the two runs differ in {key}: {differs[0]} / {differs[1]}; trace them alike")
     unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
     if unknown:
         raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
     return tasks
+
+
+def _probe_checks(config: DetectConfig, samples: list[list[LabelledSample]], model: dict | None) -> list | None:
+    """The ``--predictor`` checks of both tasks (refused when fitted on any question either task scores, or on a run
+    of another model than the traced one), as the manifest records them; None without a predictor."""
+    if not config.probe:
+        return None
+    checks = [refuse_probe_overlap(config.probe, [], sorted({s.group for s in group})) for group in samples]
+    refuse_other_model(config.probe, HEAD_PREDICTOR, model)
+    return checks
 
 
 def _cross_task_aurocs(
