@@ -212,6 +212,33 @@ def test_a_detector_refuses_a_trace_of_another_model_in_one_line():
         apply_detector(detector, _trace(texts, np.zeros(4, int), rng, layers=4, heads=5))
 
 
+def test_detect_apply_refuses_a_trace_from_a_run_of_another_model_of_the_same_shape(tmp_path):
+    """The detector records its run's model; a trace of another model with the same head count (a base and an
+    instruct model, say) was scored silently: now one line, read from the manifest of the trace's run."""
+    import subprocess
+    import sys
+
+    model = {"name": "instruct", "architecture": "Llama", "num_layers": 3, "num_heads": 4, "revision": "sha256:aa"}
+    run = _synthetic_run(tmp_path / "run", samples=12)
+    _set_model(run.path, **model)
+    run_detect(run.path, DetectConfig(feature_sets=("lookback", "entropy"), folds=3, bootstrap=10), tmp_path / "d")
+    detector = tmp_path / "d" / "detector.json"
+    assert Detector.load(detector).model == model
+    same = _synthetic_run(tmp_path / "same", samples=1, seed=98)
+    _set_model(same.path, **model | {"device": "cuda:0"})
+    assert len(apply_detector(detector, same.trace_path("s00")))  # the same model elsewhere: scored
+    other = _synthetic_run(tmp_path / "other", samples=1, seed=99)
+    _set_model(other.path, **model | {"name": "base", "revision": "sha256:bb"})
+    done = subprocess.run(
+        [sys.executable, "-m", "dynheads", "detect-apply", str(detector), str(other.trace_path("s00"))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "fitted on a run of instruct (revision sha256:aa); this trace's run is of base" in done.stderr
+
+
 def test_detector_is_at_chance_when_the_feature_is_shuffled(tmp_path):
     run = _synthetic_run(tmp_path / "run", samples=60, shuffle=True)
     table = run_detect(run.path, DetectConfig(feature_sets=("copy_heads",), bootstrap=200), tmp_path / "out")

@@ -222,6 +222,7 @@ def run_detect(
         evaluated.models["token"],
         evaluated.models.get("response"),
         frozenset(p for p in prompts if p is not None) if all(p is not None for p in prompts) else None,
+        model,
     )
     outputs = Outputs().add("labels.csv", _labels(samples, folds[0]["test_groups"]))
     outputs.add("detector.json", Written(fitted.save))
