@@ -179,6 +179,8 @@ def test_detector_reaches_auroc_one_when_the_label_is_a_function_of_one_feature(
         assert sorted(tested) == labelled
     assert manifest["cross_validation"]["unit"] == "sample"
     assert manifest["class_counts"]["hallucinated_tokens"] > 0
+    text = (tmp_path / "out" / "results.md").read_text()  # NIAH: no questions, no responses, so no win rate
+    assert f"{len(labelled)} samples (each its own group);" in text and "Within-question" not in text
     assert (tmp_path / "out" / "roc.png").stat().st_size > 0
     # The saved detector scores a trace it has never seen the same way; a trace it was fitted on is refused.
     detector = Detector.load(tmp_path / "out" / "detector.json")
