@@ -3,6 +3,8 @@ attention, traces with and without the new columns, and end-to-end detection on 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -177,6 +179,8 @@ def test_detector_reaches_auroc_one_when_the_label_is_a_function_of_one_feature(
         assert sorted(tested) == labelled
     assert manifest["cross_validation"]["unit"] == "sample"
     assert manifest["class_counts"]["hallucinated_tokens"] > 0
+    text = (tmp_path / "out" / "results.md").read_text()  # NIAH: no questions, no responses, so no win rate
+    assert f"{len(labelled)} samples (each its own group);" in text and "Within-question" not in text
     assert (tmp_path / "out" / "roc.png").stat().st_size > 0
     # The saved detector scores a trace it has never seen the same way; a trace it was fitted on is refused.
     detector = Detector.load(tmp_path / "out" / "detector.json")
@@ -208,6 +212,33 @@ def test_a_detector_refuses_a_trace_of_another_model_in_one_line():
         DynheadsError, match="'lookback' has 20 columns in this trace, but the detector was fitted on 12"
     ):
         apply_detector(detector, _trace(texts, np.zeros(4, int), rng, layers=4, heads=5))
+
+
+def test_detect_apply_refuses_a_trace_from_a_run_of_another_model_of_the_same_shape(tmp_path):
+    """The detector records its run's model; a trace of another model with the same head count (a base and an
+    instruct model, say) was scored silently: now one line, read from the manifest of the trace's run."""
+    import subprocess
+    import sys
+
+    model = {"name": "instruct", "architecture": "Llama", "num_layers": 3, "num_heads": 4, "revision": "sha256:aa"}
+    run = _synthetic_run(tmp_path / "run", samples=12)
+    _set_model(run.path, **model)
+    run_detect(run.path, DetectConfig(feature_sets=("lookback", "entropy"), folds=3, bootstrap=10), tmp_path / "d")
+    detector = tmp_path / "d" / "detector.json"
+    assert Detector.load(detector).model == model
+    same = _synthetic_run(tmp_path / "same", samples=1, seed=98)
+    _set_model(same.path, **model | {"device": "cuda:0"})
+    assert len(apply_detector(detector, same.trace_path("s00")))  # the same model elsewhere: scored
+    other = _synthetic_run(tmp_path / "other", samples=1, seed=99)
+    _set_model(other.path, **model | {"name": "base", "revision": "sha256:bb"})
+    done = subprocess.run(
+        [sys.executable, "-m", "dynheads", "detect-apply", str(detector), str(other.trace_path("s00"))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "fitted on a run of instruct (revision sha256:aa); this trace's run is of base" in done.stderr
 
 
 def test_detector_is_at_chance_when_the_feature_is_shuffled(tmp_path):
@@ -482,6 +513,67 @@ def test_transfer_table_between_the_two_tasks(tmp_path):
     assert "QA → dialogue" in text and "### Upper bound" in text
     with pytest.raises(DynheadsError, match="transfer needs the two tasks"):
         run_transfer(tmp_path / "qa", tmp_path / "qa", DetectConfig(), tmp_path / "t2")
+
+
+def _transfer_pair(tmp_path, configs: dict[str, DetectConfig]) -> None:
+    """Detect runs of the two tasks (QA, dialogue) in tmp_path/qa and tmp_path/dialogue, each under its config."""
+    for task, seed in (("qa", 0), ("dialogue", 1)):
+        run = _response_run(tmp_path / task / "trace", seed=seed)
+        manifest = run.manifest() | {"kind": "halueval", "data": f"halueval:{task}"}
+        run.manifest_path.write_text(__import__("json").dumps(manifest))
+        run_detect(run.path, configs[task], tmp_path / task)
+
+
+def test_transfer_names_the_detect_runs_folds_and_leaves_out_in_task_numbers_of_other_settings(tmp_path):
+    """transfer.md said 'In-task: 5-fold' (the transfer's unused default) whatever the detect runs used, and showed
+    their numbers beside the transfer's although measured with another static top-k."""
+    from dynheads.experiments.halueval import run_transfer
+
+    sets = ("copy_heads", "retrieval", "entropy")
+    _transfer_pair(
+        tmp_path,
+        {
+            "qa": DetectConfig(feature_sets=sets, folds=3, repeats=2, bootstrap=20),
+            "dialogue": DetectConfig(feature_sets=sets, folds=4, repeats=1, bootstrap=20, static_k=2),
+        },
+    )
+    flat = run_transfer(tmp_path / "qa", tmp_path / "dialogue", DetectConfig(feature_sets=sets), tmp_path / "t")
+    row = flat[(flat["level"] == "response") & (flat["feature_set"] == "retrieval")].iloc[0]
+    assert not np.isnan(row["QA in-task auroc"]) and np.isnan(row["dialogue in-task auroc"])
+    text = (tmp_path / "t" / "transfer.md").read_text()
+    assert "5-fold" not in text and "QA: 3-fold cross-validation grouped by question, first of 2 repeats" in text
+    assert "dialogue: n/a" in text and "static_k 2 (here 10)" in text
+    manifest = RunDir(tmp_path / "t").manifest()
+    assert manifest["detect_runs"] == [str(tmp_path / "qa"), str(tmp_path / "dialogue")]
+    assert manifest["in_task"][0].startswith("QA: 3-fold")
+
+
+def _set_model(run_path, **model) -> None:
+    """Write ``model`` as the run manifest's model entry (what ``LoadedModel.describe`` records)."""
+    run = RunDir(run_path)
+    run.manifest_path.write_text(__import__("json").dumps(run.manifest() | {"model": model}))
+
+
+def test_transfer_refuses_runs_or_a_predictor_of_another_model_in_one_line_and_not_another_device(tmp_path):
+    from dynheads.experiments.halueval import run_transfer
+
+    sets = ("copy_heads", "entropy")
+    config = DetectConfig(feature_sets=sets, folds=3, bootstrap=10)
+    _transfer_pair(tmp_path, {"qa": config, "dialogue": config})
+    smol = {"name": "smol", "architecture": "Llama", "num_layers": 3, "num_heads": 4, "revision": "sha256:aa"}
+    _set_model(tmp_path / "qa" / "trace", **smol, device="cpu")
+    _set_model(tmp_path / "dialogue" / "trace", **smol, device="cuda:0")  # the same model elsewhere: accepted
+    run_transfer(tmp_path / "qa", tmp_path / "dialogue", config, tmp_path / "t")
+    probe = tmp_path / "probe-run" / "probe"
+    probe.mkdir(parents=True)
+    (probe / "questions.json").write_text('{"train": ["other"], "validation": []}')  # no question shared
+    RunDir(tmp_path / "probe-run").start("niah", {"synthetic": True}, None)
+    _set_model(tmp_path / "probe-run", **smol | {"name": "base", "revision": "sha256:bb"})
+    with pytest.raises(DynheadsError, match=r"head predictor .* comes from a run of another model \(base"):
+        run_transfer(tmp_path / "qa", tmp_path / "dialogue", replace(config, probe=str(probe)), tmp_path / "t")
+    _set_model(tmp_path / "dialogue" / "trace", **smol | {"name": "base", "revision": "sha256:bb"})
+    with pytest.raises(DynheadsError, match=r"different models \(QA: smol, revision sha256:aa; dialogue: base"):
+        run_transfer(tmp_path / "qa", tmp_path / "dialogue", config, tmp_path / "t")
 
 
 @pytest.mark.parametrize(

@@ -88,3 +88,43 @@ def test_bad_input_is_refused(tmp_path, scores, labels, top, message):
     with pytest.raises(DynheadsError, match=message):
         plot_head_dynamics(scores, labels, tmp_path / "x.png", top=top)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_signed_score_gets_a_diverging_scale_centred_on_zero_and_its_own_name():
+    """The write score (logits, negative where a head writes against the token) was drawn on the one-sided 'Blues'
+    map under 'retrieval score': its negative cells looked like zeros."""
+    writes = SCORES * 3.0 - 1.0  # values -1 and 2
+    figure, _ = head_dynamics_figure(writes, TOKENS, top=2, scale_label="write score")
+    image, bar = figure.axes[0].images[0], figure.axes[1]
+    assert image.get_cmap().name == "RdBu_r" and image.get_clim() == (-2.0, 2.0)
+    assert bar.get_ylabel() == "write score"
+    shares = head_dynamics_figure(SCORES * 0.5 + 0.1, TOKENS, top=2)[0]  # Eq. 2-like: one-sided, as before
+    assert shares.axes[0].images[0].get_cmap().name == "Blues" and shares.axes[1].get_ylabel() == "retrieval score"
+
+
+def test_plot_heads_names_the_plotted_score_on_its_scale(tmp_path, monkeypatch):
+    from dynheads.runs import RunDir
+    from dynheads.traces import Trace
+    from dynheads.views import analyses
+
+    rng = np.random.default_rng(0)
+    head = rng.random((4, 2, 2)).astype(np.float32)
+    trace = Trace(
+        tokens=np.arange(4),
+        token_texts=TOKENS,
+        text="".join(TOKENS),
+        argmax_pos=np.zeros((4, 2, 2), np.int32),
+        needle_mass=head,
+        scores={"copy": SCORES, "reasoning": head, "write": head - 0.5},
+        max_prob=head,
+        hidden=rng.random((4, 8)),
+        prompt_length=10,
+        stop_reason="eos",
+    )
+    run = RunDir(tmp_path / "run")
+    run.start("niah", {"synthetic": True}, None)
+    run.save_sample({"sample_id": "s0", "needle_positions": [1, 2]}, trace)
+    seen = {}
+    monkeypatch.setattr(analyses, "plot_head_dynamics", lambda *args, **kwargs: seen.update(kwargs))
+    analyses.plot_heads(run.path, score="write", top=2)
+    assert seen["scale_label"] == "write score"

@@ -122,6 +122,26 @@ class LoadedModel:
         }
 
 
+# what tells two models apart in a run manifest's ``model`` (``LoadedModel.describe``), and revisions that pin nothing
+MODEL_IDENTITY = ("architecture", "num_layers", "num_heads", "hidden_size", "parameters", "revision")
+UNPINNED = ("local", "unknown", None)
+
+
+def model_difference(mine: dict[str, Any] | None, theirs: dict[str, Any] | None) -> tuple[str, Any, Any] | None:
+    """The first ``MODEL_IDENTITY`` field in which two manifests' ``model`` entries differ, as (field, mine, theirs);
+    None when they agree, when either is unknown, or where a field is missing (a revision that pins nothing, such as
+    a local folder's, is not compared)."""
+    if not mine or not theirs:
+        return None
+    for key in MODEL_IDENTITY:
+        one, other = mine.get(key), theirs.get(key)
+        if key == "revision" and (one in UNPINNED or other in UNPINNED):
+            continue
+        if one is not None and other is not None and one != other:
+            return key, one, other
+    return None
+
+
 def decode_text(tokenizer: PreTrainedTokenizerBase, ids: list[int], skip_special_tokens: bool = False) -> str:
     """The text of the token ids ``ids`` (one sequence, so one string: transformers types decode's batch form too)."""
     return cast(str, tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))

@@ -30,6 +30,7 @@ from dynheads.analysis.headlists import RankedHeads, load_head_list, scored_head
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head
 from dynheads.io import content_sha256, read_json
+from dynheads.models import model_difference
 from dynheads.runs import RunDir
 from dynheads.tasks.questions import refuse_overlap
 
@@ -39,9 +40,6 @@ UNCHECKED = "unknown: no run directory beside it"  # what the manifest records o
 # what it records of a static list scored on NIAH and evaluated on a question task
 NIAH_FIT = "no shared question: fitted on NIAH samples (the niah run beside the list), which are not questions"
 QUESTIONS_FILE = "questions.json"  # beside a trained predictor: the question ids it was trained and validated on
-# what tells two models apart in a run manifest's ``model`` (``LoadedModel.describe``), and revisions that pin nothing
-MODEL_IDENTITY = ("architecture", "num_layers", "num_heads", "hidden_size", "parameters", "revision")
-UNPINNED = ("local", "unknown", None)
 
 
 @dataclass(frozen=True)
@@ -134,17 +132,14 @@ def refuse_other_model(path: str | Path, what: str, model: dict[str, Any] | None
     without a run beside the source; a folder's revision ("local") pins nothing and is not compared."""
     run = _fitted_run(path)
     fitted = run.manifest().get("model") if run is not None and model else None
-    if not fitted or not model:
+    differ = model_difference(model, fitted)
+    if differ is None or not fitted or not model:
         return
-    for key in MODEL_IDENTITY:
-        mine, theirs = model.get(key), fitted.get(key)
-        if key == "revision" and (mine in UNPINNED or theirs in UNPINNED):
-            continue
-        if mine is not None and theirs is not None and mine != theirs:
-            raise DynheadsError(
-                f"the {what} {path} comes from a run of another model ({fitted.get('name')}: {key} {theirs}; "
-                f"this run's {model.get('name')}: {mine}): fit it on this model's run"
-            )
+    key, mine, theirs = differ
+    raise DynheadsError(
+        f"the {what} {path} comes from a run of another model ({fitted.get('name')}: {key} {theirs}; "
+        f"this run's {model.get('name')}: {mine}): fit it on this model's run"
+    )
 
 
 def _fitted_run(path: str | Path) -> RunDir | None:

@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,7 @@ from dynheads.analysis.headlists import load_head_list
 from dynheads.analysis.settings import ANSWER_KEY
 from dynheads.errors import DynheadsError
 from dynheads.io import read_json, write_json
+from dynheads.models import model_difference
 from dynheads.traces import Trace
 
 
@@ -100,11 +101,14 @@ class Detector:
         models: dict[str, dict],
         response_models: dict[str, dict] | None = None,
         fitted_prompts: frozenset[str] | None = None,
+        model: dict[str, Any] | None = None,
     ):
         self.spec, self.probe_dir, self.models = spec, probe_dir, models
         self.response_models = response_models or {}
         # the prompts of the traces it was fitted on (``Trace.prompt_digest``); None: not recorded (an older file)
         self.fitted_prompts = fitted_prompts
+        # the model of the run it was fitted on (its manifest's ``model``); None: not recorded (an older file)
+        self.model = model
         self._probe: TrainedHeadPredictor | None = None
 
     @classmethod
@@ -141,6 +145,7 @@ class Detector:
                 "models": self.models,
                 "response_models": self.response_models,
                 **({"fitted_prompts": sorted(self.fitted_prompts)} if self.fitted_prompts is not None else {}),
+                **({"model": self.model} if self.model is not None else {}),
             },
         )
 
@@ -163,7 +168,8 @@ class Detector:
             )
             fitted = data.get("fitted_prompts")
             prompts = frozenset(map(str, fitted)) if fitted is not None else None
-            return cls(spec, data["probe"], dict(data["models"]), dict(data["response_models"]), prompts)
+            model = dict(data["model"]) if data.get("model") is not None else None
+            return cls(spec, data["probe"], dict(data["models"]), dict(data["response_models"]), prompts, model)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise DynheadsError(
                 f"{path} is not a valid dynheads detector file (written by 'dynheads detect'): "
@@ -183,6 +189,7 @@ def apply_detector(
     if not isinstance(trace, Trace):
         if not Path(trace).is_file():
             raise DynheadsError(f"trace file not found: {trace}")
+        refuse_other_run_model(detector, trace_run_model(trace))
         trace = Trace.load(trace)
     steps = np.arange(trace.num_steps)
     frame = pd.DataFrame({"step": steps, "token": trace.token_texts})
@@ -214,6 +221,32 @@ def refuse_other_model(detector: Detector, trace: Trace) -> None:
         raise DynheadsError(
             f"the detector reads head L{outside[0][0]}-H{outside[0][1]}, which this trace ({layers} layers x {heads} "
             "heads) does not have: the trace is of another model than the detector was fitted on"
+        )
+
+
+def trace_run_model(path: str | Path) -> dict[str, Any] | None:
+    """The ``model`` that the manifest of the run holding a trace file records (``RUN/traces/NAME.parquet``);
+    None for a trace outside a run folder or a manifest that records none."""
+    path = Path(path)
+    manifest = path.parent.parent / "manifest.json"
+    if path.parent.name != "traces" or not manifest.is_file():
+        return None
+    try:
+        model = read_json(manifest).get("model")
+    except (ValueError, AttributeError):
+        return None  # not a run manifest: nothing to compare
+    return model if isinstance(model, dict) else None
+
+
+def refuse_other_run_model(detector: Detector, model: dict[str, Any] | None) -> None:
+    """A trace whose run records another model than the one the detector was fitted on (``model_difference``: the
+    shapes may agree, the heads do not): one line. Nothing to check where either is not recorded."""
+    differ = model_difference(model, detector.model)
+    if differ is not None and model and detector.model:
+        key, mine, theirs = differ
+        raise DynheadsError(
+            f"the detector was fitted on a run of {detector.model.get('name')} ({key} {theirs}); this trace's run is "
+            f"of {model.get('name')} ({key} {mine}): fit a detector on this model's traces"
         )
 
 

@@ -40,9 +40,10 @@ from dynheads.engine.tracing import trace_batch
 from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
 from dynheads.io import read_json
-from dynheads.models import LoadedModel
+from dynheads.models import LoadedModel, model_difference
 from dynheads.outputs import Outputs, write_outputs
 from dynheads.packaged import describe
+from dynheads.resources import HEAD_PREDICTOR, refuse_other_model
 from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.settings import BOUNDARIES, HaluevalConfig
 from dynheads.tables import Block, Heading, Summary, Table
@@ -56,6 +57,9 @@ from dynheads.views.detect import (
     match_lengths,
     refuse_probe_overlap,
 )
+
+# where a run was traced (the same model on another device or placement gives the same features up to rounding)
+WHERE_TRACED = ("device", "device_map")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,14 +150,10 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
     samples = [labelled_samples(run)[0] for run in runs]
     if config.match_length:
         samples = [match_lengths(group) for group in samples]
-    probe_checks = (
-        [refuse_probe_overlap(config.probe, [], sorted({s.group for s in group})) for group in samples]
-        if config.probe
-        else None
-    )
+    probe_checks = _probe_checks(config, samples, manifests[0].get("model"))
     featurisers = [Featuriser(group, config.probe) for group in samples]
     prefix = int(manifests[0].get("response_prefix", 0))
-    in_task = [_in_task(Path(folder), config.match_length) for folder in (first, second)]
+    in_task = [_in_task(Path(folder), task, config) for folder, task in zip((first, second), tasks, strict=True)]
     rows = []
     for level in ("response", "token"):
         results = _cross_task_aurocs(samples, featurisers, config, prefix, level)
@@ -166,7 +166,7 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
                 "section": "upper_bound" if name in ANSWER_KEY else "deployable",
             }
             for index, task in enumerate(tasks):
-                row[f"{task} in-task"] = in_task[index].get((level, name), (math.nan,) * 3)
+                row[f"{task} in-task"] = in_task[index].numbers.get((level, name), (math.nan,) * 3)
             for source, target in ((0, 1), (1, 0)):
                 row[f"{tasks[source]} -> {tasks[target]}"] = results.get((source, name), (math.nan,) * 3)
             rows.append(row)
@@ -176,7 +176,9 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
         config,
         {
             "runs": [str(run.path) for run in runs],
+            "detect_runs": [str(first), str(second)],
             "tasks": tasks,
+            "in_task": [part.protocol for part in in_task],
             "questions": [m.get("questions") for m in manifests],
             "probe_overlap_check": probe_checks,
             "protocol": "fit on every response of one task (static heads ranked on it), score every response of the "
@@ -189,7 +191,8 @@ def run_transfer(first: str | Path, second: str | Path, config: DetectConfig, ou
         flat = flat.drop(columns=column)
     outputs = Outputs().add("transfer.csv", flat)
     outputs.add("transfer.json", {"tasks": tasks, "rows": flat.to_dict("records")})
-    write_outputs(out_run.path, outputs.add("transfer.md", transfer_summary(table, tasks, config)))
+    protocols = [part.protocol for part in in_task]
+    write_outputs(out_run.path, outputs.add("transfer.md", transfer_summary(table, tasks, config, protocols)))
     return flat
 
 
@@ -199,13 +202,33 @@ def _transfer_tasks(manifests: list[dict], config: DetectConfig) -> list[str]:
     tasks = [halueval.parse_data(m["data"]).replace("qa", "QA") for m in manifests]
     if tasks[0] == tasks[1]:
         raise DynheadsError(f"both runs trace HaluEval {tasks[0]}: transfer needs the two tasks")
-    for key in ("model", "response_prefix"):
-        if manifests[0].get(key) != manifests[1].get(key):
-            raise DynheadsError(f"the two runs differ in {key}: trace them with the same settings")
+    models = [m.get("model") or {} for m in manifests]
+    differ = model_difference(models[0], models[1])
+    if differ is not None:
+        raise DynheadsError(
+            f"the two runs are of different models ({tasks[0]}: {models[0].get('name')}, {differ[0]} {differ[1]}; "
+            f"{tasks[1]}: {models[1].get('name')}, {differ[0]} {differ[2]}): trace both tasks with one model"
+        )
+    for key, differs in (
+        ("model", [{k: v for k, v in model.items() if k not in WHERE_TRACED} for model in models]),
+        ("response_prefix (--context-boundary)", [m.get("response_prefix") for m in manifests]),
+    ):
+        if differs[0] != differs[1]:
+            raise DynheadsError(f"the two runs differ in {key}: {differs[0]} / {differs[1]}; trace them alike")
     unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
     if unknown:
         raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
     return tasks
+
+
+def _probe_checks(config: DetectConfig, samples: list[list[LabelledSample]], model: dict | None) -> list | None:
+    """The ``--predictor`` checks of both tasks (refused when fitted on any question either task scores, or on a run
+    of another model than the traced one), as the manifest records them; None without a predictor."""
+    if not config.probe:
+        return None
+    checks = [refuse_probe_overlap(config.probe, [], sorted({s.group for s in group})) for group in samples]
+    refuse_other_model(config.probe, HEAD_PREDICTOR, model)
+    return checks
 
 
 def _cross_task_aurocs(
@@ -253,19 +276,52 @@ def _groups(samples, level: str) -> np.ndarray:
     return np.concatenate([[s.group] * (len(s.steps) if level == "token" else 1) for s in samples])
 
 
-def _in_task(detect_dir: Path, match_length: bool) -> dict[tuple[str, str], tuple[float, float, float]]:
-    """(level, feature set) -> cross-validated AUROC and interval from a detect run's results.json ({} if none)."""
-    path = detect_dir / "results.json"
-    if not path.is_file() or read_json(detect_dir / "manifest.json")["config"].get("match_length") != match_length:
-        return {}  # none, or measured under the other length setting
-    return {
+# the detector settings that change a feature set's columns or its classifier: a detect run's in-task numbers stand
+# beside the transfer only when that run used the transfer's (the folds and resamples are its own, and named)
+IN_TASK_SETTINGS = ("static", "static_k", "probe", "regularisation", "match_length")
+
+
+@dataclass(frozen=True)
+class InTask:
+    """A detect run's cross-validated numbers, (level, feature set) -> AUROC, low, high ({} when they are left out),
+    and one line on how they were measured, or why they are left out."""
+
+    numbers: dict[tuple[str, str], tuple[float, float, float]]
+    protocol: str
+
+
+def _in_task(detect_dir: Path, task: str, config: DetectConfig) -> InTask:
+    """``detect_dir``'s in-task numbers from its results.json, with its own folds and resamples; left out (n/a) when
+    it has none or was measured under other detector settings than ``config`` (``IN_TASK_SETTINGS``)."""
+    path, manifest = detect_dir / "results.json", read_json(detect_dir / "manifest.json")
+    used = manifest.get("config", {})
+    if not path.is_file():
+        return InTask({}, f"{task}: n/a ({detect_dir} has no results.json)")
+    differ = [name for name in IN_TASK_SETTINGS if used.get(name) != getattr(config, name)]
+    if differ:
+        return InTask(
+            {},
+            f"{task}: n/a ({detect_dir} was measured with "
+            + ", ".join(f"{name} {used.get(name)!r} (here {getattr(config, name)!r})" for name in differ)
+            + ")",
+        )
+    folds = manifest.get("cross_validation", {})
+    numbers = {
         (r["level"], r["feature_set"]): (r["auroc"], r["auroc_low"], r["auroc_high"])
         for r in read_json(path)["results"]
     }
+    return InTask(
+        numbers,
+        f"{task}: {folds.get('folds')}-fold cross-validation grouped by {folds.get('unit')}, first of "
+        f"{len(folds.get('repeats', []))} repeats, {used.get('bootstrap')} bootstrap resamples ({detect_dir})",
+    )
 
 
-def transfer_summary(table: pd.DataFrame, tasks: list[str], config: DetectConfig) -> Summary:
-    """transfer.md as data: per level, the in-task and cross-task AUROC tables, then the protocol."""
+def transfer_summary(
+    table: pd.DataFrame, tasks: list[str], config: DetectConfig, in_task: Sequence[str] = ()
+) -> Summary:
+    """transfer.md as data: per level, the in-task and cross-task AUROC tables, then the protocol (``in_task``: how
+    each detect run's in-task numbers were measured, or why they are left out)."""
     columns = [f"{tasks[0]} in-task", f"{tasks[1]} in-task", f"{tasks[0]} -> {tasks[1]}", f"{tasks[1]} -> {tasks[0]}"]
 
     def cell(value: tuple[float, float, float]) -> str:
@@ -287,8 +343,9 @@ def transfer_summary(table: pd.DataFrame, tasks: list[str], config: DetectConfig
                     ),
                 ]
     blocks.append(
-        f"AUROC [95% CI]. In-task: {config.folds}-fold cross-validation grouped by question (from each "
-        "detect run's results.json). A → B: fitted on every response of A, scored on every response of B, "
+        "AUROC [95% CI]. In-task, from each detect run's results.json: "
+        + "; ".join(in_task or ["not given"])
+        + ". A → B: fitted on every response of A, scored on every response of B, "
         f"interval by bootstrap over B's questions ({config.bootstrap} resamples)."
     )
-    return Summary(blocks, {"tasks": tasks})
+    return Summary(blocks, {"tasks": tasks, "in_task": list(in_task)})

@@ -48,12 +48,15 @@ def plot_head_dynamics(
     top: int = 10,
     binary: bool | None = None,
     title: str | None = None,
+    scale_label: str = "retrieval score",
 ) -> list[Head]:
     """Write Figure 1 for one generation as a PNG at ``path`` (atomically); returns the heads shown.
 
     See ``head_dynamics_figure`` for the arguments.
     """
-    figure, heads = head_dynamics_figure(scores, token_labels, top=top, binary=binary, title=title)
+    figure, heads = head_dynamics_figure(
+        scores, token_labels, top=top, binary=binary, title=title, scale_label=scale_label
+    )
     save_png(figure, path)
     return heads
 
@@ -80,12 +83,14 @@ def head_dynamics_figure(
     top: int = 10,
     binary: bool | None = None,
     title: str | None = None,
+    scale_label: str = "retrieval score",
 ) -> tuple[Figure, list[Head]]:
     """Heat map of ``scores`` ``[step, layer, head]`` for the ``top`` most varying heads.
 
     Rows are the chosen heads in (layer, head) order, columns the steps, labelled with ``token_labels`` (the
     generated tokens). ``binary=None`` treats bool or 0/1-only scores (Eq. 1) as binary (two colours and a
-    legend); anything else (Eq. 2) gets a continuous colour scale and a colour bar.
+    legend); anything else (Eq. 2) gets a continuous colour scale and a colour bar, diverging around 0 where a
+    score is negative (the write score, in logits). ``scale_label`` names the score on the legend or colour bar.
     """
     check_figure_inputs(scores, token_labels)
     scores = np.asarray(scores)
@@ -116,7 +121,7 @@ def head_dynamics_figure(
         ]
         axes.legend(
             handles=legend,
-            title="retrieval score",
+            title=scale_label,
             loc="upper left",
             bbox_to_anchor=(1.01, 1.0),
             frameon=False,
@@ -124,8 +129,10 @@ def head_dynamics_figure(
             title_fontsize=8,
         )
     else:
-        image = axes.imshow(matrix, cmap="Blues", aspect="auto", interpolation="nearest")
-        figure.colorbar(image, ax=axes, label="retrieval score", fraction=0.04, pad=0.01)
+        bound = float(np.abs(matrix).max()) or 1.0
+        signed = {"cmap": "RdBu_r", "vmin": -bound, "vmax": bound} if (matrix < 0).any() else {"cmap": "Blues"}
+        image = axes.imshow(matrix, aspect="auto", interpolation="nearest", **signed)
+        figure.colorbar(image, ax=axes, label=scale_label, fraction=0.04, pad=0.01)
 
     # Label every step while the labels fit; past that, every n-th step.
     stride = math.ceil(steps * _STEP_INCHES / (width - 3.0)) if width == _MAX_WIDTH else 1

@@ -36,7 +36,7 @@ from dynheads.paper import ENTROPY_BASELINE, PAPER_DYNAMISM, PAPER_MODEL, PAPER_
 from dynheads.plots.cca import plot_cca
 from dynheads.plots.heads import plot_head_dynamics
 from dynheads.runs import RunDir, file_stem
-from dynheads.scores import DEFAULT_REASONING_THRESHOLD, ScoreKind, ScoreSpec, check_kind, score_values
+from dynheads.scores import DEFAULT_REASONING_THRESHOLD, HEAD_SCORES, ScoreKind, ScoreSpec, check_kind, score_values
 from dynheads.tables import Heading, Summary
 from dynheads.thresholds import ReasoningThreshold
 from dynheads.traces import Trace
@@ -218,10 +218,13 @@ def plot_heads(
     if not chosen:
         raise DynheadsError(f"{run.path} has no traced sample with generated tokens: nothing to plot")
     out, name = Path(out_dir) if out_dir else run.path / "plots", model_name(run)
+    label = HEAD_SCORES.get(check_kind(score)).label  # what the colour bar names ("write score", not "retrieval")
     figures = Outputs()
     for sample_id, trace in chosen:
         title = f"{name}: {sample_id} ({score} score, top-{top} most varying heads)"
-        drawn = partial(plot_head_dynamics, score_array(trace, score), trace.token_texts, top=top, title=title)
+        drawn = partial(
+            plot_head_dynamics, score_array(trace, score), trace.token_texts, top=top, title=title, scale_label=label
+        )
         figures.add(f"heads-{file_stem(sample_id)}.png", Written(drawn))
     write_outputs(out, figures)
     return [out / name for name in figures.files]

@@ -222,6 +222,7 @@ def run_detect(
         evaluated.models["token"],
         evaluated.models.get("response"),
         frozenset(p for p in prompts if p is not None) if all(p is not None for p in prompts) else None,
+        model,
     )
     outputs = Outputs().add("labels.csv", _labels(samples, folds[0]["test_groups"]))
     outputs.add("detector.json", Written(fitted.save))
@@ -413,6 +414,17 @@ def strata_table(strata: Sequence[dict]) -> Table:
     )
 
 
+def _win_protocol(config: DetectConfig) -> str:
+    """How the within-question win rate of responses is measured (said only where there are responses)."""
+    return (
+        " Within-question win (responses): the share of questions whose hallucinated answer scores above its right "
+        "one (ties count one half; the paired AUROC), 95% bootstrap interval over questions "
+        f"({config.bootstrap} resamples), answers read whole"
+        + (" (here cut to the shorter one's tokens: --match-length)" if config.match_length else "")
+        + "."
+    )
+
+
 def results_summary(
     table: pd.DataFrame, counts: dict, skipped: dict, config: DetectConfig, strata: Sequence[dict] = ()
 ) -> Summary:
@@ -441,8 +453,9 @@ def results_summary(
         if skipped.get(level):
             blocks.append(f"skipped (not in every trace, or no probe given): {', '.join(skipped[level])}")
     unit = "questions" if counts["groups"] < counts["samples"] else "samples"
+    grouped = f" in {counts['groups']} questions" if unit == "questions" else " (each its own group)"
     blocks.append(
-        f"{counts['samples']} samples in {counts['groups']} {unit}; {counts['faithful_tokens']} faithful / "
+        f"{counts['samples']} samples{grouped}; {counts['faithful_tokens']} faithful / "
         f"{counts['hallucinated_tokens']} hallucinated tokens"
         + (
             f"; {counts['faithful_responses']} faithful / {counts['hallucinated_responses']} hallucinated responses"
@@ -456,11 +469,8 @@ def results_summary(
         f"cross-validation grouped by {unit[:-1]}, 95% bootstrap interval over {unit} "
         f"({config.bootstrap} resamples); fold mean ± s.d. over all {config.folds * config.repeats} folds; "
         "range of the out-of-fold AUROC over the repeats; Δ: AUROC minus the lookback ratio's on the same "
-        "out-of-fold units, paired bootstrap over the same groups. Within-question win (responses): the share of "
-        "questions whose hallucinated answer scores above its right one (ties count one half; the paired AUROC), "
-        f"95% bootstrap interval over questions ({config.bootstrap} resamples), answers read whole"
-        + (" (here cut to the shorter one's tokens: --match-length)" if config.match_length else "")
-        + "."
+        "out-of-fold units, paired bootstrap over the same groups."
+        + (_win_protocol(config) if "faithful_responses" in counts else "")
     )
     blocks += [
         "published detectors, on other tasks and models (not comparable one to one):",
