@@ -89,7 +89,10 @@ def detect_transfer(
 def detect_apply(
     detector: Annotated[Path, typer.Argument(help="detector.json written by 'dynheads detect'")],
     trace: Annotated[Path, typer.Argument(help="trace .parquet file of a new generation")],
-    answer: Annotated[str | None, Opt(help="true value, to label the tokens beside the scores")] = None,
+    answer: Annotated[
+        str | None,
+        Opt(help="true value, to label the tokens beside the scores: 0 faithful, 1 hallucinated, -1 outside the value"),
+    ] = None,
     out: Annotated[Path | None, Opt("--out", help="CSV file for the per-token scores (default: print)")] = None,
 ) -> None:
     """Score every token of a trace with a saved detector: probability that it is hallucinated."""
