@@ -137,6 +137,14 @@ def test_rag_refuses_a_probe_that_records_no_questions(probe_dir, tiny_lm, tmp_p
         run_rag(config, tmp_path / "rag", lm=tiny_lm, progress=False)
 
 
+def test_rag_refuses_more_heads_than_the_model_has_before_it_writes_anything(tiny_lm, tmp_path):
+    heads = tiny_lm.num_layers * tiny_lm.num_heads
+    config = RagConfig(strategies=("fixed-random", "none"), ks=(heads + 1,), questions=1, first=6, lengths=(300,))
+    with pytest.raises(DynheadsError, match=f"k={heads + 1} heads asked, but the model has {heads} heads"):
+        run_rag(config, tmp_path / "rag", lm=tiny_lm, progress=False)
+    assert not (tmp_path / "rag").exists()  # a started run would have kept the k and refused the corrected one
+
+
 # ---- static reasoning heads, never padded with zero-score heads --------------------------------------------------
 def test_static_reasoning_heads_are_the_mean_eq2_over_steps_then_questions(tiny_lm, tiny_model_dir, tmp_path):
     config = StaticReasoningConfig(

@@ -268,6 +268,12 @@ def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):
     assert set(rows["strategy"]) == {"qrhead", "bm25"} and (rows.loc[rows["strategy"] == "qrhead", "heads"] == 2).all()
     with pytest.raises(DynheadsError, match="not a rerank run scored with these settings"):
         summarise_scored(dataclasses.replace(config, seed=1), run.path)
+    heads = tiny_lm.num_layers * tiny_lm.num_heads
+    with pytest.raises(DynheadsError, match=f"k={heads + 1} heads asked, but the model has {heads} heads"):
+        summarise_scored(dataclasses.replace(config, k=heads + 1), run.path)
+    with pytest.raises(DynheadsError, match=f"k={heads + 1} heads asked"):  # before any question is scored
+        run_rerank(dataclasses.replace(config, k=heads + 1), tmp_path / "too-many", lm=tiny_lm, progress=False)
+    assert not (tmp_path / "too-many").exists()
     summary = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]
     assert summary["fit_questions"] == 3 and len(summary["qrhead_heads"]) == 2
     # Fusions with BM25 rank the same stored scores; mix's weight is fitted on the fitting stream only.
@@ -308,7 +314,9 @@ def test_a_static_list_fitted_on_evaluated_questions_is_refused(tiny_lm, tmp_pat
     static.parent.mkdir()
     static.write_text(json.dumps(["0-1", "1-2"]))
     (static.parent / "manifest.json").write_text(json.dumps({"questions": {"ids": [records[3].id]}}))
-    config = RerankConfig(data=str(data), first=2, questions=2, fit_first=0, fit_questions=2, static=str(static))
+    config = RerankConfig(  # k = 4 of the tiny model's 12 heads (the default 16 is refused: more than it has)
+        data=str(data), first=2, questions=2, fit_first=0, fit_questions=2, static=str(static), k=4
+    )
     with pytest.raises(DynheadsError, match="fitted on 1 of the questions"):
         run_rerank(config, tmp_path / "run", lm=tiny_lm, progress=False)
 

@@ -69,10 +69,15 @@ def qrhead_scores(calibrated: Sequence[np.ndarray], gold: Sequence[Sequence[int]
     return np.mean(per_question, axis=0)
 
 
+def check_head_count(k: int, num_heads: int) -> None:
+    """Refuse ``k`` heads of a model that has ``num_heads`` (all layers) unless 1 <= k <= num_heads: one line."""
+    if not 1 <= k <= num_heads:
+        raise DynheadsError(f"k={k} heads asked, but the model has {num_heads} heads")
+
+
 def top_heads(scores: np.ndarray, k: int) -> list[Head]:
     """The ``k`` heads of ``scores [L, H]`` with the highest value, best first (ties: layer, then head)."""
     layers, heads = scores.shape
-    if not 1 <= k <= layers * heads:
-        raise DynheadsError(f"k={k} heads asked, but the model has {layers * heads}")
+    check_head_count(k, layers * heads)
     order = np.argsort(-scores.ravel(), kind="stable")[:k]
     return [(int(i) // heads, int(i) % heads) for i in order]

@@ -13,6 +13,7 @@ from typing import Unpack, cast
 
 import numpy as np
 
+from dynheads.analysis.ranking import check_head_count
 from dynheads.config import pieces_of
 from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, run_experiment
@@ -105,9 +106,12 @@ def _rag_plan(config: RagConfig, lm: LoadedModel) -> _RagPlan:
     """The questions; the sources the strategies read, refused where fitted on them (and refused when not given).
     The prompts are not checked against the window here: a retrieval's prompt is built per step."""
     hotpot, task = config.hotpot_config(), config.task_entry()
+    arms = rag_arms(config)
+    for k in {arm.k for arm in arms if arm.k is not None}:  # before the run folder is written: it would keep the k
+        check_head_count(k, lm.num_layers * lm.num_heads)
     grid = task.grid(hotpot, lm.tokenizer)
     return _RagPlan(
-        needs=frozenset(needs_of(rag_arms(config))),
+        needs=frozenset(needs_of(arms)),
         evaluated=Evaluated("this RAG run", questions=tuple(sorted({sample.record_id for sample in grid.samples}))),
         static=config.static,
         predictor=config.probe,

@@ -39,6 +39,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from dynheads.analysis.ranking import check_head_count
 from dynheads.errors import DynheadsError
 from dynheads.experiments.experiment import Context, Experiment, Phase, Plan, Work, plan_sources, run_experiment
 from dynheads.models import LoadedModel
@@ -95,6 +96,7 @@ def _check_rerank(config: RerankConfig) -> None:
 def _rerank_plan(config: RerankConfig, lm: LoadedModel) -> _RerankPlan:
     """Both streams' questions (disjoint); the sources the chosen strategies read, checked against the evaluated
     questions. A strategy whose source was not given is skipped (``HeadSources.skipped``)."""
+    _check_k(config, lm.num_layers * lm.num_heads)  # a ranking setting, but refused before any question is scored
     fit, evaluation = config.streams()
     records = load_hotpotqa(config.data)
     fit_records, eval_records = fit.take(records, config.data), evaluation.take(records, config.data)
@@ -181,9 +183,16 @@ def summarise_scored(config: RerankConfig, out: str | Path) -> RunDir:
         )
     refuse_other_rows(manifest, run)
     model = manifest["model"]
+    _check_k(config, model["num_layers"] * model["num_heads"])
     sources = plan_sources(Plan(**_source_fields(config, manifest["questions"]["ids"])), model)
     write_outputs(run.path, rerank_tables(RunView.of(run), config, head_sources(config, sources)))
     return run
+
+
+def _check_k(config: RerankConfig, num_heads: int) -> None:
+    """Refuse a ``--k`` the model cannot give when a chosen strategy scores k heads (``takes_k``)."""
+    if any(RERANK_STRATEGIES.get(name).takes_k for name in base_strategies(config.strategies)):
+        check_head_count(config.k, num_heads)
 
 
 def refuse_other_rows(manifest: dict, run: RunDir) -> None:

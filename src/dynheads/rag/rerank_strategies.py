@@ -62,6 +62,7 @@ class RerankStrategy:
     reads_heads: bool = True  # scores from attention heads: fusable with BM25
     needs_static: bool = False  # reads the static list (--static)
     needs_probe: bool = False  # reads the head predictor (--predictor)
+    takes_k: bool = False  # scores a subset of k heads (--k)
 
 
 RERANK_STRATEGIES = Registry[RerankStrategy]("rerank strategy")
@@ -107,17 +108,19 @@ RERANK_STRATEGIES.register(
     "icr-uncalibrated", RerankStrategy(_uncalibrated), help="every head, raw (what the calibration buys)"
 )
 RERANK_STRATEGIES.register(
-    "qrhead", RerankStrategy(_qrhead), help="QRHead: the k heads best on the fitting stream's gold"
+    "qrhead", RerankStrategy(_qrhead, takes_k=True), help="QRHead: the k heads best on the fitting stream's gold"
 )
 RERANK_STRATEGIES.register(
-    "static", RerankStrategy(_static, needs_static=True), help="the k best heads of the static list (--static)"
+    "static",
+    RerankStrategy(_static, needs_static=True, takes_k=True),
+    help="the k best heads of the static list (--static)",
 )
 RERANK_STRATEGIES.register(
     "predictor",
-    RerankStrategy(_predictor, needs_probe=True),
+    RerankStrategy(_predictor, needs_probe=True, takes_k=True),
     help="the k heads the head predictor (--predictor) ranks highest from the hidden state",
 )
-RERANK_STRATEGIES.register("random", RerankStrategy(_random), help="k heads drawn per question (seeded)")
+RERANK_STRATEGIES.register("random", RerankStrategy(_random, takes_k=True), help="k heads drawn per question (seeded)")
 RERANK_STRATEGIES.register("bm25", RerankStrategy(_bm25, reads_heads=False), help="BM25 (bm25s) over the candidates")
 
 

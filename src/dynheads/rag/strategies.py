@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from dynheads.analysis.ranking import check_head_count
 from dynheads.errors import DynheadsError
 from dynheads.heads import Head, check_heads
 from dynheads.registry import Registry
@@ -80,8 +81,8 @@ class HeadSelector:
         predict_top: HeadPredictor | None = None,
     ):
         self.entry = RAG_STRATEGIES.get(strategy)  # an unknown name is the registry's one-line error
-        if self.entry.uses_heads and not 1 <= k <= num_layers * num_heads:
-            raise DynheadsError(f"k={k} heads asked, but the model has {num_layers * num_heads} heads")
+        if self.entry.uses_heads:
+            check_head_count(k, num_layers * num_heads)
         self.strategy, self.k, self.num_layers, self.num_heads = strategy, k, num_layers, num_heads
         self.predict_top = predict_top
         self.rng = np.random.default_rng(rng)  # a Generator passed in is used as is
