@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from dynheads import distributed
 from dynheads.config import settings_of
 from dynheads.errors import DynheadsError
-from dynheads.io import atomic_path, format_version, read_json, write_json
+from dynheads.io import atomic_path, format_version, read_json, remove_temporaries, write_json
 from dynheads.models import LoadedModel, library_versions, load_model
 from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
 from dynheads.thresholds import chance_per_step
@@ -243,12 +243,15 @@ class RunView:
 def start_run(
     run: RunDir, kind: str, config: Any, lm: LoadedModel | None, extra: dict | None = None, *, batch_size: int = 1
 ) -> dict:
-    """``run.start`` once per launch: rank 0 writes (or checks) the manifest, then the other ranks check it; the
-    manifest records how many processes shared the run and how many records were decoded together (its first
-    launch's: results depend on it only through fp32 rounding)."""
+    """``run.start`` once per launch: rank 0 writes (or checks) the manifest and deletes the temporary files a killed
+    launch left in the folder, then the other ranks check it; the manifest records how many processes shared the
+    run and how many records were decoded together (its first launch's: results depend on it only through fp32
+    rounding)."""
     _, world = distributed.rank_and_world()
     extra = {**(extra or {}), "processes": world, "batch_size": batch_size}
     manifest = run.start(kind, config, lm, extra) if distributed.is_main() else None
+    if manifest is not None:  # the other ranks wait at the barrier: nothing else writes into the folder now
+        remove_temporaries(run.path)
     distributed.barrier()
     return manifest if manifest is not None else run.start(kind, config, lm, extra)
 
