@@ -68,3 +68,20 @@ def test_remove_temporaries_deletes_only_what_atomic_writes_leave(tmp_path):
     assert sorted(remove_temporaries(tmp_path)) == sorted(stale)
     assert all(p.is_file() for p in kept) and not any(p.exists() for p in stale)
     assert remove_temporaries(tmp_path / "absent") == []
+
+
+def test_a_batched_run_killed_mid_batch_resumes_to_the_files_of_a_clean_run_of_that_batch_size(
+    tiny_model_dir, tiny_lm, tmp_path
+):
+    """Killed after the record of the 4th of 8 samples at batch size 3 (batches 0-2, 3-5, 6-7): the resumed run
+    decodes samples 3-5 together again, as the clean run did. It batched the unfinished samples as 4-6 and 7 before,
+    and sample 7 alone (the batch-1 path) got a trace that differed from the clean run's in fp32 rounding."""
+    config = small_config(tiny_model_dir)
+    run_niah(config, tmp_path / "clean", lm=tiny_lm, progress=False, batch_size=3)
+    crashed = tmp_path / "crashed"
+    run_killed(lambda: run_niah(config, crashed, lm=tiny_lm, progress=False, batch_size=3), 9, False)
+    assert len(list((crashed / "samples").glob("*.json"))) == 4
+    saved = []
+    run_niah(config, crashed, lm=tiny_lm, progress=False, batch_size=3, on_record=saved.append)
+    assert len(saved) == 4  # the finished sample 3 is decoded again, not saved again
+    assert contents(crashed) == contents(tmp_path / "clean")

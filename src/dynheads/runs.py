@@ -309,15 +309,17 @@ def run_jobs(
 ) -> list[dict]:
     """Make the records of ``jobs`` not yet finished in ``run``: ``work(items)`` gets up to ``batch_size`` items
     at a time and returns one ``Finished`` per item, in order; each is saved (its ``sample_id`` set to the job's
-    id) before the next batch starts. Returns, once every process has finished its share, the records of this
-    process's share in job order (those finished earlier read back). Calls with the same groups deal the same
-    groups to this process, so a later call can build on an earlier one's records (ablation's static and random
-    runs use their sample's dynamic record)."""
+    id) before the next batch starts. Batches are cut at fixed places of this process's share, finished jobs
+    included: a batch a kill interrupted is decoded whole again (only its unfinished records saved), so a resumed
+    run decodes every record in the batch an uninterrupted one would, and writes its files. Returns, once every
+    process has finished its share, the records of this process's share in job order (those finished earlier read
+    back). Calls with the same groups deal the same groups to this process, so a later call can build on an earlier
+    one's records (ablation's static and random runs use their sample's dynamic record)."""
     batch_size, on_record = batch_size_of(options), options.get("on_record")
     if batch_size < 1:
         raise DynheadsError("batch size must be at least 1")
     mine = _my_share(jobs)
-    todo = [job for job in mine if not run.is_done(job.record_id)]
+    todo = {job.record_id for job in mine if not run.is_done(job.record_id)}
     bar = tqdm(
         total=len(mine),
         initial=len(mine) - len(todo),
@@ -326,9 +328,10 @@ def run_jobs(
         disable=not options.get("progress", True),
     )
     made: dict[str, dict] = {}
-    for start in range(0, len(todo), batch_size):
-        batch = todo[start : start + batch_size]
+    for batch in _batches(mine, todo, batch_size):
         for job, finished in zip(batch, work([job.item for job in batch]), strict=True):
+            if job.record_id not in todo:  # finished before the run was killed: its files are this batch's
+                continue
             record = finished.record
             record["sample_id"] = job.record_id
             run.save_sample(record, finished.trace, finished.arrays)
@@ -339,6 +342,14 @@ def run_jobs(
     bar.close()
     distributed.barrier()  # every process's records are on disk before rank 0 writes the run's tables
     return [made[job.record_id] if job.record_id in made else read_json(run.record_path(job.record_id)) for job in mine]
+
+
+def _batches(mine: list[Job], todo: set[str], batch_size: int) -> Iterator[list[Job]]:
+    """``mine`` cut every ``batch_size`` jobs, the batches that hold an unfinished job (those of ``todo``)."""
+    for start in range(0, len(mine), batch_size):
+        batch = mine[start : start + batch_size]
+        if any(job.record_id in todo for job in batch):
+            yield batch
 
 
 def _my_share(jobs: Sequence[Job]) -> list[Job]:
