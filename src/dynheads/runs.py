@@ -46,6 +46,10 @@ from dynheads.traces import Trace
 MANIFEST_FORMAT_VERSION = 2
 
 
+# What names a model for a resumed run: its revision where pinned (a hub commit, a GGUF file's sha256) and its shape.
+_MODEL_IDENTITY = ("revision", "architecture", "num_layers", "num_heads", "num_kv_heads", "hidden_size")
+_UNPINNED = ("local", "unknown", None)
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _STEM_LIMIT = 100
 
@@ -109,7 +113,10 @@ class RunDir:
         """Write the manifest of a new run, or check that an existing one has the same config (resume)."""
         config_dict = settings_of(config)
         if self.exists():
-            return self.check_resume(kind, config)
+            previous = self.check_resume(kind, config)
+            if lm is not None:
+                self._check_model(previous.get("model"), lm.describe())
+            return previous
         manifest = {
             "format_version": MANIFEST_FORMAT_VERSION,
             "kind": kind,
@@ -139,6 +146,20 @@ class RunDir:
                 "resume it with the same settings or choose another --out"
             )
         return previous
+
+    def _check_model(self, previous: dict | None, now: dict) -> None:
+        """Refuse to resume with another model than the run's: under the same ``--model`` a hub cache updated to
+        another commit, a GGUF file replaced, or a folder holding another shape. A folder's revision ("local")
+        pins nothing and is not compared."""
+        for key in _MODEL_IDENTITY:
+            was, is_now = (previous or {}).get(key), now.get(key)
+            if key == "revision" and (was in _UNPINNED or is_now in _UNPINNED):
+                continue
+            if was is not None and is_now is not None and was != is_now:
+                raise DynheadsError(
+                    f"{self.path} was run with another model ({key} {was} there, {is_now} now, for the same "
+                    "--model): resume it with its model or choose another --out"
+                )
 
     # ---- samples ----------------------------------------------------------------------------------
     def record_path(self, sample_id: str) -> Path:
