@@ -69,3 +69,17 @@ def test_each_process_takes_whole_groups(tmp_path, monkeypatch):
         )
         shares.append([tuple(record["item"]) for record in done])
     assert shares == [[("a", "x"), ("a", "y"), ("c", "x"), ("c", "y")], [("b", "x"), ("b", "y")]]
+
+
+def test_a_batch_a_crash_cut_short_is_decoded_whole_again(tmp_path):
+    """Killed between two records of one batch (job2 saved, job3 not): the rerun decodes the batch [2, 3] the first
+    run decoded, not [3, 4] (a batch's records depend on its other rows through fp32 rounding), and saves job3 alone."""
+    run, calls = started(tmp_path), []
+    jobs = [Job(f"job{i}", i) for i in range(5)]
+    run_jobs(run, jobs, squares(calls), batch_size=2, desc="test", progress=False)
+    run.record_path("job3").unlink()
+    run.record_path("job4").unlink()
+    seen: list[dict] = []
+    records = run_jobs(run, jobs, squares(calls), batch_size=2, desc="test", progress=False, on_record=seen.append)
+    assert calls[3:] == [[2, 3], [4]] and [r["sample_id"] for r in seen] == ["job3", "job4"]
+    assert records == run.records() and len(records) == 5

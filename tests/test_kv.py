@@ -26,6 +26,7 @@ from dynheads.kv.retention import (
 )
 from dynheads.models import LoadedModel
 from dynheads.runs import RunDir
+from dynheads.tasks.prompting import PINNED_TEMPLATE_VARIABLES
 from dynheads.views.kv_tables import probe_precision_recall
 
 
@@ -348,6 +349,7 @@ def test_kv_batch_size_four_equals_batch_one(tiny_model_dir, tmp_path):
     one = run_kv(config, tmp_path / "b1", lm=lm, progress=False)
     four = run_kv(config, tmp_path / "b4", lm=lm, progress=False, batch_size=4)
     assert len(one.records()) == 4 * (2 + 2 * 2)  # 4 samples x (full, none, random and true at 2 budgets)
+    assert one.manifest()["chat_template_kwargs"] == PINNED_TEMPLATE_VARIABLES  # absent before
     assert _comparable(four.records()) == _comparable(one.records())
 
 

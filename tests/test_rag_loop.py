@@ -17,6 +17,7 @@ from dynheads.rag.loop import Answerer, RagSettings, answer_question, answer_que
 from dynheads.rag.results import rag_table
 from dynheads.rag.strategies import HeadSelector
 from dynheads.rag.trigger import TriggerConfig
+from dynheads.tasks.prompting import PINNED_TEMPLATE_VARIABLES
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +173,8 @@ def test_rag_evaluation_runs_every_strategy_and_resumes(tiny_lm, tiny_model_dir,
     run = run_rag(config, tmp_path / "rag", lm=tiny_lm, progress=False)
     records = run.records()
     assert len(records) == 2 * (4 * 2 + 2)  # 4 head strategies x 2 ks + none + full-context, per question
+    manifest = run.manifest()  # how the prompts were rendered (docs/formats.md); absent before
+    assert manifest["prompt_template"] == "chat" and manifest["chat_template_kwargs"] == PINNED_TEMPLATE_VARIABLES
     table = rag_table(run)
     assert set(table["strategy"]) == {"dynamic", "static", "dynamic-random", "fixed-random", "none", "full-context"}
     blocks = (run.path / "rag.md").read_text().split("\n\n")

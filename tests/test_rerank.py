@@ -31,6 +31,7 @@ from dynheads.rag.rerank import (
 )
 from dynheads.scores import SpanScore, span_ranking
 from dynheads.tasks.hotpotqa import synthetic_hotpotqa
+from dynheads.tasks.prompting import PINNED_TEMPLATE_VARIABLES
 
 TOL = 1e-5
 
@@ -249,6 +250,8 @@ def test_run_writes_every_strategy_and_resumes(tiny_lm, tmp_path):
     manifest = run.manifest()
     assert manifest["questions"]["first"] == 3 and manifest["fit_questions"]["count"] == 3
     assert not set(manifest["questions"]["ids"]) & set(manifest["fit_questions"]["ids"])
+    assert manifest["prompt_template"] == "chat"  # how the prompts were rendered (docs/formats.md); absent before
+    assert manifest["chat_template_kwargs"] == PINNED_TEMPLATE_VARIABLES
     skipped = json.loads((run.path / "summary.json").read_text())["documents"]["rerank.md"]["numbers"]["skipped"]
     assert set(skipped) == {"static", "predictor"}  # no --static, no --probe: left out and said so
     rows = __import__("pandas").read_csv(run.path / "rankings.csv")

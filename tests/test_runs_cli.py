@@ -64,6 +64,30 @@ def test_a_different_config_in_the_same_folder_is_refused(tiny_model_dir, tiny_l
         run_niah(small_config(tiny_model_dir, seed=6), tmp_path / "run", lm=tiny_lm, progress=False)
 
 
+def test_a_resume_with_another_model_under_the_same_model_setting_is_refused(tiny_model_dir, tiny_lm, tmp_path):
+    """The config holds the --model value, not the model: a hub cache updated to another commit or a GGUF file
+    replaced resumed silently before, mixing two models' records under one manifest."""
+    import dataclasses
+
+    from dynheads.errors import DynheadsError
+    from dynheads.io import read_json, write_json
+
+    config, out = small_config(tiny_model_dir, lengths=(60,)), tmp_path / "run"
+    pinned = dataclasses.replace(tiny_lm, revision="sha256:aaaa")
+    run = run_niah(config, out, lm=pinned, progress=False)
+    run.record_path("analysis-len60-depth1-run0").unlink()
+    with pytest.raises(DynheadsError, match=r"another model \(revision sha256:aaaa there, sha256:bbbb now"):
+        run_niah(config, out, lm=dataclasses.replace(tiny_lm, revision="sha256:bbbb"), progress=False)
+    manifest = read_json(run.manifest_path)
+    write_json(run.manifest_path, {**manifest, "model": {**manifest["model"], "revision": "local", "num_heads": 8}})
+    with pytest.raises(DynheadsError, match=r"another model \(num_heads 8 there, 4 now"):
+        run_niah(config, out, lm=pinned, progress=False)
+    write_json(run.manifest_path, manifest)
+    assert len(run_niah(config, out, lm=pinned, progress=False).records()) == 2  # the same model resumes
+    write_json(run.manifest_path, {**manifest, "model": {**manifest["model"], "revision": "local"}})
+    assert len(run_niah(config, out, lm=pinned, progress=False).records()) == 2  # a folder's "local" pins nothing
+
+
 def test_trace_round_trip(tiny_model_dir, tiny_lm, tmp_path):
     run = run_niah(small_config(tiny_model_dir), tmp_path / "run", lm=tiny_lm, progress=False)
     trace = run.load_trace("analysis-len200-depth0-run0")

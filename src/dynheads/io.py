@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,9 +19,14 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+# The temporary sibling ``atomic_path`` writes: ``.<name>.<8 characters of mkstemp>.tmp``.
+_TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path in the same folder; on success it replaces ``path`` in one rename."""
+    """Yield a temporary path in the same folder; on success it replaces ``path`` in one rename. A process killed
+    before the rename (SIGKILL, power loss) leaves the temporary file: ``remove_temporaries`` clears it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -32,6 +38,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def remove_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the temporary files that ``atomic_path`` left anywhere under ``folder`` (a killed process's half-written
+    files, never renamed into place); return them. Only while no process writes into ``folder``."""
+    root = Path(folder)
+    stale = [p for p in root.rglob("*.tmp") if p.is_file() and _TEMPORARY.fullmatch(p.name)] if root.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def write_text(path: str | Path, text: str) -> None:

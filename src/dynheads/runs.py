@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from dynheads import distributed
 from dynheads.config import settings_of
 from dynheads.errors import DynheadsError
-from dynheads.io import atomic_path, format_version, read_json, write_json
+from dynheads.io import atomic_path, format_version, read_json, remove_temporaries, write_json
 from dynheads.models import LoadedModel, library_versions, load_model
 from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
 from dynheads.thresholds import chance_per_step
@@ -45,6 +45,10 @@ from dynheads.traces import Trace
 # 1: no format_version key (manifests before it existed); 2: the key is written
 MANIFEST_FORMAT_VERSION = 2
 
+
+# What names a model for a resumed run: its revision where pinned (a hub commit, a GGUF file's sha256) and its shape.
+_MODEL_IDENTITY = ("revision", "architecture", "num_layers", "num_heads", "num_kv_heads", "hidden_size")
+_UNPINNED = ("local", "unknown", None)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _STEM_LIMIT = 100
@@ -109,7 +113,10 @@ class RunDir:
         """Write the manifest of a new run, or check that an existing one has the same config (resume)."""
         config_dict = settings_of(config)
         if self.exists():
-            return self.check_resume(kind, config)
+            previous = self.check_resume(kind, config)
+            if lm is not None:
+                self._check_model(previous.get("model"), lm.describe())
+            return previous
         manifest = {
             "format_version": MANIFEST_FORMAT_VERSION,
             "kind": kind,
@@ -139,6 +146,20 @@ class RunDir:
                 "resume it with the same settings or choose another --out"
             )
         return previous
+
+    def _check_model(self, previous: dict | None, now: dict) -> None:
+        """Refuse to resume with another model than the run's: under the same ``--model`` a hub cache updated to
+        another commit, a GGUF file replaced, or a folder holding another shape. A folder's revision ("local")
+        pins nothing and is not compared."""
+        for key in _MODEL_IDENTITY:
+            was, is_now = (previous or {}).get(key), now.get(key)
+            if key == "revision" and (was in _UNPINNED or is_now in _UNPINNED):
+                continue
+            if was is not None and is_now is not None and was != is_now:
+                raise DynheadsError(
+                    f"{self.path} was run with another model ({key} {was} there, {is_now} now, for the same "
+                    "--model): resume it with its model or choose another --out"
+                )
 
     # ---- samples ----------------------------------------------------------------------------------
     def record_path(self, sample_id: str) -> Path:
@@ -243,12 +264,15 @@ class RunView:
 def start_run(
     run: RunDir, kind: str, config: Any, lm: LoadedModel | None, extra: dict | None = None, *, batch_size: int = 1
 ) -> dict:
-    """``run.start`` once per launch: rank 0 writes (or checks) the manifest, then the other ranks check it; the
-    manifest records how many processes shared the run and how many records were decoded together (its first
-    launch's: results depend on it only through fp32 rounding)."""
+    """``run.start`` once per launch: rank 0 writes (or checks) the manifest and deletes the temporary files a killed
+    launch left in the folder, then the other ranks check it; the manifest records how many processes shared the
+    run and how many records were decoded together (its first launch's: results depend on it only through fp32
+    rounding)."""
     _, world = distributed.rank_and_world()
     extra = {**(extra or {}), "processes": world, "batch_size": batch_size}
     manifest = run.start(kind, config, lm, extra) if distributed.is_main() else None
+    if manifest is not None:  # the other ranks wait at the barrier: nothing else writes into the folder now
+        remove_temporaries(run.path)
     distributed.barrier()
     return manifest if manifest is not None else run.start(kind, config, lm, extra)
 
@@ -306,15 +330,17 @@ def run_jobs(
 ) -> list[dict]:
     """Make the records of ``jobs`` not yet finished in ``run``: ``work(items)`` gets up to ``batch_size`` items
     at a time and returns one ``Finished`` per item, in order; each is saved (its ``sample_id`` set to the job's
-    id) before the next batch starts. Returns, once every process has finished its share, the records of this
-    process's share in job order (those finished earlier read back). Calls with the same groups deal the same
-    groups to this process, so a later call can build on an earlier one's records (ablation's static and random
-    runs use their sample's dynamic record)."""
+    id) before the next batch starts. Batches are cut at fixed places of this process's share, finished jobs
+    included: a batch a kill interrupted is decoded whole again (only its unfinished records saved), so a resumed
+    run decodes every record in the batch an uninterrupted one would, and writes its files. Returns, once every
+    process has finished its share, the records of this process's share in job order (those finished earlier read
+    back). Calls with the same groups deal the same groups to this process, so a later call can build on an earlier
+    one's records (ablation's static and random runs use their sample's dynamic record)."""
     batch_size, on_record = batch_size_of(options), options.get("on_record")
     if batch_size < 1:
         raise DynheadsError("batch size must be at least 1")
     mine = _my_share(jobs)
-    todo = [job for job in mine if not run.is_done(job.record_id)]
+    todo = {job.record_id for job in mine if not run.is_done(job.record_id)}
     bar = tqdm(
         total=len(mine),
         initial=len(mine) - len(todo),
@@ -323,9 +349,10 @@ def run_jobs(
         disable=not options.get("progress", True),
     )
     made: dict[str, dict] = {}
-    for start in range(0, len(todo), batch_size):
-        batch = todo[start : start + batch_size]
+    for batch in _batches(mine, todo, batch_size):
         for job, finished in zip(batch, work([job.item for job in batch]), strict=True):
+            if job.record_id not in todo:  # finished before the run was killed: its files are this batch's
+                continue
             record = finished.record
             record["sample_id"] = job.record_id
             run.save_sample(record, finished.trace, finished.arrays)
@@ -336,6 +363,14 @@ def run_jobs(
     bar.close()
     distributed.barrier()  # every process's records are on disk before rank 0 writes the run's tables
     return [made[job.record_id] if job.record_id in made else read_json(run.record_path(job.record_id)) for job in mine]
+
+
+def _batches(mine: list[Job], todo: set[str], batch_size: int) -> Iterator[list[Job]]:
+    """``mine`` cut every ``batch_size`` jobs, the batches that hold an unfinished job (those of ``todo``)."""
+    for start in range(0, len(mine), batch_size):
+        batch = mine[start : start + batch_size]
+        if any(job.record_id in todo for job in batch):
+            yield batch
 
 
 def _my_share(jobs: Sequence[Job]) -> list[Job]:

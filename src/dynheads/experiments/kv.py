@@ -72,7 +72,7 @@ from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
 from dynheads.settings import KVFields, ModelSettings, NiahConfig, NiahGrid, TaskGridChoice
 from dynheads.tasks.registry import Task
-from dynheads.tasks.sample import Sample
+from dynheads.tasks.sample import Sample, template_fields
 from dynheads.views.kv_tables import kv_tables
 
 
@@ -133,7 +133,7 @@ def _kv_work(context: Context[KVConfig, GridPlan]) -> Work:
     evaluated = plan.evaluated
     manifest = {
         "prompt": task.prompt(plan.task_config),
-        "prompt_template": samples[0].prompt_template,
+        **template_fields(samples),
         **plan.grid.manifest(),
         "evaluation_samples": list(evaluated.samples),  # NIAH: seeds and needles; a question task: its ids
         **({"evaluation_questions": list(evaluated.questions)} if task.questions else {}),

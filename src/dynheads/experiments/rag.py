@@ -30,7 +30,7 @@ from dynheads.settings import HotpotConfig, QaGrid, RagFields
 from dynheads.tasks import candidates
 from dynheads.tasks.grid import TaskGrid
 from dynheads.tasks.registry import Task, task_of
-from dynheads.tasks.sample import Sample
+from dynheads.tasks.sample import Sample, template_fields
 from dynheads.views.rag_tables import rag_summary
 
 
@@ -131,6 +131,7 @@ def _rag_work(context: Context[RagConfig, _RagPlan]) -> Work:
     manifest = {
         "data": config.data or "synthetic",
         "prompt": plan.task.prompt(plan.hotpot)["user"],
+        **template_fields(plan.grid.samples),
         **plan.grid.manifest(),
         "static_scored_heads": len(ranking) if ranking else None,
         "probe_questions_checked": HEAD_PREDICTOR in plan.needs,

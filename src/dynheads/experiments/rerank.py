@@ -51,6 +51,7 @@ from dynheads.runs import Finished, Job, RunDir, RunOptions, RunView
 from dynheads.seeding import derive_seed
 from dynheads.settings import RerankFields
 from dynheads.tasks.hotpotqa import HotpotRecord, load_hotpotqa, render_paragraph
+from dynheads.tasks.prompting import template_of
 from dynheads.tasks.questions import QuestionStream, refuse_overlap
 from dynheads.views.rerank_tables import EVAL, FIT, RANKING_FIELDS, head_sources, rerank_tables
 
@@ -134,6 +135,7 @@ def _rerank_work(context: Context[RerankConfig, _RerankPlan]) -> Work:
             "content_free_query": rerank.CONTENT_FREE_QUERY,
             "query_rows": rerank.QUERY_ROWS,
         },
+        **template_of(lm.tokenizer, rerank.SYSTEM_PROMPT),
         "questions": plan.evaluation.describe([r.id for r in plan.eval_records]),
         "fit_questions": plan.fit.describe([r.id for r in plan.fit_records]),
         "order_seed": "derive_seed(seed, question id, 'order'): a permutation of the record's paragraphs",

@@ -83,6 +83,13 @@ def render_chat(
     )
 
 
+def template_of(tokenizer: PreTrainedTokenizerBase, system: str) -> dict[str, Any]:
+    """What a run manifest records of how prompts of ``system`` and a user turn are rendered (docs/formats.md):
+    ``prompt_template`` and ``chat_template_kwargs`` (the pinned variables), from ``render_chat`` itself."""
+    prompt = render_chat(tokenizer, system, "{user}")
+    return {"prompt_template": prompt.template, "chat_template_kwargs": prompt.template_kwargs}
+
+
 def _render_turns(
     tokenizer: PreTrainedTokenizerBase, system: str, user: str, variables: dict[str, Any]
 ) -> tuple[str, str]:

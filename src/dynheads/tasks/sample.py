@@ -90,3 +90,12 @@ def needle_depth(needle_positions: Sequence[int], context_span: tuple[int, int])
     The depth of a sample whose context is given as written rather than built at a depth."""
     start, stop = context_span
     return round((min(needle_positions) - start) / max(stop - start - 1, 1), 2)
+
+
+def template_fields(samples: Sequence[Sample]) -> dict[str, Any]:
+    """What a run manifest records of how its prompts were rendered (docs/formats.md): the first sample's
+    ``prompt_template`` and ``chat_template_kwargs`` (one tokenizer renders every prompt of a run alike); {} for
+    no samples."""
+    if not samples:
+        return {}
+    return {"prompt_template": samples[0].prompt_template, "chat_template_kwargs": samples[0].chat_template_kwargs}
