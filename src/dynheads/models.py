@@ -123,7 +123,7 @@ class LoadedModel:
 
 
 # what tells two models apart in a run manifest's ``model`` (``LoadedModel.describe``), and revisions that pin nothing
-MODEL_IDENTITY = ("architecture", "num_layers", "num_heads", "hidden_size", "parameters", "revision")
+MODEL_IDENTITY = ("architecture", "num_layers", "num_heads", "num_kv_heads", "hidden_size", "parameters", "revision")
 UNPINNED = ("local", "unknown", None)
 
 

@@ -37,7 +37,7 @@ from dynheads import distributed
 from dynheads.config import settings_of
 from dynheads.errors import DynheadsError
 from dynheads.io import atomic_path, format_version, read_json, remove_temporaries, write_json
-from dynheads.models import LoadedModel, library_versions, load_model
+from dynheads.models import LoadedModel, library_versions, load_model, model_difference
 from dynheads.scores import LOCAL_WINDOW, SINK_SIZE
 from dynheads.thresholds import chance_per_step
 from dynheads.traces import Trace
@@ -45,10 +45,6 @@ from dynheads.traces import Trace
 # 1: no format_version key (manifests before it existed); 2: the key is written
 MANIFEST_FORMAT_VERSION = 2
 
-
-# What names a model for a resumed run: its revision where pinned (a hub commit, a GGUF file's sha256) and its shape.
-_MODEL_IDENTITY = ("revision", "architecture", "num_layers", "num_heads", "num_kv_heads", "hidden_size")
-_UNPINNED = ("local", "unknown", None)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _STEM_LIMIT = 100
@@ -151,15 +147,13 @@ class RunDir:
         """Refuse to resume with another model than the run's: under the same ``--model`` a hub cache updated to
         another commit, a GGUF file replaced, or a folder holding another shape. A folder's revision ("local")
         pins nothing and is not compared."""
-        for key in _MODEL_IDENTITY:
-            was, is_now = (previous or {}).get(key), now.get(key)
-            if key == "revision" and (was in _UNPINNED or is_now in _UNPINNED):
-                continue
-            if was is not None and is_now is not None and was != is_now:
-                raise DynheadsError(
-                    f"{self.path} was run with another model ({key} {was} there, {is_now} now, for the same "
-                    "--model): resume it with its model or choose another --out"
-                )
+        differ = model_difference(previous, now)
+        if differ is not None:
+            key, was, is_now = differ
+            raise DynheadsError(
+                f"{self.path} was run with another model ({key} {was} there, {is_now} now, for the same "
+                "--model): resume it with its model or choose another --out"
+            )
 
     # ---- samples ----------------------------------------------------------------------------------
     def record_path(self, sample_id: str) -> Path:
