@@ -241,3 +241,18 @@ def test_a_gap_without_an_interval_says_so_instead_of_printing_nan():
     rows = [{**row, "method": "held_out"}, {**row, "method": "held_out", "offset": 1, "gap_low": -0.1, "gap_high": 0.2}]
     cells = [line[-1] for line in cca_table(pd.DataFrame(rows)).cells()]
     assert cells == ["0.000, no interval (1)", "0.000 [-0.100, 0.200] (1)"]
+
+
+def test_non_finite_input_is_refused_never_a_silent_number():
+    """A NaN score used to zero its head as "constant" (no span) and a NaN among the evaluation pairs turned a
+    correlation into 0; a NaN hidden state reached scikit-learn's PCA as a raw ValueError."""
+    for view, value in ((1, np.nan), (1, np.inf), (0, np.nan), (0, -np.inf)):
+        samples = [(h.copy(), s.copy()) for h, s in noise(6, 10, 4, 3)]
+        samples[2][view][4, 1] = value
+        name = "scores" if view else "hidden states"
+        with pytest.raises(DynheadsError, match=f"sample 2: its {name} hold NaN or inf at step 4"):
+            cca_offsets(samples, offsets=[0], progress=False)
+    fit, test = offset_pairs(noise(4, 10, 4, 3), 0), offset_pairs(noise(2, 10, 4, 3, seed=1), 0)
+    test[1][3, 0] = np.nan
+    with pytest.raises(DynheadsError, match="evaluation pairs hold NaN or inf"):
+        canonical_correlations(fit, test)

@@ -72,7 +72,9 @@ def empty_note(counts: Mapping[str, int] | None) -> str:
 
 
 def check_samples(samples: Sequence[Sample]) -> tuple[int, int]:
-    """Refuse ragged or empty input (drop samples with no step first); return ``(hidden dim, score width)``."""
+    """Refuse ragged, empty or non-finite input (drop samples with no step first); return ``(hidden dim, score
+    width)``. A NaN would otherwise be silent: a score column holding one has no span and is zeroed as constant,
+    a NaN among the evaluation pairs turns a correlation into 0."""
     if not samples:
         raise DynheadsError("no samples with generated tokens given")
     dims = set()
@@ -82,6 +84,10 @@ def check_samples(samples: Sequence[Sample]) -> tuple[int, int]:
                 f"sample {i}: expected hidden [T, D] and scores [T, L*H] with the same T, "
                 f"got {hidden.shape} and {scores.shape}"
             )
+        for name, values in (("hidden states", hidden), ("scores", scores)):
+            bad = np.flatnonzero(~np.isfinite(values).all(axis=1))
+            if bad.size:
+                raise DynheadsError(f"sample {i}: its {name} hold NaN or inf at step {int(bad[0])}")
         dims.add((hidden.shape[1], scores.shape[1]))
     if len(dims) > 1:
         raise DynheadsError(f"samples disagree on (hidden dim, score width): {sorted(dims)}")
@@ -187,6 +193,15 @@ def _fit_pipeline(hidden: np.ndarray, scores: np.ndarray, config: CCAConfig) -> 
     return _Pipeline(low, span, hidden_pca, score_pca, cca)
 
 
+def _check_pairs(fit: tuple[np.ndarray, np.ndarray], evaluation: tuple[np.ndarray, np.ndarray]) -> None:
+    """Refuse fewer than ``_MIN_PAIRS`` fit or evaluation pairs, or pairs holding NaN or inf."""
+    for name, (hidden, scores) in (("fit", fit), ("evaluation", evaluation)):
+        if len(hidden) < _MIN_PAIRS:
+            raise DynheadsError(f"CCA needs at least {_MIN_PAIRS} {name} pairs, got {len(hidden)}")
+        if not (np.isfinite(hidden).all() and np.isfinite(scores).all()):
+            raise DynheadsError(f"the {name} pairs hold NaN or inf: CCA needs finite hidden states and scores")
+
+
 def column_correlations(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Pearson correlation of each column pair of ``u [N, r]`` and ``v [N, r]``; 0 where a column is constant."""
     uc, vc = u - u.mean(0), v - v.mean(0)
@@ -204,9 +219,7 @@ def canonical_correlations(
     ``eval_pairs=None`` measures on the fit pairs (in-sample). Also returns the kept dimensions.
     """
     config = config or CCAConfig()
-    for name, pairs in (("fit", fit_pairs), ("evaluation", eval_pairs or fit_pairs)):
-        if len(pairs[0]) < _MIN_PAIRS:
-            raise DynheadsError(f"CCA needs at least {_MIN_PAIRS} {name} pairs, got {len(pairs[0])}")
+    _check_pairs(fit_pairs, eval_pairs or fit_pairs)
     pipeline = _fit_pipeline(*fit_pairs, config)
     correlations = column_correlations(*pipeline.variates(*(eval_pairs or fit_pairs)))
     dims = {
@@ -327,9 +340,7 @@ def _held_out(
     variates (empty arrays for a sample too short for the offset)."""
     fit = offset_pairs(fit_samples, offset)
     test = offset_pairs(test_samples, offset)
-    for name, pairs in (("fit", fit), ("evaluation", test)):
-        if len(pairs[0]) < _MIN_PAIRS:
-            raise DynheadsError(f"CCA needs at least {_MIN_PAIRS} {name} pairs, got {len(pairs[0])}")
+    _check_pairs(fit, test)
     pipeline = _fit_pipeline(*fit, config)
     u, v = pipeline.variates(*test)
     correlations = column_correlations(u, v)
