@@ -256,3 +256,19 @@ def test_non_finite_input_is_refused_never_a_silent_number():
     test[1][3, 0] = np.nan
     with pytest.raises(DynheadsError, match="evaluation pairs hold NaN or inf"):
         canonical_correlations(fit, test)
+
+
+def test_constant_evaluation_pairs_are_refused_not_read_as_a_zero_correlation():
+    """Test samples whose scores never vary (e.g. answers that copied nothing) hold no correlation: the held-out
+    value used to read 0 (Pearson's guard for a constant column), pulling the mean over splits and the gap down."""
+    fit = offset_pairs(noise(4, 20, 4, 3), 0)
+    hidden, _ = offset_pairs(noise(2, 20, 4, 3, seed=1), 0)
+    for constant in (0.0, 0.37):
+        with pytest.raises(DynheadsError, match="scores are constant over the evaluation pairs"):
+            canonical_correlations(fit, (hidden, np.full((len(hidden), 3), constant)))
+    with pytest.raises(DynheadsError, match="hidden states are constant over the evaluation pairs"):
+        canonical_correlations(fit, (np.ones_like(hidden), offset_pairs(noise(2, 20, 4, 3, seed=2), 0)[1]))
+    # a split whose test samples are all constant is left out (``splits`` counts the others); here every split is
+    samples = [(h, np.zeros_like(s) if i in (0, 1) else s) for i, (h, s) in enumerate(noise(4, 20, 4, 3))]
+    with pytest.raises(DynheadsError, match="scores are constant over the evaluation pairs.*on every split"):
+        cca_offsets(samples, offsets=[0], config=CCAConfig(splits=3, test_fraction=0.25), progress=False)

@@ -174,7 +174,15 @@ class _Pipeline:
     def variates(self, hidden: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         span = np.where(self.score_span > 0, self.score_span, 1.0)
         scaled = np.where(self.score_span > 0, (scores - self.score_min) / span, 0.0)
-        return self.cca.transform(self.hidden_pca.transform(hidden), self.score_pca.transform(scaled))
+        u, v = self.cca.transform(self.hidden_pca.transform(hidden), self.score_pca.transform(scaled))
+        for name, values in (("hidden states", u), ("scores", v)):  # else every correlation would read 0
+            spread = ((values - values.mean(0)) ** 2).sum(0)
+            if np.all(spread <= _CONSTANT * (values**2).sum(0)):
+                raise DynheadsError(
+                    f"the {name} are constant over the evaluation pairs (on every head the fit uses): "
+                    "no correlation to measure"
+                )
+        return u, v
 
 
 def _fit_pipeline(hidden: np.ndarray, scores: np.ndarray, config: CCAConfig) -> _Pipeline:
