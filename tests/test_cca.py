@@ -272,3 +272,15 @@ def test_constant_evaluation_pairs_are_refused_not_read_as_a_zero_correlation():
     samples = [(h, np.zeros_like(s) if i in (0, 1) else s) for i, (h, s) in enumerate(noise(4, 20, 4, 3))]
     with pytest.raises(DynheadsError, match="scores are constant over the evaluation pairs.*on every split"):
         cca_offsets(samples, offsets=[0], config=CCAConfig(splits=3, test_fraction=0.25), progress=False)
+
+
+@pytest.mark.filterwarnings("ignore::scipy.stats.DegenerateDataWarning")  # resamples with no shuffled pair
+def test_test_samples_shorter_than_the_offset_are_not_counted_in_the_gap():
+    """A test sample of T <= k steps holds no pair at offset k: it used to count among the gap's test samples (the
+    number the 30-sample floor reads) and be drawn by its bootstrap, contributing nothing."""
+    samples = [(h[:1], s[:1]) if i % 2 else (h, s) for i, (h, s) in enumerate(planted(20, 30))]
+    config = CCAConfig(splits=3, resamples=100)
+    table = cca_offsets(samples, offsets=[0, 1], config=config, progress=False).set_index(["offset", "method"])
+    tests = [split_samples(20, config.test_fraction, seed)[1] for seed in range(config.splits)]
+    assert table.loc[(0, "held_out"), "test_samples"] == min(len(test) for test in tests) == 6
+    assert table.loc[(1, "held_out"), "test_samples"] == min(sum(i % 2 == 0 for i in test) for test in tests) < 6

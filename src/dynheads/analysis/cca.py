@@ -333,10 +333,7 @@ def _split_rows(samples: Sequence[Sample], offset: int, config: CCAConfig, evide
         runs = [split[method] for split in measured]
         means = pd.DataFrame([summarize(correlations) for correlations, *_ in runs]).mean().to_dict()
         rows.append({"offset": offset, "method": method, **means, **runs[0][1], **runs[0][3], "splits": len(runs)})
-    gap = pooled_interval(
-        [(len(split["held_out"][2]), gap_statistic(split["held_out"][2], split["shuffled"][2])) for split in measured],
-        evidence,
-    )
+    gap = pooled_interval([_gap_part(split["held_out"][2], split["shuffled"][2]) for split in measured], evidence)
     rows[0].update(gap=gap.effect, gap_low=gap.low, gap_high=gap.high, test_samples=gap.n)
     return rows
 
@@ -361,6 +358,15 @@ def _held_out(
         "score_dims": int(pipeline.score_pca.n_components_),
     }
     return correlations, dims, firsts, {"fit_pairs": len(fit[0]), "eval_pairs": len(test[0])}
+
+
+def _gap_part(
+    held_out: list[tuple[np.ndarray, np.ndarray]], shuffled: list[tuple[np.ndarray, np.ndarray]]
+) -> tuple[int, BatchedStatistic]:
+    """One split's ``(test samples, gap statistic)``, over the test samples with a pair at the offset in either
+    view: a sample shorter than the offset measures nothing and is neither counted nor drawn."""
+    kept = [i for i, (own, other) in enumerate(zip(held_out, shuffled, strict=True)) if len(own[0]) or len(other[0])]
+    return len(kept), gap_statistic([held_out[i] for i in kept], [shuffled[i] for i in kept])
 
 
 def gap_statistic(
