@@ -105,18 +105,38 @@ def offset_pairs(samples: Sequence[Sample], offset: int) -> tuple[np.ndarray, np
 
 def shuffled_pairing(samples: Sequence[Sample], seed: int) -> list[Sample]:
     """Sample i's hidden states with sample ``perm[i]``'s scores, ``perm`` a seeded derangement (no fixed point)."""
-    if len(samples) < 2:
-        raise DynheadsError("the shuffled-pairing control needs at least 2 samples")
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(samples))
-    while np.any(perm == np.arange(len(samples))):  # rejection sampling: about e draws on average
-        perm = rng.permutation(len(samples))
+    perm = derangement(len(samples), seed)
     pairs = []
     for (hidden, _), j in zip(samples, perm, strict=True):
         scores = samples[j][1]
         steps = min(len(hidden), len(scores))
         pairs.append((hidden[:steps], scores[:steps]))
     return pairs
+
+
+def derangement(num_samples: int, seed: int) -> np.ndarray:
+    """The shuffled control's seeded permutation of sample indices with no fixed point."""
+    if num_samples < 2:
+        raise DynheadsError("the shuffled-pairing control needs at least 2 samples")
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(num_samples)
+    while np.any(perm == np.arange(num_samples)):  # rejection sampling: about e draws on average
+        perm = rng.permutation(num_samples)
+    return perm
+
+
+def split_record(sample_ids: Sequence[str], config: CCAConfig) -> dict:
+    """Which data is which, for cca.json: the samples in analysis order and, per split seed, the samples held out
+    (the rest were fitted on) and whose scores each sample's hidden states met in the shuffled control."""
+    ids = list(sample_ids)
+    splits = {}
+    for seed in range(config.seed, config.seed + config.splits):
+        test = split_samples(len(ids), config.test_fraction, seed)[1]
+        splits[str(seed)] = {
+            "test": [ids[i] for i in test],
+            "shuffled_scores_of": [ids[j] for j in derangement(len(ids), seed)],
+        }
+    return {"samples": ids, "splits": splits}
 
 
 def split_samples(num_samples: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -494,9 +514,11 @@ def cca_outputs(
     config: CCAConfig | None = None,
     model: str | None = None,
     counts: Mapping[str, int] | None = None,
+    splits: Mapping | None = None,
 ) -> Outputs:
     """``cca.csv``, ``cca.json`` and ``cca.md``; ``model`` picks the paper's reference numbers. ``counts`` (e.g.
-    ``samples``, ``empty_samples_skipped``) go into cca.json and a line of cca.md."""
+    ``samples``, ``empty_samples_skipped``) go into cca.json and a line of cca.md; ``splits`` (``split_record``)
+    into cca.json."""
     paper = PAPER_TOP1.get(model or "")
     note = [empty_note(counts)] if counts and counts.get("empty_samples_skipped") else []
     failed = [f"Not measured: {line}." for line in cca_notes(table)]
@@ -510,6 +532,7 @@ def cca_outputs(
                 "model": model,
                 **dict(counts or {}),
                 "paper_top1": paper,
+                **({"held_out_splits": dict(splits)} if splits else {}),
                 "rows": table.to_dict(orient="records"),
             },
         )
