@@ -383,3 +383,24 @@ def test_plot_heads_refuses_a_named_empty_trace_in_one_line(run_with_empty_trace
     code, _, stderr = cli(capsys, "plot", "heads", run_with_empty_trace.path, "--sample", "r9-empty", "--out", tmp_path)
     assert code == 2 and "r9-empty generated no token" in stderr and "Traceback" not in stderr
     assert len(plot_heads(run_with_empty_trace.path, out_dir=tmp_path)) == 6  # the empty one is skipped
+
+
+def test_cca_json_records_which_samples_each_split_held_out(tmp_path, capsys):
+    """cca.json names the held-out samples of every seeded split and each sample's shuffled partner (it recorded
+    only the config: which answers were fitted on could not be told from the files)."""
+    rng = np.random.default_rng(2)
+    run = new_run(tmp_path / "run")
+    lengths = {"a": 7, "b-empty": 0, "c": 9, "d": 11, "e": 13, "f": 15, "g": 17}
+    for sample_id, steps in lengths.items():
+        hidden = rng.normal(size=(steps, 8)).astype(np.float32)
+        run.save_sample({"sample_id": sample_id}, make_trace(rng.random((steps, *SHAPE)) < 0.3, hidden))
+    code, _, stderr = cli(capsys, "cca", run.path, "--offsets", "0", "--splits", "3", "--out", tmp_path / "out")
+    assert code == 0, stderr
+    saved = json.loads((tmp_path / "out" / "cca.json").read_text())
+    record = saved["held_out_splits"]
+    assert record["samples"] == ["a", "c", "d", "e", "f", "g"] and sorted(record["splits"]) == ["0", "1", "2"]
+    for split in record["splits"].values():
+        assert set(split["test"]) < set(record["samples"])
+        assert all(own != other for own, other in zip(record["samples"], split["shuffled_scores_of"], strict=True))
+    held_out = next(row for row in saved["rows"] if row["method"] == "held_out")  # its pairs: the first split's
+    assert held_out["eval_pairs"] == sum(lengths[sample_id] for sample_id in record["splits"]["0"]["test"])

@@ -241,3 +241,46 @@ def test_a_gap_without_an_interval_says_so_instead_of_printing_nan():
     rows = [{**row, "method": "held_out"}, {**row, "method": "held_out", "offset": 1, "gap_low": -0.1, "gap_high": 0.2}]
     cells = [line[-1] for line in cca_table(pd.DataFrame(rows)).cells()]
     assert cells == ["0.000, no interval (1)", "0.000 [-0.100, 0.200] (1)"]
+
+
+def test_non_finite_input_is_refused_never_a_silent_number():
+    """A NaN score used to zero its head as "constant" (no span) and a NaN among the evaluation pairs turned a
+    correlation into 0; a NaN hidden state reached scikit-learn's PCA as a raw ValueError."""
+    for view, value in ((1, np.nan), (1, np.inf), (0, np.nan), (0, -np.inf)):
+        samples = [(h.copy(), s.copy()) for h, s in noise(6, 10, 4, 3)]
+        samples[2][view][4, 1] = value
+        name = "scores" if view else "hidden states"
+        with pytest.raises(DynheadsError, match=f"sample 2: its {name} hold NaN or inf at step 4"):
+            cca_offsets(samples, offsets=[0], progress=False)
+    fit, test = offset_pairs(noise(4, 10, 4, 3), 0), offset_pairs(noise(2, 10, 4, 3, seed=1), 0)
+    test[1][3, 0] = np.nan
+    with pytest.raises(DynheadsError, match="evaluation pairs hold NaN or inf"):
+        canonical_correlations(fit, test)
+
+
+def test_constant_evaluation_pairs_are_refused_not_read_as_a_zero_correlation():
+    """Test samples whose scores never vary (e.g. answers that copied nothing) hold no correlation: the held-out
+    value used to read 0 (Pearson's guard for a constant column), pulling the mean over splits and the gap down."""
+    fit = offset_pairs(noise(4, 20, 4, 3), 0)
+    hidden, _ = offset_pairs(noise(2, 20, 4, 3, seed=1), 0)
+    for constant in (0.0, 0.37):
+        with pytest.raises(DynheadsError, match="scores are constant over the evaluation pairs"):
+            canonical_correlations(fit, (hidden, np.full((len(hidden), 3), constant)))
+    with pytest.raises(DynheadsError, match="hidden states are constant over the evaluation pairs"):
+        canonical_correlations(fit, (np.ones_like(hidden), offset_pairs(noise(2, 20, 4, 3, seed=2), 0)[1]))
+    # a split whose test samples are all constant is left out (``splits`` counts the others); here every split is
+    samples = [(h, np.zeros_like(s) if i in (0, 1) else s) for i, (h, s) in enumerate(noise(4, 20, 4, 3))]
+    with pytest.raises(DynheadsError, match="scores are constant over the evaluation pairs.*on every split"):
+        cca_offsets(samples, offsets=[0], config=CCAConfig(splits=3, test_fraction=0.25), progress=False)
+
+
+@pytest.mark.filterwarnings("ignore::scipy.stats.DegenerateDataWarning")  # resamples with no shuffled pair
+def test_test_samples_shorter_than_the_offset_are_not_counted_in_the_gap():
+    """A test sample of T <= k steps holds no pair at offset k: it used to count among the gap's test samples (the
+    number the 30-sample floor reads) and be drawn by its bootstrap, contributing nothing."""
+    samples = [(h[:1], s[:1]) if i % 2 else (h, s) for i, (h, s) in enumerate(planted(20, 30))]
+    config = CCAConfig(splits=3, resamples=100)
+    table = cca_offsets(samples, offsets=[0, 1], config=config, progress=False).set_index(["offset", "method"])
+    tests = [split_samples(20, config.test_fraction, seed)[1] for seed in range(config.splits)]
+    assert table.loc[(0, "held_out"), "test_samples"] == min(len(test) for test in tests) == 6
+    assert table.loc[(1, "held_out"), "test_samples"] == min(sum(i % 2 == 0 for i in test) for test in tests) < 6

@@ -230,6 +230,18 @@ def test_r2_weighs_heads_by_their_variance_so_a_near_constant_head_cannot_blow_i
     assert metrics["mse"] == pytest.approx(((targets - baseline) ** 2).mean())
 
 
+def test_flattened_r2_of_targets_that_never_vary_is_undefined_not_a_huge_number():
+    """Eq. 2 shares constant over the test split (float32 rounding leaves a tiny total variance): the flattened R²
+    read -8e13 in metrics.md; it is undefined there, as ``r2`` is."""
+    targets = np.full((40, 6), 0.2, np.float32)
+    predicted = targets + np.random.default_rng(0).normal(scale=0.1, size=targets.shape).astype(np.float32)
+    metrics = regression_metrics(targets, predicted)
+    assert math.isnan(metrics["r2"]) and math.isnan(metrics["r2_flat"]) and metrics["heads_scored_r2"] == 0
+    assert metrics["mse"] == pytest.approx(0.01, rel=0.1)
+    means = np.arange(6, dtype=np.float32) / 10  # the heads' means differ: flattened, the targets vary
+    assert 0.5 < regression_metrics(targets + means, predicted + means)["r2_flat"] < 1
+
+
 def test_the_regressor_reports_an_mse_gap_beside_the_r2_gap():
     result = train_head_predictor(continuous_samples(), SMALL, task="continuous", shape=SHAPE, progress=False)
     gap = result.metrics["mse_gap"]

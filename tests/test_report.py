@@ -478,6 +478,15 @@ def test_claim2_inconclusive_cases():
     assert claims.irreplaceability_verdict(None, "em", "x").reason == "no ablation results"
 
 
+def test_the_claims_module_states_claim3s_rule_as_the_code_decides_it():
+    """The module's Claim 3 bullet said "above 0.1" and "minus the frequency baseline" after the margin became 0
+    and the deciding comparison the better of the frequency and step-index profiles."""
+    bullet = claims.__doc__.split("- Claim 3 (correlation):")[1].split("\n- ")[0]
+    assert f"at offset {claims.CCA_OFFSET} above {claims.CCA_MARGIN:g} " in bullet
+    assert "frequency and step-index profiles" in bullet and f"above {claims.PROBE_MARGIN:g};" in bullet
+    assert f"above {claims.SET_PROBE_MARGIN:g} AUPRC" in bullet
+
+
 def test_claim3_rules():
     good_cca = {"top1": 0.6, "shuffled_top1": 0.3, "gap": 0.3, "gap_low": 0.2, "gap_high": 0.4, "test_samples": 30}
     good_probe = {

@@ -72,7 +72,9 @@ def empty_note(counts: Mapping[str, int] | None) -> str:
 
 
 def check_samples(samples: Sequence[Sample]) -> tuple[int, int]:
-    """Refuse ragged or empty input (drop samples with no step first); return ``(hidden dim, score width)``."""
+    """Refuse ragged, empty or non-finite input (drop samples with no step first); return ``(hidden dim, score
+    width)``. A NaN would otherwise be silent: a score column holding one has no span and is zeroed as constant,
+    a NaN among the evaluation pairs turns a correlation into 0."""
     if not samples:
         raise DynheadsError("no samples with generated tokens given")
     dims = set()
@@ -82,6 +84,10 @@ def check_samples(samples: Sequence[Sample]) -> tuple[int, int]:
                 f"sample {i}: expected hidden [T, D] and scores [T, L*H] with the same T, "
                 f"got {hidden.shape} and {scores.shape}"
             )
+        for name, values in (("hidden states", hidden), ("scores", scores)):
+            bad = np.flatnonzero(~np.isfinite(values).all(axis=1))
+            if bad.size:
+                raise DynheadsError(f"sample {i}: its {name} hold NaN or inf at step {int(bad[0])}")
         dims.add((hidden.shape[1], scores.shape[1]))
     if len(dims) > 1:
         raise DynheadsError(f"samples disagree on (hidden dim, score width): {sorted(dims)}")
@@ -99,18 +105,38 @@ def offset_pairs(samples: Sequence[Sample], offset: int) -> tuple[np.ndarray, np
 
 def shuffled_pairing(samples: Sequence[Sample], seed: int) -> list[Sample]:
     """Sample i's hidden states with sample ``perm[i]``'s scores, ``perm`` a seeded derangement (no fixed point)."""
-    if len(samples) < 2:
-        raise DynheadsError("the shuffled-pairing control needs at least 2 samples")
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(samples))
-    while np.any(perm == np.arange(len(samples))):  # rejection sampling: about e draws on average
-        perm = rng.permutation(len(samples))
+    perm = derangement(len(samples), seed)
     pairs = []
     for (hidden, _), j in zip(samples, perm, strict=True):
         scores = samples[j][1]
         steps = min(len(hidden), len(scores))
         pairs.append((hidden[:steps], scores[:steps]))
     return pairs
+
+
+def derangement(num_samples: int, seed: int) -> np.ndarray:
+    """The shuffled control's seeded permutation of sample indices with no fixed point."""
+    if num_samples < 2:
+        raise DynheadsError("the shuffled-pairing control needs at least 2 samples")
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(num_samples)
+    while np.any(perm == np.arange(num_samples)):  # rejection sampling: about e draws on average
+        perm = rng.permutation(num_samples)
+    return perm
+
+
+def split_record(sample_ids: Sequence[str], config: CCAConfig) -> dict:
+    """Which data is which, for cca.json: the samples in analysis order and, per split seed, the samples held out
+    (the rest were fitted on) and whose scores each sample's hidden states met in the shuffled control."""
+    ids = list(sample_ids)
+    splits = {}
+    for seed in range(config.seed, config.seed + config.splits):
+        test = split_samples(len(ids), config.test_fraction, seed)[1]
+        splits[str(seed)] = {
+            "test": [ids[i] for i in test],
+            "shuffled_scores_of": [ids[j] for j in derangement(len(ids), seed)],
+        }
+    return {"samples": ids, "splits": splits}
 
 
 def split_samples(num_samples: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -168,7 +194,15 @@ class _Pipeline:
     def variates(self, hidden: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         span = np.where(self.score_span > 0, self.score_span, 1.0)
         scaled = np.where(self.score_span > 0, (scores - self.score_min) / span, 0.0)
-        return self.cca.transform(self.hidden_pca.transform(hidden), self.score_pca.transform(scaled))
+        u, v = self.cca.transform(self.hidden_pca.transform(hidden), self.score_pca.transform(scaled))
+        for name, values in (("hidden states", u), ("scores", v)):  # else every correlation would read 0
+            spread = ((values - values.mean(0)) ** 2).sum(0)
+            if np.all(spread <= _CONSTANT * (values**2).sum(0)):
+                raise DynheadsError(
+                    f"the {name} are constant over the evaluation pairs (on every head the fit uses): "
+                    "no correlation to measure"
+                )
+        return u, v
 
 
 def _fit_pipeline(hidden: np.ndarray, scores: np.ndarray, config: CCAConfig) -> _Pipeline:
@@ -185,6 +219,15 @@ def _fit_pipeline(hidden: np.ndarray, scores: np.ndarray, config: CCAConfig) -> 
         hidden_pca.transform(hidden).astype(np.float64), score_pca.transform(scaled), config.n_components, config.ridge
     )
     return _Pipeline(low, span, hidden_pca, score_pca, cca)
+
+
+def _check_pairs(fit: tuple[np.ndarray, np.ndarray], evaluation: tuple[np.ndarray, np.ndarray]) -> None:
+    """Refuse fewer than ``_MIN_PAIRS`` fit or evaluation pairs, or pairs holding NaN or inf."""
+    for name, (hidden, scores) in (("fit", fit), ("evaluation", evaluation)):
+        if len(hidden) < _MIN_PAIRS:
+            raise DynheadsError(f"CCA needs at least {_MIN_PAIRS} {name} pairs, got {len(hidden)}")
+        if not (np.isfinite(hidden).all() and np.isfinite(scores).all()):
+            raise DynheadsError(f"the {name} pairs hold NaN or inf: CCA needs finite hidden states and scores")
 
 
 def column_correlations(u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -204,9 +247,7 @@ def canonical_correlations(
     ``eval_pairs=None`` measures on the fit pairs (in-sample). Also returns the kept dimensions.
     """
     config = config or CCAConfig()
-    for name, pairs in (("fit", fit_pairs), ("evaluation", eval_pairs or fit_pairs)):
-        if len(pairs[0]) < _MIN_PAIRS:
-            raise DynheadsError(f"CCA needs at least {_MIN_PAIRS} {name} pairs, got {len(pairs[0])}")
+    _check_pairs(fit_pairs, eval_pairs or fit_pairs)
     pipeline = _fit_pipeline(*fit_pairs, config)
     correlations = column_correlations(*pipeline.variates(*(eval_pairs or fit_pairs)))
     dims = {
@@ -312,10 +353,7 @@ def _split_rows(samples: Sequence[Sample], offset: int, config: CCAConfig, evide
         runs = [split[method] for split in measured]
         means = pd.DataFrame([summarize(correlations) for correlations, *_ in runs]).mean().to_dict()
         rows.append({"offset": offset, "method": method, **means, **runs[0][1], **runs[0][3], "splits": len(runs)})
-    gap = pooled_interval(
-        [(len(split["held_out"][2]), gap_statistic(split["held_out"][2], split["shuffled"][2])) for split in measured],
-        evidence,
-    )
+    gap = pooled_interval([_gap_part(split["held_out"][2], split["shuffled"][2]) for split in measured], evidence)
     rows[0].update(gap=gap.effect, gap_low=gap.low, gap_high=gap.high, test_samples=gap.n)
     return rows
 
@@ -327,9 +365,7 @@ def _held_out(
     variates (empty arrays for a sample too short for the offset)."""
     fit = offset_pairs(fit_samples, offset)
     test = offset_pairs(test_samples, offset)
-    for name, pairs in (("fit", fit), ("evaluation", test)):
-        if len(pairs[0]) < _MIN_PAIRS:
-            raise DynheadsError(f"CCA needs at least {_MIN_PAIRS} {name} pairs, got {len(pairs[0])}")
+    _check_pairs(fit, test)
     pipeline = _fit_pipeline(*fit, config)
     u, v = pipeline.variates(*test)
     correlations = column_correlations(u, v)
@@ -342,6 +378,15 @@ def _held_out(
         "score_dims": int(pipeline.score_pca.n_components_),
     }
     return correlations, dims, firsts, {"fit_pairs": len(fit[0]), "eval_pairs": len(test[0])}
+
+
+def _gap_part(
+    held_out: list[tuple[np.ndarray, np.ndarray]], shuffled: list[tuple[np.ndarray, np.ndarray]]
+) -> tuple[int, BatchedStatistic]:
+    """One split's ``(test samples, gap statistic)``, over the test samples with a pair at the offset in either
+    view: a sample shorter than the offset measures nothing and is neither counted nor drawn."""
+    kept = [i for i, (own, other) in enumerate(zip(held_out, shuffled, strict=True)) if len(own[0]) or len(other[0])]
+    return len(kept), gap_statistic([held_out[i] for i in kept], [shuffled[i] for i in kept])
 
 
 def gap_statistic(
@@ -469,9 +514,11 @@ def cca_outputs(
     config: CCAConfig | None = None,
     model: str | None = None,
     counts: Mapping[str, int] | None = None,
+    splits: Mapping | None = None,
 ) -> Outputs:
     """``cca.csv``, ``cca.json`` and ``cca.md``; ``model`` picks the paper's reference numbers. ``counts`` (e.g.
-    ``samples``, ``empty_samples_skipped``) go into cca.json and a line of cca.md."""
+    ``samples``, ``empty_samples_skipped``) go into cca.json and a line of cca.md; ``splits`` (``split_record``)
+    into cca.json."""
     paper = PAPER_TOP1.get(model or "")
     note = [empty_note(counts)] if counts and counts.get("empty_samples_skipped") else []
     failed = [f"Not measured: {line}." for line in cca_notes(table)]
@@ -485,6 +532,7 @@ def cca_outputs(
                 "model": model,
                 **dict(counts or {}),
                 "paper_top1": paper,
+                **({"held_out_splits": dict(splits)} if splits else {}),
                 "rows": table.to_dict(orient="records"),
             },
         )

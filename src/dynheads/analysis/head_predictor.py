@@ -545,8 +545,8 @@ def regression_metrics(targets: np.ndarray, predicted: np.ndarray) -> dict[str, 
     because the uniform mean divides each head's error by that head's own variance: a head that barely varies
     turns a tiny error into a huge R² (a baseline's -360 made a "probe - baseline R²" of 366 on a real run).
     A head "varies" when its test standard deviation exceeds ``VARYING_STD``; with no varying head ``r2`` is
-    undefined (NaN), never a huge negative number. MSE, in the scores' own units, cannot blow up: it is given
-    beside R² (and ``mse_gap`` beside the R² gap).
+    undefined (NaN), never a huge negative number; so is ``r2_flat`` when the flattened targets vary no more.
+    MSE, in the scores' own units, cannot blow up: it is given beside R² (and ``mse_gap`` beside the R² gap).
     """
     varying = targets.std(0) > VARYING_STD
     return {
@@ -554,7 +554,9 @@ def regression_metrics(targets: np.ndarray, predicted: np.ndarray) -> dict[str, 
         "mae": float(mean_absolute_error(targets.ravel(), predicted.ravel())),
         "r2": _r2(targets, predicted),
         "r2_uniform": (float(r2_score(targets[:, varying], predicted[:, varying])) if varying.any() else float("nan")),
-        "r2_flat": float(r2_score(targets.ravel(), predicted.ravel())),
+        "r2_flat": (
+            float(r2_score(targets.ravel(), predicted.ravel())) if targets.std() > VARYING_STD else float("nan")
+        ),
         "heads_scored_r2": int(varying.sum()),
     }
 

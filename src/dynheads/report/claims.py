@@ -25,10 +25,11 @@ beats its own test. docs/report.md states the rules with the paper's words behin
   (``irreplaceability_verdict``): static minus dynamic and random minus dynamic (per-sample task metric) each above
   0.1; inconclusive when the un-ablated model scores below 0.1, or when a control masked no
   head on more samples than the dynamic run did (those samples are the un-ablated run, not a control).
-- Claim 3 (correlation): held-out minus shuffled CCA top-1 at offset 1 above 0.1 (interval over test samples), and
-  the head predictor minus the frequency baseline (AUPRC for copy scores, R² over heads weighted by their
-  variance for Eq. 2 scores, MSE shown beside it) above 0. The CCA gap is the mean over seeded sample splits, its
-  interval pools their bootstraps (the spread between splits widens it). A
+- Claim 3 (correlation): held-out minus shuffled CCA top-1 at offset 1 above 0 (interval over test samples), and
+  the head predictor minus the better of the frequency and step-index profiles (AUPRC for copy scores) above 0; on
+  Eq. 2 tasks the predictor of the sets alone decides, above 0.0025 AUPRC, with the CCA and the regressor of the
+  shares (R² over heads weighted by their variance, MSE beside it) beside. The CCA gap is the mean over seeded
+  sample splits, its interval pools their bootstraps (the spread between splits widens it). A
   shuffled control wholly above its held-out value is a broken measurement: inconclusive.
 - RAG: Dynamic minus Static F1 (per question) above 0 at every k run.
 - A task the model does not solve (its un-ablated metric at or below chance: ``unsolved_reason``) marks every

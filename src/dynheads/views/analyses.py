@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from dynheads.analysis.cca import cca_offsets, cca_outputs, empty_note, samples_from_traces
+from dynheads.analysis.cca import cca_offsets, cca_outputs, empty_note, samples_from_traces, split_record
 from dynheads.analysis.dynamism import (
     DEFAULT_KS,
     DynamismStats,
@@ -244,6 +244,8 @@ def cca_report(
     config = config or CCAConfig()
     samples = samples_from_traces(traces, check_score(score))  # leaves out traces with no generated token
     table = cca_offsets(samples, offsets, config)
+    traced = [record["sample_id"] for record in run.records() if run.trace_path(record["sample_id"]).is_file()]
+    ids = [sample_id for sample_id, trace in zip(traced, traces, strict=True) if trace.num_steps]  # = samples
     out, name = Path(out_dir) if out_dir else run.path, model_name(run)
     counts = {"samples": len(samples), "empty_samples_skipped": len(traces) - len(samples)}
     figure = partial(
@@ -253,6 +255,9 @@ def cca_report(
         paper=PAPER_TOP1[PAPER_MODEL],
         paper_label=f"paper top-1 ({PAPER_MODEL})",
     )
-    outputs = cca_outputs(table, config=config, model=name, counts=counts).add("cca.png", Written(figure))
+    splits = split_record(ids, config)
+    outputs = cca_outputs(table, config=config, model=name, counts=counts, splits=splits).add(
+        "cca.png", Written(figure)
+    )
     write_outputs(out, outputs)
     return table
