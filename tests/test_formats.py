@@ -62,6 +62,18 @@ def test_newer_trace_version_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(error.value)
 
 
+def test_a_manifest_records_the_commit_of_the_source_that_ran(tmp_path):
+    import subprocess
+
+    source = Path(dynheads.__file__).parent
+    head = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True)
+    recorded = RunDir(tmp_path / "run").start("niah", {"seed": 0}, None)["versions"]["dynheads-commit"]
+    if head.returncode:  # an installed wheel: no commit to name
+        assert recorded == "not a git checkout"
+    else:  # a checkout (CI's fresh clone, a developer's tree with edits: "-dirty")
+        assert recorded in (head.stdout.strip(), head.stdout.strip() + "-dirty")
+
+
 def test_manifest_versions(tmp_path):
     run = RunDir(tmp_path / "run")
     manifest = run.start("niah", {"seed": 0}, None)

@@ -555,7 +555,30 @@ def library_versions() -> dict[str, str]:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = "not installed"
+    versions["dynheads-commit"] = source_commit()
     return versions
+
+
+@functools.cache
+def source_commit() -> str:
+    """The git commit of the dynheads source that runs (``<sha>``, ``<sha>-dirty`` when its files differ from that
+    commit), or "not a git checkout" (an installed wheel): the version alone does not tell two commits apart."""
+    import subprocess
+
+    source = Path(__file__).parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10)
+        if done.returncode:
+            raise OSError(done.stderr)
+        return done.stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".")
+    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout
+        return "not a git checkout"
+    return f"{commit}-dirty" if dirty else commit
 
 
 def with_cache(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
