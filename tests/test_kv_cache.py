@@ -74,6 +74,21 @@ def test_bad_uses_are_refused():
         HeadwiseCache([[0]], 2, sink=1, recent=0)
 
 
+@pytest.mark.parametrize(
+    "head,where",
+    [((0, 2), "the 2 KV heads"), ((0, -1), "the 2 KV heads"), ((3, 0), "3 layers"), ((-1, 0), "3 layers")],
+)
+def test_a_kv_head_the_model_lacks_is_refused_in_one_line(head, where):
+    """3 layers x 2 KV heads: a query head's index (an IndexError inside torch), a negative KV head (a reshape
+    error) or layer (-1 silently kept a head of the last layer) is one line naming it."""
+    lm = LoadedModel(model=tiny_model("llama"), tokenizer=NoTokenizer(), name="llama", revision="random")
+    with pytest.raises(DynheadsError, match=rf"KV head \({head[0]}, {head[1]}\) is .*{where}") as error:
+        headwise_generate(lm, _prompt(), [head], sink=1, recent=2, max_new_tokens=2)
+    assert "\n" not in str(error.value)
+    with pytest.raises(DynheadsError, match="outside the 2 KV heads"):
+        HeadwiseCache([[0], [2], []], 2, sink=1, recent=2)
+
+
 def test_embedded_model_equals_the_simulation_and_frees_memory(embedded):
     from dynheads.tasks import niah
 

@@ -150,3 +150,20 @@ def test_runs_that_read_one_list_at_two_paths_join_and_two_lists_do_not(pieces, 
     moved = reading(tmp_path / "moved", second, "/copy/static_heads.json", None)
     with pytest.raises(DynheadsError, match="different static settings"):
         join_kv_runs([a, moved], tmp_path / "old-other")
+
+
+def test_a_press_at_a_ratio_and_the_same_press_at_a_budgets_bytes_are_not_joined_as_one_arm(pieces, tmp_path):
+    """A press at compression ratio r (``--ratios``) carries the kept share 1 - r as its budget, so ``kvpress:snapkv``
+    at ratio 0.875 and at budget 0.125 (the static policy's bytes there: another cache) share one (policy, budget):
+    the join kept one run's records and dropped the other's without a word. Refused in one line."""
+    _, _, first, _, _ = pieces
+    at_ratio = tmp_path / "at-ratio"
+    shutil.copytree(first, at_ratio)
+    for path in (at_ratio / "samples").glob("*.json"):
+        record = read_json(path)
+        if record["policy"] == "random":  # as a ratio press's record reads: its ratio beside the kept share
+            write_json(path, {**record, "ratio": 1 - record["budget"]})
+    with pytest.raises(DynheadsError, match=r"random at budget 0.5 .* at compression ratio 0.5") as error:
+        join_kv_runs([first, at_ratio], tmp_path / "joined")
+    assert "\n" not in str(error.value)
+    assert join_kv_runs([at_ratio], tmp_path / "alone")["samples"] == 4  # one way of sizing: joins

@@ -147,3 +147,14 @@ def test_an_arm_is_its_name_resolved_once():
         resolve_arms(("full",), (1.5,), static_given=False, predictor_given=False)
     with pytest.raises(DynheadsError, match="KV policy 'static' is given twice"):  # it was merged into one row
         resolve_arms(("full", "static", "static"), (0.5,), static_given=True, predictor_given=False)
+
+
+def test_ratios_without_a_kvpress_press_are_refused_not_ignored():
+    """``--ratios`` sizes the ``kvpress:`` presses only (the retention policies keep ``--budgets``): given with no
+    press it changed nothing, and ``dynheads kv --policies full,static --ratios 0.5`` ran every budget as if unset."""
+    from dynheads.kv.arms import resolve_arms
+
+    with pytest.raises(DynheadsError, match=r"--ratios 0.5 sizes kvpress:<press> policies.*--budgets") as error:
+        resolve_arms(("full", "static"), (0.1,), static_given=True, predictor_given=False, ratios=(0.5,))
+    assert "\n" not in str(error.value)
+    assert len(resolve_arms(("full", "static"), (0.1,), static_given=True, predictor_given=False)) == 2

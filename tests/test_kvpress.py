@@ -564,6 +564,43 @@ def test_a_press_registered_in_a_test_file_runs_at_the_matched_bytes(lm):
         KVPRESS_PRESSES.unregister("random")
 
 
+@needs_kvpress
+@pytest.mark.parametrize(
+    "build,message",
+    [
+        ("kvpress:ThinKPress", r"kvpress:mine \(kvpress:ThinKPress\) takes no compression_ratio"),
+        ("kvpress:DuoAttentionPress", r"takes no compression_ratio"),
+        ("kvpress:AdaKVPress", r"takes no compression_ratio"),  # a wrapper: its ratio is its press's
+        ("kvpress:NeedyPress", r"kvpress:mine \(kvpress:NeedyPress\) needs target, which nothing sets"),
+    ],
+)
+def test_a_registered_kvpress_class_the_budget_cannot_build_is_refused_before_a_model_loads(
+    build, message, monkeypatch
+):
+    """A press registered as a kvpress class is built as ``Class(compression_ratio=..., **knobs)``: a class with no
+    compression ratio, or one with an argument nothing sets, passed the checks and raised a ``TypeError`` once the
+    model had loaded; refused in one line naming the way out (a ``module:function`` entry)."""
+    import dataclasses
+
+    import kvpress
+
+    from dynheads.kv.press_registry import KVPRESS_PRESSES, PressEntry
+
+    @dataclasses.dataclass
+    class NeedyPress(kvpress.ScorerPress):
+        target: int = dataclasses.field(kw_only=True)
+
+    monkeypatch.setattr(kvpress, "NeedyPress", NeedyPress, raising=False)
+    KVPRESS_PRESSES.register("mine", PressEntry(build), help="a press the budget cannot build")
+    try:
+        with pytest.raises(DynheadsError, match=message) as error:
+            resolve_arms(["kvpress:mine"], [0.1], static_given=False, predictor_given=False)
+        assert "module:function" in str(error.value) and "\n" not in str(error.value)
+    finally:
+        KVPRESS_PRESSES.unregister("mine")
+    assert check_press("kvpress:snapkv:window_size=16") == PressSpec("snapkv", "window_size=16")
+
+
 def test_a_press_policy_names_its_knobs_after_a_second_colon():
     """Issue 35 item 5: ``kvpress:<press>:key=value:...`` sets the press's own fields (read without kvpress)."""
     assert parse_press("kvpress:snapkv") == PressSpec("snapkv")

@@ -255,3 +255,29 @@ def test_the_presses_have_kvpress_style_names_and_pickle(tmp_path):
     for press in (cross, layerwise, head_list_press([(0, 1)], sink=2, recent=8)):
         again = pickle.loads(pickle.dumps(press))
         assert type(again) is type(press) and repr(again) == repr(press)
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+@pytest.mark.parametrize(
+    "knobs,message",
+    [
+        ({"window": 0}, r"observation window >= 1 .*window=0"),
+        ({"span": -1}, r"span >= 0, got window=8, span=-1"),
+        ({"pool": 4}, r"odd number of keys, got 4"),
+    ],
+)
+def test_a_head_token_press_refuses_a_knob_out_of_range_when_it_is_made(layerwise, knobs, message):
+    """As kvpress's presses check theirs at construction: a window of 0 passed until the prefill, where it was
+    refused as a prompt "no longer than its window (0 tokens)"; a negative span or an even pooling only in the
+    compression. The class built directly (kvpress's way, ``HeadTokensPress(...)``) refuses them too."""
+    from dynheads.kv.presses import HeadTokensPress, LayerHeadTokensPress, head_tokens_press
+
+    settings = {"window": 8, **knobs}
+    with pytest.raises(DynheadsError, match=message) as error:
+        head_tokens_press(VOTERS, RATIO, layerwise=layerwise, **settings)
+    assert "\n" not in str(error.value)
+    press_class = LayerHeadTokensPress if layerwise else HeadTokensPress
+    with pytest.raises(DynheadsError, match=message):
+        press_class(compression_ratio=RATIO, voters=VOTERS, **settings)
+    with pytest.raises(DynheadsError, match=r"compression ratio is in \[0, 1\), got 1.5"):
+        press_class(compression_ratio=1.5, voters=VOTERS)

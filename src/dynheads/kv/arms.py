@@ -92,8 +92,9 @@ def resolve_arms(
 ) -> list[KVArm]:
     """Every (policy or press, budget) arm of a run in run order (the registered policies in registration order,
     then the presses as given), each name parsed here once; one line for an unknown name, a budget outside (0, 1],
-    a ratio outside [0, 1), or a source an arm needs but was not given. With ``ratios`` every press runs at each
-    compression ratio instead of at each budget's bytes (a press that keeps whole heads is then refused)."""
+    a ratio outside [0, 1) or with no press to size, or a source an arm needs but was not given. With ``ratios``
+    every press runs at each compression ratio instead of at each budget's bytes (a press that keeps whole heads is
+    then refused)."""
     presses = [name for name in dict.fromkeys(policies) if name.startswith(PRESS_PREFIX)]
     unknown = [name for name in policies if name not in KV_POLICIES and not name.startswith(PRESS_PREFIX)]
     if unknown or not policies:
@@ -125,6 +126,12 @@ def resolve_arms(
         for name in registered
         for budget in ((None,) if KV_POLICIES.get(name).budget_free else sorted(budgets))
     ]
+    if ratios and not parsed:
+        shown = ",".join(f"{ratio:g}" for ratio in ratios)
+        raise DynheadsError(
+            f"--ratios {shown} sizes kvpress:<press> policies, and none is given: the retention policies keep "
+            "whole KV heads at --budgets (add a kvpress: policy, or drop --ratios)"
+        )
     if ratios:
         return arms + _ratio_arms(parsed, ratios)
     return arms + [KVArm(name, budget, press=press) for name, press in parsed.items() for budget in sorted(budgets)]

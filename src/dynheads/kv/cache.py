@@ -135,6 +135,9 @@ class HeadwiseCache(Cache):
     def __init__(self, whole: Sequence[Sequence[int]], num_kv: int, sink: int, recent: int):
         if sink < 0 or recent < 1:
             raise DynheadsError(f"streaming heads need sink >= 0 and recent >= 1, got {sink}, {recent}")
+        bad = [(layer, kv) for layer, heads in enumerate(whole) for kv in heads if not 0 <= kv < num_kv]
+        if bad:  # a query head's index, or a negative one, picked another head or failed inside torch
+            raise DynheadsError(f"KV head {bad[0]} is outside the {num_kv} KV heads of a layer")
         super().__init__(layers=[HeadwiseLayer(heads, num_kv, sink, recent) for heads in whole])
 
     def nbytes(self) -> int:
@@ -208,6 +211,8 @@ def whole_per_layer(kv_heads: Sequence[tuple[int, int]], num_layers: int) -> lis
     """``[(layer, KV head), ...] -> whole[layer]``."""
     whole: list[list[int]] = [[] for _ in range(num_layers)]
     for layer, kv in kv_heads:
+        if not 0 <= layer < num_layers:  # -1 silently kept a head of the last layer
+            raise DynheadsError(f"KV head {(layer, kv)} is outside the model's {num_layers} layers")
         whole[layer].append(kv)
     return whole
 

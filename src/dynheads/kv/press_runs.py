@@ -34,6 +34,7 @@ masked keys), so the table shows what each press actually held.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Iterator, Sequence
@@ -66,7 +67,31 @@ def check_press(policy: str) -> PressSpec:
         )
     require_kvpress()
     press_knobs(spec)
+    _check_buildable(spec)
     return spec
+
+
+def _check_buildable(spec: PressSpec) -> None:
+    """A press registered as a kvpress class is built as ``Class(compression_ratio=..., **knobs)`` (``make_press``):
+    one line, before a model loads, for a class that takes no compression ratio (``ThinKPress``,
+    ``DuoAttentionPress``) or needs an argument nothing sets (a wrapper's ``press``); they raised a ``TypeError``
+    once the model had loaded."""
+    entry = KVPRESS_PRESSES.get(spec.name)
+    target = entry.target() if entry.is_kvpress else None
+    if target is None:
+        return
+    fields = {f.name: f for f in dataclasses.fields(target) if f.init} if dataclasses.is_dataclass(target) else {}
+    how = "register a 'module:function' that builds it, as kvpress:adakv_snapkv is (docs/kv.md)"
+    if "compression_ratio" not in fields:
+        raise DynheadsError(
+            f"kvpress:{spec.name} ({entry.build}) takes no compression_ratio, so no budget or ratio can size it: {how}"
+        )
+    knobs = [item.partition("=")[0] for item in spec.knobs.split(":")]
+    given = {"compression_ratio", *(arg for arg, _ in entry.knobs), *knobs}
+    unset = dataclasses.MISSING
+    needed = [n for n, f in fields.items() if f.default is unset and f.default_factory is unset and n not in given]
+    if needed:
+        raise DynheadsError(f"kvpress:{spec.name} ({entry.build}) needs {', '.join(needed)}, which nothing sets: {how}")
 
 
 def press_knobs(spec: PressSpec) -> dict:

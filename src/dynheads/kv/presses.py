@@ -179,6 +179,26 @@ class TokenVoteKnobs:
     pool: int = POOL
     span: int = 0
 
+    def __post_init__(self):
+        """One line for a knob out of range when the press is made, as kvpress's presses assert theirs (a window of
+        0 was refused only in the prefill, as a window longer than the prompt)."""
+        if not 0 <= self.compression_ratio < 1:
+            raise DynheadsError(f"a compression ratio is in [0, 1), got {self.compression_ratio}")
+        if self.sink < 0 or self.recent < 0:
+            raise DynheadsError(
+                f"the protected sink and recent tokens are counts >= 0, got sink={self.sink}, recent={self.recent}"
+            )
+        if self.window < 1 or self.span < 0:
+            raise DynheadsError(
+                f"the head-token press needs an observation window >= 1 and a span >= 0, got window={self.window}, "
+                f"span={self.span}"
+            )
+        if self.pool < 1 or self.pool % 2 == 0:
+            raise DynheadsError(f"the vote pooling is an odd number of keys, got {self.pool}")
+        parent = getattr(super(), "__post_init__", None)  # kvpress's ScorerPress checks its ratio too
+        if parent is not None:
+            parent()
+
 
 @functools.cache
 def _token_press_class() -> type:

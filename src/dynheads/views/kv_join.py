@@ -91,6 +91,7 @@ def join_kv_runs(folders: Sequence[str | Path], out: str | Path, pairs: Sequence
     _check_out(Path(out), folders)
     pieces = [KVPiece.read(folder) for folder in folders]
     check_joinable(pieces)
+    check_sized_alike(pieces)
     kept, arms = _first_run_per_arm(pieces)
     samples = _complete_samples(kept, set(arms))
     if not samples:
@@ -156,6 +157,27 @@ def check_joinable(pieces: Sequence[KVPiece]) -> None:
                 f"the runs read different {key} settings ({', '.join(sorted(named))}): their arms "
                 "would not be the same policy"
             )
+
+
+def check_sized_alike(pieces: Sequence[KVPiece]) -> None:
+    """Refuse an arm sized one way in one run and another way in another: a press at compression ratio r
+    (``--ratios``) carries the kept share 1 - r as its budget, so it shares its (policy, budget) with the same press
+    at that budget's bytes (``--budgets``: the static policy's bytes, another cache), and only one run's records
+    would be kept."""
+    sized: dict[Arm, tuple[float | None, Path]] = {}
+    for piece in pieces:
+        for record in piece.records:
+            ratio, (policy, budget) = record.get("ratio"), arm_of(record)
+            first_ratio, first_path = sized.setdefault((policy, budget), (ratio, piece.path))
+            if (ratio is None) != (first_ratio is None):
+                ratio_at, ratio_path, budget_path = (
+                    (ratio, piece.path, first_path) if first_ratio is None else (first_ratio, first_path, piece.path)
+                )
+                raise DynheadsError(
+                    f"{policy} at budget {budget:g} in {budget_path} (sized by that budget's bytes) and at compression "
+                    f"ratio {ratio_at:g} in {ratio_path} (kept share {budget:g}) are two caches under one (policy, "
+                    "budget): join the --ratios runs apart from the --budgets runs"
+                )
 
 
 def _differ(key: str, mine, theirs) -> bool:
