@@ -335,11 +335,8 @@ def head_tokens_press(
 ):
     """A kvpress ``ScorerPress`` whose scores are the head-guided token votes of ``dynheads.kv.token_votes``:
     ``voters`` as ``load_voters`` reads them (``count`` of a file's or export's heads); the cross-layer vote, or
-    with ``layerwise`` each layer's own (the variant every kvpress wrapper composes with)."""
-    if not 0 <= compression_ratio < 1:
-        raise DynheadsError(f"a compression ratio is in [0, 1), got {compression_ratio}")
-    if sink < 0 or recent < 0:
-        raise DynheadsError(f"the protected sink and recent tokens are counts >= 0, got sink={sink}, recent={recent}")
+    with ``layerwise`` each layer's own (the variant every kvpress wrapper composes with). Knobs out of range are
+    refused when the press is made (``TokenVoteKnobs``)."""
     press_class = _layer_token_press_class() if layerwise else _token_press_class()
     return press_class(
         compression_ratio=compression_ratio,
