@@ -70,6 +70,23 @@ def test_remove_temporaries_deletes_only_what_atomic_writes_leave(tmp_path):
     assert remove_temporaries(tmp_path / "absent") == []
 
 
+def test_a_run_that_recomputes_everything_restarts_clean_and_never_over_another_kind(tmp_path):
+    from dynheads.errors import DynheadsError
+    from dynheads.runs import RunDir
+
+    run = RunDir(tmp_path / "detect")
+    run.restart("detect", {"seed": 0}, None)
+    stale = run.path / ".results.md.abcdefgh.tmp"  # a detect killed while writing its tables
+    stale.write_text("half")
+    assert run.restart("detect", {"seed": 1}, None)["config"] == {"seed": 1}  # its own run: replaced
+    assert not stale.exists()
+    other = RunDir(tmp_path / "niah")
+    other.start("niah", {"seed": 0}, None)
+    with pytest.raises(DynheadsError, match="holds a niah run: choose another --out"):
+        other.restart("detect", {"seed": 0}, None)
+    assert other.manifest()["kind"] == "niah"
+
+
 def test_a_batched_run_killed_mid_batch_resumes_to_the_files_of_a_clean_run_of_that_batch_size(
     tiny_model_dir, tiny_lm, tmp_path
 ):

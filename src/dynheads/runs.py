@@ -105,6 +105,20 @@ class RunDir:
         format_version(manifest.get("format_version"), MANIFEST_FORMAT_VERSION, "run manifest", self.manifest_path)
         return manifest
 
+    def refuse_other_kind(self, kind: str) -> None:
+        """One line where this folder holds a run of another kind (an ``--out`` that would be overwritten)."""
+        other = self.manifest().get("kind") if self.exists() else kind
+        if other != kind:
+            raise DynheadsError(f"{self.path} holds a {other} run: choose another --out")
+
+    def restart(self, kind: str, config: Any, lm: LoadedModel | None, extra: dict | None = None) -> dict:
+        """Start a run that recomputes everything from its sources (``detect``, ``detect-transfer``): a run of another
+        kind is refused; its own earlier manifest and the temporary files a killed write left are removed first."""
+        self.refuse_other_kind(kind)
+        self.manifest_path.unlink(missing_ok=True)
+        remove_temporaries(self.path)
+        return self.start(kind, config, lm, extra)
+
     def start(self, kind: str, config: Any, lm: LoadedModel | None, extra: dict | None = None) -> dict:
         """Write the manifest of a new run, or check that an existing one has the same config (resume)."""
         config_dict = settings_of(config)

@@ -260,11 +260,7 @@ def _start_transfer(out: str | Path, config: DetectConfig, details: dict) -> Run
     """The output run with its manifest (``details`` beside the config) written; a rerun replaces its own outputs,
     a folder of another run kind is refused."""
     out_run = RunDir(out)
-    if out_run.exists():
-        if out_run.manifest().get("kind") != "detect-transfer":
-            raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
-        out_run.manifest_path.unlink()  # recomputed from the two runs: a rerun replaces its own outputs
-    out_run.start("detect-transfer", config, None, details)
+    out_run.restart("detect-transfer", config, None, details)  # recomputed from the two runs: replaces its outputs
     return out_run
 
 

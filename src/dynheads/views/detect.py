@@ -186,9 +186,7 @@ def run_detect(
     evaluated = _evaluate_levels(samples, config, levels, featurise, full_spec)
     skipped, folds = evaluated.skipped, evaluated.folds
     counts = _class_counts(samples, all_labels, levels)
-    if out_run.exists():  # detect recomputes everything: a rerun replaces its own outputs
-        out_run.manifest_path.unlink()
-    out_run.start(
+    out_run.restart(  # detect recomputes everything: a rerun replaces its own outputs
         "detect",
         config,
         None,
@@ -233,8 +231,7 @@ def run_detect(
 
 def _refuse_bad_config(config: DetectConfig, out_run: RunDir) -> None:
     """One line for an output folder of another run kind, an unknown feature set or fewer than one repeat."""
-    if out_run.exists() and out_run.manifest().get("kind") != "detect":
-        raise DynheadsError(f"{out_run.path} holds a {out_run.manifest().get('kind')} run: choose another --out")
+    out_run.refuse_other_kind("detect")  # before the work: restart refuses it again, after it
     unknown = sorted(set(config.feature_sets) - set(FEATURE_SETS))
     if unknown:
         raise DynheadsError(f"unknown feature set(s) {', '.join(unknown)}: choose from {', '.join(FEATURE_SETS)}")
