@@ -122,6 +122,13 @@ def test_dose_settings_are_checked(tiny_model_dir, tmp_path):
         _config(tiny_model_dir, static, fractions=(0.5, 1.0, 1.5)).check()
     with pytest.raises(DynheadsError, match="lie above 1"):
         _config(tiny_model_dir, static, compensation=(1.0,)).check()
+    with pytest.raises(DynheadsError, match="each dose once: 0.5 is given more than once"):
+        _config(tiny_model_dir, static, fractions=(0.5, 0.5, 1.0)).check()
+    with pytest.raises(DynheadsError, match="each dose once: 2 is given"):
+        _config(tiny_model_dir, static, compensation=(2.0, 2)).check()
+    # 1.0000001 is named "1" (the operating point's name) but masks ceil(1.0000001 x 4) = 5 heads: never merged
+    with pytest.raises(DynheadsError, match="each dose once: 1 is given .* agree to 6 digits"):
+        _config(tiny_model_dir, static, compensation=(1.0000001,)).check()
     with pytest.raises(DynheadsError, match="unknown dose-response metric"):
         _config(tiny_model_dir, static, metric="bogus").check()
     with pytest.raises(DynheadsError, match="static head list"):
