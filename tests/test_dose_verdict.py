@@ -135,3 +135,16 @@ def test_a_control_that_masked_fewer_heads_than_d_t_is_not_matched():
     assert "not matched" in verdict.reason and "static_outside masked fewer heads than D_t on 3 of 40" in verdict.reason
     static_short = {**masked, "static": np.full(N, 1.0)}  # static decides nothing: its count is not checked here
     assert operating_point_verdict(replace(matched, masked=static_short), "NIAH", EVIDENCE).status == "supported"
+
+
+def test_an_answer_without_steps_leaves_the_all_steps_note_defined():
+    """A clean answer that ends at once has no drop (None in its record, NaN here): the note over all steps leaves
+    it out and says so, where it read "undefined" for every contrast."""
+    point = _point({"dynamic": 2.0, "static": 1.9, "static_outside": 0.1, "random": 0.05})
+    for table in (point.drop, point.drop_all_steps):
+        for values in table.values():
+            values[0] = np.nan
+    verdict = operating_point_verdict(point, "NIAH", EVIDENCE)
+    assert verdict.status == "supported"
+    assert "over all steps of the 39 samples with a step: dynamic - static_outside 1.8" in verdict.reason
+    assert "undefined" not in verdict.reason

@@ -605,14 +605,20 @@ def _operating_numbers(point: OperatingPoint, keep: np.ndarray) -> dict[str, flo
 
 
 def _all_steps_note(point: OperatingPoint, evidence: EvidenceSettings) -> str:
-    """The same contrasts over every step of every sample (correct or not), printed beside the decided ones."""
+    """The same contrasts over every step of every sample (correct or not) that has a step, printed beside the
+    decided ones; an answer that ended at once has no drop (NaN) and is left out, and said to be."""
     dynamic = np.asarray(point.drop_all_steps["dynamic"], dtype=float)
+    stepped = np.isfinite(dynamic)
     gaps = [
         f"dynamic - {arm} "
-        + paired_difference(dynamic, np.asarray(point.drop_all_steps[arm], dtype=float), evidence).text()
+        + paired_difference(
+            dynamic[stepped], np.asarray(point.drop_all_steps[arm], dtype=float)[stepped], evidence
+        ).text()
         for arm in (*IRREPLACEABILITY_CONTROLS, "static")
     ]
-    return f"over all steps of all {len(dynamic)} samples: " + ", ".join(gaps)
+    left_out = len(dynamic) - int(stepped.sum())
+    samples = f"all {len(dynamic)} samples" if not left_out else f"the {int(stepped.sum())} samples with a step"
+    return f"over all steps of {samples}: " + ", ".join(gaps)
 
 
 def _mean_arms_note(point: OperatingPoint, keep: np.ndarray, evidence: EvidenceSettings) -> str:
