@@ -7,7 +7,9 @@ The tiny model copies nothing, so D_t is Eq. 2's at chance here (sets of 0-2 hea
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -120,6 +122,13 @@ def test_dose_settings_are_checked(tiny_model_dir, tmp_path):
         _config(tiny_model_dir, static, fractions=(0.5, 1.0, 1.5)).check()
     with pytest.raises(DynheadsError, match="lie above 1"):
         _config(tiny_model_dir, static, compensation=(1.0,)).check()
+    with pytest.raises(DynheadsError, match="each dose once: 0.5 is given more than once"):
+        _config(tiny_model_dir, static, fractions=(0.5, 0.5, 1.0)).check()
+    with pytest.raises(DynheadsError, match="each dose once: 2 is given"):
+        _config(tiny_model_dir, static, compensation=(2.0, 2)).check()
+    # 1.0000001 is named "1" (the operating point's name) but masks ceil(1.0000001 x 4) = 5 heads: never merged
+    with pytest.raises(DynheadsError, match="each dose once: 1 is given .* agree to 6 digits"):
+        _config(tiny_model_dir, static, compensation=(1.0000001,)).check()
     with pytest.raises(DynheadsError, match="unknown dose-response metric"):
         _config(tiny_model_dir, static, metric="bogus").check()
     with pytest.raises(DynheadsError, match="static head list"):
@@ -157,3 +166,22 @@ def test_teacher_records_in_batches_equal_batch_one(tiny_model_dir, tiny_lm, tmp
                 assert b["arms"][arm][dose]["masked"] == values["masked"]
                 assert b["arms"][arm][dose]["flip"] == values["flip"]
                 assert b["arms"][arm][dose]["drop"] == pytest.approx(values["drop"], abs=2e-5)
+
+
+def test_the_operating_point_reads_the_heads_each_arm_masked(tiny_model_dir, tiny_lm, tmp_path):
+    """A static list of one scored head cannot give |D_t| heads outside D_t: static_outside masks fewer heads than
+    the dynamic arm, and the numbers Claim 2 reads carry that (per arm and sample, at f = 1), so the verdict can
+    refuse an unmatched control (tests/test_dose_verdict.py)."""
+    (tmp_path / "static_summary.json").write_text(json.dumps({"split": "static", "num_tests": 4, "num_counted": 3}))
+    (tmp_path / "static_heads.json").write_text(json.dumps({"2-1": [1.0], "0-3": [0.0], "1-2": [0.0]}))
+    config = _config(tiny_model_dir, str(tmp_path / "static_heads.json"), depths=(0.0, 0.5, 1.0), compensation=())
+    run = run_claim2(config, tmp_path / "run", lm=tiny_lm, progress=False)
+    point = operating_point(read_summaries(run.path)["summary.md"].numbers)
+    records = run.records()
+    for arm in DOSE_ARMS:
+        assert list(point.masked[arm]) == [r["arms"][arm]["1"]["masked"] for r in records]
+    assert (point.masked["random"] == point.masked["dynamic"]).all()
+    assert (point.masked["static_outside"] < point.masked["dynamic"]).any()  # the case the test is for
+    decided = replace(point, correct=np.ones(len(records), dtype=bool))  # the tiny model answers nothing correctly
+    verdict = claims.operating_point_verdict(decided, "NIAH")
+    assert verdict.status == "inconclusive" and "static_outside masked fewer heads than D_t" in verdict.reason

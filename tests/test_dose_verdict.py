@@ -5,6 +5,8 @@ step decide, and the card shows the reading."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -116,3 +118,33 @@ def test_the_claim2_card_shows_the_operating_point_and_the_static_reading(tmp_pa
     assert labels[0].startswith("dynamic - static_outside drop") and labels[1].startswith("dynamic - random drop")
     assert labels[2].startswith("dynamic - static (beside; static holds 0.69 of D_t)")
     assert "not separable" in card.rows[2][1]
+
+
+def test_a_control_that_masked_fewer_heads_than_d_t_is_not_matched():
+    """A static list with too few scored heads outside D_t leaves static_outside masking fewer heads than D_t (it
+    never pads with zero-score heads): its small drop would credit D_t with the heads it left unmasked, so the
+    verdict is inconclusive and says which control, not "supported"."""
+    drops = {"dynamic": 2.0, "static": 1.9, "static_outside": 0.1, "random": 0.05}
+    masked = {arm: np.full(N, 4.0) for arm in drops}
+    matched = _point(drops)
+    assert operating_point_verdict(replace(matched, masked=masked), "NIAH", EVIDENCE).status == "supported"
+    short = {**masked, "static_outside": np.full(N, 4.0)}
+    short["static_outside"][:3] = 1.5  # three samples where the list ran out of heads outside D_t
+    verdict = operating_point_verdict(replace(matched, masked=short), "NIAH", EVIDENCE)
+    assert verdict.status == "inconclusive"
+    assert "not matched" in verdict.reason and "static_outside masked fewer heads than D_t on 3 of 40" in verdict.reason
+    static_short = {**masked, "static": np.full(N, 1.0)}  # static decides nothing: its count is not checked here
+    assert operating_point_verdict(replace(matched, masked=static_short), "NIAH", EVIDENCE).status == "supported"
+
+
+def test_an_answer_without_steps_leaves_the_all_steps_note_defined():
+    """A clean answer that ends at once has no drop (None in its record, NaN here): the note over all steps leaves
+    it out and says so, where it read "undefined" for every contrast."""
+    point = _point({"dynamic": 2.0, "static": 1.9, "static_outside": 0.1, "random": 0.05})
+    for table in (point.drop, point.drop_all_steps):
+        for values in table.values():
+            values[0] = np.nan
+    verdict = operating_point_verdict(point, "NIAH", EVIDENCE)
+    assert verdict.status == "supported"
+    assert "over all steps of the 39 samples with a step: dynamic - static_outside 1.8" in verdict.reason
+    assert "undefined" not in verdict.reason

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS, counting_strategy
+from dynheads.ablation.strategies import ABLATION_STRATEGIES, MATCHINGS, counting_strategy, dose_key
 from dynheads.analysis.evidence import DEFAULT_FLOOR, DEFAULT_RESAMPLES
 from dynheads.analysis.kvheads import AGGREGATIONS
 from dynheads.analysis.settings import FEATURE_SETS
@@ -421,6 +421,14 @@ class AblationConfig(AblationFields, AblationGridConfig):
             )
         if not all(f > 1 for f in self.compensation):
             raise DynheadsError(f"compensation fractions lie above 1 (--compensation), got {list(self.compensation)}")
+        keys = [dose_key(float(f)) for f in (*self.fractions, *self.compensation)]
+        repeated = sorted({key for key in keys if keys.count(key) > 1}, key=float)
+        if repeated:  # one name would hold two doses' numbers: the later would overwrite the earlier (f = 1 too)
+            raise DynheadsError(
+                f"each dose once: {', '.join(repeated)} is given more than once in --fractions / --compensation "
+                f"(or as two fractions that agree to 6 digits, which name one dose), got "
+                f"{list(self.fractions)} and {list(self.compensation)}"
+            )
 
     def dose_fractions(self) -> tuple[float, ...]:
         """Every fraction the dose-response runs, ascending: the doses, then the compensation part."""

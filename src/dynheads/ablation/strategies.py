@@ -66,6 +66,12 @@ DOSE_ARMS = ("dynamic", "static", "static_outside", "random")
 MEAN_ARMS = {"static_mean": "static", "random_mean": "random"}
 
 
+def dose_key(fraction: float) -> str:
+    """How a fraction names its dose in records, numbers and dose.csv: 0.25, 1, 1.5 (six significant digits, so
+    two fractions closer than that share a name: ``AblationConfig.check_doses`` refuses them)."""
+    return f"{fraction:g}"
+
+
 def counting_strategy() -> str:
     """The strategy whose run gives the matched controls their mean count (``counts``): the dynamic one."""
     return next(entry.name for entry in ABLATION_STRATEGIES if entry.value.counts)

@@ -110,12 +110,14 @@ def operating_point(numbers: Mapping[str, Any]) -> claims.OperatingPoint | None:
     def at_one(quantity: str) -> dict[str, np.ndarray]:
         return {
             arm: np.asarray([math.nan if v is None else v for v in doses["1"]], dtype=float)
-            for arm, doses in teacher[quantity].items()
+            for arm, doses in teacher.get(quantity, {}).items()
             if "1" in doses
         }
 
     correct = np.asarray(teacher["correct"], dtype=bool)
-    return claims.OperatingPoint(at_one("drop_nonempty"), at_one("drop"), at_one("overlap"), correct)
+    return claims.OperatingPoint(
+        at_one("drop_nonempty"), at_one("drop"), at_one("overlap"), correct, masked=at_one("masked")
+    )
 
 
 def correlation_parts(

@@ -20,8 +20,10 @@ beats its own test. docs/report.md states the rules with the paper's words behin
   fractional dose-response, dynamic masks exactly D_t and each control |D_t| heads at the same step; on the
   non-empty steps of correctly answered samples, dynamic minus static-outside-D_t and dynamic minus random in the
   teacher-forced drop of the clean token's log-probability each above 0.1 nats, after a positive control
-  (dynamic's drop beyond 0.5). dynamic minus static is read beside: "not separable" when the static arm's masked
-  set holds over half of D_t on average (it then compares D_t with itself). The matched grid
+  (dynamic's drop beyond 0.5); inconclusive when a deciding control masked fewer heads per step than D_t on a
+  deciding sample (a static list too short to give |D_t| heads outside D_t). dynamic minus static is read beside:
+  "not separable" when the static arm's masked set holds over half of D_t on average (it then compares D_t with
+  itself). The matched grid
   (``irreplaceability_verdict``): static minus dynamic and random minus dynamic (per-sample task metric) each above
   0.1; inconclusive when the un-ablated model scores below 0.1, or when a control masked no
   head on more samples than the dynamic run did (those samples are the un-ablated run, not a control).
@@ -102,7 +104,8 @@ RULES = (
     f"{ENTROPY_SHARE_MIN}, each as a share above chance; "
     f"Claim 2, at f = 1 (mask exactly D_t; controls as many heads at the same step), on non-empty steps of "
     f"correct answers: dynamic - static outside D_t and dynamic - random > {DOSE_MARGIN} nats of teacher-forced "
-    f"log-probability drop, after a positive control (dynamic > {DOSE_CONTROL_MARGIN} nats); dynamic - static beside, "
+    f"log-probability drop, after a positive control (dynamic > {DOSE_CONTROL_MARGIN} nats) and with each control "
+    f"masking as many heads as D_t; dynamic - static beside, "
     f"'not separable' when the static arm holds over {OVERLAP_SEPARABLE} of D_t (matched grid: "
     f"static - dynamic > {ABLATION_MARGIN} and random - dynamic > {ABLATION_MARGIN}, task metric); "
     f"Claim 3: held-out - shuffled CCA top-1 at k={CCA_OFFSET} > {CCA_MARGIN} and head predictor - the better of "
@@ -450,13 +453,16 @@ class OperatingPoint:
     same step), teacher-forced. Per arm (``OPERATING_POINT_ARMS``, and the mean-matched controls where run) and
     sample, arrays over the same samples: ``drop``, the mean drop in log p(clean token) over the steps whose D_t is
     not empty (NaN: no such step); ``drop_all_steps``, the same over every step; ``overlap``, the mean of
-    |masked ∩ D_t| / |D_t| over non-empty steps; and per sample whether the clean answer is ``correct``."""
+    |masked ∩ D_t| / |D_t| over non-empty steps; and per sample whether the clean answer is ``correct``;
+    ``masked``, where given, the heads each arm masked per step (mean over the sample's steps): a control that
+    masked fewer than D_t (a static list with too few scored heads outside D_t) is not matched."""
 
     drop: Mapping[str, np.ndarray]
     drop_all_steps: Mapping[str, np.ndarray]
     overlap: Mapping[str, np.ndarray]
     correct: np.ndarray
     unit: str = "nats"
+    masked: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def decided(self) -> np.ndarray:
         """Which samples decide: a correct clean answer with at least one step whose D_t is not empty."""
@@ -502,6 +508,9 @@ def operating_point_verdict(
     if not keep.any():
         why = f"no correctly answered sample has a step with |D_t| > 0 ({int(np.sum(point.correct))} correct)"
         return Verdict(CLAIM2, task, "inconclusive", why, numbers)
+    unmatched = _unmatched_controls(point, keep)
+    if unmatched:
+        return Verdict(CLAIM2, task, "inconclusive", unmatched, numbers)
     harm = mean_interval(np.asarray(point.drop["dynamic"], dtype=float)[keep], evidence)
     if not (harm.defined and harm.low > control_margin):
         return Verdict(
@@ -529,6 +538,33 @@ def operating_point_verdict(
     ]
     verdict = _decided(CLAIM2, task, effects, evidence, numbers, "; ".join(note for note in beside if note))
     return replace(verdict, contrasts=contrasts)
+
+
+def _unmatched_controls(point: OperatingPoint, keep: np.ndarray) -> str:
+    """Why the deciding controls are not matched to D_t: one masked fewer heads per step than the dynamic arm on a
+    deciding sample (at f = 1 each masks |D_t| heads at every step, unless its list runs out: a static list names
+    only its scored heads, never zero-score filler); "" when they are, or when the masked counts are unknown."""
+    if "dynamic" not in point.masked:
+        return ""
+    dynamic = np.asarray(point.masked["dynamic"], dtype=float)[keep]
+    short = []
+    for control in IRREPLACEABILITY_CONTROLS:
+        if control not in point.masked:
+            continue
+        masked = np.asarray(point.masked[control], dtype=float)[keep]
+        fewer = masked < dynamic - 1e-9
+        if fewer.any():
+            short.append(
+                f"{control} masked fewer heads than D_t on {int(fewer.sum())} of {len(dynamic)} samples "
+                f"({np.mean(masked):.2f} against {np.mean(dynamic):.2f} heads per step)"
+            )
+    if not short:
+        return ""
+    return (
+        "the controls are not matched to |D_t|: " + "; ".join(short) + ": the static list holds too few scored heads "
+        "(outside D_t) to mask |D_t| of them, so the difference would credit D_t with the heads left unmasked; "
+        "give a longer static list"
+    )
 
 
 def _contrast(point: OperatingPoint, control: str, keep: np.ndarray, margin: float, evidence) -> Effect:
@@ -569,14 +605,20 @@ def _operating_numbers(point: OperatingPoint, keep: np.ndarray) -> dict[str, flo
 
 
 def _all_steps_note(point: OperatingPoint, evidence: EvidenceSettings) -> str:
-    """The same contrasts over every step of every sample (correct or not), printed beside the decided ones."""
+    """The same contrasts over every step of every sample (correct or not) that has a step, printed beside the
+    decided ones; an answer that ended at once has no drop (NaN) and is left out, and said to be."""
     dynamic = np.asarray(point.drop_all_steps["dynamic"], dtype=float)
+    stepped = np.isfinite(dynamic)
     gaps = [
         f"dynamic - {arm} "
-        + paired_difference(dynamic, np.asarray(point.drop_all_steps[arm], dtype=float), evidence).text()
+        + paired_difference(
+            dynamic[stepped], np.asarray(point.drop_all_steps[arm], dtype=float)[stepped], evidence
+        ).text()
         for arm in (*IRREPLACEABILITY_CONTROLS, "static")
     ]
-    return f"over all steps of all {len(dynamic)} samples: " + ", ".join(gaps)
+    left_out = len(dynamic) - int(stepped.sum())
+    samples = f"all {len(dynamic)} samples" if not left_out else f"the {int(stepped.sum())} samples with a step"
+    return f"over all steps of {samples}: " + ", ".join(gaps)
 
 
 def _mean_arms_note(point: OperatingPoint, keep: np.ndarray, evidence: EvidenceSettings) -> str:

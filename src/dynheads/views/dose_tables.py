@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dynheads.ablation.strategies import DOSE_ARMS, MEAN_ARMS
+from dynheads.ablation.strategies import DOSE_ARMS, MEAN_ARMS, dose_key
 from dynheads.analysis.evidence import (
     EvidenceSettings,
     Interval,
@@ -44,7 +44,7 @@ DESIGN = "fraction"  # the dose design the stage's numbers follow (older runs: "
 
 def fraction_key(fraction: float | None) -> str:
     """How a fraction names a dose in records and numbers: 0.25, 1, 1.5 (None: the un-ablated run)."""
-    return "None" if fraction is None else f"{fraction:g}"
+    return "None" if fraction is None else dose_key(fraction)
 
 
 # ---- tables, figures and the numbers Claim 2 reads -------------------------------------------------------------------
