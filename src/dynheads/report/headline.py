@@ -74,9 +74,7 @@ def headline(
         for effect in verdict.effects
     ]
     rows = effects + rows[: max(MAX_ROWS - len(effects), 1)]
-    # a task the model does not solve, or a stage not run: the reason in place of rows of dashes
-    blank = verdict.unsolved or verdict.status == claims.NOT_RUN
-    rows, no_numbers = ([], f"no numbers: {verdict.reason}") if blank else (rows, "")
+    rows, no_numbers = ([], f"no numbers: {verdict.reason}") if verdict.unsolved else (rows, "")
     if verdict.claim == claims.RAG:
         drawn = _rag_figure(numbers, root / "report-figures" / "rag-f1.png")
         missing = "" if drawn else "no figure: " + ("see below" if verdict.unsolved else "no RAG results")
