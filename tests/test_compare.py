@@ -197,6 +197,32 @@ def test_two_studies_of_one_model_and_a_folder_without_manifest_are_refused(stud
         collect([tmp_path])
 
 
+def test_two_studies_of_one_model_side_by_side_with_by_study(studies, tmp_path):
+    """Two studies of one model (two seeds, two presets) are refused with the way to compare them anyway; with
+    --by-study each study folder gets its own column, named after its folder."""
+    seed1 = shutil.copytree(studies[0], tmp_path / "seed1")
+    with pytest.raises(DynheadsError, match="two studies of small-model: .* or pass --by-study for one column per"):
+        collect([studies[0], seed1])
+    models = collect([studies[0], seed1], by_study=True)
+    assert sorted(m.name for m in models) == ["small-model [seed1]", "small-model [small]"]
+    assert all(m.verdicts and m.study is not None for m in models)
+    done = subprocess.run(
+        [sys.executable, "-m", "dynheads", "compare", str(studies[0]), str(seed1), "--by-study"]
+        + ["--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| small-model [seed1] | small-model [small] |" in (tmp_path / "o" / "compare.md").read_text()
+
+
+def test_studies_of_different_presets_refused_for_a_setting_name_the_presets(studies, tmp_path):
+    other = _study(tmp_path / "smoke", "smoke-model", 360_000_000, floor=30, like=studies[0])
+    write_json(other / "manifest.json", {**read_json(other / "manifest.json"), "preset": "smoke"})
+    with pytest.raises(DynheadsError, match=r"they ran different presets: small-model: quick; smoke-model: smoke"):
+        collect([studies[0], other])
+
+
 def test_a_study_with_a_verdict_stage_begun_but_not_summarised_is_refused_as_unfinished(studies, tmp_path):
     """A study still running (or stopped) inside a verdict's stage: its manifest holds the doses the stage resolved,
     not the fit its summary publishes, so it would be refused for other settings, or compared on a stage's half."""

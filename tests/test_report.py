@@ -641,9 +641,31 @@ def test_a_partial_study_says_its_cards_are_not_run_and_how_many_stages_are_miss
     assert "15 of 16 stages not run yet" in page and "HotpotQA run" not in page
 
 
+def test_a_stage_folder_deleted_after_it_finished_is_named_and_its_card_is_not_run(tmp_path):
+    """A copy of a finished study without its ablation/ folder (stages.json still logs the stage as finished):
+    the top names the missing folder and how to get it back, the card is "not run" (not "inconclusive") with the
+    reason in its verdict, and the stages table says the folder is missing."""
+    root = make_reproduce_dir(tmp_path / "study")
+    write_json(root / "stages.json", {name: {"seconds": 1.0} for name in stages.STAGES.names()})
+    for name in stages.STAGES.names():  # every stage's folder (the fixture's QA analyses: empty), then one lost
+        (root / name).mkdir(exist_ok=True)
+    shutil.rmtree(root / stages.ABLATION)
+    md = write_report(root)[0].read_text()
+    verdicts = md[md.index("## Verdicts") : md.index("\n## ", md.index("## Verdicts") + 1)]
+    assert verdicts.startswith("## Verdicts\n\n**Stage folders missing: `ablation/`** (stages.json logs it as")
+    card = verdicts[verdicts.index("### Claim 2 (irreplaceability), NIAH") :]
+    card = card[: card.index("\n### ")]
+    assert card.startswith("### Claim 2 (irreplaceability), NIAH: not run")
+    assert "NIAH: not run (stage folder ablation/ missing: stages.json logs it as finished)." in md
+    assert "| ablation | 1 | its folder is missing |" in md
+    assert "stages not run yet" not in md  # reproduce would not run it again: "run the same command" would be wrong
+
+
 def test_a_finished_study_has_no_missing_stages_line(tmp_path):
     root = make_reproduce_dir(tmp_path / "study")
     write_json(root / "stages.json", {name: {"seconds": 1.0} for name in stages.STAGES.names()})
+    for name in stages.STAGES.names():  # a finished study has every stage's folder (the fixture's QA analyses: empty)
+        (root / name).mkdir(exist_ok=True)
     md = write_report(root)[0].read_text()
     assert "stages not run yet" not in md and ": not run" not in md
 

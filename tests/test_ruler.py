@@ -383,3 +383,14 @@ def test_the_chance_table_takes_its_intervals_from_the_evidence_helper():
     gap = mean_interval(candidates.gaps(rows)["chance"], EvidenceSettings(seed=3), bounds=(-1.0, 1.0))
     markdown = qa_summary(rows, task_of("variable_tracking"), seed=3).to_markdown()
     assert f"[{gap.low:.3f}, {gap.high:.3f}]" in markdown and gap.low < 1 - (1 / 2 + 1 / 4) / 2 < gap.high
+
+
+def test_the_chance_table_shows_no_nan_in_the_models_own_row():
+    """The model's row of the chance table has no difference to itself: it shows a dash, not "nan" (a report
+    quoting the table read "model | 0.500 | nan | EM interval ...")."""
+    from dynheads.views.qa import qa_summary
+
+    rows = [{**row, "context_tokens": 100} for row in records([("1", ["1", "2"], 1.0, 0.0)] * 4)]
+    markdown = qa_summary(rows, task_of("variable_tracking"), seed=3).to_markdown()
+    model_row = next(line for line in markdown.splitlines() if line.startswith("| model |"))
+    assert "nan" not in model_row and "| – |" in model_row

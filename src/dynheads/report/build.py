@@ -17,6 +17,7 @@ between (what each says, its verdicts), built from ``claim_parts`` and ``stage_p
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from dynheads.report.study import (
     evidence_of,
     qa_task,
     stage_evidence,
+    stages_gone,
     stages_not_run,
     study_stage_names,
 )
@@ -61,8 +63,8 @@ def write_report(out_dir: str | Path, evidence: EvidenceSettings | None = None) 
     body = build_sections(root, evidence)
     title = f"Retrieval Heads are Dynamic: reproduction on {(manifest.get('model') or {}).get('name', root.name)}"
     headlines = [_headline(section, verdict, root) for section in body for verdict in section.verdicts]
-    run = Section("run", "Run", _overview(manifest, read_json_if_any(root / "stages.json") or {}))
-    missing = _missing_stages(stages_not_run(root), len(study_stage_names(root)))
+    run = Section("run", "Run", _overview(manifest, read_json_if_any(root / "stages.json") or {}, stages_gone(root)))
+    missing = _missing_stages(stages_not_run(root), len(study_stage_names(root))) + _gone_stages(stages_gone(root))
     sections = [_summary(headlines, manifest, missing), *body]  # the answer first, the run's metadata last
     md_path, html_path = root / "report.md", root / "report.html"
     within = partial(_within_study, folders=_study_folders(root, manifest))
@@ -139,8 +141,9 @@ def _ablation_metric(root: Path, stage: str) -> str:
 
 
 # ---- the first section (the verdicts) and the last (the run) --------------------------------------------------
-def _overview(manifest: dict, timings: dict) -> list[Part]:
-    """The run's manifest, and each stage's wall time from ``stages.json`` (the attempt that finished it)."""
+def _overview(manifest: dict, timings: dict, gone: Sequence[str] = ()) -> list[Part]:
+    """The run's manifest, and each stage's wall time from ``stages.json`` (the attempt that finished it); a stage
+    of ``gone`` (its folder missing now) says so."""
     if not manifest:
         return [f"*`manifest.json`: {STAGE_NOT_RUN} (no top-level manifest).*"]
     rows = [[f"model {key}", setting_value(value)] for key, value in (manifest.get("model") or {}).items()]
@@ -150,7 +153,7 @@ def _overview(manifest: dict, timings: dict) -> list[Part]:
     rows.append(["versions", ", ".join(f"{k} {v}" for k, v in (manifest.get("versions") or {}).items())])
     config = [[key, setting_value(value)] for key, value in (manifest.get("config") or {}).items()]
     times = [
-        [name, f"{entry.get('seconds', 0):.0f}", entry.get("error", "")]
+        [name, f"{entry.get('seconds', 0):.0f}", entry.get("error", "its folder is missing" if name in gone else "")]
         for name, entry in timings.items()
         if isinstance(entry, dict)
     ]
@@ -197,6 +200,20 @@ def _missing_stages(not_run: list[str], total: int) -> list[Part]:
         f"**{len(not_run)} of {total} stages not run yet: run the same command to continue** "
         f"(`dynheads reproduce` with the same `--out` and settings resumes where it stopped). Not run: "
         f'{", ".join(not_run)}; the cards of the claims they decide say "{claims.NOT_RUN}".'
+    ]
+
+
+def _gone_stages(gone: list[str]) -> list[Part]:
+    """The line naming the stages that finished but whose folders are missing now, and how to get them back."""
+    if not gone:
+        return []
+    folders = ", ".join(f"`{name}/`" for name in gone)
+    return [
+        f"**Stage folders missing: {folders}** (stages.json logs {'them' if len(gone) > 1 else 'it'} as finished, "
+        "but the folder is gone: deleted, or not copied with the study). Copy it back and run `dynheads report` "
+        "again; or delete its entry from stages.json and run the same `dynheads reproduce` command, which runs it "
+        f"again (it skips every stage stages.json logs as finished). The cards of the claims it decides say "
+        f'"{claims.NOT_RUN}".'
     ]
 
 

@@ -18,7 +18,7 @@ from dynheads.report import claims
 from dynheads.report.claims import Verdict
 from dynheads.report.parts import Part
 from dynheads.report.stage_parts import stage_parts
-from dynheads.report.study import READ_ERRORS, decisive_metric, stage_evidence, stages_not_run
+from dynheads.report.study import READ_ERRORS, decisive_metric, stage_evidence, stages_gone, stages_not_run
 from dynheads.tables import Table
 
 RAG_STRATEGIES = {
@@ -48,12 +48,16 @@ def dynamism_parts(
 
 def _unfinished(root: Path, needed: Iterable[str], claim: str, task: str) -> Verdict | None:
     """The verdict of a claim whose stages ``needed`` have not all finished, or None: inconclusive naming the
-    first that failed (stages.json records why), else "not run" naming those not run yet (``stages_not_run``)."""
+    first that failed (stages.json records why), else "not run" naming those whose folder is gone
+    (``stages_gone``) or, failing that, those not run yet (``stages_not_run``)."""
     log = read_json_if_any(root / "stages.json") or {}
     for stage in needed:
         error = (log.get(stage) or {}).get("error") if isinstance(log.get(stage), dict) else None
         if error:
             return claims.failed(claim, task, f"stage {stage} failed: {error}")
+    gone = [stage for stage in needed if stage in set(stages_gone(root))]
+    if gone:
+        return claims.folder_gone(claim, task, gone)
     not_run = set(stages_not_run(root))
     missing = [stage for stage in needed if stage in not_run]
     return claims.not_run(claim, task, missing) if missing else None

@@ -173,6 +173,12 @@ def not_run(claim: str, task: str, missing: Sequence[str]) -> Verdict:
     return Verdict(claim, task, NOT_RUN, f"{stage} {', '.join(missing)} not run yet")
 
 
+def folder_gone(claim: str, task: str, gone: Sequence[str]) -> Verdict:
+    """A verdict whose stages ``gone`` finished but whose folders are missing now: nothing decided, naming them."""
+    folders = ", ".join(f"{stage}/" for stage in gone)
+    return Verdict(claim, task, NOT_RUN, f"stage folder {folders} missing: stages.json logs it as finished")
+
+
 # ---- a task the model does not solve ---------------------------------------------------------------------------
 def unsolved_reason(records: Sequence[Mapping], metric: str, task: str) -> str:
     """Why no claim is decided on ``task``, or "" when the model solves it: its un-ablated ``metric`` (the task

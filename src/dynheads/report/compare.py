@@ -93,10 +93,11 @@ class ModelResults:
         return next((v for v in self.verdicts if (v.claim, v.task) == (claim, task)), None)
 
 
-def collect(folders: Sequence[str | Path]) -> list[ModelResults]:
+def collect(folders: Sequence[str | Path], *, by_study: bool = False) -> list[ModelResults]:
     """The models of ``folders`` (studies, single runs or an earlier comparison's compare.json), smallest first;
     refuses folders that are neither, two studies of one model and studies whose verdict settings differ
-    (``DynheadsError``, one line), before any verdict is computed."""
+    (``DynheadsError``, one line), before any verdict is computed. ``by_study``: one entry per study folder, named
+    "model [folder name]" (two studies of one model, a run of it in a column of its own)."""
     if not folders:
         raise DynheadsError("compare needs at least one study or run folder")
     models: dict[str, ModelResults] = {}
@@ -107,8 +108,9 @@ def collect(folders: Sequence[str | Path]) -> list[ModelResults]:
             models[saved.name] = saved
     given = [(Path(folder), _manifest(Path(folder))) for folder in folders if not Path(folder).is_file()]
     given.sort(key=lambda item: item[1].get("kind") != STUDY_KIND)  # studies first: a run's model knows its study
+    keys = {folder: _entry_name(folder, manifest, by_study) for folder, manifest in given}
     for folder, manifest in given:
-        model = _model(models, manifest)
+        model = _model(models, manifest, keys[folder])
         model.folders.append(folder)
         if manifest.get("kind") == STUDY_KIND:
             _start_study(model, folder, manifest)
@@ -119,20 +121,28 @@ def collect(folders: Sequence[str | Path]) -> list[ModelResults]:
     check_settings(models.values())
     for folder, manifest in given:
         if manifest.get("kind") == STUDY_KIND:
-            _add_study(models[_name(manifest)], folder)
+            _add_study(models[keys[folder]], folder)
         else:
-            _add_run(models[_name(manifest)], folder, manifest)
+            _add_run(models[keys[folder]], folder, manifest)
     return sorted(models.values(), key=lambda m: (m.parameters is None, m.parameters or 0, m.name))
 
 
 def check_settings(models: Iterable[ModelResults]) -> None:
-    """Refuse models whose verdicts were decided under different settings (where both recorded the setting)."""
+    """Refuse models whose verdicts were decided under different settings (where both recorded the setting),
+    naming the presets when the studies ran different ones (the usual cause)."""
+    models = list(models)
+    presets = {m.name: m.preset for m in models if m.preset}
+    differ = (
+        " (they ran different presets: " + "; ".join(f"{name}: {p}" for name, p in presets.items()) + ")"
+        if len(set(presets.values())) > 1
+        else ""
+    )
     for label in VERDICT_SETTINGS:
         seen = {m.name: m.settings[label] for m in models if m.settings.get(label) is not None}
         if len({_key(value) for value in seen.values()}) > 1:
             values = "; ".join(f"{name}: {value}" for name, value in seen.items())
             raise DynheadsError(
-                f"the studies differ in the {label} ({values}), which their verdicts are decided by: "
+                f"the studies differ in the {label} ({values}), which their verdicts are decided by{differ}: "
                 "compare studies run with the same settings"
             )
 
@@ -158,19 +168,25 @@ def _name(manifest: dict) -> str:
     return str((manifest.get("model") or {}).get("name") or "unknown model")
 
 
-def _model(models: dict[str, ModelResults], manifest: dict) -> ModelResults:
-    """The entry of the manifest's model, made on first sight."""
+def _entry_name(folder: Path, manifest: dict, by_study: bool) -> str:
+    """The column a folder's numbers go to: its model's, or (``by_study``) its own, named after the folder."""
+    return f"{_name(manifest)} [{folder.resolve().name}]" if by_study else _name(manifest)
+
+
+def _model(models: dict[str, ModelResults], manifest: dict, name: str) -> ModelResults:
+    """The entry ``name`` of the manifest's model, made on first sight."""
     described = manifest.get("model") or {}
     heads = int(described.get("num_layers", 0)) * int(described.get("num_heads", 0))
-    return models.setdefault(_name(manifest), ModelResults(_name(manifest), described.get("parameters"), heads))
+    return models.setdefault(name, ModelResults(name, described.get("parameters"), heads))
 
 
 def _start_study(model: ModelResults, root: Path, manifest: dict) -> None:
     """What is cheap to read of a study: that it is the model's only one, its evidence and verdict settings."""
     if model.study is not None:
         raise DynheadsError(
-            f"two studies of {model.name}: {model.study}{_saved_note(model)} and {root}; compare one study per model "
-            "(single runs of it may be added)"
+            f"two studies of {model.name}: {model.study}{_saved_note(model)} and {root}; a comparison has one "
+            "column per model, so give one study per model (single runs of it may be added), or pass --by-study "
+            "for one column per study folder (two seeds or presets of one model; folders of distinct names)"
         )
     logged = _json_object(root / "stages.json")  # the stages reproduce finished, or that failed (with why)
     published = [entry.name for entry in stages.STAGES if entry.value.evidence]  # the stages a verdict reads

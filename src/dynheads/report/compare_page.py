@@ -30,11 +30,11 @@ td.supported{background:#e3f4e1}td.not-supported{background:#fbe3e1}td.inconclus
 td.not-run{background:#f3f3f3}td small{display:block;color:#444}img{max-width:100%}"""
 
 
-def write_compare(folders: Sequence[str | Path], out: str | Path) -> tuple[Path, Path]:
+def write_compare(folders: Sequence[str | Path], out: str | Path, *, by_study: bool = False) -> tuple[Path, Path]:
     """Compare the studies and runs of ``folders``; write and return ``out/compare.md`` and ``out/compare.html``
     (and ``out/compare.json``, what was collected of each model, which a later comparison can take instead of the
-    folders)."""
-    models = collect(folders)
+    folders). ``by_study``: one column per study folder (``compare.collect``), for studies of one model."""
+    models = collect(folders, by_study=by_study)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DynheadsError(f"--out {out} is a file, not a folder")

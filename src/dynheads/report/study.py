@@ -63,6 +63,19 @@ def stages_not_run(root: Path) -> list[str]:
     return [name for name in names if not (root / name).is_dir()]
 
 
+def stages_gone(root: Path) -> list[str]:
+    """The study's stages that ``stages.json`` logs as finished but whose folder is gone (deleted, or left behind
+    when the study was copied): ``reproduce`` counts them done and will not run them again on its own."""
+    log = read_json_if_any(root / "stages.json")
+    if not isinstance(log, dict):
+        return []
+    return [
+        name
+        for name in study_stage_names(root)
+        if isinstance(log.get(name), dict) and "error" not in log[name] and not (root / name).is_dir()
+    ]
+
+
 def stage_evidence(root: Path, stage: str) -> dict | None:
     """The numbers stage ``stage`` published for its verdict (its evidence document in ``summary.json``, see
     ``dynheads.stages``); None when the stage has not written them."""

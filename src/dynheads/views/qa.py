@@ -74,7 +74,7 @@ def qa_summary(records: list[dict], task: Task, seed: int = 0) -> Summary:
                     ],
                     *heuristics,
                 ],
-                missing="nan",
+                missing="–",  # the model's own row: no difference to itself
             ),
             f"Wrong answers: {summary['wrong']}; share equal to a distractor's value: "
             f"{summary['distractor_share']:.3f}."
