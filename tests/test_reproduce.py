@@ -75,6 +75,13 @@ def test_reproduce_writes_every_stage_and_resumes_to_the_same_report(tiny_lm, ti
     # A third run has nothing left to do and writes the same report.
     write_report(reproduce(config, out, lm=tiny_lm, progress=False))
     assert (out / "report.md").read_text() == first_report
+    # A finished stage whose folder was deleted runs again (stages.json logged it; nothing else reruns).
+    shutil.rmtree(out / "rag")
+    reproduce(config, out, lm=tiny_lm, progress=False)
+    again = read_json(out / "stages.json")
+    assert (out / "rag").is_dir() and {n: s for n, s in again.items() if n != "rag"} == {
+        n: s for n, s in logged.items() if n != "rag"
+    }
 
 
 def test_unknown_preset_is_refused(tiny_lm, tmp_path):

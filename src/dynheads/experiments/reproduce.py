@@ -178,12 +178,13 @@ class _Stages:
     writes it), so all of them skip the same stages and meet at the same barriers."""
 
     def __init__(self, out: Path):
-        self.log_path = out / "stages.json"
+        self.out, self.log_path = out, out / "stages.json"
         self.log: dict = read_json(self.log_path) if self.log_path.is_file() else {}
 
     def done(self, name: str) -> bool:
-        """Whether ``name`` completed in an earlier run (a failed stage is not done)."""
-        return name in self.log and "error" not in self.log[name]
+        """Whether ``name`` completed in an earlier run and its folder is still there (a failed stage is not done,
+        nor one whose folder was deleted or not copied with the study: it runs again)."""
+        return name in self.log and "error" not in self.log[name] and (self.out / name).is_dir()
 
     def reads(self, name: str) -> set[str]:
         """What stage ``name`` read of the preset when it ran (``PresetReads``); a stage logged before reads were
@@ -202,6 +203,8 @@ class _Stages:
             with nullcontext() if every_rank else local_threads():
                 entry = {**_attempt(name, fn), "reads": sorted(preset.reads)}
             if distributed.is_main():
+                if "error" not in entry:  # a finished stage has its folder (``done`` reads it), even an empty one
+                    (self.out / name).mkdir(parents=True, exist_ok=True)
                 self.log[name] = entry
                 write_json(self.log_path, self.log)
         distributed.barrier()  # the next stage reads this one's files

@@ -211,8 +211,8 @@ def _gone_stages(gone: list[str]) -> list[Part]:
     return [
         f"**Stage folders missing: {folders}** (stages.json logs {'them' if len(gone) > 1 else 'it'} as finished, "
         "but the folder is gone: deleted, or not copied with the study). Copy it back and run `dynheads report` "
-        "again; or delete its entry from stages.json and run the same `dynheads reproduce` command, which runs it "
-        f"again (it skips every stage stages.json logs as finished). The cards of the claims it decides say "
+        "again, or run the same `dynheads reproduce` command, which runs a logged stage whose folder is gone "
+        f"again. The cards of the claims it decides say "
         f'"{claims.NOT_RUN}".'
     ]
 
