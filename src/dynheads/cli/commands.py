@@ -107,14 +107,7 @@ def compare(
         ),
     ],
     out: Annotated[Path, Opt("--out", help="folder for compare.md, compare.html, compare.json and the figure")],
-    by_study: Annotated[
-        bool,
-        Opt(
-            "--by-study",
-            help="one column per study folder (named by the model, then the folder's name in square brackets) "
-            "instead of one per model: studies of one model side by side (two seeds, two presets)",
-        ),
-    ] = False,
+    by_study: Annotated[bool, Opt("--by-study", help="a column per study folder, not per model")] = False,
 ) -> None:
     """Put studies of several models side by side: the verdict matrix, Table 1 beside the paper's rows, the
     statistics against model size and each model's task accuracy (no model is loaded)."""
