@@ -182,9 +182,17 @@ class _Stages:
         self.log: dict = read_json(self.log_path) if self.log_path.is_file() else {}
 
     def done(self, name: str) -> bool:
-        """Whether ``name`` completed in an earlier run and its folder is still there (a failed stage is not done,
-        nor one whose folder was deleted or not copied with the study: it runs again)."""
-        return name in self.log and "error" not in self.log[name] and (self.out / name).is_dir()
+        """Whether ``name`` completed in an earlier run and the folder it left is still there (a failed stage is not
+        done, nor one whose folder was deleted or not copied with the study: it runs again; a stage logged before
+        ``folder`` was recorded is taken to have left one)."""
+        if not self.finished(name):
+            return False
+        return not self.log[name].get("folder", True) or (self.out / name).is_dir()
+
+    def finished(self, name: str) -> bool:
+        """Whether ``name`` is logged as having completed (its folder there or not): what it read of the preset
+        binds the study, whose later stages were built on it."""
+        return isinstance(self.log.get(name), dict) and "error" not in self.log[name]
 
     def reads(self, name: str) -> set[str]:
         """What stage ``name`` read of the preset when it ran (``PresetReads``); a stage logged before reads were
@@ -203,8 +211,8 @@ class _Stages:
             with nullcontext() if every_rank else local_threads():
                 entry = {**_attempt(name, fn), "reads": sorted(preset.reads)}
             if distributed.is_main():
-                if "error" not in entry:  # a finished stage has its folder (``done`` reads it), even an empty one
-                    (self.out / name).mkdir(parents=True, exist_ok=True)
+                if "error" not in entry:  # whether it left its folder (``done`` checks the folder is still there)
+                    entry["folder"] = (self.out / name).is_dir()
                 self.log[name] = entry
                 write_json(self.log_path, self.log)
         distributed.barrier()  # the next stage reads this one's files
@@ -435,7 +443,7 @@ def _check_same_preset(run: RunDir, manifest: dict, tables: dict, log: _Stages) 
     if recorded is None or recorded == tables:
         return
     changed = _changed_paths(recorded, tables)
-    blocked = {name: sorted(log.reads(name) & changed) for name in log.log if log.done(name)}
+    blocked = {name: sorted(log.reads(name) & changed) for name in log.log if log.finished(name)}
     blocked = {name: paths for name, paths in blocked.items() if paths}
     if blocked:
         name, paths = next(iter(blocked.items()))

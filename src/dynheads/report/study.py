@@ -65,14 +65,18 @@ def stages_not_run(root: Path) -> list[str]:
 
 def stages_gone(root: Path) -> list[str]:
     """The study's stages that ``stages.json`` logs as finished but whose folder is gone (deleted, or left behind
-    when the study was copied): ``reproduce`` counts them done and will not run them again on its own."""
+    when the study was copied): the same ``reproduce`` command runs them again; a stage logged as leaving no folder
+    (``folder: false``) is never gone."""
     log = read_json_if_any(root / "stages.json")
     if not isinstance(log, dict):
         return []
     return [
         name
         for name in study_stage_names(root)
-        if isinstance(log.get(name), dict) and "error" not in log[name] and not (root / name).is_dir()
+        if isinstance(log.get(name), dict)
+        and "error" not in log[name]
+        and log[name].get("folder", True)  # a stage that left no folder (recorded) has none to lose
+        and not (root / name).is_dir()
     ]
 
 
