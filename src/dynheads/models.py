@@ -562,7 +562,8 @@ def library_versions() -> dict[str, str]:
 @functools.cache
 def source_commit() -> str:
     """The git commit of the dynheads source that runs (``<sha>``, ``<sha>-dirty`` when its files differ from that
-    commit), or "not a git checkout" (an installed wheel): the version alone does not tell two commits apart."""
+    commit), or "not a git checkout" (an installed wheel, also one inside another project's repository, where this
+    source is not tracked): the version alone does not tell two commits apart."""
     import subprocess
 
     source = Path(__file__).parent
@@ -574,6 +575,7 @@ def source_commit() -> str:
         return done.stdout.strip()
 
     try:
+        git("ls-files", "--error-unmatch", "--", "__init__.py")  # tracked here: not a wheel inside another repo
         commit = git("rev-parse", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".")
     except (OSError, subprocess.SubprocessError):  # no git, or not a checkout
