@@ -133,12 +133,12 @@ def refuse_other_model(path: str | Path, what: str, model: dict[str, Any] | None
     run = _fitted_run(path)
     fitted = run.manifest().get("model") if run is not None and model else None
     differ = model_difference(model, fitted)
-    if differ is None or not fitted or not model:
+    if differ is None:  # the same model, or either not recorded
         return
     key, mine, theirs = differ
     raise DynheadsError(
-        f"the {what} {path} comes from a run of another model ({fitted.get('name')}: {key} {theirs}; "
-        f"this run's {model.get('name')}: {mine}): fit it on this model's run"
+        f"the {what} {path} comes from a run of another model ({(fitted or {}).get('name')}: {key} {theirs}; "
+        f"this run's {(model or {}).get('name')}: {mine}): fit it on this model's run"
     )
 
 

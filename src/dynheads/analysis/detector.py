@@ -242,11 +242,11 @@ def refuse_other_run_model(detector: Detector, model: dict[str, Any] | None) -> 
     """A trace whose run records another model than the one the detector was fitted on (``model_difference``: the
     shapes may agree, the heads do not): one line. Nothing to check where either is not recorded."""
     differ = model_difference(model, detector.model)
-    if differ is not None and model and detector.model:
+    if differ is not None:  # both recorded (None otherwise)
         key, mine, theirs = differ
         raise DynheadsError(
-            f"the detector was fitted on a run of {detector.model.get('name')} ({key} {theirs}); this trace's run is "
-            f"of {model.get('name')} ({key} {mine}): fit a detector on this model's traces"
+            f"the detector was fitted on a run of {(detector.model or {}).get('name')} ({key} {theirs}); this trace's "
+            f"run is of {(model or {}).get('name')} ({key} {mine}): fit a detector on this model's traces"
         )
 
 

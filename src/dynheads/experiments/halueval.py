@@ -43,7 +43,6 @@ from dynheads.io import read_json
 from dynheads.models import LoadedModel, model_difference
 from dynheads.outputs import Outputs, write_outputs
 from dynheads.packaged import describe
-from dynheads.resources import HEAD_PREDICTOR, refuse_other_model
 from dynheads.runs import Finished, Job, RunDir, RunOptions
 from dynheads.settings import BOUNDARIES, HaluevalConfig
 from dynheads.tables import Block, Heading, Summary, Table
@@ -226,9 +225,7 @@ def _probe_checks(config: DetectConfig, samples: list[list[LabelledSample]], mod
     of another model than the traced one), as the manifest records them; None without a predictor."""
     if not config.probe:
         return None
-    checks = [refuse_probe_overlap(config.probe, [], sorted({s.group for s in group})) for group in samples]
-    refuse_other_model(config.probe, HEAD_PREDICTOR, model)
-    return checks
+    return [refuse_probe_overlap(config.probe, [], sorted({s.group for s in group}), model) for group in samples]
 
 
 def _cross_task_aurocs(

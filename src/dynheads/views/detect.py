@@ -133,11 +133,13 @@ def match_lengths(samples: Sequence[LabelledSample]) -> list[LabelledSample]:
 # ---- evaluation ------------------------------------------------------------------------------------------------------
 
 
-def refuse_probe_overlap(probe: str, records: Sequence[dict], groups: Sequence[str]) -> dict:
+def refuse_probe_overlap(probe: str, records: Sequence[dict], groups: Sequence[str], model: dict | None = None) -> dict:
     """Refuse a head predictor fitted on any question (or, for NIAH-like records, any seed or needle value) that
-    this detection evaluates (``resources.fit_record``, the check of every run that reads one). Returns what the
-    manifest records."""
-    return fit_record(probe, HEAD_PREDICTOR, _evaluated(records, groups, "refuse"))
+    this detection evaluates (``resources.fit_record``, the check of every run that reads one), or trained on a run
+    of another model than ``model``. Returns what the manifest records."""
+    record = fit_record(probe, HEAD_PREDICTOR, _evaluated(records, groups, "refuse"))
+    refuse_other_model(probe, HEAD_PREDICTOR, model)
+    return record
 
 
 def refuse_static_overlap(static: str, records: Sequence[dict], groups: Sequence[str], model: dict | None) -> dict:
@@ -173,9 +175,7 @@ def run_detect(
     groups = sorted({s.group for s in samples})
     records = [r for r in source.records() if r["sample_id"] in {s.sample_id for s in samples}]
     model = source_manifest.get("model")
-    probe_check = refuse_probe_overlap(config.probe, records, groups) if config.probe else None
-    if config.probe:
-        refuse_other_model(config.probe, HEAD_PREDICTOR, model)
+    probe_check = refuse_probe_overlap(config.probe, records, groups, model) if config.probe else None
     static_check = refuse_static_overlap(config.static, records, groups, model) if config.static else None
     response_prefix = int(source_manifest.get("response_prefix", 0))
     featurise = Featuriser(samples, config.probe)
